@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs moetrain's build, test and run dependencies from Debian 12 packages (needs root or sudo).
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends \
+    build-essential cmake ninja-build pkg-config git ca-certificates clang-format \
+    libopenblas-dev libopenmpi-dev openmpi-bin \
+    libgtest-dev libgmock-dev googletest libbenchmark-dev \
+    libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libspdlog-dev libfmt-dev \
+    libsentencepiece-dev sentencepiece libcpp-httplib-dev \
+    python3 python3-numpy python3-torch \
+    fortunes fortunes-min

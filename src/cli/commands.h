@@ -1,0 +1,14 @@
+// Each subcommand lives in its own file and registers itself on the CLI11 app. Callbacks report failure by
+// throwing mt::core::Error; main() prints it and exits with its code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace mt::cli {
+
+void register_train(CLI::App& app);
+void register_data(CLI::App& app);
+void register_inspect(CLI::App& app);
+void register_grad_dump(CLI::App& app);
+
+}  // namespace mt::cli

@@ -1,0 +1,34 @@
+// Aligned CPU allocator.
+#include "core/allocator.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace mt::core {
+
+void* cpu_alloc(size_t bytes) {
+    const size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
+    void* ptr = std::aligned_alloc(kCpuAlignment, rounded == 0 ? kCpuAlignment : rounded);
+    if (ptr == nullptr) fail(ExitCode::device, "out of host memory allocating {} bytes", bytes);
+    std::memset(ptr, 0, rounded);
+    return ptr;
+}
+
+void cpu_free(void* ptr) {
+    std::free(ptr);
+}
+
+Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device), owned_(true) {
+    MT_CHECK(device == Device::cpu, "owned CUDA storage comes from the CUDA backend");
+    data_ = cpu_alloc(bytes);
+}
+
+Storage::Storage(void* data, size_t bytes, Device device) : data_(data), bytes_(bytes), device_(device) {}
+
+Storage::~Storage() {
+    if (owned_) cpu_free(data_);
+}
+
+}  // namespace mt::core

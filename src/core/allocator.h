@@ -1,0 +1,43 @@
+// Aligned CPU allocation (64 bytes, a cache line and an AVX-512 vector), and the Storage it backs.
+#pragma once
+
+#include <cstddef>
+
+#include "core/dtype.h"
+
+namespace mt::core {
+
+constexpr size_t kCpuAlignment = 64;
+
+// Returns zeroed memory aligned to kCpuAlignment; throws Error on failure.
+void* cpu_alloc(size_t bytes);
+void cpu_free(void* ptr);
+
+// A block of memory on one device. Owned storage frees itself; borrowed storage (a view over memory that
+// someone else owns, such as an mmap) does not.
+class Storage {
+public:
+    Storage(size_t bytes, Device device);            // owned, zero-filled
+    Storage(void* data, size_t bytes, Device device);  // borrowed
+    ~Storage();
+    Storage(const Storage&) = delete;
+    Storage& operator=(const Storage&) = delete;
+
+    void* data() const {
+        return data_;
+    }
+    size_t bytes() const {
+        return bytes_;
+    }
+    Device device() const {
+        return device_;
+    }
+
+private:
+    void* data_ = nullptr;
+    size_t bytes_ = 0;
+    Device device_ = Device::cpu;
+    bool owned_ = false;
+};
+
+}  // namespace mt::core

@@ -1,0 +1,18 @@
+// CPU-only build: the CUDA probe answers "absent".
+#ifndef MT_HAVE_CUDA
+#include "core/cuda_probe.h"
+
+namespace mt::core {
+
+bool cuda_compiled() {
+    return false;
+}
+int cuda_device_count() {
+    return 0;
+}
+std::string cuda_describe() {
+    return "CUDA path not compiled (nvcc was not found at build time)";
+}
+
+}  // namespace mt::core
+#endif

@@ -1,0 +1,31 @@
+// AdamW step (Loshchilov & Hutter, decoupled weight decay), elementwise over flat buffers, as PyTorch's AdamW:
+//   g = grad * grad_scale                     (grad_scale carries global-norm clipping)
+//   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+//   param -= lr * weight_decay * param
+//   param -= lr * (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps)
+//   param, grad, m, v: [n] f32|f64, all the same dtype; step >= 1. param, m, v are updated in place.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/op_common.h"
+
+namespace mt::ops {
+
+struct AdamWHyper {
+    double lr = 1e-3;
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+    double weight_decay = 0.0;
+};
+
+void adamw_step(const Tensor& param,
+                const Tensor& grad,
+                const Tensor& m,
+                const Tensor& v,
+                const AdamWHyper& hyper,
+                int64_t step,
+                double grad_scale);
+
+}  // namespace mt::ops

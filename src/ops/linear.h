@@ -1,0 +1,21 @@
+// Linear layer / matmul through BLAS: y = x @ w^T (+ bias). Weight layout [out, in] as in PyTorch.
+//   x:    [N, K] f32|f64
+//   w:    [M, K]
+//   bias: [M] or undefined (no bias)
+//   y:    [N, M]
+// _bwd: dx [N, K] is written (=), skipped when undefined; dw [M, K] and dbias [M] accumulate (+=).
+#pragma once
+
+#include "ops/op_common.h"
+
+namespace mt::ops {
+
+void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y);
+void linear_bwd(const Tensor& x,
+                const Tensor& w,
+                const Tensor& dy,
+                const Tensor& dx,
+                const Tensor& dw,
+                const Tensor& dbias);
+
+}  // namespace mt::ops
