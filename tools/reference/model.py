@@ -1,0 +1,239 @@
+"""The moetrain dense decoder-only LM written in plain PyTorch, as a readable specification.
+
+This is the independent reference that moetrain's C++ model is checked against (check_parity.py). It uses
+only elementary torch ops (matmul, softmax, rsqrt, ...), so every step of the math is visible here:
+
+    x = embed.weight[ids]                                            [B, T, C]
+    for each layer:
+        a = rmsnorm(x, attn_norm.weight)
+        q = rope(a @ wq^T), k = rope(a @ wk^T), v = a @ wv^T         heads: [B, T, H, D]
+        h = x + (causal_gqa_attention(q, k, v) @ wo^T)
+        m = rmsnorm(h, mlp_norm.weight)
+        x = h + (silu(m @ w_gate^T) * (m @ w_up^T)) @ w_down^T
+    logits = rmsnorm(x, final_norm.weight) @ W^T,  W = embed.weight if tied else lm_head.weight
+    loss = mean over positions with target != -1 of (logsumexp(logits) - logits[target])
+
+Parameter names (state_dict keys) are exactly moetrain's canonical names, e.g. layers.0.attn.wq.weight.
+No biases anywhere. Works in float32 and float64 (model.to(torch.float64)).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+IGNORE_INDEX = -1
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    head_dim: int = 0  # 0: d_model // n_heads
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        if self.head_dim == 0:
+            if self.d_model % self.n_heads:
+                raise ValueError(f"model.d_model {self.d_model} is not a multiple of model.n_heads {self.n_heads}")
+            self.head_dim = self.d_model // self.n_heads
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"model.n_heads {self.n_heads} is not a multiple of model.n_kv_heads {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"model.head_dim {self.head_dim} must be even for rotary embeddings")
+
+    @classmethod
+    def from_toml(cls, doc):
+        """Builds the config from a parsed job config (the whole document, or just its [model] table)."""
+        m = doc.get("model", doc)
+        return cls(
+            vocab_size=int(m["vocab_size"]),
+            d_model=int(m["d_model"]),
+            n_layers=int(m["n_layers"]),
+            n_heads=int(m["n_heads"]),
+            n_kv_heads=int(m.get("n_kv_heads", m["n_heads"])),
+            d_ff=int(m["d_ff"]),
+            head_dim=int(m.get("head_dim", 0)),
+            rope_theta=float(m.get("rope_theta", 10000.0)),
+            norm_eps=float(m.get("norm_eps", 1e-5)),
+            tie_embeddings=bool(m.get("tie_embeddings", True)),
+            init_std=float(m.get("init_std", 0.02)),
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The elementary functions
+
+
+def rmsnorm(x, weight, eps):
+    """y = x / sqrt(mean(x^2) + eps) * weight, over the last dimension."""
+    rstd = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return x * rstd * weight
+
+
+def rope_cos_sin(seq_len, head_dim, theta, dtype):
+    """cos and sin of angle[t, i] = t * theta^(-2i/D) for t in 0..T-1, i in 0..D/2-1, computed in float64
+    and then rounded to dtype. Shapes [T, D/2]."""
+    i = torch.arange(head_dim // 2, dtype=torch.float64)
+    inv_freq = theta ** (-2.0 * i / head_dim)
+    t = torch.arange(seq_len, dtype=torch.float64)
+    angle = t[:, None] * inv_freq[None, :]
+    return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+
+
+def rope(x, cos, sin):
+    """Rotate-half rotary embedding (Llama / Hugging Face layout) of x [B, T, H, D]: for i < D/2,
+    y[i] = x[i] cos - x[i + D/2] sin,  y[i + D/2] = x[i + D/2] cos + x[i] sin."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c = cos[None, :, None, :]  # [1, T, 1, D/2]
+    s = sin[None, :, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+def causal_gqa_attention(q, k, v):
+    """q [B, T, Hq, D], k and v [B, T, Hkv, D] -> [B, T, Hq, D].
+    Query head h reads key/value head h // (Hq / Hkv); scores = q k^T / sqrt(D), keys at positions <= the
+    query position only, softmax over keys."""
+    B, T, Hq, D = q.shape
+    group = Hq // k.shape[2]
+    q = q.transpose(1, 2)  # [B, Hq, T, D]
+    k = k.transpose(1, 2).repeat_interleave(group, dim=1)  # [B, Hq, T, D]; head h is kv head h // group
+    v = v.transpose(1, 2).repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(D)  # [B, Hq, T, T]
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, v)  # [B, Hq, T, D]
+    return out.transpose(1, 2)
+
+
+def silu(x):
+    return x * torch.sigmoid(x)
+
+
+def cross_entropy_loss(logits, targets, ignore_index=IGNORE_INDEX):
+    """Mean over the positions whose target != ignore_index of (logsumexp(logits) - logits[target]).
+    logits [..., V], targets [...] integer. With no counted position the loss is 0 (and so are the grads)."""
+    V = logits.shape[-1]
+    logits = logits.reshape(-1, V)
+    targets = targets.reshape(-1).long()
+    keep = targets != ignore_index
+    bad = keep & ((targets < 0) | (targets >= V))
+    if bool(bad.any()):
+        raise ValueError(f"target {int(targets[bad][0])} outside [0, {V}) and not the ignore index {ignore_index}")
+    safe = torch.where(keep, targets, torch.zeros_like(targets))
+    lse = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(1, safe[:, None])[:, 0]
+    losses = torch.where(keep, lse - picked, torch.zeros_like(lse))
+    count = int(keep.sum())
+    return losses.sum() / max(count, 1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Modules (they only own parameters with moetrain's names; the math is in the functions above)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return rmsnorm(x, self.weight, self.eps)
+
+
+def _linear(n_in, n_out):
+    return nn.Linear(n_in, n_out, bias=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wq = _linear(cfg.d_model, cfg.n_heads * cfg.head_dim)
+        self.wk = _linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim)
+        self.wv = _linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim)
+        self.wo = _linear(cfg.n_heads * cfg.head_dim, cfg.d_model)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        out = causal_gqa_attention(q, k, v).reshape(B, T, self.n_heads * self.head_dim)
+        return self.wo(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.w_gate = _linear(cfg.d_model, cfg.d_ff)
+        self.w_up = _linear(cfg.d_model, cfg.d_ff)
+        self.w_down = _linear(cfg.d_ff, cfg.d_model)
+
+    def forward(self, x):
+        return self.w_down(silu(self.w_gate(x)) * self.w_up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin):
+        h = x + self.attn(self.attn_norm(x), cos, sin)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = None if cfg.tie_embeddings else _linear(cfg.d_model, cfg.vocab_size)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, generator=None):
+        """Every matrix ~ N(0, init_std^2), every norm gain = 1. (moetrain's own init may differ; parity
+        checks load moetrain's parameters, so this only matters for standalone use and benchmarks.)"""
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, self.cfg.init_std, generator=generator)
+
+    def forward(self, ids):
+        """ids [B, T] integer -> logits [B, T, V]."""
+        T = ids.shape[1]
+        x = self.embed.weight[ids.long()]
+        cos, sin = rope_cos_sin(T, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        x = self.final_norm(x)
+        w_out = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return torch.matmul(x, w_out.t())
+
+    def loss(self, ids, targets):
+        return cross_entropy_loss(self(ids), targets)
+
+
+def parameter_names(cfg):
+    """The canonical parameter names, in model order."""
+    return list(Transformer(cfg).state_dict().keys())
