@@ -1,0 +1,200 @@
+#!/usr/bin/python3
+"""Gradient parity of moetrain against the PyTorch reference (model.py).
+
+  check_parity.py --checkpoint RUN/checkpoints/step_00000002 --dump grads.safetensors [--tol 1e-4]
+
+Reads the model config from the checkpoint's manifest.json ("config_toml"), the parameters from
+rank_00000.safetensors ("param/<name>"), and from the dump (written by `moetrain grad-dump`) the batch
+("inputs", "targets" [B, T] I32), moetrain's loss ("loss" [1]) and gradients ("grad/<name>"). It recomputes the
+loss and every gradient with model.py in float32 and compares:
+  * loss: |L_mt - L_ref| / |L_ref|
+  * each parameter: rho = ||g_ref - g_mt||_2 / ||g_ref||_2, and the element with the largest |difference|
+Fails (exit 1) when any of these exceeds --tol, when a value is not finite, or when the parameter names of
+the model, the checkpoint and the dump are not exactly the same set. It also recomputes everything in float64
+and prints how far the float32 reference itself is from it (informational: it shows the noise floor that
+--tol sits above).
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import tomllib
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model import ModelConfig, Transformer  # noqa: E402
+from safetensors_io import read_safetensors  # noqa: E402
+
+
+class ParityError(Exception):
+    pass
+
+
+def load_checkpoint(ckpt_dir):
+    manifest_path = os.path.join(ckpt_dir, "manifest.json")
+    try:
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ParityError(f"cannot read {manifest_path}: {e}") from e
+    if "config_toml" not in manifest:
+        raise ParityError(f"{manifest_path} has no \"config_toml\"")
+    try:
+        job = tomllib.loads(manifest["config_toml"])
+    except tomllib.TOMLDecodeError as e:
+        raise ParityError(f"{manifest_path}: config_toml does not parse: {e}") from e
+    world = manifest.get("mesh", {}).get("world", 1)
+    if world != 1:
+        raise ParityError(f"{manifest_path}: mesh world is {world}; this check reads a single-rank checkpoint")
+    shard = os.path.join(ckpt_dir, "rank_00000.safetensors")
+    tensors, _ = read_safetensors(shard)
+    params = {k[len("param/"):]: v for k, v in tensors.items() if k.startswith("param/")}
+    if not params:
+        raise ParityError(f"{shard} holds no \"param/\" tensors")
+    return manifest, job, params
+
+
+def name_diff(expected, got, what):
+    """Problems (as strings) when the name sets differ, in both directions."""
+    missing = sorted(set(expected) - set(got))
+    extra = sorted(set(got) - set(expected))
+    out = [f"{what}: missing {n}" for n in missing]
+    out += [f"{what}: unexpected {n} (not a parameter of the reference model)" for n in extra]
+    return out
+
+
+def reference_grads(cfg, params, inputs, targets, dtype):
+    """Loss and {name: grad} of model.py at the given parameters, in dtype."""
+    model = Transformer(cfg).to(dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(params[name].to(dtype))
+    model.zero_grad(set_to_none=True)
+    loss = model.loss(inputs, targets)
+    loss.backward()
+    return float(loss), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def rho(ref, other):
+    ref64, other64 = ref.double(), other.double()
+    num = float((ref64 - other64).norm())
+    den = float(ref64.norm())
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+def worst_element(ref, other):
+    diff = (ref.double() - other.double()).abs()
+    flat = int(diff.reshape(-1).argmax()) if diff.numel() else 0
+    idx = []
+    for s in reversed(ref.shape):
+        idx.append(flat % s)
+        flat //= s
+    idx = tuple(reversed(idx))
+    return idx, float(ref[idx]) if ref.numel() else 0.0, float(other[idx]) if other.numel() else 0.0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True, help="checkpoint directory (…/checkpoints/step_NNNNNNNN)")
+    ap.add_argument("--dump", required=True, help="safetensors file written by `moetrain grad-dump`")
+    ap.add_argument("--tol", type=float, default=1e-4, help="max loss rel err and per-tensor gradient rho")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    args = ap.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+
+    try:
+        manifest, job, params = load_checkpoint(args.checkpoint)
+        cfg = ModelConfig.from_toml(job)
+        dump, _ = read_safetensors(args.dump)
+    except (ParityError, ValueError, KeyError, OSError) as e:
+        print(f"check_parity: error: {e}", file=sys.stderr)
+        return 1
+
+    problems = []
+    model_shapes = {n: tuple(p.shape) for n, p in Transformer(cfg).named_parameters()}
+    names = list(model_shapes)
+    problems += name_diff(names, params, f"checkpoint {args.checkpoint}")
+    grads_mt = {k[len("grad/"):]: v for k, v in dump.items() if k.startswith("grad/")}
+    problems += name_diff(names, grads_mt, f"dump {args.dump}")
+    for key in ("inputs", "targets", "loss"):
+        if key not in dump:
+            problems.append(f"dump {args.dump}: missing \"{key}\"")
+    for where, table in (("checkpoint param", params), ("dump grad", grads_mt)):
+        for n, t in table.items():
+            if n in model_shapes and tuple(t.shape) != model_shapes[n]:
+                problems.append(f"{where} {n}: shape {list(t.shape)}, the model config says {list(model_shapes[n])}")
+            elif n in model_shapes and t.dtype != torch.float32:
+                problems.append(f"{where} {n}: dtype {t.dtype}, expected float32")
+    if problems:
+        for p in problems:
+            print(f"check_parity: error: {p}", file=sys.stderr)
+        return 1
+
+    inputs, targets = dump["inputs"].long(), dump["targets"].long()
+    loss_mt = float(dump["loss"].reshape(-1)[0])
+    if inputs.shape != targets.shape or inputs.dim() != 2:
+        print(f"check_parity: error: inputs {list(inputs.shape)} and targets {list(targets.shape)} must both be "
+              f"[B, T]", file=sys.stderr)
+        return 1
+    if int(inputs.min()) < 0 or int(inputs.max()) >= cfg.vocab_size:
+        print(f"check_parity: error: input ids span [{int(inputs.min())}, {int(inputs.max())}], vocab is "
+              f"{cfg.vocab_size}", file=sys.stderr)
+        return 1
+    counted = int((targets != -1).sum())
+    print(f"checkpoint {args.checkpoint} (step {manifest.get('step')}), dump {args.dump}")
+    print(f"model: V={cfg.vocab_size} C={cfg.d_model} L={cfg.n_layers} Hq={cfg.n_heads} Hkv={cfg.n_kv_heads} "
+          f"D={cfg.head_dim} F={cfg.d_ff} tied={cfg.tie_embeddings}; batch {list(inputs.shape)}, "
+          f"{counted} counted targets; torch {torch.__version__}, {torch.get_num_threads()} threads")
+
+    try:
+        loss32, g32 = reference_grads(cfg, params, inputs, targets, torch.float32)
+        loss64, g64 = reference_grads(cfg, params, inputs, targets, torch.float64)
+    except ValueError as e:
+        print(f"check_parity: error: {e}", file=sys.stderr)
+        return 1
+
+    failed = []
+    loss_rel = abs(loss_mt - loss32) / abs(loss32) if loss32 != 0 else abs(loss_mt)
+    loss_rel64 = abs(loss32 - loss64) / abs(loss64) if loss64 != 0 else abs(loss32)
+    print(f"loss: moetrain {loss_mt:.9g}  ref f32 {loss32:.9g}  ref f64 {loss64:.12g}  rel err {loss_rel:.3e}  "
+          f"(ref f32 vs f64 {loss_rel64:.3e})")
+    if not math.isfinite(loss_mt) or not (loss_rel <= args.tol):
+        failed.append("loss")
+
+    rows = []
+    for n in names:
+        gm = grads_mt[n]
+        finite = bool(torch.isfinite(gm).all())
+        r = rho(g32[n], gm) if finite else math.inf
+        rows.append((r, n, worst_element(g32[n], gm), rho(g64[n], g32[n]), rho(g64[n], gm.double())))
+        if not (r <= args.tol):
+            failed.append(n)
+    rows.sort(key=lambda row: -row[0])
+    width = max(len(n) for n in names)
+    print(f"{'tensor':<{width}}  {'rho':>9}  {'f32ref~f64':>10}  {'mt~f64':>9}  worst element: index, ref, moetrain")
+    for r, n, (idx, vref, vmt), r32_64, rmt_64 in rows:
+        flag = "  FAIL" if n in failed else ""
+        print(f"{n:<{width}}  {r:9.3e}  {r32_64:10.3e}  {rmt_64:9.3e}  {list(idx)}, {vref:.9g}, {vmt:.9g}{flag}")
+    worst = rows[0]
+    floor = max(max(row[3] for row in rows), loss_rel64)
+    print(f"worst: {worst[1]} rho {worst[0]:.3e} at {list(worst[2][0])} (ref {worst[2][1]:.9g}, moetrain "
+          f"{worst[2][2]:.9g}); tol {args.tol:g}; f32 reference's own worst error vs f64: {floor:.3e}")
+    if floor > args.tol / 10:
+        print(f"note: the f32 reference is within 10x of the tolerance (its own error {floor:.3e}); the tolerance "
+              f"is not meaningfully above the f32 noise floor", file=sys.stderr)
+    if failed:
+        print(f"FAIL: {len(failed)} of {len(names) + 1} checks over tolerance {args.tol:g}: "
+              f"{', '.join(failed[:8])}{' ...' if len(failed) > 8 else ''}")
+        return 1
+    print(f"PASS: loss and {len(names)} gradients within {args.tol:g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
