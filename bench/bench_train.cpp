@@ -1,0 +1,76 @@
+// Training-step throughput of a job config on this machine: one JSON line per case.
+//   bench_train --config configs/tiny.toml [--steps 20] [--warmup 3] [--set section.key=value ...]
+// Random tokens (written to a temporary shard) stand in for the corpus so the run needs no prepared data; the
+// step is the trainer's own (forward, backward, global norm + clipping, AdamW).
+#include <omp.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <filesystem>
+
+#include "core/rng.h"
+#include "data/llmc_shard.h"
+#include "train/trainer.h"
+
+namespace {
+
+int run(int argc, char** argv) {
+    CLI::App app{"moetrain training-step benchmark"};
+    std::string config = "configs/tiny.toml";
+    std::vector<std::string> overrides;
+    int64_t steps = 20, warmup = 3;
+    app.add_option("--config", config);
+    app.add_option("--steps", steps);
+    app.add_option("--warmup", warmup);
+    app.add_option("--set", overrides);
+    CLI11_PARSE(app, argc, argv);
+
+    auto cfg = mt::train::config_load(config, overrides);
+    const std::string dir = std::filesystem::temp_directory_path() / ("mt_bench_" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    std::vector<int32_t> tokens(1 << 20);
+    for (size_t i = 0; i < tokens.size(); ++i)
+        tokens[i] = static_cast<int32_t>(mt::core::rng_u64(1, 0, i) % static_cast<uint64_t>(cfg.model.vocab_size));
+    mt::data::llmc_write_shard(dir + "/bench.bin", tokens, cfg.model.vocab_size);
+    cfg.data.paths = {dir + "/bench.bin"};
+    cfg.data.val_paths = {};
+    cfg.run.dir = dir + "/run";
+    cfg.train.steps = warmup + steps;
+
+    mt::train::Trainer trainer(cfg, false);
+    for (int64_t s = 0; s < warmup; ++s) trainer.train_step();
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t s = 0; s < steps; ++s) trainer.train_step();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::filesystem::remove_all(dir);
+
+    const double tok_s = static_cast<double>(trainer.tokens_per_step() * steps) / secs;
+    const nlohmann::json line = {
+        {"bench", "train_step"},
+        {"impl", "moetrain"},
+        {"config", config},
+        {"batch", cfg.train.batch_size * cfg.train.grad_accum},
+        {"seq", cfg.train.seq_len},
+        {"steps", steps},
+        {"ms_per_step", 1000.0 * secs / static_cast<double>(steps)},
+        {"tokens_per_s", tok_s},
+        {"flops_per_token", trainer.model().flops_per_token(cfg.train.seq_len)},
+        {"gflops_per_s", tok_s * trainer.model().flops_per_token(cfg.train.seq_len) / 1e9},
+        {"threads", omp_get_max_threads()},
+    };
+    fmt::print("{}\n", line.dump());
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const mt::core::Error& e) {
+        fmt::print(stderr, "bench_train: error: {}\n", e.what());
+        return static_cast<int>(e.code());
+    }
+}

@@ -1,0 +1,63 @@
+// Attention layer forward and backward, side by side.
+#include "nn/attention_layer.h"
+
+#include <cmath>
+
+#include "ops/add.h"
+#include "ops/attention.h"
+#include "ops/rope.h"
+
+namespace mt::nn {
+
+AttentionLayer::AttentionLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg) : cfg_(cfg) {
+    const int64_t d = cfg.resolved_head_dim();
+    wq_ = Linear(table, prefix + ".wq", cfg.d_model, cfg.n_heads * d, cfg.init_std);
+    wk_ = Linear(table, prefix + ".wk", cfg.d_model, cfg.n_kv_heads * d, cfg.init_std);
+    wv_ = Linear(table, prefix + ".wv", cfg.d_model, cfg.n_kv_heads * d, cfg.init_std);
+    // GPT-2 style scaled init for projections that write into the residual stream.
+    wo_ = Linear(table, prefix + ".wo", cfg.n_heads * d, cfg.d_model,
+                 cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)));
+}
+
+void AttentionLayer::resize(int64_t batch, int64_t seq, core::DType dtype) {
+    if (batch == batch_ && seq == seq_ && q_.defined() && q_.dtype() == dtype) return;
+    batch_ = batch;
+    seq_ = seq;
+    const int64_t d = cfg_.resolved_head_dim();
+    q_ = Tensor::zeros({batch, seq, cfg_.n_heads, d}, dtype);
+    k_ = Tensor::zeros({batch, seq, cfg_.n_kv_heads, d}, dtype);
+    v_ = Tensor::zeros({batch, seq, cfg_.n_kv_heads, d}, dtype);
+    attn_ = Tensor::zeros({batch, seq, cfg_.n_heads, d}, dtype);
+    lse_ = Tensor::zeros({batch, cfg_.n_heads, seq}, dtype);
+}
+
+void AttentionLayer::forward(const Tensor& x, const Tensor& out) {
+    const int64_t n = batch_ * seq_;
+    wq_.forward(x, q_.reshape({n, q_.numel() / n}));
+    wk_.forward(x, k_.reshape({n, k_.numel() / n}));
+    wv_.forward(x, v_.reshape({n, v_.numel() / n}));
+    ops::rope_fwd(q_, cfg_.rope_theta, 0, q_);
+    ops::rope_fwd(k_, cfg_.rope_theta, 0, k_);
+    ops::attention_fwd(q_, k_, v_, attn_, lse_);
+    wo_.forward(attn_.reshape({n, attn_.numel() / n}), out);
+}
+
+void AttentionLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws) {
+    const int64_t n = batch_ * seq_;
+    auto flat = [n](const Tensor& t) { return t.reshape({n, t.numel() / n}); };
+    wo_.backward(flat(attn_), dout, flat(ws.d_attn));
+    ops::attention_bwd(q_, k_, v_, attn_, lse_, ws.d_attn, ws.d_q, ws.d_k, ws.d_v);
+    ops::rope_bwd(ws.d_q, cfg_.rope_theta, 0, ws.d_q);
+    ops::rope_bwd(ws.d_k, cfg_.rope_theta, 0, ws.d_k);
+    wq_.backward(x, flat(ws.d_q), dx);
+    wk_.backward(x, flat(ws.d_k), ws.d_tmp);
+    ops::add_fwd(dx, ws.d_tmp, dx);
+    wv_.backward(x, flat(ws.d_v), ws.d_tmp);
+    ops::add_fwd(dx, ws.d_tmp, dx);
+}
+
+std::vector<SavedTensor> AttentionLayer::saved_for_backward() {
+    return {{"q", &q_}, {"k", &k_}, {"v", &v_}, {"attn", &attn_}, {"lse", &lse_}};
+}
+
+}  // namespace mt::nn

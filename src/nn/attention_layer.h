@@ -1,0 +1,31 @@
+// Grouped-query self-attention: q/k/v projections, RoPE on q and k, causal softmax attention, output projection.
+#pragma once
+
+#include "nn/layer.h"
+#include "nn/linear.h"
+#include "nn/model_config.h"
+#include "nn/workspace.h"
+
+namespace mt::nn {
+
+class AttentionLayer : public Layer {
+public:
+    AttentionLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg);
+
+    void resize(int64_t batch, int64_t seq, core::DType dtype);
+    // x: [N, C] (the normed residual) -> out: [N, C]
+    void forward(const Tensor& x, const Tensor& out);
+    // dout: [N, C] -> dx: [N, C] written (=); parameter grads accumulate.
+    void backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws);
+    std::vector<SavedTensor> saved_for_backward() override;
+
+private:
+    ModelConfig cfg_;
+    Linear wq_, wk_, wv_, wo_;
+    int64_t batch_ = 0, seq_ = 0;
+    Tensor q_, k_, v_;  // [B, T, H, D] after RoPE
+    Tensor attn_;       // [B, T, Hq, D]
+    Tensor lse_;        // [B, Hq, T]
+};
+
+}  // namespace mt::nn

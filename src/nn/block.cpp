@@ -1,0 +1,65 @@
+// Transformer block forward and backward, side by side.
+#include "nn/block.h"
+
+#include "ops/add.h"
+#include "ops/rmsnorm.h"
+
+namespace mt::nn {
+
+namespace {
+int add_norm(ParamTable& table, const std::string& name, int64_t dim) {
+    return table.add({.name = name, .shape = {dim}, .init = InitKind::ones, .weight_decay = false});
+}
+}  // namespace
+
+Block::Block(ParamTable& table, const std::string& prefix, const ModelConfig& cfg)
+    : cfg_(cfg),
+      attn_norm_(add_norm(table, prefix + ".attn_norm.weight", cfg.d_model)),
+      mlp_norm_(add_norm(table, prefix + ".mlp_norm.weight", cfg.d_model)),
+      table_(&table),
+      attn_(table, prefix + ".attn", cfg),
+      mlp_(table, prefix + ".mlp", cfg) {}
+
+void Block::resize(int64_t batch, int64_t seq, core::DType dtype) {
+    const int64_t n = batch * seq;
+    attn_.resize(batch, seq, dtype);
+    mlp_.resize(n, dtype);
+    if (out_.defined() && out_.size(0) == n && out_.dtype() == dtype) return;
+    norm1_ = Tensor::zeros({n, cfg_.d_model}, dtype);
+    norm2_ = Tensor::zeros({n, cfg_.d_model}, dtype);
+    rstd1_ = Tensor::zeros({n}, dtype);
+    rstd2_ = Tensor::zeros({n}, dtype);
+    h_ = Tensor::zeros({n, cfg_.d_model}, dtype);
+    out_ = Tensor::zeros({n, cfg_.d_model}, dtype);
+}
+
+void Block::forward(const Tensor& x, Workspace& ws) {
+    const Tensor& branch = ws.d_tmp;  // scratch: a branch output is not needed by backward
+    ops::rmsnorm_fwd(x, table_->param(attn_norm_), cfg_.norm_eps, norm1_, rstd1_);
+    attn_.forward(norm1_, branch);
+    ops::add_fwd(x, branch, h_);
+    ops::rmsnorm_fwd(h_, table_->param(mlp_norm_), cfg_.norm_eps, norm2_, rstd2_);
+    mlp_.forward(norm2_, branch);
+    ops::add_fwd(h_, branch, out_);
+}
+
+void Block::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws) {
+    // MLP branch: dh = dout + d(norm2)/dh
+    mlp_.backward(norm2_, dout, ws.d_norm, ws);
+    ops::rmsnorm_bwd(h_, table_->param(mlp_norm_), rstd2_, ws.d_norm, ws.d_tmp, table_->grad(mlp_norm_));
+    ops::add_fwd(dout, ws.d_tmp, dx);  // dx holds dh for now
+    // Attention branch: dx = dh + d(norm1)/dx
+    attn_.backward(norm1_, dx, ws.d_norm, ws);
+    ops::rmsnorm_bwd(x, table_->param(attn_norm_), rstd1_, ws.d_norm, ws.d_tmp, table_->grad(attn_norm_));
+    ops::add_fwd(dx, ws.d_tmp, dx);
+}
+
+std::vector<SavedTensor> Block::saved_for_backward() {
+    std::vector<SavedTensor> saved = {
+        {"norm1", &norm1_}, {"rstd1", &rstd1_}, {"h", &h_}, {"norm2", &norm2_}, {"rstd2", &rstd2_}};
+    for (auto& s : attn_.saved_for_backward()) saved.push_back({"attn." + s.name, s.tensor});
+    for (auto& s : mlp_.saved_for_backward()) saved.push_back({"mlp." + s.name, s.tensor});
+    return saved;
+}
+
+}  // namespace mt::nn

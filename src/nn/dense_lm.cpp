@@ -1,0 +1,112 @@
+// Dense LM forward and backward, written as explicit per-layer calls (as llm.c's gpt2_forward/backward).
+#include "nn/dense_lm.h"
+
+#include "ops/cross_entropy.h"
+#include "ops/embedding.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+
+namespace mt::nn {
+
+DenseLM::DenseLM(const ModelConfig& cfg, core::DType dtype) : cfg_(cfg), dtype_(dtype) {
+    embed_ = table_.add({.name = "embed.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std});
+    for (int64_t l = 0; l < cfg.n_layers; ++l)
+        blocks_.push_back(std::make_unique<Block>(table_, "layers." + std::to_string(l), cfg));
+    final_norm_ = table_.add(
+        {.name = "final_norm.weight", .shape = {cfg.d_model}, .init = InitKind::ones, .weight_decay = false});
+    if (!cfg.tie_embeddings)
+        lm_head_ =
+            table_.add({.name = "lm_head.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std});
+    table_.finalize(dtype);
+}
+
+void DenseLM::resize(int64_t batch, int64_t seq) {
+    if (batch == batch_ && seq == seq_) return;
+    batch_ = batch;
+    seq_ = seq;
+    const int64_t n = batch * seq;
+    ids_ = Tensor::zeros({n}, core::DType::i32);
+    targets_ = Tensor::zeros({n}, core::DType::i32);
+    x0_ = Tensor::zeros({n, cfg_.d_model}, dtype_);
+    final_ = Tensor::zeros({n, cfg_.d_model}, dtype_);
+    final_rstd_ = Tensor::zeros({n}, dtype_);
+    logits_ = Tensor::zeros({n, cfg_.vocab_size}, dtype_);
+    losses_ = Tensor::zeros({n}, dtype_);
+    lse_ = Tensor::zeros({n}, dtype_);
+    dres_a_ = Tensor::zeros({n, cfg_.d_model}, dtype_);
+    dres_b_ = Tensor::zeros({n, cfg_.d_model}, dtype_);
+    for (auto& b : blocks_) b->resize(batch, seq, dtype_);
+    ws_.resize(cfg_, batch, seq, dtype_);
+}
+
+double DenseLM::forward(const Tensor& ids, const Tensor& targets) {
+    MT_CHECK(ids.ndim() == 2 && ids.shape() == targets.shape(), "ids {} and targets {} must both be [B, T]",
+             core::shape_str(ids.shape()), core::shape_str(targets.shape()));
+    MT_CHECK(ids.size(1) <= cfg_.max_seq_len, "sequence length {} exceeds model.max_seq_len {}", ids.size(1),
+             cfg_.max_seq_len);
+    resize(ids.size(0), ids.size(1));
+    const int64_t n = batch_ * seq_;
+    ids_.copy_from(ids.reshape({n}));
+    targets_.copy_from(targets.reshape({n}));
+
+    ops::embedding_fwd(ids_, table_.param(embed_), x0_);
+    const Tensor* x = &x0_;
+    for (auto& b : blocks_) {
+        b->forward(*x, ws_);
+        x = &b->output();
+    }
+    ops::rmsnorm_fwd(*x, table_.param(final_norm_), cfg_.norm_eps, final_, final_rstd_);
+    const Tensor head = table_.param(lm_head_ >= 0 ? lm_head_ : embed_);
+    ops::linear_fwd(final_, head, Tensor(), logits_);
+    ops::cross_entropy_fwd(logits_, targets_, kIgnoreIndex, losses_, lse_);
+
+    double sum = 0.0;
+    counted_ = 0;
+    const int32_t* t = targets_.data<int32_t>();
+    for (int64_t i = 0; i < n; ++i) {
+        if (t[i] == kIgnoreIndex) continue;
+        sum += core::tensor_get_flat(losses_, i);
+        ++counted_;
+    }
+    return counted_ > 0 ? sum / static_cast<double>(counted_) : 0.0;
+}
+
+void DenseLM::backward(double loss_scale) {
+    MT_CHECK(batch_ > 0, "backward before forward");
+    // d(loss_scale * mean)/d(loss_i) = loss_scale / counted for counted rows (the op zeroes ignored rows).
+    losses_.fill(counted_ > 0 ? loss_scale / static_cast<double>(counted_) : 0.0);
+    ops::cross_entropy_bwd(logits_, targets_, lse_, kIgnoreIndex, losses_, logits_);  // dlogits in place
+
+    const Tensor& dlogits = logits_;
+    const int head = lm_head_ >= 0 ? lm_head_ : embed_;
+    const Tensor& last = blocks_.empty() ? x0_ : blocks_.back()->output();
+    ops::linear_bwd(final_, table_.param(head), dlogits, ws_.d_norm, table_.grad(head), Tensor());
+    ops::rmsnorm_bwd(last, table_.param(final_norm_), final_rstd_, ws_.d_norm, dres_a_, table_.grad(final_norm_));
+
+    Tensor* dout = &dres_a_;
+    Tensor* dx = &dres_b_;
+    for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
+        const Tensor& input = l == 0 ? x0_ : blocks_[static_cast<size_t>(l - 1)]->output();
+        blocks_[static_cast<size_t>(l)]->backward(input, *dout, *dx, ws_);
+        std::swap(dout, dx);
+    }
+    ops::embedding_bwd(ids_, *dout, table_.grad(embed_));
+}
+
+std::vector<SavedTensor> DenseLM::saved_for_backward() {
+    return {{"embed_out", &x0_}, {"final_norm", &final_}, {"final_rstd", &final_rstd_}, {"logits", &logits_},
+            {"lse", &lse_}};
+}
+
+double DenseLM::flops_per_token(int64_t seq) const {
+    double matmul_params = 0.0;
+    for (int i = 0; i < table_.size(); ++i) {
+        const auto& s = table_.spec(i);
+        if (s.shape.size() == 2 && i != embed_) matmul_params += static_cast<double>(core::shape_numel(s.shape));
+    }
+    if (cfg_.tie_embeddings) matmul_params += static_cast<double>(cfg_.vocab_size * cfg_.d_model);
+    const double attn = 6.0 * static_cast<double>(cfg_.n_layers * seq * cfg_.n_heads * cfg_.resolved_head_dim());
+    return 6.0 * matmul_params + attn;
+}
+
+}  // namespace mt::nn

@@ -1,0 +1,59 @@
+// Dense decoder-only LM: token embedding, N pre-norm blocks (GQA attention + SwiGLU MLP), final RMSNorm,
+// LM head (tied to the embedding or its own weight). Forward and backward read top to bottom, per layer.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "nn/block.h"
+
+namespace mt::nn {
+
+constexpr int32_t kIgnoreIndex = -1;
+
+class DenseLM {
+public:
+    DenseLM(const ModelConfig& cfg, core::DType dtype);
+
+    ParamTable& params() {
+        return table_;
+    }
+    const ParamTable& params() const {
+        return table_;
+    }
+    const ModelConfig& config() const {
+        return cfg_;
+    }
+
+    // ids, targets: [B, T] i32; targets equal to kIgnoreIndex do not count. Returns the mean loss over the
+    // counted targets (0 when none), and keeps what backward needs.
+    double forward(const Tensor& ids, const Tensor& targets);
+    // Accumulates (+=) into the parameter gradients the gradient of loss_scale * (mean loss of the last forward).
+    void backward(double loss_scale);
+    int64_t last_counted_tokens() const {
+        return counted_;
+    }
+    // Model-level activations kept for backward (blocks declare their own).
+    std::vector<SavedTensor> saved_for_backward();
+    // Training FLOPs per token: 6 * (matmul parameters) + 6 * n_layers * T * (Hq * D) for attention (fwd+bwd).
+    double flops_per_token(int64_t seq) const;
+
+private:
+    void resize(int64_t batch, int64_t seq);
+
+    ModelConfig cfg_;
+    core::DType dtype_;
+    ParamTable table_;
+    int embed_ = -1, final_norm_ = -1, lm_head_ = -1;
+    std::vector<std::unique_ptr<Block>> blocks_;
+    Workspace ws_;
+    int64_t batch_ = 0, seq_ = 0, counted_ = 0;
+    Tensor ids_, targets_;      // [N] i32, copies of the batch
+    Tensor x0_;                 // [N, C] embedding output
+    Tensor final_, final_rstd_; // [N, C], [N]
+    Tensor logits_;             // [N, V]; overwritten in place by dlogits in backward
+    Tensor losses_, lse_;       // [N]
+    Tensor dres_a_, dres_b_;    // [N, C] residual-stream gradients, ping-pong
+};
+
+}  // namespace mt::nn

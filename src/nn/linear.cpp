@@ -1,0 +1,21 @@
+// Linear layer over ops::linear.
+#include "nn/linear.h"
+
+#include "ops/linear.h"
+
+namespace mt::nn {
+
+Linear::Linear(ParamTable& table, const std::string& name, int64_t in, int64_t out, double init_std)
+    : table_(&table) {
+    index_ = table.add({.name = name + ".weight", .shape = {out, in}, .init = InitKind::normal, .init_std = init_std});
+}
+
+void Linear::forward(const Tensor& x, const Tensor& y) const {
+    ops::linear_fwd(x, table_->param(index_), Tensor(), y);
+}
+
+void Linear::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) const {
+    ops::linear_bwd(x, table_->param(index_), dy, dx, table_->grad(index_), Tensor());
+}
+
+}  // namespace mt::nn

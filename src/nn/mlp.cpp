@@ -1,0 +1,44 @@
+// SwiGLU MLP forward and backward, side by side.
+#include "nn/mlp.h"
+
+#include <cmath>
+
+#include "ops/add.h"
+#include "ops/swiglu.h"
+
+namespace mt::nn {
+
+Mlp::Mlp(ParamTable& table, const std::string& prefix, const ModelConfig& cfg) : cfg_(cfg) {
+    w_gate_ = Linear(table, prefix + ".w_gate", cfg.d_model, cfg.d_ff, cfg.init_std);
+    w_up_ = Linear(table, prefix + ".w_up", cfg.d_model, cfg.d_ff, cfg.init_std);
+    w_down_ = Linear(table, prefix + ".w_down", cfg.d_ff, cfg.d_model,
+                     cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)));
+}
+
+void Mlp::resize(int64_t n, core::DType dtype) {
+    if (gate_.defined() && gate_.size(0) == n && gate_.dtype() == dtype) return;
+    gate_ = Tensor::zeros({n, cfg_.d_ff}, dtype);
+    up_ = Tensor::zeros({n, cfg_.d_ff}, dtype);
+    act_ = Tensor::zeros({n, cfg_.d_ff}, dtype);
+}
+
+void Mlp::forward(const Tensor& x, const Tensor& out) {
+    w_gate_.forward(x, gate_);
+    w_up_.forward(x, up_);
+    ops::swiglu_fwd(gate_, up_, act_);
+    w_down_.forward(act_, out);
+}
+
+void Mlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws) {
+    w_down_.backward(act_, dout, ws.d_act);
+    ops::swiglu_bwd(gate_, up_, ws.d_act, ws.d_gate, ws.d_up);
+    w_gate_.backward(x, ws.d_gate, dx);
+    w_up_.backward(x, ws.d_up, ws.d_tmp);
+    ops::add_fwd(dx, ws.d_tmp, dx);
+}
+
+std::vector<SavedTensor> Mlp::saved_for_backward() {
+    return {{"gate", &gate_}, {"up", &up_}, {"act", &act_}};
+}
+
+}  // namespace mt::nn

@@ -1,0 +1,20 @@
+// AdamW over the parameter table.
+#include "optim/adamw.h"
+
+namespace mt::optim {
+
+AdamW::AdamW(nn::ParamTable& table, const ops::AdamWHyper& hyper) : table_(&table), hyper_(hyper) {
+    m_ = table.make_arena(table.dtype());
+    v_ = table.make_arena(table.dtype());
+}
+
+void AdamW::step(double lr, int64_t step, double grad_scale) {
+    for (int i = 0; i < table_->size(); ++i) {
+        ops::AdamWHyper h = hyper_;
+        h.lr = lr;
+        if (!table_->spec(i).weight_decay) h.weight_decay = 0.0;
+        ops::adamw_step(table_->param(i), table_->grad(i), m(i), v(i), h, step, grad_scale);
+    }
+}
+
+}  // namespace mt::optim

@@ -1,0 +1,268 @@
+// Job config parsing and validation against one schema table (key, type, range, choices).
+#include "train/config.h"
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <toml++/toml.h>
+#include <variant>
+
+#include "core/error.h"
+
+namespace mt::train {
+
+namespace {
+
+using core::ExitCode;
+using FieldPtr = std::variant<int64_t*, double*, bool*, std::string*, std::vector<std::string>*>;
+
+struct Field {
+    std::string key;  // "section.name"
+    FieldPtr ptr;
+    double min = -std::numeric_limits<double>::infinity();
+    double max = std::numeric_limits<double>::infinity();
+    std::vector<std::string> choices = {};
+    bool min_exclusive = false;
+};
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::vector<Field> schema(JobConfig& c) {
+    auto& r = c.run;
+    auto& m = c.model;
+    auto& d = c.data;
+    auto& t = c.train;
+    auto& k = c.checkpoint;
+    auto& x = c.metrics;
+    return {
+        {"run.name", &r.name},
+        {"run.dir", &r.dir},
+        {"run.seed", &r.seed, 0, 9.0e15},
+        {"run.device", &r.device, -kInf, kInf, {"cpu", "cuda"}},
+        {"run.threads", &r.threads, 0, 4096},
+        {"model.vocab_size", &m.vocab_size, 2, 1 << 30},
+        {"model.d_model", &m.d_model, 1, 1 << 20},
+        {"model.n_layers", &m.n_layers, 0, 4096},
+        {"model.n_heads", &m.n_heads, 1, 4096},
+        {"model.n_kv_heads", &m.n_kv_heads, 1, 4096},
+        {"model.head_dim", &m.head_dim, 0, 4096},
+        {"model.d_ff", &m.d_ff, 1, 1 << 22},
+        {"model.max_seq_len", &m.max_seq_len, 1, 1 << 24},
+        {"model.rope_theta", &m.rope_theta, 0, kInf, {}, true},
+        {"model.norm_eps", &m.norm_eps, 0, 1, {}, true},
+        {"model.init_std", &m.init_std, 0, 10, {}, true},
+        {"model.tie_embeddings", &m.tie_embeddings},
+        {"data.format", &d.format, -kInf, kInf, {"llmc", "megatron"}},
+        {"data.paths", &d.paths},
+        {"data.val_paths", &d.val_paths},
+        {"data.tokenizer", &d.tokenizer},
+        {"train.steps", &t.steps, 0, 1e12},
+        {"train.batch_size", &t.batch_size, 1, 1 << 20},
+        {"train.seq_len", &t.seq_len, 1, 1 << 24},
+        {"train.grad_accum", &t.grad_accum, 1, 1 << 20},
+        {"train.lr", &t.lr, 0, 10, {}, true},
+        {"train.min_lr_ratio", &t.min_lr_ratio, 0, 1},
+        {"train.warmup_steps", &t.warmup_steps, 0, 1e12},
+        {"train.schedule", &t.schedule, -kInf, kInf, {"cosine", "wsd", "constant"}},
+        {"train.decay_ratio", &t.decay_ratio, 0, 1},
+        {"train.weight_decay", &t.weight_decay, 0, 10},
+        {"train.beta1", &t.beta1, 0, 1},
+        {"train.beta2", &t.beta2, 0, 1},
+        {"train.eps", &t.eps, 0, 1, {}, true},
+        {"train.grad_clip", &t.grad_clip, 0, kInf},
+        {"train.eval_every", &t.eval_every, 0, 1e12},
+        {"train.eval_batches", &t.eval_batches, 1, 1e9},
+        {"checkpoint.every_steps", &k.every_steps, 0, 1e12},
+        {"checkpoint.keep_last", &k.keep_last, 1, 1e9},
+        {"checkpoint.keep_every", &k.keep_every, 0, 1e12},
+        {"checkpoint.verify_on_resume", &k.verify_on_resume},
+        {"metrics.every", &x.every, 1, 1e12},
+        {"metrics.jsonl", &x.jsonl},
+    };
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+        cur[0] = i;
+        for (size_t j = 1; j <= b.size(); ++j)
+            cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        std::swap(prev, cur);
+    }
+    return prev[b.size()];
+}
+
+[[noreturn]] void fail_unknown_key(const std::string& key, const std::vector<Field>& fields, const std::string& src) {
+    const Field* best = nullptr;
+    size_t best_d = 4;
+    for (const auto& f : fields) {
+        const size_t dist = edit_distance(key, f.key);
+        if (dist < best_d) {
+            best_d = dist;
+            best = &f;
+        }
+    }
+    core::fail_hint(ExitCode::usage, best ? "did you mean `" + best->key + "`?" : "see docs/configs.md for the keys",
+                    "unknown config key `{}` [{}]", key, src);
+}
+
+std::string type_name(const FieldPtr& p) {
+    return std::visit(
+        [](auto* ptr) -> std::string {
+            using T = std::remove_pointer_t<decltype(ptr)>;
+            if constexpr (std::is_same_v<T, int64_t>) return "an integer";
+            else if constexpr (std::is_same_v<T, double>) return "a number";
+            else if constexpr (std::is_same_v<T, bool>) return "true or false";
+            else if constexpr (std::is_same_v<T, std::string>) return "a string";
+            else return "an array of strings";
+        },
+        p);
+}
+
+void check_range(const Field& f, double v, const std::string& src) {
+    const bool low = f.min_exclusive ? v <= f.min : v < f.min;
+    if (low || v > f.max || std::isnan(v))
+        core::fail(ExitCode::usage, "config value {} = {} is out of range: must be {} {} and <= {} [{}]", f.key, v,
+                   f.min_exclusive ? ">" : ">=", f.min, f.max, src);
+}
+
+void assign(const Field& f, const toml::node& node, const std::string& src) {
+    auto wrong_type = [&]() {
+        core::fail(ExitCode::usage, "config value {} must be {}, got {} [{}]", f.key, type_name(f.ptr),
+                   toml::impl::node_type_friendly_names[static_cast<size_t>(node.type())], src);
+    };
+    std::visit(
+        [&](auto* ptr) {
+            using T = std::remove_pointer_t<decltype(ptr)>;
+            if constexpr (std::is_same_v<T, int64_t>) {
+                if (!node.is_integer()) wrong_type();
+                *ptr = node.as_integer()->get();
+                check_range(f, static_cast<double>(*ptr), src);
+            } else if constexpr (std::is_same_v<T, double>) {
+                if (!node.is_number()) wrong_type();
+                *ptr = node.is_integer() ? static_cast<double>(node.as_integer()->get()) : node.as_floating_point()->get();
+                check_range(f, *ptr, src);
+            } else if constexpr (std::is_same_v<T, bool>) {
+                if (!node.is_boolean()) wrong_type();
+                *ptr = node.as_boolean()->get();
+            } else if constexpr (std::is_same_v<T, std::string>) {
+                if (!node.is_string()) wrong_type();
+                *ptr = node.as_string()->get();
+                if (!f.choices.empty() && std::find(f.choices.begin(), f.choices.end(), *ptr) == f.choices.end())
+                    core::fail(ExitCode::usage, "config value {} = \"{}\" is not one of: {} [{}]", f.key, *ptr,
+                               fmt::join(f.choices, ", "), src);
+            } else {
+                const toml::array* arr = node.as_array();
+                if (arr == nullptr) wrong_type();
+                ptr->clear();
+                for (const auto& el : *arr) {
+                    if (!el.is_string()) wrong_type();
+                    ptr->push_back(el.as_string()->get());
+                }
+            }
+        },
+        f.ptr);
+}
+
+// Parses "section.key=value" into the table; a value that is not valid TOML is taken as a bare string.
+void apply_override(toml::table& root, const std::string& item) {
+    const size_t eq = item.find('=');
+    const size_t dot = item.find('.');
+    if (eq == std::string::npos || dot == std::string::npos || dot > eq)
+        core::fail_hint(ExitCode::usage, "write it as section.key=value, e.g. --set train.steps=100",
+                        "malformed override `{}`", item);
+    const std::string section = item.substr(0, dot), key = item.substr(dot + 1, eq - dot - 1);
+    const std::string value = item.substr(eq + 1);
+    toml::table parsed;
+    try {
+        parsed = toml::parse("v = " + value);
+    } catch (const toml::parse_error&) {
+        parsed = toml::table{{"v", value}};
+    }
+    if (!root.contains(section)) root.insert(section, toml::table{});
+    toml::table* sec = root[section].as_table();
+    if (sec == nullptr) core::fail(ExitCode::usage, "override `{}`: `{}` is not a section", item, section);
+    sec->insert_or_assign(key, *parsed.get("v"));
+}
+
+void validate(const JobConfig& c, const std::string& src) {
+    const auto& m = c.model;
+    auto bad = [&](const std::string& msg) { core::fail(ExitCode::usage, "{} [{}]", msg, src); };
+    if (m.head_dim == 0 && m.d_model % m.n_heads != 0)
+        bad(fmt::format("model.d_model = {} is not divisible by model.n_heads = {}", m.d_model, m.n_heads));
+    if (m.n_heads % m.n_kv_heads != 0)
+        bad(fmt::format("model.n_heads = {} is not divisible by model.n_kv_heads = {}", m.n_heads, m.n_kv_heads));
+    if (m.resolved_head_dim() % 2 != 0)
+        bad(fmt::format("head dimension {} must be even for RoPE", m.resolved_head_dim()));
+    if (c.train.seq_len > m.max_seq_len)
+        bad(fmt::format("train.seq_len = {} exceeds model.max_seq_len = {}", c.train.seq_len, m.max_seq_len));
+    if (c.data.paths.empty()) bad("data.paths is empty: name at least one training shard");
+}
+
+}  // namespace
+
+JobConfig config_parse(const std::string& toml_text, const std::string& source, const std::vector<std::string>& overrides) {
+    toml::table root;
+    try {
+        root = toml::parse(toml_text, source);
+    } catch (const toml::parse_error& e) {
+        core::fail(ExitCode::usage, "malformed TOML: {} at line {}, column {} [{}]", e.description(),
+                   e.source().begin.line, e.source().begin.column, source);
+    }
+    for (const auto& item : overrides) apply_override(root, item);
+
+    JobConfig c;
+    c.source = source;
+    const std::vector<Field> fields = schema(c);
+    for (const auto& [section, node] : root) {
+        const std::string sec(section.str());
+        const toml::table* table = node.as_table();
+        if (table == nullptr) fail_unknown_key(sec, fields, source);
+        for (const auto& [name, value] : *table) {
+            const std::string key = sec + "." + std::string(name.str());
+            auto it = std::find_if(fields.begin(), fields.end(), [&](const Field& f) { return f.key == key; });
+            if (it == fields.end()) fail_unknown_key(key, fields, source);
+            assign(*it, value, source);
+        }
+    }
+    validate(c, source);
+    return c;
+}
+
+JobConfig config_load(const std::string& path, const std::vector<std::string>& overrides) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) core::fail(ExitCode::usage, "cannot read config file [{}]", path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return config_parse(ss.str(), path, overrides);
+}
+
+std::string JobConfig::to_toml() const {
+    JobConfig copy = *this;
+    toml::table root;
+    for (const auto& f : schema(copy)) {
+        const size_t dot = f.key.find('.');
+        const std::string sec = f.key.substr(0, dot), key = f.key.substr(dot + 1);
+        if (!root.contains(sec)) root.insert(sec, toml::table{});
+        toml::table& t = *root[sec].as_table();
+        std::visit(
+            [&](auto* ptr) {
+                using T = std::remove_pointer_t<decltype(ptr)>;
+                if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+                    toml::array arr;
+                    for (const auto& s : *ptr) arr.push_back(s);
+                    t.insert(key, arr);
+                } else {
+                    t.insert(key, *ptr);
+                }
+            },
+            f.ptr);
+    }
+    std::ostringstream out;
+    out << root << "\n";
+    return out.str();
+}
+
+}  // namespace mt::train

@@ -1,0 +1,82 @@
+// The job config: TOML file + `--set section.key=value` overrides, validated against one schema table.
+// Malformed TOML, unknown keys (typos), wrong types and out-of-range values end with exit 2 and a message
+// naming the file and the field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nn/model_config.h"
+
+namespace mt::train {
+
+struct RunConfig {
+    std::string name = "run";
+    std::string dir = "runs/run";
+    int64_t seed = 1234;
+    std::string device = "cpu";
+    int64_t threads = 0;  // 0: all cores
+};
+
+struct DataConfig {
+    std::string format = "llmc";  // llmc | megatron
+    std::vector<std::string> paths;
+    std::vector<std::string> val_paths;
+    std::string tokenizer = "bytes";
+};
+
+struct TrainConfig {
+    int64_t steps = 100;
+    int64_t batch_size = 8;
+    int64_t seq_len = 128;
+    int64_t grad_accum = 1;
+    double lr = 1e-3;
+    double min_lr_ratio = 0.1;
+    int64_t warmup_steps = 0;
+    std::string schedule = "cosine";  // cosine | wsd | constant
+    double decay_ratio = 0.2;
+    double weight_decay = 0.1;
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+    double grad_clip = 1.0;  // 0: off
+    int64_t eval_every = 100;
+    int64_t eval_batches = 8;
+};
+
+struct CheckpointConfig {
+    int64_t every_steps = 1000;
+    int64_t keep_last = 3;
+    int64_t keep_every = 0;
+    bool verify_on_resume = false;
+};
+
+struct MetricsConfig {
+    int64_t every = 1;
+    bool jsonl = true;
+};
+
+struct JobConfig {
+    RunConfig run;
+    nn::ModelConfig model;
+    DataConfig data;
+    TrainConfig train;
+    CheckpointConfig checkpoint;
+    MetricsConfig metrics;
+
+    std::string source;  // file the config came from (for messages)
+
+    // The resolved config as TOML (every field, defaults included), written into checkpoints and metrics.
+    std::string to_toml() const;
+};
+
+// Parses TOML text (`source` names it in messages) and applies overrides ("section.key=value", value in TOML
+// syntax; a bare word is taken as a string). Throws core::Error with ExitCode::usage on any problem.
+JobConfig config_parse(const std::string& toml_text,
+                       const std::string& source,
+                       const std::vector<std::string>& overrides = {});
+// Reads the file, then config_parse. A missing file is a usage error naming it.
+JobConfig config_load(const std::string& path, const std::vector<std::string>& overrides = {});
+
+}  // namespace mt::train

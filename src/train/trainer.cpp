@@ -1,0 +1,154 @@
+// The training loop: one progress line per step, JSONL metrics, validation and checkpoints on schedule.
+#include "train/trainer.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "core/cuda_probe.h"
+#include "ops/global_norm.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace mt::train {
+
+namespace {
+
+std::string format_duration(double seconds) {
+    const auto s = static_cast<int64_t>(std::max(0.0, seconds));
+    if (s >= 3600) return fmt::format("{}h{:02d}m", s / 3600, (s / 60) % 60);
+    if (s >= 60) return fmt::format("{}m{:02d}s", s / 60, s % 60);
+    return fmt::format("{}s", s);
+}
+
+}  // namespace
+
+int trainer_set_threads(int64_t threads) {
+    const int n = threads > 0 ? static_cast<int>(threads) : omp_get_num_procs();
+    omp_set_num_threads(n);
+    openblas_set_num_threads(n);
+    return n;
+}
+
+Trainer::Trainer(JobConfig cfg, bool log) : cfg_(std::move(cfg)), log_(log) {
+    if (cfg_.run.device == "cuda")
+        core::fail_hint(core::ExitCode::usage, "use run.device = \"cpu\" for now",
+                        "run.device = \"cuda\": the CUDA backend is not built yet ({}) [{}]", core::cuda_describe(),
+                        cfg_.source);
+    trainer_set_threads(cfg_.run.threads);
+    const auto& t = cfg_.train;
+
+    train_source_ = data::token_source_open(cfg_.data.format, cfg_.data.paths, cfg_.model.vocab_size);
+    train_sampler_ = std::make_unique<data::Sampler>(*train_source_, t.seq_len, static_cast<uint64_t>(cfg_.run.seed));
+    if (!cfg_.data.val_paths.empty()) {
+        val_source_ = data::token_source_open(cfg_.data.format, cfg_.data.val_paths, cfg_.model.vocab_size);
+        val_sampler_ = std::make_unique<data::Sampler>(*val_source_, t.seq_len, static_cast<uint64_t>(cfg_.run.seed));
+    }
+
+    model_ = std::make_unique<nn::DenseLM>(cfg_.model, core::DType::f32);
+    model_->params().initialize(static_cast<uint64_t>(cfg_.run.seed));
+    adamw_ = std::make_unique<optim::AdamW>(
+        model_->params(),
+        ops::AdamWHyper{.lr = t.lr, .beta1 = t.beta1, .beta2 = t.beta2, .eps = t.eps, .weight_decay = t.weight_decay});
+    optim::schedule_kind_from_name(t.schedule, &schedule_.kind);
+    schedule_.lr = t.lr;
+    schedule_.min_lr_ratio = t.min_lr_ratio;
+    schedule_.warmup_steps = t.warmup_steps;
+    schedule_.total_steps = t.steps;
+    schedule_.decay_ratio = t.decay_ratio;
+
+    inputs_ = core::Tensor::zeros({t.batch_size, t.seq_len}, core::DType::i32);
+    targets_ = core::Tensor::zeros({t.batch_size, t.seq_len}, core::DType::i32);
+}
+
+void Trainer::fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs, const core::Tensor& targets) const {
+    const auto& t = cfg_.train;
+    train_sampler_->fill(data::sampler_first_sample(step, t.grad_accum, micro, 1, 0, t.batch_size), t.batch_size,
+                         inputs, targets);
+}
+
+StepResult Trainer::train_step() {
+    const auto start = std::chrono::steady_clock::now();
+    const auto& t = cfg_.train;
+    StepResult r;
+    r.lr = schedule_.at(step_);
+    model_->params().zero_grads();
+    for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
+        fill_batch(step_, micro, inputs_, targets_);
+        r.loss += model_->forward(inputs_, targets_) / static_cast<double>(t.grad_accum);
+        model_->backward(1.0 / static_cast<double>(t.grad_accum));
+    }
+    r.grad_norm = ops::global_norm({model_->params().grad_arena()});
+    if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
+        core::fail_hint(core::ExitCode::health, "lower train.lr or resume from the last checkpoint",
+                        "non-finite loss {} or gradient norm {} at step {}", r.loss, r.grad_norm, step_ + 1);
+    // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm.
+    const double scale = t.grad_clip > 0 && r.grad_norm > t.grad_clip ? t.grad_clip / (r.grad_norm + 1e-6) : 1.0;
+    adamw_->step(r.lr, step_ + 1, scale);
+    ++step_;
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return r;
+}
+
+double Trainer::evaluate() {
+    const auto& t = cfg_.train;
+    const data::Sampler& sampler = val_sampler_ ? *val_sampler_ : *train_sampler_;
+    double sum = 0.0;
+    for (int64_t b = 0; b < t.eval_batches; ++b) {
+        sampler.fill_sequential(b * t.batch_size, t.batch_size, inputs_, targets_);
+        sum += model_->forward(inputs_, targets_);
+    }
+    return sum / static_cast<double>(t.eval_batches);
+}
+
+void Trainer::run() {
+    const auto& t = cfg_.train;
+    std::filesystem::create_directories(cfg_.run.dir);
+    metrics_ = std::make_unique<MetricsLog>(cfg_.metrics.jsonl ? cfg_.run.dir + "/metrics.jsonl" : "");
+    metrics_->write(step_, "config",
+                    {{"config_toml", cfg_.to_toml()},
+                     {"moetrain_version", MT_VERSION},
+                     {"cuda", core::cuda_describe()},
+                     {"threads", omp_get_max_threads()},
+                     {"parameters", model_->params().total_numel()},
+                     {"mesh", {{"world", 1}, {"dp", 1}}}});
+    if (log_)
+        fmt::print("moetrain: {} parameters, {} tokens per step, {} threads; train data {}\n",
+                   model_->params().total_numel(), tokens_per_step(), omp_get_max_threads(),
+                   train_source_->describe());
+    double elapsed = 0.0;
+    int64_t timed_steps = 0;
+    while (step_ < t.steps) {
+        const StepResult r = train_step();
+        // The first step pays for allocation; leave it out of the rate once others exist.
+        if (step_ > 1 || t.steps == 1) {
+            elapsed += r.seconds;
+            ++timed_steps;
+        }
+        const double tok_s = timed_steps > 0 ? static_cast<double>(tokens_per_step() * timed_steps) / elapsed : 0.0;
+        const double eta = timed_steps > 0 ? elapsed / timed_steps * static_cast<double>(t.steps - step_) : 0.0;
+        if (log_)
+            fmt::print("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}\n", step_,
+                       t.steps, r.loss, r.lr, r.grad_norm, tok_s, format_duration(eta));
+        if (step_ % cfg_.metrics.every == 0)
+            metrics_->write(step_, "train",
+                            {{"loss", r.loss},
+                             {"lr", r.lr},
+                             {"grad_norm", r.grad_norm},
+                             {"tokens_per_s", tok_s},
+                             {"step_seconds", r.seconds},
+                             {"tokens_seen", step_ * tokens_per_step()}});
+        const bool last = step_ == t.steps;
+        if (t.eval_every > 0 && (step_ % t.eval_every == 0 || last)) {
+            const double val = evaluate();
+            if (log_) fmt::print("step {:>6}/{} | val loss {:.4f}\n", step_, t.steps, val);
+            metrics_->write(step_, "eval", {{"val_loss", val}});
+        }
+        if (cfg_.checkpoint.every_steps > 0 && (step_ % cfg_.checkpoint.every_steps == 0 || last)) save_checkpoint();
+        std::fflush(stdout);
+    }
+}
+
+}  // namespace mt::train

@@ -1,0 +1,74 @@
+// The trainer: data -> model forward/backward over micro-batches -> clipping -> AdamW, with LR schedule,
+// periodic validation, progress lines, JSONL metrics and checkpoints (save, exact resume).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "data/sampler.h"
+#include "nn/dense_lm.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "train/config.h"
+#include "train/metrics.h"
+
+namespace mt::train {
+
+struct StepResult {
+    double loss = 0.0;
+    double grad_norm = 0.0;
+    double lr = 0.0;
+    double seconds = 0.0;
+};
+
+class Trainer {
+public:
+    // Builds the model, optimizer and data pipeline. `log` false keeps it silent (tests, benchmarks).
+    explicit Trainer(JobConfig cfg, bool log = true);
+
+    // Restores the newest complete checkpoint under run.dir/checkpoints; false when there is none.
+    bool resume_latest();
+    // Restores a checkpoint directory (params, optimizer state, step, data position); exit 4 when it does not fit.
+    void load_checkpoint(const std::string& dir);
+    // Trains until train.steps, validating and checkpointing on schedule.
+    void run();
+    // One optimizer step at the current step; advances the step counter.
+    StepResult train_step();
+    // Mean loss over train.eval_batches validation batches (the training stream when no val_paths are set).
+    double evaluate();
+    // Writes run.dir/checkpoints/step_<step>/.
+    void save_checkpoint();
+    // The batch of micro-batch `micro` at optimizer step `step`.
+    void fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs, const core::Tensor& targets) const;
+
+    nn::DenseLM& model() {
+        return *model_;
+    }
+    int64_t step() const {
+        return step_;
+    }
+    const JobConfig& config() const {
+        return cfg_;
+    }
+    int64_t tokens_per_step() const {
+        return cfg_.train.batch_size * cfg_.train.seq_len * cfg_.train.grad_accum;
+    }
+
+private:
+    JobConfig cfg_;
+    bool log_;
+    std::unique_ptr<nn::DenseLM> model_;
+    std::unique_ptr<optim::AdamW> adamw_;
+    optim::LrSchedule schedule_;
+    std::unique_ptr<data::TokenSource> train_source_, val_source_;
+    std::unique_ptr<data::Sampler> train_sampler_, val_sampler_;
+    std::unique_ptr<MetricsLog> metrics_;
+    core::Tensor inputs_, targets_;  // [B, T] i32
+    int64_t step_ = 0;               // optimizer steps completed
+};
+
+// Applies run.threads (0: all cores) to OpenMP and OpenBLAS; returns the thread count.
+int trainer_set_threads(int64_t threads);
+
+}  // namespace mt::train

@@ -1,0 +1,84 @@
+// Trainer state <-> checkpoint: parameters, AdamW moments, step, data position and RNG seed; exact resume.
+#include <filesystem>
+
+#include "train/checkpoint_io.h"
+#include "train/trainer.h"
+
+namespace mt::train {
+
+namespace {
+
+std::vector<TensorSpec> model_specs(const nn::ParamTable& table) {
+    std::vector<TensorSpec> specs;
+    for (int i = 0; i < table.size(); ++i) specs.push_back({table.spec(i).name, table.spec(i).shape, table.dtype()});
+    return specs;
+}
+
+std::string checkpoints_root(const JobConfig& cfg) {
+    return cfg.run.dir + "/checkpoints";
+}
+
+}  // namespace
+
+void Trainer::save_checkpoint() {
+    const auto start = std::chrono::steady_clock::now();
+    nn::ParamTable& table = model_->params();
+    std::vector<CheckpointTensor> tensors;
+    for (int i = 0; i < table.size(); ++i) {
+        const std::string& name = table.spec(i).name;
+        tensors.push_back({name, "param", table.param(i)});
+        tensors.push_back({name, "adamw.m", adamw_->m(i)});
+        tensors.push_back({name, "adamw.v", adamw_->v(i)});
+    }
+    const auto& t = cfg_.train;
+    const int64_t samples = data::sampler_first_sample(step_, t.grad_accum, 0, 1, 0, t.batch_size);
+    const nlohmann::json extra = {
+        {"config_toml", cfg_.to_toml()},
+        {"model_signature", model_signature(model_specs(table))},
+        {"tokens_seen", step_ * tokens_per_step()},
+        {"mesh", {{"order", "tp-cp-ep-dp-pp"}, {"tp", 1}, {"cp", 1}, {"ep", 1}, {"dp", 1}, {"pp", 1}, {"world", 1}}},
+        {"rng", {{"seed", cfg_.run.seed}, {"step", step_}}},
+        {"data",
+         {{"samples_consumed", samples},
+          {"ranks", {{{"dp", 0}, {"source", "train"}, {"epoch", train_sampler_->epoch_of(samples)}, {"sample", samples}}}}}},
+    };
+    const std::string dir =
+        checkpoint_write(checkpoints_root(cfg_), step_, tensors, extra,
+                         RetentionPolicy{.keep_last = cfg_.checkpoint.keep_last, .keep_every = cfg_.checkpoint.keep_every});
+    if (log_) {
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        fmt::print("step {:>6}/{} | checkpoint {} ({:.2f} s)\n", step_, t.steps, dir, secs);
+    }
+}
+
+void Trainer::load_checkpoint(const std::string& dir) {
+    const Checkpoint ckpt = checkpoint_open(dir, cfg_.checkpoint.verify_on_resume);
+    nn::ParamTable& table = model_->params();
+    checkpoint_check_fits(ckpt.manifest(), model_specs(table), dir);
+    for (int i = 0; i < table.size(); ++i) {
+        const std::string& name = table.spec(i).name;
+        ckpt.read_into("param", name, table.param(i));
+        ckpt.read_into("adamw.m", name, adamw_->m(i));
+        ckpt.read_into("adamw.v", name, adamw_->v(i));
+    }
+    step_ = ckpt.step();
+    const auto& t = cfg_.train;
+    const auto& data = ckpt.manifest().at("data");
+    const int64_t expected = data::sampler_first_sample(step_, t.grad_accum, 0, 1, 0, t.batch_size);
+    const int64_t saved = data.value("samples_consumed", expected);
+    if (saved != expected)
+        core::fail_hint(core::ExitCode::checkpoint,
+                        "resume with the checkpoint's train.batch_size and train.grad_accum",
+                        "checkpoint consumed {} samples, but step {} with this config's batch implies {} [{}]", saved,
+                        step_, expected, dir);
+    if (log_) fmt::print("moetrain: resumed from {} at step {}\n", dir, step_);
+}
+
+bool Trainer::resume_latest() {
+    const auto latest = checkpoint_find_latest(checkpoints_root(cfg_));
+    if (!latest) return false;
+    load_checkpoint(*latest);
+    return true;
+}
+
+}  // namespace mt::train

@@ -1,0 +1,52 @@
+// Test helpers: a small learnable token shard and a job config sized for fast CPU tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "data/llmc_shard.h"
+#include "train/config.h"
+
+namespace mt::testing {
+
+// A fresh directory under the test temp dir, unique per test.
+inline std::string fresh_dir(const std::string& name) {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    const std::string dir = ::testing::TempDir() + "mt_" + info->test_suite_name() + "_" + info->name() + "_" + name;
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    return dir;
+}
+
+// Tokens with structure a small model can learn: a noisy repeated pattern over `vocab` ids.
+inline std::vector<int32_t> pattern_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+        const bool noise = core::rng_uniform(seed, 1, static_cast<uint64_t>(i)) < 0.1f;
+        tokens[static_cast<size_t>(i)] =
+            noise ? static_cast<int32_t>(core::rng_u64(seed, 2, static_cast<uint64_t>(i)) % vocab)
+                  : static_cast<int32_t>((i * 7 + (i / 13)) % vocab);
+    }
+    return tokens;
+}
+
+// Writes train/val shards into dir and returns a config of a 2-layer GQA model over them.
+inline train::JobConfig tiny_job(const std::string& dir, std::vector<std::string> overrides = {}) {
+    const int64_t vocab = 61;
+    data::llmc_write_shard(dir + "/train.bin", pattern_tokens(20000, vocab, 1), vocab);
+    data::llmc_write_shard(dir + "/val.bin", pattern_tokens(3000, vocab, 2), vocab);
+    const std::string toml = "[run]\ndir = \"" + dir + "/run\"\nseed = 7\nthreads = 2\n" +
+                             "[model]\nvocab_size = 61\nd_model = 32\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\n"
+                             "d_ff = 64\nmax_seq_len = 64\ntie_embeddings = false\n"
+                             "[data]\npaths = [\"" + dir + "/train.bin\"]\nval_paths = [\"" + dir + "/val.bin\"]\n"
+                             "[train]\nsteps = 8\nbatch_size = 4\nseq_len = 16\ngrad_accum = 2\nlr = 1e-2\n"
+                             "warmup_steps = 2\neval_every = 0\neval_batches = 2\n"
+                             "[checkpoint]\nevery_steps = 0\n";
+    return train::config_parse(toml, dir + "/job.toml", overrides);
+}
+
+}  // namespace mt::testing

@@ -1,0 +1,83 @@
+// Trainer: learning, exact resume (bit-identical losses), checkpoints that do not fit, bad token data.
+#include <gtest/gtest.h>
+
+#include "support/tiny_job.h"
+#include "train/checkpoint_io.h"
+#include "train/trainer.h"
+
+using mt::core::Error;
+using mt::core::ExitCode;
+using mt::testing::fresh_dir;
+using mt::testing::tiny_job;
+using mt::train::Trainer;
+
+TEST(Trainer, LossGoesDown) {
+    const std::string dir = fresh_dir("learn");
+    Trainer trainer(tiny_job(dir, {"train.steps=40", "train.schedule=\"constant\""}), false);
+    const double first = trainer.train_step().loss;
+    double last = first;
+    while (trainer.step() < 40) last = trainer.train_step().loss;
+    EXPECT_LT(last, first - 1.0) << "first " << first << " last " << last;
+    EXPECT_LT(trainer.evaluate(), first - 1.0);
+}
+
+TEST(Trainer, ExactResumeIsBitIdentical) {
+    const std::string dir = fresh_dir("resume");
+    const int64_t n = 4;
+    std::vector<double> straight;
+    {
+        Trainer trainer(tiny_job(dir, {"run.dir=\"" + dir + "/straight\""}), false);
+        for (int64_t s = 0; s < 2 * n; ++s) straight.push_back(trainer.train_step().loss);
+    }
+    std::vector<double> resumed;
+    {
+        Trainer trainer(tiny_job(dir, {"run.dir=\"" + dir + "/split\""}), false);
+        for (int64_t s = 0; s < n; ++s) resumed.push_back(trainer.train_step().loss);
+        trainer.save_checkpoint();
+        // Keep going past the checkpoint: the resumed run must not see this.
+        trainer.train_step();
+    }
+    {
+        Trainer trainer(tiny_job(dir, {"run.dir=\"" + dir + "/split\""}), false);
+        ASSERT_TRUE(trainer.resume_latest());
+        EXPECT_EQ(trainer.step(), n);
+        while (trainer.step() < 2 * n) resumed.push_back(trainer.train_step().loss);
+    }
+    ASSERT_EQ(straight.size(), resumed.size());
+    for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(straight[i], resumed[i]) << "step " << i + 1;
+}
+
+TEST(Trainer, CheckpointThatDoesNotFitNamesTheTensor) {
+    const std::string dir = fresh_dir("fit");
+    {
+        Trainer trainer(tiny_job(dir), false);
+        trainer.train_step();
+        trainer.save_checkpoint();
+    }
+    Trainer wider(tiny_job(dir, {"model.d_ff=96"}), false);
+    try {
+        wider.resume_latest();
+        FAIL() << "expected a checkpoint error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ExitCode::checkpoint);
+        EXPECT_NE(std::string(e.what()).find("layers.0.mlp.w_down.weight"), std::string::npos) << e.what();
+    }
+}
+
+TEST(Trainer, TokenIdsAtOrAboveVocabAreDataErrors) {
+    const std::string dir = fresh_dir("vocab");
+    auto cfg = tiny_job(dir);
+    std::vector<int32_t> tokens(1000, 5);
+    tokens[500] = 61;  // == vocab_size
+    mt::data::llmc_write_shard(dir + "/bad.bin", tokens, 100);
+    cfg.data.paths = {dir + "/bad.bin"};
+    cfg.train.batch_size = 64;  // 64 windows of 16 cover every token
+    try {
+        Trainer trainer(cfg, false);
+        trainer.train_step();
+        FAIL() << "expected a data error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ExitCode::data);
+        EXPECT_NE(std::string(e.what()).find("bad.bin"), std::string::npos) << e.what();
+    }
+}
