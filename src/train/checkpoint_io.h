@@ -1,0 +1,155 @@
+// Checkpoint directories (conventions §5.2): step_%08d/ holding rank_%05d.safetensors, manifest.json and a DONE
+// marker; writing with retention, finding the newest valid one, opening and verifying it, and model signatures.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "train/safetensors.h"
+
+namespace mt::train {
+
+// One tensor to save: its canonical name, its state family ("param", "master", "adamw.m", "adamw.v",
+// "muon.momentum", "rng", ...) and the CPU tensor (the whole global tensor while world = 1).
+struct CheckpointTensor {
+    std::string name;
+    std::string kind;
+    core::Tensor tensor;
+};
+
+// Which older checkpoints survive a new one: the keep_last newest (<= 0 keeps all) plus every step that is a
+// multiple of keep_every (when > 0).
+struct RetentionPolicy {
+    int64_t keep_last = 3;
+    int64_t keep_every = 0;
+};
+
+// A tensor the model expects: name, global shape, dtype (the dtype its "param" entry is saved with).
+struct TensorSpec {
+    std::string name;
+    core::Shape shape;
+    core::DType dtype = core::DType::f32;
+};
+
+// "step_00001000" for step 1000.
+std::string checkpoint_dir_name(int64_t step);
+
+// Writes a complete checkpoint of one rank (world = 1) to ROOT/step_%08d: the tensors go to rank_00000.safetensors
+// under keys "<kind>/<name>", then manifest.json, then DONE, all inside ROOT/step_%08d.tmp, which is renamed into
+// place at the end (an existing checkpoint of the same step is replaced only then). Afterwards applies retention.
+// @param[in] checkpoints_root  ROOT, created when missing
+// @param[in] step              the optimizer step the state belongs to
+// @param[in] tensors           every tensor to save; (kind, name) pairs must be unique
+// @param[in] manifest_extra    a JSON object whose fields are copied into the manifest (config_toml,
+//                              model_signature, mesh, rng, data, tokens_seen, git_commit, ...); it must not set
+//                              format, version, step, moetrain_version, created_unix, files or tensors
+// @param[in] keep              retention policy applied once the new checkpoint is complete
+// @return the checkpoint directory
+std::string checkpoint_write(const std::string& checkpoints_root,
+                             int64_t step,
+                             const std::vector<CheckpointTensor>& tensors,
+                             const nlohmann::json& manifest_extra,
+                             const RetentionPolicy& keep = {});
+
+// A valid (DONE) checkpoint directory under a root.
+struct CheckpointEntry {
+    int64_t step = 0;
+    std::string dir;
+};
+
+// Every valid checkpoint under ROOT, by ascending step; incomplete directories and *.tmp are skipped. A missing
+// root gives an empty list.
+std::vector<CheckpointEntry> checkpoint_list(const std::string& checkpoints_root);
+
+// The directory of the highest-step checkpoint that has DONE, or nullopt when there is none.
+std::optional<std::string> checkpoint_find_latest(const std::string& checkpoints_root);
+
+// Deletes the checkpoints the policy does not keep, considering only steps <= current_step (newer ones are left
+// alone, and current_step itself is always kept), plus leftovers of interrupted writes older than current_step.
+// Does nothing unless current_step is a valid checkpoint. @return the deleted directories
+std::vector<std::string> checkpoint_apply_retention(const std::string& checkpoints_root,
+                                                    int64_t current_step,
+                                                    const RetentionPolicy& keep);
+
+// Deletes one checkpoint directory: DONE first (fsynced), then its files, then the directory.
+void checkpoint_remove(const std::string& dir);
+
+// An opened, validated checkpoint (see checkpoint_open).
+class Checkpoint {
+   public:
+    const std::string& dir() const {
+        return dir_;
+    }
+    const nlohmann::json& manifest() const {
+        return manifest_;
+    }
+    int64_t step() const {
+        return step_;
+    }
+    bool has(const std::string& kind, const std::string& name) const {
+        return tensors_.count({kind, name}) != 0;
+    }
+    // Names saved under a kind, sorted.
+    std::vector<std::string> names(const std::string& kind) const;
+    // Global shape and safetensors dtype name of a saved tensor (fails naming it when absent).
+    const core::Shape& global_shape(const std::string& kind, const std::string& name) const;
+    const std::string& dtype_name(const std::string& kind, const std::string& name) const;
+    // Copies a saved tensor into dst (CPU, the global shape, any strides; dtypes convert float <-> float and
+    // int <-> int). Fails with exit code 4 naming the tensor and the directory when it is missing or its shape
+    // differs.
+    // @param[out] dst  the destination
+    void read_into(const std::string& kind, const std::string& name, const core::Tensor& dst) const;
+    // A new contiguous CPU tensor with the saved values, in the saved dtype.
+    core::Tensor read(const std::string& kind, const std::string& name) const;
+
+   private:
+    friend Checkpoint checkpoint_open(const std::string& dir, bool verify_crc);
+    struct Region {
+        const SafetensorsFile* file = nullptr;
+        std::string key;
+        bool flat = false;
+        core::Shape offset, shape;             // a box
+        int64_t flat_begin = 0, flat_end = 0;  // or a range of the flattened tensor
+    };
+    struct Entry {
+        std::string dtype;
+        core::Shape global_shape;
+        std::vector<Region> regions;
+    };
+    const Entry& entry(const std::string& kind, const std::string& name) const;
+    std::string dir_;
+    nlohmann::json manifest_;
+    int64_t step_ = 0;
+    std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+    std::map<std::pair<std::string, std::string>, Entry> tensors_;
+};
+
+// Opens a checkpoint directory: DONE must exist (else exit 4 "no DONE marker: the checkpoint is incomplete"),
+// manifest.json must parse and hold every required field, each listed file must exist with its recorded size (and
+// CRC-32C when verify_crc), and every tensor entry must match its safetensors file. Every failure is an Error with
+// exit code 4 naming the directory or file.
+// @param[in] dir         the step directory
+// @param[in] verify_crc  also check each file's CRC-32C (reads every byte; `--verify`)
+Checkpoint checkpoint_open(const std::string& dir, bool verify_crc = false);
+
+// The model signature: SHA-256 (hex) of the lines "name\t[d0, d1]\tDTYPE\n" of the specs sorted by name.
+std::string model_signature(const std::vector<TensorSpec>& specs);
+
+// Checks that a checkpoint fits the model: when the manifest's model_signature differs from the specs', fails with
+// exit code 4 naming the first tensor (by name) that differs: missing from the checkpoint, extra in it, or a
+// different shape or dtype (both given). The checkpoint's side is its "param" tensor entries.
+// @param[in] manifest  the checkpoint manifest
+// @param[in] expected  the model's tensors
+// @param[in] dir       the checkpoint directory, for the message
+void checkpoint_check_fits(const nlohmann::json& manifest,
+                           const std::vector<TensorSpec>& expected,
+                           const std::string& dir);
+
+}  // namespace mt::train
