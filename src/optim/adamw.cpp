@@ -13,7 +13,8 @@ void AdamW::step(double lr, int64_t step, double grad_scale) {
         ops::AdamWHyper h = hyper_;
         h.lr = lr;
         if (!table_->spec(i).weight_decay) h.weight_decay = 0.0;
-        ops::adamw_step(table_->param(i), table_->grad(i), m(i), v(i), h, step, grad_scale);
+        auto flat = [](const core::Tensor& t) { return t.reshape({t.numel()}); };
+        ops::adamw_step(flat(table_->param(i)), flat(table_->grad(i)), flat(m(i)), flat(v(i)), h, step, grad_scale);
     }
 }
 

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Every bad input of the Foundation issue through the real CLI: one clear message naming the file, field or
+# tensor on stderr, the documented non-zero exit code, no crash, nothing half-written.
+# Usage: bad_input.sh <moetrain> <source-dir> <scratch-dir>
+set -uo pipefail
+BIN=$1
+SRC=$2
+SCRATCH=$3
+rm -rf "$SCRATCH" && mkdir -p "$SCRATCH"
+cd "$SCRATCH"
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+# expect CODE NEEDLE -- command...: runs it, checks the exit code, one error line, and the needle in stderr.
+expect() {
+  local code=$1 needle=$2
+  shift 3
+  "$@" > out.txt 2> err.txt
+  local rc=$?
+  local what="$*"
+  [[ $rc -eq $code ]] || fail "exit $rc, expected $code: $what :: $(cat err.txt)"
+  [[ $(grep -c '^moetrain: error:' err.txt) -eq 1 ]] || fail "expected one error line: $what :: $(cat err.txt)"
+  grep -qF -- "$needle" err.txt || fail "message lacks '$needle': $what :: $(cat err.txt)"
+  echo "ok ($rc): $(head -1 err.txt)"
+}
+
+for i in $(seq 1 300); do printf 'Fortune number %d: the experts route every token to a place.\n%%\n' "$i"; done > corpus.txt
+"$BIN" data --input corpus.txt --out data > /dev/null || { echo "FAIL: data preparation"; exit 1; }
+cp "$SRC/configs/tiny.toml" job.toml
+COMMON=(--set run.dir=run --set 'data.paths=["data/train.bin"]' --set 'data.val_paths=["data/val.bin"]'
+        --set train.steps=2 --set train.batch_size=2 --set train.seq_len=32 --set train.eval_every=0
+        --set checkpoint.every_steps=2)
+train() { "$BIN" train --config job.toml "${COMMON[@]}" "$@"; }
+
+printf '[model]\nd_model = = 3\n' > malformed.toml
+expect 2 "malformed.toml" -- "$BIN" train --config malformed.toml
+expect 2 "train.stpes" -- train --set train.stpes=3
+grep -qF "did you mean \`train.steps\`" err.txt || fail "no suggestion for the typo"
+expect 2 "train.steps must be an integer" -- train --set 'train.steps="ten"'
+expect 2 "train.lr = -1 is out of range" -- train --set train.lr=-1
+expect 2 "missing.toml" -- "$BIN" train --config missing.toml
+expect 3 "nope.bin" -- train --set 'data.paths=["nope.bin"]'
+
+head -c 2000 data/train.bin > truncated.bin
+expect 3 "truncated.bin" -- train --set 'data.paths=["truncated.bin"]'
+cp data/train.bin badmagic.bin
+printf 'XXXX' | dd of=badmagic.bin bs=1 count=4 conv=notrunc 2> /dev/null
+expect 3 "badmagic.bin" -- train --set 'data.paths=["badmagic.bin"]'
+# Bytes of the text are >= 100, so a 100-token vocabulary cannot hold them.
+expect 3 "train.bin" -- train --set model.vocab_size=100
+
+# A good checkpoint, then damaged copies of it.
+train > /dev/null 2>&1 || fail "training the reference checkpoint failed"
+CK=run/checkpoints/step_00000002
+[[ -f $CK/DONE ]] || fail "no checkpoint written"
+expect 4 "layers.0.mlp.w_down.weight" -- train --resume --set model.d_ff=512 --set train.steps=4
+cp -r run run_corrupt
+truncate -s 1000 run_corrupt/checkpoints/step_00000002/rank_00000.safetensors
+expect 4 "rank_00000.safetensors" -- train --resume --set run.dir=run_corrupt --set train.steps=4
+cp -r run run_badjson
+echo '{"format": ' > run_badjson/checkpoints/step_00000002/manifest.json
+expect 4 "manifest.json" -- train --resume --set run.dir=run_badjson --set train.steps=4
+expect 4 "rank_00000.safetensors" -- "$BIN" inspect run_corrupt/checkpoints/step_00000002
+
+# Nothing half-written anywhere: no temporary files, every checkpoint directory complete.
+leftovers=$(find . -name '*.tmp' | head -5)
+[[ -z $leftovers ]] || fail "temporary files left behind: $leftovers"
+for d in run/checkpoints/step_*; do [[ -f $d/DONE ]] || fail "incomplete checkpoint $d"; done
+
+[[ $failures -eq 0 ]] || { echo "bad_input: $failures failures"; exit 1; }
+echo "bad_input: ok"
