@@ -1,0 +1,93 @@
+// Entry points of causal GQA attention: argument checks and CPU dispatch.
+#include "ops/attention.h"
+
+#include <utility>
+
+#include "ops/cpu/checks.h"
+#include "ops/cpu/kernels.h"
+
+namespace mt::ops {
+
+namespace {
+
+// q [B, T, Hq, D]; k, v [B, T, Hkv, D] with Hq % Hkv == 0; lse [B, Hq, T]; all one float dtype.
+void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, std::string_view op) {
+    check_float_arg(q, op, "q", 4);
+    check_float_arg(k, op, "k", 4);
+    check_float_arg(v, op, "v", 4);
+    check_float_arg(lse, op, "lse", 3);
+    cpu::check_dtype_as(k, q, op, "k", "q");
+    cpu::check_dtype_as(v, q, op, "v", "q");
+    cpu::check_dtype_as(lse, q, op, "lse", "q");
+    const int64_t b = q.size(0), t = q.size(1), hq = q.size(2), d = q.size(3), hkv = k.size(2);
+    check_shape(k, {b, t, hkv, d}, op, "k");
+    check_shape(v, {b, t, hkv, d}, op, "v");
+    MT_CHECK(hkv > 0 && hq % hkv == 0, "{}: q has {} heads and k has {}; Hq must be a multiple of Hkv", op, hq, hkv);
+    check_shape(lse, {b, hq, t}, op, "lse");
+    MT_CHECK(d > 0, "{}: q has shape {}; the head dim D must be > 0", op, core::shape_str(q.shape()));
+}
+
+}  // namespace
+
+void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
+    constexpr std::string_view op = "attention_fwd";
+    check_qkv(q, k, v, lse, op);
+    check_float_arg(out, op, "out", 4);
+    cpu::check_dtype_as(out, q, op, "out", "q");
+    check_shape(out, q.shape(), op, "out");
+    MT_DISPATCH_FLOAT(q.dtype(),
+                      op,
+                      cpu::attention_fwd(q.data<scalar_t>(),
+                                         k.data<scalar_t>(),
+                                         v.data<scalar_t>(),
+                                         out.data<scalar_t>(),
+                                         lse.data<scalar_t>(),
+                                         q.size(0),
+                                         q.size(1),
+                                         q.size(2),
+                                         k.size(2),
+                                         q.size(3)));
+}
+
+void attention_bwd(const Tensor& q,
+                   const Tensor& k,
+                   const Tensor& v,
+                   const Tensor& out,
+                   const Tensor& lse,
+                   const Tensor& dout,
+                   const Tensor& dq,
+                   const Tensor& dk,
+                   const Tensor& dv) {
+    constexpr std::string_view op = "attention_bwd";
+    check_qkv(q, k, v, lse, op);
+    const std::pair<const Tensor*, std::string_view> like_q[] = {{&out, "out"}, {&dout, "dout"}, {&dq, "dq"}};
+    for (const auto& [t, name] : like_q) {
+        check_float_arg(*t, op, name, 4);
+        cpu::check_dtype_as(*t, q, op, name, "q");
+        check_shape(*t, q.shape(), op, name);
+    }
+    const std::pair<const Tensor*, std::string_view> like_k[] = {{&dk, "dk"}, {&dv, "dv"}};
+    for (const auto& [t, name] : like_k) {
+        check_float_arg(*t, op, name, 4);
+        cpu::check_dtype_as(*t, q, op, name, "q");
+        check_shape(*t, k.shape(), op, name);
+    }
+    MT_DISPATCH_FLOAT(q.dtype(),
+                      op,
+                      cpu::attention_bwd(q.data<scalar_t>(),
+                                         k.data<scalar_t>(),
+                                         v.data<scalar_t>(),
+                                         out.data<scalar_t>(),
+                                         lse.data<scalar_t>(),
+                                         dout.data<scalar_t>(),
+                                         dq.data<scalar_t>(),
+                                         dk.data<scalar_t>(),
+                                         dv.data<scalar_t>(),
+                                         q.size(0),
+                                         q.size(1),
+                                         q.size(2),
+                                         k.size(2),
+                                         q.size(3)));
+}
+
+}  // namespace mt::ops

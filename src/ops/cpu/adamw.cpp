@@ -1,0 +1,51 @@
+// CPU reference of the AdamW step, elementwise over flat buffers (as PyTorch's single-tensor AdamW).
+#include <cmath>
+
+#include "ops/cpu/kernels.h"
+
+namespace mt::ops::cpu {
+
+namespace {
+constexpr int64_t kBlock = 16384;  // elements per parallel task
+}
+
+// g = grad * grad_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// param *= 1 - lr * wd;  param -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bci = 1 - bi^step.
+// The scalars are computed in f64 and the elementwise math runs in T (as PyTorch does for f32 parameters).
+template <typename T>
+void adamw_step(T* param,
+                const T* grad,
+                T* m,
+                T* v,
+                int64_t n,
+                double lr,
+                double beta1,
+                double beta2,
+                double eps,
+                double weight_decay,
+                int64_t step,
+                double grad_scale) {
+    const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+    const T b1 = static_cast<T>(beta1), b2 = static_cast<T>(beta2), gs = static_cast<T>(grad_scale);
+    const T decay = static_cast<T>(1.0 - lr * weight_decay), step_size = static_cast<T>(lr / bc1);
+    const T bc2_sqrt = static_cast<T>(std::sqrt(bc2)), eps_t = static_cast<T>(eps);
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t end = blk * kBlock + kBlock < n ? blk * kBlock + kBlock : n;
+        for (int64_t i = blk * kBlock; i < end; ++i) {
+            const T g = grad[i] * gs;
+            m[i] = b1 * m[i] + (T(1) - b1) * g;
+            v[i] = b2 * v[i] + (T(1) - b2) * g * g;
+            param[i] = param[i] * decay - step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps_t);
+        }
+    }
+}
+
+template void adamw_step<float>(
+    float*, const float*, float*, float*, int64_t, double, double, double, double, double, int64_t, double);
+template void adamw_step<double>(
+    double*, const double*, double*, double*, int64_t, double, double, double, double, double, int64_t, double);
+
+}  // namespace mt::ops::cpu

@@ -1,0 +1,173 @@
+// CPU reference of causal GQA attention. Per (batch, head) the queries go in blocks of kQBlock rows; a block's
+// scores against the keys it may see (positions < the block's end) come from one GEMM into a [kQBlock, T]
+// scratch, the causal mask and the softmax are applied to that scratch row by row, and a second GEMM multiplies by
+// V. The backward recomputes the probabilities from the saved lse (as FlashAttention) and uses three more GEMMs
+// per block. Memory is O(kQBlock * T) per thread, and every GEMM is single-threaded BLAS (see blas.h).
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "ops/cpu/blas.h"
+#include "ops/cpu/kernels.h"
+
+namespace mt::ops::cpu {
+
+namespace {
+constexpr int64_t kQBlock = 64;  // query rows per score block
+}
+
+// For each (b, h) with kv head kh = h / (hq / hkv), and query position i:
+//   s[j] = q[b, i, h] . k[b, j, kh] / sqrt(d) for j <= i;  lse[b, h, i] = log(sum_j exp(s[j]))
+//   out[b, i, h] = sum_j exp(s[j] - lse) v[b, j, kh]
+template <typename T>
+void attention_fwd(
+    const T* q, const T* k, const T* v, T* out, T* lse, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d) {
+    blas_use_one_thread();
+    const int64_t group = hq / hkv, qs = hq * d, ks = hkv * d;  // row strides of q/out and k/v
+    const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d)));
+#pragma omp parallel if (b * hq * t * t * d >= kParallelMinWork)
+    {
+        std::vector<T> scores(static_cast<size_t>(kQBlock * t));  // [rows, keys] of one block
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t unit = 0; unit < b * hq; ++unit) {
+            const int64_t bb = unit / hq, h = unit % hq, kh = h / group;
+            const T* qh = q + bb * t * qs + h * d;    // [t, d], row stride qs
+            const T* kh_ = k + bb * t * ks + kh * d;  // [t, d], row stride ks
+            const T* vh = v + bb * t * ks + kh * d;   // [t, d], row stride ks
+            T* oh = out + bb * t * qs + h * d;        // [t, d], row stride qs
+            T* lh = lse + unit * t;                   // [t]
+            for (int64_t r0 = 0; r0 < t; r0 += kQBlock) {
+                const int64_t rows = std::min(kQBlock, t - r0), keys = r0 + rows;
+                T* s = scores.data();  // [rows, keys]
+                gemm(false, true, rows, keys, d, scale, qh + r0 * qs, qs, kh_, ks, T(0), s, keys);
+                for (int64_t i = 0; i < rows; ++i) {
+                    T* sr = s + i * keys;  // [keys]; keys j > r0 + i are masked
+                    const int64_t valid = r0 + i + 1;
+                    T mx = sr[0];
+                    for (int64_t j = 1; j < valid; ++j) mx = std::max(mx, sr[j]);
+                    T sum = 0;
+                    for (int64_t j = 0; j < valid; ++j) {
+                        sr[j] = std::exp(sr[j] - mx);
+                        sum += sr[j];
+                    }
+                    const T inv = T(1) / sum;
+                    for (int64_t j = 0; j < valid; ++j) sr[j] *= inv;
+                    std::fill(sr + valid, sr + keys, T(0));
+                    lh[r0 + i] = mx + std::log(sum);
+                }
+                gemm(false, false, rows, d, keys, T(1), s, keys, vh, ks, T(0), oh + r0 * qs, qs);
+            }
+        }
+    }
+}
+
+// With p = exp(s - lse) (0 where masked) and D_i = dout_i . out_i, per (b, h) and query block:
+//   dp = dout v^T;  ds = p * (dp - D_i)
+//   dq = ds k / sqrt(d) (written);  dk += ds^T q / sqrt(d);  dv += p^T dout
+// A task owns one kv head of one batch row and runs the query heads of its group in order, so dk and dv are summed
+// in a fixed order; they are zeroed first (written, =).
+template <typename T>
+void attention_bwd(const T* q,
+                   const T* k,
+                   const T* v,
+                   const T* out,
+                   const T* lse,
+                   const T* dout,
+                   T* dq,
+                   T* dk,
+                   T* dv,
+                   int64_t b,
+                   int64_t t,
+                   int64_t hq,
+                   int64_t hkv,
+                   int64_t d) {
+    blas_use_one_thread();
+    const int64_t group = hq / hkv, qs = hq * d, ks = hkv * d;
+    const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d)));
+#pragma omp parallel if (b * hq * t * t * d >= kParallelMinWork)
+    {
+        std::vector<T> probs(static_cast<size_t>(kQBlock * t));  // [rows, keys]: p
+        std::vector<T> grads(static_cast<size_t>(kQBlock * t));  // [rows, keys]: dp, then ds
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t unit = 0; unit < b * hkv; ++unit) {
+            const int64_t bb = unit / hkv, kh = unit % hkv;
+            const T* kh_ = k + bb * t * ks + kh * d;  // [t, d], row stride ks
+            const T* vh = v + bb * t * ks + kh * d;
+            T* dkh = dk + bb * t * ks + kh * d;
+            T* dvh = dv + bb * t * ks + kh * d;
+            for (int64_t j = 0; j < t; ++j) {
+                std::fill(dkh + j * ks, dkh + j * ks + d, T(0));
+                std::fill(dvh + j * ks, dvh + j * ks + d, T(0));
+            }
+            for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+                const T* qh = q + bb * t * qs + h * d;  // [t, d], row stride qs
+                const T* oh = out + bb * t * qs + h * d;
+                const T* doh = dout + bb * t * qs + h * d;
+                T* dqh = dq + bb * t * qs + h * d;
+                const T* lh = lse + (bb * hq + h) * t;  // [t]
+                for (int64_t r0 = 0; r0 < t; r0 += kQBlock) {
+                    const int64_t rows = std::min(kQBlock, t - r0), keys = r0 + rows;
+                    T* p = probs.data();  // [rows, keys]
+                    T* g = grads.data();  // [rows, keys]
+                    gemm(false, true, rows, keys, d, scale, qh + r0 * qs, qs, kh_, ks, T(0), p, keys);
+                    gemm(false, true, rows, keys, d, T(1), doh + r0 * qs, qs, vh, ks, T(0), g, keys);
+                    for (int64_t i = 0; i < rows; ++i) {
+                        T* pr = p + i * keys;  // [keys]
+                        T* gr = g + i * keys;  // [keys]
+                        const T* o_i = oh + (r0 + i) * qs;
+                        const T* do_i = doh + (r0 + i) * qs;
+                        T di = 0;
+                        for (int64_t c = 0; c < d; ++c) di += do_i[c] * o_i[c];
+                        const int64_t valid = r0 + i + 1;
+                        const T l = lh[r0 + i];
+                        for (int64_t j = 0; j < valid; ++j) {
+                            pr[j] = std::exp(pr[j] - l);
+                            gr[j] = pr[j] * (gr[j] - di);
+                        }
+                        std::fill(pr + valid, pr + keys, T(0));
+                        std::fill(gr + valid, gr + keys, T(0));
+                    }
+                    gemm(false, false, rows, d, keys, scale, g, keys, kh_, ks, T(0), dqh + r0 * qs, qs);
+                    gemm(true, false, keys, d, rows, scale, g, keys, qh + r0 * qs, qs, T(1), dkh, ks);
+                    gemm(true, false, keys, d, rows, T(1), p, keys, doh + r0 * qs, qs, T(1), dvh, ks);
+                }
+            }
+        }
+    }
+}
+
+template void attention_fwd<float>(
+    const float*, const float*, const float*, float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
+template void attention_fwd<double>(
+    const double*, const double*, const double*, double*, double*, int64_t, int64_t, int64_t, int64_t, int64_t);
+template void attention_bwd<float>(const float*,
+                                   const float*,
+                                   const float*,
+                                   const float*,
+                                   const float*,
+                                   const float*,
+                                   float*,
+                                   float*,
+                                   float*,
+                                   int64_t,
+                                   int64_t,
+                                   int64_t,
+                                   int64_t,
+                                   int64_t);
+template void attention_bwd<double>(const double*,
+                                    const double*,
+                                    const double*,
+                                    const double*,
+                                    const double*,
+                                    const double*,
+                                    double*,
+                                    double*,
+                                    double*,
+                                    int64_t,
+                                    int64_t,
+                                    int64_t,
+                                    int64_t,
+                                    int64_t);
+
+}  // namespace mt::ops::cpu

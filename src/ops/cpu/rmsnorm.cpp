@@ -1,0 +1,65 @@
+// CPU reference of RMSNorm: one pass per row; the weight gradient sums fixed row blocks, then blocks in order.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "ops/cpu/kernels.h"
+
+namespace mt::ops::cpu {
+
+namespace {
+constexpr int64_t kRowBlock = 64;  // rows per partial sum of dweight
+}
+
+// rstd[i] = 1 / sqrt(mean(x[i, :]^2) + eps);  y[i, :] = x[i, :] * rstd[i] * weight
+template <typename T>
+void rmsnorm_fwd(const T* x, const T* weight, double eps, T* y, T* rstd, int64_t n, int64_t c) {
+#pragma omp parallel for schedule(static) if (n * c >= kParallelMinWork)
+    for (int64_t i = 0; i < n; ++i) {
+        const T* xr = x + i * c;  // [c]
+        T* yr = y + i * c;        // [c]
+        T sum_sq = 0;
+        for (int64_t j = 0; j < c; ++j) sum_sq += xr[j] * xr[j];
+        const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(sum_sq) / static_cast<double>(c) + eps));
+        rstd[i] = r;
+        for (int64_t j = 0; j < c; ++j) yr[j] = xr[j] * r * weight[j];
+    }
+}
+
+// With xhat = x * rstd and g = dy * weight (per row):
+//   dx = rstd * (g - xhat * mean(g * xhat))       (written)
+//   dweight += sum over rows of dy * xhat         (partial sums per block of kRowBlock rows, added in block order)
+template <typename T>
+void rmsnorm_bwd(const T* x, const T* weight, const T* rstd, const T* dy, T* dx, T* dweight, int64_t n, int64_t c) {
+    const int64_t blocks = (n + kRowBlock - 1) / kRowBlock;
+    std::vector<T> partial(static_cast<size_t>(blocks * c), T(0));  // [blocks, c]
+#pragma omp parallel for schedule(static) if (n * c >= kParallelMinWork)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        T* dw = partial.data() + blk * c;  // [c]
+        for (int64_t i = blk * kRowBlock; i < std::min(n, (blk + 1) * kRowBlock); ++i) {
+            const T* xr = x + i * c;    // [c]
+            const T* dyr = dy + i * c;  // [c]
+            T* dxr = dx + i * c;        // [c]
+            const T r = rstd[i];
+            T dot = 0;  // sum(dy * weight * x)
+            for (int64_t j = 0; j < c; ++j) dot += dyr[j] * weight[j] * xr[j];
+            const T coef = dot * r * r / static_cast<T>(c);
+            for (int64_t j = 0; j < c; ++j) {
+                dxr[j] = r * (dyr[j] * weight[j] - xr[j] * coef);
+                dw[j] += dyr[j] * xr[j] * r;
+            }
+        }
+    }
+    for (int64_t blk = 0; blk < blocks; ++blk)
+        for (int64_t j = 0; j < c; ++j) dweight[j] += partial[blk * c + j];
+}
+
+template void rmsnorm_fwd<float>(const float*, const float*, double, float*, float*, int64_t, int64_t);
+template void rmsnorm_fwd<double>(const double*, const double*, double, double*, double*, int64_t, int64_t);
+template void rmsnorm_bwd<float>(
+    const float*, const float*, const float*, const float*, float*, float*, int64_t, int64_t);
+template void rmsnorm_bwd<double>(
+    const double*, const double*, const double*, const double*, double*, double*, int64_t, int64_t);
+
+}  // namespace mt::ops::cpu

@@ -1,0 +1,46 @@
+// CPU reference of rotary position embedding ("rotate half" layout); the angles are computed in f64 once per call.
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "ops/cpu/kernels.h"
+
+namespace mt::ops::cpu {
+
+// For each (b, t, h) and i < D/2, with angle = (pos_offset + t) * theta^(-2i/D), c = cos(angle), s = sin(angle):
+//   forward:  y[i] = x[i] c - x[i + D/2] s,   y[i + D/2] = x[i + D/2] c + x[i] s
+//   inverse:  y[i] = x[i] c + x[i + D/2] s,   y[i + D/2] = x[i + D/2] c - x[i] s
+// Each pair is read before it is written, so y may alias x.
+template <typename T>
+void rope_rotate(
+    const T* x, T* y, int64_t b, int64_t t, int64_t h, int64_t d, double theta, int64_t pos_offset, bool inverse) {
+    const int64_t half = d / 2;
+    std::vector<T> cos_t(static_cast<size_t>(t * half)), sin_t(static_cast<size_t>(t * half));  // [t, half]
+    for (int64_t i = 0; i < half; ++i) {
+        const double freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+        for (int64_t p = 0; p < t; ++p) {
+            const double angle = static_cast<double>(pos_offset + p) * freq;
+            cos_t[p * half + i] = static_cast<T>(std::cos(angle));
+            sin_t[p * half + i] = static_cast<T>(inverse ? -std::sin(angle) : std::sin(angle));
+        }
+    }
+#pragma omp parallel for schedule(static) if (b * t * h * d >= kParallelMinWork)
+    for (int64_t bt = 0; bt < b * t; ++bt) {
+        const T* cs = cos_t.data() + (bt % t) * half;  // [half]
+        const T* sn = sin_t.data() + (bt % t) * half;  // [half]
+        for (int64_t hh = 0; hh < h; ++hh) {
+            const T* xr = x + (bt * h + hh) * d;  // [d]
+            T* yr = y + (bt * h + hh) * d;        // [d]
+            for (int64_t i = 0; i < half; ++i) {
+                const T lo = xr[i], hi = xr[i + half];
+                yr[i] = lo * cs[i] - hi * sn[i];
+                yr[i + half] = hi * cs[i] + lo * sn[i];
+            }
+        }
+    }
+}
+
+template void rope_rotate<float>(const float*, float*, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool);
+template void rope_rotate<double>(const double*, double*, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool);
+
+}  // namespace mt::ops::cpu

@@ -1,0 +1,66 @@
+// Entry points of the RMSNorm op: argument checks and CPU dispatch.
+#include "ops/rmsnorm.h"
+
+#include "ops/cpu/checks.h"
+#include "ops/cpu/kernels.h"
+
+namespace mt::ops {
+
+void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) {
+    constexpr std::string_view op = "rmsnorm_fwd";
+    check_float_arg(x, op, "x", 2);
+    check_float_arg(weight, op, "weight", 1);
+    check_float_arg(y, op, "y", 2);
+    check_float_arg(rstd, op, "rstd", 1);
+    cpu::check_dtype_as(weight, x, op, "weight", "x");
+    cpu::check_dtype_as(y, x, op, "y", "x");
+    cpu::check_dtype_as(rstd, x, op, "rstd", "x");
+    const int64_t n = x.size(0), c = x.size(1);
+    check_shape(weight, {c}, op, "weight");
+    check_shape(y, {n, c}, op, "y");
+    check_shape(rstd, {n}, op, "rstd");
+    MT_CHECK(eps >= 0.0, "{}: eps = {} must be >= 0", op, eps);
+    MT_DISPATCH_FLOAT(
+        x.dtype(),
+        op,
+        cpu::rmsnorm_fwd(
+            x.data<scalar_t>(), weight.data<scalar_t>(), eps, y.data<scalar_t>(), rstd.data<scalar_t>(), n, c));
+}
+
+void rmsnorm_bwd(const Tensor& x,
+                 const Tensor& weight,
+                 const Tensor& rstd,
+                 const Tensor& dy,
+                 const Tensor& dx,
+                 const Tensor& dweight) {
+    constexpr std::string_view op = "rmsnorm_bwd";
+    check_float_arg(x, op, "x", 2);
+    check_float_arg(weight, op, "weight", 1);
+    check_float_arg(rstd, op, "rstd", 1);
+    check_float_arg(dy, op, "dy", 2);
+    check_float_arg(dx, op, "dx", 2);
+    check_float_arg(dweight, op, "dweight", 1);
+    cpu::check_dtype_as(weight, x, op, "weight", "x");
+    cpu::check_dtype_as(rstd, x, op, "rstd", "x");
+    cpu::check_dtype_as(dy, x, op, "dy", "x");
+    cpu::check_dtype_as(dx, x, op, "dx", "x");
+    cpu::check_dtype_as(dweight, x, op, "dweight", "x");
+    const int64_t n = x.size(0), c = x.size(1);
+    check_shape(weight, {c}, op, "weight");
+    check_shape(rstd, {n}, op, "rstd");
+    check_shape(dy, {n, c}, op, "dy");
+    check_shape(dx, {n, c}, op, "dx");
+    check_shape(dweight, {c}, op, "dweight");
+    MT_DISPATCH_FLOAT(x.dtype(),
+                      op,
+                      cpu::rmsnorm_bwd(x.data<scalar_t>(),
+                                       weight.data<scalar_t>(),
+                                       rstd.data<scalar_t>(),
+                                       dy.data<scalar_t>(),
+                                       dx.data<scalar_t>(),
+                                       dweight.data<scalar_t>(),
+                                       n,
+                                       c));
+}
+
+}  // namespace mt::ops

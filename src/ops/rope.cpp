@@ -1,0 +1,66 @@
+// Entry points of the rotary position embedding: argument checks and CPU dispatch.
+#include "ops/rope.h"
+
+#include "ops/cpu/checks.h"
+#include "ops/cpu/kernels.h"
+
+namespace mt::ops {
+
+namespace {
+
+// in and out: [B, T, H, D] of one float dtype, D even; theta > 0, pos_offset >= 0.
+void check_rope_args(const Tensor& in,
+                     std::string_view in_arg,
+                     const Tensor& out,
+                     std::string_view out_arg,
+                     double theta,
+                     int64_t pos_offset,
+                     std::string_view op) {
+    check_float_arg(in, op, in_arg, 4);
+    check_float_arg(out, op, out_arg, 4);
+    cpu::check_dtype_as(out, in, op, out_arg, in_arg);
+    check_shape(out, in.shape(), op, out_arg);
+    MT_CHECK(in.size(3) % 2 == 0,
+             "{}: {} has shape {}; the head dim D must be even",
+             op,
+             in_arg,
+             core::shape_str(in.shape()));
+    MT_CHECK(theta > 0.0, "{}: theta = {} must be > 0", op, theta);
+    MT_CHECK(pos_offset >= 0, "{}: pos_offset = {} must be >= 0", op, pos_offset);
+}
+
+}  // namespace
+
+void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y) {
+    constexpr std::string_view op = "rope_fwd";
+    check_rope_args(x, "x", y, "y", theta, pos_offset, op);
+    MT_DISPATCH_FLOAT(x.dtype(),
+                      op,
+                      cpu::rope_rotate(x.data<scalar_t>(),
+                                       y.data<scalar_t>(),
+                                       x.size(0),
+                                       x.size(1),
+                                       x.size(2),
+                                       x.size(3),
+                                       theta,
+                                       pos_offset,
+                                       false));
+}
+
+void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx) {
+    constexpr std::string_view op = "rope_bwd";
+    check_rope_args(dy, "dy", dx, "dx", theta, pos_offset, op);
+    MT_DISPATCH_FLOAT(dy.dtype(),
+                      op,
+                      cpu::rope_rotate(dy.data<scalar_t>(),
+                                       dx.data<scalar_t>(),
+                                       dy.size(0),
+                                       dy.size(1),
+                                       dy.size(2),
+                                       dy.size(3),
+                                       theta,
+                                       pos_offset,
+                                       true));
+}
+
+}  // namespace mt::ops
