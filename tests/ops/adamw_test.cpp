@@ -1,0 +1,105 @@
+// Hand-computed checks of the AdamW step (ops/adamw.h), which has no backward to check by finite differences.
+#include "ops/adamw.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include "op_harness.h"
+
+namespace mt::ops::test {
+namespace {
+
+Tensor vec(std::initializer_list<double> values, DType dtype) {
+    Tensor t = Tensor::zeros({static_cast<int64_t>(values.size())}, dtype);
+    int64_t i = 0;
+    for (double x : values) core::tensor_set_flat(t, i++, x);
+    return t;
+}
+
+void expect_values(const Tensor& t, std::initializer_list<double> expected, double tol, const char* what) {
+    int64_t i = 0;
+    for (double x : expected) {
+        EXPECT_NEAR(core::tensor_get_flat(t, i), x, tol * std::max(1.0, std::fabs(x))) << what << "[" << i << "]";
+        ++i;
+    }
+}
+
+// Two steps with weight decay and grad_scale 0.5 (as global-norm clipping would pass). The expected values follow
+// PyTorch's single-tensor AdamW (param *= 1 - lr wd; m.lerp_(g, 1 - b1); v = b2 v + (1 - b2) g^2;
+// param -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)), evaluated in f64. Step 1 can be read off by hand:
+// m_hat / sqrt(v_hat) = sign(g), so param = param (1 - lr wd) - lr sign(g): 1 * 0.999 - 0.01 = 0.989.
+void two_steps(DType dtype, double tol) {
+    const Tensor param = vec({1.0, -2.0, 0.5, 0.0}, dtype), m = Tensor::zeros({4}, dtype), v = op_like(m);
+    AdamWHyper hyper;
+    hyper.lr = 0.01;
+    hyper.beta1 = 0.9;
+    hyper.beta2 = 0.999;
+    hyper.eps = 1e-8;
+    hyper.weight_decay = 0.1;
+    adamw_step(param, vec({0.1, -0.3, 2.0, 0.0}, dtype), m, v, hyper, 1, 0.5);
+    expect_values(param, {0.9890000019999996, -1.9880000006666667, 0.4895000001, 0.0}, tol, "param after step 1");
+    expect_values(m, {0.005, -0.015, 0.1, 0.0}, tol, "m after step 1");
+    expect_values(v, {2.5e-06, 2.25e-05, 0.001, 0.0}, tol, "v after step 1");
+    adamw_step(param, vec({-0.2, 0.4, 1.0, 1e-3}, dtype), m, v, hyper, 2, 0.5);
+    expect_values(param,
+                  {0.9916720368053392, -1.9879471046479067, 0.4796887038297161, -0.00744115782056714},
+                  tol,
+                  "param after step 2");
+    expect_values(m, {-0.0055, 0.0065, 0.14, 5e-05}, tol, "m after step 2");
+    expect_values(v, {1.24975e-05, 6.24775e-05, 0.001249, 2.5e-10}, tol, "v after step 2");
+}
+
+// Over many elements the update is elementwise: every block gives the one-element result, for any thread count.
+void matches_elementwise() {
+    const int64_t n = 40000;
+    const Tensor param = op_randn({n}, 3, 0).to(DType::f32), grad = op_randn({n}, 3, 1).to(DType::f32);
+    const Tensor m = op_randn({n}, 3, 2, 0.0, 0.1).to(DType::f32), v = op_uniform({n}, 3, 3, 0.0, 0.1).to(DType::f32);
+    AdamWHyper hyper;
+    hyper.weight_decay = 0.05;
+    const Tensor p1 = param.clone(), m1 = m.clone(), v1 = v.clone();
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(3);
+    adamw_step(p1, grad, m1, v1, hyper, 7, 0.8);
+    omp_set_num_threads(saved);
+    for (int64_t i : {int64_t{0}, int64_t{16383}, int64_t{16384}, n - 1}) {
+        const Tensor pi = param.slice(0, i, i + 1).clone(), mi = m.slice(0, i, i + 1).clone();
+        const Tensor vi = v.slice(0, i, i + 1).clone();
+        adamw_step(pi, grad.slice(0, i, i + 1).clone(), mi, vi, hyper, 7, 0.8);
+        EXPECT_EQ(pi.item(), p1.at({i})) << i;
+        EXPECT_EQ(mi.item(), m1.at({i})) << i;
+        EXPECT_EQ(vi.item(), v1.at({i})) << i;
+    }
+}
+
+void argument_errors() {
+    const Tensor p = Tensor::zeros({4}, DType::f32), g = op_like(p), m = op_like(p), v = op_like(p);
+    const AdamWHyper hyper;
+    adamw_step(p, g, m, v, hyper, 1, 1.0);
+    expect_op_error([&] { adamw_step(p, Tensor::zeros({5}, DType::f32), m, v, hyper, 1, 1.0); },
+                    "adamw_step: grad has shape [5], expected [4]");
+    expect_op_error([&] { adamw_step(p, g, m.to(DType::f64), v, hyper, 1, 1.0); },
+                    "adamw_step: m has dtype f64, expected f32 (the dtype of param)");
+    expect_op_error([&] { adamw_step(p.to(DType::bf16), g, m, v, hyper, 1, 1.0); }, "adamw_step: param has dtype bf16");
+    expect_op_error(
+        [&] {
+            adamw_step(p, g, m, Tensor::zeros({2, 2}, DType::f32), hyper, 1, 1.0);
+        },
+        "adamw_step: v has shape [2, 2] (rank 2), expected rank 1");
+    expect_op_error([&] { adamw_step(p, op_noncontiguous({4}, DType::f32), m, v, hyper, 1, 1.0); },
+                    "adamw_step: grad must be contiguous");
+    expect_op_error([&] { adamw_step(p, g, m, v, hyper, 0, 1.0); }, "adamw_step: step = 0 must be >= 1");
+    AdamWHyper bad;
+    bad.beta2 = 1.0;
+    expect_op_error([&] { adamw_step(p, g, m, v, bad, 1, 1.0); }, "adamw_step: betas (0.9, 1) must be in [0, 1)");
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+    op_register_check("adamw", "adamw_two_steps_f64", [] { two_steps(DType::f64, 1e-14); });
+    op_register_check("adamw", "adamw_two_steps_f32", [] { two_steps(DType::f32, 2e-6); });
+    op_register_check("adamw", "adamw_matches_elementwise", matches_elementwise);
+    op_register_check("adamw", "adamw_argument_errors", argument_errors);
+    return true;
+}();
+
+}  // namespace
+}  // namespace mt::ops::test

@@ -1,0 +1,99 @@
+// Cases and argument checks of the embedding op (ops/embedding.h), including out-of-range ids (exit 3).
+#include "ops/embedding.h"
+
+#include <gtest/gtest.h>
+
+#include "op_harness.h"
+
+namespace mt::ops::test {
+namespace {
+
+// Ids repeat (n > vocab in most cases), so the backward's accumulation into shared rows is exercised.
+OpCase embedding_case(int64_t n, int64_t vocab, int64_t c) {
+    const std::string name = fmt::format("embedding_n{}_v{}_c{}", n, vocab, c);
+    return {"embedding", name, [=] {
+                const uint64_t s = op_seed(name);
+                OpProblem p;
+                p.inputs = {{"ids", op_rand_ids({n}, s, 0, 0, static_cast<int32_t>(vocab)), GradKind::none},
+                            {"weight", op_randn({vocab, c}, s, 1), GradKind::accumulated}};
+                p.forward = [](const std::vector<Tensor>& in) {
+                    Tensor out = op_like(in[1], {in[0].size(0), in[1].size(1)});
+                    embedding_fwd(in[0], in[1], out);
+                    return std::vector<Tensor>{out};
+                };
+                p.backward = [](const std::vector<Tensor>& in,
+                                const std::vector<Tensor>& dout,
+                                const std::vector<Tensor>& grads) { embedding_bwd(in[0], dout[0], grads[1]); };
+                return p;
+            }};
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+    op_register(embedding_case(1, 1, 1));
+    op_register(embedding_case(7, 5, 3));
+    op_register(embedding_case(13, 11, 17));
+    op_register(embedding_case(97, 257, 131));  // more than one column block of the backward
+    op_register(embedding_case(300, 7, 70));    // many repeats of every id
+    op_register(embedding_case(300, 37, 130));  // large enough to run on the OpenMP team
+    return true;
+}();
+
+TEST(OpArgs, EmbeddingShapesAndDtypes) {
+    const Tensor ids = Tensor::zeros({3}, DType::i32), w = Tensor::zeros({5, 4}, DType::f32);
+    const Tensor out = Tensor::zeros({3, 4}, DType::f32);
+    embedding_fwd(ids, w, out);
+    expect_op_error(
+        [&] {
+            embedding_fwd(ids, w, Tensor::zeros({3, 5}, DType::f32));
+        },
+        "embedding_fwd: out has shape [3, 5], expected [3, 4]");
+    expect_op_error([&] { embedding_fwd(Tensor::zeros({3}, DType::i64), w, out); },
+                    "embedding_fwd: ids has dtype i64, expected i32");
+    expect_op_error([&] { embedding_fwd(ids, w.to(DType::bf16), out); }, "embedding_fwd: weight has dtype bf16");
+    expect_op_error([&] { embedding_fwd(ids, w, out.to(DType::f64)); },
+                    "embedding_fwd: out has dtype f64, expected f32 (the dtype of weight)");
+    expect_op_error(
+        [&] {
+            embedding_fwd(Tensor::zeros({3, 1}, DType::i32), w, out);
+        },
+        "embedding_fwd: ids has shape [3, 1] (rank 2), expected rank 1");
+    expect_op_error([&] { embedding_fwd(op_noncontiguous({3}, DType::i32), w, out); },
+                    "embedding_fwd: ids must be contiguous");
+    expect_op_error(
+        [&] {
+            embedding_fwd(ids, w, op_cuda_view({3, 4}, DType::f32));
+        },
+        "embedding_fwd: out is a cuda tensor; embedding_fwd is not implemented on cuda yet");
+
+    embedding_bwd(ids, out, w);
+    expect_op_error(
+        [&] {
+            embedding_bwd(ids, Tensor::zeros({2, 4}, DType::f32), w);
+        },
+        "embedding_bwd: dout has shape [2, 4], expected [3, 4]");
+    expect_op_error([&] { embedding_bwd(ids, out, w.to(DType::f64)); },
+                    "embedding_bwd: dweight has dtype f64, expected f32 (the dtype of dout)");
+    expect_op_error(
+        [&] {
+            embedding_bwd(ids, out, op_noncontiguous({5, 4}, DType::f32));
+        },
+        "embedding_bwd: dweight must be contiguous");
+}
+
+// An id outside the table is bad token data: exit 3, naming the position and the id; nothing is written.
+TEST(OpEmbedding, IdOutOfRangeIsDataError) {
+    const Tensor w = Tensor::zeros({5, 2}, DType::f32), out = Tensor::zeros({4, 2}, DType::f32);
+    Tensor ids = Tensor::zeros({4}, DType::i32);
+    ids.data<int32_t>()[2] = 5;
+    expect_op_error([&] { embedding_fwd(ids, w, out); },
+                    "embedding_fwd: ids[2] = 5 is outside the embedding table [0, 5)",
+                    core::ExitCode::data);
+    expect_op_error([&] { embedding_bwd(ids, out, w); }, "embedding_bwd: ids[2] = 5", core::ExitCode::data);
+    ids.data<int32_t>()[2] = -1;
+    expect_op_error([&] { embedding_fwd(ids, w, out); }, "ids[2] = -1", core::ExitCode::data);
+    ids.data<int32_t>()[2] = 4;
+    embedding_fwd(ids, w, out);
+}
+
+}  // namespace
+}  // namespace mt::ops::test

@@ -1,0 +1,79 @@
+// Hand-computed checks of the global L2 norm (ops/global_norm.h), which has no backward.
+#include "ops/global_norm.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+
+#include "op_harness.h"
+
+namespace mt::ops::test {
+namespace {
+
+void known_values() {
+    Tensor a = Tensor::zeros({2}, DType::f32), b = Tensor::zeros({1, 1, 1}, DType::f64);
+    core::tensor_set_flat(a, 0, 3.0);
+    core::tensor_set_flat(a, 1, -4.0);
+    core::tensor_set_flat(b, 0, 12.0);
+    EXPECT_EQ(global_norm_sq(a), 25.0);
+    EXPECT_EQ(global_norm({a}), 5.0);
+    EXPECT_EQ(global_norm({a, b}), 13.0);  // sqrt(9 + 16 + 144), f32 and f64 tensors together
+    EXPECT_EQ(global_norm({}), 0.0);
+    EXPECT_EQ(global_norm({Tensor::zeros({0}, DType::f32)}), 0.0);
+    Tensor ones = Tensor::zeros({3, 10007}, DType::f32);  // many blocks, not a multiple of the block size
+    ones.fill(1.0);
+    EXPECT_EQ(global_norm_sq(ones), 30021.0);
+    EXPECT_EQ(global_norm({ones, ones, ones, a}), std::sqrt(3.0 * 30021.0 + 25.0));
+}
+
+// The sum is in f64 over f32 values: 1e8 + 1 + ... survives where an f32 accumulator would lose the small terms.
+void accumulates_in_f64() {
+    Tensor t = Tensor::zeros({5000}, DType::f32);
+    t.fill(1.0);
+    core::tensor_set_flat(t, 0, 1e4);  // 1e8 after squaring
+    EXPECT_EQ(global_norm_sq(t), 1e8 + 4999.0);
+}
+
+// Bitwise the same for 1 and 3 threads over several blocks.
+void thread_count_invariant() {
+    const Tensor t = op_randn({100003}, 11, 0).to(DType::f32);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const double one = global_norm({t, t});
+    omp_set_num_threads(3);
+    const double three = global_norm({t, t});
+    omp_set_num_threads(saved);
+    EXPECT_EQ(one, three);
+    double ref = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) ref += core::tensor_get_flat(t, i) * core::tensor_get_flat(t, i);
+    EXPECT_NEAR(one, std::sqrt(2 * ref), 1e-12 * one);
+}
+
+void argument_errors() {
+    const Tensor a = Tensor::zeros({2, 3}, DType::f32);
+    expect_op_error(
+        [&] {
+            global_norm({a, op_noncontiguous({2, 3}, DType::f32)});
+        },
+        "global_norm: tensors[1] must be contiguous");
+    expect_op_error(
+        [&] {
+            global_norm({a, Tensor::zeros({2}, DType::i32)});
+        },
+        "global_norm: tensors[1] has dtype i32, expected f32 or f64");
+    expect_op_error([&] { global_norm({Tensor()}); }, "global_norm: tensors[0] is undefined");
+    expect_op_error([&] { global_norm_sq(a.to(DType::bf16)); }, "global_norm_sq: t has dtype bf16");
+    expect_op_error([&] { global_norm_sq(op_cuda_view({2, 3}, DType::f32)); }, "not implemented on cuda yet");
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+    op_register_check("global_norm", "global_norm_known_values", known_values);
+    op_register_check("global_norm", "global_norm_accumulates_in_f64", accumulates_in_f64);
+    op_register_check("global_norm", "global_norm_thread_count_invariant", thread_count_invariant);
+    op_register_check("global_norm", "global_norm_argument_errors", argument_errors);
+    return true;
+}();
+
+}  // namespace
+}  // namespace mt::ops::test

@@ -1,0 +1,75 @@
+// Cases and argument checks of RMSNorm (ops/rmsnorm.h).
+#include "ops/rmsnorm.h"
+
+#include <gtest/gtest.h>
+
+#include "op_harness.h"
+
+namespace mt::ops::test {
+namespace {
+
+OpCase rmsnorm_case(int64_t n, int64_t c, double eps) {
+    const std::string name = fmt::format("rmsnorm_n{}_c{}{}", n, c, eps == 0.0 ? "_eps0" : "");
+    return {"rmsnorm", name, [=] {
+                const uint64_t s = op_seed(name);
+                OpProblem p;
+                p.inputs = {{"x", op_randn({n, c}, s, 0), GradKind::written},
+                            {"weight", op_randn({c}, s, 1, 1.0, 0.2), GradKind::accumulated}};
+                p.forward = [eps](const std::vector<Tensor>& in) {
+                    Tensor y = op_like(in[0]), rstd = op_like(in[0], {in[0].size(0)});
+                    rmsnorm_fwd(in[0], in[1], eps, y, rstd);
+                    return std::vector<Tensor>{y};
+                };
+                p.backward = [eps](const std::vector<Tensor>& in,
+                                   const std::vector<Tensor>& dout,
+                                   const std::vector<Tensor>& grads) {
+                    Tensor y = op_like(in[0]), rstd = op_like(in[0], {in[0].size(0)});
+                    rmsnorm_fwd(in[0], in[1], eps, y, rstd);
+                    rmsnorm_bwd(in[0], in[1], rstd, dout[0], grads[0], grads[1]);
+                };
+                return p;
+            }};
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+    op_register(rmsnorm_case(1, 1, 1e-5));
+    op_register(rmsnorm_case(7, 5, 1e-5));
+    op_register(rmsnorm_case(3, 257, 1e-6));
+    op_register(rmsnorm_case(131, 16, 1e-5));  // more than two row blocks of the weight gradient
+    op_register(rmsnorm_case(5, 8, 0.0));
+    op_register(rmsnorm_case(301, 130, 1e-5));  // large enough to run on the OpenMP team
+    return true;
+}();
+
+TEST(OpArgs, RmsnormShapesAndDtypes) {
+    const Tensor x = Tensor::zeros({3, 4}, DType::f32), w = Tensor::zeros({4}, DType::f32);
+    const Tensor y = op_like(x), rstd = Tensor::zeros({3}, DType::f32);
+    rmsnorm_fwd(x, w, 1e-5, y, rstd);
+    expect_op_error([&] { rmsnorm_fwd(x, Tensor::zeros({3}, DType::f32), 1e-5, y, rstd); },
+                    "rmsnorm_fwd: weight has shape [3], expected [4]");
+    expect_op_error([&] { rmsnorm_fwd(x, w, 1e-5, y, Tensor::zeros({4}, DType::f32)); },
+                    "rmsnorm_fwd: rstd has shape [4], expected [3]");
+    expect_op_error([&] { rmsnorm_fwd(x.to(DType::i32), w, 1e-5, y, rstd); }, "rmsnorm_fwd: x has dtype i32");
+    expect_op_error([&] { rmsnorm_fwd(x, w.to(DType::f64), 1e-5, y, rstd); },
+                    "rmsnorm_fwd: weight has dtype f64, expected f32 (the dtype of x)");
+    expect_op_error(
+        [&] {
+            rmsnorm_fwd(op_noncontiguous({3, 4}, DType::f32), w, 1e-5, y, rstd);
+        },
+        "rmsnorm_fwd: x must be contiguous");
+    expect_op_error([&] { rmsnorm_fwd(x, w, -1.0, y, rstd); }, "rmsnorm_fwd: eps = -1 must be >= 0");
+
+    rmsnorm_bwd(x, w, rstd, y, op_like(x), op_like(w));
+    expect_op_error([&] { rmsnorm_bwd(x, w, rstd, y, op_like(x), Tensor::zeros({3}, DType::f32)); },
+                    "rmsnorm_bwd: dweight has shape [3], expected [4]");
+    expect_op_error([&] { rmsnorm_bwd(x, w, rstd, y.to(DType::f64), op_like(x), op_like(w)); },
+                    "rmsnorm_bwd: dy has dtype f64, expected f32 (the dtype of x)");
+    expect_op_error(
+        [&] {
+            rmsnorm_bwd(x, w, rstd, y, op_noncontiguous({3, 4}, DType::f32), op_like(w));
+        },
+        "rmsnorm_bwd: dx must be contiguous");
+}
+
+}  // namespace
+}  // namespace mt::ops::test
