@@ -10,8 +10,6 @@
 #include "core/cuda_probe.h"
 #include "ops/global_norm.h"
 
-extern "C" void openblas_set_num_threads(int num_threads);
-
 namespace mt::train {
 
 namespace {
@@ -27,8 +25,7 @@ std::string format_duration(double seconds) {
 
 int trainer_set_threads(int64_t threads) {
     const int n = threads > 0 ? static_cast<int>(threads) : omp_get_num_procs();
-    omp_set_num_threads(n);
-    openblas_set_num_threads(n);
+    omp_set_num_threads(n);  // OpenBLAS stays single-threaded: the ops split GEMMs across OpenMP threads
     return n;
 }
 

@@ -68,7 +68,7 @@ private:
     int64_t step_ = 0;               // optimizer steps completed
 };
 
-// Applies run.threads (0: all cores) to OpenMP and OpenBLAS; returns the thread count.
+// Applies run.threads (0: all cores) to OpenMP; returns the thread count.
 int trainer_set_threads(int64_t threads);
 
 }  // namespace mt::train
