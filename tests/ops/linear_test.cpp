@@ -38,7 +38,7 @@ OpCase linear_case(int64_t n, int64_t k, int64_t m, bool bias) {
     op_register(linear_case(7, 5, 3, true));
     op_register(linear_case(13, 17, 11, false));
     op_register(linear_case(131, 33, 37, true));  // crosses the 128-row chunk of the forward and of dx
-    op_register(linear_case(5, 131, 129, true));  // crosses the 128 x 128 tiles of dw
+    op_register(linear_case(5, 263, 259, true));  // crosses the 256 x 256 tiles of dw
     return true;
 }();
 

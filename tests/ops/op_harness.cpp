@@ -1,12 +1,11 @@
-// The op-test harness: the case registry and the grad, f32 and thread-count modes (see op_harness.h).
+// The op-test harness: the case registry, seeded inputs and the error helpers (see op_harness.h); the modes are in
+// op_modes.cpp.
 #include "op_harness.h"
 
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "core/rng.h"
@@ -14,13 +13,6 @@
 namespace mt::ops::test {
 
 namespace {
-
-constexpr double kGradTolerance = 1e-6;
-constexpr int kDirections = 3;
-constexpr int kCoordinates = 8;
-// Rounding noise of one fp64 evaluation of L, in units of eps * sum |out * R| (the ops' own rounding is a few ulps of
-// each output; outputs the perturbation does not touch are bitwise equal in both evaluations and cancel).
-constexpr double kLossNoiseUlps = 64.0;
 
 std::set<std::string>& registered_ops() {
     static std::set<std::string> ops;
@@ -44,209 +36,13 @@ void register_test(const char* suite, const std::string& name, std::function<voi
     });
 }
 
-// The problem's inputs in `dtype` (float inputs converted, index inputs as they are). Always fresh tensors.
-std::vector<Tensor> inputs_as(const OpProblem& p, DType dtype) {
-    std::vector<Tensor> in;
-    for (const OpInput& x : p.inputs)
-        in.push_back(x.value.to(core::dtype_is_float(x.value.dtype()) ? dtype : x.value.dtype()));
-    return in;
-}
-
-// The loss weights R: one seeded normal tensor per output.
-std::vector<Tensor> make_dout(const std::vector<Tensor>& outs, uint64_t seed, DType dtype) {
-    std::vector<Tensor> r;
-    for (size_t k = 0; k < outs.size(); ++k) r.push_back(op_randn(outs[k].shape(), seed, 100 + k).to(dtype));
-    return r;
-}
-
-// L = sum_k sum_i out_k[i] * R_k[i], in long double; *abs_sum (if given) gets sum |out_k[i] * R_k[i]|.
-long double loss(const std::vector<Tensor>& outs, const std::vector<Tensor>& r, long double* abs_sum = nullptr) {
-    long double sum = 0, abs = 0;
-    for (size_t k = 0; k < outs.size(); ++k) {
-        for (int64_t i = 0; i < outs[k].numel(); ++i) {
-            const long double term =
-                static_cast<long double>(core::tensor_get_flat(outs[k], i)) * core::tensor_get_flat(r[k], i);
-            sum += term;
-            abs += std::fabs(term);
-        }
-    }
-    if (abs_sum) *abs_sum = abs;
-    return sum;
-}
-
-// Runs the backward into pre-filled buffers and returns the gradients in f64 (undefined for GradKind::none).
-std::vector<Tensor> run_backward(const OpProblem& p,
-                                 const std::vector<Tensor>& in,
-                                 const std::vector<Tensor>& dout,
-                                 uint64_t seed) {
-    std::vector<Tensor> grads(in.size()), prefill(in.size());
-    for (size_t i = 0; i < in.size(); ++i) {
-        if (p.inputs[i].grad == GradKind::none) continue;
-        grads[i] = op_like(in[i]);
-        if (p.inputs[i].grad == GradKind::written) {
-            grads[i].fill(std::numeric_limits<double>::quiet_NaN());
-        } else {
-            prefill[i] = op_randn(in[i].shape(), seed, 200 + i, 0.0, 0.5).to(in[i].dtype());
-            grads[i].copy_from(prefill[i]);
-        }
-    }
-    p.backward(in, dout, grads);
-    std::vector<Tensor> out(in.size());
-    for (size_t i = 0; i < in.size(); ++i) {
-        if (!grads[i].defined()) continue;
-        out[i] = grads[i].to(DType::f64);
-        if (prefill[i].defined())
-            for (int64_t j = 0; j < out[i].numel(); ++j)
-                core::tensor_set_flat(
-                    out[i], j, core::tensor_get_flat(out[i], j) - core::tensor_get_flat(prefill[i], j));
-    }
-    return out;
-}
-
-void expect_finite(const Tensor& t, const std::string& what) {
-    for (int64_t i = 0; i < t.numel(); ++i) {
-        if (!std::isfinite(core::tensor_get_flat(t, i))) {
-            ADD_FAILURE() << what << "[" << i << "] = " << core::tensor_get_flat(t, i) << " is not finite";
-            return;
-        }
-    }
-}
-
-// fp64 central differences along random directions and coordinates of every differentiable input. The analytic
-// side is g . (x+ - x-) with the perturbed inputs as actually rounded, so the comparison is of two changes of L:
-// err = |dL_fd - dL_an| / max(|dL_fd|, |dL_an|, noise / tolerance), where noise bounds the rounding error of
-// evaluating L. A coordinate whose gradient is so small that dL drowns in that noise is thus held to the noise
-// (an absolute bound) rather than to a relative error that finite differences cannot resolve.
-void check_grad(const OpCase& c) {
-    const OpProblem p = c.build();
-    const uint64_t seed = op_seed(c.name);
-    const std::vector<Tensor> in = inputs_as(p, DType::f64);
-    const std::vector<Tensor> outs = p.forward(in);
-    ASSERT_FALSE(outs.empty());
-    for (size_t k = 0; k < outs.size(); ++k) expect_finite(outs[k], "output " + std::to_string(k));
-    const std::vector<Tensor> r = make_dout(outs, seed, DType::f64);
-    long double abs_sum = 0;
-    loss(outs, r, &abs_sum);
-    const double noise = kLossNoiseUlps * std::numeric_limits<double>::epsilon() * static_cast<double>(abs_sum);
-    const std::vector<Tensor> g = run_backward(p, in, r, seed);
-    double worst = 0.0;
-    for (size_t a = 0; a < in.size(); ++a) {
-        if (p.inputs[a].grad == GradKind::none) continue;
-        const std::string& name = p.inputs[a].name;
-        expect_finite(g[a], "d" + name);
-        const int64_t n = in[a].numel();
-        if (n == 0) continue;
-        double max_abs = 0.0;
-        for (int64_t i = 0; i < n; ++i) max_abs = std::max(max_abs, std::fabs(core::tensor_get_flat(in[a], i)));
-        for (int probe = 0; probe < kDirections + kCoordinates; ++probe) {
-            Tensor xp = in[a].clone(), xm = in[a].clone();
-            double h;
-            if (probe < kDirections) {
-                h = 1e-6 * std::max(1.0, max_abs);
-                const Tensor u = op_randn(in[a].shape(), seed, 300 + 16 * a + probe);
-                for (int64_t i = 0; i < n; ++i) {
-                    const double x = core::tensor_get_flat(in[a], i), du = h * core::tensor_get_flat(u, i);
-                    core::tensor_set_flat(xp, i, x + du);
-                    core::tensor_set_flat(xm, i, x - du);
-                }
-            } else {
-                const int64_t i = static_cast<int64_t>(core::rng_u64(seed, 400 + a, probe) % static_cast<uint64_t>(n));
-                const double x = core::tensor_get_flat(in[a], i);
-                h = 1e-6 * std::max(1.0, std::fabs(x));
-                core::tensor_set_flat(xp, i, x + h);
-                core::tensor_set_flat(xm, i, x - h);
-            }
-            long double analytic = 0;
-            for (int64_t i = 0; i < n; ++i)
-                analytic += static_cast<long double>(core::tensor_get_flat(g[a], i)) *
-                            (core::tensor_get_flat(xp, i) - core::tensor_get_flat(xm, i));
-            std::vector<Tensor> in_p = in, in_m = in;
-            in_p[a] = xp;
-            in_m[a] = xm;
-            const long double fd = loss(p.forward(in_p), r) - loss(p.forward(in_m), r);
-            const double denom = std::max({std::fabs(static_cast<double>(fd)),
-                                           std::fabs(static_cast<double>(analytic)),
-                                           noise / kGradTolerance,
-                                           std::numeric_limits<double>::min()});
-            const double err = std::fabs(static_cast<double>(fd - analytic)) / denom;
-            worst = std::max(worst, err);
-            EXPECT_LE(err, kGradTolerance)
-                << c.name << ": d" << name << " probe " << probe
-                << (probe < kDirections ? " (direction)" : " (coordinate)") << ": finite difference "
-                << static_cast<double>(fd) << ", analytic " << static_cast<double>(analytic);
-        }
-    }
-    testing::Test::RecordProperty("worst_rel_error", fmt::format("{:.3e}", worst));
-}
-
-// rho of an f32 result against the f64 one, where tensors whose rms is below 0.1 are compared on that absolute
-// scale instead (a gradient that is exactly zero in f64, such as dq at T = 1, is rounding noise in f32).
-double f32_error(const Tensor& a, const Tensor& b) {
-    EXPECT_EQ(a.shape(), b.shape());
-    long double diff = 0, ref = 0;
-    for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) {
-        const long double x = core::tensor_get_flat(a, i), y = core::tensor_get_flat(b, i);
-        diff += (x - y) * (x - y);
-        ref += y * y;
-    }
-    const long double floor = 0.01L * static_cast<long double>(b.numel());  // (0.1 rms)^2 * n
-    return diff == 0 ? 0.0 : static_cast<double>(std::sqrt(diff / std::max(ref, floor)));
-}
-
-// Forward outputs and gradients in f32 and f64, compared by rho.
-void check_f32(const OpCase& c) {
-    const OpProblem p = c.build();
-    const uint64_t seed = op_seed(c.name);
-    const std::vector<Tensor> in64 = inputs_as(p, DType::f64), in32 = inputs_as(p, DType::f32);
-    const std::vector<Tensor> o64 = p.forward(in64), o32 = p.forward(in32);
-    ASSERT_EQ(o64.size(), o32.size());
-    for (size_t k = 0; k < o64.size(); ++k) {
-        ASSERT_EQ(o32[k].dtype(), DType::f32) << "output " << k;
-        EXPECT_LE(f32_error(o32[k], o64[k]), c.f32_budget) << c.name << ": output " << k;
-    }
-    const std::vector<Tensor> r64 = make_dout(o64, seed, DType::f64);
-    std::vector<Tensor> r32;
-    for (const Tensor& t : r64) r32.push_back(t.to(DType::f32));
-    const std::vector<Tensor> g64 = run_backward(p, in64, r64, seed), g32 = run_backward(p, in32, r32, seed);
-    for (size_t a = 0; a < g64.size(); ++a) {
-        if (!g64[a].defined()) continue;
-        EXPECT_LE(f32_error(g32[a], g64[a]), c.f32_budget) << c.name << ": d" << p.inputs[a].name;
-    }
-}
-
-// Raw bytes of the f32 outputs and gradients with `threads` OpenMP threads.
-std::vector<std::vector<char>> run_f32_bytes(const OpCase& c, int threads) {
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(threads);
-    const OpProblem p = c.build();
-    const std::vector<Tensor> in = inputs_as(p, DType::f32);
-    std::vector<Tensor> all = p.forward(in);
-    const std::vector<Tensor> dout = make_dout(all, op_seed(c.name), DType::f32);
-    for (const Tensor& g : run_backward(p, in, dout, op_seed(c.name)))
-        if (g.defined()) all.push_back(g);
-    omp_set_num_threads(saved);
-    std::vector<std::vector<char>> bytes;
-    for (const Tensor& t : all) {
-        const char* b = static_cast<const char*>(t.raw());
-        bytes.emplace_back(b, b + t.nbytes());
-    }
-    return bytes;
-}
-
-void check_threads(const OpCase& c) {
-    const auto one = run_f32_bytes(c, 1), three = run_f32_bytes(c, 3);
-    ASSERT_EQ(one.size(), three.size());
-    for (size_t i = 0; i < one.size(); ++i)
-        EXPECT_TRUE(one[i] == three[i]) << c.name << ": tensor " << i << " differs between 1 and 3 threads";
-}
-
 }  // namespace
 
 void op_register(OpCase c) {
     registered_ops().insert(c.op);
-    register_test("OpGrad", c.name, [c] { check_grad(c); });
-    register_test("OpF32", c.name, [c] { check_f32(c); });
-    register_test("OpThreads", c.name, [c] { check_threads(c); });
+    register_test("OpGrad", c.name, [c] { op_check_grad(c); });
+    register_test("OpF32", c.name, [c] { op_check_f32(c); });
+    register_test("OpThreads", c.name, [c] { op_check_threads(c); });
 }
 
 void op_register_check(const std::string& op, const std::string& name, std::function<void()> body) {

@@ -57,6 +57,11 @@ struct OpCase {
     double f32_budget = 1e-5;  // rho budget of the f32-vs-f64 check
 };
 
+// The modes, run on one case (each registered case runs all three as tests).
+void op_check_grad(const OpCase& c);
+void op_check_f32(const OpCase& c);
+void op_check_threads(const OpCase& c);
+
 // Registers a case and its OpGrad / OpF32 / OpThreads tests (call during static initialization).
 void op_register(OpCase c);
 // Registers a hand-computed check for an op without a backward; the body is a test (OpCheck.<name>).

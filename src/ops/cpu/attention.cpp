@@ -10,6 +10,7 @@
 
 #include "ops/cpu/blas.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cpu/vec_math.h"
 
 namespace mt::ops::cpu {
 
@@ -44,13 +45,11 @@ void attention_fwd(
                 for (int64_t i = 0; i < rows; ++i) {
                     T* sr = s + i * keys;  // [keys]; keys j > r0 + i are masked
                     const int64_t valid = r0 + i + 1;
-                    T mx = sr[0];
-                    for (int64_t j = 1; j < valid; ++j) mx = std::max(mx, sr[j]);
+                    const T mx = max_value(sr, valid);
+                    exp_affine(sr, sr, valid, T(1), -mx);
                     T sum = 0;
-                    for (int64_t j = 0; j < valid; ++j) {
-                        sr[j] = std::exp(sr[j] - mx);
-                        sum += sr[j];
-                    }
+#pragma omp simd reduction(+ : sum)
+                    for (int64_t j = 0; j < valid; ++j) sum += sr[j];
                     const T inv = T(1) / sum;
                     for (int64_t j = 0; j < valid; ++j) sr[j] *= inv;
                     std::fill(sr + valid, sr + keys, T(0));
@@ -118,13 +117,12 @@ void attention_bwd(const T* q,
                         const T* o_i = oh + (r0 + i) * qs;
                         const T* do_i = doh + (r0 + i) * qs;
                         T di = 0;
+#pragma omp simd reduction(+ : di)
                         for (int64_t c = 0; c < d; ++c) di += do_i[c] * o_i[c];
                         const int64_t valid = r0 + i + 1;
                         const T l = lh[r0 + i];
-                        for (int64_t j = 0; j < valid; ++j) {
-                            pr[j] = std::exp(pr[j] - l);
-                            gr[j] = pr[j] * (gr[j] - di);
-                        }
+                        exp_affine(pr, pr, valid, T(1), -l);
+                        for (int64_t j = 0; j < valid; ++j) gr[j] = pr[j] * (gr[j] - di);
                         std::fill(pr + valid, pr + keys, T(0));
                         std::fill(gr + valid, gr + keys, T(0));
                     }

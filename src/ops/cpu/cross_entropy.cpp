@@ -1,8 +1,10 @@
 // CPU reference of the fused softmax + cross-entropy, one row per task; the backward may run in place.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "ops/cpu/kernels.h"
+#include "ops/cpu/vec_math.h"
 
 namespace mt::ops::cpu {
 
@@ -10,15 +12,20 @@ namespace mt::ops::cpu {
 template <typename T>
 void cross_entropy_fwd(
     const T* logits, const int32_t* targets, int32_t ignore_index, T* losses, T* lse, int64_t n, int64_t v) {
-#pragma omp parallel for schedule(static) if (n * v >= kParallelMinWork)
-    for (int64_t i = 0; i < n; ++i) {
-        const T* row = logits + i * v;  // [v]
-        T mx = row[0];
-        for (int64_t j = 1; j < v; ++j) mx = std::max(mx, row[j]);
-        T sum = 0;
-        for (int64_t j = 0; j < v; ++j) sum += std::exp(row[j] - mx);
-        lse[i] = mx + std::log(sum);
-        losses[i] = targets[i] == ignore_index ? T(0) : lse[i] - row[targets[i]];
+#pragma omp parallel if (n * v >= kParallelMinWork)
+    {
+        std::vector<T> e(static_cast<size_t>(v));  // [v]: exp(row - max)
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; ++i) {
+            const T* row = logits + i * v;  // [v]
+            const T mx = max_value(row, v);
+            exp_affine(row, e.data(), v, T(1), -mx);
+            T sum = 0;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t j = 0; j < v; ++j) sum += e[j];
+            lse[i] = mx + std::log(sum);
+            losses[i] = targets[i] == ignore_index ? T(0) : lse[i] - row[targets[i]];
+        }
     }
 }
 
@@ -41,8 +48,9 @@ void cross_entropy_bwd(const T* logits,
             std::fill(drow, drow + v, T(0));
             continue;
         }
-        const T scale = dlosses[i], l = lse[i];
-        for (int64_t j = 0; j < v; ++j) drow[j] = scale * std::exp(row[j] - l);
+        const T scale = dlosses[i];
+        exp_affine(row, drow, v, T(1), -lse[i]);
+        for (int64_t j = 0; j < v; ++j) drow[j] *= scale;
         drow[targets[i]] -= scale;
     }
 }

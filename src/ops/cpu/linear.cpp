@@ -8,7 +8,7 @@ namespace mt::ops::cpu {
 
 namespace {
 constexpr int64_t kRowChunk = 128;  // rows of x / y per GEMM call in the forward and in dx
-constexpr int64_t kTile = 128;      // dw is computed in [kTile, kTile] tiles, one GEMM each
+constexpr int64_t kTile = 256;      // dw is computed in [kTile, kTile] tiles, one GEMM each
 }  // namespace
 
 // y[n, m] = x[n, k] @ w[m, k]^T (+ bias[m]), one GEMM per chunk of kRowChunk rows.
@@ -26,24 +26,23 @@ void linear_fwd(const T* x, const T* w, const T* bias, T* y, int64_t n, int64_t 
     }
 }
 
-// dx[n, k] = dy[n, m] @ w[m, k]           (written; one GEMM per chunk of rows of dx)
 // dw[m, k] += dy[n, m]^T @ x[n, k]        (one GEMM per [kTile, kTile] tile of dw, each summing over all n)
 // dbias[m] += sum_n dy[n, m]              (with the tiles of the first column block, rows added in order)
+// dx[n, k] = dy[n, m] @ w[m, k]           (written; one GEMM per chunk of kRowChunk rows of dx)
+// One task list, the large dw tiles first so that the small dx chunks balance the threads at the end.
 template <typename T>
 void linear_bwd(const T* x, const T* w, const T* dy, T* dx, T* dw, T* dbias, int64_t n, int64_t k, int64_t m) {
     blas_use_one_thread();
-    const int64_t dx_tasks = dx ? chunk_count(n, kRowChunk) : 0;
-    const int64_t tile_rows = chunk_count(m, kTile), tile_cols = chunk_count(k, kTile);
-    const int64_t dw_tasks = tile_rows * std::max<int64_t>(tile_cols, 1);
+    const int64_t tile_rows = chunk_count(m, kTile), tile_cols = std::max<int64_t>(chunk_count(k, kTile), 1);
+    const int64_t dw_tasks = tile_rows * tile_cols, dx_tasks = dx ? chunk_count(n, kRowChunk) : 0;
 #pragma omp parallel for schedule(dynamic, 1) if (n * k * m >= kParallelMinWork)
-    for (int64_t task = 0; task < dx_tasks + dw_tasks; ++task) {
-        if (task < dx_tasks) {
-            const int64_t r0 = task * kRowChunk, rows = std::min(n, r0 + kRowChunk) - r0;
+    for (int64_t task = 0; task < dw_tasks + dx_tasks; ++task) {
+        if (task >= dw_tasks) {
+            const int64_t r0 = (task - dw_tasks) * kRowChunk, rows = std::min(n, r0 + kRowChunk) - r0;
             gemm(false, false, rows, k, m, T(1), dy + r0 * m, m, w, k, T(0), dx + r0 * k, k);
             continue;
         }
-        const int64_t tile = task - dx_tasks, tr = tile / std::max<int64_t>(tile_cols, 1);
-        const int64_t tc = tile % std::max<int64_t>(tile_cols, 1);
+        const int64_t tr = task / tile_cols, tc = task % tile_cols;
         const int64_t o0 = tr * kTile, outs = std::min(m, o0 + kTile) - o0;
         const int64_t c0 = tc * kTile, cols = std::min(k, c0 + kTile) - c0;
         gemm(true, false, outs, cols, n, T(1), dy + o0, m, x + c0, k, T(1), dw + o0 * k + c0, k);
