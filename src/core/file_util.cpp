@@ -29,6 +29,8 @@ std::string parent_dir(const std::string& path) {
 // Opens a file for reading; fails naming it.
 int open_read(const std::string& path, ExitCode code) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT)
+        fail_hint(code, "check the path and the working directory", "file not found [{}]", path);
     if (fd < 0) fail(code, "cannot open the file: {} [{}]", errno_str(errno), path);
     return fd;
 }

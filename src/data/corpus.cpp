@@ -11,7 +11,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "data/file_io.h"
+#include "core/file_util.h"
 #include "data/llmc_shard.h"
 #include "data/megatron_dataset.h"
 
@@ -195,13 +195,13 @@ CorpusStats corpus_prepare(const CorpusOptions& o, const Tokenizer& tokenizer) {
     j["tokens"] = {{"train", stats.tokens_train}, {"val", stats.tokens_val}};
     j["unigram_entropy_nats"] = stats.entropy_nats;
     j["unigram_entropy_bits"] = stats.entropy_bits;
-    file_write_atomic((fs::path(o.out_dir) / "stats.json").string(), j.dump(2) + "\n");
+    core::write_file_atomic((fs::path(o.out_dir) / "stats.json").string(), j.dump(2) + "\n", core::ExitCode::data);
     return stats;
 }
 
 int64_t corpus_write_text(const std::vector<std::string>& inputs, const std::string& path) {
     const auto files = corpus_list_files(inputs);
-    AtomicFile out(path);
+    core::AtomicFileWriter out(path, core::ExitCode::data);
     int64_t n = 0;
     for (const auto& f : files) {
         for (const auto& doc : corpus_read_documents(f)) {

@@ -34,13 +34,13 @@ void llmc_write_shard(const std::string& path, std::span<const int32_t> tokens, 
             std::memcpy(&payload[i * 4], &v, 4);
         }
     }
-    AtomicFile out(path);
+    core::AtomicFileWriter out(path, core::ExitCode::data);
     out.write(header.data(), sizeof(header));
     out.write(payload.data(), payload.size());
     out.commit();
 }
 
-LlmcShard::LlmcShard(const std::string& path) : file_(path) {
+LlmcShard::LlmcShard(const std::string& path) : file_(path, core::ExitCode::data) {
     const size_t size = file_.size();
     if (size < kLlmcHeaderBytes)
         core::fail_hint(ExitCode::data,

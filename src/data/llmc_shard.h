@@ -6,7 +6,7 @@
 #include <span>
 #include <string>
 
-#include "data/file_io.h"
+#include "core/file_util.h"
 #include "data/token_view.h"
 
 namespace mt::data {
@@ -44,7 +44,7 @@ class LlmcShard {
     }
 
    private:
-    MappedFile file_;
+    core::MappedFile file_;
     TokenView view_;
 };
 

@@ -128,17 +128,17 @@ void megatron_write_dataset(const std::string& prefix,
         pointer += len * static_cast<int64_t>(width);
     }
     for (uint64_t d = 0; d <= s; ++d) append<int64_t>(idx, static_cast<int64_t>(d));
-    AtomicFile bin_file(prefix + ".bin");
+    core::AtomicFileWriter bin_file(prefix + ".bin", core::ExitCode::data);
     bin_file.write(bin.data(), bin.size());
     bin_file.commit();
-    AtomicFile idx_file(prefix + ".idx");
+    core::AtomicFileWriter idx_file(prefix + ".idx", core::ExitCode::data);
     idx_file.write(idx.data(), idx.size());
     idx_file.commit();
 }
 
 MegatronDataset::MegatronDataset(const std::string& path) : prefix_(strip_extension(path)) {
     const std::string ipath = idx_path();
-    idx_ = std::make_unique<MappedFile>(ipath);
+    idx_ = std::make_unique<core::MappedFile>(ipath, core::ExitCode::data);
     const uint8_t* p = idx_->data();
     const size_t size = idx_->size();
     if (size < kHeaderBytes)
@@ -220,7 +220,7 @@ MegatronDataset::MegatronDataset(const std::string& path) : prefix_(strip_extens
         end += len * width;
     }
     const std::string bpath = bin_path();
-    bin_ = std::make_unique<MappedFile>(bpath);
+    bin_ = std::make_unique<core::MappedFile>(bpath, core::ExitCode::data);
     if (static_cast<int64_t>(bin_->size()) != end)
         core::fail_hint(ExitCode::data,
                         bin_->size() < static_cast<size_t>(end)

@@ -7,7 +7,7 @@
 #include <span>
 #include <string>
 
-#include "data/file_io.h"
+#include "core/file_util.h"
 #include "data/token_view.h"
 
 namespace mt::data {
@@ -68,8 +68,8 @@ class MegatronDataset {
 
    private:
     std::string prefix_;
-    std::unique_ptr<MappedFile> idx_;
-    std::unique_ptr<MappedFile> bin_;
+    std::unique_ptr<core::MappedFile> idx_;
+    std::unique_ptr<core::MappedFile> bin_;
     MegatronDType dtype_ = MegatronDType::u16;
     int64_t num_sequences_ = 0;
     int64_t num_documents_ = 0;
