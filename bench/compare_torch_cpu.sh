@@ -6,7 +6,8 @@
 # (R > 1: moetrain is faster; computed from the better of the two moetrain runs and from each separately).
 # Usage: bench/compare_torch_cpu.sh [BUILD_DIR=build] [CONFIG=configs/tiny.toml] [STEPS=20]
 # Env: PYTHON (default /usr/bin/python3), THREADS (default: what bench_train reports, else all cores),
-#      WARMUP (default 3), EXTRA_SET (extra "--set k=v" words passed to both).
+#      WARMUP (default 3), EXTRA_SET (extra "--set k=v" words passed to both),
+#      TUNE (default 1: bench_torch.py --tune, PyTorch's fastest of three OpenMP/OpenBLAS thread layouts).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -15,6 +16,8 @@ CONFIG=${2:-$ROOT/configs/tiny.toml}
 STEPS=${3:-20}
 PYTHON=${PYTHON:-/usr/bin/python3}
 WARMUP=${WARMUP:-3}
+tune_args=()
+[[ ${TUNE:-1} == 1 ]] && tune_args=(--tune)
 read -r -a EXTRA <<< "${EXTRA_SET:-}"
 
 BENCH=$BUILD/bench/bench_train
@@ -29,7 +32,7 @@ echo "$mt1"
 # PyTorch gets the thread count moetrain actually used.
 T=${THREADS:-$(printf '%s' "$mt1" | "$PYTHON" -c 'import json,sys; print(json.load(sys.stdin).get("threads", 0))')}
 pt=$("$PYTHON" "$ROOT/tools/reference/bench_torch.py" --config "$CONFIG" --steps "$STEPS" --warmup "$WARMUP" \
-        --threads "$T" "${EXTRA[@]}")
+        --threads "$T" "${tune_args[@]}" "${EXTRA[@]}")
 echo "$pt"
 mt2=$("$BENCH" --config "$CONFIG" --steps "$STEPS" "${threads_args[@]}" "${EXTRA[@]}" | grep '"train_step"' | tail -n 1)
 echo "$mt2"
@@ -48,6 +51,7 @@ print(json.dumps({
     "metric": "tokens_per_s",
     "moetrain_tokens_per_s": best, "pytorch_tokens_per_s": pt["tokens_per_s"],
     "batch": pt["batch"], "seq": pt["seq"], "steps": pt["steps"],
-    "threads": {"moetrain": mt1.get("threads"), "pytorch": pt["threads"]},
+    "threads": {"moetrain": mt1.get("threads"), "pytorch": pt["threads"],
+                "pytorch_omp": pt.get("omp_threads"), "pytorch_blas": pt.get("blas_threads")},
     "torch": pt["torch"]}))
 PY

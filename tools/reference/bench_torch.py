@@ -12,6 +12,13 @@ baddbmm with an additive causal mask and no K/V head copies, F.silu, fused F.cro
 checks that it gives the same loss and gradients as model.py (--no-check skips this).
 --fused additionally fuses wq|wk|wv and w_gate|w_up into single matrices (the same math and the same AdamW
 update elementwise, but not moetrain's parameter layout), off by default.
+
+Threads. Debian's torch runs its own ops on OpenMP (libgomp) and its matmuls in the system OpenBLAS, whose
+pthreads build keeps a second thread pool. With both pools at T threads and libgomp's default spin-waiting,
+the idle OpenMP workers steal the cores the BLAS workers need, and steps get 2-10x slower. So by default
+--threads T sets OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = T and OMP_WAIT_POLICY=PASSIVE (before torch loads;
+an OMP_WAIT_POLICY already in the environment is kept). --tune instead times three layouts in subprocesses,
+(omp T, blas T, passive), (omp T, blas 1), (omp 1, blas T), and reports the fastest (the baseline's best case).
 """
 
 import argparse
@@ -28,6 +35,11 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: os.cpu_count())")
+    ap.add_argument("--omp-threads", type=int, default=0, help="torch/OpenMP threads (0: --threads)")
+    ap.add_argument("--blas-threads", type=int, default=0, help="OpenBLAS threads (0: --threads)")
+    ap.add_argument("--omp-wait", choices=["passive", "active", "unset"], default=None,
+                    help="OMP_WAIT_POLICY (default: the environment's, else passive; unset: libgomp's default)")
+    ap.add_argument("--tune", action="store_true", help="try three thread layouts, report the fastest")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set train.batch_size=8 (value parsed as TOML)")
     ap.add_argument("--fused", action="store_true", help="fuse qkv and gate|up projections (same math)")
@@ -36,12 +48,25 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
+def thread_layout(args):
+    """(threads, omp threads, blas threads) from the arguments."""
+    threads = args.threads if args.threads > 0 else (os.cpu_count() or 1)
+    return threads, args.omp_threads or threads, args.blas_threads or threads
+
+
 if __name__ == "__main__":
     ARGS = parse_args()
-    _threads = ARGS.threads if ARGS.threads > 0 else (os.cpu_count() or 1)
-    # BLAS thread pools are sized when the library loads, so this must precede `import torch`.
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(_threads)
+    _, _omp, _blas = thread_layout(ARGS)
+    # Thread pools are sized when the libraries load, so this must precede `import torch`.
+    os.environ["OMP_NUM_THREADS"] = str(_omp)
+    os.environ["OPENBLAS_NUM_THREADS"] = str(_blas)
+    os.environ["MKL_NUM_THREADS"] = str(_blas)
+    if ARGS.omp_wait == "unset":
+        os.environ.pop("OMP_WAIT_POLICY", None)
+    elif ARGS.omp_wait:
+        os.environ["OMP_WAIT_POLICY"] = ARGS.omp_wait.upper()
+    else:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -228,9 +253,32 @@ def blas_library():
         return "unknown"
 
 
+def tune(args):
+    """Runs this script once per thread layout and prints the fastest run's line, with all tried."""
+    import subprocess
+    threads, _, _ = thread_layout(args)
+    layouts = [(threads, threads, "passive"), (threads, 1, "unset"), (1, threads, "unset")]
+    if threads == 1:
+        layouts = layouts[:1]
+    base = [a for a in sys.argv[1:] if a != "--tune"]
+    results = []
+    for omp, blas, wait in layouts:
+        cmd = [sys.executable, os.path.abspath(__file__), *base, "--threads", str(threads),
+               "--omp-threads", str(omp), "--blas-threads", str(blas), "--omp-wait", wait]
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    best = min(results, key=lambda r: r["ms_per_step"])
+    best["tuned"] = [{"omp": r["omp_threads"], "blas": r["blas_threads"], "omp_wait": r["omp_wait_policy"],
+                      "ms_per_step": r["ms_per_step"]} for r in results]
+    print(json.dumps(best))
+    return 0
+
+
 def main(args):
-    threads = args.threads if args.threads > 0 else (os.cpu_count() or 1)
-    torch.set_num_threads(threads)
+    if args.tune:
+        return tune(args)
+    threads, omp_threads, blas_threads = thread_layout(args)
+    torch.set_num_threads(omp_threads)
     doc = load_config(args.config, args.set)
     cfg = ModelConfig.from_toml(doc)
     train = doc.get("train", {})
@@ -291,7 +339,8 @@ def main(args):
     print(json.dumps({
         "bench": "train_step", "impl": "pytorch", "torch": torch.__version__, "batch": B, "seq": T,
         "steps": args.steps, "ms_per_step": round(ms, 3), "tokens_per_s": round(B * T * accum / (ms / 1000.0), 1),
-        "threads": threads, "grad_accum": accum, "warmup": args.warmup, "fused": args.fused,
+        "threads": threads, "omp_threads": omp_threads, "blas_threads": blas_threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""), "grad_accum": accum, "warmup": args.warmup, "fused": args.fused,
         "params": sum(p.numel() for p in model.parameters()), "final_loss": round(last, 4),
         "blas": blas_library()}))
     return 0
