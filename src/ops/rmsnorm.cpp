@@ -16,6 +16,7 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor
     cpu::check_dtype_as(y, x, op, "y", "x");
     cpu::check_dtype_as(rstd, x, op, "rstd", "x");
     const int64_t n = x.size(0), c = x.size(1);
+    MT_CHECK(c > 0, "{}: x has shape {}; the normalized dim C must be > 0", op, core::shape_str(x.shape()));
     check_shape(weight, {c}, op, "weight");
     check_shape(y, {n, c}, op, "y");
     check_shape(rstd, {n}, op, "rstd");

@@ -113,5 +113,19 @@ TEST(OpLinear, BackwardSkipsUndefinedGradients) {
         EXPECT_DOUBLE_EQ(core::tensor_get_flat(dw2, i), 2 * core::tensor_get_flat(dw, i));
 }
 
+// An empty batch (N = 0) is a no-op that leaves the accumulated gradients alone; K = 0 gives y = bias.
+TEST(OpLinear, EmptySizes) {
+    const Tensor w = op_randn({3, 4}, 1, 0), dw = op_randn({3, 4}, 1, 1), dw0 = dw.clone();
+    const Tensor x = Tensor::zeros({0, 4}, DType::f64), y = Tensor::zeros({0, 3}, DType::f64);
+    linear_fwd(x, w, Tensor(), y);
+    linear_bwd(x, w, y, op_like(x), dw, Tensor());
+    EXPECT_EQ(op_rho(dw, dw0), 0.0);
+    const Tensor x0 = Tensor::zeros({2, 0}, DType::f64), w0 = Tensor::zeros({3, 0}, DType::f64);
+    const Tensor bias = op_randn({3}, 1, 2), y0 = Tensor::zeros({2, 3}, DType::f64);
+    linear_fwd(x0, w0, bias, y0);
+    for (int64_t i = 0; i < 2; ++i)
+        for (int64_t j = 0; j < 3; ++j) EXPECT_EQ(y0.at({i, j}), bias.at({j}));
+}
+
 }  // namespace
 }  // namespace mt::ops::test

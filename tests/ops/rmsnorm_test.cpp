@@ -58,6 +58,15 @@ TEST(OpArgs, RmsnormShapesAndDtypes) {
         },
         "rmsnorm_fwd: x must be contiguous");
     expect_op_error([&] { rmsnorm_fwd(x, w, -1.0, y, rstd); }, "rmsnorm_fwd: eps = -1 must be >= 0");
+    expect_op_error(
+        [&] {
+            rmsnorm_fwd(Tensor::zeros({3, 0}, DType::f32),
+                        Tensor::zeros({0}, DType::f32),
+                        1e-5,
+                        Tensor::zeros({3, 0}, DType::f32),
+                        rstd);
+        },
+        "rmsnorm_fwd: x has shape [3, 0]; the normalized dim C must be > 0");
 
     rmsnorm_bwd(x, w, rstd, y, op_like(x), op_like(w));
     expect_op_error([&] { rmsnorm_bwd(x, w, rstd, y, op_like(x), Tensor::zeros({3}, DType::f32)); },
