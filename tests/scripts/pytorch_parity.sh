@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Gradient parity of moetrain against the independent PyTorch reference (tools/reference/model.py):
 # prepare byte-level data, train the tiny config 2 steps with a checkpoint at step 2, dump the gradients of
-# one batch at that checkpoint, and compare loss and every gradient with check_parity.py (rho <= 1e-4).
+# one batch at that checkpoint, and compare loss and every gradient with check_parity.py (rho <= 1e-4);
+# then the same for a variant with untied embeddings, one kv head and an explicit head_dim.
 # Usage (CTest): bash pytorch_parity.sh <moetrain-binary> <source-dir> <scratch-dir>
 set -euo pipefail
 
@@ -51,22 +52,34 @@ for f in data/train.bin data/val.bin; do
     [[ -s $f ]] || { echo "pytorch_parity: FAIL: moetrain data did not write $f" >&2; exit 1; }
 done
 
-echo "== moetrain train (2 steps, checkpoint at step 2)"
-"$MOETRAIN" train --config "$SRC/configs/tiny.toml" \
-    --set train.steps=2 \
-    --set checkpoint.every_steps=2 \
-    --set run.dir="$SCRATCH/run" \
-    --set data.paths="[\"$SCRATCH/data/train.bin\"]" \
-    --set data.val_paths="[\"$SCRATCH/data/val.bin\"]"
-CKPT=$SCRATCH/run/checkpoints/step_00000002
-for f in rank_00000.safetensors manifest.json DONE; do
-    [[ -f $CKPT/$f ]] || { echo "pytorch_parity: FAIL: checkpoint file $CKPT/$f is missing" >&2; exit 1; }
-done
+# One case: train 2 steps with a checkpoint at step 2, dump one batch's gradients there, compare.
+run_case() {
+    local name=$1
+    shift
+    echo "== [$name] moetrain train (2 steps, checkpoint at step 2) $*"
+    "$MOETRAIN" train --config "$SRC/configs/tiny.toml" \
+        --set train.steps=2 \
+        --set checkpoint.every_steps=2 \
+        --set run.dir="$SCRATCH/run_$name" \
+        --set data.paths="[\"$SCRATCH/data/train.bin\"]" \
+        --set data.val_paths="[\"$SCRATCH/data/val.bin\"]" \
+        "$@"
+    local ckpt=$SCRATCH/run_$name/checkpoints/step_00000002
+    for f in rank_00000.safetensors manifest.json DONE; do
+        [[ -f $ckpt/$f ]] || { echo "pytorch_parity: FAIL: checkpoint file $ckpt/$f is missing" >&2; exit 1; }
+    done
 
-echo "== moetrain grad-dump"
-"$MOETRAIN" grad-dump --checkpoint "$CKPT" --out "$SCRATCH/grads.safetensors"
-[[ -s $SCRATCH/grads.safetensors ]] || { echo "pytorch_parity: FAIL: grad-dump wrote nothing" >&2; exit 1; }
+    echo "== [$name] moetrain grad-dump"
+    "$MOETRAIN" grad-dump --checkpoint "$ckpt" --out "$SCRATCH/grads_$name.safetensors"
+    [[ -s $SCRATCH/grads_$name.safetensors ]] || { echo "pytorch_parity: FAIL: grad-dump wrote nothing" >&2; exit 1; }
 
-echo "== check_parity (tol $TOL)"
-"$PYTHON" "$SRC/tools/reference/check_parity.py" --checkpoint "$CKPT" --dump "$SCRATCH/grads.safetensors" --tol "$TOL"
+    echo "== [$name] check_parity (tol $TOL)"
+    "$PYTHON" "$SRC/tools/reference/check_parity.py" --checkpoint "$ckpt" \
+        --dump "$SCRATCH/grads_$name.safetensors" --tol "$TOL"
+}
+
+# configs/tiny.toml as it is (tied embeddings, 4 query heads over 2 kv heads, head_dim = d_model / n_heads)
+run_case tiny
+# the other paths: a separate lm_head, 4 query heads sharing 1 kv head, head_dim 16 (Hq * D != d_model)
+run_case untied --set model.tie_embeddings=false --set model.n_kv_heads=1 --set model.head_dim=16
 echo "pytorch_parity: PASS"
