@@ -19,8 +19,8 @@ void register_grad_dump(CLI::App& app) {
     cmd->callback([dir, out, overrides]() {
         const train::Checkpoint ckpt = train::checkpoint_open(*dir);
         train::Trainer trainer(
-            train::config_parse(ckpt.manifest().at("config_toml").get<std::string>(), *dir + "/manifest.json",
-                                *overrides),
+            train::config_parse(
+                ckpt.manifest().at("config_toml").get<std::string>(), *dir + "/manifest.json", *overrides),
             false);
         trainer.load_checkpoint(*dir);
         const auto& t = trainer.config().train;
@@ -37,8 +37,8 @@ void register_grad_dump(CLI::App& app) {
             {"inputs", inputs}, {"targets", targets}, {"loss", loss_t}};
         for (int i = 0; i < model.params().size(); ++i)
             tensors.push_back({"grad/" + model.params().spec(i).name, model.params().grad(i)});
-        train::safetensors_write(*out, tensors, {{"format", "moetrain-grad-dump"}, {"checkpoint", *dir}},
-                                 core::ExitCode::usage);
+        train::safetensors_write(
+            *out, tensors, {{"format", "moetrain-grad-dump"}, {"checkpoint", *dir}}, core::ExitCode::usage);
         fmt::print("moetrain: loss {:.6f}; wrote {} tensors to {}\n", loss, tensors.size(), *out);
     });
 }

@@ -16,8 +16,8 @@ void cpu_free(void* ptr);
 // A block of memory on one device. Owned storage frees itself; borrowed storage (a view over memory that
 // someone else owns, such as an mmap) does not.
 class Storage {
-public:
-    Storage(size_t bytes, Device device);            // owned, zero-filled
+   public:
+    Storage(size_t bytes, Device device);              // owned, zero-filled
     Storage(void* data, size_t bytes, Device device);  // borrowed
     ~Storage();
     Storage(const Storage&) = delete;
@@ -33,7 +33,7 @@ public:
         return device_;
     }
 
-private:
+   private:
     void* data_ = nullptr;
     size_t bytes_ = 0;
     Device device_ = Device::cpu;

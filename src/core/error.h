@@ -22,7 +22,7 @@ enum class ExitCode : int {
 };
 
 class Error : public std::runtime_error {
-public:
+   public:
     Error(ExitCode code, std::string message, std::string hint = {})
         : std::runtime_error(message), code_(code), hint_(std::move(hint)) {}
     ExitCode code() const {
@@ -32,7 +32,7 @@ public:
         return hint_;
     }
 
-private:
+   private:
     ExitCode code_;
     std::string hint_;
 };
@@ -45,7 +45,10 @@ template <typename... Args>
 
 // Same, with a hint line printed under the message.
 template <typename... Args>
-[[noreturn]] void fail_hint(ExitCode code, const std::string& hint, fmt::format_string<Args...> format, Args&&... args) {
+[[noreturn]] void fail_hint(ExitCode code,
+                            const std::string& hint,
+                            fmt::format_string<Args...> format,
+                            Args&&... args) {
     throw Error(code, fmt::format(format, std::forward<Args>(args)...), hint);
 }
 
@@ -54,18 +57,20 @@ template <typename... Args>
 }  // namespace mt::core
 
 // Internal invariant: a failure is a bug in moetrain (or a caller) and exits with code 1 naming the source location.
-#define MT_CHECK(cond, ...)                                                                      \
-    do {                                                                                         \
+#define MT_CHECK(cond, ...)                                                                         \
+    do {                                                                                            \
         if (!(cond)) ::mt::core::fail_check(#cond, __FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
     } while (0)
 
 // Shape check: compares two integers and names both values.
-#define MT_CHECK_SHAPE(a, b, what)                                                                              \
-    do {                                                                                                        \
-        const auto mt_a_ = (a);                                                                                 \
-        const auto mt_b_ = (b);                                                                                 \
-        if (mt_a_ != mt_b_)                                                                                     \
-            ::mt::core::fail_check(#a " == " #b, __FILE__, __LINE__,                                            \
-                                   ::fmt::format("{}: {} != {}", (what), static_cast<long long>(mt_a_),          \
-                                                 static_cast<long long>(mt_b_)));                               \
+#define MT_CHECK_SHAPE(a, b, what)                                                                                    \
+    do {                                                                                                              \
+        const auto mt_a_ = (a);                                                                                       \
+        const auto mt_b_ = (b);                                                                                       \
+        if (mt_a_ != mt_b_)                                                                                           \
+            ::mt::core::fail_check(                                                                                   \
+                #a " == " #b,                                                                                         \
+                __FILE__,                                                                                             \
+                __LINE__,                                                                                             \
+                ::fmt::format("{}: {} != {}", (what), static_cast<long long>(mt_a_), static_cast<long long>(mt_b_))); \
     } while (0)

@@ -44,8 +44,11 @@ Tensor Tensor::borrow(void* data, const Shape& shape, DType dtype, Device device
 
 Tensor Tensor::view_of(const std::shared_ptr<Storage>& storage, size_t byte_offset, const Shape& shape, DType dtype) {
     const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
-    MT_CHECK(byte_offset + bytes <= storage->bytes(), "view of {} bytes at {} exceeds storage of {} bytes", bytes,
-             byte_offset, storage->bytes());
+    MT_CHECK(byte_offset + bytes <= storage->bytes(),
+             "view of {} bytes at {} exceeds storage of {} bytes",
+             bytes,
+             byte_offset,
+             storage->bytes());
     Tensor t;
     t.storage_ = storage;
     t.offset_ = byte_offset;
@@ -78,7 +81,9 @@ void* Tensor::raw() const {
 
 Tensor Tensor::reshape(const Shape& shape) const {
     MT_CHECK(is_contiguous(), "reshape of a non-contiguous tensor {}", shape_str(shape_));
-    MT_CHECK(shape_numel(shape) == numel(), "reshape {} -> {} changes the element count", shape_str(shape_),
+    MT_CHECK(shape_numel(shape) == numel(),
+             "reshape {} -> {} changes the element count",
+             shape_str(shape_),
              shape_str(shape));
     Tensor t = *this;
     t.shape_ = shape;
@@ -89,8 +94,12 @@ Tensor Tensor::reshape(const Shape& shape) const {
 Tensor Tensor::slice(int dim, int64_t start, int64_t end) const {
     if (dim < 0) dim += ndim();
     MT_CHECK(dim >= 0 && dim < ndim(), "slice dim {} out of range for {}", dim, shape_str(shape_));
-    MT_CHECK(0 <= start && start <= end && end <= shape_[dim], "slice [{}, {}) out of range for dim {} of {}", start,
-             end, dim, shape_str(shape_));
+    MT_CHECK(0 <= start && start <= end && end <= shape_[dim],
+             "slice [{}, {}) out of range for dim {} of {}",
+             start,
+             end,
+             dim,
+             shape_str(shape_));
     Tensor t = *this;
     t.offset_ += static_cast<size_t>(start * strides_[dim]) * dtype_size(dtype_);
     t.shape_[dim] = end - start;
@@ -134,28 +143,52 @@ void for_each_offset(const Shape& shape, const Shape& strides, Fn&& fn) {
 
 double load(const void* base, DType dtype, int64_t offset) {
     switch (dtype) {
-        case DType::f32: return static_cast<const float*>(base)[offset];
-        case DType::f64: return static_cast<const double*>(base)[offset];
-        case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(base)[offset]);
-        case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(base)[offset]);
-        case DType::i32: return static_cast<const int32_t*>(base)[offset];
-        case DType::i64: return static_cast<double>(static_cast<const int64_t*>(base)[offset]);
-        case DType::u16: return static_cast<const uint16_t*>(base)[offset];
-        case DType::u8: return static_cast<const uint8_t*>(base)[offset];
+        case DType::f32:
+            return static_cast<const float*>(base)[offset];
+        case DType::f64:
+            return static_cast<const double*>(base)[offset];
+        case DType::bf16:
+            return bf16_to_f32(static_cast<const uint16_t*>(base)[offset]);
+        case DType::f16:
+            return f16_to_f32(static_cast<const uint16_t*>(base)[offset]);
+        case DType::i32:
+            return static_cast<const int32_t*>(base)[offset];
+        case DType::i64:
+            return static_cast<double>(static_cast<const int64_t*>(base)[offset]);
+        case DType::u16:
+            return static_cast<const uint16_t*>(base)[offset];
+        case DType::u8:
+            return static_cast<const uint8_t*>(base)[offset];
     }
     return 0.0;
 }
 
 void store(void* base, DType dtype, int64_t offset, double v) {
     switch (dtype) {
-        case DType::f32: static_cast<float*>(base)[offset] = static_cast<float>(v); break;
-        case DType::f64: static_cast<double*>(base)[offset] = v; break;
-        case DType::bf16: static_cast<uint16_t*>(base)[offset] = f32_to_bf16(static_cast<float>(v)); break;
-        case DType::f16: static_cast<uint16_t*>(base)[offset] = f32_to_f16(static_cast<float>(v)); break;
-        case DType::i32: static_cast<int32_t*>(base)[offset] = static_cast<int32_t>(v); break;
-        case DType::i64: static_cast<int64_t*>(base)[offset] = static_cast<int64_t>(v); break;
-        case DType::u16: static_cast<uint16_t*>(base)[offset] = static_cast<uint16_t>(v); break;
-        case DType::u8: static_cast<uint8_t*>(base)[offset] = static_cast<uint8_t>(v); break;
+        case DType::f32:
+            static_cast<float*>(base)[offset] = static_cast<float>(v);
+            break;
+        case DType::f64:
+            static_cast<double*>(base)[offset] = v;
+            break;
+        case DType::bf16:
+            static_cast<uint16_t*>(base)[offset] = f32_to_bf16(static_cast<float>(v));
+            break;
+        case DType::f16:
+            static_cast<uint16_t*>(base)[offset] = f32_to_f16(static_cast<float>(v));
+            break;
+        case DType::i32:
+            static_cast<int32_t*>(base)[offset] = static_cast<int32_t>(v);
+            break;
+        case DType::i64:
+            static_cast<int64_t*>(base)[offset] = static_cast<int64_t>(v);
+            break;
+        case DType::u16:
+            static_cast<uint16_t*>(base)[offset] = static_cast<uint16_t>(v);
+            break;
+        case DType::u8:
+            static_cast<uint8_t*>(base)[offset] = static_cast<uint8_t>(v);
+            break;
     }
 }
 }  // namespace

@@ -20,7 +20,7 @@ int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[2, 3, 4]"
 
 class Tensor {
-public:
+   public:
     Tensor() = default;
 
     // New zero-filled contiguous tensor.
@@ -67,7 +67,9 @@ public:
     void* raw() const;
     template <typename T>
     T* data() const {
-        MT_CHECK(dtype_ == DTypeOf<T>::value, "tensor holds {}, accessed as {}", dtype_name(dtype_),
+        MT_CHECK(dtype_ == DTypeOf<T>::value,
+                 "tensor holds {}, accessed as {}",
+                 dtype_name(dtype_),
                  dtype_name(DTypeOf<T>::value));
         return static_cast<T*>(raw());
     }
@@ -89,7 +91,7 @@ public:
     double item() const;           // value of a one-element tensor as double
     double at(const std::vector<int64_t>& index) const;
 
-private:
+   private:
     std::shared_ptr<Storage> storage_;
     size_t offset_ = 0;  // bytes
     Shape shape_;

@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "core/rng.h"
 #include "core/file_util.h"
+#include "core/rng.h"
 #include "data/llmc_shard.h"
 #include "data/megatron_dataset.h"
 

@@ -15,7 +15,10 @@ AttentionLayer::AttentionLayer(ParamTable& table, const std::string& prefix, con
     wk_ = Linear(table, prefix + ".wk", cfg.d_model, cfg.n_kv_heads * d, cfg.init_std);
     wv_ = Linear(table, prefix + ".wv", cfg.d_model, cfg.n_kv_heads * d, cfg.init_std);
     // GPT-2 style scaled init for projections that write into the residual stream.
-    wo_ = Linear(table, prefix + ".wo", cfg.n_heads * d, cfg.d_model,
+    wo_ = Linear(table,
+                 prefix + ".wo",
+                 cfg.n_heads * d,
+                 cfg.d_model,
                  cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)));
 }
 

@@ -9,7 +9,7 @@
 namespace mt::nn {
 
 class AttentionLayer : public Layer {
-public:
+   public:
     AttentionLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg);
 
     void resize(int64_t batch, int64_t seq, core::DType dtype);
@@ -19,7 +19,7 @@ public:
     void backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws);
     std::vector<SavedTensor> saved_for_backward() override;
 
-private:
+   private:
     ModelConfig cfg_;
     Linear wq_, wk_, wv_, wo_;
     int64_t batch_ = 0, seq_ = 0;

@@ -7,7 +7,7 @@
 namespace mt::nn {
 
 class Block : public Layer {
-public:
+   public:
     Block(ParamTable& table, const std::string& prefix, const ModelConfig& cfg);
 
     void resize(int64_t batch, int64_t seq, core::DType dtype);
@@ -20,7 +20,7 @@ public:
     }
     std::vector<SavedTensor> saved_for_backward() override;
 
-private:
+   private:
     ModelConfig cfg_;
     int attn_norm_ = -1, mlp_norm_ = -1;
     ParamTable* table_;

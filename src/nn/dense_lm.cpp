@@ -40,9 +40,13 @@ void DenseLM::resize(int64_t batch, int64_t seq) {
 }
 
 double DenseLM::forward(const Tensor& ids, const Tensor& targets) {
-    MT_CHECK(ids.ndim() == 2 && ids.shape() == targets.shape(), "ids {} and targets {} must both be [B, T]",
-             core::shape_str(ids.shape()), core::shape_str(targets.shape()));
-    MT_CHECK(ids.size(1) <= cfg_.max_seq_len, "sequence length {} exceeds model.max_seq_len {}", ids.size(1),
+    MT_CHECK(ids.ndim() == 2 && ids.shape() == targets.shape(),
+             "ids {} and targets {} must both be [B, T]",
+             core::shape_str(ids.shape()),
+             core::shape_str(targets.shape()));
+    MT_CHECK(ids.size(1) <= cfg_.max_seq_len,
+             "sequence length {} exceeds model.max_seq_len {}",
+             ids.size(1),
              cfg_.max_seq_len);
     resize(ids.size(0), ids.size(1));
     const int64_t n = batch_ * seq_;
@@ -94,7 +98,10 @@ void DenseLM::backward(double loss_scale) {
 }
 
 std::vector<SavedTensor> DenseLM::saved_for_backward() {
-    return {{"embed_out", &x0_}, {"final_norm", &final_}, {"final_rstd", &final_rstd_}, {"logits", &logits_},
+    return {{"embed_out", &x0_},
+            {"final_norm", &final_},
+            {"final_rstd", &final_rstd_},
+            {"logits", &logits_},
             {"lse", &lse_}};
 }
 

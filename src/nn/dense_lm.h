@@ -12,7 +12,7 @@ namespace mt::nn {
 constexpr int32_t kIgnoreIndex = -1;
 
 class DenseLM {
-public:
+   public:
     DenseLM(const ModelConfig& cfg, core::DType dtype);
 
     ParamTable& params() {
@@ -38,7 +38,7 @@ public:
     // Training FLOPs per token: 6 * (matmul parameters) + 6 * n_layers * T * (Hq * D) for attention (fwd+bwd).
     double flops_per_token(int64_t seq) const;
 
-private:
+   private:
     void resize(int64_t batch, int64_t seq);
 
     ModelConfig cfg_;
@@ -48,12 +48,12 @@ private:
     std::vector<std::unique_ptr<Block>> blocks_;
     Workspace ws_;
     int64_t batch_ = 0, seq_ = 0, counted_ = 0;
-    Tensor ids_, targets_;      // [N] i32, copies of the batch
-    Tensor x0_;                 // [N, C] embedding output
-    Tensor final_, final_rstd_; // [N, C], [N]
-    Tensor logits_;             // [N, V]; overwritten in place by dlogits in backward
-    Tensor losses_, lse_;       // [N]
-    Tensor dres_a_, dres_b_;    // [N, C] residual-stream gradients, ping-pong
+    Tensor ids_, targets_;       // [N] i32, copies of the batch
+    Tensor x0_;                  // [N, C] embedding output
+    Tensor final_, final_rstd_;  // [N, C], [N]
+    Tensor logits_;              // [N, V]; overwritten in place by dlogits in backward
+    Tensor losses_, lse_;        // [N]
+    Tensor dres_a_, dres_b_;     // [N, C] residual-stream gradients, ping-pong
 };
 
 }  // namespace mt::nn

@@ -16,7 +16,7 @@ struct SavedTensor {
 };
 
 class Layer {
-public:
+   public:
     virtual ~Layer() = default;
     // What forward saves for backward, in the layer's own buffers.
     virtual std::vector<SavedTensor> saved_for_backward() = 0;

@@ -5,8 +5,7 @@
 
 namespace mt::nn {
 
-Linear::Linear(ParamTable& table, const std::string& name, int64_t in, int64_t out, double init_std)
-    : table_(&table) {
+Linear::Linear(ParamTable& table, const std::string& name, int64_t in, int64_t out, double init_std) : table_(&table) {
     index_ = table.add({.name = name + ".weight", .shape = {out, in}, .init = InitKind::normal, .init_std = init_std});
 }
 

@@ -8,7 +8,7 @@
 namespace mt::nn {
 
 class Linear {
-public:
+   public:
     Linear() = default;
     // Declares `name`.weight [out, in] in the table.
     Linear(ParamTable& table, const std::string& name, int64_t in, int64_t out, double init_std);
@@ -25,7 +25,7 @@ public:
         return index_;
     }
 
-private:
+   private:
     ParamTable* table_ = nullptr;
     int index_ = -1;
 };

@@ -11,7 +11,10 @@ namespace mt::nn {
 Mlp::Mlp(ParamTable& table, const std::string& prefix, const ModelConfig& cfg) : cfg_(cfg) {
     w_gate_ = Linear(table, prefix + ".w_gate", cfg.d_model, cfg.d_ff, cfg.init_std);
     w_up_ = Linear(table, prefix + ".w_up", cfg.d_model, cfg.d_ff, cfg.init_std);
-    w_down_ = Linear(table, prefix + ".w_down", cfg.d_ff, cfg.d_model,
+    w_down_ = Linear(table,
+                     prefix + ".w_down",
+                     cfg.d_ff,
+                     cfg.d_model,
                      cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)));
 }
 

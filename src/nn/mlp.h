@@ -9,7 +9,7 @@
 namespace mt::nn {
 
 class Mlp : public Layer {
-public:
+   public:
     Mlp(ParamTable& table, const std::string& prefix, const ModelConfig& cfg);
 
     void resize(int64_t n, core::DType dtype);
@@ -19,7 +19,7 @@ public:
     void backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws);
     std::vector<SavedTensor> saved_for_backward() override;
 
-private:
+   private:
     ModelConfig cfg_;
     Linear w_gate_, w_up_, w_down_;
     Tensor gate_, up_, act_;  // [N, F]

@@ -37,9 +37,15 @@ void ParamTable::initialize(uint64_t seed) {
     for (int i = 0; i < size(); ++i) {
         const ParamSpec& s = specs_[static_cast<size_t>(i)];
         switch (s.init) {
-            case InitKind::normal: core::rng_fill_normal(params_[i], seed, core::hash_name(s.name.c_str()), 0.0, s.init_std); break;
-            case InitKind::ones: params_[i].fill(1.0); break;
-            case InitKind::zeros: params_[i].fill(0.0); break;
+            case InitKind::normal:
+                core::rng_fill_normal(params_[i], seed, core::hash_name(s.name.c_str()), 0.0, s.init_std);
+                break;
+            case InitKind::ones:
+                params_[i].fill(1.0);
+                break;
+            case InitKind::zeros:
+                params_[i].fill(0.0);
+                break;
         }
     }
 }

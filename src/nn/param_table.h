@@ -29,7 +29,7 @@ struct ParamSpec {
 };
 
 class ParamTable {
-public:
+   public:
     // Declares a parameter; returns its index. Only before finalize().
     int add(ParamSpec spec);
     // Allocates the parameter and gradient arenas (zeroed) in the given dtype.
@@ -71,7 +71,7 @@ public:
     Tensor make_arena(DType dtype) const;
     Tensor view(const Tensor& arena, int i) const;
 
-private:
+   private:
     std::vector<ParamSpec> specs_;
     std::unordered_map<std::string, int> index_;
     std::vector<int64_t> offsets_;

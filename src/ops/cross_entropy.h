@@ -14,11 +14,8 @@
 
 namespace mt::ops {
 
-void cross_entropy_fwd(const Tensor& logits,
-                       const Tensor& targets,
-                       int32_t ignore_index,
-                       const Tensor& losses,
-                       const Tensor& lse);
+void cross_entropy_fwd(
+    const Tensor& logits, const Tensor& targets, int32_t ignore_index, const Tensor& losses, const Tensor& lse);
 void cross_entropy_bwd(const Tensor& logits,
                        const Tensor& targets,
                        const Tensor& lse,

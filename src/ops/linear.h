@@ -11,11 +11,7 @@
 namespace mt::ops {
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y);
-void linear_bwd(const Tensor& x,
-                const Tensor& w,
-                const Tensor& dy,
-                const Tensor& dx,
-                const Tensor& dw,
-                const Tensor& dbias);
+void linear_bwd(
+    const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw, const Tensor& dbias);
 
 }  // namespace mt::ops

@@ -23,16 +23,18 @@ void check_shape(const Tensor& t, const Shape& shape, std::string_view op, std::
 }  // namespace mt::ops
 
 // Runs the body with `scalar_t` bound to float or double according to `dtype`.
-#define MT_DISPATCH_FLOAT(dtype, op_name, ...)                                                     \
-    do {                                                                                           \
-        if ((dtype) == ::mt::core::DType::f32) {                                                   \
-            using scalar_t = float;                                                                \
-            __VA_ARGS__;                                                                           \
-        } else if ((dtype) == ::mt::core::DType::f64) {                                            \
-            using scalar_t = double;                                                               \
-            __VA_ARGS__;                                                                           \
-        } else {                                                                                   \
-            ::mt::core::fail(::mt::core::ExitCode::internal, "{}: dtype {} is not supported on CPU", \
-                             (op_name), ::mt::core::dtype_name(dtype));                            \
-        }                                                                                          \
+#define MT_DISPATCH_FLOAT(dtype, op_name, ...)                       \
+    do {                                                             \
+        if ((dtype) == ::mt::core::DType::f32) {                     \
+            using scalar_t = float;                                  \
+            __VA_ARGS__;                                             \
+        } else if ((dtype) == ::mt::core::DType::f64) {              \
+            using scalar_t = double;                                 \
+            __VA_ARGS__;                                             \
+        } else {                                                     \
+            ::mt::core::fail(::mt::core::ExitCode::internal,         \
+                             "{}: dtype {} is not supported on CPU", \
+                             (op_name),                              \
+                             ::mt::core::dtype_name(dtype));         \
+        }                                                            \
     } while (0)

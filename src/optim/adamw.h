@@ -10,7 +10,7 @@
 namespace mt::optim {
 
 class AdamW {
-public:
+   public:
     AdamW(nn::ParamTable& table, const ops::AdamWHyper& hyper);
 
     // One update with the given learning rate; step counts from 1 (bias correction). grad_scale multiplies
@@ -27,7 +27,7 @@ public:
         return hyper_;
     }
 
-private:
+   private:
     nn::ParamTable* table_;
     ops::AdamWHyper hyper_;
     core::Tensor m_, v_;  // arenas, f32 or the table's dtype

@@ -10,7 +10,8 @@ double LrSchedule::at(int64_t step) const {
     const double min_lr = lr * min_lr_ratio;
     if (step < warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
     switch (kind) {
-        case ScheduleKind::constant: return lr;
+        case ScheduleKind::constant:
+            return lr;
         case ScheduleKind::cosine: {
             const double span = static_cast<double>(std::max<int64_t>(1, total_steps - warmup_steps));
             const double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / span);
@@ -28,10 +29,14 @@ double LrSchedule::at(int64_t step) const {
 }
 
 bool schedule_kind_from_name(const std::string& name, ScheduleKind* out) {
-    if (name == "cosine") *out = ScheduleKind::cosine;
-    else if (name == "wsd") *out = ScheduleKind::wsd;
-    else if (name == "constant") *out = ScheduleKind::constant;
-    else return false;
+    if (name == "cosine")
+        *out = ScheduleKind::cosine;
+    else if (name == "wsd")
+        *out = ScheduleKind::wsd;
+    else if (name == "constant")
+        *out = ScheduleKind::constant;
+    else
+        return false;
     return true;
 }
 

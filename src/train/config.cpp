@@ -1,11 +1,12 @@
 // Job config parsing and validation against one schema table (key, type, range, choices).
 #include "train/config.h"
 
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <fstream>
 #include <limits>
 #include <sstream>
-#include <toml++/toml.h>
 #include <variant>
 
 #include "core/error.h"
@@ -104,19 +105,27 @@ size_t edit_distance(const std::string& a, const std::string& b) {
             best = &f;
         }
     }
-    core::fail_hint(ExitCode::usage, best ? "did you mean `" + best->key + "`?" : "see docs/configs.md for the keys",
-                    "unknown config key `{}` [{}]", key, src);
+    core::fail_hint(ExitCode::usage,
+                    best ? "did you mean `" + best->key + "`?" : "see docs/configs.md for the keys",
+                    "unknown config key `{}` [{}]",
+                    key,
+                    src);
 }
 
 std::string type_name(const FieldPtr& p) {
     return std::visit(
         [](auto* ptr) -> std::string {
             using T = std::remove_pointer_t<decltype(ptr)>;
-            if constexpr (std::is_same_v<T, int64_t>) return "an integer";
-            else if constexpr (std::is_same_v<T, double>) return "a number";
-            else if constexpr (std::is_same_v<T, bool>) return "true or false";
-            else if constexpr (std::is_same_v<T, std::string>) return "a string";
-            else return "an array of strings";
+            if constexpr (std::is_same_v<T, int64_t>)
+                return "an integer";
+            else if constexpr (std::is_same_v<T, double>)
+                return "a number";
+            else if constexpr (std::is_same_v<T, bool>)
+                return "true or false";
+            else if constexpr (std::is_same_v<T, std::string>)
+                return "a string";
+            else
+                return "an array of strings";
         },
         p);
 }
@@ -124,14 +133,24 @@ std::string type_name(const FieldPtr& p) {
 void check_range(const Field& f, double v, const std::string& src) {
     const bool low = f.min_exclusive ? v <= f.min : v < f.min;
     if (low || v > f.max || std::isnan(v))
-        core::fail(ExitCode::usage, "config value {} = {} is out of range: must be {} {} and <= {} [{}]", f.key, v,
-                   f.min_exclusive ? ">" : ">=", f.min, f.max, src);
+        core::fail(ExitCode::usage,
+                   "config value {} = {} is out of range: must be {} {} and <= {} [{}]",
+                   f.key,
+                   v,
+                   f.min_exclusive ? ">" : ">=",
+                   f.min,
+                   f.max,
+                   src);
 }
 
 void assign(const Field& f, const toml::node& node, const std::string& src) {
     auto wrong_type = [&]() {
-        core::fail(ExitCode::usage, "config value {} must be {}, got {} [{}]", f.key, type_name(f.ptr),
-                   toml::impl::node_type_friendly_names[static_cast<size_t>(node.type())], src);
+        core::fail(ExitCode::usage,
+                   "config value {} must be {}, got {} [{}]",
+                   f.key,
+                   type_name(f.ptr),
+                   toml::impl::node_type_friendly_names[static_cast<size_t>(node.type())],
+                   src);
     };
     std::visit(
         [&](auto* ptr) {
@@ -142,7 +161,8 @@ void assign(const Field& f, const toml::node& node, const std::string& src) {
                 check_range(f, static_cast<double>(*ptr), src);
             } else if constexpr (std::is_same_v<T, double>) {
                 if (!node.is_number()) wrong_type();
-                *ptr = node.is_integer() ? static_cast<double>(node.as_integer()->get()) : node.as_floating_point()->get();
+                *ptr =
+                    node.is_integer() ? static_cast<double>(node.as_integer()->get()) : node.as_floating_point()->get();
                 check_range(f, *ptr, src);
             } else if constexpr (std::is_same_v<T, bool>) {
                 if (!node.is_boolean()) wrong_type();
@@ -151,8 +171,12 @@ void assign(const Field& f, const toml::node& node, const std::string& src) {
                 if (!node.is_string()) wrong_type();
                 *ptr = node.as_string()->get();
                 if (!f.choices.empty() && std::find(f.choices.begin(), f.choices.end(), *ptr) == f.choices.end())
-                    core::fail(ExitCode::usage, "config value {} = \"{}\" is not one of: {} [{}]", f.key, *ptr,
-                               fmt::join(f.choices, ", "), src);
+                    core::fail(ExitCode::usage,
+                               "config value {} = \"{}\" is not one of: {} [{}]",
+                               f.key,
+                               *ptr,
+                               fmt::join(f.choices, ", "),
+                               src);
             } else {
                 const toml::array* arr = node.as_array();
                 if (arr == nullptr) wrong_type();
@@ -171,8 +195,10 @@ void apply_override(toml::table& root, const std::string& item) {
     const size_t eq = item.find('=');
     const size_t dot = item.find('.');
     if (eq == std::string::npos || dot == std::string::npos || dot > eq)
-        core::fail_hint(ExitCode::usage, "write it as section.key=value, e.g. --set train.steps=100",
-                        "malformed override `{}`", item);
+        core::fail_hint(ExitCode::usage,
+                        "write it as section.key=value, e.g. --set train.steps=100",
+                        "malformed override `{}`",
+                        item);
     const std::string section = item.substr(0, dot), key = item.substr(dot + 1, eq - dot - 1);
     const std::string value = item.substr(eq + 1);
     toml::table parsed;
@@ -203,13 +229,19 @@ void validate(const JobConfig& c, const std::string& src) {
 
 }  // namespace
 
-JobConfig config_parse(const std::string& toml_text, const std::string& source, const std::vector<std::string>& overrides) {
+JobConfig config_parse(const std::string& toml_text,
+                       const std::string& source,
+                       const std::vector<std::string>& overrides) {
     toml::table root;
     try {
         root = toml::parse(toml_text, source);
     } catch (const toml::parse_error& e) {
-        core::fail(ExitCode::usage, "malformed TOML: {} at line {}, column {} [{}]", e.description(),
-                   e.source().begin.line, e.source().begin.column, source);
+        core::fail(ExitCode::usage,
+                   "malformed TOML: {} at line {}, column {} [{}]",
+                   e.description(),
+                   e.source().begin.line,
+                   e.source().begin.column,
+                   source);
     }
     for (const auto& item : overrides) apply_override(root, item);
 

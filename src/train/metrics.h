@@ -10,7 +10,7 @@
 namespace mt::train {
 
 class MetricsLog {
-public:
+   public:
     MetricsLog() = default;
     // Opens path for appending (a resumed run continues the same file). Empty path: records are dropped.
     explicit MetricsLog(const std::string& path);
@@ -21,7 +21,7 @@ public:
     // Writes {"step", "time", "kind", ...fields}; numbers that are NaN or infinite become null.
     void write(int64_t step, const std::string& kind, const nlohmann::json& fields);
 
-private:
+   private:
     std::FILE* file_ = nullptr;
     std::string path_;
 };

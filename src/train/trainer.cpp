@@ -10,6 +10,8 @@
 #include "core/cuda_probe.h"
 #include "ops/global_norm.h"
 
+extern "C" char* openblas_get_corename(void);
+
 namespace mt::train {
 
 namespace {
@@ -31,8 +33,10 @@ int trainer_set_threads(int64_t threads) {
 
 Trainer::Trainer(JobConfig cfg, bool log) : cfg_(std::move(cfg)), log_(log) {
     if (cfg_.run.device == "cuda")
-        core::fail_hint(core::ExitCode::usage, "use run.device = \"cpu\" for now",
-                        "run.device = \"cuda\": the CUDA backend is not built yet ({}) [{}]", core::cuda_describe(),
+        core::fail_hint(core::ExitCode::usage,
+                        "use run.device = \"cpu\" for now",
+                        "run.device = \"cuda\": the CUDA backend is not built yet ({}) [{}]",
+                        core::cuda_describe(),
                         cfg_.source);
     trainer_set_threads(cfg_.run.threads);
     const auto& t = cfg_.train;
@@ -62,8 +66,8 @@ Trainer::Trainer(JobConfig cfg, bool log) : cfg_(std::move(cfg)), log_(log) {
 
 void Trainer::fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs, const core::Tensor& targets) const {
     const auto& t = cfg_.train;
-    train_sampler_->fill(data::sampler_first_sample(step, t.grad_accum, micro, 1, 0, t.batch_size), t.batch_size,
-                         inputs, targets);
+    train_sampler_->fill(
+        data::sampler_first_sample(step, t.grad_accum, micro, 1, 0, t.batch_size), t.batch_size, inputs, targets);
 }
 
 StepResult Trainer::train_step() {
@@ -79,8 +83,12 @@ StepResult Trainer::train_step() {
     }
     r.grad_norm = ops::global_norm({model_->params().grad_arena()});
     if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
-        core::fail_hint(core::ExitCode::health, "lower train.lr or resume from the last checkpoint",
-                        "non-finite loss {} or gradient norm {} at step {}", r.loss, r.grad_norm, step_ + 1);
+        core::fail_hint(core::ExitCode::health,
+                        "lower train.lr or resume from the last checkpoint",
+                        "non-finite loss {} or gradient norm {} at step {}",
+                        r.loss,
+                        r.grad_norm,
+                        step_ + 1);
     // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm.
     const double scale = t.grad_clip > 0 && r.grad_norm > t.grad_clip ? t.grad_clip / (r.grad_norm + 1e-6) : 1.0;
     adamw_->step(r.lr, step_ + 1, scale);
@@ -104,17 +112,28 @@ void Trainer::run() {
     const auto& t = cfg_.train;
     std::filesystem::create_directories(cfg_.run.dir);
     metrics_ = std::make_unique<MetricsLog>(cfg_.metrics.jsonl ? cfg_.run.dir + "/metrics.jsonl" : "");
-    metrics_->write(step_, "config",
+    metrics_->write(step_,
+                    "config",
                     {{"config_toml", cfg_.to_toml()},
                      {"moetrain_version", MT_VERSION},
                      {"cuda", core::cuda_describe()},
                      {"threads", omp_get_max_threads()},
                      {"parameters", model_->params().total_numel()},
                      {"mesh", {{"world", 1}, {"dp", 1}}}});
-    if (log_)
+    if (log_) {
         fmt::print("moetrain: {} parameters, {} tokens per step, {} threads; train data {}\n",
-                   model_->params().total_numel(), tokens_per_step(), omp_get_max_threads(),
+                   model_->params().total_numel(),
+                   tokens_per_step(),
+                   omp_get_max_threads(),
                    train_source_->describe());
+        // Debian's OpenBLAS 0.3.21 falls back to slow generic kernels on CPUs it does not recognise.
+        const std::string core = openblas_get_corename();
+        if (core == "Prescott" || core == "Core2" || core == "Nehalem" || core == "generic")
+            fmt::print(
+                "moetrain: warning: OpenBLAS chose its '{}' kernels, which are several times slower than this "
+                "CPU allows; set OPENBLAS_CORETYPE (e.g. SkylakeX, Haswell or Zen)\n",
+                core);
+    }
     double elapsed = 0.0;
     int64_t timed_steps = 0;
     while (step_ < t.steps) {
@@ -127,10 +146,17 @@ void Trainer::run() {
         const double tok_s = timed_steps > 0 ? static_cast<double>(tokens_per_step() * timed_steps) / elapsed : 0.0;
         const double eta = timed_steps > 0 ? elapsed / timed_steps * static_cast<double>(t.steps - step_) : 0.0;
         if (log_)
-            fmt::print("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}\n", step_,
-                       t.steps, r.loss, r.lr, r.grad_norm, tok_s, format_duration(eta));
+            fmt::print("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}\n",
+                       step_,
+                       t.steps,
+                       r.loss,
+                       r.lr,
+                       r.grad_norm,
+                       tok_s,
+                       format_duration(eta));
         if (step_ % cfg_.metrics.every == 0)
-            metrics_->write(step_, "train",
+            metrics_->write(step_,
+                            "train",
                             {{"loss", r.loss},
                              {"lr", r.lr},
                              {"grad_norm", r.grad_norm},

@@ -23,7 +23,7 @@ struct StepResult {
 };
 
 class Trainer {
-public:
+   public:
     // Builds the model, optimizer and data pipeline. `log` false keeps it silent (tests, benchmarks).
     explicit Trainer(JobConfig cfg, bool log = true);
 
@@ -55,7 +55,7 @@ public:
         return cfg_.train.batch_size * cfg_.train.seq_len * cfg_.train.grad_accum;
     }
 
-private:
+   private:
     JobConfig cfg_;
     bool log_;
     std::unique_ptr<nn::DenseLM> model_;

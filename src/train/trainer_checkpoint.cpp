@@ -40,11 +40,15 @@ void Trainer::save_checkpoint() {
         {"rng", {{"seed", cfg_.run.seed}, {"step", step_}}},
         {"data",
          {{"samples_consumed", samples},
-          {"ranks", {{{"dp", 0}, {"source", "train"}, {"epoch", train_sampler_->epoch_of(samples)}, {"sample", samples}}}}}},
+          {"ranks",
+           {{{"dp", 0}, {"source", "train"}, {"epoch", train_sampler_->epoch_of(samples)}, {"sample", samples}}}}}},
     };
-    const std::string dir =
-        checkpoint_write(checkpoints_root(cfg_), step_, tensors, extra,
-                         RetentionPolicy{.keep_last = cfg_.checkpoint.keep_last, .keep_every = cfg_.checkpoint.keep_every});
+    const std::string dir = checkpoint_write(
+        checkpoints_root(cfg_),
+        step_,
+        tensors,
+        extra,
+        RetentionPolicy{.keep_last = cfg_.checkpoint.keep_last, .keep_every = cfg_.checkpoint.keep_every});
     if (log_) {
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         fmt::print("step {:>6}/{} | checkpoint {} ({:.2f} s)\n", step_, t.steps, dir, secs);
@@ -69,8 +73,11 @@ void Trainer::load_checkpoint(const std::string& dir) {
     if (saved != expected)
         core::fail_hint(core::ExitCode::checkpoint,
                         "resume with the checkpoint's train.batch_size and train.grad_accum",
-                        "checkpoint consumed {} samples, but step {} with this config's batch implies {} [{}]", saved,
-                        step_, expected, dir);
+                        "checkpoint consumed {} samples, but step {} with this config's batch implies {} [{}]",
+                        saved,
+                        step_,
+                        expected,
+                        dir);
     if (log_) fmt::print("moetrain: resumed from {} at step {}\n", dir, step_);
 }
 

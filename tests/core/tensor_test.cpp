@@ -1,8 +1,9 @@
 // Tensor views, conversion and the Philox RNG.
+#include "core/tensor.h"
+
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
-#include "core/tensor.h"
 
 using namespace mt::core;
 

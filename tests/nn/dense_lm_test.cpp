@@ -1,10 +1,11 @@
 // Whole dense LM in f64: finite-difference gradient check of every parameter tensor, and the layer contract.
+#include "nn/dense_lm.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "core/rng.h"
-#include "nn/dense_lm.h"
 
 using mt::core::DType;
 using mt::core::Tensor;
@@ -69,8 +70,8 @@ TEST_P(DenseLmGrad, FiniteDifferencesMatchBackward) {
             const double numeric = (up - down) / (2 * h);
             const double analytic = mt::core::tensor_get_flat(grads, base + i);
             const double err = std::abs(numeric - analytic) / std::max(1e-6, std::abs(numeric) + std::abs(analytic));
-            EXPECT_LT(err, 1e-6) << model.params().spec(p).name << "[" << i << "] numeric " << numeric
-                                 << " analytic " << analytic;
+            EXPECT_LT(err, 1e-6) << model.params().spec(p).name << "[" << i << "] numeric " << numeric << " analytic "
+                                 << analytic;
         }
     }
 }

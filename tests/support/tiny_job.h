@@ -42,7 +42,9 @@ inline train::JobConfig tiny_job(const std::string& dir, std::vector<std::string
     const std::string toml = "[run]\ndir = \"" + dir + "/run\"\nseed = 7\nthreads = 2\n" +
                              "[model]\nvocab_size = 61\nd_model = 32\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\n"
                              "d_ff = 64\nmax_seq_len = 64\ntie_embeddings = false\n"
-                             "[data]\npaths = [\"" + dir + "/train.bin\"]\nval_paths = [\"" + dir + "/val.bin\"]\n"
+                             "[data]\npaths = [\"" +
+                             dir + "/train.bin\"]\nval_paths = [\"" + dir +
+                             "/val.bin\"]\n"
                              "[train]\nsteps = 8\nbatch_size = 4\nseq_len = 16\ngrad_accum = 2\nlr = 1e-2\n"
                              "warmup_steps = 2\neval_every = 0\neval_batches = 2\n"
                              "[checkpoint]\nevery_steps = 0\n";

@@ -1,9 +1,10 @@
 // Trainer: learning, exact resume (bit-identical losses), checkpoints that do not fit, bad token data.
+#include "train/trainer.h"
+
 #include <gtest/gtest.h>
 
 #include "support/tiny_job.h"
 #include "train/checkpoint_io.h"
-#include "train/trainer.h"
 
 using mt::core::Error;
 using mt::core::ExitCode;
