@@ -101,10 +101,12 @@ void write_file_atomic(const std::string& path, std::string_view bytes, ExitCode
     write_file_atomic(path, bytes.data(), bytes.size(), code);
 }
 
-std::string read_file(const std::string& path, ExitCode code) {
+namespace {
+// Reads a whole file in chunks of `chunk` bytes, calling fn(data, n) for each; fails naming the file.
+template <typename Fn>
+void read_chunks(const std::string& path, ExitCode code, size_t chunk, Fn&& fn) {
     const int fd = open_read(path, code);
-    std::string out;
-    std::vector<char> buf(size_t{1} << 20);
+    std::vector<char> buf(chunk);
     for (;;) {
         const ssize_t r = ::read(fd, buf.data(), buf.size());
         if (r < 0) {
@@ -114,9 +116,15 @@ std::string read_file(const std::string& path, ExitCode code) {
             fail(code, "cannot read the file: {} [{}]", errno_str(err), path);
         }
         if (r == 0) break;
-        out.append(buf.data(), static_cast<size_t>(r));
+        fn(buf.data(), static_cast<size_t>(r));
     }
     ::close(fd);
+}
+}  // namespace
+
+std::string read_file(const std::string& path, ExitCode code) {
+    std::string out;
+    read_chunks(path, code, size_t{1} << 20, [&](const char* data, size_t n) { out.append(data, n); });
     return out;
 }
 
@@ -140,21 +148,8 @@ uint64_t file_size(const std::string& path, ExitCode code) {
 }
 
 uint32_t file_crc32c(const std::string& path, ExitCode code) {
-    const int fd = open_read(path, code);
-    std::vector<char> buf(size_t{4} << 20);
     uint32_t crc = 0;
-    for (;;) {
-        const ssize_t r = ::read(fd, buf.data(), buf.size());
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            const int err = errno;
-            ::close(fd);
-            fail(code, "cannot read the file: {} [{}]", errno_str(err), path);
-        }
-        if (r == 0) break;
-        crc = crc32c(buf.data(), static_cast<size_t>(r), crc);
-    }
-    ::close(fd);
+    read_chunks(path, code, size_t{4} << 20, [&](const char* data, size_t n) { crc = crc32c(data, n, crc); });
     return crc;
 }
 
