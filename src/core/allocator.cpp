@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/backend.h"
 #include "core/error.h"
 
 namespace mt::core {
@@ -21,14 +22,13 @@ void cpu_free(void* ptr) {
 }
 
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device), owned_(true) {
-    MT_CHECK(device == Device::cpu, "owned CUDA storage comes from the CUDA backend");
-    data_ = cpu_alloc(bytes);
+    data_ = backend_get(device).alloc(bytes);
 }
 
 Storage::Storage(void* data, size_t bytes, Device device) : data_(data), bytes_(bytes), device_(device) {}
 
 Storage::~Storage() {
-    if (owned_) cpu_free(data_);
+    if (owned_) backend_get(device_).free(data_, bytes_);
 }
 
 }  // namespace mt::core

@@ -1,4 +1,5 @@
-// Aligned CPU allocation (64 bytes, a cache line and an AVX-512 vector), and the Storage it backs.
+// Aligned CPU allocation (64 bytes, a cache line and an AVX-512 vector), and Storage: memory on any device,
+// allocated through that device's backend.
 #pragma once
 
 #include <cstddef>

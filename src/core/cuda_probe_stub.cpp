@@ -1,5 +1,6 @@
-// CPU-only build: the CUDA probe answers "absent".
+// CPU-only build: the CUDA probe answers "absent" and there is no CUDA backend.
 #ifndef MT_HAVE_CUDA
+#include "core/backend.h"
 #include "core/cuda_probe.h"
 
 namespace mt::core {
@@ -12,6 +13,9 @@ int cuda_device_count() {
 }
 std::string cuda_describe() {
     return "CUDA path not compiled (nvcc was not found at build time)";
+}
+Backend* cuda_backend_instance() {
+    return nullptr;
 }
 
 }  // namespace mt::core

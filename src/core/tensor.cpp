@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "core/backend.h"
+
 namespace mt::core {
 
 int64_t shape_numel(const Shape& shape) {
@@ -194,7 +196,13 @@ void store(void* base, DType dtype, int64_t offset, double v) {
 }  // namespace
 
 void Tensor::fill(double value) const {
-    MT_CHECK(device() == Device::cpu, "fill on {} tensors is done by the backend", device_name(device()));
+    if (device() != Device::cpu) {
+        MT_CHECK(is_contiguous(), "fill of a non-contiguous {} tensor", device_name(device()));
+        if (value == 0.0) return backend_get(device()).memset_zero(raw(), nbytes());
+        Tensor host = zeros(shape_, dtype_);
+        host.fill(value);
+        return copy_from(host);
+    }
     void* base = raw();
     if (is_contiguous() && value == 0.0) {
         std::memset(base, 0, nbytes());
@@ -205,7 +213,17 @@ void Tensor::fill(double value) const {
 
 void Tensor::copy_from(const Tensor& src) const {
     MT_CHECK(src.shape_ == shape_, "copy of {} into {}", shape_str(src.shape_), shape_str(shape_));
-    MT_CHECK(device() == Device::cpu && src.device() == Device::cpu, "copy_from handles CPU tensors");
+    if (device() != Device::cpu || src.device() != Device::cpu) {
+        // Device copies move raw bytes; a dtype change or strides are handled on the host.
+        if (src.dtype_ == dtype_ && is_contiguous() && src.is_contiguous()) {
+            const Device d = device() != Device::cpu ? device() : src.device();
+            return backend_get(d).copy(raw(), device(), src.raw(), src.device(), nbytes());
+        }
+        const Tensor host_src = src.device() == Device::cpu ? src : src.to_device(Device::cpu);
+        if (device() == Device::cpu) return copy_from(host_src);
+        MT_CHECK(is_contiguous(), "copy into a non-contiguous {} tensor", device_name(device()));
+        return copy_from(host_src.to(dtype_));
+    }
     if (src.dtype_ == dtype_ && is_contiguous() && src.is_contiguous()) {
         std::memmove(raw(), src.raw(), nbytes());
         return;
@@ -220,6 +238,12 @@ void Tensor::copy_from(const Tensor& src) const {
     });
 }
 
+Tensor Tensor::to_device(Device device) const {
+    Tensor t = zeros(shape_, dtype_, device);
+    t.copy_from(*this);
+    return t;
+}
+
 Tensor Tensor::clone() const {
     Tensor t = zeros(shape_, dtype_, device());
     t.copy_from(*this);
@@ -227,6 +251,7 @@ Tensor Tensor::clone() const {
 }
 
 Tensor Tensor::to(DType dtype) const {
+    if (device() != Device::cpu) return to_device(Device::cpu).to(dtype).to_device(device());
     Tensor t = zeros(shape_, dtype, device());
     t.copy_from(*this);
     return t;
@@ -234,11 +259,14 @@ Tensor Tensor::to(DType dtype) const {
 
 double Tensor::item() const {
     MT_CHECK(numel() == 1, "item() of a tensor with {} elements", numel());
+    if (device() != Device::cpu) return to_device(Device::cpu).item();
     return load(raw(), dtype_, 0);
 }
 
 double Tensor::at(const std::vector<int64_t>& index) const {
     MT_CHECK(static_cast<int>(index.size()) == ndim(), "index rank {} for tensor {}", index.size(), shape_str(shape_));
+    MT_CHECK(
+        device() == Device::cpu, "at() reads host memory; copy the {} tensor to the CPU first", device_name(device()));
     int64_t off = 0;
     for (size_t d = 0; d < index.size(); ++d) {
         MT_CHECK(index[d] >= 0 && index[d] < shape_[d], "index {} out of range in dim {}", index[d], d);
@@ -248,11 +276,13 @@ double Tensor::at(const std::vector<int64_t>& index) const {
 }
 
 double tensor_get_flat(const Tensor& t, int64_t i) {
+    MT_CHECK(t.device() == Device::cpu, "tensor_get_flat reads host memory");
     MT_CHECK(t.is_contiguous() && i >= 0 && i < t.numel(), "flat index {} for tensor of {} elements", i, t.numel());
     return load(t.raw(), t.dtype(), i);
 }
 
 void tensor_set_flat(const Tensor& t, int64_t i, double value) {
+    MT_CHECK(t.device() == Device::cpu, "tensor_set_flat writes host memory");
     MT_CHECK(t.is_contiguous() && i >= 0 && i < t.numel(), "flat index {} for tensor of {} elements", i, t.numel());
     store(t.raw(), t.dtype(), i, value);
 }

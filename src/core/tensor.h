@@ -80,15 +80,17 @@ class Tensor {
     Tensor select(int dim, int64_t index) const;              // drops dim
     Tensor flatten_to_2d() const;                             // [prod(shape[:-1]), shape[-1]]
 
-    // Data operations (CPU). fill/copy_from work on any strides; copy_from converts dtypes.
+    // Data operations. On the CPU fill/copy_from work on any strides and copy_from converts dtypes; with a device
+    // tensor on either side they go through the device's backend (strided or converting copies via the host).
     void fill(double value) const;
     void zero() const {
         fill(0.0);
     }
     void copy_from(const Tensor& src) const;
     Tensor clone() const;
-    Tensor to(DType dtype) const;  // new contiguous tensor converted to dtype
-    double item() const;           // value of a one-element tensor as double
+    Tensor to(DType dtype) const;           // new contiguous tensor converted to dtype, same device
+    Tensor to_device(Device device) const;  // new contiguous tensor on device, same dtype
+    double item() const;                    // value of a one-element tensor as double
     double at(const std::vector<int64_t>& index) const;
 
    private:

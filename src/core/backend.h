@@ -1,0 +1,44 @@
+// Backends behind one small interface (conventions §1.8): memory on a device, copies between host and device,
+// synchronisation. The CPU backend is always there; the CUDA backend exists when the build found nvcc and a GPU is
+// visible at run time. Ops dispatch on the tensors' device, so model code never contains #ifdefs.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace mt::core {
+
+class Backend {
+   public:
+    virtual ~Backend() = default;
+    virtual std::string name() const = 0;
+    // Zero-filled memory; throws Error(ExitCode::device) when it cannot be had.
+    virtual void* alloc(size_t bytes) = 0;
+    virtual void free(void* ptr, size_t bytes) = 0;
+    // Copies bytes; either side may be host memory (src_device / dst_device say which). Returns when the data
+    // has arrived (host-visible copies are synchronous).
+    virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) = 0;
+    virtual void memset_zero(void* ptr, size_t bytes) = 0;
+    // Waits for all work queued on this backend.
+    virtual void synchronize() = 0;
+    // Allocator statistics: bytes handed out now, and the most ever handed out at once (0 where not tracked).
+    virtual size_t bytes_in_use() const {
+        return 0;
+    }
+    virtual size_t peak_bytes() const {
+        return 0;
+    }
+};
+
+// The backend of a device; fails with ExitCode::device (naming why) when the device is unavailable.
+Backend& backend_get(Device device);
+// True when the device can be used in this process (CUDA: compiled in and at least one GPU visible).
+bool backend_available(Device device);
+
+// The CUDA backend instance, or nullptr (no CUDA path in this build, or no GPU). Defined by the CUDA half of
+// the build, or by a stub in CPU-only builds.
+Backend* cuda_backend_instance();
+
+}  // namespace mt::core

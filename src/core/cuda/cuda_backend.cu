@@ -1,0 +1,130 @@
+// The CUDA backend: a caching device allocator (freed blocks are kept per size class and reused, as PyTorch's
+// caching allocator does, so training steps stop calling cudaMalloc after the first), one stream, copies.
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda_probe.h"
+
+namespace mt::core {
+
+void cuda_fail(cudaError_t err, const char* what, const char* file, int line) {
+    throw Error(ExitCode::device, std::string("CUDA error: ") + cudaGetErrorString(err) + " in " + what + " at " + file + ":" +
+                          std::to_string(line));
+}
+
+cudaStream_t cuda_stream() {
+    static cudaStream_t stream = [] {
+        cudaStream_t s = nullptr;
+        MT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        return s;
+    }();
+    return stream;
+}
+
+namespace {
+
+// Size classes: multiples of 512 bytes below 1 MiB, of 2 MiB above.
+size_t size_class(size_t bytes) {
+    const size_t quantum = bytes < (size_t{1} << 20) ? 512 : (size_t{2} << 20);
+    return (bytes + quantum - 1) / quantum * quantum;
+}
+
+class CudaBackend final : public Backend {
+public:
+    std::string name() const override {
+        return "cuda";
+    }
+
+    void* alloc(size_t bytes) override {
+        const size_t cls = size_class(bytes == 0 ? 1 : bytes);
+        void* ptr = nullptr;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            auto it = cache_.find(cls);
+            if (it != cache_.end() && !it->second.empty()) {
+                ptr = it->second.back();
+                it->second.pop_back();
+                cached_bytes_ -= cls;
+            }
+        }
+        if (ptr == nullptr) {
+            cudaError_t err = cudaMalloc(&ptr, cls);
+            if (err == cudaErrorMemoryAllocation) {
+                (void)cudaGetLastError();
+                release_cache();
+                err = cudaMalloc(&ptr, cls);
+            }
+            if (err != cudaSuccess)
+                fail_hint(ExitCode::device, "reduce train.batch_size or train.seq_len, or enable recomputation",
+                          "cannot allocate {} bytes on the GPU: {} ({} bytes in use)", cls, cudaGetErrorString(err),
+                          in_use_bytes_);
+        }
+        MT_CUDA_CHECK(cudaMemsetAsync(ptr, 0, cls, cuda_stream()));
+        std::lock_guard<std::mutex> lock(mutex_);
+        in_use_bytes_ += cls;
+        peak_bytes_ = std::max(peak_bytes_, in_use_bytes_);
+        return ptr;
+    }
+
+    void free(void* ptr, size_t bytes) override {
+        if (ptr == nullptr) return;
+        const size_t cls = size_class(bytes == 0 ? 1 : bytes);
+        std::lock_guard<std::mutex> lock(mutex_);
+        cache_[cls].push_back(ptr);  // reused by a later alloc on the same stream: stream order keeps it safe
+        in_use_bytes_ -= cls;
+        cached_bytes_ += cls;
+    }
+
+    void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
+        if (bytes == 0) return;
+        cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
+        if (dst_device == Device::cpu && src_device != Device::cpu) kind = cudaMemcpyDeviceToHost;
+        if (dst_device != Device::cpu && src_device == Device::cpu) kind = cudaMemcpyHostToDevice;
+        MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, cuda_stream()));
+        if (kind != cudaMemcpyDeviceToDevice) MT_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    }
+
+    void memset_zero(void* ptr, size_t bytes) override {
+        MT_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, cuda_stream()));
+    }
+
+    void synchronize() override {
+        MT_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    }
+
+    size_t bytes_in_use() const override {
+        return in_use_bytes_;
+    }
+    size_t peak_bytes() const override {
+        return peak_bytes_;
+    }
+
+private:
+    void release_cache() {
+        MT_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (auto& [cls, ptrs] : cache_)
+            for (void* p : ptrs) cudaFree(p);
+        cache_.clear();
+        cached_bytes_ = 0;
+    }
+
+    std::mutex mutex_;
+    std::map<size_t, std::vector<void*>> cache_;
+    size_t in_use_bytes_ = 0, cached_bytes_ = 0, peak_bytes_ = 0;
+};
+
+}  // namespace
+
+Backend* cuda_backend_instance() {
+    static CudaBackend* backend = cuda_device_count() > 0 ? new CudaBackend() : nullptr;
+    return backend;
+}
+
+}  // namespace mt::core

@@ -1,0 +1,15 @@
+// CUDA attention: not implemented yet (CUDA backend issue); fails with a clear message until it is.
+#include "core/error.h"
+#include "ops/cuda/cuda_ops.h"
+
+namespace mt::ops::cuda {
+
+void attention_fwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+    core::fail(core::ExitCode::device, "attention_fwd is not implemented on CUDA yet");
+}
+
+void attention_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+    core::fail(core::ExitCode::device, "attention_bwd is not implemented on CUDA yet");
+}
+
+}  // namespace mt::ops::cuda

@@ -1,0 +1,69 @@
+// The CUDA side of every op: the entry points in src/ops/NAME.cpp check shapes and call these for tensors on a
+// CUDA device. Each is defined in src/ops/cuda/NAME.cu (bf16 storage, fp32 accumulation; the dtypes each accepts
+// are in its .cu file); in a build without nvcc, cuda_ops_stub.cpp defines them all to fail with ExitCode::device.
+// Arguments and semantics are those of the public headers (src/ops/NAME.h).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ops/adamw.h"
+#include "ops/op_common.h"
+
+namespace mt::ops::cuda {
+
+void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out);
+void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dweight);
+
+void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y);
+void linear_bwd(
+    const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw, const Tensor& dbias);
+
+void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd);
+void rmsnorm_bwd(const Tensor& x,
+                 const Tensor& weight,
+                 const Tensor& rstd,
+                 const Tensor& dy,
+                 const Tensor& dx,
+                 const Tensor& dweight);
+
+void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y);
+void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx);
+
+void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse);
+void attention_bwd(const Tensor& q,
+                   const Tensor& k,
+                   const Tensor& v,
+                   const Tensor& out,
+                   const Tensor& lse,
+                   const Tensor& dout,
+                   const Tensor& dq,
+                   const Tensor& dk,
+                   const Tensor& dv);
+
+void swiglu_fwd(const Tensor& gate, const Tensor& up, const Tensor& out);
+void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dout, const Tensor& dgate, const Tensor& dup);
+
+void cross_entropy_fwd(
+    const Tensor& logits, const Tensor& targets, int32_t ignore_index, const Tensor& losses, const Tensor& lse);
+void cross_entropy_bwd(const Tensor& logits,
+                       const Tensor& targets,
+                       const Tensor& lse,
+                       int32_t ignore_index,
+                       const Tensor& dlosses,
+                       const Tensor& dlogits);
+
+void add_fwd(const Tensor& a, const Tensor& b, const Tensor& out);
+void add_bwd(const Tensor& dout, const Tensor& da, const Tensor& db);
+
+void adamw_step(const Tensor& param,
+                const Tensor& grad,
+                const Tensor& m,
+                const Tensor& v,
+                const AdamWHyper& hyper,
+                int64_t step,
+                double grad_scale);
+
+double global_norm(const std::vector<Tensor>& tensors);
+
+}  // namespace mt::ops::cuda

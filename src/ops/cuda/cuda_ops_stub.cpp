@@ -1,0 +1,78 @@
+// A build without nvcc: every CUDA op fails with one clear message (a CUDA tensor cannot exist in such a build
+// anyway, so reaching these is a bug or a hand-made tensor).
+#ifndef MT_HAVE_CUDA
+#include "ops/cuda/cuda_ops.h"
+
+namespace mt::ops::cuda {
+
+namespace {
+[[noreturn]] void absent(const char* op) {
+    core::fail(core::ExitCode::device, "{}: this build has no CUDA path (nvcc was not found at build time)", op);
+}
+}  // namespace
+
+void embedding_fwd(const Tensor&, const Tensor&, const Tensor&) {
+    absent("embedding_fwd");
+}
+void embedding_bwd(const Tensor&, const Tensor&, const Tensor&) {
+    absent("embedding_bwd");
+}
+void linear_fwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+    absent("linear_fwd");
+}
+void linear_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+    absent("linear_bwd");
+}
+void rmsnorm_fwd(const Tensor&, const Tensor&, double, const Tensor&, const Tensor&) {
+    absent("rmsnorm_fwd");
+}
+void rmsnorm_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+    absent("rmsnorm_bwd");
+}
+void rope_fwd(const Tensor&, double, int64_t, const Tensor&) {
+    absent("rope_fwd");
+}
+void rope_bwd(const Tensor&, double, int64_t, const Tensor&) {
+    absent("rope_bwd");
+}
+void attention_fwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+    absent("attention_fwd");
+}
+void attention_bwd(const Tensor&,
+                   const Tensor&,
+                   const Tensor&,
+                   const Tensor&,
+                   const Tensor&,
+                   const Tensor&,
+                   const Tensor&,
+                   const Tensor&,
+                   const Tensor&) {
+    absent("attention_bwd");
+}
+void swiglu_fwd(const Tensor&, const Tensor&, const Tensor&) {
+    absent("swiglu_fwd");
+}
+void swiglu_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+    absent("swiglu_bwd");
+}
+void cross_entropy_fwd(const Tensor&, const Tensor&, int32_t, const Tensor&, const Tensor&) {
+    absent("cross_entropy_fwd");
+}
+void cross_entropy_bwd(const Tensor&, const Tensor&, const Tensor&, int32_t, const Tensor&, const Tensor&) {
+    absent("cross_entropy_bwd");
+}
+void add_fwd(const Tensor&, const Tensor&, const Tensor&) {
+    absent("add_fwd");
+}
+void add_bwd(const Tensor&, const Tensor&, const Tensor&) {
+    absent("add_bwd");
+}
+void adamw_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWHyper&, int64_t, double) {
+    absent("adamw_step");
+}
+double global_norm(const std::vector<Tensor>&) {
+    absent("global_norm");
+}
+
+}  // namespace mt::ops::cuda
+#endif
