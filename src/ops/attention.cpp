@@ -1,14 +1,89 @@
-// Entry points of causal GQA attention: argument checks and CPU dispatch.
+// Entry points of causal GQA attention: argument checks, then dispatch by device: CUDA tensors go to ops/cuda
+// (q, k, v and the gradients bf16 or f32, lse f32), CPU tensors to the f32/f64 reference (lse in the dtype of q).
 #include "ops/attention.h"
 
+#include <initializer_list>
 #include <utility>
 
+#include "core/backend.h"
 #include "ops/cpu/checks.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cuda/cuda_ops.h"
 
 namespace mt::ops {
 
 namespace {
+
+using core::Device;
+
+// One tensor argument and its name, for call_device.
+struct DevArg {
+    std::string_view name;
+    const Tensor& tensor;
+};
+
+// The device of the call: that of the first defined tensor (cpu when none is). Fails naming both arguments unless
+// every defined tensor is on that device.
+Device call_device(std::string_view op, std::initializer_list<DevArg> args) {
+    const DevArg* first = nullptr;
+    for (const DevArg& a : args) {
+        if (!a.tensor.defined()) continue;
+        if (first == nullptr) {
+            first = &a;
+            continue;
+        }
+        MT_CHECK(a.tensor.device() == first->tensor.device(),
+                 "{}: {} is on {} but {} is on {}; all tensors of one call must be on the same device",
+                 op,
+                 a.name,
+                 core::device_name(a.tensor.device()),
+                 first->name,
+                 core::device_name(first->tensor.device()));
+    }
+    return first == nullptr ? Device::cpu : first->tensor.device();
+}
+
+// Fails unless t is defined, contiguous and of the given rank (check_arg without its CPU-only condition).
+void check_cuda_arg(const Tensor& t, std::string_view op, std::string_view arg, int ndim) {
+    MT_CHECK(t.defined(), "{}: {} is undefined", op, arg);
+    MT_CHECK(t.ndim() == ndim,
+             "{}: {} has shape {} (rank {}), expected rank {}",
+             op,
+             arg,
+             core::shape_str(t.shape()),
+             t.ndim(),
+             ndim);
+    MT_CHECK(t.is_contiguous(),
+             "{}: {} must be contiguous (shape {}, strides {})",
+             op,
+             arg,
+             core::shape_str(t.shape()),
+             core::shape_str(t.strides()));
+}
+
+// The device-independent shape checks: q [B, T, Hq, D]; k, v [B, T, Hkv, D], Hq % Hkv == 0; lse [B, Hq, T].
+void check_qkv_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, std::string_view op) {
+    const int64_t b = q.size(0), t = q.size(1), hq = q.size(2), d = q.size(3), hkv = k.size(2);
+    check_shape(k, {b, t, hkv, d}, op, "k");
+    check_shape(v, {b, t, hkv, d}, op, "v");
+    MT_CHECK(hkv > 0 && hq % hkv == 0, "{}: q has {} heads and k has {}; Hq must be a multiple of Hkv", op, hq, hkv);
+    check_shape(lse, {b, hq, t}, op, "lse");
+    MT_CHECK(d > 0, "{}: q has shape {}; the head dim D must be > 0", op, core::shape_str(q.shape()));
+}
+
+// The CUDA path's checks: every tensor on the device, contiguous, of its rank and shape.
+void check_cuda_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, std::string_view op) {
+    check_cuda_arg(q, op, "q", 4);
+    check_cuda_arg(k, op, "k", 4);
+    check_cuda_arg(v, op, "v", 4);
+    check_cuda_arg(lse, op, "lse", 3);
+    check_qkv_shapes(q, k, v, lse, op);
+}
+
+void require_cuda(std::string_view op) {
+    if (!core::backend_available(Device::cuda))
+        core::fail(core::ExitCode::device, "{}: got cuda tensors, but no CUDA device is available", op);
+}
 
 // q [B, T, Hq, D]; k, v [B, T, Hkv, D] with Hq % Hkv == 0; lse [B, Hq, T]; all one float dtype.
 void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, std::string_view op) {
@@ -19,18 +94,20 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
     cpu::check_dtype_as(k, q, op, "k", "q");
     cpu::check_dtype_as(v, q, op, "v", "q");
     cpu::check_dtype_as(lse, q, op, "lse", "q");
-    const int64_t b = q.size(0), t = q.size(1), hq = q.size(2), d = q.size(3), hkv = k.size(2);
-    check_shape(k, {b, t, hkv, d}, op, "k");
-    check_shape(v, {b, t, hkv, d}, op, "v");
-    MT_CHECK(hkv > 0 && hq % hkv == 0, "{}: q has {} heads and k has {}; Hq must be a multiple of Hkv", op, hq, hkv);
-    check_shape(lse, {b, hq, t}, op, "lse");
-    MT_CHECK(d > 0, "{}: q has shape {}; the head dim D must be > 0", op, core::shape_str(q.shape()));
+    check_qkv_shapes(q, k, v, lse, op);
 }
 
 }  // namespace
 
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
     constexpr std::string_view op = "attention_fwd";
+    if (call_device(op, {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}}) == Device::cuda) {
+        check_cuda_qkv(q, k, v, lse, op);
+        check_cuda_arg(out, op, "out", 4);
+        check_shape(out, q.shape(), op, "out");
+        require_cuda(op);
+        return cuda::attention_fwd(q, k, v, out, lse);
+    }
     check_qkv(q, k, v, lse, op);
     check_float_arg(out, op, "out", 4);
     cpu::check_dtype_as(out, q, op, "out", "q");
@@ -59,6 +136,24 @@ void attention_bwd(const Tensor& q,
                    const Tensor& dk,
                    const Tensor& dv) {
     constexpr std::string_view op = "attention_bwd";
+    const Device device = call_device(
+        op,
+        {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}, {"dout", dout}, {"dq", dq}, {"dk", dk}, {"dv", dv}});
+    if (device == Device::cuda) {
+        check_cuda_qkv(q, k, v, lse, op);
+        const std::pair<const Tensor*, std::string_view> like_q[] = {{&out, "out"}, {&dout, "dout"}, {&dq, "dq"}};
+        for (const auto& [t, name] : like_q) {
+            check_cuda_arg(*t, op, name, 4);
+            check_shape(*t, q.shape(), op, name);
+        }
+        const std::pair<const Tensor*, std::string_view> like_k[] = {{&dk, "dk"}, {&dv, "dv"}};
+        for (const auto& [t, name] : like_k) {
+            check_cuda_arg(*t, op, name, 4);
+            check_shape(*t, k.shape(), op, name);
+        }
+        require_cuda(op);
+        return cuda::attention_bwd(q, k, v, out, lse, dout, dq, dk, dv);
+    }
     check_qkv(q, k, v, lse, op);
     const std::pair<const Tensor*, std::string_view> like_q[] = {{&out, "out"}, {&dout, "dout"}, {&dq, "dq"}};
     for (const auto& [t, name] : like_q) {

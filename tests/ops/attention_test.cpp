@@ -1,15 +1,26 @@
 // Cases and argument checks of causal GQA attention (ops/attention.h): T = 1, prime T, T across the 64-row query
-// blocks, Hq != Hkv.
+// blocks, Hq != Hkv. Direct GPU parity checks of the CUDA path: the tensor-core flash kernels (bf16, D 64 and 128)
+// and the simple kernels (other D, and f32) against the CPU f32 reference on the same rounded inputs, and bitwise
+// run-to-run determinism of the backward. The GPU tests skip where no GPU is present.
 #include "ops/attention.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 
+#include "core/backend.h"
 #include "op_harness.h"
 
 namespace mt::ops::test {
 namespace {
+
+// lse [B, Hq, T]: the dtype of q on the CPU, f32 on the GPU (where q may be bf16).
+Tensor lse_like(const Tensor& q, int64_t b, int64_t hq, int64_t t) {
+    const bool cuda = q.device() == core::Device::cuda;
+    return Tensor::zeros({b, hq, t}, cuda ? DType::f32 : q.dtype(), q.device());
+}
 
 OpCase attention_case(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d) {
     const std::string name = fmt::format("attention_b{}_t{}_hq{}_hkv{}_d{}", b, t, hq, hkv, d);
@@ -20,14 +31,14 @@ OpCase attention_case(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d) 
                             {"k", op_randn({b, t, hkv, d}, s, 1), GradKind::written},
                             {"v", op_randn({b, t, hkv, d}, s, 2), GradKind::written}};
                 p.forward = [=](const std::vector<Tensor>& in) {
-                    Tensor out = op_like(in[0]), lse = op_like(in[0], {b, hq, t});
+                    Tensor out = op_like(in[0]), lse = lse_like(in[0], b, hq, t);
                     attention_fwd(in[0], in[1], in[2], out, lse);
                     return std::vector<Tensor>{out};
                 };
                 p.backward = [=](const std::vector<Tensor>& in,
                                  const std::vector<Tensor>& dout,
                                  const std::vector<Tensor>& grads) {
-                    Tensor out = op_like(in[0]), lse = op_like(in[0], {b, hq, t});
+                    Tensor out = op_like(in[0]), lse = lse_like(in[0], b, hq, t);
                     attention_fwd(in[0], in[1], in[2], out, lse);
                     attention_bwd(in[0], in[1], in[2], out, lse, dout[0], grads[0], grads[1], grads[2]);
                 };
@@ -121,7 +132,7 @@ TEST(OpArgs, AttentionShapesAndDtypes) {
         [&] {
             attention_fwd(q, k, v, out, op_cuda_view({2, 4, 3}, DType::f32));
         },
-        "attention_fwd: lse is a cuda tensor; attention_fwd is not implemented on cuda yet");
+        "attention_fwd: lse is on cuda but q is on cpu; all tensors of one call must be on the same device");
 
     const Tensor dq = op_like(q), dk = op_like(k), dv = op_like(v);
     attention_bwd(q, k, v, out, lse, out, dq, dk, dv);
@@ -134,6 +145,135 @@ TEST(OpArgs, AttentionShapesAndDtypes) {
             attention_bwd(q, k, v, out, lse, out, op_noncontiguous({2, 3, 4, 5}, DType::f32), dk, dv);
         },
         "attention_bwd: dq must be contiguous");
+}
+
+// CUDA tensors go to the CUDA path; without a GPU that is one clear device error.
+TEST(OpArgs, AttentionCudaDispatch) {
+    const Tensor q = op_cuda_view({2, 3, 4, 5}, DType::f32), k = op_cuda_view({2, 3, 2, 5}, DType::f32);
+    const Tensor lse = op_cuda_view({2, 4, 3}, DType::f32);
+    expect_op_error(
+        [&] {
+            attention_fwd(q, k, op_cuda_view({2, 3, 2, 4}, DType::f32), q, lse);
+        },
+        "attention_fwd: v has shape [2, 3, 2, 4], expected [2, 3, 2, 5]");
+    expect_op_error([&] { attention_bwd(q, k, k, q, lse, q, q, k, q); },
+                    "attention_bwd: dv has shape [2, 3, 4, 5], expected [2, 3, 2, 5]");
+    if (core::backend_available(core::Device::cuda)) return;
+    expect_op_error([&] { attention_fwd(q, k, k, q, lse); },
+                    "attention_fwd: got cuda tensors, but no CUDA device is available",
+                    core::ExitCode::device);
+}
+
+Tensor to_cuda(const Tensor& t, DType dtype) {
+    return t.to(dtype).to_device(core::Device::cuda);
+}
+Tensor to_host(const Tensor& t) {
+    return t.to_device(core::Device::cpu).to(DType::f64);
+}
+Tensor nan_cuda(const Shape& shape, DType dtype) {
+    const Tensor t = Tensor::zeros(shape, dtype, core::Device::cuda);
+    t.fill(std::nan(""));
+    return t;
+}
+
+void expect_rho(const std::string& name, const char* what, const Tensor& got, const Tensor& ref, double budget) {
+    const double rho = op_rho(to_host(got), to_host(ref));
+    std::printf("[ GPU PARITY ] %s %s: rho %.3e (budget %.0e)\n", name.c_str(), what, rho, budget);
+    EXPECT_LE(rho, budget) << name << " " << what;  // NaN fails too
+}
+
+// The CUDA attention forward and backward with inputs of `dtype` against the CPU f32 reference on the same rounded
+// inputs; every output starts as NaN (each element must be written).
+void attention_gpu_parity(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, DType dtype, double budget) {
+    if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    const std::string name =
+        fmt::format("attention_gpu_b{}_t{}_hq{}_hkv{}_d{}_{}", b, t, hq, hkv, d, core::dtype_name(dtype));
+    const uint64_t s = op_seed(name);
+    auto rounded = [&](const Tensor& x) { return x.to(dtype).to(DType::f32); };
+    const Tensor q = rounded(op_randn({b, t, hq, d}, s, 0)), k = rounded(op_randn({b, t, hkv, d}, s, 1));
+    const Tensor v = rounded(op_randn({b, t, hkv, d}, s, 2)), dout = rounded(op_randn({b, t, hq, d}, s, 3));
+    const Tensor out_ref = op_like(q), lse_ref = Tensor::zeros({b, hq, t}, DType::f32);
+    const Tensor dq_ref = op_like(q), dk_ref = op_like(k), dv_ref = op_like(v);
+    attention_fwd(q, k, v, out_ref, lse_ref);
+    attention_bwd(q, k, v, out_ref, lse_ref, dout, dq_ref, dk_ref, dv_ref);
+
+    const Tensor qg = to_cuda(q, dtype), kg = to_cuda(k, dtype), vg = to_cuda(v, dtype), dog = to_cuda(dout, dtype);
+    const Tensor out = nan_cuda(q.shape(), dtype), lse = nan_cuda({b, hq, t}, DType::f32);
+    const Tensor dq = nan_cuda(q.shape(), dtype), dk = nan_cuda(k.shape(), dtype), dv = nan_cuda(k.shape(), dtype);
+    attention_fwd(qg, kg, vg, out, lse);
+    attention_bwd(qg, kg, vg, out, lse, dog, dq, dk, dv);
+    expect_rho(name, "out", out, out_ref, budget);
+    expect_rho(name, "lse", lse, lse_ref, budget);
+    expect_rho(name, "dq", dq, dq_ref, budget);
+    expect_rho(name, "dk", dk, dk_ref, budget);
+    expect_rho(name, "dv", dv, dv_ref, budget);
+}
+
+// The tensor-core kernels: D 64 and 128, T = 1, T across and on the 64-row blocks, GQA groups of 1 to 4.
+TEST(GpuAttention, FlashParityBf16) {
+    attention_gpu_parity(1, 1, 1, 1, 64, DType::bf16, 1e-2);
+    attention_gpu_parity(2, 67, 4, 2, 64, DType::bf16, 1e-2);
+    attention_gpu_parity(1, 130, 2, 1, 64, DType::bf16, 1e-2);
+    attention_gpu_parity(2, 128, 2, 2, 128, DType::bf16, 1e-2);
+    attention_gpu_parity(1, 200, 6, 2, 128, DType::bf16, 1e-2);
+    attention_gpu_parity(1, 523, 4, 1, 128, DType::bf16, 1e-2);
+}
+
+// The simple kernels: other head dims in bf16, and f32.
+TEST(GpuAttention, GenericParity) {
+    attention_gpu_parity(1, 5, 3, 3, 5, DType::bf16, 1e-2);
+    attention_gpu_parity(2, 13, 2, 1, 8, DType::bf16, 1e-2);
+    attention_gpu_parity(1, 70, 4, 2, 32, DType::bf16, 1e-2);
+    attention_gpu_parity(1, 50, 2, 1, 96, DType::bf16, 1e-2);
+    attention_gpu_parity(1, 33, 2, 2, 256, DType::bf16, 1e-2);
+    attention_gpu_parity(1, 33, 3, 1, 5, DType::f32, 1e-5);
+    attention_gpu_parity(2, 67, 4, 2, 64, DType::f32, 1e-5);
+    attention_gpu_parity(1, 40, 2, 2, 128, DType::f32, 1e-5);
+}
+
+// Two runs give bitwise the same outputs and gradients (no atomics; GQA sums in a fixed order).
+TEST(GpuAttention, Deterministic) {
+    if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    const int64_t b = 2, t = 300, hq = 8, hkv = 2, d = 128;
+    const Tensor q = to_cuda(op_randn({b, t, hq, d}, 5, 0), DType::bf16);
+    const Tensor k = to_cuda(op_randn({b, t, hkv, d}, 5, 1), DType::bf16);
+    const Tensor v = to_cuda(op_randn({b, t, hkv, d}, 5, 2), DType::bf16);
+    const Tensor dout = to_cuda(op_randn({b, t, hq, d}, 5, 3), DType::bf16);
+    std::vector<Tensor> outs;
+    for (int run = 0; run < 2; ++run) {
+        const Tensor out = nan_cuda(q.shape(), DType::bf16), lse = nan_cuda({b, hq, t}, DType::f32);
+        const Tensor dq = nan_cuda(q.shape(), DType::bf16), dk = nan_cuda(k.shape(), DType::bf16);
+        const Tensor dv = nan_cuda(k.shape(), DType::bf16);
+        attention_fwd(q, k, v, out, lse);
+        attention_bwd(q, k, v, out, lse, dout, dq, dk, dv);
+        for (const Tensor& x : {out, lse, dq, dk, dv}) outs.push_back(x.to_device(core::Device::cpu));
+    }
+    for (size_t i = 0; i < 5; ++i)
+        EXPECT_EQ(std::memcmp(outs[i].raw(), outs[i + 5].raw(), outs[i].nbytes()), 0) << "tensor " << i;
+}
+
+// The CUDA path's dtype rules: q, k, v and the gradients bf16 or f32; lse f32.
+TEST(GpuAttention, DtypeErrors) {
+    if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    const auto cuda = core::Device::cuda;
+    const Tensor q = Tensor::zeros({1, 3, 2, 8}, DType::bf16, cuda), k = Tensor::zeros({1, 3, 1, 8}, DType::bf16, cuda);
+    const Tensor lse = Tensor::zeros({1, 2, 3}, DType::f32, cuda);
+    expect_op_error(
+        [&] {
+            attention_fwd(q, k, k, q, Tensor::zeros({1, 2, 3}, DType::bf16, cuda));
+        },
+        "attention_fwd: lse has dtype bf16, expected f32");
+    expect_op_error([&] { attention_fwd(q, k.to(DType::f32), k, q, lse); },
+                    "attention_fwd: k and v must have the dtype of q (bf16)");
+    expect_op_error(
+        [&] {
+            attention_fwd(Tensor::zeros({1, 3, 2, 300}, DType::bf16, cuda),
+                          Tensor::zeros({1, 3, 1, 300}, DType::bf16, cuda),
+                          Tensor::zeros({1, 3, 1, 300}, DType::bf16, cuda),
+                          Tensor::zeros({1, 3, 2, 300}, DType::bf16, cuda),
+                          lse);
+        },
+        "attention_fwd: head dim 300 is above the CUDA limit 256");
 }
 
 }  // namespace

@@ -1,15 +1,102 @@
-// CUDA attention: not implemented yet (CUDA backend issue); fails with a clear message until it is.
-#include "core/error.h"
+// CUDA causal GQA attention: picks the tensor-core flash kernels (bf16, D in {64, 128}; flash_fwd.cu,
+// flash_bwd.cu) or the simple kernels (f32, or any other D <= 256; attention_generic.cu). Takes q, k, v, out, dout,
+// dq, dk, dv all bf16 or all f32, and lse f32 in either case. Shapes are checked by the caller (ops/attention.cpp).
+#include <cmath>
+
+#include "core/backend.h"
+#include "core/cuda/cuda_check.h"
+#include "ops/cuda/attention_kernels.h"
 #include "ops/cuda/cuda_ops.h"
 
 namespace mt::ops::cuda {
 
-void attention_fwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
-    core::fail(core::ExitCode::device, "attention_fwd is not implemented on CUDA yet");
+namespace {
+
+constexpr int64_t kMaxHeadDim = 256;
+
+AttnParams make_params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, std::string_view op) {
+    MT_CHECK(q.dtype() == DType::bf16 || q.dtype() == DType::f32,
+             "{}: q has dtype {}; the CUDA attention takes bf16 or f32",
+             op,
+             core::dtype_name(q.dtype()));
+    MT_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(),
+             "{}: k and v must have the dtype of q ({})",
+             op,
+             core::dtype_name(q.dtype()));
+    MT_CHECK(lse.dtype() == DType::f32, "{}: lse has dtype {}, expected f32", op, core::dtype_name(lse.dtype()));
+    MT_CHECK(q.size(3) <= kMaxHeadDim, "{}: head dim {} is above the CUDA limit {}", op, q.size(3), kMaxHeadDim);
+    MT_CHECK(q.size(0) * q.size(1) * q.size(2) < (int64_t{1} << 31) && q.size(1) < (int64_t{1} << 24),
+             "{}: q of shape {} is too large for the CUDA kernels",
+             op,
+             core::shape_str(q.shape()));
+    AttnParams p;
+    p.q = q.raw();
+    p.k = k.raw();
+    p.v = v.raw();
+    p.lse = static_cast<float*>(lse.raw());
+    p.b = static_cast<int>(q.size(0));
+    p.t = static_cast<int>(q.size(1));
+    p.hq = static_cast<int>(q.size(2));
+    p.hkv = static_cast<int>(k.size(2));
+    p.d = static_cast<int>(q.size(3));
+    p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.d)));
+    return p;
 }
 
-void attention_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
-    core::fail(core::ExitCode::device, "attention_bwd is not implemented on CUDA yet");
+bool use_flash(const AttnParams& p, DType dtype) {
+    return dtype == DType::bf16 && flash_supports(p.d);
+}
+
+}  // namespace
+
+void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
+    constexpr std::string_view op = "attention_fwd";
+    AttnParams p = make_params(q, k, v, lse, op);
+    MT_CHECK(out.dtype() == q.dtype(), "{}: out must have the dtype of q", op);
+    p.out_w = out.raw();
+    if (q.numel() == 0) return;
+    core::NvtxRange range("attention_fwd");
+    if (use_flash(p, q.dtype()))
+        flash_fwd(p);
+    else
+        attention_generic_fwd(p, q.dtype() == DType::bf16);
+}
+
+void attention_bwd(const Tensor& q,
+                   const Tensor& k,
+                   const Tensor& v,
+                   const Tensor& out,
+                   const Tensor& lse,
+                   const Tensor& dout,
+                   const Tensor& dq,
+                   const Tensor& dk,
+                   const Tensor& dv) {
+    constexpr std::string_view op = "attention_bwd";
+    AttnParams p = make_params(q, k, v, lse, op);
+    for (const Tensor* t : {&out, &dout, &dq, &dk, &dv})
+        MT_CHECK(t->dtype() == q.dtype(),
+                 "{}: out, dout, dq, dk and dv must have the dtype of q ({}); one has {}",
+                 op,
+                 core::dtype_name(q.dtype()),
+                 core::dtype_name(t->dtype()));
+    if (q.numel() == 0) return;
+    core::NvtxRange range("attention_bwd");
+    p.out = out.raw();
+    p.dout = dout.raw();
+    p.dq = dq.raw();
+    p.dk = dk.raw();
+    p.dv = dv.raw();
+    const bool is_bf16 = q.dtype() == DType::bf16;
+    core::Backend& be = core::backend_get(core::Device::cuda);
+    const size_t delta_bytes = static_cast<size_t>(lse.numel()) * sizeof(float);
+    auto* delta = static_cast<float*>(be.alloc(delta_bytes));
+    attention_delta(p, delta, is_bf16);
+    p.delta = delta;
+    if (use_flash(p, q.dtype()))
+        flash_bwd(p);
+    else
+        attention_generic_bwd(p, is_bf16);
+    be.free(delta, delta_bytes);  // stream order keeps the reuse safe
 }
 
 }  // namespace mt::ops::cuda

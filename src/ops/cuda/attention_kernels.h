@@ -1,0 +1,43 @@
+// Launchers of the CUDA attention kernels (src/ops/cuda/flash_*.cu for bf16 with D in {64, 128}, and
+// attention_generic.cu for any dtype and D <= 256). Tensors are raw device pointers in the layouts of ops/attention.h:
+// q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, T, Hkv, D]; lse and delta [B, Hq, T] f32. All run on
+// core::cuda_stream() and are deterministic (no atomics).
+#pragma once
+
+#include <cstdint>
+
+namespace mt::ops::cuda {
+
+struct AttnParams {
+    const void* q = nullptr;
+    const void* k = nullptr;
+    const void* v = nullptr;
+    const void* out = nullptr;
+    const void* dout = nullptr;
+    void* out_w = nullptr;  // the forward's output
+    float* lse = nullptr;
+    const float* delta = nullptr;  // rowsum(dout * out), from attention_delta
+    void* dq = nullptr;
+    void* dk = nullptr;
+    void* dv = nullptr;
+    int b = 0, t = 0, hq = 0, hkv = 0, d = 0;
+    float scale = 0;  // 1 / sqrt(D)
+};
+
+// True when the tensor-core kernels take this head dim (bf16 only).
+inline bool flash_supports(int d) {
+    return d == 64 || d == 128;
+}
+
+// Tensor-core flash attention, bf16, D in {64, 128}.
+void flash_fwd(const AttnParams& p);
+void flash_bwd(const AttnParams& p);  // needs p.delta
+
+// Simple kernels for any D <= 256 (one warp per row), element type bf16 (is_bf16) or f32.
+void attention_generic_fwd(const AttnParams& p, bool is_bf16);
+void attention_generic_bwd(const AttnParams& p, bool is_bf16);  // needs p.delta
+
+// delta[b, h, i] = sum_c dout[b, i, h, c] * out[b, i, h, c] in fp32 (the backward's row term).
+void attention_delta(const AttnParams& p, float* delta, bool is_bf16);
+
+}  // namespace mt::ops::cuda
