@@ -1,0 +1,179 @@
+// GPU throughput of the CUDA attention (causal, GQA, bf16) and of the cuBLASLt linear: one JSON line per case.
+//   bench_attention [--b 8] [--t 4096] [--h 16] [--d 128] [--iters 20] [--warmup 3]
+// Each case is timed with CUDA events on the ops' stream after warm-up; the figure is the median over the timed
+// iterations. FLOPs: causal attention forward 4 B H T^2 D / 2 (two matmuls, half the square), backward 2.5x the
+// forward (the FlashAttention convention; our backward recomputes QK^T and dO V^T in its dq pass and does more);
+// linear forward 2 N K M, backward 4 N K M (dx and dw). Inputs are pseudo-random (never zeros).
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/tensor.h"
+#include "ops/attention.h"
+#include "ops/linear.h"
+
+#ifdef MT_HAVE_CUDA
+#include "core/cuda/cuda_check.h"
+#endif
+
+namespace {
+
+using mt::core::Device;
+using mt::core::DType;
+using mt::core::Tensor;
+
+// A bf16 device tensor of pseudo-random values in about [-2, 2) * scale (xorshift; fast for 10^8 elements).
+Tensor random_bf16(const mt::core::Shape& shape, uint64_t seed, float scale = 1.0f) {
+    const int64_t n = mt::core::shape_numel(shape);
+    std::vector<uint16_t> host(static_cast<size_t>(n));
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int64_t i = 0; i < n; ++i) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        const float u = static_cast<float>(s >> 40) / static_cast<float>(1 << 24);  // [0, 1)
+        host[static_cast<size_t>(i)] = mt::core::f32_to_bf16((4.0f * u - 2.0f) * scale);
+    }
+    return Tensor::borrow(host.data(), shape, DType::bf16).to_device(Device::cuda);
+}
+
+#ifdef MT_HAVE_CUDA
+// Median milliseconds of fn over iters runs after warmup runs, each run between two events on the ops' stream.
+double time_ms(const std::function<void()>& fn, int warmup, int iters) {
+    for (int i = 0; i < warmup; ++i) fn();
+    std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(iters));
+    for (auto& e : ev) MT_CUDA_CHECK(cudaEventCreate(&e));
+    const cudaStream_t stream = mt::core::cuda_stream();
+    for (int i = 0; i < iters; ++i) {
+        MT_CUDA_CHECK(cudaEventRecord(ev[2 * i], stream));
+        fn();
+        MT_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], stream));
+    }
+    MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<double> ms(static_cast<size_t>(iters));
+    for (int i = 0; i < iters; ++i) {
+        float m = 0;
+        MT_CUDA_CHECK(cudaEventElapsedTime(&m, ev[2 * i], ev[2 * i + 1]));
+        ms[static_cast<size_t>(i)] = m;
+    }
+    for (auto& e : ev) MT_CUDA_CHECK(cudaEventDestroy(e));
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+}
+#else
+double time_ms(const std::function<void()>&, int, int) {
+    return 0.0;
+}
+#endif
+
+bool all_finite(const Tensor& t) {
+    const Tensor h = t.to_device(Device::cpu).to(DType::f32);
+    const float* p = h.data<float>();
+    for (int64_t i = 0; i < h.numel(); ++i)
+        if (!std::isfinite(p[i])) return false;
+    return true;
+}
+
+void bench_attention(int64_t b, int64_t t, int64_t h, int64_t hkv, int64_t d, int warmup, int iters) {
+    const Tensor q = random_bf16({b, t, h, d}, 1), k = random_bf16({b, t, hkv, d}, 2),
+                 v = random_bf16({b, t, hkv, d}, 3);
+    const Tensor dout = random_bf16({b, t, h, d}, 4);
+    const Tensor out = Tensor::zeros(q.shape(), DType::bf16, Device::cuda);
+    const Tensor lse = Tensor::zeros({b, h, t}, DType::f32, Device::cuda);
+    const Tensor dq = Tensor::zeros(q.shape(), DType::bf16, Device::cuda);
+    const Tensor dk = Tensor::zeros(k.shape(), DType::bf16, Device::cuda),
+                 dv = Tensor::zeros(k.shape(), DType::bf16, Device::cuda);
+    const double fwd_ms = time_ms([&] { mt::ops::attention_fwd(q, k, v, out, lse); }, warmup, iters);
+    const double bwd_ms = time_ms([&] { mt::ops::attention_bwd(q, k, v, out, lse, dout, dq, dk, dv); }, warmup, iters);
+    const double fwd_flop = 4.0 * static_cast<double>(b * h) * static_cast<double>(t) * static_cast<double>(t) *
+                            static_cast<double>(d) / 2.0;
+    const double bwd_flop = 2.5 * fwd_flop;
+    const bool finite = all_finite(lse) && all_finite(dq) && all_finite(dk) && all_finite(dv);
+    const nlohmann::json line = {{"bench", "attention"},
+                                 {"impl", "moetrain-flash-mma"},
+                                 {"dtype", "bf16"},
+                                 {"causal", true},
+                                 {"B", b},
+                                 {"T", t},
+                                 {"Hq", h},
+                                 {"Hkv", hkv},
+                                 {"D", d},
+                                 {"fwd_ms", fwd_ms},
+                                 {"bwd_ms", bwd_ms},
+                                 {"fwd_bwd_ms", fwd_ms + bwd_ms},
+                                 {"fwd_tflops", fwd_flop / fwd_ms / 1e9},
+                                 {"bwd_tflops", bwd_flop / bwd_ms / 1e9},
+                                 {"fwd_bwd_tflops", (fwd_flop + bwd_flop) / (fwd_ms + bwd_ms) / 1e9},
+                                 {"outputs_finite", finite},
+                                 {"iters", iters}};
+    std::printf("%s\n", line.dump().c_str());
+    std::fflush(stdout);
+}
+
+void bench_linear(int64_t n, int64_t k, int64_t m, int warmup, int iters) {
+    const Tensor x = random_bf16({n, k}, 5), w = random_bf16({m, k}, 6, 0.05f), dy = random_bf16({n, m}, 7);
+    const Tensor y = Tensor::zeros({n, m}, DType::bf16, Device::cuda),
+                 dx = Tensor::zeros({n, k}, DType::bf16, Device::cuda);
+    const Tensor dw = Tensor::zeros({m, k}, DType::f32, Device::cuda);
+    const double fwd_ms = time_ms([&] { mt::ops::linear_fwd(x, w, Tensor(), y); }, warmup, iters);
+    const double bwd_ms = time_ms([&] { mt::ops::linear_bwd(x, w, dy, dx, dw, Tensor()); }, warmup, iters);
+    const double flop = 2.0 * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(m);
+    const nlohmann::json line = {{"bench", "linear"},
+                                 {"impl", "cublaslt"},
+                                 {"dtype", "bf16 (dw f32)"},
+                                 {"N", n},
+                                 {"K", k},
+                                 {"M", m},
+                                 {"fwd_ms", fwd_ms},
+                                 {"bwd_ms", bwd_ms},
+                                 {"fwd_tflops", flop / fwd_ms / 1e9},
+                                 {"bwd_tflops", 2.0 * flop / bwd_ms / 1e9},
+                                 {"iters", iters}};
+    std::printf("%s\n", line.dump().c_str());
+    std::fflush(stdout);
+}
+
+int run(int argc, char** argv) {
+    CLI::App app{"moetrain GPU attention and linear benchmark"};
+    int64_t b = 8, t = 4096, h = 16, d = 128;
+    int iters = 20, warmup = 3;
+    bool no_extra = false;
+    app.add_option("--b", b);
+    app.add_option("--t", t);
+    app.add_option("--h", h);
+    app.add_option("--d", d);
+    app.add_option("--iters", iters);
+    app.add_option("--warmup", warmup);
+    app.add_flag("--no-extra", no_extra, "skip the extra cases (D 64, GQA, linear shapes)");
+    CLI11_PARSE(app, argc, argv);
+    if (!mt::core::backend_available(Device::cuda)) {
+        std::printf("%s\n", nlohmann::json{{"bench", "attention"}, {"skipped", "no CUDA device"}}.dump().c_str());
+        return 0;
+    }
+    bench_attention(b, t, h, h, d, warmup, iters);
+    bench_linear(4 * t, 2048, 2048, warmup, iters);
+    if (!no_extra) {
+        bench_attention(b, t, 2 * h, 2 * h, 64, warmup, iters);             // the same FLOPs at D = 64
+        bench_attention(b, t, h, h / 4 > 0 ? h / 4 : 1, d, warmup, iters);  // GQA, groups of 4
+        bench_linear(4 * t, 2048, 8192, warmup, iters);
+        bench_linear(8192, 8192, 8192, warmup, iters);
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_attention: error: %s\n", e.what());
+        return 1;
+    }
+}
