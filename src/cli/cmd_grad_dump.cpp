@@ -36,7 +36,8 @@ void register_grad_dump(CLI::App& app) {
         std::vector<std::pair<std::string, core::Tensor>> tensors = {
             {"inputs", inputs}, {"targets", targets}, {"loss", loss_t}};
         for (int i = 0; i < model.params().size(); ++i)
-            tensors.push_back({"grad/" + model.params().spec(i).name, model.params().grad(i)});
+            tensors.push_back(
+                {"grad/" + model.params().spec(i).name, model.params().grad(i).to_device(core::Device::cpu)});
         train::safetensors_write(
             *out, tensors, {{"format", "moetrain-grad-dump"}, {"checkpoint", *dir}}, core::ExitCode::usage);
         fmt::print("moetrain: loss {:.6f}; wrote {} tensors to {}\n", loss, tensors.size(), *out);

@@ -22,16 +22,18 @@ AttentionLayer::AttentionLayer(ParamTable& table, const std::string& prefix, con
                  cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)));
 }
 
-void AttentionLayer::resize(int64_t batch, int64_t seq, core::DType dtype) {
-    if (batch == batch_ && seq == seq_ && q_.defined() && q_.dtype() == dtype) return;
+void AttentionLayer::resize(int64_t batch, int64_t seq, const Precision& precision) {
+    if (batch == batch_ && seq == seq_ && q_.defined()) return;
     batch_ = batch;
     seq_ = seq;
     const int64_t d = cfg_.resolved_head_dim();
-    q_ = Tensor::zeros({batch, seq, cfg_.n_heads, d}, dtype);
-    k_ = Tensor::zeros({batch, seq, cfg_.n_kv_heads, d}, dtype);
-    v_ = Tensor::zeros({batch, seq, cfg_.n_kv_heads, d}, dtype);
-    attn_ = Tensor::zeros({batch, seq, cfg_.n_heads, d}, dtype);
-    lse_ = Tensor::zeros({batch, cfg_.n_heads, seq}, dtype);
+    const core::DType dtype = precision.compute;
+    const core::Device dev = precision.device;
+    q_ = Tensor::zeros({batch, seq, cfg_.n_heads, d}, dtype, dev);
+    k_ = Tensor::zeros({batch, seq, cfg_.n_kv_heads, d}, dtype, dev);
+    v_ = Tensor::zeros({batch, seq, cfg_.n_kv_heads, d}, dtype, dev);
+    attn_ = Tensor::zeros({batch, seq, cfg_.n_heads, d}, dtype, dev);
+    lse_ = Tensor::zeros({batch, cfg_.n_heads, seq}, precision.stats, dev);
 }
 
 void AttentionLayer::forward(const Tensor& x, const Tensor& out) {

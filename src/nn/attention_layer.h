@@ -12,7 +12,7 @@ class AttentionLayer : public Layer {
    public:
     AttentionLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg);
 
-    void resize(int64_t batch, int64_t seq, core::DType dtype);
+    void resize(int64_t batch, int64_t seq, const Precision& precision);
     // x: [N, C] (the normed residual) -> out: [N, C]
     void forward(const Tensor& x, const Tensor& out);
     // dout: [N, C] -> dx: [N, C] written (=); parameter grads accumulate.
@@ -25,7 +25,7 @@ class AttentionLayer : public Layer {
     int64_t batch_ = 0, seq_ = 0;
     Tensor q_, k_, v_;  // [B, T, H, D] after RoPE
     Tensor attn_;       // [B, T, Hq, D]
-    Tensor lse_;        // [B, Hq, T]
+    Tensor lse_;        // [B, Hq, T] in the statistics dtype
 };
 
 }  // namespace mt::nn

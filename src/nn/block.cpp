@@ -20,17 +20,19 @@ Block::Block(ParamTable& table, const std::string& prefix, const ModelConfig& cf
       attn_(table, prefix + ".attn", cfg),
       mlp_(table, prefix + ".mlp", cfg) {}
 
-void Block::resize(int64_t batch, int64_t seq, core::DType dtype) {
+void Block::resize(int64_t batch, int64_t seq, const Precision& precision) {
     const int64_t n = batch * seq;
-    attn_.resize(batch, seq, dtype);
-    mlp_.resize(n, dtype);
-    if (out_.defined() && out_.size(0) == n && out_.dtype() == dtype) return;
-    norm1_ = Tensor::zeros({n, cfg_.d_model}, dtype);
-    norm2_ = Tensor::zeros({n, cfg_.d_model}, dtype);
-    rstd1_ = Tensor::zeros({n}, dtype);
-    rstd2_ = Tensor::zeros({n}, dtype);
-    h_ = Tensor::zeros({n, cfg_.d_model}, dtype);
-    out_ = Tensor::zeros({n, cfg_.d_model}, dtype);
+    attn_.resize(batch, seq, precision);
+    mlp_.resize(n, precision);
+    if (out_.defined() && out_.size(0) == n) return;
+    const core::DType dtype = precision.compute;
+    const core::Device dev = precision.device;
+    norm1_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
+    norm2_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
+    rstd1_ = Tensor::zeros({n}, precision.stats, dev);
+    rstd2_ = Tensor::zeros({n}, precision.stats, dev);
+    h_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
+    out_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
 }
 
 void Block::forward(const Tensor& x, Workspace& ws) {

@@ -10,7 +10,7 @@ class Block : public Layer {
    public:
     Block(ParamTable& table, const std::string& prefix, const ModelConfig& cfg);
 
-    void resize(int64_t batch, int64_t seq, core::DType dtype);
+    void resize(int64_t batch, int64_t seq, const Precision& precision);
     // x: [N, C] the block input (kept alive by the caller until backward). Result in output().
     void forward(const Tensor& x, Workspace& ws);
     // dout: [N, C] gradient w.r.t. output(); dx: [N, C] written (=), must not alias dout.
@@ -27,7 +27,7 @@ class Block : public Layer {
     AttentionLayer attn_;
     Mlp mlp_;
     Tensor norm1_, norm2_;  // [N, C] normed inputs of the two branches
-    Tensor rstd1_, rstd2_;  // [N]
+    Tensor rstd1_, rstd2_;  // [N] in the statistics dtype
     Tensor h_;              // [N, C] residual after attention
     Tensor out_;            // [N, C] block output
 };

@@ -8,7 +8,7 @@
 
 namespace mt::nn {
 
-DenseLM::DenseLM(const ModelConfig& cfg, core::DType dtype) : cfg_(cfg), dtype_(dtype) {
+DenseLM::DenseLM(const ModelConfig& cfg, const Precision& precision) : cfg_(cfg), precision_(precision) {
     embed_ = table_.add({.name = "embed.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std});
     for (int64_t l = 0; l < cfg.n_layers; ++l)
         blocks_.push_back(std::make_unique<Block>(table_, "layers." + std::to_string(l), cfg));
@@ -17,7 +17,7 @@ DenseLM::DenseLM(const ModelConfig& cfg, core::DType dtype) : cfg_(cfg), dtype_(
     if (!cfg.tie_embeddings)
         lm_head_ =
             table_.add({.name = "lm_head.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std});
-    table_.finalize(dtype);
+    table_.finalize(precision);
 }
 
 void DenseLM::resize(int64_t batch, int64_t seq) {
@@ -25,18 +25,21 @@ void DenseLM::resize(int64_t batch, int64_t seq) {
     batch_ = batch;
     seq_ = seq;
     const int64_t n = batch * seq;
-    ids_ = Tensor::zeros({n}, core::DType::i32);
-    targets_ = Tensor::zeros({n}, core::DType::i32);
-    x0_ = Tensor::zeros({n, cfg_.d_model}, dtype_);
-    final_ = Tensor::zeros({n, cfg_.d_model}, dtype_);
-    final_rstd_ = Tensor::zeros({n}, dtype_);
-    logits_ = Tensor::zeros({n, cfg_.vocab_size}, dtype_);
-    losses_ = Tensor::zeros({n}, dtype_);
-    lse_ = Tensor::zeros({n}, dtype_);
-    dres_a_ = Tensor::zeros({n, cfg_.d_model}, dtype_);
-    dres_b_ = Tensor::zeros({n, cfg_.d_model}, dtype_);
-    for (auto& b : blocks_) b->resize(batch, seq, dtype_);
-    ws_.resize(cfg_, batch, seq, dtype_);
+    const core::Device dev = precision_.device;
+    const core::DType act = precision_.compute, stats = precision_.stats;
+    ids_ = Tensor::zeros({n}, core::DType::i32, dev);
+    targets_ = Tensor::zeros({n}, core::DType::i32, dev);
+    host_targets_ = Tensor::zeros({n}, core::DType::i32);
+    x0_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
+    final_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
+    final_rstd_ = Tensor::zeros({n}, stats, dev);
+    logits_ = Tensor::zeros({n, cfg_.vocab_size}, act, dev);
+    losses_ = Tensor::zeros({n}, stats, dev);
+    lse_ = Tensor::zeros({n}, stats, dev);
+    dres_a_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
+    dres_b_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
+    for (auto& b : blocks_) b->resize(batch, seq, precision_);
+    ws_.resize(cfg_, batch, seq, precision_);
 }
 
 double DenseLM::forward(const Tensor& ids, const Tensor& targets) {
@@ -51,7 +54,8 @@ double DenseLM::forward(const Tensor& ids, const Tensor& targets) {
     resize(ids.size(0), ids.size(1));
     const int64_t n = batch_ * seq_;
     ids_.copy_from(ids.reshape({n}));
-    targets_.copy_from(targets.reshape({n}));
+    host_targets_.copy_from(targets.reshape({n}));
+    targets_.copy_from(host_targets_);
 
     ops::embedding_fwd(ids_, table_.param(embed_), x0_);
     const Tensor* x = &x0_;
@@ -64,12 +68,14 @@ double DenseLM::forward(const Tensor& ids, const Tensor& targets) {
     ops::linear_fwd(final_, head, Tensor(), logits_);
     ops::cross_entropy_fwd(logits_, targets_, kIgnoreIndex, losses_, lse_);
 
+    // Summed on the host in f64, in row order (deterministic on every device).
+    const Tensor losses = losses_.device() == core::Device::cpu ? losses_ : losses_.to_device(core::Device::cpu);
     double sum = 0.0;
     counted_ = 0;
-    const int32_t* t = targets_.data<int32_t>();
+    const int32_t* t = host_targets_.data<int32_t>();
     for (int64_t i = 0; i < n; ++i) {
         if (t[i] == kIgnoreIndex) continue;
-        sum += core::tensor_get_flat(losses_, i);
+        sum += core::tensor_get_flat(losses, i);
         ++counted_;
     }
     return counted_ > 0 ? sum / static_cast<double>(counted_) : 0.0;

@@ -13,7 +13,7 @@ constexpr int32_t kIgnoreIndex = -1;
 
 class DenseLM {
    public:
-    DenseLM(const ModelConfig& cfg, core::DType dtype);
+    DenseLM(const ModelConfig& cfg, const Precision& precision);
 
     ParamTable& params() {
         return table_;
@@ -25,8 +25,8 @@ class DenseLM {
         return cfg_;
     }
 
-    // ids, targets: [B, T] i32; targets equal to kIgnoreIndex do not count. Returns the mean loss over the
-    // counted targets (0 when none), and keeps what backward needs.
+    // ids, targets: [B, T] i32 on the host; targets equal to kIgnoreIndex do not count. Returns the mean loss over
+    // the counted targets (0 when none), and keeps what backward needs.
     double forward(const Tensor& ids, const Tensor& targets);
     // Accumulates (+=) into the parameter gradients the gradient of loss_scale * (mean loss of the last forward).
     void backward(double loss_scale);
@@ -42,17 +42,18 @@ class DenseLM {
     void resize(int64_t batch, int64_t seq);
 
     ModelConfig cfg_;
-    core::DType dtype_;
+    Precision precision_;
     ParamTable table_;
     int embed_ = -1, final_norm_ = -1, lm_head_ = -1;
     std::vector<std::unique_ptr<Block>> blocks_;
     Workspace ws_;
     int64_t batch_ = 0, seq_ = 0, counted_ = 0;
-    Tensor ids_, targets_;       // [N] i32, copies of the batch
+    Tensor ids_, targets_;       // [N] i32, copies of the batch on the model's device
+    Tensor host_targets_;        // [N] i32, for counting
     Tensor x0_;                  // [N, C] embedding output
-    Tensor final_, final_rstd_;  // [N, C], [N]
+    Tensor final_, final_rstd_;  // [N, C], [N] (rstd in the statistics dtype)
     Tensor logits_;              // [N, V]; overwritten in place by dlogits in backward
-    Tensor losses_, lse_;        // [N]
+    Tensor losses_, lse_;        // [N] in the statistics dtype
     Tensor dres_a_, dres_b_;     // [N, C] residual-stream gradients, ping-pong
 };
 

@@ -18,11 +18,13 @@ Mlp::Mlp(ParamTable& table, const std::string& prefix, const ModelConfig& cfg) :
                      cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)));
 }
 
-void Mlp::resize(int64_t n, core::DType dtype) {
-    if (gate_.defined() && gate_.size(0) == n && gate_.dtype() == dtype) return;
-    gate_ = Tensor::zeros({n, cfg_.d_ff}, dtype);
-    up_ = Tensor::zeros({n, cfg_.d_ff}, dtype);
-    act_ = Tensor::zeros({n, cfg_.d_ff}, dtype);
+void Mlp::resize(int64_t n, const Precision& precision) {
+    if (gate_.defined() && gate_.size(0) == n) return;
+    const core::DType dtype = precision.compute;
+    const core::Device dev = precision.device;
+    gate_ = Tensor::zeros({n, cfg_.d_ff}, dtype, dev);
+    up_ = Tensor::zeros({n, cfg_.d_ff}, dtype, dev);
+    act_ = Tensor::zeros({n, cfg_.d_ff}, dtype, dev);
 }
 
 void Mlp::forward(const Tensor& x, const Tensor& out) {

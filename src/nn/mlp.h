@@ -12,7 +12,7 @@ class Mlp : public Layer {
    public:
     Mlp(ParamTable& table, const std::string& prefix, const ModelConfig& cfg);
 
-    void resize(int64_t n, core::DType dtype);
+    void resize(int64_t n, const Precision& precision);
     // x: [N, C] (the normed residual) -> out: [N, C]
     void forward(const Tensor& x, const Tensor& out);
     // dout: [N, C] -> dx: [N, C] written (=); parameter grads accumulate.

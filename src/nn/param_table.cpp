@@ -14,19 +14,22 @@ int ParamTable::add(ParamSpec spec) {
     return i;
 }
 
-void ParamTable::finalize(DType dtype) {
+void ParamTable::finalize(const Precision& precision) {
     MT_CHECK(!finalized_, "parameter table finalized twice");
-    dtype_ = dtype;
+    precision_ = precision;
     total_ = 0;
     for (const auto& s : specs_) {
         offsets_.push_back(total_);
-        // Round each view up to 16 elements so every parameter starts 64-byte aligned in f32.
-        total_ += (core::shape_numel(s.shape) + 15) / 16 * 16;
+        // Round each view up to 64 elements so every parameter starts at least 128-byte aligned.
+        total_ += (core::shape_numel(s.shape) + 63) / 64 * 64;
     }
-    param_arena_ = Tensor::zeros({total_}, dtype);
-    grad_arena_ = Tensor::zeros({total_}, dtype);
+    master_arena_ = Tensor::zeros({total_}, precision.master, precision.device);
+    param_arena_ =
+        precision.has_master_copy() ? Tensor::zeros({total_}, precision.param, precision.device) : master_arena_;
+    grad_arena_ = Tensor::zeros({total_}, precision.master, precision.device);
     for (int i = 0; i < size(); ++i) {
         params_.push_back(view(param_arena_, i));
+        masters_.push_back(view(master_arena_, i));
         grads_.push_back(view(grad_arena_, i));
     }
     finalized_ = true;
@@ -34,20 +37,27 @@ void ParamTable::finalize(DType dtype) {
 
 void ParamTable::initialize(uint64_t seed) {
     MT_CHECK(finalized_, "initialize before finalize");
+    // Drawn on the host in the master dtype, then copied to the device.
     for (int i = 0; i < size(); ++i) {
         const ParamSpec& s = specs_[static_cast<size_t>(i)];
+        Tensor host = Tensor::zeros(s.shape, precision_.master);
         switch (s.init) {
             case InitKind::normal:
-                core::rng_fill_normal(params_[i], seed, core::hash_name(s.name.c_str()), 0.0, s.init_std);
+                core::rng_fill_normal(host, seed, core::hash_name(s.name.c_str()), 0.0, s.init_std);
                 break;
             case InitKind::ones:
-                params_[i].fill(1.0);
+                host.fill(1.0);
                 break;
             case InitKind::zeros:
-                params_[i].fill(0.0);
                 break;
         }
+        masters_[static_cast<size_t>(i)].copy_from(host);
     }
+    refresh_params_from_master();
+}
+
+void ParamTable::refresh_params_from_master() {
+    if (precision_.has_master_copy()) param_arena_.copy_from(master_arena_);
 }
 
 void ParamTable::zero_grads() {
@@ -61,7 +71,7 @@ int ParamTable::find(const std::string& name) const {
 
 Tensor ParamTable::make_arena(DType dtype) const {
     MT_CHECK(finalized_, "make_arena before finalize");
-    return Tensor::zeros({total_}, dtype);
+    return Tensor::zeros({total_}, dtype, precision_.device);
 }
 
 Tensor ParamTable::view(const Tensor& arena, int i) const {

@@ -1,6 +1,8 @@
 // The parameter table: built once from the model config, the only place that decides per-tensor attributes
-// (shape, init, weight decay, optimizer group; sharding comes later). Parameters and gradients each live in
-// one contiguous arena, and every parameter is a named view into both.
+// (shape, init, weight decay, optimizer group; sharding comes later). Each state family lives in one contiguous
+// arena on the model's device, and every parameter is a named view into each: the weights the forward reads,
+// the master weights the optimizer updates (the same arena unless the precision keeps an fp32 master copy), and
+// the gradients (in the master dtype).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "nn/precision.h"
 
 namespace mt::nn {
 
@@ -32,11 +35,13 @@ class ParamTable {
    public:
     // Declares a parameter; returns its index. Only before finalize().
     int add(ParamSpec spec);
-    // Allocates the parameter and gradient arenas (zeroed) in the given dtype.
-    void finalize(DType dtype);
-    // Fills parameters from their init spec; parameter i draws from Philox stream hash(name), so values do not
-    // depend on declaration order or thread count.
+    // Allocates the arenas (zeroed) as the precision says.
+    void finalize(const Precision& precision);
+    // Fills the master weights from their init spec (and refreshes the forward's copy); parameter i draws from
+    // Philox stream hash(name), so values depend neither on declaration order nor on threads or device.
     void initialize(uint64_t seed);
+    // Copies the master weights into the forward's weights (after an optimizer step or a load).
+    void refresh_params_from_master();
     void zero_grads();
 
     int size() const {
@@ -46,8 +51,13 @@ class ParamTable {
         return specs_.at(static_cast<size_t>(i));
     }
     int find(const std::string& name) const;  // -1 when absent
+    // The weights the forward reads (bf16 under mixed precision).
     Tensor param(int i) const {
         return params_.at(static_cast<size_t>(i));
+    }
+    // The weights the optimizer updates and checkpoints store (the same view as param(i) without a master copy).
+    Tensor master(int i) const {
+        return masters_.at(static_cast<size_t>(i));
     }
     Tensor grad(int i) const {
         return grads_.at(static_cast<size_t>(i));
@@ -58,16 +68,20 @@ class ParamTable {
     int64_t total_numel() const {
         return total_;
     }
-    DType dtype() const {
-        return dtype_;
+    const Precision& precision() const {
+        return precision_;
     }
     Tensor param_arena() const {
         return param_arena_;
     }
+    Tensor master_arena() const {
+        return master_arena_;
+    }
     Tensor grad_arena() const {
         return grad_arena_;
     }
-    // A new arena of the same layout (optimizer state families use it), and parameter i's view into it.
+    // A new arena of the same layout on the table's device (optimizer state families use it), and parameter i's
+    // view into it.
     Tensor make_arena(DType dtype) const;
     Tensor view(const Tensor& arena, int i) const;
 
@@ -75,10 +89,10 @@ class ParamTable {
     std::vector<ParamSpec> specs_;
     std::unordered_map<std::string, int> index_;
     std::vector<int64_t> offsets_;
-    std::vector<Tensor> params_, grads_;
-    Tensor param_arena_, grad_arena_;
+    std::vector<Tensor> params_, masters_, grads_;
+    Tensor param_arena_, master_arena_, grad_arena_;
     int64_t total_ = 0;
-    DType dtype_ = DType::f32;
+    Precision precision_;
     bool finalized_ = false;
 };
 

@@ -5,19 +5,21 @@
 
 namespace mt::nn {
 
-void Workspace::resize(const ModelConfig& cfg, int64_t batch, int64_t seq, core::DType dtype) {
+void Workspace::resize(const ModelConfig& cfg, int64_t batch, int64_t seq, const Precision& precision) {
     const int64_t n = batch * seq, d = cfg.resolved_head_dim();
-    if (d_norm.defined() && d_norm.size(0) == n && d_norm.dtype() == dtype) return;
+    if (d_norm.defined() && d_norm.size(0) == n) return;
+    const core::DType dtype = precision.compute;
+    const core::Device dev = precision.device;
     using core::Tensor;
-    d_norm = Tensor::zeros({n, cfg.d_model}, dtype);
-    d_tmp = Tensor::zeros({n, cfg.d_model}, dtype);
-    d_q = Tensor::zeros({batch, seq, cfg.n_heads, d}, dtype);
-    d_k = Tensor::zeros({batch, seq, cfg.n_kv_heads, d}, dtype);
-    d_v = Tensor::zeros({batch, seq, cfg.n_kv_heads, d}, dtype);
-    d_attn = Tensor::zeros({batch, seq, cfg.n_heads, d}, dtype);
-    d_gate = Tensor::zeros({n, cfg.d_ff}, dtype);
-    d_up = Tensor::zeros({n, cfg.d_ff}, dtype);
-    d_act = Tensor::zeros({n, cfg.d_ff}, dtype);
+    d_norm = Tensor::zeros({n, cfg.d_model}, dtype, dev);
+    d_tmp = Tensor::zeros({n, cfg.d_model}, dtype, dev);
+    d_q = Tensor::zeros({batch, seq, cfg.n_heads, d}, dtype, dev);
+    d_k = Tensor::zeros({batch, seq, cfg.n_kv_heads, d}, dtype, dev);
+    d_v = Tensor::zeros({batch, seq, cfg.n_kv_heads, d}, dtype, dev);
+    d_attn = Tensor::zeros({batch, seq, cfg.n_heads, d}, dtype, dev);
+    d_gate = Tensor::zeros({n, cfg.d_ff}, dtype, dev);
+    d_up = Tensor::zeros({n, cfg.d_ff}, dtype, dev);
+    d_act = Tensor::zeros({n, cfg.d_ff}, dtype, dev);
 }
 
 size_t saved_bytes(const std::vector<SavedTensor>& saved) {

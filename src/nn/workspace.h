@@ -4,6 +4,7 @@
 
 #include "core/tensor.h"
 #include "nn/model_config.h"
+#include "nn/precision.h"
 
 namespace mt::nn {
 
@@ -18,7 +19,7 @@ struct Workspace {
     core::Tensor d_up;    // [N, F]
     core::Tensor d_act;   // [N, F]
 
-    void resize(const ModelConfig& cfg, int64_t batch, int64_t seq, core::DType dtype);
+    void resize(const ModelConfig& cfg, int64_t batch, int64_t seq, const Precision& precision);
 };
 
 }  // namespace mt::nn

@@ -1,5 +1,6 @@
-// AdamW over a parameter table: first and second moments each in one arena with the table's layout;
-// weight decay per tensor as the table says.
+// AdamW over a parameter table: first and second moments each in one arena with the table's layout, in the
+// master dtype on the table's device; weight decay per tensor as the table says. Updates the master weights and
+// refreshes the forward's copy.
 #pragma once
 
 #include <cstdint>

@@ -40,7 +40,7 @@ std::vector<Field> schema(JobConfig& c) {
         {"run.name", &r.name},
         {"run.dir", &r.dir},
         {"run.seed", &r.seed, 0, 9.0e15},
-        {"run.device", &r.device, -kInf, kInf, {"cpu", "cuda"}},
+        {"run.device", &r.device, -kInf, kInf, {"auto", "cpu", "cuda"}},
         {"run.threads", &r.threads, 0, 4096},
         {"model.vocab_size", &m.vocab_size, 2, 1 << 30},
         {"model.d_model", &m.d_model, 1, 1 << 20},

@@ -15,8 +15,8 @@ struct RunConfig {
     std::string name = "run";
     std::string dir = "runs/run";
     int64_t seed = 1234;
-    std::string device = "cpu";
-    int64_t threads = 0;  // 0: all cores
+    std::string device = "auto";  // auto (cuda when a GPU is visible) | cpu | cuda
+    int64_t threads = 0;          // 0: all cores
 };
 
 struct DataConfig {

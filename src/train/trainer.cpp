@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "core/backend.h"
 #include "core/cuda_probe.h"
 #include "ops/global_norm.h"
 
@@ -25,6 +26,19 @@ std::string format_duration(double seconds) {
 
 }  // namespace
 
+nn::Precision trainer_precision(const JobConfig& cfg) {
+    const std::string& device = cfg.run.device;
+    const bool cuda = device == "cuda" || (device == "auto" && core::backend_available(core::Device::cuda));
+    if (!cuda) return nn::Precision::cpu(core::DType::f32);
+    if (!core::backend_available(core::Device::cuda))
+        core::fail_hint(core::ExitCode::device,
+                        "set run.device = \"cpu\" (or \"auto\")",
+                        "run.device = \"cuda\" but no CUDA device is available: {} [{}]",
+                        core::cuda_describe(),
+                        cfg.source);
+    return nn::Precision::cuda_bf16();
+}
+
 int trainer_set_threads(int64_t threads) {
     const int n = threads > 0 ? static_cast<int>(threads) : omp_get_num_procs();
     omp_set_num_threads(n);  // OpenBLAS stays single-threaded: the ops split GEMMs across OpenMP threads
@@ -32,13 +46,8 @@ int trainer_set_threads(int64_t threads) {
 }
 
 Trainer::Trainer(JobConfig cfg, bool log) : cfg_(std::move(cfg)), log_(log) {
-    if (cfg_.run.device == "cuda")
-        core::fail_hint(core::ExitCode::usage,
-                        "use run.device = \"cpu\" for now",
-                        "run.device = \"cuda\": the CUDA backend is not built yet ({}) [{}]",
-                        core::cuda_describe(),
-                        cfg_.source);
     trainer_set_threads(cfg_.run.threads);
+    const nn::Precision precision = trainer_precision(cfg_);
     const auto& t = cfg_.train;
 
     train_source_ = data::token_source_open(cfg_.data.format, cfg_.data.paths, cfg_.model.vocab_size);
@@ -48,7 +57,7 @@ Trainer::Trainer(JobConfig cfg, bool log) : cfg_(std::move(cfg)), log_(log) {
         val_sampler_ = std::make_unique<data::Sampler>(*val_source_, t.seq_len, static_cast<uint64_t>(cfg_.run.seed));
     }
 
-    model_ = std::make_unique<nn::DenseLM>(cfg_.model, core::DType::f32);
+    model_ = std::make_unique<nn::DenseLM>(cfg_.model, precision);
     model_->params().initialize(static_cast<uint64_t>(cfg_.run.seed));
     adamw_ = std::make_unique<optim::AdamW>(
         model_->params(),
@@ -121,9 +130,11 @@ void Trainer::run() {
                      {"parameters", model_->params().total_numel()},
                      {"mesh", {{"world", 1}, {"dp", 1}}}});
     if (log_) {
-        fmt::print("moetrain: {} parameters, {} tokens per step, {} threads; train data {}\n",
+        fmt::print("moetrain: {} parameters, {} tokens per step, {} ({}, {} threads); train data {}\n",
                    model_->params().total_numel(),
                    tokens_per_step(),
+                   core::device_name(model_->params().precision().device),
+                   core::dtype_name(model_->params().precision().compute),
                    omp_get_max_threads(),
                    train_source_->describe());
         // Debian's OpenBLAS 0.3.21 falls back to slow generic kernels on CPUs it does not recognise.

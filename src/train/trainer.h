@@ -68,6 +68,10 @@ class Trainer {
     int64_t step_ = 0;               // optimizer steps completed
 };
 
+// The precision run.device selects: "cpu" (f32), "cuda" (bf16 mixed precision; exit 5 without a GPU) or "auto"
+// (cuda when a GPU is visible, else cpu).
+nn::Precision trainer_precision(const JobConfig& cfg);
+
 // Applies run.threads (0: all cores) to OpenMP; returns the thread count.
 int trainer_set_threads(int64_t threads);
 

@@ -10,12 +10,25 @@ namespace {
 
 std::vector<TensorSpec> model_specs(const nn::ParamTable& table) {
     std::vector<TensorSpec> specs;
-    for (int i = 0; i < table.size(); ++i) specs.push_back({table.spec(i).name, table.spec(i).shape, table.dtype()});
+    for (int i = 0; i < table.size(); ++i)
+        specs.push_back({table.spec(i).name, table.spec(i).shape, table.precision().master});
     return specs;
 }
 
 std::string checkpoints_root(const JobConfig& cfg) {
     return cfg.run.dir + "/checkpoints";
+}
+
+// Checkpoints hold host copies, so a checkpoint written on a GPU resumes on the CPU and the other way.
+core::Tensor to_host(const core::Tensor& t) {
+    return t.device() == core::Device::cpu ? t : t.to_device(core::Device::cpu);
+}
+
+void read_to_device(const Checkpoint& ckpt, const std::string& kind, const std::string& name, const core::Tensor& dst) {
+    if (dst.device() == core::Device::cpu) return ckpt.read_into(kind, name, dst);
+    const core::Tensor host = core::Tensor::zeros(dst.shape(), dst.dtype());
+    ckpt.read_into(kind, name, host);
+    dst.copy_from(host);
 }
 
 }  // namespace
@@ -26,9 +39,9 @@ void Trainer::save_checkpoint() {
     std::vector<CheckpointTensor> tensors;
     for (int i = 0; i < table.size(); ++i) {
         const std::string& name = table.spec(i).name;
-        tensors.push_back({name, "param", table.param(i)});
-        tensors.push_back({name, "adamw.m", adamw_->m(i)});
-        tensors.push_back({name, "adamw.v", adamw_->v(i)});
+        tensors.push_back({name, "param", to_host(table.master(i))});
+        tensors.push_back({name, "adamw.m", to_host(adamw_->m(i))});
+        tensors.push_back({name, "adamw.v", to_host(adamw_->v(i))});
     }
     const auto& t = cfg_.train;
     const int64_t samples = data::sampler_first_sample(step_, t.grad_accum, 0, 1, 0, t.batch_size);
@@ -61,10 +74,11 @@ void Trainer::load_checkpoint(const std::string& dir) {
     checkpoint_check_fits(ckpt.manifest(), model_specs(table), dir);
     for (int i = 0; i < table.size(); ++i) {
         const std::string& name = table.spec(i).name;
-        ckpt.read_into("param", name, table.param(i));
-        ckpt.read_into("adamw.m", name, adamw_->m(i));
-        ckpt.read_into("adamw.v", name, adamw_->v(i));
+        read_to_device(ckpt, "param", name, table.master(i));
+        read_to_device(ckpt, "adamw.m", name, adamw_->m(i));
+        read_to_device(ckpt, "adamw.v", name, adamw_->v(i));
     }
+    table.refresh_params_from_master();
     step_ = ckpt.step();
     const auto& t = cfg_.train;
     const auto& data = ckpt.manifest().at("data");

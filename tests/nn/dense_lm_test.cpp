@@ -41,7 +41,7 @@ void random_batch(const Tensor& ids, const Tensor& targets, int64_t vocab) {
 class DenseLmGrad : public ::testing::TestWithParam<bool> {};
 
 TEST_P(DenseLmGrad, FiniteDifferencesMatchBackward) {
-    DenseLM model(small_config(GetParam()), DType::f64);
+    DenseLM model(small_config(GetParam()), mt::nn::Precision::cpu(DType::f64));
     model.params().initialize(11);
     // Norm weights start at 1; perturb them so their gradients are generic.
     for (int i = 0; i < model.params().size(); ++i)
@@ -79,7 +79,7 @@ TEST_P(DenseLmGrad, FiniteDifferencesMatchBackward) {
 INSTANTIATE_TEST_SUITE_P(TiedAndUntied, DenseLmGrad, ::testing::Values(true, false));
 
 TEST(DenseLm, ParameterNamesAndSavedActivations) {
-    DenseLM model(small_config(false), DType::f32);
+    DenseLM model(small_config(false), mt::nn::Precision::cpu(DType::f32));
     const auto& t = model.params();
     EXPECT_GE(t.find("embed.weight"), 0);
     EXPECT_GE(t.find("layers.1.attn.wk.weight"), 0);

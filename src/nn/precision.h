@@ -1,0 +1,32 @@
+// Where a model runs and in which dtypes: activations (compute), saved statistics (RMSNorm rstd, attention and
+// loss log-sum-exp), the weights the forward reads, the fp32 master weights and the gradients.
+//   CPU f32 (and f64 for gradient checks): everything in one dtype, no master copy.
+//   CUDA mixed precision: bf16 activations and weights, f32 statistics, f32 master weights, f32 gradients and
+//   optimizer state (as Megatron-LM's bf16 training).
+#pragma once
+
+#include "core/dtype.h"
+
+namespace mt::nn {
+
+struct Precision {
+    core::Device device = core::Device::cpu;
+    core::DType compute = core::DType::f32;  // activations and their gradients
+    core::DType stats = core::DType::f32;    // rstd, lse, per-row losses
+    core::DType param = core::DType::f32;    // the weights the forward reads
+    core::DType master = core::DType::f32;   // what the optimizer updates, gradients, optimizer state
+
+    bool has_master_copy() const {
+        return param != master;
+    }
+    // One dtype everywhere on the CPU (f32 for training, f64 for gradient checks).
+    static Precision cpu(core::DType dtype) {
+        return {core::Device::cpu, dtype, dtype, dtype, dtype};
+    }
+    // bf16 mixed precision on a GPU.
+    static Precision cuda_bf16() {
+        return {core::Device::cuda, core::DType::bf16, core::DType::f32, core::DType::bf16, core::DType::f32};
+    }
+};
+
+}  // namespace mt::nn
