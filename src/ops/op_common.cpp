@@ -2,17 +2,12 @@
 // names the op and the argument, e.g. "linear_fwd: w has shape [3, 5], expected [3, 4]".
 #include "ops/op_common.h"
 
+#include <string>
+
 namespace mt::ops {
 
 void check_arg(const Tensor& t, std::string_view op, std::string_view arg, int ndim) {
     MT_CHECK(t.defined(), "{}: {} is undefined", op, arg);
-    // Only CPU kernels exist so far; the CUDA backend replaces this check with a per-op device dispatch.
-    MT_CHECK(t.device() == core::Device::cpu,
-             "{}: {} is a {} tensor; {} is not implemented on cuda yet",
-             op,
-             arg,
-             core::device_name(t.device()),
-             op);
     MT_CHECK(t.ndim() == ndim,
              "{}: {} has shape {} (rank {}), expected rank {}",
              op,
@@ -29,6 +24,13 @@ void check_arg(const Tensor& t, std::string_view op, std::string_view arg, int n
 }
 
 void check_float_arg(const Tensor& t, std::string_view op, std::string_view arg, int ndim) {
+    MT_CHECK(t.defined(), "{}: {} is undefined", op, arg);
+    MT_CHECK(t.device() == core::Device::cpu,
+             "{}: {} is a {} tensor; {} is not implemented on cuda yet",
+             op,
+             arg,
+             core::device_name(t.device()),
+             op);
     check_arg(t, op, arg, ndim);
     MT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64,
              "{}: {} has dtype {}, expected f32 or f64",
@@ -54,6 +56,38 @@ void check_shape(const Tensor& t, const Shape& shape, std::string_view op, std::
              arg,
              core::shape_str(t.shape()),
              core::shape_str(shape));
+}
+
+void check_dtype_in(const Tensor& t, std::initializer_list<DType> dtypes, std::string_view op, std::string_view arg) {
+    std::string expected;
+    size_t i = 0;
+    for (DType d : dtypes) {
+        if (t.dtype() == d) return;
+        if (i > 0) expected += i + 1 == dtypes.size() ? " or " : ", ";
+        expected += core::dtype_name(d);
+        ++i;
+    }
+    core::fail(
+        core::ExitCode::internal, "{}: {} has dtype {}, expected {}", op, arg, core::dtype_name(t.dtype()), expected);
+}
+
+core::Device check_same_device(std::string_view op, std::initializer_list<NamedArg> args) {
+    const NamedArg* first = nullptr;
+    for (const NamedArg& a : args) {
+        if (!a.tensor.defined()) continue;
+        if (first == nullptr) {
+            first = &a;
+            continue;
+        }
+        MT_CHECK(a.tensor.device() == first->tensor.device(),
+                 "{}: {} is on {} but {} is on {}; all tensors of one call must be on the same device",
+                 op,
+                 a.name,
+                 core::device_name(a.tensor.device()),
+                 first->name,
+                 core::device_name(first->tensor.device()));
+    }
+    return first == nullptr ? core::Device::cpu : first->tensor.device();
 }
 
 }  // namespace mt::ops

@@ -1,6 +1,10 @@
-// Shared argument checks and the float-dtype dispatch used by every op's entry point.
+// Shared argument checks and the float-dtype dispatch used by every op's entry point. An entry point checks ranks,
+// contiguity and shapes (device-independent), asks check_same_device which device the call runs on, and then
+// either calls the CUDA side (mt::ops::cuda, which checks its own dtypes) or checks the CPU dtypes and runs the CPU
+// reference.
 #pragma once
 
+#include <initializer_list>
 #include <string_view>
 
 #include "core/tensor.h"
@@ -11,14 +15,28 @@ using core::DType;
 using core::Shape;
 using core::Tensor;
 
-// Fails (exit 1, naming the op and argument) unless t is defined, on the CPU, contiguous, of the given rank.
+// Fails (exit 1, naming the op and argument) unless t is defined, contiguous, of the given rank; any device.
 void check_arg(const Tensor& t, std::string_view op, std::string_view arg, int ndim);
-// Fails unless t has dtype f32 or f64.
+// The CPU path's float check: fails unless t passes check_arg, is on the CPU and has dtype f32 or f64. A tensor on
+// another device fails with "<op>: <arg> is a cuda tensor; <op> is not implemented on cuda yet" (entry points
+// dispatch CUDA tensors before calling this, so only ops without a CUDA path reach that message).
 void check_float_arg(const Tensor& t, std::string_view op, std::string_view arg, int ndim);
 // Fails unless a and b have the same dtype.
 void check_same_dtype(const Tensor& a, const Tensor& b, std::string_view op);
 // Fails unless t has exactly the given shape.
 void check_shape(const Tensor& t, const Shape& shape, std::string_view op, std::string_view arg);
+// Fails unless t has one of the given dtypes: "<op>: <arg> has dtype f16, expected bf16 or f32".
+void check_dtype_in(const Tensor& t, std::initializer_list<DType> dtypes, std::string_view op, std::string_view arg);
+
+// One tensor argument and its name, for check_same_device.
+struct NamedArg {
+    std::string_view name;
+    const Tensor& tensor;
+};
+// The device of the call: that of the first defined tensor (cpu when none is defined). Fails (exit 1) naming both
+// arguments unless every defined tensor is on that device: "<op>: w is on cuda but x is on cpu; all tensors of
+// one call must be on the same device".
+core::Device check_same_device(std::string_view op, std::initializer_list<NamedArg> args);
 
 }  // namespace mt::ops
 

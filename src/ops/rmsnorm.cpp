@@ -1,13 +1,26 @@
-// Entry points of the RMSNorm op: argument checks and CPU dispatch.
+// Entry points of the RMSNorm op: argument checks and dispatch by device.
 #include "ops/rmsnorm.h"
 
 #include "ops/cpu/checks.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cuda/cuda_ops.h"
 
 namespace mt::ops {
 
 void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) {
     constexpr std::string_view op = "rmsnorm_fwd";
+    check_arg(x, op, "x", 2);
+    check_arg(weight, op, "weight", 1);
+    check_arg(y, op, "y", 2);
+    check_arg(rstd, op, "rstd", 1);
+    const int64_t n = x.size(0), c = x.size(1);
+    MT_CHECK(c > 0, "{}: x has shape {}; the normalized dim C must be > 0", op, core::shape_str(x.shape()));
+    check_shape(weight, {c}, op, "weight");
+    check_shape(y, {n, c}, op, "y");
+    check_shape(rstd, {n}, op, "rstd");
+    MT_CHECK(eps >= 0.0, "{}: eps = {} must be >= 0", op, eps);
+    if (check_same_device(op, {{"x", x}, {"weight", weight}, {"y", y}, {"rstd", rstd}}) == core::Device::cuda)
+        return cuda::rmsnorm_fwd(x, weight, eps, y, rstd);
     check_float_arg(x, op, "x", 2);
     check_float_arg(weight, op, "weight", 1);
     check_float_arg(y, op, "y", 2);
@@ -15,12 +28,6 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor
     cpu::check_dtype_as(weight, x, op, "weight", "x");
     cpu::check_dtype_as(y, x, op, "y", "x");
     cpu::check_dtype_as(rstd, x, op, "rstd", "x");
-    const int64_t n = x.size(0), c = x.size(1);
-    MT_CHECK(c > 0, "{}: x has shape {}; the normalized dim C must be > 0", op, core::shape_str(x.shape()));
-    check_shape(weight, {c}, op, "weight");
-    check_shape(y, {n, c}, op, "y");
-    check_shape(rstd, {n}, op, "rstd");
-    MT_CHECK(eps >= 0.0, "{}: eps = {} must be >= 0", op, eps);
     MT_DISPATCH_FLOAT(
         x.dtype(),
         op,
@@ -35,6 +42,22 @@ void rmsnorm_bwd(const Tensor& x,
                  const Tensor& dx,
                  const Tensor& dweight) {
     constexpr std::string_view op = "rmsnorm_bwd";
+    check_arg(x, op, "x", 2);
+    check_arg(weight, op, "weight", 1);
+    check_arg(rstd, op, "rstd", 1);
+    check_arg(dy, op, "dy", 2);
+    check_arg(dx, op, "dx", 2);
+    check_arg(dweight, op, "dweight", 1);
+    const int64_t n = x.size(0), c = x.size(1);
+    check_shape(weight, {c}, op, "weight");
+    check_shape(rstd, {n}, op, "rstd");
+    check_shape(dy, {n, c}, op, "dy");
+    check_shape(dx, {n, c}, op, "dx");
+    check_shape(dweight, {c}, op, "dweight");
+    if (check_same_device(
+            op, {{"x", x}, {"weight", weight}, {"rstd", rstd}, {"dy", dy}, {"dx", dx}, {"dweight", dweight}}) ==
+        core::Device::cuda)
+        return cuda::rmsnorm_bwd(x, weight, rstd, dy, dx, dweight);
     check_float_arg(x, op, "x", 2);
     check_float_arg(weight, op, "weight", 1);
     check_float_arg(rstd, op, "rstd", 1);
@@ -46,12 +69,6 @@ void rmsnorm_bwd(const Tensor& x,
     cpu::check_dtype_as(dy, x, op, "dy", "x");
     cpu::check_dtype_as(dx, x, op, "dx", "x");
     cpu::check_dtype_as(dweight, x, op, "dweight", "x");
-    const int64_t n = x.size(0), c = x.size(1);
-    check_shape(weight, {c}, op, "weight");
-    check_shape(rstd, {n}, op, "rstd");
-    check_shape(dy, {n, c}, op, "dy");
-    check_shape(dx, {n, c}, op, "dx");
-    check_shape(dweight, {c}, op, "dweight");
     MT_DISPATCH_FLOAT(x.dtype(),
                       op,
                       cpu::rmsnorm_bwd(x.data<scalar_t>(),

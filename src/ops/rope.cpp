@@ -1,24 +1,24 @@
-// Entry points of the rotary position embedding: argument checks and CPU dispatch.
+// Entry points of the rotary position embedding: argument checks and dispatch by device.
 #include "ops/rope.h"
 
 #include "ops/cpu/checks.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cuda/cuda_ops.h"
 
 namespace mt::ops {
 
 namespace {
 
-// in and out: [B, T, H, D] of one float dtype, D even; theta > 0, pos_offset >= 0.
-void check_rope_args(const Tensor& in,
-                     std::string_view in_arg,
-                     const Tensor& out,
-                     std::string_view out_arg,
-                     double theta,
-                     int64_t pos_offset,
-                     std::string_view op) {
-    check_float_arg(in, op, in_arg, 4);
-    check_float_arg(out, op, out_arg, 4);
-    cpu::check_dtype_as(out, in, op, out_arg, in_arg);
+// in and out: [B, T, H, D], D even, on one device; theta > 0, pos_offset >= 0. Returns the device.
+core::Device check_rope_args(const Tensor& in,
+                             std::string_view in_arg,
+                             const Tensor& out,
+                             std::string_view out_arg,
+                             double theta,
+                             int64_t pos_offset,
+                             std::string_view op) {
+    check_arg(in, op, in_arg, 4);
+    check_arg(out, op, out_arg, 4);
     check_shape(out, in.shape(), op, out_arg);
     MT_CHECK(in.size(3) % 2 == 0,
              "{}: {} has shape {}; the head dim D must be even",
@@ -27,13 +27,21 @@ void check_rope_args(const Tensor& in,
              core::shape_str(in.shape()));
     MT_CHECK(theta > 0.0, "{}: theta = {} must be > 0", op, theta);
     MT_CHECK(pos_offset >= 0, "{}: pos_offset = {} must be >= 0", op, pos_offset);
+    const core::Device device = check_same_device(op, {{in_arg, in}, {out_arg, out}});
+    if (device == core::Device::cpu) {
+        check_float_arg(in, op, in_arg, 4);
+        check_float_arg(out, op, out_arg, 4);
+        cpu::check_dtype_as(out, in, op, out_arg, in_arg);
+    }
+    return device;
 }
 
 }  // namespace
 
 void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y) {
     constexpr std::string_view op = "rope_fwd";
-    check_rope_args(x, "x", y, "y", theta, pos_offset, op);
+    if (check_rope_args(x, "x", y, "y", theta, pos_offset, op) == core::Device::cuda)
+        return cuda::rope_fwd(x, theta, pos_offset, y);
     MT_DISPATCH_FLOAT(x.dtype(),
                       op,
                       cpu::rope_rotate(x.data<scalar_t>(),
@@ -49,7 +57,8 @@ void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y
 
 void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx) {
     constexpr std::string_view op = "rope_bwd";
-    check_rope_args(dy, "dy", dx, "dx", theta, pos_offset, op);
+    if (check_rope_args(dy, "dy", dx, "dx", theta, pos_offset, op) == core::Device::cuda)
+        return cuda::rope_bwd(dy, theta, pos_offset, dx);
     MT_DISPATCH_FLOAT(dy.dtype(),
                       op,
                       cpu::rope_rotate(dy.data<scalar_t>(),

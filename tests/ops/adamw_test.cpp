@@ -93,7 +93,75 @@ void argument_errors() {
     expect_op_error([&] { adamw_step(p, g, m, v, bad, 1, 1.0); }, "adamw_step: betas (0.9, 1) must be in [0, 1)");
 }
 
+// The overload with a model copy: the copy gets the updated param converted to its dtype (bf16 rounds to nearest
+// even); an undefined copy is the plain step.
+void param_copy_written() {
+    const int64_t n = 1001;
+    const Tensor param = op_randn({n}, 5, 0).to(DType::f32), grad = op_randn({n}, 5, 1).to(DType::f32);
+    AdamWHyper hyper;
+    hyper.weight_decay = 0.1;
+    const Tensor p_ref = param.clone(), m_ref = op_like(param), v_ref = op_like(param);
+    adamw_step(p_ref, grad, m_ref, v_ref, hyper, 3, 0.7);
+    for (DType copy_dtype : {DType::bf16, DType::f32}) {
+        const Tensor p = param.clone(), m = op_like(param), v = op_like(param);
+        const Tensor copy = Tensor::zeros({n}, copy_dtype);
+        adamw_step(p, grad, m, v, hyper, 3, 0.7, copy);
+        EXPECT_EQ(op_rho(p, p_ref), 0.0);
+        EXPECT_EQ(op_rho(copy, p_ref.to(copy_dtype)), 0.0) << core::dtype_name(copy_dtype);
+    }
+    const Tensor p = param.clone(), m = op_like(param), v = op_like(param);
+    adamw_step(p, grad, m, v, hyper, 3, 0.7, Tensor());
+    EXPECT_EQ(op_rho(p, p_ref), 0.0);
+    expect_op_error([&] { adamw_step(p, grad, m, v, hyper, 3, 0.7, Tensor::zeros({n}, DType::f64)); },
+                    "adamw_step: param_copy has dtype f64, expected bf16 or f32");
+    expect_op_error([&] { adamw_step(p, grad, m, v, hyper, 3, 0.7, Tensor::zeros({n + 1}, DType::bf16)); },
+                    "adamw_step: param_copy has shape [1002], expected [1001]");
+    expect_op_error([&] { adamw_step(p, grad, m, v, hyper, 3, 0.7, op_cuda_view({n}, DType::bf16)); },
+                    "adamw_step: param_copy is on cuda but param is on cpu");
+}
+
+// CUDA against the CPU: f32 master weights and state, f32 or bf16 gradients (the CPU sees the same rounded values),
+// with no copy, a bf16 copy and an f32 copy; three steps, odd and 16-byte-multiple sizes; deterministic.
+void parity(int64_t n) {
+    for (DType grad_dtype : {DType::f32, DType::bf16}) {
+        for (int copy_kind = 0; copy_kind < 3; ++copy_kind) {
+            const std::string name = fmt::format("adamw_n{}_grad_{}_copy_{}",
+                                                 n,
+                                                 core::dtype_name(grad_dtype),
+                                                 copy_kind == 0   ? "none"
+                                                 : copy_kind == 1 ? "bf16"
+                                                                  : "f32");
+            const Tensor param = op_randn({n}, 9, 0).to(DType::f32);
+            const Tensor m0 = op_randn({n}, 9, 2, 0.0, 0.1).to(DType::f32);
+            const Tensor v0 = op_uniform({n}, 9, 3, 0.0, 0.1).to(DType::f32);
+            AdamWHyper hyper;
+            hyper.lr = 3e-3;
+            hyper.weight_decay = 0.1;
+            const DType copy_dtype = copy_kind == 1 ? DType::bf16 : DType::f32;
+            const Tensor p_cpu = param.clone(), m_cpu = m0.clone(), v_cpu = v0.clone();
+            const Tensor c_cpu = copy_kind ? Tensor::zeros({n}, copy_dtype) : Tensor();
+            const Tensor p_dev = param.to_device(core::Device::cuda), m_dev = m0.to_device(core::Device::cuda);
+            const Tensor v_dev = v0.to_device(core::Device::cuda);
+            const Tensor c_dev = copy_kind ? Tensor::zeros({n}, copy_dtype, core::Device::cuda) : Tensor();
+            for (int64_t step = 1; step <= 3; ++step) {
+                const Tensor g = op_randn({n}, 9, 10 + static_cast<uint64_t>(step)).to(grad_dtype);
+                adamw_step(p_cpu, g.to(DType::f32), m_cpu, v_cpu, hyper, step, 0.6, c_cpu);
+                adamw_step(p_dev, g.to_device(core::Device::cuda), m_dev, v_dev, hyper, step, 0.6, c_dev);
+            }
+            op_expect_parity(name, "param", p_dev, p_cpu, 1e-5);
+            op_expect_parity(name, "m", m_dev, m_cpu, 1e-5);
+            op_expect_parity(name, "v", v_dev, v_cpu, 1e-5);
+            // A bf16 copy is a bf16 tensor: an f32 param one ulp apart can round to the neighbouring bf16 value.
+            if (copy_kind) op_expect_parity(name, "param_copy", c_dev, c_cpu, copy_dtype == DType::bf16 ? 1e-2 : 1e-5);
+        }
+    }
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
+    op_register_check("adamw", "adamw_param_copy_written", param_copy_written);
+    op_register_parity_check("adamw", "adamw_n1", [] { parity(1); });
+    op_register_parity_check("adamw", "adamw_n1003", [] { parity(1003); });
+    op_register_parity_check("adamw", "adamw_n1048576", [] { parity(1 << 20); });
     op_register_check("adamw", "adamw_two_steps_f64", [] { two_steps(DType::f64, 1e-14); });
     op_register_check("adamw", "adamw_two_steps_f32", [] { two_steps(DType::f32, 2e-6); });
     op_register_check("adamw", "adamw_matches_elementwise", matches_elementwise);

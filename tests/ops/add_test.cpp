@@ -45,7 +45,9 @@ OpCase add_case(const Shape& shape, Alias alias) {
     op_register(add_case({7, 5}, Alias::none));
     op_register(add_case({2, 3, 5}, Alias::a));
     op_register(add_case({2, 3, 5}, Alias::b));
-    op_register(add_case({4, 10007}, Alias::none));  // several parallel blocks, on the OpenMP team
+    op_register(add_case({4, 10007}, Alias::none));                    // several parallel blocks, on the OpenMP team
+    op_register(op_parity_only(add_case({4, 512, 64}, Alias::none)));  // CUDA sizes: the 8-wide vector path
+    op_register(op_parity_only(add_case({4, 512, 64}, Alias::a)));
     return true;
 }();
 

@@ -23,14 +23,14 @@ OpCase cross_entropy_case(int64_t n, int64_t v, int32_t ignore_index, bool in_pl
                 p.inputs = {{"logits", op_randn({n, v}, s, 0, 0.0, 2.0), GradKind::written},
                             {"targets", targets, GradKind::none}};
                 p.forward = [=](const std::vector<Tensor>& in) {
-                    Tensor losses = op_like(in[0], {n}), lse = op_like(in[0], {n});
+                    Tensor losses = op_stat_like(in[0], {n}), lse = op_stat_like(in[0], {n});
                     cross_entropy_fwd(in[0], in[1], ignore_index, losses, lse);
                     return std::vector<Tensor>{losses};
                 };
                 p.backward = [=](const std::vector<Tensor>& in,
                                  const std::vector<Tensor>& dout,
                                  const std::vector<Tensor>& grads) {
-                    Tensor losses = op_like(in[0], {n}), lse = op_like(in[0], {n});
+                    Tensor losses = op_stat_like(in[0], {n}), lse = op_stat_like(in[0], {n});
                     cross_entropy_fwd(in[0], in[1], ignore_index, losses, lse);
                     if (in_place) {
                         grads[0].copy_from(in[0]);
@@ -51,6 +51,10 @@ OpCase cross_entropy_case(int64_t n, int64_t v, int32_t ignore_index, bool in_pl
     op_register(cross_entropy_case(13, 257, -100, true));
     op_register(cross_entropy_case(200, 257, -100, true));  // large enough to run on the OpenMP team
     op_register(cross_entropy_case(11, 3, 0, true));  // ignore_index is a class id: every row with target 0 is ignored
+    // CUDA sizes: vocabularies of 32768 and more (one block per row, the 8-wide vector path), an odd vocabulary.
+    op_register(op_parity_only(cross_entropy_case(64, 32768, -100, true)));
+    op_register(op_parity_only(cross_entropy_case(37, 50257, -100, false)));
+    op_register(op_parity_only(cross_entropy_case(16, 131072, -100, true)));
     return true;
 }();
 
@@ -135,6 +139,30 @@ TEST(OpArgs, CrossEntropyShapesAndDtypes) {
         },
         "cross_entropy_bwd: dlogits must be contiguous");
 }
+
+// On the GPU: a bad target is found on the device and reported as on the CPU (exit 3); statistics must be f32.
+void cuda_errors() {
+    const core::Device gpu = core::Device::cuda;
+    const Tensor logits = Tensor::zeros({4, 5}, DType::bf16, gpu), losses = Tensor::zeros({4}, DType::f32, gpu);
+    const Tensor lse = op_like(losses);
+    Tensor targets = Tensor::zeros({4}, DType::i32);
+    targets.data<int32_t>()[1] = -100;
+    targets.data<int32_t>()[3] = 5;
+    const Tensor targets_dev = targets.to_device(gpu);
+    expect_op_error([&] { cross_entropy_fwd(logits, targets_dev, -100, losses, lse); },
+                    "cross_entropy_fwd: targets[3] = 5 is outside [0, 5) and is not ignore_index (-100)",
+                    core::ExitCode::data);
+    expect_op_error([&] { cross_entropy_bwd(logits, targets_dev, lse, -100, losses, op_like(logits)); },
+                    "cross_entropy_bwd: targets[3] = 5",
+                    core::ExitCode::data);
+    expect_op_error([&] { cross_entropy_fwd(logits, targets_dev, -100, losses.to(DType::bf16), lse); },
+                    "cross_entropy_fwd: losses has dtype bf16, expected f32");
+}
+
+[[maybe_unused]] const bool kRegisteredCuda = [] {
+    op_register_parity_check("cross_entropy", "cross_entropy_cuda_errors", cuda_errors);
+    return true;
+}();
 
 }  // namespace
 }  // namespace mt::ops::test

@@ -35,6 +35,9 @@ OpCase embedding_case(int64_t n, int64_t vocab, int64_t c) {
     op_register(embedding_case(97, 257, 131));  // more than one column block of the backward
     op_register(embedding_case(300, 7, 70));    // many repeats of every id
     op_register(embedding_case(300, 37, 130));  // large enough to run on the OpenMP team
+    // CUDA sizes: the 8-wide vector path, several row and column blocks of the backward, a large vocabulary.
+    op_register(op_parity_only(embedding_case(1031, 500, 1024)));
+    op_register(op_parity_only(embedding_case(517, 50257, 72)));
     return true;
 }();
 
@@ -63,7 +66,12 @@ TEST(OpArgs, EmbeddingShapesAndDtypes) {
         [&] {
             embedding_fwd(ids, w, op_cuda_view({3, 4}, DType::f32));
         },
-        "embedding_fwd: out is a cuda tensor; embedding_fwd is not implemented on cuda yet");
+        "embedding_fwd: out is on cuda but ids is on cpu; all tensors of one call must be on the same device");
+    expect_op_error(
+        [&] {
+            embedding_bwd(ids, op_cuda_view({3, 4}, DType::f32), w);
+        },
+        "embedding_bwd: dout is on cuda but ids is on cpu");
 
     embedding_bwd(ids, out, w);
     expect_op_error(
@@ -94,6 +102,33 @@ TEST(OpEmbedding, IdOutOfRangeIsDataError) {
     ids.data<int32_t>()[2] = 4;
     embedding_fwd(ids, w, out);
 }
+
+// On the GPU: an id outside the table is found on the device and reported as on the CPU (exit 3, naming the first
+// bad position); an unsupported dtype names the argument.
+void cuda_errors() {
+    const core::Device gpu = core::Device::cuda;
+    const Tensor w = Tensor::zeros({5, 8}, DType::bf16, gpu), out = Tensor::zeros({6, 8}, DType::bf16, gpu);
+    Tensor ids = Tensor::zeros({6}, DType::i32);
+    ids.data<int32_t>()[4] = 5;
+    ids.data<int32_t>()[2] = -3;
+    const Tensor ids_dev = ids.to_device(gpu);
+    expect_op_error([&] { embedding_fwd(ids_dev, w, out); },
+                    "embedding_fwd: ids[2] = -3 is outside the embedding table [0, 5)",
+                    core::ExitCode::data);
+    expect_op_error(
+        [&] {
+            embedding_bwd(ids_dev, out, Tensor::zeros({5, 8}, DType::f32, gpu));
+        },
+        "embedding_bwd: ids[2] = -3",
+        core::ExitCode::data);
+    expect_op_error([&] { embedding_fwd(Tensor::zeros({6}, DType::i32, gpu), w.to(DType::f64), out); },
+                    "embedding_fwd: weight has dtype f64, expected bf16 or f32");
+}
+
+[[maybe_unused]] const bool kRegisteredCuda = [] {
+    op_register_parity_check("embedding", "embedding_cuda_errors", cuda_errors);
+    return true;
+}();
 
 }  // namespace
 }  // namespace mt::ops::test

@@ -64,10 +64,45 @@ void argument_errors() {
         "global_norm: tensors[1] has dtype i32, expected f32 or f64");
     expect_op_error([&] { global_norm({Tensor()}); }, "global_norm: tensors[0] is undefined");
     expect_op_error([&] { global_norm_sq(a.to(DType::bf16)); }, "global_norm_sq: t has dtype bf16");
-    expect_op_error([&] { global_norm_sq(op_cuda_view({2, 3}, DType::f32)); }, "not implemented on cuda yet");
+    expect_op_error(
+        [&] {
+            global_norm({a, op_cuda_view({2, 3}, DType::f32)});
+        },
+        "global_norm: tensors[1] is on cuda but tensors[0] is on cpu");
+}
+
+// CUDA against the CPU over a list of f32 and bf16 tensors of odd sizes (the CPU sees the same rounded values), the
+// one-tensor global_norm_sq, an empty tensor, and bitwise-equal repeats (a fixed-order reduction).
+void parity() {
+    const std::vector<int64_t> sizes = {1, 7, 4097, 65536, 1000003, 0, 3 * 1048576 + 5};
+    std::vector<Tensor> cpu, dev;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        const DType dtype = i % 2 == 0 ? DType::f32 : DType::bf16;
+        const Tensor t = op_randn({sizes[i]}, 13, i, 0.0, 1.0 + static_cast<double>(i)).to(dtype);
+        cpu.push_back(t.to(DType::f32));
+        dev.push_back(t.to_device(core::Device::cuda));
+    }
+    const auto scalar = [](double x) {
+        Tensor t = Tensor::zeros({1}, DType::f64);
+        core::tensor_set_flat(t, 0, x);
+        return t;
+    };
+    const double got = global_norm(dev), ref = global_norm(cpu);
+    op_expect_parity("global_norm_mixed", "norm", scalar(got), scalar(ref), 1e-12);
+    EXPECT_EQ(global_norm(dev), got) << "two CUDA runs differ";
+    op_expect_parity("global_norm_mixed",
+                     "norm_sq of tensors[4]",
+                     scalar(global_norm_sq(dev[4])),
+                     scalar(global_norm_sq(cpu[4])),
+                     1e-12);
+    EXPECT_EQ(global_norm({dev[5]}), 0.0);
+    const std::vector<Tensor> one = {dev[0]};
+    op_expect_parity(
+        "global_norm_mixed", "norm of tensors[0]", scalar(global_norm(one)), scalar(global_norm({cpu[0]})), 1e-12);
 }
 
 [[maybe_unused]] const bool kRegistered = [] {
+    op_register_parity_check("global_norm", "global_norm_mixed_dtypes", parity);
     op_register_check("global_norm", "global_norm_known_values", known_values);
     op_register_check("global_norm", "global_norm_accumulates_in_f64", accumulates_in_f64);
     op_register_check("global_norm", "global_norm_thread_count_invariant", thread_count_invariant);

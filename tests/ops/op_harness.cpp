@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/backend.h"
 #include "core/rng.h"
 
 namespace mt::ops::test {
@@ -40,9 +41,31 @@ void register_test(const char* suite, const std::string& name, std::function<voi
 
 void op_register(OpCase c) {
     registered_ops().insert(c.op);
-    register_test("OpGrad", c.name, [c] { op_check_grad(c); });
-    register_test("OpF32", c.name, [c] { op_check_f32(c); });
-    register_test("OpThreads", c.name, [c] { op_check_threads(c); });
+    if (!c.parity_only) {
+        register_test("OpGrad", c.name, [c] { op_check_grad(c); });
+        register_test("OpF32", c.name, [c] { op_check_f32(c); });
+        register_test("OpThreads", c.name, [c] { op_check_threads(c); });
+    }
+    register_test("OpParity", c.name, [c] {
+        if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
+        op_check_parity(c);
+    });
+}
+
+void op_register_parity_check(const std::string& op, const std::string& name, std::function<void()> body) {
+    registered_ops().insert(op);
+    register_test("OpParity", name, [body] {
+        if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
+        try {
+            body();
+        } catch (const core::Error& e) {
+            ADD_FAILURE() << "the CUDA side failed: " << e.what();
+        }
+    });
+}
+
+bool op_gpu_available() {
+    return core::backend_available(core::Device::cuda);
 }
 
 void op_register_check(const std::string& op, const std::string& name, std::function<void()> body) {
@@ -54,16 +77,53 @@ std::set<std::string> op_registered_ops() {
     return registered_ops();
 }
 
-double op_rho(const Tensor& a, const Tensor& b) {
-    EXPECT_EQ(a.shape(), b.shape());
-    long double diff = 0, ref = 0;
+namespace {
+
+// Host copy (contiguous) of a tensor on any device.
+Tensor on_host(const Tensor& t) {
+    return t.device() == core::Device::cpu ? t : t.to_device(core::Device::cpu);
+}
+
+// sum (a - b)^2 and sum b^2 over all elements.
+void diff_and_ref(const Tensor& a_any, const Tensor& b_any, long double* diff, long double* ref) {
+    EXPECT_EQ(a_any.shape(), b_any.shape());
+    const Tensor a = on_host(a_any), b = on_host(b_any);
+    *diff = 0;
+    *ref = 0;
     for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) {
         const long double x = core::tensor_get_flat(a, i), y = core::tensor_get_flat(b, i);
-        diff += (x - y) * (x - y);
-        ref += y * y;
+        *diff += (x - y) * (x - y);
+        *ref += y * y;
     }
+}
+
+}  // namespace
+
+double op_rho(const Tensor& a, const Tensor& b) {
+    long double diff = 0, ref = 0;
+    diff_and_ref(a, b, &diff, &ref);
     if (ref == 0) return diff == 0 ? 0.0 : std::numeric_limits<double>::infinity();
     return static_cast<double>(std::sqrt(diff / ref));
+}
+
+double op_parity_rho(const Tensor& got, const Tensor& ref_tensor, double rms_floor) {
+    long double diff = 0, ref = 0;
+    diff_and_ref(got, ref_tensor, &diff, &ref);
+    if (std::isnan(static_cast<double>(diff))) return std::numeric_limits<double>::quiet_NaN();
+    const long double floor = static_cast<long double>(rms_floor) * rms_floor * ref_tensor.numel();  // rms^2 n
+    if (diff == 0) return 0.0;
+    return static_cast<double>(std::sqrt(diff / std::max(ref, floor)));
+}
+
+void op_expect_parity(const std::string& name,
+                      const std::string& what,
+                      const Tensor& got,
+                      const Tensor& ref,
+                      double budget,
+                      double rms_floor) {
+    const double rho = op_parity_rho(got, ref, rms_floor);
+    fmt::print("[ PARITY ] {} {}: rho {:.3e} (budget {:.0e})\n", name, what, rho, budget);
+    EXPECT_LE(rho, budget) << name << " " << what << ": CUDA against the CPU reference";
 }
 
 Tensor op_randn(const Shape& shape, uint64_t seed, uint64_t stream, double mean, double std) {
@@ -91,11 +151,16 @@ uint64_t op_seed(const std::string& name) {
 }
 
 Tensor op_like(const Tensor& t) {
-    return Tensor::zeros(t.shape(), t.dtype());
+    return Tensor::zeros(t.shape(), t.dtype(), t.device());
 }
 
 Tensor op_like(const Tensor& t, const Shape& shape) {
-    return Tensor::zeros(shape, t.dtype());
+    return Tensor::zeros(shape, t.dtype(), t.device());
+}
+
+Tensor op_stat_like(const Tensor& t, const Shape& shape) {
+    const bool half = t.dtype() == DType::bf16 || t.dtype() == DType::f16;
+    return Tensor::zeros(shape, half ? DType::f32 : t.dtype(), t.device());
 }
 
 Tensor op_noncontiguous(const Shape& shape, DType dtype) {

@@ -6,8 +6,10 @@
 //   OpF32.<case>     the f32 forward and backward agree with fp64 by rho = |a - b|_2 / |b|_2 <= the case budget
 //                    (a tensor whose f64 rms is below 0.1 is judged against 0.1 rms instead of its own norm)
 //   OpThreads.<case> the f32 forward and backward are bitwise the same with 1 and 3 OpenMP threads
-// Ops without a backward (adamw_step, global_norm) register hand-computed checks (OpCheck.<case>) instead.
-// Parity mode (CPU vs CUDA) is the PARITY HOOK below; it runs once the CUDA ops exist.
+//   OpParity.<case>  CPU (f32) against CUDA (bf16 and f32 device inputs) by rho (see op_check_parity); CTest label
+//                    gpu; skipped where no GPU is present
+// Ops without a backward (adamw_step, global_norm) register hand-computed checks (OpCheck.<case>) instead, and
+// their own parity checks with op_register_parity_check.
 #pragma once
 
 #include <cstdint>
@@ -50,32 +52,80 @@ struct OpProblem {
         backward;
 };
 
+// How a case runs in parity mode (conventions §1.4). The CUDA side runs once per enabled device dtype D: float
+// inputs are rounded to D and copied to the device, and the CPU reference runs in f32 on the same rounded values,
+// so the comparison measures the kernels, not the rounding of the inputs.
+struct OpParityOptions {
+    bool bf16 = true;           // run with bf16 device inputs (activations and weights in bf16)
+    bool f32 = true;            // run with f32 device inputs
+    double bf16_budget = 1e-2;  // rho budgets; a case that changes one says why in budget_reason
+    double f32_budget = 1e-5;
+    std::string budget_reason;
+    // A reference tensor whose rms is below this is judged against this rms instead of its own norm (see
+    // op_parity_rho); a case raises it, with a reason, for a tensor that is exactly zero in exact arithmetic.
+    double rms_floor = 1e-6;
+    // Dtype of the "+=" gradient buffers (parameter grads) in the bf16 run: f32 by default, as Megatron's main_grad
+    // (a bf16 forward accumulates its parameter gradients in f32). The f32 run uses f32 for every buffer.
+    DType bf16_accumulated_grad = DType::f32;
+};
+
 struct OpCase {
     std::string op;    // the header's name: "linear" for src/ops/linear.h
     std::string name;  // unique test name, e.g. "linear_n7_k5_m3_bias"
     std::function<OpProblem()> build;
     double f32_budget = 1e-5;  // rho budget of the f32-vs-f64 check
+    OpParityOptions parity = {};
+    // A large case for the CUDA kernels (vector widths, tiles, V = 32768+): registered as OpParity only, since the
+    // fp64 finite differences of the CPU modes would be slow at that size and the small cases cover them.
+    bool parity_only = false;
 };
 
-// The modes, run on one case (each registered case runs all three as tests).
+// The case, marked parity_only.
+inline OpCase op_parity_only(OpCase c) {
+    c.parity_only = true;
+    return c;
+}
+
+// The modes, run on one case (each registered case runs all four as tests).
 void op_check_grad(const OpCase& c);
 void op_check_f32(const OpCase& c);
 void op_check_threads(const OpCase& c);
+// Parity mode: for each enabled device dtype, the forward outputs and every gradient of the CUDA run against the
+// CPU f32 run, by op_parity_rho, within the case's budget. Each comparison prints one line
+//   [ PARITY ] <case> <dtype> <tensor>: rho 1.234e-03 (budget 1e-02)
+// An op whose CUDA side fails (not implemented yet, a CUDA error) fails the test with that error's message. The
+// caller skips when no GPU is present (the registered tests do).
+void op_check_parity(const OpCase& c);
 
-// Registers a case and its OpGrad / OpF32 / OpThreads tests (call during static initialization).
+// Registers a case and its OpGrad / OpF32 / OpThreads / OpParity tests (only OpParity for a parity_only case; call
+// during static initialization).
 void op_register(OpCase c);
 // Registers a hand-computed check for an op without a backward; the body is a test (OpCheck.<name>).
 void op_register_check(const std::string& op, const std::string& name, std::function<void()> body);
+// Registers a parity check of an op without a backward (OpParity.<name>, label gpu); the body runs only where a GPU
+// is present and compares with op_expect_parity.
+void op_register_parity_check(const std::string& op, const std::string& name, std::function<void()> body);
 // Names of the ops that have at least one registered case or check.
 std::set<std::string> op_registered_ops();
 
-// rho = |a - b|_2 / |b|_2 over all elements (0 when both are zero), the parity metric of conventions §1.4.
+// rho = |a - b|_2 / |b|_2 over all elements (0 when both are zero), the parity metric of conventions §1.4. Either
+// tensor may be on any device and of any dtype (device tensors are copied to the host).
 double op_rho(const Tensor& a, const Tensor& b);
+// The parity metric: op_rho, except that a reference whose rms is below rms_floor is judged against that rms (a
+// tensor that is exactly zero in exact arithmetic is rounding noise in f32 and bf16).
+double op_parity_rho(const Tensor& got, const Tensor& ref, double rms_floor = 1e-6);
+// Prints the [ PARITY ] line for one tensor and expects rho <= budget.
+void op_expect_parity(const std::string& name,
+                      const std::string& what,
+                      const Tensor& got,
+                      const Tensor& ref,
+                      double budget,
+                      double rms_floor = 1e-6);
 
-// PARITY HOOK for the CUDA backend issue: parity mode runs a case's forward and backward on CUDA copies of the
-// inputs and compares each output and gradient with the CPU reference by op_rho (budgets: 1e-5 f32, 1e-2 bf16),
-// registering OpParity.<case> tests labelled gpu. It needs device copies of tensors and CUDA kernels, neither of
-// which exists yet, so no OpParity test is registered; the CUDA issue implements it here over the same registry.
+// True where CUDA ops can run (a CUDA build and a visible GPU); parity tests skip otherwise with
+// kOpNoGpuMessage.
+bool op_gpu_available();
+inline constexpr const char* kOpNoGpuMessage = "no CUDA device: parity tests need a GPU";
 
 // Seeded inputs. Every value is Philox(seed, stream, element), so cases are reproducible on any machine.
 Tensor op_randn(const Shape& shape, uint64_t seed, uint64_t stream, double mean = 0.0, double std = 1.0);
@@ -84,14 +134,18 @@ Tensor op_rand_ids(const Shape& shape, uint64_t seed, uint64_t stream, int32_t l
 // Seed of a case, from its name.
 uint64_t op_seed(const std::string& name);
 
-// New zero tensor with the shape (or given shape) and dtype of t.
+// New zero tensor with the shape (or given shape), dtype and device of t.
 Tensor op_like(const Tensor& t);
 Tensor op_like(const Tensor& t, const Shape& shape);
+// New zero tensor for a saved statistic or a loss (rstd, lse, losses) computed from t: f32 where t is bf16 or f16
+// (statistics stay in f32 on the GPU), t's dtype otherwise; t's device.
+Tensor op_stat_like(const Tensor& t, const Shape& shape);
 // A non-contiguous tensor of the given shape and dtype (a strided view; shape must hold at least two elements).
 Tensor op_noncontiguous(const Shape& shape, DType dtype);
 
 // A tensor that claims to live on the CUDA device (a view over a host buffer that is never read), to check the
-// device errors of the entry points without a GPU. At most 4096 elements.
+// device errors of the entry points without a GPU (mixed-device calls, which fail before any kernel runs; never
+// pass it to a call whose tensors are all on cuda). At most 4096 elements.
 Tensor op_cuda_view(const Shape& shape, DType dtype);
 
 // Expects fn to throw mt::core::Error with the given exit code and a message containing `needle`.

@@ -1,9 +1,11 @@
-// The harness modes (see op_harness.h): fp64 finite differences, f32 against f64, 1 against 3 OpenMP threads.
+// The harness modes (see op_harness.h): fp64 finite differences, f32 against f64, 1 against 3 OpenMP threads, and
+// parity (CPU against CUDA).
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/rng.h"
@@ -50,19 +52,22 @@ long double loss(const std::vector<Tensor>& outs, const std::vector<Tensor>& r, 
     return sum;
 }
 
-// Runs the backward into pre-filled buffers and returns the gradients in f64 (undefined for GradKind::none).
+// Runs the backward into pre-filled buffers and returns the gradients in f64 on the host (undefined for
+// GradKind::none). Each buffer is on its input's device, with the input's dtype unless grad_dtypes gives one.
 std::vector<Tensor> run_backward(const OpProblem& p,
                                  const std::vector<Tensor>& in,
                                  const std::vector<Tensor>& dout,
-                                 uint64_t seed) {
+                                 uint64_t seed,
+                                 const std::vector<DType>* grad_dtypes = nullptr) {
     std::vector<Tensor> grads(in.size()), prefill(in.size());
     for (size_t i = 0; i < in.size(); ++i) {
         if (p.inputs[i].grad == GradKind::none) continue;
-        grads[i] = op_like(in[i]);
+        const DType dtype = grad_dtypes ? (*grad_dtypes)[i] : in[i].dtype();
+        grads[i] = Tensor::zeros(in[i].shape(), dtype, in[i].device());
         if (p.inputs[i].grad == GradKind::written) {
             grads[i].fill(std::numeric_limits<double>::quiet_NaN());
         } else {
-            prefill[i] = op_randn(in[i].shape(), seed, 200 + i, 0.0, 0.5).to(in[i].dtype());
+            prefill[i] = op_randn(in[i].shape(), seed, 200 + i, 0.0, 0.5).to(dtype);
             grads[i].copy_from(prefill[i]);
         }
     }
@@ -70,7 +75,8 @@ std::vector<Tensor> run_backward(const OpProblem& p,
     std::vector<Tensor> out(in.size());
     for (size_t i = 0; i < in.size(); ++i) {
         if (!grads[i].defined()) continue;
-        out[i] = grads[i].to(DType::f64);
+        out[i] =
+            (grads[i].device() == core::Device::cpu ? grads[i] : grads[i].to_device(core::Device::cpu)).to(DType::f64);
         if (prefill[i].defined())
             for (int64_t j = 0; j < out[i].numel(); ++j)
                 core::tensor_set_flat(
@@ -224,6 +230,101 @@ void op_check_threads(const OpCase& c) {
     ASSERT_EQ(one.size(), three.size());
     for (size_t i = 0; i < one.size(); ++i)
         EXPECT_TRUE(one[i] == three[i]) << c.name << ": tensor " << i << " differs between 1 and 3 threads";
+}
+
+namespace {
+
+// One device run of a case: inputs (float ones rounded to `dtype`) on the GPU, forward outputs and gradients copied
+// back to the host. The CPU reference of the same run is `ref`: f32 on the same rounded values.
+struct ParityRun {
+    std::vector<Tensor> outs;   // forward outputs, host, as the op wrote them
+    std::vector<Tensor> grads;  // gradients, host f64 (undefined for GradKind::none)
+};
+
+ParityRun run_on(const OpCase& c, DType dtype, core::Device device, std::string* error) {
+    const OpProblem p = c.build();
+    const uint64_t seed = op_seed(c.name);
+    const bool cpu = device == core::Device::cpu;
+    std::vector<Tensor> in;
+    for (const OpInput& x : p.inputs) {
+        if (!core::dtype_is_float(x.value.dtype())) {
+            in.push_back(x.value.to_device(device));
+            continue;
+        }
+        const Tensor rounded = x.value.to(dtype);
+        in.push_back(cpu ? rounded.to(DType::f32) : rounded.to_device(device));
+    }
+    ParityRun run;
+    try {
+        const std::vector<Tensor> outs = p.forward(in);
+        // The loss weights R, rounded to `dtype` on both sides (exact in the output's dtype, bf16 or f32).
+        std::vector<Tensor> dout;
+        for (size_t k = 0; k < outs.size(); ++k) {
+            const Tensor r = op_randn(outs[k].shape(), seed, 100 + k).to(dtype);
+            dout.push_back(cpu ? r.to(DType::f32) : r.to(outs[k].dtype()).to_device(device));
+            run.outs.push_back(cpu ? outs[k] : outs[k].to_device(core::Device::cpu));
+        }
+        std::vector<DType> grad_dtypes(in.size(), DType::f32);
+        for (size_t i = 0; i < in.size(); ++i) {
+            if (cpu) break;
+            grad_dtypes[i] = p.inputs[i].grad == GradKind::accumulated
+                                 ? (dtype == DType::bf16 ? c.parity.bf16_accumulated_grad : DType::f32)
+                                 : in[i].dtype();
+        }
+        run.grads = run_backward(p, in, dout, seed, &grad_dtypes);
+    } catch (const core::Error& e) {
+        *error = e.what();
+    }
+    return run;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+    if (a.nbytes() != b.nbytes()) return false;
+    return std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+void op_check_parity(const OpCase& c) {
+    const OpProblem p = c.build();
+    for (DType dtype : {DType::bf16, DType::f32}) {
+        if ((dtype == DType::bf16 && !c.parity.bf16) || (dtype == DType::f32 && !c.parity.f32)) continue;
+        const double budget = dtype == DType::bf16 ? c.parity.bf16_budget : c.parity.f32_budget;
+        const std::string tag(core::dtype_name(dtype));
+        std::string error;
+        const ParityRun ref = run_on(c, dtype, core::Device::cpu, &error);
+        ASSERT_TRUE(error.empty()) << c.name << ": the CPU reference failed: " << error;
+        const ParityRun got = run_on(c, dtype, core::Device::cuda, &error);
+        if (!error.empty()) {
+            ADD_FAILURE() << c.name << " " << tag << ": the CUDA side failed: " << error;
+            continue;
+        }
+        ASSERT_EQ(got.outs.size(), ref.outs.size());
+        for (size_t k = 0; k < ref.outs.size(); ++k)
+            op_expect_parity(
+                c.name, fmt::format("{} output {}", tag, k), got.outs[k], ref.outs[k], budget, c.parity.rms_floor);
+        for (size_t i = 0; i < ref.grads.size(); ++i) {
+            if (!ref.grads[i].defined()) continue;
+            op_expect_parity(c.name,
+                             fmt::format("{} d{}", tag, p.inputs[i].name),
+                             got.grads[i],
+                             ref.grads[i],
+                             budget,
+                             c.parity.rms_floor);
+        }
+        // Deterministic kernels (conventions §1.11): a second device run gives the same bytes.
+        const ParityRun again = run_on(c, dtype, core::Device::cuda, &error);
+        ASSERT_TRUE(error.empty()) << c.name << " " << tag << ": the second CUDA run failed: " << error;
+        for (size_t k = 0; k < got.outs.size(); ++k)
+            EXPECT_TRUE(same_bytes(got.outs[k], again.outs[k]))
+                << c.name << " " << tag << ": output " << k << " differs between two CUDA runs";
+        for (size_t i = 0; i < got.grads.size(); ++i) {
+            if (!got.grads[i].defined()) continue;
+            EXPECT_TRUE(same_bytes(got.grads[i], again.grads[i]))
+                << c.name << " " << tag << ": d" << p.inputs[i].name << " differs between two CUDA runs";
+        }
+        if (!c.parity.budget_reason.empty()) testing::Test::RecordProperty("budget_reason", c.parity.budget_reason);
+    }
 }
 
 }  // namespace mt::ops::test

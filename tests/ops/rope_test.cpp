@@ -48,6 +48,9 @@ OpCase rope_case(int64_t b, int64_t t, int64_t h, int64_t d, double theta, int64
     op_register(rope_case(2, 5, 3, 6, 10000.0, 0, true));
     op_register(rope_case(3, 37, 2, 10, 10000.0, 11, true));
     op_register(rope_case(4, 67, 4, 32, 10000.0, 0, false));  // large enough to run on the OpenMP team
+    // CUDA sizes: the 8-wide vector path with long positions (angles computed in f64, as the CPU does).
+    op_register(op_parity_only(rope_case(2, 1024, 4, 128, 10000.0, 0, false)));
+    op_register(op_parity_only(rope_case(1, 300, 3, 64, 500000.0, 4000, true)));
     return true;
 }();
 

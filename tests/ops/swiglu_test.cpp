@@ -35,6 +35,7 @@ OpCase swiglu_case(int64_t n, int64_t f) {
     op_register(swiglu_case(3, 131));
     op_register(swiglu_case(67, 101));  // more than one parallel block
     op_register(swiglu_case(300, 131));
+    op_register(op_parity_only(swiglu_case(129, 1408)));  // CUDA sizes: the 8-wide vector path
     return true;
 }();
 

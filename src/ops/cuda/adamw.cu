@@ -1,11 +1,117 @@
-// CUDA adamw: not implemented yet (CUDA backend issue); fails with a clear message until it is.
-#include "core/error.h"
+// CUDA AdamW step, elementwise over flat buffers, with an optional low-precision model copy written by the same
+// kernel (one read of grad, m, v, param and one write of m, v, param and the copy per element).
+// Dtypes: param, m, v f32 (master weights and optimizer state); grad f32|bf16; param_copy bf16|f32 or undefined.
+// The scalars are formed in f64 on the host and the elementwise math runs in f32 in the CPU reference's order.
+#include <cmath>
+
+#include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 
 namespace mt::ops::cuda {
 
-void adamw_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWHyper&, int64_t, double) {
-    core::fail(core::ExitCode::device, "adamw_step is not implemented on CUDA yet");
+namespace {
+
+constexpr int kThreads = 256;
+
+struct AdamWScalars {
+    float b1, b2, gs, decay, step_size, bc2_sqrt, eps;
+};
+
+template <int VEC, typename TG, typename TC, bool kCopy>
+__global__ void adamw_kernel(float* __restrict__ param,
+                             const TG* __restrict__ grad,
+                             float* __restrict__ m,
+                             float* __restrict__ v,
+                             TC* __restrict__ copy,
+                             int64_t n,
+                             AdamWScalars s) {
+    for (int64_t k = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * VEC; k < n;
+         k += static_cast<int64_t>(gridDim.x) * blockDim.x * VEC) {
+        float p[VEC], g[VEC], mv[VEC], vv[VEC];
+        load_vec<VEC>(param + k, p);
+        load_vec<VEC>(grad + k, g);
+        load_vec<VEC>(m + k, mv);
+        load_vec<VEC>(v + k, vv);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            const float gi = g[e] * s.gs;
+            mv[e] = s.b1 * mv[e] + (1.0f - s.b1) * gi;
+            vv[e] = s.b2 * vv[e] + (1.0f - s.b2) * gi * gi;
+            p[e] = p[e] * s.decay - s.step_size * mv[e] / (sqrtf(vv[e]) / s.bc2_sqrt + s.eps);
+        }
+        store_vec<VEC>(param + k, p);
+        store_vec<VEC>(m + k, mv);
+        store_vec<VEC>(v + k, vv);
+        if constexpr (kCopy) store_vec<VEC>(copy + k, p);
+    }
+}
+
+template <int VEC, typename TG>
+void launch(const Tensor& param,
+            const Tensor& grad,
+            const Tensor& m,
+            const Tensor& v,
+            const Tensor& copy,
+            const AdamWScalars& s) {
+    const int64_t n = param.numel();
+    const unsigned blocks = grid_for((n + VEC - 1) / VEC, kThreads);
+    const TG* g = static_cast<const TG*>(grad.raw());
+    float *p = param.data<float>(), *mp = m.data<float>(), *vp = v.data<float>();
+    if (!copy.defined())
+        adamw_kernel<VEC, TG, float, false><<<blocks, kThreads, 0, core::cuda_stream()>>>(p, g, mp, vp, nullptr, n, s);
+    else if (copy.dtype() == DType::bf16)
+        adamw_kernel<VEC, TG, bf16, true>
+            <<<blocks, kThreads, 0, core::cuda_stream()>>>(p, g, mp, vp, static_cast<bf16*>(copy.raw()), n, s);
+    else
+        adamw_kernel<VEC, TG, float, true>
+            <<<blocks, kThreads, 0, core::cuda_stream()>>>(p, g, mp, vp, copy.data<float>(), n, s);
+}
+
+}  // namespace
+
+void adamw_step(const Tensor& param,
+                const Tensor& grad,
+                const Tensor& m,
+                const Tensor& v,
+                const AdamWHyper& hyper,
+                int64_t step,
+                double grad_scale) {
+    cuda::adamw_step(param, grad, m, v, hyper, step, grad_scale, Tensor());
+}
+
+void adamw_step(const Tensor& param,
+                const Tensor& grad,
+                const Tensor& m,
+                const Tensor& v,
+                const AdamWHyper& hyper,
+                int64_t step,
+                double grad_scale,
+                const Tensor& param_copy) {
+    constexpr std::string_view op = "adamw_step";
+    check_f32(param, op, "param");
+    check_bf16_f32(grad, op, "grad");
+    check_f32(m, op, "m");
+    check_f32(v, op, "v");
+    if (param_copy.defined()) check_bf16_f32(param_copy, op, "param_copy");
+    if (param.numel() == 0) return;
+    core::NvtxRange range("adamw_step");
+    const double bc1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step));
+    const AdamWScalars s{static_cast<float>(hyper.beta1),
+                         static_cast<float>(hyper.beta2),
+                         static_cast<float>(grad_scale),
+                         static_cast<float>(1.0 - hyper.lr * hyper.weight_decay),
+                         static_cast<float>(hyper.lr / bc1),
+                         static_cast<float>(std::sqrt(bc2)),
+                         static_cast<float>(hyper.eps)};
+    const bool vec = vec_ok(param.numel(), {&param, &grad, &m, &v, &param_copy});
+    MT_CUDA_DISPATCH(grad.dtype(), TG, {
+        if (vec)
+            launch<8, TG>(param, grad, m, v, param_copy, s);
+        else
+            launch<1, TG>(param, grad, m, v, param_copy, s);
+    });
+    MT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace mt::ops::cuda

@@ -63,6 +63,15 @@ void adamw_step(const Tensor& param,
                 const AdamWHyper& hyper,
                 int64_t step,
                 double grad_scale);
+// param_copy may be undefined (then as the overload above).
+void adamw_step(const Tensor& param,
+                const Tensor& grad,
+                const Tensor& m,
+                const Tensor& v,
+                const AdamWHyper& hyper,
+                int64_t step,
+                double grad_scale,
+                const Tensor& param_copy);
 
 double global_norm(const std::vector<Tensor>& tensors);
 

@@ -70,6 +70,10 @@ void add_bwd(const Tensor&, const Tensor&, const Tensor&) {
 void adamw_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWHyper&, int64_t, double) {
     absent("adamw_step");
 }
+void adamw_step(
+    const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWHyper&, int64_t, double, const Tensor&) {
+    absent("adamw_step");
+}
 double global_norm(const std::vector<Tensor>&) {
     absent("global_norm");
 }
