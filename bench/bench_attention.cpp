@@ -1,9 +1,12 @@
 // GPU throughput of the CUDA attention (causal, GQA, bf16) and of the cuBLASLt linear: one JSON line per case.
-//   bench_attention [--b 8] [--t 4096] [--h 16] [--d 128] [--iters 20] [--warmup 3]
+//   bench_attention [--b 8] [--t 4096] [--h 16] [--d 128] [--iters 20] [--warmup 3] [--no-extra]
+// The main case runs on the default kernel and (unless --no-extra) again with MT_ATTENTION_KERNEL=mma.
 // Each case is timed with CUDA events on the ops' stream after warm-up; the figure is the median over the timed
 // iterations. FLOPs: causal attention forward 4 B H T^2 D / 2 (two matmuls, half the square), backward 2.5x the
 // forward (the FlashAttention convention; our backward recomputes QK^T and dO V^T in its dq pass and does more);
 // linear forward 2 N K M, backward 4 N K M (dx and dw). Inputs are pseudo-random (never zeros).
+#include <stdlib.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -11,6 +14,7 @@
 #include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "core/backend.h"
@@ -80,6 +84,12 @@ bool all_finite(const Tensor& t) {
     return true;
 }
 
+// The kernel the CUDA attention runs (MT_ATTENTION_KERNEL overrides its choice).
+std::string attention_kernel() {
+    const char* env = std::getenv("MT_ATTENTION_KERNEL");
+    return env ? env : "default (wgmma on Hopper, else mma)";
+}
+
 void bench_attention(int64_t b, int64_t t, int64_t h, int64_t hkv, int64_t d, int warmup, int iters) {
     const Tensor q = random_bf16({b, t, h, d}, 1), k = random_bf16({b, t, hkv, d}, 2),
                  v = random_bf16({b, t, hkv, d}, 3);
@@ -96,7 +106,8 @@ void bench_attention(int64_t b, int64_t t, int64_t h, int64_t hkv, int64_t d, in
     const double bwd_flop = 2.5 * fwd_flop;
     const bool finite = all_finite(lse) && all_finite(dq) && all_finite(dk) && all_finite(dv);
     const nlohmann::json line = {{"bench", "attention"},
-                                 {"impl", "moetrain-flash-mma"},
+                                 {"impl", "moetrain-flash"},
+                                 {"kernel", attention_kernel()},
                                  {"dtype", "bf16"},
                                  {"causal", true},
                                  {"B", b},
@@ -157,6 +168,11 @@ int run(int argc, char** argv) {
         return 0;
     }
     bench_attention(b, t, h, h, d, warmup, iters);
+    if (!no_extra) {  // the same case on the mma.sync kernels, for comparison
+        setenv("MT_ATTENTION_KERNEL", "mma", 1);
+        bench_attention(b, t, h, h, d, warmup, iters);
+        unsetenv("MT_ATTENTION_KERNEL");
+    }
     bench_linear(4 * t, 2048, 2048, warmup, iters);
     if (!no_extra) {
         bench_attention(b, t, 2 * h, 2 * h, 64, warmup, iters);             // the same FLOPs at D = 64

@@ -5,10 +5,13 @@
 #include "ops/attention.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "core/backend.h"
 #include "op_harness.h"
@@ -186,8 +189,16 @@ void expect_rho(const std::string& name, const char* what, const Tensor& got, co
 // inputs; every output starts as NaN (each element must be written).
 void attention_gpu_parity(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, DType dtype, double budget) {
     if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
-    const std::string name =
-        fmt::format("attention_gpu_b{}_t{}_hq{}_hkv{}_d{}_{}", b, t, hq, hkv, d, core::dtype_name(dtype));
+    const char* kernel = std::getenv("MT_ATTENTION_KERNEL");
+    const std::string name = fmt::format("attention_gpu_b{}_t{}_hq{}_hkv{}_d{}_{}{}{}",
+                                         b,
+                                         t,
+                                         hq,
+                                         hkv,
+                                         d,
+                                         core::dtype_name(dtype),
+                                         kernel ? "_" : "",
+                                         kernel ? kernel : "");
     const uint64_t s = op_seed(name);
     auto rounded = [&](const Tensor& x) { return x.to(dtype).to(DType::f32); };
     const Tensor q = rounded(op_randn({b, t, hq, d}, s, 0)), k = rounded(op_randn({b, t, hkv, d}, s, 1));
@@ -209,14 +220,31 @@ void attention_gpu_parity(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t
     expect_rho(name, "dv", dv, dv_ref, budget);
 }
 
-// The tensor-core kernels: D 64 and 128, T = 1, T across and on the 64-row blocks, GQA groups of 1 to 4.
-TEST(GpuAttention, FlashParityBf16) {
+// Runs fn with MT_ATTENTION_KERNEL set to kernel (the CUDA attention's kernel override), then unsets it.
+void with_kernel(const char* kernel, const std::function<void()>& fn) {
+    setenv("MT_ATTENTION_KERNEL", kernel, 1);
+    fn();
+    unsetenv("MT_ATTENTION_KERNEL");
+}
+
+// The tensor-core kernels: D 64 and 128, T = 1, T across and on the 64- and 128-row blocks, GQA groups of 1 to 4.
+void flash_parity_cases() {
     attention_gpu_parity(1, 1, 1, 1, 64, DType::bf16, 1e-2);
     attention_gpu_parity(2, 67, 4, 2, 64, DType::bf16, 1e-2);
     attention_gpu_parity(1, 130, 2, 1, 64, DType::bf16, 1e-2);
     attention_gpu_parity(2, 128, 2, 2, 128, DType::bf16, 1e-2);
     attention_gpu_parity(1, 200, 6, 2, 128, DType::bf16, 1e-2);
     attention_gpu_parity(1, 523, 4, 1, 128, DType::bf16, 1e-2);
+}
+
+// The default kernel of this GPU (wgmma on Hopper).
+TEST(GpuAttention, FlashParityBf16) {
+    flash_parity_cases();
+}
+
+// The mma.sync kernels (the path of GPUs before Hopper).
+TEST(GpuAttention, FlashMmaParityBf16) {
+    with_kernel("mma", flash_parity_cases);
 }
 
 // The simple kernels: other head dims in bf16, and f32.
@@ -232,8 +260,7 @@ TEST(GpuAttention, GenericParity) {
 }
 
 // Two runs give bitwise the same outputs and gradients (no atomics; GQA sums in a fixed order).
-TEST(GpuAttention, Deterministic) {
-    if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+void expect_deterministic() {
     const int64_t b = 2, t = 300, hq = 8, hkv = 2, d = 128;
     const Tensor q = to_cuda(op_randn({b, t, hq, d}, 5, 0), DType::bf16);
     const Tensor k = to_cuda(op_randn({b, t, hkv, d}, 5, 1), DType::bf16);
@@ -250,6 +277,12 @@ TEST(GpuAttention, Deterministic) {
     }
     for (size_t i = 0; i < 5; ++i)
         EXPECT_EQ(std::memcmp(outs[i].raw(), outs[i + 5].raw(), outs[i].nbytes()), 0) << "tensor " << i;
+}
+
+TEST(GpuAttention, Deterministic) {
+    if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    expect_deterministic();
+    with_kernel("mma", expect_deterministic);
 }
 
 // The CUDA path's dtype rules: q, k, v and the gradients bf16 or f32; lse f32.

@@ -1,7 +1,11 @@
-// CUDA causal GQA attention: picks the tensor-core flash kernels (bf16, D in {64, 128}; flash_fwd.cu,
-// flash_bwd.cu) or the simple kernels (f32, or any other D <= 256; attention_generic.cu). Takes q, k, v, out, dout,
-// dq, dk, dv all bf16 or all f32, and lse f32 in either case. Shapes are checked by the caller (ops/attention.cpp).
+// CUDA causal GQA attention: picks the tensor-core flash kernels for bf16 with D in {64, 128} (wgmma on Hopper,
+// flash_*_wgmma.cu; mma.sync elsewhere, flash_fwd.cu / flash_bwd.cu) or the simple kernels (f32, or any other
+// D <= 256; attention_generic.cu). The environment variable MT_ATTENTION_KERNEL = wgmma | mma | generic overrides
+// the choice (for tests and benchmarks; a choice that does not apply falls back). Takes q, k, v, out, dout, dq, dk,
+// dv all bf16 or all f32, and lse f32 in either case. Shapes are checked by the caller (ops/attention.cpp).
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/backend.h"
 #include "core/cuda/cuda_check.h"
@@ -43,8 +47,14 @@ AttnParams make_params(const Tensor& q, const Tensor& k, const Tensor& v, const 
     return p;
 }
 
-bool use_flash(const AttnParams& p, DType dtype) {
-    return dtype == DType::bf16 && flash_supports(p.d);
+enum class Kernel { generic, mma, wgmma };
+
+Kernel pick_kernel(const AttnParams& p, DType dtype) {
+    if (dtype != DType::bf16 || !flash_supports(p.d)) return Kernel::generic;
+    const char* env = std::getenv("MT_ATTENTION_KERNEL");
+    if (env != nullptr && std::strcmp(env, "generic") == 0) return Kernel::generic;
+    if (env != nullptr && std::strcmp(env, "mma") == 0) return Kernel::mma;
+    return flash_wgmma_supported() ? Kernel::wgmma : Kernel::mma;
 }
 
 }  // namespace
@@ -56,10 +66,14 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     p.out_w = out.raw();
     if (q.numel() == 0) return;
     core::NvtxRange range("attention_fwd");
-    if (use_flash(p, q.dtype()))
-        flash_fwd(p);
-    else
-        attention_generic_fwd(p, q.dtype() == DType::bf16);
+    switch (pick_kernel(p, q.dtype())) {
+        case Kernel::wgmma:
+            return flash_fwd_wgmma(p);
+        case Kernel::mma:
+            return flash_fwd(p);
+        case Kernel::generic:
+            return attention_generic_fwd(p, q.dtype() == DType::bf16);
+    }
 }
 
 void attention_bwd(const Tensor& q,
@@ -92,10 +106,17 @@ void attention_bwd(const Tensor& q,
     auto* delta = static_cast<float*>(be.alloc(delta_bytes));
     attention_delta(p, delta, is_bf16);
     p.delta = delta;
-    if (use_flash(p, q.dtype()))
-        flash_bwd(p);
-    else
-        attention_generic_bwd(p, is_bf16);
+    switch (pick_kernel(p, q.dtype())) {
+        case Kernel::wgmma:
+            flash_bwd_wgmma(p);
+            break;
+        case Kernel::mma:
+            flash_bwd(p);
+            break;
+        case Kernel::generic:
+            attention_generic_bwd(p, is_bf16);
+            break;
+    }
     be.free(delta, delta_bytes);  // stream order keeps the reuse safe
 }
 

@@ -29,9 +29,13 @@ inline bool flash_supports(int d) {
     return d == 64 || d == 128;
 }
 
-// Tensor-core flash attention, bf16, D in {64, 128}.
+// Tensor-core flash attention, bf16, D in {64, 128}: mma.sync (any GPU from sm_80) and wgmma (sm_90a, Hopper).
 void flash_fwd(const AttnParams& p);
 void flash_bwd(const AttnParams& p);  // needs p.delta
+void flash_fwd_wgmma(const AttnParams& p);
+void flash_bwd_wgmma(const AttnParams& p);  // needs p.delta
+// True when this GPU is a Hopper (sm_90) and the build holds the sm_90a kernels.
+bool flash_wgmma_supported();
 
 // Simple kernels for any D <= 256 (one warp per row), element type bf16 (is_bf16) or f32.
 void attention_generic_fwd(const AttnParams& p, bool is_bf16);
