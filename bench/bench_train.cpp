@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "core/backend.h"
 #include "core/rng.h"
 #include "data/llmc_shard.h"
 #include "train/trainer.h"
@@ -42,11 +43,16 @@ int run(int argc, char** argv) {
     for (int64_t s = 0; s < warmup; ++s) trainer.train_step();
     const auto start = std::chrono::steady_clock::now();
     for (int64_t s = 0; s < steps; ++s) trainer.train_step();
+    const mt::core::Device device = trainer.model().params().precision().device;
+    mt::core::backend_get(device).synchronize();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::filesystem::remove_all(dir);
 
     const double tok_s = static_cast<double>(trainer.tokens_per_step() * steps) / secs;
-    const nlohmann::json line = {
+    const double flops = tok_s * trainer.model().flops_per_token(cfg.train.seq_len);
+    // MFU against the dense bf16 peak of an H100/H200 (989 TFLOP/s); on the CPU GFLOP/s is the figure.
+    const bool gpu = device == mt::core::Device::cuda;
+    nlohmann::json line = {
         {"bench", "train_step"},
         {"impl", "moetrain"},
         {"config", config},
@@ -58,7 +64,13 @@ int run(int argc, char** argv) {
         {"flops_per_token", trainer.model().flops_per_token(cfg.train.seq_len)},
         {"gflops_per_s", tok_s * trainer.model().flops_per_token(cfg.train.seq_len) / 1e9},
         {"threads", omp_get_max_threads()},
+        {"device", std::string(mt::core::device_name(device))},
+        {"params", trainer.model().params().total_numel()},
     };
+    if (gpu) {
+        line["mfu"] = flops / 989e12;
+        line["peak_device_bytes"] = mt::core::backend_get(device).peak_bytes();
+    }
     fmt::print("{}\n", line.dump());
     return 0;
 }
