@@ -14,8 +14,9 @@
 namespace mt::core {
 
 void cuda_fail(cudaError_t err, const char* what, const char* file, int line) {
-    throw Error(ExitCode::device, std::string("CUDA error: ") + cudaGetErrorString(err) + " in " + what + " at " + file + ":" +
-                          std::to_string(line));
+    throw Error(ExitCode::device,
+                std::string("CUDA error: ") + cudaGetErrorString(err) + " in " + what + " at " + file + ":" +
+                    std::to_string(line));
 }
 
 cudaStream_t cuda_stream() {
@@ -36,7 +37,7 @@ size_t size_class(size_t bytes) {
 }
 
 class CudaBackend final : public Backend {
-public:
+   public:
     std::string name() const override {
         return "cuda";
     }
@@ -61,8 +62,11 @@ public:
                 err = cudaMalloc(&ptr, cls);
             }
             if (err != cudaSuccess)
-                fail_hint(ExitCode::device, "reduce train.batch_size or train.seq_len, or enable recomputation",
-                          "cannot allocate {} bytes on the GPU: {} ({} bytes in use)", cls, cudaGetErrorString(err),
+                fail_hint(ExitCode::device,
+                          "reduce train.batch_size or train.seq_len, or enable recomputation",
+                          "cannot allocate {} bytes on the GPU: {} ({} bytes in use)",
+                          cls,
+                          cudaGetErrorString(err),
                           in_use_bytes_);
         }
         MT_CUDA_CHECK(cudaMemsetAsync(ptr, 0, cls, cuda_stream()));
@@ -105,7 +109,7 @@ public:
         return peak_bytes_;
     }
 
-private:
+   private:
     void release_cache() {
         MT_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
         std::lock_guard<std::mutex> lock(mutex_);

@@ -15,7 +15,7 @@ cudaStream_t cuda_stream();
 
 // An NVTX range for the lifetime of the object, named after the op or layer.
 class NvtxRange {
-public:
+   public:
     explicit NvtxRange(const char* name) {
         nvtxRangePushA(name);
     }
@@ -29,8 +29,8 @@ public:
 }  // namespace mt::core
 
 // Every CUDA runtime call and every launch (MT_CUDA_CHECK(cudaGetLastError())) goes through this.
-#define MT_CUDA_CHECK(expr)                                                                 \
-    do {                                                                                    \
-        const cudaError_t mt_err_ = (expr);                                                 \
+#define MT_CUDA_CHECK(expr)                                                                    \
+    do {                                                                                       \
+        const cudaError_t mt_err_ = (expr);                                                    \
         if (mt_err_ != cudaSuccess) ::mt::core::cuda_fail(mt_err_, #expr, __FILE__, __LINE__); \
     } while (0)
