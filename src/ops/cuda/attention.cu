@@ -4,6 +4,7 @@
 // the choice (for tests and benchmarks; a choice that does not apply falls back). Takes q, k, v, out, dout, dq, dk,
 // dv all bf16 or all f32, and lse f32 in either case. Shapes are checked by the caller (ops/attention.cpp).
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -49,8 +50,16 @@ AttnParams make_params(const Tensor& q, const Tensor& k, const Tensor& v, const 
 
 enum class Kernel { generic, mma, wgmma };
 
+bool aligned16(const void* ptr) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+}
+
+// The tensor-core kernels move rows in 16-byte pieces: every bf16 tensor must start 16-byte aligned.
 Kernel pick_kernel(const AttnParams& p, DType dtype) {
     if (dtype != DType::bf16 || !flash_supports(p.d)) return Kernel::generic;
+    const void* ptrs[] = {p.q, p.k, p.v, p.out, p.dout, p.out_w, p.dq, p.dk, p.dv};
+    for (const void* ptr : ptrs)
+        if (ptr != nullptr && !aligned16(ptr)) return Kernel::generic;
     const char* env = std::getenv("MT_ATTENTION_KERNEL");
     if (env != nullptr && std::strcmp(env, "generic") == 0) return Kernel::generic;
     if (env != nullptr && std::strcmp(env, "mma") == 0) return Kernel::mma;
@@ -104,9 +113,10 @@ void attention_bwd(const Tensor& q,
     core::Backend& be = core::backend_get(core::Device::cuda);
     const size_t delta_bytes = static_cast<size_t>(lse.numel()) * sizeof(float);
     auto* delta = static_cast<float*>(be.alloc(delta_bytes));
-    attention_delta(p, delta, is_bf16);
-    p.delta = delta;
-    switch (pick_kernel(p, q.dtype())) {
+    p.delta = p.delta_w = delta;
+    const Kernel kernel = pick_kernel(p, q.dtype());
+    if (kernel != Kernel::wgmma) attention_delta(p, delta, is_bf16);  // the wgmma backward computes it itself
+    switch (kernel) {
         case Kernel::wgmma:
             flash_bwd_wgmma(p);
             break;

@@ -17,11 +17,13 @@ struct AttnParams {
     void* out_w = nullptr;  // the forward's output
     float* lse = nullptr;
     const float* delta = nullptr;  // rowsum(dout * out), from attention_delta
+    float* delta_w = nullptr;      // where flash_bwd_wgmma writes delta (it computes it itself)
     void* dq = nullptr;
     void* dk = nullptr;
     void* dv = nullptr;
     int b = 0, t = 0, hq = 0, hkv = 0, d = 0;
-    float scale = 0;  // 1 / sqrt(D)
+    float scale = 0;    // 1 / sqrt(D)
+    uint32_t zero = 0;  // always 0: an opaque operand for ptxas (flash_fwd_wgmma.cu)
 };
 
 // True when the tensor-core kernels take this head dim (bf16 only).
@@ -33,7 +35,7 @@ inline bool flash_supports(int d) {
 void flash_fwd(const AttnParams& p);
 void flash_bwd(const AttnParams& p);  // needs p.delta
 void flash_fwd_wgmma(const AttnParams& p);
-void flash_bwd_wgmma(const AttnParams& p);  // needs p.delta
+void flash_bwd_wgmma(const AttnParams& p);  // writes delta to p.delta_w and reads it back through p.delta
 // True when this GPU is a Hopper (sm_90) and the build holds the sm_90a kernels.
 bool flash_wgmma_supported();
 

@@ -1,8 +1,9 @@
 // Flash-attention backward on Hopper warpgroup MMA (wgmma, sm_90a), bf16 with D in {64, 128}: the two deterministic
-// kernels of flash_bwd.cu (dk/dv per key block looping over the group's query heads and query blocks in a fixed
-// order, then dq per query block), each a thread block of one warpgroup over 64 rows, with blocks of 64 on the other
-// side. S^T = K Q^T and dP^T = V dO^T (dk/dv), S = Q K^T and dP = dO V^T (dq) read both operands from swizzled
-// shared memory; dV += P^T dO, dK += dS^T Q and dQ += dS K take P / dS from registers. No atomics.
+// kernels of flash_bwd.cu (dq per query block, which here also computes delta = rowsum(dO * O) and writes it out;
+// then dk/dv per key block looping over the group's query heads and query blocks in a fixed order), each a thread
+// block of one warpgroup over 64 rows, with blocks of 64 on the other side. S^T = K Q^T and dP^T = V dO^T (dk/dv), S =
+// Q K^T and dP = dO V^T (dq) read both operands from swizzled shared memory; dV += P^T dO, dK += dS^T Q and dQ += dS K
+// take P / dS from registers. No atomics.
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
@@ -20,6 +21,65 @@ constexpr int kThreads = 128, kBlk = 64;
 template <int D>
 constexpr int wg_bwd_smem_bytes() {
     return 6 * kBlk * D * static_cast<int>(sizeof(bf16)) + 4 * kBlk * static_cast<int>(sizeof(float)) + 1024;
+}
+
+// dk/dv kernel, rows = keys, columns = queries: P^T = exp2(S^T * scale - lse) into pt, dS^T = P^T (dP^T - delta) into
+// dpt. kMask (the diagonal block, or the one holding queries >= t): queries before the key, or >= t, give 0. lse and
+// delta come from shared memory once per column pair.
+template <bool kMask>
+__device__ __forceinline__ void dkdv_elementwise(float (&pt)[kBlk / 8][4],
+                                                 float (&dpt)[kBlk / 8][4],
+                                                 const float* slse,
+                                                 const float* sdelta,
+                                                 int key0,
+                                                 int m0,
+                                                 int t,
+                                                 float scale_log2,
+                                                 int lane) {
+#pragma unroll
+    for (int i = 0; i < kBlk / 8; ++i) {
+        const int qc = i * 8 + (lane % 4) * 2;
+        const float2 l = *reinterpret_cast<const float2*>(slse + qc);
+        const float2 dl = *reinterpret_cast<const float2*>(sdelta + qc);
+        const float nl[2] = {-l.x * kLog2e, -l.y * kLog2e}, dd[2] = {dl.x, dl.y};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float pv = fast_exp2(fmaf(pt[i][e], scale_log2, nl[e % 2]));
+            if constexpr (kMask) {
+                const int key = key0 + (e / 2) * 8, query = m0 + qc + (e % 2);
+                pv = query >= key && query < t ? pv : 0.0f;
+            }
+            pt[i][e] = pv;
+            dpt[i][e] = pv * (dpt[i][e] - dd[e % 2]);
+        }
+    }
+}
+
+// dq kernel, rows = queries, columns = keys: dS = P (dP - delta) into ds, P = exp2(S * scale - lse). kMask (the
+// diagonal block): keys after the query give 0.
+template <bool kMask>
+__device__ __forceinline__ void dq_elementwise(const float (&ps)[kBlk / 8][4],
+                                               float (&ds)[kBlk / 8][4],
+                                               const float (&lse2)[2],
+                                               const float (&delta)[2],
+                                               int row0,
+                                               int n0,
+                                               float scale_log2,
+                                               int lane) {
+    const float nl[2] = {-lse2[0], -lse2[1]};
+#pragma unroll
+    for (int i = 0; i < kBlk / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = e / 2;
+            float pv = fast_exp2(fmaf(ps[i][e], scale_log2, nl[r]));
+            if constexpr (kMask) {
+                const int row = row0 + r * 8, key = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
+                pv = key > row ? 0.0f : pv;
+            }
+            ds[i][e] = pv * (ds[i][e] - delta[r]);
+        }
+    }
 }
 
 template <int D>
@@ -93,17 +153,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
         wgmma_wait_all();
         fence_regs(pt);
         fence_regs(dpt);
-#pragma unroll
-        for (int i = 0; i < kBlk / 8; ++i) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = key0 + (e / 2) * 8, qc = i * 8 + (lane % 4) * 2 + (e % 2), query = m0 + qc;
-                const bool valid = !edge || (query >= key && query < t);
-                const float pv = valid ? fast_exp2(pt[i][e] * scale_log2 - slse[qc] * kLog2e) : 0.0f;
-                pt[i][e] = pv;
-                dpt[i][e] = pv * (dpt[i][e] - sdelta[qc]);
-            }
-        }
+        if (edge)
+            dkdv_elementwise<true>(pt, dpt, slse, sdelta, key0, m0, t, scale_log2, lane);
+        else
+            dkdv_elementwise<false>(pt, dpt, slse, sdelta, key0, m0, t, scale_log2, lane);
         uint32_t pa[kBlk / 16][4], dsa[kBlk / 16][4];
 #pragma unroll
         for (int kk = 0; kk < kBlk / 16; ++kk) {
@@ -168,14 +221,44 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
     load_tile_sw<kBlk, D, kThreads>(s_v, vg, krs, 0, t, tid);
     cp_async_commit();
 
-    const int row0 = m0 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+    // delta = rowsum(dO * O) of this block's rows, two threads a row (halves of D) from global memory, kept in shared
+    // memory and written out for the dk/dv kernel, which runs after this one.
     const int64_t row_off = (static_cast<int64_t>(b) * p.hq + h) * t;
+    float* s_delta = reinterpret_cast<float*>(smem + (base + 6 * kTile - smem_u32(smem)));  // [kBlk]
+    {
+        const int r = tid / 2, c0 = (tid % 2) * (D / 2);
+        float acc = 0.0f;
+        if (m0 + r < t) {
+            const int64_t off = q_off + static_cast<int64_t>(m0 + r) * qrs + c0;
+            const uint4* og = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.out) + off);
+            const uint4* dg = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.dout) + off);
+#pragma unroll
+            for (int i = 0; i < D / 16; ++i) {
+                const uint4 ov = og[i], dv = dg[i];
+                const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    const float2 of = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ow[w]));
+                    const float2 df = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&dw[w]));
+                    acc = fmaf(of.x, df.x, acc);
+                    acc = fmaf(of.y, df.y, acc);
+                }
+            }
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        if (tid % 2 == 0) {
+            s_delta[r] = acc;
+            if (m0 + r < t) p.delta_w[row_off + m0 + r] = acc;
+        }
+    }
+    __syncthreads();
+    const int row0 = m0 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
     float lse2[2], delta[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
         lse2[r] = row < t ? p.lse[row_off + row] * kLog2e : 0.0f;
-        delta[r] = row < t ? p.delta[row_off + row] : 0.0f;
+        delta[r] = s_delta[row - m0];
     }
     float dq[D / 8][4];
 #pragma unroll
@@ -205,15 +288,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
         wgmma_wait_all();
         fence_regs(ps);
         fence_regs(ds);
-#pragma unroll
-        for (int i = 0; i < kBlk / 8; ++i) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e / 2, row = row0 + r * 8, key = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
-                const float pv = diagonal && key > row ? 0.0f : fast_exp2(ps[i][e] * scale_log2 - lse2[r]);
-                ds[i][e] = pv * (ds[i][e] - delta[r]);
-            }
-        }
+        if (diagonal)
+            dq_elementwise<true>(ps, ds, lse2, delta, row0, n0, scale_log2, lane);
+        else
+            dq_elementwise<false>(ps, ds, lse2, delta, row0, n0, scale_log2, lane);
         uint32_t dsa[kBlk / 16][4];
 #pragma unroll
         for (int kk = 0; kk < kBlk / 16; ++kk) pack_a(dsa[kk], ds, kk);
@@ -253,9 +331,9 @@ void launch_bwd(const AttnParams& p) {
     }();
     (void)configured;
     const unsigned blocks = static_cast<unsigned>((p.t + kBlk - 1) / kBlk);
-    flash_bwd_dkdv_wgmma_kernel<D><<<dim3(blocks, p.hkv, p.b), kThreads, smem, core::cuda_stream()>>>(p);
+    flash_bwd_dq_wgmma_kernel<D><<<dim3(blocks, p.hq, p.b), kThreads, smem, core::cuda_stream()>>>(p);  // + delta
     MT_CUDA_CHECK(cudaGetLastError());
-    flash_bwd_dq_wgmma_kernel<D><<<dim3(blocks, p.hq, p.b), kThreads, smem, core::cuda_stream()>>>(p);
+    flash_bwd_dkdv_wgmma_kernel<D><<<dim3(blocks, p.hkv, p.b), kThreads, smem, core::cuda_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 
