@@ -55,17 +55,16 @@ __device__ __forceinline__ void dkdv_elementwise(float (&pt)[kBlk / 8][4],
     }
 }
 
-// dq kernel, rows = queries, columns = keys: dS = P (dP - delta) into ds, P = exp2(S * scale - lse). kMask (the
-// diagonal block): keys after the query give 0.
+// dq kernel, rows = queries, columns = keys: P = exp2(S * scale - lse) from ps (only read: the dP product may still
+// be running) into pr. kMask (the diagonal block): keys after the query give 0.
 template <bool kMask>
-__device__ __forceinline__ void dq_elementwise(const float (&ps)[kBlk / 8][4],
-                                               float (&ds)[kBlk / 8][4],
-                                               const float (&lse2)[2],
-                                               const float (&delta)[2],
-                                               int row0,
-                                               int n0,
-                                               float scale_log2,
-                                               int lane) {
+__device__ __forceinline__ void dq_probs(const float (&ps)[kBlk / 8][4],
+                                         float (&pr)[kBlk / 8][4],
+                                         const float (&lse2)[2],
+                                         int row0,
+                                         int n0,
+                                         float scale_log2,
+                                         int lane) {
     const float nl[2] = {-lse2[0], -lse2[1]};
 #pragma unroll
     for (int i = 0; i < kBlk / 8; ++i) {
@@ -77,7 +76,7 @@ __device__ __forceinline__ void dq_elementwise(const float (&ps)[kBlk / 8][4],
                 const int row = row0 + r * 8, key = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
                 pv = key > row ? 0.0f : pv;
             }
-            ds[i][e] = pv * (ds[i][e] - delta[r]);
+            pr[i][e] = pv;
         }
     }
 }
@@ -278,20 +277,27 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
         const int n0 = j * kBlk;
         const bool diagonal = n0 + kBlk - 1 > m0;
 
-        float ps[kBlk / 8][4], ds[kBlk / 8][4];  // S then P; dP then dS: [64 queries x 64 keys]
+        // S and dP are separate groups: the exponentials of P run while dP is still on the tensor cores.
+        float ps[kBlk / 8][4], ds[kBlk / 8][4], pr[kBlk / 8][4];  // S, dP then dS, P: [64 queries x 64 keys]
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<kBlk>(ps, desc_k<kBlk>(s_q, 0, kk), desc_k<kBlk>(sk, 0, kk), kk);
+        wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<kBlk>(ds, desc_k<kBlk>(s_do, 0, kk), desc_k<kBlk>(sv, 0, kk), kk);
         wgmma_commit();
-        wgmma_wait_all();
+        wgmma_wait<1>();
         fence_regs(ps);
-        fence_regs(ds);
         if (diagonal)
-            dq_elementwise<true>(ps, ds, lse2, delta, row0, n0, scale_log2, lane);
+            dq_probs<true>(ps, pr, lse2, row0, n0, scale_log2, lane);
         else
-            dq_elementwise<false>(ps, ds, lse2, delta, row0, n0, scale_log2, lane);
+            dq_probs<false>(ps, pr, lse2, row0, n0, scale_log2, lane);
+        wgmma_wait<0>();
+        fence_regs(ds);
+#pragma unroll
+        for (int i = 0; i < kBlk / 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ds[i][e] = pr[i][e] * (ds[i][e] - delta[e / 2]);
         uint32_t dsa[kBlk / 16][4];
 #pragma unroll
         for (int kk = 0; kk < kBlk / 16; ++kk) pack_a(dsa[kk], ds, kk);
