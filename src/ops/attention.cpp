@@ -16,51 +16,6 @@ namespace {
 
 using core::Device;
 
-// One tensor argument and its name, for call_device.
-struct DevArg {
-    std::string_view name;
-    const Tensor& tensor;
-};
-
-// The device of the call: that of the first defined tensor (cpu when none is). Fails naming both arguments unless
-// every defined tensor is on that device.
-Device call_device(std::string_view op, std::initializer_list<DevArg> args) {
-    const DevArg* first = nullptr;
-    for (const DevArg& a : args) {
-        if (!a.tensor.defined()) continue;
-        if (first == nullptr) {
-            first = &a;
-            continue;
-        }
-        MT_CHECK(a.tensor.device() == first->tensor.device(),
-                 "{}: {} is on {} but {} is on {}; all tensors of one call must be on the same device",
-                 op,
-                 a.name,
-                 core::device_name(a.tensor.device()),
-                 first->name,
-                 core::device_name(first->tensor.device()));
-    }
-    return first == nullptr ? Device::cpu : first->tensor.device();
-}
-
-// Fails unless t is defined, contiguous and of the given rank (check_arg without its CPU-only condition).
-void check_cuda_arg(const Tensor& t, std::string_view op, std::string_view arg, int ndim) {
-    MT_CHECK(t.defined(), "{}: {} is undefined", op, arg);
-    MT_CHECK(t.ndim() == ndim,
-             "{}: {} has shape {} (rank {}), expected rank {}",
-             op,
-             arg,
-             core::shape_str(t.shape()),
-             t.ndim(),
-             ndim);
-    MT_CHECK(t.is_contiguous(),
-             "{}: {} must be contiguous (shape {}, strides {})",
-             op,
-             arg,
-             core::shape_str(t.shape()),
-             core::shape_str(t.strides()));
-}
-
 // The device-independent shape checks: q [B, T, Hq, D]; k, v [B, T, Hkv, D], Hq % Hkv == 0; lse [B, Hq, T].
 void check_qkv_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, std::string_view op) {
     const int64_t b = q.size(0), t = q.size(1), hq = q.size(2), d = q.size(3), hkv = k.size(2);
@@ -73,10 +28,10 @@ void check_qkv_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const T
 
 // The CUDA path's checks: every tensor on the device, contiguous, of its rank and shape.
 void check_cuda_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, std::string_view op) {
-    check_cuda_arg(q, op, "q", 4);
-    check_cuda_arg(k, op, "k", 4);
-    check_cuda_arg(v, op, "v", 4);
-    check_cuda_arg(lse, op, "lse", 3);
+    check_arg(q, op, "q", 4);
+    check_arg(k, op, "k", 4);
+    check_arg(v, op, "v", 4);
+    check_arg(lse, op, "lse", 3);
     check_qkv_shapes(q, k, v, lse, op);
 }
 
@@ -101,9 +56,9 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
 
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
     constexpr std::string_view op = "attention_fwd";
-    if (call_device(op, {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}}) == Device::cuda) {
+    if (check_same_device(op, {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}}) == Device::cuda) {
         check_cuda_qkv(q, k, v, lse, op);
-        check_cuda_arg(out, op, "out", 4);
+        check_arg(out, op, "out", 4);
         check_shape(out, q.shape(), op, "out");
         require_cuda(op);
         return cuda::attention_fwd(q, k, v, out, lse);
@@ -136,19 +91,19 @@ void attention_bwd(const Tensor& q,
                    const Tensor& dk,
                    const Tensor& dv) {
     constexpr std::string_view op = "attention_bwd";
-    const Device device = call_device(
+    const Device device = check_same_device(
         op,
         {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}, {"dout", dout}, {"dq", dq}, {"dk", dk}, {"dv", dv}});
     if (device == Device::cuda) {
         check_cuda_qkv(q, k, v, lse, op);
         const std::pair<const Tensor*, std::string_view> like_q[] = {{&out, "out"}, {&dout, "dout"}, {&dq, "dq"}};
         for (const auto& [t, name] : like_q) {
-            check_cuda_arg(*t, op, name, 4);
+            check_arg(*t, op, name, 4);
             check_shape(*t, q.shape(), op, name);
         }
         const std::pair<const Tensor*, std::string_view> like_k[] = {{&dk, "dk"}, {&dv, "dv"}};
         for (const auto& [t, name] : like_k) {
-            check_cuda_arg(*t, op, name, 4);
+            check_arg(*t, op, name, 4);
             check_shape(*t, k.shape(), op, name);
         }
         require_cuda(op);

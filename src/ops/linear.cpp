@@ -15,51 +15,6 @@ namespace {
 
 using core::Device;
 
-// One tensor argument and its name, for call_device.
-struct DevArg {
-    std::string_view name;
-    const Tensor& tensor;
-};
-
-// The device of the call: that of the first defined tensor (cpu when none is). Fails naming both arguments unless
-// every defined tensor is on that device.
-Device call_device(std::string_view op, std::initializer_list<DevArg> args) {
-    const DevArg* first = nullptr;
-    for (const DevArg& a : args) {
-        if (!a.tensor.defined()) continue;
-        if (first == nullptr) {
-            first = &a;
-            continue;
-        }
-        MT_CHECK(a.tensor.device() == first->tensor.device(),
-                 "{}: {} is on {} but {} is on {}; all tensors of one call must be on the same device",
-                 op,
-                 a.name,
-                 core::device_name(a.tensor.device()),
-                 first->name,
-                 core::device_name(first->tensor.device()));
-    }
-    return first == nullptr ? Device::cpu : first->tensor.device();
-}
-
-// Fails unless t is defined, contiguous and of the given rank (check_arg without its CPU-only condition).
-void check_cuda_arg(const Tensor& t, std::string_view op, std::string_view arg, int ndim) {
-    MT_CHECK(t.defined(), "{}: {} is undefined", op, arg);
-    MT_CHECK(t.ndim() == ndim,
-             "{}: {} has shape {} (rank {}), expected rank {}",
-             op,
-             arg,
-             core::shape_str(t.shape()),
-             t.ndim(),
-             ndim);
-    MT_CHECK(t.is_contiguous(),
-             "{}: {} must be contiguous (shape {}, strides {})",
-             op,
-             arg,
-             core::shape_str(t.shape()),
-             core::shape_str(t.strides()));
-}
-
 void require_cuda(std::string_view op) {
     if (!core::backend_available(Device::cuda))
         core::fail(core::ExitCode::device, "{}: got cuda tensors, but no CUDA device is available", op);
@@ -75,15 +30,15 @@ T* data_or_null(const Tensor& t) {
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
     constexpr std::string_view op = "linear_fwd";
-    if (call_device(op, {{"x", x}, {"w", w}, {"bias", bias}, {"y", y}}) == Device::cuda) {
-        check_cuda_arg(x, op, "x", 2);
-        check_cuda_arg(w, op, "w", 2);
-        check_cuda_arg(y, op, "y", 2);
+    if (check_same_device(op, {{"x", x}, {"w", w}, {"bias", bias}, {"y", y}}) == Device::cuda) {
+        check_arg(x, op, "x", 2);
+        check_arg(w, op, "w", 2);
+        check_arg(y, op, "y", 2);
         const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
         check_shape(w, {m, k}, op, "w");
         check_shape(y, {n, m}, op, "y");
         if (bias.defined()) {
-            check_cuda_arg(bias, op, "bias", 1);
+            check_arg(bias, op, "bias", 1);
             check_shape(bias, {m}, op, "bias");
         }
         require_cuda(op);
@@ -112,21 +67,22 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tens
 void linear_bwd(
     const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw, const Tensor& dbias) {
     constexpr std::string_view op = "linear_bwd";
-    if (call_device(op, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}, {"dbias", dbias}}) == Device::cuda) {
-        check_cuda_arg(x, op, "x", 2);
-        check_cuda_arg(w, op, "w", 2);
-        check_cuda_arg(dy, op, "dy", 2);
-        check_cuda_arg(dw, op, "dw", 2);
+    if (check_same_device(op, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}, {"dbias", dbias}}) ==
+        Device::cuda) {
+        check_arg(x, op, "x", 2);
+        check_arg(w, op, "w", 2);
+        check_arg(dy, op, "dy", 2);
+        check_arg(dw, op, "dw", 2);
         const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
         check_shape(w, {m, k}, op, "w");
         check_shape(dy, {n, m}, op, "dy");
         check_shape(dw, {m, k}, op, "dw");
         if (dx.defined()) {
-            check_cuda_arg(dx, op, "dx", 2);
+            check_arg(dx, op, "dx", 2);
             check_shape(dx, {n, k}, op, "dx");
         }
         if (dbias.defined()) {
-            check_cuda_arg(dbias, op, "dbias", 1);
+            check_arg(dbias, op, "dbias", 1);
             check_shape(dbias, {m}, op, "dbias");
         }
         require_cuda(op);
