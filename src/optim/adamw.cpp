@@ -14,12 +14,10 @@ void AdamW::step(double lr, int64_t step, double grad_scale) {
         h.lr = lr;
         if (!table_->spec(i).weight_decay) h.weight_decay = 0.0;
         auto flat = [](const core::Tensor& t) { return t.reshape({t.numel()}); };
-        const core::Tensor master = flat(table_->master(i)), grad = flat(table_->grad(i));
         // Under mixed precision the same kernel also writes the forward's bf16 copy of the weights.
-        if (table_->precision().has_master_copy())
-            ops::adamw_step(master, grad, flat(m(i)), flat(v(i)), h, step, grad_scale, flat(table_->param(i)));
-        else
-            ops::adamw_step(master, grad, flat(m(i)), flat(v(i)), h, step, grad_scale);
+        const core::Tensor copy = table_->precision().has_master_copy() ? flat(table_->param(i)) : core::Tensor();
+        ops::adamw_step(
+            flat(table_->master(i)), flat(table_->grad(i)), flat(m(i)), flat(v(i)), h, step, grad_scale, copy);
     }
 }
 

@@ -75,16 +75,6 @@ void adamw_step(const Tensor& param,
                 const Tensor& v,
                 const AdamWHyper& hyper,
                 int64_t step,
-                double grad_scale) {
-    cuda::adamw_step(param, grad, m, v, hyper, step, grad_scale, Tensor());
-}
-
-void adamw_step(const Tensor& param,
-                const Tensor& grad,
-                const Tensor& m,
-                const Tensor& v,
-                const AdamWHyper& hyper,
-                int64_t step,
                 double grad_scale,
                 const Tensor& param_copy) {
     constexpr std::string_view op = "adamw_step";

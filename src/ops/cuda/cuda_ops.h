@@ -56,14 +56,7 @@ void cross_entropy_bwd(const Tensor& logits,
 void add_fwd(const Tensor& a, const Tensor& b, const Tensor& out);
 void add_bwd(const Tensor& dout, const Tensor& da, const Tensor& db);
 
-void adamw_step(const Tensor& param,
-                const Tensor& grad,
-                const Tensor& m,
-                const Tensor& v,
-                const AdamWHyper& hyper,
-                int64_t step,
-                double grad_scale);
-// param_copy may be undefined (then as the overload above).
+// param_copy may be undefined (no model copy to write).
 void adamw_step(const Tensor& param,
                 const Tensor& grad,
                 const Tensor& m,

@@ -67,9 +67,6 @@ void add_fwd(const Tensor&, const Tensor&, const Tensor&) {
 void add_bwd(const Tensor&, const Tensor&, const Tensor&) {
     absent("add_bwd");
 }
-void adamw_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWHyper&, int64_t, double) {
-    absent("adamw_step");
-}
 void adamw_step(
     const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWHyper&, int64_t, double, const Tensor&) {
     absent("adamw_step");
