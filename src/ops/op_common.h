@@ -38,6 +38,13 @@ struct NamedArg {
 // one call must be on the same device".
 core::Device check_same_device(std::string_view op, std::initializer_list<NamedArg> args);
 
+// Process-wide kernel policy. Deterministic (the default): every op gives bitwise identical results run to run (no
+// float atomics, fixed reduction orders). Off (config `run.deterministic = false`): ops may pick faster kernels whose
+// float sums depend on scheduling (the CUDA attention backward accumulates dq with atomics). CPU ops are always
+// deterministic.
+void set_deterministic(bool deterministic);
+bool deterministic();
+
 }  // namespace mt::ops
 
 // Runs the body with `scalar_t` bound to float or double according to `dtype`.
