@@ -1,5 +1,7 @@
 // Training-step throughput of a job config on this machine: one JSON line per case.
-//   bench_train --config configs/tiny.toml [--steps 20] [--warmup 3] [--set section.key=value ...]
+//   bench_train --config configs/tiny.toml [--steps 20] [--warmup 3] [--set section.key=value ...] [--profile]
+// --profile adds one more step, run with the range profile of core/trace.h on (it synchronises around every op and
+// layer, so its times add up to more than a step), and prints one JSON line per range name after the figures.
 // Random tokens (written to a temporary shard) stand in for the corpus so the run needs no prepared data; the
 // step is the trainer's own (forward, backward, global norm + clipping, AdamW).
 #include <omp.h>
@@ -11,6 +13,7 @@
 
 #include "core/backend.h"
 #include "core/rng.h"
+#include "core/trace.h"
 #include "data/llmc_shard.h"
 #include "train/trainer.h"
 
@@ -25,6 +28,8 @@ int run(int argc, char** argv) {
     app.add_option("--steps", steps);
     app.add_option("--warmup", warmup);
     app.add_option("--set", overrides);
+    bool profile = false;
+    app.add_flag("--profile", profile, "print an op- and layer-level time profile of one extra step");
     CLI11_PARSE(app, argc, argv);
 
     auto cfg = mt::train::config_load(config, overrides);
@@ -37,7 +42,7 @@ int run(int argc, char** argv) {
     cfg.data.paths = {dir + "/bench.bin"};
     cfg.data.val_paths = {};
     cfg.run.dir = dir + "/run";
-    cfg.train.steps = warmup + steps;
+    cfg.train.steps = warmup + steps + (profile ? 1 : 0);
 
     mt::train::Trainer trainer(cfg, false);
     for (int64_t s = 0; s < warmup; ++s) trainer.train_step();
@@ -46,6 +51,13 @@ int run(int argc, char** argv) {
     const mt::core::Device device = trainer.model().params().precision().device;
     mt::core::backend_get(device).synchronize();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::vector<mt::core::ProfileEntry> ranges;
+    if (profile) {
+        mt::core::profile_enable(device);
+        trainer.train_step();
+        ranges = mt::core::profile_take();
+        mt::core::profile_disable();
+    }
     std::filesystem::remove_all(dir);
 
     const double tok_s = static_cast<double>(trainer.tokens_per_step() * steps) / secs;
@@ -71,7 +83,17 @@ int run(int argc, char** argv) {
         line["mfu"] = flops / 989e12;
         line["peak_device_bytes"] = mt::core::backend_get(device).peak_bytes();
     }
+    line["deterministic"] = cfg.run.deterministic;
+    line["precision"] = mt::core::dtype_name(trainer.model().params().precision().compute);
     fmt::print("{}\n", line.dump());
+    for (const auto& r : ranges)
+        fmt::print("{}\n",
+                   nlohmann::json{{"bench", "train_step_profile"},
+                                  {"range", r.name},
+                                  {"ms", r.ms},
+                                  {"calls", r.calls},
+                                  {"ms_per_call", r.ms / static_cast<double>(r.calls)}}
+                       .dump());
     return 0;
 }
 

@@ -30,6 +30,9 @@ class Backend {
     virtual size_t peak_bytes() const {
         return 0;
     }
+    // Named ranges for external profilers (NVTX on CUDA); nothing by default.
+    virtual void range_push(const char* name) {}
+    virtual void range_pop() {}
 };
 
 // The backend of a device; fails with ExitCode::device (naming why) when the device is unavailable.

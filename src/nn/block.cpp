@@ -1,6 +1,7 @@
 // Transformer block forward and backward, side by side.
 #include "nn/block.h"
 
+#include "core/trace.h"
 #include "ops/add.h"
 #include "ops/rmsnorm.h"
 
@@ -37,20 +38,28 @@ void Block::resize(int64_t batch, int64_t seq, const Precision& precision) {
 
 void Block::forward(const Tensor& x, Workspace& ws) {
     const Tensor& branch = ws.d_tmp;  // scratch: a branch output is not needed by backward
-    ops::rmsnorm_fwd(x, table_->param(attn_norm_), cfg_.norm_eps, norm1_, rstd1_);
-    attn_.forward(norm1_, branch);
-    ops::add_fwd(x, branch, h_);
+    {
+        core::TraceRange range(x.device(), "block.attn_fwd");
+        ops::rmsnorm_fwd(x, table_->param(attn_norm_), cfg_.norm_eps, norm1_, rstd1_);
+        attn_.forward(norm1_, branch);
+        ops::add_fwd(x, branch, h_);
+    }
+    core::TraceRange range(x.device(), "block.mlp_fwd");
     ops::rmsnorm_fwd(h_, table_->param(mlp_norm_), cfg_.norm_eps, norm2_, rstd2_);
     mlp_.forward(norm2_, branch);
     ops::add_fwd(h_, branch, out_);
 }
 
 void Block::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws) {
-    // MLP branch: dh = dout + d(norm2)/dh
-    mlp_.backward(norm2_, dout, ws.d_norm, ws);
-    ops::rmsnorm_bwd(h_, table_->param(mlp_norm_), rstd2_, ws.d_norm, ws.d_tmp, table_->grad(mlp_norm_));
-    ops::add_fwd(dout, ws.d_tmp, dx);  // dx holds dh for now
+    {
+        // MLP branch: dh = dout + d(norm2)/dh
+        core::TraceRange range(x.device(), "block.mlp_bwd");
+        mlp_.backward(norm2_, dout, ws.d_norm, ws);
+        ops::rmsnorm_bwd(h_, table_->param(mlp_norm_), rstd2_, ws.d_norm, ws.d_tmp, table_->grad(mlp_norm_));
+        ops::add_fwd(dout, ws.d_tmp, dx);  // dx holds dh for now
+    }
     // Attention branch: dx = dh + d(norm1)/dx
+    core::TraceRange range(x.device(), "block.attn_bwd");
     attn_.backward(norm1_, dx, ws.d_norm, ws);
     ops::rmsnorm_bwd(x, table_->param(attn_norm_), rstd1_, ws.d_norm, ws.d_tmp, table_->grad(attn_norm_));
     ops::add_fwd(dx, ws.d_tmp, dx);

@@ -1,6 +1,9 @@
 // Dense LM forward and backward, written as explicit per-layer calls (as llm.c's gpt2_forward/backward).
 #include "nn/dense_lm.h"
 
+#include <optional>
+
+#include "core/trace.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
@@ -57,16 +60,23 @@ double DenseLM::forward(const Tensor& ids, const Tensor& targets) {
     host_targets_.copy_from(targets.reshape({n}));
     targets_.copy_from(host_targets_);
 
-    ops::embedding_fwd(ids_, table_.param(embed_), x0_);
+    const core::Device dev = precision_.device;
+    {
+        core::TraceRange range(dev, "model.embed_fwd");
+        ops::embedding_fwd(ids_, table_.param(embed_), x0_);
+    }
     const Tensor* x = &x0_;
     for (auto& b : blocks_) {
         b->forward(*x, ws_);
         x = &b->output();
     }
-    ops::rmsnorm_fwd(*x, table_.param(final_norm_), cfg_.norm_eps, final_, final_rstd_);
-    const Tensor head = table_.param(lm_head_ >= 0 ? lm_head_ : embed_);
-    ops::linear_fwd(final_, head, Tensor(), logits_);
-    ops::cross_entropy_fwd(logits_, targets_, kIgnoreIndex, losses_, lse_);
+    {
+        core::TraceRange range(dev, "model.head_fwd");
+        ops::rmsnorm_fwd(*x, table_.param(final_norm_), cfg_.norm_eps, final_, final_rstd_);
+        const Tensor head = table_.param(lm_head_ >= 0 ? lm_head_ : embed_);
+        ops::linear_fwd(final_, head, Tensor(), logits_);
+        ops::cross_entropy_fwd(logits_, targets_, kIgnoreIndex, losses_, lse_);
+    }
 
     // Summed on the host in f64, in row order (deterministic on every device).
     const Tensor losses = losses_.device() == core::Device::cpu ? losses_ : losses_.to_device(core::Device::cpu);
@@ -83,6 +93,8 @@ double DenseLM::forward(const Tensor& ids, const Tensor& targets) {
 
 void DenseLM::backward(double loss_scale) {
     MT_CHECK(batch_ > 0, "backward before forward");
+    const core::Device dev = precision_.device;
+    std::optional<core::TraceRange> head_range(std::in_place, dev, "model.head_bwd");
     // d(loss_scale * mean)/d(loss_i) = loss_scale / counted for counted rows (the op zeroes ignored rows).
     losses_.fill(counted_ > 0 ? loss_scale / static_cast<double>(counted_) : 0.0);
     ops::cross_entropy_bwd(logits_, targets_, lse_, kIgnoreIndex, losses_, logits_);  // dlogits in place
@@ -92,6 +104,7 @@ void DenseLM::backward(double loss_scale) {
     const Tensor& last = blocks_.empty() ? x0_ : blocks_.back()->output();
     ops::linear_bwd(final_, table_.param(head), dlogits, ws_.d_norm, table_.grad(head), Tensor());
     ops::rmsnorm_bwd(last, table_.param(final_norm_), final_rstd_, ws_.d_norm, dres_a_, table_.grad(final_norm_));
+    head_range.reset();
 
     Tensor* dout = &dres_a_;
     Tensor* dx = &dres_b_;
@@ -100,6 +113,7 @@ void DenseLM::backward(double loss_scale) {
         blocks_[static_cast<size_t>(l)]->backward(input, *dout, *dx, ws_);
         std::swap(dout, dx);
     }
+    core::TraceRange range(dev, "model.embed_bwd");
     ops::embedding_bwd(ids_, *dout, table_.grad(embed_));
 }
 

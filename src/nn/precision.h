@@ -2,7 +2,8 @@
 // loss log-sum-exp), the weights the forward reads, the fp32 master weights and the gradients.
 //   CPU f32 (and f64 for gradient checks): everything in one dtype, no master copy.
 //   CUDA mixed precision: bf16 activations and weights, f32 statistics, f32 master weights, f32 gradients and
-//   optimizer state (as Megatron-LM's bf16 training).
+//   optimizer state (as Megatron-LM's bf16 training). fp16 is the same with f16 in place of bf16; it needs loss
+//   scaling (optim/loss_scaler.h). CUDA f32 (everything f32) is for debugging.
 #pragma once
 
 #include "core/dtype.h"
@@ -25,7 +26,14 @@ struct Precision {
     }
     // bf16 mixed precision on a GPU.
     static Precision cuda_bf16() {
-        return {core::Device::cuda, core::DType::bf16, core::DType::f32, core::DType::bf16, core::DType::f32};
+        return cuda_mixed(core::DType::bf16);
+    }
+    // bf16 or f16 activations and weights with f32 statistics, master weights, gradients and optimizer state.
+    static Precision cuda_mixed(core::DType half) {
+        return {core::Device::cuda, half, core::DType::f32, half, core::DType::f32};
+    }
+    static Precision cuda_f32() {
+        return {core::Device::cuda, core::DType::f32, core::DType::f32, core::DType::f32, core::DType::f32};
     }
 };
 

@@ -15,8 +15,10 @@ struct RunConfig {
     std::string name = "run";
     std::string dir = "runs/run";
     int64_t seed = 1234;
-    std::string device = "auto";  // auto (cuda when a GPU is visible) | cpu | cuda
-    int64_t threads = 0;          // 0: all cores
+    std::string device = "auto";     // auto (cuda when a GPU is visible) | cpu | cuda
+    int64_t threads = 0;             // 0: all cores
+    std::string precision = "auto";  // auto (bf16 on cuda, f32 on cpu) | f32 | bf16 | fp16
+    bool deterministic = true;       // bitwise reproducible kernels; false allows faster ones (ops/op_common.h)
 };
 
 struct DataConfig {
@@ -40,7 +42,12 @@ struct TrainConfig {
     double beta1 = 0.9;
     double beta2 = 0.95;
     double eps = 1e-8;
-    double grad_clip = 1.0;  // 0: off
+    double grad_clip = 1.0;   // 0: off
+    double loss_scale = 0.0;  // > 0: a fixed scale; 0: dynamic under fp16, none (1) otherwise
+    double loss_scale_init = 65536.0;
+    int64_t loss_scale_window = 1000;  // clean steps before the dynamic scale doubles
+    int64_t loss_scale_hysteresis = 2;
+    double loss_scale_min = 1.0;
     int64_t eval_every = 100;
     int64_t eval_batches = 8;
 };

@@ -9,6 +9,7 @@
 
 #include "core/backend.h"
 #include "core/cuda_probe.h"
+#include "core/trace.h"
 #include "ops/global_norm.h"
 
 extern "C" char* openblas_get_corename(void);
@@ -28,15 +29,36 @@ std::string format_duration(double seconds) {
 
 nn::Precision trainer_precision(const JobConfig& cfg) {
     const std::string& device = cfg.run.device;
+    const std::string& precision = cfg.run.precision;
     const bool cuda = device == "cuda" || (device == "auto" && core::backend_available(core::Device::cuda));
-    if (!cuda) return nn::Precision::cpu(core::DType::f32);
+    if (!cuda) {
+        if (precision != "auto" && precision != "f32")
+            core::fail_hint(core::ExitCode::usage,
+                            "set run.precision = \"f32\" (or \"auto\") for CPU runs",
+                            "run.precision = \"{}\" needs a GPU; this run is on the CPU, whose ops compute in f32 [{}]",
+                            precision,
+                            cfg.source);
+        return nn::Precision::cpu(core::DType::f32);
+    }
     if (!core::backend_available(core::Device::cuda))
         core::fail_hint(core::ExitCode::device,
                         "set run.device = \"cpu\" (or \"auto\")",
                         "run.device = \"cuda\" but no CUDA device is available: {} [{}]",
                         core::cuda_describe(),
                         cfg.source);
-    return nn::Precision::cuda_bf16();
+    if (precision == "f32") return nn::Precision::cuda_f32();
+    return nn::Precision::cuda_mixed(precision == "fp16" ? core::DType::f16 : core::DType::bf16);
+}
+
+optim::LossScalerConfig trainer_loss_scaler(const JobConfig& cfg, const nn::Precision& precision) {
+    const auto& t = cfg.train;
+    if (t.loss_scale > 0) return {.dynamic = false, .scale = t.loss_scale};
+    if (precision.compute != core::DType::f16) return {};
+    return {.dynamic = true,
+            .scale = t.loss_scale_init,
+            .growth_interval = t.loss_scale_window,
+            .hysteresis = t.loss_scale_hysteresis,
+            .min_scale = t.loss_scale_min};
 }
 
 int trainer_set_threads(int64_t threads) {
@@ -47,7 +69,9 @@ int trainer_set_threads(int64_t threads) {
 
 Trainer::Trainer(JobConfig cfg, bool log) : cfg_(std::move(cfg)), log_(log) {
     trainer_set_threads(cfg_.run.threads);
+    ops::set_deterministic(cfg_.run.deterministic);
     const nn::Precision precision = trainer_precision(cfg_);
+    scaler_ = optim::LossScaler(trainer_loss_scaler(cfg_, precision));
     const auto& t = cfg_.train;
 
     train_source_ = data::token_source_open(cfg_.data.format, cfg_.data.paths, cfg_.model.vocab_size);
@@ -84,23 +108,34 @@ StepResult Trainer::train_step() {
     const auto& t = cfg_.train;
     StepResult r;
     r.lr = schedule_.at(step_);
+    r.loss_scale = scaler_.scale();
     model_->params().zero_grads();
     for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
         fill_batch(step_, micro, inputs_, targets_);
         r.loss += model_->forward(inputs_, targets_) / static_cast<double>(t.grad_accum);
-        model_->backward(1.0 / static_cast<double>(t.grad_accum));
+        model_->backward(r.loss_scale / static_cast<double>(t.grad_accum));
     }
-    r.grad_norm = ops::global_norm({model_->params().grad_arena()});
-    if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
-        core::fail_hint(core::ExitCode::health,
-                        "lower train.lr or resume from the last checkpoint",
-                        "non-finite loss {} or gradient norm {} at step {}",
-                        r.loss,
-                        r.grad_norm,
-                        step_ + 1);
-    // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm.
-    const double scale = t.grad_clip > 0 && r.grad_norm > t.grad_clip ? t.grad_clip / (r.grad_norm + 1e-6) : 1.0;
-    adamw_->step(r.lr, step_ + 1, scale);
+    core::TraceRange range(model_->params().precision().device, "optimizer");
+    r.grad_norm = ops::global_norm({model_->params().grad_arena()}) / r.loss_scale;
+    const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
+    // Under dynamic loss scaling an overflow skips the step (the step counter, schedule and data still advance, as
+    // in Megatron-LM); anywhere else a non-finite value ends the run.
+    r.skipped = !scaler_.update(finite) && std::isfinite(r.loss) && scaler_.dynamic() && !scaler_.exhausted();
+    if (!finite && !r.skipped)
+        core::fail_hint(
+            core::ExitCode::health,
+            "lower train.lr or resume from the last checkpoint",
+            "non-finite loss {} or gradient norm {} at step {}{}",
+            r.loss,
+            r.grad_norm,
+            step_ + 1,
+            scaler_.exhausted() ? fmt::format(" (loss scale already at its minimum {})", r.loss_scale) : "");
+    if (!r.skipped) {
+        // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm; the
+        // loss scale is divided out in the same multiplier.
+        const double clip = t.grad_clip > 0 && r.grad_norm > t.grad_clip ? t.grad_clip / (r.grad_norm + 1e-6) : 1.0;
+        adamw_->step(r.lr, step_ + 1, clip / r.loss_scale);
+    }
     ++step_;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return r;
@@ -156,24 +191,34 @@ void Trainer::run() {
         }
         const double tok_s = timed_steps > 0 ? static_cast<double>(tokens_per_step() * timed_steps) / elapsed : 0.0;
         const double eta = timed_steps > 0 ? elapsed / timed_steps * static_cast<double>(t.steps - step_) : 0.0;
+        const std::string scale_note =
+            scaler_.dynamic()
+                ? fmt::format(" | loss scale {:g}{}", r.loss_scale, r.skipped ? " (overflow: skipped)" : "")
+                : "";
         if (log_)
-            fmt::print("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}\n",
+            fmt::print("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}{}\n",
                        step_,
                        t.steps,
                        r.loss,
                        r.lr,
                        r.grad_norm,
                        tok_s,
-                       format_duration(eta));
-        if (step_ % cfg_.metrics.every == 0)
-            metrics_->write(step_,
-                            "train",
-                            {{"loss", r.loss},
-                             {"lr", r.lr},
-                             {"grad_norm", r.grad_norm},
-                             {"tokens_per_s", tok_s},
-                             {"step_seconds", r.seconds},
-                             {"tokens_seen", step_ * tokens_per_step()}});
+                       format_duration(eta),
+                       scale_note);
+        if (step_ % cfg_.metrics.every == 0) {
+            nlohmann::json fields = {{"loss", r.loss},
+                                     {"lr", r.lr},
+                                     {"grad_norm", r.grad_norm},
+                                     {"tokens_per_s", tok_s},
+                                     {"step_seconds", r.seconds},
+                                     {"tokens_seen", step_ * tokens_per_step()}};
+            if (scaler_.dynamic()) {
+                fields["loss_scale"] = r.loss_scale;
+                fields["skipped"] = r.skipped;
+                fields["skipped_total"] = scaler_.skipped();
+            }
+            metrics_->write(step_, "train", fields);
+        }
         const bool last = step_ == t.steps;
         if (t.eval_every > 0 && (step_ % t.eval_every == 0 || last)) {
             const double val = evaluate();

@@ -9,6 +9,7 @@
 #include "data/sampler.h"
 #include "nn/dense_lm.h"
 #include "optim/adamw.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "train/config.h"
 #include "train/metrics.h"
@@ -20,6 +21,8 @@ struct StepResult {
     double grad_norm = 0.0;
     double lr = 0.0;
     double seconds = 0.0;
+    double loss_scale = 1.0;  // the scale this step's backward used
+    bool skipped = false;     // an fp16 overflow: no optimizer update
 };
 
 class Trainer {
@@ -60,6 +63,7 @@ class Trainer {
     bool log_;
     std::unique_ptr<nn::DenseLM> model_;
     std::unique_ptr<optim::AdamW> adamw_;
+    optim::LossScaler scaler_;
     optim::LrSchedule schedule_;
     std::unique_ptr<data::TokenSource> train_source_, val_source_;
     std::unique_ptr<data::Sampler> train_sampler_, val_sampler_;
@@ -71,6 +75,9 @@ class Trainer {
 // The precision run.device selects: "cpu" (f32), "cuda" (bf16 mixed precision; exit 5 without a GPU) or "auto"
 // (cuda when a GPU is visible, else cpu).
 nn::Precision trainer_precision(const JobConfig& cfg);
+
+// The loss scaling of a run: train.loss_scale > 0 fixes it; otherwise dynamic under fp16 and none (1) otherwise.
+optim::LossScalerConfig trainer_loss_scaler(const JobConfig& cfg, const nn::Precision& precision);
 
 // Applies run.threads (0: all cores) to OpenMP; returns the thread count.
 int trainer_set_threads(int64_t threads);

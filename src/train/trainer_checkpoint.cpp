@@ -51,6 +51,7 @@ void Trainer::save_checkpoint() {
         {"tokens_seen", step_ * tokens_per_step()},
         {"mesh", {{"order", "tp-cp-ep-dp-pp"}, {"tp", 1}, {"cp", 1}, {"ep", 1}, {"dp", 1}, {"pp", 1}, {"world", 1}}},
         {"rng", {{"seed", cfg_.run.seed}, {"step", step_}}},
+        {"loss_scaler", scaler_.state()},
         {"data",
          {{"samples_consumed", samples},
           {"ranks",
@@ -80,6 +81,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
     }
     table.refresh_params_from_master();
     step_ = ckpt.step();
+    if (ckpt.manifest().contains("loss_scaler")) scaler_.load_state(ckpt.manifest().at("loss_scaler"));
     const auto& t = cfg_.train;
     const auto& data = ckpt.manifest().at("data");
     const int64_t expected = data::sampler_first_sample(step_, t.grad_accum, 0, 1, 0, t.batch_size);

@@ -108,6 +108,12 @@ class CudaBackend final : public Backend {
     size_t peak_bytes() const override {
         return peak_bytes_;
     }
+    void range_push(const char* name) override {
+        nvtxRangePushA(name);
+    }
+    void range_pop() override {
+        nvtxRangePop();
+    }
 
    private:
     void release_cache() {

@@ -5,6 +5,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace mt::core {
 
@@ -13,13 +14,15 @@ namespace mt::core {
 // The stream every CUDA op and copy runs on (one per process for now; deterministic order).
 cudaStream_t cuda_stream();
 
-// An NVTX range for the lifetime of the object, named after the op or layer.
+// An NVTX range for the lifetime of the object, named after the op (and a profile entry, core/trace.h).
 class NvtxRange {
    public:
     explicit NvtxRange(const char* name) {
         nvtxRangePushA(name);
+        profile_begin(name);
     }
     ~NvtxRange() {
+        profile_end();
         nvtxRangePop();
     }
     NvtxRange(const NvtxRange&) = delete;
