@@ -1,7 +1,8 @@
 // CUDA AdamW step, elementwise over flat buffers, with an optional low-precision model copy written by the same
 // kernel (one read of grad, m, v, param and one write of m, v, param and the copy per element).
-// Dtypes: param, m, v f32 (master weights and optimizer state); grad f32|bf16; param_copy bf16|f32 or undefined.
-// The scalars are formed in f64 on the host and the elementwise math runs in f32 in the CPU reference's order.
+// Dtypes: param, m, v f32 (master weights and optimizer state); grad f32|bf16|f16; param_copy bf16|f16|f32 or
+// undefined. The scalars are formed in f64 on the host and the elementwise math runs in f32 in the CPU reference's
+// order.
 #include <cmath>
 
 #include "ops/cuda/common.cuh"
@@ -59,12 +60,11 @@ void launch(const Tensor& param,
     float *p = param.data<float>(), *mp = m.data<float>(), *vp = v.data<float>();
     if (!copy.defined())
         adamw_kernel<VEC, TG, float, false><<<blocks, kThreads, 0, core::cuda_stream()>>>(p, g, mp, vp, nullptr, n, s);
-    else if (copy.dtype() == DType::bf16)
-        adamw_kernel<VEC, TG, bf16, true>
-            <<<blocks, kThreads, 0, core::cuda_stream()>>>(p, g, mp, vp, static_cast<bf16*>(copy.raw()), n, s);
     else
-        adamw_kernel<VEC, TG, float, true>
-            <<<blocks, kThreads, 0, core::cuda_stream()>>>(p, g, mp, vp, copy.data<float>(), n, s);
+        MT_CUDA_DISPATCH(copy.dtype(), TC, {
+            adamw_kernel<VEC, TG, TC, true>
+                <<<blocks, kThreads, 0, core::cuda_stream()>>>(p, g, mp, vp, static_cast<TC*>(copy.raw()), n, s);
+        });
 }
 
 }  // namespace
@@ -79,10 +79,10 @@ void adamw_step(const Tensor& param,
                 const Tensor& param_copy) {
     constexpr std::string_view op = "adamw_step";
     check_f32(param, op, "param");
-    check_bf16_f32(grad, op, "grad");
+    check_cuda_float(grad, op, "grad");
     check_f32(m, op, "m");
     check_f32(v, op, "v");
-    if (param_copy.defined()) check_bf16_f32(param_copy, op, "param_copy");
+    if (param_copy.defined()) check_cuda_float(param_copy, op, "param_copy");
     if (param.numel() == 0) return;
     core::NvtxRange range("adamw_step");
     const double bc1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step));

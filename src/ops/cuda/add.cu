@@ -1,5 +1,5 @@
 // CUDA residual add and its accumulating backward, elementwise over flat buffers (deterministic).
-// Dtypes: each of a, b, out, and each of dout, da, db, is bf16|f32 on its own (a bf16 branch may add into an f32
+// Dtypes: each of a, b, out, and each of dout, da, db, is bf16|f16|f32 on its own (a bf16 branch may add into an f32
 // residual stream, and a bf16 gradient into f32 accumulators); the sum is formed in f32 and rounded once. out may
 // alias a or b.
 #include "ops/cuda/common.cuh"
@@ -46,9 +46,9 @@ __global__ void add_bwd_kernel(const TD* __restrict__ dout, TA* __restrict__ da,
 
 void add_fwd(const Tensor& a, const Tensor& b, const Tensor& out) {
     constexpr std::string_view op = "add_fwd";
-    check_bf16_f32(a, op, "a");
-    check_bf16_f32(b, op, "b");
-    check_bf16_f32(out, op, "out");
+    check_cuda_float(a, op, "a");
+    check_cuda_float(b, op, "b");
+    check_cuda_float(out, op, "out");
     const int64_t n = a.numel();
     if (n == 0) return;
     core::NvtxRange range("add_fwd");
@@ -72,9 +72,9 @@ void add_fwd(const Tensor& a, const Tensor& b, const Tensor& out) {
 
 void add_bwd(const Tensor& dout, const Tensor& da, const Tensor& db) {
     constexpr std::string_view op = "add_bwd";
-    check_bf16_f32(dout, op, "dout");
-    check_bf16_f32(da, op, "da");
-    check_bf16_f32(db, op, "db");
+    check_cuda_float(dout, op, "dout");
+    check_cuda_float(da, op, "da");
+    check_cuda_float(db, op, "db");
     const int64_t n = dout.numel();
     if (n == 0) return;
     core::NvtxRange range("add_bwd");

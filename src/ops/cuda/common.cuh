@@ -1,8 +1,9 @@
-// Shared helpers of the CUDA ops: bf16/f32 element access with f32 math, 8-wide vector loads and stores,
+// Shared helpers of the CUDA ops: bf16/f16/f32 element access with f32 math, 8-wide vector loads and stores,
 // deterministic (fixed-order) block reductions, the float-dtype dispatch and launch checks.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 namespace mt::ops::cuda {
 
 using bf16 = __nv_bfloat16;
+using f16 = __half;
 
 // Element <-> f32. bf16 stores round to nearest even, as core::f32_to_bf16 on the host.
 __device__ __forceinline__ float to_f32(float x) {
@@ -21,6 +23,9 @@ __device__ __forceinline__ float to_f32(float x) {
 }
 __device__ __forceinline__ float to_f32(bf16 x) {
     return __bfloat162float(x);
+}
+__device__ __forceinline__ float to_f32(f16 x) {
+    return __half2float(x);
 }
 template <typename T>
 __device__ __forceinline__ T from_f32(float x);
@@ -32,17 +37,45 @@ template <>
 __device__ __forceinline__ bf16 from_f32<bf16>(float x) {
     return __float2bfloat16_rn(x);
 }
+template <>
+__device__ __forceinline__ f16 from_f32<f16>(float x) {
+    return __float2half_rn(x);
+}
 
-// VEC consecutive elements (VEC = 1 or 8) as f32. With VEC = 8 the pointer must be 16-byte aligned (bf16) or
+// Two consecutive 2-byte elements <-> two f32 (one conversion instruction each way).
+__device__ __forceinline__ float2 pair_to_f32(__nv_bfloat162 h) {
+    return __bfloat1622float2(h);
+}
+__device__ __forceinline__ float2 pair_to_f32(__half2 h) {
+    return __half22float2(h);
+}
+template <typename T>
+struct Pair;
+template <>
+struct Pair<bf16> {
+    using type = __nv_bfloat162;
+    __device__ static type from(float a, float b) {
+        return __floats2bfloat162_rn(a, b);
+    }
+};
+template <>
+struct Pair<f16> {
+    using type = __half2;
+    __device__ static type from(float a, float b) {
+        return __floats2half2_rn(a, b);
+    }
+};
+
+// VEC consecutive elements (VEC = 1 or 8) as f32. With VEC = 8 the pointer must be 16-byte aligned (bf16, f16) or
 // 32-byte aligned (f32); vec_ok checks that on the host.
 template <int VEC, typename T>
 __device__ __forceinline__ void load_vec(const T* p, float (&out)[VEC]) {
     if constexpr (VEC == 8 && sizeof(T) == 2) {
         const uint4 raw = *reinterpret_cast<const uint4*>(p);
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+        const auto* h = reinterpret_cast<const typename Pair<T>::type*>(&raw);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const float2 f = __bfloat1622float2(h[k]);
+            const float2 f = pair_to_f32(h[k]);
             out[2 * k] = f.x;
             out[2 * k + 1] = f.y;
         }
@@ -60,9 +93,9 @@ template <int VEC, typename T>
 __device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
     if constexpr (VEC == 8 && sizeof(T) == 2) {
         uint4 raw;
-        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+        auto* h = reinterpret_cast<typename Pair<T>::type*>(&raw);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(in[2 * k], in[2 * k + 1]);
+        for (int k = 0; k < 4; ++k) h[k] = Pair<T>::from(in[2 * k], in[2 * k + 1]);
         *reinterpret_cast<uint4*>(p) = raw;
     } else if constexpr (VEC == 8 && sizeof(T) == 4) {
         reinterpret_cast<float4*>(p)[0] = make_float4(in[0], in[1], in[2], in[3]);
@@ -105,9 +138,9 @@ inline unsigned grid_for(int64_t work, int threads) {
     return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks));
 }
 
-// Fails unless t is bf16 or f32 (the float dtypes of the CUDA ops).
-inline void check_bf16_f32(const Tensor& t, std::string_view op, std::string_view arg) {
-    check_dtype_in(t, {DType::bf16, DType::f32}, op, arg);
+// Fails unless t is bf16, f16 or f32 (the float dtypes of the CUDA ops).
+inline void check_cuda_float(const Tensor& t, std::string_view op, std::string_view arg) {
+    check_dtype_in(t, {DType::bf16, DType::f16, DType::f32}, op, arg);
 }
 inline void check_f32(const Tensor& t, std::string_view op, std::string_view arg) {
     check_dtype_in(t, {DType::f32}, op, arg);
@@ -151,14 +184,17 @@ __device__ __forceinline__ void note_bad_index(int* flag, int64_t n, int64_t i) 
 
 }  // namespace mt::ops::cuda
 
-// Runs the body with the type alias NAME bound to bf16 or float according to dtype (already checked).
-#define MT_CUDA_DISPATCH(dtype, NAME, ...)        \
-    do {                                          \
-        if ((dtype) == ::mt::core::DType::bf16) { \
-            using NAME = ::mt::ops::cuda::bf16;   \
-            __VA_ARGS__;                          \
-        } else {                                  \
-            using NAME = float;                   \
-            __VA_ARGS__;                          \
-        }                                         \
+// Runs the body with the type alias NAME bound to bf16, f16 or float according to dtype (already checked).
+#define MT_CUDA_DISPATCH(dtype, NAME, ...)              \
+    do {                                                \
+        if ((dtype) == ::mt::core::DType::bf16) {       \
+            using NAME = ::mt::ops::cuda::bf16;         \
+            __VA_ARGS__;                                \
+        } else if ((dtype) == ::mt::core::DType::f16) { \
+            using NAME = ::mt::ops::cuda::f16;          \
+            __VA_ARGS__;                                \
+        } else {                                        \
+            using NAME = float;                         \
+            __VA_ARGS__;                                \
+        }                                               \
     } while (0)

@@ -1,5 +1,5 @@
 // CUDA fused softmax + cross-entropy (the classifier's loss), one block per row; V of 32768 and more.
-// Dtypes: logits and dlogits bf16|f32, the same dtype (dlogits may alias logits: the in-place backward overwrites
+// Dtypes: logits and dlogits bf16|f16|f32, the same dtype (dlogits may alias logits: the in-place backward overwrites
 // the logits with their gradient, so no f32 copy of [N, V] ever exists); targets i32; losses, lse, dlosses f32.
 // Forward: one pass over the row with an online max / sum of exp per thread (8 elements at a time), combined over
 // the block in a fixed order, so loss and lse are the same on every run. Backward: one pass that reads each logit
@@ -137,7 +137,7 @@ int threads_for(int64_t v, bool vec) {
 void cross_entropy_fwd(
     const Tensor& logits, const Tensor& targets, int32_t ignore_index, const Tensor& losses, const Tensor& lse) {
     constexpr std::string_view op = "cross_entropy_fwd";
-    check_bf16_f32(logits, op, "logits");
+    check_cuda_float(logits, op, "logits");
     check_f32(losses, op, "losses");
     check_f32(lse, op, "lse");
     const int64_t n = logits.size(0), v = logits.size(1);
@@ -165,7 +165,7 @@ void cross_entropy_bwd(const Tensor& logits,
                        const Tensor& dlosses,
                        const Tensor& dlogits) {
     constexpr std::string_view op = "cross_entropy_bwd";
-    check_bf16_f32(logits, op, "logits");
+    check_cuda_float(logits, op, "logits");
     check_f32(lse, op, "lse");
     check_f32(dlosses, op, "dlosses");
     check_dtype_like(dlogits, logits, op, "dlogits", "logits");

@@ -1,14 +1,14 @@
 // CUDA embedding lookup and its deterministic backward.
-// Dtypes: ids i32; weight bf16|f32 and out bf16|f32 (any pair; the forward converts); dout bf16|f32 and dweight
-// f32|bf16 (f32 is the Megatron-style choice: parameter gradients accumulate in f32).
-// Backward, sort-free and deterministic (no float atomics): the grid tiles dweight into blocks of R rows x T
-// columns; each block keeps an f32 accumulator for its tile in shared memory and scans all ids in position order,
-// T at a time. The positions whose id falls in its rows are compacted in order (warp ballots, warp counts added in
-// warp order), then each thread adds the dout values of its column in that order. At the end the tile is added to
-// dweight once. Every dweight element is owned by one thread and summed in position order, so the result is the
-// same on every run. The cost is a read of the ids per block (they stay in L2).
-// Ids outside [0, V) are found on the device and reported as the CPU path does (exit 3); this copies one int back,
-// so both calls synchronise with the host. Rows of valid ids may have been written when that error is raised.
+// Dtypes: ids i32; weight bf16|f16|f32 and out bf16|f16|f32 (any pair; the forward converts); dout bf16|f16|f32 and
+// dweight f32|bf16|f16 (f32 is the Megatron-style choice: parameter gradients accumulate in f32). Backward, sort-free
+// and deterministic (no float atomics): the grid tiles dweight into blocks of R rows x T columns; each block keeps an
+// f32 accumulator for its tile in shared memory and scans all ids in position order, T at a time. The positions whose
+// id falls in its rows are compacted in order (warp ballots, warp counts added in warp order), then each thread adds
+// the dout values of its column in that order. At the end the tile is added to dweight once. Every dweight element is
+// owned by one thread and summed in position order, so the result is the same on every run. The cost is a read of the
+// ids per block (they stay in L2). Ids outside [0, V) are found on the device and reported as the CPU path does (exit
+// 3); this copies one int back, so both calls synchronise with the host. Rows of valid ids may have been written when
+// that error is raised.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 
@@ -122,8 +122,8 @@ __global__ void embedding_bwd_kernel(const int32_t* __restrict__ ids,
 
 void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out) {
     constexpr std::string_view op = "embedding_fwd";
-    check_bf16_f32(weight, op, "weight");
-    check_bf16_f32(out, op, "out");
+    check_cuda_float(weight, op, "weight");
+    check_cuda_float(out, op, "out");
     const int64_t n = ids.size(0), vocab = weight.size(0), c = weight.size(1);
     if (n == 0) return;
     core::NvtxRange range("embedding_fwd");
@@ -158,8 +158,8 @@ void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out) {
 
 void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dweight) {
     constexpr std::string_view op = "embedding_bwd";
-    check_bf16_f32(dout, op, "dout");
-    check_bf16_f32(dweight, op, "dweight");
+    check_cuda_float(dout, op, "dout");
+    check_cuda_float(dweight, op, "dweight");
     const int64_t n = ids.size(0), vocab = dweight.size(0), c = dweight.size(1);
     if (n == 0 || c == 0 || vocab == 0) return;
     core::NvtxRange range("embedding_bwd");

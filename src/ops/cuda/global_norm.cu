@@ -1,5 +1,5 @@
 // CUDA global L2 norm over a list of tensors, deterministic: two passes in f64 with a fixed partition.
-// Dtypes: each tensor f32|bf16 (mixed lists are fine). Pass 1: every tensor is cut into chunks of kChunk elements
+// Dtypes: each tensor f32|bf16|f16 (mixed lists are fine). Pass 1: every tensor is cut into chunks of kChunk elements
 // (a partition that depends only on the sizes); one block per chunk sums x^2 in f64 (each thread a fixed stride,
 // then a fixed-order block sum) into partial[chunk]. Pass 2: one block sums the partials in a fixed order. One launch
 // of each pass serves the whole list; the result is copied back, so the call synchronises.
@@ -21,8 +21,19 @@ struct NormPart {
     const void* ptr;
     int64_t n;
     int64_t first_chunk;  // index of the tensor's first chunk in the global chunk order
-    int is_bf16;
+    int kind;             // 0 f32, 1 bf16, 2 f16
 };
+
+template <typename T>
+__device__ __forceinline__ double sum_squares(const void* ptr, int64_t begin, int64_t end) {
+    const T* x = static_cast<const T*>(ptr);
+    double sum = 0.0;
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        const double d = to_f32(x[i]);
+        sum += d * d;
+    }
+    return sum;
+}
 
 __global__ void norm_partial_kernel(const NormPart* __restrict__ parts, int count, double* __restrict__ partial) {
     __shared__ double scratch[32];
@@ -38,20 +49,9 @@ __global__ void norm_partial_kernel(const NormPart* __restrict__ parts, int coun
     const NormPart part = parts[lo];
     const int64_t begin = (chunk - part.first_chunk) * kChunk;
     const int64_t end = begin + kChunk < part.n ? begin + kChunk : part.n;
-    double sum = 0.0;
-    if (part.is_bf16) {
-        const bf16* x = static_cast<const bf16*>(part.ptr);
-        for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-            const double d = to_f32(x[i]);
-            sum += d * d;
-        }
-    } else {
-        const float* x = static_cast<const float*>(part.ptr);
-        for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-            const double d = x[i];
-            sum += d * d;
-        }
-    }
+    double sum = part.kind == 1   ? sum_squares<bf16>(part.ptr, begin, end)
+                 : part.kind == 2 ? sum_squares<f16>(part.ptr, begin, end)
+                                  : sum_squares<float>(part.ptr, begin, end);
     sum = block_sum(sum, scratch);
     if (threadIdx.x == 0) partial[chunk] = sum;
 }
@@ -71,10 +71,11 @@ double global_norm(const std::vector<Tensor>& tensors) {
     std::vector<NormPart> parts;
     int64_t chunks = 0;
     for (size_t i = 0; i < tensors.size(); ++i) {
-        check_bf16_f32(tensors[i], op, fmt::format("tensors[{}]", i));
+        check_cuda_float(tensors[i], op, fmt::format("tensors[{}]", i));
         const int64_t n = tensors[i].numel();
         if (n == 0) continue;
-        parts.push_back({tensors[i].raw(), n, chunks, tensors[i].dtype() == DType::bf16 ? 1 : 0});
+        const DType dt = tensors[i].dtype();
+        parts.push_back({tensors[i].raw(), n, chunks, dt == DType::bf16 ? 1 : (dt == DType::f16 ? 2 : 0)});
         chunks += (n + kChunk - 1) / kChunk;
     }
     if (chunks == 0) return 0.0;

@@ -1,5 +1,5 @@
-// CUDA linear through cuBLASLt: bf16 (or f32) operands, fp32 accumulation (CUBLAS_COMPUTE_32F, no TF32), the bias
-// fused as an epilogue. Row-major [rows, cols] tensors are column-major [cols, rows] matrices to cuBLASLt, so
+// CUDA linear through cuBLASLt: bf16 or f16 (or f32) operands, fp32 accumulation (CUBLAS_COMPUTE_32F, no TF32), the
+// bias fused as an epilogue. Row-major [rows, cols] tensors are column-major [cols, rows] matrices to cuBLASLt, so
 //   y  = x w^T   is  Y^T[M, N]  = W^T[K, M]^T . X^T[K, N]       (A = w, op T; B = x, op N)
 //   dx = dy w    is  DX^T[K, N] = W^T[K, M] . DY^T[M, N]         (A = w, op N; B = dy, op N)
 //   dw += dy^T x is  DW^T[K, M] = X^T[K, N] . (DY^T[M, N])^T     (A = x, op N; B = dy, op T; beta = 1)
@@ -15,6 +15,7 @@
 
 #include "core/backend.h"
 #include "core/cuda/cuda_check.h"
+#include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 
 namespace mt::ops::cuda {
@@ -31,7 +32,7 @@ void lt_check(cublasStatus_t status, const char* what) {
 }
 
 cudaDataType cuda_type(DType dtype) {
-    return dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    return dtype == DType::bf16 ? CUDA_R_16BF : (dtype == DType::f16 ? CUDA_R_16F : CUDA_R_32F);
 }
 
 // The largest power of two (up to 256) dividing the address: cuBLASLt picks kernels by operand alignment.
@@ -170,23 +171,6 @@ class LtContext {
     std::map<decltype(GemmShape{}.key()), GemmPlan> plans_;
 };
 
-template <typename T>
-__device__ __forceinline__ float to_f32(T x) {
-    return static_cast<float>(x);
-}
-template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) {
-    return __bfloat162float(x);
-}
-template <typename T>
-__device__ __forceinline__ T from_f32(float x) {
-    return static_cast<T>(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
-    return __float2bfloat16(x);
-}
-
 // y[n, m] = bias[m] (the K = 0 forward, where there is no GEMM).
 template <typename T>
 __global__ void broadcast_rows_kernel(const T* bias, T* y, int64_t n, int64_t m) {
@@ -250,10 +234,7 @@ void launch_dbias(const Tensor& dy, const Tensor& dbias, int64_t n, int64_t m) {
 }
 
 void check_dtypes(const Tensor& x, std::string_view op) {
-    MT_CHECK(x.dtype() == DType::bf16 || x.dtype() == DType::f32,
-             "{}: x has dtype {}; the CUDA linear takes bf16 or f32",
-             op,
-             core::dtype_name(x.dtype()));
+    check_cuda_float(x, op, "x");
 }
 
 void check_grad_dtype(const Tensor& g, const Tensor& x, std::string_view op, std::string_view name) {
@@ -267,7 +248,7 @@ void check_grad_dtype(const Tensor& g, const Tensor& x, std::string_view op, std
 
 }  // namespace
 
-// x [N, K], w [M, K], bias [M] or undefined, y [N, M]; all bf16 or all f32. Shapes are checked by the caller.
+// x [N, K], w [M, K], bias [M] or undefined, y [N, M]; all bf16, all f16 or all f32. Shapes are checked by the caller.
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
     constexpr std::string_view op = "linear_fwd";
     check_dtypes(x, op);
@@ -284,12 +265,10 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tens
     core::NvtxRange range("linear_fwd");
     if (k == 0) {
         if (!bias.defined()) return y.zero();
-        if (x.dtype() == DType::bf16)
+        MT_CUDA_DISPATCH(x.dtype(), T, {
             broadcast_rows_kernel<<<blocks_for(n * m, 256), 256, 0, core::cuda_stream()>>>(
-                static_cast<const __nv_bfloat16*>(bias.raw()), static_cast<__nv_bfloat16*>(y.raw()), n, m);
-        else
-            broadcast_rows_kernel<<<blocks_for(n * m, 256), 256, 0, core::cuda_stream()>>>(
-                static_cast<const float*>(bias.raw()), static_cast<float*>(y.raw()), n, m);
+                static_cast<const T*>(bias.raw()), static_cast<T*>(y.raw()), n, m);
+        });
         MT_CUDA_CHECK(cudaGetLastError());
         return;
     }
@@ -365,10 +344,7 @@ void linear_bwd(
         LtContext::get().matmul(s, x.raw(), dy.raw(), dw.raw(), nullptr, 1.0f);
     }
     if (dbias.defined()) {
-        if (x.dtype() == DType::bf16)
-            launch_dbias<__nv_bfloat16>(dy, dbias, n, m);
-        else
-            launch_dbias<float>(dy, dbias, n, m);
+        MT_CUDA_DISPATCH(x.dtype(), T, launch_dbias<T>(dy, dbias, n, m));
     }
 }
 

@@ -1,11 +1,10 @@
 // CUDA RMSNorm, forward and backward, with f32 statistics and a deterministic weight gradient.
-// Dtypes: x, y, dy, dx bf16|f32, all the dtype of x; weight bf16|f32; rstd f32; dweight f32|bf16 (f32 is the
-// Megatron-style choice: the parameter gradient accumulates in f32 while activations are bf16).
-// Forward: one block per row; sum(x^2) per thread in a fixed order, then a fixed-order block sum.
-// Backward: block b handles rows [b kRows, b kRows + kRows) one after the other, writing dx and summing
-// dy * xhat per column into an f32 shared-memory row (each column owned by one thread); the block writes that
-// partial row to a scratch buffer, and a second kernel adds the partials to dweight in block order. No atomics,
-// so dweight is the same on every run.
+// Dtypes: x, y, dy, dx bf16|f16|f32, all the dtype of x; weight bf16|f16|f32; rstd f32; dweight f32|bf16|f16 (f32 is
+// the Megatron-style choice: the parameter gradient accumulates in f32 while activations are bf16). Forward: one block
+// per row; sum(x^2) per thread in a fixed order, then a fixed-order block sum. Backward: block b handles rows [b kRows,
+// b kRows + kRows) one after the other, writing dx and summing dy * xhat per column into an f32 shared-memory row (each
+// column owned by one thread); the block writes that partial row to a scratch buffer, and a second kernel adds the
+// partials to dweight in block order. No atomics, so dweight is the same on every run.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 
@@ -130,8 +129,8 @@ __global__ void rmsnorm_dweight_kernel(const float* __restrict__ partial,
 
 void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) {
     constexpr std::string_view op = "rmsnorm_fwd";
-    check_bf16_f32(x, op, "x");
-    check_bf16_f32(weight, op, "weight");
+    check_cuda_float(x, op, "x");
+    check_cuda_float(weight, op, "weight");
     check_dtype_like(y, x, op, "y", "x");
     check_f32(rstd, op, "rstd");
     const int64_t n = x.size(0), c = x.size(1);
@@ -161,12 +160,12 @@ void rmsnorm_bwd(const Tensor& x,
                  const Tensor& dx,
                  const Tensor& dweight) {
     constexpr std::string_view op = "rmsnorm_bwd";
-    check_bf16_f32(x, op, "x");
-    check_bf16_f32(weight, op, "weight");
+    check_cuda_float(x, op, "x");
+    check_cuda_float(weight, op, "weight");
     check_f32(rstd, op, "rstd");
     check_dtype_like(dy, x, op, "dy", "x");
     check_dtype_like(dx, x, op, "dx", "x");
-    check_bf16_f32(dweight, op, "dweight");
+    check_cuda_float(dweight, op, "dweight");
     const int64_t n = x.size(0), c = x.size(1);
     if (n == 0) return;
     core::NvtxRange range("rmsnorm_bwd");

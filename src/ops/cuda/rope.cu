@@ -1,7 +1,7 @@
 // CUDA rotary position embedding ("rotate half"), forward and inverse rotation.
-// Dtypes: x and y (dy and dx) bf16|f32, the same dtype; y may alias x. The angles are computed in f64, as on the CPU,
-// into a per-call [T, D/2] table of f32 (cos, sin) pairs (an f32 angle would be off by ~1e-4 rad at position 4096),
-// and the rotation runs in f32. Elementwise, so deterministic.
+// Dtypes: x and y (dy and dx) bf16|f16|f32, the same dtype; y may alias x. The angles are computed in f64, as on the
+// CPU, into a per-call [T, D/2] table of f32 (cos, sin) pairs (an f32 angle would be off by ~1e-4 rad at position
+// 4096), and the rotation runs in f32. Elementwise, so deterministic.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 
@@ -57,7 +57,7 @@ void rope_run(const Tensor& in,
               std::string_view op,
               std::string_view in_arg,
               std::string_view out_arg) {
-    check_bf16_f32(in, op, in_arg);
+    check_cuda_float(in, op, in_arg);
     check_dtype_like(out, in, op, out_arg, in_arg);
     const int64_t b = in.size(0), t = in.size(1), h = in.size(2), d = in.size(3), half = d / 2;
     if (in.numel() == 0) return;

@@ -1,5 +1,5 @@
 // CUDA SwiGLU gate, elementwise over flat buffers (deterministic).
-// Dtypes: gate, up, out, dout, dgate, dup bf16|f32, all the dtype of gate; the math runs in f32.
+// Dtypes: gate, up, out, dout, dgate, dup bf16|f16|f32, all the dtype of gate; the math runs in f32.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 
@@ -55,7 +55,7 @@ __global__ void swiglu_bwd_kernel(const T* __restrict__ gate,
 
 void swiglu_fwd(const Tensor& gate, const Tensor& up, const Tensor& out) {
     constexpr std::string_view op = "swiglu_fwd";
-    check_bf16_f32(gate, op, "gate");
+    check_cuda_float(gate, op, "gate");
     check_dtype_like(up, gate, op, "up", "gate");
     check_dtype_like(out, gate, op, "out", "gate");
     const int64_t n = gate.numel();
@@ -76,7 +76,7 @@ void swiglu_fwd(const Tensor& gate, const Tensor& up, const Tensor& out) {
 
 void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dout, const Tensor& dgate, const Tensor& dup) {
     constexpr std::string_view op = "swiglu_bwd";
-    check_bf16_f32(gate, op, "gate");
+    check_cuda_float(gate, op, "gate");
     check_dtype_like(up, gate, op, "up", "gate");
     check_dtype_like(dout, gate, op, "dout", "gate");
     check_dtype_like(dgate, gate, op, "dgate", "gate");
