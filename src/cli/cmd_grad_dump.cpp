@@ -30,14 +30,19 @@ void register_grad_dump(CLI::App& app) {
         nn::DenseLM& model = trainer.model();
         model.params().zero_grads();
         const double loss = model.forward(inputs, targets);
-        model.backward(1.0);
+        // The run's loss scale (fp16: the dynamic scale of the checkpoint), divided out of the dumped gradients.
+        const double scale = trainer.loss_scale();
+        model.backward(scale);
         core::Tensor loss_t = core::Tensor::zeros({1}, core::DType::f32);
         loss_t.fill(loss);
         std::vector<std::pair<std::string, core::Tensor>> tensors = {
             {"inputs", inputs}, {"targets", targets}, {"loss", loss_t}};
-        for (int i = 0; i < model.params().size(); ++i)
-            tensors.push_back(
-                {"grad/" + model.params().spec(i).name, model.params().grad(i).to_device(core::Device::cpu)});
+        for (int i = 0; i < model.params().size(); ++i) {
+            core::Tensor g = model.params().grad(i).to_device(core::Device::cpu).to(core::DType::f32);
+            float* p = g.data<float>();
+            for (int64_t k = 0; k < g.numel(); ++k) p[k] = static_cast<float>(p[k] / scale);
+            tensors.push_back({"grad/" + model.params().spec(i).name, g});
+        }
         train::safetensors_write(
             *out, tensors, {{"format", "moetrain-grad-dump"}, {"checkpoint", *dir}}, core::ExitCode::usage);
         fmt::print("moetrain: loss {:.6f}; wrote {} tensors to {}\n", loss, tensors.size(), *out);

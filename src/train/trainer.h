@@ -54,6 +54,10 @@ class Trainer {
     const JobConfig& config() const {
         return cfg_;
     }
+    // The loss scale the next step's backward uses (1 unless loss scaling is on).
+    double loss_scale() const {
+        return scaler_.scale();
+    }
     int64_t tokens_per_step() const {
         return cfg_.train.batch_size * cfg_.train.seq_len * cfg_.train.grad_accum;
     }

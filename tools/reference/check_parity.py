@@ -13,6 +13,12 @@ Fails (exit 1) when any of these exceeds --tol, when a value is not finite, or w
 the model, the checkpoint and the dump are not exactly the same set. It also recomputes everything in float64
 and prints how far the float32 reference itself is from it (informational: it shows the noise floor that
 --tol sits above).
+
+For a dump made on the GPU in bf16 or fp16 (`moetrain grad-dump --set run.device="cuda"`), pass --half bf16|fp16
+(and --device cuda to run the references on the GPU): the check then also runs PyTorch itself in that precision, as
+autocast (f32 weights, half matmuls) and as a pure half model (weights and activations in half), and prints their
+errors against the same f32 reference beside moetrain's, so the tolerance can be judged against what PyTorch's own
+half-precision training gives.
 """
 
 import argparse
@@ -66,16 +72,22 @@ def name_diff(expected, got, what):
     return out
 
 
-def reference_grads(cfg, params, inputs, targets, dtype):
-    """Loss and {name: grad} of model.py at the given parameters, in dtype."""
-    model = Transformer(cfg).to(dtype)
+def reference_grads(cfg, params, inputs, targets, dtype, device="cpu", autocast=None):
+    """Loss and {name: grad} (f64, on the CPU) of model.py at the given parameters, in dtype on device; with
+    autocast set (a half dtype), under torch.autocast."""
+    model = Transformer(cfg).to(device=device, dtype=dtype)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(params[name].to(dtype))
     model.zero_grad(set_to_none=True)
-    loss = model.loss(inputs, targets)
+    inputs, targets = inputs.to(device), targets.to(device)
+    if autocast is not None:
+        with torch.autocast(device_type=device, dtype=autocast):
+            loss = model.loss(inputs, targets)
+    else:
+        loss = model.loss(inputs, targets)
     loss.backward()
-    return float(loss), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    return float(loss), {n: p.grad.detach().double().cpu() for n, p in model.named_parameters()}
 
 
 def rho(ref, other):
@@ -104,6 +116,9 @@ def main(argv=None):
     ap.add_argument("--dump", required=True, help="safetensors file written by `moetrain grad-dump`")
     ap.add_argument("--tol", type=float, default=1e-4, help="max loss rel err and per-tensor gradient rho")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    ap.add_argument("--device", default="cpu", help="where the references run (cpu, cuda)")
+    ap.add_argument("--half", choices=["bf16", "fp16"], default=None,
+                    help="the dump is from a half-precision run: also report PyTorch's own errors in that precision")
     args = ap.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -153,8 +168,13 @@ def main(argv=None):
           f"{counted} counted targets; torch {torch.__version__}, {torch.get_num_threads()} threads")
 
     try:
-        loss32, g32 = reference_grads(cfg, params, inputs, targets, torch.float32)
-        loss64, g64 = reference_grads(cfg, params, inputs, targets, torch.float64)
+        loss32, g32 = reference_grads(cfg, params, inputs, targets, torch.float32, args.device)
+        loss64, g64 = reference_grads(cfg, params, inputs, targets, torch.float64, args.device)
+        half = {}
+        if args.half:
+            hdt = torch.bfloat16 if args.half == "bf16" else torch.float16
+            half["autocast"] = reference_grads(cfg, params, inputs, targets, torch.float32, args.device, hdt)
+            half["pure"] = reference_grads(cfg, params, inputs, targets, hdt, args.device)
     except ValueError as e:
         print(f"check_parity: error: {e}", file=sys.stderr)
         return 1
@@ -176,6 +196,18 @@ def main(argv=None):
         if not (r <= args.tol):
             failed.append(n)
     rows.sort(key=lambda row: -row[0])
+    if half:
+        hname = args.half
+        print(f"PyTorch {hname} against the same f32 reference: loss rel err autocast "
+              f"{abs(half['autocast'][0] - loss32) / abs(loss32):.3e}, pure {abs(half['pure'][0] - loss32) / abs(loss32):.3e}")
+        print(f"{'tensor':<{max(len(n) for n in names)}}  {'moetrain':>9}  {'torch-autocast':>14}  {'torch-pure':>10}")
+        worst_t = {"autocast": 0.0, "pure": 0.0}
+        for r, n, *_ in rows:
+            ra, rp = rho(g32[n], half["autocast"][1][n]), rho(g32[n], half["pure"][1][n])
+            worst_t["autocast"], worst_t["pure"] = max(worst_t["autocast"], ra), max(worst_t["pure"], rp)
+            print(f"{n:<{max(len(n) for n in names)}}  {r:9.3e}  {ra:14.3e}  {rp:10.3e}")
+        print(f"worst gradient rho: moetrain {rows[0][0]:.3e}, torch {hname} autocast {worst_t['autocast']:.3e}, "
+              f"torch pure {hname} {worst_t['pure']:.3e}")
     width = max(len(n) for n in names)
     print(f"{'tensor':<{width}}  {'rho':>9}  {'f32ref~f64':>10}  {'mt~f64':>9}  worst element: index, ref, moetrain")
     for r, n, (idx, vref, vmt), r32_64, rmt_64 in rows:

@@ -223,7 +223,7 @@ class Transformer(nn.Module):
         """ids [B, T] integer -> logits [B, T, V]."""
         T = ids.shape[1]
         x = self.embed.weight[ids.long()]
-        cos, sin = rope_cos_sin(T, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        cos, sin = (t.to(x.device) for t in rope_cos_sin(T, self.cfg.head_dim, self.cfg.rope_theta, x.dtype))
         for layer in self.layers:
             x = layer(x, cos, sin)
         x = self.final_norm(x)
