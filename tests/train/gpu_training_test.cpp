@@ -1,10 +1,12 @@
-// The dense model on the GPU (bf16 mixed precision) against the CPU reference: loss curves over 50 steps,
-// bit-identical repeated runs, and checkpoints that move between devices. Skipped without a GPU (label gpu).
+// The dense model on the GPU (bf16 and fp16 mixed precision) against the CPU reference: loss curves over 50 steps,
+// bit-identical repeated runs, checkpoints that move between devices, fp16 loss scaling and the fast mode. Skipped
+// without a GPU (label gpu).
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "core/backend.h"
+#include "ops/op_common.h"
 #include "support/tiny_job.h"
 #include "train/trainer.h"
 
@@ -112,4 +114,63 @@ TEST_F(GpuTraining, CheckpointsMoveBetweenDevices) {
             EXPECT_NEAR(resumed[i], straight[4 + i], 0.03 * straight[4 + i])
                 << from << " -> " << to << " step " << 5 + i;
     }
+}
+
+TEST_F(GpuTraining, Fp16WithDynamicLossScalingMatchesCpu) {
+    const std::string dir = fresh_dir("fp16");
+    auto cpu_cfg = tiny_job(dir, tiny_model("cpu"));
+    auto gpu_cfg = tiny_job(dir, [] {
+        auto o = tiny_model("cuda");
+        o.push_back("run.precision=\"fp16\"");
+        return o;
+    }());
+    Trainer cpu(cpu_cfg, false), gpu(gpu_cfg, false);
+    EXPECT_EQ(gpu.loss_scale(), 65536.0);
+    expect_curves_close(losses(cpu, 50), losses(gpu, 50), 0.03);
+}
+
+TEST_F(GpuTraining, Fp16OverflowSkipsStepsAndBacksOff) {
+    // A start scale of 2^40 overflows fp16 at once: the scaler must skip those steps, halve its way down and then
+    // train normally.
+    const std::string dir = fresh_dir("fp16_overflow");
+    Trainer t(tiny_job(dir,
+                       {"run.device=\"cuda\"",
+                        "run.precision=\"fp16\"",
+                        "train.loss_scale_init=1099511627776",
+                        "train.loss_scale_hysteresis=1",
+                        "train.steps=60"}),
+              false);
+    int skipped = 0;
+    double first = 0.0, last = 0.0;
+    while (t.step() < 60) {
+        const auto r = t.train_step();
+        skipped += r.skipped ? 1 : 0;
+        if (!r.skipped && first == 0.0) first = r.loss;
+        last = r.loss;
+    }
+    std::printf(
+        "fp16 overflow: %d skipped steps, final scale %g, loss %.4f -> %.4f\n", skipped, t.loss_scale(), first, last);
+    EXPECT_GT(skipped, 0);
+    EXPECT_LT(t.loss_scale(), 1099511627776.0);
+    EXPECT_LT(last, first);
+}
+
+TEST_F(GpuTraining, NondeterministicModeStaysClose) {
+    // run.deterministic = false may pick kernels with float atomics (the attention backward); the curve must stay
+    // within bf16 noise of the deterministic one.
+    const std::string dir = fresh_dir("fast");
+    std::vector<double> la, lb;
+    {
+        Trainer a(tiny_job(dir, tiny_model("cuda")), false);  // sets the process-wide switch: run it alone
+        la = losses(a, 50);
+    }
+    auto fast = tiny_model("cuda");
+    fast.push_back("run.deterministic=false");
+    {
+        Trainer b(tiny_job(dir, fast), false);
+        EXPECT_FALSE(mt::ops::deterministic());
+        lb = losses(b, 50);
+    }
+    mt::ops::set_deterministic(true);
+    expect_curves_close(la, lb, 0.03);
 }
