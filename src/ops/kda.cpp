@@ -1,0 +1,226 @@
+// Entry points of KDA: argument checks, then the CPU reference (recurrent or chunked, f32 or f64). There is no CUDA
+// path yet: a cuda tensor fails with check_float_arg's "not implemented on cuda yet".
+#include "ops/kda.h"
+
+#include <string_view>
+
+#include "ops/cpu/checks.h"
+#include "ops/cpu/kda_kernels.h"
+
+namespace mt::ops {
+
+namespace {
+
+// q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV, K]; beta [B, T, HV]; s0 [B, HV, K, V] or undefined; one dtype.
+cpu::KdaDims check_inputs(const Tensor& q,
+                          const Tensor& k,
+                          const Tensor& v,
+                          const Tensor& g,
+                          const Tensor& beta,
+                          const Tensor& s0,
+                          const KdaOptions& options,
+                          std::string_view op) {
+    check_float_arg(q, op, "q", 4);
+    check_float_arg(k, op, "k", 4);
+    check_float_arg(v, op, "v", 4);
+    check_float_arg(g, op, "g", 4);
+    check_float_arg(beta, op, "beta", 3);
+    const cpu::KdaDims d{q.size(0), q.size(1), q.size(2), v.size(2), q.size(3), v.size(3)};
+    check_shape(k, q.shape(), op, "k");
+    MT_CHECK(d.h > 0 && d.hv % d.h == 0, "{}: q has {} heads and v has {}; HV must be a multiple of H", op, d.h, d.hv);
+    MT_CHECK(d.b > 0 && d.t > 0, "{}: q has shape {}; B and T must be > 0", op, core::shape_str(q.shape()));
+    MT_CHECK(d.k > 0 && d.k <= 256, "{}: key head dim K = {} must be in [1, 256]", op, d.k);
+    MT_CHECK(d.v > 0, "{}: value head dim V = {} must be > 0", op, d.v);
+    check_shape(v, {d.b, d.t, d.hv, d.v}, op, "v");
+    check_shape(g, {d.b, d.t, d.hv, d.k}, op, "g");
+    check_shape(beta, {d.b, d.t, d.hv}, op, "beta");
+    cpu::check_dtype_as(k, q, op, "k", "q");
+    cpu::check_dtype_as(v, q, op, "v", "q");
+    cpu::check_dtype_as(g, q, op, "g", "q");
+    cpu::check_dtype_as(beta, q, op, "beta", "q");
+    if (s0.defined()) {
+        check_float_arg(s0, op, "s0", 4);
+        check_shape(s0, {d.b, d.hv, d.k, d.v}, op, "s0");
+        cpu::check_dtype_as(s0, q, op, "s0", "q");
+    }
+    if (options.algorithm == KdaAlgorithm::chunked)
+        MT_CHECK(options.chunk_size == 64 || options.chunk_size == 32,
+                 "{}: chunk_size = {}; the chunked algorithm takes 64 or 32",
+                 op,
+                 options.chunk_size);
+    return d;
+}
+
+// A tensor of the given shape and the dtype of q, or undefined.
+void check_optional_state(
+    const Tensor& t, const Tensor& q, const cpu::KdaDims& d, std::string_view op, const char* name) {
+    if (!t.defined()) return;
+    check_float_arg(t, op, name, 4);
+    check_shape(t, {d.b, d.hv, d.k, d.v}, op, name);
+    cpu::check_dtype_as(t, q, op, name, "q");
+}
+
+void check_like(const Tensor& t, const Tensor& ref, const Tensor& q, std::string_view op, const char* name) {
+    check_float_arg(t, op, name, static_cast<int>(ref.ndim()));
+    check_shape(t, ref.shape(), op, name);
+    cpu::check_dtype_as(t, q, op, name, "q");
+}
+
+template <typename T>
+const T* ptr_or_null(const Tensor& t) {
+    return t.defined() ? t.data<T>() : nullptr;
+}
+template <typename T>
+T* mut_ptr_or_null(const Tensor& t) {
+    return t.defined() ? t.data<T>() : nullptr;
+}
+
+}  // namespace
+
+void kda_fwd(const Tensor& q,
+             const Tensor& k,
+             const Tensor& v,
+             const Tensor& g,
+             const Tensor& beta,
+             const Tensor& s0,
+             const Tensor& out,
+             const Tensor& st,
+             const KdaOptions& options) {
+    constexpr std::string_view op = "kda_fwd";
+    check_same_device(op,
+                      {{"q", q}, {"k", k}, {"v", v}, {"g", g}, {"beta", beta}, {"s0", s0}, {"out", out}, {"st", st}});
+    const cpu::KdaDims d = check_inputs(q, k, v, g, beta, s0, options, op);
+    check_like(out, v, q, op, "out");
+    check_optional_state(st, q, d, op, "st");
+    const bool chunked = options.algorithm == KdaAlgorithm::chunked;
+    const bool pairwise = options.diagonal == KdaDiagonal::pairwise;
+    MT_DISPATCH_FLOAT(q.dtype(), op, {
+        const scalar_t* args[] = {
+            q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(), g.data<scalar_t>(), beta.data<scalar_t>()};
+        if (chunked) {
+            cpu::kda_chunked_fwd(args[0],
+                                 args[1],
+                                 args[2],
+                                 args[3],
+                                 args[4],
+                                 ptr_or_null<scalar_t>(s0),
+                                 out.data<scalar_t>(),
+                                 mut_ptr_or_null<scalar_t>(st),
+                                 d,
+                                 options.chunk_size,
+                                 pairwise);
+        } else {
+            cpu::kda_recurrent_fwd(args[0],
+                                   args[1],
+                                   args[2],
+                                   args[3],
+                                   args[4],
+                                   ptr_or_null<scalar_t>(s0),
+                                   out.data<scalar_t>(),
+                                   mut_ptr_or_null<scalar_t>(st),
+                                   d);
+        }
+    });
+}
+
+void kda_bwd(const Tensor& q,
+             const Tensor& k,
+             const Tensor& v,
+             const Tensor& g,
+             const Tensor& beta,
+             const Tensor& s0,
+             const Tensor& dout,
+             const Tensor& dst,
+             const Tensor& dq,
+             const Tensor& dk,
+             const Tensor& dv,
+             const Tensor& dg,
+             const Tensor& dbeta,
+             const Tensor& ds0,
+             const KdaOptions& options) {
+    constexpr std::string_view op = "kda_bwd";
+    check_same_device(op,
+                      {{"q", q},
+                       {"k", k},
+                       {"v", v},
+                       {"g", g},
+                       {"beta", beta},
+                       {"s0", s0},
+                       {"dout", dout},
+                       {"dst", dst},
+                       {"dq", dq},
+                       {"dk", dk},
+                       {"dv", dv},
+                       {"dg", dg},
+                       {"dbeta", dbeta},
+                       {"ds0", ds0}});
+    const cpu::KdaDims d = check_inputs(q, k, v, g, beta, s0, options, op);
+    check_like(dout, v, q, op, "dout");
+    check_optional_state(dst, q, d, op, "dst");
+    check_like(dq, q, q, op, "dq");
+    check_like(dk, k, q, op, "dk");
+    check_like(dv, v, q, op, "dv");
+    check_like(dg, g, q, op, "dg");
+    check_like(dbeta, beta, q, op, "dbeta");
+    MT_CHECK(ds0.defined() == s0.defined(),
+             "{}: ds0 is {} but s0 is {}; ds0 must be given exactly when s0 is",
+             op,
+             ds0.defined() ? "defined" : "undefined",
+             s0.defined() ? "defined" : "undefined");
+    check_optional_state(ds0, q, d, op, "ds0");
+    const bool chunked = options.algorithm == KdaAlgorithm::chunked;
+    const bool pairwise = options.diagonal == KdaDiagonal::pairwise;
+    MT_DISPATCH_FLOAT(q.dtype(), op, {
+        const scalar_t* in[] = {q.data<scalar_t>(),
+                                k.data<scalar_t>(),
+                                v.data<scalar_t>(),
+                                g.data<scalar_t>(),
+                                beta.data<scalar_t>(),
+                                ptr_or_null<scalar_t>(s0),
+                                dout.data<scalar_t>(),
+                                ptr_or_null<scalar_t>(dst)};
+        scalar_t* grads[] = {dq.data<scalar_t>(),
+                             dk.data<scalar_t>(),
+                             dv.data<scalar_t>(),
+                             dg.data<scalar_t>(),
+                             dbeta.data<scalar_t>(),
+                             mut_ptr_or_null<scalar_t>(ds0)};
+        if (chunked) {
+            cpu::kda_chunked_bwd(in[0],
+                                 in[1],
+                                 in[2],
+                                 in[3],
+                                 in[4],
+                                 in[5],
+                                 in[6],
+                                 in[7],
+                                 grads[0],
+                                 grads[1],
+                                 grads[2],
+                                 grads[3],
+                                 grads[4],
+                                 grads[5],
+                                 d,
+                                 options.chunk_size,
+                                 pairwise);
+        } else {
+            cpu::kda_recurrent_bwd(in[0],
+                                   in[1],
+                                   in[2],
+                                   in[3],
+                                   in[4],
+                                   in[5],
+                                   in[6],
+                                   in[7],
+                                   grads[0],
+                                   grads[1],
+                                   grads[2],
+                                   grads[3],
+                                   grads[4],
+                                   grads[5],
+                                   d);
+        }
+    });
+}
+
+}  // namespace mt::ops

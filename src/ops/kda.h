@@ -1,0 +1,67 @@
+// Kimi Delta Attention (KDA, spec kda.md §2 and §4): the gated delta rule with one decay per key channel.
+// Per value head, with alpha_t = exp(g_t) and state S [K, V]:
+//   S_t = (I - beta_t k_t k_t^T) Diag(alpha_t) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t
+//   q, k:  [B, T, H, K] f32|f64 (q already scaled and both L2-normalised by the caller; the op does neither)
+//   v:     [B, T, HV, V], HV % H == 0: value head hv reads q/k head hv / (HV / H) (GVA)
+//   g:     [B, T, HV, K] log decay per key channel (<= 0), the gate's output
+//   beta:  [B, T, HV]
+//   s0:    [B, HV, K, V] initial state, or undefined (zero state)
+//   out:   [B, T, HV, V]
+//   st:    [B, HV, K, V] final state S_T, or undefined (not returned)
+// Both tensors and states share one dtype (f32 or f64 on the CPU). _fwd saves nothing beyond its inputs: _bwd
+// recomputes every chunk quantity and the per-chunk states from q, k, v, g, beta, s0.
+// _bwd: dst [B, HV, K, V] or undefined (zero); dq, dk, dv, dg, dbeta written (=); ds0 written (=), and must be
+// defined exactly when s0 is. dq and dk sum over the HV / H value heads of a group.
+// Algorithms (KdaOptions): `recurrent` is the token loop above, the reference; `chunked` is kda.md §4.1: chunks
+// of chunk_size (64 or 32) tokens in sub-chunks of 16, the UT/WY form with T = (I + L)^{-1}, every decay factor of
+// an off-diagonal sub-chunk tile anchored at the tile's first row (both factors <= 1). The diagonal tiles use
+//   matmul:   the same first-row anchor, so the column factor exp(Gamma_m - Gamma_j) reaches exp(15 |g|): one plain
+//             16 x 16 x K product, then masked. Finite in f32 only while 15 |g| < 88.7, i.e. for the lower-bounded
+//             gate (g >= l >= -5); the unbounded softplus gate overflows (tests/ops/kda_bound_test.cpp shows it).
+//   pairwise: sum_d q_id k_jd exp(Gamma_id - Gamma_jd) per entry, every factor <= 1, valid for any gate.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/op_common.h"
+
+namespace mt::ops {
+
+enum class KdaAlgorithm { recurrent, chunked };
+enum class KdaDiagonal { matmul, pairwise };
+
+struct KdaOptions {
+    KdaAlgorithm algorithm = KdaAlgorithm::chunked;
+    KdaDiagonal diagonal = KdaDiagonal::matmul;
+    int64_t chunk_size = 64;  // 64 or 32; sub-chunks are 16 tokens
+};
+
+// Sub-chunk (tile) size of the chunked algorithm.
+inline constexpr int64_t kKdaSubChunk = 16;
+
+void kda_fwd(const Tensor& q,
+             const Tensor& k,
+             const Tensor& v,
+             const Tensor& g,
+             const Tensor& beta,
+             const Tensor& s0,
+             const Tensor& out,
+             const Tensor& st,
+             const KdaOptions& options = {});
+void kda_bwd(const Tensor& q,
+             const Tensor& k,
+             const Tensor& v,
+             const Tensor& g,
+             const Tensor& beta,
+             const Tensor& s0,
+             const Tensor& dout,
+             const Tensor& dst,
+             const Tensor& dq,
+             const Tensor& dk,
+             const Tensor& dv,
+             const Tensor& dg,
+             const Tensor& dbeta,
+             const Tensor& ds0,
+             const KdaOptions& options = {});
+
+}  // namespace mt::ops

@@ -1,0 +1,186 @@
+// Harness cases and argument checks of KDA (ops/kda.h): finite differences of both algorithms (the recurrence and
+// the chunked form with matmul and pairwise diagonal tiles) through T < 16, T across sub-chunks and chunks (32 and
+// 64), GVA groups, with and without an initial state; the loss covers the output and the final state.
+#include "ops/kda.h"
+
+#include <gtest/gtest.h>
+
+#include "kda_inputs.h"
+#include "op_harness.h"
+
+namespace mt::ops::test {
+namespace {
+
+const char* regime_name(KdaGateRegime r) {
+    switch (r) {
+        case KdaGateRegime::bounded:
+            return "bounded";
+        case KdaGateRegime::floor:
+            return "floor";
+        case KdaGateRegime::near_zero:
+            return "nearzero";
+        case KdaGateRegime::softplus:
+            return "softplus";
+    }
+    return "?";
+}
+
+OpCase kda_case(const KdaShape& s, KdaOptions options, KdaGateRegime regime, bool with_s0) {
+    const char* algo = options.algorithm == KdaAlgorithm::recurrent ? "recurrent"
+                       : options.diagonal == KdaDiagonal::pairwise  ? "pairwise"
+                                                                    : "chunked";
+    const std::string name = fmt::format("kda_{}{}_b{}_t{}_h{}_hv{}_k{}_v{}_{}{}",
+                                         algo,
+                                         options.algorithm == KdaAlgorithm::chunked ? options.chunk_size : 0,
+                                         s.b,
+                                         s.t,
+                                         s.h,
+                                         s.hv,
+                                         s.k,
+                                         s.v,
+                                         regime_name(regime),
+                                         with_s0 ? "_s0" : "");
+    OpCase c{"kda", name, [=] {
+                 const KdaInputs in = kda_make_inputs(s, regime, with_s0, op_seed(name));
+                 OpProblem p;
+                 p.inputs = {{"q", in.q}, {"k", in.k}, {"v", in.v}, {"g", in.g}, {"beta", in.beta}};
+                 if (with_s0) p.inputs.push_back({"s0", in.s0});
+                 auto state_like = [s](const Tensor& q) { return op_like(q, {s.b, s.hv, s.k, s.v}); };
+                 p.forward = [=](const std::vector<Tensor>& x) {
+                     const Tensor out = op_like(x[2]), st = state_like(x[0]);
+                     kda_fwd(x[0], x[1], x[2], x[3], x[4], with_s0 ? x[5] : Tensor(), out, st, options);
+                     return std::vector<Tensor>{out, st};
+                 };
+                 p.backward =
+                     [=](const std::vector<Tensor>& x, const std::vector<Tensor>& dout, const std::vector<Tensor>& gr) {
+                         kda_bwd(x[0],
+                                 x[1],
+                                 x[2],
+                                 x[3],
+                                 x[4],
+                                 with_s0 ? x[5] : Tensor(),
+                                 dout[0],
+                                 dout[1],
+                                 gr[0],
+                                 gr[1],
+                                 gr[2],
+                                 gr[3],
+                                 gr[4],
+                                 with_s0 ? gr[5] : Tensor(),
+                                 options);
+                     };
+                 return p;
+             }};
+    op_parity_off(c, "KDA");
+    return c;
+}
+
+KdaOptions chunked(int64_t chunk = 64, KdaDiagonal diag = KdaDiagonal::matmul) {
+    return {KdaAlgorithm::chunked, diag, chunk};
+}
+KdaOptions recurrent() {
+    return {KdaAlgorithm::recurrent, KdaDiagonal::matmul, 64};
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+    op_register(kda_case({1, 1, 1, 1, 3, 2}, chunked(), KdaGateRegime::bounded, false));  // T = 1
+    op_register(kda_case({1, 5, 1, 1, 4, 3}, chunked(), KdaGateRegime::bounded, true));   // T < 16
+    op_register(kda_case({2, 37, 2, 4, 5, 3}, chunked(32), KdaGateRegime::bounded, true));
+    op_register(kda_case({1, 70, 1, 2, 3, 4}, chunked(), KdaGateRegime::bounded, true));  // across 64
+    op_register(kda_case({1, 33, 1, 1, 4, 2}, chunked(), KdaGateRegime::floor, false));   // g = -5 everywhere
+    op_register(kda_case({1, 40, 1, 1, 4, 2}, chunked(32, KdaDiagonal::pairwise), KdaGateRegime::softplus, true));
+    op_register(kda_case({1, 19, 1, 2, 3, 3}, chunked(64, KdaDiagonal::pairwise), KdaGateRegime::bounded, false));
+    op_register(kda_case({1, 9, 1, 2, 3, 2}, recurrent(), KdaGateRegime::bounded, true));
+    op_register(kda_case({2, 6, 2, 2, 2, 3}, recurrent(), KdaGateRegime::softplus, false));
+    // Large enough for the OpenMP team (OpThreads compares 1 and 3 threads).
+    op_register(kda_case({2, 80, 1, 2, 16, 16}, chunked(), KdaGateRegime::bounded, true));
+    return true;
+}();
+
+TEST(OpArgs, KdaShapesAndDtypes) {
+    const Tensor q = Tensor::zeros({2, 3, 2, 4}, DType::f32), v = Tensor::zeros({2, 3, 4, 5}, DType::f32);
+    const Tensor g = Tensor::zeros({2, 3, 4, 4}, DType::f32), beta = Tensor::zeros({2, 3, 4}, DType::f32);
+    const Tensor s0 = Tensor::zeros({2, 4, 4, 5}, DType::f32), out = op_like(v), st = op_like(s0);
+    kda_fwd(q, q, v, g, beta, s0, out, st);
+    kda_fwd(q, q, v, g, beta, Tensor(), out, Tensor(), {KdaAlgorithm::recurrent});
+    expect_op_error(
+        [&] {
+            kda_fwd(q, q, Tensor::zeros({2, 3, 3, 5}, DType::f32), g, beta, s0, out, st);
+        },
+        "kda_fwd: q has 2 heads and v has 3; HV must be a multiple of H");
+    expect_op_error(
+        [&] {
+            kda_fwd(q, Tensor::zeros({2, 3, 2, 5}, DType::f32), v, g, beta, s0, out, st);
+        },
+        "kda_fwd: k has shape [2, 3, 2, 5], expected [2, 3, 2, 4]");
+    expect_op_error(
+        [&] {
+            kda_fwd(q, q, v, Tensor::zeros({2, 3, 4, 5}, DType::f32), beta, s0, out, st);
+        },
+        "kda_fwd: g has shape [2, 3, 4, 5], expected [2, 3, 4, 4]");
+    expect_op_error(
+        [&] {
+            kda_fwd(q, q, v, g, Tensor::zeros({2, 3, 2}, DType::f32), s0, out, st);
+        },
+        "kda_fwd: beta has shape [2, 3, 2], expected [2, 3, 4]");
+    expect_op_error(
+        [&] {
+            kda_fwd(q, q, v, g, beta, Tensor::zeros({2, 4, 5, 4}, DType::f32), out, st);
+        },
+        "kda_fwd: s0 has shape [2, 4, 5, 4], expected [2, 4, 4, 5]");
+    expect_op_error([&] { kda_fwd(q, q, v, g, beta, s0, out, st.to(DType::f64)); },
+                    "kda_fwd: st has dtype f64, expected f32 (the dtype of q)");
+    expect_op_error([&] { kda_fwd(q, q, v, g.to(DType::f64), beta, s0, out, st); },
+                    "kda_fwd: g has dtype f64, expected f32 (the dtype of q)");
+    expect_op_error(
+        [&] {
+            kda_fwd(q, q, v, g, beta, s0, out, st, {KdaAlgorithm::chunked, KdaDiagonal::matmul, 48});
+        },
+        "kda_fwd: chunk_size = 48; the chunked algorithm takes 64 or 32");
+    expect_op_error(
+        [&] {
+            kda_fwd(Tensor::zeros({2, 3, 2, 300}, DType::f32),
+                    Tensor::zeros({2, 3, 2, 300}, DType::f32),
+                    v,
+                    Tensor::zeros({2, 3, 4, 300}, DType::f32),
+                    beta,
+                    Tensor(),
+                    out,
+                    Tensor());
+        },
+        "kda_fwd: key head dim K = 300 must be in [1, 256]");
+    expect_op_error(
+        [&] {
+            kda_fwd(op_noncontiguous({2, 3, 2, 4}, DType::f32), q, v, g, beta, s0, out, st);
+        },
+        "kda_fwd: q must be contiguous");
+    expect_op_error([&] { kda_fwd(q.to(DType::bf16), q, v, g, beta, s0, out, st); }, "kda_fwd: q has dtype bf16");
+
+    const Tensor dq = op_like(q), dk = op_like(q), dv = op_like(v), dg = op_like(g), db = op_like(beta);
+    const Tensor ds0 = op_like(s0);
+    kda_bwd(q, q, v, g, beta, s0, out, st, dq, dk, dv, dg, db, ds0);
+    kda_bwd(q, q, v, g, beta, Tensor(), out, Tensor(), dq, dk, dv, dg, db, Tensor());
+    expect_op_error([&] { kda_bwd(q, q, v, g, beta, s0, out, st, dq, dk, dv, dg, db, Tensor()); },
+                    "kda_bwd: ds0 is undefined but s0 is defined; ds0 must be given exactly when s0 is");
+    expect_op_error([&] { kda_bwd(q, q, v, g, beta, s0, out, st, dq, dk, dv, dq, db, ds0); },
+                    "kda_bwd: dg has shape [2, 3, 2, 4], expected [2, 3, 4, 4]");
+    expect_op_error([&] { kda_bwd(q, q, v, g, beta, s0, op_like(q), st, dq, dk, dv, dg, db, ds0); },
+                    "kda_bwd: dout has shape [2, 3, 2, 4], expected [2, 3, 4, 5]");
+}
+
+// There is no CUDA path: a cuda tensor fails with the standard message.
+TEST(OpArgs, KdaCudaNotImplemented) {
+    const Tensor q = op_cuda_view({1, 2, 1, 4}, DType::f32), v = op_cuda_view({1, 2, 1, 4}, DType::f32);
+    const Tensor g = op_cuda_view({1, 2, 1, 4}, DType::f32), beta = op_cuda_view({1, 2, 1}, DType::f32);
+    const Tensor out = op_cuda_view({1, 2, 1, 4}, DType::f32);
+    expect_op_error([&] { kda_fwd(q, q, v, g, beta, Tensor(), out, Tensor()); },
+                    "kda_fwd: q is a cuda tensor; kda_fwd is not implemented on cuda yet");
+    expect_op_error(
+        [&] {
+            kda_fwd(Tensor::zeros({1, 2, 1, 4}, DType::f32), q, v, g, beta, Tensor(), out, Tensor());
+        },
+        "kda_fwd: k is on cuda but q is on cpu; all tensors of one call must be on the same device");
+}
+
+}  // namespace
+}  // namespace mt::ops::test
