@@ -1,0 +1,59 @@
+// Entry points of the row L2 norm: argument checks, then the CPU reference (no CUDA path yet).
+#include "ops/l2norm.h"
+
+#include <string_view>
+
+#include "ops/cpu/checks.h"
+#include "ops/cpu/kda_kernels.h"
+
+namespace mt::ops {
+
+namespace {
+
+void check_l2(const Tensor& x, const Tensor& rinv, std::string_view op) {
+    check_float_arg(x, op, "x", 2);
+    MT_CHECK(x.size(1) > 0, "{}: x has shape {}; the normalized dim C must be > 0", op, core::shape_str(x.shape()));
+    check_float_arg(rinv, op, "rinv", 1);
+    check_shape(rinv, {x.size(0)}, op, "rinv");
+    cpu::check_dtype_as(rinv, x, op, "rinv", "x");
+}
+
+void check_like_x(const Tensor& t, const Tensor& x, std::string_view op, const char* name) {
+    check_float_arg(t, op, name, 2);
+    check_shape(t, x.shape(), op, name);
+    cpu::check_dtype_as(t, x, op, name, "x");
+}
+
+}  // namespace
+
+void l2norm_fwd(const Tensor& x, double scale, double eps, const Tensor& y, const Tensor& rinv) {
+    constexpr std::string_view op = "l2norm_fwd";
+    check_same_device(op, {{"x", x}, {"y", y}, {"rinv", rinv}});
+    check_l2(x, rinv, op);
+    check_like_x(y, x, op, "y");
+    MT_CHECK(eps > 0.0, "{}: eps = {} must be > 0", op, eps);
+    MT_DISPATCH_FLOAT(
+        x.dtype(),
+        op,
+        cpu::l2norm_fwd(
+            x.data<scalar_t>(), y.data<scalar_t>(), rinv.data<scalar_t>(), x.size(0), x.size(1), scale, eps));
+}
+
+void l2norm_bwd(const Tensor& x, const Tensor& rinv, double scale, const Tensor& dy, const Tensor& dx) {
+    constexpr std::string_view op = "l2norm_bwd";
+    check_same_device(op, {{"x", x}, {"rinv", rinv}, {"dy", dy}, {"dx", dx}});
+    check_l2(x, rinv, op);
+    check_like_x(dy, x, op, "dy");
+    check_like_x(dx, x, op, "dx");
+    MT_DISPATCH_FLOAT(x.dtype(),
+                      op,
+                      cpu::l2norm_bwd(x.data<scalar_t>(),
+                                      rinv.data<scalar_t>(),
+                                      dy.data<scalar_t>(),
+                                      dx.data<scalar_t>(),
+                                      x.size(0),
+                                      x.size(1),
+                                      scale));
+}
+
+}  // namespace mt::ops

@@ -1,0 +1,91 @@
+// Harness cases and argument checks of the causal depthwise conv (ops/causal_conv1d.h): widths 1 to 4, T shorter
+// than the width, with and without SiLU; a check against the definition written out.
+#include "ops/causal_conv1d.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kda_inputs.h"
+#include "op_harness.h"
+
+namespace mt::ops::test {
+namespace {
+
+OpCase conv_case(int64_t b, int64_t t, int64_t c, int64_t width, bool silu) {
+    const std::string name = fmt::format("causal_conv1d_b{}_t{}_c{}_w{}{}", b, t, c, width, silu ? "_silu" : "");
+    OpCase oc{"causal_conv1d", name, [=] {
+                  const uint64_t s = op_seed(name);
+                  OpProblem p;
+                  p.inputs = {{"x", op_randn({b, t, c}, s, 0), GradKind::written},
+                              {"w", op_randn({c, width}, s, 1, 0.0, 0.5), GradKind::accumulated}};
+                  p.forward = [=](const std::vector<Tensor>& in) {
+                      const Tensor y = op_like(in[0]);
+                      causal_conv1d_fwd(in[0], in[1], y, silu);
+                      return std::vector<Tensor>{y};
+                  };
+                  p.backward = [=](const std::vector<Tensor>& in,
+                                   const std::vector<Tensor>& dout,
+                                   const std::vector<Tensor>& grads) {
+                      causal_conv1d_bwd(in[0], in[1], dout[0], grads[0], grads[1], silu);
+                  };
+                  return p;
+              }};
+    op_parity_off(oc, "causal_conv1d");
+    return oc;
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+    op_register(conv_case(1, 1, 1, 4, true));
+    op_register(conv_case(2, 3, 5, 4, true));  // T < width
+    op_register(conv_case(2, 11, 7, 4, true));
+    op_register(conv_case(1, 9, 3, 1, false));
+    op_register(conv_case(3, 13, 17, 2, false));
+    op_register(conv_case(4, 70, 130, 4, true));  // large enough for the OpenMP team
+    return true;
+}();
+
+TEST(OpCheck, CausalConv1dMatchesDefinition) {
+    const int64_t b = 2, t = 9, c = 3, width = 4;
+    const Tensor x = op_randn({b, t, c}, 5, 0), w = op_randn({c, width}, 5, 1), y = op_like(x);
+    causal_conv1d_fwd(x, w, y, true);
+    double worst = 0;
+    for (int64_t bb = 0; bb < b; ++bb) {
+        for (int64_t tt = 0; tt < t; ++tt) {
+            for (int64_t ch = 0; ch < c; ++ch) {
+                double z = 0;
+                for (int64_t tau = 0; tau < width; ++tau) {
+                    const int64_t src = tt - (width - 1) + tau;
+                    if (src >= 0) z += w.at({ch, tau}) * x.at({bb, src, ch});
+                }
+                worst = std::max(worst, std::fabs(y.at({bb, tt, ch}) - z / (1 + std::exp(-z))));
+            }
+        }
+    }
+    EXPECT_LT(worst, 1e-14);
+}
+
+TEST(OpArgs, CausalConv1dShapes) {
+    const Tensor x = Tensor::zeros({2, 5, 3}, DType::f32), w = Tensor::zeros({3, 4}, DType::f32), y = op_like(x);
+    causal_conv1d_fwd(x, w, y, true);
+    expect_op_error(
+        [&] {
+            causal_conv1d_fwd(x, Tensor::zeros({4, 4}, DType::f32), y, true);
+        },
+        "causal_conv1d_fwd: w has shape [4, 4] but x has 3 channels; w must be [C, W]");
+    expect_op_error(
+        [&] {
+            causal_conv1d_fwd(x, w, Tensor::zeros({2, 5, 4}, DType::f32), true);
+        },
+        "causal_conv1d_fwd: y has shape [2, 5, 4], expected [2, 5, 3]");
+    expect_op_error([&] { causal_conv1d_fwd(x, w.to(DType::f64), y, true); },
+                    "causal_conv1d_fwd: w has dtype f64, expected f32 (the dtype of x)");
+    expect_op_error(
+        [&] {
+            causal_conv1d_bwd(x, w, y, op_like(x), Tensor::zeros({3, 5}, DType::f32), true);
+        },
+        "causal_conv1d_bwd: dw has shape [3, 5], expected [3, 4]");
+}
+
+}  // namespace
+}  // namespace mt::ops::test
