@@ -1,0 +1,105 @@
+// Kimi Delta Attention layer (kda.md §1), a linear-time token mixer with the interface of AttentionLayer (x [N, C]
+// in, out [N, C] out), so that a Block can hold either:
+//   q, k, v = SiLU(conv4(W_q x)), SiLU(conv4(W_k x)), SiLU(conv4(W_v x));  q, k L2-normalised per head, q * K^-1/2
+//   beta = sigmoid(W_beta x);  g = gate(W_fb W_fa x; A_log, dt_bias)  (lower-bounded by default, or softplus)
+//   o, S_T = KDA(q, k, v, g, beta; S_0)
+//   out = W_o [RMSNorm_head(o) * sigmoid(W_gb W_ga x)]
+// An initial state S_0 [B, HV, K, V] may be given and the final state S_T is kept; backward takes an optional dS_T
+// and returns dS_0. Parameter names follow Kimi Linear's Hugging Face names under the prefix: q_proj, k_proj,
+// v_proj, q_conv1d, k_conv1d, v_conv1d (weights [C, 4]), f_a_proj, f_b_proj, A_log, dt_bias, b_proj, g_a_proj,
+// g_b_proj, o_norm, o_proj. Not yet: the conv halo in/out, packed documents (cu_seqlens), the output-gate bias.
+#pragma once
+
+#include <string>
+
+#include "nn/layer.h"
+#include "nn/linear.h"
+#include "nn/model_config.h"
+#include "nn/workspace.h"
+#include "ops/kda.h"
+#include "ops/kda_gate.h"
+
+namespace mt::nn {
+
+// KDA settings (kda.md §6). Zero sizes take their value from the ModelConfig.
+struct KdaConfig {
+    int64_t num_heads = 0;    // H; 0: ModelConfig::n_heads
+    int64_t num_v_heads = 0;  // HV (a multiple of H); 0: H
+    int64_t head_dim = 0;     // K; 0: ModelConfig::resolved_head_dim()
+    int64_t head_v_dim = 0;   // V; 0: K
+    int64_t conv_size = 4;
+    ops::KdaGateKind gate = ops::KdaGateKind::lower_bound;
+    double gate_lower_bound = -5.0;  // in [-5, 0)
+    bool gate_use_a_log = true;
+    ops::KdaAlgorithm algorithm = ops::KdaAlgorithm::chunked;
+    int64_t chunk_size = 64;
+};
+
+class KdaLayer : public Layer {
+   public:
+    KdaLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, const KdaConfig& kda = {});
+
+    // Sets A_log and dt_bias (master weights, then the forward's copy) to kda.md §3's init: A_log = 0 for the
+    // bounded gate, log U(1, 16) for softplus; dt_bias = log(e^delta - 1), delta log-uniform in [1e-3, 1e-1]. Call
+    // after ParamTable::initialize (which zero-fills them).
+    void init_gate_params(uint64_t seed);
+
+    void resize(int64_t batch, int64_t seq, const Precision& precision);
+    // S_0 [B, HV, K, V] in the compute dtype, or undefined for the zero state; kept until changed.
+    void set_initial_state(const Tensor& s0);
+    // x: [N, C] (the normed residual) -> out: [N, C]; final_state() then holds S_T [B, HV, K, V].
+    void forward(const Tensor& x, const Tensor& out);
+    // dS_T for the next backward, or undefined (zero); kept until changed.
+    void set_final_state_grad(const Tensor& dst);
+    // dout: [N, C] -> dx: [N, C] written (=); parameter grads accumulate; initial_state_grad() then holds dS_0 when
+    // an initial state was set. ws is unused (the layer keeps its own gradient buffers).
+    void backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws);
+
+    Tensor final_state() const {
+        return st_;
+    }
+    Tensor initial_state_grad() const {
+        return ds0_;
+    }
+    // H, HV, K, V after defaults.
+    int64_t num_heads() const {
+        return h_;
+    }
+    int64_t num_v_heads() const {
+        return hv_;
+    }
+    int64_t head_dim() const {
+        return k_dim_;
+    }
+    int64_t head_v_dim() const {
+        return v_dim_;
+    }
+    std::vector<SavedTensor> saved_for_backward() override;
+
+   private:
+    ops::KdaOptions kda_options() const;
+    ops::KdaGateOptions gate_options() const;
+
+    ModelConfig cfg_;
+    KdaConfig kda_;
+    int64_t h_ = 0, hv_ = 0, k_dim_ = 0, v_dim_ = 0;
+    ParamTable* table_ = nullptr;
+    Linear wq_, wk_, wv_, wfa_, wfb_, wb_, wga_, wgb_, wo_;
+    int conv_q_ = -1, conv_k_ = -1, conv_v_ = -1, a_log_ = -1, dt_bias_ = -1, o_norm_ = -1;
+    int64_t batch_ = 0, seq_ = 0;
+    Tensor s0_, dst_;
+    // Saved activations (N = B * T rows).
+    Tensor qp_, kp_, vp_;     // [N, H*K], [N, H*K], [N, HV*V]: projections before the conv
+    Tensor qc_, kc_, vc_;     // after conv + SiLU (vc_ is the op's v)
+    Tensor q_, k_, rq_, rk_;  // [B, T, H, K] normalised, and their 1 / norms [N * H]
+    Tensor bl_, beta_;        // [N, HV] beta logits (scratch), [B, T, HV]
+    Tensor fa_, u_, g_;       // [N, K], [N, HV*K], [B, T, HV, K]
+    Tensor o_, st_;           // [B, T, HV, V], [B, HV, K, V]
+    Tensor on_, rstd_;        // [N, HV*V] normed output, [N * HV]
+    Tensor ga_, gz_, y_;      // [N, V], [N, HV*V] gate logits, [N, HV*V] gated output
+    // Gradient buffers.
+    Tensor d_y_, d_on_, d_gz_, d_ga_, d_o_, d_q_, d_k_, d_v_, d_g_, d_beta_, ds0_, d_u_, d_fa_, d_bl_;
+    Tensor d_qc_, d_kc_, d_qp_, d_kp_, d_vp_, d_x_tmp_;
+};
+
+}  // namespace mt::nn
