@@ -40,7 +40,7 @@ rng = random.Random(1234)
 words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial kings".split()
 with open("input.txt", "w") as f:
     for _ in range(3000):
-        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(3, 14))).capitalize() + ".\n")
+        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(3, 14))).capitalize() + ".\n%\n")
 PY
 "$MOETRAIN" data --input input.txt --out data
 

@@ -2,7 +2,9 @@
 # Gradient parity of moetrain against the independent PyTorch reference (tools/reference/model.py):
 # prepare byte-level data, train the tiny config 2 steps with a checkpoint at step 2, dump the gradients of
 # one batch at that checkpoint, and compare loss and every gradient with check_parity.py (rho <= 1e-4);
-# then the same for a variant with untied embeddings, one kv head and an explicit head_dim.
+# then the same for a variant with untied embeddings, one kv head and an explicit head_dim, and for the hybrid
+# model (configs/tiny_hybrid.toml: three KDA layers and a NoPE attention layer; the reference runs KDA as the naive
+# token loop of tools/reference/kda.py), shortened to 64-token sequences to keep the reference's token loop quick.
 # Usage (CTest): bash pytorch_parity.sh <moetrain-binary> <source-dir> <scratch-dir>
 set -euo pipefail
 
@@ -42,7 +44,7 @@ rng = random.Random(1234)
 words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial kings".split()
 with open("input.txt", "w") as f:
     for _ in range(3000):
-        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(3, 14))).capitalize() + ".\n")
+        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(3, 14))).capitalize() + ".\n%\n")
 PY
 fi
 
@@ -53,11 +55,13 @@ for f in data/train.bin data/val.bin; do
 done
 
 # One case: train 2 steps with a checkpoint at step 2, dump one batch's gradients there, compare.
+# CONFIG (default configs/tiny.toml) names the job config.
 run_case() {
     local name=$1
     shift
-    echo "== [$name] moetrain train (2 steps, checkpoint at step 2) $*"
-    "$MOETRAIN" train --config "$SRC/configs/tiny.toml" \
+    local config=${CONFIG:-$SRC/configs/tiny.toml}
+    echo "== [$name] moetrain train $(basename "$config") (2 steps, checkpoint at step 2) $*"
+    "$MOETRAIN" train --config "$config" \
         --set train.steps=2 \
         --set checkpoint.every_steps=2 \
         --set run.dir="$SCRATCH/run_$name" \
@@ -82,4 +86,6 @@ run_case() {
 run_case tiny
 # the other paths: a separate lm_head, 4 query heads sharing 1 kv head, head_dim 16 (Hq * D != d_model)
 run_case untied --set model.tie_embeddings=false --set model.n_kv_heads=1 --set model.head_dim=16
+# the hybrid model: KDA layers 0-2 (bounded gate, chunk 64, T = 96 crosses a chunk), NoPE attention layer 3
+CONFIG=$SRC/configs/tiny_hybrid.toml run_case hybrid --set train.seq_len=96
 echo "pytorch_parity: PASS"

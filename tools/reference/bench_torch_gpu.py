@@ -95,7 +95,7 @@ class Llama(nn.Module):
             x = layer(x, cos, sin)
         x = self.final_norm(x)
         logits = F.linear(x, self.embed.weight if self.lm_head is None else self.lm_head.weight)
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.view(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
 def flops_per_token(model, cfg, seq):
