@@ -8,6 +8,8 @@
 //     + (kk % 4) * 32, stride byte offset 1024 (8 rows), leading byte offset unused (16).
 //   MN-major descriptor, 16 rows from k0, all D columns: start = tile + k0 * 128, leading byte offset rows * 128
 //     (the next 64 columns), stride byte offset 1024 (the next 8 rows).
+//   The MN-major form serves either operand (the products' TA / TB = 1): flash_bwd_wgmma_fast.cu reads a [keys][64]
+//   dS^T tile as the A of dQ = dS K that way, and K from a column offset inside the 64-column block for N = 32.
 // Accumulators use the mma.sync C layout within each warp (warp w of the warpgroup holds rows 16 w .. 16 w + 15), so
 // the helpers of flash_common.cuh (pack_a, the softmax) apply unchanged.
 #pragma once
@@ -92,7 +94,38 @@ __device__ __forceinline__ void fence_regs(uint32_t (&a)[N][4]) {
         for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
 }
 
-// D[64 x 64] (+)= A[64 x 16] B[16 x 64]: A and B K-major in shared memory.
+// D[64 x 32] (+)= A[64 x 16] B[16 x 32]: A and B in shared memory, K-major (TA, TB = 0) or MN-major (1).
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_ss_n32(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "%16, %17, p, 1, 1, %19, %20;\n"
+        "}\n"
+        : "+f"(d[0][0]),
+          "+f"(d[0][1]),
+          "+f"(d[0][2]),
+          "+f"(d[0][3]),
+          "+f"(d[1][0]),
+          "+f"(d[1][1]),
+          "+f"(d[1][2]),
+          "+f"(d[1][3]),
+          "+f"(d[2][0]),
+          "+f"(d[2][1]),
+          "+f"(d[2][2]),
+          "+f"(d[2][3]),
+          "+f"(d[3][0]),
+          "+f"(d[3][1]),
+          "+f"(d[3][2]),
+          "+f"(d[3][3])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TA), "n"(TB));
+}
+
+// D[64 x 64] (+)= A[64 x 16] B[16 x 64]: A and B in shared memory, K-major (TA, TB = 0) or MN-major (1).
+template <int TA = 0, int TB = 0>
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     asm volatile(
         "{\n"
@@ -101,7 +134,7 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[8][4], uint64_t desc_a, 
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
         "%23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n"
+        "%32, %33, p, 1, 1, %35, %36;\n"
         "}\n"
         : "+f"(d[0][0]),
           "+f"(d[0][1]),
@@ -135,10 +168,11 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[8][4], uint64_t desc_a, 
           "+f"(d[7][1]),
           "+f"(d[7][2]),
           "+f"(d[7][3])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TA), "n"(TB));
 }
 
-// D[64 x 128] (+)= A[64 x 16] B[16 x 128]: A and B K-major in shared memory.
+// D[64 x 128] (+)= A[64 x 16] B[16 x 128]: A and B in shared memory, K-major (TA, TB = 0) or MN-major (1).
+template <int TA = 0, int TB = 0>
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     asm volatile(
         "{\n"
@@ -148,7 +182,7 @@ __device__ __forceinline__ void wgmma_ss_n128(float (&d)[16][4], uint64_t desc_a
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
         "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
         "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1, 0, 0;\n"
+        "%64, %65, p, 1, 1, %67, %68;\n"
         "}\n"
         : "+f"(d[0][0]),
           "+f"(d[0][1]),
@@ -214,7 +248,7 @@ __device__ __forceinline__ void wgmma_ss_n128(float (&d)[16][4], uint64_t desc_a
           "+f"(d[15][1]),
           "+f"(d[15][2]),
           "+f"(d[15][3])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TA), "n"(TB));
 }
 
 // D[64 x 64] (+)= A[64 x 16] B[16 x 64]: A in registers (the mma.sync A-fragment layout in each warp), B
@@ -350,12 +384,16 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[16][4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
-template <int N>
+// N in {32, 64, 128}.
+template <int N, int TA = 0, int TB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    if constexpr (N == 64)
-        wgmma_ss_n64(d, desc_a, desc_b, accumulate);
+    static_assert(N == 32 || N == 64 || N == 128, "no such wgmma variant");
+    if constexpr (N == 32)
+        wgmma_ss_n32<TA, TB>(d, desc_a, desc_b, accumulate);
+    else if constexpr (N == 64)
+        wgmma_ss_n64<TA, TB>(d, desc_a, desc_b, accumulate);
     else
-        wgmma_ss_n128(d, desc_a, desc_b, accumulate);
+        wgmma_ss_n128<TA, TB>(d, desc_a, desc_b, accumulate);
 }
 template <int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4],
