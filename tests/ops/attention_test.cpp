@@ -1,7 +1,8 @@
 // Cases and argument checks of causal GQA attention (ops/attention.h): T = 1, prime T, T across the 64-row query
-// blocks, Hq != Hkv. Direct GPU parity checks of the CUDA path: the tensor-core flash kernels (bf16, D 64 and 128)
-// and the simple kernels (other D, and f32) against the CPU f32 reference on the same rounded inputs, and bitwise
-// run-to-run determinism of the backward. The GPU tests skip where no GPU is present.
+// blocks, Hq != Hkv. Direct GPU parity checks of the CUDA path: the tensor-core flash kernels (bf16, D 64 and 128;
+// the wgmma backward also in its experimental non-deterministic form) and the simple kernels (other D, and f32) against
+// the CPU f32 reference on the same rounded inputs, and bitwise run-to-run determinism of the backward. The GPU tests
+// skip where no GPU is present.
 #include "ops/attention.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +17,7 @@
 
 #include "core/backend.h"
 #include "op_harness.h"
+#include "ops/op_common.h"
 
 namespace mt::ops::test {
 namespace {
@@ -213,7 +215,7 @@ void expect_rho(const std::string& name, const char* what, const Tensor& got, co
 void attention_gpu_parity(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, DType dtype, double budget) {
     if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     const char* kernel = std::getenv("MT_ATTENTION_KERNEL");
-    const std::string name = fmt::format("attention_gpu_b{}_t{}_hq{}_hkv{}_d{}_{}{}{}",
+    const std::string name = fmt::format("attention_gpu_b{}_t{}_hq{}_hkv{}_d{}_{}{}{}{}",
                                          b,
                                          t,
                                          hq,
@@ -221,7 +223,8 @@ void attention_gpu_parity(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t
                                          d,
                                          core::dtype_name(dtype),
                                          kernel ? "_" : "",
-                                         kernel ? kernel : "");
+                                         kernel ? kernel : "",
+                                         deterministic() ? "" : "_nondeterministic");
     const uint64_t s = op_seed(name);
     auto rounded = [&](const Tensor& x) { return x.to(dtype).to(DType::f32); };
     const Tensor q = rounded(op_randn({b, t, hq, d}, s, 0)), k = rounded(op_randn({b, t, hkv, d}, s, 1));
@@ -263,6 +266,29 @@ void flash_parity_cases() {
 // The default kernel of this GPU (wgmma on Hopper).
 TEST(GpuAttention, FlashParityBf16) {
     flash_parity_cases();
+}
+
+// Runs fn with mt::ops::deterministic() off and MT_ATTENTION_BWD=fast (the experimental wgmma backward that sums dq
+// with float atomics), then restores both.
+void with_fast_bwd(const std::function<void()>& fn) {
+    struct Restore {
+        ~Restore() {
+            set_deterministic(true);
+            unsetenv("MT_ATTENTION_BWD");
+        }
+    } restore;
+    set_deterministic(false);
+    setenv("MT_ATTENTION_BWD", "fast", 1);
+    fn();
+}
+
+// The fast (non-deterministic) wgmma backward: the same cases, and more key blocks of 128 per GQA group.
+TEST(GpuAttention, FlashFastParityBf16) {
+    with_fast_bwd([] {
+        flash_parity_cases();
+        attention_gpu_parity(2, 300, 8, 2, 64, DType::bf16, 1e-2);
+        attention_gpu_parity(1, 1000, 4, 2, 128, DType::bf16, 1e-2);
+    });
 }
 
 // The mma.sync kernels (the path of GPUs before Hopper).

@@ -1,8 +1,10 @@
 // CUDA causal GQA attention: picks the tensor-core flash kernels for bf16 with D in {64, 128} (wgmma on Hopper,
 // flash_*_wgmma.cu; mma.sync elsewhere, flash_fwd.cu / flash_bwd.cu) or the simple kernels (f32, or any other
 // D <= 256; attention_generic.cu). The environment variable MT_ATTENTION_KERNEL = wgmma | mma | generic overrides
-// the choice (for tests and benchmarks; a choice that does not apply falls back). Takes q, k, v, out, dout, dq, dk,
-// dv all bf16 or all f32, and lse f32 in either case. Shapes are checked by the caller (ops/attention.cpp).
+// the choice (for tests and benchmarks; a choice that does not apply falls back). MT_ATTENTION_BWD=fast with
+// mt::ops::deterministic() off picks the experimental non-deterministic wgmma backward. Takes q, k, v, out, dout, dq,
+// dk, dv all bf16 or all f32, and lse f32 in either case. Shapes are checked by the caller
+// (ops/attention.cpp).
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -66,6 +68,13 @@ Kernel pick_kernel(const AttnParams& p, DType dtype) {
     return flash_wgmma_supported() ? Kernel::wgmma : Kernel::mma;
 }
 
+// The experimental 5-matmul wgmma backward (flash_bwd_wgmma_fast.cu) runs only when asked for with
+// MT_ATTENTION_BWD=fast and mt::ops::deterministic() is off: it sums dq with float atomics and is slower on the H200.
+bool fast_bwd_requested() {
+    const char* env = std::getenv("MT_ATTENTION_BWD");
+    return env != nullptr && std::strcmp(env, "fast") == 0 && !mt::ops::deterministic();
+}
+
 }  // namespace
 
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
@@ -116,9 +125,16 @@ void attention_bwd(const Tensor& q,
     p.delta = p.delta_w = delta;
     const Kernel kernel = pick_kernel(p, q.dtype());
     if (kernel != Kernel::wgmma) attention_delta(p, delta, is_bf16);  // the wgmma backward computes it itself
+    const size_t dq_accum_bytes = static_cast<size_t>(q.numel()) * sizeof(float);
     switch (kernel) {
         case Kernel::wgmma:
-            flash_bwd_wgmma(p);
+            if (fast_bwd_requested()) {  // dq summed with float atomics in an fp32 buffer
+                p.dq_accum = static_cast<float*>(be.alloc(dq_accum_bytes));
+                flash_bwd_wgmma_fast(p);
+                be.free(p.dq_accum, dq_accum_bytes);
+            } else {
+                flash_bwd_wgmma(p);
+            }
             break;
         case Kernel::mma:
             flash_bwd(p);

@@ -1,7 +1,7 @@
 // Launchers of the CUDA attention kernels (src/ops/cuda/flash_*.cu for bf16 with D in {64, 128}, and
 // attention_generic.cu for any dtype and D <= 256). Tensors are raw device pointers in the layouts of ops/attention.h:
 // q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, T, Hkv, D]; lse and delta [B, Hq, T] f32. All run on
-// core::cuda_stream() and are deterministic (no atomics).
+// core::cuda_stream() and are deterministic (no atomics), except flash_bwd_wgmma_fast.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,7 @@ struct AttnParams {
     void* dq = nullptr;
     void* dk = nullptr;
     void* dv = nullptr;
+    float* dq_accum = nullptr;  // flash_bwd_wgmma_fast's fp32 dq sums [B, T, Hq, D]
     int b = 0, t = 0, hq = 0, hkv = 0, d = 0;
     float scale = 0;    // 1 / sqrt(D)
     uint32_t zero = 0;  // always 0: an opaque operand for ptxas (flash_fwd_wgmma.cu)
@@ -36,6 +37,9 @@ void flash_fwd(const AttnParams& p);
 void flash_bwd(const AttnParams& p);  // needs p.delta
 void flash_fwd_wgmma(const AttnParams& p);
 void flash_bwd_wgmma(const AttnParams& p);  // writes delta to p.delta_w and reads it back through p.delta
+// The experimental 5-matmul backward (one kernel per key block, dq summed with float atomics into p.dq_accum, which it
+// zeroes first): not bitwise reproducible. Writes delta to p.delta_w and reads it back through p.delta.
+void flash_bwd_wgmma_fast(const AttnParams& p);
 // True when this GPU is a Hopper (sm_90) and the build holds the sm_90a kernels.
 bool flash_wgmma_supported();
 

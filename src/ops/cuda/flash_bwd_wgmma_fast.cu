@@ -1,0 +1,315 @@
+// Experimental fast (non-deterministic) flash-attention backward on Hopper warpgroup MMA (wgmma, sm_90a), bf16 with D
+// in {64, 128}, in the manner of FlashAttention-2/3: 5 matmuls. One thread block of two warpgroups per 128 keys (64
+// each) loops over the GQA group's query heads and the query blocks of 64: S^T = K Q^T and dP^T = V dO^T read both
+// operands from swizzled shared memory, dV += P^T dO and dK += dS^T Q take P^T and dS^T from registers, and dS^T goes
+// to shared memory, from which dQ = dS K (each warpgroup half of D, over all 128 keys) is added to an fp32 buffer
+// with vector float atomics (red.global.add.v2.f32): the sum's order depends on scheduling. A pre-kernel computes
+// delta = rowsum(dO * O) and zeroes the buffer; a post-kernel writes dq = buffer * scale in bf16. On the H200 the
+// atomics make it slower than the deterministic flash_bwd_wgmma.cu (docs/PERFORMANCE.md), so it runs only on request.
+#include <cuda_bf16.h>
+
+#include "core/cuda/cuda_check.h"
+#include "ops/cuda/attention_kernels.h"
+#include "ops/cuda/flash_wgmma.cuh"
+
+namespace mt::ops::cuda {
+
+namespace {
+
+using namespace flash;
+
+// kWarpgroups warpgroups per thread block, 64 keys each (one warpgroup over 64 keys doubles the dq sums and ran 1.8x
+// slower); query blocks of kBM.
+constexpr int kWarpgroups = 2, kBM = 64, kStages = 2;
+
+template <int D>
+constexpr int fast_bwd_smem_bytes() {
+    // K, V [64 kWarpgroups][D]; Q, dO [kStages][kBM][D]; dS^T [64 kWarpgroups][kBM] (bf16); lse, delta [kStages][kBM]
+    // (f32); alignment.
+    return (2 * 64 * kWarpgroups * D + 2 * kStages * kBM * D + 64 * kWarpgroups * kBM) *
+               static_cast<int>(sizeof(bf16)) +
+           2 * kStages * kBM * static_cast<int>(sizeof(float)) + 1024;
+}
+
+// Rows = this warpgroup's 64 keys, columns = 64 queries from m0: P^T = exp2(S^T * scale - lse) in place in pt.
+// kMask (a block with queries before some key, or >= t): those give 0.
+template <bool kMask>
+__device__ __forceinline__ void fast_probs(
+    float (&pt)[kBM / 8][4], const float* slse, int key0, int m0, int t, float scale_log2, int lane) {
+#pragma unroll
+    for (int i = 0; i < kBM / 8; ++i) {
+        const int qc = i * 8 + (lane % 4) * 2;
+        const float2 l = *reinterpret_cast<const float2*>(slse + qc);
+        const float nl[2] = {-l.x * kLog2e, -l.y * kLog2e};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float pv = fast_exp2(fmaf(pt[i][e], scale_log2, nl[e % 2]));
+            if constexpr (kMask) {
+                const int key = key0 + (e / 2) * 8, query = m0 + qc + (e % 2);
+                pv = query >= key && query < t ? pv : 0.0f;
+            }
+            pt[i][e] = pv;
+        }
+    }
+}
+
+__device__ __forceinline__ void red_add_v2(float* addr, float a, float b) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+}
+
+template <int D>
+__global__ void __launch_bounds__(128 * kWarpgroups, 1) flash_bwd_fast_wgmma_kernel(const AttnParams p) {
+#if MT_WGMMA_ENABLED
+    constexpr int kThreads = 128 * kWarpgroups, kBN = 64 * kWarpgroups;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
+    constexpr uint32_t kKV = kBN * D * 2, kQ = kBM * D * 2;
+    const uint32_t s_k = base, s_v = base + kKV, s_q = base + 2 * kKV, s_do = s_q + kStages * kQ;
+    const uint32_t s_ds = s_do + kStages * kQ;                                                // [kBN keys][kBM]
+    float* s_lse = reinterpret_cast<float*>(smem + (s_ds + kBN * kBM * 2 - smem_u32(smem)));  // [kStages][kBM]
+    float* s_delta = s_lse + kStages * kBM;                                                   // [kStages][kBM]
+
+    const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+    const int n_block = blockIdx.y;  // the slowest grid index: key block 0 (the most query blocks) starts first
+    const int kh = blockIdx.x % p.hkv, b = blockIdx.x / p.hkv, t = p.t;
+    const int group = p.hq / p.hkv;
+    const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
+    const int64_t kv_off = (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
+    const int n0 = n_block * kBN;
+    const int first_q = n0 / kBM, q_blocks = (t + kBM - 1) / kBM - first_q;
+    const int iters = group * q_blocks;
+    const float scale_log2 = p.scale * kLog2e;
+
+    auto issue = [&](int it, int st) {
+        const int h = kh * group + it / q_blocks, m0 = (first_q + it % q_blocks) * kBM;
+        const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * D;
+        const int64_t row_off = (static_cast<int64_t>(b) * p.hq + h) * t;
+        load_tile_sw<kBM, D, kThreads>(s_q + st * kQ, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
+        load_tile_sw<kBM, D, kThreads>(s_do + st * kQ, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, tid);
+        if (tid < kBM) {
+            cp_async_4(smem_u32(s_lse + st * kBM + tid), p.lse + row_off + (m0 + tid < t ? m0 + tid : 0), m0 + tid < t);
+        } else if (tid < 2 * kBM) {
+            const int r = tid - kBM;
+            cp_async_4(smem_u32(s_delta + st * kBM + r), p.delta + row_off + (m0 + r < t ? m0 + r : 0), m0 + r < t);
+        }
+    };
+
+    load_tile_sw<kBN, D, kThreads>(s_k, static_cast<const bf16*>(p.k) + kv_off, krs, n0, t, tid);
+    load_tile_sw<kBN, D, kThreads>(s_v, static_cast<const bf16*>(p.v) + kv_off, krs, n0, t, tid);
+    issue(0, 0);
+    cp_async_commit();
+
+    // dq columns of this warpgroup: [wg * D / kWarpgroups, (wg + 1) * D / kWarpgroups), in kDqPasses products of kDqN
+    // columns.
+    constexpr int kDqN = D / kWarpgroups > 64 ? 64 : D / kWarpgroups, kDqPasses = D / kWarpgroups / kDqN;
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
+        dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+    }
+    const int kr = wg * 64 + warp * 16 + lane / 4;  // this thread's keys in the block: kr and kr + 8
+    const int key0 = n0 + kr;
+    const int dq_col0 = wg * (D / kWarpgroups);
+
+    for (int it = 0; it < iters; ++it) {
+        const int st = it % kStages;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();  // stage st is in shared memory; iteration it - 1 is done with the other stage and dS^T
+        if (it + 1 < iters) issue(it + 1, (it + 1) % kStages);
+        cp_async_commit();
+        const uint32_t sq = s_q + st * kQ, sdo = s_do + st * kQ;
+        const int h = kh * group + it / q_blocks, m0 = (first_q + it % q_blocks) * kBM;
+        const bool edge = m0 < n0 + kBN || m0 + kBM > t;
+
+        float pt[kBM / 8][4], dpt[kBM / 8][4];  // S^T then P^T; dP^T then dS^T: [64 keys x 64 queries]
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            wgmma_ss<kBM>(pt, desc_k<kBN>(s_k, wg * 64, kk), desc_k<kBM>(sq, 0, kk), kk);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            wgmma_ss<kBM>(dpt, desc_k<kBN>(s_v, wg * 64, kk), desc_k<kBM>(sdo, 0, kk), kk);
+        wgmma_commit();
+        wgmma_wait<1>();  // S^T is done: its exponentials run while dP^T is still on the tensor cores
+        fence_regs(pt);
+        if (edge)
+            fast_probs<true>(pt, s_lse + st * kBM, key0, m0, t, scale_log2, lane);
+        else
+            fast_probs<false>(pt, s_lse + st * kBM, key0, m0, t, scale_log2, lane);
+        wgmma_wait<0>();
+        fence_regs(dpt);
+        const float* sdelta = s_delta + st * kBM;
+#pragma unroll
+        for (int i = 0; i < kBM / 8; ++i) {  // dS^T = P^T (dP^T - delta)
+            const float2 dl = *reinterpret_cast<const float2*>(sdelta + i * 8 + (lane % 4) * 2);
+            dpt[i][0] = pt[i][0] * (dpt[i][0] - dl.x);
+            dpt[i][1] = pt[i][1] * (dpt[i][1] - dl.y);
+            dpt[i][2] = pt[i][2] * (dpt[i][2] - dl.x);
+            dpt[i][3] = pt[i][3] * (dpt[i][3] - dl.y);
+        }
+        uint32_t pa[kBM / 16][4], dsa[kBM / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < kBM / 16; ++kk) {
+            pack_a(pa[kk], pt, kk);
+            pack_a(dsa[kk], dpt, kk);
+        }
+        // dS^T rows kr, kr + 8 into the swizzled [kBN][64] tile: columns 16 kk .. 16 kk + 15 are dsa[kk].
+#pragma unroll
+        for (int kk = 0; kk < kBM / 16; ++kk)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = kr + r * 8;
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int ch = 2 * kk + hf;
+                    const uint32_t addr = s_ds + row * 128 + ((ch ^ (row % 8)) * 16) + (lane % 4) * 4;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[kk][2 * hf + r]) : "memory");
+                }
+            }
+        fence_proxy_async();
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBM / 16; ++kk) wgmma_rs<D>(dv, pa[kk], desc_mn<kBM>(sdo, kk * 16), 1);
+#pragma unroll
+        for (int kk = 0; kk < kBM / 16; ++kk) wgmma_rs<D>(dk, dsa[kk], desc_mn<kBM>(sq, kk * 16), 1);
+        wgmma_commit();
+        asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // dS^T of every warpgroup is in shared memory
+
+        // dQ[64 queries x kDqN] = dS K over the kBN keys: A = dS^T tile read MN-major, B = K read MN-major.
+#pragma unroll
+        for (int ps = 0; ps < kDqPasses; ++ps) {
+            const int col0 = dq_col0 + ps * kDqN;
+            const uint32_t s_kc = s_k + (col0 / 64) * (kBN * 128) + (col0 % 64) * 2;
+            float dq[kDqN / 8][4];
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kBN / 16; ++kk)
+                wgmma_ss<kDqN, 1, 1>(dq,
+                                     make_desc(s_ds + kk * 16 * 128, kBN * 128, 1024),
+                                     make_desc(s_kc + kk * 16 * 128, kBN * 128, 1024),
+                                     kk);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(dv);
+            fence_regs(dk);
+            fence_regs(pa);
+            fence_regs(dsa);
+            fence_regs(dq);
+            float* dqa = p.dq_accum + (static_cast<int64_t>(b) * t * p.hq + h) * D + col0 + (lane % 4) * 2;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = m0 + warp * 16 + lane / 4 + r * 8;
+                if (row >= t) continue;
+                float* rowp = dqa + row * qrs;
+#pragma unroll
+                for (int i = 0; i < kDqN / 8; ++i) red_add_v2(rowp + i * 8, dq[i][2 * r], dq[i][2 * r + 1]);
+            }
+        }
+    }
+
+    bf16* dkg = static_cast<bf16*>(p.dk) + kv_off;
+    bf16* dvg = static_cast<bf16*>(p.dv) + kv_off;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int key = key0 + r * 8;
+        if (key >= t) continue;
+        bf16* krow = dkg + key * krs + (lane % 4) * 2;
+        bf16* vrow = dvg + key * krs + (lane % 4) * 2;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            *reinterpret_cast<uint32_t*>(krow + i * 8) = pack_bf16(dk[i][2 * r] * p.scale, dk[i][2 * r + 1] * p.scale);
+            *reinterpret_cast<uint32_t*>(vrow + i * 8) = pack_bf16(dv[i][2 * r], dv[i][2 * r + 1]);
+        }
+    }
+#else
+    __trap();  // built without sm_90a; flash_wgmma_supported() keeps this from launching
+#endif
+}
+
+// delta[b, h, i] = rowsum(dO * O) of row (b, i, h), D / 8 threads a row (8 elements each), and zeroes the row's dq
+// accumulator.
+template <int D>
+__global__ void flash_bwd_fast_pre_kernel(const AttnParams p, int64_t rows) {
+    constexpr int kPerRow = D / 8;
+    const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int64_t row = g / kPerRow;
+    const int c = static_cast<int>(g % kPerRow) * 8;
+    float acc = 0.0f;
+    if (row < rows) {
+        const int64_t off = row * D + c;
+        const uint4 ov = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.out) + off);
+        const uint4 dv = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.dout) + off);
+        const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const float2 of = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ow[w]));
+            const float2 df = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&dw[w]));
+            acc = fmaf(of.x, df.x, acc);
+            acc = fmaf(of.y, df.y, acc);
+        }
+        float4* z = reinterpret_cast<float4*>(p.dq_accum + off);
+        z[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        z[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int s = 1; s < kPerRow; s *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+    if (row < rows && g % kPerRow == 0) {
+        const int h = static_cast<int>(row % p.hq);
+        const int64_t bi = row / p.hq, i = bi % p.t, bb = bi / p.t;
+        p.delta_w[(bb * p.hq + h) * p.t + i] = acc;
+    }
+}
+
+// dq = dq_accum * scale in bf16, 8 elements a thread.
+__global__ void flash_bwd_fast_post_kernel(const AttnParams p, int64_t n8) {
+    const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (g >= n8) return;
+    const float4* a = reinterpret_cast<const float4*>(p.dq_accum) + 2 * g;
+    const float4 x = a[0], y = a[1];
+    const float s = p.scale;
+    uint4 o;
+    o.x = pack_bf16(x.x * s, x.y * s);
+    o.y = pack_bf16(x.z * s, x.w * s);
+    o.z = pack_bf16(y.x * s, y.y * s);
+    o.w = pack_bf16(y.z * s, y.w * s);
+    reinterpret_cast<uint4*>(p.dq)[g] = o;
+}
+
+template <int D>
+void launch_bwd_fast(const AttnParams& p) {
+    constexpr int smem = fast_bwd_smem_bytes<D>();
+    static const bool configured = [] {
+        MT_CUDA_CHECK(
+            cudaFuncSetAttribute(flash_bwd_fast_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        return true;
+    }();
+    (void)configured;
+    const int64_t rows = static_cast<int64_t>(p.b) * p.t * p.hq;
+    constexpr int kPreThreads = 256;
+    const int64_t pre_threads = rows * (D / 8);
+    flash_bwd_fast_pre_kernel<D>
+        <<<static_cast<unsigned>((pre_threads + kPreThreads - 1) / kPreThreads), kPreThreads, 0, core::cuda_stream()>>>(
+            p, rows);
+    MT_CUDA_CHECK(cudaGetLastError());
+    const dim3 grid(static_cast<unsigned>(p.b * p.hkv),
+                    static_cast<unsigned>((p.t + 64 * kWarpgroups - 1) / (64 * kWarpgroups)));
+    flash_bwd_fast_wgmma_kernel<D><<<grid, 128 * kWarpgroups, smem, core::cuda_stream()>>>(p);
+    MT_CUDA_CHECK(cudaGetLastError());
+    const int64_t n8 = rows * D / 8;
+    flash_bwd_fast_post_kernel<<<static_cast<unsigned>((n8 + 255) / 256), 256, 0, core::cuda_stream()>>>(p, n8);
+    MT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void flash_bwd_wgmma_fast(const AttnParams& p) {
+    if (p.d == 64)
+        launch_bwd_fast<64>(p);
+    else
+        launch_bwd_fast<128>(p);
+}
+
+}  // namespace mt::ops::cuda
