@@ -1,9 +1,12 @@
 // GPU throughput of the CUDA attention (causal, GQA, bf16) and of the cuBLASLt linear: one JSON line per case.
-//   bench_attention [--b 8] [--t 4096] [--h 16] [--d 128] [--iters 20] [--warmup 3] [--no-extra]
+//   bench_attention [--b 8] [--t 4096] [--h 16] [--d 128] [--iters 20] [--warmup 3] [--no-extra] [--nondeterministic]
 // The main case runs on the default kernel and (unless --no-extra) again with MT_ATTENTION_KERNEL=mma.
+// --nondeterministic turns mt::ops::deterministic() off; with MT_ATTENTION_BWD=fast the attention backward is then the
+// experimental one that sums dq with float atomics.
 // Each case is timed with CUDA events on the ops' stream after warm-up; the figure is the median over the timed
 // iterations. FLOPs: causal attention forward 4 B H T^2 D / 2 (two matmuls, half the square), backward 2.5x the
-// forward (the FlashAttention convention; our backward recomputes QK^T and dO V^T in its dq pass and does more);
+// forward (the FlashAttention convention; the deterministic backward recomputes QK^T and dO V^T in its dq pass and
+// does 3.5x, the non-deterministic one 2.5x);
 // linear forward 2 N K M, backward 4 N K M (dx and dw). Inputs are pseudo-random (never zeros).
 #include <stdlib.h>
 
@@ -21,6 +24,7 @@
 #include "core/tensor.h"
 #include "ops/attention.h"
 #include "ops/linear.h"
+#include "ops/op_common.h"
 
 #ifdef MT_HAVE_CUDA
 #include "core/cuda/cuda_check.h"
@@ -90,6 +94,11 @@ std::string attention_kernel() {
     return env ? env : "default (wgmma on Hopper, else mma)";
 }
 
+std::string env_or(const char* name, const char* fallback) {
+    const char* env = std::getenv(name);
+    return env ? env : fallback;
+}
+
 void bench_attention(int64_t b, int64_t t, int64_t h, int64_t hkv, int64_t d, int warmup, int iters) {
     const Tensor q = random_bf16({b, t, h, d}, 1), k = random_bf16({b, t, hkv, d}, 2),
                  v = random_bf16({b, t, hkv, d}, 3);
@@ -108,6 +117,8 @@ void bench_attention(int64_t b, int64_t t, int64_t h, int64_t hkv, int64_t d, in
     const nlohmann::json line = {{"bench", "attention"},
                                  {"impl", "moetrain-flash"},
                                  {"kernel", attention_kernel()},
+                                 {"deterministic", mt::ops::deterministic()},
+                                 {"bwd_variant", env_or("MT_ATTENTION_BWD", "default")},
                                  {"dtype", "bf16"},
                                  {"causal", true},
                                  {"B", b},
@@ -154,7 +165,7 @@ int run(int argc, char** argv) {
     CLI::App app{"moetrain GPU attention and linear benchmark"};
     int64_t b = 8, t = 4096, h = 16, d = 128;
     int iters = 20, warmup = 3;
-    bool no_extra = false;
+    bool no_extra = false, nondeterministic = false;
     app.add_option("--b", b);
     app.add_option("--t", t);
     app.add_option("--h", h);
@@ -162,7 +173,9 @@ int run(int argc, char** argv) {
     app.add_option("--iters", iters);
     app.add_option("--warmup", warmup);
     app.add_flag("--no-extra", no_extra, "skip the extra cases (D 64, GQA, linear shapes)");
+    app.add_flag("--nondeterministic", nondeterministic, "let ops use non-deterministic kernels (float atomics)");
     CLI11_PARSE(app, argc, argv);
+    mt::ops::set_deterministic(!nondeterministic);
     if (!mt::core::backend_available(Device::cuda)) {
         std::printf("%s\n", nlohmann::json{{"bench", "attention"}, {"skipped", "no CUDA device"}}.dump().c_str());
         return 0;
