@@ -57,15 +57,17 @@ struct OpProblem {
 // so the comparison measures the kernels, not the rounding of the inputs.
 struct OpParityOptions {
     bool bf16 = true;           // run with bf16 device inputs (activations and weights in bf16)
+    bool f16 = true;            // run with f16 device inputs (the fp16 training mode)
     bool f32 = true;            // run with f32 device inputs
-    double bf16_budget = 1e-2;  // rho budgets; a case that changes one says why in budget_reason
+    double bf16_budget = 1e-2;  // rho budgets (f16 runs use bf16_budget: f16 rounds 8x finer); a case that changes one
+                                // says why in budget_reason
     double f32_budget = 1e-5;
     std::string budget_reason;
     // A reference tensor whose rms is below this is judged against this rms instead of its own norm (see
     // op_parity_rho); a case raises it, with a reason, for a tensor that is exactly zero in exact arithmetic.
     double rms_floor = 1e-6;
-    // Dtype of the "+=" gradient buffers (parameter grads) in the bf16 run: f32 by default, as Megatron's main_grad
-    // (a bf16 forward accumulates its parameter gradients in f32). The f32 run uses f32 for every buffer.
+    // Dtype of the "+=" gradient buffers (parameter grads) in the bf16 and f16 runs: f32 by default, as Megatron's
+    // main_grad (a bf16 forward accumulates its parameter gradients in f32). The f32 run uses f32 for every buffer.
     DType bf16_accumulated_grad = DType::f32;
 };
 

@@ -257,7 +257,7 @@ ParityRun run_on(const OpCase& c, DType dtype, core::Device device, std::string*
     ParityRun run;
     try {
         const std::vector<Tensor> outs = p.forward(in);
-        // The loss weights R, rounded to `dtype` on both sides (exact in the output's dtype, bf16 or f32).
+        // The loss weights R, rounded to `dtype` on both sides (exact in the output's dtype, bf16, f16 or f32).
         std::vector<Tensor> dout;
         for (size_t k = 0; k < outs.size(); ++k) {
             const Tensor r = op_randn(outs[k].shape(), seed, 100 + k).to(dtype);
@@ -268,7 +268,7 @@ ParityRun run_on(const OpCase& c, DType dtype, core::Device device, std::string*
         for (size_t i = 0; i < in.size(); ++i) {
             if (cpu) break;
             grad_dtypes[i] = p.inputs[i].grad == GradKind::accumulated
-                                 ? (dtype == DType::bf16 ? c.parity.bf16_accumulated_grad : DType::f32)
+                                 ? (dtype != DType::f32 ? c.parity.bf16_accumulated_grad : DType::f32)
                                  : in[i].dtype();
         }
         run.grads = run_backward(p, in, dout, seed, &grad_dtypes);
@@ -287,9 +287,11 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 
 void op_check_parity(const OpCase& c) {
     const OpProblem p = c.build();
-    for (DType dtype : {DType::bf16, DType::f32}) {
-        if ((dtype == DType::bf16 && !c.parity.bf16) || (dtype == DType::f32 && !c.parity.f32)) continue;
-        const double budget = dtype == DType::bf16 ? c.parity.bf16_budget : c.parity.f32_budget;
+    for (DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+        if ((dtype == DType::bf16 && !c.parity.bf16) || (dtype == DType::f16 && !(c.parity.bf16 && c.parity.f16)) ||
+            (dtype == DType::f32 && !c.parity.f32))
+            continue;
+        const double budget = dtype == DType::f32 ? c.parity.f32_budget : c.parity.bf16_budget;
         const std::string tag(core::dtype_name(dtype));
         std::string error;
         const ParityRun ref = run_on(c, dtype, core::Device::cpu, &error);

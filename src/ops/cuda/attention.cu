@@ -1,10 +1,10 @@
 // CUDA causal GQA attention: picks the tensor-core flash kernels for bf16 with D in {64, 128} (wgmma on Hopper,
-// flash_*_wgmma.cu; mma.sync elsewhere, flash_fwd.cu / flash_bwd.cu) or the simple kernels (f32, or any other
-// D <= 256; attention_generic.cu). The environment variable MT_ATTENTION_KERNEL = wgmma | mma | generic overrides
-// the choice (for tests and benchmarks; a choice that does not apply falls back). MT_ATTENTION_BWD=fast with
-// mt::ops::deterministic() off picks the experimental non-deterministic wgmma backward. Takes q, k, v, out, dout, dq,
-// dk, dv all bf16 or all f32, and lse f32 in either case. Shapes are checked by the caller
-// (ops/attention.cpp).
+// flash_*_wgmma.cu; mma.sync elsewhere, flash_fwd.cu / flash_bwd.cu) or the simple kernels (f32, f16, or any other
+// D <= 256; attention_generic.cu: the fp16 mode's attention is correct but not yet on tensor cores). The environment
+// variable MT_ATTENTION_KERNEL = wgmma | mma | generic overrides the choice (for tests and benchmarks; a choice that
+// does not apply falls back). MT_ATTENTION_BWD=fast with mt::ops::deterministic() off picks the experimental
+// non-deterministic wgmma backward. Takes q, k, v, out, dout, dq, dk, dv all bf16, all f16 or all f32, and lse f32 in
+// every case. Shapes are checked by the caller (ops/attention.cpp).
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -22,8 +22,8 @@ namespace {
 constexpr int64_t kMaxHeadDim = 256;
 
 AttnParams make_params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, std::string_view op) {
-    MT_CHECK(q.dtype() == DType::bf16 || q.dtype() == DType::f32,
-             "{}: q has dtype {}; the CUDA attention takes bf16 or f32",
+    MT_CHECK(q.dtype() == DType::bf16 || q.dtype() == DType::f16 || q.dtype() == DType::f32,
+             "{}: q has dtype {}; the CUDA attention takes bf16, f16 or f32",
              op,
              core::dtype_name(q.dtype()));
     MT_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(),
@@ -90,7 +90,7 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
         case Kernel::mma:
             return flash_fwd(p);
         case Kernel::generic:
-            return attention_generic_fwd(p, q.dtype() == DType::bf16);
+            return attention_generic_fwd(p, q.dtype());
     }
 }
 
@@ -118,13 +118,12 @@ void attention_bwd(const Tensor& q,
     p.dq = dq.raw();
     p.dk = dk.raw();
     p.dv = dv.raw();
-    const bool is_bf16 = q.dtype() == DType::bf16;
     core::Backend& be = core::backend_get(core::Device::cuda);
     const size_t delta_bytes = static_cast<size_t>(lse.numel()) * sizeof(float);
     auto* delta = static_cast<float*>(be.alloc(delta_bytes));
     p.delta = p.delta_w = delta;
     const Kernel kernel = pick_kernel(p, q.dtype());
-    if (kernel != Kernel::wgmma) attention_delta(p, delta, is_bf16);  // the wgmma backward computes it itself
+    if (kernel != Kernel::wgmma) attention_delta(p, delta, q.dtype());  // the wgmma backward computes it itself
     const size_t dq_accum_bytes = static_cast<size_t>(q.numel()) * sizeof(float);
     switch (kernel) {
         case Kernel::wgmma:
@@ -140,7 +139,7 @@ void attention_bwd(const Tensor& q,
             flash_bwd(p);
             break;
         case Kernel::generic:
-            attention_generic_bwd(p, is_bf16);
+            attention_generic_bwd(p, q.dtype());
             break;
     }
     be.free(delta, delta_bytes);  // stream order keeps the reuse safe

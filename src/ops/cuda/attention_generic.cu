@@ -1,14 +1,13 @@
-// Simple CUDA attention for any head dim D <= 256 and for f32 or bf16 storage (fp32 math): one warp per row, each
+// Simple CUDA attention for any head dim D <= 256 and for f32, bf16 or f16 storage (fp32 math): one warp per row, each
 // lane holding D / 32 (rounded up) elements of the row, dot products reduced across the warp. Used where the
 // tensor-core kernels do not apply (f32, D not in {64, 128}); O(T^2 D) work with no tiling, fine for small cases.
 //   fwd:  one warp per (b, query head, query i), online softmax over keys j <= i.
 //   dq:   one warp per (b, query head, query i), keys j <= i.
 //   dkdv: one warp per (b, kv head, key j), the group's query heads in order, then queries i >= j: deterministic.
 // Also the backward's row term delta = rowsum(dout * out) for both paths.
-#include <cuda_bf16.h>
-
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/attention_kernels.h"
+#include "ops/cuda/common.cuh"
 
 namespace mt::ops::cuda {
 
@@ -17,17 +16,13 @@ namespace {
 constexpr int kMaxPerLane = 8;  // D <= 256
 constexpr int kWarpsPerBlock = 4;
 
-__device__ __forceinline__ float load_f(const float* p) {
-    return *p;
+template <typename T>
+__device__ __forceinline__ float load_f(const T* p) {
+    return to_f32(*p);
 }
-__device__ __forceinline__ float load_f(const __nv_bfloat16* p) {
-    return __bfloat162float(*p);
-}
-__device__ __forceinline__ void store_f(float* p, float v) {
-    *p = v;
-}
-__device__ __forceinline__ void store_f(__nv_bfloat16* p, float v) {
-    *p = __float2bfloat16(v);
+template <typename T>
+__device__ __forceinline__ void store_f(T* p, float v) {
+    *p = from_f32<T>(v);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -199,26 +194,17 @@ void generic_bwd(const AttnParams& p) {
 
 }  // namespace
 
-void attention_generic_fwd(const AttnParams& p, bool is_bf16) {
-    if (is_bf16)
-        generic_fwd<__nv_bfloat16>(p);
-    else
-        generic_fwd<float>(p);
+void attention_generic_fwd(const AttnParams& p, DType dtype) {
+    MT_CUDA_DISPATCH(dtype, T, generic_fwd<T>(p));
 }
 
-void attention_generic_bwd(const AttnParams& p, bool is_bf16) {
-    if (is_bf16)
-        generic_bwd<__nv_bfloat16>(p);
-    else
-        generic_bwd<float>(p);
+void attention_generic_bwd(const AttnParams& p, DType dtype) {
+    MT_CUDA_DISPATCH(dtype, T, generic_bwd<T>(p));
 }
 
-void attention_delta(const AttnParams& p, float* delta, bool is_bf16) {
+void attention_delta(const AttnParams& p, float* delta, DType dtype) {
     const unsigned blocks = blocks_for_rows(static_cast<int64_t>(p.b) * p.hq * p.t);
-    if (is_bf16)
-        delta_kernel<__nv_bfloat16><<<blocks, kWarpsPerBlock * 32, 0, core::cuda_stream()>>>(p, delta);
-    else
-        delta_kernel<float><<<blocks, kWarpsPerBlock * 32, 0, core::cuda_stream()>>>(p, delta);
+    MT_CUDA_DISPATCH(dtype, T, delta_kernel<T><<<blocks, kWarpsPerBlock * 32, 0, core::cuda_stream()>>>(p, delta));
     MT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace mt::ops::cuda {
 
 struct AttnParams {
@@ -43,11 +45,11 @@ void flash_bwd_wgmma_fast(const AttnParams& p);
 // True when this GPU is a Hopper (sm_90) and the build holds the sm_90a kernels.
 bool flash_wgmma_supported();
 
-// Simple kernels for any D <= 256 (one warp per row), element type bf16 (is_bf16) or f32.
-void attention_generic_fwd(const AttnParams& p, bool is_bf16);
-void attention_generic_bwd(const AttnParams& p, bool is_bf16);  // needs p.delta
+// Simple kernels for any D <= 256 (one warp per row), element type bf16, f16 or f32.
+void attention_generic_fwd(const AttnParams& p, core::DType dtype);
+void attention_generic_bwd(const AttnParams& p, core::DType dtype);  // needs p.delta
 
 // delta[b, h, i] = sum_c dout[b, i, h, c] * out[b, i, h, c] in fp32 (the backward's row term).
-void attention_delta(const AttnParams& p, float* delta, bool is_bf16);
+void attention_delta(const AttnParams& p, float* delta, core::DType dtype);
 
 }  // namespace mt::ops::cuda
