@@ -3,7 +3,6 @@
 
 #include <cmath>
 
-#include "core/rng.h"
 #include "ops/add.h"
 #include "ops/causal_conv1d.h"
 #include "ops/l2norm.h"
@@ -17,14 +16,28 @@ namespace {
 constexpr double kL2Eps = 1e-6;  // kda.md §1: k / sqrt(|k|^2 + 1e-6)
 }
 
-KdaLayer::KdaLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, const KdaConfig& kda)
-    : cfg_(cfg), kda_(kda), table_(&table) {
-    h_ = kda.num_heads > 0 ? kda.num_heads : cfg.n_heads;
-    hv_ = kda.num_v_heads > 0 ? kda.num_v_heads : h_;
-    k_dim_ = kda.head_dim > 0 ? kda.head_dim : cfg.resolved_head_dim();
-    v_dim_ = kda.head_v_dim > 0 ? kda.head_v_dim : k_dim_;
+KdaLayer::KdaLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg) : cfg_(cfg), table_(&table) {
+    const KdaConfig& kda = cfg.kda;
+    h_ = cfg.kda_num_heads();
+    hv_ = cfg.kda_num_v_heads();
+    k_dim_ = cfg.kda_head_dim();
+    v_dim_ = cfg.kda_head_v_dim();
     MT_CHECK(hv_ % h_ == 0, "{}: kda.num_v_heads = {} must be a multiple of kda.num_heads = {}", prefix, hv_, h_);
     MT_CHECK(kda.conv_size >= 1, "{}: kda.conv_size = {} must be >= 1", prefix, kda.conv_size);
+    MT_CHECK(kda.gate == "lower_bound" || kda.gate == "softplus", "{}: unknown kda.gate `{}`", prefix, kda.gate);
+    MT_CHECK(kda.algorithm == "chunked" || kda.algorithm == "recurrent",
+             "{}: unknown kda.algorithm `{}`",
+             prefix,
+             kda.algorithm);
+    const bool bounded = kda.gate == "lower_bound";
+    gate_options_ = {
+        bounded ? ops::KdaGateKind::lower_bound : ops::KdaGateKind::softplus, kda.gate_lower_bound, kda.gate_use_a_log};
+    // The bounded gate keeps 15 |g| inside f32's exp range, so the diagonal tiles can be plain products; the
+    // softplus gate needs the pairwise diagonal (kda.md §4.3).
+    kda_options_ = {kda.algorithm == "recurrent" ? ops::KdaAlgorithm::recurrent : ops::KdaAlgorithm::chunked,
+                    bounded ? ops::KdaDiagonal::matmul : ops::KdaDiagonal::pairwise,
+                    kda.chunk_size};
+
     const int64_t d = cfg.d_model, hk = h_ * k_dim_, hvk = hv_ * k_dim_, hvv = hv_ * v_dim_;
     const double init_std = cfg.init_std;
     wq_ = Linear(table, prefix + ".q_proj", d, hk, init_std);
@@ -39,44 +52,26 @@ KdaLayer::KdaLayer(ParamTable& table, const std::string& prefix, const ModelConf
     conv_v_ = conv(".v_conv1d.weight", hvv);
     wfa_ = Linear(table, prefix + ".f_a_proj", d, k_dim_, init_std);
     wfb_ = Linear(table, prefix + ".f_b_proj", k_dim_, hvk, init_std);
-    a_log_ = table.add({.name = prefix + ".A_log", .shape = {hv_}, .init = InitKind::zeros, .weight_decay = false});
-    dt_bias_ = table.add({.name = prefix + ".dt_bias", .shape = {hvk}, .init = InitKind::zeros, .weight_decay = false});
+    // kda.md §3: A_log = 0 (a = 1) for the bounded gate, log U(1, 16) for softplus; dt_bias = softplus^-1(delta),
+    // delta log-uniform in [1e-3, 1e-1].
+    a_log_ = table.add({.name = prefix + ".A_log",
+                        .shape = {hv_},
+                        .init = bounded ? InitKind::zeros : InitKind::log_uniform,
+                        .init_lo = 1.0,
+                        .init_hi = 16.0,
+                        .weight_decay = false});
+    dt_bias_ = table.add({.name = prefix + ".dt_bias",
+                          .shape = {hvk},
+                          .init = InitKind::softplus_inv_log_uniform,
+                          .init_lo = 1e-3,
+                          .init_hi = 1e-1,
+                          .weight_decay = false});
     wb_ = Linear(table, prefix + ".b_proj", d, hv_, init_std);
     wga_ = Linear(table, prefix + ".g_a_proj", d, v_dim_, init_std);
     wgb_ = Linear(table, prefix + ".g_b_proj", v_dim_, hvv, init_std);
     o_norm_ = table.add(
         {.name = prefix + ".o_norm.weight", .shape = {v_dim_}, .init = InitKind::ones, .weight_decay = false});
     wo_ = Linear(table, prefix + ".o_proj", hvv, d, init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)));
-}
-
-void KdaLayer::init_gate_params(uint64_t seed) {
-    const Tensor a = Tensor::zeros({hv_}, DType::f64), b = Tensor::zeros({hv_ * k_dim_}, DType::f64);
-    const uint64_t sa = core::hash_name(table_->spec(a_log_).name.c_str());
-    const uint64_t sb = core::hash_name(table_->spec(dt_bias_).name.c_str());
-    for (int64_t i = 0; i < hv_; ++i) {
-        const double val =
-            kda_.gate == ops::KdaGateKind::softplus ? std::log(1.0 + 15.0 * core::rng_uniform(seed, sa, i)) : 0.0;
-        core::tensor_set_flat(a, i, val);
-    }
-    for (int64_t i = 0; i < b.numel(); ++i) {
-        const double lo = std::log(1e-3), hi = std::log(1e-1);
-        const double delta = std::exp(lo + (hi - lo) * core::rng_uniform(seed, sb, i));
-        core::tensor_set_flat(b, i, std::log(std::expm1(delta)));
-    }
-    table_->master(a_log_).copy_from(a);
-    table_->master(dt_bias_).copy_from(b);
-    table_->refresh_params_from_master();
-}
-
-ops::KdaOptions KdaLayer::kda_options() const {
-    // The bounded gate keeps 15 |g| inside f32's exp range, so the diagonal tiles can be plain products; the
-    // softplus gate needs the pairwise diagonal (kda.md §4.3).
-    const bool bounded = kda_.gate == ops::KdaGateKind::lower_bound;
-    return {kda_.algorithm, bounded ? ops::KdaDiagonal::matmul : ops::KdaDiagonal::pairwise, kda_.chunk_size};
-}
-
-ops::KdaGateOptions KdaLayer::gate_options() const {
-    return {kda_.gate, kda_.gate_lower_bound, kda_.gate_use_a_log};
 }
 
 void KdaLayer::resize(int64_t batch, int64_t seq, const Precision& precision) {
@@ -130,12 +125,12 @@ void KdaLayer::forward(const Tensor& x, const Tensor& out) {
     ops::sigmoid_fwd(bl_, rows(beta_, n));
     wfa_.forward(x, fa_);
     wfb_.forward(fa_, u_);
-    const Tensor a_log = kda_.gate_use_a_log ? table_->param(a_log_) : Tensor();
+    const Tensor a_log = gate_options_.use_a_log ? table_->param(a_log_) : Tensor();
     const Tensor bias = table_->param(dt_bias_).reshape({hv_, k_dim_});
-    ops::kda_gate_fwd(u_.reshape({n, hv_, k_dim_}), a_log, bias, g_.reshape({n, hv_, k_dim_}), gate_options());
+    ops::kda_gate_fwd(u_.reshape({n, hv_, k_dim_}), a_log, bias, g_.reshape({n, hv_, k_dim_}), gate_options_);
     // the recurrence
     const Tensor v = vc_.reshape({batch_, seq_, hv_, v_dim_});
-    ops::kda_fwd(q_, k_, v, g_, beta_, s0_, o_, st_, kda_options());
+    ops::kda_fwd(q_, k_, v, g_, beta_, s0_, o_, st_, kda_options_);
     // output norm per head, sigmoid output gate, output projection
     ops::rmsnorm_fwd(rows(o_, n * hv_), table_->param(o_norm_), cfg_.norm_eps, rows(on_, n * hv_), rstd_);
     wga_.forward(x, ga_);
@@ -169,10 +164,10 @@ void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
         ds0_ = Tensor::zeros(s0_.shape(), s0_.dtype(), s0_.device());
     if (!s0_.defined()) ds0_ = Tensor();
     const Tensor v = vc_.reshape({batch_, seq_, hv_, v_dim_});
-    ops::kda_bwd(q_, k_, v, g_, beta_, s0_, d_o_, dst_, d_q_, d_k_, d_v_, d_g_, d_beta_, ds0_, kda_options());
+    ops::kda_bwd(q_, k_, v, g_, beta_, s0_, d_o_, dst_, d_q_, d_k_, d_v_, d_g_, d_beta_, ds0_, kda_options_);
     // gate and beta
-    const Tensor a_log = kda_.gate_use_a_log ? table_->param(a_log_) : Tensor();
-    const Tensor da_log = kda_.gate_use_a_log ? table_->grad(a_log_) : Tensor();
+    const Tensor a_log = gate_options_.use_a_log ? table_->param(a_log_) : Tensor();
+    const Tensor da_log = gate_options_.use_a_log ? table_->grad(a_log_) : Tensor();
     ops::kda_gate_bwd(u_.reshape({n, hv_, k_dim_}),
                       a_log,
                       table_->param(dt_bias_).reshape({hv_, k_dim_}),
@@ -180,7 +175,7 @@ void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
                       d_u_.reshape({n, hv_, k_dim_}),
                       da_log,
                       table_->grad(dt_bias_).reshape({hv_, k_dim_}),
-                      gate_options());
+                      gate_options_);
     wfb_.backward(fa_, d_u_, d_fa_);
     add_dx(wfa_, x, d_fa_);
     ops::sigmoid_bwd(rows(beta_, n), rows(d_beta_, n), d_bl_);

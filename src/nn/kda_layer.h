@@ -4,10 +4,11 @@
 //   beta = sigmoid(W_beta x);  g = gate(W_fb W_fa x; A_log, dt_bias)  (lower-bounded by default, or softplus)
 //   o, S_T = KDA(q, k, v, g, beta; S_0)
 //   out = W_o [RMSNorm_head(o) * sigmoid(W_gb W_ga x)]
-// An initial state S_0 [B, HV, K, V] may be given and the final state S_T is kept; backward takes an optional dS_T
-// and returns dS_0. Parameter names follow Kimi Linear's Hugging Face names under the prefix: q_proj, k_proj,
-// v_proj, q_conv1d, k_conv1d, v_conv1d (weights [C, 4]), f_a_proj, f_b_proj, A_log, dt_bias, b_proj, g_a_proj,
-// g_b_proj, o_norm, o_proj. Not yet: the conv halo in/out, packed documents (cu_seqlens), the output-gate bias.
+// Settings come from ModelConfig::kda (kda.md §6). An initial state S_0 [B, HV, K, V] may be given and the final state
+// S_T is kept; backward takes an optional dS_T and returns dS_0. Parameter names follow Kimi Linear's Hugging Face
+// names under the prefix: q_proj, k_proj, v_proj, q_conv1d, k_conv1d, v_conv1d (weights [C, 4]), f_a_proj, f_b_proj,
+// A_log, dt_bias, b_proj, g_a_proj, g_b_proj, o_norm, o_proj. Not yet: the conv halo in/out, packed documents
+// (cu_seqlens), the output-gate bias.
 #pragma once
 
 #include <string>
@@ -21,28 +22,12 @@
 
 namespace mt::nn {
 
-// KDA settings (kda.md §6). Zero sizes take their value from the ModelConfig.
-struct KdaConfig {
-    int64_t num_heads = 0;    // H; 0: ModelConfig::n_heads
-    int64_t num_v_heads = 0;  // HV (a multiple of H); 0: H
-    int64_t head_dim = 0;     // K; 0: ModelConfig::resolved_head_dim()
-    int64_t head_v_dim = 0;   // V; 0: K
-    int64_t conv_size = 4;
-    ops::KdaGateKind gate = ops::KdaGateKind::lower_bound;
-    double gate_lower_bound = -5.0;  // in [-5, 0)
-    bool gate_use_a_log = true;
-    ops::KdaAlgorithm algorithm = ops::KdaAlgorithm::chunked;
-    int64_t chunk_size = 64;
-};
-
 class KdaLayer : public Layer {
    public:
-    KdaLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, const KdaConfig& kda = {});
-
-    // Sets A_log and dt_bias (master weights, then the forward's copy) to kda.md §3's init: A_log = 0 for the
-    // bounded gate, log U(1, 16) for softplus; dt_bias = log(e^delta - 1), delta log-uniform in [1e-3, 1e-1]. Call
-    // after ParamTable::initialize (which zero-fills them).
-    void init_gate_params(uint64_t seed);
+    // Settings from cfg.kda. A_log and dt_bias carry kda.md §3's init in the parameter table (A_log = 0 for the
+    // bounded gate, log U(1, 16) for softplus; dt_bias = log(e^delta - 1), delta log-uniform in [1e-3, 1e-1]), so
+    // ParamTable::initialize sets them.
+    KdaLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg);
 
     void resize(int64_t batch, int64_t seq, const Precision& precision);
     // S_0 [B, HV, K, V] in the compute dtype, or undefined for the zero state; kept until changed.
@@ -77,11 +62,9 @@ class KdaLayer : public Layer {
     std::vector<SavedTensor> saved_for_backward() override;
 
    private:
-    ops::KdaOptions kda_options() const;
-    ops::KdaGateOptions gate_options() const;
-
     ModelConfig cfg_;
-    KdaConfig kda_;
+    ops::KdaOptions kda_options_;
+    ops::KdaGateOptions gate_options_;
     int64_t h_ = 0, hv_ = 0, k_dim_ = 0, v_dim_ = 0;
     ParamTable* table_ = nullptr;
     Linear wq_, wk_, wv_, wfa_, wfb_, wb_, wga_, wgb_, wo_;

@@ -1,9 +1,25 @@
-// Model hyper-parameters of the dense decoder-only LM ([model] in the job TOML).
+// Model hyper-parameters of the decoder-only LM ([model] in the job TOML) and of its KDA layers ([kda]). The layer
+// pattern picks each block's token mixer: 'A' global softmax attention, 'K' Kimi Delta Attention (KDA).
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace mt::nn {
+
+// KDA layer settings (kda.md §6, [kda] in the job TOML). Zero sizes take their value from the ModelConfig.
+struct KdaConfig {
+    int64_t num_heads = 0;              // H; 0: ModelConfig::n_heads
+    int64_t num_v_heads = 0;            // HV (a multiple of H); 0: H
+    int64_t head_dim = 0;               // K; 0: ModelConfig::resolved_head_dim()
+    int64_t head_v_dim = 0;             // V; 0: K
+    int64_t conv_size = 4;              // short conv taps
+    std::string gate = "lower_bound";   // lower_bound: g = l sigmoid(a (u + b)); softplus: g = -a softplus(u + b)
+    double gate_lower_bound = -5.0;     // l, in [-5, 0)
+    bool gate_use_a_log = true;         // per-head temperature a = exp(A_log); false: a = 1
+    std::string algorithm = "chunked";  // chunked | recurrent (the token loop: a reference, slow)
+    int64_t chunk_size = 64;            // 64 or 32
+};
 
 struct ModelConfig {
     int64_t vocab_size = 257;
@@ -18,9 +34,39 @@ struct ModelConfig {
     double norm_eps = 1e-5;
     double init_std = 0.02;
     bool tie_embeddings = true;
+    // Layer l's mixer is layer_pattern[l % size]: 'A' attention, 'K' KDA; the length must divide n_layers.
+    std::string layer_pattern = "A";
+    // Position encoding of the attention layers: rope | nope | auto (rope when every layer is attention, nope in a
+    // hybrid model, where KDA's decay and short conv carry position).
+    std::string attn_pos = "auto";
+    KdaConfig kda;
 
     int64_t resolved_head_dim() const {
         return head_dim > 0 ? head_dim : d_model / n_heads;
+    }
+    bool layer_is_kda(int64_t layer) const {
+        return layer_pattern[static_cast<size_t>(layer) % layer_pattern.size()] == 'K';
+    }
+    int64_t n_kda_layers() const {
+        int64_t n = 0;
+        for (int64_t l = 0; l < n_layers; ++l) n += layer_is_kda(l) ? 1 : 0;
+        return n;
+    }
+    // KDA sizes with the defaults applied: H, HV, K, V.
+    int64_t kda_num_heads() const {
+        return kda.num_heads > 0 ? kda.num_heads : n_heads;
+    }
+    int64_t kda_num_v_heads() const {
+        return kda.num_v_heads > 0 ? kda.num_v_heads : kda_num_heads();
+    }
+    int64_t kda_head_dim() const {
+        return kda.head_dim > 0 ? kda.head_dim : resolved_head_dim();
+    }
+    int64_t kda_head_v_dim() const {
+        return kda.head_v_dim > 0 ? kda.head_v_dim : kda_head_dim();
+    }
+    bool attn_rope() const {
+        return attn_pos == "rope" || (attn_pos == "auto" && layer_pattern.find('K') == std::string::npos);
     }
 };
 

@@ -1,9 +1,29 @@
 // Parameter table: arenas with named views, Philox-keyed initialisation.
 #include "nn/param_table.h"
 
+#include <cmath>
+
 #include "core/rng.h"
 
 namespace mt::nn {
+
+namespace {
+// The two log-uniform kinds, element i from Philox (seed, hash(name), i).
+void init_log_uniform(const Tensor& host, const ParamSpec& s, uint64_t seed) {
+    const uint64_t stream = core::hash_name(s.name.c_str());
+    for (int64_t i = 0; i < host.numel(); ++i) {
+        const double u = core::rng_uniform(seed, stream, static_cast<uint64_t>(i));
+        double v = 0.0;
+        if (s.init == InitKind::log_uniform) {
+            v = std::log(s.init_lo + (s.init_hi - s.init_lo) * u);
+        } else {
+            const double lo = std::log(s.init_lo), hi = std::log(s.init_hi);
+            v = std::log(std::expm1(std::exp(lo + (hi - lo) * u)));
+        }
+        core::tensor_set_flat(host, i, v);
+    }
+}
+}  // namespace
 
 int ParamTable::add(ParamSpec spec) {
     MT_CHECK(!finalized_, "parameter {} declared after the table was finalized", spec.name);
@@ -49,6 +69,10 @@ void ParamTable::initialize(uint64_t seed) {
                 host.fill(1.0);
                 break;
             case InitKind::zeros:
+                break;
+            case InitKind::log_uniform:
+            case InitKind::softplus_inv_log_uniform:
+                init_log_uniform(host, s, seed);
                 break;
         }
         masters_[static_cast<size_t>(i)].copy_from(host);

@@ -19,7 +19,9 @@ using core::DType;
 using core::Shape;
 using core::Tensor;
 
-enum class InitKind { normal, ones, zeros };
+// normal: N(0, init_std^2). log_uniform: log(u), u ~ U(init_lo, init_hi) (KDA's A_log under the softplus gate).
+// softplus_inv_log_uniform: log(e^delta - 1), log(delta) ~ U(log init_lo, log init_hi) (KDA's dt_bias).
+enum class InitKind { normal, ones, zeros, log_uniform, softplus_inv_log_uniform };
 enum class OptimGroup { adamw };
 
 struct ParamSpec {
@@ -27,6 +29,7 @@ struct ParamSpec {
     Shape shape;
     InitKind init = InitKind::normal;
     double init_std = 0.02;
+    double init_lo = 0.0, init_hi = 1.0;  // the range of the log_uniform kinds
     bool weight_decay = true;
     OptimGroup group = OptimGroup::adamw;
 };

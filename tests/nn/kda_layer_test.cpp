@@ -35,9 +35,14 @@ KdaConfig small_kda(ops::KdaGateKind gate) {
     k.num_v_heads = 4;  // GVA: two value heads per q/k head
     k.head_dim = 4;
     k.head_v_dim = 3;
-    k.gate = gate;
+    k.gate = gate == ops::KdaGateKind::softplus ? "softplus" : "lower_bound";
     k.chunk_size = 32;
     return k;
+}
+
+ModelConfig with_kda(ModelConfig cfg, const KdaConfig& kda) {
+    cfg.kda = kda;
+    return cfg;
 }
 
 // A layer with its parameters, inputs and loss weights.
@@ -49,11 +54,10 @@ struct Fixture {
     Tensor x, s0, r_out, r_st, out;
 
     Fixture(const ModelConfig& cfg, const KdaConfig& kda, DType dtype, int64_t b_, int64_t t_, uint64_t seed)
-        : layer(table, "layers.0.kda", cfg, kda), b(b_), t(t_) {
+        : layer(table, "layers.0.kda", with_kda(cfg, kda)), b(b_), t(t_) {
         const Precision precision = Precision::cpu(dtype);
         table.finalize(precision);
-        table.initialize(seed);
-        layer.init_gate_params(seed);
+        table.initialize(seed);  // A_log and dt_bias included (kda.md §3's init)
         // Generic values for the parameters that start constant (norm gain, A_log with the bounded gate), and
         // dt_bias spread so that the gate is neither saturated nor flat.
         for (int i = 0; i < table.size(); ++i) {
@@ -186,7 +190,7 @@ class KdaLayerAlgorithms : public ::testing::TestWithParam<ops::KdaGateKind> {};
 
 TEST_P(KdaLayerAlgorithms, ChunkedEqualsRecurrent) {
     KdaConfig chunked = small_kda(GetParam()), loop = chunked;
-    loop.algorithm = ops::KdaAlgorithm::recurrent;
+    loop.algorithm = "recurrent";
     Fixture a(small_model(), chunked, DType::f64, 2, 70, 5), b(small_model(), loop, DType::f64, 2, 70, 5);
     const Tensor dxa = a.backward(), dxb = b.backward();
     auto rho = [](const Tensor& x, const Tensor& y) {
@@ -255,7 +259,7 @@ TEST(KdaLayerParity, Dump) {
                 {"head_dim", std::to_string(kda.head_dim)},
                 {"head_v_dim", std::to_string(kda.head_v_dim)},
                 {"conv_size", std::to_string(kda.conv_size)},
-                {"gate", softplus ? "softplus" : "lower_bound"},
+                {"gate", kda.gate},
                 {"gate_lower_bound", fmt::format("{}", kda.gate_lower_bound)},
                 {"gate_use_a_log", kda.gate_use_a_log ? "true" : "false"},
                 {"norm_eps", fmt::format("{}", cfg.norm_eps)},
