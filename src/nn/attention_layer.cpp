@@ -41,8 +41,10 @@ void AttentionLayer::forward(const Tensor& x, const Tensor& out) {
     wq_.forward(x, q_.reshape({n, q_.numel() / n}));
     wk_.forward(x, k_.reshape({n, k_.numel() / n}));
     wv_.forward(x, v_.reshape({n, v_.numel() / n}));
-    ops::rope_fwd(q_, cfg_.rope_theta, 0, q_);
-    ops::rope_fwd(k_, cfg_.rope_theta, 0, k_);
+    if (cfg_.attn_rope()) {
+        ops::rope_fwd(q_, cfg_.rope_theta, 0, q_);
+        ops::rope_fwd(k_, cfg_.rope_theta, 0, k_);
+    }
     ops::attention_fwd(q_, k_, v_, attn_, lse_);
     wo_.forward(attn_.reshape({n, attn_.numel() / n}), out);
 }
@@ -52,8 +54,10 @@ void AttentionLayer::backward(const Tensor& x, const Tensor& dout, const Tensor&
     auto flat = [n](const Tensor& t) { return t.reshape({n, t.numel() / n}); };
     wo_.backward(flat(attn_), dout, flat(ws.d_attn));
     ops::attention_bwd(q_, k_, v_, attn_, lse_, ws.d_attn, ws.d_q, ws.d_k, ws.d_v);
-    ops::rope_bwd(ws.d_q, cfg_.rope_theta, 0, ws.d_q);
-    ops::rope_bwd(ws.d_k, cfg_.rope_theta, 0, ws.d_k);
+    if (cfg_.attn_rope()) {
+        ops::rope_bwd(ws.d_q, cfg_.rope_theta, 0, ws.d_q);
+        ops::rope_bwd(ws.d_k, cfg_.rope_theta, 0, ws.d_k);
+    }
     wq_.backward(x, flat(ws.d_q), dx);
     wk_.backward(x, flat(ws.d_k), ws.d_tmp);
     ops::add_fwd(dx, ws.d_tmp, dx);

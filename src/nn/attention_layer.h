@@ -1,4 +1,5 @@
-// Grouped-query self-attention: q/k/v projections, RoPE on q and k, causal softmax attention, output projection.
+// Grouped-query self-attention: q/k/v projections, RoPE on q and k (unless ModelConfig::attn_rope() says no position
+// encoding), causal softmax attention, output projection.
 #pragma once
 
 #include "nn/layer.h"
@@ -23,7 +24,7 @@ class AttentionLayer : public Layer {
     ModelConfig cfg_;
     Linear wq_, wk_, wv_, wo_;
     int64_t batch_ = 0, seq_ = 0;
-    Tensor q_, k_, v_;  // [B, T, H, D] after RoPE
+    Tensor q_, k_, v_;  // [B, T, H, D] after RoPE (when on)
     Tensor attn_;       // [B, T, Hq, D]
     Tensor lse_;        // [B, Hq, T] in the statistics dtype
 };

@@ -13,17 +13,23 @@ int add_norm(ParamTable& table, const std::string& name, int64_t dim) {
 }
 }  // namespace
 
-Block::Block(ParamTable& table, const std::string& prefix, const ModelConfig& cfg)
+Block::Block(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, Mixer mixer)
     : cfg_(cfg),
-      attn_norm_(add_norm(table, prefix + ".attn_norm.weight", cfg.d_model)),
+      mixer_norm_(
+          add_norm(table, prefix + (mixer == Mixer::kda ? ".kda_norm.weight" : ".attn_norm.weight"), cfg.d_model)),
       mlp_norm_(add_norm(table, prefix + ".mlp_norm.weight", cfg.d_model)),
       table_(&table),
-      attn_(table, prefix + ".attn", cfg),
+      attn_(mixer == Mixer::attention ? std::make_optional<AttentionLayer>(table, prefix + ".attn", cfg)
+                                      : std::nullopt),
+      kda_(mixer == Mixer::kda ? std::make_optional<KdaLayer>(table, prefix + ".kda", cfg) : std::nullopt),
       mlp_(table, prefix + ".mlp", cfg) {}
 
 void Block::resize(int64_t batch, int64_t seq, const Precision& precision) {
     const int64_t n = batch * seq;
-    attn_.resize(batch, seq, precision);
+    if (kda_)
+        kda_->resize(batch, seq, precision);
+    else
+        attn_->resize(batch, seq, precision);
     mlp_.resize(n, precision);
     if (out_.defined() && out_.size(0) == n) return;
     const core::DType dtype = precision.compute;
@@ -39,9 +45,12 @@ void Block::resize(int64_t batch, int64_t seq, const Precision& precision) {
 void Block::forward(const Tensor& x, Workspace& ws) {
     const Tensor& branch = ws.d_tmp;  // scratch: a branch output is not needed by backward
     {
-        core::TraceRange range(x.device(), "block.attn_fwd");
-        ops::rmsnorm_fwd(x, table_->param(attn_norm_), cfg_.norm_eps, norm1_, rstd1_);
-        attn_.forward(norm1_, branch);
+        core::TraceRange range(x.device(), kda_ ? "block.kda_fwd" : "block.attn_fwd");
+        ops::rmsnorm_fwd(x, table_->param(mixer_norm_), cfg_.norm_eps, norm1_, rstd1_);
+        if (kda_)
+            kda_->forward(norm1_, branch);
+        else
+            attn_->forward(norm1_, branch);
         ops::add_fwd(x, branch, h_);
     }
     core::TraceRange range(x.device(), "block.mlp_fwd");
@@ -58,17 +67,23 @@ void Block::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Work
         ops::rmsnorm_bwd(h_, table_->param(mlp_norm_), rstd2_, ws.d_norm, ws.d_tmp, table_->grad(mlp_norm_));
         ops::add_fwd(dout, ws.d_tmp, dx);  // dx holds dh for now
     }
-    // Attention branch: dx = dh + d(norm1)/dx
-    core::TraceRange range(x.device(), "block.attn_bwd");
-    attn_.backward(norm1_, dx, ws.d_norm, ws);
-    ops::rmsnorm_bwd(x, table_->param(attn_norm_), rstd1_, ws.d_norm, ws.d_tmp, table_->grad(attn_norm_));
+    // Mixer branch: dx = dh + d(norm1)/dx
+    core::TraceRange range(x.device(), kda_ ? "block.kda_bwd" : "block.attn_bwd");
+    if (kda_)
+        kda_->backward(norm1_, dx, ws.d_norm, ws);
+    else
+        attn_->backward(norm1_, dx, ws.d_norm, ws);
+    ops::rmsnorm_bwd(x, table_->param(mixer_norm_), rstd1_, ws.d_norm, ws.d_tmp, table_->grad(mixer_norm_));
     ops::add_fwd(dx, ws.d_tmp, dx);
 }
 
 std::vector<SavedTensor> Block::saved_for_backward() {
     std::vector<SavedTensor> saved = {
         {"norm1", &norm1_}, {"rstd1", &rstd1_}, {"h", &h_}, {"norm2", &norm2_}, {"rstd2", &rstd2_}};
-    for (auto& s : attn_.saved_for_backward()) saved.push_back({"attn." + s.name, s.tensor});
+    if (kda_)
+        for (auto& s : kda_->saved_for_backward()) saved.push_back({"kda." + s.name, s.tensor});
+    else
+        for (auto& s : attn_->saved_for_backward()) saved.push_back({"attn." + s.name, s.tensor});
     for (auto& s : mlp_.saved_for_backward()) saved.push_back({"mlp." + s.name, s.tensor});
     return saved;
 }

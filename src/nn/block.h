@@ -1,14 +1,21 @@
-// Pre-norm transformer block: h = x + Attn(RMSNorm(x)); out = h + Mlp(RMSNorm(h)).
+// Pre-norm transformer block: h = x + Mixer(RMSNorm(x)); out = h + Mlp(RMSNorm(h)). The token mixer is global
+// softmax attention (AttentionLayer, parameters `<prefix>.attn.*`, norm `<prefix>.attn_norm`) or Kimi Delta
+// Attention (KdaLayer, `<prefix>.kda.*`, norm `<prefix>.kda_norm`); ModelConfig::layer_pattern picks it per layer.
 #pragma once
 
+#include <optional>
+
 #include "nn/attention_layer.h"
+#include "nn/kda_layer.h"
 #include "nn/mlp.h"
 
 namespace mt::nn {
 
+enum class Mixer { attention, kda };
+
 class Block : public Layer {
    public:
-    Block(ParamTable& table, const std::string& prefix, const ModelConfig& cfg);
+    Block(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, Mixer mixer = Mixer::attention);
 
     void resize(int64_t batch, int64_t seq, const Precision& precision);
     // x: [N, C] the block input (kept alive by the caller until backward). Result in output().
@@ -18,17 +25,21 @@ class Block : public Layer {
     const Tensor& output() const {
         return out_;
     }
+    Mixer mixer() const {
+        return kda_ ? Mixer::kda : Mixer::attention;
+    }
     std::vector<SavedTensor> saved_for_backward() override;
 
    private:
     ModelConfig cfg_;
-    int attn_norm_ = -1, mlp_norm_ = -1;
+    int mixer_norm_ = -1, mlp_norm_ = -1;
     ParamTable* table_;
-    AttentionLayer attn_;
+    std::optional<AttentionLayer> attn_;  // exactly one of attn_ and kda_ holds the mixer
+    std::optional<KdaLayer> kda_;
     Mlp mlp_;
     Tensor norm1_, norm2_;  // [N, C] normed inputs of the two branches
     Tensor rstd1_, rstd2_;  // [N] in the statistics dtype
-    Tensor h_;              // [N, C] residual after attention
+    Tensor h_;              // [N, C] residual after the mixer
     Tensor out_;            // [N, C] block output
 };
 

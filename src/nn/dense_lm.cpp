@@ -1,6 +1,7 @@
 // Dense LM forward and backward, written as explicit per-layer calls (as llm.c's gpt2_forward/backward).
 #include "nn/dense_lm.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "core/trace.h"
@@ -12,9 +13,24 @@
 namespace mt::nn {
 
 DenseLM::DenseLM(const ModelConfig& cfg, const Precision& precision) : cfg_(cfg), precision_(precision) {
+    MT_CHECK(!cfg.layer_pattern.empty() && cfg.layer_pattern.find_first_not_of("AK") == std::string::npos &&
+                 cfg.n_layers % static_cast<int64_t>(cfg.layer_pattern.size()) == 0,
+             "model.layer_pattern `{}` must be letters A and K, its length dividing model.n_layers = {}",
+             cfg.layer_pattern,
+             cfg.n_layers);
+    if (precision.device != core::Device::cpu && cfg.n_kda_layers() > 0)
+        core::fail_hint(
+            core::ExitCode::usage,
+            "train hybrid models with run.device = \"cpu\", or use an all-attention pattern (\"A\")",
+            "model.layer_pattern = \"{}\" has {} KDA layers (K), and the KDA layer is not implemented on {} "
+            "yet (CPU only)",
+            cfg.layer_pattern,
+            cfg.n_kda_layers(),
+            core::device_name(precision.device));
     embed_ = table_.add({.name = "embed.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std});
     for (int64_t l = 0; l < cfg.n_layers; ++l)
-        blocks_.push_back(std::make_unique<Block>(table_, "layers." + std::to_string(l), cfg));
+        blocks_.push_back(std::make_unique<Block>(
+            table_, "layers." + std::to_string(l), cfg, cfg.layer_is_kda(l) ? Mixer::kda : Mixer::attention));
     final_norm_ = table_.add(
         {.name = "final_norm.weight", .shape = {cfg.d_model}, .init = InitKind::ones, .weight_decay = false});
     if (!cfg.tie_embeddings)
@@ -126,14 +142,30 @@ std::vector<SavedTensor> DenseLM::saved_for_backward() {
 }
 
 double DenseLM::flops_per_token(int64_t seq) const {
+    // Every 2-D weight but the input embedding is one multiply-add per token: the projections, the LM head, and
+    // KDA's depthwise conv filters [C, W] (W taps per channel per token).
     double matmul_params = 0.0;
     for (int i = 0; i < table_.size(); ++i) {
         const auto& s = table_.spec(i);
         if (s.shape.size() == 2 && i != embed_) matmul_params += static_cast<double>(core::shape_numel(s.shape));
     }
     if (cfg_.tie_embeddings) matmul_params += static_cast<double>(cfg_.vocab_size * cfg_.d_model);
-    const double attn = 6.0 * static_cast<double>(cfg_.n_layers * seq * cfg_.n_heads * cfg_.resolved_head_dim());
-    return 6.0 * matmul_params + attn;
+    const int64_t n_kda = cfg_.n_kda_layers(), n_attn = cfg_.n_layers - n_kda;
+    // Causal attention: q k^T and p v, each T/2 keys on average, 2 flops per multiply-add, x3 for fwd + bwd.
+    const double attn = 6.0 * static_cast<double>(n_attn * seq * cfg_.n_heads * cfg_.resolved_head_dim());
+    const double kda = static_cast<double>(n_kda) * kda_flops_per_token(cfg_, seq);
+    return 6.0 * matmul_params + attn + kda;
+}
+
+double kda_flops_per_token(const ModelConfig& cfg, int64_t seq) {
+    // Multiply-adds per token and value head of the chunked form (kda.md §4.1), chunk C: the state products
+    // W S, (Q e^Gamma) S and the state update (3 K V); the in-chunk triangles A and L (C K / 2 each) and
+    // W = T X_w (C K / 2); U = T X_u and A V_new (C V / 2 each). The inverse (C^2 / 6) and elementwise work are
+    // left out, as softmax is for attention. x 2 flops x 3 for fwd + bwd.
+    const double k = static_cast<double>(cfg.kda_head_dim()), v = static_cast<double>(cfg.kda_head_v_dim());
+    const double c = static_cast<double>(std::min(cfg.kda.chunk_size, seq));  // one short chunk when T < C
+    const double macs = 3.0 * k * v + c * (1.5 * k + v);
+    return 6.0 * static_cast<double>(cfg.kda_num_v_heads()) * macs;
 }
 
 }  // namespace mt::nn

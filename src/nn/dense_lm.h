@@ -1,5 +1,7 @@
-// Dense decoder-only LM: token embedding, N pre-norm blocks (GQA attention + SwiGLU MLP), final RMSNorm,
-// LM head (tied to the embedding or its own weight). Forward and backward read top to bottom, per layer.
+// Decoder-only LM: token embedding, N pre-norm blocks (a token mixer + SwiGLU MLP), final RMSNorm, LM head (tied
+// to the embedding or its own weight). The mixer of layer l is GQA softmax attention or KDA, as
+// ModelConfig::layer_pattern says (all attention by default: the dense model). Forward and backward read top to
+// bottom, per layer.
 #pragma once
 
 #include <memory>
@@ -10,6 +12,10 @@
 namespace mt::nn {
 
 constexpr int32_t kIgnoreIndex = -1;
+
+// Training FLOPs per token of one KDA layer's recurrence (the chunked form, fwd + bwd; its projections count as
+// matmul parameters): 6 * HV * (3 K V + C (1.5 K + V)), C = min(kda.chunk_size, T).
+double kda_flops_per_token(const ModelConfig& cfg, int64_t seq);
 
 class DenseLM {
    public:
@@ -35,7 +41,8 @@ class DenseLM {
     }
     // Model-level activations kept for backward (blocks declare their own).
     std::vector<SavedTensor> saved_for_backward();
-    // Training FLOPs per token: 6 * (matmul parameters) + 6 * n_layers * T * (Hq * D) for attention (fwd+bwd).
+    // Training FLOPs per token (fwd + bwd): 6 * (2-D weights but the input embedding) + 6 * n_attn_layers * T *
+    // (Hq * D) for causal attention + n_kda_layers * kda_flops_per_token(cfg, T).
     double flops_per_token(int64_t seq) const;
 
    private:
