@@ -56,6 +56,18 @@ std::vector<Field> schema(JobConfig& c) {
         {"model.norm_eps", &m.norm_eps, 0, 1, {}, true},
         {"model.init_std", &m.init_std, 0, 10, {}, true},
         {"model.tie_embeddings", &m.tie_embeddings},
+        {"model.layer_pattern", &m.layer_pattern},
+        {"model.attn_pos", &m.attn_pos, -kInf, kInf, {"auto", "rope", "nope"}},
+        {"kda.num_heads", &m.kda.num_heads, 0, 4096},
+        {"kda.num_v_heads", &m.kda.num_v_heads, 0, 4096},
+        {"kda.head_dim", &m.kda.head_dim, 0, 256},
+        {"kda.head_v_dim", &m.kda.head_v_dim, 0, 4096},
+        {"kda.conv_size", &m.kda.conv_size, 1, 64},
+        {"kda.gate", &m.kda.gate, -kInf, kInf, {"lower_bound", "softplus"}},
+        {"kda.gate_lower_bound", &m.kda.gate_lower_bound, -5, 0},
+        {"kda.gate_use_A_log", &m.kda.gate_use_a_log},
+        {"kda.algorithm", &m.kda.algorithm, -kInf, kInf, {"chunked", "recurrent"}},
+        {"kda.chunk_size", &m.kda.chunk_size, 32, 64},
         {"data.format", &d.format, -kInf, kInf, {"llmc", "megatron"}},
         {"data.paths", &d.paths},
         {"data.val_paths", &d.val_paths},
@@ -227,8 +239,39 @@ void validate(const JobConfig& c, const std::string& src) {
         bad(fmt::format("model.d_model = {} is not divisible by model.n_heads = {}", m.d_model, m.n_heads));
     if (m.n_heads % m.n_kv_heads != 0)
         bad(fmt::format("model.n_heads = {} is not divisible by model.n_kv_heads = {}", m.n_heads, m.n_kv_heads));
-    if (m.resolved_head_dim() % 2 != 0)
-        bad(fmt::format("head dimension {} must be even for RoPE", m.resolved_head_dim()));
+    if (m.layer_pattern.empty() || m.layer_pattern.find_first_not_of("AK") != std::string::npos)
+        bad(fmt::format("model.layer_pattern = \"{}\" must be a non-empty string of A (attention) and K (KDA)",
+                        m.layer_pattern));
+    if (m.n_layers % static_cast<int64_t>(m.layer_pattern.size()) != 0)
+        bad(
+            fmt::format("model.layer_pattern = \"{}\" has length {}, which does not divide model.n_layers = {} (the "
+                        "pattern repeats to cover the layers)",
+                        m.layer_pattern,
+                        m.layer_pattern.size(),
+                        m.n_layers));
+    const bool attention = m.n_layers > m.n_kda_layers() || m.n_layers == 0;
+    if (attention && m.attn_rope() && m.resolved_head_dim() % 2 != 0)
+        bad(fmt::format("head dimension {} must be even for RoPE (model.attn_pos)", m.resolved_head_dim()));
+    if (m.kda.gate_lower_bound >= 0.0)
+        bad(fmt::format("kda.gate_lower_bound = {} is out of range: must be in [-5, 0)", m.kda.gate_lower_bound));
+    if (m.kda.chunk_size != 32 && m.kda.chunk_size != 64)
+        bad(fmt::format("kda.chunk_size = {} must be 32 or 64", m.kda.chunk_size));
+    if (m.n_kda_layers() > 0 && m.kda_num_v_heads() % m.kda_num_heads() != 0)
+        bad(
+            fmt::format("kda.num_v_heads = {} is not a multiple of the KDA q/k heads {} (kda.num_heads, or "
+                        "model.n_heads when 0)",
+                        m.kda_num_v_heads(),
+                        m.kda_num_heads()));
+    if (m.n_kda_layers() > 0 && m.kda_head_dim() > 256)
+        bad(fmt::format("KDA key head dimension {} exceeds 256 (kda.head_dim, or the model's head dimension when 0)",
+                        m.kda_head_dim()));
+    if (m.n_kda_layers() > 0 && c.run.device == "cuda")
+        core::fail_hint(ExitCode::usage,
+                        "set run.device = \"cpu\" for hybrid models, or use model.layer_pattern = \"A\"",
+                        "model.layer_pattern = \"{}\" has KDA layers (K), and the KDA layer is not implemented on "
+                        "cuda yet, but run.device = \"cuda\" [{}]",
+                        m.layer_pattern,
+                        src);
     if (c.train.seq_len > m.max_seq_len)
         bad(fmt::format("train.seq_len = {} exceeds model.max_seq_len = {}", c.train.seq_len, m.max_seq_len));
     if (c.data.paths.empty()) bad("data.paths is empty: name at least one training shard");

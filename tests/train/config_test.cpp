@@ -103,3 +103,77 @@ TEST(Config, MissingFileIsNamed) {
 TEST(Config, MalformedOverride) {
     expect_error([] { config_parse(kGood, "job.toml", {"steps"}); }, ExitCode::usage, {"steps"});
 }
+
+TEST(Config, LayerPatternAndKdaKeys) {
+    auto dense = config_parse(kGood, "job.toml");
+    EXPECT_EQ(dense.model.layer_pattern, "A");
+    EXPECT_TRUE(dense.model.attn_rope());  // the all-attention model keeps RoPE
+    EXPECT_EQ(dense.model.n_kda_layers(), 0);
+    auto c = config_parse(kGood,
+                          "job.toml",
+                          {"model.n_layers=8",
+                           "model.layer_pattern=\"KKKA\"",
+                           "kda.num_v_heads=8",
+                           "kda.head_dim=32",
+                           "kda.gate=\"softplus\"",
+                           "kda.gate_lower_bound=-2.5",
+                           "kda.chunk_size=32"});
+    EXPECT_EQ(c.model.n_kda_layers(), 6);
+    EXPECT_TRUE(c.model.layer_is_kda(0));
+    EXPECT_FALSE(c.model.layer_is_kda(3));
+    EXPECT_FALSE(c.model.layer_is_kda(7));
+    EXPECT_FALSE(c.model.attn_rope());  // hybrid: NoPE attention by default
+    EXPECT_EQ(c.model.kda_num_heads(), 4);
+    EXPECT_EQ(c.model.kda_num_v_heads(), 8);
+    EXPECT_EQ(c.model.kda_head_v_dim(), 32);
+    EXPECT_EQ(c.model.kda.gate, "softplus");
+    EXPECT_EQ(c.model.kda.gate_lower_bound, -2.5);
+    EXPECT_TRUE(
+        config_parse(kGood, "job.toml", {"model.layer_pattern=\"KA\"", "model.attn_pos=\"rope\""}).model.attn_rope());
+    EXPECT_FALSE(config_parse(kGood, "job.toml", {"model.attn_pos=\"nope\""}).model.attn_rope());
+    // The [kda] section round-trips through the resolved TOML.
+    auto again = config_parse(c.to_toml(), "resolved");
+    EXPECT_EQ(again.to_toml(), c.to_toml());
+    EXPECT_EQ(again.model.layer_pattern, "KKKA");
+    EXPECT_EQ(again.model.kda.chunk_size, 32);
+}
+
+TEST(Config, LayerPatternAndKdaErrorsNameTheKey) {
+    expect_error([] { config_parse(kGood, "job.toml", {"model.layer_pattern=\"KXA\""}); },
+                 ExitCode::usage,
+                 {"model.layer_pattern", "KXA", "job.toml"});
+    expect_error([] { config_parse(kGood, "job.toml", {"model.layer_pattern=\"\""}); },
+                 ExitCode::usage,
+                 {"model.layer_pattern"});
+    expect_error([] { config_parse(kGood, "job.toml", {"model.layer_pattern=\"KKA\""}); },
+                 ExitCode::usage,
+                 {"model.layer_pattern", "does not divide model.n_layers = 4"});
+    expect_error([] { config_parse(kGood, "job.toml", {"model.attn_pos=\"alibi\""}); },
+                 ExitCode::usage,
+                 {"model.attn_pos", "nope"});
+    expect_error([] { config_parse(kGood, "job.toml", {"kda.gate=\"exp\""}); }, ExitCode::usage, {"kda.gate"});
+    expect_error([] { config_parse(kGood, "job.toml", {"kda.gate_lower_bound=0"}); },
+                 ExitCode::usage,
+                 {"kda.gate_lower_bound", "[-5, 0)"});
+    expect_error([] { config_parse(kGood, "job.toml", {"kda.gate_lower_bound=-6"}); },
+                 ExitCode::usage,
+                 {"kda.gate_lower_bound", "out of range"});
+    expect_error([] { config_parse(kGood, "job.toml", {"kda.chunk_size=48"}); }, ExitCode::usage, {"kda.chunk_size"});
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"model.layer_pattern=\"KA\"", "kda.num_v_heads=6"});
+        },
+        ExitCode::usage,
+        {"kda.num_v_heads = 6"});
+    expect_error([] { config_parse(kGood, "job.toml", {"kda.num_hedas=2"}); }, ExitCode::usage, {"kda.num_hedas"});
+    // A hybrid model on an explicit cuda device is refused at parse time (no CUDA KDA layer yet).
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"model.layer_pattern=\"KKKA\"", "run.device=\"cuda\""});
+        },
+        ExitCode::usage,
+        {"KDA", "cuda", "model.layer_pattern"});
+    // An odd head dimension is fine when no attention layer uses RoPE.
+    EXPECT_NO_THROW(config_parse(kGood, "job.toml", {"model.head_dim=15", "model.layer_pattern=\"KA\""}));
+    expect_error([] { config_parse(kGood, "job.toml", {"model.head_dim=15"}); }, ExitCode::usage, {"RoPE"});
+}

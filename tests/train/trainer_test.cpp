@@ -22,30 +22,59 @@ TEST(Trainer, LossGoesDown) {
     EXPECT_LT(trainer.evaluate(), first - 1.0);
 }
 
-TEST(Trainer, ExactResumeIsBitIdentical) {
-    const std::string dir = fresh_dir("resume");
+namespace {
+
+// Straight 2n steps vs n steps, checkpoint, a step past it (discarded), resume, n more steps: equal losses.
+void check_exact_resume(const std::string& dir, const std::vector<std::string>& extra) {
     const int64_t n = 4;
+    auto job = [&](const std::string& run) {
+        std::vector<std::string> overrides = extra;
+        overrides.push_back("run.dir=\"" + dir + "/" + run + "\"");
+        return tiny_job(dir, overrides);
+    };
     std::vector<double> straight;
     {
-        Trainer trainer(tiny_job(dir, {"run.dir=\"" + dir + "/straight\""}), false);
+        Trainer trainer(job("straight"), false);
         for (int64_t s = 0; s < 2 * n; ++s) straight.push_back(trainer.train_step().loss);
     }
     std::vector<double> resumed;
     {
-        Trainer trainer(tiny_job(dir, {"run.dir=\"" + dir + "/split\""}), false);
+        Trainer trainer(job("split"), false);
         for (int64_t s = 0; s < n; ++s) resumed.push_back(trainer.train_step().loss);
         trainer.save_checkpoint();
         // Keep going past the checkpoint: the resumed run must not see this.
         trainer.train_step();
     }
     {
-        Trainer trainer(tiny_job(dir, {"run.dir=\"" + dir + "/split\""}), false);
+        Trainer trainer(job("split"), false);
         ASSERT_TRUE(trainer.resume_latest());
         EXPECT_EQ(trainer.step(), n);
         while (trainer.step() < 2 * n) resumed.push_back(trainer.train_step().loss);
     }
     ASSERT_EQ(straight.size(), resumed.size());
     for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(straight[i], resumed[i]) << "step " << i + 1;
+}
+
+}  // namespace
+
+TEST(Trainer, ExactResumeIsBitIdentical) {
+    check_exact_resume(fresh_dir("resume"), {});
+}
+
+// A hybrid model (a KDA layer, then NoPE attention) resumes exactly too, and learns.
+TEST(Trainer, HybridExactResumeIsBitIdentical) {
+    check_exact_resume(fresh_dir("resume"), {"model.layer_pattern=\"KA\""});
+}
+
+TEST(Trainer, HybridLossGoesDown) {
+    const std::string dir = fresh_dir("learn");
+    Trainer trainer(tiny_job(dir, {"train.steps=40", "train.schedule=\"constant\"", "model.layer_pattern=\"KA\""}),
+                    false);
+    EXPECT_GE(trainer.model().params().find("layers.0.kda.A_log"), 0);
+    const double first = trainer.train_step().loss;
+    double last = first;
+    while (trainer.step() < 40) last = trainer.train_step().loss;
+    EXPECT_LT(last, first - 1.0) << "first " << first << " last " << last;
 }
 
 TEST(Trainer, CheckpointThatDoesNotFitNamesTheTensor) {
