@@ -122,7 +122,7 @@ void cuda_errors() {
         "embedding_bwd: ids[2] = -3",
         core::ExitCode::data);
     expect_op_error([&] { embedding_fwd(Tensor::zeros({6}, DType::i32, gpu), w.to(DType::f64), out); },
-                    "embedding_fwd: weight has dtype f64, expected bf16 or f32");
+                    "embedding_fwd: weight has dtype f64, expected bf16, f16 or f32");
 }
 
 [[maybe_unused]] const bool kRegisteredCuda = [] {

@@ -288,8 +288,8 @@ TEST(GpuLinear, DtypeErrors) {
             linear_fwd(x, Tensor::zeros({5, 4}, DType::f32, cuda), Tensor(), y);
         },
         "linear_fwd: a tensor of shape [5, 4] has dtype f32, expected bf16 (the dtype of x)");
-    expect_op_error([&] { linear_fwd(x.to(DType::f16), w.to(DType::f16), Tensor(), y.to(DType::f16)); },
-                    "linear_fwd: x has dtype f16; the CUDA linear takes bf16 or f32");
+    expect_op_error([&] { linear_fwd(x.to(DType::f64), w.to(DType::f64), Tensor(), y.to(DType::f64)); },
+                    "linear_fwd: x has dtype f64, expected bf16, f16 or f32");
     expect_op_error(
         [&] {
             linear_bwd(x, w, y, x, Tensor::zeros({5, 4}, DType::f16, cuda), Tensor());
