@@ -60,6 +60,8 @@ double rng_normal(uint64_t seed, uint64_t stream, uint64_t offset) {
 void rng_fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, double mean, double std) {
     MT_CHECK(t.is_contiguous() && dtype_is_float(t.dtype()), "rng_fill_normal needs a contiguous float tensor");
     const int64_t n = t.numel();
+    // Each element is its own Philox draw (counter i), so threads give the same values as one thread.
+#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i)
         tensor_set_flat(t, i, mean + std * rng_normal(seed, stream, static_cast<uint64_t>(i)));
 }
@@ -67,6 +69,7 @@ void rng_fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, double mea
 void rng_fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, double lo, double hi) {
     MT_CHECK(t.is_contiguous() && dtype_is_float(t.dtype()), "rng_fill_uniform needs a contiguous float tensor");
     const int64_t n = t.numel();
+#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i)
         tensor_set_flat(t, i, lo + (hi - lo) * rng_uniform(seed, stream, static_cast<uint64_t>(i)));
 }

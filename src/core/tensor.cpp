@@ -228,6 +228,17 @@ void Tensor::copy_from(const Tensor& src) const {
         std::memmove(raw(), src.raw(), nbytes());
         return;
     }
+    if (is_contiguous() && src.is_contiguous() && raw() != src.raw()) {
+        // A dtype conversion of whole buffers (master weights -> the bf16 copy at init and resume: billions of
+        // elements): element-wise and independent, so split across threads.
+        const void* sbase = src.raw();
+        void* dbase = raw();
+        const int64_t n = numel();
+        const DType sd = src.dtype_, dd = dtype_;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) store(dbase, dd, i, load(sbase, sd, i));
+        return;
+    }
     std::vector<int64_t> src_offsets;
     src_offsets.reserve(static_cast<size_t>(numel()));
     for_each_offset(src.shape_, src.strides_, [&](int64_t, int64_t off) { src_offsets.push_back(off); });
