@@ -4,7 +4,8 @@
 # one batch at that checkpoint, and compare loss and every gradient with check_parity.py (rho <= 1e-4);
 # then the same for a variant with untied embeddings, one kv head and an explicit head_dim, and for the hybrid
 # model (configs/tiny_hybrid.toml: three KDA layers and a NoPE attention layer; the reference runs KDA as the naive
-# token loop of tools/reference/kda.py), shortened to 64-token sequences to keep the reference's token loop quick.
+# token loop of tools/reference/kda.py) on 96-token sequences (the token loop is slow in Python), and a hybrid
+# variant with RoPE, grouped value heads and the softplus gate.
 # Usage (CTest): bash pytorch_parity.sh <moetrain-binary> <source-dir> <scratch-dir>
 set -euo pipefail
 
@@ -88,4 +89,9 @@ run_case tiny
 run_case untied --set model.tie_embeddings=false --set model.n_kv_heads=1 --set model.head_dim=16
 # the hybrid model: KDA layers 0-2 (bounded gate, chunk 64, T = 96 crosses a chunk), NoPE attention layer 3
 CONFIG=$SRC/configs/tiny_hybrid.toml run_case hybrid --set train.seq_len=96
+# K A K A with RoPE on the attention layers, grouped value heads (2 q/k heads, 4 value heads, K = 16, V = 8) and the
+# unbounded softplus gate (the pairwise diagonal path), on a small batch
+CONFIG=$SRC/configs/tiny_hybrid.toml run_case hybrid_gva --set model.layer_pattern=KA --set model.attn_pos=rope \
+    --set kda.num_heads=2 --set kda.num_v_heads=4 --set kda.head_dim=16 --set kda.head_v_dim=8 \
+    --set kda.gate=softplus --set train.seq_len=80 --set train.batch_size=4
 echo "pytorch_parity: PASS"

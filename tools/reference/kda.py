@@ -68,13 +68,14 @@ def kda_recurrence(q, k, v, g, beta, s0):
     return torch.stack(outs, dim=1), s
 
 
-def kda_layer(p, prefix, cfg, x, s0, batch):
-    """The layer at parameters p (name -> tensor); x [B*T, C]. Returns out [B*T, C] and the final state."""
+def kda_layer(w, cfg, x, s0, batch):
+    """The layer at parameters w(name) -> tensor (names as moetrain's, without the layer prefix, e.g.
+    "q_proj.weight", "A_log"); x [B*T, C]; s0 [B, HV, K, V] or None for the zero state. Returns out [B*T, C] and
+    the final state."""
     h, hv, kd, vd = cfg["num_heads"], cfg["num_v_heads"], cfg["head_dim"], cfg["head_v_dim"]
     n, d = x.shape
     t = n // batch
     xs = x.view(batch, t, d)
-    w = lambda name: p[f"{prefix}.{name}"]  # noqa: E731
     q = causal_conv_silu(xs @ w("q_proj.weight").T, w("q_conv1d.weight"))
     k = causal_conv_silu(xs @ w("k_proj.weight").T, w("k_conv1d.weight"))
     v = causal_conv_silu(xs @ w("v_proj.weight").T, w("v_conv1d.weight"))
@@ -89,6 +90,8 @@ def kda_layer(p, prefix, cfg, x, s0, batch):
         g = cfg["gate_lower_bound"] * torch.sigmoid(a * z)
     else:
         g = -a * (torch.clamp(z, min=0) + torch.log1p(torch.exp(-z.abs())))
+    if s0 is None:
+        s0 = x.new_zeros(batch, hv, kd, vd)
     o, st = kda_recurrence(q, k, v, g, beta, s0)
     on = o * torch.rsqrt((o * o).mean(-1, keepdim=True) + cfg["norm_eps"]) * w("o_norm.weight")
     gate = torch.sigmoid((xs @ w("g_a_proj.weight").T) @ w("g_b_proj.weight").T)
@@ -125,7 +128,7 @@ def check_file(path, tol_f64, tol_f32):
     x = tensors["x"].double().clone().requires_grad_(True)
     s0 = tensors["s0"].double().clone().requires_grad_(True)
     batch = s0.shape[0]
-    out, st = kda_layer(params, prefix, cfg, x, s0, batch)
+    out, st = kda_layer(lambda name: params[f"{prefix}.{name}"], cfg, x, s0, batch)
     loss = (out * tensors["r_out"].double()).sum() + (st * tensors["r_st"].double()).sum()
     loss.backward()
 

@@ -1,27 +1,37 @@
-"""The moetrain dense decoder-only LM written in plain PyTorch, as a readable specification.
+"""The moetrain decoder-only LM (dense, or hybrid with KDA layers) written in plain PyTorch, as a readable
+specification.
 
 This is the independent reference that moetrain's C++ model is checked against (check_parity.py). It uses
 only elementary torch ops (matmul, softmax, rsqrt, ...), so every step of the math is visible here:
 
     x = embed.weight[ids]                                            [B, T, C]
-    for each layer:
+    for each layer l, with mixer layer_pattern[l % len(layer_pattern)]:
+      'A' (attention):
         a = rmsnorm(x, attn_norm.weight)
-        q = rope(a @ wq^T), k = rope(a @ wk^T), v = a @ wv^T         heads: [B, T, H, D]
-        h = x + (causal_gqa_attention(q, k, v) @ wo^T)
+        q = rope(a @ wq^T), k = rope(a @ wk^T), v = a @ wv^T         heads: [B, T, H, D]; rope only when
+        h = x + (causal_gqa_attention(q, k, v) @ wo^T)               attn_rope (default: all-attention models)
+      'K' (Kimi Delta Attention, kda.py's kda_layer: the naive token-by-token recurrence):
+        h = x + kda_layer(rmsnorm(x, kda_norm.weight))
+      then
         m = rmsnorm(h, mlp_norm.weight)
         x = h + (silu(m @ w_gate^T) * (m @ w_up^T)) @ w_down^T
     logits = rmsnorm(x, final_norm.weight) @ W^T,  W = embed.weight if tied else lm_head.weight
     loss = mean over positions with target != -1 of (logsumexp(logits) - logits[target])
 
-Parameter names (state_dict keys) are exactly moetrain's canonical names, e.g. layers.0.attn.wq.weight.
-No biases anywhere. Works in float32 and float64 (model.to(torch.float64)).
+Parameter names (state_dict keys) are exactly moetrain's canonical names, e.g. layers.0.attn.wq.weight,
+layers.0.kda.q_proj.weight. No biases anywhere. Works in float32 and float64 (model.to(torch.float64)).
 """
 
 import math
-from dataclasses import dataclass
+import os
+import sys
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kda import kda_layer  # noqa: E402
 
 IGNORE_INDEX = -1
 
@@ -39,6 +49,9 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     init_std: float = 0.02
+    layer_pattern: str = "A"  # layer l: 'A' attention or 'K' KDA, layer_pattern[l % len]
+    attn_pos: str = "auto"  # rope | nope | auto (rope when every layer is attention)
+    kda: dict = field(default_factory=dict)  # the [kda] table; missing keys take moetrain's defaults
 
     def __post_init__(self):
         if self.head_dim == 0:
@@ -47,8 +60,34 @@ class ModelConfig:
             self.head_dim = self.d_model // self.n_heads
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"model.n_heads {self.n_heads} is not a multiple of model.n_kv_heads {self.n_kv_heads}")
-        if self.head_dim % 2:
+        if not self.layer_pattern or set(self.layer_pattern) - {"A", "K"} or self.n_layers % len(self.layer_pattern):
+            raise ValueError(f"model.layer_pattern {self.layer_pattern!r}: letters A and K, length dividing "
+                             f"model.n_layers {self.n_layers}")
+        if self.attn_pos not in ("auto", "rope", "nope"):
+            raise ValueError(f"model.attn_pos {self.attn_pos!r} is not auto, rope or nope")
+        if self.attn_rope and self.head_dim % 2:
             raise ValueError(f"model.head_dim {self.head_dim} must be even for rotary embeddings")
+        k = self.kda
+        h = int(k.get("num_heads", 0)) or self.n_heads
+        kd = int(k.get("head_dim", 0)) or self.head_dim
+        self.kda_cfg = {  # what kda.kda_layer reads, defaults applied
+            "num_heads": h,
+            "num_v_heads": int(k.get("num_v_heads", 0)) or h,
+            "head_dim": kd,
+            "head_v_dim": int(k.get("head_v_dim", 0)) or kd,
+            "conv_size": int(k.get("conv_size", 4)),
+            "gate": k.get("gate", "lower_bound"),
+            "gate_lower_bound": float(k.get("gate_lower_bound", -5.0)),
+            "gate_use_a_log": bool(k.get("gate_use_A_log", True)),
+            "norm_eps": self.norm_eps,
+        }
+
+    def layer_is_kda(self, layer):
+        return self.layer_pattern[layer % len(self.layer_pattern)] == "K"
+
+    @property
+    def attn_rope(self):
+        return self.attn_pos == "rope" or (self.attn_pos == "auto" and "K" not in self.layer_pattern)
 
     @classmethod
     def from_toml(cls, doc):
@@ -66,6 +105,9 @@ class ModelConfig:
             norm_eps=float(m.get("norm_eps", 1e-5)),
             tie_embeddings=bool(m.get("tie_embeddings", True)),
             init_std=float(m.get("init_std", 0.02)),
+            layer_pattern=str(m.get("layer_pattern", "A")),
+            attn_pos=str(m.get("attn_pos", "auto")),
+            kda=dict(doc.get("kda", {})) if "model" in doc else {},
         )
 
 
@@ -166,11 +208,13 @@ class Attention(nn.Module):
         self.wo = _linear(cfg.n_heads * cfg.head_dim, cfg.d_model)
 
     def forward(self, x, cos, sin):
+        """cos, sin: RoPE tables, or None for no position encoding (NoPE)."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        if cos is not None:
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
         out = causal_gqa_attention(q, k, v).reshape(B, T, self.n_heads * self.head_dim)
         return self.wo(out)
 
@@ -186,16 +230,56 @@ class MLP(nn.Module):
         return self.w_down(silu(self.w_gate(x)) * self.w_up(x))
 
 
-class Block(nn.Module):
+class ShortConv(nn.Module):
+    """A depthwise causal conv filter, weight [C, W] (kda.causal_conv_silu applies it)."""
+
+    def __init__(self, channels, width):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, width))
+
+
+class KDA(nn.Module):
+    """Kimi Delta Attention with moetrain's (Kimi Linear's) parameter names; the math is kda.kda_layer."""
+
     def __init__(self, cfg):
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg)
+        k = self.kda_cfg = cfg.kda_cfg
+        h, hv, kd, vd, w = k["num_heads"], k["num_v_heads"], k["head_dim"], k["head_v_dim"], k["conv_size"]
+        d = cfg.d_model
+        self.q_proj, self.k_proj, self.v_proj = _linear(d, h * kd), _linear(d, h * kd), _linear(d, hv * vd)
+        self.q_conv1d, self.k_conv1d, self.v_conv1d = ShortConv(h * kd, w), ShortConv(h * kd, w), ShortConv(hv * vd, w)
+        self.f_a_proj, self.f_b_proj = _linear(d, kd), _linear(kd, hv * kd)
+        self.A_log = nn.Parameter(torch.zeros(hv))
+        self.dt_bias = nn.Parameter(torch.zeros(hv * kd))
+        self.b_proj = _linear(d, hv)
+        self.g_a_proj, self.g_b_proj = _linear(d, vd), _linear(vd, hv * vd)
+        self.o_norm = RMSNorm(vd, cfg.norm_eps)
+        self.o_proj = _linear(hv * vd, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        params = dict(self.named_parameters())
+        out, _ = kda_layer(params.__getitem__, self.kda_cfg, x.reshape(B * T, C), None, B)
+        return out.view(B, T, C)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, kda=False):
+        super().__init__()
+        if kda:
+            self.kda_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+            self.kda = KDA(cfg)
+        else:
+            self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+            self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin):
-        h = x + self.attn(self.attn_norm(x), cos, sin)
+        if hasattr(self, "kda"):
+            h = x + self.kda(self.kda_norm(x))
+        else:
+            h = x + self.attn(self.attn_norm(x), cos, sin)
         return h + self.mlp(self.mlp_norm(h))
 
 
@@ -204,18 +288,31 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, cfg.layer_is_kda(l)) for l in range(cfg.n_layers))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else _linear(cfg.d_model, cfg.vocab_size)
         self.init_weights()
 
     @torch.no_grad()
     def init_weights(self, generator=None):
-        """Every matrix ~ N(0, init_std^2), every norm gain = 1. (moetrain's own init may differ; parity
-        checks load moetrain's parameters, so this only matters for standalone use and benchmarks.)"""
+        """Every matrix ~ N(0, init_std^2), every norm gain = 1; KDA: conv filters ~ N(0, 1/W), A_log = 0 (log U(1, 16)
+        for the softplus gate), dt_bias = softplus^-1(delta), delta log-uniform in [1e-3, 1e-1]. (moetrain's own
+        draws differ; parity checks load moetrain's parameters, so this only matters for standalone use and
+        benchmarks.)"""
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
+            elif name.endswith("A_log"):
+                if self.cfg.kda_cfg["gate"] == "softplus":
+                    p.copy_(torch.log(1.0 + 15.0 * torch.rand(p.shape, generator=generator)))
+                else:
+                    p.zero_()
+            elif name.endswith("dt_bias"):
+                u = torch.rand(p.shape, generator=generator)
+                delta = torch.exp(math.log(1e-3) + (math.log(1e-1) - math.log(1e-3)) * u)
+                p.copy_(torch.log(torch.expm1(delta)))
+            elif "_conv1d." in name:
+                p.normal_(0.0, p.shape[1] ** -0.5, generator=generator)
             else:
                 p.normal_(0.0, self.cfg.init_std, generator=generator)
 
@@ -223,7 +320,9 @@ class Transformer(nn.Module):
         """ids [B, T] integer -> logits [B, T, V]."""
         T = ids.shape[1]
         x = self.embed.weight[ids.long()]
-        cos, sin = (t.to(x.device) for t in rope_cos_sin(T, self.cfg.head_dim, self.cfg.rope_theta, x.dtype))
+        cos, sin = None, None
+        if self.cfg.attn_rope:
+            cos, sin = (t.to(x.device) for t in rope_cos_sin(T, self.cfg.head_dim, self.cfg.rope_theta, x.dtype))
         for layer in self.layers:
             x = layer(x, cos, sin)
         x = self.final_norm(x)
