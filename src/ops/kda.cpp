@@ -1,17 +1,19 @@
-// Entry points of KDA: argument checks, then the CPU reference (recurrent or chunked, f32 or f64). There is no CUDA
-// path yet: a cuda tensor fails with check_float_arg's "not implemented on cuda yet".
+// Entry points of KDA: argument checks, then the CPU reference (recurrent or chunked, f32 or f64) or, for tensors on
+// a CUDA device, the CUDA chunked algorithm (ops/cuda/kda.cu: bf16/f16/f32 inputs, f32 states).
 #include "ops/kda.h"
 
 #include <string_view>
 
 #include "ops/cpu/checks.h"
 #include "ops/cpu/kda_kernels.h"
+#include "ops/cuda/cuda_ops.h"
 
 namespace mt::ops {
 
 namespace {
 
-// q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV, K]; beta [B, T, HV]; s0 [B, HV, K, V] or undefined; one dtype.
+// q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV, K]; beta [B, T, HV]; s0 [B, HV, K, V] or undefined. Ranks,
+// contiguity and shapes, on any device; check_cpu_dtypes adds the CPU dtype rules.
 cpu::KdaDims check_inputs(const Tensor& q,
                           const Tensor& k,
                           const Tensor& v,
@@ -20,11 +22,11 @@ cpu::KdaDims check_inputs(const Tensor& q,
                           const Tensor& s0,
                           const KdaOptions& options,
                           std::string_view op) {
-    check_float_arg(q, op, "q", 4);
-    check_float_arg(k, op, "k", 4);
-    check_float_arg(v, op, "v", 4);
-    check_float_arg(g, op, "g", 4);
-    check_float_arg(beta, op, "beta", 3);
+    check_arg(q, op, "q", 4);
+    check_arg(k, op, "k", 4);
+    check_arg(v, op, "v", 4);
+    check_arg(g, op, "g", 4);
+    check_arg(beta, op, "beta", 3);
     const cpu::KdaDims d{q.size(0), q.size(1), q.size(2), v.size(2), q.size(3), v.size(3)};
     check_shape(k, q.shape(), op, "k");
     MT_CHECK(d.h > 0 && d.hv % d.h == 0, "{}: q has {} heads and v has {}; HV must be a multiple of H", op, d.h, d.hv);
@@ -34,14 +36,9 @@ cpu::KdaDims check_inputs(const Tensor& q,
     check_shape(v, {d.b, d.t, d.hv, d.v}, op, "v");
     check_shape(g, {d.b, d.t, d.hv, d.k}, op, "g");
     check_shape(beta, {d.b, d.t, d.hv}, op, "beta");
-    cpu::check_dtype_as(k, q, op, "k", "q");
-    cpu::check_dtype_as(v, q, op, "v", "q");
-    cpu::check_dtype_as(g, q, op, "g", "q");
-    cpu::check_dtype_as(beta, q, op, "beta", "q");
     if (s0.defined()) {
-        check_float_arg(s0, op, "s0", 4);
+        check_arg(s0, op, "s0", 4);
         check_shape(s0, {d.b, d.hv, d.k, d.v}, op, "s0");
-        cpu::check_dtype_as(s0, q, op, "s0", "q");
     }
     if (options.algorithm == KdaAlgorithm::chunked)
         MT_CHECK(options.chunk_size == 64 || options.chunk_size == 32,
@@ -51,19 +48,32 @@ cpu::KdaDims check_inputs(const Tensor& q,
     return d;
 }
 
-// A tensor of the given shape and the dtype of q, or undefined.
-void check_optional_state(
-    const Tensor& t, const Tensor& q, const cpu::KdaDims& d, std::string_view op, const char* name) {
-    if (!t.defined()) return;
-    check_float_arg(t, op, name, 4);
-    check_shape(t, {d.b, d.hv, d.k, d.v}, op, name);
-    cpu::check_dtype_as(t, q, op, name, "q");
+// The CPU path: every tensor f32 or f64, all of q's dtype.
+void check_cpu_dtypes(std::initializer_list<NamedArg> args, const Tensor& q, std::string_view op) {
+    for (const NamedArg& a : args) {
+        if (!a.tensor.defined()) continue;
+        check_float_arg(a.tensor, op, a.name, static_cast<int>(a.tensor.ndim()));
+        cpu::check_dtype_as(a.tensor, q, op, a.name, "q");
+    }
 }
 
-void check_like(const Tensor& t, const Tensor& ref, const Tensor& q, std::string_view op, const char* name) {
-    check_float_arg(t, op, name, static_cast<int>(ref.ndim()));
+// A state-shaped tensor [B, HV, K, V], or undefined.
+void check_optional_state(const Tensor& t, const cpu::KdaDims& d, std::string_view op, const char* name) {
+    if (!t.defined()) return;
+    check_arg(t, op, name, 4);
+    check_shape(t, {d.b, d.hv, d.k, d.v}, op, name);
+}
+
+void check_like(const Tensor& t, const Tensor& ref, std::string_view op, const char* name) {
+    check_arg(t, op, name, static_cast<int>(ref.ndim()));
     check_shape(t, ref.shape(), op, name);
-    cpu::check_dtype_as(t, q, op, name, "q");
+}
+
+// The CUDA path runs the chunked algorithm only.
+void check_cuda_algorithm(const KdaOptions& options, std::string_view op) {
+    MT_CHECK(options.algorithm == KdaAlgorithm::chunked,
+             "{}: the CUDA path implements the chunked algorithm only (the recurrence is the CPU reference)",
+             op);
 }
 
 template <typename T>
@@ -87,11 +97,17 @@ void kda_fwd(const Tensor& q,
              const Tensor& st,
              const KdaOptions& options) {
     constexpr std::string_view op = "kda_fwd";
-    check_same_device(op,
-                      {{"q", q}, {"k", k}, {"v", v}, {"g", g}, {"beta", beta}, {"s0", s0}, {"out", out}, {"st", st}});
+    const core::Device device = check_same_device(
+        op, {{"q", q}, {"k", k}, {"v", v}, {"g", g}, {"beta", beta}, {"s0", s0}, {"out", out}, {"st", st}});
     const cpu::KdaDims d = check_inputs(q, k, v, g, beta, s0, options, op);
-    check_like(out, v, q, op, "out");
-    check_optional_state(st, q, d, op, "st");
+    check_like(out, v, op, "out");
+    check_optional_state(st, d, op, "st");
+    if (device == core::Device::cuda) {
+        check_cuda_algorithm(options, op);
+        return cuda::kda_fwd(q, k, v, g, beta, s0, out, st, options.chunk_size);
+    }
+    check_cpu_dtypes(
+        {{"q", q}, {"k", k}, {"v", v}, {"g", g}, {"beta", beta}, {"s0", s0}, {"out", out}, {"st", st}}, q, op);
     const bool chunked = options.algorithm == KdaAlgorithm::chunked;
     const bool pairwise = options.diagonal == KdaDiagonal::pairwise;
     MT_DISPATCH_FLOAT(q.dtype(), op, {
@@ -139,35 +155,55 @@ void kda_bwd(const Tensor& q,
              const Tensor& ds0,
              const KdaOptions& options) {
     constexpr std::string_view op = "kda_bwd";
-    check_same_device(op,
-                      {{"q", q},
-                       {"k", k},
-                       {"v", v},
-                       {"g", g},
-                       {"beta", beta},
-                       {"s0", s0},
-                       {"dout", dout},
-                       {"dst", dst},
-                       {"dq", dq},
-                       {"dk", dk},
-                       {"dv", dv},
-                       {"dg", dg},
-                       {"dbeta", dbeta},
-                       {"ds0", ds0}});
+    const core::Device device = check_same_device(op,
+                                                  {{"q", q},
+                                                   {"k", k},
+                                                   {"v", v},
+                                                   {"g", g},
+                                                   {"beta", beta},
+                                                   {"s0", s0},
+                                                   {"dout", dout},
+                                                   {"dst", dst},
+                                                   {"dq", dq},
+                                                   {"dk", dk},
+                                                   {"dv", dv},
+                                                   {"dg", dg},
+                                                   {"dbeta", dbeta},
+                                                   {"ds0", ds0}});
     const cpu::KdaDims d = check_inputs(q, k, v, g, beta, s0, options, op);
-    check_like(dout, v, q, op, "dout");
-    check_optional_state(dst, q, d, op, "dst");
-    check_like(dq, q, q, op, "dq");
-    check_like(dk, k, q, op, "dk");
-    check_like(dv, v, q, op, "dv");
-    check_like(dg, g, q, op, "dg");
-    check_like(dbeta, beta, q, op, "dbeta");
+    check_like(dout, v, op, "dout");
+    check_optional_state(dst, d, op, "dst");
+    check_like(dq, q, op, "dq");
+    check_like(dk, k, op, "dk");
+    check_like(dv, v, op, "dv");
+    check_like(dg, g, op, "dg");
+    check_like(dbeta, beta, op, "dbeta");
     MT_CHECK(ds0.defined() == s0.defined(),
              "{}: ds0 is {} but s0 is {}; ds0 must be given exactly when s0 is",
              op,
              ds0.defined() ? "defined" : "undefined",
              s0.defined() ? "defined" : "undefined");
-    check_optional_state(ds0, q, d, op, "ds0");
+    check_optional_state(ds0, d, op, "ds0");
+    if (device == core::Device::cuda) {
+        check_cuda_algorithm(options, op);
+        return cuda::kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options.chunk_size);
+    }
+    check_cpu_dtypes({{"q", q},
+                      {"k", k},
+                      {"v", v},
+                      {"g", g},
+                      {"beta", beta},
+                      {"s0", s0},
+                      {"dout", dout},
+                      {"dst", dst},
+                      {"dq", dq},
+                      {"dk", dk},
+                      {"dv", dv},
+                      {"dg", dg},
+                      {"dbeta", dbeta},
+                      {"ds0", ds0}},
+                     q,
+                     op);
     const bool chunked = options.algorithm == KdaAlgorithm::chunked;
     const bool pairwise = options.diagonal == KdaDiagonal::pairwise;
     MT_DISPATCH_FLOAT(q.dtype(), op, {

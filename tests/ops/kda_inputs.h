@@ -1,6 +1,6 @@
-// Helpers of the KDA op tests: parity off for ops without a CUDA path, and seeded KDA op inputs: L2-normalised q
-// (scaled by K^-1/2) and k, normal v, beta in (0.05, 0.95), an initial state, and log decays g from one of several gate
-// regimes.
+// Helpers of the KDA op tests: parity on or off, states in f32 on the device, and seeded KDA op inputs:
+// L2-normalised q (scaled by K^-1/2) and k, normal v, beta in (0.05, 0.95), an initial state, and log decays g from
+// one of several gate regimes.
 #pragma once
 
 #include <algorithm>
@@ -13,7 +13,7 @@
 
 namespace mt::ops::test {
 
-// Turns off every device dtype of a case's parity mode (the KDA ops have no CUDA path yet), whichever dtypes this
+// Turns off every device dtype of a case's parity mode (an op without a CUDA path), whichever dtypes this
 // version of the harness has.
 template <typename Options>
 void parity_dtypes_off(Options& p) {
@@ -24,6 +24,27 @@ void parity_dtypes_off(Options& p) {
 inline void op_parity_off(OpCase& c, const std::string& op) {
     parity_dtypes_off(c.parity);
     c.parity.budget_reason = op + " has no CUDA path yet (issue 4, CPU part only)";
+}
+// Turns on every device dtype of a case's parity mode with the given budgets and reason.
+inline void op_parity_on(OpCase& c, double bf16_budget, double f32_budget, const std::string& reason) {
+    c.parity.bf16 = true;
+    c.parity.f32 = true;
+    if constexpr (requires { c.parity.f16; }) c.parity.f16 = true;
+    c.parity.bf16_budget = bf16_budget;
+    c.parity.f32_budget = f32_budget;
+    c.parity.budget_reason = reason;
+}
+
+// KDA states are f32 on the device whatever the activation dtype (kda.md §2): a device state of another dtype is
+// converted to f32; CPU tensors and f32 tensors are returned as they are.
+inline Tensor kda_state_f32(const Tensor& t) {
+    if (!t.defined() || t.device() == core::Device::cpu || t.dtype() == DType::f32) return t;
+    return t.to(DType::f32);
+}
+// A zero state [B, HV, K, V] for an op whose activations are like q: f32 on the device, q's dtype on the CPU.
+inline Tensor kda_state_like(const Tensor& q, const Shape& shape) {
+    if (q.device() == core::Device::cpu) return op_like(q, shape);
+    return Tensor::zeros(shape, DType::f32, q.device());
 }
 
 // The log-decay regimes of the tests (kda.md §8.1).

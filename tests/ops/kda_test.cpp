@@ -1,6 +1,8 @@
 // Harness cases and argument checks of KDA (ops/kda.h): finite differences of both algorithms (the recurrence and
 // the chunked form with matmul and pairwise diagonal tiles) through T < 16, T across sub-chunks and chunks (32 and
-// 64), GVA groups, with and without an initial state; the loss covers the output and the final state.
+// 64), GVA groups, with and without an initial state; the loss covers the output and the final state. The chunked
+// cases also run in parity mode (CUDA against the CPU f32 reference, f32 states on the device), plus two larger
+// parity-only cases at K = 64 / 128 and V = 128.
 #include "ops/kda.h"
 
 #include <gtest/gtest.h>
@@ -25,7 +27,7 @@ const char* regime_name(KdaGateRegime r) {
     return "?";
 }
 
-OpCase kda_case(const KdaShape& s, KdaOptions options, KdaGateRegime regime, bool with_s0) {
+OpCase kda_case(const KdaShape& s, KdaOptions options, KdaGateRegime regime, bool with_s0, bool parity_only = false) {
     const char* algo = options.algorithm == KdaAlgorithm::recurrent ? "recurrent"
                        : options.diagonal == KdaDiagonal::pairwise  ? "pairwise"
                                                                     : "chunked";
@@ -45,34 +47,52 @@ OpCase kda_case(const KdaShape& s, KdaOptions options, KdaGateRegime regime, boo
                  OpProblem p;
                  p.inputs = {{"q", in.q}, {"k", in.k}, {"v", in.v}, {"g", in.g}, {"beta", in.beta}};
                  if (with_s0) p.inputs.push_back({"s0", in.s0});
-                 auto state_like = [s](const Tensor& q) { return op_like(q, {s.b, s.hv, s.k, s.v}); };
+                 const Shape state_shape{s.b, s.hv, s.k, s.v};
                  p.forward = [=](const std::vector<Tensor>& x) {
-                     const Tensor out = op_like(x[2]), st = state_like(x[0]);
-                     kda_fwd(x[0], x[1], x[2], x[3], x[4], with_s0 ? x[5] : Tensor(), out, st, options);
+                     const Tensor out = op_like(x[2]), st = kda_state_like(x[0], state_shape);
+                     const Tensor s0 = with_s0 ? kda_state_f32(x[5]) : Tensor();
+                     kda_fwd(x[0], x[1], x[2], x[3], x[4], s0, out, st, options);
                      return std::vector<Tensor>{out, st};
                  };
                  p.backward =
                      [=](const std::vector<Tensor>& x, const std::vector<Tensor>& dout, const std::vector<Tensor>& gr) {
+                         const Tensor s0 = with_s0 ? kda_state_f32(x[5]) : Tensor();
+                         const Tensor ds0 = with_s0 ? kda_state_f32(gr[5]) : Tensor();
                          kda_bwd(x[0],
                                  x[1],
                                  x[2],
                                  x[3],
                                  x[4],
-                                 with_s0 ? x[5] : Tensor(),
+                                 s0,
                                  dout[0],
-                                 dout[1],
+                                 kda_state_f32(dout[1]),
                                  gr[0],
                                  gr[1],
                                  gr[2],
                                  gr[3],
                                  gr[4],
-                                 with_s0 ? gr[5] : Tensor(),
+                                 ds0,
                                  options);
+                         if (with_s0 && ds0.raw() != gr[5].raw()) gr[5].copy_from(ds0);
                      };
                  return p;
              }};
-    op_parity_off(c, "KDA");
-    return c;
+    if (options.algorithm == KdaAlgorithm::recurrent) {
+        parity_dtypes_off(c.parity);
+        c.parity.budget_reason = "the CUDA path runs the chunked algorithm only";
+    } else if (regime == KdaGateRegime::bounded || regime == KdaGateRegime::near_zero) {
+        op_parity_on(c, 1e-2, 1e-5, "kda.md 8.6 budgets");
+    } else {
+        op_parity_on(c,
+                     1e-2,
+                     1e-4,
+                     "kda.md 8.6, f32 relaxed to 1e-4 at g = -5 and the softplus gate: dg is a reverse cumsum of O(1) "
+                     "terms whose exact sum is O(e^-|g|), so its f32 rounding (CPU f32 vs f64: 3.1e-5, docs/kda.md) "
+                     "depends on the summation order");
+    }
+    // At T = 1 with a zero state the exact dg is 0 and both sides return rounding noise (as kda_chunk_test).
+    c.parity.rms_floor = 1e-3;
+    return parity_only ? op_parity_only(c) : c;
 }
 
 KdaOptions chunked(int64_t chunk = 64, KdaDiagonal diag = KdaDiagonal::matmul) {
@@ -94,6 +114,11 @@ KdaOptions recurrent() {
     op_register(kda_case({2, 6, 2, 2, 2, 3}, recurrent(), KdaGateRegime::softplus, false));
     // Large enough for the OpenMP team (OpThreads compares 1 and 3 threads).
     op_register(kda_case({2, 80, 1, 2, 16, 16}, chunked(), KdaGateRegime::bounded, true));
+    // The CUDA kernels at the model's head sizes: several value-column tiles, GVA, a short last chunk.
+    op_register(kda_case({2, 300, 2, 4, 128, 128}, chunked(), KdaGateRegime::bounded, true, true));
+    op_register(kda_case({1, 200, 1, 1, 64, 128}, chunked(), KdaGateRegime::floor, false, true));
+    op_register(
+        kda_case({1, 100, 1, 2, 128, 40}, chunked(32, KdaDiagonal::pairwise), KdaGateRegime::softplus, true, true));
     return true;
 }();
 
@@ -168,13 +193,11 @@ TEST(OpArgs, KdaShapesAndDtypes) {
                     "kda_bwd: dout has shape [2, 3, 2, 4], expected [2, 3, 4, 5]");
 }
 
-// There is no CUDA path: a cuda tensor fails with the standard message.
-TEST(OpArgs, KdaCudaNotImplemented) {
+// Mixed devices fail before any kernel runs.
+TEST(OpArgs, KdaMixedDevices) {
     const Tensor q = op_cuda_view({1, 2, 1, 4}, DType::f32), v = op_cuda_view({1, 2, 1, 4}, DType::f32);
     const Tensor g = op_cuda_view({1, 2, 1, 4}, DType::f32), beta = op_cuda_view({1, 2, 1}, DType::f32);
     const Tensor out = op_cuda_view({1, 2, 1, 4}, DType::f32);
-    expect_op_error([&] { kda_fwd(q, q, v, g, beta, Tensor(), out, Tensor()); },
-                    "kda_fwd: q is a cuda tensor; kda_fwd is not implemented on cuda yet");
     expect_op_error(
         [&] {
             kda_fwd(Tensor::zeros({1, 2, 1, 4}, DType::f32), q, v, g, beta, Tensor(), out, Tensor());

@@ -68,4 +68,54 @@ void adamw_step(const Tensor& param,
 
 double global_norm(const std::vector<Tensor>& tensors);
 
+// KDA (ops/kda.h), the chunked algorithm with chunk_size 64 or 32: q, k, v, g, beta, out (and dout and the input
+// gradients) bf16, f16 or f32, one dtype; the states s0, st, dst, ds0 f32.
+void kda_fwd(const Tensor& q,
+             const Tensor& k,
+             const Tensor& v,
+             const Tensor& g,
+             const Tensor& beta,
+             const Tensor& s0,
+             const Tensor& out,
+             const Tensor& st,
+             int64_t chunk_size);
+void kda_bwd(const Tensor& q,
+             const Tensor& k,
+             const Tensor& v,
+             const Tensor& g,
+             const Tensor& beta,
+             const Tensor& s0,
+             const Tensor& dout,
+             const Tensor& dst,
+             const Tensor& dq,
+             const Tensor& dk,
+             const Tensor& dv,
+             const Tensor& dg,
+             const Tensor& dbeta,
+             const Tensor& ds0,
+             int64_t chunk_size);
+
+// The small ops of the KDA layer (ops/kda_gate.h, causal_conv1d.h, l2norm.h, sigmoid.h, sigmoid_gate.h); the dtypes
+// each accepts are in its .cu file.
+void kda_gate_fwd(
+    const Tensor& u, const Tensor& a_log, const Tensor& bias, const Tensor& g, bool lower_bound, double lower);
+void kda_gate_bwd(const Tensor& u,
+                  const Tensor& a_log,
+                  const Tensor& bias,
+                  const Tensor& dg,
+                  const Tensor& du,
+                  const Tensor& da_log,
+                  const Tensor& dbias,
+                  bool lower_bound,
+                  double lower);
+void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool silu);
+void causal_conv1d_bwd(
+    const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw, bool silu);
+void l2norm_fwd(const Tensor& x, double scale, double eps, const Tensor& y, const Tensor& rinv);
+void l2norm_bwd(const Tensor& x, const Tensor& rinv, double scale, const Tensor& dy, const Tensor& dx);
+void sigmoid_fwd(const Tensor& x, const Tensor& y);
+void sigmoid_bwd(const Tensor& y, const Tensor& dy, const Tensor& dx);
+void sigmoid_gate_fwd(const Tensor& x, const Tensor& z, const Tensor& out);
+void sigmoid_gate_bwd(const Tensor& x, const Tensor& z, const Tensor& dout, const Tensor& dx, const Tensor& dz);
+
 }  // namespace mt::ops::cuda

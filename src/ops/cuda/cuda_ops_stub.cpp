@@ -74,6 +74,72 @@ void adamw_step(
 double global_norm(const std::vector<Tensor>&) {
     absent("global_norm");
 }
+void kda_fwd(const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             int64_t) {
+    absent("kda_fwd");
+}
+void kda_bwd(const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             const Tensor&,
+             int64_t) {
+    absent("kda_bwd");
+}
+void kda_gate_fwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {
+    absent("kda_gate_fwd");
+}
+void kda_gate_bwd(const Tensor&,
+                  const Tensor&,
+                  const Tensor&,
+                  const Tensor&,
+                  const Tensor&,
+                  const Tensor&,
+                  const Tensor&,
+                  bool,
+                  double) {
+    absent("kda_gate_bwd");
+}
+void causal_conv1d_fwd(const Tensor&, const Tensor&, const Tensor&, bool) {
+    absent("causal_conv1d_fwd");
+}
+void causal_conv1d_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool) {
+    absent("causal_conv1d_bwd");
+}
+void l2norm_fwd(const Tensor&, double, double, const Tensor&, const Tensor&) {
+    absent("l2norm_fwd");
+}
+void l2norm_bwd(const Tensor&, const Tensor&, double, const Tensor&, const Tensor&) {
+    absent("l2norm_bwd");
+}
+void sigmoid_fwd(const Tensor&, const Tensor&) {
+    absent("sigmoid_fwd");
+}
+void sigmoid_bwd(const Tensor&, const Tensor&, const Tensor&) {
+    absent("sigmoid_bwd");
+}
+void sigmoid_gate_fwd(const Tensor&, const Tensor&, const Tensor&) {
+    absent("sigmoid_gate_fwd");
+}
+void sigmoid_gate_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+    absent("sigmoid_gate_bwd");
+}
 
 }  // namespace mt::ops::cuda
 #endif

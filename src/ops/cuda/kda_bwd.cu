@@ -1,0 +1,423 @@
+// CUDA KDA backward (kda.md §4.6), first straightforward version, fp32 math. Kernels, in order:
+//   prep + scan (kda.cu): recompute the chunk quantities, then the forward scan storing the state entering each
+//         chunk (hs) and Vn.
+//   rscan: one block per (16 value columns, unit), chunks last to first, dS columns in shared memory: stores dS (the
+//         gradient of the state leaving the chunk), dVn = A^T dO + Kg dS, then dS <- Diag(gamma) dS + Qg^T dO - W^T
+//         dVn; the last dS is dS_0.
+//   chunk: one block per (chunk, unit), chunks in parallel: dA, dQg, dKg, dW, dXw = T^T dW, dXu = T^T dVn, dT,
+//         dL = -strict_tril(T^T dT T^T), the elementwise factors, the pairwise intra-chunk terms (rows, then
+//         columns: each output element has one writer), the reverse cumsum to dg; dv, dg, dbeta written, dq and dk
+//         per value head into fp32 buffers.
+//   group: dq, dk = sum over the value heads of a GVA group, in head order.
+// Deterministic: fixed loop orders, no atomics.
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/kda_common.cuh"
+
+namespace mt::ops::cuda {
+
+namespace kda {
+
+namespace {
+
+// Per-chunk fp32 scratch of the chunk kernel: dqg, dkg, dw, dxw [C, K] (become dq, dk, -, dGamma), dxu [C, V].
+struct Scratch {
+    float *dqg, *dkg, *dw, *dxw, *dxu;
+};
+
+template <typename T>
+__device__ __forceinline__ float ld(const T* p, int64_t i, bool valid) {
+    return valid ? to_f32(p[i]) : 0.0f;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) rscan_kernel(const T* __restrict__ dout,
+                                                         const float* __restrict__ dst,
+                                                         float* __restrict__ ds0,
+                                                         Dims d,
+                                                         Work w,
+                                                         float* dhs,
+                                                         float* dvns) {
+    extern __shared__ float smem[];
+    float* ds = smem;                     // [kd, kBV]
+    float* sdo = ds + d.k * kBV;          // [c, kBV]
+    float* sdvn = sdo + kMaxChunk * kBV;  // [c, kBV]
+    const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * kBV, tid = threadIdx.x;
+    const int c = d.c, kd = d.k, vd = d.v, bv = min(kBV, vd - y0);
+    const int64_t kv = static_cast<int64_t>(kd) * vd;
+    for (int e = tid; e < kd * kBV; e += blockDim.x) {
+        const int x = e / kBV, yl = e % kBV;
+        ds[e] = (dst != nullptr && yl < bv) ? dst[unit * kv + static_cast<int64_t>(x) * vd + y0 + yl] : 0.0f;
+    }
+    __syncthreads();
+    for (int n = d.nc - 1; n >= 0; --n) {
+        const int64_t cb = chunk_index(d, unit, n);
+        const float* gam = w.gam + ck_off(d, cb);
+        const float* qg = w.qg + ck_off(d, cb);
+        const float* kg = w.kg + ck_off(d, cb);
+        const float* ww = w.w + ck_off(d, cb);
+        const float* a = w.a + cc_off(d, cb);
+        for (int e = tid; e < kd * bv; e += blockDim.x) {
+            const int x = e / bv, yl = e % bv;
+            dhs[cb * kv + static_cast<int64_t>(x) * vd + y0 + yl] = ds[x * kBV + yl];
+        }
+        for (int e = tid; e < c * kBV; e += blockDim.x) {
+            const int i = e / kBV, yl = e % kBV, t = n * c + i;
+            sdo[e] = ld(dout, v_row(d, b, t < d.t ? t : 0, hv) + y0 + yl, t < d.t && yl < bv);
+        }
+        __syncthreads();
+        // dVn = A^T dO + Kg dS
+        for (int e = tid; e < c * kBV; e += blockDim.x) {
+            const int i = e / kBV, yl = e % kBV;
+            if (yl >= bv) {
+                sdvn[e] = 0.0f;
+                continue;
+            }
+            float acc = 0.0f;
+            for (int j = i; j < c; ++j) acc += a[j * c + i] * sdo[j * kBV + yl];
+            float acc2 = 0.0f;
+            for (int x = 0; x < kd; ++x) acc2 += kg[i * kd + x] * ds[x * kBV + yl];
+            const float dvn = acc + acc2;
+            sdvn[e] = dvn;
+            dvns[cv_off(d, cb) + static_cast<int64_t>(i) * vd + y0 + yl] = dvn;
+        }
+        __syncthreads();
+        // dS <- Diag(gamma) dS + Qg^T dO - W^T dVn
+        for (int e = tid; e < kd * kBV; e += blockDim.x) {
+            const int x = e / kBV, yl = e % kBV;
+            if (yl >= bv) continue;
+            float acc = 0.0f, acc2 = 0.0f;
+            for (int i = 0; i < c; ++i) {
+                acc += qg[i * kd + x] * sdo[i * kBV + yl];
+                acc2 += ww[i * kd + x] * sdvn[i * kBV + yl];
+            }
+            ds[e] = (ds[e] * expf(gam[(c - 1) * kd + x]) + acc) - acc2;
+        }
+        __syncthreads();
+    }
+    if (ds0 != nullptr)
+        for (int e = tid; e < kd * bv; e += blockDim.x) {
+            const int x = e / bv, yl = e % bv;
+            ds0[unit * kv + static_cast<int64_t>(x) * vd + y0 + yl] = ds[x * kBV + yl];
+        }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q,
+                                                         const T* __restrict__ k,
+                                                         const T* __restrict__ v,
+                                                         const T* __restrict__ beta,
+                                                         const T* __restrict__ dout,
+                                                         Dims d,
+                                                         Work w,
+                                                         const float* __restrict__ hs,
+                                                         const float* __restrict__ vns,
+                                                         const float* __restrict__ dvns,
+                                                         const float* __restrict__ dhs,
+                                                         Scratch sc,
+                                                         float* __restrict__ dqh,
+                                                         float* __restrict__ dkh,
+                                                         T* __restrict__ dv,
+                                                         T* __restrict__ dg,
+                                                         T* __restrict__ dbeta) {
+    extern __shared__ float smem[];
+    const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x, nt = blockDim.x;
+    float* sda = smem;               // dA [c, c]
+    float* sdt = sda + c * c;        // dT, then dM
+    float* stmp = sdt + c * c;       // T^T dT
+    float* sbeta = stmp + c * c;     // [kMaxChunk]
+    float* sdb = sbeta + kMaxChunk;  // dbeta [kMaxChunk]
+    float* sdgl = sdb + kMaxChunk;   // dGamma of the last row [kd]
+    const int n = blockIdx.x, unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, h = hv / d.group, t0 = n * c;
+    const int64_t cb = chunk_index(d, unit, n), kv = static_cast<int64_t>(kd) * vd;
+    const float* gam = w.gam + ck_off(d, cb);
+    const float* qg = w.qg + ck_off(d, cb);
+    const float* kg = w.kg + ck_off(d, cb);
+    const float* xw = w.xw + ck_off(d, cb);
+    const float* m = w.m + cc_off(d, cb);
+    const float* tm = w.tm + cc_off(d, cb);
+    const float* hh = hs + cb * kv;   // state entering the chunk [kd, vd]
+    const float* ds = dhs + cb * kv;  // gradient of the state leaving it
+    const float* vn = vns + cv_off(d, cb);
+    const float* dvn = dvns + cv_off(d, cb);
+    float* dqg = sc.dqg + ck_off(d, cb);
+    float* dkg = sc.dkg + ck_off(d, cb);
+    float* dw = sc.dw + ck_off(d, cb);
+    float* dxw = sc.dxw + ck_off(d, cb);
+    float* dxu = sc.dxu + cv_off(d, cb);
+    auto valid = [&](int r) { return t0 + r < d.t; };
+    auto row = [&](int r) { return valid(r) ? t0 + r : 0; };
+    auto qat = [&](int r, int x) { return ld(q, qk_row(d, b, row(r), h) + x, valid(r)); };
+    auto kat = [&](int r, int x) { return ld(k, qk_row(d, b, row(r), h) + x, valid(r)); };
+    auto vat = [&](int r, int y) { return ld(v, v_row(d, b, row(r), hv) + y, valid(r)); };
+    auto doat = [&](int r, int y) { return ld(dout, v_row(d, b, row(r), hv) + y, valid(r)); };
+    for (int r = tid; r < c; r += nt) sbeta[r] = ld(beta, beta_at(d, b, row(r), hv), valid(r));
+    // dA = tril(dO Vn^T)
+    for (int e = tid; e < c * c; e += nt) {
+        const int i = e / c, j = e % c;
+        float acc = 0.0f;
+        if (j <= i && valid(i))
+            for (int y = 0; y < vd; ++y) acc += doat(i, y) * vn[j * vd + y];
+        sda[e] = acc;
+    }
+    // dQg = dO h^T, dKg = Vn dS^T, dW = -dVn h^T
+    for (int e = tid; e < c * kd; e += nt) {
+        const int i = e / kd, x = e % kd;
+        float a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        for (int y = 0; y < vd; ++y) {
+            const float hxy = hh[x * vd + y];
+            a1 += doat(i, y) * hxy;
+            a2 += vn[i * vd + y] * ds[x * vd + y];
+            a3 += dvn[i * vd + y] * hxy;
+        }
+        dqg[e] = a1;
+        dkg[e] = a2;
+        dw[e] = -a3;
+    }
+    for (int x = tid; x < kd; x += nt) {
+        float acc = 0.0f;
+        for (int y = 0; y < vd; ++y) acc += hh[x * vd + y] * ds[x * vd + y];
+        sdgl[x] = expf(gam[(c - 1) * kd + x]) * acc;
+    }
+    __syncthreads();
+    // dXw = T^T dW, dXu = T^T dVn, dT = dW Xw^T + dVn Xu^T (Xu = Diag(beta) V)
+    for (int e = tid; e < c * kd; e += nt) {
+        const int i = e / kd, x = e % kd;
+        float acc = 0.0f;
+        for (int j = i; j < c; ++j) acc += tm[j * c + i] * dw[j * kd + x];
+        dxw[e] = acc;
+    }
+    for (int e = tid; e < c * vd; e += nt) {
+        const int i = e / vd, y = e % vd;
+        float acc = 0.0f;
+        for (int j = i; j < c; ++j) acc += tm[j * c + i] * dvn[j * vd + y];
+        dxu[e] = acc;
+    }
+    for (int e = tid; e < c * c; e += nt) {
+        const int i = e / c, j = e % c;
+        float acc = 0.0f, acc2 = 0.0f;
+        for (int x = 0; x < kd; ++x) acc += dw[i * kd + x] * xw[j * kd + x];
+        for (int y = 0; y < vd; ++y) acc2 += dvn[i * vd + y] * (sbeta[j] * vat(j, y));
+        sdt[e] = acc + acc2;
+    }
+    __syncthreads();
+    // T^T dT, then dL = -strict_tril(T^T dT T^T) into sdt
+    for (int e = tid; e < c * c; e += nt) {
+        const int i = e / c, j = e % c;
+        float acc = 0.0f;
+        for (int l = i; l < c; ++l) acc += tm[l * c + i] * sdt[l * c + j];
+        stmp[e] = acc;
+    }
+    __syncthreads();
+    for (int e = tid; e < c * c; e += nt) {
+        const int i = e / c, j = e % c;
+        float acc = 0.0f;
+        if (j < i)
+            for (int l = 0; l <= j; ++l) acc += stmp[i * c + l] * tm[j * c + l];
+        sdt[e] = j < i ? -acc : 0.0f;
+    }
+    __syncthreads();
+    // L = Diag(beta) M: dbeta_i = sum_j dL_ij M_ij, dM = Diag(beta) dL
+    for (int i = tid; i < c; i += nt) {
+        float acc = 0.0f;
+        for (int j = 0; j < i; ++j) {
+            acc += sdt[i * c + j] * m[i * c + j];
+            sdt[i * c + j] *= sbeta[i];
+        }
+        sdb[i] = acc;
+    }
+    __syncthreads();
+    // dbeta from Xw and Xu; the last row's dGamma from Kg
+    for (int r = tid; r < c; r += nt) {
+        float db = 0.0f;
+        for (int x = 0; x < kd; ++x) db += dxw[r * kd + x] * kat(r, x) * expf(gam[r * kd + x]);
+        for (int y = 0; y < vd; ++y) db += dxu[r * vd + y] * vat(r, y);
+        sdb[r] += db;
+    }
+    for (int x = tid; x < kd; x += nt) {
+        float acc = sdgl[x];
+        for (int r = 0; r < c; ++r) acc += dkg[r * kd + x] * kg[r * kd + x];
+        sdgl[x] = acc;
+    }
+    __syncthreads();
+    // Elementwise factors: dq = dQg e^G, dk = dKg e^(G_last - G) + beta dXw e^G, dGamma; dv = beta dXu.
+    for (int e = tid; e < c * kd; e += nt) {
+        const int r = e / kd, x = e % kd;
+        const float g = gam[e], ev = expf(g), fk = expf(gam[(c - 1) * kd + x] - g);
+        const float a = dqg[e], bk = dkg[e], cw = dxw[e];
+        dqg[e] = a * ev;
+        dkg[e] = bk * fk + sbeta[r] * cw * ev;
+        float dgm = a * qg[e] - bk * kg[e] + cw * xw[e];
+        if (r == c - 1) dgm += sdgl[x];
+        dxw[e] = dgm;
+    }
+    for (int e = tid; e < c * vd; e += nt) {
+        const int r = e / vd, y = e % vd;
+        if (valid(r)) dv[v_row(d, b, t0 + r, hv) + y] = from_f32<T>(dxu[e] * sbeta[r]);
+    }
+    __syncthreads();
+    // Intra-chunk terms, rows: dq_i, dk_i, dGamma_i from A_ij and M_ij (j <= i).
+    for (int e = tid; e < c * kd; e += nt) {
+        const int i = e / kd, x = e % kd;
+        if (!valid(i)) continue;
+        const float gi = gam[e], qi = qat(i, x), ki = kat(i, x);
+        float aq = 0.0f, ak = 0.0f, ag = 0.0f;
+        for (int j = 0; j <= i; ++j) {
+            const float f = expf(gi - gam[j * kd + x]), kj = kat(j, x);
+            const float ta = sda[i * c + j] * f, tk = sdt[i * c + j] * f;
+            aq += ta * kj;
+            ak += tk * kj;
+            ag += (ta * qi + tk * ki) * kj;
+        }
+        dqg[e] += aq;
+        dkg[e] += ak;
+        dxw[e] += ag;
+    }
+    __syncthreads();
+    // Columns: dk_j, dGamma_j from A_ij and M_ij (i >= j).
+    for (int e = tid; e < c * kd; e += nt) {
+        const int j = e / kd, x = e % kd;
+        if (!valid(j)) continue;
+        const float gj = gam[e], kj = kat(j, x);
+        float bk = 0.0f, bg = 0.0f;
+        for (int i = j; i < c; ++i) {
+            const float f = expf(gam[i * kd + x] - gj);
+            const float s = sda[i * c + j] * f * qat(i, x) + sdt[i * c + j] * f * kat(i, x);
+            bk += s;
+            bg += s * kj;
+        }
+        dkg[e] += bk;
+        dxw[e] -= bg;
+    }
+    __syncthreads();
+    // dg = reverse cumsum of dGamma inside the chunk; dq, dk per value head; dbeta.
+    for (int x = tid; x < kd; x += nt) {
+        float acc = 0.0f;
+        for (int r = c - 1; r >= 0; --r) {
+            acc += dxw[r * kd + x];
+            if (valid(r)) dg[g_row(d, b, t0 + r, hv) + x] = from_f32<T>(acc);
+        }
+    }
+    for (int e = tid; e < c * kd; e += nt) {
+        const int r = e / kd, x = e % kd;
+        if (!valid(r)) continue;
+        dqh[g_row(d, b, t0 + r, hv) + x] = dqg[e];
+        dkh[g_row(d, b, t0 + r, hv) + x] = dkg[e];
+    }
+    for (int r = tid; r < c; r += nt)
+        if (valid(r)) dbeta[beta_at(d, b, t0 + r, hv)] = from_f32<T>(sdb[r]);
+}
+
+// dq[b, t, h] = sum over the group's value heads hv = h * group + i, in order.
+template <typename T>
+__global__ void group_kernel(const float* __restrict__ dqh, const float* __restrict__ dkh, T* dq, T* dk, Dims d) {
+    const int64_t total = static_cast<int64_t>(d.b) * d.t * d.h * d.k;
+    for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+         e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t x = e % d.k, bth = e / d.k, hh = bth % d.h, bt = bth / d.h;
+        const int64_t src = (bt * d.hv + hh * d.group) * d.k + x;
+        float aq = 0.0f, ak = 0.0f;
+        for (int i = 0; i < d.group; ++i) {
+            aq += dqh[src + i * d.k];
+            ak += dkh[src + i * d.k];
+        }
+        dq[e] = from_f32<T>(aq);
+        dk[e] = from_f32<T>(ak);
+    }
+}
+
+}  // namespace
+
+}  // namespace kda
+
+void kda_bwd(const Tensor& q,
+             const Tensor& k,
+             const Tensor& v,
+             const Tensor& g,
+             const Tensor& beta,
+             const Tensor& s0,
+             const Tensor& dout,
+             const Tensor& dst,
+             const Tensor& dq,
+             const Tensor& dk,
+             const Tensor& dv,
+             const Tensor& dg,
+             const Tensor& dbeta,
+             const Tensor& ds0,
+             int64_t chunk_size) {
+    constexpr std::string_view op = "kda_bwd";
+    kda_check_dtypes(q,
+                     k,
+                     v,
+                     g,
+                     beta,
+                     {{"dout", dout}, {"dq", dq}, {"dk", dk}, {"dv", dv}, {"dg", dg}, {"dbeta", dbeta}},
+                     {{"s0", s0}, {"dst", dst}, {"ds0", ds0}},
+                     chunk_size,
+                     op);
+    core::NvtxRange range("kda_bwd");
+    const kda::Dims d = kda_dims(q, v, chunk_size);
+    std::vector<Tensor> keep;
+    const kda::Work w = kda::work_alloc(d, keep);
+    kda::prep_launch(q, k, v, g, beta, d, w);
+    const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
+    auto alloc = [&](int64_t n) {
+        keep.push_back(Tensor::empty({n}, DType::f32, core::Device::cuda));
+        return keep.back().data<float>();
+    };
+    const int64_t kv = static_cast<int64_t>(d.k) * d.v, cv = static_cast<int64_t>(d.c) * d.v,
+                  ck = static_cast<int64_t>(d.c) * d.k;
+    float* hs = alloc(chunks * kv);
+    float* dhs = alloc(chunks * kv);
+    float* vn = alloc(chunks * cv);
+    float* dvn = alloc(chunks * cv);
+    kda::scan_launch(s0, Tensor(), Tensor(), d, w, hs, vn);
+    const dim3 scan_grid(static_cast<unsigned>((d.v + kda::kBV - 1) / kda::kBV), static_cast<unsigned>(d.units()));
+    const size_t rscan_smem = static_cast<size_t>(d.k + 2 * kda::kMaxChunk) * kda::kBV * sizeof(float);
+    const float* dstp = dst.defined() ? dst.data<float>() : nullptr;
+    float* ds0p = ds0.defined() ? ds0.data<float>() : nullptr;
+    MT_CUDA_DISPATCH(q.dtype(), T, {
+        MT_CUDA_CHECK(cudaFuncSetAttribute(
+            kda::rscan_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(rscan_smem)));
+        kda::rscan_kernel<T><<<scan_grid, kda::kThreads, rscan_smem, core::cuda_stream()>>>(
+            static_cast<const T*>(dout.raw()), dstp, ds0p, d, w, dhs, dvn);
+    });
+    MT_CUDA_CHECK(cudaGetLastError());
+    const kda::Scratch sc{
+        alloc(chunks * ck), alloc(chunks * ck), alloc(chunks * ck), alloc(chunks * ck), alloc(chunks * cv)};
+    const int64_t rows = static_cast<int64_t>(d.b) * d.t * d.hv * d.k;
+    float* dqh = alloc(rows);
+    float* dkh = alloc(rows);
+    const dim3 chunk_grid(static_cast<unsigned>(d.nc), static_cast<unsigned>(d.units()));
+    const size_t chunk_smem = (3 * static_cast<size_t>(d.c) * d.c + 2 * kda::kMaxChunk + d.k) * sizeof(float);
+    MT_CUDA_DISPATCH(q.dtype(), T, {
+        MT_CUDA_CHECK(cudaFuncSetAttribute(
+            kda::chunk_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(chunk_smem)));
+        kda::chunk_kernel<T>
+            <<<chunk_grid, kda::kThreads, chunk_smem, core::cuda_stream()>>>(static_cast<const T*>(q.raw()),
+                                                                             static_cast<const T*>(k.raw()),
+                                                                             static_cast<const T*>(v.raw()),
+                                                                             static_cast<const T*>(beta.raw()),
+                                                                             static_cast<const T*>(dout.raw()),
+                                                                             d,
+                                                                             w,
+                                                                             hs,
+                                                                             vn,
+                                                                             dvn,
+                                                                             dhs,
+                                                                             sc,
+                                                                             dqh,
+                                                                             dkh,
+                                                                             static_cast<T*>(dv.raw()),
+                                                                             static_cast<T*>(dg.raw()),
+                                                                             static_cast<T*>(dbeta.raw()));
+    });
+    MT_CUDA_CHECK(cudaGetLastError());
+    const int64_t total = static_cast<int64_t>(d.b) * d.t * d.h * d.k;
+    MT_CUDA_DISPATCH(q.dtype(), T, {
+        kda::group_kernel<T><<<grid_for(total, 256), 256, 0, core::cuda_stream()>>>(
+            dqh, dkh, static_cast<T*>(dq.raw()), static_cast<T*>(dk.raw()), d);
+    });
+    MT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace mt::ops::cuda

@@ -1,0 +1,93 @@
+// Shared pieces of the CUDA KDA op (kda.md §4): the problem sizes, the fp32 workspace of per-chunk quantities and
+// the index helpers of the forward (kda.cu) and backward (kda_bwd.cu) kernels. Every chunk quantity lives in the
+// workspace at [unit, chunk, row, col] with unit = b * HV + hv; rows past T inside the last chunk hold zeros (q, k,
+// v, g, beta and dO read as zero there), which leaves every real row exactly as with a short chunk.
+#pragma once
+
+#include <vector>
+
+#include "ops/cuda/common.cuh"
+
+namespace mt::ops::cuda::kda {
+
+constexpr int kMaxChunk = 64;  // C is 64 or 32
+constexpr int kMaxK = 256;     // key head dim limit of the op
+constexpr int kBV = 16;        // value columns per block of the scans
+constexpr int kThreads = 256;
+
+struct Dims {
+    int b, t, h, hv, k, v, c, nc, group;
+    __host__ __device__ int units() const {
+        return b * hv;
+    }
+};
+
+// Per-chunk fp32 quantities (kda.md §4.1), each [units, nc, C, cols]. gam is Gamma (natural log, in-chunk cumsum);
+// qg = q e^Gamma; kg = k e^(Gamma_last - Gamma); xw = beta k e^Gamma; w = T xw; u = T beta v; a = A, m = M
+// (L = Diag(beta) M), tm = T = (I + L)^-1, all with zeros above the diagonal.
+struct Work {
+    float *gam, *qg, *kg, *xw, *w, *u, *a, *m, *tm;
+};
+
+// Offsets of (unit, chunk) blocks.
+__host__ __device__ inline int64_t chunk_index(const Dims& d, int unit, int n) {
+    return static_cast<int64_t>(unit) * d.nc + n;
+}
+__device__ inline int64_t ck_off(const Dims& d, int64_t cb) {
+    return cb * d.c * d.k;
+}
+__device__ inline int64_t cv_off(const Dims& d, int64_t cb) {
+    return cb * d.c * d.v;
+}
+__device__ inline int64_t cc_off(const Dims& d, int64_t cb) {
+    return cb * d.c * d.c;
+}
+// Token rows of the inputs: q/k row of (b, t, h), v/g/beta rows of (b, t, hv).
+__device__ inline int64_t qk_row(const Dims& d, int b, int t, int h) {
+    return ((static_cast<int64_t>(b) * d.t + t) * d.h + h) * d.k;
+}
+__device__ inline int64_t v_row(const Dims& d, int b, int t, int hv) {
+    return ((static_cast<int64_t>(b) * d.t + t) * d.hv + hv) * d.v;
+}
+__device__ inline int64_t g_row(const Dims& d, int b, int t, int hv) {
+    return ((static_cast<int64_t>(b) * d.t + t) * d.hv + hv) * d.k;
+}
+__device__ inline int64_t beta_at(const Dims& d, int b, int t, int hv) {
+    return (static_cast<int64_t>(b) * d.t + t) * d.hv + hv;
+}
+
+// Allocates the forward workspace (fp32 device tensors kept alive by `keep`).
+Work work_alloc(const Dims& d, std::vector<Tensor>& keep);
+// Fills the workspace for every (unit, chunk): one block per pair.
+void prep_launch(const Tensor& q,
+                 const Tensor& k,
+                 const Tensor& v,
+                 const Tensor& g,
+                 const Tensor& beta,
+                 const Dims& d,
+                 const Work& w);
+// The sequential scan over chunks, blocks over (value-column tile, unit): Vn = U - W S, O = Qg S + A Vn (written to
+// out when defined), S <- Diag(gamma) S + Kg^T Vn. hs [units, nc, K, V] (state entering each chunk) and vn
+// [units, nc, C, V] are stored when non-null; st gets the final state when defined.
+void scan_launch(
+    const Tensor& s0, const Tensor& out, const Tensor& st, const Dims& d, const Work& w, float* hs, float* vn);
+
+}  // namespace mt::ops::cuda::kda
+
+namespace mt::ops::cuda {
+
+// Problem sizes of a call (shapes already checked by the entry point).
+kda::Dims kda_dims(const Tensor& q, const Tensor& v, int64_t chunk);
+// The CUDA dtype rules: q, k, v, g, beta and the tensors of like_q share one dtype (bf16, f16 or f32); the states
+// are f32; chunk 64 or 32.
+void kda_check_dtypes(const Tensor& q,
+                      const Tensor& k,
+                      const Tensor& v,
+                      const Tensor& g,
+                      const Tensor& beta,
+                      std::initializer_list<NamedArg> like_q,
+                      std::initializer_list<NamedArg> states,
+                      int64_t chunk,
+                      std::string_view op);
+
+}  // namespace mt::ops::cuda
