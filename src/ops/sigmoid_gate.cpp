@@ -1,10 +1,11 @@
-// Entry points of the sigmoid gate: argument checks, then the CPU reference (no CUDA path yet).
+// Entry points of the sigmoid gate: argument checks, then the CPU reference or the CUDA kernel.
 #include "ops/sigmoid_gate.h"
 
 #include <string_view>
 
 #include "ops/cpu/checks.h"
 #include "ops/cpu/kda_kernels.h"
+#include "ops/cuda/cuda_ops.h"
 
 namespace mt::ops {
 
@@ -16,11 +17,22 @@ void check_like(const Tensor& t, const Tensor& x, std::string_view op, const cha
     cpu::check_dtype_as(t, x, op, name, "x");
 }
 
+// Rank, contiguity and shape on any device (the CUDA path).
+void check_shape_like(std::initializer_list<NamedArg> args, const Tensor& x, std::string_view op) {
+    for (const NamedArg& a : args) {
+        check_arg(a.tensor, op, a.name, x.ndim());
+        check_shape(a.tensor, x.shape(), op, a.name);
+    }
+}
+
 }  // namespace
 
 void sigmoid_gate_fwd(const Tensor& x, const Tensor& z, const Tensor& out) {
     constexpr std::string_view op = "sigmoid_gate_fwd";
-    check_same_device(op, {{"x", x}, {"z", z}, {"out", out}});
+    if (check_same_device(op, {{"x", x}, {"z", z}, {"out", out}}) == core::Device::cuda) {
+        check_shape_like({{"x", x}, {"z", z}, {"out", out}}, x, op);
+        return cuda::sigmoid_gate_fwd(x, z, out);
+    }
     check_float_arg(x, op, "x", x.ndim());
     check_like(z, x, op, "z");
     check_like(out, x, op, "out");
@@ -30,7 +42,10 @@ void sigmoid_gate_fwd(const Tensor& x, const Tensor& z, const Tensor& out) {
 
 void sigmoid_gate_bwd(const Tensor& x, const Tensor& z, const Tensor& dout, const Tensor& dx, const Tensor& dz) {
     constexpr std::string_view op = "sigmoid_gate_bwd";
-    check_same_device(op, {{"x", x}, {"z", z}, {"dout", dout}, {"dx", dx}, {"dz", dz}});
+    if (check_same_device(op, {{"x", x}, {"z", z}, {"dout", dout}, {"dx", dx}, {"dz", dz}}) == core::Device::cuda) {
+        check_shape_like({{"x", x}, {"z", z}, {"dout", dout}, {"dx", dx}, {"dz", dz}}, x, op);
+        return cuda::sigmoid_gate_bwd(x, z, dout, dx, dz);
+    }
     check_float_arg(x, op, "x", x.ndim());
     check_like(z, x, op, "z");
     check_like(dout, x, op, "dout");

@@ -31,7 +31,7 @@ OpCase conv_case(int64_t b, int64_t t, int64_t c, int64_t width, bool silu) {
                   };
                   return p;
               }};
-    op_parity_off(oc, "causal_conv1d");
+    op_parity_on(oc, 1e-2, 1e-5, "default budgets");
     return oc;
 }
 

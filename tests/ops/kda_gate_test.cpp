@@ -47,7 +47,7 @@ OpCase gate_case(int64_t n, int64_t hv, int64_t k, KdaGateOptions options) {
                  };
                  return p;
              }};
-    op_parity_off(c, "kda_gate");
+    op_parity_on(c, 1e-2, 1e-5, "default budgets");
     return c;
 }
 

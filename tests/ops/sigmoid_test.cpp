@@ -30,7 +30,7 @@ OpCase sigmoid_case(const Shape& shape) {
                  };
                  return p;
              }};
-    op_parity_off(c, "sigmoid");
+    op_parity_on(c, 1e-2, 1e-5, "default budgets");
     return c;
 }
 
@@ -53,7 +53,7 @@ OpCase sigmoid_gate_case(const Shape& shape) {
                  };
                  return p;
              }};
-    op_parity_off(c, "sigmoid_gate");
+    op_parity_on(c, 1e-2, 1e-5, "default budgets");
     return c;
 }
 
