@@ -65,23 +65,29 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const T* __restrict__ q,
         }
     }
     __syncthreads();
-    // A_ij = sum q_i k_j e^(G_i - G_j) (i >= j), M_ij = sum k_i k_j e^(G_i - G_j) (i > j).
-    for (int e = tid; e < c * c; e += blockDim.x) {
+    // A_ij = sum q_i k_j e^(G_i - G_j) (i >= j), M_ij = sum k_i k_j e^(G_i - G_j) (i > j): one warp per entry, the
+    // lanes over the key channels.
+    const int warp = tid / 32, lane = tid % 32, warps = blockDim.x / 32;
+    for (int e = warp; e < c * c; e += warps) {
         const int i = e / c, j = e % c;
         float sa = 0.0f, sm = 0.0f;
         if (j <= i && t0 + i < d.t) {
             const int64_t qi = qk_row(d, b, t0 + i, h), kj = qk_row(d, b, t0 + j, h);
-            for (int x = 0; x < kd; ++x) {
+            for (int x = lane; x < kd; x += 32) {
                 const float f = expf(gam[i * kd + x] - gam[j * kd + x]);
                 const float kjx = to_f32(k[kj + x]) * f;
                 sa += to_f32(q[qi + x]) * kjx;
                 sm += to_f32(k[qi + x]) * kjx;
             }
+            sa = warp_sum(sa);
+            sm = warp_sum(sm);
         }
         if (j >= i) sm = 0.0f;
-        a[e] = sa;
-        m[e] = sm;
-        sl[e] = sbeta[i] * sm;
+        if (lane == 0) {
+            a[e] = sa;
+            m[e] = sm;
+            sl[e] = sbeta[i] * sm;
+        }
     }
     __syncthreads();
     // T = (I + L)^-1, column j by forward substitution: T_ij = -sum_{j <= x < i} L_ix T_xj.
@@ -117,10 +123,14 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const T* __restrict__ q,
 template <typename T>
 __global__ void __launch_bounds__(kThreads) scan_kernel(
     const float* __restrict__ s0, T* __restrict__ out, float* __restrict__ st, Dims d, Work w, float* hs, float* vns) {
-    __shared__ float s[kMaxK * kBV];        // [kd, kBV] state columns
-    __shared__ float svn[kMaxChunk * kBV];  // [c, kBV]
     const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * kBV, tid = threadIdx.x;
     const int c = d.c, kd = d.k, vd = d.v, bv = min(kBV, vd - y0);
+    extern __shared__ float smem[];
+    float* s = smem;                           // [kd, kBV] state columns
+    float* svn = s + kd * kBV;                 // [c, kBV]
+    float* tile = svn + kMaxChunk * kBV;       // [c, kd]: W, then Qg, then Kg of the chunk
+    float* sa = tile + kMaxChunk * kd;         // [c, c] A
+    float* sgam = sa + kMaxChunk * kMaxChunk;  // [kd] gamma = e^(Gamma_last)
     const int64_t kv = static_cast<int64_t>(kd) * vd;
     for (int e = tid; e < kd * kBV; e += blockDim.x) {
         const int x = e / kBV, yl = e % kBV;
@@ -130,46 +140,51 @@ __global__ void __launch_bounds__(kThreads) scan_kernel(
     for (int n = 0; n < d.nc; ++n) {
         const int64_t cb = chunk_index(d, unit, n);
         const float* gam = w.gam + ck_off(d, cb);
-        const float* qg = w.qg + ck_off(d, cb);
-        const float* kg = w.kg + ck_off(d, cb);
-        const float* ww = w.w + ck_off(d, cb);
         const float* uu = w.u + cv_off(d, cb);
-        const float* a = w.a + cc_off(d, cb);
         if (hs != nullptr)
             for (int e = tid; e < kd * bv; e += blockDim.x) {
                 const int x = e / bv, yl = e % bv;
                 hs[cb * kv + static_cast<int64_t>(x) * vd + y0 + yl] = s[x * kBV + yl];
             }
+        stage(tile, w.w + ck_off(d, cb), c * kd);
+        stage(sa, w.a + cc_off(d, cb), c * c);
+        for (int x = tid; x < kd; x += blockDim.x) sgam[x] = expf(gam[(c - 1) * kd + x]);
+        __syncthreads();
         // Vn = U - W S
         for (int e = tid; e < c * kBV; e += blockDim.x) {
             const int i = e / kBV, yl = e % kBV;
             if (yl >= bv) continue;
             float acc = 0.0f;
-            for (int x = 0; x < kd; ++x) acc += ww[i * kd + x] * s[x * kBV + yl];
+            for (int x = 0; x < kd; ++x) acc += tile[i * kd + x] * s[x * kBV + yl];
             const float vn = uu[i * vd + y0 + yl] - acc;
             svn[e] = vn;
             if (vns != nullptr) vns[cv_off(d, cb) + static_cast<int64_t>(i) * vd + y0 + yl] = vn;
         }
         __syncthreads();
         // O = Qg S + A Vn
-        if (out != nullptr)
+        if (out != nullptr) {
+            stage(tile, w.qg + ck_off(d, cb), c * kd);
+            __syncthreads();
             for (int e = tid; e < c * kBV; e += blockDim.x) {
                 const int i = e / kBV, yl = e % kBV, t = n * c + i;
                 if (yl >= bv || t >= d.t) continue;
                 float acc = 0.0f;
-                for (int x = 0; x < kd; ++x) acc += qg[i * kd + x] * s[x * kBV + yl];
+                for (int x = 0; x < kd; ++x) acc += tile[i * kd + x] * s[x * kBV + yl];
                 float acc2 = 0.0f;
-                for (int j = 0; j <= i; ++j) acc2 += a[i * c + j] * svn[j * kBV + yl];
+                for (int j = 0; j <= i; ++j) acc2 += sa[i * c + j] * svn[j * kBV + yl];
                 out[v_row(d, b, t, hv) + y0 + yl] = from_f32<T>(acc + acc2);
             }
-        __syncthreads();
+            __syncthreads();
+        }
         // S <- Diag(gamma) S + Kg^T Vn
+        stage(tile, w.kg + ck_off(d, cb), c * kd);
+        __syncthreads();
         for (int e = tid; e < kd * kBV; e += blockDim.x) {
             const int x = e / kBV, yl = e % kBV;
             if (yl >= bv) continue;
             float acc = 0.0f;
-            for (int i = 0; i < c; ++i) acc += kg[i * kd + x] * svn[i * kBV + yl];
-            s[e] = s[e] * expf(gam[(c - 1) * kd + x]) + acc;
+            for (int i = 0; i < c; ++i) acc += tile[i * kd + x] * svn[i * kBV + yl];
+            s[e] = s[e] * sgam[x] + acc;
         }
         __syncthreads();
     }
@@ -227,9 +242,12 @@ void scan_launch(
     const float* s0p = s0.defined() ? s0.data<float>() : nullptr;
     float* stp = st.defined() ? st.data<float>() : nullptr;
     const DType dt = out.defined() ? out.dtype() : DType::f32;
+    const size_t smem = scan_smem_bytes(d);
     MT_CUDA_DISPATCH(dt, T, {
         T* op = out.defined() ? static_cast<T*>(out.raw()) : nullptr;
-        scan_kernel<T><<<grid, kThreads, 0, core::cuda_stream()>>>(s0p, op, stp, d, w, hs, vn);
+        MT_CUDA_CHECK(
+            cudaFuncSetAttribute(scan_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        scan_kernel<T><<<grid, kThreads, smem, core::cuda_stream()>>>(s0p, op, stp, d, w, hs, vn);
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }

@@ -38,9 +38,13 @@ __global__ void __launch_bounds__(kThreads) rscan_kernel(const T* __restrict__ d
                                                          float* dhs,
                                                          float* dvns) {
     extern __shared__ float smem[];
-    float* ds = smem;                     // [kd, kBV]
-    float* sdo = ds + d.k * kBV;          // [c, kBV]
-    float* sdvn = sdo + kMaxChunk * kBV;  // [c, kBV]
+    float* ds = smem;                          // [kd, kBV]
+    float* sdo = ds + d.k * kBV;               // [c, kBV]
+    float* sdvn = sdo + kMaxChunk * kBV;       // [c, kBV]
+    float* t1 = sdvn + kMaxChunk * kBV;        // [c, kd]: Kg, then Qg
+    float* t2 = t1 + kMaxChunk * d.k;          // [c, kd]: W
+    float* sa = t2 + kMaxChunk * d.k;          // [c, c] A
+    float* sgam = sa + kMaxChunk * kMaxChunk;  // [kd] gamma
     const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * kBV, tid = threadIdx.x;
     const int c = d.c, kd = d.k, vd = d.v, bv = min(kBV, vd - y0);
     const int64_t kv = static_cast<int64_t>(kd) * vd;
@@ -52,14 +56,14 @@ __global__ void __launch_bounds__(kThreads) rscan_kernel(const T* __restrict__ d
     for (int n = d.nc - 1; n >= 0; --n) {
         const int64_t cb = chunk_index(d, unit, n);
         const float* gam = w.gam + ck_off(d, cb);
-        const float* qg = w.qg + ck_off(d, cb);
-        const float* kg = w.kg + ck_off(d, cb);
-        const float* ww = w.w + ck_off(d, cb);
-        const float* a = w.a + cc_off(d, cb);
         for (int e = tid; e < kd * bv; e += blockDim.x) {
             const int x = e / bv, yl = e % bv;
             dhs[cb * kv + static_cast<int64_t>(x) * vd + y0 + yl] = ds[x * kBV + yl];
         }
+        stage(t1, w.kg + ck_off(d, cb), c * kd);
+        stage(t2, w.w + ck_off(d, cb), c * kd);
+        stage(sa, w.a + cc_off(d, cb), c * c);
+        for (int x = tid; x < kd; x += blockDim.x) sgam[x] = expf(gam[(c - 1) * kd + x]);
         for (int e = tid; e < c * kBV; e += blockDim.x) {
             const int i = e / kBV, yl = e % kBV, t = n * c + i;
             sdo[e] = ld(dout, v_row(d, b, t < d.t ? t : 0, hv) + y0 + yl, t < d.t && yl < bv);
@@ -73,13 +77,15 @@ __global__ void __launch_bounds__(kThreads) rscan_kernel(const T* __restrict__ d
                 continue;
             }
             float acc = 0.0f;
-            for (int j = i; j < c; ++j) acc += a[j * c + i] * sdo[j * kBV + yl];
+            for (int j = i; j < c; ++j) acc += sa[j * c + i] * sdo[j * kBV + yl];
             float acc2 = 0.0f;
-            for (int x = 0; x < kd; ++x) acc2 += kg[i * kd + x] * ds[x * kBV + yl];
+            for (int x = 0; x < kd; ++x) acc2 += t1[i * kd + x] * ds[x * kBV + yl];
             const float dvn = acc + acc2;
             sdvn[e] = dvn;
             dvns[cv_off(d, cb) + static_cast<int64_t>(i) * vd + y0 + yl] = dvn;
         }
+        __syncthreads();
+        stage(t1, w.qg + ck_off(d, cb), c * kd);
         __syncthreads();
         // dS <- Diag(gamma) dS + Qg^T dO - W^T dVn
         for (int e = tid; e < kd * kBV; e += blockDim.x) {
@@ -87,10 +93,10 @@ __global__ void __launch_bounds__(kThreads) rscan_kernel(const T* __restrict__ d
             if (yl >= bv) continue;
             float acc = 0.0f, acc2 = 0.0f;
             for (int i = 0; i < c; ++i) {
-                acc += qg[i * kd + x] * sdo[i * kBV + yl];
-                acc2 += ww[i * kd + x] * sdvn[i * kBV + yl];
+                acc += t1[i * kd + x] * sdo[i * kBV + yl];
+                acc2 += t2[i * kd + x] * sdvn[i * kBV + yl];
             }
-            ds[e] = (ds[e] * expf(gam[(c - 1) * kd + x]) + acc) - acc2;
+            ds[e] = (ds[e] * sgam[x] + acc) - acc2;
         }
         __syncthreads();
     }
@@ -151,32 +157,42 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     auto vat = [&](int r, int y) { return ld(v, v_row(d, b, row(r), hv) + y, valid(r)); };
     auto doat = [&](int r, int y) { return ld(dout, v_row(d, b, row(r), hv) + y, valid(r)); };
     for (int r = tid; r < c; r += nt) sbeta[r] = ld(beta, beta_at(d, b, row(r), hv), valid(r));
+    // The products over V: one warp per output, the lanes over the value columns (coalesced rows).
+    const int warp = tid / 32, lane = tid % 32, warps = nt / 32;
     // dA = tril(dO Vn^T)
-    for (int e = tid; e < c * c; e += nt) {
+    for (int e = warp; e < c * c; e += warps) {
         const int i = e / c, j = e % c;
         float acc = 0.0f;
-        if (j <= i && valid(i))
-            for (int y = 0; y < vd; ++y) acc += doat(i, y) * vn[j * vd + y];
-        sda[e] = acc;
+        if (j <= i && valid(i)) {
+            for (int y = lane; y < vd; y += 32) acc += doat(i, y) * vn[j * vd + y];
+            acc = warp_sum(acc);
+        }
+        if (lane == 0) sda[e] = acc;
     }
     // dQg = dO h^T, dKg = Vn dS^T, dW = -dVn h^T
-    for (int e = tid; e < c * kd; e += nt) {
+    for (int e = warp; e < c * kd; e += warps) {
         const int i = e / kd, x = e % kd;
         float a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-        for (int y = 0; y < vd; ++y) {
+        for (int y = lane; y < vd; y += 32) {
             const float hxy = hh[x * vd + y];
             a1 += doat(i, y) * hxy;
             a2 += vn[i * vd + y] * ds[x * vd + y];
             a3 += dvn[i * vd + y] * hxy;
         }
-        dqg[e] = a1;
-        dkg[e] = a2;
-        dw[e] = -a3;
+        a1 = warp_sum(a1);
+        a2 = warp_sum(a2);
+        a3 = warp_sum(a3);
+        if (lane == 0) {
+            dqg[e] = a1;
+            dkg[e] = a2;
+            dw[e] = -a3;
+        }
     }
-    for (int x = tid; x < kd; x += nt) {
+    for (int x = warp; x < kd; x += warps) {
         float acc = 0.0f;
-        for (int y = 0; y < vd; ++y) acc += hh[x * vd + y] * ds[x * vd + y];
-        sdgl[x] = expf(gam[(c - 1) * kd + x]) * acc;
+        for (int y = lane; y < vd; y += 32) acc += hh[x * vd + y] * ds[x * vd + y];
+        acc = warp_sum(acc);
+        if (lane == 0) sdgl[x] = expf(gam[(c - 1) * kd + x]) * acc;
     }
     __syncthreads();
     // dXw = T^T dW, dXu = T^T dVn, dT = dW Xw^T + dVn Xu^T (Xu = Diag(beta) V)
@@ -192,12 +208,14 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
         for (int j = i; j < c; ++j) acc += tm[j * c + i] * dvn[j * vd + y];
         dxu[e] = acc;
     }
-    for (int e = tid; e < c * c; e += nt) {
+    for (int e = warp; e < c * c; e += warps) {
         const int i = e / c, j = e % c;
         float acc = 0.0f, acc2 = 0.0f;
-        for (int x = 0; x < kd; ++x) acc += dw[i * kd + x] * xw[j * kd + x];
-        for (int y = 0; y < vd; ++y) acc2 += dvn[i * vd + y] * (sbeta[j] * vat(j, y));
-        sdt[e] = acc + acc2;
+        for (int x = lane; x < kd; x += 32) acc += dw[i * kd + x] * xw[j * kd + x];
+        for (int y = lane; y < vd; y += 32) acc2 += dvn[i * vd + y] * (sbeta[j] * vat(j, y));
+        acc = warp_sum(acc);
+        acc2 = warp_sum(acc2);
+        if (lane == 0) sdt[e] = acc + acc2;
     }
     __syncthreads();
     // T^T dT, then dL = -strict_tril(T^T dT T^T) into sdt
@@ -227,11 +245,12 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     }
     __syncthreads();
     // dbeta from Xw and Xu; the last row's dGamma from Kg
-    for (int r = tid; r < c; r += nt) {
+    for (int r = warp; r < c; r += warps) {
         float db = 0.0f;
-        for (int x = 0; x < kd; ++x) db += dxw[r * kd + x] * kat(r, x) * expf(gam[r * kd + x]);
-        for (int y = 0; y < vd; ++y) db += dxu[r * vd + y] * vat(r, y);
-        sdb[r] += db;
+        for (int x = lane; x < kd; x += 32) db += dxw[r * kd + x] * kat(r, x) * expf(gam[r * kd + x]);
+        for (int y = lane; y < vd; y += 32) db += dxu[r * vd + y] * vat(r, y);
+        db = warp_sum(db);
+        if (lane == 0) sdb[r] += db;
     }
     for (int x = tid; x < kd; x += nt) {
         float acc = sdgl[x];
@@ -372,7 +391,7 @@ void kda_bwd(const Tensor& q,
     float* dvn = alloc(chunks * cv);
     kda::scan_launch(s0, Tensor(), Tensor(), d, w, hs, vn);
     const dim3 scan_grid(static_cast<unsigned>((d.v + kda::kBV - 1) / kda::kBV), static_cast<unsigned>(d.units()));
-    const size_t rscan_smem = static_cast<size_t>(d.k + 2 * kda::kMaxChunk) * kda::kBV * sizeof(float);
+    const size_t rscan_smem = kda::rscan_smem_bytes(d);
     const float* dstp = dst.defined() ? dst.data<float>() : nullptr;
     float* ds0p = ds0.defined() ? ds0.data<float>() : nullptr;
     MT_CUDA_DISPATCH(q.dtype(), T, {

@@ -56,6 +56,29 @@ __device__ inline int64_t beta_at(const Dims& d, int b, int t, int hv) {
     return (static_cast<int64_t>(b) * d.t + t) * d.hv + hv;
 }
 
+// Sum over the 32 lanes of a warp by a fixed butterfly: every lane gets the same total, the same on every run.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Cooperative copy of n floats from global to shared memory (coalesced); the caller synchronises.
+__device__ __forceinline__ void stage(float* dst, const float* src, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
+// Shared memory of the scans: fwd s [K, kBV], svn [C, kBV], one chunk tile [C, K], A [C, C], gamma [K]; bwd ds, dO,
+// dVn (each as s / svn), two chunk tiles, A, gamma.
+inline size_t scan_smem_bytes(const Dims& d) {
+    return static_cast<size_t>(d.k * kBV + kMaxChunk * kBV + kMaxChunk * d.k + kMaxChunk * kMaxChunk + d.k) *
+           sizeof(float);
+}
+inline size_t rscan_smem_bytes(const Dims& d) {
+    return static_cast<size_t>(d.k * kBV + 2 * kMaxChunk * kBV + 2 * kMaxChunk * d.k + kMaxChunk * kMaxChunk + d.k) *
+           sizeof(float);
+}
+
 // Allocates the forward workspace (fp32 device tensors kept alive by `keep`).
 Work work_alloc(const Dims& d, std::vector<Tensor>& keep);
 // Fills the workspace for every (unit, chunk): one block per pair.
