@@ -1,10 +1,11 @@
-// Entry points of the row L2 norm: argument checks, then the CPU reference (no CUDA path yet).
+// Entry points of the row L2 norm: argument checks, then the CPU reference or the CUDA kernel (rinv f32 there).
 #include "ops/l2norm.h"
 
 #include <string_view>
 
 #include "ops/cpu/checks.h"
 #include "ops/cpu/kda_kernels.h"
+#include "ops/cuda/cuda_ops.h"
 
 namespace mt::ops {
 
@@ -24,14 +25,30 @@ void check_like_x(const Tensor& t, const Tensor& x, std::string_view op, const c
     cpu::check_dtype_as(t, x, op, name, "x");
 }
 
+// Ranks, contiguity and shapes on any device (the CUDA path): x [N, C], rinv [N], the rest like x.
+void check_l2_shapes(const Tensor& x, const Tensor& rinv, std::initializer_list<NamedArg> like_x, std::string_view op) {
+    check_arg(x, op, "x", 2);
+    MT_CHECK(x.size(1) > 0, "{}: x has shape {}; the normalized dim C must be > 0", op, core::shape_str(x.shape()));
+    check_arg(rinv, op, "rinv", 1);
+    check_shape(rinv, {x.size(0)}, op, "rinv");
+    for (const NamedArg& a : like_x) {
+        check_arg(a.tensor, op, a.name, 2);
+        check_shape(a.tensor, x.shape(), op, a.name);
+    }
+}
+
 }  // namespace
 
 void l2norm_fwd(const Tensor& x, double scale, double eps, const Tensor& y, const Tensor& rinv) {
     constexpr std::string_view op = "l2norm_fwd";
-    check_same_device(op, {{"x", x}, {"y", y}, {"rinv", rinv}});
+    const core::Device device = check_same_device(op, {{"x", x}, {"y", y}, {"rinv", rinv}});
+    MT_CHECK(eps > 0.0, "{}: eps = {} must be > 0", op, eps);
+    if (device == core::Device::cuda) {
+        check_l2_shapes(x, rinv, {{"y", y}}, op);
+        return cuda::l2norm_fwd(x, scale, eps, y, rinv);
+    }
     check_l2(x, rinv, op);
     check_like_x(y, x, op, "y");
-    MT_CHECK(eps > 0.0, "{}: eps = {} must be > 0", op, eps);
     MT_DISPATCH_FLOAT(
         x.dtype(),
         op,
@@ -41,7 +58,10 @@ void l2norm_fwd(const Tensor& x, double scale, double eps, const Tensor& y, cons
 
 void l2norm_bwd(const Tensor& x, const Tensor& rinv, double scale, const Tensor& dy, const Tensor& dx) {
     constexpr std::string_view op = "l2norm_bwd";
-    check_same_device(op, {{"x", x}, {"rinv", rinv}, {"dy", dy}, {"dx", dx}});
+    if (check_same_device(op, {{"x", x}, {"rinv", rinv}, {"dy", dy}, {"dx", dx}}) == core::Device::cuda) {
+        check_l2_shapes(x, rinv, {{"dy", dy}, {"dx", dx}}, op);
+        return cuda::l2norm_bwd(x, rinv, scale, dy, dx);
+    }
     check_l2(x, rinv, op);
     check_like_x(dy, x, op, "dy");
     check_like_x(dx, x, op, "dx");

@@ -17,20 +17,26 @@ OpCase l2_case(int64_t n, int64_t c, double scale, double eps) {
                   OpProblem p;
                   p.inputs = {{"x", op_randn({n, c}, op_seed(name), 0), GradKind::written}};
                   p.forward = [=](const std::vector<Tensor>& in) {
-                      const Tensor y = op_like(in[0]), rinv = op_like(in[0], {n});
+                      const Tensor y = op_like(in[0]), rinv = op_stat_like(in[0], {n});
                       l2norm_fwd(in[0], scale, eps, y, rinv);
                       return std::vector<Tensor>{y};
                   };
                   p.backward = [=](const std::vector<Tensor>& in,
                                    const std::vector<Tensor>& dout,
                                    const std::vector<Tensor>& grads) {
-                      const Tensor y = op_like(in[0]), rinv = op_like(in[0], {n});
+                      const Tensor y = op_like(in[0]), rinv = op_stat_like(in[0], {n});
                       l2norm_fwd(in[0], scale, eps, y, rinv);
                       l2norm_bwd(in[0], rinv, scale, dout[0], grads[0]);
                   };
                   return p;
               }};
-    op_parity_off(oc, "l2norm");
+    op_parity_on(oc, 1e-2, 1e-5, "default budgets");
+    if (c == 1) {
+        // A one-element row normalises to +-scale whatever x is, so the exact dx is O(eps / x^2) and both sides return
+        // the rounding noise of dy - xh (xh . dy): judged against 0.1 rms, as OpF32 does.
+        oc.parity.rms_floor = 0.1;
+        oc.parity.budget_reason = "default budgets; rms floor 0.1 for C = 1 (exact dx is O(eps / x^2))";
+    }
     return oc;
 }
 
