@@ -1,0 +1,188 @@
+// GPU throughput of the CUDA KDA op (ops/kda.h, chunked, chunk 64): one JSON line per case, forward and
+// forward + backward time (median over the timed iterations, CUDA events on the ops' stream) and tokens/s.
+//   bench_kda [--iters 5] [--warmup 1] [--h 16] [--k 128] [--v 128]
+// Cases (issue 4): bf16 activations, f32 states, (B, T) = (8, 4096), (1, 32768), (2, 65536), with the targets for
+// forward + backward of 6.0, 8.0 and 27 ms. Inputs: L2-normalised q (scaled by K^-1/2) and k, v in [-2, 2), beta in
+// (0.05, 0.95), the lower-bounded gate g = -5 sigmoid(z); the host draws one 4096-token block and tiles it.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/tensor.h"
+#include "ops/kda.h"
+
+#ifdef MT_HAVE_CUDA
+#include "core/cuda/cuda_check.h"
+#endif
+
+namespace {
+
+using mt::core::Device;
+using mt::core::DType;
+using mt::core::Tensor;
+
+constexpr int64_t kBlockTokens = 4096;
+
+// Uniform [0, 1) by xorshift.
+struct Rng {
+    uint64_t s;
+    float next() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        return static_cast<float>(s >> 40) / static_cast<float>(1 << 24);
+    }
+};
+
+// A bf16 device tensor [B, T, heads, dim] from one drawn [4096, heads, dim] block repeated along tokens; kind picks
+// the values: 0 = uniform [-2, 2), 1 = rows L2-normalised to `scale`, 2 = -5 sigmoid(N-ish), 3 = beta (0.05, 0.95).
+Tensor make_input(int64_t b, int64_t t, int64_t heads, int64_t dim, int kind, float scale, uint64_t seed) {
+    Rng rng{seed * 0x9E3779B97F4A7C15ull + 1};
+    const int64_t row = heads * dim, block = kBlockTokens * row;
+    std::vector<float> vals(static_cast<size_t>(block));
+    for (auto& x : vals) x = 4.0f * rng.next() - 2.0f;
+    if (kind == 1) {
+        for (int64_t r = 0; r < kBlockTokens * heads; ++r) {
+            float ss = 0.0f;
+            for (int64_t i = 0; i < dim; ++i) ss += vals[r * dim + i] * vals[r * dim + i];
+            const float f = scale / std::sqrt(ss + 1e-6f);
+            for (int64_t i = 0; i < dim; ++i) vals[r * dim + i] *= f;
+        }
+    } else if (kind == 2) {
+        for (auto& x : vals) x = -5.0f / (1.0f + std::exp(-2.0f * x));
+    } else if (kind == 3) {
+        for (auto& x : vals) x = 0.05f + 0.9f * (x + 2.0f) / 4.0f;
+    }
+    std::vector<uint16_t> bits(static_cast<size_t>(block));
+    for (int64_t i = 0; i < block; ++i) bits[i] = mt::core::f32_to_bf16(vals[i]);
+    const int64_t total = b * t * row;
+    std::vector<uint16_t> host(static_cast<size_t>(total));
+    for (int64_t off = 0; off < total; off += block)
+        std::copy(bits.begin(), bits.begin() + std::min(block, total - off), host.begin() + off);
+    const mt::core::Shape shape = dim == 1 ? mt::core::Shape{b, t, heads} : mt::core::Shape{b, t, heads, dim};
+    return Tensor::borrow(host.data(), shape, DType::bf16).to_device(Device::cuda);
+}
+
+#ifdef MT_HAVE_CUDA
+// Median milliseconds of fn over iters runs after warmup runs.
+double time_ms(const std::function<void()>& fn, int warmup, int iters) {
+    for (int i = 0; i < warmup; ++i) fn();
+    std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(iters));
+    for (auto& e : ev) MT_CUDA_CHECK(cudaEventCreate(&e));
+    const cudaStream_t stream = mt::core::cuda_stream();
+    for (int i = 0; i < iters; ++i) {
+        MT_CUDA_CHECK(cudaEventRecord(ev[2 * i], stream));
+        fn();
+        MT_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], stream));
+    }
+    MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<double> ms(static_cast<size_t>(iters));
+    for (int i = 0; i < iters; ++i) {
+        float m = 0;
+        MT_CUDA_CHECK(cudaEventElapsedTime(&m, ev[2 * i], ev[2 * i + 1]));
+        ms[static_cast<size_t>(i)] = m;
+    }
+    for (auto& e : ev) MT_CUDA_CHECK(cudaEventDestroy(e));
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+}
+#else
+double time_ms(const std::function<void()>&, int, int) {
+    return 0.0;
+}
+#endif
+
+bool all_finite(const Tensor& t) {
+    const Tensor h = t.to_device(Device::cpu).to(DType::f32);
+    const float* p = h.data<float>();
+    for (int64_t i = 0; i < h.numel(); ++i)
+        if (!std::isfinite(p[i])) return false;
+    return true;
+}
+
+void bench_case(int64_t b, int64_t t, int64_t h, int64_t kd, int64_t vd, double target_ms, int warmup, int iters) {
+    const Tensor q = make_input(b, t, h, kd, 1, 1.0f / std::sqrt(static_cast<float>(kd)), 1);
+    const Tensor k = make_input(b, t, h, kd, 1, 1.0f, 2);
+    const Tensor v = make_input(b, t, h, vd, 0, 1.0f, 3);
+    const Tensor g = make_input(b, t, h, kd, 2, 1.0f, 4);
+    const Tensor beta = make_input(b, t, h, 1, 3, 1.0f, 5);
+    const Tensor dout = make_input(b, t, h, vd, 0, 1.0f, 6);
+    const Tensor out = Tensor::zeros(v.shape(), DType::bf16, Device::cuda);
+    const Tensor st = Tensor::zeros({b, h, kd, vd}, DType::f32, Device::cuda);
+    const Tensor dst = Tensor::zeros({b, h, kd, vd}, DType::f32, Device::cuda);
+    const Tensor dq = Tensor::zeros(q.shape(), DType::bf16, Device::cuda);
+    const Tensor dk = Tensor::zeros(k.shape(), DType::bf16, Device::cuda);
+    const Tensor dv = Tensor::zeros(v.shape(), DType::bf16, Device::cuda);
+    const Tensor dg = Tensor::zeros(g.shape(), DType::bf16, Device::cuda);
+    const Tensor dbeta = Tensor::zeros(beta.shape(), DType::bf16, Device::cuda);
+    auto fwd = [&] { mt::ops::kda_fwd(q, k, v, g, beta, Tensor(), out, st); };
+    auto bwd = [&] { mt::ops::kda_bwd(q, k, v, g, beta, Tensor(), dout, dst, dq, dk, dv, dg, dbeta, Tensor()); };
+    const double fwd_ms = time_ms(fwd, warmup, iters);
+    const double fwd_bwd_ms = time_ms(
+        [&] {
+            fwd();
+            bwd();
+        },
+        warmup,
+        iters);
+    const bool finite = all_finite(out) && all_finite(st) && all_finite(dq) && all_finite(dk) && all_finite(dv) &&
+                        all_finite(dg) && all_finite(dbeta);
+    const double tokens = static_cast<double>(b * t);
+    const nlohmann::json line = {{"bench", "kda"},
+                                 {"impl", "moetrain-cuda-v1 (fp32 CUDA cores, pairwise intra-chunk)"},
+                                 {"dtype", "bf16 (f32 state)"},
+                                 {"gate", "lower_bound -5"},
+                                 {"chunk", 64},
+                                 {"B", b},
+                                 {"T", t},
+                                 {"H", h},
+                                 {"K", kd},
+                                 {"V", vd},
+                                 {"fwd_ms", fwd_ms},
+                                 {"fwd_bwd_ms", fwd_bwd_ms},
+                                 {"fwd_tokens_per_s", tokens / fwd_ms * 1e3},
+                                 {"fwd_bwd_tokens_per_s", tokens / fwd_bwd_ms * 1e3},
+                                 {"target_fwd_bwd_ms", target_ms},
+                                 {"meets_target", fwd_bwd_ms <= target_ms},
+                                 {"outputs_finite", finite},
+                                 {"iters", iters}};
+    std::printf("%s\n", line.dump().c_str());
+    std::fflush(stdout);
+}
+
+int run(int argc, char** argv) {
+    CLI::App app{"moetrain CUDA KDA benchmark"};
+    int64_t h = 16, kd = 128, vd = 128;
+    int iters = 5, warmup = 1;
+    app.add_option("--h", h);
+    app.add_option("--k", kd);
+    app.add_option("--v", vd);
+    app.add_option("--iters", iters);
+    app.add_option("--warmup", warmup);
+    CLI11_PARSE(app, argc, argv);
+    if (!mt::core::backend_available(Device::cuda)) {
+        std::printf("%s\n", nlohmann::json{{"bench", "kda"}, {"skipped", "no CUDA device"}}.dump().c_str());
+        return 0;
+    }
+    bench_case(8, 4096, h, kd, vd, 6.0, warmup, iters);
+    bench_case(1, 32768, h, kd, vd, 8.0, warmup, iters);
+    bench_case(2, 65536, h, kd, vd, 27.0, warmup, iters);
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_kda: error: %s\n", e.what());
+        return 1;
+    }
+}
