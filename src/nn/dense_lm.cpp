@@ -22,8 +22,8 @@ DenseLM::DenseLM(const ModelConfig& cfg, const Precision& precision) : cfg_(cfg)
         core::fail_hint(
             core::ExitCode::usage,
             "train hybrid models with run.device = \"cpu\", or use an all-attention pattern (\"A\")",
-            "model.layer_pattern = \"{}\" has {} KDA layers (K), and the KDA layer is not implemented on {} "
-            "yet (CPU only)",
+            "model.layer_pattern = \"{}\" has {} KDA layers (K), and KDA layers run on the CPU only for now, "
+            "not on {}",
             cfg.layer_pattern,
             cfg.n_kda_layers(),
             core::device_name(precision.device));

@@ -268,8 +268,8 @@ void validate(const JobConfig& c, const std::string& src) {
     if (m.n_kda_layers() > 0 && c.run.device == "cuda")
         core::fail_hint(ExitCode::usage,
                         "set run.device = \"cpu\" for hybrid models, or use model.layer_pattern = \"A\"",
-                        "model.layer_pattern = \"{}\" has KDA layers (K), and the KDA layer is not implemented on "
-                        "cuda yet, but run.device = \"cuda\" [{}]",
+                        "model.layer_pattern = \"{}\" has KDA layers (K), and KDA layers run on the CPU only for now, "
+                        "but run.device = \"cuda\" [{}]",
                         m.layer_pattern,
                         src);
     if (c.train.seq_len > m.max_seq_len)

@@ -82,11 +82,11 @@ TEST_P(DenseLmGrad, FiniteDifferencesMatchBackward) {
 
     // Per tensor: 3 random directions over the whole tensor, then 4 random coordinates; central differences with
     // step h = 1e-6 max(1, max |w|). A probe passes with relative error < 1e-6, or when |numeric - analytic| is
-    // below the difference's own rounding, 16 ulp(L) / (2h) (~6e-9 here): a coordinate's gradient can be ~1e-4,
-    // where that rounding alone is a relative 3e-5.
+    // below the difference's own rounding, 16 ulp(L) / (2h) (~5e-9 here): in the hybrid models many gradients
+    // (and directional derivatives) are ~1e-3 to 1e-4, where that rounding alone is a relative 1e-6 to 1e-5.
     const double loss = model.forward(ids, targets);
     const double fd_noise = 16 * 2.2e-16 * std::abs(loss);
-    double worst = 0;
+    double worst_dir = 0, worst_coord = 0;
     int floored = 0;
     for (int p = 0; p < model.params().size(); ++p) {
         const Tensor w = model.params().param(p);
@@ -120,17 +120,18 @@ TEST_P(DenseLmGrad, FiniteDifferencesMatchBackward) {
             if (err >= 1e-6 && below_noise)
                 ++floored;
             else
-                worst = std::max(worst, err);
+                (k < 3 ? worst_dir : worst_coord) = std::max(k < 3 ? worst_dir : worst_coord, err);
             EXPECT_TRUE(err < 1e-6 || below_noise)
                 << model.params().spec(p).name << (k < 3 ? " direction " : " coordinate ") << k << ": numeric "
                 << numeric << " analytic " << analytic << ", relative error " << err;
         }
     }
     std::printf(
-        "[ DENSE LM  ] %s: worst finite-difference error %.3e over %d tensors x 7 probes (%d more within the "
-        "difference's rounding)\n",
+        "[ DENSE LM  ] %s: worst finite-difference error %.3e along directions, %.3e at coordinates, over %d tensors "
+        "(%d more coordinates within the difference's rounding)\n",
         GetParam().name,
-        worst,
+        worst_dir,
+        worst_coord,
         model.params().size(),
         floored);
 }
