@@ -1,0 +1,171 @@
+// Entry points of the Block AttnRes mix: argument checks and dispatch by device.
+#include "ops/attnres_mix.h"
+
+#include <fmt/format.h>
+
+#include "ops/cpu/attnres_mix.h"
+#include "ops/cpu/checks.h"
+#include "ops/cuda/attnres_mix_cuda.h"
+
+namespace mt::ops {
+
+namespace {
+
+// Checks the sources (1..kAttnResMaxSources tensors of one shape [N, C] and one dtype) and returns {N, C}.
+std::pair<int64_t, int64_t> check_sources(const std::vector<Tensor>& sources,
+                                          std::string_view op,
+                                          std::string_view arg) {
+    MT_CHECK(!sources.empty() && static_cast<int64_t>(sources.size()) <= kAttnResMaxSources,
+             "{}: {} holds {} tensors, expected 1 to {}",
+             op,
+             arg,
+             sources.size(),
+             kAttnResMaxSources);
+    for (size_t j = 0; j < sources.size(); ++j) {
+        const std::string name = fmt::format("{}[{}]", arg, j);
+        check_arg(sources[j], op, name, 2);
+        check_shape(sources[j], sources[0].shape(), op, name);
+        check_same_dtype(sources[j], sources[0], op);
+    }
+    MT_CHECK(
+        sources[0].size(1) > 0, "{}: {}[0] has shape {}; C must be > 0", op, arg, core::shape_str(sources[0].shape()));
+    return {sources[0].size(0), sources[0].size(1)};
+}
+
+core::Device device_of(const std::vector<Tensor>& sources,
+                       std::initializer_list<NamedArg> others,
+                       std::string_view op) {
+    const core::Device d = check_same_device(op, others);
+    for (size_t j = 0; j < sources.size(); ++j)
+        MT_CHECK(sources[j].device() == d,
+                 "{}: source {} is on {} but the other arguments are on {}",
+                 op,
+                 j,
+                 core::device_name(sources[j].device()),
+                 core::device_name(d));
+    return d;
+}
+
+template <typename T>
+std::vector<const T*> const_ptrs(const std::vector<Tensor>& ts) {
+    std::vector<const T*> out;
+    for (const Tensor& t : ts) out.push_back(t.data<T>());
+    return out;
+}
+
+template <typename T>
+std::vector<T*> ptrs(const std::vector<Tensor>& ts) {
+    std::vector<T*> out;
+    for (const Tensor& t : ts) out.push_back(t.data<T>());
+    return out;
+}
+
+void check_cpu_floats(const std::vector<Tensor>& sources, std::initializer_list<NamedArg> others, std::string_view op) {
+    for (size_t j = 0; j < sources.size(); ++j) check_float_arg(sources[j], op, fmt::format("sources[{}]", j), 2);
+    for (const NamedArg& a : others) {
+        check_float_arg(a.tensor, op, a.name, a.tensor.ndim());
+        cpu::check_dtype_as(a.tensor, sources[0], op, a.name, "the sources");
+    }
+}
+
+}  // namespace
+
+void attnres_mix_fwd(const std::vector<Tensor>& sources,
+                     const Tensor& query,
+                     const Tensor& key_gain,
+                     double eps,
+                     const Tensor& h,
+                     const Tensor& alpha) {
+    constexpr std::string_view op = "attnres_mix_fwd";
+    const auto [n, c] = check_sources(sources, op, "sources");
+    const auto m = static_cast<int64_t>(sources.size());
+    check_arg(query, op, "query", 1);
+    check_arg(key_gain, op, "key_gain", 1);
+    check_arg(h, op, "h", 2);
+    check_arg(alpha, op, "alpha", 2);
+    check_shape(query, {c}, op, "query");
+    check_shape(key_gain, {c}, op, "key_gain");
+    check_shape(h, {n, c}, op, "h");
+    check_shape(alpha, {n, m}, op, "alpha");
+    MT_CHECK(eps >= 0.0, "{}: eps = {} must be >= 0", op, eps);
+    const std::initializer_list<NamedArg> others = {
+        {"query", query}, {"key_gain", key_gain}, {"h", h}, {"alpha", alpha}};
+    if (device_of(sources, others, op) == core::Device::cuda)
+        return cuda::attnres_mix_fwd(sources, query, key_gain, eps, h, alpha);
+    check_cpu_floats(sources, others, op);
+    MT_DISPATCH_FLOAT(sources[0].dtype(), op, {
+        const auto v = const_ptrs<scalar_t>(sources);
+        cpu::attnres_mix_fwd(v.data(),
+                             query.data<scalar_t>(),
+                             key_gain.data<scalar_t>(),
+                             eps,
+                             h.data<scalar_t>(),
+                             alpha.data<scalar_t>(),
+                             m,
+                             n,
+                             c);
+    });
+}
+
+void attnres_mix_bwd(const std::vector<Tensor>& sources,
+                     const Tensor& query,
+                     const Tensor& key_gain,
+                     double eps,
+                     const Tensor& alpha,
+                     const Tensor& dh,
+                     const std::vector<Tensor>& d_sources,
+                     const Tensor& dquery,
+                     const Tensor& dkey_gain) {
+    constexpr std::string_view op = "attnres_mix_bwd";
+    const auto [n, c] = check_sources(sources, op, "sources");
+    const auto m = static_cast<int64_t>(sources.size());
+    check_sources(d_sources, op, "d_sources");
+    MT_CHECK(static_cast<int64_t>(d_sources.size()) == m,
+             "{}: d_sources holds {} tensors, expected {} (one per source)",
+             op,
+             d_sources.size(),
+             m);
+    check_shape(d_sources[0], {n, c}, op, "d_sources[0]");
+    for (const auto& [t, name, shape] : {std::tuple{&query, "query", Shape{c}},
+                                         std::tuple{&key_gain, "key_gain", Shape{c}},
+                                         std::tuple{&alpha, "alpha", Shape{n, m}},
+                                         std::tuple{&dh, "dh", Shape{n, c}},
+                                         std::tuple{&dquery, "dquery", Shape{c}},
+                                         std::tuple{&dkey_gain, "dkey_gain", Shape{c}}}) {
+        check_arg(*t, op, name, static_cast<int>(shape.size()));
+        check_shape(*t, shape, op, name);
+    }
+    MT_CHECK(eps >= 0.0, "{}: eps = {} must be >= 0", op, eps);
+    const std::initializer_list<NamedArg> others = {{"query", query},
+                                                    {"key_gain", key_gain},
+                                                    {"alpha", alpha},
+                                                    {"dh", dh},
+                                                    {"dquery", dquery},
+                                                    {"dkey_gain", dkey_gain}};
+    const core::Device dev = device_of(sources, others, op);
+    for (size_t j = 0; j < d_sources.size(); ++j)
+        MT_CHECK(d_sources[j].device() == dev, "{}: d_sources[{}] is not on {}", op, j, core::device_name(dev));
+    if (dev == core::Device::cuda)
+        return cuda::attnres_mix_bwd(sources, query, key_gain, eps, alpha, dh, d_sources, dquery, dkey_gain);
+    check_cpu_floats(sources, others, op);
+    check_cpu_floats(d_sources, {}, op);
+    cpu::check_dtype_as(d_sources[0], sources[0], op, "d_sources", "the sources");
+    MT_DISPATCH_FLOAT(sources[0].dtype(), op, {
+        const auto v = const_ptrs<scalar_t>(sources);
+        const auto dv = ptrs<scalar_t>(d_sources);
+        cpu::attnres_mix_bwd(v.data(),
+                             query.data<scalar_t>(),
+                             key_gain.data<scalar_t>(),
+                             eps,
+                             alpha.data<scalar_t>(),
+                             dh.data<scalar_t>(),
+                             dv.data(),
+                             dquery.data<scalar_t>(),
+                             dkey_gain.data<scalar_t>(),
+                             m,
+                             n,
+                             c);
+    });
+}
+
+}  // namespace mt::ops

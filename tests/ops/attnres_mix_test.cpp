@@ -1,0 +1,100 @@
+// Cases and argument checks of the Block AttnRes mix (ops/attnres_mix.h): m = 1, 2, 3, 10 sources (spec attnres.md
+// §11.3), token counts across the 64-token blocks of the gain/query gradient, and CUDA-sized rows.
+#include "ops/attnres_mix.h"
+
+#include <gtest/gtest.h>
+
+#include "op_harness.h"
+
+namespace mt::ops::test {
+namespace {
+
+OpCase attnres_case(int64_t m, int64_t n, int64_t c, double eps = 1e-6) {
+    const std::string name = fmt::format("attnres_mix_m{}_n{}_c{}", m, n, c);
+    return {
+        "attnres_mix", name, [=] {
+            const uint64_t s = op_seed(name);
+            OpProblem p;
+            for (int64_t j = 0; j < m; ++j)
+                p.inputs.push_back({fmt::format("v{}", j),
+                                    op_randn({n, c}, s, static_cast<uint64_t>(j), 0.0, 1.0 + 0.3 * j),
+                                    GradKind::accumulated});
+            p.inputs.push_back({"query", op_randn({c}, s, 100, 0.0, 0.5), GradKind::accumulated});
+            p.inputs.push_back({"key_gain", op_randn({c}, s, 101, 1.0, 0.2), GradKind::accumulated});
+            auto split = [m](const std::vector<Tensor>& in) { return std::vector<Tensor>(in.begin(), in.begin() + m); };
+            p.forward = [=](const std::vector<Tensor>& in) {
+                Tensor h = op_like(in[0]), alpha = op_stat_like(in[0], {n, m});
+                attnres_mix_fwd(split(in), in[m], in[m + 1], eps, h, alpha);
+                return std::vector<Tensor>{h};
+            };
+            p.backward = [=](const std::vector<Tensor>& in,
+                             const std::vector<Tensor>& dout,
+                             const std::vector<Tensor>& grads) {
+                Tensor h = op_like(in[0]), alpha = op_stat_like(in[0], {n, m});
+                attnres_mix_fwd(split(in), in[m], in[m + 1], eps, h, alpha);
+                attnres_mix_bwd(split(in), in[m], in[m + 1], eps, alpha, dout[0], split(grads), grads[m], grads[m + 1]);
+            };
+            return p;
+        }};
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+    op_register(attnres_case(1, 5, 8));  // one source: alpha = 1, only dv is nonzero
+    op_register(attnres_case(2, 7, 5));
+    op_register(attnres_case(3, 131, 16));  // three blocks of the query/gain gradient
+    op_register(attnres_case(10, 9, 12));
+    op_register(attnres_case(4, 301, 130));  // on the OpenMP team
+    op_register(op_parity_only(attnres_case(6, 257, 2048)));
+    op_register(op_parity_only(attnres_case(10, 67, 2049)));
+    return true;
+}();
+
+TEST(OpArgs, AttnresMixShapesAndCounts) {
+    const Tensor v = Tensor::zeros({3, 4}, DType::f32), w = Tensor::zeros({4}, DType::f32);
+    const Tensor h = op_like(v), alpha = Tensor::zeros({3, 2}, DType::f32);
+    attnres_mix_fwd({v, v}, w, w, 1e-6, h, alpha);
+    expect_op_error([&] { attnres_mix_fwd({}, w, w, 1e-6, h, alpha); },
+                    "attnres_mix_fwd: sources holds 0 tensors, expected 1 to 32");
+    expect_op_error(
+        [&] {
+            attnres_mix_fwd({v, Tensor::zeros({3, 5}, DType::f32)}, w, w, 1e-6, h, alpha);
+        },
+        "attnres_mix_fwd: sources[1] has shape [3, 5], expected [3, 4]");
+    expect_op_error([&] { attnres_mix_fwd({v}, w, w, 1e-6, h, alpha); },
+                    "attnres_mix_fwd: alpha has shape [3, 2], expected [3, 1]");
+    expect_op_error(
+        [&] {
+            attnres_mix_fwd({v, v}, Tensor::zeros({3}, DType::f32), w, 1e-6, h, alpha);
+        },
+        "attnres_mix_fwd: query has shape [3], expected [4]");
+    expect_op_error(
+        [&] {
+            attnres_mix_fwd({v, v}, w.to(DType::f64), w, 1e-6, h, alpha);
+        },
+        "attnres_mix_fwd: query has dtype f64, expected f32 (the dtype of the sources)");
+    expect_op_error(
+        [&] {
+            attnres_mix_bwd({v, v}, w, w, 1e-6, alpha, h, {v}, w, w);
+        },
+        "attnres_mix_bwd: d_sources holds 1 tensors, expected 2 (one per source)");
+}
+
+TEST(AttnresMix, ZeroQueryIsTheUniformMean) {
+    // Spec §4: with w = 0 every logit is 0, alpha = 1/m and h is the plain mean of the sources.
+    const int64_t m = 3, n = 4, c = 6;
+    std::vector<Tensor> v;
+    for (int64_t j = 0; j < m; ++j) v.push_back(op_randn({n, c}, 7, static_cast<uint64_t>(j)));
+    const Tensor zero = Tensor::zeros({c}, DType::f64), gain = op_randn({c}, 7, 9, 1.0, 0.2);
+    Tensor h = Tensor::zeros({n, c}, DType::f64), alpha = Tensor::zeros({n, m}, DType::f64);
+    attnres_mix_fwd(v, zero, gain, 1e-6, h, alpha);
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t k = 0; k < c; ++k) {
+            double mean = 0;
+            for (int64_t j = 0; j < m; ++j) mean += core::tensor_get_flat(v[j], i * c + k) / m;
+            EXPECT_NEAR(core::tensor_get_flat(h, i * c + k), mean, 1e-15);
+        }
+    for (int64_t i = 0; i < n * m; ++i) EXPECT_DOUBLE_EQ(core::tensor_get_flat(alpha, i), 1.0 / m);
+}
+
+}  // namespace
+}  // namespace mt::ops::test
