@@ -1,0 +1,146 @@
+// Entry points of the MoE router: argument checks, then the CPU reference (no CUDA path yet: cuda tensors fail with
+// "not implemented on cuda yet").
+#include "ops/moe_router.h"
+
+#include "ops/cpu/checks.h"
+
+namespace mt::ops {
+
+namespace cpu {
+// The kernels of src/ops/cpu/moe_router.cpp (shapes as in ops/moe_router.h; bias, cutoff, dscores may be null).
+template <typename T>
+void moe_router_fwd(const T* logits,
+                    const T* bias,
+                    T* scores,
+                    int32_t* indices,
+                    T* gates,
+                    T* cutoff,
+                    int64_t n,
+                    int64_t e,
+                    const MoeRouterOptions& options);
+template <typename T>
+void moe_router_bwd(const T* scores,
+                    const int32_t* indices,
+                    const T* gates,
+                    const T* dgates,
+                    const T* dscores,
+                    T* dlogits,
+                    int64_t n,
+                    int64_t e,
+                    const MoeRouterOptions& options);
+}  // namespace cpu
+
+namespace {
+
+template <typename T>
+T* data_or_null(const Tensor& t) {
+    return t.defined() ? t.data<T>() : nullptr;
+}
+
+void check_options(const MoeRouterOptions& options, int64_t e, std::string_view op) {
+    MT_CHECK(options.top_k >= 1 && options.top_k <= e, "{}: top_k = {} must be in [1, {}]", op, options.top_k, e);
+}
+
+}  // namespace
+
+void moe_router_fwd(const Tensor& logits,
+                    const Tensor& bias,
+                    const Tensor& scores,
+                    const Tensor& indices,
+                    const Tensor& gates,
+                    const Tensor& cutoff,
+                    const MoeRouterOptions& options) {
+    constexpr std::string_view op = "moe_router_fwd";
+    check_same_device(op,
+                      {{"logits", logits},
+                       {"bias", bias},
+                       {"scores", scores},
+                       {"indices", indices},
+                       {"gates", gates},
+                       {"cutoff", cutoff}});
+    check_float_arg(logits, op, "logits", 2);
+    const int64_t n = logits.size(0), e = logits.size(1), k = options.top_k;
+    check_options(options, e, op);
+    check_float_arg(scores, op, "scores", 2);
+    check_float_arg(gates, op, "gates", 2);
+    cpu::check_i32_arg(indices, op, "indices", 2);
+    cpu::check_dtype_as(scores, logits, op, "scores", "logits");
+    cpu::check_dtype_as(gates, logits, op, "gates", "logits");
+    check_shape(scores, {n, e}, op, "scores");
+    check_shape(indices, {n, k}, op, "indices");
+    check_shape(gates, {n, k}, op, "gates");
+    if (bias.defined()) {
+        check_float_arg(bias, op, "bias", 1);
+        cpu::check_dtype_as(bias, logits, op, "bias", "logits");
+        check_shape(bias, {e}, op, "bias");
+    }
+    if (cutoff.defined()) {
+        check_float_arg(cutoff, op, "cutoff", 1);
+        cpu::check_dtype_as(cutoff, logits, op, "cutoff", "logits");
+        check_shape(cutoff, {n}, op, "cutoff");
+        MT_CHECK(e > k, "{}: cutoff needs more experts than top_k (E = {}, top_k = {})", op, e, k);
+    }
+    MT_DISPATCH_FLOAT(logits.dtype(),
+                      op,
+                      cpu::moe_router_fwd(logits.data<scalar_t>(),
+                                          data_or_null<scalar_t>(bias),
+                                          scores.data<scalar_t>(),
+                                          indices.data<int32_t>(),
+                                          gates.data<scalar_t>(),
+                                          data_or_null<scalar_t>(cutoff),
+                                          n,
+                                          e,
+                                          options));
+}
+
+void moe_router_bwd(const Tensor& scores,
+                    const Tensor& indices,
+                    const Tensor& gates,
+                    const Tensor& dgates,
+                    const Tensor& dscores,
+                    const Tensor& dlogits,
+                    const MoeRouterOptions& options) {
+    constexpr std::string_view op = "moe_router_bwd";
+    check_same_device(op,
+                      {{"scores", scores},
+                       {"indices", indices},
+                       {"gates", gates},
+                       {"dgates", dgates},
+                       {"dscores", dscores},
+                       {"dlogits", dlogits}});
+    check_float_arg(scores, op, "scores", 2);
+    const int64_t n = scores.size(0), e = scores.size(1), k = options.top_k;
+    check_options(options, e, op);
+    cpu::check_i32_arg(indices, op, "indices", 2);
+    check_float_arg(gates, op, "gates", 2);
+    check_float_arg(dgates, op, "dgates", 2);
+    check_float_arg(dlogits, op, "dlogits", 2);
+    cpu::check_dtype_as(gates, scores, op, "gates", "scores");
+    cpu::check_dtype_as(dgates, scores, op, "dgates", "scores");
+    cpu::check_dtype_as(dlogits, scores, op, "dlogits", "scores");
+    check_shape(indices, {n, k}, op, "indices");
+    check_shape(gates, {n, k}, op, "gates");
+    check_shape(dgates, {n, k}, op, "dgates");
+    check_shape(dlogits, {n, e}, op, "dlogits");
+    if (dscores.defined()) {
+        check_float_arg(dscores, op, "dscores", 2);
+        cpu::check_dtype_as(dscores, scores, op, "dscores", "scores");
+        check_shape(dscores, {n, e}, op, "dscores");
+    }
+    const int32_t* idx = indices.data<int32_t>();
+    for (int64_t i = 0; i < n * k; ++i)
+        MT_CHECK(idx[i] >= 0 && idx[i] < e, "{}: indices[{}] = {} is outside [0, {})", op, i, idx[i], e);
+    MT_DISPATCH_FLOAT(scores.dtype(),
+                      op,
+                      cpu::moe_router_bwd(scores.data<scalar_t>(),
+                                          idx,
+                                          gates.data<scalar_t>(),
+                                          dgates.data<scalar_t>(),
+                                          data_or_null<scalar_t>(dscores),
+                                          dlogits.data<scalar_t>(),
+                                          n,
+                                          e,
+                                          options));
+}
+
+}  // namespace mt::ops

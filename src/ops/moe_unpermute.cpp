@@ -1,0 +1,103 @@
+// Entry points of the MoE combine: argument checks, then the CPU reference (no CUDA path yet: cuda tensors fail with
+// "not implemented on cuda yet").
+#include "ops/moe_unpermute.h"
+
+#include "ops/cpu/checks.h"
+
+namespace mt::ops {
+
+namespace cpu {
+// The kernels of src/ops/cpu/moe_unpermute.cpp (shapes as in ops/moe_unpermute.h).
+template <typename T>
+void moe_unpermute_fwd(const T* yp, const int32_t* slot_row, const T* gates, T* y, int64_t n, int64_t k, int64_t c);
+template <typename T>
+void moe_unpermute_bwd(const T* yp,
+                       const int32_t* slot_row,
+                       const T* gates,
+                       const T* dy,
+                       T* dyp,
+                       T* dgates,
+                       int64_t n,
+                       int64_t k,
+                       int64_t c,
+                       int64_t rows);
+}  // namespace cpu
+
+namespace {
+
+// slot_row: a CPU i32 [N, K] tensor whose entries are -1 or rows of the buffer, each row named at most once.
+void check_slot_row(const Tensor& slot_row, int64_t rows, std::string_view op) {
+    MT_CHECK(slot_row.defined(), "{}: slot_row is undefined", op);
+    MT_CHECK(slot_row.device() == core::Device::cpu,
+             "{}: slot_row is a {} tensor; {} is not implemented on cuda yet",
+             op,
+             core::device_name(slot_row.device()),
+             op);
+    cpu::check_i32_arg(slot_row, op, "slot_row", 2);
+    const int32_t* v = slot_row.data<int32_t>();
+    for (int64_t i = 0; i < slot_row.numel(); ++i)
+        MT_CHECK(v[i] >= -1 && v[i] < rows, "{}: slot_row[{}] = {} is outside [-1, {})", op, i, v[i], rows);
+}
+
+}  // namespace
+
+void moe_unpermute_fwd(const Tensor& yp, const Tensor& slot_row, const Tensor& gates, const Tensor& y) {
+    constexpr std::string_view op = "moe_unpermute_fwd";
+    check_same_device(op, {{"yp", yp}, {"slot_row", slot_row}, {"gates", gates}, {"y", y}});
+    check_float_arg(yp, op, "yp", 2);
+    check_float_arg(gates, op, "gates", 2);
+    check_float_arg(y, op, "y", 2);
+    cpu::check_dtype_as(gates, yp, op, "gates", "yp");
+    cpu::check_dtype_as(y, yp, op, "y", "yp");
+    const int64_t rows = yp.size(0), c = yp.size(1);
+    check_slot_row(slot_row, rows, op);
+    const int64_t n = slot_row.size(0), k = slot_row.size(1);
+    check_shape(gates, {n, k}, op, "gates");
+    check_shape(y, {n, c}, op, "y");
+    MT_DISPATCH_FLOAT(
+        yp.dtype(),
+        op,
+        cpu::moe_unpermute_fwd(
+            yp.data<scalar_t>(), slot_row.data<int32_t>(), gates.data<scalar_t>(), y.data<scalar_t>(), n, k, c));
+}
+
+void moe_unpermute_bwd(const Tensor& yp,
+                       const Tensor& slot_row,
+                       const Tensor& gates,
+                       const Tensor& dy,
+                       const Tensor& dyp,
+                       const Tensor& dgates) {
+    constexpr std::string_view op = "moe_unpermute_bwd";
+    check_same_device(
+        op, {{"yp", yp}, {"slot_row", slot_row}, {"gates", gates}, {"dy", dy}, {"dyp", dyp}, {"dgates", dgates}});
+    check_float_arg(yp, op, "yp", 2);
+    check_float_arg(gates, op, "gates", 2);
+    check_float_arg(dy, op, "dy", 2);
+    check_float_arg(dyp, op, "dyp", 2);
+    check_float_arg(dgates, op, "dgates", 2);
+    cpu::check_dtype_as(gates, yp, op, "gates", "yp");
+    cpu::check_dtype_as(dy, yp, op, "dy", "yp");
+    cpu::check_dtype_as(dyp, yp, op, "dyp", "yp");
+    cpu::check_dtype_as(dgates, yp, op, "dgates", "yp");
+    const int64_t rows = yp.size(0), c = yp.size(1);
+    check_slot_row(slot_row, rows, op);
+    const int64_t n = slot_row.size(0), k = slot_row.size(1);
+    check_shape(gates, {n, k}, op, "gates");
+    check_shape(dy, {n, c}, op, "dy");
+    check_shape(dyp, {rows, c}, op, "dyp");
+    check_shape(dgates, {n, k}, op, "dgates");
+    MT_DISPATCH_FLOAT(yp.dtype(),
+                      op,
+                      cpu::moe_unpermute_bwd(yp.data<scalar_t>(),
+                                             slot_row.data<int32_t>(),
+                                             gates.data<scalar_t>(),
+                                             dy.data<scalar_t>(),
+                                             dyp.data<scalar_t>(),
+                                             dgates.data<scalar_t>(),
+                                             n,
+                                             k,
+                                             c,
+                                             rows));
+}
+
+}  // namespace mt::ops
