@@ -50,11 +50,17 @@ OpCase grouped_case(const std::vector<int32_t>& counts, int64_t k, int64_t m) {
             }};
 }
 
+// No CUDA path yet (issue 5's CUDA part): the parity mode has nothing to compare; re-enable it with the kernels.
+OpCase cpu_only(OpCase c) {
+    c.parity.bf16 = c.parity.f16 = c.parity.f32 = false;
+    return c;
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
-    op_register(grouped_case({1}, 1, 1));
-    op_register(grouped_case({3, 0, 7, 1}, 5, 3));       // an empty expert
-    op_register(grouped_case({0, 0, 2}, 4, 6));          // leading empty experts
-    op_register(grouped_case({130, 5, 0, 61}, 17, 11));  // crosses the 128-row chunk
+    op_register(cpu_only(grouped_case({1}, 1, 1)));
+    op_register(cpu_only(grouped_case({3, 0, 7, 1}, 5, 3)));       // an empty expert
+    op_register(cpu_only(grouped_case({0, 0, 2}, 4, 6)));          // leading empty experts
+    op_register(cpu_only(grouped_case({130, 5, 0, 61}, 17, 11)));  // crosses the 128-row chunk
     return true;
 }();
 

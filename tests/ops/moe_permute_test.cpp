@@ -69,11 +69,17 @@ OpCase permute_case(int64_t n, int64_t e, int64_t k, int64_t c, int64_t capacity
             }};
 }
 
+// No CUDA path yet (issue 5's CUDA part): the parity mode has nothing to compare; re-enable it with the kernels.
+OpCase cpu_only(OpCase c) {
+    c.parity.bf16 = c.parity.f16 = c.parity.f32 = false;
+    return c;
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
-    op_register(permute_case(1, 1, 1, 1, 0));
-    op_register(permute_case(7, 5, 2, 3, 0));
-    op_register(permute_case(13, 8, 3, 5, 4));  // capacity 4 < 13 * 3 / 8: drops
-    op_register(permute_case(97, 16, 4, 67, 0));
+    op_register(cpu_only(permute_case(1, 1, 1, 1, 0)));
+    op_register(cpu_only(permute_case(7, 5, 2, 3, 0)));
+    op_register(cpu_only(permute_case(13, 8, 3, 5, 4)));  // capacity 4 < 13 * 3 / 8: drops
+    op_register(cpu_only(permute_case(97, 16, 4, 67, 0)));
     return true;
 }();
 

@@ -79,14 +79,20 @@ OpCase router_case(int64_t n, int64_t e, int64_t k, MoeScore score, bool normali
             }};
 }
 
+// No CUDA path yet (issue 5's CUDA part): the parity mode has nothing to compare; re-enable it with the kernels.
+OpCase cpu_only(OpCase c) {
+    c.parity.bf16 = c.parity.f16 = c.parity.f32 = false;
+    return c;
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
-    op_register(router_case(1, 1, 1, MoeScore::sigmoid, true, 1.0));
-    op_register(router_case(7, 5, 2, MoeScore::sigmoid, true, 2.5));
-    op_register(router_case(7, 5, 2, MoeScore::sigmoid, false, 2.5));
-    op_register(router_case(13, 16, 4, MoeScore::sigmoid, true, 1.0));
-    op_register(router_case(11, 9, 3, MoeScore::softmax, true, 1.0));
-    op_register(router_case(11, 9, 3, MoeScore::softmax, false, 2.0));
-    op_register(router_case(67, 37, 8, MoeScore::sigmoid, true, 2.446));  // more rows than one parallel task
+    op_register(cpu_only(router_case(1, 1, 1, MoeScore::sigmoid, true, 1.0)));
+    op_register(cpu_only(router_case(7, 5, 2, MoeScore::sigmoid, true, 2.5)));
+    op_register(cpu_only(router_case(7, 5, 2, MoeScore::sigmoid, false, 2.5)));
+    op_register(cpu_only(router_case(13, 16, 4, MoeScore::sigmoid, true, 1.0)));
+    op_register(cpu_only(router_case(11, 9, 3, MoeScore::softmax, true, 1.0)));
+    op_register(cpu_only(router_case(11, 9, 3, MoeScore::softmax, false, 2.0)));
+    op_register(cpu_only(router_case(67, 37, 8, MoeScore::sigmoid, true, 2.446)));  // more rows than one parallel task
     return true;
 }();
 

@@ -45,11 +45,17 @@ OpCase unpermute_case(int64_t n, int64_t e, int64_t k, int64_t c, int64_t capaci
             }};
 }
 
+// No CUDA path yet (issue 5's CUDA part): the parity mode has nothing to compare; re-enable it with the kernels.
+OpCase cpu_only(OpCase c) {
+    c.parity.bf16 = c.parity.f16 = c.parity.f32 = false;
+    return c;
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
-    op_register(unpermute_case(1, 1, 1, 1, 0));
-    op_register(unpermute_case(7, 5, 2, 3, 0));
-    op_register(unpermute_case(13, 4, 3, 5, 6));  // capacity 6 < 13 * 3 / 4: dropped slots get dgates = 0
-    op_register(unpermute_case(101, 16, 4, 67, 0));
+    op_register(cpu_only(unpermute_case(1, 1, 1, 1, 0)));
+    op_register(cpu_only(unpermute_case(7, 5, 2, 3, 0)));
+    op_register(cpu_only(unpermute_case(13, 4, 3, 5, 6)));  // capacity 6 < 13 * 3 / 4: dropped slots get dgates = 0
+    op_register(cpu_only(unpermute_case(101, 16, 4, 67, 0)));
     return true;
 }();
 
