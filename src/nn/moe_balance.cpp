@@ -1,0 +1,415 @@
+// MoE load balancing: QB's histogram and its quantile update, the sign rule, the aux loss, and the state's
+// checkpoint form (moe.md §2).
+#include "nn/moe_balance.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace mt::nn {
+
+using core::DType;
+using core::ExitCode;
+using core::Tensor;
+
+MoeBalanceMode moe_balance_mode_parse(const std::string& name) {
+    if (name == "quantile") return MoeBalanceMode::quantile;
+    if (name == "sign_bias") return MoeBalanceMode::sign_bias;
+    if (name == "aux_loss") return MoeBalanceMode::aux_loss;
+    if (name == "none") return MoeBalanceMode::none;
+    core::fail(ExitCode::usage,
+               "moe.balance = \"{}\" is not a balancing method (quantile, sign_bias, aux_loss or none)",
+               name);
+}
+
+const char* moe_balance_mode_name(MoeBalanceMode mode) {
+    switch (mode) {
+        case MoeBalanceMode::quantile:
+            return "quantile";
+        case MoeBalanceMode::sign_bias:
+            return "sign_bias";
+        case MoeBalanceMode::aux_loss:
+            return "aux_loss";
+        case MoeBalanceMode::none:
+            return "none";
+    }
+    return "?";
+}
+
+MoeBalancer::MoeBalancer(int64_t num_experts, int64_t top_k, const MoeBalanceConfig& config)
+    : n_(num_experts), k_(top_k), config_(config) {
+    const bool uses_bias = config.mode == MoeBalanceMode::quantile || config.mode == MoeBalanceMode::sign_bias;
+    if (num_experts < 1 || top_k < 1 || top_k > num_experts)
+        core::fail(ExitCode::usage, "moe: top_k = {} must be in [1, num_experts = {}]", top_k, num_experts);
+    if (uses_bias && num_experts <= top_k)
+        core::fail(ExitCode::usage,
+                   "moe.balance = \"{}\" needs num_experts > top_k (got {} and {})",
+                   moe_balance_mode_name(config.mode),
+                   num_experts,
+                   top_k);
+    if (config.mode == MoeBalanceMode::quantile) {
+        if (config.bins < 1) core::fail(ExitCode::usage, "moe.quantile.bins = {} must be >= 1", config.bins);
+        if (config.update_interval < 1)
+            core::fail(ExitCode::usage, "moe.quantile.update_interval = {} must be >= 1", config.update_interval);
+        if (!(config.ema >= 0.0 && config.ema < 1.0))
+            core::fail(ExitCode::usage, "moe.quantile.ema = {} must be in [0, 1)", config.ema);
+        hist_.assign(static_cast<size_t>(n_ * config.bins), 0);
+    }
+    bias_.assign(static_cast<size_t>(n_), 0.0f);
+    loads_.assign(static_cast<size_t>(n_), 0);
+}
+
+void MoeBalancer::set_bias(const std::vector<float>& bias) {
+    MT_CHECK(
+        static_cast<int64_t>(bias.size()) == n_, "moe balancer: bias has {} entries, expected {}", bias.size(), n_);
+    bias_ = bias;
+}
+
+namespace {
+
+// Adds the QB histogram counts of one micro-batch: for every token i and expert j, r = c_i - s_ij into bin
+// clamp(floor((r - L) B / (U - L)), 0, B - 1) of row j (in double, so the bins do not depend on the scores' dtype
+// beyond their values).
+template <typename T>
+void add_histogram(
+    const T* s, const T* cutoff, int64_t n_tok, int64_t n, int64_t bins, double lo, double hi, uint64_t* hist) {
+    const double scale = static_cast<double>(bins) / (hi - lo);
+    for (int64_t i = 0; i < n_tok; ++i) {
+        const double c = static_cast<double>(cutoff[i]);
+        for (int64_t j = 0; j < n; ++j) {
+            const double r = c - static_cast<double>(s[i * n + j]);
+            const double t = std::floor((r - lo) * scale);
+            const int64_t bin =
+                std::isnan(t) ? 0 : static_cast<int64_t>(std::clamp(t, 0.0, static_cast<double>(bins - 1)));
+            ++hist[j * bins + bin];
+        }
+    }
+}
+
+}  // namespace
+
+void MoeBalancer::observe(const Tensor& scores, const Tensor& cutoff, const Tensor& indices) {
+    MT_CHECK(scores.ndim() == 2 && scores.size(1) == n_ && scores.is_contiguous(),
+             "moe balancer: scores has shape {}, expected [N, {}]",
+             core::shape_str(scores.shape()),
+             n_);
+    const int64_t n_tok = scores.size(0);
+    MT_CHECK(indices.dtype() == DType::i32 && indices.shape() == core::Shape({n_tok, k_}),
+             "moe balancer: indices has shape {}, expected [{}, {}] i32",
+             core::shape_str(indices.shape()),
+             n_tok,
+             k_);
+    tokens_seen_ += n_tok;
+    tokens_interval_ += n_tok;
+    const int32_t* idx = indices.data<int32_t>();
+    for (int64_t s = 0; s < n_tok * k_; ++s) ++loads_[static_cast<size_t>(idx[s])];
+    if (config_.mode != MoeBalanceMode::quantile) return;
+    MT_CHECK(cutoff.defined() && cutoff.shape() == core::Shape({n_tok}) && cutoff.dtype() == scores.dtype(),
+             "moe balancer: quantile balancing needs the router's cutoff [{}]",
+             n_tok);
+    if (scores.dtype() == DType::f64)
+        add_histogram(
+            scores.data<double>(), cutoff.data<double>(), n_tok, n_, config_.bins, lower_, upper_, hist_.data());
+    else
+        add_histogram(
+            scores.data<float>(), cutoff.data<float>(), n_tok, n_, config_.bins, lower_, upper_, hist_.data());
+}
+
+bool MoeBalancer::step() {
+    switch (config_.mode) {
+        case MoeBalanceMode::quantile:
+            if (++steps_in_interval_ < config_.update_interval) return false;
+            update_quantile();
+            break;
+        case MoeBalanceMode::sign_bias:
+            update_sign();
+            break;
+        default:
+            std::fill(loads_.begin(), loads_.end(), 0);
+            tokens_interval_ = 0;
+            return false;
+    }
+    steps_in_interval_ = 0;
+    tokens_interval_ = 0;
+    std::fill(loads_.begin(), loads_.end(), 0);
+    ++updates_;
+    return true;
+}
+
+namespace {
+
+// b <- b - mean(b), rounded to f32; returns mean |b_new - b_old| against `old`.
+double center_and_store(const std::vector<double>& b, const std::vector<float>& old, std::vector<float>* out) {
+    const double mean = std::accumulate(b.begin(), b.end(), 0.0) / static_cast<double>(b.size());
+    double moved = 0;
+    for (size_t j = 0; j < b.size(); ++j) {
+        (*out)[j] = static_cast<float>(b[j] - mean);
+        moved += std::fabs(static_cast<double>((*out)[j]) - static_cast<double>(old[j]));
+    }
+    return moved / static_cast<double>(b.size());
+}
+
+}  // namespace
+
+void MoeBalancer::update_quantile() {
+    const int64_t bins = config_.bins;
+    const double width = (upper_ - lower_) / static_cast<double>(bins);
+    std::vector<double> b(static_cast<size_t>(n_));
+    last_target_.assign(static_cast<size_t>(n_), 0.0);
+    last_bin_count_.assign(static_cast<size_t>(n_), 0);
+    for (int64_t j = 0; j < n_; ++j) {
+        const uint64_t* h = hist_.data() + j * bins;
+        const uint64_t total = std::accumulate(h, h + bins, uint64_t{0});
+        double target = bias_[static_cast<size_t>(j)];
+        if (total > 0) {
+            const double tau = static_cast<double>(total) * static_cast<double>(k_) / static_cast<double>(n_);
+            const uint64_t rank = static_cast<uint64_t>(std::ceil(tau));
+            uint64_t cum = 0;
+            int64_t c = 0;
+            while (c < bins - 1 && cum + h[c] < rank) cum += h[c++];
+            const double frac =
+                h[c] > 0 ? std::clamp((tau - static_cast<double>(cum)) / static_cast<double>(h[c]), 0.0, 1.0) : 1.0;
+            target = lower_ + (static_cast<double>(c) + frac) * width;
+            last_bin_count_[static_cast<size_t>(j)] = h[c];
+        }
+        last_target_[static_cast<size_t>(j)] = target;
+        const double ema = config_.ema;
+        b[static_cast<size_t>(j)] = ema * static_cast<double>(bias_[static_cast<size_t>(j)]) + (1.0 - ema) * target;
+    }
+    const std::vector<float> old = bias_;
+    last_bias_step_ = center_and_store(b, old, &bias_);
+    const auto [mn, mx] = std::minmax_element(bias_.begin(), bias_.end());
+    lower_ = static_cast<double>(*mn) - 1.0;
+    upper_ = static_cast<double>(*mx) + 1.0;
+    std::fill(hist_.begin(), hist_.end(), 0);
+}
+
+void MoeBalancer::update_sign() {
+    const bool frozen = config_.sign_freeze_after_tokens >= 0 && tokens_seen_ >= config_.sign_freeze_after_tokens;
+    const double gamma = frozen ? 0.0 : config_.sign_rate;
+    const double mean_load = static_cast<double>(tokens_interval_ * k_) / static_cast<double>(n_);
+    std::vector<double> sign(static_cast<size_t>(n_));
+    for (int64_t j = 0; j < n_; ++j) {
+        const double d = mean_load - static_cast<double>(loads_[static_cast<size_t>(j)]);
+        sign[static_cast<size_t>(j)] = d > 0 ? 1.0 : (d < 0 ? -1.0 : 0.0);
+    }
+    const double mean_sign =
+        config_.sign_centered ? std::accumulate(sign.begin(), sign.end(), 0.0) / static_cast<double>(n_) : 0.0;
+    const std::vector<float> old = bias_;
+    double moved = 0;
+    for (int64_t j = 0; j < n_; ++j) {
+        const size_t u = static_cast<size_t>(j);
+        bias_[u] = static_cast<float>(static_cast<double>(bias_[u]) + gamma * (sign[u] - mean_sign));
+        moved += std::fabs(static_cast<double>(bias_[u]) - static_cast<double>(old[u]));
+    }
+    last_bias_step_ = moved / static_cast<double>(n_);
+}
+
+std::vector<std::pair<std::string, Tensor>> MoeBalancer::state_tensors(const std::string& prefix) const {
+    std::vector<std::pair<std::string, Tensor>> out;
+    Tensor bias = Tensor::zeros({n_}, DType::f32);
+    std::copy(bias_.begin(), bias_.end(), bias.data<float>());
+    out.push_back({prefix + ".bias", bias});
+    Tensor loads = Tensor::zeros({n_}, DType::i64);
+    std::copy(loads_.begin(), loads_.end(), loads.data<int64_t>());
+    out.push_back({prefix + ".loads", loads});
+    Tensor counters = Tensor::zeros({4}, DType::i64);
+    int64_t* c = counters.data<int64_t>();
+    c[0] = steps_in_interval_, c[1] = updates_, c[2] = tokens_seen_, c[3] = tokens_interval_;
+    out.push_back({prefix + ".counters", counters});
+    if (config_.mode == MoeBalanceMode::quantile) {
+        Tensor bounds = Tensor::zeros({2}, DType::f64);
+        bounds.data<double>()[0] = lower_;
+        bounds.data<double>()[1] = upper_;
+        out.push_back({prefix + ".qb_bounds", bounds});
+        Tensor hist = Tensor::zeros({n_, config_.bins}, DType::i64);
+        for (size_t i = 0; i < hist_.size(); ++i) hist.data<int64_t>()[i] = static_cast<int64_t>(hist_[i]);
+        out.push_back({prefix + ".qb_hist", hist});
+    }
+    return out;
+}
+
+void MoeBalancer::load_state(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& prefix) {
+    auto find = [&](const std::string& suffix, const core::Shape& shape, DType dtype) {
+        const std::string name = prefix + suffix;
+        for (const auto& [key, t] : tensors) {
+            if (key != name) continue;
+            if (t.shape() != shape || t.dtype() != dtype)
+                core::fail(ExitCode::checkpoint,
+                           "checkpoint tensor {} has shape {} {}, expected {} {}",
+                           name,
+                           core::shape_str(t.shape()),
+                           core::dtype_name(t.dtype()),
+                           core::shape_str(shape),
+                           core::dtype_name(dtype));
+            return t.is_contiguous() ? t : t.clone();
+        }
+        core::fail(ExitCode::checkpoint, "checkpoint has no tensor {} (MoE balancer state)", name);
+    };
+    const Tensor bias = find(".bias", {n_}, DType::f32), loads = find(".loads", {n_}, DType::i64);
+    const Tensor counters = find(".counters", {4}, DType::i64);
+    std::copy(bias.data<float>(), bias.data<float>() + n_, bias_.begin());
+    std::copy(loads.data<int64_t>(), loads.data<int64_t>() + n_, loads_.begin());
+    const int64_t* c = counters.data<int64_t>();
+    steps_in_interval_ = c[0], updates_ = c[1], tokens_seen_ = c[2], tokens_interval_ = c[3];
+    if (config_.mode == MoeBalanceMode::quantile) {
+        const Tensor bounds = find(".qb_bounds", {2}, DType::f64),
+                     hist = find(".qb_hist", {n_, config_.bins}, DType::i64);
+        lower_ = bounds.data<double>()[0];
+        upper_ = bounds.data<double>()[1];
+        for (size_t i = 0; i < hist_.size(); ++i) hist_[i] = static_cast<uint64_t>(hist.data<int64_t>()[i]);
+    }
+}
+
+nlohmann::json MoeBalancer::state_json() const {
+    nlohmann::json j = {{"mode", moe_balance_mode_name(config_.mode)},
+                        {"bias", bias_},
+                        {"loads", loads_},
+                        {"steps_in_interval", steps_in_interval_},
+                        {"updates", updates_},
+                        {"tokens_seen", tokens_seen_},
+                        {"tokens_interval", tokens_interval_}};
+    if (config_.mode == MoeBalanceMode::quantile) {
+        j["lower"] = lower_;
+        j["upper"] = upper_;
+        j["bins"] = config_.bins;
+        j["hist"] = hist_;
+    }
+    return j;
+}
+
+void MoeBalancer::load_state_json(const nlohmann::json& j) {
+    try {
+        const std::string mode = j.at("mode").get<std::string>();
+        if (mode != moe_balance_mode_name(config_.mode))
+            core::fail(ExitCode::checkpoint,
+                       "MoE balancer state is for moe.balance = \"{}\", the model uses \"{}\"",
+                       mode,
+                       moe_balance_mode_name(config_.mode));
+        auto bias = j.at("bias").get<std::vector<float>>();
+        auto loads = j.at("loads").get<std::vector<int64_t>>();
+        if (static_cast<int64_t>(bias.size()) != n_ || static_cast<int64_t>(loads.size()) != n_)
+            core::fail(ExitCode::checkpoint, "MoE balancer state has {} experts, the model {}", bias.size(), n_);
+        if (config_.mode == MoeBalanceMode::quantile) {
+            auto hist = j.at("hist").get<std::vector<uint64_t>>();
+            if (hist.size() != hist_.size())
+                core::fail(ExitCode::checkpoint,
+                           "MoE balancer histogram has {} entries, expected {}",
+                           hist.size(),
+                           hist_.size());
+            hist_ = std::move(hist);
+            lower_ = j.at("lower").get<double>();
+            upper_ = j.at("upper").get<double>();
+        }
+        bias_ = std::move(bias);
+        loads_ = std::move(loads);
+        steps_in_interval_ = j.at("steps_in_interval").get<int64_t>();
+        updates_ = j.at("updates").get<int64_t>();
+        tokens_seen_ = j.at("tokens_seen").get<int64_t>();
+        tokens_interval_ = j.at("tokens_interval").get<int64_t>();
+    } catch (const nlohmann::json::exception& e) {
+        core::fail(ExitCode::checkpoint, "MoE balancer state JSON is malformed: {}", e.what());
+    }
+}
+
+namespace {
+
+template <typename T>
+std::vector<double> qb_exact_bias(const T* s, const T* cutoff, int64_t n_tok, int64_t n, int64_t rank) {
+    std::vector<double> b(static_cast<size_t>(n)), r(static_cast<size_t>(n_tok));
+    for (int64_t j = 0; j < n; ++j) {
+        for (int64_t i = 0; i < n_tok; ++i)
+            r[static_cast<size_t>(i)] = static_cast<double>(cutoff[i]) - static_cast<double>(s[i * n + j]);
+        std::nth_element(r.begin(), r.begin() + rank, r.end());
+        const double above = r[static_cast<size_t>(rank)];
+        const double below = *std::max_element(r.begin(), r.begin() + rank);
+        b[static_cast<size_t>(j)] = 0.5 * (below + above);
+    }
+    return b;
+}
+
+}  // namespace
+
+std::vector<double> moe_qb_exact_bias(const Tensor& scores, const Tensor& cutoff, int64_t top_k) {
+    MT_CHECK(scores.ndim() == 2 && scores.is_contiguous() && cutoff.dtype() == scores.dtype() &&
+                 cutoff.shape() == core::Shape({scores.size(0)}),
+             "moe_qb_exact_bias: scores [N, n] and cutoff [N] must be contiguous and of one dtype");
+    const int64_t n_tok = scores.size(0), n = scores.size(1);
+    const int64_t rank = (n_tok * top_k + n - 1) / n;  // R = ceil(N k / n), 1-based
+    MT_CHECK(rank >= 1 && rank < n_tok, "moe_qb_exact_bias: rank {} needs more than {} tokens", rank, n_tok);
+    if (scores.dtype() == DType::f64)
+        return qb_exact_bias(scores.data<double>(), cutoff.data<double>(), n_tok, n, rank);
+    return qb_exact_bias(scores.data<float>(), cutoff.data<float>(), n_tok, n, rank);
+}
+
+namespace {
+
+template <typename T>
+double aux_loss_impl(
+    const T* s, const int32_t* idx, int64_t n_tok, int64_t n, int64_t k, double coeff, bool probs, T* ds) {
+    std::vector<double> count(static_cast<size_t>(n), 0.0), p_mean(static_cast<size_t>(n), 0.0);
+    for (int64_t q = 0; q < n_tok * k; ++q) count[static_cast<size_t>(idx[q])] += 1.0;
+    for (int64_t i = 0; i < n_tok; ++i) {
+        double sum = 1.0;
+        if (!probs) sum = std::accumulate(s + i * n, s + (i + 1) * n, 0.0);
+        for (int64_t j = 0; j < n; ++j) p_mean[static_cast<size_t>(j)] += static_cast<double>(s[i * n + j]) / sum;
+    }
+    const double t = static_cast<double>(n_tok);
+    std::vector<double> g(static_cast<size_t>(n));  // d loss / d p_tj = alpha f_j / T
+    double loss = 0;
+    for (int64_t j = 0; j < n; ++j) {
+        const double f = static_cast<double>(n) * count[static_cast<size_t>(j)] / (static_cast<double>(k) * t);
+        loss += coeff * f * p_mean[static_cast<size_t>(j)] / t;
+        g[static_cast<size_t>(j)] = coeff * f / t;
+    }
+    if (!ds) return loss;
+    for (int64_t i = 0; i < n_tok; ++i) {
+        const T* si = s + i * n;
+        T* di = ds + i * n;
+        if (probs) {
+            for (int64_t j = 0; j < n; ++j) di[j] = static_cast<T>(g[static_cast<size_t>(j)]);
+            continue;
+        }
+        // p = s / S: ds_m = (g_m - sum_j g_j p_j) / S
+        const double sum = std::accumulate(si, si + n, 0.0);
+        double dot = 0;
+        for (int64_t j = 0; j < n; ++j) dot += g[static_cast<size_t>(j)] * static_cast<double>(si[j]) / sum;
+        for (int64_t j = 0; j < n; ++j) di[j] = static_cast<T>((g[static_cast<size_t>(j)] - dot) / sum);
+    }
+    return loss;
+}
+
+}  // namespace
+
+double moe_aux_loss(const Tensor& scores, const Tensor& indices, double coeff, bool probs, const Tensor& dscores) {
+    MT_CHECK(scores.ndim() == 2 && scores.is_contiguous(), "moe_aux_loss: scores must be a contiguous [N, n] tensor");
+    const int64_t n_tok = scores.size(0), n = scores.size(1);
+    MT_CHECK(indices.dtype() == DType::i32 && indices.ndim() == 2 && indices.size(0) == n_tok,
+             "moe_aux_loss: indices has shape {}, expected [{}, k] i32",
+             core::shape_str(indices.shape()),
+             n_tok);
+    if (n_tok == 0) return 0.0;
+    const int64_t k = indices.size(1);
+    if (dscores.defined())
+        MT_CHECK(dscores.shape() == scores.shape() && dscores.dtype() == scores.dtype(),
+                 "moe_aux_loss: dscores must match scores");
+    if (scores.dtype() == DType::f64)
+        return aux_loss_impl(scores.data<double>(),
+                             indices.data<int32_t>(),
+                             n_tok,
+                             n,
+                             k,
+                             coeff,
+                             probs,
+                             dscores.defined() ? dscores.data<double>() : nullptr);
+    return aux_loss_impl(scores.data<float>(),
+                         indices.data<int32_t>(),
+                         n_tok,
+                         n,
+                         k,
+                         coeff,
+                         probs,
+                         dscores.defined() ? dscores.data<float>() : nullptr);
+}
+
+}  // namespace mt::nn

@@ -1,0 +1,128 @@
+// MoE load balancing (moe.md §2): Quantile Balancing (histogram form, the default), DeepSeek-V3's sign-based bias,
+// the classic auxiliary loss, or none. A MoeBalancer holds one MoE layer's state: the bias b [n] (f32, zero-mean;
+// it shifts the top-k selection only), QB's bin bounds (L, U) and histogram H [n, B] (u64, accumulated over an
+// update interval), the per-expert loads of the sign rule, and the counters. All of it round-trips through
+// state_tensors() / load_state() (checkpoint tensors) and state_json() (the same, as JSON).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mt::nn {
+
+enum class MoeBalanceMode { quantile, sign_bias, aux_loss, none };
+
+// "quantile" | "sign_bias" | "aux_loss" | "none"; anything else fails naming the key moe.balance.
+MoeBalanceMode moe_balance_mode_parse(const std::string& name);
+const char* moe_balance_mode_name(MoeBalanceMode mode);
+
+struct MoeBalanceConfig {
+    MoeBalanceMode mode = MoeBalanceMode::quantile;
+    // quantile (moe.quantile.*)
+    int64_t bins = 1000;
+    int64_t update_interval = 1;  // steps per update; 100-500 are supported
+    double ema = 0.0;             // b <- ema b + (1 - ema) b'
+    // sign_bias (moe.sign_bias.*)
+    double sign_rate = 1e-3;
+    bool sign_centered = true;
+    int64_t sign_freeze_after_tokens = -1;  // -1: never freeze
+    // aux_loss (moe.aux_loss.*; scope micro_batch)
+    double aux_coeff = 1e-2;
+};
+
+class MoeBalancer {
+   public:
+    MoeBalancer() = default;
+    // Fails (exit 2) on a config error: n <= k with a bias method, bins < 1, interval < 1, ema outside [0, 1).
+    MoeBalancer(int64_t num_experts, int64_t top_k, const MoeBalanceConfig& config);
+
+    const MoeBalanceConfig& config() const {
+        return config_;
+    }
+    // The selection bias (zero for aux_loss and none).
+    const std::vector<float>& bias() const {
+        return bias_;
+    }
+    void set_bias(const std::vector<float>& bias);  // tests and manual resets; kept as given
+    // True when the router must report the cutoff (the (k+1)-th biased score) for observe().
+    bool needs_cutoff() const {
+        return config_.mode == MoeBalanceMode::quantile;
+    }
+
+    // Counts one micro-batch of training routing: scores [N, n] f32|f64, cutoff [N] (quantile; else undefined),
+    // indices [N, k] i32 (the router's pre-drop choice).
+    void observe(const core::Tensor& scores, const core::Tensor& cutoff, const core::Tensor& indices);
+    // End of a training step (after the backward of its last micro-batch): QB updates b every update_interval-th
+    // step; sign_bias every step. Returns true when b was updated.
+    bool step();
+    // mean |b_new - b_old| of the last update (0 before any).
+    double last_bias_step() const {
+        return last_bias_step_;
+    }
+    int64_t updates() const {
+        return updates_;
+    }
+    int64_t steps_in_interval() const {
+        return steps_in_interval_;
+    }
+    // QB state (for tests and metrics).
+    double lower() const {
+        return lower_;
+    }
+    double upper() const {
+        return upper_;
+    }
+    const std::vector<uint64_t>& histogram() const {
+        return hist_;
+    }  // [n, B] row-major
+    // The last QB update's per-expert quantile b' (before the EMA and the centring), and the count of its bin
+    // H[j][c*] (the histogram step's resolution, moe.md §6 test 5).
+    const std::vector<double>& last_quantile_target() const {
+        return last_target_;
+    }
+    const std::vector<uint64_t>& last_quantile_bin_count() const {
+        return last_bin_count_;
+    }
+
+    // Checkpoint state as named tensors: {prefix}.bias f32 [n], {prefix}.qb_bounds f64 [2], {prefix}.qb_hist i64 [n, B]
+    // (quantile only), {prefix}.loads i64 [n], {prefix}.counters i64 [4] (steps in interval, updates, tokens seen,
+    // tokens in the current interval).
+    std::vector<std::pair<std::string, core::Tensor>> state_tensors(const std::string& prefix) const;
+    // Restores from tensors named as state_tensors writes them; fails (exit 4) naming a missing or mis-shaped tensor.
+    void load_state(const std::vector<std::pair<std::string, core::Tensor>>& tensors, const std::string& prefix);
+    nlohmann::json state_json() const;
+    void load_state_json(const nlohmann::json& j);
+
+   private:
+    void update_quantile();
+    void update_sign();
+
+    int64_t n_ = 0, k_ = 0;
+    MoeBalanceConfig config_;
+    std::vector<float> bias_;
+    double lower_ = -1.0, upper_ = 1.0;
+    std::vector<uint64_t> hist_;  // [n, B]
+    std::vector<int64_t> loads_;  // [n], sign_bias: rows per expert since the last update
+    int64_t steps_in_interval_ = 0, updates_ = 0, tokens_seen_ = 0, tokens_interval_ = 0;
+    double last_bias_step_ = 0.0;
+    std::vector<double> last_target_;
+    std::vector<uint64_t> last_bin_count_;
+};
+
+// QB's sort-based exact step (moe.md §6 test 5, the test oracle): with r_ij = cutoff_i - s_ij and R = ceil(N k / n),
+// b'_j = the midpoint of the R-th and (R+1)-th smallest r_ij over i (not centred). scores [N, n], cutoff [N].
+std::vector<double> moe_qb_exact_bias(const core::Tensor& scores, const core::Tensor& cutoff, int64_t top_k);
+
+// The auxiliary load-balancing loss (moe.md §2.3, micro-batch scope): alpha sum_j f_j P_j with f_j = n count_j / (k T),
+// P_j = mean_t p_tj, p_t = s_t / sum_j s_tj (sigmoid scores) or s_t itself (probs = true, softmax scores).
+// scores [N, n], indices [N, k] i32; dscores [N, n] (dtype of scores) gets d loss / d scores written (=), through P
+// only, when defined. Returns the loss.
+double moe_aux_loss(
+    const core::Tensor& scores, const core::Tensor& indices, double coeff, bool probs, const core::Tensor& dscores);
+
+}  // namespace mt::nn

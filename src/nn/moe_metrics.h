@@ -1,0 +1,86 @@
+// MoE routing metrics of one step (moe.md §4) and the routing-collapse detector. The metrics are computed from the
+// per-expert loads (the router's pre-drop choices, summed over the step's micro-batches), the dropped rows, the bias
+// and the summed token entropies; to_json() gives the JSONL fields.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mt::nn {
+
+struct MoeStepMetrics {
+    std::vector<int64_t> load;  // [n] rows per expert (pre-drop)
+    int64_t tokens = 0, top_k = 0, dropped = 0;
+    double max_vio = 0, min_vio = 0, avg_vio = 0;  // max f - 1, min f - 1, mean |f - 1|, f_j = load_j / (T k / n)
+    double load_var = 0;                           // mean (f - 1)^2
+    double drop_rate = 0;                          // dropped / (T k)
+    double bias_min = 0, bias_max = 0, bias_range = 0, bias_step = 0;
+    double token_entropy = 0;  // mean_t H(p_t) / ln n
+    double load_entropy = 0;   // H(load / (T k)) / ln n
+    double n_eff = 0;          // exp(H(load / (T k)))
+    double aux_loss = 0;
+    bool imbalance_warning = false;   // load_var > 0.1
+    bool bias_range_warning = false;  // bias_range > 1 (sigmoid scores)
+
+    // The JSONL fields; the per-expert loads only when with_load (moe.log_loads_every).
+    nlohmann::json to_json(bool with_load) const;
+};
+
+// Metrics from the step's totals. token_entropy_sum = sum over tokens of H(p_t) / ln n (moe_token_entropy_sum).
+MoeStepMetrics moe_metrics_compute(const std::vector<int64_t>& load,
+                                   int64_t tokens,
+                                   int64_t top_k,
+                                   int64_t dropped,
+                                   const std::vector<float>& bias,
+                                   double bias_step,
+                                   double token_entropy_sum,
+                                   double aux_loss);
+
+// sum_t [-sum_j p_tj ln p_tj] / ln n with p_t = s_t / sum_j s_tj; scores [N, n] f32|f64 (0 for n = 1).
+double moe_token_entropy_sum(const float* scores, int64_t n_tok, int64_t n);
+double moe_token_entropy_sum(const double* scores, int64_t n_tok, int64_t n);
+
+// Thresholds of the routing-collapse alarm (moe.alarm.*). A condition counts at a step after start_step; the alarm
+// fires when one condition has held for `window` consecutive steps (and again after every further window).
+struct MoeCollapseConfig {
+    int64_t start_step = 100;
+    int64_t window = 100;
+    double load_var_threshold = 0.1;  // load_var above this
+    double n_eff_fraction = 0.5;      // n_eff below this fraction of n
+    double hot_load_factor = 4.0;     // one expert's load above this multiple of the mean (0: off)
+    bool dead_experts = true;         // the same expert with zero load
+};
+
+struct MoeCollapseEvent {
+    int64_t step = 0;
+    std::string reason;   // "load_var", "n_eff", "dead_expert", "hot_expert"
+    int64_t expert = -1;  // the expert for dead_expert / hot_expert
+    double value = 0;     // load_var, n_eff or the expert's f
+    int64_t streak = 0;   // consecutive steps the condition held
+    std::string message() const;
+    nlohmann::json to_json() const;
+};
+
+class MoeCollapseDetector {
+   public:
+    MoeCollapseDetector() = default;
+    MoeCollapseDetector(int64_t num_experts, const MoeCollapseConfig& config);
+    // Feeds one step's metrics; returns the alarm when one fires at this step (the first condition found, in the
+    // order load_var, n_eff, dead_expert, hot_expert).
+    std::optional<MoeCollapseEvent> update(int64_t step, const MoeStepMetrics& m);
+    int64_t alarms_total() const {
+        return alarms_;
+    }
+    nlohmann::json state_json() const;
+    void load_state_json(const nlohmann::json& j);
+
+   private:
+    MoeCollapseConfig config_;
+    int64_t load_var_streak_ = 0, n_eff_streak_ = 0, alarms_ = 0;
+    std::vector<int64_t> dead_streak_, hot_streak_;
+};
+
+}  // namespace mt::nn
