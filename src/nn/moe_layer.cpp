@@ -1,0 +1,196 @@
+// MoE layer forward and backward, side by side (the op sequence of moe.md §1.2 and §1.4), and the step's balancing
+// update, metrics and collapse alarm.
+#include "nn/moe_layer.h"
+
+#include <cmath>
+
+#include "ops/add.h"
+#include "ops/grouped_linear.h"
+#include "ops/moe_unpermute.h"
+#include "ops/swiglu.h"
+
+namespace mt::nn {
+
+namespace {
+constexpr int64_t kMaxExperts = 1024;
+}  // namespace
+
+MoeLayer::MoeLayer(ParamTable& table, const std::string& prefix, const ModelConfig& model, const MoeConfig& moe)
+    : model_(model), moe_(moe), table_(&table) {
+    const int64_t e = moe.num_experts, k = moe.top_k, c = model.d_model, f = moe.expert_ffn_dim;
+    if (e < 1 || e > kMaxExperts)
+        core::fail(core::ExitCode::usage, "moe.num_experts = {} must be in [1, {}]", e, kMaxExperts);
+    if (k < 1 || k > e) core::fail(core::ExitCode::usage, "moe.top_k = {} must be in [1, moe.num_experts = {}]", k, e);
+    if (f < 1) core::fail(core::ExitCode::usage, "moe.expert_ffn_dim = {} must be >= 1", f);
+    if (moe.num_shared_experts < 0)
+        core::fail(core::ExitCode::usage, "moe.num_shared_experts = {} must be >= 0", moe.num_shared_experts);
+    if (moe.score != "sigmoid" && moe.score != "softmax")
+        core::fail(core::ExitCode::usage, "moe.score = \"{}\" must be \"sigmoid\" or \"softmax\"", moe.score);
+    if (moe.drop_policy != "probs" && moe.drop_policy != "position")
+        core::fail(
+            core::ExitCode::usage, "moe.drop_policy = \"{}\" must be \"probs\" or \"position\"", moe.drop_policy);
+    if (!(moe.capacity_factor >= 0.0))
+        core::fail(core::ExitCode::usage, "moe.capacity_factor = {} must be >= 0 (0: dropless)", moe.capacity_factor);
+    router_options_ = {k,
+                       moe.score == "softmax" ? ops::MoeScore::softmax : ops::MoeScore::sigmoid,
+                       moe.normalize_gates,
+                       moe.routed_scale};
+    drop_policy_ = moe.drop_policy == "position" ? ops::MoeDropPolicy::position : ops::MoeDropPolicy::probs;
+    balancer_ = MoeBalancer(e, k, moe.balance);
+    detector_ = MoeCollapseDetector(e, moe.alarm);
+    step_load_.assign(static_cast<size_t>(e), 0);
+
+    const double out_std = model.init_std / std::sqrt(2.0 * static_cast<double>(model.n_layers));
+    router_ = Linear(table, prefix + ".router", c, e, model.init_std);
+    w_gate_ = table.add({.name = prefix + ".experts.w_gate", .shape = {e, f, c}, .init_std = model.init_std});
+    w_up_ = table.add({.name = prefix + ".experts.w_up", .shape = {e, f, c}, .init_std = model.init_std});
+    w_down_ = table.add({.name = prefix + ".experts.w_down", .shape = {e, c, f}, .init_std = out_std});
+    if (moe.num_shared_experts > 0) {
+        ModelConfig shared = model;
+        shared.d_ff = f * moe.num_shared_experts;
+        shared_ = std::make_unique<Mlp>(table, prefix + ".shared", shared);
+    }
+}
+
+void MoeLayer::resize(int64_t n, const Precision& precision) {
+    if (n == n_ && logits_.defined()) return;
+    n_ = n;
+    const int64_t e = moe_.num_experts, k = moe_.top_k, c = model_.d_model, f = moe_.expert_ffn_dim, r = n * k;
+    const core::DType dt = precision.compute;
+    const core::Device dev = precision.device;
+    auto z = [&](const Shape& s) { return Tensor::zeros(s, dt, dev); };
+    auto zi = [&](const Shape& s) { return Tensor::zeros(s, DType::i32, dev); };
+    logits_ = z({n, e}), scores_ = z({n, e}), indices_ = zi({n, k}), gates_ = z({n, k}), cutoff_ = z({n}),
+    bias_ = z({e});
+    offsets_ = zi({e + 1}), slot_row_ = zi({n, k}), row_token_ = zi({r});
+    xp_ = z({r, c}), hg_ = z({r, f}), hu_ = z({r, f}), act_ = z({r, f}), yp_ = z({r, c});
+    d_yp_ = z({r, c}), d_gates_ = z({n, k}), d_act_ = z({r, f}), d_hg_ = z({r, f}), d_hu_ = z({r, f});
+    d_xp_ = z({r, c}), d_xp2_ = z({r, c}), d_logits_ = z({n, e}), d_scores_aux_ = z({n, e}), d_tmp_ = z({n, c});
+    if (shared_) {
+        const int64_t fs = f * moe_.num_shared_experts;
+        shared_->resize(n, precision);
+        shared_out_ = z({n, c});
+        shared_ws_.d_gate = z({n, fs}), shared_ws_.d_up = z({n, fs}), shared_ws_.d_act = z({n, fs});
+        shared_ws_.d_tmp = z({n, c});
+    }
+}
+
+void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
+    const int64_t n = n_, e = moe_.num_experts, k = moe_.top_k;
+    MT_CHECK(x.ndim() == 2 && x.size(0) == n,
+             "moe layer: x has shape {}, expected [{}, C] (resize first)",
+             core::shape_str(x.shape()),
+             n);
+    // router: z = x W_r^T, scores, top-k on s + b, gates; QB's cutoff
+    router_.forward(x, logits_);
+    const std::vector<float>& bias = balancer_.bias();
+    for (int64_t j = 0; j < e; ++j) core::tensor_set_flat(bias_, j, bias[static_cast<size_t>(j)]);
+    const bool use_bias =
+        moe_.balance.mode == MoeBalanceMode::quantile || moe_.balance.mode == MoeBalanceMode::sign_bias;
+    const bool need_cutoff = training && balancer_.needs_cutoff();
+    ops::moe_router_fwd(logits_,
+                        use_bias ? bias_ : Tensor(),
+                        scores_,
+                        indices_,
+                        gates_,
+                        need_cutoff ? cutoff_ : Tensor(),
+                        router_options_);
+    // permutation plan with optional capacity C = ceil(N k / E * CF), then gather
+    const int64_t capacity = moe_.capacity_factor > 0
+                                 ? static_cast<int64_t>(std::ceil(static_cast<double>(n * k) / static_cast<double>(e) *
+                                                                  moe_.capacity_factor))
+                                 : 0;
+    rows_ = ops::moe_permute_plan(indices_, gates_, e, capacity, drop_policy_, offsets_, slot_row_, row_token_);
+    const Tensor xp = xp_.slice(0, 0, rows_), hg = hg_.slice(0, 0, rows_), hu = hu_.slice(0, 0, rows_);
+    const Tensor act = act_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
+    ops::moe_permute_fwd(x, row_token_.slice(0, 0, rows_), xp);
+    // routed experts: grouped SwiGLU FFN, then the gate-weighted combine
+    ops::grouped_linear_fwd(xp, table_->param(w_gate_), offsets_, hg);
+    ops::grouped_linear_fwd(xp, table_->param(w_up_), offsets_, hu);
+    ops::swiglu_fwd(hg, hu, act);
+    ops::grouped_linear_fwd(act, table_->param(w_down_), offsets_, yp);
+    ops::moe_unpermute_fwd(yp, slot_row_, gates_, out);
+    // shared expert(s)
+    if (shared_) {
+        shared_->forward(x, shared_out_);
+        ops::add_fwd(out, shared_out_, out);
+    }
+    // aux loss (its gradient on the scores is kept for the backward)
+    const bool probs = router_options_.score == ops::MoeScore::softmax;
+    aux_loss_ = moe_.balance.mode == MoeBalanceMode::aux_loss
+                    ? moe_aux_loss(scores_, indices_, moe_.balance.aux_coeff, probs, d_scores_aux_)
+                    : 0.0;
+    if (!training) return;
+    balancer_.observe(scores_, need_cutoff ? cutoff_ : Tensor(), indices_);
+    const int32_t* idx = indices_.data<int32_t>();
+    for (int64_t s = 0; s < n * k; ++s) ++step_load_[static_cast<size_t>(idx[s])];
+    step_tokens_ += n;
+    step_dropped_ += n * k - rows_;
+    step_aux_ += aux_loss_;
+    step_entropy_ += scores_.dtype() == DType::f64 ? moe_token_entropy_sum(scores_.data<double>(), n, e)
+                                                   : moe_token_entropy_sum(scores_.data<float>(), n, e);
+}
+
+void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& /*ws*/) {
+    const Tensor xp = xp_.slice(0, 0, rows_), hg = hg_.slice(0, 0, rows_), hu = hu_.slice(0, 0, rows_);
+    const Tensor act = act_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
+    const Tensor d_yp = d_yp_.slice(0, 0, rows_), d_act = d_act_.slice(0, 0, rows_);
+    const Tensor d_hg = d_hg_.slice(0, 0, rows_), d_hu = d_hu_.slice(0, 0, rows_);
+    const Tensor d_xp = d_xp_.slice(0, 0, rows_), d_xp2 = d_xp2_.slice(0, 0, rows_);
+    // combine: row gradients g dy, gate gradients dy . row
+    ops::moe_unpermute_bwd(yp, slot_row_, gates_, dout, d_yp, d_gates_);
+    // routed experts
+    ops::grouped_linear_bwd(act, table_->param(w_down_), offsets_, d_yp, d_act, table_->grad(w_down_));
+    ops::swiglu_bwd(hg, hu, d_act, d_hg, d_hu);
+    ops::grouped_linear_bwd(xp, table_->param(w_gate_), offsets_, d_hg, d_xp, table_->grad(w_gate_));
+    ops::grouped_linear_bwd(xp, table_->param(w_up_), offsets_, d_hu, d_xp2, table_->grad(w_up_));
+    ops::add_fwd(d_xp, d_xp2, d_xp);
+    ops::moe_permute_bwd(slot_row_, d_xp, dx);  // the first contribution writes dx
+    // router: through the gates (and the aux loss's P), the score function, the router GEMM
+    const bool aux = moe_.balance.mode == MoeBalanceMode::aux_loss;
+    ops::moe_router_bwd(
+        scores_, indices_, gates_, d_gates_, aux ? d_scores_aux_ : Tensor(), d_logits_, router_options_);
+    router_.backward(x, d_logits_, d_tmp_);
+    ops::add_fwd(dx, d_tmp_, dx);
+    // shared expert(s)
+    if (shared_) {
+        shared_->backward(x, dout, d_tmp_, shared_ws_);
+        ops::add_fwd(dx, d_tmp_, dx);
+    }
+}
+
+MoeStepMetrics MoeLayer::step_end(int64_t step) {
+    balancer_.step();
+    MoeStepMetrics m = moe_metrics_compute(step_load_,
+                                           step_tokens_,
+                                           moe_.top_k,
+                                           step_dropped_,
+                                           balancer_.bias(),
+                                           balancer_.last_bias_step(),
+                                           step_entropy_,
+                                           step_aux_);
+    last_alarm_ = detector_.update(step, m);
+    std::fill(step_load_.begin(), step_load_.end(), 0);
+    step_tokens_ = step_dropped_ = 0;
+    step_entropy_ = step_aux_ = 0.0;
+    return m;
+}
+
+std::vector<SavedTensor> MoeLayer::saved_for_backward() {
+    std::vector<SavedTensor> saved = {{"scores", &scores_},
+                                      {"indices", &indices_},
+                                      {"gates", &gates_},
+                                      {"offsets", &offsets_},
+                                      {"slot_row", &slot_row_},
+                                      {"row_token", &row_token_},
+                                      {"xp", &xp_},
+                                      {"hg", &hg_},
+                                      {"hu", &hu_},
+                                      {"act", &act_},
+                                      {"yp", &yp_}};
+    if (shared_)
+        for (const SavedTensor& s : shared_->saved_for_backward()) saved.push_back({"shared." + s.name, s.tensor});
+    return saved;
+}
+
+}  // namespace mt::nn

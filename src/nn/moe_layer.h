@@ -1,0 +1,124 @@
+// Mixture-of-Experts FFN layer (moe.md §1): a sigmoid (or softmax) router picks top_k of num_experts routed SwiGLU
+// experts per token on score + bias, gates come from the unbiased scores; num_shared_experts shared experts (fused
+// into one SwiGLU FFN of width expert_ffn_dim * num_shared_experts) see every token:
+//   y_i = FFN_shared(x_i) + sum_{j in I_i} g_ij FFN_j(x_i)
+// Tokens are permuted by expert (ops/moe_permute.h), the experts run as grouped GEMMs (ops/grouped_linear.h), and
+// the combine weights the rows by their gates (ops/moe_unpermute.h). Optional capacity dropping (off by default).
+// Balancing (nn/moe_balance.h) and metrics with the collapse alarm (nn/moe_metrics.h) are per layer.
+//
+// Parameters under the prefix (e.g. "layers.3.moe"):
+//   {prefix}.router.weight              [E, C]
+//   {prefix}.experts.w_gate, .w_up      [E, F, C]   (stacked [out, in] per expert)
+//   {prefix}.experts.w_down             [E, C, F]
+//   {prefix}.shared.w_gate.weight, .w_up.weight [F * n_s, C], .w_down.weight [C, F * n_s]   (when n_s > 0)
+// The balancing bias is not a parameter: it is balancer state (balancer().state_tensors("{prefix}.router")).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "nn/layer.h"
+#include "nn/linear.h"
+#include "nn/mlp.h"
+#include "nn/model_config.h"
+#include "nn/moe_balance.h"
+#include "nn/moe_metrics.h"
+#include "nn/workspace.h"
+#include "ops/moe_permute.h"
+#include "ops/moe_router.h"
+
+namespace mt::nn {
+
+// The moe.* settings of moe.md §5 that the layer uses (first_k_dense and dense_ffn_dim belong to the model).
+struct MoeConfig {
+    int64_t num_experts = 64;
+    int64_t top_k = 4;
+    int64_t num_shared_experts = 1;
+    int64_t expert_ffn_dim = 1024;
+    std::string score = "sigmoid";  // or "softmax"
+    bool normalize_gates = true;
+    double routed_scale = 2.5;
+    double capacity_factor = 0.0;       // 0: dropless
+    std::string drop_policy = "probs";  // or "position"
+    MoeBalanceConfig balance;
+    MoeCollapseConfig alarm;
+};
+
+class MoeLayer : public Layer {
+   public:
+    // Declares the parameters; fails (exit 2) on a config error (num_experts outside [1, 1024], top_k outside
+    // [1, num_experts], an unknown score or drop policy, a balancer config error).
+    MoeLayer(ParamTable& table, const std::string& prefix, const ModelConfig& model, const MoeConfig& moe);
+
+    void resize(int64_t n, const Precision& precision);
+    // x: [N, C] (the normed residual) -> out: [N, C]. training: count the routing for the balancer and the step's
+    // metrics (never during a recompute). With aux_loss balancing, aux_loss() is then this forward's loss.
+    void forward(const Tensor& x, const Tensor& out, bool training = true);
+    // dout: [N, C] -> dx: [N, C] written (=); parameter grads accumulate. Adds the aux loss's gradient (weight 1)
+    // when aux_loss balancing is on. ws is unused (the layer keeps its own gradient buffers; the signature is the
+    // Mlp's, so that a Block can hold either).
+    void backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws);
+    // End of a training step: the balancer's update, the step's metrics (from the routing counted since the last
+    // call), and the collapse detector. The alarm, if one fires at this step, is in last_alarm().
+    MoeStepMetrics step_end(int64_t step);
+    const std::optional<MoeCollapseEvent>& last_alarm() const {
+        return last_alarm_;
+    }
+
+    double aux_loss() const {
+        return aux_loss_;
+    }
+    // The routing of the last forward: indices [N, K] i32, gates [N, K], scores [N, E]; rows kept.
+    Tensor indices() const {
+        return indices_;
+    }
+    Tensor gates() const {
+        return gates_;
+    }
+    Tensor scores() const {
+        return scores_;
+    }
+    int64_t rows_kept() const {
+        return rows_;
+    }
+    MoeBalancer& balancer() {
+        return balancer_;
+    }
+    MoeCollapseDetector& collapse_detector() {
+        return detector_;
+    }
+    const MoeConfig& config() const {
+        return moe_;
+    }
+    std::vector<SavedTensor> saved_for_backward() override;
+
+   private:
+    ModelConfig model_;
+    MoeConfig moe_;
+    ops::MoeRouterOptions router_options_;
+    ops::MoeDropPolicy drop_policy_ = ops::MoeDropPolicy::probs;
+    ParamTable* table_ = nullptr;
+    Linear router_;
+    int w_gate_ = -1, w_up_ = -1, w_down_ = -1;
+    std::unique_ptr<Mlp> shared_;
+    MoeBalancer balancer_;
+    MoeCollapseDetector detector_;
+    std::optional<MoeCollapseEvent> last_alarm_;
+    int64_t n_ = -1, rows_ = 0;
+    double aux_loss_ = 0.0;
+    // The step's routing totals (training forwards since the last step_end).
+    std::vector<int64_t> step_load_;
+    int64_t step_tokens_ = 0, step_dropped_ = 0;
+    double step_entropy_ = 0.0, step_aux_ = 0.0;
+    // Saved activations (R <= N * K rows are used of the [N * K, *] buffers).
+    Tensor logits_, scores_, indices_, gates_, cutoff_, bias_;  // [N, E], [N, E], [N, K], [N, K], [N], [E]
+    Tensor offsets_, slot_row_, row_token_;                     // [E + 1], [N, K], [N * K] i32
+    Tensor xp_, hg_, hu_, act_, yp_;                            // [N K, C], [N K, F] x3, [N K, C]
+    Tensor shared_out_;                                         // [N, C]
+    // Gradient buffers.
+    Tensor d_yp_, d_gates_, d_act_, d_hg_, d_hu_, d_xp_, d_xp2_, d_logits_, d_scores_aux_, d_tmp_;
+    Workspace shared_ws_;
+};
+
+}  // namespace mt::nn
