@@ -16,7 +16,7 @@ constexpr int64_t kMaxExperts = 1024;
 }  // namespace
 
 MoeLayer::MoeLayer(ParamTable& table, const std::string& prefix, const ModelConfig& model, const MoeConfig& moe)
-    : model_(model), moe_(moe), table_(&table) {
+    : prefix_(prefix), model_(model), moe_(moe), table_(&table) {
     const int64_t e = moe.num_experts, k = moe.top_k, c = model.d_model, f = moe.expert_ffn_dim;
     if (e < 1 || e > kMaxExperts)
         core::fail(core::ExitCode::usage, "moe.num_experts = {} must be in [1, {}]", e, kMaxExperts);
@@ -174,6 +174,13 @@ MoeStepMetrics MoeLayer::step_end(int64_t step) {
     step_tokens_ = step_dropped_ = 0;
     step_entropy_ = step_aux_ = 0.0;
     return m;
+}
+
+void MoeLayer::load_state_json(const nlohmann::json& j) {
+    if (!j.is_object() || !j.contains("balancer") || !j.contains("alarm"))
+        core::fail(core::ExitCode::checkpoint, "{}: MoE layer state needs \"balancer\" and \"alarm\"", prefix_);
+    balancer_.load_state_json(j.at("balancer"));
+    detector_.load_state_json(j.at("alarm"));
 }
 
 std::vector<SavedTensor> MoeLayer::saved_for_backward() {

@@ -82,6 +82,18 @@ class MoeLayer : public Layer {
     int64_t rows_kept() const {
         return rows_;
     }
+    // The layer's non-parameter state for a checkpoint: the balancer's tensors under "{prefix}.router" (bias, loads,
+    // counters, QB bounds and histogram), and the balancer and collapse-detector state as JSON (the manifest's form).
+    std::vector<std::pair<std::string, Tensor>> state_tensors() const {
+        return balancer_.state_tensors(prefix_ + ".router");
+    }
+    void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+        balancer_.load_state(tensors, prefix_ + ".router");
+    }
+    nlohmann::json state_json() const {
+        return {{"balancer", balancer_.state_json()}, {"alarm", detector_.state_json()}};
+    }
+    void load_state_json(const nlohmann::json& j);
     MoeBalancer& balancer() {
         return balancer_;
     }
@@ -94,6 +106,7 @@ class MoeLayer : public Layer {
     std::vector<SavedTensor> saved_for_backward() override;
 
    private:
+    std::string prefix_;
     ModelConfig model_;
     MoeConfig moe_;
     ops::MoeRouterOptions router_options_;

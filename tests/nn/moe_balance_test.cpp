@@ -12,6 +12,7 @@
 #include "core/rng.h"
 #include "nn/moe_metrics.h"
 #include "ops/moe_router.h"
+#include "train/safetensors.h"
 
 namespace mt::nn {
 namespace {
@@ -234,7 +235,12 @@ TEST(MoeQuantileBalance, IntervalAndCheckpoint) {
         a.step();
     }
     MoeBalancer b(n, k, cfg), c(n, k, cfg);
-    b.load_state(a.state_tensors("layers.1.moe.router"), "layers.1.moe.router");
+    const std::string prefix = "layers.1.moe.router", path = testing::TempDir() + "moe_balancer_state.safetensors";
+    train::safetensors_write(path, a.state_tensors(prefix));  // through a checkpoint file
+    const train::SafetensorsFile file(path);
+    std::vector<std::pair<std::string, Tensor>> loaded;
+    for (const std::string& name : file.keys()) loaded.push_back({name, file.read(name)});
+    b.load_state(loaded, prefix);
     c.load_state_json(nlohmann::json::parse(a.state_json().dump()));
     for (uint64_t step = 5; step < 12; ++step) {
         for (MoeBalancer* q : {&a, &b, &c}) {

@@ -233,7 +233,12 @@ TEST(MoeLayerShapes, ParametersSavedTensorsAndErrors) {
     EXPECT_DOUBLE_EQ(m.drop_rate, static_cast<double>(10 - g.layer.rows_kept()) / 10.0);
     EXPECT_EQ(g.layer.balancer().updates(), 1);
     std::vector<std::string> names;
-    for (const auto& [name, t] : g.layer.balancer().state_tensors("layers.1.moe.router")) names.push_back(name);
+    for (const auto& [name, t] : g.layer.state_tensors()) names.push_back(name);
+    Fixture h(small_model(8), capped, DType::f32, 5, 3);
+    h.layer.load_state_tensors(g.layer.state_tensors());
+    h.layer.load_state_json(g.layer.state_json());
+    EXPECT_EQ(h.layer.state_json(), g.layer.state_json());
+    EXPECT_EQ(h.layer.balancer().bias(), g.layer.balancer().bias());
     EXPECT_EQ(names,
               (std::vector<std::string>{"layers.1.moe.router.bias",
                                         "layers.1.moe.router.loads",

@@ -92,7 +92,9 @@ OpCase cpu_only(OpCase c) {
     op_register(cpu_only(router_case(13, 16, 4, MoeScore::sigmoid, true, 1.0)));
     op_register(cpu_only(router_case(11, 9, 3, MoeScore::softmax, true, 1.0)));
     op_register(cpu_only(router_case(11, 9, 3, MoeScore::softmax, false, 2.0)));
-    op_register(cpu_only(router_case(67, 37, 8, MoeScore::sigmoid, true, 2.446)));  // more rows than one parallel task
+    op_register(cpu_only(router_case(67, 37, 8, MoeScore::sigmoid, true, 2.446)));
+    op_register(cpu_only(router_case(
+        3, 1024, 8, MoeScore::sigmoid, true, 2.5)));  // the largest expert count  // more rows than one parallel task
     return true;
 }();
 
