@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <numeric>
 
 #include "core/rng.h"
 #include "train/safetensors.h"
@@ -268,6 +269,29 @@ TEST(MoeLayerShapes, ParametersSavedTensorsAndErrors) {
     bad.score = "relu";
     expect_config_error(bad, "moe.score = \"relu\"");
     EXPECT_THROW(moe_balance_mode_parse("qb"), core::Error);
+}
+
+// The largest supported expert count: 1024 experts, top 8, a QB step; every gradient finite and the loads complete.
+TEST(MoeLayerShapes, ThousandTwentyFourExperts) {
+    MoeConfig moe = small_moe(MoeBalanceMode::quantile);
+    moe.num_experts = 1024;
+    moe.top_k = 8;
+    moe.expert_ffn_dim = 2;
+    Fixture f(small_model(4), moe, DType::f32, 257, 9);
+    f.layer.forward(f.x, f.out, true);
+    const Tensor dx = Tensor::zeros(f.x.shape(), DType::f32);
+    f.layer.backward(f.x, f.r_out, dx, f.ws);
+    const MoeStepMetrics m = f.layer.step_end(0);
+    int64_t rows = 0;
+    for (int64_t c : m.load) rows += c;
+    EXPECT_EQ(rows, 257 * 8);
+    EXPECT_EQ(f.layer.rows_kept(), 257 * 8);
+    for (const Tensor& t : {f.out, dx, f.table.grad_arena()})
+        for (int64_t i = 0; i < t.numel(); ++i) ASSERT_TRUE(std::isfinite(core::tensor_get_flat(t, i)));
+    EXPECT_GT(m.bias_range, 0.0);
+    EXPECT_LE(
+        std::fabs(std::accumulate(f.layer.balancer().bias().begin(), f.layer.balancer().bias().end(), 0.0)) / 1024,
+        1e-7);
 }
 
 // Router weights of zero give every expert the same score, so ties send every token to experts 0..k-1: a collapse.
