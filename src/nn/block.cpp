@@ -77,6 +77,36 @@ void Block::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Work
     ops::add_fwd(dx, ws.d_tmp, dx);
 }
 
+void Block::branch_forward(int sub, const Tensor& h, const Tensor& out, Workspace& ws) {
+    if (sub == 0) {
+        core::TraceRange range(h.device(), kda_ ? "block.kda_fwd" : "block.attn_fwd");
+        ops::rmsnorm_fwd(h, table_->param(mixer_norm_), cfg_.norm_eps, norm1_, rstd1_);
+        if (kda_)
+            kda_->forward(norm1_, out);
+        else
+            attn_->forward(norm1_, out);
+        return;
+    }
+    core::TraceRange range(h.device(), "block.mlp_fwd");
+    ops::rmsnorm_fwd(h, table_->param(mlp_norm_), cfg_.norm_eps, norm2_, rstd2_);
+    mlp_.forward(norm2_, out);
+}
+
+void Block::branch_backward(int sub, const Tensor& h, const Tensor& dout, const Tensor& dh, Workspace& ws) {
+    if (sub == 0) {
+        core::TraceRange range(h.device(), kda_ ? "block.kda_bwd" : "block.attn_bwd");
+        if (kda_)
+            kda_->backward(norm1_, dout, ws.d_norm, ws);
+        else
+            attn_->backward(norm1_, dout, ws.d_norm, ws);
+        ops::rmsnorm_bwd(h, table_->param(mixer_norm_), rstd1_, ws.d_norm, dh, table_->grad(mixer_norm_));
+        return;
+    }
+    core::TraceRange range(h.device(), "block.mlp_bwd");
+    mlp_.backward(norm2_, dout, ws.d_norm, ws);
+    ops::rmsnorm_bwd(h, table_->param(mlp_norm_), rstd2_, ws.d_norm, dh, table_->grad(mlp_norm_));
+}
+
 std::vector<SavedTensor> Block::saved_for_backward() {
     std::vector<SavedTensor> saved = {
         {"norm1", &norm1_}, {"rstd1", &rstd1_}, {"h", &h_}, {"norm2", &norm2_}, {"rstd2", &rstd2_}};

@@ -25,6 +25,11 @@ class Block : public Layer {
     const Tensor& output() const {
         return out_;
     }
+    // The two sub-layers on their own, for Block Attention Residuals (nn/attnres.h), which replaces the residual
+    // adds: sub 0 is Mixer(RMSNorm(h)), sub 1 is Mlp(RMSNorm(h)); out [N, C] written. branch_backward takes the
+    // same h and writes dh (=); it must not alias dout.
+    void branch_forward(int sub, const Tensor& h, const Tensor& out, Workspace& ws);
+    void branch_backward(int sub, const Tensor& h, const Tensor& dout, const Tensor& dh, Workspace& ws);
     Mixer mixer() const {
         return kda_ ? Mixer::kda : Mixer::attention;
     }

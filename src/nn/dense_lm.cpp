@@ -31,6 +31,7 @@ DenseLM::DenseLM(const ModelConfig& cfg, const Precision& precision) : cfg_(cfg)
     for (int64_t l = 0; l < cfg.n_layers; ++l)
         blocks_.push_back(std::make_unique<Block>(
             table_, "layers." + std::to_string(l), cfg, cfg.layer_is_kda(l) ? Mixer::kda : Mixer::attention));
+    if (cfg.attnres.enabled()) attnres_ = std::make_unique<AttnResStack>(table_, cfg);
     final_norm_ = table_.add(
         {.name = "final_norm.weight", .shape = {cfg.d_model}, .init = InitKind::ones, .weight_decay = false});
     if (!cfg.tie_embeddings)
@@ -58,6 +59,7 @@ void DenseLM::resize(int64_t batch, int64_t seq) {
     dres_a_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
     dres_b_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
     for (auto& b : blocks_) b->resize(batch, seq, precision_);
+    if (attnres_) attnres_->resize(n, precision_);
     ws_.resize(cfg_, batch, seq, precision_);
 }
 
@@ -82,9 +84,13 @@ double DenseLM::forward(const Tensor& ids, const Tensor& targets) {
         ops::embedding_fwd(ids_, table_.param(embed_), x0_);
     }
     const Tensor* x = &x0_;
-    for (auto& b : blocks_) {
-        b->forward(*x, ws_);
-        x = &b->output();
+    if (attnres_) {
+        x = &attnres_->forward(x0_, blocks_, ws_);
+    } else {
+        for (auto& b : blocks_) {
+            b->forward(*x, ws_);
+            x = &b->output();
+        }
     }
     {
         core::TraceRange range(dev, "model.head_fwd");
@@ -117,14 +123,18 @@ void DenseLM::backward(double loss_scale) {
 
     const Tensor& dlogits = logits_;
     const int head = lm_head_ >= 0 ? lm_head_ : embed_;
-    const Tensor& last = blocks_.empty() ? x0_ : blocks_.back()->output();
+    const Tensor& last = attnres_ ? attnres_->forward_output() : (blocks_.empty() ? x0_ : blocks_.back()->output());
     ops::linear_bwd(final_, table_.param(head), dlogits, ws_.d_norm, table_.grad(head), Tensor());
     ops::rmsnorm_bwd(last, table_.param(final_norm_), final_rstd_, ws_.d_norm, dres_a_, table_.grad(final_norm_));
     head_range.reset();
 
     Tensor* dout = &dres_a_;
     Tensor* dx = &dres_b_;
-    for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
+    if (attnres_) {
+        attnres_->backward(x0_, blocks_, *dout, *dx, ws_);
+        std::swap(dout, dx);
+    }
+    for (int64_t l = attnres_ ? -1 : cfg_.n_layers - 1; l >= 0; --l) {
         const Tensor& input = l == 0 ? x0_ : blocks_[static_cast<size_t>(l - 1)]->output();
         blocks_[static_cast<size_t>(l)]->backward(input, *dout, *dx, ws_);
         std::swap(dout, dx);
@@ -134,11 +144,14 @@ void DenseLM::backward(double loss_scale) {
 }
 
 std::vector<SavedTensor> DenseLM::saved_for_backward() {
-    return {{"embed_out", &x0_},
-            {"final_norm", &final_},
-            {"final_rstd", &final_rstd_},
-            {"logits", &logits_},
-            {"lse", &lse_}};
+    std::vector<SavedTensor> saved = {{"embed_out", &x0_},
+                                      {"final_norm", &final_},
+                                      {"final_rstd", &final_rstd_},
+                                      {"logits", &logits_},
+                                      {"lse", &lse_}};
+    if (attnres_)
+        for (auto& s : attnres_->saved_for_backward()) saved.push_back({"attnres." + s.name, s.tensor});
+    return saved;
 }
 
 double DenseLM::flops_per_token(int64_t seq) const {

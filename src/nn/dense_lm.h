@@ -1,5 +1,6 @@
 // Decoder-only LM: token embedding, N pre-norm blocks (a token mixer + SwiGLU MLP), final RMSNorm, LM head (tied
-// to the embedding or its own weight). The mixer of layer l is GQA softmax attention or KDA, as
+// to the embedding or its own weight). With model attnres.mode = block|full the residual adds are replaced by Block
+// Attention Residuals (nn/attnres.h). The mixer of layer l is GQA softmax attention or KDA, as
 // ModelConfig::layer_pattern says (all attention by default: the dense model). Forward and backward read top to
 // bottom, per layer.
 #pragma once
@@ -7,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "nn/attnres.h"
 #include "nn/block.h"
 
 namespace mt::nn {
@@ -53,6 +55,7 @@ class DenseLM {
     ParamTable table_;
     int embed_ = -1, final_norm_ = -1, lm_head_ = -1;
     std::vector<std::unique_ptr<Block>> blocks_;
+    std::unique_ptr<AttnResStack> attnres_;  // Block Attention Residuals in place of the residual adds, or null
     Workspace ws_;
     int64_t batch_ = 0, seq_ = 0, counted_ = 0;
     Tensor ids_, targets_;       // [N] i32, copies of the batch on the model's device

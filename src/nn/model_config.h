@@ -21,6 +21,21 @@ struct KdaConfig {
     int64_t chunk_size = 64;            // 64 or 32
 };
 
+// Block Attention Residuals (attnres.md, [attnres] in the job TOML): each sub-layer's input is a learned softmax mix
+// of the embedding, the completed blocks of S sub-layers and the running partial sum of the current block.
+struct AttnResConfig {
+    std::string mode = "off";     // off | block | full (block with S = 1)
+    int64_t block_size = 6;       // S in sub-layers (a transformer layer has two: the mixer and the MLP)
+    bool freeze_queries = false;  // keep the pseudo-queries at zero (equivalence test, ablation)
+
+    bool enabled() const {
+        return mode != "off";
+    }
+    int64_t resolved_block_size() const {
+        return mode == "full" ? 1 : block_size;
+    }
+};
+
 struct ModelConfig {
     int64_t vocab_size = 257;
     int64_t d_model = 128;
@@ -40,6 +55,7 @@ struct ModelConfig {
     // hybrid model, where KDA's decay and short conv carry position).
     std::string attn_pos = "auto";
     KdaConfig kda;
+    AttnResConfig attnres;
 
     int64_t resolved_head_dim() const {
         return head_dim > 0 ? head_dim : d_model / n_heads;

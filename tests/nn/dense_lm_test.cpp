@@ -1,5 +1,5 @@
-// Whole LM in f64, dense and hybrid (KDA + attention layers): finite-difference gradient check of every parameter
-// tensor, the layer contract, parameter names and init, FLOPs, and the CUDA refusal of KDA layers.
+// Whole LM in f64, dense, hybrid (KDA + attention layers) and with Block AttnRes: finite-difference gradient check of
+// every parameter tensor, the layer contract, parameter names and init, FLOPs, and the CUDA refusal of KDA layers.
 #include "nn/dense_lm.h"
 
 #include <gtest/gtest.h>
@@ -43,6 +43,13 @@ ModelConfig hybrid_config(const std::string& pattern, bool tied) {
     c.kda.head_v_dim = 3;
     c.kda.chunk_size = 32;
     if (pattern == "AK") c.attn_pos = "rope";
+    return c;
+}
+
+// Block Attention Residuals on top of a config: mode block with S sub-layers per block, or full (S = 1).
+ModelConfig with_attnres(ModelConfig c, const std::string& mode, int64_t block) {
+    c.attnres.mode = mode;
+    c.attnres.block_size = block;
     return c;
 }
 
@@ -136,13 +143,17 @@ TEST_P(DenseLmGrad, FiniteDifferencesMatchBackward) {
         floored);
 }
 
-INSTANTIATE_TEST_SUITE_P(DenseAndHybrid,
-                         DenseLmGrad,
-                         ::testing::Values(GradCase{"tied", small_config(true), 7},
-                                           GradCase{"untied", small_config(false), 7},
-                                           GradCase{"hybrid_KA_nope", hybrid_config("KA", false), 37},
-                                           GradCase{"hybrid_AK_rope", hybrid_config("AK", true), 37}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    DenseAndHybrid,
+    DenseLmGrad,
+    ::testing::Values(GradCase{"tied", small_config(true), 7},
+                      GradCase{"untied", small_config(false), 7},
+                      GradCase{"hybrid_KA_nope", hybrid_config("KA", false), 37},
+                      GradCase{"hybrid_AK_rope", hybrid_config("AK", true), 37},
+                      GradCase{"attnres_block_s3", with_attnres(small_config(false), "block", 3), 7},
+                      GradCase{"attnres_full_tied", with_attnres(small_config(true), "full", 6), 7},
+                      GradCase{"attnres_hybrid_s2", with_attnres(hybrid_config("KA", false), "block", 2), 37}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 TEST(DenseLm, ParameterNamesAndSavedActivations) {
     DenseLM model(small_config(false), mt::nn::Precision::cpu(DType::f32));
