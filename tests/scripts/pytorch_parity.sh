@@ -94,4 +94,10 @@ CONFIG=$SRC/configs/tiny_hybrid.toml run_case hybrid --set train.seq_len=96
 CONFIG=$SRC/configs/tiny_hybrid.toml run_case hybrid_gva --set model.layer_pattern=KA --set model.attn_pos=rope \
     --set kda.num_heads=2 --set kda.num_v_heads=4 --set kda.head_dim=16 --set kda.head_v_dim=8 \
     --set kda.gate=softplus --set train.seq_len=80 --set train.batch_size=4
+# Block Attention Residuals: 8 sub-layers in blocks of 3 (3, 3 and a short last block of 2); after two steps the
+# pseudo-queries are non-zero, so every mix weighs its sources unevenly
+run_case attnres --set attnres.mode=\"block\" --set attnres.block_size=3 --set train.batch_size=8
+# Full AttnRes (S = 1) on the hybrid model
+CONFIG=$SRC/configs/tiny_hybrid.toml run_case attnres_full_hybrid --set attnres.mode=\"full\" --set train.seq_len=64 \
+    --set train.batch_size=4
 echo "pytorch_parity: PASS"

@@ -16,6 +16,10 @@ only elementary torch ops (matmul, softmax, rsqrt, ...), so every step of the ma
         m = rmsnorm(h, mlp_norm.weight)
         x = h + (silu(m @ w_gate^T) * (m @ w_up^T)) @ w_down^T
     logits = rmsnorm(x, final_norm.weight) @ W^T,  W = embed.weight if tied else lm_head.weight
+    With [attnres] mode = block|full (Block Attention Residuals, spec attnres.md §2-§3) the residual adds are
+    replaced: the 2 * n_layers sub-layers (mixer, MLP of each layer) read h_l = attnres_mix(sources) of the
+    embedding, the completed blocks of S sub-layers and the running partial sum, and a final mix of all blocks
+    feeds final_norm (attnres_forward below).
     loss = mean over positions with target != -1 of (logsumexp(logits) - logits[target])
 
 Parameter names (state_dict keys) are exactly moetrain's canonical names, e.g. layers.0.attn.wq.weight,
@@ -52,6 +56,7 @@ class ModelConfig:
     layer_pattern: str = "A"  # layer l: 'A' attention or 'K' KDA, layer_pattern[l % len]
     attn_pos: str = "auto"  # rope | nope | auto (rope when every layer is attention)
     kda: dict = field(default_factory=dict)  # the [kda] table; missing keys take moetrain's defaults
+    attnres: dict = field(default_factory=dict)  # the [attnres] table (mode off|block|full, block_size)
 
     def __post_init__(self):
         if self.head_dim == 0:
@@ -108,7 +113,14 @@ class ModelConfig:
             layer_pattern=str(m.get("layer_pattern", "A")),
             attn_pos=str(m.get("attn_pos", "auto")),
             kda=dict(doc.get("kda", {})) if "model" in doc else {},
+            attnres=dict(doc.get("attnres", {})) if "model" in doc else {},
         )
+
+    @property
+    def attnres_block(self):
+        """S, the sub-layers per AttnRes block, or 0 when AttnRes is off."""
+        mode = self.attnres.get("mode", "off")
+        return 0 if mode == "off" else (1 if mode == "full" else int(self.attnres.get("block_size", 6)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -276,11 +288,48 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin):
+        h = x + self.branch(0, x, cos, sin)
+        return h + self.branch(1, h, cos, sin)
+
+    def branch(self, sub, h, cos, sin):
+        """Sub-layer 0 (the mixer) or 1 (the MLP) on its own, with its pre-norm and without the residual add."""
+        if sub == 1:
+            return self.mlp(self.mlp_norm(h))
         if hasattr(self, "kda"):
-            h = x + self.kda(self.kda_norm(x))
-        else:
-            h = x + self.attn(self.attn_norm(x), cos, sin)
-        return h + self.mlp(self.mlp_norm(h))
+            return self.kda(self.kda_norm(h))
+        return self.attn(self.attn_norm(h), cos, sin)
+
+
+class AttnResMix(nn.Module):
+    """One Block AttnRes mix (spec attnres.md §2): softmax over sources of query . RMSNorm_keys(source), per token."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(dim))
+        self.key_norm = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, sources):
+        v = torch.stack(sources)  # [m, B, T, C]
+        keys = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + self.eps) * self.key_norm
+        alpha = torch.softmax((keys * self.query).sum(-1), dim=0)  # [m, B, T]
+        return (alpha.unsqueeze(-1) * v).sum(0)
+
+
+def attnres_forward(model, x, cos, sin):
+    """The sub-layer loop of spec attnres.md §3: keep the completed blocks (starting with the embedding) and a
+    running partial sum; before sub-layer l mix the blocks and (inside a block) the partial; add the output to the
+    partial; close the block every S sub-layers and after the last; then the final mix."""
+    S, L = model.cfg.attnres_block, 2 * model.cfg.n_layers
+    blocks, partial = [x], None
+    for l in range(L):
+        i = l % S
+        h = model.attnres.mix[str(l + 1)](blocks + ([partial] if i > 0 else []))
+        v = model.layers[l // 2].branch(l % 2, h, cos, sin)
+        partial = v if i == 0 else partial + v
+        if i == S - 1 or l == L - 1:
+            blocks.append(partial)
+    return model.attnres.mix[str(L + 1)](blocks)
 
 
 class Transformer(nn.Module):
@@ -291,6 +340,10 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, cfg.layer_is_kda(l)) for l in range(cfg.n_layers))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else _linear(cfg.d_model, cfg.vocab_size)
+        if cfg.attnres_block:
+            self.attnres = nn.Module()
+            self.attnres.mix = nn.ModuleDict(
+                {str(l): AttnResMix(cfg.d_model, cfg.norm_eps) for l in range(1, 2 * cfg.n_layers + 2)})
         self.init_weights()
 
     @torch.no_grad()
@@ -300,8 +353,10 @@ class Transformer(nn.Module):
         draws differ; parity checks load moetrain's parameters, so this only matters for standalone use and
         benchmarks.)"""
         for name, p in self.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") or name.endswith(".key_norm"):
                 p.fill_(1.0)
+            elif name.endswith(".query"):
+                p.zero_()
             elif name.endswith("A_log"):
                 if self.cfg.kda_cfg["gate"] == "softplus":
                     p.copy_(torch.log(1.0 + 15.0 * torch.rand(p.shape, generator=generator)))
@@ -323,8 +378,11 @@ class Transformer(nn.Module):
         cos, sin = None, None
         if self.cfg.attn_rope:
             cos, sin = (t.to(x.device) for t in rope_cos_sin(T, self.cfg.head_dim, self.cfg.rope_theta, x.dtype))
-        for layer in self.layers:
-            x = layer(x, cos, sin)
+        if self.cfg.attnres_block:
+            x = attnres_forward(self, x, cos, sin)
+        else:
+            for layer in self.layers:
+                x = layer(x, cos, sin)
         x = self.final_norm(x)
         w_out = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return torch.matmul(x, w_out.t())
