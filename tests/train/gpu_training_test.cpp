@@ -174,3 +174,16 @@ TEST_F(GpuTraining, NondeterministicModeStaysClose) {
     mt::ops::set_deterministic(true);
     expect_curves_close(la, lb, 0.03);
 }
+
+TEST_F(GpuTraining, BlockAttnResLossCurveMatchesCpu) {
+    // The attnres_mix CUDA kernels inside the whole model: 8 sub-layers in blocks of 3 (with a short last block).
+    const std::string dir = fresh_dir("attnres");
+    auto with_attnres = [](std::vector<std::string> o) {
+        o.push_back("attnres.mode=\"block\"");
+        o.push_back("attnres.block_size=3");
+        return o;
+    };
+    Trainer cpu(tiny_job(dir, with_attnres(tiny_model("cpu"))), false);
+    Trainer gpu(tiny_job(dir, with_attnres(tiny_model("cuda"))), false);
+    expect_curves_close(losses(cpu, 50), losses(gpu, 50), 0.03);
+}
