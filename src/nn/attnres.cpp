@@ -31,14 +31,17 @@ void AttnResStack::resize(int64_t n, const Precision& precision) {
     if (!partial_.empty() && partial_[0].size(0) == n) return;
     const core::Device dev = precision.device;
     auto act = [&] { return Tensor::zeros({n, cfg_.d_model}, precision.compute, dev); };
+    auto acc = [&] { return Tensor::zeros({n, cfg_.d_model}, precision.master, dev); };
     partial_.clear(), mixed_.clear(), alpha_.clear(), d_partial_.clear();
     for (int64_t l = 0; l <= layers_; ++l) {
-        if (l < layers_) partial_.push_back(act()), d_partial_.push_back(act());
+        if (l < layers_) partial_.push_back(act()), d_partial_.push_back(acc());
         mixed_.push_back(act());
         alpha_.push_back(Tensor::zeros({n, static_cast<int64_t>(sources_of(l).size())}, precision.stats, dev));
     }
+    d_embed_ = acc();
     d_branch_ = act();
     d_mixed_ = act();
+    zero_ = precision.master != precision.compute ? act() : Tensor();
 }
 
 std::vector<int64_t> AttnResStack::sources_of(int64_t l) const {
@@ -82,13 +85,19 @@ void AttnResStack::backward(const Tensor& e,
                             const Tensor& de,
                             Workspace& ws) {
     const double eps = cfg_.norm_eps;
-    de.zero();
+    d_embed_.zero();
     for (const Tensor& d : d_partial_) d.zero();
+    // The accumulator rounded to the compute dtype (into scratch), or itself when the dtypes agree.
+    auto compute_copy = [&](const Tensor& acc, const Tensor& scratch) -> const Tensor& {
+        if (!zero_.defined()) return acc;
+        ops::add_fwd(acc, zero_, scratch);
+        return scratch;
+    };
     auto mix_backward = [&](int64_t l, const Tensor& dh) {
         std::vector<Tensor> sources, grads;
         for (int64_t idx : sources_of(l)) {
             sources.push_back(partial_or_embedding(idx, e));
-            grads.push_back(idx < 0 ? de : d_partial_[static_cast<size_t>(idx)]);
+            grads.push_back(idx < 0 ? d_embed_ : d_partial_[static_cast<size_t>(idx)]);
         }
         const auto i = static_cast<size_t>(l);
         core::TraceRange range(e.device(), "attnres.mix_bwd");
@@ -109,10 +118,14 @@ void AttnResStack::backward(const Tensor& e,
         // d_partial_[l] is complete: every later mix that reads it and the next partial sum of its block are done.
         // partial_[l] = partial_[l - 1] + v_l, so dv_l = d_partial_[l].
         Block& b = *blocks[static_cast<size_t>(l / 2)];
-        b.branch_backward(static_cast<int>(l % 2), mixed_[i], d_partial_[i], d_mixed_, ws);
+        b.branch_backward(static_cast<int>(l % 2), mixed_[i], compute_copy(d_partial_[i], d_branch_), d_mixed_, ws);
         mix_backward(l, d_mixed_);
         if (l % block_ != 0) ops::add_fwd(d_partial_[i - 1], d_partial_[i], d_partial_[i - 1]);
     }
+    if (zero_.defined())
+        ops::add_fwd(d_embed_, zero_, de);
+    else
+        de.copy_from(d_embed_);
 }
 
 std::vector<SavedTensor> AttnResStack::saved_for_backward() {

@@ -4,7 +4,7 @@
 // block feeds the final norm. Parameters: per mix l = 1..L+1, `attnres.mix.{l}.query` (zero init) and
 // `attnres.mix.{l}.key_norm` (ones), both without weight decay. Stored per micro-batch: every partial sum (as the
 // plain model keeps its residual stream), every mixed input h_l (the recompute_mix = false form of §6) and every
-// alpha.
+// alpha. Gradients of the sources accumulate in f32 under mixed precision.
 #pragma once
 
 #include <memory>
@@ -48,8 +48,12 @@ class AttnResStack {
     std::vector<Tensor> partial_;     // [L] of [N, C]: partial_[l] = partial sum of l's block through sub-layer l
     std::vector<Tensor> mixed_;       // [L + 1] of [N, C]: the mixed inputs h_l and the final mix
     std::vector<Tensor> alpha_;       // [L + 1] of [N, m_l]
-    std::vector<Tensor> d_partial_;   // [L] of [N, C] gradient accumulators
-    Tensor d_branch_, d_mixed_;       // [N, C] scratch
+    // Gradient accumulators in the master dtype (f32 under mixed precision: a block's gradient sums the
+    // contributions of every later mix, which bf16 would round at each add).
+    std::vector<Tensor> d_partial_;  // [L] of [N, C]
+    Tensor d_embed_;                 // [N, C] the embedding's
+    Tensor d_branch_, d_mixed_;      // [N, C] scratch in the compute dtype
+    Tensor zero_;                    // [N, C] zeros in the compute dtype: add_fwd(acc, zero_, out) rounds acc to it
 };
 
 }  // namespace mt::nn

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "op_harness.h"
 
 namespace mt::ops::test {
@@ -44,8 +46,15 @@ OpCase attnres_case(int64_t m, int64_t n, int64_t c, double eps = 1e-6) {
     op_register(attnres_case(3, 131, 16));  // three blocks of the query/gain gradient
     op_register(attnres_case(10, 9, 12));
     op_register(attnres_case(4, 301, 130));  // on the OpenMP team
-    op_register(op_parity_only(attnres_case(6, 257, 2048)));
-    op_register(op_parity_only(attnres_case(10, 67, 2049)));
+    // At C = 2048 the f32 sums of the backward (da_j over C terms, then ds_j = a_j (da_j - sum_k a_k da_k), a
+    // difference of nearly equal terms) carry about 1e-5 relative rounding on either side (1.1e-5 to 1.5e-5 seen
+    // on an H200); the budget is 5e-5.
+    for (auto [m, n, c] : {std::tuple{6, 257, 2048}, std::tuple{10, 67, 2049}}) {
+        OpCase big = op_parity_only(attnres_case(m, n, c));
+        big.parity.f32_budget = 5e-5;
+        big.parity.budget_reason = "f32 rounding of C = 2048 sums followed by the softmax-gradient cancellation";
+        op_register(big);
+    }
     return true;
 }();
 
