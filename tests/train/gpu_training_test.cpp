@@ -177,13 +177,21 @@ TEST_F(GpuTraining, NondeterministicModeStaysClose) {
 
 TEST_F(GpuTraining, BlockAttnResLossCurveMatchesCpu) {
     // The attnres_mix CUDA kernels inside the whole model: 8 sub-layers in blocks of 3 (with a short last block).
+    // In f32 on both sides the kernels must follow the CPU curve to rounding; in bf16, within bf16 noise.
     const std::string dir = fresh_dir("attnres");
-    auto with_attnres = [](std::vector<std::string> o) {
+    auto with_attnres = [](std::vector<std::string> o, const char* precision) {
         o.push_back("attnres.mode=\"block\"");
         o.push_back("attnres.block_size=3");
+        o.push_back(std::string("run.precision=\"") + precision + "\"");
         return o;
     };
-    Trainer cpu(tiny_job(dir, with_attnres(tiny_model("cpu"))), false);
-    Trainer gpu(tiny_job(dir, with_attnres(tiny_model("cuda"))), false);
-    expect_curves_close(losses(cpu, 50), losses(gpu, 50), 0.03);
+    Trainer cpu(tiny_job(dir, with_attnres(tiny_model("cpu"), "auto")), false);
+    const auto ref = losses(cpu, 50);
+    Trainer gpu32(tiny_job(dir, with_attnres(tiny_model("cuda"), "f32")), false);
+    expect_curves_close(ref, losses(gpu32, 50), 1e-3);
+    Trainer gpu16(tiny_job(dir, with_attnres(tiny_model("cuda"), "bf16")), false);
+    const auto bf16 = losses(gpu16, 50);
+    for (size_t i = 0; i < ref.size(); i += 5)
+        std::printf("step %zu: cpu %.4f gpu bf16 %.4f\n", i + 1, ref[i], bf16[i]);
+    expect_curves_close(ref, bf16, 0.05);
 }
