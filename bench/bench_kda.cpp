@@ -15,6 +15,7 @@
 
 #include "core/backend.h"
 #include "core/tensor.h"
+#include "gpu_timing.h"
 #include "ops/kda.h"
 
 #ifdef MT_HAVE_CUDA
@@ -69,42 +70,8 @@ Tensor make_input(int64_t b, int64_t t, int64_t heads, int64_t dim, int kind, fl
     return Tensor::borrow(host.data(), shape, DType::bf16).to_device(Device::cuda);
 }
 
-#ifdef MT_HAVE_CUDA
-// Median milliseconds of fn over iters runs after warmup runs.
-double time_ms(const std::function<void()>& fn, int warmup, int iters) {
-    for (int i = 0; i < warmup; ++i) fn();
-    std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(iters));
-    for (auto& e : ev) MT_CUDA_CHECK(cudaEventCreate(&e));
-    const cudaStream_t stream = mt::core::cuda_stream();
-    for (int i = 0; i < iters; ++i) {
-        MT_CUDA_CHECK(cudaEventRecord(ev[2 * i], stream));
-        fn();
-        MT_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], stream));
-    }
-    MT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    std::vector<double> ms(static_cast<size_t>(iters));
-    for (int i = 0; i < iters; ++i) {
-        float m = 0;
-        MT_CUDA_CHECK(cudaEventElapsedTime(&m, ev[2 * i], ev[2 * i + 1]));
-        ms[static_cast<size_t>(i)] = m;
-    }
-    for (auto& e : ev) MT_CUDA_CHECK(cudaEventDestroy(e));
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
-}
-#else
-double time_ms(const std::function<void()>&, int, int) {
-    return 0.0;
-}
-#endif
-
-bool all_finite(const Tensor& t) {
-    const Tensor h = t.to_device(Device::cpu).to(DType::f32);
-    const float* p = h.data<float>();
-    for (int64_t i = 0; i < h.numel(); ++i)
-        if (!std::isfinite(p[i])) return false;
-    return true;
-}
+using mt::bench::all_finite;
+using mt::bench::time_ms;
 
 void bench_case(int64_t b, int64_t t, int64_t h, int64_t kd, int64_t vd, double target_ms, int warmup, int iters) {
     const Tensor q = make_input(b, t, h, kd, 1, 1.0f / std::sqrt(static_cast<float>(kd)), 1);

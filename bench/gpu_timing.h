@@ -1,0 +1,56 @@
+// Shared pieces of the GPU kernel benchmarks: median CUDA-event timing on the ops' stream, and a finiteness check
+// of a result. Header-only: each bench/*.cpp is its own executable.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "core/tensor.h"
+
+#ifdef MT_HAVE_CUDA
+#include "core/cuda/cuda_check.h"
+#endif
+
+namespace mt::bench {
+
+// Median milliseconds of fn over iters runs after warmup runs, each run between two events on the ops' stream
+// (0 in a build without CUDA).
+inline double time_ms(const std::function<void()>& fn, int warmup, int iters) {
+#ifdef MT_HAVE_CUDA
+    for (int i = 0; i < warmup; ++i) fn();
+    std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(iters));
+    for (auto& e : ev) MT_CUDA_CHECK(cudaEventCreate(&e));
+    const cudaStream_t stream = core::cuda_stream();
+    for (int i = 0; i < iters; ++i) {
+        MT_CUDA_CHECK(cudaEventRecord(ev[2 * i], stream));
+        fn();
+        MT_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], stream));
+    }
+    MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<double> ms(static_cast<size_t>(iters));
+    for (int i = 0; i < iters; ++i) {
+        float m = 0;
+        MT_CUDA_CHECK(cudaEventElapsedTime(&m, ev[2 * i], ev[2 * i + 1]));
+        ms[static_cast<size_t>(i)] = m;
+    }
+    for (auto& e : ev) MT_CUDA_CHECK(cudaEventDestroy(e));
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+#else
+    (void)fn, (void)warmup, (void)iters;
+    return 0.0;
+#endif
+}
+
+// True when every element of t (any device, any float dtype) is finite.
+inline bool all_finite(const core::Tensor& t) {
+    const core::Tensor h = t.to_device(core::Device::cpu).to(core::DType::f32);
+    const float* p = h.data<float>();
+    for (int64_t i = 0; i < h.numel(); ++i)
+        if (!std::isfinite(p[i])) return false;
+    return true;
+}
+
+}  // namespace mt::bench
