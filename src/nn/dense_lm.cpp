@@ -18,15 +18,6 @@ DenseLM::DenseLM(const ModelConfig& cfg, const Precision& precision) : cfg_(cfg)
              "model.layer_pattern `{}` must be letters A and K, its length dividing model.n_layers = {}",
              cfg.layer_pattern,
              cfg.n_layers);
-    if (precision.device != core::Device::cpu && cfg.n_kda_layers() > 0)
-        core::fail_hint(
-            core::ExitCode::usage,
-            "train hybrid models with run.device = \"cpu\", or use an all-attention pattern (\"A\")",
-            "model.layer_pattern = \"{}\" has {} KDA layers (K), and KDA layers run on the CPU only for now, "
-            "not on {}",
-            cfg.layer_pattern,
-            cfg.n_kda_layers(),
-            core::device_name(precision.device));
     embed_ = table_.add({.name = "embed.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std});
     for (int64_t l = 0; l < cfg.n_layers; ++l)
         blocks_.push_back(std::make_unique<Block>(

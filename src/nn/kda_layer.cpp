@@ -84,10 +84,12 @@ void KdaLayer::resize(int64_t batch, int64_t seq, const Precision& precision) {
     auto z = [&](const Shape& s) { return Tensor::zeros(s, dt, dev); };
     qp_ = z({n, hk}), kp_ = z({n, hk}), vp_ = z({n, hvv});
     qc_ = z({batch, seq, hk}), kc_ = z({batch, seq, hk}), vc_ = z({batch, seq, hvv});
-    q_ = z({batch, seq, h_, k_dim_}), k_ = z({batch, seq, h_, k_dim_}), rq_ = z({n * h_}), rk_ = z({n * h_});
+    // Statistics and states in the statistics dtype (f32 under mixed precision, as the CUDA ops require).
+    auto zs = [&](const Shape& s) { return Tensor::zeros(s, precision.stats, dev); };
+    q_ = z({batch, seq, h_, k_dim_}), k_ = z({batch, seq, h_, k_dim_}), rq_ = zs({n * h_}), rk_ = zs({n * h_});
     bl_ = z({n, hv_}), beta_ = z({batch, seq, hv_});
     fa_ = z({n, k_dim_}), u_ = z({n, hvk}), g_ = z({batch, seq, hv_, k_dim_});
-    o_ = z({batch, seq, hv_, v_dim_}), st_ = z({batch, hv_, k_dim_, v_dim_});
+    o_ = z({batch, seq, hv_, v_dim_}), st_ = zs({batch, hv_, k_dim_, v_dim_});
     on_ = z({n, hvv}), rstd_ = Tensor::zeros({n * hv_}, precision.stats, dev);
     ga_ = z({n, v_dim_}), gz_ = z({n, hvv}), y_ = z({n, hvv});
     d_y_ = z({n, hvv}), d_on_ = z({n, hvv}), d_gz_ = z({n, hvv}), d_ga_ = z({n, v_dim_});

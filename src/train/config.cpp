@@ -268,13 +268,6 @@ void validate(const JobConfig& c, const std::string& src) {
     if (m.n_kda_layers() > 0 && m.kda_head_dim() > 256)
         bad(fmt::format("KDA key head dimension {} exceeds 256 (kda.head_dim, or the model's head dimension when 0)",
                         m.kda_head_dim()));
-    if (m.n_kda_layers() > 0 && c.run.device == "cuda")
-        core::fail_hint(ExitCode::usage,
-                        "set run.device = \"cpu\" for hybrid models, or use model.layer_pattern = \"A\"",
-                        "model.layer_pattern = \"{}\" has KDA layers (K), and KDA layers run on the CPU only for now, "
-                        "but run.device = \"cuda\" [{}]",
-                        m.layer_pattern,
-                        src);
     if (c.train.seq_len > m.max_seq_len)
         bad(fmt::format("train.seq_len = {} exceeds model.max_seq_len = {}", c.train.seq_len, m.max_seq_len));
     if (c.data.paths.empty()) bad("data.paths is empty: name at least one training shard");

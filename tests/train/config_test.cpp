@@ -166,13 +166,6 @@ TEST(Config, LayerPatternAndKdaErrorsNameTheKey) {
         ExitCode::usage,
         {"kda.num_v_heads = 6"});
     expect_error([] { config_parse(kGood, "job.toml", {"kda.num_hedas=2"}); }, ExitCode::usage, {"kda.num_hedas"});
-    // A hybrid model on an explicit cuda device is refused at parse time (no CUDA KDA layer yet).
-    expect_error(
-        [] {
-            config_parse(kGood, "job.toml", {"model.layer_pattern=\"KKKA\"", "run.device=\"cuda\""});
-        },
-        ExitCode::usage,
-        {"KDA", "cuda", "model.layer_pattern"});
     // An odd head dimension is fine when no attention layer uses RoPE.
     EXPECT_NO_THROW(config_parse(kGood, "job.toml", {"model.head_dim=15", "model.layer_pattern=\"KA\""}));
     expect_error([] { config_parse(kGood, "job.toml", {"model.head_dim=15"}); }, ExitCode::usage, {"RoPE"});

@@ -195,3 +195,20 @@ TEST_F(GpuTraining, BlockAttnResLossCurveMatchesCpu) {
         std::printf("step %zu: cpu %.4f gpu bf16 %.4f\n", i + 1, ref[i], bf16[i]);
     expect_curves_close(ref, bf16, 0.05);
 }
+
+TEST_F(GpuTraining, HybridKdaModelLossCurveMatchesCpu) {
+    // KDA layers on the GPU (the CUDA kda op and the layer's small ops) inside the tiny model with pattern "KA":
+    // f32 on both sides follows the CPU curve to rounding; bf16 within bf16 noise.
+    const std::string dir = fresh_dir("hybrid");
+    auto hybrid = [](std::vector<std::string> o, const char* precision) {
+        o.push_back("model.layer_pattern=\"KA\"");
+        o.push_back(std::string("run.precision=\"") + precision + "\"");
+        return o;
+    };
+    Trainer cpu(tiny_job(dir, hybrid(tiny_model("cpu"), "auto")), false);
+    const auto ref = losses(cpu, 50);
+    Trainer gpu32(tiny_job(dir, hybrid(tiny_model("cuda"), "f32")), false);
+    expect_curves_close(ref, losses(gpu32, 50), 1e-3);
+    Trainer gpu16(tiny_job(dir, hybrid(tiny_model("cuda"), "bf16")), false);
+    expect_curves_close(ref, losses(gpu16, 50), 0.05);
+}
