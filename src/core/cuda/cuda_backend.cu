@@ -1,6 +1,7 @@
 // The CUDA backend: a caching device allocator (freed blocks are kept per size class and reused, as PyTorch's
 // caching allocator does, so training steps stop calling cudaMalloc after the first), one stream, copies.
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <map>
 #include <mutex>

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cuda_runtime.h>
-#include <nvtx3/nvToolsExt.h>
 
 #include "core/error.h"
 #include "core/trace.h"
@@ -14,19 +13,11 @@ namespace mt::core {
 // The stream every CUDA op and copy runs on (one per process for now; deterministic order).
 cudaStream_t cuda_stream();
 
-// An NVTX range for the lifetime of the object, named after the op (and a profile entry, core/trace.h).
-class NvtxRange {
+// The range around a CUDA op: core::TraceRange on the GPU (an NVTX range through the CUDA backend, and a profile
+// entry), named after the op.
+class NvtxRange : public TraceRange {
    public:
-    explicit NvtxRange(const char* name) {
-        nvtxRangePushA(name);
-        profile_begin(name);
-    }
-    ~NvtxRange() {
-        profile_end();
-        nvtxRangePop();
-    }
-    NvtxRange(const NvtxRange&) = delete;
-    NvtxRange& operator=(const NvtxRange&) = delete;
+    explicit NvtxRange(const char* name) : TraceRange(Device::cuda, name) {}
 };
 
 }  // namespace mt::core
