@@ -175,40 +175,36 @@ TEST_F(GpuTraining, NondeterministicModeStaysClose) {
     expect_curves_close(la, lb, 0.03);
 }
 
-TEST_F(GpuTraining, BlockAttnResLossCurveMatchesCpu) {
-    // The attnres_mix CUDA kernels inside the whole model: 8 sub-layers in blocks of 3 (with a short last block).
-    // In f32 on both sides the kernels must follow the CPU curve to rounding; in bf16, within bf16 noise.
-    const std::string dir = fresh_dir("attnres");
-    auto with_attnres = [](std::vector<std::string> o, const char* precision) {
-        o.push_back("attnres.mode=\"block\"");
-        o.push_back("attnres.block_size=3");
+namespace {
+
+// The tiny model with `extra` config overrides on the CPU (f32) and on the GPU: in f32 on both sides the GPU must
+// follow the CPU curve to rounding (1e-3); in bf16 within bf16 noise (5%). Prints every fifth bf16 step.
+void expect_gpu_follows_cpu(const std::string& dir, const std::vector<std::string>& extra) {
+    auto with = [&](const std::string& device, const char* precision) {
+        auto o = tiny_model(device);
+        o.insert(o.end(), extra.begin(), extra.end());
         o.push_back(std::string("run.precision=\"") + precision + "\"");
         return o;
     };
-    Trainer cpu(tiny_job(dir, with_attnres(tiny_model("cpu"), "auto")), false);
+    Trainer cpu(tiny_job(dir, with("cpu", "auto")), false);
     const auto ref = losses(cpu, 50);
-    Trainer gpu32(tiny_job(dir, with_attnres(tiny_model("cuda"), "f32")), false);
+    Trainer gpu32(tiny_job(dir, with("cuda", "f32")), false);
     expect_curves_close(ref, losses(gpu32, 50), 1e-3);
-    Trainer gpu16(tiny_job(dir, with_attnres(tiny_model("cuda"), "bf16")), false);
+    Trainer gpu16(tiny_job(dir, with("cuda", "bf16")), false);
     const auto bf16 = losses(gpu16, 50);
     for (size_t i = 0; i < ref.size(); i += 5)
         std::printf("step %zu: cpu %.4f gpu bf16 %.4f\n", i + 1, ref[i], bf16[i]);
     expect_curves_close(ref, bf16, 0.05);
 }
 
+}  // namespace
+
+TEST_F(GpuTraining, BlockAttnResLossCurveMatchesCpu) {
+    // The attnres_mix CUDA kernels inside the whole model: 8 sub-layers in blocks of 3 (with a short last block).
+    expect_gpu_follows_cpu(fresh_dir("attnres"), {"attnres.mode=\"block\"", "attnres.block_size=3"});
+}
+
 TEST_F(GpuTraining, HybridKdaModelLossCurveMatchesCpu) {
-    // KDA layers on the GPU (the CUDA kda op and the layer's small ops) inside the tiny model with pattern "KA":
-    // f32 on both sides follows the CPU curve to rounding; bf16 within bf16 noise.
-    const std::string dir = fresh_dir("hybrid");
-    auto hybrid = [](std::vector<std::string> o, const char* precision) {
-        o.push_back("model.layer_pattern=\"KA\"");
-        o.push_back(std::string("run.precision=\"") + precision + "\"");
-        return o;
-    };
-    Trainer cpu(tiny_job(dir, hybrid(tiny_model("cpu"), "auto")), false);
-    const auto ref = losses(cpu, 50);
-    Trainer gpu32(tiny_job(dir, hybrid(tiny_model("cuda"), "f32")), false);
-    expect_curves_close(ref, losses(gpu32, 50), 1e-3);
-    Trainer gpu16(tiny_job(dir, hybrid(tiny_model("cuda"), "bf16")), false);
-    expect_curves_close(ref, losses(gpu16, 50), 0.05);
+    // KDA layers on the GPU (the CUDA kda op and the layer's small ops) inside the tiny model with pattern "KA".
+    expect_gpu_follows_cpu(fresh_dir("hybrid"), {"model.layer_pattern=\"KA\""});
 }
