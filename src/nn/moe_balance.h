@@ -12,28 +12,9 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "nn/moe_config.h"
 
 namespace mt::nn {
-
-enum class MoeBalanceMode { quantile, sign_bias, aux_loss, none };
-
-// "quantile" | "sign_bias" | "aux_loss" | "none"; anything else fails naming the key moe.balance.
-MoeBalanceMode moe_balance_mode_parse(const std::string& name);
-const char* moe_balance_mode_name(MoeBalanceMode mode);
-
-struct MoeBalanceConfig {
-    MoeBalanceMode mode = MoeBalanceMode::quantile;
-    // quantile (moe.quantile.*)
-    int64_t bins = 1000;
-    int64_t update_interval = 1;  // steps per update; 100-500 are supported
-    double ema = 0.0;             // b <- ema b + (1 - ema) b'
-    // sign_bias (moe.sign_bias.*)
-    double sign_rate = 1e-3;
-    bool sign_centered = true;
-    int64_t sign_freeze_after_tokens = -1;  // -1: never freeze
-    // aux_loss (moe.aux_loss.*; scope micro_batch)
-    double aux_coeff = 1e-2;
-};
 
 class MoeBalancer {
    public:

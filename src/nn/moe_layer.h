@@ -23,27 +23,13 @@
 #include "nn/mlp.h"
 #include "nn/model_config.h"
 #include "nn/moe_balance.h"
+#include "nn/moe_config.h"
 #include "nn/moe_metrics.h"
 #include "nn/workspace.h"
 #include "ops/moe_permute.h"
 #include "ops/moe_router.h"
 
 namespace mt::nn {
-
-// The moe.* settings of moe.md §5 that the layer uses (first_k_dense and dense_ffn_dim belong to the model).
-struct MoeConfig {
-    int64_t num_experts = 64;
-    int64_t top_k = 4;
-    int64_t num_shared_experts = 1;
-    int64_t expert_ffn_dim = 1024;
-    std::string score = "sigmoid";  // or "softmax"
-    bool normalize_gates = true;
-    double routed_scale = 2.5;
-    double capacity_factor = 0.0;       // 0: dropless
-    std::string drop_policy = "probs";  // or "position"
-    MoeBalanceConfig balance;
-    MoeCollapseConfig alarm;
-};
 
 class MoeLayer : public Layer {
    public:

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "nn/moe_config.h"
+
 namespace mt::nn {
 
 struct MoeStepMetrics {
@@ -42,17 +44,6 @@ MoeStepMetrics moe_metrics_compute(const std::vector<int64_t>& load,
 // sum_t [-sum_j p_tj ln p_tj] / ln n with p_t = s_t / sum_j s_tj; scores [N, n] f32|f64 (0 for n = 1).
 double moe_token_entropy_sum(const float* scores, int64_t n_tok, int64_t n);
 double moe_token_entropy_sum(const double* scores, int64_t n_tok, int64_t n);
-
-// Thresholds of the routing-collapse alarm (moe.alarm.*). A condition counts at a step after start_step; the alarm
-// fires when one condition has held for `window` consecutive steps (and again after every further window).
-struct MoeCollapseConfig {
-    int64_t start_step = 100;
-    int64_t window = 100;
-    double load_var_threshold = 0.1;  // load_var above this
-    double n_eff_fraction = 0.5;      // n_eff below this fraction of n
-    double hot_load_factor = 4.0;     // one expert's load above this multiple of the mean (0: off)
-    bool dead_experts = true;         // the same expert with zero load
-};
 
 struct MoeCollapseEvent {
     int64_t step = 0;

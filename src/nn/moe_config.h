@@ -1,0 +1,56 @@
+// MoE configuration (moe.md §5, [moe] in the job TOML): the layer's settings, its balancing method and the
+// routing-collapse alarm's thresholds. Kept apart from the layer so that ModelConfig can hold it by value.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace mt::nn {
+
+enum class MoeBalanceMode { quantile, sign_bias, aux_loss, none };
+
+// "quantile" | "sign_bias" | "aux_loss" | "none"; anything else fails naming the key moe.balance.
+MoeBalanceMode moe_balance_mode_parse(const std::string& name);
+const char* moe_balance_mode_name(MoeBalanceMode mode);
+
+struct MoeBalanceConfig {
+    MoeBalanceMode mode = MoeBalanceMode::quantile;
+    // quantile (moe.quantile.*)
+    int64_t bins = 1000;
+    int64_t update_interval = 1;  // steps per update; 100-500 are supported
+    double ema = 0.0;             // b <- ema b + (1 - ema) b'
+    // sign_bias (moe.sign_bias.*)
+    double sign_rate = 1e-3;
+    bool sign_centered = true;
+    int64_t sign_freeze_after_tokens = -1;  // -1: never freeze
+    // aux_loss (moe.aux_loss.*; scope micro_batch)
+    double aux_coeff = 1e-2;
+};
+
+// Thresholds of the routing-collapse alarm (moe.alarm.*). A condition counts at a step after start_step; the alarm
+// fires when one condition has held for `window` consecutive steps (and again after every further window).
+struct MoeCollapseConfig {
+    int64_t start_step = 100;
+    int64_t window = 100;
+    double load_var_threshold = 0.1;  // load_var above this
+    double n_eff_fraction = 0.5;      // n_eff below this fraction of n
+    double hot_load_factor = 4.0;     // one expert's load above this multiple of the mean (0: off)
+    bool dead_experts = true;         // the same expert with zero load
+};
+
+// The moe.* settings of moe.md §5 that the layer uses (first_k_dense and dense_ffn_dim belong to the model).
+struct MoeConfig {
+    int64_t num_experts = 64;
+    int64_t top_k = 4;
+    int64_t num_shared_experts = 1;
+    int64_t expert_ffn_dim = 1024;
+    std::string score = "sigmoid";  // or "softmax"
+    bool normalize_gates = true;
+    double routed_scale = 2.5;
+    double capacity_factor = 0.0;       // 0: dropless
+    std::string drop_policy = "probs";  // or "position"
+    MoeBalanceConfig balance;
+    MoeCollapseConfig alarm;
+};
+
+}  // namespace mt::nn
