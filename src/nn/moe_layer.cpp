@@ -148,6 +148,12 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     ops::moe_permute_bwd(slot_row_, d_xp, dx);  // the first contribution writes dx
     // router: through the gates (and the aux loss's P), the score function, the router GEMM
     const bool aux = moe_.balance.mode == MoeBalanceMode::aux_loss;
+    if (aux && aux_grad_scale_ != 1.0) {
+        // The model's backward scales the LM loss (loss scaling, 1 / grad_accum); the aux loss's gradient must be
+        // scaled the same way. It is linear in the coefficient, so recompute it with the scaled one.
+        const bool probs = router_options_.score == ops::MoeScore::softmax;
+        moe_aux_loss(scores_, indices_, moe_.balance.aux_coeff * aux_grad_scale_, probs, d_scores_aux_);
+    }
     ops::moe_router_bwd(
         scores_, indices_, gates_, d_gates_, aux ? d_scores_aux_ : Tensor(), d_logits_, router_options_);
     router_.backward(x, d_logits_, d_tmp_);

@@ -55,6 +55,11 @@ class MoeLayer : public Layer {
     double aux_loss() const {
         return aux_loss_;
     }
+    // The multiplier of the aux loss's gradient in the next backward: the model passes its backward's loss scale
+    // (which includes 1 / grad_accum), so that the aux loss is averaged over micro-batches like the LM loss.
+    void set_aux_grad_scale(double scale) {
+        aux_grad_scale_ = scale;
+    }
     // The routing of the last forward: indices [N, K] i32, gates [N, K], scores [N, E]; rows kept.
     Tensor indices() const {
         return indices_;
@@ -106,6 +111,7 @@ class MoeLayer : public Layer {
     std::optional<MoeCollapseEvent> last_alarm_;
     int64_t n_ = -1, rows_ = 0;
     double aux_loss_ = 0.0;
+    double aux_grad_scale_ = 1.0;
     // The step's routing totals (training forwards since the last step_end).
     std::vector<int64_t> step_load_;
     int64_t step_tokens_ = 0, step_dropped_ = 0;
