@@ -6,6 +6,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "ops/cuda/cuda_ops.h"
+
 namespace mt::nn {
 
 using core::DType;
@@ -101,6 +103,20 @@ void MoeBalancer::observe(const Tensor& scores, const Tensor& cutoff, const Tens
              k_);
     tokens_seen_ += n_tok;
     tokens_interval_ += n_tok;
+    if (scores.device() == core::Device::cuda) {
+        MT_CHECK(indices.device() == core::Device::cuda, "moe balancer: scores are on cuda, indices are not");
+        if (!loads_dev_.defined()) loads_dev_ = Tensor::zeros({n_}, DType::i64, core::Device::cuda);
+        ops::cuda::moe_expert_counts(indices, loads_dev_);
+        device_pending_ = true;
+        if (config_.mode != MoeBalanceMode::quantile) return;
+        MT_CHECK(cutoff.defined() && cutoff.shape() == core::Shape({n_tok}) && cutoff.dtype() == scores.dtype() &&
+                     cutoff.device() == core::Device::cuda,
+                 "moe balancer: quantile balancing needs the router's cutoff [{}] on the scores' device",
+                 n_tok);
+        if (!hist_dev_.defined()) hist_dev_ = Tensor::zeros({n_, config_.bins}, DType::i64, core::Device::cuda);
+        ops::cuda::moe_qb_histogram(scores, cutoff, lower_, upper_, hist_dev_);
+        return;
+    }
     const int32_t* idx = indices.data<int32_t>();
     for (int64_t s = 0; s < n_tok * k_; ++s) ++loads_[static_cast<size_t>(idx[s])];
     if (config_.mode != MoeBalanceMode::quantile) return;
@@ -115,7 +131,24 @@ void MoeBalancer::observe(const Tensor& scores, const Tensor& cutoff, const Tens
             scores.data<float>(), cutoff.data<float>(), n_tok, n_, config_.bins, lower_, upper_, hist_.data());
 }
 
+void MoeBalancer::flush_device() const {
+    if (!device_pending_) return;
+    device_pending_ = false;
+    if (loads_dev_.defined()) {
+        const Tensor h = loads_dev_.to_device(core::Device::cpu);
+        for (int64_t j = 0; j < n_; ++j) loads_[static_cast<size_t>(j)] += h.data<int64_t>()[j];
+        loads_dev_.zero();
+    }
+    if (hist_dev_.defined()) {
+        const Tensor h = hist_dev_.to_device(core::Device::cpu);
+        const int64_t* v = h.data<int64_t>();
+        for (size_t i = 0; i < hist_.size(); ++i) hist_[i] += static_cast<uint64_t>(v[i]);
+        hist_dev_.zero();
+    }
+}
+
 bool MoeBalancer::step() {
+    flush_device();
     switch (config_.mode) {
         case MoeBalanceMode::quantile:
             if (++steps_in_interval_ < config_.update_interval) return false;
@@ -206,6 +239,7 @@ void MoeBalancer::update_sign() {
 }
 
 std::vector<std::pair<std::string, Tensor>> MoeBalancer::state_tensors(const std::string& prefix) const {
+    flush_device();
     std::vector<std::pair<std::string, Tensor>> out;
     Tensor bias = Tensor::zeros({n_}, DType::f32);
     std::copy(bias_.begin(), bias_.end(), bias.data<float>());
@@ -246,6 +280,7 @@ void MoeBalancer::load_state(const std::vector<std::pair<std::string, Tensor>>& 
         }
         core::fail(ExitCode::checkpoint, "checkpoint has no tensor {} (MoE balancer state)", name);
     };
+    flush_device();  // counts not yet flushed belong to the state being replaced
     const Tensor bias = find(".bias", {n_}, DType::f32), loads = find(".loads", {n_}, DType::i64);
     const Tensor counters = find(".counters", {4}, DType::i64);
     std::copy(bias.data<float>(), bias.data<float>() + n_, bias_.begin());
@@ -262,6 +297,7 @@ void MoeBalancer::load_state(const std::vector<std::pair<std::string, Tensor>>& 
 }
 
 nlohmann::json MoeBalancer::state_json() const {
+    flush_device();
     nlohmann::json j = {{"mode", moe_balance_mode_name(config_.mode)},
                         {"bias", bias_},
                         {"loads", loads_},
@@ -279,6 +315,7 @@ nlohmann::json MoeBalancer::state_json() const {
 }
 
 void MoeBalancer::load_state_json(const nlohmann::json& j) {
+    flush_device();  // counts not yet flushed belong to the state being replaced
     try {
         const std::string mode = j.at("mode").get<std::string>();
         if (mode != moe_balance_mode_name(config_.mode))
@@ -390,6 +427,12 @@ double moe_aux_loss(const Tensor& scores, const Tensor& indices, double coeff, b
              n_tok);
     if (n_tok == 0) return 0.0;
     const int64_t k = indices.size(1);
+    if (scores.device() == core::Device::cuda) {
+        MT_CHECK(
+            indices.device() == core::Device::cuda && (!dscores.defined() || dscores.device() == core::Device::cuda),
+            "moe_aux_loss: scores, indices and dscores must be on one device");
+        return ops::cuda::moe_aux_loss(scores, indices, coeff, probs, dscores);
+    }
     if (dscores.defined())
         MT_CHECK(dscores.shape() == scores.shape() && dscores.dtype() == scores.dtype(),
                  "moe_aux_loss: dscores must match scores");

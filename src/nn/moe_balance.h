@@ -3,6 +3,9 @@
 // it shifts the top-k selection only), QB's bin bounds (L, U) and histogram H [n, B] (u64, accumulated over an
 // update interval), the per-expert loads of the sign rule, and the counters. All of it round-trips through
 // state_tensors() / load_state() (checkpoint tensors) and state_json() (the same, as JSON).
+// With cuda routing tensors, observe() counts on the device (ops/cuda/moe_balance.cu: the loads and QB's histogram,
+// the bins computed in double exactly as on the CPU) into device buffers; they are added to the host state, one copy
+// back, when the host state is read (step(), histogram(), state_tensors(), state_json()).
 #pragma once
 
 #include <cstdint>
@@ -35,8 +38,8 @@ class MoeBalancer {
         return config_.mode == MoeBalanceMode::quantile;
     }
 
-    // Counts one micro-batch of training routing: scores [N, n] f32|f64, cutoff [N] (quantile; else undefined),
-    // indices [N, k] i32 (the router's pre-drop choice).
+    // Counts one micro-batch of training routing: scores [N, n] f32|f64 (cuda: bf16|f16|f32), cutoff [N] (quantile;
+    // else undefined), indices [N, k] i32 (the router's pre-drop choice); all on one device.
     void observe(const core::Tensor& scores, const core::Tensor& cutoff, const core::Tensor& indices);
     // End of a training step (after the backward of its last micro-batch): QB updates b every update_interval-th
     // step; sign_bias every step. Returns true when b was updated.
@@ -59,6 +62,7 @@ class MoeBalancer {
         return upper_;
     }
     const std::vector<uint64_t>& histogram() const {
+        flush_device();
         return hist_;
     }  // [n, B] row-major
     // The last QB update's per-expert quantile b' (before the EMA and the centring), and the count of its bin
@@ -82,13 +86,17 @@ class MoeBalancer {
    private:
     void update_quantile();
     void update_sign();
+    // Adds the device counts (if any) into hist_ and loads_ and zeroes them.
+    void flush_device() const;
 
     int64_t n_ = 0, k_ = 0;
     MoeBalanceConfig config_;
     std::vector<float> bias_;
     double lower_ = -1.0, upper_ = 1.0;
-    std::vector<uint64_t> hist_;  // [n, B]
-    std::vector<int64_t> loads_;  // [n], sign_bias: rows per expert since the last update
+    mutable std::vector<uint64_t> hist_;         // [n, B]
+    mutable std::vector<int64_t> loads_;         // [n], sign_bias: rows per expert since the last update
+    mutable core::Tensor hist_dev_, loads_dev_;  // i64 [n, B], [n] on the device: counts not yet in hist_, loads_
+    mutable bool device_pending_ = false;
     int64_t steps_in_interval_ = 0, updates_ = 0, tokens_seen_ = 0, tokens_interval_ = 0;
     double last_bias_step_ = 0.0;
     std::vector<double> last_target_;

@@ -2,9 +2,11 @@
 // update, metrics and collapse alarm.
 #include "nn/moe_layer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/add.h"
+#include "ops/cuda/cuda_ops.h"
 #include "ops/grouped_linear.h"
 #include "ops/moe_unpermute.h"
 #include "ops/swiglu.h"
@@ -53,19 +55,27 @@ MoeLayer::MoeLayer(ParamTable& table, const std::string& prefix, const ModelConf
 }
 
 void MoeLayer::resize(int64_t n, const Precision& precision) {
-    if (n == n_ && logits_.defined()) return;
+    if (n == n_ && logits_.defined() && logits_.device() == precision.device && logits_.dtype() == precision.compute)
+        return;
     n_ = n;
     const int64_t e = moe_.num_experts, k = moe_.top_k, c = model_.d_model, f = moe_.expert_ffn_dim, r = n * k;
-    const core::DType dt = precision.compute;
+    const core::DType dt = precision.compute, rt = precision.stats;  // activations, routing
     const core::Device dev = precision.device;
     auto z = [&](const Shape& s) { return Tensor::zeros(s, dt, dev); };
+    auto zr = [&](const Shape& s) { return Tensor::zeros(s, rt, dev); };
     auto zi = [&](const Shape& s) { return Tensor::zeros(s, DType::i32, dev); };
-    logits_ = z({n, e}), scores_ = z({n, e}), indices_ = zi({n, k}), gates_ = z({n, k}), cutoff_ = z({n}),
-    bias_ = z({e});
+    logits_ = z({n, e}), scores_ = zr({n, e}), indices_ = zi({n, k}), gates_ = zr({n, k}), cutoff_ = zr({n}),
+    bias_ = zr({e});
+    bias_uploaded_.assign(static_cast<size_t>(e), 0.0f);
     offsets_ = zi({e + 1}), slot_row_ = zi({n, k}), row_token_ = zi({r});
+    offsets_host_ = dev == core::Device::cpu ? offsets_ : Tensor::zeros({e + 1}, DType::i32);
     xp_ = z({r, c}), hg_ = z({r, f}), hu_ = z({r, f}), act_ = z({r, f}), yp_ = z({r, c});
-    d_yp_ = z({r, c}), d_gates_ = z({n, k}), d_act_ = z({r, f}), d_hg_ = z({r, f}), d_hu_ = z({r, f});
-    d_xp_ = z({r, c}), d_xp2_ = z({r, c}), d_logits_ = z({n, e}), d_scores_aux_ = z({n, e}), d_tmp_ = z({n, c});
+    d_yp_ = z({r, c}), d_gates_ = zr({n, k}), d_act_ = z({r, f}), d_hg_ = z({r, f}), d_hu_ = z({r, f});
+    d_xp_ = z({r, c}), d_logits_ = z({n, e}), d_scores_aux_ = zr({n, e}), d_tmp_ = z({n, c});
+    if (dev == core::Device::cuda) {
+        step_load_dev_ = Tensor::zeros({e}, DType::i64, dev);
+        step_entropy_dev_ = Tensor::zeros({1}, DType::f64, dev);
+    }
     if (shared_) {
         const int64_t fs = f * moe_.num_shared_experts;
         shared_->resize(n, precision);
@@ -84,7 +94,12 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     // router: z = x W_r^T, scores, top-k on s + b, gates; QB's cutoff
     router_.forward(x, logits_);
     const std::vector<float>& bias = balancer_.bias();
-    for (int64_t j = 0; j < e; ++j) core::tensor_set_flat(bias_, j, bias[static_cast<size_t>(j)]);
+    if (bias != bias_uploaded_) {  // changes at balancer updates only: one small host-to-device copy then
+        Tensor host = Tensor::zeros({e}, DType::f32);
+        std::copy(bias.begin(), bias.end(), host.data<float>());
+        bias_.copy_from(host.to(bias_.dtype()));
+        bias_uploaded_ = bias;
+    }
     const bool use_bias =
         moe_.balance.mode == MoeBalanceMode::quantile || moe_.balance.mode == MoeBalanceMode::sign_bias;
     const bool need_cutoff = training && balancer_.needs_cutoff();
@@ -101,14 +116,15 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
                                                                   moe_.capacity_factor))
                                  : 0;
     rows_ = ops::moe_permute_plan(indices_, gates_, e, capacity, drop_policy_, offsets_, slot_row_, row_token_);
+    if (offsets_host_.raw() != offsets_.raw()) offsets_host_.copy_from(offsets_);  // CUDA: the one synchronisation
     const Tensor xp = xp_.slice(0, 0, rows_), hg = hg_.slice(0, 0, rows_), hu = hu_.slice(0, 0, rows_);
     const Tensor act = act_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
     ops::moe_permute_fwd(x, row_token_.slice(0, 0, rows_), xp);
     // routed experts: grouped SwiGLU FFN, then the gate-weighted combine
-    ops::grouped_linear_fwd(xp, table_->param(w_gate_), offsets_, hg);
-    ops::grouped_linear_fwd(xp, table_->param(w_up_), offsets_, hu);
+    ops::grouped_linear_fwd(xp, table_->param(w_gate_), offsets_host_, hg);
+    ops::grouped_linear_fwd(xp, table_->param(w_up_), offsets_host_, hu);
     ops::swiglu_fwd(hg, hu, act);
-    ops::grouped_linear_fwd(act, table_->param(w_down_), offsets_, yp);
+    ops::grouped_linear_fwd(act, table_->param(w_down_), offsets_host_, yp);
     ops::moe_unpermute_fwd(yp, slot_row_, gates_, out);
     // shared expert(s)
     if (shared_) {
@@ -122,11 +138,16 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
                     : 0.0;
     if (!training) return;
     balancer_.observe(scores_, need_cutoff ? cutoff_ : Tensor(), indices_);
-    const int32_t* idx = indices_.data<int32_t>();
-    for (int64_t s = 0; s < n * k; ++s) ++step_load_[static_cast<size_t>(idx[s])];
     step_tokens_ += n;
     step_dropped_ += n * k - rows_;
     step_aux_ += aux_loss_;
+    if (scores_.device() == core::Device::cuda) {  // counted on the device until step_end
+        ops::cuda::moe_expert_counts(indices_, step_load_dev_);
+        ops::cuda::moe_token_entropy_sum(scores_, step_entropy_dev_);
+        return;
+    }
+    const int32_t* idx = indices_.data<int32_t>();
+    for (int64_t s = 0; s < n * k; ++s) ++step_load_[static_cast<size_t>(idx[s])];
     step_entropy_ += scores_.dtype() == DType::f64 ? moe_token_entropy_sum(scores_.data<double>(), n, e)
                                                    : moe_token_entropy_sum(scores_.data<float>(), n, e);
 }
@@ -136,15 +157,15 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     const Tensor act = act_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
     const Tensor d_yp = d_yp_.slice(0, 0, rows_), d_act = d_act_.slice(0, 0, rows_);
     const Tensor d_hg = d_hg_.slice(0, 0, rows_), d_hu = d_hu_.slice(0, 0, rows_);
-    const Tensor d_xp = d_xp_.slice(0, 0, rows_), d_xp2 = d_xp2_.slice(0, 0, rows_);
+    const Tensor d_xp = d_xp_.slice(0, 0, rows_);
     // combine: row gradients g dy, gate gradients dy . row
     ops::moe_unpermute_bwd(yp, slot_row_, gates_, dout, d_yp, d_gates_);
     // routed experts
-    ops::grouped_linear_bwd(act, table_->param(w_down_), offsets_, d_yp, d_act, table_->grad(w_down_));
+    ops::grouped_linear_bwd(act, table_->param(w_down_), offsets_host_, d_yp, d_act, table_->grad(w_down_));
     ops::swiglu_bwd(hg, hu, d_act, d_hg, d_hu);
-    ops::grouped_linear_bwd(xp, table_->param(w_gate_), offsets_, d_hg, d_xp, table_->grad(w_gate_));
-    ops::grouped_linear_bwd(xp, table_->param(w_up_), offsets_, d_hu, d_xp2, table_->grad(w_up_));
-    ops::add_fwd(d_xp, d_xp2, d_xp);
+    ops::grouped_linear_bwd(xp, table_->param(w_gate_), offsets_host_, d_hg, d_xp, table_->grad(w_gate_));
+    ops::grouped_linear_bwd(
+        xp, table_->param(w_up_), offsets_host_, d_hu, d_xp, table_->grad(w_up_), /*accumulate_dx=*/true);
     ops::moe_permute_bwd(slot_row_, d_xp, dx);  // the first contribution writes dx
     // router: through the gates (and the aux loss's P), the score function, the router GEMM
     const bool aux = moe_.balance.mode == MoeBalanceMode::aux_loss;
@@ -166,6 +187,13 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
 }
 
 MoeStepMetrics MoeLayer::step_end(int64_t step) {
+    if (step_load_dev_.defined()) {  // CUDA: the step's device counts come back (one copy each) and are reset
+        const Tensor load = step_load_dev_.to_device(core::Device::cpu);
+        for (size_t j = 0; j < step_load_.size(); ++j) step_load_[j] += load.data<int64_t>()[j];
+        step_entropy_ += step_entropy_dev_.item();
+        step_load_dev_.zero();
+        step_entropy_dev_.zero();
+    }
     balancer_.step();
     MoeStepMetrics m = moe_metrics_compute(step_load_,
                                            step_tokens_,

@@ -5,6 +5,11 @@
 // Tokens are permuted by expert (ops/moe_permute.h), the experts run as grouped GEMMs (ops/grouped_linear.h), and
 // the combine weights the rows by their gates (ops/moe_unpermute.h). Optional capacity dropping (off by default).
 // Balancing (nn/moe_balance.h) and metrics with the collapse alarm (nn/moe_metrics.h) are per layer.
+// Precision: the routing tensors (scores, gates, cutoff, bias, the gate gradients) are in precision.stats (f32 under
+// CUDA mixed precision, spec: the router in fp32); logits, expert activations and their gradients in
+// precision.compute. On CUDA the plan runs on the device and its offsets are copied back once per forward (the
+// grouped GEMMs' shapes; the backward reuses them); the routing counts for the balancer and the metrics stay on the
+// device until step_end.
 //
 // Parameters under the prefix (e.g. "layers.3.moe"):
 //   {prefix}.router.weight              [E, C]
@@ -119,10 +124,13 @@ class MoeLayer : public Layer {
     // Saved activations (R <= N * K rows are used of the [N * K, *] buffers).
     Tensor logits_, scores_, indices_, gates_, cutoff_, bias_;  // [N, E], [N, E], [N, K], [N, K], [N], [E]
     Tensor offsets_, slot_row_, row_token_;                     // [E + 1], [N, K], [N * K] i32
+    Tensor offsets_host_;                                       // [E + 1] i32 on the host (CUDA: copied back)
+    std::vector<float> bias_uploaded_;                          // the bias last copied into bias_
+    Tensor step_load_dev_, step_entropy_dev_;                   // CUDA: i64 [E], f64 [1], summed until step_end
     Tensor xp_, hg_, hu_, act_, yp_;                            // [N K, C], [N K, F] x3, [N K, C]
     Tensor shared_out_;                                         // [N, C]
     // Gradient buffers.
-    Tensor d_yp_, d_gates_, d_act_, d_hg_, d_hu_, d_xp_, d_xp2_, d_logits_, d_scores_aux_, d_tmp_;
+    Tensor d_yp_, d_gates_, d_act_, d_hg_, d_hu_, d_xp_, d_logits_, d_scores_aux_, d_tmp_;
     Workspace shared_ws_;
 };
 

@@ -1,8 +1,9 @@
-// Entry points of the grouped linear op: argument checks (offsets monotone and covering the rows), then the CPU
-// reference (no CUDA path yet: cuda tensors fail with "not implemented on cuda yet").
+// Entry points of the grouped linear op: argument checks (offsets monotone and covering the rows), then the CUDA path
+// or the CPU reference.
 #include "ops/grouped_linear.h"
 
 #include "ops/cpu/checks.h"
+#include "ops/cuda/cuda_ops.h"
 
 namespace mt::ops {
 
@@ -17,16 +18,13 @@ void grouped_linear_bwd(
 
 namespace {
 
-void check_offsets(const Tensor& offsets, int64_t e, int64_t rows, std::string_view op) {
+// The offsets on the host (a CUDA tensor is copied back: one synchronisation), checked.
+Tensor host_offsets(const Tensor& offsets, int64_t e, int64_t rows, std::string_view op) {
     MT_CHECK(offsets.defined(), "{}: offsets is undefined", op);
-    MT_CHECK(offsets.device() == core::Device::cpu,
-             "{}: offsets is a {} tensor; {} is not implemented on cuda yet",
-             op,
-             core::device_name(offsets.device()),
-             op);
     cpu::check_i32_arg(offsets, op, "offsets", 1);
     check_shape(offsets, {e + 1}, op, "offsets");
-    const int32_t* o = offsets.data<int32_t>();
+    const Tensor h = offsets.device() == core::Device::cpu ? offsets : offsets.to_device(core::Device::cpu);
+    const int32_t* o = h.data<int32_t>();
     MT_CHECK(o[0] == 0 && o[e] == rows,
              "{}: offsets run from {} to {}, expected 0 to {} (the rows of x)",
              op,
@@ -35,6 +33,7 @@ void check_offsets(const Tensor& offsets, int64_t e, int64_t rows, std::string_v
              rows);
     for (int64_t j = 0; j < e; ++j)
         MT_CHECK(o[j] <= o[j + 1], "{}: offsets decrease at expert {} ({} > {})", op, j, o[j], o[j + 1]);
+    return h;
 }
 
 template <typename T>
@@ -46,27 +45,49 @@ T* data_or_null(const Tensor& t) {
 
 void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y) {
     constexpr std::string_view op = "grouped_linear_fwd";
-    check_same_device(op, {{"x", x}, {"w", w}, {"offsets", offsets}, {"y", y}});
+    check_arg(x, op, "x", 2);
+    check_arg(w, op, "w", 3);
+    check_arg(y, op, "y", 2);
+    const int64_t rows = x.size(0), k = x.size(1), e = w.size(0), m = w.size(1);
+    check_shape(w, {e, m, k}, op, "w");
+    check_shape(y, {rows, m}, op, "y");
+    const core::Device dev = check_same_device(op, {{"x", x}, {"w", w}, {"y", y}});
+    const Tensor o = host_offsets(offsets, e, rows, op);
+    if (dev == core::Device::cuda) return cuda::grouped_linear_fwd(x, w, o.data<int32_t>(), y);
     check_float_arg(x, op, "x", 2);
     check_float_arg(w, op, "w", 3);
     check_float_arg(y, op, "y", 2);
     cpu::check_dtype_as(w, x, op, "w", "x");
     cpu::check_dtype_as(y, x, op, "y", "x");
-    const int64_t rows = x.size(0), k = x.size(1), e = w.size(0), m = w.size(1);
-    check_shape(w, {e, m, k}, op, "w");
-    check_shape(y, {rows, m}, op, "y");
-    check_offsets(offsets, e, rows, op);
-    MT_DISPATCH_FLOAT(
-        x.dtype(),
-        op,
-        cpu::grouped_linear_fwd(
-            x.data<scalar_t>(), w.data<scalar_t>(), offsets.data<int32_t>(), y.data<scalar_t>(), e, k, m));
+    MT_DISPATCH_FLOAT(x.dtype(),
+                      op,
+                      cpu::grouped_linear_fwd(
+                          x.data<scalar_t>(), w.data<scalar_t>(), o.data<int32_t>(), y.data<scalar_t>(), e, k, m));
 }
 
-void grouped_linear_bwd(
-    const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& dy, const Tensor& dx, const Tensor& dw) {
+void grouped_linear_bwd(const Tensor& x,
+                        const Tensor& w,
+                        const Tensor& offsets,
+                        const Tensor& dy,
+                        const Tensor& dx,
+                        const Tensor& dw,
+                        bool accumulate_dx) {
     constexpr std::string_view op = "grouped_linear_bwd";
-    check_same_device(op, {{"x", x}, {"w", w}, {"offsets", offsets}, {"dy", dy}, {"dx", dx}, {"dw", dw}});
+    check_arg(x, op, "x", 2);
+    check_arg(w, op, "w", 3);
+    check_arg(dy, op, "dy", 2);
+    check_arg(dw, op, "dw", 3);
+    const int64_t rows = x.size(0), k = x.size(1), e = w.size(0), m = w.size(1);
+    check_shape(w, {e, m, k}, op, "w");
+    check_shape(dy, {rows, m}, op, "dy");
+    check_shape(dw, {e, m, k}, op, "dw");
+    if (dx.defined()) {
+        check_arg(dx, op, "dx", 2);
+        check_shape(dx, {rows, k}, op, "dx");
+    }
+    const core::Device dev = check_same_device(op, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}});
+    const Tensor o = host_offsets(offsets, e, rows, op);
+    if (dev == core::Device::cuda) return cuda::grouped_linear_bwd(x, w, o.data<int32_t>(), dy, dx, dw, accumulate_dx);
     check_float_arg(x, op, "x", 2);
     check_float_arg(w, op, "w", 3);
     check_float_arg(dy, op, "dy", 2);
@@ -74,27 +95,28 @@ void grouped_linear_bwd(
     cpu::check_dtype_as(w, x, op, "w", "x");
     cpu::check_dtype_as(dy, x, op, "dy", "x");
     cpu::check_dtype_as(dw, x, op, "dw", "x");
-    const int64_t rows = x.size(0), k = x.size(1), e = w.size(0), m = w.size(1);
-    check_shape(w, {e, m, k}, op, "w");
-    check_shape(dy, {rows, m}, op, "dy");
-    check_shape(dw, {e, m, k}, op, "dw");
     if (dx.defined()) {
         check_float_arg(dx, op, "dx", 2);
         cpu::check_dtype_as(dx, x, op, "dx", "x");
-        check_shape(dx, {rows, k}, op, "dx");
     }
-    check_offsets(offsets, e, rows, op);
-    MT_DISPATCH_FLOAT(x.dtype(),
-                      op,
-                      cpu::grouped_linear_bwd(x.data<scalar_t>(),
-                                              w.data<scalar_t>(),
-                                              offsets.data<int32_t>(),
-                                              dy.data<scalar_t>(),
-                                              data_or_null<scalar_t>(dx),
-                                              dw.data<scalar_t>(),
-                                              e,
-                                              k,
-                                              m));
+    // accumulate_dx: the reference writes a fresh buffer and adds it (the same sums as the CUDA path's beta = 1)
+    const Tensor dx_out = dx.defined() && accumulate_dx ? Tensor::zeros(dx.shape(), dx.dtype()) : dx;
+    MT_DISPATCH_FLOAT(x.dtype(), op, {
+        cpu::grouped_linear_bwd(x.data<scalar_t>(),
+                                w.data<scalar_t>(),
+                                o.data<int32_t>(),
+                                dy.data<scalar_t>(),
+                                data_or_null<scalar_t>(dx_out),
+                                dw.data<scalar_t>(),
+                                e,
+                                k,
+                                m);
+        if (dx.defined() && accumulate_dx) {
+            scalar_t* d = dx.data<scalar_t>();
+            const scalar_t* s = dx_out.data<scalar_t>();
+            for (int64_t i = 0; i < dx.numel(); ++i) d[i] += s[i];
+        }
+    });
 }
 
 }  // namespace mt::ops

@@ -1,8 +1,9 @@
-// Entry points of the MoE permutation: argument checks (including the range of every index), then the CPU reference
-// (no CUDA path yet: cuda tensors fail with "not implemented on cuda yet").
+// Entry points of the MoE permutation: argument checks (on the CPU including the range of every index; CUDA index
+// tensors come from the router and the plan and are trusted), then the CUDA path or the CPU reference.
 #include "ops/moe_permute.h"
 
 #include "ops/cpu/checks.h"
+#include "ops/cuda/cuda_ops.h"
 
 namespace mt::ops {
 
@@ -27,20 +28,15 @@ void moe_permute_bwd(const int32_t* slot_row, const T* dxp, T* dx, int64_t n, in
 
 namespace {
 
-// Fails unless the defined tensor t is a CPU i32 tensor of the given rank (cuda tensors: "not implemented on cuda
-// yet", as check_float_arg says it).
+// Fails unless the defined tensor t is an i32 tensor of the given rank.
 void check_index_arg(const Tensor& t, std::string_view op, std::string_view arg, int ndim) {
     MT_CHECK(t.defined(), "{}: {} is undefined", op, arg);
-    MT_CHECK(t.device() == core::Device::cpu,
-             "{}: {} is a {} tensor; {} is not implemented on cuda yet",
-             op,
-             arg,
-             core::device_name(t.device()),
-             op);
     cpu::check_i32_arg(t, op, arg, ndim);
 }
 
+// The range of every index (CPU tensors only: reading a device tensor would synchronise).
 void check_range(const Tensor& t, int64_t lo, int64_t hi, std::string_view op, std::string_view arg) {
+    if (t.device() != core::Device::cpu) return;
     const int32_t* v = t.data<int32_t>();
     for (int64_t i = 0; i < t.numel(); ++i)
         MT_CHECK(v[i] >= lo && v[i] < hi, "{}: {}[{}] = {} is outside [{}, {})", op, arg, i, v[i], lo, hi);
@@ -77,9 +73,13 @@ int64_t moe_permute_plan(const Tensor& indices,
     check_range(indices, 0, num_experts, op, "indices");
     const bool need_gates = capacity > 0 && policy == MoeDropPolicy::probs;
     if (need_gates || gates.defined()) {
-        check_float_arg(gates, op, "gates", 2);
+        MT_CHECK(gates.defined(), "{}: gates is undefined", op);
+        check_arg(gates, op, "gates", 2);
         check_shape(gates, {n, k}, op, "gates");
     }
+    if (indices.device() == core::Device::cuda)
+        return cuda::moe_permute_plan(indices, gates, num_experts, capacity, policy, offsets, slot_row, row_token);
+    if (gates.defined()) check_float_arg(gates, op, "gates", 2);
     if (!gates.defined())
         return cpu::moe_permute_plan<float>(indices.data<int32_t>(),
                                             nullptr,
@@ -110,14 +110,17 @@ int64_t moe_permute_plan(const Tensor& indices,
 void moe_permute_fwd(const Tensor& x, const Tensor& row_token, const Tensor& xp) {
     constexpr std::string_view op = "moe_permute_fwd";
     check_same_device(op, {{"x", x}, {"row_token", row_token}, {"xp", xp}});
-    check_float_arg(x, op, "x", 2);
-    check_float_arg(xp, op, "xp", 2);
+    check_arg(x, op, "x", 2);
+    check_arg(xp, op, "xp", 2);
     check_index_arg(row_token, op, "row_token", 1);
-    cpu::check_dtype_as(xp, x, op, "xp", "x");
     const int64_t n = x.size(0), c = x.size(1), rows = xp.size(0);
     check_shape(xp, {rows, c}, op, "xp");
     check_shape(row_token, {rows}, op, "row_token");
     check_range(row_token, 0, n, op, "row_token");
+    if (x.device() == core::Device::cuda) return cuda::moe_permute_fwd(x, row_token, xp);
+    check_float_arg(x, op, "x", 2);
+    check_float_arg(xp, op, "xp", 2);
+    cpu::check_dtype_as(xp, x, op, "xp", "x");
     MT_DISPATCH_FLOAT(
         x.dtype(),
         op,
@@ -127,13 +130,16 @@ void moe_permute_fwd(const Tensor& x, const Tensor& row_token, const Tensor& xp)
 void moe_permute_bwd(const Tensor& slot_row, const Tensor& dxp, const Tensor& dx) {
     constexpr std::string_view op = "moe_permute_bwd";
     check_same_device(op, {{"slot_row", slot_row}, {"dxp", dxp}, {"dx", dx}});
-    check_float_arg(dxp, op, "dxp", 2);
-    check_float_arg(dx, op, "dx", 2);
+    check_arg(dxp, op, "dxp", 2);
+    check_arg(dx, op, "dx", 2);
     check_index_arg(slot_row, op, "slot_row", 2);
-    cpu::check_dtype_as(dx, dxp, op, "dx", "dxp");
     const int64_t rows = dxp.size(0), c = dxp.size(1), n = slot_row.size(0), k = slot_row.size(1);
     check_shape(dx, {n, c}, op, "dx");
     check_range(slot_row, -1, rows, op, "slot_row");
+    if (dx.device() == core::Device::cuda) return cuda::moe_permute_bwd(slot_row, dxp, dx);
+    check_float_arg(dxp, op, "dxp", 2);
+    check_float_arg(dx, op, "dx", 2);
+    cpu::check_dtype_as(dx, dxp, op, "dx", "dxp");
     MT_DISPATCH_FLOAT(
         dx.dtype(),
         op,

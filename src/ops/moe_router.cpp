@@ -1,8 +1,9 @@
-// Entry points of the MoE router: argument checks, then the CPU reference (no CUDA path yet: cuda tensors fail with
-// "not implemented on cuda yet").
+// Entry points of the MoE router: argument checks, then the CUDA path (which also takes f32 scores, gates, cutoff and
+// bias with bf16/f16 logits, and trusts the indices of the backward) or the CPU reference.
 #include "ops/moe_router.h"
 
 #include "ops/cpu/checks.h"
+#include "ops/cuda/cuda_ops.h"
 
 namespace mt::ops {
 
@@ -51,34 +52,44 @@ void moe_router_fwd(const Tensor& logits,
                     const Tensor& cutoff,
                     const MoeRouterOptions& options) {
     constexpr std::string_view op = "moe_router_fwd";
-    check_same_device(op,
-                      {{"logits", logits},
-                       {"bias", bias},
-                       {"scores", scores},
-                       {"indices", indices},
-                       {"gates", gates},
-                       {"cutoff", cutoff}});
-    check_float_arg(logits, op, "logits", 2);
+    const core::Device dev = check_same_device(op,
+                                               {{"logits", logits},
+                                                {"bias", bias},
+                                                {"scores", scores},
+                                                {"indices", indices},
+                                                {"gates", gates},
+                                                {"cutoff", cutoff}});
+    check_arg(logits, op, "logits", 2);
     const int64_t n = logits.size(0), e = logits.size(1), k = options.top_k;
     check_options(options, e, op);
-    check_float_arg(scores, op, "scores", 2);
-    check_float_arg(gates, op, "gates", 2);
+    check_arg(scores, op, "scores", 2);
+    check_arg(gates, op, "gates", 2);
     cpu::check_i32_arg(indices, op, "indices", 2);
-    cpu::check_dtype_as(scores, logits, op, "scores", "logits");
-    cpu::check_dtype_as(gates, logits, op, "gates", "logits");
     check_shape(scores, {n, e}, op, "scores");
     check_shape(indices, {n, k}, op, "indices");
     check_shape(gates, {n, k}, op, "gates");
     if (bias.defined()) {
+        check_arg(bias, op, "bias", 1);
+        check_shape(bias, {e}, op, "bias");
+    }
+    if (cutoff.defined()) {
+        check_arg(cutoff, op, "cutoff", 1);
+        check_shape(cutoff, {n}, op, "cutoff");
+        MT_CHECK(e > k, "{}: cutoff needs more experts than top_k (E = {}, top_k = {})", op, e, k);
+    }
+    if (dev == core::Device::cuda) return cuda::moe_router_fwd(logits, bias, scores, indices, gates, cutoff, options);
+    check_float_arg(logits, op, "logits", 2);
+    check_float_arg(scores, op, "scores", 2);
+    check_float_arg(gates, op, "gates", 2);
+    cpu::check_dtype_as(scores, logits, op, "scores", "logits");
+    cpu::check_dtype_as(gates, logits, op, "gates", "logits");
+    if (bias.defined()) {
         check_float_arg(bias, op, "bias", 1);
         cpu::check_dtype_as(bias, logits, op, "bias", "logits");
-        check_shape(bias, {e}, op, "bias");
     }
     if (cutoff.defined()) {
         check_float_arg(cutoff, op, "cutoff", 1);
         cpu::check_dtype_as(cutoff, logits, op, "cutoff", "logits");
-        check_shape(cutoff, {n}, op, "cutoff");
-        MT_CHECK(e > k, "{}: cutoff needs more experts than top_k (E = {}, top_k = {})", op, e, k);
     }
     MT_DISPATCH_FLOAT(logits.dtype(),
                       op,
@@ -101,31 +112,40 @@ void moe_router_bwd(const Tensor& scores,
                     const Tensor& dlogits,
                     const MoeRouterOptions& options) {
     constexpr std::string_view op = "moe_router_bwd";
-    check_same_device(op,
-                      {{"scores", scores},
-                       {"indices", indices},
-                       {"gates", gates},
-                       {"dgates", dgates},
-                       {"dscores", dscores},
-                       {"dlogits", dlogits}});
-    check_float_arg(scores, op, "scores", 2);
+    const core::Device dev = check_same_device(op,
+                                               {{"scores", scores},
+                                                {"indices", indices},
+                                                {"gates", gates},
+                                                {"dgates", dgates},
+                                                {"dscores", dscores},
+                                                {"dlogits", dlogits}});
+    check_arg(scores, op, "scores", 2);
     const int64_t n = scores.size(0), e = scores.size(1), k = options.top_k;
     check_options(options, e, op);
     cpu::check_i32_arg(indices, op, "indices", 2);
+    check_arg(gates, op, "gates", 2);
+    check_arg(dgates, op, "dgates", 2);
+    check_arg(dlogits, op, "dlogits", 2);
+    check_shape(indices, {n, k}, op, "indices");
+    check_shape(gates, {n, k}, op, "gates");
+    check_shape(dgates, {n, k}, op, "dgates");
+    check_shape(dlogits, {n, e}, op, "dlogits");
+    if (dscores.defined()) {
+        check_arg(dscores, op, "dscores", 2);
+        check_shape(dscores, {n, e}, op, "dscores");
+    }
+    if (dev == core::Device::cuda)
+        return cuda::moe_router_bwd(scores, indices, gates, dgates, dscores, dlogits, options);
+    check_float_arg(scores, op, "scores", 2);
     check_float_arg(gates, op, "gates", 2);
     check_float_arg(dgates, op, "dgates", 2);
     check_float_arg(dlogits, op, "dlogits", 2);
     cpu::check_dtype_as(gates, scores, op, "gates", "scores");
     cpu::check_dtype_as(dgates, scores, op, "dgates", "scores");
     cpu::check_dtype_as(dlogits, scores, op, "dlogits", "scores");
-    check_shape(indices, {n, k}, op, "indices");
-    check_shape(gates, {n, k}, op, "gates");
-    check_shape(dgates, {n, k}, op, "dgates");
-    check_shape(dlogits, {n, e}, op, "dlogits");
     if (dscores.defined()) {
         check_float_arg(dscores, op, "dscores", 2);
         cpu::check_dtype_as(dscores, scores, op, "dscores", "scores");
-        check_shape(dscores, {n, e}, op, "dscores");
     }
     const int32_t* idx = indices.data<int32_t>();
     for (int64_t i = 0; i < n * k; ++i)

@@ -50,17 +50,15 @@ OpCase grouped_case(const std::vector<int32_t>& counts, int64_t k, int64_t m) {
             }};
 }
 
-// No CUDA path yet (issue 5's CUDA part): the parity mode has nothing to compare; re-enable it with the kernels.
-OpCase cpu_only(OpCase c) {
-    c.parity.bf16 = c.parity.f16 = c.parity.f32 = false;
-    return c;
-}
-
 [[maybe_unused]] const bool kRegistered = [] {
-    op_register(cpu_only(grouped_case({1}, 1, 1)));
-    op_register(cpu_only(grouped_case({3, 0, 7, 1}, 5, 3)));       // an empty expert
-    op_register(cpu_only(grouped_case({0, 0, 2}, 4, 6)));          // leading empty experts
-    op_register(cpu_only(grouped_case({130, 5, 0, 61}, 17, 11)));  // crosses the 128-row chunk
+    op_register(grouped_case({1}, 1, 1));
+    op_register(grouped_case({3, 0, 7, 1}, 5, 3));       // an empty expert
+    op_register(grouped_case({0, 0, 2}, 4, 6));          // leading empty experts
+    op_register(grouped_case({130, 5, 0, 61}, 17, 11));  // crosses the 128-row chunk
+    // the CUDA path: many experts, empty ones, row counts off the 128-row algorithm buckets, 16-byte aligned rows
+    op_register(
+        op_parity_only(grouped_case({300, 0, 129, 1, 77, 0, 0, 512, 64, 255, 3, 0, 640, 7, 33, 100}, 256, 192)));
+    op_register(op_parity_only(grouped_case({0, 1000, 24, 0}, 96, 200)));
     return true;
 }();
 
@@ -119,12 +117,9 @@ TEST(OpArgs, GroupedLinearShapesAndOffsets) {
         "grouped_linear_bwd: dw has dtype f32, expected f64 (the dtype of x)");
     expect_op_error(
         [&] {
-            grouped_linear_fwd(op_cuda_view({5, 4}, DType::f32),
-                               op_cuda_view({2, 3, 4}, DType::f32),
-                               op_cuda_view({3}, DType::i32),
-                               op_cuda_view({5, 3}, DType::f32));
+            grouped_linear_fwd(op_cuda_view({5, 4}, DType::f32), w, make_offsets({2, 3}), y);
         },
-        "grouped_linear_fwd: x is a cuda tensor; grouped_linear_fwd is not implemented on cuda yet");
+        "all tensors of one call must be on the same device");
 }
 
 }  // namespace

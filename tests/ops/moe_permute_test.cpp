@@ -36,9 +36,13 @@ struct Plan {
     int64_t rows = 0;
 };
 
+// The plan on idx's device.
 Plan make_plan(const Tensor& idx, const Tensor& gates, int64_t e, int64_t capacity, MoeDropPolicy policy) {
     const int64_t n = idx.size(0), k = idx.size(1);
-    Plan p{Tensor::zeros({e + 1}, DType::i32), Tensor::zeros({n, k}, DType::i32), Tensor::zeros({n * k}, DType::i32)};
+    const core::Device d = idx.device();
+    Plan p{Tensor::zeros({e + 1}, DType::i32, d),
+           Tensor::zeros({n, k}, DType::i32, d),
+           Tensor::zeros({n * k}, DType::i32, d)};
     p.rows = moe_permute_plan(idx, gates, e, capacity, policy, p.offsets, p.slot_row, p.row_token);
     return p;
 }
@@ -52,7 +56,7 @@ OpCase permute_case(int64_t n, int64_t e, int64_t k, int64_t c, int64_t capacity
                             {"gates", op_uniform({n, k}, s, 1, 0.1, 1.0), GradKind::none}};
                 const Tensor idx = random_routing(n, e, k, s);
                 auto plan = [=](const std::vector<Tensor>& in) {
-                    return make_plan(idx, in[1], e, capacity, MoeDropPolicy::probs);
+                    return make_plan(idx.to_device(in[0].device()), in[1], e, capacity, MoeDropPolicy::probs);
                 };
                 p.forward = [=](const std::vector<Tensor>& in) {
                     const Plan pl = plan(in);
@@ -69,17 +73,15 @@ OpCase permute_case(int64_t n, int64_t e, int64_t k, int64_t c, int64_t capacity
             }};
 }
 
-// No CUDA path yet (issue 5's CUDA part): the parity mode has nothing to compare; re-enable it with the kernels.
-OpCase cpu_only(OpCase c) {
-    c.parity.bf16 = c.parity.f16 = c.parity.f32 = false;
-    return c;
-}
-
 [[maybe_unused]] const bool kRegistered = [] {
-    op_register(cpu_only(permute_case(1, 1, 1, 1, 0)));
-    op_register(cpu_only(permute_case(7, 5, 2, 3, 0)));
-    op_register(cpu_only(permute_case(13, 8, 3, 5, 4)));  // capacity 4 < 13 * 3 / 8: drops
-    op_register(cpu_only(permute_case(97, 16, 4, 67, 0)));
+    op_register(permute_case(1, 1, 1, 1, 0));
+    op_register(permute_case(7, 5, 2, 3, 0));
+    op_register(permute_case(13, 8, 3, 5, 4));  // capacity 4 < 13 * 3 / 8: drops
+    op_register(permute_case(97, 16, 4, 67, 0));
+    // the CUDA plan and gathers: several plan chunks, many and empty experts, capacity with drops
+    op_register(op_parity_only(permute_case(4096, 256, 8, 64, 0)));
+    op_register(op_parity_only(permute_case(7, 256, 2, 16, 0)));  // 242 or more empty experts
+    op_register(op_parity_only(permute_case(3001, 64, 8, 40, 300)));
     return true;
 }();
 
@@ -154,10 +156,9 @@ TEST(OpArgs, MoePermuteShapesAndIndices) {
         "moe_permute_bwd: dx has shape [3, 5], expected [3, 4]");
     expect_op_error(
         [&] {
-            moe_permute_fwd(
-                op_cuda_view({3, 4}, DType::f32), op_cuda_view({6}, DType::i32), op_cuda_view({6, 4}, DType::f32));
+            moe_permute_fwd(op_cuda_view({3, 4}, DType::f32), p.row_token, xp);
         },
-        "moe_permute_fwd: x is a cuda tensor; moe_permute_fwd is not implemented on cuda yet");
+        "all tensors of one call must be on the same device");
 }
 
 }  // namespace

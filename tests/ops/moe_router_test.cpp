@@ -59,7 +59,7 @@ OpCase router_case(int64_t n, int64_t e, int64_t k, MoeScore score, bool normali
                 auto run = [opt](const std::vector<Tensor>& in, Tensor& idx) {
                     const int64_t rows = in[0].size(0), experts = in[0].size(1);
                     Tensor s = op_like(in[0]), g = op_like(in[0], {rows, opt.top_k});
-                    idx = Tensor::zeros({rows, opt.top_k}, DType::i32);
+                    idx = Tensor::zeros({rows, opt.top_k}, DType::i32, in[0].device());
                     const Tensor cut = experts > opt.top_k ? op_like(in[0], {rows}) : Tensor();
                     moe_router_fwd(in[0], in[1], s, idx, g, cut, opt);
                     return std::vector<Tensor>{g, s};
@@ -79,22 +79,19 @@ OpCase router_case(int64_t n, int64_t e, int64_t k, MoeScore score, bool normali
             }};
 }
 
-// No CUDA path yet (issue 5's CUDA part): the parity mode has nothing to compare; re-enable it with the kernels.
-OpCase cpu_only(OpCase c) {
-    c.parity.bf16 = c.parity.f16 = c.parity.f32 = false;
-    return c;
-}
-
 [[maybe_unused]] const bool kRegistered = [] {
-    op_register(cpu_only(router_case(1, 1, 1, MoeScore::sigmoid, true, 1.0)));
-    op_register(cpu_only(router_case(7, 5, 2, MoeScore::sigmoid, true, 2.5)));
-    op_register(cpu_only(router_case(7, 5, 2, MoeScore::sigmoid, false, 2.5)));
-    op_register(cpu_only(router_case(13, 16, 4, MoeScore::sigmoid, true, 1.0)));
-    op_register(cpu_only(router_case(11, 9, 3, MoeScore::softmax, true, 1.0)));
-    op_register(cpu_only(router_case(11, 9, 3, MoeScore::softmax, false, 2.0)));
-    op_register(cpu_only(router_case(67, 37, 8, MoeScore::sigmoid, true, 2.446)));
-    op_register(cpu_only(router_case(
-        3, 1024, 8, MoeScore::sigmoid, true, 2.5)));  // the largest expert count  // more rows than one parallel task
+    op_register(router_case(1, 1, 1, MoeScore::sigmoid, true, 1.0));
+    op_register(router_case(7, 5, 2, MoeScore::sigmoid, true, 2.5));
+    op_register(router_case(7, 5, 2, MoeScore::sigmoid, false, 2.5));
+    op_register(router_case(13, 16, 4, MoeScore::sigmoid, true, 1.0));
+    op_register(router_case(11, 9, 3, MoeScore::softmax, true, 1.0));
+    op_register(router_case(11, 9, 3, MoeScore::softmax, false, 2.0));
+    op_register(router_case(67, 37, 8, MoeScore::sigmoid, true, 2.446));
+    op_register(router_case(3, 1024, 8, MoeScore::sigmoid, true, 2.5));  // the largest expert count
+    // the CUDA kernel at the benchmark's shapes (one warp per token, 2 and 8 experts per lane)
+    op_register(op_parity_only(router_case(4096, 64, 8, MoeScore::sigmoid, true, 2.5)));
+    op_register(op_parity_only(router_case(2000, 256, 8, MoeScore::sigmoid, true, 2.5)));
+    op_register(op_parity_only(router_case(999, 200, 6, MoeScore::softmax, false, 1.0)));
     return true;
 }();
 
@@ -147,21 +144,6 @@ TEST(OpArgs, MoeRouterShapesAndDtypes) {
     core::tensor_set_flat(bad, 1, 7);
     expect_op_error([&] { moe_router_bwd(s, bad, g, g, Tensor(), op_like(z), opt); },
                     "moe_router_bwd: indices[1] = 7 is outside [0, 4)");
-}
-
-TEST(OpArgs, MoeRouterCudaNotImplemented) {
-    const Tensor z = op_cuda_view({3, 4}, DType::f32), s = op_cuda_view({3, 4}, DType::f32);
-    expect_op_error(
-        [&] {
-            moe_router_fwd(z,
-                           Tensor(),
-                           s,
-                           op_cuda_view({3, 2}, DType::i32),
-                           op_cuda_view({3, 2}, DType::f32),
-                           Tensor(),
-                           {2, MoeScore::sigmoid, true, 1.0});
-        },
-        "moe_router_fwd: logits is a cuda tensor; moe_router_fwd is not implemented on cuda yet");
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "ops/adamw.h"
+#include "ops/moe_permute.h"
+#include "ops/moe_router.h"
 #include "ops/op_common.h"
 
 namespace mt::ops::cuda {
@@ -117,5 +119,60 @@ void sigmoid_fwd(const Tensor& x, const Tensor& y);
 void sigmoid_bwd(const Tensor& y, const Tensor& dy, const Tensor& dx);
 void sigmoid_gate_fwd(const Tensor& x, const Tensor& z, const Tensor& out);
 void sigmoid_gate_bwd(const Tensor& x, const Tensor& z, const Tensor& dout, const Tensor& dx, const Tensor& dz);
+
+// MoE (ops/moe_router.h, moe_permute.h, moe_unpermute.h, grouped_linear.h): src/ops/cuda/moe_*.cu and
+// grouped_linear.cu. The router's scores, gates, cutoff and gate gradients may be f32 with bf16/f16 logits (the
+// layer keeps routing in f32); index tensors are trusted (written by the router and the plan, not range-checked).
+void moe_router_fwd(const Tensor& logits,
+                    const Tensor& bias,
+                    const Tensor& scores,
+                    const Tensor& indices,
+                    const Tensor& gates,
+                    const Tensor& cutoff,
+                    const MoeRouterOptions& options);
+void moe_router_bwd(const Tensor& scores,
+                    const Tensor& indices,
+                    const Tensor& gates,
+                    const Tensor& dgates,
+                    const Tensor& dscores,
+                    const Tensor& dlogits,
+                    const MoeRouterOptions& options);
+// Returns R: N * K without a capacity (no synchronisation), else offsets[E] copied back (one synchronisation).
+int64_t moe_permute_plan(const Tensor& indices,
+                         const Tensor& gates,
+                         int64_t num_experts,
+                         int64_t capacity,
+                         MoeDropPolicy policy,
+                         const Tensor& offsets,
+                         const Tensor& slot_row,
+                         const Tensor& row_token);
+void moe_permute_fwd(const Tensor& x, const Tensor& row_token, const Tensor& xp);
+void moe_permute_bwd(const Tensor& slot_row, const Tensor& dxp, const Tensor& dx);
+void moe_unpermute_fwd(const Tensor& yp, const Tensor& slot_row, const Tensor& gates, const Tensor& y);
+void moe_unpermute_bwd(const Tensor& yp,
+                       const Tensor& slot_row,
+                       const Tensor& gates,
+                       const Tensor& dy,
+                       const Tensor& dyp,
+                       const Tensor& dgates);
+// offsets: the host copy of the plan's [E + 1] offsets (the GEMM shapes are chosen on the host).
+void grouped_linear_fwd(const Tensor& x, const Tensor& w, const int32_t* offsets, const Tensor& y);
+void grouped_linear_bwd(const Tensor& x,
+                        const Tensor& w,
+                        const int32_t* offsets,
+                        const Tensor& dy,
+                        const Tensor& dx,
+                        const Tensor& dw,
+                        bool accumulate_dx);
+
+// The MoE balancer's and metrics' device counting (nn/moe_balance.h, nn/moe_layer.h), src/ops/cuda/moe_balance.cu.
+// counts [E] i64 += rows per expert of indices [N, K] i32 (integer atomics: exact in any order).
+void moe_expert_counts(const Tensor& indices, const Tensor& counts);
+// hist [E, B] i64 += QB's histogram of r = cutoff_i - s_ij (bins in double exactly as MoeBalancer's CPU path).
+void moe_qb_histogram(const Tensor& scores, const Tensor& cutoff, double lower, double upper, const Tensor& hist);
+// acc [1] f64 += sum over tokens of H(s_t / sum s_t) / ln E, in a fixed order.
+void moe_token_entropy_sum(const Tensor& scores, const Tensor& acc);
+// The micro-batch aux loss of nn::moe_aux_loss (one synchronisation: the loss comes back to the host).
+double moe_aux_loss(const Tensor& scores, const Tensor& indices, double coeff, bool probs, const Tensor& dscores);
 
 }  // namespace mt::ops::cuda

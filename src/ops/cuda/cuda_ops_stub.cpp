@@ -141,5 +141,59 @@ void sigmoid_gate_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&
     absent("sigmoid_gate_bwd");
 }
 
+void moe_router_fwd(const Tensor&,
+                    const Tensor&,
+                    const Tensor&,
+                    const Tensor&,
+                    const Tensor&,
+                    const Tensor&,
+                    const MoeRouterOptions&) {
+    absent("moe_router_fwd");
+}
+void moe_router_bwd(const Tensor&,
+                    const Tensor&,
+                    const Tensor&,
+                    const Tensor&,
+                    const Tensor&,
+                    const Tensor&,
+                    const MoeRouterOptions&) {
+    absent("moe_router_bwd");
+}
+int64_t moe_permute_plan(
+    const Tensor&, const Tensor&, int64_t, int64_t, MoeDropPolicy, const Tensor&, const Tensor&, const Tensor&) {
+    absent("moe_permute_plan");
+}
+void moe_permute_fwd(const Tensor&, const Tensor&, const Tensor&) {
+    absent("moe_permute_fwd");
+}
+void moe_permute_bwd(const Tensor&, const Tensor&, const Tensor&) {
+    absent("moe_permute_bwd");
+}
+void moe_unpermute_fwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+    absent("moe_unpermute_fwd");
+}
+void moe_unpermute_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+    absent("moe_unpermute_bwd");
+}
+void grouped_linear_fwd(const Tensor&, const Tensor&, const int32_t*, const Tensor&) {
+    absent("grouped_linear_fwd");
+}
+void grouped_linear_bwd(
+    const Tensor&, const Tensor&, const int32_t*, const Tensor&, const Tensor&, const Tensor&, bool) {
+    absent("grouped_linear_bwd");
+}
+void moe_expert_counts(const Tensor&, const Tensor&) {
+    absent("moe_expert_counts");
+}
+void moe_qb_histogram(const Tensor&, const Tensor&, double, double, const Tensor&) {
+    absent("moe_qb_histogram");
+}
+void moe_token_entropy_sum(const Tensor&, const Tensor&) {
+    absent("moe_token_entropy_sum");
+}
+double moe_aux_loss(const Tensor&, const Tensor&, double, bool, const Tensor&) {
+    absent("moe_aux_loss");
+}
+
 }  // namespace mt::ops::cuda
 #endif
