@@ -11,9 +11,14 @@ namespace {
 int add_norm(ParamTable& table, const std::string& name, int64_t dim) {
     return table.add({.name = name, .shape = {dim}, .init = InitKind::ones, .weight_decay = false});
 }
+
+ModelConfig dense_ffn_config(ModelConfig cfg) {
+    cfg.d_ff = cfg.dense_ffn_dim();
+    return cfg;
+}
 }  // namespace
 
-Block::Block(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, Mixer mixer)
+Block::Block(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, Mixer mixer, bool moe)
     : cfg_(cfg),
       mixer_norm_(
           add_norm(table, prefix + (mixer == Mixer::kda ? ".kda_norm.weight" : ".attn_norm.weight"), cfg.d_model)),
@@ -22,7 +27,22 @@ Block::Block(ParamTable& table, const std::string& prefix, const ModelConfig& cf
       attn_(mixer == Mixer::attention ? std::make_optional<AttentionLayer>(table, prefix + ".attn", cfg)
                                       : std::nullopt),
       kda_(mixer == Mixer::kda ? std::make_optional<KdaLayer>(table, prefix + ".kda", cfg) : std::nullopt),
-      mlp_(table, prefix + ".mlp", cfg) {}
+      mlp_(moe ? std::nullopt : std::make_optional<Mlp>(table, prefix + ".mlp", dense_ffn_config(cfg))),
+      moe_(moe ? std::make_unique<MoeLayer>(table, prefix + ".moe", cfg, cfg.moe) : nullptr) {}
+
+void Block::ffn_forward(const Tensor& x, const Tensor& out) {
+    if (moe_)
+        moe_->forward(x, out, training_);
+    else
+        mlp_->forward(x, out);
+}
+
+void Block::ffn_backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws) {
+    if (moe_)
+        moe_->backward(x, dout, dx, ws);
+    else
+        mlp_->backward(x, dout, dx, ws);
+}
 
 void Block::resize(int64_t batch, int64_t seq, const Precision& precision) {
     const int64_t n = batch * seq;
@@ -30,7 +50,10 @@ void Block::resize(int64_t batch, int64_t seq, const Precision& precision) {
         kda_->resize(batch, seq, precision);
     else
         attn_->resize(batch, seq, precision);
-    mlp_.resize(n, precision);
+    if (moe_)
+        moe_->resize(n, precision);
+    else
+        mlp_->resize(n, precision);
     if (out_.defined() && out_.size(0) == n) return;
     const core::DType dtype = precision.compute;
     const core::Device dev = precision.device;
@@ -53,17 +76,17 @@ void Block::forward(const Tensor& x, Workspace& ws) {
             attn_->forward(norm1_, branch);
         ops::add_fwd(x, branch, h_);
     }
-    core::TraceRange range(x.device(), "block.mlp_fwd");
+    core::TraceRange range(x.device(), moe_ ? "block.moe_fwd" : "block.mlp_fwd");
     ops::rmsnorm_fwd(h_, table_->param(mlp_norm_), cfg_.norm_eps, norm2_, rstd2_);
-    mlp_.forward(norm2_, branch);
+    ffn_forward(norm2_, branch);
     ops::add_fwd(h_, branch, out_);
 }
 
 void Block::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws) {
     {
         // MLP branch: dh = dout + d(norm2)/dh
-        core::TraceRange range(x.device(), "block.mlp_bwd");
-        mlp_.backward(norm2_, dout, ws.d_norm, ws);
+        core::TraceRange range(x.device(), moe_ ? "block.moe_bwd" : "block.mlp_bwd");
+        ffn_backward(norm2_, dout, ws.d_norm, ws);
         ops::rmsnorm_bwd(h_, table_->param(mlp_norm_), rstd2_, ws.d_norm, ws.d_tmp, table_->grad(mlp_norm_));
         ops::add_fwd(dout, ws.d_tmp, dx);  // dx holds dh for now
     }
@@ -87,9 +110,9 @@ void Block::branch_forward(int sub, const Tensor& h, const Tensor& out, Workspac
             attn_->forward(norm1_, out);
         return;
     }
-    core::TraceRange range(h.device(), "block.mlp_fwd");
+    core::TraceRange range(h.device(), moe_ ? "block.moe_fwd" : "block.mlp_fwd");
     ops::rmsnorm_fwd(h, table_->param(mlp_norm_), cfg_.norm_eps, norm2_, rstd2_);
-    mlp_.forward(norm2_, out);
+    ffn_forward(norm2_, out);
 }
 
 void Block::branch_backward(int sub, const Tensor& h, const Tensor& dout, const Tensor& dh, Workspace& ws) {
@@ -102,8 +125,8 @@ void Block::branch_backward(int sub, const Tensor& h, const Tensor& dout, const 
         ops::rmsnorm_bwd(h, table_->param(mixer_norm_), rstd1_, ws.d_norm, dh, table_->grad(mixer_norm_));
         return;
     }
-    core::TraceRange range(h.device(), "block.mlp_bwd");
-    mlp_.backward(norm2_, dout, ws.d_norm, ws);
+    core::TraceRange range(h.device(), moe_ ? "block.moe_bwd" : "block.mlp_bwd");
+    ffn_backward(norm2_, dout, ws.d_norm, ws);
     ops::rmsnorm_bwd(h, table_->param(mlp_norm_), rstd2_, ws.d_norm, dh, table_->grad(mlp_norm_));
 }
 
@@ -114,7 +137,10 @@ std::vector<SavedTensor> Block::saved_for_backward() {
         for (auto& s : kda_->saved_for_backward()) saved.push_back({"kda." + s.name, s.tensor});
     else
         for (auto& s : attn_->saved_for_backward()) saved.push_back({"attn." + s.name, s.tensor});
-    for (auto& s : mlp_.saved_for_backward()) saved.push_back({"mlp." + s.name, s.tensor});
+    if (moe_)
+        for (auto& s : moe_->saved_for_backward()) saved.push_back({"moe." + s.name, s.tensor});
+    else
+        for (auto& s : mlp_->saved_for_backward()) saved.push_back({"mlp." + s.name, s.tensor});
     return saved;
 }
 

@@ -1,13 +1,17 @@
-// Pre-norm transformer block: h = x + Mixer(RMSNorm(x)); out = h + Mlp(RMSNorm(h)). The token mixer is global
+// Pre-norm transformer block: h = x + Mixer(RMSNorm(x)); out = h + Ffn(RMSNorm(h)). The token mixer is global
 // softmax attention (AttentionLayer, parameters `<prefix>.attn.*`, norm `<prefix>.attn_norm`) or Kimi Delta
 // Attention (KdaLayer, `<prefix>.kda.*`, norm `<prefix>.kda_norm`); ModelConfig::layer_pattern picks it per layer.
+// The FFN (norm `<prefix>.mlp_norm`) is a dense SwiGLU MLP (`<prefix>.mlp.*`) or a Mixture-of-Experts layer
+// (MoeLayer, `<prefix>.moe.*`); ModelConfig::layer_is_moe picks it.
 #pragma once
 
+#include <memory>
 #include <optional>
 
 #include "nn/attention_layer.h"
 #include "nn/kda_layer.h"
 #include "nn/mlp.h"
+#include "nn/moe_layer.h"
 
 namespace mt::nn {
 
@@ -15,7 +19,11 @@ enum class Mixer { attention, kda };
 
 class Block : public Layer {
    public:
-    Block(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, Mixer mixer = Mixer::attention);
+    Block(ParamTable& table,
+          const std::string& prefix,
+          const ModelConfig& cfg,
+          Mixer mixer = Mixer::attention,
+          bool moe = false);
 
     void resize(int64_t batch, int64_t seq, const Precision& precision);
     // x: [N, C] the block input (kept alive by the caller until backward). Result in output().
@@ -33,15 +41,27 @@ class Block : public Layer {
     Mixer mixer() const {
         return kda_ ? Mixer::kda : Mixer::attention;
     }
+    // The MoE FFN, or null for a dense MLP block.
+    MoeLayer* moe() {
+        return moe_.get();
+    }
+    // Training forwards count the MoE routing for balancing and metrics; evaluation forwards must not.
+    void set_training(bool training) {
+        training_ = training;
+    }
     std::vector<SavedTensor> saved_for_backward() override;
 
    private:
     ModelConfig cfg_;
     int mixer_norm_ = -1, mlp_norm_ = -1;
     ParamTable* table_;
+    void ffn_forward(const Tensor& x, const Tensor& out);
+    void ffn_backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws);
     std::optional<AttentionLayer> attn_;  // exactly one of attn_ and kda_ holds the mixer
     std::optional<KdaLayer> kda_;
-    Mlp mlp_;
+    std::optional<Mlp> mlp_;  // exactly one of mlp_ and moe_ holds the FFN
+    std::unique_ptr<MoeLayer> moe_;
+    bool training_ = true;
     Tensor norm1_, norm2_;  // [N, C] normed inputs of the two branches
     Tensor rstd1_, rstd2_;  // [N] in the statistics dtype
     Tensor h_;              // [N, C] residual after the mixer

@@ -20,8 +20,11 @@ DenseLM::DenseLM(const ModelConfig& cfg, const Precision& precision) : cfg_(cfg)
              cfg.n_layers);
     embed_ = table_.add({.name = "embed.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std});
     for (int64_t l = 0; l < cfg.n_layers; ++l)
-        blocks_.push_back(std::make_unique<Block>(
-            table_, "layers." + std::to_string(l), cfg, cfg.layer_is_kda(l) ? Mixer::kda : Mixer::attention));
+        blocks_.push_back(std::make_unique<Block>(table_,
+                                                  "layers." + std::to_string(l),
+                                                  cfg,
+                                                  cfg.layer_is_kda(l) ? Mixer::kda : Mixer::attention,
+                                                  cfg.layer_is_moe(l)));
     if (cfg.attnres.enabled()) attnres_ = std::make_unique<AttnResStack>(table_, cfg);
     final_norm_ = table_.add(
         {.name = "final_norm.weight", .shape = {cfg.d_model}, .init = InitKind::ones, .weight_decay = false});
@@ -54,7 +57,7 @@ void DenseLM::resize(int64_t batch, int64_t seq) {
     ws_.resize(cfg_, batch, seq, precision_);
 }
 
-double DenseLM::forward(const Tensor& ids, const Tensor& targets) {
+double DenseLM::forward(const Tensor& ids, const Tensor& targets, bool training) {
     MT_CHECK(ids.ndim() == 2 && ids.shape() == targets.shape(),
              "ids {} and targets {} must both be [B, T]",
              core::shape_str(ids.shape()),
@@ -69,6 +72,7 @@ double DenseLM::forward(const Tensor& ids, const Tensor& targets) {
     host_targets_.copy_from(targets.reshape({n}));
     targets_.copy_from(host_targets_);
 
+    for (auto& b : blocks_) b->set_training(training);
     const core::Device dev = precision_.device;
     {
         core::TraceRange range(dev, "model.embed_fwd");
@@ -125,6 +129,7 @@ void DenseLM::backward(double loss_scale) {
         attnres_->backward(x0_, blocks_, *dout, *dx, ws_);
         std::swap(dout, dx);
     }
+    for (auto& [l, moe] : moe_layers()) moe->set_aux_grad_scale(loss_scale);
     for (int64_t l = attnres_ ? -1 : cfg_.n_layers - 1; l >= 0; --l) {
         const Tensor& input = l == 0 ? x0_ : blocks_[static_cast<size_t>(l - 1)]->output();
         blocks_[static_cast<size_t>(l)]->backward(input, *dout, *dx, ws_);
@@ -132,6 +137,26 @@ void DenseLM::backward(double loss_scale) {
     }
     core::TraceRange range(dev, "model.embed_bwd");
     ops::embedding_bwd(ids_, *dout, table_.grad(embed_));
+}
+
+double DenseLM::last_aux_loss() const {
+    double sum = 0.0;
+    for (const auto& b : blocks_)
+        if (b->moe() != nullptr) sum += b->moe()->aux_loss();
+    return sum;
+}
+
+std::vector<std::pair<int64_t, MoeLayer*>> DenseLM::moe_layers() {
+    std::vector<std::pair<int64_t, MoeLayer*>> layers;
+    for (size_t l = 0; l < blocks_.size(); ++l)
+        if (blocks_[l]->moe() != nullptr) layers.emplace_back(static_cast<int64_t>(l), blocks_[l]->moe());
+    return layers;
+}
+
+std::vector<std::pair<int64_t, MoeStepMetrics>> DenseLM::moe_step_end(int64_t step) {
+    std::vector<std::pair<int64_t, MoeStepMetrics>> metrics;
+    for (auto& [l, moe] : moe_layers()) metrics.emplace_back(l, moe->step_end(step));
+    return metrics;
 }
 
 std::vector<SavedTensor> DenseLM::saved_for_backward() {
@@ -154,6 +179,9 @@ double DenseLM::flops_per_token(int64_t seq) const {
         if (s.shape.size() == 2 && i != embed_) matmul_params += static_cast<double>(core::shape_numel(s.shape));
     }
     if (cfg_.tie_embeddings) matmul_params += static_cast<double>(cfg_.vocab_size * cfg_.d_model);
+    // The routed experts are [E, F, C] stacks: each token passes through top_k of them (gate, up and down).
+    matmul_params +=
+        static_cast<double>(cfg_.n_moe_layers() * cfg_.moe.top_k * 3 * cfg_.moe.expert_ffn_dim * cfg_.d_model);
     const int64_t n_kda = cfg_.n_kda_layers(), n_attn = cfg_.n_layers - n_kda;
     // Causal attention: q k^T and p v, each T/2 keys on average, 2 flops per multiply-add, x3 for fwd + bwd.
     const double attn = 6.0 * static_cast<double>(n_attn * seq * cfg_.n_heads * cfg_.resolved_head_dim());

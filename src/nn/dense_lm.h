@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "nn/attnres.h"
@@ -34,17 +35,31 @@ class DenseLM {
     }
 
     // ids, targets: [B, T] i32 on the host; targets equal to kIgnoreIndex do not count. Returns the mean loss over
-    // the counted targets (0 when none), and keeps what backward needs.
-    double forward(const Tensor& ids, const Tensor& targets);
+    // the counted targets (0 when none), and keeps what backward needs. training = false (evaluation) keeps the MoE
+    // layers from counting the routing for balancing and metrics.
+    double forward(const Tensor& ids, const Tensor& targets, bool training = true);
     // Accumulates (+=) into the parameter gradients the gradient of loss_scale * (mean loss of the last forward).
     void backward(double loss_scale);
+    // The optimizer step the next forward/backward belong to (schedules inside the model: the AttnRes residual
+    // blend). The trainer sets it before each step; 0 until then.
+    void set_train_step(int64_t step) {
+        if (attnres_) attnres_->set_step(step);
+    }
     int64_t last_counted_tokens() const {
         return counted_;
     }
+    // Sum over the MoE layers of the last forward's auxiliary balancing loss (moe.balance = "aux_loss"; else 0). It
+    // is not part of forward()'s return value; backward adds its gradient with the same loss_scale.
+    double last_aux_loss() const;
+    // The MoE layers (block index, layer), in order; empty for a dense model.
+    std::vector<std::pair<int64_t, MoeLayer*>> moe_layers();
+    // End of a training step for every MoE layer (MoeLayer::step_end: balancer update, metrics, collapse alarm).
+    std::vector<std::pair<int64_t, MoeStepMetrics>> moe_step_end(int64_t step);
     // Model-level activations kept for backward (blocks declare their own).
     std::vector<SavedTensor> saved_for_backward();
-    // Training FLOPs per token (fwd + bwd): 6 * (2-D weights but the input embedding) + 6 * n_attn_layers * T *
-    // (Hq * D) for causal attention + n_kda_layers * kda_flops_per_token(cfg, T).
+    // Training FLOPs per token (fwd + bwd): 6 * (2-D weights but the input embedding, the active routed experts
+    // top_k * 3 * F * C per MoE layer included) + 6 * n_attn_layers * T * (Hq * D) for causal attention +
+    // n_kda_layers * kda_flops_per_token(cfg, T).
     double flops_per_token(int64_t seq) const;
 
    private:

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "nn/moe_config.h"
+
 namespace mt::nn {
 
 // KDA layer settings (kda.md §6, [kda] in the job TOML). Zero sizes take their value from the ModelConfig.
@@ -27,12 +29,22 @@ struct AttnResConfig {
     std::string mode = "off";     // off | block | full (block with S = 1)
     int64_t block_size = 6;       // S in sub-layers (a transformer layer has two: the mixer and the MLP)
     bool freeze_queries = false;  // keep the pseudo-queries at zero (equivalence test, ablation)
+    // Residual blend (attnres.md §5, an ablation knob, off by default): each mix's weights become
+    // lambda / m + (1 - lambda) alpha, lambda(t) = residual_blend * max(0, 1 - t / residual_blend_steps) at
+    // optimizer step t (residual_blend_steps = 0: lambda stays residual_blend).
+    double residual_blend = 0.0;
+    int64_t residual_blend_steps = 0;
 
     bool enabled() const {
         return mode != "off";
     }
     int64_t resolved_block_size() const {
         return mode == "full" ? 1 : block_size;
+    }
+    double blend_at(int64_t step) const {
+        if (residual_blend_steps <= 0) return residual_blend;
+        const double left = 1.0 - static_cast<double>(step) / static_cast<double>(residual_blend_steps);
+        return residual_blend * (left > 0.0 ? left : 0.0);
     }
 };
 
@@ -56,6 +68,13 @@ struct ModelConfig {
     std::string attn_pos = "auto";
     KdaConfig kda;
     AttnResConfig attnres;
+    // Mixture-of-Experts FFN ([moe], moe.md §5): with moe_enabled, layer l's FFN is an MoE layer (nn/moe_layer.h)
+    // for l >= moe_first_k_dense; the leading layers keep a dense SwiGLU MLP of width moe_dense_ffn_dim (0: d_ff).
+    // The FFN choice is independent of the mixer's layer_pattern, so MoE mixes with attention and KDA layers.
+    bool moe_enabled = false;
+    int64_t moe_first_k_dense = 1;
+    int64_t moe_dense_ffn_dim = 0;
+    MoeConfig moe;
 
     int64_t resolved_head_dim() const {
         return head_dim > 0 ? head_dim : d_model / n_heads;
@@ -80,6 +99,17 @@ struct ModelConfig {
     }
     int64_t kda_head_v_dim() const {
         return kda.head_v_dim > 0 ? kda.head_v_dim : kda_head_dim();
+    }
+    bool layer_is_moe(int64_t layer) const {
+        return moe_enabled && layer >= moe_first_k_dense;
+    }
+    int64_t n_moe_layers() const {
+        int64_t n = 0;
+        for (int64_t l = 0; l < n_layers; ++l) n += layer_is_moe(l) ? 1 : 0;
+        return n;
+    }
+    int64_t dense_ffn_dim() const {
+        return moe_enabled && moe_dense_ffn_dim > 0 ? moe_dense_ffn_dim : d_ff;
     }
     bool attn_rope() const {
         return attn_pos == "rope" || (attn_pos == "auto" && layer_pattern.find('K') == std::string::npos);

@@ -17,9 +17,9 @@ void Workspace::resize(const ModelConfig& cfg, int64_t batch, int64_t seq, const
     d_k = Tensor::zeros({batch, seq, cfg.n_kv_heads, d}, dtype, dev);
     d_v = Tensor::zeros({batch, seq, cfg.n_kv_heads, d}, dtype, dev);
     d_attn = Tensor::zeros({batch, seq, cfg.n_heads, d}, dtype, dev);
-    d_gate = Tensor::zeros({n, cfg.d_ff}, dtype, dev);
-    d_up = Tensor::zeros({n, cfg.d_ff}, dtype, dev);
-    d_act = Tensor::zeros({n, cfg.d_ff}, dtype, dev);
+    d_gate = Tensor::zeros({n, cfg.dense_ffn_dim()}, dtype, dev);
+    d_up = Tensor::zeros({n, cfg.dense_ffn_dim()}, dtype, dev);
+    d_act = Tensor::zeros({n, cfg.dense_ffn_dim()}, dtype, dev);
 }
 
 size_t saved_bytes(const std::vector<SavedTensor>& saved) {

@@ -36,6 +36,7 @@ std::vector<Field> schema(JobConfig& c) {
     auto& t = c.train;
     auto& k = c.checkpoint;
     auto& x = c.metrics;
+    auto& e = c.model.moe;
     return {
         {"run.name", &r.name},
         {"run.dir", &r.dir},
@@ -71,6 +72,36 @@ std::vector<Field> schema(JobConfig& c) {
         {"attnres.mode", &m.attnres.mode, -kInf, kInf, {"off", "block", "full"}},
         {"attnres.block_size", &m.attnres.block_size, 1, 4096},
         {"attnres.freeze_queries", &m.attnres.freeze_queries},
+        {"attnres.residual_blend", &m.attnres.residual_blend, 0, 1},
+        {"attnres.residual_blend_steps", &m.attnres.residual_blend_steps, 0, 1e12},
+        {"moe.enabled", &m.moe_enabled},
+        {"moe.first_k_dense", &m.moe_first_k_dense, 0, 4096},
+        {"moe.dense_ffn_dim", &m.moe_dense_ffn_dim, 0, 1 << 22},
+        {"moe.num_experts", &e.num_experts, 1, 1024},
+        {"moe.top_k", &e.top_k, 1, 1024},
+        {"moe.num_shared_experts", &e.num_shared_experts, 0, 64},
+        {"moe.expert_ffn_dim", &e.expert_ffn_dim, 1, 1 << 22},
+        {"moe.score", &e.score, -kInf, kInf, {"sigmoid", "softmax"}},
+        {"moe.normalize_gates", &e.normalize_gates},
+        {"moe.routed_scale", &e.routed_scale, 0, 1e6, {}, true},
+        {"moe.capacity_factor", &e.capacity_factor, 0, 1e6},
+        {"moe.drop_policy", &e.drop_policy, -kInf, kInf, {"probs", "position"}},
+        {"moe.balance", &c.moe.balance, -kInf, kInf, {"quantile", "sign_bias", "aux_loss", "none"}},
+        {"moe.quantile.bins", &e.balance.bins, 1, 1 << 20},
+        {"moe.quantile.update_interval", &e.balance.update_interval, 1, 1e9},
+        {"moe.quantile.ema", &e.balance.ema, 0, 1},
+        {"moe.sign_bias.rate", &e.balance.sign_rate, 0, 10},
+        {"moe.sign_bias.centered", &e.balance.sign_centered},
+        {"moe.sign_bias.freeze_after_tokens", &e.balance.sign_freeze_after_tokens, -1, 9.0e18},
+        {"moe.aux_loss.coeff", &e.balance.aux_coeff, 0, 1e3},
+        {"moe.alarm.start_step", &e.alarm.start_step, 0, 1e12},
+        {"moe.alarm.window", &e.alarm.window, 1, 1e12},
+        {"moe.alarm.action", &c.moe.alarm_action, -kInf, kInf, {"log", "stop"}},
+        {"moe.alarm.load_var_threshold", &e.alarm.load_var_threshold, 0, kInf},
+        {"moe.alarm.n_eff_fraction", &e.alarm.n_eff_fraction, 0, 1},
+        {"moe.alarm.hot_load_factor", &e.alarm.hot_load_factor, 0, kInf},
+        {"moe.alarm.dead_experts", &e.alarm.dead_experts},
+        {"moe.log_loads_every", &c.moe.log_loads_every, 0, 1e12},
         {"data.format", &d.format, -kInf, kInf, {"llmc", "megatron"}},
         {"data.paths", &d.paths},
         {"data.val_paths", &d.val_paths},
@@ -212,6 +243,37 @@ void assign(const Field& f, const toml::node& node, const std::string& src) {
         f.ptr);
 }
 
+// Assigns every key of a section; a nested table ([moe.quantile]) names its keys "moe.quantile.<key>".
+void assign_table(const toml::table& table,
+                  const std::string& prefix,
+                  const std::vector<Field>& fields,
+                  const std::string& source) {
+    for (const auto& [name, value] : table) {
+        const std::string key = prefix + "." + std::string(name.str());
+        auto it = std::find_if(fields.begin(), fields.end(), [&](const Field& f) { return f.key == key; });
+        if (it == fields.end() && value.is_table()) {
+            assign_table(*value.as_table(), key, fields, source);
+            continue;
+        }
+        if (it == fields.end()) fail_unknown_key(key, fields, source);
+        assign(*it, value, source);
+    }
+}
+
+// The table at a dotted path under root ("moe.quantile"), created when missing; null when a segment is not a table.
+toml::table* table_at(toml::table& root, const std::string& path) {
+    toml::table* t = &root;
+    size_t begin = 0;
+    while (t != nullptr && begin <= path.size()) {
+        const size_t dot = std::min(path.find('.', begin), path.size());
+        const std::string name = path.substr(begin, dot - begin);
+        if (!t->contains(name)) t->insert(name, toml::table{});
+        t = (*t)[name].as_table();
+        begin = dot + 1;
+    }
+    return t;
+}
+
 // Parses "section.key=value" into the table; a value that is not valid TOML is taken as a bare string.
 void apply_override(toml::table& root, const std::string& item) {
     const size_t eq = item.find('=');
@@ -221,7 +283,6 @@ void apply_override(toml::table& root, const std::string& item) {
                         "write it as section.key=value, e.g. --set train.steps=100",
                         "malformed override `{}`",
                         item);
-    const std::string section = item.substr(0, dot), key = item.substr(dot + 1, eq - dot - 1);
     const std::string value = item.substr(eq + 1);
     toml::table parsed;
     try {
@@ -229,10 +290,12 @@ void apply_override(toml::table& root, const std::string& item) {
     } catch (const toml::parse_error&) {
         parsed = toml::table{{"v", value}};
     }
-    if (!root.contains(section)) root.insert(section, toml::table{});
-    toml::table* sec = root[section].as_table();
-    if (sec == nullptr) core::fail(ExitCode::usage, "override `{}`: `{}` is not a section", item, section);
-    sec->insert_or_assign(key, *parsed.get("v"));
+    // "moe.quantile.bins" sets bins in the nested table moe.quantile, where a file's [moe.quantile] puts it.
+    const size_t last = item.rfind('.', eq);
+    const std::string table_path = item.substr(0, last), leaf = item.substr(last + 1, eq - last - 1);
+    toml::table* sec = table_at(root, table_path);
+    if (sec == nullptr) core::fail(ExitCode::usage, "override `{}`: `{}` is not a section", item, table_path);
+    sec->insert_or_assign(leaf, *parsed.get("v"));
 }
 
 void validate(const JobConfig& c, const std::string& src) {
@@ -268,6 +331,15 @@ void validate(const JobConfig& c, const std::string& src) {
     if (m.n_kda_layers() > 0 && m.kda_head_dim() > 256)
         bad(fmt::format("KDA key head dimension {} exceeds 256 (kda.head_dim, or the model's head dimension when 0)",
                         m.kda_head_dim()));
+    if (m.moe_enabled) {
+        if (m.moe.top_k > m.moe.num_experts)
+            bad(fmt::format("moe.top_k = {} exceeds moe.num_experts = {}", m.moe.top_k, m.moe.num_experts));
+        if (c.moe.balance != "aux_loss" && c.moe.balance != "none" && m.moe.num_experts <= m.moe.top_k)
+            bad(fmt::format("moe.balance = \"{}\" needs moe.num_experts ({}) above moe.top_k ({})",
+                            c.moe.balance,
+                            m.moe.num_experts,
+                            m.moe.top_k));
+    }
     if (c.train.seq_len > m.max_seq_len)
         bad(fmt::format("train.seq_len = {} exceeds model.max_seq_len = {}", c.train.seq_len, m.max_seq_len));
     if (c.data.paths.empty()) bad("data.paths is empty: name at least one training shard");
@@ -298,13 +370,9 @@ JobConfig config_parse(const std::string& toml_text,
         const std::string sec(section.str());
         const toml::table* table = node.as_table();
         if (table == nullptr) fail_unknown_key(sec, fields, source);
-        for (const auto& [name, value] : *table) {
-            const std::string key = sec + "." + std::string(name.str());
-            auto it = std::find_if(fields.begin(), fields.end(), [&](const Field& f) { return f.key == key; });
-            if (it == fields.end()) fail_unknown_key(key, fields, source);
-            assign(*it, value, source);
-        }
+        assign_table(*table, sec, fields, source);
     }
+    c.model.moe.balance.mode = nn::moe_balance_mode_parse(c.moe.balance);
     validate(c, source);
     return c;
 }
@@ -321,10 +389,9 @@ std::string JobConfig::to_toml() const {
     JobConfig copy = *this;
     toml::table root;
     for (const auto& f : schema(copy)) {
-        const size_t dot = f.key.find('.');
+        const size_t dot = f.key.rfind('.');
         const std::string sec = f.key.substr(0, dot), key = f.key.substr(dot + 1);
-        if (!root.contains(sec)) root.insert(sec, toml::table{});
-        toml::table& t = *root[sec].as_table();
+        toml::table& t = *table_at(root, sec);
         std::visit(
             [&](auto* ptr) {
                 using T = std::remove_pointer_t<decltype(ptr)>;

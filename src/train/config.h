@@ -64,6 +64,14 @@ struct MetricsConfig {
     bool jsonl = true;
 };
 
+// The [moe] keys that are not model structure: the balancing method's name (parsed into
+// model.moe.balance.mode), what a routing-collapse alarm does, and how often the per-expert loads are logged.
+struct MoeRunConfig {
+    std::string balance = "quantile";  // quantile | sign_bias | aux_loss | none
+    std::string alarm_action = "log";  // log | stop (checkpoint, then exit with code 7)
+    int64_t log_loads_every = 100;     // per-expert loads into the JSONL every this many steps (0: never)
+};
+
 struct JobConfig {
     RunConfig run;
     nn::ModelConfig model;
@@ -71,6 +79,7 @@ struct JobConfig {
     TrainConfig train;
     CheckpointConfig checkpoint;
     MetricsConfig metrics;
+    MoeRunConfig moe;
 
     std::string source;  // file the config came from (for messages)
 

@@ -110,9 +110,11 @@ StepResult Trainer::train_step() {
     r.lr = schedule_.at(step_);
     r.loss_scale = scaler_.scale();
     model_->params().zero_grads();
+    model_->set_train_step(step_);
     for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
         fill_batch(step_, micro, inputs_, targets_);
         r.loss += model_->forward(inputs_, targets_) / static_cast<double>(t.grad_accum);
+        r.aux_loss += model_->last_aux_loss() / static_cast<double>(t.grad_accum);
         model_->backward(r.loss_scale / static_cast<double>(t.grad_accum));
     }
     core::TraceRange range(model_->params().precision().device, "optimizer");
@@ -137,6 +139,9 @@ StepResult Trainer::train_step() {
         adamw_->step(r.lr, step_ + 1, clip / r.loss_scale);
     }
     ++step_;
+    // The MoE balancers update from the routing the step's training forwards counted (the bias is not a gradient
+    // quantity, so this happens also on a skipped step); the metrics and the collapse alarm come with it.
+    r.moe = model_->moe_step_end(step_);
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return r;
 }
@@ -147,7 +152,7 @@ double Trainer::evaluate() {
     double sum = 0.0;
     for (int64_t b = 0; b < t.eval_batches; ++b) {
         sampler.fill_sequential(b * t.batch_size, t.batch_size, inputs_, targets_);
-        sum += model_->forward(inputs_, targets_);
+        sum += model_->forward(inputs_, targets_, /*training=*/false);
     }
     return sum / static_cast<double>(t.eval_batches);
 }
@@ -191,10 +196,16 @@ void Trainer::run() {
         }
         const double tok_s = timed_steps > 0 ? static_cast<double>(tokens_per_step() * timed_steps) / elapsed : 0.0;
         const double eta = timed_steps > 0 ? elapsed / timed_steps * static_cast<double>(t.steps - step_) : 0.0;
-        const std::string scale_note =
+        std::string scale_note =
             scaler_.dynamic()
                 ? fmt::format(" | loss scale {:g}{}", r.loss_scale, r.skipped ? " (overflow: skipped)" : "")
                 : "";
+        if (!r.moe.empty()) {
+            double max_vio = 0.0;
+            for (const auto& [layer, m] : r.moe) max_vio = std::max(max_vio, m.max_vio);
+            scale_note += fmt::format(" | moe max_vio {:.3f}", max_vio);
+            if (cfg_.moe.balance == "aux_loss") scale_note += fmt::format(" aux {:.4f}", r.aux_loss);
+        }
         if (log_)
             fmt::print("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}{}\n",
                        step_,
@@ -217,8 +228,10 @@ void Trainer::run() {
                 fields["skipped"] = r.skipped;
                 fields["skipped_total"] = scaler_.skipped();
             }
+            add_moe_metrics(r, fields);
             metrics_->write(step_, "train", fields);
         }
+        handle_moe_events(r);
         const bool last = step_ == t.steps;
         if (t.eval_every > 0 && (step_ % t.eval_every == 0 || last)) {
             const double val = evaluate();

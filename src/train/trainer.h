@@ -2,6 +2,7 @@
 // periodic validation, progress lines, JSONL metrics and checkpoints (save, exact resume).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,6 +12,7 @@
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "train/checkpoint_io.h"
 #include "train/config.h"
 #include "train/metrics.h"
 
@@ -23,6 +25,8 @@ struct StepResult {
     double seconds = 0.0;
     double loss_scale = 1.0;  // the scale this step's backward used
     bool skipped = false;     // an fp16 overflow: no optimizer update
+    double aux_loss = 0.0;    // MoE aux balancing loss (mean over micro-batches; not in `loss`)
+    std::vector<std::pair<int64_t, nn::MoeStepMetrics>> moe;  // per MoE layer (block index), this step's routing
 };
 
 class Trainer {
@@ -62,7 +66,19 @@ class Trainer {
         return cfg_.train.batch_size * cfg_.train.seq_len * cfg_.train.grad_accum;
     }
 
+    // Routing-collapse alarms raised so far (all MoE layers).
+    int64_t moe_alarms_total() const {
+        return moe_alarms_total_;
+    }
+
    private:
+    // trainer_moe.cpp: the MoE layers' metrics fields, warning/alarm events, and balancer checkpoint state.
+    void add_moe_metrics(const StepResult& r, nlohmann::json& fields) const;
+    void handle_moe_events(const StepResult& r);
+    std::vector<CheckpointTensor> moe_checkpoint_tensors();
+    nlohmann::json moe_checkpoint_json();
+    void load_moe_checkpoint(const Checkpoint& ckpt);
+
     JobConfig cfg_;
     bool log_;
     std::unique_ptr<nn::DenseLM> model_;
@@ -74,6 +90,8 @@ class Trainer {
     std::unique_ptr<MetricsLog> metrics_;
     core::Tensor inputs_, targets_;  // [B, T] i32
     int64_t step_ = 0;               // optimizer steps completed
+    int64_t moe_alarms_total_ = 0;
+    std::map<int64_t, std::pair<bool, bool>> moe_warning_flags_;  // per layer: imbalance, bias range warning on
 };
 
 // The precision run.device selects: "cpu" (f32), "cuda" (bf16 mixed precision; exit 5 without a GPU) or "auto"

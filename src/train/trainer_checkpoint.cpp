@@ -43,6 +43,7 @@ void Trainer::save_checkpoint() {
         tensors.push_back({name, "adamw.m", to_host(adamw_->m(i))});
         tensors.push_back({name, "adamw.v", to_host(adamw_->v(i))});
     }
+    for (auto& moe : moe_checkpoint_tensors()) tensors.push_back(std::move(moe));
     const auto& t = cfg_.train;
     const int64_t samples = data::sampler_first_sample(step_, t.grad_accum, 0, 1, 0, t.batch_size);
     const nlohmann::json extra = {
@@ -52,6 +53,7 @@ void Trainer::save_checkpoint() {
         {"mesh", {{"order", "tp-cp-ep-dp-pp"}, {"tp", 1}, {"cp", 1}, {"ep", 1}, {"dp", 1}, {"pp", 1}, {"world", 1}}},
         {"rng", {{"seed", cfg_.run.seed}, {"step", step_}}},
         {"loss_scaler", scaler_.state()},
+        {"moe", moe_checkpoint_json()},
         {"data",
          {{"samples_consumed", samples},
           {"ranks",
@@ -80,6 +82,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
         read_to_device(ckpt, "adamw.v", name, adamw_->v(i));
     }
     table.refresh_params_from_master();
+    load_moe_checkpoint(ckpt);
     step_ = ckpt.step();
     if (ckpt.manifest().contains("loss_scaler")) scaler_.load_state(ckpt.manifest().at("loss_scaler"));
     const auto& t = cfg_.train;

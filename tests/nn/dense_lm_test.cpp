@@ -53,6 +53,21 @@ ModelConfig with_attnres(ModelConfig c, const std::string& mode, int64_t block) 
     return c;
 }
 
+// MoE FFNs (moe.md): layers from first_k_dense on route to top_k of num_experts experts plus a shared expert.
+ModelConfig with_moe(ModelConfig c, int64_t first_k_dense, const std::string& balance) {
+    c.moe_enabled = true;
+    c.moe_first_k_dense = first_k_dense;
+    c.moe_dense_ffn_dim = 16;
+    c.moe.num_experts = 5;
+    c.moe.top_k = 2;
+    c.moe.num_shared_experts = 1;
+    c.moe.expert_ffn_dim = 6;
+    c.moe.routed_scale = 1.5;
+    c.moe.balance.mode = mt::nn::moe_balance_mode_parse(balance);
+    c.moe.balance.aux_coeff = 0.3;  // large, so that a wrong aux gradient shows
+    return c;
+}
+
 void random_batch(const Tensor& ids, const Tensor& targets, int64_t vocab) {
     for (int64_t i = 0; i < ids.numel(); ++i) {
         mt::core::tensor_set_flat(ids, i, static_cast<double>(mt::core::rng_u64(5, 1, i) % vocab));
@@ -74,6 +89,11 @@ class DenseLmGrad : public ::testing::TestWithParam<GradCase> {};
 TEST_P(DenseLmGrad, FiniteDifferencesMatchBackward) {
     DenseLM model(GetParam().cfg, mt::nn::Precision::cpu(DType::f64));
     model.params().initialize(11);
+    // The objective backward differentiates: the LM loss plus, with moe.balance = aux_loss, the MoE aux losses.
+    auto objective = [&](const Tensor& ids, const Tensor& targets) {
+        const double lm = model.forward(ids, targets);
+        return lm + model.last_aux_loss();
+    };
     // Norm weights start at 1 (and A_log at 0); perturb the 1-D parameters so their gradients are generic.
     for (int i = 0; i < model.params().size(); ++i)
         if (model.params().spec(i).shape.size() == 1)
@@ -91,7 +111,7 @@ TEST_P(DenseLmGrad, FiniteDifferencesMatchBackward) {
     // step h = 1e-6 max(1, max |w|). A probe passes with relative error < 1e-6, or when |numeric - analytic| is
     // below the difference's own rounding, 16 ulp(L) / (2h) (~5e-9 here): in the hybrid models many gradients
     // (and directional derivatives) are ~1e-3 to 1e-4, where that rounding alone is a relative 1e-6 to 1e-5.
-    const double loss = model.forward(ids, targets);
+    const double loss = objective(ids, targets);
     const double fd_noise = 16 * 2.2e-16 * std::abs(loss);
     double worst_dir = 0, worst_coord = 0;
     int floored = 0;
@@ -114,7 +134,7 @@ TEST_P(DenseLmGrad, FiniteDifferencesMatchBackward) {
                 for (int64_t i = 0; i < w.numel(); ++i)
                     mt::core::tensor_set_flat(
                         w, i, mt::core::tensor_get_flat(orig, i) + step * mt::core::tensor_get_flat(dir, i));
-                return model.forward(ids, targets);
+                return objective(ids, targets);
             };
             const double numeric = (loss_at(h) - loss_at(-h)) / (2 * h);
             w.copy_from(orig);
@@ -144,7 +164,7 @@ TEST_P(DenseLmGrad, FiniteDifferencesMatchBackward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    DenseAndHybrid,
+    DenseHybridAndMoe,
     DenseLmGrad,
     ::testing::Values(GradCase{"tied", small_config(true), 7},
                       GradCase{"untied", small_config(false), 7},
@@ -152,7 +172,12 @@ INSTANTIATE_TEST_SUITE_P(
                       GradCase{"hybrid_AK_rope", hybrid_config("AK", true), 37},
                       GradCase{"attnres_block_s3", with_attnres(small_config(false), "block", 3), 7},
                       GradCase{"attnres_full_tied", with_attnres(small_config(true), "full", 6), 7},
-                      GradCase{"attnres_hybrid_s2", with_attnres(hybrid_config("KA", false), "block", 2), 37}),
+                      GradCase{"attnres_hybrid_s2", with_attnres(hybrid_config("KA", false), "block", 2), 37},
+                      GradCase{"moe_quantile", with_moe(small_config(false), 1, "quantile"), 7},
+                      GradCase{"moe_aux_loss_tied", with_moe(small_config(true), 0, "aux_loss"), 7},
+                      GradCase{"moe_hybrid_attnres",
+                               with_attnres(with_moe(hybrid_config("KA", false), 0, "sign_bias"), "block", 2),
+                               37}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(DenseLm, ParameterNamesAndSavedActivations) {
@@ -237,4 +262,61 @@ TEST(DenseLm, FlopsCountKdaAndAttentionLayers) {
     EXPECT_DOUBLE_EQ(h.flops_per_token(seq), 6 * matmul_params(h) + 6.0 * 1 * seq * 3 * 4 + kda);
     // The KDA weights (projections and the [C, 4] conv filters) are in the matmul count.
     EXPECT_GT(matmul_params(h), matmul_params(d));
+}
+
+// An MoE model: layer 0 keeps a dense MLP of width moe.dense_ffn_dim, layer 1 is an MoE layer; the active routed
+// experts count in the FLOPs (top_k * 3 * F * C per token and layer).
+TEST(DenseLm, MoeParameterNamesAndFlops) {
+    const ModelConfig cfg = with_moe(small_config(true), 1, "quantile");
+    DenseLM model(cfg, mt::nn::Precision::cpu(DType::f32));
+    const auto& t = model.params();
+    EXPECT_EQ(t.spec(t.find("layers.0.mlp.w_gate.weight")).shape, (mt::core::Shape{16, 12}));
+    EXPECT_LT(t.find("layers.0.moe.router.weight"), 0);
+    EXPECT_EQ(t.spec(t.find("layers.1.moe.router.weight")).shape, (mt::core::Shape{5, 12}));
+    EXPECT_EQ(t.spec(t.find("layers.1.moe.experts.w_up")).shape, (mt::core::Shape{5, 6, 12}));
+    EXPECT_EQ(t.spec(t.find("layers.1.moe.shared.w_down.weight")).shape, (mt::core::Shape{12, 6}));
+    EXPECT_LT(t.find("layers.1.mlp.w_gate.weight"), 0);
+    ASSERT_EQ(model.moe_layers().size(), 1u);
+    EXPECT_EQ(model.moe_layers()[0].first, 1);
+    double two_d = 23.0 * 12.0;  // the tied LM head
+    for (int i = 0; i < t.size(); ++i)
+        if (t.spec(i).shape.size() == 2 && t.spec(i).name != "embed.weight")
+            two_d += static_cast<double>(mt::core::shape_numel(t.spec(i).shape));
+    const double experts = 2.0 * 3 * 6 * 12;  // top_k * (gate, up, down) * F * C
+    EXPECT_DOUBLE_EQ(model.flops_per_token(7), 6 * (two_d + experts) + 6.0 * 2 * 7 * 3 * 4);
+}
+
+// backward(s) scales every gradient by s, the aux loss's included (loss scaling and 1/grad_accum apply to it too);
+// an evaluation forward (training = false) leaves the balancer's counts alone.
+TEST(DenseLm, MoeAuxGradientFollowsLossScaleAndEvalDoesNotCount) {
+    DenseLM model(with_moe(small_config(false), 0, "aux_loss"), mt::nn::Precision::cpu(DType::f64));
+    model.params().initialize(3);
+    Tensor ids = Tensor::zeros({2, 7}, DType::i32), targets = Tensor::zeros({2, 7}, DType::i32);
+    random_batch(ids, targets, 23);
+    model.params().zero_grads();
+    model.forward(ids, targets);
+    EXPECT_GT(model.last_aux_loss(), 0.0);
+    model.backward(1.0);
+    const Tensor g1 = model.params().grad_arena().clone();
+    model.params().zero_grads();
+    model.forward(ids, targets);
+    model.backward(0.25);
+    const Tensor g2 = model.params().grad_arena();
+    for (int64_t i = 0; i < g1.numel(); ++i)
+        ASSERT_NEAR(mt::core::tensor_get_flat(g2, i), 0.25 * mt::core::tensor_get_flat(g1, i), 1e-15)
+            << "gradient element " << i;
+
+    DenseLM qb(with_moe(small_config(false), 0, "quantile"), mt::nn::Precision::cpu(DType::f32));
+    qb.params().initialize(3);
+    auto counted = [&]() {
+        uint64_t n = 0;
+        for (auto& [layer, moe] : qb.moe_layers())
+            for (uint64_t c : moe->balancer().histogram()) n += c;
+        return n;
+    };
+    qb.forward(ids, targets);
+    const uint64_t after_train = counted();
+    EXPECT_EQ(after_train, 2u * 14 * 5);  // every (token, expert) pair of both layers
+    qb.forward(ids, targets, /*training=*/false);
+    EXPECT_EQ(counted(), after_train);
 }

@@ -170,3 +170,61 @@ TEST(Config, LayerPatternAndKdaErrorsNameTheKey) {
     EXPECT_NO_THROW(config_parse(kGood, "job.toml", {"model.head_dim=15", "model.layer_pattern=\"KA\""}));
     expect_error([] { config_parse(kGood, "job.toml", {"model.head_dim=15"}); }, ExitCode::usage, {"RoPE"});
 }
+
+// [moe] with nested tables ([moe.quantile], [moe.alarm]); overrides reach nested keys; the resolved TOML round trips.
+TEST(Config, MoeSectionWithNestedTables) {
+    const std::string toml = std::string(kGood) + R"(
+[moe]
+enabled = true
+num_experts = 32
+top_k = 4
+balance = "sign_bias"
+[moe.quantile]
+update_interval = 100
+ema = 0.5
+[moe.alarm]
+action = "stop"
+window = 7
+)";
+    auto c = config_parse(toml, "job.toml", {"moe.quantile.bins=250", "moe.sign_bias.rate=0.01"});
+    EXPECT_TRUE(c.model.moe_enabled);
+    EXPECT_EQ(c.model.moe.num_experts, 32);
+    EXPECT_EQ(c.model.moe.top_k, 4);
+    EXPECT_EQ(c.model.moe.balance.mode, mt::nn::MoeBalanceMode::sign_bias);
+    EXPECT_EQ(c.model.moe.balance.update_interval, 100);
+    EXPECT_EQ(c.model.moe.balance.ema, 0.5);
+    EXPECT_EQ(c.model.moe.balance.bins, 250);
+    EXPECT_EQ(c.model.moe.balance.sign_rate, 0.01);
+    EXPECT_EQ(c.model.moe.alarm.window, 7);
+    EXPECT_EQ(c.moe.alarm_action, "stop");
+    EXPECT_EQ(c.model.n_moe_layers(), 3);  // n_layers defaults to 4, first_k_dense to 1: layers 1-3
+    auto again = config_parse(c.to_toml(), "resolved");
+    EXPECT_EQ(again.to_toml(), c.to_toml());
+    EXPECT_EQ(again.model.moe.balance.bins, 250);
+    EXPECT_EQ(again.model.moe.balance.mode, mt::nn::MoeBalanceMode::sign_bias);
+    // An override may create the nested table too.
+    EXPECT_EQ(config_parse(kGood, "job.toml", {"moe.alarm.start_step=3"}).model.moe.alarm.start_step, 3);
+}
+
+TEST(Config, MoeErrorsNameTheKey) {
+    expect_error([] { config_parse(kGood, "job.toml", {"moe.quantile.binz=3"}); },
+                 ExitCode::usage,
+                 {"moe.quantile.binz", "job.toml"});
+    expect_error([] { config_parse(kGood, "job.toml", {"moe.balance=\"loss_free\""}); },
+                 ExitCode::usage,
+                 {"moe.balance", "quantile"});
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"moe.enabled=true", "moe.num_experts=4", "moe.top_k=6"});
+        },
+        ExitCode::usage,
+        {"moe.top_k = 6", "moe.num_experts = 4"});
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"moe.enabled=true", "moe.num_experts=4", "moe.top_k=4"});
+        },
+        ExitCode::usage,
+        {"moe.balance", "above moe.top_k"});
+    expect_error(
+        [] { config_parse(kGood, "job.toml", {"moe.num_experts=2048"}); }, ExitCode::usage, {"moe.num_experts"});
+}

@@ -24,7 +24,16 @@ TEST(Trainer, LossGoesDown) {
 
 namespace {
 
-// Straight 2n steps vs n steps, checkpoint, a step past it (discarded), resume, n more steps: equal losses.
+// The MoE balancers' biases, layer after layer (empty for a dense model).
+std::vector<float> moe_biases(Trainer& trainer) {
+    std::vector<float> all;
+    for (auto& [layer, moe] : trainer.model().moe_layers())
+        all.insert(all.end(), moe->balancer().bias().begin(), moe->balancer().bias().end());
+    return all;
+}
+
+// Straight 2n steps vs n steps, checkpoint, a step past it (discarded), resume, n more steps: equal losses (and
+// equal MoE balancer biases at the end).
 void check_exact_resume(const std::string& dir, const std::vector<std::string>& extra) {
     const int64_t n = 4;
     auto job = [&](const std::string& run) {
@@ -33,9 +42,11 @@ void check_exact_resume(const std::string& dir, const std::vector<std::string>& 
         return tiny_job(dir, overrides);
     };
     std::vector<double> straight;
+    std::vector<float> straight_bias;
     {
         Trainer trainer(job("straight"), false);
         for (int64_t s = 0; s < 2 * n; ++s) straight.push_back(trainer.train_step().loss);
+        straight_bias = moe_biases(trainer);
     }
     std::vector<double> resumed;
     {
@@ -50,6 +61,7 @@ void check_exact_resume(const std::string& dir, const std::vector<std::string>& 
         ASSERT_TRUE(trainer.resume_latest());
         EXPECT_EQ(trainer.step(), n);
         while (trainer.step() < 2 * n) resumed.push_back(trainer.train_step().loss);
+        EXPECT_EQ(moe_biases(trainer), straight_bias);
     }
     ASSERT_EQ(straight.size(), resumed.size());
     for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(straight[i], resumed[i]) << "step " << i + 1;
@@ -64,6 +76,38 @@ TEST(Trainer, ExactResumeIsBitIdentical) {
 // A hybrid model (a KDA layer, then NoPE attention) resumes exactly too, and learns.
 TEST(Trainer, HybridExactResumeIsBitIdentical) {
     check_exact_resume(fresh_dir("resume"), {"model.layer_pattern=\"KA\""});
+}
+
+// MoE layers (layer 0 dense, layer 1 MoE): Quantile Balancing with an update interval of 3, so the checkpoint at
+// step 4 is mid-interval (accumulated histogram, counters and bounds must come back), and the sign-bias rule.
+const std::vector<std::string> kMoe = {"moe.enabled=true",
+                                       "moe.num_experts=6",
+                                       "moe.top_k=2",
+                                       "moe.expert_ffn_dim=16",
+                                       "moe.quantile.update_interval=3",
+                                       "moe.quantile.ema=0.5"};
+
+TEST(Trainer, MoeExactResumeIsBitIdentical) {
+    check_exact_resume(fresh_dir("resume"), kMoe);
+    std::vector<std::string> sign = kMoe;
+    sign.push_back("moe.balance=\"sign_bias\"");
+    check_exact_resume(fresh_dir("resume_sign"), sign);
+}
+
+TEST(Trainer, MoeLossGoesDownAndBiasMoves) {
+    const std::string dir = fresh_dir("learn");
+    std::vector<std::string> overrides = kMoe;
+    overrides.insert(overrides.end(), {"train.steps=40", "train.schedule=\"constant\""});
+    Trainer trainer(tiny_job(dir, overrides), false);
+    const double first = trainer.train_step().loss;
+    double last = first;
+    mt::train::StepResult r;
+    while (trainer.step() < 40) last = (r = trainer.train_step()).loss;
+    EXPECT_LT(last, first - 1.0) << "first " << first << " last " << last;
+    ASSERT_EQ(r.moe.size(), 1u);
+    EXPECT_EQ(r.moe[0].first, 1);
+    EXPECT_GT(r.moe[0].second.bias_range, 0.0);
+    EXPECT_EQ(r.moe[0].second.tokens, 2 * 4 * 16);  // both micro-batches of the step
 }
 
 TEST(Trainer, HybridLossGoesDown) {
