@@ -8,7 +8,11 @@
 namespace mt::nn {
 
 AttnResStack::AttnResStack(ParamTable& table, const ModelConfig& cfg)
-    : cfg_(cfg), table_(&table), layers_(2 * cfg.n_layers), block_(cfg.attnres.resolved_block_size()) {
+    : cfg_(cfg),
+      table_(&table),
+      layers_(2 * cfg.n_layers),
+      block_(cfg.attnres.resolved_block_size()),
+      blend_(cfg.attnres.blend_at(0)) {
     MT_CHECK(block_ >= 1, "attnres.block_size = {} must be >= 1", block_);
     const int64_t max_sources = (layers_ + block_ - 1) / block_ + 1;
     MT_CHECK(max_sources <= ops::kAttnResMaxSources,
@@ -65,7 +69,8 @@ const Tensor& AttnResStack::forward(const Tensor& e, std::vector<std::unique_ptr
         const auto i = static_cast<size_t>(l);
         {
             core::TraceRange range(e.device(), "attnres.mix_fwd");
-            ops::attnres_mix_fwd(sources, table_->param(query_[i]), table_->param(gain_[i]), eps, mixed_[i], alpha_[i]);
+            ops::attnres_mix_fwd(
+                sources, table_->param(query_[i]), table_->param(gain_[i]), eps, mixed_[i], alpha_[i], blend_);
         }
         if (l == layers_) break;
         Block& b = *blocks[static_cast<size_t>(l / 2)];
@@ -109,7 +114,8 @@ void AttnResStack::backward(const Tensor& e,
                              dh,
                              grads,
                              table_->grad(query_[i]),
-                             table_->grad(gain_[i]));
+                             table_->grad(gain_[i]),
+                             blend_);
         if (cfg_.attnres.freeze_queries) table_->grad(query_[i]).zero();
     };
     mix_backward(layers_, d_final);

@@ -20,6 +20,13 @@ class AttnResStack {
     AttnResStack(ParamTable& table, const ModelConfig& cfg);
 
     void resize(int64_t n, const Precision& precision);
+    // The optimizer step the next forward and backward belong to (the residual blend's schedule).
+    void set_step(int64_t step) {
+        blend_ = cfg_.attnres.blend_at(step);
+    }
+    double blend() const {
+        return blend_;
+    }
     // e: [N, C] the embedding output (kept alive until backward). Runs every block's two sub-layers and returns
     // the final mix [N, C], the input of the final norm.
     const Tensor& forward(const Tensor& e, std::vector<std::unique_ptr<Block>>& blocks, Workspace& ws);
@@ -44,6 +51,7 @@ class AttnResStack {
     ModelConfig cfg_;
     ParamTable* table_;
     int64_t layers_ = 0, block_ = 1;  // L sub-layers, S per block
+    double blend_ = 0.0;              // the residual blend lambda of this step
     std::vector<int> query_, gain_;   // per mix, L + 1
     std::vector<Tensor> partial_;     // [L] of [N, C]: partial_[l] = partial sum of l's block through sub-layer l
     std::vector<Tensor> mixed_;       // [L + 1] of [N, C]: the mixed inputs h_l and the final mix

@@ -75,7 +75,8 @@ void attnres_mix_fwd(const std::vector<Tensor>& sources,
                      const Tensor& key_gain,
                      double eps,
                      const Tensor& h,
-                     const Tensor& alpha) {
+                     const Tensor& alpha,
+                     double blend) {
     constexpr std::string_view op = "attnres_mix_fwd";
     const auto [n, c] = check_sources(sources, op, "sources");
     const auto m = static_cast<int64_t>(sources.size());
@@ -88,10 +89,11 @@ void attnres_mix_fwd(const std::vector<Tensor>& sources,
     check_shape(h, {n, c}, op, "h");
     check_shape(alpha, {n, m}, op, "alpha");
     MT_CHECK(eps >= 0.0, "{}: eps = {} must be >= 0", op, eps);
+    MT_CHECK(blend >= 0.0 && blend <= 1.0, "{}: blend = {} must be in [0, 1]", op, blend);
     const std::initializer_list<NamedArg> others = {
         {"query", query}, {"key_gain", key_gain}, {"h", h}, {"alpha", alpha}};
     if (device_of(sources, others, op) == core::Device::cuda)
-        return cuda::attnres_mix_fwd(sources, query, key_gain, eps, h, alpha);
+        return cuda::attnres_mix_fwd(sources, query, key_gain, eps, h, alpha, blend);
     check_cpu_floats(sources, others, op);
     MT_DISPATCH_FLOAT(sources[0].dtype(), op, {
         const auto v = const_ptrs<scalar_t>(sources);
@@ -103,7 +105,8 @@ void attnres_mix_fwd(const std::vector<Tensor>& sources,
                              alpha.data<scalar_t>(),
                              m,
                              n,
-                             c);
+                             c,
+                             blend);
     });
 }
 
@@ -115,7 +118,8 @@ void attnres_mix_bwd(const std::vector<Tensor>& sources,
                      const Tensor& dh,
                      const std::vector<Tensor>& d_sources,
                      const Tensor& dquery,
-                     const Tensor& dkey_gain) {
+                     const Tensor& dkey_gain,
+                     double blend) {
     constexpr std::string_view op = "attnres_mix_bwd";
     const auto [n, c] = check_sources(sources, op, "sources");
     const auto m = static_cast<int64_t>(sources.size());
@@ -136,6 +140,7 @@ void attnres_mix_bwd(const std::vector<Tensor>& sources,
         check_shape(*t, shape, op, name);
     }
     MT_CHECK(eps >= 0.0, "{}: eps = {} must be >= 0", op, eps);
+    MT_CHECK(blend >= 0.0 && blend <= 1.0, "{}: blend = {} must be in [0, 1]", op, blend);
     const std::initializer_list<NamedArg> others = {{"query", query},
                                                     {"key_gain", key_gain},
                                                     {"alpha", alpha},
@@ -146,7 +151,7 @@ void attnres_mix_bwd(const std::vector<Tensor>& sources,
     for (size_t j = 0; j < d_sources.size(); ++j)
         MT_CHECK(d_sources[j].device() == dev, "{}: d_sources[{}] is not on {}", op, j, core::device_name(dev));
     if (dev == core::Device::cuda)
-        return cuda::attnres_mix_bwd(sources, query, key_gain, eps, alpha, dh, d_sources, dquery, dkey_gain);
+        return cuda::attnres_mix_bwd(sources, query, key_gain, eps, alpha, dh, d_sources, dquery, dkey_gain, blend);
     check_cpu_floats(sources, others, op);
     check_cpu_floats(d_sources, {}, op);
     cpu::check_dtype_as(d_sources[0], sources[0], op, "d_sources", "the sources");
@@ -164,7 +169,8 @@ void attnres_mix_bwd(const std::vector<Tensor>& sources,
                              dkey_gain.data<scalar_t>(),
                              m,
                              n,
-                             c);
+                             c,
+                             blend);
     });
 }
 

@@ -36,9 +36,28 @@ struct ModelRun {
     std::vector<std::pair<std::string, Tensor>> grads;  // by name
 };
 
-ModelRun run(const ModelConfig& cfg) {
+// MoE FFNs in layers 1 and 2 (4 experts, top 2, a shared expert): AttnRes works with every layer type.
+ModelConfig with_moe(ModelConfig c) {
+    c.moe_enabled = true;
+    c.moe_first_k_dense = 1;
+    c.moe.num_experts = 4;
+    c.moe.top_k = 2;
+    c.moe.expert_ffn_dim = 6;
+    c.moe.routed_scale = 1.0;
+    return c;
+}
+
+// step: the optimizer step the model is told (the residual blend's schedule); random_queries: draw the
+// pseudo-queries from N(0, 0.5^2) instead of their zero init.
+ModelRun run(const ModelConfig& cfg, int64_t step = 0, bool random_queries = false) {
     DenseLM model(cfg, mt::nn::Precision::cpu(DType::f64));
     model.params().initialize(5);  // per-name draws: the shared parameters are equal in both models
+    model.set_train_step(step);
+    for (int i = 0; random_queries && i < model.params().size(); ++i) {
+        const std::string& name = model.params().spec(i).name;
+        if (name.size() > 6 && name.compare(name.size() - 6, 6, ".query") == 0)
+            mt::core::rng_fill_normal(model.params().param(i), 17, static_cast<uint64_t>(i), 0.0, 0.5);
+    }
     Tensor ids = Tensor::zeros({2, 7}, DType::i32), targets = Tensor::zeros({2, 7}, DType::i32);
     for (int64_t i = 0; i < ids.numel(); ++i) {
         mt::core::tensor_set_flat(ids, i, static_cast<double>(mt::core::rng_u64(3, 1, i) % cfg.vocab_size));
@@ -62,40 +81,90 @@ double rho(const Tensor& a, const Tensor& b) {
     return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
+// The worst rho over the gradients both runs have; every plain gradient must have its counterpart.
+double worst_shared_rho(const ModelRun& plain, const ModelRun& ar, const std::string& what) {
+    double worst = 0;
+    int shared = 0;
+    for (const auto& [name, g] : plain.grads)
+        for (const auto& [name2, g2] : ar.grads)
+            if (name == name2) {
+                worst = std::max(worst, rho(g2, g));
+                ++shared;
+                EXPECT_LE(rho(g2, g), 1e-12) << what << ": " << name;
+            }
+    EXPECT_EQ(shared, static_cast<int>(plain.grads.size())) << what;
+    return worst;
+}
+
 }  // namespace
 
 TEST(AttnRes, FrozenZeroQueriesEqualThePlainModel) {
-    const ModelRun plain = run(base_config());
-    for (const auto& [mode, s] : std::vector<std::pair<std::string, int64_t>>{
-             {"full", 1}, {"block", 2}, {"block", 3}, {"block", 4}, {"block", 6}, {"block", 100}}) {
-        ModelConfig c = base_config();
-        c.attnres.mode = mode;
-        c.attnres.block_size = s;
-        c.attnres.freeze_queries = true;
-        const ModelRun ar = run(c);
-        EXPECT_LE(std::abs(ar.loss - plain.loss) / plain.loss, 1e-12) << mode << " S=" << s;
-        double worst = 0;
-        int shared = 0;
-        for (const auto& [name, g] : plain.grads)
-            for (const auto& [name2, g2] : ar.grads)
-                if (name == name2) {
-                    worst = std::max(worst, rho(g2, g));
-                    ++shared;
-                    EXPECT_LE(rho(g2, g), 1e-12) << mode << " S=" << s << ": " << name;
+    for (const bool moe : {false, true}) {
+        const ModelConfig base = moe ? with_moe(base_config()) : base_config();
+        const ModelRun plain = run(base);
+        for (const auto& [mode, s] : std::vector<std::pair<std::string, int64_t>>{
+                 {"full", 1}, {"block", 2}, {"block", 3}, {"block", 4}, {"block", 6}, {"block", 100}}) {
+            ModelConfig c = base;
+            c.attnres.mode = mode;
+            c.attnres.block_size = s;
+            c.attnres.freeze_queries = true;
+            const ModelRun ar = run(c);
+            const std::string what = (moe ? "moe " : "") + mode + " S=" + std::to_string(s);
+            EXPECT_LE(std::abs(ar.loss - plain.loss) / plain.loss, 1e-12) << what;
+            const double worst = worst_shared_rho(plain, ar, what);
+            for (const auto& [name, g] : ar.grads) {
+                if (name.rfind("attnres.", 0) != 0) continue;
+                for (int64_t i = 0; i < g.numel(); ++i) {
+                    ASSERT_EQ(mt::core::tensor_get_flat(g, i), 0.0) << name << " (frozen queries, zero key-norm grad)";
                 }
-        EXPECT_EQ(shared, static_cast<int>(plain.grads.size()));
-        for (const auto& [name, g] : ar.grads) {
+            }
+            std::printf("[ ATTNRES ] %s: loss %.15f vs plain %.15f, worst shared-gradient rho %.2e\n",
+                        what.c_str(),
+                        ar.loss,
+                        plain.loss,
+                        worst);
+        }
+    }
+}
+
+// Spec §5 and §11.5: the residual blend at lambda = 1 is the plain pre-norm model (eps = 0) whatever the queries,
+// and the AttnRes parameters then get no gradient; its linear schedule reaches lambda = 0 at residual_blend_steps,
+// where the model is the unblended one bitwise.
+TEST(AttnRes, ResidualBlendEndpoints) {
+    for (const bool moe : {false, true}) {
+        const ModelConfig base = moe ? with_moe(base_config()) : base_config();
+        const ModelRun plain = run(base);
+        ModelConfig c = base;
+        c.attnres.mode = "block";
+        c.attnres.block_size = 3;
+        c.attnres.residual_blend = 1.0;
+        const ModelRun blended = run(c, 0, /*random_queries=*/true);
+        const std::string what = moe ? "moe blend 1" : "blend 1";
+        EXPECT_LE(std::abs(blended.loss - plain.loss) / plain.loss, 1e-12) << what;
+        worst_shared_rho(plain, blended, what);
+        for (const auto& [name, g] : blended.grads) {
             if (name.rfind("attnres.", 0) != 0) continue;
             for (int64_t i = 0; i < g.numel(); ++i) {
-                ASSERT_EQ(mt::core::tensor_get_flat(g, i), 0.0) << name << " (frozen queries, zero key-norm grad)";
+                ASSERT_EQ(mt::core::tensor_get_flat(g, i), 0.0) << name;
             }
         }
-        std::printf("[ ATTNRES ] %s S=%lld: loss %.15f vs plain %.15f, worst shared-gradient rho %.2e\n",
-                    mode.c_str(),
-                    static_cast<long long>(s),
-                    ar.loss,
-                    plain.loss,
-                    worst);
+
+        // lambda(t) = 0.8 max(0, 1 - t / 10): 0.4 at step 5, 0 from step 10 on.
+        c.attnres.residual_blend = 0.8;
+        c.attnres.residual_blend_steps = 10;
+        EXPECT_DOUBLE_EQ(c.attnres.blend_at(5), 0.4);
+        EXPECT_EQ(c.attnres.blend_at(12), 0.0);
+        ModelConfig unblended = c;
+        unblended.attnres.residual_blend = 0.0;
+        const ModelRun at_end = run(c, 10, true), reference = run(unblended, 0, true);
+        EXPECT_EQ(at_end.loss, reference.loss) << what;
+        for (size_t i = 0; i < at_end.grads.size(); ++i)
+            for (int64_t k = 0; k < at_end.grads[i].second.numel(); ++k)
+                ASSERT_EQ(mt::core::tensor_get_flat(at_end.grads[i].second, k),
+                          mt::core::tensor_get_flat(reference.grads[i].second, k))
+                    << at_end.grads[i].first;
+        // In between it is neither.
+        EXPECT_NE(run(c, 5, true).loss, reference.loss);
     }
 }
 

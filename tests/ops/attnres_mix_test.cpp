@@ -11,8 +11,9 @@
 namespace mt::ops::test {
 namespace {
 
-OpCase attnres_case(int64_t m, int64_t n, int64_t c, double eps = 1e-6) {
-    const std::string name = fmt::format("attnres_mix_m{}_n{}_c{}", m, n, c);
+OpCase attnres_case(int64_t m, int64_t n, int64_t c, double eps = 1e-6, double blend = 0.0) {
+    const std::string name =
+        fmt::format("attnres_mix_m{}_n{}_c{}", m, n, c) + (blend > 0 ? fmt::format("_blend{}", blend) : "");
     return {
         "attnres_mix", name, [=] {
             const uint64_t s = op_seed(name);
@@ -26,16 +27,16 @@ OpCase attnres_case(int64_t m, int64_t n, int64_t c, double eps = 1e-6) {
             auto split = [m](const std::vector<Tensor>& in) { return std::vector<Tensor>(in.begin(), in.begin() + m); };
             p.forward = [=](const std::vector<Tensor>& in) {
                 Tensor h = op_like(in[0]), alpha = op_stat_like(in[0], {n, m});
-                attnres_mix_fwd(split(in), in[m], in[m + 1], eps, h, alpha);
+                attnres_mix_fwd(split(in), in[m], in[m + 1], eps, h, alpha, blend);
                 return std::vector<Tensor>{h};
             };
-            p.backward = [=](const std::vector<Tensor>& in,
-                             const std::vector<Tensor>& dout,
-                             const std::vector<Tensor>& grads) {
-                Tensor h = op_like(in[0]), alpha = op_stat_like(in[0], {n, m});
-                attnres_mix_fwd(split(in), in[m], in[m + 1], eps, h, alpha);
-                attnres_mix_bwd(split(in), in[m], in[m + 1], eps, alpha, dout[0], split(grads), grads[m], grads[m + 1]);
-            };
+            p.backward =
+                [=](const std::vector<Tensor>& in, const std::vector<Tensor>& dout, const std::vector<Tensor>& grads) {
+                    Tensor h = op_like(in[0]), alpha = op_stat_like(in[0], {n, m});
+                    attnres_mix_fwd(split(in), in[m], in[m + 1], eps, h, alpha, blend);
+                    attnres_mix_bwd(
+                        split(in), in[m], in[m + 1], eps, alpha, dout[0], split(grads), grads[m], grads[m + 1], blend);
+                };
             return p;
         }};
 }
@@ -46,6 +47,10 @@ OpCase attnres_case(int64_t m, int64_t n, int64_t c, double eps = 1e-6) {
     op_register(attnres_case(3, 131, 16));  // three blocks of the query/gain gradient
     op_register(attnres_case(10, 9, 12));
     op_register(attnres_case(4, 301, 130));  // on the OpenMP team
+    // The residual blend (spec §5): weights lambda / m + (1 - lambda) alpha; lambda = 1 leaves only the uniform mean
+    // (then the query and gain get no gradient).
+    op_register(attnres_case(3, 131, 16, 1e-6, 0.3));
+    op_register(attnres_case(5, 70, 33, 1e-6, 1.0));
     // At C = 2048 the f32 sums of the backward (da_j over C terms, then ds_j = a_j (da_j - sum_k a_k da_k), a
     // difference of nearly equal terms) carry about 1e-5 relative rounding on either side (1.1e-5 to 1.5e-5 seen
     // on an H200); the budget is 5e-5.
@@ -86,6 +91,36 @@ TEST(OpArgs, AttnresMixShapesAndCounts) {
             attnres_mix_bwd({v, v}, w, w, 1e-6, alpha, h, {v}, w, w);
         },
         "attnres_mix_bwd: d_sources holds 1 tensors, expected 2 (one per source)");
+}
+
+// Spec §11.5: blend 0 is the unblended mix bitwise; blend 1 is the plain mean of the sources whatever the query;
+// in between, h = lambda mean + (1 - lambda) h_0.
+TEST(AttnresMix, ResidualBlendEndpointsAndInterpolation) {
+    const int64_t m = 4, n = 5, c = 7;
+    std::vector<Tensor> v;
+    for (int64_t j = 0; j < m; ++j) v.push_back(op_randn({n, c}, 11, static_cast<uint64_t>(j)));
+    const Tensor query = op_randn({c}, 11, 8, 0.0, 0.7), gain = op_randn({c}, 11, 9, 1.0, 0.2);
+    auto mix = [&](double blend) {
+        Tensor h = Tensor::zeros({n, c}, DType::f64), alpha = Tensor::zeros({n, m}, DType::f64);
+        attnres_mix_fwd(v, query, gain, 1e-6, h, alpha, blend);
+        return h;
+    };
+    const Tensor plain = Tensor::zeros({n, c}, DType::f64), alpha = Tensor::zeros({n, m}, DType::f64);
+    attnres_mix_fwd(v, query, gain, 1e-6, plain, alpha);
+    const Tensor h0 = mix(0.0), h1 = mix(1.0), h3 = mix(0.3);
+    for (int64_t i = 0; i < n * c; ++i) {
+        double mean = 0;
+        for (int64_t j = 0; j < m; ++j) mean += core::tensor_get_flat(v[j], i) / m;
+        EXPECT_EQ(core::tensor_get_flat(h0, i), core::tensor_get_flat(plain, i));
+        EXPECT_NEAR(core::tensor_get_flat(h1, i), mean, 1e-15);
+        EXPECT_NEAR(core::tensor_get_flat(h3, i), 0.3 * mean + 0.7 * core::tensor_get_flat(plain, i), 1e-14);
+    }
+    expect_op_error(
+        [&] {
+            Tensor h = Tensor::zeros({n, c}, DType::f64);
+            attnres_mix_fwd(v, query, gain, 1e-6, h, alpha, 1.5);
+        },
+        "attnres_mix_fwd: blend = 1.5 must be in [0, 1]");
 }
 
 TEST(AttnresMix, ZeroQueryIsTheUniformMean) {

@@ -83,29 +83,45 @@ TEST_F(GpuTraining, TinyConfigLossCurveMatchesCpu) {
     expect_curves_close(losses(cpu, 50), losses(gpu, 50), 0.03);
 }
 
+// MoE FFNs in layer 1 (layer 0 dense): 8 experts, top 2, a shared expert, Quantile Balancing.
+const std::vector<std::string> kMoe = {
+    "moe.enabled=true", "moe.num_experts=8", "moe.top_k=2", "moe.expert_ffn_dim=32", "moe.routed_scale=1.0"};
+
 TEST_F(GpuTraining, RepeatedRunsAreBitIdentical) {
-    const std::string dir = fresh_dir("det");
-    Trainer a(tiny_job(dir, {"run.device=\"cuda\""}), false);
-    Trainer b(tiny_job(dir, {"run.device=\"cuda\""}), false);
-    const auto la = losses(a, 8), lb = losses(b, 8);
-    for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i], lb[i]) << "step " << i + 1;
+    for (const bool moe : {false, true}) {
+        const std::string dir = fresh_dir(moe ? "det_moe" : "det");
+        std::vector<std::string> o = {"run.device=\"cuda\""};
+        if (moe) o.insert(o.end(), kMoe.begin(), kMoe.end());
+        Trainer a(tiny_job(dir, o), false);
+        Trainer b(tiny_job(dir, o), false);
+        const auto la = losses(a, 8), lb = losses(b, 8);
+        for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i], lb[i]) << (moe ? "moe " : "") << "step " << i + 1;
+    }
 }
 
 TEST_F(GpuTraining, CheckpointsMoveBetweenDevices) {
-    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{{"cuda", "cpu"}, {"cpu", "cuda"}}) {
+    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+             {"cuda", "cpu"}, {"cpu", "cuda"}, {"cuda_moe", "cpu_moe"}, {"cpu_moe", "cuda_moe"}}) {
         const std::string dir = fresh_dir(from + "_to_" + to);
         const std::string run = "run.dir=\"" + dir + "/run\"";
+        // "<device>_moe": the MoE model, whose balancer state (bias, histogram, counters) moves along.
+        auto job = [&](const std::string& device, const std::string& dir_override) {
+            const bool moe = device.find("_moe") != std::string::npos;
+            std::vector<std::string> o = {"run.device=\"" + device.substr(0, device.find('_')) + "\"", dir_override};
+            if (moe) o.insert(o.end(), kMoe.begin(), kMoe.end());
+            return tiny_job(dir, o);
+        };
         std::vector<double> straight;
         {
-            Trainer t(tiny_job(dir, {"run.device=\"" + to + "\"", "run.dir=\"" + dir + "/straight\""}), false);
+            Trainer t(job(to, "run.dir=\"" + dir + "/straight\""), false);
             straight = losses(t, 8);
         }
         {
-            Trainer t(tiny_job(dir, {"run.device=\"" + from + "\"", run}), false);
+            Trainer t(job(from, run), false);
             losses(t, 4);
             t.save_checkpoint();
         }
-        Trainer t(tiny_job(dir, {"run.device=\"" + to + "\"", run}), false);
+        Trainer t(job(to, run), false);
         ASSERT_TRUE(t.resume_latest());
         ASSERT_EQ(t.step(), 4);
         const auto resumed = losses(t, 8);
@@ -202,6 +218,25 @@ void expect_gpu_follows_cpu(const std::string& dir, const std::vector<std::strin
 TEST_F(GpuTraining, BlockAttnResLossCurveMatchesCpu) {
     // The attnres_mix CUDA kernels inside the whole model: 8 sub-layers in blocks of 3 (with a short last block).
     expect_gpu_follows_cpu(fresh_dir("attnres"), {"attnres.mode=\"block\"", "attnres.block_size=3"});
+}
+
+TEST_F(GpuTraining, MoeModelLossCurveMatchesCpu) {
+    // The CUDA MoE layer (router, permutation, grouped GEMMs, combine, the balancer's device histogram) in the model.
+    expect_gpu_follows_cpu(fresh_dir("moe"), kMoe);
+}
+
+TEST_F(GpuTraining, MoeHybridAttnResWithResidualBlendMatchesCpu) {
+    // Every layer type at once: KDA and attention mixers, MoE FFNs, Block AttnRes with the residual blend decaying
+    // from 0.5 to 0 over the first 30 steps.
+    std::vector<std::string> o = kMoe;
+    o.insert(o.end(),
+             {"model.layer_pattern=\"KA\"",
+              "moe.first_k_dense=0",
+              "attnres.mode=\"block\"",
+              "attnres.block_size=3",
+              "attnres.residual_blend=0.5",
+              "attnres.residual_blend_steps=30"});
+    expect_gpu_follows_cpu(fresh_dir("moe_hybrid_attnres"), o);
 }
 
 TEST_F(GpuTraining, HybridKdaModelLossCurveMatchesCpu) {

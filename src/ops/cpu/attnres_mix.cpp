@@ -31,9 +31,20 @@ void logits(const T* const* v, const T* q, double eps, int64_t m, int64_t n, int
 
 }  // namespace
 
+// With the residual blend lambda (attnres.md §5) the value weights are w_j = lambda / m + (1 - lambda) a_j; alpha
+// keeps the softmax a_j itself.
 template <typename T>
-void attnres_mix_fwd(
-    const T* const* v, const T* query, const T* gain, double eps, T* h, T* alpha, int64_t m, int64_t n, int64_t c) {
+void attnres_mix_fwd(const T* const* v,
+                     const T* query,
+                     const T* gain,
+                     double eps,
+                     T* h,
+                     T* alpha,
+                     int64_t m,
+                     int64_t n,
+                     int64_t c,
+                     double blend) {
+    const T uniform = static_cast<T>(blend / static_cast<double>(m)), keep = static_cast<T>(1.0 - blend);
     std::vector<T> q(static_cast<size_t>(c));
     for (int64_t k = 0; k < c; ++k) q[k] = query[k] * gain[k];
 #pragma omp parallel for schedule(static) if (n * c * m >= kParallelMinWork)
@@ -48,14 +59,14 @@ void attnres_mix_fwd(
         T* hr = h + i * c;  // [c]
         for (int64_t k = 0; k < c; ++k) {
             T acc = 0;
-            for (int64_t j = 0; j < m; ++j) acc += a[j] * v[j][i * c + k];
+            for (int64_t j = 0; j < m; ++j) acc += (uniform + keep * a[j]) * v[j][i * c + k];
             hr[k] = acc;
         }
     }
 }
 
-// With u_j = v_j / r_j, q = query * gain, da_j = dh . v_j, ds_j = a_j (da_j - sum_k a_k da_k):
-//   dv_j     += a_j dh + ds_j / r_j (q - u_j mean(q * u_j))
+// With u_j = v_j / r_j, q = query * gain, da_j = dh . v_j, ds_j = (1 - lambda) a_j (da_j - sum_k a_k da_k):
+//   dv_j     += w_j dh + ds_j / r_j (q - u_j mean(q * u_j))
 //   dquery   += sum_j ds_j gain * u_j,   dgain += sum_j ds_j query * u_j
 template <typename T>
 void attnres_mix_bwd(const T* const* v,
@@ -69,7 +80,9 @@ void attnres_mix_bwd(const T* const* v,
                      T* dgain,
                      int64_t m,
                      int64_t n,
-                     int64_t c) {
+                     int64_t c,
+                     double blend) {
+    const T uniform = static_cast<T>(blend / static_cast<double>(m)), keep = static_cast<T>(1.0 - blend);
     std::vector<T> q(static_cast<size_t>(c));
     for (int64_t k = 0; k < c; ++k) q[k] = query[k] * gain[k];
     const int64_t blocks = (n + kTokenBlock - 1) / kTokenBlock;
@@ -91,13 +104,14 @@ void attnres_mix_bwd(const T* const* v,
                 mean_da += a[j] * dot;
             }
             for (int64_t j = 0; j < m; ++j) {
-                ds[j] = a[j] * (da[j] - mean_da);
+                ds[j] = keep * a[j] * (da[j] - mean_da);
+                const T w = uniform + keep * a[j];
                 const T* vr = v[j] + i * c;                  // [c]
                 T* dvr = dv[j] + i * c;                      // [c]
                 const T qu_mean = s[j] / static_cast<T>(c);  // mean(q * u_j) = s_j / C
                 for (int64_t k = 0; k < c; ++k) {
                     const T u = vr[k] / r[j];
-                    dvr[k] += a[j] * dhr[k] + ds[j] / r[j] * (q[k] - u * qu_mean);
+                    dvr[k] += w * dhr[k] + ds[j] / r[j] * (q[k] - u * qu_mean);
                     pq[k] += ds[j] * gain[k] * u;
                     pg[k] += ds[j] * query[k] * u;
                 }
@@ -112,9 +126,9 @@ void attnres_mix_bwd(const T* const* v,
 }
 
 template void attnres_mix_fwd<float>(
-    const float* const*, const float*, const float*, double, float*, float*, int64_t, int64_t, int64_t);
+    const float* const*, const float*, const float*, double, float*, float*, int64_t, int64_t, int64_t, double);
 template void attnres_mix_fwd<double>(
-    const double* const*, const double*, const double*, double, double*, double*, int64_t, int64_t, int64_t);
+    const double* const*, const double*, const double*, double, double*, double*, int64_t, int64_t, int64_t, double);
 template void attnres_mix_bwd<float>(const float* const*,
                                      const float*,
                                      const float*,
@@ -126,7 +140,8 @@ template void attnres_mix_bwd<float>(const float* const*,
                                      float*,
                                      int64_t,
                                      int64_t,
-                                     int64_t);
+                                     int64_t,
+                                     double);
 template void attnres_mix_bwd<double>(const double* const*,
                                       const double*,
                                       const double*,
@@ -138,6 +153,7 @@ template void attnres_mix_bwd<double>(const double* const*,
                                       double*,
                                       int64_t,
                                       int64_t,
-                                      int64_t);
+                                      int64_t,
+                                      double);
 
 }  // namespace mt::ops::cpu

@@ -9,8 +9,16 @@ constexpr int64_t kMaxSources = 32;  // ops/attnres_mix.h's kAttnResMaxSources
 
 // v[j] [n, c] for j < m, query, gain [c], h [n, c], alpha [n, m].
 template <typename T>
-void attnres_mix_fwd(
-    const T* const* v, const T* query, const T* gain, double eps, T* h, T* alpha, int64_t m, int64_t n, int64_t c);
+void attnres_mix_fwd(const T* const* v,
+                     const T* query,
+                     const T* gain,
+                     double eps,
+                     T* h,
+                     T* alpha,
+                     int64_t m,
+                     int64_t n,
+                     int64_t c,
+                     double blend);
 // dh [n, c]; dv[j] [n, c] (+=); dquery, dgain [c] (+=).
 template <typename T>
 void attnres_mix_bwd(const T* const* v,
@@ -24,6 +32,7 @@ void attnres_mix_bwd(const T* const* v,
                      T* dgain,
                      int64_t m,
                      int64_t n,
-                     int64_t c);
+                     int64_t c,
+                     double blend);
 
 }  // namespace mt::ops::cpu

@@ -65,7 +65,7 @@ __device__ void token_sums(
 
 template <typename T, typename TQ>
 __global__ void mix_fwd_kernel(
-    Sources src, const TQ* query, const TQ* gain, float eps, T* h, float* alpha, int m, int64_t c) {
+    Sources src, const TQ* query, const TQ* gain, float eps, T* h, float* alpha, int m, int64_t c, float blend) {
     __shared__ float scratch[kWarps * 2 * kMaxM], sums[2 * kMaxM], a[kMaxM];
     const int64_t row = blockIdx.x;
     token_sums<T>(src, query, gain, m, row, c, scratch, sums);
@@ -77,8 +77,8 @@ __global__ void mix_fwd_kernel(
         }
         for (int j = 0; j < m; ++j) total += (s[j] = expf(s[j] - smax));
         for (int j = 0; j < m; ++j) {
-            a[j] = s[j] / total;
-            alpha[row * m + j] = a[j];
+            alpha[row * m + j] = s[j] / total;
+            a[j] = blend / static_cast<float>(m) + (1.0f - blend) * (s[j] / total);  // the value weight w_j
         }
     }
     __syncthreads();
@@ -90,7 +90,8 @@ __global__ void mix_fwd_kernel(
 }
 
 // Per token (see the CPU reference, ops/cpu/attnres_mix.cpp):
-//   dv_j += a_j dh + ds_j / r_j (q - u_j s_j / C);  partial dquery += ds_j gain u_j, dgain += ds_j query u_j.
+//   dv_j += w_j dh + ds_j / r_j (q - u_j s_j / C), w_j = blend / m + (1 - blend) a_j, ds_j scaled by (1 - blend);
+//   partial dquery += ds_j gain u_j, dgain += ds_j query u_j.
 template <typename T, typename TQ, typename TD>
 __global__ void mix_bwd_kernel(Sources src,
                                const TQ* query,
@@ -102,7 +103,8 @@ __global__ void mix_bwd_kernel(Sources src,
                                float* partial,
                                int m,
                                int64_t n,
-                               int64_t c) {
+                               int64_t c,
+                               float blend) {
     __shared__ float scratch[kWarps * 3 * kMaxM], sums[3 * kMaxM], coef[3 * kMaxM];
     float* pq = partial + blockIdx.x * 2 * c;  // [c]
     float* pg = pq + c;                        // [c]
@@ -126,9 +128,9 @@ __global__ void mix_bwd_kernel(Sources src,
             for (int j = 0; j < m; ++j) mean_da += a[j] * sums[2 * m + j];
             for (int j = 0; j < m; ++j) {
                 const float r = sqrtf(sums[j] / static_cast<float>(c) + eps);
-                const float ds = a[j] * (sums[2 * m + j] - mean_da);
-                coef[j] = a[j];                                          // times dh
-                coef[m + j] = ds / r;                                    // times q
+                const float ds = (1.0f - blend) * a[j] * (sums[2 * m + j] - mean_da);
+                coef[j] = blend / static_cast<float>(m) + (1.0f - blend) * a[j];  // times dh
+                coef[m + j] = ds / r;                                             // times q
                 coef[2 * m + j] = ds / r * (sums[m + j] / r) / (c * r);  // times v (u s / C / r with u = v / r)
                 scratch[j] = ds / r;                                     // times v: ds u_j = ds / r v
             }
@@ -189,7 +191,8 @@ void attnres_mix_fwd(const std::vector<Tensor>& sources,
                      const Tensor& key_gain,
                      double eps,
                      const Tensor& h,
-                     const Tensor& alpha) {
+                     const Tensor& alpha,
+                     double blend) {
     constexpr std::string_view op = "attnres_mix_fwd";
     check_common(sources, query, key_gain, alpha, op);
     check_dtype_like(h, sources[0], op, "h", "the sources");
@@ -206,7 +209,8 @@ void attnres_mix_fwd(const std::vector<Tensor>& sources,
                              static_cast<T*>(h.raw()),
                              alpha.data<float>(),
                              m,
-                             c);
+                             c,
+                             static_cast<float>(blend));
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -219,7 +223,8 @@ void attnres_mix_bwd(const std::vector<Tensor>& sources,
                      const Tensor& dh,
                      const std::vector<Tensor>& d_sources,
                      const Tensor& dquery,
-                     const Tensor& dkey_gain) {
+                     const Tensor& dkey_gain,
+                     double blend) {
     constexpr std::string_view op = "attnres_mix_bwd";
     check_common(sources, query, key_gain, alpha, op);
     check_dtype_like(dh, sources[0], op, "dh", "the sources");
@@ -257,7 +262,8 @@ void attnres_mix_bwd(const std::vector<Tensor>& sources,
                                      partial.data<float>(),
                                      m,
                                      n,
-                                     c);
+                                     c,
+                                     static_cast<float>(blend));
                          };
                          if (dv_dtype == DType::f32)
                              launch(static_cast<float*>(nullptr));

@@ -14,7 +14,8 @@ void attnres_mix_fwd(const std::vector<core::Tensor>& sources,
                      const core::Tensor& key_gain,
                      double eps,
                      const core::Tensor& h,
-                     const core::Tensor& alpha);
+                     const core::Tensor& alpha,
+                     double blend);
 void attnres_mix_bwd(const std::vector<core::Tensor>& sources,
                      const core::Tensor& query,
                      const core::Tensor& key_gain,
@@ -23,6 +24,7 @@ void attnres_mix_bwd(const std::vector<core::Tensor>& sources,
                      const core::Tensor& dh,
                      const std::vector<core::Tensor>& d_sources,
                      const core::Tensor& dquery,
-                     const core::Tensor& dkey_gain);
+                     const core::Tensor& dkey_gain,
+                     double blend);
 
 }  // namespace mt::ops::cuda

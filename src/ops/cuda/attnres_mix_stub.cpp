@@ -10,7 +10,8 @@ void attnres_mix_fwd(const std::vector<core::Tensor>&,
                      const core::Tensor&,
                      double,
                      const core::Tensor&,
-                     const core::Tensor&) {
+                     const core::Tensor&,
+                     double) {
     core::fail(core::ExitCode::device, "attnres_mix_fwd: this build has no CUDA path (nvcc was not found)");
 }
 void attnres_mix_bwd(const std::vector<core::Tensor>&,
@@ -21,7 +22,8 @@ void attnres_mix_bwd(const std::vector<core::Tensor>&,
                      const core::Tensor&,
                      const std::vector<core::Tensor>&,
                      const core::Tensor&,
-                     const core::Tensor&) {
+                     const core::Tensor&,
+                     double) {
     core::fail(core::ExitCode::device, "attnres_mix_bwd: this build has no CUDA path (nvcc was not found)");
 }
 
