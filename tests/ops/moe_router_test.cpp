@@ -80,7 +80,12 @@ OpCase router_case(int64_t n, int64_t e, int64_t k, MoeScore score, bool normali
 }
 
 [[maybe_unused]] const bool kRegistered = [] {
-    op_register(router_case(1, 1, 1, MoeScore::sigmoid, true, 1.0));
+    // One element: the backward's s (1 - s) reads the scores, which the bf16 run stores rounded (relative error up to
+    // 2^-9 / (1 - s)), and nothing averages it out: 1.7e-2 measured on an H200.
+    OpCase one = router_case(1, 1, 1, MoeScore::sigmoid, true, 1.0);
+    one.parity.bf16_budget = 3e-2;
+    one.parity.budget_reason = "a single score; s (1 - s) from a bf16-rounded s near 0.9";
+    op_register(one);
     op_register(router_case(7, 5, 2, MoeScore::sigmoid, true, 2.5));
     op_register(router_case(7, 5, 2, MoeScore::sigmoid, false, 2.5));
     op_register(router_case(13, 16, 4, MoeScore::sigmoid, true, 1.0));

@@ -1,0 +1,150 @@
+// GPU throughput of the MoE layer (nn/moe_layer.h) in bf16 mixed precision: forward and forward + backward, each
+// including the router GEMM, routing (scores, top-k, QB cutoff and histogram), the device plan, permutation, the
+// grouped expert GEMMs, SwiGLU and the combine. One JSON line per case (median over the timed iterations, CUDA
+// events on the ops' stream).
+//   bench_moe [--iters 10] [--warmup 3] [--tokens 16384] [--d 2048] [--ffn 1024] [--top-k 8]
+// Cases (issue 5): 64 experts (target fwd + bwd <= 12 ms) and 256 experts, no shared expert.
+// FLOPs: forward = 3 expert GEMMs x 2 T k d F + the router 2 T d E; forward + backward = 3 x the forward.
+// A second line per case ("bench": "moe_gemm") times the three forward expert GEMMs alone (grouped_linear_fwd on
+// balanced offsets) on the device and the host's time to enqueue them: where the two are close, the per-expert GEMM
+// launches, not the GPU, bound the layer.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "core/backend.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "gpu_timing.h"
+#include "nn/moe_layer.h"
+#include "ops/grouped_linear.h"
+
+namespace {
+
+using mt::bench::all_finite;
+using mt::bench::time_ms;
+using mt::core::Device;
+using mt::core::DType;
+using mt::core::Tensor;
+
+void bench_case(int64_t t, int64_t d, int64_t f, int64_t e, int64_t k, double target_ms, int warmup, int iters) {
+    mt::nn::ModelConfig model;
+    model.d_model = d;
+    model.n_layers = 24;
+    model.init_std = 0.02;
+    mt::nn::MoeConfig moe;
+    moe.num_experts = e;
+    moe.top_k = k;
+    moe.num_shared_experts = 0;
+    moe.expert_ffn_dim = f;
+    const mt::nn::Precision precision = mt::nn::Precision::cuda_mixed(DType::bf16);
+    mt::nn::ParamTable table;
+    mt::nn::MoeLayer layer(table, "layers.1.moe", model, moe);
+    table.finalize(precision);
+    table.initialize(1);
+    layer.resize(t, precision);
+    Tensor xh = Tensor::zeros({t, d}, DType::f32), dh = Tensor::zeros({t, d}, DType::f32);
+    mt::core::rng_fill_normal(xh, 3, 1, 0.0, 1.0);
+    mt::core::rng_fill_normal(dh, 3, 2, 0.0, 1e-2);
+    const Tensor x = xh.to(DType::bf16).to_device(Device::cuda), dout = dh.to(DType::bf16).to_device(Device::cuda);
+    const Tensor out = Tensor::zeros({t, d}, DType::bf16, Device::cuda), dx = out.clone();
+    mt::nn::Workspace ws;
+    auto fwd = [&] { layer.forward(x, out, true); };
+    const double fwd_ms = time_ms(fwd, warmup, iters);
+    const double fwd_bwd_ms = time_ms(
+        [&] {
+            fwd();
+            layer.backward(x, dout, dx, ws);
+        },
+        warmup,
+        iters);
+    const mt::nn::MoeStepMetrics m = layer.step_end(1);
+    const bool finite = all_finite(out) && all_finite(dx);
+    const double gemm_flops = 3.0 * 2.0 * static_cast<double>(t * k) * static_cast<double>(d * f);
+    const double fwd_flops = gemm_flops + 2.0 * static_cast<double>(t) * static_cast<double>(d * e);
+    const nlohmann::json line = {{"bench", "moe"},
+                                 {"impl", "moetrain-cuda (cuBLASLt per expert on 4 streams, device plan)"},
+                                 {"dtype", "bf16 (f32 routing and grads)"},
+                                 {"balance", "quantile"},
+                                 {"T", t},
+                                 {"d", d},
+                                 {"F", f},
+                                 {"E", e},
+                                 {"k", k},
+                                 {"fwd_ms", fwd_ms},
+                                 {"fwd_bwd_ms", fwd_bwd_ms},
+                                 {"fwd_tflops", fwd_flops / fwd_ms * 1e-9},
+                                 {"fwd_bwd_tflops", 3.0 * fwd_flops / fwd_bwd_ms * 1e-9},
+                                 {"target_fwd_bwd_ms", target_ms},
+                                 {"meets_target", target_ms <= 0 || fwd_bwd_ms <= target_ms},
+                                 {"max_vio", m.max_vio},
+                                 {"outputs_finite", finite},
+                                 {"iters", iters}};
+    std::printf("%s\n", line.dump().c_str());
+    std::fflush(stdout);
+}
+
+// The three forward expert GEMMs alone, rows split evenly over the experts.
+void bench_gemms(int64_t t, int64_t d, int64_t f, int64_t e, int64_t k, int warmup, int iters) {
+    const int64_t rows = t * k;
+    Tensor offsets = Tensor::zeros({e + 1}, DType::i32);
+    for (int64_t j = 0; j <= e; ++j) offsets.data<int32_t>()[j] = static_cast<int32_t>(rows * j / e);
+    auto dev = [](const mt::core::Shape& s) { return Tensor::zeros(s, DType::bf16, Device::cuda); };
+    const Tensor xp = dev({rows, d}), wg = dev({e, f, d}), wd = dev({e, d, f}), h = dev({rows, f}), y = dev({rows, d});
+    auto gemms = [&] {
+        mt::ops::grouped_linear_fwd(xp, wg, offsets, h);
+        mt::ops::grouped_linear_fwd(xp, wg, offsets, h);
+        mt::ops::grouped_linear_fwd(h, wd, offsets, y);
+    };
+    const double ms = time_ms(gemms, warmup, iters);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) gemms();
+    const double host_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters;
+    mt::core::backend_get(Device::cuda).synchronize();
+    const double flops = 3.0 * 2.0 * static_cast<double>(rows) * static_cast<double>(d * f);
+    const nlohmann::json line = {{"bench", "moe_gemm"},
+                                 {"E", e},
+                                 {"rows", rows},
+                                 {"fwd_gemms_ms", ms},
+                                 {"host_enqueue_ms", host_ms},
+                                 {"tflops", flops / ms * 1e-9},
+                                 {"gemm_launches", 3 * e}};
+    std::printf("%s\n", line.dump().c_str());
+    std::fflush(stdout);
+}
+
+int run(int argc, char** argv) {
+    CLI::App app{"moetrain MoE layer benchmark"};
+    int64_t t = 16384, d = 2048, f = 1024, k = 8;
+    int iters = 10, warmup = 3;
+    app.add_option("--tokens", t);
+    app.add_option("--d", d);
+    app.add_option("--ffn", f);
+    app.add_option("--top-k", k);
+    app.add_option("--iters", iters);
+    app.add_option("--warmup", warmup);
+    CLI11_PARSE(app, argc, argv);
+    if (!mt::core::backend_available(Device::cuda)) {
+        std::printf("%s\n", nlohmann::json{{"bench", "moe"}, {"skipped", "no CUDA device"}}.dump().c_str());
+        return 0;
+    }
+    for (const int64_t e : {64, 256}) {
+        bench_case(t, d, f, e, k, e == 64 ? 12.0 : 0.0, warmup, iters);
+        bench_gemms(t, d, f, e, k, warmup, iters);
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_moe: %s\n", e.what());
+        return 1;
+    }
+}

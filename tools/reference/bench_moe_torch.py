@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""The MoE layer of bench/bench_moe.cpp in PyTorch, timed on the GPU: the comparison row of docs/PERFORMANCE.md.
+
+sigmoid router (bf16 GEMM, f32 scores), top-k of the scores, gates normalised over the selected experts times 2.5,
+permutation by a stable argsort of the expert ids, the three expert GEMMs with torch._grouped_mm (device-side
+offsets, no host synchronisation), SwiGLU, and the gate-weighted combine (a batched [1, k] x [k, d] product per
+token). Forward and forward + backward (autograd, bf16 parameters and gradients) are timed with CUDA events, median
+over the timed iterations; one JSON line per case, the fields of bench_moe.
+
+  python3 tools/reference/bench_moe_torch.py [--iters 10] [--warmup 3] [--tokens 16384] [--d 2048] [--ffn 1024]
+"""
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+
+def moe_forward(x, w_router, w_gate, w_up, w_down, top_k, scale):
+    t, d = x.shape
+    e = w_router.shape[0]
+    scores = torch.sigmoid((x @ w_router.t()).float())
+    sel_scores, idx = torch.topk(scores, top_k, dim=-1)
+    gates = scale * sel_scores / (sel_scores.sum(-1, keepdim=True) + 1e-20)
+    flat = idx.flatten()
+    order = torch.argsort(flat, stable=True)  # rows grouped by expert, (token, slot) order within an expert
+    offs = torch.cumsum(torch.bincount(flat, minlength=e), 0).to(torch.int32)
+    xp = x[order // top_k]
+    hg = torch._grouped_mm(xp, w_gate.transpose(-2, -1), offs=offs)
+    hu = torch._grouped_mm(xp, w_up.transpose(-2, -1), offs=offs)
+    yp = torch._grouped_mm(F.silu(hg) * hu, w_down.transpose(-2, -1), offs=offs)
+    y_slots = yp[torch.argsort(order)].view(t, top_k, d)  # back to slot order
+    return torch.bmm(gates.to(x.dtype).unsqueeze(1), y_slots).squeeze(1)
+
+
+def time_ms(fn, warmup, iters):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def bench_case(t, d, f, e, k, target_ms, warmup, iters):
+    torch.manual_seed(0)
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(t, d, device=dev, dtype=dt, requires_grad=True)
+    w_router = (0.02 * torch.randn(e, d, device=dev)).to(dt).requires_grad_()
+    w_gate = (0.02 * torch.randn(e, f, d, device=dev)).to(dt).requires_grad_()
+    w_up = (0.02 * torch.randn(e, f, d, device=dev)).to(dt).requires_grad_()
+    w_down = (0.02 / 7.0 * torch.randn(e, d, f, device=dev)).to(dt).requires_grad_()
+    dout = 1e-2 * torch.randn(t, d, device=dev, dtype=dt)
+    params = (w_router, w_gate, w_up, w_down)
+
+    def fwd():
+        return moe_forward(x, *params, k, 2.5)
+
+    def fwd_bwd():
+        for p in (x,) + params:
+            p.grad = None
+        fwd().backward(dout)
+
+    fwd_ms = time_ms(fwd, warmup, iters)
+    fwd_bwd_ms = time_ms(fwd_bwd, warmup, iters)
+    fwd_flops = 3 * 2 * t * k * d * f + 2 * t * d * e
+    line = {
+        "bench": "moe", "impl": f"pytorch {torch.__version__} torch._grouped_mm", "dtype": "bf16",
+        "T": t, "d": d, "F": f, "E": e, "k": k, "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms,
+        "fwd_tflops": fwd_flops / fwd_ms * 1e-9, "fwd_bwd_tflops": 3 * fwd_flops / fwd_bwd_ms * 1e-9,
+        "target_fwd_bwd_ms": target_ms, "iters": iters, "device": torch.cuda.get_device_name(),
+    }
+    print(json.dumps(line), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--d", type=int, default=2048)
+    ap.add_argument("--ffn", type=int, default=1024)
+    ap.add_argument("--top-k", type=int, default=8)
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print(json.dumps({"bench": "moe", "impl": "pytorch", "skipped": "no CUDA device"}))
+        return
+    bench_case(a.tokens, a.d, a.ffn, 64, a.top_k, 12.0, a.warmup, a.iters)
+    bench_case(a.tokens, a.d, a.ffn, 256, a.top_k, 0.0, a.warmup, a.iters)
+
+
+if __name__ == "__main__":
+    main()
