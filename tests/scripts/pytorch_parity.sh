@@ -5,7 +5,8 @@
 # then the same for a variant with untied embeddings, one kv head and an explicit head_dim, and for the hybrid
 # model (configs/tiny_hybrid.toml: three KDA layers and a NoPE attention layer; the reference runs KDA as the naive
 # token loop of tools/reference/kda.py) on 96-token sequences (the token loop is slow in Python), and a hybrid
-# variant with RoPE, grouped value heads and the softplus gate.
+# variant with RoPE, grouped value heads and the softplus gate; then MoE models (tiny_moe.toml; with the aux loss and
+# capacity dropping; and inside a hybrid model with Block AttnRes).
 # Usage (CTest): bash pytorch_parity.sh <moetrain-binary> <source-dir> <scratch-dir>
 set -euo pipefail
 
@@ -100,4 +101,16 @@ run_case attnres --set attnres.mode=\"block\" --set attnres.block_size=3 --set t
 # Full AttnRes (S = 1) on the hybrid model
 CONFIG=$SRC/configs/tiny_hybrid.toml run_case attnres_full_hybrid --set attnres.mode=\"full\" --set train.seq_len=64 \
     --set train.batch_size=4
+# MoE (configs/tiny_moe.toml: layer 0 dense, layers 1-3 with 16 experts, top 2, a shared expert, Quantile
+# Balancing): after two steps the balancer's bias is non-zero, and the reference routes with the checkpoint's bias
+CONFIG=$SRC/configs/tiny_moe.toml run_case moe --set train.batch_size=4
+# MoE with the aux loss (its gradient joins the LM loss's), softmax scores, unnormalised gates, two shared experts
+# and capacity dropping (capacity factor 1.0 drops the rows above each expert's share, lowest gates first)
+CONFIG=$SRC/configs/tiny_moe.toml run_case moe_aux_capacity --set moe.balance=\"aux_loss\" --set moe.score=\"softmax\" \
+    --set moe.normalize_gates=false --set moe.num_shared_experts=2 --set moe.capacity_factor=1.0 \
+    --set moe.first_k_dense=0 --set train.batch_size=4
+# Block AttnRes over a hybrid KDA/attention model whose FFNs are MoE layers (sign-bias balancing)
+CONFIG=$SRC/configs/tiny_moe.toml run_case moe_hybrid_attnres --set model.layer_pattern=\"KA\" \
+    --set attnres.mode=\"block\" --set attnres.block_size=3 --set moe.balance=\"sign_bias\" \
+    --set moe.sign_bias.rate=0.01 --set train.seq_len=64 --set train.batch_size=4
 echo "pytorch_parity: PASS"

@@ -60,6 +60,9 @@ def load_checkpoint(ckpt_dir):
     params = {k[len("param/"):]: v for k, v in tensors.items() if k.startswith("param/")}
     if not params:
         raise ParityError(f"{shard} holds no \"param/\" tensors")
+    # MoE balancer state: the selection biases the routing used at this step.
+    params["__moe_biases__"] = {k[len("balancer/"):]: v for k, v in tensors.items()
+                                if k.startswith("balancer/") and k.endswith(".router.bias")}
     return manifest, job, params
 
 
@@ -79,6 +82,7 @@ def reference_grads(cfg, params, inputs, targets, dtype, device="cpu", autocast=
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(params[name].to(dtype))
+        model.load_moe_biases(params.get("__moe_biases__", {}))
     model.zero_grad(set_to_none=True)
     inputs, targets = inputs.to(device), targets.to(device)
     if autocast is not None:
@@ -87,7 +91,8 @@ def reference_grads(cfg, params, inputs, targets, dtype, device="cpu", autocast=
     else:
         loss = model.loss(inputs, targets)
     loss.backward()
-    return float(loss), {n: p.grad.detach().double().cpu() for n, p in model.named_parameters()}
+    # moetrain reports the LM loss alone (the aux loss is logged apart); its gradients include the aux loss's.
+    return float(loss - model.last_aux), {n: p.grad.detach().double().cpu() for n, p in model.named_parameters()}
 
 
 def rho(ref, other):
@@ -134,7 +139,7 @@ def main(argv=None):
     problems = []
     model_shapes = {n: tuple(p.shape) for n, p in Transformer(cfg).named_parameters()}
     names = list(model_shapes)
-    problems += name_diff(names, params, f"checkpoint {args.checkpoint}")
+    problems += name_diff(names, [n for n in params if n != "__moe_biases__"], f"checkpoint {args.checkpoint}")
     grads_mt = {k[len("grad/"):]: v for k, v in dump.items() if k.startswith("grad/")}
     problems += name_diff(names, grads_mt, f"dump {args.dump}")
     for key in ("inputs", "targets", "loss"):

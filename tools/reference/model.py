@@ -14,13 +14,16 @@ only elementary torch ops (matmul, softmax, rsqrt, ...), so every step of the ma
         h = x + kda_layer(rmsnorm(x, kda_norm.weight))
       then
         m = rmsnorm(h, mlp_norm.weight)
-        x = h + (silu(m @ w_gate^T) * (m @ w_up^T)) @ w_down^T
+        x = h + (silu(m @ w_gate^T) * (m @ w_up^T)) @ w_down^T         (a dense layer)
+        x = h + moe_layer(m)                                           ([moe] enabled, l >= first_k_dense: moe.py's
+                                                                        router, top-k, experts and shared experts)
     logits = rmsnorm(x, final_norm.weight) @ W^T,  W = embed.weight if tied else lm_head.weight
     With [attnres] mode = block|full (Block Attention Residuals, spec attnres.md §2-§3) the residual adds are
     replaced: the 2 * n_layers sub-layers (mixer, MLP of each layer) read h_l = attnres_mix(sources) of the
     embedding, the completed blocks of S sub-layers and the running partial sum, and a final mix of all blocks
     feeds final_norm (attnres_forward below).
     loss = mean over positions with target != -1 of (logsumexp(logits) - logits[target])
+           (+ the MoE layers' aux losses with [moe] balance = "aux_loss"; Transformer.last_aux keeps their sum)
 
 Parameter names (state_dict keys) are exactly moetrain's canonical names, e.g. layers.0.attn.wq.weight,
 layers.0.kda.q_proj.weight. No biases anywhere. Works in float32 and float64 (model.to(torch.float64)).
@@ -36,6 +39,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kda import kda_layer  # noqa: E402
+from moe import moe_layer  # noqa: E402
 
 IGNORE_INDEX = -1
 
@@ -57,6 +61,7 @@ class ModelConfig:
     attn_pos: str = "auto"  # rope | nope | auto (rope when every layer is attention)
     kda: dict = field(default_factory=dict)  # the [kda] table; missing keys take moetrain's defaults
     attnres: dict = field(default_factory=dict)  # the [attnres] table (mode off|block|full, block_size)
+    moe: dict = field(default_factory=dict)  # the [moe] table (nested [moe.aux_loss] etc. as dicts)
 
     def __post_init__(self):
         if self.head_dim == 0:
@@ -87,6 +92,32 @@ class ModelConfig:
             "norm_eps": self.norm_eps,
         }
 
+    @property
+    def moe_cfg(self):
+        """What moe.moe_layer reads, moetrain's defaults applied (moe.md section 5)."""
+        m = self.moe
+        return {
+            "num_experts": int(m.get("num_experts", 64)),
+            "top_k": int(m.get("top_k", 4)),
+            "num_shared_experts": int(m.get("num_shared_experts", 1)),
+            "expert_ffn_dim": int(m.get("expert_ffn_dim", 1024)),
+            "score": m.get("score", "sigmoid"),
+            "normalize_gates": bool(m.get("normalize_gates", True)),
+            "routed_scale": float(m.get("routed_scale", 2.5)),
+            "capacity_factor": float(m.get("capacity_factor", 0.0)),
+            "drop_policy": m.get("drop_policy", "probs"),
+            "balance": m.get("balance", "quantile"),
+            "aux_coeff": float(m.get("aux_loss", {}).get("coeff", 1e-2)),
+        }
+
+    def layer_is_moe(self, layer):
+        return bool(self.moe.get("enabled", False)) and layer >= int(self.moe.get("first_k_dense", 1))
+
+    @property
+    def dense_ffn_dim(self):
+        width = int(self.moe.get("dense_ffn_dim", 0)) if self.moe.get("enabled", False) else 0
+        return width or self.d_ff
+
     def layer_is_kda(self, layer):
         return self.layer_pattern[layer % len(self.layer_pattern)] == "K"
 
@@ -114,6 +145,7 @@ class ModelConfig:
             attn_pos=str(m.get("attn_pos", "auto")),
             kda=dict(doc.get("kda", {})) if "model" in doc else {},
             attnres=dict(doc.get("attnres", {})) if "model" in doc else {},
+            moe=dict(doc.get("moe", {})) if "model" in doc else {},
         )
 
     @property
@@ -232,14 +264,42 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, width=None):
         super().__init__()
-        self.w_gate = _linear(cfg.d_model, cfg.d_ff)
-        self.w_up = _linear(cfg.d_model, cfg.d_ff)
-        self.w_down = _linear(cfg.d_ff, cfg.d_model)
+        width = width or cfg.d_ff
+        self.w_gate = _linear(cfg.d_model, width)
+        self.w_up = _linear(cfg.d_model, width)
+        self.w_down = _linear(width, cfg.d_model)
 
     def forward(self, x):
         return self.w_down(silu(self.w_gate(x)) * self.w_up(x))
+
+
+class MoE(nn.Module):
+    """The MoE FFN with moetrain's parameter names; the math is moe.py's moe_layer (router, top-k on score + bias,
+    gates, experts as a masked loop, shared experts, aux loss). `bias` is the balancer's selection bias: not a
+    parameter, loaded from a checkpoint's "balancer/<layer>.moe.router.bias" when there is one."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        m = self.moe_cfg = cfg.moe_cfg
+        e, f, c = m["num_experts"], m["expert_ffn_dim"], cfg.d_model
+        self.router = _linear(c, e)
+        self.experts = nn.Module()
+        self.experts.w_gate = nn.Parameter(torch.empty(e, f, c))
+        self.experts.w_up = nn.Parameter(torch.empty(e, f, c))
+        self.experts.w_down = nn.Parameter(torch.empty(e, c, f))
+        if m["num_shared_experts"] > 0:
+            self.shared = MLP(cfg, f * m["num_shared_experts"])
+        self.register_buffer("bias", torch.zeros(e), persistent=False)
+        self.last_aux = None
+
+    def forward(self, x):
+        B, T, C = x.shape
+        params = dict(self.named_parameters())
+        out, aux, *_ = moe_layer(params.__getitem__, self.moe_cfg, x.reshape(B * T, C), self.bias.to(x.dtype))
+        self.last_aux = aux
+        return out.view(B, T, C)
 
 
 class ShortConv(nn.Module):
@@ -276,7 +336,7 @@ class KDA(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg, kda=False):
+    def __init__(self, cfg, kda=False, moe=False):
         super().__init__()
         if kda:
             self.kda_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -285,7 +345,10 @@ class Block(nn.Module):
             self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
             self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = MLP(cfg)
+        if moe:
+            self.moe = MoE(cfg)
+        else:
+            self.mlp = MLP(cfg, cfg.dense_ffn_dim)
 
     def forward(self, x, cos, sin):
         h = x + self.branch(0, x, cos, sin)
@@ -294,7 +357,7 @@ class Block(nn.Module):
     def branch(self, sub, h, cos, sin):
         """Sub-layer 0 (the mixer) or 1 (the MLP) on its own, with its pre-norm and without the residual add."""
         if sub == 1:
-            return self.mlp(self.mlp_norm(h))
+            return (self.moe if hasattr(self, "moe") else self.mlp)(self.mlp_norm(h))
         if hasattr(self, "kda"):
             return self.kda(self.kda_norm(h))
         return self.attn(self.attn_norm(h), cos, sin)
@@ -337,7 +400,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg, cfg.layer_is_kda(l)) for l in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, cfg.layer_is_kda(l), cfg.layer_is_moe(l)) for l in range(cfg.n_layers))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else _linear(cfg.d_model, cfg.vocab_size)
         if cfg.attnres_block:
@@ -388,7 +451,19 @@ class Transformer(nn.Module):
         return torch.matmul(x, w_out.t())
 
     def loss(self, ids, targets):
-        return cross_entropy_loss(self(ids), targets)
+        """The training objective: cross-entropy plus the MoE aux losses (zero unless balance = "aux_loss"); their
+        sum is kept in last_aux, so that loss - last_aux is the LM loss moetrain reports."""
+        ce = cross_entropy_loss(self(ids), targets)
+        self.last_aux = sum((b.moe.last_aux for b in self.layers if hasattr(b, "moe")), ce.new_zeros(()))
+        return ce + self.last_aux
+
+    def load_moe_biases(self, tensors):
+        """Sets each MoE layer's selection bias from {"<layer>.moe.router.bias": tensor} (a checkpoint's "balancer/"
+        entries); layers without an entry keep b = 0."""
+        for i, block in enumerate(self.layers):
+            key = f"layers.{i}.moe.router.bias"
+            if hasattr(block, "moe") and key in tensors:
+                block.moe.bias.copy_(tensors[key].to(block.moe.bias.dtype))
 
 
 def parameter_names(cfg):
