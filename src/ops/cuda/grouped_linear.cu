@@ -8,13 +8,21 @@
 //   dx_e = dy_e w_e    : DX^T[K, r] = W_e^T[K, M] DY^T[M, r]
 //   dw_e += dy_e^T x_e : DW^T[K, M] = X^T[K, r] (DY^T[M, r])^T
 // The algorithm is chosen once per (shape with the row count rounded up to 128): row counts change every step, and
-// a heuristic query per GEMM would cost more host time than the GEMM. Each side stream has its own workspace, every
+// a heuristic query per GEMM would cost more host time than the GEMM. With many experts the GEMMs are short enough
+// that enqueueing them bounds the op (about 7 us of host time per cublasLtMatmul), so each side stream has its own
+// host thread and cuBLASLt handle that enqueue its share in parallel; algorithms and layouts are resolved first, on
+// the calling thread. Each side stream has its own workspace, every
 // GEMM writes its own expert's rows or weights, and a fixed algorithm per shape gives the same bits on every run: the
 // op is deterministic.
 #include <cublasLt.h>
 
+#include <condition_variable>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <string>
+#include <thread>
 #include <tuple>
 
 #include "core/backend.h"
@@ -31,6 +39,66 @@ using core::Device;
 constexpr int kStreams = 4;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 constexpr int64_t kRowBucket = 128;
+constexpr size_t kMaxLayouts = 16384;
+
+// Persistent host threads 1..n-1 that run job(i) together with the caller (i = 0); run() returns when all are done
+// and rethrows the first error of a worker.
+class HostWorkers {
+   public:
+    explicit HostWorkers(int n) {
+        for (int i = 1; i < n; ++i) std::thread([this, i] { loop(i); }).detach();  // live as long as the process
+    }
+    void run(int used, const std::function<void(int)>& job) {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            job_ = &job;
+            used_ = used;
+            pending_ = used - 1;
+            error_.clear();
+            ++generation_;
+        }
+        wake_.notify_all();
+        std::string mine;
+        try {
+            job(0);
+        } catch (const std::exception& e) {
+            mine = e.what();
+        }
+        std::unique_lock<std::mutex> lock(mutex_);
+        done_.wait(lock, [&] { return pending_ == 0; });
+        if (!mine.empty() || !error_.empty())
+            core::fail(core::ExitCode::device, "grouped_linear: {}", mine.empty() ? error_ : mine);
+    }
+
+   private:
+    void loop(int i) {
+        uint64_t seen = 0;
+        for (;;) {
+            std::unique_lock<std::mutex> lock(mutex_);
+            wake_.wait(lock, [&] { return generation_ != seen; });
+            seen = generation_;
+            if (i >= used_) continue;
+            const std::function<void(int)>* job = job_;
+            lock.unlock();
+            std::string err;
+            try {
+                (*job)(i);
+            } catch (const std::exception& e) {
+                err = e.what();
+            }
+            lock.lock();
+            if (!err.empty() && error_.empty()) error_ = err;
+            if (--pending_ == 0) done_.notify_one();
+        }
+    }
+
+    std::mutex mutex_;
+    std::condition_variable wake_, done_;
+    const std::function<void(int)>* job_ = nullptr;
+    int used_ = 0, pending_ = 0;
+    uint64_t generation_ = 0;
+    std::string error_;
+};
 
 void lt_check(cublasStatus_t status, const char* what) {
     if (status != CUBLAS_STATUS_SUCCESS)
@@ -80,12 +148,16 @@ class GroupedContext {
         std::lock_guard<std::mutex> lock(mutex_);
         const cudaStream_t main = core::cuda_stream();
         const int used = static_cast<int>(std::min<size_t>(kStreams, gemms.size()));
+        if (layouts_.size() + gemms.size() > kMaxLayouts) layouts_.clear();  // bounded; nothing prepared yet
+        std::vector<std::pair<const cublasLtMatmulAlgo_t*, const Layouts*>> prepared;
+        prepared.reserve(gemms.size());
+        for (const Gemm& g : gemms) prepared.emplace_back(&algo_for(g, rows_in_k), &layouts_for(g));
         MT_CUDA_CHECK(cudaEventRecord(fork_, main));
         for (int s = 0; s < used; ++s) MT_CUDA_CHECK(cudaStreamWaitEvent(streams_[s], fork_, 0));
-        for (size_t g = 0; g < gemms.size(); ++g) {
-            const int s = static_cast<int>(g % kStreams);
-            matmul(gemms[g], ptrs[g], beta, rows_in_k, s);
-        }
+        workers_->run(used, [&](int s) {
+            for (size_t g = static_cast<size_t>(s); g < gemms.size(); g += kStreams)
+                matmul(gemms[g], *prepared[g].first, *prepared[g].second, ptrs[g], beta, s);
+        });
         for (int s = 0; s < used; ++s) {
             MT_CUDA_CHECK(cudaEventRecord(join_[s], streams_[s]));
             MT_CUDA_CHECK(cudaStreamWaitEvent(main, join_[s], 0));
@@ -93,8 +165,8 @@ class GroupedContext {
     }
 
    private:
-    GroupedContext() {
-        lt_check(cublasLtCreate(&handle_), "cublasLtCreate");
+    GroupedContext() : workers_(std::make_unique<HostWorkers>(kStreams)) {
+        for (cublasLtHandle_t& h : handles_) lt_check(cublasLtCreate(&h), "cublasLtCreate");
         for (int ta = 0; ta < 2; ++ta)
             for (int tb = 0; tb < 2; ++tb) {
                 cublasLtMatmulDesc_t& d = desc_[ta][tb];
@@ -153,8 +225,8 @@ class GroupedContext {
                      "alignment preference");
         cublasLtMatmulHeuristicResult_t result{};
         int found = 0;
-        const cublasStatus_t st =
-            cublasLtMatmulAlgoGetHeuristic(handle_, desc_[g.ta][g.tb], l.a, l.b, l.d, l.d, pref, 1, &result, &found);
+        const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+            handles_[0], desc_[g.ta][g.tb], l.a, l.b, l.d, l.d, pref, 1, &result, &found);
         cublasLtMatmulPreferenceDestroy(pref);
         if (st != CUBLAS_STATUS_SUCCESS || found == 0)
             core::fail(core::ExitCode::device,
@@ -166,14 +238,26 @@ class GroupedContext {
         return algos_.emplace(key, result.algo).first->second;
     }
 
-    void matmul(
-        const Gemm& g, const std::tuple<const void*, const void*, void*>& p, float beta, bool rows_in_k, int stream) {
-        const cublasLtMatmulAlgo_t& algo = algo_for(g, rows_in_k);
-        Layouts l;
-        make_layouts(g, &l);
+    // The layouts of g's exact shape, cached (bounded by run()).
+    const Layouts& layouts_for(const Gemm& g) {
+        const auto key = std::make_tuple(static_cast<int>(g.ab), static_cast<int>(g.cd), g.ta, g.tb, g.m, g.n, g.k);
+        auto it = layouts_.find(key);
+        if (it != layouts_.end()) return *it->second;
+        auto l = std::make_unique<Layouts>();
+        make_layouts(g, l.get());
+        return *layouts_.emplace(key, std::move(l)).first->second;
+    }
+
+    // One GEMM on side stream `stream`, enqueued by that stream's host thread with its own handle.
+    void matmul(const Gemm& g,
+                const cublasLtMatmulAlgo_t& algo,
+                const Layouts& l,
+                const std::tuple<const void*, const void*, void*>& p,
+                float beta,
+                int stream) {
         const float alpha = 1.0f;
         const auto [a, b, d] = p;
-        lt_check(cublasLtMatmul(handle_,
+        lt_check(cublasLtMatmul(handles_[stream],
                                 desc_[g.ta][g.tb],
                                 &alpha,
                                 a,
@@ -193,12 +277,14 @@ class GroupedContext {
     }
 
     std::mutex mutex_;
-    cublasLtHandle_t handle_ = nullptr;
+    std::unique_ptr<HostWorkers> workers_;
+    cublasLtHandle_t handles_[kStreams] = {};
     cublasLtMatmulDesc_t desc_[2][2] = {};
     cudaStream_t streams_[kStreams] = {};
     cudaEvent_t join_[kStreams] = {}, fork_ = nullptr;
     void* workspace_[kStreams] = {};
     std::map<decltype(Gemm{}.algo_key(false)), cublasLtMatmulAlgo_t> algos_;
+    std::map<std::tuple<int, int, bool, bool, int64_t, int64_t, int64_t>, std::unique_ptr<Layouts>> layouts_;
 };
 
 }  // namespace
