@@ -213,6 +213,39 @@ void expect_gpu_follows_cpu(const std::string& dir, const std::vector<std::strin
     expect_curves_close(ref, bf16, 0.05);
 }
 
+// MoE models: with balancing on, the bias update turns rounding-level differences between the devices into
+// different routing of the tokens nearest a cutoff, and the curves drift apart like two seeds would. So the tight
+// check runs without balancing (routing then moves only with the weights): GPU f32 follows the CPU to 1e-3. With
+// the configured balancing in bf16 the curves must agree in their last 10 steps' mean within 2%, and step by step
+// within 15%. Prints every fifth bf16 step.
+void expect_moe_gpu_follows_cpu(const std::string& dir, const std::vector<std::string>& extra) {
+    auto with = [&](const std::string& device, const char* precision, bool balanced) {
+        auto o = tiny_model(device);
+        o.insert(o.end(), extra.begin(), extra.end());
+        if (!balanced) o.push_back("moe.balance=\"none\"");
+        o.push_back(std::string("run.precision=\"") + precision + "\"");
+        return o;
+    };
+    {
+        Trainer cpu(tiny_job(dir, with("cpu", "auto", false)), false);
+        Trainer gpu32(tiny_job(dir, with("cuda", "f32", false)), false);
+        expect_curves_close(losses(cpu, 50), losses(gpu32, 50), 1e-3);
+    }
+    Trainer cpu(tiny_job(dir, with("cpu", "auto", true)), false);
+    Trainer gpu16(tiny_job(dir, with("cuda", "bf16", true)), false);
+    const auto ref = losses(cpu, 50), bf16 = losses(gpu16, 50);
+    for (size_t i = 0; i < ref.size(); i += 5)
+        std::printf("step %zu: cpu %.4f gpu bf16 %.4f\n", i + 1, ref[i], bf16[i]);
+    expect_curves_close(ref, bf16, 0.15);
+    double tail_cpu = 0, tail_gpu = 0;
+    for (size_t i = ref.size() - 10; i < ref.size(); ++i) tail_cpu += ref[i] / 10, tail_gpu += bf16[i] / 10;
+    std::printf("last 10 steps' mean: cpu %.4f gpu bf16 %.4f, relative gap %.4f\n",
+                tail_cpu,
+                tail_gpu,
+                std::abs(tail_gpu - tail_cpu) / tail_cpu);
+    EXPECT_LT(std::abs(tail_gpu - tail_cpu) / tail_cpu, 0.02);
+}
+
 }  // namespace
 
 TEST_F(GpuTraining, BlockAttnResLossCurveMatchesCpu) {
@@ -222,7 +255,7 @@ TEST_F(GpuTraining, BlockAttnResLossCurveMatchesCpu) {
 
 TEST_F(GpuTraining, MoeModelLossCurveMatchesCpu) {
     // The CUDA MoE layer (router, permutation, grouped GEMMs, combine, the balancer's device histogram) in the model.
-    expect_gpu_follows_cpu(fresh_dir("moe"), kMoe);
+    expect_moe_gpu_follows_cpu(fresh_dir("moe"), kMoe);
 }
 
 TEST_F(GpuTraining, MoeHybridAttnResWithResidualBlendMatchesCpu) {
@@ -236,7 +269,7 @@ TEST_F(GpuTraining, MoeHybridAttnResWithResidualBlendMatchesCpu) {
               "attnres.block_size=3",
               "attnres.residual_blend=0.5",
               "attnres.residual_blend_steps=30"});
-    expect_gpu_follows_cpu(fresh_dir("moe_hybrid_attnres"), o);
+    expect_moe_gpu_follows_cpu(fresh_dir("moe_hybrid_attnres"), o);
 }
 
 TEST_F(GpuTraining, HybridKdaModelLossCurveMatchesCpu) {
