@@ -28,6 +28,7 @@
 #include "core/backend.h"
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/cublaslt_util.cuh"
 #include "ops/cuda/cuda_ops.h"
 
 namespace mt::ops::cuda {
@@ -101,20 +102,10 @@ class HostWorkers {
 };
 
 void lt_check(cublasStatus_t status, const char* what) {
-    if (status != CUBLAS_STATUS_SUCCESS)
-        core::fail(core::ExitCode::device, "cuBLASLt error {} in {} (grouped_linear)", static_cast<int>(status), what);
+    lt::check(status, what, "grouped_linear");
 }
-
-cudaDataType cuda_type(DType dtype) {
-    return dtype == DType::bf16 ? CUDA_R_16BF : (dtype == DType::f16 ? CUDA_R_16F : CUDA_R_32F);
-}
-
-uint32_t alignment_of(const void* ptr) {
-    const auto addr = reinterpret_cast<uintptr_t>(ptr);
-    uint32_t a = 256;
-    while (a > 1 && addr % a != 0) a /= 2;
-    return a;
-}
+using lt::alignment_of;
+using lt::cuda_type;
 
 // D[m, n] = op(A) op(B) + beta D, column-major; m, n, k as cuBLASLt names them.
 struct Gemm {

@@ -16,6 +16,7 @@
 #include "core/backend.h"
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/cublaslt_util.cuh"
 #include "ops/cuda/cuda_ops.h"
 
 namespace mt::ops::cuda {
@@ -27,21 +28,10 @@ using core::Device;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 void lt_check(cublasStatus_t status, const char* what) {
-    if (status != CUBLAS_STATUS_SUCCESS)
-        core::fail(core::ExitCode::device, "cuBLASLt error {} in {}", static_cast<int>(status), what);
+    lt::check(status, what, "linear");
 }
-
-cudaDataType cuda_type(DType dtype) {
-    return dtype == DType::bf16 ? CUDA_R_16BF : (dtype == DType::f16 ? CUDA_R_16F : CUDA_R_32F);
-}
-
-// The largest power of two (up to 256) dividing the address: cuBLASLt picks kernels by operand alignment.
-uint32_t alignment_of(const void* ptr) {
-    const auto addr = reinterpret_cast<uintptr_t>(ptr);
-    uint32_t a = 256;
-    while (a > 1 && addr % a != 0) a /= 2;
-    return a;
-}
+using lt::alignment_of;
+using lt::cuda_type;
 
 // One GEMM D = alpha op(A) op(B) + beta C (C = D) in column-major terms: m x n output, k the reduced dimension.
 struct GemmShape {
