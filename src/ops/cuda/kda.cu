@@ -8,6 +8,7 @@
 // either gate), so both KdaDiagonal choices run the same kernels. No atomics: every output has one writer.
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/kda_common.cuh"
+#include "ops/cuda/kda_mma.cuh"
 
 namespace mt::ops::cuda {
 
@@ -309,11 +310,18 @@ void kda_fwd(const Tensor& q,
     constexpr std::string_view op = "kda_fwd";
     kda_check_dtypes(q, k, v, g, beta, {{"out", out}}, {{"s0", s0}, {"st", st}}, chunk_size, op);
     core::NvtxRange range("kda_fwd");
+    kda::Profile prof("fwd");
     const kda::Dims d = kda_dims(q, v, chunk_size);
     std::vector<Tensor> keep;
     const kda::Work w = kda::work_alloc(d, keep);
+    prof.mark("alloc");
     kda::prep_launch(q, k, v, g, beta, d, w);
-    kda::scan_launch(s0, out, st, d, w, nullptr, nullptr);
+    prof.mark("prep");
+    if (kda::use_tc(d, q.dtype()))
+        kda::scan_tc_launch(q.dtype(), s0, out, st, d, w, nullptr, nullptr);
+    else
+        kda::scan_launch(s0, out, st, d, w, nullptr, nullptr);
+    prof.mark("scan");
 }
 
 }  // namespace mt::ops::cuda

@@ -12,6 +12,7 @@
 // Deterministic: fixed loop orders, no atomics.
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/kda_common.cuh"
+#include "ops/cuda/kda_mma.cuh"
 
 namespace mt::ops::cuda {
 
@@ -120,6 +121,8 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
                                                          const float* __restrict__ dvns,
                                                          const float* __restrict__ dhs,
                                                          Scratch sc,
+                                                         const float* __restrict__ pre_da,
+                                                         const float* __restrict__ pre_dgl,
                                                          float* __restrict__ dqh,
                                                          float* __restrict__ dkh,
                                                          T* __restrict__ dv,
@@ -159,40 +162,46 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     for (int r = tid; r < c; r += nt) sbeta[r] = ld(beta, beta_at(d, b, row(r), hv), valid(r));
     // The products over V: one warp per output, the lanes over the value columns (coalesced rows).
     const int warp = tid / 32, lane = tid % 32, warps = nt / 32;
-    // dA = tril(dO Vn^T)
-    for (int e = warp; e < c * c; e += warps) {
-        const int i = e / c, j = e % c;
-        float acc = 0.0f;
-        if (j <= i && valid(i)) {
-            for (int y = lane; y < vd; y += 32) acc += doat(i, y) * vn[j * vd + y];
+    if (pre_da != nullptr) {
+        // The products over V came from chunk_mm_tc (kda_chunk_tc.cu): dQg, dKg, dW already in the scratch.
+        for (int e = tid; e < c * c; e += nt) sda[e] = pre_da[cc_off(d, cb) + e];
+        for (int x = tid; x < kd; x += nt) sdgl[x] = pre_dgl[cb * kd + x];
+    } else {
+        // dA = tril(dO Vn^T)
+        for (int e = warp; e < c * c; e += warps) {
+            const int i = e / c, j = e % c;
+            float acc = 0.0f;
+            if (j <= i && valid(i)) {
+                for (int y = lane; y < vd; y += 32) acc += doat(i, y) * vn[j * vd + y];
+                acc = warp_sum(acc);
+            }
+            if (lane == 0) sda[e] = acc;
+        }
+        // dQg = dO h^T, dKg = Vn dS^T, dW = -dVn h^T
+        for (int e = warp; e < c * kd; e += warps) {
+            const int i = e / kd, x = e % kd;
+            float a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+            for (int y = lane; y < vd; y += 32) {
+                const float hxy = hh[x * vd + y];
+                a1 += doat(i, y) * hxy;
+                a2 += vn[i * vd + y] * ds[x * vd + y];
+                a3 += dvn[i * vd + y] * hxy;
+            }
+            a1 = warp_sum(a1);
+            a2 = warp_sum(a2);
+            a3 = warp_sum(a3);
+            if (lane == 0) {
+                dqg[e] = a1;
+                dkg[e] = a2;
+                dw[e] = -a3;
+            }
+        }
+        for (int x = warp; x < kd; x += warps) {
+            float acc = 0.0f;
+            for (int y = lane; y < vd; y += 32) acc += hh[x * vd + y] * ds[x * vd + y];
             acc = warp_sum(acc);
+            if (lane == 0) sdgl[x] = expf(gam[(c - 1) * kd + x]) * acc;
         }
-        if (lane == 0) sda[e] = acc;
-    }
-    // dQg = dO h^T, dKg = Vn dS^T, dW = -dVn h^T
-    for (int e = warp; e < c * kd; e += warps) {
-        const int i = e / kd, x = e % kd;
-        float a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-        for (int y = lane; y < vd; y += 32) {
-            const float hxy = hh[x * vd + y];
-            a1 += doat(i, y) * hxy;
-            a2 += vn[i * vd + y] * ds[x * vd + y];
-            a3 += dvn[i * vd + y] * hxy;
-        }
-        a1 = warp_sum(a1);
-        a2 = warp_sum(a2);
-        a3 = warp_sum(a3);
-        if (lane == 0) {
-            dqg[e] = a1;
-            dkg[e] = a2;
-            dw[e] = -a3;
-        }
-    }
-    for (int x = warp; x < kd; x += warps) {
-        float acc = 0.0f;
-        for (int y = lane; y < vd; y += 32) acc += hh[x * vd + y] * ds[x * vd + y];
-        acc = warp_sum(acc);
-        if (lane == 0) sdgl[x] = expf(gam[(c - 1) * kd + x]) * acc;
     }
     __syncthreads();
     // dXw = T^T dW, dXu = T^T dVn, dT = dW Xw^T + dVn Xu^T (Xu = Diag(beta) V)
@@ -374,10 +383,14 @@ void kda_bwd(const Tensor& q,
                      chunk_size,
                      op);
     core::NvtxRange range("kda_bwd");
+    kda::Profile prof("bwd");
     const kda::Dims d = kda_dims(q, v, chunk_size);
+    const bool tc = kda::use_tc(d, q.dtype());
     std::vector<Tensor> keep;
     const kda::Work w = kda::work_alloc(d, keep);
+    prof.mark("alloc");
     kda::prep_launch(q, k, v, g, beta, d, w);
+    prof.mark("prep");
     const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
     auto alloc = [&](int64_t n) {
         keep.push_back(Tensor::empty({n}, DType::f32, core::Device::cuda));
@@ -389,20 +402,37 @@ void kda_bwd(const Tensor& q,
     float* dhs = alloc(chunks * kv);
     float* vn = alloc(chunks * cv);
     float* dvn = alloc(chunks * cv);
-    kda::scan_launch(s0, Tensor(), Tensor(), d, w, hs, vn);
+    if (tc)
+        kda::scan_tc_launch(q.dtype(), s0, Tensor(), Tensor(), d, w, hs, vn);
+    else
+        kda::scan_launch(s0, Tensor(), Tensor(), d, w, hs, vn);
+    prof.mark("scan");
     const dim3 scan_grid(static_cast<unsigned>((d.v + kda::kBV - 1) / kda::kBV), static_cast<unsigned>(d.units()));
     const size_t rscan_smem = kda::rscan_smem_bytes(d);
     const float* dstp = dst.defined() ? dst.data<float>() : nullptr;
     float* ds0p = ds0.defined() ? ds0.data<float>() : nullptr;
-    MT_CUDA_DISPATCH(q.dtype(), T, {
-        MT_CUDA_CHECK(cudaFuncSetAttribute(
-            kda::rscan_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(rscan_smem)));
-        kda::rscan_kernel<T><<<scan_grid, kda::kThreads, rscan_smem, core::cuda_stream()>>>(
-            static_cast<const T*>(dout.raw()), dstp, ds0p, d, w, dhs, dvn);
-    });
-    MT_CUDA_CHECK(cudaGetLastError());
+    if (tc) {
+        kda::rscan_tc_launch(dout, dst, ds0, d, w, dhs, dvn);
+    } else {
+        MT_CUDA_DISPATCH(q.dtype(), T, {
+            MT_CUDA_CHECK(cudaFuncSetAttribute(
+                kda::rscan_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(rscan_smem)));
+            kda::rscan_kernel<T><<<scan_grid, kda::kThreads, rscan_smem, core::cuda_stream()>>>(
+                static_cast<const T*>(dout.raw()), dstp, ds0p, d, w, dhs, dvn);
+        });
+        MT_CUDA_CHECK(cudaGetLastError());
+    }
+    prof.mark("rscan");
     const kda::Scratch sc{
         alloc(chunks * ck), alloc(chunks * ck), alloc(chunks * ck), alloc(chunks * ck), alloc(chunks * cv)};
+    float* pre_da = nullptr;
+    float* pre_dgl = nullptr;
+    if (kda::use_chunk_tc(d, q.dtype())) {
+        pre_da = alloc(chunks * d.c * d.c);
+        pre_dgl = alloc(chunks * d.k);
+        kda::chunk_mm_tc_launch(dout, d, w, hs, vn, dvn, dhs, sc.dqg, sc.dkg, sc.dw, pre_da, pre_dgl);
+        prof.mark("chunk_mm");
+    }
     const int64_t rows = static_cast<int64_t>(d.b) * d.t * d.hv * d.k;
     float* dqh = alloc(rows);
     float* dkh = alloc(rows);
@@ -424,6 +454,8 @@ void kda_bwd(const Tensor& q,
                                                                              dvn,
                                                                              dhs,
                                                                              sc,
+                                                                             pre_da,
+                                                                             pre_dgl,
                                                                              dqh,
                                                                              dkh,
                                                                              static_cast<T*>(dv.raw()),
@@ -431,12 +463,14 @@ void kda_bwd(const Tensor& q,
                                                                              static_cast<T*>(dbeta.raw()));
     });
     MT_CUDA_CHECK(cudaGetLastError());
+    prof.mark("chunk");
     const int64_t total = static_cast<int64_t>(d.b) * d.t * d.h * d.k;
     MT_CUDA_DISPATCH(q.dtype(), T, {
         kda::group_kernel<T><<<grid_for(total, 256), 256, 0, core::cuda_stream()>>>(
             dqh, dkh, static_cast<T*>(dq.raw()), static_cast<T*>(dk.raw()), d);
     });
     MT_CUDA_CHECK(cudaGetLastError());
+    prof.mark("group");
 }
 
 }  // namespace mt::ops::cuda

@@ -95,6 +95,38 @@ void prep_launch(const Tensor& q,
 void scan_launch(
     const Tensor& s0, const Tensor& out, const Tensor& st, const Dims& d, const Work& w, float* hs, float* vn);
 
+// The tensor-core scans (kda_scan_tc.cu): bf16/f16 inputs (dt), K % 16 == 0, K <= 128, V % 16 == 0; MT_KDA_TC=0
+// forces the fp32 kernels. f32 inputs keep the fp32 kernels, whose results stay within 1e-5 of the CPU reference.
+bool use_tc(const Dims& d, DType dt);
+// Same contract as scan_launch.
+void scan_tc_launch(DType dt,
+                    const Tensor& s0,
+                    const Tensor& out,
+                    const Tensor& st,
+                    const Dims& d,
+                    const Work& w,
+                    float* hs,
+                    float* vn);
+// The reverse scan (kda_bwd.cu's rscan): stores dS leaving each chunk into dhs and dVn into dvn; ds0 gets dS_0.
+void rscan_tc_launch(
+    const Tensor& dout, const Tensor& dst, const Tensor& ds0, const Dims& d, const Work& w, float* dhs, float* dvn);
+// The backward chunk step's products over V on tensor cores (kda_chunk_tc.cu): use_tc and V % 32 == 0.
+bool use_chunk_tc(const Dims& d, DType dt);
+// dqg = dO h^T, dkg = Vn dS^T, dw = -dVn h^T into the chunk scratch ([chunks, C, K]), da = tril(dO Vn^T)
+// [chunks, C, C], dgl = gamma * rowsum(h * dS) [chunks, K].
+void chunk_mm_tc_launch(const Tensor& dout,
+                        const Dims& d,
+                        const Work& w,
+                        const float* hs,
+                        const float* vn,
+                        const float* dvn,
+                        const float* dhs,
+                        float* dqg,
+                        float* dkg,
+                        float* dw,
+                        float* da,
+                        float* dgl);
+
 }  // namespace mt::ops::cuda::kda
 
 namespace mt::ops::cuda {

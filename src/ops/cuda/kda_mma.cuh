@@ -1,0 +1,128 @@
+// Tensor-core building blocks of the fast KDA scans (kda_scan_tc.cu): TF32 mma.sync m16n8k8 fragments read from
+// fp32 shared memory, cp.async staging, and the per-kernel timing hook. TF32 keeps fp32's exponent range (the
+// workspace tiles are fp32) and rounds operands to 10 mantissa bits; every accumulator, and the state itself,
+// stays fp32.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "ops/cuda/common.cuh"
+
+namespace mt::ops::cuda::kda {
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// d += a b for one 16x8 output tile, k = 8.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Fragment loads (PTX m16n8k8 tf32 layout; g = lane / 4, t = lane % 4). X is fp32 in shared memory with row stride
+// ld. The paddings of the callers (ld = 4 mod 32 for row reads, 8 mod 32 for transposed reads and B tiles) make every
+// load below free of bank conflicts.
+// A[m][k] = X[m][k] (row-major A tile at (m0, k0)).
+__device__ __forceinline__ void frag_a(uint32_t (&a)[4], const float* x, int ld, int m0, int k0, int g, int t) {
+    a[0] = to_tf32(x[(m0 + g) * ld + k0 + t]);
+    a[1] = to_tf32(x[(m0 + g + 8) * ld + k0 + t]);
+    a[2] = to_tf32(x[(m0 + g) * ld + k0 + t + 4]);
+    a[3] = to_tf32(x[(m0 + g + 8) * ld + k0 + t + 4]);
+}
+// A[m][k] = X[k][m] (A is the transpose of the stored tile).
+__device__ __forceinline__ void frag_at(uint32_t (&a)[4], const float* x, int ld, int m0, int k0, int g, int t) {
+    a[0] = to_tf32(x[(k0 + t) * ld + m0 + g]);
+    a[1] = to_tf32(x[(k0 + t) * ld + m0 + g + 8]);
+    a[2] = to_tf32(x[(k0 + t + 4) * ld + m0 + g]);
+    a[3] = to_tf32(x[(k0 + t + 4) * ld + m0 + g + 8]);
+}
+// B[k][n] = X[k][n] (row-major over k), optionally negated (exact in TF32).
+__device__ __forceinline__ void frag_b(uint32_t (&b)[2], const float* x, int ld, int k0, int n0, int g, int t) {
+    b[0] = to_tf32(x[(k0 + t) * ld + n0 + g]);
+    b[1] = to_tf32(x[(k0 + t + 4) * ld + n0 + g]);
+}
+// B[k][n] = X[n][k] (the stored tile holds B's columns as rows).
+__device__ __forceinline__ void frag_bt(uint32_t (&b)[2], const float* x, int ld, int k0, int n0, int g, int t) {
+    b[0] = to_tf32(x[(n0 + g) * ld + k0 + t]);
+    b[1] = to_tf32(x[(n0 + g) * ld + k0 + t + 4]);
+}
+__device__ __forceinline__ void frag_b_neg(uint32_t (&b)[2], const float* x, int ld, int k0, int n0, int g, int t) {
+    b[0] = to_tf32(-x[(k0 + t) * ld + n0 + g]);
+    b[1] = to_tf32(-x[(k0 + t + 4) * ld + n0 + g]);
+}
+
+__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
+    const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));
+}
+// 16 bytes, or zeros when !valid (src must still be a mapped address).
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
+    const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// rows x cols fp32 (cols % 4 == 0, contiguous rows of stride src_ld) into shared memory of row stride ld, by the
+// whole block, 16 bytes per copy.
+__device__ __forceinline__ void stage_async(float* dst, int ld, const float* src, int src_ld, int rows, int cols) {
+    const int per = cols / 4;
+    for (int e = threadIdx.x; e < rows * per; e += blockDim.x) {
+        const int r = e / per, c4 = (e % per) * 4;
+        cp_async16(dst + r * ld + c4, src + static_cast<int64_t>(r) * src_ld + c4);
+    }
+}
+
+// MT_KDA_PROFILE=1: cudaEvents around each kernel of a call, printed to stderr when the call ends (the host waits
+// for the device then). Off by default: a tuning aid, not part of the op's contract.
+class Profile {
+   public:
+    explicit Profile(const char* op) : op_(op), on_(std::getenv("MT_KDA_PROFILE") != nullptr) {
+        if (on_) mark("start");
+    }
+    void mark(const char* name) {
+        if (!on_) return;
+        cudaEvent_t e;
+        MT_CUDA_CHECK(cudaEventCreate(&e));
+        MT_CUDA_CHECK(cudaEventRecord(e, core::cuda_stream()));
+        events_.push_back(e);
+        names_.emplace_back(name);
+    }
+    ~Profile() {
+        if (!on_) return;
+        cudaEventSynchronize(events_.back());
+        std::string line = std::string("kda-profile ") + op_;
+        for (size_t i = 1; i < events_.size(); ++i) {
+            float ms = 0.0f;
+            cudaEventElapsedTime(&ms, events_[i - 1], events_[i]);
+            line += " " + names_[i] + "=" + std::to_string(ms);
+        }
+        std::fprintf(stderr, "%s\n", line.c_str());
+        for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    }
+    Profile(const Profile&) = delete;
+    Profile& operator=(const Profile&) = delete;
+
+   private:
+    const char* op_;
+    bool on_;
+    std::vector<cudaEvent_t> events_;
+    std::vector<std::string> names_;
+};
+
+}  // namespace mt::ops::cuda::kda
