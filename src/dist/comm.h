@@ -1,0 +1,118 @@
+// Comm: the collective and point-to-point operations every parallel layout is built from (conventions §1.8), over
+// raw buffers of a few element types, each returning a CommWork handle so communication can overlap compute.
+// Backends: MPI (CPU buffers; also bootstraps every job, src/dist/comm_mpi.cpp) and "self" (one process, no MPI
+// calls, so `moetrain train` runs without mpirun). NCCL (GPU buffers) is a later backend behind the same interface.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace mt::dist {
+
+// Element types a Comm moves. u64 exists for histograms (QB counts) that core::DType does not name.
+enum class CommType : uint8_t { f32, f64, i32, i64, u64, u8 };
+enum class ReduceOp : uint8_t { sum, max, min };
+
+size_t comm_type_size(CommType type);
+// The CommType of a tensor dtype (f32, f64, i32, i64, u8); other dtypes are an internal error.
+CommType comm_type_of(core::DType dtype);
+
+// A pending operation. wait() blocks until the buffers it was given may be read and reused; done() polls. A handle
+// that is destroyed while pending waits first, so a dropped handle never leaves a backend writing into freed memory.
+class CommWork {
+   public:
+    struct Impl {
+        virtual ~Impl() = default;
+        virtual void wait() = 0;
+        virtual bool test() = 0;
+    };
+    CommWork() = default;  // an already complete operation
+    explicit CommWork(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+    CommWork(CommWork&&) noexcept = default;
+    CommWork& operator=(CommWork&& other) noexcept;
+    ~CommWork();
+
+    void wait();
+    bool done();
+
+   private:
+    std::unique_ptr<Impl> impl_;
+};
+
+// Operations a Comm counts (conventions §9: bytes and seconds per collective group).
+enum class CommOp : uint8_t { all_reduce, reduce_scatter, all_gather, all_to_all_v, broadcast, send, recv, barrier };
+constexpr int kCommOpCount = 8;
+std::string_view comm_op_name(CommOp op);
+
+struct CommOpStats {
+    int64_t calls = 0;
+    int64_t bytes = 0;  // bytes this rank sent (all-to-all, send) or contributed (reductions, gathers, broadcast)
+};
+
+// A communicator over a group of processes. Every collective must be called by every rank of the group in the
+// same order, with matching counts. Buffers are host memory for the MPI and self backends. Counts are elements.
+class Comm {
+   public:
+    virtual ~Comm() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    virtual std::string_view backend() const = 0;
+
+    // In place: every rank's `data` becomes the reduction over the group.
+    [[nodiscard]] virtual CommWork all_reduce(void* data, int64_t count, CommType type, ReduceOp op) = 0;
+    // send holds size() * count elements; rank r receives the reduction of block r into recv (count elements).
+    // send and recv must not overlap.
+    [[nodiscard]] virtual CommWork reduce_scatter(
+        const void* send, void* recv, int64_t count, CommType type, ReduceOp op) = 0;
+    // Rank r's `count` elements land at recv + r * count on every rank. send may be exactly recv + rank() * count
+    // (in place).
+    [[nodiscard]] virtual CommWork all_gather(const void* send, void* recv, int64_t count, CommType type) = 0;
+    // send_counts[r] elements go to rank r, packed in rank order in send; recv_counts[r] elements arrive from rank
+    // r, packed in rank order in recv. Both spans have size() entries; the backend copies them, so they need not
+    // outlive the call (the buffers must outlive the work).
+    [[nodiscard]] virtual CommWork all_to_all_v(const void* send,
+                                                std::span<const int64_t> send_counts,
+                                                void* recv,
+                                                std::span<const int64_t> recv_counts,
+                                                CommType type) = 0;
+    [[nodiscard]] virtual CommWork broadcast(void* data, int64_t count, CommType type, int root) = 0;
+    [[nodiscard]] virtual CommWork send(const void* data, int64_t count, CommType type, int peer, int tag) = 0;
+    [[nodiscard]] virtual CommWork recv(void* data, int64_t count, CommType type, int peer, int tag) = 0;
+    virtual void barrier() = 0;
+    // A new communicator per distinct color over this one's ranks, ordered by key (MPI_Comm_split). Collective.
+    virtual std::unique_ptr<Comm> split(int color, int key) = 0;
+
+    // Tensor forms: contiguous CPU tensors, dtype mapped by comm_type_of.
+    [[nodiscard]] CommWork all_reduce(const core::Tensor& t, ReduceOp op = ReduceOp::sum);
+    [[nodiscard]] CommWork reduce_scatter(const core::Tensor& send, const core::Tensor& recv, ReduceOp op);
+    [[nodiscard]] CommWork all_gather(const core::Tensor& send, const core::Tensor& recv);
+    [[nodiscard]] CommWork broadcast(const core::Tensor& t, int root);
+
+    const CommOpStats& stats(CommOp op) const {
+        return stats_[static_cast<size_t>(op)];
+    }
+
+   protected:
+    void record(CommOp op, int64_t bytes) {
+        auto& s = stats_[static_cast<size_t>(op)];
+        ++s.calls;
+        s.bytes += bytes;
+    }
+
+   private:
+    std::array<CommOpStats, kCommOpCount> stats_{};
+};
+
+// Blocking conveniences for the common scalar reductions (loss, token counts).
+double comm_all_reduce_sum(Comm& comm, double value);
+int64_t comm_all_reduce_max(Comm& comm, int64_t value);
+
+// The one-process communicator: world size 1, no MPI calls.
+std::unique_ptr<Comm> comm_make_self();
+
+}  // namespace mt::dist
