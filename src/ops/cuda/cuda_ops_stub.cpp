@@ -141,22 +141,12 @@ void sigmoid_gate_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&
     absent("sigmoid_gate_bwd");
 }
 
-void moe_router_fwd(const Tensor&,
-                    const Tensor&,
-                    const Tensor&,
-                    const Tensor&,
-                    const Tensor&,
-                    const Tensor&,
-                    const MoeRouterOptions&) {
+void moe_router_fwd(
+    const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const MoeRouterOptions&) {
     absent("moe_router_fwd");
 }
-void moe_router_bwd(const Tensor&,
-                    const Tensor&,
-                    const Tensor&,
-                    const Tensor&,
-                    const Tensor&,
-                    const Tensor&,
-                    const MoeRouterOptions&) {
+void moe_router_bwd(
+    const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const MoeRouterOptions&) {
     absent("moe_router_bwd");
 }
 int64_t moe_permute_plan(
