@@ -2,6 +2,7 @@
 // training batch, and writes the batch, the loss and every parameter gradient to a safetensors file. The
 // PyTorch reference (tools/reference/check_parity.py) recomputes them independently.
 #include "cli/commands.h"
+#include "dist/comm.h"
 #include "train/checkpoint_io.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
@@ -18,10 +19,14 @@ void register_grad_dump(CLI::App& app) {
     cmd->add_option("--set", *overrides, "override a value of the checkpoint's config: section.key=value");
     cmd->callback([dir, out, overrides]() {
         const train::Checkpoint ckpt = train::checkpoint_open(*dir);
+        // One process reads any checkpoint: the saved mesh's data-parallel size gives way to this process.
+        std::vector<std::string> sets = {"parallel.dp=0"};
+        sets.insert(sets.end(), overrides->begin(), overrides->end());
+        const auto self = dist::comm_make_self();
         train::Trainer trainer(
-            train::config_parse(
-                ckpt.manifest().at("config_toml").get<std::string>(), *dir + "/manifest.json", *overrides),
-            false);
+            train::config_parse(ckpt.manifest().at("config_toml").get<std::string>(), *dir + "/manifest.json", sets),
+            false,
+            self.get());
         trainer.load_checkpoint(*dir);
         const auto& t = trainer.config().train;
         core::Tensor inputs = core::Tensor::zeros({t.batch_size, t.seq_len}, core::DType::i32);

@@ -133,6 +133,12 @@ std::vector<Field> schema(JobConfig& c) {
         {"checkpoint.verify_on_resume", &k.verify_on_resume},
         {"metrics.every", &x.every, 1, 1e12},
         {"metrics.jsonl", &x.jsonl},
+        {"parallel.tp", &c.parallel.tp, 1, 1 << 20},
+        {"parallel.cp", &c.parallel.cp, 1, 1 << 20},
+        {"parallel.ep", &c.parallel.ep, 1, 1 << 20},
+        {"parallel.dp", &c.parallel.dp, 0, 1 << 20},
+        {"parallel.pp", &c.parallel.pp, 1, 1 << 20},
+        {"parallel.bucket_mb", &c.parallel.bucket_mb, 0, 1 << 20, {}, true},
     };
 }
 

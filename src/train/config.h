@@ -64,6 +64,16 @@ struct MetricsConfig {
     bool jsonl = true;
 };
 
+// [parallel]: the device mesh (src/dist/mesh.h) and how data-parallel gradients are reduced.
+struct ParallelConfig {
+    int64_t tp = 1;
+    int64_t cp = 1;
+    int64_t ep = 1;
+    int64_t dp = 0;  // 0: the rest of the processes (world / (tp cp ep pp))
+    int64_t pp = 1;
+    double bucket_mb = 25.0;  // gradient all-reduce bucket size in MiB (PyTorch DDP's default)
+};
+
 // The [moe] keys that are not model structure: the balancing method's name (parsed into
 // model.moe.balance.mode), what a routing-collapse alarm does, and how often the per-expert loads are logged.
 struct MoeRunConfig {
@@ -80,6 +90,7 @@ struct JobConfig {
     CheckpointConfig checkpoint;
     MetricsConfig metrics;
     MoeRunConfig moe;
+    ParallelConfig parallel;
 
     std::string source;  // file the config came from (for messages)
 

@@ -10,6 +10,7 @@
 #include "core/backend.h"
 #include "core/cuda_probe.h"
 #include "core/trace.h"
+#include "dist/runtime.h"
 #include "ops/global_norm.h"
 
 extern "C" char* openblas_get_corename(void);
@@ -67,7 +68,17 @@ int trainer_set_threads(int64_t threads) {
     return n;
 }
 
-Trainer::Trainer(JobConfig cfg, bool log) : cfg_(std::move(cfg)), log_(log) {
+Trainer::Trainer(JobConfig cfg, bool log, dist::Comm* world) : cfg_(std::move(cfg)), log_(log) {
+    dist::Comm& comm = world != nullptr ? *world : dist::dist_world();
+    const auto& p = cfg_.parallel;
+    const dist::MeshShape shape =
+        dist::mesh_resolve({.tp = p.tp, .cp = p.cp, .ep = p.ep, .dp = p.dp, .pp = p.pp},
+                           comm.size(),
+                           {.moe = cfg_.model.moe_enabled, .num_experts = cfg_.model.moe.num_experts},
+                           cfg_.source);
+    mesh_ = std::make_unique<dist::Mesh>(comm, shape);
+    log_ = log && comm.rank() == 0;
+    check_parallel_layout();
     trainer_set_threads(cfg_.run.threads);
     ops::set_deterministic(cfg_.run.deterministic);
     const nn::Precision precision = trainer_precision(cfg_);
@@ -99,8 +110,10 @@ Trainer::Trainer(JobConfig cfg, bool log) : cfg_(std::move(cfg)), log_(log) {
 
 void Trainer::fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs, const core::Tensor& targets) const {
     const auto& t = cfg_.train;
-    train_sampler_->fill(
-        data::sampler_first_sample(step, t.grad_accum, micro, 1, 0, t.batch_size), t.batch_size, inputs, targets);
+    train_sampler_->fill(data::sampler_first_sample(step, t.grad_accum, micro, dp_size(), dp_rank(), t.batch_size),
+                         t.batch_size,
+                         inputs,
+                         targets);
 }
 
 StepResult Trainer::train_step() {
@@ -111,12 +124,18 @@ StepResult Trainer::train_step() {
     r.loss_scale = scaler_.scale();
     model_->params().zero_grads();
     model_->set_train_step(step_);
+    // Each data-parallel rank backpropagates its share of the global batch's mean loss, 1 / (grad_accum dp) per
+    // micro-batch, so the gradient all-reduce is a plain sum.
+    const double micro_divisor = static_cast<double>(t.grad_accum * dp_size());
     for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
         fill_batch(step_, micro, inputs_, targets_);
         r.loss += model_->forward(inputs_, targets_) / static_cast<double>(t.grad_accum);
         r.aux_loss += model_->last_aux_loss() / static_cast<double>(t.grad_accum);
-        model_->backward(r.loss_scale / static_cast<double>(t.grad_accum));
+        model_->backward(r.loss_scale / micro_divisor);
     }
+    r.comm_seconds = reduce_gradients();
+    r.loss = dp_sum(r.loss) / static_cast<double>(dp_size());
+    r.aux_loss = dp_sum(r.aux_loss) / static_cast<double>(dp_size());
     core::TraceRange range(model_->params().precision().device, "optimizer");
     r.grad_norm = ops::global_norm({model_->params().grad_arena()}) / r.loss_scale;
     const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
@@ -149,18 +168,21 @@ StepResult Trainer::train_step() {
 double Trainer::evaluate() {
     const auto& t = cfg_.train;
     const data::Sampler& sampler = val_sampler_ ? *val_sampler_ : *train_sampler_;
+    // The data-parallel ranks share the batches round-robin; the sum over ranks is the single-process sum.
     double sum = 0.0;
-    for (int64_t b = 0; b < t.eval_batches; ++b) {
+    for (int64_t b = dp_rank(); b < t.eval_batches; b += dp_size()) {
         sampler.fill_sequential(b * t.batch_size, t.batch_size, inputs_, targets_);
         sum += model_->forward(inputs_, targets_, /*training=*/false);
     }
-    return sum / static_cast<double>(t.eval_batches);
+    return dp_sum(sum) / static_cast<double>(t.eval_batches);
 }
 
 void Trainer::run() {
     const auto& t = cfg_.train;
-    std::filesystem::create_directories(cfg_.run.dir);
-    metrics_ = std::make_unique<MetricsLog>(cfg_.metrics.jsonl ? cfg_.run.dir + "/metrics.jsonl" : "");
+    // Conventions §7: only world rank 0 writes files; the values it logs are already reduced over the ranks.
+    const bool writer = mesh_->world().rank() == 0;
+    if (writer) std::filesystem::create_directories(cfg_.run.dir);
+    metrics_ = std::make_unique<MetricsLog>(cfg_.metrics.jsonl && writer ? cfg_.run.dir + "/metrics.jsonl" : "");
     metrics_->write(step_,
                     "config",
                     {{"config_toml", cfg_.to_toml()},
@@ -168,14 +190,17 @@ void Trainer::run() {
                      {"cuda", core::cuda_describe()},
                      {"threads", omp_get_max_threads()},
                      {"parameters", model_->params().total_numel()},
-                     {"mesh", {{"world", 1}, {"dp", 1}}}});
+                     {"mesh", mesh_->to_json()}});
     if (log_) {
-        fmt::print("moetrain: {} parameters, {} tokens per step, {} ({}, {} threads); train data {}\n",
+        fmt::print("moetrain: {} parameters, {} tokens per step, {} ({}, {} threads{}); train data {}\n",
                    model_->params().total_numel(),
                    tokens_per_step(),
                    core::device_name(model_->params().precision().device),
                    core::dtype_name(model_->params().precision().compute),
                    omp_get_max_threads(),
+                   mesh_->world().size() > 1
+                       ? fmt::format(" x {} processes, {}", mesh_->world().size(), dist::mesh_describe(mesh_->shape()))
+                       : "",
                    train_source_->describe());
         // Debian's OpenBLAS 0.3.21 falls back to slow generic kernels on CPUs it does not recognise.
         const std::string core = openblas_get_corename();
@@ -222,6 +247,7 @@ void Trainer::run() {
                                      {"grad_norm", r.grad_norm},
                                      {"tokens_per_s", tok_s},
                                      {"step_seconds", r.seconds},
+                                     {"comm/dp_grad_seconds", r.comm_seconds},
                                      {"tokens_seen", step_ * tokens_per_step()}};
             if (scaler_.dynamic()) {
                 fields["loss_scale"] = r.loss_scale;

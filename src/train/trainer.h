@@ -8,6 +8,7 @@
 #include <string>
 
 #include "data/sampler.h"
+#include "dist/mesh.h"
 #include "nn/dense_lm.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
@@ -23,16 +24,18 @@ struct StepResult {
     double grad_norm = 0.0;
     double lr = 0.0;
     double seconds = 0.0;
-    double loss_scale = 1.0;  // the scale this step's backward used
-    bool skipped = false;     // an fp16 overflow: no optimizer update
-    double aux_loss = 0.0;    // MoE aux balancing loss (mean over micro-batches; not in `loss`)
+    double loss_scale = 1.0;    // the scale this step's backward used
+    bool skipped = false;       // an fp16 overflow: no optimizer update
+    double aux_loss = 0.0;      // MoE aux balancing loss (mean over micro-batches; not in `loss`)
+    double comm_seconds = 0.0;  // data-parallel gradient reduction
     std::vector<std::pair<int64_t, nn::MoeStepMetrics>> moe;  // per MoE layer (block index), this step's routing
 };
 
 class Trainer {
    public:
-    // Builds the model, optimizer and data pipeline. `log` false keeps it silent (tests, benchmarks).
-    explicit Trainer(JobConfig cfg, bool log = true);
+    // Builds the mesh ([parallel] over `world`, default dist::dist_world()), the model, optimizer and data pipeline.
+    // `log` false keeps it silent (tests, benchmarks); only world rank 0 ever prints or writes metrics.
+    explicit Trainer(JobConfig cfg, bool log = true, dist::Comm* world = nullptr);
 
     // Restores the newest complete checkpoint under run.dir/checkpoints; false when there is none.
     bool resume_latest();
@@ -46,7 +49,7 @@ class Trainer {
     double evaluate();
     // Writes run.dir/checkpoints/step_<step>/.
     void save_checkpoint();
-    // The batch of micro-batch `micro` at optimizer step `step`.
+    // This data-parallel rank's batch of micro-batch `micro` at optimizer step `step`.
     void fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs, const core::Tensor& targets) const;
 
     nn::DenseLM& model() {
@@ -62,8 +65,18 @@ class Trainer {
     double loss_scale() const {
         return scaler_.scale();
     }
+    // Tokens of the global batch (every data-parallel rank).
     int64_t tokens_per_step() const {
-        return cfg_.train.batch_size * cfg_.train.seq_len * cfg_.train.grad_accum;
+        return cfg_.train.batch_size * cfg_.train.seq_len * cfg_.train.grad_accum * dp_size();
+    }
+    const dist::Mesh& mesh() const {
+        return *mesh_;
+    }
+    int64_t dp_size() const {
+        return mesh_->size(dist::MeshAxis::dp);
+    }
+    int64_t dp_rank() const {
+        return mesh_->coord(dist::MeshAxis::dp);
     }
 
     // Routing-collapse alarms raised so far (all MoE layers).
@@ -72,6 +85,12 @@ class Trainer {
     }
 
    private:
+    // trainer_dist.cpp: the layouts this trainer runs (exit 2 for the others), the gradient all-reduce over dp
+    // (returns its seconds), and the sum of a per-rank value over dp.
+    void check_parallel_layout() const;
+    double reduce_gradients();
+    double dp_sum(double value);
+
     // trainer_moe.cpp: the MoE layers' metrics fields, warning/alarm events, and balancer checkpoint state.
     void add_moe_metrics(const StepResult& r, nlohmann::json& fields) const;
     void handle_moe_events(const StepResult& r);
@@ -81,6 +100,7 @@ class Trainer {
 
     JobConfig cfg_;
     bool log_;
+    std::unique_ptr<dist::Mesh> mesh_;
     std::unique_ptr<nn::DenseLM> model_;
     std::unique_ptr<optim::AdamW> adamw_;
     optim::LossScaler scaler_;

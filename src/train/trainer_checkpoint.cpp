@@ -35,6 +35,12 @@ void read_to_device(const Checkpoint& ckpt, const std::string& kind, const std::
 
 void Trainer::save_checkpoint() {
     const auto start = std::chrono::steady_clock::now();
+    // Without sharded state every data-parallel replica holds the same weights and moments, so world rank 0 writes
+    // the whole state (conventions §5.2: replicas write once) and the others wait for it to be complete.
+    if (mesh_->world().rank() != 0) {
+        mesh_->world().barrier();
+        return;
+    }
     nn::ParamTable& table = model_->params();
     std::vector<CheckpointTensor> tensors;
     for (int i = 0; i < table.size(); ++i) {
@@ -45,19 +51,22 @@ void Trainer::save_checkpoint() {
     }
     for (auto& moe : moe_checkpoint_tensors()) tensors.push_back(std::move(moe));
     const auto& t = cfg_.train;
-    const int64_t samples = data::sampler_first_sample(step_, t.grad_accum, 0, 1, 0, t.batch_size);
+    const int64_t samples = data::sampler_first_sample(step_, t.grad_accum, 0, dp_size(), 0, t.batch_size);
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int64_t r = 0; r < dp_size(); ++r) {
+        const int64_t first = data::sampler_first_sample(step_, t.grad_accum, 0, dp_size(), r, t.batch_size);
+        ranks.push_back(
+            {{"dp", r}, {"source", "train"}, {"epoch", train_sampler_->epoch_of(first)}, {"sample", first}});
+    }
     const nlohmann::json extra = {
         {"config_toml", cfg_.to_toml()},
         {"model_signature", model_signature(model_specs(table))},
         {"tokens_seen", step_ * tokens_per_step()},
-        {"mesh", {{"order", "tp-cp-ep-dp-pp"}, {"tp", 1}, {"cp", 1}, {"ep", 1}, {"dp", 1}, {"pp", 1}, {"world", 1}}},
+        {"mesh", mesh_->to_json()},
         {"rng", {{"seed", cfg_.run.seed}, {"step", step_}}},
         {"loss_scaler", scaler_.state()},
         {"moe", moe_checkpoint_json()},
-        {"data",
-         {{"samples_consumed", samples},
-          {"ranks",
-           {{{"dp", 0}, {"source", "train"}, {"epoch", train_sampler_->epoch_of(samples)}, {"sample", samples}}}}}},
+        {"data", {{"samples_consumed", samples}, {"ranks", ranks}}},
     };
     const std::string dir = checkpoint_write(
         checkpoints_root(cfg_),
@@ -65,6 +74,7 @@ void Trainer::save_checkpoint() {
         tensors,
         extra,
         RetentionPolicy{.keep_last = cfg_.checkpoint.keep_last, .keep_every = cfg_.checkpoint.keep_every});
+    mesh_->world().barrier();
     if (log_) {
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         fmt::print("step {:>6}/{} | checkpoint {} ({:.2f} s)\n", step_, t.steps, dir, secs);
@@ -87,11 +97,13 @@ void Trainer::load_checkpoint(const std::string& dir) {
     if (ckpt.manifest().contains("loss_scaler")) scaler_.load_state(ckpt.manifest().at("loss_scaler"));
     const auto& t = cfg_.train;
     const auto& data = ckpt.manifest().at("data");
-    const int64_t expected = data::sampler_first_sample(step_, t.grad_accum, 0, 1, 0, t.batch_size);
+    // The global sample order does not depend on the mesh, so a replicated state resumes on any dp size whose
+    // global batch (batch_size x grad_accum x dp) matches.
+    const int64_t expected = data::sampler_first_sample(step_, t.grad_accum, 0, dp_size(), 0, t.batch_size);
     const int64_t saved = data.value("samples_consumed", expected);
     if (saved != expected)
         core::fail_hint(core::ExitCode::checkpoint,
-                        "resume with the checkpoint's train.batch_size and train.grad_accum",
+                        "resume with the checkpoint's global batch (train.batch_size x train.grad_accum x parallel.dp)",
                         "checkpoint consumed {} samples, but step {} with this config's batch implies {} [{}]",
                         saved,
                         step_,
