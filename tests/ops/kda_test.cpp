@@ -1,8 +1,8 @@
 // Harness cases and argument checks of KDA (ops/kda.h): finite differences of both algorithms (the recurrence and
 // the chunked form with matmul and pairwise diagonal tiles) through T < 16, T across sub-chunks and chunks (32 and
 // 64), GVA groups, with and without an initial state; the loss covers the output and the final state. The chunked
-// cases also run in parity mode (CUDA against the CPU f32 reference, f32 states on the device), plus two larger
-// parity-only cases at K = 64 / 128 and V = 128.
+// cases also run in parity mode (CUDA against the CPU f32 reference, f32 states on the device), plus parity-only
+// cases at the model's head sizes and on the tensor-core kernels' paths.
 #include "ops/kda.h"
 
 #include <gtest/gtest.h>
@@ -119,6 +119,11 @@ KdaOptions recurrent() {
     op_register(kda_case({1, 200, 1, 1, 64, 128}, chunked(), KdaGateRegime::floor, false, true));
     op_register(
         kda_case({1, 100, 1, 2, 128, 40}, chunked(32, KdaDiagonal::pairwise), KdaGateRegime::softplus, true, true));
+    // The tensor-core prep (K, V % 16): chunk 32 with V % 32 != 0, and the softplus gate, whose sub-chunks exceed the
+    // diagonal anchor's bound, so those chunks form their diagonal tiles pairwise.
+    op_register(kda_case({1, 90, 1, 1, 32, 48}, chunked(32), KdaGateRegime::bounded, false, true));
+    op_register(
+        kda_case({1, 100, 1, 2, 32, 32}, chunked(64, KdaDiagonal::pairwise), KdaGateRegime::softplus, true, true));
     return true;
 }();
 

@@ -315,7 +315,10 @@ void kda_fwd(const Tensor& q,
     std::vector<Tensor> keep;
     const kda::Work w = kda::work_alloc(d, keep);
     prof.mark("alloc");
-    kda::prep_launch(q, k, v, g, beta, d, w);
+    if (kda::use_prep_tc(d, q.dtype()))
+        kda::prep_tc_launch(q, k, v, g, beta, d, w, false);
+    else
+        kda::prep_launch(q, k, v, g, beta, d, w);
     prof.mark("prep");
     if (kda::use_tc(d, q.dtype()))
         kda::scan_tc_launch(q.dtype(), s0, out, st, d, w, nullptr, nullptr);

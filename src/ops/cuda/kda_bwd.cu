@@ -12,6 +12,7 @@
 // Deterministic: fixed loop orders, no atomics.
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/kda_common.cuh"
+#include "ops/cuda/kda_intra_tc.cuh"
 #include "ops/cuda/kda_mma.cuh"
 
 namespace mt::ops::cuda {
@@ -127,7 +128,9 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
                                                          float* __restrict__ dkh,
                                                          T* __restrict__ dv,
                                                          T* __restrict__ dg,
-                                                         T* __restrict__ dbeta) {
+                                                         T* __restrict__ dbeta,
+                                                         bool intra,
+                                                         bool dtc) {
     extern __shared__ float smem[];
     const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x, nt = blockDim.x;
     float* sda = smem;               // dA [c, c]
@@ -205,42 +208,51 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     }
     __syncthreads();
     // dXw = T^T dW, dXu = T^T dVn, dT = dW Xw^T + dVn Xu^T (Xu = Diag(beta) V)
-    for (int e = tid; e < c * kd; e += nt) {
-        const int i = e / kd, x = e % kd;
-        float acc = 0.0f;
-        for (int j = i; j < c; ++j) acc += tm[j * c + i] * dw[j * kd + x];
-        dxw[e] = acc;
-    }
-    for (int e = tid; e < c * vd; e += nt) {
-        const int i = e / vd, y = e % vd;
-        float acc = 0.0f;
-        for (int j = i; j < c; ++j) acc += tm[j * c + i] * dvn[j * vd + y];
-        dxu[e] = acc;
-    }
-    for (int e = warp; e < c * c; e += warps) {
-        const int i = e / c, j = e % c;
-        float acc = 0.0f, acc2 = 0.0f;
-        for (int x = lane; x < kd; x += 32) acc += dw[i * kd + x] * xw[j * kd + x];
-        for (int y = lane; y < vd; y += 32) acc2 += dvn[i * vd + y] * (sbeta[j] * vat(j, y));
-        acc = warp_sum(acc);
-        acc2 = warp_sum(acc2);
-        if (lane == 0) sdt[e] = acc + acc2;
+    // (tensor cores when dtc: kda_intra_tc.cuh)
+    if (dtc) {
+        dt_tc<T>(v, d, b, hv, t0, tm, dw, dvn, xw, sbeta, dxw, dxu, sdt);
+    } else {
+        for (int e = tid; e < c * kd; e += nt) {
+            const int i = e / kd, x = e % kd;
+            float acc = 0.0f;
+            for (int j = i; j < c; ++j) acc += tm[j * c + i] * dw[j * kd + x];
+            dxw[e] = acc;
+        }
+        for (int e = tid; e < c * vd; e += nt) {
+            const int i = e / vd, y = e % vd;
+            float acc = 0.0f;
+            for (int j = i; j < c; ++j) acc += tm[j * c + i] * dvn[j * vd + y];
+            dxu[e] = acc;
+        }
+        for (int e = warp; e < c * c; e += warps) {
+            const int i = e / c, j = e % c;
+            float acc = 0.0f, acc2 = 0.0f;
+            for (int x = lane; x < kd; x += 32) acc += dw[i * kd + x] * xw[j * kd + x];
+            for (int y = lane; y < vd; y += 32) acc2 += dvn[i * vd + y] * (sbeta[j] * vat(j, y));
+            acc = warp_sum(acc);
+            acc2 = warp_sum(acc2);
+            if (lane == 0) sdt[e] = acc + acc2;
+        }
     }
     __syncthreads();
     // T^T dT, then dL = -strict_tril(T^T dT T^T) into sdt
-    for (int e = tid; e < c * c; e += nt) {
-        const int i = e / c, j = e % c;
-        float acc = 0.0f;
-        for (int l = i; l < c; ++l) acc += tm[l * c + i] * sdt[l * c + j];
-        stmp[e] = acc;
-    }
-    __syncthreads();
-    for (int e = tid; e < c * c; e += nt) {
-        const int i = e / c, j = e % c;
-        float acc = 0.0f;
-        if (j < i)
-            for (int l = 0; l <= j; ++l) acc += stmp[i * c + l] * tm[j * c + l];
-        sdt[e] = j < i ? -acc : 0.0f;
+    if (dtc) {
+        tdt_tc(d, tm, sdt, stmp);
+    } else {
+        for (int e = tid; e < c * c; e += nt) {
+            const int i = e / c, j = e % c;
+            float acc = 0.0f;
+            for (int l = i; l < c; ++l) acc += tm[l * c + i] * sdt[l * c + j];
+            stmp[e] = acc;
+        }
+        __syncthreads();
+        for (int e = tid; e < c * c; e += nt) {
+            const int i = e / c, j = e % c;
+            float acc = 0.0f;
+            if (j < i)
+                for (int l = 0; l <= j; ++l) acc += stmp[i * c + l] * tm[j * c + l];
+            sdt[e] = j < i ? -acc : 0.0f;
+        }
     }
     __syncthreads();
     // L = Diag(beta) M: dbeta_i = sum_j dL_ij M_ij, dM = Diag(beta) dL
@@ -283,8 +295,10 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
         if (valid(r)) dv[v_row(d, b, t0 + r, hv) + y] = from_f32<T>(dxu[e] * sbeta[r]);
     }
     __syncthreads();
-    // Intra-chunk terms, rows: dq_i, dk_i, dGamma_i from A_ij and M_ij (j <= i).
-    for (int e = tid; e < c * kd; e += nt) {
+    // Intra-chunk terms on tensor cores (kda_intra_tc.cuh) when the chunk is within the anchors' bound; else
+    // pairwise, rows: dq_i, dk_i, dGamma_i from A_ij and M_ij (j <= i).
+    const bool done = intra && intra_tc<T>(q, k, d, b, h, t0, gam, sda, sdt, dqg, dkg, dxw);
+    for (int e = tid; e < c * kd && !done; e += nt) {
         const int i = e / kd, x = e % kd;
         if (!valid(i)) continue;
         const float gi = gam[e], qi = qat(i, x), ki = kat(i, x);
@@ -302,7 +316,7 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     }
     __syncthreads();
     // Columns: dk_j, dGamma_j from A_ij and M_ij (i >= j).
-    for (int e = tid; e < c * kd; e += nt) {
+    for (int e = tid; e < c * kd && !done; e += nt) {
         const int j = e / kd, x = e % kd;
         if (!valid(j)) continue;
         const float gj = gam[e], kj = kat(j, x);
@@ -389,7 +403,10 @@ void kda_bwd(const Tensor& q,
     std::vector<Tensor> keep;
     const kda::Work w = kda::work_alloc(d, keep);
     prof.mark("alloc");
-    kda::prep_launch(q, k, v, g, beta, d, w);
+    if (kda::use_prep_tc(d, q.dtype()))
+        kda::prep_tc_launch(q, k, v, g, beta, d, w, true);
+    else
+        kda::prep_launch(q, k, v, g, beta, d, w);
     prof.mark("prep");
     const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
     auto alloc = [&](int64_t n) {
@@ -436,6 +453,7 @@ void kda_bwd(const Tensor& q,
     const int64_t rows = static_cast<int64_t>(d.b) * d.t * d.hv * d.k;
     float* dqh = alloc(rows);
     float* dkh = alloc(rows);
+    const bool intra = kda::use_intra_tc(d, q.dtype()), dtc = kda::use_dt_tc(d, q.dtype());
     const dim3 chunk_grid(static_cast<unsigned>(d.nc), static_cast<unsigned>(d.units()));
     const size_t chunk_smem = (3 * static_cast<size_t>(d.c) * d.c + 2 * kda::kMaxChunk + d.k) * sizeof(float);
     MT_CUDA_DISPATCH(q.dtype(), T, {
@@ -460,7 +478,9 @@ void kda_bwd(const Tensor& q,
                                                                              dkh,
                                                                              static_cast<T*>(dv.raw()),
                                                                              static_cast<T*>(dg.raw()),
-                                                                             static_cast<T*>(dbeta.raw()));
+                                                                             static_cast<T*>(dbeta.raw()),
+                                                                             intra,
+                                                                             dtc);
     });
     MT_CUDA_CHECK(cudaGetLastError());
     prof.mark("chunk");

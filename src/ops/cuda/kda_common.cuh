@@ -107,6 +107,21 @@ void scan_tc_launch(DType dt,
                     const Work& w,
                     float* hs,
                     float* vn);
+// The tensor-core prep (kda_prep_tc.cu): use_tc, and MT_KDA_PREP_TC=0 not set. Fills the same workspace as
+// prep_launch; with full = false (the forward) only what the scan reads: qg, kg, w, u, a and Gamma's last row.
+bool use_prep_tc(const Dims& d, DType dt);
+void prep_tc_launch(const Tensor& q,
+                    const Tensor& k,
+                    const Tensor& v,
+                    const Tensor& g,
+                    const Tensor& beta,
+                    const Dims& d,
+                    const Work& w,
+                    bool full);
+// The backward chunk step's intra-chunk terms on tensor cores (kda_intra_tc.cuh): use_tc and MT_KDA_INTRA_TC=1.
+bool use_intra_tc(const Dims& d, DType dt);
+// Its products over T (dXw, dXu, dT, T^T dT T^T) on tensor cores: use_tc and MT_KDA_DT_TC=1.
+bool use_dt_tc(const Dims& d, DType dt);
 // The reverse scan (kda_bwd.cu's rscan): stores dS leaving each chunk into dhs and dVn into dvn; ds0 gets dS_0.
 void rscan_tc_launch(
     const Tensor& dout, const Tensor& dst, const Tensor& ds0, const Dims& d, const Work& w, float* dhs, float* dvn);

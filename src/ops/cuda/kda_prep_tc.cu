@@ -1,0 +1,409 @@
+// Tensor-core version of the KDA chunk preparation (kda.md §4.1-4.4, `prep` of kda.cu) for the inputs kda::use_tc
+// accepts (bf16/f16, K % 16 == 0, K <= 128, V % 16 == 0). One block per (chunk, unit), as the fp32 kernel, and the
+// same fp32 workspace, so the scans and the backward read it unchanged. Per chunk:
+//   1. q, k, v rows to shared memory by cp.async (raw 16-bit values, zeros past T); Gamma = cumsum(g) (fp32).
+//   2. Qg, Kg, Xw, Gamma to the workspace (elementwise).
+//   3. A and M as 16x16 sub-chunk tiles, each one TF32 mma.sync product over K (spec §4.2): with n the first row of
+//      the row sub-chunk, e^(G_i - G_j) = e^(G_i - G_n) e^(G_n - G_j), so the row operand is q or k times
+//      e^(G_i - G_n) <= 1 and the column operand k_j e^(G_n - G_j): <= 1 on the off-diagonal tiles, and at most
+//      e^(G_n - G_(n+15)) on the diagonal ones, which the lower-bounded gate keeps <= e^75 (fp32/TF32 overflow at
+//      e^88.7). The anchor is the first row, so row i never sees later tokens: exactly causal. Each chunk checks the
+//      bound itself (max over channels and sub-chunks of G_n - G_(n+15) <= 80); a chunk past it (the softplus gate)
+//      forms its diagonal tiles pairwise, every factor e^(G_i - G_j) <= 1, as the fp32 kernel does.
+//   4. T = (I + L)^-1, L = Diag(beta) M, blockwise over 16x16 tiles (§4.4): the diagonal tiles by forward
+//      substitution, then T_ab = -T_aa sum_{b <= c < a} L_ac T_cb row block by row block (fp32, CUDA cores; it is
+//      ~45k multiply-adds per chunk).
+//   5. W = T Xw and U = T Diag(beta) V on tensor cores, warps over 16-column slabs, T's zero tiles skipped.
+// Every product accumulates in fp32; only operands round to TF32 (10 mantissa bits). MT_KDA_PREP_SPLIT=1 splits
+// each operand into two TF32 parts (3 MMAs per product, ~fp32 accuracy), a precision check. Warps own fixed tiles
+// and sum in a fixed order: deterministic. The forward writes only what the scan reads (Qg, Kg, W, U, A, Gamma's
+// last row); the backward (full) also Gamma, Xw, M, T.
+#include <string_view>
+
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/kda_common.cuh"
+#include "ops/cuda/kda_mma.cuh"
+
+namespace mt::ops::cuda::kda {
+
+namespace {
+
+constexpr int kWarps = kThreads / 32;
+constexpr int kSub = 16;  // sub-chunk (tile) rows
+constexpr int kMaxSub = kMaxChunk / kSub;
+constexpr float kDiagMax = 80.0f;  // nats; e^80 * |k| stays far below fp32's 3.4e38
+
+// Shared memory layout (bytes). Row strides: Gamma ld_g = K + 4 floats and the 16-bit q/k/v tiles K + 8 / V + 8
+// elements make every fragment read below conflict-free (or 2-way for Xw); the [c, c] fp32 tiles use c + 4.
+// L reuses q's space (q is dead once A and M are formed).
+struct Layout {
+    int ldg, ldx, ldv, ldc;
+    int g, q, k, v, t, x, beta, total;
+};
+__host__ __device__ inline Layout layout(const Dims& d) {
+    Layout l{};
+    l.ldg = d.k + 4;
+    l.ldx = d.k + 8;
+    l.ldv = d.v + 8;
+    l.ldc = d.c + 4;
+    const int qbytes = d.c * l.ldx * 2, lbytes = d.c * l.ldc * 4;
+    l.g = 0;
+    l.q = l.g + d.c * l.ldg * 4;
+    l.k = l.q + (qbytes > lbytes ? qbytes : lbytes);
+    l.v = l.k + qbytes;
+    l.t = l.v + d.c * l.ldv * 2;
+    l.x = l.t + lbytes;
+    l.beta = l.x + kSub * l.ldc * 4;
+    l.total = l.beta + kMaxChunk * 4;
+    return l;
+}
+
+// x as hi (+ lo) TF32 parts; lo is zero unless kSplit.
+template <bool kSplit>
+__device__ __forceinline__ void split(float x, uint32_t& hi, uint32_t& lo) {
+    hi = to_tf32(x);
+    lo = kSplit ? to_tf32(x - __uint_as_float(hi)) : 0u;
+}
+template <bool kSplit>
+__device__ __forceinline__ void mma3(
+    float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], const uint32_t (&bh)[2], const uint32_t (&bl)[2]) {
+    if constexpr (kSplit) {
+        mma_tf32(d, al, bh);
+        mma_tf32(d, ah, bl);
+    }
+    mma_tf32(d, ah, bh);
+}
+
+template <typename T, bool kSplit>
+__global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restrict__ q,
+                                                              const T* __restrict__ k,
+                                                              const T* __restrict__ v,
+                                                              const T* __restrict__ g,
+                                                              const T* __restrict__ beta,
+                                                              Dims d,
+                                                              Work w,
+                                                              bool full) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const Layout l = layout(d);
+    float* sg = reinterpret_cast<float*>(smem + l.g);   // Gamma [c, ldg]
+    T* sq = reinterpret_cast<T*>(smem + l.q);           // q [c, ldx]
+    float* sl = reinterpret_cast<float*>(smem + l.q);   // L [c, ldc], after A and M
+    T* sk = reinterpret_cast<T*>(smem + l.k);           // k [c, ldx]
+    T* sv = reinterpret_cast<T*>(smem + l.v);           // v [c, ldv]
+    float* stm = reinterpret_cast<float*>(smem + l.t);  // T [c, ldc]
+    float* sx = reinterpret_cast<float*>(smem + l.x);   // [16, ldc] scratch of the inverse
+    float* sb = reinterpret_cast<float*>(smem + l.beta);
+    const int n = blockIdx.x, unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, h = hv / d.group;
+    const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x, t0 = n * c, nsub = c / kSub;
+    const int ldg = l.ldg, ldx = l.ldx, ldv = l.ldv, ldc = l.ldc;
+    const int warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
+    const int64_t cb = chunk_index(d, unit, n), ck = ck_off(d, cb), cc = cc_off(d, cb);
+
+    // 1. Rows to shared memory; a row past T reads row t0 (mapped) and is zero-filled.
+    for (int e = tid; e < c * (kd / 8); e += kThreads) {
+        const int r = e / (kd / 8), x = (e % (kd / 8)) * 8;
+        const bool ok = t0 + r < d.t;
+        const int64_t src = qk_row(d, b, ok ? t0 + r : t0, h) + x;
+        cp_async16_zfill(sq + r * ldx + x, q + src, ok);
+        cp_async16_zfill(sk + r * ldx + x, k + src, ok);
+    }
+    for (int e = tid; e < c * (vd / 8); e += kThreads) {
+        const int r = e / (vd / 8), y = (e % (vd / 8)) * 8;
+        const bool ok = t0 + r < d.t;
+        cp_async16_zfill(sv + r * ldv + y, v + v_row(d, b, ok ? t0 + r : t0, hv) + y, ok);
+    }
+    cp_async_commit();
+    if (tid < c) sb[tid] = t0 + tid < d.t ? to_f32(beta[beta_at(d, b, t0 + tid, hv)]) : 0.0f;
+    bool diag_ok = true;
+    for (int x = tid; x < kd; x += kThreads) {
+        float acc = 0.0f;
+        for (int s = 0; s < nsub; ++s) {
+            float gv[kSub];
+#pragma unroll
+            for (int r = 0; r < kSub; ++r) {  // loads first: sixteen in flight
+                const int t = t0 + s * kSub + r;
+                gv[r] = t < d.t ? to_f32(g[g_row(d, b, t, hv) + x]) : 0.0f;
+            }
+            float first = 0.0f;
+#pragma unroll
+            for (int r = 0; r < kSub; ++r) {
+                acc += gv[r];
+                if (r == 0) first = acc;
+                sg[(s * kSub + r) * ldg + x] = acc;
+            }
+            diag_ok = diag_ok && first - acc <= kDiagMax;
+        }
+    }
+    const bool diag_mma = __syncthreads_and(diag_ok) != 0;
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // 2. Elementwise chunk quantities, four channels per thread.
+    for (int e = tid; e < c * kd / 4; e += kThreads) {
+        const int r = (e * 4) / kd, x = (e * 4) % kd;
+        const float4 gm = *reinterpret_cast<const float4*>(sg + r * ldg + x);
+        const float4 gl = *reinterpret_cast<const float4*>(sg + (c - 1) * ldg + x);
+        const float gs[4] = {gm.x, gm.y, gm.z, gm.w}, ls[4] = {gl.x, gl.y, gl.z, gl.w};
+        float qg[4], kg[4], xw[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float ev = expf(gs[i]), kv = to_f32(sk[r * ldx + x + i]);
+            qg[i] = to_f32(sq[r * ldx + x + i]) * ev;
+            kg[i] = kv * expf(ls[i] - gs[i]);
+            xw[i] = sb[r] * kv * ev;
+        }
+        const int64_t o = ck + static_cast<int64_t>(r) * kd + x;
+        *reinterpret_cast<float4*>(w.qg + o) = make_float4(qg[0], qg[1], qg[2], qg[3]);
+        *reinterpret_cast<float4*>(w.kg + o) = make_float4(kg[0], kg[1], kg[2], kg[3]);
+        if (full) {
+            *reinterpret_cast<float4*>(w.xw + o) = make_float4(xw[0], xw[1], xw[2], xw[3]);
+            *reinterpret_cast<float4*>(w.gam + o) = gm;
+        } else if (r == c - 1) {
+            *reinterpret_cast<float4*>(w.gam + o) = gm;
+        }
+    }
+
+    // 3. A and M tiles: a job is (row tile a, column tile bt <= a, column half nh); at most 20 jobs on 8 warps.
+    const int njobs = nsub * (nsub + 1);
+    float acc_a[3][4], acc_m[3][4];
+#pragma unroll
+    for (int s = 0; s < 3; ++s) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc_a[s][i] = acc_m[s][i] = 0.0f;
+        const int job = warp + s * kWarps;
+        if (job >= njobs) continue;
+        const int ti = job / 2, nh = job % 2;
+        int a = 0;
+        while ((a + 1) * (a + 2) / 2 <= ti) ++a;
+        const int bt = ti - a * (a + 1) / 2;
+        if (bt == a && !diag_mma) continue;
+        const int i0 = a * kSub, j = bt * kSub + nh * 8 + gq;
+        for (int k0 = 0; k0 < kd; k0 += 8) {
+            const int x0 = k0 + tq, x1 = x0 + 4;
+            const float an0 = sg[i0 * ldg + x0], an1 = sg[i0 * ldg + x1];
+            const int r0 = i0 + gq, r1 = r0 + 8;
+            const float f00 = __expf(sg[r0 * ldg + x0] - an0), f10 = __expf(sg[r1 * ldg + x0] - an0);
+            const float f01 = __expf(sg[r0 * ldg + x1] - an1), f11 = __expf(sg[r1 * ldg + x1] - an1);
+            uint32_t qh[4], ql[4], kh[4], kl[4], bh[2], bl[2];
+            split<kSplit>(to_f32(sq[r0 * ldx + x0]) * f00, qh[0], ql[0]);
+            split<kSplit>(to_f32(sq[r1 * ldx + x0]) * f10, qh[1], ql[1]);
+            split<kSplit>(to_f32(sq[r0 * ldx + x1]) * f01, qh[2], ql[2]);
+            split<kSplit>(to_f32(sq[r1 * ldx + x1]) * f11, qh[3], ql[3]);
+            split<kSplit>(to_f32(sk[r0 * ldx + x0]) * f00, kh[0], kl[0]);
+            split<kSplit>(to_f32(sk[r1 * ldx + x0]) * f10, kh[1], kl[1]);
+            split<kSplit>(to_f32(sk[r0 * ldx + x1]) * f01, kh[2], kl[2]);
+            split<kSplit>(to_f32(sk[r1 * ldx + x1]) * f11, kh[3], kl[3]);
+            split<kSplit>(to_f32(sk[j * ldx + x0]) * __expf(an0 - sg[j * ldg + x0]), bh[0], bl[0]);
+            split<kSplit>(to_f32(sk[j * ldx + x1]) * __expf(an1 - sg[j * ldg + x1]), bh[1], bl[1]);
+            mma3<kSplit>(acc_a[s], qh, ql, bh, bl);
+            mma3<kSplit>(acc_m[s], kh, kl, bh, bl);
+        }
+    }
+    // Results: global A (and M) now, L = Diag(beta) M into shared memory once every warp is done with q.
+    auto for_results = [&](auto&& fn) {
+#pragma unroll
+        for (int s = 0; s < 3; ++s) {
+            const int job = warp + s * kWarps;
+            if (job >= njobs) continue;
+            const int ti = job / 2, nh = job % 2;
+            int a = 0;
+            while ((a + 1) * (a + 2) / 2 <= ti) ++a;
+            const int bt = ti - a * (a + 1) / 2;
+            if (bt == a && !diag_mma) continue;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = a * kSub + gq + (e / 2) * 8, jj = bt * kSub + nh * 8 + 2 * tq + (e % 2);
+                fn(i, jj, i >= jj ? acc_a[s][e] : 0.0f, i > jj ? acc_m[s][e] : 0.0f);
+            }
+        }
+    };
+    for_results([&](int i, int jj, float av, float mv) {
+        w.a[cc + i * c + jj] = av;
+        if (full) w.m[cc + i * c + jj] = mv;
+    });
+    __syncthreads();
+    for_results([&](int i, int jj, float, float mv) { sl[i * ldc + jj] = sb[i] * mv; });
+    for (int e = tid; e < c * c; e += kThreads) {  // the zero tiles above the diagonal, of L and of T
+        const int i = e / c, jj = e % c;
+        if (jj / kSub <= i / kSub) continue;
+        w.a[cc + e] = 0.0f;
+        if (full) w.m[cc + e] = 0.0f;
+        sl[i * ldc + jj] = 0.0f;
+        stm[i * ldc + jj] = 0.0f;
+    }
+    if (!diag_mma) {
+        // Diagonal tiles pairwise (every factor <= 1): one warp per entry, the lanes over K; q, k from global memory
+        // (q's shared copy is now L).
+        for (int e = warp; e < nsub * kSub * kSub; e += kWarps) {
+            const int s = e / (kSub * kSub), i = s * kSub + (e / kSub) % kSub, jj = s * kSub + e % kSub;
+            float sa = 0.0f, sm = 0.0f;
+            if (jj <= i && t0 + i < d.t) {
+                const int64_t qi = qk_row(d, b, t0 + i, h), kj = qk_row(d, b, t0 + jj, h);
+                for (int x = lane; x < kd; x += 32) {
+                    const float kjx = to_f32(k[kj + x]) * expf(sg[i * ldg + x] - sg[jj * ldg + x]);
+                    sa += to_f32(q[qi + x]) * kjx;
+                    sm += to_f32(k[qi + x]) * kjx;
+                }
+                sa = warp_sum(sa);
+                sm = warp_sum(sm);
+            }
+            if (jj >= i) sm = 0.0f;
+            if (lane == 0) {
+                w.a[cc + i * c + jj] = sa;
+                if (full) w.m[cc + i * c + jj] = sm;
+                sl[i * ldc + jj] = sb[i] * sm;
+            }
+        }
+    }
+    __syncthreads();
+
+    // 4. T = (I + L)^-1. Diagonal tiles: column j of tile a by forward substitution.
+    if (tid < c) {
+        const int j = tid, base = (j / kSub) * kSub;
+        for (int i = base; i < j; ++i) stm[i * ldc + j] = 0.0f;
+        stm[j * ldc + j] = 1.0f;
+        for (int i = j + 1; i < base + kSub; ++i) {
+            float acc = 0.0f;
+            for (int x = j; x < i; ++x) acc += sl[i * ldc + x] * stm[x * ldc + j];
+            stm[i * ldc + j] = -acc;
+        }
+    }
+    __syncthreads();
+    // Off-diagonal row blocks in order: X = L_a,<a T_<a,<a (T_xj = 0 for x < j), then T_a,<a = -T_aa X.
+    for (int a = 1; a < nsub; ++a) {
+        const int wd = a * kSub;
+        for (int e = tid; e < kSub * wd; e += kThreads) {
+            const int r = e / wd, jj = e % wd, i = wd + r;
+            float acc = 0.0f;
+            for (int x = jj; x < wd; ++x) acc += sl[i * ldc + x] * stm[x * ldc + jj];
+            sx[r * ldc + jj] = acc;
+        }
+        __syncthreads();
+        for (int e = tid; e < kSub * wd; e += kThreads) {
+            const int r = e / wd, jj = e % wd, i = wd + r;
+            float acc = 0.0f;
+            for (int x = 0; x <= r; ++x) acc += stm[i * ldc + wd + x] * sx[x * ldc + jj];
+            stm[i * ldc + jj] = -acc;
+        }
+        __syncthreads();
+    }
+    if (full)
+        for (int e = tid; e < c * c; e += kThreads) w.tm[cc + e] = stm[(e / c) * ldc + e % c];
+
+    // 5. W = T Xw (Xw = Diag(beta) K e^Gamma formed in the fragment loads) and U = T Diag(beta) V: a warp per
+    // 16-column slab, k (token) steps outer so each B fragment is formed once, row tiles a >= the k step's tile.
+    const int wslabs = kd / kSub, nslab = wslabs + vd / kSub;
+    for (int job = warp; job < nslab; job += kWarps) {
+        const bool isw = job < wslabs;
+        const int n0 = (isw ? job : job - wslabs) * kSub;
+        float acc[kMaxSub][2][4];
+#pragma unroll
+        for (int a = 0; a < kMaxSub; ++a)
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[a][nt][i] = 0.0f;
+        for (int k0 = 0; k0 < c; k0 += 8) {
+            uint32_t bh[2][2], bl[2][2];
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                const int col = n0 + nt * 8 + gq;
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int jr = k0 + tq + 4 * hf;
+                    const float val = isw ? sb[jr] * to_f32(sk[jr * ldx + col]) * expf(sg[jr * ldg + col])
+                                          : sb[jr] * to_f32(sv[jr * ldv + col]);
+                    split<kSplit>(val, bh[nt][hf], bl[nt][hf]);
+                }
+            }
+            const int kb = k0 / kSub;
+#pragma unroll
+            for (int a = 0; a < kMaxSub; ++a) {
+                if (a < kb || a >= nsub) continue;
+                uint32_t ah[4], al[4];
+                const int m0 = a * kSub;
+                split<kSplit>(stm[(m0 + gq) * ldc + k0 + tq], ah[0], al[0]);
+                split<kSplit>(stm[(m0 + gq + 8) * ldc + k0 + tq], ah[1], al[1]);
+                split<kSplit>(stm[(m0 + gq) * ldc + k0 + tq + 4], ah[2], al[2]);
+                split<kSplit>(stm[(m0 + gq + 8) * ldc + k0 + tq + 4], ah[3], al[3]);
+                mma3<kSplit>(acc[a][0], ah, al, bh[0], bl[0]);
+                mma3<kSplit>(acc[a][1], ah, al, bh[1], bl[1]);
+            }
+        }
+        float* dst = isw ? w.w + ck : w.u + cv_off(d, cb);
+        const int ld = isw ? kd : vd;
+#pragma unroll
+        for (int a = 0; a < kMaxSub; ++a) {
+            if (a >= nsub) continue;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                const int r0 = a * kSub + gq, col = n0 + nt * 8 + 2 * tq;
+                *reinterpret_cast<float2*>(dst + r0 * ld + col) = make_float2(acc[a][nt][0], acc[a][nt][1]);
+                *reinterpret_cast<float2*>(dst + (r0 + 8) * ld + col) = make_float2(acc[a][nt][2], acc[a][nt][3]);
+            }
+        }
+    }
+}
+
+bool env_is(const char* name, std::string_view value) {
+    const char* e = std::getenv(name);
+    return e != nullptr && std::string_view(e) == value;
+}
+
+template <typename T>
+void launch(const Tensor& q,
+            const Tensor& k,
+            const Tensor& v,
+            const Tensor& g,
+            const Tensor& beta,
+            const Dims& d,
+            const Work& w,
+            bool full) {
+    static const bool split_on = env_is("MT_KDA_PREP_SPLIT", "1");
+    const dim3 grid(static_cast<unsigned>(d.nc), static_cast<unsigned>(d.units()));
+    const auto smem = static_cast<size_t>(layout(d).total);
+    auto kernel = split_on ? prep_tc_kernel<T, true> : prep_tc_kernel<T, false>;
+    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kernel<<<grid, kThreads, smem, core::cuda_stream()>>>(static_cast<const T*>(q.raw()),
+                                                          static_cast<const T*>(k.raw()),
+                                                          static_cast<const T*>(v.raw()),
+                                                          static_cast<const T*>(g.raw()),
+                                                          static_cast<const T*>(beta.raw()),
+                                                          d,
+                                                          w,
+                                                          full);
+    MT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+bool use_prep_tc(const Dims& d, DType dt) {
+    static const bool off = env_is("MT_KDA_PREP_TC", "0");
+    return !off && use_tc(d, dt);
+}
+
+bool use_intra_tc(const Dims& d, DType dt) {
+    static const bool on = env_is("MT_KDA_INTRA_TC", "1");
+    return on && use_tc(d, dt);
+}
+
+bool use_dt_tc(const Dims& d, DType dt) {
+    static const bool on = env_is("MT_KDA_DT_TC", "1");
+    return on && use_tc(d, dt);
+}
+
+void prep_tc_launch(const Tensor& q,
+                    const Tensor& k,
+                    const Tensor& v,
+                    const Tensor& g,
+                    const Tensor& beta,
+                    const Dims& d,
+                    const Work& w,
+                    bool full) {
+    if (q.dtype() == DType::bf16)
+        launch<bf16>(q, k, v, g, beta, d, w, full);
+    else
+        launch<f16>(q, k, v, g, beta, d, w, full);
+}
+
+}  // namespace mt::ops::cuda::kda
