@@ -59,6 +59,7 @@ std::vector<Field> schema(JobConfig& c) {
         {"model.tie_embeddings", &m.tie_embeddings},
         {"model.layer_pattern", &m.layer_pattern},
         {"model.attn_pos", &m.attn_pos, -kInf, kInf, {"auto", "rope", "nope"}},
+        {"model.residual", &m.residual, -kInf, kInf, {"auto", "standard", "block_attnres", "full_attnres"}},
         {"kda.num_heads", &m.kda.num_heads, 0, 4096},
         {"kda.num_v_heads", &m.kda.num_v_heads, 0, 4096},
         {"kda.head_dim", &m.kda.head_dim, 0, 256},
@@ -304,6 +305,28 @@ void apply_override(toml::table& root, const std::string& item) {
     sec->insert_or_assign(leaf, *parsed.get("v"));
 }
 
+// model.residual (standard | block_attnres | full_attnres) and attnres.mode (off | block | full) name one switch:
+// a set residual decides the mode when attnres.mode is left off, must agree with it otherwise, and both end up
+// spelling the same choice (so the resolved TOML parses back to the same config).
+void reconcile_residual(nn::ModelConfig& m, const std::string& src) {
+    static const std::vector<std::pair<std::string, std::string>> kSame = {
+        {"standard", "off"}, {"block_attnres", "block"}, {"full_attnres", "full"}};
+    auto mode_of = [&](const std::string& residual) {
+        for (const auto& [r, mode] : kSame)
+            if (r == residual) return mode;
+        return std::string();
+    };
+    if (m.residual != "auto" && m.attnres.mode == "off") m.attnres.mode = mode_of(m.residual);
+    if (m.residual != "auto" && mode_of(m.residual) != m.attnres.mode)
+        core::fail(ExitCode::usage,
+                   "model.residual = \"{}\" contradicts attnres.mode = \"{}\" (set one of them) [{}]",
+                   m.residual,
+                   m.attnres.mode,
+                   src);
+    for (const auto& [r, mode] : kSame)
+        if (mode == m.attnres.mode) m.residual = r;
+}
+
 void validate(const JobConfig& c, const std::string& src) {
     const auto& m = c.model;
     auto bad = [&](const std::string& msg) { core::fail(ExitCode::usage, "{} [{}]", msg, src); };
@@ -379,6 +402,7 @@ JobConfig config_parse(const std::string& toml_text,
         assign_table(*table, sec, fields, source);
     }
     c.model.moe.balance.mode = nn::moe_balance_mode_parse(c.moe.balance);
+    reconcile_residual(c.model, source);
     validate(c, source);
     return c;
 }

@@ -228,3 +228,25 @@ TEST(Config, MoeErrorsNameTheKey) {
     expect_error(
         [] { config_parse(kGood, "job.toml", {"moe.num_experts=2048"}); }, ExitCode::usage, {"moe.num_experts"});
 }
+
+// The AttnRes issue's spelling model.residual and the spec's attnres.mode are one switch.
+TEST(Config, ResidualSpellingsAgree) {
+    auto c = config_parse(kGood, "job.toml", {"model.residual=\"block_attnres\"", "attnres.block_size=4"});
+    EXPECT_EQ(c.model.attnres.mode, "block");
+    EXPECT_EQ(c.model.attnres.block_size, 4);
+    EXPECT_EQ(config_parse(c.to_toml(), "resolved").model.attnres.mode, "block");
+    EXPECT_EQ(config_parse(kGood, "job.toml", {"model.residual=\"full_attnres\""}).model.attnres.mode, "full");
+    // attnres.mode alone still works, and the residual follows it.
+    auto d = config_parse(kGood, "job.toml", {"attnres.mode=\"full\""});
+    EXPECT_EQ(d.model.residual, "full_attnres");
+    EXPECT_EQ(config_parse(kGood, "job.toml").model.residual, "standard");
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"model.residual=\"standard\"", "attnres.mode=\"block\""});
+        },
+        ExitCode::usage,
+        {"model.residual = \"standard\" contradicts attnres.mode = \"block\"", "job.toml"});
+    expect_error([] { config_parse(kGood, "job.toml", {"model.residual=\"attnres\""}); },
+                 ExitCode::usage,
+                 {"model.residual", "block_attnres"});
+}
