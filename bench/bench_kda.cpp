@@ -103,8 +103,7 @@ void bench_case(int64_t b, int64_t t, int64_t h, int64_t kd, int64_t vd, double 
     const double tokens = static_cast<double>(b * t);
     const nlohmann::json line = {
         {"bench", "kda"},
-        {"impl",
-         "moetrain-cuda-v3 (TF32 tensor-core prep, scans and backward V products; pairwise intra-chunk backward)"},
+        {"impl", "moetrain-cuda-v4 (TF32 prep, scans, V products; 3xTF32 bwd intra-chunk and T products)"},
         {"dtype", "bf16 (f32 state)"},
         {"gate", "lower_bound -5"},
         {"chunk", 64},

@@ -130,7 +130,8 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
                                                          T* __restrict__ dg,
                                                          T* __restrict__ dbeta,
                                                          bool intra,
-                                                         bool dtc) {
+                                                         bool dtc,
+                                                         bool split) {
     extern __shared__ float smem[];
     const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x, nt = blockDim.x;
     float* sda = smem;               // dA [c, c]
@@ -210,7 +211,10 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     // dXw = T^T dW, dXu = T^T dVn, dT = dW Xw^T + dVn Xu^T (Xu = Diag(beta) V)
     // (tensor cores when dtc: kda_intra_tc.cuh)
     if (dtc) {
-        dt_tc<T>(v, d, b, hv, t0, tm, dw, dvn, xw, sbeta, dxw, dxu, sdt);
+        if (split)
+            dt_tc<T, true>(v, d, b, hv, t0, tm, dw, dvn, xw, sbeta, dxw, dxu, sdt);
+        else
+            dt_tc<T, false>(v, d, b, hv, t0, tm, dw, dvn, xw, sbeta, dxw, dxu, sdt);
     } else {
         for (int e = tid; e < c * kd; e += nt) {
             const int i = e / kd, x = e % kd;
@@ -237,7 +241,10 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     __syncthreads();
     // T^T dT, then dL = -strict_tril(T^T dT T^T) into sdt
     if (dtc) {
-        tdt_tc(d, tm, sdt, stmp);
+        if (split)
+            tdt_tc<true>(d, tm, sdt, stmp);
+        else
+            tdt_tc<false>(d, tm, sdt, stmp);
     } else {
         for (int e = tid; e < c * c; e += nt) {
             const int i = e / c, j = e % c;
@@ -297,7 +304,8 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     __syncthreads();
     // Intra-chunk terms on tensor cores (kda_intra_tc.cuh) when the chunk is within the anchors' bound; else
     // pairwise, rows: dq_i, dk_i, dGamma_i from A_ij and M_ij (j <= i).
-    const bool done = intra && intra_tc<T>(q, k, d, b, h, t0, gam, sda, sdt, dqg, dkg, dxw);
+    const bool done = intra && (split ? intra_tc<T, true>(q, k, d, b, h, t0, gam, sda, sdt, dqg, dkg, dxw)
+                                      : intra_tc<T, false>(q, k, d, b, h, t0, gam, sda, sdt, dqg, dkg, dxw));
     for (int e = tid; e < c * kd && !done; e += nt) {
         const int i = e / kd, x = e % kd;
         if (!valid(i)) continue;
@@ -480,7 +488,8 @@ void kda_bwd(const Tensor& q,
                                                                              static_cast<T*>(dg.raw()),
                                                                              static_cast<T*>(dbeta.raw()),
                                                                              intra,
-                                                                             dtc);
+                                                                             dtc,
+                                                                             kda::bwd_split_tc());
     });
     MT_CUDA_CHECK(cudaGetLastError());
     prof.mark("chunk");

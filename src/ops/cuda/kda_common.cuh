@@ -118,10 +118,12 @@ void prep_tc_launch(const Tensor& q,
                     const Dims& d,
                     const Work& w,
                     bool full);
-// The backward chunk step's intra-chunk terms on tensor cores (kda_intra_tc.cuh): use_tc and MT_KDA_INTRA_TC=1.
+// The backward chunk step's intra-chunk terms on tensor cores (kda_intra_tc.cuh): use_tc, MT_KDA_INTRA_TC=0 not set.
 bool use_intra_tc(const Dims& d, DType dt);
-// Its products over T (dXw, dXu, dT, T^T dT T^T) on tensor cores: use_tc and MT_KDA_DT_TC=1.
+// Its products over T (dXw, dXu, dT, T^T dT T^T) on tensor cores: use_tc, MT_KDA_DT_TC=0 not set.
 bool use_dt_tc(const Dims& d, DType dt);
+// Whether those two run as 3xTF32 (split operands, about fp32 precision): yes unless MT_KDA_BWD_SPLIT=0.
+bool bwd_split_tc();
 // The reverse scan (kda_bwd.cu's rscan): stores dS leaving each chunk into dhs and dVn into dvn; ds0 gets dS_0.
 void rscan_tc_launch(
     const Tensor& dout, const Tensor& dst, const Tensor& ds0, const Dims& d, const Work& w, float* dhs, float* dvn);

@@ -61,6 +61,54 @@ __device__ __forceinline__ void frag_b_neg(uint32_t (&b)[2], const float* x, int
     b[1] = to_tf32(-x[(k0 + t + 4) * ld + n0 + g]);
 }
 
+// 3xTF32: x = hi + lo with both parts TF32, and d += a b as a_lo b_hi + a_hi b_lo + a_hi b_hi, which keeps about
+// fp32's precision (the dropped a_lo b_lo is ~2^-22 relative). kSplit = false is the plain single TF32 product.
+template <bool kSplit>
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+    hi = to_tf32(x);
+    lo = kSplit ? to_tf32(x - __uint_as_float(hi)) : 0u;
+}
+template <bool kSplit>
+__device__ __forceinline__ void mma_tf32x3(
+    float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], const uint32_t (&bh)[2], const uint32_t (&bl)[2]) {
+    if constexpr (kSplit) {
+        mma_tf32(d, al, bh);
+        mma_tf32(d, ah, bl);
+    }
+    mma_tf32(d, ah, bh);
+}
+// The same product from fp32 fragments (split here).
+template <bool kSplit>
+__device__ __forceinline__ void mma_f32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+    uint32_t ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) split_tf32<kSplit>(a[i], ah[i], al[i]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) split_tf32<kSplit>(b[i], bh[i], bl[i]);
+    mma_tf32x3<kSplit>(d, ah, al, bh, bl);
+}
+// fp32 fragment loads, same layouts as frag_a / frag_at / frag_b / frag_bt.
+__device__ __forceinline__ void frag_a_f(float (&a)[4], const float* x, int ld, int m0, int k0, int g, int t) {
+    a[0] = x[(m0 + g) * ld + k0 + t];
+    a[1] = x[(m0 + g + 8) * ld + k0 + t];
+    a[2] = x[(m0 + g) * ld + k0 + t + 4];
+    a[3] = x[(m0 + g + 8) * ld + k0 + t + 4];
+}
+__device__ __forceinline__ void frag_at_f(float (&a)[4], const float* x, int ld, int m0, int k0, int g, int t) {
+    a[0] = x[(k0 + t) * ld + m0 + g];
+    a[1] = x[(k0 + t) * ld + m0 + g + 8];
+    a[2] = x[(k0 + t + 4) * ld + m0 + g];
+    a[3] = x[(k0 + t + 4) * ld + m0 + g + 8];
+}
+__device__ __forceinline__ void frag_b_f(float (&b)[2], const float* x, int ld, int k0, int n0, int g, int t) {
+    b[0] = x[(k0 + t) * ld + n0 + g];
+    b[1] = x[(k0 + t + 4) * ld + n0 + g];
+}
+__device__ __forceinline__ void frag_bt_f(float (&b)[2], const float* x, int ld, int k0, int n0, int g, int t) {
+    b[0] = x[(n0 + g) * ld + k0 + t];
+    b[1] = x[(n0 + g) * ld + k0 + t + 4];
+}
+
 __device__ __forceinline__ void cp_async16(float* dst, const float* src) {
     const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));

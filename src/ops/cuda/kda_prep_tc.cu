@@ -58,22 +58,6 @@ __host__ __device__ inline Layout layout(const Dims& d) {
     return l;
 }
 
-// x as hi (+ lo) TF32 parts; lo is zero unless kSplit.
-template <bool kSplit>
-__device__ __forceinline__ void split(float x, uint32_t& hi, uint32_t& lo) {
-    hi = to_tf32(x);
-    lo = kSplit ? to_tf32(x - __uint_as_float(hi)) : 0u;
-}
-template <bool kSplit>
-__device__ __forceinline__ void mma3(
-    float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], const uint32_t (&bh)[2], const uint32_t (&bl)[2]) {
-    if constexpr (kSplit) {
-        mma_tf32(d, al, bh);
-        mma_tf32(d, ah, bl);
-    }
-    mma_tf32(d, ah, bh);
-}
-
 template <typename T, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restrict__ q,
                                                               const T* __restrict__ k,
@@ -185,18 +169,18 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
             const float f00 = __expf(sg[r0 * ldg + x0] - an0), f10 = __expf(sg[r1 * ldg + x0] - an0);
             const float f01 = __expf(sg[r0 * ldg + x1] - an1), f11 = __expf(sg[r1 * ldg + x1] - an1);
             uint32_t qh[4], ql[4], kh[4], kl[4], bh[2], bl[2];
-            split<kSplit>(to_f32(sq[r0 * ldx + x0]) * f00, qh[0], ql[0]);
-            split<kSplit>(to_f32(sq[r1 * ldx + x0]) * f10, qh[1], ql[1]);
-            split<kSplit>(to_f32(sq[r0 * ldx + x1]) * f01, qh[2], ql[2]);
-            split<kSplit>(to_f32(sq[r1 * ldx + x1]) * f11, qh[3], ql[3]);
-            split<kSplit>(to_f32(sk[r0 * ldx + x0]) * f00, kh[0], kl[0]);
-            split<kSplit>(to_f32(sk[r1 * ldx + x0]) * f10, kh[1], kl[1]);
-            split<kSplit>(to_f32(sk[r0 * ldx + x1]) * f01, kh[2], kl[2]);
-            split<kSplit>(to_f32(sk[r1 * ldx + x1]) * f11, kh[3], kl[3]);
-            split<kSplit>(to_f32(sk[j * ldx + x0]) * __expf(an0 - sg[j * ldg + x0]), bh[0], bl[0]);
-            split<kSplit>(to_f32(sk[j * ldx + x1]) * __expf(an1 - sg[j * ldg + x1]), bh[1], bl[1]);
-            mma3<kSplit>(acc_a[s], qh, ql, bh, bl);
-            mma3<kSplit>(acc_m[s], kh, kl, bh, bl);
+            split_tf32<kSplit>(to_f32(sq[r0 * ldx + x0]) * f00, qh[0], ql[0]);
+            split_tf32<kSplit>(to_f32(sq[r1 * ldx + x0]) * f10, qh[1], ql[1]);
+            split_tf32<kSplit>(to_f32(sq[r0 * ldx + x1]) * f01, qh[2], ql[2]);
+            split_tf32<kSplit>(to_f32(sq[r1 * ldx + x1]) * f11, qh[3], ql[3]);
+            split_tf32<kSplit>(to_f32(sk[r0 * ldx + x0]) * f00, kh[0], kl[0]);
+            split_tf32<kSplit>(to_f32(sk[r1 * ldx + x0]) * f10, kh[1], kl[1]);
+            split_tf32<kSplit>(to_f32(sk[r0 * ldx + x1]) * f01, kh[2], kl[2]);
+            split_tf32<kSplit>(to_f32(sk[r1 * ldx + x1]) * f11, kh[3], kl[3]);
+            split_tf32<kSplit>(to_f32(sk[j * ldx + x0]) * __expf(an0 - sg[j * ldg + x0]), bh[0], bl[0]);
+            split_tf32<kSplit>(to_f32(sk[j * ldx + x1]) * __expf(an1 - sg[j * ldg + x1]), bh[1], bl[1]);
+            mma_tf32x3<kSplit>(acc_a[s], qh, ql, bh, bl);
+            mma_tf32x3<kSplit>(acc_m[s], kh, kl, bh, bl);
         }
     }
     // Results: global A (and M) now, L = Diag(beta) M into shared memory once every warp is done with q.
@@ -313,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
                     const int jr = k0 + tq + 4 * hf;
                     const float val = isw ? sb[jr] * to_f32(sk[jr * ldx + col]) * expf(sg[jr * ldg + col])
                                           : sb[jr] * to_f32(sv[jr * ldv + col]);
-                    split<kSplit>(val, bh[nt][hf], bl[nt][hf]);
+                    split_tf32<kSplit>(val, bh[nt][hf], bl[nt][hf]);
                 }
             }
             const int kb = k0 / kSub;
@@ -322,12 +306,12 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
                 if (a < kb || a >= nsub) continue;
                 uint32_t ah[4], al[4];
                 const int m0 = a * kSub;
-                split<kSplit>(stm[(m0 + gq) * ldc + k0 + tq], ah[0], al[0]);
-                split<kSplit>(stm[(m0 + gq + 8) * ldc + k0 + tq], ah[1], al[1]);
-                split<kSplit>(stm[(m0 + gq) * ldc + k0 + tq + 4], ah[2], al[2]);
-                split<kSplit>(stm[(m0 + gq + 8) * ldc + k0 + tq + 4], ah[3], al[3]);
-                mma3<kSplit>(acc[a][0], ah, al, bh[0], bl[0]);
-                mma3<kSplit>(acc[a][1], ah, al, bh[1], bl[1]);
+                split_tf32<kSplit>(stm[(m0 + gq) * ldc + k0 + tq], ah[0], al[0]);
+                split_tf32<kSplit>(stm[(m0 + gq + 8) * ldc + k0 + tq], ah[1], al[1]);
+                split_tf32<kSplit>(stm[(m0 + gq) * ldc + k0 + tq + 4], ah[2], al[2]);
+                split_tf32<kSplit>(stm[(m0 + gq + 8) * ldc + k0 + tq + 4], ah[3], al[3]);
+                mma_tf32x3<kSplit>(acc[a][0], ah, al, bh[0], bl[0]);
+                mma_tf32x3<kSplit>(acc[a][1], ah, al, bh[1], bl[1]);
             }
         }
         float* dst = isw ? w.w + ck : w.u + cv_off(d, cb);
@@ -383,13 +367,18 @@ bool use_prep_tc(const Dims& d, DType dt) {
 }
 
 bool use_intra_tc(const Dims& d, DType dt) {
-    static const bool on = env_is("MT_KDA_INTRA_TC", "1");
-    return on && use_tc(d, dt);
+    static const bool off = env_is("MT_KDA_INTRA_TC", "0");
+    return !off && use_tc(d, dt);
 }
 
 bool use_dt_tc(const Dims& d, DType dt) {
-    static const bool on = env_is("MT_KDA_DT_TC", "1");
-    return on && use_tc(d, dt);
+    static const bool off = env_is("MT_KDA_DT_TC", "0");
+    return !off && use_tc(d, dt);
+}
+
+bool bwd_split_tc() {
+    static const bool off = env_is("MT_KDA_BWD_SPLIT", "0");
+    return !off;
 }
 
 void prep_tc_launch(const Tensor& q,
