@@ -9,6 +9,8 @@
 //         columns: each output element has one writer), the reverse cumsum to dg; dv, dg, dbeta written, dq and dk
 //         per value head into fp32 buffers.
 //   group: dq, dk = sum over the value heads of a GVA group, in head order.
+// For bf16/f16 inputs (kda::use_tc) prep, the scans and most of chunk run on tensor cores instead: kda_prep_tc.cu,
+// kda_scan_tc.cu, kda_chunk_tc.cu (products over V) and kda_intra_tc.cuh (products over T, intra-chunk terms).
 // Deterministic: fixed loop orders, no atomics.
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/kda_common.cuh"
