@@ -65,38 +65,20 @@ void Block::resize(int64_t batch, int64_t seq, const Precision& precision) {
     out_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
 }
 
+// The plain residual stream: each sub-layer (branch_forward / branch_backward below) adds to it.
 void Block::forward(const Tensor& x, Workspace& ws) {
     const Tensor& branch = ws.d_tmp;  // scratch: a branch output is not needed by backward
-    {
-        core::TraceRange range(x.device(), kda_ ? "block.kda_fwd" : "block.attn_fwd");
-        ops::rmsnorm_fwd(x, table_->param(mixer_norm_), cfg_.norm_eps, norm1_, rstd1_);
-        if (kda_)
-            kda_->forward(norm1_, branch);
-        else
-            attn_->forward(norm1_, branch);
-        ops::add_fwd(x, branch, h_);
-    }
-    core::TraceRange range(x.device(), moe_ ? "block.moe_fwd" : "block.mlp_fwd");
-    ops::rmsnorm_fwd(h_, table_->param(mlp_norm_), cfg_.norm_eps, norm2_, rstd2_);
-    ffn_forward(norm2_, branch);
+    branch_forward(0, x, branch, ws);
+    ops::add_fwd(x, branch, h_);
+    branch_forward(1, h_, branch, ws);
     ops::add_fwd(h_, branch, out_);
 }
 
 void Block::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws) {
-    {
-        // MLP branch: dh = dout + d(norm2)/dh
-        core::TraceRange range(x.device(), moe_ ? "block.moe_bwd" : "block.mlp_bwd");
-        ffn_backward(norm2_, dout, ws.d_norm, ws);
-        ops::rmsnorm_bwd(h_, table_->param(mlp_norm_), rstd2_, ws.d_norm, ws.d_tmp, table_->grad(mlp_norm_));
-        ops::add_fwd(dout, ws.d_tmp, dx);  // dx holds dh for now
-    }
-    // Mixer branch: dx = dh + d(norm1)/dx
-    core::TraceRange range(x.device(), kda_ ? "block.kda_bwd" : "block.attn_bwd");
-    if (kda_)
-        kda_->backward(norm1_, dx, ws.d_norm, ws);
-    else
-        attn_->backward(norm1_, dx, ws.d_norm, ws);
-    ops::rmsnorm_bwd(x, table_->param(mixer_norm_), rstd1_, ws.d_norm, ws.d_tmp, table_->grad(mixer_norm_));
+    // FFN branch: dh = dout + d(norm2)/dh, held in dx for now; then the mixer branch: dx = dh + d(norm1)/dx.
+    branch_backward(1, h_, dout, ws.d_tmp, ws);
+    ops::add_fwd(dout, ws.d_tmp, dx);
+    branch_backward(0, x, dx, ws.d_tmp, ws);
     ops::add_fwd(dx, ws.d_tmp, dx);
 }
 
