@@ -226,9 +226,7 @@ void Trainer::run() {
                 ? fmt::format(" | loss scale {:g}{}", r.loss_scale, r.skipped ? " (overflow: skipped)" : "")
                 : "";
         if (!r.moe.empty()) {
-            double max_vio = 0.0;
-            for (const auto& [layer, m] : r.moe) max_vio = std::max(max_vio, m.max_vio);
-            scale_note += fmt::format(" | moe max_vio {:.3f}", max_vio);
+            scale_note += fmt::format(" | moe max_vio {:.3f}", moe_max_vio(r));
             if (cfg_.moe.balance == "aux_loss") scale_note += fmt::format(" aux {:.4f}", r.aux_loss);
         }
         if (log_)

@@ -31,6 +31,9 @@ struct StepResult {
     std::vector<std::pair<int64_t, nn::MoeStepMetrics>> moe;  // per MoE layer (block index), this step's routing
 };
 
+// The worst MoE layer's MaxVio of a step (0 without MoE layers).
+double moe_max_vio(const StepResult& r);
+
 class Trainer {
    public:
     // Builds the mesh ([parallel] over `world`, default dist::dist_world()), the model, optimizer and data pipeline.
@@ -94,7 +97,7 @@ class Trainer {
     // trainer_moe.cpp: the MoE layers' metrics fields, warning/alarm events, and balancer checkpoint state.
     void add_moe_metrics(const StepResult& r, nlohmann::json& fields) const;
     void handle_moe_events(const StepResult& r);
-    std::vector<CheckpointTensor> moe_checkpoint_tensors();
+    std::vector<CheckpointTensor> moe_checkpoint_tensors();  // as the layers hold them (the caller copies to host)
     nlohmann::json moe_checkpoint_json();
     void load_moe_checkpoint(const Checkpoint& ckpt);
 

@@ -49,7 +49,7 @@ void Trainer::save_checkpoint() {
         tensors.push_back({name, "adamw.m", to_host(adamw_->m(i))});
         tensors.push_back({name, "adamw.v", to_host(adamw_->v(i))});
     }
-    for (auto& moe : moe_checkpoint_tensors()) tensors.push_back(std::move(moe));
+    for (auto& moe : moe_checkpoint_tensors()) tensors.push_back({moe.name, moe.kind, to_host(moe.tensor)});
     const auto& t = cfg_.train;
     const int64_t samples = data::sampler_first_sample(step_, t.grad_accum, 0, dp_size(), 0, t.batch_size);
     nlohmann::json ranks = nlohmann::json::array();

@@ -15,27 +15,28 @@ std::string layer_label(int64_t layer) {
     return fmt::format("l{:02d}", layer);
 }
 
-core::Tensor to_host(const core::Tensor& t) {
-    return t.device() == core::Device::cpu ? t : t.to_device(core::Device::cpu);
-}
-
 }  // namespace
+
+double moe_max_vio(const StepResult& r) {
+    double worst = 0.0;
+    for (const auto& [layer, m] : r.moe) worst = std::max(worst, m.max_vio);
+    return worst;
+}
 
 void Trainer::add_moe_metrics(const StepResult& r, nlohmann::json& fields) const {
     if (r.moe.empty()) return;
     const int64_t every = cfg_.moe.log_loads_every;
     const bool with_load = every > 0 && step_ % every == 0;
-    double max_vio = 0.0, load_var = 0.0, drop_rate = 0.0;
+    double load_var = 0.0, drop_rate = 0.0;
     for (const auto& [layer, m] : r.moe) {
         const nlohmann::json layer_fields = m.to_json(with_load);
         for (auto it = layer_fields.begin(); it != layer_fields.end(); ++it)
             fields["moe/" + it.key() + "/" + layer_label(layer)] = it.value();
-        max_vio = std::max(max_vio, m.max_vio);
         load_var = std::max(load_var, m.load_var);
         drop_rate += m.drop_rate / static_cast<double>(r.moe.size());
     }
     // Model-wide summaries: the worst layer's balance and the mean drop rate.
-    fields["moe/max_vio"] = max_vio;
+    fields["moe/max_vio"] = moe_max_vio(r);
     fields["moe/load_var"] = load_var;
     fields["moe/drop_rate"] = drop_rate;
     fields["moe/collapse_alarms_total"] = moe_alarms_total_;
@@ -89,7 +90,7 @@ void Trainer::handle_moe_events(const StepResult& r) {
 std::vector<CheckpointTensor> Trainer::moe_checkpoint_tensors() {
     std::vector<CheckpointTensor> tensors;
     for (auto& [layer, moe] : model_->moe_layers())
-        for (auto& [name, t] : moe->state_tensors()) tensors.push_back({name, "balancer", to_host(t)});
+        for (auto& [name, t] : moe->state_tensors()) tensors.push_back({name, "balancer", t});
     return tensors;
 }
 
