@@ -193,23 +193,31 @@ TEST_F(GpuTraining, NondeterministicModeStaysClose) {
 
 namespace {
 
+// The tiny model's overrides on `device` in `precision`, followed by `extra`.
+std::vector<std::string> tiny_model_with(const std::string& device,
+                                         const char* precision,
+                                         const std::vector<std::string>& extra) {
+    auto o = tiny_model(device);
+    o.insert(o.end(), extra.begin(), extra.end());
+    o.push_back(std::string("run.precision=\"") + precision + "\"");
+    return o;
+}
+
+void print_every_fifth(const std::vector<double>& cpu, const std::vector<double>& bf16) {
+    for (size_t i = 0; i < cpu.size(); i += 5)
+        std::printf("step %zu: cpu %.4f gpu bf16 %.4f\n", i + 1, cpu[i], bf16[i]);
+}
+
 // The tiny model with `extra` config overrides on the CPU (f32) and on the GPU: in f32 on both sides the GPU must
 // follow the CPU curve to rounding (1e-3); in bf16 within bf16 noise (5%). Prints every fifth bf16 step.
 void expect_gpu_follows_cpu(const std::string& dir, const std::vector<std::string>& extra) {
-    auto with = [&](const std::string& device, const char* precision) {
-        auto o = tiny_model(device);
-        o.insert(o.end(), extra.begin(), extra.end());
-        o.push_back(std::string("run.precision=\"") + precision + "\"");
-        return o;
-    };
-    Trainer cpu(tiny_job(dir, with("cpu", "auto")), false);
+    Trainer cpu(tiny_job(dir, tiny_model_with("cpu", "auto", extra)), false);
     const auto ref = losses(cpu, 50);
-    Trainer gpu32(tiny_job(dir, with("cuda", "f32")), false);
+    Trainer gpu32(tiny_job(dir, tiny_model_with("cuda", "f32", extra)), false);
     expect_curves_close(ref, losses(gpu32, 50), 1e-3);
-    Trainer gpu16(tiny_job(dir, with("cuda", "bf16")), false);
+    Trainer gpu16(tiny_job(dir, tiny_model_with("cuda", "bf16", extra)), false);
     const auto bf16 = losses(gpu16, 50);
-    for (size_t i = 0; i < ref.size(); i += 5)
-        std::printf("step %zu: cpu %.4f gpu bf16 %.4f\n", i + 1, ref[i], bf16[i]);
+    print_every_fifth(ref, bf16);
     expect_curves_close(ref, bf16, 0.05);
 }
 
@@ -219,23 +227,17 @@ void expect_gpu_follows_cpu(const std::string& dir, const std::vector<std::strin
 // the configured balancing in bf16 the curves must agree in their last 10 steps' mean within 2%, and step by step
 // within 15%. Prints every fifth bf16 step.
 void expect_moe_gpu_follows_cpu(const std::string& dir, const std::vector<std::string>& extra) {
-    auto with = [&](const std::string& device, const char* precision, bool balanced) {
-        auto o = tiny_model(device);
-        o.insert(o.end(), extra.begin(), extra.end());
-        if (!balanced) o.push_back("moe.balance=\"none\"");
-        o.push_back(std::string("run.precision=\"") + precision + "\"");
-        return o;
-    };
     {
-        Trainer cpu(tiny_job(dir, with("cpu", "auto", false)), false);
-        Trainer gpu32(tiny_job(dir, with("cuda", "f32", false)), false);
+        std::vector<std::string> unbalanced = extra;
+        unbalanced.push_back("moe.balance=\"none\"");
+        Trainer cpu(tiny_job(dir, tiny_model_with("cpu", "auto", unbalanced)), false);
+        Trainer gpu32(tiny_job(dir, tiny_model_with("cuda", "f32", unbalanced)), false);
         expect_curves_close(losses(cpu, 50), losses(gpu32, 50), 1e-3);
     }
-    Trainer cpu(tiny_job(dir, with("cpu", "auto", true)), false);
-    Trainer gpu16(tiny_job(dir, with("cuda", "bf16", true)), false);
+    Trainer cpu(tiny_job(dir, tiny_model_with("cpu", "auto", extra)), false);
+    Trainer gpu16(tiny_job(dir, tiny_model_with("cuda", "bf16", extra)), false);
     const auto ref = losses(cpu, 50), bf16 = losses(gpu16, 50);
-    for (size_t i = 0; i < ref.size(); i += 5)
-        std::printf("step %zu: cpu %.4f gpu bf16 %.4f\n", i + 1, ref[i], bf16[i]);
+    print_every_fifth(ref, bf16);
     expect_curves_close(ref, bf16, 0.15);
     double tail_cpu = 0, tail_gpu = 0;
     for (size_t i = ref.size() - 10; i < ref.size(); ++i) tail_cpu += ref[i] / 10, tail_gpu += bf16[i] / 10;
