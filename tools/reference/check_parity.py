@@ -4,9 +4,10 @@
   check_parity.py --checkpoint RUN/checkpoints/step_00000002 --dump grads.safetensors [--tol 1e-4]
 
 Reads the model config from the checkpoint's manifest.json ("config_toml"), the parameters from
-rank_00000.safetensors ("param/<name>"), and from the dump (written by `moetrain grad-dump`) the batch
-("inputs", "targets" [B, T] I32), moetrain's loss ("loss" [1]) and gradients ("grad/<name>"). It recomputes the
-loss and every gradient with model.py in float32 and compares:
+rank_00000.safetensors ("param/<name>"; the MoE layers' selection biases from "balancer/<layer>.moe.router.bias"),
+and from the dump (written by `moetrain grad-dump`) the batch ("inputs", "targets" [B, T] I32), moetrain's loss
+("loss" [1]) and gradients ("grad/<name>"). It recomputes the loss and every gradient with model.py in float32 and
+compares:
   * loss: |L_mt - L_ref| / |L_ref|
   * each parameter: rho = ||g_ref - g_mt||_2 / ||g_ref||_2, and the element with the largest |difference|
 Fails (exit 1) when any of these exceeds --tol, when a value is not finite, or when the parameter names of
@@ -61,9 +62,9 @@ def load_checkpoint(ckpt_dir):
     if not params:
         raise ParityError(f"{shard} holds no \"param/\" tensors")
     # MoE balancer state: the selection biases the routing used at this step.
-    params["__moe_biases__"] = {k[len("balancer/"):]: v for k, v in tensors.items()
-                                if k.startswith("balancer/") and k.endswith(".router.bias")}
-    return manifest, job, params
+    biases = {k[len("balancer/"):]: v for k, v in tensors.items()
+              if k.startswith("balancer/") and k.endswith(".router.bias")}
+    return manifest, job, params, biases
 
 
 def name_diff(expected, got, what):
@@ -75,14 +76,14 @@ def name_diff(expected, got, what):
     return out
 
 
-def reference_grads(cfg, params, inputs, targets, dtype, device="cpu", autocast=None):
+def reference_grads(cfg, params, biases, inputs, targets, dtype, device="cpu", autocast=None):
     """Loss and {name: grad} (f64, on the CPU) of model.py at the given parameters, in dtype on device; with
     autocast set (a half dtype), under torch.autocast."""
     model = Transformer(cfg).to(device=device, dtype=dtype)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(params[name].to(dtype))
-        model.load_moe_biases(params.get("__moe_biases__", {}))
+        model.load_moe_biases(biases)
     model.zero_grad(set_to_none=True)
     inputs, targets = inputs.to(device), targets.to(device)
     if autocast is not None:
@@ -129,7 +130,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
 
     try:
-        manifest, job, params = load_checkpoint(args.checkpoint)
+        manifest, job, params, biases = load_checkpoint(args.checkpoint)
         cfg = ModelConfig.from_toml(job)
         dump, _ = read_safetensors(args.dump)
     except (ParityError, ValueError, KeyError, OSError) as e:
@@ -139,7 +140,7 @@ def main(argv=None):
     problems = []
     model_shapes = {n: tuple(p.shape) for n, p in Transformer(cfg).named_parameters()}
     names = list(model_shapes)
-    problems += name_diff(names, [n for n in params if n != "__moe_biases__"], f"checkpoint {args.checkpoint}")
+    problems += name_diff(names, params, f"checkpoint {args.checkpoint}")
     grads_mt = {k[len("grad/"):]: v for k, v in dump.items() if k.startswith("grad/")}
     problems += name_diff(names, grads_mt, f"dump {args.dump}")
     for key in ("inputs", "targets", "loss"):
@@ -173,13 +174,13 @@ def main(argv=None):
           f"{counted} counted targets; torch {torch.__version__}, {torch.get_num_threads()} threads")
 
     try:
-        loss32, g32 = reference_grads(cfg, params, inputs, targets, torch.float32, args.device)
-        loss64, g64 = reference_grads(cfg, params, inputs, targets, torch.float64, args.device)
+        loss32, g32 = reference_grads(cfg, params, biases, inputs, targets, torch.float32, args.device)
+        loss64, g64 = reference_grads(cfg, params, biases, inputs, targets, torch.float64, args.device)
         half = {}
         if args.half:
             hdt = torch.bfloat16 if args.half == "bf16" else torch.float16
-            half["autocast"] = reference_grads(cfg, params, inputs, targets, torch.float32, args.device, hdt)
-            half["pure"] = reference_grads(cfg, params, inputs, targets, hdt, args.device)
+            half["autocast"] = reference_grads(cfg, params, biases, inputs, targets, torch.float32, args.device, hdt)
+            half["pure"] = reference_grads(cfg, params, biases, inputs, targets, hdt, args.device)
     except ValueError as e:
         print(f"check_parity: error: {e}", file=sys.stderr)
         return 1
