@@ -115,6 +115,29 @@ int64_t comm_all_reduce_max(Comm& comm, int64_t value) {
     return value;
 }
 
+std::vector<std::string> comm_gather_strings(Comm& comm, const std::string& mine, int root) {
+    const auto p = static_cast<size_t>(comm.size());
+    std::vector<int64_t> lengths(p);
+    const auto len = static_cast<int64_t>(mine.size());
+    comm.all_gather(&len, lengths.data(), 1, CommType::i64).wait();
+    // An all-to-all in which only the root receives: every rank sends its bytes to the root and nothing elsewhere.
+    std::vector<int64_t> send_counts(p, 0), recv_counts(p, 0);
+    send_counts[static_cast<size_t>(root)] = len;
+    if (comm.rank() == root) recv_counts = lengths;
+    int64_t total = 0;
+    for (int64_t l : recv_counts) total += l;
+    std::string all(static_cast<size_t>(total), '\0');
+    comm.all_to_all_v(mine.data(), send_counts, all.data(), recv_counts, CommType::u8).wait();
+    std::vector<std::string> out;
+    if (comm.rank() != root) return out;
+    size_t at = 0;
+    for (int64_t l : lengths) {
+        out.push_back(all.substr(at, static_cast<size_t>(l)));
+        at += static_cast<size_t>(l);
+    }
+    return out;
+}
+
 namespace {
 
 // World size 1: reductions are the identity and gathers and all-to-alls are copies.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -111,6 +112,8 @@ class Comm {
 // Blocking conveniences for the common scalar reductions (loss, token counts).
 double comm_all_reduce_sum(Comm& comm, double value);
 int64_t comm_all_reduce_max(Comm& comm, int64_t value);
+// Every rank's string, in rank order, on `root` (empty elsewhere). Collective.
+std::vector<std::string> comm_gather_strings(Comm& comm, const std::string& mine, int root = 0);
 
 // The one-process communicator: world size 1, no MPI calls.
 std::unique_ptr<Comm> comm_make_self();

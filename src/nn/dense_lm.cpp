@@ -12,26 +12,29 @@
 
 namespace mt::nn {
 
-DenseLM::DenseLM(const ModelConfig& cfg, const Precision& precision) : cfg_(cfg), precision_(precision) {
+DenseLM::DenseLM(const ModelConfig& cfg, const Precision& precision, int64_t param_align)
+    : cfg_(cfg), precision_(precision) {
     MT_CHECK(!cfg.layer_pattern.empty() && cfg.layer_pattern.find_first_not_of("AK") == std::string::npos &&
                  cfg.n_layers % static_cast<int64_t>(cfg.layer_pattern.size()) == 0,
              "model.layer_pattern `{}` must be letters A and K, its length dividing model.n_layers = {}",
              cfg.layer_pattern,
              cfg.n_layers);
     embed_ = table_.add({.name = "embed.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std});
-    for (int64_t l = 0; l < cfg.n_layers; ++l)
+    for (int64_t l = 0; l < cfg.n_layers; ++l) {
+        block_first_param_.push_back(table_.size());
         blocks_.push_back(std::make_unique<Block>(table_,
                                                   "layers." + std::to_string(l),
                                                   cfg,
                                                   cfg.layer_is_kda(l) ? Mixer::kda : Mixer::attention,
                                                   cfg.layer_is_moe(l)));
+    }
     if (cfg.attnres.enabled()) attnres_ = std::make_unique<AttnResStack>(table_, cfg);
     final_norm_ = table_.add(
         {.name = "final_norm.weight", .shape = {cfg.d_model}, .init = InitKind::ones, .weight_decay = false});
     if (!cfg.tie_embeddings)
         lm_head_ =
             table_.add({.name = "lm_head.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std});
-    table_.finalize(precision);
+    table_.finalize(precision, param_align);
 }
 
 void DenseLM::resize(int64_t batch, int64_t seq) {
@@ -122,6 +125,9 @@ void DenseLM::backward(double loss_scale) {
     ops::linear_bwd(final_, table_.param(head), dlogits, ws_.d_norm, table_.grad(head), Tensor());
     ops::rmsnorm_bwd(last, table_.param(final_norm_), final_rstd_, ws_.d_norm, dres_a_, table_.grad(final_norm_));
     head_range.reset();
+    // Everything declared after the blocks is complete now, except under AttnRes (its own parameters finish with
+    // the blocks' backward, which it drives).
+    if (grad_ready_ && !attnres_) grad_ready_(final_norm_);
 
     Tensor* dout = &dres_a_;
     Tensor* dx = &dres_b_;
@@ -134,9 +140,11 @@ void DenseLM::backward(double loss_scale) {
         const Tensor& input = l == 0 ? x0_ : blocks_[static_cast<size_t>(l - 1)]->output();
         blocks_[static_cast<size_t>(l)]->backward(input, *dout, *dx, ws_);
         std::swap(dout, dx);
+        if (grad_ready_ && l > 0) grad_ready_(block_first_param_[static_cast<size_t>(l)]);
     }
     core::TraceRange range(dev, "model.embed_bwd");
     ops::embedding_bwd(ids_, *dout, table_.grad(embed_));
+    if (grad_ready_) grad_ready_(0);
 }
 
 double DenseLM::last_aux_loss() const {
@@ -153,9 +161,9 @@ std::vector<std::pair<int64_t, MoeLayer*>> DenseLM::moe_layers() {
     return layers;
 }
 
-std::vector<std::pair<int64_t, MoeStepMetrics>> DenseLM::moe_step_end(int64_t step) {
+std::vector<std::pair<int64_t, MoeStepMetrics>> DenseLM::moe_step_end(int64_t step, dist::Comm* data_group) {
     std::vector<std::pair<int64_t, MoeStepMetrics>> metrics;
-    for (auto& [l, moe] : moe_layers()) metrics.emplace_back(l, moe->step_end(step));
+    for (auto& [l, moe] : moe_layers()) metrics.emplace_back(l, moe->step_end(step, data_group));
     return metrics;
 }
 

@@ -5,6 +5,7 @@
 // bottom, per layer.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -22,7 +23,9 @@ double kda_flops_per_token(const ModelConfig& cfg, int64_t seq);
 
 class DenseLM {
    public:
-    DenseLM(const ModelConfig& cfg, const Precision& precision);
+    // param_align: every parameter's arena offset is a multiple of it (ParamTable::finalize). Expert parallelism
+    // comes in through cfg.moe.ep.
+    DenseLM(const ModelConfig& cfg, const Precision& precision, int64_t param_align = 64);
 
     ParamTable& params() {
         return table_;
@@ -40,6 +43,13 @@ class DenseLM {
     double forward(const Tensor& ids, const Tensor& targets, bool training = true);
     // Accumulates (+=) into the parameter gradients the gradient of loss_scale * (mean loss of the last forward).
     void backward(double loss_scale);
+    // Called during backward each time the gradients of every parameter with table index >= first are complete
+    // for this backward (after the head, after each block, and once with 0 at the end): data parallelism starts
+    // reducing those buckets while the rest of the backward runs. Empty (the default): no calls.
+    using GradReadyHook = std::function<void(int first)>;
+    void set_grad_ready_hook(GradReadyHook hook) {
+        grad_ready_ = std::move(hook);
+    }
     // The optimizer step the next forward/backward belong to (schedules inside the model: the AttnRes residual
     // blend). The trainer sets it before each step; 0 until then.
     void set_train_step(int64_t step) {
@@ -54,7 +64,8 @@ class DenseLM {
     // The MoE layers (block index, layer), in order; empty for a dense model.
     std::vector<std::pair<int64_t, MoeLayer*>> moe_layers();
     // End of a training step for every MoE layer (MoeLayer::step_end: balancer update, metrics, collapse alarm).
-    std::vector<std::pair<int64_t, MoeStepMetrics>> moe_step_end(int64_t step);
+    // data_group: the ranks whose routing counts are summed first (see MoeLayer::step_end).
+    std::vector<std::pair<int64_t, MoeStepMetrics>> moe_step_end(int64_t step, dist::Comm* data_group = nullptr);
     // Model-level activations kept for backward (blocks declare their own).
     std::vector<SavedTensor> saved_for_backward();
     // Training FLOPs per token (fwd + bwd): 6 * (2-D weights but the input embedding, the active routed experts
@@ -70,6 +81,8 @@ class DenseLM {
     ParamTable table_;
     int embed_ = -1, final_norm_ = -1, lm_head_ = -1;
     std::vector<std::unique_ptr<Block>> blocks_;
+    std::vector<int> block_first_param_;  // table index of each block's first parameter
+    GradReadyHook grad_ready_;
     std::unique_ptr<AttnResStack> attnres_;  // Block Attention Residuals in place of the residual adds, or null
     Workspace ws_;
     int64_t batch_ = 0, seq_ = 0, counted_ = 0;

@@ -59,6 +59,7 @@ MoeBalancer::MoeBalancer(int64_t num_experts, int64_t top_k, const MoeBalanceCon
     }
     bias_.assign(static_cast<size_t>(n_), 0.0f);
     loads_.assign(static_cast<size_t>(n_), 0);
+    snapshot_counts();
 }
 
 void MoeBalancer::set_bias(const std::vector<float>& bias) {
@@ -147,7 +148,48 @@ void MoeBalancer::flush_device() const {
     }
 }
 
+namespace {
+// The balancer's counts as one i64 vector: [loads n | hist n B | tokens_seen | tokens_interval].
+std::vector<int64_t> pack_counts(const std::vector<int64_t>& loads,
+                                 const std::vector<uint64_t>& hist,
+                                 int64_t tokens_seen,
+                                 int64_t tokens_interval) {
+    std::vector<int64_t> v(loads);
+    for (uint64_t h : hist) v.push_back(static_cast<int64_t>(h));
+    v.push_back(tokens_seen);
+    v.push_back(tokens_interval);
+    return v;
+}
+}  // namespace
+
+void MoeBalancer::snapshot_counts() {
+    counts_at_step_ = pack_counts(loads_, hist_, tokens_seen_, tokens_interval_);
+}
+
+void MoeBalancer::sum_step_counts(dist::Comm& group) {
+    flush_device();
+    if (group.size() == 1) return;
+    // Every rank holds the same counts up to the last step (they were summed then), so only the increments since
+    // are reduced: new = at_step + sum over ranks of (current - at_step).
+    std::vector<int64_t> delta = pack_counts(loads_, hist_, tokens_seen_, tokens_interval_);
+    MT_CHECK(delta.size() == counts_at_step_.size(), "moe balancer: count layout changed");
+    for (size_t i = 0; i < delta.size(); ++i) delta[i] -= counts_at_step_[i];
+    group.all_reduce(delta.data(), static_cast<int64_t>(delta.size()), dist::CommType::i64, dist::ReduceOp::sum).wait();
+    for (size_t i = 0; i < delta.size(); ++i) delta[i] += counts_at_step_[i];
+    const size_t n = loads_.size(), nh = hist_.size();
+    std::copy(delta.begin(), delta.begin() + static_cast<std::ptrdiff_t>(n), loads_.begin());
+    for (size_t i = 0; i < nh; ++i) hist_[i] = static_cast<uint64_t>(delta[n + i]);
+    tokens_seen_ = delta[n + nh];
+    tokens_interval_ = delta[n + nh + 1];
+}
+
 bool MoeBalancer::step() {
+    const bool updated = step_update();
+    snapshot_counts();
+    return updated;
+}
+
+bool MoeBalancer::step_update() {
     flush_device();
     switch (config_.mode) {
         case MoeBalanceMode::quantile:
@@ -294,6 +336,7 @@ void MoeBalancer::load_state(const std::vector<std::pair<std::string, Tensor>>& 
         upper_ = bounds.data<double>()[1];
         for (size_t i = 0; i < hist_.size(); ++i) hist_[i] = static_cast<uint64_t>(hist.data<int64_t>()[i]);
     }
+    snapshot_counts();
 }
 
 nlohmann::json MoeBalancer::state_json() const {
@@ -347,6 +390,7 @@ void MoeBalancer::load_state_json(const nlohmann::json& j) {
     } catch (const nlohmann::json::exception& e) {
         core::fail(ExitCode::checkpoint, "MoE balancer state JSON is malformed: {}", e.what());
     }
+    snapshot_counts();
 }
 
 namespace {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "dist/comm.h"
 #include "nn/moe_config.h"
 
 namespace mt::nn {
@@ -41,6 +42,10 @@ class MoeBalancer {
     // Counts one micro-batch of training routing: scores [N, n] f32|f64 (cuda: bf16|f16|f32), cutoff [N] (quantile;
     // else undefined), indices [N, k] i32 (the router's pre-drop choice); all on one device.
     void observe(const core::Tensor& scores, const core::Tensor& cutoff, const core::Tensor& indices);
+    // Data and expert parallelism: adds the counts every rank of `group` observed since the last step() (loads, QB
+    // histogram, token counters), so that all ranks hold the totals of the global batch and make the same update
+    // (moe.md §3: histograms summed over the ranks that see different tokens). Collective over group.
+    void sum_step_counts(dist::Comm& group);
     // End of a training step (after the backward of its last micro-batch): QB updates b every update_interval-th
     // step; sign_bias every step. Returns true when b was updated.
     bool step();
@@ -84,10 +89,13 @@ class MoeBalancer {
     void load_state_json(const nlohmann::json& j);
 
    private:
+    bool step_update();  // step() without the snapshot
     void update_quantile();
     void update_sign();
     // Adds the device counts (if any) into hist_ and loads_ and zeroes them.
     void flush_device() const;
+    // Remembers the counts as they are after a step or a load: sum_step_counts reduces only what came after.
+    void snapshot_counts();
 
     int64_t n_ = 0, k_ = 0;
     MoeBalanceConfig config_;
@@ -99,6 +107,7 @@ class MoeBalancer {
     mutable bool device_pending_ = false;
     int64_t steps_in_interval_ = 0, updates_ = 0, tokens_seen_ = 0, tokens_interval_ = 0;
     double last_bias_step_ = 0.0;
+    std::vector<int64_t> counts_at_step_;  // [loads n | hist n B | tokens_seen | tokens_interval] after the last step
     std::vector<double> last_target_;
     std::vector<uint64_t> last_bin_count_;
 };

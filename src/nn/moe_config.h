@@ -5,6 +5,10 @@
 #include <cstdint>
 #include <string>
 
+namespace mt::dist {
+class Comm;
+}
+
 namespace mt::nn {
 
 enum class MoeBalanceMode { quantile, sign_bias, aux_loss, none };
@@ -38,6 +42,15 @@ struct MoeCollapseConfig {
     bool dead_experts = true;         // the same expert with zero load
 };
 
+// Expert parallelism (runtime state set by the trainer from the mesh; not a TOML key): this rank holds experts
+// [rank E / size, (rank + 1) E / size) and exchanges routed rows with the other ranks of `comm` (the ep group) by
+// all-to-all. size 1 (the default) keeps every expert local and never calls `comm`.
+struct MoeExpertParallel {
+    int64_t size = 1;
+    int64_t rank = 0;
+    dist::Comm* comm = nullptr;
+};
+
 // The moe.* settings of moe.md §5 that the layer uses (first_k_dense and dense_ffn_dim belong to the model).
 struct MoeConfig {
     int64_t num_experts = 64;
@@ -51,6 +64,7 @@ struct MoeConfig {
     std::string drop_policy = "probs";  // or "position"
     MoeBalanceConfig balance;
     MoeCollapseConfig alarm;
+    MoeExpertParallel ep;
 };
 
 }  // namespace mt::nn

@@ -3,8 +3,10 @@
 #include "nn/moe_layer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
+#include "dist/comm.h"
 #include "ops/add.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/grouped_linear.h"
@@ -38,15 +40,31 @@ MoeLayer::MoeLayer(ParamTable& table, const std::string& prefix, const ModelConf
                        moe.normalize_gates,
                        moe.routed_scale};
     drop_policy_ = moe.drop_policy == "position" ? ops::MoeDropPolicy::position : ops::MoeDropPolicy::probs;
+    const MoeExpertParallel& ep = moe.ep;
+    if (ep.size < 1 || e % ep.size != 0 || ep.rank < 0 || ep.rank >= ep.size || (ep.size > 1 && ep.comm == nullptr))
+        core::fail(core::ExitCode::usage,
+                   "moe.num_experts = {} cannot be split over expert-parallel rank {} of {}",
+                   e,
+                   ep.rank,
+                   ep.size);
     balancer_ = MoeBalancer(e, k, moe.balance);
     detector_ = MoeCollapseDetector(e, moe.alarm);
     step_load_.assign(static_cast<size_t>(e), 0);
 
     const double out_std = model.init_std / std::sqrt(2.0 * static_cast<double>(model.n_layers));
     router_ = Linear(table, prefix + ".router", c, e, model.init_std);
-    w_gate_ = table.add({.name = prefix + ".experts.w_gate", .shape = {e, f, c}, .init_std = model.init_std});
-    w_up_ = table.add({.name = prefix + ".experts.w_up", .shape = {e, f, c}, .init_std = model.init_std});
-    w_down_ = table.add({.name = prefix + ".experts.w_down", .shape = {e, c, f}, .init_std = out_std});
+    // This rank's experts: all of them, or its E / ep under expert parallelism.
+    const int64_t el = e / ep.size, first = ep.size > 1 ? ep.rank * el : 0, global = ep.size > 1 ? e : 0;
+    auto expert = [&](const char* name, int64_t out, int64_t in, double std) {
+        return table.add({.name = prefix + ".experts." + name,
+                          .shape = {el, out, in},
+                          .init_std = std,
+                          .shard_first = first,
+                          .shard_global = global});
+    };
+    w_gate_ = expert("w_gate", f, c, model.init_std);
+    w_up_ = expert("w_up", f, c, model.init_std);
+    w_down_ = expert("w_down", c, f, out_std);
     if (moe.num_shared_experts > 0) {
         ModelConfig shared = model;
         shared.d_ff = f * moe.num_shared_experts;
@@ -69,9 +87,11 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
     bias_uploaded_.assign(static_cast<size_t>(e), 0.0f);
     offsets_ = zi({e + 1}), slot_row_ = zi({n, k}), row_token_ = zi({r});
     offsets_host_ = dev == core::Device::cpu ? offsets_ : Tensor::zeros({e + 1}, DType::i32);
-    xp_ = z({r, c}), hg_ = z({r, f}), hu_ = z({r, f}), act_ = z({r, f}), yp_ = z({r, c});
-    d_yp_ = z({r, c}), d_gates_ = zr({n, k}), d_act_ = z({r, f}), d_hg_ = z({r, f}), d_hu_ = z({r, f});
+    xp_ = z({r, c}), yp_ = z({r, c});
+    d_yp_ = z({r, c}), d_gates_ = zr({n, k});
     d_xp_ = z({r, c}), d_logits_ = z({n, e}), d_scores_aux_ = zr({n, e}), d_tmp_ = z({n, c});
+    expert_capacity_ = -1;
+    reserve_expert_rows(r);
     if (dev == core::Device::cuda) {
         step_load_dev_ = Tensor::zeros({e}, DType::i64, dev);
         step_entropy_dev_ = Tensor::zeros({1}, DType::f64, dev);
@@ -83,6 +103,21 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
         shared_ws_.d_gate = z({n, fs}), shared_ws_.d_up = z({n, fs}), shared_ws_.d_act = z({n, fs});
         shared_ws_.d_tmp = z({n, c});
     }
+}
+
+void MoeLayer::reserve_expert_rows(int64_t rows) {
+    if (rows <= expert_capacity_) return;
+    // Without expert parallelism the experts see at most N k rows (sized once in resize); under it the rows that
+    // arrive vary per step, so the buffers grow (by half again, to settle after a few steps) and never shrink.
+    const int64_t cap = expert_capacity_ < 0 ? rows : std::max(rows, expert_capacity_ + expert_capacity_ / 2);
+    const int64_t c = model_.d_model, f = moe_.expert_ffn_dim;
+    const DType dt = logits_.dtype();
+    const core::Device dev = logits_.device();
+    auto z = [&](const Shape& s) { return Tensor::zeros(s, dt, dev); };
+    hg_ = z({cap, f}), hu_ = z({cap, f}), act_ = z({cap, f});
+    d_act_ = z({cap, f}), d_hg_ = z({cap, f}), d_hu_ = z({cap, f});
+    if (moe_.ep.size > 1) xe_ = z({cap, c}), ye_ = z({cap, c}), d_ye_ = z({cap, c}), d_xe_ = z({cap, c});
+    expert_capacity_ = cap;
 }
 
 void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
@@ -117,14 +152,28 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
                                  : 0;
     rows_ = ops::moe_permute_plan(indices_, gates_, e, capacity, drop_policy_, offsets_, slot_row_, row_token_);
     if (offsets_host_.raw() != offsets_.raw()) offsets_host_.copy_from(offsets_);  // CUDA: the one synchronisation
-    const Tensor xp = xp_.slice(0, 0, rows_), hg = hg_.slice(0, 0, rows_), hu = hu_.slice(0, 0, rows_);
-    const Tensor act = act_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
+    const Tensor xp = xp_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
     ops::moe_permute_fwd(x, row_token_.slice(0, 0, rows_), xp);
+    // expert parallelism: the rows go to the ranks holding their experts
+    const bool ep = moe_.ep.size > 1;
+    expert_rows_ = rows_;
+    expert_offsets_ = offsets_host_;
+    if (ep) {
+        dispatch_.plan(offsets_host_, *moe_.ep.comm);
+        expert_rows_ = dispatch_.expert_rows();
+        expert_offsets_ = dispatch_.local_offsets();
+        reserve_expert_rows(expert_rows_);
+    }
+    const int64_t re = expert_rows_;
+    const Tensor xe = ep ? xe_.slice(0, 0, re) : xp, ye = ep ? ye_.slice(0, 0, re) : yp;
+    const Tensor hg = hg_.slice(0, 0, re), hu = hu_.slice(0, 0, re), act = act_.slice(0, 0, re);
+    if (ep) dispatch_.to_experts(xp, xe);
     // routed experts: grouped SwiGLU FFN, then the gate-weighted combine
-    ops::grouped_linear_fwd(xp, table_->param(w_gate_), offsets_host_, hg);
-    ops::grouped_linear_fwd(xp, table_->param(w_up_), offsets_host_, hu);
+    ops::grouped_linear_fwd(xe, table_->param(w_gate_), expert_offsets_, hg);
+    ops::grouped_linear_fwd(xe, table_->param(w_up_), expert_offsets_, hu);
     ops::swiglu_fwd(hg, hu, act);
-    ops::grouped_linear_fwd(act, table_->param(w_down_), offsets_host_, yp);
+    ops::grouped_linear_fwd(act, table_->param(w_down_), expert_offsets_, ye);
+    if (ep) dispatch_.to_sources(ye, yp);
     ops::moe_unpermute_fwd(yp, slot_row_, gates_, out);
     // shared expert(s)
     if (shared_) {
@@ -153,19 +202,24 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
 }
 
 void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& /*ws*/) {
-    const Tensor xp = xp_.slice(0, 0, rows_), hg = hg_.slice(0, 0, rows_), hu = hu_.slice(0, 0, rows_);
-    const Tensor act = act_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
-    const Tensor d_yp = d_yp_.slice(0, 0, rows_), d_act = d_act_.slice(0, 0, rows_);
-    const Tensor d_hg = d_hg_.slice(0, 0, rows_), d_hu = d_hu_.slice(0, 0, rows_);
-    const Tensor d_xp = d_xp_.slice(0, 0, rows_);
+    const bool ep = moe_.ep.size > 1;
+    const int64_t re = expert_rows_;
+    const Tensor xp = xp_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
+    const Tensor d_yp = d_yp_.slice(0, 0, rows_), d_xp = d_xp_.slice(0, 0, rows_);
+    const Tensor xe = ep ? xe_.slice(0, 0, re) : xp, d_ye = ep ? d_ye_.slice(0, 0, re) : d_yp;
+    const Tensor d_xe = ep ? d_xe_.slice(0, 0, re) : d_xp;
+    const Tensor hg = hg_.slice(0, 0, re), hu = hu_.slice(0, 0, re), act = act_.slice(0, 0, re);
+    const Tensor d_act = d_act_.slice(0, 0, re), d_hg = d_hg_.slice(0, 0, re), d_hu = d_hu_.slice(0, 0, re);
     // combine: row gradients g dy, gate gradients dy . row
     ops::moe_unpermute_bwd(yp, slot_row_, gates_, dout, d_yp, d_gates_);
-    // routed experts
-    ops::grouped_linear_bwd(act, table_->param(w_down_), offsets_host_, d_yp, d_act, table_->grad(w_down_));
+    // routed experts (under expert parallelism the row gradients go to the experts' ranks and back)
+    if (ep) dispatch_.to_experts(d_yp, d_ye);
+    ops::grouped_linear_bwd(act, table_->param(w_down_), expert_offsets_, d_ye, d_act, table_->grad(w_down_));
     ops::swiglu_bwd(hg, hu, d_act, d_hg, d_hu);
-    ops::grouped_linear_bwd(xp, table_->param(w_gate_), offsets_host_, d_hg, d_xp, table_->grad(w_gate_));
+    ops::grouped_linear_bwd(xe, table_->param(w_gate_), expert_offsets_, d_hg, d_xe, table_->grad(w_gate_));
     ops::grouped_linear_bwd(
-        xp, table_->param(w_up_), offsets_host_, d_hu, d_xp, table_->grad(w_up_), /*accumulate_dx=*/true);
+        xe, table_->param(w_up_), expert_offsets_, d_hu, d_xe, table_->grad(w_up_), /*accumulate_dx=*/true);
+    if (ep) dispatch_.to_sources(d_xe, d_xp);
     ops::moe_permute_bwd(slot_row_, d_xp, dx);  // the first contribution writes dx
     // router: through the gates (and the aux loss's P), the score function, the router GEMM
     const bool aux = moe_.balance.mode == MoeBalanceMode::aux_loss;
@@ -186,13 +240,30 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     }
 }
 
-MoeStepMetrics MoeLayer::step_end(int64_t step) {
+MoeStepMetrics MoeLayer::step_end(int64_t step, dist::Comm* data_group) {
     if (step_load_dev_.defined()) {  // CUDA: the step's device counts come back (one copy each) and are reset
         const Tensor load = step_load_dev_.to_device(core::Device::cpu);
         for (size_t j = 0; j < step_load_.size(); ++j) step_load_[j] += load.data<int64_t>()[j];
         step_entropy_ += step_entropy_dev_.item();
         step_load_dev_.zero();
         step_entropy_dev_.zero();
+    }
+    if (data_group != nullptr && data_group->size() > 1) {
+        // The step's totals over every rank that routed tokens: counts as integers (exact), sums in f64.
+        std::vector<int64_t> counts(step_load_);
+        counts.push_back(step_tokens_);
+        counts.push_back(step_dropped_);
+        std::array<double, 2> sums = {step_entropy_, step_aux_};
+        data_group
+            ->all_reduce(counts.data(), static_cast<int64_t>(counts.size()), dist::CommType::i64, dist::ReduceOp::sum)
+            .wait();
+        data_group->all_reduce(sums.data(), 2, dist::CommType::f64, dist::ReduceOp::sum).wait();
+        std::copy(counts.begin(), counts.begin() + static_cast<std::ptrdiff_t>(step_load_.size()), step_load_.begin());
+        step_tokens_ = counts[step_load_.size()];
+        step_dropped_ = counts[step_load_.size() + 1];
+        step_entropy_ = sums[0];
+        step_aux_ = sums[1];
+        balancer_.sum_step_counts(*data_group);
     }
     balancer_.step();
     MoeStepMetrics m = moe_metrics_compute(step_load_,

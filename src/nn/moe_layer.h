@@ -17,6 +17,9 @@
 //   {prefix}.experts.w_down             [E, C, F]
 //   {prefix}.shared.w_gate.weight, .w_up.weight [F * n_s, C], .w_down.weight [C, F * n_s]   (when n_s > 0)
 // The balancing bias is not a parameter: it is balancer state (balancer().state_tensors("{prefix}.router")).
+// Expert parallelism (moe.ep.size > 1): the expert tensors hold this rank's E / ep experts (expert-sharded
+// parameters), the router and the shared experts stay replicated; routed rows travel to their experts' ranks and
+// back by all-to-all (nn/moe_dispatch.h), in the forward and again (the gradients) in the backward.
 #pragma once
 
 #include <memory>
@@ -29,6 +32,7 @@
 #include "nn/model_config.h"
 #include "nn/moe_balance.h"
 #include "nn/moe_config.h"
+#include "nn/moe_dispatch.h"
 #include "nn/moe_metrics.h"
 #include "nn/workspace.h"
 #include "ops/moe_permute.h"
@@ -51,8 +55,10 @@ class MoeLayer : public Layer {
     // Mlp's, so that a Block can hold either).
     void backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws);
     // End of a training step: the balancer's update, the step's metrics (from the routing counted since the last
-    // call), and the collapse detector. The alarm, if one fires at this step, is in last_alarm().
-    MoeStepMetrics step_end(int64_t step);
+    // call), and the collapse detector. The alarm, if one fires at this step, is in last_alarm(). data_group: the
+    // ranks that routed different tokens (data and expert parallelism); their counts are summed first, so every
+    // rank makes the same update and the same alarm decision. Collective over it when it has more than one rank.
+    MoeStepMetrics step_end(int64_t step, dist::Comm* data_group = nullptr);
     const std::optional<MoeCollapseEvent>& last_alarm() const {
         return last_alarm_;
     }
@@ -102,6 +108,9 @@ class MoeLayer : public Layer {
     std::vector<SavedTensor> saved_for_backward() override;
 
    private:
+    // Expert parallelism: grows the expert-side buffers to hold `rows`.
+    void reserve_expert_rows(int64_t rows);
+
     std::string prefix_;
     ModelConfig model_;
     MoeConfig moe_;
@@ -125,10 +134,17 @@ class MoeLayer : public Layer {
     Tensor logits_, scores_, indices_, gates_, cutoff_, bias_;  // [N, E], [N, E], [N, K], [N, K], [N], [E]
     Tensor offsets_, slot_row_, row_token_;                     // [E + 1], [N, K], [N * K] i32
     Tensor offsets_host_;                                       // [E + 1] i32 on the host (CUDA: copied back)
-    std::vector<float> bias_uploaded_;                          // the bias last copied into bias_
-    Tensor step_load_dev_, step_entropy_dev_;                   // CUDA: i64 [E], f64 [1], summed until step_end
-    Tensor xp_, hg_, hu_, act_, yp_;                            // [N K, C], [N K, F] x3, [N K, C]
-    Tensor shared_out_;                                         // [N, C]
+    Tensor expert_offsets_;    // the grouped GEMMs' offsets: offsets_host_, or [E / ep + 1] under expert parallelism
+    int64_t expert_rows_ = 0;  // rows the local experts process (rows_ without expert parallelism)
+    std::vector<float> bias_uploaded_;         // the bias last copied into bias_
+    Tensor step_load_dev_, step_entropy_dev_;  // CUDA: i64 [E], f64 [1], summed until step_end
+    Tensor xp_, hg_, hu_, act_, yp_;           // [N K, C], [N K, F] x3, [N K, C]
+    // Expert parallelism: the rows this rank's experts received, their outputs, and the grow-only capacity of the
+    // expert-side buffers (hg_, hu_, act_ and their gradients hold expert rows then).
+    MoeDispatch dispatch_;
+    Tensor xe_, ye_, d_ye_, d_xe_;
+    int64_t expert_capacity_ = 0;
+    Tensor shared_out_;  // [N, C]
     // Gradient buffers.
     Tensor d_yp_, d_gates_, d_act_, d_hg_, d_hu_, d_xp_, d_logits_, d_scores_aux_, d_tmp_;
     Workspace shared_ws_;

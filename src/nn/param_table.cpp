@@ -2,6 +2,7 @@
 #include "nn/param_table.h"
 
 #include <cmath>
+#include <numeric>
 
 #include "core/rng.h"
 
@@ -34,14 +35,21 @@ int ParamTable::add(ParamSpec spec) {
     return i;
 }
 
-void ParamTable::finalize(const Precision& precision) {
+Shape param_global_shape(const ParamSpec& spec) {
+    Shape shape = spec.shape;
+    if (param_expert_sharded(spec)) shape[0] = spec.shard_global;
+    return shape;
+}
+
+void ParamTable::finalize(const Precision& precision, int64_t align) {
     MT_CHECK(!finalized_, "parameter table finalized twice");
+    MT_CHECK(align >= 1, "parameter alignment {} must be >= 1", align);
+    align = std::lcm(align, int64_t{64});  // every parameter starts at least 128-byte aligned
     precision_ = precision;
     total_ = 0;
     for (const auto& s : specs_) {
         offsets_.push_back(total_);
-        // Round each view up to 64 elements so every parameter starts at least 128-byte aligned.
-        total_ += (core::shape_numel(s.shape) + 63) / 64 * 64;
+        total_ += (core::shape_numel(s.shape) + align - 1) / align * align;
     }
     master_arena_ = Tensor::zeros({total_}, precision.master, precision.device);
     param_arena_ =
@@ -60,7 +68,8 @@ void ParamTable::initialize(uint64_t seed) {
     // Drawn on the host in the master dtype, then copied to the device.
     for (int i = 0; i < size(); ++i) {
         const ParamSpec& s = specs_[static_cast<size_t>(i)];
-        Tensor host = Tensor::zeros(s.shape, precision_.master);
+        // An expert-sharded tensor draws the whole global tensor and keeps its rows (init is a one-time cost).
+        Tensor host = Tensor::zeros(param_global_shape(s), precision_.master);
         switch (s.init) {
             case InitKind::normal:
                 core::rng_fill_normal(host, seed, core::hash_name(s.name.c_str()), 0.0, s.init_std);
@@ -75,6 +84,7 @@ void ParamTable::initialize(uint64_t seed) {
                 init_log_uniform(host, s, seed);
                 break;
         }
+        if (param_expert_sharded(s)) host = host.slice(0, s.shard_first, s.shard_first + s.shape[0]);
         masters_[static_cast<size_t>(i)].copy_from(host);
     }
     refresh_params_from_master();

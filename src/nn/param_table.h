@@ -32,16 +32,30 @@ struct ParamSpec {
     double init_lo = 0.0, init_hi = 1.0;  // the range of the log_uniform kinds
     bool weight_decay = true;
     OptimGroup group = OptimGroup::adamw;
+    // Expert parallelism: this rank holds rows [shard_first, shard_first + shape[0]) of a global tensor whose first
+    // dimension is shard_global (0: not sharded, shape is the global shape). Sharded tensors are replicated only
+    // over the ranks holding the same experts (the edp group), so their gradients are reduced there.
+    int64_t shard_first = 0;
+    int64_t shard_global = 0;
 };
+
+// The global shape of a parameter (its shape with the first dimension widened back when it is expert-sharded).
+Shape param_global_shape(const ParamSpec& spec);
+inline bool param_expert_sharded(const ParamSpec& spec) {
+    return spec.shard_global > 0;
+}
 
 class ParamTable {
    public:
     // Declares a parameter; returns its index. Only before finalize().
     int add(ParamSpec spec);
-    // Allocates the arenas (zeroed) as the precision says.
-    void finalize(const Precision& precision);
+    // Allocates the arenas (zeroed) as the precision says. Every parameter starts at a multiple of `align`
+    // elements (at least 64: 128-byte aligned views); data parallelism passes a multiple of its group sizes so that
+    // every run of parameters splits evenly into reduce-scatter shards.
+    void finalize(const Precision& precision, int64_t align = 64);
     // Fills the master weights from their init spec (and refreshes the forward's copy); parameter i draws from
-    // Philox stream hash(name), so values depend neither on declaration order nor on threads or device.
+    // Philox stream hash(name), so values depend neither on declaration order nor on threads or device; an
+    // expert-sharded parameter takes its rows of the global tensor, so it equals the one-process values.
     void initialize(uint64_t seed);
     // Copies the master weights into the forward's weights (after an optimizer step or a load).
     void refresh_params_from_master();
@@ -68,6 +82,10 @@ class ParamTable {
     int64_t offset(int i) const {
         return offsets_.at(static_cast<size_t>(i));
     }  // elements into the arenas
+    // Elements parameter i occupies in the arenas (its numel rounded up to the alignment).
+    int64_t padded_numel(int i) const {
+        return (i + 1 < size() ? offsets_.at(static_cast<size_t>(i) + 1) : total_) - offset(i);
+    }
     int64_t total_numel() const {
         return total_;
     }

@@ -14,14 +14,23 @@
 #include "core/tensor.h"
 #include "train/safetensors.h"
 
+namespace mt::dist {
+class Comm;
+}
+
 namespace mt::train {
 
 // One tensor to save: its canonical name, its state family ("param", "master", "adamw.m", "adamw.v",
-// "muon.momentum", "rng", ...) and the CPU tensor (the whole global tensor while world = 1).
+// "muon.momentum", "rng", ...) and the CPU tensor. A rank that holds part of a tensor says where it sits in the
+// global one (conventions §5.2 regions): global_shape (empty: the tensor is the whole global tensor) and either a
+// box offset (empty: zeros) or flat_begin >= 0, the start of a range of the flattened global tensor (ZeRO state).
 struct CheckpointTensor {
     std::string name;
     std::string kind;
     core::Tensor tensor;
+    core::Shape global_shape = {};
+    core::Shape offset = {};
+    int64_t flat_begin = -1;
 };
 
 // Which older checkpoints survive a new one: the keep_last newest (<= 0 keeps all) plus every step that is a
@@ -41,9 +50,12 @@ struct TensorSpec {
 // "step_00001000" for step 1000.
 std::string checkpoint_dir_name(int64_t step);
 
-// Writes a complete checkpoint of one rank (world = 1) to ROOT/step_%08d: the tensors go to rank_00000.safetensors
-// under keys "<kind>/<name>", then manifest.json, then DONE, all inside ROOT/step_%08d.tmp, which is renamed into
-// place at the end (an existing checkpoint of the same step is replaced only then). Afterwards applies retention.
+// Writes a complete checkpoint to ROOT/step_%08d: each rank's tensors go to rank_%05d.safetensors under keys
+// "<kind>/<name>", then rank 0 writes manifest.json (every rank's regions) and DONE, all inside ROOT/step_%08d.tmp,
+// which rank 0 renames into place at the end (an existing checkpoint of the same step is replaced only then).
+// Afterwards rank 0 applies retention. With a communicator of several ranks this is collective over it (the
+// conventions §5.2 protocol: files, barrier, manifest, DONE, barrier); the directory must be on a file system all
+// ranks share.
 // @param[in] checkpoints_root  ROOT, created when missing
 // @param[in] step              the optimizer step the state belongs to
 // @param[in] tensors           every tensor to save; (kind, name) pairs must be unique
@@ -51,12 +63,15 @@ std::string checkpoint_dir_name(int64_t step);
 //                              model_signature, mesh, rng, data, tokens_seen, git_commit, ...); it must not set
 //                              format, version, step, moetrain_version, created_unix, files or tensors
 // @param[in] keep              retention policy applied once the new checkpoint is complete
+// @param[in] comm              the ranks writing together (nullptr: this process alone); manifest_extra and keep
+//                              are taken from its rank 0
 // @return the checkpoint directory
 std::string checkpoint_write(const std::string& checkpoints_root,
                              int64_t step,
                              const std::vector<CheckpointTensor>& tensors,
                              const nlohmann::json& manifest_extra,
-                             const RetentionPolicy& keep = {});
+                             const RetentionPolicy& keep = {},
+                             dist::Comm* comm = nullptr);
 
 // A valid (DONE) checkpoint directory under a root.
 struct CheckpointEntry {

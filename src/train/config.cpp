@@ -140,6 +140,7 @@ std::vector<Field> schema(JobConfig& c) {
         {"parallel.dp", &c.parallel.dp, 0, 1 << 20},
         {"parallel.pp", &c.parallel.pp, 1, 1 << 20},
         {"parallel.bucket_mb", &c.parallel.bucket_mb, 0, 1 << 20, {}, true},
+        {"parallel.zero_stage", &c.parallel.zero_stage, 0, 1},
     };
 }
 

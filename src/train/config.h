@@ -72,6 +72,7 @@ struct ParallelConfig {
     int64_t dp = 0;  // 0: the rest of the processes (world / (tp cp ep pp))
     int64_t pp = 1;
     double bucket_mb = 25.0;  // gradient all-reduce bucket size in MiB (PyTorch DDP's default)
+    int64_t zero_stage = 1;   // 1: ZeRO-1, optimizer state sharded over the data-parallel ranks; 0: replicated
 };
 
 // The [moe] keys that are not model structure: the balancing method's name (parsed into

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <numeric>
 
 #include "core/backend.h"
 #include "core/cuda_probe.h"
@@ -92,11 +93,22 @@ Trainer::Trainer(JobConfig cfg, bool log, dist::Comm* world) : cfg_(std::move(cf
         val_sampler_ = std::make_unique<data::Sampler>(*val_source_, t.seq_len, static_cast<uint64_t>(cfg_.run.seed));
     }
 
-    model_ = std::make_unique<nn::DenseLM>(cfg_.model, precision);
+    // Expert parallelism: each MoE layer holds this rank's experts and exchanges rows over the ep group.
+    if (cfg_.model.moe_enabled)
+        cfg_.model.moe.ep = {.size = mesh_->size(dist::MeshAxis::ep),
+                             .rank = mesh_->coord(dist::MeshAxis::ep),
+                             .comm = &mesh_->group(dist::MeshGroup::ep)};
+    // Every parameter starts at a multiple of both reduction groups' sizes, so each bucket splits evenly (ZeRO-1).
+    const int64_t align =
+        std::lcm(mesh_->group(dist::MeshGroup::dp_span).size(), int64_t{mesh_->group(dist::MeshGroup::edp).size()});
+    model_ = std::make_unique<nn::DenseLM>(cfg_.model, precision, align);
     model_->params().initialize(static_cast<uint64_t>(cfg_.run.seed));
+    grad_sync_ =
+        std::make_unique<GradSync>(model_->params(), *mesh_, cfg_.parallel.bucket_mb, cfg_.parallel.zero_stage >= 1);
     adamw_ = std::make_unique<optim::AdamW>(
         model_->params(),
-        ops::AdamWHyper{.lr = t.lr, .beta1 = t.beta1, .beta2 = t.beta2, .eps = t.eps, .weight_decay = t.weight_decay});
+        ops::AdamWHyper{.lr = t.lr, .beta1 = t.beta1, .beta2 = t.beta2, .eps = t.eps, .weight_decay = t.weight_decay},
+        grad_sync_->zero() ? std::optional(grad_sync_->owned()) : std::nullopt);
     optim::schedule_kind_from_name(t.schedule, &schedule_.kind);
     schedule_.lr = t.lr;
     schedule_.min_lr_ratio = t.min_lr_ratio;
@@ -110,7 +122,7 @@ Trainer::Trainer(JobConfig cfg, bool log, dist::Comm* world) : cfg_(std::move(cf
 
 void Trainer::fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs, const core::Tensor& targets) const {
     const auto& t = cfg_.train;
-    train_sampler_->fill(data::sampler_first_sample(step, t.grad_accum, micro, dp_size(), dp_rank(), t.batch_size),
+    train_sampler_->fill(data::sampler_first_sample(step, t.grad_accum, micro, data_size(), data_rank(), t.batch_size),
                          t.batch_size,
                          inputs,
                          targets);
@@ -125,19 +137,25 @@ StepResult Trainer::train_step() {
     model_->params().zero_grads();
     model_->set_train_step(step_);
     // Each data-parallel rank backpropagates its share of the global batch's mean loss, 1 / (grad_accum dp) per
-    // micro-batch, so the gradient all-reduce is a plain sum.
-    const double micro_divisor = static_cast<double>(t.grad_accum * dp_size());
+    // micro-batch, so the gradient reduction is a plain sum. The last micro-batch's backward hands each bucket of
+    // complete gradients to the reduction as it goes.
+    const double micro_divisor = static_cast<double>(t.grad_accum * data_size());
     for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
         fill_batch(step_, micro, inputs_, targets_);
         r.loss += model_->forward(inputs_, targets_) / static_cast<double>(t.grad_accum);
         r.aux_loss += model_->last_aux_loss() / static_cast<double>(t.grad_accum);
+        const bool last = micro + 1 == t.grad_accum;
+        if (last && grad_sync_->active())
+            model_->set_grad_ready_hook([this](int first) { grad_sync_->grads_ready(first); });
         model_->backward(r.loss_scale / micro_divisor);
+        model_->set_grad_ready_hook({});
     }
-    r.comm_seconds = reduce_gradients();
-    r.loss = dp_sum(r.loss) / static_cast<double>(dp_size());
-    r.aux_loss = dp_sum(r.aux_loss) / static_cast<double>(dp_size());
+    r.comm_seconds = grad_sync_->finish();
+    r.buckets_overlapped = grad_sync_->buckets_overlapped();
+    r.loss = dp_sum(r.loss) / static_cast<double>(data_size());
+    r.aux_loss = dp_sum(r.aux_loss) / static_cast<double>(data_size());
     core::TraceRange range(model_->params().precision().device, "optimizer");
-    r.grad_norm = ops::global_norm({model_->params().grad_arena()}) / r.loss_scale;
+    r.grad_norm = grad_sync_->grad_norm() / r.loss_scale;
     const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
     // Under dynamic loss scaling an overflow skips the step (the step counter, schedule and data still advance, as
     // in Megatron-LM); anywhere else a non-finite value ends the run.
@@ -156,11 +174,12 @@ StepResult Trainer::train_step() {
         // loss scale is divided out in the same multiplier.
         const double clip = t.grad_clip > 0 && r.grad_norm > t.grad_clip ? t.grad_clip / (r.grad_norm + 1e-6) : 1.0;
         adamw_->step(r.lr, step_ + 1, clip / r.loss_scale);
+        grad_sync_->gather_params();  // ZeRO-1: every rank's updated slices to every replica
     }
     ++step_;
     // The MoE balancers update from the routing the step's training forwards counted (the bias is not a gradient
     // quantity, so this happens also on a skipped step); the metrics and the collapse alarm come with it.
-    r.moe = model_->moe_step_end(step_);
+    r.moe = model_->moe_step_end(step_, &mesh_->group(dist::MeshGroup::dp_span));
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return r;
 }
@@ -168,11 +187,17 @@ StepResult Trainer::train_step() {
 double Trainer::evaluate() {
     const auto& t = cfg_.train;
     const data::Sampler& sampler = val_sampler_ ? *val_sampler_ : *train_sampler_;
-    // The data-parallel ranks share the batches round-robin; the sum over ranks is the single-process sum.
+    // The data-parallel ranks share the batches round-robin; the sum over ranks is the single-process sum. Under
+    // expert parallelism every forward is collective over the ep group, so all ranks run the same number of them:
+    // a rank without a batch in the last round repeats batch 0 and does not count it.
     double sum = 0.0;
-    for (int64_t b = dp_rank(); b < t.eval_batches; b += dp_size()) {
-        sampler.fill_sequential(b * t.batch_size, t.batch_size, inputs_, targets_);
-        sum += model_->forward(inputs_, targets_, /*training=*/false);
+    const int64_t p = data_size(), rounds = (t.eval_batches + p - 1) / p;
+    for (int64_t round = 0; round < rounds; ++round) {
+        const int64_t b = round * p + data_rank();
+        if (b >= t.eval_batches && mesh_->size(dist::MeshAxis::ep) == 1) break;
+        sampler.fill_sequential((b < t.eval_batches ? b : 0) * t.batch_size, t.batch_size, inputs_, targets_);
+        const double loss = model_->forward(inputs_, targets_, /*training=*/false);
+        if (b < t.eval_batches) sum += loss;
     }
     return dp_sum(sum) / static_cast<double>(t.eval_batches);
 }
@@ -183,17 +208,25 @@ void Trainer::run() {
     const bool writer = mesh_->world().rank() == 0;
     if (writer) std::filesystem::create_directories(cfg_.run.dir);
     metrics_ = std::make_unique<MetricsLog>(cfg_.metrics.jsonl && writer ? cfg_.run.dir + "/metrics.jsonl" : "");
+    const int64_t state_total = optimizer_state_bytes_total();
+    // The model's parameters at their global shapes (an expert-parallel rank holds only its experts).
+    int64_t n_params = 0;
+    for (int i = 0; i < model_->params().size(); ++i)
+        n_params += core::shape_numel(nn::param_global_shape(model_->params().spec(i)));
     metrics_->write(step_,
                     "config",
                     {{"config_toml", cfg_.to_toml()},
                      {"moetrain_version", MT_VERSION},
                      {"cuda", core::cuda_describe()},
                      {"threads", omp_get_max_threads()},
-                     {"parameters", model_->params().total_numel()},
-                     {"mesh", mesh_->to_json()}});
+                     {"parameters", n_params},
+                     {"mesh", mesh_->to_json()},
+                     {"optimizer_state_bytes_per_rank", optimizer_state_bytes()},
+                     {"optimizer_state_bytes_total", state_total},
+                     {"zero_stage", grad_sync_->zero() ? 1 : 0}});
     if (log_) {
         fmt::print("moetrain: {} parameters, {} tokens per step, {} ({}, {} threads{}); train data {}\n",
-                   model_->params().total_numel(),
+                   n_params,
                    tokens_per_step(),
                    core::device_name(model_->params().precision().device),
                    core::dtype_name(model_->params().precision().compute),
@@ -202,6 +235,14 @@ void Trainer::run() {
                        ? fmt::format(" x {} processes, {}", mesh_->world().size(), dist::mesh_describe(mesh_->shape()))
                        : "",
                    train_source_->describe());
+        if (mesh_->world().size() > 1)
+            fmt::print(
+                "moetrain: optimizer state {:.2f} MB on this rank, {:.2f} MB for the whole model ({}, {} gradient "
+                "buckets)\n",
+                static_cast<double>(optimizer_state_bytes()) / 1e6,
+                static_cast<double>(state_total) / 1e6,
+                grad_sync_->zero() ? "ZeRO-1: sharded over the data-parallel ranks" : "replicated",
+                grad_sync_->num_buckets());
         // Debian's OpenBLAS 0.3.21 falls back to slow generic kernels on CPUs it does not recognise.
         const std::string core = openblas_get_corename();
         if (core == "Prescott" || core == "Core2" || core == "Nehalem" || core == "generic")
@@ -246,6 +287,7 @@ void Trainer::run() {
                                      {"tokens_per_s", tok_s},
                                      {"step_seconds", r.seconds},
                                      {"comm/dp_grad_seconds", r.comm_seconds},
+                                     {"comm/dp_buckets_overlapped", r.buckets_overlapped},
                                      {"tokens_seen", step_ * tokens_per_step()}};
             if (scaler_.dynamic()) {
                 fields["loss_scale"] = r.loss_scale;

@@ -15,6 +15,7 @@
 #include "optim/lr_schedule.h"
 #include "train/checkpoint_io.h"
 #include "train/config.h"
+#include "train/grad_sync.h"
 #include "train/metrics.h"
 
 namespace mt::train {
@@ -24,10 +25,11 @@ struct StepResult {
     double grad_norm = 0.0;
     double lr = 0.0;
     double seconds = 0.0;
-    double loss_scale = 1.0;    // the scale this step's backward used
-    bool skipped = false;       // an fp16 overflow: no optimizer update
-    double aux_loss = 0.0;      // MoE aux balancing loss (mean over micro-batches; not in `loss`)
-    double comm_seconds = 0.0;  // data-parallel gradient reduction
+    double loss_scale = 1.0;         // the scale this step's backward used
+    bool skipped = false;            // an fp16 overflow: no optimizer update
+    double aux_loss = 0.0;           // MoE aux balancing loss (mean over micro-batches; not in `loss`)
+    double comm_seconds = 0.0;       // data-parallel gradient reduction (the part not overlapped with the backward)
+    int64_t buckets_overlapped = 0;  // gradient buckets issued while the backward was still running
     std::vector<std::pair<int64_t, nn::MoeStepMetrics>> moe;  // per MoE layer (block index), this step's routing
 };
 
@@ -68,9 +70,9 @@ class Trainer {
     double loss_scale() const {
         return scaler_.scale();
     }
-    // Tokens of the global batch (every data-parallel rank).
+    // Tokens of the global batch (every rank that reads different data).
     int64_t tokens_per_step() const {
-        return cfg_.train.batch_size * cfg_.train.seq_len * cfg_.train.grad_accum * dp_size();
+        return cfg_.train.batch_size * cfg_.train.seq_len * cfg_.train.grad_accum * data_size();
     }
     const dist::Mesh& mesh() const {
         return *mesh_;
@@ -81,6 +83,23 @@ class Trainer {
     int64_t dp_rank() const {
         return mesh_->coord(dist::MeshAxis::dp);
     }
+    // The ranks that read different data: dp_span (ep x dp; expert-parallel ranks route different tokens), and this
+    // rank's place among them.
+    int64_t data_size() const {
+        return mesh_->group(dist::MeshGroup::dp_span).size();
+    }
+    int64_t data_rank() const {
+        return mesh_->group(dist::MeshGroup::dp_span).rank();
+    }
+    // Bytes of optimizer state this rank holds (ZeRO-1: about the total divided by the ranks that read different
+    // data), and the whole model's (both moments of every parameter at its global shape).
+    int64_t optimizer_state_bytes() const {
+        return adamw_->state_bytes();
+    }
+    int64_t optimizer_state_bytes_total() const;
+    int64_t gradient_buckets() const {
+        return grad_sync_->num_buckets();
+    }
 
     // Routing-collapse alarms raised so far (all MoE layers).
     int64_t moe_alarms_total() const {
@@ -88,10 +107,9 @@ class Trainer {
     }
 
    private:
-    // trainer_dist.cpp: the layouts this trainer runs (exit 2 for the others), the gradient all-reduce over dp
-    // (returns its seconds), and the sum of a per-rank value over dp.
+    // trainer_dist.cpp: the layouts this trainer runs (exit 2 for the others), and the sum of a per-rank value over
+    // the ranks that read different data.
     void check_parallel_layout() const;
-    double reduce_gradients();
     double dp_sum(double value);
 
     // trainer_moe.cpp: the MoE layers' metrics fields, warning/alarm events, and balancer checkpoint state.
@@ -105,6 +123,7 @@ class Trainer {
     bool log_;
     std::unique_ptr<dist::Mesh> mesh_;
     std::unique_ptr<nn::DenseLM> model_;
+    std::unique_ptr<GradSync> grad_sync_;
     std::unique_ptr<optim::AdamW> adamw_;
     optim::LossScaler scaler_;
     optim::LrSchedule schedule_;

@@ -1,4 +1,5 @@
 // Trainer state <-> checkpoint: parameters, AdamW moments, step, data position and RNG seed; exact resume.
+#include <chrono>
 #include <filesystem>
 
 #include "train/checkpoint_io.h"
@@ -11,7 +12,7 @@ namespace {
 std::vector<TensorSpec> model_specs(const nn::ParamTable& table) {
     std::vector<TensorSpec> specs;
     for (int i = 0; i < table.size(); ++i)
-        specs.push_back({table.spec(i).name, table.spec(i).shape, table.precision().master});
+        specs.push_back({table.spec(i).name, nn::param_global_shape(table.spec(i)), table.precision().master});
     return specs;
 }
 
@@ -31,30 +32,63 @@ void read_to_device(const Checkpoint& ckpt, const std::string& kind, const std::
     dst.copy_from(host);
 }
 
+// Elements [begin, begin + n) of a saved tensor's flattened global form into dst ([n], any device): a rank's part
+// of an expert-sharded parameter or of ZeRO state. The checkpoint may have been written by any mesh.
+void read_flat_part(const Checkpoint& ckpt,
+                    const std::string& kind,
+                    const std::string& name,
+                    const core::Shape& global,
+                    int64_t begin,
+                    const core::Tensor& dst) {
+    const core::Tensor whole = core::Tensor::zeros(global, dst.dtype());
+    ckpt.read_into(kind, name, whole);
+    dst.copy_from(whole.reshape({whole.numel()}).slice(0, begin, begin + dst.numel()));
+}
+
+core::Tensor flat(const core::Tensor& t) {
+    return t.reshape({t.numel()});
+}
+
 }  // namespace
 
 void Trainer::save_checkpoint() {
     const auto start = std::chrono::steady_clock::now();
-    // Without sharded state every data-parallel replica holds the same weights and moments, so world rank 0 writes
-    // the whole state (conventions §5.2: replicas write once) and the others wait for it to be complete.
-    if (mesh_->world().rank() != 0) {
-        mesh_->world().barrier();
-        return;
-    }
+    // Every rank writes what it alone holds and each replicated tensor is written once (conventions §5.2): dense
+    // parameters by the first rank of dp_span, this rank's experts by the first rank of its edp group (as a box of
+    // the global tensor), the AdamW moments with their parameters, or under ZeRO-1 by their owners (flat ranges),
+    // and the MoE balancer state (the same on every rank) by world rank 0.
     nn::ParamTable& table = model_->params();
+    const bool first_data = mesh_->group(dist::MeshGroup::dp_span).rank() == 0;
+    const bool first_expert = mesh_->group(dist::MeshGroup::edp).rank() == 0;
     std::vector<CheckpointTensor> tensors;
     for (int i = 0; i < table.size(); ++i) {
-        const std::string& name = table.spec(i).name;
-        tensors.push_back({name, "param", to_host(table.master(i))});
-        tensors.push_back({name, "adamw.m", to_host(adamw_->m(i))});
-        tensors.push_back({name, "adamw.v", to_host(adamw_->v(i))});
+        const nn::ParamSpec& spec = table.spec(i);
+        const bool expert = nn::param_expert_sharded(spec);
+        if (!(expert ? first_expert : first_data)) continue;
+        const core::Shape global = nn::param_global_shape(spec);
+        core::Shape offset(global.size(), 0);
+        if (expert) offset[0] = spec.shard_first;
+        tensors.push_back({spec.name, "param", to_host(table.master(i)), global, offset});
     }
-    for (auto& moe : moe_checkpoint_tensors()) tensors.push_back({moe.name, moe.kind, to_host(moe.tensor)});
+    for (const optim::AdamW::Piece& p : adamw_->pieces()) {
+        const nn::ParamSpec& spec = table.spec(p.param);
+        const bool expert = nn::param_expert_sharded(spec);
+        if (!adamw_->sharded() && !(expert ? first_expert : first_data)) continue;
+        const core::Shape global = nn::param_global_shape(spec);
+        // The piece's place in the flattened global tensor: expert rows come after the experts of lower ranks.
+        const int64_t base = expert ? spec.shard_first * (core::shape_numel(spec.shape) / spec.shape[0]) : 0;
+        for (const char* kind : {"adamw.m", "adamw.v"}) {
+            const core::Tensor state = std::string(kind) == "adamw.m" ? adamw_->m(p) : adamw_->v(p);
+            tensors.push_back({spec.name, kind, to_host(state), global, {}, base + p.begin});
+        }
+    }
+    if (mesh_->world().rank() == 0)
+        for (auto& moe : moe_checkpoint_tensors()) tensors.push_back({moe.name, moe.kind, to_host(moe.tensor)});
     const auto& t = cfg_.train;
-    const int64_t samples = data::sampler_first_sample(step_, t.grad_accum, 0, dp_size(), 0, t.batch_size);
+    const int64_t samples = data::sampler_first_sample(step_, t.grad_accum, 0, data_size(), 0, t.batch_size);
     nlohmann::json ranks = nlohmann::json::array();
-    for (int64_t r = 0; r < dp_size(); ++r) {
-        const int64_t first = data::sampler_first_sample(step_, t.grad_accum, 0, dp_size(), r, t.batch_size);
+    for (int64_t r = 0; r < data_size(); ++r) {
+        const int64_t first = data::sampler_first_sample(step_, t.grad_accum, 0, data_size(), r, t.batch_size);
         ranks.push_back(
             {{"dp", r}, {"source", "train"}, {"epoch", train_sampler_->epoch_of(first)}, {"sample", first}});
     }
@@ -73,8 +107,8 @@ void Trainer::save_checkpoint() {
         step_,
         tensors,
         extra,
-        RetentionPolicy{.keep_last = cfg_.checkpoint.keep_last, .keep_every = cfg_.checkpoint.keep_every});
-    mesh_->world().barrier();
+        RetentionPolicy{.keep_last = cfg_.checkpoint.keep_last, .keep_every = cfg_.checkpoint.keep_every},
+        &mesh_->world());
     if (log_) {
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         fmt::print("step {:>6}/{} | checkpoint {} ({:.2f} s)\n", step_, t.steps, dir, secs);
@@ -85,11 +119,29 @@ void Trainer::load_checkpoint(const std::string& dir) {
     const Checkpoint ckpt = checkpoint_open(dir, cfg_.checkpoint.verify_on_resume);
     nn::ParamTable& table = model_->params();
     checkpoint_check_fits(ckpt.manifest(), model_specs(table), dir);
+    // Each rank reads the parts it holds out of the global tensors, whatever mesh wrote them.
     for (int i = 0; i < table.size(); ++i) {
-        const std::string& name = table.spec(i).name;
-        read_to_device(ckpt, "param", name, table.master(i));
-        read_to_device(ckpt, "adamw.m", name, adamw_->m(i));
-        read_to_device(ckpt, "adamw.v", name, adamw_->v(i));
+        const nn::ParamSpec& spec = table.spec(i);
+        if (!nn::param_expert_sharded(spec)) {
+            read_to_device(ckpt, "param", spec.name, table.master(i));
+            continue;
+        }
+        const int64_t row = core::shape_numel(spec.shape) / spec.shape[0];
+        read_flat_part(
+            ckpt, "param", spec.name, nn::param_global_shape(spec), spec.shard_first * row, flat(table.master(i)));
+    }
+    for (const optim::AdamW::Piece& p : adamw_->pieces()) {
+        const nn::ParamSpec& spec = table.spec(p.param);
+        const bool whole = !nn::param_expert_sharded(spec) && p.begin == 0 && p.end == core::shape_numel(spec.shape);
+        const int64_t base =
+            nn::param_expert_sharded(spec) ? spec.shard_first * (core::shape_numel(spec.shape) / spec.shape[0]) : 0;
+        for (const char* kind : {"adamw.m", "adamw.v"}) {
+            const core::Tensor state = std::string(kind) == "adamw.m" ? adamw_->m(p) : adamw_->v(p);
+            if (whole)
+                read_to_device(ckpt, kind, spec.name, state.reshape(spec.shape));
+            else
+                read_flat_part(ckpt, kind, spec.name, nn::param_global_shape(spec), base + p.begin, state);
+        }
     }
     table.refresh_params_from_master();
     load_moe_checkpoint(ckpt);
@@ -99,7 +151,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
     const auto& data = ckpt.manifest().at("data");
     // The global sample order does not depend on the mesh, so a replicated state resumes on any dp size whose
     // global batch (batch_size x grad_accum x dp) matches.
-    const int64_t expected = data::sampler_first_sample(step_, t.grad_accum, 0, dp_size(), 0, t.batch_size);
+    const int64_t expected = data::sampler_first_sample(step_, t.grad_accum, 0, data_size(), 0, t.batch_size);
     const int64_t saved = data.value("samples_consumed", expected);
     if (saved != expected)
         core::fail_hint(core::ExitCode::checkpoint,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `mpirun -np 2 moetrain train`: the data-parallel loss curve equals one process with the same global batch, only
-# rank 0 writes metrics, a resumed dp=2 run continues exactly, and impossible layouts end with exit 2 naming keys.
+# rank 0 writes metrics, a resumed dp=2 run continues exactly, an MoE model trains over ep=2 (each rank writing its
+# checkpoint shard), and impossible layouts end with exit 2 naming keys.
 # Usage: mpi_train.sh <moetrain> <source-dir> <scratch-dir>
 set -euo pipefail
 BIN=$1
@@ -72,10 +73,17 @@ set -e
 [[ $rc -eq 2 ]] || fail "tp=2: exit $rc, expected 2: $(cat bad3.err)"
 grep -q "parallel.tp = 2: tensor parallelism is not implemented yet" bad3.err || fail "tp=2 message: $(cat bad3.err)"
 set +e
-"${MPIRUN[@]}" "$BIN" train "${COMMON[@]}" --set run.dir=bad --set moe.enabled=true --set moe.num_experts=4 \
-  --set moe.top_k=2 --set moe.expert_ffn_dim=64 > /dev/null 2> bad4.err
+"${MPIRUN[@]}" "$BIN" train "${COMMON[@]}" --set run.dir=bad --set moe.enabled=true --set moe.num_experts=3 \
+  --set moe.top_k=2 --set moe.expert_ffn_dim=64 --set parallel.ep=2 > /dev/null 2> bad4.err
 rc=$?
 set -e
-[[ $rc -eq 2 ]] || fail "MoE under dp=2: exit $rc, expected 2: $(cat bad4.err)"
-grep -q "moe.enabled = true with parallel.dp = 2" bad4.err || fail "MoE under dp message: $(cat bad4.err)"
+[[ $rc -eq 2 ]] || fail "3 experts over ep=2: exit $rc, expected 2: $(cat bad4.err)"
+grep -q "moe.num_experts = 3 is not divisible by parallel.ep = 2" bad4.err || fail "ep message: $(cat bad4.err)"
+
+# Expert parallelism from the command line: an MoE model over ep = 2, ZeRO-1 reported on the first line.
+"${MPIRUN[@]}" "$BIN" train "${COMMON[@]}" --set run.dir=ep2 --set moe.enabled=true --set moe.num_experts=4 \
+  --set moe.top_k=2 --set moe.expert_ffn_dim=64 --set parallel.ep=2 > ep2.txt 2> ep2.err || fail "ep=2: $(cat ep2.err)"
+grep -q "x 2 processes, tp=1 cp=1 ep=2 dp=1 pp=1" ep2.txt || fail "no ep mesh line: $(cat ep2.txt)"
+grep -q "ZeRO-1: sharded over the data-parallel ranks" ep2.txt || fail "no ZeRO-1 line: $(cat ep2.txt)"
+[[ -f ep2/checkpoints/step_00000006/rank_00001.safetensors ]] || fail "rank 1 wrote no checkpoint shard"
 echo "mpi_train: ok"

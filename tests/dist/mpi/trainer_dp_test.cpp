@@ -7,41 +7,19 @@
 #include <filesystem>
 #include <fstream>
 
+#include "dist/mpi/mpi_job.h"
 #include "dist/runtime.h"
-#include "support/tiny_job.h"
 #include "train/trainer.h"
 
 using mt::train::Trainer;
 using namespace mt::dist;
+using mt::testing::data_dir;
+using mt::testing::shared_dir;
 
 namespace {
 
-// Every rank writes the data into its own directory (same bytes everywhere); run directories are shared, created
-// by rank 0.
-std::string shared_dir(const std::string& name) {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    const std::string dir = ::testing::TempDir() + "mt_mpi_" + info->name() + "_" + name;
-    if (dist_world().rank() == 0) {
-        std::filesystem::remove_all(dir);
-        std::filesystem::create_directories(dir);
-    }
-    dist_world().barrier();
-    return dir;
-}
-
-std::string data_dir() {
-    return mt::testing::fresh_dir("data_r" + std::to_string(dist_world().rank()));
-}
-
 mt::train::JobConfig job(const std::string& data, const std::string& run_dir, std::vector<std::string> overrides) {
-    overrides.insert(overrides.begin(),
-                     {"run.threads=1",
-                      "run.device=\"cpu\"",
-                      "train.steps=20",
-                      "train.batch_size=2",
-                      "train.eval_batches=4",
-                      "run.dir=\"" + run_dir + "\""});
-    return mt::testing::tiny_job(data, overrides);
+    return mt::testing::mpi_job(data, run_dir, std::move(overrides));
 }
 
 double master_sum(Trainer& t) {

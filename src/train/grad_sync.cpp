@@ -1,0 +1,148 @@
+// Bucketed gradient reduction, overlapped with the backward, and the ZeRO-1 scatter/gather.
+#include "train/grad_sync.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "ops/global_norm.h"
+
+namespace mt::train {
+
+GradSync::GradSync(nn::ParamTable& table, const dist::Mesh& mesh, double bucket_mb, bool zero)
+    : table_(&table),
+      dense_(&mesh.group(dist::MeshGroup::dp_span)),
+      edp_(&mesh.group(dist::MeshGroup::edp)),
+      ep_(&mesh.group(dist::MeshGroup::ep)),
+      zero_(zero && mesh.group(dist::MeshGroup::dp_span).size() > 1),
+      active_(mesh.group(dist::MeshGroup::dp_span).size() > 1) {
+    if (!active_) return;
+    const core::Tensor grads = table.grad_arena();
+    const auto elem = static_cast<int64_t>(core::dtype_size(grads.dtype()));
+    const int64_t limit = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1048576.0) / elem);
+    for (int i = table.size() - 1; i >= 0;) {
+        Bucket b;
+        b.expert = nn::param_expert_sharded(table.spec(i));
+        b.end = table.offset(i) + table.padded_numel(i);
+        // Whole parameters, the same reduction group, up to the size limit (a larger parameter is its own bucket).
+        int j = i;
+        while (j >= 0 && nn::param_expert_sharded(table.spec(j)) == b.expert &&
+               (j == i || b.end - table.offset(j) <= limit))
+            --j;
+        b.lowest = j + 1;
+        b.begin = table.offset(b.lowest);
+        const int64_t p = group(b).size();
+        MT_CHECK((b.end - b.begin) % p == 0,
+                 "grad sync: bucket of {} elements does not split over {} ranks (parameter alignment)",
+                 b.end - b.begin,
+                 p);
+        buckets_.push_back(std::move(b));
+        i = j;
+    }
+    if (!zero_) return;
+    int64_t staged = 0;
+    for (Bucket& b : buckets_) {
+        b.staging = staged;
+        staged += (b.end - b.begin) / group(b).size();
+    }
+    staging_ = core::Tensor::zeros({std::max<int64_t>(staged, 1)}, grads.dtype(), grads.device());
+}
+
+void GradSync::issue(Bucket& b) {
+    b.issued = true;
+    dist::Comm& comm = group(b);
+    if (comm.size() == 1) return;  // experts held by this rank alone: nothing to reduce
+    const core::Tensor grads = table_->grad_arena();
+    const dist::CommType type = dist::comm_type_of(grads.dtype());
+    const size_t elem = core::dtype_size(grads.dtype());
+    char* base = static_cast<char*>(grads.raw()) + static_cast<size_t>(b.begin) * elem;
+    if (!zero_) {
+        b.work = comm.all_reduce(base, b.end - b.begin, type, dist::ReduceOp::sum);
+        return;
+    }
+    char* out = static_cast<char*>(staging_.raw()) + static_cast<size_t>(b.staging) * elem;
+    b.work = comm.reduce_scatter(base, out, (b.end - b.begin) / comm.size(), type, dist::ReduceOp::sum);
+}
+
+void GradSync::grads_ready(int first) {
+    for (Bucket& b : buckets_) {
+        if (!b.issued && b.lowest >= first) {
+            issue(b);
+            // The hook's final call (first = 0) comes after the whole backward: not overlapped.
+            if (first > 0) ++issued_early_;
+        }
+        if (b.issued) (void)b.work.done();
+    }
+}
+
+double GradSync::finish() {
+    if (!active_) return 0.0;
+    const auto start = std::chrono::steady_clock::now();
+    overlapped_ = issued_early_;
+    issued_early_ = 0;
+    for (Bucket& b : buckets_)
+        if (!b.issued) issue(b);
+    const core::Tensor grads = table_->grad_arena();
+    for (Bucket& b : buckets_) {
+        b.work.wait();
+        b.issued = false;
+        if (!zero_ || group(b).size() == 1) continue;
+        // The owned slice's reduced gradient goes back to its place in the arena, where the optimizer reads it.
+        const int64_t n = (b.end - b.begin) / group(b).size(), at = b.begin + group(b).rank() * n;
+        grads.slice(0, at, at + n).copy_from(staging_.slice(0, b.staging, b.staging + n));
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::vector<optim::ArenaRange> GradSync::owned() const {
+    std::vector<optim::ArenaRange> out;
+    if (!active_) {
+        out.push_back({0, table_->total_numel()});
+        return out;
+    }
+    for (const Bucket& b : buckets_) {
+        const int64_t p = group(b).size(), n = (b.end - b.begin) / p, at = b.begin + group(b).rank() * n;
+        out.push_back({at, at + n});
+    }
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+    return out;
+}
+
+double GradSync::grad_norm() const {
+    const core::Tensor grads = table_->grad_arena();
+    if (!zero_ && ep_->size() == 1) return ops::global_norm({grads});
+    // Squared norms of disjoint parts: under ZeRO-1 the owned slices partition every bucket's group, so a sum over
+    // dp_span counts each dense element once and each expert element once (edp x ep = dp_span covers every expert
+    // once). Replicated: dense parts are the same everywhere; expert parts differ over ep only.
+    double dense = 0.0, expert = 0.0;
+    if (zero_) {
+        for (const optim::ArenaRange& r : owned()) dense += ops::global_norm_sq(grads.slice(0, r.begin, r.end));
+        dist::Comm& all = *dense_;
+        return std::sqrt(dist::comm_all_reduce_sum(all, dense));
+    }
+    for (int i = 0; i < table_->size(); ++i) {
+        const double sq = ops::global_norm_sq(table_->grad(i));
+        (nn::param_expert_sharded(table_->spec(i)) ? expert : dense) += sq;
+    }
+    return std::sqrt(dense + dist::comm_all_reduce_sum(*ep_, expert));
+}
+
+void GradSync::gather_params() {
+    if (!zero_) return;
+    // The weights the forward reads. (A bf16 copy beside fp32 masters would be gathered here too; multi-rank runs
+    // are CPU-only until the NCCL backend, where the weights are the f32 masters.)
+    const core::Tensor params = table_->param_arena();
+    const dist::CommType type = dist::comm_type_of(params.dtype());
+    const size_t elem = core::dtype_size(params.dtype());
+    std::vector<dist::CommWork> works;
+    for (const Bucket& b : buckets_) {
+        dist::Comm& comm = group(b);
+        if (comm.size() == 1) continue;
+        const int64_t n = (b.end - b.begin) / comm.size();
+        char* base = static_cast<char*>(params.raw()) + static_cast<size_t>(b.begin) * elem;
+        works.push_back(comm.all_gather(base + static_cast<size_t>(comm.rank() * n) * elem, base, n, type));
+    }
+    for (auto& w : works) w.wait();
+}
+
+}  // namespace mt::train

@@ -1,0 +1,76 @@
+// Data-parallel gradient reduction and the ZeRO-1 layout (docs/distributed.md). The gradient arena is cut into
+// buckets, each a run of consecutive parameters replicated over the same ranks: dense parameters over dp_span (every
+// rank that sees different tokens), expert-sharded ones over edp (the ranks holding the same experts). Buckets are
+// planned from the end of the arena, because the backward completes the last parameters first, and each is issued
+// as soon as the backward reports its parameters complete (grads_ready), so the reduction overlaps the rest of the
+// backward. Replicated optimizer: each bucket is all-reduced. ZeRO-1: each bucket is reduce-scattered, rank r of
+// its group owning the r-th of |group| equal slices (the arena alignment makes every bucket divisible), the
+// optimizer updates only the owned slices, and gather_params() all-gathers the updated parameters.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dist/comm.h"
+#include "dist/mesh.h"
+#include "nn/param_table.h"
+#include "optim/adamw.h"
+
+namespace mt::train {
+
+class GradSync {
+   public:
+    // The table must have been finalized with an alignment that the dp_span and edp group sizes divide.
+    GradSync(nn::ParamTable& table, const dist::Mesh& mesh, double bucket_mb, bool zero);
+
+    // True when gradients must be reduced at all (more than one rank sees different tokens).
+    bool active() const {
+        return active_;
+    }
+    bool zero() const {
+        return zero_;
+    }
+    int64_t num_buckets() const {
+        return static_cast<int64_t>(buckets_.size());
+    }
+    // Buckets of the last step that were issued from grads_ready, i.e. while the backward was still running.
+    int64_t buckets_overlapped() const {
+        return overlapped_;
+    }
+    // The backward's hook: every parameter with table index >= first has its final gradient. Issues the buckets
+    // that became complete and polls the pending ones (MPI progresses nonblocking collectives inside its calls).
+    void grads_ready(int first);
+    // Issues the buckets not issued yet and waits for all; afterwards every rank holds the reduced gradients (all of
+    // them, or under ZeRO-1 its owned slices). Returns the seconds spent here (the part not overlapped).
+    double finish();
+    // The L2 norm of the reduced gradient over the whole model (collective over dp_span; over ep for the expert
+    // part of a replicated optimizer).
+    double grad_norm() const;
+    // ZeRO-1: this rank's arena ranges, one slice per bucket.
+    std::vector<optim::ArenaRange> owned() const;
+    // ZeRO-1: all-gathers every bucket's updated parameters (the arena the forward reads) over its group.
+    void gather_params();
+
+   private:
+    struct Bucket {
+        int lowest = 0;              // smallest parameter index in the bucket
+        int64_t begin = 0, end = 0;  // arena range
+        bool expert = false;         // reduced over edp (else dp_span)
+        int64_t staging = 0;         // ZeRO-1: offset of the bucket's owned slice in staging_
+        bool issued = false;
+        dist::CommWork work;
+    };
+    dist::Comm& group(const Bucket& b) const {
+        return b.expert ? *edp_ : *dense_;
+    }
+    void issue(Bucket& b);
+
+    nn::ParamTable* table_;
+    dist::Comm *dense_, *edp_, *ep_;
+    bool zero_, active_;
+    std::vector<Bucket> buckets_;  // in issue order (the end of the arena first)
+    int64_t overlapped_ = 0, issued_early_ = 0;
+    core::Tensor staging_;  // ZeRO-1: the owned slices of the reduce-scatter outputs
+};
+
+}  // namespace mt::train
