@@ -1,8 +1,8 @@
 // GPU throughput of the CUDA attention (causal, GQA, bf16) and of the cuBLASLt linear: one JSON line per case.
 //   bench_attention [--b 8] [--t 4096] [--h 16] [--d 128] [--iters 20] [--warmup 3] [--no-extra] [--nondeterministic]
 // The main case runs on the default kernel and (unless --no-extra) again with MT_ATTENTION_KERNEL=mma.
-// --nondeterministic turns mt::ops::deterministic() off; with MT_ATTENTION_BWD=fast the attention backward is then the
-// experimental one that sums dq with float atomics.
+// --nondeterministic turns mt::ops::deterministic() off, so the attention backward is the 5-matmul one that sums dq
+// with float reductions (flash_bwd_wgmma_fast.cu; MT_ATTENTION_BWD=deterministic keeps the deterministic kernels).
 // Each case is timed with CUDA events on the ops' stream after warm-up; the figure is the median over the timed
 // iterations. FLOPs: causal attention forward 4 B H T^2 D / 2 (two matmuls, half the square), backward 2.5x the
 // forward (the FlashAttention convention; the deterministic backward recomputes QK^T and dO V^T in its dq pass and

@@ -271,17 +271,15 @@ TEST(GpuAttention, FlashParityBf16) {
     flash_parity_cases();
 }
 
-// Runs fn with mt::ops::deterministic() off and MT_ATTENTION_BWD=fast (the experimental wgmma backward that sums dq
-// with float atomics), then restores both.
+// Runs fn with mt::ops::deterministic() off, which selects the 5-matmul wgmma backward that sums dq with float
+// reductions, then restores it.
 void with_fast_bwd(const std::function<void()>& fn) {
     struct Restore {
         ~Restore() {
             set_deterministic(true);
-            unsetenv("MT_ATTENTION_BWD");
         }
     } restore;
     set_deterministic(false);
-    setenv("MT_ATTENTION_BWD", "fast", 1);
     fn();
 }
 

@@ -2,9 +2,10 @@
 // flash_*_wgmma.cu; mma.sync elsewhere, flash_fwd.cu / flash_bwd.cu) or the simple kernels (f32, f16, or any other
 // D <= 256; attention_generic.cu: the fp16 mode's attention is correct but not yet on tensor cores). The environment
 // variable MT_ATTENTION_KERNEL = wgmma | mma | generic overrides the choice (for tests and benchmarks; a choice that
-// does not apply falls back). MT_ATTENTION_BWD=fast with mt::ops::deterministic() off picks the experimental
-// non-deterministic wgmma backward. Takes q, k, v, out, dout, dq, dk, dv all bf16, all f16 or all f32, and lse f32 in
-// every case. Shapes are checked by the caller (ops/attention.cpp).
+// does not apply falls back). With mt::ops::deterministic() off (run.deterministic = false) the backward is the
+// non-deterministic 5-matmul wgmma kernel (flash_bwd_wgmma_fast.cu) unless MT_ATTENTION_BWD=deterministic. Takes q, k,
+// v, out, dout, dq, dk, dv all bf16, all f16 or all f32, and lse f32 in every case. Shapes are checked by the caller
+// (ops/attention.cpp).
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -68,11 +69,13 @@ Kernel pick_kernel(const AttnParams& p, DType dtype) {
     return flash_wgmma_supported() ? Kernel::wgmma : Kernel::mma;
 }
 
-// The experimental 5-matmul wgmma backward (flash_bwd_wgmma_fast.cu) runs only when asked for with
-// MT_ATTENTION_BWD=fast and mt::ops::deterministic() is off: it sums dq with float atomics and is slower on the H200.
+// The 5-matmul wgmma backward (flash_bwd_wgmma_fast.cu) sums dq with float reductions in an order that depends on
+// scheduling, so it runs only with mt::ops::deterministic() off, where it is the default because it is the faster
+// one on the H200 (bwd 3.41 against 4.02 ms, docs/PERFORMANCE.md). MT_ATTENTION_BWD=deterministic keeps the
+// deterministic kernels anyway (A/B benchmarks).
 bool fast_bwd_requested() {
     const char* env = std::getenv("MT_ATTENTION_BWD");
-    return env != nullptr && std::strcmp(env, "fast") == 0 && !mt::ops::deterministic();
+    return !mt::ops::deterministic() && (env == nullptr || std::strcmp(env, "deterministic") != 0);
 }
 
 }  // namespace
@@ -124,10 +127,10 @@ void attention_bwd(const Tensor& q,
     p.delta = p.delta_w = delta;
     const Kernel kernel = pick_kernel(p, q.dtype());
     if (kernel != Kernel::wgmma) attention_delta(p, delta, q.dtype());  // the wgmma backward computes it itself
-    const size_t dq_accum_bytes = static_cast<size_t>(q.numel()) * sizeof(float);
     switch (kernel) {
         case Kernel::wgmma:
-            if (fast_bwd_requested()) {  // dq summed with float atomics in an fp32 buffer
+            if (fast_bwd_requested()) {  // dq summed with float reductions in an fp32 buffer
+                const size_t dq_accum_bytes = flash_bwd_wgmma_fast_accum_floats(p) * sizeof(float);
                 p.dq_accum = static_cast<float*>(be.alloc(dq_accum_bytes));
                 flash_bwd_wgmma_fast(p);
                 be.free(p.dq_accum, dq_accum_bytes);

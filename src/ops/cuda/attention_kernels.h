@@ -4,6 +4,7 @@
 // core::cuda_stream() and are deterministic (no atomics), except flash_bwd_wgmma_fast.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -23,7 +24,7 @@ struct AttnParams {
     void* dq = nullptr;
     void* dk = nullptr;
     void* dv = nullptr;
-    float* dq_accum = nullptr;  // flash_bwd_wgmma_fast's fp32 dq sums [B, T, Hq, D]
+    float* dq_accum = nullptr;  // flash_bwd_wgmma_fast's fp32 dq sums (its own tiled layout)
     int b = 0, t = 0, hq = 0, hkv = 0, d = 0;
     float scale = 0;    // 1 / sqrt(D)
     uint32_t zero = 0;  // always 0: an opaque operand for ptxas (flash_fwd_wgmma.cu)
@@ -39,9 +40,10 @@ void flash_fwd(const AttnParams& p);
 void flash_bwd(const AttnParams& p);  // needs p.delta
 void flash_fwd_wgmma(const AttnParams& p);
 void flash_bwd_wgmma(const AttnParams& p);  // writes delta to p.delta_w and reads it back through p.delta
-// The experimental 5-matmul backward (one kernel per key block, dq summed with float atomics into p.dq_accum, which it
-// zeroes first): not bitwise reproducible. Writes delta to p.delta_w and reads it back through p.delta.
+// The 5-matmul backward (one kernel per key block, dq summed with float reductions into p.dq_accum, which it zeroes
+// first): faster, but not bitwise reproducible. Writes delta to p.delta_w and reads it back through p.delta.
 void flash_bwd_wgmma_fast(const AttnParams& p);
+size_t flash_bwd_wgmma_fast_accum_floats(const AttnParams& p);  // the size of p.dq_accum it needs
 // True when this GPU is a Hopper (sm_90) and the build holds the sm_90a kernels.
 bool flash_wgmma_supported();
 

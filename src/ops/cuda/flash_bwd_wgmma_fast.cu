@@ -1,11 +1,12 @@
-// Experimental fast (non-deterministic) flash-attention backward on Hopper warpgroup MMA (wgmma, sm_90a), bf16 with D
-// in {64, 128}, in the manner of FlashAttention-2/3: 5 matmuls. One thread block of two warpgroups per 128 keys (64
-// each) loops over the GQA group's query heads and the query blocks of 64: S^T = K Q^T and dP^T = V dO^T read both
+// Fast (non-deterministic) flash-attention backward on Hopper warpgroup MMA (wgmma, sm_90a), bf16 with D in
+// {64, 128}, in the manner of FlashAttention-2/3: 5 matmuls. One thread block per 128 keys: two consumer warpgroups (64
+// keys each) loop over the GQA group's query heads and the query blocks of 64: S^T = K Q^T and dP^T = V dO^T read both
 // operands from swizzled shared memory, dV += P^T dO and dK += dS^T Q take P^T and dS^T from registers, and dS^T goes
-// to shared memory, from which dQ = dS K (each warpgroup half of D, over all 128 keys) is added to an fp32 buffer
-// with vector float atomics (red.global.add.v2.f32): the sum's order depends on scheduling. A pre-kernel computes
-// delta = rowsum(dO * O) and zeroes the buffer; a post-kernel writes dq = buffer * scale in bf16. On the H200 the
-// atomics make it slower than the deterministic flash_bwd_wgmma.cu (docs/PERFORMANCE.md), so it runs only on request.
+// to shared memory, from which dQ = dS K (each warpgroup half of D, over all 128 keys) is computed. The dQ block goes
+// to a double-buffered shared chunk, and a third warpgroup (one thread, few registers) adds it to an fp32 buffer with
+// one bulk reduction (cp.reduce.async.bulk .add.f32, 32 KB), so the consumers never wait on the global adds; the sum's
+// order depends on scheduling. A pre-kernel computes delta = rowsum(dO * O); a post-kernel writes dq = buffer * scale
+// in bf16. attention.cu runs it when mt::ops::deterministic() is off (docs/PERFORMANCE.md has the figures).
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
@@ -18,17 +19,24 @@ namespace {
 
 using namespace flash;
 
-// kWarpgroups warpgroups per thread block, 64 keys each (one warpgroup over 64 keys doubles the dq sums and ran 1.8x
-// slower); query blocks of kBM.
+// kWarpgroups consumer warpgroups per thread block, 64 keys each (one warpgroup over 64 keys doubles the dq sums and
+// ran 1.8x slower); query blocks of kBM.
 constexpr int kWarpgroups = 2, kBM = 64, kStages = 2;
+
+// Each warpgroup sums dq columns [wg D / 2, (wg + 1) D / 2) of a query block: a chunk of kBM x D / 2 floats.
+template <int D>
+__host__ __device__ constexpr int dq_chunk_bytes() {
+    return kBM * (D / kWarpgroups) * static_cast<int>(sizeof(float));
+}
 
 template <int D>
 constexpr int fast_bwd_smem_bytes() {
-    // K, V [64 kWarpgroups][D]; Q, dO [kStages][kBM][D]; dS^T [64 kWarpgroups][kBM] (bf16); lse, delta [kStages][kBM]
-    // (f32); alignment.
+    // K, V [64 kWarpgroups][D]; Q, dO [kStages][kBM][D]; dS^T [64 kWarpgroups][kBM] (bf16); dq chunks [2 buffers]
+    // [kWarpgroups]; lse, delta [kStages][kBM] (f32); mbarriers (full [2][kWarpgroups], empty [2]); alignment.
     return (2 * 64 * kWarpgroups * D + 2 * kStages * kBM * D + 64 * kWarpgroups * kBM) *
                static_cast<int>(sizeof(bf16)) +
-           2 * kStages * kBM * static_cast<int>(sizeof(float)) + 1024;
+           2 * kWarpgroups * dq_chunk_bytes<D>() + 2 * kStages * kBM * static_cast<int>(sizeof(float)) +
+           8 * (2 * kWarpgroups + 2) + 1024;
 }
 
 // Rows = this warpgroup's 64 keys, columns = 64 queries from m0: P^T = exp2(S^T * scale - lse) in place in pt.
@@ -53,32 +61,91 @@ __device__ __forceinline__ void fast_probs(
     }
 }
 
-__device__ __forceinline__ void red_add_v2(float* addr, float a, float b) {
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+// mbarriers between the consumers and the dq writer (the writer must not block the consumers, so no bar.sync).
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
 }
 
 template <int D>
-__global__ void __launch_bounds__(128 * kWarpgroups, 1) flash_bwd_fast_wgmma_kernel(const AttnParams p) {
+__global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1) flash_bwd_fast_wgmma_kernel(const AttnParams p) {
 #if MT_WGMMA_ENABLED
     constexpr int kThreads = 128 * kWarpgroups, kBN = 64 * kWarpgroups;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
     constexpr uint32_t kKV = kBN * D * 2, kQ = kBM * D * 2;
     const uint32_t s_k = base, s_v = base + kKV, s_q = base + 2 * kKV, s_do = s_q + kStages * kQ;
-    const uint32_t s_ds = s_do + kStages * kQ;                                                // [kBN keys][kBM]
-    float* s_lse = reinterpret_cast<float*>(smem + (s_ds + kBN * kBM * 2 - smem_u32(smem)));  // [kStages][kBM]
-    float* s_delta = s_lse + kStages * kBM;                                                   // [kStages][kBM]
+    constexpr uint32_t kDqChunk = dq_chunk_bytes<D>();
+    const uint32_t s_ds = s_do + kStages * kQ;   // [kBN keys][kBM]
+    const uint32_t s_dq = s_ds + kBN * kBM * 2;  // [2][kWarpgroups][kDqChunk]
+    float* s_lse = reinterpret_cast<float*>(smem + (s_dq + 2 * kWarpgroups * kDqChunk - smem_u32(smem)));
+    float* s_delta = s_lse + kStages * kBM;  // [kStages][kBM], after lse [kStages][kBM]
+    // dq buffer b: full (a consumer warpgroup wrote its chunk) and empty (the writer's reductions have read it).
+    // full [2 buffers][kWarpgroups], empty [2 buffers]
+    const uint32_t bar_full = smem_u32(s_delta + kStages * kBM), bar_empty = bar_full + 8 * 2 * kWarpgroups;
 
-    const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
-    const int n_block = blockIdx.y;  // the slowest grid index: key block 0 (the most query blocks) starts first
-    const int kh = blockIdx.x % p.hkv, b = blockIdx.x / p.hkv, t = p.t;
+    // Warpgroup 0 is the dq writer (one thread issues the bulk reductions), warpgroups 1 .. kWarpgroups the consumers
+    // (wg below counts from 0 for them; tid is the consumers' thread index).
+    const int wg_raw = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 2; ++i) {
+            for (int w = 0; w < kWarpgroups; ++w) mbar_init(bar_full + 8 * (i * kWarpgroups + w), 128);
+            mbar_init(bar_empty + 8 * i, 1);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const int tid = threadIdx.x - 128, wg = wg_raw - 1, tw = threadIdx.x % 128, warp = tw / 32, lane = threadIdx.x % 32;
+    // The key blocks of one (batch, head) are the fastest grid index, so that the thread blocks running at once share
+    // few heads and their Q, dO and dq sums stay in L2 (with the heads fastest, the backward took 4.49 ms instead of
+    // 4.21 at B=8, T=4096, H=16, D=128); key block 0 (the most query blocks) starts first.
+    const int n_block = blockIdx.x, kh = blockIdx.y % p.hkv, b = blockIdx.y / p.hkv, t = p.t;
     const int group = p.hq / p.hkv;
     const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
     const int64_t kv_off = (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
     const int n0 = n_block * kBN;
-    const int first_q = n0 / kBM, q_blocks = (t + kBM - 1) / kBM - first_q;
+    const int m_blocks = (t + kBM - 1) / kBM, first_q = n0 / kBM, q_blocks = m_blocks - first_q;
     const int iters = group * q_blocks;
     const float scale_log2 = p.scale * kLog2e;
+
+    // The dq writer takes few registers, so that the consumers get 240 (24 + 2 x 240 fill the 168 x 384 of the launch):
+    // without setmaxnreg the consumers need 254 and the writer's warpgroup would not fit.
+    if (wg_raw == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (threadIdx.x == 0) {
+            for (int it = 0; it < iters; ++it) {
+                const int h = kh * group + it / q_blocks, mb = first_q + it % q_blocks, sl = it % 2;
+                float* g = p.dq_accum + ((static_cast<int64_t>(b) * p.hq + h) * m_blocks + mb) * (kBM * D);
+                for (int w = 0; w < kWarpgroups; ++w) {  // each chunk as soon as its warpgroup is done
+                    mbar_wait(bar_full + 8 * (sl * kWarpgroups + w), (it / 2) & 1);
+                    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                                     g + w * (kDqChunk / 4)),
+                                 "r"(s_dq + (sl * kWarpgroups + w) * kDqChunk),
+                                 "n"(kDqChunk)
+                                 : "memory");
+                }
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the chunk may be overwritten
+                mbar_arrive(bar_empty + 8 * sl);
+            }
+            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
 
     auto issue = [&](int it, int st) {
         const int h = kh * group + it / q_blocks, m0 = (first_q + it % q_blocks) * kBM;
@@ -99,9 +166,8 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1) flash_bwd_fast_wgmma_ker
     issue(0, 0);
     cp_async_commit();
 
-    // dq columns of this warpgroup: [wg * D / kWarpgroups, (wg + 1) * D / kWarpgroups), in kDqPasses products of kDqN
-    // columns.
-    constexpr int kDqN = D / kWarpgroups > 64 ? 64 : D / kWarpgroups, kDqPasses = D / kWarpgroups / kDqN;
+    constexpr int kDqN = D / kWarpgroups;  // dq columns of this warpgroup: [wg kDqN, (wg + 1) kDqN)
+    static_assert(kDqN == 32 || kDqN == 64, "no wgmma for this many dq columns");
     float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
@@ -110,15 +176,14 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1) flash_bwd_fast_wgmma_ker
     }
     const int kr = wg * 64 + warp * 16 + lane / 4;  // this thread's keys in the block: kr and kr + 8
     const int key0 = n0 + kr;
-    const int dq_col0 = wg * (D / kWarpgroups);
+    const int dq_col0 = wg * kDqN;
 
     for (int it = 0; it < iters; ++it) {
         const int st = it % kStages;
         cp_async_wait<0>();
         fence_proxy_async();
-        __syncthreads();  // stage st is in shared memory; iteration it - 1 is done with the other stage and dS^T
-        if (it + 1 < iters) issue(it + 1, (it + 1) % kStages);
-        cp_async_commit();
+        // stage st is in shared memory; iteration it - 1 is done with the other stage and dS^T
+        asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
         const uint32_t sq = s_q + st * kQ, sdo = s_do + st * kQ;
         const int h = kh * group + it / q_blocks, m0 = (first_q + it % q_blocks) * kBM;
         const bool edge = m0 < n0 + kBN || m0 + kBM > t;
@@ -133,6 +198,10 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1) flash_bwd_fast_wgmma_ker
         for (int kk = 0; kk < D / 16; ++kk)
             wgmma_ss<kBM>(dpt, desc_k<kBN>(s_v, wg * 64, kk), desc_k<kBM>(sdo, 0, kk), kk);
         wgmma_commit();
+        // The loads of it + 1 (into the stage that it - 1 used) issue while the products run: issued before them, they
+        // kept the tensor cores waiting (3.46 against 3.82 ms at B=8, T=4096, H=16, D=128).
+        if (it + 1 < iters) issue(it + 1, (it + 1) % kStages);
+        cp_async_commit();
         wgmma_wait<1>();  // S^T is done: its exponentials run while dP^T is still on the tensor cores
         fence_regs(pt);
         if (edge)
@@ -179,35 +248,38 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1) flash_bwd_fast_wgmma_ker
         asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // dS^T of every warpgroup is in shared memory
 
         // dQ[64 queries x kDqN] = dS K over the kBN keys: A = dS^T tile read MN-major, B = K read MN-major.
+        const uint32_t s_kc = s_k + (dq_col0 / 64) * (kBN * 128) + (dq_col0 % 64) * 2;
+        float dq[kDqN / 8][4];
+        wgmma_fence();
 #pragma unroll
-        for (int ps = 0; ps < kDqPasses; ++ps) {
-            const int col0 = dq_col0 + ps * kDqN;
-            const uint32_t s_kc = s_k + (col0 / 64) * (kBN * 128) + (col0 % 64) * 2;
-            float dq[kDqN / 8][4];
-            wgmma_fence();
+        for (int kk = 0; kk < kBN / 16; ++kk)
+            wgmma_ss<kDqN, 1, 1>(dq,
+                                 make_desc(s_ds + kk * 16 * 128, kBN * 128, 1024),
+                                 make_desc(s_kc + kk * 16 * 128, kBN * 128, 1024),
+                                 kk);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(dv);
+        fence_regs(dk);
+        fence_regs(pa);
+        fence_regs(dsa);
+        fence_regs(dq);
+        // The accumulator goes to shared memory as it lies in the registers (float4 i of thread tw at i * 128 + tw:
+        // conflict-free) and from there, through the writer's bulk reduction, to this warpgroup's contiguous chunk of
+        // the buffer; the post-kernel knows the order.
+        const int sl = it % 2;
+        if (it >= 2) mbar_wait(bar_empty + 8 * sl, (it / 2 - 1) & 1);  // the reduction of it - 2 has read slot sl
+        const uint32_t buf = s_dq + (sl * kWarpgroups + wg) * kDqChunk;
 #pragma unroll
-            for (int kk = 0; kk < kBN / 16; ++kk)
-                wgmma_ss<kDqN, 1, 1>(dq,
-                                     make_desc(s_ds + kk * 16 * 128, kBN * 128, 1024),
-                                     make_desc(s_kc + kk * 16 * 128, kBN * 128, 1024),
-                                     kk);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(dv);
-            fence_regs(dk);
-            fence_regs(pa);
-            fence_regs(dsa);
-            fence_regs(dq);
-            float* dqa = p.dq_accum + (static_cast<int64_t>(b) * t * p.hq + h) * D + col0 + (lane % 4) * 2;
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int row = m0 + warp * 16 + lane / 4 + r * 8;
-                if (row >= t) continue;
-                float* rowp = dqa + row * qrs;
-#pragma unroll
-                for (int i = 0; i < kDqN / 8; ++i) red_add_v2(rowp + i * 8, dq[i][2 * r], dq[i][2 * r + 1]);
-            }
-        }
+        for (int i = 0; i < kDqN / 8; ++i)
+            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(buf + (i * 128 + tw) * 16),
+                         "f"(dq[i][0]),
+                         "f"(dq[i][1]),
+                         "f"(dq[i][2]),
+                         "f"(dq[i][3])
+                         : "memory");
+        fence_proxy_async();
+        mbar_arrive(bar_full + 8 * (sl * kWarpgroups + wg));
     }
 
     bf16* dkg = static_cast<bf16*>(p.dk) + kv_off;
@@ -229,8 +301,7 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1) flash_bwd_fast_wgmma_ker
 #endif
 }
 
-// delta[b, h, i] = rowsum(dO * O) of row (b, i, h), D / 8 threads a row (8 elements each), and zeroes the row's dq
-// accumulator.
+// delta[b, h, i] = rowsum(dO * O) of row (b, i, h), D / 8 threads a row (8 elements each).
 template <int D>
 __global__ void flash_bwd_fast_pre_kernel(const AttnParams p, int64_t rows) {
     constexpr int kPerRow = D / 8;
@@ -250,9 +321,6 @@ __global__ void flash_bwd_fast_pre_kernel(const AttnParams p, int64_t rows) {
             acc = fmaf(of.x, df.x, acc);
             acc = fmaf(of.y, df.y, acc);
         }
-        float4* z = reinterpret_cast<float4*>(p.dq_accum + off);
-        z[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        z[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
     for (int s = 1; s < kPerRow; s *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);
@@ -263,19 +331,27 @@ __global__ void flash_bwd_fast_pre_kernel(const AttnParams p, int64_t rows) {
     }
 }
 
-// dq = dq_accum * scale in bf16, 8 elements a thread.
-__global__ void flash_bwd_fast_post_kernel(const AttnParams p, int64_t n8) {
+// dq = dq_accum * scale in bf16, one float4 of the buffer a thread. The buffer holds [B][Hq][query block][warpgroup]
+// chunks, each in the register order of the kernel: float4 i * 128 + tw is dq[i][0..3] of thread tw of the
+// warpgroup, i.e. rows r and r + 8 (r = 16 warp + lane / 4) and columns c, c + 1 (c = 8 i + 2 (lane % 4)).
+template <int D>
+__global__ void flash_bwd_fast_post_kernel(const AttnParams p, int64_t n4, int m_blocks) {
+    constexpr int kChunk4 = dq_chunk_bytes<D>() / 16;
     const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (g >= n8) return;
-    const float4* a = reinterpret_cast<const float4*>(p.dq_accum) + 2 * g;
-    const float4 x = a[0], y = a[1];
-    const float s = p.scale;
-    uint4 o;
-    o.x = pack_bf16(x.x * s, x.y * s);
-    o.y = pack_bf16(x.z * s, x.w * s);
-    o.z = pack_bf16(y.x * s, y.y * s);
-    o.w = pack_bf16(y.z * s, y.w * s);
-    reinterpret_cast<uint4*>(p.dq)[g] = o;
+    if (g >= n4) return;
+    const float4 x = reinterpret_cast<const float4*>(p.dq_accum)[g];
+    const int64_t c = g / kChunk4;
+    const int j = static_cast<int>(g % kChunk4), i = j / 128, tw = j % 128, wg = static_cast<int>(c % kWarpgroups);
+    const int64_t tile = c / kWarpgroups, bh = tile / m_blocks;
+    const int row = static_cast<int>(tile % m_blocks) * kBM + (tw / 32) * 16 + (tw % 32) / 4;
+    const int col = wg * (D / kWarpgroups) + i * 8 + (tw % 4) * 2;
+    const int h = static_cast<int>(bh % p.hq);
+    const int64_t bb = bh / p.hq;
+    bf16* out = static_cast<bf16*>(p.dq) + ((bb * p.t + row) * p.hq + h) * D + col;
+    if (row < p.t) *reinterpret_cast<uint32_t*>(out) = pack_bf16(x.x * p.scale, x.y * p.scale);
+    if (row + 8 < p.t)
+        *reinterpret_cast<uint32_t*>(out + 8 * static_cast<int64_t>(p.hq) * D) =
+            pack_bf16(x.z * p.scale, x.w * p.scale);
 }
 
 template <int D>
@@ -288,22 +364,30 @@ void launch_bwd_fast(const AttnParams& p) {
     }();
     (void)configured;
     const int64_t rows = static_cast<int64_t>(p.b) * p.t * p.hq;
+    MT_CUDA_CHECK(
+        cudaMemsetAsync(p.dq_accum, 0, flash_bwd_wgmma_fast_accum_floats(p) * sizeof(float), core::cuda_stream()));
     constexpr int kPreThreads = 256;
     const int64_t pre_threads = rows * (D / 8);
     flash_bwd_fast_pre_kernel<D>
         <<<static_cast<unsigned>((pre_threads + kPreThreads - 1) / kPreThreads), kPreThreads, 0, core::cuda_stream()>>>(
             p, rows);
     MT_CUDA_CHECK(cudaGetLastError());
-    const dim3 grid(static_cast<unsigned>(p.b * p.hkv),
-                    static_cast<unsigned>((p.t + 64 * kWarpgroups - 1) / (64 * kWarpgroups)));
-    flash_bwd_fast_wgmma_kernel<D><<<grid, 128 * kWarpgroups, smem, core::cuda_stream()>>>(p);
+    const dim3 grid(static_cast<unsigned>((p.t + 64 * kWarpgroups - 1) / (64 * kWarpgroups)),
+                    static_cast<unsigned>(p.b * p.hkv));
+    flash_bwd_fast_wgmma_kernel<D><<<grid, 128 * (kWarpgroups + 1), smem, core::cuda_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
-    const int64_t n8 = rows * D / 8;
-    flash_bwd_fast_post_kernel<<<static_cast<unsigned>((n8 + 255) / 256), 256, 0, core::cuda_stream()>>>(p, n8);
+    const int m_blocks = (p.t + kBM - 1) / kBM;
+    const int64_t n4 = static_cast<int64_t>(p.b) * p.hq * m_blocks * kBM * D / 4;
+    flash_bwd_fast_post_kernel<D>
+        <<<static_cast<unsigned>((n4 + 255) / 256), 256, 0, core::cuda_stream()>>>(p, n4, m_blocks);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
+
+size_t flash_bwd_wgmma_fast_accum_floats(const AttnParams& p) {
+    return static_cast<size_t>(p.b) * p.hq * ((p.t + kBM - 1) / kBM) * kBM * p.d;
+}
 
 void flash_bwd_wgmma_fast(const AttnParams& p) {
     if (p.d == 64)
