@@ -6,9 +6,9 @@
 //         dVn; the last dS is dS_0.
 //   chunk: one block per (chunk, unit), chunks in parallel: dA, dQg, dKg, dW, dXw = T^T dW, dXu = T^T dVn, dT,
 //         dL = -strict_tril(T^T dT T^T), the elementwise factors, the pairwise intra-chunk terms (rows, then
-//         columns: each output element has one writer), the reverse cumsum to dg; dv, dg, dbeta written, dq and dk
-//         per value head into fp32 buffers.
-//   group: dq, dk = sum over the value heads of a GVA group, in head order.
+//         columns: each output element has one writer), the reverse cumsum to dg; dv, dg, dbeta written; dq and dk
+//         too when HV = H, else per value head into fp32 buffers for:
+//   group (HV > H only): dq, dk = sum over the value heads of a GVA group, in head order.
 // For bf16/f16 inputs (kda::use_tc) prep, the scans and most of chunk run on tensor cores instead: kda_prep_tc.cu,
 // kda_scan_tc.cu, kda_chunk_tc.cu (products over V) and kda_intra_tc.cuh (products over T, intra-chunk terms).
 // Deterministic: fixed loop orders, no atomics.
@@ -128,12 +128,15 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
                                                          const float* __restrict__ pre_dgl,
                                                          float* __restrict__ dqh,
                                                          float* __restrict__ dkh,
+                                                         T* __restrict__ dq,
+                                                         T* __restrict__ dk,
                                                          T* __restrict__ dv,
                                                          T* __restrict__ dg,
                                                          T* __restrict__ dbeta,
                                                          bool intra,
                                                          bool dtc,
-                                                         bool split) {
+                                                         bool split,
+                                                         PhaseClock pc) {
     extern __shared__ float smem[];
     const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x, nt = blockDim.x;
     float* sda = smem;               // dA [c, c]
@@ -165,6 +168,7 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     auto kat = [&](int r, int x) { return ld(k, qk_row(d, b, row(r), h) + x, valid(r)); };
     auto vat = [&](int r, int y) { return ld(v, v_row(d, b, row(r), hv) + y, valid(r)); };
     auto doat = [&](int r, int y) { return ld(dout, v_row(d, b, row(r), hv) + y, valid(r)); };
+    pc.mark(0);
     for (int r = tid; r < c; r += nt) sbeta[r] = ld(beta, beta_at(d, b, row(r), hv), valid(r));
     // The products over V: one warp per output, the lanes over the value columns (coalesced rows).
     const int warp = tid / 32, lane = tid % 32, warps = nt / 32;
@@ -210,6 +214,7 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
         }
     }
     __syncthreads();
+    pc.mark(1);
     // dXw = T^T dW, dXu = T^T dVn, dT = dW Xw^T + dVn Xu^T (Xu = Diag(beta) V)
     // (tensor cores when dtc: kda_intra_tc.cuh)
     if (dtc) {
@@ -241,6 +246,7 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
         }
     }
     __syncthreads();
+    pc.mark(2);
     // T^T dT, then dL = -strict_tril(T^T dT T^T) into sdt
     if (dtc) {
         if (split)
@@ -264,16 +270,20 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
         }
     }
     __syncthreads();
-    // L = Diag(beta) M: dbeta_i = sum_j dL_ij M_ij, dM = Diag(beta) dL
-    for (int i = tid; i < c; i += nt) {
+    pc.mark(3);
+    // L = Diag(beta) M: dbeta_i = sum_j dL_ij M_ij, dM = Diag(beta) dL. A warp per row, the lanes over j (a thread
+    // per row read M's rows from global memory one element at a time, and dL's rows with 32-way bank conflicts).
+    for (int i = warp; i < c; i += warps) {
         float acc = 0.0f;
-        for (int j = 0; j < i; ++j) {
+        for (int j = lane; j < i; j += 32) {
             acc += sdt[i * c + j] * m[i * c + j];
             sdt[i * c + j] *= sbeta[i];
         }
-        sdb[i] = acc;
+        acc = warp_sum(acc);
+        if (lane == 0) sdb[i] = acc;
     }
     __syncthreads();
+    pc.mark(4);
     // dbeta from Xw and Xu; the last row's dGamma from Kg
     for (int r = warp; r < c; r += warps) {
         float db = 0.0f;
@@ -288,6 +298,7 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
         sdgl[x] = acc;
     }
     __syncthreads();
+    pc.mark(5);
     // Elementwise factors: dq = dQg e^G, dk = dKg e^(G_last - G) + beta dXw e^G, dGamma; dv = beta dXu.
     for (int e = tid; e < c * kd; e += nt) {
         const int r = e / kd, x = e % kd;
@@ -304,6 +315,7 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
         if (valid(r)) dv[v_row(d, b, t0 + r, hv) + y] = from_f32<T>(dxu[e] * sbeta[r]);
     }
     __syncthreads();
+    pc.mark(6);
     // Intra-chunk terms on tensor cores (kda_intra_tc.cuh) when the chunk is within the anchors' bound; else
     // pairwise, rows: dq_i, dk_i, dGamma_i from A_ij and M_ij (j <= i).
     const bool done = intra && (split ? intra_tc<T, true>(q, k, d, b, h, t0, gam, sda, sdt, dqg, dkg, dxw)
@@ -341,6 +353,7 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
         dxw[e] -= bg;
     }
     __syncthreads();
+    pc.mark(7);
     // dg = reverse cumsum of dGamma inside the chunk; dq, dk per value head; dbeta.
     for (int x = tid; x < kd; x += nt) {
         float acc = 0.0f;
@@ -352,11 +365,17 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     for (int e = tid; e < c * kd; e += nt) {
         const int r = e / kd, x = e % kd;
         if (!valid(r)) continue;
-        dqh[g_row(d, b, t0 + r, hv) + x] = dqg[e];
-        dkh[g_row(d, b, t0 + r, hv) + x] = dkg[e];
+        if (d.group == 1) {  // one value head per key head: dq, dk directly (the group kernel is skipped)
+            dq[g_row(d, b, t0 + r, hv) + x] = from_f32<T>(dqg[e]);
+            dk[g_row(d, b, t0 + r, hv) + x] = from_f32<T>(dkg[e]);
+        } else {
+            dqh[g_row(d, b, t0 + r, hv) + x] = dqg[e];
+            dkh[g_row(d, b, t0 + r, hv) + x] = dkg[e];
+        }
     }
     for (int r = tid; r < c; r += nt)
         if (valid(r)) dbeta[beta_at(d, b, t0 + r, hv)] = from_f32<T>(sdb[r]);
+    pc.mark(8);
 }
 
 // dq[b, t, h] = sum over the group's value heads hv = h * group + i, in order.
@@ -450,21 +469,24 @@ void kda_bwd(const Tensor& q,
         MT_CUDA_CHECK(cudaGetLastError());
     }
     prof.mark("rscan");
-    const kda::Scratch sc{
-        alloc(chunks * ck), alloc(chunks * ck), alloc(chunks * ck), alloc(chunks * ck), alloc(chunks * cv)};
+    // W, U and A are read only by the scans: their workspace holds dXw, dXu and dA from here on (every entry is
+    // written before it is read; A's zero tiles above the diagonal are the zeros dA needs there), which saves
+    // allocating and zero-filling ~0.7 GB at 8 x 4096.
+    const kda::Scratch sc{alloc(chunks * ck), alloc(chunks * ck), alloc(chunks * ck), w.w, w.u};
     float* pre_da = nullptr;
     float* pre_dgl = nullptr;
     if (kda::use_chunk_tc(d, q.dtype())) {
-        pre_da = alloc(chunks * d.c * d.c);
+        pre_da = w.a;
         pre_dgl = alloc(chunks * d.k);
         kda::chunk_mm_tc_launch(dout, d, w, hs, vn, dvn, dhs, sc.dqg, sc.dkg, sc.dw, pre_da, pre_dgl);
         prof.mark("chunk_mm");
     }
     const int64_t rows = static_cast<int64_t>(d.b) * d.t * d.hv * d.k;
-    float* dqh = alloc(rows);
-    float* dkh = alloc(rows);
+    float* dqh = d.group == 1 ? nullptr : alloc(rows);
+    float* dkh = d.group == 1 ? nullptr : alloc(rows);
     const bool intra = kda::use_intra_tc(d, q.dtype()), dtc = kda::use_dt_tc(d, q.dtype());
     const dim3 chunk_grid(static_cast<unsigned>(d.nc), static_cast<unsigned>(d.units()));
+    const kda::PhaseLog phases("chunk", chunks);
     const size_t chunk_smem = (3 * static_cast<size_t>(d.c) * d.c + 2 * kda::kMaxChunk + d.k) * sizeof(float);
     MT_CUDA_DISPATCH(q.dtype(), T, {
         MT_CUDA_CHECK(cudaFuncSetAttribute(
@@ -486,15 +508,20 @@ void kda_bwd(const Tensor& q,
                                                                              pre_dgl,
                                                                              dqh,
                                                                              dkh,
+                                                                             static_cast<T*>(dq.raw()),
+                                                                             static_cast<T*>(dk.raw()),
                                                                              static_cast<T*>(dv.raw()),
                                                                              static_cast<T*>(dg.raw()),
                                                                              static_cast<T*>(dbeta.raw()),
                                                                              intra,
                                                                              dtc,
-                                                                             kda::bwd_split_tc());
+                                                                             kda::bwd_split_tc(),
+                                                                             phases.clock());
     });
     MT_CUDA_CHECK(cudaGetLastError());
     prof.mark("chunk");
+    phases.print(9);
+    if (d.group == 1) return;
     const int64_t total = static_cast<int64_t>(d.b) * d.t * d.h * d.k;
     MT_CUDA_DISPATCH(q.dtype(), T, {
         kda::group_kernel<T><<<grid_for(total, 256), 256, 0, core::cuda_stream()>>>(

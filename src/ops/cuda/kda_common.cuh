@@ -79,8 +79,9 @@ inline size_t rscan_smem_bytes(const Dims& d) {
            sizeof(float);
 }
 
-// Allocates the forward workspace (fp32 device tensors kept alive by `keep`).
-Work work_alloc(const Dims& d, std::vector<Tensor>& keep);
+// Allocates the workspace (fp32 device tensors kept alive by `keep`); scan_only leaves xw, m, tm null (prep_tc's
+// forward does not write them).
+Work work_alloc(const Dims& d, std::vector<Tensor>& keep, bool scan_only = false);
 // Fills the workspace for every (unit, chunk): one block per pair.
 void prep_launch(const Tensor& q,
                  const Tensor& k,

@@ -1,7 +1,8 @@
 // Tensor-core version of the KDA chunk preparation (kda.md §4.1-4.4, `prep` of kda.cu) for the inputs kda::use_tc
 // accepts (bf16/f16, K % 16 == 0, K <= 128, V % 16 == 0). One block per (chunk, unit), as the fp32 kernel, and the
 // same fp32 workspace, so the scans and the backward read it unchanged. Per chunk:
-//   1. q, k, v rows to shared memory by cp.async (raw 16-bit values, zeros past T); Gamma = cumsum(g) (fp32).
+//   1. q, k, v, g rows to shared memory by cp.async (raw 16-bit values, zeros past T; g in the region T takes
+//      later); Gamma = cumsum(g) (fp32).
 //   2. Qg, Kg, Xw, Gamma to the workspace (elementwise).
 //   3. A and M as 16x16 sub-chunk tiles, each one TF32 mma.sync product over K (spec §4.2): with n the first row of
 //      the row sub-chunk, e^(G_i - G_j) = e^(G_i - G_n) e^(G_n - G_j), so the row operand is q or k times
@@ -52,7 +53,8 @@ __host__ __device__ inline Layout layout(const Dims& d) {
     l.k = l.q + (qbytes > lbytes ? qbytes : lbytes);
     l.v = l.k + qbytes;
     l.t = l.v + d.c * l.ldv * 2;
-    l.x = l.t + lbytes;
+    // The T region first holds the raw g rows ([c, ldx] 16-bit), until Gamma is formed.
+    l.x = l.t + (qbytes > lbytes ? qbytes : lbytes);
     l.beta = l.x + kSub * l.ldc * 4;
     l.total = l.beta + kMaxChunk * 4;
     return l;
@@ -66,7 +68,8 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
                                                               const T* __restrict__ beta,
                                                               Dims d,
                                                               Work w,
-                                                              bool full) {
+                                                              bool full,
+                                                              PhaseClock pc) {
     extern __shared__ __align__(16) unsigned char smem[];
     const Layout l = layout(d);
     float* sg = reinterpret_cast<float*>(smem + l.g);   // Gamma [c, ldg]
@@ -75,6 +78,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
     T* sk = reinterpret_cast<T*>(smem + l.k);           // k [c, ldx]
     T* sv = reinterpret_cast<T*>(smem + l.v);           // v [c, ldv]
     float* stm = reinterpret_cast<float*>(smem + l.t);  // T [c, ldc]
+    T* sgr = reinterpret_cast<T*>(smem + l.t);          // raw g [c, ldx], before T
     float* sx = reinterpret_cast<float*>(smem + l.x);   // [16, ldc] scratch of the inverse
     float* sb = reinterpret_cast<float*>(smem + l.beta);
     const int n = blockIdx.x, unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, h = hv / d.group;
@@ -83,6 +87,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
     const int warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
     const int64_t cb = chunk_index(d, unit, n), ck = ck_off(d, cb), cc = cc_off(d, cb);
 
+    pc.mark(0);
     // 1. Rows to shared memory; a row past T reads row t0 (mapped) and is zero-filled.
     for (int e = tid; e < c * (kd / 8); e += kThreads) {
         const int r = e / (kd / 8), x = (e % (kd / 8)) * 8;
@@ -90,6 +95,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         const int64_t src = qk_row(d, b, ok ? t0 + r : t0, h) + x;
         cp_async16_zfill(sq + r * ldx + x, q + src, ok);
         cp_async16_zfill(sk + r * ldx + x, k + src, ok);
+        cp_async16_zfill(sgr + r * ldx + x, g + g_row(d, b, ok ? t0 + r : t0, hv) + x, ok);
     }
     for (int e = tid; e < c * (vd / 8); e += kThreads) {
         const int r = e / (vd / 8), y = (e % (vd / 8)) * 8;
@@ -98,16 +104,17 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
     }
     cp_async_commit();
     if (tid < c) sb[tid] = t0 + tid < d.t ? to_f32(beta[beta_at(d, b, t0 + tid, hv)]) : 0.0f;
+    // Gamma from the staged g rows (g came in with q, k, v: one round trip instead of four batches of sixteen
+    // global loads per channel, which took ~45% of the kernel's wall time).
+    cp_async_wait<0>();
+    __syncthreads();
     bool diag_ok = true;
     for (int x = tid; x < kd; x += kThreads) {
         float acc = 0.0f;
         for (int s = 0; s < nsub; ++s) {
             float gv[kSub];
 #pragma unroll
-            for (int r = 0; r < kSub; ++r) {  // loads first: sixteen in flight
-                const int t = t0 + s * kSub + r;
-                gv[r] = t < d.t ? to_f32(g[g_row(d, b, t, hv) + x]) : 0.0f;
-            }
+            for (int r = 0; r < kSub; ++r) gv[r] = to_f32(sgr[(s * kSub + r) * ldx + x]);  // zeros past T
             float first = 0.0f;
 #pragma unroll
             for (int r = 0; r < kSub; ++r) {
@@ -118,9 +125,8 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
             diag_ok = diag_ok && first - acc <= kDiagMax;
         }
     }
-    const bool diag_mma = __syncthreads_and(diag_ok) != 0;
-    cp_async_wait<0>();
-    __syncthreads();
+    const bool diag_mma = __syncthreads_and(diag_ok) != 0;  // also the barrier after Gamma
+    pc.mark(1);
 
     // 2. Elementwise chunk quantities, four channels per thread.
     for (int e = tid; e < c * kd / 4; e += kThreads) {
@@ -206,6 +212,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         if (full) w.m[cc + i * c + jj] = mv;
     });
     __syncthreads();
+    pc.mark(2);
     for_results([&](int i, int jj, float, float mv) { sl[i * ldc + jj] = sb[i] * mv; });
     for (int e = tid; e < c * c; e += kThreads) {  // the zero tiles above the diagonal, of L and of T
         const int i = e / c, jj = e % c;
@@ -240,6 +247,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         }
     }
     __syncthreads();
+    pc.mark(3);
 
     // 4. T = (I + L)^-1. Diagonal tiles: column j of tile a by forward substitution.
     if (tid < c) {
@@ -253,6 +261,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         }
     }
     __syncthreads();
+    pc.mark(4);
     // Off-diagonal row blocks in order: X = L_a,<a T_<a,<a (T_xj = 0 for x < j), then T_a,<a = -T_aa X.
     for (int a = 1; a < nsub; ++a) {
         const int wd = a * kSub;
@@ -271,6 +280,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         }
         __syncthreads();
     }
+    pc.mark(5);
     if (full)
         for (int e = tid; e < c * c; e += kThreads) w.tm[cc + e] = stm[(e / c) * ldc + e % c];
 
@@ -327,6 +337,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
             }
         }
     }
+    pc.mark(6);
 }
 
 bool env_is(const char* name, std::string_view value) {
@@ -348,6 +359,7 @@ void launch(const Tensor& q,
     const auto smem = static_cast<size_t>(layout(d).total);
     auto kernel = split_on ? prep_tc_kernel<T, true> : prep_tc_kernel<T, false>;
     MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    const PhaseLog phases(full ? "prep_full" : "prep", static_cast<int64_t>(d.nc) * d.units());
     kernel<<<grid, kThreads, smem, core::cuda_stream()>>>(static_cast<const T*>(q.raw()),
                                                           static_cast<const T*>(k.raw()),
                                                           static_cast<const T*>(v.raw()),
@@ -355,8 +367,10 @@ void launch(const Tensor& q,
                                                           static_cast<const T*>(beta.raw()),
                                                           d,
                                                           w,
-                                                          full);
+                                                          full,
+                                                          phases.clock());
     MT_CUDA_CHECK(cudaGetLastError());
+    phases.print(7);
 }
 
 }  // namespace

@@ -1,11 +1,22 @@
 // Tensor-core versions of the two sequential KDA scans (kda.md §4.5 step 6 and §4.6 step 3), used for bf16 and f16
-// inputs when K % 16 == 0, K <= 128 and V % 16 == 0 (kda::use_tc). Same work split as the fp32 kernels: one block
-// per (16 value columns, unit), chunks in order (or reverse), the fp32 state columns in shared memory. Each product
-// is TF32 mma.sync m16n8k8 with fp32 accumulation; the state update accumulates into the fp32 state itself
-// (D = gamma * S + Kg^T Vn), so rounding enters only through the operands of each product. The per-chunk tiles of
-// the fp32 workspace are staged by cp.async and reloaded for the next chunk as soon as a step has consumed them,
-// so the loads overlap the rest of the chunk. Warps own fixed output tiles and sum over k in a fixed order:
-// deterministic.
+// inputs when K % 16 == 0, K <= 128 and V % 16 == 0 (kda::use_tc). One block per (BV value columns, unit), chunks
+// in order (or reverse), the fp32 state columns in shared memory (the columns of S never mix). Each product is TF32
+// mma.sync m16n8k8 with fp32 accumulation; the state update accumulates into the fp32 state itself
+// (D = gamma * S + Kg^T Vn), so rounding enters only through the operands of each product.
+//
+// The value tile BV (16, 32, 64 or 128 columns) is picked per call (pick_bv): every block streams the chunk's whole
+// W, Qg, Kg, A tiles (~112 KB of fp32) through shared memory whatever its BV, and at BV = 16 that stream and the
+// steps' latencies, not the products, set the pace (~13k cycles per chunk at 8 x 4096 and at 1 x 32768 alike). A
+// wider tile does more work per streamed byte, so the widest BV that still fills the GPU in one wave wins: 128 at
+// B * HV = 128 units (one block per unit), 16 at 16 units. The per-chunk tiles are staged by cp.async and reloaded
+// for the next chunk as soon as a step has consumed them, so the loads overlap the rest of the chunk.
+//
+// Deterministic and independent of BV: each output element has one owner lane, and its sum runs in a fixed order
+// (the [c, BV] products as two interleaved chains over k, even and odd 8-steps, added at the end).
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/kda_common.cuh"
 #include "ops/cuda/kda_mma.cuh"
@@ -15,7 +26,6 @@ namespace mt::ops::cuda::kda {
 namespace {
 
 constexpr int kWarps = kThreads / 32;
-constexpr int kLdB = kBV + 8;  // row stride of the [rows, 16] B tiles (state, Vn, dO, dVn)
 
 // Row strides: 4 mod 32 for tiles read row-wise as A, 8 mod 32 for tiles read transposed.
 __host__ __device__ inline int ld_row(int cols) {
@@ -24,44 +34,85 @@ __host__ __device__ inline int ld_row(int cols) {
 __host__ __device__ inline int ld_tr(int cols) {
     return cols + 8;
 }
-
-// Forward shared memory (floats): W, Qg [c, ld_row(K)], Kg [c, ld_tr(K)], A [c, ld_row(c)], U [c, 16], gamma-log
-// [K], S [K, kLdB], Vn [c, kLdB].
-__host__ __device__ inline int scan_tc_floats(const Dims& d) {
-    return 2 * d.c * ld_row(d.k) + d.c * ld_tr(d.k) + d.c * ld_row(d.c) + d.c * kBV + d.k + d.k * kLdB + d.c * kLdB;
-}
-// Backward: Kg [c, ld_row(K)], Qg, W [c, ld_tr(K)], A [c, ld_tr(c)], gamma-log [K], dS [K, kLdB], dO, dVn [c, kLdB].
-__host__ __device__ inline int rscan_tc_floats(const Dims& d) {
-    return d.c * ld_row(d.k) + 2 * d.c * ld_tr(d.k) + d.c * ld_tr(d.c) + d.k + d.k * kLdB + 2 * d.c * kLdB;
+// Row stride of the [rows, BV] B-operand tiles (S, Vn, dS, dVn fp32; dO 16-bit): BV + 8 makes the B fragment
+// reads conflict-free (rows k0 + t, columns n0 + g) and keeps rows 16-byte aligned.
+template <int BV>
+__host__ __device__ constexpr int ld_b() {
+    return BV + 8;
 }
 
+// Forward shared memory (floats): W, Qg [c, ld_row(K)], Kg [c, ld_tr(K)], A [c, ld_row(c)], gamma-log [K],
+// S [K, ld_b], Vn [c, ld_b]. U is read into registers (each lane needs only its own outputs' values).
+// (bv + 8 = ld_b<bv>(); a runtime bv so pick_bv can size every tile.)
+int scan_tc_floats(const Dims& d, int bv) {
+    return 2 * d.c * ld_row(d.k) + d.c * ld_tr(d.k) + d.c * ld_row(d.c) + d.k + (d.k + d.c) * (bv + 8);
+}
+// Backward: Kg [c, ld_row(K)], Qg, W [c, ld_tr(K)], A [c, ld_tr(c)], gamma-log [K], dS [K, ld_b], dVn [c, ld_b],
+// and two 16-bit dO buffers [c, ld_b] (dO of the next chunk streams in while this one is used).
+int rscan_tc_floats(const Dims& d, int bv) {
+    return d.c * ld_row(d.k) + 2 * d.c * ld_tr(d.k) + d.c * ld_tr(d.c) + d.k + (d.k + 2 * d.c) * (bv + 8);
+}
+
+// B[k][n] = X[k][n] from 16-bit values: bf16 and f16 are exact in TF32, so no rounding step.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) scan_tc_kernel(
-    const float* __restrict__ s0, T* __restrict__ out, float* __restrict__ st, Dims d, Work w, float* hs, float* vns) {
+__device__ __forceinline__ void frag_b16(uint32_t (&b)[2], const T* x, int ld, int k0, int n0, int g, int t) {
+    b[0] = __float_as_uint(to_f32(x[(k0 + t) * ld + n0 + g]));
+    b[1] = __float_as_uint(to_f32(x[(k0 + t + 4) * ld + n0 + g]));
+}
+
+// Ownership of the [c, BV] products (Vn, O, dVn): warp w takes row tile w % 4 (c = 32 idles w % 4 >= 2) and the
+// column tiles w / 4 + 2 i, i < BV / 16. Of the [K, BV] state products: K / 16 row tiles; when that divides 8 the
+// 8 / (K / 16) warps of a row tile split its BV / 8 column tiles (tiles nt0 + step i), else warp w < K / 16 owns row
+// tile w whole.
+struct StateTiles {
+    int x0, nt0, step;
+    bool on;
+};
+__device__ inline StateTiles state_tiles(int kd, int warp) {
+    const int rt = kd / 16, wpr = kWarps % rt == 0 ? kWarps / rt : 1;
+    return {(warp / wpr) * 16, warp % wpr, wpr, warp / wpr < rt};
+}
+
+// Copies the [K, BV] state columns (row stride ld_b) to a [K, V] global matrix at column y0, 16 bytes per copy.
+template <int BV>
+__device__ __forceinline__ void store_state(float* dst, const float* ss, int kd, int vd) {
+    constexpr int per = BV / 4;
+    for (int e = threadIdx.x; e < kd * per; e += kThreads) {
+        const int x = e / per, y = (e % per) * 4;
+        *reinterpret_cast<float4*>(dst + static_cast<int64_t>(x) * vd + y) =
+            *reinterpret_cast<const float4*>(ss + x * ld_b<BV>() + y);
+    }
+}
+
+template <typename T, int BV>
+__global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restrict__ s0,
+                                                           T* __restrict__ out,
+                                                           float* __restrict__ st,
+                                                           Dims d,
+                                                           Work w,
+                                                           float* hs,
+                                                           float* vns,
+                                                           PhaseSums ps) {
+    constexpr int ld = ld_b<BV>(), kN = BV / 16, kN3 = BV / 8;
     extern __shared__ __align__(16) float smem[];
     const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x;
-    const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * kBV;
+    const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * BV;
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int ldr = ld_row(kd), ldt = ld_tr(kd), lda = ld_row(c);
-    float* sw = smem;             // W
-    float* sq = sw + c * ldr;     // Qg
-    float* sk = sq + c * ldr;     // Kg
-    float* sa = sk + c * ldt;     // A
-    float* su = sa + c * lda;     // U columns [c, 16]
-    float* sg = su + c * kBV;     // Gamma of the chunk's last row [K]
-    float* ss = sg + kd;          // state columns [K, kLdB]
-    float* svn = ss + kd * kLdB;  // Vn [c, kLdB]
+    float* sw = smem;           // W
+    float* sq = sw + c * ldr;   // Qg
+    float* sk = sq + c * ldr;   // Kg
+    float* sa = sk + c * ldt;   // A
+    float* sg = sa + c * lda;   // Gamma of the chunk's last row [K]
+    float* ss = sg + kd;        // state columns [K, ld]
+    float* svn = ss + kd * ld;  // Vn [c, ld]
     const int64_t kv = static_cast<int64_t>(kd) * vd;
-    for (int e = tid; e < kd * kBV; e += blockDim.x) {
-        const int x = e / kBV, y = e % kBV;
-        ss[x * kLdB + y] = s0 != nullptr ? s0[unit * kv + static_cast<int64_t>(x) * vd + y0 + y] : 0.0f;
+    for (int e = tid; e < kd * BV; e += kThreads) {
+        const int x = e / BV, y = e % BV;
+        ss[x * ld + y] = s0 != nullptr ? s0[unit * kv + static_cast<int64_t>(x) * vd + y0 + y] : 0.0f;
     }
     // Loads of chunk n in three groups, in the order the steps consume them.
-    auto load_wu = [&](int n) {
-        const int64_t cb = chunk_index(d, unit, n);
-        stage_async(sw, ldr, w.w + ck_off(d, cb), kd, c, kd);
-        stage_async(su, kBV, w.u + cv_off(d, cb) + y0, vd, c, kBV);
-    };
+    auto load_w = [&](int n) { stage_async(sw, ldr, w.w + ck_off(d, chunk_index(d, unit, n)), kd, c, kd); };
     auto load_qa = [&](int n) {
         const int64_t cb = chunk_index(d, unit, n);
         stage_async(sq, ldr, w.qg + ck_off(d, cb), kd, c, kd);
@@ -72,142 +123,205 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(
         stage_async(sk, ldt, w.kg + ck_off(d, cb), kd, c, kd);
         stage_async(sg, kd, w.gam + ck_off(d, cb) + static_cast<int64_t>(c - 1) * kd, kd, 1, kd);
     };
-    load_wu(0);
+    const int m0 = (warp & 3) * 16, nb = warp >> 2;
+    const bool rows_on = m0 < c;
+    const StateTiles stl = state_tiles(kd, warp);
+    // U at this lane's Vn outputs, loaded into registers one chunk ahead.
+    float ur[kN][4];
+    auto load_u = [&](int n) {
+        if (!rows_on) return;
+        const float* p = w.u + cv_off(d, chunk_index(d, unit, n)) + y0 + 2 * t;
+#pragma unroll
+        for (int i = 0; i < kN; ++i) {
+            const int col = (nb + 2 * i) * 8;
+            const float2 u0 = *reinterpret_cast<const float2*>(p + static_cast<int64_t>(m0 + g) * vd + col);
+            const float2 u1 = *reinterpret_cast<const float2*>(p + static_cast<int64_t>(m0 + g + 8) * vd + col);
+            ur[i][0] = u0.x;
+            ur[i][1] = u0.y;
+            ur[i][2] = u1.x;
+            ur[i][3] = u1.y;
+        }
+    };
+    load_w(0);
     cp_async_commit();
     load_qa(0);
     cp_async_commit();
     load_kg(0);
     cp_async_commit();
-    // Output tiles of the [c, 16] products: warp -> (row tile, column tile); c = 32 leaves warps 4..7 idle there.
-    const int mt = warp >> 1, nt = warp & 1, m0 = mt * 16, n0 = nt * 8;
-    const bool has_tile = m0 < c;
+    load_u(0);
+    ps.start();
     for (int n = 0; n < d.nc; ++n) {
         const int64_t cb = chunk_index(d, unit, n);
         const bool more = n + 1 < d.nc;
         cp_async_wait<2>();
         __syncthreads();
-        if (hs != nullptr)
-            for (int e = tid; e < kd * kBV; e += blockDim.x) {
-                const int x = e / kBV, y = e % kBV;
-                hs[cb * kv + static_cast<int64_t>(x) * vd + y0 + y] = ss[x * kLdB + y];
-            }
+        ps.add(1);
+        if (hs != nullptr) store_state<BV>(hs + cb * kv + y0, ss, kd, vd);
         // Step 1: Vn = U - W S.
-        if (has_tile) {
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int k0 = 0; k0 < kd; k0 += 8) {
-                uint32_t a[4], bb[2];
-                frag_a(a, sw, ldr, m0, k0, g, t);
-                frag_b(bb, ss, kLdB, k0, n0, g, t);
-                mma_tf32(acc, a, bb);
+        if (rows_on) {
+            float acc[2][kN][4] = {};
+            for (int k0 = 0; k0 < kd; k0 += 16) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    uint32_t a[4];
+                    frag_a(a, sw, ldr, m0, k0 + 8 * h, g, t);
+#pragma unroll
+                    for (int i = 0; i < kN; ++i) {
+                        uint32_t bb[2];
+                        frag_b(bb, ss, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
+                        mma_tf32(acc[h][i], a, bb);
+                    }
+                }
             }
-            const int r0 = m0 + g, c0 = n0 + 2 * t;
-            const float v00 = su[r0 * kBV + c0] - acc[0], v01 = su[r0 * kBV + c0 + 1] - acc[1];
-            const float v10 = su[(r0 + 8) * kBV + c0] - acc[2], v11 = su[(r0 + 8) * kBV + c0 + 1] - acc[3];
-            svn[r0 * kLdB + c0] = v00;
-            svn[r0 * kLdB + c0 + 1] = v01;
-            svn[(r0 + 8) * kLdB + c0] = v10;
-            svn[(r0 + 8) * kLdB + c0 + 1] = v11;
-            if (vns != nullptr) {
-                float* p = vns + cv_off(d, cb) + y0 + c0;
-                *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(v00, v01);
-                *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0 + 8) * vd) = make_float2(v10, v11);
+            const int r0 = m0 + g;
+#pragma unroll
+            for (int i = 0; i < kN; ++i) {
+                const int c0 = (nb + 2 * i) * 8 + 2 * t;
+                float vv[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) vv[e] = ur[i][e] - (acc[0][i][e] + acc[1][i][e]);
+                *reinterpret_cast<float2*>(svn + r0 * ld + c0) = make_float2(vv[0], vv[1]);
+                *reinterpret_cast<float2*>(svn + (r0 + 8) * ld + c0) = make_float2(vv[2], vv[3]);
+                if (vns != nullptr) {
+                    float* p = vns + cv_off(d, cb) + y0 + c0;
+                    *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(vv[0], vv[1]);
+                    *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0 + 8) * vd) = make_float2(vv[2], vv[3]);
+                }
             }
         }
+        if (more) load_u(n + 1);
         __syncthreads();
-        if (more) load_wu(n + 1);
+        ps.add(2);
+        if (more) load_w(n + 1);
         cp_async_commit();
         cp_async_wait<2>();
         __syncthreads();
+        ps.add(3);
         // Step 2: O = Qg S + A Vn (A is zero above the diagonal: only k < m0 + 16).
-        if (out != nullptr && has_tile) {
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int k0 = 0; k0 < kd; k0 += 8) {
-                uint32_t a[4], bb[2];
-                frag_a(a, sq, ldr, m0, k0, g, t);
-                frag_b(bb, ss, kLdB, k0, n0, g, t);
-                mma_tf32(acc, a, bb);
+        if (out != nullptr && rows_on) {
+            float acc[2][kN][4] = {};
+            for (int k0 = 0; k0 < kd; k0 += 16) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    uint32_t a[4];
+                    frag_a(a, sq, ldr, m0, k0 + 8 * h, g, t);
+#pragma unroll
+                    for (int i = 0; i < kN; ++i) {
+                        uint32_t bb[2];
+                        frag_b(bb, ss, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
+                        mma_tf32(acc[h][i], a, bb);
+                    }
+                }
             }
-            for (int k0 = 0; k0 < m0 + 16; k0 += 8) {
-                uint32_t a[4], bb[2];
-                frag_a(a, sa, lda, m0, k0, g, t);
-                frag_b(bb, svn, kLdB, k0, n0, g, t);
-                mma_tf32(acc, a, bb);
+            for (int k0 = 0; k0 < m0 + 16; k0 += 16) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    uint32_t a[4];
+                    frag_a(a, sa, lda, m0, k0 + 8 * h, g, t);
+#pragma unroll
+                    for (int i = 0; i < kN; ++i) {
+                        uint32_t bb[2];
+                        frag_b(bb, svn, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
+                        mma_tf32(acc[h][i], a, bb);
+                    }
+                }
             }
-            const int r0 = m0 + g, c0 = y0 + n0 + 2 * t;
-            for (int h2 = 0; h2 < 2; ++h2) {
-                const int tok = n * c + r0 + 8 * h2;
-                if (tok < d.t) {
-                    T* p = out + v_row(d, b, tok, hv) + c0;
-                    p[0] = from_f32<T>(acc[2 * h2]);
-                    p[1] = from_f32<T>(acc[2 * h2 + 1]);
+#pragma unroll
+            for (int i = 0; i < kN; ++i) {
+                const int c0 = y0 + (nb + 2 * i) * 8 + 2 * t;
+#pragma unroll
+                for (int h2 = 0; h2 < 2; ++h2) {
+                    const int tok = n * c + m0 + g + 8 * h2;
+                    if (tok < d.t) {
+                        T* p = out + v_row(d, b, tok, hv) + c0;
+                        p[0] = from_f32<T>(acc[0][i][2 * h2] + acc[1][i][2 * h2]);
+                        p[1] = from_f32<T>(acc[0][i][2 * h2 + 1] + acc[1][i][2 * h2 + 1]);
+                    }
                 }
             }
         }
         __syncthreads();
+        ps.add(4);
         if (more) load_qa(n + 1);
         cp_async_commit();
         cp_async_wait<2>();
         __syncthreads();
+        ps.add(5);
         // Step 3: S <- Diag(gamma) S + Kg^T Vn, accumulated into the fp32 state.
-        for (int tile = warp; tile < (kd / 16) * 2; tile += kWarps) {
-            const int x0 = (tile >> 1) * 16, yn = (tile & 1) * 8;
-            const int r0 = x0 + g, c0 = yn + 2 * t;
+        if (stl.on) {
+            const int r0 = stl.x0 + g;
             const float e0 = expf(sg[r0]), e1 = expf(sg[r0 + 8]);
-            float acc[4] = {ss[r0 * kLdB + c0] * e0,
-                            ss[r0 * kLdB + c0 + 1] * e0,
-                            ss[(r0 + 8) * kLdB + c0] * e1,
-                            ss[(r0 + 8) * kLdB + c0 + 1] * e1};
-            for (int k0 = 0; k0 < c; k0 += 8) {
-                uint32_t a[4], bb[2];
-                frag_at(a, sk, ldt, x0, k0, g, t);
-                frag_b(bb, svn, kLdB, k0, yn, g, t);
-                mma_tf32(acc, a, bb);
+            float acc[kN3][4];
+#pragma unroll
+            for (int i = 0; i < kN3; ++i) {
+                const int c0 = (stl.nt0 + stl.step * i) * 8 + 2 * t;
+                if (c0 >= BV) continue;
+                acc[i][0] = ss[r0 * ld + c0] * e0;
+                acc[i][1] = ss[r0 * ld + c0 + 1] * e0;
+                acc[i][2] = ss[(r0 + 8) * ld + c0] * e1;
+                acc[i][3] = ss[(r0 + 8) * ld + c0 + 1] * e1;
             }
-            // Every warp reads only its own state tile here, so it may overwrite it in place.
-            ss[r0 * kLdB + c0] = acc[0];
-            ss[r0 * kLdB + c0 + 1] = acc[1];
-            ss[(r0 + 8) * kLdB + c0] = acc[2];
-            ss[(r0 + 8) * kLdB + c0 + 1] = acc[3];
+            for (int k0 = 0; k0 < c; k0 += 8) {
+                uint32_t a[4];
+                frag_at(a, sk, ldt, stl.x0, k0, g, t);
+#pragma unroll
+                for (int i = 0; i < kN3; ++i) {
+                    const int n0 = (stl.nt0 + stl.step * i) * 8;
+                    if (n0 >= BV) continue;
+                    uint32_t bb[2];
+                    frag_b(bb, svn, ld, k0, n0, g, t);
+                    mma_tf32(acc[i], a, bb);
+                }
+            }
+            // Every warp reads only its own state tiles here, so it may overwrite them in place.
+#pragma unroll
+            for (int i = 0; i < kN3; ++i) {
+                const int c0 = (stl.nt0 + stl.step * i) * 8 + 2 * t;
+                if (c0 >= BV) continue;
+                *reinterpret_cast<float2*>(ss + r0 * ld + c0) = make_float2(acc[i][0], acc[i][1]);
+                *reinterpret_cast<float2*>(ss + (r0 + 8) * ld + c0) = make_float2(acc[i][2], acc[i][3]);
+            }
         }
         __syncthreads();
+        ps.add(6);
         if (more) load_kg(n + 1);
         cp_async_commit();
+        ps.add(7);
     }
     cp_async_wait<0>();
-    if (st != nullptr)
-        for (int e = tid; e < kd * kBV; e += blockDim.x) {
-            const int x = e / kBV, y = e % kBV;
-            st[unit * kv + static_cast<int64_t>(x) * vd + y0 + y] = ss[x * kLdB + y];
-        }
+    if (st != nullptr) store_state<BV>(st + unit * kv + y0, ss, kd, vd);
+    ps.flush(8);
 }
 
 // Reverse scan: dVn = A^T dO + Kg dS (stored), then dS <- Diag(gamma) dS + Qg^T dO - W^T dVn; dhs gets dS as it
 // leaves each chunk, ds0 the final dS.
-template <typename T>
+template <typename T, int BV>
 __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict__ dout,
                                                             const float* __restrict__ dst,
                                                             float* __restrict__ ds0,
                                                             Dims d,
                                                             Work w,
                                                             float* dhs,
-                                                            float* dvns) {
+                                                            float* dvns,
+                                                            PhaseSums ps) {
+    constexpr int ld = ld_b<BV>(), kN = BV / 16, kN3 = BV / 8;
     extern __shared__ __align__(16) float smem[];
     const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x;
-    const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * kBV;
+    const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * BV;
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int ldr = ld_row(kd), ldt = ld_tr(kd), lda = ld_tr(c);
-    float* sk = smem;              // Kg (row reads)
-    float* sq = sk + c * ldr;      // Qg (transposed reads)
-    float* sw = sq + c * ldt;      // W (transposed reads)
-    float* sa = sw + c * ldt;      // A (transposed reads)
-    float* sg = sa + c * lda;      // Gamma of the last row [K]
-    float* sds = sg + kd;          // dS [K, kLdB]
-    float* sdo = sds + kd * kLdB;  // dO [c, kLdB]
-    float* sdvn = sdo + c * kLdB;  // dVn [c, kLdB]
+    float* sk = smem;                               // Kg (row reads)
+    float* sq = sk + c * ldr;                       // Qg (transposed reads)
+    float* sw = sq + c * ldt;                       // W (transposed reads)
+    float* sa = sw + c * ldt;                       // A (transposed reads)
+    float* sg = sa + c * lda;                       // Gamma of the last row [K]
+    float* sds = sg + kd;                           // dS [K, ld]
+    float* sdvn = sds + kd * ld;                    // dVn [c, ld]
+    T* sdo0 = reinterpret_cast<T*>(sdvn + c * ld);  // dO, two buffers [c, ld] (16-bit)
     const int64_t kv = static_cast<int64_t>(kd) * vd;
-    for (int e = tid; e < kd * kBV; e += blockDim.x) {
-        const int x = e / kBV, y = e % kBV;
-        sds[x * kLdB + y] = dst != nullptr ? dst[unit * kv + static_cast<int64_t>(x) * vd + y0 + y] : 0.0f;
+    for (int e = tid; e < kd * BV; e += kThreads) {
+        const int x = e / BV, y = e % BV;
+        sds[x * ld + y] = dst != nullptr ? dst[unit * kv + static_cast<int64_t>(x) * vd + y0 + y] : 0.0f;
     }
     auto load_ka = [&](int n) {
         const int64_t cb = chunk_index(d, unit, n);
@@ -220,109 +334,200 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
         stage_async(sw, ldt, w.w + ck_off(d, cb), kd, c, kd);
         stage_async(sg, kd, w.gam + ck_off(d, cb) + static_cast<int64_t>(c - 1) * kd, kd, 1, kd);
     };
-    // dO of a chunk: c * 16 values, at most 4 per thread, held in registers until the chunk is reached.
-    float dor[4];
+    auto sdo = [&](int n) { return sdo0 + (n & 1) * c * ld; };
     auto load_do = [&](int n) {
-        for (int i = 0; i < 4; ++i) {
-            const int e = tid + i * kThreads, r = e / kBV, y = e % kBV, tok = n * c + r;
-            dor[i] = (r < c && tok < d.t) ? to_f32(dout[v_row(d, b, tok, hv) + y0 + y]) : 0.0f;
+        constexpr int per = BV / 8;  // 16-byte copies per row
+        T* dstp = sdo(n);
+        for (int e = tid; e < c * per; e += kThreads) {
+            const int r = e / per, y = (e % per) * 8, tok = n * c + r;
+            const bool ok = tok < d.t;
+            cp_async16_zfill(dstp + r * ld + y, dout + v_row(d, b, ok ? tok : 0, hv) + y0 + y, ok);
         }
     };
-    auto store_do = [&] {
-        for (int i = 0; i < 4; ++i) {
-            const int e = tid + i * kThreads, r = e / kBV, y = e % kBV;
-            if (r < c) sdo[r * kLdB + y] = dor[i];
-        }
-    };
+    // Groups, oldest first: dO(n), KA(n), QW(n); dO(n - 1) is issued as chunk n starts, KA(n - 1) after its step 1,
+    // QW(n - 1) after its step 2, so each waits at most for the group it needs.
     const int last = d.nc - 1;
+    load_do(last);
+    cp_async_commit();
     load_ka(last);
     cp_async_commit();
     load_qw(last);
     cp_async_commit();
-    load_do(last);
-    store_do();
-    const int mt = warp >> 1, nt = warp & 1, m0 = mt * 16, n0 = nt * 8;
-    const bool has_tile = m0 < c;
+    const int m0 = (warp & 3) * 16, nb = warp >> 2;
+    const bool rows_on = m0 < c;
+    const StateTiles stl = state_tiles(kd, warp);
+    ps.start();
     for (int n = last; n >= 0; --n) {
         const int64_t cb = chunk_index(d, unit, n);
         const bool more = n > 0;
         if (more) load_do(n - 1);
-        cp_async_wait<1>();
+        cp_async_commit();
+        cp_async_wait<2>();
         __syncthreads();
-        for (int e = tid; e < kd * kBV; e += blockDim.x) {
-            const int x = e / kBV, y = e % kBV;
-            dhs[cb * kv + static_cast<int64_t>(x) * vd + y0 + y] = sds[x * kLdB + y];
-        }
+        ps.add(1);
+        const T* so = sdo(n);
+        store_state<BV>(dhs + cb * kv + y0, sds, kd, vd);
         // Step 1: dVn = A^T dO + Kg dS (A^T is zero below the diagonal: only k >= m0).
-        if (has_tile) {
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int k0 = m0; k0 < c; k0 += 8) {
-                uint32_t a[4], bb[2];
-                frag_at(a, sa, lda, m0, k0, g, t);
-                frag_b(bb, sdo, kLdB, k0, n0, g, t);
-                mma_tf32(acc, a, bb);
+        if (rows_on) {
+            float acc[2][kN][4] = {};
+            for (int k0 = m0; k0 < c; k0 += 16) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    uint32_t a[4];
+                    frag_at(a, sa, lda, m0, k0 + 8 * h, g, t);
+#pragma unroll
+                    for (int i = 0; i < kN; ++i) {
+                        uint32_t bb[2];
+                        frag_b16(bb, so, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
+                        mma_tf32(acc[h][i], a, bb);
+                    }
+                }
             }
-            for (int k0 = 0; k0 < kd; k0 += 8) {
-                uint32_t a[4], bb[2];
-                frag_a(a, sk, ldr, m0, k0, g, t);
-                frag_b(bb, sds, kLdB, k0, n0, g, t);
-                mma_tf32(acc, a, bb);
+            for (int k0 = 0; k0 < kd; k0 += 16) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    uint32_t a[4];
+                    frag_a(a, sk, ldr, m0, k0 + 8 * h, g, t);
+#pragma unroll
+                    for (int i = 0; i < kN; ++i) {
+                        uint32_t bb[2];
+                        frag_b(bb, sds, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
+                        mma_tf32(acc[h][i], a, bb);
+                    }
+                }
             }
-            const int r0 = m0 + g, c0 = n0 + 2 * t;
-            sdvn[r0 * kLdB + c0] = acc[0];
-            sdvn[r0 * kLdB + c0 + 1] = acc[1];
-            sdvn[(r0 + 8) * kLdB + c0] = acc[2];
-            sdvn[(r0 + 8) * kLdB + c0 + 1] = acc[3];
-            float* p = dvns + cv_off(d, cb) + y0 + c0;
-            *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(acc[0], acc[1]);
-            *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0 + 8) * vd) = make_float2(acc[2], acc[3]);
+            const int r0 = m0 + g;
+#pragma unroll
+            for (int i = 0; i < kN; ++i) {
+                const int c0 = (nb + 2 * i) * 8 + 2 * t;
+                float vv[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) vv[e] = acc[0][i][e] + acc[1][i][e];
+                *reinterpret_cast<float2*>(sdvn + r0 * ld + c0) = make_float2(vv[0], vv[1]);
+                *reinterpret_cast<float2*>(sdvn + (r0 + 8) * ld + c0) = make_float2(vv[2], vv[3]);
+                float* p = dvns + cv_off(d, cb) + y0 + c0;
+                *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(vv[0], vv[1]);
+                *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0 + 8) * vd) = make_float2(vv[2], vv[3]);
+            }
         }
         __syncthreads();
+        ps.add(2);
         if (more) load_ka(n - 1);
         cp_async_commit();
-        cp_async_wait<1>();
+        cp_async_wait<2>();
         __syncthreads();
+        ps.add(3);
         // Step 2: dS <- Diag(gamma) dS + Qg^T dO - W^T dVn, into the fp32 dS.
-        for (int tile = warp; tile < (kd / 16) * 2; tile += kWarps) {
-            const int x0 = (tile >> 1) * 16, yn = (tile & 1) * 8;
-            const int r0 = x0 + g, c0 = yn + 2 * t;
+        if (stl.on) {
+            const int r0 = stl.x0 + g;
             const float e0 = expf(sg[r0]), e1 = expf(sg[r0 + 8]);
-            float acc[4] = {sds[r0 * kLdB + c0] * e0,
-                            sds[r0 * kLdB + c0 + 1] * e0,
-                            sds[(r0 + 8) * kLdB + c0] * e1,
-                            sds[(r0 + 8) * kLdB + c0 + 1] * e1};
-            for (int k0 = 0; k0 < c; k0 += 8) {
-                uint32_t a[4], bb[2];
-                frag_at(a, sq, ldt, x0, k0, g, t);
-                frag_b(bb, sdo, kLdB, k0, yn, g, t);
-                mma_tf32(acc, a, bb);
-                frag_at(a, sw, ldt, x0, k0, g, t);
-                frag_b_neg(bb, sdvn, kLdB, k0, yn, g, t);
-                mma_tf32(acc, a, bb);
+            float acc[kN3][4];
+#pragma unroll
+            for (int i = 0; i < kN3; ++i) {
+                const int c0 = (stl.nt0 + stl.step * i) * 8 + 2 * t;
+                if (c0 >= BV) continue;
+                acc[i][0] = sds[r0 * ld + c0] * e0;
+                acc[i][1] = sds[r0 * ld + c0 + 1] * e0;
+                acc[i][2] = sds[(r0 + 8) * ld + c0] * e1;
+                acc[i][3] = sds[(r0 + 8) * ld + c0 + 1] * e1;
             }
-            sds[r0 * kLdB + c0] = acc[0];
-            sds[r0 * kLdB + c0 + 1] = acc[1];
-            sds[(r0 + 8) * kLdB + c0] = acc[2];
-            sds[(r0 + 8) * kLdB + c0 + 1] = acc[3];
+            for (int k0 = 0; k0 < c; k0 += 8) {
+                uint32_t aq[4], aw[4];
+                frag_at(aq, sq, ldt, stl.x0, k0, g, t);
+                frag_at(aw, sw, ldt, stl.x0, k0, g, t);
+#pragma unroll
+                for (int i = 0; i < kN3; ++i) {
+                    const int n0 = (stl.nt0 + stl.step * i) * 8;
+                    if (n0 >= BV) continue;
+                    uint32_t bb[2];
+                    frag_b16(bb, so, ld, k0, n0, g, t);
+                    mma_tf32(acc[i], aq, bb);
+                    frag_b_neg(bb, sdvn, ld, k0, n0, g, t);
+                    mma_tf32(acc[i], aw, bb);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < kN3; ++i) {
+                const int c0 = (stl.nt0 + stl.step * i) * 8 + 2 * t;
+                if (c0 >= BV) continue;
+                *reinterpret_cast<float2*>(sds + r0 * ld + c0) = make_float2(acc[i][0], acc[i][1]);
+                *reinterpret_cast<float2*>(sds + (r0 + 8) * ld + c0) = make_float2(acc[i][2], acc[i][3]);
+            }
         }
         __syncthreads();
-        if (more) {
-            load_qw(n - 1);
-            store_do();  // dO of chunk n is no longer read
-        }
+        ps.add(4);
+        if (more) load_qw(n - 1);
         cp_async_commit();
+        ps.add(5);
     }
     cp_async_wait<0>();
-    if (ds0 != nullptr)
-        for (int e = tid; e < kd * kBV; e += blockDim.x) {
-            const int x = e / kBV, y = e % kBV;
-            ds0[unit * kv + static_cast<int64_t>(x) * vd + y0 + y] = sds[x * kLdB + y];
-        }
+    if (ds0 != nullptr) store_state<BV>(ds0 + unit * kv + y0, sds, kd, vd);
+    ps.flush(6);
 }
 
 template <typename K>
 void set_smem(K kernel, size_t bytes) {
     MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+int device_attr(cudaDeviceAttr attr) {
+    int dev = 0, v = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
+    return v;
+}
+
+// The value tile of a scan: the BV in {16, 32, 64, 128} (up to max_bv, dividing V, its shared memory within the
+// device's limit) of least modelled time, waves * (256 + BV): one block per SM (the chunk tiles take most of the
+// shared memory at every BV), and a chunk step costing a fixed ~256 columns' worth (the ~112 KB tile stream and the
+// step's latency) plus BV columns of products. MT_KDA_SCAN_BV=16|32|64|128 forces a tile where it fits (tuning).
+int pick_bv(const Dims& d, int max_bv, int (*floats)(const Dims&, int)) {
+    static const int sms = device_attr(cudaDevAttrMultiProcessorCount);
+    static const int smem_max = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    static const int forced = [] {
+        const char* e = std::getenv("MT_KDA_SCAN_BV");
+        return e != nullptr ? std::atoi(e) : 0;
+    }();
+    auto fits = [&](int bv) {
+        return bv <= max_bv && d.v % bv == 0 && floats(d, bv) * static_cast<int>(sizeof(float)) <= smem_max;
+    };
+    if ((forced == 16 || forced == 32 || forced == 64 || forced == 128) && fits(forced)) return forced;
+    int best = kBV;
+    int64_t best_cost = INT64_MAX;
+    for (int bv = kBV; bv <= 128; bv *= 2) {
+        if (!fits(bv)) continue;
+        const int64_t blocks = static_cast<int64_t>(d.units()) * (d.v / bv);
+        const int64_t cost = (blocks + sms - 1) / sms * (256 + bv);
+        if (cost < best_cost) {
+            best = bv;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+template <typename T, int BV>
+void scan_bv(const float* s0, T* out, float* st, const Dims& d, const Work& w, float* hs, float* vn) {
+    const dim3 grid(static_cast<unsigned>(d.v / BV), static_cast<unsigned>(d.units()));
+    const size_t smem = static_cast<size_t>(scan_tc_floats(d, BV)) * sizeof(float);
+    set_smem(scan_tc_kernel<T, BV>, smem);
+    // Phases (cycles per block, summed over its chunks): p1 wait for W, p2 Vn, p3 wait for Qg/A, p4 O, p5 wait
+    // for Kg, p6 state update, p7 load issue.
+    const PhaseLog phases(hs != nullptr ? "scan_bwd" : "scan", static_cast<int64_t>(grid.x) * grid.y);
+    scan_tc_kernel<T, BV><<<grid, kThreads, smem, core::cuda_stream()>>>(s0, out, st, d, w, hs, vn, {phases.clock().p});
+    phases.print(8);
+}
+
+template <typename T, int BV>
+void rscan_bv(const T* dout, const float* dst, float* ds0, const Dims& d, const Work& w, float* dhs, float* dvn) {
+    const dim3 grid(static_cast<unsigned>(d.v / BV), static_cast<unsigned>(d.units()));
+    const size_t smem = static_cast<size_t>(rscan_tc_floats(d, BV)) * sizeof(float);
+    set_smem(rscan_tc_kernel<T, BV>, smem);
+    // Phases: p1 wait for dO/Kg/A, p2 dVn, p3 wait for Qg/W, p4 dS update, p5 load issue.
+    const PhaseLog phases("rscan", static_cast<int64_t>(grid.x) * grid.y);
+    rscan_tc_kernel<T, BV>
+        <<<grid, kThreads, smem, core::cuda_stream()>>>(dout, dst, ds0, d, w, dhs, dvn, {phases.clock().p});
+    phases.print(6);
 }
 
 }  // namespace
@@ -343,28 +548,56 @@ void scan_tc_launch(DType dt,
                     const Work& w,
                     float* hs,
                     float* vn) {
-    const dim3 grid(static_cast<unsigned>(d.v / kBV), static_cast<unsigned>(d.units()));
     const float* s0p = s0.defined() ? s0.data<float>() : nullptr;
     float* stp = st.defined() ? st.data<float>() : nullptr;
-    const size_t smem = static_cast<size_t>(scan_tc_floats(d)) * sizeof(float);
+    const int bv = pick_bv(d, 128, scan_tc_floats);
     MT_CUDA_DISPATCH(dt, T, {
         T* op = out.defined() ? static_cast<T*>(out.raw()) : nullptr;
-        set_smem(scan_tc_kernel<T>, smem);
-        scan_tc_kernel<T><<<grid, kThreads, smem, core::cuda_stream()>>>(s0p, op, stp, d, w, hs, vn);
+        if constexpr (std::is_same_v<T, float>) {
+            MT_CHECK(false, "kda scan_tc: f32 inputs take the fp32 scan");
+        } else {
+            switch (bv) {
+                case 16:
+                    scan_bv<T, 16>(s0p, op, stp, d, w, hs, vn);
+                    break;
+                case 32:
+                    scan_bv<T, 32>(s0p, op, stp, d, w, hs, vn);
+                    break;
+                case 64:
+                    scan_bv<T, 64>(s0p, op, stp, d, w, hs, vn);
+                    break;
+                default:
+                    scan_bv<T, 128>(s0p, op, stp, d, w, hs, vn);
+                    break;
+            }
+        }
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
 
 void rscan_tc_launch(
     const Tensor& dout, const Tensor& dst, const Tensor& ds0, const Dims& d, const Work& w, float* dhs, float* dvn) {
-    const dim3 grid(static_cast<unsigned>(d.v / kBV), static_cast<unsigned>(d.units()));
     const float* dstp = dst.defined() ? dst.data<float>() : nullptr;
     float* ds0p = ds0.defined() ? ds0.data<float>() : nullptr;
-    const size_t smem = static_cast<size_t>(rscan_tc_floats(d)) * sizeof(float);
+    // At most 64: at 128 the tiles, dS, dVn and two dO buffers need ~262 KB.
+    const int bv = pick_bv(d, 64, rscan_tc_floats);
     MT_CUDA_DISPATCH(dout.dtype(), T, {
-        set_smem(rscan_tc_kernel<T>, smem);
-        rscan_tc_kernel<T><<<grid, kThreads, smem, core::cuda_stream()>>>(
-            static_cast<const T*>(dout.raw()), dstp, ds0p, d, w, dhs, dvn);
+        const T* dp = static_cast<const T*>(dout.raw());
+        if constexpr (std::is_same_v<T, float>) {
+            MT_CHECK(false, "kda rscan_tc: f32 inputs take the fp32 scan");
+        } else {
+            switch (bv) {
+                case 16:
+                    rscan_bv<T, 16>(dp, dstp, ds0p, d, w, dhs, dvn);
+                    break;
+                case 32:
+                    rscan_bv<T, 32>(dp, dstp, ds0p, d, w, dhs, dvn);
+                    break;
+                default:
+                    rscan_bv<T, 64>(dp, dstp, ds0p, d, w, dhs, dvn);
+                    break;
+            }
+        }
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
