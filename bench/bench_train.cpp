@@ -3,7 +3,8 @@
 // --profile adds one more step, run with the range profile of core/trace.h on (it synchronises around every op and
 // layer, so its times add up to more than a step), and prints one JSON line per range name after the figures.
 // Random tokens (written to a temporary shard) stand in for the corpus so the run needs no prepared data; the
-// step is the trainer's own (forward, backward, global norm + clipping, AdamW).
+// step is the trainer's own (forward, backward, global norm + clipping, AdamW). Under mpirun it runs the config's
+// [parallel] layout over the job's ranks (tokens_per_s counts the global batch) and rank 0 prints.
 #include <omp.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include "core/rng.h"
 #include "core/trace.h"
 #include "data/llmc_shard.h"
+#include "dist/runtime.h"
 #include "train/trainer.h"
 
 namespace {
@@ -84,7 +86,10 @@ int run(int argc, char** argv) {
         line["peak_device_bytes"] = mt::core::backend_get(device).peak_bytes();
     }
     line["deterministic"] = cfg.run.deterministic;
+    line["world"] = trainer.mesh().world().size();
+    line["mesh"] = trainer.mesh().to_json();
     line["precision"] = mt::core::dtype_name(trainer.model().params().precision().compute);
+    if (trainer.mesh().world().rank() != 0) return 0;
     fmt::print("{}\n", line.dump());
     for (const auto& r : ranges)
         fmt::print("{}\n",
@@ -100,10 +105,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    try {
-        return run(argc, argv);
-    } catch (const mt::core::Error& e) {
-        fmt::print(stderr, "bench_train: error: {}\n", e.what());
-        return static_cast<int>(e.code());
-    }
+    return mt::dist::dist_run_main(argc, argv, "bench_train", run);
 }

@@ -1,7 +1,9 @@
 // Proves the CUDA half compiles and links: a kernel, cuBLASLt and NCCL, all called from one probe.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#ifdef MT_HAVE_NCCL
 #include <nccl.h>
+#endif
 
 #include <string>
 
@@ -28,11 +30,16 @@ int cuda_device_count() {
 std::string cuda_describe() {
     int runtime = 0;
     cudaRuntimeGetVersion(&runtime);
-    int nccl = 0;
-    ncclGetVersion(&nccl);
+#ifdef MT_HAVE_NCCL
+    int nccl_version = 0;
+    ncclGetVersion(&nccl_version);
+    const std::string nccl = std::to_string(nccl_version);
+#else
+    const std::string nccl = "absent";
+#endif
     const size_t lt = cublasLtGetVersion();
-    std::string s = "CUDA runtime " + std::to_string(runtime) + ", cuBLASLt " + std::to_string(lt) + ", NCCL " +
-                    std::to_string(nccl) + ", devices " + std::to_string(cuda_device_count());
+    std::string s = "CUDA runtime " + std::to_string(runtime) + ", cuBLASLt " + std::to_string(lt) + ", NCCL " + nccl +
+                    ", devices " + std::to_string(cuda_device_count());
     if (cuda_device_count() > 0) {
         int* d = nullptr;
         int h = 0;

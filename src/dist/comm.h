@@ -1,7 +1,7 @@
 // Comm: the collective and point-to-point operations every parallel layout is built from (conventions §1.8), over
 // raw buffers of a few element types, each returning a CommWork handle so communication can overlap compute.
 // Backends: MPI (CPU buffers; also bootstraps every job, src/dist/comm_mpi.cpp) and "self" (one process, no MPI
-// calls, so `moetrain train` runs without mpirun). NCCL (GPU buffers) is a later backend behind the same interface.
+// calls, so `moetrain train` runs without mpirun) and NCCL (GPU buffers, src/dist/comm_nccl.h).
 #pragma once
 
 #include <array>

@@ -2,6 +2,7 @@
 // process, so a plain `moetrain train` runs as one process with the self backend and never touches MPI.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "dist/comm.h"
@@ -26,6 +27,11 @@ Comm& dist_world();
 // Ends the whole job with this exit code: MPI_Abort when MPI runs with more than one process (so the other ranks
 // do not wait forever in a collective), else std::exit.
 [[noreturn]] void dist_abort(int code);
+
+// main() of a tool that may run under mpirun (the benchmarks): dist_init, then body(argc, argv); an Error ends the
+// whole job with "<program>: error: [rank R] ..." on stderr and its exit code (dist_abort); dist_finalize. Returns
+// body's result.
+int dist_run_main(int argc, char** argv, const char* program, const std::function<int(int, char**)>& body);
 
 // Implemented in comm_mpi.cpp: a communicator over a duplicate of MPI_COMM_WORLD (MPI must be running).
 std::unique_ptr<Comm> comm_make_mpi_world();

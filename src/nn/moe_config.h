@@ -43,12 +43,15 @@ struct MoeCollapseConfig {
 };
 
 // Expert parallelism (runtime state set by the trainer from the mesh; not a TOML key): this rank holds experts
-// [rank E / size, (rank + 1) E / size) and exchanges routed rows with the other ranks of `comm` (the ep group) by
-// all-to-all. size 1 (the default) keeps every expert local and never calls `comm`.
+// [rank E / size, (rank + 1) E / size) and exchanges routed rows with the other ranks of the ep group by
+// all-to-all: the row counts over `comm` (host memory, MPI), the rows over `rows_comm` (the activations' memory:
+// the same MPI communicator on the CPU, NCCL on the GPU; nullptr means `comm`). size 1 (the default) keeps every
+// expert local and never communicates.
 struct MoeExpertParallel {
     int64_t size = 1;
     int64_t rank = 0;
     dist::Comm* comm = nullptr;
+    dist::Comm* rows_comm = nullptr;
 };
 
 // The moe.* settings of moe.md §5 that the layer uses (first_k_dense and dense_ffn_dim belong to the model).

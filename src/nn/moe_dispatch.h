@@ -4,7 +4,9 @@
 // rank ([src][local expert][row]) and reorders them to [local expert][src][row], so that each local expert's rows
 // are contiguous for the grouped GEMMs; the reverse path undoes both steps. The plan (counts and the reorder) is
 // built once per forward and reused by the backward, which moves the gradients the same way.
-// CPU buffers (the MPI backend); the GPU form needs the NCCL communicator.
+// Two communicators over the same ep ranks: `counts` moves the per-expert row counts (host memory: MPI), `rows`
+// moves the rows themselves (the rows' memory: MPI for CPU tensors, NCCL for GPU tensors). The reorders are row
+// gathers (ops::moe_permute_fwd) on the rows' device.
 #pragma once
 
 #include <cstdint>
@@ -22,8 +24,8 @@ class MoeDispatch {
    public:
     // offsets: [E + 1] i32 host, the permutation plan's rows per global expert (rows of expert j are
     // [offsets[j], offsets[j+1]) of the source buffer). Exchanges the per-expert counts with every ep rank
-    // (collective over comm). E must be divisible by comm.size().
-    void plan(const core::Tensor& offsets, dist::Comm& comm);
+    // (collective over `counts`). E must be divisible by the ep size. device: where the rows live.
+    void plan(const core::Tensor& offsets, dist::Comm& counts, dist::Comm& rows, core::Device device);
     // Rows this rank's experts receive in total, and their offsets per local expert: [El + 1] i32 host.
     int64_t expert_rows() const {
         return expert_rows_;
@@ -37,11 +39,17 @@ class MoeDispatch {
     void to_sources(const core::Tensor& src, const core::Tensor& dst);
 
    private:
-    dist::Comm* comm_ = nullptr;
+    // A [rows, C] staging buffer of src's dtype and device.
+    core::Tensor staging(const core::Tensor& like, int64_t rows);
+
+    dist::Comm* rows_comm_ = nullptr;
     std::vector<int64_t> send_rows_, recv_rows_;  // rows per peer rank
-    std::vector<int64_t> order_;                  // received row i (by source) goes to expert-side row order_[i]
     int64_t source_rows_ = 0, expert_rows_ = 0;
-    core::Tensor local_offsets_, staging_;
+    core::Tensor local_offsets_;
+    // Row indices on the rows' device: received row i (by source) is expert-side row by_expert[i]; expert-side row
+    // j came in as received row by_source[j] (the inverse).
+    core::Tensor by_expert_, by_source_;
+    core::Tensor staging_;
 };
 
 }  // namespace mt::nn

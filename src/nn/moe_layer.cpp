@@ -159,7 +159,10 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     expert_rows_ = rows_;
     expert_offsets_ = offsets_host_;
     if (ep) {
-        dispatch_.plan(offsets_host_, *moe_.ep.comm);
+        dispatch_.plan(offsets_host_,
+                       *moe_.ep.comm,
+                       moe_.ep.rows_comm != nullptr ? *moe_.ep.rows_comm : *moe_.ep.comm,
+                       xp_.device());
         expert_rows_ = dispatch_.expert_rows();
         expert_offsets_ = dispatch_.local_offsets();
         reserve_expert_rows(expert_rows_);

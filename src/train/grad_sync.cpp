@@ -9,11 +9,17 @@
 
 namespace mt::train {
 
-GradSync::GradSync(nn::ParamTable& table, const dist::Mesh& mesh, double bucket_mb, bool zero)
+GradSync::GradSync(nn::ParamTable& table,
+                   const dist::Mesh& mesh,
+                   double bucket_mb,
+                   bool zero,
+                   dist::Comm* dense_rows,
+                   dist::Comm* expert_rows)
     : table_(&table),
       dense_(&mesh.group(dist::MeshGroup::dp_span)),
-      edp_(&mesh.group(dist::MeshGroup::edp)),
       ep_(&mesh.group(dist::MeshGroup::ep)),
+      dense_rows_(dense_rows != nullptr ? dense_rows : &mesh.group(dist::MeshGroup::dp_span)),
+      edp_rows_(expert_rows != nullptr ? expert_rows : &mesh.group(dist::MeshGroup::edp)),
       zero_(zero && mesh.group(dist::MeshGroup::dp_span).size() > 1),
       active_(mesh.group(dist::MeshGroup::dp_span).size() > 1) {
     if (!active_) return;
@@ -129,9 +135,9 @@ double GradSync::grad_norm() const {
 
 void GradSync::gather_params() {
     if (!zero_) return;
-    // The weights the forward reads. (A bf16 copy beside fp32 masters would be gathered here too; multi-rank runs
-    // are CPU-only until the NCCL backend, where the weights are the f32 masters.)
-    const core::Tensor params = table_->param_arena();
+    // The master weights (f32: reductions-free, so any backend moves them), then the forward's low-precision copy
+    // is refreshed from them where there is one (GPU mixed precision).
+    const core::Tensor params = table_->master_arena();
     const dist::CommType type = dist::comm_type_of(params.dtype());
     const size_t elem = core::dtype_size(params.dtype());
     std::vector<dist::CommWork> works;
@@ -143,6 +149,7 @@ void GradSync::gather_params() {
         works.push_back(comm.all_gather(base + static_cast<size_t>(comm.rank() * n) * elem, base, n, type));
     }
     for (auto& w : works) w.wait();
+    table_->refresh_params_from_master();
 }
 
 }  // namespace mt::train

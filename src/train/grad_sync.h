@@ -20,8 +20,15 @@ namespace mt::train {
 
 class GradSync {
    public:
-    // The table must have been finalized with an alignment that the dp_span and edp group sizes divide.
-    GradSync(nn::ParamTable& table, const dist::Mesh& mesh, double bucket_mb, bool zero);
+    // The table must have been finalized with an alignment that the dp_span and edp group sizes divide. The
+    // buckets move over dense_rows / expert_rows (communicators over the dp_span and edp ranks for the gradients'
+    // memory: NCCL for GPU tensors; nullptr: the mesh's MPI groups); scalars go over the mesh's groups.
+    GradSync(nn::ParamTable& table,
+             const dist::Mesh& mesh,
+             double bucket_mb,
+             bool zero,
+             dist::Comm* dense_rows = nullptr,
+             dist::Comm* expert_rows = nullptr);
 
     // True when gradients must be reduced at all (more than one rank sees different tokens).
     bool active() const {
@@ -48,7 +55,7 @@ class GradSync {
     double grad_norm() const;
     // ZeRO-1: this rank's arena ranges, one slice per bucket.
     std::vector<optim::ArenaRange> owned() const;
-    // ZeRO-1: all-gathers every bucket's updated parameters (the arena the forward reads) over its group.
+    // ZeRO-1: all-gathers every bucket's updated master weights over its group, then refreshes the forward's copy.
     void gather_params();
 
    private:
@@ -61,12 +68,13 @@ class GradSync {
         dist::CommWork work;
     };
     dist::Comm& group(const Bucket& b) const {
-        return b.expert ? *edp_ : *dense_;
+        return b.expert ? *edp_rows_ : *dense_rows_;
     }
     void issue(Bucket& b);
 
     nn::ParamTable* table_;
-    dist::Comm *dense_, *edp_, *ep_;
+    dist::Comm *dense_, *ep_;             // host scalars (MPI)
+    dist::Comm *dense_rows_, *edp_rows_;  // the buckets
     bool zero_, active_;
     std::vector<Bucket> buckets_;  // in issue order (the end of the arena first)
     int64_t overlapped_ = 0, issued_early_ = 0;

@@ -11,6 +11,7 @@
 #include "core/backend.h"
 #include "core/cuda_probe.h"
 #include "core/trace.h"
+#include "dist/comm_nccl.h"
 #include "dist/runtime.h"
 #include "ops/global_norm.h"
 
@@ -93,11 +94,22 @@ Trainer::Trainer(JobConfig cfg, bool log, dist::Comm* world) : cfg_(std::move(cf
         val_sampler_ = std::make_unique<data::Sampler>(*val_source_, t.seq_len, static_cast<uint64_t>(cfg_.run.seed));
     }
 
+    // A GPU run of several processes: NCCL communicators for device buffers, made before any other CUDA work so
+    // that this process's device (its local rank) is current for the model, the ops' stream and the allocator.
+    if (precision.device == core::Device::cuda && mesh_->world().size() > 1) {
+        auto nccl = [&](dist::MeshGroup g) {
+            return mesh_->group(g).size() > 1 ? dist::comm_make_nccl(mesh_->group(g)) : nullptr;
+        };
+        nccl_dp_span_ = nccl(dist::MeshGroup::dp_span);
+        nccl_edp_ = nccl(dist::MeshGroup::edp);
+        nccl_ep_ = nccl(dist::MeshGroup::ep);
+    }
     // Expert parallelism: each MoE layer holds this rank's experts and exchanges rows over the ep group.
     if (cfg_.model.moe_enabled)
         cfg_.model.moe.ep = {.size = mesh_->size(dist::MeshAxis::ep),
                              .rank = mesh_->coord(dist::MeshAxis::ep),
-                             .comm = &mesh_->group(dist::MeshGroup::ep)};
+                             .comm = &mesh_->group(dist::MeshGroup::ep),
+                             .rows_comm = nccl_ep_.get()};
     // Every parameter starts at a multiple of both reduction groups' sizes, so each bucket splits evenly (ZeRO-1).
     const int64_t align =
         std::lcm(mesh_->group(dist::MeshGroup::dp_span).size(), int64_t{mesh_->group(dist::MeshGroup::edp).size()});

@@ -123,6 +123,9 @@ class Trainer {
     bool log_;
     std::unique_ptr<dist::Mesh> mesh_;
     std::unique_ptr<nn::DenseLM> model_;
+    // GPU runs over several processes: NCCL communicators over the dp_span, edp and ep ranks (groups of more than one
+    // rank), which move the gradients and the MoE rows; the mesh's MPI groups keep the host scalars.
+    std::unique_ptr<dist::Comm> nccl_dp_span_, nccl_edp_, nccl_ep_;
     std::unique_ptr<GradSync> grad_sync_;
     std::unique_ptr<optim::AdamW> adamw_;
     optim::LossScaler scaler_;
