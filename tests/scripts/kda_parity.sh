@@ -4,41 +4,6 @@
 # f64 and f32) into the scratch dir, and kda.py recomputes them in float64 with autograd and compares by
 # rho = |ref - mt| / |ref| (f64 dumps <= 1e-10, f32 dumps <= 1e-5).
 # Usage (CTest): bash kda_parity.sh <moetrain-binary> <source-dir> <scratch-dir>
-# The test binary is <dir of moetrain>/tests/mt_tests unless MT_TESTS_BINARY names it.
 set -euo pipefail
-
-if [[ $# -ne 3 ]]; then
-    echo "usage: $0 <moetrain-binary> <source-dir> <scratch-dir>" >&2
-    exit 2
-fi
-MOETRAIN=$(realpath "$1")
-SRC=$(realpath "$2")
-SCRATCH=$3
-PYTHON=${MT_REFERENCE_PYTHON:-/usr/bin/python3}
-TESTS=${MT_TESTS_BINARY:-$(dirname "$MOETRAIN")/tests/mt_tests}
-
-if [[ ! -x "$TESTS" ]]; then
-    echo "kda_parity: FAIL: test binary $TESTS is missing or not executable (build mt_tests, or set MT_TESTS_BINARY)" >&2
-    exit 1
-fi
-if ! "$PYTHON" -c 'import torch' >/dev/null 2>&1; then
-    echo "kda_parity: FAIL: $PYTHON cannot import torch." >&2
-    echo "  HINT: install Debian's python3-torch, or point MT_REFERENCE_PYTHON at an interpreter with torch." >&2
-    exit 1
-fi
-
-rm -rf "$SCRATCH"
-mkdir -p "$SCRATCH"
-SCRATCH=$(realpath "$SCRATCH")
-
-echo "== mt_tests --gtest_filter=KdaLayerParity.Dump"
-MT_KDA_PARITY_DIR="$SCRATCH" "$TESTS" --gtest_filter=KdaLayerParity.Dump --gtest_brief=1
-n=$(ls "$SCRATCH"/kda_*.safetensors 2>/dev/null | wc -l)
-if [[ $n -ne 4 ]]; then
-    echo "kda_parity: FAIL: expected 4 dumps in $SCRATCH, found $n" >&2
-    exit 1
-fi
-
-echo "== kda.py"
-"$PYTHON" "$SRC/tools/reference/kda.py" --dump-dir "$SCRATCH"
-echo "kda_parity: PASS"
+source "$(dirname "$0")/lib/layer_parity.sh"
+layer_parity kda_parity KdaLayerParity.Dump MT_KDA_PARITY_DIR 4 tools/reference/kda.py -- "$@"

@@ -24,8 +24,6 @@ sum(st * r_st) and prints rho = |ref - mt|_2 / |ref|_2 per tensor; exit 1 when a
 file's dtype, a value is not finite, or the tensor sets differ.
 """
 
-import argparse
-import glob
 import math
 import os
 import sys
@@ -33,6 +31,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dump_check import dump_check_main  # noqa: E402
 from safetensors_io import read_safetensors  # noqa: E402
 
 L2_EPS = 1e-6
@@ -156,26 +155,7 @@ def check_file(path, tol_f64, tol_f32):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dump-dir", required=True)
-    ap.add_argument("--tol-f64", type=float, default=1e-10)
-    ap.add_argument("--tol-f32", type=float, default=1e-5)
-    args = ap.parse_args()
-    torch.set_default_dtype(torch.float64)
-    files = sorted(glob.glob(os.path.join(args.dump_dir, "kda_*.safetensors")))
-    if not files:
-        print(f"kda.py: FAIL: no kda_*.safetensors in {args.dump_dir}", file=sys.stderr)
-        return 1
-    total = 0
-    for path in files:
-        failures, worst = check_file(path, args.tol_f64, args.tol_f32)
-        total += failures
-        print(f"  worst rho {worst:.3e}")
-    if total:
-        print(f"kda.py: FAIL: {total} tensors above tolerance", file=sys.stderr)
-        return 1
-    print(f"kda.py: PASS ({len(files)} files)")
-    return 0
+    return dump_check_main("kda.py", "kda_", check_file, __doc__.split("\n")[0], "worst rho")
 
 
 if __name__ == "__main__":

@@ -30,8 +30,6 @@ update is compared exactly (to f32 rounding) for f64 files; for f32 files, where
 bin edge may land in the next bin, with rho <= 1e-2.
 """
 
-import argparse
-import glob
 import math
 import os
 import sys
@@ -39,6 +37,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dump_check import dump_check_main  # noqa: E402
 from safetensors_io import read_safetensors  # noqa: E402
 
 GATE_EPS = 1e-20
@@ -200,26 +199,7 @@ def check_file(path, tol_f64, tol_f32):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dump-dir", required=True)
-    ap.add_argument("--tol-f64", type=float, default=1e-10)
-    ap.add_argument("--tol-f32", type=float, default=1e-5)
-    args = ap.parse_args()
-    torch.set_default_dtype(torch.float64)
-    files = sorted(glob.glob(os.path.join(args.dump_dir, "moe_*.safetensors")))
-    if not files:
-        print(f"moe.py: FAIL: no moe_*.safetensors in {args.dump_dir}", file=sys.stderr)
-        return 1
-    total = 0
-    for path in files:
-        failures, worst = check_file(path, args.tol_f64, args.tol_f32)
-        total += failures
-        print(f"  worst rho (outputs and gradients) {worst:.3e}")
-    if total:
-        print(f"moe.py: FAIL: {total} tensors above tolerance", file=sys.stderr)
-        return 1
-    print(f"moe.py: PASS ({len(files)} files)")
-    return 0
+    return dump_check_main("moe.py", "moe_", check_file, __doc__.split("\n")[0], "worst rho (outputs and gradients)")
 
 
 if __name__ == "__main__":
