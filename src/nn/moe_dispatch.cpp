@@ -12,6 +12,9 @@ void MoeDispatch::plan(const core::Tensor& offsets, dist::Comm& counts, dist::Co
     MT_CHECK(offsets.device() == core::Device::cpu && offsets.dtype() == core::DType::i32 && offsets.ndim() == 1,
              "moe dispatch: offsets must be [E + 1] i32 on the host");
     MT_CHECK(counts.size() == rows.size(), "moe dispatch: count and row communicators differ in size");
+    MT_CHECK(device == core::Device::cpu || rows.size() == 1 || rows.backend() == "nccl",
+             "moe dispatch: GPU rows over the {} backend (expert parallelism on the GPU needs an NCCL communicator)",
+             rows.backend());
     rows_comm_ = &rows;
     const int64_t p = counts.size(), e = offsets.numel() - 1;
     MT_CHECK(e % p == 0, "moe dispatch: {} experts over {} ranks", e, p);

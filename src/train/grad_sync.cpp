@@ -24,6 +24,12 @@ GradSync::GradSync(nn::ParamTable& table,
       active_(mesh.group(dist::MeshGroup::dp_span).size() > 1) {
     if (!active_) return;
     const core::Tensor grads = table.grad_arena();
+    // GPU gradients need communicators that move device memory (NCCL); the MPI backend reads host memory only.
+    if (grads.device() == core::Device::cuda)
+        for (const dist::Comm* c : {dense_rows_, edp_rows_})
+            MT_CHECK(c->size() == 1 || c->backend() == "nccl",
+                     "grad sync: GPU gradients over the {} backend (the buckets need NCCL communicators)",
+                     c->backend());
     const auto elem = static_cast<int64_t>(core::dtype_size(grads.dtype()));
     const int64_t limit = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1048576.0) / elem);
     for (int i = table.size() - 1; i >= 0;) {
@@ -135,21 +141,23 @@ double GradSync::grad_norm() const {
 
 void GradSync::gather_params() {
     if (!zero_) return;
-    // The master weights (f32: reductions-free, so any backend moves them), then the forward's low-precision copy
-    // is refreshed from them where there is one (GPU mixed precision).
-    const core::Tensor params = table_->master_arena();
-    const dist::CommType type = dist::comm_type_of(params.dtype());
-    const size_t elem = core::dtype_size(params.dtype());
+    // Every arena the optimizer updated only in the owned slices: the master weights, and under mixed precision
+    // also the forward's bf16 copy (which AdamW writes beside them), so no rank converts the whole model again. A
+    // gather only moves data, so it goes as bytes: any dtype, any backend.
+    std::vector<core::Tensor> arenas = {table_->master_arena()};
+    if (table_->precision().has_master_copy()) arenas.push_back(table_->param_arena());
     std::vector<dist::CommWork> works;
-    for (const Bucket& b : buckets_) {
-        dist::Comm& comm = group(b);
-        if (comm.size() == 1) continue;
-        const int64_t n = (b.end - b.begin) / comm.size();
-        char* base = static_cast<char*>(params.raw()) + static_cast<size_t>(b.begin) * elem;
-        works.push_back(comm.all_gather(base + static_cast<size_t>(comm.rank() * n) * elem, base, n, type));
+    for (const core::Tensor& arena : arenas) {
+        const auto elem = static_cast<int64_t>(core::dtype_size(arena.dtype()));
+        for (const Bucket& b : buckets_) {
+            dist::Comm& comm = group(b);
+            if (comm.size() == 1) continue;
+            const int64_t bytes = (b.end - b.begin) / comm.size() * elem;
+            char* base = static_cast<char*>(arena.raw()) + b.begin * elem;
+            works.push_back(comm.all_gather(base + comm.rank() * bytes, base, bytes, dist::CommType::u8));
+        }
     }
     for (auto& w : works) w.wait();
-    table_->refresh_params_from_master();
 }
 
 }  // namespace mt::train

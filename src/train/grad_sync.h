@@ -55,7 +55,7 @@ class GradSync {
     double grad_norm() const;
     // ZeRO-1: this rank's arena ranges, one slice per bucket.
     std::vector<optim::ArenaRange> owned() const;
-    // ZeRO-1: all-gathers every bucket's updated master weights over its group, then refreshes the forward's copy.
+    // ZeRO-1: all-gathers every bucket's updated master weights (and the forward's bf16 copy, if any) over its group.
     void gather_params();
 
    private:

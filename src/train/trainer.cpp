@@ -115,8 +115,12 @@ Trainer::Trainer(JobConfig cfg, bool log, dist::Comm* world) : cfg_(std::move(cf
         std::lcm(mesh_->group(dist::MeshGroup::dp_span).size(), int64_t{mesh_->group(dist::MeshGroup::edp).size()});
     model_ = std::make_unique<nn::DenseLM>(cfg_.model, precision, align);
     model_->params().initialize(static_cast<uint64_t>(cfg_.run.seed));
-    grad_sync_ =
-        std::make_unique<GradSync>(model_->params(), *mesh_, cfg_.parallel.bucket_mb, cfg_.parallel.zero_stage >= 1);
+    grad_sync_ = std::make_unique<GradSync>(model_->params(),
+                                            *mesh_,
+                                            cfg_.parallel.bucket_mb,
+                                            cfg_.parallel.zero_stage >= 1,
+                                            nccl_dp_span_.get(),
+                                            nccl_edp_.get());
     adamw_ = std::make_unique<optim::AdamW>(
         model_->params(),
         ops::AdamWHyper{.lr = t.lr, .beta1 = t.beta1, .beta2 = t.beta2, .eps = t.eps, .weight_decay = t.weight_decay},

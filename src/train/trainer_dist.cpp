@@ -38,8 +38,9 @@ void Trainer::check_parallel_layout() const {
                         s[dist::MeshAxis::dp],
                         s[dist::MeshAxis::ep],
                         cfg_.source);
-    // The trainer's NCCL path (gradients, ZeRO-1 gathers and MoE rows over NCCL) is written but its first run on
-    // two H200s crashed (signal 11 on rank 1, not yet located), so it is opt-in until it passes its tests.
+    // The trainer's NCCL path (gradients, ZeRO-1 gathers and MoE rows over NCCL) is written but has not passed its
+    // tests on two GPUs yet (its first run crashed; the causes found since are fixed but not re-run), so it is
+    // opt-in until it does.
     const char* env = std::getenv("MT_EXPERIMENTAL_GPU_PARALLEL");
     if (env == nullptr || std::string(env) != "1")
         core::fail_hint(core::ExitCode::usage,

@@ -145,7 +145,12 @@ class GroupedContext {
         for (const Gemm& g : gemms) prepared.emplace_back(&algo_for(g, rows_in_k), &layouts_for(g));
         MT_CUDA_CHECK(cudaEventRecord(fork_, main));
         for (int s = 0; s < used; ++s) MT_CUDA_CHECK(cudaStreamWaitEvent(streams_[s], fork_, 0));
+        // The current GPU is per host thread: the workers take the caller's (a multi-GPU job's rank drives its local
+        // GPU, not GPU 0), which owns the handles, streams and workspaces.
+        int device = 0;
+        MT_CUDA_CHECK(cudaGetDevice(&device));
         workers_->run(used, [&](int s) {
+            if (s != 0) MT_CUDA_CHECK(cudaSetDevice(device));
             for (size_t g = static_cast<size_t>(s); g < gemms.size(); g += kStreams)
                 matmul(gemms[g], *prepared[g].first, *prepared[g].second, ptrs[g], beta, s);
         });
