@@ -169,7 +169,15 @@ TEST(TrainerEp, CheckpointFromEveryRankResumesExactly) {
         ASSERT_EQ(resumed.step(), 4);
         for (int step = 5; step <= 8; ++step)
             EXPECT_EQ(resumed.train_step().loss, straight[size_t(step - 1)]) << "zero " << zero << " step " << step;
-        // The same checkpoint loads into one process (the global tensors are assembled from every rank's regions).
+        // The same checkpoint loads into another layout of the same world: dp = n without expert parallelism (each
+        // rank reads its parts out of the global tensors that the ep x dp ranks wrote).
+        {
+            Trainer other(moe_job(data, dir + "_dp", {"parallel.ep=1", "parallel.dp=" + std::to_string(n)}), false);
+            other.load_checkpoint(ckpt);
+            const double a = other.train_step().loss;
+            EXPECT_LT(std::abs(a - straight[4]) / straight[4], 1e-5) << "dp=" << n << " after the ep x dp checkpoint";
+        }
+        // And into one process (the global tensors are assembled from every rank's regions).
         if (zero == 1) {
             auto self = comm_make_self();
             Trainer one(moe_job(data, dir + "_one", {"train.grad_accum=" + std::to_string(2 * n), "parallel.dp=1"}),
