@@ -41,6 +41,10 @@ Shape param_global_shape(const ParamSpec& spec) {
     return shape;
 }
 
+int64_t param_shard_flat_offset(const ParamSpec& spec) {
+    return param_expert_sharded(spec) ? spec.shard_first * (core::shape_numel(spec.shape) / spec.shape[0]) : 0;
+}
+
 void ParamTable::finalize(const Precision& precision, int64_t align) {
     MT_CHECK(!finalized_, "parameter table finalized twice");
     MT_CHECK(align >= 1, "parameter alignment {} must be >= 1", align);

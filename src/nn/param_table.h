@@ -44,6 +44,9 @@ Shape param_global_shape(const ParamSpec& spec);
 inline bool param_expert_sharded(const ParamSpec& spec) {
     return spec.shard_global > 0;
 }
+// Where this rank's part starts in the row-major flattened global tensor (0 unless expert-sharded: the experts of
+// lower ranks come first).
+int64_t param_shard_flat_offset(const ParamSpec& spec);
 
 class ParamTable {
    public:

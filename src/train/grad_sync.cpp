@@ -22,7 +22,10 @@ GradSync::GradSync(nn::ParamTable& table,
       edp_rows_(expert_rows != nullptr ? expert_rows : &mesh.group(dist::MeshGroup::edp)),
       zero_(zero && mesh.group(dist::MeshGroup::dp_span).size() > 1),
       active_(mesh.group(dist::MeshGroup::dp_span).size() > 1) {
-    if (!active_) return;
+    if (!active_) {
+        owned_.push_back({0, table.total_numel()});
+        return;
+    }
     const core::Tensor grads = table.grad_arena();
     // GPU gradients need communicators that move device memory (NCCL); the MPI backend reads host memory only.
     if (grads.device() == core::Device::cuda)
@@ -48,14 +51,18 @@ GradSync::GradSync(nn::ParamTable& table,
                  "grad sync: bucket of {} elements does not split over {} ranks (parameter alignment)",
                  b.end - b.begin,
                  p);
+        b.share = (b.end - b.begin) / p;
+        b.mine = b.begin + group(b).rank() * b.share;
+        owned_.push_back({b.mine, b.mine + b.share});
         buckets_.push_back(std::move(b));
         i = j;
     }
+    std::sort(owned_.begin(), owned_.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
     if (!zero_) return;
     int64_t staged = 0;
     for (Bucket& b : buckets_) {
         b.staging = staged;
-        staged += (b.end - b.begin) / group(b).size();
+        staged += b.share;
     }
     staging_ = core::Tensor::zeros({std::max<int64_t>(staged, 1)}, grads.dtype(), grads.device());
 }
@@ -73,7 +80,7 @@ void GradSync::issue(Bucket& b) {
         return;
     }
     char* out = static_cast<char*>(staging_.raw()) + static_cast<size_t>(b.staging) * elem;
-    b.work = comm.reduce_scatter(base, out, (b.end - b.begin) / comm.size(), type, dist::ReduceOp::sum);
+    b.work = comm.reduce_scatter(base, out, b.share, type, dist::ReduceOp::sum);
 }
 
 void GradSync::grads_ready(int first) {
@@ -100,43 +107,30 @@ double GradSync::finish() {
         b.issued = false;
         if (!zero_ || group(b).size() == 1) continue;
         // The owned slice's reduced gradient goes back to its place in the arena, where the optimizer reads it.
-        const int64_t n = (b.end - b.begin) / group(b).size(), at = b.begin + group(b).rank() * n;
-        grads.slice(0, at, at + n).copy_from(staging_.slice(0, b.staging, b.staging + n));
+        grads.slice(0, b.mine, b.mine + b.share).copy_from(staging_.slice(0, b.staging, b.staging + b.share));
     }
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-std::vector<optim::ArenaRange> GradSync::owned() const {
-    std::vector<optim::ArenaRange> out;
-    if (!active_) {
-        out.push_back({0, table_->total_numel()});
-        return out;
-    }
-    for (const Bucket& b : buckets_) {
-        const int64_t p = group(b).size(), n = (b.end - b.begin) / p, at = b.begin + group(b).rank() * n;
-        out.push_back({at, at + n});
-    }
-    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
-    return out;
 }
 
 double GradSync::grad_norm() const {
     const core::Tensor grads = table_->grad_arena();
     if (!zero_ && ep_->size() == 1) return ops::global_norm({grads});
-    // Squared norms of disjoint parts: under ZeRO-1 the owned slices partition every bucket's group, so a sum over
-    // dp_span counts each dense element once and each expert element once (edp x ep = dp_span covers every expert
-    // once). Replicated: dense parts are the same everywhere; expert parts differ over ep only.
-    double dense = 0.0, expert = 0.0;
+    // Squared norms of disjoint parts, one norm call per part list (one device synchronisation each): under ZeRO-1
+    // the owned slices partition every bucket's group, so a sum over dp_span counts each dense element once and
+    // each expert element once (edp x ep = dp_span covers every expert once). Replicated: dense parts are the same
+    // everywhere; expert parts differ over ep only.
+    auto norm_sq = [](const std::vector<core::Tensor>& parts) {
+        const double n = parts.empty() ? 0.0 : ops::global_norm(parts);
+        return n * n;
+    };
+    std::vector<core::Tensor> dense, expert;
     if (zero_) {
-        for (const optim::ArenaRange& r : owned()) dense += ops::global_norm_sq(grads.slice(0, r.begin, r.end));
-        dist::Comm& all = *dense_;
-        return std::sqrt(dist::comm_all_reduce_sum(all, dense));
+        for (const optim::ArenaRange& r : owned_) dense.push_back(grads.slice(0, r.begin, r.end));
+        return std::sqrt(dist::comm_all_reduce_sum(*dense_, norm_sq(dense)));
     }
-    for (int i = 0; i < table_->size(); ++i) {
-        const double sq = ops::global_norm_sq(table_->grad(i));
-        (nn::param_expert_sharded(table_->spec(i)) ? expert : dense) += sq;
-    }
-    return std::sqrt(dense + dist::comm_all_reduce_sum(*ep_, expert));
+    for (int i = 0; i < table_->size(); ++i)
+        (nn::param_expert_sharded(table_->spec(i)) ? expert : dense).push_back(table_->grad(i));
+    return std::sqrt(norm_sq(dense) + dist::comm_all_reduce_sum(*ep_, norm_sq(expert)));
 }
 
 void GradSync::gather_params() {
@@ -152,9 +146,9 @@ void GradSync::gather_params() {
         for (const Bucket& b : buckets_) {
             dist::Comm& comm = group(b);
             if (comm.size() == 1) continue;
-            const int64_t bytes = (b.end - b.begin) / comm.size() * elem;
-            char* base = static_cast<char*>(arena.raw()) + b.begin * elem;
-            works.push_back(comm.all_gather(base + comm.rank() * bytes, base, bytes, dist::CommType::u8));
+            char* base = static_cast<char*>(arena.raw());
+            works.push_back(
+                comm.all_gather(base + b.mine * elem, base + b.begin * elem, b.share * elem, dist::CommType::u8));
         }
     }
     for (auto& w : works) w.wait();

@@ -53,8 +53,10 @@ class GradSync {
     // The L2 norm of the reduced gradient over the whole model (collective over dp_span; over ep for the expert
     // part of a replicated optimizer).
     double grad_norm() const;
-    // ZeRO-1: this rank's arena ranges, one slice per bucket.
-    std::vector<optim::ArenaRange> owned() const;
+    // ZeRO-1: this rank's arena ranges, one slice per bucket, ascending (the whole arena when inactive).
+    const std::vector<optim::ArenaRange>& owned() const {
+        return owned_;
+    }
     // ZeRO-1: all-gathers every bucket's updated master weights (and the forward's bf16 copy, if any) over its group.
     void gather_params();
 
@@ -63,6 +65,8 @@ class GradSync {
         int lowest = 0;              // smallest parameter index in the bucket
         int64_t begin = 0, end = 0;  // arena range
         bool expert = false;         // reduced over edp (else dp_span)
+        int64_t share = 0;           // elements per rank of the group: (end - begin) / |group|
+        int64_t mine = 0;            // this rank's slice [mine, mine + share) of the arena
         int64_t staging = 0;         // ZeRO-1: offset of the bucket's owned slice in staging_
         bool issued = false;
         dist::CommWork work;
@@ -77,6 +81,7 @@ class GradSync {
     dist::Comm *dense_rows_, *edp_rows_;  // the buckets
     bool zero_, active_;
     std::vector<Bucket> buckets_;  // in issue order (the end of the arena first)
+    std::vector<optim::ArenaRange> owned_;
     int64_t overlapped_ = 0, issued_early_ = 0;
     core::Tensor staging_;  // ZeRO-1: the owned slices of the reduce-scatter outputs
 };

@@ -1,4 +1,5 @@
 // Trainer state <-> checkpoint: parameters, AdamW moments, step, data position and RNG seed; exact resume.
+#include <array>
 #include <chrono>
 #include <filesystem>
 
@@ -49,6 +50,11 @@ core::Tensor flat(const core::Tensor& t) {
     return t.reshape({t.numel()});
 }
 
+// A piece's two AdamW moments with their checkpoint kinds.
+std::array<std::pair<const char*, core::Tensor>, 2> moments(const optim::AdamW& adamw, const optim::AdamW::Piece& p) {
+    return {{{"adamw.m", adamw.m(p)}, {"adamw.v", adamw.v(p)}}};
+}
+
 }  // namespace
 
 void Trainer::save_checkpoint() {
@@ -58,29 +64,27 @@ void Trainer::save_checkpoint() {
     // the global tensor), the AdamW moments with their parameters, or under ZeRO-1 by their owners (flat ranges),
     // and the MoE balancer state (the same on every rank) by world rank 0.
     nn::ParamTable& table = model_->params();
+    // Whether this rank writes a replicated parameter: the first of the ranks holding the same copy.
     const bool first_data = mesh_->group(dist::MeshGroup::dp_span).rank() == 0;
     const bool first_expert = mesh_->group(dist::MeshGroup::edp).rank() == 0;
+    auto replica_writer = [&](const nn::ParamSpec& spec) {
+        return nn::param_expert_sharded(spec) ? first_expert : first_data;
+    };
     std::vector<CheckpointTensor> tensors;
     for (int i = 0; i < table.size(); ++i) {
         const nn::ParamSpec& spec = table.spec(i);
-        const bool expert = nn::param_expert_sharded(spec);
-        if (!(expert ? first_expert : first_data)) continue;
+        if (!replica_writer(spec)) continue;
         const core::Shape global = nn::param_global_shape(spec);
         core::Shape offset(global.size(), 0);
-        if (expert) offset[0] = spec.shard_first;
+        if (nn::param_expert_sharded(spec)) offset[0] = spec.shard_first;
         tensors.push_back({spec.name, "param", to_host(table.master(i)), global, offset});
     }
     for (const optim::AdamW::Piece& p : adamw_->pieces()) {
         const nn::ParamSpec& spec = table.spec(p.param);
-        const bool expert = nn::param_expert_sharded(spec);
-        if (!adamw_->sharded() && !(expert ? first_expert : first_data)) continue;
-        const core::Shape global = nn::param_global_shape(spec);
-        // The piece's place in the flattened global tensor: expert rows come after the experts of lower ranks.
-        const int64_t base = expert ? spec.shard_first * (core::shape_numel(spec.shape) / spec.shape[0]) : 0;
-        for (const char* kind : {"adamw.m", "adamw.v"}) {
-            const core::Tensor state = std::string(kind) == "adamw.m" ? adamw_->m(p) : adamw_->v(p);
-            tensors.push_back({spec.name, kind, to_host(state), global, {}, base + p.begin});
-        }
+        if (!adamw_->sharded() && !replica_writer(spec)) continue;
+        const int64_t at = nn::param_shard_flat_offset(spec) + p.begin;
+        for (const auto& [kind, state] : moments(*adamw_, p))
+            tensors.push_back({spec.name, kind, to_host(state), nn::param_global_shape(spec), {}, at});
     }
     if (mesh_->world().rank() == 0)
         for (auto& moe : moe_checkpoint_tensors()) tensors.push_back({moe.name, moe.kind, to_host(moe.tensor)});
@@ -126,21 +130,26 @@ void Trainer::load_checkpoint(const std::string& dir) {
             read_to_device(ckpt, "param", spec.name, table.master(i));
             continue;
         }
-        const int64_t row = core::shape_numel(spec.shape) / spec.shape[0];
-        read_flat_part(
-            ckpt, "param", spec.name, nn::param_global_shape(spec), spec.shard_first * row, flat(table.master(i)));
+        read_flat_part(ckpt,
+                       "param",
+                       spec.name,
+                       nn::param_global_shape(spec),
+                       nn::param_shard_flat_offset(spec),
+                       flat(table.master(i)));
     }
     for (const optim::AdamW::Piece& p : adamw_->pieces()) {
         const nn::ParamSpec& spec = table.spec(p.param);
         const bool whole = !nn::param_expert_sharded(spec) && p.begin == 0 && p.end == core::shape_numel(spec.shape);
-        const int64_t base =
-            nn::param_expert_sharded(spec) ? spec.shard_first * (core::shape_numel(spec.shape) / spec.shape[0]) : 0;
-        for (const char* kind : {"adamw.m", "adamw.v"}) {
-            const core::Tensor state = std::string(kind) == "adamw.m" ? adamw_->m(p) : adamw_->v(p);
+        for (const auto& [kind, state] : moments(*adamw_, p)) {
             if (whole)
                 read_to_device(ckpt, kind, spec.name, state.reshape(spec.shape));
             else
-                read_flat_part(ckpt, kind, spec.name, nn::param_global_shape(spec), base + p.begin, state);
+                read_flat_part(ckpt,
+                               kind,
+                               spec.name,
+                               nn::param_global_shape(spec),
+                               nn::param_shard_flat_offset(spec) + p.begin,
+                               state);
         }
     }
     table.refresh_params_from_master();

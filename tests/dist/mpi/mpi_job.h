@@ -2,11 +2,13 @@
 #pragma once
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "dist/runtime.h"
 #include "support/tiny_job.h"
+#include "train/trainer.h"
 
 namespace mt::testing {
 
@@ -39,6 +41,34 @@ inline train::JobConfig mpi_job(const std::string& data,
                       "train.eval_batches=4",
                       "run.dir=\"" + run_dir + "\""});
     return tiny_job(data, overrides);
+}
+
+// The exact-resume check of the trainer tests: trains `cfg` (default world) for 8 steps with a checkpoint after
+// step 4, then a new trainer of the same config loads it and must repeat steps 5-8 bitwise. Fills `out` with the
+// checkpoint's manifest (the caller checks the mesh it records), its directory and the straight run's losses. Call
+// it inside ASSERT_NO_FATAL_FAILURE.
+struct ResumeRun {
+    nlohmann::json manifest;
+    std::vector<double> losses;
+    std::string checkpoint;
+};
+inline void expect_exact_resume(const train::JobConfig& cfg, ResumeRun* out) {
+    {
+        train::Trainer t(cfg, false);
+        for (int step = 1; step <= 8; ++step) {
+            out->losses.push_back(t.train_step().loss);
+            if (step == 4) t.save_checkpoint();
+        }
+    }
+    out->checkpoint = cfg.run.dir + "/checkpoints/step_00000004";
+    std::ifstream in(out->checkpoint + "/manifest.json");
+    ASSERT_TRUE(in) << out->checkpoint;
+    out->manifest = nlohmann::json::parse(in);
+    train::Trainer resumed(cfg, false);
+    resumed.load_checkpoint(out->checkpoint);
+    ASSERT_EQ(resumed.step(), 4);
+    for (int step = 5; step <= 8; ++step)
+        EXPECT_EQ(resumed.train_step().loss, out->losses[size_t(step - 1)]) << "step " << step;
 }
 
 }  // namespace mt::testing

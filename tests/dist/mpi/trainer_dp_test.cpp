@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 #include "dist/mpi/mpi_job.h"
 #include "dist/runtime.h"
@@ -72,24 +71,9 @@ TEST(TrainerDp, LossCurveMatchesOneProcessWithTheSameGlobalBatch) {
 TEST(TrainerDp, CheckpointResumesExactlyAndRecordsTheMesh) {
     const int n = dist_world().size();
     const std::string dir = shared_dir("run"), data = data_dir();
-    std::vector<double> straight;
-    {
-        Trainer t(job(data, dir, {"checkpoint.keep_last=5"}), false);
-        for (int step = 1; step <= 8; ++step) {
-            straight.push_back(t.train_step().loss);
-            if (step == 4) t.save_checkpoint();
-        }
-    }
-    const std::string ckpt = dir + "/checkpoints/step_00000004";
-    std::ifstream in(ckpt + "/manifest.json");
-    ASSERT_TRUE(in) << ckpt;
-    const auto manifest = nlohmann::json::parse(in);
-    EXPECT_EQ(manifest.at("mesh").at("dp"), n);
-    EXPECT_EQ(manifest.at("mesh").at("world"), n);
-    EXPECT_EQ(manifest.at("data").at("ranks").size(), static_cast<size_t>(n));
-    Trainer resumed(job(data, dir, {}), false);
-    resumed.load_checkpoint(ckpt);
-    ASSERT_EQ(resumed.step(), 4);
-    for (int step = 5; step <= 8; ++step)
-        EXPECT_EQ(resumed.train_step().loss, straight[size_t(step - 1)]) << "step " << step;
+    mt::testing::ResumeRun run;
+    ASSERT_NO_FATAL_FAILURE(mt::testing::expect_exact_resume(job(data, dir, {"checkpoint.keep_last=5"}), &run));
+    EXPECT_EQ(run.manifest.at("mesh").at("dp"), n);
+    EXPECT_EQ(run.manifest.at("mesh").at("world"), n);
+    EXPECT_EQ(run.manifest.at("data").at("ranks").size(), static_cast<size_t>(n));
 }
