@@ -49,7 +49,13 @@ int run(int argc, char** argv) {
     mt::train::Trainer trainer(cfg, false);
     for (int64_t s = 0; s < warmup; ++s) trainer.train_step();
     const auto start = std::chrono::steady_clock::now();
-    for (int64_t s = 0; s < steps; ++s) trainer.train_step();
+    double comm_wait = 0.0;
+    int64_t overlapped = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+        const mt::train::StepResult r = trainer.train_step();
+        comm_wait += r.comm_seconds;
+        overlapped = r.buckets_overlapped;
+    }
     const mt::core::Device device = trainer.model().params().precision().device;
     mt::core::backend_get(device).synchronize();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -84,6 +90,13 @@ int run(int argc, char** argv) {
     if (gpu) {
         line["mfu"] = flops / 989e12;
         line["peak_device_bytes"] = mt::core::backend_get(device).peak_bytes();
+    }
+    if (trainer.mesh().world().size() > 1) {
+        // The host's wait for the gradient reduction after the backward (GPU: also the backward still queued),
+        // and how many of the buckets were issued while the backward ran.
+        line["comm_wait_ms"] = 1000.0 * comm_wait / static_cast<double>(steps);
+        line["buckets_overlapped"] = overlapped;
+        line["buckets"] = trainer.gradient_buckets();
     }
     line["deterministic"] = cfg.run.deterministic;
     line["world"] = trainer.mesh().world().size();

@@ -63,6 +63,12 @@ void CommWork::wait() {
     impl_.reset();
 }
 
+void CommWork::wait_on_device() {
+    if (!impl_) return;
+    impl_->wait_on_device();
+    impl_.reset();
+}
+
 bool CommWork::done() {
     if (!impl_) return true;
     if (!impl_->test()) return false;

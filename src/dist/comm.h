@@ -25,12 +25,19 @@ CommType comm_type_of(core::DType dtype);
 
 // A pending operation. wait() blocks until the buffers it was given may be read and reused; done() polls. A handle
 // that is destroyed while pending waits first, so a dropped handle never leaves a backend writing into freed memory.
+// wait_on_device() orders instead of blocking where the backend can: the ops' GPU stream waits for the operation
+// (NCCL), so the host goes on queueing work that needs its result; host backends simply wait.
 class CommWork {
    public:
     struct Impl {
         virtual ~Impl() = default;
         virtual void wait() = 0;
         virtual bool test() = 0;
+        // Default: a host wait. A backend that returns without the operation being complete must make every later
+        // launch on core::cuda_stream() wait for it, and keep its buffers valid until then.
+        virtual void wait_on_device() {
+            wait();
+        }
     };
     CommWork() = default;  // an already complete operation
     explicit CommWork(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -40,6 +47,7 @@ class CommWork {
 
     void wait();
     bool done();
+    void wait_on_device();
 
    private:
     std::unique_ptr<Impl> impl_;

@@ -89,6 +89,9 @@ struct NcclWork final : CommWork::Impl {
         while (!test()) std::this_thread::yield();
     }
     bool test() override;
+    // The ops' stream waits for the launch's event; the event outlives this handle until the GPU has passed it
+    // (cudaEventDestroy defers the release of a pending event).
+    void wait_on_device() override;
 };
 
 class NcclComm final : public Comm {
@@ -304,6 +307,11 @@ bool NcclWork::test() {
     check(ncclCommGetAsyncError(launch->comm, &async), "ncclCommGetAsyncError");
     check(async, "an NCCL operation in flight (asynchronous error)");
     return false;
+}
+
+void NcclWork::wait_on_device() {
+    if (launch->owner != nullptr) launch->owner->issue_batch();
+    MT_CUDA_CHECK(cudaStreamWaitEvent(core::cuda_stream(), launch->event, 0));
 }
 
 }  // namespace

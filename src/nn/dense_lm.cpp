@@ -77,6 +77,12 @@ double DenseLM::forward(const Tensor& ids, const Tensor& targets, bool training)
 
     for (auto& b : blocks_) b->set_training(training);
     const core::Device dev = precision_.device;
+    const int all = table_.size();
+    auto need = [&](int end) {
+        if (params_needed_) params_needed_(end);
+    };
+    // Under AttnRes the stack drives the blocks (and has parameters of its own): everything up front.
+    need(attnres_ ? all : embed_ + 1);
     {
         core::TraceRange range(dev, "model.embed_fwd");
         ops::embedding_fwd(ids_, table_.param(embed_), x0_);
@@ -85,11 +91,13 @@ double DenseLM::forward(const Tensor& ids, const Tensor& targets, bool training)
     if (attnres_) {
         x = &attnres_->forward(x0_, blocks_, ws_);
     } else {
-        for (auto& b : blocks_) {
-            b->forward(*x, ws_);
-            x = &b->output();
+        for (size_t l = 0; l < blocks_.size(); ++l) {
+            need(l + 1 < blocks_.size() ? block_first_param_[l + 1] : all);
+            blocks_[l]->forward(*x, ws_);
+            x = &blocks_[l]->output();
         }
     }
+    need(all);
     {
         core::TraceRange range(dev, "model.head_fwd");
         ops::rmsnorm_fwd(*x, table_.param(final_norm_), cfg_.norm_eps, final_, final_rstd_);
@@ -140,7 +148,8 @@ void DenseLM::backward(double loss_scale) {
         const Tensor& input = l == 0 ? x0_ : blocks_[static_cast<size_t>(l - 1)]->output();
         blocks_[static_cast<size_t>(l)]->backward(input, *dout, *dx, ws_);
         std::swap(dout, dx);
-        if (grad_ready_ && l > 0) grad_ready_(block_first_param_[static_cast<size_t>(l)]);
+        // Block l's parameters are complete (the embedding, below every block, waits for its own backward).
+        if (grad_ready_) grad_ready_(block_first_param_[static_cast<size_t>(l)]);
     }
     core::TraceRange range(dev, "model.embed_bwd");
     ops::embedding_bwd(ids_, *dout, table_.grad(embed_));

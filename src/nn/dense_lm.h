@@ -50,6 +50,13 @@ class DenseLM {
     void set_grad_ready_hook(GradReadyHook hook) {
         grad_ready_ = std::move(hook);
     }
+    // Called during forward before the model reads parameters it has not read yet: every parameter with table
+    // index < end is about to be used (before the embedding, before each block, before the head). ZeRO-1 waits
+    // there for the parameter gathers of the last step, so they overlap the forward. Empty: no calls.
+    using ParamsNeededHook = std::function<void(int end)>;
+    void set_params_needed_hook(ParamsNeededHook hook) {
+        params_needed_ = std::move(hook);
+    }
     // The optimizer step the next forward/backward belong to (schedules inside the model: the AttnRes residual
     // blend). The trainer sets it before each step; 0 until then.
     void set_train_step(int64_t step) {
@@ -83,6 +90,7 @@ class DenseLM {
     std::vector<std::unique_ptr<Block>> blocks_;
     std::vector<int> block_first_param_;  // table index of each block's first parameter
     GradReadyHook grad_ready_;
+    ParamsNeededHook params_needed_;
     std::unique_ptr<AttnResStack> attnres_;  // Block Attention Residuals in place of the residual adds, or null
     Workspace ws_;
     int64_t batch_ = 0, seq_ = 0, counted_ = 0;

@@ -57,8 +57,19 @@ class GradSync {
     const std::vector<optim::ArenaRange>& owned() const {
         return owned_;
     }
-    // ZeRO-1: all-gathers every bucket's updated master weights (and the forward's bf16 copy, if any) over its group.
+    // ZeRO-1: starts all-gathering every bucket's updated parameters over its group: the weights the forward reads
+    // (under mixed precision the bf16 copy; the f32 master weights then stay sharded until gather_master). The
+    // gathers complete in the background: params_needed or settle_params before anything reads those weights.
     void gather_params();
+    // The next forward is about to read the parameters with table index < end: later GPU work waits for their
+    // gathers (a host wait on the MPI backend). The model's forward calls it through DenseLM's hook.
+    void params_needed(int end);
+    // Waits on the host for every pending parameter gather (before evaluation, checkpoints, direct reads).
+    void settle_params();
+    // Before a checkpoint writes the parameters: settles the pending gathers and, under ZeRO-1 with mixed
+    // precision, all-gathers the f32 master weights when other ranks' slices are stale. Collective over the same
+    // groups; a no-op when everything is whole.
+    void gather_master();
 
    private:
     struct Bucket {
@@ -69,17 +80,20 @@ class GradSync {
         int64_t mine = 0;            // this rank's slice [mine, mine + share) of the arena
         int64_t staging = 0;         // ZeRO-1: offset of the bucket's owned slice in staging_
         bool issued = false;
-        dist::CommWork work;
+        dist::CommWork work;          // the gradient reduction
+        dist::CommWork param_gather;  // ZeRO-1: the parameter gather after the step
     };
     dist::Comm& group(const Bucket& b) const {
         return b.expert ? *edp_rows_ : *dense_rows_;
     }
     void issue(Bucket& b);
+    dist::CommWork start_gather(const Bucket& b, const core::Tensor& arena);
 
     nn::ParamTable* table_;
     dist::Comm *dense_, *ep_;             // host scalars (MPI)
     dist::Comm *dense_rows_, *edp_rows_;  // the buckets
     bool zero_, active_;
+    bool master_stale_ = false;    // ZeRO-1: only the owned slices of the master weights are current
     std::vector<Bucket> buckets_;  // in issue order (the end of the arena first)
     std::vector<optim::ArenaRange> owned_;
     int64_t overlapped_ = 0, issued_early_ = 0;

@@ -57,9 +57,9 @@ class Trainer {
     // This data-parallel rank's batch of micro-batch `micro` at optimizer step `step`.
     void fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs, const core::Tensor& targets) const;
 
-    nn::DenseLM& model() {
-        return *model_;
-    }
+    // The model with whole parameters: under ZeRO-1 the last step's parameter gathers are waited for first (the
+    // trainer's own forwards wait bucket by bucket instead).
+    nn::DenseLM& model();
     int64_t step() const {
         return step_;
     }

@@ -64,6 +64,8 @@ void Trainer::save_checkpoint() {
     // the global tensor), the AdamW moments with their parameters, or under ZeRO-1 by their owners (flat ranges),
     // and the MoE balancer state (the same on every rank) by world rank 0.
     nn::ParamTable& table = model_->params();
+    grad_sync_->gather_master();  // ZeRO-1 keeps the master weights sharded between checkpoints (and gathers
+                                  // the forward's weights in the background)
     // Whether this rank writes a replicated parameter: the first of the ranks holding the same copy.
     const bool first_data = mesh_->group(dist::MeshGroup::dp_span).rank() == 0;
     const bool first_expert = mesh_->group(dist::MeshGroup::edp).rank() == 0;
@@ -123,6 +125,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
     const Checkpoint ckpt = checkpoint_open(dir, cfg_.checkpoint.verify_on_resume);
     nn::ParamTable& table = model_->params();
     checkpoint_check_fits(ckpt.manifest(), model_specs(table), dir);
+    grad_sync_->settle_params();  // no parameter gather of the last step may land after the loaded values
     // Each rank reads the parts it holds out of the global tensors, whatever mesh wrote them.
     for (int i = 0; i < table.size(); ++i) {
         const nn::ParamSpec& spec = table.spec(i);

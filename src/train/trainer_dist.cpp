@@ -1,8 +1,6 @@
 // Trainer <-> the mesh: which parallel layouts this trainer runs, and the reductions of per-rank values over the
 // ranks that read different data (the gradients themselves: train/grad_sync.h).
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "core/backend.h"
 #include "dist/comm_nccl.h"
@@ -38,19 +36,6 @@ void Trainer::check_parallel_layout() const {
                         s[dist::MeshAxis::dp],
                         s[dist::MeshAxis::ep],
                         cfg_.source);
-    // The trainer's NCCL path (gradients, ZeRO-1 gathers and MoE rows over NCCL) is written but has not passed its
-    // tests on two GPUs yet (its first run crashed; the causes found since are fixed but not re-run), so it is
-    // opt-in until it does.
-    const char* env = std::getenv("MT_EXPERIMENTAL_GPU_PARALLEL");
-    if (env == nullptr || std::string(env) != "1")
-        core::fail_hint(core::ExitCode::usage,
-                        "set run.device = \"cpu\" for multi-process runs for now (MT_EXPERIMENTAL_GPU_PARALLEL=1 "
-                        "runs the unfinished GPU path)",
-                        "parallel.dp = {} x parallel.ep = {} on the GPU: multi-process GPU training is not validated "
-                        "yet (docs/distributed.md) [{}]",
-                        s[dist::MeshAxis::dp],
-                        s[dist::MeshAxis::ep],
-                        cfg_.source);
 }
 
 int64_t Trainer::optimizer_state_bytes_total() const {
@@ -63,6 +48,11 @@ int64_t Trainer::optimizer_state_bytes_total() const {
         n += table.padded_numel(i) * (nn::param_expert_sharded(spec) ? spec.shard_global / spec.shape[0] : 1);
     }
     return 2 * n * static_cast<int64_t>(core::dtype_size(table.precision().master));
+}
+
+nn::DenseLM& Trainer::model() {
+    grad_sync_->settle_params();
+    return *model_;
 }
 
 double Trainer::dp_sum(double value) {
