@@ -7,14 +7,15 @@
 set -euo pipefail
 build=$1 config=$2 n=${3:-2} repeat=${4:-3}
 shift $(($# < 4 ? $# : 4))
+((repeat >= 1)) || { echo "dp_scaling.sh: REPEAT must be at least 1" >&2; exit 2; }
 bench=("$build/bench/bench_train" --config "$config" "$@")
 mpi=(mpirun --allow-run-as-root -np "$n" --bind-to none)
 one=() many=()
 for ((i = 0; i < repeat; ++i)); do
-    line=$("${bench[@]}" | grep '^{"' | head -1)
+    line=$("${bench[@]}" | grep '^{"' | sed -n 1p)  # reads everything: no SIGPIPE under pipefail
     echo "$line"
     one+=("$line")
-    line=$("${mpi[@]}" "${bench[@]}" | grep '^{"' | head -1)
+    line=$("${mpi[@]}" "${bench[@]}" | grep '^{"' | sed -n 1p)  # reads everything: no SIGPIPE under pipefail
     echo "$line"
     many+=("$line")
 done

@@ -1,7 +1,10 @@
 // The parts of Comm every backend shares (handles, tensor forms, statistics) and the one-process backend.
 #include "dist/comm.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <numeric>
 
 namespace mt::dist {
@@ -45,16 +48,33 @@ std::string_view comm_op_name(CommOp op) {
     return names[static_cast<size_t>(op)];
 }
 
+namespace {
+
+// Waits for a handle that is being dropped. Its callers are noexcept (a destructor, a move assignment), so a failed
+// operation is reported here and ends the process with the communication exit code, instead of std::terminate
+// without a message.
+void wait_dropped(CommWork::Impl& impl) noexcept {
+    try {
+        impl.wait();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "moetrain: error: %s\n", e.what());
+        std::fflush(stderr);
+        std::_Exit(static_cast<int>(core::ExitCode::distributed));
+    }
+}
+
+}  // namespace
+
 CommWork& CommWork::operator=(CommWork&& other) noexcept {
     if (this != &other) {
-        if (impl_) impl_->wait();
+        if (impl_) wait_dropped(*impl_);
         impl_ = std::move(other.impl_);
     }
     return *this;
 }
 
 CommWork::~CommWork() {
-    if (impl_) impl_->wait();
+    if (impl_) wait_dropped(*impl_);
 }
 
 void CommWork::wait() {

@@ -7,8 +7,13 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -62,6 +67,67 @@ void check(ncclResult_t rc, const char* call) {
                detail != nullptr ? detail : "");
 }
 
+// A host thread that polls every live communicator for NCCL's asynchronous errors twice a second, as
+// torch.distributed's watchdog does. GPU work can wait on a collective without the host polling it
+// (CommWork::wait_on_device, then a device synchronisation such as the loss read-back); if that collective failed,
+// the rank would block in the driver forever. The watchdog prints the error and ends the process with exit 6, and
+// the launcher then ends the other ranks. (A handle's own polling reports the same error first when the host waits.)
+class Watchdog {
+   public:
+    static Watchdog& get() {
+        static Watchdog watchdog;
+        return watchdog;
+    }
+    void add(ncclComm_t comm) {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        comms_.push_back(comm);
+    }
+    // Before the communicator is destroyed: the poll holds the lock, so it never reads a destroyed one.
+    void remove(ncclComm_t comm) {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        comms_.erase(std::remove(comms_.begin(), comms_.end(), comm), comms_.end());
+    }
+    ~Watchdog() {
+        {
+            const std::lock_guard<std::mutex> lock(mutex_);
+            stop_ = true;
+        }
+        wake_.notify_all();
+        thread_.join();
+    }
+
+   private:
+    Watchdog() : rank_(dist_world().rank()), thread_([this] { run(); }) {}
+    void run() {
+        std::unique_lock<std::mutex> lock(mutex_);
+        while (!wake_.wait_for(lock, std::chrono::milliseconds(500), [this] { return stop_; })) {
+            for (ncclComm_t comm : comms_) {
+                ncclResult_t async = ncclSuccess;
+                if (ncclCommGetAsyncError(comm, &async) != ncclSuccess || async == ncclSuccess ||
+                    async == ncclInProgress)
+                    continue;
+                const char* detail = ncclGetLastError(comm);
+                std::fprintf(stderr,
+                             "moetrain: error: [rank %d] an NCCL operation in flight failed (asynchronous error): "
+                             "%s%s%s\n",
+                             rank_,
+                             ncclGetErrorString(async),
+                             detail != nullptr && *detail != '\0' ? ": " : "",
+                             detail != nullptr ? detail : "");
+                std::fflush(stderr);
+                std::_Exit(static_cast<int>(core::ExitCode::distributed));
+            }
+        }
+    }
+
+    const int rank_;
+    std::mutex mutex_;
+    std::condition_variable wake_;
+    std::vector<ncclComm_t> comms_;
+    bool stop_ = false;
+    std::thread thread_;  // last: starts after the members it reads
+};
+
 class NcclComm;
 
 // One launch on a communicator's stream (an operation, or a batch of sends and receives) and the CUDA event recorded
@@ -103,6 +169,7 @@ class NcclComm final : public Comm {
         MT_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
         MT_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(int32_t)));
         MT_CUDA_CHECK(cudaMemset(scratch_, 0, sizeof(int32_t)));
+        Watchdog::get().add(comm_);
     }
     ~NcclComm() override {
         // Issue a batch still waiting and let every launch finish before freeing (see NcclWork). Errors here have
@@ -112,6 +179,7 @@ class NcclComm final : public Comm {
         } catch (const std::exception&) {
         }
         cudaStreamSynchronize(stream_);
+        Watchdog::get().remove(comm_);
         ncclCommDestroy(comm_);
         cudaFree(scratch_);
         cudaEventDestroy(compute_done_);

@@ -25,7 +25,9 @@ int comm_nccl_local_device();
 // * Every buffer is device memory of the current device. Each operation first waits (on the GPU) for the work
 //   already queued on the ops' stream (core::cuda_stream()), then runs on the communicator's own stream;
 //   CommWork::wait() blocks the host until it has completed, and reports NCCL's asynchronous errors (exit 6)
-//   instead of hanging.
+//   instead of hanging; CommWork::wait_on_device() makes the ops' stream wait for it instead. A watchdog thread
+//   polls every live communicator for asynchronous errors and ends the process with exit 6 on one, so a rank whose
+//   GPU work waits on a failed collective does not block forever.
 // * send and recv are not issued at once: consecutive ones are batched and issued as one NCCL group at the next
 //   operation of this communicator, or when one of their handles is waited for or polled. So the MPI idiom "post
 //   the receive, post the send, wait" works (NCCL runs point-to-point operations only in stream order, and a

@@ -70,6 +70,10 @@ class GradSync {
     // precision, all-gathers the f32 master weights when other ranks' slices are stale. Collective over the same
     // groups; a no-op when everything is whole.
     void gather_master();
+    // A checkpoint was just loaded into every rank's whole master arena: nothing to gather before the next save.
+    void master_loaded() {
+        master_stale_ = false;
+    }
 
    private:
     struct Bucket {

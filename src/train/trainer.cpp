@@ -122,7 +122,8 @@ Trainer::Trainer(JobConfig cfg, bool log, dist::Comm* world) : cfg_(std::move(cf
                                             nccl_dp_span_.get(),
                                             nccl_edp_.get());
     // ZeRO-1: each forward waits for the parameter gathers of the last step bucket by bucket, as it reaches them.
-    if (grad_sync_->zero()) model_->set_params_needed_hook([this](int end) { grad_sync_->params_needed(end); });
+    if (grad_sync_->zero())
+        model_->set_params_needed_hook([sync = grad_sync_.get()](int end) { sync->params_needed(end); });
     adamw_ = std::make_unique<optim::AdamW>(
         model_->params(),
         ops::AdamWHyper{.lr = t.lr, .beta1 = t.beta1, .beta2 = t.beta2, .eps = t.eps, .weight_decay = t.weight_decay},

@@ -57,8 +57,9 @@ class Trainer {
     // This data-parallel rank's batch of micro-batch `micro` at optimizer step `step`.
     void fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs, const core::Tensor& targets) const;
 
-    // The model with whole parameters: under ZeRO-1 the last step's parameter gathers are waited for first (the
-    // trainer's own forwards wait bucket by bucket instead).
+    // The model with the weights the forward reads whole: under ZeRO-1 the last step's parameter gathers are
+    // waited for first (the trainer's own forwards wait bucket by bucket instead). Under ZeRO-1 with mixed
+    // precision the f32 master weights stay sharded: only this rank's slices (GradSync::owned) are current.
     nn::DenseLM& model();
     int64_t step() const {
         return step_;

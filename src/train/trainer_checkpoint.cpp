@@ -156,6 +156,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
         }
     }
     table.refresh_params_from_master();
+    grad_sync_->master_loaded();
     load_moe_checkpoint(ckpt);
     step_ = ckpt.step();
     if (ckpt.manifest().contains("loss_scaler")) scaler_.load_state(ckpt.manifest().at("loss_scaler"));
