@@ -3,7 +3,6 @@
 
 #include <cmath>
 
-#include "ops/add.h"
 #include "ops/attention.h"
 #include "ops/rope.h"
 
@@ -58,11 +57,10 @@ void AttentionLayer::backward(const Tensor& x, const Tensor& dout, const Tensor&
         ops::rope_bwd(ws.d_q, cfg_.rope_theta, 0, ws.d_q);
         ops::rope_bwd(ws.d_k, cfg_.rope_theta, 0, ws.d_k);
     }
+    // x feeds three projections: the k and v gradients add into dx inside their matmuls.
     wq_.backward(x, flat(ws.d_q), dx);
-    wk_.backward(x, flat(ws.d_k), ws.d_tmp);
-    ops::add_fwd(dx, ws.d_tmp, dx);
-    wv_.backward(x, flat(ws.d_v), ws.d_tmp);
-    ops::add_fwd(dx, ws.d_tmp, dx);
+    wk_.backward(x, flat(ws.d_k), dx, /*accumulate_dx=*/true);
+    wv_.backward(x, flat(ws.d_v), dx, /*accumulate_dx=*/true);
 }
 
 std::vector<SavedTensor> AttentionLayer::saved_for_backward() {

@@ -75,11 +75,10 @@ void Block::forward(const Tensor& x, Workspace& ws) {
 }
 
 void Block::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws) {
-    // FFN branch: dh = dout + d(norm2)/dh, held in dx for now; then the mixer branch: dx = dh + d(norm1)/dx.
-    branch_backward(1, h_, dout, ws.d_tmp, ws);
-    ops::add_fwd(dout, ws.d_tmp, dx);
-    branch_backward(0, x, dx, ws.d_tmp, ws);
-    ops::add_fwd(dx, ws.d_tmp, dx);
+    // FFN branch: dh = dout + d(norm2)/dh, held in dx; then the mixer branch in place: dx = dh + d(norm1)/dx. The
+    // residual path's gradient is added inside each norm's backward, not by separate adds.
+    branch_backward(1, h_, dout, dx, ws, dout);
+    branch_backward(0, x, dx, dx, ws, dx);
 }
 
 void Block::branch_forward(int sub, const Tensor& h, const Tensor& out, Workspace& ws) {
@@ -97,19 +96,20 @@ void Block::branch_forward(int sub, const Tensor& h, const Tensor& out, Workspac
     ffn_forward(norm2_, out);
 }
 
-void Block::branch_backward(int sub, const Tensor& h, const Tensor& dout, const Tensor& dh, Workspace& ws) {
+void Block::branch_backward(
+    int sub, const Tensor& h, const Tensor& dout, const Tensor& dh, Workspace& ws, const Tensor& dresidual) {
     if (sub == 0) {
         core::TraceRange range(h.device(), kda_ ? "block.kda_bwd" : "block.attn_bwd");
         if (kda_)
             kda_->backward(norm1_, dout, ws.d_norm, ws);
         else
             attn_->backward(norm1_, dout, ws.d_norm, ws);
-        ops::rmsnorm_bwd(h, table_->param(mixer_norm_), rstd1_, ws.d_norm, dh, table_->grad(mixer_norm_));
+        ops::rmsnorm_bwd(h, table_->param(mixer_norm_), rstd1_, ws.d_norm, dh, table_->grad(mixer_norm_), dresidual);
         return;
     }
     core::TraceRange range(h.device(), moe_ ? "block.moe_bwd" : "block.mlp_bwd");
     ffn_backward(norm2_, dout, ws.d_norm, ws);
-    ops::rmsnorm_bwd(h, table_->param(mlp_norm_), rstd2_, ws.d_norm, dh, table_->grad(mlp_norm_));
+    ops::rmsnorm_bwd(h, table_->param(mlp_norm_), rstd2_, ws.d_norm, dh, table_->grad(mlp_norm_), dresidual);
 }
 
 std::vector<SavedTensor> Block::saved_for_backward() {

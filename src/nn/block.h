@@ -35,9 +35,16 @@ class Block : public Layer {
     }
     // The two sub-layers on their own, for Block Attention Residuals (nn/attnres.h), which replaces the residual
     // adds: sub 0 is Mixer(RMSNorm(h)), sub 1 is Mlp(RMSNorm(h)); out [N, C] written. branch_backward takes the
-    // same h and writes dh (=); it must not alias dout.
+    // same h and writes dh (=), or with dresidual defined dh = dresidual + the branch's gradient (the residual
+    // stream's gradient joins in the norm's backward; dresidual may alias dh). dout may alias dh only with
+    // dresidual = dh: each mixer reads dout before the norm's backward writes dh.
     void branch_forward(int sub, const Tensor& h, const Tensor& out, Workspace& ws);
-    void branch_backward(int sub, const Tensor& h, const Tensor& dout, const Tensor& dh, Workspace& ws);
+    void branch_backward(int sub,
+                         const Tensor& h,
+                         const Tensor& dout,
+                         const Tensor& dh,
+                         Workspace& ws,
+                         const Tensor& dresidual = Tensor());
     Mixer mixer() const {
         return kda_ ? Mixer::kda : Mixer::attention;
     }

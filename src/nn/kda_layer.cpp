@@ -3,7 +3,6 @@
 
 #include <cmath>
 
-#include "ops/add.h"
 #include "ops/causal_conv1d.h"
 #include "ops/l2norm.h"
 #include "ops/rmsnorm.h"
@@ -96,7 +95,6 @@ void KdaLayer::resize(int64_t batch, int64_t seq, const Precision& precision) {
     d_o_ = z(o_.shape()), d_q_ = z(q_.shape()), d_k_ = z(k_.shape()), d_v_ = z(o_.shape());
     d_g_ = z(g_.shape()), d_beta_ = z(beta_.shape()), d_u_ = z({n, hvk}), d_fa_ = z({n, k_dim_}), d_bl_ = z({n, hv_});
     d_qc_ = z({n, hk}), d_kc_ = z({n, hk}), d_qp_ = z({n, hk}), d_kp_ = z({n, hk}), d_vp_ = z({n, hvv});
-    d_x_tmp_ = z({n, cfg_.d_model});
     ds0_ = Tensor();
 }
 
@@ -146,9 +144,9 @@ void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     const double q_scale = 1.0 / std::sqrt(static_cast<double>(k_dim_));
     auto rows = [](const Tensor& t, int64_t r) { return t.reshape({r, t.numel() / r}); };
     auto seq3 = [&](const Tensor& t) { return t.reshape({batch_, seq_, t.numel() / n}); };
+    // x feeds six projections: after the first, each adds its gradient into dx inside its matmul.
     auto add_dx = [&](const Linear& w, const Tensor& input, const Tensor& dy) {
-        w.backward(input, dy, d_x_tmp_);
-        ops::add_fwd(dx, d_x_tmp_, dx);
+        w.backward(input, dy, dx, /*accumulate_dx=*/true);
     };
     // output projection, gate, norm
     wo_.backward(y_, dout, d_y_);

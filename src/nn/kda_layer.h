@@ -82,7 +82,7 @@ class KdaLayer : public Layer {
     Tensor ga_, gz_, y_;      // [N, V], [N, HV*V] gate logits, [N, HV*V] gated output
     // Gradient buffers.
     Tensor d_y_, d_on_, d_gz_, d_ga_, d_o_, d_q_, d_k_, d_v_, d_g_, d_beta_, ds0_, d_u_, d_fa_, d_bl_;
-    Tensor d_qc_, d_kc_, d_qp_, d_kp_, d_vp_, d_x_tmp_;
+    Tensor d_qc_, d_kc_, d_qp_, d_kp_, d_vp_;
 };
 
 }  // namespace mt::nn

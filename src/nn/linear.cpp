@@ -13,8 +13,8 @@ void Linear::forward(const Tensor& x, const Tensor& y) const {
     ops::linear_fwd(x, table_->param(index_), Tensor(), y);
 }
 
-void Linear::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) const {
-    ops::linear_bwd(x, table_->param(index_), dy, dx, table_->grad(index_), Tensor());
+void Linear::backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate_dx) const {
+    ops::linear_bwd(x, table_->param(index_), dy, dx, table_->grad(index_), Tensor(), accumulate_dx);
 }
 
 }  // namespace mt::nn

@@ -15,8 +15,9 @@ class Linear {
 
     // x: [N, in] -> y: [N, out]
     void forward(const Tensor& x, const Tensor& y) const;
-    // dy: [N, out]; dx [N, in] written (=), skipped when undefined; dW accumulates.
-    void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) const;
+    // dy: [N, out]; dx [N, in] written (=), or added to with accumulate_dx (+=), skipped when undefined; dW
+    // accumulates.
+    void backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate_dx = false) const;
 
     Tensor weight() const {
         return table_->param(index_);

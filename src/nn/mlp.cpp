@@ -3,7 +3,6 @@
 
 #include <cmath>
 
-#include "ops/add.h"
 #include "ops/swiglu.h"
 
 namespace mt::nn {
@@ -38,8 +37,7 @@ void Mlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Worksp
     w_down_.backward(act_, dout, ws.d_act);
     ops::swiglu_bwd(gate_, up_, ws.d_act, ws.d_gate, ws.d_up);
     w_gate_.backward(x, ws.d_gate, dx);
-    w_up_.backward(x, ws.d_up, ws.d_tmp);
-    ops::add_fwd(dx, ws.d_tmp, dx);
+    w_up_.backward(x, ws.d_up, dx, /*accumulate_dx=*/true);
 }
 
 std::vector<SavedTensor> Mlp::saved_for_backward() {

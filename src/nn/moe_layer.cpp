@@ -101,7 +101,6 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
         shared_->resize(n, precision);
         shared_out_ = z({n, c});
         shared_ws_.d_gate = z({n, fs}), shared_ws_.d_up = z({n, fs}), shared_ws_.d_act = z({n, fs});
-        shared_ws_.d_tmp = z({n, c});
     }
 }
 

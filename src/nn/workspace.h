@@ -10,7 +10,7 @@ namespace mt::nn {
 
 struct Workspace {
     core::Tensor d_norm;  // [N, C] gradient w.r.t. a norm output
-    core::Tensor d_tmp;   // [N, C] a branch's input gradient before it joins the residual
+    core::Tensor d_tmp;   // [N, C] scratch: a branch's output in the block forward
     core::Tensor d_q;     // [B, T, Hq, D]
     core::Tensor d_k;     // [B, T, Hkv, D]
     core::Tensor d_v;     // [B, T, Hkv, D]

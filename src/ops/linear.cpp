@@ -64,8 +64,13 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tens
             x.data<scalar_t>(), w.data<scalar_t>(), data_or_null<scalar_t>(bias), y.data<scalar_t>(), n, k, m));
 }
 
-void linear_bwd(
-    const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw, const Tensor& dbias) {
+void linear_bwd(const Tensor& x,
+                const Tensor& w,
+                const Tensor& dy,
+                const Tensor& dx,
+                const Tensor& dw,
+                const Tensor& dbias,
+                bool accumulate_dx) {
     constexpr std::string_view op = "linear_bwd";
     if (check_same_device(op, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}, {"dbias", dbias}}) ==
         Device::cuda) {
@@ -86,7 +91,7 @@ void linear_bwd(
             check_shape(dbias, {m}, op, "dbias");
         }
         require_cuda(op);
-        return cuda::linear_bwd(x, w, dy, dx, dw, dbias);
+        return cuda::linear_bwd(x, w, dy, dx, dw, dbias, accumulate_dx);
     }
     check_float_arg(x, op, "x", 2);
     check_float_arg(w, op, "w", 2);
@@ -119,7 +124,8 @@ void linear_bwd(
                                       data_or_null<scalar_t>(dbias),
                                       n,
                                       k,
-                                      m));
+                                      m,
+                                      accumulate_dx));
 }
 
 }  // namespace mt::ops

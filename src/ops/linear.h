@@ -3,7 +3,9 @@
 //   w:    [M, K]
 //   bias: [M] or undefined (no bias)
 //   y:    [N, M]
-// _bwd: dx [N, K] is written (=), skipped when undefined; dw [M, K] and dbias [M] accumulate (+=).
+// _bwd: dx [N, K] is written (=), or with accumulate_dx added to (+=: a second use of x, such as the k and v
+// projections of one input, adds its gradient inside the matmul instead of through a separate add); skipped when
+// undefined. dw [M, K] and dbias [M] accumulate (+=).
 #pragma once
 
 #include "ops/op_common.h"
@@ -11,7 +13,12 @@
 namespace mt::ops {
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y);
-void linear_bwd(
-    const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw, const Tensor& dbias);
+void linear_bwd(const Tensor& x,
+                const Tensor& w,
+                const Tensor& dy,
+                const Tensor& dx,
+                const Tensor& dw,
+                const Tensor& dbias,
+                bool accumulate_dx = false);
 
 }  // namespace mt::ops

@@ -40,7 +40,8 @@ void rmsnorm_bwd(const Tensor& x,
                  const Tensor& rstd,
                  const Tensor& dy,
                  const Tensor& dx,
-                 const Tensor& dweight) {
+                 const Tensor& dweight,
+                 const Tensor& dresidual) {
     constexpr std::string_view op = "rmsnorm_bwd";
     check_arg(x, op, "x", 2);
     check_arg(weight, op, "weight", 1);
@@ -54,10 +55,19 @@ void rmsnorm_bwd(const Tensor& x,
     check_shape(dy, {n, c}, op, "dy");
     check_shape(dx, {n, c}, op, "dx");
     check_shape(dweight, {c}, op, "dweight");
-    if (check_same_device(
-            op, {{"x", x}, {"weight", weight}, {"rstd", rstd}, {"dy", dy}, {"dx", dx}, {"dweight", dweight}}) ==
-        core::Device::cuda)
-        return cuda::rmsnorm_bwd(x, weight, rstd, dy, dx, dweight);
+    if (dresidual.defined()) {
+        check_arg(dresidual, op, "dresidual", 2);
+        check_shape(dresidual, {n, c}, op, "dresidual");
+    }
+    if (check_same_device(op,
+                          {{"x", x},
+                           {"weight", weight},
+                           {"rstd", rstd},
+                           {"dy", dy},
+                           {"dx", dx},
+                           {"dweight", dweight},
+                           {"dresidual", dresidual}}) == core::Device::cuda)
+        return cuda::rmsnorm_bwd(x, weight, rstd, dy, dx, dweight, dresidual);
     check_float_arg(x, op, "x", 2);
     check_float_arg(weight, op, "weight", 1);
     check_float_arg(rstd, op, "rstd", 1);
@@ -69,12 +79,14 @@ void rmsnorm_bwd(const Tensor& x,
     cpu::check_dtype_as(dy, x, op, "dy", "x");
     cpu::check_dtype_as(dx, x, op, "dx", "x");
     cpu::check_dtype_as(dweight, x, op, "dweight", "x");
+    if (dresidual.defined()) cpu::check_dtype_as(dresidual, x, op, "dresidual", "x");
     MT_DISPATCH_FLOAT(x.dtype(),
                       op,
                       cpu::rmsnorm_bwd(x.data<scalar_t>(),
                                        weight.data<scalar_t>(),
                                        rstd.data<scalar_t>(),
                                        dy.data<scalar_t>(),
+                                       dresidual.defined() ? dresidual.data<scalar_t>() : nullptr,
                                        dx.data<scalar_t>(),
                                        dweight.data<scalar_t>(),
                                        n,

@@ -3,7 +3,9 @@
 //   weight: [C]
 //   y:      [N, C]
 //   rstd:   [N] saved for backward: 1 / sqrt(mean(x^2) + eps)
-// _bwd: dx written (=); dweight accumulates (+=).
+// _bwd: dx written (=); dweight accumulates (+=). With dresidual [N, C] defined, dx = dresidual + the norm's
+// gradient: the residual stream's gradient that bypasses the norm joins in the same pass instead of a separate add
+// (dresidual may be dx itself).
 #pragma once
 
 #include "ops/op_common.h"
@@ -16,6 +18,7 @@ void rmsnorm_bwd(const Tensor& x,
                  const Tensor& rstd,
                  const Tensor& dy,
                  const Tensor& dx,
-                 const Tensor& dweight);
+                 const Tensor& dweight,
+                 const Tensor& dresidual = Tensor());
 
 }  // namespace mt::ops

@@ -37,7 +37,35 @@ OpCase linear_case(int64_t n, int64_t k, int64_t m, bool bias) {
             }};
 }
 
+// dx accumulated (+=, accumulate_dx): the problem returns x itself as a second output, whose gradient dout[1] is
+// the buffer's content before the call, so the checks see dx = dout[1] + dy w.
+OpCase linear_accumulate_case(int64_t n, int64_t k, int64_t m) {
+    const std::string name = fmt::format("linear_accumulate_dx_n{}_k{}_m{}", n, k, m);
+    return {"linear", name, [=] {
+                const uint64_t s = op_seed(name);
+                OpProblem p;
+                p.inputs = {{"x", op_randn({n, k}, s, 0), GradKind::written},
+                            {"w", op_randn({m, k}, s, 1, 0.0, 1.0 / std::sqrt(k)), GradKind::accumulated}};
+                p.forward = [](const std::vector<Tensor>& in) {
+                    Tensor y = op_like(in[0], {in[0].size(0), in[1].size(0)}), x = op_like(in[0]);
+                    linear_fwd(in[0], in[1], Tensor(), y);
+                    x.copy_from(in[0]);
+                    return std::vector<Tensor>{y, x};
+                };
+                p.backward = [](const std::vector<Tensor>& in,
+                                const std::vector<Tensor>& dout,
+                                const std::vector<Tensor>& grads) {
+                    grads[0].copy_from(dout[1]);
+                    linear_bwd(in[0], in[1], dout[0], grads[0], grads[1], Tensor(), /*accumulate_dx=*/true);
+                };
+                return p;
+            }};
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
+    op_register(linear_accumulate_case(7, 5, 3));
+    op_register(linear_accumulate_case(131, 33, 37));
+    op_register(op_parity_only(linear_accumulate_case(300, 256, 512)));  // cuBLASLt with beta = 1
     op_register(linear_case(1, 1, 1, false));
     op_register(linear_case(1, 1, 1, true));
     op_register(linear_case(7, 5, 3, true));

@@ -38,7 +38,40 @@ OpCase rmsnorm_case(int64_t n, int64_t c, double eps) {
     return rc;
 }
 
+// The residual stream's gradient joining in the backward (dresidual): the problem returns x itself as a second
+// output, so the checks see dx = dout[1] + the norm's gradient; in_place passes dx as dresidual, as the blocks do.
+OpCase rmsnorm_residual_case(int64_t n, int64_t c, bool in_place) {
+    const std::string name = fmt::format("rmsnorm_residual{}_n{}_c{}", in_place ? "_in_place" : "", n, c);
+    constexpr double eps = 1e-5;
+    return {"rmsnorm", name, [=] {
+                const uint64_t s = op_seed(name);
+                OpProblem p;
+                p.inputs = {{"x", op_randn({n, c}, s, 0), GradKind::written},
+                            {"weight", op_randn({c}, s, 1, 1.0, 0.2), GradKind::accumulated}};
+                p.forward = [](const std::vector<Tensor>& in) {
+                    Tensor y = op_like(in[0]), rstd = op_stat_like(in[0], {in[0].size(0)}), x = op_like(in[0]);
+                    rmsnorm_fwd(in[0], in[1], eps, y, rstd);
+                    x.copy_from(in[0]);
+                    return std::vector<Tensor>{y, x};
+                };
+                p.backward = [in_place](const std::vector<Tensor>& in,
+                                        const std::vector<Tensor>& dout,
+                                        const std::vector<Tensor>& grads) {
+                    Tensor y = op_like(in[0]), rstd = op_stat_like(in[0], {in[0].size(0)});
+                    rmsnorm_fwd(in[0], in[1], eps, y, rstd);
+                    if (in_place) grads[0].copy_from(dout[1]);
+                    rmsnorm_bwd(in[0], in[1], rstd, dout[0], grads[0], grads[1], in_place ? grads[0] : dout[1]);
+                };
+                return p;
+            }};
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
+    op_register(rmsnorm_residual_case(7, 5, false));
+    op_register(rmsnorm_residual_case(131, 16, true));
+    op_register(rmsnorm_residual_case(301, 130, true));
+    op_register(op_parity_only(rmsnorm_residual_case(257, 2048, true)));
+    op_register(op_parity_only(rmsnorm_residual_case(67, 2049, false)));
     op_register(rmsnorm_case(1, 1, 1e-5));
     op_register(rmsnorm_case(7, 5, 1e-5));
     op_register(rmsnorm_case(3, 257, 1e-6));
@@ -89,6 +122,14 @@ TEST(OpArgs, RmsnormShapesAndDtypes) {
             rmsnorm_bwd(x, w, rstd, y, op_noncontiguous({3, 4}, DType::f32), op_like(w));
         },
         "rmsnorm_bwd: dx must be contiguous");
+    rmsnorm_bwd(x, w, rstd, y, op_like(x), op_like(w), op_like(x));
+    expect_op_error(
+        [&] {
+            rmsnorm_bwd(x, w, rstd, y, op_like(x), op_like(w), Tensor::zeros({3, 5}, DType::f32));
+        },
+        "rmsnorm_bwd: dresidual has shape [3, 5], expected [3, 4]");
+    expect_op_error([&] { rmsnorm_bwd(x, w, rstd, y, op_like(x), op_like(w), op_like(x).to(DType::f64)); },
+                    "rmsnorm_bwd: dresidual has dtype f64, expected f32 (the dtype of x)");
 }
 
 }  // namespace

@@ -19,8 +19,16 @@ void grouped_linear_bwd(
     for (int64_t j = 0; j < e; ++j) {
         const int64_t r0 = offsets[j], rows = offsets[j + 1] - r0;
         if (rows == 0) continue;
-        linear_bwd<T>(
-            x + r0 * k, w + j * m * k, dy + r0 * m, dx ? dx + r0 * k : nullptr, dw + j * m * k, nullptr, rows, k, m);
+        linear_bwd<T>(x + r0 * k,
+                      w + j * m * k,
+                      dy + r0 * m,
+                      dx ? dx + r0 * k : nullptr,
+                      dw + j * m * k,
+                      nullptr,
+                      rows,
+                      k,
+                      m,
+                      false);
     }
 }
 

@@ -21,13 +21,22 @@ void embedding_bwd(const int32_t* ids, const T* dout, T* dweight, int64_t n, int
 template <typename T>
 void linear_fwd(const T* x, const T* w, const T* bias, T* y, int64_t n, int64_t k, int64_t m);
 template <typename T>
-void linear_bwd(const T* x, const T* w, const T* dy, T* dx, T* dw, T* dbias, int64_t n, int64_t k, int64_t m);
+void linear_bwd(
+    const T* x, const T* w, const T* dy, T* dx, T* dw, T* dbias, int64_t n, int64_t k, int64_t m, bool accumulate_dx);
 
 // x, y, dx [n, c], weight, dweight [c], rstd [n].
 template <typename T>
 void rmsnorm_fwd(const T* x, const T* weight, double eps, T* y, T* rstd, int64_t n, int64_t c);
 template <typename T>
-void rmsnorm_bwd(const T* x, const T* weight, const T* rstd, const T* dy, T* dx, T* dweight, int64_t n, int64_t c);
+void rmsnorm_bwd(const T* x,
+                 const T* weight,
+                 const T* rstd,
+                 const T* dy,
+                 const T* dresidual,
+                 T* dx,
+                 T* dweight,
+                 int64_t n,
+                 int64_t c);
 
 // x, y [b, t, h, d]; y may alias x. inverse = true applies the transposed rotation (the backward).
 template <typename T>

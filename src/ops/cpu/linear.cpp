@@ -31,7 +31,8 @@ void linear_fwd(const T* x, const T* w, const T* bias, T* y, int64_t n, int64_t 
 // dx[n, k] = dy[n, m] @ w[m, k]           (written; one GEMM per chunk of kRowChunk rows of dx)
 // One task list, the large dw tiles first so that the small dx chunks balance the threads at the end.
 template <typename T>
-void linear_bwd(const T* x, const T* w, const T* dy, T* dx, T* dw, T* dbias, int64_t n, int64_t k, int64_t m) {
+void linear_bwd(
+    const T* x, const T* w, const T* dy, T* dx, T* dw, T* dbias, int64_t n, int64_t k, int64_t m, bool accumulate_dx) {
     blas_use_one_thread();
     const int64_t tile_rows = chunk_count(m, kTile), tile_cols = std::max<int64_t>(chunk_count(k, kTile), 1);
     const int64_t dw_tasks = tile_rows * tile_cols, dx_tasks = dx ? chunk_count(n, kRowChunk) : 0;
@@ -39,7 +40,7 @@ void linear_bwd(const T* x, const T* w, const T* dy, T* dx, T* dw, T* dbias, int
     for (int64_t task = 0; task < dw_tasks + dx_tasks; ++task) {
         if (task >= dw_tasks) {
             const int64_t r0 = (task - dw_tasks) * kRowChunk, rows = std::min(n, r0 + kRowChunk) - r0;
-            gemm(false, false, rows, k, m, T(1), dy + r0 * m, m, w, k, T(0), dx + r0 * k, k);
+            gemm(false, false, rows, k, m, T(1), dy + r0 * m, m, w, k, T(accumulate_dx ? 1 : 0), dx + r0 * k, k);
             continue;
         }
         const int64_t tr = task / tile_cols, tc = task % tile_cols;
@@ -58,8 +59,8 @@ void linear_bwd(const T* x, const T* w, const T* dy, T* dx, T* dw, T* dbias, int
 template void linear_fwd<float>(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t);
 template void linear_fwd<double>(const double*, const double*, const double*, double*, int64_t, int64_t, int64_t);
 template void linear_bwd<float>(
-    const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t, int64_t);
+    const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t, int64_t, bool);
 template void linear_bwd<double>(
-    const double*, const double*, const double*, double*, double*, double*, int64_t, int64_t, int64_t);
+    const double*, const double*, const double*, double*, double*, double*, int64_t, int64_t, int64_t, bool);
 
 }  // namespace mt::ops::cpu

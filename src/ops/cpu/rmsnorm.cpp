@@ -28,25 +28,35 @@ void rmsnorm_fwd(const T* x, const T* weight, double eps, T* y, T* rstd, int64_t
 }
 
 // With xhat = x * rstd and g = dy * weight (per row):
-//   dx = rstd * (g - xhat * mean(g * xhat))       (written)
+//   dx = rstd * (g - xhat * mean(g * xhat))       (written; plus dresidual when given, which may alias dx)
 //   dweight += sum over rows of dy * xhat         (partial sums per block of kRowBlock rows, added in block order)
 template <typename T>
-void rmsnorm_bwd(const T* x, const T* weight, const T* rstd, const T* dy, T* dx, T* dweight, int64_t n, int64_t c) {
+void rmsnorm_bwd(const T* x,
+                 const T* weight,
+                 const T* rstd,
+                 const T* dy,
+                 const T* dresidual,
+                 T* dx,
+                 T* dweight,
+                 int64_t n,
+                 int64_t c) {
     const int64_t blocks = (n + kRowBlock - 1) / kRowBlock;
     std::vector<T> partial(static_cast<size_t>(blocks * c), T(0));  // [blocks, c]
 #pragma omp parallel for schedule(static) if (n * c >= kParallelMinWork)
     for (int64_t blk = 0; blk < blocks; ++blk) {
         T* dw = partial.data() + blk * c;  // [c]
         for (int64_t i = blk * kRowBlock; i < std::min(n, (blk + 1) * kRowBlock); ++i) {
-            const T* xr = x + i * c;    // [c]
-            const T* dyr = dy + i * c;  // [c]
-            T* dxr = dx + i * c;        // [c]
+            const T* xr = x + i * c;                                             // [c]
+            const T* dyr = dy + i * c;                                           // [c]
+            T* dxr = dx + i * c;                                                 // [c]
+            const T* dres = dresidual != nullptr ? dresidual + i * c : nullptr;  // [c]
             const T r = rstd[i];
             T dot = 0;  // sum(dy * weight * x)
             for (int64_t j = 0; j < c; ++j) dot += dyr[j] * weight[j] * xr[j];
             const T coef = dot * r * r / static_cast<T>(c);
             for (int64_t j = 0; j < c; ++j) {
-                dxr[j] = r * (dyr[j] * weight[j] - xr[j] * coef);
+                const T g = r * (dyr[j] * weight[j] - xr[j] * coef);
+                dxr[j] = dres != nullptr ? dres[j] + g : g;
                 dw[j] += dyr[j] * xr[j] * r;
             }
         }
@@ -58,8 +68,8 @@ void rmsnorm_bwd(const T* x, const T* weight, const T* rstd, const T* dy, T* dx,
 template void rmsnorm_fwd<float>(const float*, const float*, double, float*, float*, int64_t, int64_t);
 template void rmsnorm_fwd<double>(const double*, const double*, double, double*, double*, int64_t, int64_t);
 template void rmsnorm_bwd<float>(
-    const float*, const float*, const float*, const float*, float*, float*, int64_t, int64_t);
+    const float*, const float*, const float*, const float*, const float*, float*, float*, int64_t, int64_t);
 template void rmsnorm_bwd<double>(
-    const double*, const double*, const double*, const double*, double*, double*, int64_t, int64_t);
+    const double*, const double*, const double*, const double*, const double*, double*, double*, int64_t, int64_t);
 
 }  // namespace mt::ops::cpu

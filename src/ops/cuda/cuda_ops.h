@@ -18,8 +18,13 @@ void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out);
 void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dweight);
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y);
-void linear_bwd(
-    const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw, const Tensor& dbias);
+void linear_bwd(const Tensor& x,
+                const Tensor& w,
+                const Tensor& dy,
+                const Tensor& dx,
+                const Tensor& dw,
+                const Tensor& dbias,
+                bool accumulate_dx);
 
 void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd);
 void rmsnorm_bwd(const Tensor& x,
@@ -27,7 +32,8 @@ void rmsnorm_bwd(const Tensor& x,
                  const Tensor& rstd,
                  const Tensor& dy,
                  const Tensor& dx,
-                 const Tensor& dweight);
+                 const Tensor& dweight,
+                 const Tensor& dresidual);
 
 void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y);
 void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx);

@@ -20,13 +20,14 @@ void embedding_bwd(const Tensor&, const Tensor&, const Tensor&) {
 void linear_fwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
     absent("linear_fwd");
 }
-void linear_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+void linear_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool) {
     absent("linear_bwd");
 }
 void rmsnorm_fwd(const Tensor&, const Tensor&, double, const Tensor&, const Tensor&) {
     absent("rmsnorm_fwd");
 }
-void rmsnorm_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+void rmsnorm_bwd(
+    const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
     absent("rmsnorm_bwd");
 }
 void rope_fwd(const Tensor&, double, int64_t, const Tensor&) {

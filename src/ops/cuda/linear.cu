@@ -281,8 +281,13 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tens
 }
 
 // x [N, K], w [M, K], dy [N, M]; dx [N, K] written (skipped when undefined); dw [M, K] and dbias [M] accumulate.
-void linear_bwd(
-    const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw, const Tensor& dbias) {
+void linear_bwd(const Tensor& x,
+                const Tensor& w,
+                const Tensor& dy,
+                const Tensor& dx,
+                const Tensor& dw,
+                const Tensor& dbias,
+                bool accumulate_dx) {
     constexpr std::string_view op = "linear_bwd";
     check_dtypes(x, op);
     MT_CHECK(w.dtype() == x.dtype() && dy.dtype() == x.dtype() && (!dx.defined() || dx.dtype() == x.dtype()),
@@ -296,7 +301,7 @@ void linear_bwd(
     const cudaDataType t = cuda_type(x.dtype());
     if (dx.defined() && n > 0 && k > 0) {
         if (m == 0) {
-            dx.zero();
+            if (!accumulate_dx) dx.zero();
         } else {
             const GemmShape s{t,
                               t,
@@ -312,7 +317,8 @@ void linear_bwd(
                               alignment_of(w.raw()),
                               alignment_of(dy.raw()),
                               alignment_of(dx.raw())};
-            LtContext::get().matmul(s, w.raw(), dy.raw(), dx.raw(), nullptr, 0.0f);
+            // beta = 1 adds to dx in the epilogue, in f32 before the one rounding to dx's dtype.
+            LtContext::get().matmul(s, w.raw(), dy.raw(), dx.raw(), nullptr, accumulate_dx ? 1.0f : 0.0f);
         }
     }
     if (n == 0 || m == 0) return;

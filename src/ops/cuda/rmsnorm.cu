@@ -54,13 +54,15 @@ __global__ void rmsnorm_fwd_kernel(const TX* __restrict__ x,
     }
 }
 
-// dx = rstd (dy w - x coef), coef = rstd^2 sum(dy w x) / c; partial[block, :] = sum over its rows of dy x rstd.
+// dx = rstd (dy w - x coef) (+ dresidual), coef = rstd^2 sum(dy w x) / c; partial[block, :] = sum over its rows
+// of dy x rstd. dresidual may alias dx (each element is read before the same thread writes it): no __restrict__.
 template <int VEC, typename TX, typename TW>
 __global__ void rmsnorm_bwd_kernel(const TX* __restrict__ x,
                                    const TW* __restrict__ weight,
                                    const float* __restrict__ rstd,
                                    const TX* __restrict__ dy,
-                                   TX* __restrict__ dx,
+                                   const TX* dresidual,
+                                   TX* dx,
                                    float* __restrict__ partial,
                                    int64_t n,
                                    int64_t c) {
@@ -72,9 +74,10 @@ __global__ void rmsnorm_bwd_kernel(const TX* __restrict__ x,
         for (int k = 0; k < VEC; ++k) dw[j + k] = 0.0f;
     const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows, row_end = row0 + kRows < n ? row0 + kRows : n;
     for (int64_t row = row0; row < row_end; ++row) {
-        const TX* xr = x + row * c;    // [c]
-        const TX* dyr = dy + row * c;  // [c]
-        TX* dxr = dx + row * c;        // [c]
+        const TX* xr = x + row * c;                                             // [c]
+        const TX* dyr = dy + row * c;                                           // [c]
+        TX* dxr = dx + row * c;                                                 // [c]
+        const TX* dres = dresidual != nullptr ? dresidual + row * c : nullptr;  // [c]
         const float r = rstd[row];
         float dot = 0.0f;
         for (int64_t j = j0; j < c; j += stride) {
@@ -88,13 +91,14 @@ __global__ void rmsnorm_bwd_kernel(const TX* __restrict__ x,
         dot = block_sum(dot, scratch);
         const float coef = dot * r * r / static_cast<float>(c);
         for (int64_t j = j0; j < c; j += stride) {
-            float xv[VEC], gv[VEC], wv[VEC], out[VEC];
+            float xv[VEC], gv[VEC], wv[VEC], out[VEC], rv[VEC] = {};
             load_vec<VEC>(xr + j, xv);
             load_vec<VEC>(dyr + j, gv);
             load_vec<VEC>(weight + j, wv);
+            if (dres != nullptr) load_vec<VEC>(dres + j, rv);
 #pragma unroll
             for (int k = 0; k < VEC; ++k) {
-                out[k] = r * (gv[k] * wv[k] - xv[k] * coef);
+                out[k] = rv[k] + r * (gv[k] * wv[k] - xv[k] * coef);
                 dw[j + k] += gv[k] * xv[k] * r;
             }
             store_vec<VEC>(dxr + j, out);
@@ -158,7 +162,8 @@ void rmsnorm_bwd(const Tensor& x,
                  const Tensor& rstd,
                  const Tensor& dy,
                  const Tensor& dx,
-                 const Tensor& dweight) {
+                 const Tensor& dweight,
+                 const Tensor& dresidual) {
     constexpr std::string_view op = "rmsnorm_bwd";
     check_cuda_float(x, op, "x");
     check_cuda_float(weight, op, "weight");
@@ -166,10 +171,11 @@ void rmsnorm_bwd(const Tensor& x,
     check_dtype_like(dy, x, op, "dy", "x");
     check_dtype_like(dx, x, op, "dx", "x");
     check_cuda_float(dweight, op, "dweight");
+    if (dresidual.defined()) check_dtype_like(dresidual, x, op, "dresidual", "x");
     const int64_t n = x.size(0), c = x.size(1);
     if (n == 0) return;
     core::NvtxRange range("rmsnorm_bwd");
-    const bool vec = vec_ok(c, {&x, &weight, &dy, &dx});
+    const bool vec = vec_ok(c, {&x, &weight, &dy, &dx, &dresidual});
     const int threads = threads_for(c, vec);
     const int64_t blocks = (n + kRows - 1) / kRows;
     const Tensor partial = Tensor::empty({blocks, c}, DType::f32, core::Device::cuda);  // [blocks, c]
@@ -179,11 +185,12 @@ void rmsnorm_bwd(const Tensor& x,
                          const TW* wp = static_cast<const TW*>(weight.raw());
                          const TX* dyp = static_cast<const TX*>(dy.raw());
                          TX* dxp = static_cast<TX*>(dx.raw());
+                         const TX* dresp = dresidual.defined() ? static_cast<const TX*>(dresidual.raw()) : nullptr;
                          auto kernel = vec ? rmsnorm_bwd_kernel<8, TX, TW> : rmsnorm_bwd_kernel<1, TX, TW>;
                          MT_CUDA_CHECK(cudaFuncSetAttribute(
                              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
                          kernel<<<static_cast<unsigned>(blocks), threads, smem, core::cuda_stream()>>>(
-                             xp, wp, rstd.data<float>(), dyp, dxp, partial.data<float>(), n, c);
+                             xp, wp, rstd.data<float>(), dyp, dresp, dxp, partial.data<float>(), n, c);
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
     const dim3 reduce_threads(kReduceCols, kReduceStripes);
