@@ -47,16 +47,25 @@ std::vector<std::string> tiny_model(const std::string& device) {
 void expect_curves_close(const std::vector<double>& cpu, const std::vector<double>& gpu, double tol) {
     ASSERT_EQ(cpu.size(), gpu.size());
     double worst = 0.0;
-    for (size_t i = 0; i < cpu.size(); ++i) worst = std::max(worst, std::abs(cpu[i] - gpu[i]) / std::abs(cpu[i]));
+    size_t first_off = 0;  // 1-based step of the first gap above 1e-4 (0: none): a wrong gradient shows within a
+                           // few steps, a routing flip at a near-tie (MoE) later
+    for (size_t i = 0; i < cpu.size(); ++i) {
+        const double gap = std::abs(cpu[i] - gpu[i]) / std::abs(cpu[i]);
+        worst = std::max(worst, gap);
+        if (first_off == 0 && gap > 1e-4) first_off = i + 1;
+    }
     EXPECT_LT(worst, tol) << "first " << cpu.front() << " vs " << gpu.front() << ", last " << cpu.back() << " vs "
                           << gpu.back();
-    std::printf("loss curve: cpu %.4f -> %.4f, gpu %.4f -> %.4f, worst relative gap %.4f over %zu steps\n",
-                cpu.front(),
-                cpu.back(),
-                gpu.front(),
-                gpu.back(),
-                worst,
-                cpu.size());
+    std::printf(
+        "loss curve: cpu %.4f -> %.4f, gpu %.4f -> %.4f, worst relative gap %.4f over %zu steps, first step above "
+        "1e-4: %zu\n",
+        cpu.front(),
+        cpu.back(),
+        gpu.front(),
+        gpu.back(),
+        worst,
+        cpu.size(),
+        first_off);
 }
 
 }  // namespace
@@ -221,31 +230,78 @@ void expect_gpu_follows_cpu(const std::string& dir, const std::vector<std::strin
     expect_curves_close(ref, bf16, 0.05);
 }
 
-// MoE models: with balancing on, the bias update turns rounding-level differences between the devices into
-// different routing of the tokens nearest a cutoff, and the curves drift apart like two seeds would. So the tight
-// check runs without balancing (routing then moves only with the weights): GPU f32 follows the CPU to 1e-3. With
-// the configured balancing in bf16 the curves must agree in their last 10 steps' mean within 2%, and step by step
-// within 15%. Prints every fifth bf16 step.
+// The relative L2 gap of every parameter gradient between two models after one forward and backward of the same
+// batch (the models must start from the same weights): a wrong or missing gradient term shows here at once,
+// without the drift of a trajectory.
+double worst_gradient_gap(Trainer& cpu, Trainer& gpu) {
+    const auto& t = cpu.config().train;
+    const auto inputs = mt::core::Tensor::zeros({t.batch_size, t.seq_len}, mt::core::DType::i32);
+    const auto targets = mt::core::Tensor::zeros({t.batch_size, t.seq_len}, mt::core::DType::i32);
+    cpu.fill_batch(0, 0, inputs, targets);
+    double worst = 0.0;
+    for (Trainer* trainer : {&cpu, &gpu}) {
+        trainer->model().params().zero_grads();
+        trainer->model().forward(inputs, targets);
+        trainer->model().backward(1.0);
+    }
+    const auto& a = cpu.model().params();
+    const auto& b = gpu.model().params();
+    for (int i = 0; i < a.size(); ++i) {
+        const auto ga = a.grad(i), gb = b.grad(i).to_device(mt::core::Device::cpu);
+        double diff = 0.0, norm = 0.0;
+        for (int64_t j = 0; j < ga.numel(); ++j) {
+            const double x = ga.data<float>()[j], y = gb.data<float>()[j];
+            diff += (x - y) * (x - y);
+            norm += x * x;
+        }
+        const double gap = std::sqrt(diff) / std::max(std::sqrt(norm), 1e-12);
+        EXPECT_LT(gap, 1e-4) << a.spec(i).name;
+        worst = std::max(worst, gap);
+    }
+    return worst;
+}
+
+// MoE models. Routing is discrete: a rounding-level difference between the devices sends a token that sits at a
+// top-k cutoff to another expert, and from that step on the curves drift apart like two seeds (with balancing on,
+// the bias update adds to it). Measured without balancing in f32: the curves agree within 1e-4 for the first 8
+// steps, then a flip at step 9 grows to 3.7% (an earlier build of the same kernels, differing only in rounding
+// order: 0.06%); the dense and hybrid f32 curves stay within 1e-4 for all 50 steps. So the checks are: every
+// parameter gradient of one step in f32 within 1e-4 (relative L2; measured 5.9e-7), the f32 curves within 1e-3
+// for the first 5 steps, and over 50 steps (f32 unbalanced, and bf16 with the configured balancing) the last 10
+// steps' mean within 2% and no step more than 25% apart (bf16 measured 0.11 and 0.21 on those two builds). Prints
+// every fifth bf16 step.
+void expect_tail_close(const std::vector<double>& ref, const std::vector<double>& other, const char* what) {
+    double tail_ref = 0, tail_other = 0;
+    for (size_t i = ref.size() - 10; i < ref.size(); ++i) tail_ref += ref[i] / 10, tail_other += other[i] / 10;
+    const double gap = std::abs(tail_other - tail_ref) / tail_ref;
+    std::printf("last 10 steps' mean: cpu %.4f gpu %s %.4f, relative gap %.4f\n", tail_ref, what, tail_other, gap);
+    EXPECT_LT(gap, 0.02) << what;
+}
+
 void expect_moe_gpu_follows_cpu(const std::string& dir, const std::vector<std::string>& extra) {
     {
         std::vector<std::string> unbalanced = extra;
         unbalanced.push_back("moe.balance=\"none\"");
         Trainer cpu(tiny_job(dir, tiny_model_with("cpu", "auto", unbalanced)), false);
         Trainer gpu32(tiny_job(dir, tiny_model_with("cuda", "f32", unbalanced)), false);
-        expect_curves_close(losses(cpu, 50), losses(gpu32, 50), 1e-3);
+        std::printf("one step, f32: worst parameter-gradient gap %.2e\n", worst_gradient_gap(cpu, gpu32));
+    }
+    {
+        std::vector<std::string> unbalanced = extra;
+        unbalanced.push_back("moe.balance=\"none\"");
+        Trainer cpu(tiny_job(dir, tiny_model_with("cpu", "auto", unbalanced)), false);
+        Trainer gpu32(tiny_job(dir, tiny_model_with("cuda", "f32", unbalanced)), false);
+        const auto ref = losses(cpu, 50), f32 = losses(gpu32, 50);
+        expect_curves_close({ref.begin(), ref.begin() + 5}, {f32.begin(), f32.begin() + 5}, 1e-3);
+        expect_curves_close(ref, f32, 0.25);
+        expect_tail_close(ref, f32, "f32");
     }
     Trainer cpu(tiny_job(dir, tiny_model_with("cpu", "auto", extra)), false);
     Trainer gpu16(tiny_job(dir, tiny_model_with("cuda", "bf16", extra)), false);
     const auto ref = losses(cpu, 50), bf16 = losses(gpu16, 50);
     print_every_fifth(ref, bf16);
-    expect_curves_close(ref, bf16, 0.15);
-    double tail_cpu = 0, tail_gpu = 0;
-    for (size_t i = ref.size() - 10; i < ref.size(); ++i) tail_cpu += ref[i] / 10, tail_gpu += bf16[i] / 10;
-    std::printf("last 10 steps' mean: cpu %.4f gpu bf16 %.4f, relative gap %.4f\n",
-                tail_cpu,
-                tail_gpu,
-                std::abs(tail_gpu - tail_cpu) / tail_cpu);
-    EXPECT_LT(std::abs(tail_gpu - tail_cpu) / tail_cpu, 0.02);
+    expect_curves_close(ref, bf16, 0.25);
+    expect_tail_close(ref, bf16, "bf16");
 }
 
 }  // namespace
