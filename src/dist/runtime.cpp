@@ -38,6 +38,16 @@ void install_fatal_signal_handlers(int rank) {
 
 }  // namespace
 
+int dist_local_size() {
+    for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"}) {
+        const char* value = std::getenv(var);
+        if (value == nullptr) continue;
+        const int n = std::atoi(value);
+        if (n >= 1) return n;
+    }
+    return 1;
+}
+
 bool dist_launched_by_mpi() {
     for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
         if (std::getenv(var) != nullptr) return true;

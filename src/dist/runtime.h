@@ -21,6 +21,10 @@ void dist_finalize();
 // True between dist_init starting MPI and dist_finalize.
 bool dist_mpi_active();
 
+// How many processes of this job the launcher started on this machine: OMPI_COMM_WORLD_LOCAL_SIZE (Open MPI),
+// MPI_LOCALNRANKS (MPICH's Hydra) or LOCAL_WORLD_SIZE (torchrun-style launchers), the first one set; 1 otherwise.
+int dist_local_size();
+
 // Every process of the job (the self communicator when MPI is not running).
 Comm& dist_world();
 

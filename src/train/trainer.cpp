@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -65,7 +66,9 @@ optim::LossScalerConfig trainer_loss_scaler(const JobConfig& cfg, const nn::Prec
 }
 
 int trainer_set_threads(int64_t threads) {
-    const int n = threads > 0 ? static_cast<int>(threads) : omp_get_num_procs();
+    // 0: the cores shared out among this machine's ranks, so that ranks started together (mpirun -np N on one
+    // host) do not each take every core, which slows their GPU launches and the NCCL proxy threads.
+    const int n = threads > 0 ? static_cast<int>(threads) : std::max(1, omp_get_num_procs() / dist::dist_local_size());
     omp_set_num_threads(n);  // OpenBLAS stays single-threaded: the ops split GEMMs across OpenMP threads
     return n;
 }
@@ -97,12 +100,20 @@ Trainer::Trainer(JobConfig cfg, bool log, dist::Comm* world) : cfg_(std::move(cf
     // A GPU run of several processes: NCCL communicators for device buffers, made before any other CUDA work so
     // that this process's device (its local rank) is current for the model, the ops' stream and the allocator.
     if (precision.device == core::Device::cuda && mesh_->world().size() > 1) {
-        auto nccl = [&](dist::MeshGroup g) {
-            return mesh_->group(g).size() > 1 ? dist::comm_make_nccl(mesh_->group(g)) : nullptr;
+        // One communicator per distinct group: at ep = 1 edp is dp_span, at dp = 1 ep is (each NCCL communicator
+        // has its own stream and proxy threads; collectives on a shared one run in call order, the same on
+        // every rank).
+        const int64_t me = mesh_->world().rank();
+        auto same = [&](dist::MeshGroup a, dist::MeshGroup b) {
+            return dist::mesh_group_ranks(shape, me, a) == dist::mesh_group_ranks(shape, me, b);
+        };
+        auto nccl = [&](dist::MeshGroup g) -> std::shared_ptr<dist::Comm> {
+            if (mesh_->group(g).size() == 1) return nullptr;
+            return dist::comm_make_nccl(mesh_->group(g));
         };
         nccl_dp_span_ = nccl(dist::MeshGroup::dp_span);
-        nccl_edp_ = nccl(dist::MeshGroup::edp);
-        nccl_ep_ = nccl(dist::MeshGroup::ep);
+        nccl_edp_ = same(dist::MeshGroup::edp, dist::MeshGroup::dp_span) ? nccl_dp_span_ : nccl(dist::MeshGroup::edp);
+        nccl_ep_ = same(dist::MeshGroup::ep, dist::MeshGroup::dp_span) ? nccl_dp_span_ : nccl(dist::MeshGroup::ep);
     }
     // Expert parallelism: each MoE layer holds this rank's experts and exchanges rows over the ep group.
     if (cfg_.model.moe_enabled)

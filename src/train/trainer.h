@@ -126,7 +126,7 @@ class Trainer {
     std::unique_ptr<nn::DenseLM> model_;
     // GPU runs over several processes: NCCL communicators over the dp_span, edp and ep ranks (groups of more than one
     // rank), which move the gradients and the MoE rows; the mesh's MPI groups keep the host scalars.
-    std::unique_ptr<dist::Comm> nccl_dp_span_, nccl_edp_, nccl_ep_;
+    std::shared_ptr<dist::Comm> nccl_dp_span_, nccl_edp_, nccl_ep_;  // shared where two groups are the same ranks
     std::unique_ptr<GradSync> grad_sync_;
     std::unique_ptr<optim::AdamW> adamw_;
     optim::LossScaler scaler_;
@@ -147,7 +147,7 @@ nn::Precision trainer_precision(const JobConfig& cfg);
 // The loss scaling of a run: train.loss_scale > 0 fixes it; otherwise dynamic under fp16 and none (1) otherwise.
 optim::LossScalerConfig trainer_loss_scaler(const JobConfig& cfg, const nn::Precision& precision);
 
-// Applies run.threads (0: all cores) to OpenMP; returns the thread count.
+// Applies run.threads (0: all cores, shared out among the ranks on this machine) to OpenMP; returns the count.
 int trainer_set_threads(int64_t threads);
 
 }  // namespace mt::train
