@@ -1,7 +1,11 @@
-// Trainer: learning, exact resume (bit-identical losses), checkpoints that do not fit, bad token data.
+// Trainer: learning, exact resume (bit-identical losses), checkpoints that do not fit, bad token data, threads.
 #include "train/trainer.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
 
 #include "support/tiny_job.h"
 #include "train/checkpoint_io.h"
@@ -154,4 +158,22 @@ TEST(Trainer, TokenIdsAtOrAboveVocabAreDataErrors) {
         EXPECT_EQ(e.code(), ExitCode::data);
         EXPECT_NE(std::string(e.what()).find("bad.bin"), std::string::npos) << e.what();
     }
+}
+
+TEST(Trainer, ZeroThreadsShareTheCoresAmongTheRanksOfAMachine) {
+    // run.threads = 0 is all cores for one process, and cores / local ranks (at least 1) for ranks that a launcher
+    // started together on one machine, so they do not each take every core.
+    const int procs = omp_get_num_procs(), before = omp_get_max_threads();
+    EXPECT_EQ(mt::train::trainer_set_threads(3), 3);
+    EXPECT_EQ(mt::train::trainer_set_threads(0), procs);
+    ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+    EXPECT_EQ(mt::train::trainer_set_threads(0), std::max(1, procs / 2));
+    EXPECT_EQ(mt::train::trainer_set_threads(5), 5) << "an explicit count is kept";
+    ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "100000", 1);
+    EXPECT_EQ(mt::train::trainer_set_threads(0), 1);
+    ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+    EXPECT_EQ(mt::train::trainer_set_threads(0), std::max(1, procs / 2));
+    ::unsetenv("LOCAL_WORLD_SIZE");
+    omp_set_num_threads(before);
 }
