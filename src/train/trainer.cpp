@@ -2,6 +2,7 @@
 #include "train/trainer.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -66,9 +67,15 @@ optim::LossScalerConfig trainer_loss_scaler(const JobConfig& cfg, const nn::Prec
 }
 
 int trainer_set_threads(int64_t threads) {
-    // 0: the cores shared out among this machine's ranks, so that ranks started together (mpirun -np N on one
-    // host) do not each take every core, which slows their GPU launches and the NCCL proxy threads.
-    const int n = threads > 0 ? static_cast<int>(threads) : std::max(1, omp_get_num_procs() / dist::dist_local_size());
+    // 0: the cores this process may run on, shared out among this machine's ranks when each may run on all of them
+    // (mpirun --bind-to none), so that ranks started together do not each take every core, which slows their GPU
+    // launches and the NCCL proxy threads. A launcher that pinned the rank has already divided them.
+    int n = static_cast<int>(threads);
+    if (n <= 0) {
+        const int procs = omp_get_num_procs();
+        const bool whole_machine = procs == static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+        n = whole_machine ? std::max(1, procs / dist::dist_local_size()) : procs;
+    }
     omp_set_num_threads(n);  // OpenBLAS stays single-threaded: the ops split GEMMs across OpenMP threads
     return n;
 }
@@ -100,9 +107,10 @@ Trainer::Trainer(JobConfig cfg, bool log, dist::Comm* world) : cfg_(std::move(cf
     // A GPU run of several processes: NCCL communicators for device buffers, made before any other CUDA work so
     // that this process's device (its local rank) is current for the model, the ops' stream and the allocator.
     if (precision.device == core::Device::cuda && mesh_->world().size() > 1) {
-        // One communicator per distinct group: at ep = 1 edp is dp_span, at dp = 1 ep is (each NCCL communicator
-        // has its own stream and proxy threads; collectives on a shared one run in call order, the same on
-        // every rank).
+        // At ep = 1 the edp group is dp_span: one communicator serves both (each NCCL communicator has its own
+        // stream and proxy threads; a second one over the same ranks cost throughput). The ep group keeps its own
+        // even where it equals dp_span (dp = 1): the MoE all-to-alls are waited for on the host, and on a shared
+        // stream they would queue behind the gradient buckets the backward issues.
         const int64_t me = mesh_->world().rank();
         auto same = [&](dist::MeshGroup a, dist::MeshGroup b) {
             return dist::mesh_group_ranks(shape, me, a) == dist::mesh_group_ranks(shape, me, b);
@@ -113,7 +121,7 @@ Trainer::Trainer(JobConfig cfg, bool log, dist::Comm* world) : cfg_(std::move(cf
         };
         nccl_dp_span_ = nccl(dist::MeshGroup::dp_span);
         nccl_edp_ = same(dist::MeshGroup::edp, dist::MeshGroup::dp_span) ? nccl_dp_span_ : nccl(dist::MeshGroup::edp);
-        nccl_ep_ = same(dist::MeshGroup::ep, dist::MeshGroup::dp_span) ? nccl_dp_span_ : nccl(dist::MeshGroup::ep);
+        nccl_ep_ = nccl(dist::MeshGroup::ep);
     }
     // Expert parallelism: each MoE layer holds this rank's experts and exchanges rows over the ep group.
     if (cfg_.model.moe_enabled)

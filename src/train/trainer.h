@@ -147,7 +147,8 @@ nn::Precision trainer_precision(const JobConfig& cfg);
 // The loss scaling of a run: train.loss_scale > 0 fixes it; otherwise dynamic under fp16 and none (1) otherwise.
 optim::LossScalerConfig trainer_loss_scaler(const JobConfig& cfg, const nn::Precision& precision);
 
-// Applies run.threads (0: all cores, shared out among the ranks on this machine) to OpenMP; returns the count.
+// Applies run.threads to OpenMP; returns the count. 0: the cores this process may run on, divided by the ranks a
+// launcher started on this machine when the process is not pinned.
 int trainer_set_threads(int64_t threads);
 
 }  // namespace mt::train

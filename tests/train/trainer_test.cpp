@@ -3,9 +3,13 @@
 
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "support/tiny_job.h"
 #include "train/checkpoint_io.h"
@@ -161,19 +165,27 @@ TEST(Trainer, TokenIdsAtOrAboveVocabAreDataErrors) {
 }
 
 TEST(Trainer, ZeroThreadsShareTheCoresAmongTheRanksOfAMachine) {
-    // run.threads = 0 is all cores for one process, and cores / local ranks (at least 1) for ranks that a launcher
-    // started together on one machine, so they do not each take every core.
+    // run.threads = 0 is the cores this process may use, and for ranks that a launcher started together on one
+    // machine without pinning them, cores / local ranks (at least 1), so they do not each take every core.
+    const char* vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"};
+    std::vector<std::pair<std::string, std::string>> saved;
+    for (const char* v : vars)
+        if (const char* value = std::getenv(v)) saved.emplace_back(v, value);
+    for (const char* v : vars) ::unsetenv(v);
     const int procs = omp_get_num_procs(), before = omp_get_max_threads();
+    const bool pinned = procs != static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+    auto shared = [&](int ranks) { return pinned ? procs : std::max(1, procs / ranks); };
     EXPECT_EQ(mt::train::trainer_set_threads(3), 3);
     EXPECT_EQ(mt::train::trainer_set_threads(0), procs);
     ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
-    EXPECT_EQ(mt::train::trainer_set_threads(0), std::max(1, procs / 2));
+    EXPECT_EQ(mt::train::trainer_set_threads(0), shared(2));
     EXPECT_EQ(mt::train::trainer_set_threads(5), 5) << "an explicit count is kept";
     ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "100000", 1);
-    EXPECT_EQ(mt::train::trainer_set_threads(0), 1);
+    EXPECT_EQ(mt::train::trainer_set_threads(0), shared(100000));
     ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     ::setenv("LOCAL_WORLD_SIZE", "2", 1);
-    EXPECT_EQ(mt::train::trainer_set_threads(0), std::max(1, procs / 2));
+    EXPECT_EQ(mt::train::trainer_set_threads(0), shared(2));
     ::unsetenv("LOCAL_WORLD_SIZE");
+    for (const auto& [v, value] : saved) ::setenv(v.c_str(), value.c_str(), 1);
     omp_set_num_threads(before);
 }
