@@ -423,6 +423,73 @@ void Checkpoint::read_into(const std::string& kind, const std::string& name, con
     }
 }
 
+namespace {
+
+// The run [first, first + count) that a box (offset, shape) covers in the row-major flattening of `global`, when
+// it is one run: every dimension after the first one of extent above 1 is whole (a slab of leading-dimension rows,
+// as an expert shard is). False otherwise.
+bool box_as_run(
+    const core::Shape& global, const core::Shape& offset, const core::Shape& shape, int64_t* first, int64_t* count) {
+    size_t k = 0;
+    while (k + 1 < shape.size() && shape[k] == 1) ++k;
+    for (size_t d = k + 1; d < shape.size(); ++d)
+        if (shape[d] != global[d]) return false;
+    const core::Shape strides = core::contiguous_strides(global);
+    *first = 0;
+    for (size_t d = 0; d < offset.size(); ++d) *first += offset[d] * strides[d];
+    *count = core::shape_numel(shape);
+    return true;
+}
+
+}  // namespace
+
+void Checkpoint::read_flat(const std::string& kind,
+                           const std::string& name,
+                           int64_t begin,
+                           const core::Tensor& dst) const {
+    const Entry& e = entry(kind, name);
+    const int64_t n = dst.numel(), total = core::shape_numel(e.global_shape);
+    MT_CHECK(dst.ndim() == 1 && dst.is_contiguous() && begin >= 0 && begin + n <= total,
+             "Checkpoint::read_flat: elements [{}, {}) of {} ({} elements) into a {} tensor",
+             begin,
+             begin + n,
+             name,
+             total,
+             core::shape_str(dst.shape()));
+    struct Run {
+        const Region* region;
+        int64_t first, count;
+    };
+    std::vector<Run> runs;
+    for (const Region& reg : e.regions) {
+        Run run{&reg, reg.flat_begin, reg.flat_end - reg.flat_begin};
+        if (!reg.flat && !box_as_run(e.global_shape, reg.offset, reg.shape, &run.first, &run.count)) {
+            const core::Tensor whole = core::Tensor::zeros(e.global_shape, dst.dtype());
+            read_into(kind, name, whole);
+            dst.copy_from(whole.reshape({total}).slice(0, begin, begin + n));
+            return;
+        }
+        runs.push_back(run);
+    }
+    for (const Run& run : runs) {
+        const int64_t lo = std::max(begin, run.first), hi = std::min(begin + n, run.first + run.count);
+        if (lo >= hi) continue;
+        const SafetensorsInfo& info = run.region->file->info(run.region->key);
+        if (!info.dtype_supported || core::dtype_is_float(info.dtype) != core::dtype_is_float(dst.dtype()))
+            core::fail(ExitCode::checkpoint,
+                       "tensor {} ({}) is {} in the checkpoint and cannot be loaded as {} [{}]",
+                       name,
+                       kind,
+                       info.dtype_name,
+                       core::dtype_name(dst.dtype()),
+                       dir_);
+        const uint8_t* raw =
+            run.region->file->raw_bytes(run.region->key) + static_cast<size_t>(lo - run.first) * info.element_size;
+        const core::Tensor saved = core::Tensor::borrow(const_cast<uint8_t*>(raw), {hi - lo}, info.dtype);
+        dst.slice(0, lo - begin, hi - begin).copy_from(saved);
+    }
+}
+
 core::Tensor Checkpoint::read(const std::string& kind, const std::string& name) const {
     const Entry& e = entry(kind, name);
     core::DType dtype;

@@ -123,6 +123,11 @@ class Checkpoint {
     void read_into(const std::string& kind, const std::string& name, const core::Tensor& dst) const;
     // A new contiguous CPU tensor with the saved values, in the saved dtype.
     core::Tensor read(const std::string& kind, const std::string& name) const;
+    // Elements [begin, begin + dst.numel()) of a saved tensor's row-major flattened global form into dst (a
+    // contiguous 1-D tensor on any device; float dtypes convert), reading only the saved parts that overlap them,
+    // so a rank's share of an expert-sharded parameter or of ZeRO state costs its own size, not the tensor's. A
+    // saved box that is not one run of the flattened tensor makes it read the whole tensor instead.
+    void read_flat(const std::string& kind, const std::string& name, int64_t begin, const core::Tensor& dst) const;
 
    private:
     friend Checkpoint checkpoint_open(const std::string& dir, bool verify_crc);

@@ -34,16 +34,23 @@ void read_to_device(const Checkpoint& ckpt, const std::string& kind, const std::
 }
 
 // Elements [begin, begin + n) of a saved tensor's flattened global form into dst ([n], any device): a rank's part
-// of an expert-sharded parameter or of ZeRO state. The checkpoint may have been written by any mesh.
+// of an expert-sharded parameter or of ZeRO state, read without loading the whole tensor. The checkpoint may have
+// been written by any mesh, but the tensor must have the model's global shape.
 void read_flat_part(const Checkpoint& ckpt,
                     const std::string& kind,
                     const std::string& name,
                     const core::Shape& global,
                     int64_t begin,
                     const core::Tensor& dst) {
-    const core::Tensor whole = core::Tensor::zeros(global, dst.dtype());
-    ckpt.read_into(kind, name, whole);
-    dst.copy_from(whole.reshape({whole.numel()}).slice(0, begin, begin + dst.numel()));
+    if (ckpt.global_shape(kind, name) != global)
+        core::fail(core::ExitCode::checkpoint,
+                   "tensor {} ({}) has shape {} in the checkpoint but {} in the model [{}]",
+                   name,
+                   kind,
+                   core::shape_str(ckpt.global_shape(kind, name)),
+                   core::shape_str(global),
+                   ckpt.dir());
+    ckpt.read_flat(kind, name, begin, dst);
 }
 
 core::Tensor flat(const core::Tensor& t) {

@@ -220,16 +220,21 @@ TEST_F(CheckpointIo, RetentionLeavesNewerStepsAndCleansLeftovers) {
 }
 
 TEST_F(CheckpointIo, AssemblesBoxAndFlatRegions) {
-    // A checkpoint written by a 2-way sharded run: a [4, 3] param as two row boxes, its adamw.m as two flat ranges.
+    // A checkpoint written by a 2-way sharded run: a [4, 3] param as two row boxes, its adamw.m as two flat ranges,
+    // its adamw.v as two column boxes (not runs of the flattened tensor).
     const std::string dir = step_dir(7);
     fs::create_directories(dir);
     Tensor full = Tensor::zeros({4, 3}, DType::f32);
     for (int64_t i = 0; i < 12; ++i) core::tensor_set_flat(full, i, i + 1.0);
     const Tensor flat = full.reshape({12});
     const auto r0 = train::safetensors_write(
-        dir + "/rank_00000.safetensors", {{"param/w", full.slice(0, 0, 1)}, {"adamw.m/w", flat.slice(0, 0, 5)}}, {});
+        dir + "/rank_00000.safetensors",
+        {{"param/w", full.slice(0, 0, 1)}, {"adamw.m/w", flat.slice(0, 0, 5)}, {"adamw.v/w", full.slice(1, 0, 1)}},
+        {});
     const auto r1 = train::safetensors_write(
-        dir + "/rank_00001.safetensors", {{"param/w", full.slice(0, 1, 4)}, {"adamw.m/w", flat.slice(0, 5, 12)}}, {});
+        dir + "/rank_00001.safetensors",
+        {{"param/w", full.slice(0, 1, 4)}, {"adamw.m/w", flat.slice(0, 5, 12)}, {"adamw.v/w", full.slice(1, 1, 3)}},
+        {});
     nlohmann::json m = {
         {"format", "moetrain-checkpoint"},
         {"version", 1},
@@ -267,11 +272,34 @@ TEST_F(CheckpointIo, AssemblesBoxAndFlatRegions) {
            {"global_shape", {4, 3}},
            {"file", "rank_00001.safetensors"},
            {"key", "adamw.m/w"},
-           {"flat_range", {5, 12}}}}}};
+           {"flat_range", {5, 12}}},
+          {{"name", "w"},
+           {"kind", "adamw.v"},
+           {"dtype", "F32"},
+           {"global_shape", {4, 3}},
+           {"file", "rank_00000.safetensors"},
+           {"key", "adamw.v/w"},
+           {"offset", {0, 0}},
+           {"shape", {4, 1}}},
+          {{"name", "w"},
+           {"kind", "adamw.v"},
+           {"dtype", "F32"},
+           {"global_shape", {4, 3}},
+           {"file", "rank_00001.safetensors"},
+           {"key", "adamw.v/w"},
+           {"offset", {0, 1}},
+           {"shape", {4, 2}}}}}};
     core::write_file_atomic(dir + "/manifest.json", m.dump());
     core::write_file_atomic(dir + "/DONE", std::string("step=7\n"));
     const auto ck = train::checkpoint_open(dir, true);
-    for (const char* kind : {"param", "adamw.m"}) {
+    for (const char* kind : {"param", "adamw.m", "adamw.v"}) {
+        // read_flat: any range of the flattened tensor, across region boundaries, converting f32 -> f64.
+        for (const auto& [begin, n] :
+             std::vector<std::pair<int64_t, int64_t>>{{0, 12}, {0, 3}, {2, 5}, {4, 8}, {11, 1}}) {
+            const Tensor part = Tensor::zeros({n}, DType::f64);
+            ck.read_flat(kind, "w", begin, part);
+            for (int64_t i = 0; i < n; ++i) EXPECT_EQ(core::tensor_get_flat(part, i), begin + i + 1.0) << kind;
+        }
         const Tensor dst = Tensor::zeros({4, 3}, DType::f64);
         ck.read_into(kind, "w", dst);
         for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(core::tensor_get_flat(dst, i), i + 1.0) << kind;
