@@ -73,6 +73,18 @@ void check_rows(const core::Tensor& t, int64_t rows, int64_t width, const char* 
              width);
 }
 
+// One all-to-all of [rows, C] row blocks: `from` holds send[p] rows for each peer p in peer order, `to` receives
+// recv[p] from each. Rows are moved as bytes: all-to-all does no arithmetic, so any dtype (bf16 too) travels.
+void exchange_rows(dist::Comm& comm,
+                   const core::Tensor& from,
+                   const std::vector<int64_t>& send,
+                   const core::Tensor& to,
+                   const std::vector<int64_t>& recv) {
+    const int64_t row_bytes = from.size(1) * static_cast<int64_t>(core::dtype_size(from.dtype()));
+    comm.all_to_all_v(from.raw(), scaled(send, row_bytes), to.raw(), scaled(recv, row_bytes), dist::CommType::u8)
+        .wait();
+}
+
 }  // namespace
 
 core::Tensor MoeDispatch::staging(const core::Tensor& like, int64_t rows) {
@@ -89,12 +101,7 @@ void MoeDispatch::to_experts(const core::Tensor& src, const core::Tensor& dst) {
     check_rows(src, source_rows_, c, "source rows");
     check_rows(dst, expert_rows_, c, "expert rows");
     const core::Tensor received = staging(src, expert_rows_);
-    // Rows are moved as bytes: all-to-all does no arithmetic, so any dtype (bf16 too) travels.
-    const int64_t row_bytes = c * static_cast<int64_t>(core::dtype_size(src.dtype()));
-    rows_comm_
-        ->all_to_all_v(
-            src.raw(), scaled(send_rows_, row_bytes), received.raw(), scaled(recv_rows_, row_bytes), dist::CommType::u8)
-        .wait();
+    exchange_rows(*rows_comm_, src, send_rows_, received, recv_rows_);
     if (expert_rows_ > 0) ops::moe_permute_fwd(received, by_source_.slice(0, 0, expert_rows_), dst);
 }
 
@@ -105,11 +112,7 @@ void MoeDispatch::to_sources(const core::Tensor& src, const core::Tensor& dst) {
     check_rows(dst, source_rows_, c, "source rows");
     const core::Tensor outgoing = staging(src, expert_rows_);
     if (expert_rows_ > 0) ops::moe_permute_fwd(src, by_expert_.slice(0, 0, expert_rows_), outgoing);
-    const int64_t row_bytes = c * static_cast<int64_t>(core::dtype_size(src.dtype()));
-    rows_comm_
-        ->all_to_all_v(
-            outgoing.raw(), scaled(recv_rows_, row_bytes), dst.raw(), scaled(send_rows_, row_bytes), dist::CommType::u8)
-        .wait();
+    exchange_rows(*rows_comm_, outgoing, recv_rows_, dst, send_rows_);
 }
 
 }  // namespace mt::nn

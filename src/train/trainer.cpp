@@ -111,16 +111,12 @@ Trainer::Trainer(JobConfig cfg, bool log, dist::Comm* world) : cfg_(std::move(cf
         // stream and proxy threads; a second one over the same ranks cost throughput). The ep group keeps its own
         // even where it equals dp_span (dp = 1): the MoE all-to-alls are waited for on the host, and on a shared
         // stream they would queue behind the gradient buckets the backward issues.
-        const int64_t me = mesh_->world().rank();
-        auto same = [&](dist::MeshGroup a, dist::MeshGroup b) {
-            return dist::mesh_group_ranks(shape, me, a) == dist::mesh_group_ranks(shape, me, b);
-        };
         auto nccl = [&](dist::MeshGroup g) -> std::shared_ptr<dist::Comm> {
             if (mesh_->group(g).size() == 1) return nullptr;
             return dist::comm_make_nccl(mesh_->group(g));
         };
         nccl_dp_span_ = nccl(dist::MeshGroup::dp_span);
-        nccl_edp_ = same(dist::MeshGroup::edp, dist::MeshGroup::dp_span) ? nccl_dp_span_ : nccl(dist::MeshGroup::edp);
+        nccl_edp_ = mesh_->size(dist::MeshAxis::ep) == 1 ? nccl_dp_span_ : nccl(dist::MeshGroup::edp);
         nccl_ep_ = nccl(dist::MeshGroup::ep);
     }
     // Expert parallelism: each MoE layer holds this rank's experts and exchanges rows over the ep group.
