@@ -7,6 +7,7 @@
 
 #include "core/backend.h"
 #include "ops/op_common.h"
+#include "ops/op_harness.h"
 #include "support/tiny_job.h"
 #include "train/trainer.h"
 
@@ -247,14 +248,7 @@ double worst_gradient_gap(Trainer& cpu, Trainer& gpu) {
     const auto& a = cpu.model().params();
     const auto& b = gpu.model().params();
     for (int i = 0; i < a.size(); ++i) {
-        const auto ga = a.grad(i), gb = b.grad(i).to_device(mt::core::Device::cpu);
-        double diff = 0.0, norm = 0.0;
-        for (int64_t j = 0; j < ga.numel(); ++j) {
-            const double x = ga.data<float>()[j], y = gb.data<float>()[j];
-            diff += (x - y) * (x - y);
-            norm += x * x;
-        }
-        const double gap = std::sqrt(diff) / std::max(std::sqrt(norm), 1e-12);
+        const double gap = mt::ops::test::op_rho(b.grad(i), a.grad(i));  // |gpu - cpu| / |cpu|
         EXPECT_LT(gap, 1e-4) << a.spec(i).name;
         worst = std::max(worst, gap);
     }

@@ -3,9 +3,8 @@
 // communicators against mesh_group_ranks.
 #include <gtest/gtest.h>
 
-#include <numeric>
-
 #include "dist/mesh.h"
+#include "dist/mpi/uneven_all_to_all.h"
 #include "dist/runtime.h"
 
 using namespace mt::dist;
@@ -72,21 +71,10 @@ TEST(CommMpi, ReduceScatterAndAllGatherInPlace) {
 }
 
 TEST(CommMpi, AllToAllVWithUnevenCounts) {
-    // Rank r sends (r + d) % 3 elements to rank d (some zero), each encoding (source, destination, index).
-    const int r = world().rank(), n = world().size();
-    auto cnt = [](int src, int dst) { return static_cast<int64_t>((src + dst) % 3); };
-    std::vector<int64_t> sc(static_cast<size_t>(n)), rc(static_cast<size_t>(n));
-    std::vector<int32_t> send;
-    for (int d = 0; d < n; ++d) {
-        sc[size_t(d)] = cnt(r, d);
-        rc[size_t(d)] = cnt(d, r);
-        for (int64_t j = 0; j < cnt(r, d); ++j) send.push_back(static_cast<int32_t>(r * 10000 + d * 100 + j));
-    }
-    std::vector<int32_t> recv(static_cast<size_t>(std::accumulate(rc.begin(), rc.end(), int64_t{0})), -1);
-    world().all_to_all_v(send.data(), sc, recv.data(), rc, CommType::i32).wait();
-    size_t at = 0;
-    for (int s = 0; s < n; ++s)
-        for (int64_t j = 0; j < cnt(s, r); ++j) EXPECT_EQ(recv[at++], s * 10000 + r * 100 + j);
+    const mt::testing::UnevenAllToAll c(world().rank(), world().size());
+    std::vector<int32_t> recv(c.recv_total(), -1);
+    world().all_to_all_v(c.send.data(), c.send_counts, recv.data(), c.recv_counts, CommType::i32).wait();
+    c.expect_received(recv);
     EXPECT_EQ(world().stats(CommOp::all_to_all_v).bytes % 4, 0);
 }
 

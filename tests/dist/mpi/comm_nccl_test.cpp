@@ -8,10 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <numeric>
 
 #include "core/cuda_probe.h"
 #include "core/tensor.h"
+#include "dist/mpi/uneven_all_to_all.h"
 #include "dist/runtime.h"
 
 using namespace mt::dist;
@@ -183,25 +183,12 @@ TEST_F(CommNccl, ReduceScatterAndAllGatherInPlace) {
 }
 
 TEST_F(CommNccl, AllToAllVWithUnevenCounts) {
-    // Rank r sends (r + d) % 3 elements to rank d (some zero), each encoding (source, destination, index).
-    const int r = comm().rank(), n = comm().size();
-    auto cnt = [](int src, int dst) { return static_cast<int64_t>((src + dst) % 3); };
-    std::vector<int64_t> sc(static_cast<size_t>(n)), rc(static_cast<size_t>(n));
-    std::vector<int32_t> send;
-    for (int d = 0; d < n; ++d) {
-        sc[size_t(d)] = cnt(r, d);
-        rc[size_t(d)] = cnt(d, r);
-        for (int64_t j = 0; j < cnt(r, d); ++j) send.push_back(static_cast<int32_t>(r * 10000 + d * 100 + j));
-    }
-    const auto total = static_cast<size_t>(std::accumulate(rc.begin(), rc.end(), int64_t{0}));
-    const Tensor dsend = to_gpu(send), drecv = to_gpu(std::vector<int32_t>(total, -1));
+    const mt::testing::UnevenAllToAll c(comm().rank(), comm().size());
+    const Tensor dsend = to_gpu(c.send), drecv = to_gpu(std::vector<int32_t>(c.recv_total(), -1));
     const int64_t bytes_before = comm().stats(CommOp::all_to_all_v).bytes;
-    comm().all_to_all_v(ptr<int32_t>(dsend), sc, ptr<int32_t>(drecv), rc, CommType::i32).wait();
-    const auto recv = to_host<int32_t>(drecv, total);
-    size_t at = 0;
-    for (int s = 0; s < n; ++s)
-        for (int64_t j = 0; j < cnt(s, r); ++j) EXPECT_EQ(recv[at++], s * 10000 + r * 100 + j);
-    EXPECT_EQ(comm().stats(CommOp::all_to_all_v).bytes - bytes_before, static_cast<int64_t>(send.size() * 4));
+    comm().all_to_all_v(ptr<int32_t>(dsend), c.send_counts, ptr<int32_t>(drecv), c.recv_counts, CommType::i32).wait();
+    c.expect_received(to_host<int32_t>(drecv, c.recv_total()));
+    EXPECT_EQ(comm().stats(CommOp::all_to_all_v).bytes - bytes_before, static_cast<int64_t>(c.send.size() * 4));
 }
 
 TEST_F(CommNccl, BroadcastSendRecvAndOverlappingHandles) {
