@@ -61,25 +61,6 @@ __device__ __forceinline__ void fast_probs(
     }
 }
 
-// mbarriers between the consumers and the dq writer (the writer must not block the consumers, so no bar.sync).
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "WAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT_%=;\n"
-        "}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
-
 template <int D>
 __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1) flash_bwd_fast_wgmma_kernel(const AttnParams p) {
 #if MT_WGMMA_ENABLED

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "ops/cuda/attention_kernels.h"
+
 namespace mt::ops::cuda::flash {
 
 using bf16 = __nv_bfloat16;
@@ -110,6 +112,35 @@ __device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&acc)[N][4
     a[1] = pack_bf16(acc[2 * kk][2], acc[2 * kk][3]);
     a[2] = pack_bf16(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
     a[3] = pack_bf16(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+}
+
+// O / l in bf16 and the log-sum-exp (natural log) of this thread's two rows.
+template <int D>
+__device__ __forceinline__ void store_output(const AttnParams& p,
+                                             const float (&o)[D / 8][4],
+                                             const float (&row_max)[2],
+                                             const float (&row_sum)[2],
+                                             int b,
+                                             int h,
+                                             int row0,
+                                             int lane) {
+    const int t = p.t;
+    const int64_t qrs = static_cast<int64_t>(p.hq) * D;
+    bf16* og = static_cast<bf16*>(p.out_w) + (static_cast<int64_t>(b) * t * p.hq + h) * D;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float l = row_sum[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int row = row0 + r * 8;
+        if (row >= t) continue;
+        const float inv = 1.0f / l;
+        bf16* orow = og + row * qrs + (lane % 4) * 2;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i)
+            *reinterpret_cast<uint32_t*>(orow + i * 8) = pack_bf16(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
+        if (lane % 4 == 0) p.lse[(static_cast<int64_t>(b) * p.hq + h) * t + row] = (row_max[r] + log2f(l)) * kLn2;
+    }
 }
 
 }  // namespace mt::ops::cuda::flash

@@ -135,21 +135,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
         __syncthreads();  // every warp is done with this stage before the next iteration refills it
     }
 
-    bf16* og = static_cast<bf16*>(p.out_w) + (static_cast<int64_t>(b) * t * p.hq + h) * D;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float l = row_sum[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int row = row0 + r * 8;
-        if (row >= t) continue;
-        const float inv = 1.0f / l;
-        bf16* orow = og + row * qrs + (lane % 4) * 2;
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i)
-            *reinterpret_cast<uint32_t*>(orow + i * 8) = pack_bf16(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
-        if (lane % 4 == 0) p.lse[(static_cast<int64_t>(b) * p.hq + h) * t + row] = (row_max[r] + log2f(l)) * kLn2;
-    }
+    store_output<D>(p, o, row_max, row_sum, b, h, row0, lane);
 }
 
 template <int D>

@@ -1,14 +1,20 @@
 // Flash-attention forward on Hopper warpgroup MMA (wgmma, sm_90a), bf16 with D in {64, 128}: the algorithm of
-// flash_fwd.cu with one thread block of two warpgroups per 128 query rows (64 rows each) and key blocks of 128.
-// S = Q K^T is m64n128k16 with Q and K read from swizzled shared memory; O += P V is m64nDk16 with P in registers
-// and V read transposed from shared memory. K and V are double-buffered by cp.async, the loads running ahead of the
-// products, and each warpgroup overlaps the softmax of one key block with the P V product of the one before.
+// flash_fwd.cu with two consumer warpgroups per 128 query rows (64 rows each) and key blocks of 128. S = Q K^T is
+// m64n128k16 with Q and K read from swizzled shared memory; O += P V is m64nDk16 with P in registers and V read
+// transposed from shared memory; each warpgroup overlaps the softmax of one key block with the P V product of the
+// one before. A producer warpgroup loads Q, K and V with TMA, K and V into rings guarded by mbarriers, and the two
+// consumer warpgroups take turns on the tensor cores (ping-pong). Against the earlier kernel, whose consumers loaded
+// with cp.async themselves and met at a block-wide barrier per key block: 0.90 against 1.31 ms at B=8, T=4096,
+// H=16, D=128 (docs/PERFORMANCE.md).
 #include <cuda_bf16.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/attention_kernels.h"
+#include "ops/cuda/flash_tma.h"
 #include "ops/cuda/flash_wgmma.cuh"
 
 namespace mt::ops::cuda {
@@ -18,11 +24,6 @@ namespace {
 using namespace flash;
 
 constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups, kBM = 64 * kWarpgroups, kBN = 128;
-
-template <int D>
-constexpr int wg_fwd_smem_bytes() {
-    return (kBM + 4 * kBN) * D * static_cast<int>(sizeof(bf16)) + 1024;  // + room to align to 1024
-}
 
 // Reads block S (columns from n0; with kMask, keys after the query are masked), folds it into the running row max
 // and sum in base 2, and writes P = exp2(S * scale - max) as bf16 A fragments (pk[kk] for columns 16 kk .. 16 kk + 15).
@@ -80,72 +81,123 @@ __device__ __forceinline__ void softmax_block(const float (&s)[N][4],
     for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * corr[r] + sum[r];
 }
 
-// Software pipeline per warpgroup: while the tensor cores compute O += P_j V_j, the warps run the softmax of
-// S_{j+1} = Q K_{j+1}^T (issued just before), so the exponentials overlap the second product.
-template <int D>
-__global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(const AttnParams p) {
+// Warp-specialized: a third warpgroup (one thread, 24 registers) loads Q, and K and V in kStages-deep rings, with
+// TMA; the two consumer warpgroups wait on mbarriers per stage and release each stage as soon as their products have
+// read it, so neither waits on the other at a block-wide barrier and no consumer instruction goes to loads. With
+// kPingPong the consumers take turns to issue their products (named barriers 1 and 2), so that one warpgroup's softmax
+// runs while the other's products hold the tensor cores.
+template <int D, int kStages, bool kPingPong>
+__global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const __grid_constant__ CUtensorMap tm_q,
+                                                                          const __grid_constant__ CUtensorMap tm_k,
+                                                                          const __grid_constant__ CUtensorMap tm_v,
+                                                                          const AttnParams p) {
 #if MT_WGMMA_ENABLED
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
     constexpr uint32_t kQBytes = kBM * D * 2, kKVBytes = kBN * D * 2;
-    const uint32_t s_q = base, s_k = base + kQBytes, s_v = s_k + 2 * kKVBytes;  // K, V: [2 stages]
+    const uint32_t s_q = base, s_k = base + kQBytes, s_v = s_k + kStages * kKVBytes;
+    // mbarriers: Q full; K full, K empty, V full, V empty [kStages] each.
+    const uint32_t bar_q = s_v + kStages * kKVBytes, k_full = bar_q + 8, k_empty = k_full + 8 * kStages,
+                   v_full = k_empty + 8 * kStages, v_empty = v_full + 8 * kStages;
+    constexpr int kConsumerWarps = kThreads / 32;
 
-    const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
     const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest rows first
     const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t;
-    const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
-    const bf16* qg = static_cast<const bf16*>(p.q) + (static_cast<int64_t>(b) * t * p.hq + h) * D;
-    const bf16* kg = static_cast<const bf16*>(p.k) + (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
-    const bf16* vg = static_cast<const bf16*>(p.v) + (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
-    const int m0 = m_block * kBM, wg_row0 = m0 + wg * 64;
+    const int m0 = m_block * kBM;
     const int n_blocks = (min(m0 + kBM, t) - 1) / kBN + 1;
-    const float scale_log2 = p.scale * kLog2e;
-    // Key block j is in K stage j % 2 and V stage j % 2.
-    auto load_k = [&](int j) { load_tile_sw<kBN, D, kThreads>(s_k + (j & 1) * kKVBytes, kg, krs, j * kBN, t, tid); };
-    auto load_v = [&](int j) { load_tile_sw<kBN, D, kThreads>(s_v + (j & 1) * kKVBytes, vg, krs, j * kBN, t, tid); };
 
-    load_tile_sw<kBM, D, kThreads>(s_q, qg, qrs, m0, t, tid);
-    load_k(0);
-    load_v(0);
-    if (n_blocks > 1) load_k(1);
-    cp_async_commit();
+    if (threadIdx.x == 0) {
+        mbar_init(bar_q, 1);
+        for (int st = 0; st < kStages; ++st) {
+            mbar_init(k_full + 8 * st, 1);
+            mbar_init(v_full + 8 * st, 1);
+            mbar_init(k_empty + 8 * st, kConsumerWarps);
+            mbar_init(v_empty + 8 * st, kConsumerWarps);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {  // the producer warpgroup
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (threadIdx.x == 0) {
+            // A tile [rows][D] is D / 64 boxes [rows][64], one per column block.
+            auto load = [&](const CUtensorMap* map, uint32_t dst, uint32_t bar, int rows, int head, int row0) {
+#pragma unroll
+                for (int c = 0; c < D / 64; ++c) tma_load_4d(dst + c * rows * 128, map, bar, c * 64, head, row0, b);
+            };
+            // Use u of stage st waits for the consumers' release of use u - 1 (parity (u - 1) & 1; the first use
+            // waits on parity 1, which a fresh barrier reports complete).
+            auto load_kv = [&](const CUtensorMap* map, uint32_t tiles, uint32_t full, uint32_t empty, int j) {
+                const int st = j % kStages;
+                mbar_wait(empty + 8 * st, ((j / kStages) & 1) ^ 1);
+                mbar_expect_tx(full + 8 * st, kKVBytes);
+                load(map, tiles + st * kKVBytes, full + 8 * st, kBN, kh, j * kBN);
+            };
+            mbar_expect_tx(bar_q, kQBytes);
+            load(&tm_q, s_q, bar_q, kBM, h, m0);
+            load_kv(&tm_k, s_k, k_full, k_empty, 0);
+            for (int j = 0; j < n_blocks; ++j) {  // in the order the consumers need them: K_{j+1} before V_j
+                if (j + 1 < n_blocks) load_kv(&tm_k, s_k, k_full, k_empty, j + 1);
+                load_kv(&tm_v, s_v, v_full, v_empty, j);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+
+    const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const int row0 = m0 + wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+    const float scale_log2 = p.scale * kLog2e;
+    // After the warp's wgmma wait, one lane frees the stage for the producer.
+    auto release = [&](uint32_t empty, int j) {
+        if (lane == 0) mbar_arrive(empty + 8 * (j % kStages));
+    };
+    auto wait_full = [&](uint32_t full, int j) { mbar_wait(full + 8 * (j % kStages), (j / kStages) & 1); };
+    // Ping-pong: warpgroup w issues its products after bar.sync on barrier 1 + w and then lets the other one go.
+    // Warpgroup 1 opens with an arrive on warpgroup 0's barrier and skips the arrive after its last products, so
+    // that every barrier sees as many arrives as syncs.
+    auto turn_begin = [&] {
+        if constexpr (kPingPong) named_bar_sync(1 + wg, kThreads);
+    };
+    auto turn_end = [&](bool last) {
+        if constexpr (kPingPong)
+            if (!(last && wg == 1)) named_bar_arrive(2 - wg, kThreads);
+    };
+    if constexpr (kPingPong)
+        if (wg == 1) named_bar_arrive(1, kThreads);
 
     float o[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f}, corr[2];
-    const int row0 = wg_row0 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
-
-    // Prologue: S_0 and its softmax.
     float s[kBN / 8][4];
     uint32_t pa[kBN / 16][4];
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();
+
+    mbar_wait(bar_q, 0);
+    wait_full(k_full, 0);
+    turn_begin();
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<kBN>(s, desc_k<kBM>(s_q, wg * 64, kk), desc_k<kBN>(s_k, 0, kk), kk);
     wgmma_commit();
+    turn_end(false);
     wgmma_wait<0>();
     fence_regs(s);
+    release(k_empty, 0);
     if (n_blocks == 1)
         softmax_block<true>(s, pa, row_max, row_sum, corr, row0, 0, scale_log2, lane);
     else
         softmax_block<false>(s, pa, row_max, row_sum, corr, row0, 0, scale_log2, lane);
 
-    // Key block j < n_blocks - 1: pa holds P_j; K_{j+1} and V_j are arriving. After the barrier every warpgroup is
-    // done with S_j (K stage j % 2) and with P_{j-1} V_{j-1} (V stage (j + 1) % 2), so those stages take K_{j+2} and
-    // V_{j+1}. S_{j+1} is issued before P_j V_j, and its softmax runs while P_j V_j is on the tensor cores. Only the
-    // last block (j + 1 = n_blocks - 1) holds keys after some query (kMask).
+    // Key block j < n_blocks - 1: pa holds P_j. S_{j+1} is issued before P_j V_j, and its softmax runs while P_j V_j
+    // is on the tensor cores. Only the last block (j + 1 = n_blocks - 1) holds keys after some query (kMask).
     auto step = [&](int j, auto mask) {
         constexpr bool kMask = decltype(mask)::value;
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();
-        if (j + 2 < n_blocks) load_k(j + 2);
-        load_v(j + 1);
-        cp_async_commit();
-        const uint32_t sk = s_k + ((j + 1) & 1) * kKVBytes, sv = s_v + (j & 1) * kKVBytes;
+        wait_full(k_full, j + 1);
+        wait_full(v_full, j);
+        const uint32_t sk = s_k + ((j + 1) % kStages) * kKVBytes, sv = s_v + (j % kStages) * kKVBytes;
+        turn_begin();
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<kBN>(s, desc_k<kBM>(s_q, wg * 64, kk), desc_k<kBN>(sk, 0, kk), kk);
@@ -153,13 +205,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(const Attn
 #pragma unroll
         for (int kk = 0; kk < kBN / 16; ++kk) wgmma_rs<D>(o, pa[kk], desc_mn<kBN>(sv, kk * 16), 1);
         wgmma_commit();
+        turn_end(false);
         wgmma_wait<1>();  // S_{j+1} is done; P_j V_j may still run
         fence_regs(s);
+        release(k_empty, j + 1);
         uint32_t pn[kBN / 16][4];  // P_{j+1}, in registers apart from pa, which P_j V_j is still reading
         softmax_block<kMask>(s, pn, row_max, row_sum, corr, row0, (j + 1) * kBN, scale_log2, lane);
         wgmma_wait<0>();
         fence_regs(o);
         fence_regs(pa);
+        release(v_empty, j);
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
             o[i][0] *= corr[0];
@@ -177,50 +232,53 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(const Attn
     int j = 0;
     for (; j + 2 < n_blocks; ++j) step(j, std::false_type{});
     if (j + 1 < n_blocks) step(j++, std::true_type{});
-    // The last block: O += P V only.
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();
+    wait_full(v_full, j);
+    turn_begin();
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) wgmma_rs<D>(o, pa[kk], desc_mn<kBN>(s_v + (j & 1) * kKVBytes, kk * 16), 1);
+    for (int kk = 0; kk < kBN / 16; ++kk)
+        wgmma_rs<D>(o, pa[kk], desc_mn<kBN>(s_v + (j % kStages) * kKVBytes, kk * 16), 1);
     wgmma_commit();
+    turn_end(true);
     wgmma_wait<0>();
     fence_regs(o);
     fence_regs(pa);
-
-    bf16* og = static_cast<bf16*>(p.out_w) + (static_cast<int64_t>(b) * t * p.hq + h) * D;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float l = row_sum[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int row = row0 + r * 8;
-        if (row >= t) continue;
-        const float inv = 1.0f / l;
-        bf16* orow = og + row * qrs + (lane % 4) * 2;
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i)
-            *reinterpret_cast<uint32_t*>(orow + i * 8) = pack_bf16(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
-        if (lane % 4 == 0) p.lse[(static_cast<int64_t>(b) * p.hq + h) * t + row] = (row_max[r] + log2f(l)) * kLn2;
-    }
+    store_output<D>(p, o, row_max, row_sum, b, h, row0, lane);
 #else
     __trap();  // built without sm_90a; flash_wgmma_supported() keeps this from launching
 #endif
 }
 
-template <int D>
-void launch_fwd(const AttnParams& p) {
-    constexpr int smem = wg_fwd_smem_bytes<D>();
+template <int D, int kStages, bool kPingPong>
+void launch_fwd_tma(const AttnParams& p) {
+    constexpr int smem = (kBM + 2 * kStages * kBN) * D * static_cast<int>(sizeof(bf16)) + 8 * (1 + 4 * kStages) + 1024;
     static const bool configured = [] {
-        MT_CUDA_CHECK(
-            cudaFuncSetAttribute(flash_fwd_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        MT_CUDA_CHECK(cudaFuncSetAttribute(
+            flash_fwd_tma_kernel<D, kStages, kPingPong>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         return true;
     }();
     (void)configured;
+    const CUtensorMap tm_q = make_bthd_tensor_map(p.q, p.b, p.t, p.hq, D, kBM);
+    const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.t, p.hkv, D, kBN);
+    const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.t, p.hkv, D, kBN);
     const dim3 grid((p.t + kBM - 1) / kBM, p.hq, p.b);
-    flash_fwd_wgmma_kernel<D><<<grid, kThreads, smem, core::cuda_stream()>>>(p);
+    flash_fwd_tma_kernel<D, kStages, kPingPong>
+        <<<grid, kThreads + 128, smem, core::cuda_stream()>>>(tm_q, tm_k, tm_v, p);
     MT_CUDA_CHECK(cudaGetLastError());
+}
+
+// MT_ATTENTION_FWD=tma turns the ping-pong off (A/B benchmarks): 0.94 against 0.90 ms with it on the H200 (B=8,
+// T=4096, H=16, D=128; the cp.async kernel this replaced took 1.31).
+template <int D>
+void launch_fwd(const AttnParams& p) {
+    static const bool ping_pong = [] {
+        const char* env = std::getenv("MT_ATTENTION_FWD");
+        return env == nullptr || std::strcmp(env, "tma") != 0;
+    }();
+    if (ping_pong)
+        launch_fwd_tma<D, 2, true>(p);
+    else
+        launch_fwd_tma<D, 2, false>(p);
 }
 
 }  // namespace
@@ -231,7 +289,7 @@ bool flash_wgmma_supported() {
         if (cudaGetDevice(&dev) != cudaSuccess) return false;
         if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
         cudaFuncAttributes attr{};
-        if (cudaFuncGetAttributes(&attr, flash_fwd_wgmma_kernel<128>) != cudaSuccess) return false;
+        if (cudaFuncGetAttributes(&attr, flash_fwd_tma_kernel<128, 2, true>) != cudaSuccess) return false;
         return major == 9 && attr.binaryVersion == 90;
     }();
     return ok;
