@@ -3,14 +3,18 @@
 // keys each) loop over the GQA group's query heads and the query blocks of 64: S^T = K Q^T and dP^T = V dO^T read both
 // operands from swizzled shared memory, dV += P^T dO and dK += dS^T Q take P^T and dS^T from registers, and dS^T goes
 // to shared memory, from which dQ = dS K (each warpgroup half of D, over all 128 keys) is computed. The dQ block goes
-// to a double-buffered shared chunk, and a third warpgroup (one thread, few registers) adds it to an fp32 buffer with
-// one bulk reduction (cp.reduce.async.bulk .add.f32, 32 KB), so the consumers never wait on the global adds; the sum's
-// order depends on scheduling. A pre-kernel computes delta = rowsum(dO * O); a post-kernel writes dq = buffer * scale
-// in bf16. attention.cu runs it when mt::ops::deterministic() is off (docs/PERFORMANCE.md has the figures).
+// to a double-buffered shared chunk, and a third warpgroup (few registers) adds it to an fp32 buffer with one bulk
+// reduction (cp.reduce.async.bulk .add.f32, 32 KB) from one thread, so the consumers never wait on the global adds;
+// the sum's order depends on scheduling. The same warpgroup loads: K, V, and each query block's Q and dO with TMA
+// into kStages-deep rings guarded by mbarriers (lse and delta by one warp), so the consumers meet only once per query
+// block, where each needs the other's dS^T rows (double-buffered). A pre-kernel computes delta = rowsum(dO * O); a
+// post-kernel writes dq = buffer * scale in bf16. attention.cu runs it when mt::ops::deterministic() is off
+// (docs/PERFORMANCE.md has the figures).
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/attention_kernels.h"
+#include "ops/cuda/flash_tma.h"
 #include "ops/cuda/flash_wgmma.cuh"
 
 namespace mt::ops::cuda {
@@ -31,12 +35,13 @@ __host__ __device__ constexpr int dq_chunk_bytes() {
 
 template <int D>
 constexpr int fast_bwd_smem_bytes() {
-    // K, V [64 kWarpgroups][D]; Q, dO [kStages][kBM][D]; dS^T [64 kWarpgroups][kBM] (bf16); dq chunks [2 buffers]
-    // [kWarpgroups]; lse, delta [kStages][kBM] (f32); mbarriers (full [2][kWarpgroups], empty [2]); alignment.
-    return (2 * 64 * kWarpgroups * D + 2 * kStages * kBM * D + 64 * kWarpgroups * kBM) *
+    // K, V [64 kWarpgroups][D]; Q, dO [kStages][kBM][D]; dS^T [2 buffers][64 kWarpgroups][kBM] (bf16); dq chunks
+    // [2 buffers][kWarpgroups]; lse, delta [kStages][kBM] (f32); mbarriers (dq full [2][kWarpgroups], dq empty [2],
+    // K/V, Q full [kStages], Q empty [kStages]); alignment. 231,496 bytes at D = 128, below the 232,448 limit.
+    return (2 * 64 * kWarpgroups * D + 2 * kStages * kBM * D + 2 * 64 * kWarpgroups * kBM) *
                static_cast<int>(sizeof(bf16)) +
            2 * kWarpgroups * dq_chunk_bytes<D>() + 2 * kStages * kBM * static_cast<int>(sizeof(float)) +
-           8 * (2 * kWarpgroups + 2) + 1024;
+           8 * (2 * kWarpgroups + 3 + 2 * kStages) + 1024;
 }
 
 // Rows = this warpgroup's 64 keys, columns = 64 queries from m0: P^T = exp2(S^T * scale - lse) in place in pt.
@@ -62,54 +67,68 @@ __device__ __forceinline__ void fast_probs(
 }
 
 template <int D>
-__global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1) flash_bwd_fast_wgmma_kernel(const AttnParams p) {
+__global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
+    flash_bwd_fast_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q,
+                                const __grid_constant__ CUtensorMap tm_k,
+                                const __grid_constant__ CUtensorMap tm_v,
+                                const __grid_constant__ CUtensorMap tm_do,
+                                const AttnParams p) {
 #if MT_WGMMA_ENABLED
     constexpr int kThreads = 128 * kWarpgroups, kBN = 64 * kWarpgroups;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
-    constexpr uint32_t kKV = kBN * D * 2, kQ = kBM * D * 2;
+    constexpr uint32_t kKV = kBN * D * 2, kQ = kBM * D * 2, kDs = kBN * kBM * 2;
     const uint32_t s_k = base, s_v = base + kKV, s_q = base + 2 * kKV, s_do = s_q + kStages * kQ;
     constexpr uint32_t kDqChunk = dq_chunk_bytes<D>();
-    const uint32_t s_ds = s_do + kStages * kQ;   // [kBN keys][kBM]
-    const uint32_t s_dq = s_ds + kBN * kBM * 2;  // [2][kWarpgroups][kDqChunk]
+    const uint32_t s_ds = s_do + kStages * kQ;  // [2][kBN keys][kBM]
+    const uint32_t s_dq = s_ds + 2 * kDs;       // [2][kWarpgroups][kDqChunk]
     float* s_lse = reinterpret_cast<float*>(smem + (s_dq + 2 * kWarpgroups * kDqChunk - smem_u32(smem)));
     float* s_delta = s_lse + kStages * kBM;  // [kStages][kBM], after lse [kStages][kBM]
     // dq buffer b: full (a consumer warpgroup wrote its chunk) and empty (the writer's reductions have read it).
-    // full [2 buffers][kWarpgroups], empty [2 buffers]
+    // full [2 buffers][kWarpgroups], empty [2 buffers]. Then K/V loaded; Q stage st full (Q, dO, lse and delta are
+    // in) and empty (the consumers are done with it).
     const uint32_t bar_full = smem_u32(s_delta + kStages * kBM), bar_empty = bar_full + 8 * 2 * kWarpgroups;
+    const uint32_t bar_kv = bar_empty + 8 * 2, q_full = bar_kv + 8, q_empty = q_full + 8 * kStages;
 
-    // Warpgroup 0 is the dq writer (one thread issues the bulk reductions), warpgroups 1 .. kWarpgroups the consumers
-    // (wg below counts from 0 for them; tid is the consumers' thread index).
+    // Warpgroup 0: thread 0 is the dq writer (the bulk reductions), thread 32 the loader (TMA), warp 2 loads lse and
+    // delta. Warpgroups 1 .. kWarpgroups are the consumers (wg below counts from 0 for them).
     const int wg_raw = threadIdx.x / 128;
     if (threadIdx.x == 0) {
         for (int i = 0; i < 2; ++i) {
             for (int w = 0; w < kWarpgroups; ++w) mbar_init(bar_full + 8 * (i * kWarpgroups + w), 128);
             mbar_init(bar_empty + 8 * i, 1);
         }
+        mbar_init(bar_kv, 1);
+        for (int st = 0; st < kStages; ++st) {
+            mbar_init(q_full + 8 * st, 1 + 32);  // the TMA thread's expect_tx and the lse/delta warp's lanes
+            mbar_init(q_empty + 8 * st, kThreads / 32);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    const int tid = threadIdx.x - 128, wg = wg_raw - 1, tw = threadIdx.x % 128, warp = tw / 32, lane = threadIdx.x % 32;
+    const int wg = wg_raw - 1, tw = threadIdx.x % 128, warp = tw / 32, lane = threadIdx.x % 32;
     // The key blocks of one (batch, head) are the fastest grid index, so that the thread blocks running at once share
     // few heads and their Q, dO and dq sums stay in L2 (with the heads fastest, the backward took 4.49 ms instead of
     // 4.21 at B=8, T=4096, H=16, D=128); key block 0 (the most query blocks) starts first.
     const int n_block = blockIdx.x, kh = blockIdx.y % p.hkv, b = blockIdx.y / p.hkv, t = p.t;
     const int group = p.hq / p.hkv;
-    const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
+    const int64_t krs = static_cast<int64_t>(p.hkv) * D;
     const int64_t kv_off = (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
     const int n0 = n_block * kBN;
     const int m_blocks = (t + kBM - 1) / kBM, first_q = n0 / kBM, q_blocks = m_blocks - first_q;
     const int iters = group * q_blocks;
     const float scale_log2 = p.scale * kLog2e;
+    auto head_of = [&](int it) { return kh * group + it / q_blocks; };
+    auto row0_of = [&](int it) { return (first_q + it % q_blocks) * kBM; };
 
-    // The dq writer takes few registers, so that the consumers get 240 (24 + 2 x 240 fill the 168 x 384 of the launch):
-    // without setmaxnreg the consumers need 254 and the writer's warpgroup would not fit.
+    // Warpgroup 0 takes few registers, so that the consumers get 240 (24 + 2 x 240 fill the 168 x 384 of the launch):
+    // without setmaxnreg the consumers need 254 and warpgroup 0 would not fit.
     if (wg_raw == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
         if (threadIdx.x == 0) {
             for (int it = 0; it < iters; ++it) {
-                const int h = kh * group + it / q_blocks, mb = first_q + it % q_blocks, sl = it % 2;
-                float* g = p.dq_accum + ((static_cast<int64_t>(b) * p.hq + h) * m_blocks + mb) * (kBM * D);
+                const int mb = first_q + it % q_blocks, sl = it % 2;
+                float* g = p.dq_accum + ((static_cast<int64_t>(b) * p.hq + head_of(it)) * m_blocks + mb) * (kBM * D);
                 for (int w = 0; w < kWarpgroups; ++w) {  // each chunk as soon as its warpgroup is done
                     mbar_wait(bar_full + 8 * (sl * kWarpgroups + w), (it / 2) & 1);
                     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
@@ -123,29 +142,39 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1) flash_bwd_fast_wgm
                 mbar_arrive(bar_empty + 8 * sl);
             }
             asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        } else if (threadIdx.x == 32) {
+            // A [rows][D] tile is D / 64 boxes [rows][64]. Use u of stage st waits for the release of use u - 1.
+            auto load = [&](const CUtensorMap* map, uint32_t dst, uint32_t bar, int rows, int head, int row0) {
+#pragma unroll
+                for (int c = 0; c < D / 64; ++c) tma_load_4d(dst + c * rows * 128, map, bar, c * 64, head, row0, b);
+            };
+            mbar_expect_tx(bar_kv, 2 * kKV);
+            load(&tm_k, s_k, bar_kv, kBN, kh, n0);
+            load(&tm_v, s_v, bar_kv, kBN, kh, n0);
+            for (int it = 0; it < iters; ++it) {
+                const int st = it % kStages;
+                mbar_wait(q_empty + 8 * st, ((it / kStages) & 1) ^ 1);
+                mbar_expect_tx(q_full + 8 * st, 2 * kQ);
+                load(&tm_q, s_q + st * kQ, q_full + 8 * st, kBM, head_of(it), row0_of(it));
+                load(&tm_do, s_do + st * kQ, q_full + 8 * st, kBM, head_of(it), row0_of(it));
+            }
+        } else if (warp == 2) {
+            for (int it = 0; it < iters; ++it) {
+                const int st = it % kStages, m0 = row0_of(it);
+                const int64_t row_off = (static_cast<int64_t>(b) * p.hq + head_of(it)) * t;
+                mbar_wait(q_empty + 8 * st, ((it / kStages) & 1) ^ 1);
+#pragma unroll
+                for (int r = lane; r < kBM; r += 32) {
+                    const bool in = m0 + r < t;
+                    s_lse[st * kBM + r] = in ? p.lse[row_off + m0 + r] : 0.0f;
+                    s_delta[st * kBM + r] = in ? p.delta[row_off + m0 + r] : 0.0f;
+                }
+                mbar_arrive(q_full + 8 * st);
+            }
         }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-
-    auto issue = [&](int it, int st) {
-        const int h = kh * group + it / q_blocks, m0 = (first_q + it % q_blocks) * kBM;
-        const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * D;
-        const int64_t row_off = (static_cast<int64_t>(b) * p.hq + h) * t;
-        load_tile_sw<kBM, D, kThreads>(s_q + st * kQ, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
-        load_tile_sw<kBM, D, kThreads>(s_do + st * kQ, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, tid);
-        if (tid < kBM) {
-            cp_async_4(smem_u32(s_lse + st * kBM + tid), p.lse + row_off + (m0 + tid < t ? m0 + tid : 0), m0 + tid < t);
-        } else if (tid < 2 * kBM) {
-            const int r = tid - kBM;
-            cp_async_4(smem_u32(s_delta + st * kBM + r), p.delta + row_off + (m0 + r < t ? m0 + r : 0), m0 + r < t);
-        }
-    };
-
-    load_tile_sw<kBN, D, kThreads>(s_k, static_cast<const bf16*>(p.k) + kv_off, krs, n0, t, tid);
-    load_tile_sw<kBN, D, kThreads>(s_v, static_cast<const bf16*>(p.v) + kv_off, krs, n0, t, tid);
-    issue(0, 0);
-    cp_async_commit();
 
     constexpr int kDqN = D / kWarpgroups;  // dq columns of this warpgroup: [wg kDqN, (wg + 1) kDqN)
     static_assert(kDqN == 32 || kDqN == 64, "no wgmma for this many dq columns");
@@ -159,14 +188,12 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1) flash_bwd_fast_wgm
     const int key0 = n0 + kr;
     const int dq_col0 = wg * kDqN;
 
+    mbar_wait(bar_kv, 0);
     for (int it = 0; it < iters; ++it) {
         const int st = it % kStages;
-        cp_async_wait<0>();
-        fence_proxy_async();
-        // stage st is in shared memory; iteration it - 1 is done with the other stage and dS^T
-        asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-        const uint32_t sq = s_q + st * kQ, sdo = s_do + st * kQ;
-        const int h = kh * group + it / q_blocks, m0 = (first_q + it % q_blocks) * kBM;
+        mbar_wait(q_full + 8 * st, (it / kStages) & 1);
+        const uint32_t sq = s_q + st * kQ, sdo = s_do + st * kQ, sds = s_ds + (it % 2) * kDs;
+        const int m0 = row0_of(it);
         const bool edge = m0 < n0 + kBN || m0 + kBM > t;
 
         float pt[kBM / 8][4], dpt[kBM / 8][4];  // S^T then P^T; dP^T then dS^T: [64 keys x 64 queries]
@@ -179,10 +206,6 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1) flash_bwd_fast_wgm
         for (int kk = 0; kk < D / 16; ++kk)
             wgmma_ss<kBM>(dpt, desc_k<kBN>(s_v, wg * 64, kk), desc_k<kBM>(sdo, 0, kk), kk);
         wgmma_commit();
-        // The loads of it + 1 (into the stage that it - 1 used) issue while the products run: issued before them, they
-        // kept the tensor cores waiting (3.46 against 3.82 ms at B=8, T=4096, H=16, D=128).
-        if (it + 1 < iters) issue(it + 1, (it + 1) % kStages);
-        cp_async_commit();
         wgmma_wait<1>();  // S^T is done: its exponentials run while dP^T is still on the tensor cores
         fence_regs(pt);
         if (edge)
@@ -215,7 +238,7 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1) flash_bwd_fast_wgm
 #pragma unroll
                 for (int hf = 0; hf < 2; ++hf) {
                     const int ch = 2 * kk + hf;
-                    const uint32_t addr = s_ds + row * 128 + ((ch ^ (row % 8)) * 16) + (lane % 4) * 4;
+                    const uint32_t addr = sds + row * 128 + ((ch ^ (row % 8)) * 16) + (lane % 4) * 4;
                     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[kk][2 * hf + r]) : "memory");
                 }
             }
@@ -235,7 +258,7 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1) flash_bwd_fast_wgm
 #pragma unroll
         for (int kk = 0; kk < kBN / 16; ++kk)
             wgmma_ss<kDqN, 1, 1>(dq,
-                                 make_desc(s_ds + kk * 16 * 128, kBN * 128, 1024),
+                                 make_desc(sds + kk * 16 * 128, kBN * 128, 1024),
                                  make_desc(s_kc + kk * 16 * 128, kBN * 128, 1024),
                                  kk);
         wgmma_commit();
@@ -245,6 +268,7 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1) flash_bwd_fast_wgm
         fence_regs(pa);
         fence_regs(dsa);
         fence_regs(dq);
+        if (lane == 0) mbar_arrive(q_empty + 8 * st);  // Q, dO, lse and delta of stage st are no longer read
         // The accumulator goes to shared memory as it lies in the registers (float4 i of thread tw at i * 128 + tw:
         // conflict-free) and from there, through the writer's bulk reduction, to this warpgroup's contiguous chunk of
         // the buffer; the post-kernel knows the order.
@@ -355,7 +379,12 @@ void launch_bwd_fast(const AttnParams& p) {
     MT_CUDA_CHECK(cudaGetLastError());
     const dim3 grid(static_cast<unsigned>((p.t + 64 * kWarpgroups - 1) / (64 * kWarpgroups)),
                     static_cast<unsigned>(p.b * p.hkv));
-    flash_bwd_fast_wgmma_kernel<D><<<grid, 128 * (kWarpgroups + 1), smem, core::cuda_stream()>>>(p);
+    const CUtensorMap tm_q = make_bthd_tensor_map(p.q, p.b, p.t, p.hq, D, kBM);
+    const CUtensorMap tm_do = make_bthd_tensor_map(p.dout, p.b, p.t, p.hq, D, kBM);
+    const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.t, p.hkv, D, 64 * kWarpgroups);
+    const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.t, p.hkv, D, 64 * kWarpgroups);
+    flash_bwd_fast_wgmma_kernel<D>
+        <<<grid, 128 * (kWarpgroups + 1), smem, core::cuda_stream()>>>(tm_q, tm_k, tm_v, tm_do, p);
     MT_CUDA_CHECK(cudaGetLastError());
     const int m_blocks = (p.t + kBM - 1) / kBM;
     const int64_t n4 = static_cast<int64_t>(p.b) * p.hq * m_blocks * kBM * D / 4;
