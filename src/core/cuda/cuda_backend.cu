@@ -44,6 +44,12 @@ class CudaBackend final : public Backend {
     }
 
     void* alloc(size_t bytes) override {
+        void* ptr = alloc_scratch(bytes);
+        MT_CUDA_CHECK(cudaMemsetAsync(ptr, 0, size_class(bytes == 0 ? 1 : bytes), cuda_stream()));
+        return ptr;
+    }
+
+    void* alloc_scratch(size_t bytes) override {
         const size_t cls = size_class(bytes == 0 ? 1 : bytes);
         void* ptr = nullptr;
         {
@@ -70,7 +76,6 @@ class CudaBackend final : public Backend {
                           cudaGetErrorString(err),
                           in_use_bytes_);
         }
-        MT_CUDA_CHECK(cudaMemsetAsync(ptr, 0, cls, cuda_stream()));
         std::lock_guard<std::mutex> lock(mutex_);
         in_use_bytes_ += cls;
         peak_bytes_ = std::max(peak_bytes_, in_use_bytes_);

@@ -123,7 +123,7 @@ void attention_bwd(const Tensor& q,
     p.dv = dv.raw();
     core::Backend& be = core::backend_get(core::Device::cuda);
     const size_t delta_bytes = static_cast<size_t>(lse.numel()) * sizeof(float);
-    auto* delta = static_cast<float*>(be.alloc(delta_bytes));
+    auto* delta = static_cast<float*>(be.alloc_scratch(delta_bytes));  // every kernel writes it first
     p.delta = p.delta_w = delta;
     const Kernel kernel = pick_kernel(p, q.dtype());
     if (kernel != Kernel::wgmma) attention_delta(p, delta, q.dtype());  // the wgmma backward computes it itself
@@ -131,7 +131,7 @@ void attention_bwd(const Tensor& q,
         case Kernel::wgmma:
             if (fast_bwd_requested()) {  // dq summed with float reductions in an fp32 buffer
                 const size_t dq_accum_bytes = flash_bwd_wgmma_fast_accum_floats(p) * sizeof(float);
-                p.dq_accum = static_cast<float*>(be.alloc(dq_accum_bytes));
+                p.dq_accum = static_cast<float*>(be.alloc_scratch(dq_accum_bytes));  // zeroed by the launch
                 flash_bwd_wgmma_fast(p);
                 be.free(p.dq_accum, dq_accum_bytes);
             } else {

@@ -208,7 +208,7 @@ void launch_dbias(const Tensor& dy, const Tensor& dbias, int64_t n, int64_t m) {
     const int64_t chunks = (n + kRowsPerChunk - 1) / kRowsPerChunk;
     core::Backend& be = core::backend_get(Device::cuda);
     const size_t bytes = static_cast<size_t>(chunks * m) * sizeof(float);
-    auto* partial = static_cast<float*>(be.alloc(bytes));
+    auto* partial = static_cast<float*>(be.alloc_scratch(bytes));  // every column of every chunk is written
     const dim3 grid(blocks_for(m, kColTile), static_cast<unsigned>(chunks));
     column_partial_kernel<T>
         <<<grid, dim3(kColTile, kRowLanes), 0, core::cuda_stream()>>>(static_cast<const T*>(dy.raw()), partial, n, m);

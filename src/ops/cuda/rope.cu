@@ -1,7 +1,13 @@
 // CUDA rotary position embedding ("rotate half"), forward and inverse rotation.
 // Dtypes: x and y (dy and dx) bf16|f16|f32, the same dtype; y may alias x. The angles are computed in f64, as on the
-// CPU, into a per-call [T, D/2] table of f32 (cos, sin) pairs (an f32 angle would be off by ~1e-4 rad at position
-// 4096), and the rotation runs in f32. Elementwise, so deterministic.
+// CPU, into a [T, D/2] table of f32 (cos, sin) pairs (an f32 angle would be off by ~1e-4 rad at position 4096), and
+// the rotation runs in f32. Tables are kept per (T, D, theta, position offset): a training step asks for the same one
+// four times per layer (q and k, forward and backward), and building it each time cost a table kernel and an
+// allocation per call. Elementwise, so deterministic.
+#include <map>
+#include <mutex>
+#include <tuple>
+
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 
@@ -11,9 +17,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// table[p, i] = (cos, +-sin) of (pos_offset + p) theta^(-2i/d)
+// table[p, i] = (cos, sin) of (pos_offset + p) theta^(-2i/d)
 __global__ void rope_table_kernel(
-    float2* __restrict__ table, int64_t t, int64_t half, int64_t d, double theta, int64_t pos_offset, bool inverse) {
+    float2* __restrict__ table, int64_t t, int64_t half, int64_t d, double theta, int64_t pos_offset) {
     for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < t * half;
          k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const int64_t p = k / half, i = k % half;
@@ -21,14 +27,14 @@ __global__ void rope_table_kernel(
         const double angle = static_cast<double>(pos_offset + p) * freq;
         double s, c;
         sincos(angle, &s, &c);
-        table[k] = make_float2(static_cast<float>(c), static_cast<float>(inverse ? -s : s));
+        table[k] = make_float2(static_cast<float>(c), static_cast<float>(s));
     }
 }
 
-// One thread per VEC consecutive pairs (i, i + D/2) of one (b, t, h) row.
+// One thread per VEC consecutive pairs (i, i + D/2) of one (b, t, h) row; sign -1 rotates back (the backward).
 template <int VEC, typename T>
 __global__ void rope_rotate_kernel(
-    const T* x, T* y, const float2* __restrict__ table, int64_t rows, int64_t t, int64_t h, int64_t half) {
+    const T* x, T* y, const float2* __restrict__ table, int64_t rows, int64_t t, int64_t h, int64_t half, float sign) {
     const int64_t groups = half / VEC, total = rows * groups;
     for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total;
          k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -41,12 +47,35 @@ __global__ void rope_rotate_kernel(
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
             const float2 cs = table[p * half + i0 + v];
-            out_lo[v] = lo[v] * cs.x - hi[v] * cs.y;
-            out_hi[v] = hi[v] * cs.x + lo[v] * cs.y;
+            const float sn = cs.y * sign;
+            out_lo[v] = lo[v] * cs.x - hi[v] * sn;
+            out_hi[v] = hi[v] * cs.x + lo[v] * sn;
         }
         store_vec<VEC>(yr + i0, out_lo);
         store_vec<VEC>(yr + half + i0, out_hi);
     }
+}
+
+// The cached table for these sizes, built on first use. The map is never destroyed, so that no tensor outlives the
+// CUDA runtime at exit.
+const float2* rope_table(int64_t t, int64_t d, double theta, int64_t pos_offset) {
+    using Key = std::tuple<int64_t, int64_t, double, int64_t>;
+    static std::mutex mutex;
+    static auto* tables = new std::map<Key, Tensor>();
+    constexpr size_t kMaxTables = 16;  // a context-length curriculum asks for a few sizes; clear past this
+    std::lock_guard<std::mutex> lock(mutex);
+    const Key key{t, d, theta, pos_offset};
+    auto it = tables->find(key);
+    if (it == tables->end()) {
+        if (tables->size() >= kMaxTables) tables->clear();  // stream order keeps queued users of the old ones safe
+        const int64_t half = d / 2;
+        Tensor table = Tensor::empty({t, half, 2}, DType::f32, core::Device::cuda);  // [t, half] (cos, sin)
+        rope_table_kernel<<<grid_for(t * half, kThreads), kThreads, 0, core::cuda_stream()>>>(
+            reinterpret_cast<float2*>(table.data<float>()), t, half, d, theta, pos_offset);
+        MT_CUDA_CHECK(cudaGetLastError());
+        it = tables->emplace(key, std::move(table)).first;
+    }
+    return reinterpret_cast<const float2*>(it->second.data<float>());
 }
 
 void rope_run(const Tensor& in,
@@ -62,11 +91,8 @@ void rope_run(const Tensor& in,
     const int64_t b = in.size(0), t = in.size(1), h = in.size(2), d = in.size(3), half = d / 2;
     if (in.numel() == 0) return;
     core::NvtxRange range(inverse ? "rope_bwd" : "rope_fwd");
-    const Tensor table = Tensor::empty({t, half, 2}, DType::f32, core::Device::cuda);  // [t, half] (cos, sin)
-    float2* tp = reinterpret_cast<float2*>(table.data<float>());
-    rope_table_kernel<<<grid_for(t * half, kThreads), kThreads, 0, core::cuda_stream()>>>(
-        tp, t, half, d, theta, pos_offset, inverse);
-    MT_CUDA_CHECK(cudaGetLastError());
+    const float2* tp = rope_table(t, d, theta, pos_offset);
+    const float sign = inverse ? -1.0f : 1.0f;
     const bool vec = vec_ok(half, {&in, &out});
     const int64_t rows = b * t * h;
     MT_CUDA_DISPATCH(in.dtype(), T, {
@@ -74,10 +100,10 @@ void rope_run(const Tensor& in,
         T* yp = static_cast<T*>(out.raw());
         if (vec)
             rope_rotate_kernel<8, T><<<grid_for(rows * half / 8, kThreads), kThreads, 0, core::cuda_stream()>>>(
-                xp, yp, tp, rows, t, h, half);
+                xp, yp, tp, rows, t, h, half, sign);
         else
-            rope_rotate_kernel<1, T>
-                <<<grid_for(rows * half, kThreads), kThreads, 0, core::cuda_stream()>>>(xp, yp, tp, rows, t, h, half);
+            rope_rotate_kernel<1, T><<<grid_for(rows * half, kThreads), kThreads, 0, core::cuda_stream()>>>(
+                xp, yp, tp, rows, t, h, half, sign);
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
