@@ -25,6 +25,10 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device), 
     data_ = backend_get(device).alloc(bytes);
 }
 
+Storage::Storage(size_t bytes, Device device, Uninitialized) : bytes_(bytes), device_(device), owned_(true) {
+    data_ = backend_get(device).alloc_scratch(bytes);
+}
+
 Storage::Storage(void* data, size_t bytes, Device device) : data_(data), bytes_(bytes), device_(device) {}
 
 Storage::~Storage() {

@@ -18,8 +18,10 @@ void cpu_free(void* ptr);
 // someone else owns, such as an mmap) does not.
 class Storage {
    public:
-    Storage(size_t bytes, Device device);              // owned, zero-filled
-    Storage(void* data, size_t bytes, Device device);  // borrowed
+    Storage(size_t bytes, Device device);  // owned, zero-filled
+    struct Uninitialized {};
+    Storage(size_t bytes, Device device, Uninitialized);  // owned, contents undefined (Backend::alloc_scratch)
+    Storage(void* data, size_t bytes, Device device);     // borrowed
     ~Storage();
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;

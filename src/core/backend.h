@@ -23,6 +23,9 @@ class Backend {
     virtual void* alloc_scratch(size_t bytes) {
         return alloc(bytes);
     }
+    // Tests: fill every later scratch allocation with all-ones bytes (NaN as f32/bf16/f16), so that a read of a
+    // byte an op never wrote shows up in its results. Also on with MT_SCRATCH_POISON=1 in the environment.
+    virtual void set_scratch_poison(bool on) {}
     // Copies bytes; either side may be host memory (src_device / dst_device say which). Returns when the data
     // has arrived (host-visible copies are synchronous).
     virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) = 0;

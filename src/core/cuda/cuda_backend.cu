@@ -3,6 +3,9 @@
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -49,6 +52,10 @@ class CudaBackend final : public Backend {
         return ptr;
     }
 
+    void set_scratch_poison(bool on) override {
+        poison_ = on;
+    }
+
     void* alloc_scratch(size_t bytes) override {
         const size_t cls = size_class(bytes == 0 ? 1 : bytes);
         void* ptr = nullptr;
@@ -76,6 +83,7 @@ class CudaBackend final : public Backend {
                           cudaGetErrorString(err),
                           in_use_bytes_);
         }
+        if (poison_) MT_CUDA_CHECK(cudaMemsetAsync(ptr, 0xFF, cls, cuda_stream()));
         std::lock_guard<std::mutex> lock(mutex_);
         in_use_bytes_ += cls;
         peak_bytes_ = std::max(peak_bytes_, in_use_bytes_);
@@ -134,6 +142,10 @@ class CudaBackend final : public Backend {
     std::mutex mutex_;
     std::map<size_t, std::vector<void*>> cache_;
     size_t in_use_bytes_ = 0, cached_bytes_ = 0, peak_bytes_ = 0;
+    std::atomic<bool> poison_{[] {
+        const char* env = std::getenv("MT_SCRATCH_POISON");
+        return env != nullptr && std::strcmp(env, "1") == 0;
+    }()};
 };
 
 }  // namespace

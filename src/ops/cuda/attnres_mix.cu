@@ -246,7 +246,7 @@ void attnres_mix_bwd(const std::vector<Tensor>& sources,
     if (n == 0) return;
     core::NvtxRange range("attnres_mix_bwd");
     const int64_t blocks = (n + kTokens - 1) / kTokens;
-    const Tensor partial = Tensor::empty({blocks, 2, c}, DType::f32, core::Device::cuda);
+    const Tensor partial = Tensor::scratch({blocks, 2, c}, DType::f32, core::Device::cuda);
     MT_CUDA_DISPATCH(sources[0].dtype(), T, MT_CUDA_DISPATCH(query.dtype(), TQ, {
                          auto launch = [&](auto* dv_type) {
                              using TD = std::remove_pointer_t<decltype(dv_type)>;

@@ -145,7 +145,7 @@ void causal_conv1d_bwd(
     core::NvtxRange range("causal_conv1d_bwd");
     const int64_t blocks = (d.b * d.t + kRows - 1) / kRows;
     MT_CHECK(blocks < 65536, "{}: B * T = {} is too large for the dw partial grid", op, d.b * d.t);
-    const Tensor partial = Tensor::empty({blocks * d.c * d.w}, DType::f32, core::Device::cuda);
+    const Tensor partial = Tensor::scratch({blocks * d.c * d.w}, DType::f32, core::Device::cuda);
     const dim3 grid(static_cast<unsigned>((d.c + kThreads - 1) / kThreads), static_cast<unsigned>(blocks));
     MT_CUDA_DISPATCH(x.dtype(), TX, MT_CUDA_DISPATCH(w.dtype(), TW, {
                          const TX* xp = static_cast<const TX*>(x.raw());

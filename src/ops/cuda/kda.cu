@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(kThreads) scan_kernel(
 Work work_alloc(const Dims& d, std::vector<Tensor>& keep, bool scan_only) {
     const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
     auto alloc = [&](int64_t cols) {
-        keep.push_back(Tensor::empty({chunks * d.c * cols}, DType::f32, core::Device::cuda));
+        keep.push_back(Tensor::scratch({chunks * d.c * cols}, DType::f32, core::Device::cuda));
         return keep.back().data<float>();
     };
     Work w{};

@@ -439,7 +439,7 @@ void kda_bwd(const Tensor& q,
     prof.mark("prep");
     const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
     auto alloc = [&](int64_t n) {
-        keep.push_back(Tensor::empty({n}, DType::f32, core::Device::cuda));
+        keep.push_back(Tensor::scratch({n}, DType::f32, core::Device::cuda));
         return keep.back().data<float>();
     };
     const int64_t kv = static_cast<int64_t>(d.k) * d.v, cv = static_cast<int64_t>(d.c) * d.v,

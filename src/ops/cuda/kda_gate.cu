@@ -153,8 +153,8 @@ void kda_gate_bwd(const Tensor& u,
     core::NvtxRange range("kda_gate_bwd");
     const int64_t blocks = (d.n + kTokens - 1) / kTokens;
     MT_CHECK(blocks < 65536, "{}: N = {} tokens is too large for the parameter-grad partial grid", op, d.n);
-    const Tensor pdb = Tensor::empty({blocks * hkn}, DType::f32, core::Device::cuda);
-    const Tensor pda = Tensor::empty({blocks * hkn}, DType::f32, core::Device::cuda);
+    const Tensor pdb = Tensor::scratch({blocks * hkn}, DType::f32, core::Device::cuda);
+    const Tensor pda = Tensor::scratch({blocks * hkn}, DType::f32, core::Device::cuda);
     const dim3 grid(static_cast<unsigned>((hkn + kThreads - 1) / kThreads), static_cast<unsigned>(blocks));
     MT_CUDA_DISPATCH(u.dtype(), T, MT_CUDA_DISPATCH(bias.dtype(), TP, {
                          gate_bwd_kernel<T, TP>
