@@ -37,7 +37,7 @@ template <int D>
 constexpr int fast_bwd_smem_bytes() {
     // K, V [64 kWarpgroups][D]; Q, dO [kStages][kBM][D]; dS^T [2 buffers][64 kWarpgroups][kBM] (bf16); dq chunks
     // [2 buffers][kWarpgroups]; lse, delta [kStages][kBM] (f32); mbarriers (dq full [2][kWarpgroups], dq empty [2],
-    // K/V, Q full [kStages], Q empty [kStages]); alignment. 231,496 bytes at D = 128, below the 232,448 limit.
+    // K/V, Q full [kStages], Q empty [kStages]); alignment. 231,512 bytes at D = 128, below the 232,448 limit.
     return (2 * 64 * kWarpgroups * D + 2 * kStages * kBM * D + 2 * 64 * kWarpgroups * kBM) *
                static_cast<int>(sizeof(bf16)) +
            2 * kWarpgroups * dq_chunk_bytes<D>() + 2 * kStages * kBM * static_cast<int>(sizeof(float)) +

@@ -56,9 +56,9 @@ __global__ void rope_rotate_kernel(
     }
 }
 
-// The cached table for these sizes, built on first use. The map is never destroyed, so that no tensor outlives the
-// CUDA runtime at exit.
-const float2* rope_table(int64_t t, int64_t d, double theta, int64_t pos_offset) {
+// The cached table for these sizes, built on first use; the caller's copy keeps it alive even if another thread
+// clears the cache meanwhile. The map is never destroyed, so that no tensor outlives the CUDA runtime at exit.
+Tensor rope_table(int64_t t, int64_t d, double theta, int64_t pos_offset) {
     using Key = std::tuple<int64_t, int64_t, double, int64_t>;
     static std::mutex mutex;
     static auto* tables = new std::map<Key, Tensor>();
@@ -75,7 +75,7 @@ const float2* rope_table(int64_t t, int64_t d, double theta, int64_t pos_offset)
         MT_CUDA_CHECK(cudaGetLastError());
         it = tables->emplace(key, std::move(table)).first;
     }
-    return reinterpret_cast<const float2*>(it->second.data<float>());
+    return it->second;
 }
 
 void rope_run(const Tensor& in,
@@ -91,7 +91,8 @@ void rope_run(const Tensor& in,
     const int64_t b = in.size(0), t = in.size(1), h = in.size(2), d = in.size(3), half = d / 2;
     if (in.numel() == 0) return;
     core::NvtxRange range(inverse ? "rope_bwd" : "rope_fwd");
-    const float2* tp = rope_table(t, d, theta, pos_offset);
+    const Tensor table = rope_table(t, d, theta, pos_offset);
+    const float2* tp = reinterpret_cast<const float2*>(table.data<float>());
     const float sign = inverse ? -1.0f : 1.0f;
     const bool vec = vec_ok(half, {&in, &out});
     const int64_t rows = b * t * h;
