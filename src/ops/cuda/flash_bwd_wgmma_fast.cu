@@ -143,26 +143,21 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
             }
             asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
         } else if (threadIdx.x == 32) {
-            // A [rows][D] tile is D / 64 boxes [rows][64]. Use u of stage st waits for the release of use u - 1.
-            auto load = [&](const CUtensorMap* map, uint32_t dst, uint32_t bar, int rows, int head, int row0) {
-#pragma unroll
-                for (int c = 0; c < D / 64; ++c) tma_load_4d(dst + c * rows * 128, map, bar, c * 64, head, row0, b);
-            };
             mbar_expect_tx(bar_kv, 2 * kKV);
-            load(&tm_k, s_k, bar_kv, kBN, kh, n0);
-            load(&tm_v, s_v, bar_kv, kBN, kh, n0);
+            tma_load_tile<D>(s_k, &tm_k, bar_kv, kBN, kh, n0, b);
+            tma_load_tile<D>(s_v, &tm_v, bar_kv, kBN, kh, n0, b);
             for (int it = 0; it < iters; ++it) {
                 const int st = it % kStages;
-                mbar_wait(q_empty + 8 * st, ((it / kStages) & 1) ^ 1);
+                ring_wait_released<kStages>(q_empty, it);
                 mbar_expect_tx(q_full + 8 * st, 2 * kQ);
-                load(&tm_q, s_q + st * kQ, q_full + 8 * st, kBM, head_of(it), row0_of(it));
-                load(&tm_do, s_do + st * kQ, q_full + 8 * st, kBM, head_of(it), row0_of(it));
+                tma_load_tile<D>(s_q + st * kQ, &tm_q, q_full + 8 * st, kBM, head_of(it), row0_of(it), b);
+                tma_load_tile<D>(s_do + st * kQ, &tm_do, q_full + 8 * st, kBM, head_of(it), row0_of(it), b);
             }
         } else if (warp == 2) {
             for (int it = 0; it < iters; ++it) {
                 const int st = it % kStages, m0 = row0_of(it);
                 const int64_t row_off = (static_cast<int64_t>(b) * p.hq + head_of(it)) * t;
-                mbar_wait(q_empty + 8 * st, ((it / kStages) & 1) ^ 1);
+                ring_wait_released<kStages>(q_empty, it);
 #pragma unroll
                 for (int r = lane; r < kBM; r += 32) {
                     const bool in = m0 + r < t;
@@ -191,7 +186,7 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
     mbar_wait(bar_kv, 0);
     for (int it = 0; it < iters; ++it) {
         const int st = it % kStages;
-        mbar_wait(q_full + 8 * st, (it / kStages) & 1);
+        ring_wait_filled<kStages>(q_full, it);
         const uint32_t sq = s_q + st * kQ, sdo = s_do + st * kQ, sds = s_ds + (it % 2) * kDs;
         const int m0 = row0_of(it);
         const bool edge = m0 < n0 + kBN || m0 + kBM > t;

@@ -121,21 +121,14 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
     if (threadIdx.x < 128) {  // the producer warpgroup
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
         if (threadIdx.x == 0) {
-            // A tile [rows][D] is D / 64 boxes [rows][64], one per column block.
-            auto load = [&](const CUtensorMap* map, uint32_t dst, uint32_t bar, int rows, int head, int row0) {
-#pragma unroll
-                for (int c = 0; c < D / 64; ++c) tma_load_4d(dst + c * rows * 128, map, bar, c * 64, head, row0, b);
-            };
-            // Use u of stage st waits for the consumers' release of use u - 1 (parity (u - 1) & 1; the first use
-            // waits on parity 1, which a fresh barrier reports complete).
             auto load_kv = [&](const CUtensorMap* map, uint32_t tiles, uint32_t full, uint32_t empty, int j) {
                 const int st = j % kStages;
-                mbar_wait(empty + 8 * st, ((j / kStages) & 1) ^ 1);
+                ring_wait_released<kStages>(empty, j);
                 mbar_expect_tx(full + 8 * st, kKVBytes);
-                load(map, tiles + st * kKVBytes, full + 8 * st, kBN, kh, j * kBN);
+                tma_load_tile<D>(tiles + st * kKVBytes, map, full + 8 * st, kBN, kh, j * kBN, b);
             };
             mbar_expect_tx(bar_q, kQBytes);
-            load(&tm_q, s_q, bar_q, kBM, h, m0);
+            tma_load_tile<D>(s_q, &tm_q, bar_q, kBM, h, m0, b);
             load_kv(&tm_k, s_k, k_full, k_empty, 0);
             for (int j = 0; j < n_blocks; ++j) {  // in the order the consumers need them: K_{j+1} before V_j
                 if (j + 1 < n_blocks) load_kv(&tm_k, s_k, k_full, k_empty, j + 1);
@@ -153,7 +146,6 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
     auto release = [&](uint32_t empty, int j) {
         if (lane == 0) mbar_arrive(empty + 8 * (j % kStages));
     };
-    auto wait_full = [&](uint32_t full, int j) { mbar_wait(full + 8 * (j % kStages), (j / kStages) & 1); };
     // Ping-pong: warpgroup w issues its products after bar.sync on barrier 1 + w and then lets the other one go.
     // Warpgroup 1 opens with an arrive on warpgroup 0's barrier and skips the arrive after its last products, so
     // that every barrier sees as many arrives as syncs.
@@ -175,7 +167,7 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
     uint32_t pa[kBN / 16][4];
 
     mbar_wait(bar_q, 0);
-    wait_full(k_full, 0);
+    ring_wait_filled<kStages>(k_full, 0);
     turn_begin();
     wgmma_fence();
 #pragma unroll
@@ -194,8 +186,8 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
     // is on the tensor cores. Only the last block (j + 1 = n_blocks - 1) holds keys after some query (kMask).
     auto step = [&](int j, auto mask) {
         constexpr bool kMask = decltype(mask)::value;
-        wait_full(k_full, j + 1);
-        wait_full(v_full, j);
+        ring_wait_filled<kStages>(k_full, j + 1);
+        ring_wait_filled<kStages>(v_full, j);
         const uint32_t sk = s_k + ((j + 1) % kStages) * kKVBytes, sv = s_v + (j % kStages) * kKVBytes;
         turn_begin();
         wgmma_fence();
@@ -232,7 +224,7 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
     int j = 0;
     for (; j + 2 < n_blocks; ++j) step(j, std::false_type{});
     if (j + 1 < n_blocks) step(j++, std::true_type{});
-    wait_full(v_full, j);
+    ring_wait_filled<kStages>(v_full, j);
     turn_begin();
     wgmma_fence();
 #pragma unroll

@@ -87,6 +87,18 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
         : "memory");
 }
 
+// A ring of kStages stages, each with a full and an empty mbarrier (8 bytes apart per stage); use j takes stage
+// j % kStages. The consumers wait until use j is filled; the producer waits until the consumers have released use
+// j - kStages (for the first kStages uses, parity 1 of a fresh barrier, which reports complete at once).
+template <int kStages>
+__device__ __forceinline__ void ring_wait_filled(uint32_t full, int j) {
+    mbar_wait(full + 8 * (j % kStages), (j / kStages) & 1);
+}
+template <int kStages>
+__device__ __forceinline__ void ring_wait_released(uint32_t empty, int j) {
+    mbar_wait(empty + 8 * (j % kStages), ((j / kStages) & 1) ^ 1);
+}
+
 // Named barriers 1..15 over `threads` threads (a multiple of 32): sync waits, arrive does not.
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -110,6 +122,15 @@ __device__ __forceinline__ void tma_load_4d(
         "r"(c2),
         "r"(c3)
         : "memory");
+}
+
+// TMA: rows [row0, row0 + rows) of head `head`, batch `batch` of a [B, T, H, D] tensor map into the swizzled tile
+// layout above (D / 64 boxes [rows][64], one per column block); rows past T arrive as zeros.
+template <int D>
+__device__ __forceinline__ void tma_load_tile(
+    uint32_t tile, const void* map, uint32_t bar, int rows, int head, int row0, int batch) {
+#pragma unroll
+    for (int c = 0; c < D / 64; ++c) tma_load_4d(tile + c * rows * 128, map, bar, c * 64, head, row0, batch);
 }
 
 #if MT_WGMMA_ENABLED
