@@ -41,13 +41,8 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::scratch(const Shape& shape, DType dtype, Device device) {
     for (int64_t d : shape) MT_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
-    Tensor t;
-    t.storage_ = std::make_shared<Storage>(
-        static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device, Storage::Uninitialized{});
-    t.shape_ = shape;
-    t.strides_ = contiguous_strides(shape);
-    t.dtype_ = dtype;
-    return t;
+    const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+    return view_of(std::make_shared<Storage>(bytes, device, Storage::Uninitialized{}), 0, shape, dtype);
 }
 
 Tensor Tensor::borrow(void* data, const Shape& shape, DType dtype, Device device) {

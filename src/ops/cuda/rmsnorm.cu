@@ -178,7 +178,7 @@ void rmsnorm_bwd(const Tensor& x,
     const bool vec = vec_ok(c, {&x, &weight, &dy, &dx, &dresidual});
     const int threads = threads_for(c, vec);
     const int64_t blocks = (n + kRows - 1) / kRows;
-    const Tensor partial = Tensor::empty({blocks, c}, DType::f32, core::Device::cuda);  // [blocks, c]
+    const Tensor partial = Tensor::scratch({blocks, c}, DType::f32, core::Device::cuda);  // [blocks, c], all written
     const size_t smem = static_cast<size_t>(c) * sizeof(float);
     MT_CUDA_DISPATCH(x.dtype(), TX, MT_CUDA_DISPATCH(weight.dtype(), TW, {
                          const TX* xp = static_cast<const TX*>(x.raw());

@@ -69,7 +69,7 @@ Tensor rope_table(int64_t t, int64_t d, double theta, int64_t pos_offset) {
     if (it == tables->end()) {
         if (tables->size() >= kMaxTables) tables->clear();  // stream order keeps queued users of the old ones safe
         const int64_t half = d / 2;
-        Tensor table = Tensor::empty({t, half, 2}, DType::f32, core::Device::cuda);  // [t, half] (cos, sin)
+        Tensor table = Tensor::scratch({t, half, 2}, DType::f32, core::Device::cuda);  // [t, half] (cos, sin)
         rope_table_kernel<<<grid_for(t * half, kThreads), kThreads, 0, core::cuda_stream()>>>(
             reinterpret_cast<float2*>(table.data<float>()), t, half, d, theta, pos_offset);
         MT_CUDA_CHECK(cudaGetLastError());
