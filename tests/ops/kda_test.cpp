@@ -124,6 +124,12 @@ KdaOptions recurrent() {
     op_register(kda_case({1, 90, 1, 1, 32, 48}, chunked(32), KdaGateRegime::bounded, false, true));
     op_register(
         kda_case({1, 100, 1, 2, 32, 32}, chunked(64, KdaDiagonal::pairwise), KdaGateRegime::softplus, true, true));
+    // The shared-memory backward chunk kernel (K = V = 128): chunk 32 with a short last chunk and dq, dk written
+    // directly; and the softplus gate (GVA; the CPU reference forms the diagonal tiles pairwise), whose chunks the
+    // kernel leaves to the general chunk kernel.
+    op_register(kda_case({1, 150, 1, 1, 128, 128}, chunked(32), KdaGateRegime::bounded, false, true));
+    op_register(
+        kda_case({1, 100, 1, 2, 128, 128}, chunked(64, KdaDiagonal::pairwise), KdaGateRegime::softplus, true, true));
     return true;
 }();
 

@@ -136,7 +136,10 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
                                                          bool intra,
                                                          bool dtc,
                                                          bool split,
+                                                         const int* __restrict__ only,
                                                          PhaseClock pc) {
+    // With chunk_smem_kernel in front, only the chunks it left (only[cb] != 0) are done here.
+    if (only != nullptr && only[chunk_index(d, blockIdx.y, blockIdx.x)] == 0) return;
     extern __shared__ float smem[];
     const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x, nt = blockDim.x;
     float* sda = smem;               // dA [c, c]
@@ -485,6 +488,14 @@ void kda_bwd(const Tensor& q,
     float* dqh = d.group == 1 ? nullptr : alloc(rows);
     float* dkh = d.group == 1 ? nullptr : alloc(rows);
     const bool intra = kda::use_intra_tc(d, q.dtype()), dtc = kda::use_dt_tc(d, q.dtype());
+    int* only = nullptr;
+    if (pre_da != nullptr && kda::use_chunk_smem(d, q.dtype())) {
+        keep.push_back(Tensor::scratch({chunks}, DType::i32, core::Device::cuda));
+        only = keep.back().data<int32_t>();
+        kda::chunk_smem_launch(
+            q, k, v, beta, d, w, dvn, sc.dqg, sc.dkg, sc.dw, pre_dgl, dqh, dkh, dq, dk, dv, dg, dbeta, only);
+        prof.mark("chunk_smem");
+    }
     const dim3 chunk_grid(static_cast<unsigned>(d.nc), static_cast<unsigned>(d.units()));
     const kda::PhaseLog phases("chunk", chunks);
     const size_t chunk_smem = (3 * static_cast<size_t>(d.c) * d.c + 2 * kda::kMaxChunk + d.k) * sizeof(float);
@@ -516,6 +527,7 @@ void kda_bwd(const Tensor& q,
                                                                              intra,
                                                                              dtc,
                                                                              kda::bwd_split_tc(),
+                                                                             only,
                                                                              phases.clock());
     });
     MT_CUDA_CHECK(cudaGetLastError());

@@ -145,6 +145,33 @@ void chunk_mm_tc_launch(const Tensor& dout,
                         float* da,
                         float* dgl);
 
+// The rest of the backward chunk step with every operand in shared memory (kda_chunk_smem.cu): use_chunk_tc,
+// the intra and dT products on tensor cores, K = V = 128; MT_KDA_CHUNK_SMEM=0 turns it off. Reads what
+// chunk_mm_tc_launch wrote; writes dq, dk (dqh, dkh when HV > H), dv, dg, dbeta of every chunk except those it marks
+// in fallback[units * nc] (Gamma beyond the anchors' bound), which chunk_kernel then does.
+bool use_chunk_smem(const Dims& d, DType dt);
+void chunk_smem_launch(const Tensor& q,
+                       const Tensor& k,
+                       const Tensor& v,
+                       const Tensor& beta,
+                       const Dims& d,
+                       const Work& w,
+                       const float* dvn,
+                       const float* dqg,
+                       const float* dkg,
+                       const float* dw,
+                       const float* dgl,
+                       float* dqh,
+                       float* dkh,
+                       const Tensor& dq,
+                       const Tensor& dk,
+                       const Tensor& dv,
+                       const Tensor& dg,
+                       const Tensor& dbeta,
+                       int* fallback);
+// MT_KDA_* switches: whether the variable is set to this value.
+bool env_is(const char* name, std::string_view value);
+
 }  // namespace mt::ops::cuda::kda
 
 namespace mt::ops::cuda {

@@ -109,6 +109,32 @@ __device__ __forceinline__ void frag_bt_f(float (&b)[2], const float* x, int ld,
     b[1] = x[(n0 + g) * ld + k0 + t + 4];
 }
 
+// The same A layouts from tiles already split into TF32 bit patterns (split_tile_tf32): no conversion per load.
+__device__ __forceinline__ void frag_a_u(uint32_t (&a)[4], const uint32_t* x, int ld, int m0, int k0, int g, int t) {
+    a[0] = x[(m0 + g) * ld + k0 + t];
+    a[1] = x[(m0 + g + 8) * ld + k0 + t];
+    a[2] = x[(m0 + g) * ld + k0 + t + 4];
+    a[3] = x[(m0 + g + 8) * ld + k0 + t + 4];
+}
+__device__ __forceinline__ void frag_at_u(uint32_t (&a)[4], const uint32_t* x, int ld, int m0, int k0, int g, int t) {
+    a[0] = x[(k0 + t) * ld + m0 + g];
+    a[1] = x[(k0 + t) * ld + m0 + g + 8];
+    a[2] = x[(k0 + t + 4) * ld + m0 + g];
+    a[3] = x[(k0 + t + 4) * ld + m0 + g + 8];
+}
+// A [rows, cols] fp32 tile of stride ld in shared memory -> its TF32 high parts in place and the low parts
+// (split_tf32) into lo, by the whole block, for operands that many warps read: split once, not at every load.
+template <bool kSplit>
+__device__ __forceinline__ void split_tile_tf32(float* x, uint32_t* lo, int ld, int rows, int cols) {
+    for (int e = threadIdx.x; e < rows * cols; e += blockDim.x) {
+        const int i = (e / cols) * ld + e % cols;
+        uint32_t hi, l;
+        split_tf32<kSplit>(x[i], hi, l);
+        reinterpret_cast<uint32_t*>(x)[i] = hi;
+        lo[i] = l;
+    }
+}
+
 __device__ __forceinline__ void cp_async16(float* dst, const float* src) {
     const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));

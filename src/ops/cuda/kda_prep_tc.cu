@@ -340,11 +340,6 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
     pc.mark(6);
 }
 
-bool env_is(const char* name, std::string_view value) {
-    const char* e = std::getenv(name);
-    return e != nullptr && std::string_view(e) == value;
-}
-
 template <typename T>
 void launch(const Tensor& q,
             const Tensor& k,
@@ -374,6 +369,11 @@ void launch(const Tensor& q,
 }
 
 }  // namespace
+
+bool env_is(const char* name, std::string_view value) {
+    const char* e = std::getenv(name);
+    return e != nullptr && std::string_view(e) == value;
+}
 
 bool use_prep_tc(const Dims& d, DType dt) {
     static const bool off = env_is("MT_KDA_PREP_TC", "0");
