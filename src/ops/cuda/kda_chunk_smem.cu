@@ -32,6 +32,7 @@ constexpr int kBlock = kWarps * 32;
 // The head sizes of the kernel: the model's K = V = 128, compile-time so that every stride and offset below is an
 // immediate (with runtime K and V the kernel needed ~40 more registers and spilled at 512 threads).
 constexpr int kK = 128, kV = 128;
+constexpr float kLog2e = 1.4426950408889634f;
 
 // Shared-memory layout (strides in elements). Padded strides keep the fragment reads free of bank conflicts or at
 // most two-way: c + 8 for T (read transposed), c + 4 for the [c, c] tiles read both ways, K/V + 4 for dW and dVn
@@ -119,11 +120,14 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
     for (int x = tid; x < kd; x += kBlock) sdgl[x] = dgls[cb * kd + x];
     cp_async_wait<0>();
     __syncthreads();
+    // Gamma in base 2 from here on: every factor e^(Gamma_a - Gamma_b) below is one exp2f of a difference.
+    for (int e = tid; e < c * kd; e += kBlock) sg[(e / kd) * L::ldg + e % kd] *= kLog2e;
+    __syncthreads();
     // The anchored products need e^(Gamma_first - Gamma_last) <= e^80 inside every 16-row tile (kda_intra_tc.cuh).
     bool ok = true;
     for (int e = tid; e < nsub * kd; e += kBlock) {
         const int s = e / kd, x = e % kd;
-        ok = ok && sg[(s * 16) * L::ldg + x] - sg[(s * 16 + 15) * L::ldg + x] <= 80.0f;
+        ok = ok && sg[(s * 16) * L::ldg + x] - sg[(s * 16 + 15) * L::ldg + x] <= 80.0f * kLog2e;
     }
     ok = __syncthreads_and(ok) != 0;
     if (tid == 0) fallback[cb] = ok ? 0 : 1;
@@ -186,18 +190,28 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                 float fa[4], fb[2];
                 frag_a_f(fa, sw, L::ldw, m0, k0, g, t);
                 const int x0 = k0 + t, x1 = x0 + 4;
-                fb[0] = bn * to_f32(sk[nn * L::ldh + x0]) * ex<kSplit>(sg[nn * L::ldg + x0]);
-                fb[1] = bn * to_f32(sk[nn * L::ldh + x1]) * ex<kSplit>(sg[nn * L::ldg + x1]);
+                fb[0] = bn * to_f32(sk[nn * L::ldh + x0]) * exp2f(sg[nn * L::ldg + x0]);
+                fb[1] = bn * to_f32(sk[nn * L::ldh + x1]) * exp2f(sg[nn * L::ldg + x1]);
                 mma_f32<kSplit>(acc, fa, fb);
             }
         } else {
+            // dVn V^T, then the columns scaled by beta: v (bf16 or f16) is exact in TF32, so B needs no low part.
             for (int k0 = 0; k0 < vd; k0 += 8) {
-                float fa[4], fb[2];
+                float fa[4];
+                uint32_t ah[4], al[4], bv[2];
                 frag_a_f(fa, sv, L::ldv, m0, k0, g, t);
-                fb[0] = bn * to_f32(svv[nn * L::ldh + k0 + t]);
-                fb[1] = bn * to_f32(svv[nn * L::ldh + k0 + t + 4]);
-                mma_f32<kSplit>(acc, fa, fb);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) split_tf32<kSplit>(fa[i], ah[i], al[i]);
+                bv[0] = __float_as_uint(to_f32(svv[nn * L::ldh + k0 + t]));
+                bv[1] = __float_as_uint(to_f32(svv[nn * L::ldh + k0 + t + 4]));
+                if constexpr (kSplit) mma_tf32(acc, al, bv);
+                mma_tf32(acc, ah, bv);
             }
+            const int col = n0 + 2 * t;
+            acc[0] *= sbeta[col];
+            acc[1] *= sbeta[col + 1];
+            acc[2] *= sbeta[col];
+            acc[3] *= sbeta[col + 1];
         }
         float* dst = half == 0 ? sd : sa;
         const int r = m0 + g, col = n0 + 2 * t;
@@ -297,8 +311,8 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
 #pragma unroll
                 for (int s = 0; s < 2; ++s) {
                     const int x = xa + s, e = 2 * hf + s;
-                    const float gm = sg[r * L::ldg + x], ev = ex<kSplit>(gm);
-                    const float fk = ex<kSplit>(sg[(c - 1) * L::ldg + x] - gm);
+                    const float gm = sg[r * L::ldg + x], ev = exp2f(gm);
+                    const float fk = exp2f(sg[(c - 1) * L::ldg + x] - gm);
                     const float qv = to_f32(sq[r * L::ldh + x]), kv = to_f32(sk[r * L::ldh + x]);
                     const float av = s == 0 ? a.x : a.y, bv = s == 0 ? bk.x : bk.y, kg = kv * fk;
                     oq[e] = av * ev;
@@ -319,8 +333,8 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                 frag_a_u(mh, ud, L::ldc, m0, k0, g, t);
                 frag_a_u(ml, ld, L::ldc, m0, k0, g, t);
                 const int j0 = k0 + t, j1 = j0 + 4;
-                split_tf32<kSplit>(to_f32(sk[j0 * L::ldh + xb]) * ex<kSplit>(anb - sg[j0 * L::ldg + xb]), bh[0], bl[0]);
-                split_tf32<kSplit>(to_f32(sk[j1 * L::ldh + xb]) * ex<kSplit>(anb - sg[j1 * L::ldg + xb]), bh[1], bl[1]);
+                split_tf32<kSplit>(to_f32(sk[j0 * L::ldh + xb]) * exp2f(anb - sg[j0 * L::ldg + xb]), bh[0], bl[0]);
+                split_tf32<kSplit>(to_f32(sk[j1 * L::ldh + xb]) * exp2f(anb - sg[j1 * L::ldg + xb]), bh[1], bl[1]);
                 mma_tf32x3<kSplit>(accq, ah, al, bh, bl);
                 mma_tf32x3<kSplit>(acck, mh, ml, bh, bl);
             }
@@ -328,7 +342,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
             for (int e = 0; e < 4; ++e) {
                 const int i = m0 + g + (e / 2) * 8, x = xa + (e % 2);
                 if (!valid(i)) continue;
-                const float f = ex<kSplit>(sg[i * L::ldg + x] - sg[m0 * L::ldg + x]);
+                const float f = exp2f(sg[i * L::ldg + x] - sg[m0 * L::ldg + x]);
                 const float q1 = accq[e] * f, k1 = acck[e] * f;
                 oq[e] += q1;
                 ok_[mt][e] += k1;
@@ -359,7 +373,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                 frag_at_u(mh, ud, L::ldc, j0, k0, g, t);
                 frag_at_u(ml, ld, L::ldc, j0, k0, g, t);
                 const int r0 = k0 + t, r1 = r0 + 4;
-                const float f0 = ex<kSplit>(sg[r0 * L::ldg + xb] - anb), f1 = ex<kSplit>(sg[r1 * L::ldg + xb] - anb);
+                const float f0 = exp2f(sg[r0 * L::ldg + xb] - anb), f1 = exp2f(sg[r1 * L::ldg + xb] - anb);
                 split_tf32<kSplit>(to_f32(sq[r0 * L::ldh + xb]) * f0, qh[0], ql[0]);
                 split_tf32<kSplit>(to_f32(sq[r1 * L::ldh + xb]) * f1, qh[1], ql[1]);
                 split_tf32<kSplit>(to_f32(sk[r0 * L::ldh + xb]) * f0, kh[0], kl[0]);
@@ -373,7 +387,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
             for (int e = 0; e < 4; ++e) {
                 const int j = j0 + g + (e / 2) * 8, x = xa + (e % 2);
                 if (!valid(j)) continue;
-                const float s = acc[e] * ex<kSplit>(sg[er * L::ldg + x] - sg[j * L::ldg + x]);
+                const float s = acc[e] * exp2f(sg[er * L::ldg + x] - sg[j * L::ldg + x]);
                 ok_[mt][e] += s;
                 og[mt][e] -= s * to_f32(sk[j * L::ldh + x]);
             }

@@ -171,6 +171,8 @@ void chunk_smem_launch(const Tensor& q,
                        int* fallback);
 // MT_KDA_* switches: whether the variable is set to this value.
 bool env_is(const char* name, std::string_view value);
+// An attribute of the current device.
+int device_attr(cudaDeviceAttr attr);
 
 }  // namespace mt::ops::cuda::kda
 

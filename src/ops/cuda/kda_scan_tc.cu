@@ -470,13 +470,6 @@ void set_smem(K kernel, size_t bytes) {
     MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-int device_attr(cudaDeviceAttr attr) {
-    int dev = 0, v = 0;
-    MT_CUDA_CHECK(cudaGetDevice(&dev));
-    MT_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
-    return v;
-}
-
 // The value tile of a scan: the BV in {16, 32, 64, 128} (up to max_bv, dividing V, its shared memory within the
 // device's limit) of least modelled time, waves * (256 + BV): one block per SM (the chunk tiles take most of the
 // shared memory at every BV), and a chunk step costing a fixed ~256 columns' worth (the ~112 KB tile stream and the
@@ -531,6 +524,13 @@ void rscan_bv(const T* dout, const float* dst, float* ds0, const Dims& d, const 
 }
 
 }  // namespace
+
+int device_attr(cudaDeviceAttr attr) {
+    int dev = 0, v = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
+    return v;
+}
 
 bool use_tc(const Dims& d, DType dt) {
     static const bool off = [] {
