@@ -9,10 +9,12 @@
 //      involves dT_lm for l > m only), Xw = Diag(beta) k e^Gamma rebuilt from q, k, Gamma; dXu = T^T dVn by value
 //      column group, dv = beta dXu straight to global memory.
 //   2. T^T dT, then dL, then dbeta's L term and dM = Diag(beta) dL::
-//   3. A warp per 8 key channels, over all c rows: dXw = T^T dW, the elementwise factors, the intra-chunk terms
-//      (kda_intra_tc.cuh's anchored tile products, operands from shared memory), the last row's dGamma, the reverse
-//      cumsum of dGamma over the rows by shuffles, and dq, dk, dg stored. Every per-channel quantity stays in the
-//      owning warp's registers, so the phase needs no block barrier.
+//   3. A warp per 16 key channels and half the row tiles: dXw = T^T dW, the elementwise factors, the intra-chunk
+//      terms (kda_intra_tc.cuh's anchored tile products, operands from shared memory, each A fragment serving two
+//      8-channel groups), and dq, dk stored; the reverse cumsum of dGamma inside each tile by shuffles, then across
+//      tiles through shared memory, and dg stored.
+// The loops over tiles and k-steps are kept rolled: the kernel's code (~100 KB of SASS) must fit the SM's
+// instruction cache; the unrolled version (158 KB) ran each phase slower (3.87 vs 3.38 ms at 8 x 4096).
 // Products are 3xTF32 (kda::bwd_split_tc) like the kernels they replace; each output element has one owner lane and
 // a fixed summation order: deterministic. A chunk whose Gamma spread inside a 16-row tile exceeds the anchors'
 // bound (only possible with the unbounded gate) is left to chunk_kernel: this kernel marks it in `fallback` and
@@ -49,7 +51,7 @@ struct Layout {
     static constexpr int g_off = v_off + kC * (ldv > 2 * ldc ? ldv : 2 * ldc);
     // beta, dbeta's L term, the last row's dGamma term [K], dbeta partial sums [2, warps, c]
     static constexpr int misc_off = g_off + kC * ldg;
-    static constexpr int h_off = misc_off + 2 * kMaxChunk + kK + 2 * kWarps * kMaxChunk;  // q, k, v (2-byte)
+    static constexpr int h_off = misc_off + 2 * kMaxChunk + kK + 2 * kWarps * kMaxChunk + (kC / 16 + 2) * kK;
     static constexpr size_t bytes = static_cast<size_t>(h_off) * sizeof(float) + 3 * static_cast<size_t>(kC) * ldh * 2;
     static_assert(bytes <= 227 * 1024, "chunk_smem_kernel's tiles exceed the shared memory of a block");
 };
@@ -160,6 +162,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
             for (int mt = 0; mt < nsub; ++mt) {
                 const int m0 = mt * 16;
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
                 for (int k0 = m0; k0 < c; k0 += 8) {  // (T^T)_ij = T_ji, zero for j < i
                     float fa[4], fb[2];
                     frag_at_f(fa, st, L::ldt, m0, k0, g, t);
@@ -186,6 +189,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
         const float bn = sbeta[nn];
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (half == 0) {
+#pragma unroll 1
             for (int k0 = 0; k0 < kd; k0 += 8) {
                 float fa[4], fb[2];
                 frag_a_f(fa, sw, L::ldw, m0, k0, g, t);
@@ -196,6 +200,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
             }
         } else {
             // dVn V^T, then the columns scaled by beta: v (bf16 or f16) is exact in TF32, so B needs no low part.
+#pragma unroll 1
             for (int k0 = 0; k0 < vd; k0 += 8) {
                 float fa[4];
                 uint32_t ah[4], al[4], bv[2];
@@ -226,6 +231,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
         const int m0 = (job / nct) * 16, n0 = (job % nct) * 8;
         if (n0 >= m0 + 16) continue;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
         for (int k0 = m0; k0 < c; k0 += 8) {
             float fa[4], fb[2];
             frag_at_f(fa, st, L::ldt, m0, k0, g, t);
@@ -249,6 +255,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
         const int m0 = (job / nct) * 16, n0 = (job % nct) * 8;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (n0 < m0 + 16)
+#pragma unroll 1
             for (int k0 = 0; k0 < n0 + 8; k0 += 8) {  // T_jl = 0 for l > j
                 float fa[4], fb[2];
                 frag_a_f(fa, sx, L::ldc, m0, k0, g, t);
@@ -282,27 +289,58 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
     split_tile_tf32<kSplit>(sd, ld, L::ldc, c, c);
     __syncthreads();
     pc.mark(3);
-    float dbp3[nsub][2] = {};
-    // Phase 3: a warp per 8 key channels x0..x0+7; this lane holds rows (tile i, g / g + 8), columns xa, xa + 1.
+    // Phase 3: warp (p, r) owns the 16 key channels of groups 2p, 2p + 1 (x0 = 16 p + 8 gi) and the row tiles
+    // r and nsub - 1 - r (equal work: a tile's row and column products take 2 (nsub + 1) k-steps together); each
+    // A fragment (T^T, dA, dM) it loads serves both groups. This lane holds rows (tile, g / g + 8) and columns
+    // x0 + 2t, x0 + 2t + 1 of each group.
+    static_assert(kK == 16 * (kWarps / 2) && nsub % 2 == 0, "phase 3 maps 16 warps onto 8 channel pairs x 2 tile sets");
+    constexpr int nt = nsub / 2;
+    const int pq = warp % (kWarps / 2), rs = warp / (kWarps / 2);
+    auto tile_of = [&](int i) { return i == 0 ? rs : nsub - 1 - rs; };
     const float* dqg = dqgs + ck_off(d, cb);
     const float* dkg = dkgs + ck_off(d, cb);
-    for (int grp = warp; grp < kd / 8; grp += kWarps) {
-        const int x0 = grp * 8, xa = x0 + 2 * t, xb = x0 + g;
-        float ok_[nsub][4], og[nsub][4];  // dk, dGamma; dq is stored tile by tile (it has no column term)
-        float glp[2] = {0.0f, 0.0f};      // sum over this lane's rows of dKg kg, per column
+    float ok_[nt][2][4], og[nt][2][4];  // dk, dGamma; dq is stored tile by tile (it has no column term)
+    float dbp3[nt][2] = {};             // dbeta partial sums (dXw k e^Gamma) of this lane's rows
+    float glp[2][2] = {};               // sum over this lane's rows of dKg kg, per group and column
+    // The tile loops stay rolled (the kernel's code has to fit the instruction cache): each pass works on okc, ogc
+    // and copies them to or from its tile's registers.
+    auto put = [&](int i, const float(&okc)[2][4], const float(&ogc)[2][4]) {
 #pragma unroll
-        for (int mt = 0; mt < nsub; ++mt) {
-            const int m0 = mt * 16;
-            float dx[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // dXw = T^T dW
+        for (int ii = 0; ii < nt; ++ii)
+            if (ii == i)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    ok_[ii][e / 4][e % 4] = okc[e / 4][e % 4];
+                    og[ii][e / 4][e % 4] = ogc[e / 4][e % 4];
+                }
+    };
 #pragma unroll 1
-            for (int k0 = m0; k0 < c; k0 += 8) {
-                float fa[4], fb[2];
-                frag_at_f(fa, st, L::ldt, m0, k0, g, t);
-                frag_b_f(fb, sw, L::ldw, k0, x0, g, t);
-                mma_f32<kSplit>(dx, fa, fb);
+    for (int i = 0; i < nt; ++i) {
+        const int m0 = tile_of(i) * 16;
+        float okc[2][4], ogc[2][4], dbc[2] = {0.0f, 0.0f};
+        float dx[2][4] = {};  // dXw = T^T dW
+#pragma unroll 1
+        for (int k0 = m0; k0 < c; k0 += 8) {
+            float fa[4];
+            uint32_t ah[4], al[4];
+            frag_at_f(fa, st, L::ldt, m0, k0, g, t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) split_tf32<kSplit>(fa[e], ah[e], al[e]);
+#pragma unroll
+            for (int gi = 0; gi < 2; ++gi) {
+                float fb[2];
+                uint32_t bh[2], bl[2];
+                frag_b_f(fb, sw, L::ldw, k0, 16 * pq + 8 * gi, g, t);
+                split_tf32<kSplit>(fb[0], bh[0], bl[0]);
+                split_tf32<kSplit>(fb[1], bh[1], bl[1]);
+                mma_tf32x3<kSplit>(dx[gi], ah, al, bh, bl);
             }
-            // dq = dQg e^G, dk = dKg e^(G_last - G) + beta dXw e^G, dGamma = dQg qg - dKg kg + dXw xw.
-            float oq[4];
+        }
+        // dq = dQg e^G, dk = dKg e^(G_last - G) + beta dXw e^G, dGamma = dQg qg - dKg kg + dXw xw.
+        float oq[2][4];
+#pragma unroll
+        for (int gi = 0; gi < 2; ++gi) {
+            const int xa = 16 * pq + 8 * gi + 2 * t;
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 const int r = m0 + g + 8 * hf;
@@ -315,38 +353,47 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                     const float fk = exp2f(sg[(c - 1) * L::ldg + x] - gm);
                     const float qv = to_f32(sq[r * L::ldh + x]), kv = to_f32(sk[r * L::ldh + x]);
                     const float av = s == 0 ? a.x : a.y, bv = s == 0 ? bk.x : bk.y, kg = kv * fk;
-                    oq[e] = av * ev;
-                    ok_[mt][e] = bv * fk + sbeta[r] * dx[e] * ev;
-                    og[mt][e] = av * (qv * ev) - bv * kg + dx[e] * (sbeta[r] * kv * ev);
-                    glp[s] += bv * kg;
-                    dbp3[mt][hf] += dx[e] * kv * ev;
+                    oq[gi][e] = av * ev;
+                    okc[gi][e] = bv * fk + sbeta[r] * dx[gi][e] * ev;
+                    ogc[gi][e] = av * (qv * ev) - bv * kg + dx[gi][e] * (sbeta[r] * kv * ev);
+                    glp[gi][s] += bv * kg;
+                    dbc[hf] += dx[gi][e] * kv * ev;
                 }
             }
-            // Rows: dq_i += sum_j dA_ij f_ij k_j, dk_i += sum_j dM_ij f_ij k_j (anchor: the tile's first row).
-            const float anb = sg[m0 * L::ldg + xb];
-            float accq[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acck[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        }
+        // Rows: dq_i += sum_j dA_ij f_ij k_j, dk_i += sum_j dM_ij f_ij k_j (anchor: the tile's first row).
+        float accq[2][4] = {}, acck[2][4] = {};
 #pragma unroll 1
-            for (int k0 = 0; k0 < m0 + 16; k0 += 8) {
-                uint32_t ah[4], al[4], mh[4], ml[4], bh[2], bl[2];
-                frag_a_u(ah, ua, L::ldc, m0, k0, g, t);
-                frag_a_u(al, la, L::ldc, m0, k0, g, t);
-                frag_a_u(mh, ud, L::ldc, m0, k0, g, t);
-                frag_a_u(ml, ld, L::ldc, m0, k0, g, t);
-                const int j0 = k0 + t, j1 = j0 + 4;
+        for (int k0 = 0; k0 < m0 + 16; k0 += 8) {
+            uint32_t ah[4], al[4], mh[4], ml[4];
+            frag_a_u(ah, ua, L::ldc, m0, k0, g, t);
+            frag_a_u(al, la, L::ldc, m0, k0, g, t);
+            frag_a_u(mh, ud, L::ldc, m0, k0, g, t);
+            frag_a_u(ml, ld, L::ldc, m0, k0, g, t);
+            const int j0 = k0 + t, j1 = j0 + 4;
+#pragma unroll
+            for (int gi = 0; gi < 2; ++gi) {
+                const int xb = 16 * pq + 8 * gi + g;
+                const float anb = sg[m0 * L::ldg + xb];
+                uint32_t bh[2], bl[2];
                 split_tf32<kSplit>(to_f32(sk[j0 * L::ldh + xb]) * exp2f(anb - sg[j0 * L::ldg + xb]), bh[0], bl[0]);
                 split_tf32<kSplit>(to_f32(sk[j1 * L::ldh + xb]) * exp2f(anb - sg[j1 * L::ldg + xb]), bh[1], bl[1]);
-                mma_tf32x3<kSplit>(accq, ah, al, bh, bl);
-                mma_tf32x3<kSplit>(acck, mh, ml, bh, bl);
+                mma_tf32x3<kSplit>(accq[gi], ah, al, bh, bl);
+                mma_tf32x3<kSplit>(acck[gi], mh, ml, bh, bl);
             }
+        }
+#pragma unroll
+        for (int gi = 0; gi < 2; ++gi) {
+            const int xa = 16 * pq + 8 * gi + 2 * t;
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int i = m0 + g + (e / 2) * 8, x = xa + (e % 2);
-                if (!valid(i)) continue;
-                const float f = exp2f(sg[i * L::ldg + x] - sg[m0 * L::ldg + x]);
-                const float q1 = accq[e] * f, k1 = acck[e] * f;
-                oq[e] += q1;
-                ok_[mt][e] += k1;
-                og[mt][e] += q1 * to_f32(sq[i * L::ldh + x]) + k1 * to_f32(sk[i * L::ldh + x]);
+                const int r = m0 + g + (e / 2) * 8, x = xa + (e % 2);
+                if (!valid(r)) continue;
+                const float f = exp2f(sg[r * L::ldg + x] - sg[m0 * L::ldg + x]);
+                const float q1 = accq[gi][e] * f, k1 = acck[gi][e] * f;
+                oq[gi][e] += q1;
+                okc[gi][e] += k1;
+                ogc[gi][e] += q1 * to_f32(sq[r * L::ldh + x]) + k1 * to_f32(sk[r * L::ldh + x]);
             }
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
@@ -354,98 +401,156 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                 if (!valid(r)) continue;
                 const int64_t row = g_row(d, b, t0 + r, hv) + xa;
                 if (d.group == 1)
-                    store_pair(dq + row, oq[2 * hf], oq[2 * hf + 1]);
+                    store_pair(dq + row, oq[gi][2 * hf], oq[gi][2 * hf + 1]);
                 else
-                    *reinterpret_cast<float2*>(dqh + row) = make_float2(oq[2 * hf], oq[2 * hf + 1]);
+                    *reinterpret_cast<float2*>(dqh + row) = make_float2(oq[gi][2 * hf], oq[gi][2 * hf + 1]);
             }
         }
-        // Columns: dk_j += sum_i (dA_ij q_i + dM_ij k_i) f_ij, dGamma_j -= k_j of that (anchor: the tile's last row).
+        put(i, okc, ogc);
 #pragma unroll
-        for (int mt = 0; mt < nsub; ++mt) {
-            const int j0 = mt * 16, er = j0 + 15;
-            const float anb = sg[er * L::ldg + xb];
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int ii = 0; ii < nt; ++ii)
+            if (ii == i) {
+                dbp3[ii][0] = dbc[0];
+                dbp3[ii][1] = dbc[1];
+            }
+    }
+    // Columns: dk_j += sum_i (dA_ij q_i + dM_ij k_i) f_ij, dGamma_j -= k_j of that (anchor: the tile's last row).
 #pragma unroll 1
-            for (int k0 = j0; k0 < c; k0 += 8) {
-                uint32_t ah[4], al[4], mh[4], ml[4], qh[2], ql[2], kh[2], kl[2];
-                frag_at_u(ah, ua, L::ldc, j0, k0, g, t);
-                frag_at_u(al, la, L::ldc, j0, k0, g, t);
-                frag_at_u(mh, ud, L::ldc, j0, k0, g, t);
-                frag_at_u(ml, ld, L::ldc, j0, k0, g, t);
-                const int r0 = k0 + t, r1 = r0 + 4;
+    for (int i = 0; i < nt; ++i) {
+        const int j0 = tile_of(i) * 16, er = j0 + 15;
+        float okc[2][4], ogc[2][4];
+#pragma unroll
+        for (int ii = 0; ii < nt; ++ii)
+            if (ii == i)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    okc[e / 4][e % 4] = ok_[ii][e / 4][e % 4];
+                    ogc[e / 4][e % 4] = og[ii][e / 4][e % 4];
+                }
+        float acc[2][4] = {}, acc2[2][4] = {};
+#pragma unroll 1
+        for (int k0 = j0; k0 < c; k0 += 8) {
+            uint32_t ah[4], al[4], mh[4], ml[4];
+            frag_at_u(ah, ua, L::ldc, j0, k0, g, t);
+            frag_at_u(al, la, L::ldc, j0, k0, g, t);
+            frag_at_u(mh, ud, L::ldc, j0, k0, g, t);
+            frag_at_u(ml, ld, L::ldc, j0, k0, g, t);
+            const int r0 = k0 + t, r1 = r0 + 4;
+#pragma unroll
+            for (int gi = 0; gi < 2; ++gi) {
+                const int xb = 16 * pq + 8 * gi + g;
+                const float anb = sg[er * L::ldg + xb];
                 const float f0 = exp2f(sg[r0 * L::ldg + xb] - anb), f1 = exp2f(sg[r1 * L::ldg + xb] - anb);
+                uint32_t qh[2], ql[2], kh[2], kl[2];
                 split_tf32<kSplit>(to_f32(sq[r0 * L::ldh + xb]) * f0, qh[0], ql[0]);
                 split_tf32<kSplit>(to_f32(sq[r1 * L::ldh + xb]) * f1, qh[1], ql[1]);
                 split_tf32<kSplit>(to_f32(sk[r0 * L::ldh + xb]) * f0, kh[0], kl[0]);
                 split_tf32<kSplit>(to_f32(sk[r1 * L::ldh + xb]) * f1, kh[1], kl[1]);
-                mma_tf32x3<kSplit>(acc, ah, al, qh, ql);
-                mma_tf32x3<kSplit>(acc2, mh, ml, kh, kl);
+                mma_tf32x3<kSplit>(acc[gi], ah, al, qh, ql);
+                mma_tf32x3<kSplit>(acc2[gi], mh, ml, kh, kl);
             }
+        }
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[e] += acc2[e];
+        for (int gi = 0; gi < 2; ++gi) {
+            const int xa = 16 * pq + 8 * gi + 2 * t;
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int j = j0 + g + (e / 2) * 8, x = xa + (e % 2);
                 if (!valid(j)) continue;
-                const float s = acc[e] * exp2f(sg[er * L::ldg + x] - sg[j * L::ldg + x]);
-                ok_[mt][e] += s;
-                og[mt][e] -= s * to_f32(sk[j * L::ldh + x]);
+                const float s = (acc[gi][e] + acc2[gi][e]) * exp2f(sg[er * L::ldg + x] - sg[j * L::ldg + x]);
+                okc[gi][e] += s;
+                ogc[gi][e] -= s * to_f32(sk[j * L::ldh + x]);
+            }
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int r = j0 + g + 8 * hf;
+                if (!valid(r)) continue;
+                const int64_t row = g_row(d, b, t0 + r, hv) + xa;
+                if (d.group == 1)
+                    store_pair(dk + row, okc[gi][2 * hf], okc[gi][2 * hf + 1]);
+                else
+                    *reinterpret_cast<float2*>(dkh + row) = make_float2(okc[gi][2 * hf], okc[gi][2 * hf + 1]);
             }
         }
-        // The last row's dGamma gets gamma (h . dS) (from chunk_mm_tc) plus sum_r dKg_r kg_r.
+        put(i, okc, ogc);
+    }
+    // dg = reverse cumsum of dGamma over the rows. Inside each tile: a suffix scan over g within each row slot
+    // (lanes g + 1, g + 2, g + 4), then slot g gets slot g + 8's total; across tiles through shared memory: the
+    // tile totals [nsub, K], and the terms of the last row, which every row's sum includes: gamma (h . dS) (from
+    // chunk_mm_tc) plus sum_r dKg_r kg_r ([2, K], one per tile set).
+    float* stot = sdbp + 2 * kWarps * kMaxChunk;  // [nsub, K]
+    float* sglp = stot + nsub * kK;               // [2, K]
+#pragma unroll
+    for (int gi = 0; gi < 2; ++gi)
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
-            float tot = glp[s];
+            float tot = glp[gi][s];
             tot += __shfl_xor_sync(0xffffffffu, tot, 4);
             tot += __shfl_xor_sync(0xffffffffu, tot, 8);
             tot += __shfl_xor_sync(0xffffffffu, tot, 16);
-            if (g == 7) og[nsub - 1][2 + s] += sdgl[xa + s] + tot;
+            if (g == 0) sglp[rs * kK + 16 * pq + 8 * gi + 2 * t + s] = tot;
         }
-        // dg = reverse cumsum of dGamma over the rows. Row r = 16 mt + 8 hf + g lives in lane (g, t), slot
-        // (mt, hf): a suffix scan over g within each slot (lanes g + 1, g + 2, g + 4), then each slot adds the totals
-        // of the slots below it (held by lane g = 0 after the scan).
 #pragma unroll
-        for (int mt = 0; mt < nsub; ++mt)
+    for (int i = 0; i < nt; ++i)
+#pragma unroll
+        for (int gi = 0; gi < 2; ++gi)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
 #pragma unroll
                 for (int off = 1; off < 8; off *= 2) {
-                    const float o = __shfl_down_sync(0xffffffffu, og[mt][e], 4 * off);
-                    if (g + off < 8) og[mt][e] += o;
+                    const float o = __shfl_down_sync(0xffffffffu, og[i][gi][e], 4 * off);
+                    if (g + off < 8) og[i][gi][e] += o;
                 }
             }
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
-            float carry = 0.0f;
+    for (int i = 0; i < nt; ++i)
 #pragma unroll
-            for (int mt = nsub - 1; mt >= 0; --mt)
+        for (int gi = 0; gi < 2; ++gi)
 #pragma unroll
-                for (int hf = 1; hf >= 0; --hf) {
-                    const int e = 2 * hf + s;
-                    const float slot_total = __shfl_sync(0xffffffffu, og[mt][e], t);
-                    og[mt][e] += carry;
-                    carry += slot_total;
-                }
-        }
+            for (int s = 0; s < 2; ++s) {
+                const float low = __shfl_sync(0xffffffffu, og[i][gi][2 + s], t);  // rows 8..15's total
+                og[i][gi][s] += low;
+                const float tile_total = __shfl_sync(0xffffffffu, og[i][gi][s], t);
+                if (g == 0) stot[tile_of(i) * kK + 16 * pq + 8 * gi + 2 * t + s] = tile_total;
+            }
+    // dbeta partial sums of phase 3, zeros in the rows of the other tile set.
+    float dbp_all[nsub][2] = {};
 #pragma unroll
-        for (int mt = 0; mt < nsub; ++mt)
+    for (int mt = 0; mt < nsub; ++mt)
+#pragma unroll
+        for (int i = 0; i < nt; ++i)
+            if (tile_of(i) == mt) {
+                dbp_all[mt][0] = dbp3[i][0];
+                dbp_all[mt][1] = dbp3[i][1];
+            }
+    flush_dbeta(dbp_all, sdbp + kWarps * kMaxChunk);
+    __syncthreads();
+    pc.mark(4);
+#pragma unroll
+    for (int i = 0; i < nt; ++i) {
+        const int mt = tile_of(i);
+#pragma unroll
+        for (int gi = 0; gi < 2; ++gi)
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+                const int x = 16 * pq + 8 * gi + 2 * t + s;
+                float carry = sdgl[x] + sglp[x] + sglp[kK + x];
+                for (int later = nsub - 1; later > mt; --later) carry += stot[later * kK + x];
+                og[i][gi][s] += carry;
+                og[i][gi][2 + s] += carry;
+            }
+#pragma unroll
+        for (int gi = 0; gi < 2; ++gi)
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 const int r = mt * 16 + g + 8 * hf;
-                if (!valid(r)) continue;
-                const int64_t row = g_row(d, b, t0 + r, hv) + xa;
-                const int e = 2 * hf;
-                store_pair(dg + row, og[mt][e], og[mt][e + 1]);
-                if (d.group == 1)
-                    store_pair(dk + row, ok_[mt][e], ok_[mt][e + 1]);
-                else
-                    *reinterpret_cast<float2*>(dkh + row) = make_float2(ok_[mt][e], ok_[mt][e + 1]);
+                if (valid(r))
+                    store_pair(dg + g_row(d, b, t0 + r, hv) + 16 * pq + 8 * gi + 2 * t,
+                               og[i][gi][2 * hf],
+                               og[i][gi][2 * hf + 1]);
             }
     }
-    pc.mark(4);
     // dbeta = the L term + the per-warp partial sums of both phases, in warp order.
-    flush_dbeta(dbp3, sdbp + kWarps * kMaxChunk);
-    __syncthreads();
     for (int r = tid; r < c; r += kBlock) {
         float s = sdbl[r];
         for (int wp = 0; wp < 2 * kWarps; ++wp) s += sdbp[wp * kMaxChunk + r];
