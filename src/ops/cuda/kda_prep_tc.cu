@@ -12,8 +12,8 @@
 //      bound itself (max over channels and sub-chunks of G_n - G_(n+15) <= 80); a chunk past it (the softplus gate)
 //      forms its diagonal tiles pairwise, every factor e^(G_i - G_j) <= 1, as the fp32 kernel does.
 //   4. T = (I + L)^-1, L = Diag(beta) M, blockwise over 16x16 tiles (§4.4): the diagonal tiles by forward
-//      substitution, then T_ab = -T_aa sum_{b <= c < a} L_ac T_cb row block by row block (fp32, CUDA cores; it is
-//      ~45k multiply-adds per chunk).
+//      substitution (fp32, CUDA cores), then T_ab = -T_aa sum_{b <= c < a} L_ac T_cb row block by row block
+//      (3xTF32 tensor-core products, about fp32's accuracy).
 //   5. W = T Xw and U = T Diag(beta) V on tensor cores, warps over 16-column slabs, T's zero tiles skipped.
 // Every product accumulates in fp32; only operands round to TF32 (10 mantissa bits). MT_KDA_PREP_SPLIT=1 splits
 // each operand into two TF32 parts (3 MMAs per product, ~fp32 accuracy), a precision check. Warps own fixed tiles
@@ -153,23 +153,31 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         }
     }
 
+    pc.mark(2);
     // 3. A and M tiles: a job is (row tile a, column tile bt <= a, column half nh); at most 20 jobs on 8 warps.
     const int njobs = nsub * (nsub + 1);
     float acc_a[3][4], acc_m[3][4];
+    int job_i0[3], job_j[3];
+    bool job_on[3];
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc_a[s][i] = acc_m[s][i] = 0.0f;
-        const int job = warp + s * kWarps;
-        if (job >= njobs) continue;
-        const int ti = job / 2, nh = job % 2;
+        const int job = warp + s * kWarps, ti = job / 2, nh = job % 2;
         int a = 0;
         while ((a + 1) * (a + 2) / 2 <= ti) ++a;
         const int bt = ti - a * (a + 1) / 2;
-        if (bt == a && !diag_mma) continue;
-        const int i0 = a * kSub, j = bt * kSub + nh * 8 + gq;
-        for (int k0 = 0; k0 < kd; k0 += 8) {
-            const int x0 = k0 + tq, x1 = x0 + 4;
+        job_on[s] = job < njobs && (bt != a || diag_mma);
+        job_i0[s] = a * kSub;
+        job_j[s] = bt * kSub + nh * 8 + gq;
+    }
+    // The warp's (up to three) jobs share each k-step: three independent accumulator chains instead of one.
+    for (int k0 = 0; k0 < kd; k0 += 8) {
+        const int x0 = k0 + tq, x1 = x0 + 4;
+#pragma unroll
+        for (int s = 0; s < 3; ++s) {
+            if (!job_on[s]) continue;
+            const int i0 = job_i0[s], j = job_j[s];
             const float an0 = sg[i0 * ldg + x0], an1 = sg[i0 * ldg + x1];
             const int r0 = i0 + gq, r1 = r0 + 8;
             const float f00 = __expf(sg[r0 * ldg + x0] - an0), f10 = __expf(sg[r1 * ldg + x0] - an0);
@@ -212,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         if (full) w.m[cc + i * c + jj] = mv;
     });
     __syncthreads();
-    pc.mark(2);
+    pc.mark(3);
     for_results([&](int i, int jj, float, float mv) { sl[i * ldc + jj] = sb[i] * mv; });
     for (int e = tid; e < c * c; e += kThreads) {  // the zero tiles above the diagonal, of L and of T
         const int i = e / c, jj = e % c;
@@ -247,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         }
     }
     __syncthreads();
-    pc.mark(3);
+    pc.mark(4);
 
     // 4. T = (I + L)^-1. Diagonal tiles: column j of tile a by forward substitution.
     if (tid < c) {
@@ -261,26 +269,40 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         }
     }
     __syncthreads();
-    pc.mark(4);
-    // Off-diagonal row blocks in order: X = L_a,<a T_<a,<a (T_xj = 0 for x < j), then T_a,<a = -T_aa X.
+    pc.mark(5);
+    // Off-diagonal row blocks in order: X = L_a,<a T_<a,<a (T_xj = 0 for x < j), then T_a,<a = -T_aa X, on tensor
+    // cores as 3xTF32 (about fp32's accuracy, like the CUDA-core loops they replace, which took ~20% of the
+    // kernel in serial multiply-add chains): a warp per 8 columns.
     for (int a = 1; a < nsub; ++a) {
         const int wd = a * kSub;
-        for (int e = tid; e < kSub * wd; e += kThreads) {
-            const int r = e / wd, jj = e % wd, i = wd + r;
-            float acc = 0.0f;
-            for (int x = jj; x < wd; ++x) acc += sl[i * ldc + x] * stm[x * ldc + jj];
-            sx[r * ldc + jj] = acc;
+        for (int n0 = warp * 8; n0 < wd; n0 += kWarps * 8) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int k0 = n0; k0 < wd; k0 += 8) {
+                float fa[4], fb[2];
+                frag_a_f(fa, sl, ldc, wd, k0, gq, tq);
+                frag_b_f(fb, stm, ldc, k0, n0, gq, tq);
+                mma_f32<true>(acc, fa, fb);
+            }
+            *reinterpret_cast<float2*>(sx + gq * ldc + n0 + 2 * tq) = make_float2(acc[0], acc[1]);
+            *reinterpret_cast<float2*>(sx + (gq + 8) * ldc + n0 + 2 * tq) = make_float2(acc[2], acc[3]);
         }
         __syncthreads();
-        for (int e = tid; e < kSub * wd; e += kThreads) {
-            const int r = e / wd, jj = e % wd, i = wd + r;
-            float acc = 0.0f;
-            for (int x = 0; x <= r; ++x) acc += stm[i * ldc + wd + x] * sx[x * ldc + jj];
-            stm[i * ldc + jj] = -acc;
+        for (int n0 = warp * 8; n0 < wd; n0 += kWarps * 8) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int k0 = 0; k0 < kSub; k0 += 8) {
+                float fa[4], fb[2];
+                frag_a_f(fa, stm + wd, ldc, wd, k0, gq, tq);  // T_aa
+                frag_b_f(fb, sx, ldc, k0, n0, gq, tq);
+                mma_f32<true>(acc, fa, fb);
+            }
+            float* dst = stm + wd * ldc + n0 + 2 * tq;
+            *reinterpret_cast<float2*>(dst + gq * ldc) = make_float2(-acc[0], -acc[1]);
+            *reinterpret_cast<float2*>(dst + (gq + 8) * ldc) = make_float2(-acc[2], -acc[3]);
         }
         __syncthreads();
     }
-    pc.mark(5);
+    pc.mark(6);
     if (full)
         for (int e = tid; e < c * c; e += kThreads) w.tm[cc + e] = stm[(e / c) * ldc + e % c];
 
@@ -337,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
             }
         }
     }
-    pc.mark(6);
+    pc.mark(7);
 }
 
 template <typename T>
@@ -365,7 +387,7 @@ void launch(const Tensor& q,
                                                           full,
                                                           phases.clock());
     MT_CUDA_CHECK(cudaGetLastError());
-    phases.print(7);
+    phases.print(8);
 }
 
 }  // namespace
