@@ -226,6 +226,16 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
     flush_dbeta(dbp, sdbp);
     __syncthreads();
     pc.mark(2);
+    // M's rows for dbeta's L term (below), loaded now so that the global round trip overlaps the T^T dT products:
+    // warp w takes rows w + 16 ri, its lanes the columns lane + 32 h.
+    float mrow[c / kWarps][c / 32];
+    {
+        const float* m = w.m + cc_off(d, cb);
+#pragma unroll
+        for (int ri = 0; ri < c / kWarps; ++ri)
+#pragma unroll
+            for (int h = 0; h < c / 32; ++h) mrow[ri][h] = m[(warp + ri * kWarps) * c + lane + 32 * h];
+    }
     // Phase 2: T^T dT (tiles n0 < m0 + 16 are all the second product reads), then dL = -strict_tril(T^T dT T^T).
     for (int job = warp; job < nsub * nct; job += kWarps) {
         const int m0 = (job / nct) * 16, n0 = (job % nct) * 8;
@@ -270,12 +280,17 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
     }
     __syncthreads();
     // L = Diag(beta) M: dbeta_i = sum_j dL_ij M_ij, dM = Diag(beta) dL (a warp per row).
-    const float* m = w.m + cc_off(d, cb);
-    for (int i = warp; i < c; i += kWarps) {
+#pragma unroll
+    for (int ri = 0; ri < c / kWarps; ++ri) {
+        const int i = warp + ri * kWarps;
         float acc = 0.0f;
-        for (int j = lane; j < i; j += 32) {
-            acc += sd[i * L::ldc + j] * m[i * c + j];
-            sd[i * L::ldc + j] *= sbeta[i];
+#pragma unroll
+        for (int h = 0; h < c / 32; ++h) {
+            const int j = lane + 32 * h;
+            if (j < i) {
+                acc += sd[i * L::ldc + j] * mrow[ri][h];
+                sd[i * L::ldc + j] *= sbeta[i];
+            }
         }
         acc = warp_sum(acc);
         if (lane == 0) sdbl[i] = acc;

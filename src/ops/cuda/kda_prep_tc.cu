@@ -197,6 +197,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
             mma_tf32x3<kSplit>(acc_m[s], kh, kl, bh, bl);
         }
     }
+    pc.mark(3);
     // Results: global A (and M) now, L = Diag(beta) M into shared memory once every warp is done with q.
     auto for_results = [&](auto&& fn) {
 #pragma unroll
@@ -220,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         if (full) w.m[cc + i * c + jj] = mv;
     });
     __syncthreads();
-    pc.mark(3);
+    pc.mark(4);
     for_results([&](int i, int jj, float, float mv) { sl[i * ldc + jj] = sb[i] * mv; });
     for (int e = tid; e < c * c; e += kThreads) {  // the zero tiles above the diagonal, of L and of T
         const int i = e / c, jj = e % c;
@@ -255,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         }
     }
     __syncthreads();
-    pc.mark(4);
+    pc.mark(5);
 
     // 4. T = (I + L)^-1. Diagonal tiles: column j of tile a by forward substitution.
     if (tid < c) {
@@ -269,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         }
     }
     __syncthreads();
-    pc.mark(5);
+    pc.mark(6);
     // Off-diagonal row blocks in order: X = L_a,<a T_<a,<a (T_xj = 0 for x < j), then T_a,<a = -T_aa X, on tensor
     // cores as 3xTF32 (about fp32's accuracy, like the CUDA-core loops they replace, which took ~20% of the
     // kernel in serial multiply-add chains): a warp per 8 columns.
@@ -302,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         }
         __syncthreads();
     }
-    pc.mark(6);
+    pc.mark(7);
     if (full)
         for (int e = tid; e < c * c; e += kThreads) w.tm[cc + e] = stm[(e / c) * ldc + e % c];
 
@@ -359,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
             }
         }
     }
-    pc.mark(7);
+    pc.mark(8);
 }
 
 template <typename T>
@@ -387,7 +388,7 @@ void launch(const Tensor& q,
                                                           full,
                                                           phases.clock());
     MT_CUDA_CHECK(cudaGetLastError());
-    phases.print(8);
+    phases.print(9);
 }
 
 }  // namespace
