@@ -8,9 +8,9 @@
 //   columns of tile b, anchor e = its last row: f_ij = e^(G_i - G_e) e^(G_e - G_j); the product runs over i >= j with
 //     operand q_i (k_i) e^(G_i - G_e), the result is scaled by e^(G_e - G_j) <= 1.
 // Inside the diagonal tile one operand factor is >= 1, at most e^(G_first - G_last) of the sub-chunk: the chunk takes
-// this path only when that is <= 80 nats for every channel and sub-chunk (always for the lower-bounded gate, 15 * 5
-// = 75), else the caller's pairwise loops run. TF32 operands split in two (3xTF32, about fp32 precision: the
-// dGamma terms cancel, and plain TF32 measured dg 1.8e-2 at g = -5; MT_KDA_BWD_SPLIT=0 for one TF32 product), fp32
+// this path only when that is <= kAnchorMaxNats (76) nats for every channel and sub-chunk (always for the lower-bounded
+// gate, 15 * 5 = 75), else the caller's pairwise loops run. TF32 operands split in two (3xTF32, about fp32 precision:
+// the dGamma terms cancel, and plain TF32 measured dg 1.8e-2 at g = -5; MT_KDA_BWD_SPLIT=0 for one TF32 product), fp32
 // accumulation; each output element has one owner lane and a fixed k order: deterministic. dA, dM (= Diag(beta) dL)
 // are [c, c] in shared memory; q, k and Gamma are read from global memory (the L1 keeps the chunk's rows), so the
 // kernel keeps its small shared-memory footprint.
@@ -40,13 +40,12 @@ __device__ bool intra_tc(const T* __restrict__ q,
                          float* dqg,
                          float* dkg,
                          float* dxw) {
-    constexpr float kMaxExp = 80.0f;
     const int c = d.c, kd = d.k, nsub = c / 16, ngrp = kd / 8;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, warps = blockDim.x / 32, g = lane / 4, t = lane % 4;
     bool ok = true;
     for (int e = tid; e < nsub * kd; e += blockDim.x) {
         const int s = e / kd, x = e % kd;
-        ok = ok && gam[(s * 16) * kd + x] - gam[(s * 16 + 15) * kd + x] <= kMaxExp;
+        ok = ok && gam[(s * 16) * kd + x] - gam[(s * 16 + 15) * kd + x] <= kAnchorMaxNats;
     }
     if (__syncthreads_and(ok) == 0) return false;
     auto valid = [&](int r) { return t0 + r < d.t; };

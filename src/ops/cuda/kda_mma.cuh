@@ -14,10 +14,18 @@
 
 namespace mt::ops::cuda::kda {
 
+// The largest spread of Gamma inside a 16-row tile (nats) for which the anchored tile products run: their operand
+// factors reach e^spread, and to_tf32 needs |x| * 8193 below fp32's maximum (e^76 * 8193 ~ 8e36). The lower-bounded
+// gate keeps the spread <= 15 * 5 = 75.
+constexpr float kAnchorMaxNats = 76.0f;
+
+// x rounded to nearest TF32 (10 mantissa bits) by Veltkamp's splitting: three fp32 operations at the FMA pipe's
+// full rate. cvt.rna.tf32.f32 runs on the conversion pipe at an eighth of that rate, and it was what limited the
+// fragment loops of every KDA kernel (2026-12-01: prep, the scans, chunk_mm and chunk_smem 10-30% faster without
+// it). The low 13 bits of the result are zero. Exact for |x| < FLT_MAX / 8193 (~4e34); NaN stays NaN.
 __device__ __forceinline__ uint32_t to_tf32(float x) {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
+    const float c = __fmul_rn(x, 8193.0f);  // 2^13 + 1
+    return __float_as_uint(__fsub_rn(c, __fsub_rn(c, x)));
 }
 
 // d += a b for one 16x8 output tile, k = 8.
@@ -66,7 +74,9 @@ __device__ __forceinline__ void frag_b_neg(uint32_t (&b)[2], const float* x, int
 template <bool kSplit>
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
     hi = to_tf32(x);
-    lo = kSplit ? to_tf32(x - __uint_as_float(hi)) : 0u;
+    // x - hi is exact; the MMA reads its top 19 bits (truncation, ~2^-21 of x: below the dropped lo * lo term's
+    // scale), so it needs no rounding step of its own.
+    lo = kSplit ? __float_as_uint(__fsub_rn(x, __uint_as_float(hi))) : 0u;
 }
 template <bool kSplit>
 __device__ __forceinline__ void mma_tf32x3(

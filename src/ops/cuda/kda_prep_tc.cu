@@ -9,8 +9,8 @@
 //      e^(G_i - G_n) <= 1 and the column operand k_j e^(G_n - G_j): <= 1 on the off-diagonal tiles, and at most
 //      e^(G_n - G_(n+15)) on the diagonal ones, which the lower-bounded gate keeps <= e^75 (fp32/TF32 overflow at
 //      e^88.7). The anchor is the first row, so row i never sees later tokens: exactly causal. Each chunk checks the
-//      bound itself (max over channels and sub-chunks of G_n - G_(n+15) <= 80); a chunk past it (the softplus gate)
-//      forms its diagonal tiles pairwise, every factor e^(G_i - G_j) <= 1, as the fp32 kernel does.
+//      bound itself (max over channels and sub-chunks of G_n - G_(n+15) <= kAnchorMaxNats = 76); a chunk past it (the
+//      softplus gate) forms its diagonal tiles pairwise, every factor e^(G_i - G_j) <= 1, as the fp32 kernel does.
 //   4. T = (I + L)^-1, L = Diag(beta) M, blockwise over 16x16 tiles (§4.4): the diagonal tiles by forward
 //      substitution (fp32, CUDA cores), then T_ab = -T_aa sum_{b <= c < a} L_ac T_cb row block by row block
 //      (3xTF32 tensor-core products, about fp32's accuracy).
@@ -32,7 +32,6 @@ namespace {
 constexpr int kWarps = kThreads / 32;
 constexpr int kSub = 16;  // sub-chunk (tile) rows
 constexpr int kMaxSub = kMaxChunk / kSub;
-constexpr float kDiagMax = 80.0f;  // nats; e^80 * |k| stays far below fp32's 3.4e38
 
 // Shared memory layout (bytes). Row strides: Gamma ld_g = K + 4 floats and the 16-bit q/k/v tiles K + 8 / V + 8
 // elements make every fragment read below conflict-free (or 2-way for Xw); the [c, c] fp32 tiles use c + 4.
@@ -122,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
                 if (r == 0) first = acc;
                 sg[(s * kSub + r) * ldg + x] = acc;
             }
-            diag_ok = diag_ok && first - acc <= kDiagMax;
+            diag_ok = diag_ok && first - acc <= kAnchorMaxNats;
         }
     }
     const bool diag_mma = __syncthreads_and(diag_ok) != 0;  // also the barrier after Gamma
