@@ -54,7 +54,7 @@ __device__ __forceinline__ void frag_at(uint32_t (&a)[4], const float* x, int ld
     a[2] = to_tf32(x[(k0 + t + 4) * ld + m0 + g]);
     a[3] = to_tf32(x[(k0 + t + 4) * ld + m0 + g + 8]);
 }
-// B[k][n] = X[k][n] (row-major over k), optionally negated (exact in TF32).
+// B[k][n] = X[k][n] (row-major over k).
 __device__ __forceinline__ void frag_b(uint32_t (&b)[2], const float* x, int ld, int k0, int n0, int g, int t) {
     b[0] = to_tf32(x[(k0 + t) * ld + n0 + g]);
     b[1] = to_tf32(x[(k0 + t + 4) * ld + n0 + g]);
@@ -63,10 +63,6 @@ __device__ __forceinline__ void frag_b(uint32_t (&b)[2], const float* x, int ld,
 __device__ __forceinline__ void frag_bt(uint32_t (&b)[2], const float* x, int ld, int k0, int n0, int g, int t) {
     b[0] = to_tf32(x[(n0 + g) * ld + k0 + t]);
     b[1] = to_tf32(x[(n0 + g) * ld + k0 + t + 4]);
-}
-__device__ __forceinline__ void frag_b_neg(uint32_t (&b)[2], const float* x, int ld, int k0, int n0, int g, int t) {
-    b[0] = to_tf32(-x[(k0 + t) * ld + n0 + g]);
-    b[1] = to_tf32(-x[(k0 + t + 4) * ld + n0 + g]);
 }
 
 // 3xTF32: x = hi + lo with both parts TF32, and d += a b as a_lo b_hi + a_hi b_lo + a_hi b_hi, which keeps about

@@ -60,6 +60,15 @@ __device__ __forceinline__ void frag_b16(uint32_t (&b)[2], const T* x, int ld, i
     b[1] = __float_as_uint(to_f32(x[(k0 + t + 4) * ld + n0 + g]));
 }
 
+// B[k][n] = X[k][n] from a tile already rounded to TF32 (tf32_bits): the bits go to the MMA as they are.
+__device__ __forceinline__ void frag_b_tf32(uint32_t (&b)[2], const float* x, int ld, int k0, int n0, int g, int t) {
+    b[0] = __float_as_uint(x[(k0 + t) * ld + n0 + g]);
+    b[1] = __float_as_uint(x[(k0 + t + 4) * ld + n0 + g]);
+}
+__device__ __forceinline__ float tf32_bits(float x) {
+    return __uint_as_float(to_tf32(x));
+}
+
 // Ownership of the [c, BV] products (Vn, O, dVn): warp w takes row tile w % 4 (c = 32 idles w % 4 >= 2) and the
 // column tiles w / 4 + 2 i, i < BV / 16. Of the [K, BV] state products: K / 16 row tiles; when that divides 8 the
 // 8 / (K / 16) warps of a row tile split its BV / 8 column tiles (tiles nt0 + step i), else warp w < K / 16 owns row
@@ -105,7 +114,7 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
     float* sa = sk + c * ldt;   // A
     float* sg = sa + c * lda;   // Gamma of the chunk's last row [K]
     float* ss = sg + kd;        // state columns [K, ld]
-    float* svn = ss + kd * ld;  // Vn [c, ld]
+    float* svn = ss + kd * ld;  // Vn [c, ld], TF32-rounded
     const int64_t kv = static_cast<int64_t>(kd) * vd;
     for (int e = tid; e < kd * BV; e += kThreads) {
         const int x = e / BV, y = e % BV;
@@ -180,8 +189,9 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
                 float vv[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e) vv[e] = ur[i][e] - (acc[0][i][e] + acc[1][i][e]);
-                *reinterpret_cast<float2*>(svn + r0 * ld + c0) = make_float2(vv[0], vv[1]);
-                *reinterpret_cast<float2*>(svn + (r0 + 8) * ld + c0) = make_float2(vv[2], vv[3]);
+                // Vn is a TF32 B operand of steps 2 and 3 (read by every warp): rounded once here.
+                *reinterpret_cast<float2*>(svn + r0 * ld + c0) = make_float2(tf32_bits(vv[0]), tf32_bits(vv[1]));
+                *reinterpret_cast<float2*>(svn + (r0 + 8) * ld + c0) = make_float2(tf32_bits(vv[2]), tf32_bits(vv[3]));
                 if (vns != nullptr) {
                     float* p = vns + cv_off(d, cb) + y0 + c0;
                     *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(vv[0], vv[1]);
@@ -221,7 +231,7 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
 #pragma unroll
                     for (int i = 0; i < kN; ++i) {
                         uint32_t bb[2];
-                        frag_b(bb, svn, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
+                        frag_b_tf32(bb, svn, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
                         mma_tf32(acc[h][i], a, bb);
                     }
                 }
@@ -269,7 +279,7 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
                     const int n0 = (stl.nt0 + stl.step * i) * 8;
                     if (n0 >= BV) continue;
                     uint32_t bb[2];
-                    frag_b(bb, svn, ld, k0, n0, g, t);
+                    frag_b_tf32(bb, svn, ld, k0, n0, g, t);
                     mma_tf32(acc[i], a, bb);
                 }
             }
@@ -316,7 +326,7 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
     float* sa = sw + c * ldt;                       // A (transposed reads)
     float* sg = sa + c * lda;                       // Gamma of the last row [K]
     float* sds = sg + kd;                           // dS [K, ld]
-    float* sdvn = sds + kd * ld;                    // dVn [c, ld]
+    float* sdvn = sds + kd * ld;                    // -dVn [c, ld], TF32-rounded
     T* sdo0 = reinterpret_cast<T*>(sdvn + c * ld);  // dO, two buffers [c, ld] (16-bit)
     const int64_t kv = static_cast<int64_t>(kd) * vd;
     for (int e = tid; e < kd * BV; e += kThreads) {
@@ -403,8 +413,10 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
                 float vv[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e) vv[e] = acc[0][i][e] + acc[1][i][e];
-                *reinterpret_cast<float2*>(sdvn + r0 * ld + c0) = make_float2(vv[0], vv[1]);
-                *reinterpret_cast<float2*>(sdvn + (r0 + 8) * ld + c0) = make_float2(vv[2], vv[3]);
+                // -dVn, rounded once: step 2's B operand for every warp (the global copy stays exact).
+                *reinterpret_cast<float2*>(sdvn + r0 * ld + c0) = make_float2(tf32_bits(-vv[0]), tf32_bits(-vv[1]));
+                *reinterpret_cast<float2*>(sdvn + (r0 + 8) * ld + c0) =
+                    make_float2(tf32_bits(-vv[2]), tf32_bits(-vv[3]));
                 float* p = dvns + cv_off(d, cb) + y0 + c0;
                 *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(vv[0], vv[1]);
                 *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0 + 8) * vd) = make_float2(vv[2], vv[3]);
@@ -442,7 +454,7 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
                     uint32_t bb[2];
                     frag_b16(bb, so, ld, k0, n0, g, t);
                     mma_tf32(acc[i], aq, bb);
-                    frag_b_neg(bb, sdvn, ld, k0, n0, g, t);
+                    frag_b_tf32(bb, sdvn, ld, k0, n0, g, t);
                     mma_tf32(acc[i], aw, bb);
                 }
             }
