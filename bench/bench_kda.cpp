@@ -103,7 +103,9 @@ void bench_case(int64_t b, int64_t t, int64_t h, int64_t kd, int64_t vd, double 
     const double tokens = static_cast<double>(b * t);
     const nlohmann::json line = {
         {"bench", "kda"},
-        {"impl", "moetrain-cuda-v5 (TF32 prep, scans with a per-shape value tile, V products; 3xTF32 bwd chunk)"},
+        {"impl",
+         "moetrain-cuda-v6 (TF32 prep, scans with a per-shape value tile, V products; 3xTF32 bwd chunk in shared "
+         "memory; TF32 rounding by Veltkamp)"},
         {"dtype", "bf16 (f32 state)"},
         {"gate", "lower_bound -5"},
         {"chunk", 64},
