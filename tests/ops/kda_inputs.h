@@ -57,6 +57,7 @@ enum class KdaGateRegime {
 
 struct KdaShape {
     int64_t b = 1, t = 1, h = 1, hv = 1, k = 4, v = 4;
+    double q_norm = 0.0;  // norm of q's rows; 0: 1 / sqrt(K), the layer's scale
 };
 
 struct KdaInputs {
@@ -107,7 +108,7 @@ inline KdaInputs kda_make_inputs(const KdaShape& s, KdaGateRegime regime, bool w
     KdaInputs in;
     in.q = op_randn({s.b, s.t, s.h, s.k}, seed, 0);
     in.k = op_randn({s.b, s.t, s.h, s.k}, seed, 1);
-    kda_normalize_rows(in.q, 1.0 / std::sqrt(static_cast<double>(s.k)));
+    kda_normalize_rows(in.q, s.q_norm > 0.0 ? s.q_norm : 1.0 / std::sqrt(static_cast<double>(s.k)));
     kda_normalize_rows(in.k, 1.0);
     in.v = op_randn({s.b, s.t, s.hv, s.v}, seed, 2);
     in.g = kda_gate_values(s, regime, seed);

@@ -31,7 +31,7 @@ OpCase kda_case(const KdaShape& s, KdaOptions options, KdaGateRegime regime, boo
     const char* algo = options.algorithm == KdaAlgorithm::recurrent ? "recurrent"
                        : options.diagonal == KdaDiagonal::pairwise  ? "pairwise"
                                                                     : "chunked";
-    const std::string name = fmt::format("kda_{}{}_b{}_t{}_h{}_hv{}_k{}_v{}_{}{}",
+    const std::string name = fmt::format("kda_{}{}_b{}_t{}_h{}_hv{}_k{}_v{}_{}{}{}",
                                          algo,
                                          options.algorithm == KdaAlgorithm::chunked ? options.chunk_size : 0,
                                          s.b,
@@ -41,7 +41,8 @@ OpCase kda_case(const KdaShape& s, KdaOptions options, KdaGateRegime regime, boo
                                          s.k,
                                          s.v,
                                          regime_name(regime),
-                                         with_s0 ? "_s0" : "");
+                                         with_s0 ? "_s0" : "",
+                                         s.q_norm > 0.0 ? fmt::format("_qnorm{}", s.q_norm) : "");
     OpCase c{"kda", name, [=] {
                  const KdaInputs in = kda_make_inputs(s, regime, with_s0, op_seed(name));
                  OpProblem p;
@@ -130,6 +131,9 @@ KdaOptions recurrent() {
     op_register(kda_case({1, 150, 1, 1, 128, 128}, chunked(32), KdaGateRegime::bounded, false, true));
     op_register(
         kda_case({1, 100, 1, 2, 128, 128}, chunked(64, KdaDiagonal::pairwise), KdaGateRegime::softplus, true, true));
+    // q far larger than the layer's (rows of norm 2000, |q_x| up to ~500) at g = -5: the anchored operands q e^75
+    // would pass TF32 rounding's range, so anchor_ok sends these chunks to the pairwise paths.
+    op_register(kda_case({1, 100, 1, 1, 128, 128, 2000.0}, chunked(), KdaGateRegime::floor, false, true));
     return true;
 }();
 

@@ -125,11 +125,14 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
     // Gamma in base 2 from here on: every factor e^(Gamma_a - Gamma_b) below is one exp2f of a difference.
     for (int e = tid; e < c * kd; e += kBlock) sg[(e / kd) * L::ldg + e % kd] *= kLog2e;
     __syncthreads();
-    // The anchored products need Gamma_first - Gamma_last <= kAnchorMaxNats inside every 16-row tile (kda_mma.cuh).
+    // The anchored products need every 16-row tile within anchor_ok (kda_mma.cuh).
     bool ok = true;
     for (int e = tid; e < nsub * kd; e += kBlock) {
         const int s = e / kd, x = e % kd;
-        ok = ok && sg[(s * 16) * L::ldg + x] - sg[(s * 16 + 15) * L::ldg + x] <= kAnchorMaxNats * kLog2e;
+        float mx = 0.0f;
+        for (int r = s * 16; r < s * 16 + 16; ++r)
+            mx = fmaxf(mx, fmaxf(fabsf(to_f32(sq[r * L::ldh + x])), fabsf(to_f32(sk[r * L::ldh + x]))));
+        ok = ok && anchor_ok((sg[(s * 16) * L::ldg + x] - sg[(s * 16 + 15) * L::ldg + x]) / kLog2e, mx);
     }
     ok = __syncthreads_and(ok) != 0;
     if (tid == 0) fallback[cb] = ok ? 0 : 1;

@@ -42,15 +42,17 @@ __device__ bool intra_tc(const T* __restrict__ q,
                          float* dxw) {
     const int c = d.c, kd = d.k, nsub = c / 16, ngrp = kd / 8;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, warps = blockDim.x / 32, g = lane / 4, t = lane % 4;
-    bool ok = true;
-    for (int e = tid; e < nsub * kd; e += blockDim.x) {
-        const int s = e / kd, x = e % kd;
-        ok = ok && gam[(s * 16) * kd + x] - gam[(s * 16 + 15) * kd + x] <= kAnchorMaxNats;
-    }
-    if (__syncthreads_and(ok) == 0) return false;
     auto valid = [&](int r) { return t0 + r < d.t; };
     auto qat = [&](int r, int x) { return valid(r) ? to_f32(q[qk_row(d, b, t0 + r, h) + x]) : 0.0f; };
     auto kat = [&](int r, int x) { return valid(r) ? to_f32(k[qk_row(d, b, t0 + r, h) + x]) : 0.0f; };
+    bool ok = true;
+    for (int e = tid; e < nsub * kd; e += blockDim.x) {
+        const int s = e / kd, x = e % kd;
+        float mx = 0.0f;
+        for (int r = s * 16; r < s * 16 + 16; ++r) mx = fmaxf(mx, fmaxf(fabsf(qat(r, x)), fabsf(kat(r, x))));
+        ok = ok && anchor_ok(gam[(s * 16) * kd + x] - gam[(s * 16 + 15) * kd + x], mx);
+    }
+    if (__syncthreads_and(ok) == 0) return false;
     // Rows: a job is (row tile a, 8 channels).
     for (int job = warp; job < nsub * ngrp; job += warps) {
         const int i0 = (job / ngrp) * 16, x0 = (job % ngrp) * 8, xb = x0 + g;

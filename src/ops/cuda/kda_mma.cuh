@@ -18,13 +18,19 @@ namespace mt::ops::cuda::kda {
 // factors reach e^spread, and to_tf32 needs |x| * 8193 below fp32's maximum (e^76 * 8193 ~ 8e36). The lower-bounded
 // gate keeps the spread <= 15 * 5 = 75.
 constexpr float kAnchorMaxNats = 76.0f;
+// Whether a 16-row tile's anchored operands stay in to_tf32's range in channel x: Gamma's spread over the tile
+// (nats) plus the log of the largest |q|, |k| of its rows there (magnitudes up to 1, the layer's, add nothing).
+__device__ __forceinline__ bool anchor_ok(float spread_nats, float max_abs) {
+    return spread_nats + __logf(fmaxf(max_abs, 1.0f)) <= kAnchorMaxNats;
+}
 
 // x rounded to nearest TF32 (10 mantissa bits) by Veltkamp's splitting: three fp32 operations at the FMA pipe's
 // full rate. cvt.rna.tf32.f32 runs on the conversion pipe at an eighth of that rate, and it was what limited the
 // fragment loops of every KDA kernel (2026-12-01: prep, the scans, chunk_mm and chunk_smem 10-30% faster without
 // it). The low 13 bits of the result are zero. Exact for |x| < FLT_MAX / 8193 (~4e34); NaN stays NaN, inf and
-// larger values become NaN. The anchored operands stay below that while |q|, |k| <= 40 (e^76 * 40 ~ 4e34); the layer
-// L2-normalises both. A guard (|x| < 4e34 ? rounded : truncated) cost 6-13% of bench_kda's time, so there is none.
+// larger values become NaN. The anchored operands stay below that: anchor_ok sends a tile whose spread and q, k
+// magnitudes could exceed it to the pairwise paths. A guard here instead (|x| < 4e34 ? rounded : truncated) cost
+// 6-13% of bench_kda's time.
 __device__ __forceinline__ uint32_t to_tf32(float x) {
     const float c = __fmul_rn(x, 8193.0f);  // 2^13 + 1
     return __float_as_uint(__fsub_rn(c, __fsub_rn(c, x)));
