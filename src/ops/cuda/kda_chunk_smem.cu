@@ -6,9 +6,9 @@
 // Inputs: T, dA (from chunk_mm_tc), dW and dVn (the chunk scratch), Gamma, q, k, v, beta, staged once by cp.async;
 // dQg, dKg (chunk scratch) and M are read where they are used, once each. Phases (16 warps):
 //   1. dT = dW Xw^T + dVn Xu^T, only its tiles that reach dL (the strictly lower part: dL = -strict_tril(T^T dT T^T)
-//      involves dT_lm for l > m only), Xw = Diag(beta) k e^Gamma rebuilt from q, k, Gamma; dXu = T^T dVn by value
+//      involves dT_lm for l > m only), Xw = Diag(beta) k e^Gamma rebuilt from k, Gamma, beta; dXu = T^T dVn by value
 //      column group, dv = beta dXu straight to global memory.
-//   2. T^T dT, then dL, then dbeta's L term and dM = Diag(beta) dL::
+//   2. T^T dT, then dL, then dbeta's L term and dM = Diag(beta) dL.
 //   3. A warp per 16 key channels and half the row tiles: dXw = T^T dW, the elementwise factors, the intra-chunk
 //      terms (kda_intra_tc.cuh's anchored tile products, operands from shared memory, each A fragment serving two
 //      8-channel groups), and dq, dk stored; the reverse cumsum of dGamma inside each tile by shuffles, then across
@@ -16,9 +16,9 @@
 // The loops over tiles and k-steps are kept rolled: the kernel's code (~100 KB of SASS) must fit the SM's
 // instruction cache; the unrolled version (158 KB) ran each phase slower (3.87 vs 3.38 ms at 8 x 4096).
 // Products are 3xTF32 (kda::bwd_split_tc) like the kernels they replace; each output element has one owner lane and
-// a fixed summation order: deterministic. A chunk whose Gamma spread inside a 16-row tile exceeds the anchors'
-// bound (only possible with the unbounded gate) is left to chunk_kernel: this kernel marks it in `fallback` and
-// writes nothing else for it.
+// a fixed summation order: deterministic. A chunk with a 16-row tile outside the anchors' bound (anchor_ok: Gamma's
+// spread plus the log of the largest |q|, |k|; only the unbounded gate or q, k far above the layer's unit norm reach
+// it) is left to chunk_kernel: this kernel marks it in `fallback` and writes nothing else for it.
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/kda_common.cuh"
 #include "ops/cuda/kda_intra_tc.cuh"
@@ -332,6 +332,30 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                     og[ii][e / 4][e % 4] = ogc[e / 4][e % 4];
                 }
     };
+    auto get = [&](int i, float(&okc)[2][4], float(&ogc)[2][4]) {
+#pragma unroll
+        for (int ii = 0; ii < nt; ++ii)
+            if (ii == i)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    okc[e / 4][e % 4] = ok_[ii][e / 4][e % 4];
+                    ogc[e / 4][e % 4] = og[ii][e / 4][e % 4];
+                }
+    };
+    // dq or dk of this lane's two rows of tile m0 in group gi: the activation dtype, or fp32 per value head (GVA).
+    auto store_rows = [&](T* out, float* out_h, int m0, int gi, const float(&o)[4]) {
+        const int xa = 16 * pq + 8 * gi + 2 * t;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int r = m0 + g + 8 * hf;
+            if (!valid(r)) continue;
+            const int64_t row = g_row(d, b, t0 + r, hv) + xa;
+            if (d.group == 1)
+                store_pair(out + row, o[2 * hf], o[2 * hf + 1]);
+            else
+                *reinterpret_cast<float2*>(out_h + row) = make_float2(o[2 * hf], o[2 * hf + 1]);
+        }
+    };
 #pragma unroll 1
     for (int i = 0; i < nt; ++i) {
         const int m0 = tile_of(i) * 16;
@@ -384,10 +408,10 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
 #pragma unroll 1
         for (int k0 = 0; k0 < m0 + 16; k0 += 8) {
             uint32_t ah[4], al[4], mh[4], ml[4];
-            frag_a_u(ah, ua, L::ldc, m0, k0, g, t);
-            frag_a_u(al, la, L::ldc, m0, k0, g, t);
-            frag_a_u(mh, ud, L::ldc, m0, k0, g, t);
-            frag_a_u(ml, ld, L::ldc, m0, k0, g, t);
+            frag_a_f(ah, ua, L::ldc, m0, k0, g, t);
+            frag_a_f(al, la, L::ldc, m0, k0, g, t);
+            frag_a_f(mh, ud, L::ldc, m0, k0, g, t);
+            frag_a_f(ml, ld, L::ldc, m0, k0, g, t);
             const int j0 = k0 + t, j1 = j0 + 4;
 #pragma unroll
             for (int gi = 0; gi < 2; ++gi) {
@@ -413,16 +437,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                 okc[gi][e] += k1;
                 ogc[gi][e] += q1 * to_f32(sq[r * L::ldh + x]) + k1 * to_f32(sk[r * L::ldh + x]);
             }
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int r = m0 + g + 8 * hf;
-                if (!valid(r)) continue;
-                const int64_t row = g_row(d, b, t0 + r, hv) + xa;
-                if (d.group == 1)
-                    store_pair(dq + row, oq[gi][2 * hf], oq[gi][2 * hf + 1]);
-                else
-                    *reinterpret_cast<float2*>(dqh + row) = make_float2(oq[gi][2 * hf], oq[gi][2 * hf + 1]);
-            }
+            store_rows(dq, dqh, m0, gi, oq[gi]);
         }
         put(i, okc, ogc);
 #pragma unroll
@@ -437,22 +452,15 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
     for (int i = 0; i < nt; ++i) {
         const int j0 = tile_of(i) * 16, er = j0 + 15;
         float okc[2][4], ogc[2][4];
-#pragma unroll
-        for (int ii = 0; ii < nt; ++ii)
-            if (ii == i)
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    okc[e / 4][e % 4] = ok_[ii][e / 4][e % 4];
-                    ogc[e / 4][e % 4] = og[ii][e / 4][e % 4];
-                }
+        get(i, okc, ogc);
         float acc[2][4] = {}, acc2[2][4] = {};
 #pragma unroll 1
         for (int k0 = j0; k0 < c; k0 += 8) {
             uint32_t ah[4], al[4], mh[4], ml[4];
-            frag_at_u(ah, ua, L::ldc, j0, k0, g, t);
-            frag_at_u(al, la, L::ldc, j0, k0, g, t);
-            frag_at_u(mh, ud, L::ldc, j0, k0, g, t);
-            frag_at_u(ml, ld, L::ldc, j0, k0, g, t);
+            frag_at_f(ah, ua, L::ldc, j0, k0, g, t);
+            frag_at_f(al, la, L::ldc, j0, k0, g, t);
+            frag_at_f(mh, ud, L::ldc, j0, k0, g, t);
+            frag_at_f(ml, ld, L::ldc, j0, k0, g, t);
             const int r0 = k0 + t, r1 = r0 + 4;
 #pragma unroll
             for (int gi = 0; gi < 2; ++gi) {
@@ -479,16 +487,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                 okc[gi][e] += s;
                 ogc[gi][e] -= s * to_f32(sk[j * L::ldh + x]);
             }
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int r = j0 + g + 8 * hf;
-                if (!valid(r)) continue;
-                const int64_t row = g_row(d, b, t0 + r, hv) + xa;
-                if (d.group == 1)
-                    store_pair(dk + row, okc[gi][2 * hf], okc[gi][2 * hf + 1]);
-                else
-                    *reinterpret_cast<float2*>(dkh + row) = make_float2(okc[gi][2 * hf], okc[gi][2 * hf + 1]);
-            }
+            store_rows(dk, dkh, j0, gi, okc[gi]);
         }
         put(i, okc, ogc);
     }

@@ -101,41 +101,33 @@ __device__ __forceinline__ void mma_f32(float (&d)[4], const float (&a)[4], cons
     for (int i = 0; i < 2; ++i) split_tf32<kSplit>(b[i], bh[i], bl[i]);
     mma_tf32x3<kSplit>(d, ah, al, bh, bl);
 }
-// fp32 fragment loads, same layouts as frag_a / frag_at / frag_b / frag_bt.
-__device__ __forceinline__ void frag_a_f(float (&a)[4], const float* x, int ld, int m0, int k0, int g, int t) {
+// Fragment loads without conversion, same layouts as frag_a / frag_at / frag_b / frag_bt: E = float for operands
+// converted or split afterwards, E = uint32_t for tiles already holding TF32 bit patterns (split_tile_tf32).
+template <typename E>
+__device__ __forceinline__ void frag_a_f(E (&a)[4], const E* x, int ld, int m0, int k0, int g, int t) {
     a[0] = x[(m0 + g) * ld + k0 + t];
     a[1] = x[(m0 + g + 8) * ld + k0 + t];
     a[2] = x[(m0 + g) * ld + k0 + t + 4];
     a[3] = x[(m0 + g + 8) * ld + k0 + t + 4];
 }
-__device__ __forceinline__ void frag_at_f(float (&a)[4], const float* x, int ld, int m0, int k0, int g, int t) {
+template <typename E>
+__device__ __forceinline__ void frag_at_f(E (&a)[4], const E* x, int ld, int m0, int k0, int g, int t) {
     a[0] = x[(k0 + t) * ld + m0 + g];
     a[1] = x[(k0 + t) * ld + m0 + g + 8];
     a[2] = x[(k0 + t + 4) * ld + m0 + g];
     a[3] = x[(k0 + t + 4) * ld + m0 + g + 8];
 }
-__device__ __forceinline__ void frag_b_f(float (&b)[2], const float* x, int ld, int k0, int n0, int g, int t) {
+template <typename E>
+__device__ __forceinline__ void frag_b_f(E (&b)[2], const E* x, int ld, int k0, int n0, int g, int t) {
     b[0] = x[(k0 + t) * ld + n0 + g];
     b[1] = x[(k0 + t + 4) * ld + n0 + g];
 }
-__device__ __forceinline__ void frag_bt_f(float (&b)[2], const float* x, int ld, int k0, int n0, int g, int t) {
+template <typename E>
+__device__ __forceinline__ void frag_bt_f(E (&b)[2], const E* x, int ld, int k0, int n0, int g, int t) {
     b[0] = x[(n0 + g) * ld + k0 + t];
     b[1] = x[(n0 + g) * ld + k0 + t + 4];
 }
 
-// The same A layouts from tiles already split into TF32 bit patterns (split_tile_tf32): no conversion per load.
-__device__ __forceinline__ void frag_a_u(uint32_t (&a)[4], const uint32_t* x, int ld, int m0, int k0, int g, int t) {
-    a[0] = x[(m0 + g) * ld + k0 + t];
-    a[1] = x[(m0 + g + 8) * ld + k0 + t];
-    a[2] = x[(m0 + g) * ld + k0 + t + 4];
-    a[3] = x[(m0 + g + 8) * ld + k0 + t + 4];
-}
-__device__ __forceinline__ void frag_at_u(uint32_t (&a)[4], const uint32_t* x, int ld, int m0, int k0, int g, int t) {
-    a[0] = x[(k0 + t) * ld + m0 + g];
-    a[1] = x[(k0 + t) * ld + m0 + g + 8];
-    a[2] = x[(k0 + t + 4) * ld + m0 + g];
-    a[3] = x[(k0 + t + 4) * ld + m0 + g + 8];
-}
 // A [rows, cols] fp32 tile of stride ld in shared memory -> its TF32 high parts in place and the low parts
 // (split_tf32) into lo, by the whole block, for operands that many warps read: split once, not at every load.
 template <bool kSplit>

@@ -60,11 +60,7 @@ __device__ __forceinline__ void frag_b16(uint32_t (&b)[2], const T* x, int ld, i
     b[1] = __float_as_uint(to_f32(x[(k0 + t + 4) * ld + n0 + g]));
 }
 
-// B[k][n] = X[k][n] from a tile already rounded to TF32 (tf32_bits): the bits go to the MMA as they are.
-__device__ __forceinline__ void frag_b_tf32(uint32_t (&b)[2], const float* x, int ld, int k0, int n0, int g, int t) {
-    b[0] = __float_as_uint(x[(k0 + t) * ld + n0 + g]);
-    b[1] = __float_as_uint(x[(k0 + t + 4) * ld + n0 + g]);
-}
+// x rounded to TF32, kept as a float: tiles of these go to the MMA as bit patterns (frag_b_f on uint32_t).
 __device__ __forceinline__ float tf32_bits(float x) {
     return __uint_as_float(to_tf32(x));
 }
@@ -115,6 +111,7 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
     float* sg = sa + c * lda;   // Gamma of the chunk's last row [K]
     float* ss = sg + kd;        // state columns [K, ld]
     float* svn = ss + kd * ld;  // Vn [c, ld], TF32-rounded
+    const auto* svn_bits = reinterpret_cast<const uint32_t*>(svn);
     const int64_t kv = static_cast<int64_t>(kd) * vd;
     for (int e = tid; e < kd * BV; e += kThreads) {
         const int x = e / BV, y = e % BV;
@@ -231,7 +228,7 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
 #pragma unroll
                     for (int i = 0; i < kN; ++i) {
                         uint32_t bb[2];
-                        frag_b_tf32(bb, svn, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
+                        frag_b_f(bb, svn_bits, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
                         mma_tf32(acc[h][i], a, bb);
                     }
                 }
@@ -279,7 +276,7 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
                     const int n0 = (stl.nt0 + stl.step * i) * 8;
                     if (n0 >= BV) continue;
                     uint32_t bb[2];
-                    frag_b_tf32(bb, svn, ld, k0, n0, g, t);
+                    frag_b_f(bb, svn_bits, ld, k0, n0, g, t);
                     mma_tf32(acc[i], a, bb);
                 }
             }
@@ -328,6 +325,7 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
     float* sds = sg + kd;                           // dS [K, ld]
     float* sdvn = sds + kd * ld;                    // -dVn [c, ld], TF32-rounded
     T* sdo0 = reinterpret_cast<T*>(sdvn + c * ld);  // dO, two buffers [c, ld] (16-bit)
+    const auto* sdvn_bits = reinterpret_cast<const uint32_t*>(sdvn);
     const int64_t kv = static_cast<int64_t>(kd) * vd;
     for (int e = tid; e < kd * BV; e += kThreads) {
         const int x = e / BV, y = e % BV;
@@ -454,7 +452,7 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
                     uint32_t bb[2];
                     frag_b16(bb, so, ld, k0, n0, g, t);
                     mma_tf32(acc[i], aq, bb);
-                    frag_b_tf32(bb, sdvn, ld, k0, n0, g, t);
+                    frag_b_f(bb, sdvn_bits, ld, k0, n0, g, t);
                     mma_tf32(acc[i], aw, bb);
                 }
             }
@@ -545,10 +543,7 @@ int device_attr(cudaDeviceAttr attr) {
 }
 
 bool use_tc(const Dims& d, DType dt) {
-    static const bool off = [] {
-        const char* e = std::getenv("MT_KDA_TC");
-        return e != nullptr && std::string_view(e) == "0";
-    }();
+    static const bool off = env_is("MT_KDA_TC", "0");
     return !off && dt != DType::f32 && d.k % 16 == 0 && d.k <= 128 && d.v % kBV == 0;
 }
 
