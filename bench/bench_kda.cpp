@@ -1,6 +1,9 @@
 // GPU throughput of the CUDA KDA op (ops/kda.h, chunked, chunk 64): one JSON line per case, forward and
 // forward + backward time (median over the timed iterations, CUDA events on the ops' stream) and tokens/s.
-//   bench_kda [--iters 5] [--warmup 1] [--h 16] [--k 128] [--v 128]
+//   bench_kda [--iters 5] [--warmup 1] [--h 16] [--k 128] [--v 128] [--keep none,tiles,states]
+// --keep: what the forward keeps for the backward (ops::KdaSaved), one line per case and choice: none (the backward
+// recomputes everything), tiles (A, M, T: the layer's default, kda.save_tiles) or states (also the per-chunk states
+// and Vn, kda.save_states).
 // Cases (issue 4): bf16 activations, f32 states, (B, T) = (8, 4096), (1, 32768), (2, 65536), with the targets for
 // forward + backward of 6.0, 8.0 and 27 ms. Inputs: L2-normalised q (scaled by K^-1/2) and k, v in [-2, 2), beta in
 // (0.05, 0.95), the lower-bounded gate g = -5 sigmoid(z); the host draws one 4096-token block and tiles it.
@@ -11,6 +14,7 @@
 #include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "core/backend.h"
@@ -73,7 +77,15 @@ Tensor make_input(int64_t b, int64_t t, int64_t heads, int64_t dim, int kind, fl
 using mt::bench::all_finite;
 using mt::bench::time_ms;
 
-void bench_case(int64_t b, int64_t t, int64_t h, int64_t kd, int64_t vd, double target_ms, int warmup, int iters) {
+void bench_case(int64_t b,
+                int64_t t,
+                int64_t h,
+                int64_t kd,
+                int64_t vd,
+                double target_ms,
+                const std::string& keep,
+                int warmup,
+                int iters) {
     const Tensor q = make_input(b, t, h, kd, 1, 1.0f / std::sqrt(static_cast<float>(kd)), 1);
     const Tensor k = make_input(b, t, h, kd, 1, 1.0f, 2);
     const Tensor v = make_input(b, t, h, vd, 0, 1.0f, 3);
@@ -88,8 +100,15 @@ void bench_case(int64_t b, int64_t t, int64_t h, int64_t kd, int64_t vd, double 
     const Tensor dv = Tensor::zeros(v.shape(), DType::bf16, Device::cuda);
     const Tensor dg = Tensor::zeros(g.shape(), DType::bf16, Device::cuda);
     const Tensor dbeta = Tensor::zeros(beta.shape(), DType::bf16, Device::cuda);
-    auto fwd = [&] { mt::ops::kda_fwd(q, k, v, g, beta, Tensor(), out, st); };
-    auto bwd = [&] { mt::ops::kda_bwd(q, k, v, g, beta, Tensor(), dout, dst, dq, dk, dv, dg, dbeta, Tensor()); };
+    mt::ops::KdaOptions options;
+    options.save_states = keep == "states";
+    mt::ops::KdaSaved saved;
+    mt::ops::KdaSaved* kept = keep == "none" ? nullptr : &saved;
+    auto fwd = [&] { mt::ops::kda_fwd(q, k, v, g, beta, Tensor(), out, st, options, kept); };
+    auto bwd = [&] {
+        mt::ops::kda_bwd(q, k, v, g, beta, Tensor(), dout, dst, dq, dk, dv, dg, dbeta, Tensor(), options, kept);
+        saved = mt::ops::KdaSaved{};  // as the layer does: freed after its backward
+    };
     const double fwd_ms = time_ms(fwd, warmup, iters);
     const double fwd_bwd_ms = time_ms(
         [&] {
@@ -101,6 +120,10 @@ void bench_case(int64_t b, int64_t t, int64_t h, int64_t kd, int64_t vd, double 
     const bool finite = all_finite(out) && all_finite(st) && all_finite(dq) && all_finite(dk) && all_finite(dv) &&
                         all_finite(dg) && all_finite(dbeta);
     const double tokens = static_cast<double>(b * t);
+    fwd();  // what one forward keeps, per token and value head
+    auto bytes = [](const Tensor& x) { return x.defined() ? static_cast<double>(x.nbytes()) : 0.0; };
+    const double kept_bytes = bytes(saved.a) + bytes(saved.m) + bytes(saved.t) + bytes(saved.hs) + bytes(saved.vn);
+    saved = mt::ops::KdaSaved{};
     const nlohmann::json line = {
         {"bench", "kda"},
         {"impl",
@@ -109,6 +132,8 @@ void bench_case(int64_t b, int64_t t, int64_t h, int64_t kd, int64_t vd, double 
         {"dtype", "bf16 (f32 state)"},
         {"gate", "lower_bound -5"},
         {"chunk", 64},
+        {"keep", keep},
+        {"kept_bytes_per_token_head", kept_bytes / (tokens * static_cast<double>(h))},
         {"B", b},
         {"T", t},
         {"H", h},
@@ -130,19 +155,23 @@ int run(int argc, char** argv) {
     CLI::App app{"moetrain CUDA KDA benchmark"};
     int64_t h = 16, kd = 128, vd = 128;
     int iters = 5, warmup = 1;
+    std::vector<std::string> keeps = {"none", "tiles", "states"};
     app.add_option("--h", h);
     app.add_option("--k", kd);
     app.add_option("--v", vd);
     app.add_option("--iters", iters);
     app.add_option("--warmup", warmup);
+    app.add_option("--keep", keeps)->delimiter(',')->check(CLI::IsMember({"none", "tiles", "states"}));
     CLI11_PARSE(app, argc, argv);
     if (!mt::core::backend_available(Device::cuda)) {
         std::printf("%s\n", nlohmann::json{{"bench", "kda"}, {"skipped", "no CUDA device"}}.dump().c_str());
         return 0;
     }
-    bench_case(8, 4096, h, kd, vd, 6.0, warmup, iters);
-    bench_case(1, 32768, h, kd, vd, 8.0, warmup, iters);
-    bench_case(2, 65536, h, kd, vd, 27.0, warmup, iters);
+    for (const std::string& keep : keeps) {
+        bench_case(8, 4096, h, kd, vd, 6.0, keep, warmup, iters);
+        bench_case(1, 32768, h, kd, vd, 8.0, keep, warmup, iters);
+        bench_case(2, 65536, h, kd, vd, 27.0, keep, warmup, iters);
+    }
     return 0;
 }
 

@@ -35,7 +35,9 @@ KdaLayer::KdaLayer(ParamTable& table, const std::string& prefix, const ModelConf
     // softplus gate needs the pairwise diagonal (kda.md §4.3).
     kda_options_ = {kda.algorithm == "recurrent" ? ops::KdaAlgorithm::recurrent : ops::KdaAlgorithm::chunked,
                     bounded ? ops::KdaDiagonal::matmul : ops::KdaDiagonal::pairwise,
-                    kda.chunk_size};
+                    kda.chunk_size,
+                    kda.save_states};
+    keep_tiles_ = kda.save_tiles || kda.save_states;
 
     const int64_t d = cfg.d_model, hk = h_ * k_dim_, hvk = hv_ * k_dim_, hvv = hv_ * v_dim_;
     const double init_std = cfg.init_std;
@@ -130,7 +132,7 @@ void KdaLayer::forward(const Tensor& x, const Tensor& out) {
     ops::kda_gate_fwd(u_.reshape({n, hv_, k_dim_}), a_log, bias, g_.reshape({n, hv_, k_dim_}), gate_options_);
     // the recurrence
     const Tensor v = vc_.reshape({batch_, seq_, hv_, v_dim_});
-    ops::kda_fwd(q_, k_, v, g_, beta_, s0_, o_, st_, kda_options_);
+    ops::kda_fwd(q_, k_, v, g_, beta_, s0_, o_, st_, kda_options_, keep_tiles_ ? &kept_ : nullptr);
     // output norm per head, sigmoid output gate, output projection
     ops::rmsnorm_fwd(rows(o_, n * hv_), table_->param(o_norm_), cfg_.norm_eps, rows(on_, n * hv_), rstd_);
     wga_.forward(x, ga_);
@@ -164,7 +166,8 @@ void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
         ds0_ = Tensor::zeros(s0_.shape(), s0_.dtype(), s0_.device());
     if (!s0_.defined()) ds0_ = Tensor();
     const Tensor v = vc_.reshape({batch_, seq_, hv_, v_dim_});
-    ops::kda_bwd(q_, k_, v, g_, beta_, s0_, d_o_, dst_, d_q_, d_k_, d_v_, d_g_, d_beta_, ds0_, kda_options_);
+    ops::kda_bwd(q_, k_, v, g_, beta_, s0_, d_o_, dst_, d_q_, d_k_, d_v_, d_g_, d_beta_, ds0_, kda_options_, &kept_);
+    kept_ = ops::KdaSaved{};  // used once: freed for the next layer's backward (a second backward recomputes)
     // gate and beta
     const Tensor a_log = gate_options_.use_a_log ? table_->param(a_log_) : Tensor();
     const Tensor da_log = gate_options_.use_a_log ? table_->grad(a_log_) : Tensor();
@@ -193,9 +196,31 @@ void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
 }
 
 std::vector<SavedTensor> KdaLayer::saved_for_backward() {
-    return {{"qp", &qp_}, {"kp", &kp_}, {"vp", &vp_},     {"qc", &qc_},     {"kc", &kc_}, {"vc", &vc_}, {"q", &q_},
-            {"k", &k_},   {"rq", &rq_}, {"rk", &rk_},     {"beta", &beta_}, {"fa", &fa_}, {"u", &u_},   {"g", &g_},
-            {"o", &o_},   {"on", &on_}, {"rstd", &rstd_}, {"ga", &ga_},     {"gz", &gz_}, {"y", &y_}};
+    return {{"qp", &qp_},
+            {"kp", &kp_},
+            {"vp", &vp_},
+            {"qc", &qc_},
+            {"kc", &kc_},
+            {"vc", &vc_},
+            {"q", &q_},
+            {"k", &k_},
+            {"rq", &rq_},
+            {"rk", &rk_},
+            {"beta", &beta_},
+            {"fa", &fa_},
+            {"u", &u_},
+            {"g", &g_},
+            {"o", &o_},
+            {"on", &on_},
+            {"rstd", &rstd_},
+            {"ga", &ga_},
+            {"gz", &gz_},
+            {"y", &y_},
+            {"kept.a", &kept_.a},
+            {"kept.m", &kept_.m},
+            {"kept.t", &kept_.t},
+            {"kept.hs", &kept_.hs},
+            {"kept.vn", &kept_.vn}};
 }
 
 }  // namespace mt::nn

@@ -71,6 +71,9 @@ class KdaLayer : public Layer {
     int conv_q_ = -1, conv_k_ = -1, conv_v_ = -1, a_log_ = -1, dt_bias_ = -1, o_norm_ = -1;
     int64_t batch_ = 0, seq_ = 0;
     Tensor s0_, dst_;
+    // What the KDA op keeps from forward to backward (GPU only; kda.save_tiles, kda.save_states).
+    bool keep_tiles_ = true;
+    ops::KdaSaved kept_;
     // Saved activations (N = B * T rows).
     Tensor qp_, kp_, vp_;     // [N, H*K], [N, H*K], [N, HV*V]: projections before the conv
     Tensor qc_, kc_, vc_;     // after conv + SiLU (vc_ is the op's v)

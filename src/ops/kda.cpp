@@ -76,6 +76,48 @@ void check_cuda_algorithm(const KdaOptions& options, std::string_view op) {
              op);
 }
 
+// A KdaSaved from kda_fwd must fit this call: each defined tensor f32, on the inputs' device, with the element count
+// of its shape (KdaSaved in kda.h). A KdaSaved from another shape or chunk size is caught here, by name.
+void check_saved(
+    const KdaSaved& s, const cpu::KdaDims& d, const KdaOptions& options, core::Device device, std::string_view op) {
+    const int64_t c = options.chunk_size, chunks = d.b * d.hv * ((d.t + c - 1) / c);
+    const struct {
+        const char* name;
+        const Tensor& t;
+        int64_t numel;
+    } parts[] = {{"saved.a", s.a, chunks * c * c},
+                 {"saved.m", s.m, chunks * c * c},
+                 {"saved.t", s.t, chunks * c * c},
+                 {"saved.hs", s.hs, chunks * d.k * d.v},
+                 {"saved.vn", s.vn, chunks * c * d.v}};
+    MT_CHECK(s.a.defined() == s.t.defined() && s.m.defined() == s.t.defined(),
+             "{}: saved.a, saved.m and saved.t must be all defined or all undefined",
+             op);
+    MT_CHECK(s.hs.defined() == s.vn.defined() && (!s.hs.defined() || s.t.defined()),
+             "{}: saved.hs and saved.vn come together, and only with the tiles",
+             op);
+    for (const auto& p : parts) {
+        if (!p.t.defined()) continue;
+        MT_CHECK(p.t.device() == device && p.t.dtype() == DType::f32 && p.t.is_contiguous(),
+                 "{}: {} must be a contiguous f32 tensor on the inputs' device",
+                 op,
+                 p.name);
+        MT_CHECK(p.t.numel() == p.numel,
+                 "{}: {} has {} elements, expected {} for B = {}, T = {}, HV = {}, K = {}, V = {}, chunk {}; it was "
+                 "saved by a kda_fwd of other shapes",
+                 op,
+                 p.name,
+                 p.t.numel(),
+                 p.numel,
+                 d.b,
+                 d.t,
+                 d.hv,
+                 d.k,
+                 d.v,
+                 c);
+    }
+}
+
 template <typename T>
 const T* ptr_or_null(const Tensor& t) {
     return t.defined() ? t.data<T>() : nullptr;
@@ -95,16 +137,18 @@ void kda_fwd(const Tensor& q,
              const Tensor& s0,
              const Tensor& out,
              const Tensor& st,
-             const KdaOptions& options) {
+             const KdaOptions& options,
+             KdaSaved* saved) {
     constexpr std::string_view op = "kda_fwd";
     const core::Device device = check_same_device(
         op, {{"q", q}, {"k", k}, {"v", v}, {"g", g}, {"beta", beta}, {"s0", s0}, {"out", out}, {"st", st}});
     const cpu::KdaDims d = check_inputs(q, k, v, g, beta, s0, options, op);
     check_like(out, v, op, "out");
     check_optional_state(st, d, op, "st");
+    if (saved != nullptr) *saved = KdaSaved{};  // the CPU path keeps nothing
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
-        return cuda::kda_fwd(q, k, v, g, beta, s0, out, st, options.chunk_size);
+        return cuda::kda_fwd(q, k, v, g, beta, s0, out, st, options.chunk_size, options.save_states, saved);
     }
     check_cpu_dtypes(
         {{"q", q}, {"k", k}, {"v", v}, {"g", g}, {"beta", beta}, {"s0", s0}, {"out", out}, {"st", st}}, q, op);
@@ -153,7 +197,8 @@ void kda_bwd(const Tensor& q,
              const Tensor& dg,
              const Tensor& dbeta,
              const Tensor& ds0,
-             const KdaOptions& options) {
+             const KdaOptions& options,
+             const KdaSaved* saved) {
     constexpr std::string_view op = "kda_bwd";
     const core::Device device = check_same_device(op,
                                                   {{"q", q},
@@ -184,9 +229,10 @@ void kda_bwd(const Tensor& q,
              ds0.defined() ? "defined" : "undefined",
              s0.defined() ? "defined" : "undefined");
     check_optional_state(ds0, d, op, "ds0");
+    if (saved != nullptr) check_saved(*saved, d, options, device, op);
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
-        return cuda::kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options.chunk_size);
+        return cuda::kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options.chunk_size, saved);
     }
     check_cpu_dtypes({{"q", q},
                       {"k", k},

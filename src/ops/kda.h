@@ -8,8 +8,9 @@
 //   s0:    [B, HV, K, V] initial state, or undefined (zero state)
 //   out:   [B, T, HV, V]
 //   st:    [B, HV, K, V] final state S_T, or undefined (not returned)
-// Both tensors and states share one dtype (f32 or f64 on the CPU). _fwd saves nothing beyond its inputs: _bwd
-// recomputes every chunk quantity and the per-chunk states from q, k, v, g, beta, s0.
+// Both tensors and states share one dtype (f32 or f64 on the CPU). Without a KdaSaved, _fwd saves nothing beyond its
+// inputs and _bwd recomputes every chunk quantity and the per-chunk states from q, k, v, g, beta, s0; with one, the
+// CUDA path keeps some of them from _fwd for _bwd (KdaSaved below). The gradients are the same either way.
 // _bwd: dst [B, HV, K, V] or undefined (zero); dq, dk, dv, dg, dbeta written (=); ds0 written (=), and must be
 // defined exactly when s0 is. dq and dk sum over the HV / H value heads of a group.
 // Algorithms (KdaOptions): `recurrent` is the token loop above, the reference; `chunked` is kda.md §4.1: chunks
@@ -34,6 +35,25 @@ struct KdaOptions {
     KdaAlgorithm algorithm = KdaAlgorithm::chunked;
     KdaDiagonal diagonal = KdaDiagonal::matmul;
     int64_t chunk_size = 64;  // 64 or 32; sub-chunks are 16 tokens
+    // With a KdaSaved: also keep the state entering each chunk and Vn (kda.md §4.6 `save_states`), so _bwd skips
+    // its forward scan, for 1,536 more bytes per token and value head at K = V = 128.
+    bool save_states = false;
+};
+
+// What a CUDA kda_fwd keeps for kda_bwd (kda.md §4.6) when given one: the chunk tiles A, M and T = (I + L)^-1 (f32,
+// [B * HV, nc, C, C] each, nc = ceil(T / C): 768 bytes per token and value head at C = 64), so _bwd does not
+// recompute them; with KdaOptions::save_states also hs, the state entering each chunk ([B * HV, nc, K, V]), and Vn
+// ([B * HV, nc, C, V]), both f32. Filled on the tensor-core path (bf16/f16 inputs, K % 16 == 0, K <= 128,
+// V % 16 == 0) and left empty elsewhere (the CPU, f32 inputs): an empty KdaSaved makes _bwd recompute everything.
+// _bwd only reads it; a KdaSaved that does not fit the call's shapes is an error naming the tensor.
+struct KdaSaved {
+    Tensor a, m, t, hs, vn;
+    bool has_tiles() const {
+        return t.defined();
+    }
+    bool has_states() const {
+        return hs.defined();
+    }
 };
 
 // Sub-chunk (tile) size of the chunked algorithm.
@@ -47,7 +67,8 @@ void kda_fwd(const Tensor& q,
              const Tensor& s0,
              const Tensor& out,
              const Tensor& st,
-             const KdaOptions& options = {});
+             const KdaOptions& options = {},
+             KdaSaved* saved = nullptr);
 void kda_bwd(const Tensor& q,
              const Tensor& k,
              const Tensor& v,
@@ -62,6 +83,7 @@ void kda_bwd(const Tensor& q,
              const Tensor& dg,
              const Tensor& dbeta,
              const Tensor& ds0,
-             const KdaOptions& options = {});
+             const KdaOptions& options = {},
+             const KdaSaved* saved = nullptr);
 
 }  // namespace mt::ops

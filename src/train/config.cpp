@@ -70,6 +70,8 @@ std::vector<Field> schema(JobConfig& c) {
         {"kda.gate_use_A_log", &m.kda.gate_use_a_log},
         {"kda.algorithm", &m.kda.algorithm, -kInf, kInf, {"chunked", "recurrent"}},
         {"kda.chunk_size", &m.kda.chunk_size, 32, 64},
+        {"kda.save_tiles", &m.kda.save_tiles},
+        {"kda.save_states", &m.kda.save_states},
         {"attnres.mode", &m.attnres.mode, -kInf, kInf, {"off", "block", "full"}},
         {"attnres.block_size", &m.attnres.block_size, 1, 4096},
         {"attnres.freeze_queries", &m.attnres.freeze_queries},

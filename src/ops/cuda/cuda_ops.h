@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ops/adamw.h"
+#include "ops/kda.h"
 #include "ops/moe_permute.h"
 #include "ops/moe_router.h"
 #include "ops/op_common.h"
@@ -86,7 +87,9 @@ void kda_fwd(const Tensor& q,
              const Tensor& s0,
              const Tensor& out,
              const Tensor& st,
-             int64_t chunk_size);
+             int64_t chunk_size,
+             bool save_states,
+             ops::KdaSaved* saved);
 void kda_bwd(const Tensor& q,
              const Tensor& k,
              const Tensor& v,
@@ -101,7 +104,8 @@ void kda_bwd(const Tensor& q,
              const Tensor& dg,
              const Tensor& dbeta,
              const Tensor& ds0,
-             int64_t chunk_size);
+             int64_t chunk_size,
+             const ops::KdaSaved* saved);
 
 // The small ops of the KDA layer (ops/kda_gate.h, causal_conv1d.h, l2norm.h, sigmoid.h, sigmoid_gate.h); the dtypes
 // each accepts are in its .cu file.

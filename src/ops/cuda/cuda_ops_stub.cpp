@@ -83,7 +83,9 @@ void kda_fwd(const Tensor&,
              const Tensor&,
              const Tensor&,
              const Tensor&,
-             int64_t) {
+             int64_t,
+             bool,
+             ops::KdaSaved*) {
     absent("kda_fwd");
 }
 void kda_bwd(const Tensor&,
@@ -100,7 +102,8 @@ void kda_bwd(const Tensor&,
              const Tensor&,
              const Tensor&,
              const Tensor&,
-             int64_t) {
+             int64_t,
+             const ops::KdaSaved*) {
     absent("kda_bwd");
 }
 void kda_gate_fwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double) {

@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) scan_kernel(
 
 }  // namespace
 
-Work work_alloc(const Dims& d, std::vector<Tensor>& keep, bool scan_only) {
+Work work_alloc(const Dims& d, std::vector<Tensor>& keep, bool scan_only, const Tiles* tiles, bool with_u) {
     const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
     auto alloc = [&](int64_t cols) {
         keep.push_back(Tensor::scratch({chunks * d.c * cols}, DType::f32, core::Device::cuda));
@@ -210,10 +210,16 @@ Work work_alloc(const Dims& d, std::vector<Tensor>& keep, bool scan_only) {
     w.kg = alloc(d.k);
     w.xw = scan_only ? nullptr : alloc(d.k);
     w.w = alloc(d.k);
-    w.u = alloc(d.v);
-    w.a = alloc(d.c);
-    w.m = scan_only ? nullptr : alloc(d.c);
-    w.tm = scan_only ? nullptr : alloc(d.c);
+    w.u = with_u ? alloc(d.v) : nullptr;
+    if (tiles != nullptr) {
+        w.a = tiles->a;
+        w.m = tiles->m;
+        w.tm = tiles->tm;
+    } else {
+        w.a = alloc(d.c);
+        w.m = scan_only ? nullptr : alloc(d.c);
+        w.tm = scan_only ? nullptr : alloc(d.c);
+    }
     return w;
 }
 
@@ -306,7 +312,9 @@ void kda_fwd(const Tensor& q,
              const Tensor& s0,
              const Tensor& out,
              const Tensor& st,
-             int64_t chunk_size) {
+             int64_t chunk_size,
+             bool save_states,
+             ops::KdaSaved* saved) {
     constexpr std::string_view op = "kda_fwd";
     kda_check_dtypes(q, k, v, g, beta, {{"out", out}}, {{"s0", s0}, {"st", st}}, chunk_size, op);
     core::NvtxRange range("kda_fwd");
@@ -314,18 +322,36 @@ void kda_fwd(const Tensor& q,
     const kda::Dims d = kda_dims(q, v, chunk_size);
     std::vector<Tensor> keep;
     // prep_tc's forward writes only what the scan reads: no Xw, M, T (their zero-filled allocation cost ~0.15 ms
-    // at 8 x 4096).
-    const kda::Work w = kda::work_alloc(d, keep, kda::use_prep_tc(d, q.dtype()));
+    // at 8 x 4096), unless the caller keeps A, M and T for the backward: then they go straight to its tensors.
+    const bool prep_tc = kda::use_prep_tc(d, q.dtype()), tc = kda::use_tc(d, q.dtype());
+    const bool keep_tiles = saved != nullptr && prep_tc && tc;
+    kda::Tiles tiles{};
+    if (keep_tiles) {
+        const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc, cc = chunks * d.c * d.c;
+        auto f32 = [](int64_t n) { return Tensor::scratch({n}, DType::f32, core::Device::cuda); };
+        saved->a = f32(cc);
+        saved->m = f32(cc);
+        saved->t = f32(cc);
+        tiles = {saved->a.data<float>(), saved->m.data<float>(), saved->t.data<float>()};
+        if (save_states) {
+            saved->hs = f32(chunks * d.k * d.v);
+            saved->vn = f32(chunks * d.c * d.v);
+        }
+    }
+    const kda::Work w = kda::work_alloc(d, keep, prep_tc, keep_tiles ? &tiles : nullptr);
     prof.mark("alloc");
-    if (kda::use_prep_tc(d, q.dtype()))
-        kda::prep_tc_launch(q, k, v, g, beta, d, w, false);
+    if (prep_tc)
+        kda::prep_tc_launch(q, k, v, g, beta, d, w, kda::PrepMode::fwd);
     else
         kda::prep_launch(q, k, v, g, beta, d, w);
     prof.mark("prep");
-    if (kda::use_tc(d, q.dtype()))
-        kda::scan_tc_launch(q.dtype(), s0, out, st, d, w, nullptr, nullptr);
-    else
+    if (tc) {
+        float* hs = keep_tiles && save_states ? saved->hs.data<float>() : nullptr;
+        float* vn = keep_tiles && save_states ? saved->vn.data<float>() : nullptr;
+        kda::scan_tc_launch(q.dtype(), s0, out, st, d, w, hs, vn);
+    } else {
         kda::scan_launch(s0, out, st, d, w, nullptr, nullptr);
+    }
     prof.mark("scan");
 }
 

@@ -417,7 +417,8 @@ void kda_bwd(const Tensor& q,
              const Tensor& dg,
              const Tensor& dbeta,
              const Tensor& ds0,
-             int64_t chunk_size) {
+             int64_t chunk_size,
+             const ops::KdaSaved* saved) {
     constexpr std::string_view op = "kda_bwd";
     kda_check_dtypes(q,
                      k,
@@ -431,12 +432,20 @@ void kda_bwd(const Tensor& q,
     core::NvtxRange range("kda_bwd");
     kda::Profile prof("bwd");
     const kda::Dims d = kda_dims(q, v, chunk_size);
-    const bool tc = kda::use_tc(d, q.dtype());
+    const bool tc = kda::use_tc(d, q.dtype()), prep_tc = kda::use_prep_tc(d, q.dtype());
+    // What the forward kept (ops::KdaSaved; it fills one only on this path): A, M, T, and maybe hs and Vn. Read only.
+    const bool tiles_in = saved != nullptr && saved->has_tiles() && tc && prep_tc;
+    const bool states_in = tiles_in && saved->has_states();
+    kda::Tiles tiles{};
+    if (tiles_in)
+        tiles = {const_cast<float*>(saved->a.data<float>()),
+                 const_cast<float*>(saved->m.data<float>()),
+                 const_cast<float*>(saved->t.data<float>())};
     std::vector<Tensor> keep;
-    const kda::Work w = kda::work_alloc(d, keep);
+    kda::Work w = kda::work_alloc(d, keep, false, tiles_in ? &tiles : nullptr, !states_in);
     prof.mark("alloc");
-    if (kda::use_prep_tc(d, q.dtype()))
-        kda::prep_tc_launch(q, k, v, g, beta, d, w, true);
+    if (prep_tc)
+        kda::prep_tc_launch(q, k, v, g, beta, d, w, tiles_in ? kda::PrepMode::bwd_tiles : kda::PrepMode::bwd);
     else
         kda::prep_launch(q, k, v, g, beta, d, w);
     prof.mark("prep");
@@ -447,15 +456,21 @@ void kda_bwd(const Tensor& q,
     };
     const int64_t kv = static_cast<int64_t>(d.k) * d.v, cv = static_cast<int64_t>(d.c) * d.v,
                   ck = static_cast<int64_t>(d.c) * d.k;
-    float* hs = alloc(chunks * kv);
+    const float* hs = states_in ? saved->hs.data<float>() : nullptr;
+    const float* vn = states_in ? saved->vn.data<float>() : nullptr;
     float* dhs = alloc(chunks * kv);
-    float* vn = alloc(chunks * cv);
     float* dvn = alloc(chunks * cv);
-    if (tc)
-        kda::scan_tc_launch(q.dtype(), s0, Tensor(), Tensor(), d, w, hs, vn);
-    else
-        kda::scan_launch(s0, Tensor(), Tensor(), d, w, hs, vn);
-    prof.mark("scan");
+    if (!states_in) {
+        float* hsw = alloc(chunks * kv);
+        float* vnw = alloc(chunks * cv);
+        if (tc)
+            kda::scan_tc_launch(q.dtype(), s0, Tensor(), Tensor(), d, w, hsw, vnw);
+        else
+            kda::scan_launch(s0, Tensor(), Tensor(), d, w, hsw, vnw);
+        hs = hsw;
+        vn = vnw;
+        prof.mark("scan");
+    }
     const dim3 scan_grid(static_cast<unsigned>((d.v + kda::kBV - 1) / kda::kBV), static_cast<unsigned>(d.units()));
     const size_t rscan_smem = kda::rscan_smem_bytes(d);
     const float* dstp = dst.defined() ? dst.data<float>() : nullptr;
@@ -474,8 +489,11 @@ void kda_bwd(const Tensor& q,
     prof.mark("rscan");
     // W, U and A are read only by the scans: their workspace holds dXw, dXu and dA from here on (every entry is
     // written before it is read; A's zero tiles above the diagonal are the zeros dA needs there), which saves
-    // allocating and zero-filling ~0.7 GB at 8 x 4096.
-    const kda::Scratch sc{alloc(chunks * ck), alloc(chunks * ck), alloc(chunks * ck), w.w, w.u};
+    // allocating and zero-filling ~0.7 GB at 8 x 4096. A and U kept by the forward are not ours to overwrite: dA and
+    // dXu get their own buffers then (dA's zero tiles are written by chunk_mm_tc, which covers every tile).
+    if (tiles_in) w.a = alloc(chunks * d.c * d.c);
+    const kda::Scratch sc{
+        alloc(chunks * ck), alloc(chunks * ck), alloc(chunks * ck), w.w, w.u != nullptr ? w.u : alloc(chunks * cv)};
     float* pre_da = nullptr;
     float* pre_dgl = nullptr;
     if (kda::use_chunk_tc(d, q.dtype())) {

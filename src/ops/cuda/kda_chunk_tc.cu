@@ -161,17 +161,17 @@ __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __r
                     *reinterpret_cast<float2*>(dw + i1) = make_float2(-aw[j][2], -aw[j][3]);
                 }
             }
+            // Every entry of dA, the zeros above the diagonal included (the buffer may be fresh).
             float* pa = da + cc_off(d, cb);
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                const int j0 = (nq + 4 * j) * 8;
-                if (j0 < m0 + 16) {
-                    const int x = j0 + c0;
-                    pa[r0 * c + x] = x <= r0 ? aa[j][0] : 0.0f;
-                    pa[r0 * c + x + 1] = x + 1 <= r0 ? aa[j][1] : 0.0f;
-                    pa[(r0 + 8) * c + x] = x <= r0 + 8 ? aa[j][2] : 0.0f;
-                    pa[(r0 + 8) * c + x + 1] = x + 1 <= r0 + 8 ? aa[j][3] : 0.0f;
-                }
+                const int j0 = (nq + 4 * j) * 8, x = j0 + c0;
+                if (j0 >= c) continue;
+                const bool on = j0 < m0 + 16;
+                pa[r0 * c + x] = on && x <= r0 ? aa[j][0] : 0.0f;
+                pa[r0 * c + x + 1] = on && x + 1 <= r0 ? aa[j][1] : 0.0f;
+                pa[(r0 + 8) * c + x] = on && x <= r0 + 8 ? aa[j][2] : 0.0f;
+                pa[(r0 + 8) * c + x + 1] = on && x + 1 <= r0 + 8 ? aa[j][3] : 0.0f;
             }
         }
         zero();

@@ -18,7 +18,9 @@
 // Every product accumulates in fp32; only operands round to TF32 (10 mantissa bits). MT_KDA_PREP_SPLIT=1 splits
 // each operand into two TF32 parts (3 MMAs per product, ~fp32 accuracy), a precision check. Warps own fixed tiles
 // and sum in a fixed order: deterministic. The forward writes only what the scan reads (Qg, Kg, W, U, A, Gamma's
-// last row); the backward (full) also Gamma, Xw, M, T.
+// last row), and M and T when the caller keeps them (ops::KdaSaved); the backward (full) also Gamma, Xw, M, T.
+// With the tiles kept (kTilesIn, PrepMode::bwd_tiles) steps 3 and 4 are skipped: T is read back instead, bit for
+// bit the T of the forward, so W and U come out identical; U is skipped when the states were kept too.
 #include <string_view>
 
 #include "ops/cuda/cuda_ops.h"
@@ -59,7 +61,7 @@ __host__ __device__ inline Layout layout(const Dims& d) {
     return l;
 }
 
-template <typename T, bool kSplit>
+template <typename T, bool kSplit, bool kTilesIn>
 __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restrict__ q,
                                                               const T* __restrict__ k,
                                                               const T* __restrict__ v,
@@ -127,10 +129,16 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
                 mx = fmaxf(
                     mx,
                     fmaxf(fabsf(to_f32(sq[(s * kSub + r) * ldx + x])), fabsf(to_f32(sk[(s * kSub + r) * ldx + x]))));
-            diag_ok = diag_ok && anchor_ok(first - acc, mx);
+            diag_ok = diag_ok && (kTilesIn || anchor_ok(first - acc, mx));
         }
     }
     const bool diag_mma = __syncthreads_and(diag_ok) != 0;  // also the barrier after Gamma
+    if constexpr (kTilesIn) {
+        // T from the forward (ops::KdaSaved), into its region now that the raw g rows there are dead; the
+        // elementwise step below runs while it arrives.
+        stage_async(stm, ldc, w.tm + cc, c, c, c);
+        cp_async_commit();
+    }
     pc.mark(1);
 
     // 2. Elementwise chunk quantities, four channels per thread.
@@ -159,162 +167,171 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
     }
 
     pc.mark(2);
-    // 3. A and M tiles: a job is (row tile a, column tile bt <= a, column half nh); at most 20 jobs on 8 warps.
-    const int njobs = nsub * (nsub + 1);
-    float acc_a[3][4], acc_m[3][4];
-    int job_i0[3], job_j[3];
-    bool job_on[3];
-#pragma unroll
-    for (int s = 0; s < 3; ++s) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc_a[s][i] = acc_m[s][i] = 0.0f;
-        const int job = warp + s * kWarps, ti = job / 2, nh = job % 2;
-        int a = 0;
-        while ((a + 1) * (a + 2) / 2 <= ti) ++a;
-        const int bt = ti - a * (a + 1) / 2;
-        job_on[s] = job < njobs && (bt != a || diag_mma);
-        job_i0[s] = a * kSub;
-        job_j[s] = bt * kSub + nh * 8 + gq;
-    }
-    // The warp's (up to three) jobs share each k-step: three independent accumulator chains instead of one.
-    for (int k0 = 0; k0 < kd; k0 += 8) {
-        const int x0 = k0 + tq, x1 = x0 + 4;
+    if constexpr (kTilesIn) {
+        cp_async_wait<0>();
+        __syncthreads();
+        pc.mark(3);  // the wait for T; phases 4-6 (A, M, L, T's diagonal) do not run
+        pc.mark(4);
+        pc.mark(5);
+        pc.mark(6);
+    } else {
+        // 3. A and M tiles: a job is (row tile a, column tile bt <= a, column half nh); at most 20 jobs on 8 warps.
+        const int njobs = nsub * (nsub + 1);
+        float acc_a[3][4], acc_m[3][4];
+        int job_i0[3], job_j[3];
+        bool job_on[3];
 #pragma unroll
         for (int s = 0; s < 3; ++s) {
-            if (!job_on[s]) continue;
-            const int i0 = job_i0[s], j = job_j[s];
-            const float an0 = sg[i0 * ldg + x0], an1 = sg[i0 * ldg + x1];
-            const int r0 = i0 + gq, r1 = r0 + 8;
-            const float f00 = __expf(sg[r0 * ldg + x0] - an0), f10 = __expf(sg[r1 * ldg + x0] - an0);
-            const float f01 = __expf(sg[r0 * ldg + x1] - an1), f11 = __expf(sg[r1 * ldg + x1] - an1);
-            uint32_t qh[4], ql[4], kh[4], kl[4], bh[2], bl[2];
-            split_tf32<kSplit>(to_f32(sq[r0 * ldx + x0]) * f00, qh[0], ql[0]);
-            split_tf32<kSplit>(to_f32(sq[r1 * ldx + x0]) * f10, qh[1], ql[1]);
-            split_tf32<kSplit>(to_f32(sq[r0 * ldx + x1]) * f01, qh[2], ql[2]);
-            split_tf32<kSplit>(to_f32(sq[r1 * ldx + x1]) * f11, qh[3], ql[3]);
-            split_tf32<kSplit>(to_f32(sk[r0 * ldx + x0]) * f00, kh[0], kl[0]);
-            split_tf32<kSplit>(to_f32(sk[r1 * ldx + x0]) * f10, kh[1], kl[1]);
-            split_tf32<kSplit>(to_f32(sk[r0 * ldx + x1]) * f01, kh[2], kl[2]);
-            split_tf32<kSplit>(to_f32(sk[r1 * ldx + x1]) * f11, kh[3], kl[3]);
-            split_tf32<kSplit>(to_f32(sk[j * ldx + x0]) * __expf(an0 - sg[j * ldg + x0]), bh[0], bl[0]);
-            split_tf32<kSplit>(to_f32(sk[j * ldx + x1]) * __expf(an1 - sg[j * ldg + x1]), bh[1], bl[1]);
-            mma_tf32x3<kSplit>(acc_a[s], qh, ql, bh, bl);
-            mma_tf32x3<kSplit>(acc_m[s], kh, kl, bh, bl);
-        }
-    }
-    pc.mark(3);
-    // Results: global A (and M) now, L = Diag(beta) M into shared memory once every warp is done with q.
-    auto for_results = [&](auto&& fn) {
 #pragma unroll
-        for (int s = 0; s < 3; ++s) {
-            const int job = warp + s * kWarps;
-            if (job >= njobs) continue;
-            const int ti = job / 2, nh = job % 2;
+            for (int i = 0; i < 4; ++i) acc_a[s][i] = acc_m[s][i] = 0.0f;
+            const int job = warp + s * kWarps, ti = job / 2, nh = job % 2;
             int a = 0;
             while ((a + 1) * (a + 2) / 2 <= ti) ++a;
             const int bt = ti - a * (a + 1) / 2;
-            if (bt == a && !diag_mma) continue;
+            job_on[s] = job < njobs && (bt != a || diag_mma);
+            job_i0[s] = a * kSub;
+            job_j[s] = bt * kSub + nh * 8 + gq;
+        }
+        // The warp's (up to three) jobs share each k-step: three independent accumulator chains instead of one.
+        for (int k0 = 0; k0 < kd; k0 += 8) {
+            const int x0 = k0 + tq, x1 = x0 + 4;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = a * kSub + gq + (e / 2) * 8, jj = bt * kSub + nh * 8 + 2 * tq + (e % 2);
-                fn(i, jj, i >= jj ? acc_a[s][e] : 0.0f, i > jj ? acc_m[s][e] : 0.0f);
+            for (int s = 0; s < 3; ++s) {
+                if (!job_on[s]) continue;
+                const int i0 = job_i0[s], j = job_j[s];
+                const float an0 = sg[i0 * ldg + x0], an1 = sg[i0 * ldg + x1];
+                const int r0 = i0 + gq, r1 = r0 + 8;
+                const float f00 = __expf(sg[r0 * ldg + x0] - an0), f10 = __expf(sg[r1 * ldg + x0] - an0);
+                const float f01 = __expf(sg[r0 * ldg + x1] - an1), f11 = __expf(sg[r1 * ldg + x1] - an1);
+                uint32_t qh[4], ql[4], kh[4], kl[4], bh[2], bl[2];
+                split_tf32<kSplit>(to_f32(sq[r0 * ldx + x0]) * f00, qh[0], ql[0]);
+                split_tf32<kSplit>(to_f32(sq[r1 * ldx + x0]) * f10, qh[1], ql[1]);
+                split_tf32<kSplit>(to_f32(sq[r0 * ldx + x1]) * f01, qh[2], ql[2]);
+                split_tf32<kSplit>(to_f32(sq[r1 * ldx + x1]) * f11, qh[3], ql[3]);
+                split_tf32<kSplit>(to_f32(sk[r0 * ldx + x0]) * f00, kh[0], kl[0]);
+                split_tf32<kSplit>(to_f32(sk[r1 * ldx + x0]) * f10, kh[1], kl[1]);
+                split_tf32<kSplit>(to_f32(sk[r0 * ldx + x1]) * f01, kh[2], kl[2]);
+                split_tf32<kSplit>(to_f32(sk[r1 * ldx + x1]) * f11, kh[3], kl[3]);
+                split_tf32<kSplit>(to_f32(sk[j * ldx + x0]) * __expf(an0 - sg[j * ldg + x0]), bh[0], bl[0]);
+                split_tf32<kSplit>(to_f32(sk[j * ldx + x1]) * __expf(an1 - sg[j * ldg + x1]), bh[1], bl[1]);
+                mma_tf32x3<kSplit>(acc_a[s], qh, ql, bh, bl);
+                mma_tf32x3<kSplit>(acc_m[s], kh, kl, bh, bl);
             }
         }
-    };
-    for_results([&](int i, int jj, float av, float mv) {
-        w.a[cc + i * c + jj] = av;
-        if (full) w.m[cc + i * c + jj] = mv;
-    });
-    __syncthreads();
-    pc.mark(4);
-    for_results([&](int i, int jj, float, float mv) { sl[i * ldc + jj] = sb[i] * mv; });
-    for (int e = tid; e < c * c; e += kThreads) {  // the zero tiles above the diagonal, of L and of T
-        const int i = e / c, jj = e % c;
-        if (jj / kSub <= i / kSub) continue;
-        w.a[cc + e] = 0.0f;
-        if (full) w.m[cc + e] = 0.0f;
-        sl[i * ldc + jj] = 0.0f;
-        stm[i * ldc + jj] = 0.0f;
-    }
-    if (!diag_mma) {
-        // Diagonal tiles pairwise (every factor <= 1): one warp per entry, the lanes over K; q, k from global memory
-        // (q's shared copy is now L).
-        for (int e = warp; e < nsub * kSub * kSub; e += kWarps) {
-            const int s = e / (kSub * kSub), i = s * kSub + (e / kSub) % kSub, jj = s * kSub + e % kSub;
-            float sa = 0.0f, sm = 0.0f;
-            if (jj <= i && t0 + i < d.t) {
-                const int64_t qi = qk_row(d, b, t0 + i, h), kj = qk_row(d, b, t0 + jj, h);
-                for (int x = lane; x < kd; x += 32) {
-                    const float kjx = to_f32(k[kj + x]) * expf(sg[i * ldg + x] - sg[jj * ldg + x]);
-                    sa += to_f32(q[qi + x]) * kjx;
-                    sm += to_f32(k[qi + x]) * kjx;
+        pc.mark(3);
+        // Results: global A (and M) now, L = Diag(beta) M into shared memory once every warp is done with q.
+        auto for_results = [&](auto&& fn) {
+#pragma unroll
+            for (int s = 0; s < 3; ++s) {
+                const int job = warp + s * kWarps;
+                if (job >= njobs) continue;
+                const int ti = job / 2, nh = job % 2;
+                int a = 0;
+                while ((a + 1) * (a + 2) / 2 <= ti) ++a;
+                const int bt = ti - a * (a + 1) / 2;
+                if (bt == a && !diag_mma) continue;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = a * kSub + gq + (e / 2) * 8, jj = bt * kSub + nh * 8 + 2 * tq + (e % 2);
+                    fn(i, jj, i >= jj ? acc_a[s][e] : 0.0f, i > jj ? acc_m[s][e] : 0.0f);
                 }
-                sa = warp_sum(sa);
-                sm = warp_sum(sm);
             }
-            if (jj >= i) sm = 0.0f;
-            if (lane == 0) {
-                w.a[cc + i * c + jj] = sa;
-                if (full) w.m[cc + i * c + jj] = sm;
-                sl[i * ldc + jj] = sb[i] * sm;
+        };
+        for_results([&](int i, int jj, float av, float mv) {
+            w.a[cc + i * c + jj] = av;
+            if (w.m != nullptr) w.m[cc + i * c + jj] = mv;
+        });
+        __syncthreads();
+        pc.mark(4);
+        for_results([&](int i, int jj, float, float mv) { sl[i * ldc + jj] = sb[i] * mv; });
+        for (int e = tid; e < c * c; e += kThreads) {  // the zero tiles above the diagonal, of L and of T
+            const int i = e / c, jj = e % c;
+            if (jj / kSub <= i / kSub) continue;
+            w.a[cc + e] = 0.0f;
+            if (w.m != nullptr) w.m[cc + e] = 0.0f;
+            sl[i * ldc + jj] = 0.0f;
+            stm[i * ldc + jj] = 0.0f;
+        }
+        if (!diag_mma) {
+            // Diagonal tiles pairwise (every factor <= 1): one warp per entry, the lanes over K; q, k from global
+            // memory (q's shared copy is now L).
+            for (int e = warp; e < nsub * kSub * kSub; e += kWarps) {
+                const int s = e / (kSub * kSub), i = s * kSub + (e / kSub) % kSub, jj = s * kSub + e % kSub;
+                float sa = 0.0f, sm = 0.0f;
+                if (jj <= i && t0 + i < d.t) {
+                    const int64_t qi = qk_row(d, b, t0 + i, h), kj = qk_row(d, b, t0 + jj, h);
+                    for (int x = lane; x < kd; x += 32) {
+                        const float kjx = to_f32(k[kj + x]) * expf(sg[i * ldg + x] - sg[jj * ldg + x]);
+                        sa += to_f32(q[qi + x]) * kjx;
+                        sm += to_f32(k[qi + x]) * kjx;
+                    }
+                    sa = warp_sum(sa);
+                    sm = warp_sum(sm);
+                }
+                if (jj >= i) sm = 0.0f;
+                if (lane == 0) {
+                    w.a[cc + i * c + jj] = sa;
+                    if (w.m != nullptr) w.m[cc + i * c + jj] = sm;
+                    sl[i * ldc + jj] = sb[i] * sm;
+                }
             }
         }
-    }
-    __syncthreads();
-    pc.mark(5);
+        __syncthreads();
+        pc.mark(5);
 
-    // 4. T = (I + L)^-1. Diagonal tiles: column j of tile a by forward substitution.
-    if (tid < c) {
-        const int j = tid, base = (j / kSub) * kSub;
-        for (int i = base; i < j; ++i) stm[i * ldc + j] = 0.0f;
-        stm[j * ldc + j] = 1.0f;
-        for (int i = j + 1; i < base + kSub; ++i) {
-            float acc = 0.0f;
-            for (int x = j; x < i; ++x) acc += sl[i * ldc + x] * stm[x * ldc + j];
-            stm[i * ldc + j] = -acc;
-        }
-    }
-    __syncthreads();
-    pc.mark(6);
-    // Off-diagonal row blocks in order: X = L_a,<a T_<a,<a (T_xj = 0 for x < j), then T_a,<a = -T_aa X, on tensor
-    // cores as 3xTF32 (about fp32's accuracy, like the CUDA-core loops they replace, which took ~20% of the
-    // kernel in serial multiply-add chains): a warp per 8 columns.
-    for (int a = 1; a < nsub; ++a) {
-        const int wd = a * kSub;
-        for (int n0 = warp * 8; n0 < wd; n0 += kWarps * 8) {
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int k0 = n0; k0 < wd; k0 += 8) {
-                float fa[4], fb[2];
-                frag_a_f(fa, sl, ldc, wd, k0, gq, tq);
-                frag_b_f(fb, stm, ldc, k0, n0, gq, tq);
-                mma_f32<true>(acc, fa, fb);
+        // 4. T = (I + L)^-1. Diagonal tiles: column j of tile a by forward substitution.
+        if (tid < c) {
+            const int j = tid, base = (j / kSub) * kSub;
+            for (int i = base; i < j; ++i) stm[i * ldc + j] = 0.0f;
+            stm[j * ldc + j] = 1.0f;
+            for (int i = j + 1; i < base + kSub; ++i) {
+                float acc = 0.0f;
+                for (int x = j; x < i; ++x) acc += sl[i * ldc + x] * stm[x * ldc + j];
+                stm[i * ldc + j] = -acc;
             }
-            *reinterpret_cast<float2*>(sx + gq * ldc + n0 + 2 * tq) = make_float2(acc[0], acc[1]);
-            *reinterpret_cast<float2*>(sx + (gq + 8) * ldc + n0 + 2 * tq) = make_float2(acc[2], acc[3]);
         }
         __syncthreads();
-        for (int n0 = warp * 8; n0 < wd; n0 += kWarps * 8) {
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        pc.mark(6);
+        // Off-diagonal row blocks in order: X = L_a,<a T_<a,<a (T_xj = 0 for x < j), then T_a,<a = -T_aa X, on tensor
+        // cores as 3xTF32 (about fp32's accuracy, like the CUDA-core loops they replace, which took ~20% of the
+        // kernel in serial multiply-add chains): a warp per 8 columns.
+        for (int a = 1; a < nsub; ++a) {
+            const int wd = a * kSub;
+            for (int n0 = warp * 8; n0 < wd; n0 += kWarps * 8) {
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                for (int k0 = n0; k0 < wd; k0 += 8) {
+                    float fa[4], fb[2];
+                    frag_a_f(fa, sl, ldc, wd, k0, gq, tq);
+                    frag_b_f(fb, stm, ldc, k0, n0, gq, tq);
+                    mma_f32<true>(acc, fa, fb);
+                }
+                *reinterpret_cast<float2*>(sx + gq * ldc + n0 + 2 * tq) = make_float2(acc[0], acc[1]);
+                *reinterpret_cast<float2*>(sx + (gq + 8) * ldc + n0 + 2 * tq) = make_float2(acc[2], acc[3]);
+            }
+            __syncthreads();
+            for (int n0 = warp * 8; n0 < wd; n0 += kWarps * 8) {
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int k0 = 0; k0 < kSub; k0 += 8) {
-                float fa[4], fb[2];
-                frag_a_f(fa, stm + wd, ldc, wd, k0, gq, tq);  // T_aa
-                frag_b_f(fb, sx, ldc, k0, n0, gq, tq);
-                mma_f32<true>(acc, fa, fb);
+                for (int k0 = 0; k0 < kSub; k0 += 8) {
+                    float fa[4], fb[2];
+                    frag_a_f(fa, stm + wd, ldc, wd, k0, gq, tq);  // T_aa
+                    frag_b_f(fb, sx, ldc, k0, n0, gq, tq);
+                    mma_f32<true>(acc, fa, fb);
+                }
+                float* dst = stm + wd * ldc + n0 + 2 * tq;
+                *reinterpret_cast<float2*>(dst + gq * ldc) = make_float2(-acc[0], -acc[1]);
+                *reinterpret_cast<float2*>(dst + (gq + 8) * ldc) = make_float2(-acc[2], -acc[3]);
             }
-            float* dst = stm + wd * ldc + n0 + 2 * tq;
-            *reinterpret_cast<float2*>(dst + gq * ldc) = make_float2(-acc[0], -acc[1]);
-            *reinterpret_cast<float2*>(dst + (gq + 8) * ldc) = make_float2(-acc[2], -acc[3]);
+            __syncthreads();
         }
-        __syncthreads();
-    }
+    }  // kTilesIn
     pc.mark(7);
-    if (full)
+    if (!kTilesIn && w.tm != nullptr)
         for (int e = tid; e < c * c; e += kThreads) w.tm[cc + e] = stm[(e / c) * ldc + e % c];
 
     // 5. W = T Xw (Xw = Diag(beta) K e^Gamma formed in the fragment loads) and U = T Diag(beta) V: a warp per
     // 16-column slab, k (token) steps outer so each B fragment is formed once, row tiles a >= the k step's tile.
-    const int wslabs = kd / kSub, nslab = wslabs + vd / kSub;
+    const int wslabs = kd / kSub, nslab = wslabs + (w.u != nullptr ? vd / kSub : 0);
     for (int job = warp; job < nslab; job += kWarps) {
         const bool isw = job < wslabs;
         const int n0 = (isw ? job : job - wslabs) * kSub;
@@ -376,13 +393,16 @@ void launch(const Tensor& q,
             const Tensor& beta,
             const Dims& d,
             const Work& w,
-            bool full) {
+            PrepMode mode) {
     static const bool split_on = env_is("MT_KDA_PREP_SPLIT", "1");
     const dim3 grid(static_cast<unsigned>(d.nc), static_cast<unsigned>(d.units()));
     const auto smem = static_cast<size_t>(layout(d).total);
-    auto kernel = split_on ? prep_tc_kernel<T, true> : prep_tc_kernel<T, false>;
+    const bool tiles_in = mode == PrepMode::bwd_tiles;
+    auto kernel = tiles_in ? (split_on ? prep_tc_kernel<T, true, true> : prep_tc_kernel<T, false, true>)
+                           : (split_on ? prep_tc_kernel<T, true, false> : prep_tc_kernel<T, false, false>);
     MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    const PhaseLog phases(full ? "prep_full" : "prep", static_cast<int64_t>(d.nc) * d.units());
+    const char* name = mode == PrepMode::fwd ? "prep" : (tiles_in ? "prep_tiles" : "prep_full");
+    const PhaseLog phases(name, static_cast<int64_t>(d.nc) * d.units());
     kernel<<<grid, kThreads, smem, core::cuda_stream()>>>(static_cast<const T*>(q.raw()),
                                                           static_cast<const T*>(k.raw()),
                                                           static_cast<const T*>(v.raw()),
@@ -390,7 +410,7 @@ void launch(const Tensor& q,
                                                           static_cast<const T*>(beta.raw()),
                                                           d,
                                                           w,
-                                                          full,
+                                                          mode != PrepMode::fwd,
                                                           phases.clock());
     MT_CUDA_CHECK(cudaGetLastError());
     phases.print(9);
@@ -430,11 +450,11 @@ void prep_tc_launch(const Tensor& q,
                     const Tensor& beta,
                     const Dims& d,
                     const Work& w,
-                    bool full) {
+                    PrepMode mode) {
     if (q.dtype() == DType::bf16)
-        launch<bf16>(q, k, v, g, beta, d, w, full);
+        launch<bf16>(q, k, v, g, beta, d, w, mode);
     else
-        launch<f16>(q, k, v, g, beta, d, w, full);
+        launch<f16>(q, k, v, g, beta, d, w, mode);
 }
 
 }  // namespace mt::ops::cuda::kda

@@ -1,0 +1,136 @@
+// ops::KdaSaved, what kda_fwd keeps for kda_bwd (ops/kda.h, kda.md §4.6): on the GPU the backward that reads the
+// kept tiles (A, M, T), and the one that also reads the kept states (hs, Vn), must return exactly, bit for bit, what
+// the recomputing backward returns, for the bounded gate and for the softplus gate (whose chunks take the pairwise
+// fallback paths), chunk 64 and 32, GVA and an initial state. On the CPU a KdaSaved stays empty; one that does not
+// fit the call is an error naming the tensor.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kda_inputs.h"
+#include "op_harness.h"
+#include "ops/kda.h"
+
+namespace mt::ops::test {
+namespace {
+
+enum class Keep { nothing, tiles, states };
+
+// Forward and backward of bf16 inputs on the GPU; the results come back to the host as f32.
+std::vector<std::pair<std::string, Tensor>> run_gpu(const KdaInputs& in, KdaOptions options, Keep keep) {
+    auto dev = [](const Tensor& t, DType dt) { return t.defined() ? t.to(dt).to_device(core::Device::cuda) : t; };
+    const DType bf = DType::bf16;
+    const Tensor q = dev(in.q, bf), k = dev(in.k, bf), v = dev(in.v, bf), g = dev(in.g, bf), beta = dev(in.beta, bf);
+    const Tensor s0 = dev(in.s0, DType::f32);
+    const int64_t b = q.size(0), hv = v.size(2), kd = q.size(3), vd = v.size(3);
+    const Tensor out = Tensor::zeros(v.shape(), bf, core::Device::cuda);
+    const Tensor st = Tensor::zeros({b, hv, kd, vd}, DType::f32, core::Device::cuda);
+    options.save_states = keep == Keep::states;
+    KdaSaved saved;
+    kda_fwd(q, k, v, g, beta, s0, out, st, options, keep == Keep::nothing ? nullptr : &saved);
+    if (keep != Keep::nothing) {
+        EXPECT_TRUE(saved.has_tiles());
+        EXPECT_EQ(saved.has_states(), keep == Keep::states);
+    }
+    const Tensor dout = dev(op_randn(v.shape(), 7, 10), bf), dst = dev(op_randn(st.shape(), 7, 11), DType::f32);
+    auto zeros = [](const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype(), core::Device::cuda); };
+    const Tensor dq = zeros(q), dk = zeros(k), dv = zeros(v), dg = zeros(g), dbeta = zeros(beta);
+    const Tensor ds0 = s0.defined() ? zeros(s0) : Tensor();
+    kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, &saved);
+    std::vector<std::pair<std::string, Tensor>> r = {
+        {"out", out}, {"st", st}, {"dq", dq}, {"dk", dk}, {"dv", dv}, {"dg", dg}, {"dbeta", dbeta}};
+    if (ds0.defined()) r.push_back({"ds0", ds0});
+    for (auto& [name, t] : r) t = t.to(DType::f32).to_device(core::Device::cpu);
+    return r;
+}
+
+void expect_identical(const std::vector<std::pair<std::string, Tensor>>& a,
+                      const std::vector<std::pair<std::string, Tensor>>& b,
+                      const std::string& what) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+        const Tensor &x = a[i].second, &y = b[i].second;
+        ASSERT_EQ(x.numel(), y.numel());
+        int64_t differ = 0;
+        for (int64_t e = 0; e < x.numel(); ++e) differ += core::tensor_get_flat(x, e) != core::tensor_get_flat(y, e);
+        EXPECT_EQ(differ, 0) << what << ": " << a[i].first << " differs in " << differ << " of " << x.numel()
+                             << " elements";
+    }
+}
+
+struct SavedCase {
+    KdaShape shape;
+    KdaOptions options;
+    KdaGateRegime regime;
+    bool s0;
+};
+
+TEST(GpuKdaSaved, KeptTilesAndStatesGiveTheRecomputedResultsExactly) {
+    if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
+    const SavedCase cases[] = {
+        {{2, 300, 2, 4, 128, 128}, {KdaAlgorithm::chunked, KdaDiagonal::matmul, 64}, KdaGateRegime::bounded, true},
+        {{1, 150, 1, 1, 128, 128}, {KdaAlgorithm::chunked, KdaDiagonal::matmul, 32}, KdaGateRegime::floor, false},
+        {{1, 100, 1, 2, 128, 128}, {KdaAlgorithm::chunked, KdaDiagonal::pairwise, 64}, KdaGateRegime::softplus, true},
+        {{1, 90, 1, 1, 32, 48}, {KdaAlgorithm::chunked, KdaDiagonal::matmul, 32}, KdaGateRegime::bounded, false},
+    };
+    for (const SavedCase& c : cases) {
+        const KdaInputs in = kda_make_inputs(c.shape, c.regime, c.s0, 41);
+        const std::string what = "T = " + std::to_string(c.shape.t) + ", K = " + std::to_string(c.shape.k) +
+                                 ", chunk " + std::to_string(c.options.chunk_size);
+        const auto base = run_gpu(in, c.options, Keep::nothing);
+        for (const auto& [name, t] : base) EXPECT_TRUE(kda_all_finite(t)) << what << ": " << name;
+        expect_identical(base, run_gpu(in, c.options, Keep::tiles), what + ", tiles kept");
+        expect_identical(base, run_gpu(in, c.options, Keep::states), what + ", tiles and states kept");
+    }
+}
+
+TEST(KdaSaved, CpuKeepsNothing) {
+    const KdaInputs in = kda_make_inputs({1, 20, 1, 1, 4, 3}, KdaGateRegime::bounded, false, 3);
+    KdaSaved saved;
+    saved.t = Tensor::zeros({4}, DType::f32);  // cleared by the forward
+    const Tensor out = op_like(in.v);
+    kda_fwd(in.q, in.k, in.v, in.g, in.beta, Tensor(), out, Tensor(), {}, &saved);
+    EXPECT_FALSE(saved.has_tiles());
+    EXPECT_FALSE(saved.has_states());
+    const Tensor dq = op_like(in.q), dk = op_like(in.k), dv = op_like(in.v), dg = op_like(in.g);
+    const Tensor db = op_like(in.beta);
+    kda_bwd(in.q, in.k, in.v, in.g, in.beta, Tensor(), out, Tensor(), dq, dk, dv, dg, db, Tensor(), {}, &saved);
+    EXPECT_TRUE(kda_all_finite(dq));
+}
+
+TEST(OpArgs, KdaSavedThatDoesNotFit) {
+    const KdaInputs in = kda_make_inputs({1, 70, 1, 2, 4, 3}, KdaGateRegime::bounded, false, 3);
+    const Tensor out = op_like(in.v), dq = op_like(in.q), dk = op_like(in.k), dv = op_like(in.v);
+    const Tensor dg = op_like(in.g), db = op_like(in.beta);
+    auto bwd = [&](const KdaSaved& s) {
+        kda_bwd(in.q, in.k, in.v, in.g, in.beta, Tensor(), out, Tensor(), dq, dk, dv, dg, db, Tensor(), {}, &s);
+    };
+    // B * HV * nc * C * C = 1 * 2 * 2 * 64 * 64 elements per tile tensor.
+    const Tensor tile = Tensor::zeros({2 * 2 * 64 * 64}, DType::f32);
+    bwd({tile, tile, tile, Tensor(), Tensor()});  // fits
+    expect_op_error(
+        [&] {
+            bwd({tile, tile, Tensor::zeros({64 * 64}, DType::f32), Tensor(), Tensor()});
+        },
+        "kda_bwd: saved.t has 4096 elements, expected 16384 for B = 1, T = 70, HV = 2, K = 4, V = 3, "
+        "chunk 64; it was saved by a kda_fwd of other shapes");
+    expect_op_error(
+        [&] {
+            bwd({tile, tile, tile.to(DType::f64), Tensor(), Tensor()});
+        },
+        "kda_bwd: saved.t must be a contiguous f32 tensor on the inputs' device");
+    expect_op_error(
+        [&] {
+            bwd({tile, Tensor(), tile, Tensor(), Tensor()});
+        },
+        "kda_bwd: saved.a, saved.m and saved.t must be all defined or all undefined");
+    expect_op_error(
+        [&] {
+            bwd({Tensor(), Tensor(), Tensor(), tile, tile});
+        },
+        "kda_bwd: saved.hs and saved.vn come together, and only with the tiles");
+}
+
+}  // namespace
+}  // namespace mt::ops::test
