@@ -47,10 +47,10 @@ __host__ __device__ constexpr int ld_b() {
 int scan_tc_floats(const Dims& d, int bv) {
     return 2 * d.c * ld_row(d.k) + d.c * ld_tr(d.k) + d.c * ld_row(d.c) + d.k + (d.k + d.c) * (bv + 8);
 }
-// Backward: Kg [c, ld_row(K)], Qg, W [c, ld_tr(K)], A [c, ld_tr(c)], gamma-log [K], dS [K, ld_b], dVn [c, ld_b],
-// and two 16-bit dO buffers [c, ld_b] (dO of the next chunk streams in while this one is used).
+// Backward: Kg [c, ld_row(K)], A [c, ld_tr(c)], gamma-log [2][K], dS [K, ld_b], dVn [c, ld_b], and two 16-bit dO
+// buffers [c, ld_b] (dO of the next chunk streams in while this one is used). Qg and W go to registers.
 int rscan_tc_floats(const Dims& d, int bv) {
-    return d.c * ld_row(d.k) + 2 * d.c * ld_tr(d.k) + d.c * ld_tr(d.c) + d.k + (d.k + 2 * d.c) * (bv + 8);
+    return d.c * ld_row(d.k) + d.c * ld_tr(d.c) + 2 * d.k + (d.k + 2 * d.c) * (bv + 8);
 }
 
 // B[k][n] = X[k][n] from 16-bit values: bf16 and f16 are exact in TF32, so no rounding step.
@@ -301,7 +301,9 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
 }
 
 // Reverse scan: dVn = A^T dO + Kg dS (stored), then dS <- Diag(gamma) dS + Qg^T dO - W^T dVn; dhs gets dS as it
-// leaves each chunk, ds0 the final dS.
+// leaves each chunk, ds0 the final dS. In step 2 a warp's A operands are its own state rows' slices of Qg and W
+// ([c, 16] each, no other warp reads them): they come from global memory straight into registers, instead of
+// through shared memory, which leaves room for BV = 128 (one block per unit, one wave at 8 x 4096).
 template <typename T, int BV>
 __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict__ dout,
                                                             const float* __restrict__ dst,
@@ -311,18 +313,16 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
                                                             float* dhs,
                                                             float* dvns,
                                                             PhaseSums ps) {
-    constexpr int ld = ld_b<BV>(), kN = BV / 16, kN3 = BV / 8;
+    constexpr int ld = ld_b<BV>(), kN = BV / 16, kN3 = BV / 8, kSteps = kMaxChunk / 8;
     extern __shared__ __align__(16) float smem[];
     const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x;
     const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * BV;
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int ldr = ld_row(kd), ldt = ld_tr(kd), lda = ld_tr(c);
+    const int ldr = ld_row(kd), lda = ld_tr(c);
     float* sk = smem;                               // Kg (row reads)
-    float* sq = sk + c * ldr;                       // Qg (transposed reads)
-    float* sw = sq + c * ldt;                       // W (transposed reads)
-    float* sa = sw + c * ldt;                       // A (transposed reads)
-    float* sg = sa + c * lda;                       // Gamma of the last row [K]
-    float* sds = sg + kd;                           // dS [K, ld]
+    float* sa = sk + c * ldr;                       // A (transposed reads)
+    float* sg = sa + c * lda;                       // Gamma of the last row, two buffers [2][K]
+    float* sds = sg + 2 * kd;                       // dS [K, ld]
     float* sdvn = sds + kd * ld;                    // -dVn [c, ld], TF32-rounded
     T* sdo0 = reinterpret_cast<T*>(sdvn + c * ld);  // dO, two buffers [c, ld] (16-bit)
     const auto* sdvn_bits = reinterpret_cast<const uint32_t*>(sdvn);
@@ -335,12 +335,7 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
         const int64_t cb = chunk_index(d, unit, n);
         stage_async(sk, ldr, w.kg + ck_off(d, cb), kd, c, kd);
         stage_async(sa, lda, w.a + cc_off(d, cb), c, c, c);
-    };
-    auto load_qw = [&](int n) {
-        const int64_t cb = chunk_index(d, unit, n);
-        stage_async(sq, ldt, w.qg + ck_off(d, cb), kd, c, kd);
-        stage_async(sw, ldt, w.w + ck_off(d, cb), kd, c, kd);
-        stage_async(sg, kd, w.gam + ck_off(d, cb) + static_cast<int64_t>(c - 1) * kd, kd, 1, kd);
+        stage_async(sg + (n & 1) * kd, kd, w.gam + ck_off(d, cb) + static_cast<int64_t>(c - 1) * kd, kd, 1, kd);
     };
     auto sdo = [&](int n) { return sdo0 + (n & 1) * c * ld; };
     auto load_do = [&](int n) {
@@ -352,25 +347,43 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
             cp_async16_zfill(dstp + r * ld + y, dout + v_row(d, b, ok ? tok : 0, hv) + y0 + y, ok);
         }
     };
-    // Groups, oldest first: dO(n), KA(n), QW(n); dO(n - 1) is issued as chunk n starts, KA(n - 1) after its step 1,
-    // QW(n - 1) after its step 2, so each waits at most for the group it needs.
+    const int m0 = (warp & 3) * 16, nb = warp >> 2;
+    const bool rows_on = m0 < c;
+    const StateTiles stl = state_tiles(kd, warp);
+    // This warp's A fragments of step 2 (Qg^T and W^T at its state rows), as fp32: loaded once step 1's accumulators
+    // are dead (loading them a chunk ahead spilled at BV = 128).
+    float qf[kSteps][4], wf[kSteps][4];
+    auto load_qw = [&](int n) {
+        if (!stl.on) return;
+        const int64_t o = ck_off(d, chunk_index(d, unit, n)) + stl.x0 + g;
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) {
+            if (s * 8 >= c) continue;
+            const int64_t r0 = o + static_cast<int64_t>(s * 8 + t) * kd, r1 = r0 + 4 * kd;
+            qf[s][0] = __ldg(w.qg + r0);
+            qf[s][1] = __ldg(w.qg + r0 + 8);
+            qf[s][2] = __ldg(w.qg + r1);
+            qf[s][3] = __ldg(w.qg + r1 + 8);
+            wf[s][0] = __ldg(w.w + r0);
+            wf[s][1] = __ldg(w.w + r0 + 8);
+            wf[s][2] = __ldg(w.w + r1);
+            wf[s][3] = __ldg(w.w + r1 + 8);
+        }
+    };
+    // Groups, oldest first: dO(n), KA(n); dO(n - 1) is issued as chunk n starts and KA(n - 1) after its step 1, so
+    // each wait is for the group the chunk needs.
     const int last = d.nc - 1;
     load_do(last);
     cp_async_commit();
     load_ka(last);
     cp_async_commit();
-    load_qw(last);
-    cp_async_commit();
-    const int m0 = (warp & 3) * 16, nb = warp >> 2;
-    const bool rows_on = m0 < c;
-    const StateTiles stl = state_tiles(kd, warp);
     ps.start();
     for (int n = last; n >= 0; --n) {
         const int64_t cb = chunk_index(d, unit, n);
         const bool more = n > 0;
         if (more) load_do(n - 1);
         cp_async_commit();
-        cp_async_wait<2>();
+        cp_async_wait<1>();
         __syncthreads();
         ps.add(1);
         const T* so = sdo(n);
@@ -420,59 +433,67 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
                 *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0 + 8) * vd) = make_float2(vv[2], vv[3]);
             }
         }
+        load_qw(n);  // in flight across the barrier and the copy issue below
         __syncthreads();
         ps.add(2);
         if (more) load_ka(n - 1);
         cp_async_commit();
-        cp_async_wait<2>();
-        __syncthreads();
         ps.add(3);
-        // Step 2: dS <- Diag(gamma) dS + Qg^T dO - W^T dVn, into the fp32 dS.
+        // Step 2: dS <- Diag(gamma) dS + Qg^T dO - W^T dVn, into the fp32 dS. At BV = 128 in two passes over the
+        // column tiles (the same sum per element), so the accumulators and Qg, W's fragments fit in registers.
         if (stl.on) {
+            constexpr int kPasses = kN3 > 8 ? 2 : 1, kPer = kN3 / kPasses;
             const int r0 = stl.x0 + g;
-            const float e0 = expf(sg[r0]), e1 = expf(sg[r0 + 8]);
-            float acc[kN3][4];
+            const float* gl = sg + (n & 1) * kd;
+            const float e0 = expf(gl[r0]), e1 = expf(gl[r0 + 8]);
+#pragma unroll 1
+            for (int pass = 0; pass < kPasses; ++pass) {
+                float acc[kPer][4];
 #pragma unroll
-            for (int i = 0; i < kN3; ++i) {
-                const int c0 = (stl.nt0 + stl.step * i) * 8 + 2 * t;
-                if (c0 >= BV) continue;
-                acc[i][0] = sds[r0 * ld + c0] * e0;
-                acc[i][1] = sds[r0 * ld + c0 + 1] * e0;
-                acc[i][2] = sds[(r0 + 8) * ld + c0] * e1;
-                acc[i][3] = sds[(r0 + 8) * ld + c0 + 1] * e1;
-            }
-            for (int k0 = 0; k0 < c; k0 += 8) {
-                uint32_t aq[4], aw[4];
-                frag_at(aq, sq, ldt, stl.x0, k0, g, t);
-                frag_at(aw, sw, ldt, stl.x0, k0, g, t);
-#pragma unroll
-                for (int i = 0; i < kN3; ++i) {
-                    const int n0 = (stl.nt0 + stl.step * i) * 8;
-                    if (n0 >= BV) continue;
-                    uint32_t bb[2];
-                    frag_b16(bb, so, ld, k0, n0, g, t);
-                    mma_tf32(acc[i], aq, bb);
-                    frag_b_f(bb, sdvn_bits, ld, k0, n0, g, t);
-                    mma_tf32(acc[i], aw, bb);
+                for (int i = 0; i < kPer; ++i) {
+                    const int c0 = (stl.nt0 + stl.step * (pass * kPer + i)) * 8 + 2 * t;
+                    if (c0 >= BV) continue;
+                    acc[i][0] = sds[r0 * ld + c0] * e0;
+                    acc[i][1] = sds[r0 * ld + c0 + 1] * e0;
+                    acc[i][2] = sds[(r0 + 8) * ld + c0] * e1;
+                    acc[i][3] = sds[(r0 + 8) * ld + c0 + 1] * e1;
                 }
-            }
 #pragma unroll
-            for (int i = 0; i < kN3; ++i) {
-                const int c0 = (stl.nt0 + stl.step * i) * 8 + 2 * t;
-                if (c0 >= BV) continue;
-                *reinterpret_cast<float2*>(sds + r0 * ld + c0) = make_float2(acc[i][0], acc[i][1]);
-                *reinterpret_cast<float2*>(sds + (r0 + 8) * ld + c0) = make_float2(acc[i][2], acc[i][3]);
+                for (int s = 0; s < kSteps; ++s) {
+                    if (s * 8 >= c) continue;
+                    const int k0 = s * 8;
+                    uint32_t aq[4], aw[4];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        aq[e] = to_tf32(qf[s][e]);
+                        aw[e] = to_tf32(wf[s][e]);
+                    }
+#pragma unroll
+                    for (int i = 0; i < kPer; ++i) {
+                        const int n0 = (stl.nt0 + stl.step * (pass * kPer + i)) * 8;
+                        if (n0 >= BV) continue;
+                        uint32_t bb[2];
+                        frag_b16(bb, so, ld, k0, n0, g, t);
+                        mma_tf32(acc[i], aq, bb);
+                        frag_b_f(bb, sdvn_bits, ld, k0, n0, g, t);
+                        mma_tf32(acc[i], aw, bb);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < kPer; ++i) {
+                    const int c0 = (stl.nt0 + stl.step * (pass * kPer + i)) * 8 + 2 * t;
+                    if (c0 >= BV) continue;
+                    *reinterpret_cast<float2*>(sds + r0 * ld + c0) = make_float2(acc[i][0], acc[i][1]);
+                    *reinterpret_cast<float2*>(sds + (r0 + 8) * ld + c0) = make_float2(acc[i][2], acc[i][3]);
+                }
             }
         }
         __syncthreads();
         ps.add(4);
-        if (more) load_qw(n - 1);
-        cp_async_commit();
-        ps.add(5);
     }
     cp_async_wait<0>();
     if (ds0 != nullptr) store_state<BV>(ds0 + unit * kv + y0, sds, kd, vd);
-    ps.flush(6);
+    ps.flush(5);
 }
 
 template <typename K>
@@ -526,11 +547,11 @@ void rscan_bv(const T* dout, const float* dst, float* ds0, const Dims& d, const 
     const dim3 grid(static_cast<unsigned>(d.v / BV), static_cast<unsigned>(d.units()));
     const size_t smem = static_cast<size_t>(rscan_tc_floats(d, BV)) * sizeof(float);
     set_smem(rscan_tc_kernel<T, BV>, smem);
-    // Phases: p1 wait for dO/Kg/A, p2 dVn, p3 wait for Qg/W, p4 dS update, p5 load issue.
+    // Phases: p1 wait for dO/Kg/A, p2 dVn, p3 load issue, p4 dS update (and the register loads of Qg, W).
     const PhaseLog phases("rscan", static_cast<int64_t>(grid.x) * grid.y);
     rscan_tc_kernel<T, BV>
         <<<grid, kThreads, smem, core::cuda_stream()>>>(dout, dst, ds0, d, w, dhs, dvn, {phases.clock().p});
-    phases.print(6);
+    phases.print(5);
 }
 
 }  // namespace
@@ -586,8 +607,9 @@ void rscan_tc_launch(
     const Tensor& dout, const Tensor& dst, const Tensor& ds0, const Dims& d, const Work& w, float* dhs, float* dvn) {
     const float* dstp = dst.defined() ? dst.data<float>() : nullptr;
     float* ds0p = ds0.defined() ? ds0.data<float>() : nullptr;
-    // At most 64: at 128 the tiles, dS, dVn and two dO buffers need ~262 KB.
-    const int bv = pick_bv(d, 64, rscan_tc_floats);
+    // MT_KDA_RSCAN_MAX_BV=64 keeps the tile at most 64 (the choice before Qg and W moved to registers; a check).
+    static const int max_bv = env_is("MT_KDA_RSCAN_MAX_BV", "64") ? 64 : 128;
+    const int bv = pick_bv(d, max_bv, rscan_tc_floats);
     MT_CUDA_DISPATCH(dout.dtype(), T, {
         const T* dp = static_cast<const T*>(dout.raw());
         if constexpr (std::is_same_v<T, float>) {
@@ -600,8 +622,11 @@ void rscan_tc_launch(
                 case 32:
                     rscan_bv<T, 32>(dp, dstp, ds0p, d, w, dhs, dvn);
                     break;
-                default:
+                case 64:
                     rscan_bv<T, 64>(dp, dstp, ds0p, d, w, dhs, dvn);
+                    break;
+                default:
+                    rscan_bv<T, 128>(dp, dstp, ds0p, d, w, dhs, dvn);
                     break;
             }
         }
