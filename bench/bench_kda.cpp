@@ -1,9 +1,9 @@
 // GPU throughput of the CUDA KDA op (ops/kda.h, chunked, chunk 64): one JSON line per case, forward and
 // forward + backward time (median over the timed iterations, CUDA events on the ops' stream) and tokens/s.
-//   bench_kda [--iters 5] [--warmup 1] [--h 16] [--k 128] [--v 128] [--keep none,tiles,states]
+//   bench_kda [--iters 5] [--warmup 1] [--h 16] [--k 128] [--v 128] [--keep none,tiles,states,all]
 // --keep: what the forward keeps for the backward (ops::KdaSaved), one line per case and choice: none (the backward
-// recomputes everything), tiles (A, M, T: the layer's default, kda.save_tiles) or states (also the per-chunk states
-// and Vn, kda.save_states).
+// recomputes everything), tiles (A, M, T: the layer's default, kda.save_tiles), states (also the per-chunk states
+// and Vn, kda.save_states) or all (also Gamma, Qg, Kg, W: no forward kernel in the backward, kda.save_workspace).
 // Cases (issue 4): bf16 activations, f32 states, (B, T) = (8, 4096), (1, 32768), (2, 65536), with the targets for
 // forward + backward of 6.0, 8.0 and 27 ms. Inputs: L2-normalised q (scaled by K^-1/2) and k, v in [-2, 2), beta in
 // (0.05, 0.95), the lower-bounded gate g = -5 sigmoid(z); the host draws one 4096-token block and tiles it.
@@ -102,6 +102,7 @@ void bench_case(int64_t b,
     const Tensor dbeta = Tensor::zeros(beta.shape(), DType::bf16, Device::cuda);
     mt::ops::KdaOptions options;
     options.save_states = keep == "states";
+    options.save_workspace = keep == "all";
     mt::ops::KdaSaved saved;
     mt::ops::KdaSaved* kept = keep == "none" ? nullptr : &saved;
     auto fwd = [&] { mt::ops::kda_fwd(q, k, v, g, beta, Tensor(), out, st, options, kept); };
@@ -122,7 +123,10 @@ void bench_case(int64_t b,
     const double tokens = static_cast<double>(b * t);
     fwd();  // what one forward keeps, per token and value head
     auto bytes = [](const Tensor& x) { return x.defined() ? static_cast<double>(x.nbytes()) : 0.0; };
-    const double kept_bytes = bytes(saved.a) + bytes(saved.m) + bytes(saved.t) + bytes(saved.hs) + bytes(saved.vn);
+    double kept_bytes = 0.0;
+    for (const Tensor* x :
+         {&saved.a, &saved.m, &saved.t, &saved.hs, &saved.vn, &saved.gam, &saved.qg, &saved.kg, &saved.w})
+        kept_bytes += bytes(*x);
     saved = mt::ops::KdaSaved{};
     const nlohmann::json line = {
         {"bench", "kda"},
@@ -155,13 +159,13 @@ int run(int argc, char** argv) {
     CLI::App app{"moetrain CUDA KDA benchmark"};
     int64_t h = 16, kd = 128, vd = 128;
     int iters = 5, warmup = 1;
-    std::vector<std::string> keeps = {"none", "tiles", "states"};
+    std::vector<std::string> keeps = {"none", "tiles", "states", "all"};
     app.add_option("--h", h);
     app.add_option("--k", kd);
     app.add_option("--v", vd);
     app.add_option("--iters", iters);
     app.add_option("--warmup", warmup);
-    app.add_option("--keep", keeps)->delimiter(',')->check(CLI::IsMember({"none", "tiles", "states"}));
+    app.add_option("--keep", keeps)->delimiter(',')->check(CLI::IsMember({"none", "tiles", "states", "all"}));
     CLI11_PARSE(app, argc, argv);
     if (!mt::core::backend_available(Device::cuda)) {
         std::printf("%s\n", nlohmann::json{{"bench", "kda"}, {"skipped", "no CUDA device"}}.dump().c_str());

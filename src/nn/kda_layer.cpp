@@ -36,8 +36,9 @@ KdaLayer::KdaLayer(ParamTable& table, const std::string& prefix, const ModelConf
     kda_options_ = {kda.algorithm == "recurrent" ? ops::KdaAlgorithm::recurrent : ops::KdaAlgorithm::chunked,
                     bounded ? ops::KdaDiagonal::matmul : ops::KdaDiagonal::pairwise,
                     kda.chunk_size,
-                    kda.save_states};
-    keep_tiles_ = kda.save_tiles || kda.save_states;
+                    kda.save_states,
+                    kda.save_workspace};
+    keep_tiles_ = kda.save_tiles || kda.save_states || kda.save_workspace;
 
     const int64_t d = cfg.d_model, hk = h_ * k_dim_, hvk = hv_ * k_dim_, hvv = hv_ * v_dim_;
     const double init_std = cfg.init_std;
@@ -220,7 +221,11 @@ std::vector<SavedTensor> KdaLayer::saved_for_backward() {
             {"kept.m", &kept_.m},
             {"kept.t", &kept_.t},
             {"kept.hs", &kept_.hs},
-            {"kept.vn", &kept_.vn}};
+            {"kept.vn", &kept_.vn},
+            {"kept.gam", &kept_.gam},
+            {"kept.qg", &kept_.qg},
+            {"kept.kg", &kept_.kg},
+            {"kept.w", &kept_.w}};
 }
 
 }  // namespace mt::nn

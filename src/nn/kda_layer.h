@@ -72,7 +72,7 @@ class KdaLayer : public Layer {
     int64_t batch_ = 0, seq_ = 0;
     Tensor s0_, dst_;
     // What the KDA op keeps from forward to backward (GPU only; kda.save_tiles, kda.save_states).
-    bool keep_tiles_ = true;
+    bool keep_tiles_ = false;
     ops::KdaSaved kept_;
     // Saved activations (N = B * T rows).
     Tensor qp_, kp_, vp_;     // [N, H*K], [N, H*K], [N, HV*V]: projections before the conv

@@ -21,8 +21,9 @@ struct KdaConfig {
     bool gate_use_a_log = true;         // per-head temperature a = exp(A_log); false: a = 1
     std::string algorithm = "chunked";  // chunked | recurrent (the token loop: a reference, slow)
     int64_t chunk_size = 64;            // 64 or 32
-    bool save_tiles = true;             // keep A, M, T from forward to backward (GPU; 768 B per token and head)
+    bool save_tiles = false;            // keep A, M, T from forward to backward (GPU; 768 B per token and head)
     bool save_states = false;           // also keep the per-chunk states and Vn (GPU; 1,536 B more)
+    bool save_workspace = false;        // keep all the backward would recompute (GPU; 2,048 B more than states)
 };
 
 // Block Attention Residuals (attnres.md, [attnres] in the job TOML): each sub-layer's input is a learned softmax mix

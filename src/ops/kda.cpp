@@ -89,12 +89,20 @@ void check_saved(
                  {"saved.m", s.m, chunks * c * c},
                  {"saved.t", s.t, chunks * c * c},
                  {"saved.hs", s.hs, chunks * d.k * d.v},
-                 {"saved.vn", s.vn, chunks * c * d.v}};
+                 {"saved.vn", s.vn, chunks * c * d.v},
+                 {"saved.gam", s.gam, chunks * c * d.k},
+                 {"saved.qg", s.qg, chunks * c * d.k},
+                 {"saved.kg", s.kg, chunks * c * d.k},
+                 {"saved.w", s.w, chunks * c * d.k}};
     MT_CHECK(s.a.defined() == s.t.defined() && s.m.defined() == s.t.defined(),
              "{}: saved.a, saved.m and saved.t must be all defined or all undefined",
              op);
     MT_CHECK(s.hs.defined() == s.vn.defined() && (!s.hs.defined() || s.t.defined()),
              "{}: saved.hs and saved.vn come together, and only with the tiles",
+             op);
+    const bool ws = s.w.defined();
+    MT_CHECK(s.gam.defined() == ws && s.qg.defined() == ws && s.kg.defined() == ws && (!ws || s.hs.defined()),
+             "{}: saved.gam, saved.qg, saved.kg and saved.w come together, and only with the states",
              op);
     for (const auto& p : parts) {
         if (!p.t.defined()) continue;
@@ -148,7 +156,7 @@ void kda_fwd(const Tensor& q,
     if (saved != nullptr) *saved = KdaSaved{};  // the CPU path keeps nothing
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
-        return cuda::kda_fwd(q, k, v, g, beta, s0, out, st, options.chunk_size, options.save_states, saved);
+        return cuda::kda_fwd(q, k, v, g, beta, s0, out, st, options, saved);
     }
     check_cpu_dtypes(
         {{"q", q}, {"k", k}, {"v", v}, {"g", g}, {"beta", beta}, {"s0", s0}, {"out", out}, {"st", st}}, q, op);
@@ -232,7 +240,7 @@ void kda_bwd(const Tensor& q,
     if (saved != nullptr) check_saved(*saved, d, options, device, op);
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
-        return cuda::kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options.chunk_size, saved);
+        return cuda::kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, saved);
     }
     check_cpu_dtypes({{"q", q},
                       {"k", k},

@@ -38,21 +38,29 @@ struct KdaOptions {
     // With a KdaSaved: also keep the state entering each chunk and Vn (kda.md §4.6 `save_states`), so _bwd skips
     // its forward scan, for 1,536 more bytes per token and value head at K = V = 128.
     bool save_states = false;
+    // With a KdaSaved: keep everything the backward would recompute (the states too, as save_states, and Gamma, Qg,
+    // Kg, W: 2,048 more bytes per token and value head at K = 128), so _bwd runs no forward kernel at all.
+    bool save_workspace = false;
 };
 
 // What a CUDA kda_fwd keeps for kda_bwd (kda.md §4.6) when given one: the chunk tiles A, M and T = (I + L)^-1 (f32,
 // [B * HV, nc, C, C] each, nc = ceil(T / C): 768 bytes per token and value head at C = 64), so _bwd does not
 // recompute them; with KdaOptions::save_states also hs, the state entering each chunk ([B * HV, nc, K, V]), and Vn
-// ([B * HV, nc, C, V]), both f32. Filled on the tensor-core path (bf16/f16 inputs, K % 16 == 0, K <= 128,
-// V % 16 == 0) and left empty elsewhere (the CPU, f32 inputs): an empty KdaSaved makes _bwd recompute everything.
-// _bwd only reads it; a KdaSaved that does not fit the call's shapes is an error naming the tensor.
+// ([B * HV, nc, C, V]), both f32; with save_workspace also those and gam, qg, kg, w ([B * HV, nc, C, K] each: Gamma,
+// q e^Gamma, k e^(Gamma_last - Gamma) and W of kda.md §4.1, f32). Filled on the tensor-core path (bf16/f16 inputs, K %
+// 16 == 0, K <= 128, V % 16 == 0) and left empty elsewhere (the CPU, f32 inputs): an empty KdaSaved makes _bwd
+// recompute everything. _bwd only reads it; a KdaSaved that does not fit the call's shapes is an error naming the
+// tensor.
 struct KdaSaved {
-    Tensor a, m, t, hs, vn;
+    Tensor a, m, t, hs, vn, gam, qg, kg, w;
     bool has_tiles() const {
         return t.defined();
     }
     bool has_states() const {
         return hs.defined();
+    }
+    bool has_workspace() const {
+        return w.defined();
     }
 };
 

@@ -72,6 +72,7 @@ std::vector<Field> schema(JobConfig& c) {
         {"kda.chunk_size", &m.kda.chunk_size, 32, 64},
         {"kda.save_tiles", &m.kda.save_tiles},
         {"kda.save_states", &m.kda.save_states},
+        {"kda.save_workspace", &m.kda.save_workspace},
         {"attnres.mode", &m.attnres.mode, -kInf, kInf, {"off", "block", "full"}},
         {"attnres.block_size", &m.attnres.block_size, 1, 4096},
         {"attnres.freeze_queries", &m.attnres.freeze_queries},

@@ -1,8 +1,8 @@
 // ops::KdaSaved, what kda_fwd keeps for kda_bwd (ops/kda.h, kda.md §4.6): on the GPU the backward that reads the
-// kept tiles (A, M, T), and the one that also reads the kept states (hs, Vn), must return exactly, bit for bit, what
-// the recomputing backward returns, for the bounded gate and for the softplus gate (whose chunks take the pairwise
-// fallback paths), chunk 64 and 32, GVA and an initial state. On the CPU a KdaSaved stays empty; one that does not
-// fit the call is an error naming the tensor.
+// kept tiles (A, M, T), the one that also reads the kept states (hs, Vn) and the one that reads everything (Gamma,
+// Qg, Kg, W too) must return exactly, bit for bit, what the recomputing backward returns, for the bounded gate and for
+// the softplus gate (whose chunks take the pairwise fallback paths), chunk 64 and 32, GVA and an initial state. On the
+// CPU a KdaSaved stays empty; one that does not fit the call is an error naming the tensor.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -15,7 +15,7 @@
 namespace mt::ops::test {
 namespace {
 
-enum class Keep { nothing, tiles, states };
+enum class Keep { nothing, tiles, states, all };
 
 // Forward and backward of bf16 inputs on the GPU; the results come back to the host as f32.
 std::vector<std::pair<std::string, Tensor>> run_gpu(const KdaInputs& in, KdaOptions options, Keep keep) {
@@ -27,11 +27,13 @@ std::vector<std::pair<std::string, Tensor>> run_gpu(const KdaInputs& in, KdaOpti
     const Tensor out = Tensor::zeros(v.shape(), bf, core::Device::cuda);
     const Tensor st = Tensor::zeros({b, hv, kd, vd}, DType::f32, core::Device::cuda);
     options.save_states = keep == Keep::states;
+    options.save_workspace = keep == Keep::all;
     KdaSaved saved;
     kda_fwd(q, k, v, g, beta, s0, out, st, options, keep == Keep::nothing ? nullptr : &saved);
     if (keep != Keep::nothing) {
         EXPECT_TRUE(saved.has_tiles());
-        EXPECT_EQ(saved.has_states(), keep == Keep::states);
+        EXPECT_EQ(saved.has_states(), keep == Keep::states || keep == Keep::all);
+        EXPECT_EQ(saved.has_workspace(), keep == Keep::all);
     }
     const Tensor dout = dev(op_randn(v.shape(), 7, 10), bf), dst = dev(op_randn(st.shape(), 7, 11), DType::f32);
     auto zeros = [](const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype(), core::Device::cuda); };
@@ -82,6 +84,7 @@ TEST(GpuKdaSaved, KeptTilesAndStatesGiveTheRecomputedResultsExactly) {
         for (const auto& [name, t] : base) EXPECT_TRUE(kda_all_finite(t)) << what << ": " << name;
         expect_identical(base, run_gpu(in, c.options, Keep::tiles), what + ", tiles kept");
         expect_identical(base, run_gpu(in, c.options, Keep::states), what + ", tiles and states kept");
+        expect_identical(base, run_gpu(in, c.options, Keep::all), what + ", everything kept");
     }
 }
 
@@ -106,30 +109,32 @@ TEST(OpArgs, KdaSavedThatDoesNotFit) {
     auto bwd = [&](const KdaSaved& s) {
         kda_bwd(in.q, in.k, in.v, in.g, in.beta, Tensor(), out, Tensor(), dq, dk, dv, dg, db, Tensor(), {}, &s);
     };
-    // B * HV * nc * C * C = 1 * 2 * 2 * 64 * 64 elements per tile tensor.
-    const Tensor tile = Tensor::zeros({2 * 2 * 64 * 64}, DType::f32);
-    bwd({tile, tile, tile, Tensor(), Tensor()});  // fits
-    expect_op_error(
-        [&] {
-            bwd({tile, tile, Tensor::zeros({64 * 64}, DType::f32), Tensor(), Tensor()});
-        },
-        "kda_bwd: saved.t has 4096 elements, expected 16384 for B = 1, T = 70, HV = 2, K = 4, V = 3, "
-        "chunk 64; it was saved by a kda_fwd of other shapes");
-    expect_op_error(
-        [&] {
-            bwd({tile, tile, tile.to(DType::f64), Tensor(), Tensor()});
-        },
-        "kda_bwd: saved.t must be a contiguous f32 tensor on the inputs' device");
-    expect_op_error(
-        [&] {
-            bwd({tile, Tensor(), tile, Tensor(), Tensor()});
-        },
-        "kda_bwd: saved.a, saved.m and saved.t must be all defined or all undefined");
-    expect_op_error(
-        [&] {
-            bwd({Tensor(), Tensor(), Tensor(), tile, tile});
-        },
-        "kda_bwd: saved.hs and saved.vn come together, and only with the tiles");
+    // Per tile tensor B * HV * nc * C * C = 1 * 2 * 2 * 64 * 64 elements; per row tensor B * HV * nc * C * K.
+    const Tensor tile = Tensor::zeros({2 * 2 * 64 * 64}, DType::f32),
+                 rows = Tensor::zeros({2 * 2 * 64 * 4}, DType::f32);
+    auto tiles = [&](const Tensor& a, const Tensor& m, const Tensor& t) {
+        KdaSaved s;
+        s.a = a;
+        s.m = m;
+        s.t = t;
+        return s;
+    };
+    bwd(tiles(tile, tile, tile));  // fits
+    expect_op_error([&] { bwd(tiles(tile, tile, Tensor::zeros({64 * 64}, DType::f32))); },
+                    "kda_bwd: saved.t has 4096 elements, expected 16384 for B = 1, T = 70, HV = 2, K = 4, V = 3, "
+                    "chunk 64; it was saved by a kda_fwd of other shapes");
+    expect_op_error([&] { bwd(tiles(tile, tile, tile.to(DType::f64))); },
+                    "kda_bwd: saved.t must be a contiguous f32 tensor on the inputs' device");
+    expect_op_error([&] { bwd(tiles(tile, Tensor(), tile)); },
+                    "kda_bwd: saved.a, saved.m and saved.t must be all defined or all undefined");
+    KdaSaved states_only;
+    states_only.hs = tile;
+    states_only.vn = tile;
+    expect_op_error([&] { bwd(states_only); }, "kda_bwd: saved.hs and saved.vn come together, and only with the tiles");
+    KdaSaved rows_only = tiles(tile, tile, tile);
+    rows_only.gam = rows_only.qg = rows_only.kg = rows_only.w = rows;
+    expect_op_error([&] { bwd(rows_only); },
+                    "kda_bwd: saved.gam, saved.qg, saved.kg and saved.w come together, and only with the states");
 }
 
 }  // namespace

@@ -87,8 +87,7 @@ void kda_fwd(const Tensor& q,
              const Tensor& s0,
              const Tensor& out,
              const Tensor& st,
-             int64_t chunk_size,
-             bool save_states,
+             const ops::KdaOptions& options,
              ops::KdaSaved* saved);
 void kda_bwd(const Tensor& q,
              const Tensor& k,
@@ -104,7 +103,7 @@ void kda_bwd(const Tensor& q,
              const Tensor& dg,
              const Tensor& dbeta,
              const Tensor& ds0,
-             int64_t chunk_size,
+             const ops::KdaOptions& options,
              const ops::KdaSaved* saved);
 
 // The small ops of the KDA layer (ops/kda_gate.h, causal_conv1d.h, l2norm.h, sigmoid.h, sigmoid_gate.h); the dtypes

@@ -83,8 +83,7 @@ void kda_fwd(const Tensor&,
              const Tensor&,
              const Tensor&,
              const Tensor&,
-             int64_t,
-             bool,
+             const ops::KdaOptions&,
              ops::KdaSaved*) {
     absent("kda_fwd");
 }
@@ -102,7 +101,7 @@ void kda_bwd(const Tensor&,
              const Tensor&,
              const Tensor&,
              const Tensor&,
-             int64_t,
+             const ops::KdaOptions&,
              const ops::KdaSaved*) {
     absent("kda_bwd");
 }

@@ -198,28 +198,25 @@ __global__ void __launch_bounds__(kThreads) scan_kernel(
 
 }  // namespace
 
-Work work_alloc(const Dims& d, std::vector<Tensor>& keep, bool scan_only, const Tiles* tiles, bool with_u) {
+Work work_alloc(const Dims& d, std::vector<Tensor>& keep, bool scan_only, const Work& given, bool with_u) {
     const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
     auto alloc = [&](int64_t cols) {
         keep.push_back(Tensor::scratch({chunks * d.c * cols}, DType::f32, core::Device::cuda));
         return keep.back().data<float>();
     };
+    auto pick = [&](float* g, int64_t cols, bool wanted) {
+        return g != nullptr ? g : (wanted ? alloc(cols) : nullptr);
+    };
     Work w{};
-    w.gam = alloc(d.k);
-    w.qg = alloc(d.k);
-    w.kg = alloc(d.k);
-    w.xw = scan_only ? nullptr : alloc(d.k);
-    w.w = alloc(d.k);
-    w.u = with_u ? alloc(d.v) : nullptr;
-    if (tiles != nullptr) {
-        w.a = tiles->a;
-        w.m = tiles->m;
-        w.tm = tiles->tm;
-    } else {
-        w.a = alloc(d.c);
-        w.m = scan_only ? nullptr : alloc(d.c);
-        w.tm = scan_only ? nullptr : alloc(d.c);
-    }
+    w.gam = pick(given.gam, d.k, true);
+    w.qg = pick(given.qg, d.k, true);
+    w.kg = pick(given.kg, d.k, true);
+    w.xw = pick(given.xw, d.k, !scan_only);
+    w.w = pick(given.w, d.k, true);
+    w.u = pick(given.u, d.v, with_u);
+    w.a = pick(given.a, d.c, true);
+    w.m = pick(given.m, d.c, !scan_only);
+    w.tm = pick(given.tm, d.c, !scan_only);
     return w;
 }
 
@@ -312,42 +309,51 @@ void kda_fwd(const Tensor& q,
              const Tensor& s0,
              const Tensor& out,
              const Tensor& st,
-             int64_t chunk_size,
-             bool save_states,
+             const ops::KdaOptions& options,
              ops::KdaSaved* saved) {
     constexpr std::string_view op = "kda_fwd";
-    kda_check_dtypes(q, k, v, g, beta, {{"out", out}}, {{"s0", s0}, {"st", st}}, chunk_size, op);
+    kda_check_dtypes(q, k, v, g, beta, {{"out", out}}, {{"s0", s0}, {"st", st}}, options.chunk_size, op);
     core::NvtxRange range("kda_fwd");
     kda::Profile prof("fwd");
-    const kda::Dims d = kda_dims(q, v, chunk_size);
-    std::vector<Tensor> keep;
+    const kda::Dims d = kda_dims(q, v, options.chunk_size);
+    std::vector<Tensor> keep_alive;
     // prep_tc's forward writes only what the scan reads: no Xw, M, T (their zero-filled allocation cost ~0.15 ms
-    // at 8 x 4096), unless the caller keeps A, M and T for the backward: then they go straight to its tensors.
+    // at 8 x 4096), unless the caller keeps them for the backward (ops::KdaSaved): then the kept quantities go
+    // straight to its tensors.
     const bool prep_tc = kda::use_prep_tc(d, q.dtype()), tc = kda::use_tc(d, q.dtype());
-    const bool keep_tiles = saved != nullptr && prep_tc && tc;
-    kda::Tiles tiles{};
-    if (keep_tiles) {
-        const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc, cc = chunks * d.c * d.c;
-        auto f32 = [](int64_t n) { return Tensor::scratch({n}, DType::f32, core::Device::cuda); };
-        saved->a = f32(cc);
-        saved->m = f32(cc);
-        saved->t = f32(cc);
-        tiles = {saved->a.data<float>(), saved->m.data<float>(), saved->t.data<float>()};
-        if (save_states) {
-            saved->hs = f32(chunks * d.k * d.v);
-            saved->vn = f32(chunks * d.c * d.v);
+    const bool keep = saved != nullptr && prep_tc && tc;
+    const bool keep_ws = keep && options.save_workspace, keep_states = keep && (options.save_states || keep_ws);
+    kda::Work given{};
+    if (keep) {
+        const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
+        auto f32 = [&](Tensor& t, int64_t cols) {
+            t = Tensor::scratch({chunks * d.c * cols}, DType::f32, core::Device::cuda);
+            return t.data<float>();
+        };
+        given.a = f32(saved->a, d.c);
+        given.m = f32(saved->m, d.c);
+        given.tm = f32(saved->t, d.c);
+        if (keep_states) {
+            saved->hs = Tensor::scratch({chunks * d.k * d.v}, DType::f32, core::Device::cuda);
+            f32(saved->vn, d.v);
+        }
+        if (keep_ws) {
+            given.gam = f32(saved->gam, d.k);
+            given.qg = f32(saved->qg, d.k);
+            given.kg = f32(saved->kg, d.k);
+            given.w = f32(saved->w, d.k);
         }
     }
-    const kda::Work w = kda::work_alloc(d, keep, prep_tc, keep_tiles ? &tiles : nullptr);
+    const kda::Work w = kda::work_alloc(d, keep_alive, prep_tc, given);
     prof.mark("alloc");
     if (prep_tc)
-        kda::prep_tc_launch(q, k, v, g, beta, d, w, kda::PrepMode::fwd);
+        kda::prep_tc_launch(q, k, v, g, beta, d, w, keep_ws ? kda::PrepMode::fwd_all : kda::PrepMode::fwd);
     else
         kda::prep_launch(q, k, v, g, beta, d, w);
     prof.mark("prep");
     if (tc) {
-        float* hs = keep_tiles && save_states ? saved->hs.data<float>() : nullptr;
-        float* vn = keep_tiles && save_states ? saved->vn.data<float>() : nullptr;
+        float* hs = keep_states ? saved->hs.data<float>() : nullptr;
+        float* vn = keep_states ? saved->vn.data<float>() : nullptr;
         kda::scan_tc_launch(q.dtype(), s0, out, st, d, w, hs, vn);
     } else {
         kda::scan_launch(s0, out, st, d, w, nullptr, nullptr);

@@ -137,6 +137,7 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
                                                          bool dtc,
                                                          bool split,
                                                          const int* __restrict__ only,
+                                                         bool fill_xw,
                                                          PhaseClock pc) {
     // With chunk_smem_kernel in front, only the chunks it left (only[cb] != 0) are done here.
     if (only != nullptr && only[chunk_index(d, blockIdx.y, blockIdx.x)] == 0) return;
@@ -153,7 +154,7 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     const float* gam = w.gam + ck_off(d, cb);
     const float* qg = w.qg + ck_off(d, cb);
     const float* kg = w.kg + ck_off(d, cb);
-    const float* xw = w.xw + ck_off(d, cb);
+    float* xw = w.xw + ck_off(d, cb);
     const float* m = w.m + cc_off(d, cb);
     const float* tm = w.tm + cc_off(d, cb);
     const float* hh = hs + cb * kv;   // state entering the chunk [kd, vd]
@@ -173,6 +174,13 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     auto doat = [&](int r, int y) { return ld(dout, v_row(d, b, row(r), hv) + y, valid(r)); };
     pc.mark(0);
     for (int r = tid; r < c; r += nt) sbeta[r] = ld(beta, beta_at(d, b, row(r), hv), valid(r));
+    if (fill_xw) {
+        // The forward kept Gamma, Qg, Kg and W but not Xw, which only this kernel reads: formed here, as prep_tc
+        // forms it (the same product, bit for bit), and read back by this block after the barrier.
+        __syncthreads();
+        for (int e = tid; e < c * kd; e += nt) xw[e] = sbeta[e / kd] * kat(e / kd, e % kd) * expf(gam[e]);
+        __syncthreads();
+    }
     // The products over V: one warp per output, the lanes over the value columns (coalesced rows).
     const int warp = tid / 32, lane = tid % 32, warps = nt / 32;
     if (pre_da != nullptr) {
@@ -417,7 +425,7 @@ void kda_bwd(const Tensor& q,
              const Tensor& dg,
              const Tensor& dbeta,
              const Tensor& ds0,
-             int64_t chunk_size,
+             const ops::KdaOptions& options,
              const ops::KdaSaved* saved) {
     constexpr std::string_view op = "kda_bwd";
     kda_check_dtypes(q,
@@ -427,26 +435,35 @@ void kda_bwd(const Tensor& q,
                      beta,
                      {{"dout", dout}, {"dq", dq}, {"dk", dk}, {"dv", dv}, {"dg", dg}, {"dbeta", dbeta}},
                      {{"s0", s0}, {"dst", dst}, {"ds0", ds0}},
-                     chunk_size,
+                     options.chunk_size,
                      op);
     core::NvtxRange range("kda_bwd");
     kda::Profile prof("bwd");
-    const kda::Dims d = kda_dims(q, v, chunk_size);
+    const kda::Dims d = kda_dims(q, v, options.chunk_size);
     const bool tc = kda::use_tc(d, q.dtype()), prep_tc = kda::use_prep_tc(d, q.dtype());
-    // What the forward kept (ops::KdaSaved; it fills one only on this path): A, M, T, and maybe hs and Vn. Read only.
+    // What the forward kept (ops::KdaSaved; it fills one only on this path): A, M, T, maybe hs and Vn, maybe Gamma,
+    // Qg, Kg and W too. Read only: the buffers below that would overwrite them get their own memory instead.
     const bool tiles_in = saved != nullptr && saved->has_tiles() && tc && prep_tc;
-    const bool states_in = tiles_in && saved->has_states();
-    kda::Tiles tiles{};
-    if (tiles_in)
-        tiles = {const_cast<float*>(saved->a.data<float>()),
-                 const_cast<float*>(saved->m.data<float>()),
-                 const_cast<float*>(saved->t.data<float>())};
+    const bool states_in = tiles_in && saved->has_states(), ws_in = states_in && saved->has_workspace();
+    auto mut = [](const Tensor& t) { return const_cast<float*>(t.data<float>()); };
+    kda::Work given{};
+    if (tiles_in) {
+        given.a = mut(saved->a);
+        given.m = mut(saved->m);
+        given.tm = mut(saved->t);
+    }
+    if (ws_in) {
+        given.gam = mut(saved->gam);
+        given.qg = mut(saved->qg);
+        given.kg = mut(saved->kg);
+        given.w = mut(saved->w);
+    }
     std::vector<Tensor> keep;
-    kda::Work w = kda::work_alloc(d, keep, false, tiles_in ? &tiles : nullptr, !states_in);
+    kda::Work w = kda::work_alloc(d, keep, false, given, !states_in);
     prof.mark("alloc");
-    if (prep_tc)
+    if (prep_tc && !ws_in)
         kda::prep_tc_launch(q, k, v, g, beta, d, w, tiles_in ? kda::PrepMode::bwd_tiles : kda::PrepMode::bwd);
-    else
+    else if (!prep_tc)
         kda::prep_launch(q, k, v, g, beta, d, w);
     prof.mark("prep");
     const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
@@ -492,8 +509,11 @@ void kda_bwd(const Tensor& q,
     // allocating and zero-filling ~0.7 GB at 8 x 4096. A and U kept by the forward are not ours to overwrite: dA and
     // dXu get their own buffers then (dA's zero tiles are written by chunk_mm_tc, which covers every tile).
     if (tiles_in) w.a = alloc(chunks * d.c * d.c);
-    const kda::Scratch sc{
-        alloc(chunks * ck), alloc(chunks * ck), alloc(chunks * ck), w.w, w.u != nullptr ? w.u : alloc(chunks * cv)};
+    const kda::Scratch sc{alloc(chunks * ck),
+                          alloc(chunks * ck),
+                          alloc(chunks * ck),
+                          ws_in ? alloc(chunks * ck) : w.w,
+                          w.u != nullptr ? w.u : alloc(chunks * cv)};
     float* pre_da = nullptr;
     float* pre_dgl = nullptr;
     if (kda::use_chunk_tc(d, q.dtype())) {
@@ -546,6 +566,7 @@ void kda_bwd(const Tensor& q,
                                                                              dtc,
                                                                              kda::bwd_split_tc(),
                                                                              only,
+                                                                             ws_in,
                                                                              phases.clock());
     });
     MT_CUDA_CHECK(cudaGetLastError());

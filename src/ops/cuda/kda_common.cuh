@@ -79,14 +79,11 @@ inline size_t rscan_smem_bytes(const Dims& d) {
            sizeof(float);
 }
 
-// Tiles a, m, tm ([units, nc, C, C] each) in buffers the workspace does not own (ops::KdaSaved's).
-struct Tiles {
-    float *a, *m, *tm;
-};
-// Allocates the workspace (fp32 device tensors kept alive by `keep`); scan_only leaves xw, m, tm null (prep_tc's
-// forward does not write them); tiles: a, m, tm point there instead; with_u = false leaves u null.
+// Allocates the workspace (fp32 device tensors kept alive by `keep`). Pointers already set in `given` (buffers of
+// an ops::KdaSaved) are used as they are; of the rest, scan_only leaves xw, m, tm null (prep_tc's forward does not
+// write them) and with_u = false leaves u null.
 Work work_alloc(
-    const Dims& d, std::vector<Tensor>& keep, bool scan_only = false, const Tiles* tiles = nullptr, bool with_u = true);
+    const Dims& d, std::vector<Tensor>& keep, bool scan_only = false, const Work& given = {}, bool with_u = true);
 // Fills the workspace for every (unit, chunk): one block per pair.
 void prep_launch(const Tensor& q,
                  const Tensor& k,
@@ -115,9 +112,10 @@ void scan_tc_launch(DType dt,
                     float* vn);
 // The tensor-core prep (kda_prep_tc.cu): use_tc, and MT_KDA_PREP_TC=0 not set. Fills the same workspace as
 // prep_launch. Modes: fwd writes what the scan reads (qg, kg, w, u, a and Gamma's last row), and m and tm when
-// they are non-null (kept for the backward); bwd everything; bwd_tiles reads tm (and leaves a, m alone) instead of
-// forming A, M and T, and writes the rest (u only when non-null).
-enum class PrepMode { fwd, bwd, bwd_tiles };
+// they are non-null (kept for the backward); fwd_all also Gamma's every row (all of it kept); bwd everything;
+// bwd_tiles reads tm (and leaves a, m alone) instead of forming A, M and T, and writes the rest (u only when
+// non-null). xw is written whenever it is non-null.
+enum class PrepMode { fwd, fwd_all, bwd, bwd_tiles };
 bool use_prep_tc(const Dims& d, DType dt);
 void prep_tc_launch(const Tensor& q,
                     const Tensor& k,

@@ -18,7 +18,8 @@
 // Every product accumulates in fp32; only operands round to TF32 (10 mantissa bits). MT_KDA_PREP_SPLIT=1 splits
 // each operand into two TF32 parts (3 MMAs per product, ~fp32 accuracy), a precision check. Warps own fixed tiles
 // and sum in a fixed order: deterministic. The forward writes only what the scan reads (Qg, Kg, W, U, A, Gamma's
-// last row), and M and T when the caller keeps them (ops::KdaSaved); the backward (full) also Gamma, Xw, M, T.
+// last row), and M and T when the caller keeps them (ops::KdaSaved; Gamma's every row too when it keeps all); the
+// backward also Gamma, Xw, M, T.
 // With the tiles kept (kTilesIn, PrepMode::bwd_tiles) steps 3 and 4 are skipped: T is read back instead, bit for
 // bit the T of the forward, so W and U come out identical; U is skipped when the states were kept too.
 #include <string_view>
@@ -69,7 +70,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
                                                               const T* __restrict__ beta,
                                                               Dims d,
                                                               Work w,
-                                                              bool full,
+                                                              bool gam_all,
                                                               PhaseClock pc) {
     extern __shared__ __align__(16) unsigned char smem[];
     const Layout l = layout(d);
@@ -158,12 +159,8 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         const int64_t o = ck + static_cast<int64_t>(r) * kd + x;
         *reinterpret_cast<float4*>(w.qg + o) = make_float4(qg[0], qg[1], qg[2], qg[3]);
         *reinterpret_cast<float4*>(w.kg + o) = make_float4(kg[0], kg[1], kg[2], kg[3]);
-        if (full) {
-            *reinterpret_cast<float4*>(w.xw + o) = make_float4(xw[0], xw[1], xw[2], xw[3]);
-            *reinterpret_cast<float4*>(w.gam + o) = gm;
-        } else if (r == c - 1) {
-            *reinterpret_cast<float4*>(w.gam + o) = gm;
-        }
+        if (w.xw != nullptr) *reinterpret_cast<float4*>(w.xw + o) = make_float4(xw[0], xw[1], xw[2], xw[3]);
+        if (gam_all || r == c - 1) *reinterpret_cast<float4*>(w.gam + o) = gm;
     }
 
     pc.mark(2);
@@ -401,7 +398,7 @@ void launch(const Tensor& q,
     auto kernel = tiles_in ? (split_on ? prep_tc_kernel<T, true, true> : prep_tc_kernel<T, false, true>)
                            : (split_on ? prep_tc_kernel<T, true, false> : prep_tc_kernel<T, false, false>);
     MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    const char* name = mode == PrepMode::fwd ? "prep" : (tiles_in ? "prep_tiles" : "prep_full");
+    const char* name = mode == PrepMode::bwd ? "prep_full" : (tiles_in ? "prep_tiles" : "prep");
     const PhaseLog phases(name, static_cast<int64_t>(d.nc) * d.units());
     kernel<<<grid, kThreads, smem, core::cuda_stream()>>>(static_cast<const T*>(q.raw()),
                                                           static_cast<const T*>(k.raw()),
@@ -410,7 +407,7 @@ void launch(const Tensor& q,
                                                           static_cast<const T*>(beta.raw()),
                                                           d,
                                                           w,
-                                                          mode != PrepMode::fwd,
+                                                          mode != PrepMode::fwd,  // every row of Gamma
                                                           phases.clock());
     MT_CUDA_CHECK(cudaGetLastError());
     phases.print(9);
