@@ -152,8 +152,6 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     const int n = blockIdx.x, unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, h = hv / d.group, t0 = n * c;
     const int64_t cb = chunk_index(d, unit, n), kv = static_cast<int64_t>(kd) * vd;
     const float* gam = w.gam + ck_off(d, cb);
-    const float* qg = w.qg + ck_off(d, cb);
-    const float* kg = w.kg + ck_off(d, cb);
     float* xw = w.xw + ck_off(d, cb);
     const float* m = w.m + cc_off(d, cb);
     const float* tm = w.tm + cc_off(d, cb);
@@ -305,7 +303,9 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     }
     for (int x = tid; x < kd; x += nt) {
         float acc = sdgl[x];
-        for (int r = 0; r < c; ++r) acc += dkg[r * kd + x] * kg[r * kd + x];
+        // kg exact (the workspace's Kg is rounded to TF32 on the tensor-core path), as prep forms it.
+        for (int r = 0; r < c; ++r)
+            acc += dkg[r * kd + x] * (kat(r, x) * expf(gam[(c - 1) * kd + x] - gam[r * kd + x]));
         sdgl[x] = acc;
     }
     __syncthreads();
@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
         const float a = dqg[e], bk = dkg[e], cw = dxw[e];
         dqg[e] = a * ev;
         dkg[e] = bk * fk + sbeta[r] * cw * ev;
-        float dgm = a * qg[e] - bk * kg[e] + cw * xw[e];
+        float dgm = a * (qat(r, x) * ev) - bk * (kat(r, x) * fk) + cw * xw[e];  // qg, kg exact, as prep forms them
         if (r == c - 1) dgm += sdgl[x];
         dxw[e] = dgm;
     }
@@ -464,7 +464,7 @@ void kda_bwd(const Tensor& q,
     if (prep_tc && !ws_in)
         kda::prep_tc_launch(q, k, v, g, beta, d, w, tiles_in ? kda::PrepMode::bwd_tiles : kda::PrepMode::bwd);
     else if (!prep_tc)
-        kda::prep_launch(q, k, v, g, beta, d, w);
+        kda::prep_launch(q, k, v, g, beta, d, w, tc);
     prof.mark("prep");
     const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
     auto alloc = [&](int64_t n) {

@@ -36,6 +36,13 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
     return __float_as_uint(__fsub_rn(c, __fsub_rn(c, x)));
 }
 
+// x rounded to TF32, kept as a float: tiles of these go to the MMA as bit patterns (frag_*_f on uint32_t), with
+// no conversion at the reads. Rounding is idempotent (to_tf32 of such a value returns it), so a consumer that does
+// round gets the same operand.
+__device__ __forceinline__ float tf32_bits(float x) {
+    return __uint_as_float(to_tf32(x));
+}
+
 // d += a b for one 16x8 output tile, k = 8.
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     asm volatile(

@@ -15,13 +15,15 @@
 //      substitution (fp32, CUDA cores), then T_ab = -T_aa sum_{b <= c < a} L_ac T_cb row block by row block
 //      (3xTF32 tensor-core products, about fp32's accuracy).
 //   5. W = T Xw and U = T Diag(beta) V on tensor cores, warps over 16-column slabs, T's zero tiles skipped.
-// Every product accumulates in fp32; only operands round to TF32 (10 mantissa bits). MT_KDA_PREP_SPLIT=1 splits
-// each operand into two TF32 parts (3 MMAs per product, ~fp32 accuracy), a precision check. Warps own fixed tiles
-// and sum in a fixed order: deterministic. The forward writes only what the scan reads (Qg, Kg, W, U, A, Gamma's
-// last row), and M and T when the caller keeps them (ops::KdaSaved; Gamma's every row too when it keeps all); the
-// backward also Gamma, Xw, M, T.
-// With the tiles kept (kTilesIn, PrepMode::bwd_tiles) steps 3 and 4 are skipped: T is read back instead, bit for
-// bit the T of the forward, so W and U come out identical; U is skipped when the states were kept too.
+// Every product accumulates in fp32; only operands round to TF32 (10 mantissa bits). Qg, Kg, W and A are stored
+// rounded to TF32: their readers (the scans) use them only as MMA operands, which they would round anyway, and
+// reading them as bits spares every warp the conversion (the fallback chunk kernel forms its exact Qg, Kg itself).
+// MT_KDA_PREP_SPLIT=1 splits each operand into two TF32 parts (3 MMAs per product, ~fp32 accuracy), a precision check.
+// Warps own fixed tiles and sum in a fixed order: deterministic. The forward writes only what the scan reads (Qg, Kg,
+// W, U, A, Gamma's last row), and M and T when the caller keeps them (ops::KdaSaved; Gamma's every row too when it
+// keeps all); the backward also Gamma, Xw, M, T. With the tiles kept (kTilesIn, PrepMode::bwd_tiles) steps 3 and 4 are
+// skipped: T is read back instead, bit for bit the T of the forward, so W and U come out identical; U is skipped when
+// the states were kept too.
 #include <string_view>
 
 #include "ops/cuda/cuda_ops.h"
@@ -152,8 +154,8 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const float ev = expf(gs[i]), kv = to_f32(sk[r * ldx + x + i]);
-            qg[i] = to_f32(sq[r * ldx + x + i]) * ev;
-            kg[i] = kv * expf(ls[i] - gs[i]);
+            qg[i] = tf32_bits(to_f32(sq[r * ldx + x + i]) * ev);
+            kg[i] = tf32_bits(kv * expf(ls[i] - gs[i]));
             xw[i] = sb[r] * kv * ev;
         }
         const int64_t o = ck + static_cast<int64_t>(r) * kd + x;
@@ -235,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
             }
         };
         for_results([&](int i, int jj, float av, float mv) {
-            w.a[cc + i * c + jj] = av;
+            w.a[cc + i * c + jj] = tf32_bits(av);
             if (w.m != nullptr) w.m[cc + i * c + jj] = mv;
         });
         __syncthreads();
@@ -267,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
                 }
                 if (jj >= i) sm = 0.0f;
                 if (lane == 0) {
-                    w.a[cc + i * c + jj] = sa;
+                    w.a[cc + i * c + jj] = tf32_bits(sa);
                     if (w.m != nullptr) w.m[cc + i * c + jj] = sm;
                     sl[i * ldc + jj] = sb[i] * sm;
                 }
@@ -373,6 +375,9 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
             if (a >= nsub) continue;
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt) {
+                if (isw)  // W is only ever an MMA operand (the scans): stored rounded; U is an addend, kept exact
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[a][nt][e] = tf32_bits(acc[a][nt][e]);
                 const int r0 = a * kSub + gq, col = n0 + nt * 8 + 2 * tq;
                 *reinterpret_cast<float2*>(dst + r0 * ld + col) = make_float2(acc[a][nt][0], acc[a][nt][1]);
                 *reinterpret_cast<float2*>(dst + (r0 + 8) * ld + col) = make_float2(acc[a][nt][2], acc[a][nt][3]);

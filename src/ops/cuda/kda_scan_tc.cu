@@ -60,11 +60,6 @@ __device__ __forceinline__ void frag_b16(uint32_t (&b)[2], const T* x, int ld, i
     b[1] = __float_as_uint(to_f32(x[(k0 + t + 4) * ld + n0 + g]));
 }
 
-// x rounded to TF32, kept as a float: tiles of these go to the MMA as bit patterns (frag_b_f on uint32_t).
-__device__ __forceinline__ float tf32_bits(float x) {
-    return __uint_as_float(to_tf32(x));
-}
-
 // Ownership of the [c, BV] products (Vn, O, dVn): warp w takes row tile w % 4 (c = 32 idles w % 4 >= 2) and the
 // column tiles w / 4 + 2 i, i < BV / 16. Of the [K, BV] state products: K / 16 row tiles; when that divides 8 the
 // 8 / (K / 16) warps of a row tile split its BV / 8 column tiles (tiles nt0 + step i), else warp w < K / 16 owns row
@@ -112,6 +107,9 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
     float* ss = sg + kd;        // state columns [K, ld]
     float* svn = ss + kd * ld;  // Vn [c, ld], TF32-rounded
     const auto* svn_bits = reinterpret_cast<const uint32_t*>(svn);
+    // W, Qg, Kg and A arrive already rounded to TF32 (prep_tc), so their fragments are read as bits.
+    const auto *sw_bits = reinterpret_cast<const uint32_t*>(sw), *sq_bits = reinterpret_cast<const uint32_t*>(sq);
+    const auto *sk_bits = reinterpret_cast<const uint32_t*>(sk), *sa_bits = reinterpret_cast<const uint32_t*>(sa);
     const int64_t kv = static_cast<int64_t>(kd) * vd;
     for (int e = tid; e < kd * BV; e += kThreads) {
         const int x = e / BV, y = e % BV;
@@ -170,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     uint32_t a[4];
-                    frag_a(a, sw, ldr, m0, k0 + 8 * h, g, t);
+                    frag_a_f(a, sw_bits, ldr, m0, k0 + 8 * h, g, t);
 #pragma unroll
                     for (int i = 0; i < kN; ++i) {
                         uint32_t bb[2];
@@ -211,7 +209,7 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     uint32_t a[4];
-                    frag_a(a, sq, ldr, m0, k0 + 8 * h, g, t);
+                    frag_a_f(a, sq_bits, ldr, m0, k0 + 8 * h, g, t);
 #pragma unroll
                     for (int i = 0; i < kN; ++i) {
                         uint32_t bb[2];
@@ -224,7 +222,7 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     uint32_t a[4];
-                    frag_a(a, sa, lda, m0, k0 + 8 * h, g, t);
+                    frag_a_f(a, sa_bits, lda, m0, k0 + 8 * h, g, t);
 #pragma unroll
                     for (int i = 0; i < kN; ++i) {
                         uint32_t bb[2];
@@ -270,7 +268,7 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
             }
             for (int k0 = 0; k0 < c; k0 += 8) {
                 uint32_t a[4];
-                frag_at(a, sk, ldt, stl.x0, k0, g, t);
+                frag_at_f(a, sk_bits, ldt, stl.x0, k0, g, t);
 #pragma unroll
                 for (int i = 0; i < kN3; ++i) {
                     const int n0 = (stl.nt0 + stl.step * i) * 8;
@@ -326,6 +324,8 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
     float* sdvn = sds + kd * ld;                    // -dVn [c, ld], TF32-rounded
     T* sdo0 = reinterpret_cast<T*>(sdvn + c * ld);  // dO, two buffers [c, ld] (16-bit)
     const auto* sdvn_bits = reinterpret_cast<const uint32_t*>(sdvn);
+    // Kg, A (and Qg, W below) arrive already rounded to TF32 (prep_tc), so their fragments are read as bits.
+    const auto *sk_bits = reinterpret_cast<const uint32_t*>(sk), *sa_bits = reinterpret_cast<const uint32_t*>(sa);
     const int64_t kv = static_cast<int64_t>(kd) * vd;
     for (int e = tid; e < kd * BV; e += kThreads) {
         const int x = e / BV, y = e % BV;
@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     uint32_t a[4];
-                    frag_at(a, sa, lda, m0, k0 + 8 * h, g, t);
+                    frag_at_f(a, sa_bits, lda, m0, k0 + 8 * h, g, t);
 #pragma unroll
                     for (int i = 0; i < kN; ++i) {
                         uint32_t bb[2];
@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     uint32_t a[4];
-                    frag_a(a, sk, ldr, m0, k0 + 8 * h, g, t);
+                    frag_a_f(a, sk_bits, ldr, m0, k0 + 8 * h, g, t);
 #pragma unroll
                     for (int i = 0; i < kN; ++i) {
                         uint32_t bb[2];
@@ -465,8 +465,8 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
                     uint32_t aq[4], aw[4];
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        aq[e] = to_tf32(qf[s][e]);
-                        aw[e] = to_tf32(wf[s][e]);
+                        aq[e] = __float_as_uint(qf[s][e]);  // TF32 already (prep_tc rounds Qg and W)
+                        aw[e] = __float_as_uint(wf[s][e]);
                     }
 #pragma unroll
                     for (int i = 0; i < kPer; ++i) {
