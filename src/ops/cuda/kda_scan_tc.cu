@@ -41,11 +41,20 @@ __host__ __device__ constexpr int ld_b() {
     return BV + 8;
 }
 
+// Whether the forward scan keeps a TF32-rounded copy of its fp32 state S next to it: the B operand of the products
+// that read S, read as bits instead of converted by every warp at every use; the fp32 S stays the one that
+// accumulates and is stored. At BV = 128 there is no room for it. (The reverse scan's dS copy measured slower:
+// 2.27 -> 2.31 ms at 1 x 32768, 6.93 -> 7.24 at 2 x 65536; not kept.)
+__host__ __device__ constexpr bool shadow_state(int bv) {
+    return bv <= 64;
+}
+
 // Forward shared memory (floats): W, Qg [c, ld_row(K)], Kg [c, ld_tr(K)], A [c, ld_row(c)], gamma-log [K],
-// S [K, ld_b], Vn [c, ld_b]. U is read into registers (each lane needs only its own outputs' values).
-// (bv + 8 = ld_b<bv>(); a runtime bv so pick_bv can size every tile.)
+// S [K, ld_b], Vn [c, ld_b], S rounded [K, ld_b] (shadow_state). U is read into registers (each lane needs only its own
+// outputs' values). (bv + 8 = ld_b<bv>(); a runtime bv so pick_bv can size every tile.)
 int scan_tc_floats(const Dims& d, int bv) {
-    return 2 * d.c * ld_row(d.k) + d.c * ld_tr(d.k) + d.c * ld_row(d.c) + d.k + (d.k + d.c) * (bv + 8);
+    return 2 * d.c * ld_row(d.k) + d.c * ld_tr(d.k) + d.c * ld_row(d.c) + d.k + (d.k + d.c) * (bv + 8) +
+           (shadow_state(bv) ? d.k * (bv + 8) : 0);
 }
 // Backward: Kg [c, ld_row(K)], A [c, ld_tr(c)], gamma-log [2][K], dS [K, ld_b], dVn [c, ld_b], and two 16-bit dO
 // buffers [c, ld_b] (dO of the next chunk streams in while this one is used). Qg and W go to registers.
@@ -107,6 +116,9 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
     float* ss = sg + kd;        // state columns [K, ld]
     float* svn = ss + kd * ld;  // Vn [c, ld], TF32-rounded
     const auto* svn_bits = reinterpret_cast<const uint32_t*>(svn);
+    constexpr bool kShadow = shadow_state(BV);
+    float* ssr = svn + c * ld;  // S rounded to TF32 [K, ld] (kShadow)
+    const auto* ssr_bits = reinterpret_cast<const uint32_t*>(ssr);
     // W, Qg, Kg and A arrive already rounded to TF32 (prep_tc), so their fragments are read as bits.
     const auto *sw_bits = reinterpret_cast<const uint32_t*>(sw), *sq_bits = reinterpret_cast<const uint32_t*>(sq);
     const auto *sk_bits = reinterpret_cast<const uint32_t*>(sk), *sa_bits = reinterpret_cast<const uint32_t*>(sa);
@@ -114,6 +126,7 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
     for (int e = tid; e < kd * BV; e += kThreads) {
         const int x = e / BV, y = e % BV;
         ss[x * ld + y] = s0 != nullptr ? s0[unit * kv + static_cast<int64_t>(x) * vd + y0 + y] : 0.0f;
+        if constexpr (kShadow) ssr[x * ld + y] = tf32_bits(ss[x * ld + y]);
     }
     // Loads of chunk n in three groups, in the order the steps consume them.
     auto load_w = [&](int n) { stage_async(sw, ldr, w.w + ck_off(d, chunk_index(d, unit, n)), kd, c, kd); };
@@ -172,7 +185,10 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
 #pragma unroll
                     for (int i = 0; i < kN; ++i) {
                         uint32_t bb[2];
-                        frag_b(bb, ss, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
+                        if constexpr (kShadow)
+                            frag_b_f(bb, ssr_bits, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
+                        else
+                            frag_b(bb, ss, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
                         mma_tf32(acc[h][i], a, bb);
                     }
                 }
@@ -213,7 +229,10 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
 #pragma unroll
                     for (int i = 0; i < kN; ++i) {
                         uint32_t bb[2];
-                        frag_b(bb, ss, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
+                        if constexpr (kShadow)
+                            frag_b_f(bb, ssr_bits, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
+                        else
+                            frag_b(bb, ss, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
                         mma_tf32(acc[h][i], a, bb);
                     }
                 }
@@ -285,6 +304,12 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
                 if (c0 >= BV) continue;
                 *reinterpret_cast<float2*>(ss + r0 * ld + c0) = make_float2(acc[i][0], acc[i][1]);
                 *reinterpret_cast<float2*>(ss + (r0 + 8) * ld + c0) = make_float2(acc[i][2], acc[i][3]);
+                if constexpr (kShadow) {
+                    *reinterpret_cast<float2*>(ssr + r0 * ld + c0) =
+                        make_float2(tf32_bits(acc[i][0]), tf32_bits(acc[i][1]));
+                    *reinterpret_cast<float2*>(ssr + (r0 + 8) * ld + c0) =
+                        make_float2(tf32_bits(acc[i][2]), tf32_bits(acc[i][3]));
+                }
             }
         }
         __syncthreads();
