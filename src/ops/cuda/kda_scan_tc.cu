@@ -1,6 +1,7 @@
-// Tensor-core versions of the two sequential KDA scans (kda.md §4.5 step 6 and §4.6 step 3), used for bf16 and f16
-// inputs when K % 16 == 0, K <= 128 and V % 16 == 0 (kda::use_tc). One block per (BV value columns, unit), chunks
-// in order (or reverse), the fp32 state columns in shared memory (the columns of S never mix). Each product is TF32
+// Tensor-core versions of the two sequential KDA scans (kda.md §4.5 step 6 and §4.6 step 3; the reverse one is in
+// kda_rscan_tc.cu, the pieces they share in kda_scan_common.cuh), used for bf16 and f16 inputs when K % 16 == 0,
+// K <= 128 and V % 16 == 0 (kda::use_tc). One block per (BV value columns, unit), chunks in order (or reverse), the
+// fp32 state columns in shared memory (the columns of S never mix). Each product is TF32
 // mma.sync m16n8k8 with fp32 accumulation; the state update accumulates into the fp32 state itself
 // (D = gamma * S + Kg^T Vn), so rounding enters only through the operands of each product.
 //
@@ -20,26 +21,11 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/kda_common.cuh"
 #include "ops/cuda/kda_mma.cuh"
+#include "ops/cuda/kda_scan_common.cuh"
 
 namespace mt::ops::cuda::kda {
 
 namespace {
-
-constexpr int kWarps = kThreads / 32;
-
-// Row strides: 4 mod 32 for tiles read row-wise as A, 8 mod 32 for tiles read transposed.
-__host__ __device__ inline int ld_row(int cols) {
-    return cols + 4;
-}
-__host__ __device__ inline int ld_tr(int cols) {
-    return cols + 8;
-}
-// Row stride of the [rows, BV] B-operand tiles (S, Vn, dS, dVn fp32; dO 16-bit): BV + 8 makes the B fragment
-// reads conflict-free (rows k0 + t, columns n0 + g) and keeps rows 16-byte aligned.
-template <int BV>
-__host__ __device__ constexpr int ld_b() {
-    return BV + 8;
-}
 
 // Whether the forward scan keeps a TF32-rounded copy of its fp32 state S next to it: the B operand of the products
 // that read S, read as bits instead of converted by every warp at every use; the fp32 S stays the one that
@@ -56,43 +42,6 @@ int scan_tc_floats(const Dims& d, int bv) {
     return 2 * d.c * ld_row(d.k) + d.c * ld_tr(d.k) + d.c * ld_row(d.c) + d.k + (d.k + d.c) * (bv + 8) +
            (shadow_state(bv) ? d.k * (bv + 8) : 0);
 }
-// Backward: Kg [c, ld_row(K)], A [c, ld_tr(c)], gamma-log [2][K], dS [K, ld_b], dVn [c, ld_b], and two 16-bit dO
-// buffers [c, ld_b] (dO of the next chunk streams in while this one is used). Qg and W go to registers.
-int rscan_tc_floats(const Dims& d, int bv) {
-    return d.c * ld_row(d.k) + d.c * ld_tr(d.c) + 2 * d.k + (d.k + 2 * d.c) * (bv + 8);
-}
-
-// B[k][n] = X[k][n] from 16-bit values: bf16 and f16 are exact in TF32, so no rounding step.
-template <typename T>
-__device__ __forceinline__ void frag_b16(uint32_t (&b)[2], const T* x, int ld, int k0, int n0, int g, int t) {
-    b[0] = __float_as_uint(to_f32(x[(k0 + t) * ld + n0 + g]));
-    b[1] = __float_as_uint(to_f32(x[(k0 + t + 4) * ld + n0 + g]));
-}
-
-// Ownership of the [c, BV] products (Vn, O, dVn): warp w takes row tile w % 4 (c = 32 idles w % 4 >= 2) and the
-// column tiles w / 4 + 2 i, i < BV / 16. Of the [K, BV] state products: K / 16 row tiles; when that divides 8 the
-// 8 / (K / 16) warps of a row tile split its BV / 8 column tiles (tiles nt0 + step i), else warp w < K / 16 owns row
-// tile w whole.
-struct StateTiles {
-    int x0, nt0, step;
-    bool on;
-};
-__device__ inline StateTiles state_tiles(int kd, int warp) {
-    const int rt = kd / 16, wpr = kWarps % rt == 0 ? kWarps / rt : 1;
-    return {(warp / wpr) * 16, warp % wpr, wpr, warp / wpr < rt};
-}
-
-// Copies the [K, BV] state columns (row stride ld_b) to a [K, V] global matrix at column y0, 16 bytes per copy.
-template <int BV>
-__device__ __forceinline__ void store_state(float* dst, const float* ss, int kd, int vd) {
-    constexpr int per = BV / 4;
-    for (int e = threadIdx.x; e < kd * per; e += kThreads) {
-        const int x = e / per, y = (e % per) * 4;
-        *reinterpret_cast<float4*>(dst + static_cast<int64_t>(x) * vd + y) =
-            *reinterpret_cast<const float4*>(ss + x * ld_b<BV>() + y);
-    }
-}
-
 template <typename T, int BV>
 __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restrict__ s0,
                                                            T* __restrict__ out,
@@ -323,208 +272,19 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
     ps.flush(8);
 }
 
-// Reverse scan: dVn = A^T dO + Kg dS (stored), then dS <- Diag(gamma) dS + Qg^T dO - W^T dVn; dhs gets dS as it
-// leaves each chunk, ds0 the final dS. In step 2 a warp's A operands are its own state rows' slices of Qg and W
-// ([c, 16] each, no other warp reads them): they come from global memory straight into registers, instead of
-// through shared memory, which leaves room for BV = 128 (one block per unit, one wave at 8 x 4096).
 template <typename T, int BV>
-__global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict__ dout,
-                                                            const float* __restrict__ dst,
-                                                            float* __restrict__ ds0,
-                                                            Dims d,
-                                                            Work w,
-                                                            float* dhs,
-                                                            float* dvns,
-                                                            PhaseSums ps) {
-    constexpr int ld = ld_b<BV>(), kN = BV / 16, kN3 = BV / 8, kSteps = kMaxChunk / 8;
-    extern __shared__ __align__(16) float smem[];
-    const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x;
-    const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * BV;
-    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int ldr = ld_row(kd), lda = ld_tr(c);
-    float* sk = smem;                               // Kg (row reads)
-    float* sa = sk + c * ldr;                       // A (transposed reads)
-    float* sg = sa + c * lda;                       // Gamma of the last row, two buffers [2][K]
-    float* sds = sg + 2 * kd;                       // dS [K, ld]
-    float* sdvn = sds + kd * ld;                    // -dVn [c, ld], TF32-rounded
-    T* sdo0 = reinterpret_cast<T*>(sdvn + c * ld);  // dO, two buffers [c, ld] (16-bit)
-    const auto* sdvn_bits = reinterpret_cast<const uint32_t*>(sdvn);
-    // Kg, A (and Qg, W below) arrive already rounded to TF32 (prep_tc), so their fragments are read as bits.
-    const auto *sk_bits = reinterpret_cast<const uint32_t*>(sk), *sa_bits = reinterpret_cast<const uint32_t*>(sa);
-    const int64_t kv = static_cast<int64_t>(kd) * vd;
-    for (int e = tid; e < kd * BV; e += kThreads) {
-        const int x = e / BV, y = e % BV;
-        sds[x * ld + y] = dst != nullptr ? dst[unit * kv + static_cast<int64_t>(x) * vd + y0 + y] : 0.0f;
-    }
-    auto load_ka = [&](int n) {
-        const int64_t cb = chunk_index(d, unit, n);
-        stage_async(sk, ldr, w.kg + ck_off(d, cb), kd, c, kd);
-        stage_async(sa, lda, w.a + cc_off(d, cb), c, c, c);
-        stage_async(sg + (n & 1) * kd, kd, w.gam + ck_off(d, cb) + static_cast<int64_t>(c - 1) * kd, kd, 1, kd);
-    };
-    auto sdo = [&](int n) { return sdo0 + (n & 1) * c * ld; };
-    auto load_do = [&](int n) {
-        constexpr int per = BV / 8;  // 16-byte copies per row
-        T* dstp = sdo(n);
-        for (int e = tid; e < c * per; e += kThreads) {
-            const int r = e / per, y = (e % per) * 8, tok = n * c + r;
-            const bool ok = tok < d.t;
-            cp_async16_zfill(dstp + r * ld + y, dout + v_row(d, b, ok ? tok : 0, hv) + y0 + y, ok);
-        }
-    };
-    const int m0 = (warp & 3) * 16, nb = warp >> 2;
-    const bool rows_on = m0 < c;
-    const StateTiles stl = state_tiles(kd, warp);
-    // This warp's A fragments of step 2 (Qg^T and W^T at its state rows), as fp32: loaded once step 1's accumulators
-    // are dead (loading them a chunk ahead spilled at BV = 128).
-    float qf[kSteps][4], wf[kSteps][4];
-    auto load_qw = [&](int n) {
-        if (!stl.on) return;
-        const int64_t o = ck_off(d, chunk_index(d, unit, n)) + stl.x0 + g;
-#pragma unroll
-        for (int s = 0; s < kSteps; ++s) {
-            if (s * 8 >= c) continue;
-            const int64_t r0 = o + static_cast<int64_t>(s * 8 + t) * kd, r1 = r0 + 4 * kd;
-            qf[s][0] = __ldg(w.qg + r0);
-            qf[s][1] = __ldg(w.qg + r0 + 8);
-            qf[s][2] = __ldg(w.qg + r1);
-            qf[s][3] = __ldg(w.qg + r1 + 8);
-            wf[s][0] = __ldg(w.w + r0);
-            wf[s][1] = __ldg(w.w + r0 + 8);
-            wf[s][2] = __ldg(w.w + r1);
-            wf[s][3] = __ldg(w.w + r1 + 8);
-        }
-    };
-    // Groups, oldest first: dO(n), KA(n); dO(n - 1) is issued as chunk n starts and KA(n - 1) after its step 1, so
-    // each wait is for the group the chunk needs.
-    const int last = d.nc - 1;
-    load_do(last);
-    cp_async_commit();
-    load_ka(last);
-    cp_async_commit();
-    ps.start();
-    for (int n = last; n >= 0; --n) {
-        const int64_t cb = chunk_index(d, unit, n);
-        const bool more = n > 0;
-        if (more) load_do(n - 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        ps.add(1);
-        const T* so = sdo(n);
-        store_state<BV>(dhs + cb * kv + y0, sds, kd, vd);
-        // Step 1: dVn = A^T dO + Kg dS (A^T is zero below the diagonal: only k >= m0).
-        if (rows_on) {
-            float acc[2][kN][4] = {};
-            for (int k0 = m0; k0 < c; k0 += 16) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    uint32_t a[4];
-                    frag_at_f(a, sa_bits, lda, m0, k0 + 8 * h, g, t);
-#pragma unroll
-                    for (int i = 0; i < kN; ++i) {
-                        uint32_t bb[2];
-                        frag_b16(bb, so, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
-                        mma_tf32(acc[h][i], a, bb);
-                    }
-                }
-            }
-            for (int k0 = 0; k0 < kd; k0 += 16) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    uint32_t a[4];
-                    frag_a_f(a, sk_bits, ldr, m0, k0 + 8 * h, g, t);
-#pragma unroll
-                    for (int i = 0; i < kN; ++i) {
-                        uint32_t bb[2];
-                        frag_b(bb, sds, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
-                        mma_tf32(acc[h][i], a, bb);
-                    }
-                }
-            }
-            const int r0 = m0 + g;
-#pragma unroll
-            for (int i = 0; i < kN; ++i) {
-                const int c0 = (nb + 2 * i) * 8 + 2 * t;
-                float vv[4];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) vv[e] = acc[0][i][e] + acc[1][i][e];
-                // -dVn, rounded once: step 2's B operand for every warp (the global copy stays exact).
-                *reinterpret_cast<float2*>(sdvn + r0 * ld + c0) = make_float2(tf32_bits(-vv[0]), tf32_bits(-vv[1]));
-                *reinterpret_cast<float2*>(sdvn + (r0 + 8) * ld + c0) =
-                    make_float2(tf32_bits(-vv[2]), tf32_bits(-vv[3]));
-                float* p = dvns + cv_off(d, cb) + y0 + c0;
-                *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(vv[0], vv[1]);
-                *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0 + 8) * vd) = make_float2(vv[2], vv[3]);
-            }
-        }
-        load_qw(n);  // in flight across the barrier and the copy issue below
-        __syncthreads();
-        ps.add(2);
-        if (more) load_ka(n - 1);
-        cp_async_commit();
-        ps.add(3);
-        // Step 2: dS <- Diag(gamma) dS + Qg^T dO - W^T dVn, into the fp32 dS. At BV = 128 in two passes over the
-        // column tiles (the same sum per element), so the accumulators and Qg, W's fragments fit in registers.
-        if (stl.on) {
-            constexpr int kPasses = kN3 > 8 ? 2 : 1, kPer = kN3 / kPasses;
-            const int r0 = stl.x0 + g;
-            const float* gl = sg + (n & 1) * kd;
-            const float e0 = expf(gl[r0]), e1 = expf(gl[r0 + 8]);
-#pragma unroll 1
-            for (int pass = 0; pass < kPasses; ++pass) {
-                float acc[kPer][4];
-#pragma unroll
-                for (int i = 0; i < kPer; ++i) {
-                    const int c0 = (stl.nt0 + stl.step * (pass * kPer + i)) * 8 + 2 * t;
-                    if (c0 >= BV) continue;
-                    acc[i][0] = sds[r0 * ld + c0] * e0;
-                    acc[i][1] = sds[r0 * ld + c0 + 1] * e0;
-                    acc[i][2] = sds[(r0 + 8) * ld + c0] * e1;
-                    acc[i][3] = sds[(r0 + 8) * ld + c0 + 1] * e1;
-                }
-#pragma unroll
-                for (int s = 0; s < kSteps; ++s) {
-                    if (s * 8 >= c) continue;
-                    const int k0 = s * 8;
-                    uint32_t aq[4], aw[4];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        aq[e] = __float_as_uint(qf[s][e]);  // TF32 already (prep_tc rounds Qg and W)
-                        aw[e] = __float_as_uint(wf[s][e]);
-                    }
-#pragma unroll
-                    for (int i = 0; i < kPer; ++i) {
-                        const int n0 = (stl.nt0 + stl.step * (pass * kPer + i)) * 8;
-                        if (n0 >= BV) continue;
-                        uint32_t bb[2];
-                        frag_b16(bb, so, ld, k0, n0, g, t);
-                        mma_tf32(acc[i], aq, bb);
-                        frag_b_f(bb, sdvn_bits, ld, k0, n0, g, t);
-                        mma_tf32(acc[i], aw, bb);
-                    }
-                }
-#pragma unroll
-                for (int i = 0; i < kPer; ++i) {
-                    const int c0 = (stl.nt0 + stl.step * (pass * kPer + i)) * 8 + 2 * t;
-                    if (c0 >= BV) continue;
-                    *reinterpret_cast<float2*>(sds + r0 * ld + c0) = make_float2(acc[i][0], acc[i][1]);
-                    *reinterpret_cast<float2*>(sds + (r0 + 8) * ld + c0) = make_float2(acc[i][2], acc[i][3]);
-                }
-            }
-        }
-        __syncthreads();
-        ps.add(4);
-    }
-    cp_async_wait<0>();
-    if (ds0 != nullptr) store_state<BV>(ds0 + unit * kv + y0, sds, kd, vd);
-    ps.flush(5);
+void scan_bv(const float* s0, T* out, float* st, const Dims& d, const Work& w, float* hs, float* vn) {
+    const dim3 grid(static_cast<unsigned>(d.v / BV), static_cast<unsigned>(d.units()));
+    const size_t smem = static_cast<size_t>(scan_tc_floats(d, BV)) * sizeof(float);
+    set_smem(scan_tc_kernel<T, BV>, smem);
+    // Phases (cycles per block, summed over its chunks): p1 wait for W, p2 Vn, p3 wait for Qg/A, p4 O, p5 wait
+    // for Kg, p6 state update, p7 load issue.
+    const PhaseLog phases(hs != nullptr ? "scan_bwd" : "scan", static_cast<int64_t>(grid.x) * grid.y);
+    scan_tc_kernel<T, BV><<<grid, kThreads, smem, core::cuda_stream()>>>(s0, out, st, d, w, hs, vn, {phases.clock().p});
+    phases.print(8);
 }
 
-template <typename K>
-void set_smem(K kernel, size_t bytes) {
-    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
+}  // namespace
 
 // The value tile of a scan: the BV in {16, 32, 64, 128} (up to max_bv, dividing V, its shared memory within the
 // device's limit) of least modelled time, waves * (256 + BV): one block per SM (the chunk tiles take most of the
@@ -554,32 +314,6 @@ int pick_bv(const Dims& d, int max_bv, int (*floats)(const Dims&, int)) {
     }
     return best;
 }
-
-template <typename T, int BV>
-void scan_bv(const float* s0, T* out, float* st, const Dims& d, const Work& w, float* hs, float* vn) {
-    const dim3 grid(static_cast<unsigned>(d.v / BV), static_cast<unsigned>(d.units()));
-    const size_t smem = static_cast<size_t>(scan_tc_floats(d, BV)) * sizeof(float);
-    set_smem(scan_tc_kernel<T, BV>, smem);
-    // Phases (cycles per block, summed over its chunks): p1 wait for W, p2 Vn, p3 wait for Qg/A, p4 O, p5 wait
-    // for Kg, p6 state update, p7 load issue.
-    const PhaseLog phases(hs != nullptr ? "scan_bwd" : "scan", static_cast<int64_t>(grid.x) * grid.y);
-    scan_tc_kernel<T, BV><<<grid, kThreads, smem, core::cuda_stream()>>>(s0, out, st, d, w, hs, vn, {phases.clock().p});
-    phases.print(8);
-}
-
-template <typename T, int BV>
-void rscan_bv(const T* dout, const float* dst, float* ds0, const Dims& d, const Work& w, float* dhs, float* dvn) {
-    const dim3 grid(static_cast<unsigned>(d.v / BV), static_cast<unsigned>(d.units()));
-    const size_t smem = static_cast<size_t>(rscan_tc_floats(d, BV)) * sizeof(float);
-    set_smem(rscan_tc_kernel<T, BV>, smem);
-    // Phases: p1 wait for dO/Kg/A, p2 dVn, p3 load issue, p4 dS update (and the register loads of Qg, W).
-    const PhaseLog phases("rscan", static_cast<int64_t>(grid.x) * grid.y);
-    rscan_tc_kernel<T, BV>
-        <<<grid, kThreads, smem, core::cuda_stream()>>>(dout, dst, ds0, d, w, dhs, dvn, {phases.clock().p});
-    phases.print(5);
-}
-
-}  // namespace
 
 int device_attr(cudaDeviceAttr attr) {
     int dev = 0, v = 0;
@@ -621,37 +355,6 @@ void scan_tc_launch(DType dt,
                     break;
                 default:
                     scan_bv<T, 128>(s0p, op, stp, d, w, hs, vn);
-                    break;
-            }
-        }
-    });
-    MT_CUDA_CHECK(cudaGetLastError());
-}
-
-void rscan_tc_launch(
-    const Tensor& dout, const Tensor& dst, const Tensor& ds0, const Dims& d, const Work& w, float* dhs, float* dvn) {
-    const float* dstp = dst.defined() ? dst.data<float>() : nullptr;
-    float* ds0p = ds0.defined() ? ds0.data<float>() : nullptr;
-    // MT_KDA_RSCAN_MAX_BV=64 keeps the tile at most 64 (the choice before Qg and W moved to registers; a check).
-    static const int max_bv = env_is("MT_KDA_RSCAN_MAX_BV", "64") ? 64 : 128;
-    const int bv = pick_bv(d, max_bv, rscan_tc_floats);
-    MT_CUDA_DISPATCH(dout.dtype(), T, {
-        const T* dp = static_cast<const T*>(dout.raw());
-        if constexpr (std::is_same_v<T, float>) {
-            MT_CHECK(false, "kda rscan_tc: f32 inputs take the fp32 scan");
-        } else {
-            switch (bv) {
-                case 16:
-                    rscan_bv<T, 16>(dp, dstp, ds0p, d, w, dhs, dvn);
-                    break;
-                case 32:
-                    rscan_bv<T, 32>(dp, dstp, ds0p, d, w, dhs, dvn);
-                    break;
-                case 64:
-                    rscan_bv<T, 64>(dp, dstp, ds0p, d, w, dhs, dvn);
-                    break;
-                default:
-                    rscan_bv<T, 128>(dp, dstp, ds0p, d, w, dhs, dvn);
                     break;
             }
         }

@@ -1,0 +1,266 @@
+// The reverse KDA scan on tensor cores (kda.md §4.6 step 3), for the inputs kda::use_tc accepts: one block per
+// (BV value columns, unit), chunks last to first, dS columns in fp32 shared memory, TF32 mma.sync m16n8k8 with fp32
+// accumulation. The value tile comes from pick_bv (kda_scan_common.cuh) as for the forward scan (kda_scan_tc.cu,
+// whose header comment explains the choice); deterministic and independent of BV in the same way.
+#include <cstdint>
+#include <type_traits>
+
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/kda_common.cuh"
+#include "ops/cuda/kda_mma.cuh"
+#include "ops/cuda/kda_scan_common.cuh"
+
+namespace mt::ops::cuda::kda {
+
+namespace {
+
+// Backward: Kg [c, ld_row(K)], A [c, ld_tr(c)], gamma-log [2][K], dS [K, ld_b], dVn [c, ld_b], and two 16-bit dO
+// buffers [c, ld_b] (dO of the next chunk streams in while this one is used). Qg and W go to registers.
+int rscan_tc_floats(const Dims& d, int bv) {
+    return d.c * ld_row(d.k) + d.c * ld_tr(d.c) + 2 * d.k + (d.k + 2 * d.c) * (bv + 8);
+}
+
+// Reverse scan: dVn = A^T dO + Kg dS (stored), then dS <- Diag(gamma) dS + Qg^T dO - W^T dVn; dhs gets dS as it
+// leaves each chunk, ds0 the final dS. In step 2 a warp's A operands are its own state rows' slices of Qg and W
+// ([c, 16] each, no other warp reads them): they come from global memory straight into registers, instead of
+// through shared memory, which leaves room for BV = 128 (one block per unit, one wave at 8 x 4096).
+template <typename T, int BV>
+__global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict__ dout,
+                                                            const float* __restrict__ dst,
+                                                            float* __restrict__ ds0,
+                                                            Dims d,
+                                                            Work w,
+                                                            float* dhs,
+                                                            float* dvns,
+                                                            PhaseSums ps) {
+    constexpr int ld = ld_b<BV>(), kN = BV / 16, kN3 = BV / 8, kSteps = kMaxChunk / 8;
+    extern __shared__ __align__(16) float smem[];
+    const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x;
+    const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * BV;
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int ldr = ld_row(kd), lda = ld_tr(c);
+    float* sk = smem;                               // Kg (row reads)
+    float* sa = sk + c * ldr;                       // A (transposed reads)
+    float* sg = sa + c * lda;                       // Gamma of the last row, two buffers [2][K]
+    float* sds = sg + 2 * kd;                       // dS [K, ld]
+    float* sdvn = sds + kd * ld;                    // -dVn [c, ld], TF32-rounded
+    T* sdo0 = reinterpret_cast<T*>(sdvn + c * ld);  // dO, two buffers [c, ld] (16-bit)
+    const auto* sdvn_bits = reinterpret_cast<const uint32_t*>(sdvn);
+    // Kg, A (and Qg, W below) arrive already rounded to TF32 (prep_tc), so their fragments are read as bits.
+    const auto *sk_bits = reinterpret_cast<const uint32_t*>(sk), *sa_bits = reinterpret_cast<const uint32_t*>(sa);
+    const int64_t kv = static_cast<int64_t>(kd) * vd;
+    for (int e = tid; e < kd * BV; e += kThreads) {
+        const int x = e / BV, y = e % BV;
+        sds[x * ld + y] = dst != nullptr ? dst[unit * kv + static_cast<int64_t>(x) * vd + y0 + y] : 0.0f;
+    }
+    auto load_ka = [&](int n) {
+        const int64_t cb = chunk_index(d, unit, n);
+        stage_async(sk, ldr, w.kg + ck_off(d, cb), kd, c, kd);
+        stage_async(sa, lda, w.a + cc_off(d, cb), c, c, c);
+        stage_async(sg + (n & 1) * kd, kd, w.gam + ck_off(d, cb) + static_cast<int64_t>(c - 1) * kd, kd, 1, kd);
+    };
+    auto sdo = [&](int n) { return sdo0 + (n & 1) * c * ld; };
+    auto load_do = [&](int n) {
+        constexpr int per = BV / 8;  // 16-byte copies per row
+        T* dstp = sdo(n);
+        for (int e = tid; e < c * per; e += kThreads) {
+            const int r = e / per, y = (e % per) * 8, tok = n * c + r;
+            const bool ok = tok < d.t;
+            cp_async16_zfill(dstp + r * ld + y, dout + v_row(d, b, ok ? tok : 0, hv) + y0 + y, ok);
+        }
+    };
+    const int m0 = (warp & 3) * 16, nb = warp >> 2;
+    const bool rows_on = m0 < c;
+    const StateTiles stl = state_tiles(kd, warp);
+    // This warp's A fragments of step 2 (Qg^T and W^T at its state rows), as fp32: loaded once step 1's accumulators
+    // are dead (loading them a chunk ahead spilled at BV = 128).
+    float qf[kSteps][4], wf[kSteps][4];
+    auto load_qw = [&](int n) {
+        if (!stl.on) return;
+        const int64_t o = ck_off(d, chunk_index(d, unit, n)) + stl.x0 + g;
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) {
+            if (s * 8 >= c) continue;
+            const int64_t r0 = o + static_cast<int64_t>(s * 8 + t) * kd, r1 = r0 + 4 * kd;
+            qf[s][0] = __ldg(w.qg + r0);
+            qf[s][1] = __ldg(w.qg + r0 + 8);
+            qf[s][2] = __ldg(w.qg + r1);
+            qf[s][3] = __ldg(w.qg + r1 + 8);
+            wf[s][0] = __ldg(w.w + r0);
+            wf[s][1] = __ldg(w.w + r0 + 8);
+            wf[s][2] = __ldg(w.w + r1);
+            wf[s][3] = __ldg(w.w + r1 + 8);
+        }
+    };
+    // Groups, oldest first: dO(n), KA(n); dO(n - 1) is issued as chunk n starts and KA(n - 1) after its step 1, so
+    // each wait is for the group the chunk needs.
+    const int last = d.nc - 1;
+    load_do(last);
+    cp_async_commit();
+    load_ka(last);
+    cp_async_commit();
+    ps.start();
+    for (int n = last; n >= 0; --n) {
+        const int64_t cb = chunk_index(d, unit, n);
+        const bool more = n > 0;
+        if (more) load_do(n - 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        ps.add(1);
+        const T* so = sdo(n);
+        store_state<BV>(dhs + cb * kv + y0, sds, kd, vd);
+        // Step 1: dVn = A^T dO + Kg dS (A^T is zero below the diagonal: only k >= m0).
+        if (rows_on) {
+            float acc[2][kN][4] = {};
+            for (int k0 = m0; k0 < c; k0 += 16) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    uint32_t a[4];
+                    frag_at_f(a, sa_bits, lda, m0, k0 + 8 * h, g, t);
+#pragma unroll
+                    for (int i = 0; i < kN; ++i) {
+                        uint32_t bb[2];
+                        frag_b16(bb, so, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
+                        mma_tf32(acc[h][i], a, bb);
+                    }
+                }
+            }
+            for (int k0 = 0; k0 < kd; k0 += 16) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    uint32_t a[4];
+                    frag_a_f(a, sk_bits, ldr, m0, k0 + 8 * h, g, t);
+#pragma unroll
+                    for (int i = 0; i < kN; ++i) {
+                        uint32_t bb[2];
+                        frag_b(bb, sds, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
+                        mma_tf32(acc[h][i], a, bb);
+                    }
+                }
+            }
+            const int r0 = m0 + g;
+#pragma unroll
+            for (int i = 0; i < kN; ++i) {
+                const int c0 = (nb + 2 * i) * 8 + 2 * t;
+                float vv[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) vv[e] = acc[0][i][e] + acc[1][i][e];
+                // -dVn, rounded once: step 2's B operand for every warp (the global copy stays exact).
+                *reinterpret_cast<float2*>(sdvn + r0 * ld + c0) = make_float2(tf32_bits(-vv[0]), tf32_bits(-vv[1]));
+                *reinterpret_cast<float2*>(sdvn + (r0 + 8) * ld + c0) =
+                    make_float2(tf32_bits(-vv[2]), tf32_bits(-vv[3]));
+                float* p = dvns + cv_off(d, cb) + y0 + c0;
+                *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(vv[0], vv[1]);
+                *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0 + 8) * vd) = make_float2(vv[2], vv[3]);
+            }
+        }
+        load_qw(n);  // in flight across the barrier and the copy issue below
+        __syncthreads();
+        ps.add(2);
+        if (more) load_ka(n - 1);
+        cp_async_commit();
+        ps.add(3);
+        // Step 2: dS <- Diag(gamma) dS + Qg^T dO - W^T dVn, into the fp32 dS. At BV = 128 in two passes over the
+        // column tiles (the same sum per element), so the accumulators and Qg, W's fragments fit in registers.
+        if (stl.on) {
+            constexpr int kPasses = kN3 > 8 ? 2 : 1, kPer = kN3 / kPasses;
+            const int r0 = stl.x0 + g;
+            const float* gl = sg + (n & 1) * kd;
+            const float e0 = expf(gl[r0]), e1 = expf(gl[r0 + 8]);
+#pragma unroll 1
+            for (int pass = 0; pass < kPasses; ++pass) {
+                float acc[kPer][4];
+#pragma unroll
+                for (int i = 0; i < kPer; ++i) {
+                    const int c0 = (stl.nt0 + stl.step * (pass * kPer + i)) * 8 + 2 * t;
+                    if (c0 >= BV) continue;
+                    acc[i][0] = sds[r0 * ld + c0] * e0;
+                    acc[i][1] = sds[r0 * ld + c0 + 1] * e0;
+                    acc[i][2] = sds[(r0 + 8) * ld + c0] * e1;
+                    acc[i][3] = sds[(r0 + 8) * ld + c0 + 1] * e1;
+                }
+#pragma unroll
+                for (int s = 0; s < kSteps; ++s) {
+                    if (s * 8 >= c) continue;
+                    const int k0 = s * 8;
+                    uint32_t aq[4], aw[4];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        aq[e] = __float_as_uint(qf[s][e]);  // TF32 already (prep_tc rounds Qg and W)
+                        aw[e] = __float_as_uint(wf[s][e]);
+                    }
+#pragma unroll
+                    for (int i = 0; i < kPer; ++i) {
+                        const int n0 = (stl.nt0 + stl.step * (pass * kPer + i)) * 8;
+                        if (n0 >= BV) continue;
+                        uint32_t bb[2];
+                        frag_b16(bb, so, ld, k0, n0, g, t);
+                        mma_tf32(acc[i], aq, bb);
+                        frag_b_f(bb, sdvn_bits, ld, k0, n0, g, t);
+                        mma_tf32(acc[i], aw, bb);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < kPer; ++i) {
+                    const int c0 = (stl.nt0 + stl.step * (pass * kPer + i)) * 8 + 2 * t;
+                    if (c0 >= BV) continue;
+                    *reinterpret_cast<float2*>(sds + r0 * ld + c0) = make_float2(acc[i][0], acc[i][1]);
+                    *reinterpret_cast<float2*>(sds + (r0 + 8) * ld + c0) = make_float2(acc[i][2], acc[i][3]);
+                }
+            }
+        }
+        __syncthreads();
+        ps.add(4);
+    }
+    cp_async_wait<0>();
+    if (ds0 != nullptr) store_state<BV>(ds0 + unit * kv + y0, sds, kd, vd);
+    ps.flush(5);
+}
+
+template <typename T, int BV>
+void rscan_bv(const T* dout, const float* dst, float* ds0, const Dims& d, const Work& w, float* dhs, float* dvn) {
+    const dim3 grid(static_cast<unsigned>(d.v / BV), static_cast<unsigned>(d.units()));
+    const size_t smem = static_cast<size_t>(rscan_tc_floats(d, BV)) * sizeof(float);
+    set_smem(rscan_tc_kernel<T, BV>, smem);
+    // Phases: p1 wait for dO/Kg/A, p2 dVn, p3 load issue, p4 dS update (and the register loads of Qg, W).
+    const PhaseLog phases("rscan", static_cast<int64_t>(grid.x) * grid.y);
+    rscan_tc_kernel<T, BV>
+        <<<grid, kThreads, smem, core::cuda_stream()>>>(dout, dst, ds0, d, w, dhs, dvn, {phases.clock().p});
+    phases.print(5);
+}
+
+}  // namespace
+
+void rscan_tc_launch(
+    const Tensor& dout, const Tensor& dst, const Tensor& ds0, const Dims& d, const Work& w, float* dhs, float* dvn) {
+    const float* dstp = dst.defined() ? dst.data<float>() : nullptr;
+    float* ds0p = ds0.defined() ? ds0.data<float>() : nullptr;
+    // MT_KDA_RSCAN_MAX_BV=64 keeps the tile at most 64 (the choice before Qg and W moved to registers; a check).
+    static const int max_bv = env_is("MT_KDA_RSCAN_MAX_BV", "64") ? 64 : 128;
+    const int bv = pick_bv(d, max_bv, rscan_tc_floats);
+    MT_CUDA_DISPATCH(dout.dtype(), T, {
+        const T* dp = static_cast<const T*>(dout.raw());
+        if constexpr (std::is_same_v<T, float>) {
+            MT_CHECK(false, "kda rscan_tc: f32 inputs take the fp32 scan");
+        } else {
+            switch (bv) {
+                case 16:
+                    rscan_bv<T, 16>(dp, dstp, ds0p, d, w, dhs, dvn);
+                    break;
+                case 32:
+                    rscan_bv<T, 32>(dp, dstp, ds0p, d, w, dhs, dvn);
+                    break;
+                case 64:
+                    rscan_bv<T, 64>(dp, dstp, ds0p, d, w, dhs, dvn);
+                    break;
+                default:
+                    rscan_bv<T, 128>(dp, dstp, ds0p, d, w, dhs, dvn);
+                    break;
+            }
+        }
+    });
+    MT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace mt::ops::cuda::kda

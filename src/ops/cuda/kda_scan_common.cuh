@@ -1,0 +1,71 @@
+// Pieces shared by the two tensor-core KDA scans (kda_scan_tc.cu: the forward scan; kda_rscan_tc.cu: the reverse
+// scan): shared-memory strides, the 16-bit B fragment, the warps' ownership of the state tiles, the state store and
+// the choice of the value tile BV.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cuda/kda_common.cuh"
+#include "ops/cuda/kda_mma.cuh"
+
+namespace mt::ops::cuda::kda {
+
+inline constexpr int kScanWarps = kThreads / 32;
+
+// Row strides: 4 mod 32 for tiles read row-wise as A, 8 mod 32 for tiles read transposed.
+__host__ __device__ inline int ld_row(int cols) {
+    return cols + 4;
+}
+__host__ __device__ inline int ld_tr(int cols) {
+    return cols + 8;
+}
+// Row stride of the [rows, BV] B-operand tiles (S, Vn, dS, dVn fp32; dO 16-bit): BV + 8 makes the B fragment
+// reads conflict-free (rows k0 + t, columns n0 + g) and keeps rows 16-byte aligned.
+template <int BV>
+__host__ __device__ constexpr int ld_b() {
+    return BV + 8;
+}
+
+// B[k][n] = X[k][n] from 16-bit values: bf16 and f16 are exact in TF32, so no rounding step.
+template <typename T>
+__device__ __forceinline__ void frag_b16(uint32_t (&b)[2], const T* x, int ld, int k0, int n0, int g, int t) {
+    b[0] = __float_as_uint(to_f32(x[(k0 + t) * ld + n0 + g]));
+    b[1] = __float_as_uint(to_f32(x[(k0 + t + 4) * ld + n0 + g]));
+}
+
+// Ownership of the [c, BV] products (Vn, O, dVn): warp w takes row tile w % 4 (c = 32 idles w % 4 >= 2) and the
+// column tiles w / 4 + 2 i, i < BV / 16. Of the [K, BV] state products: K / 16 row tiles; when that divides 8 the
+// 8 / (K / 16) warps of a row tile split its BV / 8 column tiles (tiles nt0 + step i), else warp w < K / 16 owns row
+// tile w whole.
+struct StateTiles {
+    int x0, nt0, step;
+    bool on;
+};
+__device__ inline StateTiles state_tiles(int kd, int warp) {
+    const int rt = kd / 16, wpr = kScanWarps % rt == 0 ? kScanWarps / rt : 1;
+    return {(warp / wpr) * 16, warp % wpr, wpr, warp / wpr < rt};
+}
+
+// Copies the [K, BV] state columns (row stride ld_b) to a [K, V] global matrix at column y0, 16 bytes per copy.
+template <int BV>
+__device__ __forceinline__ void store_state(float* dst, const float* ss, int kd, int vd) {
+    constexpr int per = BV / 4;
+    for (int e = threadIdx.x; e < kd * per; e += kThreads) {
+        const int x = e / per, y = (e % per) * 4;
+        *reinterpret_cast<float4*>(dst + static_cast<int64_t>(x) * vd + y) =
+            *reinterpret_cast<const float4*>(ss + x * ld_b<BV>() + y);
+    }
+}
+
+template <typename K>
+void set_smem(K kernel, size_t bytes) {
+    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+// The value tile of a scan: the BV in {16, 32, 64, 128} (up to max_bv, dividing V, its shared memory within the
+// device's limit) of least modelled time, waves * (256 + BV): one block per SM (the chunk tiles take most of the
+// shared memory at every BV), and a chunk step costing a fixed ~256 columns' worth (the ~112 KB tile stream and the
+// step's latency) plus BV columns of products. MT_KDA_SCAN_BV=16|32|64|128 forces a tile where it fits (tuning).
+int pick_bv(const Dims& d, int max_bv, int (*floats)(const Dims&, int));
+
+}  // namespace mt::ops::cuda::kda
