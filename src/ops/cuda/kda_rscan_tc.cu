@@ -244,20 +244,7 @@ void rscan_tc_launch(
         if constexpr (std::is_same_v<T, float>) {
             MT_CHECK(false, "kda rscan_tc: f32 inputs take the fp32 scan");
         } else {
-            switch (bv) {
-                case 16:
-                    rscan_bv<T, 16>(dp, dstp, ds0p, d, w, dhs, dvn);
-                    break;
-                case 32:
-                    rscan_bv<T, 32>(dp, dstp, ds0p, d, w, dhs, dvn);
-                    break;
-                case 64:
-                    rscan_bv<T, 64>(dp, dstp, ds0p, d, w, dhs, dvn);
-                    break;
-                default:
-                    rscan_bv<T, 128>(dp, dstp, ds0p, d, w, dhs, dvn);
-                    break;
-            }
+            with_bv(bv, [&](auto tile) { rscan_bv<T, decltype(tile)::value>(dp, dstp, ds0p, d, w, dhs, dvn); });
         }
     });
     MT_CUDA_CHECK(cudaGetLastError());

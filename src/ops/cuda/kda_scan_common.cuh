@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/kda_common.cuh"
 #include "ops/cuda/kda_mma.cuh"
@@ -54,6 +55,25 @@ __device__ __forceinline__ void store_state(float* dst, const float* ss, int kd,
         const int x = e / per, y = (e % per) * 4;
         *reinterpret_cast<float4*>(dst + static_cast<int64_t>(x) * vd + y) =
             *reinterpret_cast<const float4*>(ss + x * ld_b<BV>() + y);
+    }
+}
+
+// Calls fn(std::integral_constant<int, BV>{}) for the value tile bv: 16, 32, 64, or else 128.
+template <typename Fn>
+void with_bv(int bv, Fn&& fn) {
+    switch (bv) {
+        case 16:
+            fn(std::integral_constant<int, 16>{});
+            break;
+        case 32:
+            fn(std::integral_constant<int, 32>{});
+            break;
+        case 64:
+            fn(std::integral_constant<int, 64>{});
+            break;
+        default:
+            fn(std::integral_constant<int, 128>{});
+            break;
     }
 }
 

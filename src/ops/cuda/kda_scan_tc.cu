@@ -343,20 +343,7 @@ void scan_tc_launch(DType dt,
         if constexpr (std::is_same_v<T, float>) {
             MT_CHECK(false, "kda scan_tc: f32 inputs take the fp32 scan");
         } else {
-            switch (bv) {
-                case 16:
-                    scan_bv<T, 16>(s0p, op, stp, d, w, hs, vn);
-                    break;
-                case 32:
-                    scan_bv<T, 32>(s0p, op, stp, d, w, hs, vn);
-                    break;
-                case 64:
-                    scan_bv<T, 64>(s0p, op, stp, d, w, hs, vn);
-                    break;
-                default:
-                    scan_bv<T, 128>(s0p, op, stp, d, w, hs, vn);
-                    break;
-            }
+            with_bv(bv, [&](auto tile) { scan_bv<T, decltype(tile)::value>(s0p, op, stp, d, w, hs, vn); });
         }
     });
     MT_CUDA_CHECK(cudaGetLastError());
