@@ -64,6 +64,20 @@ __host__ __device__ inline Layout layout(const Dims& d) {
     return l;
 }
 
+// The A/M jobs of warp w (8 warps): row tile a and its jobs j0 .. j0 + n - 1 (job j: column tile j / 2, half j % 2;
+// the jobs of row tile a are 2 (a + 1)). At c = 64 (4 row tiles, 20 jobs) tiles 3, 2, 1, 0 go to warps {0, 1, 2},
+// {3, 4}, {5, 6}, {7}, three jobs or fewer each; at c = 32 (2 tiles, 6 jobs) one job per warp, warps 6 and 7 idle.
+// Tables as nibbles, warp w at bits 4w.
+struct AmJobs {
+    int a, j0, n;
+};
+__device__ inline AmJobs am_jobs(int nsub, int warp) {
+    const uint32_t a = nsub == 4 ? 0x01122333u : 0x00001111u, j0 = nsub == 4 ? 0x02030630u : 0x00103210u,
+                   n = nsub == 4 ? 0x22233233u : 0x00111111u;
+    auto nib = [&](uint32_t v) { return static_cast<int>((v >> (4 * warp)) & 0xFu); };
+    return {nib(a), nib(j0), nib(n)};
+}
+
 template <typename T, bool kSplit, bool kTilesIn>
 __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restrict__ q,
                                                               const T* __restrict__ k,
@@ -174,43 +188,42 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         pc.mark(5);
         pc.mark(6);
     } else {
-        // 3. A and M tiles: a job is (row tile a, column tile bt <= a, column half nh); at most 20 jobs on 8 warps.
-        const int njobs = nsub * (nsub + 1);
+        // 3. A and M tiles: a job is (row tile a, column tile bt <= a, column half nh): 20 jobs at c = 64, 6 at 32. A
+        // warp takes up to three jobs of one row tile (am_jobs), so the row operands q, k e^(G_i - G_n), the larger
+        // part of each k-step's work, are formed once for all of them.
+        const AmJobs jobs = am_jobs(nsub, warp);
+        const int i0 = jobs.a * kSub, r0 = i0 + gq, r1 = r0 + 8;
         float acc_a[3][4], acc_m[3][4];
-        int job_i0[3], job_j[3];
+        int job_j[3];
         bool job_on[3];
 #pragma unroll
         for (int s = 0; s < 3; ++s) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc_a[s][i] = acc_m[s][i] = 0.0f;
-            const int job = warp + s * kWarps, ti = job / 2, nh = job % 2;
-            int a = 0;
-            while ((a + 1) * (a + 2) / 2 <= ti) ++a;
-            const int bt = ti - a * (a + 1) / 2;
-            job_on[s] = job < njobs && (bt != a || diag_mma);
-            job_i0[s] = a * kSub;
+            const int job = jobs.j0 + s, bt = job / 2, nh = job % 2;
+            job_on[s] = s < jobs.n && (bt != jobs.a || diag_mma);
             job_j[s] = bt * kSub + nh * 8 + gq;
         }
-        // The warp's (up to three) jobs share each k-step: three independent accumulator chains instead of one.
-        for (int k0 = 0; k0 < kd; k0 += 8) {
+        // The warp's jobs share each k-step: the row operands once, then up to three independent accumulator chains.
+        for (int k0 = 0; k0 < kd && jobs.n > 0; k0 += 8) {
             const int x0 = k0 + tq, x1 = x0 + 4;
+            const float an0 = sg[i0 * ldg + x0], an1 = sg[i0 * ldg + x1];
+            const float f00 = __expf(sg[r0 * ldg + x0] - an0), f10 = __expf(sg[r1 * ldg + x0] - an0);
+            const float f01 = __expf(sg[r0 * ldg + x1] - an1), f11 = __expf(sg[r1 * ldg + x1] - an1);
+            uint32_t qh[4], ql[4], kh[4], kl[4];
+            split_tf32<kSplit>(to_f32(sq[r0 * ldx + x0]) * f00, qh[0], ql[0]);
+            split_tf32<kSplit>(to_f32(sq[r1 * ldx + x0]) * f10, qh[1], ql[1]);
+            split_tf32<kSplit>(to_f32(sq[r0 * ldx + x1]) * f01, qh[2], ql[2]);
+            split_tf32<kSplit>(to_f32(sq[r1 * ldx + x1]) * f11, qh[3], ql[3]);
+            split_tf32<kSplit>(to_f32(sk[r0 * ldx + x0]) * f00, kh[0], kl[0]);
+            split_tf32<kSplit>(to_f32(sk[r1 * ldx + x0]) * f10, kh[1], kl[1]);
+            split_tf32<kSplit>(to_f32(sk[r0 * ldx + x1]) * f01, kh[2], kl[2]);
+            split_tf32<kSplit>(to_f32(sk[r1 * ldx + x1]) * f11, kh[3], kl[3]);
 #pragma unroll
             for (int s = 0; s < 3; ++s) {
                 if (!job_on[s]) continue;
-                const int i0 = job_i0[s], j = job_j[s];
-                const float an0 = sg[i0 * ldg + x0], an1 = sg[i0 * ldg + x1];
-                const int r0 = i0 + gq, r1 = r0 + 8;
-                const float f00 = __expf(sg[r0 * ldg + x0] - an0), f10 = __expf(sg[r1 * ldg + x0] - an0);
-                const float f01 = __expf(sg[r0 * ldg + x1] - an1), f11 = __expf(sg[r1 * ldg + x1] - an1);
-                uint32_t qh[4], ql[4], kh[4], kl[4], bh[2], bl[2];
-                split_tf32<kSplit>(to_f32(sq[r0 * ldx + x0]) * f00, qh[0], ql[0]);
-                split_tf32<kSplit>(to_f32(sq[r1 * ldx + x0]) * f10, qh[1], ql[1]);
-                split_tf32<kSplit>(to_f32(sq[r0 * ldx + x1]) * f01, qh[2], ql[2]);
-                split_tf32<kSplit>(to_f32(sq[r1 * ldx + x1]) * f11, qh[3], ql[3]);
-                split_tf32<kSplit>(to_f32(sk[r0 * ldx + x0]) * f00, kh[0], kl[0]);
-                split_tf32<kSplit>(to_f32(sk[r1 * ldx + x0]) * f10, kh[1], kl[1]);
-                split_tf32<kSplit>(to_f32(sk[r0 * ldx + x1]) * f01, kh[2], kl[2]);
-                split_tf32<kSplit>(to_f32(sk[r1 * ldx + x1]) * f11, kh[3], kl[3]);
+                const int j = job_j[s];
+                uint32_t bh[2], bl[2];
                 split_tf32<kSplit>(to_f32(sk[j * ldx + x0]) * __expf(an0 - sg[j * ldg + x0]), bh[0], bl[0]);
                 split_tf32<kSplit>(to_f32(sk[j * ldx + x1]) * __expf(an1 - sg[j * ldg + x1]), bh[1], bl[1]);
                 mma_tf32x3<kSplit>(acc_a[s], qh, ql, bh, bl);
@@ -222,16 +235,11 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         auto for_results = [&](auto&& fn) {
 #pragma unroll
             for (int s = 0; s < 3; ++s) {
-                const int job = warp + s * kWarps;
-                if (job >= njobs) continue;
-                const int ti = job / 2, nh = job % 2;
-                int a = 0;
-                while ((a + 1) * (a + 2) / 2 <= ti) ++a;
-                const int bt = ti - a * (a + 1) / 2;
-                if (bt == a && !diag_mma) continue;
+                if (!job_on[s]) continue;
+                const int job = jobs.j0 + s, bt = job / 2, nh = job % 2;
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const int i = a * kSub + gq + (e / 2) * 8, jj = bt * kSub + nh * 8 + 2 * tq + (e % 2);
+                    const int i = i0 + gq + (e / 2) * 8, jj = bt * kSub + nh * 8 + 2 * tq + (e % 2);
                     fn(i, jj, i >= jj ? acc_a[s][e] : 0.0f, i > jj ? acc_m[s][e] : 0.0f);
                 }
             }
