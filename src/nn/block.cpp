@@ -86,7 +86,7 @@ void Block::branch_forward(int sub, const Tensor& h, const Tensor& out, Workspac
         core::TraceRange range(h.device(), kda_ ? "block.kda_fwd" : "block.attn_fwd");
         ops::rmsnorm_fwd(h, table_->param(mixer_norm_), cfg_.norm_eps, norm1_, rstd1_);
         if (kda_)
-            kda_->forward(norm1_, out);
+            kda_->forward(norm1_, out, training_);
         else
             attn_->forward(norm1_, out);
         return;

@@ -52,7 +52,8 @@ class Block : public Layer {
     MoeLayer* moe() {
         return moe_.get();
     }
-    // Training forwards count the MoE routing for balancing and metrics; evaluation forwards must not.
+    // Training forwards count the MoE routing for balancing and metrics, and let KDA layers keep what their backward
+    // reuses (kda.save_*); evaluation forwards do neither.
     void set_training(bool training) {
         training_ = training;
     }

@@ -109,7 +109,7 @@ void KdaLayer::set_final_state_grad(const Tensor& dst) {
     dst_ = dst;
 }
 
-void KdaLayer::forward(const Tensor& x, const Tensor& out) {
+void KdaLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     const int64_t n = batch_ * seq_;
     const double q_scale = 1.0 / std::sqrt(static_cast<double>(k_dim_));
     auto rows = [](const Tensor& t, int64_t r) { return t.reshape({r, t.numel() / r}); };
@@ -133,7 +133,8 @@ void KdaLayer::forward(const Tensor& x, const Tensor& out) {
     ops::kda_gate_fwd(u_.reshape({n, hv_, k_dim_}), a_log, bias, g_.reshape({n, hv_, k_dim_}), gate_options_);
     // the recurrence
     const Tensor v = vc_.reshape({batch_, seq_, hv_, v_dim_});
-    ops::kda_fwd(q_, k_, v, g_, beta_, s0_, o_, st_, kda_options_, keep_tiles_ ? &kept_ : nullptr);
+    if (!training) kept_ = ops::KdaSaved{};
+    ops::kda_fwd(q_, k_, v, g_, beta_, s0_, o_, st_, kda_options_, keep_tiles_ && training ? &kept_ : nullptr);
     // output norm per head, sigmoid output gate, output projection
     ops::rmsnorm_fwd(rows(o_, n * hv_), table_->param(o_norm_), cfg_.norm_eps, rows(on_, n * hv_), rstd_);
     wga_.forward(x, ga_);

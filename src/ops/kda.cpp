@@ -2,6 +2,7 @@
 // a CUDA device, the CUDA chunked algorithm (ops/cuda/kda.cu: bf16/f16/f32 inputs, f32 states).
 #include "ops/kda.h"
 
+#include <cstdint>
 #include <string_view>
 
 #include "ops/cpu/checks.h"
@@ -106,8 +107,9 @@ void check_saved(
              op);
     for (const auto& p : parts) {
         if (!p.t.defined()) continue;
-        MT_CHECK(p.t.device() == device && p.t.dtype() == DType::f32 && p.t.is_contiguous(),
-                 "{}: {} must be a contiguous f32 tensor on the inputs' device",
+        MT_CHECK(p.t.device() == device && p.t.dtype() == DType::f32 && p.t.is_contiguous() &&
+                     reinterpret_cast<uintptr_t>(p.t.raw()) % 16 == 0,
+                 "{}: {} must be a contiguous, 16-byte aligned f32 tensor on the inputs' device",
                  op,
                  p.name);
         MT_CHECK(p.t.numel() == p.numel,
@@ -124,6 +126,24 @@ void check_saved(
                  d.v,
                  c);
     }
+    if (!s.has_tiles()) return;
+    MT_CHECK(
+        s.b == d.b && s.seq == d.t && s.hv == d.hv && s.k == d.k && s.v == d.v && s.chunk == c,
+        "{}: saved was kept by a kda_fwd of B = {}, T = {}, HV = {}, K = {}, V = {}, chunk {}; this call has B = {}, "
+        "T = {}, HV = {}, K = {}, V = {}, chunk {}",
+        op,
+        s.b,
+        s.seq,
+        s.hv,
+        s.k,
+        s.v,
+        s.chunk,
+        d.b,
+        d.t,
+        d.hv,
+        d.k,
+        d.v,
+        c);
 }
 
 template <typename T>
@@ -156,7 +176,16 @@ void kda_fwd(const Tensor& q,
     if (saved != nullptr) *saved = KdaSaved{};  // the CPU path keeps nothing
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
-        return cuda::kda_fwd(q, k, v, g, beta, s0, out, st, options, saved);
+        cuda::kda_fwd(q, k, v, g, beta, s0, out, st, options, saved);
+        if (saved != nullptr && saved->has_tiles()) {
+            saved->b = d.b;
+            saved->seq = d.t;
+            saved->hv = d.hv;
+            saved->k = d.k;
+            saved->v = d.v;
+            saved->chunk = options.chunk_size;
+        }
+        return;
     }
     check_cpu_dtypes(
         {{"q", q}, {"k", k}, {"v", v}, {"g", g}, {"beta", beta}, {"s0", s0}, {"out", out}, {"st", st}}, q, op);

@@ -43,16 +43,18 @@ struct KdaOptions {
     bool save_workspace = false;
 };
 
-// What a CUDA kda_fwd keeps for kda_bwd (kda.md §4.6) when given one: the chunk tiles A, M and T = (I + L)^-1 (f32,
-// [B * HV, nc, C, C] each, nc = ceil(T / C): 768 bytes per token and value head at C = 64), so _bwd does not
-// recompute them; with KdaOptions::save_states also hs, the state entering each chunk ([B * HV, nc, K, V]), and Vn
-// ([B * HV, nc, C, V]), both f32; with save_workspace also those and gam, qg, kg, w ([B * HV, nc, C, K] each: Gamma,
-// q e^Gamma, k e^(Gamma_last - Gamma) and W of kda.md §4.1, f32). Filled on the tensor-core path (bf16/f16 inputs, K %
-// 16 == 0, K <= 128, V % 16 == 0) and left empty elsewhere (the CPU, f32 inputs): an empty KdaSaved makes _bwd
-// recompute everything. _bwd only reads it; a KdaSaved that does not fit the call's shapes is an error naming the
-// tensor.
+// What a CUDA kda_fwd keeps for kda_bwd (kda.md §4.6) when given one, as flat f32 tensors laid out
+// [B * HV, nc, rows, cols] with nc = ceil(T / C): the chunk tiles A, M and T = (I + L)^-1 ([C, C] per chunk: 768 bytes
+// per token and value head at C = 64), so _bwd does not recompute them; with KdaOptions::save_states also hs, the
+// state entering each chunk ([K, V] per chunk), and Vn ([C, V]); with save_workspace also those and gam, qg, kg, w
+// ([C, K] each: Gamma, q e^Gamma, k e^(Gamma_last - Gamma) and W of kda.md §4.1). Filled on the tensor-core path
+// (bf16/f16 inputs, K % 16 == 0, K <= 128, V % 16 == 0, MT_KDA_TC and MT_KDA_PREP_TC not 0) and left empty elsewhere
+// (the CPU, f32 inputs): an empty KdaSaved makes _bwd recompute everything. _bwd only reads it; one kept by a call of
+// other shapes or chunk size, or not fitting in any tensor, is an error that names it.
 struct KdaSaved {
     Tensor a, m, t, hs, vn, gam, qg, kg, w;
+    // The forward call that filled it: B, T, HV, K, V and the chunk size (kda_bwd compares its own).
+    int64_t b = 0, seq = 0, hv = 0, k = 0, v = 0, chunk = 0;
     bool has_tiles() const {
         return t.defined();
     }

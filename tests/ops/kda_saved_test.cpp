@@ -5,6 +5,7 @@
 // CPU a KdaSaved stays empty; one that does not fit the call is an error naming the tensor.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,57 @@ TEST(GpuKdaSaved, KeptTilesAndStatesGiveTheRecomputedResultsExactly) {
     }
 }
 
+// The backward reads what was kept (a changed T changes the gradients) and only reads it (the kept tensors are
+// unchanged afterwards, and a second backward from them returns the same gradients).
+TEST(GpuKdaSaved, BackwardOnlyReadsWhatWasKeptAndUsesIt) {
+    if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
+    const KdaInputs in = kda_make_inputs({1, 150, 1, 2, 128, 128}, KdaGateRegime::bounded, true, 43);
+    auto dev = [](const Tensor& t, DType dt) { return t.to(dt).to_device(core::Device::cuda); };
+    const DType bf = DType::bf16;
+    const Tensor q = dev(in.q, bf), k = dev(in.k, bf), v = dev(in.v, bf), g = dev(in.g, bf), beta = dev(in.beta, bf);
+    const Tensor s0 = dev(in.s0, DType::f32), out = Tensor::zeros(v.shape(), bf, core::Device::cuda);
+    KdaOptions options;
+    options.save_workspace = true;
+    KdaSaved saved;
+    kda_fwd(q, k, v, g, beta, s0, out, Tensor(), options, &saved);
+    ASSERT_TRUE(saved.has_workspace());
+    EXPECT_EQ(saved.seq, 150);
+    EXPECT_EQ(saved.chunk, 64);
+    const std::vector<const Tensor*> kept = {
+        &saved.a, &saved.m, &saved.t, &saved.hs, &saved.vn, &saved.gam, &saved.qg, &saved.kg, &saved.w};
+    std::vector<Tensor> before;
+    for (const Tensor* t : kept) before.push_back(t->to_device(core::Device::cpu));
+    const Tensor dout = dev(op_randn(v.shape(), 7, 10), bf);
+    auto backward = [&](const KdaSaved& s) {
+        auto zeros = [](const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype(), core::Device::cuda); };
+        const Tensor dq = zeros(q), dk = zeros(k), dv = zeros(v), dg = zeros(g), db = zeros(beta), ds0 = zeros(s0);
+        kda_bwd(q, k, v, g, beta, s0, dout, Tensor(), dq, dk, dv, dg, db, ds0, options, &s);
+        std::vector<std::pair<std::string, Tensor>> r = {
+            {"dq", dq}, {"dk", dk}, {"dv", dv}, {"dg", dg}, {"dbeta", db}, {"ds0", ds0}};
+        for (auto& [name, t] : r) t = t.to(DType::f32).to_device(core::Device::cpu);
+        return r;
+    };
+    const auto first = backward(saved);
+    for (size_t i = 0; i < kept.size(); ++i)
+        expect_identical({{"kept", before[i]}},
+                         {{"kept", kept[i]->to_device(core::Device::cpu)}},
+                         "kept tensor " + std::to_string(i) + " after the backward");
+    expect_identical(first, backward(saved), "second backward");
+    // A copy of T with every 65th entry doubled (T's diagonal in the first chunk among them): dk goes through
+    // dXw = T^T dW, so it must change.
+    KdaSaved changed = saved;
+    const Tensor t_host = saved.t.to_device(core::Device::cpu);
+    std::vector<float> host(static_cast<size_t>(t_host.numel()));
+    for (int64_t e = 0; e < t_host.numel(); ++e)
+        host[e] = static_cast<float>(core::tensor_get_flat(t_host, e)) * (e % 65 == 0 ? 2.0f : 1.0f);
+    changed.t = Tensor::borrow(host.data(), t_host.shape(), DType::f32).to_device(core::Device::cuda);
+    const auto other = backward(changed);
+    double diff = 0.0;
+    for (int64_t e = 0; e < first[1].second.numel(); ++e)
+        diff += std::abs(core::tensor_get_flat(first[1].second, e) - core::tensor_get_flat(other[1].second, e));
+    EXPECT_GT(diff, 0.0) << "dk did not change with the kept T: the backward did not read it";
+}
+
 TEST(KdaSaved, CpuKeepsNothing) {
     const KdaInputs in = kda_make_inputs({1, 20, 1, 1, 4, 3}, KdaGateRegime::bounded, false, 3);
     KdaSaved saved;
@@ -117,14 +169,20 @@ TEST(OpArgs, KdaSavedThatDoesNotFit) {
         s.a = a;
         s.m = m;
         s.t = t;
+        s.b = 1, s.seq = 70, s.hv = 2, s.k = 4, s.v = 3, s.chunk = 64;  // what kda_fwd would record
         return s;
     };
     bwd(tiles(tile, tile, tile));  // fits
+    KdaSaved other_t = tiles(tile, tile, tile);
+    other_t.seq = 100;  // the same number of chunks, so every tensor's size fits: caught by the recorded shapes
+    expect_op_error([&] { bwd(other_t); },
+                    "kda_bwd: saved was kept by a kda_fwd of B = 1, T = 100, HV = 2, K = 4, V = 3, chunk 64; this call "
+                    "has B = 1, T = 70, HV = 2, K = 4, V = 3, chunk 64");
     expect_op_error([&] { bwd(tiles(tile, tile, Tensor::zeros({64 * 64}, DType::f32))); },
                     "kda_bwd: saved.t has 4096 elements, expected 16384 for B = 1, T = 70, HV = 2, K = 4, V = 3, "
                     "chunk 64; it was saved by a kda_fwd of other shapes");
     expect_op_error([&] { bwd(tiles(tile, tile, tile.to(DType::f64))); },
-                    "kda_bwd: saved.t must be a contiguous f32 tensor on the inputs' device");
+                    "kda_bwd: saved.t must be a contiguous, 16-byte aligned f32 tensor on the inputs' device");
     expect_op_error([&] { bwd(tiles(tile, Tensor(), tile)); },
                     "kda_bwd: saved.a, saved.m and saved.t must be all defined or all undefined");
     KdaSaved states_only;

@@ -134,6 +134,11 @@ KdaOptions recurrent() {
     // q far larger than the layer's (rows of norm 2000, |q_x| up to ~500) at g = -5: the anchored operands q e^75
     // would pass TF32 rounding's range, so anchor_ok sends these chunks to the pairwise paths.
     op_register(kda_case({1, 100, 1, 1, 128, 128, 2000.0}, chunked(), KdaGateRegime::floor, false, true));
+    // The scans' wider value tiles (pick_bv on an H200's 132 SMs): B * HV = 80 runs both scans at BV = 128 (the reverse
+    // scan's two passes), 66 at BV = 64 and 32 at BV = 32 (the forward scan's TF32 copy of its state at both).
+    op_register(kda_case({2, 100, 8, 40, 128, 128}, chunked(), KdaGateRegime::bounded, true, true));
+    op_register(kda_case({2, 70, 33, 33, 128, 128}, chunked(), KdaGateRegime::bounded, false, true));
+    op_register(kda_case({2, 100, 16, 16, 128, 128}, chunked(), KdaGateRegime::floor, false, true));
     return true;
 }();
 

@@ -508,7 +508,7 @@ void kda_bwd(const Tensor& q,
     // written before it is read; A's zero tiles above the diagonal are the zeros dA needs there), which saves
     // allocating and zero-filling ~0.7 GB at 8 x 4096. A and U kept by the forward are not ours to overwrite: dA and
     // dXu get their own buffers then (dA's zero tiles are written by chunk_mm_tc, which covers every tile).
-    if (tiles_in) w.a = alloc(chunks * d.c * d.c);
+    if (tiles_in && kda::use_chunk_tc(d, q.dtype())) w.a = alloc(chunks * d.c * d.c);  // chunk_mm_tc's dA
     const kda::Scratch sc{alloc(chunks * ck),
                           alloc(chunks * ck),
                           alloc(chunks * ck),

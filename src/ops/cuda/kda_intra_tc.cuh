@@ -121,7 +121,7 @@ __device__ void dt_tc(const T* __restrict__ v,
                       const float* __restrict__ tm,
                       const float* dw,
                       const float* __restrict__ dvn,
-                      const float* __restrict__ xw,
+                      const float* xw,  // not __restrict__: the chunk kernel may have written it (kda_bwd.cu, fill_xw)
                       const float* sbeta,
                       float* dxw,
                       float* dxu,
