@@ -3,6 +3,7 @@
 #include "ops/kda.h"
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "ops/cpu/checks.h"
@@ -105,6 +106,10 @@ void check_saved(
     MT_CHECK(s.gam.defined() == ws && s.qg.defined() == ws && s.kg.defined() == ws && (!ws || s.hs.defined()),
              "{}: saved.gam, saved.qg, saved.kg and saved.w come together, and only with the states",
              op);
+    auto shapes = [](int64_t b, int64_t t, int64_t hv, int64_t k, int64_t v, int64_t chunk) {
+        return fmt::format("B = {}, T = {}, HV = {}, K = {}, V = {}, chunk {}", b, t, hv, k, v, chunk);
+    };
+    const std::string call = shapes(d.b, d.t, d.hv, d.k, d.v, c);
     for (const auto& p : parts) {
         if (!p.t.defined()) continue;
         MT_CHECK(p.t.device() == device && p.t.dtype() == DType::f32 && p.t.is_contiguous() &&
@@ -113,37 +118,19 @@ void check_saved(
                  op,
                  p.name);
         MT_CHECK(p.t.numel() == p.numel,
-                 "{}: {} has {} elements, expected {} for B = {}, T = {}, HV = {}, K = {}, V = {}, chunk {}; it was "
-                 "saved by a kda_fwd of other shapes",
+                 "{}: {} has {} elements, expected {} for {}; it was saved by a kda_fwd of other shapes",
                  op,
                  p.name,
                  p.t.numel(),
                  p.numel,
-                 d.b,
-                 d.t,
-                 d.hv,
-                 d.k,
-                 d.v,
-                 c);
+                 call);
     }
     if (!s.has_tiles()) return;
-    MT_CHECK(
-        s.b == d.b && s.seq == d.t && s.hv == d.hv && s.k == d.k && s.v == d.v && s.chunk == c,
-        "{}: saved was kept by a kda_fwd of B = {}, T = {}, HV = {}, K = {}, V = {}, chunk {}; this call has B = {}, "
-        "T = {}, HV = {}, K = {}, V = {}, chunk {}",
-        op,
-        s.b,
-        s.seq,
-        s.hv,
-        s.k,
-        s.v,
-        s.chunk,
-        d.b,
-        d.t,
-        d.hv,
-        d.k,
-        d.v,
-        c);
+    MT_CHECK(s.b == d.b && s.seq == d.t && s.hv == d.hv && s.k == d.k && s.v == d.v && s.chunk == c,
+             "{}: saved was kept by a kda_fwd of {}; this call has {}",
+             op,
+             shapes(s.b, s.seq, s.hv, s.k, s.v, s.chunk),
+             call);
 }
 
 template <typename T>
