@@ -117,7 +117,8 @@ TEST(Config, LayerPatternAndKdaKeys) {
                            "kda.head_dim=32",
                            "kda.gate=\"softplus\"",
                            "kda.gate_lower_bound=-2.5",
-                           "kda.chunk_size=32"});
+                           "kda.chunk_size=32",
+                           "kda.save_states=true"});
     EXPECT_EQ(c.model.n_kda_layers(), 6);
     EXPECT_TRUE(c.model.layer_is_kda(0));
     EXPECT_FALSE(c.model.layer_is_kda(3));
@@ -128,6 +129,9 @@ TEST(Config, LayerPatternAndKdaKeys) {
     EXPECT_EQ(c.model.kda_head_v_dim(), 32);
     EXPECT_EQ(c.model.kda.gate, "softplus");
     EXPECT_EQ(c.model.kda.gate_lower_bound, -2.5);
+    EXPECT_FALSE(dense.model.kda.save_tiles);  // the KDA op keeps nothing for the backward by default
+    EXPECT_TRUE(c.model.kda.save_states);
+    EXPECT_FALSE(c.model.kda.save_workspace);
     EXPECT_TRUE(
         config_parse(kGood, "job.toml", {"model.layer_pattern=\"KA\"", "model.attn_pos=\"rope\""}).model.attn_rope());
     EXPECT_FALSE(config_parse(kGood, "job.toml", {"model.attn_pos=\"nope\""}).model.attn_rope());
@@ -136,6 +140,7 @@ TEST(Config, LayerPatternAndKdaKeys) {
     EXPECT_EQ(again.to_toml(), c.to_toml());
     EXPECT_EQ(again.model.layer_pattern, "KKKA");
     EXPECT_EQ(again.model.kda.chunk_size, 32);
+    EXPECT_TRUE(again.model.kda.save_states);
 }
 
 TEST(Config, LayerPatternAndKdaErrorsNameTheKey) {
