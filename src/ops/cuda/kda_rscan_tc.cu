@@ -113,32 +113,20 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
         // Step 1: dVn = A^T dO + Kg dS (A^T is zero below the diagonal: only k >= m0).
         if (rows_on) {
             float acc[2][kN][4] = {};
-            for (int k0 = m0; k0 < c; k0 += 16) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    uint32_t a[4];
-                    frag_at_f(a, sa_bits, lda, m0, k0 + 8 * h, g, t);
-#pragma unroll
-                    for (int i = 0; i < kN; ++i) {
-                        uint32_t bb[2];
-                        frag_b16(bb, so, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
-                        mma_tf32(acc[h][i], a, bb);
-                    }
-                }
-            }
-            for (int k0 = 0; k0 < kd; k0 += 16) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    uint32_t a[4];
-                    frag_a_f(a, sk_bits, ldr, m0, k0 + 8 * h, g, t);
-#pragma unroll
-                    for (int i = 0; i < kN; ++i) {
-                        uint32_t bb[2];
-                        frag_b(bb, sds, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
-                        mma_tf32(acc[h][i], a, bb);
-                    }
-                }
-            }
+            row_tile_product(
+                acc,
+                m0,
+                c,
+                nb,
+                [&](uint32_t(&a)[4], int k) { frag_at_f(a, sa_bits, lda, m0, k, g, t); },
+                [&](uint32_t(&bb)[2], int k, int n0) { frag_b16(bb, so, ld, k, n0, g, t); });
+            row_tile_product(
+                acc,
+                0,
+                kd,
+                nb,
+                [&](uint32_t(&a)[4], int k) { frag_a_f(a, sk_bits, ldr, m0, k, g, t); },
+                [&](uint32_t(&bb)[2], int k, int n0) { frag_b(bb, sds, ld, k, n0, g, t); });
             const int r0 = m0 + g;
 #pragma unroll
             for (int i = 0; i < kN; ++i) {

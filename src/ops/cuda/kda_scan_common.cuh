@@ -47,6 +47,27 @@ __device__ inline StateTiles state_tiles(int kd, int warp) {
     return {(warp / wpr) * 16, warp % wpr, wpr, warp / wpr < rt};
 }
 
+// acc[h][i] += A(:, k0 + 8h) B(k0 + 8h, column tile nb + 2i) for k0 = k_begin, k_begin + 16, ... < k_end: the
+// [16, BV] row-tile products of the scans (Vn, O, dVn), as two interleaved chains over k (even and odd 8-steps) that
+// the caller adds at the end. a_frag(a, k) and b_frag(b, k, n0) load the A and B fragments of k-step k.
+template <int kN, typename AFrag, typename BFrag>
+__device__ __forceinline__ void row_tile_product(
+    float (&acc)[2][kN][4], int k_begin, int k_end, int nb, AFrag&& a_frag, BFrag&& b_frag) {
+    for (int k0 = k_begin; k0 < k_end; k0 += 16) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            uint32_t a[4];
+            a_frag(a, k0 + 8 * h);
+#pragma unroll
+            for (int i = 0; i < kN; ++i) {
+                uint32_t bb[2];
+                b_frag(bb, k0 + 8 * h, (nb + 2 * i) * 8);
+                mma_tf32(acc[h][i], a, bb);
+            }
+        }
+    }
+}
+
 // Copies the [K, BV] state columns (row stride ld_b) to a [K, V] global matrix at column y0, 16 bytes per copy.
 template <int BV>
 __device__ __forceinline__ void store_state(float* dst, const float* ss, int kd, int vd) {

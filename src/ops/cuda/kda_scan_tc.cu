@@ -91,6 +91,13 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
     };
     const int m0 = (warp & 3) * 16, nb = warp >> 2;
     const bool rows_on = m0 < c;
+    // S as the B operand of steps 1 and 2: from its TF32 copy when there is one, else rounded here.
+    auto state_b = [&](uint32_t(&bb)[2], int k, int n0) {
+        if constexpr (kShadow)
+            frag_b_f(bb, ssr_bits, ld, k, n0, g, t);
+        else
+            frag_b(bb, ss, ld, k, n0, g, t);
+    };
     const StateTiles stl = state_tiles(kd, warp);
     // U at this lane's Vn outputs, loaded into registers one chunk ahead.
     float ur[kN][4];
@@ -126,22 +133,8 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
         // Step 1: Vn = U - W S.
         if (rows_on) {
             float acc[2][kN][4] = {};
-            for (int k0 = 0; k0 < kd; k0 += 16) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    uint32_t a[4];
-                    frag_a_f(a, sw_bits, ldr, m0, k0 + 8 * h, g, t);
-#pragma unroll
-                    for (int i = 0; i < kN; ++i) {
-                        uint32_t bb[2];
-                        if constexpr (kShadow)
-                            frag_b_f(bb, ssr_bits, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
-                        else
-                            frag_b(bb, ss, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
-                        mma_tf32(acc[h][i], a, bb);
-                    }
-                }
-            }
+            row_tile_product(
+                acc, 0, kd, nb, [&](uint32_t(&a)[4], int k) { frag_a_f(a, sw_bits, ldr, m0, k, g, t); }, state_b);
             const int r0 = m0 + g;
 #pragma unroll
             for (int i = 0; i < kN; ++i) {
@@ -170,35 +163,15 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
         // Step 2: O = Qg S + A Vn (A is zero above the diagonal: only k < m0 + 16).
         if (out != nullptr && rows_on) {
             float acc[2][kN][4] = {};
-            for (int k0 = 0; k0 < kd; k0 += 16) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    uint32_t a[4];
-                    frag_a_f(a, sq_bits, ldr, m0, k0 + 8 * h, g, t);
-#pragma unroll
-                    for (int i = 0; i < kN; ++i) {
-                        uint32_t bb[2];
-                        if constexpr (kShadow)
-                            frag_b_f(bb, ssr_bits, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
-                        else
-                            frag_b(bb, ss, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
-                        mma_tf32(acc[h][i], a, bb);
-                    }
-                }
-            }
-            for (int k0 = 0; k0 < m0 + 16; k0 += 16) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    uint32_t a[4];
-                    frag_a_f(a, sa_bits, lda, m0, k0 + 8 * h, g, t);
-#pragma unroll
-                    for (int i = 0; i < kN; ++i) {
-                        uint32_t bb[2];
-                        frag_b_f(bb, svn_bits, ld, k0 + 8 * h, (nb + 2 * i) * 8, g, t);
-                        mma_tf32(acc[h][i], a, bb);
-                    }
-                }
-            }
+            row_tile_product(
+                acc, 0, kd, nb, [&](uint32_t(&a)[4], int k) { frag_a_f(a, sq_bits, ldr, m0, k, g, t); }, state_b);
+            row_tile_product(
+                acc,
+                0,
+                m0 + 16,
+                nb,
+                [&](uint32_t(&a)[4], int k) { frag_a_f(a, sa_bits, lda, m0, k, g, t); },
+                [&](uint32_t(&bb)[2], int k, int n0) { frag_b_f(bb, svn_bits, ld, k, n0, g, t); });
 #pragma unroll
             for (int i = 0; i < kN; ++i) {
                 const int c0 = y0 + (nb + 2 * i) * 8 + 2 * t;
