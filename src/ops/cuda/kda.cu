@@ -332,22 +332,22 @@ void kda_fwd(const Tensor& q,
     kda::Work given{};
     if (keep) {
         const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
-        auto f32 = [&](Tensor& t, int64_t cols) {
-            t = Tensor::scratch({chunks * d.c * cols}, DType::f32, core::Device::cuda);
+        auto f32 = [&](Tensor& t, int64_t rows, int64_t cols) {  // [chunks, rows, cols]
+            t = Tensor::scratch({chunks * rows * cols}, DType::f32, core::Device::cuda);
             return t.data<float>();
         };
-        given.a = f32(saved->a, d.c);
-        given.m = f32(saved->m, d.c);
-        given.tm = f32(saved->t, d.c);
+        given.a = f32(saved->a, d.c, d.c);
+        given.m = f32(saved->m, d.c, d.c);
+        given.tm = f32(saved->t, d.c, d.c);
         if (keep_states) {
-            saved->hs = Tensor::scratch({chunks * d.k * d.v}, DType::f32, core::Device::cuda);
-            f32(saved->vn, d.v);
+            f32(saved->hs, d.k, d.v);
+            f32(saved->vn, d.c, d.v);
         }
         if (keep_ws) {
-            given.gam = f32(saved->gam, d.k);
-            given.qg = f32(saved->qg, d.k);
-            given.kg = f32(saved->kg, d.k);
-            given.w = f32(saved->w, d.k);
+            given.gam = f32(saved->gam, d.c, d.k);
+            given.qg = f32(saved->qg, d.c, d.k);
+            given.kg = f32(saved->kg, d.c, d.k);
+            given.w = f32(saved->w, d.c, d.k);
         }
     }
     const kda::Work w = kda::work_alloc(d, keep_alive, prep_tc, given);
