@@ -140,13 +140,15 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
                 if (r == 0) first = acc;
                 sg[(s * kSub + r) * ldg + x] = acc;
             }
-            float mx = 0.0f;
+            if constexpr (!kTilesIn) {  // with T read back, no anchored tile is formed here
+                float mx = 0.0f;
 #pragma unroll
-            for (int r = 0; r < kSub; ++r)
-                mx = fmaxf(
-                    mx,
-                    fmaxf(fabsf(to_f32(sq[(s * kSub + r) * ldx + x])), fabsf(to_f32(sk[(s * kSub + r) * ldx + x]))));
-            diag_ok = diag_ok && (kTilesIn || anchor_ok(first - acc, mx));
+                for (int r = 0; r < kSub; ++r)
+                    mx = fmaxf(mx,
+                               fmaxf(fabsf(to_f32(sq[(s * kSub + r) * ldx + x])),
+                                     fabsf(to_f32(sk[(s * kSub + r) * ldx + x]))));
+                diag_ok = diag_ok && anchor_ok(first - acc, mx);
+            }
         }
     }
     const bool diag_mma = __syncthreads_and(diag_ok) != 0;  // also the barrier after Gamma
