@@ -7,7 +7,9 @@
 // memory for every output). Here the value dimension is walked in slabs of 32 columns, double-buffered through
 // cp.async; every warp owns fixed output tiles (TF32 mma.sync, fp32 accumulation, fixed k order): deterministic.
 // Persistent blocks (one per SM, 16 warps) walk their chunks with the slab pipeline running across chunk ends.
-// dO is staged in its own dtype: bf16 and f16 values are exact in TF32.
+// dO is staged in its own dtype: bf16 and f16 values are exact in TF32. Vn arrives rounded to TF32 (the scans store
+// it so), so it too is read as bits; h, dS and dVn are rounded at each fragment (dgl sums h dS exactly, and the
+// backward's chunk step needs dVn exact).
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/kda_common.cuh"
 #include "ops/cuda/kda_mma.cuh"
@@ -26,9 +28,10 @@ __host__ __device__ inline int stage_bytes(const Dims& d) {
     return d.c * kLdO * static_cast<int>(sizeof(T)) + (2 * d.c + 2 * d.k) * kLdS * static_cast<int>(sizeof(float));
 }
 
+// A 16-bit value as a TF32 operand: bf16 and f16 values are exact in TF32, so no rounding step.
 template <typename T>
 __device__ __forceinline__ uint32_t tf32_of(T x) {
-    return to_tf32(to_f32(x));
+    return __float_as_uint(to_f32(x));
 }
 
 constexpr int kMmWarps = 16;
@@ -106,6 +109,7 @@ __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __r
         __syncthreads();
         const T* o = sdo(s);
         const float *pv = svn(s), *pdv = sdvn(s), *ph = sh(s), *pds = sds(s);
+        const auto* pv_bits = reinterpret_cast<const uint32_t*>(pv);  // Vn comes rounded to TF32 (the scans)
         if (tid < kd)
             for (int y = 0; y < kSlab; ++y) gl += ph[tid * kLdS + y] * pds[tid * kLdS + y];
         if (rows) {
@@ -116,7 +120,7 @@ __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __r
                 ao[1] = tf32_of(o[(m0 + g + 8) * kLdO + k0 + t]);
                 ao[2] = tf32_of(o[(m0 + g) * kLdO + k0 + t + 4]);
                 ao[3] = tf32_of(o[(m0 + g + 8) * kLdO + k0 + t + 4]);
-                frag_a(av, pv, kLdS, m0, k0, g, t);
+                frag_a_f(av, pv_bits, kLdS, m0, k0, g, t);
                 frag_a(adv, pdv, kLdS, m0, k0, g, t);
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
@@ -135,7 +139,7 @@ __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __r
                     const int j0 = (nq + 4 * j) * 8;
                     if (j0 < m0 + 16) {
                         uint32_t bv[2];
-                        frag_bt(bv, pv, kLdS, k0, j0, g, t);
+                        frag_bt_f(bv, pv_bits, kLdS, k0, j0, g, t);
                         mma_tf32(aa[j], ao, bv);
                     }
                 }

@@ -27,56 +27,41 @@ namespace mt::ops::cuda::kda {
 
 namespace {
 
-// Whether the forward scan keeps a TF32-rounded copy of its fp32 state S next to it: the B operand of the products
-// that read S, read as bits instead of converted by every warp at every use; the fp32 S stays the one that
-// accumulates and is stored. At BV = 128 there is no room for it. (The reverse scan's dS copy measured slower:
-// 2.27 -> 2.31 ms at 1 x 32768, 6.93 -> 7.24 at 2 x 65536; not kept.)
-__host__ __device__ constexpr bool shadow_state(int bv) {
-    return bv <= 64;
-}
-
 // Forward shared memory (floats): W, Qg [c, ld_row(K)], Kg [c, ld_tr(K)], A [c, ld_row(c)], gamma-log [K],
-// S [K, ld_b], Vn [c, ld_b], S rounded [K, ld_b] (shadow_state). U is read into registers (each lane needs only its own
-// outputs' values). (bv + 8 = ld_b<bv>(); a runtime bv so pick_bv can size every tile.)
+// S rounded to TF32 [K, ld_b], Vn [c, ld_b]. The fp32 state itself lives in the registers of the warps that own its
+// tiles (state_tiles), and U goes straight to registers (each lane needs only its own outputs' values). (bv + 8 =
+// ld_b<bv>(); a runtime bv so pick_bv can size every tile.)
 int scan_tc_floats(const Dims& d, int bv) {
-    return 2 * d.c * ld_row(d.k) + d.c * ld_tr(d.k) + d.c * ld_row(d.c) + d.k + (d.k + d.c) * (bv + 8) +
-           (shadow_state(bv) ? d.k * (bv + 8) : 0);
+    return 2 * d.c * ld_row(d.k) + d.c * ld_tr(d.k) + d.c * ld_row(d.c) + d.k + (d.k + d.c) * (bv + 8);
 }
 template <typename T, int BV>
-__global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restrict__ s0,
-                                                           T* __restrict__ out,
-                                                           float* __restrict__ st,
-                                                           Dims d,
-                                                           Work w,
-                                                           float* hs,
-                                                           float* vns,
-                                                           PhaseSums ps) {
+__global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __restrict__ s0,
+                                                              T* __restrict__ out,
+                                                              float* __restrict__ st,
+                                                              Dims d,
+                                                              Work w,
+                                                              float* hs,
+                                                              float* vns,
+                                                              PhaseSums ps) {
     constexpr int ld = ld_b<BV>(), kN = BV / 16, kN3 = BV / 8;
     extern __shared__ __align__(16) float smem[];
     const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x;
     const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * BV;
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int ldr = ld_row(kd), ldt = ld_tr(kd), lda = ld_row(c);
-    float* sw = smem;           // W
-    float* sq = sw + c * ldr;   // Qg
-    float* sk = sq + c * ldr;   // Kg
-    float* sa = sk + c * ldt;   // A
-    float* sg = sa + c * lda;   // Gamma of the chunk's last row [K]
-    float* ss = sg + kd;        // state columns [K, ld]
-    float* svn = ss + kd * ld;  // Vn [c, ld], TF32-rounded
+    float* sw = smem;            // W
+    float* sq = sw + c * ldr;    // Qg
+    float* sk = sq + c * ldr;    // Kg
+    float* sa = sk + c * ldt;    // A
+    float* sg = sa + c * lda;    // Gamma of the chunk's last row [K]
+    float* ssr = sg + kd;        // the state columns rounded to TF32 [K, ld]
+    float* svn = ssr + kd * ld;  // Vn [c, ld], TF32-rounded
     const auto* svn_bits = reinterpret_cast<const uint32_t*>(svn);
-    constexpr bool kShadow = shadow_state(BV);
-    float* ssr = svn + c * ld;  // S rounded to TF32 [K, ld] (kShadow)
     const auto* ssr_bits = reinterpret_cast<const uint32_t*>(ssr);
     // W, Qg, Kg and A arrive already rounded to TF32 (prep_tc), so their fragments are read as bits.
     const auto *sw_bits = reinterpret_cast<const uint32_t*>(sw), *sq_bits = reinterpret_cast<const uint32_t*>(sq);
     const auto *sk_bits = reinterpret_cast<const uint32_t*>(sk), *sa_bits = reinterpret_cast<const uint32_t*>(sa);
     const int64_t kv = static_cast<int64_t>(kd) * vd;
-    for (int e = tid; e < kd * BV; e += kThreads) {
-        const int x = e / BV, y = e % BV;
-        ss[x * ld + y] = s0 != nullptr ? s0[unit * kv + static_cast<int64_t>(x) * vd + y0 + y] : 0.0f;
-        if constexpr (kShadow) ssr[x * ld + y] = tf32_bits(ss[x * ld + y]);
-    }
     // Loads of chunk n in three groups, in the order the steps consume them.
     auto load_w = [&](int n) { stage_async(sw, ldr, w.w + ck_off(d, chunk_index(d, unit, n)), kd, c, kd); };
     auto load_qa = [&](int n) {
@@ -91,14 +76,49 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
     };
     const int m0 = (warp & 3) * 16, nb = warp >> 2;
     const bool rows_on = m0 < c;
-    // S as the B operand of steps 1 and 2: from its TF32 copy when there is one, else rounded here.
-    auto state_b = [&](uint32_t(&bb)[2], int k, int n0) {
-        if constexpr (kShadow)
-            frag_b_f(bb, ssr_bits, ld, k, n0, g, t);
-        else
-            frag_b(bb, ss, ld, k, n0, g, t);
-    };
+    // S as the B operand of steps 1 and 2, read as bits from its TF32 copy.
+    auto state_b = [&](uint32_t(&bb)[2], int k, int n0) { frag_b_f(bb, ssr_bits, ld, k, n0, g, t); };
+    // The fp32 state: this warp's tiles (state_tiles) in registers for the whole scan, the accumulators of step 3;
+    // the other warps read S only through the TF32 copy, which the owner rewrites after each update. Keeping S in
+    // shared memory instead cost a load, a scale and a store of every element per chunk, and at BV = 128 (no room
+    // for the copy next to it) a conversion of every B fragment of steps 1 and 2.
     const StateTiles stl = state_tiles(kd, warp);
+    const int sr0 = stl.x0 + g;
+    float sr[kN3][4];
+    // Calls fn(i, column) for each of this warp's state tiles i (column: the lane's first of its two columns).
+    auto each_tile = [&](auto&& fn) {
+        if (!stl.on) return;
+#pragma unroll
+        for (int i = 0; i < kN3; ++i) {
+            const int c0 = (stl.nt0 + stl.step * i) * 8 + 2 * t;
+            if (c0 < BV) fn(i, c0);
+        }
+    };
+    auto write_copy = [&] {
+        each_tile([&](int i, int c0) {
+            *reinterpret_cast<float2*>(ssr + sr0 * ld + c0) = make_float2(tf32_bits(sr[i][0]), tf32_bits(sr[i][1]));
+            *reinterpret_cast<float2*>(ssr + (sr0 + 8) * ld + c0) =
+                make_float2(tf32_bits(sr[i][2]), tf32_bits(sr[i][3]));
+        });
+    };
+    // This warp's tiles of S to a [K, V] global matrix whose column y0 is dst.
+    auto store_tiles = [&](float* dst) {
+        each_tile([&](int i, int c0) {
+            float* p = dst + static_cast<int64_t>(sr0) * vd + c0;
+            *reinterpret_cast<float2*>(p) = make_float2(sr[i][0], sr[i][1]);
+            *reinterpret_cast<float2*>(p + 8 * static_cast<int64_t>(vd)) = make_float2(sr[i][2], sr[i][3]);
+        });
+    };
+    each_tile([&](int i, int c0) {
+        sr[i][0] = sr[i][1] = sr[i][2] = sr[i][3] = 0.0f;
+        if (s0 == nullptr) return;
+        const float* p = s0 + unit * kv + static_cast<int64_t>(sr0) * vd + y0 + c0;
+        sr[i][0] = p[0];
+        sr[i][1] = p[1];
+        sr[i][2] = p[8 * static_cast<int64_t>(vd)];
+        sr[i][3] = p[8 * static_cast<int64_t>(vd) + 1];
+    });
+    write_copy();
     // U at this lane's Vn outputs, loaded into registers one chunk ahead.
     float ur[kN][4];
     auto load_u = [&](int n) {
@@ -129,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
         cp_async_wait<2>();
         __syncthreads();
         ps.add(1);
-        if (hs != nullptr) store_state<BV>(hs + cb * kv + y0, ss, kd, vd);
+        if (hs != nullptr) store_tiles(hs + cb * kv + y0);
         // Step 1: Vn = U - W S.
         if (rows_on) {
             float acc[2][kN][4] = {};
@@ -139,12 +159,13 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
 #pragma unroll
             for (int i = 0; i < kN; ++i) {
                 const int c0 = (nb + 2 * i) * 8 + 2 * t;
+                // Vn is only ever a TF32 operand (steps 2 and 3 here, read by every warp; the backward's products
+                // over V), so it is rounded once here, in shared memory and in the kept copy alike.
                 float vv[4];
 #pragma unroll
-                for (int e = 0; e < 4; ++e) vv[e] = ur[i][e] - (acc[0][i][e] + acc[1][i][e]);
-                // Vn is a TF32 B operand of steps 2 and 3 (read by every warp): rounded once here.
-                *reinterpret_cast<float2*>(svn + r0 * ld + c0) = make_float2(tf32_bits(vv[0]), tf32_bits(vv[1]));
-                *reinterpret_cast<float2*>(svn + (r0 + 8) * ld + c0) = make_float2(tf32_bits(vv[2]), tf32_bits(vv[3]));
+                for (int e = 0; e < 4; ++e) vv[e] = tf32_bits(ur[i][e] - (acc[0][i][e] + acc[1][i][e]));
+                *reinterpret_cast<float2*>(svn + r0 * ld + c0) = make_float2(vv[0], vv[1]);
+                *reinterpret_cast<float2*>(svn + (r0 + 8) * ld + c0) = make_float2(vv[2], vv[3]);
                 if (vns != nullptr) {
                     float* p = vns + cv_off(d, cb) + y0 + c0;
                     *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(vv[0], vv[1]);
@@ -193,46 +214,26 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
         cp_async_wait<2>();
         __syncthreads();
         ps.add(5);
-        // Step 3: S <- Diag(gamma) S + Kg^T Vn, accumulated into the fp32 state.
+        // Step 3: S <- Diag(gamma) S + Kg^T Vn, accumulated into the fp32 state (registers), then its TF32 copy.
         if (stl.on) {
-            const int r0 = stl.x0 + g;
-            const float e0 = expf(sg[r0]), e1 = expf(sg[r0 + 8]);
-            float acc[kN3][4];
-#pragma unroll
-            for (int i = 0; i < kN3; ++i) {
-                const int c0 = (stl.nt0 + stl.step * i) * 8 + 2 * t;
-                if (c0 >= BV) continue;
-                acc[i][0] = ss[r0 * ld + c0] * e0;
-                acc[i][1] = ss[r0 * ld + c0 + 1] * e0;
-                acc[i][2] = ss[(r0 + 8) * ld + c0] * e1;
-                acc[i][3] = ss[(r0 + 8) * ld + c0 + 1] * e1;
-            }
+            const float e0 = expf(sg[sr0]), e1 = expf(sg[sr0 + 8]);
+            each_tile([&](int i, int) {
+                sr[i][0] *= e0;
+                sr[i][1] *= e0;
+                sr[i][2] *= e1;
+                sr[i][3] *= e1;
+            });
             for (int k0 = 0; k0 < c; k0 += 8) {
                 uint32_t a[4];
                 frag_at_f(a, sk_bits, ldt, stl.x0, k0, g, t);
-#pragma unroll
-                for (int i = 0; i < kN3; ++i) {
-                    const int n0 = (stl.nt0 + stl.step * i) * 8;
-                    if (n0 >= BV) continue;
+                each_tile([&](int i, int c0) {
                     uint32_t bb[2];
-                    frag_b_f(bb, svn_bits, ld, k0, n0, g, t);
-                    mma_tf32(acc[i], a, bb);
-                }
+                    frag_b_f(bb, svn_bits, ld, k0, c0 - 2 * t, g, t);
+                    mma_tf32(sr[i], a, bb);
+                });
             }
-            // Every warp reads only its own state tiles here, so it may overwrite them in place.
-#pragma unroll
-            for (int i = 0; i < kN3; ++i) {
-                const int c0 = (stl.nt0 + stl.step * i) * 8 + 2 * t;
-                if (c0 >= BV) continue;
-                *reinterpret_cast<float2*>(ss + r0 * ld + c0) = make_float2(acc[i][0], acc[i][1]);
-                *reinterpret_cast<float2*>(ss + (r0 + 8) * ld + c0) = make_float2(acc[i][2], acc[i][3]);
-                if constexpr (kShadow) {
-                    *reinterpret_cast<float2*>(ssr + r0 * ld + c0) =
-                        make_float2(tf32_bits(acc[i][0]), tf32_bits(acc[i][1]));
-                    *reinterpret_cast<float2*>(ssr + (r0 + 8) * ld + c0) =
-                        make_float2(tf32_bits(acc[i][2]), tf32_bits(acc[i][3]));
-                }
-            }
+            // No warp reads the copy during step 3 (the barrier above ends step 2), so it is rewritten in place.
+            write_copy();
         }
         __syncthreads();
         ps.add(6);
@@ -241,7 +242,7 @@ __global__ void __launch_bounds__(kThreads) scan_tc_kernel(const float* __restri
         ps.add(7);
     }
     cp_async_wait<0>();
-    if (st != nullptr) store_state<BV>(st + unit * kv + y0, ss, kd, vd);
+    if (st != nullptr) store_tiles(st + unit * kv + y0);
     ps.flush(8);
 }
 
