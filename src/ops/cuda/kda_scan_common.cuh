@@ -68,6 +68,34 @@ __device__ __forceinline__ void row_tile_product(
     }
 }
 
+// Two row-tile products sharing their B operand: acc1 += A1 B and acc2 += A2 B, each summed in row_tile_product's
+// order (so either sum is bitwise the one row_tile_product gives), with one B fragment load for both.
+template <int kN, typename AFrag1, typename AFrag2, typename BFrag>
+__device__ __forceinline__ void row_tile_product2(float (&acc1)[2][kN][4],
+                                                  float (&acc2)[2][kN][4],
+                                                  int k_begin,
+                                                  int k_end,
+                                                  int nb,
+                                                  AFrag1&& a_frag1,
+                                                  AFrag2&& a_frag2,
+                                                  BFrag&& b_frag) {
+    for (int k0 = k_begin; k0 < k_end; k0 += 16) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            uint32_t a1[4], a2[4];
+            a_frag1(a1, k0 + 8 * h);
+            a_frag2(a2, k0 + 8 * h);
+#pragma unroll
+            for (int i = 0; i < kN; ++i) {
+                uint32_t bb[2];
+                b_frag(bb, k0 + 8 * h, (nb + 2 * i) * 8);
+                mma_tf32(acc1[h][i], a1, bb);
+                mma_tf32(acc2[h][i], a2, bb);
+            }
+        }
+    }
+}
+
 // Copies the [K, BV] state columns (row stride ld_b) to a [K, V] global matrix at column y0, 16 bytes per copy.
 template <int BV>
 __device__ __forceinline__ void store_state(float* dst, const float* ss, int kd, int vd) {

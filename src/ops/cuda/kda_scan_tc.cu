@@ -31,6 +31,13 @@ namespace {
 // S rounded to TF32 [K, ld_b], Vn [c, ld_b]. The fp32 state itself lives in the registers of the warps that own its
 // tiles (state_tiles), and U goes straight to registers (each lane needs only its own outputs' values). (bv + 8 =
 // ld_b<bv>(); a runtime bv so pick_bv can size every tile.)
+// Whether steps 1 and 2 share a pass over S (Vn = U - W S and Qg S together, O's accumulators held across the
+// barrier that completes Vn), and steps 2's tail and 3 share the next: three barriers per chunk instead of six, and
+// two independent product chains in each phase. At BV = 128 the two sets of accumulators do not fit in registers.
+__host__ __device__ constexpr bool fused_steps(int bv) {
+    return bv <= 64;
+}
+
 int scan_tc_floats(const Dims& d, int bv) {
     return 2 * d.c * ld_row(d.k) + d.c * ld_tr(d.k) + d.c * ld_row(d.c) + d.k + (d.k + d.c) * (bv + 8);
 }
@@ -84,7 +91,7 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
     // for the copy next to it) a conversion of every B fragment of steps 1 and 2.
     const StateTiles stl = state_tiles(kd, warp);
     const int sr0 = stl.x0 + g;
-    float sr[kN3][4];
+    float sr[kN3][4] = {};
     // Calls fn(i, column) for each of this warp's state tiles i (column: the lane's first of its two columns).
     auto each_tile = [&](auto&& fn) {
         if (!stl.on) return;
@@ -135,111 +142,173 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
             ur[i][3] = u1.y;
         }
     };
-    load_w(0);
-    cp_async_commit();
-    load_qa(0);
-    cp_async_commit();
-    load_kg(0);
-    cp_async_commit();
-    load_u(0);
-    ps.start();
-    for (int n = 0; n < d.nc; ++n) {
-        const int64_t cb = chunk_index(d, unit, n);
-        const bool more = n + 1 < d.nc;
-        cp_async_wait<2>();
-        __syncthreads();
-        ps.add(1);
-        if (hs != nullptr) store_tiles(hs + cb * kv + y0);
-        // Step 1: Vn = U - W S.
-        if (rows_on) {
-            float acc[2][kN][4] = {};
-            row_tile_product(
-                acc, 0, kd, nb, [&](uint32_t(&a)[4], int k) { frag_a_f(a, sw_bits, ldr, m0, k, g, t); }, state_b);
-            const int r0 = m0 + g;
+    // Step 1's tail: Vn = U - acc (acc = W S), into shared memory and the kept copy.
+    auto store_vn = [&](const float(&acc)[2][kN][4], int64_t cb) {
+        const int r0 = m0 + g;
 #pragma unroll
-            for (int i = 0; i < kN; ++i) {
-                const int c0 = (nb + 2 * i) * 8 + 2 * t;
-                // Vn is only ever a TF32 operand (steps 2 and 3 here, read by every warp; the backward's products
-                // over V), so it is rounded once here, in shared memory and in the kept copy alike.
-                float vv[4];
+        for (int i = 0; i < kN; ++i) {
+            const int c0 = (nb + 2 * i) * 8 + 2 * t;
+            // Vn is only ever a TF32 operand (steps 2 and 3 here, read by every warp; the backward's products
+            // over V), so it is rounded once here, in shared memory and in the kept copy alike.
+            float vv[4];
 #pragma unroll
-                for (int e = 0; e < 4; ++e) vv[e] = tf32_bits(ur[i][e] - (acc[0][i][e] + acc[1][i][e]));
-                *reinterpret_cast<float2*>(svn + r0 * ld + c0) = make_float2(vv[0], vv[1]);
-                *reinterpret_cast<float2*>(svn + (r0 + 8) * ld + c0) = make_float2(vv[2], vv[3]);
-                if (vns != nullptr) {
-                    float* p = vns + cv_off(d, cb) + y0 + c0;
-                    *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(vv[0], vv[1]);
-                    *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0 + 8) * vd) = make_float2(vv[2], vv[3]);
+            for (int e = 0; e < 4; ++e) vv[e] = tf32_bits(ur[i][e] - (acc[0][i][e] + acc[1][i][e]));
+            *reinterpret_cast<float2*>(svn + r0 * ld + c0) = make_float2(vv[0], vv[1]);
+            *reinterpret_cast<float2*>(svn + (r0 + 8) * ld + c0) = make_float2(vv[2], vv[3]);
+            if (vns != nullptr) {
+                float* p = vns + cv_off(d, cb) + y0 + c0;
+                *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(vv[0], vv[1]);
+                *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0 + 8) * vd) = make_float2(vv[2], vv[3]);
+            }
+        }
+    };
+    auto w_frag = [&](uint32_t(&a)[4], int k) { frag_a_f(a, sw_bits, ldr, m0, k, g, t); };
+    auto q_frag = [&](uint32_t(&a)[4], int k) { frag_a_f(a, sq_bits, ldr, m0, k, g, t); };
+    // Step 2's tail: O = acc + A Vn (acc = Qg S; A is zero above the diagonal: only k < m0 + 16), stored.
+    auto finish_o = [&](float(&acc)[2][kN][4], int n) {
+        row_tile_product(
+            acc,
+            0,
+            m0 + 16,
+            nb,
+            [&](uint32_t(&a)[4], int k) { frag_a_f(a, sa_bits, lda, m0, k, g, t); },
+            [&](uint32_t(&bb)[2], int k, int n0) { frag_b_f(bb, svn_bits, ld, k, n0, g, t); });
+#pragma unroll
+        for (int i = 0; i < kN; ++i) {
+            const int c0 = y0 + (nb + 2 * i) * 8 + 2 * t;
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) {
+                const int tok = n * c + m0 + g + 8 * h2;
+                if (tok < d.t) {
+                    T* p = out + v_row(d, b, tok, hv) + c0;
+                    p[0] = from_f32<T>(acc[0][i][2 * h2] + acc[1][i][2 * h2]);
+                    p[1] = from_f32<T>(acc[0][i][2 * h2 + 1] + acc[1][i][2 * h2 + 1]);
                 }
             }
         }
-        if (more) load_u(n + 1);
-        __syncthreads();
-        ps.add(2);
-        if (more) load_w(n + 1);
-        cp_async_commit();
-        cp_async_wait<2>();
-        __syncthreads();
-        ps.add(3);
-        // Step 2: O = Qg S + A Vn (A is zero above the diagonal: only k < m0 + 16).
-        if (out != nullptr && rows_on) {
-            float acc[2][kN][4] = {};
-            row_tile_product(
-                acc, 0, kd, nb, [&](uint32_t(&a)[4], int k) { frag_a_f(a, sq_bits, ldr, m0, k, g, t); }, state_b);
-            row_tile_product(
-                acc,
-                0,
-                m0 + 16,
-                nb,
-                [&](uint32_t(&a)[4], int k) { frag_a_f(a, sa_bits, lda, m0, k, g, t); },
-                [&](uint32_t(&bb)[2], int k, int n0) { frag_b_f(bb, svn_bits, ld, k, n0, g, t); });
-#pragma unroll
-            for (int i = 0; i < kN; ++i) {
-                const int c0 = y0 + (nb + 2 * i) * 8 + 2 * t;
-#pragma unroll
-                for (int h2 = 0; h2 < 2; ++h2) {
-                    const int tok = n * c + m0 + g + 8 * h2;
-                    if (tok < d.t) {
-                        T* p = out + v_row(d, b, tok, hv) + c0;
-                        p[0] = from_f32<T>(acc[0][i][2 * h2] + acc[1][i][2 * h2]);
-                        p[1] = from_f32<T>(acc[0][i][2 * h2 + 1] + acc[1][i][2 * h2 + 1]);
-                    }
-                }
-            }
-        }
-        __syncthreads();
-        ps.add(4);
-        if (more) load_qa(n + 1);
-        cp_async_commit();
-        cp_async_wait<2>();
-        __syncthreads();
-        ps.add(5);
-        // Step 3: S <- Diag(gamma) S + Kg^T Vn, accumulated into the fp32 state (registers), then its TF32 copy.
-        if (stl.on) {
-            const float e0 = expf(sg[sr0]), e1 = expf(sg[sr0 + 8]);
-            each_tile([&](int i, int) {
-                sr[i][0] *= e0;
-                sr[i][1] *= e0;
-                sr[i][2] *= e1;
-                sr[i][3] *= e1;
+    };
+    // Step 3: S <- Diag(gamma) S + Kg^T Vn, accumulated into the fp32 state (registers), then its TF32 copy. No warp
+    // reads the copy during step 3 (a barrier ends the products that read S), so it is rewritten in place.
+    auto update_state = [&] {
+        if (!stl.on) return;
+        const float e0 = expf(sg[sr0]), e1 = expf(sg[sr0 + 8]);
+        each_tile([&](int i, int) {
+            sr[i][0] *= e0;
+            sr[i][1] *= e0;
+            sr[i][2] *= e1;
+            sr[i][3] *= e1;
+        });
+        for (int k0 = 0; k0 < c; k0 += 8) {
+            uint32_t a[4];
+            frag_at_f(a, sk_bits, ldt, stl.x0, k0, g, t);
+            each_tile([&](int i, int c0) {
+                uint32_t bb[2];
+                frag_b_f(bb, svn_bits, ld, k0, c0 - 2 * t, g, t);
+                mma_tf32(sr[i], a, bb);
             });
-            for (int k0 = 0; k0 < c; k0 += 8) {
-                uint32_t a[4];
-                frag_at_f(a, sk_bits, ldt, stl.x0, k0, g, t);
-                each_tile([&](int i, int c0) {
-                    uint32_t bb[2];
-                    frag_b_f(bb, svn_bits, ld, k0, c0 - 2 * t, g, t);
-                    mma_tf32(sr[i], a, bb);
-                });
-            }
-            // No warp reads the copy during step 3 (the barrier above ends step 2), so it is rewritten in place.
-            write_copy();
         }
-        __syncthreads();
-        ps.add(6);
-        if (more) load_kg(n + 1);
+        write_copy();
+    };
+    if constexpr (fused_steps(BV)) {
+        // Two load groups: W and Qg (step 1), then A, Kg and gamma (steps 2 and 3), each reissued for the next chunk
+        // once the barrier after its steps has passed. Three barriers per chunk.
+        auto load_wq = [&](int n) {
+            const int64_t cb = chunk_index(d, unit, n);
+            stage_async(sw, ldr, w.w + ck_off(d, cb), kd, c, kd);
+            stage_async(sq, ldr, w.qg + ck_off(d, cb), kd, c, kd);
+        };
+        auto load_ak = [&](int n) {
+            stage_async(sa, lda, w.a + cc_off(d, chunk_index(d, unit, n)), c, c, c);
+            load_kg(n);
+        };
+        load_wq(0);
         cp_async_commit();
-        ps.add(7);
+        load_ak(0);
+        cp_async_commit();
+        load_u(0);
+        ps.start();
+        for (int n = 0; n < d.nc; ++n) {
+            const int64_t cb = chunk_index(d, unit, n);
+            const bool more = n + 1 < d.nc;
+            cp_async_wait<1>();
+            __syncthreads();
+            ps.add(1);
+            if (hs != nullptr) store_tiles(hs + cb * kv + y0);
+            // Step 1 with step 2's first product: Vn = U - W S and Qg S share S's fragments.
+            float acc_o[2][kN][4] = {};
+            if (rows_on) {
+                float acc[2][kN][4] = {};
+                if (out != nullptr)
+                    row_tile_product2(acc, acc_o, 0, kd, nb, w_frag, q_frag, state_b);
+                else
+                    row_tile_product(acc, 0, kd, nb, w_frag, state_b);
+                store_vn(acc, cb);
+            }
+            if (more) load_u(n + 1);
+            cp_async_wait<0>();
+            __syncthreads();
+            ps.add(2);
+            if (more) load_wq(n + 1);
+            cp_async_commit();
+            // Steps 2 and 3 read Vn, A, Kg and not S: one phase, two independent chains per warp.
+            if (out != nullptr && rows_on) finish_o(acc_o, n);
+            update_state();
+            __syncthreads();
+            ps.add(3);
+            if (more) load_ak(n + 1);
+            cp_async_commit();
+            ps.add(4);
+        }
+    } else {
+        load_w(0);
+        cp_async_commit();
+        load_qa(0);
+        cp_async_commit();
+        load_kg(0);
+        cp_async_commit();
+        load_u(0);
+        ps.start();
+        for (int n = 0; n < d.nc; ++n) {
+            const int64_t cb = chunk_index(d, unit, n);
+            const bool more = n + 1 < d.nc;
+            cp_async_wait<2>();
+            __syncthreads();
+            ps.add(1);
+            if (hs != nullptr) store_tiles(hs + cb * kv + y0);
+            // Step 1: Vn = U - W S.
+            if (rows_on) {
+                float acc[2][kN][4] = {};
+                row_tile_product(acc, 0, kd, nb, w_frag, state_b);
+                store_vn(acc, cb);
+            }
+            if (more) load_u(n + 1);
+            __syncthreads();
+            ps.add(2);
+            if (more) load_w(n + 1);
+            cp_async_commit();
+            cp_async_wait<2>();
+            __syncthreads();
+            ps.add(3);
+            // Step 2: O = Qg S + A Vn.
+            if (out != nullptr && rows_on) {
+                float acc[2][kN][4] = {};
+                row_tile_product(acc, 0, kd, nb, q_frag, state_b);
+                finish_o(acc, n);
+            }
+            __syncthreads();
+            ps.add(4);
+            if (more) load_qa(n + 1);
+            cp_async_commit();
+            cp_async_wait<2>();
+            __syncthreads();
+            ps.add(5);
+            update_state();
+            __syncthreads();
+            ps.add(6);
+            if (more) load_kg(n + 1);
+            cp_async_commit();
+            ps.add(7);
+        }
     }
     cp_async_wait<0>();
     if (st != nullptr) store_tiles(st + unit * kv + y0);
@@ -252,7 +321,8 @@ void scan_bv(const float* s0, T* out, float* st, const Dims& d, const Work& w, f
     const size_t smem = static_cast<size_t>(scan_tc_floats(d, BV)) * sizeof(float);
     set_smem(scan_tc_kernel<T, BV>, smem);
     // Phases (cycles per block, summed over its chunks): p1 wait for W, p2 Vn, p3 wait for Qg/A, p4 O, p5 wait
-    // for Kg, p6 state update, p7 load issue.
+    // for Kg, p6 state update, p7 load issue; fused_steps: p1 wait for W/Qg, p2 Vn and Qg S (with the wait for A/Kg),
+    // p3 O's tail and the state update, p4 load issue.
     const PhaseLog phases(hs != nullptr ? "scan_bwd" : "scan", static_cast<int64_t>(grid.x) * grid.y);
     scan_tc_kernel<T, BV><<<grid, kThreads, smem, core::cuda_stream()>>>(s0, out, st, d, w, hs, vn, {phases.clock().p});
     phases.print(8);
