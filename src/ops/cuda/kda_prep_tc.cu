@@ -335,8 +335,17 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         }
     }  // kTilesIn
     pc.mark(7);
-    if (!kTilesIn && w.tm != nullptr)
-        for (int e = tid; e < c * c; e += kThreads) w.tm[cc + e] = stm[(e / c) * ldc + e % c];
+    // From here on T is only step 5's A operand: with plain TF32 products (!kSplit) it is rounded once here, in shared
+    // memory, instead of at every fragment of every warp (the kept copy in w.tm stays exact).
+    if (!kSplit || (!kTilesIn && w.tm != nullptr)) {
+        for (int e = tid; e < c * c; e += kThreads) {
+            const int i = (e / c) * ldc + e % c;
+            const float x = stm[i];
+            if (!kTilesIn && w.tm != nullptr) w.tm[cc + e] = x;
+            if constexpr (!kSplit) stm[i] = tf32_bits(x);
+        }
+        if constexpr (!kSplit) __syncthreads();
+    }
 
     // 5. W = T Xw (Xw = Diag(beta) K e^Gamma formed in the fragment loads) and U = T Diag(beta) V: a warp per
     // 16-column slab, k (token) steps outer so each B fragment is formed once, row tiles a >= the k step's tile.
@@ -370,10 +379,15 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
                 if (a < kb || a >= nsub) continue;
                 uint32_t ah[4], al[4];
                 const int m0 = a * kSub;
-                split_tf32<kSplit>(stm[(m0 + gq) * ldc + k0 + tq], ah[0], al[0]);
-                split_tf32<kSplit>(stm[(m0 + gq + 8) * ldc + k0 + tq], ah[1], al[1]);
-                split_tf32<kSplit>(stm[(m0 + gq) * ldc + k0 + tq + 4], ah[2], al[2]);
-                split_tf32<kSplit>(stm[(m0 + gq + 8) * ldc + k0 + tq + 4], ah[3], al[3]);
+                float fa[4];
+                frag_a_f(fa, stm, ldc, m0, k0, gq, tq);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if constexpr (kSplit)
+                        split_tf32<kSplit>(fa[e], ah[e], al[e]);
+                    else
+                        ah[e] = __float_as_uint(fa[e]);  // rounded above
+                }
                 mma_tf32x3<kSplit>(acc[a][0], ah, al, bh[0], bl[0]);
                 mma_tf32x3<kSplit>(acc[a][1], ah, al, bh[1], bl[1]);
             }

@@ -16,6 +16,15 @@ namespace {
 
 // Backward: Kg [c, ld_row(K)], A [c, ld_tr(c)], gamma-log [2][K], dS [K, ld_b], dVn [c, ld_b], and two 16-bit dO
 // buffers [c, ld_b] (dO of the next chunk streams in while this one is used). Qg and W go to registers.
+// Whether the reverse scan keeps dS in registers and computes step 2's Qg^T dO in step 1's phase (see the kernel).
+// At BV = 128 the registers hold Qg and W's fragments and two passes of accumulators instead. At BV = 16 it measured
+// slower (2.32 -> 2.81 ms at 1 x 32768: its step 1 is too short to hide the global loads of Qg and W's fragments,
+// which it needs in its own phase; loading them a chunk ahead instead, at the end of step 2, took 4.3 ms, queued
+// behind the tile copies), at BV = 32 faster (7.25 -> 6.83 ms at 2 x 65536).
+__host__ __device__ constexpr bool fused_rscan(int bv) {
+    return bv == 32 || bv == 64;
+}
+
 int rscan_tc_floats(const Dims& d, int bv) {
     return d.c * ld_row(d.k) + d.c * ld_tr(d.c) + 2 * d.k + (d.k + 2 * d.c) * (bv + 8);
 }
@@ -25,14 +34,14 @@ int rscan_tc_floats(const Dims& d, int bv) {
 // ([c, 16] each, no other warp reads them): they come from global memory straight into registers, instead of
 // through shared memory, which leaves room for BV = 128 (one block per unit, one wave at 8 x 4096).
 template <typename T, int BV>
-__global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict__ dout,
-                                                            const float* __restrict__ dst,
-                                                            float* __restrict__ ds0,
-                                                            Dims d,
-                                                            Work w,
-                                                            float* dhs,
-                                                            float* dvns,
-                                                            PhaseSums ps) {
+__global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restrict__ dout,
+                                                               const float* __restrict__ dst,
+                                                               float* __restrict__ ds0,
+                                                               Dims d,
+                                                               Work w,
+                                                               float* dhs,
+                                                               float* dvns,
+                                                               PhaseSums ps) {
     constexpr int ld = ld_b<BV>(), kN = BV / 16, kN3 = BV / 8, kSteps = kMaxChunk / 8;
     extern __shared__ __align__(16) float smem[];
     const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x;
@@ -49,10 +58,6 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
     // Kg, A (and Qg, W below) arrive already rounded to TF32 (prep_tc), so their fragments are read as bits.
     const auto *sk_bits = reinterpret_cast<const uint32_t*>(sk), *sa_bits = reinterpret_cast<const uint32_t*>(sa);
     const int64_t kv = static_cast<int64_t>(kd) * vd;
-    for (int e = tid; e < kd * BV; e += kThreads) {
-        const int x = e / BV, y = e % BV;
-        sds[x * ld + y] = dst != nullptr ? dst[unit * kv + static_cast<int64_t>(x) * vd + y0 + y] : 0.0f;
-    }
     auto load_ka = [&](int n) {
         const int64_t cb = chunk_index(d, unit, n);
         stage_async(sk, ldr, w.kg + ck_off(d, cb), kd, c, kd);
@@ -92,117 +97,216 @@ __global__ void __launch_bounds__(kThreads) rscan_tc_kernel(const T* __restrict_
             wf[s][3] = __ldg(w.w + r1 + 8);
         }
     };
-    // Groups, oldest first: dO(n), KA(n); dO(n - 1) is issued as chunk n starts and KA(n - 1) after its step 1, so
-    // each wait is for the group the chunk needs.
-    const int last = d.nc - 1;
-    load_do(last);
-    cp_async_commit();
-    load_ka(last);
-    cp_async_commit();
-    ps.start();
-    for (int n = last; n >= 0; --n) {
-        const int64_t cb = chunk_index(d, unit, n);
-        const bool more = n > 0;
-        if (more) load_do(n - 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        ps.add(1);
-        const T* so = sdo(n);
-        store_state<BV>(dhs + cb * kv + y0, sds, kd, vd);
-        // Step 1: dVn = A^T dO + Kg dS (A^T is zero below the diagonal: only k >= m0).
-        if (rows_on) {
-            float acc[2][kN][4] = {};
-            row_tile_product(
-                acc,
-                m0,
-                c,
-                nb,
-                [&](uint32_t(&a)[4], int k) { frag_at_f(a, sa_bits, lda, m0, k, g, t); },
-                [&](uint32_t(&bb)[2], int k, int n0) { frag_b16(bb, so, ld, k, n0, g, t); });
-            row_tile_product(
-                acc,
-                0,
-                kd,
-                nb,
-                [&](uint32_t(&a)[4], int k) { frag_a_f(a, sk_bits, ldr, m0, k, g, t); },
-                [&](uint32_t(&bb)[2], int k, int n0) { frag_b(bb, sds, ld, k, n0, g, t); });
-            const int r0 = m0 + g;
+    // Step 1's products: dVn = A^T dO + Kg dS (A^T is zero below the diagonal: only k >= m0), dS's B fragments by
+    // ds_frag; -dVn goes to shared memory rounded once (step 2's B operand for every warp), dVn to dvns exact.
+    auto dvn_step = [&](const T* so, int64_t cb, auto&& ds_frag) {
+        if (!rows_on) return;
+        float acc[2][kN][4] = {};
+        row_tile_product(
+            acc,
+            m0,
+            c,
+            nb,
+            [&](uint32_t(&a)[4], int k) { frag_at_f(a, sa_bits, lda, m0, k, g, t); },
+            [&](uint32_t(&bb)[2], int k, int n0) { frag_b16(bb, so, ld, k, n0, g, t); });
+        row_tile_product(
+            acc, 0, kd, nb, [&](uint32_t(&a)[4], int k) { frag_a_f(a, sk_bits, ldr, m0, k, g, t); }, ds_frag);
+        const int r0 = m0 + g;
 #pragma unroll
-            for (int i = 0; i < kN; ++i) {
-                const int c0 = (nb + 2 * i) * 8 + 2 * t;
-                float vv[4];
+        for (int i = 0; i < kN; ++i) {
+            const int c0 = (nb + 2 * i) * 8 + 2 * t;
+            float vv[4];
 #pragma unroll
-                for (int e = 0; e < 4; ++e) vv[e] = acc[0][i][e] + acc[1][i][e];
-                // -dVn, rounded once: step 2's B operand for every warp (the global copy stays exact).
-                *reinterpret_cast<float2*>(sdvn + r0 * ld + c0) = make_float2(tf32_bits(-vv[0]), tf32_bits(-vv[1]));
-                *reinterpret_cast<float2*>(sdvn + (r0 + 8) * ld + c0) =
-                    make_float2(tf32_bits(-vv[2]), tf32_bits(-vv[3]));
-                float* p = dvns + cv_off(d, cb) + y0 + c0;
-                *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(vv[0], vv[1]);
-                *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0 + 8) * vd) = make_float2(vv[2], vv[3]);
+            for (int e = 0; e < 4; ++e) vv[e] = acc[0][i][e] + acc[1][i][e];
+            *reinterpret_cast<float2*>(sdvn + r0 * ld + c0) = make_float2(tf32_bits(-vv[0]), tf32_bits(-vv[1]));
+            *reinterpret_cast<float2*>(sdvn + (r0 + 8) * ld + c0) = make_float2(tf32_bits(-vv[2]), tf32_bits(-vv[3]));
+            float* p = dvns + cv_off(d, cb) + y0 + c0;
+            *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(vv[0], vv[1]);
+            *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0 + 8) * vd) = make_float2(vv[2], vv[3]);
+        }
+    };
+    // Step 2's two sums over the chunk's rows for this warp's state tiles (column tile of tile i: tile_n0(i)), in
+    // this order at every BV: acc += Qg^T dO, then acc -= W^T dVn (sdvn holds -dVn).
+    auto qg_terms = [&](auto& acc, const T* so, auto&& tile_n0) {
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) {
+            if (s * 8 >= c) continue;
+            uint32_t aq[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) aq[e] = __float_as_uint(qf[s][e]);  // TF32 already (prep_tc rounds Qg)
+#pragma unroll
+            for (int i = 0; i < static_cast<int>(sizeof(acc) / sizeof(acc[0])); ++i) {
+                const int n0 = tile_n0(i);
+                if (n0 >= BV) continue;
+                uint32_t bb[2];
+                frag_b16(bb, so, ld, s * 8, n0, g, t);
+                mma_tf32(acc[i], aq, bb);
             }
         }
-        load_qw(n);  // in flight across the barrier and the copy issue below
-        __syncthreads();
-        ps.add(2);
-        if (more) load_ka(n - 1);
+    };
+    auto w_terms = [&](auto& acc, auto&& tile_n0) {
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) {
+            if (s * 8 >= c) continue;
+            uint32_t aw[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) aw[e] = __float_as_uint(wf[s][e]);
+#pragma unroll
+            for (int i = 0; i < static_cast<int>(sizeof(acc) / sizeof(acc[0])); ++i) {
+                const int n0 = tile_n0(i);
+                if (n0 >= BV) continue;
+                uint32_t bb[2];
+                frag_b_f(bb, sdvn_bits, ld, s * 8, n0, g, t);
+                mma_tf32(acc[i], aw, bb);
+            }
+        }
+    };
+    const int last = d.nc - 1;
+    const int sr0 = stl.x0 + g;
+    if constexpr (fused_rscan(BV)) {
+        // dS in its owner warps' registers for the whole scan (as the forward scan's S), with a TF32 copy in sds that
+        // step 1 reads as bits; Qg^T dO joins step 1's phase, so step 2 is W^T dVn alone.
+        float sr[kN3][4] = {};
+        auto tile_n0 = [&](int i) { return (stl.nt0 + stl.step * i) * 8; };
+        auto each_tile = [&](auto&& fn) {
+            if (!stl.on) return;
+#pragma unroll
+            for (int i = 0; i < kN3; ++i)
+                if (tile_n0(i) < BV) fn(i, tile_n0(i) + 2 * t);
+        };
+        auto write_copy = [&] {
+            each_tile([&](int i, int c0) {
+                *reinterpret_cast<float2*>(sds + sr0 * ld + c0) = make_float2(tf32_bits(sr[i][0]), tf32_bits(sr[i][1]));
+                *reinterpret_cast<float2*>(sds + (sr0 + 8) * ld + c0) =
+                    make_float2(tf32_bits(sr[i][2]), tf32_bits(sr[i][3]));
+            });
+        };
+        auto store_tiles = [&](float* dst_) {
+            each_tile([&](int i, int c0) {
+                float* p = dst_ + static_cast<int64_t>(sr0) * vd + c0;
+                *reinterpret_cast<float2*>(p) = make_float2(sr[i][0], sr[i][1]);
+                *reinterpret_cast<float2*>(p + 8 * static_cast<int64_t>(vd)) = make_float2(sr[i][2], sr[i][3]);
+            });
+        };
+        each_tile([&](int i, int c0) {
+            if (dst == nullptr) return;
+            const float* p = dst + unit * kv + static_cast<int64_t>(sr0) * vd + y0 + c0;
+            sr[i][0] = p[0];
+            sr[i][1] = p[1];
+            sr[i][2] = p[8 * static_cast<int64_t>(vd)];
+            sr[i][3] = p[8 * static_cast<int64_t>(vd) + 1];
+        });
+        write_copy();
+        const auto* sds_bits = reinterpret_cast<const uint32_t*>(sds);
+        load_do(last);
         cp_async_commit();
-        ps.add(3);
-        // Step 2: dS <- Diag(gamma) dS + Qg^T dO - W^T dVn, into the fp32 dS. At BV = 128 in two passes over the
-        // column tiles (the same sum per element), so the accumulators and Qg, W's fragments fit in registers.
-        if (stl.on) {
-            constexpr int kPasses = kN3 > 8 ? 2 : 1, kPer = kN3 / kPasses;
-            const int r0 = stl.x0 + g;
-            const float* gl = sg + (n & 1) * kd;
-            const float e0 = expf(gl[r0]), e1 = expf(gl[r0 + 8]);
+        load_ka(last);
+        cp_async_commit();
+        ps.start();
+        for (int n = last; n >= 0; --n) {
+            const int64_t cb = chunk_index(d, unit, n);
+            const bool more = n > 0;
+            if (more) load_do(n - 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+            __syncthreads();
+            ps.add(1);
+            const T* so = sdo(n);
+            store_tiles(dhs + cb * kv + y0);
+            load_qw(n);
+            dvn_step(so, cb, [&](uint32_t(&bb)[2], int k, int n0) { frag_b_f(bb, sds_bits, ld, k, n0, g, t); });
+            if (stl.on) {
+                const float* gl = sg + (n & 1) * kd;
+                const float e0 = expf(gl[sr0]), e1 = expf(gl[sr0 + 8]);
+                each_tile([&](int i, int) {
+                    sr[i][0] *= e0;
+                    sr[i][1] *= e0;
+                    sr[i][2] *= e1;
+                    sr[i][3] *= e1;
+                });
+                qg_terms(sr, so, tile_n0);
+            }
+            __syncthreads();
+            ps.add(2);
+            if (more) load_ka(n - 1);
+            cp_async_commit();
+            ps.add(3);
+            if (stl.on) {
+                w_terms(sr, tile_n0);
+                write_copy();  // no warp reads the copy in this phase
+            }
+
+            __syncthreads();
+            ps.add(4);
+        }
+        cp_async_wait<0>();
+        if (ds0 != nullptr) store_tiles(ds0 + unit * kv + y0);
+    } else {
+        for (int e = tid; e < kd * BV; e += kThreads) {
+            const int x = e / BV, y = e % BV;
+            sds[x * ld + y] = dst != nullptr ? dst[unit * kv + static_cast<int64_t>(x) * vd + y0 + y] : 0.0f;
+        }
+        // Groups, oldest first: dO(n), KA(n); dO(n - 1) is issued as chunk n starts and KA(n - 1) after its step 1,
+        // so each wait is for the group the chunk needs.
+        load_do(last);
+        cp_async_commit();
+        load_ka(last);
+        cp_async_commit();
+        ps.start();
+        for (int n = last; n >= 0; --n) {
+            const int64_t cb = chunk_index(d, unit, n);
+            const bool more = n > 0;
+            if (more) load_do(n - 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+            __syncthreads();
+            ps.add(1);
+            const T* so = sdo(n);
+            store_state<BV>(dhs + cb * kv + y0, sds, kd, vd);
+            dvn_step(so, cb, [&](uint32_t(&bb)[2], int k, int n0) { frag_b(bb, sds, ld, k, n0, g, t); });
+            load_qw(n);  // in flight across the barrier and the copy issue below
+            __syncthreads();
+            ps.add(2);
+            if (more) load_ka(n - 1);
+            cp_async_commit();
+            ps.add(3);
+            // Step 2: dS <- Diag(gamma) dS + Qg^T dO - W^T dVn, into the fp32 dS in shared memory, in two passes over
+            // the column tiles at BV = 128 (the same sums per element), so that the accumulators and Qg, W's
+            // fragments fit in registers.
+            if (stl.on) {
+                constexpr int kPasses = kN3 > 8 ? 2 : 1, kPer = kN3 / kPasses;
+                const float* gl = sg + (n & 1) * kd;
+                const float e0 = expf(gl[sr0]), e1 = expf(gl[sr0 + 8]);
 #pragma unroll 1
-            for (int pass = 0; pass < kPasses; ++pass) {
-                float acc[kPer][4];
-#pragma unroll
-                for (int i = 0; i < kPer; ++i) {
-                    const int c0 = (stl.nt0 + stl.step * (pass * kPer + i)) * 8 + 2 * t;
-                    if (c0 >= BV) continue;
-                    acc[i][0] = sds[r0 * ld + c0] * e0;
-                    acc[i][1] = sds[r0 * ld + c0 + 1] * e0;
-                    acc[i][2] = sds[(r0 + 8) * ld + c0] * e1;
-                    acc[i][3] = sds[(r0 + 8) * ld + c0 + 1] * e1;
-                }
-#pragma unroll
-                for (int s = 0; s < kSteps; ++s) {
-                    if (s * 8 >= c) continue;
-                    const int k0 = s * 8;
-                    uint32_t aq[4], aw[4];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        aq[e] = __float_as_uint(qf[s][e]);  // TF32 already (prep_tc rounds Qg and W)
-                        aw[e] = __float_as_uint(wf[s][e]);
-                    }
+                for (int pass = 0; pass < kPasses; ++pass) {
+                    auto tile_n0 = [&](int i) { return (stl.nt0 + stl.step * (pass * kPer + i)) * 8; };
+                    float acc[kPer][4];
 #pragma unroll
                     for (int i = 0; i < kPer; ++i) {
-                        const int n0 = (stl.nt0 + stl.step * (pass * kPer + i)) * 8;
-                        if (n0 >= BV) continue;
-                        uint32_t bb[2];
-                        frag_b16(bb, so, ld, k0, n0, g, t);
-                        mma_tf32(acc[i], aq, bb);
-                        frag_b_f(bb, sdvn_bits, ld, k0, n0, g, t);
-                        mma_tf32(acc[i], aw, bb);
+                        const int c0 = tile_n0(i) + 2 * t;
+                        if (c0 >= BV) continue;
+                        acc[i][0] = sds[sr0 * ld + c0] * e0;
+                        acc[i][1] = sds[sr0 * ld + c0 + 1] * e0;
+                        acc[i][2] = sds[(sr0 + 8) * ld + c0] * e1;
+                        acc[i][3] = sds[(sr0 + 8) * ld + c0 + 1] * e1;
+                    }
+                    qg_terms(acc, so, tile_n0);
+                    w_terms(acc, tile_n0);
+#pragma unroll
+                    for (int i = 0; i < kPer; ++i) {
+                        const int c0 = tile_n0(i) + 2 * t;
+                        if (c0 >= BV) continue;
+                        *reinterpret_cast<float2*>(sds + sr0 * ld + c0) = make_float2(acc[i][0], acc[i][1]);
+                        *reinterpret_cast<float2*>(sds + (sr0 + 8) * ld + c0) = make_float2(acc[i][2], acc[i][3]);
                     }
                 }
-#pragma unroll
-                for (int i = 0; i < kPer; ++i) {
-                    const int c0 = (stl.nt0 + stl.step * (pass * kPer + i)) * 8 + 2 * t;
-                    if (c0 >= BV) continue;
-                    *reinterpret_cast<float2*>(sds + r0 * ld + c0) = make_float2(acc[i][0], acc[i][1]);
-                    *reinterpret_cast<float2*>(sds + (r0 + 8) * ld + c0) = make_float2(acc[i][2], acc[i][3]);
-                }
             }
+            __syncthreads();
+            ps.add(4);
         }
-        __syncthreads();
-        ps.add(4);
+        cp_async_wait<0>();
+        if (ds0 != nullptr) store_state<BV>(ds0 + unit * kv + y0, sds, kd, vd);
     }
-    cp_async_wait<0>();
-    if (ds0 != nullptr) store_state<BV>(ds0 + unit * kv + y0, sds, kd, vd);
     ps.flush(5);
 }
 
