@@ -163,105 +163,70 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
     };
     const int last = d.nc - 1;
     const int sr0 = stl.x0 + g;
-    if constexpr (fused_rscan(BV)) {
-        // dS in its owner warps' registers for the whole scan (as the forward scan's S), with a TF32 copy in sds that
-        // step 1 reads as bits; Qg^T dO joins step 1's phase, so step 2 is W^T dVn alone.
-        float sr[kN3][4] = {};
-        auto tile_n0 = [&](int i) { return (stl.nt0 + stl.step * i) * 8; };
-        auto each_tile = [&](auto&& fn) {
-            if (!stl.on) return;
-#pragma unroll
-            for (int i = 0; i < kN3; ++i)
-                if (tile_n0(i) < BV) fn(i, tile_n0(i) + 2 * t);
-        };
-        auto write_copy = [&] {
-            each_tile([&](int i, int c0) {
-                *reinterpret_cast<float2*>(sds + sr0 * ld + c0) = make_float2(tf32_bits(sr[i][0]), tf32_bits(sr[i][1]));
-                *reinterpret_cast<float2*>(sds + (sr0 + 8) * ld + c0) =
-                    make_float2(tf32_bits(sr[i][2]), tf32_bits(sr[i][3]));
-            });
-        };
-        auto store_tiles = [&](float* dst_) {
-            each_tile([&](int i, int c0) {
-                float* p = dst_ + static_cast<int64_t>(sr0) * vd + c0;
-                *reinterpret_cast<float2*>(p) = make_float2(sr[i][0], sr[i][1]);
-                *reinterpret_cast<float2*>(p + 8 * static_cast<int64_t>(vd)) = make_float2(sr[i][2], sr[i][3]);
-            });
-        };
-        each_tile([&](int i, int c0) {
-            if (dst == nullptr) return;
-            const float* p = dst + unit * kv + static_cast<int64_t>(sr0) * vd + y0 + c0;
-            sr[i][0] = p[0];
-            sr[i][1] = p[1];
-            sr[i][2] = p[8 * static_cast<int64_t>(vd)];
-            sr[i][3] = p[8 * static_cast<int64_t>(vd) + 1];
-        });
-        write_copy();
-        const auto* sds_bits = reinterpret_cast<const uint32_t*>(sds);
+    // Load groups, oldest first: dO(n), KA(n); dO(n - 1) is issued as chunk n starts and KA(n - 1) after its step 1,
+    // so each wait is for the group the chunk needs.
+    auto start_loads = [&] {
         load_do(last);
         cp_async_commit();
         load_ka(last);
         cp_async_commit();
         ps.start();
+    };
+    // The top of chunk n: its dO, Kg, A and Gamma in shared memory; returns its dO tile.
+    auto enter_chunk = [&](int n) {
+        if (n > 0) load_do(n - 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        ps.add(1);
+        return static_cast<const T*>(sdo(n));
+    };
+    if constexpr (fused_rscan(BV)) {
+        // dS in its owner warps' registers for the whole scan (as the forward scan's S), with a TF32 copy in sds that
+        // step 1 reads as bits; Qg^T dO joins step 1's phase, so step 2 is W^T dVn alone.
+        RegState<BV> sr(kd, warp, lane);
+        sr.load(dst != nullptr ? dst + unit * kv + y0 : nullptr, vd);
+        sr.write_copy(sds, ld);
+        auto tile_n0 = [&](int i) { return sr.tile_n0(i); };
+        const auto* sds_bits = reinterpret_cast<const uint32_t*>(sds);
+        start_loads();
         for (int n = last; n >= 0; --n) {
             const int64_t cb = chunk_index(d, unit, n);
             const bool more = n > 0;
-            if (more) load_do(n - 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-            __syncthreads();
-            ps.add(1);
-            const T* so = sdo(n);
-            store_tiles(dhs + cb * kv + y0);
+            const T* so = enter_chunk(n);
+            sr.store(dhs + cb * kv + y0, vd);
             load_qw(n);
             dvn_step(so, cb, [&](uint32_t(&bb)[2], int k, int n0) { frag_b_f(bb, sds_bits, ld, k, n0, g, t); });
-            if (stl.on) {
+            if (sr.stl.on) {
                 const float* gl = sg + (n & 1) * kd;
-                const float e0 = expf(gl[sr0]), e1 = expf(gl[sr0 + 8]);
-                each_tile([&](int i, int) {
-                    sr[i][0] *= e0;
-                    sr[i][1] *= e0;
-                    sr[i][2] *= e1;
-                    sr[i][3] *= e1;
-                });
-                qg_terms(sr, so, tile_n0);
+                sr.scale(expf(gl[sr.r0]), expf(gl[sr.r0 + 8]));
+                qg_terms(sr.s, so, tile_n0);
             }
             __syncthreads();
             ps.add(2);
             if (more) load_ka(n - 1);
             cp_async_commit();
             ps.add(3);
-            if (stl.on) {
-                w_terms(sr, tile_n0);
-                write_copy();  // no warp reads the copy in this phase
+            if (sr.stl.on) {
+                w_terms(sr.s, tile_n0);
+                sr.write_copy(sds, ld);  // no warp reads the copy in this phase
             }
 
             __syncthreads();
             ps.add(4);
         }
         cp_async_wait<0>();
-        if (ds0 != nullptr) store_tiles(ds0 + unit * kv + y0);
+        if (ds0 != nullptr) sr.store(ds0 + unit * kv + y0, vd);
     } else {
         for (int e = tid; e < kd * BV; e += kThreads) {
             const int x = e / BV, y = e % BV;
             sds[x * ld + y] = dst != nullptr ? dst[unit * kv + static_cast<int64_t>(x) * vd + y0 + y] : 0.0f;
         }
-        // Groups, oldest first: dO(n), KA(n); dO(n - 1) is issued as chunk n starts and KA(n - 1) after its step 1,
-        // so each wait is for the group the chunk needs.
-        load_do(last);
-        cp_async_commit();
-        load_ka(last);
-        cp_async_commit();
-        ps.start();
+        start_loads();
         for (int n = last; n >= 0; --n) {
             const int64_t cb = chunk_index(d, unit, n);
             const bool more = n > 0;
-            if (more) load_do(n - 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-            __syncthreads();
-            ps.add(1);
-            const T* so = sdo(n);
+            const T* so = enter_chunk(n);
             store_state<BV>(dhs + cb * kv + y0, sds, kd, vd);
             dvn_step(so, cb, [&](uint32_t(&bb)[2], int k, int n0) { frag_b(bb, sds, ld, k, n0, g, t); });
             load_qw(n);  // in flight across the barrier and the copy issue below

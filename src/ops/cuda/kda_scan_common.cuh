@@ -47,6 +47,66 @@ __device__ inline StateTiles state_tiles(int kd, int warp) {
     return {(warp / wpr) * 16, warp % wpr, wpr, warp / wpr < rt};
 }
 
+// A scan's fp32 state (S forward, dS reverse) in the registers of the warps that own its tiles (state_tiles), for the
+// whole scan: lane (g, t) holds rows x0 + g, x0 + g + 8 and columns c0, c0 + 1 of each tile. The other warps read the
+// state only through a TF32-rounded copy in shared memory (write_copy), as the B operand of their products. Keeping
+// it in shared memory instead cost a load, a scale and a store of every element per chunk, and a conversion of every
+// B fragment read from it.
+template <int BV>
+struct RegState {
+    static constexpr int kTiles = BV / 8;
+    StateTiles stl;
+    int r0, t;
+    float s[kTiles][4] = {};
+    __device__ RegState(int kd, int warp, int lane) : stl(state_tiles(kd, warp)), r0(stl.x0 + lane / 4), t(lane % 4) {}
+    // First column of tile i (>= BV: not this warp's).
+    __device__ __forceinline__ int tile_n0(int i) const {
+        return (stl.nt0 + stl.step * i) * 8;
+    }
+    // fn(i, c0) for each of this warp's tiles i, c0 the lane's first column.
+    template <typename Fn>
+    __device__ __forceinline__ void each(Fn&& fn) const {
+        if (!stl.on) return;
+#pragma unroll
+        for (int i = 0; i < kTiles; ++i)
+            if (tile_n0(i) < BV) fn(i, tile_n0(i) + 2 * t);
+    }
+    // From a [K, V] global matrix whose column y0 is src (null: zeros).
+    __device__ __forceinline__ void load(const float* src, int vd) {
+        each([&](int i, int c0) {
+            if (src == nullptr) return;
+            const float* p = src + static_cast<int64_t>(r0) * vd + c0;
+            s[i][0] = p[0];
+            s[i][1] = p[1];
+            s[i][2] = p[8 * static_cast<int64_t>(vd)];
+            s[i][3] = p[8 * static_cast<int64_t>(vd) + 1];
+        });
+    }
+    __device__ __forceinline__ void store(float* dst, int vd) const {
+        each([&](int i, int c0) {
+            float* p = dst + static_cast<int64_t>(r0) * vd + c0;
+            *reinterpret_cast<float2*>(p) = make_float2(s[i][0], s[i][1]);
+            *reinterpret_cast<float2*>(p + 8 * static_cast<int64_t>(vd)) = make_float2(s[i][2], s[i][3]);
+        });
+    }
+    // The TF32 copy [K, ld] in shared memory: this warp's tiles.
+    __device__ __forceinline__ void write_copy(float* copy, int ld) const {
+        each([&](int i, int c0) {
+            *reinterpret_cast<float2*>(copy + r0 * ld + c0) = make_float2(tf32_bits(s[i][0]), tf32_bits(s[i][1]));
+            *reinterpret_cast<float2*>(copy + (r0 + 8) * ld + c0) = make_float2(tf32_bits(s[i][2]), tf32_bits(s[i][3]));
+        });
+    }
+    // Rows x0 + g and x0 + g + 8 times e0 and e1 (the chunk's decay of this lane's rows).
+    __device__ __forceinline__ void scale(float e0, float e1) {
+        each([&](int i, int) {
+            s[i][0] *= e0;
+            s[i][1] *= e0;
+            s[i][2] *= e1;
+            s[i][3] *= e1;
+        });
+    }
+};
+
 // acc[h][i] += A(:, k0 + 8h) B(k0 + 8h, column tile nb + 2i) for k0 = k_begin, k_begin + 16, ... < k_end: the
 // [16, BV] row-tile products of the scans (Vn, O, dVn), as two interleaved chains over k (even and odd 8-steps) that
 // the caller adds at the end. a_frag(a, k) and b_frag(b, k, n0) load the A and B fragments of k-step k.

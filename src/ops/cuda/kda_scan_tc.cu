@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
                                                               float* hs,
                                                               float* vns,
                                                               PhaseSums ps) {
-    constexpr int ld = ld_b<BV>(), kN = BV / 16, kN3 = BV / 8;
+    constexpr int ld = ld_b<BV>(), kN = BV / 16;
     extern __shared__ __align__(16) float smem[];
     const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x;
     const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * BV;
@@ -85,47 +85,10 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
     const bool rows_on = m0 < c;
     // S as the B operand of steps 1 and 2, read as bits from its TF32 copy.
     auto state_b = [&](uint32_t(&bb)[2], int k, int n0) { frag_b_f(bb, ssr_bits, ld, k, n0, g, t); };
-    // The fp32 state: this warp's tiles (state_tiles) in registers for the whole scan, the accumulators of step 3;
-    // the other warps read S only through the TF32 copy, which the owner rewrites after each update. Keeping S in
-    // shared memory instead cost a load, a scale and a store of every element per chunk, and at BV = 128 (no room
-    // for the copy next to it) a conversion of every B fragment of steps 1 and 2.
-    const StateTiles stl = state_tiles(kd, warp);
-    const int sr0 = stl.x0 + g;
-    float sr[kN3][4] = {};
-    // Calls fn(i, column) for each of this warp's state tiles i (column: the lane's first of its two columns).
-    auto each_tile = [&](auto&& fn) {
-        if (!stl.on) return;
-#pragma unroll
-        for (int i = 0; i < kN3; ++i) {
-            const int c0 = (stl.nt0 + stl.step * i) * 8 + 2 * t;
-            if (c0 < BV) fn(i, c0);
-        }
-    };
-    auto write_copy = [&] {
-        each_tile([&](int i, int c0) {
-            *reinterpret_cast<float2*>(ssr + sr0 * ld + c0) = make_float2(tf32_bits(sr[i][0]), tf32_bits(sr[i][1]));
-            *reinterpret_cast<float2*>(ssr + (sr0 + 8) * ld + c0) =
-                make_float2(tf32_bits(sr[i][2]), tf32_bits(sr[i][3]));
-        });
-    };
-    // This warp's tiles of S to a [K, V] global matrix whose column y0 is dst.
-    auto store_tiles = [&](float* dst) {
-        each_tile([&](int i, int c0) {
-            float* p = dst + static_cast<int64_t>(sr0) * vd + c0;
-            *reinterpret_cast<float2*>(p) = make_float2(sr[i][0], sr[i][1]);
-            *reinterpret_cast<float2*>(p + 8 * static_cast<int64_t>(vd)) = make_float2(sr[i][2], sr[i][3]);
-        });
-    };
-    each_tile([&](int i, int c0) {
-        sr[i][0] = sr[i][1] = sr[i][2] = sr[i][3] = 0.0f;
-        if (s0 == nullptr) return;
-        const float* p = s0 + unit * kv + static_cast<int64_t>(sr0) * vd + y0 + c0;
-        sr[i][0] = p[0];
-        sr[i][1] = p[1];
-        sr[i][2] = p[8 * static_cast<int64_t>(vd)];
-        sr[i][3] = p[8 * static_cast<int64_t>(vd) + 1];
-    });
-    write_copy();
+    // The fp32 state in its owner warps' registers, the TF32 copy in ssr (RegState).
+    RegState<BV> sr(kd, warp, lane);
+    sr.load(s0 != nullptr ? s0 + unit * kv + y0 : nullptr, vd);
+    sr.write_copy(ssr, ld);
     // U at this lane's Vn outputs, loaded into registers one chunk ahead.
     float ur[kN][4];
     auto load_u = [&](int n) {
@@ -190,24 +153,18 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
     // Step 3: S <- Diag(gamma) S + Kg^T Vn, accumulated into the fp32 state (registers), then its TF32 copy. No warp
     // reads the copy during step 3 (a barrier ends the products that read S), so it is rewritten in place.
     auto update_state = [&] {
-        if (!stl.on) return;
-        const float e0 = expf(sg[sr0]), e1 = expf(sg[sr0 + 8]);
-        each_tile([&](int i, int) {
-            sr[i][0] *= e0;
-            sr[i][1] *= e0;
-            sr[i][2] *= e1;
-            sr[i][3] *= e1;
-        });
+        if (!sr.stl.on) return;
+        sr.scale(expf(sg[sr.r0]), expf(sg[sr.r0 + 8]));
         for (int k0 = 0; k0 < c; k0 += 8) {
             uint32_t a[4];
-            frag_at_f(a, sk_bits, ldt, stl.x0, k0, g, t);
-            each_tile([&](int i, int c0) {
+            frag_at_f(a, sk_bits, ldt, sr.stl.x0, k0, g, t);
+            sr.each([&](int i, int c0) {
                 uint32_t bb[2];
                 frag_b_f(bb, svn_bits, ld, k0, c0 - 2 * t, g, t);
-                mma_tf32(sr[i], a, bb);
+                mma_tf32(sr.s[i], a, bb);
             });
         }
-        write_copy();
+        sr.write_copy(ssr, ld);
     };
     if constexpr (fused_steps(BV)) {
         // Two load groups: W and Qg (step 1), then A, Kg and gamma (steps 2 and 3), each reissued for the next chunk
@@ -233,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
             cp_async_wait<1>();
             __syncthreads();
             ps.add(1);
-            if (hs != nullptr) store_tiles(hs + cb * kv + y0);
+            if (hs != nullptr) sr.store(hs + cb * kv + y0, vd);
             // Step 1 with step 2's first product: Vn = U - W S and Qg S share S's fragments.
             float acc_o[2][kN][4] = {};
             if (rows_on) {
@@ -274,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
             cp_async_wait<2>();
             __syncthreads();
             ps.add(1);
-            if (hs != nullptr) store_tiles(hs + cb * kv + y0);
+            if (hs != nullptr) sr.store(hs + cb * kv + y0, vd);
             // Step 1: Vn = U - W S.
             if (rows_on) {
                 float acc[2][kN][4] = {};
@@ -311,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
         }
     }
     cp_async_wait<0>();
-    if (st != nullptr) store_tiles(st + unit * kv + y0);
+    if (st != nullptr) sr.store(st + unit * kv + y0, vd);
     ps.flush(8);
 }
 
