@@ -31,13 +31,6 @@ namespace {
 // S rounded to TF32 [K, ld_b], Vn [c, ld_b]. The fp32 state itself lives in the registers of the warps that own its
 // tiles (state_tiles), and U goes straight to registers (each lane needs only its own outputs' values). (bv + 8 =
 // ld_b<bv>(); a runtime bv so pick_bv can size every tile.)
-// Whether steps 1 and 2 share a pass over S (Vn = U - W S and Qg S together, O's accumulators held across the
-// barrier that completes Vn), and steps 2's tail and 3 share the next: three barriers per chunk instead of six, and
-// two independent product chains in each phase. At BV = 128 the two sets of accumulators do not fit in registers.
-__host__ __device__ constexpr bool fused_steps(int bv) {
-    return bv <= 64;
-}
-
 int scan_tc_floats(const Dims& d, int bv) {
     return 2 * d.c * ld_row(d.k) + d.c * ld_tr(d.k) + d.c * ld_row(d.c) + d.k + (d.k + d.c) * (bv + 8);
 }
@@ -69,15 +62,16 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
     const auto *sw_bits = reinterpret_cast<const uint32_t*>(sw), *sq_bits = reinterpret_cast<const uint32_t*>(sq);
     const auto *sk_bits = reinterpret_cast<const uint32_t*>(sk), *sa_bits = reinterpret_cast<const uint32_t*>(sa);
     const int64_t kv = static_cast<int64_t>(kd) * vd;
-    // Loads of chunk n in three groups, in the order the steps consume them.
-    auto load_w = [&](int n) { stage_async(sw, ldr, w.w + ck_off(d, chunk_index(d, unit, n)), kd, c, kd); };
-    auto load_qa = [&](int n) {
+    // Loads of chunk n in two groups: W and Qg (step 1), then A, Kg and Gamma's last row (steps 2 and 3), each
+    // reissued for the next chunk once the barrier after its steps has passed.
+    auto load_wq = [&](int n) {
         const int64_t cb = chunk_index(d, unit, n);
+        stage_async(sw, ldr, w.w + ck_off(d, cb), kd, c, kd);
         stage_async(sq, ldr, w.qg + ck_off(d, cb), kd, c, kd);
-        stage_async(sa, lda, w.a + cc_off(d, cb), c, c, c);
     };
-    auto load_kg = [&](int n) {
+    auto load_ak = [&](int n) {
         const int64_t cb = chunk_index(d, unit, n);
+        stage_async(sa, lda, w.a + cc_off(d, cb), c, c, c);
         stage_async(sk, ldt, w.kg + ck_off(d, cb), kd, c, kd);
         stage_async(sg, kd, w.gam + ck_off(d, cb) + static_cast<int64_t>(c - 1) * kd, kd, 1, kd);
     };
@@ -166,106 +160,53 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
         }
         sr.write_copy(ssr, ld);
     };
-    if constexpr (fused_steps(BV)) {
-        // Two load groups: W and Qg (step 1), then A, Kg and gamma (steps 2 and 3), each reissued for the next chunk
-        // once the barrier after its steps has passed. Three barriers per chunk.
-        auto load_wq = [&](int n) {
-            const int64_t cb = chunk_index(d, unit, n);
-            stage_async(sw, ldr, w.w + ck_off(d, cb), kd, c, kd);
-            stage_async(sq, ldr, w.qg + ck_off(d, cb), kd, c, kd);
-        };
-        auto load_ak = [&](int n) {
-            stage_async(sa, lda, w.a + cc_off(d, chunk_index(d, unit, n)), c, c, c);
-            load_kg(n);
-        };
-        load_wq(0);
-        cp_async_commit();
-        load_ak(0);
-        cp_async_commit();
-        load_u(0);
-        ps.start();
-        for (int n = 0; n < d.nc; ++n) {
-            const int64_t cb = chunk_index(d, unit, n);
-            const bool more = n + 1 < d.nc;
-            cp_async_wait<1>();
-            __syncthreads();
-            ps.add(1);
-            if (hs != nullptr) sr.store(hs + cb * kv + y0, vd);
-            // Step 1 with step 2's first product: Vn = U - W S and Qg S share S's fragments.
-            float acc_o[2][kN][4] = {};
-            if (rows_on) {
-                float acc[2][kN][4] = {};
-                if (out != nullptr)
-                    row_tile_product2(acc, acc_o, 0, kd, nb, w_frag, q_frag, state_b);
-                else
-                    row_tile_product(acc, 0, kd, nb, w_frag, state_b);
-                store_vn(acc, cb);
-            }
-            if (more) load_u(n + 1);
-            cp_async_wait<0>();
-            __syncthreads();
-            ps.add(2);
-            if (more) load_wq(n + 1);
-            cp_async_commit();
-            // Steps 2 and 3 read Vn, A, Kg and not S: one phase, two independent chains per warp.
-            if (out != nullptr && rows_on) finish_o(acc_o, n);
-            update_state();
-            __syncthreads();
-            ps.add(3);
-            if (more) load_ak(n + 1);
-            cp_async_commit();
-            ps.add(4);
-        }
-    } else {
-        load_w(0);
-        cp_async_commit();
-        load_qa(0);
-        cp_async_commit();
-        load_kg(0);
-        cp_async_commit();
-        load_u(0);
-        ps.start();
-        for (int n = 0; n < d.nc; ++n) {
-            const int64_t cb = chunk_index(d, unit, n);
-            const bool more = n + 1 < d.nc;
-            cp_async_wait<2>();
-            __syncthreads();
-            ps.add(1);
-            if (hs != nullptr) sr.store(hs + cb * kv + y0, vd);
-            // Step 1: Vn = U - W S.
-            if (rows_on) {
-                float acc[2][kN][4] = {};
+    // Three barriers per chunk: step 1 with step 2's first product (both read S), then O's tail with the state
+    // update (both read Vn, neither S), then the loads. (Six before 2026-12-01, one per step and one per load wait.)
+    load_wq(0);
+    cp_async_commit();
+    load_ak(0);
+    cp_async_commit();
+    load_u(0);
+    ps.start();
+    for (int n = 0; n < d.nc; ++n) {
+        const int64_t cb = chunk_index(d, unit, n);
+        const bool more = n + 1 < d.nc;
+        cp_async_wait<1>();
+        __syncthreads();
+        ps.add(1);
+        if (hs != nullptr) sr.store(hs + cb * kv + y0, vd);
+        // Step 1 with step 2's first product: Vn = U - W S, then Qg S into O's accumulators, which stay in registers
+        // across the barrier that completes Vn. At BV <= 64 the two products share S's fragments (row_tile_product2);
+        // at 128 their accumulators together would not fit in registers.
+        float acc_o[2][kN][4] = {};
+        if (rows_on) {
+            float acc[2][kN][4] = {};
+            if (out == nullptr) {
                 row_tile_product(acc, 0, kd, nb, w_frag, state_b);
                 store_vn(acc, cb);
+            } else if constexpr (BV <= 64) {
+                row_tile_product2(acc, acc_o, 0, kd, nb, w_frag, q_frag, state_b);
+                store_vn(acc, cb);
+            } else {
+                row_tile_product(acc, 0, kd, nb, w_frag, state_b);
+                store_vn(acc, cb);
+                row_tile_product(acc_o, 0, kd, nb, q_frag, state_b);
             }
-            if (more) load_u(n + 1);
-            __syncthreads();
-            ps.add(2);
-            if (more) load_w(n + 1);
-            cp_async_commit();
-            cp_async_wait<2>();
-            __syncthreads();
-            ps.add(3);
-            // Step 2: O = Qg S + A Vn.
-            if (out != nullptr && rows_on) {
-                float acc[2][kN][4] = {};
-                row_tile_product(acc, 0, kd, nb, q_frag, state_b);
-                finish_o(acc, n);
-            }
-            __syncthreads();
-            ps.add(4);
-            if (more) load_qa(n + 1);
-            cp_async_commit();
-            cp_async_wait<2>();
-            __syncthreads();
-            ps.add(5);
-            update_state();
-            __syncthreads();
-            ps.add(6);
-            if (more) load_kg(n + 1);
-            cp_async_commit();
-            ps.add(7);
         }
+        if (more) load_u(n + 1);
+        cp_async_wait<0>();
+        __syncthreads();
+        ps.add(2);
+        if (more) load_wq(n + 1);
+        cp_async_commit();
+        // Steps 2 and 3 read Vn, A, Kg and not S: one phase, two independent chains per warp.
+        if (out != nullptr && rows_on) finish_o(acc_o, n);
+        update_state();
+        __syncthreads();
+        ps.add(3);
+        if (more) load_ak(n + 1);
+        cp_async_commit();
+        ps.add(4);
     }
     cp_async_wait<0>();
     if (st != nullptr) sr.store(st + unit * kv + y0, vd);
@@ -277,9 +218,8 @@ void scan_bv(const float* s0, T* out, float* st, const Dims& d, const Work& w, f
     const dim3 grid(static_cast<unsigned>(d.v / BV), static_cast<unsigned>(d.units()));
     const size_t smem = static_cast<size_t>(scan_tc_floats(d, BV)) * sizeof(float);
     set_smem(scan_tc_kernel<T, BV>, smem);
-    // Phases (cycles per block, summed over its chunks): p1 wait for W, p2 Vn, p3 wait for Qg/A, p4 O, p5 wait
-    // for Kg, p6 state update, p7 load issue; fused_steps: p1 wait for W/Qg, p2 Vn and Qg S (with the wait for A/Kg),
-    // p3 O's tail and the state update, p4 load issue.
+    // Phases (cycles per block, summed over its chunks): p1 wait for W/Qg, p2 Vn and Qg S (with the wait for
+    // A/Kg), p3 O's tail and the state update, p4 load issue.
     const PhaseLog phases(hs != nullptr ? "scan_bwd" : "scan", static_cast<int64_t>(grid.x) * grid.y);
     scan_tc_kernel<T, BV><<<grid, kThreads, smem, core::cuda_stream()>>>(s0, out, st, d, w, hs, vn, {phases.clock().p});
     phases.print(8);
