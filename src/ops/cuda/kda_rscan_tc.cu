@@ -1,7 +1,8 @@
 // The reverse KDA scan on tensor cores (kda.md §4.6 step 3), for the inputs kda::use_tc accepts: one block per
-// (BV value columns, unit), chunks last to first, dS columns in fp32 shared memory, TF32 mma.sync m16n8k8 with fp32
-// accumulation. The value tile comes from pick_bv (kda_scan_common.cuh) as for the forward scan (kda_scan_tc.cu,
-// whose header comment explains the choice); deterministic and independent of BV in the same way.
+// (BV value columns, unit), chunks last to first, dS columns in fp32 shared memory (at BV 32 and 64 in registers,
+// with a TF32 copy in shared memory: fused_rscan), TF32 mma.sync m16n8k8 with fp32 accumulation. The value tile comes
+// from pick_bv (kda_scan_common.cuh) as for the forward scan (kda_scan_tc.cu, whose header comment explains the
+// choice); deterministic and independent of BV in the same way.
 #include <cstdint>
 #include <type_traits>
 
@@ -14,8 +15,6 @@ namespace mt::ops::cuda::kda {
 
 namespace {
 
-// Backward: Kg [c, ld_row(K)], A [c, ld_tr(c)], gamma-log [2][K], dS [K, ld_b], dVn [c, ld_b], and two 16-bit dO
-// buffers [c, ld_b] (dO of the next chunk streams in while this one is used). Qg and W go to registers.
 // Whether the reverse scan keeps dS in registers and computes step 2's Qg^T dO in step 1's phase (see the kernel).
 // At BV = 128 the registers hold Qg and W's fragments and two passes of accumulators instead. At BV = 16 it measured
 // slower (2.32 -> 2.81 ms at 1 x 32768: its step 1 is too short to hide the global loads of Qg and W's fragments,
@@ -25,6 +24,9 @@ __host__ __device__ constexpr bool fused_rscan(int bv) {
     return bv == 32 || bv == 64;
 }
 
+// Shared memory (floats): Kg [c, ld_row(K)], A [c, ld_tr(c)], gamma-log [2][K], dS (fused_rscan: its TF32 copy)
+// [K, ld_b], dVn [c, ld_b], and two 16-bit dO buffers [c, ld_b] (dO of the next chunk streams in while this one is
+// used). Qg and W go to registers.
 int rscan_tc_floats(const Dims& d, int bv) {
     return d.c * ld_row(d.k) + d.c * ld_tr(d.c) + 2 * d.k + (d.k + 2 * d.c) * (bv + 8);
 }
@@ -78,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
     const bool rows_on = m0 < c;
     const StateTiles stl = state_tiles(kd, warp);
     // This warp's A fragments of step 2 (Qg^T and W^T at its state rows), as fp32: loaded once step 1's accumulators
-    // are dead (loading them a chunk ahead spilled at BV = 128).
+    // are dead (loading them a chunk ahead spilled at BV = 128), or with fused_rscan as the chunk starts.
     float qf[kSteps][4], wf[kSteps][4];
     auto load_qw = [&](int n) {
         if (!stl.on) return;
@@ -211,7 +213,6 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
                 w_terms(sr.s, tile_n0);
                 sr.write_copy(sds, ld);  // no warp reads the copy in this phase
             }
-
             __syncthreads();
             ps.add(4);
         }
@@ -280,7 +281,8 @@ void rscan_bv(const T* dout, const float* dst, float* ds0, const Dims& d, const 
     const dim3 grid(static_cast<unsigned>(d.v / BV), static_cast<unsigned>(d.units()));
     const size_t smem = static_cast<size_t>(rscan_tc_floats(d, BV)) * sizeof(float);
     set_smem(rscan_tc_kernel<T, BV>, smem);
-    // Phases: p1 wait for dO/Kg/A, p2 dVn, p3 load issue, p4 dS update (and the register loads of Qg, W).
+    // Phases: p1 wait for dO/Kg/A, p2 dVn (fused_rscan: and the loads of Qg, W and Qg^T dO), p3 load issue, p4 dS
+    // update (fused_rscan: W^T dVn; else also the register loads of Qg, W).
     const PhaseLog phases("rscan", static_cast<int64_t>(grid.x) * grid.y);
     rscan_tc_kernel<T, BV>
         <<<grid, kThreads, smem, core::cuda_stream()>>>(dout, dst, ds0, d, w, dhs, dvn, {phases.clock().p});

@@ -1,7 +1,8 @@
 // Tensor-core versions of the two sequential KDA scans (kda.md §4.5 step 6 and §4.6 step 3; the reverse one is in
 // kda_rscan_tc.cu, the pieces they share in kda_scan_common.cuh), used for bf16 and f16 inputs when K % 16 == 0,
 // K <= 128 and V % 16 == 0 (kda::use_tc). One block per (BV value columns, unit), chunks in order (or reverse), the
-// fp32 state columns in shared memory (the columns of S never mix). Each product is TF32
+// fp32 state columns in the registers of the warps that own them and a TF32 copy in shared memory (RegState; the
+// columns of S never mix). Each product is TF32
 // mma.sync m16n8k8 with fp32 accumulation; the state update accumulates into the fp32 state itself
 // (D = gamma * S + Kg^T Vn), so rounding enters only through the operands of each product.
 //
@@ -105,8 +106,10 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
 #pragma unroll
         for (int i = 0; i < kN; ++i) {
             const int c0 = (nb + 2 * i) * 8 + 2 * t;
-            // Vn is only ever a TF32 operand (steps 2 and 3 here, read by every warp; the backward's products
-            // over V), so it is rounded once here, in shared memory and in the kept copy alike.
+            // Vn is a TF32 operand wherever it is read (steps 2 and 3 here, by every warp; chunk_mm's products over
+            // V), so it is rounded once here, in shared memory and in the kept copy alike. Only the general chunk
+            // kernel (V % 32 != 0, no chunk_mm) reads it in fp32 loops, and gets the rounded values too (~2^-11
+            // relative, inside the TF32 rounding of the other operands there).
             float vv[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) vv[e] = tf32_bits(ur[i][e] - (acc[0][i][e] + acc[1][i][e]));
@@ -210,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
     }
     cp_async_wait<0>();
     if (st != nullptr) sr.store(st + unit * kv + y0, vd);
-    ps.flush(8);
+    ps.flush(5);
 }
 
 template <typename T, int BV>
@@ -222,7 +225,7 @@ void scan_bv(const float* s0, T* out, float* st, const Dims& d, const Work& w, f
     // A/Kg), p3 O's tail and the state update, p4 load issue.
     const PhaseLog phases(hs != nullptr ? "scan_bwd" : "scan", static_cast<int64_t>(grid.x) * grid.y);
     scan_tc_kernel<T, BV><<<grid, kThreads, smem, core::cuda_stream()>>>(s0, out, st, d, w, hs, vn, {phases.clock().p});
-    phases.print(8);
+    phases.print(5);
 }
 
 }  // namespace
