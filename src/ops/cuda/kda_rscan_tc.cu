@@ -128,40 +128,31 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
         }
     };
     // Step 2's two sums over the chunk's rows for this warp's state tiles (column tile of tile i: tile_n0(i)), in
-    // this order at every BV: acc += Qg^T dO, then acc -= W^T dVn (sdvn holds -dVn).
-    auto qg_terms = [&](auto& acc, const T* so, auto&& tile_n0) {
+    // this order at every BV: acc += Qg^T dO (qg_terms), then acc -= W^T dVn (w_terms; sdvn holds -dVn). The A
+    // fragments come from registers (af: qf or wf, TF32 already: prep_tc rounds Qg and W), the B fragments by b_frag.
+    auto state_terms = [&](auto& acc, const float(&af)[kSteps][4], auto&& tile_n0, auto&& b_frag) {
 #pragma unroll
         for (int s = 0; s < kSteps; ++s) {
             if (s * 8 >= c) continue;
-            uint32_t aq[4];
+            uint32_t a[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) aq[e] = __float_as_uint(qf[s][e]);  // TF32 already (prep_tc rounds Qg)
+            for (int e = 0; e < 4; ++e) a[e] = __float_as_uint(af[s][e]);
 #pragma unroll
             for (int i = 0; i < static_cast<int>(sizeof(acc) / sizeof(acc[0])); ++i) {
                 const int n0 = tile_n0(i);
                 if (n0 >= BV) continue;
                 uint32_t bb[2];
-                frag_b16(bb, so, ld, s * 8, n0, g, t);
-                mma_tf32(acc[i], aq, bb);
+                b_frag(bb, s * 8, n0);
+                mma_tf32(acc[i], a, bb);
             }
         }
     };
+    auto qg_terms = [&](auto& acc, const T* so, auto&& tile_n0) {
+        state_terms(acc, qf, tile_n0, [&](uint32_t(&bb)[2], int k, int n0) { frag_b16(bb, so, ld, k, n0, g, t); });
+    };
     auto w_terms = [&](auto& acc, auto&& tile_n0) {
-#pragma unroll
-        for (int s = 0; s < kSteps; ++s) {
-            if (s * 8 >= c) continue;
-            uint32_t aw[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) aw[e] = __float_as_uint(wf[s][e]);
-#pragma unroll
-            for (int i = 0; i < static_cast<int>(sizeof(acc) / sizeof(acc[0])); ++i) {
-                const int n0 = tile_n0(i);
-                if (n0 >= BV) continue;
-                uint32_t bb[2];
-                frag_b_f(bb, sdvn_bits, ld, s * 8, n0, g, t);
-                mma_tf32(acc[i], aw, bb);
-            }
-        }
+        state_terms(
+            acc, wf, tile_n0, [&](uint32_t(&bb)[2], int k, int n0) { frag_b_f(bb, sdvn_bits, ld, k, n0, g, t); });
     };
     const int last = d.nc - 1;
     const int sr0 = stl.x0 + g;
