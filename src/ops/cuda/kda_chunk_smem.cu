@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
     for (int x = tid; x < kd; x += kBlock) sdgl[x] = dgls[cb * kd + x];
     cp_async_wait<0>();
     __syncthreads();
-    // Gamma in base 2 from here on: every factor e^(Gamma_a - Gamma_b) below is one exp2f of a difference.
+    // Gamma in base 2 from here on: every factor e^(Gamma_a - Gamma_b) below is one exp2 of a difference.
     for (int e = tid; e < c * kd; e += kBlock) sg[(e / kd) * L::ldg + e % kd] *= kLog2e;
     __syncthreads();
     // The anchored products need every 16-row tile within anchor_ok (kda_mma.cuh).
@@ -199,8 +199,8 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                 float fa[4], fb[2];
                 frag_a_f(fa, sw, L::ldw, m0, k0, g, t);
                 const int x0 = k0 + t, x1 = x0 + 4;
-                fb[0] = bn * to_f32(sk[nn * L::ldh + x0]) * exp2f(sg[nn * L::ldg + x0]);
-                fb[1] = bn * to_f32(sk[nn * L::ldh + x1]) * exp2f(sg[nn * L::ldg + x1]);
+                fb[0] = bn * to_f32(sk[nn * L::ldh + x0]) * exp2_ftz(sg[nn * L::ldg + x0]);
+                fb[1] = bn * to_f32(sk[nn * L::ldh + x1]) * exp2_ftz(sg[nn * L::ldg + x1]);
                 mma_f32<kSplit>(acc, fa, fb);
             }
         } else {
@@ -393,8 +393,8 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
 #pragma unroll
                 for (int s = 0; s < 2; ++s) {
                     const int x = xa + s, e = 2 * hf + s;
-                    const float gm = sg[r * L::ldg + x], ev = exp2f(gm);
-                    const float fk = exp2f(sg[(c - 1) * L::ldg + x] - gm);
+                    const float gm = sg[r * L::ldg + x], ev = exp2_ftz(gm);
+                    const float fk = exp2_ftz(sg[(c - 1) * L::ldg + x] - gm);
                     const float qv = to_f32(sq[r * L::ldh + x]), kv = to_f32(sk[r * L::ldh + x]);
                     const float av = s == 0 ? a.x : a.y, bv = s == 0 ? bk.x : bk.y, kg = kv * fk;
                     oq[gi][e] = av * ev;
@@ -420,8 +420,8 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                 const int xb = 16 * pq + 8 * gi + g;
                 const float anb = sg[m0 * L::ldg + xb];
                 uint32_t bh[2], bl[2];
-                split_tf32<kSplit>(to_f32(sk[j0 * L::ldh + xb]) * exp2f(anb - sg[j0 * L::ldg + xb]), bh[0], bl[0]);
-                split_tf32<kSplit>(to_f32(sk[j1 * L::ldh + xb]) * exp2f(anb - sg[j1 * L::ldg + xb]), bh[1], bl[1]);
+                split_tf32<kSplit>(to_f32(sk[j0 * L::ldh + xb]) * exp2_ftz(anb - sg[j0 * L::ldg + xb]), bh[0], bl[0]);
+                split_tf32<kSplit>(to_f32(sk[j1 * L::ldh + xb]) * exp2_ftz(anb - sg[j1 * L::ldg + xb]), bh[1], bl[1]);
                 mma_tf32x3<kSplit>(accq[gi], ah, al, bh, bl);
                 mma_tf32x3<kSplit>(acck[gi], mh, ml, bh, bl);
             }
@@ -433,7 +433,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
             for (int e = 0; e < 4; ++e) {
                 const int r = m0 + g + (e / 2) * 8, x = xa + (e % 2);
                 if (!valid(r)) continue;
-                const float f = exp2f(sg[r * L::ldg + x] - sg[m0 * L::ldg + x]);
+                const float f = exp2_ftz(sg[r * L::ldg + x] - sg[m0 * L::ldg + x]);
                 const float q1 = accq[gi][e] * f, k1 = acck[gi][e] * f;
                 oq[gi][e] += q1;
                 okc[gi][e] += k1;
@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
             for (int gi = 0; gi < 2; ++gi) {
                 const int xb = 16 * pq + 8 * gi + g;
                 const float anb = sg[er * L::ldg + xb];
-                const float f0 = exp2f(sg[r0 * L::ldg + xb] - anb), f1 = exp2f(sg[r1 * L::ldg + xb] - anb);
+                const float f0 = exp2_ftz(sg[r0 * L::ldg + xb] - anb), f1 = exp2_ftz(sg[r1 * L::ldg + xb] - anb);
                 uint32_t qh[2], ql[2], kh[2], kl[2];
                 split_tf32<kSplit>(to_f32(sq[r0 * L::ldh + xb]) * f0, qh[0], ql[0]);
                 split_tf32<kSplit>(to_f32(sq[r1 * L::ldh + xb]) * f1, qh[1], ql[1]);
@@ -485,7 +485,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
             for (int e = 0; e < 4; ++e) {
                 const int j = j0 + g + (e / 2) * 8, x = xa + (e % 2);
                 if (!valid(j)) continue;
-                const float s = (acc[gi][e] + acc2[gi][e]) * exp2f(sg[er * L::ldg + x] - sg[j * L::ldg + x]);
+                const float s = (acc[gi][e] + acc2[gi][e]) * exp2_ftz(sg[er * L::ldg + x] - sg[j * L::ldg + x]);
                 okc[gi][e] += s;
                 ogc[gi][e] -= s * to_f32(sk[j * L::ldh + x]);
             }

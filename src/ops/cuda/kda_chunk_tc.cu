@@ -37,9 +37,9 @@ __device__ __forceinline__ uint32_t tf32_of(T x) {
 constexpr int kMmWarps = 16;
 constexpr int kMmThreads = kMmWarps * 32;
 
-template <typename T>
+template <typename T, bool kModel>
 __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __restrict__ dout,
-                                                                    Dims d,
+                                                                    Dims dims,
                                                                     Work w,
                                                                     const float* __restrict__ hs,
                                                                     const float* __restrict__ vns,
@@ -51,6 +51,7 @@ __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __r
                                                                     float* __restrict__ da,
                                                                     float* __restrict__ dgl) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
+    const Dims d = model_dims<kModel>(dims);
     const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x;
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int64_t kv = static_cast<int64_t>(kd) * vd, chunks = static_cast<int64_t>(d.units()) * d.nc;
@@ -65,16 +66,16 @@ __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __r
         const int unit = static_cast<int>(cb / d.nc), n = static_cast<int>(cb % d.nc);
         const int b = unit / d.hv, hv = unit % d.hv, t0 = n * c;
         constexpr int per = kSlab * static_cast<int>(sizeof(T)) / 16;  // 16-byte copies per dO row
-        for (int e = tid; e < c * per; e += blockDim.x) {
+        for (int e = tid; e < c * per; e += kMmThreads) {
             const int r = e / per, q = e % per, tok = t0 + r;
             const bool ok = tok < d.t;
             const T* src = dout + v_row(d, b, ok ? tok : 0, hv) + y0 + q * (16 / static_cast<int>(sizeof(T)));
             cp_async16_zfill(sdo(s) + r * kLdO + q * (16 / static_cast<int>(sizeof(T))), src, ok);
         }
-        stage_async(svn(s), kLdS, vns + cv_off(d, cb) + y0, vd, c, kSlab);
-        stage_async(sdvn(s), kLdS, dvns + cv_off(d, cb) + y0, vd, c, kSlab);
-        stage_async(sh(s), kLdS, hs + cb * kv + y0, vd, kd, kSlab);
-        stage_async(sds(s), kLdS, dhs + cb * kv + y0, vd, kd, kSlab);
+        stage_async<kMmThreads>(svn(s), kLdS, vns + cv_off(d, cb) + y0, vd, c, kSlab);
+        stage_async<kMmThreads>(sdvn(s), kLdS, dvns + cv_off(d, cb) + y0, vd, c, kSlab);
+        stage_async<kMmThreads>(sh(s), kLdS, hs + cb * kv + y0, vd, kd, kSlab);
+        stage_async<kMmThreads>(sds(s), kLdS, dhs + cb * kv + y0, vd, kd, kSlab);
     };
     // Warp tiles: row tile mi (c = 32 idles warps with mi >= 2), key-column tiles nq + 4 j, dA column tiles
     // nq + 4 j below the diagonal.
@@ -206,10 +207,13 @@ void chunk_mm_tc_launch(const Tensor& dout,
     const dim3 grid(static_cast<unsigned>(chunks < sms ? chunks : sms));
     MT_CUDA_DISPATCH(dout.dtype(), T, {
         const size_t smem = 2 * static_cast<size_t>(stage_bytes<T>(d));
-        MT_CUDA_CHECK(cudaFuncSetAttribute(
-            chunk_mm_tc_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        chunk_mm_tc_kernel<T><<<grid, kMmThreads, smem, core::cuda_stream()>>>(
-            static_cast<const T*>(dout.raw()), d, w, hs, vn, dvn, dhs, dqg, dkg, dw, da, dgl);
+        with_model_shape(d, [&](auto model) {
+            const auto kernel = chunk_mm_tc_kernel<T, decltype(model)::value>;
+            MT_CUDA_CHECK(
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+            kernel<<<grid, kMmThreads, smem, core::cuda_stream()>>>(
+                static_cast<const T*>(dout.raw()), d, w, hs, vn, dvn, dhs, dqg, dkg, dw, da, dgl);
+        });
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }

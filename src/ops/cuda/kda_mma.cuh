@@ -43,6 +43,16 @@ __device__ __forceinline__ float tf32_bits(float x) {
     return __uint_as_float(to_tf32(x));
 }
 
+// 2^x by the SFU alone (ex2.approx.ftz: ~2 ulp, results below 2^-126 flushed to zero). exp2f's range handling
+// around it (a compare and two conditional multiplies, for the subnormal results) was ~5% of chunk_smem's
+// instructions; the factors it computes multiply operands whose products with such tiny values vanish in fp32
+// sums anyway.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // d += a b for one 16x8 output tile, k = 8.
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     asm volatile(
@@ -82,12 +92,19 @@ __device__ __forceinline__ void frag_bt(uint32_t (&b)[2], const float* x, int ld
 
 // 3xTF32: x = hi + lo with both parts TF32, and d += a b as a_lo b_hi + a_hi b_lo + a_hi b_hi, which keeps about
 // fp32's precision (the dropped a_lo b_lo is ~2^-22 relative). kSplit = false is the plain single TF32 product.
+// With the split, hi is x truncated to TF32 (one AND; Veltkamp's rounding costs three operations and was a quarter of
+// chunk_smem's instructions): lo = x - hi is exact and below 2^-10 |x|, the MMA reads lo's top 19 bits (an error
+// below 2^-20 |x|), and the dropped lo * lo term is below 2^-20 too, still ~2^-19 overall against plain TF32's
+// ~2^-11. hi has its low 13 bits zero, so it is the same operand whether the MMA truncates or rounds its inputs.
 template <bool kSplit>
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-    hi = to_tf32(x);
-    // x - hi is exact; the MMA reads its top 19 bits (truncation, ~2^-21 of x: below the dropped lo * lo term's
-    // scale), so it needs no rounding step of its own.
-    lo = kSplit ? __float_as_uint(__fsub_rn(x, __uint_as_float(hi))) : 0u;
+    if constexpr (kSplit) {
+        hi = __float_as_uint(x) & 0xffffe000u;
+        lo = __float_as_uint(__fsub_rn(x, __uint_as_float(hi)));
+    } else {
+        hi = to_tf32(x);
+        lo = 0u;
+    }
 }
 template <bool kSplit>
 __device__ __forceinline__ void mma_tf32x3(
@@ -166,21 +183,23 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // rows x cols fp32 (cols % 4 == 0, contiguous rows of stride src_ld) into shared memory of row stride ld, by the
-// whole block, 16 bytes per copy.
+// whole block, 16 bytes per copy. kNThreads: the block size when the caller knows it at compile time (with rows and
+// cols constants too, the copy loop then has no division and unrolls: the scans' per-copy issue).
+template <int kNThreads = 0>
 __device__ __forceinline__ void stage_async(float* dst, int ld, const float* src, int src_ld, int rows, int cols) {
-    const int per = cols / 4;
-    if (blockDim.x % per == 0) {
+    const int per = cols / 4, nthreads = kNThreads > 0 ? kNThreads : static_cast<int>(blockDim.x);
+    if (nthreads % per == 0) {
         // Each thread keeps one 16-byte column slot and walks the rows by pointer steps: no integer division per
         // copy (the scans issue ~7k copies per chunk; a 32 KB tile's issue measured 1.7k cycles with the division,
         // 1.0k without, at BV = 16).
-        const int r0 = threadIdx.x / per, c4 = (threadIdx.x % per) * 4, step = blockDim.x / per;
+        const int tid = static_cast<int>(threadIdx.x), r0 = tid / per, c4 = (tid % per) * 4, step = nthreads / per;
         const float* s = src + static_cast<int64_t>(r0) * src_ld + c4;
         float* p = dst + r0 * ld + c4;
         for (int r = r0; r < rows; r += step, s += static_cast<int64_t>(step) * src_ld, p += step * ld)
             cp_async16(p, s);
         return;
     }
-    for (int e = threadIdx.x; e < rows * per; e += blockDim.x) {
+    for (int e = threadIdx.x; e < rows * per; e += nthreads) {
         const int r = e / per, c4 = (e % per) * 4;
         cp_async16(dst + r * ld + c4, src + static_cast<int64_t>(r) * src_ld + c4);
     }

@@ -78,17 +78,18 @@ __device__ inline AmJobs am_jobs(int nsub, int warp) {
     return {nib(a), nib(j0), nib(n)};
 }
 
-template <typename T, bool kSplit, bool kTilesIn>
+template <typename T, bool kSplit, bool kTilesIn, bool kModel>
 __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restrict__ q,
                                                               const T* __restrict__ k,
                                                               const T* __restrict__ v,
                                                               const T* __restrict__ g,
                                                               const T* __restrict__ beta,
-                                                              Dims d,
+                                                              Dims dims,
                                                               Work w,
                                                               bool gam_all,
                                                               PhaseClock pc) {
     extern __shared__ __align__(16) unsigned char smem[];
+    const Dims d = model_dims<kModel>(dims);
     const Layout l = layout(d);
     float* sg = reinterpret_cast<float*>(smem + l.g);   // Gamma [c, ldg]
     T* sq = reinterpret_cast<T*>(smem + l.q);           // q [c, ldx]
@@ -155,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
     if constexpr (kTilesIn) {
         // T from the forward (ops::KdaSaved), into its region now that the raw g rows there are dead; the
         // elementwise step below runs while it arrives.
-        stage_async(stm, ldc, w.tm + cc, c, c, c);
+        stage_async<kThreads>(stm, ldc, w.tm + cc, c, c, c);
         cp_async_commit();
     }
     pc.mark(1);
@@ -424,20 +425,25 @@ void launch(const Tensor& q,
     const dim3 grid(static_cast<unsigned>(d.nc), static_cast<unsigned>(d.units()));
     const auto smem = static_cast<size_t>(layout(d).total);
     const bool tiles_in = mode == PrepMode::bwd_tiles;
-    auto kernel = tiles_in ? (split_on ? prep_tc_kernel<T, true, true> : prep_tc_kernel<T, false, true>)
-                           : (split_on ? prep_tc_kernel<T, true, false> : prep_tc_kernel<T, false, false>);
-    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     const char* name = mode == PrepMode::bwd ? "prep_full" : (tiles_in ? "prep_tiles" : "prep");
     const PhaseLog phases(name, static_cast<int64_t>(d.nc) * d.units());
-    kernel<<<grid, kThreads, smem, core::cuda_stream()>>>(static_cast<const T*>(q.raw()),
-                                                          static_cast<const T*>(k.raw()),
-                                                          static_cast<const T*>(v.raw()),
-                                                          static_cast<const T*>(g.raw()),
-                                                          static_cast<const T*>(beta.raw()),
-                                                          d,
-                                                          w,
-                                                          mode != PrepMode::fwd,  // every row of Gamma
-                                                          phases.clock());
+    with_model_shape(d, [&](auto model) {
+        constexpr bool kModel = decltype(model)::value;
+        auto kernel =
+            tiles_in ? (split_on ? prep_tc_kernel<T, true, true, kModel> : prep_tc_kernel<T, false, true, kModel>)
+                     : (split_on ? prep_tc_kernel<T, true, false, kModel> : prep_tc_kernel<T, false, false, kModel>);
+        MT_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        kernel<<<grid, kThreads, smem, core::cuda_stream()>>>(static_cast<const T*>(q.raw()),
+                                                              static_cast<const T*>(k.raw()),
+                                                              static_cast<const T*>(v.raw()),
+                                                              static_cast<const T*>(g.raw()),
+                                                              static_cast<const T*>(beta.raw()),
+                                                              d,
+                                                              w,
+                                                              mode != PrepMode::fwd,  // every row of Gamma
+                                                              phases.clock());
+    });
     MT_CUDA_CHECK(cudaGetLastError());
     phases.print(9);
 }

@@ -35,17 +35,18 @@ int rscan_tc_floats(const Dims& d, int bv) {
 // leaves each chunk, ds0 the final dS. In step 2 a warp's A operands are its own state rows' slices of Qg and W
 // ([c, 16] each, no other warp reads them): they come from global memory straight into registers, instead of
 // through shared memory, which leaves room for BV = 128 (one block per unit, one wave at 8 x 4096).
-template <typename T, int BV>
+template <typename T, int BV, bool kModel>
 __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restrict__ dout,
                                                                const float* __restrict__ dst,
                                                                float* __restrict__ ds0,
-                                                               Dims d,
+                                                               Dims dims,
                                                                Work w,
                                                                float* dhs,
                                                                float* dvns,
                                                                PhaseSums ps) {
     constexpr int ld = ld_b<BV>(), kN = BV / 16, kN3 = BV / 8, kSteps = kMaxChunk / 8;
     extern __shared__ __align__(16) float smem[];
+    const Dims d = model_dims<kModel>(dims);
     const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x;
     const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * BV;
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -62,9 +63,10 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
     const int64_t kv = static_cast<int64_t>(kd) * vd;
     auto load_ka = [&](int n) {
         const int64_t cb = chunk_index(d, unit, n);
-        stage_async(sk, ldr, w.kg + ck_off(d, cb), kd, c, kd);
-        stage_async(sa, lda, w.a + cc_off(d, cb), c, c, c);
-        stage_async(sg + (n & 1) * kd, kd, w.gam + ck_off(d, cb) + static_cast<int64_t>(c - 1) * kd, kd, 1, kd);
+        stage_async<kThreads>(sk, ldr, w.kg + ck_off(d, cb), kd, c, kd);
+        stage_async<kThreads>(sa, lda, w.a + cc_off(d, cb), c, c, c);
+        stage_async<kThreads>(
+            sg + (n & 1) * kd, kd, w.gam + ck_off(d, cb) + static_cast<int64_t>(c - 1) * kd, kd, 1, kd);
     };
     auto sdo = [&](int n) { return sdo0 + (n & 1) * c * ld; };
     auto load_do = [&](int n) {
@@ -271,12 +273,14 @@ template <typename T, int BV>
 void rscan_bv(const T* dout, const float* dst, float* ds0, const Dims& d, const Work& w, float* dhs, float* dvn) {
     const dim3 grid(static_cast<unsigned>(d.v / BV), static_cast<unsigned>(d.units()));
     const size_t smem = static_cast<size_t>(rscan_tc_floats(d, BV)) * sizeof(float);
-    set_smem(rscan_tc_kernel<T, BV>, smem);
     // Phases: p1 wait for dO/Kg/A, p2 dVn (fused_rscan: and the loads of Qg, W and Qg^T dO), p3 load issue, p4 dS
     // update (fused_rscan: W^T dVn; else also the register loads of Qg, W).
     const PhaseLog phases("rscan", static_cast<int64_t>(grid.x) * grid.y);
-    rscan_tc_kernel<T, BV>
-        <<<grid, kThreads, smem, core::cuda_stream()>>>(dout, dst, ds0, d, w, dhs, dvn, {phases.clock().p});
+    with_model_shape(d, [&](auto model) {
+        const auto kernel = rscan_tc_kernel<T, BV, decltype(model)::value>;
+        set_smem(kernel, smem);
+        kernel<<<grid, kThreads, smem, core::cuda_stream()>>>(dout, dst, ds0, d, w, dhs, dvn, {phases.clock().p});
+    });
     phases.print(5);
 }
 

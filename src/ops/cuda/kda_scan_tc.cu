@@ -35,17 +35,18 @@ namespace {
 int scan_tc_floats(const Dims& d, int bv) {
     return 2 * d.c * ld_row(d.k) + d.c * ld_tr(d.k) + d.c * ld_row(d.c) + d.k + (d.k + d.c) * (bv + 8);
 }
-template <typename T, int BV>
+template <typename T, int BV, bool kModel>
 __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __restrict__ s0,
                                                               T* __restrict__ out,
                                                               float* __restrict__ st,
-                                                              Dims d,
+                                                              Dims dims,
                                                               Work w,
                                                               float* hs,
                                                               float* vns,
                                                               PhaseSums ps) {
     constexpr int ld = ld_b<BV>(), kN = BV / 16;
     extern __shared__ __align__(16) float smem[];
+    const Dims d = model_dims<kModel>(dims);
     const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x;
     const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * BV;
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -67,14 +68,14 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
     // reissued for the next chunk once the barrier after its steps has passed.
     auto load_wq = [&](int n) {
         const int64_t cb = chunk_index(d, unit, n);
-        stage_async(sw, ldr, w.w + ck_off(d, cb), kd, c, kd);
-        stage_async(sq, ldr, w.qg + ck_off(d, cb), kd, c, kd);
+        stage_async<kThreads>(sw, ldr, w.w + ck_off(d, cb), kd, c, kd);
+        stage_async<kThreads>(sq, ldr, w.qg + ck_off(d, cb), kd, c, kd);
     };
     auto load_ak = [&](int n) {
         const int64_t cb = chunk_index(d, unit, n);
-        stage_async(sa, lda, w.a + cc_off(d, cb), c, c, c);
-        stage_async(sk, ldt, w.kg + ck_off(d, cb), kd, c, kd);
-        stage_async(sg, kd, w.gam + ck_off(d, cb) + static_cast<int64_t>(c - 1) * kd, kd, 1, kd);
+        stage_async<kThreads>(sa, lda, w.a + cc_off(d, cb), c, c, c);
+        stage_async<kThreads>(sk, ldt, w.kg + ck_off(d, cb), kd, c, kd);
+        stage_async<kThreads>(sg, kd, w.gam + ck_off(d, cb) + static_cast<int64_t>(c - 1) * kd, kd, 1, kd);
     };
     const int m0 = (warp & 3) * 16, nb = warp >> 2;
     const bool rows_on = m0 < c;
@@ -220,11 +221,14 @@ template <typename T, int BV>
 void scan_bv(const float* s0, T* out, float* st, const Dims& d, const Work& w, float* hs, float* vn) {
     const dim3 grid(static_cast<unsigned>(d.v / BV), static_cast<unsigned>(d.units()));
     const size_t smem = static_cast<size_t>(scan_tc_floats(d, BV)) * sizeof(float);
-    set_smem(scan_tc_kernel<T, BV>, smem);
     // Phases (cycles per block, summed over its chunks): p1 wait for W/Qg, p2 Vn and Qg S (with the wait for
     // A/Kg), p3 O's tail and the state update, p4 load issue.
     const PhaseLog phases(hs != nullptr ? "scan_bwd" : "scan", static_cast<int64_t>(grid.x) * grid.y);
-    scan_tc_kernel<T, BV><<<grid, kThreads, smem, core::cuda_stream()>>>(s0, out, st, d, w, hs, vn, {phases.clock().p});
+    with_model_shape(d, [&](auto model) {
+        const auto kernel = scan_tc_kernel<T, BV, decltype(model)::value>;
+        set_smem(kernel, smem);
+        kernel<<<grid, kThreads, smem, core::cuda_stream()>>>(s0, out, st, d, w, hs, vn, {phases.clock().p});
+    });
     phases.print(5);
 }
 
