@@ -166,14 +166,17 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                 const int m0 = mt * 16;
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 1
-                for (int k0 = m0; k0 < c; k0 += 8) {  // (T^T)_ij = T_ji, zero for j < i
-                    float fa[4], fb[2];
-                    frag_at_f(fa, st, L::ldt, m0, k0, g, t);
-                    frag_b_f(fb, sv, L::ldv, k0, y0, g, t);
-                    // Plain TF32: dXu reaches only dv and dbeta, whose budgets its rounding (~2^-11 relative)
-                    // leaves intact; the split matters where the terms cancel in dg's reverse cumsum (dT on).
-                    mma_f32<false>(acc, fa, fb);
-                }
+                for (int k2 = m0; k2 < c;
+                     k2 += 16)  // two 8-steps per pass (the count is even)  // (T^T)_ij = T_ji, zero for j < i
+#pragma unroll
+                    for (int k0 = k2; k0 < k2 + 16; k0 += 8) {
+                        float fa[4], fb[2];
+                        frag_at_f(fa, st, L::ldt, m0, k0, g, t);
+                        frag_b_f(fb, sv, L::ldv, k0, y0, g, t);
+                        // Plain TF32: dXu reaches only dv and dbeta, whose budgets its rounding (~2^-11 relative)
+                        // leaves intact; the split matters where the terms cancel in dg's reverse cumsum (dT on).
+                        mma_f32<false>(acc, fa, fb);
+                    }
 #pragma unroll
                 for (int hf = 0; hf < 2; ++hf) {
                     const int r = m0 + g + 8 * hf;
@@ -195,28 +198,32 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (half == 0) {
 #pragma unroll 1
-            for (int k0 = 0; k0 < kd; k0 += 8) {
-                float fa[4], fb[2];
-                frag_a_f(fa, sw, L::ldw, m0, k0, g, t);
-                const int x0 = k0 + t, x1 = x0 + 4;
-                fb[0] = bn * to_f32(sk[nn * L::ldh + x0]) * exp2_ftz(sg[nn * L::ldg + x0]);
-                fb[1] = bn * to_f32(sk[nn * L::ldh + x1]) * exp2_ftz(sg[nn * L::ldg + x1]);
-                mma_f32<kSplit>(acc, fa, fb);
-            }
+            for (int k2 = 0; k2 < kd; k2 += 16)  // two 8-steps per pass (the count is even)
+#pragma unroll
+                for (int k0 = k2; k0 < k2 + 16; k0 += 8) {
+                    float fa[4], fb[2];
+                    frag_a_f(fa, sw, L::ldw, m0, k0, g, t);
+                    const int x0 = k0 + t, x1 = x0 + 4;
+                    fb[0] = bn * to_f32(sk[nn * L::ldh + x0]) * exp2_ftz(sg[nn * L::ldg + x0]);
+                    fb[1] = bn * to_f32(sk[nn * L::ldh + x1]) * exp2_ftz(sg[nn * L::ldg + x1]);
+                    mma_f32<kSplit>(acc, fa, fb);
+                }
         } else {
             // dVn V^T, then the columns scaled by beta: v (bf16 or f16) is exact in TF32, so B needs no low part.
 #pragma unroll 1
-            for (int k0 = 0; k0 < vd; k0 += 8) {
-                float fa[4];
-                uint32_t ah[4], al[4], bv[2];
-                frag_a_f(fa, sv, L::ldv, m0, k0, g, t);
+            for (int k2 = 0; k2 < vd; k2 += 16)  // two 8-steps per pass (the count is even)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) split_tf32<kSplit>(fa[i], ah[i], al[i]);
-                bv[0] = __float_as_uint(to_f32(svv[nn * L::ldh + k0 + t]));
-                bv[1] = __float_as_uint(to_f32(svv[nn * L::ldh + k0 + t + 4]));
-                if constexpr (kSplit) mma_tf32(acc, al, bv);
-                mma_tf32(acc, ah, bv);
-            }
+                for (int k0 = k2; k0 < k2 + 16; k0 += 8) {
+                    float fa[4];
+                    uint32_t ah[4], al[4], bv[2];
+                    frag_a_f(fa, sv, L::ldv, m0, k0, g, t);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) split_tf32<kSplit>(fa[i], ah[i], al[i]);
+                    bv[0] = __float_as_uint(to_f32(svv[nn * L::ldh + k0 + t]));
+                    bv[1] = __float_as_uint(to_f32(svv[nn * L::ldh + k0 + t + 4]));
+                    if constexpr (kSplit) mma_tf32(acc, al, bv);
+                    mma_tf32(acc, ah, bv);
+                }
             const int col = n0 + 2 * t;
             acc[0] *= sbeta[col];
             acc[1] *= sbeta[col + 1];
@@ -247,16 +254,18 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
         if (n0 >= m0 + 16) continue;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 1
-        for (int k0 = m0; k0 < c; k0 += 8) {
-            float fa[4], fb[2];
-            frag_at_f(fa, st, L::ldt, m0, k0, g, t);
-            frag_b_f(fb, sd, L::ldc, k0, n0, g, t);
-            float fb2[2];
-            frag_b_f(fb2, sa, L::ldc, k0, n0, g, t);
-            fb[0] += fb2[0];
-            fb[1] += fb2[1];
-            mma_f32<kSplit>(acc, fa, fb);
-        }
+        for (int k2 = m0; k2 < c; k2 += 16)  // two 8-steps per pass (the count is even)
+#pragma unroll
+            for (int k0 = k2; k0 < k2 + 16; k0 += 8) {
+                float fa[4], fb[2];
+                frag_at_f(fa, st, L::ldt, m0, k0, g, t);
+                frag_b_f(fb, sd, L::ldc, k0, n0, g, t);
+                float fb2[2];
+                frag_b_f(fb2, sa, L::ldc, k0, n0, g, t);
+                fb[0] += fb2[0];
+                fb[1] += fb2[1];
+                mma_f32<kSplit>(acc, fa, fb);
+            }
         const int r = m0 + g, col = n0 + 2 * t;
         sx[r * L::ldc + col] = acc[0];
         sx[r * L::ldc + col + 1] = acc[1];
@@ -364,22 +373,24 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
         float okc[2][4], ogc[2][4], dbc[2] = {0.0f, 0.0f};
         float dx[2][4] = {};  // dXw = T^T dW
 #pragma unroll 1
-        for (int k0 = m0; k0 < c; k0 += 8) {
-            float fa[4];
-            uint32_t ah[4], al[4];
-            frag_at_f(fa, st, L::ldt, m0, k0, g, t);
+        for (int k2 = m0; k2 < c; k2 += 16)  // two 8-steps per pass (the count is even)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) split_tf32<kSplit>(fa[e], ah[e], al[e]);
+            for (int k0 = k2; k0 < k2 + 16; k0 += 8) {
+                float fa[4];
+                uint32_t ah[4], al[4];
+                frag_at_f(fa, st, L::ldt, m0, k0, g, t);
 #pragma unroll
-            for (int gi = 0; gi < 2; ++gi) {
-                float fb[2];
-                uint32_t bh[2], bl[2];
-                frag_b_f(fb, sw, L::ldw, k0, 16 * pq + 8 * gi, g, t);
-                split_tf32<kSplit>(fb[0], bh[0], bl[0]);
-                split_tf32<kSplit>(fb[1], bh[1], bl[1]);
-                mma_tf32x3<kSplit>(dx[gi], ah, al, bh, bl);
+                for (int e = 0; e < 4; ++e) split_tf32<kSplit>(fa[e], ah[e], al[e]);
+#pragma unroll
+                for (int gi = 0; gi < 2; ++gi) {
+                    float fb[2];
+                    uint32_t bh[2], bl[2];
+                    frag_b_f(fb, sw, L::ldw, k0, 16 * pq + 8 * gi, g, t);
+                    split_tf32<kSplit>(fb[0], bh[0], bl[0]);
+                    split_tf32<kSplit>(fb[1], bh[1], bl[1]);
+                    mma_tf32x3<kSplit>(dx[gi], ah, al, bh, bl);
+                }
             }
-        }
         // dq = dQg e^G, dk = dKg e^(G_last - G) + beta dXw e^G, dGamma = dQg qg - dKg kg + dXw xw.
         float oq[2][4];
 #pragma unroll
@@ -408,24 +419,28 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
         // Rows: dq_i += sum_j dA_ij f_ij k_j, dk_i += sum_j dM_ij f_ij k_j (anchor: the tile's first row).
         float accq[2][4] = {}, acck[2][4] = {};
 #pragma unroll 1
-        for (int k0 = 0; k0 < m0 + 16; k0 += 8) {
-            uint32_t ah[4], al[4], mh[4], ml[4];
-            frag_a_f(ah, ua, L::ldc, m0, k0, g, t);
-            frag_a_f(al, la, L::ldc, m0, k0, g, t);
-            frag_a_f(mh, ud, L::ldc, m0, k0, g, t);
-            frag_a_f(ml, ld, L::ldc, m0, k0, g, t);
-            const int j0 = k0 + t, j1 = j0 + 4;
+        for (int k2 = 0; k2 < m0 + 16; k2 += 16)  // two 8-steps per pass (the count is even)
 #pragma unroll
-            for (int gi = 0; gi < 2; ++gi) {
-                const int xb = 16 * pq + 8 * gi + g;
-                const float anb = sg[m0 * L::ldg + xb];
-                uint32_t bh[2], bl[2];
-                split_tf32<kSplit>(to_f32(sk[j0 * L::ldh + xb]) * exp2_ftz(anb - sg[j0 * L::ldg + xb]), bh[0], bl[0]);
-                split_tf32<kSplit>(to_f32(sk[j1 * L::ldh + xb]) * exp2_ftz(anb - sg[j1 * L::ldg + xb]), bh[1], bl[1]);
-                mma_tf32x3<kSplit>(accq[gi], ah, al, bh, bl);
-                mma_tf32x3<kSplit>(acck[gi], mh, ml, bh, bl);
+            for (int k0 = k2; k0 < k2 + 16; k0 += 8) {
+                uint32_t ah[4], al[4], mh[4], ml[4];
+                frag_a_f(ah, ua, L::ldc, m0, k0, g, t);
+                frag_a_f(al, la, L::ldc, m0, k0, g, t);
+                frag_a_f(mh, ud, L::ldc, m0, k0, g, t);
+                frag_a_f(ml, ld, L::ldc, m0, k0, g, t);
+                const int j0 = k0 + t, j1 = j0 + 4;
+#pragma unroll
+                for (int gi = 0; gi < 2; ++gi) {
+                    const int xb = 16 * pq + 8 * gi + g;
+                    const float anb = sg[m0 * L::ldg + xb];
+                    uint32_t bh[2], bl[2];
+                    split_tf32<kSplit>(
+                        to_f32(sk[j0 * L::ldh + xb]) * exp2_ftz(anb - sg[j0 * L::ldg + xb]), bh[0], bl[0]);
+                    split_tf32<kSplit>(
+                        to_f32(sk[j1 * L::ldh + xb]) * exp2_ftz(anb - sg[j1 * L::ldg + xb]), bh[1], bl[1]);
+                    mma_tf32x3<kSplit>(accq[gi], ah, al, bh, bl);
+                    mma_tf32x3<kSplit>(acck[gi], mh, ml, bh, bl);
+                }
             }
-        }
 #pragma unroll
         for (int gi = 0; gi < 2; ++gi) {
             const int xa = 16 * pq + 8 * gi + 2 * t;
@@ -457,27 +472,29 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
         get(i, okc, ogc);
         float acc[2][4] = {}, acc2[2][4] = {};
 #pragma unroll 1
-        for (int k0 = j0; k0 < c; k0 += 8) {
-            uint32_t ah[4], al[4], mh[4], ml[4];
-            frag_at_f(ah, ua, L::ldc, j0, k0, g, t);
-            frag_at_f(al, la, L::ldc, j0, k0, g, t);
-            frag_at_f(mh, ud, L::ldc, j0, k0, g, t);
-            frag_at_f(ml, ld, L::ldc, j0, k0, g, t);
-            const int r0 = k0 + t, r1 = r0 + 4;
+        for (int k2 = j0; k2 < c; k2 += 16)  // two 8-steps per pass (the count is even)
 #pragma unroll
-            for (int gi = 0; gi < 2; ++gi) {
-                const int xb = 16 * pq + 8 * gi + g;
-                const float anb = sg[er * L::ldg + xb];
-                const float f0 = exp2_ftz(sg[r0 * L::ldg + xb] - anb), f1 = exp2_ftz(sg[r1 * L::ldg + xb] - anb);
-                uint32_t qh[2], ql[2], kh[2], kl[2];
-                split_tf32<kSplit>(to_f32(sq[r0 * L::ldh + xb]) * f0, qh[0], ql[0]);
-                split_tf32<kSplit>(to_f32(sq[r1 * L::ldh + xb]) * f1, qh[1], ql[1]);
-                split_tf32<kSplit>(to_f32(sk[r0 * L::ldh + xb]) * f0, kh[0], kl[0]);
-                split_tf32<kSplit>(to_f32(sk[r1 * L::ldh + xb]) * f1, kh[1], kl[1]);
-                mma_tf32x3<kSplit>(acc[gi], ah, al, qh, ql);
-                mma_tf32x3<kSplit>(acc2[gi], mh, ml, kh, kl);
+            for (int k0 = k2; k0 < k2 + 16; k0 += 8) {
+                uint32_t ah[4], al[4], mh[4], ml[4];
+                frag_at_f(ah, ua, L::ldc, j0, k0, g, t);
+                frag_at_f(al, la, L::ldc, j0, k0, g, t);
+                frag_at_f(mh, ud, L::ldc, j0, k0, g, t);
+                frag_at_f(ml, ld, L::ldc, j0, k0, g, t);
+                const int r0 = k0 + t, r1 = r0 + 4;
+#pragma unroll
+                for (int gi = 0; gi < 2; ++gi) {
+                    const int xb = 16 * pq + 8 * gi + g;
+                    const float anb = sg[er * L::ldg + xb];
+                    const float f0 = exp2_ftz(sg[r0 * L::ldg + xb] - anb), f1 = exp2_ftz(sg[r1 * L::ldg + xb] - anb);
+                    uint32_t qh[2], ql[2], kh[2], kl[2];
+                    split_tf32<kSplit>(to_f32(sq[r0 * L::ldh + xb]) * f0, qh[0], ql[0]);
+                    split_tf32<kSplit>(to_f32(sq[r1 * L::ldh + xb]) * f1, qh[1], ql[1]);
+                    split_tf32<kSplit>(to_f32(sk[r0 * L::ldh + xb]) * f0, kh[0], kl[0]);
+                    split_tf32<kSplit>(to_f32(sk[r1 * L::ldh + xb]) * f1, kh[1], kl[1]);
+                    mma_tf32x3<kSplit>(acc[gi], ah, al, qh, ql);
+                    mma_tf32x3<kSplit>(acc2[gi], mh, ml, kh, kl);
+                }
             }
-        }
 #pragma unroll
         for (int gi = 0; gi < 2; ++gi) {
             const int xa = 16 * pq + 8 * gi + 2 * t;
