@@ -12,12 +12,12 @@
 #include <cstdint>
 
 #include "ops/cuda/attention_kernels.h"
+#include "ops/cuda/common.cuh"
 
 namespace mt::ops::cuda::flash {
 
 using bf16 = __nv_bfloat16;
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -64,12 +64,6 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 // Loads rows [r0, r0 + ROWS) of a [t, D] matrix (row stride rs elements) into shared [ROWS][D + 8] with cp.async;

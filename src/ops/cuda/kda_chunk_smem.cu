@@ -34,7 +34,6 @@ constexpr int kBlock = kWarps * 32;
 // The head sizes of the kernel: the model's K = V = 128, compile-time so that every stride and offset below is an
 // immediate (with runtime K and V the kernel needed ~40 more registers and spilled at 512 threads).
 constexpr int kK = 128, kV = 128;
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Shared-memory layout (strides in elements). Padded strides keep the fragment reads free of bank conflicts or at
 // most two-way: c + 8 for T (read transposed), c + 4 for the [c, c] tiles read both ways, K/V + 4 for dW and dVn
@@ -151,49 +150,30 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                 if (t == 0) dst[warp * kMaxChunk + mt * 16 + 8 * hf + g] = s;
             }
     };
-    float dbp[nsub][2] = {};
-    // Phase 1, one job list over the warps (the larger jobs first): dXu = T^T dVn by groups of 8 value columns
-    // (dv = beta dXu, dbeta += dXu . v), then the dT tiles (m0, n0) with n0 < m0 + 16 (only dT's strictly lower part
-    // reaches dL, and the tiles of T^T dT that dL reads use no others), each as two half jobs: dW Xw^T into sd and
-    // dVn Xu^T into sa (dA is loaded there later).
-    constexpr int nz = nsub * (nsub + 1);  // dT tiles in use
-    const int ngv = vd / 8;
-    for (int job = warp; job < ngv + 2 * nz; job += kWarps) {
-        if (job < ngv) {
-            const int y0 = job * 8, ya = y0 + 2 * t;
-#pragma unroll
-            for (int mt = 0; mt < nsub; ++mt) {
-                const int m0 = mt * 16;
-                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 1
-                for (int k2 = m0; k2 < c;
-                     k2 += 16)  // two 8-steps per pass (the count is even)  // (T^T)_ij = T_ji, zero for j < i
-#pragma unroll
-                    for (int k0 = k2; k0 < k2 + 16; k0 += 8) {
-                        float fa[4], fb[2];
-                        frag_at_f(fa, st, L::ldt, m0, k0, g, t);
-                        frag_b_f(fb, sv, L::ldv, k0, y0, g, t);
-                        // Plain TF32: dXu reaches only dv and dbeta, whose budgets its rounding (~2^-11 relative)
-                        // leaves intact; the split matters where the terms cancel in dg's reverse cumsum (dT on).
-                        mma_f32<false>(acc, fa, fb);
-                    }
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    const int r = m0 + g + 8 * hf;
-                    const float x0 = acc[2 * hf], x1 = acc[2 * hf + 1];
-                    dbp[mt][hf] += x0 * to_f32(svv[r * L::ldh + ya]) + x1 * to_f32(svv[r * L::ldh + ya + 1]);
-                    if (valid(r)) store_pair(dv + v_row(d, b, t0 + r, hv) + ya, x0 * sbeta[r], x1 * sbeta[r]);
-                }
-            }
-            continue;
-        }
-        const int half = (job - ngv) % 2;
-        int tile = (job - ngv) / 2, m0 = 0;
-        while (tile >= m0 / 8 + 2) {  // row tile m0 / 16 holds m0 / 8 + 2 tiles in use
-            tile -= m0 / 8 + 2;
+    // Row tile m0 and first column n0 of the dT tile in use j (row tile m0 / 16 holds m0 / 8 + 2 of them), in the
+    // order of decreasing work for T^T dT: row tiles first to last.
+    auto dt_tile = [](int j, int& m0, int& n0) {
+        m0 = 0;
+        while (j >= m0 / 8 + 2) {
+            j -= m0 / 8 + 2;
             m0 += 16;
         }
-        const int n0 = tile * 8, nn = n0 + g;
+        n0 = j * 8;
+    };
+    float dbp[nsub][2] = {};
+    // Phase 1: the dT tiles (m0, n0) with n0 < m0 + 16 (only dT's strictly lower part reaches dL, and the tiles of
+    // T^T dT that dL reads use no others), each as two half jobs, dW Xw^T into sd and dVn Xu^T into sa (dA is loaded
+    // there later), round robin over the warps; then dXu = T^T dVn by groups of 8 value columns (dv = beta dXu,
+    // dbeta += dXu . v) on the warps that got one half job fewer: at c = 64, 40 half jobs (16 k-steps of 3xTF32)
+    // and 16 groups (20 k-steps of plain TF32) as three half jobs on warps 0-7, two half jobs and two groups on
+    // warps 8-15 (with one list, warps 0-7 took three half jobs and a group).
+    constexpr int nz = nsub * (nsub + 1);  // dT tiles in use
+    const int ngv = vd / 8;
+    for (int job = warp; job < 2 * nz; job += kWarps) {
+        const int half = job % 2;
+        int m0, n0;
+        dt_tile(job / 2, m0, n0);
+        const int nn = n0 + g;
         const float bn = sbeta[nn];
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (half == 0) {
@@ -204,8 +184,8 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                     float fa[4], fb[2];
                     frag_a_f(fa, sw, L::ldw, m0, k0, g, t);
                     const int x0 = k0 + t, x1 = x0 + 4;
-                    fb[0] = bn * to_f32(sk[nn * L::ldh + x0]) * exp2_ftz(sg[nn * L::ldg + x0]);
-                    fb[1] = bn * to_f32(sk[nn * L::ldh + x1]) * exp2_ftz(sg[nn * L::ldg + x1]);
+                    fb[0] = bn * to_f32(sk[nn * L::ldh + x0]) * fast_exp2(sg[nn * L::ldg + x0]);
+                    fb[1] = bn * to_f32(sk[nn * L::ldh + x1]) * fast_exp2(sg[nn * L::ldg + x1]);
                     mma_f32<kSplit>(acc, fa, fb);
                 }
         } else {
@@ -235,6 +215,33 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
         *reinterpret_cast<float2*>(dst + r * L::ldc + col) = make_float2(acc[0], acc[1]);
         *reinterpret_cast<float2*>(dst + (r + 8) * L::ldc + col) = make_float2(acc[2], acc[3]);
     }
+    constexpr int rem = (2 * nz) % kWarps;  // warps rem.. have one half job fewer
+    for (int q = warp - rem; q >= 0 && q < ngv; q += kWarps - rem) {
+        const int y0 = q * 8, ya = y0 + 2 * t;
+#pragma unroll
+        for (int mt = 0; mt < nsub; ++mt) {
+            const int m0 = mt * 16;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
+            for (int k2 = m0; k2 < c; k2 += 16)  // (T^T)_ij = T_ji, zero for j < i
+#pragma unroll
+                for (int k0 = k2; k0 < k2 + 16; k0 += 8) {
+                    float fa[4], fb[2];
+                    frag_at_f(fa, st, L::ldt, m0, k0, g, t);
+                    frag_b_f(fb, sv, L::ldv, k0, y0, g, t);
+                    // Plain TF32: dXu reaches only dv and dbeta, whose budgets its rounding (~2^-11 relative)
+                    // leaves intact; the split matters where the terms cancel in dg's reverse cumsum (dT on).
+                    mma_f32<false>(acc, fa, fb);
+                }
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int r = m0 + g + 8 * hf;
+                const float x0 = acc[2 * hf], x1 = acc[2 * hf + 1];
+                dbp[mt][hf] += x0 * to_f32(svv[r * L::ldh + ya]) + x1 * to_f32(svv[r * L::ldh + ya + 1]);
+                if (valid(r)) store_pair(dv + v_row(d, b, t0 + r, hv) + ya, x0 * sbeta[r], x1 * sbeta[r]);
+            }
+        }
+    }
     flush_dbeta(dbp, sdbp);
     __syncthreads();
     pc.mark(2);
@@ -249,9 +256,14 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
             for (int h = 0; h < c / 32; ++h) mrow[ri][h] = m[(warp + ri * kWarps) * c + lane + 32 * h];
     }
     // Phase 2: T^T dT (tiles n0 < m0 + 16 are all the second product reads), then dL = -strict_tril(T^T dT T^T).
-    for (int job = warp; job < nsub * nct; job += kWarps) {
-        const int m0 = (job / nct) * 16, n0 = (job % nct) * 8;
-        if (n0 >= m0 + 16) continue;
+    // The tiles in use by decreasing work ((c - m0) / 8 k-steps), the first kWarps one per warp and the rest (the
+    // cheapest) to the last warps, which took the cheapest first (at c = 64 the largest load is 8 k-steps, not 12).
+    static_assert(nz <= 2 * kWarps, "phase 2 gives a warp at most two tiles");
+    for (int pass = 0; pass < 2; ++pass) {
+        const int job = pass == 0 ? warp : 2 * kWarps - 1 - warp;
+        if (job >= nz) continue;
+        int m0, n0;
+        dt_tile(job, m0, n0);
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 1
         for (int k2 = m0; k2 < c; k2 += 16)  // two 8-steps per pass (the count is even)
@@ -404,8 +416,8 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
 #pragma unroll
                 for (int s = 0; s < 2; ++s) {
                     const int x = xa + s, e = 2 * hf + s;
-                    const float gm = sg[r * L::ldg + x], ev = exp2_ftz(gm);
-                    const float fk = exp2_ftz(sg[(c - 1) * L::ldg + x] - gm);
+                    const float gm = sg[r * L::ldg + x], ev = fast_exp2(gm);
+                    const float fk = fast_exp2(sg[(c - 1) * L::ldg + x] - gm);
                     const float qv = to_f32(sq[r * L::ldh + x]), kv = to_f32(sk[r * L::ldh + x]);
                     const float av = s == 0 ? a.x : a.y, bv = s == 0 ? bk.x : bk.y, kg = kv * fk;
                     oq[gi][e] = av * ev;
@@ -434,9 +446,9 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                     const float anb = sg[m0 * L::ldg + xb];
                     uint32_t bh[2], bl[2];
                     split_tf32<kSplit>(
-                        to_f32(sk[j0 * L::ldh + xb]) * exp2_ftz(anb - sg[j0 * L::ldg + xb]), bh[0], bl[0]);
+                        to_f32(sk[j0 * L::ldh + xb]) * fast_exp2(anb - sg[j0 * L::ldg + xb]), bh[0], bl[0]);
                     split_tf32<kSplit>(
-                        to_f32(sk[j1 * L::ldh + xb]) * exp2_ftz(anb - sg[j1 * L::ldg + xb]), bh[1], bl[1]);
+                        to_f32(sk[j1 * L::ldh + xb]) * fast_exp2(anb - sg[j1 * L::ldg + xb]), bh[1], bl[1]);
                     mma_tf32x3<kSplit>(accq[gi], ah, al, bh, bl);
                     mma_tf32x3<kSplit>(acck[gi], mh, ml, bh, bl);
                 }
@@ -448,7 +460,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
             for (int e = 0; e < 4; ++e) {
                 const int r = m0 + g + (e / 2) * 8, x = xa + (e % 2);
                 if (!valid(r)) continue;
-                const float f = exp2_ftz(sg[r * L::ldg + x] - sg[m0 * L::ldg + x]);
+                const float f = fast_exp2(sg[r * L::ldg + x] - sg[m0 * L::ldg + x]);
                 const float q1 = accq[gi][e] * f, k1 = acck[gi][e] * f;
                 oq[gi][e] += q1;
                 okc[gi][e] += k1;
@@ -485,7 +497,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                 for (int gi = 0; gi < 2; ++gi) {
                     const int xb = 16 * pq + 8 * gi + g;
                     const float anb = sg[er * L::ldg + xb];
-                    const float f0 = exp2_ftz(sg[r0 * L::ldg + xb] - anb), f1 = exp2_ftz(sg[r1 * L::ldg + xb] - anb);
+                    const float f0 = fast_exp2(sg[r0 * L::ldg + xb] - anb), f1 = fast_exp2(sg[r1 * L::ldg + xb] - anb);
                     uint32_t qh[2], ql[2], kh[2], kl[2];
                     split_tf32<kSplit>(to_f32(sq[r0 * L::ldh + xb]) * f0, qh[0], ql[0]);
                     split_tf32<kSplit>(to_f32(sq[r1 * L::ldh + xb]) * f1, qh[1], ql[1]);
@@ -502,7 +514,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
             for (int e = 0; e < 4; ++e) {
                 const int j = j0 + g + (e / 2) * 8, x = xa + (e % 2);
                 if (!valid(j)) continue;
-                const float s = (acc[gi][e] + acc2[gi][e]) * exp2_ftz(sg[er * L::ldg + x] - sg[j * L::ldg + x]);
+                const float s = (acc[gi][e] + acc2[gi][e]) * fast_exp2(sg[er * L::ldg + x] - sg[j * L::ldg + x]);
                 okc[gi][e] += s;
                 ogc[gi][e] -= s * to_f32(sk[j * L::ldh + x]);
             }

@@ -170,9 +170,9 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         float qg[4], kg[4], xw[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const float ev = expf(gs[i]), kv = to_f32(sk[r * ldx + x + i]);
+            const float ev = exp_ftz(gs[i]), kv = to_f32(sk[r * ldx + x + i]);
             qg[i] = tf32_bits(to_f32(sq[r * ldx + x + i]) * ev);
-            kg[i] = tf32_bits(kv * expf(ls[i] - gs[i]));
+            kg[i] = tf32_bits(kv * exp_ftz(ls[i] - gs[i]));
             xw[i] = sb[r] * kv * ev;
         }
         const int64_t o = ck + static_cast<int64_t>(r) * kd + x;
@@ -211,8 +211,8 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
         for (int k0 = 0; k0 < kd && jobs.n > 0; k0 += 8) {
             const int x0 = k0 + tq, x1 = x0 + 4;
             const float an0 = sg[i0 * ldg + x0], an1 = sg[i0 * ldg + x1];
-            const float f00 = __expf(sg[r0 * ldg + x0] - an0), f10 = __expf(sg[r1 * ldg + x0] - an0);
-            const float f01 = __expf(sg[r0 * ldg + x1] - an1), f11 = __expf(sg[r1 * ldg + x1] - an1);
+            const float f00 = exp_ftz(sg[r0 * ldg + x0] - an0), f10 = exp_ftz(sg[r1 * ldg + x0] - an0);
+            const float f01 = exp_ftz(sg[r0 * ldg + x1] - an1), f11 = exp_ftz(sg[r1 * ldg + x1] - an1);
             uint32_t qh[4], ql[4], kh[4], kl[4];
             split_tf32<kSplit>(to_f32(sq[r0 * ldx + x0]) * f00, qh[0], ql[0]);
             split_tf32<kSplit>(to_f32(sq[r1 * ldx + x0]) * f10, qh[1], ql[1]);
@@ -227,8 +227,8 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
                 if (!job_on[s]) continue;
                 const int j = job_j[s];
                 uint32_t bh[2], bl[2];
-                split_tf32<kSplit>(to_f32(sk[j * ldx + x0]) * __expf(an0 - sg[j * ldg + x0]), bh[0], bl[0]);
-                split_tf32<kSplit>(to_f32(sk[j * ldx + x1]) * __expf(an1 - sg[j * ldg + x1]), bh[1], bl[1]);
+                split_tf32<kSplit>(to_f32(sk[j * ldx + x0]) * exp_ftz(an0 - sg[j * ldg + x0]), bh[0], bl[0]);
+                split_tf32<kSplit>(to_f32(sk[j * ldx + x1]) * exp_ftz(an1 - sg[j * ldg + x1]), bh[1], bl[1]);
                 mma_tf32x3<kSplit>(acc_a[s], qh, ql, bh, bl);
                 mma_tf32x3<kSplit>(acc_m[s], kh, kl, bh, bl);
             }
@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
 #pragma unroll
                 for (int hf = 0; hf < 2; ++hf) {
                     const int jr = k0 + tq + 4 * hf;
-                    const float val = isw ? sb[jr] * to_f32(sk[jr * ldx + col]) * expf(sg[jr * ldg + col])
+                    const float val = isw ? sb[jr] * to_f32(sk[jr * ldx + col]) * exp_ftz(sg[jr * ldg + col])
                                           : sb[jr] * to_f32(sv[jr * ldv + col]);
                     split_tf32<kSplit>(val, bh[nt][hf], bl[nt][hf]);
                 }
