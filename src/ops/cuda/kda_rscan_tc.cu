@@ -185,11 +185,13 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
         auto tile_n0 = [&](int i) { return sr.tile_n0(i); };
         const auto* sds_bits = reinterpret_cast<const uint32_t*>(sds);
         start_loads();
+        // dS as it enters each chunk, to dhs: the first here, the others at the end of the chunk before, where the
+        // stores overlap the barrier (at the top of the chunk they stalled its loads of Qg and W).
+        sr.store(dhs + chunk_index(d, unit, last) * kv + y0, vd);
         for (int n = last; n >= 0; --n) {
             const int64_t cb = chunk_index(d, unit, n);
             const bool more = n > 0;
             const T* so = enter_chunk(n);
-            sr.store(dhs + cb * kv + y0, vd);
             load_qw(n);
             dvn_step(so, cb, [&](uint32_t(&bb)[2], int k, int n0) { frag_b_f(bb, sds_bits, ld, k, n0, g, t); });
             if (sr.stl.on) {
@@ -206,6 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
                 w_terms(sr.s, tile_n0);
                 sr.write_copy(sds, ld);  // no warp reads the copy in this phase
             }
+            if (more) sr.store(dhs + chunk_index(d, unit, n - 1) * kv + y0, vd);
             __syncthreads();
             ps.add(4);
         }
