@@ -459,9 +459,11 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = m0 + g + (e / 2) * 8, x = xa + (e % 2);
-                if (!valid(r)) continue;
+                // Rows past T add zeros (selected, not branched around: the products there may hold anything, and
+                // q, k are zero-filled).
+                const bool ok = valid(r);
                 const float f = fast_exp2(sg[r * L::ldg + x] - sg[m0 * L::ldg + x]);
-                const float q1 = accq[gi][e] * f, k1 = acck[gi][e] * f;
+                const float q1 = ok ? accq[gi][e] * f : 0.0f, k1 = ok ? acck[gi][e] * f : 0.0f;
                 oq[gi][e] += q1;
                 okc[gi][e] += k1;
                 ogc[gi][e] += q1 * to_f32(sq[r * L::ldh + x]) + k1 * to_f32(sk[r * L::ldh + x]);
@@ -513,8 +515,8 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int j = j0 + g + (e / 2) * 8, x = xa + (e % 2);
-                if (!valid(j)) continue;
-                const float s = (acc[gi][e] + acc2[gi][e]) * fast_exp2(sg[er * L::ldg + x] - sg[j * L::ldg + x]);
+                const float f = fast_exp2(sg[er * L::ldg + x] - sg[j * L::ldg + x]);
+                const float s = valid(j) ? (acc[gi][e] + acc2[gi][e]) * f : 0.0f;  // as in the rows' tail
                 okc[gi][e] += s;
                 ogc[gi][e] -= s * to_f32(sk[j * L::ldh + x]);
             }

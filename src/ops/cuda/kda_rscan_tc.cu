@@ -219,12 +219,14 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
             const int x = e / BV, y = e % BV;
             sds[x * ld + y] = dst != nullptr ? dst[unit * kv + static_cast<int64_t>(x) * vd + y0 + y] : 0.0f;
         }
+        __syncthreads();  // the first store_state reads other threads' elements
         start_loads();
+        // dS as it enters each chunk, to dhs: issued before the wait for the chunk's loads (as the fused path does).
         for (int n = last; n >= 0; --n) {
             const int64_t cb = chunk_index(d, unit, n);
             const bool more = n > 0;
-            const T* so = enter_chunk(n);
             store_state<BV>(dhs + cb * kv + y0, sds, kd, vd);
+            const T* so = enter_chunk(n);
             dvn_step(so, cb, [&](uint32_t(&bb)[2], int k, int n0) { frag_b(bb, sds, ld, k, n0, g, t); });
             load_qw(n);  // in flight across the barrier and the copy issue below
             __syncthreads();
