@@ -87,12 +87,12 @@ __device__ __forceinline__ void frag_bt(uint32_t (&b)[2], const float* x, int ld
     b[1] = to_tf32(x[(n0 + g) * ld + k0 + t + 4]);
 }
 
-// 3xTF32: x = hi + lo with both parts TF32, and d += a b as a_lo b_hi + a_hi b_lo + a_hi b_hi, which keeps about
-// fp32's precision (the dropped a_lo b_lo is ~2^-22 relative). kSplit = false is the plain single TF32 product.
-// With the split, hi is x truncated to TF32 (one AND; Veltkamp's rounding costs three operations and was a quarter of
-// chunk_smem's instructions): lo = x - hi is exact and below 2^-10 |x|, the MMA reads lo's top 19 bits (an error
-// below 2^-20 |x|), and the dropped lo * lo term is below 2^-20 too, still ~2^-19 overall against plain TF32's
-// ~2^-11. hi has its low 13 bits zero, so it is the same operand whether the MMA truncates or rounds its inputs.
+// 3xTF32: x = hi + lo with both parts TF32, and d += a b as a_lo b_hi + a_hi b_lo + a_hi b_hi, which keeps most of
+// fp32's precision. kSplit = false is the plain single TF32 product. hi is x truncated to TF32 (one AND; Veltkamp's
+// rounding costs three operations and was a quarter of chunk_smem's instructions): lo = x - hi is exact and below
+// 2^-10 |x|, the MMA reads lo's top 19 bits (an error below 2^-20 |x|), and the dropped a_lo b_lo term is below 2^-20
+// too: ~2^-19 relative overall against plain TF32's ~2^-11. hi has its low 13 bits zero, so it is the same operand
+// whether the MMA truncates or rounds its inputs.
 template <bool kSplit>
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
     if constexpr (kSplit) {
