@@ -149,6 +149,40 @@ __device__ __forceinline__ void frag_bt_f(E (&b)[2], const E* x, int ld, int k0,
     b[1] = x[(n0 + g) * ld + k0 + t + 4];
 }
 
+// ldmatrix on 32-bit tiles already holding TF32 bits: an 8 x 8 matrix of 16-bit elements is 8 rows of four 32-bit
+// words, and ldmatrix gives lane (g, t) row g, word t, which is where the m16n8k8 TF32 fragments want them. One
+// ldmatrix.x4 replaces four 32-bit shared loads (the scans issued 2.5 loads per MMA, a third of their
+// instructions). Lane l supplies the row address of matrix l / 8, row l % 8: rows 16-byte aligned (ld % 4 == 0 and
+// an aligned base); a row stride of 4 mod 32 words keeps each 8-row phase free of bank conflicts.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint32_t* p) {
+    const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+// frag_a_f's fragment (row-major A tile at (m0, k0)) by one ldmatrix.x4.
+__device__ __forceinline__ void frag_a_ldsm(uint32_t (&a)[4], const uint32_t* x, int ld, int m0, int k0, int lane) {
+    const int j = lane / 8, r = lane % 8;
+    ldsm_x4(a, x + (m0 + r + 8 * (j & 1)) * ld + k0 + 4 * (j >> 1));
+}
+// Two B fragments (b[0], b[1]) from B's transpose stored row-major (X[n][k] = B[k][n]) by one ldmatrix.x4: k-step
+// k0 of column tiles n0 and n0 + dn, or with dn = 0 k-steps k0 and k0 + 8 of tile n0 (each frag_bt_f's fragment).
+// lane_off = bt_x4_lane(ld, dn, lane), computed once: with the tile offset folded into it, the scans kept one
+// address per tile pair live and spilled.
+__device__ __forceinline__ int bt_x4_lane(int ld, int dn, int lane) {
+    const int j = lane / 8;
+    return dn > 0 ? ((j < 2 ? 0 : dn) + lane % 8) * ld + 4 * (j & 1) : (lane % 8) * ld + 4 * j;
+}
+__device__ __forceinline__ void frag_bt_x4(
+    uint32_t (&b)[2][2], const uint32_t* x, int lane_off, int ld, int k0, int n0) {
+    uint32_t r[4];
+    ldsm_x4(r, x + lane_off + n0 * ld + k0);
+    b[0][0] = r[0];
+    b[0][1] = r[1];
+    b[1][0] = r[2];
+    b[1][1] = r[3];
+}
+
 // A [rows, cols] fp32 tile of stride ld in shared memory -> its TF32 high parts in place and the low parts
 // (split_tf32) into lo, by the whole block, for operands that many warps read: split once, not at every load.
 template <bool kSplit>

@@ -24,11 +24,15 @@ __host__ __device__ constexpr bool fused_rscan(int bv) {
     return bv == 32 || bv == 64;
 }
 
-// Shared memory (floats): Kg [c, ld_row(K)], A [c, ld_tr(c)], gamma-log [2][K], dS (fused_rscan: its TF32 copy)
-// [K, ld_b], dVn [c, ld_b], and two 16-bit dO buffers [c, ld_b] (dO of the next chunk streams in while this one is
-// used). Qg and W go to registers.
+// Shared memory (floats): Kg [c, ld_row(K)], A [c, ld_tr(c)], gamma-log [2][K], dS [K, ld_b] (fused_rscan: its
+// TF32 copy, transposed [BV, ld_row(K)], for frag_bt_x4), dVn [c, ld_b], and two 16-bit dO buffers [c, ld_b] (dO
+// of the next chunk streams in while this one is used). Qg and W go to registers.
+__host__ __device__ inline int ds_floats(const Dims& d, int bv) {
+    const int rows = d.k * (bv + 8), cols = bv * ld_row(d.k);
+    return fused_rscan(bv) && cols > rows ? cols : rows;
+}
 int rscan_tc_floats(const Dims& d, int bv) {
-    return d.c * ld_row(d.k) + d.c * ld_tr(d.c) + 2 * d.k + (d.k + 2 * d.c) * (bv + 8);
+    return d.c * ld_row(d.k) + d.c * ld_tr(d.c) + 2 * d.k + ds_floats(d, bv) + 2 * d.c * (bv + 8);
 }
 
 // Reverse scan: dVn = A^T dO + Kg dS (stored), then dS <- Diag(gamma) dS + Qg^T dO - W^T dVn; dhs gets dS as it
@@ -55,7 +59,7 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
     float* sa = sk + c * ldr;                       // A (transposed reads)
     float* sg = sa + c * lda;                       // Gamma of the last row, two buffers [2][K]
     float* sds = sg + 2 * kd;                       // dS [K, ld]
-    float* sdvn = sds + kd * ld;                    // -dVn [c, ld], TF32-rounded
+    float* sdvn = sds + ds_floats(d, BV);           // -dVn [c, ld], TF32-rounded
     T* sdo0 = reinterpret_cast<T*>(sdvn + c * ld);  // dO, two buffers [c, ld] (16-bit)
     const auto* sdvn_bits = reinterpret_cast<const uint32_t*>(sdvn);
     // Kg, A (and Qg, W below) arrive already rounded to TF32 (prep_tc), so their fragments are read as bits.
@@ -112,9 +116,12 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
             c,
             nb,
             [&](uint32_t(&a)[4], int k) { frag_at_f(a, sa_bits, lda, m0, k, g, t); },
-            [&](uint32_t(&bb)[2], int k, int n0) { frag_b16(bb, so, ld, k, n0, g, t); });
+            [&](uint32_t(&bb)[2][2], int k, int n0) {
+                b_pair_frags<kN>(
+                    bb, k, n0, [&](uint32_t(&b1)[2], int kk, int nn) { frag_b16(b1, so, ld, kk, nn, g, t); });
+            });
         row_tile_product(
-            acc, 0, kd, nb, [&](uint32_t(&a)[4], int k) { frag_a_f(a, sk_bits, ldr, m0, k, g, t); }, ds_frag);
+            acc, 0, kd, nb, [&](uint32_t(&a)[4], int k) { frag_a_ldsm(a, sk_bits, ldr, m0, k, lane); }, ds_frag);
         const int r0 = m0 + g;
 #pragma unroll
         for (int i = 0; i < kN; ++i) {
@@ -181,7 +188,8 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
         // step 1 reads as bits; Qg^T dO joins step 1's phase, so step 2 is W^T dVn alone.
         RegState<BV> sr(kd, warp, lane);
         sr.load(dst != nullptr ? dst + unit * kv + y0 : nullptr, vd);
-        sr.write_copy(sds, ld);
+        const int ldst = ld_row(kd), sds_lane = bt_x4_lane(ldst, b_pair_dn<kN>(), lane);
+        sr.write_copy_t(sds, ldst);
         auto tile_n0 = [&](int i) { return sr.tile_n0(i); };
         const auto* sds_bits = reinterpret_cast<const uint32_t*>(sds);
         start_loads();
@@ -193,7 +201,8 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
             const bool more = n > 0;
             const T* so = enter_chunk(n);
             load_qw(n);
-            dvn_step(so, cb, [&](uint32_t(&bb)[2], int k, int n0) { frag_b_f(bb, sds_bits, ld, k, n0, g, t); });
+            dvn_step(
+                so, cb, [&](uint32_t(&bb)[2][2], int k, int n0) { frag_bt_x4(bb, sds_bits, sds_lane, ldst, k, n0); });
             if (sr.stl.on) {
                 const float* gl = sg + (n & 1) * kd;
                 sr.scale(expf(gl[sr.r0]), expf(gl[sr.r0 + 8]));
@@ -206,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
             ps.add(3);
             if (sr.stl.on) {
                 w_terms(sr.s, tile_n0);
-                sr.write_copy(sds, ld);  // no warp reads the copy in this phase
+                sr.write_copy_t(sds, ldst);  // no warp reads the copy in this phase
             }
             if (more) sr.store(dhs + chunk_index(d, unit, n - 1) * kv + y0, vd);
             __syncthreads();
@@ -227,7 +236,10 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
             const bool more = n > 0;
             store_state<BV>(dhs + cb * kv + y0, sds, kd, vd);
             const T* so = enter_chunk(n);
-            dvn_step(so, cb, [&](uint32_t(&bb)[2], int k, int n0) { frag_b(bb, sds, ld, k, n0, g, t); });
+            dvn_step(so, cb, [&](uint32_t(&bb)[2][2], int k, int n0) {
+                b_pair_frags<kN>(
+                    bb, k, n0, [&](uint32_t(&b1)[2], int kk, int nn) { frag_b(b1, sds, ld, kk, nn, g, t); });
+            });
             load_qw(n);  // in flight across the barrier and the copy issue below
             __syncthreads();
             ps.add(2);

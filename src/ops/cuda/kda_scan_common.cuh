@@ -96,6 +96,15 @@ struct RegState {
             *reinterpret_cast<float2*>(copy + (r0 + 8) * ld + c0) = make_float2(tf32_bits(s[i][2]), tf32_bits(s[i][3]));
         });
     }
+    // The same copy transposed, [BV, ld] (ld = ld_row(K)): the B operand of the products with S for frag_bt_x4.
+    __device__ __forceinline__ void write_copy_t(float* copy, int ld) const {
+        each([&](int i, int c0) {
+            copy[c0 * ld + r0] = tf32_bits(s[i][0]);
+            copy[(c0 + 1) * ld + r0] = tf32_bits(s[i][1]);
+            copy[c0 * ld + r0 + 8] = tf32_bits(s[i][2]);
+            copy[(c0 + 1) * ld + r0 + 8] = tf32_bits(s[i][3]);
+        });
+    }
     // Rows x0 + g and x0 + g + 8 times e0 and e1 (the chunk's decay of this lane's rows).
     __device__ __forceinline__ void scale(float e0, float e1) {
         each([&](int i, int) {
@@ -107,22 +116,49 @@ struct RegState {
     }
 };
 
+// What one B load of row_tile_product holds (b[0], b[1]): k-step k of the warp's column tiles n0 and n0 + 16 (its
+// tiles i and i + 1) when it has several (kN > 1), else k-steps k and k + 8 of its one tile n0. b_pair_dn is the dn
+// of bt_x4_lane for those; b_pair_frags builds the pair from single-fragment loads frag(b, k, n0).
+template <int kN>
+__device__ __forceinline__ constexpr int b_pair_dn() {
+    return kN > 1 ? 16 : 0;
+}
+template <int kN, typename Frag>
+__device__ __forceinline__ void b_pair_frags(uint32_t (&b)[2][2], int k, int n0, Frag&& frag) {
+    frag(b[0], k, n0);
+    if constexpr (kN > 1)
+        frag(b[1], k, n0 + 16);
+    else
+        frag(b[1], k + 8, n0);
+}
+
 // acc[h][i] += A(:, k0 + 8h) B(k0 + 8h, column tile nb + 2i) for k0 = k_begin, k_begin + 16, ... < k_end: the
 // [16, BV] row-tile products of the scans (Vn, O, dVn), as two interleaved chains over k (even and odd 8-steps) that
-// the caller adds at the end. a_frag(a, k) and b_frag(b, k, n0) load the A and B fragments of k-step k.
-template <int kN, typename AFrag, typename BFrag>
+// the caller adds at the end. a_frag(a, k) loads the A fragment of k-step k, b_pair(b, k, n0) two B fragments
+// (b_pair_dn). kN is 1 or even.
+template <int kN, typename AFrag, typename BPair>
 __device__ __forceinline__ void row_tile_product(
-    float (&acc)[2][kN][4], int k_begin, int k_end, int nb, AFrag&& a_frag, BFrag&& b_frag) {
+    float (&acc)[2][kN][4], int k_begin, int k_end, int nb, AFrag&& a_frag, BPair&& b_pair) {
     for (int k0 = k_begin; k0 < k_end; k0 += 16) {
+        if constexpr (kN == 1) {
+            uint32_t a[2][4], bb[2][2];
+            a_frag(a[0], k0);
+            a_frag(a[1], k0 + 8);
+            b_pair(bb, k0, nb * 8);
+            mma_tf32(acc[0][0], a[0], bb[0]);
+            mma_tf32(acc[1][0], a[1], bb[1]);
+        } else {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            uint32_t a[4];
-            a_frag(a, k0 + 8 * h);
+            for (int h = 0; h < 2; ++h) {
+                uint32_t a[4];
+                a_frag(a, k0 + 8 * h);
 #pragma unroll
-            for (int i = 0; i < kN; ++i) {
-                uint32_t bb[2];
-                b_frag(bb, k0 + 8 * h, (nb + 2 * i) * 8);
-                mma_tf32(acc[h][i], a, bb);
+                for (int i = 0; i < kN; i += 2) {
+                    uint32_t bb[2][2];
+                    b_pair(bb, k0 + 8 * h, (nb + 2 * i) * 8);
+                    mma_tf32(acc[h][i], a, bb[0]);
+                    mma_tf32(acc[h][i + 1], a, bb[1]);
+                }
             }
         }
     }
@@ -130,7 +166,7 @@ __device__ __forceinline__ void row_tile_product(
 
 // Two row-tile products sharing their B operand: acc1 += A1 B and acc2 += A2 B, each summed in row_tile_product's
 // order (so either sum is bitwise the one row_tile_product gives), with one B fragment load for both.
-template <int kN, typename AFrag1, typename AFrag2, typename BFrag>
+template <int kN, typename AFrag1, typename AFrag2, typename BPair>
 __device__ __forceinline__ void row_tile_product2(float (&acc1)[2][kN][4],
                                                   float (&acc2)[2][kN][4],
                                                   int k_begin,
@@ -138,19 +174,37 @@ __device__ __forceinline__ void row_tile_product2(float (&acc1)[2][kN][4],
                                                   int nb,
                                                   AFrag1&& a_frag1,
                                                   AFrag2&& a_frag2,
-                                                  BFrag&& b_frag) {
+                                                  BPair&& b_pair) {
     for (int k0 = k_begin; k0 < k_end; k0 += 16) {
+        if constexpr (kN == 1) {
+            uint32_t a1[2][4], a2[2][4], bb[2][2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            uint32_t a1[4], a2[4];
-            a_frag1(a1, k0 + 8 * h);
-            a_frag2(a2, k0 + 8 * h);
+            for (int h = 0; h < 2; ++h) {
+                a_frag1(a1[h], k0 + 8 * h);
+                a_frag2(a2[h], k0 + 8 * h);
+            }
+            b_pair(bb, k0, nb * 8);
 #pragma unroll
-            for (int i = 0; i < kN; ++i) {
-                uint32_t bb[2];
-                b_frag(bb, k0 + 8 * h, (nb + 2 * i) * 8);
-                mma_tf32(acc1[h][i], a1, bb);
-                mma_tf32(acc2[h][i], a2, bb);
+            for (int h = 0; h < 2; ++h) {
+                mma_tf32(acc1[h][0], a1[h], bb[h]);
+                mma_tf32(acc2[h][0], a2[h], bb[h]);
+            }
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                uint32_t a1[4], a2[4];
+                a_frag1(a1, k0 + 8 * h);
+                a_frag2(a2, k0 + 8 * h);
+#pragma unroll
+                for (int i = 0; i < kN; i += 2) {
+                    uint32_t bb[2][2];
+                    b_pair(bb, k0 + 8 * h, (nb + 2 * i) * 8);
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        mma_tf32(acc1[h][i + e], a1, bb[e]);
+                        mma_tf32(acc2[h][i + e], a2, bb[e]);
+                    }
+                }
             }
         }
     }

@@ -29,11 +29,12 @@ namespace mt::ops::cuda::kda {
 namespace {
 
 // Forward shared memory (floats): W, Qg [c, ld_row(K)], Kg [c, ld_tr(K)], A [c, ld_row(c)], gamma-log [K],
-// S rounded to TF32 [K, ld_b], Vn [c, ld_b]. The fp32 state itself lives in the registers of the warps that own its
-// tiles (state_tiles), and U goes straight to registers (each lane needs only its own outputs' values). (bv + 8 =
-// ld_b<bv>(); a runtime bv so pick_bv can size every tile.)
+// S rounded to TF32 and transposed [BV, ld_row(K)], Vn transposed [BV, ld_row(c)]: S and Vn are the B operands of
+// the products, read transposed by frag_bt_x4. The fp32 state itself lives in the registers of the warps that
+// own its tiles (state_tiles), and U goes straight to registers (each lane needs only its own outputs' values). (A
+// runtime bv so pick_bv can size every tile.)
 int scan_tc_floats(const Dims& d, int bv) {
-    return 2 * d.c * ld_row(d.k) + d.c * ld_tr(d.k) + d.c * ld_row(d.c) + d.k + (d.k + d.c) * (bv + 8);
+    return 2 * d.c * ld_row(d.k) + d.c * ld_tr(d.k) + d.c * ld_row(d.c) + d.k + bv * (ld_row(d.k) + ld_row(d.c));
 }
 template <typename T, int BV, bool kModel>
 __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __restrict__ s0,
@@ -44,20 +45,20 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
                                                               float* hs,
                                                               float* vns,
                                                               PhaseSums ps) {
-    constexpr int ld = ld_b<BV>(), kN = BV / 16;
+    constexpr int kN = BV / 16;
     extern __shared__ __align__(16) float smem[];
     const Dims d = model_dims<kModel>(dims);
     const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x;
     const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * BV;
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int ldr = ld_row(kd), ldt = ld_tr(kd), lda = ld_row(c);
-    float* sw = smem;            // W
-    float* sq = sw + c * ldr;    // Qg
-    float* sk = sq + c * ldr;    // Kg
-    float* sa = sk + c * ldt;    // A
-    float* sg = sa + c * lda;    // Gamma of the chunk's last row [K]
-    float* ssr = sg + kd;        // the state columns rounded to TF32 [K, ld]
-    float* svn = ssr + kd * ld;  // Vn [c, ld], TF32-rounded
+    const int ldr = ld_row(kd), ldt = ld_tr(kd), lda = ld_row(c), lds = ld_row(kd), ldv = ld_row(c);
+    float* sw = smem;             // W
+    float* sq = sw + c * ldr;     // Qg
+    float* sk = sq + c * ldr;     // Kg
+    float* sa = sk + c * ldt;     // A
+    float* sg = sa + c * lda;     // Gamma of the chunk's last row [K]
+    float* ssr = sg + kd;         // the state columns rounded to TF32, transposed [BV, lds]
+    float* svn = ssr + BV * lds;  // Vn transposed [BV, ldv], TF32-rounded
     const auto* svn_bits = reinterpret_cast<const uint32_t*>(svn);
     const auto* ssr_bits = reinterpret_cast<const uint32_t*>(ssr);
     // W, Qg, Kg and A arrive already rounded to TF32 (prep_tc), so their fragments are read as bits.
@@ -80,11 +81,15 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
     const int m0 = (warp & 3) * 16, nb = warp >> 2;
     const bool rows_on = m0 < c;
     // S as the B operand of steps 1 and 2, read as bits from its TF32 copy.
-    auto state_b = [&](uint32_t(&bb)[2], int k, int n0) { frag_b_f(bb, ssr_bits, ld, k, n0, g, t); };
+    // Lane offsets of the transposed S and Vn for frag_bt_x4: row_tile_product's B pairs, and (svn_k) the k-step
+    // pairs of the state update.
+    const int ssr_lane = bt_x4_lane(lds, b_pair_dn<kN>(), lane), svn_lane = bt_x4_lane(ldv, b_pair_dn<kN>(), lane);
+    const int svn_k = bt_x4_lane(ldv, 0, lane);
+    auto state_b = [&](uint32_t(&bb)[2][2], int k, int n0) { frag_bt_x4(bb, ssr_bits, ssr_lane, lds, k, n0); };
     // The fp32 state in its owner warps' registers, the TF32 copy in ssr (RegState).
     RegState<BV> sr(kd, warp, lane);
     sr.load(s0 != nullptr ? s0 + unit * kv + y0 : nullptr, vd);
-    sr.write_copy(ssr, ld);
+    sr.write_copy_t(ssr, lds);
     // U at this lane's Vn outputs, loaded into registers one chunk ahead.
     float ur[kN][4];
     auto load_u = [&](int n) {
@@ -114,8 +119,10 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
             float vv[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) vv[e] = tf32_bits(ur[i][e] - (acc[0][i][e] + acc[1][i][e]));
-            *reinterpret_cast<float2*>(svn + r0 * ld + c0) = make_float2(vv[0], vv[1]);
-            *reinterpret_cast<float2*>(svn + (r0 + 8) * ld + c0) = make_float2(vv[2], vv[3]);
+            svn[c0 * ldv + r0] = vv[0];
+            svn[(c0 + 1) * ldv + r0] = vv[1];
+            svn[c0 * ldv + r0 + 8] = vv[2];
+            svn[(c0 + 1) * ldv + r0 + 8] = vv[3];
             if (vns != nullptr) {
                 float* p = vns + cv_off(d, cb) + y0 + c0;
                 *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(vv[0], vv[1]);
@@ -123,8 +130,8 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
             }
         }
     };
-    auto w_frag = [&](uint32_t(&a)[4], int k) { frag_a_f(a, sw_bits, ldr, m0, k, g, t); };
-    auto q_frag = [&](uint32_t(&a)[4], int k) { frag_a_f(a, sq_bits, ldr, m0, k, g, t); };
+    auto w_frag = [&](uint32_t(&a)[4], int k) { frag_a_ldsm(a, sw_bits, ldr, m0, k, lane); };
+    auto q_frag = [&](uint32_t(&a)[4], int k) { frag_a_ldsm(a, sq_bits, ldr, m0, k, lane); };
     // Step 2's tail: O = acc + A Vn (acc = Qg S; A is zero above the diagonal: only k < m0 + 16), stored.
     auto finish_o = [&](float(&acc)[2][kN][4], int n) {
         row_tile_product(
@@ -132,8 +139,8 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
             0,
             m0 + 16,
             nb,
-            [&](uint32_t(&a)[4], int k) { frag_a_f(a, sa_bits, lda, m0, k, g, t); },
-            [&](uint32_t(&bb)[2], int k, int n0) { frag_b_f(bb, svn_bits, ld, k, n0, g, t); });
+            [&](uint32_t(&a)[4], int k) { frag_a_ldsm(a, sa_bits, lda, m0, k, lane); },
+            [&](uint32_t(&bb)[2][2], int k, int n0) { frag_bt_x4(bb, svn_bits, svn_lane, ldv, k, n0); });
 #pragma unroll
         for (int i = 0; i < kN; ++i) {
             const int c0 = y0 + (nb + 2 * i) * 8 + 2 * t;
@@ -153,16 +160,18 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
     auto update_state = [&] {
         if (!sr.stl.on) return;
         sr.scale(expf(sg[sr.r0]), expf(sg[sr.r0 + 8]));
-        for (int k0 = 0; k0 < c; k0 += 8) {
-            uint32_t a[4];
-            frag_at_f(a, sk_bits, ldt, sr.stl.x0, k0, g, t);
+        for (int k0 = 0; k0 < c; k0 += 16) {
+            uint32_t a[2][4];
+            frag_at_f(a[0], sk_bits, ldt, sr.stl.x0, k0, g, t);
+            frag_at_f(a[1], sk_bits, ldt, sr.stl.x0, k0 + 8, g, t);
             sr.each([&](int i, int c0) {
-                uint32_t bb[2];
-                frag_b_f(bb, svn_bits, ld, k0, c0 - 2 * t, g, t);
-                mma_tf32(sr.s[i], a, bb);
+                uint32_t bb[2][2];
+                frag_bt_x4(bb, svn_bits, svn_k, ldv, k0, c0 - 2 * t);
+                mma_tf32(sr.s[i], a[0], bb[0]);
+                mma_tf32(sr.s[i], a[1], bb[1]);
             });
         }
-        sr.write_copy(ssr, ld);
+        sr.write_copy_t(ssr, lds);
     };
     // Three barriers per chunk: step 1 with step 2's first product (both read S), then O's tail with the state
     // update (both read Vn, neither S), then the loads. (Six before 2026-12-01, one per step and one per load wait.)
