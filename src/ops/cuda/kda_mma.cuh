@@ -24,16 +24,15 @@ __device__ __forceinline__ bool anchor_ok(float spread_nats, float max_abs) {
     return spread_nats + __logf(fmaxf(max_abs, 1.0f)) <= kAnchorMaxNats;
 }
 
-// x rounded to nearest TF32 (10 mantissa bits) by Veltkamp's splitting: three fp32 operations at the FMA pipe's
-// full rate. cvt.rna.tf32.f32 runs on the conversion pipe at an eighth of that rate, and it was what limited the
-// fragment loops of every KDA kernel (2026-12-01: prep, the scans, chunk_mm and chunk_smem 10-30% faster without
-// it). The low 13 bits of the result are zero. Exact for |x| < FLT_MAX / 8193 (~4e34); NaN stays NaN, inf and
-// larger values become NaN. The anchored operands stay below that: anchor_ok sends a tile whose spread and q, k
-// magnitudes could exceed it to the pairwise paths. A guard here instead (|x| < 4e34 ? rounded : truncated) cost
-// 6-13% of bench_kda's time.
+// x rounded to nearest TF32 (10 mantissa bits; ties away from zero, as cvt.rna) in two integer operations: add half
+// of the last kept bit, clear the 13 dropped bits. A carry out of the mantissa bumps the exponent, which is the
+// rounding's own overflow; inf stays inf, NaN stays NaN unless its payload lies only in the dropped bits. The low 13
+// bits of the result are zero. cvt.rna.tf32.f32 runs on the conversion pipe at an eighth of the fp32 rate, and it
+// was what limited the fragment loops of every KDA kernel (2026-12-01: prep, the scans, chunk_mm and chunk_smem
+// 10-30% faster without it); Veltkamp's splitting (c = 8193 x, c - (c - x)), used until 2026-12-01 (fifth
+// session), took three fp32 operations and needed |x| < FLT_MAX / 8193. (kAnchorMaxNats keeps that bound anyway.)
 __device__ __forceinline__ uint32_t to_tf32(float x) {
-    const float c = __fmul_rn(x, 8193.0f);  // 2^13 + 1
-    return __float_as_uint(__fsub_rn(c, __fsub_rn(c, x)));
+    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
 }
 
 // x rounded to TF32, kept as a float: tiles of these go to the MMA as bit patterns (frag_*_f on uint32_t), with
