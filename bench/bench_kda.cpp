@@ -131,8 +131,9 @@ void bench_case(int64_t b,
     const nlohmann::json line = {
         {"bench", "kda"},
         {"impl",
-         "moetrain-cuda-v7 (TF32 prep storing rounded operands, scans with a per-shape value tile, V products; "
-         "3xTF32 bwd chunk in shared memory; TF32 rounding by Veltkamp; what the forward keeps: see keep)"},
+         "moetrain-cuda-v8 (TF32 prep storing rounded operands, scans with a per-shape value tile and ldmatrix "
+         "fragments, V products; 3xTF32 bwd chunk in shared memory; TF32 rounding by integer add and mask; what "
+         "the forward keeps: see keep)"},
         {"dtype", "bf16 (f32 state)"},
         {"gate", "lower_bound -5"},
         {"chunk", 64},

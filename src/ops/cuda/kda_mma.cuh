@@ -15,10 +15,11 @@
 namespace mt::ops::cuda::kda {
 
 // The largest spread of Gamma inside a 16-row tile (nats) for which the anchored tile products run: their operand
-// factors reach e^spread, and to_tf32 needs |x| * 8193 below fp32's maximum (e^76 * 8193 ~ 8e36). The lower-bounded
-// gate keeps the spread <= 15 * 5 = 75.
+// factors reach e^spread, and the products must stay finite in fp32 (the bound dates from a to_tf32 that needed
+// |x| * 8193 below fp32's maximum, e^76 * 8193 ~ 8e36; kept as the margin). The lower-bounded gate keeps the spread
+// <= 15 * 5 = 75.
 constexpr float kAnchorMaxNats = 76.0f;
-// Whether a 16-row tile's anchored operands stay in to_tf32's range in channel x: Gamma's spread over the tile
+// Whether a 16-row tile's anchored operands stay in range in channel x: Gamma's spread over the tile
 // (nats) plus the log of the largest |q|, |k| of its rows there (magnitudes up to 1, the layer's, add nothing).
 __device__ __forceinline__ bool anchor_ok(float spread_nats, float max_abs) {
     return spread_nats + __logf(fmaxf(max_abs, 1.0f)) <= kAnchorMaxNats;
@@ -87,11 +88,11 @@ __device__ __forceinline__ void frag_bt(uint32_t (&b)[2], const float* x, int ld
 }
 
 // 3xTF32: x = hi + lo with both parts TF32, and d += a b as a_lo b_hi + a_hi b_lo + a_hi b_hi, which keeps most of
-// fp32's precision. kSplit = false is the plain single TF32 product. hi is x truncated to TF32 (one AND; Veltkamp's
-// rounding costs three operations and was a quarter of chunk_smem's instructions): lo = x - hi is exact and below
-// 2^-10 |x|, the MMA reads lo's top 19 bits (an error below 2^-20 |x|), and the dropped a_lo b_lo term is below 2^-20
-// too: ~2^-19 relative overall against plain TF32's ~2^-11. hi has its low 13 bits zero, so it is the same operand
-// whether the MMA truncates or rounds its inputs.
+// fp32's precision. kSplit = false is the plain single TF32 product. hi is x truncated to TF32 (one AND; rounding
+// costs more, and with Veltkamp's three operations it was a quarter of chunk_smem's instructions): lo = x - hi is exact
+// and below 2^-10 |x|, the MMA reads lo's top 19 bits (an error below 2^-20 |x|), and the dropped a_lo b_lo term is
+// below 2^-20 too: ~2^-19 relative overall against plain TF32's ~2^-11. hi has its low 13 bits zero, so it is the same
+// operand whether the MMA truncates or rounds its inputs.
 template <bool kSplit>
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
     if constexpr (kSplit) {
