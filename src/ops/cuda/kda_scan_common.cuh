@@ -49,7 +49,7 @@ __device__ inline StateTiles state_tiles(int kd, int warp) {
 
 // A scan's fp32 state (S forward, dS reverse) in the registers of the warps that own its tiles (state_tiles), for the
 // whole scan: lane (g, t) holds rows x0 + g, x0 + g + 8 and columns c0, c0 + 1 of each tile. The other warps read the
-// state only through a TF32-rounded copy in shared memory (write_copy), as the B operand of their products. Keeping
+// state only through a TF32-rounded copy in shared memory (write_copy_t), as the B operand of their products. Keeping
 // it in shared memory instead cost a load, a scale and a store of every element per chunk, and a conversion of every
 // B fragment read from it.
 template <int BV>
@@ -89,14 +89,8 @@ struct RegState {
             *reinterpret_cast<float2*>(p + 8 * static_cast<int64_t>(vd)) = make_float2(s[i][2], s[i][3]);
         });
     }
-    // The TF32 copy [K, ld] in shared memory: this warp's tiles.
-    __device__ __forceinline__ void write_copy(float* copy, int ld) const {
-        each([&](int i, int c0) {
-            *reinterpret_cast<float2*>(copy + r0 * ld + c0) = make_float2(tf32_bits(s[i][0]), tf32_bits(s[i][1]));
-            *reinterpret_cast<float2*>(copy + (r0 + 8) * ld + c0) = make_float2(tf32_bits(s[i][2]), tf32_bits(s[i][3]));
-        });
-    }
-    // The same copy transposed, [BV, ld] (ld = ld_row(K)): the B operand of the products with S for frag_bt_x4.
+    // The TF32 copy in shared memory (this warp's tiles), transposed, [BV, ld] (ld = ld_row(K)): the B operand of the
+    // products with the state, read by frag_bt_x4.
     __device__ __forceinline__ void write_copy_t(float* copy, int ld) const {
         each([&](int i, int c0) {
             copy[c0 * ld + r0] = tf32_bits(s[i][0]);
