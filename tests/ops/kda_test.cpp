@@ -90,9 +90,17 @@ OpCase kda_case(const KdaShape& s, KdaOptions options, KdaGateRegime regime, boo
                      "kda.md 8.6, f32 relaxed to 1e-4 at g = -5 and the softplus gate: dg is a reverse cumsum of O(1) "
                      "terms whose exact sum is O(e^-|g|), so its f32 rounding (CPU f32 vs f64: 3.1e-5, docs/kda.md) "
                      "depends on the summation order");
+        c.f32_budget = 1e-4;  // the same dg cancellation, f32 against f64 (2.3e-5 at T = 33, g = -5)
     }
     // At T = 1 with a zero state the exact dg is 0 and both sides return rounding noise (as kda_chunk_test).
     c.parity.rms_floor = 1e-3;
+    c.parity.floor_tensors = {"dg"};
+    // dg is a reverse cumulative sum over the sequence: its largest elements (the early tokens of a chunk run)
+    // carry the bf16 rounding of up to T terms, so its errors are heavy-tailed (at K = 128, T = 70-300: rho 1.6e-3
+    // but max-abs 0.23-0.31 rms); the other tensors keep the default factor.
+    c.parity.max_abs_factor = 40.0;
+    c.parity.max_abs_tensors = {"dg"};
+    c.parity.budget_reason += "; dg max-abs up to 40x the budget (a reverse cumsum: heavy-tailed errors)";
     return parity_only ? op_parity_only(c) : c;
 }
 

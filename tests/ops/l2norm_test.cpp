@@ -35,6 +35,10 @@ OpCase l2_case(int64_t n, int64_t c, double scale, double eps) {
         // A one-element row normalises to +-scale whatever x is, so the exact dx is O(eps / x^2) and both sides return
         // the rounding noise of dy - xh (xh . dy): judged against 0.1 rms, as OpF32 does.
         oc.parity.rms_floor = 0.1;
+        oc.parity.floor_tensors = {"dx"};
+        oc.f32_rms_floor = 0.1;
+        oc.f32_floor_reason =
+            "C = 1: the exact dx is O(eps / x^2), f32 returns the rounding noise of dy - xh (xh . dy)";
         oc.parity.budget_reason = "default budgets; rms floor 0.1 for C = 1 (exact dx is O(eps / x^2))";
     }
     return oc;

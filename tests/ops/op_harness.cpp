@@ -46,6 +46,8 @@ void op_register(OpCase c) {
         register_test("OpF32", c.name, [c] { op_check_f32(c); });
         register_test("OpThreads", c.name, [c] { op_check_threads(c); });
     }
+    // A case with every device dtype off would pass while checking nothing: it gets no parity test.
+    if (!c.parity.bf16 && !c.parity.f32) return;
     register_test("OpParity", c.name, [c] {
         if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
         op_check_parity(c);
@@ -56,11 +58,13 @@ void op_register_parity_check(const std::string& op, const std::string& name, st
     registered_ops().insert(op);
     register_test("OpParity", name, [body] {
         if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
+        const int64_t before = op_parity_comparisons();
         try {
             body();
         } catch (const core::Error& e) {
             ADD_FAILURE() << "the CUDA side failed: " << e.what();
         }
+        EXPECT_GT(op_parity_comparisons(), before) << "the parity check compared no tensor and checked no error";
     });
 }
 
@@ -84,35 +88,51 @@ Tensor on_host(const Tensor& t) {
     return t.device() == core::Device::cpu ? t : t.to_device(core::Device::cpu);
 }
 
-// sum (a - b)^2 and sum b^2 over all elements.
-void diff_and_ref(const Tensor& a_any, const Tensor& b_any, long double* diff, long double* ref) {
+// sum (a - b)^2, sum b^2 and max |a - b| over all elements (NaN in max_diff where any difference is NaN).
+struct DiffSums {
+    long double diff = 0, ref = 0, max_diff = 0;
+};
+
+DiffSums diff_sums(const Tensor& a_any, const Tensor& b_any) {
     EXPECT_EQ(a_any.shape(), b_any.shape());
     const Tensor a = on_host(a_any), b = on_host(b_any);
-    *diff = 0;
-    *ref = 0;
+    DiffSums s;
     for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) {
         const long double x = core::tensor_get_flat(a, i), y = core::tensor_get_flat(b, i);
-        *diff += (x - y) * (x - y);
-        *ref += y * y;
+        const long double d = std::fabs(x - y);
+        s.diff += d * d;
+        s.ref += y * y;
+        if (!(d <= s.max_diff)) s.max_diff = d;  // keeps a NaN
     }
+    return s;
+}
+
+int64_t& comparisons() {
+    static int64_t n = 0;
+    return n;
 }
 
 }  // namespace
 
 double op_rho(const Tensor& a, const Tensor& b) {
-    long double diff = 0, ref = 0;
-    diff_and_ref(a, b, &diff, &ref);
-    if (ref == 0) return diff == 0 ? 0.0 : std::numeric_limits<double>::infinity();
-    return static_cast<double>(std::sqrt(diff / ref));
+    const DiffSums s = diff_sums(a, b);
+    if (s.ref == 0) return s.diff == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+    return static_cast<double>(std::sqrt(s.diff / s.ref));
+}
+
+ParityError op_parity_error(const Tensor& got, const Tensor& ref_tensor, double rms_floor) {
+    const DiffSums s = diff_sums(got, ref_tensor);
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    if (std::isnan(static_cast<double>(s.diff)) || std::isnan(static_cast<double>(s.max_diff))) return {nan, nan};
+    if (s.diff == 0) return {0.0, 0.0};
+    const long double n = static_cast<long double>(std::max<int64_t>(ref_tensor.numel(), 1));
+    const long double floor = static_cast<long double>(rms_floor) * rms_floor * n;  // rms^2 n
+    const long double scale = std::max(s.ref, floor);                               // |b|^2 (or the floor's)
+    return {static_cast<double>(std::sqrt(s.diff / scale)), static_cast<double>(s.max_diff / std::sqrt(scale / n))};
 }
 
 double op_parity_rho(const Tensor& got, const Tensor& ref_tensor, double rms_floor) {
-    long double diff = 0, ref = 0;
-    diff_and_ref(got, ref_tensor, &diff, &ref);
-    if (std::isnan(static_cast<double>(diff))) return std::numeric_limits<double>::quiet_NaN();
-    const long double floor = static_cast<long double>(rms_floor) * rms_floor * ref_tensor.numel();  // rms^2 n
-    if (diff == 0) return 0.0;
-    return static_cast<double>(std::sqrt(diff / std::max(ref, floor)));
+    return op_parity_error(got, ref_tensor, rms_floor).rho;
 }
 
 void op_expect_parity(const std::string& name,
@@ -120,10 +140,24 @@ void op_expect_parity(const std::string& name,
                       const Tensor& got,
                       const Tensor& ref,
                       double budget,
-                      double rms_floor) {
-    const double rho = op_parity_rho(got, ref, rms_floor);
-    fmt::print("[ PARITY ] {} {}: rho {:.3e} (budget {:.0e})\n", name, what, rho, budget);
-    EXPECT_LE(rho, budget) << name << " " << what << ": CUDA against the CPU reference";
+                      double rms_floor,
+                      double max_abs_factor) {
+    const ParityError e = op_parity_error(got, ref, rms_floor);
+    ++comparisons();
+    fmt::print("[ PARITY ] {} {}: rho {:.3e} (budget {:.0e}), max-abs {:.3e} (budget {:.0e})\n",
+               name,
+               what,
+               e.rho,
+               budget,
+               e.max_abs,
+               max_abs_factor * budget);
+    EXPECT_LE(e.rho, budget) << name << " " << what << ": CUDA against the CPU reference (rho)";
+    EXPECT_LE(e.max_abs, max_abs_factor * budget)
+        << name << " " << what << ": CUDA against the CPU reference (largest element error / reference rms)";
+}
+
+int64_t op_parity_comparisons() {
+    return comparisons();
 }
 
 Tensor op_randn(const Shape& shape, uint64_t seed, uint64_t stream, double mean, double std) {
@@ -178,6 +212,7 @@ Tensor op_cuda_view(const Shape& shape, DType dtype) {
 }
 
 void expect_op_error(const std::function<void()>& fn, const std::string& needle, core::ExitCode code) {
+    ++comparisons();  // an expected error is a check too (the CUDA entry points' error cases)
     try {
         fn();
         ADD_FAILURE() << "expected an error containing \"" << needle << "\", got none";

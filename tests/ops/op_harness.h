@@ -3,11 +3,15 @@
 // Philox. Every registered case runs in these modes, each a GoogleTest suite:
 //   OpGrad.<case>    fp64 central finite differences vs the analytic backward (3 random directions and 8 random
 //                    coordinates per differentiable input, relative error <= 1e-6), on the loss L = sum(out * R)
-//   OpF32.<case>     the f32 forward and backward agree with fp64 by rho = |a - b|_2 / |b|_2 <= the case budget
-//                    (a tensor whose f64 rms is below 0.1 is judged against 0.1 rms instead of its own norm)
+//   OpF32.<case>     the f32 forward and backward agree with fp64 by the parity metric (below) within the case's
+//                    f32_budget; a case whose exact result has a zero tensor opts in to an rms floor, with a reason
 //   OpThreads.<case> the f32 forward and backward are bitwise the same with 1 and 3 OpenMP threads
-//   OpParity.<case>  CPU (f32) against CUDA (bf16 and f32 device inputs) by rho (see op_check_parity); CTest label
-//                    gpu; skipped where no GPU is present
+//   OpParity.<case>  CPU (f32) against CUDA (bf16 and f32 device inputs) by the parity metric (see
+//                    op_check_parity); CTest label gpu; skipped where no GPU is present; registered only for a case
+//                    with at least one device dtype, and a run that compared no tensor fails
+// The parity metric of every mode has two parts (op_parity_error): rho = |a - b|_2 / |b|_2 <= budget over the whole
+// tensor, and max_i |a_i - b_i| / rms(b) <= kMaxAbsFactor * budget, so that one element far off in a large tensor
+// (which rho dilutes by sqrt(n)) fails too.
 // Ops without a backward (adamw_step, global_norm) register hand-computed checks (OpCheck.<case>) instead, and
 // their own parity checks with op_register_parity_check.
 #pragma once
@@ -64,8 +68,14 @@ struct OpParityOptions {
     double f32_budget = 1e-5;
     std::string budget_reason;
     // A reference tensor whose rms is below this is judged against this rms instead of its own norm (see
-    // op_parity_rho); a case raises it, with a reason, for a tensor that is exactly zero in exact arithmetic.
+    // op_parity_error); a case raises it, with a reason, for a tensor that is exactly zero in exact arithmetic, and
+    // names those tensors in floor_tensors ("output 0", "dq", ...; empty: every tensor).
     double rms_floor = 1e-6;
+    std::vector<std::string> floor_tensors = {};
+    // max-abs may reach max_abs_factor x the budget (kMaxAbsFactor unless a case says why, in budget_reason, for
+    // the tensors in max_abs_tensors; empty: every tensor).
+    double max_abs_factor = 20.0;
+    std::vector<std::string> max_abs_tensors = {};
     // Dtype of the "+=" gradient buffers (parameter grads) in the bf16 and f16 runs: f32 by default, as Megatron's
     // main_grad (a bf16 forward accumulates its parameter gradients in f32). The f32 run uses f32 for every buffer.
     DType bf16_accumulated_grad = DType::f32;
@@ -76,6 +86,10 @@ struct OpCase {
     std::string name;  // unique test name, e.g. "linear_n7_k5_m3_bias"
     std::function<OpProblem()> build;
     double f32_budget = 1e-5;  // rho budget of the f32-vs-f64 check
+    // The f32-vs-f64 check's rms floor (as OpParityOptions::rms_floor): a case that raises it above the default
+    // (0.1 for a tensor that is exactly zero in exact arithmetic, so that f32 returns rounding noise) says why.
+    double f32_rms_floor = 1e-6;
+    std::string f32_floor_reason = {};
     OpParityOptions parity = {};
     // A large case for the CUDA kernels (vector widths, tiles, V = 32768+): registered as OpParity only, since the
     // fp64 finite differences of the CPU modes would be slow at that size and the small cases cover them.
@@ -99,8 +113,8 @@ void op_check_threads(const OpCase& c);
 // caller skips when no GPU is present (the registered tests do).
 void op_check_parity(const OpCase& c);
 
-// Registers a case and its OpGrad / OpF32 / OpThreads / OpParity tests (only OpParity for a parity_only case; call
-// during static initialization).
+// Registers a case and its OpGrad / OpF32 / OpThreads / OpParity tests (only OpParity for a parity_only case; no
+// OpParity for a case with every device dtype off; call during static initialization).
 void op_register(OpCase c);
 // Registers a hand-computed check for an op without a backward; the body is a test (OpCheck.<name>).
 void op_register_check(const std::string& op, const std::string& name, std::function<void()> body);
@@ -113,16 +127,35 @@ std::set<std::string> op_registered_ops();
 // rho = |a - b|_2 / |b|_2 over all elements (0 when both are zero), the parity metric of conventions §1.4. Either
 // tensor may be on any device and of any dtype (device tensors are copied to the host).
 double op_rho(const Tensor& a, const Tensor& b);
-// The parity metric: op_rho, except that a reference whose rms is below rms_floor is judged against that rms (a
-// tensor that is exactly zero in exact arithmetic is rounding noise in f32 and bf16).
+
+// How far max |a_i - b_i| may go, in units of the reference rms, per unit of rho budget.
+inline constexpr double kMaxAbsFactor = 20.0;
+
+// The parity metric of one tensor against its reference: rho as op_rho and the largest elementwise error, both
+// relative to the reference's rms, except that a reference whose rms is below rms_floor is judged against that rms
+// (a tensor that is exactly zero in exact arithmetic is rounding noise in f32 and bf16). NaN anywhere gives NaN.
+struct ParityError {
+    double rho = 0.0;
+    double max_abs = 0.0;  // max_i |got_i - ref_i| / max(rms(ref), rms_floor)
+    bool within(double budget, double max_abs_factor = kMaxAbsFactor) const {
+        return rho <= budget && max_abs <= max_abs_factor * budget;
+    }
+};
+ParityError op_parity_error(const Tensor& got, const Tensor& ref, double rms_floor = 1e-6);
+// Its rho alone.
 double op_parity_rho(const Tensor& got, const Tensor& ref, double rms_floor = 1e-6);
-// Prints the [ PARITY ] line for one tensor and expects rho <= budget.
+// Prints the [ PARITY ] line for one tensor and expects op_parity_error within budget; counts the comparison.
 void op_expect_parity(const std::string& name,
                       const std::string& what,
                       const Tensor& got,
                       const Tensor& ref,
                       double budget,
-                      double rms_floor = 1e-6);
+                      double rms_floor = 1e-6,
+                      double max_abs_factor = kMaxAbsFactor);
+
+// Checks made so far in this process: op_expect_parity comparisons and expect_op_error calls (the harness fails a
+// parity test that made none).
+int64_t op_parity_comparisons();
 
 // True where CUDA ops can run (a CUDA build and a visible GPU); parity tests skip otherwise with
 // kOpNoGpuMessage.

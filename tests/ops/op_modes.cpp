@@ -165,24 +165,23 @@ void op_check_grad(const OpCase& c) {
 
 namespace {
 
-// rho of an f32 result against the f64 one, where tensors whose rms is below 0.1 are compared on that absolute
-// scale instead (a gradient that is exactly zero in f64, such as dq at T = 1, is rounding noise in f32).
-double f32_error(const Tensor& a, const Tensor& b) {
-    EXPECT_EQ(a.shape(), b.shape());
-    long double diff = 0, ref = 0;
-    for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) {
-        const long double x = core::tensor_get_flat(a, i), y = core::tensor_get_flat(b, i);
-        diff += (x - y) * (x - y);
-        ref += y * y;
-    }
-    const long double floor = 0.01L * static_cast<long double>(b.numel());  // (0.1 rms)^2 * n
-    return diff == 0 ? 0.0 : static_cast<double>(std::sqrt(diff / std::max(ref, floor)));
+// The f32 result against the f64 one by the parity metric (rho and max-abs), with the case's rms floor: 1e-6 unless
+// the case opts in to more (a tensor that is exactly zero in f64, such as dq at T = 1, is rounding noise in f32).
+void expect_f32_close(const OpCase& c, const Tensor& got, const Tensor& ref, const std::string& what) {
+    const ParityError e = op_parity_error(got, ref, c.f32_rms_floor);
+    EXPECT_TRUE(e.within(c.f32_budget)) << c.name << ": " << what << ": rho " << e.rho << ", max-abs " << e.max_abs
+                                        << " against f64 (budget " << c.f32_budget << ", max-abs "
+                                        << kMaxAbsFactor * c.f32_budget << ", rms floor " << c.f32_rms_floor << ")";
 }
 
 // Forward outputs and gradients in f32 and f64, compared by rho.
 }  // namespace
 
 void op_check_f32(const OpCase& c) {
+    if (c.f32_rms_floor > 1e-6) {
+        EXPECT_FALSE(c.f32_floor_reason.empty()) << c.name << ": an f32 rms floor above the default needs a reason";
+    }
+    if (!c.f32_floor_reason.empty()) testing::Test::RecordProperty("f32_floor_reason", c.f32_floor_reason);
     const OpProblem p = c.build();
     const uint64_t seed = op_seed(c.name);
     const std::vector<Tensor> in64 = inputs_as(p, DType::f64), in32 = inputs_as(p, DType::f32);
@@ -190,7 +189,7 @@ void op_check_f32(const OpCase& c) {
     ASSERT_EQ(o64.size(), o32.size());
     for (size_t k = 0; k < o64.size(); ++k) {
         ASSERT_EQ(o32[k].dtype(), DType::f32) << "output " << k;
-        EXPECT_LE(f32_error(o32[k], o64[k]), c.f32_budget) << c.name << ": output " << k;
+        expect_f32_close(c, o32[k], o64[k], "output " + std::to_string(k));
     }
     const std::vector<Tensor> r64 = make_dout(o64, seed, DType::f64);
     std::vector<Tensor> r32;
@@ -198,7 +197,7 @@ void op_check_f32(const OpCase& c) {
     const std::vector<Tensor> g64 = run_backward(p, in64, r64, seed), g32 = run_backward(p, in32, r32, seed);
     for (size_t a = 0; a < g64.size(); ++a) {
         if (!g64[a].defined()) continue;
-        EXPECT_LE(f32_error(g32[a], g64[a]), c.f32_budget) << c.name << ": d" << p.inputs[a].name;
+        expect_f32_close(c, g32[a], g64[a], "d" + p.inputs[a].name);
     }
 }
 
@@ -283,10 +282,25 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
     return std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
+bool names(const std::vector<std::string>& list, const std::string& tensor) {
+    return list.empty() || std::find(list.begin(), list.end(), tensor) != list.end();
+}
+
+// The rms floor of one compared tensor ("output 0", "dq"): the case's, where floor_tensors is empty or names it.
+double floor_of(const OpParityOptions& o, const std::string& tensor) {
+    return names(o.floor_tensors, tensor) ? o.rms_floor : 1e-6;
+}
+
+// Its max-abs factor, likewise.
+double max_abs_factor_of(const OpParityOptions& o, const std::string& tensor) {
+    return names(o.max_abs_tensors, tensor) ? o.max_abs_factor : kMaxAbsFactor;
+}
+
 }  // namespace
 
 void op_check_parity(const OpCase& c) {
     const OpProblem p = c.build();
+    const int64_t compared_before = op_parity_comparisons();
     for (DType dtype : {DType::bf16, DType::f16, DType::f32}) {
         if ((dtype == DType::bf16 && !c.parity.bf16) || (dtype == DType::f16 && !(c.parity.bf16 && c.parity.f16)) ||
             (dtype == DType::f32 && !c.parity.f32))
@@ -303,8 +317,13 @@ void op_check_parity(const OpCase& c) {
         }
         ASSERT_EQ(got.outs.size(), ref.outs.size());
         for (size_t k = 0; k < ref.outs.size(); ++k)
-            op_expect_parity(
-                c.name, fmt::format("{} output {}", tag, k), got.outs[k], ref.outs[k], budget, c.parity.rms_floor);
+            op_expect_parity(c.name,
+                             fmt::format("{} output {}", tag, k),
+                             got.outs[k],
+                             ref.outs[k],
+                             budget,
+                             floor_of(c.parity, fmt::format("output {}", k)),
+                             max_abs_factor_of(c.parity, fmt::format("output {}", k)));
         for (size_t i = 0; i < ref.grads.size(); ++i) {
             if (!ref.grads[i].defined()) continue;
             op_expect_parity(c.name,
@@ -312,7 +331,8 @@ void op_check_parity(const OpCase& c) {
                              got.grads[i],
                              ref.grads[i],
                              budget,
-                             c.parity.rms_floor);
+                             floor_of(c.parity, "d" + p.inputs[i].name),
+                             max_abs_factor_of(c.parity, "d" + p.inputs[i].name));
         }
         // Deterministic kernels (conventions §1.11): a second device run gives the same bytes.
         const ParityRun again = run_on(c, dtype, core::Device::cuda, &error);
@@ -327,6 +347,7 @@ void op_check_parity(const OpCase& c) {
         }
         if (!c.parity.budget_reason.empty()) testing::Test::RecordProperty("budget_reason", c.parity.budget_reason);
     }
+    EXPECT_GT(op_parity_comparisons(), compared_before) << c.name << ": the parity test compared no tensor";
 }
 
 }  // namespace mt::ops::test
