@@ -1,7 +1,8 @@
 // The NCCL backend of Comm under mpirun, on device buffers: every operation against values each rank can compute
 // alone (the cases of comm_mpi_test.cpp), a large all-reduce, the batching of sends and receives, split and the
 // counters. Skipped, with the reason, where the build has no NCCL or the machine has fewer GPUs than ranks (CI);
-// there the factory's error is checked instead.
+// there the factory's error is checked instead. CommNccl.* runs under the CTest entries mpi_gpu.npN (labels gpu, mpi;
+// tests/CMakeLists.txt names the suite), CommNcclSetup under mpi.npN with the CPU cases.
 #include "dist/comm_nccl.h"
 
 #include <fmt/format.h>

@@ -2,7 +2,8 @@
 // every layout the world allows (dp = n, ep = n, and ep = 2 x dp = 2 on four ranks) the loss curve equals the
 // one-process run with the same global batch (relative difference below 1e-5 in f32), the balancer biases agree
 // (histograms summed over the ranks), ZeRO-1 holds 1 / (ep dp) of the optimizer state per rank, and a checkpoint
-// written by every rank resumes exactly. On n GPUs (skipped elsewhere): the same layouts over NCCL against one GPU.
+// written by every rank resumes exactly. On n GPUs (skipped elsewhere): the same layouts over NCCL against one GPU
+// (TrainerGpu, run by the CTest entries mpi_gpu.npN, labels gpu and mpi; tests/CMakeLists.txt names the suite).
 #include <gtest/gtest.h>
 
 #include <cmath>
