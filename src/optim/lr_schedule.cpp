@@ -6,6 +6,19 @@
 
 namespace mt::optim {
 
+namespace {
+
+// ceil(decay_ratio * total_steps), except that a product within rounding of an integer is that integer: 0.07 * 100
+// is 7.000000000000001 in f64, and a plain ceil would decay over 8 steps instead of the 7 the config asks for.
+int64_t wsd_decay_steps(double decay_ratio, int64_t total_steps) {
+    const double want = decay_ratio * static_cast<double>(total_steps);
+    const double nearest = std::round(want);
+    if (std::abs(want - nearest) <= 1e-9 * std::max(1.0, want)) return static_cast<int64_t>(nearest);
+    return static_cast<int64_t>(std::ceil(want));
+}
+
+}  // namespace
+
 double LrSchedule::at(int64_t step) const {
     const double min_lr = lr * min_lr_ratio;
     if (step < warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
@@ -18,7 +31,7 @@ double LrSchedule::at(int64_t step) const {
             return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
         }
         case ScheduleKind::wsd: {
-            const auto decay_steps = static_cast<int64_t>(std::ceil(decay_ratio * static_cast<double>(total_steps)));
+            const int64_t decay_steps = wsd_decay_steps(decay_ratio, total_steps);
             const int64_t decay_start = total_steps - decay_steps;
             if (step < decay_start || decay_steps <= 0) return lr;
             const double progress = std::min(1.0, static_cast<double>(step - decay_start + 1) / decay_steps);

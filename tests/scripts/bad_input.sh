@@ -3,8 +3,9 @@
 # tensor on stderr, the documented non-zero exit code, no crash, nothing half-written.
 # Usage: bad_input.sh <moetrain> <source-dir> <scratch-dir>
 set -uo pipefail
-BIN=$1
-SRC=$2
+# Absolute paths: the script works inside the scratch directory.
+BIN=$(realpath -- "$1")
+SRC=$(realpath -- "$2")
 SCRATCH=$3
 rm -rf "$SCRATCH" && mkdir -p "$SCRATCH"
 cd "$SCRATCH"
@@ -62,10 +63,39 @@ echo '{"format": ' > run_badjson/checkpoints/step_00000002/manifest.json
 expect 4 "manifest.json" -- train --resume --set run.dir=run_badjson --set train.steps=4
 expect 4 "rank_00000.safetensors" -- "$BIN" inspect run_corrupt/checkpoints/step_00000002
 
+# run.device = "cuda" where no GPU is visible: exit 5 naming the key. An empty CUDA_VISIBLE_DEVICES hides any GPU
+# there is, so the case holds for a CUDA build on a GPU machine as well as for this CPU one.
+expect 5 'run.device = "cuda" but no CUDA device is available' -- \
+  env CUDA_VISIBLE_DEVICES= "$BIN" train --config job.toml "${COMMON[@]}" --set run.device=cuda
+expect 5 'run.device = "cuda" but no CUDA device is available' -- \
+  env CUDA_VISIBLE_DEVICES= "$BIN" train --config job.toml "${COMMON[@]}" --device cuda
+
+# inject_nan FILE KEY: overwrites the first element of the F32 tensor KEY of a safetensors file with a quiet NaN
+# (conventions §5.1: a u64 LE header length N, the JSON header, then the buffer that data_offsets count from).
+inject_nan() {
+  local file=$1 key=$2 n entry begin
+  n=$(od -An -tu8 -N8 "$file" | tr -d ' ')
+  entry=$(head -c $((8 + n)) "$file" | tail -c "$n" | grep -ao "\"$key\":{[^}]*}")
+  [[ $entry == *'"F32"'* ]] || return 1
+  begin=$(sed -E 's/.*"data_offsets":\[([0-9]+),.*/\1/' <<< "$entry")
+  printf '\x00\x00\xc0\x7f' | dd of="$file" bs=1 seek=$((8 + n + begin)) conv=notrunc 2> /dev/null
+}
+
+# A NaN in the final norm's gain makes every logit, and so the loss, NaN: the resumed run stops at its first step
+# (3) with exit 7, before the checkpoint due after that step. The manifest's CRC of the edited file is stale on
+# purpose, so the resume must not verify it (the default, spelled out).
+cp -r run run_nan
+inject_nan run_nan/checkpoints/step_00000002/rank_00000.safetensors param/final_norm.weight ||
+  fail "could not find param/final_norm.weight to inject a NaN"
+expect 7 "non-finite loss" -- train --resume --set run.dir=run_nan --set train.steps=4 \
+  --set checkpoint.every_steps=1 --set checkpoint.verify_on_resume=false
+grep -qF "at step 3" err.txt || fail "the non-finite loss message does not name step 3: $(cat err.txt)"
+[[ $(ls run_nan/checkpoints) == step_00000002 ]] || fail "checkpoints after the NaN step: $(ls run_nan/checkpoints)"
+
 # Nothing half-written anywhere: no temporary files, every checkpoint directory complete.
 leftovers=$(find . -name '*.tmp' | head -5)
 [[ -z $leftovers ]] || fail "temporary files left behind: $leftovers"
-for d in run/checkpoints/step_*; do [[ -f $d/DONE ]] || fail "incomplete checkpoint $d"; done
+for d in run*/checkpoints/step_*; do [[ -f $d/DONE ]] || fail "incomplete checkpoint $d"; done
 
 [[ $failures -eq 0 ]] || { echo "bad_input: $failures failures"; exit 1; }
 echo "bad_input: ok"
