@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Gradient parity of moetrain against the independent PyTorch reference (tools/reference/model.py):
 # prepare byte-level data, train the tiny config 2 steps with a checkpoint at step 2, dump the gradients of
-# one batch at that checkpoint, and compare loss and every gradient with check_parity.py (rho <= 1e-4);
+# one batch at that checkpoint, and compare loss and every gradient with check_parity.py (rho <= 3e-5: measured
+# worst 6.2e-6 over the cases below, where the f32 reference is itself up to 2.6e-6 from float64);
 # then the same for a variant with untied embeddings, one kv head and an explicit head_dim, and for the hybrid
 # model (configs/tiny_hybrid.toml: three KDA layers and a NoPE attention layer; the reference runs KDA as the naive
 # token loop of tools/reference/kda.py) on 96-token sequences (the token loop is slow in Python), and a hybrid
@@ -18,7 +19,7 @@ MOETRAIN=$(realpath "$1")
 SRC=$(realpath "$2")
 SCRATCH=$3
 PYTHON=${MT_REFERENCE_PYTHON:-/usr/bin/python3}
-TOL=${MT_PARITY_TOL:-1e-4}
+TOL=${MT_PARITY_TOL:-3e-5}
 
 if [[ ! -x "$MOETRAIN" ]]; then
     echo "pytorch_parity: FAIL: moetrain binary $MOETRAIN is missing or not executable" >&2
