@@ -213,22 +213,8 @@ INSTANTIATE_TEST_SUITE_P(BothGates,
                          KdaLayerAlgorithms,
                          ::testing::Values(ops::KdaGateKind::lower_bound, ops::KdaGateKind::softplus));
 
-// kda.save_tiles / save_states / save_workspace choose what the op keeps from forward to backward on the GPU; on the
-// CPU it keeps nothing, so the gradients are those of the default layer, bit for bit, and a second backward after one
-// forward gives them again.
-TEST(KdaLayerShapes, SaveOptionsKeepTheGradients) {
-    KdaConfig keep_all = small_kda(ops::KdaGateKind::lower_bound);
-    keep_all.save_tiles = keep_all.save_states = keep_all.save_workspace = true;
-    Fixture plain(small_model(), small_kda(ops::KdaGateKind::lower_bound), DType::f32, 2, 70, 5);
-    Fixture kept(small_model(), keep_all, DType::f32, 2, 70, 5);
-    const Tensor a = plain.backward(), b = kept.backward();
-    const Tensor again = Tensor::zeros(kept.x.shape(), kept.x.dtype());
-    kept.layer.backward(kept.x, kept.r_out, again, kept.ws);
-    for (int64_t i = 0; i < a.numel(); ++i) {
-        ASSERT_EQ(core::tensor_get_flat(a, i), core::tensor_get_flat(b, i)) << "dx[" << i << "]";
-        ASSERT_EQ(core::tensor_get_flat(b, i), core::tensor_get_flat(again, i)) << "second backward, dx[" << i << "]";
-    }
-}
+// kda.save_tiles / save_states / save_workspace: the CPU keeps nothing, so their check is a GPU test
+// (GpuKdaLayerSaved, kda_layer_gpu_test.cpp).
 
 TEST(KdaLayerShapes, SavedTensorsAndShapes) {
     Fixture f(small_model(), small_kda(ops::KdaGateKind::lower_bound), DType::f32, 1, 5, 3);

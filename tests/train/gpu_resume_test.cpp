@@ -1,0 +1,133 @@
+// Exact resume on the GPU: steps 1..N straight equal steps 1..k, a checkpoint, a step past it (discarded), a resume
+// and steps k+1..N, bit for bit: the losses, and the checkpoints both runs write at step N (master weights, both
+// AdamW moments, the MoE balancers' state, the loss scaler and the data position). For bf16, fp16 with dynamic loss
+// scaling (a start scale that overflows, so the scale backs off before the checkpoint and grows after it), MoE with
+// Quantile Balancing (the checkpoint mid-interval), the KDA hybrid and Block AttnRes. Checkpoints that cross devices
+// are checked by what they load: the master weights and moments a CPU checkpoint loads into a GPU run (and the
+// reverse) are the saved ones, bit for bit. Skipped without a GPU (label gpu).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "support/gpu_compare.h"
+#include "support/tiny_job.h"
+#include "train/checkpoint_io.h"
+
+using mt::testing::fresh_dir;
+using mt::testing::tiny_job;
+using mt::train::Trainer;
+using GpuTraining = mt::testing::GpuTrainingTest;
+
+namespace {
+
+constexpr int64_t kSplit = 4, kSteps = 9;
+
+std::string latest(const std::string& run_dir) {
+    const auto dir = mt::train::checkpoint_find_latest(run_dir + "/checkpoints");
+    EXPECT_TRUE(dir.has_value()) << run_dir;
+    return dir.value_or("");
+}
+
+// The straight and the split run of `extra` on the GPU, compared.
+void check_gpu_exact_resume(const std::string& name, const std::vector<std::string>& extra) {
+    const std::string dir = fresh_dir(name);
+    auto job = [&](const std::string& run) {
+        std::vector<std::string> o = {"run.device=\"cuda\"", "train.steps=" + std::to_string(kSteps)};
+        o.insert(o.end(), extra.begin(), extra.end());
+        o.push_back("run.dir=\"" + dir + "/" + run + "\"");
+        return tiny_job(dir, o);
+    };
+    std::vector<double> straight, resumed;
+    double straight_scale = 0;
+    {
+        Trainer t(job("straight"), false);
+        while (t.step() < kSteps) straight.push_back(t.train_step().loss);
+        straight_scale = t.loss_scale();
+        t.save_checkpoint();
+    }
+    {
+        Trainer t(job("split"), false);
+        while (t.step() < kSplit) resumed.push_back(t.train_step().loss);
+        t.save_checkpoint();
+        t.train_step();  // past the checkpoint: the resumed run must not see this step
+    }
+    {
+        Trainer t(job("split"), false);
+        ASSERT_TRUE(t.resume_latest());
+        ASSERT_EQ(t.step(), kSplit);
+        while (t.step() < kSteps) resumed.push_back(t.train_step().loss);
+        EXPECT_EQ(t.loss_scale(), straight_scale) << name;
+        t.save_checkpoint();
+    }
+    ASSERT_EQ(straight.size(), resumed.size());
+    for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(straight[i], resumed[i]) << name << ": step " << i + 1;
+    const int n = mt::testing::expect_checkpoints_identical(latest(dir + "/straight"), latest(dir + "/split"), name);
+    std::printf("%s: %zu losses and %d checkpoint tensors bit-identical after a resume at step %lld\n",
+                name.c_str(),
+                straight.size(),
+                n,
+                static_cast<long long>(kSplit));
+}
+
+const std::vector<std::string> kMoe = {"moe.enabled=true",
+                                       "moe.num_experts=8",
+                                       "moe.top_k=2",
+                                       "moe.expert_ffn_dim=32",
+                                       "moe.balance=\"quantile\"",
+                                       "moe.quantile.update_interval=3"};
+
+}  // namespace
+
+TEST_F(GpuTraining, ExactResumeIsBitIdentical) {
+    check_gpu_exact_resume("bf16", {"run.precision=\"bf16\""});
+    // 2^40 overflows at once: the scaler skips and halves before the checkpoint, then grows every 2 clean steps.
+    check_gpu_exact_resume("fp16",
+                           {"run.precision=\"fp16\"",
+                            "train.loss_scale_init=1099511627776",
+                            "train.loss_scale_hysteresis=1",
+                            "train.loss_scale_window=2"});
+    std::vector<std::string> moe = kMoe;
+    moe.push_back("run.precision=\"bf16\"");
+    check_gpu_exact_resume("moe_qb", moe);
+    check_gpu_exact_resume("hybrid", {"model.layer_pattern=\"KA\"", "run.precision=\"bf16\""});
+    check_gpu_exact_resume("attnres", {"attnres.mode=\"block\"", "attnres.block_size=3", "run.precision=\"bf16\""});
+}
+
+namespace {
+
+// A checkpoint written on `from` at step kSplit, loaded on `to`: what `to` saves at once (no step between) holds
+// the same master weights, moments and balancer state, bit for bit.
+void check_cross_device_load(const std::string& from, const std::string& to, const std::vector<std::string>& extra) {
+    const std::string what = from + " -> " + to;
+    const std::string dir = fresh_dir(from + "_to_" + to);
+    auto job = [&](const std::string& device, const std::string& run) {
+        std::vector<std::string> o = {"run.device=\"" + device + "\"", "run.dir=\"" + dir + "/" + run + "\""};
+        o.insert(o.end(), extra.begin(), extra.end());
+        return tiny_job(dir, o);
+    };
+    {
+        Trainer t(job(from, "a"), false);
+        while (t.step() < kSplit) t.train_step();
+        t.save_checkpoint();
+    }
+    const std::string saved = latest(dir + "/a");
+    Trainer t(job(to, "b"), false);
+    t.load_checkpoint(saved);
+    ASSERT_EQ(t.step(), kSplit);
+    t.save_checkpoint();
+    const int n = mt::testing::expect_checkpoints_identical(saved, latest(dir + "/b"), what);
+    std::printf("%s: %d tensors loaded bit for bit\n", what.c_str(), n);
+    // And it trains on from there.
+    const double loss = t.train_step().loss;
+    EXPECT_TRUE(std::isfinite(loss)) << what;
+}
+
+}  // namespace
+
+TEST_F(GpuTraining, CrossDeviceLoadKeepsMastersAndMomentsBitForBit) {
+    for (const auto& extra : {std::vector<std::string>{}, kMoe}) {
+        check_cross_device_load("cuda", "cpu", extra);
+        check_cross_device_load("cpu", "cuda", extra);
+    }
+}
