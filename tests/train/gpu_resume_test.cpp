@@ -63,7 +63,7 @@ void check_gpu_exact_resume(const std::string& name, const std::vector<std::stri
     ASSERT_EQ(straight.size(), resumed.size());
     for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(straight[i], resumed[i]) << name << ": step " << i + 1;
     const int n = mt::testing::expect_checkpoints_identical(latest(dir + "/straight"), latest(dir + "/split"), name);
-    std::printf("%s: %zu losses and %d checkpoint tensors bit-identical after a resume at step %lld\n",
+    std::printf("%s: %zu losses and %d checkpoint tensors compared bit for bit after a resume at step %lld\n",
                 name.c_str(),
                 straight.size(),
                 n,
@@ -117,7 +117,7 @@ void check_cross_device_load(const std::string& from, const std::string& to, con
     ASSERT_EQ(t.step(), kSplit);
     t.save_checkpoint();
     const int n = mt::testing::expect_checkpoints_identical(saved, latest(dir + "/b"), what);
-    std::printf("%s: %d tensors loaded bit for bit\n", what.c_str(), n);
+    std::printf("%s: %d loaded tensors compared bit for bit\n", what.c_str(), n);
     // And it trains on from there.
     const double loss = t.train_step().loss;
     EXPECT_TRUE(std::isfinite(loss)) << what;
