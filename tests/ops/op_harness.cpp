@@ -46,8 +46,15 @@ void op_register(OpCase c) {
         register_test("OpF32", c.name, [c] { op_check_f32(c); });
         register_test("OpThreads", c.name, [c] { op_check_threads(c); });
     }
-    // A case with every device dtype off would pass while checking nothing: it gets no parity test.
-    if (!c.parity.bf16 && !c.parity.f32) return;
+    // A case with every device dtype off would pass while checking nothing: it gets no parity test, and a
+    // parity_only one (which has no other test) is a registration mistake that fails.
+    if (!c.parity.bf16 && !c.parity.f32) {
+        if (c.parity_only)
+            register_test("OpParity", c.name, [name = c.name] {
+                ADD_FAILURE() << name << ": a parity_only case with every device dtype off checks nothing";
+            });
+        return;
+    }
     register_test("OpParity", c.name, [c] {
         if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
         op_check_parity(c);

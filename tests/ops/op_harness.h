@@ -4,7 +4,8 @@
 //   OpGrad.<case>    fp64 central finite differences vs the analytic backward (3 random directions and 8 random
 //                    coordinates per differentiable input, relative error <= 1e-6), on the loss L = sum(out * R)
 //   OpF32.<case>     the f32 forward and backward agree with fp64 by the parity metric (below) within the case's
-//                    f32_budget; a case whose exact result has a zero tensor opts in to an rms floor, with a reason
+//                    f32_budget; a case whose exact result has a zero tensor opts in to an rms floor for all of its
+//                    tensors, with a reason (OpParity's floor names its tensors)
 //   OpThreads.<case> the f32 forward and backward are bitwise the same with 1 and 3 OpenMP threads
 //   OpParity.<case>  CPU (f32) against CUDA (bf16 and f32 device inputs) by the parity metric (see
 //                    op_check_parity); CTest label gpu; skipped where no GPU is present; registered only for a case
@@ -56,6 +57,9 @@ struct OpProblem {
         backward;
 };
 
+// How far max |a_i - b_i| may go, in units of the reference rms, per unit of rho budget.
+inline constexpr double kMaxAbsFactor = 20.0;
+
 // How a case runs in parity mode (conventions §1.4). The CUDA side runs once per enabled device dtype D: float
 // inputs are rounded to D and copied to the device, and the CPU reference runs in f32 on the same rounded values,
 // so the comparison measures the kernels, not the rounding of the inputs.
@@ -74,7 +78,7 @@ struct OpParityOptions {
     std::vector<std::string> floor_tensors = {};
     // max-abs may reach max_abs_factor x the budget (kMaxAbsFactor unless a case says why, in budget_reason, for
     // the tensors in max_abs_tensors; empty: every tensor).
-    double max_abs_factor = 20.0;
+    double max_abs_factor = kMaxAbsFactor;
     std::vector<std::string> max_abs_tensors = {};
     // Dtype of the "+=" gradient buffers (parameter grads) in the bf16 and f16 runs: f32 by default, as Megatron's
     // main_grad (a bf16 forward accumulates its parameter gradients in f32). The f32 run uses f32 for every buffer.
@@ -127,9 +131,6 @@ std::set<std::string> op_registered_ops();
 // rho = |a - b|_2 / |b|_2 over all elements (0 when both are zero), the parity metric of conventions §1.4. Either
 // tensor may be on any device and of any dtype (device tensors are copied to the host).
 double op_rho(const Tensor& a, const Tensor& b);
-
-// How far max |a_i - b_i| may go, in units of the reference rms, per unit of rho budget.
-inline constexpr double kMaxAbsFactor = 20.0;
 
 // The parity metric of one tensor against its reference: rho as op_rho and the largest elementwise error, both
 // relative to the reference's rms, except that a reference whose rms is below rms_floor is judged against that rms

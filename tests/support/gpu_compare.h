@@ -250,6 +250,8 @@ inline bool same_routing(Trainer& a, Trainer& b) {
 // side: the smallest top-k margin (routing_margin) stays above margin_floor, a hundred times any rounding gap
 // between the devices, so that a routing difference can only be a bug.
 inline void expect_moe_lockstep(Trainer& cpu, Trainer& gpu, int64_t steps, double curve_tol, double margin_floor) {
+    // routing_margin and same_routing see the last micro-batch's forward only.
+    ASSERT_EQ(cpu.config().train.grad_accum, 1);
     std::vector<double> a, b;
     double margin = 1e30;
     int64_t first_flip = 0, flips = 0;

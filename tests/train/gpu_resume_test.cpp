@@ -1,7 +1,7 @@
 // Exact resume on the GPU: steps 1..N straight equal steps 1..k, a checkpoint, a step past it (discarded), a resume
 // and steps k+1..N, bit for bit: the losses, and the checkpoints both runs write at step N (master weights, both
 // AdamW moments, the MoE balancers' state, the loss scaler and the data position). For bf16, fp16 with dynamic loss
-// scaling (a start scale that overflows, so the scale backs off before the checkpoint and grows after it), MoE with
+// scaling (a scale that grows before the checkpoint, which falls mid-window, and after it), MoE with
 // Quantile Balancing (the checkpoint mid-interval), the KDA hybrid and Block AttnRes. Checkpoints that cross devices
 // are checked by what they load: the master weights and moments a CPU checkpoint loads into a GPU run (and the
 // reverse) are the saved ones, bit for bit. Skipped without a GPU (label gpu).
@@ -29,8 +29,14 @@ std::string latest(const std::string& run_dir) {
     return dir.value_or("");
 }
 
+// What the straight run did: skipped (fp16 overflow) steps, and the loss scale at the split and at the end.
+struct StraightRun {
+    int skipped = 0;
+    double scale_at_split = 0, scale_at_end = 0;
+};
+
 // The straight and the split run of `extra` on the GPU, compared.
-void check_gpu_exact_resume(const std::string& name, const std::vector<std::string>& extra) {
+StraightRun check_gpu_exact_resume(const std::string& name, const std::vector<std::string>& extra) {
     const std::string dir = fresh_dir(name);
     auto job = [&](const std::string& run) {
         std::vector<std::string> o = {"run.device=\"cuda\"", "train.steps=" + std::to_string(kSteps)};
@@ -39,11 +45,16 @@ void check_gpu_exact_resume(const std::string& name, const std::vector<std::stri
         return tiny_job(dir, o);
     };
     std::vector<double> straight, resumed;
-    double straight_scale = 0;
+    StraightRun run;
     {
         Trainer t(job("straight"), false);
-        while (t.step() < kSteps) straight.push_back(t.train_step().loss);
-        straight_scale = t.loss_scale();
+        while (t.step() < kSteps) {
+            const auto r = t.train_step();
+            straight.push_back(r.loss);
+            run.skipped += r.skipped ? 1 : 0;
+            if (t.step() == kSplit) run.scale_at_split = t.loss_scale();
+        }
+        run.scale_at_end = t.loss_scale();
         t.save_checkpoint();
     }
     {
@@ -54,13 +65,15 @@ void check_gpu_exact_resume(const std::string& name, const std::vector<std::stri
     }
     {
         Trainer t(job("split"), false);
-        ASSERT_TRUE(t.resume_latest());
-        ASSERT_EQ(t.step(), kSplit);
+        EXPECT_TRUE(t.resume_latest());
+        EXPECT_EQ(t.step(), kSplit);
+        EXPECT_EQ(t.loss_scale(), run.scale_at_split) << name;
         while (t.step() < kSteps) resumed.push_back(t.train_step().loss);
-        EXPECT_EQ(t.loss_scale(), straight_scale) << name;
+        EXPECT_EQ(t.loss_scale(), run.scale_at_end) << name;
         t.save_checkpoint();
     }
-    ASSERT_EQ(straight.size(), resumed.size());
+    EXPECT_EQ(straight.size(), resumed.size());
+    if (straight.size() != resumed.size()) return run;
     for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(straight[i], resumed[i]) << name << ": step " << i + 1;
     const int n = mt::testing::expect_checkpoints_identical(latest(dir + "/straight"), latest(dir + "/split"), name);
     std::printf("%s: %zu losses and %d checkpoint tensors compared bit for bit after a resume at step %lld\n",
@@ -68,6 +81,7 @@ void check_gpu_exact_resume(const std::string& name, const std::vector<std::stri
                 straight.size(),
                 n,
                 static_cast<long long>(kSplit));
+    return run;
 }
 
 const std::vector<std::string> kMoe = {"moe.enabled=true",
@@ -81,12 +95,20 @@ const std::vector<std::string> kMoe = {"moe.enabled=true",
 
 TEST_F(GpuTraining, ExactResumeIsBitIdentical) {
     check_gpu_exact_resume("bf16", {"run.precision=\"bf16\""});
-    // 2^40 overflows at once: the scaler skips and halves before the checkpoint, then grows every 2 clean steps.
-    check_gpu_exact_resume("fp16",
-                           {"run.precision=\"fp16\"",
-                            "train.loss_scale_init=1099511627776",
-                            "train.loss_scale_hysteresis=1",
-                            "train.loss_scale_window=2"});
+    // fp16 with a dynamic scale that grows every 3 clean steps from 256: it grows before the checkpoint at step 4,
+    // which falls mid-window (the clean-step counter must come back), and twice after it. A start that overflowed
+    // instead would skip every step of so short a run, leaving weights and moments untouched: the premise below.
+    const StraightRun fp16 = check_gpu_exact_resume(
+        "fp16", {"run.precision=\"fp16\"", "train.loss_scale_init=256", "train.loss_scale_window=3"});
+    EXPECT_EQ(fp16.skipped, 0) << "fp16: steps skipped, so weights and moments did not move";
+    EXPECT_GT(fp16.scale_at_split, 256.0) << "fp16: the scale did not grow before the checkpoint";
+    EXPECT_GT(fp16.scale_at_end, fp16.scale_at_split) << "fp16: the scale did not grow after the checkpoint";
+    std::printf("fp16: loss scale 256 -> %g at step %lld -> %g at step %lld, %d steps skipped\n",
+                fp16.scale_at_split,
+                static_cast<long long>(kSplit),
+                fp16.scale_at_end,
+                static_cast<long long>(kSteps),
+                fp16.skipped);
     std::vector<std::string> moe = kMoe;
     moe.push_back("run.precision=\"bf16\"");
     check_gpu_exact_resume("moe_qb", moe);

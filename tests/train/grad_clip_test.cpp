@@ -1,6 +1,7 @@
 // Global-norm clipping checked on the update, not only the gradients: two trainer steps of the tiny model against an
 // AdamW step written out here in f64 (global L2 norm over every gradient, scale clip / (norm + 1e-6) when the norm
 // exceeds the clip, bias-corrected moments, decoupled weight decay on the weight matrices only; docs/training.md).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -71,19 +72,19 @@ double worst_per_lr(const Values& a, const Values& b) {
     return worst;
 }
 
-// Two steps with train.grad_clip = clip; each must be clipped iff `clipped`. `wrong_scale` is the factor a broken
-// clip would have used instead: the reference computed with it must differ from the trainer's parameters by far
-// more than the tolerance, so the comparison is able to fail.
+// Two steps with train.grad_clip = clip; each must be clipped iff `clipped`. The reference computed with the other
+// choice of scale (what a broken clip would use) must differ from the trainer's parameters by far more than the
+// tolerance, so the comparison is able to fail.
 void check_clipped_steps(const std::string& dir, double clip, bool clipped) {
     Trainer trainer(mt::testing::tiny_job(dir,
                                           {"train.schedule=\"constant\"",
                                            "train.warmup_steps=0",
-                                           "train.lr=" + std::to_string(kLr),
-                                           "train.eps=" + std::to_string(kEps),
-                                           "train.weight_decay=" + std::to_string(kWeightDecay),
-                                           "train.beta1=" + std::to_string(kBeta1),
-                                           "train.beta2=" + std::to_string(kBeta2),
-                                           "train.grad_clip=" + std::to_string(clip)}),
+                                           "train.lr=" + fmt::format("{}", kLr),
+                                           "train.eps=" + fmt::format("{}", kEps),
+                                           "train.weight_decay=" + fmt::format("{}", kWeightDecay),
+                                           "train.beta1=" + fmt::format("{}", kBeta1),
+                                           "train.beta2=" + fmt::format("{}", kBeta2),
+                                           "train.grad_clip=" + fmt::format("{}", clip)}),
                     false);
     const mt::nn::ParamTable& table = trainer.model().params();
     ASSERT_EQ(table.precision().master, mt::core::DType::f32);
