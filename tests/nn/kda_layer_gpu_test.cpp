@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -107,8 +106,8 @@ void expect_identical(const std::vector<std::pair<std::string, Tensor>>& a,
     for (size_t i = 0; i < a.size(); ++i) {
         const Tensor &x = a[i].second, &y = b[i].second;
         ASSERT_TRUE(x.defined() && y.defined()) << what << ": " << a[i].first;
-        const bool same = x.nbytes() == y.nbytes() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
-        EXPECT_TRUE(same) << what << ": " << a[i].first << " differs from the default layer's";
+        EXPECT_TRUE(ops::test::op_same_bytes(x, y))
+            << what << ": " << a[i].first << " differs from the default layer's";
     }
 }
 

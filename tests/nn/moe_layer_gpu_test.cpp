@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <numeric>
 
@@ -110,18 +109,13 @@ void expect_close(const std::string& what, const Tensor& got, const Tensor& ref,
     EXPECT_LE(rho, budget) << what;
 }
 
-bool same_bytes(const Tensor& a, const Tensor& b) {
-    const Tensor ha = a.to_device(Device::cpu), hb = b.to_device(Device::cpu);
-    return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
-}
-
 void compare_layers(const MoeConfig& moe, const Precision& p, double budget, const std::string& tag) {
     const int64_t e = moe.num_experts;
     Side cpu(moe, Precision::cpu(DType::f32)), gpu(moe, p);
     sync_sides(cpu, gpu, e);
     cpu.run();
     gpu.run();
-    EXPECT_TRUE(same_bytes(gpu.layer->indices(), cpu.layer->indices())) << tag << ": routing differs";
+    EXPECT_TRUE(ops::test::op_same_bytes(gpu.layer->indices(), cpu.layer->indices())) << tag << ": routing differs";
     EXPECT_EQ(gpu.layer->rows_kept(), cpu.layer->rows_kept()) << tag;
     expect_close(tag + " out", gpu.out, cpu.out, budget);
     expect_close(tag + " dx", gpu.dx, cpu.dx, budget);
@@ -196,7 +190,8 @@ TEST(GpuMoeLayer, DeterministicRunTwiceBitwise) {
         runs.push_back(got);
     }
     ASSERT_EQ(runs[0].size(), runs[1].size());
-    for (size_t t = 0; t < runs[0].size(); ++t) EXPECT_TRUE(same_bytes(runs[0][t], runs[1][t])) << "tensor " << t;
+    for (size_t t = 0; t < runs[0].size(); ++t)
+        EXPECT_TRUE(ops::test::op_same_bytes(runs[0][t], runs[1][t])) << "tensor " << t;
 }
 
 // The device plan equals the CPU plan bitwise: dropless and both capacity policies, 256 experts (many empty).
@@ -223,9 +218,9 @@ TEST(GpuMoePlan, EqualsCpuPlanBitwise) {
                 const int64_t r1 = plan(Device::cpu, &o1, &s1, &t1), r2 = plan(Device::cuda, &o2, &s2, &t2);
                 const std::string tag = fmt::format("E {} capacity {} policy {}", e, cap, static_cast<int>(pol));
                 EXPECT_EQ(r1, r2) << tag;
-                EXPECT_TRUE(same_bytes(o2, o1)) << tag << ": offsets";
-                EXPECT_TRUE(same_bytes(s2, s1)) << tag << ": slot_row";
-                EXPECT_TRUE(same_bytes(t2, t1)) << tag << ": row_token";
+                EXPECT_TRUE(ops::test::op_same_bytes(o2, o1)) << tag << ": offsets";
+                EXPECT_TRUE(ops::test::op_same_bytes(s2, s1)) << tag << ": slot_row";
+                EXPECT_TRUE(ops::test::op_same_bytes(t2, t1)) << tag << ": row_token";
             }
         }
     }

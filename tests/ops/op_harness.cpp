@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/backend.h"
@@ -161,6 +162,11 @@ void op_expect_parity(const std::string& name,
     EXPECT_LE(e.rho, budget) << name << " " << what << ": CUDA against the CPU reference (rho)";
     EXPECT_LE(e.max_abs, max_abs_factor * budget)
         << name << " " << what << ": CUDA against the CPU reference (largest element error / reference rms)";
+}
+
+bool op_same_bytes(const Tensor& a_any, const Tensor& b_any) {
+    const Tensor a = on_host(a_any), b = on_host(b_any);
+    return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
 int64_t op_parity_comparisons() {

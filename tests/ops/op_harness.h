@@ -154,6 +154,10 @@ void op_expect_parity(const std::string& name,
                       double rms_floor = 1e-6,
                       double max_abs_factor = kMaxAbsFactor);
 
+// True when the two tensors hold the same number of bytes and the same bytes (either may be on any device: device
+// tensors are copied to the host), the check of deterministic and bit-for-bit results.
+bool op_same_bytes(const Tensor& a, const Tensor& b);
+
 // Checks made so far in this process: op_expect_parity comparisons and expect_op_error calls (the harness fails a
 // parity test that made none).
 int64_t op_parity_comparisons();

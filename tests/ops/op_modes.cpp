@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "core/rng.h"
@@ -277,11 +276,6 @@ ParityRun run_on(const OpCase& c, DType dtype, core::Device device, std::string*
     return run;
 }
 
-bool same_bytes(const Tensor& a, const Tensor& b) {
-    if (a.nbytes() != b.nbytes()) return false;
-    return std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
 bool names(const std::vector<std::string>& list, const std::string& tensor) {
     return list.empty() || std::find(list.begin(), list.end(), tensor) != list.end();
 }
@@ -338,11 +332,11 @@ void op_check_parity(const OpCase& c) {
         const ParityRun again = run_on(c, dtype, core::Device::cuda, &error);
         ASSERT_TRUE(error.empty()) << c.name << " " << tag << ": the second CUDA run failed: " << error;
         for (size_t k = 0; k < got.outs.size(); ++k)
-            EXPECT_TRUE(same_bytes(got.outs[k], again.outs[k]))
+            EXPECT_TRUE(op_same_bytes(got.outs[k], again.outs[k]))
                 << c.name << " " << tag << ": output " << k << " differs between two CUDA runs";
         for (size_t i = 0; i < got.grads.size(); ++i) {
             if (!got.grads[i].defined()) continue;
-            EXPECT_TRUE(same_bytes(got.grads[i], again.grads[i]))
+            EXPECT_TRUE(op_same_bytes(got.grads[i], again.grads[i]))
                 << c.name << " " << tag << ": d" << p.inputs[i].name << " differs between two CUDA runs";
         }
         if (!c.parity.budget_reason.empty()) testing::Test::RecordProperty("budget_reason", c.parity.budget_reason);

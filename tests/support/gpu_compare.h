@@ -8,10 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -180,17 +176,17 @@ inline void give_routing_a_margin(Trainer& cpu, const RoutingMargin& m = {}) {
     table.refresh_params_from_master();
 }
 
+// In a model with the routing margin, every block's output shares the same dominant level columns, so the Block
+// AttnRes keys nearly coincide and each query's exact gradient cancels to a small part of its terms: bf16 rounding
+// alone gives it rho 0.17 to 0.36. The queries are held to the budget in the AttnRes models without the margin.
+inline const std::vector<std::string> kMarginSkipsInBf16 = {"attnres.mix."};
+
 // The settings under which give_routing_a_margin's margin stays open: a low learning rate, and QB with 4 bins
 // updated every 5 steps (10 updates in 50 steps: still the device histogram, the update and the bias in every
 // forward). Measured on the CPU over 50 steps of the tiny MoE and MoE + hybrid + AttnRes models and 24 steps of the
 // head_dim-128 ones: smallest margin 3.0e-2 with them; without them 2e-5 to 0, as the router learns to close the
 // gap (at lr 1e-3 it crosses at step 47) and QB's bias, re-estimated every step from fine bins, lands next to a
 // cluster of identical router inputs.
-// In a model with the routing margin, every block's output shares the same dominant level columns, so the Block
-// AttnRes keys nearly coincide and each query's exact gradient cancels to a small part of its terms: bf16 rounding
-// alone gives it rho 0.17 to 0.36. The queries are held to the budget in the AttnRes models without the margin.
-inline const std::vector<std::string> kMarginSkipsInBf16 = {"attnres.mix."};
-
 inline const std::vector<std::string> kMoeMarginSettings = {
     "train.lr=5e-4", "moe.quantile.bins=4", "moe.quantile.update_interval=5", "model.tie_embeddings=false"};
 
@@ -280,11 +276,6 @@ inline void expect_moe_lockstep(Trainer& cpu, Trainer& gpu, int64_t steps, doubl
 
 // ---- checkpoints, bit for bit ----
 
-inline std::string file_bytes(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 // Every tensor of checkpoint `a` (parameters, AdamW moments, balancer state) has the same bytes in `b`, and the
 // manifests' optimizer-side state (loss scaler, MoE balancers, data position) is equal. Returns the tensors
 // compared.
@@ -297,9 +288,8 @@ inline int expect_checkpoints_identical(const std::string& a, const std::string&
             EXPECT_TRUE(cb.has(kind, name)) << what << ": " << kind << "/" << name << " missing in " << b;
             if (!cb.has(kind, name)) continue;
             const core::Tensor x = ca.read(kind, name), y = cb.read(kind, name);
-            const bool same =
-                x.dtype() == y.dtype() && x.nbytes() == y.nbytes() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
-            EXPECT_TRUE(same) << what << ": " << kind << "/" << name << " differs";
+            EXPECT_TRUE(x.dtype() == y.dtype() && ops::test::op_same_bytes(x, y))
+                << what << ": " << kind << "/" << name << " differs";
             ++compared;
         }
     }

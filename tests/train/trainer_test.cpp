@@ -11,12 +11,14 @@
 #include <utility>
 #include <vector>
 
+#include "support/gpu_compare.h"
 #include "support/tiny_job.h"
 #include "train/checkpoint_io.h"
 
 using mt::core::Error;
 using mt::core::ExitCode;
 using mt::testing::fresh_dir;
+using mt::testing::moe_biases;
 using mt::testing::tiny_job;
 using mt::train::Trainer;
 
@@ -31,14 +33,6 @@ TEST(Trainer, LossGoesDown) {
 }
 
 namespace {
-
-// The MoE balancers' biases, layer after layer (empty for a dense model).
-std::vector<float> moe_biases(Trainer& trainer) {
-    std::vector<float> all;
-    for (auto& [layer, moe] : trainer.model().moe_layers())
-        all.insert(all.end(), moe->balancer().bias().begin(), moe->balancer().bias().end());
-    return all;
-}
 
 // Straight 2n steps vs n steps, checkpoint, a step past it (discarded), resume, n more steps: equal losses (and
 // equal MoE balancer biases at the end).
