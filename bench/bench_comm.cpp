@@ -19,18 +19,18 @@
 
 #include "core/cuda_probe.h"
 #include "core/tensor.h"
-#include "dist/comm_nccl.h"
-#include "dist/runtime.h"
+#include "parallel/comm_nccl.h"
+#include "parallel/runtime.h"
 
 namespace {
 
-using mt::dist::Comm;
-using mt::dist::CommType;
-using mt::dist::CommWork;
-using mt::dist::ReduceOp;
+using mt::parallel::Comm;
+using mt::parallel::CommType;
+using mt::parallel::CommWork;
+using mt::parallel::ReduceOp;
 
 void print(const nlohmann::json& line) {
-    if (mt::dist::dist_world().rank() != 0) return;
+    if (mt::parallel::dist_world().rank() != 0) return;
     std::printf("%s\n", line.dump().c_str());
     std::fflush(stdout);
 }
@@ -46,7 +46,7 @@ double time_op(Comm& comm, const std::function<CommWork()>& issue, int warmup, i
     for (auto& w : works) w.wait();
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
     double slowest = sec;
-    mt::dist::dist_world().all_reduce(&slowest, 1, CommType::f64, ReduceOp::max).wait();
+    mt::parallel::dist_world().all_reduce(&slowest, 1, CommType::f64, ReduceOp::max).wait();
     return slowest;
 }
 
@@ -87,19 +87,19 @@ int run(int argc, char** argv) {
     app.add_option("--mpi-iters", mpi_iters, "timed operations per MPI case (one warm-up)");
     app.add_flag("--no-mpi", no_mpi, "skip the MPI rows");
     CLI11_PARSE(app, argc, argv);
-    Comm& world = mt::dist::dist_world();
+    Comm& world = mt::parallel::dist_world();
     if (world.size() < 2) {
         print({{"bench", "comm"}, {"skipped", "run under mpirun -np 2 or more"}});
         return 0;
     }
     // The NCCL communicator first: it picks this rank's GPU, where every later allocation must live.
-    if (!mt::dist::comm_nccl_compiled() || mt::core::cuda_device_count() < world.size()) {
-        print(
-            {{"bench", "comm"},
-             {"impl", "moetrain-nccl"},
-             {"skipped", mt::dist::comm_nccl_compiled() ? "fewer GPUs than ranks" : "this build has no NCCL backend"}});
+    if (!mt::parallel::comm_nccl_compiled() || mt::core::cuda_device_count() < world.size()) {
+        print({{"bench", "comm"},
+               {"impl", "moetrain-nccl"},
+               {"skipped",
+                mt::parallel::comm_nccl_compiled() ? "fewer GPUs than ranks" : "this build has no NCCL backend"}});
     } else {
-        std::unique_ptr<Comm> nccl = mt::dist::comm_make_nccl(world);
+        std::unique_ptr<Comm> nccl = mt::parallel::comm_make_nccl(world);
         for (int64_t mb : sizes_mb) {
             const int64_t bytes = mb << 20;
             const auto send = mt::core::Tensor::zeros({bytes / 4}, mt::core::DType::f32, mt::core::Device::cuda);
@@ -120,5 +120,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    return mt::dist::dist_run_main(argc, argv, "bench_comm", run);
+    return mt::parallel::dist_run_main(argc, argv, "bench_comm", run);
 }

@@ -16,7 +16,7 @@
 #include "core/rng.h"
 #include "core/trace.h"
 #include "data/llmc_shard.h"
-#include "dist/runtime.h"
+#include "parallel/runtime.h"
 #include "train/trainer.h"
 
 namespace {
@@ -118,5 +118,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    return mt::dist::dist_run_main(argc, argv, "bench_train", run);
+    return mt::parallel::dist_run_main(argc, argv, "bench_train", run);
 }

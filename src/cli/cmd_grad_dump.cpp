@@ -2,7 +2,7 @@
 // training batch, and writes the batch, the loss and every parameter gradient to a safetensors file. The
 // PyTorch reference (tools/reference/check_parity.py) recomputes them independently.
 #include "cli/commands.h"
-#include "dist/comm.h"
+#include "parallel/comm.h"
 #include "train/checkpoint_io.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
@@ -22,7 +22,7 @@ void register_grad_dump(CLI::App& app) {
         // One process reads any checkpoint: the saved mesh's data-parallel size gives way to this process.
         std::vector<std::string> sets = {"parallel.dp=0"};
         sets.insert(sets.end(), overrides->begin(), overrides->end());
-        const auto self = dist::comm_make_self();
+        const auto self = parallel::comm_make_self();
         train::Trainer trainer(
             train::config_parse(ckpt.manifest().at("config_toml").get<std::string>(), *dir + "/manifest.json", sets),
             false,

@@ -6,13 +6,13 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "dist/runtime.h"
+#include "parallel/runtime.h"
 
 namespace {
 
 int report(mt::core::ExitCode code, const char* message, const std::string& hint) {
     std::fflush(stdout);
-    const mt::dist::Comm& world = mt::dist::dist_world();
+    const mt::parallel::Comm& world = mt::parallel::dist_world();
     const std::string rank = world.size() > 1 ? fmt::format("[rank {}] ", world.rank()) : "";
     std::fprintf(stderr, "moetrain: error: %s%s\n", rank.c_str(), message);
     if (!hint.empty()) std::fprintf(stderr, "  HINT: %s\n", hint.c_str());
@@ -20,8 +20,8 @@ int report(mt::core::ExitCode code, const char* message, const std::string& hint
 }
 
 int finish(int code) {
-    if (code != 0 && mt::dist::dist_world().size() > 1) mt::dist::dist_abort(code);
-    mt::dist::dist_finalize();
+    if (code != 0 && mt::parallel::dist_world().size() > 1) mt::parallel::dist_abort(code);
+    mt::parallel::dist_finalize();
     return code;
 }
 
@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
     mt::cli::register_grad_dump(app);
     int code = 0;
     try {
-        mt::dist::dist_init(&argc, &argv);
+        mt::parallel::dist_init(&argc, &argv);
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         code = app.exit(e) == 0 ? 0 : static_cast<int>(mt::core::ExitCode::usage);

@@ -170,7 +170,7 @@ std::vector<std::pair<int64_t, MoeLayer*>> DenseLM::moe_layers() {
     return layers;
 }
 
-std::vector<std::pair<int64_t, MoeStepMetrics>> DenseLM::moe_step_end(int64_t step, dist::Comm* data_group) {
+std::vector<std::pair<int64_t, MoeStepMetrics>> DenseLM::moe_step_end(int64_t step, parallel::Comm* data_group) {
     std::vector<std::pair<int64_t, MoeStepMetrics>> metrics;
     for (auto& [l, moe] : moe_layers()) metrics.emplace_back(l, moe->step_end(step, data_group));
     return metrics;

@@ -72,7 +72,7 @@ class DenseLM {
     std::vector<std::pair<int64_t, MoeLayer*>> moe_layers();
     // End of a training step for every MoE layer (MoeLayer::step_end: balancer update, metrics, collapse alarm).
     // data_group: the ranks whose routing counts are summed first (see MoeLayer::step_end).
-    std::vector<std::pair<int64_t, MoeStepMetrics>> moe_step_end(int64_t step, dist::Comm* data_group = nullptr);
+    std::vector<std::pair<int64_t, MoeStepMetrics>> moe_step_end(int64_t step, parallel::Comm* data_group = nullptr);
     // Model-level activations kept for backward (blocks declare their own).
     std::vector<SavedTensor> saved_for_backward();
     // Training FLOPs per token (fwd + bwd): 6 * (2-D weights but the input embedding, the active routed experts

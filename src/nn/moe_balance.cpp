@@ -166,7 +166,7 @@ void MoeBalancer::snapshot_counts() {
     counts_at_step_ = pack_counts(loads_, hist_, tokens_seen_, tokens_interval_);
 }
 
-void MoeBalancer::sum_step_counts(dist::Comm& group) {
+void MoeBalancer::sum_step_counts(parallel::Comm& group) {
     flush_device();
     if (group.size() == 1) return;
     // Every rank holds the same counts up to the last step (they were summed then), so only the increments since
@@ -174,7 +174,8 @@ void MoeBalancer::sum_step_counts(dist::Comm& group) {
     std::vector<int64_t> delta = pack_counts(loads_, hist_, tokens_seen_, tokens_interval_);
     MT_CHECK(delta.size() == counts_at_step_.size(), "moe balancer: count layout changed");
     for (size_t i = 0; i < delta.size(); ++i) delta[i] -= counts_at_step_[i];
-    group.all_reduce(delta.data(), static_cast<int64_t>(delta.size()), dist::CommType::i64, dist::ReduceOp::sum).wait();
+    group.all_reduce(delta.data(), static_cast<int64_t>(delta.size()), parallel::CommType::i64, parallel::ReduceOp::sum)
+        .wait();
     for (size_t i = 0; i < delta.size(); ++i) delta[i] += counts_at_step_[i];
     const size_t n = loads_.size(), nh = hist_.size();
     std::copy(delta.begin(), delta.begin() + static_cast<std::ptrdiff_t>(n), loads_.begin());

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "dist/comm.h"
 #include "nn/moe_config.h"
+#include "parallel/comm.h"
 
 namespace mt::nn {
 
@@ -45,7 +45,7 @@ class MoeBalancer {
     // Data and expert parallelism: adds the counts every rank of `group` observed since the last step() (loads, QB
     // histogram, token counters), so that all ranks hold the totals of the global batch and make the same update
     // (moe.md §3: histograms summed over the ranks that see different tokens). Collective over group.
-    void sum_step_counts(dist::Comm& group);
+    void sum_step_counts(parallel::Comm& group);
     // End of a training step (after the backward of its last micro-batch): QB updates b every update_interval-th
     // step; sign_bias every step. Returns true when b was updated.
     bool step();

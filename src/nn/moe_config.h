@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-namespace mt::dist {
+namespace mt::parallel {
 class Comm;
 }
 
@@ -50,8 +50,8 @@ struct MoeCollapseConfig {
 struct MoeExpertParallel {
     int64_t size = 1;
     int64_t rank = 0;
-    dist::Comm* comm = nullptr;
-    dist::Comm* rows_comm = nullptr;
+    parallel::Comm* comm = nullptr;
+    parallel::Comm* rows_comm = nullptr;
 };
 
 // The moe.* settings of moe.md §5 that the layer uses (first_k_dense and dense_ffn_dim belong to the model).

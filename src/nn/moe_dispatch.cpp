@@ -3,12 +3,12 @@
 
 #include <algorithm>
 
-#include "dist/comm.h"
 #include "ops/moe_permute.h"
+#include "parallel/comm.h"
 
 namespace mt::nn {
 
-void MoeDispatch::plan(const core::Tensor& offsets, dist::Comm& counts, dist::Comm& rows, core::Device device) {
+void MoeDispatch::plan(const core::Tensor& offsets, parallel::Comm& counts, parallel::Comm& rows, core::Device device) {
     MT_CHECK(offsets.device() == core::Device::cpu && offsets.dtype() == core::DType::i32 && offsets.ndim() == 1,
              "moe dispatch: offsets must be [E + 1] i32 on the host");
     MT_CHECK(counts.size() == rows.size(), "moe dispatch: count and row communicators differ in size");
@@ -25,7 +25,7 @@ void MoeDispatch::plan(const core::Tensor& offsets, dist::Comm& counts, dist::Co
     std::vector<int64_t> send_counts(static_cast<size_t>(e)), recv_counts(static_cast<size_t>(e));
     for (int64_t j = 0; j < e; ++j) send_counts[static_cast<size_t>(j)] = off[j + 1] - off[j];
     const std::vector<int64_t> per_rank(static_cast<size_t>(p), el);
-    counts.all_to_all_v(send_counts.data(), per_rank, recv_counts.data(), per_rank, dist::CommType::i64).wait();
+    counts.all_to_all_v(send_counts.data(), per_rank, recv_counts.data(), per_rank, parallel::CommType::i64).wait();
     // recv_counts[s El + j]: rows rank s sends to local expert j.
     send_rows_.assign(static_cast<size_t>(p), 0);
     recv_rows_.assign(static_cast<size_t>(p), 0);
@@ -75,13 +75,13 @@ void check_rows(const core::Tensor& t, int64_t rows, int64_t width, const char* 
 
 // One all-to-all of [rows, C] row blocks: `from` holds send[p] rows for each peer p in peer order, `to` receives
 // recv[p] from each. Rows are moved as bytes: all-to-all does no arithmetic, so any dtype (bf16 too) travels.
-void exchange_rows(dist::Comm& comm,
+void exchange_rows(parallel::Comm& comm,
                    const core::Tensor& from,
                    const std::vector<int64_t>& send,
                    const core::Tensor& to,
                    const std::vector<int64_t>& recv) {
     const int64_t row_bytes = from.size(1) * static_cast<int64_t>(core::dtype_size(from.dtype()));
-    comm.all_to_all_v(from.raw(), scaled(send, row_bytes), to.raw(), scaled(recv, row_bytes), dist::CommType::u8)
+    comm.all_to_all_v(from.raw(), scaled(send, row_bytes), to.raw(), scaled(recv, row_bytes), parallel::CommType::u8)
         .wait();
 }
 

@@ -14,7 +14,7 @@
 
 #include "core/tensor.h"
 
-namespace mt::dist {
+namespace mt::parallel {
 class Comm;
 }
 
@@ -25,7 +25,7 @@ class MoeDispatch {
     // offsets: [E + 1] i32 host, the permutation plan's rows per global expert (rows of expert j are
     // [offsets[j], offsets[j+1]) of the source buffer). Exchanges the per-expert counts with every ep rank
     // (collective over `counts`). E must be divisible by the ep size. device: where the rows live.
-    void plan(const core::Tensor& offsets, dist::Comm& counts, dist::Comm& rows, core::Device device);
+    void plan(const core::Tensor& offsets, parallel::Comm& counts, parallel::Comm& rows, core::Device device);
     // Rows this rank's experts receive in total, and their offsets per local expert: [El + 1] i32 host.
     int64_t expert_rows() const {
         return expert_rows_;
@@ -42,7 +42,7 @@ class MoeDispatch {
     // A [rows, C] staging buffer of src's dtype and device.
     core::Tensor staging(const core::Tensor& like, int64_t rows);
 
-    dist::Comm* rows_comm_ = nullptr;
+    parallel::Comm* rows_comm_ = nullptr;
     std::vector<int64_t> send_rows_, recv_rows_;  // rows per peer rank
     int64_t source_rows_ = 0, expert_rows_ = 0;
     core::Tensor local_offsets_;

@@ -6,12 +6,12 @@
 #include <array>
 #include <cmath>
 
-#include "dist/comm.h"
 #include "ops/add.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/grouped_linear.h"
 #include "ops/moe_unpermute.h"
 #include "ops/swiglu.h"
+#include "parallel/comm.h"
 
 namespace mt::nn {
 
@@ -242,7 +242,7 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     }
 }
 
-MoeStepMetrics MoeLayer::step_end(int64_t step, dist::Comm* data_group) {
+MoeStepMetrics MoeLayer::step_end(int64_t step, parallel::Comm* data_group) {
     if (step_load_dev_.defined()) {  // CUDA: the step's device counts come back (one copy each) and are reset
         const Tensor load = step_load_dev_.to_device(core::Device::cpu);
         for (size_t j = 0; j < step_load_.size(); ++j) step_load_[j] += load.data<int64_t>()[j];
@@ -257,9 +257,10 @@ MoeStepMetrics MoeLayer::step_end(int64_t step, dist::Comm* data_group) {
         counts.push_back(step_dropped_);
         std::array<double, 2> sums = {step_entropy_, step_aux_};
         data_group
-            ->all_reduce(counts.data(), static_cast<int64_t>(counts.size()), dist::CommType::i64, dist::ReduceOp::sum)
+            ->all_reduce(
+                counts.data(), static_cast<int64_t>(counts.size()), parallel::CommType::i64, parallel::ReduceOp::sum)
             .wait();
-        data_group->all_reduce(sums.data(), 2, dist::CommType::f64, dist::ReduceOp::sum).wait();
+        data_group->all_reduce(sums.data(), 2, parallel::CommType::f64, parallel::ReduceOp::sum).wait();
         std::copy(counts.begin(), counts.begin() + static_cast<std::ptrdiff_t>(step_load_.size()), step_load_.begin());
         step_tokens_ = counts[step_load_.size()];
         step_dropped_ = counts[step_load_.size() + 1];

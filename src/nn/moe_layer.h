@@ -58,7 +58,7 @@ class MoeLayer : public Layer {
     // call), and the collapse detector. The alarm, if one fires at this step, is in last_alarm(). data_group: the
     // ranks that routed different tokens (data and expert parallelism); their counts are summed first, so every
     // rank makes the same update and the same alarm decision. Collective over it when it has more than one rank.
-    MoeStepMetrics step_end(int64_t step, dist::Comm* data_group = nullptr);
+    MoeStepMetrics step_end(int64_t step, parallel::Comm* data_group = nullptr);
     const std::optional<MoeCollapseEvent>& last_alarm() const {
         return last_alarm_;
     }

@@ -3,7 +3,7 @@
 // Replicated (the default): the moments of every parameter, each in one arena with the table's layout.
 // ZeRO-1 (owned ranges given): only the arena elements this rank owns have moments, the ranges back to back,
 // and step() updates only those elements; the caller reduce-scatters the gradients before and gathers the
-// parameters after (train/grad_sync.h).
+// parameters after (parallel/grad_sync.h).
 #pragma once
 
 #include <cstdint>

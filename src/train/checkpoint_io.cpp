@@ -11,7 +11,7 @@
 
 #include "core/crc32c.h"
 #include "core/file_util.h"
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 #ifndef MT_VERSION
 #define MT_VERSION "unknown"
@@ -100,7 +100,7 @@ std::string checkpoint_write(const std::string& checkpoints_root,
                              const std::vector<CheckpointTensor>& tensors,
                              const json& manifest_extra,
                              const RetentionPolicy& keep,
-                             dist::Comm* comm) {
+                             parallel::Comm* comm) {
     MT_CHECK(step >= 0 && (manifest_extra.is_object() || manifest_extra.is_null()), "checkpoint_write: bad arguments");
     for (const char* field : {"format", "version", "step", "moetrain_version", "created_unix", "files", "tensors"})
         MT_CHECK(!manifest_extra.contains(field), "checkpoint_write: manifest_extra sets the reserved field {}", field);
@@ -152,7 +152,7 @@ std::string checkpoint_write(const std::string& checkpoints_root,
         part["tensors"].push_back(std::move(e));
     }
     const std::vector<std::string> parts =
-        multi ? dist::comm_gather_strings(*comm, part.dump(), 0) : std::vector<std::string>{part.dump()};
+        multi ? parallel::comm_gather_strings(*comm, part.dump(), 0) : std::vector<std::string>{part.dump()};
 
     if (rank == 0) {
         // 2. The manifest (ordered for people who read it).

@@ -14,7 +14,7 @@
 #include "core/tensor.h"
 #include "train/safetensors.h"
 
-namespace mt::dist {
+namespace mt::parallel {
 class Comm;
 }
 
@@ -71,7 +71,7 @@ std::string checkpoint_write(const std::string& checkpoints_root,
                              const std::vector<CheckpointTensor>& tensors,
                              const nlohmann::json& manifest_extra,
                              const RetentionPolicy& keep = {},
-                             dist::Comm* comm = nullptr);
+                             parallel::Comm* comm = nullptr);
 
 // A valid (DONE) checkpoint directory under a root.
 struct CheckpointEntry {

@@ -64,7 +64,7 @@ struct MetricsConfig {
     bool jsonl = true;
 };
 
-// [parallel]: the device mesh (src/dist/mesh.h) and how data-parallel gradients are reduced.
+// [parallel]: the device mesh (src/parallel/mesh.h) and how data-parallel gradients are reduced.
 struct ParallelConfig {
     int64_t tp = 1;
     int64_t cp = 1;

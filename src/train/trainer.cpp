@@ -13,15 +13,30 @@
 #include "core/backend.h"
 #include "core/cuda_probe.h"
 #include "core/trace.h"
-#include "dist/comm_nccl.h"
-#include "dist/runtime.h"
 #include "ops/global_norm.h"
+#include "parallel/comm_nccl.h"
+#include "parallel/runtime.h"
 
 extern "C" char* openblas_get_corename(void);
 
 namespace mt::train {
 
 namespace {
+
+// The model's arenas as the gradient synchronisation sees them: ranges and reduction groups, no model types.
+parallel::GradArenas grad_arenas(const nn::ParamTable& table) {
+    parallel::GradArenas arenas{.params = {},
+                                .grads = table.grad_arena(),
+                                .weights = table.param_arena(),
+                                .master = table.master_arena(),
+                                .master_copy = table.precision().has_master_copy()};
+    for (int i = 0; i < table.size(); ++i)
+        arenas.params.push_back({.begin = table.offset(i),
+                                 .numel = table.grad(i).numel(),
+                                 .end = table.offset(i) + table.padded_numel(i),
+                                 .expert = nn::param_expert_sharded(table.spec(i))});
+    return arenas;
+}
 
 std::string format_duration(double seconds) {
     const auto s = static_cast<int64_t>(std::max(0.0, seconds));
@@ -74,21 +89,21 @@ int trainer_set_threads(int64_t threads) {
     if (n <= 0) {
         const int procs = omp_get_num_procs();
         const bool whole_machine = procs == static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-        n = whole_machine ? std::max(1, procs / dist::dist_local_size()) : procs;
+        n = whole_machine ? std::max(1, procs / parallel::dist_local_size()) : procs;
     }
     omp_set_num_threads(n);  // OpenBLAS stays single-threaded: the ops split GEMMs across OpenMP threads
     return n;
 }
 
-Trainer::Trainer(JobConfig cfg, bool log, dist::Comm* world) : cfg_(std::move(cfg)), log_(log) {
-    dist::Comm& comm = world != nullptr ? *world : dist::dist_world();
+Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::move(cfg)), log_(log) {
+    parallel::Comm& comm = world != nullptr ? *world : parallel::dist_world();
     const auto& p = cfg_.parallel;
-    const dist::MeshShape shape =
-        dist::mesh_resolve({.tp = p.tp, .cp = p.cp, .ep = p.ep, .dp = p.dp, .pp = p.pp},
-                           comm.size(),
-                           {.moe = cfg_.model.moe_enabled, .num_experts = cfg_.model.moe.num_experts},
-                           cfg_.source);
-    mesh_ = std::make_unique<dist::Mesh>(comm, shape);
+    const parallel::MeshShape shape =
+        parallel::mesh_resolve({.tp = p.tp, .cp = p.cp, .ep = p.ep, .dp = p.dp, .pp = p.pp},
+                               comm.size(),
+                               {.moe = cfg_.model.moe_enabled, .num_experts = cfg_.model.moe.num_experts},
+                               cfg_.source);
+    mesh_ = std::make_unique<parallel::Mesh>(comm, shape);
     log_ = log && comm.rank() == 0;
     check_parallel_layout();
     trainer_set_threads(cfg_.run.threads);
@@ -111,31 +126,31 @@ Trainer::Trainer(JobConfig cfg, bool log, dist::Comm* world) : cfg_(std::move(cf
         // stream and proxy threads; a second one over the same ranks cost throughput). The ep group keeps its own
         // even where it equals dp_span (dp = 1): the MoE all-to-alls are waited for on the host, and on a shared
         // stream they would queue behind the gradient buckets the backward issues.
-        auto nccl = [&](dist::MeshGroup g) -> std::shared_ptr<dist::Comm> {
+        auto nccl = [&](parallel::MeshGroup g) -> std::shared_ptr<parallel::Comm> {
             if (mesh_->group(g).size() == 1) return nullptr;
-            return dist::comm_make_nccl(mesh_->group(g));
+            return parallel::comm_make_nccl(mesh_->group(g));
         };
-        nccl_dp_span_ = nccl(dist::MeshGroup::dp_span);
-        nccl_edp_ = mesh_->size(dist::MeshAxis::ep) == 1 ? nccl_dp_span_ : nccl(dist::MeshGroup::edp);
-        nccl_ep_ = nccl(dist::MeshGroup::ep);
+        nccl_dp_span_ = nccl(parallel::MeshGroup::dp_span);
+        nccl_edp_ = mesh_->size(parallel::MeshAxis::ep) == 1 ? nccl_dp_span_ : nccl(parallel::MeshGroup::edp);
+        nccl_ep_ = nccl(parallel::MeshGroup::ep);
     }
     // Expert parallelism: each MoE layer holds this rank's experts and exchanges rows over the ep group.
     if (cfg_.model.moe_enabled)
-        cfg_.model.moe.ep = {.size = mesh_->size(dist::MeshAxis::ep),
-                             .rank = mesh_->coord(dist::MeshAxis::ep),
-                             .comm = &mesh_->group(dist::MeshGroup::ep),
+        cfg_.model.moe.ep = {.size = mesh_->size(parallel::MeshAxis::ep),
+                             .rank = mesh_->coord(parallel::MeshAxis::ep),
+                             .comm = &mesh_->group(parallel::MeshGroup::ep),
                              .rows_comm = nccl_ep_.get()};
     // Every parameter starts at a multiple of both reduction groups' sizes, so each bucket splits evenly (ZeRO-1).
-    const int64_t align =
-        std::lcm(mesh_->group(dist::MeshGroup::dp_span).size(), int64_t{mesh_->group(dist::MeshGroup::edp).size()});
+    const int64_t align = std::lcm(mesh_->group(parallel::MeshGroup::dp_span).size(),
+                                   int64_t{mesh_->group(parallel::MeshGroup::edp).size()});
     model_ = std::make_unique<nn::DenseLM>(cfg_.model, precision, align);
     model_->params().initialize(static_cast<uint64_t>(cfg_.run.seed));
-    grad_sync_ = std::make_unique<GradSync>(model_->params(),
-                                            *mesh_,
-                                            cfg_.parallel.bucket_mb,
-                                            cfg_.parallel.zero_stage >= 1,
-                                            nccl_dp_span_.get(),
-                                            nccl_edp_.get());
+    grad_sync_ = std::make_unique<parallel::GradSync>(grad_arenas(model_->params()),
+                                                      *mesh_,
+                                                      cfg_.parallel.bucket_mb,
+                                                      cfg_.parallel.zero_stage >= 1,
+                                                      nccl_dp_span_.get(),
+                                                      nccl_edp_.get());
     // ZeRO-1: each forward waits for the parameter gathers of the last step bucket by bucket, as it reaches them.
     if (grad_sync_->zero())
         model_->set_params_needed_hook([sync = grad_sync_.get()](int end) { sync->params_needed(end); });
@@ -213,7 +228,7 @@ StepResult Trainer::train_step() {
     ++step_;
     // The MoE balancers update from the routing the step's training forwards counted (the bias is not a gradient
     // quantity, so this happens also on a skipped step); the metrics and the collapse alarm come with it.
-    r.moe = model_->moe_step_end(step_, &mesh_->group(dist::MeshGroup::dp_span));
+    r.moe = model_->moe_step_end(step_, &mesh_->group(parallel::MeshGroup::dp_span));
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return r;
 }
@@ -228,7 +243,7 @@ double Trainer::evaluate() {
     const int64_t p = data_size(), rounds = (t.eval_batches + p - 1) / p;
     for (int64_t round = 0; round < rounds; ++round) {
         const int64_t b = round * p + data_rank();
-        if (b >= t.eval_batches && mesh_->size(dist::MeshAxis::ep) == 1) break;
+        if (b >= t.eval_batches && mesh_->size(parallel::MeshAxis::ep) == 1) break;
         sampler.fill_sequential((b < t.eval_batches ? b : 0) * t.batch_size, t.batch_size, inputs_, targets_);
         const double loss = model_->forward(inputs_, targets_, /*training=*/false);
         if (b < t.eval_batches) sum += loss;
@@ -259,16 +274,17 @@ void Trainer::run() {
                      {"optimizer_state_bytes_total", state_total},
                      {"zero_stage", grad_sync_->zero() ? 1 : 0}});
     if (log_) {
-        fmt::print("moetrain: {} parameters, {} tokens per step, {} ({}, {} threads{}); train data {}\n",
-                   n_params,
-                   tokens_per_step(),
-                   core::device_name(model_->params().precision().device),
-                   core::dtype_name(model_->params().precision().compute),
-                   omp_get_max_threads(),
-                   mesh_->world().size() > 1
-                       ? fmt::format(" x {} processes, {}", mesh_->world().size(), dist::mesh_describe(mesh_->shape()))
-                       : "",
-                   train_source_->describe());
+        fmt::print(
+            "moetrain: {} parameters, {} tokens per step, {} ({}, {} threads{}); train data {}\n",
+            n_params,
+            tokens_per_step(),
+            core::device_name(model_->params().precision().device),
+            core::dtype_name(model_->params().precision().compute),
+            omp_get_max_threads(),
+            mesh_->world().size() > 1
+                ? fmt::format(" x {} processes, {}", mesh_->world().size(), parallel::mesh_describe(mesh_->shape()))
+                : "",
+            train_source_->describe());
         if (mesh_->world().size() > 1)
             fmt::print(
                 "moetrain: optimizer state {:.2f} MB on this rank, {:.2f} MB for the whole model ({}, {} gradient "

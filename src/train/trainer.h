@@ -8,14 +8,14 @@
 #include <string>
 
 #include "data/sampler.h"
-#include "dist/mesh.h"
 #include "nn/dense_lm.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "parallel/grad_sync.h"
+#include "parallel/mesh.h"
 #include "train/checkpoint_io.h"
 #include "train/config.h"
-#include "train/grad_sync.h"
 #include "train/metrics.h"
 
 namespace mt::train {
@@ -38,9 +38,9 @@ double moe_max_vio(const StepResult& r);
 
 class Trainer {
    public:
-    // Builds the mesh ([parallel] over `world`, default dist::dist_world()), the model, optimizer and data pipeline.
-    // `log` false keeps it silent (tests, benchmarks); only world rank 0 ever prints or writes metrics.
-    explicit Trainer(JobConfig cfg, bool log = true, dist::Comm* world = nullptr);
+    // Builds the mesh ([parallel] over `world`, default parallel::dist_world()), the model, optimizer and data
+    // pipeline. `log` false keeps it silent (tests, benchmarks); only world rank 0 ever prints or writes metrics.
+    explicit Trainer(JobConfig cfg, bool log = true, parallel::Comm* world = nullptr);
 
     // Restores the newest complete checkpoint under run.dir/checkpoints; false when there is none.
     bool resume_latest();
@@ -75,22 +75,22 @@ class Trainer {
     int64_t tokens_per_step() const {
         return cfg_.train.batch_size * cfg_.train.seq_len * cfg_.train.grad_accum * data_size();
     }
-    const dist::Mesh& mesh() const {
+    const parallel::Mesh& mesh() const {
         return *mesh_;
     }
     int64_t dp_size() const {
-        return mesh_->size(dist::MeshAxis::dp);
+        return mesh_->size(parallel::MeshAxis::dp);
     }
     int64_t dp_rank() const {
-        return mesh_->coord(dist::MeshAxis::dp);
+        return mesh_->coord(parallel::MeshAxis::dp);
     }
     // The ranks that read different data: dp_span (ep x dp; expert-parallel ranks route different tokens), and this
     // rank's place among them.
     int64_t data_size() const {
-        return mesh_->group(dist::MeshGroup::dp_span).size();
+        return mesh_->group(parallel::MeshGroup::dp_span).size();
     }
     int64_t data_rank() const {
-        return mesh_->group(dist::MeshGroup::dp_span).rank();
+        return mesh_->group(parallel::MeshGroup::dp_span).rank();
     }
     // Bytes of optimizer state this rank holds (ZeRO-1: about the total divided by the ranks that read different
     // data), and the whole model's (both moments of every parameter at its global shape).
@@ -122,12 +122,12 @@ class Trainer {
 
     JobConfig cfg_;
     bool log_;
-    std::unique_ptr<dist::Mesh> mesh_;
+    std::unique_ptr<parallel::Mesh> mesh_;
     std::unique_ptr<nn::DenseLM> model_;
     // GPU runs over several processes: NCCL communicators over the dp_span, edp and ep ranks (groups of more than one
     // rank), which move the gradients and the MoE rows; the mesh's MPI groups keep the host scalars.
-    std::shared_ptr<dist::Comm> nccl_dp_span_, nccl_edp_, nccl_ep_;  // shared where two groups are the same ranks
-    std::unique_ptr<GradSync> grad_sync_;
+    std::shared_ptr<parallel::Comm> nccl_dp_span_, nccl_edp_, nccl_ep_;  // shared where two groups are the same ranks
+    std::unique_ptr<parallel::GradSync> grad_sync_;
     std::unique_ptr<optim::AdamW> adamw_;
     optim::LossScaler scaler_;
     optim::LrSchedule schedule_;

@@ -74,8 +74,8 @@ void Trainer::save_checkpoint() {
     grad_sync_->gather_master();  // ZeRO-1 keeps the master weights sharded between checkpoints (and gathers
                                   // the forward's weights in the background)
     // Whether this rank writes a replicated parameter: the first of the ranks holding the same copy.
-    const bool first_data = mesh_->group(dist::MeshGroup::dp_span).rank() == 0;
-    const bool first_expert = mesh_->group(dist::MeshGroup::edp).rank() == 0;
+    const bool first_data = mesh_->group(parallel::MeshGroup::dp_span).rank() == 0;
+    const bool first_expert = mesh_->group(parallel::MeshGroup::edp).rank() == 0;
     auto replica_writer = [&](const nn::ParamSpec& spec) {
         return nn::param_expert_sharded(spec) ? first_expert : first_data;
     };

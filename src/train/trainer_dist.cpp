@@ -1,15 +1,15 @@
 // Trainer <-> the mesh: which parallel layouts this trainer runs, and the reductions of per-rank values over the
-// ranks that read different data (the gradients themselves: train/grad_sync.h).
+// ranks that read different data (the gradients themselves: parallel/grad_sync.h).
 #include <algorithm>
 
 #include "core/backend.h"
-#include "dist/comm_nccl.h"
+#include "parallel/comm_nccl.h"
 #include "train/trainer.h"
 
 namespace mt::train {
 
 void Trainer::check_parallel_layout() const {
-    const dist::MeshShape& s = mesh_->shape();
+    const parallel::MeshShape& s = mesh_->shape();
     auto unsupported = [&](const char* key, int64_t value, const char* what) {
         core::fail_hint(core::ExitCode::usage,
                         fmt::format("set {} = 1; data and expert parallelism (parallel.dp, parallel.ep) are what "
@@ -21,20 +21,20 @@ void Trainer::check_parallel_layout() const {
                         what,
                         cfg_.source);
     };
-    if (s[dist::MeshAxis::tp] > 1) unsupported("parallel.tp", s[dist::MeshAxis::tp], "tensor parallelism");
-    if (s[dist::MeshAxis::cp] > 1) unsupported("parallel.cp", s[dist::MeshAxis::cp], "context parallelism");
-    if (s[dist::MeshAxis::pp] > 1) unsupported("parallel.pp", s[dist::MeshAxis::pp], "pipeline parallelism");
-    if (s[dist::MeshAxis::dp] * s[dist::MeshAxis::ep] == 1) return;
+    if (s[parallel::MeshAxis::tp] > 1) unsupported("parallel.tp", s[parallel::MeshAxis::tp], "tensor parallelism");
+    if (s[parallel::MeshAxis::cp] > 1) unsupported("parallel.cp", s[parallel::MeshAxis::cp], "context parallelism");
+    if (s[parallel::MeshAxis::pp] > 1) unsupported("parallel.pp", s[parallel::MeshAxis::pp], "pipeline parallelism");
+    if (s[parallel::MeshAxis::dp] * s[parallel::MeshAxis::ep] == 1) return;
     const bool cuda =
         cfg_.run.device == "cuda" || (cfg_.run.device == "auto" && core::backend_available(core::Device::cuda));
     if (!cuda) return;
-    if (!dist::comm_nccl_compiled())
+    if (!parallel::comm_nccl_compiled())
         core::fail_hint(core::ExitCode::usage,
                         "set run.device = \"cpu\", or rebuild with NCCL (docs/distributed.md)",
                         "parallel.dp = {} x parallel.ep = {} on the GPU needs the NCCL backend, which this build "
                         "does not have [{}]",
-                        s[dist::MeshAxis::dp],
-                        s[dist::MeshAxis::ep],
+                        s[parallel::MeshAxis::dp],
+                        s[parallel::MeshAxis::ep],
                         cfg_.source);
 }
 
@@ -57,7 +57,7 @@ nn::DenseLM& Trainer::model() {
 
 double Trainer::dp_sum(double value) {
     if (data_size() == 1) return value;
-    return dist::comm_all_reduce_sum(mesh_->group(dist::MeshGroup::dp_span), value);
+    return parallel::comm_all_reduce_sum(mesh_->group(parallel::MeshGroup::dp_span), value);
 }
 
 }  // namespace mt::train

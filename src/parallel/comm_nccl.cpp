@@ -2,7 +2,7 @@
 // a CUDA event that its CommWork polls. Compiled only with MT_HAVE_NCCL (CMake found nccl.h and libnccl); other
 // builds get comm_nccl_stub.cpp.
 #ifdef MT_HAVE_NCCL
-#include "dist/comm_nccl.h"
+#include "parallel/comm_nccl.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "core/cuda/cuda_check.h"
-#include "dist/runtime.h"
+#include "parallel/runtime.h"
 
-namespace mt::dist {
+namespace mt::parallel {
 
 namespace {
 
@@ -421,5 +421,5 @@ std::unique_ptr<Comm> comm_make_nccl(Comm& bootstrap) {
     return std::make_unique<NcclComm>(comm, device);
 }
 
-}  // namespace mt::dist
+}  // namespace mt::parallel
 #endif

@@ -5,9 +5,9 @@
 #include <functional>
 #include <memory>
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
-namespace mt::dist {
+namespace mt::parallel {
 
 // True when the environment shows an MPI launcher: OMPI_COMM_WORLD_SIZE (Open MPI), PMIX_RANK (PMIx: Open MPI 5,
 // srun --mpi=pmix) or PMI_RANK / PMI_SIZE (MPICH's Hydra, Slurm's PMI-2).
@@ -40,4 +40,4 @@ int dist_run_main(int argc, char** argv, const char* program, const std::functio
 // Implemented in comm_mpi.cpp: a communicator over a duplicate of MPI_COMM_WORLD (MPI must be running).
 std::unique_ptr<Comm> comm_make_mpi_world();
 
-}  // namespace mt::dist
+}  // namespace mt::parallel

@@ -1,9 +1,9 @@
 // Builds without NCCL (no CUDA toolkit, or no nccl.h / libnccl): the NCCL communicator is absent, and asking for it
 // ends with exit 2 and a message that says how to get it.
 #ifndef MT_HAVE_NCCL
-#include "dist/comm_nccl.h"
+#include "parallel/comm_nccl.h"
 
-namespace mt::dist {
+namespace mt::parallel {
 
 bool comm_nccl_compiled() {
     return false;
@@ -21,5 +21,5 @@ std::unique_ptr<Comm> comm_make_nccl(Comm& bootstrap) {
                     bootstrap.rank());
 }
 
-}  // namespace mt::dist
+}  // namespace mt::parallel
 #endif

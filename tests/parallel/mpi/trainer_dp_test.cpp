@@ -6,12 +6,12 @@
 #include <cmath>
 #include <filesystem>
 
-#include "dist/mpi/mpi_job.h"
-#include "dist/runtime.h"
+#include "parallel/mpi/mpi_job.h"
+#include "parallel/runtime.h"
 #include "train/trainer.h"
 
 using mt::train::Trainer;
-using namespace mt::dist;
+using namespace mt::parallel;
 using mt::testing::data_dir;
 using mt::testing::shared_dir;
 

@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "dist/runtime.h"
+#include "parallel/runtime.h"
 
 namespace {
 
@@ -15,8 +15,8 @@ constexpr int kSkipped = 77;
 
 int main(int argc, char** argv) {
     ::testing::InitGoogleTest(&argc, argv);
-    mt::dist::dist_init(&argc, &argv);
-    auto& world = mt::dist::dist_world();
+    mt::parallel::dist_init(&argc, &argv);
+    auto& world = mt::parallel::dist_world();
     if (world.rank() != 0) {
         auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
         delete listeners.Release(listeners.default_result_printer());
@@ -35,11 +35,11 @@ int main(int argc, char** argv) {
     // Decided together, so every rank exits with the same code: the worst result, and Skipped only when every rank
     // skipped everything (one rank that ran a case makes the job a pass or a failure).
     int worst[2] = {rc, skipped_all ? 0 : 1};
-    if (world.size() > 1) world.all_reduce(worst, 2, mt::dist::CommType::i32, mt::dist::ReduceOp::max).wait();
+    if (world.size() > 1) world.all_reduce(worst, 2, mt::parallel::CommType::i32, mt::parallel::ReduceOp::max).wait();
     const int all = worst[0] != 0 ? worst[0] : (worst[1] == 0 ? kSkipped : 0);
     if (worst[0] != 0) fmt::print(stderr, "mt_mpi_tests: rank {} returns {}\n", world.rank(), rc);
     if (all == kSkipped && world.rank() == 0)
         fmt::print("mt_mpi_tests: every case skipped on every rank; exit {} (CTest: Skipped)\n", kSkipped);
-    mt::dist::dist_finalize();
+    mt::parallel::dist_finalize();
     return all;
 }

@@ -3,11 +3,11 @@
 // communicators against mesh_group_ranks.
 #include <gtest/gtest.h>
 
-#include "dist/mesh.h"
-#include "dist/mpi/uneven_all_to_all.h"
-#include "dist/runtime.h"
+#include "parallel/mesh.h"
+#include "parallel/mpi/uneven_all_to_all.h"
+#include "parallel/runtime.h"
 
-using namespace mt::dist;
+using namespace mt::parallel;
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/runtime.h"
+#include "parallel/runtime.h"
 #include "support/tiny_job.h"
 #include "train/trainer.h"
 
@@ -16,17 +16,17 @@ namespace mt::testing {
 inline std::string shared_dir(const std::string& name) {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     const std::string dir = ::testing::TempDir() + "mt_mpi_" + info->name() + "_" + name;
-    if (dist::dist_world().rank() == 0) {
+    if (parallel::dist_world().rank() == 0) {
         std::filesystem::remove_all(dir);
         std::filesystem::create_directories(dir);
     }
-    dist::dist_world().barrier();
+    parallel::dist_world().barrier();
     return dir;
 }
 
 // Every rank writes the token data into its own directory (the same bytes everywhere).
 inline std::string data_dir() {
-    return fresh_dir("data_r" + std::to_string(dist::dist_world().rank()));
+    return fresh_dir("data_r" + std::to_string(parallel::dist_world().rank()));
 }
 
 // tiny_job on the CPU with one thread per rank, 20 steps of batch 2, 4 validation batches, in run_dir.

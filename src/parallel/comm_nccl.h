@@ -5,9 +5,9 @@
 
 #include <memory>
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
-namespace mt::dist {
+namespace mt::parallel {
 
 // True when this build contains the NCCL backend (MT_HAVE_NCCL).
 bool comm_nccl_compiled();
@@ -36,4 +36,4 @@ int comm_nccl_local_device();
 // * split() needs color >= 0 on every rank (NCCL has no "not in any group" here, unlike MPI_UNDEFINED).
 std::unique_ptr<Comm> comm_make_nccl(Comm& bootstrap);
 
-}  // namespace mt::dist
+}  // namespace mt::parallel

@@ -11,24 +11,39 @@
 #include <cstdint>
 #include <vector>
 
-#include "dist/comm.h"
-#include "dist/mesh.h"
-#include "nn/param_table.h"
 #include "optim/adamw.h"
+#include "parallel/comm.h"
+#include "parallel/mesh.h"
 
-namespace mt::train {
+namespace mt::parallel {
+
+// One parameter's place in the arenas: its elements [begin, begin + numel) and its padded end (the next
+// parameter's begin), and whether it is expert-sharded (reduced over edp, else over dp_span).
+struct ArenaParam {
+    int64_t begin = 0, numel = 0, end = 0;
+    bool expert = false;
+};
+
+// The flat arenas GradSync reduces and gathers, described without the model: the parameters in arena order and the
+// three arenas of one layout (weights is what the forward reads, master what the optimizer updates; without a
+// master copy, under f32 training, they are the same tensor).
+struct GradArenas {
+    std::vector<ArenaParam> params;
+    core::Tensor grads, weights, master;
+    bool master_copy = false;
+};
 
 class GradSync {
    public:
-    // The table must have been finalized with an alignment that the dp_span and edp group sizes divide. The
+    // Every parameter must start at a multiple of the dp_span and edp group sizes (the arena alignment). The
     // buckets move over dense_rows / expert_rows (communicators over the dp_span and edp ranks for the gradients'
     // memory: NCCL for GPU tensors; nullptr: the mesh's MPI groups); scalars go over the mesh's groups.
-    GradSync(nn::ParamTable& table,
-             const dist::Mesh& mesh,
+    GradSync(GradArenas arenas,
+             const Mesh& mesh,
              double bucket_mb,
              bool zero,
-             dist::Comm* dense_rows = nullptr,
-             dist::Comm* expert_rows = nullptr);
+             Comm* dense_rows = nullptr,
+             Comm* expert_rows = nullptr);
 
     // True when gradients must be reduced at all (more than one rank sees different tokens).
     bool active() const {
@@ -44,7 +59,7 @@ class GradSync {
     int64_t buckets_overlapped() const {
         return overlapped_;
     }
-    // The backward's hook: every parameter with table index >= first has its final gradient. Issues the buckets
+    // The backward's hook: every parameter with index >= first has its final gradient. Issues the buckets
     // that became complete and polls the pending ones (MPI progresses nonblocking collectives inside its calls).
     void grads_ready(int first);
     // Issues the buckets not issued yet and waits for all; afterwards every rank holds the reduced gradients (all of
@@ -61,7 +76,7 @@ class GradSync {
     // (under mixed precision the bf16 copy; the f32 master weights then stay sharded until gather_master). The
     // gathers complete in the background: params_needed or settle_params before anything reads those weights.
     void gather_params();
-    // The next forward is about to read the parameters with table index < end: later GPU work waits for their
+    // The next forward is about to read the parameters with index < end: later GPU work waits for their
     // gathers (a host wait on the MPI backend). The model's forward calls it through DenseLM's hook.
     void params_needed(int end);
     // Waits on the host for every pending parameter gather (before evaluation, checkpoints, direct reads).
@@ -84,18 +99,18 @@ class GradSync {
         int64_t mine = 0;            // this rank's slice [mine, mine + share) of the arena
         int64_t staging = 0;         // ZeRO-1: offset of the bucket's owned slice in staging_
         bool issued = false;
-        dist::CommWork work;          // the gradient reduction
-        dist::CommWork param_gather;  // ZeRO-1: the parameter gather after the step
+        CommWork work;          // the gradient reduction
+        CommWork param_gather;  // ZeRO-1: the parameter gather after the step
     };
-    dist::Comm& group(const Bucket& b) const {
+    Comm& group(const Bucket& b) const {
         return b.expert ? *edp_rows_ : *dense_rows_;
     }
     void issue(Bucket& b);
-    dist::CommWork start_gather(const Bucket& b, const core::Tensor& arena);
+    CommWork start_gather(const Bucket& b, const core::Tensor& arena);
 
-    nn::ParamTable* table_;
-    dist::Comm *dense_, *ep_;             // host scalars (MPI)
-    dist::Comm *dense_rows_, *edp_rows_;  // the buckets
+    GradArenas arenas_;
+    Comm *dense_, *ep_;             // host scalars (MPI)
+    Comm *dense_rows_, *edp_rows_;  // the buckets
     bool zero_, active_;
     bool master_stale_ = false;    // ZeRO-1: only the owned slices of the master weights are current
     std::vector<Bucket> buckets_;  // in issue order (the end of the arena first)
@@ -104,4 +119,4 @@ class GradSync {
     core::Tensor staging_;  // ZeRO-1: the owned slices of the reduce-scatter outputs
 };
 
-}  // namespace mt::train
+}  // namespace mt::parallel

@@ -12,13 +12,13 @@
 
 #include "core/backend.h"
 #include "core/cuda_probe.h"
-#include "dist/comm_nccl.h"
-#include "dist/mpi/mpi_job.h"
-#include "dist/runtime.h"
+#include "parallel/comm_nccl.h"
+#include "parallel/mpi/mpi_job.h"
+#include "parallel/runtime.h"
 #include "train/trainer.h"
 
 using mt::train::Trainer;
-using namespace mt::dist;
+using namespace mt::parallel;
 using mt::testing::data_dir;
 using mt::testing::shared_dir;
 

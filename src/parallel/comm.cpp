@@ -1,5 +1,5 @@
 // The parts of Comm every backend shares (handles, tensor forms, statistics) and the one-process backend.
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -7,7 +7,7 @@
 #include <exception>
 #include <numeric>
 
-namespace mt::dist {
+namespace mt::parallel {
 
 size_t comm_type_size(CommType type) {
     switch (type) {
@@ -234,4 +234,4 @@ std::unique_ptr<Comm> comm_make_self() {
     return std::make_unique<SelfComm>();
 }
 
-}  // namespace mt::dist
+}  // namespace mt::parallel

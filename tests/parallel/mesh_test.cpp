@@ -1,17 +1,17 @@
 // Mesh arithmetic (rank order, coordinates, groups), impossible layouts and the self backend of Comm; all in one
 // process, without MPI.
-#include "dist/mesh.h"
+#include "parallel/mesh.h"
 
 #include <gtest/gtest.h>
 
 #include <numeric>
 
 #include "core/error.h"
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 using mt::core::Error;
 using mt::core::ExitCode;
-using namespace mt::dist;
+using namespace mt::parallel;
 
 namespace {
 

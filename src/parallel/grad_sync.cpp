@@ -1,5 +1,5 @@
 // Bucketed gradient reduction, overlapped with the backward, and the ZeRO-1 scatter/gather.
-#include "train/grad_sync.h"
+#include "parallel/grad_sync.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,45 +7,40 @@
 
 #include "ops/global_norm.h"
 
-namespace mt::train {
+namespace mt::parallel {
 
-GradSync::GradSync(nn::ParamTable& table,
-                   const dist::Mesh& mesh,
-                   double bucket_mb,
-                   bool zero,
-                   dist::Comm* dense_rows,
-                   dist::Comm* expert_rows)
-    : table_(&table),
-      dense_(&mesh.group(dist::MeshGroup::dp_span)),
-      ep_(&mesh.group(dist::MeshGroup::ep)),
-      dense_rows_(dense_rows != nullptr ? dense_rows : &mesh.group(dist::MeshGroup::dp_span)),
-      edp_rows_(expert_rows != nullptr ? expert_rows : &mesh.group(dist::MeshGroup::edp)),
-      zero_(zero && mesh.group(dist::MeshGroup::dp_span).size() > 1),
-      active_(mesh.group(dist::MeshGroup::dp_span).size() > 1) {
+GradSync::GradSync(
+    GradArenas arenas, const Mesh& mesh, double bucket_mb, bool zero, Comm* dense_rows, Comm* expert_rows)
+    : arenas_(std::move(arenas)),
+      dense_(&mesh.group(MeshGroup::dp_span)),
+      ep_(&mesh.group(MeshGroup::ep)),
+      dense_rows_(dense_rows != nullptr ? dense_rows : &mesh.group(MeshGroup::dp_span)),
+      edp_rows_(expert_rows != nullptr ? expert_rows : &mesh.group(MeshGroup::edp)),
+      zero_(zero && mesh.group(MeshGroup::dp_span).size() > 1),
+      active_(mesh.group(MeshGroup::dp_span).size() > 1) {
     if (!active_) {
-        owned_.push_back({0, table.total_numel()});
+        owned_.push_back({0, arenas_.grads.numel()});
         return;
     }
-    const core::Tensor grads = table.grad_arena();
+    const core::Tensor& grads = arenas_.grads;
     // GPU gradients need communicators that move device memory (NCCL); the MPI backend reads host memory only.
     if (grads.device() == core::Device::cuda)
-        for (const dist::Comm* c : {dense_rows_, edp_rows_})
+        for (const Comm* c : {dense_rows_, edp_rows_})
             MT_CHECK(c->size() == 1 || c->backend() == "nccl",
                      "grad sync: GPU gradients over the {} backend (the buckets need NCCL communicators)",
                      c->backend());
     const auto elem = static_cast<int64_t>(core::dtype_size(grads.dtype()));
     const int64_t limit = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1048576.0) / elem);
-    for (int i = table.size() - 1; i >= 0;) {
+    const std::vector<ArenaParam>& params = arenas_.params;
+    for (int i = static_cast<int>(params.size()) - 1; i >= 0;) {
         Bucket b;
-        b.expert = nn::param_expert_sharded(table.spec(i));
-        b.end = table.offset(i) + table.padded_numel(i);
+        b.expert = params[i].expert;
+        b.end = params[i].end;
         // Whole parameters, the same reduction group, up to the size limit (a larger parameter is its own bucket).
         int j = i;
-        while (j >= 0 && nn::param_expert_sharded(table.spec(j)) == b.expert &&
-               (j == i || b.end - table.offset(j) <= limit))
-            --j;
+        while (j >= 0 && params[j].expert == b.expert && (j == i || b.end - params[j].begin <= limit)) --j;
         b.lowest = j + 1;
-        b.begin = table.offset(b.lowest);
+        b.begin = params[b.lowest].begin;
         const int64_t p = group(b).size();
         MT_CHECK((b.end - b.begin) % p == 0,
                  "grad sync: bucket of {} elements does not split over {} ranks (parameter alignment)",
@@ -69,18 +64,18 @@ GradSync::GradSync(nn::ParamTable& table,
 
 void GradSync::issue(Bucket& b) {
     b.issued = true;
-    dist::Comm& comm = group(b);
+    Comm& comm = group(b);
     if (comm.size() == 1) return;  // experts held by this rank alone: nothing to reduce
-    const core::Tensor grads = table_->grad_arena();
-    const dist::CommType type = dist::comm_type_of(grads.dtype());
+    const core::Tensor& grads = arenas_.grads;
+    const CommType type = comm_type_of(grads.dtype());
     const size_t elem = core::dtype_size(grads.dtype());
     char* base = static_cast<char*>(grads.raw()) + static_cast<size_t>(b.begin) * elem;
     if (!zero_) {
-        b.work = comm.all_reduce(base, b.end - b.begin, type, dist::ReduceOp::sum);
+        b.work = comm.all_reduce(base, b.end - b.begin, type, ReduceOp::sum);
         return;
     }
     char* out = static_cast<char*>(staging_.raw()) + static_cast<size_t>(b.staging) * elem;
-    b.work = comm.reduce_scatter(base, out, b.share, type, dist::ReduceOp::sum);
+    b.work = comm.reduce_scatter(base, out, b.share, type, ReduceOp::sum);
 }
 
 void GradSync::grads_ready(int first) {
@@ -101,7 +96,7 @@ double GradSync::finish() {
     issued_early_ = 0;
     for (Bucket& b : buckets_)
         if (!b.issued) issue(b);
-    const core::Tensor grads = table_->grad_arena();
+    const core::Tensor& grads = arenas_.grads;
     for (Bucket& b : buckets_) {
         b.work.wait();
         b.issued = false;
@@ -113,7 +108,7 @@ double GradSync::finish() {
 }
 
 double GradSync::grad_norm() const {
-    const core::Tensor grads = table_->grad_arena();
+    const core::Tensor& grads = arenas_.grads;
     if (!zero_ && ep_->size() == 1) return ops::global_norm({grads});
     // Squared norms of disjoint parts, one norm call per part list (one device synchronisation each): under ZeRO-1
     // the owned slices partition every bucket's group, so a sum over dp_span counts each dense element once and
@@ -126,11 +121,11 @@ double GradSync::grad_norm() const {
     std::vector<core::Tensor> dense, expert;
     if (zero_) {
         for (const optim::ArenaRange& r : owned_) dense.push_back(grads.slice(0, r.begin, r.end));
-        return std::sqrt(dist::comm_all_reduce_sum(*dense_, norm_sq(dense)));
+        return std::sqrt(comm_all_reduce_sum(*dense_, norm_sq(dense)));
     }
-    for (int i = 0; i < table_->size(); ++i)
-        (nn::param_expert_sharded(table_->spec(i)) ? expert : dense).push_back(table_->grad(i));
-    return std::sqrt(norm_sq(dense) + dist::comm_all_reduce_sum(*ep_, norm_sq(expert)));
+    for (const ArenaParam& p : arenas_.params)
+        (p.expert ? expert : dense).push_back(grads.slice(0, p.begin, p.begin + p.numel));
+    return std::sqrt(norm_sq(dense) + comm_all_reduce_sum(*ep_, norm_sq(expert)));
 }
 
 void GradSync::gather_params() {
@@ -139,10 +134,10 @@ void GradSync::gather_params() {
     // the bf16 copy, and the f32 master weights stay sharded as in Megatron-LM's distributed optimizer: the
     // optimizer reads only its own slices of them, so they are gathered (gather_master) only when a whole copy is
     // read, for a checkpoint. That moves a third of the bytes of gathering both (2 per element instead of 6).
-    const bool mixed = table_->precision().has_master_copy();
+    const bool mixed = arenas_.master_copy;
     // In forward order (the embedding first), so the first blocks' parameters arrive first; the next forward waits
     // for each bucket just before it reads it (params_needed), on the GPU where the backend allows.
-    const core::Tensor arena = mixed ? table_->param_arena() : table_->master_arena();
+    const core::Tensor& arena = mixed ? arenas_.weights : arenas_.master;
     for (auto b = buckets_.rbegin(); b != buckets_.rend(); ++b) b->param_gather = start_gather(*b, arena);
     if (mixed) master_stale_ = true;
 }
@@ -159,19 +154,19 @@ void GradSync::settle_params() {
 void GradSync::gather_master() {
     settle_params();
     if (!master_stale_) return;
-    std::vector<dist::CommWork> works;
-    for (const Bucket& b : buckets_) works.push_back(start_gather(b, table_->master_arena()));
+    std::vector<CommWork> works;
+    for (const Bucket& b : buckets_) works.push_back(start_gather(b, arenas_.master));
     for (auto& w : works) w.wait();
     master_stale_ = false;
 }
 
-dist::CommWork GradSync::start_gather(const Bucket& b, const core::Tensor& arena) {
-    dist::Comm& comm = group(b);
+CommWork GradSync::start_gather(const Bucket& b, const core::Tensor& arena) {
+    Comm& comm = group(b);
     if (comm.size() == 1) return {};
     // A gather only moves data, so it goes as bytes: any dtype, any backend.
     const auto elem = static_cast<int64_t>(core::dtype_size(arena.dtype()));
     char* base = static_cast<char*>(arena.raw());
-    return comm.all_gather(base + b.mine * elem, base + b.begin * elem, b.share * elem, dist::CommType::u8);
+    return comm.all_gather(base + b.mine * elem, base + b.begin * elem, b.share * elem, CommType::u8);
 }
 
-}  // namespace mt::train
+}  // namespace mt::parallel

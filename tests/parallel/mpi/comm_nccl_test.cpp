@@ -3,7 +3,7 @@
 // counters. Skipped, with the reason, where the build has no NCCL or the machine has fewer GPUs than ranks (CI);
 // there the factory's error is checked instead. CommNccl.* runs under the CTest entries mpi_gpu.npN (labels gpu, mpi;
 // tests/CMakeLists.txt names the suite), CommNcclSetup under mpi.npN with the CPU cases.
-#include "dist/comm_nccl.h"
+#include "parallel/comm_nccl.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -12,10 +12,10 @@
 
 #include "core/cuda_probe.h"
 #include "core/tensor.h"
-#include "dist/mpi/uneven_all_to_all.h"
-#include "dist/runtime.h"
+#include "parallel/mpi/uneven_all_to_all.h"
+#include "parallel/runtime.h"
 
-using namespace mt::dist;
+using namespace mt::parallel;
 using mt::core::Device;
 using mt::core::DType;
 using mt::core::Tensor;

@@ -1,7 +1,7 @@
 // Comm: the collective and point-to-point operations every parallel layout is built from (conventions §1.8), over
 // raw buffers of a few element types, each returning a CommWork handle so communication can overlap compute.
-// Backends: MPI (CPU buffers; also bootstraps every job, src/dist/comm_mpi.cpp) and "self" (one process, no MPI
-// calls, so `moetrain train` runs without mpirun) and NCCL (GPU buffers, src/dist/comm_nccl.h).
+// Backends: MPI (CPU buffers; also bootstraps every job, src/parallel/comm_mpi.cpp) and "self" (one process, no MPI
+// calls, so `moetrain train` runs without mpirun) and NCCL (GPU buffers, src/parallel/comm_nccl.h).
 #pragma once
 
 #include <array>
@@ -13,7 +13,7 @@
 
 #include "core/tensor.h"
 
-namespace mt::dist {
+namespace mt::parallel {
 
 // Element types a Comm moves. u64 exists for histograms (QB counts) that core::DType does not name.
 enum class CommType : uint8_t { f32, f64, i32, i64, u64, u8 };
@@ -126,4 +126,4 @@ std::vector<std::string> comm_gather_strings(Comm& comm, const std::string& mine
 // The one-process communicator: world size 1, no MPI calls.
 std::unique_ptr<Comm> comm_make_self();
 
-}  // namespace mt::dist
+}  // namespace mt::parallel

@@ -1,9 +1,9 @@
 // Mesh arithmetic (coordinates, groups, resolving the config's sizes) and the group communicators.
-#include "dist/mesh.h"
+#include "parallel/mesh.h"
 
 #include <fmt/format.h>
 
-namespace mt::dist {
+namespace mt::parallel {
 
 namespace {
 
@@ -145,4 +145,4 @@ MeshShape mesh_shape_from_json(const nlohmann::json& j) {
     return s;
 }
 
-}  // namespace mt::dist
+}  // namespace mt::parallel

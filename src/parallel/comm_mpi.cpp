@@ -7,10 +7,10 @@
 #include <climits>
 #include <vector>
 
-#include "dist/comm.h"
-#include "dist/runtime.h"
+#include "parallel/comm.h"
+#include "parallel/runtime.h"
 
-namespace mt::dist {
+namespace mt::parallel {
 
 namespace {
 
@@ -235,4 +235,4 @@ std::unique_ptr<Comm> comm_make_mpi_world() {
     return std::make_unique<MpiComm>(dup);
 }
 
-}  // namespace mt::dist
+}  // namespace mt::parallel

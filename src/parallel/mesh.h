@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
-namespace mt::dist {
+namespace mt::parallel {
 
 enum class MeshAxis : uint8_t { tp, cp, ep, dp, pp };
 constexpr int kMeshAxes = 5;
@@ -104,4 +104,4 @@ class Mesh {
 MeshShape mesh_shape_from_json(const nlohmann::json& j);
 std::string mesh_describe(const MeshShape& shape);  // "tp=1 cp=1 ep=2 dp=2 pp=1"
 
-}  // namespace mt::dist
+}  // namespace mt::parallel

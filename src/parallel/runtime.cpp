@@ -1,5 +1,5 @@
 // MPI start-up and shutdown, and the world communicator.
-#include "dist/runtime.h"
+#include "parallel/runtime.h"
 
 #include <execinfo.h>
 #include <mpi.h>
@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-namespace mt::dist {
+namespace mt::parallel {
 
 namespace {
 
@@ -115,4 +115,4 @@ void dist_abort(int code) {
     std::exit(code);
 }
 
-}  // namespace mt::dist
+}  // namespace mt::parallel
