@@ -6,7 +6,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/moe_balance.h"
 
 namespace mt::nn {
 

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "ops/add.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/moe_balance.h"
 #include "ops/grouped_linear.h"
 #include "ops/moe_unpermute.h"
 #include "ops/swiglu.h"

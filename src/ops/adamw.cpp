@@ -3,20 +3,9 @@
 #include "ops/adamw.h"
 
 #include "ops/cpu/checks.h"
-#include "ops/cpu/kernels.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
-
-void adamw_step(const Tensor& param,
-                const Tensor& grad,
-                const Tensor& m,
-                const Tensor& v,
-                const AdamWHyper& hyper,
-                int64_t step,
-                double grad_scale) {
-    adamw_step(param, grad, m, v, hyper, step, grad_scale, Tensor());
-}
 
 void adamw_step(const Tensor& param,
                 const Tensor& grad,
@@ -46,30 +35,8 @@ void adamw_step(const Tensor& param,
              hyper.beta2);
     if (check_same_device(op, {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}, {"param_copy", param_copy}}) ==
         core::Device::cuda)
-        return cuda::adamw_step(param, grad, m, v, hyper, step, grad_scale, param_copy);
-    check_float_arg(param, op, "param", 1);
-    check_float_arg(grad, op, "grad", 1);
-    check_float_arg(m, op, "m", 1);
-    check_float_arg(v, op, "v", 1);
-    cpu::check_dtype_as(grad, param, op, "grad", "param");
-    cpu::check_dtype_as(m, param, op, "m", "param");
-    cpu::check_dtype_as(v, param, op, "v", "param");
-    if (param_copy.defined()) check_dtype_in(param_copy, {DType::bf16, DType::f32}, op, "param_copy");
-    MT_DISPATCH_FLOAT(param.dtype(),
-                      op,
-                      cpu::adamw_step(param.data<scalar_t>(),
-                                      grad.data<scalar_t>(),
-                                      m.data<scalar_t>(),
-                                      v.data<scalar_t>(),
-                                      param.numel(),
-                                      hyper.lr,
-                                      hyper.beta1,
-                                      hyper.beta2,
-                                      hyper.eps,
-                                      hyper.weight_decay,
-                                      step,
-                                      grad_scale));
-    if (param_copy.defined()) param_copy.copy_from(param);  // converts (round to nearest even for bf16)
+        return MT_CALL_KERNEL(adamw_step, core::Device::cuda, param, grad, m, v, hyper, step, grad_scale, param_copy);
+    MT_CALL_KERNEL(adamw_step, core::Device::cpu, param, grad, m, v, hyper, step, grad_scale, param_copy);
 }
 
 }  // namespace mt::ops

@@ -5,7 +5,7 @@
 //   param -= lr * (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps)
 //   param, grad, m, v: [n] f32|f64, all the same dtype; step >= 1. param, m, v are updated in place.
 //   On CUDA: param, m, v f32 (master weights and optimizer state); grad f32|bf16.
-//   param_copy (the overload; optional, undefined = none): [n] bf16|f32, written (=) with the updated param converted
+//   param_copy (optional, undefined = none): [n] bf16|f32, written (=) with the updated param converted
 //   to its dtype: the low-precision model copy the forward reads, written by the same kernel on CUDA.
 #pragma once
 
@@ -29,14 +29,7 @@ void adamw_step(const Tensor& param,
                 const Tensor& v,
                 const AdamWHyper& hyper,
                 int64_t step,
-                double grad_scale);
-void adamw_step(const Tensor& param,
-                const Tensor& grad,
-                const Tensor& m,
-                const Tensor& v,
-                const AdamWHyper& hyper,
-                int64_t step,
                 double grad_scale,
-                const Tensor& param_copy);
+                const Tensor& param_copy = {});
 
 }  // namespace mt::ops

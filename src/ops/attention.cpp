@@ -7,8 +7,7 @@
 
 #include "core/backend.h"
 #include "ops/cpu/checks.h"
-#include "ops/cpu/kernels.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
 
@@ -26,8 +25,8 @@ void check_qkv_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const T
     MT_CHECK(d > 0, "{}: q has shape {}; the head dim D must be > 0", op, core::shape_str(q.shape()));
 }
 
-// The CUDA path's checks: every tensor on the device, contiguous, of its rank and shape.
-void check_cuda_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, std::string_view op) {
+// Every tensor contiguous, of its rank and shape (the dtypes are the kernels' to check).
+void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, std::string_view op) {
     check_arg(q, op, "q", 4);
     check_arg(k, op, "k", 4);
     check_arg(v, op, "v", 4);
@@ -40,45 +39,16 @@ void require_cuda(std::string_view op) {
         core::fail(core::ExitCode::device, "{}: got cuda tensors, but no CUDA device is available", op);
 }
 
-// q [B, T, Hq, D]; k, v [B, T, Hkv, D] with Hq % Hkv == 0; lse [B, Hq, T]; all one float dtype.
-void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, std::string_view op) {
-    check_float_arg(q, op, "q", 4);
-    check_float_arg(k, op, "k", 4);
-    check_float_arg(v, op, "v", 4);
-    check_float_arg(lse, op, "lse", 3);
-    cpu::check_dtype_as(k, q, op, "k", "q");
-    cpu::check_dtype_as(v, q, op, "v", "q");
-    cpu::check_dtype_as(lse, q, op, "lse", "q");
-    check_qkv_shapes(q, k, v, lse, op);
-}
-
 }  // namespace
 
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
     constexpr std::string_view op = "attention_fwd";
-    if (check_same_device(op, {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}}) == Device::cuda) {
-        check_cuda_qkv(q, k, v, lse, op);
-        check_arg(out, op, "out", 4);
-        check_shape(out, q.shape(), op, "out");
-        require_cuda(op);
-        return cuda::attention_fwd(q, k, v, out, lse);
-    }
+    const Device device = check_same_device(op, {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}});
     check_qkv(q, k, v, lse, op);
-    check_float_arg(out, op, "out", 4);
-    cpu::check_dtype_as(out, q, op, "out", "q");
+    check_arg(out, op, "out", 4);
     check_shape(out, q.shape(), op, "out");
-    MT_DISPATCH_FLOAT(q.dtype(),
-                      op,
-                      cpu::attention_fwd(q.data<scalar_t>(),
-                                         k.data<scalar_t>(),
-                                         v.data<scalar_t>(),
-                                         out.data<scalar_t>(),
-                                         lse.data<scalar_t>(),
-                                         q.size(0),
-                                         q.size(1),
-                                         q.size(2),
-                                         k.size(2),
-                                         q.size(3)));
+    if (device == Device::cuda) require_cuda(op);
+    MT_CALL_KERNEL(attention_fwd, device, q, k, v, out, lse);
 }
 
 void attention_bwd(const Tensor& q,
@@ -94,50 +64,19 @@ void attention_bwd(const Tensor& q,
     const Device device = check_same_device(
         op,
         {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}, {"dout", dout}, {"dq", dq}, {"dk", dk}, {"dv", dv}});
-    if (device == Device::cuda) {
-        check_cuda_qkv(q, k, v, lse, op);
-        const std::pair<const Tensor*, std::string_view> like_q[] = {{&out, "out"}, {&dout, "dout"}, {&dq, "dq"}};
-        for (const auto& [t, name] : like_q) {
-            check_arg(*t, op, name, 4);
-            check_shape(*t, q.shape(), op, name);
-        }
-        const std::pair<const Tensor*, std::string_view> like_k[] = {{&dk, "dk"}, {&dv, "dv"}};
-        for (const auto& [t, name] : like_k) {
-            check_arg(*t, op, name, 4);
-            check_shape(*t, k.shape(), op, name);
-        }
-        require_cuda(op);
-        return cuda::attention_bwd(q, k, v, out, lse, dout, dq, dk, dv);
-    }
     check_qkv(q, k, v, lse, op);
     const std::pair<const Tensor*, std::string_view> like_q[] = {{&out, "out"}, {&dout, "dout"}, {&dq, "dq"}};
     for (const auto& [t, name] : like_q) {
-        check_float_arg(*t, op, name, 4);
-        cpu::check_dtype_as(*t, q, op, name, "q");
+        check_arg(*t, op, name, 4);
         check_shape(*t, q.shape(), op, name);
     }
     const std::pair<const Tensor*, std::string_view> like_k[] = {{&dk, "dk"}, {&dv, "dv"}};
     for (const auto& [t, name] : like_k) {
-        check_float_arg(*t, op, name, 4);
-        cpu::check_dtype_as(*t, q, op, name, "q");
+        check_arg(*t, op, name, 4);
         check_shape(*t, k.shape(), op, name);
     }
-    MT_DISPATCH_FLOAT(q.dtype(),
-                      op,
-                      cpu::attention_bwd(q.data<scalar_t>(),
-                                         k.data<scalar_t>(),
-                                         v.data<scalar_t>(),
-                                         out.data<scalar_t>(),
-                                         lse.data<scalar_t>(),
-                                         dout.data<scalar_t>(),
-                                         dq.data<scalar_t>(),
-                                         dk.data<scalar_t>(),
-                                         dv.data<scalar_t>(),
-                                         q.size(0),
-                                         q.size(1),
-                                         q.size(2),
-                                         k.size(2),
-                                         q.size(3)));
+    if (device == Device::cuda) require_cuda(op);
+    MT_CALL_KERNEL(attention_bwd, device, q, k, v, out, lse, dout, dq, dk, dv);
 }
 
 }  // namespace mt::ops

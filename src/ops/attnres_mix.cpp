@@ -5,7 +5,7 @@
 
 #include "ops/cpu/attnres_mix.h"
 #include "ops/cpu/checks.h"
-#include "ops/cuda/attnres_mix_cuda.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
 
@@ -46,28 +46,6 @@ core::Device device_of(const std::vector<Tensor>& sources,
     return d;
 }
 
-template <typename T>
-std::vector<const T*> const_ptrs(const std::vector<Tensor>& ts) {
-    std::vector<const T*> out;
-    for (const Tensor& t : ts) out.push_back(t.data<T>());
-    return out;
-}
-
-template <typename T>
-std::vector<T*> ptrs(const std::vector<Tensor>& ts) {
-    std::vector<T*> out;
-    for (const Tensor& t : ts) out.push_back(t.data<T>());
-    return out;
-}
-
-void check_cpu_floats(const std::vector<Tensor>& sources, std::initializer_list<NamedArg> others, std::string_view op) {
-    for (size_t j = 0; j < sources.size(); ++j) check_float_arg(sources[j], op, fmt::format("sources[{}]", j), 2);
-    for (const NamedArg& a : others) {
-        check_float_arg(a.tensor, op, a.name, a.tensor.ndim());
-        cpu::check_dtype_as(a.tensor, sources[0], op, a.name, "the sources");
-    }
-}
-
 }  // namespace
 
 void attnres_mix_fwd(const std::vector<Tensor>& sources,
@@ -92,22 +70,7 @@ void attnres_mix_fwd(const std::vector<Tensor>& sources,
     MT_CHECK(blend >= 0.0 && blend <= 1.0, "{}: blend = {} must be in [0, 1]", op, blend);
     const std::initializer_list<NamedArg> others = {
         {"query", query}, {"key_gain", key_gain}, {"h", h}, {"alpha", alpha}};
-    if (device_of(sources, others, op) == core::Device::cuda)
-        return cuda::attnres_mix_fwd(sources, query, key_gain, eps, h, alpha, blend);
-    check_cpu_floats(sources, others, op);
-    MT_DISPATCH_FLOAT(sources[0].dtype(), op, {
-        const auto v = const_ptrs<scalar_t>(sources);
-        cpu::attnres_mix_fwd(v.data(),
-                             query.data<scalar_t>(),
-                             key_gain.data<scalar_t>(),
-                             eps,
-                             h.data<scalar_t>(),
-                             alpha.data<scalar_t>(),
-                             m,
-                             n,
-                             c,
-                             blend);
-    });
+    MT_CALL_KERNEL(attnres_mix_fwd, device_of(sources, others, op), sources, query, key_gain, eps, h, alpha, blend);
 }
 
 void attnres_mix_bwd(const std::vector<Tensor>& sources,
@@ -150,28 +113,7 @@ void attnres_mix_bwd(const std::vector<Tensor>& sources,
     const core::Device dev = device_of(sources, others, op);
     for (size_t j = 0; j < d_sources.size(); ++j)
         MT_CHECK(d_sources[j].device() == dev, "{}: d_sources[{}] is not on {}", op, j, core::device_name(dev));
-    if (dev == core::Device::cuda)
-        return cuda::attnres_mix_bwd(sources, query, key_gain, eps, alpha, dh, d_sources, dquery, dkey_gain, blend);
-    check_cpu_floats(sources, others, op);
-    check_cpu_floats(d_sources, {}, op);
-    cpu::check_dtype_as(d_sources[0], sources[0], op, "d_sources", "the sources");
-    MT_DISPATCH_FLOAT(sources[0].dtype(), op, {
-        const auto v = const_ptrs<scalar_t>(sources);
-        const auto dv = ptrs<scalar_t>(d_sources);
-        cpu::attnres_mix_bwd(v.data(),
-                             query.data<scalar_t>(),
-                             key_gain.data<scalar_t>(),
-                             eps,
-                             alpha.data<scalar_t>(),
-                             dh.data<scalar_t>(),
-                             dv.data(),
-                             dquery.data<scalar_t>(),
-                             dkey_gain.data<scalar_t>(),
-                             m,
-                             n,
-                             c,
-                             blend);
-    });
+    MT_CALL_KERNEL(attnres_mix_bwd, dev, sources, query, key_gain, eps, alpha, dh, d_sources, dquery, dkey_gain, blend);
 }
 
 }  // namespace mt::ops

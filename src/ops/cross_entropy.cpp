@@ -3,32 +3,9 @@
 #include "ops/cross_entropy.h"
 
 #include "ops/cpu/checks.h"
-#include "ops/cpu/kernels.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
-
-namespace {
-
-// Every target must be a class index or ignore_index; anything else means bad label data (exit 3), not a bug. (The
-// CUDA side checks on the device and reports the same message.)
-void check_targets(const Tensor& targets, int64_t vocab, int32_t ignore_index, std::string_view op) {
-    const int32_t* p = targets.data<int32_t>();
-    for (int64_t i = 0; i < targets.numel(); ++i) {
-        if (p[i] != ignore_index && (p[i] < 0 || p[i] >= vocab))
-            core::fail_hint(core::ExitCode::data,
-                            "the token data holds ids outside the vocabulary; check model.vocab_size and the "
-                            "tokenizer used to write the data",
-                            "{}: targets[{}] = {} is outside [0, {}) and is not ignore_index ({})",
-                            op,
-                            i,
-                            p[i],
-                            vocab,
-                            ignore_index);
-    }
-}
-
-}  // namespace
 
 void cross_entropy_fwd(
     const Tensor& logits, const Tensor& targets, int32_t ignore_index, const Tensor& losses, const Tensor& lse) {
@@ -44,22 +21,8 @@ void cross_entropy_fwd(
     check_shape(lse, {n}, op, "lse");
     if (check_same_device(op, {{"logits", logits}, {"targets", targets}, {"losses", losses}, {"lse", lse}}) ==
         core::Device::cuda)
-        return cuda::cross_entropy_fwd(logits, targets, ignore_index, losses, lse);
-    check_float_arg(logits, op, "logits", 2);
-    check_float_arg(losses, op, "losses", 1);
-    check_float_arg(lse, op, "lse", 1);
-    cpu::check_dtype_as(losses, logits, op, "losses", "logits");
-    cpu::check_dtype_as(lse, logits, op, "lse", "logits");
-    check_targets(targets, v, ignore_index, op);
-    MT_DISPATCH_FLOAT(logits.dtype(),
-                      op,
-                      cpu::cross_entropy_fwd(logits.data<scalar_t>(),
-                                             targets.data<int32_t>(),
-                                             ignore_index,
-                                             losses.data<scalar_t>(),
-                                             lse.data<scalar_t>(),
-                                             n,
-                                             v));
+        return MT_CALL_KERNEL(cross_entropy_fwd, core::Device::cuda, logits, targets, ignore_index, losses, lse);
+    MT_CALL_KERNEL(cross_entropy_fwd, core::Device::cpu, logits, targets, ignore_index, losses, lse);
 }
 
 void cross_entropy_bwd(const Tensor& logits,
@@ -82,25 +45,9 @@ void cross_entropy_bwd(const Tensor& logits,
     if (check_same_device(
             op, {{"logits", logits}, {"targets", targets}, {"lse", lse}, {"dlosses", dlosses}, {"dlogits", dlogits}}) ==
         core::Device::cuda)
-        return cuda::cross_entropy_bwd(logits, targets, lse, ignore_index, dlosses, dlogits);
-    check_float_arg(logits, op, "logits", 2);
-    check_float_arg(lse, op, "lse", 1);
-    check_float_arg(dlosses, op, "dlosses", 1);
-    check_float_arg(dlogits, op, "dlogits", 2);
-    cpu::check_dtype_as(lse, logits, op, "lse", "logits");
-    cpu::check_dtype_as(dlosses, logits, op, "dlosses", "logits");
-    cpu::check_dtype_as(dlogits, logits, op, "dlogits", "logits");
-    check_targets(targets, v, ignore_index, op);
-    MT_DISPATCH_FLOAT(logits.dtype(),
-                      op,
-                      cpu::cross_entropy_bwd(logits.data<scalar_t>(),
-                                             targets.data<int32_t>(),
-                                             lse.data<scalar_t>(),
-                                             ignore_index,
-                                             dlosses.data<scalar_t>(),
-                                             dlogits.data<scalar_t>(),
-                                             n,
-                                             v));
+        return MT_CALL_KERNEL(
+            cross_entropy_bwd, core::Device::cuda, logits, targets, lse, ignore_index, dlosses, dlogits);
+    MT_CALL_KERNEL(cross_entropy_bwd, core::Device::cpu, logits, targets, lse, ignore_index, dlosses, dlogits);
 }
 
 }  // namespace mt::ops

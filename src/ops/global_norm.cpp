@@ -1,21 +1,11 @@
 // Entry points of the global L2 norm: argument checks and dispatch by device; tensors are summed in list order.
 #include "ops/global_norm.h"
 
-#include <cmath>
-
-#include "ops/cpu/kernels.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
 
 namespace {
-
-double sum_squares_checked(const Tensor& t, std::string_view op, std::string_view arg) {
-    check_float_arg(t, op, arg, t.ndim());
-    double result = 0.0;
-    MT_DISPATCH_FLOAT(t.dtype(), op, result = cpu::sum_squares(t.data<scalar_t>(), t.numel()));
-    return result;
-}
 
 // Checks every tensor (defined, contiguous) and that all are on one device, which it returns (cpu for none).
 core::Device check_list(const std::vector<Tensor>& tensors, std::string_view op) {
@@ -32,20 +22,12 @@ core::Device check_list(const std::vector<Tensor>& tensors, std::string_view op)
 
 double global_norm_sq(const Tensor& t) {
     constexpr std::string_view op = "global_norm_sq";
-    if (check_list({t}, op) == core::Device::cuda) {
-        const double norm = cuda::global_norm({t});
-        return norm * norm;  // the CUDA side returns the norm; squaring rounds once more (a relative 1e-16)
-    }
-    return sum_squares_checked(t, op, "t");
+    return MT_CALL_KERNEL(global_norm_sq, check_list({t}, op), t);
 }
 
 double global_norm(const std::vector<Tensor>& tensors) {
     constexpr std::string_view op = "global_norm";
-    if (check_list(tensors, op) == core::Device::cuda) return cuda::global_norm(tensors);
-    double total = 0.0;
-    for (size_t i = 0; i < tensors.size(); ++i)
-        total += sum_squares_checked(tensors[i], op, fmt::format("tensors[{}]", i));
-    return std::sqrt(total);
+    return MT_CALL_KERNEL(global_norm, check_list(tensors, op), tensors);
 }
 
 }  // namespace mt::ops

@@ -3,7 +3,7 @@
 #include "ops/grouped_linear.h"
 
 #include "ops/cpu/checks.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
 
@@ -36,11 +36,6 @@ Tensor host_offsets(const Tensor& offsets, int64_t e, int64_t rows, std::string_
     return h;
 }
 
-template <typename T>
-T* data_or_null(const Tensor& t) {
-    return t.defined() ? t.data<T>() : nullptr;
-}
-
 }  // namespace
 
 void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y) {
@@ -53,16 +48,7 @@ void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets,
     check_shape(y, {rows, m}, op, "y");
     const core::Device dev = check_same_device(op, {{"x", x}, {"w", w}, {"y", y}});
     const Tensor o = host_offsets(offsets, e, rows, op);
-    if (dev == core::Device::cuda) return cuda::grouped_linear_fwd(x, w, o.data<int32_t>(), y);
-    check_float_arg(x, op, "x", 2);
-    check_float_arg(w, op, "w", 3);
-    check_float_arg(y, op, "y", 2);
-    cpu::check_dtype_as(w, x, op, "w", "x");
-    cpu::check_dtype_as(y, x, op, "y", "x");
-    MT_DISPATCH_FLOAT(x.dtype(),
-                      op,
-                      cpu::grouped_linear_fwd(
-                          x.data<scalar_t>(), w.data<scalar_t>(), o.data<int32_t>(), y.data<scalar_t>(), e, k, m));
+    MT_CALL_KERNEL(grouped_linear_fwd, dev, x, w, o, y);
 }
 
 void grouped_linear_bwd(const Tensor& x,
@@ -87,36 +73,7 @@ void grouped_linear_bwd(const Tensor& x,
     }
     const core::Device dev = check_same_device(op, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}});
     const Tensor o = host_offsets(offsets, e, rows, op);
-    if (dev == core::Device::cuda) return cuda::grouped_linear_bwd(x, w, o.data<int32_t>(), dy, dx, dw, accumulate_dx);
-    check_float_arg(x, op, "x", 2);
-    check_float_arg(w, op, "w", 3);
-    check_float_arg(dy, op, "dy", 2);
-    check_float_arg(dw, op, "dw", 3);
-    cpu::check_dtype_as(w, x, op, "w", "x");
-    cpu::check_dtype_as(dy, x, op, "dy", "x");
-    cpu::check_dtype_as(dw, x, op, "dw", "x");
-    if (dx.defined()) {
-        check_float_arg(dx, op, "dx", 2);
-        cpu::check_dtype_as(dx, x, op, "dx", "x");
-    }
-    // accumulate_dx: the reference writes a fresh buffer and adds it (the same sums as the CUDA path's beta = 1)
-    const Tensor dx_out = dx.defined() && accumulate_dx ? Tensor::zeros(dx.shape(), dx.dtype()) : dx;
-    MT_DISPATCH_FLOAT(x.dtype(), op, {
-        cpu::grouped_linear_bwd(x.data<scalar_t>(),
-                                w.data<scalar_t>(),
-                                o.data<int32_t>(),
-                                dy.data<scalar_t>(),
-                                data_or_null<scalar_t>(dx_out),
-                                dw.data<scalar_t>(),
-                                e,
-                                k,
-                                m);
-        if (dx.defined() && accumulate_dx) {
-            scalar_t* d = dx.data<scalar_t>();
-            const scalar_t* s = dx_out.data<scalar_t>();
-            for (int64_t i = 0; i < dx.numel(); ++i) d[i] += s[i];
-        }
-    });
+    MT_CALL_KERNEL(grouped_linear_bwd, dev, x, w, o, dy, dx, dw, accumulate_dx);
 }
 
 }  // namespace mt::ops

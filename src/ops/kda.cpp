@@ -7,8 +7,8 @@
 #include <string_view>
 
 #include "ops/cpu/checks.h"
-#include "ops/cpu/kda_kernels.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/cpu/kda.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
 
@@ -48,15 +48,6 @@ cpu::KdaDims check_inputs(const Tensor& q,
                  op,
                  options.chunk_size);
     return d;
-}
-
-// The CPU path: every tensor f32 or f64, all of q's dtype.
-void check_cpu_dtypes(std::initializer_list<NamedArg> args, const Tensor& q, std::string_view op) {
-    for (const NamedArg& a : args) {
-        if (!a.tensor.defined()) continue;
-        check_float_arg(a.tensor, op, a.name, static_cast<int>(a.tensor.ndim()));
-        cpu::check_dtype_as(a.tensor, q, op, a.name, "q");
-    }
 }
 
 // A state-shaped tensor [B, HV, K, V], or undefined.
@@ -133,15 +124,6 @@ void check_saved(
              call);
 }
 
-template <typename T>
-const T* ptr_or_null(const Tensor& t) {
-    return t.defined() ? t.data<T>() : nullptr;
-}
-template <typename T>
-T* mut_ptr_or_null(const Tensor& t) {
-    return t.defined() ? t.data<T>() : nullptr;
-}
-
 }  // namespace
 
 void kda_fwd(const Tensor& q,
@@ -163,7 +145,7 @@ void kda_fwd(const Tensor& q,
     if (saved != nullptr) *saved = KdaSaved{};  // the CPU path keeps nothing
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
-        cuda::kda_fwd(q, k, v, g, beta, s0, out, st, options, saved);
+        MT_CALL_KERNEL(kda_fwd, core::Device::cuda, q, k, v, g, beta, s0, out, st, options, saved);
         if (saved != nullptr && saved->has_tiles()) {
             saved->b = d.b;
             saved->seq = d.t;
@@ -174,37 +156,7 @@ void kda_fwd(const Tensor& q,
         }
         return;
     }
-    check_cpu_dtypes(
-        {{"q", q}, {"k", k}, {"v", v}, {"g", g}, {"beta", beta}, {"s0", s0}, {"out", out}, {"st", st}}, q, op);
-    const bool chunked = options.algorithm == KdaAlgorithm::chunked;
-    const bool pairwise = options.diagonal == KdaDiagonal::pairwise;
-    MT_DISPATCH_FLOAT(q.dtype(), op, {
-        const scalar_t* args[] = {
-            q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(), g.data<scalar_t>(), beta.data<scalar_t>()};
-        if (chunked) {
-            cpu::kda_chunked_fwd(args[0],
-                                 args[1],
-                                 args[2],
-                                 args[3],
-                                 args[4],
-                                 ptr_or_null<scalar_t>(s0),
-                                 out.data<scalar_t>(),
-                                 mut_ptr_or_null<scalar_t>(st),
-                                 d,
-                                 options.chunk_size,
-                                 pairwise);
-        } else {
-            cpu::kda_recurrent_fwd(args[0],
-                                   args[1],
-                                   args[2],
-                                   args[3],
-                                   args[4],
-                                   ptr_or_null<scalar_t>(s0),
-                                   out.data<scalar_t>(),
-                                   mut_ptr_or_null<scalar_t>(st),
-                                   d);
-        }
-    });
+    MT_CALL_KERNEL(kda_fwd, core::Device::cpu, q, k, v, g, beta, s0, out, st, options, saved);
 }
 
 void kda_bwd(const Tensor& q,
@@ -256,77 +208,11 @@ void kda_bwd(const Tensor& q,
     if (saved != nullptr) check_saved(*saved, d, options, device, op);
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
-        return cuda::kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, saved);
+        return MT_CALL_KERNEL(
+            kda_bwd, core::Device::cuda, q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, saved);
     }
-    check_cpu_dtypes({{"q", q},
-                      {"k", k},
-                      {"v", v},
-                      {"g", g},
-                      {"beta", beta},
-                      {"s0", s0},
-                      {"dout", dout},
-                      {"dst", dst},
-                      {"dq", dq},
-                      {"dk", dk},
-                      {"dv", dv},
-                      {"dg", dg},
-                      {"dbeta", dbeta},
-                      {"ds0", ds0}},
-                     q,
-                     op);
-    const bool chunked = options.algorithm == KdaAlgorithm::chunked;
-    const bool pairwise = options.diagonal == KdaDiagonal::pairwise;
-    MT_DISPATCH_FLOAT(q.dtype(), op, {
-        const scalar_t* in[] = {q.data<scalar_t>(),
-                                k.data<scalar_t>(),
-                                v.data<scalar_t>(),
-                                g.data<scalar_t>(),
-                                beta.data<scalar_t>(),
-                                ptr_or_null<scalar_t>(s0),
-                                dout.data<scalar_t>(),
-                                ptr_or_null<scalar_t>(dst)};
-        scalar_t* grads[] = {dq.data<scalar_t>(),
-                             dk.data<scalar_t>(),
-                             dv.data<scalar_t>(),
-                             dg.data<scalar_t>(),
-                             dbeta.data<scalar_t>(),
-                             mut_ptr_or_null<scalar_t>(ds0)};
-        if (chunked) {
-            cpu::kda_chunked_bwd(in[0],
-                                 in[1],
-                                 in[2],
-                                 in[3],
-                                 in[4],
-                                 in[5],
-                                 in[6],
-                                 in[7],
-                                 grads[0],
-                                 grads[1],
-                                 grads[2],
-                                 grads[3],
-                                 grads[4],
-                                 grads[5],
-                                 d,
-                                 options.chunk_size,
-                                 pairwise);
-        } else {
-            cpu::kda_recurrent_bwd(in[0],
-                                   in[1],
-                                   in[2],
-                                   in[3],
-                                   in[4],
-                                   in[5],
-                                   in[6],
-                                   in[7],
-                                   grads[0],
-                                   grads[1],
-                                   grads[2],
-                                   grads[3],
-                                   grads[4],
-                                   grads[5],
-                                   d);
-        }
-    });
+    MT_CALL_KERNEL(
+        kda_bwd, core::Device::cpu, q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, saved);
 }
 
 }  // namespace mt::ops

@@ -4,26 +4,11 @@
 #include <string_view>
 
 #include "ops/cpu/checks.h"
-#include "ops/cpu/kda_kernels.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
 
 namespace {
-
-void check_l2(const Tensor& x, const Tensor& rinv, std::string_view op) {
-    check_float_arg(x, op, "x", 2);
-    MT_CHECK(x.size(1) > 0, "{}: x has shape {}; the normalized dim C must be > 0", op, core::shape_str(x.shape()));
-    check_float_arg(rinv, op, "rinv", 1);
-    check_shape(rinv, {x.size(0)}, op, "rinv");
-    cpu::check_dtype_as(rinv, x, op, "rinv", "x");
-}
-
-void check_like_x(const Tensor& t, const Tensor& x, std::string_view op, const char* name) {
-    check_float_arg(t, op, name, 2);
-    check_shape(t, x.shape(), op, name);
-    cpu::check_dtype_as(t, x, op, name, "x");
-}
 
 // Ranks, contiguity and shapes on any device (the CUDA path): x [N, C], rinv [N], the rest like x.
 void check_l2_shapes(const Tensor& x, const Tensor& rinv, std::initializer_list<NamedArg> like_x, std::string_view op) {
@@ -45,35 +30,18 @@ void l2norm_fwd(const Tensor& x, double scale, double eps, const Tensor& y, cons
     MT_CHECK(eps > 0.0, "{}: eps = {} must be > 0", op, eps);
     if (device == core::Device::cuda) {
         check_l2_shapes(x, rinv, {{"y", y}}, op);
-        return cuda::l2norm_fwd(x, scale, eps, y, rinv);
+        return MT_CALL_KERNEL(l2norm_fwd, core::Device::cuda, x, scale, eps, y, rinv);
     }
-    check_l2(x, rinv, op);
-    check_like_x(y, x, op, "y");
-    MT_DISPATCH_FLOAT(
-        x.dtype(),
-        op,
-        cpu::l2norm_fwd(
-            x.data<scalar_t>(), y.data<scalar_t>(), rinv.data<scalar_t>(), x.size(0), x.size(1), scale, eps));
+    MT_CALL_KERNEL(l2norm_fwd, core::Device::cpu, x, scale, eps, y, rinv);
 }
 
 void l2norm_bwd(const Tensor& x, const Tensor& rinv, double scale, const Tensor& dy, const Tensor& dx) {
     constexpr std::string_view op = "l2norm_bwd";
     if (check_same_device(op, {{"x", x}, {"rinv", rinv}, {"dy", dy}, {"dx", dx}}) == core::Device::cuda) {
         check_l2_shapes(x, rinv, {{"dy", dy}, {"dx", dx}}, op);
-        return cuda::l2norm_bwd(x, rinv, scale, dy, dx);
+        return MT_CALL_KERNEL(l2norm_bwd, core::Device::cuda, x, rinv, scale, dy, dx);
     }
-    check_l2(x, rinv, op);
-    check_like_x(dy, x, op, "dy");
-    check_like_x(dx, x, op, "dx");
-    MT_DISPATCH_FLOAT(x.dtype(),
-                      op,
-                      cpu::l2norm_bwd(x.data<scalar_t>(),
-                                      rinv.data<scalar_t>(),
-                                      dy.data<scalar_t>(),
-                                      dx.data<scalar_t>(),
-                                      x.size(0),
-                                      x.size(1),
-                                      scale));
+    MT_CALL_KERNEL(l2norm_bwd, core::Device::cpu, x, rinv, scale, dy, dx);
 }
 
 }  // namespace mt::ops

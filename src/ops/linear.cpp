@@ -6,8 +6,7 @@
 
 #include "core/backend.h"
 #include "ops/cpu/checks.h"
-#include "ops/cpu/kernels.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
 
@@ -18,12 +17,6 @@ using core::Device;
 void require_cuda(std::string_view op) {
     if (!core::backend_available(Device::cuda))
         core::fail(core::ExitCode::device, "{}: got cuda tensors, but no CUDA device is available", op);
-}
-
-// Null when the optional tensor is undefined.
-template <typename T>
-T* data_or_null(const Tensor& t) {
-    return t.defined() ? t.data<T>() : nullptr;
 }
 
 }  // namespace
@@ -42,26 +35,9 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tens
             check_shape(bias, {m}, op, "bias");
         }
         require_cuda(op);
-        return cuda::linear_fwd(x, w, bias, y);
+        return MT_CALL_KERNEL(linear_fwd, core::Device::cuda, x, w, bias, y);
     }
-    check_float_arg(x, op, "x", 2);
-    check_float_arg(w, op, "w", 2);
-    check_float_arg(y, op, "y", 2);
-    cpu::check_dtype_as(w, x, op, "w", "x");
-    cpu::check_dtype_as(y, x, op, "y", "x");
-    const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
-    check_shape(w, {m, k}, op, "w");
-    check_shape(y, {n, m}, op, "y");
-    if (bias.defined()) {
-        check_float_arg(bias, op, "bias", 1);
-        cpu::check_dtype_as(bias, x, op, "bias", "x");
-        check_shape(bias, {m}, op, "bias");
-    }
-    MT_DISPATCH_FLOAT(
-        x.dtype(),
-        op,
-        cpu::linear_fwd(
-            x.data<scalar_t>(), w.data<scalar_t>(), data_or_null<scalar_t>(bias), y.data<scalar_t>(), n, k, m));
+    MT_CALL_KERNEL(linear_fwd, core::Device::cpu, x, w, bias, y);
 }
 
 void linear_bwd(const Tensor& x,
@@ -91,41 +67,9 @@ void linear_bwd(const Tensor& x,
             check_shape(dbias, {m}, op, "dbias");
         }
         require_cuda(op);
-        return cuda::linear_bwd(x, w, dy, dx, dw, dbias, accumulate_dx);
+        return MT_CALL_KERNEL(linear_bwd, core::Device::cuda, x, w, dy, dx, dw, dbias, accumulate_dx);
     }
-    check_float_arg(x, op, "x", 2);
-    check_float_arg(w, op, "w", 2);
-    check_float_arg(dy, op, "dy", 2);
-    check_float_arg(dw, op, "dw", 2);
-    cpu::check_dtype_as(w, x, op, "w", "x");
-    cpu::check_dtype_as(dy, x, op, "dy", "x");
-    cpu::check_dtype_as(dw, x, op, "dw", "x");
-    const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
-    check_shape(w, {m, k}, op, "w");
-    check_shape(dy, {n, m}, op, "dy");
-    check_shape(dw, {m, k}, op, "dw");
-    if (dx.defined()) {
-        check_float_arg(dx, op, "dx", 2);
-        cpu::check_dtype_as(dx, x, op, "dx", "x");
-        check_shape(dx, {n, k}, op, "dx");
-    }
-    if (dbias.defined()) {
-        check_float_arg(dbias, op, "dbias", 1);
-        cpu::check_dtype_as(dbias, x, op, "dbias", "x");
-        check_shape(dbias, {m}, op, "dbias");
-    }
-    MT_DISPATCH_FLOAT(x.dtype(),
-                      op,
-                      cpu::linear_bwd(x.data<scalar_t>(),
-                                      w.data<scalar_t>(),
-                                      dy.data<scalar_t>(),
-                                      data_or_null<scalar_t>(dx),
-                                      dw.data<scalar_t>(),
-                                      data_or_null<scalar_t>(dbias),
-                                      n,
-                                      k,
-                                      m,
-                                      accumulate_dx));
+    MT_CALL_KERNEL(linear_bwd, core::Device::cpu, x, w, dy, dx, dw, dbias, accumulate_dx);
 }
 
 }  // namespace mt::ops

@@ -3,7 +3,7 @@
 #include "ops/moe_permute.h"
 
 #include "ops/cpu/checks.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
 
@@ -77,34 +77,16 @@ int64_t moe_permute_plan(const Tensor& indices,
         check_arg(gates, op, "gates", 2);
         check_shape(gates, {n, k}, op, "gates");
     }
-    if (indices.device() == core::Device::cuda)
-        return cuda::moe_permute_plan(indices, gates, num_experts, capacity, policy, offsets, slot_row, row_token);
-    if (gates.defined()) check_float_arg(gates, op, "gates", 2);
-    if (!gates.defined())
-        return cpu::moe_permute_plan<float>(indices.data<int32_t>(),
-                                            nullptr,
-                                            n,
-                                            k,
-                                            num_experts,
-                                            capacity,
-                                            policy,
-                                            offsets.data<int32_t>(),
-                                            slot_row.data<int32_t>(),
-                                            row_token.data<int32_t>());
-    int64_t rows = 0;
-    MT_DISPATCH_FLOAT(gates.dtype(),
-                      op,
-                      rows = cpu::moe_permute_plan(indices.data<int32_t>(),
-                                                   gates.data<scalar_t>(),
-                                                   n,
-                                                   k,
-                                                   num_experts,
-                                                   capacity,
-                                                   policy,
-                                                   offsets.data<int32_t>(),
-                                                   slot_row.data<int32_t>(),
-                                                   row_token.data<int32_t>()));
-    return rows;
+    return MT_CALL_KERNEL(moe_permute_plan,
+                          indices.device(),
+                          indices,
+                          gates,
+                          num_experts,
+                          capacity,
+                          policy,
+                          offsets,
+                          slot_row,
+                          row_token);
 }
 
 void moe_permute_fwd(const Tensor& x, const Tensor& row_token, const Tensor& xp) {
@@ -117,14 +99,7 @@ void moe_permute_fwd(const Tensor& x, const Tensor& row_token, const Tensor& xp)
     check_shape(xp, {rows, c}, op, "xp");
     check_shape(row_token, {rows}, op, "row_token");
     check_range(row_token, 0, n, op, "row_token");
-    if (x.device() == core::Device::cuda) return cuda::moe_permute_fwd(x, row_token, xp);
-    check_float_arg(x, op, "x", 2);
-    check_float_arg(xp, op, "xp", 2);
-    cpu::check_dtype_as(xp, x, op, "xp", "x");
-    MT_DISPATCH_FLOAT(
-        x.dtype(),
-        op,
-        cpu::moe_permute_fwd(x.data<scalar_t>(), row_token.data<int32_t>(), xp.data<scalar_t>(), rows, c));
+    MT_CALL_KERNEL(moe_permute_fwd, x.device(), x, row_token, xp);
 }
 
 void moe_permute_bwd(const Tensor& slot_row, const Tensor& dxp, const Tensor& dx) {
@@ -133,17 +108,10 @@ void moe_permute_bwd(const Tensor& slot_row, const Tensor& dxp, const Tensor& dx
     check_arg(dxp, op, "dxp", 2);
     check_arg(dx, op, "dx", 2);
     check_index_arg(slot_row, op, "slot_row", 2);
-    const int64_t rows = dxp.size(0), c = dxp.size(1), n = slot_row.size(0), k = slot_row.size(1);
+    const int64_t rows = dxp.size(0), c = dxp.size(1), n = slot_row.size(0);
     check_shape(dx, {n, c}, op, "dx");
     check_range(slot_row, -1, rows, op, "slot_row");
-    if (dx.device() == core::Device::cuda) return cuda::moe_permute_bwd(slot_row, dxp, dx);
-    check_float_arg(dxp, op, "dxp", 2);
-    check_float_arg(dx, op, "dx", 2);
-    cpu::check_dtype_as(dx, dxp, op, "dx", "dxp");
-    MT_DISPATCH_FLOAT(
-        dx.dtype(),
-        op,
-        cpu::moe_permute_bwd(slot_row.data<int32_t>(), dxp.data<scalar_t>(), dx.data<scalar_t>(), n, k, c));
+    MT_CALL_KERNEL(moe_permute_bwd, dx.device(), slot_row, dxp, dx);
 }
 
 }  // namespace mt::ops

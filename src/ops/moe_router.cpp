@@ -3,7 +3,7 @@
 #include "ops/moe_router.h"
 
 #include "ops/cpu/checks.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
 
@@ -32,11 +32,6 @@ void moe_router_bwd(const T* scores,
 }  // namespace cpu
 
 namespace {
-
-template <typename T>
-T* data_or_null(const Tensor& t) {
-    return t.defined() ? t.data<T>() : nullptr;
-}
 
 void check_options(const MoeRouterOptions& options, int64_t e, std::string_view op) {
     MT_CHECK(options.top_k >= 1 && options.top_k <= e, "{}: top_k = {} must be in [1, {}]", op, options.top_k, e);
@@ -77,31 +72,7 @@ void moe_router_fwd(const Tensor& logits,
         check_shape(cutoff, {n}, op, "cutoff");
         MT_CHECK(e > k, "{}: cutoff needs more experts than top_k (E = {}, top_k = {})", op, e, k);
     }
-    if (dev == core::Device::cuda) return cuda::moe_router_fwd(logits, bias, scores, indices, gates, cutoff, options);
-    check_float_arg(logits, op, "logits", 2);
-    check_float_arg(scores, op, "scores", 2);
-    check_float_arg(gates, op, "gates", 2);
-    cpu::check_dtype_as(scores, logits, op, "scores", "logits");
-    cpu::check_dtype_as(gates, logits, op, "gates", "logits");
-    if (bias.defined()) {
-        check_float_arg(bias, op, "bias", 1);
-        cpu::check_dtype_as(bias, logits, op, "bias", "logits");
-    }
-    if (cutoff.defined()) {
-        check_float_arg(cutoff, op, "cutoff", 1);
-        cpu::check_dtype_as(cutoff, logits, op, "cutoff", "logits");
-    }
-    MT_DISPATCH_FLOAT(logits.dtype(),
-                      op,
-                      cpu::moe_router_fwd(logits.data<scalar_t>(),
-                                          data_or_null<scalar_t>(bias),
-                                          scores.data<scalar_t>(),
-                                          indices.data<int32_t>(),
-                                          gates.data<scalar_t>(),
-                                          data_or_null<scalar_t>(cutoff),
-                                          n,
-                                          e,
-                                          options));
+    MT_CALL_KERNEL(moe_router_fwd, dev, logits, bias, scores, indices, gates, cutoff, options);
 }
 
 void moe_router_bwd(const Tensor& scores,
@@ -134,33 +105,7 @@ void moe_router_bwd(const Tensor& scores,
         check_arg(dscores, op, "dscores", 2);
         check_shape(dscores, {n, e}, op, "dscores");
     }
-    if (dev == core::Device::cuda)
-        return cuda::moe_router_bwd(scores, indices, gates, dgates, dscores, dlogits, options);
-    check_float_arg(scores, op, "scores", 2);
-    check_float_arg(gates, op, "gates", 2);
-    check_float_arg(dgates, op, "dgates", 2);
-    check_float_arg(dlogits, op, "dlogits", 2);
-    cpu::check_dtype_as(gates, scores, op, "gates", "scores");
-    cpu::check_dtype_as(dgates, scores, op, "dgates", "scores");
-    cpu::check_dtype_as(dlogits, scores, op, "dlogits", "scores");
-    if (dscores.defined()) {
-        check_float_arg(dscores, op, "dscores", 2);
-        cpu::check_dtype_as(dscores, scores, op, "dscores", "scores");
-    }
-    const int32_t* idx = indices.data<int32_t>();
-    for (int64_t i = 0; i < n * k; ++i)
-        MT_CHECK(idx[i] >= 0 && idx[i] < e, "{}: indices[{}] = {} is outside [0, {})", op, i, idx[i], e);
-    MT_DISPATCH_FLOAT(scores.dtype(),
-                      op,
-                      cpu::moe_router_bwd(scores.data<scalar_t>(),
-                                          idx,
-                                          gates.data<scalar_t>(),
-                                          dgates.data<scalar_t>(),
-                                          data_or_null<scalar_t>(dscores),
-                                          dlogits.data<scalar_t>(),
-                                          n,
-                                          e,
-                                          options));
+    MT_CALL_KERNEL(moe_router_bwd, dev, scores, indices, gates, dgates, dscores, dlogits, options);
 }
 
 }  // namespace mt::ops

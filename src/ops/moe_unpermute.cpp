@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "ops/cpu/checks.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
 
@@ -52,17 +52,7 @@ void moe_unpermute_fwd(const Tensor& yp, const Tensor& slot_row, const Tensor& g
     const int64_t n = slot_row.size(0), k = slot_row.size(1);
     check_shape(gates, {n, k}, op, "gates");
     check_shape(y, {n, c}, op, "y");
-    if (dev == core::Device::cuda) return cuda::moe_unpermute_fwd(yp, slot_row, gates, y);
-    check_float_arg(yp, op, "yp", 2);
-    check_float_arg(gates, op, "gates", 2);
-    check_float_arg(y, op, "y", 2);
-    cpu::check_dtype_as(gates, yp, op, "gates", "yp");
-    cpu::check_dtype_as(y, yp, op, "y", "yp");
-    MT_DISPATCH_FLOAT(
-        yp.dtype(),
-        op,
-        cpu::moe_unpermute_fwd(
-            yp.data<scalar_t>(), slot_row.data<int32_t>(), gates.data<scalar_t>(), y.data<scalar_t>(), n, k, c));
+    MT_CALL_KERNEL(moe_unpermute_fwd, dev, yp, slot_row, gates, y);
 }
 
 void moe_unpermute_bwd(const Tensor& yp,
@@ -80,25 +70,6 @@ void moe_unpermute_bwd(const Tensor& yp,
                                   {&dyp, "dyp"},
                                   {&dgates, "dgates"}})
         check_arg(*t, op, name, 2);
-    if (dev == core::Device::cuda) {
-        const int64_t rows = yp.size(0), c = yp.size(1);
-        check_slot_row(slot_row, rows, op);
-        const int64_t n = slot_row.size(0), k = slot_row.size(1);
-        check_shape(gates, {n, k}, op, "gates");
-        check_shape(dy, {n, c}, op, "dy");
-        check_shape(dyp, {rows, c}, op, "dyp");
-        check_shape(dgates, {n, k}, op, "dgates");
-        return cuda::moe_unpermute_bwd(yp, slot_row, gates, dy, dyp, dgates);
-    }
-    check_float_arg(yp, op, "yp", 2);
-    check_float_arg(gates, op, "gates", 2);
-    check_float_arg(dy, op, "dy", 2);
-    check_float_arg(dyp, op, "dyp", 2);
-    check_float_arg(dgates, op, "dgates", 2);
-    cpu::check_dtype_as(gates, yp, op, "gates", "yp");
-    cpu::check_dtype_as(dy, yp, op, "dy", "yp");
-    cpu::check_dtype_as(dyp, yp, op, "dyp", "yp");
-    cpu::check_dtype_as(dgates, yp, op, "dgates", "yp");
     const int64_t rows = yp.size(0), c = yp.size(1);
     check_slot_row(slot_row, rows, op);
     const int64_t n = slot_row.size(0), k = slot_row.size(1);
@@ -106,18 +77,7 @@ void moe_unpermute_bwd(const Tensor& yp,
     check_shape(dy, {n, c}, op, "dy");
     check_shape(dyp, {rows, c}, op, "dyp");
     check_shape(dgates, {n, k}, op, "dgates");
-    MT_DISPATCH_FLOAT(yp.dtype(),
-                      op,
-                      cpu::moe_unpermute_bwd(yp.data<scalar_t>(),
-                                             slot_row.data<int32_t>(),
-                                             gates.data<scalar_t>(),
-                                             dy.data<scalar_t>(),
-                                             dyp.data<scalar_t>(),
-                                             dgates.data<scalar_t>(),
-                                             n,
-                                             k,
-                                             c,
-                                             rows));
+    MT_CALL_KERNEL(moe_unpermute_bwd, dev, yp, slot_row, gates, dy, dyp, dgates);
 }
 
 }  // namespace mt::ops

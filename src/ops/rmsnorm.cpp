@@ -2,8 +2,7 @@
 #include "ops/rmsnorm.h"
 
 #include "ops/cpu/checks.h"
-#include "ops/cpu/kernels.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
 
@@ -20,19 +19,8 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor
     check_shape(rstd, {n}, op, "rstd");
     MT_CHECK(eps >= 0.0, "{}: eps = {} must be >= 0", op, eps);
     if (check_same_device(op, {{"x", x}, {"weight", weight}, {"y", y}, {"rstd", rstd}}) == core::Device::cuda)
-        return cuda::rmsnorm_fwd(x, weight, eps, y, rstd);
-    check_float_arg(x, op, "x", 2);
-    check_float_arg(weight, op, "weight", 1);
-    check_float_arg(y, op, "y", 2);
-    check_float_arg(rstd, op, "rstd", 1);
-    cpu::check_dtype_as(weight, x, op, "weight", "x");
-    cpu::check_dtype_as(y, x, op, "y", "x");
-    cpu::check_dtype_as(rstd, x, op, "rstd", "x");
-    MT_DISPATCH_FLOAT(
-        x.dtype(),
-        op,
-        cpu::rmsnorm_fwd(
-            x.data<scalar_t>(), weight.data<scalar_t>(), eps, y.data<scalar_t>(), rstd.data<scalar_t>(), n, c));
+        return MT_CALL_KERNEL(rmsnorm_fwd, core::Device::cuda, x, weight, eps, y, rstd);
+    MT_CALL_KERNEL(rmsnorm_fwd, core::Device::cpu, x, weight, eps, y, rstd);
 }
 
 void rmsnorm_bwd(const Tensor& x,
@@ -67,30 +55,8 @@ void rmsnorm_bwd(const Tensor& x,
                            {"dx", dx},
                            {"dweight", dweight},
                            {"dresidual", dresidual}}) == core::Device::cuda)
-        return cuda::rmsnorm_bwd(x, weight, rstd, dy, dx, dweight, dresidual);
-    check_float_arg(x, op, "x", 2);
-    check_float_arg(weight, op, "weight", 1);
-    check_float_arg(rstd, op, "rstd", 1);
-    check_float_arg(dy, op, "dy", 2);
-    check_float_arg(dx, op, "dx", 2);
-    check_float_arg(dweight, op, "dweight", 1);
-    cpu::check_dtype_as(weight, x, op, "weight", "x");
-    cpu::check_dtype_as(rstd, x, op, "rstd", "x");
-    cpu::check_dtype_as(dy, x, op, "dy", "x");
-    cpu::check_dtype_as(dx, x, op, "dx", "x");
-    cpu::check_dtype_as(dweight, x, op, "dweight", "x");
-    if (dresidual.defined()) cpu::check_dtype_as(dresidual, x, op, "dresidual", "x");
-    MT_DISPATCH_FLOAT(x.dtype(),
-                      op,
-                      cpu::rmsnorm_bwd(x.data<scalar_t>(),
-                                       weight.data<scalar_t>(),
-                                       rstd.data<scalar_t>(),
-                                       dy.data<scalar_t>(),
-                                       dresidual.defined() ? dresidual.data<scalar_t>() : nullptr,
-                                       dx.data<scalar_t>(),
-                                       dweight.data<scalar_t>(),
-                                       n,
-                                       c));
+        return MT_CALL_KERNEL(rmsnorm_bwd, core::Device::cuda, x, weight, rstd, dy, dx, dweight, dresidual);
+    MT_CALL_KERNEL(rmsnorm_bwd, core::Device::cpu, x, weight, rstd, dy, dx, dweight, dresidual);
 }
 
 }  // namespace mt::ops

@@ -2,8 +2,7 @@
 #include "ops/rope.h"
 
 #include "ops/cpu/checks.h"
-#include "ops/cpu/kernels.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
 
@@ -40,36 +39,12 @@ core::Device check_rope_args(const Tensor& in,
 
 void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y) {
     constexpr std::string_view op = "rope_fwd";
-    if (check_rope_args(x, "x", y, "y", theta, pos_offset, op) == core::Device::cuda)
-        return cuda::rope_fwd(x, theta, pos_offset, y);
-    MT_DISPATCH_FLOAT(x.dtype(),
-                      op,
-                      cpu::rope_rotate(x.data<scalar_t>(),
-                                       y.data<scalar_t>(),
-                                       x.size(0),
-                                       x.size(1),
-                                       x.size(2),
-                                       x.size(3),
-                                       theta,
-                                       pos_offset,
-                                       false));
+    MT_CALL_KERNEL(rope_fwd, check_rope_args(x, "x", y, "y", theta, pos_offset, op), x, theta, pos_offset, y);
 }
 
 void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx) {
     constexpr std::string_view op = "rope_bwd";
-    if (check_rope_args(dy, "dy", dx, "dx", theta, pos_offset, op) == core::Device::cuda)
-        return cuda::rope_bwd(dy, theta, pos_offset, dx);
-    MT_DISPATCH_FLOAT(dy.dtype(),
-                      op,
-                      cpu::rope_rotate(dy.data<scalar_t>(),
-                                       dx.data<scalar_t>(),
-                                       dy.size(0),
-                                       dy.size(1),
-                                       dy.size(2),
-                                       dy.size(3),
-                                       theta,
-                                       pos_offset,
-                                       true));
+    MT_CALL_KERNEL(rope_bwd, check_rope_args(dy, "dy", dx, "dx", theta, pos_offset, op), dy, theta, pos_offset, dx);
 }
 
 }  // namespace mt::ops

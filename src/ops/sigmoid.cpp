@@ -4,20 +4,9 @@
 #include <string_view>
 
 #include "ops/cpu/checks.h"
-#include "ops/cpu/kda_kernels.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
-
-namespace {
-
-void check_like(const Tensor& t, const Tensor& ref, std::string_view op, const char* name, const char* ref_name) {
-    check_float_arg(t, op, name, ref.ndim());
-    check_shape(t, ref.shape(), op, name);
-    cpu::check_dtype_as(t, ref, op, name, ref_name);
-}
-
-}  // namespace
 
 void sigmoid_fwd(const Tensor& x, const Tensor& y) {
     constexpr std::string_view op = "sigmoid_fwd";
@@ -25,11 +14,9 @@ void sigmoid_fwd(const Tensor& x, const Tensor& y) {
         check_arg(x, op, "x", x.ndim());
         check_arg(y, op, "y", x.ndim());
         check_shape(y, x.shape(), op, "y");
-        return cuda::sigmoid_fwd(x, y);
+        return MT_CALL_KERNEL(sigmoid_fwd, core::Device::cuda, x, y);
     }
-    check_float_arg(x, op, "x", x.ndim());
-    check_like(y, x, op, "y", "x");
-    MT_DISPATCH_FLOAT(x.dtype(), op, cpu::sigmoid_fwd(x.data<scalar_t>(), y.data<scalar_t>(), x.numel()));
+    MT_CALL_KERNEL(sigmoid_fwd, core::Device::cpu, x, y);
 }
 
 void sigmoid_bwd(const Tensor& y, const Tensor& dy, const Tensor& dx) {
@@ -40,13 +27,9 @@ void sigmoid_bwd(const Tensor& y, const Tensor& dy, const Tensor& dx) {
             check_arg(a.tensor, op, a.name, y.ndim());
             check_shape(a.tensor, y.shape(), op, a.name);
         }
-        return cuda::sigmoid_bwd(y, dy, dx);
+        return MT_CALL_KERNEL(sigmoid_bwd, core::Device::cuda, y, dy, dx);
     }
-    check_float_arg(y, op, "y", y.ndim());
-    check_like(dy, y, op, "dy", "y");
-    check_like(dx, y, op, "dx", "y");
-    MT_DISPATCH_FLOAT(
-        y.dtype(), op, cpu::sigmoid_bwd(y.data<scalar_t>(), dy.data<scalar_t>(), dx.data<scalar_t>(), y.numel()));
+    MT_CALL_KERNEL(sigmoid_bwd, core::Device::cpu, y, dy, dx);
 }
 
 }  // namespace mt::ops

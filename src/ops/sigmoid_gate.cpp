@@ -4,18 +4,11 @@
 #include <string_view>
 
 #include "ops/cpu/checks.h"
-#include "ops/cpu/kda_kernels.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops {
 
 namespace {
-
-void check_like(const Tensor& t, const Tensor& x, std::string_view op, const char* name) {
-    check_float_arg(t, op, name, x.ndim());
-    check_shape(t, x.shape(), op, name);
-    cpu::check_dtype_as(t, x, op, name, "x");
-}
 
 // Rank, contiguity and shape on any device (the CUDA path).
 void check_shape_like(std::initializer_list<NamedArg> args, const Tensor& x, std::string_view op) {
@@ -31,34 +24,18 @@ void sigmoid_gate_fwd(const Tensor& x, const Tensor& z, const Tensor& out) {
     constexpr std::string_view op = "sigmoid_gate_fwd";
     if (check_same_device(op, {{"x", x}, {"z", z}, {"out", out}}) == core::Device::cuda) {
         check_shape_like({{"x", x}, {"z", z}, {"out", out}}, x, op);
-        return cuda::sigmoid_gate_fwd(x, z, out);
+        return MT_CALL_KERNEL(sigmoid_gate_fwd, core::Device::cuda, x, z, out);
     }
-    check_float_arg(x, op, "x", x.ndim());
-    check_like(z, x, op, "z");
-    check_like(out, x, op, "out");
-    MT_DISPATCH_FLOAT(
-        x.dtype(), op, cpu::sigmoid_gate_fwd(x.data<scalar_t>(), z.data<scalar_t>(), out.data<scalar_t>(), x.numel()));
+    MT_CALL_KERNEL(sigmoid_gate_fwd, core::Device::cpu, x, z, out);
 }
 
 void sigmoid_gate_bwd(const Tensor& x, const Tensor& z, const Tensor& dout, const Tensor& dx, const Tensor& dz) {
     constexpr std::string_view op = "sigmoid_gate_bwd";
     if (check_same_device(op, {{"x", x}, {"z", z}, {"dout", dout}, {"dx", dx}, {"dz", dz}}) == core::Device::cuda) {
         check_shape_like({{"x", x}, {"z", z}, {"dout", dout}, {"dx", dx}, {"dz", dz}}, x, op);
-        return cuda::sigmoid_gate_bwd(x, z, dout, dx, dz);
+        return MT_CALL_KERNEL(sigmoid_gate_bwd, core::Device::cuda, x, z, dout, dx, dz);
     }
-    check_float_arg(x, op, "x", x.ndim());
-    check_like(z, x, op, "z");
-    check_like(dout, x, op, "dout");
-    check_like(dx, x, op, "dx");
-    check_like(dz, x, op, "dz");
-    MT_DISPATCH_FLOAT(x.dtype(),
-                      op,
-                      cpu::sigmoid_gate_bwd(x.data<scalar_t>(),
-                                            z.data<scalar_t>(),
-                                            dout.data<scalar_t>(),
-                                            dx.data<scalar_t>(),
-                                            dz.data<scalar_t>(),
-                                            x.numel()));
+    MT_CALL_KERNEL(sigmoid_gate_bwd, core::Device::cpu, x, z, dout, dx, dz);
 }
 
 }  // namespace mt::ops

@@ -1,10 +1,13 @@
 // CI rule of conventions §1.4: every op header in src/ops/ has at least one registered harness case, and every
-// registered op name is a header.
+// registered op name is a header; and the op registry (src/ops/registry.h): every kernel slot belongs to an op
+// header with harness cases, every op has a CPU reference (and a CUDA kernel in a CUDA build), supports() answers
+// by dtype, and an empty slot fails with the device error.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
 #include "op_harness.h"
+#include "ops/registry.h"
 
 namespace mt::ops::test {
 namespace {
@@ -15,7 +18,8 @@ TEST(OpCoverage, EveryHeaderHasCases) {
     const std::set<std::string> registered = op_registered_ops();
     std::set<std::string> headers;
     for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-        if (entry.path().extension() != ".h" || entry.path().filename() == "op_common.h") continue;
+        const std::string file = entry.path().filename().string();
+        if (entry.path().extension() != ".h" || file == "op_common.h" || file == "registry.h") continue;
         const std::string op = entry.path().stem().string();
         headers.insert(op);
         EXPECT_TRUE(registered.count(op)) << "src/ops/" << op << ".h has no registered case in tests/ops/";
@@ -24,6 +28,64 @@ TEST(OpCoverage, EveryHeaderHasCases) {
     for (const std::string& op : registered)
         EXPECT_TRUE(headers.count(op)) << "cases are registered for \"" << op << "\" but src/ops/" << op
                                        << ".h does not exist";
+}
+
+// The op header a kernel slot belongs to: the longest header name that is its name or a prefix of it followed by '_'
+// (rmsnorm_fwd -> rmsnorm, kda_gate_bwd -> kda_gate, global_norm_sq -> global_norm).
+std::string header_of(const std::string& kernel, const std::set<std::string>& headers) {
+    std::string best;
+    for (const std::string& h : headers)
+        if ((kernel == h || kernel.rfind(h + "_", 0) == 0) && h.size() > best.size()) best = h;
+    return best;
+}
+
+TEST(OpCoverage, EveryRegisteredKernelBelongsToATestedOp) {
+    const std::set<std::string> tested = op_registered_ops();
+    const std::vector<std::string> kernels = registry::ops();
+    EXPECT_GE(kernels.size(), 40u) << "the registry holds fewer slots than the ops of src/ops/";
+    for (const std::string& kernel : kernels) {
+        const std::string op = header_of(kernel, tested);
+        EXPECT_FALSE(op.empty()) << "kernel " << kernel << " belongs to no op with harness cases";
+        EXPECT_TRUE(registry::has(kernel, core::Device::cpu)) << kernel << " has no CPU reference";
+#ifdef MT_HAVE_CUDA
+        EXPECT_TRUE(registry::has(kernel, core::Device::cuda)) << kernel << " has no CUDA kernel";
+#endif
+    }
+    // Every tested op has at least one kernel.
+    for (const std::string& op : tested) {
+        bool found = false;
+        for (const std::string& kernel : kernels) found = found || header_of(kernel, tested) == op;
+        EXPECT_TRUE(found) << "op " << op << " has harness cases but no registered kernel";
+    }
+}
+
+TEST(OpRegistry, SupportsAnswersByDeviceAndDtype) {
+    EXPECT_TRUE(supports("rmsnorm_fwd", core::Device::cpu, core::DType::f32));
+    EXPECT_TRUE(supports("rmsnorm_fwd", core::Device::cpu, core::DType::f64));
+    EXPECT_FALSE(supports("rmsnorm_fwd", core::Device::cpu, core::DType::bf16));
+    EXPECT_FALSE(supports("no_such_op", core::Device::cpu, core::DType::f32));
+#ifdef MT_HAVE_CUDA
+    EXPECT_TRUE(supports("rmsnorm_fwd", core::Device::cuda, core::DType::bf16));
+    EXPECT_FALSE(supports("rmsnorm_fwd", core::Device::cuda, core::DType::f64));
+#else
+    EXPECT_FALSE(supports("rmsnorm_fwd", core::Device::cuda, core::DType::f32));
+#endif
+}
+
+TEST(OpRegistry, EmptySlotIsADeviceError) {
+    expect_op_error([] { kernel<void()>("no_such_op", core::Device::cpu); },
+                    "no_such_op: not implemented on cpu",
+                    core::ExitCode::device);
+#ifndef MT_HAVE_CUDA
+    expect_op_error([] { kernel<void()>("rmsnorm_fwd", core::Device::cuda); },
+                    "rmsnorm_fwd: this build has no CUDA path",
+                    core::ExitCode::device);
+#endif
+}
+
+TEST(OpRegistry, WrongSignatureIsAnInternalError) {
+    expect_op_error([] { kernel<void()>("rmsnorm_fwd", core::Device::cpu); },
+                    "rmsnorm_fwd is called with another signature");
 }
 
 }  // namespace

@@ -1,7 +1,11 @@
 // CPU reference of the AdamW step, elementwise over flat buffers (as PyTorch's single-tensor AdamW).
+#include "ops/adamw.h"
+
 #include <cmath>
 
-#include "ops/cpu/kernels.h"
+#include "ops/cpu/checks.h"
+#include "ops/cpu/threading.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cpu {
 
@@ -47,5 +51,41 @@ template void adamw_step<float>(
     float*, const float*, float*, float*, int64_t, double, double, double, double, double, int64_t, double);
 template void adamw_step<double>(
     double*, const double*, double*, double*, int64_t, double, double, double, double, double, int64_t, double);
+
+// The CPU kernel of ops::adamw_step (registered in the op registry): the CPU dtypes, then the float dispatch.
+void adamw_step(const Tensor& param,
+                const Tensor& grad,
+                const Tensor& m,
+                const Tensor& v,
+                const AdamWHyper& hyper,
+                int64_t step,
+                double grad_scale,
+                const Tensor& param_copy) {
+    constexpr std::string_view op = "adamw_step";
+    check_float_arg(param, op, "param", 1);
+    check_float_arg(grad, op, "grad", 1);
+    check_float_arg(m, op, "m", 1);
+    check_float_arg(v, op, "v", 1);
+    cpu::check_dtype_as(grad, param, op, "grad", "param");
+    cpu::check_dtype_as(m, param, op, "m", "param");
+    cpu::check_dtype_as(v, param, op, "v", "param");
+    if (param_copy.defined()) check_dtype_in(param_copy, {DType::bf16, DType::f32}, op, "param_copy");
+    MT_DISPATCH_FLOAT(param.dtype(),
+                      op,
+                      cpu::adamw_step(param.data<scalar_t>(),
+                                      grad.data<scalar_t>(),
+                                      m.data<scalar_t>(),
+                                      v.data<scalar_t>(),
+                                      param.numel(),
+                                      hyper.lr,
+                                      hyper.beta1,
+                                      hyper.beta2,
+                                      hyper.eps,
+                                      hyper.weight_decay,
+                                      step,
+                                      grad_scale));
+    if (param_copy.defined()) param_copy.copy_from(param);  // converts (round to nearest even for bf16)
+}
+MT_REGISTER_KERNEL(adamw_step, cpu, adamw_step, ::mt::ops::float_dtypes);
 
 }  // namespace mt::ops::cpu

@@ -3,14 +3,18 @@
 // scratch, the causal mask and the softmax are applied to that scratch row by row, and a second GEMM multiplies by
 // V. The backward recomputes the probabilities from the saved lse (as FlashAttention) and uses three more GEMMs
 // per block. Memory is O(kQBlock * T) per thread, and every GEMM is single-threaded BLAS (see blas.h).
+#include "ops/attention.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <vector>
 
 #include "ops/cpu/blas.h"
-#include "ops/cpu/kernels.h"
+#include "ops/cpu/checks.h"
+#include "ops/cpu/threading.h"
 #include "ops/cpu/vec_math.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cpu {
 
@@ -167,5 +171,82 @@ template void attention_bwd<double>(const double*,
                                     int64_t,
                                     int64_t,
                                     int64_t);
+
+namespace {
+
+// q, k, v, lse on the CPU, one float dtype (ops/attention.cpp checked the shapes).
+void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, std::string_view op) {
+    check_float_arg(q, op, "q", 4);
+    check_float_arg(k, op, "k", 4);
+    check_float_arg(v, op, "v", 4);
+    check_float_arg(lse, op, "lse", 3);
+    cpu::check_dtype_as(k, q, op, "k", "q");
+    cpu::check_dtype_as(v, q, op, "v", "q");
+    cpu::check_dtype_as(lse, q, op, "lse", "q");
+}
+
+}  // namespace
+
+// The CPU kernel of ops::attention_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
+    constexpr std::string_view op = "attention_fwd";
+    check_qkv(q, k, v, lse, op);
+    check_float_arg(out, op, "out", 4);
+    cpu::check_dtype_as(out, q, op, "out", "q");
+    MT_DISPATCH_FLOAT(q.dtype(),
+                      op,
+                      cpu::attention_fwd(q.data<scalar_t>(),
+                                         k.data<scalar_t>(),
+                                         v.data<scalar_t>(),
+                                         out.data<scalar_t>(),
+                                         lse.data<scalar_t>(),
+                                         q.size(0),
+                                         q.size(1),
+                                         q.size(2),
+                                         k.size(2),
+                                         q.size(3)));
+}
+MT_REGISTER_KERNEL(attention_fwd, cpu, attention_fwd, ::mt::ops::float_dtypes);
+
+// The CPU kernel of ops::attention_bwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void attention_bwd(const Tensor& q,
+                   const Tensor& k,
+                   const Tensor& v,
+                   const Tensor& out,
+                   const Tensor& lse,
+                   const Tensor& dout,
+                   const Tensor& dq,
+                   const Tensor& dk,
+                   const Tensor& dv) {
+    constexpr std::string_view op = "attention_bwd";
+    check_qkv(q, k, v, lse, op);
+    const std::pair<const Tensor*, std::string_view> like_q[] = {{&out, "out"}, {&dout, "dout"}, {&dq, "dq"}};
+    for (const auto& [t, name] : like_q) {
+        check_float_arg(*t, op, name, 4);
+        cpu::check_dtype_as(*t, q, op, name, "q");
+    }
+    const std::pair<const Tensor*, std::string_view> like_k[] = {{&dk, "dk"}, {&dv, "dv"}};
+    for (const auto& [t, name] : like_k) {
+        check_float_arg(*t, op, name, 4);
+        cpu::check_dtype_as(*t, q, op, name, "q");
+    }
+    MT_DISPATCH_FLOAT(q.dtype(),
+                      op,
+                      cpu::attention_bwd(q.data<scalar_t>(),
+                                         k.data<scalar_t>(),
+                                         v.data<scalar_t>(),
+                                         out.data<scalar_t>(),
+                                         lse.data<scalar_t>(),
+                                         dout.data<scalar_t>(),
+                                         dq.data<scalar_t>(),
+                                         dk.data<scalar_t>(),
+                                         dv.data<scalar_t>(),
+                                         q.size(0),
+                                         q.size(1),
+                                         q.size(2),
+                                         k.size(2),
+                                         q.size(3)));
+}
+MT_REGISTER_KERNEL(attention_bwd, cpu, attention_bwd, ::mt::ops::float_dtypes);
 
 }  // namespace mt::ops::cpu

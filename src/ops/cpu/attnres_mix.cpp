@@ -6,7 +6,10 @@
 #include <cmath>
 #include <vector>
 
-#include "ops/cpu/kernels.h"
+#include "ops/attnres_mix.h"
+#include "ops/cpu/checks.h"
+#include "ops/cpu/threading.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cpu {
 
@@ -155,5 +158,101 @@ template void attnres_mix_bwd<double>(const double* const*,
                                       int64_t,
                                       int64_t,
                                       double);
+
+namespace {
+
+void check_cpu_floats(const std::vector<Tensor>& sources, std::initializer_list<NamedArg> others, std::string_view op) {
+    for (size_t j = 0; j < sources.size(); ++j) check_float_arg(sources[j], op, fmt::format("sources[{}]", j), 2);
+    for (const NamedArg& a : others) {
+        check_float_arg(a.tensor, op, a.name, a.tensor.ndim());
+        cpu::check_dtype_as(a.tensor, sources[0], op, a.name, "the sources");
+    }
+}
+
+template <typename T>
+std::vector<const T*> const_ptrs(const std::vector<Tensor>& ts) {
+    std::vector<const T*> out;
+    for (const Tensor& t : ts) out.push_back(t.data<T>());
+    return out;
+}
+
+template <typename T>
+std::vector<T*> ptrs(const std::vector<Tensor>& ts) {
+    std::vector<T*> out;
+    for (const Tensor& t : ts) out.push_back(t.data<T>());
+    return out;
+}
+
+}  // namespace
+
+// The CPU kernel of ops::attnres_mix_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void attnres_mix_fwd(const std::vector<Tensor>& sources,
+                     const Tensor& query,
+                     const Tensor& key_gain,
+                     double eps,
+                     const Tensor& h,
+                     const Tensor& alpha,
+                     double blend) {
+    constexpr std::string_view op = "attnres_mix_fwd";
+    const int64_t m = static_cast<int64_t>(sources.size()), n = sources[0].size(0), c = sources[0].size(1);
+    check_cpu_floats(sources, {{"query", query}, {"key_gain", key_gain}, {"h", h}, {"alpha", alpha}}, op);
+    MT_DISPATCH_FLOAT(sources[0].dtype(), op, {
+        const auto v = const_ptrs<scalar_t>(sources);
+        cpu::attnres_mix_fwd(v.data(),
+                             query.data<scalar_t>(),
+                             key_gain.data<scalar_t>(),
+                             eps,
+                             h.data<scalar_t>(),
+                             alpha.data<scalar_t>(),
+                             m,
+                             n,
+                             c,
+                             blend);
+    });
+}
+MT_REGISTER_KERNEL(attnres_mix_fwd, cpu, attnres_mix_fwd, ::mt::ops::float_dtypes);
+
+// The CPU kernel of ops::attnres_mix_bwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void attnres_mix_bwd(const std::vector<Tensor>& sources,
+                     const Tensor& query,
+                     const Tensor& key_gain,
+                     double eps,
+                     const Tensor& alpha,
+                     const Tensor& dh,
+                     const std::vector<Tensor>& d_sources,
+                     const Tensor& dquery,
+                     const Tensor& dkey_gain,
+                     double blend) {
+    constexpr std::string_view op = "attnres_mix_bwd";
+    const int64_t m = static_cast<int64_t>(sources.size()), n = sources[0].size(0), c = sources[0].size(1);
+    check_cpu_floats(sources,
+                     {{"query", query},
+                      {"key_gain", key_gain},
+                      {"alpha", alpha},
+                      {"dh", dh},
+                      {"dquery", dquery},
+                      {"dkey_gain", dkey_gain}},
+                     op);
+    check_cpu_floats(d_sources, {}, op);
+    cpu::check_dtype_as(d_sources[0], sources[0], op, "d_sources", "the sources");
+    MT_DISPATCH_FLOAT(sources[0].dtype(), op, {
+        const auto v = const_ptrs<scalar_t>(sources);
+        const auto dv = ptrs<scalar_t>(d_sources);
+        cpu::attnres_mix_bwd(v.data(),
+                             query.data<scalar_t>(),
+                             key_gain.data<scalar_t>(),
+                             eps,
+                             alpha.data<scalar_t>(),
+                             dh.data<scalar_t>(),
+                             dv.data(),
+                             dquery.data<scalar_t>(),
+                             dkey_gain.data<scalar_t>(),
+                             m,
+                             n,
+                             c,
+                             blend);
+    });
+}
+MT_REGISTER_KERNEL(attnres_mix_bwd, cpu, attnres_mix_bwd, ::mt::ops::float_dtypes);
 
 }  // namespace mt::ops::cpu

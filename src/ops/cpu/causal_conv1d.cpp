@@ -1,13 +1,15 @@
 // CPU reference of the causal depthwise conv (ops/causal_conv1d.h). One task per block of channels walks every
 // (batch, time) row in order, so dw has a fixed summation order for any thread count.
+#include "ops/causal_conv1d.h"
+
 #include <algorithm>
 #include <cmath>
 
-#include "ops/cpu/kda_kernels.h"
-#include "ops/cpu/kernels.h"
+#include "ops/cpu/checks.h"
+#include "ops/cpu/threading.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cpu {
-
 namespace {
 
 constexpr int64_t kChannelBlock = 16;
@@ -84,5 +86,70 @@ template void causal_conv1d_bwd<float>(
     const float*, const float*, const float*, float*, float*, int64_t, int64_t, int64_t, int64_t, bool);
 template void causal_conv1d_bwd<double>(
     const double*, const double*, const double*, double*, double*, int64_t, int64_t, int64_t, int64_t, bool);
+
+namespace {
+
+void check_like(const Tensor& t, const Tensor& ref, const Tensor& x, std::string_view op, const char* name) {
+    check_float_arg(t, op, name, static_cast<int>(ref.ndim()));
+    check_shape(t, ref.shape(), op, name);
+    cpu::check_dtype_as(t, x, op, name, "x");
+}
+
+void check_conv(const Tensor& x, const Tensor& w, std::string_view op) {
+    check_float_arg(x, op, "x", 3);
+    check_float_arg(w, op, "w", 2);
+    MT_CHECK(w.size(0) == x.size(2),
+             "{}: w has shape {} but x has {} channels; w must be [C, W]",
+             op,
+             core::shape_str(w.shape()),
+             x.size(2));
+    MT_CHECK(w.size(1) > 0, "{}: w has shape {}; the width W must be > 0", op, core::shape_str(w.shape()));
+    cpu::check_dtype_as(w, x, op, "w", "x");
+}
+
+}  // namespace
+
+// The CPU kernel of ops::causal_conv1d_fwd (registered in the op registry): the CPU dtypes, then the float
+// dispatch.
+void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool silu) {
+    constexpr std::string_view op = "causal_conv1d_fwd";
+    check_conv(x, w, op);
+    check_like(y, x, x, op, "y");
+    MT_DISPATCH_FLOAT(x.dtype(),
+                      op,
+                      cpu::causal_conv1d_fwd(x.data<scalar_t>(),
+                                             w.data<scalar_t>(),
+                                             y.data<scalar_t>(),
+                                             x.size(0),
+                                             x.size(1),
+                                             x.size(2),
+                                             w.size(1),
+                                             silu));
+}
+MT_REGISTER_KERNEL(causal_conv1d_fwd, cpu, causal_conv1d_fwd, ::mt::ops::float_dtypes);
+
+// The CPU kernel of ops::causal_conv1d_bwd (registered in the op registry): the CPU dtypes, then the float
+// dispatch.
+void causal_conv1d_bwd(
+    const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw, bool silu) {
+    constexpr std::string_view op = "causal_conv1d_bwd";
+    check_conv(x, w, op);
+    check_like(dy, x, x, op, "dy");
+    check_like(dx, x, x, op, "dx");
+    check_like(dw, w, x, op, "dw");
+    MT_DISPATCH_FLOAT(x.dtype(),
+                      op,
+                      cpu::causal_conv1d_bwd(x.data<scalar_t>(),
+                                             w.data<scalar_t>(),
+                                             dy.data<scalar_t>(),
+                                             dx.data<scalar_t>(),
+                                             dw.data<scalar_t>(),
+                                             x.size(0),
+                                             x.size(1),
+                                             x.size(2),
+                                             w.size(1),
+                                             silu));
+}
+MT_REGISTER_KERNEL(causal_conv1d_bwd, cpu, causal_conv1d_bwd, ::mt::ops::float_dtypes);
 
 }  // namespace mt::ops::cpu

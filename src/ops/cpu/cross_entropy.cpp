@@ -1,10 +1,14 @@
 // CPU reference of the fused softmax + cross-entropy, one row per task; the backward may run in place.
+#include "ops/cross_entropy.h"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "ops/cpu/kernels.h"
+#include "ops/cpu/checks.h"
+#include "ops/cpu/threading.h"
 #include "ops/cpu/vec_math.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cpu {
 
@@ -61,5 +65,80 @@ template void cross_entropy_bwd<float>(
     const float*, const int32_t*, const float*, int32_t, const float*, float*, int64_t, int64_t);
 template void cross_entropy_bwd<double>(
     const double*, const int32_t*, const double*, int32_t, const double*, double*, int64_t, int64_t);
+
+namespace {
+
+// Every target must be a class index or ignore_index; anything else means bad label data (exit 3), not a bug. (The
+// CUDA side checks on the device and reports the same message.)
+void check_targets(const Tensor& targets, int64_t vocab, int32_t ignore_index, std::string_view op) {
+    const int32_t* p = targets.data<int32_t>();
+    for (int64_t i = 0; i < targets.numel(); ++i) {
+        if (p[i] != ignore_index && (p[i] < 0 || p[i] >= vocab))
+            core::fail_hint(core::ExitCode::data,
+                            "the token data holds ids outside the vocabulary; check model.vocab_size and the "
+                            "tokenizer used to write the data",
+                            "{}: targets[{}] = {} is outside [0, {}) and is not ignore_index ({})",
+                            op,
+                            i,
+                            p[i],
+                            vocab,
+                            ignore_index);
+    }
+}
+
+}  // namespace
+
+// The CPU kernel of ops::cross_entropy_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void cross_entropy_fwd(
+    const Tensor& logits, const Tensor& targets, int32_t ignore_index, const Tensor& losses, const Tensor& lse) {
+    constexpr std::string_view op = "cross_entropy_fwd";
+    const int64_t n = logits.size(0), v = logits.size(1);
+    check_float_arg(logits, op, "logits", 2);
+    check_float_arg(losses, op, "losses", 1);
+    check_float_arg(lse, op, "lse", 1);
+    cpu::check_dtype_as(losses, logits, op, "losses", "logits");
+    cpu::check_dtype_as(lse, logits, op, "lse", "logits");
+    check_targets(targets, v, ignore_index, op);
+    MT_DISPATCH_FLOAT(logits.dtype(),
+                      op,
+                      cpu::cross_entropy_fwd(logits.data<scalar_t>(),
+                                             targets.data<int32_t>(),
+                                             ignore_index,
+                                             losses.data<scalar_t>(),
+                                             lse.data<scalar_t>(),
+                                             n,
+                                             v));
+}
+MT_REGISTER_KERNEL(cross_entropy_fwd, cpu, cross_entropy_fwd, ::mt::ops::float_dtypes);
+
+// The CPU kernel of ops::cross_entropy_bwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void cross_entropy_bwd(const Tensor& logits,
+                       const Tensor& targets,
+                       const Tensor& lse,
+                       int32_t ignore_index,
+                       const Tensor& dlosses,
+                       const Tensor& dlogits) {
+    constexpr std::string_view op = "cross_entropy_bwd";
+    const int64_t n = logits.size(0), v = logits.size(1);
+    check_float_arg(logits, op, "logits", 2);
+    check_float_arg(lse, op, "lse", 1);
+    check_float_arg(dlosses, op, "dlosses", 1);
+    check_float_arg(dlogits, op, "dlogits", 2);
+    cpu::check_dtype_as(lse, logits, op, "lse", "logits");
+    cpu::check_dtype_as(dlosses, logits, op, "dlosses", "logits");
+    cpu::check_dtype_as(dlogits, logits, op, "dlogits", "logits");
+    check_targets(targets, v, ignore_index, op);
+    MT_DISPATCH_FLOAT(logits.dtype(),
+                      op,
+                      cpu::cross_entropy_bwd(logits.data<scalar_t>(),
+                                             targets.data<int32_t>(),
+                                             lse.data<scalar_t>(),
+                                             ignore_index,
+                                             dlosses.data<scalar_t>(),
+                                             dlogits.data<scalar_t>(),
+                                             n,
+                                             v));
+}
+MT_REGISTER_KERNEL(cross_entropy_bwd, cpu, cross_entropy_bwd, ::mt::ops::float_dtypes);
 
 }  // namespace mt::ops::cpu

@@ -1,7 +1,11 @@
 // CPU reference of the embedding lookup and its scatter-add backward.
+#include "ops/embedding.h"
+
 #include <algorithm>
 
-#include "ops/cpu/kernels.h"
+#include "ops/cpu/checks.h"
+#include "ops/cpu/threading.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cpu {
 
@@ -39,5 +43,54 @@ template void embedding_fwd<float>(const int32_t*, const float*, float*, int64_t
 template void embedding_fwd<double>(const int32_t*, const double*, double*, int64_t, int64_t);
 template void embedding_bwd<float>(const int32_t*, const float*, float*, int64_t, int64_t);
 template void embedding_bwd<double>(const int32_t*, const double*, double*, int64_t, int64_t);
+
+namespace {
+
+// Every id must index a row of the table; a bad id means bad token data (exit 3), not a bug. (The CUDA side checks
+// on the device and reports the same message.)
+void check_ids(const Tensor& ids, int64_t vocab, std::string_view op) {
+    const int32_t* p = ids.data<int32_t>();
+    for (int64_t i = 0; i < ids.numel(); ++i) {
+        if (p[i] < 0 || p[i] >= vocab)
+            core::fail_hint(core::ExitCode::data,
+                            "the token data holds ids outside the vocabulary; check model.vocab_size and the "
+                            "tokenizer used to write the data",
+                            "{}: ids[{}] = {} is outside the embedding table [0, {})",
+                            op,
+                            i,
+                            p[i],
+                            vocab);
+    }
+}
+
+}  // namespace
+
+// The CPU kernel of ops::embedding_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out) {
+    constexpr std::string_view op = "embedding_fwd";
+    const int64_t n = ids.size(0), vocab = weight.size(0), c = weight.size(1);
+    check_float_arg(weight, op, "weight", 2);
+    check_float_arg(out, op, "out", 2);
+    cpu::check_dtype_as(out, weight, op, "out", "weight");
+    check_ids(ids, vocab, op);
+    MT_DISPATCH_FLOAT(weight.dtype(),
+                      op,
+                      cpu::embedding_fwd(ids.data<int32_t>(), weight.data<scalar_t>(), out.data<scalar_t>(), n, c));
+}
+MT_REGISTER_KERNEL(embedding_fwd, cpu, embedding_fwd, ::mt::ops::float_dtypes);
+
+// The CPU kernel of ops::embedding_bwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dweight) {
+    constexpr std::string_view op = "embedding_bwd";
+    const int64_t n = ids.size(0), vocab = dweight.size(0), c = dweight.size(1);
+    check_float_arg(dout, op, "dout", 2);
+    check_float_arg(dweight, op, "dweight", 2);
+    cpu::check_dtype_as(dweight, dout, op, "dweight", "dout");
+    check_ids(ids, vocab, op);
+    MT_DISPATCH_FLOAT(dout.dtype(),
+                      op,
+                      cpu::embedding_bwd(ids.data<int32_t>(), dout.data<scalar_t>(), dweight.data<scalar_t>(), n, c));
+}
+MT_REGISTER_KERNEL(embedding_bwd, cpu, embedding_bwd, ::mt::ops::float_dtypes);
 
 }  // namespace mt::ops::cpu

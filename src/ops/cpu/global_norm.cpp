@@ -1,10 +1,18 @@
 // CPU reference of the sum of squares behind the global gradient norm, deterministic for any thread count.
+#include "ops/global_norm.h"
+
 #include <cstddef>
 #include <vector>
 
-#include "ops/cpu/kernels.h"
+#include "ops/cpu/checks.h"
+#include "ops/cpu/threading.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cpu {
+
+// sum(x^2) over x [n] in f64: fixed blocks of kNormBlock elements, each summed in order, then the block sums in
+// block order, so the result does not depend on the thread count.
+constexpr int64_t kNormBlock = 4096;
 
 // Block sums in parallel (each block of kNormBlock elements summed in order, in f64), then the block sums in
 // block order.
@@ -26,5 +34,32 @@ double sum_squares(const T* x, int64_t n) {
 
 template double sum_squares<float>(const float*, int64_t);
 template double sum_squares<double>(const double*, int64_t);
+
+namespace {
+
+double sum_squares_checked(const Tensor& t, std::string_view op, std::string_view arg) {
+    check_float_arg(t, op, arg, t.ndim());
+    double result = 0.0;
+    MT_DISPATCH_FLOAT(t.dtype(), op, result = sum_squares(t.data<scalar_t>(), t.numel()));
+    return result;
+}
+
+}  // namespace
+
+// The CPU kernel of ops::global_norm_sq (registered in the op registry).
+double global_norm_sq(const Tensor& t) {
+    return sum_squares_checked(t, "global_norm_sq", "t");
+}
+MT_REGISTER_KERNEL(global_norm_sq, cpu, global_norm_sq, ::mt::ops::float_dtypes);
+
+// The CPU kernel of ops::global_norm (registered in the op registry): the CPU dtypes, then the float dispatch.
+double global_norm(const std::vector<Tensor>& tensors) {
+    constexpr std::string_view op = "global_norm";
+    double total = 0.0;
+    for (size_t i = 0; i < tensors.size(); ++i)
+        total += sum_squares_checked(tensors[i], op, fmt::format("tensors[{}]", i));
+    return std::sqrt(total);
+}
+MT_REGISTER_KERNEL(global_norm, cpu, global_norm, ::mt::ops::float_dtypes);
 
 }  // namespace mt::ops::cpu

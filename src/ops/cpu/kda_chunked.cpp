@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "ops/cpu/blas.h"
-#include "ops/cpu/kda_kernels.h"
-#include "ops/cpu/kernels.h"
+#include "ops/cpu/kda.h"
+#include "ops/cpu/threading.h"
 
 namespace mt::ops::cpu {
 

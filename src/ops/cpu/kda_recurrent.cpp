@@ -6,8 +6,8 @@
 #include <cmath>
 #include <vector>
 
-#include "ops/cpu/kda_kernels.h"
-#include "ops/cpu/kernels.h"
+#include "ops/cpu/kda.h"
+#include "ops/cpu/threading.h"
 
 namespace mt::ops::cpu {
 

@@ -1,8 +1,13 @@
 // CPU reference of the linear layer: OpenBLAS GEMMs over fixed row chunks, run in parallel by OpenMP.
+#include "ops/linear.h"
+
 #include <algorithm>
 
 #include "ops/cpu/blas.h"
-#include "ops/cpu/kernels.h"
+#include "ops/cpu/checks.h"
+#include "ops/cpu/linear.h"
+#include "ops/cpu/threading.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cpu {
 
@@ -62,5 +67,84 @@ template void linear_bwd<float>(
     const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t, int64_t, bool);
 template void linear_bwd<double>(
     const double*, const double*, const double*, double*, double*, double*, int64_t, int64_t, int64_t, bool);
+
+namespace {
+
+// Null when the optional tensor is undefined.
+template <typename T>
+T* data_or_null(const Tensor& t) {
+    return t.defined() ? t.data<T>() : nullptr;
+}
+
+}  // namespace
+
+// The CPU kernel of ops::linear_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+    constexpr std::string_view op = "linear_fwd";
+    check_float_arg(x, op, "x", 2);
+    check_float_arg(w, op, "w", 2);
+    check_float_arg(y, op, "y", 2);
+    cpu::check_dtype_as(w, x, op, "w", "x");
+    cpu::check_dtype_as(y, x, op, "y", "x");
+    const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
+    check_shape(w, {m, k}, op, "w");
+    check_shape(y, {n, m}, op, "y");
+    if (bias.defined()) {
+        check_float_arg(bias, op, "bias", 1);
+        cpu::check_dtype_as(bias, x, op, "bias", "x");
+        check_shape(bias, {m}, op, "bias");
+    }
+    MT_DISPATCH_FLOAT(
+        x.dtype(),
+        op,
+        cpu::linear_fwd(
+            x.data<scalar_t>(), w.data<scalar_t>(), data_or_null<scalar_t>(bias), y.data<scalar_t>(), n, k, m));
+}
+MT_REGISTER_KERNEL(linear_fwd, cpu, linear_fwd, ::mt::ops::float_dtypes);
+
+// The CPU kernel of ops::linear_bwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void linear_bwd(const Tensor& x,
+                const Tensor& w,
+                const Tensor& dy,
+                const Tensor& dx,
+                const Tensor& dw,
+                const Tensor& dbias,
+                bool accumulate_dx) {
+    constexpr std::string_view op = "linear_bwd";
+    check_float_arg(x, op, "x", 2);
+    check_float_arg(w, op, "w", 2);
+    check_float_arg(dy, op, "dy", 2);
+    check_float_arg(dw, op, "dw", 2);
+    cpu::check_dtype_as(w, x, op, "w", "x");
+    cpu::check_dtype_as(dy, x, op, "dy", "x");
+    cpu::check_dtype_as(dw, x, op, "dw", "x");
+    const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
+    check_shape(w, {m, k}, op, "w");
+    check_shape(dy, {n, m}, op, "dy");
+    check_shape(dw, {m, k}, op, "dw");
+    if (dx.defined()) {
+        check_float_arg(dx, op, "dx", 2);
+        cpu::check_dtype_as(dx, x, op, "dx", "x");
+        check_shape(dx, {n, k}, op, "dx");
+    }
+    if (dbias.defined()) {
+        check_float_arg(dbias, op, "dbias", 1);
+        cpu::check_dtype_as(dbias, x, op, "dbias", "x");
+        check_shape(dbias, {m}, op, "dbias");
+    }
+    MT_DISPATCH_FLOAT(x.dtype(),
+                      op,
+                      cpu::linear_bwd(x.data<scalar_t>(),
+                                      w.data<scalar_t>(),
+                                      dy.data<scalar_t>(),
+                                      data_or_null<scalar_t>(dx),
+                                      dw.data<scalar_t>(),
+                                      data_or_null<scalar_t>(dbias),
+                                      n,
+                                      k,
+                                      m,
+                                      accumulate_dx));
+}
+MT_REGISTER_KERNEL(linear_bwd, cpu, linear_bwd, ::mt::ops::float_dtypes);
 
 }  // namespace mt::ops::cpu

@@ -6,7 +6,10 @@
 #include <numeric>
 #include <vector>
 
-#include "ops/cpu/kernels.h"
+#include "ops/cpu/checks.h"
+#include "ops/cpu/threading.h"
+#include "ops/moe_permute.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cpu {
 
@@ -87,5 +90,73 @@ void moe_permute_bwd(const int32_t* slot_row, const T* dxp, T* dx, int64_t n, in
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(double)
 #undef MT_INSTANTIATE
+
+// The CPU kernel of ops::moe_permute_plan (registered in the op registry): the CPU dtypes, then the float dispatch.
+int64_t moe_permute_plan(const Tensor& indices,
+                         const Tensor& gates,
+                         int64_t num_experts,
+                         int64_t capacity,
+                         MoeDropPolicy policy,
+                         const Tensor& offsets,
+                         const Tensor& slot_row,
+                         const Tensor& row_token) {
+    constexpr std::string_view op = "moe_permute_plan";
+    const int64_t n = indices.size(0), k = indices.size(1);
+    if (gates.defined()) check_float_arg(gates, op, "gates", 2);
+    if (!gates.defined())
+        return cpu::moe_permute_plan<float>(indices.data<int32_t>(),
+                                            nullptr,
+                                            n,
+                                            k,
+                                            num_experts,
+                                            capacity,
+                                            policy,
+                                            offsets.data<int32_t>(),
+                                            slot_row.data<int32_t>(),
+                                            row_token.data<int32_t>());
+    int64_t rows = 0;
+    MT_DISPATCH_FLOAT(gates.dtype(),
+                      op,
+                      rows = cpu::moe_permute_plan(indices.data<int32_t>(),
+                                                   gates.data<scalar_t>(),
+                                                   n,
+                                                   k,
+                                                   num_experts,
+                                                   capacity,
+                                                   policy,
+                                                   offsets.data<int32_t>(),
+                                                   slot_row.data<int32_t>(),
+                                                   row_token.data<int32_t>()));
+    return rows;
+}
+MT_REGISTER_KERNEL(moe_permute_plan, cpu, moe_permute_plan, ::mt::ops::any_dtype);  // primary: indices i32
+
+// The CPU kernel of ops::moe_permute_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void moe_permute_fwd(const Tensor& x, const Tensor& row_token, const Tensor& xp) {
+    constexpr std::string_view op = "moe_permute_fwd";
+    const int64_t c = x.size(1), rows = xp.size(0);
+    check_float_arg(x, op, "x", 2);
+    check_float_arg(xp, op, "xp", 2);
+    cpu::check_dtype_as(xp, x, op, "xp", "x");
+    MT_DISPATCH_FLOAT(
+        x.dtype(),
+        op,
+        cpu::moe_permute_fwd(x.data<scalar_t>(), row_token.data<int32_t>(), xp.data<scalar_t>(), rows, c));
+}
+MT_REGISTER_KERNEL(moe_permute_fwd, cpu, moe_permute_fwd, ::mt::ops::float_dtypes);
+
+// The CPU kernel of ops::moe_permute_bwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void moe_permute_bwd(const Tensor& slot_row, const Tensor& dxp, const Tensor& dx) {
+    constexpr std::string_view op = "moe_permute_bwd";
+    const int64_t c = dxp.size(1), n = slot_row.size(0), k = slot_row.size(1);
+    check_float_arg(dxp, op, "dxp", 2);
+    check_float_arg(dx, op, "dx", 2);
+    cpu::check_dtype_as(dx, dxp, op, "dx", "dxp");
+    MT_DISPATCH_FLOAT(
+        dx.dtype(),
+        op,
+        cpu::moe_permute_bwd(slot_row.data<int32_t>(), dxp.data<scalar_t>(), dx.data<scalar_t>(), n, k, c));
+}
+MT_REGISTER_KERNEL(moe_permute_bwd, cpu, moe_permute_bwd, ::mt::ops::float_dtypes);
 
 }  // namespace mt::ops::cpu

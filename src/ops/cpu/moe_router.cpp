@@ -9,7 +9,10 @@
 #include <numeric>
 #include <vector>
 
-#include "ops/cpu/kernels.h"
+#include "ops/cpu/checks.h"
+#include "ops/cpu/threading.h"
+#include "ops/moe_router.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cpu {
 
@@ -116,5 +119,89 @@ void moe_router_bwd(const T* scores,
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(double)
 #undef MT_INSTANTIATE
+
+namespace {
+
+template <typename T>
+T* data_or_null(const Tensor& t) {
+    return t.defined() ? t.data<T>() : nullptr;
+}
+
+}  // namespace
+
+// The CPU kernel of ops::moe_router_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void moe_router_fwd(const Tensor& logits,
+                    const Tensor& bias,
+                    const Tensor& scores,
+                    const Tensor& indices,
+                    const Tensor& gates,
+                    const Tensor& cutoff,
+                    const MoeRouterOptions& options) {
+    constexpr std::string_view op = "moe_router_fwd";
+    const int64_t n = logits.size(0), e = logits.size(1);
+    check_float_arg(logits, op, "logits", 2);
+    check_float_arg(scores, op, "scores", 2);
+    check_float_arg(gates, op, "gates", 2);
+    cpu::check_dtype_as(scores, logits, op, "scores", "logits");
+    cpu::check_dtype_as(gates, logits, op, "gates", "logits");
+    if (bias.defined()) {
+        check_float_arg(bias, op, "bias", 1);
+        cpu::check_dtype_as(bias, logits, op, "bias", "logits");
+    }
+    if (cutoff.defined()) {
+        check_float_arg(cutoff, op, "cutoff", 1);
+        cpu::check_dtype_as(cutoff, logits, op, "cutoff", "logits");
+    }
+    MT_DISPATCH_FLOAT(logits.dtype(),
+                      op,
+                      cpu::moe_router_fwd(logits.data<scalar_t>(),
+                                          data_or_null<scalar_t>(bias),
+                                          scores.data<scalar_t>(),
+                                          indices.data<int32_t>(),
+                                          gates.data<scalar_t>(),
+                                          data_or_null<scalar_t>(cutoff),
+                                          n,
+                                          e,
+                                          options));
+}
+MT_REGISTER_KERNEL(moe_router_fwd, cpu, moe_router_fwd, ::mt::ops::float_dtypes);
+
+// The CPU kernel of ops::moe_router_bwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void moe_router_bwd(const Tensor& scores,
+                    const Tensor& indices,
+                    const Tensor& gates,
+                    const Tensor& dgates,
+                    const Tensor& dscores,
+                    const Tensor& dlogits,
+                    const MoeRouterOptions& options) {
+    constexpr std::string_view op = "moe_router_bwd";
+    const int64_t n = scores.size(0), e = scores.size(1), k = options.top_k;
+    check_float_arg(scores, op, "scores", 2);
+    check_float_arg(gates, op, "gates", 2);
+    check_float_arg(dgates, op, "dgates", 2);
+    check_float_arg(dlogits, op, "dlogits", 2);
+    cpu::check_dtype_as(gates, scores, op, "gates", "scores");
+    cpu::check_dtype_as(dgates, scores, op, "dgates", "scores");
+    cpu::check_dtype_as(dlogits, scores, op, "dlogits", "scores");
+    if (dscores.defined()) {
+        check_float_arg(dscores, op, "dscores", 2);
+        cpu::check_dtype_as(dscores, scores, op, "dscores", "scores");
+    }
+    const int32_t* idx = indices.data<int32_t>();
+    for (int64_t i = 0; i < n * k; ++i)
+        MT_CHECK(idx[i] >= 0 && idx[i] < e, "{}: indices[{}] = {} is outside [0, {})", op, i, idx[i], e);
+    MT_DISPATCH_FLOAT(scores.dtype(),
+                      op,
+                      cpu::moe_router_bwd(scores.data<scalar_t>(),
+                                          idx,
+                                          gates.data<scalar_t>(),
+                                          dgates.data<scalar_t>(),
+                                          data_or_null<scalar_t>(dscores),
+                                          dlogits.data<scalar_t>(),
+                                          n,
+                                          e,
+                                          options));
+}
+MT_REGISTER_KERNEL(moe_router_bwd, cpu, moe_router_bwd, ::mt::ops::float_dtypes);
 
 }  // namespace mt::ops::cpu

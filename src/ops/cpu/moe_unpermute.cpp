@@ -1,8 +1,12 @@
 // CPU reference of the MoE combine: per token, the gate-weighted sum of its rows in slot order, and the backward
 // (each buffer row belongs to one slot, so both loops are over tokens without write conflicts).
+#include "ops/moe_unpermute.h"
+
 #include <algorithm>
 
-#include "ops/cpu/kernels.h"
+#include "ops/cpu/checks.h"
+#include "ops/cpu/threading.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cpu {
 
@@ -65,5 +69,57 @@ void moe_unpermute_bwd(const T* yp,
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(double)
 #undef MT_INSTANTIATE
+
+// The CPU kernel of ops::moe_unpermute_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void moe_unpermute_fwd(const Tensor& yp, const Tensor& slot_row, const Tensor& gates, const Tensor& y) {
+    constexpr std::string_view op = "moe_unpermute_fwd";
+    const int64_t c = yp.size(1);
+    const int64_t n = slot_row.size(0), k = slot_row.size(1);
+    check_float_arg(yp, op, "yp", 2);
+    check_float_arg(gates, op, "gates", 2);
+    check_float_arg(y, op, "y", 2);
+    cpu::check_dtype_as(gates, yp, op, "gates", "yp");
+    cpu::check_dtype_as(y, yp, op, "y", "yp");
+    MT_DISPATCH_FLOAT(
+        yp.dtype(),
+        op,
+        cpu::moe_unpermute_fwd(
+            yp.data<scalar_t>(), slot_row.data<int32_t>(), gates.data<scalar_t>(), y.data<scalar_t>(), n, k, c));
+}
+MT_REGISTER_KERNEL(moe_unpermute_fwd, cpu, moe_unpermute_fwd, ::mt::ops::float_dtypes);
+
+// The CPU kernel of ops::moe_unpermute_bwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void moe_unpermute_bwd(const Tensor& yp,
+                       const Tensor& slot_row,
+                       const Tensor& gates,
+                       const Tensor& dy,
+                       const Tensor& dyp,
+                       const Tensor& dgates) {
+    constexpr std::string_view op = "moe_unpermute_bwd";
+    check_float_arg(yp, op, "yp", 2);
+    check_float_arg(gates, op, "gates", 2);
+    check_float_arg(dy, op, "dy", 2);
+    check_float_arg(dyp, op, "dyp", 2);
+    check_float_arg(dgates, op, "dgates", 2);
+    cpu::check_dtype_as(gates, yp, op, "gates", "yp");
+    cpu::check_dtype_as(dy, yp, op, "dy", "yp");
+    cpu::check_dtype_as(dyp, yp, op, "dyp", "yp");
+    cpu::check_dtype_as(dgates, yp, op, "dgates", "yp");
+    const int64_t rows = yp.size(0), c = yp.size(1);
+    const int64_t n = slot_row.size(0), k = slot_row.size(1);
+    MT_DISPATCH_FLOAT(yp.dtype(),
+                      op,
+                      cpu::moe_unpermute_bwd(yp.data<scalar_t>(),
+                                             slot_row.data<int32_t>(),
+                                             gates.data<scalar_t>(),
+                                             dy.data<scalar_t>(),
+                                             dyp.data<scalar_t>(),
+                                             dgates.data<scalar_t>(),
+                                             n,
+                                             k,
+                                             c,
+                                             rows));
+}
+MT_REGISTER_KERNEL(moe_unpermute_bwd, cpu, moe_unpermute_bwd, ::mt::ops::float_dtypes);
 
 }  // namespace mt::ops::cpu

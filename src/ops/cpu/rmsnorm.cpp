@@ -1,10 +1,14 @@
 // CPU reference of RMSNorm: one pass per row; the weight gradient sums fixed row blocks, then blocks in order.
+#include "ops/rmsnorm.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <vector>
 
-#include "ops/cpu/kernels.h"
+#include "ops/cpu/checks.h"
+#include "ops/cpu/threading.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cpu {
 
@@ -71,5 +75,60 @@ template void rmsnorm_bwd<float>(
     const float*, const float*, const float*, const float*, const float*, float*, float*, int64_t, int64_t);
 template void rmsnorm_bwd<double>(
     const double*, const double*, const double*, const double*, const double*, double*, double*, int64_t, int64_t);
+
+// The CPU kernel of ops::rmsnorm_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) {
+    constexpr std::string_view op = "rmsnorm_fwd";
+    const int64_t n = x.size(0), c = x.size(1);
+    check_float_arg(x, op, "x", 2);
+    check_float_arg(weight, op, "weight", 1);
+    check_float_arg(y, op, "y", 2);
+    check_float_arg(rstd, op, "rstd", 1);
+    cpu::check_dtype_as(weight, x, op, "weight", "x");
+    cpu::check_dtype_as(y, x, op, "y", "x");
+    cpu::check_dtype_as(rstd, x, op, "rstd", "x");
+    MT_DISPATCH_FLOAT(
+        x.dtype(),
+        op,
+        cpu::rmsnorm_fwd(
+            x.data<scalar_t>(), weight.data<scalar_t>(), eps, y.data<scalar_t>(), rstd.data<scalar_t>(), n, c));
+}
+MT_REGISTER_KERNEL(rmsnorm_fwd, cpu, rmsnorm_fwd, ::mt::ops::float_dtypes);
+
+// The CPU kernel of ops::rmsnorm_bwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void rmsnorm_bwd(const Tensor& x,
+                 const Tensor& weight,
+                 const Tensor& rstd,
+                 const Tensor& dy,
+                 const Tensor& dx,
+                 const Tensor& dweight,
+                 const Tensor& dresidual) {
+    constexpr std::string_view op = "rmsnorm_bwd";
+    const int64_t n = x.size(0), c = x.size(1);
+    check_float_arg(x, op, "x", 2);
+    check_float_arg(weight, op, "weight", 1);
+    check_float_arg(rstd, op, "rstd", 1);
+    check_float_arg(dy, op, "dy", 2);
+    check_float_arg(dx, op, "dx", 2);
+    check_float_arg(dweight, op, "dweight", 1);
+    cpu::check_dtype_as(weight, x, op, "weight", "x");
+    cpu::check_dtype_as(rstd, x, op, "rstd", "x");
+    cpu::check_dtype_as(dy, x, op, "dy", "x");
+    cpu::check_dtype_as(dx, x, op, "dx", "x");
+    cpu::check_dtype_as(dweight, x, op, "dweight", "x");
+    if (dresidual.defined()) cpu::check_dtype_as(dresidual, x, op, "dresidual", "x");
+    MT_DISPATCH_FLOAT(x.dtype(),
+                      op,
+                      cpu::rmsnorm_bwd(x.data<scalar_t>(),
+                                       weight.data<scalar_t>(),
+                                       rstd.data<scalar_t>(),
+                                       dy.data<scalar_t>(),
+                                       dresidual.defined() ? dresidual.data<scalar_t>() : nullptr,
+                                       dx.data<scalar_t>(),
+                                       dweight.data<scalar_t>(),
+                                       n,
+                                       c));
+}
+MT_REGISTER_KERNEL(rmsnorm_bwd, cpu, rmsnorm_bwd, ::mt::ops::float_dtypes);
 
 }  // namespace mt::ops::cpu

@@ -1,9 +1,13 @@
 // CPU reference of rotary position embedding ("rotate half" layout); the angles are computed in f64 once per call.
+#include "ops/rope.h"
+
 #include <cmath>
 #include <cstddef>
 #include <vector>
 
-#include "ops/cpu/kernels.h"
+#include "ops/cpu/checks.h"
+#include "ops/cpu/threading.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cpu {
 
@@ -42,5 +46,39 @@ void rope_rotate(
 
 template void rope_rotate<float>(const float*, float*, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool);
 template void rope_rotate<double>(const double*, double*, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool);
+
+// The CPU kernel of ops::rope_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y) {
+    constexpr std::string_view op = "rope_fwd";
+    MT_DISPATCH_FLOAT(x.dtype(),
+                      op,
+                      cpu::rope_rotate(x.data<scalar_t>(),
+                                       y.data<scalar_t>(),
+                                       x.size(0),
+                                       x.size(1),
+                                       x.size(2),
+                                       x.size(3),
+                                       theta,
+                                       pos_offset,
+                                       false));
+}
+MT_REGISTER_KERNEL(rope_fwd, cpu, rope_fwd, ::mt::ops::float_dtypes);
+
+// The CPU kernel of ops::rope_bwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx) {
+    constexpr std::string_view op = "rope_bwd";
+    MT_DISPATCH_FLOAT(dy.dtype(),
+                      op,
+                      cpu::rope_rotate(dy.data<scalar_t>(),
+                                       dx.data<scalar_t>(),
+                                       dy.size(0),
+                                       dy.size(1),
+                                       dy.size(2),
+                                       dy.size(3),
+                                       theta,
+                                       pos_offset,
+                                       true));
+}
+MT_REGISTER_KERNEL(rope_bwd, cpu, rope_bwd, ::mt::ops::float_dtypes);
 
 }  // namespace mt::ops::cpu

@@ -1,9 +1,13 @@
 // CPU reference of the SwiGLU gate, elementwise over flat buffers; exp(-gate) is computed a slice at a time into a
 // small buffer with the vectorized exp (see vec_math.h).
+#include "ops/swiglu.h"
+
 #include <algorithm>
 
-#include "ops/cpu/kernels.h"
+#include "ops/cpu/checks.h"
+#include "ops/cpu/threading.h"
 #include "ops/cpu/vec_math.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cpu {
 
@@ -52,5 +56,42 @@ template void swiglu_fwd<float>(const float*, const float*, float*, int64_t);
 template void swiglu_fwd<double>(const double*, const double*, double*, int64_t);
 template void swiglu_bwd<float>(const float*, const float*, const float*, float*, float*, int64_t);
 template void swiglu_bwd<double>(const double*, const double*, const double*, double*, double*, int64_t);
+
+// The CPU kernel of ops::swiglu_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void swiglu_fwd(const Tensor& gate, const Tensor& up, const Tensor& out) {
+    constexpr std::string_view op = "swiglu_fwd";
+    check_float_arg(gate, op, "gate", 2);
+    check_float_arg(up, op, "up", 2);
+    check_float_arg(out, op, "out", 2);
+    cpu::check_dtype_as(up, gate, op, "up", "gate");
+    cpu::check_dtype_as(out, gate, op, "out", "gate");
+    MT_DISPATCH_FLOAT(gate.dtype(),
+                      op,
+                      cpu::swiglu_fwd(gate.data<scalar_t>(), up.data<scalar_t>(), out.data<scalar_t>(), gate.numel()));
+}
+MT_REGISTER_KERNEL(swiglu_fwd, cpu, swiglu_fwd, ::mt::ops::float_dtypes);
+
+// The CPU kernel of ops::swiglu_bwd (registered in the op registry): the CPU dtypes, then the float dispatch.
+void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dout, const Tensor& dgate, const Tensor& dup) {
+    constexpr std::string_view op = "swiglu_bwd";
+    check_float_arg(gate, op, "gate", 2);
+    check_float_arg(up, op, "up", 2);
+    check_float_arg(dout, op, "dout", 2);
+    check_float_arg(dgate, op, "dgate", 2);
+    check_float_arg(dup, op, "dup", 2);
+    cpu::check_dtype_as(up, gate, op, "up", "gate");
+    cpu::check_dtype_as(dout, gate, op, "dout", "gate");
+    cpu::check_dtype_as(dgate, gate, op, "dgate", "gate");
+    cpu::check_dtype_as(dup, gate, op, "dup", "gate");
+    MT_DISPATCH_FLOAT(gate.dtype(),
+                      op,
+                      cpu::swiglu_bwd(gate.data<scalar_t>(),
+                                      up.data<scalar_t>(),
+                                      dout.data<scalar_t>(),
+                                      dgate.data<scalar_t>(),
+                                      dup.data<scalar_t>(),
+                                      gate.numel()));
+}
+MT_REGISTER_KERNEL(swiglu_bwd, cpu, swiglu_bwd, ::mt::ops::float_dtypes);
 
 }  // namespace mt::ops::cpu

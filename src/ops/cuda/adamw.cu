@@ -5,8 +5,9 @@
 // order.
 #include <cmath>
 
+#include "ops/adamw.h"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -103,5 +104,6 @@ void adamw_step(const Tensor& param,
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(adamw_step, cuda, adamw_step, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

@@ -2,8 +2,9 @@
 // Dtypes: each of a, b, out, and each of dout, da, db, is bf16|f16|f32 on its own (a bf16 branch may add into an f32
 // residual stream, and a bf16 gradient into f32 accumulators); the sum is formed in f32 and rounded once. out may
 // alias a or b.
+#include "ops/add.h"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -69,6 +70,7 @@ void add_fwd(const Tensor& a, const Tensor& b, const Tensor& out) {
                          })));
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(add_fwd, cuda, add_fwd, ::mt::ops::half_and_float_dtypes);
 
 void add_bwd(const Tensor& dout, const Tensor& da, const Tensor& db) {
     constexpr std::string_view op = "add_bwd";
@@ -95,5 +97,6 @@ void add_bwd(const Tensor& dout, const Tensor& da, const Tensor& db) {
                          })));
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(add_bwd, cuda, add_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

@@ -13,8 +13,9 @@
 
 #include "core/backend.h"
 #include "core/cuda/cuda_check.h"
+#include "ops/attention.h"
 #include "ops/cuda/attention_kernels.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -96,6 +97,7 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
             return attention_generic_fwd(p, q.dtype());
     }
 }
+MT_REGISTER_KERNEL(attention_fwd, cuda, attention_fwd, ::mt::ops::half_and_float_dtypes);
 
 void attention_bwd(const Tensor& q,
                    const Tensor& k,
@@ -147,5 +149,6 @@ void attention_bwd(const Tensor& q,
     }
     be.free(delta, delta_bytes);  // stream order keeps the reuse safe
 }
+MT_REGISTER_KERNEL(attention_bwd, cuda, attention_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

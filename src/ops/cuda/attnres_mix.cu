@@ -4,8 +4,9 @@
 // (squares, query dots and dh dots: 3m values) are reduced the same way, dv is accumulated in place (each element
 // has one owner), and the query/gain gradients go to a [blocks, 2, C] partial buffer that a second kernel sums in
 // block order: deterministic, no atomics.
-#include "ops/cuda/attnres_mix_cuda.h"
+#include "ops/attnres_mix.h"
 #include "ops/cuda/common.cuh"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -214,6 +215,7 @@ void attnres_mix_fwd(const std::vector<Tensor>& sources,
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(attnres_mix_fwd, cuda, attnres_mix_fwd, ::mt::ops::half_and_float_dtypes);
 
 void attnres_mix_bwd(const std::vector<Tensor>& sources,
                      const Tensor& query,
@@ -275,5 +277,6 @@ void attnres_mix_bwd(const std::vector<Tensor>& sources,
         partial.data<float>(), blocks, c, dquery.data<float>(), dkey_gain.data<float>());
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(attnres_mix_bwd, cuda, attnres_mix_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

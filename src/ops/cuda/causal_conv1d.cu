@@ -3,8 +3,9 @@
 // recomputing their pre-activations). dw: each block sums dz x over its rows (kRows flattened (b, t) rows) per
 // channel in row order into an f32 partial row, and a second kernel adds the partials to dw in block order; no
 // atomics.
+#include "ops/causal_conv1d.h"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -130,6 +131,7 @@ void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool s
         }));
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(causal_conv1d_fwd, cuda, causal_conv1d_fwd, ::mt::ops::half_and_float_dtypes);
 
 void causal_conv1d_bwd(
     const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw, bool silu) {
@@ -164,5 +166,6 @@ void causal_conv1d_bwd(
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(causal_conv1d_bwd, cuda, causal_conv1d_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

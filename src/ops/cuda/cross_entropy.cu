@@ -8,8 +8,9 @@
 // (exit 3); this copies one int back, so both calls synchronise with the host.
 #include <cfloat>
 
+#include "ops/cross_entropy.h"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -157,6 +158,7 @@ void cross_entropy_fwd(
     const int64_t pos = bad.first_bad(n);
     if (pos >= 0) fail_bad_target(targets, pos, v, ignore_index, op);
 }
+MT_REGISTER_KERNEL(cross_entropy_fwd, cuda, cross_entropy_fwd, ::mt::ops::half_and_float_dtypes);
 
 void cross_entropy_bwd(const Tensor& logits,
                        const Tensor& targets,
@@ -187,5 +189,6 @@ void cross_entropy_bwd(const Tensor& logits,
     const int64_t pos = bad.first_bad(n);
     if (pos >= 0) fail_bad_target(targets, pos, v, ignore_index, op);
 }
+MT_REGISTER_KERNEL(cross_entropy_bwd, cuda, cross_entropy_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

@@ -10,7 +10,8 @@
 // 3); this copies one int back, so both calls synchronise with the host. Rows of valid ids may have been written when
 // that error is raised.
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/embedding.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -155,6 +156,7 @@ void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out) {
     const int64_t pos = bad.first_bad(n);
     if (pos >= 0) fail_bad_id(ids, pos, vocab, op);
 }
+MT_REGISTER_KERNEL(embedding_fwd, cuda, embedding_fwd, ::mt::ops::half_and_float_dtypes);
 
 void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dweight) {
     constexpr std::string_view op = "embedding_bwd";
@@ -187,5 +189,6 @@ void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dweight)
     const int64_t pos = bad.first_bad(n);
     if (pos >= 0) fail_bad_id(ids, pos, vocab, op);
 }
+MT_REGISTER_KERNEL(embedding_bwd, cuda, embedding_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

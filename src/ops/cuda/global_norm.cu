@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/global_norm.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -96,5 +97,13 @@ double global_norm(const std::vector<Tensor>& tensors) {
     MT_CUDA_CHECK(cudaStreamSynchronize(core::cuda_stream()));
     return std::sqrt(total);
 }
+MT_REGISTER_KERNEL(global_norm, cuda, global_norm, ::mt::ops::half_and_float_dtypes);
+
+// The squared norm of one tensor: the norm above, squared (one more rounding, a relative 1e-16).
+double global_norm_sq(const Tensor& t) {
+    const double norm = global_norm({t});
+    return norm * norm;
+}
+MT_REGISTER_KERNEL(global_norm_sq, cuda, global_norm_sq, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

@@ -29,7 +29,8 @@
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cublaslt_util.cuh"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/grouped_linear.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -285,8 +286,9 @@ class GroupedContext {
 
 }  // namespace
 
-// x [R, K], w [E, M, K], y [R, M]; offsets [E + 1] on the host. Shapes are checked by the caller.
-void grouped_linear_fwd(const Tensor& x, const Tensor& w, const int32_t* offsets, const Tensor& y) {
+// x [R, K], w [E, M, K], y [R, M]; host_offsets [E + 1] i32 on the host. Shapes are checked by the caller.
+void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& host_offsets, const Tensor& y) {
+    const int32_t* offsets = host_offsets.data<int32_t>();
     constexpr std::string_view op = "grouped_linear_fwd";
     check_cuda_float(x, op, "x");
     check_dtype_like(w, x, op, "w", "x");
@@ -313,16 +315,18 @@ void grouped_linear_fwd(const Tensor& x, const Tensor& w, const int32_t* offsets
     }
     GroupedContext::get().run(gemms, ptrs, 0.0f, false);
 }
+MT_REGISTER_KERNEL(grouped_linear_fwd, cuda, grouped_linear_fwd, ::mt::ops::half_and_float_dtypes);
 
 // dy [R, M]; dx [R, K] written (=) or accumulated (accumulate_dx), skipped when undefined; dw [E, M, K] accumulates.
 void grouped_linear_bwd(const Tensor& x,
                         const Tensor& w,
-                        const int32_t* offsets,
+                        const Tensor& host_offsets,
                         const Tensor& dy,
                         const Tensor& dx,
                         const Tensor& dw,
                         bool accumulate_dx) {
     constexpr std::string_view op = "grouped_linear_bwd";
+    const int32_t* offsets = host_offsets.data<int32_t>();
     check_cuda_float(x, op, "x");
     check_dtype_like(w, x, op, "w", "x");
     check_dtype_like(dy, x, op, "dy", "x");
@@ -375,5 +379,6 @@ void grouped_linear_bwd(const Tensor& x,
     GroupedContext::get().run(gx, px, accumulate_dx ? 1.0f : 0.0f, false);
     GroupedContext::get().run(gw, pw, 1.0f, true);
 }
+MT_REGISTER_KERNEL(grouped_linear_bwd, cuda, grouped_linear_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

@@ -6,9 +6,10 @@
 //         of S never mix): Vn = U - W S, O = Qg S + A Vn, S <- Diag(gamma) S + Kg^T Vn.
 // Every intra-chunk decay factor is formed per entry as e^(Gamma_i - Gamma_j) <= 1 (the pairwise form, valid for
 // either gate), so both KdaDiagonal choices run the same kernels. No atomics: every output has one writer.
-#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/kda_common.cuh"
 #include "ops/cuda/kda_mma.cuh"
+#include "ops/kda.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -366,5 +367,6 @@ void kda_fwd(const Tensor& q,
     }
     prof.mark("scan");
 }
+MT_REGISTER_KERNEL(kda_fwd, cuda, kda_fwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

@@ -12,10 +12,11 @@
 // For bf16/f16 inputs (kda::use_tc) prep, the scans and most of chunk run on tensor cores instead: kda_prep_tc.cu,
 // kda_scan_tc.cu, kda_chunk_tc.cu (products over V) and kda_intra_tc.cuh (products over T, intra-chunk terms).
 // Deterministic: fixed loop orders, no atomics.
-#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/kda_common.cuh"
 #include "ops/cuda/kda_intra_tc.cuh"
 #include "ops/cuda/kda_mma.cuh"
+#include "ops/kda.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -581,5 +582,6 @@ void kda_bwd(const Tensor& q,
     MT_CUDA_CHECK(cudaGetLastError());
     prof.mark("group");
 }
+MT_REGISTER_KERNEL(kda_bwd, cuda, kda_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

@@ -4,7 +4,8 @@
 // tokens per (head, key) column in token order into f32 partials; a second pass adds the partials in block order
 // (dA_log also over the key channels, in order). No atomics.
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/kda_gate.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -109,8 +110,10 @@ const TP* ptr_or_null(const Tensor& t) {
 }  // namespace
 
 void kda_gate_fwd(
-    const Tensor& u, const Tensor& a_log, const Tensor& bias, const Tensor& g, bool lower_bound, double l) {
+    const Tensor& u, const Tensor& a_log, const Tensor& bias, const Tensor& g, const KdaGateOptions& options) {
     constexpr std::string_view op = "kda_gate_fwd";
+    const bool lower_bound = options.kind == KdaGateKind::lower_bound;
+    const double l = options.lower_bound;
     check_cuda_float(u, op, "u");
     check_cuda_float(bias, op, "bias");
     if (a_log.defined()) check_dtype_like(a_log, bias, op, "a_log", "bias");
@@ -129,6 +132,7 @@ void kda_gate_fwd(
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(kda_gate_fwd, cuda, kda_gate_fwd, ::mt::ops::half_and_float_dtypes);
 
 void kda_gate_bwd(const Tensor& u,
                   const Tensor& a_log,
@@ -137,9 +141,10 @@ void kda_gate_bwd(const Tensor& u,
                   const Tensor& du,
                   const Tensor& da_log,
                   const Tensor& dbias,
-                  bool lower_bound,
-                  double l) {
+                  const KdaGateOptions& options) {
     constexpr std::string_view op = "kda_gate_bwd";
+    const bool lower_bound = options.kind == KdaGateKind::lower_bound;
+    const double l = options.lower_bound;
     check_cuda_float(u, op, "u");
     check_cuda_float(bias, op, "bias");
     if (a_log.defined()) check_dtype_like(a_log, bias, op, "a_log", "bias");
@@ -181,5 +186,6 @@ void kda_gate_bwd(const Tensor& u,
         MT_CUDA_CHECK(cudaGetLastError());
     }
 }
+MT_REGISTER_KERNEL(kda_gate_bwd, cuda, kda_gate_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

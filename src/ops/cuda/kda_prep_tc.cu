@@ -26,9 +26,9 @@
 // the states were kept too.
 #include <string_view>
 
-#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/kda_common.cuh"
 #include "ops/cuda/kda_mma.cuh"
+#include "ops/kda.h"
 
 namespace mt::ops::cuda::kda {
 

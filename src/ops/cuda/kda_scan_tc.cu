@@ -19,10 +19,10 @@
 #include <string_view>
 #include <type_traits>
 
-#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/kda_common.cuh"
 #include "ops/cuda/kda_mma.cuh"
 #include "ops/cuda/kda_scan_common.cuh"
+#include "ops/kda.h"
 
 namespace mt::ops::cuda::kda {
 

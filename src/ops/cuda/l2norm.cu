@@ -1,7 +1,8 @@
 // CUDA row L2 norm (ops/l2norm.h): x, y, dy, dx bf16|f16|f32, one dtype; rinv f32. One warp per row: each lane sums
 // a strided slice, then a fixed butterfly, so the result is the same on every run.
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/l2norm.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -88,6 +89,7 @@ void l2norm_fwd(const Tensor& x, double scale, double eps, const Tensor& y, cons
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(l2norm_fwd, cuda, l2norm_fwd, ::mt::ops::half_and_float_dtypes);
 
 void l2norm_bwd(const Tensor& x, const Tensor& rinv, double scale, const Tensor& dy, const Tensor& dx) {
     constexpr std::string_view op = "l2norm_bwd";
@@ -110,5 +112,6 @@ void l2norm_bwd(const Tensor& x, const Tensor& rinv, double scale, const Tensor&
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(l2norm_bwd, cuda, l2norm_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

@@ -17,7 +17,8 @@
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cublaslt_util.cuh"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/linear.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -279,6 +280,7 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tens
                       alignment_of(y.raw())};
     LtContext::get().matmul(s, w.raw(), x.raw(), y.raw(), bias.defined() ? bias.raw() : nullptr, 0.0f);
 }
+MT_REGISTER_KERNEL(linear_fwd, cuda, linear_fwd, ::mt::ops::half_and_float_dtypes);
 
 // x [N, K], w [M, K], dy [N, M]; dx [N, K] written (skipped when undefined); dw [M, K] and dbias [M] accumulate.
 void linear_bwd(const Tensor& x,
@@ -343,5 +345,6 @@ void linear_bwd(const Tensor& x,
         MT_CUDA_DISPATCH(x.dtype(), T, launch_dbias<T>(dy, dbias, n, m));
     }
 }
+MT_REGISTER_KERNEL(linear_bwd, cuda, linear_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "core/backend.h"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/moe_balance.h"
 #include "ops/cuda/moe_common.cuh"
 
 namespace mt::ops::cuda {

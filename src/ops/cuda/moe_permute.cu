@@ -10,8 +10,9 @@
 // integer arithmetic or a comparison, so the plan is exact and deterministic.
 // Dtypes: x, xp, dxp, dx bf16|f16|f32 (one dtype), gates bf16|f16|f32; sums in f32, in slot order.
 #include "core/backend.h"
-#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/moe_common.cuh"
+#include "ops/moe_permute.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -263,6 +264,7 @@ int64_t moe_permute_plan(const Tensor& indices,
     be.free(counts, count_bytes);
     return rows;
 }
+MT_REGISTER_KERNEL(moe_permute_plan, cuda, moe_permute_plan, ::mt::ops::any_dtype);  // primary: indices i32
 
 void moe_permute_fwd(const Tensor& x, const Tensor& row_token, const Tensor& xp) {
     constexpr std::string_view op = "moe_permute_fwd";
@@ -284,6 +286,7 @@ void moe_permute_fwd(const Tensor& x, const Tensor& row_token, const Tensor& xp)
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(moe_permute_fwd, cuda, moe_permute_fwd, ::mt::ops::half_and_float_dtypes);
 
 void moe_permute_bwd(const Tensor& slot_row, const Tensor& dxp, const Tensor& dx) {
     constexpr std::string_view op = "moe_permute_bwd";
@@ -305,5 +308,6 @@ void moe_permute_bwd(const Tensor& slot_row, const Tensor& dxp, const Tensor& dx
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(moe_permute_bwd, cuda, moe_permute_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

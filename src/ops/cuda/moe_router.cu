@@ -8,8 +8,9 @@
 #include <cfloat>
 #include <climits>
 
-#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/moe_common.cuh"
+#include "ops/moe_router.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -225,6 +226,7 @@ void moe_router_fwd(const Tensor& logits,
                                                               logits, bias, scores, indices, gates, cutoff, options);
                                                       })));
 }
+MT_REGISTER_KERNEL(moe_router_fwd, cuda, moe_router_fwd, ::mt::ops::half_and_float_dtypes);
 
 void moe_router_bwd(const Tensor& scores,
                     const Tensor& indices,
@@ -269,5 +271,6 @@ void moe_router_bwd(const Tensor& scores,
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(moe_router_bwd, cuda, moe_router_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

@@ -2,8 +2,9 @@
 // backward writes each row's gradient g dy and the gate gradient dy . row by a fixed-order block sum.
 // Dtypes: yp, y, dy, dyp bf16|f16|f32 (one dtype); gates, dgates that dtype or f32 (the layer's f32 routing).
 // Every row of yp must be named by one slot (the plan guarantees it): the backward writes only named rows.
-#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/moe_common.cuh"
+#include "ops/moe_unpermute.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -103,6 +104,7 @@ void moe_unpermute_fwd(const Tensor& yp, const Tensor& slot_row, const Tensor& g
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(moe_unpermute_fwd, cuda, moe_unpermute_fwd, ::mt::ops::half_and_float_dtypes);
 
 void moe_unpermute_bwd(const Tensor& yp,
                        const Tensor& slot_row,
@@ -136,5 +138,6 @@ void moe_unpermute_bwd(const Tensor& yp,
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(moe_unpermute_bwd, cuda, moe_unpermute_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

@@ -6,7 +6,8 @@
 // column owned by one thread); the block writes that partial row to a scratch buffer, and a second kernel adds the
 // partials to dweight in block order. No atomics, so dweight is the same on every run.
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
+#include "ops/rmsnorm.h"
 
 namespace mt::ops::cuda {
 
@@ -156,6 +157,7 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(rmsnorm_fwd, cuda, rmsnorm_fwd, ::mt::ops::half_and_float_dtypes);
 
 void rmsnorm_bwd(const Tensor& x,
                  const Tensor& weight,
@@ -201,5 +203,6 @@ void rmsnorm_bwd(const Tensor& x,
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(rmsnorm_bwd, cuda, rmsnorm_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

@@ -9,7 +9,8 @@
 #include <tuple>
 
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
+#include "ops/rope.h"
 
 namespace mt::ops::cuda {
 
@@ -114,9 +115,11 @@ void rope_run(const Tensor& in,
 void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y) {
     rope_run(x, theta, pos_offset, y, false, "rope_fwd", "x", "y");
 }
+MT_REGISTER_KERNEL(rope_fwd, cuda, rope_fwd, ::mt::ops::half_and_float_dtypes);
 
 void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx) {
     rope_run(dy, theta, pos_offset, dx, true, "rope_bwd", "dy", "dx");
 }
+MT_REGISTER_KERNEL(rope_bwd, cuda, rope_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

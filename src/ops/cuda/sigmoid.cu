@@ -1,6 +1,7 @@
 // CUDA elementwise sigmoid (ops/sigmoid.h): x, y, dy, dx bf16|f16|f32, one dtype; f32 math, grid-stride loops.
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
+#include "ops/sigmoid.h"
 
 namespace mt::ops::cuda {
 
@@ -41,6 +42,7 @@ void sigmoid_fwd(const Tensor& x, const Tensor& y) {
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(sigmoid_fwd, cuda, sigmoid_fwd, ::mt::ops::half_and_float_dtypes);
 
 void sigmoid_bwd(const Tensor& y, const Tensor& dy, const Tensor& dx) {
     constexpr std::string_view op = "sigmoid_bwd";
@@ -56,5 +58,6 @@ void sigmoid_bwd(const Tensor& y, const Tensor& dy, const Tensor& dx) {
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(sigmoid_bwd, cuda, sigmoid_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

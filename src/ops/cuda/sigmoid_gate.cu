@@ -1,7 +1,8 @@
 // CUDA sigmoid gate (ops/sigmoid_gate.h): out = x sigmoid(z); x, z, out, dout, dx, dz bf16|f16|f32, one dtype; f32
 // math, grid-stride loops.
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
+#include "ops/sigmoid_gate.h"
 
 namespace mt::ops::cuda {
 
@@ -52,6 +53,7 @@ void sigmoid_gate_fwd(const Tensor& x, const Tensor& z, const Tensor& out) {
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(sigmoid_gate_fwd, cuda, sigmoid_gate_fwd, ::mt::ops::half_and_float_dtypes);
 
 void sigmoid_gate_bwd(const Tensor& x, const Tensor& z, const Tensor& dout, const Tensor& dx, const Tensor& dz) {
     constexpr std::string_view op = "sigmoid_gate_bwd";
@@ -73,5 +75,6 @@ void sigmoid_gate_bwd(const Tensor& x, const Tensor& z, const Tensor& dout, cons
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(sigmoid_gate_bwd, cuda, sigmoid_gate_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

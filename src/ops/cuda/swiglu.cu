@@ -1,7 +1,8 @@
 // CUDA SwiGLU gate, elementwise over flat buffers (deterministic).
 // Dtypes: gate, up, out, dout, dgate, dup bf16|f16|f32, all the dtype of gate; the math runs in f32.
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cuda_ops.h"
+#include "ops/registry.h"
+#include "ops/swiglu.h"
 
 namespace mt::ops::cuda {
 
@@ -73,6 +74,7 @@ void swiglu_fwd(const Tensor& gate, const Tensor& up, const Tensor& out) {
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(swiglu_fwd, cuda, swiglu_fwd, ::mt::ops::half_and_float_dtypes);
 
 void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dout, const Tensor& dgate, const Tensor& dup) {
     constexpr std::string_view op = "swiglu_bwd";
@@ -99,5 +101,6 @@ void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dout, const 
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(swiglu_bwd, cuda, swiglu_bwd, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda

@@ -1,13 +1,12 @@
-// CPU reference kernels of KDA (ops/kda.h) and of the small ops of the KDA layer (ops/kda_gate.h,
-// ops/causal_conv1d.h, ops/l2norm.h, ops/sigmoid.h, ops/sigmoid_gate.h), instantiated for float and double. They
-// take raw contiguous row-major pointers whose shapes the entry points have checked; shapes are in the comments.
+// The KDA CPU references on raw pointers (kda_recurrent.cpp: kda.md §2; kda_chunked.cpp: §3-§4), called by the
+// registered kernels in cpu/kda.cpp. Shapes: q, k [B, T, H, K]; v, out [B, T, HV, V]; g [B, T, HV, K];
+// beta [B, T, HV]; states [B, HV, K, V].
 #pragma once
 
 #include <cstdint>
 
 namespace mt::ops::cpu {
 
-// KDA sizes: q, k [b, t, h, k]; v, out [b, t, hv, v]; g [b, t, hv, k]; beta [b, t, hv]; states [b, hv, k, v].
 struct KdaDims {
     int64_t b, t, h, hv, k, v;
 };
@@ -69,47 +68,5 @@ void kda_chunked_bwd(const T* q,
 
 // KDA gate over u, g [n, hv, k], a_log [hv] (null: a = 1), bias [hv, k]. lower_bound: g = l sigmoid(a (u + b));
 // otherwise (softplus) g = -a softplus(u + b). du written; da_log (null when a_log is) and dbias accumulate.
-template <typename T>
-void kda_gate_fwd(
-    const T* u, const T* a_log, const T* bias, T* g, int64_t n, int64_t hv, int64_t k, bool lower_bound, double l);
-template <typename T>
-void kda_gate_bwd(const T* u,
-                  const T* a_log,
-                  const T* bias,
-                  const T* dg,
-                  T* du,
-                  T* da_log,
-                  T* dbias,
-                  int64_t n,
-                  int64_t hv,
-                  int64_t k,
-                  bool lower_bound,
-                  double l);
-
-// Causal depthwise conv over x, y [b, t, c] with w [c, width] (tap width-1 on the current token), then SiLU when
-// silu. dx written, dw accumulated.
-template <typename T>
-void causal_conv1d_fwd(const T* x, const T* w, T* y, int64_t b, int64_t t, int64_t c, int64_t width, bool silu);
-template <typename T>
-void causal_conv1d_bwd(
-    const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t b, int64_t t, int64_t c, int64_t width, bool silu);
-
-// Row L2 norm over x, y, dx [n, c]: y = scale x r, r = 1 / sqrt(|x|^2 + eps) saved in rinv [n]. dx written.
-template <typename T>
-void l2norm_fwd(const T* x, T* y, T* rinv, int64_t n, int64_t c, double scale, double eps);
-template <typename T>
-void l2norm_bwd(const T* x, const T* rinv, const T* dy, T* dx, int64_t n, int64_t c, double scale);
-
-// y = sigmoid(x) over [n]; dx = dy y (1 - y) written.
-template <typename T>
-void sigmoid_fwd(const T* x, T* y, int64_t n);
-template <typename T>
-void sigmoid_bwd(const T* y, const T* dy, T* dx, int64_t n);
-
-// out = x sigmoid(z) over [n]; dx, dz written.
-template <typename T>
-void sigmoid_gate_fwd(const T* x, const T* z, T* out, int64_t n);
-template <typename T>
-void sigmoid_gate_bwd(const T* x, const T* z, const T* dout, T* dx, T* dz, int64_t n);
 
 }  // namespace mt::ops::cpu
