@@ -6,7 +6,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "ops/cuda/moe_balance.h"
+#include "ops/moe_balance.h"
 
 namespace mt::nn {
 
@@ -68,29 +68,6 @@ void MoeBalancer::set_bias(const std::vector<float>& bias) {
     bias_ = bias;
 }
 
-namespace {
-
-// Adds the QB histogram counts of one micro-batch: for every token i and expert j, r = c_i - s_ij into bin
-// clamp(floor((r - L) B / (U - L)), 0, B - 1) of row j (in double, so the bins do not depend on the scores' dtype
-// beyond their values).
-template <typename T>
-void add_histogram(
-    const T* s, const T* cutoff, int64_t n_tok, int64_t n, int64_t bins, double lo, double hi, uint64_t* hist) {
-    const double scale = static_cast<double>(bins) / (hi - lo);
-    for (int64_t i = 0; i < n_tok; ++i) {
-        const double c = static_cast<double>(cutoff[i]);
-        for (int64_t j = 0; j < n; ++j) {
-            const double r = c - static_cast<double>(s[i * n + j]);
-            const double t = std::floor((r - lo) * scale);
-            const int64_t bin =
-                std::isnan(t) ? 0 : static_cast<int64_t>(std::clamp(t, 0.0, static_cast<double>(bins - 1)));
-            ++hist[j * bins + bin];
-        }
-    }
-}
-
-}  // namespace
-
 void MoeBalancer::observe(const Tensor& scores, const Tensor& cutoff, const Tensor& indices) {
     MT_CHECK(scores.ndim() == 2 && scores.size(1) == n_ && scores.is_contiguous(),
              "moe balancer: scores has shape {}, expected [N, {}]",
@@ -104,47 +81,37 @@ void MoeBalancer::observe(const Tensor& scores, const Tensor& cutoff, const Tens
              k_);
     tokens_seen_ += n_tok;
     tokens_interval_ += n_tok;
-    if (scores.device() == core::Device::cuda) {
-        MT_CHECK(indices.device() == core::Device::cuda, "moe balancer: scores are on cuda, indices are not");
-        if (!loads_dev_.defined()) loads_dev_ = Tensor::zeros({n_}, DType::i64, core::Device::cuda);
-        ops::cuda::moe_expert_counts(indices, loads_dev_);
-        device_pending_ = true;
-        if (config_.mode != MoeBalanceMode::quantile) return;
-        MT_CHECK(cutoff.defined() && cutoff.shape() == core::Shape({n_tok}) && cutoff.dtype() == scores.dtype() &&
-                     cutoff.device() == core::Device::cuda,
-                 "moe balancer: quantile balancing needs the router's cutoff [{}] on the scores' device",
-                 n_tok);
-        if (!hist_dev_.defined()) hist_dev_ = Tensor::zeros({n_, config_.bins}, DType::i64, core::Device::cuda);
-        ops::cuda::moe_qb_histogram(scores, cutoff, lower_, upper_, hist_dev_);
-        return;
-    }
-    const int32_t* idx = indices.data<int32_t>();
-    for (int64_t s = 0; s < n_tok * k_; ++s) ++loads_[static_cast<size_t>(idx[s])];
+    // Counted on the scores' device into pending buffers (ops/moe_balance.h), added to the host state when it is
+    // read: the [N, n] scores of a GPU run never go to the host.
+    const core::Device device = scores.device();
+    if (loads_pending_.defined() && loads_pending_.device() != device) flush_pending();
+    if (!loads_pending_.defined() || loads_pending_.device() != device)
+        loads_pending_ = Tensor::zeros({n_}, DType::i64, device);
+    ops::moe_expert_counts(indices, loads_pending_);
+    counts_pending_ = true;
     if (config_.mode != MoeBalanceMode::quantile) return;
-    MT_CHECK(cutoff.defined() && cutoff.shape() == core::Shape({n_tok}) && cutoff.dtype() == scores.dtype(),
-             "moe balancer: quantile balancing needs the router's cutoff [{}]",
+    MT_CHECK(cutoff.defined() && cutoff.shape() == core::Shape({n_tok}) && cutoff.dtype() == scores.dtype() &&
+                 cutoff.device() == device,
+             "moe balancer: quantile balancing needs the router's cutoff [{}] on the scores' device",
              n_tok);
-    if (scores.dtype() == DType::f64)
-        add_histogram(
-            scores.data<double>(), cutoff.data<double>(), n_tok, n_, config_.bins, lower_, upper_, hist_.data());
-    else
-        add_histogram(
-            scores.data<float>(), cutoff.data<float>(), n_tok, n_, config_.bins, lower_, upper_, hist_.data());
+    if (!hist_pending_.defined() || hist_pending_.device() != device)
+        hist_pending_ = Tensor::zeros({n_, config_.bins}, DType::i64, device);
+    ops::moe_qb_histogram(scores, cutoff, lower_, upper_, hist_pending_);
 }
 
-void MoeBalancer::flush_device() const {
-    if (!device_pending_) return;
-    device_pending_ = false;
-    if (loads_dev_.defined()) {
-        const Tensor h = loads_dev_.to_device(core::Device::cpu);
+void MoeBalancer::flush_pending() const {
+    if (!counts_pending_) return;
+    counts_pending_ = false;
+    if (loads_pending_.defined()) {
+        const Tensor h = loads_pending_.to_device(core::Device::cpu);
         for (int64_t j = 0; j < n_; ++j) loads_[static_cast<size_t>(j)] += h.data<int64_t>()[j];
-        loads_dev_.zero();
+        loads_pending_.zero();
     }
-    if (hist_dev_.defined()) {
-        const Tensor h = hist_dev_.to_device(core::Device::cpu);
+    if (hist_pending_.defined()) {
+        const Tensor h = hist_pending_.to_device(core::Device::cpu);
         const int64_t* v = h.data<int64_t>();
         for (size_t i = 0; i < hist_.size(); ++i) hist_[i] += static_cast<uint64_t>(v[i]);
-        hist_dev_.zero();
+        hist_pending_.zero();
     }
 }
 
@@ -167,7 +134,7 @@ void MoeBalancer::snapshot_counts() {
 }
 
 void MoeBalancer::sum_step_counts(parallel::Comm& group) {
-    flush_device();
+    flush_pending();
     if (group.size() == 1) return;
     // Every rank holds the same counts up to the last step (they were summed then), so only the increments since
     // are reduced: new = at_step + sum over ranks of (current - at_step).
@@ -191,7 +158,7 @@ bool MoeBalancer::step() {
 }
 
 bool MoeBalancer::step_update() {
-    flush_device();
+    flush_pending();
     switch (config_.mode) {
         case MoeBalanceMode::quantile:
             if (++steps_in_interval_ < config_.update_interval) return false;
@@ -282,7 +249,7 @@ void MoeBalancer::update_sign() {
 }
 
 std::vector<std::pair<std::string, Tensor>> MoeBalancer::state_tensors(const std::string& prefix) const {
-    flush_device();
+    flush_pending();
     std::vector<std::pair<std::string, Tensor>> out;
     Tensor bias = Tensor::zeros({n_}, DType::f32);
     std::copy(bias_.begin(), bias_.end(), bias.data<float>());
@@ -323,7 +290,7 @@ void MoeBalancer::load_state(const std::vector<std::pair<std::string, Tensor>>& 
         }
         core::fail(ExitCode::checkpoint, "checkpoint has no tensor {} (MoE balancer state)", name);
     };
-    flush_device();  // counts not yet flushed belong to the state being replaced
+    flush_pending();  // counts not yet flushed belong to the state being replaced
     const Tensor bias = find(".bias", {n_}, DType::f32), loads = find(".loads", {n_}, DType::i64);
     const Tensor counters = find(".counters", {4}, DType::i64);
     std::copy(bias.data<float>(), bias.data<float>() + n_, bias_.begin());
@@ -341,7 +308,7 @@ void MoeBalancer::load_state(const std::vector<std::pair<std::string, Tensor>>& 
 }
 
 nlohmann::json MoeBalancer::state_json() const {
-    flush_device();
+    flush_pending();
     nlohmann::json j = {{"mode", moe_balance_mode_name(config_.mode)},
                         {"bias", bias_},
                         {"loads", loads_},
@@ -359,7 +326,7 @@ nlohmann::json MoeBalancer::state_json() const {
 }
 
 void MoeBalancer::load_state_json(const nlohmann::json& j) {
-    flush_device();  // counts not yet flushed belong to the state being replaced
+    flush_pending();  // counts not yet flushed belong to the state being replaced
     try {
         const std::string mode = j.at("mode").get<std::string>();
         if (mode != moe_balance_mode_name(config_.mode))
@@ -422,82 +389,6 @@ std::vector<double> moe_qb_exact_bias(const Tensor& scores, const Tensor& cutoff
     if (scores.dtype() == DType::f64)
         return qb_exact_bias(scores.data<double>(), cutoff.data<double>(), n_tok, n, rank);
     return qb_exact_bias(scores.data<float>(), cutoff.data<float>(), n_tok, n, rank);
-}
-
-namespace {
-
-template <typename T>
-double aux_loss_impl(
-    const T* s, const int32_t* idx, int64_t n_tok, int64_t n, int64_t k, double coeff, bool probs, T* ds) {
-    std::vector<double> count(static_cast<size_t>(n), 0.0), p_mean(static_cast<size_t>(n), 0.0);
-    for (int64_t q = 0; q < n_tok * k; ++q) count[static_cast<size_t>(idx[q])] += 1.0;
-    for (int64_t i = 0; i < n_tok; ++i) {
-        double sum = 1.0;
-        if (!probs) sum = std::accumulate(s + i * n, s + (i + 1) * n, 0.0);
-        for (int64_t j = 0; j < n; ++j) p_mean[static_cast<size_t>(j)] += static_cast<double>(s[i * n + j]) / sum;
-    }
-    const double t = static_cast<double>(n_tok);
-    std::vector<double> g(static_cast<size_t>(n));  // d loss / d p_tj = alpha f_j / T
-    double loss = 0;
-    for (int64_t j = 0; j < n; ++j) {
-        const double f = static_cast<double>(n) * count[static_cast<size_t>(j)] / (static_cast<double>(k) * t);
-        loss += coeff * f * p_mean[static_cast<size_t>(j)] / t;
-        g[static_cast<size_t>(j)] = coeff * f / t;
-    }
-    if (!ds) return loss;
-    for (int64_t i = 0; i < n_tok; ++i) {
-        const T* si = s + i * n;
-        T* di = ds + i * n;
-        if (probs) {
-            for (int64_t j = 0; j < n; ++j) di[j] = static_cast<T>(g[static_cast<size_t>(j)]);
-            continue;
-        }
-        // p = s / S: ds_m = (g_m - sum_j g_j p_j) / S
-        const double sum = std::accumulate(si, si + n, 0.0);
-        double dot = 0;
-        for (int64_t j = 0; j < n; ++j) dot += g[static_cast<size_t>(j)] * static_cast<double>(si[j]) / sum;
-        for (int64_t j = 0; j < n; ++j) di[j] = static_cast<T>((g[static_cast<size_t>(j)] - dot) / sum);
-    }
-    return loss;
-}
-
-}  // namespace
-
-double moe_aux_loss(const Tensor& scores, const Tensor& indices, double coeff, bool probs, const Tensor& dscores) {
-    MT_CHECK(scores.ndim() == 2 && scores.is_contiguous(), "moe_aux_loss: scores must be a contiguous [N, n] tensor");
-    const int64_t n_tok = scores.size(0), n = scores.size(1);
-    MT_CHECK(indices.dtype() == DType::i32 && indices.ndim() == 2 && indices.size(0) == n_tok,
-             "moe_aux_loss: indices has shape {}, expected [{}, k] i32",
-             core::shape_str(indices.shape()),
-             n_tok);
-    if (n_tok == 0) return 0.0;
-    const int64_t k = indices.size(1);
-    if (scores.device() == core::Device::cuda) {
-        MT_CHECK(
-            indices.device() == core::Device::cuda && (!dscores.defined() || dscores.device() == core::Device::cuda),
-            "moe_aux_loss: scores, indices and dscores must be on one device");
-        return ops::cuda::moe_aux_loss(scores, indices, coeff, probs, dscores);
-    }
-    if (dscores.defined())
-        MT_CHECK(dscores.shape() == scores.shape() && dscores.dtype() == scores.dtype(),
-                 "moe_aux_loss: dscores must match scores");
-    if (scores.dtype() == DType::f64)
-        return aux_loss_impl(scores.data<double>(),
-                             indices.data<int32_t>(),
-                             n_tok,
-                             n,
-                             k,
-                             coeff,
-                             probs,
-                             dscores.defined() ? dscores.data<double>() : nullptr);
-    return aux_loss_impl(scores.data<float>(),
-                         indices.data<int32_t>(),
-                         n_tok,
-                         n,
-                         k,
-                         coeff,
-                         probs,
-                         dscores.defined() ? dscores.data<float>() : nullptr);
 }
 
 }  // namespace mt::nn

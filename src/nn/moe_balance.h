@@ -3,9 +3,9 @@
 // it shifts the top-k selection only), QB's bin bounds (L, U) and histogram H [n, B] (u64, accumulated over an
 // update interval), the per-expert loads of the sign rule, and the counters. All of it round-trips through
 // state_tensors() / load_state() (checkpoint tensors) and state_json() (the same, as JSON).
-// With cuda routing tensors, observe() counts on the device (ops/cuda/moe_balance.cu: the loads and QB's histogram,
-// the bins computed in double exactly as on the CPU) into device buffers; they are added to the host state, one copy
-// back, when the host state is read (step(), histogram(), state_tensors(), state_json()).
+// observe() counts on the routing tensors' device (ops/moe_balance.h: the loads and QB's histogram, the bins
+// computed in double on either device) into pending buffers; they are added to the host state, one copy back from a
+// GPU, when the host state is read (step(), histogram(), state_tensors(), state_json()).
 #pragma once
 
 #include <cstdint>
@@ -67,7 +67,7 @@ class MoeBalancer {
         return upper_;
     }
     const std::vector<uint64_t>& histogram() const {
-        flush_device();
+        flush_pending();
         return hist_;
     }  // [n, B] row-major
     // The last QB update's per-expert quantile b' (before the EMA and the centring), and the count of its bin
@@ -92,8 +92,8 @@ class MoeBalancer {
     bool step_update();  // step() without the snapshot
     void update_quantile();
     void update_sign();
-    // Adds the device counts (if any) into hist_ and loads_ and zeroes them.
-    void flush_device() const;
+    // Adds the pending counts (if any) into hist_ and loads_ and zeroes them.
+    void flush_pending() const;
     // Remembers the counts as they are after a step or a load: sum_step_counts reduces only what came after.
     void snapshot_counts();
 
@@ -101,10 +101,11 @@ class MoeBalancer {
     MoeBalanceConfig config_;
     std::vector<float> bias_;
     double lower_ = -1.0, upper_ = 1.0;
-    mutable std::vector<uint64_t> hist_;         // [n, B]
-    mutable std::vector<int64_t> loads_;         // [n], sign_bias: rows per expert since the last update
-    mutable core::Tensor hist_dev_, loads_dev_;  // i64 [n, B], [n] on the device: counts not yet in hist_, loads_
-    mutable bool device_pending_ = false;
+    mutable std::vector<uint64_t> hist_;  // [n, B]
+    mutable std::vector<int64_t> loads_;  // [n], sign_bias: rows per expert since the last update
+    mutable core::Tensor hist_pending_,
+        loads_pending_;  // i64 [n, B], [n] on the scores' device: counts not yet in hist_, loads_
+    mutable bool counts_pending_ = false;
     int64_t steps_in_interval_ = 0, updates_ = 0, tokens_seen_ = 0, tokens_interval_ = 0;
     double last_bias_step_ = 0.0;
     std::vector<int64_t> counts_at_step_;  // [loads n | hist n B | tokens_seen | tokens_interval] after the last step
@@ -115,12 +116,5 @@ class MoeBalancer {
 // QB's sort-based exact step (moe.md §6 test 5, the test oracle): with r_ij = cutoff_i - s_ij and R = ceil(N k / n),
 // b'_j = the midpoint of the R-th and (R+1)-th smallest r_ij over i (not centred). scores [N, n], cutoff [N].
 std::vector<double> moe_qb_exact_bias(const core::Tensor& scores, const core::Tensor& cutoff, int64_t top_k);
-
-// The auxiliary load-balancing loss (moe.md §2.3, micro-batch scope): alpha sum_j f_j P_j with f_j = n count_j / (k T),
-// P_j = mean_t p_tj, p_t = s_t / sum_j s_tj (sigmoid scores) or s_t itself (probs = true, softmax scores).
-// scores [N, n], indices [N, k] i32; dscores [N, n] (dtype of scores) gets d loss / d scores written (=), through P
-// only, when defined. Returns the loss.
-double moe_aux_loss(
-    const core::Tensor& scores, const core::Tensor& indices, double coeff, bool probs, const core::Tensor& dscores);
 
 }  // namespace mt::nn

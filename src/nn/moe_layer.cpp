@@ -7,8 +7,8 @@
 #include <cmath>
 
 #include "ops/add.h"
-#include "ops/cuda/moe_balance.h"
 #include "ops/grouped_linear.h"
+#include "ops/moe_balance.h"
 #include "ops/moe_unpermute.h"
 #include "ops/swiglu.h"
 #include "parallel/comm.h"
@@ -92,10 +92,8 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
     d_xp_ = z({r, c}), d_logits_ = z({n, e}), d_scores_aux_ = zr({n, e}), d_tmp_ = z({n, c});
     expert_capacity_ = -1;
     reserve_expert_rows(r);
-    if (dev == core::Device::cuda) {
-        step_load_dev_ = Tensor::zeros({e}, DType::i64, dev);
-        step_entropy_dev_ = Tensor::zeros({1}, DType::f64, dev);
-    }
+    step_load_acc_ = Tensor::zeros({e}, DType::i64, dev);
+    step_entropy_acc_ = Tensor::zeros({1}, DType::f64, dev);
     if (shared_) {
         const int64_t fs = f * moe_.num_shared_experts;
         shared_->resize(n, precision);
@@ -185,22 +183,15 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     // aux loss (its gradient on the scores is kept for the backward)
     const bool probs = router_options_.score == ops::MoeScore::softmax;
     aux_loss_ = moe_.balance.mode == MoeBalanceMode::aux_loss
-                    ? moe_aux_loss(scores_, indices_, moe_.balance.aux_coeff, probs, d_scores_aux_)
+                    ? ops::moe_aux_loss(scores_, indices_, moe_.balance.aux_coeff, probs, d_scores_aux_)
                     : 0.0;
     if (!training) return;
     balancer_.observe(scores_, need_cutoff ? cutoff_ : Tensor(), indices_);
     step_tokens_ += n;
     step_dropped_ += n * k - rows_;
     step_aux_ += aux_loss_;
-    if (scores_.device() == core::Device::cuda) {  // counted on the device until step_end
-        ops::cuda::moe_expert_counts(indices_, step_load_dev_);
-        ops::cuda::moe_token_entropy_sum(scores_, step_entropy_dev_);
-        return;
-    }
-    const int32_t* idx = indices_.data<int32_t>();
-    for (int64_t s = 0; s < n * k; ++s) ++step_load_[static_cast<size_t>(idx[s])];
-    step_entropy_ += scores_.dtype() == DType::f64 ? moe_token_entropy_sum(scores_.data<double>(), n, e)
-                                                   : moe_token_entropy_sum(scores_.data<float>(), n, e);
+    ops::moe_expert_counts(indices_, step_load_acc_);  // counted on the routing device until step_end
+    ops::moe_token_entropy_sum(scores_, step_entropy_acc_);
 }
 
 void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& /*ws*/) {
@@ -229,7 +220,7 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
         // The model's backward scales the LM loss (loss scaling, 1 / grad_accum); the aux loss's gradient must be
         // scaled the same way. It is linear in the coefficient, so recompute it with the scaled one.
         const bool probs = router_options_.score == ops::MoeScore::softmax;
-        moe_aux_loss(scores_, indices_, moe_.balance.aux_coeff * aux_grad_scale_, probs, d_scores_aux_);
+        ops::moe_aux_loss(scores_, indices_, moe_.balance.aux_coeff * aux_grad_scale_, probs, d_scores_aux_);
     }
     ops::moe_router_bwd(
         scores_, indices_, gates_, d_gates_, aux ? d_scores_aux_ : Tensor(), d_logits_, router_options_);
@@ -243,12 +234,12 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
 }
 
 MoeStepMetrics MoeLayer::step_end(int64_t step, parallel::Comm* data_group) {
-    if (step_load_dev_.defined()) {  // CUDA: the step's device counts come back (one copy each) and are reset
-        const Tensor load = step_load_dev_.to_device(core::Device::cpu);
+    if (step_load_acc_.defined()) {  // the step's counts come back (one copy each from a GPU) and are reset
+        const Tensor load = step_load_acc_.to_device(core::Device::cpu);
         for (size_t j = 0; j < step_load_.size(); ++j) step_load_[j] += load.data<int64_t>()[j];
-        step_entropy_ += step_entropy_dev_.item();
-        step_load_dev_.zero();
-        step_entropy_dev_.zero();
+        step_entropy_ += step_entropy_acc_.item();
+        step_load_acc_.zero();
+        step_entropy_acc_.zero();
     }
     if (data_group != nullptr && data_group->size() > 1) {
         // The step's totals over every rank that routed tokens: counts as integers (exact), sums in f64.

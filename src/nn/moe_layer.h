@@ -137,7 +137,7 @@ class MoeLayer : public Layer {
     Tensor expert_offsets_;    // the grouped GEMMs' offsets: offsets_host_, or [E / ep + 1] under expert parallelism
     int64_t expert_rows_ = 0;  // rows the local experts process (rows_ without expert parallelism)
     std::vector<float> bias_uploaded_;         // the bias last copied into bias_
-    Tensor step_load_dev_, step_entropy_dev_;  // CUDA: i64 [E], f64 [1], summed until step_end
+    Tensor step_load_acc_, step_entropy_acc_;  // i64 [E], f64 [1] on the routing device, summed until step_end
     Tensor xp_, hg_, hu_, act_, yp_;           // [N K, C], [N K, F] x3, [N K, C]
     // Expert parallelism: the rows this rank's experts received, their outputs, and the grow-only capacity of the
     // expert-side buffers (hg_, hu_, act_ and their gradients hold expert rows then).

@@ -78,35 +78,6 @@ MoeStepMetrics moe_metrics_compute(const std::vector<int64_t>& load,
     return m;
 }
 
-namespace {
-
-template <typename T>
-double entropy_sum(const T* s, int64_t n_tok, int64_t n) {
-    if (n <= 1) return 0.0;
-    const double log_n = std::log(static_cast<double>(n));
-    double total = 0;
-    for (int64_t i = 0; i < n_tok; ++i) {
-        const T* si = s + i * n;
-        const double sum = std::accumulate(si, si + n, 0.0);
-        double h = 0;
-        for (int64_t j = 0; j < n; ++j) {
-            const double p = static_cast<double>(si[j]) / sum;
-            if (p > 0) h -= p * std::log(p);
-        }
-        total += h / log_n;
-    }
-    return total;
-}
-
-}  // namespace
-
-double moe_token_entropy_sum(const float* scores, int64_t n_tok, int64_t n) {
-    return entropy_sum(scores, n_tok, n);
-}
-double moe_token_entropy_sum(const double* scores, int64_t n_tok, int64_t n) {
-    return entropy_sum(scores, n_tok, n);
-}
-
 std::string MoeCollapseEvent::message() const {
     if (reason == "load_var")
         return fmt::format(

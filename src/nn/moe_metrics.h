@@ -31,7 +31,7 @@ struct MoeStepMetrics {
     nlohmann::json to_json(bool with_load) const;
 };
 
-// Metrics from the step's totals. token_entropy_sum = sum over tokens of H(p_t) / ln n (moe_token_entropy_sum).
+// Metrics from the step's totals. token_entropy_sum = sum over tokens of H(p_t) / ln n (ops::moe_token_entropy_sum).
 MoeStepMetrics moe_metrics_compute(const std::vector<int64_t>& load,
                                    int64_t tokens,
                                    int64_t top_k,
@@ -40,10 +40,6 @@ MoeStepMetrics moe_metrics_compute(const std::vector<int64_t>& load,
                                    double bias_step,
                                    double token_entropy_sum,
                                    double aux_loss);
-
-// sum_t [-sum_j p_tj ln p_tj] / ln n with p_t = s_t / sum_j s_tj; scores [N, n] f32|f64 (0 for n = 1).
-double moe_token_entropy_sum(const float* scores, int64_t n_tok, int64_t n);
-double moe_token_entropy_sum(const double* scores, int64_t n_tok, int64_t n);
 
 struct MoeCollapseEvent {
     int64_t step = 0;

@@ -293,22 +293,5 @@ TEST(MoeSignBias, TiesCentringAndFreeze) {
     EXPECT_EQ(f.bias(), std::vector<float>(4, 0.0f));
 }
 
-// The aux loss is alpha at perfect balance with uniform scores; its gradient through P (sigmoid: p = s / sum s) sums
-// to zero over each token's experts.
-TEST(MoeAuxLoss, AlphaAtBalanceAndGradient) {
-    const int64_t t = 8, n = 4, k = 2;
-    Tensor s = Tensor::zeros({t, n}, DType::f64), idx = Tensor::zeros({t, k}, DType::i32);
-    s.fill(0.5);
-    for (int64_t i = 0; i < t * k; ++i) idx.data<int32_t>()[i] = static_cast<int32_t>(i % n);
-    const Tensor ds = Tensor::zeros({t, n}, DType::f64);
-    EXPECT_NEAR(moe_aux_loss(s, idx, 0.01, false, ds), 0.01, 1e-15);
-    for (int64_t i = 0; i < t; ++i) {
-        double sum = 0;
-        for (int64_t j = 0; j < n; ++j) sum += ds.at({i, j});
-        EXPECT_NEAR(sum, 0.0, 1e-15);
-    }
-    EXPECT_NEAR(moe_aux_loss(s, idx, 0.01, true, Tensor()), 0.01 * 0.5 * n, 1e-15);  // probs: P_j = 0.5
-}
-
 }  // namespace
 }  // namespace mt::nn

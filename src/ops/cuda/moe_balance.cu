@@ -1,13 +1,14 @@
-// Device counting for the MoE balancer and metrics (nn/moe_balance.h, nn/moe_layer.h), so that the [N, E] scores
-// never go to the host: per-expert loads, QB's histogram, the token entropy sum and the aux loss. Counts are integer
+// The CUDA kernels of ops/moe_balance.h, so that the [N, E] routing scores never go to the host: per-expert loads,
+// QB's histogram, the token entropy sum and the aux loss. Counts are integer
 // atomics (exact in any order: shared-memory counts per block, then one global add per block and bin); float sums
 // run in a fixed order. Dtypes: scores, cutoff, dscores bf16|f16|f32 (one dtype); indices i32; counts, hist i64; acc
 // f64.
 #include <cmath>
 
 #include "core/backend.h"
-#include "ops/cuda/moe_balance.h"
 #include "ops/cuda/moe_common.cuh"
+#include "ops/moe_balance.h"
+#include "ops/registry.h"
 
 namespace mt::ops::cuda {
 
@@ -188,6 +189,7 @@ void moe_expert_counts(const Tensor& indices, const Tensor& counts) {
         indices.data<int32_t>(), static_cast<u64*>(counts.raw()), slots, e);
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(moe_expert_counts, cuda, moe_expert_counts, ::mt::ops::any_dtype);
 
 void moe_qb_histogram(const Tensor& scores, const Tensor& cutoff, double lower, double upper, const Tensor& hist) {
     constexpr std::string_view op = "moe_qb_histogram";
@@ -217,6 +219,7 @@ void moe_qb_histogram(const Tensor& scores, const Tensor& cutoff, double lower, 
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(moe_qb_histogram, cuda, moe_qb_histogram, ::mt::ops::half_and_float_dtypes);
 
 void moe_token_entropy_sum(const Tensor& scores, const Tensor& acc) {
     constexpr std::string_view op = "moe_token_entropy_sum";
@@ -235,6 +238,7 @@ void moe_token_entropy_sum(const Tensor& scores, const Tensor& acc) {
     ordered_sum_kernel<<<1, 1024, 0, core::cuda_stream()>>>(v, static_cast<double*>(acc.raw()), n);
     MT_CUDA_CHECK(cudaGetLastError());
 }
+MT_REGISTER_KERNEL(moe_token_entropy_sum, cuda, moe_token_entropy_sum, ::mt::ops::half_and_float_dtypes);
 
 double moe_aux_loss(const Tensor& scores, const Tensor& indices, double coeff, bool probs, const Tensor& dscores) {
     constexpr std::string_view op = "moe_aux_loss";
@@ -287,5 +291,6 @@ double moe_aux_loss(const Tensor& scores, const Tensor& indices, double coeff, b
     MT_CUDA_CHECK(cudaStreamSynchronize(st));  // g lives on this stack frame
     return loss;
 }
+MT_REGISTER_KERNEL(moe_aux_loss, cuda, moe_aux_loss, ::mt::ops::half_and_float_dtypes);
 
 }  // namespace mt::ops::cuda
