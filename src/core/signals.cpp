@@ -55,6 +55,18 @@ struct Line {
         digits[k] = '\0';
         add(digits);
     }
+    void add_dec(long v) {
+        char digits[24];
+        int k = 0;
+        const bool negative = v < 0;
+        unsigned long u = negative ? 0UL - static_cast<unsigned long>(v) : static_cast<unsigned long>(v);
+        do {
+            digits[k++] = static_cast<char>('0' + u % 10);
+            u /= 10;
+        } while (u != 0 && k < 22);
+        if (negative) digits[k++] = '-';
+        while (k > 0 && n + 1 < sizeof(text)) text[n++] = digits[--k];
+    }
     void flush() const {
         ssize_t ignored = ::write(STDERR_FILENO, text, n);
         (void)ignored;
@@ -116,8 +128,14 @@ void on_fatal_signal(int sig, siginfo_t* info, void*) {
     line.add("fatal signal ");
     const char* name = signal_short_name(sig);
     line.add(name != nullptr ? name : "?");
-    line.add(" at address ");
-    line.add_hex(reinterpret_cast<uintptr_t>(info->si_addr));
+    if (info->si_code <= 0) {  // kill(2), raise(3): there is no faulting address, only a sender
+        line.add(" (sent by process ");
+        line.add_dec(info->si_pid);
+        line.add(")");
+    } else {
+        line.add(" at address ");
+        line.add_hex(reinterpret_cast<uintptr_t>(info->si_addr));
+    }
     line.add(": an internal bug; backtrace (`addr2line -Cfe BINARY +OFFSET` names the frames):\n");
     line.flush();
     void* frames[64];

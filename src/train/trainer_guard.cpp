@@ -34,6 +34,13 @@ int64_t Trainer::step_status() {
     } catch (const core::Error& e) {
         if (e.code() != core::ExitCode::data) throw;
         data_error_ = e;
+        // A read that failed on a file that changed (a token out of range in rewritten bytes) is the change.
+        try {
+            train_source_->check_unchanged();
+            if (val_source_) val_source_->check_unchanged();
+        } catch (const core::Error& changed) {
+            data_error_ = changed;
+        }
         batches_step_ = -1;
         local = kDataFailed;
     }

@@ -123,6 +123,75 @@ grep -qF "skipping the damaged checkpoint run_flip/checkpoints/step_00000002" ou
 grep -qF "resumed from run_flip/checkpoints/step_00000001 at step 1" out.txt || fail "no fallback: $(head -3 out.txt)"
 echo "ok (0): $(grep -F skipping out.txt | cut -c1-140)"
 
+# run.dir that cannot be a run directory: exit 2 naming run.dir (not exit 1).
+touch afile
+expect 2 'run.dir = "afile" exists but is not a directory' -- train --set run.dir=afile
+expect 2 'run.dir = "afile/sub" cannot be created' -- train --set run.dir=afile/sub
+expect 2 "run.dir is empty" -- train --set 'run.dir=""'
+
+# A config path that is not a regular file: a directory (once read as an empty config) and a FIFO (once a hang).
+expect 2 "not a regular file (a directory)" -- "$BIN" train --config .
+mkfifo fifo.toml
+expect 2 "not a regular file (a special file) [fifo.toml]" -- "$BIN" train --config fifo.toml
+
+# FIFOs where files belong fail at once (opening one for reading used to block forever): a shard (exit 3), a
+# checkpoint manifest (exit 4), and inspect.
+mkfifo fifo.bin
+expect 3 "not a regular file (a FIFO) [fifo.bin]" -- train --set 'data.paths=["fifo.bin"]'
+cp -r run run_fifo
+rm run_fifo/checkpoints/step_00000002/manifest.json && mkfifo run_fifo/checkpoints/step_00000002/manifest.json
+expect 4 "not a regular file (a FIFO) [run_fifo/checkpoints/step_00000002/manifest.json]" -- \
+  train --set run.dir=run_fifo --set train.steps=4 --resume-from run_fifo/checkpoints/step_00000002
+expect 4 "not a regular file (a FIFO) [fifo.bin]" -- "$BIN" inspect fifo.bin
+expect 4 "manifest.json" -- "$BIN" inspect run_fifo/checkpoints/step_00000002
+rm -rf run_fifo
+
+# Validation tokens are checked when the run starts, not at the first evaluation: a token outside the vocabulary
+# in the validation shard stops the run before step 1.
+cp data/val.bin badval.bin
+printf '\xff\xff' | dd of=badval.bin bs=1 seek=$((1024 + 2 * 5)) conv=notrunc 2> /dev/null
+expect 3 "token id 65535 >= vocab size 257 (or negative) at token 5 [badval.bin]" -- \
+  train --set run.dir=run_badval --set 'data.val_paths=["badval.bin"]' --set train.eval_every=2
+grep -q '^step' out.txt && fail "the run trained before finding the bad validation token: $(head -2 out.txt)"
+# A validation stream shorter than one sample names its file: a valid shard of 10 tokens.
+le32() { printf '\\x%02x' $(($1 & 255)) $((($1 >> 8) & 255)) $((($1 >> 16) & 255)) $((($1 >> 24) & 255)); }
+{ printf "$(le32 20240520)$(le32 1)$(le32 10)"; head -c $((1024 - 12 + 20)) /dev/zero; } > shortval.bin
+expect 3 "[shortval.bin]" -- train --set run.dir=run_shortval --set 'data.val_paths=["shortval.bin"]'
+# The step's checkpoint is written before its evaluation.
+train --set run.dir=run_order --set train.eval_every=2 > order.txt 2>&1 || fail "run_order: $(cat order.txt)"
+[[ $(grep -E '^step +2/2 \| (checkpoint|val loss)' order.txt | head -1) == *checkpoint* ]] ||
+  fail "the evaluation of step 2 came before its checkpoint: $(cat order.txt)"
+
+# Resume with config drift: a warning naming each key that breaks exact resume; a train.steps below the
+# checkpoint's step is exit 2, not a silent no-op. metrics.jsonl marks the resume with an event line.
+cp -r run run_drift
+timeout 60 "$BIN" train --config job.toml "${COMMON[@]}" --set run.dir=run_drift --set train.steps=3 --resume \
+  --set run.seed=7 --set train.seq_len=16 --set 'data.paths=["data/train.bin", "data/train.bin"]' > out.txt 2> err.txt ||
+  fail "resume with drift: $(cat err.txt)"
+grep -qF "differs from the checkpoint's in 3 key(s), so this is no longer an exact resume" out.txt ||
+  fail "no drift warning: $(head -5 out.txt)"
+for key in "data.paths:" "run.seed: 1234 in the checkpoint, 7 now" "train.seq_len: 32 in the checkpoint, 16 now"; do
+  grep -qF "  $key" out.txt || fail "the drift warning does not list $key: $(head -5 out.txt)"
+done
+grep -q '"checkpoint":"run_drift/checkpoints/step_00000002","event":"resumed","kind":"event","step":2' \
+  run_drift/metrics.jsonl || fail "no resumed event in metrics.jsonl"
+expect 2 "train.steps = 1 is below step 2 of the checkpoint" -- train --set run.dir=run_drift --set train.steps=1 \
+  --resume-from run/checkpoints/step_00000002
+
+# Messages.
+printf 'model = "big"\n' > table.toml
+expect 2 "config value \`model\` must be a table, got string" -- "$BIN" train --config table.toml
+expect 2 "is not valid TOML" -- train --set train.steps=1234567890123456789012345678901
+grep -q "got string" err.txt && fail "an over-long integer is reported as a string: $(cat err.txt)"
+expect 2 "train.steps = 9223372036854775807 is out of range: must be >= 0 and <= 1000000000000" -- \
+  train --set train.steps=9223372036854775807
+expect 4 "not a checkpoint directory: the path is a file" -- train --resume-from $CK/manifest.json
+expect 2 "--config is required" -- "$BIN" train
+expect 2 "--resume excludes --resume-from" -- train --resume --resume-from $CK
+"$BIN" inspect $CK --verify > out.txt 2>&1 || fail "inspect --verify: $(tail -3 out.txt)"
+grep -qF "verified: 1 file(s)" out.txt || fail "inspect --verify does not say what it verified: $(tail -2 out.txt)"
+echo "ok (0): $(grep '^verified' out.txt)"
+
 # Nothing half-written anywhere: no temporary files, every checkpoint directory complete.
 leftovers=$(find . -name '*.tmp' | head -5)
 [[ -z $leftovers ]] || fail "temporary files left behind: $leftovers"
