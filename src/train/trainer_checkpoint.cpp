@@ -203,6 +203,7 @@ void Trainer::load_checkpoint_state(const std::string& dir) {
         throw CheckpointCorrupt(e);
     }
     step_ = step;
+    batches_step_ = -1;  // batches read ahead belong to the state before the load
     if (ckpt.manifest().contains("loss_scaler")) scaler_.load_state(ckpt.manifest().at("loss_scaler"));
     last_saved_step_ = step_;
     last_saved_dir_ = dir;
