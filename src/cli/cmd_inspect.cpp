@@ -27,7 +27,15 @@ void register_inspect(CLI::App& app) {
     cmd->add_flag("--verify", *verify, "also check every file's CRC-32C");
     cmd->callback([path, verify]() {
         if (!std::filesystem::is_directory(*path)) {
-            print_tensors(train::SafetensorsFile(*path));
+            const train::SafetensorsFile file(*path);
+            print_tensors(file);
+            // A lone safetensors file carries no checksum; its header and layout were checked on opening.
+            if (*verify)
+                fmt::print(
+                    "verified: the header and data layout of {} ({} tensors); a file outside a checkpoint "
+                    "has no recorded CRC-32C to check\n",
+                    *path,
+                    file.keys().size());
             return;
         }
         const train::Checkpoint ckpt = train::checkpoint_open(*path, *verify);
@@ -39,6 +47,16 @@ void register_inspect(CLI::App& app) {
         const std::string config = manifest.value("config_toml", "");
         manifest.erase("config_toml");
         fmt::print("manifest.json:\n{}\nconfig_toml:\n{}", manifest.dump(2), config);
+        if (*verify) {
+            uint64_t bytes = 0;
+            for (const auto& f : ckpt.manifest().at("files")) bytes += f.at("bytes").get<uint64_t>();
+            fmt::print(
+                "verified: {} file(s), {} bytes: sizes and CRC-32C match manifest.json, and every tensor entry "
+                "matches its file [{}]\n",
+                ckpt.files_count(),
+                bytes,
+                *path);
+        }
     });
 }
 

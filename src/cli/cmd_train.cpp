@@ -1,5 +1,10 @@
-// `moetrain train --config FILE [--set section.key=value ...] [--resume]`
+// `moetrain train --config FILE [--set section.key=value ...] [--resume | --resume-from DIR]`. World rank 0 holds
+// run.dir's lock (train/run_lock.h) from before anything is read or written there until the process ends; SIGTERM
+// and SIGINT stop the run gracefully after a checkpoint, with exit code 8 (docs/training.md).
 #include "cli/commands.h"
+#include "core/signals.h"
+#include "parallel/runtime.h"
+#include "train/run_lock.h"
 #include "train/trainer.h"
 
 namespace mt::cli {
@@ -20,18 +25,26 @@ void register_train(CLI::App& app) {
                     opts->device,
                     "cpu, cuda or auto (overrides run.device; auto picks cuda when a GPU is "
                     "visible)");
-    cmd->add_flag("--resume", opts->resume, "continue from the newest complete checkpoint under run.dir");
-    cmd->add_option("--resume-from", opts->resume_from, "continue from this checkpoint directory");
+    auto* resume =
+        cmd->add_flag("--resume", opts->resume, "continue from the newest complete checkpoint under run.dir");
+    cmd->add_option("--resume-from", opts->resume_from, "continue from this checkpoint directory")->excludes(resume);
     cmd->callback([opts]() {
+        const parallel::Comm& world = parallel::dist_world();
+        // From here on a signal only asks for a stop; rank 0 (or the only process) acknowledges it.
+        core::signals_install_stop(world.rank() == 0);
         if (!opts->device.empty()) opts->overrides.push_back("run.device=\"" + opts->device + "\"");
-        train::Trainer trainer(train::config_load(opts->config, opts->overrides));
+        train::JobConfig cfg = train::config_load(opts->config, opts->overrides);
+        // The other ranks of the job share rank 0's lock; they never touch the lock file.
+        train::RunLock lock;
+        if (world.rank() == 0) lock = train::RunLock(cfg.run.dir, cfg.source);
+        train::Trainer trainer(std::move(cfg));
         if (!opts->resume_from.empty()) {
             trainer.load_checkpoint(opts->resume_from);
         } else if (opts->resume && !trainer.resume_latest()) {
             fmt::print("moetrain: no complete checkpoint under {}/checkpoints; starting from step 0\n",
                        trainer.config().run.dir);
         }
-        trainer.run();
+        if (trainer.run() == train::RunEnd::stopped) throw ExitRequest{static_cast<int>(core::ExitCode::stopped)};
     });
 }
 

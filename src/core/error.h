@@ -9,7 +9,9 @@
 
 namespace mt::core {
 
-// Exit codes from the conventions (§3).
+// Exit codes from the conventions (§3), and two that moetrain adds (docs/training.md): 8, a graceful stop on
+// SIGTERM or SIGINT after a checkpoint (resume with --resume; a scheduler may requeue on it), and 9, an I/O
+// failure writing the run's output (metrics.jsonl: a full disk, a read-only file system).
 enum class ExitCode : int {
     ok = 0,
     internal = 1,
@@ -19,6 +21,8 @@ enum class ExitCode : int {
     device = 5,
     distributed = 6,
     health = 7,
+    stopped = 8,
+    io = 9,
 };
 
 class Error : public std::runtime_error {

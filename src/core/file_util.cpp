@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/crc32c.h"
+#include "core/signals.h"
 
 namespace mt::core {
 
@@ -26,12 +27,34 @@ std::string parent_dir(const std::string& path) {
     return parent.empty() ? "." : parent;
 }
 
-// Opens a file for reading; fails naming it.
+const char* file_type_name(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISSOCK(mode)) return "a socket";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    return "a special file";
+}
+
+// Opens a regular file for reading; fails naming it. O_NONBLOCK makes the open of a FIFO return at once instead of
+// waiting for a writer, so the type check below sees it; regular files ignore the flag.
 int open_read(const std::string& path, ExitCode code) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0 && errno == ENOENT)
         fail_hint(code, "check the path and the working directory", "file not found [{}]", path);
     if (fd < 0) fail(code, "cannot open the file: {} [{}]", errno_str(errno), path);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+        const int err = errno;
+        ::close(fd);
+        fail(code, "cannot stat the file: {} [{}]", errno_str(err), path);
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ::close(fd);
+        fail(code, "not a regular file ({}) [{}]", file_type_name(st.st_mode), path);
+    }
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
     return fd;
 }
 
@@ -143,7 +166,7 @@ void fsync_dir(const std::string& dir, ExitCode code) {
 uint64_t file_size(const std::string& path, ExitCode code) {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) fail(code, "cannot stat the file: {} [{}]", errno_str(errno), path);
-    if (!S_ISREG(st.st_mode)) fail(code, "not a regular file [{}]", path);
+    if (!S_ISREG(st.st_mode)) fail(code, "not a regular file ({}) [{}]", file_type_name(st.st_mode), path);
     return static_cast<uint64_t>(st.st_size);
 }
 
@@ -153,7 +176,7 @@ uint32_t file_crc32c(const std::string& path, ExitCode code) {
     return crc;
 }
 
-MappedFile::MappedFile(std::string path, ExitCode code) : path_(std::move(path)) {
+MappedFile::MappedFile(std::string path, ExitCode code) : path_(std::move(path)), code_(code) {
     const int fd = open_read(path_, code);
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -161,6 +184,9 @@ MappedFile::MappedFile(std::string path, ExitCode code) : path_(std::move(path))
         fail(code, "not a readable regular file [{}]", path_);
     }
     size_ = static_cast<size_t>(st.st_size);
+    dev_ = static_cast<uint64_t>(st.st_dev);
+    ino_ = static_cast<uint64_t>(st.st_ino);
+    mtime_ns_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
     if (size_ > 0) {
         void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
@@ -169,12 +195,39 @@ MappedFile::MappedFile(std::string path, ExitCode code) : path_(std::move(path))
             fail(code, "cannot map the file: {} [{}]", errno_str(err), path_);
         }
         data_ = static_cast<const uint8_t*>(p);
+        slot_ = signals_map_register(data_, size_, path_.c_str(), code);
     }
     ::close(fd);
 }
 
 MappedFile::~MappedFile() {
+    signals_map_unregister(slot_);
     if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+void MappedFile::check_unchanged() const {
+    struct stat st {};
+    if (::stat(path_.c_str(), &st) != 0)
+        fail_hint(code_,
+                  "restore the file, then resume with --resume",
+                  "the file was removed or renamed while the run was using it: {} [{}]",
+                  errno_str(errno),
+                  path_);
+    const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    std::string what;
+    if (static_cast<uint64_t>(st.st_dev) != dev_ || static_cast<uint64_t>(st.st_ino) != ino_)
+        what = "replaced by another file";
+    else if (static_cast<size_t>(st.st_size) != size_)
+        what = fmt::format("{} bytes when opened, {} now", size_, st.st_size);
+    else if (mtime != mtime_ns_)
+        what = "modified in place";
+    if (what.empty()) return;
+    fail_hint(code_,
+              "never change a file that a run is using; restore it (or write new data under a new name), then "
+              "resume with --resume",
+              "the file changed while the run was using it ({}) [{}]",
+              what,
+              path_);
 }
 
 }  // namespace mt::core

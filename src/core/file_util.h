@@ -70,7 +70,8 @@ class AtomicFileWriter {
     bool committed_ = false;
 };
 
-// A read-only memory map of a whole file (an empty file maps to no memory, size 0).
+// A read-only memory map of a whole regular file (an empty file maps to no memory, size 0). The map is registered
+// with core/signals.h, so a SIGBUS on it (the file shrank under the map) names the file and ends with `code`.
 class MappedFile {
    public:
     explicit MappedFile(std::string path, ExitCode code = ExitCode::checkpoint);
@@ -87,11 +88,19 @@ class MappedFile {
     const std::string& path() const {
         return path_;
     }
+    // Fails (the map's exit code, naming the file) when the path no longer holds the file that was mapped: another
+    // inode (replaced by a rename), another size (truncated or rewritten) or another modification time (written in
+    // place). A stat(2), cheap enough to call before every batch.
+    void check_unchanged() const;
 
    private:
     std::string path_;
+    ExitCode code_;
     const uint8_t* data_ = nullptr;
     size_t size_ = 0;
+    uint64_t dev_ = 0, ino_ = 0;
+    int64_t mtime_ns_ = 0;
+    int slot_ = -1;  // in the signal handler's table of maps
 };
 
 }  // namespace mt::core

@@ -42,6 +42,10 @@ class LlmcShard {
     const TokenView& tokens() const {
         return view_;
     }
+    // Fails with exit 3 naming the file when it changed on disk since it was mapped (core::MappedFile).
+    void check_unchanged() const {
+        file_.check_unchanged();
+    }
 
    private:
     core::MappedFile file_;

@@ -65,6 +65,11 @@ class MegatronDataset {
     const TokenView& tokens() const {
         return view_;
     }
+    // Fails with exit 3 naming the file when the .idx or the .bin changed on disk since they were mapped.
+    void check_unchanged() const {
+        idx_->check_unchanged();
+        bin_->check_unchanged();
+    }
 
    private:
     std::string prefix_;

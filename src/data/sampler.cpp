@@ -50,11 +50,12 @@ Sampler::Sampler(const TokenSource& source, int64_t seq_len, uint64_t seed)
     if (n_windows_ <= 0)
         core::fail_hint(ExitCode::data,
                         "add data or lower the sequence length.",
-                        "the token data holds {} tokens but one sample of seq_len {} needs {} ({})",
+                        "the token data holds {} tokens but one sample of seq_len {} needs {} ({}) [{}]",
                         source.num_tokens(),
                         seq_len,
                         seq_len + 1,
-                        source.describe());
+                        source.describe(),
+                        source.file_list());
 }
 
 int64_t Sampler::window_of(int64_t sample) const {

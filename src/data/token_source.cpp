@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/signals.h"
 #include "data/llmc_shard.h"
 #include "data/megatron_dataset.h"
 
@@ -58,6 +59,19 @@ class FileTokenSource final : public TokenSource {
     std::string describe() const override {
         return fmt::format("{}: {} file(s), {} tokens", format_, files_.size(), total_);
     }
+    std::string file_list() const override {
+        constexpr size_t kShown = 3;
+        std::string out;
+        for (size_t i = 0; i < std::min(files_.size(), kShown); ++i) out += (i ? ", " : "") + files_[i].path;
+        if (files_.size() > kShown) out += fmt::format(" and {} more", files_.size() - kShown);
+        return out;
+    }
+    void check_unchanged() const override {
+        for (const auto& f : files_) {
+            if (f.llmc) f.llmc->check_unchanged();
+            if (f.megatron) f.megatron->check_unchanged();
+        }
+    }
 
     void read(int64_t start, int64_t count, int32_t* out) const override {
         MT_CHECK(start >= 0 && count >= 0 && start + count <= total_,
@@ -70,20 +84,24 @@ class FileTokenSource final : public TokenSource {
         auto it = std::upper_bound(
             files_.begin(), files_.end(), start, [](int64_t pos, const FileEntry& f) { return pos < f.begin; });
         size_t fi = static_cast<size_t>(std::distance(files_.begin(), it)) - 1;
-        while (count > 0) {
-            const FileEntry& f = files_[fi];
-            const int64_t local = start - f.begin;
-            const int64_t n = std::min(count, f.view.count - local);
-            for (int64_t i = 0; i < n; ++i) {
-                const int64_t id = token_view_get(f.view, local + i);
-                if (id < 0 || id >= vocab_size_) report_bad_token(f, local + i, id);
-                out[i] = static_cast<int32_t>(id);
+        // A file truncated under its map raises SIGBUS in the copy loop: the guard turns it into exit 3 naming the
+        // file. The loop holds only plain values, which the recovery may jump over.
+        core::signals_guard_mapped_reads([&]() {
+            while (count > 0) {
+                const FileEntry& f = files_[fi];
+                const int64_t local = start - f.begin;
+                const int64_t n = std::min(count, f.view.count - local);
+                for (int64_t i = 0; i < n; ++i) {
+                    const int64_t id = token_view_get(f.view, local + i);
+                    if (id < 0 || id >= vocab_size_) report_bad_token(f, local + i, id);
+                    out[i] = static_cast<int32_t>(id);
+                }
+                out += n;
+                start += n;
+                count -= n;
+                ++fi;
             }
-            out += n;
-            start += n;
-            count -= n;
-            ++fi;
-        }
+        });
     }
 
    private:

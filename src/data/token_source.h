@@ -1,5 +1,6 @@
 // TokenSource: a list of token files (llm.c shards or Megatron datasets) presented as one stream of int32 token
-// ids, the concatenation of all files in the order given. Reads are const and thread-safe (mmap only).
+// ids, the concatenation of all files in the order given. Reads are const and thread-safe (mmap only); a file that
+// shrinks under its map makes a read fail with exit 3 naming it instead of killing the process (core/signals.h).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,11 @@ class TokenSource {
     virtual void read(int64_t start, int64_t count, int32_t* out) const = 0;
     // One line: format, file count, tokens.
     virtual std::string describe() const = 0;
+    // The token files, comma-separated (at most a few, then "and N more"), for messages.
+    virtual std::string file_list() const = 0;
+    // Fails with Error(ExitCode::data) naming the file when a file changed on disk since it was opened (truncated,
+    // rewritten in place or replaced); a stat per file.
+    virtual void check_unchanged() const = 0;
 };
 
 // Opens every file of a token source. format is "llmc" (paths are shard files) or "megatron" (paths are

@@ -259,9 +259,16 @@ std::vector<std::string> checkpoint_apply_retention(const std::string& checkpoin
     return deleted;
 }
 
-Checkpoint checkpoint_open(const std::string& dir, bool verify_crc) {
+Checkpoint checkpoint_open(const std::string& dir, CrcCheck crc_check) {
     std::error_code ec;
-    if (!fs::is_directory(dir, ec)) core::fail(ExitCode::checkpoint, "checkpoint directory not found [{}]", dir);
+    const fs::file_status status = fs::status(dir, ec);
+    if (!fs::exists(status)) core::fail(ExitCode::checkpoint, "checkpoint directory not found [{}]", dir);
+    if (!fs::is_directory(status))
+        core::fail_hint(ExitCode::checkpoint,
+                        "name a checkpoint directory (run.dir/checkpoints/step_XXXXXXXX), not a file in it",
+                        "not a checkpoint directory: the path is a file [{}]",
+                        dir);
+    const bool verify_crc = crc_check == CrcCheck::on_open;
     const std::string done_path = (fs::path(dir) / "DONE").string();
     if (!fs::exists(done_path, ec))
         core::fail_hint(ExitCode::checkpoint,
@@ -305,7 +312,10 @@ Checkpoint checkpoint_open(const std::string& dir, bool verify_crc) {
                         "CRC-32C is {} but the manifest records {}: the file is corrupt", core::crc32c_hex(got), crc),
                     path);
         ck.files_[name] = std::make_unique<SafetensorsFile>(path, ExitCode::checkpoint);
+        ck.expected_crc_[ck.files_[name].get()] = crc;
+        if (verify_crc) ck.verified_.insert(ck.files_[name].get());
     }
+    ck.crc_ = crc_check;
 
     const json& tensors = r.get(m, "tensors", "");
     if (!tensors.is_array()) r.bad("tensors", "is not an array");
@@ -371,6 +381,17 @@ Checkpoint checkpoint_open(const std::string& dir, bool verify_crc) {
     return ck;
 }
 
+void Checkpoint::verify_before_read(const SafetensorsFile* file) const {
+    if (crc_ != CrcCheck::on_read || verified_.count(file)) return;
+    const std::string& want = expected_crc_.at(file);
+    const uint32_t got = core::file_crc32c(file->path());
+    if (got != std::stoul(want, nullptr, 16))
+        corrupt(
+            fmt::format("CRC-32C is {} but the manifest records {}: the file is corrupt", core::crc32c_hex(got), want),
+            file->path());
+    verified_.insert(file);
+}
+
 const Checkpoint::Entry& Checkpoint::entry(const std::string& kind, const std::string& name) const {
     const auto it = tensors_.find({kind, name});
     if (it == tensors_.end())
@@ -419,6 +440,7 @@ void Checkpoint::read_into(const std::string& kind, const std::string& name, con
             for (size_t d = 0; d < reg.offset.size(); ++d)
                 view = view.slice(static_cast<int>(d), reg.offset[d], reg.offset[d] + reg.shape[d]);
         }
+        verify_before_read(reg.file);
         reg.file->read_into(reg.key, view);
     }
 }
@@ -474,6 +496,7 @@ void Checkpoint::read_flat(const std::string& kind,
     for (const Run& run : runs) {
         const int64_t lo = std::max(begin, run.first), hi = std::min(begin + n, run.first + run.count);
         if (lo >= hi) continue;
+        verify_before_read(run.region->file);
         const SafetensorsInfo& info = run.region->file->info(run.region->key);
         if (!info.dtype_supported || core::dtype_is_float(info.dtype) != core::dtype_is_float(dst.dtype()))
             core::fail(ExitCode::checkpoint,

@@ -7,6 +7,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -96,6 +97,11 @@ std::vector<std::string> checkpoint_apply_retention(const std::string& checkpoin
 // Deletes one checkpoint directory: DONE first (fsynced), then its files, then the directory.
 void checkpoint_remove(const std::string& dir);
 
+// When checkpoint_open checks each file's CRC-32C against the manifest: never, every file before it returns
+// (`inspect --verify`), or each file just before this process first reads a tensor from it, so that each rank of a
+// resume verifies the files it reads and no others (checkpoint.verify_on_resume).
+enum class CrcCheck { off, on_open, on_read };
+
 // An opened, validated checkpoint (see checkpoint_open).
 class Checkpoint {
    public:
@@ -129,8 +135,18 @@ class Checkpoint {
     // saved box that is not one run of the flattened tensor makes it read the whole tensor instead.
     void read_flat(const std::string& kind, const std::string& name, int64_t begin, const core::Tensor& dst) const;
 
+    // Files whose CRC-32C this object has checked so far.
+    size_t files_verified() const {
+        return verified_.size();
+    }
+    size_t files_count() const {
+        return files_.size();
+    }
+
    private:
-    friend Checkpoint checkpoint_open(const std::string& dir, bool verify_crc);
+    friend Checkpoint checkpoint_open(const std::string& dir, CrcCheck crc);
+    // CrcCheck::on_read: checks the file's CRC-32C the first time (exit 4 naming it when it differs).
+    void verify_before_read(const SafetensorsFile* file) const;
     struct Region {
         const SafetensorsFile* file = nullptr;
         std::string key;
@@ -149,15 +165,22 @@ class Checkpoint {
     int64_t step_ = 0;
     std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
     std::map<std::pair<std::string, std::string>, Entry> tensors_;
+    CrcCheck crc_ = CrcCheck::off;
+    std::map<const SafetensorsFile*, std::string> expected_crc_;  // 8 hex digits, from the manifest
+    mutable std::set<const SafetensorsFile*> verified_;
 };
 
 // Opens a checkpoint directory: DONE must exist (else exit 4 "no DONE marker: the checkpoint is incomplete"),
 // manifest.json must parse and hold every required field, each listed file must exist with its recorded size (and
 // CRC-32C when verify_crc), and every tensor entry must match its safetensors file. Every failure is an Error with
 // exit code 4 naming the directory or file.
-// @param[in] dir         the step directory
-// @param[in] verify_crc  also check each file's CRC-32C (reads every byte; `--verify`)
-Checkpoint checkpoint_open(const std::string& dir, bool verify_crc = false);
+// @param[in] dir  the step directory
+// @param[in] crc  when to check each file's CRC-32C (reading every byte of it)
+Checkpoint checkpoint_open(const std::string& dir, CrcCheck crc);
+// The same; verify_crc checks every file's CRC-32C before returning (`--verify`).
+inline Checkpoint checkpoint_open(const std::string& dir, bool verify_crc = false) {
+    return checkpoint_open(dir, verify_crc ? CrcCheck::on_open : CrcCheck::off);
+}
 
 // The model signature: SHA-256 (hex) of the lines "name\t[d0, d1]\tDTYPE\n" of the specs sorted by name.
 std::string model_signature(const std::vector<TensorSpec>& specs);

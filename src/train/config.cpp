@@ -4,8 +4,10 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <limits>
+#include <regex>
 #include <sstream>
 #include <variant>
 
@@ -194,17 +196,22 @@ std::string type_name(const FieldPtr& p) {
         p);
 }
 
-void check_range(const Field& f, double v, const std::string& src) {
+// `text` is the value as written for the message (an integer key prints as an integer, not as 9.22e+18).
+void check_range(const Field& f, double v, const std::string& text, const std::string& src) {
     const bool low = f.min_exclusive ? v <= f.min : v < f.min;
-    if (low || v > f.max || std::isnan(v))
-        core::fail(ExitCode::usage,
-                   "config value {} = {} is out of range: must be {} {} and <= {} [{}]",
-                   f.key,
-                   v,
-                   f.min_exclusive ? ">" : ">=",
-                   f.min,
-                   f.max,
-                   src);
+    if (!(low || v > f.max || std::isnan(v))) return;
+    const bool integer = std::holds_alternative<int64_t*>(f.ptr);
+    auto bound = [&](double b) {
+        return integer && std::isfinite(b) ? fmt::format("{}", static_cast<int64_t>(b)) : fmt::format("{}", b);
+    };
+    core::fail(ExitCode::usage,
+               "config value {} = {} is out of range: must be {} {} and <= {} [{}]",
+               f.key,
+               text,
+               f.min_exclusive ? ">" : ">=",
+               bound(f.min),
+               bound(f.max),
+               src);
 }
 
 void assign(const Field& f, const toml::node& node, const std::string& src) {
@@ -222,12 +229,12 @@ void assign(const Field& f, const toml::node& node, const std::string& src) {
             if constexpr (std::is_same_v<T, int64_t>) {
                 if (!node.is_integer()) wrong_type();
                 *ptr = node.as_integer()->get();
-                check_range(f, static_cast<double>(*ptr), src);
+                check_range(f, static_cast<double>(*ptr), fmt::format("{}", *ptr), src);
             } else if constexpr (std::is_same_v<T, double>) {
                 if (!node.is_number()) wrong_type();
                 *ptr =
                     node.is_integer() ? static_cast<double>(node.as_integer()->get()) : node.as_floating_point()->get();
-                check_range(f, *ptr, src);
+                check_range(f, *ptr, fmt::format("{}", *ptr), src);
             } else if constexpr (std::is_same_v<T, bool>) {
                 if (!node.is_boolean()) wrong_type();
                 *ptr = node.as_boolean()->get();
@@ -298,7 +305,12 @@ void apply_override(toml::table& root, const std::string& item) {
     toml::table parsed;
     try {
         parsed = toml::parse("v = " + value);
-    } catch (const toml::parse_error&) {
+    } catch (const toml::parse_error& e) {
+        // A bare word is a string; a value that starts like a number, an array or a quoted string was meant as one,
+        // so its TOML error is the message (an integer beyond 64 bits is not the string it would otherwise become).
+        static const std::regex kMeant(R"(\s*([+-]?[0-9_]+(\.[0-9_]+)?([eE][+-]?[0-9]+)?|[\[{"'].*)\s*)");
+        if (std::regex_match(value, kMeant))
+            core::fail(ExitCode::usage, "override `{}`: the value is not valid TOML: {}", item, e.description());
         parsed = toml::table{{"v", value}};
     }
     // "moe.quantile.bins" sets bins in the nested table moe.quantile, where a file's [moe.quantile] puts it.
@@ -376,6 +388,7 @@ void validate(const JobConfig& c, const std::string& src) {
     if (c.train.seq_len > m.max_seq_len)
         bad(fmt::format("train.seq_len = {} exceeds model.max_seq_len = {}", c.train.seq_len, m.max_seq_len));
     if (c.data.paths.empty()) bad("data.paths is empty: name at least one training shard");
+    if (c.run.dir.empty()) bad("run.dir is empty: name the directory for checkpoints and metrics");
 }
 
 }  // namespace
@@ -402,6 +415,15 @@ JobConfig config_parse(const std::string& toml_text,
     for (const auto& [section, node] : root) {
         const std::string sec(section.str());
         const toml::table* table = node.as_table();
+        const bool known_section =
+            std::any_of(fields.begin(), fields.end(), [&](const Field& f) { return f.key.rfind(sec + ".", 0) == 0; });
+        if (table == nullptr && known_section)
+            core::fail_hint(ExitCode::usage,
+                            fmt::format("write the keys under a [{}] table, e.g. [{}] then key = value", sec, sec),
+                            "config value `{}` must be a table, got {} [{}]",
+                            sec,
+                            toml::impl::node_type_friendly_names[static_cast<size_t>(node.type())],
+                            source);
         if (table == nullptr) fail_unknown_key(sec, fields, source);
         assign_table(*table, sec, fields, source);
     }
@@ -412,6 +434,14 @@ JobConfig config_parse(const std::string& toml_text,
 }
 
 JobConfig config_load(const std::string& path, const std::vector<std::string>& overrides) {
+    // The type first: a directory would read as an empty config and a FIFO would block the open.
+    std::error_code ec;
+    const auto status = std::filesystem::status(path, ec);
+    if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+        core::fail(ExitCode::usage,
+                   "cannot read config file: not a regular file ({}) [{}]",
+                   std::filesystem::is_directory(status) ? "a directory" : "a special file",
+                   path);
     std::ifstream in(path, std::ios::binary);
     if (!in) core::fail(ExitCode::usage, "cannot read config file [{}]", path);
     std::stringstream ss;

@@ -16,6 +16,7 @@
 #include "ops/global_norm.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/runtime.h"
+#include "train/run_lock.h"
 
 extern "C" char* openblas_get_corename(void);
 
@@ -189,9 +190,16 @@ StepResult Trainer::train_step() {
     // micro-batch, so the gradient reduction is a plain sum. The last micro-batch's backward hands each bucket of
     // complete gradients to the reduction as it goes.
     const double micro_divisor = static_cast<double>(t.grad_accum * data_size());
+    const bool read_ahead = batches_step_ == step_;  // step_status read this step's batches already
     for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
-        fill_batch(step_, micro, inputs_, targets_);
-        r.loss += model_->forward(inputs_, targets_) / static_cast<double>(t.grad_accum);
+        core::Tensor inputs = inputs_, targets = targets_;
+        if (read_ahead) {
+            inputs = step_inputs_.select(0, micro);
+            targets = step_targets_.select(0, micro);
+        } else {
+            fill_batch(step_, micro, inputs_, targets_);
+        }
+        r.loss += model_->forward(inputs, targets) / static_cast<double>(t.grad_accum);
         r.aux_loss += model_->last_aux_loss() / static_cast<double>(t.grad_accum);
         const bool last = micro + 1 == t.grad_accum;
         if (last && grad_sync_->active())
@@ -212,7 +220,7 @@ StepResult Trainer::train_step() {
     if (!finite && !r.skipped)
         core::fail_hint(
             core::ExitCode::health,
-            "lower train.lr or resume from the last checkpoint",
+            nonfinite_hint(),
             "non-finite loss {} or gradient norm {} at step {}{}",
             r.loss,
             r.grad_norm,
@@ -251,11 +259,11 @@ double Trainer::evaluate() {
     return dp_sum(sum) / static_cast<double>(t.eval_batches);
 }
 
-void Trainer::run() {
+RunEnd Trainer::run() {
     const auto& t = cfg_.train;
     // Conventions §7: only world rank 0 writes files; the values it logs are already reduced over the ranks.
     const bool writer = mesh_->world().rank() == 0;
-    if (writer) std::filesystem::create_directories(cfg_.run.dir);
+    if (writer) run_dir_prepare(cfg_.run.dir, cfg_.source);
     metrics_ = std::make_unique<MetricsLog>(cfg_.metrics.jsonl && writer ? cfg_.run.dir + "/metrics.jsonl" : "");
     const int64_t state_total = optimizer_state_bytes_total();
     // The model's parameters at their global shapes (an expert-parallel rank holds only its experts).
@@ -273,6 +281,7 @@ void Trainer::run() {
                      {"optimizer_state_bytes_per_rank", optimizer_state_bytes()},
                      {"optimizer_state_bytes_total", state_total},
                      {"zero_stage", grad_sync_->zero() ? 1 : 0}});
+    if (!resumed_from_.empty()) metrics_->write(step_, "event", {{"event", "resumed"}, {"checkpoint", resumed_from_}});
     if (log_) {
         fmt::print(
             "moetrain: {} parameters, {} tokens per step, {} ({}, {} threads{}); train data {}\n",
@@ -301,9 +310,11 @@ void Trainer::run() {
                 "CPU allows; set OPENBLAS_CORETYPE (e.g. SkylakeX, Haswell or Zen)\n",
                 core);
     }
+    check_validation_data();
     double elapsed = 0.0;
     int64_t timed_steps = 0;
     while (step_ < t.steps) {
+        if (const int64_t status = step_status(); status != 0) return stop_run(status);
         const StepResult r = train_step();
         // The first step pays for allocation; leave it out of the rate once others exist.
         if (step_ > 1 || t.steps == 1) {
@@ -349,14 +360,16 @@ void Trainer::run() {
         }
         handle_moe_events(r);
         const bool last = step_ == t.steps;
+        // The checkpoint first: a validation that fails then costs nothing since the step.
+        if (cfg_.checkpoint.every_steps > 0 && (step_ % cfg_.checkpoint.every_steps == 0 || last)) save_checkpoint();
         if (t.eval_every > 0 && (step_ % t.eval_every == 0 || last)) {
             const double val = evaluate();
             if (log_) fmt::print("step {:>6}/{} | val loss {:.4f}\n", step_, t.steps, val);
             metrics_->write(step_, "eval", {{"val_loss", val}});
         }
-        if (cfg_.checkpoint.every_steps > 0 && (step_ % cfg_.checkpoint.every_steps == 0 || last)) save_checkpoint();
         std::fflush(stdout);
     }
+    return RunEnd::completed;
 }
 
 }  // namespace mt::train

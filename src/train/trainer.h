@@ -36,18 +36,30 @@ struct StepResult {
 // The worst MoE layer's MaxVio of a step (0 without MoE layers).
 double moe_max_vio(const StepResult& r);
 
+// How Trainer::run ended: every step done, or a graceful stop on SIGTERM/SIGINT after a checkpoint (the CLI exits
+// with ExitCode::stopped).
+enum class RunEnd { completed, stopped };
+
 class Trainer {
    public:
     // Builds the mesh ([parallel] over `world`, default parallel::dist_world()), the model, optimizer and data
     // pipeline. `log` false keeps it silent (tests, benchmarks); only world rank 0 ever prints or writes metrics.
     explicit Trainer(JobConfig cfg, bool log = true, parallel::Comm* world = nullptr);
 
-    // Restores the newest complete checkpoint under run.dir/checkpoints; false when there is none.
+    // Restores the newest complete checkpoint under run.dir/checkpoints; false when there is none. A checkpoint
+    // found corrupt (a CRC-32C mismatch, a truncated file, a non-finite weight) on any rank is skipped, with a
+    // warning, for the previous complete one, on every rank alike; none left intact is exit 4.
     bool resume_latest();
-    // Restores a checkpoint directory (params, optimizer state, step, data position); exit 4 when it does not fit.
+    // Restores a checkpoint directory (params, optimizer state, step, data position); exit 4 when it does not fit or
+    // is corrupt (CRC-32C when checkpoint.verify_on_resume, checked per file as this rank first reads it; every
+    // loaded weight and moment must be finite), exit 2 when train.steps is below its step. Warns, listing the keys,
+    // when the job config differs from the checkpoint's in a key that breaks exact resume (train/config_drift.h).
     void load_checkpoint(const std::string& dir);
-    // Trains until train.steps, validating and checkpointing on schedule.
-    void run();
+    // Trains until train.steps, checkpointing and then validating on schedule. Before each step every rank reads
+    // its batches and checks the token files, and the ranks agree on whether to go on: after SIGTERM or SIGINT (on
+    // any rank) they write a checkpoint of the last completed step and return RunEnd::stopped; after a token file
+    // changed or failed to read they write it and fail with exit 3.
+    RunEnd run();
     // One optimizer step at the current step; advances the step counter.
     StepResult train_step();
     // Mean loss over train.eval_batches validation batches (the training stream when no val_paths are set).
@@ -113,6 +125,19 @@ class Trainer {
     void check_parallel_layout() const;
     double dp_sum(double value);
 
+    // trainer_guard.cpp: reading a step's batches ahead of its collectives, the agreed stop before each step, the
+    // validation tokens checked at the start, and the hint of a non-finite loss.
+    int64_t step_status();
+    RunEnd stop_run(int64_t status);
+    void check_validation_data() const;
+    void save_checkpoint_if_new();
+    std::string nonfinite_hint() const;
+    // trainer_checkpoint.cpp: load_checkpoint's work without output (a damaged checkpoint throws CheckpointCorrupt),
+    // the tensors' part of it, and the lines about the resume (config drift, where from).
+    void load_checkpoint_state(const std::string& dir);
+    void read_checkpoint_tensors(const Checkpoint& ckpt);
+    void report_resume();
+
     // trainer_moe.cpp: the MoE layers' metrics fields, warning/alarm events, and balancer checkpoint state.
     void add_moe_metrics(const StepResult& r, nlohmann::json& fields) const;
     void handle_moe_events(const StepResult& r);
@@ -134,8 +159,13 @@ class Trainer {
     std::unique_ptr<data::TokenSource> train_source_, val_source_;
     std::unique_ptr<data::Sampler> train_sampler_, val_sampler_;
     std::unique_ptr<MetricsLog> metrics_;
-    core::Tensor inputs_, targets_;  // [B, T] i32
-    int64_t step_ = 0;               // optimizer steps completed
+    core::Tensor inputs_, targets_;            // [B, T] i32
+    core::Tensor step_inputs_, step_targets_;  // [grad_accum, B, T] i32: the batches step_status read ahead
+    int64_t batches_step_ = -1;                // the step those are for
+    std::optional<core::Error> data_error_;    // this rank's data failure that step_status reported
+    int64_t step_ = 0;                         // optimizer steps completed
+    int64_t last_saved_step_ = -1;             // the step of the checkpoint written or loaded last
+    std::string last_saved_dir_, resumed_from_, resumed_config_;
     int64_t moe_alarms_total_ = 0;
     std::map<int64_t, std::pair<bool, bool>> moe_warning_flags_;  // per layer: imbalance, bias range warning on
 };

@@ -12,11 +12,12 @@ cd "$SCRATCH"
 failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
 
-# expect CODE NEEDLE -- command...: runs it, checks the exit code, one error line, and the needle in stderr.
+# expect CODE NEEDLE -- command...: runs it (at most 60 s: a hang fails as exit 124; the shell functions below
+# bound themselves), checks the exit code, one error line, and the needle in stderr.
 expect() {
   local code=$1 needle=$2
   shift 3
-  "$@" > out.txt 2> err.txt
+  if [[ $(type -t "$1") == function ]]; then "$@"; else timeout 60 "$@"; fi > out.txt 2> err.txt
   local rc=$?
   local what="$*"
   [[ $rc -eq $code ]] || fail "exit $rc, expected $code: $what :: $(cat err.txt)"
@@ -31,7 +32,7 @@ cp "$SRC/configs/tiny.toml" job.toml
 COMMON=(--set run.dir=run --set 'data.paths=["data/train.bin"]' --set 'data.val_paths=["data/val.bin"]'
         --set train.steps=2 --set train.batch_size=2 --set train.seq_len=32 --set train.eval_every=0
         --set checkpoint.every_steps=2)
-train() { "$BIN" train --config job.toml "${COMMON[@]}" "$@"; }
+train() { timeout 60 "$BIN" train --config job.toml "${COMMON[@]}" "$@"; }
 
 printf '[model]\nd_model = = 3\n' > malformed.toml
 expect 2 "malformed.toml" -- "$BIN" train --config malformed.toml
@@ -70,27 +71,126 @@ expect 5 'run.device = "cuda" but no CUDA device is available' -- \
 expect 5 'run.device = "cuda" but no CUDA device is available' -- \
   env CUDA_VISIBLE_DEVICES= "$BIN" train --config job.toml "${COMMON[@]}" --device cuda
 
-# inject_nan FILE KEY: overwrites the first element of the F32 tensor KEY of a safetensors file with a quiet NaN
+# inject FILE KEY BYTES: overwrites the first element of the F32 tensor KEY of a safetensors file with 4 bytes
 # (conventions §5.1: a u64 LE header length N, the JSON header, then the buffer that data_offsets count from).
-inject_nan() {
-  local file=$1 key=$2 n entry begin
+inject() {
+  local file=$1 key=$2 bytes=$3 n entry begin
   n=$(od -An -tu8 -N8 "$file" | tr -d ' ')
   entry=$(head -c $((8 + n)) "$file" | tail -c "$n" | grep -ao "\"$key\":{[^}]*}")
   [[ $entry == *'"F32"'* ]] || return 1
   begin=$(sed -E 's/.*"data_offsets":\[([0-9]+),.*/\1/' <<< "$entry")
-  printf '\x00\x00\xc0\x7f' | dd of="$file" bs=1 seek=$((8 + n + begin)) conv=notrunc 2> /dev/null
+  printf "$bytes" | dd of="$file" bs=1 seek=$((8 + n + begin)) conv=notrunc 2> /dev/null
 }
+NAN='\x00\x00\xc0\x7f'      # a quiet NaN
+FLT_MAX='\xff\xff\x7f\x7f'  # 3.4e38: finite, but it overflows the logits to inf
 
-# A NaN in the final norm's gain makes every logit, and so the loss, NaN: the resumed run stops at its first step
-# (3) with exit 7, before the checkpoint due after that step. The manifest's CRC of the edited file is stale on
-# purpose, so the resume must not verify it (the default, spelled out).
-cp -r run run_nan
-inject_nan run_nan/checkpoints/step_00000002/rank_00000.safetensors param/final_norm.weight ||
-  fail "could not find param/final_norm.weight to inject a NaN"
+# Two checkpoints (steps 1 and 2) to damage.
+train --set run.dir=run2 --set checkpoint.every_steps=1 > /dev/null 2>&1 || fail "training run2 failed"
+W=param/final_norm.weight
+F2=checkpoints/step_00000002/rank_00000.safetensors
+
+# The final norm's gain at FLT_MAX makes the logits overflow and the loss NaN: the resumed run stops at its first
+# step (3) with exit 7, before the checkpoint due after that step. Resuming from step 2, whose weights lead here
+# again, would repeat it: the hint names the checkpoint before it. The CRC of the edited file is stale on purpose.
+cp -r run2 run_nan
+inject run_nan/$F2 $W "$FLT_MAX" || fail "could not find $W to edit"
 expect 7 "non-finite loss" -- train --resume --set run.dir=run_nan --set train.steps=4 \
   --set checkpoint.every_steps=1 --set checkpoint.verify_on_resume=false
 grep -qF "at step 3" err.txt || fail "the non-finite loss message does not name step 3: $(cat err.txt)"
-[[ $(ls run_nan/checkpoints) == step_00000002 ]] || fail "checkpoints after the NaN step: $(ls run_nan/checkpoints)"
+grep -qF "resume with --resume-from run_nan/checkpoints/step_00000001" err.txt ||
+  fail "the hint does not point before the checkpoint that leads to the NaN: $(cat err.txt)"
+[[ $(ls run_nan/checkpoints | tr '\n' ' ') == "step_00000001 step_00000002 " ]] ||
+  fail "checkpoints after the NaN step: $(ls run_nan/checkpoints)"
+
+# A NaN stored in a weight is found when it is loaded, even without the CRC check: exit 4 naming the tensor.
+cp -r run2 run_nanw
+inject run_nanw/$F2 $W "$NAN"
+expect 4 "tensor final_norm.weight (param) holds a non-finite value" -- train --set run.dir=run_nanw \
+  --set train.steps=4 --set checkpoint.verify_on_resume=false --resume-from run_nanw/checkpoints/step_00000002
+
+# One flipped bit in a weight of the newest checkpoint: the CRC check, on by default, finds it. --resume falls back
+# to the previous complete checkpoint with a warning; --resume-from that checkpoint fails with exit 4.
+cp -r run2 run_flip
+n=$(od -An -tu8 -N8 run_flip/$F2 | tr -d ' ')
+byte=$(od -An -tu1 -j $((8 + n + 64)) -N1 run_flip/$F2 | tr -d ' ')
+printf "\\x$(printf %02x $((byte ^ 64)))" | dd of=run_flip/$F2 bs=1 seek=$((8 + n + 64)) conv=notrunc 2> /dev/null
+expect 4 "CRC-32C" -- train --set run.dir=run_flip --set train.steps=4 --resume-from run_flip/checkpoints/step_00000002
+grep -qF "rank_00000.safetensors" err.txt || fail "the CRC message does not name the file: $(cat err.txt)"
+timeout 60 "$BIN" train --config job.toml "${COMMON[@]}" --set run.dir=run_flip --set train.steps=3 --resume \
+  > out.txt 2> err.txt || fail "--resume past a damaged checkpoint: exit $?: $(cat err.txt)"
+grep -qF "skipping the damaged checkpoint run_flip/checkpoints/step_00000002" out.txt ||
+  fail "no warning about the damaged checkpoint: $(head -3 out.txt)"
+grep -qF "resumed from run_flip/checkpoints/step_00000001 at step 1" out.txt || fail "no fallback: $(head -3 out.txt)"
+echo "ok (0): $(grep -F skipping out.txt | cut -c1-140)"
+
+# run.dir that cannot be a run directory: exit 2 naming run.dir (not exit 1).
+touch afile
+expect 2 'run.dir = "afile" exists but is not a directory' -- train --set run.dir=afile
+expect 2 'run.dir = "afile/sub" cannot be created' -- train --set run.dir=afile/sub
+expect 2 "run.dir is empty" -- train --set 'run.dir=""'
+
+# A config path that is not a regular file: a directory (once read as an empty config) and a FIFO (once a hang).
+expect 2 "not a regular file (a directory)" -- "$BIN" train --config .
+mkfifo fifo.toml
+expect 2 "not a regular file (a special file) [fifo.toml]" -- "$BIN" train --config fifo.toml
+
+# FIFOs where files belong fail at once (opening one for reading used to block forever): a shard (exit 3), a
+# checkpoint manifest (exit 4), and inspect.
+mkfifo fifo.bin
+expect 3 "not a regular file (a FIFO) [fifo.bin]" -- train --set 'data.paths=["fifo.bin"]'
+cp -r run run_fifo
+rm run_fifo/checkpoints/step_00000002/manifest.json && mkfifo run_fifo/checkpoints/step_00000002/manifest.json
+expect 4 "not a regular file (a FIFO) [run_fifo/checkpoints/step_00000002/manifest.json]" -- \
+  train --set run.dir=run_fifo --set train.steps=4 --resume-from run_fifo/checkpoints/step_00000002
+expect 4 "not a regular file (a FIFO) [fifo.bin]" -- "$BIN" inspect fifo.bin
+expect 4 "manifest.json" -- "$BIN" inspect run_fifo/checkpoints/step_00000002
+rm -rf run_fifo
+
+# Validation tokens are checked when the run starts, not at the first evaluation: a token outside the vocabulary
+# in the validation shard stops the run before step 1.
+cp data/val.bin badval.bin
+printf '\xff\xff' | dd of=badval.bin bs=1 seek=$((1024 + 2 * 5)) conv=notrunc 2> /dev/null
+expect 3 "token id 65535 >= vocab size 257 (or negative) at token 5 [badval.bin]" -- \
+  train --set run.dir=run_badval --set 'data.val_paths=["badval.bin"]' --set train.eval_every=2
+grep -q '^step' out.txt && fail "the run trained before finding the bad validation token: $(head -2 out.txt)"
+# A validation stream shorter than one sample names its file: a valid shard of 10 tokens.
+le32() { printf '\\x%02x' $(($1 & 255)) $((($1 >> 8) & 255)) $((($1 >> 16) & 255)) $((($1 >> 24) & 255)); }
+{ printf "$(le32 20240520)$(le32 1)$(le32 10)"; head -c $((1024 - 12 + 20)) /dev/zero; } > shortval.bin
+expect 3 "[shortval.bin]" -- train --set run.dir=run_shortval --set 'data.val_paths=["shortval.bin"]'
+# The step's checkpoint is written before its evaluation.
+train --set run.dir=run_order --set train.eval_every=2 > order.txt 2>&1 || fail "run_order: $(cat order.txt)"
+[[ $(grep -E '^step +2/2 \| (checkpoint|val loss)' order.txt | head -1) == *checkpoint* ]] ||
+  fail "the evaluation of step 2 came before its checkpoint: $(cat order.txt)"
+
+# Resume with config drift: a warning naming each key that breaks exact resume; a train.steps below the
+# checkpoint's step is exit 2, not a silent no-op. metrics.jsonl marks the resume with an event line.
+cp -r run run_drift
+timeout 60 "$BIN" train --config job.toml "${COMMON[@]}" --set run.dir=run_drift --set train.steps=3 --resume \
+  --set run.seed=7 --set train.seq_len=16 --set 'data.paths=["data/train.bin", "data/train.bin"]' > out.txt 2> err.txt ||
+  fail "resume with drift: $(cat err.txt)"
+grep -qF "differs from the checkpoint's in 3 key(s), so this is no longer an exact resume" out.txt ||
+  fail "no drift warning: $(head -5 out.txt)"
+for key in "data.paths:" "run.seed: 1234 in the checkpoint, 7 now" "train.seq_len: 32 in the checkpoint, 16 now"; do
+  grep -qF "  $key" out.txt || fail "the drift warning does not list $key: $(head -5 out.txt)"
+done
+grep -q '"checkpoint":"run_drift/checkpoints/step_00000002","event":"resumed","kind":"event","step":2' \
+  run_drift/metrics.jsonl || fail "no resumed event in metrics.jsonl"
+expect 2 "train.steps = 1 is below step 2 of the checkpoint" -- train --set run.dir=run_drift --set train.steps=1 \
+  --resume-from run/checkpoints/step_00000002
+
+# Messages.
+printf 'model = "big"\n' > table.toml
+expect 2 "config value \`model\` must be a table, got string" -- "$BIN" train --config table.toml
+expect 2 "is not valid TOML" -- train --set train.steps=1234567890123456789012345678901
+grep -q "got string" err.txt && fail "an over-long integer is reported as a string: $(cat err.txt)"
+expect 2 "train.steps = 9223372036854775807 is out of range: must be >= 0 and <= 1000000000000" -- \
+  train --set train.steps=9223372036854775807
+expect 4 "not a checkpoint directory: the path is a file" -- train --resume-from $CK/manifest.json
+expect 2 "--config is required" -- "$BIN" train
+expect 2 "--resume excludes --resume-from" -- train --resume --resume-from $CK
+"$BIN" inspect $CK --verify > out.txt 2>&1 || fail "inspect --verify: $(tail -3 out.txt)"
+grep -qF "verified: 1 file(s)" out.txt || fail "inspect --verify does not say what it verified: $(tail -2 out.txt)"
+echo "ok (0): $(grep '^verified' out.txt)"
 
 # Nothing half-written anywhere: no temporary files, every checkpoint directory complete.
 leftovers=$(find . -name '*.tmp' | head -5)
