@@ -1,4 +1,4 @@
-// GPU throughput of the MoE layer (nn/moe_layer.h) in bf16 mixed precision: forward and forward + backward, each
+// GPU throughput of the MoE layer (nn/layers/moe_layer.h) in bf16 mixed precision: forward and forward + backward, each
 // including the router GEMM, routing (scores, top-k, QB cutoff and histogram), the device plan, permutation, the
 // grouped expert GEMMs, SwiGLU and the combine. One JSON line per case (median over the timed iterations, CUDA
 // events on the ops' stream).
@@ -18,7 +18,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "gpu_timing.h"
-#include "nn/moe_layer.h"
+#include "nn/layers/moe_layer.h"
 #include "ops/grouped_linear.h"
 
 namespace {

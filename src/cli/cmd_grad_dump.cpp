@@ -32,7 +32,7 @@ void register_grad_dump(CLI::App& app) {
         core::Tensor inputs = core::Tensor::zeros({t.batch_size, t.seq_len}, core::DType::i32);
         core::Tensor targets = core::Tensor::zeros({t.batch_size, t.seq_len}, core::DType::i32);
         trainer.fill_batch(trainer.step(), 0, inputs, targets);
-        nn::DenseLM& model = trainer.model();
+        nn::Model& model = trainer.model();
         model.params().zero_grads();
         const double loss = model.forward(inputs, targets);
         // The run's loss scale (fp16: the dynamic scale of the checkpoint), divided out of the dumped gradients.

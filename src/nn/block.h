@@ -8,10 +8,10 @@
 #include <memory>
 #include <optional>
 
-#include "nn/attention_layer.h"
-#include "nn/kda_layer.h"
-#include "nn/mlp.h"
-#include "nn/moe_layer.h"
+#include "nn/layers/attention_layer.h"
+#include "nn/layers/kda_layer.h"
+#include "nn/layers/mlp.h"
+#include "nn/layers/moe_layer.h"
 
 namespace mt::nn {
 
@@ -33,7 +33,7 @@ class Block : public Layer {
     const Tensor& output() const {
         return out_;
     }
-    // The two sub-layers on their own, for Block Attention Residuals (nn/attnres.h), which replaces the residual
+    // The two sub-layers on their own, for Block Attention Residuals (nn/layers/attnres.h), which replaces the residual
     // adds: sub 0 is Mixer(RMSNorm(h)), sub 1 is Mlp(RMSNorm(h)); out [N, C] written. branch_backward takes the
     // same h and writes dh (=), or with dresidual defined dh = dresidual + the branch's gradient (the residual
     // stream's gradient joins in the norm's backward; dresidual may alias dh). dout may alias dh only with

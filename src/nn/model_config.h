@@ -75,9 +75,10 @@ struct ModelConfig {
     // same switch as attnres.mode (off | block | full); auto (the default) takes attnres.mode. The config parser
     // reconciles the two (train/config.cpp).
     std::string residual = "auto";
-    // Mixture-of-Experts FFN ([moe], moe.md §5): with moe_enabled, layer l's FFN is an MoE layer (nn/moe_layer.h)
-    // for l >= moe_first_k_dense; the leading layers keep a dense SwiGLU MLP of width moe_dense_ffn_dim (0: d_ff).
-    // The FFN choice is independent of the mixer's layer_pattern, so MoE mixes with attention and KDA layers.
+    // Mixture-of-Experts FFN ([moe], moe.md §5): with moe_enabled, layer l's FFN is an MoE layer
+    // (nn/layers/moe_layer.h) for l >= moe_first_k_dense; the leading layers keep a dense SwiGLU MLP of width
+    // moe_dense_ffn_dim (0: d_ff). The FFN choice is independent of the mixer's layer_pattern, so MoE mixes with
+    // attention and KDA layers.
     bool moe_enabled = false;
     int64_t moe_first_k_dense = 1;
     int64_t moe_dense_ffn_dim = 0;

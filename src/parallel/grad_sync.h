@@ -77,7 +77,7 @@ class GradSync {
     // gathers complete in the background: params_needed or settle_params before anything reads those weights.
     void gather_params();
     // The next forward is about to read the parameters with index < end: later GPU work waits for their
-    // gathers (a host wait on the MPI backend). The model's forward calls it through DenseLM's hook.
+    // gathers (a host wait on the MPI backend). The model's forward calls it through Model's hook.
     void params_needed(int end);
     // Waits on the host for every pending parameter gather (before evaluation, checkpoints, direct reads).
     void settle_params();

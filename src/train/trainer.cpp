@@ -144,7 +144,7 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     // Every parameter starts at a multiple of both reduction groups' sizes, so each bucket splits evenly (ZeRO-1).
     const int64_t align = std::lcm(mesh_->group(parallel::MeshGroup::dp_span).size(),
                                    int64_t{mesh_->group(parallel::MeshGroup::edp).size()});
-    model_ = std::make_unique<nn::DenseLM>(cfg_.model, precision, align);
+    model_ = std::make_unique<nn::Model>(cfg_.model, precision, align);
     model_->params().initialize(static_cast<uint64_t>(cfg_.run.seed));
     grad_sync_ = std::make_unique<parallel::GradSync>(grad_arenas(model_->params()),
                                                       *mesh_,

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "data/sampler.h"
-#include "nn/dense_lm.h"
+#include "nn/model.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
@@ -72,7 +72,7 @@ class Trainer {
     // The model with the weights the forward reads whole: under ZeRO-1 the last step's parameter gathers are
     // waited for first (the trainer's own forwards wait bucket by bucket instead). Under ZeRO-1 with mixed
     // precision the f32 master weights stay sharded: only this rank's slices (GradSync::owned) are current.
-    nn::DenseLM& model();
+    nn::Model& model();
     int64_t step() const {
         return step_;
     }
@@ -148,7 +148,7 @@ class Trainer {
     JobConfig cfg_;
     bool log_;
     std::unique_ptr<parallel::Mesh> mesh_;
-    std::unique_ptr<nn::DenseLM> model_;
+    std::unique_ptr<nn::Model> model_;
     // GPU runs over several processes: NCCL communicators over the dp_span, edp and ep ranks (groups of more than one
     // rank), which move the gradients and the MoE rows; the mesh's MPI groups keep the host scalars.
     std::shared_ptr<parallel::Comm> nccl_dp_span_, nccl_edp_, nccl_ep_;  // shared where two groups are the same ranks

@@ -50,7 +50,7 @@ int64_t Trainer::optimizer_state_bytes_total() const {
     return 2 * n * static_cast<int64_t>(core::dtype_size(table.precision().master));
 }
 
-nn::DenseLM& Trainer::model() {
+nn::Model& Trainer::model() {
     grad_sync_->settle_params();
     return *model_;
 }

@@ -7,11 +7,11 @@
 #include <cstdio>
 
 #include "core/rng.h"
-#include "nn/dense_lm.h"
+#include "nn/model.h"
 
 using mt::core::DType;
 using mt::core::Tensor;
-using mt::nn::DenseLM;
+using mt::nn::Model;
 using mt::nn::ModelConfig;
 
 namespace {
@@ -50,7 +50,7 @@ ModelConfig with_moe(ModelConfig c) {
 // step: the optimizer step the model is told (the residual blend's schedule); random_queries: draw the
 // pseudo-queries from N(0, 0.5^2) instead of their zero init.
 ModelRun run(const ModelConfig& cfg, int64_t step = 0, bool random_queries = false) {
-    DenseLM model(cfg, mt::nn::Precision::cpu(DType::f64));
+    Model model(cfg, mt::nn::Precision::cpu(DType::f64));
     model.params().initialize(5);  // per-name draws: the shared parameters are equal in both models
     model.set_train_step(step);
     for (int i = 0; random_queries && i < model.params().size(); ++i) {
@@ -196,7 +196,7 @@ TEST(AttnRes, ParameterNames) {
     ModelConfig c = base_config();
     c.attnres.mode = "block";
     c.attnres.block_size = 4;
-    DenseLM model(c, mt::nn::Precision::cpu(DType::f64));
+    Model model(c, mt::nn::Precision::cpu(DType::f64));
     EXPECT_GE(model.params().find("attnres.mix.1.query"), 0);
     EXPECT_GE(model.params().find("attnres.mix.7.key_norm"), 0);  // L + 1 = 7: the final mix
     EXPECT_LT(model.params().find("attnres.mix.8.query"), 0);

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "nn/kda_layer.h"
+#include "nn/layers/kda_layer.h"
 #include "ops/op_harness.h"
 
 namespace mt::nn {

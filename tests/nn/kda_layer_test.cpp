@@ -1,8 +1,8 @@
-// The KDA layer (nn/kda_layer.h) in f64: finite-difference checks of every parameter, the input and the initial
+// The KDA layer (nn/layers/kda_layer.h) in f64: finite-difference checks of every parameter, the input and the initial
 // state on the loss sum(out * R1) + sum(S_T * R2), for both gates, GVA and T across a chunk; chunked equals the
 // token loop through the whole layer; and the dump the PyTorch parity script reads (KdaLayerParity.Dump, which
 // runs only when MT_KDA_PARITY_DIR names a directory; tests/scripts/kda_parity.sh sets it).
-#include "nn/kda_layer.h"
+#include "nn/layers/kda_layer.h"
 
 #include <gtest/gtest.h>
 

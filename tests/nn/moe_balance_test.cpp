@@ -1,7 +1,8 @@
-// Load balancing (nn/moe_balance.h, moe.md §2 and §6 tests 5-8, 11): Quantile Balancing on synthetic, strongly skewed
-// scores (exact and histogram estimators), the exact-step and histogram-step properties, Megatron-LM's unit vector,
-// the update interval, checkpoint round trips, the sign rule with ties and centring, and the aux loss at balance.
-#include "nn/moe_balance.h"
+// Load balancing (nn/layers/moe_balance.h, moe.md §2 and §6 tests 5-8, 11): Quantile Balancing on synthetic, strongly
+// skewed scores (exact and histogram estimators), the exact-step and histogram-step properties, Megatron-LM's unit
+// vector, the update interval, checkpoint round trips, the sign rule with ties and centring, and the aux loss at
+// balance.
+#include "nn/layers/moe_balance.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +11,7 @@
 #include <numeric>
 
 #include "core/rng.h"
-#include "nn/moe_metrics.h"
+#include "nn/layers/moe_metrics.h"
 #include "ops/moe_router.h"
 #include "train/safetensors.h"
 

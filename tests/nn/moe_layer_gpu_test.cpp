@@ -11,7 +11,7 @@
 #include <numeric>
 
 #include "core/rng.h"
-#include "nn/moe_layer.h"
+#include "nn/layers/moe_layer.h"
 #include "ops/moe_permute.h"
 #include "ops/op_harness.h"
 

@@ -1,10 +1,10 @@
-// The MoE layer (nn/moe_layer.h) in f64: finite-difference checks of every parameter and the input with the routing
-// held fixed (inputs away from top-k ties; each evaluation checks that the routing did not change), for QB bias with
-// normalised gates and two shared experts, the aux loss with unnormalised gates, and softmax scores with capacity
+// The MoE layer (nn/layers/moe_layer.h) in f64: finite-difference checks of every parameter and the input with the
+// routing held fixed (inputs away from top-k ties; each evaluation checks that the routing did not change), for QB bias
+// with normalised gates and two shared experts, the aux loss with unnormalised gates, and softmax scores with capacity
 // dropping; the collapse alarm on a forced collapse and its silence on a balanced run; shapes and config errors;
 // and the dump the PyTorch parity script reads (MoeLayerParity.Dump, which runs only when MT_MOE_PARITY_DIR names a
 // directory; tests/scripts/moe_parity.sh sets it).
-#include "nn/moe_layer.h"
+#include "nn/layers/moe_layer.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
-// MoE metrics (nn/moe_metrics.h, moe.md §4) on hand-computed loads, and the collapse detector's streak rules.
-#include "nn/moe_metrics.h"
+// MoE metrics (nn/layers/moe_metrics.h, moe.md §4) on hand-computed loads, and the collapse detector's streak rules.
+#include "nn/layers/moe_metrics.h"
 
 #include <gtest/gtest.h>
 

@@ -13,7 +13,7 @@
 
 #include "core/backend.h"
 #include "core/rng.h"
-#include "nn/moe_layer.h"
+#include "nn/layers/moe_layer.h"
 #include "ops/op_harness.h"
 #include "train/checkpoint_io.h"
 #include "train/trainer.h"

@@ -4,7 +4,7 @@
 //   y_i = FFN_shared(x_i) + sum_{j in I_i} g_ij FFN_j(x_i)
 // Tokens are permuted by expert (ops/moe_permute.h), the experts run as grouped GEMMs (ops/grouped_linear.h), and
 // the combine weights the rows by their gates (ops/moe_unpermute.h). Optional capacity dropping (off by default).
-// Balancing (nn/moe_balance.h) and metrics with the collapse alarm (nn/moe_metrics.h) are per layer.
+// Balancing (nn/layers/moe_balance.h) and metrics with the collapse alarm (nn/layers/moe_metrics.h) are per layer.
 // Precision: the routing tensors (scores, gates, cutoff, bias, the gate gradients) are in precision.stats (f32 under
 // CUDA mixed precision, spec: the router in fp32); logits, expert activations and their gradients in
 // precision.compute. On CUDA the plan runs on the device and its offsets are copied back once per forward (the
@@ -19,7 +19,7 @@
 // The balancing bias is not a parameter: it is balancer state (balancer().state_tensors("{prefix}.router")).
 // Expert parallelism (moe.ep.size > 1): the expert tensors hold this rank's E / ep experts (expert-sharded
 // parameters), the router and the shared experts stay replicated; routed rows travel to their experts' ranks and
-// back by all-to-all (nn/moe_dispatch.h), in the forward and again (the gradients) in the backward.
+// back by all-to-all (nn/layers/moe_dispatch.h), in the forward and again (the gradients) in the backward.
 #pragma once
 
 #include <memory>
@@ -27,13 +27,13 @@
 #include <string>
 
 #include "nn/layer.h"
-#include "nn/linear.h"
-#include "nn/mlp.h"
+#include "nn/layers/linear.h"
+#include "nn/layers/mlp.h"
+#include "nn/layers/moe_balance.h"
+#include "nn/layers/moe_dispatch.h"
+#include "nn/layers/moe_metrics.h"
 #include "nn/model_config.h"
-#include "nn/moe_balance.h"
 #include "nn/moe_config.h"
-#include "nn/moe_dispatch.h"
-#include "nn/moe_metrics.h"
 #include "nn/workspace.h"
 #include "ops/moe_permute.h"
 #include "ops/moe_router.h"

@@ -1,5 +1,5 @@
 // SwiGLU MLP forward and backward, side by side.
-#include "nn/mlp.h"
+#include "nn/layers/mlp.h"
 
 #include <cmath>
 

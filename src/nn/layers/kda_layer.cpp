@@ -1,5 +1,5 @@
 // KDA layer forward and backward, side by side (the op sequence of kda.md §1).
-#include "nn/kda_layer.h"
+#include "nn/layers/kda_layer.h"
 
 #include <cmath>
 

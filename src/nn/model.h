@@ -1,8 +1,8 @@
-// Decoder-only LM: token embedding, N pre-norm blocks (a token mixer + SwiGLU MLP), final RMSNorm, LM head (tied
-// to the embedding or its own weight). With model attnres.mode = block|full the residual adds are replaced by Block
-// Attention Residuals (nn/attnres.h). The mixer of layer l is GQA softmax attention or KDA, as
-// ModelConfig::layer_pattern says (all attention by default: the dense model). Forward and backward read top to
-// bottom, per layer.
+// nn::Model, the decoder-only LM: token embedding, N pre-norm blocks (a token mixer + an FFN: SwiGLU MLP or MoE),
+// final RMSNorm, LM head (tied to the embedding or its own weight). With model attnres.mode = block|full the residual
+// adds are replaced by Block Attention Residuals (nn/layers/attnres.h). The mixer of layer l is GQA softmax attention
+// or KDA, as ModelConfig::layer_pattern says (all attention by default: the dense model). Forward and backward read top
+// to bottom, per layer.
 #pragma once
 
 #include <functional>
@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "nn/attnres.h"
 #include "nn/block.h"
+#include "nn/layers/attnres.h"
 
 namespace mt::nn {
 
@@ -21,11 +21,11 @@ constexpr int32_t kIgnoreIndex = -1;
 // matmul parameters): 6 * HV * (3 K V + C (1.5 K + V)), C = min(kda.chunk_size, T).
 double kda_flops_per_token(const ModelConfig& cfg, int64_t seq);
 
-class DenseLM {
+class Model {
    public:
     // param_align: every parameter's arena offset is a multiple of it (ParamTable::finalize). Expert parallelism
     // comes in through cfg.moe.ep.
-    DenseLM(const ModelConfig& cfg, const Precision& precision, int64_t param_align = 64);
+    Model(const ModelConfig& cfg, const Precision& precision, int64_t param_align = 64);
 
     ParamTable& params() {
         return table_;

@@ -1,5 +1,5 @@
 // Expert-parallel dispatch and combine by all-to-all with per-rank counts.
-#include "nn/moe_dispatch.h"
+#include "nn/layers/moe_dispatch.h"
 
 #include <algorithm>
 

@@ -1,5 +1,5 @@
 // MoE routing metrics and the routing-collapse detector (moe.md §4).
-#include "nn/moe_metrics.h"
+#include "nn/layers/moe_metrics.h"
 
 #include <algorithm>
 #include <cmath>

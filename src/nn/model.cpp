@@ -1,5 +1,6 @@
-// Dense LM forward and backward, written as explicit per-layer calls (as llm.c's gpt2_forward/backward).
-#include "nn/dense_lm.h"
+// The model's forward and backward (attention, KDA, MoE and AttnRes blocks), written as explicit per-layer calls (as
+// llm.c's gpt2_forward/backward).
+#include "nn/model.h"
 
 #include <algorithm>
 #include <optional>
@@ -12,7 +13,7 @@
 
 namespace mt::nn {
 
-DenseLM::DenseLM(const ModelConfig& cfg, const Precision& precision, int64_t param_align)
+Model::Model(const ModelConfig& cfg, const Precision& precision, int64_t param_align)
     : cfg_(cfg), precision_(precision) {
     MT_CHECK(!cfg.layer_pattern.empty() && cfg.layer_pattern.find_first_not_of("AK") == std::string::npos &&
                  cfg.n_layers % static_cast<int64_t>(cfg.layer_pattern.size()) == 0,
@@ -37,7 +38,7 @@ DenseLM::DenseLM(const ModelConfig& cfg, const Precision& precision, int64_t par
     table_.finalize(precision, param_align);
 }
 
-void DenseLM::resize(int64_t batch, int64_t seq) {
+void Model::resize(int64_t batch, int64_t seq) {
     if (batch == batch_ && seq == seq_) return;
     batch_ = batch;
     seq_ = seq;
@@ -60,7 +61,7 @@ void DenseLM::resize(int64_t batch, int64_t seq) {
     ws_.resize(cfg_, batch, seq, precision_);
 }
 
-double DenseLM::forward(const Tensor& ids, const Tensor& targets, bool training) {
+double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {
     MT_CHECK(ids.ndim() == 2 && ids.shape() == targets.shape(),
              "ids {} and targets {} must both be [B, T]",
              core::shape_str(ids.shape()),
@@ -119,7 +120,7 @@ double DenseLM::forward(const Tensor& ids, const Tensor& targets, bool training)
     return counted_ > 0 ? sum / static_cast<double>(counted_) : 0.0;
 }
 
-void DenseLM::backward(double loss_scale) {
+void Model::backward(double loss_scale) {
     MT_CHECK(batch_ > 0, "backward before forward");
     const core::Device dev = precision_.device;
     std::optional<core::TraceRange> head_range(std::in_place, dev, "model.head_bwd");
@@ -156,27 +157,27 @@ void DenseLM::backward(double loss_scale) {
     if (grad_ready_) grad_ready_(0);
 }
 
-double DenseLM::last_aux_loss() const {
+double Model::last_aux_loss() const {
     double sum = 0.0;
     for (const auto& b : blocks_)
         if (b->moe() != nullptr) sum += b->moe()->aux_loss();
     return sum;
 }
 
-std::vector<std::pair<int64_t, MoeLayer*>> DenseLM::moe_layers() {
+std::vector<std::pair<int64_t, MoeLayer*>> Model::moe_layers() {
     std::vector<std::pair<int64_t, MoeLayer*>> layers;
     for (size_t l = 0; l < blocks_.size(); ++l)
         if (blocks_[l]->moe() != nullptr) layers.emplace_back(static_cast<int64_t>(l), blocks_[l]->moe());
     return layers;
 }
 
-std::vector<std::pair<int64_t, MoeStepMetrics>> DenseLM::moe_step_end(int64_t step, parallel::Comm* data_group) {
+std::vector<std::pair<int64_t, MoeStepMetrics>> Model::moe_step_end(int64_t step, parallel::Comm* data_group) {
     std::vector<std::pair<int64_t, MoeStepMetrics>> metrics;
     for (auto& [l, moe] : moe_layers()) metrics.emplace_back(l, moe->step_end(step, data_group));
     return metrics;
 }
 
-std::vector<SavedTensor> DenseLM::saved_for_backward() {
+std::vector<SavedTensor> Model::saved_for_backward() {
     std::vector<SavedTensor> saved = {{"embed_out", &x0_},
                                       {"final_norm", &final_},
                                       {"final_rstd", &final_rstd_},
@@ -187,7 +188,7 @@ std::vector<SavedTensor> DenseLM::saved_for_backward() {
     return saved;
 }
 
-double DenseLM::flops_per_token(int64_t seq) const {
+double Model::flops_per_token(int64_t seq) const {
     // Every 2-D weight but the input embedding is one multiply-add per token: the projections, the LM head, and
     // KDA's depthwise conv filters [C, W] (W taps per channel per token).
     double matmul_params = 0.0;

@@ -1,6 +1,6 @@
 // Whole LM in f64, dense, hybrid (KDA + attention layers) and with Block AttnRes: finite-difference gradient check of
 // every parameter tensor, the layer contract, parameter names and init, FLOPs.
-#include "nn/dense_lm.h"
+#include "nn/model.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 
 using mt::core::DType;
 using mt::core::Tensor;
-using mt::nn::DenseLM;
+using mt::nn::Model;
 using mt::nn::ModelConfig;
 
 namespace {
@@ -84,10 +84,10 @@ struct GradCase {
     int64_t seq;
 };
 
-class DenseLmGrad : public ::testing::TestWithParam<GradCase> {};
+class ModelGrad : public ::testing::TestWithParam<GradCase> {};
 
-TEST_P(DenseLmGrad, FiniteDifferencesMatchBackward) {
-    DenseLM model(GetParam().cfg, mt::nn::Precision::cpu(DType::f64));
+TEST_P(ModelGrad, FiniteDifferencesMatchBackward) {
+    Model model(GetParam().cfg, mt::nn::Precision::cpu(DType::f64));
     model.params().initialize(11);
     // The objective backward differentiates: the LM loss plus, with moe.balance = aux_loss, the MoE aux losses.
     auto objective = [&](const Tensor& ids, const Tensor& targets) {
@@ -165,7 +165,7 @@ TEST_P(DenseLmGrad, FiniteDifferencesMatchBackward) {
 
 INSTANTIATE_TEST_SUITE_P(
     DenseHybridAndMoe,
-    DenseLmGrad,
+    ModelGrad,
     ::testing::Values(GradCase{"tied", small_config(true), 7},
                       GradCase{"untied", small_config(false), 7},
                       GradCase{"hybrid_KA_nope", hybrid_config("KA", false), 37},
@@ -180,8 +180,8 @@ INSTANTIATE_TEST_SUITE_P(
                                37}),
     [](const auto& info) { return std::string(info.param.name); });
 
-TEST(DenseLm, ParameterNamesAndSavedActivations) {
-    DenseLM model(small_config(false), mt::nn::Precision::cpu(DType::f32));
+TEST(Model, ParameterNamesAndSavedActivations) {
+    Model model(small_config(false), mt::nn::Precision::cpu(DType::f32));
     const auto& t = model.params();
     EXPECT_GE(t.find("embed.weight"), 0);
     EXPECT_GE(t.find("layers.1.attn.wk.weight"), 0);
@@ -195,10 +195,10 @@ TEST(DenseLm, ParameterNamesAndSavedActivations) {
     EXPECT_GT(mt::nn::saved_bytes(model.saved_for_backward()), 0u);
 }
 
-TEST(DenseLm, HybridParameterNamesAndGateInit) {
+TEST(Model, HybridParameterNamesAndGateInit) {
     ModelConfig cfg = hybrid_config("KA", false);
     cfg.n_layers = 4;  // the pattern repeats: K A K A
-    DenseLM model(cfg, mt::nn::Precision::cpu(DType::f32));
+    Model model(cfg, mt::nn::Precision::cpu(DType::f32));
     auto& t = model.params();
     for (int l : {0, 2}) {
         const std::string p = "layers." + std::to_string(l);
@@ -229,7 +229,7 @@ TEST(DenseLm, HybridParameterNamesAndGateInit) {
     EXPECT_FALSE(t.spec(t.find("layers.0.kda.A_log")).weight_decay);
     // The softplus gate draws A_log = log U(1, 16).
     cfg.kda.gate = "softplus";
-    DenseLM soft(cfg, mt::nn::Precision::cpu(DType::f32));
+    Model soft(cfg, mt::nn::Precision::cpu(DType::f32));
     soft.params().initialize(5);
     const Tensor a = soft.params().param(soft.params().find("layers.0.kda.A_log"));
     for (int64_t i = 0; i < a.numel(); ++i) {
@@ -242,12 +242,12 @@ TEST(DenseLm, HybridParameterNamesAndGateInit) {
     EXPECT_GT(mt::nn::saved_bytes(model.saved_for_backward()), 0u);
 }
 
-TEST(DenseLm, FlopsCountKdaAndAttentionLayers) {
+TEST(Model, FlopsCountKdaAndAttentionLayers) {
     const int64_t seq = 40;
     ModelConfig dense = small_config(true);
     ModelConfig hybrid = hybrid_config("KA", true);
-    DenseLM d(dense, mt::nn::Precision::cpu(DType::f32)), h(hybrid, mt::nn::Precision::cpu(DType::f32));
-    auto matmul_params = [](const DenseLM& m) {
+    Model d(dense, mt::nn::Precision::cpu(DType::f32)), h(hybrid, mt::nn::Precision::cpu(DType::f32));
+    auto matmul_params = [](const Model& m) {
         double n = 23.0 * 12.0;  // the tied LM head
         for (int i = 0; i < m.params().size(); ++i)
             if (m.params().spec(i).shape.size() == 2 && m.params().spec(i).name != "embed.weight")
@@ -266,9 +266,9 @@ TEST(DenseLm, FlopsCountKdaAndAttentionLayers) {
 
 // An MoE model: layer 0 keeps a dense MLP of width moe.dense_ffn_dim, layer 1 is an MoE layer; the active routed
 // experts count in the FLOPs (top_k * 3 * F * C per token and layer).
-TEST(DenseLm, MoeParameterNamesAndFlops) {
+TEST(Model, MoeParameterNamesAndFlops) {
     const ModelConfig cfg = with_moe(small_config(true), 1, "quantile");
-    DenseLM model(cfg, mt::nn::Precision::cpu(DType::f32));
+    Model model(cfg, mt::nn::Precision::cpu(DType::f32));
     const auto& t = model.params();
     EXPECT_EQ(t.spec(t.find("layers.0.mlp.w_gate.weight")).shape, (mt::core::Shape{16, 12}));
     EXPECT_LT(t.find("layers.0.moe.router.weight"), 0);
@@ -288,8 +288,8 @@ TEST(DenseLm, MoeParameterNamesAndFlops) {
 
 // backward(s) scales every gradient by s, the aux loss's included (loss scaling and 1/grad_accum apply to it too);
 // an evaluation forward (training = false) leaves the balancer's counts alone.
-TEST(DenseLm, MoeAuxGradientFollowsLossScaleAndEvalDoesNotCount) {
-    DenseLM model(with_moe(small_config(false), 0, "aux_loss"), mt::nn::Precision::cpu(DType::f64));
+TEST(Model, MoeAuxGradientFollowsLossScaleAndEvalDoesNotCount) {
+    Model model(with_moe(small_config(false), 0, "aux_loss"), mt::nn::Precision::cpu(DType::f64));
     model.params().initialize(3);
     Tensor ids = Tensor::zeros({2, 7}, DType::i32), targets = Tensor::zeros({2, 7}, DType::i32);
     random_batch(ids, targets, 23);
@@ -306,7 +306,7 @@ TEST(DenseLm, MoeAuxGradientFollowsLossScaleAndEvalDoesNotCount) {
         ASSERT_NEAR(mt::core::tensor_get_flat(g2, i), 0.25 * mt::core::tensor_get_flat(g1, i), 1e-15)
             << "gradient element " << i;
 
-    DenseLM qb(with_moe(small_config(false), 0, "quantile"), mt::nn::Precision::cpu(DType::f32));
+    Model qb(with_moe(small_config(false), 0, "quantile"), mt::nn::Precision::cpu(DType::f32));
     qb.params().initialize(3);
     auto counted = [&]() {
         uint64_t n = 0;

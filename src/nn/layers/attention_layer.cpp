@@ -1,5 +1,5 @@
 // Attention layer forward and backward, side by side.
-#include "nn/attention_layer.h"
+#include "nn/layers/attention_layer.h"
 
 #include <cmath>
 

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "nn/layer.h"
-#include "nn/linear.h"
+#include "nn/layers/linear.h"
 #include "nn/model_config.h"
 #include "nn/workspace.h"
 #include "ops/kda.h"

@@ -1,5 +1,5 @@
 // Linear layer over ops::linear.
-#include "nn/linear.h"
+#include "nn/layers/linear.h"
 
 #include "ops/linear.h"
 

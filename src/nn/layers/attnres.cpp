@@ -1,5 +1,5 @@
 // Block AttnRes forward and backward over the sub-layers, side by side (attnres.md §3 control flow, §6 backward).
-#include "nn/attnres.h"
+#include "nn/layers/attnres.h"
 
 #include "core/trace.h"
 #include "ops/add.h"

@@ -1,6 +1,6 @@
 // MoE load balancing: QB's histogram and its quantile update, the sign rule, the aux loss, and the state's
 // checkpoint form (moe.md §2).
-#include "nn/moe_balance.h"
+#include "nn/layers/moe_balance.h"
 
 #include <algorithm>
 #include <cmath>

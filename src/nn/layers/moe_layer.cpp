@@ -1,6 +1,6 @@
 // MoE layer forward and backward, side by side (the op sequence of moe.md §1.2 and §1.4), and the step's balancing
 // update, metrics and collapse alarm.
-#include "nn/moe_layer.h"
+#include "nn/layers/moe_layer.h"
 
 #include <algorithm>
 #include <array>

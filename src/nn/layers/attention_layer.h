@@ -3,7 +3,7 @@
 #pragma once
 
 #include "nn/layer.h"
-#include "nn/linear.h"
+#include "nn/layers/linear.h"
 #include "nn/model_config.h"
 #include "nn/workspace.h"
 
