@@ -39,6 +39,17 @@ void check_float_arg(const Tensor& t, std::string_view op, std::string_view arg,
              core::dtype_name(t.dtype()));
 }
 
+void check_dtype_as(
+    const Tensor& t, const Tensor& ref, std::string_view op, std::string_view arg, std::string_view ref_arg) {
+    MT_CHECK(t.dtype() == ref.dtype(),
+             "{}: {} has dtype {}, expected {} (the dtype of {})",
+             op,
+             arg,
+             core::dtype_name(t.dtype()),
+             core::dtype_name(ref.dtype()),
+             ref_arg);
+}
+
 void check_same_dtype(const Tensor& a, const Tensor& b, std::string_view op) {
     MT_CHECK(a.dtype() == b.dtype(),
              "{}: mismatched dtypes {} and {} (shapes {} and {})",

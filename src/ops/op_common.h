@@ -27,6 +27,10 @@ void check_same_dtype(const Tensor& a, const Tensor& b, std::string_view op);
 void check_shape(const Tensor& t, const Shape& shape, std::string_view op, std::string_view arg);
 // Fails unless t has one of the given dtypes: "<op>: <arg> has dtype f16, expected bf16 or f32".
 void check_dtype_in(const Tensor& t, std::initializer_list<DType> dtypes, std::string_view op, std::string_view arg);
+// Fails unless t has the dtype of ref, naming both: "<op>: y has dtype f16, expected f32 (the dtype of x)". The CPU
+// references and the CUDA kernels both use it.
+void check_dtype_as(
+    const Tensor& t, const Tensor& ref, std::string_view op, std::string_view arg, std::string_view ref_arg);
 
 // One tensor argument and its name, for check_same_device.
 struct NamedArg {

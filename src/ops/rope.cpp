@@ -30,7 +30,7 @@ core::Device check_rope_args(const Tensor& in,
     if (device == core::Device::cpu) {
         check_float_arg(in, op, in_arg, 4);
         check_float_arg(out, op, out_arg, 4);
-        cpu::check_dtype_as(out, in, op, out_arg, in_arg);
+        check_dtype_as(out, in, op, out_arg, in_arg);
     }
     return device;
 }

@@ -66,9 +66,9 @@ void adamw_step(const Tensor& param,
     check_float_arg(grad, op, "grad", 1);
     check_float_arg(m, op, "m", 1);
     check_float_arg(v, op, "v", 1);
-    cpu::check_dtype_as(grad, param, op, "grad", "param");
-    cpu::check_dtype_as(m, param, op, "m", "param");
-    cpu::check_dtype_as(v, param, op, "v", "param");
+    check_dtype_as(grad, param, op, "grad", "param");
+    check_dtype_as(m, param, op, "m", "param");
+    check_dtype_as(v, param, op, "v", "param");
     if (param_copy.defined()) check_dtype_in(param_copy, {DType::bf16, DType::f32}, op, "param_copy");
     MT_DISPATCH_FLOAT(param.dtype(),
                       op,

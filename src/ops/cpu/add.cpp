@@ -47,8 +47,8 @@ void add_fwd(const Tensor& a, const Tensor& b, const Tensor& out) {
     check_float_arg(a, op, "a", a.ndim());
     check_float_arg(b, op, "b", a.ndim());
     check_float_arg(out, op, "out", a.ndim());
-    cpu::check_dtype_as(b, a, op, "b", "a");
-    cpu::check_dtype_as(out, a, op, "out", "a");
+    check_dtype_as(b, a, op, "b", "a");
+    check_dtype_as(out, a, op, "out", "a");
     MT_DISPATCH_FLOAT(
         a.dtype(), op, cpu::add_fwd(a.data<scalar_t>(), b.data<scalar_t>(), out.data<scalar_t>(), a.numel()));
 }
@@ -60,8 +60,8 @@ void add_bwd(const Tensor& dout, const Tensor& da, const Tensor& db) {
     check_float_arg(dout, op, "dout", dout.ndim());
     check_float_arg(da, op, "da", dout.ndim());
     check_float_arg(db, op, "db", dout.ndim());
-    cpu::check_dtype_as(da, dout, op, "da", "dout");
-    cpu::check_dtype_as(db, dout, op, "db", "dout");
+    check_dtype_as(da, dout, op, "da", "dout");
+    check_dtype_as(db, dout, op, "db", "dout");
     MT_DISPATCH_FLOAT(
         dout.dtype(), op, cpu::add_bwd(dout.data<scalar_t>(), da.data<scalar_t>(), db.data<scalar_t>(), dout.numel()));
 }

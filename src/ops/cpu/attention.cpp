@@ -180,9 +180,9 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
     check_float_arg(k, op, "k", 4);
     check_float_arg(v, op, "v", 4);
     check_float_arg(lse, op, "lse", 3);
-    cpu::check_dtype_as(k, q, op, "k", "q");
-    cpu::check_dtype_as(v, q, op, "v", "q");
-    cpu::check_dtype_as(lse, q, op, "lse", "q");
+    check_dtype_as(k, q, op, "k", "q");
+    check_dtype_as(v, q, op, "v", "q");
+    check_dtype_as(lse, q, op, "lse", "q");
 }
 
 }  // namespace
@@ -192,7 +192,7 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     constexpr std::string_view op = "attention_fwd";
     check_qkv(q, k, v, lse, op);
     check_float_arg(out, op, "out", 4);
-    cpu::check_dtype_as(out, q, op, "out", "q");
+    check_dtype_as(out, q, op, "out", "q");
     MT_DISPATCH_FLOAT(q.dtype(),
                       op,
                       cpu::attention_fwd(q.data<scalar_t>(),
@@ -223,12 +223,12 @@ void attention_bwd(const Tensor& q,
     const std::pair<const Tensor*, std::string_view> like_q[] = {{&out, "out"}, {&dout, "dout"}, {&dq, "dq"}};
     for (const auto& [t, name] : like_q) {
         check_float_arg(*t, op, name, 4);
-        cpu::check_dtype_as(*t, q, op, name, "q");
+        check_dtype_as(*t, q, op, name, "q");
     }
     const std::pair<const Tensor*, std::string_view> like_k[] = {{&dk, "dk"}, {&dv, "dv"}};
     for (const auto& [t, name] : like_k) {
         check_float_arg(*t, op, name, 4);
-        cpu::check_dtype_as(*t, q, op, name, "q");
+        check_dtype_as(*t, q, op, name, "q");
     }
     MT_DISPATCH_FLOAT(q.dtype(),
                       op,

@@ -165,7 +165,7 @@ void check_cpu_floats(const std::vector<Tensor>& sources, std::initializer_list<
     for (size_t j = 0; j < sources.size(); ++j) check_float_arg(sources[j], op, fmt::format("sources[{}]", j), 2);
     for (const NamedArg& a : others) {
         check_float_arg(a.tensor, op, a.name, a.tensor.ndim());
-        cpu::check_dtype_as(a.tensor, sources[0], op, a.name, "the sources");
+        check_dtype_as(a.tensor, sources[0], op, a.name, "the sources");
     }
 }
 
@@ -234,7 +234,7 @@ void attnres_mix_bwd(const std::vector<Tensor>& sources,
                       {"dkey_gain", dkey_gain}},
                      op);
     check_cpu_floats(d_sources, {}, op);
-    cpu::check_dtype_as(d_sources[0], sources[0], op, "d_sources", "the sources");
+    check_dtype_as(d_sources[0], sources[0], op, "d_sources", "the sources");
     MT_DISPATCH_FLOAT(sources[0].dtype(), op, {
         const auto v = const_ptrs<scalar_t>(sources);
         const auto dv = ptrs<scalar_t>(d_sources);

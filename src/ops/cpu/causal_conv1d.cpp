@@ -92,7 +92,7 @@ namespace {
 void check_like(const Tensor& t, const Tensor& ref, const Tensor& x, std::string_view op, const char* name) {
     check_float_arg(t, op, name, static_cast<int>(ref.ndim()));
     check_shape(t, ref.shape(), op, name);
-    cpu::check_dtype_as(t, x, op, name, "x");
+    check_dtype_as(t, x, op, name, "x");
 }
 
 void check_conv(const Tensor& x, const Tensor& w, std::string_view op) {
@@ -104,7 +104,7 @@ void check_conv(const Tensor& x, const Tensor& w, std::string_view op) {
              core::shape_str(w.shape()),
              x.size(2));
     MT_CHECK(w.size(1) > 0, "{}: w has shape {}; the width W must be > 0", op, core::shape_str(w.shape()));
-    cpu::check_dtype_as(w, x, op, "w", "x");
+    check_dtype_as(w, x, op, "w", "x");
 }
 
 }  // namespace

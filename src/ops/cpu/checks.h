@@ -1,5 +1,5 @@
-// Argument checks used by the op entry points beyond those of ops/op_common.h: they name both arguments of a dtype
-// mismatch and check index tensors (exit 1, as every argument error).
+// Argument checks used by the op entry points beyond those of ops/op_common.h: index tensors (exit 1, as every
+// argument error).
 #pragma once
 
 #include <string_view>
@@ -7,18 +7,6 @@
 #include "ops/op_common.h"
 
 namespace mt::ops::cpu {
-
-// Fails unless t has the dtype of ref, naming both arguments.
-inline void check_dtype_as(
-    const Tensor& t, const Tensor& ref, std::string_view op, std::string_view arg, std::string_view ref_arg) {
-    MT_CHECK(t.dtype() == ref.dtype(),
-             "{}: {} has dtype {}, expected {} (the dtype of {})",
-             op,
-             arg,
-             core::dtype_name(t.dtype()),
-             core::dtype_name(ref.dtype()),
-             ref_arg);
-}
 
 // Fails unless t is a defined, contiguous CPU i32 tensor of the given rank.
 inline void check_i32_arg(const Tensor& t, std::string_view op, std::string_view arg, int ndim) {

@@ -96,8 +96,8 @@ void cross_entropy_fwd(
     check_float_arg(logits, op, "logits", 2);
     check_float_arg(losses, op, "losses", 1);
     check_float_arg(lse, op, "lse", 1);
-    cpu::check_dtype_as(losses, logits, op, "losses", "logits");
-    cpu::check_dtype_as(lse, logits, op, "lse", "logits");
+    check_dtype_as(losses, logits, op, "losses", "logits");
+    check_dtype_as(lse, logits, op, "lse", "logits");
     check_targets(targets, v, ignore_index, op);
     MT_DISPATCH_FLOAT(logits.dtype(),
                       op,
@@ -124,9 +124,9 @@ void cross_entropy_bwd(const Tensor& logits,
     check_float_arg(lse, op, "lse", 1);
     check_float_arg(dlosses, op, "dlosses", 1);
     check_float_arg(dlogits, op, "dlogits", 2);
-    cpu::check_dtype_as(lse, logits, op, "lse", "logits");
-    cpu::check_dtype_as(dlosses, logits, op, "dlosses", "logits");
-    cpu::check_dtype_as(dlogits, logits, op, "dlogits", "logits");
+    check_dtype_as(lse, logits, op, "lse", "logits");
+    check_dtype_as(dlosses, logits, op, "dlosses", "logits");
+    check_dtype_as(dlogits, logits, op, "dlogits", "logits");
     check_targets(targets, v, ignore_index, op);
     MT_DISPATCH_FLOAT(logits.dtype(),
                       op,

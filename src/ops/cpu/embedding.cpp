@@ -71,7 +71,7 @@ void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out) {
     const int64_t n = ids.size(0), vocab = weight.size(0), c = weight.size(1);
     check_float_arg(weight, op, "weight", 2);
     check_float_arg(out, op, "out", 2);
-    cpu::check_dtype_as(out, weight, op, "out", "weight");
+    check_dtype_as(out, weight, op, "out", "weight");
     check_ids(ids, vocab, op);
     MT_DISPATCH_FLOAT(weight.dtype(),
                       op,
@@ -85,7 +85,7 @@ void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dweight)
     const int64_t n = ids.size(0), vocab = dweight.size(0), c = dweight.size(1);
     check_float_arg(dout, op, "dout", 2);
     check_float_arg(dweight, op, "dweight", 2);
-    cpu::check_dtype_as(dweight, dout, op, "dweight", "dout");
+    check_dtype_as(dweight, dout, op, "dweight", "dout");
     check_ids(ids, vocab, op);
     MT_DISPATCH_FLOAT(dout.dtype(),
                       op,

@@ -61,8 +61,8 @@ void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets,
     check_float_arg(x, op, "x", 2);
     check_float_arg(w, op, "w", 3);
     check_float_arg(y, op, "y", 2);
-    cpu::check_dtype_as(w, x, op, "w", "x");
-    cpu::check_dtype_as(y, x, op, "y", "x");
+    check_dtype_as(w, x, op, "w", "x");
+    check_dtype_as(y, x, op, "y", "x");
     MT_DISPATCH_FLOAT(x.dtype(),
                       op,
                       cpu::grouped_linear_fwd(
@@ -85,12 +85,12 @@ void grouped_linear_bwd(const Tensor& x,
     check_float_arg(w, op, "w", 3);
     check_float_arg(dy, op, "dy", 2);
     check_float_arg(dw, op, "dw", 3);
-    cpu::check_dtype_as(w, x, op, "w", "x");
-    cpu::check_dtype_as(dy, x, op, "dy", "x");
-    cpu::check_dtype_as(dw, x, op, "dw", "x");
+    check_dtype_as(w, x, op, "w", "x");
+    check_dtype_as(dy, x, op, "dy", "x");
+    check_dtype_as(dw, x, op, "dw", "x");
     if (dx.defined()) {
         check_float_arg(dx, op, "dx", 2);
-        cpu::check_dtype_as(dx, x, op, "dx", "x");
+        check_dtype_as(dx, x, op, "dx", "x");
     }
     // accumulate_dx: the reference writes a fresh buffer and adds it (the same sums as the CUDA path's beta = 1)
     const Tensor dx_out = dx.defined() && accumulate_dx ? Tensor::zeros(dx.shape(), dx.dtype()) : dx;

@@ -119,7 +119,7 @@ namespace {
 void check_like_u(const Tensor& t, const Tensor& u, std::string_view op, const char* name) {
     check_float_arg(t, op, name, 3);
     check_shape(t, u.shape(), op, name);
-    cpu::check_dtype_as(t, u, op, name, "u");
+    check_dtype_as(t, u, op, name, "u");
 }
 
 void check_gate(
@@ -130,13 +130,13 @@ void check_gate(
         MT_CHECK(a_log.defined(), "{}: a_log is undefined but use_a_log is set", op);
         check_float_arg(a_log, op, "a_log", 1);
         check_shape(a_log, {hv}, op, "a_log");
-        cpu::check_dtype_as(a_log, u, op, "a_log", "u");
+        check_dtype_as(a_log, u, op, "a_log", "u");
     } else {
         MT_CHECK(!a_log.defined(), "{}: a_log is given but use_a_log is false", op);
     }
     check_float_arg(bias, op, "bias", 2);
     check_shape(bias, {hv, k}, op, "bias");
-    cpu::check_dtype_as(bias, u, op, "bias", "u");
+    check_dtype_as(bias, u, op, "bias", "u");
     if (options.kind == KdaGateKind::lower_bound)
         MT_CHECK(options.lower_bound >= -5.0 && options.lower_bound < 0.0,
                  "{}: lower_bound = {} is outside [-5, 0)",
@@ -185,11 +185,11 @@ void kda_gate_bwd(const Tensor& u,
     if (da_log.defined()) {
         check_float_arg(da_log, op, "da_log", 1);
         check_shape(da_log, a_log.shape(), op, "da_log");
-        cpu::check_dtype_as(da_log, u, op, "da_log", "u");
+        check_dtype_as(da_log, u, op, "da_log", "u");
     }
     check_float_arg(dbias, op, "dbias", 2);
     check_shape(dbias, bias.shape(), op, "dbias");
-    cpu::check_dtype_as(dbias, u, op, "dbias", "u");
+    check_dtype_as(dbias, u, op, "dbias", "u");
     MT_DISPATCH_FLOAT(u.dtype(),
                       op,
                       cpu::kda_gate_bwd(u.data<scalar_t>(),

@@ -55,7 +55,7 @@ namespace {
 void check_like_x(const Tensor& t, const Tensor& x, std::string_view op, const char* name) {
     check_float_arg(t, op, name, 2);
     check_shape(t, x.shape(), op, name);
-    cpu::check_dtype_as(t, x, op, name, "x");
+    check_dtype_as(t, x, op, name, "x");
 }
 
 void check_l2(const Tensor& x, const Tensor& rinv, std::string_view op) {
@@ -63,7 +63,7 @@ void check_l2(const Tensor& x, const Tensor& rinv, std::string_view op) {
     MT_CHECK(x.size(1) > 0, "{}: x has shape {}; the normalized dim C must be > 0", op, core::shape_str(x.shape()));
     check_float_arg(rinv, op, "rinv", 1);
     check_shape(rinv, {x.size(0)}, op, "rinv");
-    cpu::check_dtype_as(rinv, x, op, "rinv", "x");
+    check_dtype_as(rinv, x, op, "rinv", "x");
 }
 
 }  // namespace

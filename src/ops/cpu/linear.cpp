@@ -84,14 +84,14 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tens
     check_float_arg(x, op, "x", 2);
     check_float_arg(w, op, "w", 2);
     check_float_arg(y, op, "y", 2);
-    cpu::check_dtype_as(w, x, op, "w", "x");
-    cpu::check_dtype_as(y, x, op, "y", "x");
+    check_dtype_as(w, x, op, "w", "x");
+    check_dtype_as(y, x, op, "y", "x");
     const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
     check_shape(w, {m, k}, op, "w");
     check_shape(y, {n, m}, op, "y");
     if (bias.defined()) {
         check_float_arg(bias, op, "bias", 1);
-        cpu::check_dtype_as(bias, x, op, "bias", "x");
+        check_dtype_as(bias, x, op, "bias", "x");
         check_shape(bias, {m}, op, "bias");
     }
     MT_DISPATCH_FLOAT(
@@ -115,21 +115,21 @@ void linear_bwd(const Tensor& x,
     check_float_arg(w, op, "w", 2);
     check_float_arg(dy, op, "dy", 2);
     check_float_arg(dw, op, "dw", 2);
-    cpu::check_dtype_as(w, x, op, "w", "x");
-    cpu::check_dtype_as(dy, x, op, "dy", "x");
-    cpu::check_dtype_as(dw, x, op, "dw", "x");
+    check_dtype_as(w, x, op, "w", "x");
+    check_dtype_as(dy, x, op, "dy", "x");
+    check_dtype_as(dw, x, op, "dw", "x");
     const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
     check_shape(w, {m, k}, op, "w");
     check_shape(dy, {n, m}, op, "dy");
     check_shape(dw, {m, k}, op, "dw");
     if (dx.defined()) {
         check_float_arg(dx, op, "dx", 2);
-        cpu::check_dtype_as(dx, x, op, "dx", "x");
+        check_dtype_as(dx, x, op, "dx", "x");
         check_shape(dx, {n, k}, op, "dx");
     }
     if (dbias.defined()) {
         check_float_arg(dbias, op, "dbias", 1);
-        cpu::check_dtype_as(dbias, x, op, "dbias", "x");
+        check_dtype_as(dbias, x, op, "dbias", "x");
         check_shape(dbias, {m}, op, "dbias");
     }
     MT_DISPATCH_FLOAT(x.dtype(),

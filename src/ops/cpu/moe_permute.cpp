@@ -137,7 +137,7 @@ void moe_permute_fwd(const Tensor& x, const Tensor& row_token, const Tensor& xp)
     const int64_t c = x.size(1), rows = xp.size(0);
     check_float_arg(x, op, "x", 2);
     check_float_arg(xp, op, "xp", 2);
-    cpu::check_dtype_as(xp, x, op, "xp", "x");
+    check_dtype_as(xp, x, op, "xp", "x");
     MT_DISPATCH_FLOAT(
         x.dtype(),
         op,
@@ -151,7 +151,7 @@ void moe_permute_bwd(const Tensor& slot_row, const Tensor& dxp, const Tensor& dx
     const int64_t c = dxp.size(1), n = slot_row.size(0), k = slot_row.size(1);
     check_float_arg(dxp, op, "dxp", 2);
     check_float_arg(dx, op, "dx", 2);
-    cpu::check_dtype_as(dx, dxp, op, "dx", "dxp");
+    check_dtype_as(dx, dxp, op, "dx", "dxp");
     MT_DISPATCH_FLOAT(
         dx.dtype(),
         op,

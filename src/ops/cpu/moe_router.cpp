@@ -142,15 +142,15 @@ void moe_router_fwd(const Tensor& logits,
     check_float_arg(logits, op, "logits", 2);
     check_float_arg(scores, op, "scores", 2);
     check_float_arg(gates, op, "gates", 2);
-    cpu::check_dtype_as(scores, logits, op, "scores", "logits");
-    cpu::check_dtype_as(gates, logits, op, "gates", "logits");
+    check_dtype_as(scores, logits, op, "scores", "logits");
+    check_dtype_as(gates, logits, op, "gates", "logits");
     if (bias.defined()) {
         check_float_arg(bias, op, "bias", 1);
-        cpu::check_dtype_as(bias, logits, op, "bias", "logits");
+        check_dtype_as(bias, logits, op, "bias", "logits");
     }
     if (cutoff.defined()) {
         check_float_arg(cutoff, op, "cutoff", 1);
-        cpu::check_dtype_as(cutoff, logits, op, "cutoff", "logits");
+        check_dtype_as(cutoff, logits, op, "cutoff", "logits");
     }
     MT_DISPATCH_FLOAT(logits.dtype(),
                       op,
@@ -180,12 +180,12 @@ void moe_router_bwd(const Tensor& scores,
     check_float_arg(gates, op, "gates", 2);
     check_float_arg(dgates, op, "dgates", 2);
     check_float_arg(dlogits, op, "dlogits", 2);
-    cpu::check_dtype_as(gates, scores, op, "gates", "scores");
-    cpu::check_dtype_as(dgates, scores, op, "dgates", "scores");
-    cpu::check_dtype_as(dlogits, scores, op, "dlogits", "scores");
+    check_dtype_as(gates, scores, op, "gates", "scores");
+    check_dtype_as(dgates, scores, op, "dgates", "scores");
+    check_dtype_as(dlogits, scores, op, "dlogits", "scores");
     if (dscores.defined()) {
         check_float_arg(dscores, op, "dscores", 2);
-        cpu::check_dtype_as(dscores, scores, op, "dscores", "scores");
+        check_dtype_as(dscores, scores, op, "dscores", "scores");
     }
     const int32_t* idx = indices.data<int32_t>();
     for (int64_t i = 0; i < n * k; ++i)

@@ -78,8 +78,8 @@ void moe_unpermute_fwd(const Tensor& yp, const Tensor& slot_row, const Tensor& g
     check_float_arg(yp, op, "yp", 2);
     check_float_arg(gates, op, "gates", 2);
     check_float_arg(y, op, "y", 2);
-    cpu::check_dtype_as(gates, yp, op, "gates", "yp");
-    cpu::check_dtype_as(y, yp, op, "y", "yp");
+    check_dtype_as(gates, yp, op, "gates", "yp");
+    check_dtype_as(y, yp, op, "y", "yp");
     MT_DISPATCH_FLOAT(
         yp.dtype(),
         op,
@@ -101,10 +101,10 @@ void moe_unpermute_bwd(const Tensor& yp,
     check_float_arg(dy, op, "dy", 2);
     check_float_arg(dyp, op, "dyp", 2);
     check_float_arg(dgates, op, "dgates", 2);
-    cpu::check_dtype_as(gates, yp, op, "gates", "yp");
-    cpu::check_dtype_as(dy, yp, op, "dy", "yp");
-    cpu::check_dtype_as(dyp, yp, op, "dyp", "yp");
-    cpu::check_dtype_as(dgates, yp, op, "dgates", "yp");
+    check_dtype_as(gates, yp, op, "gates", "yp");
+    check_dtype_as(dy, yp, op, "dy", "yp");
+    check_dtype_as(dyp, yp, op, "dyp", "yp");
+    check_dtype_as(dgates, yp, op, "dgates", "yp");
     const int64_t rows = yp.size(0), c = yp.size(1);
     const int64_t n = slot_row.size(0), k = slot_row.size(1);
     MT_DISPATCH_FLOAT(yp.dtype(),

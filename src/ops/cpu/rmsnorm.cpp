@@ -84,9 +84,9 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor
     check_float_arg(weight, op, "weight", 1);
     check_float_arg(y, op, "y", 2);
     check_float_arg(rstd, op, "rstd", 1);
-    cpu::check_dtype_as(weight, x, op, "weight", "x");
-    cpu::check_dtype_as(y, x, op, "y", "x");
-    cpu::check_dtype_as(rstd, x, op, "rstd", "x");
+    check_dtype_as(weight, x, op, "weight", "x");
+    check_dtype_as(y, x, op, "y", "x");
+    check_dtype_as(rstd, x, op, "rstd", "x");
     MT_DISPATCH_FLOAT(
         x.dtype(),
         op,
@@ -111,12 +111,12 @@ void rmsnorm_bwd(const Tensor& x,
     check_float_arg(dy, op, "dy", 2);
     check_float_arg(dx, op, "dx", 2);
     check_float_arg(dweight, op, "dweight", 1);
-    cpu::check_dtype_as(weight, x, op, "weight", "x");
-    cpu::check_dtype_as(rstd, x, op, "rstd", "x");
-    cpu::check_dtype_as(dy, x, op, "dy", "x");
-    cpu::check_dtype_as(dx, x, op, "dx", "x");
-    cpu::check_dtype_as(dweight, x, op, "dweight", "x");
-    if (dresidual.defined()) cpu::check_dtype_as(dresidual, x, op, "dresidual", "x");
+    check_dtype_as(weight, x, op, "weight", "x");
+    check_dtype_as(rstd, x, op, "rstd", "x");
+    check_dtype_as(dy, x, op, "dy", "x");
+    check_dtype_as(dx, x, op, "dx", "x");
+    check_dtype_as(dweight, x, op, "dweight", "x");
+    if (dresidual.defined()) check_dtype_as(dresidual, x, op, "dresidual", "x");
     MT_DISPATCH_FLOAT(x.dtype(),
                       op,
                       cpu::rmsnorm_bwd(x.data<scalar_t>(),

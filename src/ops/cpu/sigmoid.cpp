@@ -42,7 +42,7 @@ namespace {
 void check_like(const Tensor& t, const Tensor& ref, std::string_view op, const char* name, const char* ref_name) {
     check_float_arg(t, op, name, ref.ndim());
     check_shape(t, ref.shape(), op, name);
-    cpu::check_dtype_as(t, ref, op, name, ref_name);
+    check_dtype_as(t, ref, op, name, ref_name);
 }
 
 }  // namespace

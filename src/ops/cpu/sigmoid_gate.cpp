@@ -52,7 +52,7 @@ namespace {
 void check_like(const Tensor& t, const Tensor& x, std::string_view op, const char* name) {
     check_float_arg(t, op, name, x.ndim());
     check_shape(t, x.shape(), op, name);
-    cpu::check_dtype_as(t, x, op, name, "x");
+    check_dtype_as(t, x, op, name, "x");
 }
 
 }  // namespace

@@ -63,8 +63,8 @@ void swiglu_fwd(const Tensor& gate, const Tensor& up, const Tensor& out) {
     check_float_arg(gate, op, "gate", 2);
     check_float_arg(up, op, "up", 2);
     check_float_arg(out, op, "out", 2);
-    cpu::check_dtype_as(up, gate, op, "up", "gate");
-    cpu::check_dtype_as(out, gate, op, "out", "gate");
+    check_dtype_as(up, gate, op, "up", "gate");
+    check_dtype_as(out, gate, op, "out", "gate");
     MT_DISPATCH_FLOAT(gate.dtype(),
                       op,
                       cpu::swiglu_fwd(gate.data<scalar_t>(), up.data<scalar_t>(), out.data<scalar_t>(), gate.numel()));
@@ -79,10 +79,10 @@ void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dout, const 
     check_float_arg(dout, op, "dout", 2);
     check_float_arg(dgate, op, "dgate", 2);
     check_float_arg(dup, op, "dup", 2);
-    cpu::check_dtype_as(up, gate, op, "up", "gate");
-    cpu::check_dtype_as(dout, gate, op, "dout", "gate");
-    cpu::check_dtype_as(dgate, gate, op, "dgate", "gate");
-    cpu::check_dtype_as(dup, gate, op, "dup", "gate");
+    check_dtype_as(up, gate, op, "up", "gate");
+    check_dtype_as(dout, gate, op, "dout", "gate");
+    check_dtype_as(dgate, gate, op, "dgate", "gate");
+    check_dtype_as(dup, gate, op, "dup", "gate");
     MT_DISPATCH_FLOAT(gate.dtype(),
                       op,
                       cpu::swiglu_bwd(gate.data<scalar_t>(),

@@ -181,7 +181,7 @@ void check_common(const std::vector<Tensor>& sources,
     MT_CHECK(static_cast<int>(sources.size()) <= kMaxM, "{}: at most {} sources", op, kMaxM);
     check_cuda_float(sources[0], op, "sources");
     check_cuda_float(query, op, "query");
-    check_dtype_like(key_gain, query, op, "key_gain", "query");
+    check_dtype_as(key_gain, query, op, "key_gain", "query");
     check_f32(alpha, op, "alpha");
 }
 
@@ -196,7 +196,7 @@ void attnres_mix_fwd(const std::vector<Tensor>& sources,
                      double blend) {
     constexpr std::string_view op = "attnres_mix_fwd";
     check_common(sources, query, key_gain, alpha, op);
-    check_dtype_like(h, sources[0], op, "h", "the sources");
+    check_dtype_as(h, sources[0], op, "h", "the sources");
     const int64_t n = sources[0].size(0), c = sources[0].size(1);
     const int m = static_cast<int>(sources.size());
     if (n == 0) return;
@@ -229,7 +229,7 @@ void attnres_mix_bwd(const std::vector<Tensor>& sources,
                      double blend) {
     constexpr std::string_view op = "attnres_mix_bwd";
     check_common(sources, query, key_gain, alpha, op);
-    check_dtype_like(dh, sources[0], op, "dh", "the sources");
+    check_dtype_as(dh, sources[0], op, "dh", "the sources");
     check_f32(dquery, op, "dquery");
     check_f32(dkey_gain, op, "dkey_gain");
     const DType dv_dtype = d_sources[0].dtype();
@@ -240,7 +240,7 @@ void attnres_mix_bwd(const std::vector<Tensor>& sources,
              core::dtype_name(sources[0].dtype()));
     Grads g{};
     for (size_t j = 0; j < d_sources.size(); ++j) {
-        check_dtype_like(d_sources[j], d_sources[0], op, "d_sources[j]", "d_sources[0]");
+        check_dtype_as(d_sources[j], d_sources[0], op, "d_sources[j]", "d_sources[0]");
         g.dv[j] = d_sources[j].raw();
     }
     const int64_t n = sources[0].size(0), c = sources[0].size(1);

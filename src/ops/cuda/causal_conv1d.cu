@@ -119,7 +119,7 @@ void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool s
     constexpr std::string_view op = "causal_conv1d_fwd";
     check_cuda_float(x, op, "x");
     check_cuda_float(w, op, "w");
-    check_dtype_like(y, x, op, "y", "x");
+    check_dtype_as(y, x, op, "y", "x");
     const ConvDims d{x.size(0), x.size(1), x.size(2), w.size(1)};
     const int64_t total = d.b * d.t * d.c;
     if (total == 0) return;
@@ -138,8 +138,8 @@ void causal_conv1d_bwd(
     constexpr std::string_view op = "causal_conv1d_bwd";
     check_cuda_float(x, op, "x");
     check_cuda_float(w, op, "w");
-    check_dtype_like(dy, x, op, "dy", "x");
-    check_dtype_like(dx, x, op, "dx", "x");
+    check_dtype_as(dy, x, op, "dy", "x");
+    check_dtype_as(dx, x, op, "dx", "x");
     check_cuda_float(dw, op, "dw");
     const ConvDims d{x.size(0), x.size(1), x.size(2), w.size(1)};
     const int64_t total = d.b * d.t * d.c;

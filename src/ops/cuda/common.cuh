@@ -138,23 +138,13 @@ inline unsigned grid_for(int64_t work, int threads) {
     return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks));
 }
 
-// Fails unless t is bf16, f16 or f32 (the float dtypes of the CUDA ops).
+// Fails unless t is bf16, f16 or f32 (the float dtypes of the CUDA ops). (Two tensors of one dtype:
+// ops::check_dtype_as, shared with the CPU references.)
 inline void check_cuda_float(const Tensor& t, std::string_view op, std::string_view arg) {
     check_dtype_in(t, {DType::bf16, DType::f16, DType::f32}, op, arg);
 }
 inline void check_f32(const Tensor& t, std::string_view op, std::string_view arg) {
     check_dtype_in(t, {DType::f32}, op, arg);
-}
-// Fails unless t has the dtype of ref, naming both.
-inline void check_dtype_like(
-    const Tensor& t, const Tensor& ref, std::string_view op, std::string_view arg, std::string_view ref_arg) {
-    MT_CHECK(t.dtype() == ref.dtype(),
-             "{}: {} has dtype {}, expected {} (the dtype of {})",
-             op,
-             arg,
-             core::dtype_name(t.dtype()),
-             core::dtype_name(ref.dtype()),
-             ref_arg);
 }
 
 // Records the first out-of-range position of an index input (embedding ids, cross-entropy targets) on the device:

@@ -170,7 +170,7 @@ void cross_entropy_bwd(const Tensor& logits,
     check_cuda_float(logits, op, "logits");
     check_f32(lse, op, "lse");
     check_f32(dlosses, op, "dlosses");
-    check_dtype_like(dlogits, logits, op, "dlogits", "logits");
+    check_dtype_as(dlogits, logits, op, "dlogits", "logits");
     const int64_t n = logits.size(0), v = logits.size(1);
     if (n == 0) return;
     core::NvtxRange range("cross_entropy_bwd");

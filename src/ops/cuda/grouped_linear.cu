@@ -291,8 +291,8 @@ void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& host_off
     const int32_t* offsets = host_offsets.data<int32_t>();
     constexpr std::string_view op = "grouped_linear_fwd";
     check_cuda_float(x, op, "x");
-    check_dtype_like(w, x, op, "w", "x");
-    check_dtype_like(y, x, op, "y", "x");
+    check_dtype_as(w, x, op, "w", "x");
+    check_dtype_as(y, x, op, "y", "x");
     const int64_t e = w.size(0), m = w.size(1), k = w.size(2);
     if (m == 0) return;
     core::NvtxRange range("grouped_linear_fwd");
@@ -328,9 +328,9 @@ void grouped_linear_bwd(const Tensor& x,
     constexpr std::string_view op = "grouped_linear_bwd";
     const int32_t* offsets = host_offsets.data<int32_t>();
     check_cuda_float(x, op, "x");
-    check_dtype_like(w, x, op, "w", "x");
-    check_dtype_like(dy, x, op, "dy", "x");
-    if (dx.defined()) check_dtype_like(dx, x, op, "dx", "x");
+    check_dtype_as(w, x, op, "w", "x");
+    check_dtype_as(dy, x, op, "dy", "x");
+    if (dx.defined()) check_dtype_as(dx, x, op, "dx", "x");
     MT_CHECK(dw.dtype() == x.dtype() || dw.dtype() == DType::f32,
              "{}: dw has dtype {}, expected f32 or {} (the dtype of x)",
              op,

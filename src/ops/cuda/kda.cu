@@ -289,12 +289,12 @@ void kda_check_dtypes(const Tensor& q,
                       int64_t chunk,
                       std::string_view op) {
     check_cuda_float(q, op, "q");
-    check_dtype_like(k, q, op, "k", "q");
-    check_dtype_like(v, q, op, "v", "q");
-    check_dtype_like(g, q, op, "g", "q");
-    check_dtype_like(beta, q, op, "beta", "q");
+    check_dtype_as(k, q, op, "k", "q");
+    check_dtype_as(v, q, op, "v", "q");
+    check_dtype_as(g, q, op, "g", "q");
+    check_dtype_as(beta, q, op, "beta", "q");
     for (const NamedArg& a : like_q)
-        if (a.tensor.defined()) check_dtype_like(a.tensor, q, op, a.name, "q");
+        if (a.tensor.defined()) check_dtype_as(a.tensor, q, op, a.name, "q");
     for (const NamedArg& a : states)
         if (a.tensor.defined()) check_f32(a.tensor, op, a.name);
     MT_CHECK(chunk == 64 || chunk == 32, "{}: chunk_size = {}; the CUDA path takes 64 or 32", op, chunk);

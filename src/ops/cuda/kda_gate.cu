@@ -116,8 +116,8 @@ void kda_gate_fwd(
     const double l = options.lower_bound;
     check_cuda_float(u, op, "u");
     check_cuda_float(bias, op, "bias");
-    if (a_log.defined()) check_dtype_like(a_log, bias, op, "a_log", "bias");
-    check_dtype_like(g, u, op, "g", "u");
+    if (a_log.defined()) check_dtype_as(a_log, bias, op, "a_log", "bias");
+    check_dtype_as(g, u, op, "g", "u");
     const GateDims d{u.size(0), u.size(1), u.size(2), lower_bound, static_cast<float>(l)};
     const int64_t total = d.n * d.hv * d.k;
     if (total == 0) return;
@@ -147,9 +147,9 @@ void kda_gate_bwd(const Tensor& u,
     const double l = options.lower_bound;
     check_cuda_float(u, op, "u");
     check_cuda_float(bias, op, "bias");
-    if (a_log.defined()) check_dtype_like(a_log, bias, op, "a_log", "bias");
-    check_dtype_like(dg, u, op, "dg", "u");
-    check_dtype_like(du, u, op, "du", "u");
+    if (a_log.defined()) check_dtype_as(a_log, bias, op, "a_log", "bias");
+    check_dtype_as(dg, u, op, "dg", "u");
+    check_dtype_as(du, u, op, "du", "u");
     check_cuda_float(dbias, op, "dbias");
     if (da_log.defined()) check_cuda_float(da_log, op, "da_log");
     const GateDims d{u.size(0), u.size(1), u.size(2), lower_bound, static_cast<float>(l)};

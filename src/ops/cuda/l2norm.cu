@@ -72,7 +72,7 @@ unsigned blocks_for(int64_t n) {
 void l2norm_fwd(const Tensor& x, double scale, double eps, const Tensor& y, const Tensor& rinv) {
     constexpr std::string_view op = "l2norm_fwd";
     check_cuda_float(x, op, "x");
-    check_dtype_like(y, x, op, "y", "x");
+    check_dtype_as(y, x, op, "y", "x");
     check_f32(rinv, op, "rinv");
     const int64_t n = x.size(0), c = x.size(1);
     if (n == 0) return;
@@ -95,8 +95,8 @@ void l2norm_bwd(const Tensor& x, const Tensor& rinv, double scale, const Tensor&
     constexpr std::string_view op = "l2norm_bwd";
     check_cuda_float(x, op, "x");
     check_f32(rinv, op, "rinv");
-    check_dtype_like(dy, x, op, "dy", "x");
-    check_dtype_like(dx, x, op, "dx", "x");
+    check_dtype_as(dy, x, op, "dy", "x");
+    check_dtype_as(dx, x, op, "dx", "x");
     const int64_t n = x.size(0), c = x.size(1);
     if (n == 0) return;
     core::NvtxRange range("l2norm_bwd");

@@ -194,7 +194,7 @@ MT_REGISTER_KERNEL(moe_expert_counts, cuda, moe_expert_counts, ::mt::ops::any_dt
 void moe_qb_histogram(const Tensor& scores, const Tensor& cutoff, double lower, double upper, const Tensor& hist) {
     constexpr std::string_view op = "moe_qb_histogram";
     check_cuda_float(scores, op, "scores");
-    check_dtype_like(cutoff, scores, op, "cutoff", "scores");
+    check_dtype_as(cutoff, scores, op, "cutoff", "scores");
     check_dtype_in(hist, {DType::i64}, op, "hist");
     const int64_t n = scores.size(0);
     const int e = static_cast<int>(scores.size(1)), bins = static_cast<int>(hist.size(1));
@@ -243,7 +243,7 @@ MT_REGISTER_KERNEL(moe_token_entropy_sum, cuda, moe_token_entropy_sum, ::mt::ops
 double moe_aux_loss(const Tensor& scores, const Tensor& indices, double coeff, bool probs, const Tensor& dscores) {
     constexpr std::string_view op = "moe_aux_loss";
     check_cuda_float(scores, op, "scores");
-    if (dscores.defined()) check_dtype_like(dscores, scores, op, "dscores", "scores");
+    if (dscores.defined()) check_dtype_as(dscores, scores, op, "dscores", "scores");
     const int64_t n = scores.size(0), e = scores.size(1), k = indices.size(1);
     if (n == 0) return 0.0;
     core::NvtxRange range("moe_aux_loss");

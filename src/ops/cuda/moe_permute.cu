@@ -269,7 +269,7 @@ MT_REGISTER_KERNEL(moe_permute_plan, cuda, moe_permute_plan, ::mt::ops::any_dtyp
 void moe_permute_fwd(const Tensor& x, const Tensor& row_token, const Tensor& xp) {
     constexpr std::string_view op = "moe_permute_fwd";
     check_cuda_float(x, op, "x");
-    check_dtype_like(xp, x, op, "xp", "x");
+    check_dtype_as(xp, x, op, "xp", "x");
     const int64_t rows = xp.size(0), c = x.size(1);
     if (rows == 0 || c == 0) return;
     core::NvtxRange range("moe_permute_fwd");
@@ -291,7 +291,7 @@ MT_REGISTER_KERNEL(moe_permute_fwd, cuda, moe_permute_fwd, ::mt::ops::half_and_f
 void moe_permute_bwd(const Tensor& slot_row, const Tensor& dxp, const Tensor& dx) {
     constexpr std::string_view op = "moe_permute_bwd";
     check_cuda_float(dxp, op, "dxp");
-    check_dtype_like(dx, dxp, op, "dx", "dxp");
+    check_dtype_as(dx, dxp, op, "dx", "dxp");
     const int64_t n = slot_row.size(0), k = slot_row.size(1), c = dx.size(1);
     if (n == 0 || c == 0) return;
     core::NvtxRange range("moe_permute_bwd");

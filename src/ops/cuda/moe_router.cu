@@ -209,8 +209,8 @@ void moe_router_fwd(const Tensor& logits,
              op,
              core::dtype_name(scores.dtype()),
              core::dtype_name(logits.dtype()));
-    check_dtype_like(gates, scores, op, "gates", "scores");
-    if (cutoff.defined()) check_dtype_like(cutoff, scores, op, "cutoff", "scores");
+    check_dtype_as(gates, scores, op, "gates", "scores");
+    if (cutoff.defined()) check_dtype_as(cutoff, scores, op, "cutoff", "scores");
     if (bias.defined())
         MT_CHECK(bias.dtype() == logits.dtype() || bias.dtype() == DType::f32,
                  "{}: bias has dtype {}, expected f32 or {} (the dtype of logits)",
@@ -242,9 +242,9 @@ void moe_router_bwd(const Tensor& scores,
              op,
              core::dtype_name(scores.dtype()),
              core::dtype_name(dlogits.dtype()));
-    check_dtype_like(gates, scores, op, "gates", "scores");
-    check_dtype_like(dgates, scores, op, "dgates", "scores");
-    if (dscores.defined()) check_dtype_like(dscores, scores, op, "dscores", "scores");
+    check_dtype_as(gates, scores, op, "gates", "scores");
+    check_dtype_as(dgates, scores, op, "dgates", "scores");
+    if (dscores.defined()) check_dtype_as(dscores, scores, op, "dscores", "scores");
     const int64_t n = scores.size(0);
     const int e = static_cast<int>(scores.size(1)), k = static_cast<int>(options.top_k);
     if (n == 0) return;

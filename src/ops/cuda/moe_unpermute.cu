@@ -84,7 +84,7 @@ void check_gate_dtype(const Tensor& g, const Tensor& yp, std::string_view op, st
 void moe_unpermute_fwd(const Tensor& yp, const Tensor& slot_row, const Tensor& gates, const Tensor& y) {
     constexpr std::string_view op = "moe_unpermute_fwd";
     check_cuda_float(yp, op, "yp");
-    check_dtype_like(y, yp, op, "y", "yp");
+    check_dtype_as(y, yp, op, "y", "yp");
     check_gate_dtype(gates, yp, op, "gates");
     const int64_t n = slot_row.size(0), k = slot_row.size(1), c = y.size(1);
     if (n == 0 || c == 0) return;
@@ -114,10 +114,10 @@ void moe_unpermute_bwd(const Tensor& yp,
                        const Tensor& dgates) {
     constexpr std::string_view op = "moe_unpermute_bwd";
     check_cuda_float(yp, op, "yp");
-    check_dtype_like(dy, yp, op, "dy", "yp");
-    check_dtype_like(dyp, yp, op, "dyp", "yp");
+    check_dtype_as(dy, yp, op, "dy", "yp");
+    check_dtype_as(dyp, yp, op, "dyp", "yp");
     check_gate_dtype(gates, yp, op, "gates");
-    check_dtype_like(dgates, gates, op, "dgates", "gates");
+    check_dtype_as(dgates, gates, op, "dgates", "gates");
     const int64_t n = slot_row.size(0), k = slot_row.size(1), c = dy.size(1);
     if (n == 0) return;
     core::NvtxRange range("moe_unpermute_bwd");

@@ -136,7 +136,7 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor
     constexpr std::string_view op = "rmsnorm_fwd";
     check_cuda_float(x, op, "x");
     check_cuda_float(weight, op, "weight");
-    check_dtype_like(y, x, op, "y", "x");
+    check_dtype_as(y, x, op, "y", "x");
     check_f32(rstd, op, "rstd");
     const int64_t n = x.size(0), c = x.size(1);
     if (n == 0) return;
@@ -170,10 +170,10 @@ void rmsnorm_bwd(const Tensor& x,
     check_cuda_float(x, op, "x");
     check_cuda_float(weight, op, "weight");
     check_f32(rstd, op, "rstd");
-    check_dtype_like(dy, x, op, "dy", "x");
-    check_dtype_like(dx, x, op, "dx", "x");
+    check_dtype_as(dy, x, op, "dy", "x");
+    check_dtype_as(dx, x, op, "dx", "x");
     check_cuda_float(dweight, op, "dweight");
-    if (dresidual.defined()) check_dtype_like(dresidual, x, op, "dresidual", "x");
+    if (dresidual.defined()) check_dtype_as(dresidual, x, op, "dresidual", "x");
     const int64_t n = x.size(0), c = x.size(1);
     if (n == 0) return;
     core::NvtxRange range("rmsnorm_bwd");

@@ -88,7 +88,7 @@ void rope_run(const Tensor& in,
               std::string_view in_arg,
               std::string_view out_arg) {
     check_cuda_float(in, op, in_arg);
-    check_dtype_like(out, in, op, out_arg, in_arg);
+    check_dtype_as(out, in, op, out_arg, in_arg);
     const int64_t b = in.size(0), t = in.size(1), h = in.size(2), d = in.size(3), half = d / 2;
     if (in.numel() == 0) return;
     core::NvtxRange range(inverse ? "rope_bwd" : "rope_fwd");

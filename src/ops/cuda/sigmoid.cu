@@ -32,7 +32,7 @@ __global__ void sigmoid_bwd_kernel(const T* __restrict__ y, const T* __restrict_
 void sigmoid_fwd(const Tensor& x, const Tensor& y) {
     constexpr std::string_view op = "sigmoid_fwd";
     check_cuda_float(x, op, "x");
-    check_dtype_like(y, x, op, "y", "x");
+    check_dtype_as(y, x, op, "y", "x");
     const int64_t n = x.numel();
     if (n == 0) return;
     core::NvtxRange range("sigmoid_fwd");
@@ -47,8 +47,8 @@ MT_REGISTER_KERNEL(sigmoid_fwd, cuda, sigmoid_fwd, ::mt::ops::half_and_float_dty
 void sigmoid_bwd(const Tensor& y, const Tensor& dy, const Tensor& dx) {
     constexpr std::string_view op = "sigmoid_bwd";
     check_cuda_float(y, op, "y");
-    check_dtype_like(dy, y, op, "dy", "y");
-    check_dtype_like(dx, y, op, "dx", "y");
+    check_dtype_as(dy, y, op, "dy", "y");
+    check_dtype_as(dx, y, op, "dx", "y");
     const int64_t n = y.numel();
     if (n == 0) return;
     core::NvtxRange range("sigmoid_bwd");

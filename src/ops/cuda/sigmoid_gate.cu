@@ -42,8 +42,8 @@ __global__ void sigmoid_gate_bwd_kernel(const T* __restrict__ x,
 void sigmoid_gate_fwd(const Tensor& x, const Tensor& z, const Tensor& out) {
     constexpr std::string_view op = "sigmoid_gate_fwd";
     check_cuda_float(x, op, "x");
-    check_dtype_like(z, x, op, "z", "x");
-    check_dtype_like(out, x, op, "out", "x");
+    check_dtype_as(z, x, op, "z", "x");
+    check_dtype_as(out, x, op, "out", "x");
     const int64_t n = x.numel();
     if (n == 0) return;
     core::NvtxRange range("sigmoid_gate_fwd");
@@ -58,10 +58,10 @@ MT_REGISTER_KERNEL(sigmoid_gate_fwd, cuda, sigmoid_gate_fwd, ::mt::ops::half_and
 void sigmoid_gate_bwd(const Tensor& x, const Tensor& z, const Tensor& dout, const Tensor& dx, const Tensor& dz) {
     constexpr std::string_view op = "sigmoid_gate_bwd";
     check_cuda_float(x, op, "x");
-    check_dtype_like(z, x, op, "z", "x");
-    check_dtype_like(dout, x, op, "dout", "x");
-    check_dtype_like(dx, x, op, "dx", "x");
-    check_dtype_like(dz, x, op, "dz", "x");
+    check_dtype_as(z, x, op, "z", "x");
+    check_dtype_as(dout, x, op, "dout", "x");
+    check_dtype_as(dx, x, op, "dx", "x");
+    check_dtype_as(dz, x, op, "dz", "x");
     const int64_t n = x.numel();
     if (n == 0) return;
     core::NvtxRange range("sigmoid_gate_bwd");

@@ -57,8 +57,8 @@ __global__ void swiglu_bwd_kernel(const T* __restrict__ gate,
 void swiglu_fwd(const Tensor& gate, const Tensor& up, const Tensor& out) {
     constexpr std::string_view op = "swiglu_fwd";
     check_cuda_float(gate, op, "gate");
-    check_dtype_like(up, gate, op, "up", "gate");
-    check_dtype_like(out, gate, op, "out", "gate");
+    check_dtype_as(up, gate, op, "up", "gate");
+    check_dtype_as(out, gate, op, "out", "gate");
     const int64_t n = gate.numel();
     if (n == 0) return;
     core::NvtxRange range("swiglu_fwd");
@@ -79,10 +79,10 @@ MT_REGISTER_KERNEL(swiglu_fwd, cuda, swiglu_fwd, ::mt::ops::half_and_float_dtype
 void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dout, const Tensor& dgate, const Tensor& dup) {
     constexpr std::string_view op = "swiglu_bwd";
     check_cuda_float(gate, op, "gate");
-    check_dtype_like(up, gate, op, "up", "gate");
-    check_dtype_like(dout, gate, op, "dout", "gate");
-    check_dtype_like(dgate, gate, op, "dgate", "gate");
-    check_dtype_like(dup, gate, op, "dup", "gate");
+    check_dtype_as(up, gate, op, "up", "gate");
+    check_dtype_as(dout, gate, op, "dout", "gate");
+    check_dtype_as(dgate, gate, op, "dgate", "gate");
+    check_dtype_as(dup, gate, op, "dup", "gate");
     const int64_t n = gate.numel();
     if (n == 0) return;
     core::NvtxRange range("swiglu_bwd");
