@@ -33,10 +33,9 @@ void adamw_step(const Tensor& param,
              op,
              hyper.beta1,
              hyper.beta2);
-    if (check_same_device(op, {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}, {"param_copy", param_copy}}) ==
-        core::Device::cuda)
-        return MT_CALL_KERNEL(adamw_step, core::Device::cuda, param, grad, m, v, hyper, step, grad_scale, param_copy);
-    MT_CALL_KERNEL(adamw_step, core::Device::cpu, param, grad, m, v, hyper, step, grad_scale, param_copy);
+    const core::Device device =
+        check_same_device(op, {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}, {"param_copy", param_copy}});
+    MT_CALL_KERNEL(adamw_step, device, param, grad, m, v, hyper, step, grad_scale, param_copy);
 }
 
 }  // namespace mt::ops

@@ -13,9 +13,8 @@ void add_fwd(const Tensor& a, const Tensor& b, const Tensor& out) {
     check_arg(out, op, "out", a.ndim());
     check_shape(b, a.shape(), op, "b");
     check_shape(out, a.shape(), op, "out");
-    if (check_same_device(op, {{"a", a}, {"b", b}, {"out", out}}) == core::Device::cuda)
-        return MT_CALL_KERNEL(add_fwd, core::Device::cuda, a, b, out);
-    MT_CALL_KERNEL(add_fwd, core::Device::cpu, a, b, out);
+    const core::Device device = check_same_device(op, {{"a", a}, {"b", b}, {"out", out}});
+    MT_CALL_KERNEL(add_fwd, device, a, b, out);
 }
 
 void add_bwd(const Tensor& dout, const Tensor& da, const Tensor& db) {
@@ -25,9 +24,8 @@ void add_bwd(const Tensor& dout, const Tensor& da, const Tensor& db) {
     check_arg(db, op, "db", dout.ndim());
     check_shape(da, dout.shape(), op, "da");
     check_shape(db, dout.shape(), op, "db");
-    if (check_same_device(op, {{"dout", dout}, {"da", da}, {"db", db}}) == core::Device::cuda)
-        return MT_CALL_KERNEL(add_bwd, core::Device::cuda, dout, da, db);
-    MT_CALL_KERNEL(add_bwd, core::Device::cpu, dout, da, db);
+    const core::Device device = check_same_device(op, {{"dout", dout}, {"da", da}, {"db", db}});
+    MT_CALL_KERNEL(add_bwd, device, dout, da, db);
 }
 
 }  // namespace mt::ops

@@ -19,10 +19,9 @@ void cross_entropy_fwd(
     check_shape(targets, {n}, op, "targets");
     check_shape(losses, {n}, op, "losses");
     check_shape(lse, {n}, op, "lse");
-    if (check_same_device(op, {{"logits", logits}, {"targets", targets}, {"losses", losses}, {"lse", lse}}) ==
-        core::Device::cuda)
-        return MT_CALL_KERNEL(cross_entropy_fwd, core::Device::cuda, logits, targets, ignore_index, losses, lse);
-    MT_CALL_KERNEL(cross_entropy_fwd, core::Device::cpu, logits, targets, ignore_index, losses, lse);
+    const core::Device device =
+        check_same_device(op, {{"logits", logits}, {"targets", targets}, {"losses", losses}, {"lse", lse}});
+    MT_CALL_KERNEL(cross_entropy_fwd, device, logits, targets, ignore_index, losses, lse);
 }
 
 void cross_entropy_bwd(const Tensor& logits,
@@ -42,12 +41,9 @@ void cross_entropy_bwd(const Tensor& logits,
     check_shape(lse, {n}, op, "lse");
     check_shape(dlosses, {n}, op, "dlosses");
     check_shape(dlogits, {n, v}, op, "dlogits");
-    if (check_same_device(
-            op, {{"logits", logits}, {"targets", targets}, {"lse", lse}, {"dlosses", dlosses}, {"dlogits", dlogits}}) ==
-        core::Device::cuda)
-        return MT_CALL_KERNEL(
-            cross_entropy_bwd, core::Device::cuda, logits, targets, lse, ignore_index, dlosses, dlogits);
-    MT_CALL_KERNEL(cross_entropy_bwd, core::Device::cpu, logits, targets, lse, ignore_index, dlosses, dlogits);
+    const core::Device device = check_same_device(
+        op, {{"logits", logits}, {"targets", targets}, {"lse", lse}, {"dlosses", dlosses}, {"dlogits", dlogits}});
+    MT_CALL_KERNEL(cross_entropy_bwd, device, logits, targets, lse, ignore_index, dlosses, dlogits);
 }
 
 }  // namespace mt::ops

@@ -13,9 +13,8 @@ void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out) {
     check_arg(out, op, "out", 2);
     const int64_t n = ids.size(0), c = weight.size(1);
     check_shape(out, {n, c}, op, "out");
-    if (check_same_device(op, {{"ids", ids}, {"weight", weight}, {"out", out}}) == core::Device::cuda)
-        return MT_CALL_KERNEL(embedding_fwd, core::Device::cuda, ids, weight, out);
-    MT_CALL_KERNEL(embedding_fwd, core::Device::cpu, ids, weight, out);
+    const core::Device device = check_same_device(op, {{"ids", ids}, {"weight", weight}, {"out", out}});
+    MT_CALL_KERNEL(embedding_fwd, device, ids, weight, out);
 }
 
 void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dweight) {
@@ -25,9 +24,8 @@ void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dweight)
     check_arg(dweight, op, "dweight", 2);
     const int64_t n = ids.size(0), c = dweight.size(1);
     check_shape(dout, {n, c}, op, "dout");
-    if (check_same_device(op, {{"ids", ids}, {"dout", dout}, {"dweight", dweight}}) == core::Device::cuda)
-        return MT_CALL_KERNEL(embedding_bwd, core::Device::cuda, ids, dout, dweight);
-    MT_CALL_KERNEL(embedding_bwd, core::Device::cpu, ids, dout, dweight);
+    const core::Device device = check_same_device(op, {{"ids", ids}, {"dout", dout}, {"dweight", dweight}});
+    MT_CALL_KERNEL(embedding_bwd, device, ids, dout, dweight);
 }
 
 }  // namespace mt::ops

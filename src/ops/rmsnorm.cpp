@@ -18,9 +18,8 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor
     check_shape(y, {n, c}, op, "y");
     check_shape(rstd, {n}, op, "rstd");
     MT_CHECK(eps >= 0.0, "{}: eps = {} must be >= 0", op, eps);
-    if (check_same_device(op, {{"x", x}, {"weight", weight}, {"y", y}, {"rstd", rstd}}) == core::Device::cuda)
-        return MT_CALL_KERNEL(rmsnorm_fwd, core::Device::cuda, x, weight, eps, y, rstd);
-    MT_CALL_KERNEL(rmsnorm_fwd, core::Device::cpu, x, weight, eps, y, rstd);
+    const core::Device device = check_same_device(op, {{"x", x}, {"weight", weight}, {"y", y}, {"rstd", rstd}});
+    MT_CALL_KERNEL(rmsnorm_fwd, device, x, weight, eps, y, rstd);
 }
 
 void rmsnorm_bwd(const Tensor& x,
@@ -47,16 +46,15 @@ void rmsnorm_bwd(const Tensor& x,
         check_arg(dresidual, op, "dresidual", 2);
         check_shape(dresidual, {n, c}, op, "dresidual");
     }
-    if (check_same_device(op,
-                          {{"x", x},
-                           {"weight", weight},
-                           {"rstd", rstd},
-                           {"dy", dy},
-                           {"dx", dx},
-                           {"dweight", dweight},
-                           {"dresidual", dresidual}}) == core::Device::cuda)
-        return MT_CALL_KERNEL(rmsnorm_bwd, core::Device::cuda, x, weight, rstd, dy, dx, dweight, dresidual);
-    MT_CALL_KERNEL(rmsnorm_bwd, core::Device::cpu, x, weight, rstd, dy, dx, dweight, dresidual);
+    const core::Device device = check_same_device(op,
+                                                  {{"x", x},
+                                                   {"weight", weight},
+                                                   {"rstd", rstd},
+                                                   {"dy", dy},
+                                                   {"dx", dx},
+                                                   {"dweight", dweight},
+                                                   {"dresidual", dresidual}});
+    MT_CALL_KERNEL(rmsnorm_bwd, device, x, weight, rstd, dy, dx, dweight, dresidual);
 }
 
 }  // namespace mt::ops

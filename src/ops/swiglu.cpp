@@ -13,9 +13,8 @@ void swiglu_fwd(const Tensor& gate, const Tensor& up, const Tensor& out) {
     check_arg(out, op, "out", 2);
     check_shape(up, gate.shape(), op, "up");
     check_shape(out, gate.shape(), op, "out");
-    if (check_same_device(op, {{"gate", gate}, {"up", up}, {"out", out}}) == core::Device::cuda)
-        return MT_CALL_KERNEL(swiglu_fwd, core::Device::cuda, gate, up, out);
-    MT_CALL_KERNEL(swiglu_fwd, core::Device::cpu, gate, up, out);
+    const core::Device device = check_same_device(op, {{"gate", gate}, {"up", up}, {"out", out}});
+    MT_CALL_KERNEL(swiglu_fwd, device, gate, up, out);
 }
 
 void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dout, const Tensor& dgate, const Tensor& dup) {
@@ -29,10 +28,9 @@ void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dout, const 
     check_shape(dout, gate.shape(), op, "dout");
     check_shape(dgate, gate.shape(), op, "dgate");
     check_shape(dup, gate.shape(), op, "dup");
-    if (check_same_device(op, {{"gate", gate}, {"up", up}, {"dout", dout}, {"dgate", dgate}, {"dup", dup}}) ==
-        core::Device::cuda)
-        return MT_CALL_KERNEL(swiglu_bwd, core::Device::cuda, gate, up, dout, dgate, dup);
-    MT_CALL_KERNEL(swiglu_bwd, core::Device::cpu, gate, up, dout, dgate, dup);
+    const core::Device device =
+        check_same_device(op, {{"gate", gate}, {"up", up}, {"dout", dout}, {"dgate", dgate}, {"dup", dup}});
+    MT_CALL_KERNEL(swiglu_bwd, device, gate, up, dout, dgate, dup);
 }
 
 }  // namespace mt::ops

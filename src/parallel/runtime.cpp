@@ -1,11 +1,8 @@
 // MPI start-up and shutdown, and the world communicator.
 #include "parallel/runtime.h"
 
-#include <execinfo.h>
 #include <mpi.h>
-#include <unistd.h>
 
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 
@@ -15,26 +12,6 @@ namespace {
 
 bool g_started = false;  // this process called MPI_Init_thread
 std::unique_ptr<Comm> g_world;
-char g_signal_banner[64] = "moetrain: fatal signal; backtrace:\n";
-
-// A crash of one rank otherwise shows only as mpirun's "exited on signal 11": print which rank and where (raw
-// frames; `addr2line -Cfe BINARY +OFFSET` names them), then die of the same signal. Only async-signal-safe calls.
-void on_fatal_signal(int sig) {
-    ssize_t ignored = write(STDERR_FILENO, g_signal_banner, __builtin_strlen(g_signal_banner));
-    void* frames[64];
-    const int n = backtrace(frames, 64);
-    backtrace_symbols_fd(frames, n, STDERR_FILENO);
-    (void)ignored;
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-}
-
-void install_fatal_signal_handlers(int rank) {
-    std::snprintf(g_signal_banner, sizeof(g_signal_banner), "moetrain: rank %d: fatal signal; backtrace:\n", rank);
-    void* warm[1];
-    (void)backtrace(warm, 1);  // loads libgcc's unwinder now, not inside the handler
-    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) std::signal(sig, on_fatal_signal);
-}
 
 }  // namespace
 
@@ -71,7 +48,6 @@ void dist_init(int* argc, char*** argv) {
     if (provided < MPI_THREAD_FUNNELED)
         core::fail(core::ExitCode::distributed, "MPI provides thread level {}; moetrain needs FUNNELED", provided);
     g_world = comm_make_mpi_world();
-    install_fatal_signal_handlers(g_world->rank());
 }
 
 void dist_finalize() {

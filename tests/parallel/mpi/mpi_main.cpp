@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "core/signals.h"
 #include "parallel/runtime.h"
 
 namespace {
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
     ::testing::InitGoogleTest(&argc, argv);
     mt::parallel::dist_init(&argc, &argv);
     auto& world = mt::parallel::dist_world();
+    mt::core::signals_install_fatal(world.rank());  // a crashing rank prints its rank and backtrace
     if (world.rank() != 0) {
         auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
         delete listeners.Release(listeners.default_result_printer());
