@@ -1,15 +1,15 @@
 // GPU throughput of the CUDA attention (causal, GQA, bf16) and of the cuBLASLt linear: one JSON line per case.
 //   bench_attention [--b 8] [--t 4096] [--h 16] [--d 128] [--iters 20] [--warmup 3] [--no-extra] [--nondeterministic]
-// The main case runs on the default kernel and (unless --no-extra) again with MT_ATTENTION_KERNEL=mma.
-// --nondeterministic turns mt::ops::deterministic() off, so the attention backward is the 5-matmul one that sums dq
-// with float reductions (flash_bwd_wgmma_fast.cu; MT_ATTENTION_BWD=deterministic keeps the deterministic kernels).
+//                   [--deterministic-bwd]
+// The main case runs on the default kernel and (unless --no-extra) again on the mma.sync kernels
+// (AttentionOptions::kernel). --nondeterministic turns mt::ops::deterministic() off, so the attention backward is
+// the 5-matmul one that sums dq with float reductions (flash_bwd_wgmma_fast.cu); --deterministic-bwd keeps the
+// deterministic kernels anyway (AttentionOptions::fast_bwd = false). `impl` names the kernels each case ran.
 // Each case is timed with CUDA events on the ops' stream after warm-up; the figure is the median over the timed
 // iterations. FLOPs: causal attention forward 4 B H T^2 D / 2 (two matmuls, half the square), backward 2.5x the
 // forward (the FlashAttention convention; the deterministic backward recomputes QK^T and dO V^T in its dq pass and
 // does 3.5x, the non-deterministic one 2.5x);
 // linear forward 2 N K M, backward 4 N K M (dx and dw). Inputs are pseudo-random (never zeros).
-#include <stdlib.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -55,18 +55,14 @@ Tensor random_bf16(const mt::core::Shape& shape, uint64_t seed, float scale = 1.
 using mt::bench::all_finite;
 using mt::bench::time_ms;
 
-// The kernel the CUDA attention runs (MT_ATTENTION_KERNEL overrides its choice).
-std::string attention_kernel() {
-    const char* env = std::getenv("MT_ATTENTION_KERNEL");
-    return env ? env : "default (wgmma on Hopper, else mma)";
-}
-
-std::string env_or(const char* name, const char* fallback) {
-    const char* env = std::getenv(name);
-    return env ? env : fallback;
-}
-
-void bench_attention(int64_t b, int64_t t, int64_t h, int64_t hkv, int64_t d, int warmup, int iters) {
+void bench_attention(int64_t b,
+                     int64_t t,
+                     int64_t h,
+                     int64_t hkv,
+                     int64_t d,
+                     int warmup,
+                     int iters,
+                     mt::ops::AttentionOptions options) {
     const Tensor q = random_bf16({b, t, h, d}, 1), k = random_bf16({b, t, hkv, d}, 2),
                  v = random_bf16({b, t, hkv, d}, 3);
     const Tensor dout = random_bf16({b, t, h, d}, 4);
@@ -75,17 +71,19 @@ void bench_attention(int64_t b, int64_t t, int64_t h, int64_t hkv, int64_t d, in
     const Tensor dq = Tensor::zeros(q.shape(), DType::bf16, Device::cuda);
     const Tensor dk = Tensor::zeros(k.shape(), DType::bf16, Device::cuda),
                  dv = Tensor::zeros(k.shape(), DType::bf16, Device::cuda);
-    const double fwd_ms = time_ms([&] { mt::ops::attention_fwd(q, k, v, out, lse); }, warmup, iters);
-    const double bwd_ms = time_ms([&] { mt::ops::attention_bwd(q, k, v, out, lse, dout, dq, dk, dv); }, warmup, iters);
+    std::string fwd_impl, bwd_impl;
+    options.chosen = &fwd_impl;
+    const double fwd_ms = time_ms([&] { mt::ops::attention_fwd(q, k, v, out, lse, options); }, warmup, iters);
+    options.chosen = &bwd_impl;
+    const double bwd_ms =
+        time_ms([&] { mt::ops::attention_bwd(q, k, v, out, lse, dout, dq, dk, dv, options); }, warmup, iters);
     const double fwd_flop = 4.0 * static_cast<double>(b * h) * static_cast<double>(t) * static_cast<double>(t) *
                             static_cast<double>(d) / 2.0;
     const double bwd_flop = 2.5 * fwd_flop;
     const bool finite = all_finite(lse) && all_finite(dq) && all_finite(dk) && all_finite(dv);
     const nlohmann::json line = {{"bench", "attention"},
-                                 {"impl", "moetrain-flash"},
-                                 {"kernel", attention_kernel()},
+                                 {"impl", "moetrain-flash fwd=" + fwd_impl + " bwd=" + bwd_impl},
                                  {"deterministic", mt::ops::deterministic()},
-                                 {"bwd_variant", env_or("MT_ATTENTION_BWD", "default")},
                                  {"dtype", "bf16"},
                                  {"causal", true},
                                  {"B", b},
@@ -132,7 +130,7 @@ int run(int argc, char** argv) {
     CLI::App app{"moetrain GPU attention and linear benchmark"};
     int64_t b = 8, t = 4096, h = 16, d = 128;
     int iters = 20, warmup = 3;
-    bool no_extra = false, nondeterministic = false;
+    bool no_extra = false, nondeterministic = false, deterministic_bwd = false;
     app.add_option("--b", b);
     app.add_option("--t", t);
     app.add_option("--h", h);
@@ -141,22 +139,27 @@ int run(int argc, char** argv) {
     app.add_option("--warmup", warmup);
     app.add_flag("--no-extra", no_extra, "skip the extra cases (D 64, GQA, linear shapes)");
     app.add_flag("--nondeterministic", nondeterministic, "let ops use non-deterministic kernels (float atomics)");
+    app.add_flag("--deterministic-bwd",
+                 deterministic_bwd,
+                 "with --nondeterministic, keep the deterministic attention backward (AttentionOptions::fast_bwd)");
     CLI11_PARSE(app, argc, argv);
     mt::ops::set_deterministic(!nondeterministic);
     if (!mt::core::backend_available(Device::cuda)) {
         std::printf("%s\n", nlohmann::json{{"bench", "attention"}, {"skipped", "no CUDA device"}}.dump().c_str());
         return 0;
     }
-    bench_attention(b, t, h, h, d, warmup, iters);
+    mt::ops::AttentionOptions options;
+    options.fast_bwd = !deterministic_bwd;
+    bench_attention(b, t, h, h, d, warmup, iters, options);
     if (!no_extra) {  // the same case on the mma.sync kernels, for comparison
-        setenv("MT_ATTENTION_KERNEL", "mma", 1);
-        bench_attention(b, t, h, h, d, warmup, iters);
-        unsetenv("MT_ATTENTION_KERNEL");
+        mt::ops::AttentionOptions mma = options;
+        mma.kernel = mt::ops::AttentionKernel::mma;
+        bench_attention(b, t, h, h, d, warmup, iters, mma);
     }
     bench_linear(4 * t, 2048, 2048, warmup, iters);
     if (!no_extra) {
-        bench_attention(b, t, 2 * h, 2 * h, 64, warmup, iters);             // the same FLOPs at D = 64
-        bench_attention(b, t, h, h / 4 > 0 ? h / 4 : 1, d, warmup, iters);  // GQA, groups of 4
+        bench_attention(b, t, 2 * h, 2 * h, 64, warmup, iters, options);             // the same FLOPs at D = 64
+        bench_attention(b, t, h, h / 4 > 0 ? h / 4 : 1, d, warmup, iters, options);  // GQA, groups of 4
         bench_linear(4 * t, 2048, 8192, warmup, iters);
         bench_linear(8192, 8192, 8192, warmup, iters);
     }

@@ -1,6 +1,8 @@
 // GPU throughput of the CUDA KDA op (ops/kda.h, chunked, chunk 64): one JSON line per case, forward and
 // forward + backward time (median over the timed iterations, CUDA events on the ops' stream) and tokens/s.
 //   bench_kda [--iters 5] [--warmup 1] [--h 16] [--k 128] [--v 128] [--keep none,tiles,states,all]
+//             [--fp32-kernels] [--no-chunk-smem] [--scan-bv N] [--rscan-bv N]
+// The last four set ops::KdaKernels (A/B comparisons of the kernel variants); `impl` names what each call ran.
 // --keep: what the forward keeps for the backward (ops::KdaSaved), one line per case and choice: none (the backward
 // recomputes everything; the layer's default), tiles (A, M, T: kda.save_tiles), states (also the per-chunk states
 // and Vn, kda.save_states) or all (also Gamma, Qg, Kg, W: no forward kernel in the backward, kda.save_workspace).
@@ -84,6 +86,7 @@ void bench_case(int64_t b,
                 int64_t vd,
                 double target_ms,
                 const std::string& keep,
+                const mt::ops::KdaKernels& kernels,
                 int warmup,
                 int iters) {
     const Tensor q = make_input(b, t, h, kd, 1, 1.0f / std::sqrt(static_cast<float>(kd)), 1);
@@ -103,6 +106,8 @@ void bench_case(int64_t b,
     mt::ops::KdaOptions options;
     options.save_states = keep == "states";
     options.save_workspace = keep == "all";
+    options.kernels = kernels;
+    std::string fwd_impl, bwd_impl;
     mt::ops::KdaSaved saved;
     mt::ops::KdaSaved* kept = keep == "none" ? nullptr : &saved;
     auto fwd = [&] { mt::ops::kda_fwd(q, k, v, g, beta, Tensor(), out, st, options, kept); };
@@ -110,6 +115,11 @@ void bench_case(int64_t b,
         mt::ops::kda_bwd(q, k, v, g, beta, Tensor(), dout, dst, dq, dk, dv, dg, dbeta, Tensor(), options, kept);
         saved = mt::ops::KdaSaved{};  // as the layer does: freed after its backward
     };
+    options.chosen = &fwd_impl;
+    fwd();
+    options.chosen = &bwd_impl;
+    bwd();
+    options.chosen = nullptr;
     const double fwd_ms = time_ms(fwd, warmup, iters);
     const double fwd_bwd_ms = time_ms(
         [&] {
@@ -130,10 +140,7 @@ void bench_case(int64_t b,
     saved = mt::ops::KdaSaved{};
     const nlohmann::json line = {
         {"bench", "kda"},
-        {"impl",
-         "moetrain-cuda-v8 (TF32 prep storing rounded operands, scans with a per-shape value tile and ldmatrix "
-         "fragments, V products; 3xTF32 bwd chunk in shared memory; TF32 rounding by integer add and mask; what "
-         "the forward keeps: see keep)"},
+        {"impl", "moetrain-cuda-v8 fwd=" + fwd_impl + " bwd=" + bwd_impl},
         {"dtype", "bf16 (f32 state)"},
         {"gate", "lower_bound -5"},
         {"chunk", 64},
@@ -167,15 +174,25 @@ int run(int argc, char** argv) {
     app.add_option("--iters", iters);
     app.add_option("--warmup", warmup);
     app.add_option("--keep", keeps)->delimiter(',')->check(CLI::IsMember({"none", "tiles", "states", "all"}));
+    mt::ops::KdaKernels kernels;
+    bool fp32_kernels = false, no_chunk_smem = false;
+    app.add_flag("--fp32-kernels", fp32_kernels, "run the fp32 kernels on the bf16 inputs (KdaKernels::tensor_cores)");
+    app.add_flag("--no-chunk-smem", no_chunk_smem, "the general backward chunk kernel (KdaKernels::chunk_smem)");
+    app.add_option("--scan-bv", kernels.scan_bv, "forward scan value tile, 0 = per shape")
+        ->check(CLI::IsMember({0, 16, 32, 64, 128}));
+    app.add_option("--rscan-bv", kernels.rscan_bv, "reverse scan value tile, 0 = per shape")
+        ->check(CLI::IsMember({0, 16, 32, 64, 128}));
     CLI11_PARSE(app, argc, argv);
+    kernels.tensor_cores = !fp32_kernels;
+    kernels.chunk_smem = !no_chunk_smem;
     if (!mt::core::backend_available(Device::cuda)) {
         std::printf("%s\n", nlohmann::json{{"bench", "kda"}, {"skipped", "no CUDA device"}}.dump().c_str());
         return 0;
     }
     for (const std::string& keep : keeps) {
-        bench_case(8, 4096, h, kd, vd, 6.0, keep, warmup, iters);
-        bench_case(1, 32768, h, kd, vd, 8.0, keep, warmup, iters);
-        bench_case(2, 65536, h, kd, vd, 27.0, keep, warmup, iters);
+        bench_case(8, 4096, h, kd, vd, 6.0, keep, kernels, warmup, iters);
+        bench_case(1, 32768, h, kd, vd, 8.0, keep, kernels, warmup, iters);
+        bench_case(2, 65536, h, kd, vd, 27.0, keep, kernels, warmup, iters);
     }
     return 0;
 }

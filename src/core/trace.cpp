@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 
 #include "core/backend.h"
@@ -77,6 +78,19 @@ TraceRange::TraceRange(Device device, const char* name) : device_(device) {
 TraceRange::~TraceRange() {
     profile_end();
     if (device_ != Device::cpu) backend_get(device_).range_pop();
+}
+
+bool profile_requested(std::string_view name) {
+    const char* env = std::getenv("MT_PROFILE");
+    if (env == nullptr) return false;
+    std::string_view list(env);
+    while (!list.empty()) {
+        const size_t comma = list.find(',');
+        if (list.substr(0, comma) == name) return true;
+        if (comma == std::string_view::npos) break;
+        list.remove_prefix(comma + 1);
+    }
+    return false;
 }
 
 }  // namespace mt::core

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
@@ -25,6 +26,12 @@ struct ProfileEntry {
 };
 // The totals since enabling (or the last take), largest first; clears them.
 std::vector<ProfileEntry> profile_take();
+
+// Kernel-level tuning aids, off by default and never part of an op's contract, are switched on by one environment
+// variable, MT_PROFILE, a comma-separated list of names: kda (cudaEvents around each kernel of a KDA call, printed
+// to stderr), kda_phases (clock64 stamps at the phase boundaries inside the KDA kernels). Whether `name` is listed;
+// read at every call (a profile is switched per run, and a test may set it).
+bool profile_requested(std::string_view name);
 
 // Called by TraceRange and by the CUDA ops' NvtxRange; no-ops unless the profile is enabled.
 void profile_begin(const char* name);

@@ -41,14 +41,19 @@ void require_cuda(std::string_view op) {
 
 }  // namespace
 
-void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
+void attention_fwd(const Tensor& q,
+                   const Tensor& k,
+                   const Tensor& v,
+                   const Tensor& out,
+                   const Tensor& lse,
+                   const AttentionOptions& options) {
     constexpr std::string_view op = "attention_fwd";
     const Device device = check_same_device(op, {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}});
     check_qkv(q, k, v, lse, op);
     check_arg(out, op, "out", 4);
     check_shape(out, q.shape(), op, "out");
     if (device == Device::cuda) require_cuda(op);
-    MT_CALL_KERNEL(attention_fwd, device, q, k, v, out, lse);
+    MT_CALL_KERNEL(attention_fwd, device, q, k, v, out, lse, options);
 }
 
 void attention_bwd(const Tensor& q,
@@ -59,7 +64,8 @@ void attention_bwd(const Tensor& q,
                    const Tensor& dout,
                    const Tensor& dq,
                    const Tensor& dk,
-                   const Tensor& dv) {
+                   const Tensor& dv,
+                   const AttentionOptions& options) {
     constexpr std::string_view op = "attention_bwd";
     const Device device = check_same_device(
         op,
@@ -76,7 +82,7 @@ void attention_bwd(const Tensor& q,
         check_shape(*t, k.shape(), op, name);
     }
     if (device == Device::cuda) require_cuda(op);
-    MT_CALL_KERNEL(attention_bwd, device, q, k, v, out, lse, dout, dq, dk, dv);
+    MT_CALL_KERNEL(attention_bwd, device, q, k, v, out, lse, dout, dq, dk, dv, options);
 }
 
 }  // namespace mt::ops

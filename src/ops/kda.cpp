@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "ops/cpu/checks.h"
 #include "ops/cpu/kda.h"
@@ -47,7 +48,22 @@ cpu::KdaDims check_inputs(const Tensor& q,
                  "{}: chunk_size = {}; the chunked algorithm takes 64 or 32",
                  op,
                  options.chunk_size);
+    for (const auto& [name, bv] : {std::pair{"scan_bv", options.kernels.scan_bv},
+                                   std::pair{"rscan_bv", options.kernels.rscan_bv}})
+        MT_CHECK(bv == 0 || bv == 16 || bv == 32 || bv == 64 || bv == 128,
+                 "{}: KdaKernels::{} = {}; it takes 0 (per shape), 16, 32, 64 or 128",
+                 op,
+                 name,
+                 bv);
     return d;
+}
+
+// What a CPU call ran, for KdaOptions::chosen.
+void note_cpu_choice(const KdaOptions& options) {
+    if (options.chosen == nullptr) return;
+    *options.chosen = options.algorithm == KdaAlgorithm::recurrent ? "cpu-recurrent"
+                      : options.diagonal == KdaDiagonal::pairwise  ? "cpu-chunked-pairwise"
+                                                                   : "cpu-chunked";
 }
 
 // A state-shaped tensor [B, HV, K, V], or undefined.
@@ -156,6 +172,7 @@ void kda_fwd(const Tensor& q,
         }
         return;
     }
+    note_cpu_choice(options);
     MT_CALL_KERNEL(kda_fwd, core::Device::cpu, q, k, v, g, beta, s0, out, st, options, saved);
 }
 
@@ -211,6 +228,7 @@ void kda_bwd(const Tensor& q,
         return MT_CALL_KERNEL(
             kda_bwd, core::Device::cuda, q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, saved);
     }
+    note_cpu_choice(options);
     MT_CALL_KERNEL(
         kda_bwd, core::Device::cpu, q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, saved);
 }

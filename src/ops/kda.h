@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "ops/op_common.h"
 
@@ -30,6 +31,21 @@ namespace mt::ops {
 
 enum class KdaAlgorithm { recurrent, chunked };
 enum class KdaDiagonal { matmul, pairwise };
+
+// Which CUDA kernels a call runs (the CPU ignores it). The layers keep the defaults; a test or benchmark sets a field
+// to reach one variant. The choice is made once per call from these fields, the shapes and the dtype.
+struct KdaKernels {
+    // false: bf16/f16 inputs take the fp32 kernels (the path of f32 inputs, the reference on the device) instead
+    // of the tensor-core prep, scans and backward products.
+    bool tensor_cores = true;
+    // false: the backward's chunk step at K = V = 128 runs the general tensor-core chunk kernel instead of the
+    // one holding every operand in shared memory.
+    bool chunk_smem = true;
+    // The value-column tile of the tensor-core forward and reverse scans: 0 picks one per shape (the least modelled
+    // time); 16, 32, 64 or 128 forces that tile where it divides V and fits in shared memory.
+    int scan_bv = 0;
+    int rscan_bv = 0;
+};
 
 struct KdaOptions {
     KdaAlgorithm algorithm = KdaAlgorithm::chunked;
@@ -41,6 +57,10 @@ struct KdaOptions {
     // With a KdaSaved: keep everything the backward would recompute (the states too, as save_states, and Gamma, Qg,
     // Kg, W: 2,048 more bytes per token and value head at K = 128), so _bwd runs no forward kernel at all.
     bool save_workspace = false;
+    KdaKernels kernels;
+    // When set, a CUDA call writes here the kernels it ran (benchmarks print it as their `impl`); the CPU writes
+    // the algorithm's name.
+    std::string* chosen = nullptr;
 };
 
 // What a CUDA kda_fwd keeps for kda_bwd (kda.md §4.6) when given one, as flat f32 tensors laid out
@@ -48,7 +68,7 @@ struct KdaOptions {
 // per token and value head at C = 64), so _bwd does not recompute them; with KdaOptions::save_states also hs, the
 // state entering each chunk ([K, V] per chunk), and Vn ([C, V]); with save_workspace also those and gam, qg, kg, w
 // ([C, K] each: Gamma, q e^Gamma, k e^(Gamma_last - Gamma) and W of kda.md §4.1). Filled on the tensor-core path
-// (bf16/f16 inputs, K % 16 == 0, K <= 128, V % 16 == 0, MT_KDA_TC and MT_KDA_PREP_TC not 0) and left empty elsewhere
+// (bf16/f16 inputs, K % 16 == 0, K <= 128, V % 16 == 0, KdaKernels::tensor_cores) and left empty elsewhere
 // (the CPU, f32 inputs): an empty KdaSaved makes _bwd recompute everything. _bwd only reads it; one kept by a call of
 // other shapes or chunk size, or not fitting in any tensor, is an error that names it.
 struct KdaSaved {

@@ -216,11 +216,46 @@ void expect_rho(const std::string& name, const char* what, const Tensor& got, co
     EXPECT_LE(rho, budget) << name << " " << what;  // NaN fails too
 }
 
+// Whether this GPU runs the wgmma kernels (Hopper): what the automatic choice reports for a small bf16 call.
+bool flash_wgmma_available() {
+    const Tensor q = to_cuda(op_randn({1, 16, 1, 64}, 9, 0), DType::bf16);
+    const Tensor out = nan_cuda(q.shape(), DType::bf16), lse = nan_cuda({1, 1, 16}, DType::f32);
+    std::string chosen;
+    AttentionOptions options;
+    options.chosen = &chosen;
+    attention_fwd(q, q, q, out, lse, options);
+    return chosen == "cuda-wgmma";
+}
+
+const char* family_name(AttentionKernel kernel) {
+    switch (kernel) {
+        case AttentionKernel::automatic:
+            return "";
+        case AttentionKernel::wgmma:
+            return "wgmma";
+        case AttentionKernel::mma:
+            return "mma";
+        case AttentionKernel::generic:
+            return "generic";
+    }
+    return "?";
+}
+
 // The CUDA attention forward and backward with inputs of `dtype` against the CPU f32 reference on the same rounded
-// inputs; every output starts as NaN (each element must be written).
-void attention_gpu_parity(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, DType dtype, double budget) {
+// inputs; every output starts as NaN (each element must be written). `options` selects the kernels; where
+// `expect_bwd` is given, the backward must report running that one (AttentionOptions::chosen), so that a selection
+// that stopped working fails instead of testing the default twice.
+void attention_gpu_parity(int64_t b,
+                          int64_t t,
+                          int64_t hq,
+                          int64_t hkv,
+                          int64_t d,
+                          DType dtype,
+                          double budget,
+                          AttentionOptions options = {},
+                          const char* expect_bwd = nullptr) {
     if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
-    const char* kernel = std::getenv("MT_ATTENTION_KERNEL");
+    const char* kernel = family_name(options.kernel);
     const std::string name = fmt::format("attention_gpu_b{}_t{}_hq{}_hkv{}_d{}_{}{}{}{}",
                                          b,
                                          t,
@@ -228,8 +263,8 @@ void attention_gpu_parity(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t
                                          hkv,
                                          d,
                                          core::dtype_name(dtype),
-                                         kernel ? "_" : "",
-                                         kernel ? kernel : "",
+                                         *kernel != 0 ? "_" : "",
+                                         kernel,
                                          deterministic() ? "" : "_nondeterministic");
     const uint64_t s = op_seed(name);
     auto rounded = [&](const Tensor& x) { return x.to(dtype).to(DType::f32); };
@@ -243,8 +278,11 @@ void attention_gpu_parity(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t
     const Tensor qg = to_cuda(q, dtype), kg = to_cuda(k, dtype), vg = to_cuda(v, dtype), dog = to_cuda(dout, dtype);
     const Tensor out = nan_cuda(q.shape(), dtype), lse = nan_cuda({b, hq, t}, DType::f32);
     const Tensor dq = nan_cuda(q.shape(), dtype), dk = nan_cuda(k.shape(), dtype), dv = nan_cuda(k.shape(), dtype);
-    attention_fwd(qg, kg, vg, out, lse);
-    attention_bwd(qg, kg, vg, out, lse, dog, dq, dk, dv);
+    std::string chosen;
+    options.chosen = &chosen;
+    attention_fwd(qg, kg, vg, out, lse, options);
+    attention_bwd(qg, kg, vg, out, lse, dog, dq, dk, dv, options);
+    if (expect_bwd != nullptr) EXPECT_EQ(chosen, expect_bwd) << name;
     expect_rho(name, "out", out, out_ref, budget);
     expect_rho(name, "lse", lse, lse_ref, budget);
     expect_rho(name, "dq", dq, dq_ref, budget);
@@ -252,26 +290,19 @@ void attention_gpu_parity(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t
     expect_rho(name, "dv", dv, dv_ref, budget);
 }
 
-// Runs fn with MT_ATTENTION_KERNEL set to kernel (the CUDA attention's kernel override), then unsets it.
-void with_kernel(const char* kernel, const std::function<void()>& fn) {
-    setenv("MT_ATTENTION_KERNEL", kernel, 1);
-    fn();
-    unsetenv("MT_ATTENTION_KERNEL");
-}
-
 // The tensor-core kernels: D 64 and 128, T = 1, T across and on the 64- and 128-row blocks, GQA groups of 1 to 4.
-void flash_parity_cases() {
-    attention_gpu_parity(1, 1, 1, 1, 64, DType::bf16, 1e-2);
-    attention_gpu_parity(2, 67, 4, 2, 64, DType::bf16, 1e-2);
-    attention_gpu_parity(1, 130, 2, 1, 64, DType::bf16, 1e-2);
-    attention_gpu_parity(2, 128, 2, 2, 128, DType::bf16, 1e-2);
-    attention_gpu_parity(1, 200, 6, 2, 128, DType::bf16, 1e-2);
-    attention_gpu_parity(1, 523, 4, 1, 128, DType::bf16, 1e-2);
+void flash_parity_cases(AttentionOptions options = {}, const char* expect_bwd = nullptr) {
+    attention_gpu_parity(1, 1, 1, 1, 64, DType::bf16, 1e-2, options, expect_bwd);
+    attention_gpu_parity(2, 67, 4, 2, 64, DType::bf16, 1e-2, options, expect_bwd);
+    attention_gpu_parity(1, 130, 2, 1, 64, DType::bf16, 1e-2, options, expect_bwd);
+    attention_gpu_parity(2, 128, 2, 2, 128, DType::bf16, 1e-2, options, expect_bwd);
+    attention_gpu_parity(1, 200, 6, 2, 128, DType::bf16, 1e-2, options, expect_bwd);
+    attention_gpu_parity(1, 523, 4, 1, 128, DType::bf16, 1e-2, options, expect_bwd);
 }
 
-// The default kernel of this GPU (wgmma on Hopper).
+// The default kernel of this GPU (wgmma on Hopper; its deterministic backward, deterministic() being on).
 TEST(GpuAttention, FlashParityBf16) {
-    flash_parity_cases();
+    flash_parity_cases({}, flash_wgmma_available() ? "cuda-wgmma" : "cuda-mma");
 }
 
 // Runs fn with mt::ops::deterministic() off, which selects the 5-matmul wgmma backward that sums dq with float
@@ -286,18 +317,35 @@ void with_fast_bwd(const std::function<void()>& fn) {
     fn();
 }
 
-// The fast (non-deterministic) wgmma backward: the same cases, and more key blocks of 128 per GQA group.
+// The fast (non-deterministic) wgmma backward: the same cases, and more key blocks of 128 per GQA group; and
+// AttentionOptions::fast_bwd = false, which keeps the deterministic wgmma backward with deterministic() off.
 TEST(GpuAttention, FlashFastParityBf16) {
+    if (!flash_wgmma_available()) GTEST_SKIP() << "the fast backward is a wgmma kernel (Hopper)";
     with_fast_bwd([] {
-        flash_parity_cases();
-        attention_gpu_parity(2, 300, 8, 2, 64, DType::bf16, 1e-2);
-        attention_gpu_parity(1, 1000, 4, 2, 128, DType::bf16, 1e-2);
+        flash_parity_cases({}, "cuda-wgmma-fast");
+        attention_gpu_parity(2, 300, 8, 2, 64, DType::bf16, 1e-2, {}, "cuda-wgmma-fast");
+        attention_gpu_parity(1, 1000, 4, 2, 128, DType::bf16, 1e-2, {}, "cuda-wgmma-fast");
+        AttentionOptions deterministic_bwd;
+        deterministic_bwd.fast_bwd = false;
+        attention_gpu_parity(2, 300, 8, 2, 64, DType::bf16, 1e-2, deterministic_bwd, "cuda-wgmma");
     });
+}
+
+AttentionOptions kernel_family(AttentionKernel kernel) {
+    AttentionOptions options;
+    options.kernel = kernel;
+    return options;
 }
 
 // The mma.sync kernels (the path of GPUs before Hopper).
 TEST(GpuAttention, FlashMmaParityBf16) {
-    with_kernel("mma", flash_parity_cases);
+    flash_parity_cases(kernel_family(AttentionKernel::mma), "cuda-mma");
+}
+
+// The generic kernels on shapes the tensor-core ones would take, selected by the option.
+TEST(GpuAttention, GenericSelectedParityBf16) {
+    attention_gpu_parity(2, 67, 4, 2, 64, DType::bf16, 1e-2, kernel_family(AttentionKernel::generic), "cuda-generic");
+    attention_gpu_parity(1, 200, 6, 2, 128, DType::bf16, 1e-2, kernel_family(AttentionKernel::generic), "cuda-generic");
 }
 
 // The simple kernels: other head dims in bf16, and f32.
@@ -313,7 +361,7 @@ TEST(GpuAttention, GenericParity) {
 }
 
 // Two runs give bitwise the same outputs and gradients (no atomics; GQA sums in a fixed order).
-void expect_deterministic() {
+void expect_deterministic(const AttentionOptions& options = {}) {
     const int64_t b = 2, t = 300, hq = 8, hkv = 2, d = 128;
     const Tensor q = to_cuda(op_randn({b, t, hq, d}, 5, 0), DType::bf16);
     const Tensor k = to_cuda(op_randn({b, t, hkv, d}, 5, 1), DType::bf16);
@@ -324,8 +372,8 @@ void expect_deterministic() {
         const Tensor out = nan_cuda(q.shape(), DType::bf16), lse = nan_cuda({b, hq, t}, DType::f32);
         const Tensor dq = nan_cuda(q.shape(), DType::bf16), dk = nan_cuda(k.shape(), DType::bf16);
         const Tensor dv = nan_cuda(k.shape(), DType::bf16);
-        attention_fwd(q, k, v, out, lse);
-        attention_bwd(q, k, v, out, lse, dout, dq, dk, dv);
+        attention_fwd(q, k, v, out, lse, options);
+        attention_bwd(q, k, v, out, lse, dout, dq, dk, dv, options);
         for (const Tensor& x : {out, lse, dq, dk, dv}) outs.push_back(x.to_device(core::Device::cpu));
     }
     for (size_t i = 0; i < 5; ++i)
@@ -335,7 +383,7 @@ void expect_deterministic() {
 TEST(GpuAttention, Deterministic) {
     if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     expect_deterministic();
-    with_kernel("mma", expect_deterministic);
+    expect_deterministic(kernel_family(AttentionKernel::mma));
 }
 
 // A q that is not 16-byte aligned (a view at an odd element offset) takes the simple kernels, with the same result.
@@ -351,8 +399,12 @@ TEST(GpuAttention, MisalignedViewFallsBack) {
     q_odd.copy_from(q);
     const Tensor out = nan_cuda(q.shape(), DType::bf16), out_odd = nan_cuda(q.shape(), DType::bf16);
     const Tensor lse = nan_cuda({b, hq, t}, DType::f32), lse_odd = nan_cuda({b, hq, t}, DType::f32);
+    std::string chosen;
+    AttentionOptions options;
+    options.chosen = &chosen;
     attention_fwd(q, k, v, out, lse);
-    attention_fwd(q_odd, k, v, out_odd, lse_odd);
+    attention_fwd(q_odd, k, v, out_odd, lse_odd, options);
+    EXPECT_EQ(chosen, "cuda-generic");
     EXPECT_LE(op_rho(to_host(out_odd), to_host(out)), 1e-2);
     EXPECT_LE(op_rho(to_host(lse_odd), to_host(lse)), 1e-5);
 }

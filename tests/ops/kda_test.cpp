@@ -7,6 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+
 #include "kda_inputs.h"
 #include "op_harness.h"
 
@@ -27,7 +30,24 @@ const char* regime_name(KdaGateRegime r) {
     return "?";
 }
 
-OpCase kda_case(const KdaShape& s, KdaOptions options, KdaGateRegime regime, bool with_s0, bool parity_only = false) {
+// The name suffix of a case that sets ops::KdaKernels (empty for the defaults).
+std::string kernels_suffix(const KdaKernels& k) {
+    std::string s;
+    if (!k.tensor_cores) s += "_fp32kernels";
+    if (!k.chunk_smem) s += "_nochunksmem";
+    if (k.scan_bv != 0) s += fmt::format("_scanbv{}", k.scan_bv);
+    if (k.rscan_bv != 0) s += fmt::format("_rscanbv{}", k.rscan_bv);
+    return s;
+}
+
+// expect_plan: where given, a CUDA call with bf16/f16 inputs must report (KdaOptions::chosen) a plan containing it,
+// so that a selection through KdaKernels that stopped working fails instead of testing the default again.
+OpCase kda_case(const KdaShape& s,
+                KdaOptions options,
+                KdaGateRegime regime,
+                bool with_s0,
+                bool parity_only = false,
+                const char* expect_plan = nullptr) {
     const char* algo = options.algorithm == KdaAlgorithm::recurrent ? "recurrent"
                        : options.diagonal == KdaDiagonal::pairwise  ? "pairwise"
                                                                     : "chunked";
@@ -42,7 +62,15 @@ OpCase kda_case(const KdaShape& s, KdaOptions options, KdaGateRegime regime, boo
                                          s.v,
                                          regime_name(regime),
                                          with_s0 ? "_s0" : "",
-                                         s.q_norm > 0.0 ? fmt::format("_qnorm{}", s.q_norm) : "");
+                                         s.q_norm > 0.0 ? fmt::format("_qnorm{}", s.q_norm) : "") +
+                             kernels_suffix(options.kernels);
+    const std::string want = expect_plan != nullptr ? expect_plan : "";
+    // The forward's plan names no backward kernels: it is checked against the part of want before them.
+    auto check_plan = [name, want](const Tensor& q, const std::string& chosen, bool backward) {
+        const std::string part = backward ? want : want.substr(0, std::min(want.find(" rscan_bv="), want.find("chunk=")));
+        if (part.empty() || q.device() != core::Device::cuda || q.dtype() == DType::f32) return;
+        EXPECT_NE(chosen.find(part), std::string::npos) << name << ": ran " << chosen << ", expected " << part;
+    };
     OpCase c{"kda", name, [=] {
                  const KdaInputs in = kda_make_inputs(s, regime, with_s0, op_seed(name));
                  OpProblem p;
@@ -52,13 +80,20 @@ OpCase kda_case(const KdaShape& s, KdaOptions options, KdaGateRegime regime, boo
                  p.forward = [=](const std::vector<Tensor>& x) {
                      const Tensor out = op_like(x[2]), st = kda_state_like(x[0], state_shape);
                      const Tensor s0 = with_s0 ? kda_state_f32(x[5]) : Tensor();
-                     kda_fwd(x[0], x[1], x[2], x[3], x[4], s0, out, st, options);
+                     std::string chosen;
+                     KdaOptions run = options;
+                     run.chosen = &chosen;
+                     kda_fwd(x[0], x[1], x[2], x[3], x[4], s0, out, st, run);
+                     check_plan(x[0], chosen, false);
                      return std::vector<Tensor>{out, st};
                  };
                  p.backward =
                      [=](const std::vector<Tensor>& x, const std::vector<Tensor>& dout, const std::vector<Tensor>& gr) {
                          const Tensor s0 = with_s0 ? kda_state_f32(x[5]) : Tensor();
                          const Tensor ds0 = with_s0 ? kda_state_f32(gr[5]) : Tensor();
+                         std::string chosen;
+                         KdaOptions run = options;
+                         run.chosen = &chosen;
                          kda_bwd(x[0],
                                  x[1],
                                  x[2],
@@ -73,7 +108,8 @@ OpCase kda_case(const KdaShape& s, KdaOptions options, KdaGateRegime regime, boo
                                  gr[3],
                                  gr[4],
                                  ds0,
-                                 options);
+                                 run);
+                         check_plan(x[0], chosen, true);
                          if (with_s0 && ds0.raw() != gr[5].raw()) gr[5].copy_from(ds0);
                      };
                  return p;
@@ -109,6 +145,27 @@ KdaOptions chunked(int64_t chunk = 64, KdaDiagonal diag = KdaDiagonal::matmul) {
 }
 KdaOptions recurrent() {
     return {KdaAlgorithm::recurrent, KdaDiagonal::matmul, 64};
+}
+// chunked(chunk) with one kernel selection.
+KdaOptions with_kernels(KdaOptions options, KdaKernels kernels) {
+    options.kernels = kernels;
+    return options;
+}
+KdaKernels fp32_kernels() {
+    KdaKernels k;
+    k.tensor_cores = false;
+    return k;
+}
+KdaKernels no_chunk_smem() {
+    KdaKernels k;
+    k.chunk_smem = false;
+    return k;
+}
+KdaKernels scan_tiles(int bv) {
+    KdaKernels k;
+    k.scan_bv = bv;
+    k.rscan_bv = bv;
+    return k;
 }
 
 [[maybe_unused]] const bool kRegistered = [] {
@@ -147,6 +204,33 @@ KdaOptions recurrent() {
     op_register(kda_case({2, 100, 8, 40, 128, 128}, chunked(), KdaGateRegime::bounded, true, true));
     op_register(kda_case({2, 70, 33, 33, 128, 128}, chunked(), KdaGateRegime::bounded, false, true));
     op_register(kda_case({2, 100, 16, 16, 128, 128}, chunked(), KdaGateRegime::floor, false, true));
+    // Every kernel variant selected through ops::KdaKernels, each checked to have run (expect_plan): the fp32
+    // kernels on bf16/f16 inputs (the tensor cores' shapes), the general backward chunk kernel at K = V = 128, and
+    // each value tile of both scans.
+    op_register(kda_case(
+        {1, 90, 1, 2, 32, 48}, with_kernels(chunked(32), fp32_kernels()), KdaGateRegime::bounded, true, true, "cuda-fp32"));
+    op_register(kda_case({1, 100, 1, 2, 128, 128},
+                         with_kernels(chunked(), fp32_kernels()),
+                         KdaGateRegime::floor,
+                         false,
+                         true,
+                         "cuda-fp32"));
+    op_register(kda_case({1, 150, 1, 1, 128, 128},
+                         with_kernels(chunked(32), no_chunk_smem()),
+                         KdaGateRegime::bounded,
+                         false,
+                         true,
+                         "chunk=tc"));
+    for (const int bv : {16, 32, 64, 128})
+        op_register(kda_case({1, 100, 1, 2, 128, 128},
+                             with_kernels(chunked(), scan_tiles(bv)),
+                             KdaGateRegime::bounded,
+                             true,
+                             true,
+                             bv == 128 ? "scan_bv=128 rscan_bv=128"
+                             : bv == 64 ? "scan_bv=64 rscan_bv=64"
+                             : bv == 32 ? "scan_bv=32 rscan_bv=32"
+                                        : "scan_bv=16 rscan_bv=16"));
     return true;
 }();
 

@@ -188,8 +188,14 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
 }  // namespace
 
 // The CPU kernel of ops::attention_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
-void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
+void attention_fwd(const Tensor& q,
+                   const Tensor& k,
+                   const Tensor& v,
+                   const Tensor& out,
+                   const Tensor& lse,
+                   const AttentionOptions& options) {
     constexpr std::string_view op = "attention_fwd";
+    if (options.chosen != nullptr) *options.chosen = "cpu-reference";
     check_qkv(q, k, v, lse, op);
     check_float_arg(out, op, "out", 4);
     check_dtype_as(out, q, op, "out", "q");
@@ -217,8 +223,10 @@ void attention_bwd(const Tensor& q,
                    const Tensor& dout,
                    const Tensor& dq,
                    const Tensor& dk,
-                   const Tensor& dv) {
+                   const Tensor& dv,
+                   const AttentionOptions& options) {
     constexpr std::string_view op = "attention_bwd";
+    if (options.chosen != nullptr) *options.chosen = "cpu-reference";
     check_qkv(q, k, v, lse, op);
     const std::pair<const Tensor*, std::string_view> like_q[] = {{&out, "out"}, {&dout, "dout"}, {&dq, "dq"}};
     for (const auto& [t, name] : like_q) {

@@ -1,15 +1,14 @@
 // CUDA causal GQA attention: picks the tensor-core flash kernels for bf16 with D in {64, 128} (wgmma on Hopper,
 // flash_*_wgmma.cu; mma.sync elsewhere, flash_fwd.cu / flash_bwd.cu) or the simple kernels (f32, f16, or any other
-// D <= 256; attention_generic.cu: the fp16 mode's attention is correct but not yet on tensor cores). The environment
-// variable MT_ATTENTION_KERNEL = wgmma | mma | generic overrides the choice (for tests and benchmarks; a choice that
-// does not apply falls back). With mt::ops::deterministic() off (run.deterministic = false) the backward is the
-// non-deterministic 5-matmul wgmma kernel (flash_bwd_wgmma_fast.cu) unless MT_ATTENTION_BWD=deterministic. Takes q, k,
+// D <= 256; attention_generic.cu: the fp16 mode's attention is correct but not yet on tensor cores).
+// AttentionOptions::kernel overrides the choice (tests and benchmarks; a family that does not apply falls back).
+// With mt::ops::deterministic() off (run.deterministic = false) the backward is the non-deterministic 5-matmul
+// wgmma kernel (flash_bwd_wgmma_fast.cu) unless AttentionOptions::fast_bwd is false. Takes q, k,
 // v, out, dout, dq, dk, dv all bf16, all f16 or all f32, and lse f32 in every case. Shapes are checked by the caller
 // (ops/attention.cpp).
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
+#include <string>
 
 #include "core/backend.h"
 #include "core/cuda/cuda_check.h"
@@ -59,36 +58,53 @@ bool aligned16(const void* ptr) {
 }
 
 // The tensor-core kernels move rows in 16-byte pieces: every bf16 tensor must start 16-byte aligned.
-Kernel pick_kernel(const AttnParams& p, DType dtype) {
+Kernel pick_kernel(const AttnParams& p, DType dtype, AttentionKernel requested) {
     if (dtype != DType::bf16 || !flash_supports(p.d)) return Kernel::generic;
     const void* ptrs[] = {p.q, p.k, p.v, p.out, p.dout, p.out_w, p.dq, p.dk, p.dv};
     for (const void* ptr : ptrs)
         if (ptr != nullptr && !aligned16(ptr)) return Kernel::generic;
-    const char* env = std::getenv("MT_ATTENTION_KERNEL");
-    if (env != nullptr && std::strcmp(env, "generic") == 0) return Kernel::generic;
-    if (env != nullptr && std::strcmp(env, "mma") == 0) return Kernel::mma;
+    if (requested == AttentionKernel::generic) return Kernel::generic;
+    if (requested == AttentionKernel::mma) return Kernel::mma;
     return flash_wgmma_supported() ? Kernel::wgmma : Kernel::mma;
+}
+
+const char* kernel_name(Kernel kernel) {
+    switch (kernel) {
+        case Kernel::wgmma:
+            return "cuda-wgmma";
+        case Kernel::mma:
+            return "cuda-mma";
+        case Kernel::generic:
+            return "cuda-generic";
+    }
+    return "?";
 }
 
 // The 5-matmul wgmma backward (flash_bwd_wgmma_fast.cu) sums dq with float reductions in an order that depends on
 // scheduling, so it runs only with mt::ops::deterministic() off, where it is the default because it is the faster
-// one on the H200 (bwd 3.41 against 4.02 ms, docs/PERFORMANCE.md). MT_ATTENTION_BWD=deterministic keeps the
+// one on the H200 (bwd 3.41 against 4.02 ms, docs/PERFORMANCE.md). AttentionOptions::fast_bwd = false keeps the
 // deterministic kernels anyway (A/B benchmarks).
-bool fast_bwd_requested() {
-    const char* env = std::getenv("MT_ATTENTION_BWD");
-    return !mt::ops::deterministic() && (env == nullptr || std::strcmp(env, "deterministic") != 0);
+bool fast_bwd(const AttentionOptions& options) {
+    return !mt::ops::deterministic() && options.fast_bwd;
 }
 
 }  // namespace
 
-void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
+void attention_fwd(const Tensor& q,
+                   const Tensor& k,
+                   const Tensor& v,
+                   const Tensor& out,
+                   const Tensor& lse,
+                   const AttentionOptions& options) {
     constexpr std::string_view op = "attention_fwd";
     AttnParams p = make_params(q, k, v, lse, op);
     MT_CHECK(out.dtype() == q.dtype(), "{}: out must have the dtype of q", op);
     p.out_w = out.raw();
     if (q.numel() == 0) return;
     core::NvtxRange range("attention_fwd");
-    switch (pick_kernel(p, q.dtype())) {
+    const Kernel kernel = pick_kernel(p, q.dtype(), options.kernel);
+    if (options.chosen != nullptr) *options.chosen = kernel_name(kernel);
+    switch (kernel) {
         case Kernel::wgmma:
             return flash_fwd_wgmma(p);
         case Kernel::mma:
@@ -107,7 +123,8 @@ void attention_bwd(const Tensor& q,
                    const Tensor& dout,
                    const Tensor& dq,
                    const Tensor& dk,
-                   const Tensor& dv) {
+                   const Tensor& dv,
+                   const AttentionOptions& options) {
     constexpr std::string_view op = "attention_bwd";
     AttnParams p = make_params(q, k, v, lse, op);
     for (const Tensor* t : {&out, &dout, &dq, &dk, &dv})
@@ -127,11 +144,13 @@ void attention_bwd(const Tensor& q,
     const size_t delta_bytes = static_cast<size_t>(lse.numel()) * sizeof(float);
     auto* delta = static_cast<float*>(be.alloc_scratch(delta_bytes));  // every kernel writes it first
     p.delta = p.delta_w = delta;
-    const Kernel kernel = pick_kernel(p, q.dtype());
+    const Kernel kernel = pick_kernel(p, q.dtype(), options.kernel);
+    const bool fast = kernel == Kernel::wgmma && fast_bwd(options);
+    if (options.chosen != nullptr) *options.chosen = std::string(kernel_name(kernel)) + (fast ? "-fast" : "");
     if (kernel != Kernel::wgmma) attention_delta(p, delta, q.dtype());  // the wgmma backward computes it itself
     switch (kernel) {
         case Kernel::wgmma:
-            if (fast_bwd_requested()) {  // dq summed with float reductions in an fp32 buffer
+            if (fast) {  // dq summed with float reductions in an fp32 buffer
                 const size_t dq_accum_bytes = flash_bwd_wgmma_fast_accum_floats(p) * sizeof(float);
                 p.dq_accum = static_cast<float*>(be.alloc_scratch(dq_accum_bytes));  // zeroed by the launch
                 flash_bwd_wgmma_fast(p);

@@ -259,18 +259,11 @@ void launch_fwd_tma(const AttnParams& p) {
     MT_CUDA_CHECK(cudaGetLastError());
 }
 
-// MT_ATTENTION_FWD=tma turns the ping-pong off (A/B benchmarks): 0.94 against 0.90 ms with it on the H200 (B=8,
-// T=4096, H=16, D=128; the cp.async kernel this replaced took 1.31).
+// Always the ping-pong schedule: 0.90 against 0.94 ms without it on the H200 (B=8, T=4096, H=16, D=128; the
+// cp.async kernel this replaced took 1.31).
 template <int D>
 void launch_fwd(const AttnParams& p) {
-    static const bool ping_pong = [] {
-        const char* env = std::getenv("MT_ATTENTION_FWD");
-        return env == nullptr || std::strcmp(env, "tma") != 0;
-    }();
-    if (ping_pong)
-        launch_fwd_tma<D, 2, true>(p);
-    else
-        launch_fwd_tma<D, 2, false>(p);
+    launch_fwd_tma<D, 2, true>(p);
 }
 
 }  // namespace

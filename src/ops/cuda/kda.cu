@@ -265,6 +265,32 @@ void scan_launch(
 
 }  // namespace kda
 
+namespace kda {
+
+Plan make_plan(const Dims& d, DType dt, const ops::KdaKernels& kernels) {
+    Plan p;
+    p.tc = kernels.tensor_cores && tc_shapes(d, dt);
+    p.chunk_tc = p.tc && chunk_tc_shapes(d);
+    p.chunk_smem = p.chunk_tc && kernels.chunk_smem && chunk_smem_shapes(d);
+    if (p.tc) {
+        p.scan_bv = scan_tile(d, kernels.scan_bv);
+        p.rscan_bv = rscan_tile(d, kernels.rscan_bv);
+    }
+    return p;
+}
+
+std::string plan_name(const Plan& p, bool backward) {
+    if (!p.tc) return "cuda-fp32";
+    std::string s = "cuda-tc scan_bv=" + std::to_string(p.scan_bv);
+    if (backward) {
+        s += " rscan_bv=" + std::to_string(p.rscan_bv);
+        s += p.chunk_smem ? " chunk=smem" : (p.chunk_tc ? " chunk=tc" : " chunk=general");
+    }
+    return s;
+}
+
+}  // namespace kda
+
 kda::Dims kda_dims(const Tensor& q, const Tensor& v, int64_t chunk) {
     kda::Dims d{};
     d.b = static_cast<int>(q.size(0));
@@ -327,8 +353,10 @@ void kda_fwd(const Tensor& q,
     // prep_tc's forward writes only what the scan reads: no Xw, M, T (their zero-filled allocation cost ~0.15 ms
     // at 8 x 4096), unless the caller keeps them for the backward (ops::KdaSaved): then the kept quantities go
     // straight to its tensors.
-    const bool prep_tc = kda::use_prep_tc(d, q.dtype()), tc = kda::use_tc(d, q.dtype());
-    const bool keep = saved != nullptr && prep_tc && tc;
+    const kda::Plan plan = kda::make_plan(d, q.dtype(), options.kernels);
+    if (options.chosen != nullptr) *options.chosen = kda::plan_name(plan, false);
+    const bool tc = plan.tc;
+    const bool keep = saved != nullptr && tc;
     const bool keep_ws = keep && options.save_workspace, keep_states = keep && (options.save_states || keep_ws);
     kda::Work given{};
     if (keep) {
@@ -351,17 +379,17 @@ void kda_fwd(const Tensor& q,
             given.w = f32(saved->w, d.c, d.k);
         }
     }
-    const kda::Work w = kda::work_alloc(d, keep_alive, prep_tc, given);
+    const kda::Work w = kda::work_alloc(d, keep_alive, tc, given);
     prof.mark("alloc");
-    if (prep_tc)
+    if (tc)
         kda::prep_tc_launch(q, k, v, g, beta, d, w, keep_ws ? kda::PrepMode::fwd_all : kda::PrepMode::fwd);
     else
-        kda::prep_launch(q, k, v, g, beta, d, w, tc);
+        kda::prep_launch(q, k, v, g, beta, d, w, false);
     prof.mark("prep");
     if (tc) {
         float* hs = keep_states ? saved->hs.data<float>() : nullptr;
         float* vn = keep_states ? saved->vn.data<float>() : nullptr;
-        kda::scan_tc_launch(q.dtype(), s0, out, st, d, w, hs, vn);
+        kda::scan_tc_launch(q.dtype(), s0, out, st, d, w, hs, vn, plan.scan_bv);
     } else {
         kda::scan_launch(s0, out, st, d, w, nullptr, nullptr);
     }

@@ -441,10 +441,12 @@ void kda_bwd(const Tensor& q,
     core::NvtxRange range("kda_bwd");
     kda::Profile prof("bwd");
     const kda::Dims d = kda_dims(q, v, options.chunk_size);
-    const bool tc = kda::use_tc(d, q.dtype()), prep_tc = kda::use_prep_tc(d, q.dtype());
+    const kda::Plan plan = kda::make_plan(d, q.dtype(), options.kernels);
+    if (options.chosen != nullptr) *options.chosen = kda::plan_name(plan, true);
+    const bool tc = plan.tc;
     // What the forward kept (ops::KdaSaved; it fills one only on this path): A, M, T, maybe hs and Vn, maybe Gamma,
     // Qg, Kg and W too. Read only: the buffers below that would overwrite them get their own memory instead.
-    const bool tiles_in = saved != nullptr && saved->has_tiles() && tc && prep_tc;
+    const bool tiles_in = saved != nullptr && saved->has_tiles() && tc;
     const bool states_in = tiles_in && saved->has_states(), ws_in = states_in && saved->has_workspace();
     auto mut = [](const Tensor& t) { return const_cast<float*>(t.data<float>()); };
     kda::Work given{};
@@ -462,10 +464,10 @@ void kda_bwd(const Tensor& q,
     std::vector<Tensor> keep;
     kda::Work w = kda::work_alloc(d, keep, false, given, !states_in);
     prof.mark("alloc");
-    if (prep_tc && !ws_in)
+    if (tc && !ws_in)
         kda::prep_tc_launch(q, k, v, g, beta, d, w, tiles_in ? kda::PrepMode::bwd_tiles : kda::PrepMode::bwd);
-    else if (!prep_tc)
-        kda::prep_launch(q, k, v, g, beta, d, w, tc);
+    else if (!tc)
+        kda::prep_launch(q, k, v, g, beta, d, w, false);
     prof.mark("prep");
     const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
     auto alloc = [&](int64_t n) {
@@ -482,7 +484,7 @@ void kda_bwd(const Tensor& q,
         float* hsw = alloc(chunks * kv);
         float* vnw = alloc(chunks * cv);
         if (tc)
-            kda::scan_tc_launch(q.dtype(), s0, Tensor(), Tensor(), d, w, hsw, vnw);
+            kda::scan_tc_launch(q.dtype(), s0, Tensor(), Tensor(), d, w, hsw, vnw, plan.scan_bv);
         else
             kda::scan_launch(s0, Tensor(), Tensor(), d, w, hsw, vnw);
         hs = hsw;
@@ -494,7 +496,7 @@ void kda_bwd(const Tensor& q,
     const float* dstp = dst.defined() ? dst.data<float>() : nullptr;
     float* ds0p = ds0.defined() ? ds0.data<float>() : nullptr;
     if (tc) {
-        kda::rscan_tc_launch(dout, dst, ds0, d, w, dhs, dvn);
+        kda::rscan_tc_launch(dout, dst, ds0, d, w, dhs, dvn, plan.rscan_bv);
     } else {
         MT_CUDA_DISPATCH(q.dtype(), T, {
             MT_CUDA_CHECK(cudaFuncSetAttribute(
@@ -509,7 +511,7 @@ void kda_bwd(const Tensor& q,
     // written before it is read; A's zero tiles above the diagonal are the zeros dA needs there), which saves
     // allocating and zero-filling ~0.7 GB at 8 x 4096. A and U kept by the forward are not ours to overwrite: dA and
     // dXu get their own buffers then (dA's zero tiles are written by chunk_mm_tc, which covers every tile).
-    if (tiles_in && kda::use_chunk_tc(d, q.dtype())) w.a = alloc(chunks * d.c * d.c);  // chunk_mm_tc's dA
+    if (tiles_in && plan.chunk_tc) w.a = alloc(chunks * d.c * d.c);  // chunk_mm_tc's dA
     const kda::Scratch sc{alloc(chunks * ck),
                           alloc(chunks * ck),
                           alloc(chunks * ck),
@@ -517,7 +519,7 @@ void kda_bwd(const Tensor& q,
                           w.u != nullptr ? w.u : alloc(chunks * cv)};
     float* pre_da = nullptr;
     float* pre_dgl = nullptr;
-    if (kda::use_chunk_tc(d, q.dtype())) {
+    if (plan.chunk_tc) {
         pre_da = w.a;
         pre_dgl = alloc(chunks * d.k);
         kda::chunk_mm_tc_launch(dout, d, w, hs, vn, dvn, dhs, sc.dqg, sc.dkg, sc.dw, pre_da, pre_dgl);
@@ -526,9 +528,8 @@ void kda_bwd(const Tensor& q,
     const int64_t rows = static_cast<int64_t>(d.b) * d.t * d.hv * d.k;
     float* dqh = d.group == 1 ? nullptr : alloc(rows);
     float* dkh = d.group == 1 ? nullptr : alloc(rows);
-    const bool intra = kda::use_intra_tc(d, q.dtype()), dtc = kda::use_dt_tc(d, q.dtype());
     int* only = nullptr;
-    if (pre_da != nullptr && kda::use_chunk_smem(d, q.dtype())) {
+    if (plan.chunk_smem) {
         keep.push_back(Tensor::scratch({chunks}, DType::i32, core::Device::cuda));
         only = keep.back().data<int32_t>();
         kda::chunk_smem_launch(
@@ -563,9 +564,9 @@ void kda_bwd(const Tensor& q,
                                                                              static_cast<T*>(dv.raw()),
                                                                              static_cast<T*>(dg.raw()),
                                                                              static_cast<T*>(dbeta.raw()),
-                                                                             intra,
-                                                                             dtc,
-                                                                             kda::bwd_split_tc(),
+                                                                             tc,  // intra-chunk terms on TCs
+                                                                             tc,  // dT products on TCs
+                                                                             true,  // 3xTF32
                                                                              only,
                                                                              ws_in,
                                                                              phases.clock());

@@ -611,9 +611,8 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
 
 }  // namespace
 
-bool use_chunk_smem(const Dims& d, DType dt) {
-    static const bool off = env_is("MT_KDA_CHUNK_SMEM", "0");
-    return !off && use_chunk_tc(d, dt) && use_intra_tc(d, dt) && use_dt_tc(d, dt) && d.k == kK && d.v == kV;
+bool chunk_smem_shapes(const Dims& d) {
+    return d.k == kK && d.v == kV;
 }
 
 void chunk_smem_launch(const Tensor& q,
@@ -665,11 +664,10 @@ void chunk_smem_launch(const Tensor& q,
     };
     auto by_type = [&](auto tag) {
         using T = decltype(tag);
-        const bool split = bwd_split_tc();
         if (d.c == 64)
-            split ? run(chunk_smem_kernel<T, true, 64>, tag) : run(chunk_smem_kernel<T, false, 64>, tag);
+            run(chunk_smem_kernel<T, true, 64>, tag);
         else
-            split ? run(chunk_smem_kernel<T, true, 32>, tag) : run(chunk_smem_kernel<T, false, 32>, tag);
+            run(chunk_smem_kernel<T, true, 32>, tag);
     };
     if (q.dtype() == DType::bf16)
         by_type(bf16{});

@@ -185,8 +185,8 @@ __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __r
 
 }  // namespace
 
-bool use_chunk_tc(const Dims& d, DType dt) {
-    return use_tc(d, dt) && d.v % kSlab == 0;
+bool chunk_tc_shapes(const Dims& d) {
+    return d.v % kSlab == 0;
 }
 
 void chunk_mm_tc_launch(const Tensor& dout,

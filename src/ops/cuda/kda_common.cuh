@@ -4,10 +4,12 @@
 // v, g, beta and dO read as zero there), which leaves every real row exactly as with a short chunk.
 #pragma once
 
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "ops/cuda/common.cuh"
+#include "ops/kda.h"
 
 namespace mt::ops::cuda::kda {
 
@@ -128,10 +130,25 @@ void prep_launch(const Tensor& q,
 void scan_launch(
     const Tensor& s0, const Tensor& out, const Tensor& st, const Dims& d, const Work& w, float* hs, float* vn);
 
-// The tensor-core scans (kda_scan_tc.cu): bf16/f16 inputs (dt), K % 16 == 0, K <= 128, V % 16 == 0; MT_KDA_TC=0
-// forces the fp32 kernels. f32 inputs keep the fp32 kernels, whose results stay within 1e-5 of the CPU reference.
-bool use_tc(const Dims& d, DType dt);
-// Same contract as scan_launch.
+// The kernels of one call, chosen once in host code (make_plan, kda.cu) from the shapes, the dtype and the caller's
+// ops::KdaKernels:
+//   tc:         the tensor-core prep, scans and backward intra-chunk/dT products (3xTF32): bf16/f16 inputs,
+//               K % 16 == 0, K <= 128, V % 16 == 0, and KdaKernels::tensor_cores. Otherwise the fp32 kernels (the
+//               only path of f32 inputs, within 1e-5 of the CPU reference).
+//   chunk_tc:   the backward chunk step's products over V on tensor cores (kda_chunk_tc.cu): tc and V % 32 == 0.
+//   chunk_smem: the rest of that step in shared memory (kda_chunk_smem.cu): chunk_tc, K = V = 128 and
+//               KdaKernels::chunk_smem.
+//   scan_bv, rscan_bv: the value tiles of the tensor-core scans (tc only; pick_bv).
+struct Plan {
+    bool tc = false, chunk_tc = false, chunk_smem = false;
+    int scan_bv = 0, rscan_bv = 0;
+};
+Plan make_plan(const Dims& d, DType dt, const ops::KdaKernels& kernels);
+// The plan in words (KdaOptions::chosen), e.g. "cuda-tc scan_bv=64 rscan_bv=128 chunk=smem".
+std::string plan_name(const Plan& plan, bool backward);
+// Whether the tensor-core kernels take these shapes and dtype (the first part of Plan::tc).
+bool tc_shapes(const Dims& d, DType dt);
+// The tensor-core scans (kda_scan_tc.cu), plan.tc: same contract as scan_launch, with the value tile bv.
 void scan_tc_launch(DType dt,
                     const Tensor& s0,
                     const Tensor& out,
@@ -139,14 +156,18 @@ void scan_tc_launch(DType dt,
                     const Dims& d,
                     const Work& w,
                     float* hs,
-                    float* vn);
-// The tensor-core prep (kda_prep_tc.cu): use_tc, and MT_KDA_PREP_TC=0 not set. Fills the same workspace as
+                    float* vn,
+                    int bv);
+// The forward and reverse scans' value tile for d: `forced` (KdaKernels::scan_bv, rscan_bv) where it divides V and
+// fits, else the one pick_bv models fastest.
+int scan_tile(const Dims& d, int forced);
+int rscan_tile(const Dims& d, int forced);
+// The tensor-core prep (kda_prep_tc.cu), plan.tc. Fills the same workspace as
 // prep_launch. Modes: fwd writes what the scan reads (qg, kg, w, u, a and Gamma's last row), and m and tm when
 // they are non-null (kept for the backward); fwd_all also Gamma's every row (all of it kept); bwd everything;
 // bwd_tiles reads tm (and leaves a, m alone) instead of forming A, M and T, and writes the rest (u only when
 // non-null). xw is written whenever it is non-null.
 enum class PrepMode { fwd, fwd_all, bwd, bwd_tiles };
-bool use_prep_tc(const Dims& d, DType dt);
 void prep_tc_launch(const Tensor& q,
                     const Tensor& k,
                     const Tensor& v,
@@ -155,17 +176,18 @@ void prep_tc_launch(const Tensor& q,
                     const Dims& d,
                     const Work& w,
                     PrepMode mode);
-// The backward chunk step's intra-chunk terms on tensor cores (kda_intra_tc.cuh): use_tc, MT_KDA_INTRA_TC=0 not set.
-bool use_intra_tc(const Dims& d, DType dt);
-// Its products over T (dXw, dXu, dT, T^T dT T^T) on tensor cores: use_tc, MT_KDA_DT_TC=0 not set.
-bool use_dt_tc(const Dims& d, DType dt);
-// Whether those two run as 3xTF32 (split operands, about fp32 precision): yes unless MT_KDA_BWD_SPLIT=0.
-bool bwd_split_tc();
-// The reverse scan (kda_bwd.cu's rscan): stores dS leaving each chunk into dhs and dVn into dvn; ds0 gets dS_0.
-void rscan_tc_launch(
-    const Tensor& dout, const Tensor& dst, const Tensor& ds0, const Dims& d, const Work& w, float* dhs, float* dvn);
-// The backward chunk step's products over V on tensor cores (kda_chunk_tc.cu): use_tc and V % 32 == 0.
-bool use_chunk_tc(const Dims& d, DType dt);
+// The reverse scan on tensor cores (plan.tc; kda_bwd.cu's rscan otherwise), value tile bv: stores dS leaving each
+// chunk into dhs and dVn into dvn; ds0 gets dS_0.
+void rscan_tc_launch(const Tensor& dout,
+                     const Tensor& dst,
+                     const Tensor& ds0,
+                     const Dims& d,
+                     const Work& w,
+                     float* dhs,
+                     float* dvn,
+                     int bv);
+// The shapes the backward chunk step's V products on tensor cores take (kda_chunk_tc.cu): V % 32 == 0.
+bool chunk_tc_shapes(const Dims& d);
 // dqg = dO h^T, dkg = Vn dS^T, dw = -dVn h^T into the chunk scratch ([chunks, C, K]), da = tril(dO Vn^T)
 // [chunks, C, C], dgl = gamma * rowsum(h * dS) [chunks, K].
 void chunk_mm_tc_launch(const Tensor& dout,
@@ -181,11 +203,11 @@ void chunk_mm_tc_launch(const Tensor& dout,
                         float* da,
                         float* dgl);
 
-// The rest of the backward chunk step with every operand in shared memory (kda_chunk_smem.cu): use_chunk_tc,
-// the intra and dT products on tensor cores, K = V = 128; MT_KDA_CHUNK_SMEM=0 turns it off. Reads what
+// The rest of the backward chunk step with every operand in shared memory (kda_chunk_smem.cu), plan.chunk_smem;
+// chunk_smem_shapes: K = V = 128. Reads what
 // chunk_mm_tc_launch wrote; writes dq, dk (dqh, dkh when HV > H), dv, dg, dbeta of every chunk except those it marks
 // in fallback[units * nc] (Gamma beyond the anchors' bound), which chunk_kernel then does.
-bool use_chunk_smem(const Dims& d, DType dt);
+bool chunk_smem_shapes(const Dims& d);
 void chunk_smem_launch(const Tensor& q,
                        const Tensor& k,
                        const Tensor& v,
@@ -205,8 +227,6 @@ void chunk_smem_launch(const Tensor& q,
                        const Tensor& dg,
                        const Tensor& dbeta,
                        int* fallback);
-// MT_KDA_* switches: whether the variable is set to this value.
-bool env_is(const char* name, std::string_view value);
 // An attribute of the current device.
 int device_attr(cudaDeviceAttr attr);
 

@@ -236,11 +236,11 @@ __device__ __forceinline__ void stage_async(float* dst, int ld, const float* src
     }
 }
 
-// MT_KDA_PROFILE=1: cudaEvents around each kernel of a call, printed to stderr when the call ends (the host waits
+// MT_PROFILE=kda (core::profile_requested): cudaEvents around each kernel of a call, printed to stderr when the call ends (the host waits
 // for the device then). Off by default: a tuning aid, not part of the op's contract.
 class Profile {
    public:
-    explicit Profile(const char* op) : op_(op), on_(std::getenv("MT_KDA_PROFILE") != nullptr) {
+    explicit Profile(const char* op) : op_(op), on_(core::profile_requested("kda")) {
         if (on_) mark("start");
     }
     void mark(const char* name) {
@@ -273,7 +273,7 @@ class Profile {
     std::vector<std::string> names_;
 };
 
-// MT_KDA_PHASES=1 (with MT_KDA_PROFILE's purpose, inside one kernel): thread 0 of each block stamps clock64() at
+// MT_PROFILE=kda_phases (the purpose of MT_PROFILE=kda, inside one kernel): thread 0 of each block stamps clock64() at
 // the kernel's phase boundaries into a [blocks, kMaxPhases] buffer, and the host prints the mean cycles of each
 // phase over the blocks (one SM's clock per block, so the differences are meaningful). Off by default.
 constexpr int kMaxPhases = 16;
@@ -310,7 +310,7 @@ struct PhaseSums {
 class PhaseLog {
    public:
     PhaseLog(const char* name, int64_t blocks) : name_(name), blocks_(blocks) {
-        if (std::getenv("MT_KDA_PHASES") == nullptr) return;
+        if (!core::profile_requested("kda_phases")) return;
         keep_ = Tensor::zeros({blocks * kMaxPhases}, DType::i64, core::Device::cuda);
     }
     PhaseClock clock() const {

@@ -421,7 +421,6 @@ void launch(const Tensor& q,
             const Dims& d,
             const Work& w,
             PrepMode mode) {
-    static const bool split_on = env_is("MT_KDA_PREP_SPLIT", "1");
     const dim3 grid(static_cast<unsigned>(d.nc), static_cast<unsigned>(d.units()));
     const auto smem = static_cast<size_t>(layout(d).total);
     const bool tiles_in = mode == PrepMode::bwd_tiles;
@@ -429,9 +428,7 @@ void launch(const Tensor& q,
     const PhaseLog phases(name, static_cast<int64_t>(d.nc) * d.units());
     with_model_shape(d, [&](auto model) {
         constexpr bool kModel = decltype(model)::value;
-        auto kernel =
-            tiles_in ? (split_on ? prep_tc_kernel<T, true, true, kModel> : prep_tc_kernel<T, false, true, kModel>)
-                     : (split_on ? prep_tc_kernel<T, true, false, kModel> : prep_tc_kernel<T, false, false, kModel>);
+        auto kernel = tiles_in ? prep_tc_kernel<T, false, true, kModel> : prep_tc_kernel<T, false, false, kModel>;
         MT_CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
         kernel<<<grid, kThreads, smem, core::cuda_stream()>>>(static_cast<const T*>(q.raw()),
@@ -449,31 +446,6 @@ void launch(const Tensor& q,
 }
 
 }  // namespace
-
-bool env_is(const char* name, std::string_view value) {
-    const char* e = std::getenv(name);
-    return e != nullptr && std::string_view(e) == value;
-}
-
-bool use_prep_tc(const Dims& d, DType dt) {
-    static const bool off = env_is("MT_KDA_PREP_TC", "0");
-    return !off && use_tc(d, dt);
-}
-
-bool use_intra_tc(const Dims& d, DType dt) {
-    static const bool off = env_is("MT_KDA_INTRA_TC", "0");
-    return !off && use_tc(d, dt);
-}
-
-bool use_dt_tc(const Dims& d, DType dt) {
-    static const bool off = env_is("MT_KDA_DT_TC", "0");
-    return !off && use_tc(d, dt);
-}
-
-bool bwd_split_tc() {
-    static const bool off = env_is("MT_KDA_BWD_SPLIT", "0");
-    return !off;
-}
 
 void prep_tc_launch(const Tensor& q,
                     const Tensor& k,

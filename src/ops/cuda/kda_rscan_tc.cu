@@ -303,13 +303,20 @@ void rscan_bv(const T* dout, const float* dst, float* ds0, const Dims& d, const 
 
 }  // namespace
 
-void rscan_tc_launch(
-    const Tensor& dout, const Tensor& dst, const Tensor& ds0, const Dims& d, const Work& w, float* dhs, float* dvn) {
+int rscan_tile(const Dims& d, int forced) {
+    return pick_bv(d, forced, rscan_tc_floats);
+}
+
+void rscan_tc_launch(const Tensor& dout,
+                     const Tensor& dst,
+                     const Tensor& ds0,
+                     const Dims& d,
+                     const Work& w,
+                     float* dhs,
+                     float* dvn,
+                     int bv) {
     const float* dstp = dst.defined() ? dst.data<float>() : nullptr;
     float* ds0p = ds0.defined() ? ds0.data<float>() : nullptr;
-    // MT_KDA_RSCAN_MAX_BV=64 keeps the tile at most 64 (the choice before Qg and W moved to registers; a check).
-    static const int max_bv = env_is("MT_KDA_RSCAN_MAX_BV", "64") ? 64 : 128;
-    const int bv = pick_bv(d, max_bv, rscan_tc_floats);
     MT_CUDA_DISPATCH(dout.dtype(), T, {
         const T* dp = static_cast<const T*>(dout.raw());
         if constexpr (std::is_same_v<T, float>) {

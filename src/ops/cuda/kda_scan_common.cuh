@@ -242,7 +242,7 @@ void set_smem(K kernel, size_t bytes) {
 // The value tile of a scan: the BV in {16, 32, 64, 128} (up to max_bv, dividing V, its shared memory within the
 // device's limit) of least modelled time, waves * (256 + BV): one block per SM (the chunk tiles take most of the
 // shared memory at every BV), and a chunk step costing a fixed ~256 columns' worth (the ~112 KB tile stream and the
-// step's latency) plus BV columns of products. MT_KDA_SCAN_BV=16|32|64|128 forces a tile where it fits (tuning).
-int pick_bv(const Dims& d, int max_bv, int (*floats)(const Dims&, int));
+// step's latency) plus BV columns of products. `forced` (ops::KdaKernels::scan_bv, rscan_bv) is taken where it fits.
+int pick_bv(const Dims& d, int forced, int (*floats)(const Dims&, int));
 
 }  // namespace mt::ops::cuda::kda

@@ -246,16 +246,12 @@ void scan_bv(const float* s0, T* out, float* st, const Dims& d, const Work& w, f
 // The value tile of a scan: the BV in {16, 32, 64, 128} (up to max_bv, dividing V, its shared memory within the
 // device's limit) of least modelled time, waves * (256 + BV): one block per SM (the chunk tiles take most of the
 // shared memory at every BV), and a chunk step costing a fixed ~256 columns' worth (the ~112 KB tile stream and the
-// step's latency) plus BV columns of products. MT_KDA_SCAN_BV=16|32|64|128 forces a tile where it fits (tuning).
-int pick_bv(const Dims& d, int max_bv, int (*floats)(const Dims&, int)) {
-    static const int sms = device_attr(cudaDevAttrMultiProcessorCount);
-    static const int smem_max = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-    static const int forced = [] {
-        const char* e = std::getenv("MT_KDA_SCAN_BV");
-        return e != nullptr ? std::atoi(e) : 0;
-    }();
+// step's latency) plus BV columns of products. `forced` (16, 32, 64 or 128; ops::KdaKernels) is taken where it fits.
+int pick_bv(const Dims& d, int forced, int (*floats)(const Dims&, int)) {
+    const int sms = device_attr(cudaDevAttrMultiProcessorCount);
+    const int smem_max = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     auto fits = [&](int bv) {
-        return bv <= max_bv && d.v % bv == 0 && floats(d, bv) * static_cast<int>(sizeof(float)) <= smem_max;
+        return d.v % bv == 0 && floats(d, bv) * static_cast<int>(sizeof(float)) <= smem_max;
     };
     if ((forced == 16 || forced == 32 || forced == 64 || forced == 128) && fits(forced)) return forced;
     int best = kBV;
@@ -279,9 +275,12 @@ int device_attr(cudaDeviceAttr attr) {
     return v;
 }
 
-bool use_tc(const Dims& d, DType dt) {
-    static const bool off = env_is("MT_KDA_TC", "0");
-    return !off && dt != DType::f32 && d.k % 16 == 0 && d.k <= 128 && d.v % kBV == 0;
+bool tc_shapes(const Dims& d, DType dt) {
+    return dt != DType::f32 && d.k % 16 == 0 && d.k <= 128 && d.v % kBV == 0;
+}
+
+int scan_tile(const Dims& d, int forced) {
+    return pick_bv(d, forced, scan_tc_floats);
 }
 
 void scan_tc_launch(DType dt,
@@ -291,10 +290,10 @@ void scan_tc_launch(DType dt,
                     const Dims& d,
                     const Work& w,
                     float* hs,
-                    float* vn) {
+                    float* vn,
+                    int bv) {
     const float* s0p = s0.defined() ? s0.data<float>() : nullptr;
     float* stp = st.defined() ? st.data<float>() : nullptr;
-    const int bv = pick_bv(d, 128, scan_tc_floats);
     MT_CUDA_DISPATCH(dt, T, {
         T* op = out.defined() ? static_cast<T*>(out.raw()) : nullptr;
         if constexpr (std::is_same_v<T, float>) {
