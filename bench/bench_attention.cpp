@@ -2,7 +2,7 @@
 //   bench_attention [--b 8] [--t 4096] [--h 16] [--d 128] [--iters 20] [--warmup 3] [--no-extra] [--nondeterministic]
 //                   [--deterministic-bwd]
 // The main case runs on the default kernel and (unless --no-extra) again on the mma.sync kernels
-// (AttentionOptions::kernel). --nondeterministic turns mt::ops::deterministic() off, so the attention backward is
+// (AttentionOptions::kernel). --nondeterministic turns core::exec().deterministic off, so the attention backward is
 // the 5-matmul one that sums dq with float reductions (flash_bwd_wgmma_fast.cu); --deterministic-bwd keeps the
 // deterministic kernels anyway (AttentionOptions::fast_bwd = false). `impl` names the kernels each case ran.
 // Each case is timed with CUDA events on the ops' stream after warm-up; the figure is the median over the timed
@@ -55,14 +55,8 @@ Tensor random_bf16(const mt::core::Shape& shape, uint64_t seed, float scale = 1.
 using mt::bench::all_finite;
 using mt::bench::time_ms;
 
-void bench_attention(int64_t b,
-                     int64_t t,
-                     int64_t h,
-                     int64_t hkv,
-                     int64_t d,
-                     int warmup,
-                     int iters,
-                     mt::ops::AttentionOptions options) {
+void bench_attention(
+    int64_t b, int64_t t, int64_t h, int64_t hkv, int64_t d, int warmup, int iters, mt::ops::AttentionOptions options) {
     const Tensor q = random_bf16({b, t, h, d}, 1), k = random_bf16({b, t, hkv, d}, 2),
                  v = random_bf16({b, t, hkv, d}, 3);
     const Tensor dout = random_bf16({b, t, h, d}, 4);
@@ -83,7 +77,7 @@ void bench_attention(int64_t b,
     const bool finite = all_finite(lse) && all_finite(dq) && all_finite(dk) && all_finite(dv);
     const nlohmann::json line = {{"bench", "attention"},
                                  {"impl", "moetrain-flash fwd=" + fwd_impl + " bwd=" + bwd_impl},
-                                 {"deterministic", mt::ops::deterministic()},
+                                 {"deterministic", mt::core::exec().deterministic},
                                  {"dtype", "bf16"},
                                  {"causal", true},
                                  {"B", b},
@@ -143,7 +137,7 @@ int run(int argc, char** argv) {
                  deterministic_bwd,
                  "with --nondeterministic, keep the deterministic attention backward (AttentionOptions::fast_bwd)");
     CLI11_PARSE(app, argc, argv);
-    mt::ops::set_deterministic(!nondeterministic);
+    mt::core::set_default_exec({mt::core::Lane::main, !nondeterministic});
     if (!mt::core::backend_available(Device::cuda)) {
         std::printf("%s\n", nlohmann::json{{"bench", "attention"}, {"skipped", "no CUDA device"}}.dump().c_str());
         return 0;

@@ -138,27 +138,26 @@ void bench_case(int64_t b,
          {&saved.a, &saved.m, &saved.t, &saved.hs, &saved.vn, &saved.gam, &saved.qg, &saved.kg, &saved.w})
         kept_bytes += bytes(*x);
     saved = mt::ops::KdaSaved{};
-    const nlohmann::json line = {
-        {"bench", "kda"},
-        {"impl", "moetrain-cuda-v8 fwd=" + fwd_impl + " bwd=" + bwd_impl},
-        {"dtype", "bf16 (f32 state)"},
-        {"gate", "lower_bound -5"},
-        {"chunk", 64},
-        {"keep", keep},
-        {"kept_bytes_per_token_head", kept_bytes / (tokens * static_cast<double>(h))},
-        {"B", b},
-        {"T", t},
-        {"H", h},
-        {"K", kd},
-        {"V", vd},
-        {"fwd_ms", fwd_ms},
-        {"fwd_bwd_ms", fwd_bwd_ms},
-        {"fwd_tokens_per_s", tokens / fwd_ms * 1e3},
-        {"fwd_bwd_tokens_per_s", tokens / fwd_bwd_ms * 1e3},
-        {"target_fwd_bwd_ms", target_ms},
-        {"meets_target", fwd_bwd_ms <= target_ms},
-        {"outputs_finite", finite},
-        {"iters", iters}};
+    const nlohmann::json line = {{"bench", "kda"},
+                                 {"impl", "moetrain-cuda-v8 fwd=" + fwd_impl + " bwd=" + bwd_impl},
+                                 {"dtype", "bf16 (f32 state)"},
+                                 {"gate", "lower_bound -5"},
+                                 {"chunk", 64},
+                                 {"keep", keep},
+                                 {"kept_bytes_per_token_head", kept_bytes / (tokens * static_cast<double>(h))},
+                                 {"B", b},
+                                 {"T", t},
+                                 {"H", h},
+                                 {"K", kd},
+                                 {"V", vd},
+                                 {"fwd_ms", fwd_ms},
+                                 {"fwd_bwd_ms", fwd_bwd_ms},
+                                 {"fwd_tokens_per_s", tokens / fwd_ms * 1e3},
+                                 {"fwd_bwd_tokens_per_s", tokens / fwd_bwd_ms * 1e3},
+                                 {"target_fwd_bwd_ms", target_ms},
+                                 {"meets_target", fwd_bwd_ms <= target_ms},
+                                 {"outputs_finite", finite},
+                                 {"iters", iters}};
     std::printf("%s\n", line.dump().c_str());
     std::fflush(stdout);
 }

@@ -22,7 +22,7 @@ inline double time_ms(const std::function<void()>& fn, int warmup, int iters) {
     for (int i = 0; i < warmup; ++i) fn();
     std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(iters));
     for (auto& e : ev) MT_CUDA_CHECK(cudaEventCreate(&e));
-    const cudaStream_t stream = core::cuda_stream();
+    const cudaStream_t stream = core::exec_stream();
     for (int i = 0; i < iters; ++i) {
         MT_CUDA_CHECK(cudaEventRecord(ev[2 * i], stream));
         fn();

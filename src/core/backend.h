@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "core/exec.h"
 
 namespace mt::core {
 
@@ -17,6 +18,8 @@ class Backend {
     // Zero-filled memory; throws Error(ExitCode::device) when it cannot be had.
     virtual void* alloc(size_t bytes) = 0;
     virtual void free(void* ptr, size_t bytes) = 0;
+    // alloc, alloc_scratch, copy and memset_zero run on the current context's lane (core::exec()); free returns
+    // the memory to the pool of the lane that allocated it.
     // Scratch an op overwrites in full before reading it: contents undefined (the CUDA backend skips the zeroing
     // memset, which for the attention backward's 134 MB dq buffer cost about 1 ms per training step of the 1.3B
     // model). Freed with free().
@@ -30,8 +33,10 @@ class Backend {
     // has arrived (host-visible copies are synchronous).
     virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) = 0;
     virtual void memset_zero(void* ptr, size_t bytes) = 0;
-    // Waits for all work queued on this backend.
+    // Waits for all work queued on this backend (every lane).
     virtual void synchronize() = 0;
+    // Orders two lanes (core::lane_wait); the CPU runs everything in call order and needs nothing.
+    virtual void lane_wait(Lane waiter, Lane signaller) {}
     // Allocator statistics: bytes handed out now, and the most ever handed out at once (0 where not tracked).
     virtual size_t bytes_in_use() const {
         return 0;

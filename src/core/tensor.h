@@ -25,9 +25,6 @@ class Tensor {
 
     // New zero-filled contiguous tensor.
     static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu);
-    static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu) {
-        return zeros(shape, dtype, device);
-    }
     // New contiguous tensor whose contents are undefined: for scratch an op overwrites in full before reading it
     // (saves the zeroing memset on the GPU; Backend::set_scratch_poison fills it with NaN to catch a missed write).
     static Tensor scratch(const Shape& shape, DType dtype, Device device);

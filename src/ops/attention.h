@@ -22,8 +22,8 @@ enum class AttentionKernel { automatic, wgmma, mma, generic };
 // Which CUDA kernels a call runs. The layers keep the defaults; a test or benchmark sets a field to reach a variant.
 struct AttentionOptions {
     AttentionKernel kernel = AttentionKernel::automatic;
-    // With deterministic() off, the wgmma backward is the 5-matmul kernel that sums dq with float reductions (the
-    // faster one on the H200); false keeps the deterministic kernel anyway. With deterministic() on it is ignored.
+    // With core::exec().deterministic off, the wgmma backward is the 5-matmul kernel that sums dq with float
+    // reductions (the faster one on the H200); false keeps the deterministic kernel anyway. Ignored when on.
     bool fast_bwd = true;
     // When set, the call writes the kernels it ran here (benchmarks print it as their `impl`).
     std::string* chosen = nullptr;

@@ -48,8 +48,8 @@ cpu::KdaDims check_inputs(const Tensor& q,
                  "{}: chunk_size = {}; the chunked algorithm takes 64 or 32",
                  op,
                  options.chunk_size);
-    for (const auto& [name, bv] : {std::pair{"scan_bv", options.kernels.scan_bv},
-                                   std::pair{"rscan_bv", options.kernels.rscan_bv}})
+    for (const auto& [name, bv] :
+         {std::pair{"scan_bv", options.kernels.scan_bv}, std::pair{"rscan_bv", options.kernels.rscan_bv}})
         MT_CHECK(bv == 0 || bv == 16 || bv == 32 || bv == 64 || bv == 128,
                  "{}: KdaKernels::{} = {}; it takes 0 (per shape), 16, 32, 64 or 128",
                  op,

@@ -57,7 +57,7 @@ struct KdaOptions {
     // With a KdaSaved: keep everything the backward would recompute (the states too, as save_states, and Gamma, Qg,
     // Kg, W: 2,048 more bytes per token and value head at K = 128), so _bwd runs no forward kernel at all.
     bool save_workspace = false;
-    KdaKernels kernels;
+    KdaKernels kernels = {};
     // When set, a CUDA call writes here the kernels it ran (benchmarks print it as their `impl`); the CPU writes
     // the algorithm's name.
     std::string* chosen = nullptr;

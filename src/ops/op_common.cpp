@@ -101,16 +101,4 @@ core::Device check_same_device(std::string_view op, std::initializer_list<NamedA
     return first == nullptr ? core::Device::cpu : first->tensor.device();
 }
 
-namespace {
-bool g_deterministic = true;  // set once at startup, before any op runs
-}  // namespace
-
-void set_deterministic(bool deterministic) {
-    g_deterministic = deterministic;
-}
-
-bool deterministic() {
-    return g_deterministic;
-}
-
 }  // namespace mt::ops

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <string_view>
 
+#include "core/exec.h"
 #include "core/tensor.h"
 
 namespace mt::ops {
@@ -42,12 +43,7 @@ struct NamedArg {
 // one call must be on the same device".
 core::Device check_same_device(std::string_view op, std::initializer_list<NamedArg> args);
 
-// Process-wide kernel policy. Deterministic (the default): every op gives bitwise identical results run to run (no
-// float atomics, fixed reduction orders). Off (config `run.deterministic = false`): ops may pick faster kernels whose
-// float sums depend on scheduling (the CUDA attention backward accumulates dq with atomics). CPU ops are always
-// deterministic.
-void set_deterministic(bool deterministic);
-bool deterministic();
+// Whether ops must be deterministic is part of the execution context: core::exec().deterministic (core/exec.h).
 
 }  // namespace mt::ops
 

@@ -34,7 +34,7 @@ class CommWork {
         virtual void wait() = 0;
         virtual bool test() = 0;
         // Default: a host wait. A backend that returns without the operation being complete must make every later
-        // launch on core::cuda_stream() wait for it, and keep its buffers valid until then.
+        // launch on core::exec_stream() wait for it, and keep its buffers valid until then.
         virtual void wait_on_device() {
             wait();
         }

@@ -335,7 +335,7 @@ class NcclComm final : public Comm {
     // Makes the communicator's stream wait (on the GPU) for the work queued so far on the ops' stream, which
     // produced the buffers; a later operation cannot start before an earlier one on this stream has finished.
     void follow_compute() {
-        MT_CUDA_CHECK(cudaEventRecord(compute_done_, core::cuda_stream()));
+        MT_CUDA_CHECK(cudaEventRecord(compute_done_, core::exec_stream()));
         MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, compute_done_, 0));
     }
     // Before a collective: queued sends and receives go first, as they were called first.
@@ -379,7 +379,7 @@ bool NcclWork::test() {
 
 void NcclWork::wait_on_device() {
     if (launch->owner != nullptr) launch->owner->issue_batch();
-    MT_CUDA_CHECK(cudaStreamWaitEvent(core::cuda_stream(), launch->event, 0));
+    MT_CUDA_CHECK(cudaStreamWaitEvent(core::exec_stream(), launch->event, 0));
 }
 
 }  // namespace

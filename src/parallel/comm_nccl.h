@@ -23,7 +23,7 @@ int comm_nccl_local_device();
 //
 // Semantics beyond comm.h:
 // * Every buffer is device memory of the current device. Each operation first waits (on the GPU) for the work
-//   already queued on the ops' stream (core::cuda_stream()), then runs on the communicator's own stream;
+//   already queued on the ops' stream (core::exec_stream()), then runs on the communicator's own stream;
 //   CommWork::wait() blocks the host until it has completed, and reports NCCL's asynchronous errors (exit 6)
 //   instead of hanging; CommWork::wait_on_device() makes the ops' stream wait for it instead. A watchdog thread
 //   polls every live communicator for asynchronous errors and ends the process with exit 6 on one, so a rank whose

@@ -108,7 +108,9 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     log_ = log && comm.rank() == 0;
     check_parallel_layout();
     trainer_set_threads(cfg_.run.threads);
-    ops::set_deterministic(cfg_.run.deterministic);
+    core::ExecCtx exec = core::default_exec();
+    exec.deterministic = cfg_.run.deterministic;
+    core::set_default_exec(exec);  // every op of this process runs under it, on the main lane
     const nn::Precision precision = trainer_precision(cfg_);
     scaler_ = optim::LossScaler(trainer_loss_scaler(cfg_, precision));
     const auto& t = cfg_.train;

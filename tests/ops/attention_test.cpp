@@ -265,7 +265,7 @@ void attention_gpu_parity(int64_t b,
                                          core::dtype_name(dtype),
                                          *kernel != 0 ? "_" : "",
                                          kernel,
-                                         deterministic() ? "" : "_nondeterministic");
+                                         core::exec().deterministic ? "" : "_nondeterministic");
     const uint64_t s = op_seed(name);
     auto rounded = [&](const Tensor& x) { return x.to(dtype).to(DType::f32); };
     const Tensor q = rounded(op_randn({b, t, hq, d}, s, 0)), k = rounded(op_randn({b, t, hkv, d}, s, 1));
@@ -282,7 +282,9 @@ void attention_gpu_parity(int64_t b,
     options.chosen = &chosen;
     attention_fwd(qg, kg, vg, out, lse, options);
     attention_bwd(qg, kg, vg, out, lse, dog, dq, dk, dv, options);
-    if (expect_bwd != nullptr) EXPECT_EQ(chosen, expect_bwd) << name;
+    if (expect_bwd != nullptr) {
+        EXPECT_EQ(chosen, expect_bwd) << name;
+    }
     expect_rho(name, "out", out, out_ref, budget);
     expect_rho(name, "lse", lse, lse_ref, budget);
     expect_rho(name, "dq", dq, dq_ref, budget);
@@ -300,25 +302,22 @@ void flash_parity_cases(AttentionOptions options = {}, const char* expect_bwd = 
     attention_gpu_parity(1, 523, 4, 1, 128, DType::bf16, 1e-2, options, expect_bwd);
 }
 
-// The default kernel of this GPU (wgmma on Hopper; its deterministic backward, deterministic() being on).
+// The default kernel of this GPU (wgmma on Hopper; its deterministic backward, the default context being so).
 TEST(GpuAttention, FlashParityBf16) {
     flash_parity_cases({}, flash_wgmma_available() ? "cuda-wgmma" : "cuda-mma");
 }
 
-// Runs fn with mt::ops::deterministic() off, which selects the 5-matmul wgmma backward that sums dq with float
-// reductions, then restores it.
+// Runs fn under a context with deterministic off (core::ExecScope), which selects the 5-matmul wgmma backward that
+// sums dq with float reductions; the previous context comes back after.
 void with_fast_bwd(const std::function<void()>& fn) {
-    struct Restore {
-        ~Restore() {
-            set_deterministic(true);
-        }
-    } restore;
-    set_deterministic(false);
+    core::ExecCtx ctx = core::exec();
+    ctx.deterministic = false;
+    const core::ExecScope scope(ctx);
     fn();
 }
 
 // The fast (non-deterministic) wgmma backward: the same cases, and more key blocks of 128 per GQA group; and
-// AttentionOptions::fast_bwd = false, which keeps the deterministic wgmma backward with deterministic() off.
+// AttentionOptions::fast_bwd = false, which keeps the deterministic wgmma backward in such a context.
 TEST(GpuAttention, FlashFastParityBf16) {
     if (!flash_wgmma_available()) GTEST_SKIP() << "the fast backward is a wgmma kernel (Hopper)";
     with_fast_bwd([] {

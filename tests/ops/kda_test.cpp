@@ -67,7 +67,8 @@ OpCase kda_case(const KdaShape& s,
     const std::string want = expect_plan != nullptr ? expect_plan : "";
     // The forward's plan names no backward kernels: it is checked against the part of want before them.
     auto check_plan = [name, want](const Tensor& q, const std::string& chosen, bool backward) {
-        const std::string part = backward ? want : want.substr(0, std::min(want.find(" rscan_bv="), want.find("chunk=")));
+        const std::string part =
+            backward ? want : want.substr(0, std::min(want.find(" rscan_bv="), want.find("chunk=")));
         if (part.empty() || q.device() != core::Device::cuda || q.dtype() == DType::f32) return;
         EXPECT_NE(chosen.find(part), std::string::npos) << name << ": ran " << chosen << ", expected " << part;
     };
@@ -207,8 +208,12 @@ KdaKernels scan_tiles(int bv) {
     // Every kernel variant selected through ops::KdaKernels, each checked to have run (expect_plan): the fp32
     // kernels on bf16/f16 inputs (the tensor cores' shapes), the general backward chunk kernel at K = V = 128, and
     // each value tile of both scans.
-    op_register(kda_case(
-        {1, 90, 1, 2, 32, 48}, with_kernels(chunked(32), fp32_kernels()), KdaGateRegime::bounded, true, true, "cuda-fp32"));
+    op_register(kda_case({1, 90, 1, 2, 32, 48},
+                         with_kernels(chunked(32), fp32_kernels()),
+                         KdaGateRegime::bounded,
+                         true,
+                         true,
+                         "cuda-fp32"));
     op_register(kda_case({1, 100, 1, 2, 128, 128},
                          with_kernels(chunked(), fp32_kernels()),
                          KdaGateRegime::floor,
@@ -227,7 +232,7 @@ KdaKernels scan_tiles(int bv) {
                              KdaGateRegime::bounded,
                              true,
                              true,
-                             bv == 128 ? "scan_bv=128 rscan_bv=128"
+                             bv == 128  ? "scan_bv=128 rscan_bv=128"
                              : bv == 64 ? "scan_bv=64 rscan_bv=64"
                              : bv == 32 ? "scan_bv=32 rscan_bv=32"
                                         : "scan_bv=16 rscan_bv=16"));

@@ -148,17 +148,17 @@ TEST_F(GpuTraining, NondeterministicModeStaysClose) {
     const std::string dir = fresh_dir("fast");
     std::vector<double> la, lb;
     {
-        Trainer a(tiny_job(dir, tiny_model("cuda")), false);  // sets the process-wide switch: run it alone
+        Trainer a(tiny_job(dir, tiny_model("cuda")), false);  // sets the process default context: run it alone
         la = losses(a, 50);
     }
     auto fast = tiny_model("cuda");
     fast.push_back("run.deterministic=false");
     {
         Trainer b(tiny_job(dir, fast), false);
-        EXPECT_FALSE(mt::ops::deterministic());
+        EXPECT_FALSE(mt::core::exec().deterministic);
         lb = losses(b, 50);
     }
-    mt::ops::set_deterministic(true);
+    mt::core::set_default_exec({});
     expect_curves_close(la, lb, 0.03);
 }
 

@@ -1,5 +1,6 @@
 // The CUDA backend: a caching device allocator (freed blocks are kept per size class and reused, as PyTorch's
-// caching allocator does, so training steps stop calling cudaMalloc after the first), one stream, copies.
+// caching allocator does, so training steps stop calling cudaMalloc after the first), one stream per lane
+// (core/exec.h) with its own pool of cached blocks, copies.
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 
@@ -9,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/backend.h"
@@ -23,13 +25,31 @@ void cuda_fail(cudaError_t err, const char* what, const char* file, int line) {
                     std::to_string(line));
 }
 
-cudaStream_t cuda_stream() {
-    static cudaStream_t stream = [] {
-        cudaStream_t s = nullptr;
-        MT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        return s;
-    }();
-    return stream;
+namespace {
+
+constexpr int kLanes = 2;
+
+int lane_index(Lane lane) {
+    return lane == Lane::main ? 0 : 1;
+}
+
+cudaStream_t make_stream() {
+    cudaStream_t s = nullptr;
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+}
+
+}  // namespace
+
+cudaStream_t lane_stream(Lane lane) {
+    static cudaStream_t main_stream = make_stream();
+    if (lane == Lane::main) return main_stream;
+    static cudaStream_t side_stream = make_stream();
+    return side_stream;
+}
+
+cudaStream_t exec_stream() {
+    return lane_stream(exec().lane);
 }
 
 namespace {
@@ -48,7 +68,7 @@ class CudaBackend final : public Backend {
 
     void* alloc(size_t bytes) override {
         void* ptr = alloc_scratch(bytes);
-        MT_CUDA_CHECK(cudaMemsetAsync(ptr, 0, size_class(bytes == 0 ? 1 : bytes), cuda_stream()));
+        MT_CUDA_CHECK(cudaMemsetAsync(ptr, 0, size_class(bytes == 0 ? 1 : bytes), exec_stream()));
         return ptr;
     }
 
@@ -58,11 +78,12 @@ class CudaBackend final : public Backend {
 
     void* alloc_scratch(size_t bytes) override {
         const size_t cls = size_class(bytes == 0 ? 1 : bytes);
+        const int lane = lane_index(exec().lane);
         void* ptr = nullptr;
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            auto it = cache_.find(cls);
-            if (it != cache_.end() && !it->second.empty()) {
+            auto it = cache_[lane].find(cls);
+            if (it != cache_[lane].end() && !it->second.empty()) {
                 ptr = it->second.back();
                 it->second.pop_back();
                 cached_bytes_ -= cls;
@@ -83,8 +104,9 @@ class CudaBackend final : public Backend {
                           cudaGetErrorString(err),
                           in_use_bytes_);
         }
-        if (poison_) MT_CUDA_CHECK(cudaMemsetAsync(ptr, 0xFF, cls, cuda_stream()));
+        if (poison_) MT_CUDA_CHECK(cudaMemsetAsync(ptr, 0xFF, cls, exec_stream()));
         std::lock_guard<std::mutex> lock(mutex_);
+        owner_[ptr] = lane;
         in_use_bytes_ += cls;
         peak_bytes_ = std::max(peak_bytes_, in_use_bytes_);
         return ptr;
@@ -94,7 +116,10 @@ class CudaBackend final : public Backend {
         if (ptr == nullptr) return;
         const size_t cls = size_class(bytes == 0 ? 1 : bytes);
         std::lock_guard<std::mutex> lock(mutex_);
-        cache_[cls].push_back(ptr);  // reused by a later alloc on the same stream: stream order keeps it safe
+        const auto owner = owner_.find(ptr);
+        const int lane = owner != owner_.end() ? owner->second : 0;
+        if (owner != owner_.end()) owner_.erase(owner);
+        cache_[lane][cls].push_back(ptr);  // reused by a later alloc on the same lane: stream order keeps it safe
         in_use_bytes_ -= cls;
         cached_bytes_ += cls;
     }
@@ -104,16 +129,24 @@ class CudaBackend final : public Backend {
         cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
         if (dst_device == Device::cpu && src_device != Device::cpu) kind = cudaMemcpyDeviceToHost;
         if (dst_device != Device::cpu && src_device == Device::cpu) kind = cudaMemcpyHostToDevice;
-        MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, cuda_stream()));
-        if (kind != cudaMemcpyDeviceToDevice) MT_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+        MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, exec_stream()));
+        if (kind != cudaMemcpyDeviceToDevice) MT_CUDA_CHECK(cudaStreamSynchronize(exec_stream()));
     }
 
     void memset_zero(void* ptr, size_t bytes) override {
-        MT_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, cuda_stream()));
+        MT_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, exec_stream()));
     }
 
     void synchronize() override {
-        MT_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+        for (Lane lane : {Lane::main, Lane::side}) MT_CUDA_CHECK(cudaStreamSynchronize(lane_stream(lane)));
+    }
+
+    void lane_wait(Lane waiter, Lane signaller) override {
+        cudaEvent_t event = nullptr;
+        MT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+        MT_CUDA_CHECK(cudaEventRecord(event, lane_stream(signaller)));
+        MT_CUDA_CHECK(cudaStreamWaitEvent(lane_stream(waiter), event, 0));
+        MT_CUDA_CHECK(cudaEventDestroy(event));  // released once the wait has completed
     }
 
     size_t bytes_in_use() const override {
@@ -131,16 +164,19 @@ class CudaBackend final : public Backend {
 
    private:
     void release_cache() {
-        MT_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+        synchronize();
         std::lock_guard<std::mutex> lock(mutex_);
-        for (auto& [cls, ptrs] : cache_)
-            for (void* p : ptrs) cudaFree(p);
-        cache_.clear();
+        for (auto& pool : cache_) {
+            for (auto& [cls, ptrs] : pool)
+                for (void* p : ptrs) cudaFree(p);
+            pool.clear();
+        }
         cached_bytes_ = 0;
     }
 
     std::mutex mutex_;
-    std::map<size_t, std::vector<void*>> cache_;
+    std::map<size_t, std::vector<void*>> cache_[kLanes];  // per lane: size class -> free blocks
+    std::unordered_map<void*, int> owner_;                // live block -> the lane whose pool gets it back
     size_t in_use_bytes_ = 0, cached_bytes_ = 0, peak_bytes_ = 0;
     std::atomic<bool> poison_{[] {
         const char* env = std::getenv("MT_SCRATCH_POISON");

@@ -4,14 +4,17 @@
 #include <cuda_runtime.h>
 
 #include "core/error.h"
+#include "core/exec.h"
 #include "core/trace.h"
 
 namespace mt::core {
 
 [[noreturn]] void cuda_fail(cudaError_t err, const char* what, const char* file, int line);
 
-// The stream every CUDA op and copy runs on (one per process for now; deterministic order).
-cudaStream_t cuda_stream();
+// The CUDA stream of a lane (created on first use), and the one of the current context (core::exec()): every kernel
+// launch, copy and memset of an op goes to exec_stream().
+cudaStream_t lane_stream(Lane lane);
+cudaStream_t exec_stream();
 
 // The range around a CUDA op: core::TraceRange on the GPU (an NVTX range through the CUDA backend, and a profile
 // entry), named after the op.

@@ -37,9 +37,7 @@ KdaLayer::KdaLayer(ParamTable& table, const std::string& prefix, const ModelConf
                     bounded ? ops::KdaDiagonal::matmul : ops::KdaDiagonal::pairwise,
                     kda.chunk_size,
                     kda.save_states,
-                    kda.save_workspace,
-                    {},        // the default kernels (a layer never picks a kernel variant)
-                    nullptr};  // chosen: not asked
+                    kda.save_workspace};
     keep_tiles_ = kda.save_tiles || kda.save_states || kda.save_workspace;
 
     const int64_t d = cfg.d_model, hk = h_ * k_dim_, hvk = hv_ * k_dim_, hvv = hv_ * v_dim_;

@@ -60,11 +60,11 @@ void launch(const Tensor& param,
     const TG* g = static_cast<const TG*>(grad.raw());
     float *p = param.data<float>(), *mp = m.data<float>(), *vp = v.data<float>();
     if (!copy.defined())
-        adamw_kernel<VEC, TG, float, false><<<blocks, kThreads, 0, core::cuda_stream()>>>(p, g, mp, vp, nullptr, n, s);
+        adamw_kernel<VEC, TG, float, false><<<blocks, kThreads, 0, core::exec_stream()>>>(p, g, mp, vp, nullptr, n, s);
     else
         MT_CUDA_DISPATCH(copy.dtype(), TC, {
             adamw_kernel<VEC, TG, TC, true>
-                <<<blocks, kThreads, 0, core::cuda_stream()>>>(p, g, mp, vp, static_cast<TC*>(copy.raw()), n, s);
+                <<<blocks, kThreads, 0, core::exec_stream()>>>(p, g, mp, vp, static_cast<TC*>(copy.raw()), n, s);
         });
 }
 

@@ -63,10 +63,10 @@ void add_fwd(const Tensor& a, const Tensor& b, const Tensor& out) {
                              TO* op_ = static_cast<TO*>(out.raw());
                              if (vec)
                                  add_fwd_kernel<8, TA, TB, TO>
-                                     <<<grid_for(n / 8, kThreads), kThreads, 0, core::cuda_stream()>>>(ap, bp, op_, n);
+                                     <<<grid_for(n / 8, kThreads), kThreads, 0, core::exec_stream()>>>(ap, bp, op_, n);
                              else
                                  add_fwd_kernel<1, TA, TB, TO>
-                                     <<<grid_for(n, kThreads), kThreads, 0, core::cuda_stream()>>>(ap, bp, op_, n);
+                                     <<<grid_for(n, kThreads), kThreads, 0, core::exec_stream()>>>(ap, bp, op_, n);
                          })));
     MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -90,10 +90,10 @@ void add_bwd(const Tensor& dout, const Tensor& da, const Tensor& db) {
                              TB* bp = static_cast<TB*>(db.raw());
                              if (vec)
                                  add_bwd_kernel<8, TD, TA, TB>
-                                     <<<grid_for(n / 8, kThreads), kThreads, 0, core::cuda_stream()>>>(dp, ap, bp, n);
+                                     <<<grid_for(n / 8, kThreads), kThreads, 0, core::exec_stream()>>>(dp, ap, bp, n);
                              else
                                  add_bwd_kernel<1, TD, TA, TB>
-                                     <<<grid_for(n, kThreads), kThreads, 0, core::cuda_stream()>>>(dp, ap, bp, n);
+                                     <<<grid_for(n, kThreads), kThreads, 0, core::exec_stream()>>>(dp, ap, bp, n);
                          })));
     MT_CUDA_CHECK(cudaGetLastError());
 }

@@ -2,7 +2,7 @@
 // flash_*_wgmma.cu; mma.sync elsewhere, flash_fwd.cu / flash_bwd.cu) or the simple kernels (f32, f16, or any other
 // D <= 256; attention_generic.cu: the fp16 mode's attention is correct but not yet on tensor cores).
 // AttentionOptions::kernel overrides the choice (tests and benchmarks; a family that does not apply falls back).
-// With mt::ops::deterministic() off (run.deterministic = false) the backward is the non-deterministic 5-matmul
+// With core::exec().deterministic off (run.deterministic = false) the backward is the non-deterministic 5-matmul
 // wgmma kernel (flash_bwd_wgmma_fast.cu) unless AttentionOptions::fast_bwd is false. Takes q, k,
 // v, out, dout, dq, dk, dv all bf16, all f16 or all f32, and lse f32 in every case. Shapes are checked by the caller
 // (ops/attention.cpp).
@@ -81,11 +81,11 @@ const char* kernel_name(Kernel kernel) {
 }
 
 // The 5-matmul wgmma backward (flash_bwd_wgmma_fast.cu) sums dq with float reductions in an order that depends on
-// scheduling, so it runs only with mt::ops::deterministic() off, where it is the default because it is the faster
+// scheduling, so it runs only with core::exec().deterministic off, where it is the default because it is the faster
 // one on the H200 (bwd 3.41 against 4.02 ms, docs/PERFORMANCE.md). AttentionOptions::fast_bwd = false keeps the
 // deterministic kernels anyway (A/B benchmarks).
 bool fast_bwd(const AttentionOptions& options) {
-    return !mt::ops::deterministic() && options.fast_bwd;
+    return !core::exec().deterministic && options.fast_bwd;
 }
 
 }  // namespace

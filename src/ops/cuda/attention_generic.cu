@@ -178,17 +178,17 @@ unsigned blocks_for_rows(int64_t rows) {
 template <typename T>
 void generic_fwd(const AttnParams& p) {
     generic_fwd_kernel<T>
-        <<<blocks_for_rows(static_cast<int64_t>(p.b) * p.hq * p.t), kWarpsPerBlock * 32, 0, core::cuda_stream()>>>(p);
+        <<<blocks_for_rows(static_cast<int64_t>(p.b) * p.hq * p.t), kWarpsPerBlock * 32, 0, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
 void generic_bwd(const AttnParams& p) {
     generic_dq_kernel<T>
-        <<<blocks_for_rows(static_cast<int64_t>(p.b) * p.hq * p.t), kWarpsPerBlock * 32, 0, core::cuda_stream()>>>(p);
+        <<<blocks_for_rows(static_cast<int64_t>(p.b) * p.hq * p.t), kWarpsPerBlock * 32, 0, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
     generic_dkdv_kernel<T>
-        <<<blocks_for_rows(static_cast<int64_t>(p.b) * p.hkv * p.t), kWarpsPerBlock * 32, 0, core::cuda_stream()>>>(p);
+        <<<blocks_for_rows(static_cast<int64_t>(p.b) * p.hkv * p.t), kWarpsPerBlock * 32, 0, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -204,7 +204,7 @@ void attention_generic_bwd(const AttnParams& p, DType dtype) {
 
 void attention_delta(const AttnParams& p, float* delta, DType dtype) {
     const unsigned blocks = blocks_for_rows(static_cast<int64_t>(p.b) * p.hq * p.t);
-    MT_CUDA_DISPATCH(dtype, T, delta_kernel<T><<<blocks, kWarpsPerBlock * 32, 0, core::cuda_stream()>>>(p, delta));
+    MT_CUDA_DISPATCH(dtype, T, delta_kernel<T><<<blocks, kWarpsPerBlock * 32, 0, core::exec_stream()>>>(p, delta));
     MT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -202,7 +202,7 @@ void attnres_mix_fwd(const std::vector<Tensor>& sources,
     if (n == 0) return;
     core::NvtxRange range("attnres_mix_fwd");
     MT_CUDA_DISPATCH(sources[0].dtype(), T, MT_CUDA_DISPATCH(query.dtype(), TQ, {
-                         mix_fwd_kernel<T, TQ><<<static_cast<unsigned>(n), kThreads, 0, core::cuda_stream()>>>(
+                         mix_fwd_kernel<T, TQ><<<static_cast<unsigned>(n), kThreads, 0, core::exec_stream()>>>(
                              sources_of(sources),
                              static_cast<const TQ*>(query.raw()),
                              static_cast<const TQ*>(key_gain.raw()),
@@ -253,7 +253,7 @@ void attnres_mix_bwd(const std::vector<Tensor>& sources,
                          auto launch = [&](auto* dv_type) {
                              using TD = std::remove_pointer_t<decltype(dv_type)>;
                              mix_bwd_kernel<T, TQ, TD>
-                                 <<<static_cast<unsigned>(blocks), kThreads, 0, core::cuda_stream()>>>(
+                                 <<<static_cast<unsigned>(blocks), kThreads, 0, core::exec_stream()>>>(
                                      sources_of(sources),
                                      static_cast<const TQ*>(query.raw()),
                                      static_cast<const TQ*>(key_gain.raw()),
@@ -273,7 +273,7 @@ void attnres_mix_bwd(const std::vector<Tensor>& sources,
                              launch(static_cast<T*>(nullptr));
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
-    partial_sum_kernel<<<static_cast<unsigned>((c + 255) / 256), 256, 0, core::cuda_stream()>>>(
+    partial_sum_kernel<<<static_cast<unsigned>((c + 255) / 256), 256, 0, core::exec_stream()>>>(
         partial.data<float>(), blocks, c, dquery.data<float>(), dkey_gain.data<float>());
     MT_CUDA_CHECK(cudaGetLastError());
 }

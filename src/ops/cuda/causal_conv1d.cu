@@ -126,7 +126,7 @@ void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool s
     core::NvtxRange range("causal_conv1d_fwd");
     MT_CUDA_DISPATCH(
         x.dtype(), TX, MT_CUDA_DISPATCH(w.dtype(), TW, {
-            conv_fwd_kernel<TX, TW><<<grid_for(total, 256), 256, 0, core::cuda_stream()>>>(
+            conv_fwd_kernel<TX, TW><<<grid_for(total, 256), 256, 0, core::exec_stream()>>>(
                 static_cast<const TX*>(x.raw()), static_cast<const TW*>(w.raw()), static_cast<TX*>(y.raw()), d, silu);
         }));
     MT_CUDA_CHECK(cudaGetLastError());
@@ -153,15 +153,15 @@ void causal_conv1d_bwd(
                          const TX* xp = static_cast<const TX*>(x.raw());
                          const TW* wp = static_cast<const TW*>(w.raw());
                          const TX* dyp = static_cast<const TX*>(dy.raw());
-                         conv_dx_kernel<TX, TW><<<grid_for(total, 256), 256, 0, core::cuda_stream()>>>(
+                         conv_dx_kernel<TX, TW><<<grid_for(total, 256), 256, 0, core::exec_stream()>>>(
                              xp, wp, dyp, static_cast<TX*>(dx.raw()), d, silu);
                          conv_dw_partial_kernel<TX, TW>
-                             <<<grid, kThreads, 0, core::cuda_stream()>>>(xp, wp, dyp, partial.data<float>(), d, silu);
+                             <<<grid, kThreads, 0, core::exec_stream()>>>(xp, wp, dyp, partial.data<float>(), d, silu);
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
     const int64_t cw = d.c * d.w;
     MT_CUDA_DISPATCH(dw.dtype(), TG, {
-        conv_dw_reduce_kernel<TG><<<grid_for(cw, 256), 256, 0, core::cuda_stream()>>>(
+        conv_dw_reduce_kernel<TG><<<grid_for(cw, 256), 256, 0, core::exec_stream()>>>(
             partial.data<float>(), static_cast<TG*>(dw.raw()), blocks, cw);
     });
     MT_CUDA_CHECK(cudaGetLastError());

@@ -159,8 +159,8 @@ class BadIndexFlag {
     // -1 when every index was valid.
     int64_t first_bad(int64_t n) const {
         int32_t value = 0;
-        MT_CUDA_CHECK(cudaMemcpyAsync(&value, ptr(), sizeof(value), cudaMemcpyDeviceToHost, core::cuda_stream()));
-        MT_CUDA_CHECK(cudaStreamSynchronize(core::cuda_stream()));
+        MT_CUDA_CHECK(cudaMemcpyAsync(&value, ptr(), sizeof(value), cudaMemcpyDeviceToHost, core::exec_stream()));
+        MT_CUDA_CHECK(cudaStreamSynchronize(core::exec_stream()));
         return value == 0 ? -1 : n - value;
     }
 

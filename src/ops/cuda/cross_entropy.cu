@@ -151,7 +151,7 @@ void cross_entropy_fwd(
     MT_CUDA_DISPATCH(logits.dtype(), T, {
         const T* lp = static_cast<const T*>(logits.raw());
         auto kernel = vec ? cross_entropy_fwd_kernel<8, T> : cross_entropy_fwd_kernel<1, T>;
-        kernel<<<blocks, threads, 0, core::cuda_stream()>>>(
+        kernel<<<blocks, threads, 0, core::exec_stream()>>>(
             lp, targets.data<int32_t>(), ignore_index, losses.data<float>(), lse.data<float>(), n, v, bad.ptr());
     });
     MT_CUDA_CHECK(cudaGetLastError());
@@ -182,7 +182,7 @@ void cross_entropy_bwd(const Tensor& logits,
         const T* lp = static_cast<const T*>(logits.raw());
         T* dp = static_cast<T*>(dlogits.raw());
         auto kernel = vec ? cross_entropy_bwd_kernel<8, T> : cross_entropy_bwd_kernel<1, T>;
-        kernel<<<blocks, threads, 0, core::cuda_stream()>>>(
+        kernel<<<blocks, threads, 0, core::exec_stream()>>>(
             lp, targets.data<int32_t>(), lse.data<float>(), ignore_index, dlosses.data<float>(), dp, n, v, bad.ptr());
     });
     MT_CUDA_CHECK(cudaGetLastError());

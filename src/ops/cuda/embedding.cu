@@ -135,7 +135,7 @@ void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out) {
     MT_CUDA_DISPATCH(weight.dtype(), TW, MT_CUDA_DISPATCH(out.dtype(), TO, {
                          if (vec)
                              embedding_fwd_kernel<8, TW, TO>
-                                 <<<blocks, threads, 0, core::cuda_stream()>>>(ids.data<int32_t>(),
+                                 <<<blocks, threads, 0, core::exec_stream()>>>(ids.data<int32_t>(),
                                                                                static_cast<const TW*>(weight.raw()),
                                                                                static_cast<TO*>(out.raw()),
                                                                                n,
@@ -144,7 +144,7 @@ void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out) {
                                                                                bad.ptr());
                          else
                              embedding_fwd_kernel<1, TW, TO>
-                                 <<<blocks, threads, 0, core::cuda_stream()>>>(ids.data<int32_t>(),
+                                 <<<blocks, threads, 0, core::exec_stream()>>>(ids.data<int32_t>(),
                                                                                static_cast<const TW*>(weight.raw()),
                                                                                static_cast<TO*>(out.raw()),
                                                                                n,
@@ -176,7 +176,7 @@ void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dweight)
             MT_CUDA_CHECK(cudaFuncSetAttribute(
                 embedding_bwd_kernel<TD, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
             embedding_bwd_kernel<TD, TW>
-                <<<grid, threads, smem, core::cuda_stream()>>>(ids.data<int32_t>(),
+                <<<grid, threads, smem, core::exec_stream()>>>(ids.data<int32_t>(),
                                                                static_cast<const TD*>(dout.raw()),
                                                                static_cast<TW*>(dweight.raw()),
                                                                n,

@@ -267,9 +267,9 @@ void launch_bwd(const AttnParams& p) {
     }();
     (void)configured;
     const unsigned blocks = static_cast<unsigned>((p.t + kBlk - 1) / kBlk);
-    flash_bwd_dkdv_kernel<D><<<dim3(blocks, p.hkv, p.b), kThreads, smem, core::cuda_stream()>>>(p);
+    flash_bwd_dkdv_kernel<D><<<dim3(blocks, p.hkv, p.b), kThreads, smem, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
-    flash_bwd_dq_kernel<D><<<dim3(blocks, p.hq, p.b), kThreads, smem, core::cuda_stream()>>>(p);
+    flash_bwd_dq_kernel<D><<<dim3(blocks, p.hq, p.b), kThreads, smem, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -8,7 +8,7 @@
 // the sum's order depends on scheduling. The same warpgroup loads: K, V, and each query block's Q and dO with TMA
 // into kStages-deep rings guarded by mbarriers (lse and delta by one warp), so the consumers meet only once per query
 // block, where each needs the other's dS^T rows (double-buffered). A pre-kernel computes delta = rowsum(dO * O); a
-// post-kernel writes dq = buffer * scale in bf16. attention.cu runs it when mt::ops::deterministic() is off
+// post-kernel writes dq = buffer * scale in bf16. attention.cu runs it when core::exec().deterministic is off
 // (docs/PERFORMANCE.md has the figures).
 #include <cuda_bf16.h>
 
@@ -365,11 +365,11 @@ void launch_bwd_fast(const AttnParams& p) {
     (void)configured;
     const int64_t rows = static_cast<int64_t>(p.b) * p.t * p.hq;
     MT_CUDA_CHECK(
-        cudaMemsetAsync(p.dq_accum, 0, flash_bwd_wgmma_fast_accum_floats(p) * sizeof(float), core::cuda_stream()));
+        cudaMemsetAsync(p.dq_accum, 0, flash_bwd_wgmma_fast_accum_floats(p) * sizeof(float), core::exec_stream()));
     constexpr int kPreThreads = 256;
     const int64_t pre_threads = rows * (D / 8);
     flash_bwd_fast_pre_kernel<D>
-        <<<static_cast<unsigned>((pre_threads + kPreThreads - 1) / kPreThreads), kPreThreads, 0, core::cuda_stream()>>>(
+        <<<static_cast<unsigned>((pre_threads + kPreThreads - 1) / kPreThreads), kPreThreads, 0, core::exec_stream()>>>(
             p, rows);
     MT_CUDA_CHECK(cudaGetLastError());
     const dim3 grid(static_cast<unsigned>((p.t + 64 * kWarpgroups - 1) / (64 * kWarpgroups)),
@@ -379,12 +379,12 @@ void launch_bwd_fast(const AttnParams& p) {
     const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.t, p.hkv, D, 64 * kWarpgroups);
     const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.t, p.hkv, D, 64 * kWarpgroups);
     flash_bwd_fast_wgmma_kernel<D>
-        <<<grid, 128 * (kWarpgroups + 1), smem, core::cuda_stream()>>>(tm_q, tm_k, tm_v, tm_do, p);
+        <<<grid, 128 * (kWarpgroups + 1), smem, core::exec_stream()>>>(tm_q, tm_k, tm_v, tm_do, p);
     MT_CUDA_CHECK(cudaGetLastError());
     const int m_blocks = (p.t + kBM - 1) / kBM;
     const int64_t n4 = static_cast<int64_t>(p.b) * p.hq * m_blocks * kBM * D / 4;
     flash_bwd_fast_post_kernel<D>
-        <<<static_cast<unsigned>((n4 + 255) / 256), 256, 0, core::cuda_stream()>>>(p, n4, m_blocks);
+        <<<static_cast<unsigned>((n4 + 255) / 256), 256, 0, core::exec_stream()>>>(p, n4, m_blocks);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 

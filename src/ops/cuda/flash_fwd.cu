@@ -147,7 +147,7 @@ void launch_fwd(const AttnParams& p) {
     }();
     (void)configured;
     const dim3 grid((p.t + kBM - 1) / kBM, p.hq, p.b);
-    flash_fwd_kernel<D><<<grid, kThreads, smem, core::cuda_stream()>>>(p);
+    flash_fwd_kernel<D><<<grid, kThreads, smem, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -255,7 +255,7 @@ void launch_fwd_tma(const AttnParams& p) {
     const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.t, p.hkv, D, kBN);
     const dim3 grid((p.t + kBM - 1) / kBM, p.hq, p.b);
     flash_fwd_tma_kernel<D, kStages, kPingPong>
-        <<<grid, kThreads + 128, smem, core::cuda_stream()>>>(tm_q, tm_k, tm_v, p);
+        <<<grid, kThreads + 128, smem, core::exec_stream()>>>(tm_q, tm_k, tm_v, p);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -81,20 +81,21 @@ double global_norm(const std::vector<Tensor>& tensors) {
     }
     if (chunks == 0) return 0.0;
     core::NvtxRange range("global_norm");
+    // Both buffers are written in full before they are read (the copy; one partial per chunk block, then the total).
     const Tensor parts_dev =
-        Tensor::empty({static_cast<int64_t>(parts.size() * sizeof(NormPart))}, DType::u8, core::Device::cuda);
+        Tensor::scratch({static_cast<int64_t>(parts.size() * sizeof(NormPart))}, DType::u8, core::Device::cuda);
     MT_CUDA_CHECK(cudaMemcpyAsync(
-        parts_dev.raw(), parts.data(), parts.size() * sizeof(NormPart), cudaMemcpyHostToDevice, core::cuda_stream()));
-    const Tensor partial = Tensor::empty({chunks + 1}, DType::f64, core::Device::cuda);  // [chunks] + the total
+        parts_dev.raw(), parts.data(), parts.size() * sizeof(NormPart), cudaMemcpyHostToDevice, core::exec_stream()));
+    const Tensor partial = Tensor::scratch({chunks + 1}, DType::f64, core::Device::cuda);  // [chunks] + the total
     double* pp = static_cast<double*>(partial.raw());
-    norm_partial_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, core::cuda_stream()>>>(
+    norm_partial_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, core::exec_stream()>>>(
         static_cast<const NormPart*>(parts_dev.raw()), static_cast<int>(parts.size()), pp);
     MT_CUDA_CHECK(cudaGetLastError());
-    norm_final_kernel<<<1, kFinalThreads, 0, core::cuda_stream()>>>(pp, chunks, pp + chunks);
+    norm_final_kernel<<<1, kFinalThreads, 0, core::exec_stream()>>>(pp, chunks, pp + chunks);
     MT_CUDA_CHECK(cudaGetLastError());
     double total = 0.0;
-    MT_CUDA_CHECK(cudaMemcpyAsync(&total, pp + chunks, sizeof(double), cudaMemcpyDeviceToHost, core::cuda_stream()));
-    MT_CUDA_CHECK(cudaStreamSynchronize(core::cuda_stream()));
+    MT_CUDA_CHECK(cudaMemcpyAsync(&total, pp + chunks, sizeof(double), cudaMemcpyDeviceToHost, core::exec_stream()));
+    MT_CUDA_CHECK(cudaStreamSynchronize(core::exec_stream()));
     return std::sqrt(total);
 }
 MT_REGISTER_KERNEL(global_norm, cuda, global_norm, ::mt::ops::half_and_float_dtypes);

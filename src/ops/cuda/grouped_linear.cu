@@ -138,7 +138,7 @@ class GroupedContext {
              bool rows_in_k) {
         if (gemms.empty()) return;
         std::lock_guard<std::mutex> lock(mutex_);
-        const cudaStream_t main = core::cuda_stream();
+        const cudaStream_t main = core::exec_stream();
         const int used = static_cast<int>(std::min<size_t>(kStreams, gemms.size()));
         if (layouts_.size() + gemms.size() > kMaxLayouts) layouts_.clear();  // bounded; nothing prepared yet
         std::vector<std::pair<const cublasLtMatmulAlgo_t*, const Layouts*>> prepared;
@@ -307,7 +307,7 @@ void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& host_off
         const char* xj = static_cast<const char*>(x.raw()) + r0 * k * es;
         char* yj = static_cast<char*>(y.raw()) + r0 * m * es;
         if (k == 0) {
-            MT_CUDA_CHECK(cudaMemsetAsync(yj, 0, rows * m * es, core::cuda_stream()));
+            MT_CUDA_CHECK(cudaMemsetAsync(yj, 0, rows * m * es, core::exec_stream()));
             continue;
         }
         gemms.push_back({t, t, true, false, m, rows, k, k, k, m, alignment_of(wj), alignment_of(xj), alignment_of(yj)});
@@ -352,7 +352,7 @@ void grouped_linear_bwd(const Tensor& x,
         if (dx.defined()) {
             char* dxj = static_cast<char*>(dx.raw()) + r0 * k * es;
             if (m == 0) {
-                if (!accumulate_dx) MT_CUDA_CHECK(cudaMemsetAsync(dxj, 0, rows * k * es, core::cuda_stream()));
+                if (!accumulate_dx) MT_CUDA_CHECK(cudaMemsetAsync(dxj, 0, rows * k * es, core::exec_stream()));
             } else {
                 gx.push_back(
                     {t, t, false, false, k, rows, m, k, m, k, alignment_of(wj), alignment_of(dyj), alignment_of(dxj)});

@@ -235,7 +235,7 @@ void prep_launch(const Tensor& q,
                  bool round_tf32) {
     const dim3 grid(static_cast<unsigned>(d.nc), static_cast<unsigned>(d.units()));
     MT_CUDA_DISPATCH(q.dtype(), T, {
-        prep_kernel<T><<<grid, kThreads, 0, core::cuda_stream()>>>(static_cast<const T*>(q.raw()),
+        prep_kernel<T><<<grid, kThreads, 0, core::exec_stream()>>>(static_cast<const T*>(q.raw()),
                                                                    static_cast<const T*>(k.raw()),
                                                                    static_cast<const T*>(v.raw()),
                                                                    static_cast<const T*>(g.raw()),
@@ -258,7 +258,7 @@ void scan_launch(
         T* op = out.defined() ? static_cast<T*>(out.raw()) : nullptr;
         MT_CUDA_CHECK(
             cudaFuncSetAttribute(scan_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        scan_kernel<T><<<grid, kThreads, smem, core::cuda_stream()>>>(s0p, op, stp, d, w, hs, vn);
+        scan_kernel<T><<<grid, kThreads, smem, core::exec_stream()>>>(s0p, op, stp, d, w, hs, vn);
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }

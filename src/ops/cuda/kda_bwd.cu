@@ -501,7 +501,7 @@ void kda_bwd(const Tensor& q,
         MT_CUDA_DISPATCH(q.dtype(), T, {
             MT_CUDA_CHECK(cudaFuncSetAttribute(
                 kda::rscan_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(rscan_smem)));
-            kda::rscan_kernel<T><<<scan_grid, kda::kThreads, rscan_smem, core::cuda_stream()>>>(
+            kda::rscan_kernel<T><<<scan_grid, kda::kThreads, rscan_smem, core::exec_stream()>>>(
                 static_cast<const T*>(dout.raw()), dstp, ds0p, d, w, dhs, dvn);
         });
         MT_CUDA_CHECK(cudaGetLastError());
@@ -543,7 +543,7 @@ void kda_bwd(const Tensor& q,
         MT_CUDA_CHECK(cudaFuncSetAttribute(
             kda::chunk_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(chunk_smem)));
         kda::chunk_kernel<T>
-            <<<chunk_grid, kda::kThreads, chunk_smem, core::cuda_stream()>>>(static_cast<const T*>(q.raw()),
+            <<<chunk_grid, kda::kThreads, chunk_smem, core::exec_stream()>>>(static_cast<const T*>(q.raw()),
                                                                              static_cast<const T*>(k.raw()),
                                                                              static_cast<const T*>(v.raw()),
                                                                              static_cast<const T*>(beta.raw()),
@@ -564,8 +564,8 @@ void kda_bwd(const Tensor& q,
                                                                              static_cast<T*>(dv.raw()),
                                                                              static_cast<T*>(dg.raw()),
                                                                              static_cast<T*>(dbeta.raw()),
-                                                                             tc,  // intra-chunk terms on TCs
-                                                                             tc,  // dT products on TCs
+                                                                             tc,    // intra-chunk terms on TCs
+                                                                             tc,    // dT products on TCs
                                                                              true,  // 3xTF32
                                                                              only,
                                                                              ws_in,
@@ -577,7 +577,7 @@ void kda_bwd(const Tensor& q,
     if (d.group == 1) return;
     const int64_t total = static_cast<int64_t>(d.b) * d.t * d.h * d.k;
     MT_CUDA_DISPATCH(q.dtype(), T, {
-        kda::group_kernel<T><<<grid_for(total, 256), 256, 0, core::cuda_stream()>>>(
+        kda::group_kernel<T><<<grid_for(total, 256), 256, 0, core::exec_stream()>>>(
             dqh, dkh, static_cast<T*>(dq.raw()), static_cast<T*>(dk.raw()), d);
     });
     MT_CUDA_CHECK(cudaGetLastError());

@@ -641,7 +641,7 @@ void chunk_smem_launch(const Tensor& q,
         using T = decltype(tag);
         MT_CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        kernel<<<grid, kBlock, smem, core::cuda_stream()>>>(static_cast<const T*>(q.raw()),
+        kernel<<<grid, kBlock, smem, core::exec_stream()>>>(static_cast<const T*>(q.raw()),
                                                             static_cast<const T*>(k.raw()),
                                                             static_cast<const T*>(v.raw()),
                                                             static_cast<const T*>(beta.raw()),

@@ -211,7 +211,7 @@ void chunk_mm_tc_launch(const Tensor& dout,
             const auto kernel = chunk_mm_tc_kernel<T, decltype(model)::value>;
             MT_CUDA_CHECK(
                 cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-            kernel<<<grid, kMmThreads, smem, core::cuda_stream()>>>(
+            kernel<<<grid, kMmThreads, smem, core::exec_stream()>>>(
                 static_cast<const T*>(dout.raw()), d, w, hs, vn, dvn, dhs, dqg, dkg, dw, da, dgl);
         });
     });

@@ -124,7 +124,7 @@ void kda_gate_fwd(
     core::NvtxRange range("kda_gate_fwd");
     MT_CUDA_DISPATCH(u.dtype(), T, MT_CUDA_DISPATCH(bias.dtype(), TP, {
                          gate_fwd_kernel<T, TP>
-                             <<<grid_for(total, 256), 256, 0, core::cuda_stream()>>>(static_cast<const T*>(u.raw()),
+                             <<<grid_for(total, 256), 256, 0, core::exec_stream()>>>(static_cast<const T*>(u.raw()),
                                                                                      ptr_or_null<TP>(a_log),
                                                                                      static_cast<const TP*>(bias.raw()),
                                                                                      static_cast<T*>(g.raw()),
@@ -163,7 +163,7 @@ void kda_gate_bwd(const Tensor& u,
     const dim3 grid(static_cast<unsigned>((hkn + kThreads - 1) / kThreads), static_cast<unsigned>(blocks));
     MT_CUDA_DISPATCH(u.dtype(), T, MT_CUDA_DISPATCH(bias.dtype(), TP, {
                          gate_bwd_kernel<T, TP>
-                             <<<grid, kThreads, 0, core::cuda_stream()>>>(static_cast<const T*>(u.raw()),
+                             <<<grid, kThreads, 0, core::exec_stream()>>>(static_cast<const T*>(u.raw()),
                                                                           ptr_or_null<TP>(a_log),
                                                                           static_cast<const TP*>(bias.raw()),
                                                                           static_cast<const T*>(dg.raw()),
@@ -174,13 +174,13 @@ void kda_gate_bwd(const Tensor& u,
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
     MT_CUDA_DISPATCH(dbias.dtype(), TG, {
-        gate_dbias_kernel<TG><<<grid_for(hkn, 256), 256, 0, core::cuda_stream()>>>(
+        gate_dbias_kernel<TG><<<grid_for(hkn, 256), 256, 0, core::exec_stream()>>>(
             pdb.data<float>(), static_cast<TG*>(dbias.raw()), blocks, hkn);
     });
     MT_CUDA_CHECK(cudaGetLastError());
     if (da_log.defined()) {
         MT_CUDA_DISPATCH(da_log.dtype(), TG, {
-            gate_dalog_kernel<TG><<<grid_for(d.hv, 64), 64, 0, core::cuda_stream()>>>(
+            gate_dalog_kernel<TG><<<grid_for(d.hv, 64), 64, 0, core::exec_stream()>>>(
                 pda.data<float>(), static_cast<TG*>(da_log.raw()), blocks, d);
         });
         MT_CUDA_CHECK(cudaGetLastError());

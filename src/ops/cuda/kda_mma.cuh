@@ -236,8 +236,8 @@ __device__ __forceinline__ void stage_async(float* dst, int ld, const float* src
     }
 }
 
-// MT_PROFILE=kda (core::profile_requested): cudaEvents around each kernel of a call, printed to stderr when the call ends (the host waits
-// for the device then). Off by default: a tuning aid, not part of the op's contract.
+// MT_PROFILE=kda (core::profile_requested): cudaEvents around each kernel of a call, printed to stderr when the call
+// ends (the host waits for the device then). Off by default: a tuning aid, not part of the op's contract.
 class Profile {
    public:
     explicit Profile(const char* op) : op_(op), on_(core::profile_requested("kda")) {
@@ -247,7 +247,7 @@ class Profile {
         if (!on_) return;
         cudaEvent_t e;
         MT_CUDA_CHECK(cudaEventCreate(&e));
-        MT_CUDA_CHECK(cudaEventRecord(e, core::cuda_stream()));
+        MT_CUDA_CHECK(cudaEventRecord(e, core::exec_stream()));
         events_.push_back(e);
         names_.emplace_back(name);
     }
@@ -320,7 +320,7 @@ class PhaseLog {
     void print(int n) const {
         if (!keep_.defined()) return;
         std::vector<long long> h(static_cast<size_t>(blocks_ * kMaxPhases));
-        MT_CUDA_CHECK(cudaStreamSynchronize(core::cuda_stream()));
+        MT_CUDA_CHECK(cudaStreamSynchronize(core::exec_stream()));
         MT_CUDA_CHECK(cudaMemcpy(h.data(), keep_.raw(), h.size() * sizeof(long long), cudaMemcpyDeviceToHost));
         std::string line = std::string("kda-phases ") + name_;
         for (int i = 1; i < n; ++i) {

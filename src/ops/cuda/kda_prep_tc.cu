@@ -431,7 +431,7 @@ void launch(const Tensor& q,
         auto kernel = tiles_in ? prep_tc_kernel<T, false, true, kModel> : prep_tc_kernel<T, false, false, kModel>;
         MT_CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        kernel<<<grid, kThreads, smem, core::cuda_stream()>>>(static_cast<const T*>(q.raw()),
+        kernel<<<grid, kThreads, smem, core::exec_stream()>>>(static_cast<const T*>(q.raw()),
                                                               static_cast<const T*>(k.raw()),
                                                               static_cast<const T*>(v.raw()),
                                                               static_cast<const T*>(g.raw()),

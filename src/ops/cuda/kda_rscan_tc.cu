@@ -296,7 +296,7 @@ void rscan_bv(const T* dout, const float* dst, float* ds0, const Dims& d, const 
     with_model_shape(d, [&](auto model) {
         const auto kernel = rscan_tc_kernel<T, BV, decltype(model)::value>;
         set_smem(kernel, smem);
-        kernel<<<grid, kThreads, smem, core::cuda_stream()>>>(dout, dst, ds0, d, w, dhs, dvn, {phases.clock().p});
+        kernel<<<grid, kThreads, smem, core::exec_stream()>>>(dout, dst, ds0, d, w, dhs, dvn, {phases.clock().p});
     });
     phases.print(5);
 }

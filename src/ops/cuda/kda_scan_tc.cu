@@ -236,7 +236,7 @@ void scan_bv(const float* s0, T* out, float* st, const Dims& d, const Work& w, f
     with_model_shape(d, [&](auto model) {
         const auto kernel = scan_tc_kernel<T, BV, decltype(model)::value>;
         set_smem(kernel, smem);
-        kernel<<<grid, kThreads, smem, core::cuda_stream()>>>(s0, out, st, d, w, hs, vn, {phases.clock().p});
+        kernel<<<grid, kThreads, smem, core::exec_stream()>>>(s0, out, st, d, w, hs, vn, {phases.clock().p});
     });
     phases.print(5);
 }
@@ -250,9 +250,7 @@ void scan_bv(const float* s0, T* out, float* st, const Dims& d, const Work& w, f
 int pick_bv(const Dims& d, int forced, int (*floats)(const Dims&, int)) {
     const int sms = device_attr(cudaDevAttrMultiProcessorCount);
     const int smem_max = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-    auto fits = [&](int bv) {
-        return d.v % bv == 0 && floats(d, bv) * static_cast<int>(sizeof(float)) <= smem_max;
-    };
+    auto fits = [&](int bv) { return d.v % bv == 0 && floats(d, bv) * static_cast<int>(sizeof(float)) <= smem_max; };
     if ((forced == 16 || forced == 32 || forced == 64 || forced == 128) && fits(forced)) return forced;
     int best = kBV;
     int64_t best_cost = INT64_MAX;

@@ -79,7 +79,7 @@ void l2norm_fwd(const Tensor& x, double scale, double eps, const Tensor& y, cons
     core::NvtxRange range("l2norm_fwd");
     MT_CUDA_DISPATCH(x.dtype(), T, {
         l2norm_fwd_kernel<T>
-            <<<blocks_for(n), 32 * kWarpsPerBlock, 0, core::cuda_stream()>>>(static_cast<const T*>(x.raw()),
+            <<<blocks_for(n), 32 * kWarpsPerBlock, 0, core::exec_stream()>>>(static_cast<const T*>(x.raw()),
                                                                              static_cast<T*>(y.raw()),
                                                                              rinv.data<float>(),
                                                                              n,
@@ -102,7 +102,7 @@ void l2norm_bwd(const Tensor& x, const Tensor& rinv, double scale, const Tensor&
     core::NvtxRange range("l2norm_bwd");
     MT_CUDA_DISPATCH(x.dtype(), T, {
         l2norm_bwd_kernel<T>
-            <<<blocks_for(n), 32 * kWarpsPerBlock, 0, core::cuda_stream()>>>(static_cast<const T*>(x.raw()),
+            <<<blocks_for(n), 32 * kWarpsPerBlock, 0, core::exec_stream()>>>(static_cast<const T*>(x.raw()),
                                                                              rinv.data<float>(),
                                                                              static_cast<const T*>(dy.raw()),
                                                                              static_cast<T*>(dx.raw()),

@@ -93,16 +93,16 @@ class LtContext {
                                 d,
                                 plan.d,
                                 &plan.algo,
-                                workspace_,
+                                workspace_[core::exec().lane == core::Lane::main ? 0 : 1],
                                 kWorkspaceBytes,
-                                core::cuda_stream()),
+                                core::exec_stream()),
                  "cublasLtMatmul");
     }
 
    private:
     LtContext() {
         lt_check(cublasLtCreate(&handle_), "cublasLtCreate");
-        workspace_ = core::backend_get(Device::cuda).alloc(kWorkspaceBytes);
+        for (void*& w : workspace_) w = core::backend_get(Device::cuda).alloc(kWorkspaceBytes);
     }
 
     GemmPlan& plan_for(const GemmShape& s) {
@@ -158,7 +158,7 @@ class LtContext {
 
     std::mutex mutex_;
     cublasLtHandle_t handle_ = nullptr;
-    void* workspace_ = nullptr;
+    void* workspace_[2] = {};  // one per lane (core/exec.h): GEMMs of the two lanes may run at the same time
     std::map<decltype(GemmShape{}.key()), GemmPlan> plans_;
 };
 
@@ -212,14 +212,14 @@ void launch_dbias(const Tensor& dy, const Tensor& dbias, int64_t n, int64_t m) {
     auto* partial = static_cast<float*>(be.alloc_scratch(bytes));  // every column of every chunk is written
     const dim3 grid(blocks_for(m, kColTile), static_cast<unsigned>(chunks));
     column_partial_kernel<T>
-        <<<grid, dim3(kColTile, kRowLanes), 0, core::cuda_stream()>>>(static_cast<const T*>(dy.raw()), partial, n, m);
+        <<<grid, dim3(kColTile, kRowLanes), 0, core::exec_stream()>>>(static_cast<const T*>(dy.raw()), partial, n, m);
     MT_CUDA_CHECK(cudaGetLastError());
     if (dbias.dtype() == DType::f32)
         column_finish_kernel<float>
-            <<<blocks_for(m, 256), 256, 0, core::cuda_stream()>>>(partial, static_cast<float*>(dbias.raw()), chunks, m);
+            <<<blocks_for(m, 256), 256, 0, core::exec_stream()>>>(partial, static_cast<float*>(dbias.raw()), chunks, m);
     else
         column_finish_kernel<T>
-            <<<blocks_for(m, 256), 256, 0, core::cuda_stream()>>>(partial, static_cast<T*>(dbias.raw()), chunks, m);
+            <<<blocks_for(m, 256), 256, 0, core::exec_stream()>>>(partial, static_cast<T*>(dbias.raw()), chunks, m);
     MT_CUDA_CHECK(cudaGetLastError());
     be.free(partial, bytes);  // stream order keeps the reuse safe
 }
@@ -257,7 +257,7 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tens
     if (k == 0) {
         if (!bias.defined()) return y.zero();
         MT_CUDA_DISPATCH(x.dtype(), T, {
-            broadcast_rows_kernel<<<blocks_for(n * m, 256), 256, 0, core::cuda_stream()>>>(
+            broadcast_rows_kernel<<<blocks_for(n * m, 256), 256, 0, core::exec_stream()>>>(
                 static_cast<const T*>(bias.raw()), static_cast<T*>(y.raw()), n, m);
         });
         MT_CUDA_CHECK(cudaGetLastError());

@@ -185,7 +185,7 @@ void moe_expert_counts(const Tensor& indices, const Tensor& counts) {
     if (slots == 0) return;
     core::NvtxRange range("moe_expert_counts");
     const unsigned blocks = std::min<unsigned>(grid_for(slots, kThreads), 128);
-    expert_counts_kernel<<<blocks, kThreads, static_cast<size_t>(e) * sizeof(unsigned), core::cuda_stream()>>>(
+    expert_counts_kernel<<<blocks, kThreads, static_cast<size_t>(e) * sizeof(unsigned), core::exec_stream()>>>(
         indices.data<int32_t>(), static_cast<u64*>(counts.raw()), slots, e);
     MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -210,11 +210,11 @@ void moe_qb_histogram(const Tensor& scores, const Tensor& cutoff, double lower, 
             const dim3 grid(static_cast<unsigned>((e + eb - 1) / eb),
                             static_cast<unsigned>((n + kTokensPerBlock - 1) / kTokensPerBlock));
             qb_histogram_kernel<T>
-                <<<grid, kThreads, static_cast<size_t>(eb * bins) * sizeof(unsigned), core::cuda_stream()>>>(
+                <<<grid, kThreads, static_cast<size_t>(eb * bins) * sizeof(unsigned), core::exec_stream()>>>(
                     s, c, h, n, e, bins, eb, lower, scale);
         } else {
             qb_histogram_global_kernel<T>
-                <<<grid_for(n * e, kThreads), kThreads, 0, core::cuda_stream()>>>(s, c, h, n, e, bins, lower, scale);
+                <<<grid_for(n * e, kThreads), kThreads, 0, core::exec_stream()>>>(s, c, h, n, e, bins, lower, scale);
         }
     });
     MT_CUDA_CHECK(cudaGetLastError());
@@ -231,11 +231,11 @@ void moe_token_entropy_sum(const Tensor& scores, const Tensor& acc) {
     Scratch per_token(static_cast<size_t>(n) * sizeof(double));
     auto* v = static_cast<double*>(per_token.ptr);
     MT_CUDA_DISPATCH(scores.dtype(), T, {
-        token_entropy_kernel<T><<<warp_blocks(n), kThreads, 0, core::cuda_stream()>>>(
+        token_entropy_kernel<T><<<warp_blocks(n), kThreads, 0, core::exec_stream()>>>(
             static_cast<const T*>(scores.raw()), v, n, static_cast<int>(e), 1.0 / std::log(static_cast<double>(e)));
     });
     MT_CUDA_CHECK(cudaGetLastError());
-    ordered_sum_kernel<<<1, 1024, 0, core::cuda_stream()>>>(v, static_cast<double*>(acc.raw()), n);
+    ordered_sum_kernel<<<1, 1024, 0, core::exec_stream()>>>(v, static_cast<double*>(acc.raw()), n);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 MT_REGISTER_KERNEL(moe_token_entropy_sum, cuda, moe_token_entropy_sum, ::mt::ops::half_and_float_dtypes);
@@ -247,7 +247,7 @@ double moe_aux_loss(const Tensor& scores, const Tensor& indices, double coeff, b
     const int64_t n = scores.size(0), e = scores.size(1), k = indices.size(1);
     if (n == 0) return 0.0;
     core::NvtxRange range("moe_aux_loss");
-    const cudaStream_t st = core::cuda_stream();
+    const cudaStream_t st = core::exec_stream();
     Scratch rows(static_cast<size_t>(n) * sizeof(double)), cols(static_cast<size_t>(e) * sizeof(double));
     Scratch counts(static_cast<size_t>(e) * sizeof(u64)), grad(static_cast<size_t>(e) * sizeof(double));
     auto* rowsum = static_cast<double*>(rows.ptr);

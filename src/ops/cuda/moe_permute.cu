@@ -185,7 +185,7 @@ void plan_passes(const int32_t* idx,
                  int k,
                  int e,
                  int64_t chunks) {
-    const cudaStream_t st = core::cuda_stream();
+    const cudaStream_t st = core::exec_stream();
     const size_t shared = static_cast<size_t>(e) * sizeof(int32_t);
     plan_count_kernel<<<static_cast<unsigned>(chunks), 256, shared, st>>>(idx, keep, counts, slots, e);
     MT_CUDA_CHECK(cudaGetLastError());
@@ -211,7 +211,7 @@ int64_t moe_permute_plan(const Tensor& indices,
     MT_CHECK(e <= 8192, "{}: num_experts = {} exceeds the CUDA plan's 8192", op, e);
     if (gates.defined()) check_cuda_float(gates, op, "gates");
     core::NvtxRange range("moe_permute_plan");
-    const cudaStream_t st = core::cuda_stream();
+    const cudaStream_t st = core::exec_stream();
     const int64_t chunks = std::max<int64_t>(1, (slots + kChunk - 1) / kChunk);
     core::Backend& be = core::backend_get(core::Device::cuda);
     const size_t count_bytes = static_cast<size_t>(chunks * e) * sizeof(int32_t);
@@ -278,10 +278,10 @@ void moe_permute_fwd(const Tensor& x, const Tensor& row_token, const Tensor& xp)
         const T* src = static_cast<const T*>(x.raw());
         T* dst = static_cast<T*>(xp.raw());
         if (vec)
-            gather_rows_kernel<8, T><<<static_cast<unsigned>(rows), moe_row_threads(c, 8), 0, core::cuda_stream()>>>(
+            gather_rows_kernel<8, T><<<static_cast<unsigned>(rows), moe_row_threads(c, 8), 0, core::exec_stream()>>>(
                 src, row_token.data<int32_t>(), dst, c);
         else
-            gather_rows_kernel<1, T><<<static_cast<unsigned>(rows), moe_row_threads(c, 1), 0, core::cuda_stream()>>>(
+            gather_rows_kernel<1, T><<<static_cast<unsigned>(rows), moe_row_threads(c, 1), 0, core::exec_stream()>>>(
                 src, row_token.data<int32_t>(), dst, c);
     });
     MT_CUDA_CHECK(cudaGetLastError());
@@ -300,10 +300,10 @@ void moe_permute_bwd(const Tensor& slot_row, const Tensor& dxp, const Tensor& dx
         const T* src = static_cast<const T*>(dxp.raw());
         T* dst = static_cast<T*>(dx.raw());
         if (vec)
-            sum_rows_kernel<8, T><<<static_cast<unsigned>(n), moe_row_threads(c, 8), 0, core::cuda_stream()>>>(
+            sum_rows_kernel<8, T><<<static_cast<unsigned>(n), moe_row_threads(c, 8), 0, core::exec_stream()>>>(
                 slot_row.data<int32_t>(), src, dst, static_cast<int>(k), c);
         else
-            sum_rows_kernel<1, T><<<static_cast<unsigned>(n), moe_row_threads(c, 1), 0, core::cuda_stream()>>>(
+            sum_rows_kernel<1, T><<<static_cast<unsigned>(n), moe_row_threads(c, 1), 0, core::exec_stream()>>>(
                 slot_row.data<int32_t>(), src, dst, static_cast<int>(k), c);
     });
     MT_CUDA_CHECK(cudaGetLastError());

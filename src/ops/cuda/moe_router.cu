@@ -175,7 +175,7 @@ void launch_fwd(const Tensor& logits,
     const float rho = static_cast<float>(o.scale);
     auto run = [&](auto epl) {
         constexpr int EPL = decltype(epl)::value;
-        router_fwd_kernel<EPL, T, B, S><<<blocks, kWarps * 32, shared, core::cuda_stream()>>>(
+        router_fwd_kernel<EPL, T, B, S><<<blocks, kWarps * 32, shared, core::exec_stream()>>>(
             z, b, s, idx, g, c, n, e, k, softmax, o.normalize, rho);
     };
     if (e <= 32)
@@ -255,7 +255,7 @@ void moe_router_bwd(const Tensor& scores,
     const bool softmax = options.score == MoeScore::softmax;
     const float rho = static_cast<float>(options.scale);
     MT_CUDA_DISPATCH(dlogits.dtype(), T, MT_MOE_F32_OR(scores.dtype(), T, S, {
-                         router_bwd_kernel<S, T><<<blocks, kWarps * 32, shared, core::cuda_stream()>>>(
+                         router_bwd_kernel<S, T><<<blocks, kWarps * 32, shared, core::exec_stream()>>>(
                              static_cast<const S*>(scores.raw()),
                              indices.data<int32_t>(),
                              static_cast<const S*>(gates.raw()),

@@ -96,10 +96,10 @@ void moe_unpermute_fwd(const Tensor& yp, const Tensor& slot_row, const Tensor& g
                          const G* g = static_cast<const G*>(gates.raw());
                          T* dst = static_cast<T*>(y.raw());
                          if (vec)
-                             combine_kernel<8, T, G><<<static_cast<unsigned>(n), threads, 0, core::cuda_stream()>>>(
+                             combine_kernel<8, T, G><<<static_cast<unsigned>(n), threads, 0, core::exec_stream()>>>(
                                  src, slot_row.data<int32_t>(), g, dst, static_cast<int>(k), c);
                          else
-                             combine_kernel<1, T, G><<<static_cast<unsigned>(n), threads, 0, core::cuda_stream()>>>(
+                             combine_kernel<1, T, G><<<static_cast<unsigned>(n), threads, 0, core::exec_stream()>>>(
                                  src, slot_row.data<int32_t>(), g, dst, static_cast<int>(k), c);
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
@@ -130,10 +130,10 @@ void moe_unpermute_bwd(const Tensor& yp,
                          T* drow = static_cast<T*>(dyp.raw());
                          G* dg = static_cast<G*>(dgates.raw());
                          if (vec)
-                             combine_bwd_kernel<8, T, G><<<static_cast<unsigned>(n), threads, 0, core::cuda_stream()>>>(
+                             combine_bwd_kernel<8, T, G><<<static_cast<unsigned>(n), threads, 0, core::exec_stream()>>>(
                                  src, slot_row.data<int32_t>(), g, d, drow, dg, static_cast<int>(k), c);
                          else
-                             combine_bwd_kernel<1, T, G><<<static_cast<unsigned>(n), threads, 0, core::cuda_stream()>>>(
+                             combine_bwd_kernel<1, T, G><<<static_cast<unsigned>(n), threads, 0, core::exec_stream()>>>(
                                  src, slot_row.data<int32_t>(), g, d, drow, dg, static_cast<int>(k), c);
                      }));
     MT_CUDA_CHECK(cudaGetLastError());

@@ -149,10 +149,10 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor
                          const TW* wp = static_cast<const TW*>(weight.raw());
                          TX* yp = static_cast<TX*>(y.raw());
                          if (vec)
-                             rmsnorm_fwd_kernel<8, TX, TW><<<blocks, threads, 0, core::cuda_stream()>>>(
+                             rmsnorm_fwd_kernel<8, TX, TW><<<blocks, threads, 0, core::exec_stream()>>>(
                                  xp, wp, eps, yp, rstd.data<float>(), n, c);
                          else
-                             rmsnorm_fwd_kernel<1, TX, TW><<<blocks, threads, 0, core::cuda_stream()>>>(
+                             rmsnorm_fwd_kernel<1, TX, TW><<<blocks, threads, 0, core::exec_stream()>>>(
                                  xp, wp, eps, yp, rstd.data<float>(), n, c);
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
@@ -191,14 +191,14 @@ void rmsnorm_bwd(const Tensor& x,
                          auto kernel = vec ? rmsnorm_bwd_kernel<8, TX, TW> : rmsnorm_bwd_kernel<1, TX, TW>;
                          MT_CUDA_CHECK(cudaFuncSetAttribute(
                              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-                         kernel<<<static_cast<unsigned>(blocks), threads, smem, core::cuda_stream()>>>(
+                         kernel<<<static_cast<unsigned>(blocks), threads, smem, core::exec_stream()>>>(
                              xp, wp, rstd.data<float>(), dyp, dresp, dxp, partial.data<float>(), n, c);
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
     const dim3 reduce_threads(kReduceCols, kReduceStripes);
     const unsigned reduce_blocks = static_cast<unsigned>((c + kReduceCols - 1) / kReduceCols);
     MT_CUDA_DISPATCH(dweight.dtype(), TG, {
-        rmsnorm_dweight_kernel<TG><<<reduce_blocks, reduce_threads, 0, core::cuda_stream()>>>(
+        rmsnorm_dweight_kernel<TG><<<reduce_blocks, reduce_threads, 0, core::exec_stream()>>>(
             partial.data<float>(), static_cast<TG*>(dweight.raw()), blocks, c);
     });
     MT_CUDA_CHECK(cudaGetLastError());

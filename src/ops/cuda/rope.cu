@@ -71,7 +71,7 @@ Tensor rope_table(int64_t t, int64_t d, double theta, int64_t pos_offset) {
         if (tables->size() >= kMaxTables) tables->clear();  // stream order keeps queued users of the old ones safe
         const int64_t half = d / 2;
         Tensor table = Tensor::scratch({t, half, 2}, DType::f32, core::Device::cuda);  // [t, half] (cos, sin)
-        rope_table_kernel<<<grid_for(t * half, kThreads), kThreads, 0, core::cuda_stream()>>>(
+        rope_table_kernel<<<grid_for(t * half, kThreads), kThreads, 0, core::exec_stream()>>>(
             reinterpret_cast<float2*>(table.data<float>()), t, half, d, theta, pos_offset);
         MT_CUDA_CHECK(cudaGetLastError());
         it = tables->emplace(key, std::move(table)).first;
@@ -101,10 +101,10 @@ void rope_run(const Tensor& in,
         const T* xp = static_cast<const T*>(in.raw());
         T* yp = static_cast<T*>(out.raw());
         if (vec)
-            rope_rotate_kernel<8, T><<<grid_for(rows * half / 8, kThreads), kThreads, 0, core::cuda_stream()>>>(
+            rope_rotate_kernel<8, T><<<grid_for(rows * half / 8, kThreads), kThreads, 0, core::exec_stream()>>>(
                 xp, yp, tp, rows, t, h, half, sign);
         else
-            rope_rotate_kernel<1, T><<<grid_for(rows * half, kThreads), kThreads, 0, core::cuda_stream()>>>(
+            rope_rotate_kernel<1, T><<<grid_for(rows * half, kThreads), kThreads, 0, core::exec_stream()>>>(
                 xp, yp, tp, rows, t, h, half, sign);
     });
     MT_CUDA_CHECK(cudaGetLastError());

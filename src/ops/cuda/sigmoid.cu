@@ -37,7 +37,7 @@ void sigmoid_fwd(const Tensor& x, const Tensor& y) {
     if (n == 0) return;
     core::NvtxRange range("sigmoid_fwd");
     MT_CUDA_DISPATCH(x.dtype(), T, {
-        sigmoid_fwd_kernel<T><<<grid_for(n, 256), 256, 0, core::cuda_stream()>>>(
+        sigmoid_fwd_kernel<T><<<grid_for(n, 256), 256, 0, core::exec_stream()>>>(
             static_cast<const T*>(x.raw()), static_cast<T*>(y.raw()), n);
     });
     MT_CUDA_CHECK(cudaGetLastError());
@@ -53,7 +53,7 @@ void sigmoid_bwd(const Tensor& y, const Tensor& dy, const Tensor& dx) {
     if (n == 0) return;
     core::NvtxRange range("sigmoid_bwd");
     MT_CUDA_DISPATCH(y.dtype(), T, {
-        sigmoid_bwd_kernel<T><<<grid_for(n, 256), 256, 0, core::cuda_stream()>>>(
+        sigmoid_bwd_kernel<T><<<grid_for(n, 256), 256, 0, core::exec_stream()>>>(
             static_cast<const T*>(y.raw()), static_cast<const T*>(dy.raw()), static_cast<T*>(dx.raw()), n);
     });
     MT_CUDA_CHECK(cudaGetLastError());

@@ -48,7 +48,7 @@ void sigmoid_gate_fwd(const Tensor& x, const Tensor& z, const Tensor& out) {
     if (n == 0) return;
     core::NvtxRange range("sigmoid_gate_fwd");
     MT_CUDA_DISPATCH(x.dtype(), T, {
-        sigmoid_gate_fwd_kernel<T><<<grid_for(n, 256), 256, 0, core::cuda_stream()>>>(
+        sigmoid_gate_fwd_kernel<T><<<grid_for(n, 256), 256, 0, core::exec_stream()>>>(
             static_cast<const T*>(x.raw()), static_cast<const T*>(z.raw()), static_cast<T*>(out.raw()), n);
     });
     MT_CUDA_CHECK(cudaGetLastError());
@@ -66,7 +66,7 @@ void sigmoid_gate_bwd(const Tensor& x, const Tensor& z, const Tensor& dout, cons
     if (n == 0) return;
     core::NvtxRange range("sigmoid_gate_bwd");
     MT_CUDA_DISPATCH(x.dtype(), T, {
-        sigmoid_gate_bwd_kernel<T><<<grid_for(n, 256), 256, 0, core::cuda_stream()>>>(static_cast<const T*>(x.raw()),
+        sigmoid_gate_bwd_kernel<T><<<grid_for(n, 256), 256, 0, core::exec_stream()>>>(static_cast<const T*>(x.raw()),
                                                                                       static_cast<const T*>(z.raw()),
                                                                                       static_cast<const T*>(dout.raw()),
                                                                                       static_cast<T*>(dx.raw()),

@@ -68,9 +68,9 @@ void swiglu_fwd(const Tensor& gate, const Tensor& up, const Tensor& out) {
         const T* u = static_cast<const T*>(up.raw());
         T* o = static_cast<T*>(out.raw());
         if (vec)
-            swiglu_fwd_kernel<8, T><<<grid_for(n / 8, kThreads), kThreads, 0, core::cuda_stream()>>>(g, u, o, n);
+            swiglu_fwd_kernel<8, T><<<grid_for(n / 8, kThreads), kThreads, 0, core::exec_stream()>>>(g, u, o, n);
         else
-            swiglu_fwd_kernel<1, T><<<grid_for(n, kThreads), kThreads, 0, core::cuda_stream()>>>(g, u, o, n);
+            swiglu_fwd_kernel<1, T><<<grid_for(n, kThreads), kThreads, 0, core::exec_stream()>>>(g, u, o, n);
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -95,9 +95,9 @@ void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dout, const 
         T* du = static_cast<T*>(dup.raw());
         if (vec)
             swiglu_bwd_kernel<8, T>
-                <<<grid_for(n / 8, kThreads), kThreads, 0, core::cuda_stream()>>>(g, u, d, dg, du, n);
+                <<<grid_for(n / 8, kThreads), kThreads, 0, core::exec_stream()>>>(g, u, d, dg, du, n);
         else
-            swiglu_bwd_kernel<1, T><<<grid_for(n, kThreads), kThreads, 0, core::cuda_stream()>>>(g, u, d, dg, du, n);
+            swiglu_bwd_kernel<1, T><<<grid_for(n, kThreads), kThreads, 0, core::exec_stream()>>>(g, u, d, dg, du, n);
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
