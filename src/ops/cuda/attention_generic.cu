@@ -25,12 +25,6 @@ __device__ __forceinline__ void store_f(T* p, float v) {
     *p = from_f32<T>(v);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // Reads the lane's elements c = lane + 32 e of a D-row into x (0 past D).
 template <typename T>
 __device__ __forceinline__ void load_row(float (&x)[kMaxPerLane], const T* row, int d, int lane) {

@@ -28,9 +28,7 @@ struct Grads {
 __device__ void block_sums(const float* vals, int count, float* scratch, float* out) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int i = 0; i < count; ++i) {
-        float x = vals[i];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+        const float x = warp_sum(vals[i]);
         if (lane == 0) scratch[warp * count + i] = x;
     }
     __syncthreads();

@@ -18,10 +18,6 @@ struct ConvDims {
     int64_t b, t, c, w;
 };
 
-__device__ __forceinline__ float sigmoid_f32(float x) {
-    return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
-}
-
 // Pre-activation at (bb, t, ch): sum over tau >= W - 1 - t of w[ch, tau] x[bb, t - W + 1 + tau, ch].
 template <typename TX, typename TW>
 __device__ __forceinline__ float conv_at(

@@ -74,7 +74,7 @@ __device__ __forceinline__ void gemm_regs_kn(float (&acc)[D / 8][4],
 // Loads kBlk floats of a [t] row (lse or delta) at r0 into shared; entries >= t are zero.
 __device__ __forceinline__ void load_row_f32(float* s, const float* g, int r0, int t, int idx) {
     const bool valid = r0 + idx < t;
-    cp_async_4(smem_u32(s + idx), g + (valid ? r0 + idx : 0), valid);
+    cp_async4_zfill(smem_u32(s + idx), g + (valid ? r0 + idx : 0), valid);
 }
 
 template <int D>

@@ -108,12 +108,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
         load_tile_sw<kBlk, D, kThreads>(s_q + st * kTile, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
         load_tile_sw<kBlk, D, kThreads>(s_do + st * kTile, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, tid);
         if (tid < kBlk)
-            cp_async_4(
+            cp_async4_zfill(
                 smem_u32(s_lse + st * kBlk + tid), p.lse + row_off + (m0 + tid < t ? m0 + tid : 0), m0 + tid < t);
         else
-            cp_async_4(smem_u32(s_delta + st * kBlk + tid - kBlk),
-                       p.delta + row_off + (m0 + tid - kBlk < t ? m0 + tid - kBlk : 0),
-                       m0 + tid - kBlk < t);
+            cp_async4_zfill(smem_u32(s_delta + st * kBlk + tid - kBlk),
+                            p.delta + row_off + (m0 + tid - kBlk < t ? m0 + tid - kBlk : 0),
+                            m0 + tid - kBlk < t);
     };
 
     load_tile_sw<kBlk, D, kThreads>(s_k, static_cast<const bf16*>(p.k) + kv_off, krs, n0, t, tid);

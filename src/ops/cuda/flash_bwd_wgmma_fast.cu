@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
             mbar_init(q_full + 8 * st, 1 + 32);  // the TMA thread's expect_tx and the lse/delta warp's lanes
             mbar_init(q_empty + 8 * st, kThreads / 32);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
     const int wg = wg_raw - 1, tw = threadIdx.x % 128, warp = tw / 32, lane = threadIdx.x % 32;
@@ -124,24 +124,20 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
     // Warpgroup 0 takes few registers, so that the consumers get 240 (24 + 2 x 240 fill the 168 x 384 of the launch):
     // without setmaxnreg the consumers need 254 and warpgroup 0 would not fit.
     if (wg_raw == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        setmaxnreg_dec<24>();
         if (threadIdx.x == 0) {
             for (int it = 0; it < iters; ++it) {
                 const int mb = first_q + it % q_blocks, sl = it % 2;
                 float* g = p.dq_accum + ((static_cast<int64_t>(b) * p.hq + head_of(it)) * m_blocks + mb) * (kBM * D);
                 for (int w = 0; w < kWarpgroups; ++w) {  // each chunk as soon as its warpgroup is done
                     mbar_wait(bar_full + 8 * (sl * kWarpgroups + w), (it / 2) & 1);
-                    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
-                                     g + w * (kDqChunk / 4)),
-                                 "r"(s_dq + (sl * kWarpgroups + w) * kDqChunk),
-                                 "n"(kDqChunk)
-                                 : "memory");
+                    bulk_reduce_add_f32<kDqChunk>(g + w * (kDqChunk / 4), s_dq + (sl * kWarpgroups + w) * kDqChunk);
                 }
-                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the chunk may be overwritten
+                bulk_commit();
+                bulk_wait_read<0>();  // the chunk may be overwritten
                 mbar_arrive(bar_empty + 8 * sl);
             }
-            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+            bulk_wait<0>();
         } else if (threadIdx.x == 32) {
             mbar_expect_tx(bar_kv, 2 * kKV);
             tma_load_tile<D>(s_k, &tm_k, bar_kv, kBN, kh, n0, b);
@@ -169,7 +165,7 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
         }
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    setmaxnreg_inc<240>();
 
     constexpr int kDqN = D / kWarpgroups;  // dq columns of this warpgroup: [wg kDqN, (wg + 1) kDqN)
     static_assert(kDqN == 32 || kDqN == 64, "no wgmma for this many dq columns");

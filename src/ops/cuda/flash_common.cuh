@@ -1,10 +1,7 @@
-// Building blocks of the tensor-core attention kernels: cp.async tile loads into padded shared memory, ldmatrix,
-// mma.sync m16n8k16 (bf16 in, fp32 accumulate) and the fragment layouts they use.
-//   mma A fragment (16 x 16, row-major) in 4 regs: a0 (r, c), a1 (r + 8, c), a2 (r, c + 8), a3 (r + 8, c + 8) with
-//     r = lane / 4, c = (lane % 4) * 2 (+0, +1 in each reg's low and high half).
-//   mma B fragment (16 x 8, k x n) in 2 regs: b0 (k = c, n = r), b1 (k = c + 8, n = r).
-//   mma C fragment (16 x 8) in 4 floats: c0, c1 at (r, c + 0/1), c2, c3 at (r + 8, c + 0/1).
-// Two adjacent C fragments (n = 16) repack into one A fragment, which is how P and dS feed the next product.
+// Building blocks of the tensor-core attention kernels: cp.async tile loads into padded shared memory, the ldmatrix
+// fragment loads of mma.sync m16n8k16 (bf16 in, fp32 accumulate; fragment layouts in prim/mma.cuh) from those tiles,
+// and the output store. Two adjacent C fragments (n = 16) repack into one A fragment (pack_a), which is how P and dS
+// feed the next product.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,58 +10,16 @@
 
 #include "ops/cuda/attention_kernels.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/prim/cp_async.cuh"
+#include "ops/cuda/prim/ldmatrix.cuh"
+#include "ops/cuda/prim/mma.cuh"
+#include "ops/cuda/prim/warp.cuh"
 
 namespace mt::ops::cuda::flash {
 
 using bf16 = __nv_bfloat16;
 
 constexpr float kLn2 = 0.6931471805599453f;
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, zero-filled when !valid (src must still be a mapped address).
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-    const int bytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-// 4 bytes global -> shared, zero-filled when !valid.
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
-    const int bytes = valid ? 4 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // Loads rows [r0, r0 + ROWS) of a [t, D] matrix (row stride rs elements) into shared [ROWS][D + 8] with cp.async;
 // rows >= t are zero-filled.
@@ -78,7 +33,7 @@ __device__ __forceinline__ void load_tile(bf16* s, const bf16* g, int64_t rs, in
         const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
         const bool valid = r0 + r < t;
         const bf16* src = g + static_cast<int64_t>(valid ? r0 + r : 0) * rs + col;
-        cp_async_16(smem_u32(s + r * kLds + col), src, valid);
+        cp_async16_zfill(smem_u32(s + r * kLds + col), src, valid);
     }
 }
 
@@ -124,8 +79,7 @@ __device__ __forceinline__ void store_output(const AttnParams& p,
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float l = row_sum[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        l = quad_sum(l);
         const int row = row0 + r * 8;
         if (row >= t) continue;
         const float inv = 1.0f / l;

@@ -101,8 +101,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
             float mx = row_max[r];
 #pragma unroll
             for (int i = 0; i < kBN / 8; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * r], s[i][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            mx = quad_max(mx);
             const float corr = fast_exp2(row_max[r] - mx);
             row_max[r] = mx;
             float sum = 0.0f;

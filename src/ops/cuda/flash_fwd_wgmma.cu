@@ -55,8 +55,7 @@ __device__ __forceinline__ void softmax_block(const float (&s)[N][4],
     float neg_max[2], sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mx[r] = quad_max(mx[r]);
         const float m_new = fmaxf(row_max[r], mx[r] * scale_log2);
         corr[r] = fast_exp2(row_max[r] - m_new);
         row_max[r] = m_new;
@@ -114,12 +113,12 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
             mbar_init(k_empty + 8 * st, kConsumerWarps);
             mbar_init(v_empty + 8 * st, kConsumerWarps);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
 
     if (threadIdx.x < 128) {  // the producer warpgroup
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        setmaxnreg_dec<24>();
         if (threadIdx.x == 0) {
             auto load_kv = [&](const CUtensorMap* map, uint32_t tiles, uint32_t full, uint32_t empty, int j) {
                 const int st = j % kStages;
@@ -137,7 +136,7 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
         }
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    setmaxnreg_inc<240>();
 
     const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     const int row0 = m0 + wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8

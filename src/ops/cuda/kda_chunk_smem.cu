@@ -144,9 +144,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
         for (int mt = 0; mt < nsub; ++mt)
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
-                float s = p[mt][hf];
-                s += __shfl_xor_sync(0xffffffffu, s, 1);
-                s += __shfl_xor_sync(0xffffffffu, s, 2);
+                const float s = quad_sum(p[mt][hf]);
                 if (t == 0) dst[warp * kMaxChunk + mt * 16 + 8 * hf + g] = s;
             }
     };
@@ -199,8 +197,8 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                     frag_a_f(fa, sv, L::ldv, m0, k0, g, t);
 #pragma unroll
                     for (int i = 0; i < 4; ++i) split_tf32<kSplit>(fa[i], ah[i], al[i]);
-                    bv[0] = __float_as_uint(to_f32(svv[nn * L::ldh + k0 + t]));
-                    bv[1] = __float_as_uint(to_f32(svv[nn * L::ldh + k0 + t + 4]));
+                    bv[0] = tf32_exact(svv[nn * L::ldh + k0 + t]);
+                    bv[1] = tf32_exact(svv[nn * L::ldh + k0 + t + 4]);
                     if constexpr (kSplit) mma_tf32(acc, al, bv);
                     mma_tf32(acc, ah, bv);
                 }

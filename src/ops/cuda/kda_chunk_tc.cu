@@ -28,12 +28,6 @@ __host__ __device__ inline int stage_bytes(const Dims& d) {
     return d.c * kLdO * static_cast<int>(sizeof(T)) + (2 * d.c + 2 * d.k) * kLdS * static_cast<int>(sizeof(float));
 }
 
-// A 16-bit value as a TF32 operand: bf16 and f16 values are exact in TF32, so no rounding step.
-template <typename T>
-__device__ __forceinline__ uint32_t tf32_of(T x) {
-    return __float_as_uint(to_f32(x));
-}
-
 constexpr int kMmWarps = 16;
 constexpr int kMmThreads = kMmWarps * 32;
 
@@ -117,10 +111,10 @@ __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __r
 #pragma unroll
             for (int k0 = 0; k0 < kSlab; k0 += 8) {
                 uint32_t ao[4], av[4], adv[4];
-                ao[0] = tf32_of(o[(m0 + g) * kLdO + k0 + t]);
-                ao[1] = tf32_of(o[(m0 + g + 8) * kLdO + k0 + t]);
-                ao[2] = tf32_of(o[(m0 + g) * kLdO + k0 + t + 4]);
-                ao[3] = tf32_of(o[(m0 + g + 8) * kLdO + k0 + t + 4]);
+                ao[0] = tf32_exact(o[(m0 + g) * kLdO + k0 + t]);
+                ao[1] = tf32_exact(o[(m0 + g + 8) * kLdO + k0 + t]);
+                ao[2] = tf32_exact(o[(m0 + g) * kLdO + k0 + t + 4]);
+                ao[3] = tf32_exact(o[(m0 + g + 8) * kLdO + k0 + t + 4]);
                 frag_a_f(av, pv_bits, kLdS, m0, k0, g, t);
                 frag_a(adv, pdv, kLdS, m0, k0, g, t);
 #pragma unroll

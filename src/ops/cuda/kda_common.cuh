@@ -84,13 +84,6 @@ __device__ inline int64_t beta_at(const Dims& d, int b, int t, int hv) {
     return (static_cast<int64_t>(b) * d.t + t) * d.hv + hv;
 }
 
-// Sum over the 32 lanes of a warp by a fixed butterfly: every lane gets the same total, the same on every run.
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // Cooperative copy of n floats from global to shared memory (coalesced); the caller synchronises.
 __device__ __forceinline__ void stage(float* dst, const float* src, int n) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];

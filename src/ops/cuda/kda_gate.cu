@@ -20,9 +20,6 @@ struct GateDims {
     float l;
 };
 
-__device__ __forceinline__ float sigmoid_f32(float x) {
-    return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
-}
 __device__ __forceinline__ float softplus_f32(float x) {
     return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
 }

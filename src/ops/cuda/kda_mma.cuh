@@ -1,7 +1,7 @@
-// Tensor-core building blocks of the fast KDA scans (kda_scan_tc.cu): TF32 mma.sync m16n8k8 fragments read from
-// fp32 shared memory, cp.async staging, and the per-kernel timing hook. TF32 keeps fp32's exponent range (the
-// workspace tiles are fp32) and rounds operands to 10 mantissa bits; every accumulator, and the state itself,
-// stays fp32.
+// Tensor-core building blocks of the fast KDA kernels (kda_scan_tc.cu and the others): the TF32 mma.sync m16n8k8
+// fragments (instructions in prim/mma.cuh) read from fp32 shared memory, cp.async staging of fp32 tiles, and the
+// per-kernel timing hooks. TF32 keeps fp32's exponent range (the workspace tiles are fp32) and rounds operands to 10
+// mantissa bits; every accumulator, and the state itself, stays fp32.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/prim/cp_async.cuh"
+#include "ops/cuda/prim/ldmatrix.cuh"
+#include "ops/cuda/prim/mma.cuh"
 
 namespace mt::ops::cuda::kda {
 
@@ -23,40 +26,6 @@ constexpr float kAnchorMaxNats = 76.0f;
 // (nats) plus the log of the largest |q|, |k| of its rows there (magnitudes up to 1, the layer's, add nothing).
 __device__ __forceinline__ bool anchor_ok(float spread_nats, float max_abs) {
     return spread_nats + __logf(fmaxf(max_abs, 1.0f)) <= kAnchorMaxNats;
-}
-
-// x rounded to nearest TF32 (10 mantissa bits; ties away from zero, as cvt.rna) in two integer operations: add half
-// of the last kept bit, clear the 13 dropped bits. A carry out of the mantissa bumps the exponent, which is the
-// rounding's own overflow; inf stays inf, NaN stays NaN unless its payload lies only in the dropped bits. The low 13
-// bits of the result are zero. cvt.rna.tf32.f32 runs on the conversion pipe at an eighth of the fp32 rate, and it
-// was what limited the fragment loops of every KDA kernel (2026-12-01: prep, the scans, chunk_mm and chunk_smem
-// 10-30% faster without it); Veltkamp's splitting (c = 8193 x, c - (c - x)), used until 2026-12-01 (fifth
-// session), took three fp32 operations and needed |x| < FLT_MAX / 8193. (kAnchorMaxNats keeps that bound anyway.)
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-}
-
-// x rounded to TF32, kept as a float: tiles of these go to the MMA as bit patterns (frag_*_f on uint32_t), with
-// no conversion at the reads. Rounding is idempotent (to_tf32 of such a value returns it), so a consumer that does
-// round gets the same operand.
-__device__ __forceinline__ float tf32_bits(float x) {
-    return __uint_as_float(to_tf32(x));
-}
-
-// e^x by fast_exp2 (x scaled to base 2 first: ~2^-17 relative for |x| < 100, far below the TF32 rounding of the
-// operands it forms; the factors it flushes to zero multiply operands whose products vanish in fp32 sums anyway).
-// expf's accurate path costs ~10 instructions, __expf's subnormal handling 4.
-__device__ __forceinline__ float exp_ftz(float x) {
-    return fast_exp2(x * kLog2e);
-}
-
-// d += a b for one 16x8 output tile, k = 8.
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 // Fragment loads (PTX m16n8k8 tf32 layout; g = lane / 4, t = lane % 4). X is fp32 in shared memory with row stride
@@ -87,41 +56,6 @@ __device__ __forceinline__ void frag_bt(uint32_t (&b)[2], const float* x, int ld
     b[1] = to_tf32(x[(n0 + g) * ld + k0 + t + 4]);
 }
 
-// 3xTF32: x = hi + lo with both parts TF32, and d += a b as a_lo b_hi + a_hi b_lo + a_hi b_hi, which keeps most of
-// fp32's precision. kSplit = false is the plain single TF32 product. hi is x truncated to TF32 (one AND; rounding
-// costs more, and with Veltkamp's three operations it was a quarter of chunk_smem's instructions): lo = x - hi is exact
-// and below 2^-10 |x|, the MMA reads lo's top 19 bits (an error below 2^-20 |x|), and the dropped a_lo b_lo term is
-// below 2^-20 too: ~2^-19 relative overall against plain TF32's ~2^-11. hi has its low 13 bits zero, so it is the same
-// operand whether the MMA truncates or rounds its inputs.
-template <bool kSplit>
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-    if constexpr (kSplit) {
-        hi = __float_as_uint(x) & 0xffffe000u;
-        lo = __float_as_uint(__fsub_rn(x, __uint_as_float(hi)));
-    } else {
-        hi = to_tf32(x);
-        lo = 0u;
-    }
-}
-template <bool kSplit>
-__device__ __forceinline__ void mma_tf32x3(
-    float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], const uint32_t (&bh)[2], const uint32_t (&bl)[2]) {
-    if constexpr (kSplit) {
-        mma_tf32(d, al, bh);
-        mma_tf32(d, ah, bl);
-    }
-    mma_tf32(d, ah, bh);
-}
-// The same product from fp32 fragments (split here).
-template <bool kSplit>
-__device__ __forceinline__ void mma_f32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
-    uint32_t ah[4], al[4], bh[2], bl[2];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) split_tf32<kSplit>(a[i], ah[i], al[i]);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) split_tf32<kSplit>(b[i], bh[i], bl[i]);
-    mma_tf32x3<kSplit>(d, ah, al, bh, bl);
-}
 // Fragment loads without conversion, same layouts as frag_a / frag_at / frag_b / frag_bt: E = float for operands
 // converted or split afterwards, E = uint32_t for tiles already holding TF32 bit patterns (split_tile_tf32).
 template <typename E>
@@ -152,18 +86,12 @@ __device__ __forceinline__ void frag_bt_f(E (&b)[2], const E* x, int ld, int k0,
 // ldmatrix on 32-bit tiles already holding TF32 bits: an 8 x 8 matrix of 16-bit elements is 8 rows of four 32-bit
 // words, and ldmatrix gives lane (g, t) row g, word t, which is where the m16n8k8 TF32 fragments want them. One
 // ldmatrix.x4 replaces four 32-bit shared loads (the scans issued 2.5 loads per MMA, a third of their
-// instructions). Lane l supplies the row address of matrix l / 8, row l % 8: rows 16-byte aligned (ld % 4 == 0 and
-// an aligned base); a row stride of 4 mod 32 words keeps each 8-row phase free of bank conflicts.
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint32_t* p) {
-    const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
+// instructions). Rows 16-byte aligned (ld % 4 == 0 and an aligned base); a row stride of 4 mod 32 words keeps each
+// 8-row phase free of bank conflicts.
 // frag_a_f's fragment (row-major A tile at (m0, k0)) by one ldmatrix.x4.
 __device__ __forceinline__ void frag_a_ldsm(uint32_t (&a)[4], const uint32_t* x, int ld, int m0, int k0, int lane) {
     const int j = lane / 8, r = lane % 8;
-    ldsm_x4(a, x + (m0 + r + 8 * (j & 1)) * ld + k0 + 4 * (j >> 1));
+    ldmatrix_x4(a, x + (m0 + r + 8 * (j & 1)) * ld + k0 + 4 * (j >> 1));
 }
 // Two B fragments (b[0], b[1]) from B's transpose stored row-major (X[n][k] = B[k][n]) by one ldmatrix.x4: k-step
 // k0 of column tiles n0 and n0 + dn, or with dn = 0 k-steps k0 and k0 + 8 of tile n0 (each frag_bt_f's fragment).
@@ -176,7 +104,7 @@ __device__ __forceinline__ int bt_x4_lane(int ld, int dn, int lane) {
 __device__ __forceinline__ void frag_bt_x4(
     uint32_t (&b)[2][2], const uint32_t* x, int lane_off, int ld, int k0, int n0) {
     uint32_t r[4];
-    ldsm_x4(r, x + lane_off + n0 * ld + k0);
+    ldmatrix_x4(r, x + lane_off + n0 * ld + k0);
     b[0][0] = r[0];
     b[0][1] = r[1];
     b[1][0] = r[2];
@@ -194,23 +122,6 @@ __device__ __forceinline__ void split_tile_tf32(float* x, uint32_t* lo, int ld, 
         reinterpret_cast<uint32_t*>(x)[i] = hi;
         lo[i] = l;
     }
-}
-
-__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
-    const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));
-}
-// 16 bytes, or zeros when !valid (src must still be a mapped address).
-__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
-    const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 // rows x cols fp32 (cols % 4 == 0, contiguous rows of stride src_ld) into shared memory of row stride ld, by the

@@ -30,8 +30,8 @@ __host__ __device__ constexpr int ld_b() {
 // B[k][n] = X[k][n] from 16-bit values: bf16 and f16 are exact in TF32, so no rounding step.
 template <typename T>
 __device__ __forceinline__ void frag_b16(uint32_t (&b)[2], const T* x, int ld, int k0, int n0, int g, int t) {
-    b[0] = __float_as_uint(to_f32(x[(k0 + t) * ld + n0 + g]));
-    b[1] = __float_as_uint(to_f32(x[(k0 + t + 4) * ld + n0 + g]));
+    b[0] = tf32_exact(x[(k0 + t) * ld + n0 + g]);
+    b[1] = tf32_exact(x[(k0 + t + 4) * ld + n0 + g]);
 }
 
 // Ownership of the [c, BV] products (Vn, O, dVn): warp w takes row tile w % 4 (c = 32 idles w % 4 >= 2) and the

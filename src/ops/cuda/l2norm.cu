@@ -10,12 +10,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 template <typename T>
 __global__ void l2norm_fwd_kernel(const T* __restrict__ x,
                                   T* __restrict__ y,

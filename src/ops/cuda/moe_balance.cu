@@ -94,13 +94,13 @@ __global__ void token_entropy_kernel(const T* __restrict__ scores, double* out, 
     if (i >= n) return;
     double sum = 0.0;
     for (int j = lane; j < e; j += 32) sum += static_cast<double>(to_f32(scores[i * e + j]));
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    sum = warp_sum(sum);
     double h = 0.0;
     for (int j = lane; j < e; j += 32) {
         const double p = static_cast<double>(to_f32(scores[i * e + j])) / sum;
         if (p > 0) h -= p * log(p);
     }
-    for (int o = 16; o > 0; o >>= 1) h += __shfl_xor_sync(0xffffffffu, h, o);
+    h = warp_sum(h);
     if (lane == 0) out[i] = h * inv_log_e;
 }
 
@@ -123,7 +123,7 @@ __global__ void aux_rows_kernel(const T* __restrict__ scores, double* rowsum, in
     double sum = 0.0;
     if (!probs) {
         for (int j = lane; j < e; j += 32) sum += static_cast<double>(to_f32(scores[i * e + j]));
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        sum = warp_sum(sum);
     }
     if (lane == 0) rowsum[i] = probs ? 1.0 : sum;
 }
@@ -154,7 +154,7 @@ __global__ void aux_grad_kernel(const T* __restrict__ scores,
     double dot = 0.0;
     if (!probs) {
         for (int j = lane; j < e; j += 32) dot += g[j] * static_cast<double>(to_f32(scores[i * e + j])) / sum;
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        dot = warp_sum(dot);
     }
     for (int j = lane; j < e; j += 32)
         dscores[i * e + j] = from_f32<T>(static_cast<float>(probs ? g[j] : (g[j] - dot) / sum));

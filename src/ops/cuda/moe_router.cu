@@ -48,16 +48,14 @@ __global__ void router_fwd_kernel(const T* __restrict__ logits,
         zmax = fmaxf(zmax, s[t]);
     }
     if (softmax) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) zmax = fmaxf(zmax, __shfl_xor_sync(0xffffffffu, zmax, o));
+        zmax = warp_max(zmax);
         float sum = 0.0f;
 #pragma unroll
         for (int t = 0; t < EPL; ++t) {
             s[t] = (taken >> t & 1u) ? 0.0f : expf(s[t] - zmax);
             sum += s[t];
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        sum = warp_sum(sum);
 #pragma unroll
         for (int t = 0; t < EPL; ++t) s[t] /= sum;
     } else {
@@ -144,8 +142,7 @@ __global__ void router_bwd_kernel(const S* __restrict__ scores,
     float dot = 0.0f;
     if (softmax) {
         for (int j = lane; j < e; j += 32) dot += dz[j] * to_f32(scores[i * e + j]);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        dot = warp_sum(dot);
     }
     for (int j = lane; j < e; j += 32) {
         const float sj = to_f32(scores[i * e + j]);

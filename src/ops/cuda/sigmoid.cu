@@ -7,10 +7,6 @@ namespace mt::ops::cuda {
 
 namespace {
 
-__device__ __forceinline__ float sigmoid_f32(float x) {
-    return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
-}
-
 template <typename T>
 __global__ void sigmoid_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;

@@ -8,10 +8,6 @@ namespace mt::ops::cuda {
 
 namespace {
 
-__device__ __forceinline__ float sigmoid_f32(float x) {
-    return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
-}
-
 template <typename T>
 __global__ void sigmoid_gate_fwd_kernel(const T* __restrict__ x,
                                         const T* __restrict__ z,
