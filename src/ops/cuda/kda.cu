@@ -18,11 +18,6 @@ namespace kda {
 namespace {
 
 template <typename T>
-__device__ __forceinline__ float ld(const T* p, int64_t i, bool valid) {
-    return valid ? to_f32(p[i]) : 0.0f;
-}
-
-template <typename T>
 __global__ void __launch_bounds__(kThreads) prep_kernel(const T* __restrict__ q,
                                                         const T* __restrict__ k,
                                                         const T* __restrict__ v,

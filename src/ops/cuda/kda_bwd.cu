@@ -4,7 +4,8 @@
 //   rscan: one block per (16 value columns, unit), chunks last to first, dS columns in shared memory: stores dS (the
 //         gradient of the state leaving the chunk), dVn = A^T dO + Kg dS, then dS <- Diag(gamma) dS + Qg^T dO - W^T
 //         dVn; the last dS is dS_0.
-//   chunk: one block per (chunk, unit), chunks in parallel: dA, dQg, dKg, dW, dXw = T^T dW, dXu = T^T dVn, dT,
+//   chunk: one block per (chunk, unit), chunks in parallel (its phases: ChunkBwd, kda_bwd_chunk.cuh): dA, dQg, dKg, dW,
+//   dXw = T^T dW, dXu = T^T dVn, dT,
 //         dL = -strict_tril(T^T dT T^T), the elementwise factors, the pairwise intra-chunk terms (rows, then
 //         columns: each output element has one writer), the reverse cumsum to dg; dv, dg, dbeta written; dq and dk
 //         too when HV = H, else per value head into fp32 buffers for:
@@ -12,6 +13,7 @@
 // For bf16/f16 inputs (kda::use_tc) prep, the scans and most of chunk run on tensor cores instead: kda_prep_tc.cu,
 // kda_scan_tc.cu, kda_chunk_tc.cu (products over V) and kda_intra_tc.cuh (products over T, intra-chunk terms).
 // Deterministic: fixed loop orders, no atomics.
+#include "ops/cuda/kda_bwd_chunk.cuh"
 #include "ops/cuda/kda_common.cuh"
 #include "ops/cuda/kda_intra_tc.cuh"
 #include "ops/cuda/kda_mma.cuh"
@@ -28,11 +30,6 @@ namespace {
 struct Scratch {
     float *dqg, *dkg, *dw, *dxw, *dxu;
 };
-
-template <typename T>
-__device__ __forceinline__ float ld(const T* p, int64_t i, bool valid) {
-    return valid ? to_f32(p[i]) : 0.0f;
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) rscan_kernel(const T* __restrict__ dout,
@@ -143,250 +140,30 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     // With chunk_smem_kernel in front, only the chunks it left (only[cb] != 0) are done here.
     if (only != nullptr && only[chunk_index(d, blockIdx.y, blockIdx.x)] == 0) return;
     extern __shared__ float smem[];
-    const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x, nt = blockDim.x;
-    float* sda = smem;               // dA [c, c]
-    float* sdt = sda + c * c;        // dT, then dM
-    float* stmp = sdt + c * c;       // T^T dT
-    float* sbeta = stmp + c * c;     // [kMaxChunk]
-    float* sdb = sbeta + kMaxChunk;  // dbeta [kMaxChunk]
-    float* sdgl = sdb + kMaxChunk;   // dGamma of the last row [kd]
-    const int n = blockIdx.x, unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, h = hv / d.group, t0 = n * c;
-    const int64_t cb = chunk_index(d, unit, n), kv = static_cast<int64_t>(kd) * vd;
-    const float* gam = w.gam + ck_off(d, cb);
-    float* xw = w.xw + ck_off(d, cb);
-    const float* m = w.m + cc_off(d, cb);
-    const float* tm = w.tm + cc_off(d, cb);
-    const float* hh = hs + cb * kv;   // state entering the chunk [kd, vd]
-    const float* ds = dhs + cb * kv;  // gradient of the state leaving it
-    const float* vn = vns + cv_off(d, cb);
-    const float* dvn = dvns + cv_off(d, cb);
-    float* dqg = sc.dqg + ck_off(d, cb);
-    float* dkg = sc.dkg + ck_off(d, cb);
-    float* dw = sc.dw + ck_off(d, cb);
-    float* dxw = sc.dxw + ck_off(d, cb);
-    float* dxu = sc.dxu + cv_off(d, cb);
-    auto valid = [&](int r) { return t0 + r < d.t; };
-    auto row = [&](int r) { return valid(r) ? t0 + r : 0; };
-    auto qat = [&](int r, int x) { return ld(q, qk_row(d, b, row(r), h) + x, valid(r)); };
-    auto kat = [&](int r, int x) { return ld(k, qk_row(d, b, row(r), h) + x, valid(r)); };
-    auto vat = [&](int r, int y) { return ld(v, v_row(d, b, row(r), hv) + y, valid(r)); };
-    auto doat = [&](int r, int y) { return ld(dout, v_row(d, b, row(r), hv) + y, valid(r)); };
+    const ChunkBwd<T> s(smem, d, w, q, k, v, dout, hs, vns, dvns, dhs, sc.dqg, sc.dkg, sc.dw, sc.dxw, sc.dxu);
     pc.mark(0);
-    for (int r = tid; r < c; r += nt) sbeta[r] = ld(beta, beta_at(d, b, row(r), hv), valid(r));
-    if (fill_xw) {
-        // The forward kept Gamma, Qg, Kg and W but not Xw, which only this kernel reads: formed here, as prep_tc
-        // forms it (the same product, bit for bit), and read back by this block after the barrier.
-        __syncthreads();
-        for (int e = tid; e < c * kd; e += nt) xw[e] = sbeta[e / kd] * kat(e / kd, e % kd) * expf(gam[e]);
-        __syncthreads();
-    }
-    // The products over V: one warp per output, the lanes over the value columns (coalesced rows).
-    const int warp = tid / 32, lane = tid % 32, warps = nt / 32;
-    if (pre_da != nullptr) {
-        // The products over V came from chunk_mm_tc (kda_chunk_tc.cu): dQg, dKg, dW already in the scratch.
-        for (int e = tid; e < c * c; e += nt) sda[e] = pre_da[cc_off(d, cb) + e];
-        for (int x = tid; x < kd; x += nt) sdgl[x] = pre_dgl[cb * kd + x];
-    } else {
-        // dA = tril(dO Vn^T)
-        for (int e = warp; e < c * c; e += warps) {
-            const int i = e / c, j = e % c;
-            float acc = 0.0f;
-            if (j <= i && valid(i)) {
-                for (int y = lane; y < vd; y += 32) acc += doat(i, y) * vn[j * vd + y];
-                acc = warp_sum(acc);
-            }
-            if (lane == 0) sda[e] = acc;
-        }
-        // dQg = dO h^T, dKg = Vn dS^T, dW = -dVn h^T
-        for (int e = warp; e < c * kd; e += warps) {
-            const int i = e / kd, x = e % kd;
-            float a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-            for (int y = lane; y < vd; y += 32) {
-                const float hxy = hh[x * vd + y];
-                a1 += doat(i, y) * hxy;
-                a2 += vn[i * vd + y] * ds[x * vd + y];
-                a3 += dvn[i * vd + y] * hxy;
-            }
-            a1 = warp_sum(a1);
-            a2 = warp_sum(a2);
-            a3 = warp_sum(a3);
-            if (lane == 0) {
-                dqg[e] = a1;
-                dkg[e] = a2;
-                dw[e] = -a3;
-            }
-        }
-        for (int x = warp; x < kd; x += warps) {
-            float acc = 0.0f;
-            for (int y = lane; y < vd; y += 32) acc += hh[x * vd + y] * ds[x * vd + y];
-            acc = warp_sum(acc);
-            if (lane == 0) sdgl[x] = expf(gam[(c - 1) * kd + x]) * acc;
-        }
-    }
+    s.stage_beta(beta, fill_xw);
+    s.v_products(pre_da, pre_dgl);
     __syncthreads();
     pc.mark(1);
-    // dXw = T^T dW, dXu = T^T dVn, dT = dW Xw^T + dVn Xu^T (Xu = Diag(beta) V)
-    // (tensor cores when dtc: kda_intra_tc.cuh)
-    if (dtc) {
-        if (split)
-            dt_tc<T, true>(v, d, b, hv, t0, tm, dw, dvn, xw, sbeta, dxw, dxu, sdt);
-        else
-            dt_tc<T, false>(v, d, b, hv, t0, tm, dw, dvn, xw, sbeta, dxw, dxu, sdt);
-    } else {
-        for (int e = tid; e < c * kd; e += nt) {
-            const int i = e / kd, x = e % kd;
-            float acc = 0.0f;
-            for (int j = i; j < c; ++j) acc += tm[j * c + i] * dw[j * kd + x];
-            dxw[e] = acc;
-        }
-        for (int e = tid; e < c * vd; e += nt) {
-            const int i = e / vd, y = e % vd;
-            float acc = 0.0f;
-            for (int j = i; j < c; ++j) acc += tm[j * c + i] * dvn[j * vd + y];
-            dxu[e] = acc;
-        }
-        for (int e = warp; e < c * c; e += warps) {
-            const int i = e / c, j = e % c;
-            float acc = 0.0f, acc2 = 0.0f;
-            for (int x = lane; x < kd; x += 32) acc += dw[i * kd + x] * xw[j * kd + x];
-            for (int y = lane; y < vd; y += 32) acc2 += dvn[i * vd + y] * (sbeta[j] * vat(j, y));
-            acc = warp_sum(acc);
-            acc2 = warp_sum(acc2);
-            if (lane == 0) sdt[e] = acc + acc2;
-        }
-    }
+    s.t_products(dtc, split);
     __syncthreads();
     pc.mark(2);
-    // T^T dT, then dL = -strict_tril(T^T dT T^T) into sdt
-    if (dtc) {
-        if (split)
-            tdt_tc<true>(d, tm, sdt, stmp);
-        else
-            tdt_tc<false>(d, tm, sdt, stmp);
-    } else {
-        for (int e = tid; e < c * c; e += nt) {
-            const int i = e / c, j = e % c;
-            float acc = 0.0f;
-            for (int l = i; l < c; ++l) acc += tm[l * c + i] * sdt[l * c + j];
-            stmp[e] = acc;
-        }
-        __syncthreads();
-        for (int e = tid; e < c * c; e += nt) {
-            const int i = e / c, j = e % c;
-            float acc = 0.0f;
-            if (j < i)
-                for (int l = 0; l <= j; ++l) acc += stmp[i * c + l] * tm[j * c + l];
-            sdt[e] = j < i ? -acc : 0.0f;
-        }
-    }
+    s.dl(dtc, split);
     __syncthreads();
     pc.mark(3);
-    // L = Diag(beta) M: dbeta_i = sum_j dL_ij M_ij, dM = Diag(beta) dL. A warp per row, the lanes over j (a thread
-    // per row read M's rows from global memory one element at a time, and dL's rows with 32-way bank conflicts).
-    for (int i = warp; i < c; i += warps) {
-        float acc = 0.0f;
-        for (int j = lane; j < i; j += 32) {
-            acc += sdt[i * c + j] * m[i * c + j];
-            sdt[i * c + j] *= sbeta[i];
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) sdb[i] = acc;
-    }
+    s.dm_dbeta();
     __syncthreads();
     pc.mark(4);
-    // dbeta from Xw and Xu; the last row's dGamma from Kg
-    for (int r = warp; r < c; r += warps) {
-        float db = 0.0f;
-        for (int x = lane; x < kd; x += 32) db += dxw[r * kd + x] * kat(r, x) * expf(gam[r * kd + x]);
-        for (int y = lane; y < vd; y += 32) db += dxu[r * vd + y] * vat(r, y);
-        db = warp_sum(db);
-        if (lane == 0) sdb[r] += db;
-    }
-    for (int x = tid; x < kd; x += nt) {
-        float acc = sdgl[x];
-        // kg exact (the workspace's Kg is rounded to TF32 on the tensor-core path), as prep forms it.
-        for (int r = 0; r < c; ++r)
-            acc += dkg[r * kd + x] * (kat(r, x) * expf(gam[(c - 1) * kd + x] - gam[r * kd + x]));
-        sdgl[x] = acc;
-    }
+    s.dbeta_dgl();
     __syncthreads();
     pc.mark(5);
-    // Elementwise factors: dq = dQg e^G, dk = dKg e^(G_last - G) + beta dXw e^G, dGamma; dv = beta dXu.
-    for (int e = tid; e < c * kd; e += nt) {
-        const int r = e / kd, x = e % kd;
-        const float g = gam[e], ev = expf(g), fk = expf(gam[(c - 1) * kd + x] - g);
-        const float a = dqg[e], bk = dkg[e], cw = dxw[e];
-        dqg[e] = a * ev;
-        dkg[e] = bk * fk + sbeta[r] * cw * ev;
-        float dgm = a * (qat(r, x) * ev) - bk * (kat(r, x) * fk) + cw * xw[e];  // qg, kg exact, as prep forms them
-        if (r == c - 1) dgm += sdgl[x];
-        dxw[e] = dgm;
-    }
-    for (int e = tid; e < c * vd; e += nt) {
-        const int r = e / vd, y = e % vd;
-        if (valid(r)) dv[v_row(d, b, t0 + r, hv) + y] = from_f32<T>(dxu[e] * sbeta[r]);
-    }
+    s.elementwise(dv);
     __syncthreads();
     pc.mark(6);
-    // Intra-chunk terms on tensor cores (kda_intra_tc.cuh) when the chunk is within the anchors' bound; else
-    // pairwise, rows: dq_i, dk_i, dGamma_i from A_ij and M_ij (j <= i).
-    const bool done = intra && (split ? intra_tc<T, true>(q, k, d, b, h, t0, gam, sda, sdt, dqg, dkg, dxw)
-                                      : intra_tc<T, false>(q, k, d, b, h, t0, gam, sda, sdt, dqg, dkg, dxw));
-    for (int e = tid; e < c * kd && !done; e += nt) {
-        const int i = e / kd, x = e % kd;
-        if (!valid(i)) continue;
-        const float gi = gam[e], qi = qat(i, x), ki = kat(i, x);
-        float aq = 0.0f, ak = 0.0f, ag = 0.0f;
-        for (int j = 0; j <= i; ++j) {
-            const float f = expf(gi - gam[j * kd + x]), kj = kat(j, x);
-            const float ta = sda[i * c + j] * f, tk = sdt[i * c + j] * f;
-            aq += ta * kj;
-            ak += tk * kj;
-            ag += (ta * qi + tk * ki) * kj;
-        }
-        dqg[e] += aq;
-        dkg[e] += ak;
-        dxw[e] += ag;
-    }
-    __syncthreads();
-    // Columns: dk_j, dGamma_j from A_ij and M_ij (i >= j).
-    for (int e = tid; e < c * kd && !done; e += nt) {
-        const int j = e / kd, x = e % kd;
-        if (!valid(j)) continue;
-        const float gj = gam[e], kj = kat(j, x);
-        float bk = 0.0f, bg = 0.0f;
-        for (int i = j; i < c; ++i) {
-            const float f = expf(gam[i * kd + x] - gj);
-            const float s = sda[i * c + j] * f * qat(i, x) + sdt[i * c + j] * f * kat(i, x);
-            bk += s;
-            bg += s * kj;
-        }
-        dkg[e] += bk;
-        dxw[e] -= bg;
-    }
-    __syncthreads();
+    s.intra(intra, split);
     pc.mark(7);
-    // dg = reverse cumsum of dGamma inside the chunk; dq, dk per value head; dbeta.
-    for (int x = tid; x < kd; x += nt) {
-        float acc = 0.0f;
-        for (int r = c - 1; r >= 0; --r) {
-            acc += dxw[r * kd + x];
-            if (valid(r)) dg[g_row(d, b, t0 + r, hv) + x] = from_f32<T>(acc);
-        }
-    }
-    for (int e = tid; e < c * kd; e += nt) {
-        const int r = e / kd, x = e % kd;
-        if (!valid(r)) continue;
-        if (d.group == 1) {  // one value head per key head: dq, dk directly (the group kernel is skipped)
-            dq[g_row(d, b, t0 + r, hv) + x] = from_f32<T>(dqg[e]);
-            dk[g_row(d, b, t0 + r, hv) + x] = from_f32<T>(dkg[e]);
-        } else {
-            dqh[g_row(d, b, t0 + r, hv) + x] = dqg[e];
-            dkh[g_row(d, b, t0 + r, hv) + x] = dkg[e];
-        }
-    }
-    for (int r = tid; r < c; r += nt)
-        if (valid(r)) dbeta[beta_at(d, b, t0 + r, hv)] = from_f32<T>(sdb[r]);
+    s.store(dq, dk, dg, dbeta, dqh, dkh);
     pc.mark(8);
 }
 

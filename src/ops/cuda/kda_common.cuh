@@ -84,6 +84,12 @@ __device__ inline int64_t beta_at(const Dims& d, int b, int t, int hv) {
     return (static_cast<int64_t>(b) * d.t + t) * d.hv + hv;
 }
 
+// p[i] as f32, or 0 when !valid (rows past T read as zero).
+template <typename T>
+__device__ __forceinline__ float ld(const T* p, int64_t i, bool valid) {
+    return valid ? to_f32(p[i]) : 0.0f;
+}
+
 // Cooperative copy of n floats from global to shared memory (coalesced); the caller synchronises.
 __device__ __forceinline__ void stage(float* dst, const float* src, int n) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];

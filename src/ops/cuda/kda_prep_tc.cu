@@ -1,6 +1,6 @@
 // Tensor-core version of the KDA chunk preparation (kda.md §4.1-4.4, `prep` of kda.cu) for the inputs kda::use_tc
 // accepts (bf16/f16, K % 16 == 0, K <= 128, V % 16 == 0). One block per (chunk, unit), as the fp32 kernel, and the
-// same fp32 workspace, so the scans and the backward read it unchanged. Per chunk:
+// same fp32 workspace, so the scans and the backward read it unchanged. Per chunk (the members of PrepTc, in order):
 //   1. q, k, v, g rows to shared memory by cp.async (raw 16-bit values, zeros past T; g in the region T takes
 //      later); Gamma = cumsum(g) (fp32).
 //   2. Qg, Kg, Xw, Gamma to the workspace (elementwise).
@@ -78,122 +78,161 @@ __device__ inline AmJobs am_jobs(int nsub, int warp) {
     return {nib(a), nib(j0), nib(n)};
 }
 
+// One block's (chunk, unit) of prep_tc_kernel: its indices, sizes and shared-memory tiles (layout). Each member
+// function is one step of the header comment's list (kda.md §4.5 steps 1-5); the kernel calls them in order. Every
+// member is inlined into the kernel, so the split into phases costs nothing at run time.
 template <typename T, bool kSplit, bool kTilesIn, bool kModel>
-__global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restrict__ q,
-                                                              const T* __restrict__ k,
-                                                              const T* __restrict__ v,
-                                                              const T* __restrict__ g,
-                                                              const T* __restrict__ beta,
-                                                              Dims dims,
-                                                              Work w,
-                                                              bool gam_all,
-                                                              PhaseClock pc) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    const Dims d = model_dims<kModel>(dims);
-    const Layout l = layout(d);
-    float* sg = reinterpret_cast<float*>(smem + l.g);   // Gamma [c, ldg]
-    T* sq = reinterpret_cast<T*>(smem + l.q);           // q [c, ldx]
-    float* sl = reinterpret_cast<float*>(smem + l.q);   // L [c, ldc], after A and M
-    T* sk = reinterpret_cast<T*>(smem + l.k);           // k [c, ldx]
-    T* sv = reinterpret_cast<T*>(smem + l.v);           // v [c, ldv]
-    float* stm = reinterpret_cast<float*>(smem + l.t);  // T [c, ldc]
-    T* sgr = reinterpret_cast<T*>(smem + l.t);          // raw g [c, ldx], before T
-    float* sx = reinterpret_cast<float*>(smem + l.x);   // [16, ldc] scratch of the inverse
-    float* sb = reinterpret_cast<float*>(smem + l.beta);
-    const int n = blockIdx.x, unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, h = hv / d.group;
-    const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x, t0 = n * c, nsub = c / kSub;
-    const int ldg = l.ldg, ldx = l.ldx, ldv = l.ldv, ldc = l.ldc;
-    const int warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
-    const int64_t cb = chunk_index(d, unit, n), ck = ck_off(d, cb), cc = cc_off(d, cb);
+struct PrepTc {
+    const Dims d;
+    const Layout l;
+    unsigned char* const smem;
+    float* const sg;   // Gamma [c, ldg]
+    T* const sq;       // q [c, ldx]
+    float* const sl;   // L [c, ldc], after A and M
+    T* const sk;       // k [c, ldx]
+    T* const sv;       // v [c, ldv]
+    float* const stm;  // T [c, ldc]
+    T* const sgr;      // raw g [c, ldx], before T
+    float* const sx;   // [16, ldc] scratch of the inverse
+    float* const sb;
+    const int n, unit, b, hv, h;
+    const int c, kd, vd, tid, t0, nsub;
+    const int ldg, ldx, ldv, ldc;
+    const int warp, lane, gq, tq;
+    const int64_t cb, ck, cc;
 
-    pc.mark(0);
-    // 1. Rows to shared memory; a row past T reads row t0 (mapped) and is zero-filled.
-    for (int e = tid; e < c * (kd / 8); e += kThreads) {
-        const int r = e / (kd / 8), x = (e % (kd / 8)) * 8;
-        const bool ok = t0 + r < d.t;
-        const int64_t src = qk_row(d, b, ok ? t0 + r : t0, h) + x;
-        cp_async16_zfill(sq + r * ldx + x, q + src, ok);
-        cp_async16_zfill(sk + r * ldx + x, k + src, ok);
-        cp_async16_zfill(sgr + r * ldx + x, g + g_row(d, b, ok ? t0 + r : t0, hv) + x, ok);
+    __device__ __forceinline__ PrepTc(unsigned char* sm, const Dims& dims)
+        : d(model_dims<kModel>(dims)),
+          l(layout(d)),
+          smem(sm),
+          sg(reinterpret_cast<float*>(smem + l.g)),
+          sq(reinterpret_cast<T*>(smem + l.q)),
+          sl(reinterpret_cast<float*>(smem + l.q)),
+          sk(reinterpret_cast<T*>(smem + l.k)),
+          sv(reinterpret_cast<T*>(smem + l.v)),
+          stm(reinterpret_cast<float*>(smem + l.t)),
+          sgr(reinterpret_cast<T*>(smem + l.t)),
+          sx(reinterpret_cast<float*>(smem + l.x)),
+          sb(reinterpret_cast<float*>(smem + l.beta)),
+          n(blockIdx.x),
+          unit(blockIdx.y),
+          b(unit / d.hv),
+          hv(unit % d.hv),
+          h(hv / d.group),
+          c(d.c),
+          kd(d.k),
+          vd(d.v),
+          tid(threadIdx.x),
+          t0(n * c),
+          nsub(c / kSub),
+          ldg(l.ldg),
+          ldx(l.ldx),
+          ldv(l.ldv),
+          ldc(l.ldc),
+          warp(tid / 32),
+          lane(tid % 32),
+          gq(lane / 4),
+          tq(lane % 4),
+          cb(chunk_index(d, unit, n)),
+          ck(ck_off(d, cb)),
+          cc(cc_off(d, cb)) {}
+
+    // Step 1 (kda.md §4.5 step 1): the q, k, v, g rows to shared memory (a row past T reads row t0, mapped, and is
+    // zero-filled), beta; waits for them.
+    __device__ __forceinline__ void stage(const T* __restrict__ q,
+                                          const T* __restrict__ k,
+                                          const T* __restrict__ v,
+                                          const T* __restrict__ g,
+                                          const T* __restrict__ beta) const {
+        for (int e = tid; e < c * (kd / 8); e += kThreads) {
+            const int r = e / (kd / 8), x = (e % (kd / 8)) * 8;
+            const bool ok = t0 + r < d.t;
+            const int64_t src = qk_row(d, b, ok ? t0 + r : t0, h) + x;
+            cp_async16_zfill(sq + r * ldx + x, q + src, ok);
+            cp_async16_zfill(sk + r * ldx + x, k + src, ok);
+            cp_async16_zfill(sgr + r * ldx + x, g + g_row(d, b, ok ? t0 + r : t0, hv) + x, ok);
+        }
+        for (int e = tid; e < c * (vd / 8); e += kThreads) {
+            const int r = e / (vd / 8), y = (e % (vd / 8)) * 8;
+            const bool ok = t0 + r < d.t;
+            cp_async16_zfill(sv + r * ldv + y, v + v_row(d, b, ok ? t0 + r : t0, hv) + y, ok);
+        }
+        cp_async_commit();
+        if (tid < c) sb[tid] = t0 + tid < d.t ? to_f32(beta[beta_at(d, b, t0 + tid, hv)]) : 0.0f;
+        cp_async_wait<0>();
+        __syncthreads();
     }
-    for (int e = tid; e < c * (vd / 8); e += kThreads) {
-        const int r = e / (vd / 8), y = (e % (vd / 8)) * 8;
-        const bool ok = t0 + r < d.t;
-        cp_async16_zfill(sv + r * ldv + y, v + v_row(d, b, ok ? t0 + r : t0, hv) + y, ok);
-    }
-    cp_async_commit();
-    if (tid < c) sb[tid] = t0 + tid < d.t ? to_f32(beta[beta_at(d, b, t0 + tid, hv)]) : 0.0f;
-    // Gamma from the staged g rows (g came in with q, k, v: one round trip instead of four batches of sixteen
-    // global loads per channel, which took ~45% of the kernel's wall time).
-    cp_async_wait<0>();
-    __syncthreads();
-    bool diag_ok = true;
-    for (int x = tid; x < kd; x += kThreads) {
-        float acc = 0.0f;
-        for (int s = 0; s < nsub; ++s) {
-            float gv[kSub];
+
+    // Step 1 (kda.md §4.5 step 2): Gamma = cumsum(g) from the staged g rows (g came in with q, k, v: one round trip
+    // instead of four batches of sixteen global loads per channel, which took ~45% of the kernel's wall time), and
+    // whether every diagonal tile is within the anchors' bound (§4.2; all threads get the answer).
+    __device__ __forceinline__ bool gamma() const {
+        bool diag_ok = true;
+        for (int x = tid; x < kd; x += kThreads) {
+            float acc = 0.0f;
+            for (int s = 0; s < nsub; ++s) {
+                float gv[kSub];
 #pragma unroll
-            for (int r = 0; r < kSub; ++r) gv[r] = to_f32(sgr[(s * kSub + r) * ldx + x]);  // zeros past T
-            float first = 0.0f;
+                for (int r = 0; r < kSub; ++r) gv[r] = to_f32(sgr[(s * kSub + r) * ldx + x]);  // zeros past T
+                float first = 0.0f;
 #pragma unroll
-            for (int r = 0; r < kSub; ++r) {
-                acc += gv[r];
-                if (r == 0) first = acc;
-                sg[(s * kSub + r) * ldg + x] = acc;
-            }
-            if constexpr (!kTilesIn) {  // with T read back, no anchored tile is formed here
-                float mx = 0.0f;
+                for (int r = 0; r < kSub; ++r) {
+                    acc += gv[r];
+                    if (r == 0) first = acc;
+                    sg[(s * kSub + r) * ldg + x] = acc;
+                }
+                if constexpr (!kTilesIn) {  // with T read back, no anchored tile is formed here
+                    float mx = 0.0f;
 #pragma unroll
-                for (int r = 0; r < kSub; ++r)
-                    mx = fmaxf(mx,
-                               fmaxf(fabsf(to_f32(sq[(s * kSub + r) * ldx + x])),
-                                     fabsf(to_f32(sk[(s * kSub + r) * ldx + x]))));
-                diag_ok = diag_ok && anchor_ok(first - acc, mx);
+                    for (int r = 0; r < kSub; ++r)
+                        mx = fmaxf(mx,
+                                   fmaxf(fabsf(to_f32(sq[(s * kSub + r) * ldx + x])),
+                                         fabsf(to_f32(sk[(s * kSub + r) * ldx + x]))));
+                    diag_ok = diag_ok && anchor_ok(first - acc, mx);
+                }
             }
         }
+        return __syncthreads_and(diag_ok) != 0;  // also the barrier after Gamma
     }
-    const bool diag_mma = __syncthreads_and(diag_ok) != 0;  // also the barrier after Gamma
-    if constexpr (kTilesIn) {
-        // T from the forward (ops::KdaSaved), into its region now that the raw g rows there are dead; the
-        // elementwise step below runs while it arrives.
+
+    // With T read back (kTilesIn): T from the forward (ops::KdaSaved), into its region now that the raw g rows there
+    // are dead; the elementwise step runs while it arrives.
+    __device__ __forceinline__ void stage_t(const Work& w) const {
         stage_async<kThreads>(stm, ldc, w.tm + cc, c, c, c);
         cp_async_commit();
     }
-    pc.mark(1);
 
-    // 2. Elementwise chunk quantities, four channels per thread.
-    for (int e = tid; e < c * kd / 4; e += kThreads) {
-        const int r = (e * 4) / kd, x = (e * 4) % kd;
-        const float4 gm = *reinterpret_cast<const float4*>(sg + r * ldg + x);
-        const float4 gl = *reinterpret_cast<const float4*>(sg + (c - 1) * ldg + x);
-        const float gs[4] = {gm.x, gm.y, gm.z, gm.w}, ls[4] = {gl.x, gl.y, gl.z, gl.w};
-        float qg[4], kg[4], xw[4];
+    // Step 2 (kda.md §4.1): the elementwise chunk quantities Qg, Kg, Xw and Gamma to the workspace, four channels
+    // per thread.
+    __device__ __forceinline__ void chunk_quantities(const Work& w, bool gam_all) const {
+        for (int e = tid; e < c * kd / 4; e += kThreads) {
+            const int r = (e * 4) / kd, x = (e * 4) % kd;
+            const float4 gm = *reinterpret_cast<const float4*>(sg + r * ldg + x);
+            const float4 gl = *reinterpret_cast<const float4*>(sg + (c - 1) * ldg + x);
+            const float gs[4] = {gm.x, gm.y, gm.z, gm.w}, ls[4] = {gl.x, gl.y, gl.z, gl.w};
+            float qg[4], kg[4], xw[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float ev = exp_ftz(gs[i]), kv = to_f32(sk[r * ldx + x + i]);
-            qg[i] = tf32_bits(to_f32(sq[r * ldx + x + i]) * ev);
-            kg[i] = tf32_bits(kv * exp_ftz(ls[i] - gs[i]));
-            xw[i] = sb[r] * kv * ev;
+            for (int i = 0; i < 4; ++i) {
+                const float ev = exp_ftz(gs[i]), kv = to_f32(sk[r * ldx + x + i]);
+                qg[i] = tf32_bits(to_f32(sq[r * ldx + x + i]) * ev);
+                kg[i] = tf32_bits(kv * exp_ftz(ls[i] - gs[i]));
+                xw[i] = sb[r] * kv * ev;
+            }
+            const int64_t o = ck + static_cast<int64_t>(r) * kd + x;
+            *reinterpret_cast<float4*>(w.qg + o) = make_float4(qg[0], qg[1], qg[2], qg[3]);
+            *reinterpret_cast<float4*>(w.kg + o) = make_float4(kg[0], kg[1], kg[2], kg[3]);
+            if (w.xw != nullptr) *reinterpret_cast<float4*>(w.xw + o) = make_float4(xw[0], xw[1], xw[2], xw[3]);
+            if (gam_all || r == c - 1) *reinterpret_cast<float4*>(w.gam + o) = gm;
         }
-        const int64_t o = ck + static_cast<int64_t>(r) * kd + x;
-        *reinterpret_cast<float4*>(w.qg + o) = make_float4(qg[0], qg[1], qg[2], qg[3]);
-        *reinterpret_cast<float4*>(w.kg + o) = make_float4(kg[0], kg[1], kg[2], kg[3]);
-        if (w.xw != nullptr) *reinterpret_cast<float4*>(w.xw + o) = make_float4(xw[0], xw[1], xw[2], xw[3]);
-        if (gam_all || r == c - 1) *reinterpret_cast<float4*>(w.gam + o) = gm;
     }
 
-    pc.mark(2);
-    if constexpr (kTilesIn) {
-        cp_async_wait<0>();
-        __syncthreads();
-        pc.mark(3);  // the wait for T; phases 4-6 (A, M, L, T's diagonal) do not run
-        pc.mark(4);
-        pc.mark(5);
-        pc.mark(6);
-    } else {
-        // 3. A and M tiles: a job is (row tile a, column tile bt <= a, column half nh): 20 jobs at c = 64, 6 at 32. A
-        // warp takes up to three jobs of one row tile (am_jobs), so the row operands q, k e^(G_i - G_n), the larger
-        // part of each k-step's work, are formed once for all of them.
+    // Step 3 (kda.md §4.5 step 3, §4.2): A and M as 16x16 tiles, then L = Diag(beta) M into shared memory (and the
+    // zero tiles above the diagonal of A, M, L and T); the diagonal tiles pairwise when !diag_mma. A job is (row tile
+    // a, column tile bt <= a, column half nh): 20 jobs at c = 64, 6 at 32. A warp takes up to three jobs of one row
+    // tile (am_jobs), so the row operands q, k e^(G_i - G_n), the larger part of each k-step's work, are formed once
+    // for all of them.
+    __device__ __forceinline__ void a_m_tiles(
+        const T* __restrict__ q, const T* __restrict__ k, const Work& w, bool diag_mma, const PhaseClock& pc) const {
         const AmJobs jobs = am_jobs(nsub, warp);
         const int i0 = jobs.a * kSub, r0 = i0 + gq, r1 = r0 + 8;
         float acc_a[3][4], acc_m[3][4];
@@ -286,10 +325,10 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
                 }
             }
         }
-        __syncthreads();
-        pc.mark(5);
+    }
 
-        // 4. T = (I + L)^-1. Diagonal tiles: column j of tile a by forward substitution.
+    // Step 4 (kda.md §4.4): T = (I + L)^-1, the diagonal tiles: column j of tile a by forward substitution.
+    __device__ __forceinline__ void diag_inverse() const {
         if (tid < c) {
             const int j = tid, base = (j / kSub) * kSub;
             for (int i = base; i < j; ++i) stm[i * ldc + j] = 0.0f;
@@ -300,11 +339,12 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
                 stm[i * ldc + j] = -acc;
             }
         }
-        __syncthreads();
-        pc.mark(6);
-        // Off-diagonal row blocks in order: X = L_a,<a T_<a,<a (T_xj = 0 for x < j), then T_a,<a = -T_aa X, on tensor
-        // cores as 3xTF32 (about fp32's accuracy, like the CUDA-core loops they replace, which took ~20% of the
-        // kernel in serial multiply-add chains): a warp per 8 columns.
+    }
+
+    // Step 4 (kda.md §4.4): the off-diagonal row blocks in order: X = L_a,<a T_<a,<a (T_xj = 0 for x < j), then
+    // T_a,<a = -T_aa X, on tensor cores as 3xTF32 (about fp32's accuracy, like the CUDA-core loops they replace,
+    // which took ~20% of the kernel in serial multiply-add chains): a warp per 8 columns.
+    __device__ __forceinline__ void offdiag_inverse() const {
         for (int a = 1; a < nsub; ++a) {
             const int wd = a * kSub;
             for (int n0 = warp * 8; n0 < wd; n0 += kWarps * 8) {
@@ -334,81 +374,126 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
             }
             __syncthreads();
         }
-    }  // kTilesIn
-    pc.mark(7);
-    // From here on T is only step 5's A operand: with plain TF32 products (!kSplit) it is rounded once here, in shared
-    // memory, instead of at every fragment of every warp (the kept copy in w.tm stays exact).
-    if (!kSplit || (!kTilesIn && w.tm != nullptr)) {
-        for (int e = tid; e < c * c; e += kThreads) {
-            const int i = (e / c) * ldc + e % c;
-            const float x = stm[i];
-            if (!kTilesIn && w.tm != nullptr) w.tm[cc + e] = x;
-            if constexpr (!kSplit) stm[i] = tf32_bits(x);
-        }
-        if constexpr (!kSplit) __syncthreads();
     }
 
-    // 5. W = T Xw (Xw = Diag(beta) K e^Gamma formed in the fragment loads) and U = T Diag(beta) V: a warp per
-    // 16-column slab, k (token) steps outer so each B fragment is formed once, row tiles a >= the k step's tile.
-    const int wslabs = kd / kSub, nslab = wslabs + (w.u != nullptr ? vd / kSub : 0);
-    for (int job = warp; job < nslab; job += kWarps) {
-        const bool isw = job < wslabs;
-        const int n0 = (isw ? job : job - wslabs) * kSub;
-        float acc[kMaxSub][2][4];
+    // T kept for the backward (w.tm, exact), and from here on only step 5's A operand: with plain TF32 products
+    // (!kSplit) it is rounded once here, in shared memory, instead of at every fragment of every warp.
+    __device__ __forceinline__ void keep_t(const Work& w) const {
+        if (!kSplit || (!kTilesIn && w.tm != nullptr)) {
+            for (int e = tid; e < c * c; e += kThreads) {
+                const int i = (e / c) * ldc + e % c;
+                const float x = stm[i];
+                if (!kTilesIn && w.tm != nullptr) w.tm[cc + e] = x;
+                if constexpr (!kSplit) stm[i] = tf32_bits(x);
+            }
+            if constexpr (!kSplit) __syncthreads();
+        }
+    }
+
+    // Step 5 (kda.md §4.5 step 5): W = T Xw (Xw = Diag(beta) K e^Gamma formed in the fragment loads) and
+    // U = T Diag(beta) V: a warp per 16-column slab, k (token) steps outer so each B fragment is formed once, row
+    // tiles a >= the k step's tile.
+    __device__ __forceinline__ void w_u(const Work& w) const {
+        const int wslabs = kd / kSub, nslab = wslabs + (w.u != nullptr ? vd / kSub : 0);
+        for (int job = warp; job < nslab; job += kWarps) {
+            const bool isw = job < wslabs;
+            const int n0 = (isw ? job : job - wslabs) * kSub;
+            float acc[kMaxSub][2][4];
 #pragma unroll
-        for (int a = 0; a < kMaxSub; ++a)
+            for (int a = 0; a < kMaxSub; ++a)
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
+                for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) acc[a][nt][i] = 0.0f;
-        for (int k0 = 0; k0 < c; k0 += 8) {
-            uint32_t bh[2][2], bl[2][2];
+                    for (int i = 0; i < 4; ++i) acc[a][nt][i] = 0.0f;
+            for (int k0 = 0; k0 < c; k0 += 8) {
+                uint32_t bh[2][2], bl[2][2];
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-                const int col = n0 + nt * 8 + gq;
+                for (int nt = 0; nt < 2; ++nt) {
+                    const int col = n0 + nt * 8 + gq;
 #pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    const int jr = k0 + tq + 4 * hf;
-                    const float val = isw ? sb[jr] * to_f32(sk[jr * ldx + col]) * exp_ftz(sg[jr * ldg + col])
-                                          : sb[jr] * to_f32(sv[jr * ldv + col]);
-                    split_tf32<kSplit>(val, bh[nt][hf], bl[nt][hf]);
+                    for (int hf = 0; hf < 2; ++hf) {
+                        const int jr = k0 + tq + 4 * hf;
+                        const float val = isw ? sb[jr] * to_f32(sk[jr * ldx + col]) * exp_ftz(sg[jr * ldg + col])
+                                              : sb[jr] * to_f32(sv[jr * ldv + col]);
+                        split_tf32<kSplit>(val, bh[nt][hf], bl[nt][hf]);
+                    }
+                }
+                const int kb = k0 / kSub;
+#pragma unroll
+                for (int a = 0; a < kMaxSub; ++a) {
+                    if (a < kb || a >= nsub) continue;
+                    uint32_t ah[4], al[4];
+                    const int m0 = a * kSub;
+                    float fa[4];
+                    frag_a_f(fa, stm, ldc, m0, k0, gq, tq);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        if constexpr (kSplit)
+                            split_tf32<kSplit>(fa[e], ah[e], al[e]);
+                        else
+                            ah[e] = __float_as_uint(fa[e]);  // rounded above
+                    }
+                    mma_tf32x3<kSplit>(acc[a][0], ah, al, bh[0], bl[0]);
+                    mma_tf32x3<kSplit>(acc[a][1], ah, al, bh[1], bl[1]);
                 }
             }
-            const int kb = k0 / kSub;
+            float* dst = isw ? w.w + ck : w.u + cv_off(d, cb);
+            const int ld = isw ? kd : vd;
 #pragma unroll
             for (int a = 0; a < kMaxSub; ++a) {
-                if (a < kb || a >= nsub) continue;
-                uint32_t ah[4], al[4];
-                const int m0 = a * kSub;
-                float fa[4];
-                frag_a_f(fa, stm, ldc, m0, k0, gq, tq);
+                if (a >= nsub) continue;
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if constexpr (kSplit)
-                        split_tf32<kSplit>(fa[e], ah[e], al[e]);
-                    else
-                        ah[e] = __float_as_uint(fa[e]);  // rounded above
+                for (int nt = 0; nt < 2; ++nt) {
+                    if (isw)  // W is only ever an MMA operand (the scans): stored rounded; U is an addend, kept exact
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc[a][nt][e] = tf32_bits(acc[a][nt][e]);
+                    const int r0 = a * kSub + gq, col = n0 + nt * 8 + 2 * tq;
+                    *reinterpret_cast<float2*>(dst + r0 * ld + col) = make_float2(acc[a][nt][0], acc[a][nt][1]);
+                    *reinterpret_cast<float2*>(dst + (r0 + 8) * ld + col) = make_float2(acc[a][nt][2], acc[a][nt][3]);
                 }
-                mma_tf32x3<kSplit>(acc[a][0], ah, al, bh[0], bl[0]);
-                mma_tf32x3<kSplit>(acc[a][1], ah, al, bh[1], bl[1]);
-            }
-        }
-        float* dst = isw ? w.w + ck : w.u + cv_off(d, cb);
-        const int ld = isw ? kd : vd;
-#pragma unroll
-        for (int a = 0; a < kMaxSub; ++a) {
-            if (a >= nsub) continue;
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-                if (isw)  // W is only ever an MMA operand (the scans): stored rounded; U is an addend, kept exact
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[a][nt][e] = tf32_bits(acc[a][nt][e]);
-                const int r0 = a * kSub + gq, col = n0 + nt * 8 + 2 * tq;
-                *reinterpret_cast<float2*>(dst + r0 * ld + col) = make_float2(acc[a][nt][0], acc[a][nt][1]);
-                *reinterpret_cast<float2*>(dst + (r0 + 8) * ld + col) = make_float2(acc[a][nt][2], acc[a][nt][3]);
             }
         }
     }
+};
+
+template <typename T, bool kSplit, bool kTilesIn, bool kModel>
+__global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restrict__ q,
+                                                              const T* __restrict__ k,
+                                                              const T* __restrict__ v,
+                                                              const T* __restrict__ g,
+                                                              const T* __restrict__ beta,
+                                                              Dims dims,
+                                                              Work w,
+                                                              bool gam_all,
+                                                              PhaseClock pc) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const PrepTc<T, kSplit, kTilesIn, kModel> s(smem, dims);
+    pc.mark(0);
+    s.stage(q, k, v, g, beta);
+    const bool diag_mma = s.gamma();
+    if constexpr (kTilesIn) s.stage_t(w);
+    pc.mark(1);
+    s.chunk_quantities(w, gam_all);
+    pc.mark(2);
+    if constexpr (kTilesIn) {
+        cp_async_wait<0>();
+        __syncthreads();
+        pc.mark(3);  // the wait for T; phases 4-6 (A, M, L, T's diagonal) do not run
+        pc.mark(4);
+        pc.mark(5);
+        pc.mark(6);
+    } else {
+        s.a_m_tiles(q, k, w, diag_mma, pc);
+        __syncthreads();
+        pc.mark(5);
+        s.diag_inverse();
+        __syncthreads();
+        pc.mark(6);
+        s.offdiag_inverse();
+    }  // kTilesIn
+    pc.mark(7);
+    s.keep_t(w);
+    s.w_u(w);
     pc.mark(8);
 }
 
