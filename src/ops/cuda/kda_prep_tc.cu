@@ -232,7 +232,7 @@ struct PrepTc {
     // tile (am_jobs), so the row operands q, k e^(G_i - G_n), the larger part of each k-step's work, are formed once
     // for all of them.
     __device__ __forceinline__ void a_m_tiles(
-        const T* __restrict__ q, const T* __restrict__ k, const Work& w, bool diag_mma, const PhaseClock& pc) const {
+        const T* __restrict__ q, const T* __restrict__ k, const Work& w, bool diag_mma, PhaseClock pc) const {
         const AmJobs jobs = am_jobs(nsub, warp);
         const int i0 = jobs.a * kSub, r0 = i0 + gq, r1 = r0 + 8;
         float acc_a[3][4], acc_m[3][4];

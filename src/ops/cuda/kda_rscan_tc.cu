@@ -35,45 +35,84 @@ int rscan_tc_floats(const Dims& d, int bv) {
     return d.c * ld_row(d.k) + d.c * ld_tr(d.c) + 2 * d.k + ds_floats(d, bv) + 2 * d.c * (bv + 8);
 }
 
-// Reverse scan: dVn = A^T dO + Kg dS (stored), then dS <- Diag(gamma) dS + Qg^T dO - W^T dVn; dhs gets dS as it
-// leaves each chunk, ds0 the final dS. In step 2 a warp's A operands are its own state rows' slices of Qg and W
-// ([c, 16] each, no other warp reads them): they come from global memory straight into registers, instead of
-// through shared memory, which leaves room for BV = 128 (one block per unit, one wave at 8 x 4096).
+// One block's (BV value columns, unit) of rscan_tc_kernel, kda.md §4.6 step 3 (the reverse scan, last chunk first):
+// its indices, shared-memory tiles and loads, and the two per-chunk products, dVn (dvn_step) and the dS update
+// (state_terms); scan_fused and scan_smem are the chunk loop with dS in registers (fused_rscan) or in shared memory.
+// Every member is inlined into the kernel, so the split into phases costs nothing at run time.
 template <typename T, int BV, bool kModel>
-__global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restrict__ dout,
-                                                               const float* __restrict__ dst,
-                                                               float* __restrict__ ds0,
-                                                               Dims dims,
-                                                               Work w,
-                                                               float* dhs,
-                                                               float* dvns,
-                                                               PhaseSums ps) {
-    constexpr int ld = ld_b<BV>(), kN = BV / 16, kN3 = BV / 8, kSteps = kMaxChunk / 8;
-    extern __shared__ __align__(16) float smem[];
-    const Dims d = model_dims<kModel>(dims);
-    const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x;
-    const int unit = blockIdx.y, b = unit / d.hv, hv = unit % d.hv, y0 = blockIdx.x * BV;
-    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int ldr = ld_row(kd), lda = ld_tr(c);
-    float* sk = smem;                               // Kg (row reads)
-    float* sa = sk + c * ldr;                       // A (transposed reads)
-    float* sg = sa + c * lda;                       // Gamma of the last row, two buffers [2][K]
-    float* sds = sg + 2 * kd;                       // dS [K, ld]
-    float* sdvn = sds + ds_floats(d, BV);           // -dVn [c, ld], TF32-rounded
-    T* sdo0 = reinterpret_cast<T*>(sdvn + c * ld);  // dO, two buffers [c, ld] (16-bit)
-    const auto* sdvn_bits = reinterpret_cast<const uint32_t*>(sdvn);
-    // Kg, A (and Qg, W below) arrive already rounded to TF32 (prep_tc), so their fragments are read as bits.
-    const auto *sk_bits = reinterpret_cast<const uint32_t*>(sk), *sa_bits = reinterpret_cast<const uint32_t*>(sa);
-    const int64_t kv = static_cast<int64_t>(kd) * vd;
-    auto load_ka = [&](int n) {
+struct Rscan {
+    static constexpr int ld = ld_b<BV>(), kN = BV / 16, kSteps = kMaxChunk / 8;
+    const Dims d;
+    const Work& w;
+    const T* const dout;
+    float* const dvns;
+    const int c, kd, vd, tid;
+    const int unit, b, hv, y0;
+    const int warp, lane, g, t;
+    const int ldr, lda;
+    float* const sk;    // Kg (row reads)
+    float* const sa;    // A (transposed reads)
+    float* const sg;    // Gamma of the last row, two buffers [2][K]
+    float* const sds;   // dS [K, ld]
+    float* const sdvn;  // -dVn [c, ld], TF32-rounded
+    T* const sdo0;      // dO, two buffers [c, ld] (16-bit)
+    const uint32_t* const sdvn_bits;
+    // Kg, A (and Qg, W) arrive already rounded to TF32 (prep_tc), so their fragments are read as bits.
+    const uint32_t *const sk_bits, *const sa_bits;
+    const int64_t kv;
+    const int m0, nb;
+    const bool rows_on;
+    const StateTiles stl;
+    const int last;
+
+    __device__ __forceinline__ Rscan(float* smem, const Dims& dims, const Work& work, const T* dout_, float* dvns_)
+        : d(model_dims<kModel>(dims)),
+          w(work),
+          dout(dout_),
+          dvns(dvns_),
+          c(d.c),
+          kd(d.k),
+          vd(d.v),
+          tid(threadIdx.x),
+          unit(blockIdx.y),
+          b(unit / d.hv),
+          hv(unit % d.hv),
+          y0(blockIdx.x * BV),
+          warp(tid / 32),
+          lane(tid % 32),
+          g(lane / 4),
+          t(lane % 4),
+          ldr(ld_row(kd)),
+          lda(ld_tr(c)),
+          sk(smem),
+          sa(sk + c * ldr),
+          sg(sa + c * lda),
+          sds(sg + 2 * kd),
+          sdvn(sds + ds_floats(d, BV)),
+          sdo0(reinterpret_cast<T*>(sdvn + c * ld)),
+          sdvn_bits(reinterpret_cast<const uint32_t*>(sdvn)),
+          sk_bits(reinterpret_cast<const uint32_t*>(sk)),
+          sa_bits(reinterpret_cast<const uint32_t*>(sa)),
+          kv(static_cast<int64_t>(kd) * vd),
+          m0((warp & 3) * 16),
+          nb(warp >> 2),
+          rows_on(m0 < c),
+          stl(state_tiles(kd, warp)),
+          last(d.nc - 1) {}
+
+    // Kg, A and Gamma's last row of chunk n into shared memory (cp.async, uncommitted).
+    __device__ __forceinline__ void load_ka(int n) const {
         const int64_t cb = chunk_index(d, unit, n);
         stage_async<kThreads>(sk, ldr, w.kg + ck_off(d, cb), kd, c, kd);
         stage_async<kThreads>(sa, lda, w.a + cc_off(d, cb), c, c, c);
         stage_async<kThreads>(
             sg + (n & 1) * kd, kd, w.gam + ck_off(d, cb) + static_cast<int64_t>(c - 1) * kd, kd, 1, kd);
-    };
-    auto sdo = [&](int n) { return sdo0 + (n & 1) * c * ld; };
-    auto load_do = [&](int n) {
+    }
+    __device__ __forceinline__ T* sdo(int n) const {
+        return sdo0 + (n & 1) * c * ld;
+    }
+    // dO of chunk n (this block's BV columns) into its buffer, zeros past T (cp.async, uncommitted).
+    __device__ __forceinline__ void load_do(int n) const {
         constexpr int per = BV / 8;  // 16-byte copies per row
         T* dstp = sdo(n);
         for (int e = tid; e < c * per; e += kThreads) {
@@ -81,14 +120,11 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
             const bool ok = tok < d.t;
             cp_async16_zfill(dstp + r * ld + y, dout + v_row(d, b, ok ? tok : 0, hv) + y0 + y, ok);
         }
-    };
-    const int m0 = (warp & 3) * 16, nb = warp >> 2;
-    const bool rows_on = m0 < c;
-    const StateTiles stl = state_tiles(kd, warp);
+    }
+
     // This warp's A fragments of step 2 (Qg^T and W^T at its state rows), as fp32: loaded once step 1's accumulators
     // are dead (loading them a chunk ahead spilled at BV = 128), or with fused_rscan as the chunk starts.
-    float qf[kSteps][4], wf[kSteps][4];
-    auto load_qw = [&](int n) {
+    __device__ __forceinline__ void load_qw(int n, float (&qf)[kSteps][4], float (&wf)[kSteps][4]) const {
         if (!stl.on) return;
         const int64_t o = ck_off(d, chunk_index(d, unit, n)) + stl.x0 + g;
 #pragma unroll
@@ -104,10 +140,13 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
             wf[s][2] = __ldg(w.w + r1);
             wf[s][3] = __ldg(w.w + r1 + 8);
         }
-    };
-    // Step 1's products: dVn = A^T dO + Kg dS (A^T is zero below the diagonal: only k >= m0), dS's B fragments by
-    // ds_frag; -dVn goes to shared memory rounded once (step 2's B operand for every warp), dVn to dvns exact.
-    auto dvn_step = [&](const T* so, int64_t cb, auto&& ds_frag) {
+    }
+
+    // kda.md §4.6 step 3, dVn = A^T dO + Kg dS (A^T dO is step 2's part; A^T is zero below the diagonal: only
+    // k >= m0), dS's B fragments by ds_frag; -dVn goes to shared memory rounded once (the B operand of the dS
+    // update for every warp), dVn to dvns exact.
+    template <typename DsFrag>
+    __device__ __forceinline__ void dvn_step(const T* so, int64_t cb, DsFrag&& ds_frag) const {
         if (!rows_on) return;
         float acc[2][kN][4] = {};
         row_tile_product(
@@ -135,11 +174,17 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
             *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(vv[0], vv[1]);
             *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0 + 8) * vd) = make_float2(vv[2], vv[3]);
         }
-    };
-    // Step 2's two sums over the chunk's rows for this warp's state tiles (column tile of tile i: tile_n0(i)), in
-    // this order at every BV: acc += Qg^T dO (qg_terms), then acc -= W^T dVn (w_terms; sdvn holds -dVn). The A
-    // fragments come from registers (af: qf or wf, TF32 already: prep_tc rounds Qg and W), the B fragments by b_frag.
-    auto state_terms = [&](auto& acc, const float(&af)[kSteps][4], auto&& tile_n0, auto&& b_frag) {
+    }
+
+    // kda.md §4.6 step 3, the dS update's two sums over the chunk's rows for this warp's state tiles (column tile
+    // of tile i: tile_n0(i)), in this order at every BV: acc += Qg^T dO (qg_terms), then acc -= W^T dVn (w_terms;
+    // sdvn holds -dVn). The A fragments come from registers (af: qf or wf, TF32 already: prep_tc rounds Qg and W),
+    // the B fragments by b_frag.
+    template <typename Acc, typename TileN0, typename BFrag>
+    __device__ __forceinline__ void state_terms(Acc& acc,
+                                                const float (&af)[kSteps][4],
+                                                TileN0&& tile_n0,
+                                                BFrag&& b_frag) const {
 #pragma unroll
         for (int s = 0; s < kSteps; ++s) {
             if (s * 8 >= c) continue;
@@ -155,58 +200,65 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
                 mma_tf32(acc[i], a, bb);
             }
         }
-    };
-    auto qg_terms = [&](auto& acc, const T* so, auto&& tile_n0) {
+    }
+    template <typename Acc, typename TileN0>
+    __device__ __forceinline__ void qg_terms(Acc& acc,
+                                             const float (&qf)[kSteps][4],
+                                             const T* so,
+                                             TileN0&& tile_n0) const {
         state_terms(acc, qf, tile_n0, [&](uint32_t(&bb)[2], int k, int n0) { frag_b16(bb, so, ld, k, n0, g, t); });
-    };
-    auto w_terms = [&](auto& acc, auto&& tile_n0) {
+    }
+    template <typename Acc, typename TileN0>
+    __device__ __forceinline__ void w_terms(Acc& acc, const float (&wf)[kSteps][4], TileN0&& tile_n0) const {
         state_terms(
             acc, wf, tile_n0, [&](uint32_t(&bb)[2], int k, int n0) { frag_b_f(bb, sdvn_bits, ld, k, n0, g, t); });
-    };
-    const int last = d.nc - 1;
-    const int sr0 = stl.x0 + g;
+    }
+
     // Load groups, oldest first: dO(n), KA(n); dO(n - 1) is issued as chunk n starts and KA(n - 1) after its step 1,
     // so each wait is for the group the chunk needs.
-    auto start_loads = [&] {
+    __device__ __forceinline__ void start_loads(PhaseSums& ps) const {
         load_do(last);
         cp_async_commit();
         load_ka(last);
         cp_async_commit();
         ps.start();
-    };
+    }
     // The top of chunk n: its dO, Kg, A and Gamma in shared memory; returns its dO tile.
-    auto enter_chunk = [&](int n) {
+    __device__ __forceinline__ const T* enter_chunk(int n, PhaseSums& ps) const {
         if (n > 0) load_do(n - 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
         ps.add(1);
         return static_cast<const T*>(sdo(n));
-    };
-    if constexpr (fused_rscan(BV)) {
-        // dS in its owner warps' registers for the whole scan (as the forward scan's S), with a TF32 copy in sds that
-        // step 1 reads as bits; Qg^T dO joins step 1's phase, so step 2 is W^T dVn alone.
+    }
+
+    // The chunk loop with dS in its owner warps' registers for the whole scan (fused_rscan; as the forward scan's S),
+    // with a TF32 copy in sds that dvn_step reads as bits; Qg^T dO joins dvn_step's phase, so the dS update after
+    // the barrier is W^T dVn alone. dhs gets dS as it enters each chunk, ds0 the final dS.
+    __device__ __forceinline__ void scan_fused(const float* dst, float* ds0, float* dhs, PhaseSums& ps) const {
+        float qf[kSteps][4], wf[kSteps][4];
         RegState<BV> sr(kd, warp, lane);
         sr.load(dst != nullptr ? dst + unit * kv + y0 : nullptr, vd);
         const int ldst = ld_row(kd), sds_lane = bt_x4_lane(ldst, b_pair_dn<kN>(), lane);
         sr.write_copy_t(sds, ldst);
         auto tile_n0 = [&](int i) { return sr.tile_n0(i); };
         const auto* sds_bits = reinterpret_cast<const uint32_t*>(sds);
-        start_loads();
+        start_loads(ps);
         // dS as it enters each chunk, to dhs: the first here, the others at the end of the chunk before, where the
         // stores overlap the barrier (at the top of the chunk they stalled its loads of Qg and W).
         sr.store(dhs + chunk_index(d, unit, last) * kv + y0, vd);
         for (int n = last; n >= 0; --n) {
             const int64_t cb = chunk_index(d, unit, n);
             const bool more = n > 0;
-            const T* so = enter_chunk(n);
-            load_qw(n);
+            const T* so = enter_chunk(n, ps);
+            load_qw(n, qf, wf);
             dvn_step(
                 so, cb, [&](uint32_t(&bb)[2][2], int k, int n0) { frag_bt_x4(bb, sds_bits, sds_lane, ldst, k, n0); });
             if (sr.stl.on) {
                 const float* gl = sg + (n & 1) * kd;
                 sr.scale(expf(gl[sr.r0]), expf(gl[sr.r0 + 8]));
-                qg_terms(sr.s, so, tile_n0);
+                qg_terms(sr.s, qf, so, tile_n0);
             }
             __syncthreads();
             ps.add(2);
@@ -214,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
             cp_async_commit();
             ps.add(3);
             if (sr.stl.on) {
-                w_terms(sr.s, tile_n0);
+                w_terms(sr.s, wf, tile_n0);
                 sr.write_copy_t(sds, ldst);  // no warp reads the copy in this phase
             }
             if (more) sr.store(dhs + chunk_index(d, unit, n - 1) * kv + y0, vd);
@@ -223,24 +275,31 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
         }
         cp_async_wait<0>();
         if (ds0 != nullptr) sr.store(ds0 + unit * kv + y0, vd);
-    } else {
+    }
+
+    // The chunk loop with dS in fp32 shared memory (BV = 16 and 128): the dS update in two passes over the column
+    // tiles at BV = 128, so that its accumulators and Qg, W's fragments fit in registers.
+    __device__ __forceinline__ void scan_smem(const float* dst, float* ds0, float* dhs, PhaseSums& ps) const {
+        constexpr int kN3 = BV / 8;
+        float qf[kSteps][4], wf[kSteps][4];
+        const int sr0 = stl.x0 + g;
         for (int e = tid; e < kd * BV; e += kThreads) {
             const int x = e / BV, y = e % BV;
             sds[x * ld + y] = dst != nullptr ? dst[unit * kv + static_cast<int64_t>(x) * vd + y0 + y] : 0.0f;
         }
         __syncthreads();  // the first store_state reads other threads' elements
-        start_loads();
+        start_loads(ps);
         // dS as it enters each chunk, to dhs: issued before the wait for the chunk's loads (as the fused path does).
         for (int n = last; n >= 0; --n) {
             const int64_t cb = chunk_index(d, unit, n);
             const bool more = n > 0;
             store_state<BV>(dhs + cb * kv + y0, sds, kd, vd);
-            const T* so = enter_chunk(n);
+            const T* so = enter_chunk(n, ps);
             dvn_step(so, cb, [&](uint32_t(&bb)[2][2], int k, int n0) {
                 b_pair_frags<kN>(
                     bb, k, n0, [&](uint32_t(&b1)[2], int kk, int nn) { frag_b(b1, sds, ld, kk, nn, g, t); });
             });
-            load_qw(n);  // in flight across the barrier and the copy issue below
+            load_qw(n, qf, wf);  // in flight across the barrier and the copy issue below
             __syncthreads();
             ps.add(2);
             if (more) load_ka(n - 1);
@@ -266,8 +325,8 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
                         acc[i][2] = sds[(sr0 + 8) * ld + c0] * e1;
                         acc[i][3] = sds[(sr0 + 8) * ld + c0 + 1] * e1;
                     }
-                    qg_terms(acc, so, tile_n0);
-                    w_terms(acc, tile_n0);
+                    qg_terms(acc, qf, so, tile_n0);
+                    w_terms(acc, wf, tile_n0);
 #pragma unroll
                     for (int i = 0; i < kPer; ++i) {
                         const int c0 = tile_n0(i) + 2 * t;
@@ -283,6 +342,28 @@ __global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restri
         cp_async_wait<0>();
         if (ds0 != nullptr) store_state<BV>(ds0 + unit * kv + y0, sds, kd, vd);
     }
+};
+
+// Reverse scan (kda.md §4.6 step 3; the phases are Rscan's members): dVn = A^T dO + Kg dS (stored), then
+// dS <- Diag(gamma) dS + Qg^T dO - W^T dVn; dhs gets dS as it leaves each chunk, ds0 the final dS. In step 2 a warp's A
+// operands are its own state rows' slices of Qg and W
+// ([c, 16] each, no other warp reads them): they come from global memory straight into registers, instead of
+// through shared memory, which leaves room for BV = 128 (one block per unit, one wave at 8 x 4096).
+template <typename T, int BV, bool kModel>
+__global__ void __launch_bounds__(kThreads, 1) rscan_tc_kernel(const T* __restrict__ dout,
+                                                               const float* __restrict__ dst,
+                                                               float* __restrict__ ds0,
+                                                               Dims dims,
+                                                               Work w,
+                                                               float* dhs,
+                                                               float* dvns,
+                                                               PhaseSums ps) {
+    extern __shared__ __align__(16) float smem[];
+    const Rscan<T, BV, kModel> s(smem, dims, w, dout, dvns);
+    if constexpr (fused_rscan(BV))
+        s.scan_fused(dst, ds0, dhs, ps);
+    else
+        s.scan_smem(dst, ds0, dhs, ps);
     ps.flush(5);
 }
 
