@@ -13,10 +13,10 @@
 // For bf16/f16 inputs (kda::use_tc) prep, the scans and most of chunk run on tensor cores instead: kda_prep_tc.cu,
 // kda_scan_tc.cu, kda_chunk_tc.cu (products over V) and kda_intra_tc.cuh (products over T, intra-chunk terms).
 // Deterministic: fixed loop orders, no atomics.
-#include "ops/cuda/kda_bwd_chunk.cuh"
-#include "ops/cuda/kda_common.cuh"
-#include "ops/cuda/kda_intra_tc.cuh"
-#include "ops/cuda/kda_mma.cuh"
+#include "ops/cuda/kda/kda_bwd_chunk.cuh"
+#include "ops/cuda/kda/kda_common.cuh"
+#include "ops/cuda/kda/kda_intra_tc.cuh"
+#include "ops/cuda/kda/kda_mma.cuh"
 #include "ops/kda.h"
 #include "ops/registry.h"
 

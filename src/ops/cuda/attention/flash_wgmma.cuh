@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "ops/cuda/flash_common.cuh"
+#include "ops/cuda/attention/flash_common.cuh"
 #include "ops/cuda/prim/tma.cuh"
 #include "ops/cuda/prim/wgmma.cuh"
 

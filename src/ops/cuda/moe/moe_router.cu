@@ -8,7 +8,7 @@
 #include <cfloat>
 #include <climits>
 
-#include "ops/cuda/moe_common.cuh"
+#include "ops/cuda/moe/moe_common.cuh"
 #include "ops/moe_router.h"
 #include "ops/registry.h"
 

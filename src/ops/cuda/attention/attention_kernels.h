@@ -1,4 +1,4 @@
-// Launchers of the CUDA attention kernels (src/ops/cuda/flash_*.cu for bf16 with D in {64, 128}, and
+// Launchers of the CUDA attention kernels (src/ops/cuda/attention/flash_*.cu for bf16 with D in {64, 128}, and
 // attention_generic.cu for any dtype and D <= 256). Tensors are raw device pointers in the layouts of ops/attention.h:
 // q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, T, Hkv, D]; lse and delta [B, Hq, T] f32. All run on
 // core::cuda_stream() and are deterministic (no atomics), except flash_bwd_wgmma_fast.

@@ -10,7 +10,7 @@
 // integer arithmetic or a comparison, so the plan is exact and deterministic.
 // Dtypes: x, xp, dxp, dx bf16|f16|f32 (one dtype), gates bf16|f16|f32; sums in f32, in slot order.
 #include "core/backend.h"
-#include "ops/cuda/moe_common.cuh"
+#include "ops/cuda/moe/moe_common.cuh"
 #include "ops/moe_permute.h"
 #include "ops/registry.h"
 

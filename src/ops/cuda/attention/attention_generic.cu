@@ -6,7 +6,7 @@
 //   dkdv: one warp per (b, kv head, key j), the group's query heads in order, then queries i >= j: deterministic.
 // Also the backward's row term delta = rowsum(dout * out) for both paths.
 #include "core/cuda/cuda_check.h"
-#include "ops/cuda/attention_kernels.h"
+#include "ops/cuda/attention/attention_kernels.h"
 #include "ops/cuda/common.cuh"
 
 namespace mt::ops::cuda {

@@ -4,9 +4,9 @@
 // between them. Every member is inlined into the kernel, so the split costs nothing at run time.
 #pragma once
 
-#include "ops/cuda/kda_common.cuh"
-#include "ops/cuda/kda_intra_tc.cuh"
-#include "ops/cuda/kda_mma.cuh"
+#include "ops/cuda/kda/kda_common.cuh"
+#include "ops/cuda/kda/kda_intra_tc.cuh"
+#include "ops/cuda/kda/kda_mma.cuh"
 
 namespace mt::ops::cuda::kda {
 

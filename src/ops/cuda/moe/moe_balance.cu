@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "core/backend.h"
-#include "ops/cuda/moe_common.cuh"
+#include "ops/cuda/moe/moe_common.cuh"
 #include "ops/moe_balance.h"
 #include "ops/registry.h"
 

@@ -16,8 +16,8 @@
 // kernel keeps its small shared-memory footprint.
 #pragma once
 
-#include "ops/cuda/kda_common.cuh"
-#include "ops/cuda/kda_mma.cuh"
+#include "ops/cuda/kda/kda_common.cuh"
+#include "ops/cuda/kda/kda_mma.cuh"
 
 namespace mt::ops::cuda::kda {
 

@@ -6,8 +6,8 @@
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
-#include "ops/cuda/attention_kernels.h"
-#include "ops/cuda/flash_common.cuh"
+#include "ops/cuda/attention/attention_kernels.h"
+#include "ops/cuda/attention/flash_common.cuh"
 
 namespace mt::ops::cuda {
 

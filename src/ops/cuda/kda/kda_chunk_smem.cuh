@@ -5,8 +5,8 @@
 // them), so the split costs nothing at run time.
 #pragma once
 
-#include "ops/cuda/kda_common.cuh"
-#include "ops/cuda/kda_mma.cuh"
+#include "ops/cuda/kda/kda_common.cuh"
+#include "ops/cuda/kda/kda_mma.cuh"
 
 namespace mt::ops::cuda::kda::chunk_smem {
 

@@ -3,7 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda/cuda_check.h"
-#include "ops/cuda/flash_tma.h"
+#include "ops/cuda/attention/flash_tma.h"
 
 namespace mt::ops::cuda {
 

@@ -7,8 +7,8 @@
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
-#include "ops/cuda/attention_kernels.h"
-#include "ops/cuda/flash_wgmma.cuh"
+#include "ops/cuda/attention/attention_kernels.h"
+#include "ops/cuda/attention/flash_wgmma.cuh"
 
 namespace mt::ops::cuda {
 

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "ops/cuda/attention_kernels.h"
+#include "ops/cuda/attention/attention_kernels.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/prim/cp_async.cuh"
 #include "ops/cuda/prim/ldmatrix.cuh"

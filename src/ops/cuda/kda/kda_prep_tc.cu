@@ -26,8 +26,8 @@
 // the states were kept too.
 #include <string_view>
 
-#include "ops/cuda/kda_common.cuh"
-#include "ops/cuda/kda_mma.cuh"
+#include "ops/cuda/kda/kda_common.cuh"
+#include "ops/cuda/kda/kda_mma.cuh"
 #include "ops/kda.h"
 
 namespace mt::ops::cuda::kda {

@@ -28,7 +28,7 @@
 #include "core/backend.h"
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cublaslt_util.cuh"
+#include "ops/cuda/gemm/cublaslt_util.cuh"
 #include "ops/grouped_linear.h"
 #include "ops/registry.h"
 

@@ -19,9 +19,9 @@
 #include <string_view>
 #include <type_traits>
 
-#include "ops/cuda/kda_common.cuh"
-#include "ops/cuda/kda_mma.cuh"
-#include "ops/cuda/kda_scan_common.cuh"
+#include "ops/cuda/kda/kda_common.cuh"
+#include "ops/cuda/kda/kda_mma.cuh"
+#include "ops/cuda/kda/kda_scan_common.cuh"
 #include "ops/kda.h"
 
 namespace mt::ops::cuda::kda {

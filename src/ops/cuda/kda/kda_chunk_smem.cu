@@ -20,10 +20,10 @@
 // a fixed summation order: deterministic. A chunk with a 16-row tile outside the anchors' bound (anchor_ok: Gamma's
 // spread plus the log of the largest |q|, |k|; only the unbounded gate or q, k far above the layer's unit norm reach
 // it) is left to chunk_kernel: this kernel marks it in `fallback` and writes nothing else for it.
-#include "ops/cuda/kda_chunk_smem.cuh"
-#include "ops/cuda/kda_common.cuh"
-#include "ops/cuda/kda_intra_tc.cuh"
-#include "ops/cuda/kda_mma.cuh"
+#include "ops/cuda/kda/kda_chunk_smem.cuh"
+#include "ops/cuda/kda/kda_common.cuh"
+#include "ops/cuda/kda/kda_intra_tc.cuh"
+#include "ops/cuda/kda/kda_mma.cuh"
 #include "ops/kda.h"
 
 namespace mt::ops::cuda::kda {

@@ -13,9 +13,9 @@
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
-#include "ops/cuda/attention_kernels.h"
-#include "ops/cuda/flash_tma.h"
-#include "ops/cuda/flash_wgmma.cuh"
+#include "ops/cuda/attention/attention_kernels.h"
+#include "ops/cuda/attention/flash_tma.h"
+#include "ops/cuda/attention/flash_wgmma.cuh"
 
 namespace mt::ops::cuda {
 

@@ -10,8 +10,8 @@
 // dO is staged in its own dtype: bf16 and f16 values are exact in TF32. Vn arrives rounded to TF32 (the scans store
 // it so), so it too is read as bits; h, dS and dVn are rounded at each fragment (dgl sums h dS exactly, and the
 // backward's chunk step needs dVn exact).
-#include "ops/cuda/kda_common.cuh"
-#include "ops/cuda/kda_mma.cuh"
+#include "ops/cuda/kda/kda_common.cuh"
+#include "ops/cuda/kda/kda_mma.cuh"
 #include "ops/kda.h"
 
 namespace mt::ops::cuda::kda {

@@ -14,7 +14,7 @@
 #include "core/backend.h"
 #include "core/cuda/cuda_check.h"
 #include "ops/attention.h"
-#include "ops/cuda/attention_kernels.h"
+#include "ops/cuda/attention/attention_kernels.h"
 #include "ops/registry.h"
 
 namespace mt::ops::cuda {

@@ -6,8 +6,8 @@
 //         of S never mix): Vn = U - W S, O = Qg S + A Vn, S <- Diag(gamma) S + Kg^T Vn.
 // Every intra-chunk decay factor is formed per entry as e^(Gamma_i - Gamma_j) <= 1 (the pairwise form, valid for
 // either gate), so both KdaDiagonal choices run the same kernels. No atomics: every output has one writer.
-#include "ops/cuda/kda_common.cuh"
-#include "ops/cuda/kda_mma.cuh"
+#include "ops/cuda/kda/kda_common.cuh"
+#include "ops/cuda/kda/kda_mma.cuh"
 #include "ops/kda.h"
 #include "ops/registry.h"
 

@@ -2,7 +2,7 @@
 // backward writes each row's gradient g dy and the gate gradient dy . row by a fixed-order block sum.
 // Dtypes: yp, y, dy, dyp bf16|f16|f32 (one dtype); gates, dgates that dtype or f32 (the layer's f32 routing).
 // Every row of yp must be named by one slot (the plan guarantees it): the backward writes only named rows.
-#include "ops/cuda/moe_common.cuh"
+#include "ops/cuda/moe/moe_common.cuh"
 #include "ops/moe_unpermute.h"
 #include "ops/registry.h"
 

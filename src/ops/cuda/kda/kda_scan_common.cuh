@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "ops/cuda/kda_common.cuh"
-#include "ops/cuda/kda_mma.cuh"
+#include "ops/cuda/kda/kda_common.cuh"
+#include "ops/cuda/kda/kda_mma.cuh"
 
 namespace mt::ops::cuda::kda {
 
