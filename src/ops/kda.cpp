@@ -1,5 +1,5 @@
 // Entry points of KDA: argument checks, then the CPU reference (recurrent or chunked, f32 or f64) or, for tensors on
-// a CUDA device, the CUDA chunked algorithm (ops/cuda/kda.cu: bf16/f16/f32 inputs, f32 states).
+// a CUDA device, the CUDA chunked algorithm (ops/cuda/kda/kda.cu: bf16/f16/f32 inputs, f32 states).
 #include "ops/kda.h"
 
 #include <cstdint>

@@ -1,11 +1,11 @@
 // The op registry: one kernel slot per (op, device). Each backend file fills its slots at static initialisation
-// (ops/cpu/NAME.cpp, ops/cuda/NAME.cu, with MT_REGISTER_KERNEL); an op's entry point (ops/NAME.cpp) checks shapes,
+// (ops/cpu/NAME.cpp, ops/cuda/*/NAME.cu, with MT_REGISTER_KERNEL); an op's entry point (ops/NAME.cpp) checks shapes,
 // asks which device the call runs on and calls that device's slot (MT_CALL_KERNEL). A kernel has the signature of
 // its public entry point (ops/NAME.h), checked at registration against every other slot of the op and at each call
 // against the entry point's. An empty slot fails with "<op>: not implemented on <device>" (exit 5, device).
 //
 // Adding an op touches ops/NAME.h (the contract), ops/NAME.cpp (checks + dispatch), ops/cpu/NAME.cpp (the
-// reference, registered) and, when it has one, ops/cuda/NAME.cu (registered): docs/code_tour.md has the recipe.
+// reference, registered) and, when it has one, ops/cuda/*/NAME.cu (registered): docs/code_tour.md has the recipe.
 // Compiled by nvcc too (C++17).
 #pragma once
 

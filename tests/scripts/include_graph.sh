@@ -5,7 +5,7 @@
 #     the ops' entry points, which dispatch through the op registry;
 #   - no ops::cuda:: call outside src/ops/;
 #   - a backend file (src/ops/cpu/*, src/ops/cuda/*) includes from src/ops/ only op_common.h, registry.h and the header
-#     of its own op (ops/NAME.h where NAME starts its file name: cuda/kda_bwd.cu may include ops/kda.h).
+#     of its own op (ops/NAME.h where NAME starts its file name: cuda/kda/kda_bwd.cu may include ops/kda.h).
 # Usage: include_graph.sh <moetrain> <source-dir> <scratch-dir> (the binary and scratch are unused). Prints every
 # violation and exits 1 when there is one.
 set -euo pipefail

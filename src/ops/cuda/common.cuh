@@ -1,70 +1,20 @@
-// Shared helpers of the CUDA ops: bf16/f16/f32 element access with f32 math, 8-wide vector loads and stores,
-// deterministic (fixed-order) block reductions, the float-dtype dispatch and launch checks.
+// Shared helpers of the CUDA ops: 8-wide vector loads and stores of bf16/f16/f32 elements with f32 math (the element
+// conversions are in prim/convert.cuh), deterministic (fixed-order) block reductions, the float-dtype dispatch and
+// launch checks.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "core/cuda/cuda_check.h"
+#include "ops/cuda/prim/convert.cuh"
+#include "ops/cuda/prim/math.cuh"
+#include "ops/cuda/prim/warp.cuh"
 #include "ops/op_common.h"
 
 namespace mt::ops::cuda {
-
-using bf16 = __nv_bfloat16;
-using f16 = __half;
-
-// Element <-> f32. bf16 stores round to nearest even, as core::f32_to_bf16 on the host.
-__device__ __forceinline__ float to_f32(float x) {
-    return x;
-}
-__device__ __forceinline__ float to_f32(bf16 x) {
-    return __bfloat162float(x);
-}
-__device__ __forceinline__ float to_f32(f16 x) {
-    return __half2float(x);
-}
-template <typename T>
-__device__ __forceinline__ T from_f32(float x);
-template <>
-__device__ __forceinline__ float from_f32<float>(float x) {
-    return x;
-}
-template <>
-__device__ __forceinline__ bf16 from_f32<bf16>(float x) {
-    return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ f16 from_f32<f16>(float x) {
-    return __float2half_rn(x);
-}
-
-// Two consecutive 2-byte elements <-> two f32 (one conversion instruction each way).
-__device__ __forceinline__ float2 pair_to_f32(__nv_bfloat162 h) {
-    return __bfloat1622float2(h);
-}
-__device__ __forceinline__ float2 pair_to_f32(__half2 h) {
-    return __half22float2(h);
-}
-template <typename T>
-struct Pair;
-template <>
-struct Pair<bf16> {
-    using type = __nv_bfloat162;
-    __device__ static type from(float a, float b) {
-        return __floats2bfloat162_rn(a, b);
-    }
-};
-template <>
-struct Pair<f16> {
-    using type = __half2;
-    __device__ static type from(float a, float b) {
-        return __floats2half2_rn(a, b);
-    }
-};
 
 // VEC consecutive elements (VEC = 1 or 8) as f32. With VEC = 8 the pointer must be 16-byte aligned (bf16, f16) or
 // 32-byte aligned (f32); vec_ok checks that on the host.
@@ -110,8 +60,7 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
 // same on every run. Every thread of the block must call it; all get the sum. `scratch` holds 32 values.
 template <typename A>
 __device__ __forceinline__ A block_sum(A v, A* scratch) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = warp_sum(v);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = (blockDim.x + 31) / 32;
     __syncthreads();  // scratch may still be read by a previous call
     if (lane == 0) scratch[warp] = v;
@@ -170,16 +119,6 @@ class BadIndexFlag {
 
 __device__ __forceinline__ void note_bad_index(int* flag, int64_t n, int64_t i) {
     atomicMax(flag, static_cast<int>(n - i));
-}
-
-constexpr float kLog2e = 1.4426950408889634f;
-
-// 2^x by the SFU alone (ex2.approx.ftz: ~2 ulp, results below 2^-126 flushed to zero): exp2f adds a compare and two
-// conditional multiplies around it for the subnormal results, expf ~10 instructions.
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 }  // namespace mt::ops::cuda

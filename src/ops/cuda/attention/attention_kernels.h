@@ -1,0 +1,57 @@
+// Launchers of the CUDA attention kernels (src/ops/cuda/attention/flash_*.cu for bf16 with D in {64, 128}, and
+// attention_generic.cu for any dtype and D <= 256). Tensors are raw device pointers in the layouts of ops/attention.h:
+// q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, T, Hkv, D]; lse and delta [B, Hq, T] f32. All run on
+// core::exec_stream() and are deterministic (no atomics), except flash_bwd_wgmma_fast.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace mt::ops::cuda {
+
+struct AttnParams {
+    const void* q = nullptr;
+    const void* k = nullptr;
+    const void* v = nullptr;
+    const void* out = nullptr;
+    const void* dout = nullptr;
+    void* out_w = nullptr;  // the forward's output
+    float* lse = nullptr;
+    const float* delta = nullptr;  // rowsum(dout * out), from attention_delta
+    float* delta_w = nullptr;      // where flash_bwd_wgmma writes delta (it computes it itself)
+    void* dq = nullptr;
+    void* dk = nullptr;
+    void* dv = nullptr;
+    float* dq_accum = nullptr;  // flash_bwd_wgmma_fast's fp32 dq sums (its own tiled layout)
+    int b = 0, t = 0, hq = 0, hkv = 0, d = 0;
+    float scale = 0;    // 1 / sqrt(D)
+    uint32_t zero = 0;  // always 0: an opaque operand for ptxas (flash_fwd_wgmma.cu)
+};
+
+// True when the tensor-core kernels take this head dim (bf16 only).
+inline bool flash_supports(int d) {
+    return d == 64 || d == 128;
+}
+
+// Tensor-core flash attention, bf16, D in {64, 128}: mma.sync (any GPU from sm_80) and wgmma (sm_90a, Hopper).
+void flash_fwd(const AttnParams& p);
+void flash_bwd(const AttnParams& p);  // needs p.delta
+void flash_fwd_wgmma(const AttnParams& p);
+void flash_bwd_wgmma(const AttnParams& p);  // writes delta to p.delta_w and reads it back through p.delta
+// The 5-matmul backward (one kernel per key block, dq summed with float reductions into p.dq_accum, which it zeroes
+// first): faster, but not bitwise reproducible. Writes delta to p.delta_w and reads it back through p.delta.
+void flash_bwd_wgmma_fast(const AttnParams& p);
+size_t flash_bwd_wgmma_fast_accum_floats(const AttnParams& p);  // the size of p.dq_accum it needs
+// True when this GPU is a Hopper (sm_90) and the build holds the sm_90a kernels.
+bool flash_wgmma_supported();
+
+// Simple kernels for any D <= 256 (one warp per row), element type bf16, f16 or f32.
+void attention_generic_fwd(const AttnParams& p, core::DType dtype);
+void attention_generic_bwd(const AttnParams& p, core::DType dtype);  // needs p.delta
+
+// delta[b, h, i] = sum_c dout[b, i, h, c] * out[b, i, h, c] in fp32 (the backward's row term).
+void attention_delta(const AttnParams& p, float* delta, core::DType dtype);
+
+}  // namespace mt::ops::cuda

@@ -1,0 +1,355 @@
+// Flash-attention backward on Hopper warpgroup MMA (wgmma, sm_90a), bf16 with D in {64, 128}: the two deterministic
+// kernels of flash_bwd.cu (dq per query block, which here also computes delta = rowsum(dO * O) and writes it out;
+// then dk/dv per key block looping over the group's query heads and query blocks in a fixed order), each a thread
+// block of one warpgroup over 64 rows, with blocks of 64 on the other side. S^T = K Q^T and dP^T = V dO^T (dk/dv), S =
+// Q K^T and dP = dO V^T (dq) read both operands from swizzled shared memory; dV += P^T dO, dK += dS^T Q and dQ += dS K
+// take P / dS from registers. No atomics.
+#include <cuda_bf16.h>
+
+#include "core/cuda/cuda_check.h"
+#include "ops/cuda/attention/attention_kernels.h"
+#include "ops/cuda/attention/flash_wgmma.cuh"
+
+namespace mt::ops::cuda {
+
+namespace {
+
+using namespace flash;
+
+constexpr int kThreads = 128, kBlk = 64;
+
+template <int D>
+constexpr int wg_bwd_smem_bytes() {
+    return 6 * kBlk * D * static_cast<int>(sizeof(bf16)) + 4 * kBlk * static_cast<int>(sizeof(float)) + 1024;
+}
+
+// dk/dv kernel, rows = keys, columns = queries: P^T = exp2(S^T * scale - lse) into pt, dS^T = P^T (dP^T - delta) into
+// dpt. kMask (the diagonal block, or the one holding queries >= t): queries before the key, or >= t, give 0. lse and
+// delta come from shared memory once per column pair.
+template <bool kMask>
+__device__ __forceinline__ void dkdv_elementwise(float (&pt)[kBlk / 8][4],
+                                                 float (&dpt)[kBlk / 8][4],
+                                                 const float* slse,
+                                                 const float* sdelta,
+                                                 int key0,
+                                                 int m0,
+                                                 int t,
+                                                 float scale_log2,
+                                                 int lane) {
+#pragma unroll
+    for (int i = 0; i < kBlk / 8; ++i) {
+        const int qc = i * 8 + (lane % 4) * 2;
+        const float2 l = *reinterpret_cast<const float2*>(slse + qc);
+        const float2 dl = *reinterpret_cast<const float2*>(sdelta + qc);
+        const float nl[2] = {-l.x * kLog2e, -l.y * kLog2e}, dd[2] = {dl.x, dl.y};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float pv = fast_exp2(fmaf(pt[i][e], scale_log2, nl[e % 2]));
+            if constexpr (kMask) {
+                const int key = key0 + (e / 2) * 8, query = m0 + qc + (e % 2);
+                pv = query >= key && query < t ? pv : 0.0f;
+            }
+            pt[i][e] = pv;
+            dpt[i][e] = pv * (dpt[i][e] - dd[e % 2]);
+        }
+    }
+}
+
+// dq kernel, rows = queries, columns = keys: P = exp2(S * scale - lse) from ps (only read: the dP product may still
+// be running) into pr. kMask (the diagonal block): keys after the query give 0.
+template <bool kMask>
+__device__ __forceinline__ void dq_probs(const float (&ps)[kBlk / 8][4],
+                                         float (&pr)[kBlk / 8][4],
+                                         const float (&lse2)[2],
+                                         int row0,
+                                         int n0,
+                                         float scale_log2,
+                                         int lane) {
+    const float nl[2] = {-lse2[0], -lse2[1]};
+#pragma unroll
+    for (int i = 0; i < kBlk / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = e / 2;
+            float pv = fast_exp2(fmaf(ps[i][e], scale_log2, nl[r]));
+            if constexpr (kMask) {
+                const int row = row0 + r * 8, key = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
+                pv = key > row ? 0.0f : pv;
+            }
+            pr[i][e] = pv;
+        }
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const AttnParams p) {
+#if MT_WGMMA_ENABLED
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
+    constexpr uint32_t kTile = kBlk * D * 2;
+    const uint32_t s_k = base, s_v = base + kTile, s_q = base + 2 * kTile, s_do = base + 4 * kTile;  // Q, dO: 2 stages
+    float* s_lse = reinterpret_cast<float*>(smem + (base + 6 * kTile - smem_u32(smem)));             // [2][kBlk]
+    float* s_delta = s_lse + 2 * kBlk;                                                               // [2][kBlk]
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int n_block = blockIdx.x, kh = blockIdx.y, b = blockIdx.z, t = p.t;
+    const int group = p.hq / p.hkv;
+    const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
+    const int64_t kv_off = (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
+    const int n0 = n_block * kBlk;
+    const int first_q = n_block, q_blocks = (t + kBlk - 1) / kBlk - first_q;
+    const int iters = group * q_blocks;
+    const float scale_log2 = p.scale * kLog2e;
+
+    auto issue = [&](int it, int st) {
+        const int h = kh * group + it / q_blocks, m0 = (first_q + it % q_blocks) * kBlk;
+        const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * D;
+        const int64_t row_off = (static_cast<int64_t>(b) * p.hq + h) * t;
+        load_tile_sw<kBlk, D, kThreads>(s_q + st * kTile, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
+        load_tile_sw<kBlk, D, kThreads>(s_do + st * kTile, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, tid);
+        if (tid < kBlk)
+            cp_async4_zfill(
+                smem_u32(s_lse + st * kBlk + tid), p.lse + row_off + (m0 + tid < t ? m0 + tid : 0), m0 + tid < t);
+        else
+            cp_async4_zfill(smem_u32(s_delta + st * kBlk + tid - kBlk),
+                            p.delta + row_off + (m0 + tid - kBlk < t ? m0 + tid - kBlk : 0),
+                            m0 + tid - kBlk < t);
+    };
+
+    load_tile_sw<kBlk, D, kThreads>(s_k, static_cast<const bf16*>(p.k) + kv_off, krs, n0, t, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_v, static_cast<const bf16*>(p.v) + kv_off, krs, n0, t, tid);
+    issue(0, 0);
+    cp_async_commit();
+
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
+        dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+    }
+    const int key0 = n0 + warp * 16 + lane / 4;  // this thread's keys: key0 and key0 + 8
+
+    for (int it = 0; it < iters; ++it) {
+        const int st = it & 1;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();  // stage st is in shared memory, and the products of iteration it - 1 are done
+        if (it + 1 < iters) issue(it + 1, st ^ 1);
+        cp_async_commit();
+        const uint32_t sq = s_q + st * kTile, sdo = s_do + st * kTile;
+        const float* slse = s_lse + st * kBlk;
+        const float* sdelta = s_delta + st * kBlk;
+        const int m0 = (first_q + it % q_blocks) * kBlk;
+        const bool edge = m0 == n0 || m0 + kBlk > t;
+
+        float pt[kBlk / 8][4], dpt[kBlk / 8][4];  // S^T then P^T; dP^T then dS^T: [64 keys x 64 queries]
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<kBlk>(pt, desc_k<kBlk>(s_k, 0, kk), desc_k<kBlk>(sq, 0, kk), kk);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<kBlk>(dpt, desc_k<kBlk>(s_v, 0, kk), desc_k<kBlk>(sdo, 0, kk), kk);
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_regs(pt);
+        fence_regs(dpt);
+        if (edge)
+            dkdv_elementwise<true>(pt, dpt, slse, sdelta, key0, m0, t, scale_log2, lane);
+        else
+            dkdv_elementwise<false>(pt, dpt, slse, sdelta, key0, m0, t, scale_log2, lane);
+        uint32_t pa[kBlk / 16][4], dsa[kBlk / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < kBlk / 16; ++kk) {
+            pack_a(pa[kk], pt, kk);
+            pack_a(dsa[kk], dpt, kk);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlk / 16; ++kk) wgmma_rs<D>(dv, pa[kk], desc_mn<kBlk>(sdo, kk * 16), 1);
+#pragma unroll
+        for (int kk = 0; kk < kBlk / 16; ++kk) wgmma_rs<D>(dk, dsa[kk], desc_mn<kBlk>(sq, kk * 16), 1);
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_regs(dv);
+        fence_regs(dk);
+        fence_regs(pa);
+        fence_regs(dsa);
+    }
+
+    bf16* dkg = static_cast<bf16*>(p.dk) + kv_off;
+    bf16* dvg = static_cast<bf16*>(p.dv) + kv_off;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int key = key0 + r * 8;
+        if (key >= t) continue;
+        bf16* krow = dkg + key * krs + (lane % 4) * 2;
+        bf16* vrow = dvg + key * krs + (lane % 4) * 2;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            *reinterpret_cast<uint32_t*>(krow + i * 8) = pack_bf16(dk[i][2 * r] * p.scale, dk[i][2 * r + 1] * p.scale);
+            *reinterpret_cast<uint32_t*>(vrow + i * 8) = pack_bf16(dv[i][2 * r], dv[i][2 * r + 1]);
+        }
+    }
+#else
+    __trap();  // built without sm_90a; flash_wgmma_supported() keeps this from launching
+#endif
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const AttnParams p) {
+#if MT_WGMMA_ENABLED
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
+    constexpr uint32_t kTile = kBlk * D * 2;
+    const uint32_t s_q = base, s_do = base + kTile, s_k = base + 2 * kTile, s_v = base + 4 * kTile;  // K, V: 2 stages
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest rows first
+    const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t;
+    const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
+    const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * D;
+    const int64_t kv_off = (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
+    const bf16* kg = static_cast<const bf16*>(p.k) + kv_off;
+    const bf16* vg = static_cast<const bf16*>(p.v) + kv_off;
+    const int m0 = m_block * kBlk;
+    const int n_blocks = (min(m0 + kBlk, t) - 1) / kBlk + 1;
+    const float scale_log2 = p.scale * kLog2e;
+
+    load_tile_sw<kBlk, D, kThreads>(s_q, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_do, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_k, kg, krs, 0, t, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_v, vg, krs, 0, t, tid);
+    cp_async_commit();
+
+    // delta = rowsum(dO * O) of this block's rows, two threads a row (halves of D) from global memory, kept in shared
+    // memory and written out for the dk/dv kernel, which runs after this one.
+    const int64_t row_off = (static_cast<int64_t>(b) * p.hq + h) * t;
+    float* s_delta = reinterpret_cast<float*>(smem + (base + 6 * kTile - smem_u32(smem)));  // [kBlk]
+    {
+        const int r = tid / 2, c0 = (tid % 2) * (D / 2);
+        float acc = 0.0f;
+        if (m0 + r < t) {
+            const int64_t off = q_off + static_cast<int64_t>(m0 + r) * qrs + c0;
+            const uint4* og = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.out) + off);
+            const uint4* dg = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.dout) + off);
+#pragma unroll
+            for (int i = 0; i < D / 16; ++i) {
+                const uint4 ov = og[i], dv = dg[i];
+                const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    const float2 of = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ow[w]));
+                    const float2 df = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&dw[w]));
+                    acc = fmaf(of.x, df.x, acc);
+                    acc = fmaf(of.y, df.y, acc);
+                }
+            }
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        if (tid % 2 == 0) {
+            s_delta[r] = acc;
+            if (m0 + r < t) p.delta_w[row_off + m0 + r] = acc;
+        }
+    }
+    __syncthreads();
+    const int row0 = m0 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+    float lse2[2], delta[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + r * 8;
+        lse2[r] = row < t ? p.lse[row_off + row] * kLog2e : 0.0f;
+        delta[r] = s_delta[row - m0];
+    }
+    float dq[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+
+    for (int j = 0; j < n_blocks; ++j) {
+        const int st = j & 1;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();  // block j is in shared memory, and the products of block j - 1 are done
+        if (j + 1 < n_blocks) {
+            load_tile_sw<kBlk, D, kThreads>(s_k + (st ^ 1) * kTile, kg, krs, (j + 1) * kBlk, t, tid);
+            load_tile_sw<kBlk, D, kThreads>(s_v + (st ^ 1) * kTile, vg, krs, (j + 1) * kBlk, t, tid);
+        }
+        cp_async_commit();
+        const uint32_t sk = s_k + st * kTile, sv = s_v + st * kTile;
+        const int n0 = j * kBlk;
+        const bool diagonal = n0 + kBlk - 1 > m0;
+
+        // S and dP are separate groups: the exponentials of P run while dP is still on the tensor cores.
+        float ps[kBlk / 8][4], ds[kBlk / 8][4], pr[kBlk / 8][4];  // S, dP then dS, P: [64 queries x 64 keys]
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<kBlk>(ps, desc_k<kBlk>(s_q, 0, kk), desc_k<kBlk>(sk, 0, kk), kk);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<kBlk>(ds, desc_k<kBlk>(s_do, 0, kk), desc_k<kBlk>(sv, 0, kk), kk);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(ps);
+        if (diagonal)
+            dq_probs<true>(ps, pr, lse2, row0, n0, scale_log2, lane);
+        else
+            dq_probs<false>(ps, pr, lse2, row0, n0, scale_log2, lane);
+        wgmma_wait<0>();
+        fence_regs(ds);
+#pragma unroll
+        for (int i = 0; i < kBlk / 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ds[i][e] = pr[i][e] * (ds[i][e] - delta[e / 2]);
+        uint32_t dsa[kBlk / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < kBlk / 16; ++kk) pack_a(dsa[kk], ds, kk);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlk / 16; ++kk) wgmma_rs<D>(dq, dsa[kk], desc_mn<kBlk>(sk, kk * 16), 1);
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_regs(dq);
+        fence_regs(dsa);
+    }
+
+    bf16* dqg = static_cast<bf16*>(p.dq) + q_off;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + r * 8;
+        if (row >= t) continue;
+        bf16* qrow = dqg + row * qrs + (lane % 4) * 2;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i)
+            *reinterpret_cast<uint32_t*>(qrow + i * 8) = pack_bf16(dq[i][2 * r] * p.scale, dq[i][2 * r + 1] * p.scale);
+    }
+#else
+    __trap();  // built without sm_90a; flash_wgmma_supported() keeps this from launching
+#endif
+}
+
+template <int D>
+void launch_bwd(const AttnParams& p) {
+    constexpr int smem = wg_bwd_smem_bytes<D>();
+    static const bool configured = [] {
+        MT_CUDA_CHECK(
+            cudaFuncSetAttribute(flash_bwd_dkdv_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        MT_CUDA_CHECK(
+            cudaFuncSetAttribute(flash_bwd_dq_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        return true;
+    }();
+    (void)configured;
+    const unsigned blocks = static_cast<unsigned>((p.t + kBlk - 1) / kBlk);
+    flash_bwd_dq_wgmma_kernel<D><<<dim3(blocks, p.hq, p.b), kThreads, smem, core::exec_stream()>>>(p);  // + delta
+    MT_CUDA_CHECK(cudaGetLastError());
+    flash_bwd_dkdv_wgmma_kernel<D><<<dim3(blocks, p.hkv, p.b), kThreads, smem, core::exec_stream()>>>(p);
+    MT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void flash_bwd_wgmma(const AttnParams& p) {
+    if (p.d == 64)
+        launch_bwd<64>(p);
+    else
+        launch_bwd<128>(p);
+}
+
+}  // namespace mt::ops::cuda

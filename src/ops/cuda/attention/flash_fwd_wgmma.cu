@@ -1,0 +1,289 @@
+// Flash-attention forward on Hopper warpgroup MMA (wgmma, sm_90a), bf16 with D in {64, 128}: the algorithm of
+// flash_fwd.cu with two consumer warpgroups per 128 query rows (64 rows each) and key blocks of 128. S = Q K^T is
+// m64n128k16 with Q and K read from swizzled shared memory; O += P V is m64nDk16 with P in registers and V read
+// transposed from shared memory; each warpgroup overlaps the softmax of one key block with the P V product of the
+// one before. A producer warpgroup loads Q, K and V with TMA, K and V into rings guarded by mbarriers, and the two
+// consumer warpgroups take turns on the tensor cores (ping-pong). Against the earlier kernel, whose consumers loaded
+// with cp.async themselves and met at a block-wide barrier per key block: 0.90 against 1.31 ms at B=8, T=4096,
+// H=16, D=128 (docs/PERFORMANCE.md).
+#include <cuda_bf16.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "core/cuda/cuda_check.h"
+#include "ops/cuda/attention/attention_kernels.h"
+#include "ops/cuda/attention/flash_tma.h"
+#include "ops/cuda/attention/flash_wgmma.cuh"
+
+namespace mt::ops::cuda {
+
+namespace {
+
+using namespace flash;
+
+constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups, kBM = 64 * kWarpgroups, kBN = 128;
+
+// Reads block S (columns from n0; with kMask, keys after the query are masked), folds it into the running row max
+// and sum in base 2, and writes P = exp2(S * scale - max) as bf16 A fragments (pk[kk] for columns 16 kk .. 16 kk + 15).
+// s is only read, so that ptxas does not serialize the product still accumulating elsewhere. Returns in corr the
+// factor by which the rows' earlier output must be scaled. Per element: a max, one FFMA, one exp2, one add.
+template <bool kMask, int N>
+__device__ __forceinline__ void softmax_block(const float (&s)[N][4],
+                                              uint32_t (&pk)[N / 2][4],
+                                              float (&row_max)[2],
+                                              float (&row_sum)[2],
+                                              float (&corr)[2],
+                                              int row0,
+                                              int n0,
+                                              float scale_log2,
+                                              int lane) {
+    auto val = [&](int i, int e) {
+        if constexpr (kMask) {
+            const int row = row0 + (e / 2) * 8, col = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
+            return col > row ? -INFINITY : s[i][e];
+        } else {
+            return s[i][e];
+        }
+    };
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], val(i, e));
+    float neg_max[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        mx[r] = quad_max(mx[r]);
+        const float m_new = fmaxf(row_max[r], mx[r] * scale_log2);
+        corr[r] = fast_exp2(row_max[r] - m_new);
+        row_max[r] = m_new;
+        neg_max[r] = -m_new;
+    }
+#pragma unroll
+    for (int kk = 0; kk < N / 2; ++kk) {
+        float pv[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                pv[h][e] = fast_exp2(fmaf(val(2 * kk + h, e), scale_log2, neg_max[e / 2]));
+                sum[e / 2] += pv[h][e];
+            }
+        pk[kk][0] = pack_bf16(pv[0][0], pv[0][1]);
+        pk[kk][1] = pack_bf16(pv[0][2], pv[0][3]);
+        pk[kk][2] = pack_bf16(pv[1][0], pv[1][1]);
+        pk[kk][3] = pack_bf16(pv[1][2], pv[1][3]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * corr[r] + sum[r];
+}
+
+// Warp-specialized: a third warpgroup (one thread, 24 registers) loads Q, and K and V in kStages-deep rings, with
+// TMA; the two consumer warpgroups wait on mbarriers per stage and release each stage as soon as their products have
+// read it, so neither waits on the other at a block-wide barrier and no consumer instruction goes to loads. With
+// kPingPong the consumers take turns to issue their products (named barriers 1 and 2), so that one warpgroup's softmax
+// runs while the other's products hold the tensor cores.
+template <int D, int kStages, bool kPingPong>
+__global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const __grid_constant__ CUtensorMap tm_q,
+                                                                          const __grid_constant__ CUtensorMap tm_k,
+                                                                          const __grid_constant__ CUtensorMap tm_v,
+                                                                          const AttnParams p) {
+#if MT_WGMMA_ENABLED
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
+    constexpr uint32_t kQBytes = kBM * D * 2, kKVBytes = kBN * D * 2;
+    const uint32_t s_q = base, s_k = base + kQBytes, s_v = s_k + kStages * kKVBytes;
+    // mbarriers: Q full; K full, K empty, V full, V empty [kStages] each.
+    const uint32_t bar_q = s_v + kStages * kKVBytes, k_full = bar_q + 8, k_empty = k_full + 8 * kStages,
+                   v_full = k_empty + 8 * kStages, v_empty = v_full + 8 * kStages;
+    constexpr int kConsumerWarps = kThreads / 32;
+
+    const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest rows first
+    const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t;
+    const int m0 = m_block * kBM;
+    const int n_blocks = (min(m0 + kBM, t) - 1) / kBN + 1;
+
+    if (threadIdx.x == 0) {
+        mbar_init(bar_q, 1);
+        for (int st = 0; st < kStages; ++st) {
+            mbar_init(k_full + 8 * st, 1);
+            mbar_init(v_full + 8 * st, 1);
+            mbar_init(k_empty + 8 * st, kConsumerWarps);
+            mbar_init(v_empty + 8 * st, kConsumerWarps);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {  // the producer warpgroup
+        setmaxnreg_dec<24>();
+        if (threadIdx.x == 0) {
+            auto load_kv = [&](const CUtensorMap* map, uint32_t tiles, uint32_t full, uint32_t empty, int j) {
+                const int st = j % kStages;
+                ring_wait_released<kStages>(empty, j);
+                mbar_expect_tx(full + 8 * st, kKVBytes);
+                tma_load_tile<D>(tiles + st * kKVBytes, map, full + 8 * st, kBN, kh, j * kBN, b);
+            };
+            mbar_expect_tx(bar_q, kQBytes);
+            tma_load_tile<D>(s_q, &tm_q, bar_q, kBM, h, m0, b);
+            load_kv(&tm_k, s_k, k_full, k_empty, 0);
+            for (int j = 0; j < n_blocks; ++j) {  // in the order the consumers need them: K_{j+1} before V_j
+                if (j + 1 < n_blocks) load_kv(&tm_k, s_k, k_full, k_empty, j + 1);
+                load_kv(&tm_v, s_v, v_full, v_empty, j);
+            }
+        }
+        return;
+    }
+    setmaxnreg_inc<240>();
+
+    const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const int row0 = m0 + wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+    const float scale_log2 = p.scale * kLog2e;
+    // After the warp's wgmma wait, one lane frees the stage for the producer.
+    auto release = [&](uint32_t empty, int j) {
+        if (lane == 0) mbar_arrive(empty + 8 * (j % kStages));
+    };
+    // Ping-pong: warpgroup w issues its products after bar.sync on barrier 1 + w and then lets the other one go.
+    // Warpgroup 1 opens with an arrive on warpgroup 0's barrier and skips the arrive after its last products, so
+    // that every barrier sees as many arrives as syncs.
+    auto turn_begin = [&] {
+        if constexpr (kPingPong) named_bar_sync(1 + wg, kThreads);
+    };
+    auto turn_end = [&](bool last) {
+        if constexpr (kPingPong)
+            if (!(last && wg == 1)) named_bar_arrive(2 - wg, kThreads);
+    };
+    if constexpr (kPingPong)
+        if (wg == 1) named_bar_arrive(1, kThreads);
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f}, corr[2];
+    float s[kBN / 8][4];
+    uint32_t pa[kBN / 16][4];
+
+    mbar_wait(bar_q, 0);
+    ring_wait_filled<kStages>(k_full, 0);
+    turn_begin();
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<kBN>(s, desc_k<kBM>(s_q, wg * 64, kk), desc_k<kBN>(s_k, 0, kk), kk);
+    wgmma_commit();
+    turn_end(false);
+    wgmma_wait<0>();
+    fence_regs(s);
+    release(k_empty, 0);
+    if (n_blocks == 1)
+        softmax_block<true>(s, pa, row_max, row_sum, corr, row0, 0, scale_log2, lane);
+    else
+        softmax_block<false>(s, pa, row_max, row_sum, corr, row0, 0, scale_log2, lane);
+
+    // Key block j < n_blocks - 1: pa holds P_j. S_{j+1} is issued before P_j V_j, and its softmax runs while P_j V_j
+    // is on the tensor cores. Only the last block (j + 1 = n_blocks - 1) holds keys after some query (kMask).
+    auto step = [&](int j, auto mask) {
+        constexpr bool kMask = decltype(mask)::value;
+        ring_wait_filled<kStages>(k_full, j + 1);
+        ring_wait_filled<kStages>(v_full, j);
+        const uint32_t sk = s_k + ((j + 1) % kStages) * kKVBytes, sv = s_v + (j % kStages) * kKVBytes;
+        turn_begin();
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<kBN>(s, desc_k<kBM>(s_q, wg * 64, kk), desc_k<kBN>(sk, 0, kk), kk);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) wgmma_rs<D>(o, pa[kk], desc_mn<kBN>(sv, kk * 16), 1);
+        wgmma_commit();
+        turn_end(false);
+        wgmma_wait<1>();  // S_{j+1} is done; P_j V_j may still run
+        fence_regs(s);
+        release(k_empty, j + 1);
+        uint32_t pn[kBN / 16][4];  // P_{j+1}, in registers apart from pa, which P_j V_j is still reading
+        softmax_block<kMask>(s, pn, row_max, row_sum, corr, row0, (j + 1) * kBN, scale_log2, lane);
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pa);
+        release(v_empty, j);
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            o[i][0] *= corr[0];
+            o[i][1] *= corr[0];
+            o[i][2] *= corr[1];
+            o[i][3] *= corr[1];
+        }
+        // A plain copy would let ptxas merge pn with pa (and then serialize the products to keep pa intact); the xor
+        // with a value it cannot see to be 0 keeps them apart.
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) pa[kk][e] = pn[kk][e] ^ p.zero;
+    };
+    int j = 0;
+    for (; j + 2 < n_blocks; ++j) step(j, std::false_type{});
+    if (j + 1 < n_blocks) step(j++, std::true_type{});
+    ring_wait_filled<kStages>(v_full, j);
+    turn_begin();
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+        wgmma_rs<D>(o, pa[kk], desc_mn<kBN>(s_v + (j % kStages) * kKVBytes, kk * 16), 1);
+    wgmma_commit();
+    turn_end(true);
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(pa);
+    store_output<D>(p, o, row_max, row_sum, b, h, row0, lane);
+#else
+    __trap();  // built without sm_90a; flash_wgmma_supported() keeps this from launching
+#endif
+}
+
+template <int D, int kStages, bool kPingPong>
+void launch_fwd_tma(const AttnParams& p) {
+    constexpr int smem = (kBM + 2 * kStages * kBN) * D * static_cast<int>(sizeof(bf16)) + 8 * (1 + 4 * kStages) + 1024;
+    static const bool configured = [] {
+        MT_CUDA_CHECK(cudaFuncSetAttribute(
+            flash_fwd_tma_kernel<D, kStages, kPingPong>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        return true;
+    }();
+    (void)configured;
+    const CUtensorMap tm_q = make_bthd_tensor_map(p.q, p.b, p.t, p.hq, D, kBM);
+    const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.t, p.hkv, D, kBN);
+    const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.t, p.hkv, D, kBN);
+    const dim3 grid((p.t + kBM - 1) / kBM, p.hq, p.b);
+    flash_fwd_tma_kernel<D, kStages, kPingPong>
+        <<<grid, kThreads + 128, smem, core::exec_stream()>>>(tm_q, tm_k, tm_v, p);
+    MT_CUDA_CHECK(cudaGetLastError());
+}
+
+// Always the ping-pong schedule: 0.90 against 0.94 ms without it on the H200 (B=8, T=4096, H=16, D=128; the
+// cp.async kernel this replaced took 1.31).
+template <int D>
+void launch_fwd(const AttnParams& p) {
+    launch_fwd_tma<D, 2, true>(p);
+}
+
+}  // namespace
+
+bool flash_wgmma_supported() {
+    static const bool ok = [] {
+        int dev = 0, major = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess) return false;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+        cudaFuncAttributes attr{};
+        if (cudaFuncGetAttributes(&attr, flash_fwd_tma_kernel<128, 2, true>) != cudaSuccess) return false;
+        return major == 9 && attr.binaryVersion == 90;
+    }();
+    return ok;
+}
+
+void flash_fwd_wgmma(const AttnParams& p) {
+    if (p.d == 64)
+        launch_fwd<64>(p);
+    else
+        launch_fwd<128>(p);
+}
+
+}  // namespace mt::ops::cuda
