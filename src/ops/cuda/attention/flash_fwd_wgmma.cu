@@ -82,10 +82,10 @@ __device__ __forceinline__ void softmax_block(const float (&s)[N][4],
 
 // Warp-specialized: a third warpgroup (one thread, 24 registers) loads Q, and K and V in kStages-deep rings, with
 // TMA; the two consumer warpgroups wait on mbarriers per stage and release each stage as soon as their products have
-// read it, so neither waits on the other at a block-wide barrier and no consumer instruction goes to loads. With
-// kPingPong the consumers take turns to issue their products (named barriers 1 and 2), so that one warpgroup's softmax
+// read it, so neither waits on the other at a block-wide barrier and no consumer instruction goes to loads. The
+// consumers take turns to issue their products (ping-pong, named barriers 1 and 2), so that one warpgroup's softmax
 // runs while the other's products hold the tensor cores.
-template <int D, int kStages, bool kPingPong>
+template <int D, int kStages>
 __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                           const __grid_constant__ CUtensorMap tm_k,
                                                                           const __grid_constant__ CUtensorMap tm_v,
@@ -148,15 +148,11 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
     // Ping-pong: warpgroup w issues its products after bar.sync on barrier 1 + w and then lets the other one go.
     // Warpgroup 1 opens with an arrive on warpgroup 0's barrier and skips the arrive after its last products, so
     // that every barrier sees as many arrives as syncs.
-    auto turn_begin = [&] {
-        if constexpr (kPingPong) named_bar_sync(1 + wg, kThreads);
-    };
+    auto turn_begin = [&] { named_bar_sync(1 + wg, kThreads); };
     auto turn_end = [&](bool last) {
-        if constexpr (kPingPong)
-            if (!(last && wg == 1)) named_bar_arrive(2 - wg, kThreads);
+        if (!(last && wg == 1)) named_bar_arrive(2 - wg, kThreads);
     };
-    if constexpr (kPingPong)
-        if (wg == 1) named_bar_arrive(1, kThreads);
+    if (wg == 1) named_bar_arrive(1, kThreads);
 
     float o[D / 8][4];
 #pragma unroll
@@ -240,12 +236,12 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
 #endif
 }
 
-template <int D, int kStages, bool kPingPong>
+template <int D, int kStages>
 void launch_fwd_tma(const AttnParams& p) {
     constexpr int smem = (kBM + 2 * kStages * kBN) * D * static_cast<int>(sizeof(bf16)) + 8 * (1 + 4 * kStages) + 1024;
     static const bool configured = [] {
-        MT_CUDA_CHECK(cudaFuncSetAttribute(
-            flash_fwd_tma_kernel<D, kStages, kPingPong>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        MT_CUDA_CHECK(
+            cudaFuncSetAttribute(flash_fwd_tma_kernel<D, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         return true;
     }();
     (void)configured;
@@ -253,8 +249,7 @@ void launch_fwd_tma(const AttnParams& p) {
     const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.t, p.hkv, D, kBN);
     const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.t, p.hkv, D, kBN);
     const dim3 grid((p.t + kBM - 1) / kBM, p.hq, p.b);
-    flash_fwd_tma_kernel<D, kStages, kPingPong>
-        <<<grid, kThreads + 128, smem, core::exec_stream()>>>(tm_q, tm_k, tm_v, p);
+    flash_fwd_tma_kernel<D, kStages><<<grid, kThreads + 128, smem, core::exec_stream()>>>(tm_q, tm_k, tm_v, p);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -262,7 +257,7 @@ void launch_fwd_tma(const AttnParams& p) {
 // cp.async kernel this replaced took 1.31).
 template <int D>
 void launch_fwd(const AttnParams& p) {
-    launch_fwd_tma<D, 2, true>(p);
+    launch_fwd_tma<D, 2>(p);
 }
 
 }  // namespace
@@ -273,7 +268,7 @@ bool flash_wgmma_supported() {
         if (cudaGetDevice(&dev) != cudaSuccess) return false;
         if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
         cudaFuncAttributes attr{};
-        if (cudaFuncGetAttributes(&attr, flash_fwd_tma_kernel<128, 2, true>) != cudaSuccess) return false;
+        if (cudaFuncGetAttributes(&attr, flash_fwd_tma_kernel<128, 2>) != cudaSuccess) return false;
         return major == 9 && attr.binaryVersion == 90;
     }();
     return ok;

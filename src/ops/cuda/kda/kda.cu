@@ -24,11 +24,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const T* __restrict__ q,
                                                         const T* __restrict__ g,
                                                         const T* __restrict__ beta,
                                                         Dims d,
-                                                        Work w,
-                                                        bool round) {
-    // round: Qg, Kg, W, A stored rounded to TF32, as prep_tc stores them for the tensor-core scans
-    // (MT_KDA_PREP_TC=0 with those scans).
-    auto out = [round](float x) { return round ? tf32_bits(x) : x; };
+                                                        Work w) {
     __shared__ float sbeta[kMaxChunk];
     __shared__ float sl[kMaxChunk * kMaxChunk];  // L = Diag(beta) M
     __shared__ float st[kMaxChunk * kMaxChunk];  // T
@@ -60,8 +56,8 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const T* __restrict__ q,
             const bool ok = t < d.t;
             const float qv = ld(q, qk_row(d, b, t, h) + x, ok), kv = ld(k, qk_row(d, b, t, h) + x, ok);
             const float e = expf(gam[r * kd + x]);
-            qg[r * kd + x] = out(qv * e);
-            kg[r * kd + x] = out(kv * expf(last - gam[r * kd + x]));
+            qg[r * kd + x] = qv * e;
+            kg[r * kd + x] = kv * expf(last - gam[r * kd + x]);
             xw[r * kd + x] = sbeta[r] * kv * e;
         }
     }
@@ -85,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const T* __restrict__ q,
         }
         if (j >= i) sm = 0.0f;
         if (lane == 0) {
-            a[e] = out(sa);
+            a[e] = sa;
             m[e] = sm;
             sl[e] = sbeta[i] * sm;
         }
@@ -108,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const T* __restrict__ q,
         const int i = e / kd, x = e % kd;
         float acc = 0.0f;
         for (int j = 0; j <= i; ++j) acc += st[i * c + j] * xw[j * kd + x];
-        ww[e] = out(acc);
+        ww[e] = acc;
     }
     for (int e = tid; e < c * vd; e += blockDim.x) {
         const int i = e / vd, y = e % vd;
@@ -226,8 +222,7 @@ void prep_launch(const Tensor& q,
                  const Tensor& g,
                  const Tensor& beta,
                  const Dims& d,
-                 const Work& w,
-                 bool round_tf32) {
+                 const Work& w) {
     const dim3 grid(static_cast<unsigned>(d.nc), static_cast<unsigned>(d.units()));
     MT_CUDA_DISPATCH(q.dtype(), T, {
         prep_kernel<T><<<grid, kThreads, 0, core::exec_stream()>>>(static_cast<const T*>(q.raw()),
@@ -236,8 +231,7 @@ void prep_launch(const Tensor& q,
                                                                    static_cast<const T*>(g.raw()),
                                                                    static_cast<const T*>(beta.raw()),
                                                                    d,
-                                                                   w,
-                                                                   round_tf32);
+                                                                   w);
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -379,7 +373,7 @@ void kda_fwd(const Tensor& q,
     if (tc)
         kda::prep_tc_launch(q, k, v, g, beta, d, w, keep_ws ? kda::PrepMode::fwd_all : kda::PrepMode::fwd);
     else
-        kda::prep_launch(q, k, v, g, beta, d, w, false);
+        kda::prep_launch(q, k, v, g, beta, d, w);
     prof.mark("prep");
     if (tc) {
         float* hs = keep_states ? saved->hs.data<float>() : nullptr;

@@ -131,9 +131,7 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
                                                          T* __restrict__ dv,
                                                          T* __restrict__ dg,
                                                          T* __restrict__ dbeta,
-                                                         bool intra,
-                                                         bool dtc,
-                                                         bool split,
+                                                         bool tc,
                                                          const int* __restrict__ only,
                                                          bool fill_xw,
                                                          PhaseClock pc) {
@@ -146,10 +144,10 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     s.v_products(pre_da, pre_dgl);
     __syncthreads();
     pc.mark(1);
-    s.t_products(dtc, split);
+    s.t_products(tc);
     __syncthreads();
     pc.mark(2);
-    s.dl(dtc, split);
+    s.dl(tc);
     __syncthreads();
     pc.mark(3);
     s.dm_dbeta();
@@ -161,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ q
     s.elementwise(dv);
     __syncthreads();
     pc.mark(6);
-    s.intra(intra, split);
+    s.intra(tc);
     pc.mark(7);
     s.store(dq, dk, dg, dbeta, dqh, dkh);
     pc.mark(8);
@@ -244,7 +242,7 @@ void kda_bwd(const Tensor& q,
     if (tc && !ws_in)
         kda::prep_tc_launch(q, k, v, g, beta, d, w, tiles_in ? kda::PrepMode::bwd_tiles : kda::PrepMode::bwd);
     else if (!tc)
-        kda::prep_launch(q, k, v, g, beta, d, w, false);
+        kda::prep_launch(q, k, v, g, beta, d, w);
     prof.mark("prep");
     const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
     auto alloc = [&](int64_t n) {
@@ -319,34 +317,32 @@ void kda_bwd(const Tensor& q,
     MT_CUDA_DISPATCH(q.dtype(), T, {
         MT_CUDA_CHECK(cudaFuncSetAttribute(
             kda::chunk_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(chunk_smem)));
-        kda::chunk_kernel<T>
-            <<<chunk_grid, kda::kThreads, chunk_smem, core::exec_stream()>>>(static_cast<const T*>(q.raw()),
-                                                                             static_cast<const T*>(k.raw()),
-                                                                             static_cast<const T*>(v.raw()),
-                                                                             static_cast<const T*>(beta.raw()),
-                                                                             static_cast<const T*>(dout.raw()),
-                                                                             d,
-                                                                             w,
-                                                                             hs,
-                                                                             vn,
-                                                                             dvn,
-                                                                             dhs,
-                                                                             sc,
-                                                                             pre_da,
-                                                                             pre_dgl,
-                                                                             dqh,
-                                                                             dkh,
-                                                                             static_cast<T*>(dq.raw()),
-                                                                             static_cast<T*>(dk.raw()),
-                                                                             static_cast<T*>(dv.raw()),
-                                                                             static_cast<T*>(dg.raw()),
-                                                                             static_cast<T*>(dbeta.raw()),
-                                                                             tc,    // intra-chunk terms on TCs
-                                                                             tc,    // dT products on TCs
-                                                                             true,  // 3xTF32
-                                                                             only,
-                                                                             ws_in,
-                                                                             phases.clock());
+        kda::chunk_kernel<T><<<chunk_grid, kda::kThreads, chunk_smem, core::exec_stream()>>>(
+            static_cast<const T*>(q.raw()),
+            static_cast<const T*>(k.raw()),
+            static_cast<const T*>(v.raw()),
+            static_cast<const T*>(beta.raw()),
+            static_cast<const T*>(dout.raw()),
+            d,
+            w,
+            hs,
+            vn,
+            dvn,
+            dhs,
+            sc,
+            pre_da,
+            pre_dgl,
+            dqh,
+            dkh,
+            static_cast<T*>(dq.raw()),
+            static_cast<T*>(dk.raw()),
+            static_cast<T*>(dv.raw()),
+            static_cast<T*>(dg.raw()),
+            static_cast<T*>(dbeta.raw()),
+            tc,  // dT products and intra-chunk terms on tensor cores (3xTF32)
+            only,
+            ws_in,
+            phases.clock());
     });
     MT_CUDA_CHECK(cudaGetLastError());
     prof.mark("chunk");

@@ -165,14 +165,11 @@ struct ChunkBwd {
         }
     }
 
-    // kda.md §4.6 step 4: dXw = T^T dW, dXu = T^T dVn, dT = dW Xw^T + dVn Xu^T (Xu = Diag(beta) V); tensor cores when
-    // dtc (kda_intra_tc.cuh).
-    __device__ __forceinline__ void t_products(bool dtc, bool split) const {
-        if (dtc) {
-            if (split)
-                dt_tc<T, true>(v, d, b, hv, t0, tm, dw, dvn, xw, sbeta, dxw, dxu, sdt);
-            else
-                dt_tc<T, false>(v, d, b, hv, t0, tm, dw, dvn, xw, sbeta, dxw, dxu, sdt);
+    // kda.md §4.6 step 4: dXw = T^T dW, dXu = T^T dVn, dT = dW Xw^T + dVn Xu^T (Xu = Diag(beta) V); on tensor cores
+    // as 3xTF32 when tc (kda_intra_tc.cuh), else the fp32 loops.
+    __device__ __forceinline__ void t_products(bool tc) const {
+        if (tc) {
+            dt_tc<T, true>(v, d, b, hv, t0, tm, dw, dvn, xw, sbeta, dxw, dxu, sdt);
         } else {
             for (int e = tid; e < c * kd; e += nt) {
                 const int i = e / kd, x = e % kd;
@@ -199,12 +196,9 @@ struct ChunkBwd {
     }
 
     // kda.md §4.6 step 4: T^T dT, then dL = -strict_tril(T^T dT T^T) into sdt.
-    __device__ __forceinline__ void dl(bool dtc, bool split) const {
-        if (dtc) {
-            if (split)
-                tdt_tc<true>(d, tm, sdt, stmp);
-            else
-                tdt_tc<false>(d, tm, sdt, stmp);
+    __device__ __forceinline__ void dl(bool tc) const {
+        if (tc) {
+            tdt_tc<true>(d, tm, sdt, stmp);
         } else {
             for (int e = tid; e < c * c; e += nt) {
                 const int i = e / c, j = e % c;
@@ -277,9 +271,8 @@ struct ChunkBwd {
     // kda.md §4.6 step 5, the intra-chunk terms: on tensor cores (kda_intra_tc.cuh) when the chunk is within the
     // anchors' bound; else pairwise, rows (dq_i, dk_i, dGamma_i from A_ij and M_ij, j <= i), then columns (dk_j,
     // dGamma_j from A_ij and M_ij, i >= j).
-    __device__ __forceinline__ void intra(bool intra_on, bool split) const {
-        const bool done = intra_on && (split ? intra_tc<T, true>(q, k, d, b, h, t0, gam, sda, sdt, dqg, dkg, dxw)
-                                             : intra_tc<T, false>(q, k, d, b, h, t0, gam, sda, sdt, dqg, dkg, dxw));
+    __device__ __forceinline__ void intra(bool tc) const {
+        const bool done = tc && intra_tc<T, true>(q, k, d, b, h, t0, gam, sda, sdt, dqg, dkg, dxw);
         for (int e = tid; e < c * kd && !done; e += nt) {
             const int i = e / kd, x = e % kd;
             if (!valid(i)) continue;

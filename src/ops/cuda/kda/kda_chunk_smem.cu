@@ -35,15 +35,15 @@ namespace chunk_smem {
 // dKg kg + dXw xw), then step 5's row terms dq_i += sum_j dA_ij f_ij k_j, dk_i += sum_j dM_ij f_ij k_j (anchor: the
 // tile's first row); dq stored. Each A fragment (T^T, dA, dM) serves both 8-channel groups. Leaves dk and dGamma in
 // ok_, og, the dbeta partial sums of dXw k e^Gamma in dbp3 and the sums of dKg kg over this lane's rows in glp.
-template <typename T, bool kSplit, int kC>
-__device__ __forceinline__ void ChunkSmem<T, kSplit, kC>::rows(const float* __restrict__ dqgs,
-                                                               const float* __restrict__ dkgs,
-                                                               T* __restrict__ dq,
-                                                               float* __restrict__ dqh,
-                                                               float (&ok_)[nt][2][4],
-                                                               float (&og)[nt][2][4],
-                                                               float (&dbp3)[nt][2],
-                                                               float (&glp)[2][2]) const {
+template <typename T, int kC>
+__device__ __forceinline__ void ChunkSmem<T, kC>::rows(const float* __restrict__ dqgs,
+                                                       const float* __restrict__ dkgs,
+                                                       T* __restrict__ dq,
+                                                       float* __restrict__ dqh,
+                                                       float (&ok_)[nt][2][4],
+                                                       float (&og)[nt][2][4],
+                                                       float (&dbp3)[nt][2],
+                                                       float (&glp)[2][2]) const {
     const uint32_t *ua = reinterpret_cast<const uint32_t*>(sa), *ud = reinterpret_cast<const uint32_t*>(sd);
     const uint32_t *la = reinterpret_cast<const uint32_t*>(sv), *ld = la + c * L::ldc;
     const float* dqg = dqgs + ck_off(d, cb);
@@ -149,11 +149,11 @@ __device__ __forceinline__ void ChunkSmem<T, kSplit, kC>::rows(const float* __re
 
 // Phase 3, columns, kda.md §4.6 step 5: dk_j += sum_i (dA_ij q_i + dM_ij k_i) f_ij, dGamma_j -= k_j of that
 // (anchor: the tile's last row); dk stored.
-template <typename T, bool kSplit, int kC>
-__device__ __forceinline__ void ChunkSmem<T, kSplit, kC>::columns(T* __restrict__ dk,
-                                                                  float* __restrict__ dkh,
-                                                                  float (&ok_)[nt][2][4],
-                                                                  float (&og)[nt][2][4]) const {
+template <typename T, int kC>
+__device__ __forceinline__ void ChunkSmem<T, kC>::columns(T* __restrict__ dk,
+                                                          float* __restrict__ dkh,
+                                                          float (&ok_)[nt][2][4],
+                                                          float (&og)[nt][2][4]) const {
     const uint32_t *ua = reinterpret_cast<const uint32_t*>(sa), *ud = reinterpret_cast<const uint32_t*>(sd);
     const uint32_t *la = reinterpret_cast<const uint32_t*>(sv), *ld = la + c * L::ldc;
 #pragma unroll 1
@@ -209,10 +209,10 @@ __device__ __forceinline__ void ChunkSmem<T, kSplit, kC>::columns(T* __restrict_
 // stot and the sums of dKg kg over this warp's rows to sglp ([2, K], one per tile set): with gamma (h . dS) (from
 // chunk_mm_tc) they are the last row's terms, which every row's sum includes. Then phase 3's dbeta partial sums
 // (zeros in the rows of the other tile set).
-template <typename T, bool kSplit, int kC>
-__device__ __forceinline__ void ChunkSmem<T, kSplit, kC>::dg_tiles(float (&og)[nt][2][4],
-                                                                   const float (&glp)[2][2],
-                                                                   const float (&dbp3)[nt][2]) const {
+template <typename T, int kC>
+__device__ __forceinline__ void ChunkSmem<T, kC>::dg_tiles(float (&og)[nt][2][4],
+                                                           const float (&glp)[2][2],
+                                                           const float (&dbp3)[nt][2]) const {
     float* stot = sdbp + 2 * kWarps * kMaxChunk;  // [nsub, K]
     float* sglp = stot + nsub * kK;               // [2, K]
 #pragma unroll
@@ -262,8 +262,8 @@ __device__ __forceinline__ void ChunkSmem<T, kSplit, kC>::dg_tiles(float (&og)[n
 
 // kda.md §4.6 step 6, across the tiles: each row adds the totals of the later tiles and the last row's terms; dg
 // stored.
-template <typename T, bool kSplit, int kC>
-__device__ __forceinline__ void ChunkSmem<T, kSplit, kC>::dg_store(T* __restrict__ dg, float (&og)[nt][2][4]) const {
+template <typename T, int kC>
+__device__ __forceinline__ void ChunkSmem<T, kC>::dg_store(T* __restrict__ dg, float (&og)[nt][2][4]) const {
     const float* stot = sdbp + 2 * kWarps * kMaxChunk;
     const float* sglp = stot + nsub * kK;
 #pragma unroll
@@ -303,7 +303,7 @@ using chunk_smem::kV;
 using chunk_smem::kWarps;
 using chunk_smem::Layout;
 
-template <typename T, bool kSplit, int kC>
+template <typename T, int kC>
 __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restrict__ q,
                                                                const T* __restrict__ k,
                                                                const T* __restrict__ v,
@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(kBlock, 1) chunk_smem_kernel(const T* __restri
                                                                int* __restrict__ fallback,
                                                                PhaseClock pc) {
     extern __shared__ __align__(16) float sm[];
-    using Block = ChunkSmem<T, kSplit, kC>;
+    using Block = ChunkSmem<T, kC>;
     constexpr int nsub = Block::nsub, nt = Block::nt;
     const Block s(sm, d);
     pc.mark(0);
@@ -426,9 +426,9 @@ void chunk_smem_launch(const Tensor& q,
     auto by_type = [&](auto tag) {
         using T = decltype(tag);
         if (d.c == 64)
-            run(chunk_smem_kernel<T, true, 64>, tag);
+            run(chunk_smem_kernel<T, 64>, tag);
         else
-            run(chunk_smem_kernel<T, true, 32>, tag);
+            run(chunk_smem_kernel<T, 32>, tag);
     };
     if (q.dtype() == DType::bf16)
         by_type(bf16{});

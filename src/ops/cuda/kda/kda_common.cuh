@@ -113,16 +113,15 @@ inline size_t rscan_smem_bytes(const Dims& d) {
 // write them) and with_u = false leaves u null.
 Work work_alloc(
     const Dims& d, std::vector<Tensor>& keep, bool scan_only = false, const Work& given = {}, bool with_u = true);
-// Fills the workspace for every (unit, chunk): one block per pair. round_tf32: Qg, Kg, W and A rounded to TF32, as
-// the tensor-core scans read them (prep_tc always does so).
+// Fills the workspace for every (unit, chunk) in exact fp32 for the fp32 scans (the tensor-core path has prep_tc):
+// one block per pair.
 void prep_launch(const Tensor& q,
                  const Tensor& k,
                  const Tensor& v,
                  const Tensor& g,
                  const Tensor& beta,
                  const Dims& d,
-                 const Work& w,
-                 bool round_tf32);
+                 const Work& w);
 // The sequential scan over chunks, blocks over (value-column tile, unit): Vn = U - W S, O = Qg S + A Vn (written to
 // out when defined), S <- Diag(gamma) S + Kg^T Vn. hs [units, nc, K, V] (state entering each chunk) and vn
 // [units, nc, C, V] are stored when non-null; st gets the final state when defined.

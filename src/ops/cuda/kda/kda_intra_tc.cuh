@@ -10,7 +10,7 @@
 // Inside the diagonal tile one operand factor is >= 1, at most e^(G_first - G_last) of the sub-chunk: the chunk takes
 // this path only when that is <= kAnchorMaxNats (76) nats for every channel and sub-chunk (always for the lower-bounded
 // gate, 15 * 5 = 75), else the caller's pairwise loops run. TF32 operands split in two (3xTF32, about fp32 precision:
-// the dGamma terms cancel, and plain TF32 measured dg 1.8e-2 at g = -5; MT_KDA_BWD_SPLIT=0 for one TF32 product), fp32
+// the dGamma terms cancel, and plain TF32 measured dg 1.8e-2 at g = -5; the one-TF32 variant was deleted), fp32
 // accumulation; each output element has one owner lane and a fixed k order: deterministic. dA, dM (= Diag(beta) dL)
 // are [c, c] in shared memory; q, k and Gamma are read from global memory (the L1 keeps the chunk's rows), so the
 // kernel keeps its small shared-memory footprint.

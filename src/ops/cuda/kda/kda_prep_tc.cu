@@ -18,7 +18,7 @@
 // Every product accumulates in fp32; only operands round to TF32 (10 mantissa bits). Qg, Kg, W and A are stored
 // rounded to TF32: their readers (the scans) use them only as MMA operands, which they would round anyway, and
 // reading them as bits spares every warp the conversion (the fallback chunk kernel forms its exact Qg, Kg itself).
-// MT_KDA_PREP_SPLIT=1 splits each operand into two TF32 parts (3 MMAs per product, ~fp32 accuracy), a precision check.
+// Plain TF32 products (PrepTc::kSplit = false); the 3xTF32 variant, a precision check no test ran, was deleted.
 // Warps own fixed tiles and sum in a fixed order: deterministic. The forward writes only what the scan reads (Qg, Kg,
 // W, U, A, Gamma's last row), and M and T when the caller keeps them (ops::KdaSaved; Gamma's every row too when it
 // keeps all); the backward also Gamma, Xw, M, T. With the tiles kept (kTilesIn, PrepMode::bwd_tiles) steps 3 and 4 are
@@ -81,8 +81,11 @@ __device__ inline AmJobs am_jobs(int nsub, int warp) {
 // One block's (chunk, unit) of prep_tc_kernel: its indices, sizes and shared-memory tiles (layout). Each member
 // function is one step of the header comment's list (kda.md §4.5 steps 1-5); the kernel calls them in order. Every
 // member is inlined into the kernel, so the split into phases costs nothing at run time.
-template <typename T, bool kSplit, bool kTilesIn, bool kModel>
+template <typename T, bool kTilesIn, bool kModel>
 struct PrepTc {
+    // Plain TF32 products (one MMA each): their rounding measured no change in any worst parity figure, so the
+    // 3xTF32 variant, a precision check that no test ran, was deleted.
+    static constexpr bool kSplit = false;
     const Dims d;
     const Layout l;
     unsigned char* const smem;
@@ -376,18 +379,16 @@ struct PrepTc {
         }
     }
 
-    // T kept for the backward (w.tm, exact), and from here on only step 5's A operand: with plain TF32 products
-    // (!kSplit) it is rounded once here, in shared memory, instead of at every fragment of every warp.
+    // T kept for the backward (w.tm, exact), and from here on only step 5's A operand: with plain TF32 products it
+    // is rounded once here, in shared memory, instead of at every fragment of every warp.
     __device__ __forceinline__ void keep_t(const Work& w) const {
-        if (!kSplit || (!kTilesIn && w.tm != nullptr)) {
-            for (int e = tid; e < c * c; e += kThreads) {
-                const int i = (e / c) * ldc + e % c;
-                const float x = stm[i];
-                if (!kTilesIn && w.tm != nullptr) w.tm[cc + e] = x;
-                if constexpr (!kSplit) stm[i] = tf32_bits(x);
-            }
-            if constexpr (!kSplit) __syncthreads();
+        for (int e = tid; e < c * c; e += kThreads) {
+            const int i = (e / c) * ldc + e % c;
+            const float x = stm[i];
+            if (!kTilesIn && w.tm != nullptr) w.tm[cc + e] = x;
+            stm[i] = tf32_bits(x);
         }
+        __syncthreads();
     }
 
     // Step 5 (kda.md §4.5 step 5): W = T Xw (Xw = Diag(beta) K e^Gamma formed in the fragment loads) and
@@ -427,12 +428,7 @@ struct PrepTc {
                     float fa[4];
                     frag_a_f(fa, stm, ldc, m0, k0, gq, tq);
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        if constexpr (kSplit)
-                            split_tf32<kSplit>(fa[e], ah[e], al[e]);
-                        else
-                            ah[e] = __float_as_uint(fa[e]);  // rounded above
-                    }
+                    for (int e = 0; e < 4; ++e) ah[e] = __float_as_uint(fa[e]);  // rounded in keep_t
                     mma_tf32x3<kSplit>(acc[a][0], ah, al, bh[0], bl[0]);
                     mma_tf32x3<kSplit>(acc[a][1], ah, al, bh[1], bl[1]);
                 }
@@ -456,7 +452,7 @@ struct PrepTc {
     }
 };
 
-template <typename T, bool kSplit, bool kTilesIn, bool kModel>
+template <typename T, bool kTilesIn, bool kModel>
 __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restrict__ q,
                                                               const T* __restrict__ k,
                                                               const T* __restrict__ v,
@@ -467,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_tc_kernel(const T* __restric
                                                               bool gam_all,
                                                               PhaseClock pc) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const PrepTc<T, kSplit, kTilesIn, kModel> s(smem, dims);
+    const PrepTc<T, kTilesIn, kModel> s(smem, dims);
     pc.mark(0);
     s.stage(q, k, v, g, beta);
     const bool diag_mma = s.gamma();
@@ -513,7 +509,7 @@ void launch(const Tensor& q,
     const PhaseLog phases(name, static_cast<int64_t>(d.nc) * d.units());
     with_model_shape(d, [&](auto model) {
         constexpr bool kModel = decltype(model)::value;
-        auto kernel = tiles_in ? prep_tc_kernel<T, false, true, kModel> : prep_tc_kernel<T, false, false, kModel>;
+        auto kernel = tiles_in ? prep_tc_kernel<T, true, kModel> : prep_tc_kernel<T, false, kModel>;
         MT_CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
         kernel<<<grid, kThreads, smem, core::exec_stream()>>>(static_cast<const T*>(q.raw()),
