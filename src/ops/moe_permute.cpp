@@ -34,14 +34,6 @@ void check_index_arg(const Tensor& t, std::string_view op, std::string_view arg,
     cpu::check_i32_arg(t, op, arg, ndim);
 }
 
-// The range of every index (CPU tensors only: reading a device tensor would synchronise).
-void check_range(const Tensor& t, int64_t lo, int64_t hi, std::string_view op, std::string_view arg) {
-    if (t.device() != core::Device::cpu) return;
-    const int32_t* v = t.data<int32_t>();
-    for (int64_t i = 0; i < t.numel(); ++i)
-        MT_CHECK(v[i] >= lo && v[i] < hi, "{}: {}[{}] = {} is outside [{}, {})", op, arg, i, v[i], lo, hi);
-}
-
 }  // namespace
 
 int64_t moe_permute_plan(const Tensor& indices,
@@ -70,7 +62,7 @@ int64_t moe_permute_plan(const Tensor& indices,
     check_shape(offsets, {num_experts + 1}, op, "offsets");
     check_shape(slot_row, {n, k}, op, "slot_row");
     check_shape(row_token, {n * k}, op, "row_token");
-    check_range(indices, 0, num_experts, op, "indices");
+    cpu::check_index_range(indices, 0, num_experts, op, "indices");
     const bool need_gates = capacity > 0 && policy == MoeDropPolicy::probs;
     if (need_gates || gates.defined()) {
         MT_CHECK(gates.defined(), "{}: gates is undefined", op);
@@ -98,7 +90,7 @@ void moe_permute_fwd(const Tensor& x, const Tensor& row_token, const Tensor& xp)
     const int64_t n = x.size(0), c = x.size(1), rows = xp.size(0);
     check_shape(xp, {rows, c}, op, "xp");
     check_shape(row_token, {rows}, op, "row_token");
-    check_range(row_token, 0, n, op, "row_token");
+    cpu::check_index_range(row_token, 0, n, op, "row_token");
     MT_CALL_KERNEL(moe_permute_fwd, x.device(), x, row_token, xp);
 }
 
@@ -110,7 +102,7 @@ void moe_permute_bwd(const Tensor& slot_row, const Tensor& dxp, const Tensor& dx
     check_index_arg(slot_row, op, "slot_row", 2);
     const int64_t rows = dxp.size(0), c = dxp.size(1), n = slot_row.size(0);
     check_shape(dx, {n, c}, op, "dx");
-    check_range(slot_row, -1, rows, op, "slot_row");
+    cpu::check_index_range(slot_row, -1, rows, op, "slot_row");
     MT_CALL_KERNEL(moe_permute_bwd, dx.device(), slot_row, dxp, dx);
 }
 

@@ -14,4 +14,13 @@ inline void check_i32_arg(const Tensor& t, std::string_view op, std::string_view
     MT_CHECK(t.dtype() == DType::i32, "{}: {} has dtype {}, expected i32", op, arg, core::dtype_name(t.dtype()));
 }
 
+// Fails (naming the first offending element) unless every index of the CPU i32 tensor t lies in [lo, hi). A device
+// tensor is not read (that would synchronise): its kernel checks its own indices.
+inline void check_index_range(const Tensor& t, int64_t lo, int64_t hi, std::string_view op, std::string_view arg) {
+    if (t.device() != core::Device::cpu) return;
+    const int32_t* v = t.data<int32_t>();
+    for (int64_t i = 0; i < t.numel(); ++i)
+        MT_CHECK(v[i] >= lo && v[i] < hi, "{}: {}[{}] = {} is outside [{}, {})", op, arg, i, v[i], lo, hi);
+}
+
 }  // namespace mt::ops::cpu

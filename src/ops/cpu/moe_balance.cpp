@@ -88,17 +88,12 @@ double aux_loss_impl(
     return loss;
 }
 
-void check_range(const int32_t* idx, int64_t count, int64_t e, std::string_view op) {
-    for (int64_t s = 0; s < count; ++s)
-        MT_CHECK(idx[s] >= 0 && idx[s] < e, "{}: indices[{}] = {} is outside [0, {})", op, s, idx[s], e);
-}
-
 }  // namespace
 
 void moe_expert_counts(const Tensor& indices, const Tensor& counts) {
     const int32_t* idx = indices.data<int32_t>();
     int64_t* c = counts.data<int64_t>();
-    check_range(idx, indices.numel(), counts.size(0), "moe_expert_counts");
+    check_index_range(indices, 0, counts.size(0), "moe_expert_counts", "indices");
     for (int64_t s = 0; s < indices.numel(); ++s) ++c[idx[s]];
 }
 MT_REGISTER_KERNEL(moe_expert_counts, cpu, moe_expert_counts, ::mt::ops::any_dtype);  // primary: indices i32
@@ -128,7 +123,7 @@ double moe_aux_loss(const Tensor& scores, const Tensor& indices, double coeff, b
     constexpr std::string_view op = "moe_aux_loss";
     check_float_arg(scores, op, "scores", 2);
     const int64_t n = scores.size(0), e = scores.size(1), k = indices.size(1);
-    check_range(indices.data<int32_t>(), indices.numel(), e, op);
+    check_index_range(indices, 0, e, op, "indices");
     double loss = 0.0;
     MT_DISPATCH_FLOAT(scores.dtype(),
                       op,

@@ -187,9 +187,7 @@ void moe_router_bwd(const Tensor& scores,
         check_float_arg(dscores, op, "dscores", 2);
         check_dtype_as(dscores, scores, op, "dscores", "scores");
     }
-    const int32_t* idx = indices.data<int32_t>();
-    for (int64_t i = 0; i < n * k; ++i)
-        MT_CHECK(idx[i] >= 0 && idx[i] < e, "{}: indices[{}] = {} is outside [0, {})", op, i, idx[i], e);
+    check_index_range(indices, 0, e, op, "indices");
     MT_DISPATCH_FLOAT(scores.dtype(),
                       op,
                       cpu::moe_router_bwd(scores.data<scalar_t>(),
