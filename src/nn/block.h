@@ -53,7 +53,7 @@ class Block : public Layer {
         return moe_.get();
     }
     // Training forwards count the MoE routing for balancing and metrics, and let KDA layers keep what their backward
-    // reuses (kda.save_*); evaluation forwards do neither.
+    // reuses (kda.save); evaluation forwards do neither.
     void set_training(bool training) {
         training_ = training;
     }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <regex>
 #include <sstream>
@@ -18,7 +19,29 @@ namespace mt::train {
 namespace {
 
 using core::ExitCode;
-using FieldPtr = std::variant<int64_t*, double*, bool*, std::string*, std::vector<std::string>*>;
+
+// An enum-valued key: the spellings of its enum's values (nn/enum_names.h, in order) and the field read and written
+// as an index into them.
+struct EnumField {
+    std::vector<std::string> names;
+    std::function<size_t()> get;
+    std::function<void(size_t)> set;
+};
+
+template <typename E>
+EnumField enum_field(E* field) {
+    EnumField f;
+    for (const auto& [value, name] : nn::EnumNames<E>::names) f.names.push_back(name);
+    f.get = [field] {
+        size_t i = 0;
+        while (nn::EnumNames<E>::names[i].first != *field) ++i;
+        return i;
+    };
+    f.set = [field](size_t i) { *field = nn::EnumNames<E>::names[i].first; };
+    return f;
+}
+
+using FieldPtr = std::variant<int64_t*, double*, bool*, std::string*, std::vector<std::string>*, EnumField>;
 
 struct Field {
     std::string key;  // "section.name"
@@ -61,21 +84,18 @@ std::vector<Field> schema(JobConfig& c) {
         {"model.tie_embeddings", &m.tie_embeddings},
         {"model.layer_pattern", &m.layer_pattern},
         {"model.attn_pos", &m.attn_pos, -kInf, kInf, {"auto", "rope", "nope"}},
-        {"model.residual", &m.residual, -kInf, kInf, {"auto", "standard", "block_attnres", "full_attnres"}},
         {"kda.num_heads", &m.kda.num_heads, 0, 4096},
         {"kda.num_v_heads", &m.kda.num_v_heads, 0, 4096},
         {"kda.head_dim", &m.kda.head_dim, 0, 256},
         {"kda.head_v_dim", &m.kda.head_v_dim, 0, 4096},
         {"kda.conv_size", &m.kda.conv_size, 1, 64},
-        {"kda.gate", &m.kda.gate, -kInf, kInf, {"lower_bound", "softplus"}},
+        {"kda.gate", enum_field(&m.kda.gate)},
         {"kda.gate_lower_bound", &m.kda.gate_lower_bound, -5, 0},
         {"kda.gate_use_A_log", &m.kda.gate_use_a_log},
-        {"kda.algorithm", &m.kda.algorithm, -kInf, kInf, {"chunked", "recurrent"}},
+        {"kda.algorithm", enum_field(&m.kda.algorithm)},
         {"kda.chunk_size", &m.kda.chunk_size, 32, 64},
-        {"kda.save_tiles", &m.kda.save_tiles},
-        {"kda.save_states", &m.kda.save_states},
-        {"kda.save_workspace", &m.kda.save_workspace},
-        {"attnres.mode", &m.attnres.mode, -kInf, kInf, {"off", "block", "full"}},
+        {"kda.save", enum_field(&m.kda.save)},
+        {"attnres.mode", enum_field(&m.attnres.mode)},
         {"attnres.block_size", &m.attnres.block_size, 1, 4096},
         {"attnres.freeze_queries", &m.attnres.freeze_queries},
         {"attnres.residual_blend", &m.attnres.residual_blend, 0, 1},
@@ -87,12 +107,12 @@ std::vector<Field> schema(JobConfig& c) {
         {"moe.top_k", &e.top_k, 1, 1024},
         {"moe.num_shared_experts", &e.num_shared_experts, 0, 64},
         {"moe.expert_ffn_dim", &e.expert_ffn_dim, 1, 1 << 22},
-        {"moe.score", &e.score, -kInf, kInf, {"sigmoid", "softmax"}},
+        {"moe.score", enum_field(&e.score)},
         {"moe.normalize_gates", &e.normalize_gates},
         {"moe.routed_scale", &e.routed_scale, 0, 1e6, {}, true},
         {"moe.capacity_factor", &e.capacity_factor, 0, 1e6},
-        {"moe.drop_policy", &e.drop_policy, -kInf, kInf, {"probs", "position"}},
-        {"moe.balance", &c.moe.balance, -kInf, kInf, {"quantile", "sign_bias", "aux_loss", "none"}},
+        {"moe.drop_policy", enum_field(&e.drop_policy)},
+        {"moe.balance", enum_field(&e.balance.mode)},
         {"moe.quantile.bins", &e.balance.bins, 1, 1 << 20},
         {"moe.quantile.update_interval", &e.balance.update_interval, 1, 1e9},
         {"moe.quantile.ema", &e.balance.ema, 0, 1},
@@ -178,22 +198,39 @@ size_t edit_distance(const std::string& a, const std::string& b) {
                     src);
 }
 
+// Keys that older versions read, each with what replaces it: a config that still sets one fails naming both.
+struct RemovedKey {
+    const char* key;
+    const char* replacement;  // what to write instead
+    const char* hint;
+};
+
+constexpr const char* kSaveHint =
+    "kda.save = \"none\" | \"tiles\" | \"states\" | \"workspace\" replaces kda.save_tiles, kda.save_states and "
+    "kda.save_workspace (each level keeps what the one before keeps, and more)";
+constexpr RemovedKey kRemovedKeys[] = {
+    {"model.residual",
+     "attnres.mode = \"off\" | \"block\" | \"full\"",
+     "model.residual = \"standard\" is attnres.mode = \"off\", \"block_attnres\" is \"block\", \"full_attnres\" is "
+     "\"full\""},
+    {"kda.save_tiles", "kda.save = \"tiles\"", kSaveHint},
+    {"kda.save_states", "kda.save = \"states\"", kSaveHint},
+    {"kda.save_workspace", "kda.save = \"workspace\"", kSaveHint},
+};
+
+void fail_removed_key(const std::string& key, const std::string& src) {
+    for (const RemovedKey& r : kRemovedKeys)
+        if (key == r.key)
+            core::fail_hint(
+                ExitCode::usage, r.hint, "config key `{}` was removed: write {} instead [{}]", key, r.replacement, src);
+}
+
 std::string type_name(const FieldPtr& p) {
-    return std::visit(
-        [](auto* ptr) -> std::string {
-            using T = std::remove_pointer_t<decltype(ptr)>;
-            if constexpr (std::is_same_v<T, int64_t>)
-                return "an integer";
-            else if constexpr (std::is_same_v<T, double>)
-                return "a number";
-            else if constexpr (std::is_same_v<T, bool>)
-                return "true or false";
-            else if constexpr (std::is_same_v<T, std::string>)
-                return "a string";
-            else
-                return "an array of strings";
-        },
-        p);
+    if (std::holds_alternative<int64_t*>(p)) return "an integer";
+    if (std::holds_alternative<double*>(p)) return "a number";
+    if (std::holds_alternative<bool*>(p)) return "true or false";
+    if (std::holds_alternative<std::vector<std::string>*>(p)) return "an array of strings";
+    return "a string";
 }
 
 // `text` is the value as written for the message (an integer key prints as an integer, not as 9.22e+18).
@@ -214,6 +251,22 @@ void check_range(const Field& f, double v, const std::string& text, const std::s
                src);
 }
 
+// The position of `value` among a key's allowed values; fails naming the key and listing them.
+size_t choice_index(const std::string& key,
+                    const std::vector<std::string>& choices,
+                    const std::string& value,
+                    const std::string& src) {
+    const auto it = std::find(choices.begin(), choices.end(), value);
+    if (it == choices.end())
+        core::fail(ExitCode::usage,
+                   "config value {} = \"{}\" is not one of: {} [{}]",
+                   key,
+                   value,
+                   fmt::join(choices, ", "),
+                   src);
+    return static_cast<size_t>(it - choices.begin());
+}
+
 void assign(const Field& f, const toml::node& node, const std::string& src) {
     auto wrong_type = [&]() {
         core::fail(ExitCode::usage,
@@ -224,8 +277,8 @@ void assign(const Field& f, const toml::node& node, const std::string& src) {
                    src);
     };
     std::visit(
-        [&](auto* ptr) {
-            using T = std::remove_pointer_t<decltype(ptr)>;
+        [&](auto& ptr) {
+            using T = std::remove_pointer_t<std::remove_cvref_t<decltype(ptr)>>;
             if constexpr (std::is_same_v<T, int64_t>) {
                 if (!node.is_integer()) wrong_type();
                 *ptr = node.as_integer()->get();
@@ -241,13 +294,10 @@ void assign(const Field& f, const toml::node& node, const std::string& src) {
             } else if constexpr (std::is_same_v<T, std::string>) {
                 if (!node.is_string()) wrong_type();
                 *ptr = node.as_string()->get();
-                if (!f.choices.empty() && std::find(f.choices.begin(), f.choices.end(), *ptr) == f.choices.end())
-                    core::fail(ExitCode::usage,
-                               "config value {} = \"{}\" is not one of: {} [{}]",
-                               f.key,
-                               *ptr,
-                               fmt::join(f.choices, ", "),
-                               src);
+                if (!f.choices.empty()) choice_index(f.key, f.choices, *ptr, src);
+            } else if constexpr (std::is_same_v<T, EnumField>) {
+                if (!node.is_string()) wrong_type();
+                ptr.set(choice_index(f.key, ptr.names, node.as_string()->get(), src));
             } else {
                 const toml::array* arr = node.as_array();
                 if (arr == nullptr) wrong_type();
@@ -273,7 +323,10 @@ void assign_table(const toml::table& table,
             assign_table(*value.as_table(), key, fields, source);
             continue;
         }
-        if (it == fields.end()) fail_unknown_key(key, fields, source);
+        if (it == fields.end()) {
+            fail_removed_key(key, source);  // returns when the key never existed
+            fail_unknown_key(key, fields, source);
+        }
         assign(*it, value, source);
     }
 }
@@ -321,28 +374,6 @@ void apply_override(toml::table& root, const std::string& item) {
     sec->insert_or_assign(leaf, *parsed.get("v"));
 }
 
-// model.residual (standard | block_attnres | full_attnres) and attnres.mode (off | block | full) name one switch:
-// a set residual decides the mode when attnres.mode is left off, must agree with it otherwise, and both end up
-// spelling the same choice (so the resolved TOML parses back to the same config).
-void reconcile_residual(nn::ModelConfig& m, const std::string& src) {
-    static const std::vector<std::pair<std::string, std::string>> kSame = {
-        {"standard", "off"}, {"block_attnres", "block"}, {"full_attnres", "full"}};
-    auto mode_of = [&](const std::string& residual) {
-        for (const auto& [r, mode] : kSame)
-            if (r == residual) return mode;
-        return std::string();
-    };
-    if (m.residual != "auto" && m.attnres.mode == "off") m.attnres.mode = mode_of(m.residual);
-    if (m.residual != "auto" && mode_of(m.residual) != m.attnres.mode)
-        core::fail(ExitCode::usage,
-                   "model.residual = \"{}\" contradicts attnres.mode = \"{}\" (set one of them) [{}]",
-                   m.residual,
-                   m.attnres.mode,
-                   src);
-    for (const auto& [r, mode] : kSame)
-        if (mode == m.attnres.mode) m.residual = r;
-}
-
 void validate(const JobConfig& c, const std::string& src) {
     const auto& m = c.model;
     auto bad = [&](const std::string& msg) { core::fail(ExitCode::usage, "{} [{}]", msg, src); };
@@ -379,9 +410,11 @@ void validate(const JobConfig& c, const std::string& src) {
     if (m.moe_enabled) {
         if (m.moe.top_k > m.moe.num_experts)
             bad(fmt::format("moe.top_k = {} exceeds moe.num_experts = {}", m.moe.top_k, m.moe.num_experts));
-        if (c.moe.balance != "aux_loss" && c.moe.balance != "none" && m.moe.num_experts <= m.moe.top_k)
+        const nn::MoeBalanceMode balance = m.moe.balance.mode;
+        const bool uses_bias = balance == nn::MoeBalanceMode::quantile || balance == nn::MoeBalanceMode::sign_bias;
+        if (uses_bias && m.moe.num_experts <= m.moe.top_k)
             bad(fmt::format("moe.balance = \"{}\" needs moe.num_experts ({}) above moe.top_k ({})",
-                            c.moe.balance,
+                            nn::enum_name(balance),
                             m.moe.num_experts,
                             m.moe.top_k));
     }
@@ -427,8 +460,6 @@ JobConfig config_parse(const std::string& toml_text,
         if (table == nullptr) fail_unknown_key(sec, fields, source);
         assign_table(*table, sec, fields, source);
     }
-    c.model.moe.balance.mode = nn::moe_balance_mode_parse(c.moe.balance);
-    reconcile_residual(c.model, source);
     validate(c, source);
     return c;
 }
@@ -449,6 +480,35 @@ JobConfig config_load(const std::string& path, const std::vector<std::string>& o
     return config_parse(ss.str(), path, overrides);
 }
 
+std::string config_upgrade_saved(const std::string& saved_toml) {
+    toml::table root;
+    try {
+        root = toml::parse(saved_toml);
+    } catch (const toml::parse_error&) {
+        return saved_toml;
+    }
+    bool changed = false;
+    // The old resolved config wrote model.residual reconciled with attnres.mode, which it also wrote.
+    if (toml::table* model = root["model"].as_table()) changed = model->erase("residual") > 0;
+    if (toml::table* kda = root["kda"].as_table()) {
+        std::string save = "none";
+        bool old_keys = false;
+        for (const char* level : {"tiles", "states", "workspace"}) {  // the highest level set wins
+            const std::string old_key = std::string("save_") + level;
+            if (!kda->contains(old_key)) continue;
+            old_keys = true;
+            if ((*kda)[old_key].value_or(false)) save = level;
+            kda->erase(old_key);
+        }
+        if (old_keys && !kda->contains("save")) kda->insert("save", save);
+        changed = changed || old_keys;
+    }
+    if (!changed) return saved_toml;
+    std::ostringstream out;
+    out << root << "\n";
+    return out.str();
+}
+
 std::string JobConfig::to_toml() const {
     JobConfig copy = *this;
     toml::table root;
@@ -457,12 +517,14 @@ std::string JobConfig::to_toml() const {
         const std::string sec = f.key.substr(0, dot), key = f.key.substr(dot + 1);
         toml::table& t = *table_at(root, sec);
         std::visit(
-            [&](auto* ptr) {
-                using T = std::remove_pointer_t<decltype(ptr)>;
+            [&](auto& ptr) {
+                using T = std::remove_pointer_t<std::remove_cvref_t<decltype(ptr)>>;
                 if constexpr (std::is_same_v<T, std::vector<std::string>>) {
                     toml::array arr;
                     for (const auto& s : *ptr) arr.push_back(s);
                     t.insert(key, arr);
+                } else if constexpr (std::is_same_v<T, EnumField>) {
+                    t.insert(key, ptr.names[ptr.get()]);
                 } else {
                     t.insert(key, *ptr);
                 }

@@ -329,7 +329,8 @@ RunEnd Trainer::run() {
                 : "";
         if (!r.moe.empty()) {
             scale_note += fmt::format(" | moe max_vio {:.3f}", moe_max_vio(r));
-            if (cfg_.moe.balance == "aux_loss") scale_note += fmt::format(" aux {:.4f}", r.aux_loss);
+            if (cfg_.model.moe.balance.mode == nn::MoeBalanceMode::aux_loss)
+                scale_note += fmt::format(" aux {:.4f}", r.aux_loss);
         }
         if (log_)
             fmt::print("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}{}\n",

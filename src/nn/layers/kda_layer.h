@@ -33,7 +33,7 @@ class KdaLayer : public Layer {
     // S_0 [B, HV, K, V] in the compute dtype, or undefined for the zero state; kept until changed.
     void set_initial_state(const Tensor& s0);
     // x: [N, C] (the normed residual) -> out: [N, C]; final_state() then holds S_T [B, HV, K, V].
-    // training = false (evaluation) keeps nothing for a backward (kda.save_*), whatever the config.
+    // training = false (evaluation) keeps nothing for a backward (kda.save), whatever the config.
     void forward(const Tensor& x, const Tensor& out, bool training = true);
     // dS_T for the next backward, or undefined (zero); kept until changed.
     void set_final_state_grad(const Tensor& dst);
@@ -72,8 +72,7 @@ class KdaLayer : public Layer {
     int conv_q_ = -1, conv_k_ = -1, conv_v_ = -1, a_log_ = -1, dt_bias_ = -1, o_norm_ = -1;
     int64_t batch_ = 0, seq_ = 0;
     Tensor s0_, dst_;
-    // What the KDA op keeps from a training forward to its backward (GPU only; kda.save_tiles, kda.save_states,
-    // kda.save_workspace), freed after the backward.
+    // What the KDA op keeps from a training forward to its backward (GPU only; kda.save), freed after the backward.
     bool keep_tiles_ = false;
     ops::KdaSaved kept_;
     // Saved activations (N = B * T rows).

@@ -14,30 +14,6 @@ using core::DType;
 using core::ExitCode;
 using core::Tensor;
 
-MoeBalanceMode moe_balance_mode_parse(const std::string& name) {
-    if (name == "quantile") return MoeBalanceMode::quantile;
-    if (name == "sign_bias") return MoeBalanceMode::sign_bias;
-    if (name == "aux_loss") return MoeBalanceMode::aux_loss;
-    if (name == "none") return MoeBalanceMode::none;
-    core::fail(ExitCode::usage,
-               "moe.balance = \"{}\" is not a balancing method (quantile, sign_bias, aux_loss or none)",
-               name);
-}
-
-const char* moe_balance_mode_name(MoeBalanceMode mode) {
-    switch (mode) {
-        case MoeBalanceMode::quantile:
-            return "quantile";
-        case MoeBalanceMode::sign_bias:
-            return "sign_bias";
-        case MoeBalanceMode::aux_loss:
-            return "aux_loss";
-        case MoeBalanceMode::none:
-            return "none";
-    }
-    return "?";
-}
-
 MoeBalancer::MoeBalancer(int64_t num_experts, int64_t top_k, const MoeBalanceConfig& config)
     : n_(num_experts), k_(top_k), config_(config) {
     const bool uses_bias = config.mode == MoeBalanceMode::quantile || config.mode == MoeBalanceMode::sign_bias;
@@ -46,7 +22,7 @@ MoeBalancer::MoeBalancer(int64_t num_experts, int64_t top_k, const MoeBalanceCon
     if (uses_bias && num_experts <= top_k)
         core::fail(ExitCode::usage,
                    "moe.balance = \"{}\" needs num_experts > top_k (got {} and {})",
-                   moe_balance_mode_name(config.mode),
+                   enum_name(config.mode),
                    num_experts,
                    top_k);
     if (config.mode == MoeBalanceMode::quantile) {
@@ -309,7 +285,7 @@ void MoeBalancer::load_state(const std::vector<std::pair<std::string, Tensor>>& 
 
 nlohmann::json MoeBalancer::state_json() const {
     flush_pending();
-    nlohmann::json j = {{"mode", moe_balance_mode_name(config_.mode)},
+    nlohmann::json j = {{"mode", enum_name(config_.mode)},
                         {"bias", bias_},
                         {"loads", loads_},
                         {"steps_in_interval", steps_in_interval_},
@@ -329,11 +305,11 @@ void MoeBalancer::load_state_json(const nlohmann::json& j) {
     flush_pending();  // counts not yet flushed belong to the state being replaced
     try {
         const std::string mode = j.at("mode").get<std::string>();
-        if (mode != moe_balance_mode_name(config_.mode))
+        if (mode != enum_name(config_.mode))
             core::fail(ExitCode::checkpoint,
                        "MoE balancer state is for moe.balance = \"{}\", the model uses \"{}\"",
                        mode,
-                       moe_balance_mode_name(config_.mode));
+                       enum_name(config_.mode));
         auto bias = j.at("bias").get<std::vector<float>>();
         auto loads = j.at("loads").get<std::vector<int64_t>>();
         if (static_cast<int64_t>(bias.size()) != n_ || static_cast<int64_t>(loads.size()) != n_)

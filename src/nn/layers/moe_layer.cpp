@@ -28,18 +28,9 @@ MoeLayer::MoeLayer(ParamTable& table, const std::string& prefix, const ModelConf
     if (f < 1) core::fail(core::ExitCode::usage, "moe.expert_ffn_dim = {} must be >= 1", f);
     if (moe.num_shared_experts < 0)
         core::fail(core::ExitCode::usage, "moe.num_shared_experts = {} must be >= 0", moe.num_shared_experts);
-    if (moe.score != "sigmoid" && moe.score != "softmax")
-        core::fail(core::ExitCode::usage, "moe.score = \"{}\" must be \"sigmoid\" or \"softmax\"", moe.score);
-    if (moe.drop_policy != "probs" && moe.drop_policy != "position")
-        core::fail(
-            core::ExitCode::usage, "moe.drop_policy = \"{}\" must be \"probs\" or \"position\"", moe.drop_policy);
     if (!(moe.capacity_factor >= 0.0))
         core::fail(core::ExitCode::usage, "moe.capacity_factor = {} must be >= 0 (0: dropless)", moe.capacity_factor);
-    router_options_ = {k,
-                       moe.score == "softmax" ? ops::MoeScore::softmax : ops::MoeScore::sigmoid,
-                       moe.normalize_gates,
-                       moe.routed_scale};
-    drop_policy_ = moe.drop_policy == "position" ? ops::MoeDropPolicy::position : ops::MoeDropPolicy::probs;
+    router_options_ = {k, moe.score, moe.normalize_gates, moe.routed_scale};
     const MoeExpertParallel& ep = moe.ep;
     if (ep.size < 1 || e % ep.size != 0 || ep.rank < 0 || ep.rank >= ep.size || (ep.size > 1 && ep.comm == nullptr))
         core::fail(core::ExitCode::usage,
@@ -147,7 +138,7 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
                                  ? static_cast<int64_t>(std::ceil(static_cast<double>(n * k) / static_cast<double>(e) *
                                                                   moe_.capacity_factor))
                                  : 0;
-    rows_ = ops::moe_permute_plan(indices_, gates_, e, capacity, drop_policy_, offsets_, slot_row_, row_token_);
+    rows_ = ops::moe_permute_plan(indices_, gates_, e, capacity, moe_.drop_policy, offsets_, slot_row_, row_token_);
     if (offsets_host_.raw() != offsets_.raw()) offsets_host_.copy_from(offsets_);  // CUDA: the one synchronisation
     const Tensor xp = xp_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
     ops::moe_permute_fwd(x, row_token_.slice(0, 0, rows_), xp);

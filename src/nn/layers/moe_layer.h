@@ -115,7 +115,6 @@ class MoeLayer : public Layer {
     ModelConfig model_;
     MoeConfig moe_;
     ops::MoeRouterOptions router_options_;
-    ops::MoeDropPolicy drop_policy_ = ops::MoeDropPolicy::probs;
     ParamTable* table_ = nullptr;
     Linear router_;
     int w_gate_ = -1, w_up_ = -1, w_down_ = -1;
