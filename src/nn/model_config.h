@@ -86,6 +86,11 @@ struct AttnResConfig {
     int64_t resolved_block_size() const {
         return mode == AttnResMode::full ? 1 : block_size;
     }
+    // Sources of the last mix over n_layers layers (2 sub-layers each): the embedding and one per block begun.
+    int64_t max_sources(int64_t n_layers) const {
+        const int64_t sub_layers = 2 * n_layers, s = resolved_block_size();
+        return (sub_layers + s - 1) / s + 1;
+    }
     double blend_at(int64_t step) const {
         if (residual_blend_steps <= 0) return residual_blend;
         const double left = 1.0 - static_cast<double>(step) / static_cast<double>(residual_blend_steps);

@@ -8,10 +8,6 @@
 #include "ops/moe_permute.h"
 #include "ops/moe_router.h"
 
-namespace mt::parallel {
-class Comm;
-}
-
 namespace mt::nn {
 
 // moe.balance (moe.md §2): Quantile Balancing, DeepSeek-V3's sign update, the auxiliary loss, or none.
@@ -63,18 +59,6 @@ struct MoeCollapseConfig {
     bool dead_experts = true;         // the same expert with zero load
 };
 
-// Expert parallelism (runtime state set by the trainer from the mesh; not a TOML key): this rank holds experts
-// [rank E / size, (rank + 1) E / size) and exchanges routed rows with the other ranks of the ep group by
-// all-to-all: the row counts over `comm` (host memory, MPI), the rows over `rows_comm` (the activations' memory:
-// the same MPI communicator on the CPU, NCCL on the GPU; nullptr means `comm`). size 1 (the default) keeps every
-// expert local and never communicates.
-struct MoeExpertParallel {
-    int64_t size = 1;
-    int64_t rank = 0;
-    parallel::Comm* comm = nullptr;
-    parallel::Comm* rows_comm = nullptr;
-};
-
 // The moe.* settings of moe.md §5 that the layer uses (first_k_dense and dense_ffn_dim belong to the model).
 struct MoeConfig {
     int64_t num_experts = 64;
@@ -89,7 +73,6 @@ struct MoeConfig {
     ops::MoeDropPolicy drop_policy = ops::MoeDropPolicy::probs;
     MoeBalanceConfig balance;
     MoeCollapseConfig alarm;
-    MoeExpertParallel ep;
 };
 
 }  // namespace mt::nn

@@ -13,6 +13,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "ops/attnres_mix.h"
 
 namespace mt::train {
 
@@ -407,7 +408,18 @@ void validate(const JobConfig& c, const std::string& src) {
     if (m.n_kda_layers() > 0 && m.kda_head_dim() > 256)
         bad(fmt::format("KDA key head dimension {} exceeds 256 (kda.head_dim, or the model's head dimension when 0)",
                         m.kda_head_dim()));
+    if (m.attnres.enabled() && m.attnres.max_sources(m.n_layers) > ops::kAttnResMaxSources)
+        bad(fmt::format(
+            "attnres.mode = \"{}\" in blocks of {} sub-layers over model.n_layers = {} needs {} sources per "
+            "mix; at most {} are supported (raise attnres.block_size)",
+            nn::enum_name(m.attnres.mode),
+            m.attnres.resolved_block_size(),
+            m.n_layers,
+            m.attnres.max_sources(m.n_layers),
+            ops::kAttnResMaxSources));
     if (m.moe_enabled) {
+        if (m.moe.balance.mode == nn::MoeBalanceMode::quantile && m.moe.balance.ema >= 1.0)
+            bad(fmt::format("moe.quantile.ema = {} is out of range: must be in [0, 1)", m.moe.balance.ema));
         if (m.moe.top_k > m.moe.num_experts)
             bad(fmt::format("moe.top_k = {} exceeds moe.num_experts = {}", m.moe.top_k, m.moe.num_experts));
         const nn::MoeBalanceMode balance = m.moe.balance.mode;

@@ -236,6 +236,32 @@ TEST(Config, MoeErrorsNameTheKey) {
         {"moe.balance", "above moe.top_k"});
     expect_error(
         [] { config_parse(kGood, "job.toml", {"moe.num_experts=2048"}); }, ExitCode::usage, {"moe.num_experts"});
+    // Quantile Balancing's EMA must stay below 1 (the balancer's contract); other methods ignore it.
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"moe.enabled=true", "moe.quantile.ema=1"});
+        },
+        ExitCode::usage,
+        {"moe.quantile.ema = 1", "[0, 1)", "job.toml"});
+    EXPECT_NO_THROW(
+        config_parse(kGood, "job.toml", {"moe.enabled=true", "moe.quantile.ema=1", "moe.balance=\"none\""}));
+}
+
+// Block AttnRes mixes at most 32 sources (the embedding and one per block): too many blocks is a config error.
+TEST(Config, AttnResBlocksThatDoNotFitNameTheKeys) {
+    EXPECT_NO_THROW(config_parse(kGood, "job.toml", {"attnres.mode=\"full\"", "model.n_layers=15"}));
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"attnres.mode=\"full\"", "model.n_layers=16"});
+        },
+        ExitCode::usage,
+        {"attnres.mode = \"full\"", "model.n_layers = 16", "33 sources", "attnres.block_size", "job.toml"});
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"attnres.mode=\"block\"", "attnres.block_size=2", "model.n_layers=32"});
+        },
+        ExitCode::usage,
+        {"33 sources"});
 }
 
 // Every enum-valued key: each spelling parses to its value and round-trips through the resolved TOML; a bad value

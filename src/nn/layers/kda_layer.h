@@ -26,7 +26,8 @@ class KdaLayer : public Layer {
    public:
     // Settings from cfg.kda. A_log and dt_bias carry kda.md §3's init in the parameter table (A_log = 0 for the
     // bounded gate, log U(1, 16) for softplus; dt_bias = log(e^delta - 1), delta log-uniform in [1e-3, 1e-1]), so
-    // ParamTable::initialize sets them.
+    // ParamTable::initialize sets them. Contract (exit 1, MT_CHECK, as every layer's; the config parser rejects each
+    // first with exit 2, naming the key): kda.num_v_heads a multiple of kda.num_heads, kda.conv_size >= 1.
     KdaLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg);
 
     void resize(int64_t batch, int64_t seq, const Precision& precision);

@@ -17,20 +17,20 @@ using core::Tensor;
 MoeBalancer::MoeBalancer(int64_t num_experts, int64_t top_k, const MoeBalanceConfig& config)
     : n_(num_experts), k_(top_k), config_(config) {
     const bool uses_bias = config.mode == MoeBalanceMode::quantile || config.mode == MoeBalanceMode::sign_bias;
-    if (num_experts < 1 || top_k < 1 || top_k > num_experts)
-        core::fail(ExitCode::usage, "moe: top_k = {} must be in [1, num_experts = {}]", top_k, num_experts);
-    if (uses_bias && num_experts <= top_k)
-        core::fail(ExitCode::usage,
-                   "moe.balance = \"{}\" needs num_experts > top_k (got {} and {})",
-                   enum_name(config.mode),
-                   num_experts,
-                   top_k);
+    // The config parser rejects all of these first (exit 2, naming the key); here they are the balancer's contract.
+    MT_CHECK(num_experts >= 1 && top_k >= 1 && top_k <= num_experts,
+             "moe: top_k = {} must be in [1, num_experts = {}]",
+             top_k,
+             num_experts);
+    MT_CHECK(!uses_bias || num_experts > top_k,
+             "moe.balance = \"{}\" needs num_experts > top_k (got {} and {})",
+             enum_name(config.mode),
+             num_experts,
+             top_k);
     if (config.mode == MoeBalanceMode::quantile) {
-        if (config.bins < 1) core::fail(ExitCode::usage, "moe.quantile.bins = {} must be >= 1", config.bins);
-        if (config.update_interval < 1)
-            core::fail(ExitCode::usage, "moe.quantile.update_interval = {} must be >= 1", config.update_interval);
-        if (!(config.ema >= 0.0 && config.ema < 1.0))
-            core::fail(ExitCode::usage, "moe.quantile.ema = {} must be in [0, 1)", config.ema);
+        MT_CHECK(config.bins >= 1, "moe.quantile.bins = {} must be >= 1", config.bins);
+        MT_CHECK(config.update_interval >= 1, "moe.quantile.update_interval = {} must be >= 1", config.update_interval);
+        MT_CHECK(config.ema >= 0.0 && config.ema < 1.0, "moe.quantile.ema = {} must be in [0, 1)", config.ema);
         hist_.assign(static_cast<size_t>(n_ * config.bins), 0);
     }
     bias_.assign(static_cast<size_t>(n_), 0.0f);
