@@ -1,4 +1,5 @@
-// The job config: TOML file + `--set section.key=value` overrides, validated against one schema table.
+// The job config: TOML file + `--set section.key=value` overrides, validated against one schema table
+// (train/config_schema.h, which also generates docs/configs.md).
 // Malformed TOML, unknown keys (typos), wrong types and out-of-range values end with exit 2 and a message
 // naming the file and the field.
 #pragma once
@@ -111,5 +112,9 @@ JobConfig config_load(const std::string& path, const std::vector<std::string>& o
 // three booleans (kda.save_tiles, kda.save_states, kda.save_workspace; they become kda.save). A user's config with
 // those keys fails naming them instead (config_parse). Text that does not parse as TOML comes back unchanged.
 std::string config_upgrade_saved(const std::string& saved_toml);
+
+// The reference of every key (docs/configs.md) as Markdown, from the schema: type, default, range or choices and help
+// per key, with the cross-key checks and the removed keys. `moetrain config --docs` prints it.
+std::string config_docs();
 
 }  // namespace mt::train
