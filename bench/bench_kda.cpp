@@ -4,8 +4,8 @@
 //             [--fp32-kernels] [--no-chunk-smem] [--scan-bv N] [--rscan-bv N]
 // The last four set ops::KdaKernels (A/B comparisons of the kernel variants); `impl` names what each call ran.
 // --keep: what the forward keeps for the backward (ops::KdaSaved), one line per case and choice: none (the backward
-// recomputes everything; the layer's default), tiles (A, M, T: kda.save_tiles), states (also the per-chunk states
-// and Vn, kda.save_states) or all (also Gamma, Qg, Kg, W: no forward kernel in the backward, kda.save_workspace).
+// recomputes everything; the layer's default), tiles (A, M, T: kda.save = "tiles"), states (also the per-chunk
+// states and Vn, "states") or all (also Gamma, Qg, Kg, W: no forward kernel in the backward, "workspace").
 // Cases (issue 4): bf16 activations, f32 states, (B, T) = (8, 4096), (1, 32768), (2, 65536), with the targets for
 // forward + backward of 6.0, 8.0 and 27 ms. Inputs: L2-normalised q (scaled by K^-1/2) and k, v in [-2, 2), beta in
 // (0.05, 0.95), the lower-bounded gate g = -5 sigmoid(z); the host draws one 4096-token block and tiles it.

@@ -24,7 +24,9 @@ void register_grad_dump(CLI::App& app) {
         sets.insert(sets.end(), overrides->begin(), overrides->end());
         const auto self = parallel::comm_make_self();
         train::Trainer trainer(
-            train::config_parse(ckpt.manifest().at("config_toml").get<std::string>(), *dir + "/manifest.json", sets),
+            train::config_parse(train::config_upgrade_saved(ckpt.manifest().at("config_toml").get<std::string>()),
+                                *dir + "/manifest.json",
+                                sets),
             false,
             self.get());
         trainer.load_checkpoint(*dir);

@@ -1,4 +1,4 @@
-// moetrain command line: `moetrain train|data|inspect|grad-dump ...`. Every failure ends here with one
+// moetrain command line: `moetrain train|data|inspect|grad-dump|config ...`. Every failure ends here with one
 // message on stderr ("moetrain: error: ...", then a HINT line when there is one) and its exit code. Under mpirun the
 // message is printed once: rank 0 prints at once; another rank waits a moment first, because an error that every
 // rank hits together (a bad config, a non-finite loss) is printed by rank 0, whose MPI_Abort then ends the job; a
@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
     mt::cli::register_data(app);
     mt::cli::register_inspect(app);
     mt::cli::register_grad_dump(app);
+    mt::cli::register_config(app);
     int code = 0;
     bool failed = true;
     try {

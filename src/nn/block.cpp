@@ -18,7 +18,12 @@ ModelConfig dense_ffn_config(ModelConfig cfg) {
 }
 }  // namespace
 
-Block::Block(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, Mixer mixer, bool moe)
+Block::Block(ParamTable& table,
+             const std::string& prefix,
+             const ModelConfig& cfg,
+             Mixer mixer,
+             bool moe,
+             const MoeExpertParallel& ep)
     : cfg_(cfg),
       mixer_norm_(
           add_norm(table, prefix + (mixer == Mixer::kda ? ".kda_norm.weight" : ".attn_norm.weight"), cfg.d_model)),
@@ -28,7 +33,7 @@ Block::Block(ParamTable& table, const std::string& prefix, const ModelConfig& cf
                                       : std::nullopt),
       kda_(mixer == Mixer::kda ? std::make_optional<KdaLayer>(table, prefix + ".kda", cfg) : std::nullopt),
       mlp_(moe ? std::nullopt : std::make_optional<Mlp>(table, prefix + ".mlp", dense_ffn_config(cfg))),
-      moe_(moe ? std::make_unique<MoeLayer>(table, prefix + ".moe", cfg, cfg.moe) : nullptr) {}
+      moe_(moe ? std::make_unique<MoeLayer>(table, prefix + ".moe", cfg, cfg.moe, ep) : nullptr) {}
 
 void Block::ffn_forward(const Tensor& x, const Tensor& out) {
     if (moe_)

@@ -19,11 +19,13 @@ enum class Mixer { attention, kda };
 
 class Block : public Layer {
    public:
+    // moe: the FFN is an MoeLayer (with ep, this rank's share of its experts) instead of the dense MLP.
     Block(ParamTable& table,
           const std::string& prefix,
           const ModelConfig& cfg,
           Mixer mixer = Mixer::attention,
-          bool moe = false);
+          bool moe = false,
+          const MoeExpertParallel& ep = {});
 
     void resize(int64_t batch, int64_t seq, const Precision& precision);
     // x: [N, C] the block input (kept alive by the caller until backward). Result in output().
@@ -53,7 +55,7 @@ class Block : public Layer {
         return moe_.get();
     }
     // Training forwards count the MoE routing for balancing and metrics, and let KDA layers keep what their backward
-    // reuses (kda.save_*); evaluation forwards do neither.
+    // reuses (kda.save); evaluation forwards do neither.
     void set_training(bool training) {
         training_ = training;
     }

@@ -13,7 +13,7 @@
 
 namespace mt::nn {
 
-Model::Model(const ModelConfig& cfg, const Precision& precision, int64_t param_align)
+Model::Model(const ModelConfig& cfg, const Precision& precision, int64_t param_align, const MoeExpertParallel& ep)
     : cfg_(cfg), precision_(precision) {
     MT_CHECK(!cfg.layer_pattern.empty() && cfg.layer_pattern.find_first_not_of("AK") == std::string::npos &&
                  cfg.n_layers % static_cast<int64_t>(cfg.layer_pattern.size()) == 0,
@@ -27,7 +27,8 @@ Model::Model(const ModelConfig& cfg, const Precision& precision, int64_t param_a
                                                   "layers." + std::to_string(l),
                                                   cfg,
                                                   cfg.layer_is_kda(l) ? Mixer::kda : Mixer::attention,
-                                                  cfg.layer_is_moe(l)));
+                                                  cfg.layer_is_moe(l),
+                                                  ep));
     }
     if (cfg.attnres.enabled()) attnres_ = std::make_unique<AttnResStack>(table_, cfg);
     final_norm_ = table_.add(

@@ -23,9 +23,12 @@ double kda_flops_per_token(const ModelConfig& cfg, int64_t seq);
 
 class Model {
    public:
-    // param_align: every parameter's arena offset is a multiple of it (ParamTable::finalize). Expert parallelism
-    // comes in through cfg.moe.ep.
-    Model(const ModelConfig& cfg, const Precision& precision, int64_t param_align = 64);
+    // param_align: every parameter's arena offset is a multiple of it (ParamTable::finalize). ep: expert parallelism,
+    // this rank's share of every MoE layer's experts (the default: all of them).
+    Model(const ModelConfig& cfg,
+          const Precision& precision,
+          int64_t param_align = 64,
+          const MoeExpertParallel& ep = {});
 
     ParamTable& params() {
         return table_;

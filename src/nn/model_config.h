@@ -5,31 +5,73 @@
 #include <cstdint>
 #include <string>
 
+#include "nn/enum_names.h"
 #include "nn/moe_config.h"
+#include "ops/kda.h"
+#include "ops/kda_gate.h"
 
 namespace mt::nn {
 
+// kda.save: what the KDA op keeps from a training forward to its backward (GPU only; kda.md §4.6), each level keeping
+// what the one before keeps and more.
+enum class KdaSave {
+    none,       // the backward recomputes everything (the default)
+    tiles,      // the chunk tiles A, M, T (768 B per token and value head at chunk 64)
+    states,     // also the state entering each chunk and Vn (1,536 B more at K = V = 128)
+    workspace,  // everything the backward would recompute (Gamma, Qg, Kg, W: 2,048 B more than states at K = 128)
+};
+
+template <>
+struct EnumNames<KdaSave> {
+    static constexpr std::array<std::pair<KdaSave, const char*>, 4> names = {{{KdaSave::none, "none"},
+                                                                              {KdaSave::tiles, "tiles"},
+                                                                              {KdaSave::states, "states"},
+                                                                              {KdaSave::workspace, "workspace"}}};
+};
+
+template <>
+struct EnumNames<ops::KdaGateKind> {
+    static constexpr std::array<std::pair<ops::KdaGateKind, const char*>, 2> names = {
+        {{ops::KdaGateKind::lower_bound, "lower_bound"}, {ops::KdaGateKind::softplus, "softplus"}}};
+};
+
+template <>
+struct EnumNames<ops::KdaAlgorithm> {
+    static constexpr std::array<std::pair<ops::KdaAlgorithm, const char*>, 2> names = {
+        {{ops::KdaAlgorithm::chunked, "chunked"}, {ops::KdaAlgorithm::recurrent, "recurrent"}}};
+};
+
+// attnres.mode: the residual connection. off: the plain residual stream; block: Block Attention Residuals over
+// blocks of attnres.block_size sub-layers; full: block with one sub-layer per block.
+enum class AttnResMode { off, block, full };
+
+template <>
+struct EnumNames<AttnResMode> {
+    static constexpr std::array<std::pair<AttnResMode, const char*>, 3> names = {
+        {{AttnResMode::off, "off"}, {AttnResMode::block, "block"}, {AttnResMode::full, "full"}}};
+};
+
 // KDA layer settings (kda.md §6, [kda] in the job TOML). Zero sizes take their value from the ModelConfig.
 struct KdaConfig {
-    int64_t num_heads = 0;              // H; 0: ModelConfig::n_heads
-    int64_t num_v_heads = 0;            // HV (a multiple of H); 0: H
-    int64_t head_dim = 0;               // K; 0: ModelConfig::resolved_head_dim()
-    int64_t head_v_dim = 0;             // V; 0: K
-    int64_t conv_size = 4;              // short conv taps
-    std::string gate = "lower_bound";   // lower_bound: g = l sigmoid(a (u + b)); softplus: g = -a softplus(u + b)
-    double gate_lower_bound = -5.0;     // l, in [-5, 0)
-    bool gate_use_a_log = true;         // per-head temperature a = exp(A_log); false: a = 1
-    std::string algorithm = "chunked";  // chunked | recurrent (the token loop: a reference, slow)
-    int64_t chunk_size = 64;            // 64 or 32
-    bool save_tiles = false;            // keep A, M, T from forward to backward (GPU; 768 B per token and head)
-    bool save_states = false;           // also keep the per-chunk states and Vn (GPU; 1,536 B more)
-    bool save_workspace = false;        // keep all the backward would recompute (GPU; 2,048 B more than states)
+    int64_t num_heads = 0;    // H; 0: ModelConfig::n_heads
+    int64_t num_v_heads = 0;  // HV (a multiple of H); 0: H
+    int64_t head_dim = 0;     // K; 0: ModelConfig::resolved_head_dim()
+    int64_t head_v_dim = 0;   // V; 0: K
+    int64_t conv_size = 4;    // short conv taps
+    // lower_bound: g = l sigmoid(a (u + b)); softplus: g = -a softplus(u + b)
+    ops::KdaGateKind gate = ops::KdaGateKind::lower_bound;
+    double gate_lower_bound = -5.0;  // l, in [-5, 0)
+    bool gate_use_a_log = true;      // per-head temperature a = exp(A_log); false: a = 1
+    // chunked | recurrent (the token loop: a reference, slow)
+    ops::KdaAlgorithm algorithm = ops::KdaAlgorithm::chunked;
+    int64_t chunk_size = 64;       // 64 or 32
+    KdaSave save = KdaSave::none;  // what the forward keeps for the backward (GPU)
 };
 
 // Block Attention Residuals (attnres.md, [attnres] in the job TOML): each sub-layer's input is a learned softmax mix
 // of the embedding, the completed blocks of S sub-layers and the running partial sum of the current block.
 struct AttnResConfig {
-    std::string mode = "off";     // off | block | full (block with S = 1)
+    AttnResMode mode = AttnResMode::off;
     int64_t block_size = 6;       // S in sub-layers (a transformer layer has two: the mixer and the MLP)
     bool freeze_queries = false;  // keep the pseudo-queries at zero (equivalence test, ablation)
     // Residual blend (attnres.md §5, an ablation knob, off by default): each mix's weights become
@@ -39,10 +81,15 @@ struct AttnResConfig {
     int64_t residual_blend_steps = 0;
 
     bool enabled() const {
-        return mode != "off";
+        return mode != AttnResMode::off;
     }
     int64_t resolved_block_size() const {
-        return mode == "full" ? 1 : block_size;
+        return mode == AttnResMode::full ? 1 : block_size;
+    }
+    // Sources of the last mix over n_layers layers (2 sub-layers each): the embedding and one per block begun.
+    int64_t max_sources(int64_t n_layers) const {
+        const int64_t sub_layers = 2 * n_layers, s = resolved_block_size();
+        return (sub_layers + s - 1) / s + 1;
     }
     double blend_at(int64_t step) const {
         if (residual_blend_steps <= 0) return residual_blend;
@@ -71,10 +118,6 @@ struct ModelConfig {
     std::string attn_pos = "auto";
     KdaConfig kda;
     AttnResConfig attnres;
-    // The residual connection in the spelling of the AttnRes issue: standard | block_attnres | full_attnres, the
-    // same switch as attnres.mode (off | block | full); auto (the default) takes attnres.mode. The config parser
-    // reconciles the two (train/config.cpp).
-    std::string residual = "auto";
     // Mixture-of-Experts FFN ([moe], moe.md §5): with moe_enabled, layer l's FFN is an MoE layer
     // (nn/layers/moe_layer.h) for l >= moe_first_k_dense; the leading layers keep a dense SwiGLU MLP of width
     // moe_dense_ffn_dim (0: d_ff). The FFN choice is independent of the mixer's layer_pattern, so MoE mixes with

@@ -3,19 +3,36 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
-namespace mt::parallel {
-class Comm;
-}
+#include "nn/enum_names.h"
+#include "ops/moe_permute.h"
+#include "ops/moe_router.h"
 
 namespace mt::nn {
 
+// moe.balance (moe.md §2): Quantile Balancing, DeepSeek-V3's sign update, the auxiliary loss, or none.
 enum class MoeBalanceMode { quantile, sign_bias, aux_loss, none };
 
-// "quantile" | "sign_bias" | "aux_loss" | "none"; anything else fails naming the key moe.balance.
-MoeBalanceMode moe_balance_mode_parse(const std::string& name);
-const char* moe_balance_mode_name(MoeBalanceMode mode);
+template <>
+struct EnumNames<MoeBalanceMode> {
+    static constexpr std::array<std::pair<MoeBalanceMode, const char*>, 4> names = {
+        {{MoeBalanceMode::quantile, "quantile"},
+         {MoeBalanceMode::sign_bias, "sign_bias"},
+         {MoeBalanceMode::aux_loss, "aux_loss"},
+         {MoeBalanceMode::none, "none"}}};
+};
+
+template <>
+struct EnumNames<ops::MoeScore> {
+    static constexpr std::array<std::pair<ops::MoeScore, const char*>, 2> names = {
+        {{ops::MoeScore::sigmoid, "sigmoid"}, {ops::MoeScore::softmax, "softmax"}}};
+};
+
+template <>
+struct EnumNames<ops::MoeDropPolicy> {
+    static constexpr std::array<std::pair<ops::MoeDropPolicy, const char*>, 2> names = {
+        {{ops::MoeDropPolicy::probs, "probs"}, {ops::MoeDropPolicy::position, "position"}}};
+};
 
 struct MoeBalanceConfig {
     MoeBalanceMode mode = MoeBalanceMode::quantile;
@@ -42,32 +59,20 @@ struct MoeCollapseConfig {
     bool dead_experts = true;         // the same expert with zero load
 };
 
-// Expert parallelism (runtime state set by the trainer from the mesh; not a TOML key): this rank holds experts
-// [rank E / size, (rank + 1) E / size) and exchanges routed rows with the other ranks of the ep group by
-// all-to-all: the row counts over `comm` (host memory, MPI), the rows over `rows_comm` (the activations' memory:
-// the same MPI communicator on the CPU, NCCL on the GPU; nullptr means `comm`). size 1 (the default) keeps every
-// expert local and never communicates.
-struct MoeExpertParallel {
-    int64_t size = 1;
-    int64_t rank = 0;
-    parallel::Comm* comm = nullptr;
-    parallel::Comm* rows_comm = nullptr;
-};
-
 // The moe.* settings of moe.md §5 that the layer uses (first_k_dense and dense_ffn_dim belong to the model).
 struct MoeConfig {
     int64_t num_experts = 64;
     int64_t top_k = 4;
     int64_t num_shared_experts = 1;
     int64_t expert_ffn_dim = 1024;
-    std::string score = "sigmoid";  // or "softmax"
+    ops::MoeScore score = ops::MoeScore::sigmoid;
     bool normalize_gates = true;
     double routed_scale = 2.5;
-    double capacity_factor = 0.0;       // 0: dropless
-    std::string drop_policy = "probs";  // or "position"
+    double capacity_factor = 0.0;  // 0: dropless
+    // Which rows an over-capacity expert drops: the lowest gates (probs) or the last in token order (position).
+    ops::MoeDropPolicy drop_policy = ops::MoeDropPolicy::probs;
     MoeBalanceConfig balance;
     MoeCollapseConfig alarm;
-    MoeExpertParallel ep;
 };
 
 }  // namespace mt::nn

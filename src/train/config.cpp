@@ -1,4 +1,5 @@
-// Job config parsing and validation against one schema table (key, type, range, choices).
+// Job config parsing and validation against the schema (train/config_schema.h), the cross-key checks, the resolved
+// TOML and the upgrade of an older version's saved config.
 #include "train/config.h"
 
 #include <toml++/toml.h>
@@ -6,148 +7,18 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <regex>
 #include <sstream>
-#include <variant>
 
 #include "core/error.h"
+#include "ops/attnres_mix.h"
+#include "train/config_schema.h"
 
 namespace mt::train {
 
 namespace {
 
 using core::ExitCode;
-using FieldPtr = std::variant<int64_t*, double*, bool*, std::string*, std::vector<std::string>*>;
-
-struct Field {
-    std::string key;  // "section.name"
-    FieldPtr ptr;
-    double min = -std::numeric_limits<double>::infinity();
-    double max = std::numeric_limits<double>::infinity();
-    std::vector<std::string> choices = {};
-    bool min_exclusive = false;
-};
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-std::vector<Field> schema(JobConfig& c) {
-    auto& r = c.run;
-    auto& m = c.model;
-    auto& d = c.data;
-    auto& t = c.train;
-    auto& k = c.checkpoint;
-    auto& x = c.metrics;
-    auto& e = c.model.moe;
-    return {
-        {"run.name", &r.name},
-        {"run.dir", &r.dir},
-        {"run.seed", &r.seed, 0, 9.0e15},
-        {"run.device", &r.device, -kInf, kInf, {"auto", "cpu", "cuda"}},
-        {"run.threads", &r.threads, 0, 4096},
-        {"run.precision", &r.precision, -kInf, kInf, {"auto", "f32", "bf16", "fp16"}},
-        {"run.deterministic", &r.deterministic},
-        {"model.vocab_size", &m.vocab_size, 2, 1 << 30},
-        {"model.d_model", &m.d_model, 1, 1 << 20},
-        {"model.n_layers", &m.n_layers, 0, 4096},
-        {"model.n_heads", &m.n_heads, 1, 4096},
-        {"model.n_kv_heads", &m.n_kv_heads, 1, 4096},
-        {"model.head_dim", &m.head_dim, 0, 4096},
-        {"model.d_ff", &m.d_ff, 1, 1 << 22},
-        {"model.max_seq_len", &m.max_seq_len, 1, 1 << 24},
-        {"model.rope_theta", &m.rope_theta, 0, kInf, {}, true},
-        {"model.norm_eps", &m.norm_eps, 0, 1, {}, true},
-        {"model.init_std", &m.init_std, 0, 10, {}, true},
-        {"model.tie_embeddings", &m.tie_embeddings},
-        {"model.layer_pattern", &m.layer_pattern},
-        {"model.attn_pos", &m.attn_pos, -kInf, kInf, {"auto", "rope", "nope"}},
-        {"model.residual", &m.residual, -kInf, kInf, {"auto", "standard", "block_attnres", "full_attnres"}},
-        {"kda.num_heads", &m.kda.num_heads, 0, 4096},
-        {"kda.num_v_heads", &m.kda.num_v_heads, 0, 4096},
-        {"kda.head_dim", &m.kda.head_dim, 0, 256},
-        {"kda.head_v_dim", &m.kda.head_v_dim, 0, 4096},
-        {"kda.conv_size", &m.kda.conv_size, 1, 64},
-        {"kda.gate", &m.kda.gate, -kInf, kInf, {"lower_bound", "softplus"}},
-        {"kda.gate_lower_bound", &m.kda.gate_lower_bound, -5, 0},
-        {"kda.gate_use_A_log", &m.kda.gate_use_a_log},
-        {"kda.algorithm", &m.kda.algorithm, -kInf, kInf, {"chunked", "recurrent"}},
-        {"kda.chunk_size", &m.kda.chunk_size, 32, 64},
-        {"kda.save_tiles", &m.kda.save_tiles},
-        {"kda.save_states", &m.kda.save_states},
-        {"kda.save_workspace", &m.kda.save_workspace},
-        {"attnres.mode", &m.attnres.mode, -kInf, kInf, {"off", "block", "full"}},
-        {"attnres.block_size", &m.attnres.block_size, 1, 4096},
-        {"attnres.freeze_queries", &m.attnres.freeze_queries},
-        {"attnres.residual_blend", &m.attnres.residual_blend, 0, 1},
-        {"attnres.residual_blend_steps", &m.attnres.residual_blend_steps, 0, 1e12},
-        {"moe.enabled", &m.moe_enabled},
-        {"moe.first_k_dense", &m.moe_first_k_dense, 0, 4096},
-        {"moe.dense_ffn_dim", &m.moe_dense_ffn_dim, 0, 1 << 22},
-        {"moe.num_experts", &e.num_experts, 1, 1024},
-        {"moe.top_k", &e.top_k, 1, 1024},
-        {"moe.num_shared_experts", &e.num_shared_experts, 0, 64},
-        {"moe.expert_ffn_dim", &e.expert_ffn_dim, 1, 1 << 22},
-        {"moe.score", &e.score, -kInf, kInf, {"sigmoid", "softmax"}},
-        {"moe.normalize_gates", &e.normalize_gates},
-        {"moe.routed_scale", &e.routed_scale, 0, 1e6, {}, true},
-        {"moe.capacity_factor", &e.capacity_factor, 0, 1e6},
-        {"moe.drop_policy", &e.drop_policy, -kInf, kInf, {"probs", "position"}},
-        {"moe.balance", &c.moe.balance, -kInf, kInf, {"quantile", "sign_bias", "aux_loss", "none"}},
-        {"moe.quantile.bins", &e.balance.bins, 1, 1 << 20},
-        {"moe.quantile.update_interval", &e.balance.update_interval, 1, 1e9},
-        {"moe.quantile.ema", &e.balance.ema, 0, 1},
-        {"moe.sign_bias.rate", &e.balance.sign_rate, 0, 10},
-        {"moe.sign_bias.centered", &e.balance.sign_centered},
-        {"moe.sign_bias.freeze_after_tokens", &e.balance.sign_freeze_after_tokens, -1, 9.0e18},
-        {"moe.aux_loss.coeff", &e.balance.aux_coeff, 0, 1e3},
-        {"moe.alarm.start_step", &e.alarm.start_step, 0, 1e12},
-        {"moe.alarm.window", &e.alarm.window, 1, 1e12},
-        {"moe.alarm.action", &c.moe.alarm_action, -kInf, kInf, {"log", "stop"}},
-        {"moe.alarm.load_var_threshold", &e.alarm.load_var_threshold, 0, kInf},
-        {"moe.alarm.n_eff_fraction", &e.alarm.n_eff_fraction, 0, 1},
-        {"moe.alarm.hot_load_factor", &e.alarm.hot_load_factor, 0, kInf},
-        {"moe.alarm.dead_experts", &e.alarm.dead_experts},
-        {"moe.log_loads_every", &c.moe.log_loads_every, 0, 1e12},
-        {"data.format", &d.format, -kInf, kInf, {"llmc", "megatron"}},
-        {"data.paths", &d.paths},
-        {"data.val_paths", &d.val_paths},
-        {"data.tokenizer", &d.tokenizer},
-        {"train.steps", &t.steps, 0, 1e12},
-        {"train.batch_size", &t.batch_size, 1, 1 << 20},
-        {"train.seq_len", &t.seq_len, 1, 1 << 24},
-        {"train.grad_accum", &t.grad_accum, 1, 1 << 20},
-        {"train.lr", &t.lr, 0, 10, {}, true},
-        {"train.min_lr_ratio", &t.min_lr_ratio, 0, 1},
-        {"train.warmup_steps", &t.warmup_steps, 0, 1e12},
-        {"train.schedule", &t.schedule, -kInf, kInf, {"cosine", "wsd", "constant"}},
-        {"train.decay_ratio", &t.decay_ratio, 0, 1},
-        {"train.weight_decay", &t.weight_decay, 0, 10},
-        {"train.beta1", &t.beta1, 0, 1},
-        {"train.beta2", &t.beta2, 0, 1},
-        {"train.eps", &t.eps, 0, 1, {}, true},
-        {"train.grad_clip", &t.grad_clip, 0, kInf},
-        {"train.loss_scale", &t.loss_scale, 0, 1e30},
-        {"train.loss_scale_init", &t.loss_scale_init, 0, 1e30, {}, true},
-        {"train.loss_scale_window", &t.loss_scale_window, 1, 1e12},
-        {"train.loss_scale_hysteresis", &t.loss_scale_hysteresis, 1, 1e6},
-        {"train.loss_scale_min", &t.loss_scale_min, 0, 1e30, {}, true},
-        {"train.eval_every", &t.eval_every, 0, 1e12},
-        {"train.eval_batches", &t.eval_batches, 1, 1e9},
-        {"checkpoint.every_steps", &k.every_steps, 0, 1e12},
-        {"checkpoint.keep_last", &k.keep_last, 1, 1e9},
-        {"checkpoint.keep_every", &k.keep_every, 0, 1e12},
-        {"checkpoint.verify_on_resume", &k.verify_on_resume},
-        {"metrics.every", &x.every, 1, 1e12},
-        {"metrics.jsonl", &x.jsonl},
-        {"parallel.tp", &c.parallel.tp, 1, 1 << 20},
-        {"parallel.cp", &c.parallel.cp, 1, 1 << 20},
-        {"parallel.ep", &c.parallel.ep, 1, 1 << 20},
-        {"parallel.dp", &c.parallel.dp, 0, 1 << 20},
-        {"parallel.pp", &c.parallel.pp, 1, 1 << 20},
-        {"parallel.bucket_mb", &c.parallel.bucket_mb, 0, 1 << 20, {}, true},
-        {"parallel.zero_stage", &c.parallel.zero_stage, 0, 1},
-    };
-}
 
 size_t edit_distance(const std::string& a, const std::string& b) {
     std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -178,40 +49,54 @@ size_t edit_distance(const std::string& a, const std::string& b) {
                     src);
 }
 
+void fail_removed_key(const std::string& key, const std::string& src) {
+    for (const RemovedKey& r : config_removed_keys())
+        if (key == r.key)
+            core::fail_hint(
+                ExitCode::usage, r.hint, "config key `{}` was removed: write {} instead [{}]", key, r.replacement, src);
+}
+
 std::string type_name(const FieldPtr& p) {
-    return std::visit(
-        [](auto* ptr) -> std::string {
-            using T = std::remove_pointer_t<decltype(ptr)>;
-            if constexpr (std::is_same_v<T, int64_t>)
-                return "an integer";
-            else if constexpr (std::is_same_v<T, double>)
-                return "a number";
-            else if constexpr (std::is_same_v<T, bool>)
-                return "true or false";
-            else if constexpr (std::is_same_v<T, std::string>)
-                return "a string";
-            else
-                return "an array of strings";
-        },
-        p);
+    if (std::holds_alternative<int64_t*>(p)) return "an integer";
+    if (std::holds_alternative<double*>(p)) return "a number";
+    if (std::holds_alternative<bool*>(p)) return "true or false";
+    if (std::holds_alternative<std::vector<std::string>*>(p)) return "an array of strings";
+    return "a string";
 }
 
 // `text` is the value as written for the message (an integer key prints as an integer, not as 9.22e+18).
 void check_range(const Field& f, double v, const std::string& text, const std::string& src) {
-    const bool low = f.min_exclusive ? v <= f.min : v < f.min;
-    if (!(low || v > f.max || std::isnan(v))) return;
+    const bool low = f.min_exclusive ? v <= f.min : v < f.min, high = f.max_exclusive ? v >= f.max : v > f.max;
+    if (!(low || high || std::isnan(v))) return;
     const bool integer = std::holds_alternative<int64_t*>(f.ptr);
     auto bound = [&](double b) {
         return integer && std::isfinite(b) ? fmt::format("{}", static_cast<int64_t>(b)) : fmt::format("{}", b);
     };
     core::fail(ExitCode::usage,
-               "config value {} = {} is out of range: must be {} {} and <= {} [{}]",
+               "config value {} = {} is out of range: must be {} {} and {} {} [{}]",
                f.key,
                text,
                f.min_exclusive ? ">" : ">=",
                bound(f.min),
+               f.max_exclusive ? "<" : "<=",
                bound(f.max),
                src);
+}
+
+// The position of `value` among a key's allowed values; fails naming the key and listing them.
+size_t choice_index(const std::string& key,
+                    const std::vector<std::string>& choices,
+                    const std::string& value,
+                    const std::string& src) {
+    const auto it = std::find(choices.begin(), choices.end(), value);
+    if (it == choices.end())
+        core::fail(ExitCode::usage,
+                   "config value {} = \"{}\" is not one of: {} [{}]",
+                   key,
+                   value,
+                   fmt::join(choices, ", "),
+                   src);
+    return static_cast<size_t>(it - choices.begin());
 }
 
 void assign(const Field& f, const toml::node& node, const std::string& src) {
@@ -224,8 +109,8 @@ void assign(const Field& f, const toml::node& node, const std::string& src) {
                    src);
     };
     std::visit(
-        [&](auto* ptr) {
-            using T = std::remove_pointer_t<decltype(ptr)>;
+        [&](auto& ptr) {
+            using T = std::remove_pointer_t<std::remove_cvref_t<decltype(ptr)>>;
             if constexpr (std::is_same_v<T, int64_t>) {
                 if (!node.is_integer()) wrong_type();
                 *ptr = node.as_integer()->get();
@@ -241,13 +126,10 @@ void assign(const Field& f, const toml::node& node, const std::string& src) {
             } else if constexpr (std::is_same_v<T, std::string>) {
                 if (!node.is_string()) wrong_type();
                 *ptr = node.as_string()->get();
-                if (!f.choices.empty() && std::find(f.choices.begin(), f.choices.end(), *ptr) == f.choices.end())
-                    core::fail(ExitCode::usage,
-                               "config value {} = \"{}\" is not one of: {} [{}]",
-                               f.key,
-                               *ptr,
-                               fmt::join(f.choices, ", "),
-                               src);
+                if (!f.choices.empty()) choice_index(f.key, f.choices, *ptr, src);
+            } else if constexpr (std::is_same_v<T, EnumField>) {
+                if (!node.is_string()) wrong_type();
+                ptr.set(choice_index(f.key, f.choices, node.as_string()->get(), src));
             } else {
                 const toml::array* arr = node.as_array();
                 if (arr == nullptr) wrong_type();
@@ -273,7 +155,10 @@ void assign_table(const toml::table& table,
             assign_table(*value.as_table(), key, fields, source);
             continue;
         }
-        if (it == fields.end()) fail_unknown_key(key, fields, source);
+        if (it == fields.end()) {
+            fail_removed_key(key, source);  // returns when the key never existed
+            fail_unknown_key(key, fields, source);
+        }
         assign(*it, value, source);
     }
 }
@@ -321,28 +206,6 @@ void apply_override(toml::table& root, const std::string& item) {
     sec->insert_or_assign(leaf, *parsed.get("v"));
 }
 
-// model.residual (standard | block_attnres | full_attnres) and attnres.mode (off | block | full) name one switch:
-// a set residual decides the mode when attnres.mode is left off, must agree with it otherwise, and both end up
-// spelling the same choice (so the resolved TOML parses back to the same config).
-void reconcile_residual(nn::ModelConfig& m, const std::string& src) {
-    static const std::vector<std::pair<std::string, std::string>> kSame = {
-        {"standard", "off"}, {"block_attnres", "block"}, {"full_attnres", "full"}};
-    auto mode_of = [&](const std::string& residual) {
-        for (const auto& [r, mode] : kSame)
-            if (r == residual) return mode;
-        return std::string();
-    };
-    if (m.residual != "auto" && m.attnres.mode == "off") m.attnres.mode = mode_of(m.residual);
-    if (m.residual != "auto" && mode_of(m.residual) != m.attnres.mode)
-        core::fail(ExitCode::usage,
-                   "model.residual = \"{}\" contradicts attnres.mode = \"{}\" (set one of them) [{}]",
-                   m.residual,
-                   m.attnres.mode,
-                   src);
-    for (const auto& [r, mode] : kSame)
-        if (mode == m.attnres.mode) m.residual = r;
-}
-
 void validate(const JobConfig& c, const std::string& src) {
     const auto& m = c.model;
     auto bad = [&](const std::string& msg) { core::fail(ExitCode::usage, "{} [{}]", msg, src); };
@@ -363,8 +226,6 @@ void validate(const JobConfig& c, const std::string& src) {
     const bool attention = m.n_layers > m.n_kda_layers() || m.n_layers == 0;
     if (attention && m.attn_rope() && m.resolved_head_dim() % 2 != 0)
         bad(fmt::format("head dimension {} must be even for RoPE (model.attn_pos)", m.resolved_head_dim()));
-    if (m.kda.gate_lower_bound >= 0.0)
-        bad(fmt::format("kda.gate_lower_bound = {} is out of range: must be in [-5, 0)", m.kda.gate_lower_bound));
     if (m.kda.chunk_size != 32 && m.kda.chunk_size != 64)
         bad(fmt::format("kda.chunk_size = {} must be 32 or 64", m.kda.chunk_size));
     if (m.n_kda_layers() > 0 && m.kda_num_v_heads() % m.kda_num_heads() != 0)
@@ -376,12 +237,25 @@ void validate(const JobConfig& c, const std::string& src) {
     if (m.n_kda_layers() > 0 && m.kda_head_dim() > 256)
         bad(fmt::format("KDA key head dimension {} exceeds 256 (kda.head_dim, or the model's head dimension when 0)",
                         m.kda_head_dim()));
+    if (m.attnres.enabled() && m.attnres.max_sources(m.n_layers) > ops::kAttnResMaxSources)
+        bad(fmt::format(
+            "attnres.mode = \"{}\" in blocks of {} sub-layers over model.n_layers = {} needs {} sources per "
+            "mix; at most {} are supported (raise attnres.block_size)",
+            nn::enum_name(m.attnres.mode),
+            m.attnres.resolved_block_size(),
+            m.n_layers,
+            m.attnres.max_sources(m.n_layers),
+            ops::kAttnResMaxSources));
     if (m.moe_enabled) {
+        if (m.moe.balance.mode == nn::MoeBalanceMode::quantile && m.moe.balance.ema >= 1.0)
+            bad(fmt::format("moe.quantile.ema = {} is out of range: must be in [0, 1)", m.moe.balance.ema));
         if (m.moe.top_k > m.moe.num_experts)
             bad(fmt::format("moe.top_k = {} exceeds moe.num_experts = {}", m.moe.top_k, m.moe.num_experts));
-        if (c.moe.balance != "aux_loss" && c.moe.balance != "none" && m.moe.num_experts <= m.moe.top_k)
+        const nn::MoeBalanceMode balance = m.moe.balance.mode;
+        const bool uses_bias = balance == nn::MoeBalanceMode::quantile || balance == nn::MoeBalanceMode::sign_bias;
+        if (uses_bias && m.moe.num_experts <= m.moe.top_k)
             bad(fmt::format("moe.balance = \"{}\" needs moe.num_experts ({}) above moe.top_k ({})",
-                            c.moe.balance,
+                            nn::enum_name(balance),
                             m.moe.num_experts,
                             m.moe.top_k));
     }
@@ -411,7 +285,7 @@ JobConfig config_parse(const std::string& toml_text,
 
     JobConfig c;
     c.source = source;
-    const std::vector<Field> fields = schema(c);
+    const std::vector<Field> fields = config_schema(c);
     for (const auto& [section, node] : root) {
         const std::string sec(section.str());
         const toml::table* table = node.as_table();
@@ -427,8 +301,6 @@ JobConfig config_parse(const std::string& toml_text,
         if (table == nullptr) fail_unknown_key(sec, fields, source);
         assign_table(*table, sec, fields, source);
     }
-    c.model.moe.balance.mode = nn::moe_balance_mode_parse(c.moe.balance);
-    reconcile_residual(c.model, source);
     validate(c, source);
     return c;
 }
@@ -449,20 +321,51 @@ JobConfig config_load(const std::string& path, const std::vector<std::string>& o
     return config_parse(ss.str(), path, overrides);
 }
 
+std::string config_upgrade_saved(const std::string& saved_toml) {
+    toml::table root;
+    try {
+        root = toml::parse(saved_toml);
+    } catch (const toml::parse_error&) {
+        return saved_toml;
+    }
+    bool changed = false;
+    // The old resolved config wrote model.residual reconciled with attnres.mode, which it also wrote.
+    if (toml::table* model = root["model"].as_table()) changed = model->erase("residual") > 0;
+    if (toml::table* kda = root["kda"].as_table()) {
+        std::string save = "none";
+        bool old_keys = false;
+        for (const char* level : {"tiles", "states", "workspace"}) {  // the highest level set wins
+            const std::string old_key = std::string("save_") + level;
+            if (!kda->contains(old_key)) continue;
+            old_keys = true;
+            if ((*kda)[old_key].value_or(false)) save = level;
+            kda->erase(old_key);
+        }
+        if (old_keys && !kda->contains("save")) kda->insert("save", save);
+        changed = changed || old_keys;
+    }
+    if (!changed) return saved_toml;
+    std::ostringstream out;
+    out << root << "\n";
+    return out.str();
+}
+
 std::string JobConfig::to_toml() const {
     JobConfig copy = *this;
     toml::table root;
-    for (const auto& f : schema(copy)) {
+    for (const auto& f : config_schema(copy)) {
         const size_t dot = f.key.rfind('.');
         const std::string sec = f.key.substr(0, dot), key = f.key.substr(dot + 1);
         toml::table& t = *table_at(root, sec);
         std::visit(
-            [&](auto* ptr) {
-                using T = std::remove_pointer_t<decltype(ptr)>;
+            [&](auto& ptr) {
+                using T = std::remove_pointer_t<std::remove_cvref_t<decltype(ptr)>>;
                 if constexpr (std::is_same_v<T, std::vector<std::string>>) {
                     toml::array arr;
                     for (const auto& s : *ptr) arr.push_back(s);
                     t.insert(key, arr);
+                } else if constexpr (std::is_same_v<T, EnumField>) {
+                    t.insert(key, f.choices[ptr.get()]);
                 } else {
                     t.insert(key, *ptr);
                 }

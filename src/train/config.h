@@ -1,4 +1,5 @@
-// The job config: TOML file + `--set section.key=value` overrides, validated against one schema table.
+// The job config: TOML file + `--set section.key=value` overrides, validated against one schema table
+// (train/config_schema.h, which also generates docs/configs.md).
 // Malformed TOML, unknown keys (typos), wrong types and out-of-range values end with exit 2 and a message
 // naming the file and the field.
 #pragma once
@@ -75,10 +76,9 @@ struct ParallelConfig {
     int64_t zero_stage = 1;   // 1: ZeRO-1, optimizer state sharded over the data-parallel ranks; 0: replicated
 };
 
-// The [moe] keys that are not model structure: the balancing method's name (parsed into
-// model.moe.balance.mode), what a routing-collapse alarm does, and how often the per-expert loads are logged.
+// The [moe] keys that the trainer reads and the MoE layer does not: what a routing-collapse alarm does, and how often
+// the per-expert loads are logged. (The balancing method, moe.balance, is model.moe.balance.mode.)
 struct MoeRunConfig {
-    std::string balance = "quantile";  // quantile | sign_bias | aux_loss | none
     std::string alarm_action = "log";  // log | stop (checkpoint, then exit with code 7)
     int64_t log_loads_every = 100;     // per-expert loads into the JSONL every this many steps (0: never)
 };
@@ -106,5 +106,15 @@ JobConfig config_parse(const std::string& toml_text,
                        const std::vector<std::string>& overrides = {});
 // Reads the file, then config_parse. A missing file is a usage error naming it.
 JobConfig config_load(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// A checkpoint's resolved config (its manifest's config_toml) in today's keys: one saved by an older moetrain spells
+// the residual mode twice (model.residual beside attnres.mode; the first is dropped) and what the KDA forward keeps as
+// three booleans (kda.save_tiles, kda.save_states, kda.save_workspace; they become kda.save). A user's config with
+// those keys fails naming them instead (config_parse). Text that does not parse as TOML comes back unchanged.
+std::string config_upgrade_saved(const std::string& saved_toml);
+
+// The reference of every key (docs/configs.md) as Markdown, from the schema: type, default, range or choices and help
+// per key, with the cross-key checks and the removed keys. `moetrain config --docs` prints it.
+std::string config_docs();
 
 }  // namespace mt::train

@@ -7,6 +7,8 @@
 #include <map>
 #include <sstream>
 
+#include "train/config.h"
+
 namespace mt::train {
 
 namespace {
@@ -47,7 +49,7 @@ void flatten(const toml::table& table, const std::string& prefix, std::map<std::
 std::vector<ConfigDrift> config_drift(const std::string& saved_toml, const std::string& current_toml) {
     std::map<std::string, std::string> saved, now;
     try {
-        flatten(toml::parse(saved_toml), "", &saved);
+        flatten(toml::parse(config_upgrade_saved(saved_toml)), "", &saved);
         flatten(toml::parse(current_toml), "", &now);
     } catch (const toml::parse_error& e) {
         return {{"(config_toml)", std::string(e.description()), "(not comparable)"}};

@@ -16,7 +16,8 @@ struct ConfigDrift {
     std::string now;
 };
 
-// Compares two resolved configs (JobConfig::to_toml text). Keys in the ignored sections or list are skipped; the
+// Compares two resolved configs (JobConfig::to_toml text; the saved one in today's keys first, config_upgrade_saved,
+// so that a checkpoint of an older moetrain compares key by key). Keys in the ignored sections or list are skipped; the
 // result is sorted by key. Text that does not parse as TOML gives one entry with the key "(config_toml)".
 // @param[in] saved_toml    the checkpoint manifest's config_toml
 // @param[in] current_toml  this run's resolved config

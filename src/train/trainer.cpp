@@ -138,15 +138,16 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
         nccl_ep_ = nccl(parallel::MeshGroup::ep);
     }
     // Expert parallelism: each MoE layer holds this rank's experts and exchanges rows over the ep group.
+    nn::MoeExpertParallel ep;
     if (cfg_.model.moe_enabled)
-        cfg_.model.moe.ep = {.size = mesh_->size(parallel::MeshAxis::ep),
-                             .rank = mesh_->coord(parallel::MeshAxis::ep),
-                             .comm = &mesh_->group(parallel::MeshGroup::ep),
-                             .rows_comm = nccl_ep_.get()};
+        ep = {.size = mesh_->size(parallel::MeshAxis::ep),
+              .rank = mesh_->coord(parallel::MeshAxis::ep),
+              .comm = &mesh_->group(parallel::MeshGroup::ep),
+              .rows_comm = nccl_ep_.get()};
     // Every parameter starts at a multiple of both reduction groups' sizes, so each bucket splits evenly (ZeRO-1).
     const int64_t align = std::lcm(mesh_->group(parallel::MeshGroup::dp_span).size(),
                                    int64_t{mesh_->group(parallel::MeshGroup::edp).size()});
-    model_ = std::make_unique<nn::Model>(cfg_.model, precision, align);
+    model_ = std::make_unique<nn::Model>(cfg_.model, precision, align, ep);
     model_->params().initialize(static_cast<uint64_t>(cfg_.run.seed));
     grad_sync_ = std::make_unique<parallel::GradSync>(grad_arenas(model_->params()),
                                                       *mesh_,
@@ -331,7 +332,8 @@ RunEnd Trainer::run() {
                 : "";
         if (!r.moe.empty()) {
             scale_note += fmt::format(" | moe max_vio {:.3f}", moe_max_vio(r));
-            if (cfg_.moe.balance == "aux_loss") scale_note += fmt::format(" aux {:.4f}", r.aux_loss);
+            if (cfg_.model.moe.balance.mode == nn::MoeBalanceMode::aux_loss)
+                scale_note += fmt::format(" aux {:.4f}", r.aux_loss);
         }
         if (log_)
             fmt::print("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}{}\n",

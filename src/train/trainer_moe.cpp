@@ -40,7 +40,7 @@ void Trainer::add_moe_metrics(const StepResult& r, nlohmann::json& fields) const
     fields["moe/load_var"] = load_var;
     fields["moe/drop_rate"] = drop_rate;
     fields["moe/collapse_alarms_total"] = moe_alarms_total_;
-    if (cfg_.moe.balance == "aux_loss") fields["aux_loss"] = r.aux_loss;
+    if (cfg_.model.moe.balance.mode == nn::MoeBalanceMode::aux_loss) fields["aux_loss"] = r.aux_loss;
 }
 
 void Trainer::handle_moe_events(const StepResult& r) {

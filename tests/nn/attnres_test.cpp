@@ -11,6 +11,8 @@
 
 using mt::core::DType;
 using mt::core::Tensor;
+using mt::nn::AttnResMode;
+using mt::nn::enum_name;
 using mt::nn::Model;
 using mt::nn::ModelConfig;
 
@@ -102,14 +104,18 @@ TEST(AttnRes, FrozenZeroQueriesEqualThePlainModel) {
     for (const bool moe : {false, true}) {
         const ModelConfig base = moe ? with_moe(base_config()) : base_config();
         const ModelRun plain = run(base);
-        for (const auto& [mode, s] : std::vector<std::pair<std::string, int64_t>>{
-                 {"full", 1}, {"block", 2}, {"block", 3}, {"block", 4}, {"block", 6}, {"block", 100}}) {
+        for (const auto& [mode, s] : std::vector<std::pair<AttnResMode, int64_t>>{{AttnResMode::full, 1},
+                                                                                  {AttnResMode::block, 2},
+                                                                                  {AttnResMode::block, 3},
+                                                                                  {AttnResMode::block, 4},
+                                                                                  {AttnResMode::block, 6},
+                                                                                  {AttnResMode::block, 100}}) {
             ModelConfig c = base;
             c.attnres.mode = mode;
             c.attnres.block_size = s;
             c.attnres.freeze_queries = true;
             const ModelRun ar = run(c);
-            const std::string what = (moe ? "moe " : "") + mode + " S=" + std::to_string(s);
+            const std::string what = (moe ? "moe " : "") + std::string(enum_name(mode)) + " S=" + std::to_string(s);
             EXPECT_LE(std::abs(ar.loss - plain.loss) / plain.loss, 1e-12) << what;
             const double worst = worst_shared_rho(plain, ar, what);
             for (const auto& [name, g] : ar.grads) {
@@ -135,7 +141,7 @@ TEST(AttnRes, ResidualBlendEndpoints) {
         const ModelConfig base = moe ? with_moe(base_config()) : base_config();
         const ModelRun plain = run(base);
         ModelConfig c = base;
-        c.attnres.mode = "block";
+        c.attnres.mode = AttnResMode::block;
         c.attnres.block_size = 3;
         c.attnres.residual_blend = 1.0;
         const ModelRun blended = run(c, 0, /*random_queries=*/true);
@@ -171,7 +177,7 @@ TEST(AttnRes, ResidualBlendEndpoints) {
 TEST(AttnRes, AtStepZeroOnlyTheQueriesHaveAttnResGradients) {
     ModelConfig c = base_config();
     c.norm_eps = 1e-5;
-    c.attnres.mode = "block";
+    c.attnres.mode = AttnResMode::block;
     c.attnres.block_size = 2;
     const ModelRun r = run(c);
     int queries = 0;
@@ -194,7 +200,7 @@ TEST(AttnRes, AtStepZeroOnlyTheQueriesHaveAttnResGradients) {
 
 TEST(AttnRes, ParameterNames) {
     ModelConfig c = base_config();
-    c.attnres.mode = "block";
+    c.attnres.mode = AttnResMode::block;
     c.attnres.block_size = 4;
     Model model(c, mt::nn::Precision::cpu(DType::f64));
     EXPECT_GE(model.params().find("attnres.mix.1.query"), 0);

@@ -1,4 +1,4 @@
-// kda.save_tiles / save_states / save_workspace on the GPU, where the KDA op keeps what they name from a training
+// kda.save = "tiles" | "states" | "workspace" on the GPU, where the KDA op keeps what they name from a training
 // forward to its backward (ops::KdaSaved): through the whole layer in bf16 at the model's head shape (K = V = 128,
 // the tensor-core kernels' compile-time shape), every gradient (dx, dS_0, each parameter's) must equal the default
 // layer's bit for bit; a training forward keeps the tensors, an evaluation forward keeps none, and the backward
@@ -38,27 +38,19 @@ ModelConfig model_shape() {
     return c;
 }
 
-enum class Keep { nothing, tiles, states, all };
-
-const char* keep_name(Keep k) {
-    return k == Keep::nothing ? "nothing" : k == Keep::tiles ? "tiles" : k == Keep::states ? "states" : "all";
-}
-
-// One bf16 layer on the GPU with the same weights, inputs and loss weights for every Keep.
+// One bf16 layer on the GPU with the same weights, inputs and loss weights for every kda.save.
 struct GpuLayer {
     ParamTable table;
     KdaLayer layer;
     Workspace ws;
     Tensor x, dout, out, s0, dst;
 
-    static ModelConfig with_keep(ModelConfig c, Keep keep) {
-        c.kda.save_tiles = keep == Keep::tiles;
-        c.kda.save_states = keep == Keep::states;
-        c.kda.save_workspace = keep == Keep::all;
+    static ModelConfig with_save(ModelConfig c, KdaSave save) {
+        c.kda.save = save;
         return c;
     }
 
-    explicit GpuLayer(Keep keep) : layer(table, "layers.0.kda", with_keep(model_shape(), keep)) {
+    explicit GpuLayer(KdaSave save) : layer(table, "layers.0.kda", with_save(model_shape(), save)) {
         const Precision p = Precision::cuda_bf16();
         table.finalize(p);
         table.initialize(17);
@@ -119,7 +111,7 @@ bool all_finite(const Tensor& host) {
 
 TEST(GpuKdaLayerSaved, SaveOptionsKeepTheGradientsBitForBit) {
     if (!ops::test::op_gpu_available()) GTEST_SKIP() << ops::test::kOpNoGpuMessage;
-    GpuLayer plain(Keep::nothing);
+    GpuLayer plain(KdaSave::none);
     plain.layer.forward(plain.x, plain.out);
     EXPECT_EQ(plain.kept_bytes(), 0) << "the default layer keeps nothing";
     const auto base = plain.backward();
@@ -127,8 +119,8 @@ TEST(GpuKdaLayerSaved, SaveOptionsKeepTheGradientsBitForBit) {
     double dx_abs = 0;
     for (int64_t e = 0; e < base[0].second.numel(); ++e) dx_abs += std::fabs(core::tensor_get_flat(base[0].second, e));
     EXPECT_GT(dx_abs, 0.0) << "dx is zero: the comparison would be empty";
-    for (Keep keep : {Keep::tiles, Keep::states, Keep::all}) {
-        const std::string what = std::string("keep ") + keep_name(keep);
+    for (KdaSave keep : {KdaSave::tiles, KdaSave::states, KdaSave::workspace}) {
+        const std::string what = std::string("kda.save = ") + enum_name(keep);
         GpuLayer kept(keep);
         // An evaluation forward keeps nothing, whatever the config.
         kept.layer.forward(kept.x, kept.out, /*training=*/false);

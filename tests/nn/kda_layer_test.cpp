@@ -35,7 +35,7 @@ KdaConfig small_kda(ops::KdaGateKind gate) {
     k.num_v_heads = 4;  // GVA: two value heads per q/k head
     k.head_dim = 4;
     k.head_v_dim = 3;
-    k.gate = gate == ops::KdaGateKind::softplus ? "softplus" : "lower_bound";
+    k.gate = gate;
     k.chunk_size = 32;
     return k;
 }
@@ -190,7 +190,7 @@ class KdaLayerAlgorithms : public ::testing::TestWithParam<ops::KdaGateKind> {};
 
 TEST_P(KdaLayerAlgorithms, ChunkedEqualsRecurrent) {
     KdaConfig chunked = small_kda(GetParam()), loop = chunked;
-    loop.algorithm = "recurrent";
+    loop.algorithm = ops::KdaAlgorithm::recurrent;
     Fixture a(small_model(), chunked, DType::f64, 2, 70, 5), b(small_model(), loop, DType::f64, 2, 70, 5);
     const Tensor dxa = a.backward(), dxb = b.backward();
     auto rho = [](const Tensor& x, const Tensor& y) {
@@ -213,7 +213,7 @@ INSTANTIATE_TEST_SUITE_P(BothGates,
                          KdaLayerAlgorithms,
                          ::testing::Values(ops::KdaGateKind::lower_bound, ops::KdaGateKind::softplus));
 
-// kda.save_tiles / save_states / save_workspace: the CPU keeps nothing, so their check is a GPU test
+// kda.save: the CPU keeps nothing, so their check is a GPU test
 // (GpuKdaLayerSaved, kda_layer_gpu_test.cpp).
 
 TEST(KdaLayerShapes, SavedTensorsAndShapes) {
@@ -262,7 +262,7 @@ TEST(KdaLayerParity, Dump) {
                 {"head_dim", std::to_string(kda.head_dim)},
                 {"head_v_dim", std::to_string(kda.head_v_dim)},
                 {"conv_size", std::to_string(kda.conv_size)},
-                {"gate", kda.gate},
+                {"gate", enum_name(kda.gate)},
                 {"gate_lower_bound", fmt::format("{}", kda.gate_lower_bound)},
                 {"gate_use_a_log", kda.gate_use_a_log ? "true" : "false"},
                 {"norm_eps", fmt::format("{}", cfg.norm_eps)},

@@ -12,8 +12,10 @@
 
 using mt::core::DType;
 using mt::core::Tensor;
+using mt::nn::AttnResMode;
 using mt::nn::Model;
 using mt::nn::ModelConfig;
+using mt::nn::MoeBalanceMode;
 
 namespace {
 
@@ -47,14 +49,14 @@ ModelConfig hybrid_config(const std::string& pattern, bool tied) {
 }
 
 // Block Attention Residuals on top of a config: mode block with S sub-layers per block, or full (S = 1).
-ModelConfig with_attnres(ModelConfig c, const std::string& mode, int64_t block) {
+ModelConfig with_attnres(ModelConfig c, AttnResMode mode, int64_t block) {
     c.attnres.mode = mode;
     c.attnres.block_size = block;
     return c;
 }
 
 // MoE FFNs (moe.md): layers from first_k_dense on route to top_k of num_experts experts plus a shared expert.
-ModelConfig with_moe(ModelConfig c, int64_t first_k_dense, const std::string& balance) {
+ModelConfig with_moe(ModelConfig c, int64_t first_k_dense, MoeBalanceMode balance) {
     c.moe_enabled = true;
     c.moe_first_k_dense = first_k_dense;
     c.moe_dense_ffn_dim = 16;
@@ -63,7 +65,7 @@ ModelConfig with_moe(ModelConfig c, int64_t first_k_dense, const std::string& ba
     c.moe.num_shared_experts = 1;
     c.moe.expert_ffn_dim = 6;
     c.moe.routed_scale = 1.5;
-    c.moe.balance.mode = mt::nn::moe_balance_mode_parse(balance);
+    c.moe.balance.mode = balance;
     c.moe.balance.aux_coeff = 0.3;  // large, so that a wrong aux gradient shows
     return c;
 }
@@ -166,18 +168,20 @@ TEST_P(ModelGrad, FiniteDifferencesMatchBackward) {
 INSTANTIATE_TEST_SUITE_P(
     DenseHybridAndMoe,
     ModelGrad,
-    ::testing::Values(GradCase{"tied", small_config(true), 7},
-                      GradCase{"untied", small_config(false), 7},
-                      GradCase{"hybrid_KA_nope", hybrid_config("KA", false), 37},
-                      GradCase{"hybrid_AK_rope", hybrid_config("AK", true), 37},
-                      GradCase{"attnres_block_s3", with_attnres(small_config(false), "block", 3), 7},
-                      GradCase{"attnres_full_tied", with_attnres(small_config(true), "full", 6), 7},
-                      GradCase{"attnres_hybrid_s2", with_attnres(hybrid_config("KA", false), "block", 2), 37},
-                      GradCase{"moe_quantile", with_moe(small_config(false), 1, "quantile"), 7},
-                      GradCase{"moe_aux_loss_tied", with_moe(small_config(true), 0, "aux_loss"), 7},
-                      GradCase{"moe_hybrid_attnres",
-                               with_attnres(with_moe(hybrid_config("KA", false), 0, "sign_bias"), "block", 2),
-                               37}),
+    ::testing::Values(
+        GradCase{"tied", small_config(true), 7},
+        GradCase{"untied", small_config(false), 7},
+        GradCase{"hybrid_KA_nope", hybrid_config("KA", false), 37},
+        GradCase{"hybrid_AK_rope", hybrid_config("AK", true), 37},
+        GradCase{"attnres_block_s3", with_attnres(small_config(false), AttnResMode::block, 3), 7},
+        GradCase{"attnres_full_tied", with_attnres(small_config(true), AttnResMode::full, 6), 7},
+        GradCase{"attnres_hybrid_s2", with_attnres(hybrid_config("KA", false), AttnResMode::block, 2), 37},
+        GradCase{"moe_quantile", with_moe(small_config(false), 1, MoeBalanceMode::quantile), 7},
+        GradCase{"moe_aux_loss_tied", with_moe(small_config(true), 0, MoeBalanceMode::aux_loss), 7},
+        GradCase{
+            "moe_hybrid_attnres",
+            with_attnres(with_moe(hybrid_config("KA", false), 0, MoeBalanceMode::sign_bias), AttnResMode::block, 2),
+            37}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Model, ParameterNamesAndSavedActivations) {
@@ -228,7 +232,7 @@ TEST(Model, HybridParameterNamesAndGateInit) {
     }
     EXPECT_FALSE(t.spec(t.find("layers.0.kda.A_log")).weight_decay);
     // The softplus gate draws A_log = log U(1, 16).
-    cfg.kda.gate = "softplus";
+    cfg.kda.gate = mt::ops::KdaGateKind::softplus;
     Model soft(cfg, mt::nn::Precision::cpu(DType::f32));
     soft.params().initialize(5);
     const Tensor a = soft.params().param(soft.params().find("layers.0.kda.A_log"));
@@ -267,7 +271,7 @@ TEST(Model, FlopsCountKdaAndAttentionLayers) {
 // An MoE model: layer 0 keeps a dense MLP of width moe.dense_ffn_dim, layer 1 is an MoE layer; the active routed
 // experts count in the FLOPs (top_k * 3 * F * C per token and layer).
 TEST(Model, MoeParameterNamesAndFlops) {
-    const ModelConfig cfg = with_moe(small_config(true), 1, "quantile");
+    const ModelConfig cfg = with_moe(small_config(true), 1, MoeBalanceMode::quantile);
     Model model(cfg, mt::nn::Precision::cpu(DType::f32));
     const auto& t = model.params();
     EXPECT_EQ(t.spec(t.find("layers.0.mlp.w_gate.weight")).shape, (mt::core::Shape{16, 12}));
@@ -289,7 +293,7 @@ TEST(Model, MoeParameterNamesAndFlops) {
 // backward(s) scales every gradient by s, the aux loss's included (loss scaling and 1/grad_accum apply to it too);
 // an evaluation forward (training = false) leaves the balancer's counts alone.
 TEST(Model, MoeAuxGradientFollowsLossScaleAndEvalDoesNotCount) {
-    Model model(with_moe(small_config(false), 0, "aux_loss"), mt::nn::Precision::cpu(DType::f64));
+    Model model(with_moe(small_config(false), 0, MoeBalanceMode::aux_loss), mt::nn::Precision::cpu(DType::f64));
     model.params().initialize(3);
     Tensor ids = Tensor::zeros({2, 7}, DType::i32), targets = Tensor::zeros({2, 7}, DType::i32);
     random_batch(ids, targets, 23);
@@ -306,7 +310,7 @@ TEST(Model, MoeAuxGradientFollowsLossScaleAndEvalDoesNotCount) {
         ASSERT_NEAR(mt::core::tensor_get_flat(g2, i), 0.25 * mt::core::tensor_get_flat(g1, i), 1e-15)
             << "gradient element " << i;
 
-    Model qb(with_moe(small_config(false), 0, "quantile"), mt::nn::Precision::cpu(DType::f32));
+    Model qb(with_moe(small_config(false), 0, MoeBalanceMode::quantile), mt::nn::Precision::cpu(DType::f32));
     qb.params().initialize(3);
     auto counted = [&]() {
         uint64_t n = 0;

@@ -155,7 +155,7 @@ TEST(GpuMoeLayer, AuxLossCapacityMatchesCpu) {
     moe.normalize_gates = false;
     moe.num_shared_experts = 0;
     moe.capacity_factor = 1.0;
-    moe.drop_policy = "position";
+    moe.drop_policy = ops::MoeDropPolicy::position;
     compare_layers(moe, Precision::cuda_f32(), 1e-5, "aux cap f32");
     compare_layers(moe, Precision::cuda_mixed(DType::bf16), 1e-2, "aux cap bf16");
 }

@@ -3,12 +3,20 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "core/error.h"
+#include "train/config_drift.h"
+#include "train/config_schema.h"
 
 using mt::core::Error;
 using mt::core::ExitCode;
+using mt::nn::AttnResMode;
+using mt::nn::KdaSave;
+using mt::nn::MoeBalanceMode;
 using mt::train::config_load;
 using mt::train::config_parse;
+using mt::train::JobConfig;
 
 namespace {
 
@@ -118,7 +126,7 @@ TEST(Config, LayerPatternAndKdaKeys) {
                            "kda.gate=\"softplus\"",
                            "kda.gate_lower_bound=-2.5",
                            "kda.chunk_size=32",
-                           "kda.save_states=true"});
+                           "kda.save=\"states\""});
     EXPECT_EQ(c.model.n_kda_layers(), 6);
     EXPECT_TRUE(c.model.layer_is_kda(0));
     EXPECT_FALSE(c.model.layer_is_kda(3));
@@ -127,11 +135,10 @@ TEST(Config, LayerPatternAndKdaKeys) {
     EXPECT_EQ(c.model.kda_num_heads(), 4);
     EXPECT_EQ(c.model.kda_num_v_heads(), 8);
     EXPECT_EQ(c.model.kda_head_v_dim(), 32);
-    EXPECT_EQ(c.model.kda.gate, "softplus");
+    EXPECT_EQ(c.model.kda.gate, mt::ops::KdaGateKind::softplus);
     EXPECT_EQ(c.model.kda.gate_lower_bound, -2.5);
-    EXPECT_FALSE(dense.model.kda.save_tiles);  // the KDA op keeps nothing for the backward by default
-    EXPECT_TRUE(c.model.kda.save_states);
-    EXPECT_FALSE(c.model.kda.save_workspace);
+    EXPECT_EQ(dense.model.kda.save, KdaSave::none);  // the KDA op keeps nothing for the backward by default
+    EXPECT_EQ(c.model.kda.save, KdaSave::states);
     EXPECT_TRUE(
         config_parse(kGood, "job.toml", {"model.layer_pattern=\"KA\"", "model.attn_pos=\"rope\""}).model.attn_rope());
     EXPECT_FALSE(config_parse(kGood, "job.toml", {"model.attn_pos=\"nope\""}).model.attn_rope());
@@ -140,7 +147,7 @@ TEST(Config, LayerPatternAndKdaKeys) {
     EXPECT_EQ(again.to_toml(), c.to_toml());
     EXPECT_EQ(again.model.layer_pattern, "KKKA");
     EXPECT_EQ(again.model.kda.chunk_size, 32);
-    EXPECT_TRUE(again.model.kda.save_states);
+    EXPECT_EQ(again.model.kda.save, KdaSave::states);
 }
 
 TEST(Config, LayerPatternAndKdaErrorsNameTheKey) {
@@ -159,7 +166,7 @@ TEST(Config, LayerPatternAndKdaErrorsNameTheKey) {
     expect_error([] { config_parse(kGood, "job.toml", {"kda.gate=\"exp\""}); }, ExitCode::usage, {"kda.gate"});
     expect_error([] { config_parse(kGood, "job.toml", {"kda.gate_lower_bound=0"}); },
                  ExitCode::usage,
-                 {"kda.gate_lower_bound", "[-5, 0)"});
+                 {"kda.gate_lower_bound = 0 is out of range: must be >= -5 and < 0"});
     expect_error([] { config_parse(kGood, "job.toml", {"kda.gate_lower_bound=-6"}); },
                  ExitCode::usage,
                  {"kda.gate_lower_bound", "out of range"});
@@ -195,7 +202,7 @@ window = 7
     EXPECT_TRUE(c.model.moe_enabled);
     EXPECT_EQ(c.model.moe.num_experts, 32);
     EXPECT_EQ(c.model.moe.top_k, 4);
-    EXPECT_EQ(c.model.moe.balance.mode, mt::nn::MoeBalanceMode::sign_bias);
+    EXPECT_EQ(c.model.moe.balance.mode, MoeBalanceMode::sign_bias);
     EXPECT_EQ(c.model.moe.balance.update_interval, 100);
     EXPECT_EQ(c.model.moe.balance.ema, 0.5);
     EXPECT_EQ(c.model.moe.balance.bins, 250);
@@ -206,7 +213,7 @@ window = 7
     auto again = config_parse(c.to_toml(), "resolved");
     EXPECT_EQ(again.to_toml(), c.to_toml());
     EXPECT_EQ(again.model.moe.balance.bins, 250);
-    EXPECT_EQ(again.model.moe.balance.mode, mt::nn::MoeBalanceMode::sign_bias);
+    EXPECT_EQ(again.model.moe.balance.mode, MoeBalanceMode::sign_bias);
     // An override may create the nested table too.
     EXPECT_EQ(config_parse(kGood, "job.toml", {"moe.alarm.start_step=3"}).model.moe.alarm.start_step, 3);
 }
@@ -232,26 +239,149 @@ TEST(Config, MoeErrorsNameTheKey) {
         {"moe.balance", "above moe.top_k"});
     expect_error(
         [] { config_parse(kGood, "job.toml", {"moe.num_experts=2048"}); }, ExitCode::usage, {"moe.num_experts"});
-}
-
-// The AttnRes issue's spelling model.residual and the spec's attnres.mode are one switch.
-TEST(Config, ResidualSpellingsAgree) {
-    auto c = config_parse(kGood, "job.toml", {"model.residual=\"block_attnres\"", "attnres.block_size=4"});
-    EXPECT_EQ(c.model.attnres.mode, "block");
-    EXPECT_EQ(c.model.attnres.block_size, 4);
-    EXPECT_EQ(config_parse(c.to_toml(), "resolved").model.attnres.mode, "block");
-    EXPECT_EQ(config_parse(kGood, "job.toml", {"model.residual=\"full_attnres\""}).model.attnres.mode, "full");
-    // attnres.mode alone still works, and the residual follows it.
-    auto d = config_parse(kGood, "job.toml", {"attnres.mode=\"full\""});
-    EXPECT_EQ(d.model.residual, "full_attnres");
-    EXPECT_EQ(config_parse(kGood, "job.toml").model.residual, "standard");
+    // Quantile Balancing's EMA must stay below 1 (the balancer's contract); other methods ignore it.
     expect_error(
         [] {
-            config_parse(kGood, "job.toml", {"model.residual=\"standard\"", "attnres.mode=\"block\""});
+            config_parse(kGood, "job.toml", {"moe.enabled=true", "moe.quantile.ema=1"});
         },
         ExitCode::usage,
-        {"model.residual = \"standard\" contradicts attnres.mode = \"block\"", "job.toml"});
-    expect_error([] { config_parse(kGood, "job.toml", {"model.residual=\"attnres\""}); },
+        {"moe.quantile.ema = 1", "[0, 1)", "job.toml"});
+    EXPECT_NO_THROW(
+        config_parse(kGood, "job.toml", {"moe.enabled=true", "moe.quantile.ema=1", "moe.balance=\"none\""}));
+}
+
+// Block AttnRes mixes at most 32 sources (the embedding and one per block): too many blocks is a config error.
+TEST(Config, AttnResBlocksThatDoNotFitNameTheKeys) {
+    EXPECT_NO_THROW(config_parse(kGood, "job.toml", {"attnres.mode=\"full\"", "model.n_layers=15"}));
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"attnres.mode=\"full\"", "model.n_layers=16"});
+        },
+        ExitCode::usage,
+        {"attnres.mode = \"full\"", "model.n_layers = 16", "33 sources", "attnres.block_size", "job.toml"});
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"attnres.mode=\"block\"", "attnres.block_size=2", "model.n_layers=32"});
+        },
+        ExitCode::usage,
+        {"33 sources"});
+}
+
+// An enum-valued key: each spelling of nn::EnumNames<E> parses to its value and round-trips through the resolved
+// TOML; a bad value names the key and lists the choices in the table's order.
+template <typename E>
+void expect_enum_key(const char* key, E (*field)(const JobConfig&)) {
+    std::string listed;
+    for (const auto& [value, name] : mt::nn::EnumNames<E>::names) {
+        const auto c = config_parse(kGood, "job.toml", {std::string(key) + "=\"" + name + "\""});
+        EXPECT_EQ(field(c), value) << key << " = " << name;
+        EXPECT_EQ(field(config_parse(c.to_toml(), "resolved")), value) << key << " = " << name;
+        listed += (listed.empty() ? "" : ", ") + std::string(name);
+    }
+    const std::string needle = "config value " + std::string(key) + " = \"bogus\" is not one of: " + listed;
+    expect_error([&] { config_parse(kGood, "job.toml", {std::string(key) + "=\"bogus\""}); },
                  ExitCode::usage,
-                 {"model.residual", "block_attnres"});
+                 {needle.c_str(), "job.toml"});
+}
+
+TEST(Config, EnumKeysParseEverySpelling) {
+    using mt::ops::KdaAlgorithm, mt::ops::KdaGateKind, mt::ops::MoeDropPolicy, mt::ops::MoeScore;
+    expect_enum_key<KdaGateKind>("kda.gate", [](const JobConfig& c) { return c.model.kda.gate; });
+    expect_enum_key<KdaAlgorithm>("kda.algorithm", [](const JobConfig& c) { return c.model.kda.algorithm; });
+    expect_enum_key<KdaSave>("kda.save", [](const JobConfig& c) { return c.model.kda.save; });
+    expect_enum_key<AttnResMode>("attnres.mode", [](const JobConfig& c) { return c.model.attnres.mode; });
+    expect_enum_key<MoeScore>("moe.score", [](const JobConfig& c) { return c.model.moe.score; });
+    expect_enum_key<MoeDropPolicy>("moe.drop_policy", [](const JobConfig& c) { return c.model.moe.drop_policy; });
+    expect_enum_key<MoeBalanceMode>("moe.balance", [](const JobConfig& c) { return c.model.moe.balance.mode; });
+    // The defaults; a value of the wrong type.
+    const auto c = config_parse(kGood, "job.toml");
+    EXPECT_EQ(c.model.attnres.mode, AttnResMode::off);
+    EXPECT_EQ(c.model.moe.balance.mode, MoeBalanceMode::quantile);
+    expect_error([] { config_parse(kGood, "job.toml", {"kda.save=\"all\""}); },
+                 ExitCode::usage,
+                 {"kda.save = \"all\" is not one of: none, tiles, states, workspace"});
+    expect_error([] { config_parse(kGood, "job.toml", {"attnres.mode=true"}); },
+                 ExitCode::usage,
+                 {"attnres.mode must be a string"});
+}
+
+// A key that was replaced fails naming itself and what to write instead, from the file and from --set alike.
+TEST(Config, RemovedKeysNameTheirReplacement) {
+    expect_error([] { config_parse(std::string(kGood) + "[kda]\nsave_tiles = true\n", "job.toml"); },
+                 ExitCode::usage,
+                 {"config key `kda.save_tiles` was removed: write kda.save = \"tiles\" instead", "job.toml"});
+    expect_error([] { config_parse(kGood, "job.toml", {"kda.save_states=false"}); },
+                 ExitCode::usage,
+                 {"`kda.save_states` was removed: write kda.save = \"states\" instead"});
+    expect_error([] { config_parse(kGood, "job.toml", {"kda.save_workspace=true"}); },
+                 ExitCode::usage,
+                 {"`kda.save_workspace` was removed: write kda.save = \"workspace\" instead"});
+    // Only the key that existed is named as removed: residual under [train] (kGood's last table) is a plain typo.
+    expect_error([] { config_parse(std::string(kGood) + "residual = \"block_attnres\"\n", "job.toml"); },
+                 ExitCode::usage,
+                 {"unknown config key `train.residual`"});
+    try {
+        config_parse(kGood, "job.toml", {"model.residual=\"block_attnres\""});
+        FAIL() << "expected an error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ExitCode::usage);
+        EXPECT_NE(std::string(e.what()).find("config key `model.residual` was removed: write attnres.mode = "
+                                             "\"off\" | \"block\" | \"full\" instead"),
+                  std::string::npos)
+            << e.what();
+        EXPECT_NE(e.hint().find("\"block_attnres\" is \"block\""), std::string::npos) << e.hint();
+    }
+}
+
+// A checkpoint of an older moetrain spells the residual mode twice and kda.save as three booleans: its config reads
+// in today's keys, so resume compares it key by key and grad-dump parses it.
+TEST(Config, SavedConfigOfAnOlderVersionUpgrades) {
+    const JobConfig now = config_parse(kGood, "job.toml", {"kda.save=\"states\"", "attnres.mode=\"block\""});
+    std::string old = now.to_toml();
+    const std::string save_line = "save = 'states'\n";
+    ASSERT_NE(old.find(save_line), std::string::npos) << old;
+    old.replace(
+        old.find(save_line), save_line.size(), "save_states = true\nsave_tiles = false\nsave_workspace = false\n");
+    old.replace(old.find("[model]\n"), 8, "[model]\nresidual = 'block_attnres'\n");
+    expect_error([&] { config_parse(old, "manifest.json"); }, ExitCode::usage, {"kda.save"});
+    const JobConfig upgraded = config_parse(mt::train::config_upgrade_saved(old), "manifest.json");
+    EXPECT_EQ(upgraded.to_toml(), now.to_toml());
+    EXPECT_TRUE(mt::train::config_drift(old, now.to_toml()).empty());
+    // The highest level set wins; none set is "none"; a config in today's keys comes back as it was.
+    std::string all_off = old;
+    all_off.replace(all_off.find("save_states = true"), 18, "save_states = false");
+    EXPECT_EQ(config_parse(mt::train::config_upgrade_saved(all_off), "m").model.kda.save, KdaSave::none);
+    std::string both = old;
+    both.replace(both.find("save_workspace = false"), 22, "save_workspace = true");
+    EXPECT_EQ(config_parse(mt::train::config_upgrade_saved(both), "m").model.kda.save, KdaSave::workspace);
+    EXPECT_EQ(mt::train::config_upgrade_saved(now.to_toml()), now.to_toml());
+    // Drift still shows a real difference behind a renamed key.
+    const auto drift = mt::train::config_drift(all_off, now.to_toml());
+    ASSERT_EQ(drift.size(), 1u);
+    EXPECT_EQ(drift[0].key, "kda.save");
+    EXPECT_EQ(drift[0].saved, "'none'");
+    EXPECT_EQ(drift[0].now, "'states'");
+}
+
+// Every schema row says what it is for, keys are unique, and the reference page has a row per key and per removed key.
+TEST(Config, EverySchemaRowHasHelpAndADocsRow) {
+    JobConfig c;
+    const std::vector<mt::train::Field> rows = mt::train::config_schema(c);
+    const std::string docs = mt::train::config_docs();
+    std::set<std::string> keys;
+    for (const auto& f : rows) {
+        EXPECT_FALSE(f.help.empty()) << f.key;
+        EXPECT_TRUE(keys.insert(f.key).second) << f.key << " twice";
+        EXPECT_NE(docs.find("| `" + f.key + "` |"), std::string::npos) << f.key;
+        if (std::holds_alternative<mt::train::EnumField>(f.ptr)) {
+            EXPECT_GE(f.choices.size(), 2u) << f.key;
+        }
+    }
+    for (const auto& r : mt::train::config_removed_keys()) {
+        EXPECT_EQ(keys.count(r.key), 0u) << r.key;
+        EXPECT_NE(docs.find("| `" + std::string(r.key) + "` |"), std::string::npos) << r.key;
+    }
+    EXPECT_NE(docs.find("| `kda.save` | string | `\"none\"` | none, tiles, states, workspace |"), std::string::npos);
+    EXPECT_NE(docs.find("| `moe.top_k` | int | 4 | 1..1024 |"), std::string::npos);
+    EXPECT_NE(docs.find("| `kda.gate_lower_bound` | float | -5 | [-5, 0) |"), std::string::npos);
 }

@@ -14,7 +14,7 @@ AttnResStack::AttnResStack(ParamTable& table, const ModelConfig& cfg)
       block_(cfg.attnres.resolved_block_size()),
       blend_(cfg.attnres.blend_at(0)) {
     MT_CHECK(block_ >= 1, "attnres.block_size = {} must be >= 1", block_);
-    const int64_t max_sources = (layers_ + block_ - 1) / block_ + 1;
+    const int64_t max_sources = cfg.attnres.max_sources(cfg.n_layers);
     MT_CHECK(max_sources <= ops::kAttnResMaxSources,
              "Block AttnRes over {} sub-layers in blocks of {} needs {} sources per mix; at most {} are supported "
              "(raise attnres.block_size)",

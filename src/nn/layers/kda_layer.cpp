@@ -23,22 +23,16 @@ KdaLayer::KdaLayer(ParamTable& table, const std::string& prefix, const ModelConf
     v_dim_ = cfg.kda_head_v_dim();
     MT_CHECK(hv_ % h_ == 0, "{}: kda.num_v_heads = {} must be a multiple of kda.num_heads = {}", prefix, hv_, h_);
     MT_CHECK(kda.conv_size >= 1, "{}: kda.conv_size = {} must be >= 1", prefix, kda.conv_size);
-    MT_CHECK(kda.gate == "lower_bound" || kda.gate == "softplus", "{}: unknown kda.gate `{}`", prefix, kda.gate);
-    MT_CHECK(kda.algorithm == "chunked" || kda.algorithm == "recurrent",
-             "{}: unknown kda.algorithm `{}`",
-             prefix,
-             kda.algorithm);
-    const bool bounded = kda.gate == "lower_bound";
-    gate_options_ = {
-        bounded ? ops::KdaGateKind::lower_bound : ops::KdaGateKind::softplus, kda.gate_lower_bound, kda.gate_use_a_log};
+    const bool bounded = kda.gate == ops::KdaGateKind::lower_bound;
+    gate_options_ = {kda.gate, kda.gate_lower_bound, kda.gate_use_a_log};
     // The bounded gate keeps 15 |g| inside f32's exp range, so the diagonal tiles can be plain products; the
     // softplus gate needs the pairwise diagonal (kda.md §4.3).
-    kda_options_ = {kda.algorithm == "recurrent" ? ops::KdaAlgorithm::recurrent : ops::KdaAlgorithm::chunked,
+    kda_options_ = {kda.algorithm,
                     bounded ? ops::KdaDiagonal::matmul : ops::KdaDiagonal::pairwise,
                     kda.chunk_size,
-                    kda.save_states,
-                    kda.save_workspace};
-    keep_tiles_ = kda.save_tiles || kda.save_states || kda.save_workspace;
+                    kda.save == KdaSave::states,
+                    kda.save == KdaSave::workspace};
+    keep_tiles_ = kda.save != KdaSave::none;
 
     const int64_t d = cfg.d_model, hk = h_ * k_dim_, hvk = hv_ * k_dim_, hvv = hv_ * v_dim_;
     const double init_std = cfg.init_std;

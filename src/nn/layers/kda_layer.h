@@ -26,14 +26,15 @@ class KdaLayer : public Layer {
    public:
     // Settings from cfg.kda. A_log and dt_bias carry kda.md §3's init in the parameter table (A_log = 0 for the
     // bounded gate, log U(1, 16) for softplus; dt_bias = log(e^delta - 1), delta log-uniform in [1e-3, 1e-1]), so
-    // ParamTable::initialize sets them.
+    // ParamTable::initialize sets them. Contract (exit 1, MT_CHECK, as every layer's; the config parser rejects each
+    // first with exit 2, naming the key): kda.num_v_heads a multiple of kda.num_heads, kda.conv_size >= 1.
     KdaLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg);
 
     void resize(int64_t batch, int64_t seq, const Precision& precision);
     // S_0 [B, HV, K, V] in the compute dtype, or undefined for the zero state; kept until changed.
     void set_initial_state(const Tensor& s0);
     // x: [N, C] (the normed residual) -> out: [N, C]; final_state() then holds S_T [B, HV, K, V].
-    // training = false (evaluation) keeps nothing for a backward (kda.save_*), whatever the config.
+    // training = false (evaluation) keeps nothing for a backward (kda.save), whatever the config.
     void forward(const Tensor& x, const Tensor& out, bool training = true);
     // dS_T for the next backward, or undefined (zero); kept until changed.
     void set_final_state_grad(const Tensor& dst);
@@ -72,8 +73,7 @@ class KdaLayer : public Layer {
     int conv_q_ = -1, conv_k_ = -1, conv_v_ = -1, a_log_ = -1, dt_bias_ = -1, o_norm_ = -1;
     int64_t batch_ = 0, seq_ = 0;
     Tensor s0_, dst_;
-    // What the KDA op keeps from a training forward to its backward (GPU only; kda.save_tiles, kda.save_states,
-    // kda.save_workspace), freed after the backward.
+    // What the KDA op keeps from a training forward to its backward (GPU only; kda.save), freed after the backward.
     bool keep_tiles_ = false;
     ops::KdaSaved kept_;
     // Saved activations (N = B * T rows).

@@ -14,47 +14,23 @@ using core::DType;
 using core::ExitCode;
 using core::Tensor;
 
-MoeBalanceMode moe_balance_mode_parse(const std::string& name) {
-    if (name == "quantile") return MoeBalanceMode::quantile;
-    if (name == "sign_bias") return MoeBalanceMode::sign_bias;
-    if (name == "aux_loss") return MoeBalanceMode::aux_loss;
-    if (name == "none") return MoeBalanceMode::none;
-    core::fail(ExitCode::usage,
-               "moe.balance = \"{}\" is not a balancing method (quantile, sign_bias, aux_loss or none)",
-               name);
-}
-
-const char* moe_balance_mode_name(MoeBalanceMode mode) {
-    switch (mode) {
-        case MoeBalanceMode::quantile:
-            return "quantile";
-        case MoeBalanceMode::sign_bias:
-            return "sign_bias";
-        case MoeBalanceMode::aux_loss:
-            return "aux_loss";
-        case MoeBalanceMode::none:
-            return "none";
-    }
-    return "?";
-}
-
 MoeBalancer::MoeBalancer(int64_t num_experts, int64_t top_k, const MoeBalanceConfig& config)
     : n_(num_experts), k_(top_k), config_(config) {
     const bool uses_bias = config.mode == MoeBalanceMode::quantile || config.mode == MoeBalanceMode::sign_bias;
-    if (num_experts < 1 || top_k < 1 || top_k > num_experts)
-        core::fail(ExitCode::usage, "moe: top_k = {} must be in [1, num_experts = {}]", top_k, num_experts);
-    if (uses_bias && num_experts <= top_k)
-        core::fail(ExitCode::usage,
-                   "moe.balance = \"{}\" needs num_experts > top_k (got {} and {})",
-                   moe_balance_mode_name(config.mode),
-                   num_experts,
-                   top_k);
+    // The config parser rejects all of these first (exit 2, naming the key); here they are the balancer's contract.
+    MT_CHECK(num_experts >= 1 && top_k >= 1 && top_k <= num_experts,
+             "moe: top_k = {} must be in [1, num_experts = {}]",
+             top_k,
+             num_experts);
+    MT_CHECK(!uses_bias || num_experts > top_k,
+             "moe.balance = \"{}\" needs num_experts > top_k (got {} and {})",
+             enum_name(config.mode),
+             num_experts,
+             top_k);
     if (config.mode == MoeBalanceMode::quantile) {
-        if (config.bins < 1) core::fail(ExitCode::usage, "moe.quantile.bins = {} must be >= 1", config.bins);
-        if (config.update_interval < 1)
-            core::fail(ExitCode::usage, "moe.quantile.update_interval = {} must be >= 1", config.update_interval);
-        if (!(config.ema >= 0.0 && config.ema < 1.0))
-            core::fail(ExitCode::usage, "moe.quantile.ema = {} must be in [0, 1)", config.ema);
+        MT_CHECK(config.bins >= 1, "moe.quantile.bins = {} must be >= 1", config.bins);
+        MT_CHECK(config.update_interval >= 1, "moe.quantile.update_interval = {} must be >= 1", config.update_interval);
+        MT_CHECK(config.ema >= 0.0 && config.ema < 1.0, "moe.quantile.ema = {} must be in [0, 1)", config.ema);
         hist_.assign(static_cast<size_t>(n_ * config.bins), 0);
     }
     bias_.assign(static_cast<size_t>(n_), 0.0f);
@@ -309,7 +285,7 @@ void MoeBalancer::load_state(const std::vector<std::pair<std::string, Tensor>>& 
 
 nlohmann::json MoeBalancer::state_json() const {
     flush_pending();
-    nlohmann::json j = {{"mode", moe_balance_mode_name(config_.mode)},
+    nlohmann::json j = {{"mode", enum_name(config_.mode)},
                         {"bias", bias_},
                         {"loads", loads_},
                         {"steps_in_interval", steps_in_interval_},
@@ -329,11 +305,11 @@ void MoeBalancer::load_state_json(const nlohmann::json& j) {
     flush_pending();  // counts not yet flushed belong to the state being replaced
     try {
         const std::string mode = j.at("mode").get<std::string>();
-        if (mode != moe_balance_mode_name(config_.mode))
+        if (mode != enum_name(config_.mode))
             core::fail(ExitCode::checkpoint,
                        "MoE balancer state is for moe.balance = \"{}\", the model uses \"{}\"",
                        mode,
-                       moe_balance_mode_name(config_.mode));
+                       enum_name(config_.mode));
         auto bias = j.at("bias").get<std::vector<float>>();
         auto loads = j.at("loads").get<std::vector<int64_t>>();
         if (static_cast<int64_t>(bias.size()) != n_ || static_cast<int64_t>(loads.size()) != n_)

@@ -23,7 +23,8 @@ namespace mt::nn {
 class MoeBalancer {
    public:
     MoeBalancer() = default;
-    // Fails (exit 2) on a config error: n <= k with a bias method, bins < 1, interval < 1, ema outside [0, 1).
+    // Contract (exit 1, MT_CHECK; the config parser rejects each first with exit 2): n > k with a bias method,
+    // bins >= 1, interval >= 1, ema in [0, 1).
     MoeBalancer(int64_t num_experts, int64_t top_k, const MoeBalanceConfig& config);
 
     const MoeBalanceConfig& config() const {

@@ -19,34 +19,30 @@ namespace {
 constexpr int64_t kMaxExperts = 1024;
 }  // namespace
 
-MoeLayer::MoeLayer(ParamTable& table, const std::string& prefix, const ModelConfig& model, const MoeConfig& moe)
-    : prefix_(prefix), model_(model), moe_(moe), table_(&table) {
+MoeLayer::MoeLayer(ParamTable& table,
+                   const std::string& prefix,
+                   const ModelConfig& model,
+                   const MoeConfig& moe,
+                   const MoeExpertParallel& ep)
+    : prefix_(prefix), model_(model), moe_(moe), ep_(ep), table_(&table) {
     const int64_t e = moe.num_experts, k = moe.top_k, c = model.d_model, f = moe.expert_ffn_dim;
-    if (e < 1 || e > kMaxExperts)
-        core::fail(core::ExitCode::usage, "moe.num_experts = {} must be in [1, {}]", e, kMaxExperts);
-    if (k < 1 || k > e) core::fail(core::ExitCode::usage, "moe.top_k = {} must be in [1, moe.num_experts = {}]", k, e);
-    if (f < 1) core::fail(core::ExitCode::usage, "moe.expert_ffn_dim = {} must be >= 1", f);
-    if (moe.num_shared_experts < 0)
-        core::fail(core::ExitCode::usage, "moe.num_shared_experts = {} must be >= 0", moe.num_shared_experts);
-    if (moe.score != "sigmoid" && moe.score != "softmax")
-        core::fail(core::ExitCode::usage, "moe.score = \"{}\" must be \"sigmoid\" or \"softmax\"", moe.score);
-    if (moe.drop_policy != "probs" && moe.drop_policy != "position")
-        core::fail(
-            core::ExitCode::usage, "moe.drop_policy = \"{}\" must be \"probs\" or \"position\"", moe.drop_policy);
-    if (!(moe.capacity_factor >= 0.0))
-        core::fail(core::ExitCode::usage, "moe.capacity_factor = {} must be >= 0 (0: dropless)", moe.capacity_factor);
-    router_options_ = {k,
-                       moe.score == "softmax" ? ops::MoeScore::softmax : ops::MoeScore::sigmoid,
-                       moe.normalize_gates,
-                       moe.routed_scale};
-    drop_policy_ = moe.drop_policy == "position" ? ops::MoeDropPolicy::position : ops::MoeDropPolicy::probs;
-    const MoeExpertParallel& ep = moe.ep;
-    if (ep.size < 1 || e % ep.size != 0 || ep.rank < 0 || ep.rank >= ep.size || (ep.size > 1 && ep.comm == nullptr))
-        core::fail(core::ExitCode::usage,
-                   "moe.num_experts = {} cannot be split over expert-parallel rank {} of {}",
-                   e,
-                   ep.rank,
-                   ep.size);
+    // The config parser rejects all of these first (exit 2, naming the key); here they are the layer's contract.
+    MT_CHECK(e >= 1 && e <= kMaxExperts, "{}: moe.num_experts = {} must be in [1, {}]", prefix, e, kMaxExperts);
+    MT_CHECK(k >= 1 && k <= e, "{}: moe.top_k = {} must be in [1, moe.num_experts = {}]", prefix, k, e);
+    MT_CHECK(f >= 1, "{}: moe.expert_ffn_dim = {} must be >= 1", prefix, f);
+    MT_CHECK(
+        moe.num_shared_experts >= 0, "{}: moe.num_shared_experts = {} must be >= 0", prefix, moe.num_shared_experts);
+    MT_CHECK(moe.capacity_factor >= 0.0,
+             "{}: moe.capacity_factor = {} must be >= 0 (0: dropless)",
+             prefix,
+             moe.capacity_factor);
+    router_options_ = {k, moe.score, moe.normalize_gates, moe.routed_scale};
+    MT_CHECK(ep.size >= 1 && e % ep.size == 0 && ep.rank >= 0 && ep.rank < ep.size && (ep.size == 1 || ep.comm),
+             "{}: moe.num_experts = {} cannot be split over expert-parallel rank {} of {}",
+             prefix,
+             e,
+             ep.rank,
+             ep.size);
     balancer_ = MoeBalancer(e, k, moe.balance);
     detector_ = MoeCollapseDetector(e, moe.alarm);
     step_load_.assign(static_cast<size_t>(e), 0);
@@ -113,7 +109,7 @@ void MoeLayer::reserve_expert_rows(int64_t rows) {
     auto z = [&](const Shape& s) { return Tensor::zeros(s, dt, dev); };
     hg_ = z({cap, f}), hu_ = z({cap, f}), act_ = z({cap, f});
     d_act_ = z({cap, f}), d_hg_ = z({cap, f}), d_hu_ = z({cap, f});
-    if (moe_.ep.size > 1) xe_ = z({cap, c}), ye_ = z({cap, c}), d_ye_ = z({cap, c}), d_xe_ = z({cap, c});
+    if (ep_.size > 1) xe_ = z({cap, c}), ye_ = z({cap, c}), d_ye_ = z({cap, c}), d_xe_ = z({cap, c});
     expert_capacity_ = cap;
 }
 
@@ -147,19 +143,16 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
                                  ? static_cast<int64_t>(std::ceil(static_cast<double>(n * k) / static_cast<double>(e) *
                                                                   moe_.capacity_factor))
                                  : 0;
-    rows_ = ops::moe_permute_plan(indices_, gates_, e, capacity, drop_policy_, offsets_, slot_row_, row_token_);
+    rows_ = ops::moe_permute_plan(indices_, gates_, e, capacity, moe_.drop_policy, offsets_, slot_row_, row_token_);
     if (offsets_host_.raw() != offsets_.raw()) offsets_host_.copy_from(offsets_);  // CUDA: the one synchronisation
     const Tensor xp = xp_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
     ops::moe_permute_fwd(x, row_token_.slice(0, 0, rows_), xp);
     // expert parallelism: the rows go to the ranks holding their experts
-    const bool ep = moe_.ep.size > 1;
+    const bool ep = ep_.size > 1;
     expert_rows_ = rows_;
     expert_offsets_ = offsets_host_;
     if (ep) {
-        dispatch_.plan(offsets_host_,
-                       *moe_.ep.comm,
-                       moe_.ep.rows_comm != nullptr ? *moe_.ep.rows_comm : *moe_.ep.comm,
-                       xp_.device());
+        dispatch_.plan(offsets_host_, *ep_.comm, ep_.rows_comm != nullptr ? *ep_.rows_comm : *ep_.comm, xp_.device());
         expert_rows_ = dispatch_.expert_rows();
         expert_offsets_ = dispatch_.local_offsets();
         reserve_expert_rows(expert_rows_);
@@ -195,7 +188,7 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
 }
 
 void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& /*ws*/) {
-    const bool ep = moe_.ep.size > 1;
+    const bool ep = ep_.size > 1;
     const int64_t re = expert_rows_;
     const Tensor xp = xp_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
     const Tensor d_yp = d_yp_.slice(0, 0, rows_), d_xp = d_xp_.slice(0, 0, rows_);

@@ -17,7 +17,7 @@
 //   {prefix}.experts.w_down             [E, C, F]
 //   {prefix}.shared.w_gate.weight, .w_up.weight [F * n_s, C], .w_down.weight [C, F * n_s]   (when n_s > 0)
 // The balancing bias is not a parameter: it is balancer state (balancer().state_tensors("{prefix}.router")).
-// Expert parallelism (moe.ep.size > 1): the expert tensors hold this rank's E / ep experts (expert-sharded
+// Expert parallelism (MoeExpertParallel::size > 1): the expert tensors hold this rank's E / ep experts (expert-sharded
 // parameters), the router and the shared experts stay replicated; routed rows travel to their experts' ranks and
 // back by all-to-all (nn/layers/moe_dispatch.h), in the forward and again (the gradients) in the backward.
 #pragma once
@@ -38,13 +38,34 @@
 #include "ops/moe_permute.h"
 #include "ops/moe_router.h"
 
+namespace mt::parallel {
+class Comm;
+}
+
 namespace mt::nn {
+
+// Expert parallelism (runtime state the trainer takes from the mesh; not a config key): this rank holds experts
+// [rank E / size, (rank + 1) E / size) and exchanges routed rows with the other ranks of the ep group by
+// all-to-all: the row counts over `comm` (host memory, MPI), the rows over `rows_comm` (the activations' memory:
+// the same MPI communicator on the CPU, NCCL on the GPU; nullptr means `comm`). size 1 (the default) keeps every
+// expert local and never communicates.
+struct MoeExpertParallel {
+    int64_t size = 1;
+    int64_t rank = 0;
+    parallel::Comm* comm = nullptr;
+    parallel::Comm* rows_comm = nullptr;
+};
 
 class MoeLayer : public Layer {
    public:
-    // Declares the parameters; fails (exit 2) on a config error (num_experts outside [1, 1024], top_k outside
-    // [1, num_experts], an unknown score or drop policy, a balancer config error).
-    MoeLayer(ParamTable& table, const std::string& prefix, const ModelConfig& model, const MoeConfig& moe);
+    // Declares the parameters. Contract (exit 1, MT_CHECK, as every layer's; the config parser rejects each first with
+    // exit 2, naming the key): num_experts in [1, 1024], top_k in [1, num_experts], the balancer's (moe_balance.h).
+    // ep: this rank's share of the experts and the communicators of the ep group (the default: every expert here).
+    MoeLayer(ParamTable& table,
+             const std::string& prefix,
+             const ModelConfig& model,
+             const MoeConfig& moe,
+             const MoeExpertParallel& ep = {});
 
     void resize(int64_t n, const Precision& precision);
     // x: [N, C] (the normed residual) -> out: [N, C]. training: count the routing for the balancer and the step's
@@ -114,8 +135,8 @@ class MoeLayer : public Layer {
     std::string prefix_;
     ModelConfig model_;
     MoeConfig moe_;
+    MoeExpertParallel ep_;
     ops::MoeRouterOptions router_options_;
-    ops::MoeDropPolicy drop_policy_ = ops::MoeDropPolicy::probs;
     ParamTable* table_ = nullptr;
     Linear router_;
     int w_gate_ = -1, w_up_ = -1, w_down_ = -1;

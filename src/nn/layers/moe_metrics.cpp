@@ -106,7 +106,7 @@ nlohmann::json MoeCollapseEvent::to_json() const {
 }
 
 MoeCollapseDetector::MoeCollapseDetector(int64_t num_experts, const MoeCollapseConfig& config) : config_(config) {
-    if (config.window < 1) core::fail(core::ExitCode::usage, "moe.alarm.window = {} must be >= 1", config.window);
+    MT_CHECK(config.window >= 1, "moe.alarm.window = {} must be >= 1", config.window);
     dead_streak_.assign(static_cast<size_t>(num_experts), 0);
     hot_streak_.assign(static_cast<size_t>(num_experts), 0);
 }

@@ -1,0 +1,372 @@
+// The schema rows: every config key with its field, range or allowed values and help line (docs/configs.md is
+// generated from them), and the keys that were removed.
+#include "train/config_schema.h"
+
+namespace mt::train {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+Field integer(std::string key, int64_t* p, double lo, double hi, std::string help) {
+    return {.key = std::move(key), .ptr = p, .help = std::move(help), .min = lo, .max = hi};
+}
+
+// A number in [lo, hi].
+Field number(std::string key, double* p, double lo, double hi, std::string help) {
+    return {.key = std::move(key), .ptr = p, .help = std::move(help), .min = lo, .max = hi};
+}
+
+// A number in (lo, hi].
+Field number_above(std::string key, double* p, double lo, double hi, std::string help) {
+    return {.key = std::move(key), .ptr = p, .help = std::move(help), .min = lo, .max = hi, .min_exclusive = true};
+}
+
+// A number in [lo, hi).
+Field number_below(std::string key, double* p, double lo, double hi, std::string help) {
+    return {.key = std::move(key), .ptr = p, .help = std::move(help), .min = lo, .max = hi, .max_exclusive = true};
+}
+
+Field flag(std::string key, bool* p, std::string help) {
+    return {.key = std::move(key), .ptr = p, .help = std::move(help)};
+}
+
+// A string: any, or one of `choices`.
+Field text(std::string key, std::string* p, std::string help, std::vector<std::string> choices = {}) {
+    return {.key = std::move(key), .ptr = p, .help = std::move(help), .choices = std::move(choices)};
+}
+
+Field list(std::string key, std::vector<std::string>* p, std::string help) {
+    return {.key = std::move(key), .ptr = p, .help = std::move(help)};
+}
+
+// An enum, spelled as nn::EnumNames<E> says.
+template <typename E>
+Field choice(std::string key, E* p, std::string help) {
+    using Names = nn::EnumNames<E>;
+    EnumField f{.get =
+                    [p] {
+                        size_t i = 0;
+                        while (Names::names[i].first != *p) ++i;
+                        return i;
+                    },
+                .set = [p](size_t i) { *p = Names::names[i].first; }};
+    std::vector<std::string> choices;
+    for (const auto& [value, name] : Names::names) choices.push_back(name);
+    return {.key = std::move(key), .ptr = std::move(f), .help = std::move(help), .choices = std::move(choices)};
+}
+
+}  // namespace
+
+std::vector<Field> config_schema(JobConfig& c) {
+    auto& r = c.run;
+    auto& m = c.model;
+    auto& d = c.data;
+    auto& t = c.train;
+    auto& k = c.checkpoint;
+    auto& x = c.metrics;
+    auto& e = c.model.moe;
+    auto& p = c.parallel;
+    return {
+        text("run.name", &r.name, "a label"),
+        text("run.dir", &r.dir, "checkpoints and metrics go here"),
+        integer("run.seed", &r.seed, 0, 9.0e15, "initialisation and data order (Philox keys)"),
+        text("run.device",
+             &r.device,
+             "`auto` = `cuda` when a GPU is visible, else `cpu`; `--device` overrides",
+             {"auto", "cpu", "cuda"}),
+        integer("run.threads",
+                &r.threads,
+                0,
+                4096,
+                "OpenMP threads; 0 = the cores this process may use (divided by the ranks on this machine when not "
+                "pinned)"),
+        text("run.precision",
+             &r.precision,
+             "`auto` = bf16 mixed precision on cuda, f32 on cpu; `fp16` turns on dynamic loss scaling; `bf16` and "
+             "`fp16` need cuda (exit 2 on the CPU)",
+             {"auto", "f32", "bf16", "fp16"}),
+        flag("run.deterministic",
+             &r.deterministic,
+             "bitwise reproducible kernels; false lets ops pick faster ones whose float sums depend on scheduling "
+             "(none is faster yet: docs/training.md)"),
+        integer("model.vocab_size", &m.vocab_size, 2, 1 << 30, "embedding rows; every token id must be below it"),
+        integer("model.d_model", &m.d_model, 1, 1 << 20, "residual width C"),
+        integer("model.n_layers", &m.n_layers, 0, 4096, "blocks"),
+        integer("model.n_heads", &m.n_heads, 1, 4096, "query heads Hq"),
+        integer("model.n_kv_heads", &m.n_kv_heads, 1, 4096, "key/value heads (GQA); must divide `model.n_heads`"),
+        integer("model.head_dim",
+                &m.head_dim,
+                0,
+                4096,
+                "head dimension D; 0 = `d_model / n_heads`; even when an attention layer uses RoPE"),
+        integer("model.d_ff", &m.d_ff, 1, 1 << 22, "SwiGLU hidden width"),
+        integer("model.max_seq_len", &m.max_seq_len, 1, 1 << 24, "longest sequence; at least `train.seq_len`"),
+        number_above("model.rope_theta", &m.rope_theta, 0, kInf, "RoPE base"),
+        number_above("model.norm_eps", &m.norm_eps, 0, 1, "RMSNorm epsilon"),
+        number_above("model.init_std",
+                     &m.init_std,
+                     0,
+                     10,
+                     "normal init std; output projections use init_std / sqrt(2 n_layers)"),
+        flag("model.tie_embeddings", &m.tie_embeddings, "the LM head shares `embed.weight`"),
+        text("model.layer_pattern",
+             &m.layer_pattern,
+             "token mixer of layer l = `layer_pattern[l % length]`, letters `A` (global softmax attention, GQA) and "
+             "`K` (Kimi Delta Attention, [kda.md](kda.md)); the length must divide `model.n_layers` and the pattern "
+             "repeats to cover the layers (`\"KKKA\"` with 8 layers is KKKA KKKA; a full-length string names every "
+             "layer). `\"A\"` is the dense model"),
+        text("model.attn_pos",
+             &m.attn_pos,
+             "position encoding of the attention layers: `auto` = RoPE when every layer is attention (the dense "
+             "model), none (NoPE) when the pattern has a `K`, where KDA's decay and short conv carry position",
+             {"auto", "rope", "nope"}),
+        integer("kda.num_heads", &m.kda.num_heads, 0, 4096, "KDA q/k heads H; 0 = `model.n_heads`"),
+        integer("kda.num_v_heads",
+                &m.kda.num_v_heads,
+                0,
+                4096,
+                "KDA value heads HV, a multiple of H (HV > H: grouped value heads); 0 = H"),
+        integer("kda.head_dim", &m.kda.head_dim, 0, 256, "KDA key head dim K; 0 = the model's head dimension"),
+        integer("kda.head_v_dim",
+                &m.kda.head_v_dim,
+                0,
+                4096,
+                "KDA value head dim V; 0 = K. The output gate has rank V and the decay gate rank K (kda.md §1, as "
+                "Kimi Linear)"),
+        integer("kda.conv_size", &m.kda.conv_size, 1, 64, "short causal conv taps on q, k, v"),
+        choice("kda.gate",
+               &m.kda.gate,
+               "`lower_bound`: g = l·σ(a(u+b)) (bounded, the fast chunk path); `softplus`: g = −a·softplus(u+b), Kimi "
+               "Linear as released (unbounded, the slower pairwise path)"),
+        number_below("kda.gate_lower_bound",
+                     &m.kda.gate_lower_bound,
+                     -5,
+                     0,
+                     "l of the bounded gate: per-token decay at least e^l"),
+        flag("kda.gate_use_A_log", &m.kda.gate_use_a_log, "per-head temperature a = exp(A_log); false: a = 1"),
+        choice("kda.algorithm",
+               &m.kda.algorithm,
+               "`chunked`: the chunk algorithm; `recurrent`: the token loop (a slow reference, for tests)"),
+        integer(
+            "kda.chunk_size", &m.kda.chunk_size, 32, 64, "chunk of the chunked algorithm, 32 or 64 (sub-chunks of 16)"),
+        choice("kda.save",
+               &m.kda.save,
+               "GPU: what the forward keeps for the backward (ops::KdaSaved, [kda.md](kda.md)), freed after the "
+               "layer's backward; each level keeps what the one before keeps, and more. `tiles`: the chunk tiles A, "
+               "M, T (f32, 768 B per token and value head at chunk 64), so the backward does not recompute them; "
+               "`states`: also the state entering each chunk and Vn (1,536 B more at K = V = 128), so the backward "
+               "skips its forward scan (kda.md §4.6); `workspace`: everything the backward would recompute (also Γ, "
+               "Qg, Kg, W: 2,048 B more at K = 128), so the backward runs no forward kernel. `none` by default: "
+               "`configs/hybrid_1b3.toml` at seq 32768 runs out of memory with `tiles` (30.1 → 30.4% MFU at seq 4096)"),
+        choice("attnres.mode",
+               &m.attnres.mode,
+               "Block Attention Residuals ([attnres.md](attnres.md)): each sub-layer input becomes a learned softmax "
+               "mix of the embedding, the completed block sums and the running partial sum; `full` = block with S = "
+               "1; `off` = the plain residual stream"),
+        integer("attnres.block_size",
+                &m.attnres.block_size,
+                1,
+                4096,
+                "S, sub-layers per block (a layer has two: mixer and MLP); at most 32 sources per mix (the embedding "
+                "and 31 blocks)"),
+        flag("attnres.freeze_queries",
+             &m.attnres.freeze_queries,
+             "keep the pseudo-queries at zero (the plain model up to RMSNorm epsilon; an ablation)"),
+        number("attnres.residual_blend",
+               &m.attnres.residual_blend,
+               0,
+               1,
+               "λ0 of the residual blend (spec §5, an ablation knob): each mix weighs its sources λ/m + (1 − λ)·α; "
+               "λ = 1 is the plain pre-norm model"),
+        integer("attnres.residual_blend_steps",
+                &m.attnres.residual_blend_steps,
+                0,
+                1e12,
+                "K: λ(t) = λ0·max(0, 1 − t/K) at optimizer step t (linear decay to 0); 0 keeps λ = λ0 throughout"),
+        flag("moe.enabled",
+             &m.moe_enabled,
+             "Mixture-of-Experts FFNs (docs/moe_training.md, spec moe.md): layer l's FFN is an MoE layer when l >= "
+             "`moe.first_k_dense`; works with any `model.layer_pattern` and with AttnRes"),
+        integer("moe.first_k_dense", &m.moe_first_k_dense, 0, 4096, "leading layers that keep a dense SwiGLU MLP"),
+        integer("moe.dense_ffn_dim", &m.moe_dense_ffn_dim, 0, 1 << 22, "width of those dense MLPs; 0 = `model.d_ff`"),
+        integer("moe.num_experts", &e.num_experts, 1, 1024, "routed experts n"),
+        integer("moe.top_k",
+                &e.top_k,
+                1,
+                1024,
+                "experts per token k, at most n; with `quantile` or `sign_bias` balancing n must exceed k"),
+        integer("moe.num_shared_experts",
+                &e.num_shared_experts,
+                0,
+                64,
+                "always-active experts (fused into one SwiGLU of width `expert_ffn_dim` × count)"),
+        integer("moe.expert_ffn_dim", &e.expert_ffn_dim, 1, 1 << 22, "SwiGLU width of one expert"),
+        choice("moe.score", &e.score, "router score function"),
+        flag("moe.normalize_gates", &e.normalize_gates, "gates = selected scores / their sum (× routed_scale)"),
+        number_above("moe.routed_scale", &e.routed_scale, 0, 1e6, "multiplier of the routed experts' gates"),
+        number("moe.capacity_factor",
+               &e.capacity_factor,
+               0,
+               1e6,
+               "0 = dropless; > 0: an expert keeps at most ceil(T·k/n·CF) rows per micro-batch"),
+        choice("moe.drop_policy",
+               &e.drop_policy,
+               "which rows an over-capacity expert drops: the lowest gates (`probs`), or the last in token order "
+               "(`position`)"),
+        choice("moe.balance",
+               &e.balance.mode,
+               "load balancing (spec moe.md §2): Quantile Balancing, DeepSeek-V3's sign update, the auxiliary loss, "
+               "or none"),
+        integer("moe.quantile.bins", &e.balance.bins, 1, 1 << 20, "Quantile Balancing: histogram bins"),
+        integer("moe.quantile.update_interval",
+                &e.balance.update_interval,
+                1,
+                1e9,
+                "Quantile Balancing: steps per bias update (100–500 supported)"),
+        number("moe.quantile.ema", &e.balance.ema, 0, 1, "Quantile Balancing: EMA of the bias, below 1"),
+        number("moe.sign_bias.rate", &e.balance.sign_rate, 0, 10, "sign update: speed γ"),
+        flag("moe.sign_bias.centered", &e.balance.sign_centered, "sign update: centre the update over the experts"),
+        integer("moe.sign_bias.freeze_after_tokens",
+                &e.balance.sign_freeze_after_tokens,
+                -1,
+                9.0e18,
+                "sign update: stop after this many tokens (−1: never)"),
+        number("moe.aux_loss.coeff",
+               &e.balance.aux_coeff,
+               0,
+               1e3,
+               "α of the auxiliary load-balancing loss (micro-batch scope)"),
+        integer("moe.alarm.start_step",
+                &e.alarm.start_step,
+                0,
+                1e12,
+                "routing-collapse alarm: conditions count from this step on"),
+        integer(
+            "moe.alarm.window",
+            &e.alarm.window,
+            1,
+            1e12,
+            "routing-collapse alarm: fires when a condition held this many steps in a row (and again every window)"),
+        text("moe.alarm.action", &c.moe.alarm_action, "`stop`: write a checkpoint, then exit 7", {"log", "stop"}),
+        number("moe.alarm.load_var_threshold",
+               &e.alarm.load_var_threshold,
+               0,
+               kInf,
+               "alarm condition: load variance above this"),
+        number("moe.alarm.n_eff_fraction",
+               &e.alarm.n_eff_fraction,
+               0,
+               1,
+               "alarm condition: effective experts below this fraction of n"),
+        number("moe.alarm.hot_load_factor",
+               &e.alarm.hot_load_factor,
+               0,
+               kInf,
+               "alarm condition: one expert above this multiple of the mean load (0: off)"),
+        flag("moe.alarm.dead_experts", &e.alarm.dead_experts, "alarm condition: the same expert with zero load"),
+        integer("moe.log_loads_every",
+                &c.moe.log_loads_every,
+                0,
+                1e12,
+                "per-expert loads into metrics.jsonl every this many steps (0: never)"),
+        text("data.format", &d.format, "token file format ([data.md](data.md))", {"llmc", "megatron"}),
+        list("data.paths", &d.paths, "training files, concatenated in order; required (at least one)"),
+        list("data.val_paths", &d.val_paths, "validation files; empty = the training stream"),
+        text("data.tokenizer", &d.tokenizer, "recorded with the run"),
+        integer("train.steps", &t.steps, 0, 1e12, "optimizer steps"),
+        integer("train.batch_size", &t.batch_size, 1, 1 << 20, "sequences per micro-batch"),
+        integer("train.seq_len", &t.seq_len, 1, 1 << 24, "tokens per sequence; at most `model.max_seq_len`"),
+        integer("train.grad_accum", &t.grad_accum, 1, 1 << 20, "micro-batches per step"),
+        number_above("train.lr", &t.lr, 0, 10, "peak learning rate"),
+        number("train.min_lr_ratio", &t.min_lr_ratio, 0, 1, "final lr / peak lr"),
+        integer("train.warmup_steps", &t.warmup_steps, 0, 1e12, "linear warmup"),
+        text("train.schedule", &t.schedule, "after warmup", {"cosine", "wsd", "constant"}),
+        number("train.decay_ratio", &t.decay_ratio, 0, 1, "WSD: fraction of steps in the final decay"),
+        number("train.weight_decay", &t.weight_decay, 0, 10, "AdamW decoupled decay (2-D weights only)"),
+        number("train.beta1", &t.beta1, 0, 1, "AdamW first moment"),
+        number("train.beta2", &t.beta2, 0, 1, "AdamW second moment"),
+        number_above("train.eps", &t.eps, 0, 1, "AdamW epsilon"),
+        number("train.grad_clip", &t.grad_clip, 0, kInf, "global-norm clipping; 0 = off"),
+        number("train.loss_scale",
+               &t.loss_scale,
+               0,
+               1e30,
+               "> 0: a fixed loss scale; 0: dynamic under fp16, none otherwise"),
+        number_above("train.loss_scale_init", &t.loss_scale_init, 0, 1e30, "dynamic scaling: the starting scale"),
+        integer("train.loss_scale_window",
+                &t.loss_scale_window,
+                1,
+                1e12,
+                "dynamic scaling: clean steps in a row before the scale doubles"),
+        integer("train.loss_scale_hysteresis",
+                &t.loss_scale_hysteresis,
+                1,
+                1e6,
+                "dynamic scaling: overflows tolerated (each skips its step) before the scale halves"),
+        number_above("train.loss_scale_min",
+                     &t.loss_scale_min,
+                     0,
+                     1e30,
+                     "dynamic scaling: the floor; an overflow at the floor ends the run (exit 7)"),
+        integer("train.eval_every",
+                &t.eval_every,
+                0,
+                1e12,
+                "steps between validation runs (and after the last step); 0 = never"),
+        integer("train.eval_batches", &t.eval_batches, 1, 1e9, "batches per validation run"),
+        integer("checkpoint.every_steps",
+                &k.every_steps,
+                0,
+                1e12,
+                "steps between checkpoints (and the last step); 0 = none"),
+        integer("checkpoint.keep_last", &k.keep_last, 1, 1e9, "newest checkpoints kept"),
+        integer("checkpoint.keep_every", &k.keep_every, 0, 1e12, "also keep steps that are multiples of this"),
+        flag("checkpoint.verify_on_resume",
+             &k.verify_on_resume,
+             "CRC-32C of each checkpoint file a rank reads on resume, checked as it first reads it (about 0.1 s per "
+             "200 MB; sizes are always checked, and loaded weights must be finite either way)"),
+        integer("metrics.every", &x.every, 1, 1e12, "steps between `train` lines in metrics.jsonl"),
+        flag("metrics.jsonl", &x.jsonl, "write `<run.dir>/metrics.jsonl`"),
+        integer("parallel.tp", &p.tp, 1, 1 << 20, "tensor-parallel size (only 1 runs yet; docs/distributed.md)"),
+        integer("parallel.cp", &p.cp, 1, 1 << 20, "context-parallel size (only 1 runs yet)"),
+        integer("parallel.ep",
+                &p.ep,
+                1,
+                1 << 20,
+                "expert-parallel size: each MoE layer's experts are split over `ep` ranks and the token rows travel "
+                "by all-to-all, on CPUs over MPI and on GPUs over NCCL, alone or with `dp` (docs/distributed.md); "
+                "must divide `moe.num_experts` and needs `moe.enabled`"),
+        integer("parallel.dp",
+                &p.dp,
+                0,
+                1 << 20,
+                "data-parallel size; 0 = the rest of the processes, world / (tp cp ep pp)"),
+        integer("parallel.pp", &p.pp, 1, 1 << 20, "pipeline-parallel size (only 1 runs yet)"),
+        number_above("parallel.bucket_mb", &p.bucket_mb, 0, 1 << 20, "data-parallel gradient all-reduce bucket, MiB"),
+        integer("parallel.zero_stage",
+                &p.zero_stage,
+                0,
+                1,
+                "1: ZeRO-1, AdamW moments sharded over the data-parallel ranks (reduce-scatter, update the owned "
+                "slice, all-gather); 0: replicated optimizer (all-reduce)"),
+    };
+}
+
+const std::vector<RemovedKey>& config_removed_keys() {
+    static const char* const kSaveHint =
+        "kda.save (none, tiles, states or workspace) replaces the booleans kda.save_tiles, kda.save_states and "
+        "kda.save_workspace; the highest level that was true is the one to write";
+    static const std::vector<RemovedKey> kRemoved = {
+        {"model.residual",
+         "attnres.mode = \"off\" | \"block\" | \"full\"",
+         "model.residual = \"standard\" is attnres.mode = \"off\", \"block_attnres\" is \"block\", \"full_attnres\" is "
+         "\"full\""},
+        {"kda.save_tiles", "kda.save = \"tiles\"", kSaveHint},
+        {"kda.save_states", "kda.save = \"states\"", kSaveHint},
+        {"kda.save_workspace", "kda.save = \"workspace\"", kSaveHint},
+    };
+    return kRemoved;
+}
+
+}  // namespace mt::train

@@ -1,0 +1,48 @@
+// The job config's schema: one row per key (the dotted key, the field it fills, its range or allowed values, a help
+// line), in the order of docs/configs.md. The parser reads it (train/config.cpp), and so do the resolved TOML and the
+// reference page that `moetrain config --docs` prints (train/config_docs.cpp). Internal to src/train.
+#pragma once
+
+#include <functional>
+#include <limits>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "train/config.h"
+
+namespace mt::train {
+
+// An enum-valued key, read and written as the index of its value in the row's choices (the enum's spelling table,
+// nn/enum_names.h, in order).
+struct EnumField {
+    std::function<size_t()> get;
+    std::function<void(size_t)> set;
+};
+
+using FieldPtr = std::variant<int64_t*, double*, bool*, std::string*, std::vector<std::string>*, EnumField>;
+
+struct Field {
+    std::string key;  // "section.name" or "section.table.name"
+    FieldPtr ptr;
+    std::string help;  // one line of Markdown for docs/configs.md
+    double min = -std::numeric_limits<double>::infinity();
+    double max = std::numeric_limits<double>::infinity();
+    bool min_exclusive = false;
+    bool max_exclusive = false;
+    std::vector<std::string> choices = {};  // the allowed values of a string or enum key (empty: any string)
+};
+
+// The rows, pointing into c.
+std::vector<Field> config_schema(JobConfig& c);
+
+// A key that older versions read, with what replaces it: a config that still sets one fails naming both.
+struct RemovedKey {
+    const char* key;
+    const char* replacement;  // what to write instead, as TOML
+    const char* hint;         // how the old values map to the new
+};
+
+const std::vector<RemovedKey>& config_removed_keys();
+
+}  // namespace mt::train
