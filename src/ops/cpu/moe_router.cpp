@@ -175,7 +175,7 @@ void moe_router_bwd(const Tensor& scores,
                     const Tensor& dlogits,
                     const MoeRouterOptions& options) {
     constexpr std::string_view op = "moe_router_bwd";
-    const int64_t n = scores.size(0), e = scores.size(1), k = options.top_k;
+    const int64_t n = scores.size(0), e = scores.size(1);
     check_float_arg(scores, op, "scores", 2);
     check_float_arg(gates, op, "gates", 2);
     check_float_arg(dgates, op, "dgates", 2);
@@ -188,6 +188,7 @@ void moe_router_bwd(const Tensor& scores,
         check_dtype_as(dscores, scores, op, "dscores", "scores");
     }
     check_index_range(indices, 0, e, op, "indices");
+    const int32_t* idx = indices.data<int32_t>();
     MT_DISPATCH_FLOAT(scores.dtype(),
                       op,
                       cpu::moe_router_bwd(scores.data<scalar_t>(),
