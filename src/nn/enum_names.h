@@ -4,8 +4,6 @@
 #pragma once
 
 #include <array>
-#include <optional>
-#include <string_view>
 #include <utility>
 
 namespace mt::nn {
@@ -21,14 +19,6 @@ const char* enum_name(E value) {
     for (const auto& [v, name] : EnumNames<E>::names)
         if (v == value) return name;
     return "?";
-}
-
-// The value spelled `name`, or nullopt when no value of E is spelled so.
-template <typename E>
-std::optional<E> enum_from_name(std::string_view name) {
-    for (const auto& [v, spelled] : EnumNames<E>::names)
-        if (name == spelled) return v;
-    return std::nullopt;
 }
 
 }  // namespace mt::nn

@@ -310,12 +310,11 @@ TEST(Config, RemovedKeysNameTheirReplacement) {
     expect_error([] { config_parse(std::string(kGood) + "[kda]\nsave_tiles = true\n", "job.toml"); },
                  ExitCode::usage,
                  {"config key `kda.save_tiles` was removed: write kda.save = \"tiles\" instead", "job.toml"});
-    expect_error([] { config_parse(kGood, "job.toml", {"kda.save_states=false"}); },
-                 ExitCode::usage,
-                 {"`kda.save_states` was removed: write kda.save = \"states\" instead"});
-    expect_error([] { config_parse(kGood, "job.toml", {"kda.save_workspace=true"}); },
-                 ExitCode::usage,
-                 {"`kda.save_workspace` was removed: write kda.save = \"workspace\" instead"});
+    const std::pair<const char*, const char*> kOverrides[] = {
+        {"kda.save_states=false", "`kda.save_states` was removed: write kda.save = \"states\" instead"},
+        {"kda.save_workspace=true", "`kda.save_workspace` was removed: write kda.save = \"workspace\" instead"}};
+    for (const auto& [set, needle] : kOverrides)
+        expect_error([&] { config_parse(kGood, "job.toml", {set}); }, ExitCode::usage, {needle});
     // Only the key that existed is named as removed: residual under [train] (kGood's last table) is a plain typo.
     expect_error([] { config_parse(std::string(kGood) + "residual = \"block_attnres\"\n", "job.toml"); },
                  ExitCode::usage,
