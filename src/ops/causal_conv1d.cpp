@@ -10,7 +10,7 @@ namespace mt::ops {
 
 namespace {
 
-// Ranks, contiguity and shapes on any device (the CUDA path): x [B, T, C], w [C, W], like_x as x.
+// Ranks, contiguity and shapes on any device: x [B, T, C], w [C, W], like_x as x.
 void check_conv_shapes(const Tensor& x, const Tensor& w, std::initializer_list<NamedArg> like_x, std::string_view op) {
     check_arg(x, op, "x", 3);
     check_arg(w, op, "w", 2);
@@ -30,8 +30,10 @@ void check_conv_shapes(const Tensor& x, const Tensor& w, std::initializer_list<N
 
 void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool silu) {
     constexpr std::string_view op = "causal_conv1d_fwd";
-    if (check_same_device(op, {{"x", x}, {"w", w}, {"y", y}}) == core::Device::cuda) {
-        check_conv_shapes(x, w, {{"y", y}}, op);
+    const core::Device device = check_same_device(op, {{"x", x}, {"w", w}, {"y", y}});
+    // Shapes on every device (the CPU kernel checks its dtypes).
+    check_conv_shapes(x, w, {{"y", y}}, op);
+    if (device == core::Device::cuda) {
         return MT_CALL_KERNEL(causal_conv1d_fwd, core::Device::cuda, x, w, y, silu);
     }
     MT_CALL_KERNEL(causal_conv1d_fwd, core::Device::cpu, x, w, y, silu);
@@ -40,10 +42,12 @@ void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool s
 void causal_conv1d_bwd(
     const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw, bool silu) {
     constexpr std::string_view op = "causal_conv1d_bwd";
-    if (check_same_device(op, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}}) == core::Device::cuda) {
-        check_conv_shapes(x, w, {{"dy", dy}, {"dx", dx}}, op);
-        check_arg(dw, op, "dw", 2);
-        check_shape(dw, w.shape(), op, "dw");
+    const core::Device device = check_same_device(op, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}});
+    // Shapes on every device (the CPU kernel checks its dtypes).
+    check_conv_shapes(x, w, {{"dy", dy}, {"dx", dx}}, op);
+    check_arg(dw, op, "dw", 2);
+    check_shape(dw, w.shape(), op, "dw");
+    if (device == core::Device::cuda) {
         return MT_CALL_KERNEL(causal_conv1d_bwd, core::Device::cuda, x, w, dy, dx, dw, silu);
     }
     MT_CALL_KERNEL(causal_conv1d_bwd, core::Device::cpu, x, w, dy, dx, dw, silu);

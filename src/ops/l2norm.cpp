@@ -10,7 +10,7 @@ namespace mt::ops {
 
 namespace {
 
-// Ranks, contiguity and shapes on any device (the CUDA path): x [N, C], rinv [N], the rest like x.
+// Ranks, contiguity and shapes on any device: x [N, C], rinv [N], the rest like x.
 void check_l2_shapes(const Tensor& x, const Tensor& rinv, std::initializer_list<NamedArg> like_x, std::string_view op) {
     check_arg(x, op, "x", 2);
     MT_CHECK(x.size(1) > 0, "{}: x has shape {}; the normalized dim C must be > 0", op, core::shape_str(x.shape()));
@@ -28,8 +28,8 @@ void l2norm_fwd(const Tensor& x, double scale, double eps, const Tensor& y, cons
     constexpr std::string_view op = "l2norm_fwd";
     const core::Device device = check_same_device(op, {{"x", x}, {"y", y}, {"rinv", rinv}});
     MT_CHECK(eps > 0.0, "{}: eps = {} must be > 0", op, eps);
+    check_l2_shapes(x, rinv, {{"y", y}}, op);  // shapes on every device (the CPU kernel checks its dtypes)
     if (device == core::Device::cuda) {
-        check_l2_shapes(x, rinv, {{"y", y}}, op);
         return MT_CALL_KERNEL(l2norm_fwd, core::Device::cuda, x, scale, eps, y, rinv);
     }
     MT_CALL_KERNEL(l2norm_fwd, core::Device::cpu, x, scale, eps, y, rinv);
@@ -37,8 +37,10 @@ void l2norm_fwd(const Tensor& x, double scale, double eps, const Tensor& y, cons
 
 void l2norm_bwd(const Tensor& x, const Tensor& rinv, double scale, const Tensor& dy, const Tensor& dx) {
     constexpr std::string_view op = "l2norm_bwd";
-    if (check_same_device(op, {{"x", x}, {"rinv", rinv}, {"dy", dy}, {"dx", dx}}) == core::Device::cuda) {
-        check_l2_shapes(x, rinv, {{"dy", dy}, {"dx", dx}}, op);
+    const core::Device device = check_same_device(op, {{"x", x}, {"rinv", rinv}, {"dy", dy}, {"dx", dx}});
+    // Shapes on every device (the CPU kernel checks its dtypes).
+    check_l2_shapes(x, rinv, {{"dy", dy}, {"dx", dx}}, op);
+    if (device == core::Device::cuda) {
         return MT_CALL_KERNEL(l2norm_bwd, core::Device::cuda, x, rinv, scale, dy, dx);
     }
     MT_CALL_KERNEL(l2norm_bwd, core::Device::cpu, x, rinv, scale, dy, dx);

@@ -23,17 +23,19 @@ void require_cuda(std::string_view op) {
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
     constexpr std::string_view op = "linear_fwd";
-    if (check_same_device(op, {{"x", x}, {"w", w}, {"bias", bias}, {"y", y}}) == Device::cuda) {
-        check_arg(x, op, "x", 2);
-        check_arg(w, op, "w", 2);
-        check_arg(y, op, "y", 2);
-        const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
-        check_shape(w, {m, k}, op, "w");
-        check_shape(y, {n, m}, op, "y");
-        if (bias.defined()) {
-            check_arg(bias, op, "bias", 1);
-            check_shape(bias, {m}, op, "bias");
-        }
+    const core::Device device = check_same_device(op, {{"x", x}, {"w", w}, {"bias", bias}, {"y", y}});
+    // Shapes on every device (the CPU kernel checks its dtypes).
+    check_arg(x, op, "x", 2);
+    check_arg(w, op, "w", 2);
+    check_arg(y, op, "y", 2);
+    const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
+    check_shape(w, {m, k}, op, "w");
+    check_shape(y, {n, m}, op, "y");
+    if (bias.defined()) {
+        check_arg(bias, op, "bias", 1);
+        check_shape(bias, {m}, op, "bias");
+    }
+    if (device == core::Device::cuda) {
         require_cuda(op);
         return MT_CALL_KERNEL(linear_fwd, core::Device::cuda, x, w, bias, y);
     }
@@ -48,24 +50,26 @@ void linear_bwd(const Tensor& x,
                 const Tensor& dbias,
                 bool accumulate_dx) {
     constexpr std::string_view op = "linear_bwd";
-    if (check_same_device(op, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}, {"dbias", dbias}}) ==
-        Device::cuda) {
-        check_arg(x, op, "x", 2);
-        check_arg(w, op, "w", 2);
-        check_arg(dy, op, "dy", 2);
-        check_arg(dw, op, "dw", 2);
-        const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
-        check_shape(w, {m, k}, op, "w");
-        check_shape(dy, {n, m}, op, "dy");
-        check_shape(dw, {m, k}, op, "dw");
-        if (dx.defined()) {
-            check_arg(dx, op, "dx", 2);
-            check_shape(dx, {n, k}, op, "dx");
-        }
-        if (dbias.defined()) {
-            check_arg(dbias, op, "dbias", 1);
-            check_shape(dbias, {m}, op, "dbias");
-        }
+    const core::Device device =
+        check_same_device(op, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}, {"dbias", dbias}});
+    // Shapes on every device (the CPU kernel checks its dtypes).
+    check_arg(x, op, "x", 2);
+    check_arg(w, op, "w", 2);
+    check_arg(dy, op, "dy", 2);
+    check_arg(dw, op, "dw", 2);
+    const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
+    check_shape(w, {m, k}, op, "w");
+    check_shape(dy, {n, m}, op, "dy");
+    check_shape(dw, {m, k}, op, "dw");
+    if (dx.defined()) {
+        check_arg(dx, op, "dx", 2);
+        check_shape(dx, {n, k}, op, "dx");
+    }
+    if (dbias.defined()) {
+        check_arg(dbias, op, "dbias", 1);
+        check_shape(dbias, {m}, op, "dbias");
+    }
+    if (device == core::Device::cuda) {
         require_cuda(op);
         return MT_CALL_KERNEL(linear_bwd, core::Device::cuda, x, w, dy, dx, dw, dbias, accumulate_dx);
     }
