@@ -218,6 +218,7 @@ void expect_rho(const std::string& name, const char* what, const Tensor& got, co
 
 // Whether this GPU runs the wgmma kernels (Hopper): what the automatic choice reports for a small bf16 call.
 bool flash_wgmma_available() {
+    if (!core::backend_available(core::Device::cuda)) return false;
     const Tensor q = to_cuda(op_randn({1, 16, 1, 64}, 9, 0), DType::bf16);
     const Tensor out = nan_cuda(q.shape(), DType::bf16), lse = nan_cuda({1, 1, 16}, DType::f32);
     std::string chosen;
@@ -304,6 +305,7 @@ void flash_parity_cases(AttentionOptions options = {}, const char* expect_bwd = 
 
 // The default kernel of this GPU (wgmma on Hopper; its deterministic backward, the default context being so).
 TEST(GpuAttention, FlashParityBf16) {
+    if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     flash_parity_cases({}, flash_wgmma_available() ? "cuda-wgmma" : "cuda-mma");
 }
 
@@ -319,6 +321,7 @@ void with_fast_bwd(const std::function<void()>& fn) {
 // The fast (non-deterministic) wgmma backward: the same cases, and more key blocks of 128 per GQA group; and
 // AttentionOptions::fast_bwd = false, which keeps the deterministic wgmma backward in such a context.
 TEST(GpuAttention, FlashFastParityBf16) {
+    if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     if (!flash_wgmma_available()) GTEST_SKIP() << "the fast backward is a wgmma kernel (Hopper)";
     with_fast_bwd([] {
         flash_parity_cases({}, "cuda-wgmma-fast");
