@@ -248,8 +248,9 @@ void scan_bv(const float* s0, T* out, float* st, const Dims& d, const Work& w, f
 // shared memory at every BV), and a chunk step costing a fixed ~256 columns' worth (the ~112 KB tile stream and the
 // step's latency) plus BV columns of products. `forced` (16, 32, 64 or 128; ops::KdaKernels) is taken where it fits.
 int pick_bv(const Dims& d, int forced, int (*floats)(const Dims&, int)) {
-    const int sms = device_attr(cudaDevAttrMultiProcessorCount);
-    const int smem_max = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    // Properties of the process's one device, asked once (make_plan runs pick_bv twice per KDA call).
+    static const int sms = device_attr(cudaDevAttrMultiProcessorCount);
+    static const int smem_max = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     auto fits = [&](int bv) { return d.v % bv == 0 && floats(d, bv) * static_cast<int>(sizeof(float)) <= smem_max; };
     if ((forced == 16 || forced == 32 || forced == 64 || forced == 128) && fits(forced)) return forced;
     int best = kBV;
