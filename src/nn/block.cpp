@@ -70,6 +70,17 @@ void Block::resize(int64_t batch, int64_t seq, const Precision& precision) {
     out_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
 }
 
+void Block::reserve_scratch(Workspace& ws) const {
+    if (kda_)
+        kda_->reserve_scratch(ws);
+    else
+        attn_->reserve_scratch(ws);
+    if (moe_)
+        moe_->reserve_scratch(ws);
+    else
+        mlp_->reserve_scratch(ws);
+}
+
 // The plain residual stream: each sub-layer (branch_forward / branch_backward below) adds to it.
 void Block::forward(const Tensor& x, Workspace& ws) {
     const Tensor& branch = ws.d_tmp;  // scratch: a branch output is not needed by backward

@@ -28,6 +28,8 @@ class Block : public Layer {
           const MoeExpertParallel& ep = {});
 
     void resize(int64_t batch, int64_t seq, const Precision& precision);
+    // Sizes the workspace slots the sub-layers' backwards take (after resize).
+    void reserve_scratch(Workspace& ws) const;
     // x: [N, C] the block input (kept alive by the caller until backward). Result in output().
     void forward(const Tensor& x, Workspace& ws);
     // dout: [N, C] gradient w.r.t. output(); dx: [N, C] written (=), must not alias dout.

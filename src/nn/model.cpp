@@ -57,9 +57,12 @@ void Model::resize(int64_t batch, int64_t seq) {
     lse_ = Tensor::zeros({n}, stats, dev);
     dres_a_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
     dres_b_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
-    for (auto& b : blocks_) b->resize(batch, seq, precision_);
-    if (attnres_) attnres_->resize(n, precision_);
     ws_.resize(cfg_, batch, seq, precision_);
+    for (auto& b : blocks_) {
+        b->resize(batch, seq, precision_);
+        b->reserve_scratch(ws_);
+    }
+    if (attnres_) attnres_->resize(n, precision_);
 }
 
 double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {

@@ -48,19 +48,30 @@ void AttentionLayer::forward(const Tensor& x, const Tensor& out) {
     wo_.forward(attn_.reshape({n, attn_.numel() / n}), out);
 }
 
+// Workspace slots: 0 d_attn, 1 d_q, 2 d_k, 3 d_v (all alive together from the attention backward on).
+void AttentionLayer::reserve_scratch(Workspace& ws) const {
+    const size_t q = q_.nbytes(), kv = k_.nbytes();
+    ws.reserve_slot(0, q), ws.reserve_slot(1, q), ws.reserve_slot(2, kv), ws.reserve_slot(3, kv);
+}
+
 void AttentionLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws) {
     const int64_t n = batch_ * seq_;
     auto flat = [n](const Tensor& t) { return t.reshape({n, t.numel() / n}); };
-    wo_.backward(flat(attn_), dout, flat(ws.d_attn));
-    ops::attention_bwd(q_, k_, v_, attn_, lse_, ws.d_attn, ws.d_q, ws.d_k, ws.d_v);
+    const core::Device dev = x.device();
+    const Tensor d_attn = ws.slot(0, attn_.shape(), attn_.dtype(), dev);
+    const Tensor d_q = ws.slot(1, q_.shape(), q_.dtype(), dev);
+    const Tensor d_k = ws.slot(2, k_.shape(), k_.dtype(), dev);
+    const Tensor d_v = ws.slot(3, v_.shape(), v_.dtype(), dev);
+    wo_.backward(flat(attn_), dout, flat(d_attn));
+    ops::attention_bwd(q_, k_, v_, attn_, lse_, d_attn, d_q, d_k, d_v);
     if (cfg_.attn_rope()) {
-        ops::rope_bwd(ws.d_q, cfg_.rope_theta, 0, ws.d_q);
-        ops::rope_bwd(ws.d_k, cfg_.rope_theta, 0, ws.d_k);
+        ops::rope_bwd(d_q, cfg_.rope_theta, 0, d_q);
+        ops::rope_bwd(d_k, cfg_.rope_theta, 0, d_k);
     }
     // x feeds three projections: the k and v gradients add into dx inside their matmuls.
-    wq_.backward(x, flat(ws.d_q), dx);
-    wk_.backward(x, flat(ws.d_k), dx, /*accumulate_dx=*/true);
-    wv_.backward(x, flat(ws.d_v), dx, /*accumulate_dx=*/true);
+    wq_.backward(x, flat(d_q), dx);
+    wk_.backward(x, flat(d_k), dx, /*accumulate_dx=*/true);
+    wv_.backward(x, flat(d_v), dx, /*accumulate_dx=*/true);
 }
 
 std::vector<SavedTensor> AttentionLayer::saved_for_backward() {

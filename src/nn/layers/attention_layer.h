@@ -16,7 +16,9 @@ class AttentionLayer : public Layer {
     void resize(int64_t batch, int64_t seq, const Precision& precision);
     // x: [N, C] (the normed residual) -> out: [N, C]
     void forward(const Tensor& x, const Tensor& out);
-    // dout: [N, C] -> dx: [N, C] written (=); parameter grads accumulate.
+    // Sizes the workspace slots backward takes (after resize), so that none grows during training.
+    void reserve_scratch(Workspace& ws) const;
+    // dout: [N, C] -> dx: [N, C] written (=); parameter grads accumulate; scratch from ws's slots 0-3.
     void backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws);
     std::vector<SavedTensor> saved_for_backward() override;
 

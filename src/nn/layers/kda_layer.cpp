@@ -1,7 +1,9 @@
 // KDA layer forward and backward, side by side (the op sequence of kda.md §1).
 #include "nn/layers/kda_layer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "ops/causal_conv1d.h"
 #include "ops/l2norm.h"
@@ -88,10 +90,6 @@ void KdaLayer::resize(int64_t batch, int64_t seq, const Precision& precision) {
     o_ = z({batch, seq, hv_, v_dim_}), st_ = zs({batch, hv_, k_dim_, v_dim_});
     on_ = z({n, hvv}), rstd_ = Tensor::zeros({n * hv_}, precision.stats, dev);
     ga_ = z({n, v_dim_}), gz_ = z({n, hvv}), y_ = z({n, hvv});
-    d_y_ = z({n, hvv}), d_on_ = z({n, hvv}), d_gz_ = z({n, hvv}), d_ga_ = z({n, v_dim_});
-    d_o_ = z(o_.shape()), d_q_ = z(q_.shape()), d_k_ = z(k_.shape()), d_v_ = z(o_.shape());
-    d_g_ = z(g_.shape()), d_beta_ = z(beta_.shape()), d_u_ = z({n, hvk}), d_fa_ = z({n, k_dim_}), d_bl_ = z({n, hv_});
-    d_qc_ = z({n, hk}), d_kc_ = z({n, hk}), d_qp_ = z({n, hk}), d_kp_ = z({n, hk}), d_vp_ = z({n, hvv});
     ds0_ = Tensor();
 }
 
@@ -137,58 +135,91 @@ void KdaLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     wo_.forward(y_, out);
 }
 
-void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& /*ws*/) {
-    const int64_t n = batch_ * seq_;
+// Workspace slots, by lifetime (a slot is reused once its tensor is dead; the numbers in brackets are the steps
+// below that write and last read it):
+//   0  d_y [1-2], d_ga [3-4], d_o [5-6], d_u [7-8], d_bl [10-11], d_qc [12-13]
+//   1  d_on [2-5], d_q [6-12], d_qp [13-14]
+//   2  d_gz [2-3], d_k [6-12], d_kp [13-14]
+//   3  d_v [6-13]
+//   4  d_g [6-7], d_fa [8-9], d_kc [12-13]
+//   5  d_beta [6-10], d_vp [13-14]
+void KdaLayer::reserve_scratch(Workspace& ws) const {
+    const int64_t n = batch_ * seq_, hk = h_ * k_dim_, hvk = hv_ * k_dim_, hvv = hv_ * v_dim_;
+    const auto bytes = [&](std::initializer_list<int64_t> widths) {
+        return static_cast<size_t>(n * std::max(widths)) * core::dtype_size(q_.dtype());
+    };
+    ws.reserve_slot(0, bytes({hvv, v_dim_, hvk, hv_, hk}));
+    ws.reserve_slot(1, bytes({hvv, hk}));
+    ws.reserve_slot(2, bytes({hvv, hk}));
+    ws.reserve_slot(3, bytes({hvv}));
+    ws.reserve_slot(4, bytes({hvk, k_dim_, hk}));
+    ws.reserve_slot(5, bytes({hv_, hvv}));
+}
+
+void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws) {
+    const int64_t n = batch_ * seq_, hk = h_ * k_dim_, hvk = hv_ * k_dim_, hvv = hv_ * v_dim_;
     const double q_scale = 1.0 / std::sqrt(static_cast<double>(k_dim_));
     auto rows = [](const Tensor& t, int64_t r) { return t.reshape({r, t.numel() / r}); };
     auto seq3 = [&](const Tensor& t) { return t.reshape({batch_, seq_, t.numel() / n}); };
+    auto scratch = [&](int slot, const Shape& shape) { return ws.slot(slot, shape, q_.dtype(), x.device()); };
     // x feeds six projections: after the first, each adds its gradient into dx inside its matmul.
     auto add_dx = [&](const Linear& w, const Tensor& input, const Tensor& dy) {
         w.backward(input, dy, dx, /*accumulate_dx=*/true);
     };
-    // output projection, gate, norm
-    wo_.backward(y_, dout, d_y_);
-    ops::sigmoid_gate_bwd(on_, gz_, d_y_, d_on_, d_gz_);
-    wgb_.backward(ga_, d_gz_, d_ga_);
-    wga_.backward(x, d_ga_, dx);  // the first contribution writes dx
+    // output projection, gate, norm (steps 1-5)
+    const Tensor d_y = scratch(0, {n, hvv});
+    wo_.backward(y_, dout, d_y);
+    const Tensor d_on = scratch(1, {n, hvv}), d_gz = scratch(2, {n, hvv});
+    ops::sigmoid_gate_bwd(on_, gz_, d_y, d_on, d_gz);
+    const Tensor d_ga = scratch(0, {n, v_dim_});
+    wgb_.backward(ga_, d_gz, d_ga);
+    wga_.backward(x, d_ga, dx);  // the first contribution writes dx
+    const Tensor d_o = scratch(0, o_.shape());
     ops::rmsnorm_bwd(rows(o_, n * hv_),
                      table_->param(o_norm_),
                      rstd_,
-                     rows(d_on_, n * hv_),
-                     rows(d_o_, n * hv_),
+                     rows(d_on, n * hv_),
+                     rows(d_o, n * hv_),
                      table_->grad(o_norm_));
-    // the recurrence
+    // the recurrence (step 6)
     if (s0_.defined() && (!ds0_.defined() || ds0_.shape() != s0_.shape()))
         ds0_ = Tensor::zeros(s0_.shape(), s0_.dtype(), s0_.device());
     if (!s0_.defined()) ds0_ = Tensor();
     const Tensor v = vc_.reshape({batch_, seq_, hv_, v_dim_});
-    ops::kda_bwd(q_, k_, v, g_, beta_, s0_, d_o_, dst_, d_q_, d_k_, d_v_, d_g_, d_beta_, ds0_, kda_options_, &kept_);
+    const Tensor d_q = scratch(1, q_.shape()), d_k = scratch(2, k_.shape()), d_v = scratch(3, o_.shape());
+    const Tensor d_g = scratch(4, g_.shape()), d_beta = scratch(5, beta_.shape());
+    ops::kda_bwd(q_, k_, v, g_, beta_, s0_, d_o, dst_, d_q, d_k, d_v, d_g, d_beta, ds0_, kda_options_, &kept_);
     kept_ = ops::KdaSaved{};  // used once: freed for the next layer's backward (a second backward recomputes)
-    // gate and beta
+    // gate and beta (steps 7-11)
     const Tensor a_log = gate_options_.use_a_log ? table_->param(a_log_) : Tensor();
     const Tensor da_log = gate_options_.use_a_log ? table_->grad(a_log_) : Tensor();
+    const Tensor d_u = scratch(0, {n, hvk});
     ops::kda_gate_bwd(u_.reshape({n, hv_, k_dim_}),
                       a_log,
                       table_->param(dt_bias_).reshape({hv_, k_dim_}),
-                      d_g_.reshape({n, hv_, k_dim_}),
-                      d_u_.reshape({n, hv_, k_dim_}),
+                      d_g.reshape({n, hv_, k_dim_}),
+                      d_u.reshape({n, hv_, k_dim_}),
                       da_log,
                       table_->grad(dt_bias_).reshape({hv_, k_dim_}),
                       gate_options_);
-    wfb_.backward(fa_, d_u_, d_fa_);
-    add_dx(wfa_, x, d_fa_);
-    ops::sigmoid_bwd(rows(beta_, n), rows(d_beta_, n), d_bl_);
-    add_dx(wb_, x, d_bl_);
-    // L2 norms, convs, projections
-    ops::l2norm_bwd(rows(qc_, n * h_), rq_, q_scale, rows(d_q_, n * h_), rows(d_qc_, n * h_));
-    ops::l2norm_bwd(rows(kc_, n * h_), rk_, 1.0, rows(d_k_, n * h_), rows(d_kc_, n * h_));
-    ops::causal_conv1d_bwd(seq3(qp_), table_->param(conv_q_), seq3(d_qc_), seq3(d_qp_), table_->grad(conv_q_), true);
-    ops::causal_conv1d_bwd(seq3(kp_), table_->param(conv_k_), seq3(d_kc_), seq3(d_kp_), table_->grad(conv_k_), true);
+    const Tensor d_fa = scratch(4, {n, k_dim_});
+    wfb_.backward(fa_, d_u, d_fa);
+    add_dx(wfa_, x, d_fa);
+    const Tensor d_bl = scratch(0, {n, hv_});
+    ops::sigmoid_bwd(rows(beta_, n), rows(d_beta, n), d_bl);
+    add_dx(wb_, x, d_bl);
+    // L2 norms, convs, projections (steps 12-14)
+    const Tensor d_qc = scratch(0, {n, hk}), d_kc = scratch(4, {n, hk});
+    ops::l2norm_bwd(rows(qc_, n * h_), rq_, q_scale, rows(d_q, n * h_), rows(d_qc, n * h_));
+    ops::l2norm_bwd(rows(kc_, n * h_), rk_, 1.0, rows(d_k, n * h_), rows(d_kc, n * h_));
+    const Tensor d_qp = scratch(1, {n, hk}), d_kp = scratch(2, {n, hk}), d_vp = scratch(5, {n, hvv});
+    ops::causal_conv1d_bwd(seq3(qp_), table_->param(conv_q_), seq3(d_qc), seq3(d_qp), table_->grad(conv_q_), true);
+    ops::causal_conv1d_bwd(seq3(kp_), table_->param(conv_k_), seq3(d_kc), seq3(d_kp), table_->grad(conv_k_), true);
     ops::causal_conv1d_bwd(
-        seq3(vp_), table_->param(conv_v_), seq3(rows(d_v_, n)), seq3(d_vp_), table_->grad(conv_v_), true);
-    add_dx(wq_, x, d_qp_);
-    add_dx(wk_, x, d_kp_);
-    add_dx(wv_, x, d_vp_);
+        seq3(vp_), table_->param(conv_v_), seq3(rows(d_v, n)), seq3(d_vp), table_->grad(conv_v_), true);
+    add_dx(wq_, x, d_qp);
+    add_dx(wk_, x, d_kp);
+    add_dx(wv_, x, d_vp);
 }
 
 std::vector<SavedTensor> KdaLayer::saved_for_backward() {

@@ -36,10 +36,12 @@ class KdaLayer : public Layer {
     // x: [N, C] (the normed residual) -> out: [N, C]; final_state() then holds S_T [B, HV, K, V].
     // training = false (evaluation) keeps nothing for a backward (kda.save), whatever the config.
     void forward(const Tensor& x, const Tensor& out, bool training = true);
+    // Sizes the workspace slots backward takes (after resize), so that none grows during training.
+    void reserve_scratch(Workspace& ws) const;
     // dS_T for the next backward, or undefined (zero); kept until changed.
     void set_final_state_grad(const Tensor& dst);
     // dout: [N, C] -> dx: [N, C] written (=); parameter grads accumulate; initial_state_grad() then holds dS_0 when
-    // an initial state was set. ws is unused (the layer keeps its own gradient buffers).
+    // an initial state was set. Scratch from ws's slots 0-5 (see reserve_scratch's table in kda_layer.cpp).
     void backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws);
 
     Tensor final_state() const {
@@ -85,9 +87,7 @@ class KdaLayer : public Layer {
     Tensor o_, st_;           // [B, T, HV, V], [B, HV, K, V]
     Tensor on_, rstd_;        // [N, HV*V] normed output, [N * HV]
     Tensor ga_, gz_, y_;      // [N, V], [N, HV*V] gate logits, [N, HV*V] gated output
-    // Gradient buffers.
-    Tensor d_y_, d_on_, d_gz_, d_ga_, d_o_, d_q_, d_k_, d_v_, d_g_, d_beta_, ds0_, d_u_, d_fa_, d_bl_;
-    Tensor d_qc_, d_kc_, d_qp_, d_kp_, d_vp_;
+    Tensor ds0_;              // [B, HV, K, V] dS_0, the backward's output when an initial state was set
 };
 
 }  // namespace mt::nn

@@ -33,11 +33,20 @@ void Mlp::forward(const Tensor& x, const Tensor& out) {
     w_down_.forward(act_, out);
 }
 
+// Workspace slots: 0 d_act, 1 d_gate, 2 d_up.
+void Mlp::reserve_scratch(Workspace& ws) const {
+    for (int i = 0; i < 3; ++i) ws.reserve_slot(i, act_.nbytes());
+}
+
 void Mlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws) {
-    w_down_.backward(act_, dout, ws.d_act);
-    ops::swiglu_bwd(gate_, up_, ws.d_act, ws.d_gate, ws.d_up);
-    w_gate_.backward(x, ws.d_gate, dx);
-    w_up_.backward(x, ws.d_up, dx, /*accumulate_dx=*/true);
+    const core::Device dev = x.device();
+    const Tensor d_act = ws.slot(0, act_.shape(), act_.dtype(), dev);
+    const Tensor d_gate = ws.slot(1, act_.shape(), act_.dtype(), dev);
+    const Tensor d_up = ws.slot(2, act_.shape(), act_.dtype(), dev);
+    w_down_.backward(act_, dout, d_act);
+    ops::swiglu_bwd(gate_, up_, d_act, d_gate, d_up);
+    w_gate_.backward(x, d_gate, dx);
+    w_up_.backward(x, d_up, dx, /*accumulate_dx=*/true);
 }
 
 std::vector<SavedTensor> Mlp::saved_for_backward() {

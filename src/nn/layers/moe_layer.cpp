@@ -72,7 +72,7 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
     if (n == n_ && logits_.defined() && logits_.device() == precision.device && logits_.dtype() == precision.compute)
         return;
     n_ = n;
-    const int64_t e = moe_.num_experts, k = moe_.top_k, c = model_.d_model, f = moe_.expert_ffn_dim, r = n * k;
+    const int64_t e = moe_.num_experts, k = moe_.top_k, c = model_.d_model, r = n * k;
     const core::DType dt = precision.compute, rt = precision.stats;  // activations, routing
     const core::Device dev = precision.device;
     auto z = [&](const Shape& s) { return Tensor::zeros(s, dt, dev); };
@@ -84,17 +84,15 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
     offsets_ = zi({e + 1}), slot_row_ = zi({n, k}), row_token_ = zi({r});
     offsets_host_ = dev == core::Device::cpu ? offsets_ : Tensor::zeros({e + 1}, DType::i32);
     xp_ = z({r, c}), yp_ = z({r, c});
-    d_yp_ = z({r, c}), d_gates_ = zr({n, k});
-    d_xp_ = z({r, c}), d_logits_ = z({n, e}), d_scores_aux_ = zr({n, e}), d_tmp_ = z({n, c});
+    // The aux loss's gradient on the scores is computed in the forward and kept for the backward.
+    d_scores_aux_ = moe_.balance.mode == MoeBalanceMode::aux_loss ? zr({n, e}) : Tensor();
     expert_capacity_ = -1;
     reserve_expert_rows(r);
     step_load_acc_ = Tensor::zeros({e}, DType::i64, dev);
     step_entropy_acc_ = Tensor::zeros({1}, DType::f64, dev);
     if (shared_) {
-        const int64_t fs = f * moe_.num_shared_experts;
         shared_->resize(n, precision);
         shared_out_ = z({n, c});
-        shared_ws_.d_gate = z({n, fs}), shared_ws_.d_up = z({n, fs}), shared_ws_.d_act = z({n, fs});
     }
 }
 
@@ -108,8 +106,7 @@ void MoeLayer::reserve_expert_rows(int64_t rows) {
     const core::Device dev = logits_.device();
     auto z = [&](const Shape& s) { return Tensor::zeros(s, dt, dev); };
     hg_ = z({cap, f}), hu_ = z({cap, f}), act_ = z({cap, f});
-    d_act_ = z({cap, f}), d_hg_ = z({cap, f}), d_hu_ = z({cap, f});
-    if (ep_.size > 1) xe_ = z({cap, c}), ye_ = z({cap, c}), d_ye_ = z({cap, c}), d_xe_ = z({cap, c});
+    if (ep_.size > 1) xe_ = z({cap, c}), ye_ = z({cap, c});
     expert_capacity_ = cap;
 }
 
@@ -187,24 +184,53 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     ops::moe_token_entropy_sum(scores_, step_entropy_acc_);
 }
 
-void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& /*ws*/) {
+// Workspace slots, by lifetime (R routed rows, Re the rows this rank's experts process; Re = R without expert
+// parallelism, where d_ye is d_yp and d_xe is d_xp):
+//   0  d_yp [R, C] until the experts' backward (expert parallelism: until it is sent), then d_xp [R, C] (ep)
+//   1  d_ye [Re, C] (ep) until the down projection's backward, then d_logits [N, E]
+//   2  d_act [Re, F] until swiglu_bwd, then d_xe [Re, C] until the permutation's backward
+//   3, 4  d_hg, d_hu [Re, F]
+//   5  d_tmp [N, C]: the router's and the shared experts' dx before each is added to dx
+//   6  d_gates [N, K] in the routing dtype
+// The shared experts' MLP takes slots 0-2 last, when the routed part is done.
+void MoeLayer::reserve_scratch(Workspace& ws) const {
+    const int64_t n = n_, c = model_.d_model, f = moe_.expert_ffn_dim, e = moe_.num_experts;
+    const int64_t r = n * moe_.top_k, cap = expert_capacity_;
+    const size_t act = core::dtype_size(logits_.dtype()), route = core::dtype_size(scores_.dtype());
+    auto bytes = [&](int64_t elements) { return static_cast<size_t>(elements) * act; };
+    ws.reserve_slot(0, bytes(r * c));
+    ws.reserve_slot(1, bytes(std::max(ep_.size > 1 ? cap * c : 0, n * e)));
+    ws.reserve_slot(2, bytes(std::max(cap * f, cap * c)));
+    ws.reserve_slot(3, bytes(cap * f));
+    ws.reserve_slot(4, bytes(cap * f));
+    ws.reserve_slot(5, bytes(n * c));
+    ws.reserve_slot(6, static_cast<size_t>(n * moe_.top_k) * route);
+    if (shared_) shared_->reserve_scratch(ws);
+}
+
+void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws) {
     const bool ep = ep_.size > 1;
-    const int64_t re = expert_rows_;
+    const int64_t n = n_, re = expert_rows_, c = model_.d_model, f = moe_.expert_ffn_dim;
+    const core::Device dev = x.device();
+    const DType dt = logits_.dtype();
     const Tensor xp = xp_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
-    const Tensor d_yp = d_yp_.slice(0, 0, rows_), d_xp = d_xp_.slice(0, 0, rows_);
-    const Tensor xe = ep ? xe_.slice(0, 0, re) : xp, d_ye = ep ? d_ye_.slice(0, 0, re) : d_yp;
-    const Tensor d_xe = ep ? d_xe_.slice(0, 0, re) : d_xp;
+    const Tensor xe = ep ? xe_.slice(0, 0, re) : xp;
     const Tensor hg = hg_.slice(0, 0, re), hu = hu_.slice(0, 0, re), act = act_.slice(0, 0, re);
-    const Tensor d_act = d_act_.slice(0, 0, re), d_hg = d_hg_.slice(0, 0, re), d_hu = d_hu_.slice(0, 0, re);
     // combine: row gradients g dy, gate gradients dy . row
-    ops::moe_unpermute_bwd(yp, slot_row_, gates_, dout, d_yp, d_gates_);
+    const Tensor d_yp = ws.slot(0, {rows_, c}, dt, dev), d_gates = ws.slot(6, gates_.shape(), gates_.dtype(), dev);
+    ops::moe_unpermute_bwd(yp, slot_row_, gates_, dout, d_yp, d_gates);
     // routed experts (under expert parallelism the row gradients go to the experts' ranks and back)
+    const Tensor d_ye = ep ? ws.slot(1, {re, c}, dt, dev) : d_yp;
     if (ep) dispatch_.to_experts(d_yp, d_ye);
+    const Tensor d_act = ws.slot(2, {re, f}, dt, dev);
     ops::grouped_linear_bwd(act, table_->param(w_down_), expert_offsets_, d_ye, d_act, table_->grad(w_down_));
+    const Tensor d_hg = ws.slot(3, {re, f}, dt, dev), d_hu = ws.slot(4, {re, f}, dt, dev);
     ops::swiglu_bwd(hg, hu, d_act, d_hg, d_hu);
+    const Tensor d_xe = ws.slot(2, {re, c}, dt, dev);
     ops::grouped_linear_bwd(xe, table_->param(w_gate_), expert_offsets_, d_hg, d_xe, table_->grad(w_gate_));
     ops::grouped_linear_bwd(
         xe, table_->param(w_up_), expert_offsets_, d_hu, d_xe, table_->grad(w_up_), /*accumulate_dx=*/true);
+    const Tensor d_xp = ep ? ws.slot(0, {rows_, c}, dt, dev) : d_xe;
     if (ep) dispatch_.to_sources(d_xe, d_xp);
     ops::moe_permute_bwd(slot_row_, d_xp, dx);  // the first contribution writes dx
     // router: through the gates (and the aux loss's P), the score function, the router GEMM
@@ -215,14 +241,14 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
         const bool probs = router_options_.score == ops::MoeScore::softmax;
         ops::moe_aux_loss(scores_, indices_, moe_.balance.aux_coeff * aux_grad_scale_, probs, d_scores_aux_);
     }
-    ops::moe_router_bwd(
-        scores_, indices_, gates_, d_gates_, aux ? d_scores_aux_ : Tensor(), d_logits_, router_options_);
-    router_.backward(x, d_logits_, d_tmp_);
-    ops::add_fwd(dx, d_tmp_, dx);
+    const Tensor d_logits = ws.slot(1, logits_.shape(), dt, dev), d_tmp = ws.slot(5, {n, c}, dt, dev);
+    ops::moe_router_bwd(scores_, indices_, gates_, d_gates, aux ? d_scores_aux_ : Tensor(), d_logits, router_options_);
+    router_.backward(x, d_logits, d_tmp);
+    ops::add_fwd(dx, d_tmp, dx);
     // shared expert(s)
     if (shared_) {
-        shared_->backward(x, dout, d_tmp_, shared_ws_);
-        ops::add_fwd(dx, d_tmp_, dx);
+        shared_->backward(x, dout, d_tmp, ws);
+        ops::add_fwd(dx, d_tmp, dx);
     }
 }
 
@@ -287,6 +313,7 @@ std::vector<SavedTensor> MoeLayer::saved_for_backward() {
                                       {"hu", &hu_},
                                       {"act", &act_},
                                       {"yp", &yp_}};
+    if (d_scores_aux_.defined()) saved.push_back({"d_scores_aux", &d_scores_aux_});
     if (shared_)
         for (const SavedTensor& s : shared_->saved_for_backward()) saved.push_back({"shared." + s.name, s.tensor});
     return saved;

@@ -72,9 +72,11 @@ class MoeLayer : public Layer {
     // metrics (never during a recompute). With aux_loss balancing, aux_loss() is then this forward's loss.
     void forward(const Tensor& x, const Tensor& out, bool training = true);
     // dout: [N, C] -> dx: [N, C] written (=); parameter grads accumulate. Adds the aux loss's gradient (weight 1)
-    // when aux_loss balancing is on. ws is unused (the layer keeps its own gradient buffers; the signature is the
-    // Mlp's, so that a Block can hold either).
+    // when aux_loss balancing is on. Scratch from ws's slots 0-6 (see reserve_scratch's table in moe_layer.cpp).
     void backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws);
+    // Sizes the workspace slots backward takes (after resize), so that none grows during training (under expert
+    // parallelism the expert rows may still grow a slot).
+    void reserve_scratch(Workspace& ws) const;
     // End of a training step: the balancer's update, the step's metrics (from the routing counted since the last
     // call), and the collapse detector. The alarm, if one fires at this step, is in last_alarm(). data_group: the
     // ranks that routed different tokens (data and expert parallelism); their counts are summed first, so every
@@ -163,12 +165,10 @@ class MoeLayer : public Layer {
     // Expert parallelism: the rows this rank's experts received, their outputs, and the grow-only capacity of the
     // expert-side buffers (hg_, hu_, act_ and their gradients hold expert rows then).
     MoeDispatch dispatch_;
-    Tensor xe_, ye_, d_ye_, d_xe_;
+    Tensor xe_, ye_;
     int64_t expert_capacity_ = 0;
-    Tensor shared_out_;  // [N, C]
-    // Gradient buffers.
-    Tensor d_yp_, d_gates_, d_act_, d_hg_, d_hu_, d_xp_, d_logits_, d_scores_aux_, d_tmp_;
-    Workspace shared_ws_;
+    Tensor shared_out_;    // [N, C]
+    Tensor d_scores_aux_;  // [N, E] the aux loss's gradient on the scores (aux_loss balancing only), from forward
 };
 
 }  // namespace mt::nn
