@@ -33,11 +33,14 @@ Block::Block(ParamTable& table,
                                       : std::nullopt),
       kda_(mixer == Mixer::kda ? std::make_optional<KdaLayer>(table, prefix + ".kda", cfg) : std::nullopt),
       mlp_(moe ? std::nullopt : std::make_optional<Mlp>(table, prefix + ".mlp", dense_ffn_config(cfg))),
-      moe_(moe ? std::make_unique<MoeLayer>(table, prefix + ".moe", cfg, cfg.moe, ep) : nullptr) {}
+      moe_(moe ? std::make_unique<MoeLayer>(table, prefix + ".moe", cfg, cfg.moe, ep) : nullptr) {
+    if (mlp_) mlp_->set_drop_act(cfg.recompute.drops(RecomputeModule::mlp_act));
+    branch_recompute_ = cfg.recompute.full() && cfg.attnres.enabled();
+}
 
 void Block::ffn_forward(const Tensor& x, const Tensor& out) {
     if (moe_)
-        moe_->forward(x, out, training_);
+        moe_->forward(x, out, count_routing_);
     else
         mlp_->forward(x, out);
 }
@@ -68,6 +71,33 @@ void Block::resize(int64_t batch, int64_t seq, const Precision& precision) {
     rstd2_ = Tensor::zeros({n}, precision.stats, dev);
     h_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
     out_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
+    all_dropped_.clear();
+    for (DropList& d : norm_dropped_) d.clear();
+    if (cfg_.recompute.drops(RecomputeModule::norm)) {
+        norm_dropped_[0].add(&norm1_), norm_dropped_[1].add(&norm2_);
+        for (DropList& d : norm_dropped_) d.release();
+    }
+}
+
+namespace {
+// The defined tensors of a saved list, but KDA's kept tiles (the KDA op allocates and frees those itself), with
+// their shapes now: expert parallelism may have grown a buffer since the last time.
+void list_saved(DropList& list, const std::vector<SavedTensor>& saved) {
+    list.clear();
+    for (const SavedTensor& s : saved)
+        if (s.tensor->defined() && s.name.find("kept.") == std::string::npos) list.add(s.tensor);
+}
+}  // namespace
+
+void Block::release_activations(bool output) {
+    list_saved(all_dropped_, saved_for_backward());
+    all_dropped_.release();
+    if (output) out_ = Tensor();
+}
+
+void Block::restore_activations() {
+    all_dropped_.restore();
+    if (!out_.defined()) out_ = Tensor::scratch(h_.shape(), h_.dtype(), h_.device());
 }
 
 void Block::reserve_scratch(Workspace& ws) const {
@@ -98,47 +128,93 @@ void Block::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Work
 }
 
 void Block::branch_forward(int sub, const Tensor& h, const Tensor& out, Workspace& ws) {
-    if (sub == 0) {
-        core::TraceRange range(h.device(), kda_ ? "block.kda_fwd" : "block.attn_fwd");
-        ops::rmsnorm_fwd(h, table_->param(mixer_norm_), cfg_.norm_eps, norm1_, rstd1_);
-        if (kda_)
-            kda_->forward(norm1_, out, training_);
-        else
-            attn_->forward(norm1_, out);
-        return;
+    if (branch_recompute_) branch_dropped_[sub].restore();
+    if (sub == 0)
+        mixer_forward(h, out);
+    else
+        ffn_branch_forward(h, out);
+    if (branch_recompute_ && !recomputing_) {
+        list_saved(branch_dropped_[sub], branch_saved(sub));
+        branch_dropped_[sub].release();
     }
+}
+
+void Block::mixer_forward(const Tensor& h, const Tensor& out) {
+    core::TraceRange range(h.device(), kda_ ? "block.kda_fwd" : "block.attn_fwd");
+    norm_dropped_[0].restore();
+    ops::rmsnorm_fwd(h, table_->param(mixer_norm_), cfg_.norm_eps, norm1_, rstd1_);
+    if (kda_)
+        kda_->forward(norm1_, out, keep_);
+    else
+        attn_->forward(norm1_, out);
+    norm_dropped_[0].release();
+}
+
+void Block::ffn_branch_forward(const Tensor& h, const Tensor& out) {
     core::TraceRange range(h.device(), moe_ ? "block.moe_fwd" : "block.mlp_fwd");
+    norm_dropped_[1].restore();
     ops::rmsnorm_fwd(h, table_->param(mlp_norm_), cfg_.norm_eps, norm2_, rstd2_);
     ffn_forward(norm2_, out);
+    norm_dropped_[1].release();
 }
 
 void Block::branch_backward(
     int sub, const Tensor& h, const Tensor& dout, const Tensor& dh, Workspace& ws, const Tensor& dresidual) {
+    if (branch_recompute_) {  // recompute full under AttnRes: the sub-layer's forward again (its output unused)
+        branch_dropped_[sub].restore();
+        const bool count = count_routing_, keep = keep_;
+        recomputing_ = true, count_routing_ = false, keep_ = true;
+        branch_forward(sub, h, ws.d_tmp, ws);
+        recomputing_ = false, count_routing_ = count, keep_ = keep;
+    }
     if (sub == 0) {
         core::TraceRange range(h.device(), kda_ ? "block.kda_bwd" : "block.attn_bwd");
+        if (!norm_dropped_[0].empty()) {  // recompute norm
+            norm_dropped_[0].restore();
+            ops::rmsnorm_fwd(h, table_->param(mixer_norm_), cfg_.norm_eps, norm1_, rstd1_);
+        }
         if (kda_)
             kda_->backward(norm1_, dout, ws.d_norm, ws);
         else
             attn_->backward(norm1_, dout, ws.d_norm, ws);
         ops::rmsnorm_bwd(h, table_->param(mixer_norm_), rstd1_, ws.d_norm, dh, table_->grad(mixer_norm_), dresidual);
+        norm_dropped_[0].release();
+        if (branch_recompute_) branch_dropped_[0].release();
         return;
     }
     core::TraceRange range(h.device(), moe_ ? "block.moe_bwd" : "block.mlp_bwd");
+    if (!norm_dropped_[1].empty()) {  // recompute norm
+        norm_dropped_[1].restore();
+        ops::rmsnorm_fwd(h, table_->param(mlp_norm_), cfg_.norm_eps, norm2_, rstd2_);
+    }
     ffn_backward(norm2_, dout, ws.d_norm, ws);
     ops::rmsnorm_bwd(h, table_->param(mlp_norm_), rstd2_, ws.d_norm, dh, table_->grad(mlp_norm_), dresidual);
+    norm_dropped_[1].release();
+    if (branch_recompute_) branch_dropped_[1].release();
 }
 
-std::vector<SavedTensor> Block::saved_for_backward() {
-    std::vector<SavedTensor> saved = {
-        {"norm1", &norm1_}, {"rstd1", &rstd1_}, {"h", &h_}, {"norm2", &norm2_}, {"rstd2", &rstd2_}};
-    if (kda_)
-        for (auto& s : kda_->saved_for_backward()) saved.push_back({"kda." + s.name, s.tensor});
-    else
-        for (auto& s : attn_->saved_for_backward()) saved.push_back({"attn." + s.name, s.tensor});
+std::vector<SavedTensor> Block::branch_saved(int sub) {
+    std::vector<SavedTensor> saved;
+    if (sub == 0) {
+        saved = {{"norm1", &norm1_}, {"rstd1", &rstd1_}};
+        if (kda_)
+            for (auto& s : kda_->saved_for_backward()) saved.push_back({"kda." + s.name, s.tensor});
+        else
+            for (auto& s : attn_->saved_for_backward()) saved.push_back({"attn." + s.name, s.tensor});
+        return saved;
+    }
+    saved = {{"norm2", &norm2_}, {"rstd2", &rstd2_}};
     if (moe_)
         for (auto& s : moe_->saved_for_backward()) saved.push_back({"moe." + s.name, s.tensor});
     else
         for (auto& s : mlp_->saved_for_backward()) saved.push_back({"mlp." + s.name, s.tensor});
+    return saved;
+}
+
+std::vector<SavedTensor> Block::saved_for_backward() {
+    std::vector<SavedTensor> saved = branch_saved(0);
+    saved.push_back({"h", &h_});
+    for (const SavedTensor& s : branch_saved(1)) saved.push_back(s);
     return saved;
 }
 

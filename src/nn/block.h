@@ -59,11 +59,28 @@ class Block : public Layer {
     // Training forwards count the MoE routing for balancing and metrics, and let KDA layers keep what their backward
     // reuses (kda.save); evaluation forwards do neither.
     void set_training(bool training) {
-        training_ = training;
+        count_routing_ = keep_ = training;
     }
+    // The two apart, for recompute full: the first forward counts the routing and keeps nothing the block's
+    // activations are dropped anyway; the forward re-run in the backward keeps, and does not count again.
+    void set_forward_flags(bool count_routing, bool keep) {
+        count_routing_ = count_routing;
+        keep_ = keep;
+    }
+    // Recompute full: frees every activation the backward needs (and the block output with `output`), or brings
+    // them back (contents undefined) for a forward to fill. The first call's shapes are kept.
+    void release_activations(bool output);
+    void release_output() {
+        out_ = Tensor();
+    }
+    void restore_activations();
     std::vector<SavedTensor> saved_for_backward() override;
 
    private:
+    // What sub-layer `sub` keeps for its backward (its norm's output and statistics, and the mixer's or the FFN's).
+    std::vector<SavedTensor> branch_saved(int sub);
+    void mixer_forward(const Tensor& h, const Tensor& out);
+    void ffn_branch_forward(const Tensor& h, const Tensor& out);
     ModelConfig cfg_;
     int mixer_norm_ = -1, mlp_norm_ = -1;
     ParamTable* table_;
@@ -73,7 +90,13 @@ class Block : public Layer {
     std::optional<KdaLayer> kda_;
     std::optional<Mlp> mlp_;  // exactly one of mlp_ and moe_ holds the FFN
     std::unique_ptr<MoeLayer> moe_;
-    bool training_ = true;
+    bool count_routing_ = true, keep_ = true;
+    DropList norm_dropped_[2];  // recompute norm: norm1_, norm2_
+    DropList all_dropped_;      // recompute full: everything release_activations freed
+    // Recompute full under Block AttnRes: each sub-layer frees its activations after its forward and re-runs the
+    // forward from its mixed input in its backward (recomputing_ then).
+    bool branch_recompute_ = false, recomputing_ = false;
+    DropList branch_dropped_[2];
     Tensor norm1_, norm2_;  // [N, C] normed inputs of the two branches
     Tensor rstd1_, rstd2_;  // [N] in the statistics dtype
     Tensor h_;              // [N, C] residual after the mixer

@@ -80,7 +80,11 @@ double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {
     host_targets_.copy_from(targets.reshape({n}));
     targets_.copy_from(host_targets_);
 
-    for (auto& b : blocks_) b->set_training(training);
+    for (auto& b : blocks_) {
+        b->set_training(training);
+        // Recompute full: the forward re-run in the backward keeps what the backward reuses, this one nothing.
+        if (cfg_.recompute.full()) b->set_forward_flags(training, false);
+    }
     const core::Device dev = precision_.device;
     const int all = table_.size();
     auto need = [&](int end) {
@@ -98,8 +102,12 @@ double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {
     } else {
         for (size_t l = 0; l < blocks_.size(); ++l) {
             need(l + 1 < blocks_.size() ? block_first_param_[l + 1] : all);
+            if (full_recompute()) blocks_[l]->restore_activations();
             blocks_[l]->forward(*x, ws_);
             x = &blocks_[l]->output();
+            if (!full_recompute()) continue;
+            blocks_[l]->release_activations(false);
+            if (l > 0 && !keeps_output(static_cast<int64_t>(l) - 1)) blocks_[l - 1]->release_output();
         }
     }
     need(all);
@@ -149,7 +157,14 @@ void Model::backward(double loss_scale) {
         std::swap(dout, dx);
     }
     for (auto& [l, moe] : moe_layers()) moe->set_aux_grad_scale(loss_scale);
+    const int64_t group = cfg_.recompute.group_size(cfg_.n_layers);
     for (int64_t l = attnres_ ? -1 : cfg_.n_layers - 1; l >= 0; --l) {
+        if (full_recompute()) {
+            const int64_t first = l / group * group;
+            group_backward(first, l, dout, dx);
+            l = first;
+            continue;
+        }
         const Tensor& input = l == 0 ? x0_ : blocks_[static_cast<size_t>(l - 1)]->output();
         blocks_[static_cast<size_t>(l)]->backward(input, *dout, *dx, ws_);
         std::swap(dout, dx);
@@ -159,6 +174,27 @@ void Model::backward(double loss_scale) {
     core::TraceRange range(dev, "model.embed_bwd");
     ops::embedding_bwd(ids_, *dout, table_.grad(embed_));
     if (grad_ready_) grad_ready_(0);
+}
+
+bool Model::keeps_output(int64_t l) const {
+    const int64_t group = cfg_.recompute.group_size(cfg_.n_layers);
+    return (l + 1) % group == 0 || l == cfg_.n_layers - 1;
+}
+
+void Model::group_backward(int64_t first, int64_t last, Tensor*& dout, Tensor*& dx) {
+    auto block = [&](int64_t l) -> Block& { return *blocks_[static_cast<size_t>(l)]; };
+    auto input = [&](int64_t l) -> const Tensor& { return l == 0 ? x0_ : block(l - 1).output(); };
+    for (int64_t l = first; l <= last; ++l) {  // the group's forward again, from its kept input
+        block(l).restore_activations();
+        block(l).set_forward_flags(false, true);
+        block(l).forward(input(l), ws_);
+    }
+    for (int64_t l = last; l >= first; --l) {
+        block(l).backward(input(l), *dout, *dx, ws_);
+        std::swap(dout, dx);
+        block(l).release_activations(l < last);  // the group's last output is the next group's input: kept
+        if (grad_ready_) grad_ready_(block_first_param_[static_cast<size_t>(l)]);
+    }
 }
 
 double Model::last_aux_loss() const {
@@ -190,6 +226,13 @@ std::vector<SavedTensor> Model::saved_for_backward() {
     if (attnres_)
         for (auto& s : attnres_->saved_for_backward()) saved.push_back({"attnres." + s.name, s.tensor});
     return saved;
+}
+
+size_t Model::saved_activation_bytes() {
+    size_t bytes = saved_bytes(saved_for_backward());
+    for (auto& b : blocks_)
+        bytes += saved_bytes(b->saved_for_backward()) + (b->output().defined() ? b->output().nbytes() : 0);
+    return bytes;
 }
 
 double Model::flops_per_token(int64_t seq) const {

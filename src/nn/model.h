@@ -78,6 +78,9 @@ class Model {
     std::vector<std::pair<int64_t, MoeStepMetrics>> moe_step_end(int64_t step, parallel::Comm* data_group = nullptr);
     // Model-level activations kept for backward (blocks declare their own).
     std::vector<SavedTensor> saved_for_backward();
+    // Bytes of every activation held for the backward now, the model's and every block's (a recompute policy holds
+    // fewer after the forward).
+    size_t saved_activation_bytes();
     // Training FLOPs per token (fwd + bwd): 6 * (2-D weights but the input embedding, the active routed experts
     // top_k * 3 * F * C per MoE layer included) + 6 * n_attn_layers * T * (Hq * D) for causal attention +
     // n_kda_layers * kda_flops_per_token(cfg, T).
@@ -85,6 +88,14 @@ class Model {
 
    private:
     void resize(int64_t batch, int64_t seq);
+    // Recompute full over the plain residual stream: blocks run in groups of recompute.group_size(); only each
+    // group's input (the output of the block before it) and the last block's output survive the forward.
+    bool full_recompute() const {
+        return cfg_.recompute.full() && !attnres_;
+    }
+    bool keeps_output(int64_t l) const;
+    // Backward of blocks [first, l], l the last of its group: re-runs the group's forward, then its backward.
+    void group_backward(int64_t first, int64_t last, Tensor*& dout, Tensor*& dx);
 
     ModelConfig cfg_;
     Precision precision_;

@@ -7,6 +7,7 @@
 
 #include "nn/enum_names.h"
 #include "nn/moe_config.h"
+#include "nn/recompute.h"
 #include "ops/kda.h"
 #include "ops/kda_gate.h"
 
@@ -118,6 +119,7 @@ struct ModelConfig {
     std::string attn_pos = "auto";
     KdaConfig kda;
     AttnResConfig attnres;
+    RecomputeConfig recompute;  // which saved activations are dropped and rebuilt in the backward
     // Mixture-of-Experts FFN ([moe], moe.md §5): with moe_enabled, layer l's FFN is an MoE layer
     // (nn/layers/moe_layer.h) for l >= moe_first_k_dense; the leading layers keep a dense SwiGLU MLP of width
     // moe_dense_ffn_dim (0: d_ff). The FFN choice is independent of the mixer's layer_pattern, so MoE mixes with

@@ -60,7 +60,8 @@ std::string type_name(const FieldPtr& p) {
     if (std::holds_alternative<int64_t*>(p)) return "an integer";
     if (std::holds_alternative<double*>(p)) return "a number";
     if (std::holds_alternative<bool*>(p)) return "true or false";
-    if (std::holds_alternative<std::vector<std::string>*>(p)) return "an array of strings";
+    if (std::holds_alternative<std::vector<std::string>*>(p) || std::holds_alternative<EnumListField>(p))
+        return "an array of strings";
     return "a string";
 }
 
@@ -112,7 +113,17 @@ void assign(const Field& f, const toml::node& node, const std::string& src) {
         [&](auto& ptr) {
             using T = std::remove_pointer_t<std::remove_cvref_t<decltype(ptr)>>;
             if constexpr (std::is_same_v<T, int64_t>) {
-                if (!node.is_integer()) wrong_type();
+                if (node.is_string() && !f.choices.empty()) {  // a word the integer key also takes: word i is -i
+                    *ptr = -static_cast<int64_t>(choice_index(f.key, f.choices, node.as_string()->get(), src));
+                    return;
+                }
+                if (!node.is_integer())
+                    core::fail(ExitCode::usage,
+                               "config value {} must be an integer{}, got {} [{}]",
+                               f.key,
+                               f.choices.empty() ? "" : fmt::format(" or one of: {}", fmt::join(f.choices, ", ")),
+                               toml::impl::node_type_friendly_names[static_cast<size_t>(node.type())],
+                               src);
                 *ptr = node.as_integer()->get();
                 check_range(f, static_cast<double>(*ptr), fmt::format("{}", *ptr), src);
             } else if constexpr (std::is_same_v<T, double>) {
@@ -130,6 +141,15 @@ void assign(const Field& f, const toml::node& node, const std::string& src) {
             } else if constexpr (std::is_same_v<T, EnumField>) {
                 if (!node.is_string()) wrong_type();
                 ptr.set(choice_index(f.key, f.choices, node.as_string()->get(), src));
+            } else if constexpr (std::is_same_v<T, EnumListField>) {
+                const toml::array* arr = node.as_array();
+                if (arr == nullptr) wrong_type();
+                std::vector<size_t> idx;
+                for (const auto& el : *arr) {
+                    if (!el.is_string()) wrong_type();
+                    idx.push_back(choice_index(f.key, f.choices, el.as_string()->get(), src));
+                }
+                ptr.set(idx);
             } else {
                 const toml::array* arr = node.as_array();
                 if (arr == nullptr) wrong_type();
@@ -259,6 +279,20 @@ void validate(const JobConfig& c, const std::string& src) {
                             m.moe.num_experts,
                             m.moe.top_k));
     }
+    const nn::RecomputeConfig& rc = m.recompute;
+    if (rc.policy == nn::RecomputePolicy::selective && rc.modules.empty())
+        bad("recompute.policy = \"selective\" needs recompute.modules: the modules whose activations to drop");
+    if (rc.policy != nn::RecomputePolicy::selective && !rc.modules.empty())
+        bad(fmt::format("recompute.modules is set, but recompute.policy = \"{}\" ignores it (use \"selective\")",
+                        nn::enum_name(rc.policy)));
+    if (rc.full() && rc.every > m.n_layers)
+        bad(fmt::format("recompute.every = {} exceeds model.n_layers = {}", rc.every, m.n_layers));
+    if (rc.full() && m.attnres.enabled() && rc.every != 1)
+        bad(
+            fmt::format("recompute.every = {} with attnres.mode = \"{}\": under AttnRes, recompute full re-runs each "
+                        "sub-layer from its mixed input, so every must be 1",
+                        rc.every <= 0 ? std::string("\"sqrt\"") : std::to_string(rc.every),
+                        nn::enum_name(m.attnres.mode)));
     if (c.train.seq_len > m.max_seq_len)
         bad(fmt::format("train.seq_len = {} exceeds model.max_seq_len = {}", c.train.seq_len, m.max_seq_len));
     if (c.data.paths.empty()) bad("data.paths is empty: name at least one training shard");
@@ -366,6 +400,15 @@ std::string JobConfig::to_toml() const {
                     t.insert(key, arr);
                 } else if constexpr (std::is_same_v<T, EnumField>) {
                     t.insert(key, f.choices[ptr.get()]);
+                } else if constexpr (std::is_same_v<T, EnumListField>) {
+                    toml::array arr;
+                    for (size_t i : ptr.get()) arr.push_back(f.choices[i]);
+                    t.insert(key, arr);
+                } else if constexpr (std::is_same_v<T, int64_t>) {
+                    if (*ptr <= 0 && !f.choices.empty())
+                        t.insert(key, f.choices[static_cast<size_t>(-*ptr)]);
+                    else
+                        t.insert(key, *ptr);
                 } else {
                     t.insert(key, *ptr);
                 }

@@ -38,6 +38,11 @@ const std::map<std::string, std::string>& section_notes() {
          "has a `K`. KDA runs on the CPU and the GPU (its CUDA kernels run on tensor cores; their speed, and what the "
          "`kda.save` levels change, is in docs/kda.md). `configs/tiny_hybrid.toml` sets `run.device = \"cpu\"`."},
         {"attnres", "Block Attention Residuals in place of the residual adds (docs/attnres.md)."},
+        {"recompute",
+         "Activation recompute (docs/training.md \"Memory\"): which activations the forward drops and the backward "
+         "rebuilds by re-running that part of the forward. `selective` with `modules = [\"kda\", \"norm\", "
+         "\"mlp_act\", \"moe_act\", \"attnres\"]` is the recommended set; `full` with `every = \"sqrt\"` keeps "
+         "the least."},
         {"moe",
          "Mixture-of-Experts FFNs ([moe.md](moe.md), docs/moe_training.md): the layer, its balancing method "
          "(`moe.quantile.*`, `moe.sign_bias.*`, `moe.aux_loss.*` belong to one method each) and the "
@@ -62,7 +67,8 @@ non-empty `data.paths`; `model.layer_pattern` made of `A` and `K` with a length 
 KDA layers, `kda.num_v_heads` a multiple of the KDA q/k heads, a KDA key head dimension of at most 256 and
 `kda.chunk_size` 32 or 64; with Block AttnRes, at most 32 sources per mix (`2 n_layers / S` blocks, rounded up, plus
 the embedding); with MoE, `moe.top_k <= moe.num_experts`, `moe.num_experts` above `moe.top_k` under `quantile` or
-`sign_bias` balancing, and `moe.quantile.ema < 1` under `quantile`.
+`sign_bias` balancing, and `moe.quantile.ema < 1` under `quantile`; `recompute.modules` non-empty exactly when
+`recompute.policy = "selective"`, and under `full` a `recompute.every` at most `model.n_layers` (1 under AttnRes).
 
 When the job starts, against the number of processes: tp x cp x ep x dp x pp equals the number of processes
 (`dp = 0` fills the rest and must divide evenly), `parallel.ep > 1` only with `moe.enabled` and a
@@ -83,7 +89,8 @@ std::string bound_text(double v) {
 }
 
 std::string type_text(const Field& f) {
-    if (std::holds_alternative<int64_t*>(f.ptr)) return "int";
+    if (std::holds_alternative<int64_t*>(f.ptr)) return f.choices.empty() ? "int" : "int or string";
+    if (std::holds_alternative<EnumListField>(f.ptr)) return "[string]";
     if (std::holds_alternative<double*>(f.ptr)) return "float";
     if (std::holds_alternative<bool*>(f.ptr)) return "bool";
     if (std::holds_alternative<std::vector<std::string>*>(f.ptr)) return "[string]";
@@ -96,6 +103,14 @@ std::string default_text(const Field& f) {
             using T = std::remove_pointer_t<std::remove_cvref_t<decltype(ptr)>>;
             if constexpr (std::is_same_v<T, EnumField>) {
                 return fmt::format("`\"{}\"`", f.choices[ptr.get()]);
+            } else if constexpr (std::is_same_v<T, EnumListField>) {
+                std::vector<std::string> names;
+                for (size_t i : ptr.get()) names.push_back(f.choices[i]);
+                return names.empty() ? "`[]`" : fmt::format("`[\"{}\"]`", fmt::join(names, "\", \""));
+            } else if constexpr (std::is_same_v<T, int64_t>) {
+                if (*ptr <= 0 && !f.choices.empty())
+                    return fmt::format("`\"{}\"`", f.choices[static_cast<size_t>(-*ptr)]);
+                return fmt::format("{}", *ptr);
             } else if constexpr (std::is_same_v<T, std::string>) {
                 return fmt::format("`\"{}\"`", *ptr);
             } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
@@ -112,8 +127,10 @@ std::string default_text(const Field& f) {
 }
 
 std::string range_text(const Field& f) {
-    if (!f.choices.empty()) return fmt::format("{}", fmt::join(f.choices, ", "));
     const bool integer = std::holds_alternative<int64_t*>(f.ptr);
+    if (integer && !f.choices.empty())
+        return fmt::format("{}..{} or {}", bound_text(f.min), bound_text(f.max), fmt::join(f.choices, ", "));
+    if (!f.choices.empty()) return fmt::format("{}", fmt::join(f.choices, ", "));
     if (!integer && !std::holds_alternative<double*>(f.ptr)) return "";
     const bool low = std::isfinite(f.min), high = std::isfinite(f.max);
     if (!low && !high) return "";

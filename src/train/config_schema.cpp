@@ -56,6 +56,30 @@ Field choice(std::string key, E* p, std::string help) {
     return {.key = std::move(key), .ptr = std::move(f), .help = std::move(help), .choices = std::move(choices)};
 }
 
+// An array of enum values, each spelled as nn::EnumNames<E> says.
+template <typename E>
+Field choice_list(std::string key, std::vector<E>* p, std::string help) {
+    using Names = nn::EnumNames<E>;
+    EnumListField f{.get =
+                        [p] {
+                            std::vector<size_t> out;
+                            for (E v : *p) {
+                                size_t i = 0;
+                                while (Names::names[i].first != v) ++i;
+                                out.push_back(i);
+                            }
+                            return out;
+                        },
+                    .set =
+                        [p](const std::vector<size_t>& idx) {
+                            p->clear();
+                            for (size_t i : idx) p->push_back(Names::names[i].first);
+                        }};
+    std::vector<std::string> choices;
+    for (const auto& [value, name] : Names::names) choices.push_back(name);
+    return {.key = std::move(key), .ptr = std::move(f), .help = std::move(help), .choices = std::move(choices)};
+}
+
 }  // namespace
 
 std::vector<Field> config_schema(JobConfig& c) {
@@ -184,6 +208,24 @@ std::vector<Field> config_schema(JobConfig& c) {
                 0,
                 1e12,
                 "K: λ(t) = λ0·max(0, 1 − t/K) at optimizer step t (linear decay to 0); 0 keeps λ = λ0 throughout"),
+        choice("recompute.policy",
+               &m.recompute.policy,
+               "activation recompute (docs/training.md \"Memory\"): `none` keeps every activation for the backward; "
+               "`selective` drops the activations of `recompute.modules` and re-runs their part of the forward in the "
+               "backward; `full` keeps one block input per `recompute.every` blocks and re-runs those blocks' "
+               "forward. Same gradients as `none` (bit for bit on the CPU)"),
+        choice_list("recompute.modules",
+                    &m.recompute.modules,
+                    "selective: what to drop. `attn_core` (attention q, k, v, output, lse), `kda` (every KDA "
+                    "activation), `mlp_act` / `moe_act` (SwiGLU outputs), `norm` (RMSNorm outputs), `attnres` (the "
+                    "AttnRes mixed inputs), `moe_permute` (the rows gathered in expert order)"),
+        {.key = "recompute.every",
+         .ptr = &m.recompute.every,
+         .help = "full: blocks per kept input (k; one block's input is kept per k blocks); `\"sqrt\"` = the "
+                 "integer nearest sqrt(n_layers). At most `model.n_layers`; must be 1 under AttnRes",
+         .min = 1,
+         .max = 4096,
+         .choices = {"sqrt"}},
         flag("moe.enabled",
              &m.moe_enabled,
              "Mixture-of-Experts FFNs (docs/moe_training.md, spec moe.md): layer l's FFN is an MoE layer when l >= "

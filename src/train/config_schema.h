@@ -20,7 +20,16 @@ struct EnumField {
     std::function<void(size_t)> set;
 };
 
-using FieldPtr = std::variant<int64_t*, double*, bool*, std::string*, std::vector<std::string>*, EnumField>;
+// An array of enum values (recompute.modules), read and written as their indices in the row's choices.
+struct EnumListField {
+    std::function<std::vector<size_t>()> get;
+    std::function<void(const std::vector<size_t>&)> set;
+};
+
+// An integer key may also take words (recompute.every = "sqrt"): the row's choices, word i stored as -i, so the
+// integer range must exclude 0 and below.
+using FieldPtr =
+    std::variant<int64_t*, double*, bool*, std::string*, std::vector<std::string>*, EnumField, EnumListField>;
 
 struct Field {
     std::string key;  // "section.name" or "section.table.name"

@@ -22,20 +22,33 @@ AttentionLayer::AttentionLayer(ParamTable& table, const std::string& prefix, con
 }
 
 void AttentionLayer::resize(int64_t batch, int64_t seq, const Precision& precision) {
-    if (batch == batch_ && seq == seq_ && q_.defined()) return;
+    if (batch == batch_ && seq == seq_ && (q_.defined() || !dropped_.empty())) return;
     batch_ = batch;
     seq_ = seq;
     const int64_t d = cfg_.resolved_head_dim();
     const core::DType dtype = precision.compute;
     const core::Device dev = precision.device;
+    act_dtype_ = dtype;
     q_ = Tensor::zeros({batch, seq, cfg_.n_heads, d}, dtype, dev);
     k_ = Tensor::zeros({batch, seq, cfg_.n_kv_heads, d}, dtype, dev);
     v_ = Tensor::zeros({batch, seq, cfg_.n_kv_heads, d}, dtype, dev);
     attn_ = Tensor::zeros({batch, seq, cfg_.n_heads, d}, dtype, dev);
     lse_ = Tensor::zeros({batch, cfg_.n_heads, seq}, precision.stats, dev);
+    dropped_.clear();
+    if (cfg_.recompute.drops(RecomputeModule::attn_core))
+        for (Tensor* t : {&q_, &k_, &v_, &attn_, &lse_}) dropped_.add(t);
+    dropped_.release();  // allocated in the forward that needs them, so that no two layers hold them at once
 }
 
 void AttentionLayer::forward(const Tensor& x, const Tensor& out) {
+    const int64_t n = batch_ * seq_;
+    dropped_.restore();
+    forward_core(x);
+    wo_.forward(attn_.reshape({n, attn_.numel() / n}), out);
+    dropped_.release();
+}
+
+void AttentionLayer::forward_core(const Tensor& x) {
     const int64_t n = batch_ * seq_;
     wq_.forward(x, q_.reshape({n, q_.numel() / n}));
     wk_.forward(x, k_.reshape({n, k_.numel() / n}));
@@ -45,16 +58,21 @@ void AttentionLayer::forward(const Tensor& x, const Tensor& out) {
         ops::rope_fwd(k_, cfg_.rope_theta, 0, k_);
     }
     ops::attention_fwd(q_, k_, v_, attn_, lse_);
-    wo_.forward(attn_.reshape({n, attn_.numel() / n}), out);
 }
 
 // Workspace slots: 0 d_attn, 1 d_q, 2 d_k, 3 d_v (all alive together from the attention backward on).
 void AttentionLayer::reserve_scratch(Workspace& ws) const {
-    const size_t q = q_.nbytes(), kv = k_.nbytes();
+    const int64_t d = cfg_.resolved_head_dim(), n = batch_ * seq_;
+    const size_t q = static_cast<size_t>(n * cfg_.n_heads * d) * core::dtype_size(act_dtype_);
+    const size_t kv = static_cast<size_t>(n * cfg_.n_kv_heads * d) * core::dtype_size(act_dtype_);
     ws.reserve_slot(0, q), ws.reserve_slot(1, q), ws.reserve_slot(2, kv), ws.reserve_slot(3, kv);
 }
 
 void AttentionLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws) {
+    if (!dropped_.empty()) {  // recompute attn_core
+        dropped_.restore();
+        forward_core(x);
+    }
     const int64_t n = batch_ * seq_;
     auto flat = [n](const Tensor& t) { return t.reshape({n, t.numel() / n}); };
     const core::Device dev = x.device();
@@ -72,6 +90,7 @@ void AttentionLayer::backward(const Tensor& x, const Tensor& dout, const Tensor&
     wq_.backward(x, flat(d_q), dx);
     wk_.backward(x, flat(d_k), dx, /*accumulate_dx=*/true);
     wv_.backward(x, flat(d_v), dx, /*accumulate_dx=*/true);
+    dropped_.release();
 }
 
 std::vector<SavedTensor> AttentionLayer::saved_for_backward() {

@@ -5,6 +5,7 @@
 #include "nn/layer.h"
 #include "nn/layers/linear.h"
 #include "nn/model_config.h"
+#include "nn/recompute.h"
 #include "nn/workspace.h"
 
 namespace mt::nn {
@@ -23,12 +24,17 @@ class AttentionLayer : public Layer {
     std::vector<SavedTensor> saved_for_backward() override;
 
    private:
+    // q, k, v and the attention output from x: what recompute attn_core re-runs.
+    void forward_core(const Tensor& x);
+
     ModelConfig cfg_;
+    DropList dropped_;  // recompute attn_core: every saved tensor
     Linear wq_, wk_, wv_, wo_;
     int64_t batch_ = 0, seq_ = 0;
-    Tensor q_, k_, v_;  // [B, T, H, D] after RoPE (when on)
-    Tensor attn_;       // [B, T, Hq, D]
-    Tensor lse_;        // [B, Hq, T] in the statistics dtype
+    core::DType act_dtype_ = core::DType::f32;  // the compute dtype
+    Tensor q_, k_, v_;                          // [B, T, H, D] after RoPE (when on)
+    Tensor attn_;                               // [B, T, Hq, D]
+    Tensor lse_;                                // [B, Hq, T] in the statistics dtype
 };
 
 }  // namespace mt::nn

@@ -42,6 +42,12 @@ void AttnResStack::resize(int64_t n, const Precision& precision) {
         mixed_.push_back(act());
         alpha_.push_back(Tensor::zeros({n, static_cast<int64_t>(sources_of(l).size())}, precision.stats, dev));
     }
+    drop_mixed_ = cfg_.recompute.drops(RecomputeModule::attnres);
+    mixed_dropped_.assign(static_cast<size_t>(layers_), DropList());
+    for (int64_t l = 0; l < layers_ && drop_mixed_; ++l) {
+        mixed_dropped_[static_cast<size_t>(l)].add(&mixed_[static_cast<size_t>(l)]);
+        mixed_dropped_[static_cast<size_t>(l)].release();
+    }
     d_embed_ = acc();
     d_branch_ = act();
     d_mixed_ = act();
@@ -67,6 +73,7 @@ const Tensor& AttnResStack::forward(const Tensor& e, std::vector<std::unique_ptr
         std::vector<Tensor> sources;
         for (int64_t idx : sources_of(l)) sources.push_back(partial_or_embedding(idx, e));
         const auto i = static_cast<size_t>(l);
+        if (l < layers_) mixed_dropped_[i].restore();
         {
             core::TraceRange range(e.device(), "attnres.mix_fwd");
             ops::attnres_mix_fwd(
@@ -80,6 +87,7 @@ const Tensor& AttnResStack::forward(const Tensor& e, std::vector<std::unique_ptr
             b.branch_forward(static_cast<int>(l % 2), mixed_[i], d_branch_, ws);  // d_branch_ as scratch for v_l
             ops::add_fwd(partial_[i - 1], d_branch_, partial_[i]);
         }
+        mixed_dropped_[i].release();
     }
     return mixed_[static_cast<size_t>(layers_)];
 }
@@ -124,8 +132,17 @@ void AttnResStack::backward(const Tensor& e,
         // d_partial_[l] is complete: every later mix that reads it and the next partial sum of its block are done.
         // partial_[l] = partial_[l - 1] + v_l, so dv_l = d_partial_[l].
         Block& b = *blocks[static_cast<size_t>(l / 2)];
+        if (drop_mixed_) {  // recompute attnres: h_l from its sources again (alpha_[l] is rewritten, unchanged)
+            mixed_dropped_[i].restore();
+            std::vector<Tensor> sources;
+            for (int64_t idx : sources_of(l)) sources.push_back(partial_or_embedding(idx, e));
+            core::TraceRange range(e.device(), "attnres.mix_fwd");
+            ops::attnres_mix_fwd(
+                sources, table_->param(query_[i]), table_->param(gain_[i]), eps, mixed_[i], alpha_[i], blend_);
+        }
         b.branch_backward(static_cast<int>(l % 2), mixed_[i], compute_copy(d_partial_[i], d_branch_), d_mixed_, ws);
         mix_backward(l, d_mixed_);
+        mixed_dropped_[i].release();
         if (l % block_ != 0) ops::add_fwd(d_partial_[i - 1], d_partial_[i], d_partial_[i - 1]);
     }
     if (zero_.defined())

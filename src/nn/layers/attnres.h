@@ -56,6 +56,10 @@ class AttnResStack {
     std::vector<Tensor> partial_;     // [L] of [N, C]: partial_[l] = partial sum of l's block through sub-layer l
     std::vector<Tensor> mixed_;       // [L + 1] of [N, C]: the mixed inputs h_l and the final mix
     std::vector<Tensor> alpha_;       // [L + 1] of [N, m_l]
+    // Recompute attnres (recompute_mix): mixed_[l], l < L, freed once its sub-layer has run, rebuilt by the mix
+    // forward before the sub-layer's backward.
+    bool drop_mixed_ = false;
+    std::vector<DropList> mixed_dropped_;
     // Gradient accumulators in the master dtype (f32 under mixed precision: a block's gradient sums the
     // contributions of every later mix, which bf16 would round at each add).
     std::vector<Tensor> d_partial_;  // [L] of [N, C]

@@ -73,11 +73,12 @@ KdaLayer::KdaLayer(ParamTable& table, const std::string& prefix, const ModelConf
 }
 
 void KdaLayer::resize(int64_t batch, int64_t seq, const Precision& precision) {
-    if (batch == batch_ && seq == seq_ && q_.defined()) return;
+    if (batch == batch_ && seq == seq_ && (q_.defined() || !dropped_.empty())) return;
     batch_ = batch;
     seq_ = seq;
     const int64_t n = batch * seq, hk = h_ * k_dim_, hvk = hv_ * k_dim_, hvv = hv_ * v_dim_;
     const core::DType dt = precision.compute;
+    act_dtype_ = dt;
     const core::Device dev = precision.device;
     auto z = [&](const Shape& s) { return Tensor::zeros(s, dt, dev); };
     qp_ = z({n, hk}), kp_ = z({n, hk}), vp_ = z({n, hvv});
@@ -91,6 +92,11 @@ void KdaLayer::resize(int64_t batch, int64_t seq, const Precision& precision) {
     on_ = z({n, hvv}), rstd_ = Tensor::zeros({n * hv_}, precision.stats, dev);
     ga_ = z({n, v_dim_}), gz_ = z({n, hvv}), y_ = z({n, hvv});
     ds0_ = Tensor();
+    dropped_.clear();
+    if (cfg_.recompute.drops(RecomputeModule::kda))
+        for (const SavedTensor& s : saved_for_backward())
+            if (s.tensor->defined() && !s.name.starts_with("kept.")) dropped_.add(s.tensor);
+    dropped_.release();  // allocated in the forward that needs them, so that no two layers hold them at once
 }
 
 void KdaLayer::set_initial_state(const Tensor& s0) {
@@ -102,6 +108,14 @@ void KdaLayer::set_final_state_grad(const Tensor& dst) {
 }
 
 void KdaLayer::forward(const Tensor& x, const Tensor& out, bool training) {
+    dropped_.restore();
+    // Under recompute kda the backward re-runs this forward, which keeps the tiles then: none are kept now.
+    forward_core(x, training && dropped_.empty());
+    wo_.forward(y_, out);
+    dropped_.release();
+}
+
+void KdaLayer::forward_core(const Tensor& x, bool keep) {
     const int64_t n = batch_ * seq_;
     const double q_scale = 1.0 / std::sqrt(static_cast<double>(k_dim_));
     auto rows = [](const Tensor& t, int64_t r) { return t.reshape({r, t.numel() / r}); };
@@ -125,14 +139,13 @@ void KdaLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     ops::kda_gate_fwd(u_.reshape({n, hv_, k_dim_}), a_log, bias, g_.reshape({n, hv_, k_dim_}), gate_options_);
     // the recurrence
     const Tensor v = vc_.reshape({batch_, seq_, hv_, v_dim_});
-    if (!training) kept_ = ops::KdaSaved{};
-    ops::kda_fwd(q_, k_, v, g_, beta_, s0_, o_, st_, kda_options_, keep_tiles_ && training ? &kept_ : nullptr);
+    if (!keep) kept_ = ops::KdaSaved{};
+    ops::kda_fwd(q_, k_, v, g_, beta_, s0_, o_, st_, kda_options_, keep_tiles_ && keep ? &kept_ : nullptr);
     // output norm per head, sigmoid output gate, output projection
     ops::rmsnorm_fwd(rows(o_, n * hv_), table_->param(o_norm_), cfg_.norm_eps, rows(on_, n * hv_), rstd_);
     wga_.forward(x, ga_);
     wgb_.forward(ga_, gz_);
     ops::sigmoid_gate_fwd(on_, gz_, y_);
-    wo_.forward(y_, out);
 }
 
 // Workspace slots, by lifetime (a slot is reused once its tensor is dead; the numbers in brackets are the steps
@@ -146,7 +159,7 @@ void KdaLayer::forward(const Tensor& x, const Tensor& out, bool training) {
 void KdaLayer::reserve_scratch(Workspace& ws) const {
     const int64_t n = batch_ * seq_, hk = h_ * k_dim_, hvk = hv_ * k_dim_, hvv = hv_ * v_dim_;
     const auto bytes = [&](std::initializer_list<int64_t> widths) {
-        return static_cast<size_t>(n * std::max(widths)) * core::dtype_size(q_.dtype());
+        return static_cast<size_t>(n * std::max(widths)) * core::dtype_size(act_dtype_);
     };
     ws.reserve_slot(0, bytes({hvv, v_dim_, hvk, hv_, hk}));
     ws.reserve_slot(1, bytes({hvv, hk}));
@@ -157,11 +170,15 @@ void KdaLayer::reserve_scratch(Workspace& ws) const {
 }
 
 void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws) {
+    if (!dropped_.empty()) {  // recompute kda
+        dropped_.restore();
+        forward_core(x, true);
+    }
     const int64_t n = batch_ * seq_, hk = h_ * k_dim_, hvk = hv_ * k_dim_, hvv = hv_ * v_dim_;
     const double q_scale = 1.0 / std::sqrt(static_cast<double>(k_dim_));
     auto rows = [](const Tensor& t, int64_t r) { return t.reshape({r, t.numel() / r}); };
     auto seq3 = [&](const Tensor& t) { return t.reshape({batch_, seq_, t.numel() / n}); };
-    auto scratch = [&](int slot, const Shape& shape) { return ws.slot(slot, shape, q_.dtype(), x.device()); };
+    auto scratch = [&](int slot, const Shape& shape) { return ws.slot(slot, shape, act_dtype_, x.device()); };
     // x feeds six projections: after the first, each adds its gradient into dx inside its matmul.
     auto add_dx = [&](const Linear& w, const Tensor& input, const Tensor& dy) {
         w.backward(input, dy, dx, /*accumulate_dx=*/true);
@@ -220,6 +237,7 @@ void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     add_dx(wq_, x, d_qp);
     add_dx(wk_, x, d_kp);
     add_dx(wv_, x, d_vp);
+    dropped_.release();
 }
 
 std::vector<SavedTensor> KdaLayer::saved_for_backward() {

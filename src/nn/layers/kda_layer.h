@@ -16,6 +16,7 @@
 #include "nn/layer.h"
 #include "nn/layers/linear.h"
 #include "nn/model_config.h"
+#include "nn/recompute.h"
 #include "nn/workspace.h"
 #include "ops/kda.h"
 #include "ops/kda_gate.h"
@@ -66,7 +67,12 @@ class KdaLayer : public Layer {
     std::vector<SavedTensor> saved_for_backward() override;
 
    private:
+    // Everything but the output projection, from x (into y_): what recompute kda re-runs. keep: let the op keep
+    // what its backward reuses (kda.save).
+    void forward_core(const Tensor& x, bool keep);
+
     ModelConfig cfg_;
+    DropList dropped_;  // recompute kda: every saved activation (the kept tiles are freed apart)
     ops::KdaOptions kda_options_;
     ops::KdaGateOptions gate_options_;
     int64_t h_ = 0, hv_ = 0, k_dim_ = 0, v_dim_ = 0;
@@ -74,6 +80,7 @@ class KdaLayer : public Layer {
     Linear wq_, wk_, wv_, wfa_, wfb_, wb_, wga_, wgb_, wo_;
     int conv_q_ = -1, conv_k_ = -1, conv_v_ = -1, a_log_ = -1, dt_bias_ = -1, o_norm_ = -1;
     int64_t batch_ = 0, seq_ = 0;
+    core::DType act_dtype_ = core::DType::f32;  // the compute dtype of the activations and their gradients
     Tensor s0_, dst_;
     // What the KDA op keeps from a training forward to its backward (GPU only; kda.save), freed after the backward.
     bool keep_tiles_ = false;

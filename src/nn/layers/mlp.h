@@ -4,6 +4,7 @@
 #include "nn/layer.h"
 #include "nn/layers/linear.h"
 #include "nn/model_config.h"
+#include "nn/recompute.h"
 #include "nn/workspace.h"
 
 namespace mt::nn {
@@ -12,6 +13,11 @@ class Mlp : public Layer {
    public:
     Mlp(ParamTable& table, const std::string& prefix, const ModelConfig& cfg);
 
+    // Drop the SwiGLU output after the forward and recompute it in the backward (recompute mlp_act, or moe_act for
+    // the shared experts: the owner says which). Before resize.
+    void set_drop_act(bool drop) {
+        drop_act_ = drop;
+    }
     void resize(int64_t n, const Precision& precision);
     // x: [N, C] (the normed residual) -> out: [N, C]
     void forward(const Tensor& x, const Tensor& out);
@@ -26,6 +32,8 @@ class Mlp : public Layer {
     ModelConfig cfg_;
     Linear w_gate_, w_up_, w_down_;
     Tensor gate_, up_, act_;  // [N, F]
+    bool drop_act_ = false;
+    DropList dropped_;  // act_ when drop_act_
 };
 
 }  // namespace mt::nn

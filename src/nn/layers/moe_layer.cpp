@@ -65,7 +65,10 @@ MoeLayer::MoeLayer(ParamTable& table,
         ModelConfig shared = model;
         shared.d_ff = f * moe.num_shared_experts;
         shared_ = std::make_unique<Mlp>(table, prefix + ".shared", shared);
+        shared_->set_drop_act(model.recompute.drops(RecomputeModule::moe_act));
     }
+    drop_act_ = model.recompute.drops(RecomputeModule::moe_act);
+    drop_permute_ = model.recompute.drops(RecomputeModule::moe_permute);
 }
 
 void MoeLayer::resize(int64_t n, const Precision& precision) {
@@ -88,6 +91,7 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
     d_scores_aux_ = moe_.balance.mode == MoeBalanceMode::aux_loss ? zr({n, e}) : Tensor();
     expert_capacity_ = -1;
     reserve_expert_rows(r);
+    dropped_.release();  // allocated in the forward that needs them, so that no two layers hold them at once
     step_load_acc_ = Tensor::zeros({e}, DType::i64, dev);
     step_entropy_acc_ = Tensor::zeros({1}, DType::f64, dev);
     if (shared_) {
@@ -108,6 +112,14 @@ void MoeLayer::reserve_expert_rows(int64_t rows) {
     hg_ = z({cap, f}), hu_ = z({cap, f}), act_ = z({cap, f});
     if (ep_.size > 1) xe_ = z({cap, c}), ye_ = z({cap, c});
     expert_capacity_ = cap;
+    list_dropped();
+}
+
+void MoeLayer::list_dropped() {
+    dropped_.clear();
+    if (drop_act_) dropped_.add(&act_);
+    if (drop_permute_) dropped_.add(&xp_);
+    if (drop_permute_ && ep_.size > 1) dropped_.add(&xe_);
 }
 
 void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
@@ -116,6 +128,7 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
              "moe layer: x has shape {}, expected [{}, C] (resize first)",
              core::shape_str(x.shape()),
              n);
+    dropped_.restore();
     // router: z = x W_r^T, scores, top-k on s + b, gates; QB's cutoff
     router_.forward(x, logits_);
     const std::vector<float>& bias = balancer_.bias();
@@ -175,6 +188,7 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     aux_loss_ = moe_.balance.mode == MoeBalanceMode::aux_loss
                     ? ops::moe_aux_loss(scores_, indices_, moe_.balance.aux_coeff, probs, d_scores_aux_)
                     : 0.0;
+    dropped_.release();
     if (!training) return;
     balancer_.observe(scores_, need_cutoff ? cutoff_ : Tensor(), indices_);
     step_tokens_ += n;
@@ -213,9 +227,15 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     const int64_t n = n_, re = expert_rows_, c = model_.d_model, f = moe_.expert_ffn_dim;
     const core::Device dev = x.device();
     const DType dt = logits_.dtype();
+    dropped_.restore();
     const Tensor xp = xp_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
     const Tensor xe = ep ? xe_.slice(0, 0, re) : xp;
     const Tensor hg = hg_.slice(0, 0, re), hu = hu_.slice(0, 0, re), act = act_.slice(0, 0, re);
+    if (drop_permute_) {  // recompute moe_permute: the gather (and the rows' trip to the experts) again
+        ops::moe_permute_fwd(x, row_token_.slice(0, 0, rows_), xp);
+        if (ep) dispatch_.to_experts(xp, xe);
+    }
+    if (drop_act_) ops::swiglu_fwd(hg, hu, act);  // recompute moe_act
     // combine: row gradients g dy, gate gradients dy . row
     const Tensor d_yp = ws.slot(0, {rows_, c}, dt, dev), d_gates = ws.slot(6, gates_.shape(), gates_.dtype(), dev);
     ops::moe_unpermute_bwd(yp, slot_row_, gates_, dout, d_yp, d_gates);
@@ -250,6 +270,7 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
         shared_->backward(x, dout, d_tmp, ws);
         ops::add_fwd(dx, d_tmp, dx);
     }
+    dropped_.release();
 }
 
 MoeStepMetrics MoeLayer::step_end(int64_t step, parallel::Comm* data_group) {

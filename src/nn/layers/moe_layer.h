@@ -133,6 +133,8 @@ class MoeLayer : public Layer {
    private:
     // Expert parallelism: grows the expert-side buffers to hold `rows`.
     void reserve_expert_rows(int64_t rows);
+    // The buffers recompute moe_act / moe_permute drop, from the current ones (after every reallocation).
+    void list_dropped();
 
     std::string prefix_;
     ModelConfig model_;
@@ -167,7 +169,9 @@ class MoeLayer : public Layer {
     MoeDispatch dispatch_;
     Tensor xe_, ye_;
     int64_t expert_capacity_ = 0;
-    Tensor shared_out_;    // [N, C]
+    Tensor shared_out_;                             // [N, C]
+    bool drop_act_ = false, drop_permute_ = false;  // recompute moe_act, moe_permute
+    DropList dropped_;
     Tensor d_scores_aux_;  // [N, E] the aux loss's gradient on the scores (aux_loss balancing only), from forward
 };
 
