@@ -1,6 +1,10 @@
 // The CPU backend and the device -> backend lookup.
 #include "core/backend.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
 
 #include "core/allocator.h"
@@ -10,6 +14,32 @@
 namespace mt::core {
 
 namespace {
+
+// The resident set now, in bytes: the second field of /proc/self/statm, in pages.
+size_t cpu_rss_bytes() {
+    FILE* f = std::fopen("/proc/self/statm", "r");
+    if (f == nullptr) return 0;
+    unsigned long long size = 0, resident = 0;
+    const bool ok = std::fscanf(f, "%llu %llu", &size, &resident) == 2;
+    std::fclose(f);
+    return ok ? static_cast<size_t>(resident) * static_cast<size_t>(sysconf(_SC_PAGESIZE)) : 0;
+}
+
+// The resident set's high-water mark: VmHWM of /proc/self/status (which clear_refs resets), else getrusage's
+// ru_maxrss (since the process started; kB on Linux).
+size_t cpu_peak_rss_bytes() {
+    if (FILE* f = std::fopen("/proc/self/status", "r")) {
+        char line[256];
+        unsigned long long kb = 0;
+        bool found = false;
+        while (!found && std::fgets(line, sizeof(line), f) != nullptr)
+            found = std::sscanf(line, "VmHWM: %llu kB", &kb) == 1;
+        std::fclose(f);
+        if (found) return static_cast<size_t>(kb) * 1024;
+    }
+    struct rusage usage {};
+    return getrusage(RUSAGE_SELF, &usage) == 0 ? static_cast<size_t>(usage.ru_maxrss) * 1024 : 0;
+}
 
 class CpuBackend final : public Backend {
    public:
@@ -29,6 +59,26 @@ class CpuBackend final : public Backend {
         std::memset(ptr, 0, bytes);
     }
     void synchronize() override {}
+    size_t bytes_in_use() const override {
+        return cpu_rss_bytes();
+    }
+    size_t reserved_bytes() const override {
+        return cpu_rss_bytes();
+    }
+    size_t peak_bytes() const override {
+        return cpu_peak_rss_bytes();
+    }
+    void reset_peak() override {
+        // "5" resets the high-water mark to the current RSS (Linux 4.0 and later, proc(5)).
+        if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+            std::fputs("5", f);
+            std::fclose(f);
+        }
+    }
+    size_t total_bytes() const override {
+        const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+    }
 };
 
 }  // namespace

@@ -37,11 +37,26 @@ class Backend {
     virtual void synchronize() = 0;
     // Orders two lanes (core::lane_wait); the CPU runs everything in call order and needs nothing.
     virtual void lane_wait(Lane waiter, Lane signaller) {}
-    // Allocator statistics: bytes handed out now, and the most ever handed out at once (0 where not tracked).
+    // Memory statistics (the per-step mem/* metrics, docs/training.md); 0 where not known.
+    // CUDA: the caching allocator's figures, kept on the host as blocks are handed out and returned (in whole size
+    // classes, so a little above what callers asked for). bytes_in_use: handed out now; reserved_bytes: held from
+    // the driver (in use plus cached for reuse); peak_bytes: the most handed out at once since reset_peak (or since
+    // the start); total_bytes: the GPU's memory.
+    // CPU: the process's resident set, every page it holds and not only tensors (the allocator does not track its
+    // blocks, and freed memory may stay with the process). bytes_in_use = reserved_bytes: the RSS now; peak_bytes:
+    // the kernel's high-water mark (VmHWM), which reset_peak sets back to the RSS now (/proc/self/clear_refs; where
+    // that fails the peak stays the one since the process started); total_bytes: the machine's physical memory.
     virtual size_t bytes_in_use() const {
         return 0;
     }
+    virtual size_t reserved_bytes() const {
+        return 0;
+    }
     virtual size_t peak_bytes() const {
+        return 0;
+    }
+    virtual void reset_peak() {}
+    virtual size_t total_bytes() const {
         return 0;
     }
     // Named ranges for external profilers (NVTX on CUDA); nothing by default.

@@ -150,10 +150,27 @@ class CudaBackend final : public Backend {
     }
 
     size_t bytes_in_use() const override {
+        std::lock_guard<std::mutex> lock(mutex_);
         return in_use_bytes_;
     }
+    // Everything cudaMalloc gave and cudaFree has not taken back: the blocks in use and those cached for reuse.
+    size_t reserved_bytes() const override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return in_use_bytes_ + cached_bytes_;
+    }
     size_t peak_bytes() const override {
+        std::lock_guard<std::mutex> lock(mutex_);
         return peak_bytes_;
+    }
+    void reset_peak() override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        peak_bytes_ = in_use_bytes_;
+    }
+    size_t total_bytes() const override {
+        // The current device's memory: the one this process uses (a rank sets its device before any allocation).
+        size_t free = 0, total = 0;
+        MT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+        return total;
     }
     void range_push(const char* name) override {
         nvtxRangePushA(name);
@@ -174,7 +191,7 @@ class CudaBackend final : public Backend {
         cached_bytes_ = 0;
     }
 
-    std::mutex mutex_;
+    mutable std::mutex mutex_;  // also taken by the const getters, so they read the counters as alloc and free do
     std::map<size_t, std::vector<void*>> cache_[kLanes];  // per lane: size class -> free blocks
     std::unordered_map<void*, int> owner_;                // live block -> the lane whose pool gets it back
     size_t in_use_bytes_ = 0, cached_bytes_ = 0, peak_bytes_ = 0;
