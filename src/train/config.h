@@ -63,6 +63,7 @@ struct CheckpointConfig {
 struct MetricsConfig {
     int64_t every = 1;
     bool jsonl = true;
+    double memory_warning = 0.95;  // warn when the memory reserved exceeds this fraction of the device's
 };
 
 // [parallel]: the device mesh (src/parallel/mesh.h) and how data-parallel gradients are reduced.

@@ -370,6 +370,13 @@ std::vector<Field> config_schema(JobConfig& c) {
              "200 MB; sizes are always checked, and loaded weights must be finite either way)"),
         integer("metrics.every", &x.every, 1, 1e12, "steps between `train` lines in metrics.jsonl"),
         flag("metrics.jsonl", &x.jsonl, "write `<run.dir>/metrics.jsonl`"),
+        number_above("metrics.memory_warning",
+                     &x.memory_warning,
+                     0,
+                     1,
+                     "a `memory_warning` event and a warning line when `mem/reserved` goes above this fraction of the "
+                     "device's memory (the GPU's, or the machine's RAM on the CPU), once each time it crosses "
+                     "(docs/training.md); 1 = never"),
         integer("parallel.tp", &p.tp, 1, 1 << 20, "tensor-parallel size (only 1 runs yet; docs/distributed.md)"),
         integer("parallel.cp", &p.cp, 1, 1 << 20, "context-parallel size (only 1 runs yet)"),
         integer("parallel.ep",

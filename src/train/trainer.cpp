@@ -185,6 +185,7 @@ StepResult Trainer::train_step() {
     const auto start = std::chrono::steady_clock::now();
     const auto& t = cfg_.train;
     StepResult r;
+    memory_step_begin();
     r.lr = schedule_.at(step_);
     r.loss_scale = scaler_.scale();
     model_->params().zero_grads();
@@ -240,6 +241,7 @@ StepResult Trainer::train_step() {
     // The MoE balancers update from the routing the step's training forwards counted (the bias is not a gradient
     // quantity, so this happens also on a skipped step); the metrics and the collapse alarm come with it.
     r.moe = model_->moe_step_end(step_, &mesh_->group(parallel::MeshGroup::dp_span));
+    memory_step_end(r);
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return r;
 }
@@ -336,15 +338,18 @@ RunEnd Trainer::run() {
                 scale_note += fmt::format(" aux {:.4f}", r.aux_loss);
         }
         if (log_)
-            fmt::print("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}{}\n",
-                       step_,
-                       t.steps,
-                       r.loss,
-                       r.lr,
-                       r.grad_norm,
-                       tok_s,
-                       format_duration(eta),
-                       scale_note);
+            fmt::print(
+                "step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | "
+                "{:.0f} tok/s | peak {:.1f} GB | ETA {}{}\n",
+                step_,
+                t.steps,
+                r.loss,
+                r.lr,
+                r.grad_norm,
+                tok_s,
+                static_cast<double>(r.mem_peak) / 1e9,
+                format_duration(eta),
+                scale_note);
         if (step_ % cfg_.metrics.every == 0) {
             nlohmann::json fields = {{"loss", r.loss},
                                      {"lr", r.lr},
@@ -359,9 +364,11 @@ RunEnd Trainer::run() {
                 fields["skipped"] = r.skipped;
                 fields["skipped_total"] = scaler_.skipped();
             }
+            add_memory_metrics(r, fields);
             add_moe_metrics(r, fields);
             metrics_->write(step_, "train", fields);
         }
+        handle_memory_events(r);
         handle_moe_events(r);
         const bool last = step_ == t.steps;
         // The checkpoint first: a validation that fails then costs nothing since the step.

@@ -31,6 +31,12 @@ struct StepResult {
     double comm_seconds = 0.0;       // data-parallel gradient reduction (the part not overlapped with the backward)
     int64_t buckets_overlapped = 0;  // gradient buckets issued while the backward was still running
     std::vector<std::pair<int64_t, nn::MoeStepMetrics>> moe;  // per MoE layer (block index), this step's routing
+    // Memory at the end of the step, in bytes (the backend's statistics, core/backend.h; each the largest over the
+    // ranks): handed out now, held from the driver, the most handed out at once during the step, and that peak less
+    // Trainer::state_bytes() (the activations, saved tensors and scratch). reserved_fraction: reserved over the
+    // device's total memory.
+    int64_t mem_allocated = 0, mem_reserved = 0, mem_peak = 0, mem_peak_activations = 0;
+    double mem_reserved_fraction = 0.0;
 };
 
 // The worst MoE layer's MaxVio of a step (0 without MoE layers).
@@ -110,6 +116,9 @@ class Trainer {
         return adamw_->state_bytes();
     }
     int64_t optimizer_state_bytes_total() const;
+    // Bytes of the state this rank holds for the whole run: the parameter arenas (the forward's weights, the master
+    // weights where they are a separate copy, the gradients) and the optimizer's moments.
+    int64_t state_bytes() const;
     int64_t gradient_buckets() const {
         return grad_sync_->num_buckets();
     }
@@ -137,6 +146,13 @@ class Trainer {
     void load_checkpoint_state(const std::string& dir);
     void read_checkpoint_tensors(const Checkpoint& ckpt);
     void report_resume();
+
+    // trainer_memory.cpp: the step's memory figures (the peak reset as it starts, the rest read as it ends), their
+    // metrics fields and the warning event when the memory reserved nears the device's.
+    void memory_step_begin();
+    void memory_step_end(StepResult& r);
+    void add_memory_metrics(const StepResult& r, nlohmann::json& fields) const;
+    void handle_memory_events(const StepResult& r);
 
     // trainer_moe.cpp: the MoE layers' metrics fields, warning/alarm events, and balancer checkpoint state.
     void add_moe_metrics(const StepResult& r, nlohmann::json& fields) const;
@@ -168,6 +184,7 @@ class Trainer {
     std::string last_saved_dir_, resumed_from_, resumed_config_;
     int64_t moe_alarms_total_ = 0;
     std::map<int64_t, std::pair<bool, bool>> moe_warning_flags_;  // per layer: imbalance, bias range warning on
+    bool memory_warning_on_ = false;  // mem/reserved was above metrics.memory_warning at the last step
 };
 
 // The precision run.device selects: "cpu" (f32), "cuda" (bf16 mixed precision; exit 5 without a GPU) or "auto"
