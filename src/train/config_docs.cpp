@@ -25,6 +25,20 @@ stored in each checkpoint's manifest and in the first line of `metrics.jsonl`.
 
 Ranges are inclusive: `a..b` for integers, `[a, b]` for numbers, `(a, b]` when the lower bound is excluded. A nested
 key such as `moe.quantile.bins` is written `bins = ...` under a `[moe.quantile]` table, or `--set moe.quantile.bins=...`.
+
+## Ready configs
+
+Each file's header comment describes its model; `configs/`:
+
+| config | model | runs on |
+| --- | --- | --- |
+| `tiny.toml` | dense byte-level LM: d_model 128, 4 layers, GQA 4/2 (0.8M parameters) | the CPU, about a minute on 2 cores |
+| `tiny_moe.toml` | tiny with MoE FFNs in layers 1-3: 16 experts of width 96, top 2, a shared expert, Quantile Balancing | the CPU |
+| `tiny_hybrid.toml` | tiny in the pattern `KKKA`: three KDA layers, then NoPE softmax attention | the CPU |
+| `moe_464m.toml` | MoE: d_model 1024, 8 layers, 32 experts of width 512, top 4 and a shared expert (464M parameters) | one GPU; the data-parallel benchmarks |
+| `dense_1b3.toml` | dense: d_model 2048, 24 layers, seq 4096 (about 1.3B parameters) | one GPU |
+| `hybrid_1b3.toml` | dense_1b3's widths in the pattern `KKKA` (18 KDA layers, 6 NoPE attention layers) | one GPU |
+| `kimi_linear_mini.toml` | Kimi Linear's layout at 2.57B parameters (0.59B active per token): `KKKA` over 16 layers of d_model 1536, KDA with 12 heads of 128, NoPE GQA 12/4, MoE from layer 1 (64 experts of width 512, top 8, a shared expert, Quantile Balancing), Block AttnRes with blocks of 8 sub-layers, seq 4096 | one H200 (sized for it; not measured yet) |
 )";
 
 // The note under each section's heading.
