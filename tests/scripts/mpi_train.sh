@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `mpirun -np 2 moetrain train`: the data-parallel loss curve equals one process with the same global batch, only
-# rank 0 writes metrics, a resumed dp=2 run continues exactly, an MoE model trains over ep=2 (each rank writing its
-# checkpoint shard), and impossible layouts end with exit 2 naming keys.
+# rank 0 writes metrics (the memory keys reduced over the ranks), a resumed dp=2 run continues exactly, an MoE model
+# trains over ep=2 (each rank writing its checkpoint shard), and impossible layouts end with exit 2 naming keys.
 # Usage: mpi_train.sh <moetrain> <source-dir> <scratch-dir>
 set -euo pipefail
 BIN=$1
@@ -35,6 +35,10 @@ for kind, key in (("train", "loss"), ("train", "grad_norm"), ("eval", "val_loss"
     worst = max([worst] + [abs(x - y) / abs(x) for x, y in zip(a, b)])
 print(f"mpi_train: dp=2 vs one process (grad_accum 2), 6 steps: max relative difference {worst:.2e}")
 assert worst < 1e-5, worst
+# The memory keys come through the reduction over the ranks (each the largest over them).
+for j in map(json.loads, open("dp2/metrics.jsonl")):
+    if j["kind"] == "train":
+        assert j["mem/peak"] >= j["mem/allocated"] > 0 and 0 <= j["mem/peak_activations"] < j["mem/peak"], j
 PY
 
 # Resume: drop the last checkpoint and continue from step 3 under the same mesh; steps 4-6 must repeat exactly.

@@ -168,9 +168,13 @@ class CudaBackend final : public Backend {
     }
     size_t total_bytes() const override {
         // The current device's memory: the one this process uses (a rank sets its device before any allocation).
-        size_t free = 0, total = 0;
-        MT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-        return total;
+        // Asked once: the trainer reads it every step, and it does not change.
+        if (total_bytes_ == 0) {
+            size_t free = 0, total = 0;
+            MT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+            total_bytes_ = total;
+        }
+        return total_bytes_;
     }
     void range_push(const char* name) override {
         nvtxRangePushA(name);
@@ -195,6 +199,7 @@ class CudaBackend final : public Backend {
     std::map<size_t, std::vector<void*>> cache_[kLanes];  // per lane: size class -> free blocks
     std::unordered_map<void*, int> owner_;                // live block -> the lane whose pool gets it back
     size_t in_use_bytes_ = 0, cached_bytes_ = 0, peak_bytes_ = 0;
+    mutable std::atomic<size_t> total_bytes_{0};
     std::atomic<bool> poison_{[] {
         const char* env = std::getenv("MT_SCRATCH_POISON");
         return env != nullptr && std::strcmp(env, "1") == 0;
