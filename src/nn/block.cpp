@@ -16,6 +16,14 @@ ModelConfig dense_ffn_config(ModelConfig cfg) {
     cfg.d_ff = cfg.dense_ffn_dim();
     return cfg;
 }
+
+// The defined tensors of a saved list, but KDA's kept tiles (the KDA op allocates and frees those itself), with
+// their shapes now: expert parallelism may have grown a buffer since the last time.
+void list_saved(DropList& list, const std::vector<SavedTensor>& saved) {
+    list.clear();
+    for (const SavedTensor& s : saved)
+        if (s.tensor->defined() && s.name.find("kept.") == std::string::npos) list.add(s.tensor);
+}
 }  // namespace
 
 Block::Block(ParamTable& table,
@@ -77,17 +85,11 @@ void Block::resize(int64_t batch, int64_t seq, const Precision& precision) {
         norm_dropped_[0].add(&norm1_), norm_dropped_[1].add(&norm2_);
         for (DropList& d : norm_dropped_) d.release();
     }
+    for (int sub = 0; sub < 2 && branch_recompute_; ++sub) {  // allocated by each sub-layer's forward when it runs
+        list_saved(branch_dropped_[sub], branch_saved(sub));
+        branch_dropped_[sub].release();
+    }
 }
-
-namespace {
-// The defined tensors of a saved list, but KDA's kept tiles (the KDA op allocates and frees those itself), with
-// their shapes now: expert parallelism may have grown a buffer since the last time.
-void list_saved(DropList& list, const std::vector<SavedTensor>& saved) {
-    list.clear();
-    for (const SavedTensor& s : saved)
-        if (s.tensor->defined() && s.name.find("kept.") == std::string::npos) list.add(s.tensor);
-}
-}  // namespace
 
 void Block::release_activations(bool output) {
     list_saved(all_dropped_, saved_for_backward());

@@ -58,9 +58,12 @@ void Model::resize(int64_t batch, int64_t seq) {
     dres_a_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
     dres_b_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
     ws_.resize(cfg_, batch, seq, precision_);
-    for (auto& b : blocks_) {
-        b->resize(batch, seq, precision_);
-        b->reserve_scratch(ws_);
+    for (size_t l = 0; l < blocks_.size(); ++l) {
+        blocks_[l]->resize(batch, seq, precision_);
+        blocks_[l]->reserve_scratch(ws_);
+        // Recompute full: the forward allocates a block's activations when it runs it, so that the first step does not
+        // hold every block's at once (the later steps never do).
+        if (full_recompute()) blocks_[l]->release_activations(!keeps_output(static_cast<int64_t>(l)));
     }
     if (attnres_) attnres_->resize(n, precision_);
 }
