@@ -56,8 +56,7 @@ const std::map<std::string, std::string>& section_notes() {
          "Activation recompute (docs/training.md \"Memory\"): which activations the forward drops and the backward "
          "rebuilds by re-running that part of the forward. `selective` with `modules = [\"norm\", \"mlp_act\", "
          "\"moe_act\", \"attnres\", \"moe_permute\", \"kda\"]` is the recommended set (docs/PERFORMANCE.md); `full` "
-         "with `every = \"sqrt\"` is meant to keep the fewest, but on the GPU it does not yet save what it should "
-         "(docs/perf_log/memory.md)."},
+         "with `every = \"sqrt\"` keeps the fewest."},
         {"moe",
          "Mixture-of-Experts FFNs ([moe.md](moe.md), docs/moe_training.md): the layer, its balancing method "
          "(`moe.quantile.*`, `moe.sign_bias.*`, `moe.aux_loss.*` belong to one method each) and the "
