@@ -49,8 +49,12 @@ int run(int argc, char** argv) {
 
     mt::train::Trainer trainer(cfg, false);
     // The trainer resets the allocator's peak as each step starts: the figure reported is the largest step's.
-    int64_t peak = 0, reserved = 0;
-    for (int64_t s = 0; s < warmup; ++s) peak = std::max(peak, trainer.train_step().mem_peak);
+    int64_t peak = 0, reserved = 0, peak_activations = 0;
+    for (int64_t s = 0; s < warmup; ++s) {
+        const mt::train::StepResult r = trainer.train_step();
+        peak = std::max(peak, r.mem_peak);
+        peak_activations = std::max(peak_activations, r.mem_peak_activations);
+    }
     const auto start = std::chrono::steady_clock::now();
     double comm_wait = 0.0;
     int64_t overlapped = 0;
@@ -59,6 +63,7 @@ int run(int argc, char** argv) {
         comm_wait += r.comm_seconds;
         overlapped = r.buckets_overlapped;
         peak = std::max(peak, r.mem_peak);
+        peak_activations = std::max(peak_activations, r.mem_peak_activations);
         reserved = r.mem_reserved;
     }
     const mt::core::Device device = trainer.model().params().precision().device;
@@ -96,6 +101,10 @@ int run(int argc, char** argv) {
         line["mfu"] = flops / 989e12;
         line["peak_device_bytes"] = peak;
         line["reserved_device_bytes"] = reserved;
+        // The peak less the trainer's state (weights, master weights, gradients, optimizer moments): the activations,
+        // saved tensors and scratch.
+        line["peak_activation_bytes"] = peak_activations;
+        line["state_bytes"] = trainer.state_bytes();
     }
     if (trainer.mesh().world().size() > 1) {
         // The host's wait for the gradient reduction after the backward (GPU: also the backward still queued),

@@ -293,6 +293,10 @@ void validate(const JobConfig& c, const std::string& src) {
                         "sub-layer from its mixed input, so every must be 1",
                         rc.every <= 0 ? std::string("\"sqrt\"") : std::to_string(rc.every),
                         nn::enum_name(m.attnres.mode)));
+    if (c.optim.offload != "none" && c.optim.name != "adamw")
+        bad(fmt::format(
+            "optim.offload = \"{}\" supports optim.name = \"adamw\" only, not \"{}\"", c.optim.offload, c.optim.name));
+    if (c.optim.name == "muon") bad("optim.name = \"muon\" is not built yet (the Muon issue adds it); use \"adamw\"");
     if (c.train.seq_len > m.max_seq_len)
         bad(fmt::format("train.seq_len = {} exceeds model.max_seq_len = {}", c.train.seq_len, m.max_seq_len));
     if (c.data.paths.empty()) bad("data.paths is empty: name at least one training shard");

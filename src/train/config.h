@@ -53,6 +53,14 @@ struct TrainConfig {
     int64_t eval_batches = 8;
 };
 
+// [optim]: which optimizer updates the weights and where its state lives (docs/training.md "Memory"). The AdamW
+// hyperparameters are train.lr, train.beta1, ... (they predate this section).
+struct OptimConfig {
+    std::string name = "adamw";       // adamw; muon is reserved for the Muon issue and rejected until it lands
+    std::string offload = "none";     // none | cpu: master weights and moments in pinned host memory, update on the CPU
+    std::string state_dtype = "f32";  // f32 | bf16: the AdamW moments (bf16 stored with stochastic rounding)
+};
+
 struct CheckpointConfig {
     int64_t every_steps = 1000;
     int64_t keep_last = 3;
@@ -89,6 +97,7 @@ struct JobConfig {
     nn::ModelConfig model;
     DataConfig data;
     TrainConfig train;
+    OptimConfig optim;
     CheckpointConfig checkpoint;
     MetricsConfig metrics;
     MoeRunConfig moe;

@@ -63,6 +63,10 @@ const std::map<std::string, std::string>& section_notes() {
          "routing-collapse alarm (`moe.alarm.*`)."},
         {"data", "The token files ([data.md](data.md))."},
         {"train", "The optimizer steps: batch, schedule, AdamW, clipping, loss scaling and validation."},
+        {"optim",
+         "Which optimizer, and where and in what dtype its state lives (docs/training.md \"Memory\"): "
+         "`offload = \"cpu\"` moves the fp32 master weights and the moments to host memory, `state_dtype = "
+         "\"bf16\"` halves the moments."},
         {"checkpoint",
          "When checkpoints are written, which are kept, and how a resume checks them (docs/training.md)."},
         {"metrics", "The JSONL log."},

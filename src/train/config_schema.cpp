@@ -87,6 +87,7 @@ std::vector<Field> config_schema(JobConfig& c) {
     auto& m = c.model;
     auto& d = c.data;
     auto& t = c.train;
+    auto& o = c.optim;
     auto& k = c.checkpoint;
     auto& x = c.metrics;
     auto& e = c.model.moe;
@@ -357,6 +358,22 @@ std::vector<Field> config_schema(JobConfig& c) {
                 1e12,
                 "steps between validation runs (and after the last step); 0 = never"),
         integer("train.eval_batches", &t.eval_batches, 1, 1e9, "batches per validation run"),
+        text("optim.name",
+             &o.name,
+             "the optimizer: AdamW with the `train.*` hyperparameters. `muon` is reserved for the Muon issue and is "
+             "refused (exit 2) until it is built",
+             {"adamw", "muon"}),
+        text("optim.offload",
+             &o.offload,
+             "`cpu`: the fp32 master weights and the AdamW moments live in pinned host memory; each step copies the "
+             "gradients down, updates on the CPU (OpenMP over the arena) and copies the weights back up "
+             "(docs/training.md \"Memory\"). Bit for bit the same update as on the device on a CPU run",
+             {"none", "cpu"}),
+        text("optim.state_dtype",
+             &o.state_dtype,
+             "the AdamW moments' dtype: `bf16` halves their memory, stored with stochastic rounding (unbiased: the "
+             "expected stored value is the f32 one)",
+             {"f32", "bf16"}),
         integer("checkpoint.every_steps",
                 &k.every_steps,
                 0,
