@@ -31,8 +31,21 @@ Storage::Storage(size_t bytes, Device device, Uninitialized) : bytes_(bytes), de
 
 Storage::Storage(void* data, size_t bytes, Device device) : data_(data), bytes_(bytes), device_(device) {}
 
+Storage::Storage(size_t bytes, Pinned) : bytes_(bytes), device_(Device::cpu), owned_(true), pinned_(true) {
+    data_ = pinned_backend().alloc_pinned(bytes);
+}
+
 Storage::~Storage() {
-    if (owned_) backend_get(device_).free(data_, bytes_);
+    if (pinned_)
+        pinned_backend().free_pinned(data_);
+    else if (owned_)
+        backend_get(device_).free(data_, bytes_);
+}
+
+Backend& pinned_backend() {
+    // The backend whose copies will read the memory: CUDA's when this process has a GPU, else the CPU's.
+    Backend* cuda = cuda_backend_instance();
+    return cuda != nullptr ? *cuda : backend_get(Device::cpu);
 }
 
 }  // namespace mt::core

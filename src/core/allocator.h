@@ -22,6 +22,8 @@ class Storage {
     struct Uninitialized {};
     Storage(size_t bytes, Device device, Uninitialized);  // owned, contents undefined (Backend::alloc_scratch)
     Storage(void* data, size_t bytes, Device device);     // borrowed
+    struct Pinned {};
+    Storage(size_t bytes, Pinned);  // owned host memory, zero-filled, page-locked where a GPU can copy it (Backend)
     ~Storage();
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
@@ -41,6 +43,11 @@ class Storage {
     size_t bytes_ = 0;
     Device device_ = Device::cpu;
     bool owned_ = false;
+    bool pinned_ = false;
 };
+
+class Backend;
+// Where pinned host memory comes from: the CUDA backend when this process has a GPU, else the CPU backend.
+Backend& pinned_backend();
 
 }  // namespace mt::core

@@ -41,6 +41,18 @@ size_t cpu_peak_rss_bytes() {
     return getrusage(RUSAGE_SELF, &usage) == 0 ? static_cast<size_t>(usage.ru_maxrss) * 1024 : 0;
 }
 
+}  // namespace
+
+void* Backend::alloc_pinned(size_t bytes) {
+    return cpu_alloc(bytes);
+}
+
+void Backend::free_pinned(void* ptr) {
+    cpu_free(ptr);
+}
+
+namespace {
+
 class CpuBackend final : public Backend {
    public:
     std::string name() const override {

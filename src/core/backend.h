@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "core/dtype.h"
@@ -37,6 +38,22 @@ class Backend {
     virtual void synchronize() = 0;
     // Orders two lanes (core::lane_wait); the CPU runs everything in call order and needs nothing.
     virtual void lane_wait(Lane waiter, Lane signaller) {}
+
+    // Host memory for copies that overlap other work (optimizer offload, docs/training.md "Memory"): zero-filled and
+    // page-locked on CUDA, so copy_async moves it by DMA without staging; ordinary aligned memory on the CPU.
+    virtual void* alloc_pinned(size_t bytes);
+    virtual void free_pinned(void* ptr);
+    // Like copy, but queued on the current lane and returning at once: the host side must be pinned memory that
+    // stays untouched until a marker recorded after the copy has been waited for. The CPU copies now.
+    virtual void copy_async(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+        copy(dst, dst_device, src, src_device, bytes);
+    }
+    // A point in lane's queue (a CUDA event; 0 on the CPU, where the work is already done), and the host's wait
+    // for it, which also releases it (each marker is waited for exactly once).
+    virtual uint64_t lane_marker(Lane lane) {
+        return 0;
+    }
+    virtual void marker_wait(uint64_t marker) {}
     // Memory statistics (the per-step mem/* metrics, docs/training.md); 0 where not known.
     // CUDA: the caching allocator's figures, kept on the host as blocks are handed out and returned (in whole size
     // classes, so a little above what callers asked for). bytes_in_use: handed out now; reserved_bytes: held from

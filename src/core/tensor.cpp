@@ -45,6 +45,12 @@ Tensor Tensor::scratch(const Shape& shape, DType dtype, Device device) {
     return view_of(std::make_shared<Storage>(bytes, device, Storage::Uninitialized{}), 0, shape, dtype);
 }
 
+Tensor Tensor::zeros_pinned(const Shape& shape, DType dtype) {
+    for (int64_t d : shape) MT_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
+    const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+    return view_of(std::make_shared<Storage>(bytes, Storage::Pinned{}), 0, shape, dtype);
+}
+
 Tensor Tensor::borrow(void* data, const Shape& shape, DType dtype, Device device) {
     const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
     return view_of(std::make_shared<Storage>(data, bytes, device), 0, shape, dtype);

@@ -28,6 +28,9 @@ class Tensor {
     // New contiguous tensor whose contents are undefined: for scratch an op overwrites in full before reading it
     // (saves the zeroing memset on the GPU; Backend::set_scratch_poison fills it with NaN to catch a missed write).
     static Tensor scratch(const Shape& shape, DType dtype, Device device);
+    // New zero-filled contiguous host tensor in pinned memory (Backend::alloc_pinned): the host side of copies that
+    // overlap other work.
+    static Tensor zeros_pinned(const Shape& shape, DType dtype);
     // Contiguous view over memory owned elsewhere (an arena, an mmap); the caller keeps it alive.
     static Tensor borrow(void* data, const Shape& shape, DType dtype, Device device = Device::cpu);
     // Contiguous view over a byte range of an existing storage (arenas hand out named views this way).

@@ -55,7 +55,8 @@ void ParamTable::finalize(const Precision& precision, int64_t align) {
         offsets_.push_back(total_);
         total_ += (core::shape_numel(s.shape) + align - 1) / align * align;
     }
-    master_arena_ = Tensor::zeros({total_}, precision.master, precision.device);
+    master_arena_ = precision.master_on_host ? Tensor::zeros_pinned({total_}, precision.master)
+                                             : Tensor::zeros({total_}, precision.master, precision.device);
     param_arena_ =
         precision.has_master_copy() ? Tensor::zeros({total_}, precision.param, precision.device) : master_arena_;
     grad_arena_ = Tensor::zeros({total_}, precision.master, precision.device);

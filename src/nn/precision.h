@@ -16,13 +16,16 @@ struct Precision {
     core::DType stats = core::DType::f32;    // rstd, lse, per-row losses
     core::DType param = core::DType::f32;    // the weights the forward reads
     core::DType master = core::DType::f32;   // what the optimizer updates, gradients, optimizer state
+    // Optimizer offload (optim.offload = "cpu"): the master weights live in pinned host memory, a copy apart from
+    // the forward's weights even where the dtypes agree; the gradients stay on the device.
+    bool master_on_host = false;
 
     bool has_master_copy() const {
-        return param != master;
+        return param != master || master_on_host;
     }
     // One dtype everywhere on the CPU (f32 for training, f64 for gradient checks).
     static Precision cpu(core::DType dtype) {
-        return {core::Device::cpu, dtype, dtype, dtype, dtype};
+        return {core::Device::cpu, dtype, dtype, dtype, dtype, false};
     }
     // bf16 mixed precision on a GPU.
     static Precision cuda_bf16() {
@@ -30,10 +33,10 @@ struct Precision {
     }
     // bf16 or f16 activations and weights with f32 statistics, master weights, gradients and optimizer state.
     static Precision cuda_mixed(core::DType half) {
-        return {core::Device::cuda, half, core::DType::f32, half, core::DType::f32};
+        return {core::Device::cuda, half, core::DType::f32, half, core::DType::f32, false};
     }
     static Precision cuda_f32() {
-        return {core::Device::cuda, core::DType::f32, core::DType::f32, core::DType::f32, core::DType::f32};
+        return {core::Device::cuda, core::DType::f32, core::DType::f32, core::DType::f32, core::DType::f32, false};
     }
 };
 

@@ -14,7 +14,8 @@ void adamw_step(const Tensor& param,
                 const AdamWHyper& hyper,
                 int64_t step,
                 double grad_scale,
-                const Tensor& param_copy) {
+                const Tensor& param_copy,
+                const AdamWRounding& rounding) {
     constexpr std::string_view op = "adamw_step";
     check_arg(param, op, "param", 1);
     check_arg(grad, op, "grad", 1);
@@ -35,7 +36,12 @@ void adamw_step(const Tensor& param,
              hyper.beta2);
     const core::Device device =
         check_same_device(op, {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}, {"param_copy", param_copy}});
-    MT_CALL_KERNEL(adamw_step, device, param, grad, m, v, hyper, step, grad_scale, param_copy);
+    MT_CHECK(m.dtype() == v.dtype(),
+             "{}: m is {} but v is {} (the moments share a dtype)",
+             op,
+             core::dtype_name(m.dtype()),
+             core::dtype_name(v.dtype()));
+    MT_CALL_KERNEL(adamw_step, device, param, grad, m, v, hyper, step, grad_scale, param_copy, rounding);
 }
 
 }  // namespace mt::ops

@@ -4,7 +4,10 @@
 //   param -= lr * weight_decay * param
 //   param -= lr * (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps)
 //   param, grad, m, v: [n] f32|f64, all the same dtype; step >= 1. param, m, v are updated in place.
-//   On CUDA: param, m, v f32 (master weights and optimizer state); grad f32|bf16.
+//   m, v may instead be bf16 with param and grad f32 (optim.state_dtype = "bf16"): the math runs in f32 on the
+//   widened moments and each is stored back with stochastic rounding (ops/stochastic_round.h), its random bits
+//   drawn from `rounding`: stream sr_stream(seed, step, moment), element i at index rounding.first + i.
+//   On CUDA: param f32 (master weights), m, v f32|bf16 (optimizer state); grad f32|bf16.
 //   param_copy (optional, undefined = none): [n] bf16|f32, written (=) with the updated param converted
 //   to its dtype: the low-precision model copy the forward reads, written by the same kernel on CUDA.
 #pragma once
@@ -23,6 +26,13 @@ struct AdamWHyper {
     double weight_decay = 0.0;
 };
 
+// Where the stochastic rounding of bf16 moments draws its bits (unused for f32 moments): the run's seed and the
+// index of the buffer's first element in a numbering that does not depend on how the buffer was cut (the
+// optimizer uses the parameter's name hash and its element offset in the global tensor).
+struct AdamWRounding {
+    uint64_t seed = 0;
+    int64_t first = 0;
+};
 void adamw_step(const Tensor& param,
                 const Tensor& grad,
                 const Tensor& m,
@@ -30,6 +40,7 @@ void adamw_step(const Tensor& param,
                 const AdamWHyper& hyper,
                 int64_t step,
                 double grad_scale,
-                const Tensor& param_copy = {});
+                const Tensor& param_copy = {},
+                const AdamWRounding& rounding = {});
 
 }  // namespace mt::ops

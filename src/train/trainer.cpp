@@ -49,6 +49,12 @@ std::string format_duration(double seconds) {
 }  // namespace
 
 nn::Precision trainer_precision(const JobConfig& cfg) {
+    nn::Precision p = trainer_device_precision(cfg);
+    p.master_on_host = cfg.optim.offload == "cpu";  // the optimizer keeps the master weights beside its state
+    return p;
+}
+
+nn::Precision trainer_device_precision(const JobConfig& cfg) {
     const std::string& device = cfg.run.device;
     const std::string& precision = cfg.run.precision;
     const bool cuda = device == "cuda" || (device == "auto" && core::backend_available(core::Device::cuda));
@@ -158,10 +164,23 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     // ZeRO-1: each forward waits for the parameter gathers of the last step bucket by bucket, as it reaches them.
     if (grad_sync_->zero())
         model_->set_params_needed_hook([sync = grad_sync_.get()](int end) { sync->params_needed(end); });
+    const bool offload = cfg_.optim.offload == "cpu";
+    if (offload && grad_sync_->zero())
+        core::fail_hint(core::ExitCode::usage,
+                        "set parallel.zero_stage = 0 (a replicated optimizer) or optim.offload = \"none\"",
+                        "optim.offload = \"cpu\" with parallel.zero_stage = 1 over {} data-parallel ranks is not "
+                        "supported yet: the offloaded optimizer updates the whole arena [{}]",
+                        mesh_->group(parallel::MeshGroup::dp_span).size(),
+                        cfg_.source);
     adamw_ = std::make_unique<optim::AdamW>(
         model_->params(),
         ops::AdamWHyper{.lr = t.lr, .beta1 = t.beta1, .beta2 = t.beta2, .eps = t.eps, .weight_decay = t.weight_decay},
-        grad_sync_->zero() ? std::optional(grad_sync_->owned()) : std::nullopt);
+        grad_sync_->zero() ? std::optional(grad_sync_->owned()) : std::nullopt,
+        optim::AdamWOptions{
+            .state_dtype = cfg_.optim.state_dtype == "bf16" ? core::DType::bf16 : precision.master,
+            .offload = offload,
+            .seed = static_cast<uint64_t>(cfg_.run.seed),
+        });
     optim::schedule_kind_from_name(t.schedule, &schedule_.kind);
     schedule_.lr = t.lr;
     schedule_.min_lr_ratio = t.min_lr_ratio;
@@ -284,6 +303,7 @@ RunEnd Trainer::run() {
                      {"parameters", n_params},
                      {"mesh", mesh_->to_json()},
                      {"optimizer_state_bytes_per_rank", optimizer_state_bytes()},
+                     {"optimizer_offload", adamw_->offloaded()},
                      {"optimizer_state_bytes_total", state_total},
                      {"zero_stage", grad_sync_->zero() ? 1 : 0}});
     if (!resumed_from_.empty()) metrics_->write(step_, "event", {{"event", "resumed"}, {"checkpoint", resumed_from_}});
@@ -299,6 +319,12 @@ RunEnd Trainer::run() {
                 ? fmt::format(" x {} processes, {}", mesh_->world().size(), parallel::mesh_describe(mesh_->shape()))
                 : "",
             train_source_->describe());
+        if (adamw_->offloaded())
+            fmt::print(
+                "moetrain: optimizer offload: master weights and {} AdamW moments in host memory ({:.2f} GB); "
+                "the update runs on the CPU\n",
+                cfg_.optim.state_dtype,
+                static_cast<double>(adamw_->state_bytes() + model_->params().master_arena().nbytes()) / 1e9);
         if (mesh_->world().size() > 1)
             fmt::print(
                 "moetrain: optimizer state {:.2f} MB on this rank, {:.2f} MB for the whole model ({}, {} gradient "

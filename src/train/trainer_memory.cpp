@@ -12,12 +12,13 @@
 namespace mt::train {
 
 int64_t Trainer::state_bytes() const {
-    // Each arena once: without an fp32 master copy the master weights are the forward's weights (one storage).
+    // Each arena once (without an fp32 master copy the master weights are the forward's weights: one storage), and
+    // only those on the model's device (under optimizer offload the master weights and moments are host memory).
     const nn::ParamTable& table = model_->params();
     std::set<const core::Storage*> seen;
-    int64_t bytes = adamw_->state_bytes();
+    int64_t bytes = adamw_->device_state_bytes();
     for (const core::Tensor& arena : {table.param_arena(), table.master_arena(), table.grad_arena()})
-        if (arena.defined() && seen.insert(arena.storage().get()).second)
+        if (arena.defined() && arena.device() == table.precision().device && seen.insert(arena.storage().get()).second)
             bytes += static_cast<int64_t>(arena.storage()->bytes());
     return bytes;
 }

@@ -15,21 +15,9 @@ for policy in 'selective --set recompute.modules=["attn_core","mlp_act","norm"]'
     rm -rf r
 done
 
-bad() {  # expected message, then --set items
-    local want=$1
-    shift
-    local args=()
-    for s in "$@"; do args+=(--set "$s"); done
-    "$BIN" train "${COMMON[@]}" --set run.dir=bad "${args[@]}" > bad.out 2> bad.err
-    local rc=$?
-    [[ $rc -eq 2 ]] || fail "$*: exit $rc, expected 2: $(cat bad.err)"
-    [[ $(grep -c '^moetrain: error:' bad.err) -eq 1 ]] || fail "$*: expected one error line: $(cat bad.err)"
-    grep -qF -- "$want" bad.err || fail "$*: the message does not say '$want': $(cat bad.err)"
-    [[ -e bad ]] && fail "$*: run.dir was created"
-}
-bad 'recompute.modules = "attn" is not one of' recompute.policy=selective 'recompute.modules=["attn"]'
-bad 'recompute.every = 99 exceeds model.n_layers' recompute.policy=full recompute.every=99
-bad 'recompute.every = "half" is not one of: sqrt' recompute.policy=full recompute.every=half
-bad 'recompute.policy = "selective" needs recompute.modules' recompute.policy=selective
-bad 'recompute.every = 2 with attnres.mode' recompute.policy=full recompute.every=2 attnres.mode=block
+bad_setting 'recompute.modules = "attn" is not one of' recompute.policy=selective 'recompute.modules=["attn"]'
+bad_setting 'recompute.every = 99 exceeds model.n_layers' recompute.policy=full recompute.every=99
+bad_setting 'recompute.every = "half" is not one of: sqrt' recompute.policy=full recompute.every=half
+bad_setting 'recompute.policy = "selective" needs recompute.modules' recompute.policy=selective
+bad_setting 'recompute.every = 2 with attnres.mode' recompute.policy=full recompute.every=2 attnres.mode=block
 finish recompute

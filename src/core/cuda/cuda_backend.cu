@@ -54,6 +54,12 @@ cudaStream_t exec_stream() {
 
 namespace {
 
+cudaMemcpyKind copy_kind(Device dst, Device src) {
+    if (dst == Device::cpu && src != Device::cpu) return cudaMemcpyDeviceToHost;
+    if (dst != Device::cpu && src == Device::cpu) return cudaMemcpyHostToDevice;
+    return cudaMemcpyDeviceToDevice;
+}
+
 // Size classes: multiples of 512 bytes below 1 MiB, of 2 MiB above.
 size_t size_class(size_t bytes) {
     const size_t quantum = bytes < (size_t{1} << 20) ? 512 : (size_t{2} << 20);
@@ -126,9 +132,7 @@ class CudaBackend final : public Backend {
 
     void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
         if (bytes == 0) return;
-        cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
-        if (dst_device == Device::cpu && src_device != Device::cpu) kind = cudaMemcpyDeviceToHost;
-        if (dst_device != Device::cpu && src_device == Device::cpu) kind = cudaMemcpyHostToDevice;
+        const cudaMemcpyKind kind = copy_kind(dst_device, src_device);
         MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, exec_stream()));
         if (kind != cudaMemcpyDeviceToDevice) MT_CUDA_CHECK(cudaStreamSynchronize(exec_stream()));
     }
@@ -147,6 +151,45 @@ class CudaBackend final : public Backend {
         MT_CUDA_CHECK(cudaEventRecord(event, lane_stream(signaller)));
         MT_CUDA_CHECK(cudaStreamWaitEvent(lane_stream(waiter), event, 0));
         MT_CUDA_CHECK(cudaEventDestroy(event));  // released once the wait has completed
+    }
+
+    void* alloc_pinned(size_t bytes) override {
+        void* ptr = nullptr;
+        const cudaError_t err = cudaHostAlloc(&ptr, bytes == 0 ? 1 : bytes, cudaHostAllocDefault);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            fail_hint(ExitCode::device,
+                      "the host's memory: optim.offload = \"cpu\" keeps 12 bytes per parameter there (8 with "
+                      "optim.state_dtype = \"bf16\")",
+                      "cannot allocate {} bytes of pinned host memory: {}",
+                      bytes,
+                      cudaGetErrorString(err));
+        }
+        std::memset(ptr, 0, bytes);
+        return ptr;
+    }
+
+    void free_pinned(void* ptr) override {
+        if (ptr != nullptr) cudaFreeHost(ptr);
+    }
+
+    void copy_async(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
+        if (bytes == 0) return;
+        MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, copy_kind(dst_device, src_device), exec_stream()));
+    }
+
+    uint64_t lane_marker(Lane lane) override {
+        cudaEvent_t event = nullptr;
+        MT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+        MT_CUDA_CHECK(cudaEventRecord(event, lane_stream(lane)));
+        return reinterpret_cast<uint64_t>(event);
+    }
+
+    void marker_wait(uint64_t marker) override {
+        if (marker == 0) return;
+        auto event = reinterpret_cast<cudaEvent_t>(marker);
+        MT_CUDA_CHECK(cudaEventSynchronize(event));
+        MT_CUDA_CHECK(cudaEventDestroy(event));
     }
 
     size_t bytes_in_use() const override {

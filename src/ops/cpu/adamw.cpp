@@ -6,6 +6,7 @@
 #include "ops/cpu/checks.h"
 #include "ops/cpu/threading.h"
 #include "ops/registry.h"
+#include "ops/stochastic_round.h"
 
 namespace mt::ops::cpu {
 
@@ -52,6 +53,39 @@ template void adamw_step<float>(
 template void adamw_step<double>(
     double*, const double*, double*, double*, int64_t, double, double, double, double, double, int64_t, double);
 
+// The same step with bf16 moments (param and grad f32): each moment widened to f32, updated in the order above, and
+// stored with stochastic rounding; the parameter update reads the f32 values before rounding, as the CUDA kernel.
+void adamw_step_bf16_state(float* param,
+                           const float* grad,
+                           uint16_t* m,
+                           uint16_t* v,
+                           int64_t n,
+                           const AdamWHyper& h,
+                           int64_t step,
+                           double grad_scale,
+                           const AdamWRounding& rounding) {
+    const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
+    const float b1 = static_cast<float>(h.beta1), b2 = static_cast<float>(h.beta2), gs = static_cast<float>(grad_scale);
+    const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay), step_size = static_cast<float>(h.lr / bc1);
+    const float bc2_sqrt = static_cast<float>(std::sqrt(bc2)), eps = static_cast<float>(h.eps);
+    const uint64_t stream_m = sr_stream(rounding.seed, step, 0), stream_v = sr_stream(rounding.seed, step, 1);
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t end = blk * kBlock + kBlock < n ? blk * kBlock + kBlock : n;
+        for (int64_t i = blk * kBlock; i < end; ++i) {
+            const float g = grad[i] * gs;
+            const float mi = b1 * core::bf16_to_f32(m[i]) + (1.0f - b1) * g;
+            const float vi = b2 * core::bf16_to_f32(v[i]) + (1.0f - b2) * g * g;
+            param[i] = param[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+            const auto at = static_cast<uint64_t>(rounding.first + i);
+            m[i] = f32_to_bf16_stochastic(mi, sr_random_bits(stream_m, at));
+            v[i] = f32_to_bf16_stochastic(vi, sr_random_bits(stream_v, at));
+        }
+    }
+}
+
 // The CPU kernel of ops::adamw_step (registered in the op registry): the CPU dtypes, then the float dispatch.
 void adamw_step(const Tensor& param,
                 const Tensor& grad,
@@ -60,13 +94,31 @@ void adamw_step(const Tensor& param,
                 const AdamWHyper& hyper,
                 int64_t step,
                 double grad_scale,
-                const Tensor& param_copy) {
+                const Tensor& param_copy,
+                const AdamWRounding& rounding) {
     constexpr std::string_view op = "adamw_step";
     check_float_arg(param, op, "param", 1);
     check_float_arg(grad, op, "grad", 1);
+    check_dtype_as(grad, param, op, "grad", "param");
+    if (m.dtype() == DType::bf16) {
+        MT_CHECK(param.dtype() == DType::f32,
+                 "{}: bf16 moments need f32 param, got {}",
+                 op,
+                 core::dtype_name(param.dtype()));
+        adamw_step_bf16_state(param.data<float>(),
+                              grad.data<float>(),
+                              static_cast<uint16_t*>(m.raw()),
+                              static_cast<uint16_t*>(v.raw()),
+                              param.numel(),
+                              hyper,
+                              step,
+                              grad_scale,
+                              rounding);
+        if (param_copy.defined()) param_copy.copy_from(param);
+        return;
+    }
     check_float_arg(m, op, "m", 1);
     check_float_arg(v, op, "v", 1);
-    check_dtype_as(grad, param, op, "grad", "param");
     check_dtype_as(m, param, op, "m", "param");
     check_dtype_as(v, param, op, "v", "param");
     if (param_copy.defined()) check_dtype_in(param_copy, {DType::bf16, DType::f32}, op, "param_copy");

@@ -40,6 +40,21 @@ wait_exit() {
   wait "$pid"
 }
 
+# bad_setting MESSAGE SETTING...: a training with these --set items ends with exit 2 and one error line that says
+# MESSAGE, before run.dir ("bad") is created.
+bad_setting() {
+    local want=$1
+    shift
+    local args=()
+    for s in "$@"; do args+=(--set "$s"); done
+    "$BIN" train "${COMMON[@]}" --set run.dir=bad "${args[@]}" > bad.out 2> bad.err
+    local rc=$?
+    [[ $rc -eq 2 ]] || fail "$*: exit $rc, expected 2: $(cat bad.err)"
+    [[ $(grep -c '^moetrain: error:' bad.err) -eq 1 ]] || fail "$*: expected one error line: $(cat bad.err)"
+    grep -qF -- "$want" bad.err || fail "$*: the message does not say '$want': $(cat bad.err)"
+    [[ -e bad ]] && fail "$*: run.dir was created"
+}
+
 # The number of "step N/" progress lines in a file.
 progress_lines() { grep -c '^step .*| loss' "$1" 2> /dev/null || true; }
 

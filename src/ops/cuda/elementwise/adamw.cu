@@ -1,13 +1,14 @@
 // CUDA AdamW step, elementwise over flat buffers, with an optional low-precision model copy written by the same
 // kernel (one read of grad, m, v, param and one write of m, v, param and the copy per element).
-// Dtypes: param, m, v f32 (master weights and optimizer state); grad f32|bf16|f16; param_copy bf16|f16|f32 or
-// undefined. The scalars are formed in f64 on the host and the elementwise math runs in f32 in the CPU reference's
-// order.
+// Dtypes: param f32 (master weights); m, v f32|bf16 (optimizer state; bf16 stored with stochastic rounding, the
+// bits from ops/stochastic_round.h as on the CPU); grad f32|bf16|f16; param_copy bf16|f16|f32 or undefined. The scalars
+// are formed in f64 on the host and the elementwise math runs in f32 in the CPU reference's order.
 #include <cmath>
 
 #include "ops/adamw.h"
 #include "ops/cuda/common.cuh"
 #include "ops/registry.h"
+#include "ops/stochastic_round.h"
 
 namespace mt::ops::cuda {
 
@@ -17,13 +18,34 @@ constexpr int kThreads = 256;
 
 struct AdamWScalars {
     float b1, b2, gs, decay, step_size, bc2_sqrt, eps;
+    uint64_t stream_m, stream_v;  // stochastic rounding of bf16 moments
+    int64_t first;
 };
 
-template <int VEC, typename TG, typename TC, bool kCopy>
+// A moment's store: f32 as is, bf16 with stochastic rounding of element k.
+template <int VEC, typename TS>
+__device__ __forceinline__ void store_moment(TS* p, const float (&in)[VEC], uint64_t stream, int64_t at) {
+    if constexpr (sizeof(TS) == 4) {
+        store_vec<VEC>(p, in);
+    } else {
+        alignas(16) uint16_t bits[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+            bits[e] = f32_to_bf16_stochastic(in[e], sr_random_bits(stream, static_cast<uint64_t>(at + e)));
+        if constexpr (VEC == 8) {
+            *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(bits);
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) reinterpret_cast<uint16_t*>(p)[e] = bits[e];
+        }
+    }
+}
+
+template <int VEC, typename TG, typename TS, typename TC, bool kCopy>
 __global__ void adamw_kernel(float* __restrict__ param,
                              const TG* __restrict__ grad,
-                             float* __restrict__ m,
-                             float* __restrict__ v,
+                             TS* __restrict__ m,
+                             TS* __restrict__ v,
                              TC* __restrict__ copy,
                              int64_t n,
                              AdamWScalars s) {
@@ -42,13 +64,13 @@ __global__ void adamw_kernel(float* __restrict__ param,
             p[e] = p[e] * s.decay - s.step_size * mv[e] / (sqrtf(vv[e]) / s.bc2_sqrt + s.eps);
         }
         store_vec<VEC>(param + k, p);
-        store_vec<VEC>(m + k, mv);
-        store_vec<VEC>(v + k, vv);
+        store_moment<VEC>(m + k, mv, s.stream_m, s.first + k);
+        store_moment<VEC>(v + k, vv, s.stream_v, s.first + k);
         if constexpr (kCopy) store_vec<VEC>(copy + k, p);
     }
 }
 
-template <int VEC, typename TG>
+template <int VEC, typename TG, typename TS>
 void launch(const Tensor& param,
             const Tensor& grad,
             const Tensor& m,
@@ -58,14 +80,29 @@ void launch(const Tensor& param,
     const int64_t n = param.numel();
     const unsigned blocks = grid_for((n + VEC - 1) / VEC, kThreads);
     const TG* g = static_cast<const TG*>(grad.raw());
-    float *p = param.data<float>(), *mp = m.data<float>(), *vp = v.data<float>();
+    float* p = param.data<float>();
+    auto *mp = static_cast<TS*>(m.raw()), *vp = static_cast<TS*>(v.raw());
     if (!copy.defined())
-        adamw_kernel<VEC, TG, float, false><<<blocks, kThreads, 0, core::exec_stream()>>>(p, g, mp, vp, nullptr, n, s);
+        adamw_kernel<VEC, TG, TS, float, false>
+            <<<blocks, kThreads, 0, core::exec_stream()>>>(p, g, mp, vp, nullptr, n, s);
     else
         MT_CUDA_DISPATCH(copy.dtype(), TC, {
-            adamw_kernel<VEC, TG, TC, true>
+            adamw_kernel<VEC, TG, TS, TC, true>
                 <<<blocks, kThreads, 0, core::exec_stream()>>>(p, g, mp, vp, static_cast<TC*>(copy.raw()), n, s);
         });
+}
+
+template <int VEC, typename TG>
+void launch_state(const Tensor& param,
+                  const Tensor& grad,
+                  const Tensor& m,
+                  const Tensor& v,
+                  const Tensor& copy,
+                  const AdamWScalars& s) {
+    if (m.dtype() == DType::bf16)
+        launch<VEC, TG, bf16>(param, grad, m, v, copy, s);
+    else
+        launch<VEC, TG, float>(param, grad, m, v, copy, s);
 }
 
 }  // namespace
@@ -77,12 +114,15 @@ void adamw_step(const Tensor& param,
                 const AdamWHyper& hyper,
                 int64_t step,
                 double grad_scale,
-                const Tensor& param_copy) {
+                const Tensor& param_copy,
+                const AdamWRounding& rounding) {
     constexpr std::string_view op = "adamw_step";
     check_f32(param, op, "param");
     check_cuda_float(grad, op, "grad");
-    check_f32(m, op, "m");
-    check_f32(v, op, "v");
+    if (m.dtype() != DType::bf16) {
+        check_f32(m, op, "m");
+        check_f32(v, op, "v");
+    }
     if (param_copy.defined()) check_cuda_float(param_copy, op, "param_copy");
     if (param.numel() == 0) return;
     core::NvtxRange range("adamw_step");
@@ -94,13 +134,16 @@ void adamw_step(const Tensor& param,
                          static_cast<float>(1.0 - hyper.lr * hyper.weight_decay),
                          static_cast<float>(hyper.lr / bc1),
                          static_cast<float>(std::sqrt(bc2)),
-                         static_cast<float>(hyper.eps)};
+                         static_cast<float>(hyper.eps),
+                         sr_stream(rounding.seed, step, 0),
+                         sr_stream(rounding.seed, step, 1),
+                         rounding.first};
     const bool vec = vec_ok(param.numel(), {&param, &grad, &m, &v, &param_copy});
     MT_CUDA_DISPATCH(grad.dtype(), TG, {
         if (vec)
-            launch<8, TG>(param, grad, m, v, param_copy, s);
+            launch_state<8, TG>(param, grad, m, v, param_copy, s);
         else
-            launch<1, TG>(param, grad, m, v, param_copy, s);
+            launch_state<1, TG>(param, grad, m, v, param_copy, s);
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
