@@ -13,7 +13,8 @@
 
 namespace mt::nn {
 
-Model::Model(const ModelConfig& cfg, const Precision& precision, int64_t param_align, const MoeExpertParallel& ep)
+Model::Model(
+    const ModelConfig& cfg, const Precision& precision, int64_t param_align, const MoeExpertParallel& ep, bool allocate)
     : cfg_(cfg), precision_(precision) {
     MT_CHECK(!cfg.layer_pattern.empty() && cfg.layer_pattern.find_first_not_of("AK") == std::string::npos &&
                  cfg.n_layers % static_cast<int64_t>(cfg.layer_pattern.size()) == 0,
@@ -36,7 +37,18 @@ Model::Model(const ModelConfig& cfg, const Precision& precision, int64_t param_a
     if (!cfg.tie_embeddings)
         lm_head_ =
             table_.add({.name = "lm_head.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std});
-    table_.finalize(precision, param_align);
+    if (allocate)
+        table_.finalize(precision, param_align);
+    else
+        table_.layout(precision, param_align);
+}
+
+ParamTable Model::param_layout(const ModelConfig& cfg,
+                               const Precision& precision,
+                               int64_t param_align,
+                               const MoeExpertParallel& ep) {
+    Model declared(cfg, precision, param_align, ep, false);
+    return std::move(declared.table_);  // the layers' pointers into it die with `declared`; the table needs none
 }
 
 void Model::resize(int64_t batch, int64_t seq) {
@@ -235,6 +247,12 @@ size_t Model::saved_activation_bytes() {
     size_t bytes = saved_bytes(saved_for_backward());
     for (auto& b : blocks_)
         bytes += saved_bytes(b->saved_for_backward()) + (b->output().defined() ? b->output().nbytes() : 0);
+    return bytes;
+}
+
+size_t Model::workspace_bytes() const {
+    size_t bytes = ws_.slot_bytes();
+    for (const Tensor* t : {&ws_.d_norm, &ws_.d_tmp}) bytes += t->defined() ? t->nbytes() : 0;
     return bytes;
 }
 

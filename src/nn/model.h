@@ -28,7 +28,15 @@ class Model {
     Model(const ModelConfig& cfg,
           const Precision& precision,
           int64_t param_align = 64,
-          const MoeExpertParallel& ep = {});
+          const MoeExpertParallel& ep = {})
+        : Model(cfg, precision, param_align, ep, true) {}
+    // The parameter table this constructor would build, laid out (ParamTable::layout) but not allocated: the same
+    // declarations in the same order, so its offsets and arena sizes are the real ones. No arena, activation or
+    // workspace is allocated (ep needs no communicators). The memory planner's source of parameter bytes.
+    static ParamTable param_layout(const ModelConfig& cfg,
+                                   const Precision& precision,
+                                   int64_t param_align = 64,
+                                   const MoeExpertParallel& ep = {});
 
     ParamTable& params() {
         return table_;
@@ -81,12 +89,21 @@ class Model {
     // Bytes of every activation held for the backward now, the model's and every block's (a recompute policy holds
     // fewer after the forward).
     size_t saved_activation_bytes();
+    // Bytes of the shared backward workspace now: d_norm, d_tmp and every slot (sized at their largest use by the
+    // first backward). The memory planner's workspace line is checked against it.
+    size_t workspace_bytes() const;
     // Training FLOPs per token (fwd + bwd): 6 * (2-D weights but the input embedding, the active routed experts
     // top_k * 3 * F * C per MoE layer included) + 6 * n_attn_layers * T * (Hq * D) for causal attention +
     // n_kda_layers * kda_flops_per_token(cfg, T).
     double flops_per_token(int64_t seq) const;
 
    private:
+    // allocate = false: declare the parameters and lay the table out only (param_layout).
+    Model(const ModelConfig& cfg,
+          const Precision& precision,
+          int64_t param_align,
+          const MoeExpertParallel& ep,
+          bool allocate);
     void resize(int64_t batch, int64_t seq);
     // Recompute full over the plain residual stream: blocks run in groups of recompute.group_size(); only each
     // group's input (the output of the block before it) and the last block's output survive the forward.

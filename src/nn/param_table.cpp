@@ -27,7 +27,7 @@ void init_log_uniform(const Tensor& host, const ParamSpec& s, uint64_t seed) {
 }  // namespace
 
 int ParamTable::add(ParamSpec spec) {
-    MT_CHECK(!finalized_, "parameter {} declared after the table was finalized", spec.name);
+    MT_CHECK(!laid_out_, "parameter {} declared after the table was finalized", spec.name);
     MT_CHECK(!index_.count(spec.name), "parameter {} declared twice", spec.name);
     const int i = size();
     index_[spec.name] = i;
@@ -45,8 +45,8 @@ int64_t param_shard_flat_offset(const ParamSpec& spec) {
     return param_expert_sharded(spec) ? spec.shard_first * (core::shape_numel(spec.shape) / spec.shape[0]) : 0;
 }
 
-void ParamTable::finalize(const Precision& precision, int64_t align) {
-    MT_CHECK(!finalized_, "parameter table finalized twice");
+void ParamTable::layout(const Precision& precision, int64_t align) {
+    MT_CHECK(!laid_out_, "parameter table finalized twice");
     MT_CHECK(align >= 1, "parameter alignment {} must be >= 1", align);
     align = std::lcm(align, int64_t{64});  // every parameter starts at least 128-byte aligned
     precision_ = precision;
@@ -55,6 +55,11 @@ void ParamTable::finalize(const Precision& precision, int64_t align) {
         offsets_.push_back(total_);
         total_ += (core::shape_numel(s.shape) + align - 1) / align * align;
     }
+    laid_out_ = true;
+}
+
+void ParamTable::finalize(const Precision& precision, int64_t align) {
+    layout(precision, align);
     master_arena_ = precision.master_on_host ? Tensor::zeros_pinned({total_}, precision.master)
                                              : Tensor::zeros({total_}, precision.master, precision.device);
     param_arena_ =

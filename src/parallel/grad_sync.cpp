@@ -9,6 +9,26 @@
 
 namespace mt::parallel {
 
+std::vector<GradBucketRange> grad_sync_buckets(const std::vector<ArenaParam>& params,
+                                               int64_t elem_bytes,
+                                               double bucket_mb) {
+    const int64_t limit = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1048576.0) / elem_bytes);
+    std::vector<GradBucketRange> buckets;
+    for (int i = static_cast<int>(params.size()) - 1; i >= 0;) {
+        GradBucketRange b;
+        b.expert = params[i].expert;
+        b.end = params[i].end;
+        // Whole parameters, the same reduction group, up to the size limit (a larger parameter is its own bucket).
+        int j = i;
+        while (j >= 0 && params[j].expert == b.expert && (j == i || b.end - params[j].begin <= limit)) --j;
+        b.lowest = j + 1;
+        b.begin = params[b.lowest].begin;
+        buckets.push_back(b);
+        i = j;
+    }
+    return buckets;
+}
+
 GradSync::GradSync(
     GradArenas arenas, const Mesh& mesh, double bucket_mb, bool zero, Comm* dense_rows, Comm* expert_rows)
     : arenas_(std::move(arenas)),
@@ -30,17 +50,12 @@ GradSync::GradSync(
                      "grad sync: GPU gradients over the {} backend (the buckets need NCCL communicators)",
                      c->backend());
     const auto elem = static_cast<int64_t>(core::dtype_size(grads.dtype()));
-    const int64_t limit = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1048576.0) / elem);
-    const std::vector<ArenaParam>& params = arenas_.params;
-    for (int i = static_cast<int>(params.size()) - 1; i >= 0;) {
+    for (const GradBucketRange& range : grad_sync_buckets(arenas_.params, elem, bucket_mb)) {
         Bucket b;
-        b.expert = params[i].expert;
-        b.end = params[i].end;
-        // Whole parameters, the same reduction group, up to the size limit (a larger parameter is its own bucket).
-        int j = i;
-        while (j >= 0 && params[j].expert == b.expert && (j == i || b.end - params[j].begin <= limit)) --j;
-        b.lowest = j + 1;
-        b.begin = params[b.lowest].begin;
+        b.lowest = range.lowest;
+        b.begin = range.begin;
+        b.end = range.end;
+        b.expert = range.expert;
         const int64_t p = group(b).size();
         MT_CHECK((b.end - b.begin) % p == 0,
                  "grad sync: bucket of {} elements does not split over {} ranks (parameter alignment)",
@@ -50,7 +65,6 @@ GradSync::GradSync(
         b.mine = b.begin + group(b).rank() * b.share;
         owned_.push_back({b.mine, b.mine + b.share});
         buckets_.push_back(std::move(b));
-        i = j;
     }
     std::sort(owned_.begin(), owned_.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
     if (!zero_) return;

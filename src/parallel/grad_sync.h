@@ -24,6 +24,21 @@ struct ArenaParam {
     bool expert = false;
 };
 
+// A bucket's place: parameters [lowest, next bucket's lowest) of the arena order, arena elements [begin, end), and
+// its reduction group (edp when expert, else dp_span).
+struct GradBucketRange {
+    int lowest = 0;
+    int64_t begin = 0, end = 0;
+    bool expert = false;
+};
+
+// GradSync's bucket plan, a pure function (the memory planner and tests use it without a mesh): from the end of the
+// arena (the backward completes the last parameters first), runs of whole consecutive parameters of one reduction
+// group up to bucket_mb MiB of elem_bytes elements (a larger parameter is a bucket of its own), in issue order.
+std::vector<GradBucketRange> grad_sync_buckets(const std::vector<ArenaParam>& params,
+                                               int64_t elem_bytes,
+                                               double bucket_mb);
+
 // The flat arenas GradSync reduces and gathers, described without the model: the parameters in arena order and the
 // three arenas of one layout (weights is what the forward reads, master what the optimizer updates; without a
 // master copy, under f32 training, they are the same tensor).

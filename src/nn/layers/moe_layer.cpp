@@ -37,7 +37,8 @@ MoeLayer::MoeLayer(ParamTable& table,
              prefix,
              moe.capacity_factor);
     router_options_ = {k, moe.score, moe.normalize_gates, moe.routed_scale};
-    MT_CHECK(ep.size >= 1 && e % ep.size == 0 && ep.rank >= 0 && ep.rank < ep.size && (ep.size == 1 || ep.comm),
+    // The communicators are needed from the first forward on (Model::param_layout declares without them).
+    MT_CHECK(ep.size >= 1 && e % ep.size == 0 && ep.rank >= 0 && ep.rank < ep.size,
              "{}: moe.num_experts = {} cannot be split over expert-parallel rank {} of {}",
              prefix,
              e,
@@ -162,6 +163,7 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     expert_rows_ = rows_;
     expert_offsets_ = offsets_host_;
     if (ep) {
+        MT_CHECK(ep_.comm != nullptr, "{}: expert parallelism over {} ranks without a communicator", prefix_, ep_.size);
         dispatch_.plan(offsets_host_, *ep_.comm, ep_.rows_comm != nullptr ? *ep_.rows_comm : *ep_.comm, xp_.device());
         expert_rows_ = dispatch_.expert_rows();
         expert_offsets_ = dispatch_.local_offsets();
