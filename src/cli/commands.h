@@ -16,5 +16,6 @@ void register_data(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_grad_dump(CLI::App& app);
 void register_config(CLI::App& app);
+void register_plan(CLI::App& app);
 
 }  // namespace mt::cli

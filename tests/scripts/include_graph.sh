@@ -5,7 +5,11 @@
 #     the ops' entry points, which dispatch through the op registry;
 #   - no ops::cuda:: call outside src/ops/;
 #   - a backend file (src/ops/cpu/*, src/ops/cuda/*) includes from src/ops/ only op_common.h, registry.h and the header
-#     of its own op (ops/NAME.h where NAME starts its file name: cuda/kda/kda_bwd.cu may include ops/kda.h).
+#     of its own op (ops/NAME.h where NAME starts its file name: cuda/kda/kda_bwd.cu may include ops/kda.h);
+#   - only src/train/ and src/cli/ include train/, only src/cli/ includes cli/: the layers below never see the job
+#     config (the memory planner takes a MemoryPlanInput, which train/plan_input.cpp fills);
+#   - src/parallel/ includes nn/ only in the planner (parallel/plan_*: it lays out the model's parameter table); the
+#     rest of parallel/ works on a model-free description of the arenas (GradArenas).
 # Usage: include_graph.sh <moetrain> <source-dir> <scratch-dir> (the binary and scratch are unused). Prints every
 # violation and exits 1 when there is one.
 set -euo pipefail
@@ -36,6 +40,20 @@ while read -r file line header; do
     [[ $name == op_common || $name == registry || $base == "$name" || $base == "${name}"_* ]] ||
         violation "$file:$line includes $header (a backend file includes only its own op's header)"
 done < <(includes $(sources ops/cpu ops/cuda))
+
+while read -r file line header; do
+    checked=$((checked + 1))
+    [[ $header == train/* || $header == cli/* ]] && violation "$file:$line includes $header (only train/ and cli/ see the job config)"
+done < <(includes $(sources core ops nn optim parallel data))
+
+while read -r file line header; do
+    [[ $header == cli/* ]] && violation "$file:$line includes $header (only src/cli/ includes cli/)"
+done < <(includes $(sources train))
+
+while read -r file line header; do
+    [[ $header == nn/* && $(basename "$file") != plan_* ]] &&
+        violation "$file:$line includes $header (in src/parallel/ only the planner, plan_*, includes nn/)"
+done < <(includes $(sources parallel))
 
 while IFS= read -r hit; do
     violation "$hit (ops::cuda:: / ops::cpu:: called outside src/ops/)"

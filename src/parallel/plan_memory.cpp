@@ -1,0 +1,264 @@
+// The memory plan: the parameter state from the laid-out table (exact), the activations from plan_buffers.cpp, and
+// the peak as the allocator would see it: everything held through the step plus the largest transient.
+#include "parallel/plan_memory.h"
+
+#include <fmt/format.h>
+
+#include <numeric>
+
+#include "nn/model.h"
+#include "parallel/grad_sync.h"
+
+namespace mt::parallel {
+
+namespace {
+
+// Requested bytes and the size-class bytes the CUDA allocator hands out for them (the same on the CPU).
+struct Bytes {
+    int64_t raw = 0, alloc = 0;
+    Bytes& operator+=(const Bytes& o) {
+        raw += o.raw, alloc += o.alloc;
+        return *this;
+    }
+};
+
+// The arenas as GradSync sees them (train/trainer.cpp grad_arenas, from the spec shapes: a laid-out table has no
+// views).
+std::vector<ArenaParam> arena_params(const nn::ParamTable& table) {
+    std::vector<ArenaParam> params;
+    for (int i = 0; i < table.size(); ++i)
+        params.push_back({.begin = table.offset(i),
+                          .numel = core::shape_numel(table.spec(i).shape),
+                          .end = table.offset(i) + table.padded_numel(i),
+                          .expert = nn::param_expert_sharded(table.spec(i))});
+    return params;
+}
+
+void plan_state(const MemoryPlanInput& in, MemoryPlan& plan) {
+    const MeshShape& mesh = in.mesh;
+    // Trainer: dp_span (cp x ep x dp) reduces the dense gradients, edp (cp x dp) the experts'; every parameter
+    // starts at a multiple of both group sizes so that each bucket splits evenly.
+    const int64_t span = mesh[MeshAxis::cp] * mesh[MeshAxis::ep] * mesh[MeshAxis::dp];
+    const int64_t edp = mesh[MeshAxis::cp] * mesh[MeshAxis::dp];
+    nn::MoeExpertParallel ep;
+    if (in.model.moe_enabled) ep = {.size = mesh[MeshAxis::ep], .rank = 0};
+    const nn::ParamTable table = nn::Model::param_layout(in.model, in.precision, std::lcm(span, edp), ep);
+    plan.align = std::lcm(std::lcm(span, edp), int64_t{64});  // ParamTable::layout's own minimum included
+    for (int i = 0; i < table.size(); ++i) {
+        plan.params_global += core::shape_numel(nn::param_global_shape(table.spec(i)));
+        plan.params_rank += core::shape_numel(table.spec(i).shape);
+    }
+    plan.arena_numel = table.total_numel();
+    const nn::Precision& p = in.precision;
+    // Offload keeps an f32 master copy in host memory even where the device trains in f32 (its weights are then
+    // the forward's copy). On a CPU run the state is host memory already: nothing moves.
+    plan.offload = in.offload && p.device == core::Device::cuda;
+    plan.weights = table.arena_bytes(p.param);
+    plan.master = p.has_master_copy() || plan.offload ? table.arena_bytes(p.master) : 0;
+    plan.grads = table.arena_bytes(p.master);
+    // optim::AdamW: replicated, both moments over the whole arena; ZeRO-1, over the owned slice of every bucket
+    // (1 / |group| of it, so every rank holds the same amount).
+    plan.zero = in.zero_stage >= 1 && span > 1;
+    plan.owned_numel = plan.arena_numel;
+    if (span > 1) {
+        const auto elem = static_cast<int64_t>(core::dtype_size(p.master));
+        const std::vector<GradBucketRange> buckets = grad_sync_buckets(arena_params(table), elem, in.bucket_mb);
+        plan.buckets = static_cast<int64_t>(buckets.size());
+        if (plan.zero) {
+            plan.owned_numel = 0;
+            for (const GradBucketRange& b : buckets) plan.owned_numel += (b.end - b.begin) / (b.expert ? edp : span);
+            plan.zero_staging = std::max<int64_t>(plan.owned_numel, 1) * elem;  // GradSync's staging_
+        }
+    }
+    plan.optimizer = 2 * plan.owned_numel * static_cast<int64_t>(core::dtype_size(in.state_dtype));
+}
+
+class PeakSearch {
+   public:
+    explicit PeakSearch(bool cuda) : cuda_(cuda) {}
+    Bytes of(int64_t bytes) const {
+        return {bytes, cuda_ ? plan_cuda_size_class(bytes) : bytes};
+    }
+    Bytes sum(const std::vector<PlanBuffer>& buffers, bool dropped, bool with_kept = true) const {
+        Bytes b;
+        for (const PlanBuffer& buf : buffers)
+            if (buf.dropped == dropped && (with_kept || !buf.name.starts_with("kept."))) b += of(buf.bytes);
+        return b;
+    }
+    void candidate(const Bytes& b, std::string where) {
+        if (b.alloc <= best_.alloc) return;
+        best_ = b;
+        where_ = std::move(where);
+    }
+    const Bytes& best() const {
+        return best_;
+    }
+    const std::string& where() const {
+        return where_;
+    }
+
+   private:
+    bool cuda_;
+    Bytes best_;
+    std::string where_ = "none";
+};
+
+std::string mixer_name(const nn::ModelConfig& cfg, int64_t l, int sub) {
+    if (sub == 0) return cfg.layer_is_kda(l) ? "kda" : "attention";
+    return cfg.layer_is_moe(l) ? "moe" : "mlp";
+}
+
+// The transient phases of one step: each sub-layer's forward and backward (the buffers its policy rebuilds and the
+// op scratch inside), or under recompute full each block's forward and each group's re-run and backward.
+void search_transients(const MemoryPlanInput& in, const PlanActivations& a, PeakSearch& search) {
+    const nn::ModelConfig& cfg = in.model;
+    const auto nb = static_cast<int64_t>(a.blocks.size());
+    auto scratch = [&](const PlanSubLayer& s, bool bwd) { return search.of(bwd ? s.bwd_scratch : s.fwd_scratch); };
+    if (a.full_group > 0) {
+        // A block's activations when it runs: both sub-layers' saved buffers and h (the first forward keeps no KDA
+        // tiles; the re-run does), and its output unless the group keeps it anyway.
+        auto block = [&](int64_t l, bool rerun) {
+            const PlanBlock& b = a.blocks[static_cast<size_t>(l)];
+            Bytes t = search.of(b.h.bytes);
+            for (const PlanSubLayer& s : b.sub) t += search.sum(s.buffers, true, rerun);
+            if (!b.keeps_output) t += search.of(b.out.bytes);
+            return t;
+        };
+        for (int64_t l = 0; l < nb; ++l) {
+            const PlanBlock& b = a.blocks[static_cast<size_t>(l)];
+            Bytes t = block(l, false);
+            if (l > 0 && !a.blocks[static_cast<size_t>(l - 1)].keeps_output) t += search.of(b.out.bytes);
+            const Bytes s0 = scratch(b.sub[0], false), s1 = scratch(b.sub[1], false);
+            t += s0.alloc >= s1.alloc ? s0 : s1;
+            search.candidate(t, fmt::format("layer {} forward (recompute full)", l));
+        }
+        // The backward takes the groups from the last; each re-runs its blocks' forward, holding them all.
+        for (int64_t first = (nb - 1) / a.full_group * a.full_group; first >= 0; first -= a.full_group) {
+            const int64_t last = std::min(nb, first + a.full_group) - 1;
+            Bytes group;
+            for (int64_t l = first; l <= last; ++l) {
+                group += block(l, true);
+                const PlanBlock& b = a.blocks[static_cast<size_t>(l)];
+                const Bytes s0 = scratch(b.sub[0], true), s1 = scratch(b.sub[1], true);
+                Bytes t = group;
+                t += s0.alloc >= s1.alloc ? s0 : s1;
+                search.candidate(
+                    t,
+                    fmt::format(
+                        "layer {} re-run and backward (recompute full, group of layers {}-{})", l, first, last));
+            }
+        }
+        return;
+    }
+    // In the order they run (the first of equal phases is reported): the forward from layer 0, the backward back.
+    for (int64_t step = 0; step < 4 * nb; ++step) {
+        const bool bwd = step >= 2 * nb;
+        const int64_t i = bwd ? 4 * nb - 1 - step : step, l = i / 2;
+        const int sub = static_cast<int>(i % 2);
+        const PlanSubLayer& s = a.blocks[static_cast<size_t>(l)].sub[static_cast<size_t>(sub)];
+        // The first forward keeps no KDA tiles when the backward re-runs it; the re-run does.
+        Bytes t = search.sum(s.buffers, true, bwd);
+        if (a.attnres_mixed > 0) t += search.of(a.attnres_mixed);
+        t += scratch(s, bwd);
+        const std::string& op = bwd ? s.bwd_scratch_op : s.fwd_scratch_op;
+        search.candidate(t,
+                         fmt::format("layer {} {} {}{}",
+                                     l,
+                                     mixer_name(cfg, l, sub),
+                                     bwd ? "backward" : "forward",
+                                     op.empty() ? "" : " (" + op + " scratch)"));
+    }
+}
+
+}  // namespace
+
+int64_t plan_cuda_size_class(int64_t bytes) {
+    const int64_t quantum = bytes < (int64_t{1} << 20) ? 512 : (int64_t{2} << 20);
+    const int64_t b = bytes == 0 ? 1 : bytes;
+    return (b + quantum - 1) / quantum * quantum;
+}
+
+MemoryPlan plan_memory(const MemoryPlanInput& in) {
+    MemoryPlan plan;
+    plan.input = in;
+    plan_state(in, plan);
+    const bool cuda = in.precision.device == core::Device::cuda;
+    const PlanActivations a =
+        plan_activations(in.model, in.precision, in.batch, in.seq, in.mesh[MeshAxis::ep], in.deterministic);
+    PeakSearch search(cuda);
+    // Everything held from the end of the forward into the backward, each buffer an allocation of its own.
+    Bytes held;
+    auto count = [&](const PlanBuffer& b, bool dropped) {
+        MemoryActivations& line = plan.activations[static_cast<size_t>(b.kind)];
+        if (dropped) {
+            line.dropped += b.bytes;
+            return;
+        }
+        (b.saved ? line.saved : line.held) += b.bytes;
+        held += search.of(b.bytes);
+    };
+    for (const auto* list : {&a.model, &a.attnres})
+        for (const PlanBuffer& b : *list) count(b, b.dropped);
+    for (const PlanBlock& b : a.blocks) {
+        for (const PlanSubLayer& s : b.sub)
+            for (const PlanBuffer& buf : s.buffers) count(buf, buf.dropped);
+        count(b.h, b.h.dropped);
+        count(b.out, !b.keeps_output);
+    }
+    for (const MemoryActivations& line : plan.activations) {
+        plan.saved_total += line.saved;
+        plan.held_total += line.held;
+    }
+    for (const PlanBuffer& b : a.workspace) {
+        plan.workspace += b.bytes;
+        held += search.of(b.bytes);
+    }
+    plan.comm = plan.zero_staging;
+    if (plan.zero_staging > 0) held += search.of(plan.zero_staging);
+    for (const PlanBuffer& b : a.comm) {
+        plan.comm += b.bytes;
+        held += search.of(b.bytes);
+    }
+    // ops/cuda/gemm: cuBLASLt's workspaces, 32 MiB per lane for the linears and per stream (4) for the grouped
+    // GEMMs, allocated at the first call and kept.
+    if (cuda) plan.gemm_workspace = (2 + (in.model.n_moe_layers() > 0 ? 4 : 0)) * (int64_t{32} << 20);
+    held += search.of(plan.gemm_workspace);
+    for (int64_t arena : {plan.weights, plan.grads, plan.offload ? 0 : plan.master, plan.offload ? 0 : plan.optimizer})
+        if (arena > 0) held += search.of(arena);
+    search_transients(in, a, search);
+    plan.transient = search.best().alloc;
+    plan.transient_at = search.where();
+    plan.peak = held.alloc + search.best().alloc;
+    plan.rounding = plan.peak - held.raw - search.best().raw;
+
+    auto note = [&](std::string text) { plan.notes.push_back(std::move(text)); };
+    if (in.mesh[MeshAxis::ep] > 1)
+        note(
+            "expert parallelism: the expert-side rows assume balanced routing (N top_k rows arrive per rank); the "
+            "layers' buffers grow by half again whenever more arrive");
+    if (in.model.attnres.enabled())
+        note(
+            fmt::format("Block AttnRes: every block still allocates its h and output (the residual line, {:.2f} GB), "
+                        "which the AttnRes path does not use",
+                        static_cast<double>(plan.activations[static_cast<size_t>(PlanKind::residual)].saved) / 1e9));
+    if (in.offload && !cuda) note("optim.offload = \"cpu\" on a CPU run: the state is host memory already");
+    if (plan.offload)
+        note(
+            "optim.offload = \"cpu\": the master weights (the whole arena, in f32) and the AdamW moments are host "
+            "memory; the offload's pinned staging buffers are not counted until the trainer implements them");
+    if (cuda) {
+        note(
+            "outside the allocator, so not in the peak: the CUDA context, cuBLAS handles and NCCL's own buffers "
+            "(roughly 0.5-1 GB per process)");
+        note(
+            "not modelled: the few-MB partial sums of the RMSNorm, conv, gate and AttnRes parameter gradients, the "
+            "RoPE tables and the MoE plan's counters (transient, far below the largest op scratch)");
+    } else {
+        note(
+            "CPU: the figures are the tensors; the process's resident set adds the program, OpenMP and OpenBLAS "
+            "buffers and the CPU ops' own scratch, which are not modelled");
+    }
+    return plan;
+}
+
+}  // namespace mt::parallel

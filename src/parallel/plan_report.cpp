@@ -1,0 +1,219 @@
+// The memory plan as one JSON object (`moetrain plan --memory --json`) and as the human-readable table.
+#include <fmt/format.h>
+
+#include <sstream>
+
+#include "parallel/plan_memory.h"
+
+namespace mt::parallel {
+
+namespace {
+
+double gb(int64_t bytes) {
+    return static_cast<double>(bytes) / 1e9;
+}
+
+// 1234567 -> "1,234,567".
+std::string grouped(int64_t v) {
+    std::string digits = std::to_string(v < 0 ? -v : v), out;
+    for (size_t i = 0; i < digits.size(); ++i) {
+        if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+        out += digits[i];
+    }
+    return v < 0 ? "-" + out : out;
+}
+
+// text as lines of at most `width` characters, the first after `first`, the others after `rest`.
+std::string wrapped(const std::string& text, const std::string& first, const std::string& rest, size_t width) {
+    std::string out, line = first;
+    bool empty = true;  // no word on `line` yet
+    std::istringstream words(text);
+    for (std::string word; words >> word;) {
+        if (!empty && line.size() + 1 + word.size() > width) {
+            out += line + "\n";
+            line = rest;
+            empty = true;
+        }
+        line += (empty ? "" : " ") + word;
+        empty = false;
+    }
+    return out + line + "\n";
+}
+
+std::string recompute_text(const nn::RecomputeConfig& r) {
+    std::string text(nn::enum_name(r.policy));
+    if (r.policy == nn::RecomputePolicy::selective) {
+        std::vector<std::string> names;
+        for (nn::RecomputeModule m : r.modules) names.emplace_back(nn::enum_name(m));
+        text += fmt::format(" [{}]", fmt::join(names, ", "));
+    }
+    if (r.policy == nn::RecomputePolicy::full)
+        text += r.every > 0 ? fmt::format(", every {}", r.every) : std::string(", every sqrt");
+    return text;
+}
+
+// How many instances a kind's line sums over, and what they are.
+std::pair<int64_t, const char*> instances(const nn::ModelConfig& cfg, PlanKind kind) {
+    const int64_t kda = cfg.n_kda_layers(), moe = cfg.n_moe_layers();
+    switch (kind) {
+        case PlanKind::attention:
+            return {cfg.n_layers - kda, "layers"};
+        case PlanKind::kda:
+            return {kda, "layers"};
+        case PlanKind::mlp:
+            return {cfg.n_layers - moe, "layers"};
+        case PlanKind::moe:
+            return {moe, "layers"};
+        case PlanKind::norm:
+            return {2 * cfg.n_layers, "pre-norms"};
+        case PlanKind::residual:
+            return {cfg.n_layers, "blocks: h, out"};
+        case PlanKind::attnres:
+            return {cfg.attnres.enabled() ? 2 * cfg.n_layers + 1 : 0, "mixes"};
+        case PlanKind::embed_head:
+            return {1, "embedding, final norm, logits, loss"};
+        case PlanKind::grad_buffers:
+            return {1, cfg.attnres.enabled() ? "gradient buffers (residual stream, AttnRes)" : "gradient buffers"};
+    }
+    return {0, ""};
+}
+
+std::string precision_text(const nn::Precision& p) {
+    if (p.device == core::Device::cpu) return fmt::format("cpu {}", core::dtype_name(p.compute));
+    if (!p.has_master_copy()) return fmt::format("cuda {}", core::dtype_name(p.compute));
+    return fmt::format("cuda {} mixed (f32 master weights and gradients)", core::dtype_name(p.compute));
+}
+
+}  // namespace
+
+nlohmann::json memory_plan_json(const MemoryPlan& plan) {
+    const MemoryPlanInput& in = plan.input;
+    nlohmann::json mesh = nlohmann::json::object();
+    for (auto [axis, name] : {std::pair{MeshAxis::tp, "tp"},
+                              {MeshAxis::cp, "cp"},
+                              {MeshAxis::ep, "ep"},
+                              {MeshAxis::dp, "dp"},
+                              {MeshAxis::pp, "pp"}})
+        mesh[name] = in.mesh[axis];
+    mesh["world"] = in.mesh.world();
+    nlohmann::json acts = nlohmann::json::object();
+    for (int k = 0; k < kPlanKinds; ++k) {
+        const auto kind = static_cast<PlanKind>(k);
+        const MemoryActivations& a = plan.activations[static_cast<size_t>(k)];
+        acts[std::string(plan_kind_name(kind))] = {{"instances", instances(in.model, kind).first},
+                                                   {"saved", a.saved},
+                                                   {"held", a.held},
+                                                   {"dropped", a.dropped}};
+    }
+    const nn::Precision& p = in.precision;
+    return {{"config", in.source},
+            {"device", std::string(core::device_name(p.device))},
+            {"precision",
+             {{"compute", core::dtype_name(p.compute)},
+              {"param", core::dtype_name(p.param)},
+              {"master", core::dtype_name(p.master)},
+              {"stats", core::dtype_name(p.stats)}}},
+            {"batch", in.batch},
+            {"seq", in.seq},
+            {"tokens", in.batch * in.seq},
+            {"mesh", mesh},
+            {"zero", plan.zero},
+            {"gradient_buckets", plan.buckets},
+            {"recompute", recompute_text(in.model.recompute)},
+            {"params", {{"global", plan.params_global}, {"rank", plan.params_rank}, {"arena_numel", plan.arena_numel}}},
+            {"param_align", plan.align},
+            {"state",
+             {{"weights", plan.weights},
+              {"gradients", plan.grads},
+              {"master", plan.master},
+              {"optimizer", plan.optimizer},
+              {"optimizer_dtype", core::dtype_name(in.state_dtype)},
+              {"optimizer_numel", plan.owned_numel},
+              {"offload", plan.offload},
+              {"device", plan.state_device()},
+              {"host", plan.state_host()},
+              {"state_bytes", plan.state_bytes()}}},
+            {"activations", acts},
+            {"saved_activation_bytes", plan.saved_total},
+            {"held_bytes", plan.held_total},
+            {"workspace_bytes", plan.workspace},
+            {"comm_bytes", plan.comm},
+            {"gemm_workspace_bytes", plan.gemm_workspace},
+            {"transient", {{"bytes", plan.transient}, {"at", plan.transient_at}}},
+            {"rounding_bytes", plan.rounding},
+            {"peak_device_bytes", plan.peak},
+            {"peak_activation_bytes", plan.peak - plan.state_device()},
+            {"host_bytes", plan.state_host()},
+            {"notes", plan.notes}};
+}
+
+std::string memory_plan_table(const MemoryPlan& plan) {
+    const MemoryPlanInput& in = plan.input;
+    const nn::ModelConfig& cfg = in.model;
+    std::string out = fmt::format("moetrain plan --memory: {} (one rank; GB = 1e9 bytes)\n", in.source);
+    out += fmt::format("  model      {} parameters (this rank {}), an arena of {} elements, offsets aligned to {}\n",
+                       grouped(plan.params_global),
+                       grouped(plan.params_rank),
+                       grouped(plan.arena_numel),
+                       plan.align);
+    out += fmt::format("  batch      {} x {} = {} tokens per micro-batch, {}\n",
+                       in.batch,
+                       in.seq,
+                       grouped(in.batch * in.seq),
+                       precision_text(in.precision));
+    out += fmt::format("  mesh       {} (world {}); {}\n",
+                       mesh_describe(in.mesh),
+                       in.mesh.world(),
+                       plan.zero          ? fmt::format("ZeRO-1 shards the moments, {} gradient buckets", plan.buckets)
+                       : plan.buckets > 0 ? fmt::format("replicated optimizer, {} gradient buckets", plan.buckets)
+                                          : std::string("one data rank: no gradient reduction"));
+    out += fmt::format("  recompute  {}\n\n", recompute_text(cfg.recompute));
+    auto row = [&](const std::string& label, int64_t device, int64_t host = 0) {
+        out += fmt::format("  {:<66} {:>10.3f}", label, gb(device));
+        out += host > 0 ? fmt::format(" {:>10.3f}\n", gb(host)) : std::string("\n");
+    };
+    out += fmt::format("  {:<66} {:>10} {:>10}\n", "", "device GB", "host GB");
+    const nn::Precision& p = in.precision;
+    row(fmt::format("parameters ({} weights the forward reads)", core::dtype_name(p.param)), plan.weights);
+    row(fmt::format("gradients ({})", core::dtype_name(p.master)), plan.grads);
+    if (plan.master > 0)
+        row(fmt::format("master weights ({})", core::dtype_name(p.master)),
+            plan.offload ? 0 : plan.master,
+            plan.offload ? plan.master : 0);
+    else
+        out += fmt::format("  {:<66} {:>10}\n", "master weights (the weights themselves)", "-");
+    row(fmt::format("optimizer state (AdamW m and v, {}{})",
+                    core::dtype_name(in.state_dtype),
+                    plan.zero ? ", ZeRO-1 share" : ""),
+        plan.offload ? 0 : plan.optimizer,
+        plan.offload ? plan.optimizer : 0);
+    row("state", plan.state_device(), plan.state_host());
+    out += fmt::format(
+        "\n  {:<46} {:>10} {:>10} {:>10}\n", "activations after the forward, GB", "saved", "other", "rebuilt");
+    for (int k = 0; k < kPlanKinds; ++k) {
+        const auto kind = static_cast<PlanKind>(k);
+        const MemoryActivations& a = plan.activations[static_cast<size_t>(k)];
+        const auto [count, what] = instances(cfg, kind);
+        if (a.saved + a.held + a.dropped == 0) continue;
+        std::string label(what);
+        if (kind != PlanKind::embed_head && kind != PlanKind::grad_buffers) {
+            const bool one = count == 1 && std::string_view(what) == "layers";
+            label = fmt::format("{} ({} {})", plan_kind_name(kind), count, one ? "layer" : what);
+        }
+        out += fmt::format("    {:<44} {:>10.3f} {:>10.3f} {:>10.3f}\n", label, gb(a.saved), gb(a.held), gb(a.dropped));
+    }
+    out += fmt::format("    {:<44} {:>10.3f} {:>10.3f}\n\n", "all", gb(plan.saved_total), gb(plan.held_total));
+    row("backward workspace (d_norm, d_tmp and the slots)", plan.workspace);
+    if (plan.comm > 0) row("communication buffers (ZeRO-1 staging, MoE all-to-all)", plan.comm);
+    if (plan.gemm_workspace > 0) row("GEMM workspaces (cuBLASLt)", plan.gemm_workspace);
+    row("largest transient (rebuilt activations and op scratch)", plan.transient);
+    out += fmt::format("      at {}\n", plan.transient_at);
+    if (plan.rounding > 0) row("allocator size classes (included above in the peak)", plan.rounding);
+    row("predicted peak", plan.peak, plan.state_host());
+    row("  of which beyond the state (bench_train's peak_activation_bytes)", plan.peak - plan.state_device());
+    out += "\n  notes:\n";
+    for (const std::string& n : plan.notes) out += wrapped(n, "    - ", "      ", 118);
+    return out;
+}
+
+}  // namespace mt::parallel

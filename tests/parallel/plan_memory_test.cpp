@@ -1,0 +1,275 @@
+// The memory planner (parallel/plan_memory.h) against the real thing on the CPU:
+//   - Model::param_layout lays out the table a finalized model has (offsets, padding, totals), without arenas;
+//   - the state bytes equal the Trainer's (state_bytes, optimizer_state_bytes) on configs/tiny*.toml, and under
+//     ZeRO-1 (dp = 2 and 4, ep = 2) a real optim::AdamW over the real bucket plan's owned slices, f32 and bf16 state;
+//   - the saved activations after the forward equal Model::saved_activation_bytes(), and the workspace after the
+//     backward Model::workspace_bytes(), exactly, for dense, hybrid (KKKA), MoE and AttnRes models under every
+//     recompute policy (none, each selective module, all of them, full every 1, 2 and sqrt);
+//   - kimi_linear_mini (2.57B parameters) plans in well under a second.
+#include "parallel/plan_memory.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "nn/model.h"
+#include "optim/adamw.h"
+#include "parallel/grad_sync.h"
+#include "support/tiny_job.h"
+#include "train/plan_input.h"
+#include "train/trainer.h"
+
+namespace mt::parallel {
+namespace {
+
+using core::DType;
+using core::Tensor;
+
+train::JobConfig shipped(const std::string& name,
+                         std::vector<std::string> overrides = {},
+                         const std::string& device = "cpu") {
+    overrides.push_back("run.device=\"" + device + "\"");
+    return train::config_load(std::string(MT_SOURCE_DIR) + "/configs/" + name, overrides);
+}
+
+MeshShape mesh_of(int64_t ep, int64_t dp) {
+    MeshShape s;
+    s.size = {1, 1, ep, dp, 1};
+    return s;
+}
+
+// The tiny configs, with Block AttnRes added to the MoE one so that every layer type has a parameter.
+std::vector<train::JobConfig> tiny_configs() {
+    return {shipped("tiny.toml"),
+            shipped("tiny_hybrid.toml"),
+            shipped("tiny_moe.toml"),
+            shipped("tiny_moe.toml", {"attnres.mode=\"block\"", "attnres.block_size=4"})};
+}
+
+TEST(PlanMemory, ParamLayoutIsTheFinalizedTablesLayout) {
+    for (const train::JobConfig& cfg : tiny_configs()) {
+        SCOPED_TRACE(cfg.source);
+        for (int64_t align : {1, 4, 6}) {
+            const nn::Precision cpu = nn::Precision::cpu(DType::f32);
+            const nn::Model model(cfg.model, cpu, align);
+            const nn::ParamTable layout = nn::Model::param_layout(cfg.model, cpu, align);
+            const nn::ParamTable& real = model.params();
+            ASSERT_EQ(layout.size(), real.size());
+            EXPECT_EQ(layout.total_numel(), real.total_numel());
+            EXPECT_EQ(layout.arena_bytes(DType::f32), static_cast<int64_t>(real.master_arena().nbytes()));
+            for (int i = 0; i < real.size(); ++i) {
+                EXPECT_EQ(layout.spec(i).name, real.spec(i).name);
+                EXPECT_EQ(layout.offset(i), real.offset(i));
+                EXPECT_EQ(layout.padded_numel(i), real.padded_numel(i));
+            }
+        }
+    }
+}
+
+// dp = 1: the Trainer's own figures, on the tiny job's shards with each shipped model.
+TEST(PlanMemory, StateBytesEqualTheTrainersOnOneRank) {
+    const std::string dir = testing::fresh_dir("state");
+    for (const char* model : {"tiny.toml", "tiny_hybrid.toml", "tiny_moe.toml"}) {
+        SCOPED_TRACE(model);
+        const train::JobConfig shipped_cfg = shipped(model);
+        train::JobConfig cfg = testing::tiny_job(dir);
+        cfg.model = shipped_cfg.model;
+        cfg.run.device = "cpu";  // what the trainer runs here; "auto" would plan for a GPU
+        cfg.model.max_seq_len = std::max(cfg.model.max_seq_len, cfg.train.seq_len);
+        train::Trainer trainer(cfg, false);
+        const MemoryPlan plan = plan_memory(train::plan_memory_input(cfg));
+        EXPECT_EQ(plan.state_bytes(), trainer.state_bytes());
+        EXPECT_EQ(plan.optimizer, trainer.optimizer_state_bytes());
+        const nn::ParamTable& table = trainer.model().params();
+        int64_t params = 0;
+        for (int i = 0; i < table.size(); ++i) params += core::shape_numel(table.spec(i).shape);
+        EXPECT_EQ(plan.params_global, params);
+        EXPECT_EQ(plan.arena_numel, table.total_numel());
+        EXPECT_FALSE(plan.zero);
+        EXPECT_EQ(plan.zero_staging, 0);
+    }
+}
+
+// The owned slices GradSync gives data rank `dp_rank`, expert rank `ep_rank` (its constructor, without a mesh).
+std::vector<optim::ArenaRange> owned_slices(
+    const nn::ParamTable& table, double bucket_mb, int64_t ep, int64_t dp, int64_t ep_rank, int64_t dp_rank) {
+    std::vector<ArenaParam> params;
+    for (int i = 0; i < table.size(); ++i)
+        params.push_back({table.offset(i),
+                          table.grad(i).numel(),
+                          table.offset(i) + table.padded_numel(i),
+                          nn::param_expert_sharded(table.spec(i))});
+    std::vector<optim::ArenaRange> owned;
+    for (const GradBucketRange& b : grad_sync_buckets(params, 4, bucket_mb)) {
+        // dp_span is ep x dp with ep fastest (rank order tp-cp-ep-dp-pp); edp is dp.
+        const int64_t group = b.expert ? dp : ep * dp, rank = b.expert ? dp_rank : dp_rank * ep + ep_rank;
+        const int64_t share = (b.end - b.begin) / group;
+        owned.push_back({b.begin + rank * share, b.begin + (rank + 1) * share});
+    }
+    std::sort(owned.begin(), owned.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+    return owned;
+}
+
+TEST(PlanMemory, ZeroOneShardsMatchARealAdamWOverTheBucketPlan) {
+    struct Layout {
+        int64_t ep, dp;
+    };
+    for (const train::JobConfig& base : tiny_configs()) {
+        for (const Layout& lay : {Layout{1, 2}, Layout{1, 4}, Layout{2, 1}, Layout{2, 2}}) {
+            if (lay.ep > 1 && !base.model.moe_enabled) continue;
+            for (double bucket_mb : {25.0, 0.01}) {  // one bucket, and one per parameter or so
+                SCOPED_TRACE(fmt::format("{} ep={} dp={} bucket_mb={}", base.source, lay.ep, lay.dp, bucket_mb));
+                MemoryPlanInput in{.model = base.model,
+                                   .precision = nn::Precision::cpu(DType::f32),
+                                   .batch = 1,
+                                   .seq = 8,
+                                   .mesh = mesh_of(lay.ep, lay.dp),
+                                   .bucket_mb = bucket_mb};
+                const MemoryPlan plan = plan_memory(in);
+                in.state_dtype = DType::bf16;
+                const MemoryPlan bf16 = plan_memory(in);
+                EXPECT_TRUE(plan.zero);
+                const int64_t align = lay.ep * lay.dp;
+                for (int64_t ep_rank = 0; ep_rank < lay.ep; ++ep_rank) {
+                    nn::MoeExpertParallel ep;
+                    if (base.model.moe_enabled) ep = {.size = lay.ep, .rank = ep_rank};
+                    nn::Model model(base.model, in.precision, align, ep);
+                    EXPECT_EQ(plan.arena_numel, model.params().total_numel());
+                    EXPECT_EQ(plan.grads, static_cast<int64_t>(model.params().grad_arena().nbytes()));
+                    for (int64_t dp_rank = 0; dp_rank < lay.dp; ++dp_rank) {
+                        const optim::AdamW adamw(
+                            model.params(),
+                            {},
+                            owned_slices(model.params(), bucket_mb, lay.ep, lay.dp, ep_rank, dp_rank));
+                        EXPECT_EQ(plan.optimizer, adamw.state_bytes()) << "rank ep " << ep_rank << " dp " << dp_rank;
+                        // The AdamW of this tree keeps f32 moments; bf16 moments (optim.state_dtype) are half.
+                        EXPECT_EQ(2 * bf16.optimizer, adamw.state_bytes());
+                        // GradSync's staging holds the owned slices' reduced gradients.
+                        EXPECT_EQ(plan.zero_staging, adamw.state_bytes() / 2);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---- activations ----
+
+nn::ModelConfig small(const std::string& pattern) {
+    nn::ModelConfig c;
+    c.vocab_size = 29, c.d_model = 16, c.n_layers = 5, c.n_heads = 4, c.n_kv_heads = 2, c.d_ff = 24;
+    c.max_seq_len = 48, c.tie_embeddings = false, c.layer_pattern = pattern;
+    c.kda.num_heads = 2, c.kda.num_v_heads = 4, c.kda.head_dim = 4, c.kda.head_v_dim = 4, c.kda.chunk_size = 32;
+    return c;
+}
+
+nn::ModelConfig with_moe(nn::ModelConfig c, nn::MoeBalanceMode balance = nn::MoeBalanceMode::quantile) {
+    c.moe_enabled = true, c.moe_first_k_dense = 1;
+    c.moe.num_experts = 6, c.moe.top_k = 2, c.moe.num_shared_experts = 1, c.moe.expert_ffn_dim = 8;
+    c.moe.balance.mode = balance;
+    return c;
+}
+
+nn::ModelConfig with_attnres(nn::ModelConfig c) {
+    c.attnres.mode = nn::AttnResMode::block;
+    c.attnres.block_size = 4;
+    return c;
+}
+
+struct ActCase {
+    std::string name;
+    nn::ModelConfig cfg;
+};
+
+std::vector<ActCase> act_cases() {
+    std::vector<ActCase> cases = {{"dense", small("A")},
+                                  {"hybrid", small("KAKKA")},
+                                  {"moe", with_moe(small("A"))},
+                                  {"moe_aux_loss", with_moe(small("KA"), nn::MoeBalanceMode::aux_loss)},
+                                  {"attnres", with_attnres(small("A"))},
+                                  {"hybrid_moe_attnres", with_attnres(with_moe(small("KAKKA")))}};
+    cases[3].cfg.n_layers = 4;  // "KA" repeats over an even count
+    for (const char* name : {"tiny.toml", "tiny_hybrid.toml", "tiny_moe.toml"}) {
+        nn::ModelConfig c = shipped(name).model;
+        c.max_seq_len = 48;
+        cases.push_back({name, c});
+    }
+    return cases;
+}
+
+std::vector<std::pair<std::string, nn::RecomputeConfig>> policies(const nn::ModelConfig& cfg) {
+    using M = nn::RecomputeModule;
+    auto selective = [](std::vector<M> m) {
+        return nn::RecomputeConfig{.policy = nn::RecomputePolicy::selective, .modules = std::move(m)};
+    };
+    std::vector<std::pair<std::string, nn::RecomputeConfig>> all = {{"none", {}}};
+    for (M m : {M::attn_core, M::kda, M::mlp_act, M::moe_act, M::norm, M::attnres, M::moe_permute})
+        all.emplace_back(nn::enum_name(m), selective({m}));
+    all.emplace_back("all modules",
+                     selective({M::attn_core, M::kda, M::mlp_act, M::moe_act, M::norm, M::attnres, M::moe_permute}));
+    all.emplace_back("full every 1", nn::RecomputeConfig{.policy = nn::RecomputePolicy::full, .every = 1});
+    if (!cfg.attnres.enabled()) {  // every > 1 needs the plain residual stream
+        all.emplace_back("full every 2", nn::RecomputeConfig{.policy = nn::RecomputePolicy::full, .every = 2});
+        all.emplace_back("full every sqrt", nn::RecomputeConfig{.policy = nn::RecomputePolicy::full, .every = 0});
+    }
+    return all;
+}
+
+TEST(PlanMemory, SavedActivationsAndWorkspaceEqualTheRealModels) {
+    const int64_t batch = 2, seq = 40;
+    for (const ActCase& c : act_cases()) {
+        for (const auto& [policy_name, policy] : policies(c.cfg)) {
+            SCOPED_TRACE(c.name + ", " + policy_name);
+            nn::ModelConfig cfg = c.cfg;
+            cfg.recompute = policy;
+            const nn::Precision cpu = nn::Precision::cpu(DType::f32);
+            nn::Model model(cfg, cpu);
+            model.params().initialize(3);
+            Tensor ids = Tensor::zeros({batch, seq}, DType::i32), targets = Tensor::zeros({batch, seq}, DType::i32);
+            for (int64_t i = 0; i < ids.numel(); ++i) {
+                core::tensor_set_flat(ids, i, static_cast<double>(core::rng_u64(5, 0, i) % cfg.vocab_size));
+                core::tensor_set_flat(targets, i, static_cast<double>(core::rng_u64(6, 0, i) % cfg.vocab_size));
+            }
+            const MemoryPlan plan =
+                plan_memory({.model = cfg, .precision = cpu, .batch = batch, .seq = seq, .mesh = mesh_of(1, 1)});
+            for (int step = 0; step < 2; ++step) {  // the first step sizes everything; the second is a steady one
+                model.forward(ids, targets);
+                EXPECT_EQ(plan.saved_total, static_cast<int64_t>(model.saved_activation_bytes())) << "step " << step;
+                model.backward(1.0);
+                EXPECT_EQ(plan.workspace, static_cast<int64_t>(model.workspace_bytes())) << "step " << step;
+            }
+        }
+    }
+}
+
+// The shipped configs' plans: the largest model plans in milliseconds, and the figures hold together.
+TEST(PlanMemory, KimiLinearMiniPlansFastAndConsistently) {
+    train::JobConfig cfg = shipped("kimi_linear_mini.toml", {}, "auto");
+    const auto start = std::chrono::steady_clock::now();
+    const MemoryPlan plan = plan_memory(train::plan_memory_input(cfg));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 1.0);
+    EXPECT_EQ(plan.params_global, 2'572'148'880);  // the count the config's header states
+    EXPECT_EQ(plan.input.precision.device, core::Device::cuda);
+    // bf16 weights, f32 gradients, master weights and both moments: 18 bytes per (padded) arena element.
+    EXPECT_EQ(plan.state_bytes(), 18 * plan.arena_numel);
+    int64_t saved = 0;
+    for (const MemoryActivations& a : plan.activations) saved += a.saved;
+    EXPECT_EQ(saved, plan.saved_total);
+    EXPECT_GT(plan.peak, plan.state_device() + plan.saved_total + plan.workspace);
+    EXPECT_GE(plan.transient, 0);
+    // Offload moves the master weights and moments to the host; bf16 moments halve them.
+    cfg.optim.offload = "cpu";
+    cfg.optim.state_dtype = "bf16";
+    const MemoryPlan off = plan_memory(train::plan_memory_input(cfg));
+    EXPECT_EQ(off.state_host(), plan.master + plan.optimizer / 2);
+    EXPECT_EQ(off.state_device(), plan.weights + plan.grads);
+    EXPECT_EQ(off.peak, plan.peak - plan_cuda_size_class(plan.master) - plan_cuda_size_class(plan.optimizer));
+}
+
+}  // namespace
+}  // namespace mt::parallel
