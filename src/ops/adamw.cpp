@@ -36,11 +36,6 @@ void adamw_step(const Tensor& param,
              hyper.beta2);
     const core::Device device =
         check_same_device(op, {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}, {"param_copy", param_copy}});
-    MT_CHECK(m.dtype() == v.dtype(),
-             "{}: m is {} but v is {} (the moments share a dtype)",
-             op,
-             core::dtype_name(m.dtype()),
-             core::dtype_name(v.dtype()));
     MT_CALL_KERNEL(adamw_step, device, param, grad, m, v, hyper, step, grad_scale, param_copy, rounding);
 }
 

@@ -5,7 +5,7 @@
 //   param -= lr * (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps)
 //   param, grad, m, v: [n] f32|f64, all the same dtype; step >= 1. param, m, v are updated in place.
 //   m, v may instead be bf16 with param and grad f32 (optim.state_dtype = "bf16"): the math runs in f32 on the
-//   widened moments and each is stored back with stochastic rounding (ops/stochastic_round.h), its random bits
+//   widened moments and each is stored back with stochastic rounding (core/stochastic_round.h), its random bits
 //   drawn from `rounding`: stream sr_stream(seed, step, moment), element i at index rounding.first + i.
 //   On CUDA: param f32 (master weights), m, v f32|bf16 (optimizer state); grad f32|bf16.
 //   param_copy (optional, undefined = none): [n] bf16|f32, written (=) with the updated param converted

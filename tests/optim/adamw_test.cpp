@@ -9,7 +9,7 @@
 
 #include "core/backend.h"
 #include "core/rng.h"
-#include "ops/stochastic_round.h"
+#include "core/stochastic_round.h"
 
 namespace {
 
@@ -88,15 +88,15 @@ TEST(StochasticRounding, IsUnbiasedAndPicksANeighbour) {
         double sum = 0.0;
         const int n = 200000;
         for (int i = 0; i < n; ++i) {
-            const float r = mt::core::bf16_to_f32(mt::ops::f32_to_bf16_stochastic(x, mt::ops::sr_random_bits(5, i)));
+            const float r = mt::core::bf16_to_f32(mt::core::f32_to_bf16_stochastic(x, mt::core::sr_random_bits(5, i)));
             ASSERT_LE(std::fabs(r - x), std::fabs(x) / 128.0f) << x;  // within one bf16 ulp: a neighbour
             sum += r;
         }
         const double ulp = std::fabs(static_cast<double>(x)) / 128.0;
         EXPECT_NEAR(sum / n, x, 0.01 * ulp) << x;
     }
-    EXPECT_TRUE(std::isnan(mt::core::bf16_to_f32(mt::ops::f32_to_bf16_stochastic(NAN, 0xFFFFu))));
-    EXPECT_TRUE(std::isinf(mt::core::bf16_to_f32(mt::ops::f32_to_bf16_stochastic(INFINITY, 0xFFFFu))));
+    EXPECT_TRUE(std::isnan(mt::core::bf16_to_f32(mt::core::f32_to_bf16_stochastic(NAN, 0xFFFFu))));
+    EXPECT_TRUE(std::isinf(mt::core::bf16_to_f32(mt::core::f32_to_bf16_stochastic(INFINITY, 0xFFFFu))));
 }
 
 // A moment's small updates survive bf16 storage on average: 1 + 1e-4 added 1000 times to a bf16 value of 1 stays 1
@@ -104,7 +104,8 @@ TEST(StochasticRounding, IsUnbiasedAndPicksANeighbour) {
 TEST(StochasticRounding, KeepsUpdatesBelowHalfAnUlp) {
     uint16_t stored = mt::core::f32_to_bf16(1.0f);
     for (int i = 0; i < 1000; ++i)
-        stored = mt::ops::f32_to_bf16_stochastic(mt::core::bf16_to_f32(stored) + 1e-4f, mt::ops::sr_random_bits(9, i));
+        stored =
+            mt::core::f32_to_bf16_stochastic(mt::core::bf16_to_f32(stored) + 1e-4f, mt::core::sr_random_bits(9, i));
     EXPECT_NEAR(mt::core::bf16_to_f32(stored), 1.1f, 0.03f);
 }
 

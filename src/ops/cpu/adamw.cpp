@@ -3,10 +3,10 @@
 
 #include <cmath>
 
+#include "core/stochastic_round.h"
 #include "ops/cpu/checks.h"
 #include "ops/cpu/threading.h"
 #include "ops/registry.h"
-#include "ops/stochastic_round.h"
 
 namespace mt::ops::cpu {
 
@@ -69,7 +69,8 @@ void adamw_step_bf16_state(float* param,
     const float b1 = static_cast<float>(h.beta1), b2 = static_cast<float>(h.beta2), gs = static_cast<float>(grad_scale);
     const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay), step_size = static_cast<float>(h.lr / bc1);
     const float bc2_sqrt = static_cast<float>(std::sqrt(bc2)), eps = static_cast<float>(h.eps);
-    const uint64_t stream_m = sr_stream(rounding.seed, step, 0), stream_v = sr_stream(rounding.seed, step, 1);
+    const uint64_t stream_m = core::sr_stream(rounding.seed, step, 0),
+                   stream_v = core::sr_stream(rounding.seed, step, 1);
     const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
     for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -80,8 +81,8 @@ void adamw_step_bf16_state(float* param,
             const float vi = b2 * core::bf16_to_f32(v[i]) + (1.0f - b2) * g * g;
             param[i] = param[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
             const auto at = static_cast<uint64_t>(rounding.first + i);
-            m[i] = f32_to_bf16_stochastic(mi, sr_random_bits(stream_m, at));
-            v[i] = f32_to_bf16_stochastic(vi, sr_random_bits(stream_v, at));
+            m[i] = core::f32_to_bf16_stochastic(mi, core::sr_random_bits(stream_m, at));
+            v[i] = core::f32_to_bf16_stochastic(vi, core::sr_random_bits(stream_v, at));
         }
     }
 }
@@ -101,6 +102,7 @@ void adamw_step(const Tensor& param,
     check_float_arg(grad, op, "grad", 1);
     check_dtype_as(grad, param, op, "grad", "param");
     if (m.dtype() == DType::bf16) {
+        check_dtype_as(v, m, op, "v", "m");
         MT_CHECK(param.dtype() == DType::f32,
                  "{}: bf16 moments need f32 param, got {}",
                  op,

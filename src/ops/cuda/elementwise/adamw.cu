@@ -1,14 +1,14 @@
 // CUDA AdamW step, elementwise over flat buffers, with an optional low-precision model copy written by the same
 // kernel (one read of grad, m, v, param and one write of m, v, param and the copy per element).
 // Dtypes: param f32 (master weights); m, v f32|bf16 (optimizer state; bf16 stored with stochastic rounding, the
-// bits from ops/stochastic_round.h as on the CPU); grad f32|bf16|f16; param_copy bf16|f16|f32 or undefined. The scalars
-// are formed in f64 on the host and the elementwise math runs in f32 in the CPU reference's order.
+// bits from core/stochastic_round.h as on the CPU); grad f32|bf16|f16; param_copy bf16|f16|f32 or undefined. The
+// scalars are formed in f64 on the host and the elementwise math runs in f32 in the CPU reference's order.
 #include <cmath>
 
+#include "core/stochastic_round.h"
 #include "ops/adamw.h"
 #include "ops/cuda/common.cuh"
 #include "ops/registry.h"
-#include "ops/stochastic_round.h"
 
 namespace mt::ops::cuda {
 
@@ -31,7 +31,7 @@ __device__ __forceinline__ void store_moment(TS* p, const float (&in)[VEC], uint
         alignas(16) uint16_t bits[VEC];
 #pragma unroll
         for (int e = 0; e < VEC; ++e)
-            bits[e] = f32_to_bf16_stochastic(in[e], sr_random_bits(stream, static_cast<uint64_t>(at + e)));
+            bits[e] = core::f32_to_bf16_stochastic(in[e], core::sr_random_bits(stream, static_cast<uint64_t>(at + e)));
         if constexpr (VEC == 8) {
             *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(bits);
         } else {
@@ -122,6 +122,8 @@ void adamw_step(const Tensor& param,
     if (m.dtype() != DType::bf16) {
         check_f32(m, op, "m");
         check_f32(v, op, "v");
+    } else {
+        check_dtype_as(v, m, op, "v", "m");
     }
     if (param_copy.defined()) check_cuda_float(param_copy, op, "param_copy");
     if (param.numel() == 0) return;
@@ -135,8 +137,8 @@ void adamw_step(const Tensor& param,
                          static_cast<float>(hyper.lr / bc1),
                          static_cast<float>(std::sqrt(bc2)),
                          static_cast<float>(hyper.eps),
-                         sr_stream(rounding.seed, step, 0),
-                         sr_stream(rounding.seed, step, 1),
+                         core::sr_stream(rounding.seed, step, 0),
+                         core::sr_stream(rounding.seed, step, 1),
                          rounding.first};
     const bool vec = vec_ok(param.numel(), {&param, &grad, &m, &v, &param_copy});
     MT_CUDA_DISPATCH(grad.dtype(), TG, {

@@ -14,7 +14,7 @@
 #define MT_HOST_DEVICE
 #endif
 
-namespace mt::ops {
+namespace mt::core {
 
 // The splitmix64 finalizer of stream + index * golden ratio: 32 well-mixed bits per (stream, index).
 MT_HOST_DEVICE inline uint32_t sr_random_bits(uint64_t stream, uint64_t index) {
@@ -43,4 +43,4 @@ MT_HOST_DEVICE inline uint16_t f32_to_bf16_stochastic(float x, uint32_t bits) {
     return static_cast<uint16_t>((u + (bits & 0xFFFFu)) >> 16);
 }
 
-}  // namespace mt::ops
+}  // namespace mt::core
