@@ -1,7 +1,7 @@
 // The memory planner (parallel/plan_memory.h) against the real thing on the CPU:
 //   - Model::param_layout lays out the table a finalized model has (offsets, padding, totals), without arenas;
 //   - the state bytes equal the Trainer's (state_bytes, optimizer_state_bytes) on configs/tiny*.toml, and under
-//     ZeRO-1 (dp = 2 and 4, ep = 2) a real optim::AdamW over the real bucket plan's owned slices, f32 and bf16 state;
+//     ZeRO-1 (dp = 2 and 4, ep = 2) real optim::AdamWs (f32 and bf16 moments) over the bucket plan's owned slices;
 //   - the saved activations after the forward equal Model::saved_activation_bytes(), and the workspace after the
 //     backward Model::workspace_bytes(), exactly, for dense, hybrid (KKKA), MoE and AttnRes models under every
 //     recompute policy (none, each selective module, all of them, full every 1, 2 and sqrt);
@@ -146,8 +146,12 @@ TEST(PlanMemory, ZeroOneShardsMatchARealAdamWOverTheBucketPlan) {
                             {},
                             owned_slices(model.params(), bucket_mb, lay.ep, lay.dp, ep_rank, dp_rank));
                         EXPECT_EQ(plan.optimizer, adamw.state_bytes()) << "rank ep " << ep_rank << " dp " << dp_rank;
-                        // The AdamW of this tree keeps f32 moments; bf16 moments (optim.state_dtype) are half.
-                        EXPECT_EQ(2 * bf16.optimizer, adamw.state_bytes());
+                        const optim::AdamW adamw_bf16(
+                            model.params(),
+                            {},
+                            owned_slices(model.params(), bucket_mb, lay.ep, lay.dp, ep_rank, dp_rank),
+                            {.state_dtype = DType::bf16});
+                        EXPECT_EQ(bf16.optimizer, adamw_bf16.state_bytes());
                         // GradSync's staging holds the owned slices' reduced gradients.
                         EXPECT_EQ(plan.zero_staging, adamw.state_bytes() / 2);
                     }
