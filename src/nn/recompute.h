@@ -36,18 +36,22 @@ struct EnumNames<RecomputePolicy> {
 //   attnres      the AttnRes mixed inputs h_l (attnres.md §6, recompute_mix): the mix forward from the sources
 //   moe_permute  the token rows gathered in expert order (and, under expert parallelism, the rows received): the
 //                gather (and the all-to-all)
-enum class RecomputeModule { attn_core, kda, mlp_act, moe_act, norm, attnres, moe_permute };
+//   moe_experts  the routed experts' rows: gate and up projections, SwiGLU output and output rows (moe.md's
+//                `moe.recompute = "experts"`): the experts' three grouped GEMMs and the SwiGLU, from the gathered
+//                rows (under expert parallelism also the return all-to-all)
+enum class RecomputeModule { attn_core, kda, mlp_act, moe_act, norm, attnres, moe_permute, moe_experts };
 
 template <>
 struct EnumNames<RecomputeModule> {
-    static constexpr std::array<std::pair<RecomputeModule, const char*>, 7> names = {
+    static constexpr std::array<std::pair<RecomputeModule, const char*>, 8> names = {
         {{RecomputeModule::attn_core, "attn_core"},
          {RecomputeModule::kda, "kda"},
          {RecomputeModule::mlp_act, "mlp_act"},
          {RecomputeModule::moe_act, "moe_act"},
          {RecomputeModule::norm, "norm"},
          {RecomputeModule::attnres, "attnres"},
-         {RecomputeModule::moe_permute, "moe_permute"}}};
+         {RecomputeModule::moe_permute, "moe_permute"},
+         {RecomputeModule::moe_experts, "moe_experts"}}};
 };
 
 struct RecomputeConfig {

@@ -179,6 +179,7 @@ void moe(const Dims& d,
     const int64_t cap = r;
     const bool drop_act = d.cfg.recompute.drops(RecomputeModule::moe_act);
     const bool drop_permute = d.cfg.recompute.drops(RecomputeModule::moe_permute);
+    const bool drop_experts = d.cfg.recompute.drops(RecomputeModule::moe_experts);
     const DType act = d.p.compute, route = d.p.stats;
     auto add = [&](const char* name, int64_t numel, DType dtype, bool saved, bool dropped = false) {
         s.buffers.push_back(buffer(PlanKind::moe, name, numel, dtype, saved, dropped));
@@ -188,10 +189,11 @@ void moe(const Dims& d,
     add("cutoff", n, route, false), add("bias", e, route, false);
     add("offsets", e + 1, DType::i32, true), add("slot_row", n * k, DType::i32, true);
     add("row_token", r, DType::i32, true);
-    add("xp", r * c, act, true, drop_permute), add("yp", r * c, act, true);
+    add("xp", r * c, act, true, drop_permute), add("yp", r * c, act, true, drop_experts);
     if (m.balance.mode == nn::MoeBalanceMode::aux_loss) add("d_scores_aux", n * e, route, true);
-    add("hg", cap * f, act, true), add("hu", cap * f, act, true), add("act", cap * f, act, true, drop_act);
-    if (d.ep > 1) add("xe", cap * c, act, false, drop_permute), add("ye", cap * c, act, false);
+    add("hg", cap * f, act, true, drop_experts), add("hu", cap * f, act, true, drop_experts);
+    add("act", cap * f, act, true, drop_act || drop_experts);
+    if (d.ep > 1) add("xe", cap * c, act, false, drop_permute), add("ye", cap * c, act, false, drop_experts);
     add("step_load_acc", e, DType::i64, false), add("step_entropy_acc", 1, DType::f64, false);
     // The balancer's counts of the step's routing, on the routing device (QB adds its [E, bins] histogram).
     add("balancer.loads", e, DType::i64, false);

@@ -215,11 +215,13 @@ std::vector<Field> config_schema(JobConfig& c) {
                "`selective` drops the activations of `recompute.modules` and re-runs their part of the forward in the "
                "backward; `full` keeps one block input per `recompute.every` blocks and re-runs those blocks' "
                "forward. Same gradients as `none` (bit for bit on the CPU)"),
-        choice_list("recompute.modules",
-                    &m.recompute.modules,
-                    "selective: what to drop. `attn_core` (attention q, k, v, output, lse), `kda` (every KDA "
-                    "activation), `mlp_act` / `moe_act` (SwiGLU outputs), `norm` (RMSNorm outputs), `attnres` (the "
-                    "AttnRes mixed inputs), `moe_permute` (the rows gathered in expert order)"),
+        choice_list(
+            "recompute.modules",
+            &m.recompute.modules,
+            "selective: what to drop. `attn_core` (attention q, k, v, output, lse), `kda` (every KDA "
+            "activation), `mlp_act` / `moe_act` (SwiGLU outputs), `norm` (RMSNorm outputs), `attnres` (the "
+            "AttnRes mixed inputs), `moe_permute` (the rows gathered in expert order), `moe_experts` (the routed "
+            "experts' gate, up, SwiGLU and output rows: moe.md's `moe.recompute = \"experts\"`)"),
         {.key = "recompute.every",
          .ptr = &m.recompute.every,
          .help = "full: blocks per kept input (k; one block's input is kept per k blocks); `\"sqrt\"` = the "

@@ -111,7 +111,11 @@ const std::vector<std::pair<std::string, RecomputeConfig>>& policies() {
         {"norm", selective({M::norm})},
         {"attnres", selective({M::attnres})},
         {"moe_permute", selective({M::moe_permute})},
-        {"all modules", selective({M::attn_core, M::kda, M::mlp_act, M::moe_act, M::norm, M::attnres, M::moe_permute})},
+        {"moe_experts", selective({M::moe_experts})},
+        {"moe_experts, moe_permute", selective({M::moe_experts, M::moe_permute})},
+        {"all modules",
+         selective(
+             {M::attn_core, M::kda, M::mlp_act, M::moe_act, M::norm, M::attnres, M::moe_permute, M::moe_experts})},
         {"full every 1", full(1)},
         {"full every 2", full(2)},
         {"full every sqrt", full(0)},
@@ -134,7 +138,7 @@ TEST_P(RecomputeEquality, EveryPolicyGivesTheGradientsOfNoneBitForBit) {
         SCOPED_TRACE(name);
         const Outcome r = train_step(cfg, policy, Precision::cpu(DType::f32));
         EXPECT_LE(r.saved_after_forward, none.saved_after_forward);
-        if (name == "all modules" || name.starts_with("full")) {
+        if (name == "all modules" || name.starts_with("full") || (cfg.moe_enabled && name.starts_with("moe_"))) {
             EXPECT_LT(r.saved_after_forward, none.saved_after_forward);
         }
         EXPECT_EQ(r.loss[0], none.loss[0]);

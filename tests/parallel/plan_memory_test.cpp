@@ -211,10 +211,11 @@ std::vector<std::pair<std::string, nn::RecomputeConfig>> policies(const nn::Mode
         return nn::RecomputeConfig{.policy = nn::RecomputePolicy::selective, .modules = std::move(m)};
     };
     std::vector<std::pair<std::string, nn::RecomputeConfig>> all = {{"none", {}}};
-    for (M m : {M::attn_core, M::kda, M::mlp_act, M::moe_act, M::norm, M::attnres, M::moe_permute})
+    for (M m : {M::attn_core, M::kda, M::mlp_act, M::moe_act, M::norm, M::attnres, M::moe_permute, M::moe_experts})
         all.emplace_back(nn::enum_name(m), selective({m}));
-    all.emplace_back("all modules",
-                     selective({M::attn_core, M::kda, M::mlp_act, M::moe_act, M::norm, M::attnres, M::moe_permute}));
+    all.emplace_back(
+        "all modules",
+        selective({M::attn_core, M::kda, M::mlp_act, M::moe_act, M::norm, M::attnres, M::moe_permute, M::moe_experts}));
     all.emplace_back("full every 1", nn::RecomputeConfig{.policy = nn::RecomputePolicy::full, .every = 1});
     if (!cfg.attnres.enabled()) {  // every > 1 needs the plain residual stream
         all.emplace_back("full every 2", nn::RecomputeConfig{.policy = nn::RecomputePolicy::full, .every = 2});

@@ -70,6 +70,7 @@ MoeLayer::MoeLayer(ParamTable& table,
     }
     drop_act_ = model.recompute.drops(RecomputeModule::moe_act);
     drop_permute_ = model.recompute.drops(RecomputeModule::moe_permute);
+    drop_experts_ = model.recompute.drops(RecomputeModule::moe_experts);
 }
 
 void MoeLayer::resize(int64_t n, const Precision& precision) {
@@ -118,9 +119,23 @@ void MoeLayer::reserve_expert_rows(int64_t rows) {
 
 void MoeLayer::list_dropped() {
     dropped_.clear();
-    if (drop_act_) dropped_.add(&act_);
+    if (drop_act_ || drop_experts_) dropped_.add(&act_);
     if (drop_permute_) dropped_.add(&xp_);
     if (drop_permute_ && ep_.size > 1) dropped_.add(&xe_);
+    if (drop_experts_) {
+        for (Tensor* t : {&hg_, &hu_, &yp_}) dropped_.add(t);
+        if (ep_.size > 1) dropped_.add(&ye_);
+    }
+}
+
+void MoeLayer::experts_forward(const Tensor& xe, const Tensor& ye, const Tensor& yp) {
+    const int64_t re = expert_rows_;
+    const Tensor hg = hg_.slice(0, 0, re), hu = hu_.slice(0, 0, re), act = act_.slice(0, 0, re);
+    ops::grouped_linear_fwd(xe, table_->param(w_gate_), expert_offsets_, hg);
+    ops::grouped_linear_fwd(xe, table_->param(w_up_), expert_offsets_, hu);
+    ops::swiglu_fwd(hg, hu, act);
+    ops::grouped_linear_fwd(act, table_->param(w_down_), expert_offsets_, ye);
+    if (ep_.size > 1) dispatch_.to_sources(ye, yp);
 }
 
 void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
@@ -171,14 +186,9 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     }
     const int64_t re = expert_rows_;
     const Tensor xe = ep ? xe_.slice(0, 0, re) : xp, ye = ep ? ye_.slice(0, 0, re) : yp;
-    const Tensor hg = hg_.slice(0, 0, re), hu = hu_.slice(0, 0, re), act = act_.slice(0, 0, re);
     if (ep) dispatch_.to_experts(xp, xe);
     // routed experts: grouped SwiGLU FFN, then the gate-weighted combine
-    ops::grouped_linear_fwd(xe, table_->param(w_gate_), expert_offsets_, hg);
-    ops::grouped_linear_fwd(xe, table_->param(w_up_), expert_offsets_, hu);
-    ops::swiglu_fwd(hg, hu, act);
-    ops::grouped_linear_fwd(act, table_->param(w_down_), expert_offsets_, ye);
-    if (ep) dispatch_.to_sources(ye, yp);
+    experts_forward(xe, ye, yp);
     ops::moe_unpermute_fwd(yp, slot_row_, gates_, out);
     // shared expert(s)
     if (shared_) {
@@ -237,7 +247,10 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
         ops::moe_permute_fwd(x, row_token_.slice(0, 0, rows_), xp);
         if (ep) dispatch_.to_experts(xp, xe);
     }
-    if (drop_act_) ops::swiglu_fwd(hg, hu, act);  // recompute moe_act
+    if (drop_experts_)  // recompute moe_experts: the experts' FFN again, from the gathered rows
+        experts_forward(xe, ep ? ye_.slice(0, 0, re) : yp, yp);
+    else if (drop_act_)
+        ops::swiglu_fwd(hg, hu, act);  // recompute moe_act
     // combine: row gradients g dy, gate gradients dy . row
     const Tensor d_yp = ws.slot(0, {rows_, c}, dt, dev), d_gates = ws.slot(6, gates_.shape(), gates_.dtype(), dev);
     ops::moe_unpermute_bwd(yp, slot_row_, gates_, dout, d_yp, d_gates);

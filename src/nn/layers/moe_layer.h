@@ -133,8 +133,12 @@ class MoeLayer : public Layer {
    private:
     // Expert parallelism: grows the expert-side buffers to hold `rows`.
     void reserve_expert_rows(int64_t rows);
-    // The buffers recompute moe_act / moe_permute drop, from the current ones (after every reallocation).
+    // The buffers recompute moe_act / moe_permute / moe_experts drop, from the current ones (after every
+    // reallocation).
     void list_dropped();
+    // The routed experts' SwiGLU FFN over the gathered rows xe into ye, and (expert parallelism) ye back to the
+    // rows' sources yp: the forward's, and the backward's again under recompute moe_experts.
+    void experts_forward(const Tensor& xe, const Tensor& ye, const Tensor& yp);
 
     std::string prefix_;
     ModelConfig model_;
@@ -169,8 +173,9 @@ class MoeLayer : public Layer {
     MoeDispatch dispatch_;
     Tensor xe_, ye_;
     int64_t expert_capacity_ = 0;
-    Tensor shared_out_;                             // [N, C]
-    bool drop_act_ = false, drop_permute_ = false;  // recompute moe_act, moe_permute
+    Tensor shared_out_;  // [N, C]
+    bool drop_act_ = false, drop_permute_ = false,
+         drop_experts_ = false;  // recompute moe_act, moe_permute, moe_experts
     DropList dropped_;
     Tensor d_scores_aux_;  // [N, E] the aux loss's gradient on the scores (aux_loss balancing only), from forward
 };
