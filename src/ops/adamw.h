@@ -12,6 +12,7 @@
 //   to its dtype: the low-precision model copy the forward reads, written by the same kernel on CUDA.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "ops/op_common.h"
@@ -25,6 +26,18 @@ struct AdamWHyper {
     double eps = 1e-8;
     double weight_decay = 0.0;
 };
+
+// The step's scalars, formed in f64 once for every backend (each kernel casts them to its math type and runs the
+// elementwise update in the order above): decay = 1 - lr wd, step_size = lr / (1 - beta1^step),
+// bc2_sqrt = sqrt(1 - beta2^step).
+struct AdamWStepScalars {
+    double beta1, beta2, grad_scale, decay, step_size, bc2_sqrt, eps;
+};
+inline AdamWStepScalars adamw_step_scalars(const AdamWHyper& h, int64_t step, double grad_scale) {
+    const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
+    return {h.beta1, h.beta2, grad_scale, 1.0 - h.lr * h.weight_decay, h.lr / bc1, std::sqrt(bc2), h.eps};
+}
 
 // Where the stochastic rounding of bf16 moments draws its bits (unused for f32 moments): the run's seed and the
 // index of the buffer's first element in a numbering that does not depend on how the buffer was cut (the

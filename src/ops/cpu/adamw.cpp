@@ -16,25 +16,13 @@ constexpr int64_t kBlock = 16384;  // elements per parallel task
 
 // g = grad * grad_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // param *= 1 - lr * wd;  param -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bci = 1 - bi^step.
-// The scalars are computed in f64 and the elementwise math runs in T (as PyTorch does for f32 parameters).
+// The scalars come in f64 (adamw_step_scalars) and the elementwise math runs in T (as PyTorch does for f32
+// parameters).
 template <typename T>
-void adamw_step(T* param,
-                const T* grad,
-                T* m,
-                T* v,
-                int64_t n,
-                double lr,
-                double beta1,
-                double beta2,
-                double eps,
-                double weight_decay,
-                int64_t step,
-                double grad_scale) {
-    const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-    const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-    const T b1 = static_cast<T>(beta1), b2 = static_cast<T>(beta2), gs = static_cast<T>(grad_scale);
-    const T decay = static_cast<T>(1.0 - lr * weight_decay), step_size = static_cast<T>(lr / bc1);
-    const T bc2_sqrt = static_cast<T>(std::sqrt(bc2)), eps_t = static_cast<T>(eps);
+void adamw_step(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWStepScalars& s) {
+    const T b1 = static_cast<T>(s.beta1), b2 = static_cast<T>(s.beta2), gs = static_cast<T>(s.grad_scale);
+    const T decay = static_cast<T>(s.decay), step_size = static_cast<T>(s.step_size);
+    const T bc2_sqrt = static_cast<T>(s.bc2_sqrt), eps_t = static_cast<T>(s.eps);
     const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
     for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -48,10 +36,8 @@ void adamw_step(T* param,
     }
 }
 
-template void adamw_step<float>(
-    float*, const float*, float*, float*, int64_t, double, double, double, double, double, int64_t, double);
-template void adamw_step<double>(
-    double*, const double*, double*, double*, int64_t, double, double, double, double, double, int64_t, double);
+template void adamw_step<float>(float*, const float*, float*, float*, int64_t, const AdamWStepScalars&);
+template void adamw_step<double>(double*, const double*, double*, double*, int64_t, const AdamWStepScalars&);
 
 // The same step with bf16 moments (param and grad f32): each moment widened to f32, updated in the order above, and
 // stored with stochastic rounding; the parameter update reads the f32 values before rounding, as the CUDA kernel.
@@ -60,15 +46,13 @@ void adamw_step_bf16_state(float* param,
                            uint16_t* m,
                            uint16_t* v,
                            int64_t n,
-                           const AdamWHyper& h,
+                           const AdamWStepScalars& s,
                            int64_t step,
-                           double grad_scale,
                            const AdamWRounding& rounding) {
-    const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
-    const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
-    const float b1 = static_cast<float>(h.beta1), b2 = static_cast<float>(h.beta2), gs = static_cast<float>(grad_scale);
-    const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay), step_size = static_cast<float>(h.lr / bc1);
-    const float bc2_sqrt = static_cast<float>(std::sqrt(bc2)), eps = static_cast<float>(h.eps);
+    const float b1 = static_cast<float>(s.beta1), b2 = static_cast<float>(s.beta2);
+    const float gs = static_cast<float>(s.grad_scale), decay = static_cast<float>(s.decay);
+    const float step_size = static_cast<float>(s.step_size), bc2_sqrt = static_cast<float>(s.bc2_sqrt);
+    const float eps = static_cast<float>(s.eps);
     const uint64_t stream_m = core::sr_stream(rounding.seed, step, 0),
                    stream_v = core::sr_stream(rounding.seed, step, 1);
     const int64_t blocks = (n + kBlock - 1) / kBlock;
@@ -101,6 +85,8 @@ void adamw_step(const Tensor& param,
     check_float_arg(param, op, "param", 1);
     check_float_arg(grad, op, "grad", 1);
     check_dtype_as(grad, param, op, "grad", "param");
+    if (param_copy.defined()) check_dtype_in(param_copy, {DType::bf16, DType::f32}, op, "param_copy");
+    const AdamWStepScalars scalars = adamw_step_scalars(hyper, step, grad_scale);
     if (m.dtype() == DType::bf16) {
         check_dtype_as(v, m, op, "v", "m");
         MT_CHECK(param.dtype() == DType::f32,
@@ -112,32 +98,23 @@ void adamw_step(const Tensor& param,
                               static_cast<uint16_t*>(m.raw()),
                               static_cast<uint16_t*>(v.raw()),
                               param.numel(),
-                              hyper,
+                              scalars,
                               step,
-                              grad_scale,
                               rounding);
-        if (param_copy.defined()) param_copy.copy_from(param);
-        return;
+    } else {
+        check_float_arg(m, op, "m", 1);
+        check_float_arg(v, op, "v", 1);
+        check_dtype_as(m, param, op, "m", "param");
+        check_dtype_as(v, param, op, "v", "param");
+        MT_DISPATCH_FLOAT(param.dtype(),
+                          op,
+                          cpu::adamw_step(param.data<scalar_t>(),
+                                          grad.data<scalar_t>(),
+                                          m.data<scalar_t>(),
+                                          v.data<scalar_t>(),
+                                          param.numel(),
+                                          scalars));
     }
-    check_float_arg(m, op, "m", 1);
-    check_float_arg(v, op, "v", 1);
-    check_dtype_as(m, param, op, "m", "param");
-    check_dtype_as(v, param, op, "v", "param");
-    if (param_copy.defined()) check_dtype_in(param_copy, {DType::bf16, DType::f32}, op, "param_copy");
-    MT_DISPATCH_FLOAT(param.dtype(),
-                      op,
-                      cpu::adamw_step(param.data<scalar_t>(),
-                                      grad.data<scalar_t>(),
-                                      m.data<scalar_t>(),
-                                      v.data<scalar_t>(),
-                                      param.numel(),
-                                      hyper.lr,
-                                      hyper.beta1,
-                                      hyper.beta2,
-                                      hyper.eps,
-                                      hyper.weight_decay,
-                                      step,
-                                      grad_scale));
     if (param_copy.defined()) param_copy.copy_from(param);  // converts (round to nearest even for bf16)
 }
 MT_REGISTER_KERNEL(adamw_step, cpu, adamw_step, ::mt::ops::float_dtypes);

@@ -3,7 +3,6 @@
 // Dtypes: param f32 (master weights); m, v f32|bf16 (optimizer state; bf16 stored with stochastic rounding, the
 // bits from core/stochastic_round.h as on the CPU); grad f32|bf16|f16; param_copy bf16|f16|f32 or undefined. The
 // scalars are formed in f64 on the host and the elementwise math runs in f32 in the CPU reference's order.
-#include <cmath>
 
 #include "core/stochastic_round.h"
 #include "ops/adamw.h"
@@ -128,15 +127,14 @@ void adamw_step(const Tensor& param,
     if (param_copy.defined()) check_cuda_float(param_copy, op, "param_copy");
     if (param.numel() == 0) return;
     core::NvtxRange range("adamw_step");
-    const double bc1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step));
-    const double bc2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step));
-    const AdamWScalars s{static_cast<float>(hyper.beta1),
-                         static_cast<float>(hyper.beta2),
-                         static_cast<float>(grad_scale),
-                         static_cast<float>(1.0 - hyper.lr * hyper.weight_decay),
-                         static_cast<float>(hyper.lr / bc1),
-                         static_cast<float>(std::sqrt(bc2)),
-                         static_cast<float>(hyper.eps),
+    const AdamWStepScalars h = adamw_step_scalars(hyper, step, grad_scale);
+    const AdamWScalars s{static_cast<float>(h.beta1),
+                         static_cast<float>(h.beta2),
+                         static_cast<float>(h.grad_scale),
+                         static_cast<float>(h.decay),
+                         static_cast<float>(h.step_size),
+                         static_cast<float>(h.bc2_sqrt),
+                         static_cast<float>(h.eps),
                          core::sr_stream(rounding.seed, step, 0),
                          core::sr_stream(rounding.seed, step, 1),
                          rounding.first};
