@@ -226,6 +226,29 @@ void apply_override(toml::table& root, const std::string& item) {
     sec->insert_or_assign(leaf, *parsed.get("v"));
 }
 
+}  // namespace
+
+nn::Precision config_precision(const JobConfig& cfg, bool cuda) {
+    const std::string& precision = cfg.run.precision;
+    if (!cuda) {
+        if (precision != "auto" && precision != "f32")
+            core::fail_hint(ExitCode::usage,
+                            "set run.precision = \"f32\" (or \"auto\") for CPU runs",
+                            "run.precision = \"{}\" needs a GPU; this run is on the CPU, whose ops compute in f32 [{}]",
+                            precision,
+                            cfg.source);
+        return nn::Precision::cpu(core::DType::f32);
+    }
+    if (precision == "f32") return nn::Precision::cuda_f32();
+    return nn::Precision::cuda_mixed(precision == "fp16" ? core::DType::f16 : core::DType::bf16);
+}
+
+core::DType config_state_dtype(const JobConfig& cfg, core::DType master) {
+    return cfg.optim.state_dtype == "bf16" ? core::DType::bf16 : master;
+}
+
+namespace {
+
 void validate(const JobConfig& c, const std::string& src) {
     const auto& m = c.model;
     auto bad = [&](const std::string& msg) { core::fail(ExitCode::usage, "{} [{}]", msg, src); };

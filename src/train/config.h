@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "nn/model_config.h"
+#include "nn/precision.h"
 
 namespace mt::train {
 
@@ -114,6 +115,12 @@ struct JobConfig {
 JobConfig config_parse(const std::string& toml_text,
                        const std::string& source,
                        const std::vector<std::string>& overrides = {});
+// The dtypes run.precision names on a GPU (cuda) or on the CPU, where only f32 ("auto" or "f32") runs: any other is
+// a usage error naming run.precision. Which device a run uses is the trainer's (or the planner's) decision.
+nn::Precision config_precision(const JobConfig& cfg, bool cuda);
+// The AdamW moments' dtype optim.state_dtype names, over master weights of dtype `master`.
+core::DType config_state_dtype(const JobConfig& cfg, core::DType master);
+
 // Reads the file, then config_parse. A missing file is a usage error naming it.
 JobConfig config_load(const std::string& path, const std::vector<std::string>& overrides = {});
 

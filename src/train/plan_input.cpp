@@ -6,26 +6,6 @@
 
 namespace mt::train {
 
-namespace {
-
-nn::Precision plan_precision(const JobConfig& cfg) {
-    const std::string& precision = cfg.run.precision;
-    if (cfg.run.device == "cpu") {
-        if (precision != "auto" && precision != "f32")
-            core::fail_hint(
-                core::ExitCode::usage,
-                "set run.precision = \"f32\" (or \"auto\") for CPU runs, or plan with --device cuda",
-                "run.precision = \"{}\" needs a GPU; this plan is for the CPU, whose ops compute in f32 [{}]",
-                precision,
-                cfg.source);
-        return nn::Precision::cpu(core::DType::f32);
-    }
-    if (precision == "f32") return nn::Precision::cuda_f32();
-    return nn::Precision::cuda_mixed(precision == "fp16" ? core::DType::f16 : core::DType::bf16);
-}
-
-}  // namespace
-
 parallel::MemoryPlanInput plan_memory_input(const JobConfig& cfg, int64_t world) {
     const ParallelConfig& p = cfg.parallel;
     if (world <= 0) world = p.tp * p.cp * p.ep * p.pp * std::max<int64_t>(p.dp, 1);
@@ -48,14 +28,14 @@ parallel::MemoryPlanInput plan_memory_input(const JobConfig& cfg, int64_t world)
                             mesh[axis],
                             cfg.source);
     return {.model = cfg.model,
-            .precision = plan_precision(cfg),
+            .precision = config_precision(cfg, cfg.run.device != "cpu"),
             .batch = cfg.train.batch_size,
             .seq = cfg.train.seq_len,
             .mesh = mesh,
             .zero_stage = p.zero_stage,
             .bucket_mb = p.bucket_mb,
             .offload = cfg.optim.offload == "cpu",
-            .state_dtype = cfg.optim.state_dtype == "bf16" ? core::DType::bf16 : core::DType::f32,
+            .state_dtype = config_state_dtype(cfg, core::DType::f32),
             .deterministic = cfg.run.deterministic,
             .source = cfg.source};
 }

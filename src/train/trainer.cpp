@@ -49,32 +49,17 @@ std::string format_duration(double seconds) {
 }  // namespace
 
 nn::Precision trainer_precision(const JobConfig& cfg) {
-    nn::Precision p = trainer_device_precision(cfg);
-    p.master_on_host = cfg.optim.offload == "cpu";  // the optimizer keeps the master weights beside its state
-    return p;
-}
-
-nn::Precision trainer_device_precision(const JobConfig& cfg) {
     const std::string& device = cfg.run.device;
-    const std::string& precision = cfg.run.precision;
     const bool cuda = device == "cuda" || (device == "auto" && core::backend_available(core::Device::cuda));
-    if (!cuda) {
-        if (precision != "auto" && precision != "f32")
-            core::fail_hint(core::ExitCode::usage,
-                            "set run.precision = \"f32\" (or \"auto\") for CPU runs",
-                            "run.precision = \"{}\" needs a GPU; this run is on the CPU, whose ops compute in f32 [{}]",
-                            precision,
-                            cfg.source);
-        return nn::Precision::cpu(core::DType::f32);
-    }
-    if (!core::backend_available(core::Device::cuda))
+    if (cuda && !core::backend_available(core::Device::cuda))
         core::fail_hint(core::ExitCode::device,
                         "set run.device = \"cpu\" (or \"auto\")",
                         "run.device = \"cuda\" but no CUDA device is available: {} [{}]",
                         core::cuda_describe(),
                         cfg.source);
-    if (precision == "f32") return nn::Precision::cuda_f32();
-    return nn::Precision::cuda_mixed(precision == "fp16" ? core::DType::f16 : core::DType::bf16);
+    nn::Precision p = config_precision(cfg, cuda);
+    p.master_on_host = cfg.optim.offload == "cpu";  // the optimizer keeps the master weights beside its state
+    return p;
 }
 
 optim::LossScalerConfig trainer_loss_scaler(const JobConfig& cfg, const nn::Precision& precision) {
@@ -177,7 +162,7 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
         ops::AdamWHyper{.lr = t.lr, .beta1 = t.beta1, .beta2 = t.beta2, .eps = t.eps, .weight_decay = t.weight_decay},
         grad_sync_->zero() ? std::optional(grad_sync_->owned()) : std::nullopt,
         optim::AdamWOptions{
-            .state_dtype = cfg_.optim.state_dtype == "bf16" ? core::DType::bf16 : precision.master,
+            .state_dtype = config_state_dtype(cfg_, precision.master),
             .offload = offload,
             .seed = static_cast<uint64_t>(cfg_.run.seed),
         });

@@ -190,8 +190,6 @@ class Trainer {
 // The precision run.device selects: "cpu" (f32), "cuda" (bf16 mixed precision; exit 5 without a GPU) or "auto"
 // (cuda when a GPU is visible, else cpu).
 nn::Precision trainer_precision(const JobConfig& cfg);
-// The same without the optimizer's choice of where the master weights live (the device and dtypes only).
-nn::Precision trainer_device_precision(const JobConfig& cfg);
 
 // The loss scaling of a run: train.loss_scale > 0 fixes it; otherwise dynamic under fp16 and none (1) otherwise.
 optim::LossScalerConfig trainer_loss_scaler(const JobConfig& cfg, const nn::Precision& precision);

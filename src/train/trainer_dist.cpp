@@ -47,9 +47,7 @@ int64_t Trainer::optimizer_state_bytes_total() const {
         const nn::ParamSpec& spec = table.spec(i);
         n += table.padded_numel(i) * (nn::param_expert_sharded(spec) ? spec.shard_global / spec.shape[0] : 1);
     }
-    return 2 * n *
-           static_cast<int64_t>(
-               core::dtype_size(cfg_.optim.state_dtype == "bf16" ? core::DType::bf16 : table.precision().master));
+    return 2 * n * static_cast<int64_t>(core::dtype_size(config_state_dtype(cfg_, table.precision().master)));
 }
 
 nn::Model& Trainer::model() {
