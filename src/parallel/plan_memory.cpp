@@ -50,11 +50,12 @@ void plan_state(const MemoryPlanInput& in, MemoryPlan& plan) {
     }
     plan.arena_numel = table.total_numel();
     const nn::Precision& p = in.precision;
-    // Offload keeps an f32 master copy in host memory even where the device trains in f32 (its weights are then
-    // the forward's copy). On a CPU run the state is host memory already: nothing moves.
+    // Offload keeps a master copy in its own host arena even where the model trains in f32 (the weights are then
+    // the forward's copy; nn::Precision::master_on_host), on a CPU run too. On a GPU that arena and the moments are
+    // the host's memory, not the device's.
     plan.offload = in.offload && p.device == core::Device::cuda;
     plan.weights = table.arena_bytes(p.param);
-    plan.master = p.has_master_copy() || plan.offload ? table.arena_bytes(p.master) : 0;
+    plan.master = p.has_master_copy() || in.offload ? table.arena_bytes(p.master) : 0;
     plan.grads = table.arena_bytes(p.master);
     // optim::AdamW: replicated, both moments over the whole arena; ZeRO-1, over the owned slice of every bucket
     // (1 / |group| of it, so every rank holds the same amount).
@@ -241,11 +242,16 @@ MemoryPlan plan_memory(const MemoryPlanInput& in) {
             fmt::format("Block AttnRes: every block still allocates its h and output (the residual line, {:.2f} GB), "
                         "which the AttnRes path does not use",
                         static_cast<double>(plan.activations[static_cast<size_t>(PlanKind::residual)].saved) / 1e9));
-    if (in.offload && !cuda) note("optim.offload = \"cpu\" on a CPU run: the state is host memory already");
+    if (in.offload && !cuda)
+        note(
+            "optim.offload = \"cpu\" on a CPU run: the state is host memory already; the master weights are an arena "
+            "of their own beside the weights the forward reads");
     if (plan.offload)
         note(
             "optim.offload = \"cpu\": the master weights (the whole arena, in f32) and the AdamW moments are host "
-            "memory; the offload's pinned staging buffers are not counted until the trainer implements them");
+            "memory; the offload's pinned staging buffers (two chunks of up to 16M elements of f32 gradients and of "
+            "the "
+            "weights, optim/adamw.h) are not counted");
     if (cuda) {
         note(
             "outside the allocator, so not in the peak: the CUDA context, cuBLAS handles and NCCL's own buffers "

@@ -8,6 +8,7 @@
 //   - kimi_linear_mini (2.57B parameters) plans in well under a second.
 #include "parallel/plan_memory.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -73,25 +74,31 @@ TEST(PlanMemory, ParamLayoutIsTheFinalizedTablesLayout) {
 // dp = 1: the Trainer's own figures, on the tiny job's shards with each shipped model.
 TEST(PlanMemory, StateBytesEqualTheTrainersOnOneRank) {
     const std::string dir = testing::fresh_dir("state");
-    for (const char* model : {"tiny.toml", "tiny_hybrid.toml", "tiny_moe.toml"}) {
-        SCOPED_TRACE(model);
-        const train::JobConfig shipped_cfg = shipped(model);
-        train::JobConfig cfg = testing::tiny_job(dir);
-        cfg.model = shipped_cfg.model;
-        cfg.run.device = "cpu";  // what the trainer runs here; "auto" would plan for a GPU
-        cfg.model.max_seq_len = std::max(cfg.model.max_seq_len, cfg.train.seq_len);
-        train::Trainer trainer(cfg, false);
-        const MemoryPlan plan = plan_memory(train::plan_memory_input(cfg));
-        EXPECT_EQ(plan.state_bytes(), trainer.state_bytes());
-        EXPECT_EQ(plan.optimizer, trainer.optimizer_state_bytes());
-        const nn::ParamTable& table = trainer.model().params();
-        int64_t params = 0;
-        for (int i = 0; i < table.size(); ++i) params += core::shape_numel(table.spec(i).shape);
-        EXPECT_EQ(plan.params_global, params);
-        EXPECT_EQ(plan.arena_numel, table.total_numel());
-        EXPECT_FALSE(plan.zero);
-        EXPECT_EQ(plan.zero_staging, 0);
-    }
+    // The optimizer's settings change the state: offload's own master arena, bf16 moments.
+    const std::vector<std::vector<std::string>> optim = {{},
+                                                         {"optim.offload=\"cpu\""},
+                                                         {"optim.state_dtype=\"bf16\""},
+                                                         {"optim.offload=\"cpu\"", "optim.state_dtype=\"bf16\""}};
+    for (const char* model : {"tiny.toml", "tiny_hybrid.toml", "tiny_moe.toml"})
+        for (const std::vector<std::string>& settings : optim) {
+            SCOPED_TRACE(fmt::format("{} {}", model, fmt::join(settings, " ")));
+            const train::JobConfig shipped_cfg = shipped(model);
+            train::JobConfig cfg = testing::tiny_job(dir, settings);
+            cfg.model = shipped_cfg.model;
+            cfg.run.device = "cpu";  // what the trainer runs here; "auto" would plan for a GPU
+            cfg.model.max_seq_len = std::max(cfg.model.max_seq_len, cfg.train.seq_len);
+            train::Trainer trainer(cfg, false);
+            const MemoryPlan plan = plan_memory(train::plan_memory_input(cfg));
+            EXPECT_EQ(plan.state_bytes(), trainer.state_bytes());
+            EXPECT_EQ(plan.optimizer, trainer.optimizer_state_bytes());
+            const nn::ParamTable& table = trainer.model().params();
+            int64_t params = 0;
+            for (int i = 0; i < table.size(); ++i) params += core::shape_numel(table.spec(i).shape);
+            EXPECT_EQ(plan.params_global, params);
+            EXPECT_EQ(plan.arena_numel, table.total_numel());
+            EXPECT_FALSE(plan.zero);
+            EXPECT_EQ(plan.zero_staging, 0);
+        }
 }
 
 // The owned slices GradSync gives data rank `dp_rank`, expert rank `ep_rank` (its constructor, without a mesh).
