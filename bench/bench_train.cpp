@@ -47,7 +47,10 @@ int run(int argc, char** argv) {
     cfg.run.dir = dir + "/run";
     cfg.train.steps = warmup + steps + (profile ? 1 : 0);
 
+    const auto setup_start = std::chrono::steady_clock::now();
     mt::train::Trainer trainer(cfg, false);
+    // Building the model and drawing its weights on the host: minutes for billions of parameters, so it is printed.
+    const double setup_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
     // The trainer resets the allocator's peak as each step starts: the figure reported is the largest step's.
     int64_t peak = 0, reserved = 0, peak_activations = 0;
     for (int64_t s = 0; s < warmup; ++s) {
@@ -96,6 +99,7 @@ int run(int argc, char** argv) {
         {"threads", omp_get_max_threads()},
         {"device", std::string(mt::core::device_name(device))},
         {"params", trainer.model().params().total_numel()},
+        {"setup_s", setup_secs},
     };
     if (gpu) {
         line["mfu"] = flops / 989e12;

@@ -57,21 +57,50 @@ double rng_normal(uint64_t seed, uint64_t stream, uint64_t offset) {
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 
-void rng_fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, double mean, double std) {
-    MT_CHECK(t.is_contiguous() && dtype_is_float(t.dtype()), "rng_fill_normal needs a contiguous float tensor");
+namespace {
+// Writes value(i) to every element of a contiguous float tensor. The type is resolved once, outside the loop:
+// tensor_set_flat checks contiguity (a strides vector) per element, which was most of the time of drawing a
+// model's billions of initial weights. Each element is its own draw (counter i), so threads give the same values
+// as one thread.
+template <typename Value>
+void fill_flat(const Tensor& t, const char* what, Value value) {
+    MT_CHECK(t.device() == Device::cpu && t.is_contiguous() && dtype_is_float(t.dtype()),
+             "{} needs a contiguous float host tensor",
+             what);
     const int64_t n = t.numel();
-    // Each element is its own Philox draw (counter i), so threads give the same values as one thread.
+    auto fill = [&](auto* out, auto convert) {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-        tensor_set_flat(t, i, mean + std * rng_normal(seed, stream, static_cast<uint64_t>(i)));
+        for (int64_t i = 0; i < n; ++i) out[i] = convert(value(i));
+    };
+    switch (t.dtype()) {
+        case DType::f32:
+            fill(static_cast<float*>(t.raw()), [](double v) { return static_cast<float>(v); });
+            break;
+        case DType::f64:
+            fill(static_cast<double*>(t.raw()), [](double v) { return v; });
+            break;
+        case DType::bf16:
+            fill(static_cast<uint16_t*>(t.raw()), [](double v) { return f32_to_bf16(static_cast<float>(v)); });
+            break;
+        case DType::f16:
+            fill(static_cast<uint16_t*>(t.raw()), [](double v) { return f32_to_f16(static_cast<float>(v)); });
+            break;
+        default:
+            break;
+    }
+}
+}  // namespace
+
+void rng_fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, double mean, double std) {
+    fill_flat(t, "rng_fill_normal", [&](int64_t i) {
+        return mean + std * rng_normal(seed, stream, static_cast<uint64_t>(i));
+    });
 }
 
 void rng_fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, double lo, double hi) {
-    MT_CHECK(t.is_contiguous() && dtype_is_float(t.dtype()), "rng_fill_uniform needs a contiguous float tensor");
-    const int64_t n = t.numel();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-        tensor_set_flat(t, i, lo + (hi - lo) * rng_uniform(seed, stream, static_cast<uint64_t>(i)));
+    fill_flat(t, "rng_fill_uniform", [&](int64_t i) {
+        return lo + (hi - lo) * rng_uniform(seed, stream, static_cast<uint64_t>(i));
+    });
 }
 
 uint64_t hash_name(const char* name) {

@@ -70,15 +70,20 @@ void Block::resize(int64_t batch, int64_t seq, const Precision& precision) {
         moe_->resize(n, precision);
     else
         mlp_->resize(n, precision);
-    if (out_.defined() && out_.size(0) == n) return;
+    if (rows_ == n) return;
+    rows_ = n;
     const core::DType dtype = precision.compute;
     const core::Device dev = precision.device;
     norm1_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
     norm2_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
     rstd1_ = Tensor::zeros({n}, precision.stats, dev);
     rstd2_ = Tensor::zeros({n}, precision.stats, dev);
-    h_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
-    out_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
+    // Under Block AttnRes the stack drives the two branches (branch_forward) and holds the residual stream itself:
+    // the block's own h and output would never be written.
+    if (!cfg_.attnres.enabled()) {
+        h_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
+        out_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
+    }
     all_dropped_.clear();
     for (DropList& d : norm_dropped_) d.clear();
     if (cfg_.recompute.drops(RecomputeModule::norm)) {

@@ -99,8 +99,9 @@ class Block : public Layer {
     DropList branch_dropped_[2];
     Tensor norm1_, norm2_;  // [N, C] normed inputs of the two branches
     Tensor rstd1_, rstd2_;  // [N] in the statistics dtype
-    Tensor h_;              // [N, C] residual after the mixer
-    Tensor out_;            // [N, C] block output
+    Tensor h_;              // [N, C] residual after the mixer (not under Block AttnRes)
+    Tensor out_;            // [N, C] block output (not under Block AttnRes)
+    int64_t rows_ = 0;      // the N that resize last sized the buffers for
 };
 
 }  // namespace mt::nn

@@ -79,7 +79,11 @@ void ParamTable::initialize(uint64_t seed) {
     for (int i = 0; i < size(); ++i) {
         const ParamSpec& s = specs_[static_cast<size_t>(i)];
         // An expert-sharded tensor draws the whole global tensor and keeps its rows (init is a one-time cost).
-        Tensor host = Tensor::zeros(param_global_shape(s), precision_.master);
+        // A normal draw writes every element: no zeroing memset first (the page faults of the first touch then land
+        // in the fill's threads).
+        Tensor host = s.init == InitKind::normal
+                          ? Tensor::scratch(param_global_shape(s), precision_.master, core::Device::cpu)
+                          : Tensor::zeros(param_global_shape(s), precision_.master);
         switch (s.init) {
             case InitKind::normal:
                 core::rng_fill_normal(host, seed, core::hash_name(s.name.c_str()), 0.0, s.init_std);

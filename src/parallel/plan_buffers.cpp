@@ -307,8 +307,10 @@ PlanActivations plan_activations(const nn::ModelConfig& cfg,
                 cfg.recompute.drops(RecomputeModule::mlp_act),
                 b.sub[1],
                 slots);
-        b.h = buffer(PlanKind::residual, "h", n * c, act, true, out.full_group > 0);
-        b.out = buffer(PlanKind::residual, "out", n * c, act, true);
+        // Block::resize: under Block AttnRes the stack holds the residual stream, and a block allocates no h or output.
+        const int64_t residual_rows = cfg.attnres.enabled() ? 0 : n;
+        b.h = buffer(PlanKind::residual, "h", residual_rows * c, act, true, out.full_group > 0);
+        b.out = buffer(PlanKind::residual, "out", residual_rows * c, act, true);
         if (full) {  // Block::release_activations (or, under AttnRes, each sub-layer's branch_saved): the saved lists
             for (PlanSubLayer& s : b.sub)
                 for (PlanBuffer& buf : s.buffers) buf.dropped = buf.dropped || buf.saved;

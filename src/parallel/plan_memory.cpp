@@ -78,7 +78,7 @@ class PeakSearch {
    public:
     explicit PeakSearch(bool cuda) : cuda_(cuda) {}
     Bytes of(int64_t bytes) const {
-        return {bytes, cuda_ ? plan_cuda_size_class(bytes) : bytes};
+        return {bytes, cuda_ && bytes > 0 ? plan_cuda_size_class(bytes) : bytes};  // no buffer, no block
     }
     Bytes sum(const std::vector<PlanBuffer>& buffers, bool dropped, bool with_kept = true) const {
         Bytes b;
@@ -237,11 +237,6 @@ MemoryPlan plan_memory(const MemoryPlanInput& in) {
         note(
             "expert parallelism: the expert-side rows assume balanced routing (N top_k rows arrive per rank); the "
             "layers' buffers grow by half again whenever more arrive");
-    if (in.model.attnres.enabled())
-        note(
-            fmt::format("Block AttnRes: every block still allocates its h and output (the residual line, {:.2f} GB), "
-                        "which the AttnRes path does not use",
-                        static_cast<double>(plan.activations[static_cast<size_t>(PlanKind::residual)].saved) / 1e9));
     if (in.offload && !cuda)
         note(
             "optim.offload = \"cpu\" on a CPU run: the state is host memory already; the master weights are an arena "
