@@ -55,8 +55,8 @@ const std::map<std::string, std::string>& section_notes() {
         {"recompute",
          "Activation recompute (docs/training.md \"Memory\"): which activations the forward drops and the backward "
          "rebuilds by re-running that part of the forward. `selective` with `modules = [\"norm\", \"mlp_act\", "
-         "\"moe_act\", \"attnres\", \"moe_permute\", \"kda\"]` is the recommended set (docs/PERFORMANCE.md); `full` "
-         "with `every = \"sqrt\"` keeps the fewest."},
+         "\"moe_act\", \"attnres\", \"moe_permute\", \"moe_experts\"]` is the recommended set, with \"kda\" added "
+         "for a model without MoE (docs/training.md \"Memory\"); `full` with `every = 1` keeps the least."},
         {"moe",
          "Mixture-of-Experts FFNs ([moe.md](moe.md), docs/moe_training.md): the layer, its balancing method "
          "(`moe.quantile.*`, `moe.sign_bias.*`, `moe.aux_loss.*` belong to one method each) and the "
