@@ -11,5 +11,5 @@ $SUDO apt-get install -y -q --no-install-recommends \
     libgtest-dev libgmock-dev googletest libbenchmark-dev \
     libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libspdlog-dev libfmt-dev \
     libsentencepiece-dev sentencepiece libcpp-httplib-dev \
-    python3 python3-numpy python3-torch \
+    python3 python3-numpy python3-torch time \
     fortunes fortunes-min

@@ -64,7 +64,7 @@ void Model::resize(int64_t batch, int64_t seq) {
     x0_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
     final_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
     final_rstd_ = Tensor::zeros({n}, stats, dev);
-    logits_ = Tensor::zeros({n, cfg_.vocab_size}, act, dev);
+    logits_ = Tensor::zeros({cfg_.loss_chunk_rows(n), cfg_.vocab_size}, act, dev);
     losses_ = Tensor::zeros({n}, stats, dev);
     lse_ = Tensor::zeros({n}, stats, dev);
     dres_a_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
@@ -129,9 +129,8 @@ double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {
     {
         core::TraceRange range(dev, "model.head_fwd");
         ops::rmsnorm_fwd(*x, table_.param(final_norm_), cfg_.norm_eps, final_, final_rstd_);
-        const Tensor head = table_.param(lm_head_ >= 0 ? lm_head_ : embed_);
-        ops::linear_fwd(final_, head, Tensor(), logits_);
-        ops::cross_entropy_fwd(logits_, targets_, kIgnoreIndex, losses_, lse_);
+        for (int64_t first = 0; first < n; first += cfg_.loss_chunk_rows(n))
+            head_chunk_forward(first, std::min(cfg_.loss_chunk_rows(n), n - first));
     }
 
     // Summed on the host in f64, in row order (deterministic on every device).
@@ -153,12 +152,12 @@ void Model::backward(double loss_scale) {
     std::optional<core::TraceRange> head_range(std::in_place, dev, "model.head_bwd");
     // d(loss_scale * mean)/d(loss_i) = loss_scale / counted for counted rows (the op zeroes ignored rows).
     losses_.fill(counted_ > 0 ? loss_scale / static_cast<double>(counted_) : 0.0);
-    ops::cross_entropy_bwd(logits_, targets_, lse_, kIgnoreIndex, losses_, logits_);  // dlogits in place
-
-    const Tensor& dlogits = logits_;
-    const int head = lm_head_ >= 0 ? lm_head_ : embed_;
+    // Last chunk first: its logits are still in logits_ from the forward (with one chunk, all of them); every
+    // earlier chunk's logits are recomputed into the same buffer.
+    const int64_t n = batch_ * seq_, rows = cfg_.loss_chunk_rows(n);
+    for (int64_t first = n > 0 ? (n - 1) / rows * rows : -1; first >= 0; first -= rows)
+        head_chunk_backward(first, std::min(rows, n - first), first + rows < n);
     const Tensor& last = attnres_ ? attnres_->forward_output() : (blocks_.empty() ? x0_ : blocks_.back()->output());
-    ops::linear_bwd(final_, table_.param(head), dlogits, ws_.d_norm, table_.grad(head), Tensor());
     ops::rmsnorm_bwd(last, table_.param(final_norm_), final_rstd_, ws_.d_norm, dres_a_, table_.grad(final_norm_));
     head_range.reset();
     // Everything declared after the blocks is complete now, except under AttnRes (its own parameters finish with
@@ -189,6 +188,32 @@ void Model::backward(double loss_scale) {
     core::TraceRange range(dev, "model.embed_bwd");
     ops::embedding_bwd(ids_, *dout, table_.grad(embed_));
     if (grad_ready_) grad_ready_(0);
+}
+
+void Model::head_chunk_forward(int64_t first, int64_t rows) {
+    const Tensor head = table_.param(lm_head_ >= 0 ? lm_head_ : embed_);
+    const Tensor logits = logits_.slice(0, 0, rows);
+    ops::linear_fwd(final_.slice(0, first, first + rows), head, Tensor(), logits);
+    ops::cross_entropy_fwd(logits,
+                           targets_.slice(0, first, first + rows),
+                           kIgnoreIndex,
+                           losses_.slice(0, first, first + rows),
+                           lse_.slice(0, first, first + rows));
+}
+
+void Model::head_chunk_backward(int64_t first, int64_t rows, bool recompute_logits) {
+    const int head = lm_head_ >= 0 ? lm_head_ : embed_;
+    const Tensor h = final_.slice(0, first, first + rows), logits = logits_.slice(0, 0, rows);
+    if (recompute_logits) ops::linear_fwd(h, table_.param(head), Tensor(), logits);
+    // dlogits in place; the losses rows hold d(loss)/d(loss_i).
+    ops::cross_entropy_bwd(logits,
+                           targets_.slice(0, first, first + rows),
+                           lse_.slice(0, first, first + rows),
+                           kIgnoreIndex,
+                           losses_.slice(0, first, first + rows),
+                           logits);
+    ops::linear_bwd(
+        h, table_.param(head), logits, ws_.d_norm.slice(0, first, first + rows), table_.grad(head), Tensor());
 }
 
 bool Model::keeps_output(int64_t l) const {

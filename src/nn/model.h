@@ -111,6 +111,10 @@ class Model {
         return cfg_.recompute.full() && !attnres_;
     }
     bool keeps_output(int64_t l) const;
+    // The LM head and the loss rows [first, first + rows) into logits_ (forward), or the backward of those rows:
+    // dlogits in logits_, dh into ws_.d_norm's rows, the head's gradient accumulated.
+    void head_chunk_forward(int64_t first, int64_t rows);
+    void head_chunk_backward(int64_t first, int64_t rows, bool recompute_logits);
     // Backward of blocks [first, l], l the last of its group: re-runs the group's forward, then its backward.
     void group_backward(int64_t first, int64_t last, Tensor*& dout, Tensor*& dx);
 
@@ -129,7 +133,7 @@ class Model {
     Tensor host_targets_;        // [N] i32, for counting
     Tensor x0_;                  // [N, C] embedding output
     Tensor final_, final_rstd_;  // [N, C], [N] (rstd in the statistics dtype)
-    Tensor logits_;              // [N, V]; overwritten in place by dlogits in backward
+    Tensor logits_;              // [head rows, V]; overwritten in place by dlogits in backward
     Tensor losses_, lse_;        // [N] in the statistics dtype
     Tensor dres_a_, dres_b_;     // [N, C] residual-stream gradients, ping-pong
 };

@@ -120,6 +120,10 @@ struct ModelConfig {
     KdaConfig kda;
     AttnResConfig attnres;
     RecomputeConfig recompute;  // which saved activations are dropped and rebuilt in the backward
+    // The LM head and loss run over row chunks of this many tokens (long_context.md §5, `loss.chunk_tokens`), so
+    // the [N, V] logits are never held whole: one [chunk, V] buffer, whose logits the backward recomputes chunk by
+    // chunk. 0, or a batch of at most this many tokens: one chunk, the logits kept from the forward (no recompute).
+    int64_t loss_chunk_tokens = 4096;
     // Mixture-of-Experts FFN ([moe], moe.md §5): with moe_enabled, layer l's FFN is an MoE layer
     // (nn/layers/moe_layer.h) for l >= moe_first_k_dense; the leading layers keep a dense SwiGLU MLP of width
     // moe_dense_ffn_dim (0: d_ff). The FFN choice is independent of the mixer's layer_pattern, so MoE mixes with
@@ -129,6 +133,10 @@ struct ModelConfig {
     int64_t moe_dense_ffn_dim = 0;
     MoeConfig moe;
 
+    // Rows per LM-head chunk for a micro-batch of n tokens: loss_chunk_tokens, or n when that is 0 or at least n.
+    int64_t loss_chunk_rows(int64_t n) const {
+        return loss_chunk_tokens > 0 && loss_chunk_tokens < n ? loss_chunk_tokens : n;
+    }
     int64_t resolved_head_dim() const {
         return head_dim > 0 ? head_dim : d_model / n_heads;
     }

@@ -266,14 +266,15 @@ PlanActivations plan_activations(const nn::ModelConfig& cfg,
     const int64_t n = d.n, c = cfg.d_model;
     const DType act = precision.compute, stats = precision.stats;
     PlanActivations out;
-    // Model::resize: the batch on the device, the embedding output, final norm, logits and loss rows, and the
+    // Model::resize: the batch on the device, the embedding output, final norm, one LM-head chunk's logits
+    // (loss.chunk_tokens rows; the backward recomputes the others into the same buffer), the loss rows, and the
     // residual stream's two gradient buffers (the host copy of the targets is host memory on a GPU).
     out.model = {buffer(PlanKind::embed_head, "ids", n, DType::i32, false),
                  buffer(PlanKind::embed_head, "targets", n, DType::i32, false),
                  buffer(PlanKind::embed_head, "embed_out", n * c, act, true),
                  buffer(PlanKind::embed_head, "final_norm", n * c, act, true),
                  buffer(PlanKind::embed_head, "final_rstd", n, stats, true),
-                 buffer(PlanKind::embed_head, "logits", n * cfg.vocab_size, act, true),
+                 buffer(PlanKind::embed_head, "logits", cfg.loss_chunk_rows(n) * cfg.vocab_size, act, true),
                  buffer(PlanKind::embed_head, "losses", n, stats, false),
                  buffer(PlanKind::embed_head, "lse", n, stats, true),
                  buffer(PlanKind::grad_buffers, "dres_a", n * c, act, false),

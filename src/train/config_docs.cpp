@@ -57,6 +57,10 @@ const std::map<std::string, std::string>& section_notes() {
          "rebuilds by re-running that part of the forward. `selective` with `modules = [\"norm\", \"mlp_act\", "
          "\"moe_act\", \"attnres\", \"moe_permute\", \"moe_experts\"]` is the recommended set, with \"kda\" added "
          "for a model without MoE (docs/training.md \"Memory\"); `full` with `every = 1` keeps the least."},
+        {"loss",
+         "The LM head and loss (docs/long_context.md \"Chunked LM head and loss\"): the loss is the mean "
+         "cross-entropy over the supervised tokens of the whole global batch (every micro-batch and data-parallel "
+         "rank), computed in chunks of `chunk_tokens` rows."},
         {"moe",
          "Mixture-of-Experts FFNs ([moe.md](moe.md), docs/moe_training.md): the layer, its balancing method "
          "(`moe.quantile.*`, `moe.sign_bias.*`, `moe.aux_loss.*` belong to one method each) and the "

@@ -229,6 +229,14 @@ std::vector<Field> config_schema(JobConfig& c) {
          .min = 1,
          .max = 4096,
          .choices = {"sqrt"}},
+        integer("loss.chunk_tokens",
+                &m.loss_chunk_tokens,
+                0,
+                1e12,
+                "the LM head and cross-entropy run over chunks of this many tokens, so the [tokens, vocab] logits are "
+                "never held whole: one [chunk, vocab] buffer, and the backward recomputes each chunk's logits (one "
+                "more LM-head matmul). 0, or a micro-batch of at most this many tokens: one chunk, nothing "
+                "recomputed"),
         flag("moe.enabled",
              &m.moe_enabled,
              "Mixture-of-Experts FFNs (docs/moe_training.md, spec moe.md): layer l's FFN is an MoE layer when l >= "

@@ -24,6 +24,15 @@ namespace mt::train {
 
 namespace {
 
+// Targets a loss counts: every one but nn::kIgnoreIndex. targets: [B, T] i32 on the host.
+int64_t supervised_tokens(const core::Tensor& targets) {
+    MT_CHECK(targets.is_contiguous(), "supervised_tokens reads contiguous targets");
+    const int32_t* t = targets.data<int32_t>();
+    int64_t count = 0;
+    for (int64_t i = 0; i < targets.numel(); ++i) count += t[i] != nn::kIgnoreIndex;
+    return count;
+}
+
 // The model's arenas as the gradient synchronisation sees them: ranges and reduction groups, no model types.
 parallel::GradArenas grad_arenas(const nn::ParamTable& table) {
     parallel::GradArenas arenas{.params = {},
@@ -185,6 +194,25 @@ void Trainer::fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs
                          targets);
 }
 
+StepResult Trainer::train_step(const core::Tensor& inputs, const core::Tensor& targets) {
+    const auto& t = cfg_.train;
+    const core::Shape shape = {t.grad_accum, t.batch_size, t.seq_len};
+    MT_CHECK(inputs.shape() == shape && targets.shape() == shape && inputs.dtype() == core::DType::i32 &&
+                 targets.dtype() == core::DType::i32,
+             "train_step: inputs {} and targets {} must be i32 [grad_accum, batch_size, seq_len] = {}",
+             core::shape_str(inputs.shape()),
+             core::shape_str(targets.shape()),
+             core::shape_str(shape));
+    if (!step_inputs_.defined()) {
+        step_inputs_ = core::Tensor::zeros(shape, core::DType::i32);
+        step_targets_ = core::Tensor::zeros(shape, core::DType::i32);
+    }
+    step_inputs_.copy_from(inputs);
+    step_targets_.copy_from(targets);
+    batches_step_ = step_;
+    return train_step();
+}
+
 StepResult Trainer::train_step() {
     const auto start = std::chrono::steady_clock::now();
     const auto& t = cfg_.train;
@@ -194,25 +222,34 @@ StepResult Trainer::train_step() {
     r.loss_scale = scaler_.scale();
     model_->params().zero_grads();
     model_->set_train_step(step_);
-    // Each data-parallel rank backpropagates its share of the global batch's mean loss, 1 / (grad_accum dp) per
-    // micro-batch, so the gradient reduction is a plain sum. The last micro-batch's backward hands each bucket of
-    // complete gradients to the reduction as it goes.
-    const double micro_divisor = static_cast<double>(t.grad_accum * data_size());
-    const bool read_ahead = batches_step_ == step_;  // step_status read this step's batches already
+    if (batches_step_ != step_) read_step_batches();  // step_status reads them ahead when the run loop calls it
+    // The loss is the mean cross-entropy over the supervised tokens of the whole global batch (long_context.md §5):
+    // N_global, counted over every micro-batch and data rank before the first forward (the labels are known), and
+    // every token's gradient is scaled by 1 / N_global, so a micro-batch with few supervised tokens weighs that
+    // little (a mean of per-micro-batch means would not). Micro-batch m's mean loss gets the weight
+    // w_m = counted_m A D / N_global (A micro-batches, D data ranks), exactly 1 when every micro-batch counts the
+    // same tokens; each rank backpropagates w_m / (A D) of its mean, so the gradient reduction is a plain sum.
+    int64_t local_supervised = 0;
+    std::vector<int64_t> counted(static_cast<size_t>(t.grad_accum));
     for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
-        core::Tensor inputs = inputs_, targets = targets_;
-        if (read_ahead) {
-            inputs = step_inputs_.select(0, micro);
-            targets = step_targets_.select(0, micro);
-        } else {
-            fill_batch(step_, micro, inputs_, targets_);
-        }
-        r.loss += model_->forward(inputs, targets) / static_cast<double>(t.grad_accum);
+        counted[static_cast<size_t>(micro)] = supervised_tokens(step_targets_.select(0, micro));
+        local_supervised += counted[static_cast<size_t>(micro)];
+    }
+    const double n_global = dp_sum(static_cast<double>(local_supervised));
+    const int64_t micro_divisor_int = t.grad_accum * data_size();
+    const double micro_divisor = static_cast<double>(micro_divisor_int);
+    // The last micro-batch's backward hands each bucket of complete gradients to the reduction as it goes.
+    for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
+        const double weight =
+            n_global > 0 ? static_cast<double>(counted[static_cast<size_t>(micro)] * micro_divisor_int) / n_global
+                         : 0.0;
+        r.loss += model_->forward(step_inputs_.select(0, micro), step_targets_.select(0, micro)) * weight /
+                  static_cast<double>(t.grad_accum);
         r.aux_loss += model_->last_aux_loss() / static_cast<double>(t.grad_accum);
         const bool last = micro + 1 == t.grad_accum;
         if (last && grad_sync_->active())
             model_->set_grad_ready_hook([this](int first) { grad_sync_->grads_ready(first); });
-        model_->backward(r.loss_scale / micro_divisor);
+        model_->backward(r.loss_scale * weight / micro_divisor);
         model_->set_grad_ready_hook({});
     }
     r.comm_seconds = grad_sync_->finish();

@@ -68,6 +68,9 @@ class Trainer {
     RunEnd run();
     // One optimizer step at the current step; advances the step counter.
     StepResult train_step();
+    // The same step on the caller's batches instead of the sampler's: inputs and targets [grad_accum, batch_size,
+    // seq_len] i32 on the host; a target equal to nn::kIgnoreIndex is not supervised.
+    StepResult train_step(const core::Tensor& inputs, const core::Tensor& targets);
     // Mean loss over train.eval_batches validation batches (the training stream when no val_paths are set).
     double evaluate();
     // Writes run.dir/checkpoints/step_<step>/.
@@ -175,7 +178,10 @@ class Trainer {
     std::unique_ptr<data::TokenSource> train_source_, val_source_;
     std::unique_ptr<data::Sampler> train_sampler_, val_sampler_;
     std::unique_ptr<MetricsLog> metrics_;
-    core::Tensor inputs_, targets_;            // [B, T] i32
+    core::Tensor inputs_, targets_;  // [B, T] i32
+    // Reads every micro-batch of step_ into step_inputs_ / step_targets_ (step_status does it ahead of the step;
+    // train_step when nobody did).
+    void read_step_batches();
     core::Tensor step_inputs_, step_targets_;  // [grad_accum, B, T] i32: the batches step_status read ahead
     int64_t batches_step_ = -1;                // the step those are for
     std::optional<core::Error> data_error_;    // this rank's data failure that step_status reported

@@ -16,18 +16,23 @@ constexpr int64_t kDataFailed = 1000;
 
 }  // namespace
 
-int64_t Trainer::step_status() {
+void Trainer::read_step_batches() {
     const auto& t = cfg_.train;
+    if (!step_inputs_.defined()) {
+        step_inputs_ = core::Tensor::zeros({t.grad_accum, t.batch_size, t.seq_len}, core::DType::i32);
+        step_targets_ = core::Tensor::zeros({t.grad_accum, t.batch_size, t.seq_len}, core::DType::i32);
+    }
+    batches_step_ = -1;  // until every micro-batch is in
+    for (int64_t micro = 0; micro < t.grad_accum; ++micro)
+        fill_batch(step_, micro, step_inputs_.select(0, micro), step_targets_.select(0, micro));
+    batches_step_ = step_;
+}
+
+int64_t Trainer::step_status() {
     int64_t local = 0;
     data_error_.reset();
     try {
-        if (!step_inputs_.defined()) {
-            step_inputs_ = core::Tensor::zeros({t.grad_accum, t.batch_size, t.seq_len}, core::DType::i32);
-            step_targets_ = core::Tensor::zeros({t.grad_accum, t.batch_size, t.seq_len}, core::DType::i32);
-        }
-        for (int64_t micro = 0; micro < t.grad_accum; ++micro)
-            fill_batch(step_, micro, step_inputs_.select(0, micro), step_targets_.select(0, micro));
-        batches_step_ = step_;
+        read_step_batches();
         // After the reads: a file rewritten while they ran has a new modification time or size by now.
         train_source_->check_unchanged();
         if (val_source_) val_source_->check_unchanged();

@@ -8,6 +8,7 @@
 
 #include "core/rng.h"
 #include "nn/model.h"
+#include "support/rho.h"
 
 using mt::core::DType;
 using mt::core::Tensor;
@@ -73,16 +74,6 @@ ModelRun run(const ModelConfig& cfg, int64_t step = 0, bool random_queries = fal
     return r;
 }
 
-double rho(const Tensor& a, const Tensor& b) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < a.numel(); ++i) {
-        const double x = mt::core::tensor_get_flat(a, i), y = mt::core::tensor_get_flat(b, i);
-        num += (x - y) * (x - y);
-        den += y * y;
-    }
-    return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
 // The worst rho over the gradients both runs have; every plain gradient must have its counterpart.
 double worst_shared_rho(const ModelRun& plain, const ModelRun& ar, const std::string& what) {
     double worst = 0;
@@ -90,9 +81,9 @@ double worst_shared_rho(const ModelRun& plain, const ModelRun& ar, const std::st
     for (const auto& [name, g] : plain.grads)
         for (const auto& [name2, g2] : ar.grads)
             if (name == name2) {
-                worst = std::max(worst, rho(g2, g));
+                worst = std::max(worst, mt::testing::rho(g2, g));
                 ++shared;
-                EXPECT_LE(rho(g2, g), 1e-12) << what << ": " << name;
+                EXPECT_LE(mt::testing::rho(g2, g), 1e-12) << what << ": " << name;
             }
     EXPECT_EQ(shared, static_cast<int>(plain.grads.size())) << what;
     return worst;

@@ -1,11 +1,13 @@
 // Data parallelism end to end under mpirun: the loss curve of dp = world equals the one-process run with the same
 // global batch (relative difference below 1e-5 in f32), the replicas' weights stay identical, and a checkpoint
-// written under dp resumes exactly.
+// written under dp resumes exactly; the loss is normalised by the global batch's supervised tokens.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 
+#include "core/rng.h"
+#include "nn/model.h"
 #include "parallel/mpi/mpi_job.h"
 #include "parallel/runtime.h"
 #include "train/trainer.h"
@@ -76,4 +78,45 @@ TEST(TrainerDp, CheckpointResumesExactlyAndRecordsTheMesh) {
     EXPECT_EQ(run.manifest.at("mesh").at("dp"), n);
     EXPECT_EQ(run.manifest.at("mesh").at("world"), n);
     EXPECT_EQ(run.manifest.at("data").at("ranks").size(), static_cast<size_t>(n));
+}
+
+// The loss is normalised by the supervised tokens of the global batch (long_context.md §5): rank 0's sequence
+// supervises 2 of its 16 targets and every other rank's all 16. dp = world with one sequence per rank gives the loss
+// and the gradients of one process taking the same sequences as micro-batches; a mean of per-rank means would weigh
+// rank 0's two tokens eight times more.
+TEST(TrainerDp, LossIsNormalisedByTheSupervisedTokensOfTheGlobalBatch) {
+    const int n = dist_world().size(), rank = dist_world().rank();
+    const int64_t t = 16;
+    const std::string dir = shared_dir("run"), data = data_dir();
+    auto rows = [&](int first, int count) {
+        mt::core::Tensor inputs = mt::core::Tensor::zeros({count, 1, t}, mt::core::DType::i32),
+                         targets = inputs.clone();
+        for (int r = 0; r < count; ++r)
+            for (int64_t i = 0; i < t; ++i) {
+                const uint64_t at = static_cast<uint64_t>((first + r) * t + i);
+                mt::core::tensor_set_flat(inputs, r * t + i, static_cast<double>(mt::core::rng_u64(3, 0, at) % 61));
+                const bool supervised = first + r > 0 || i < 2;
+                mt::core::tensor_set_flat(
+                    targets,
+                    r * t + i,
+                    supervised ? static_cast<double>(mt::core::rng_u64(3, 1, at) % 61) : mt::nn::kIgnoreIndex);
+            }
+        return std::pair{inputs, targets};
+    };
+    auto self = comm_make_self();
+    const std::vector<std::string> one_sequence = {"train.batch_size=1", "train.seq_len=16"};
+    auto single_cfg = one_sequence, dp_cfg = one_sequence;
+    single_cfg.insert(single_cfg.end(), {"train.grad_accum=" + std::to_string(n), "parallel.dp=1"});
+    dp_cfg.push_back("train.grad_accum=1");
+    Trainer single(job(data, dir + "/single", single_cfg), false, self.get());
+    Trainer dp(job(data, dir + "/dp", dp_cfg), false);
+    ASSERT_EQ(dp.dp_size(), n);
+    const auto [all_inputs, all_targets] = rows(0, n);
+    const auto [my_inputs, my_targets] = rows(rank, 1);
+    const auto a = single.train_step(all_inputs, all_targets);
+    const auto b = dp.train_step(my_inputs, my_targets);
+    ASSERT_GT(a.loss, 0.0);
+    EXPECT_LT(std::abs(a.loss - b.loss) / a.loss, 1e-6) << "one process " << a.loss << ", dp=" << n << " " << b.loss;
+    EXPECT_LT(std::abs(a.grad_norm - b.grad_norm) / a.grad_norm, 1e-5)
+        << "grad norm: one process " << a.grad_norm << ", dp=" << n << " " << b.grad_norm;
 }
