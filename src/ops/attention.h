@@ -3,7 +3,8 @@
 //   k,v: [B, T, Hkv, D], Hq % Hkv == 0
 //   out: [B, T, Hq, D]
 //   lse: [B, Hq, T] saved for backward: log-sum-exp of the scaled scores of each query row
-// scores = q k^T / sqrt(D), masked to keys at positions <= the query position.
+// scores = q k^T / sqrt(D), masked to keys at positions <= the query position, and with mask.doc_start to the
+// keys of the query's own document (document masking of packed sequences, long_context.md §2).
 // _bwd: dq, dk, dv written (=).
 #pragma once
 
@@ -29,12 +30,21 @@ struct AttentionOptions {
     std::string* chosen = nullptr;
 };
 
+// Which keys a query may see beyond causality (what the attention computes, unlike AttentionOptions).
+struct AttentionMask {
+    // [B, T] i32 on the device of q: the position (in its row) of the first token of each token's document, so
+    // query t sees keys s with doc_start[t] <= s <= t. Within a row it is t at a document's first token and its
+    // predecessor's value elsewhere. Undefined: each row is one document. CPU only so far.
+    Tensor doc_start;
+};
+
 void attention_fwd(const Tensor& q,
                    const Tensor& k,
                    const Tensor& v,
                    const Tensor& out,
                    const Tensor& lse,
-                   const AttentionOptions& options = {});
+                   const AttentionOptions& options = {},
+                   const AttentionMask& mask = {});
 void attention_bwd(const Tensor& q,
                    const Tensor& k,
                    const Tensor& v,
@@ -44,6 +54,7 @@ void attention_bwd(const Tensor& q,
                    const Tensor& dq,
                    const Tensor& dk,
                    const Tensor& dv,
-                   const AttentionOptions& options = {});
+                   const AttentionOptions& options = {},
+                   const AttentionMask& mask = {});
 
 }  // namespace mt::ops

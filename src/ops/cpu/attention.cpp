@@ -1,8 +1,9 @@
-// CPU reference of causal GQA attention. Per (batch, head) the queries go in blocks of kQBlock rows; a block's
-// scores against the keys it may see (positions < the block's end) come from one GEMM into a [kQBlock, T]
-// scratch, the causal mask and the softmax are applied to that scratch row by row, and a second GEMM multiplies by
-// V. The backward recomputes the probabilities from the saved lse (as FlashAttention) and uses three more GEMMs
-// per block. Memory is O(kQBlock * T) per thread, and every GEMM is single-threaded BLAS (see blas.h).
+// CPU reference of causal GQA attention, with optional document masking (AttentionMask::doc_start). Per (batch, head)
+// the queries go in blocks of kQBlock rows; a block's scores against the keys it may see (positions < the block's end)
+// come from one GEMM into a [kQBlock, T] scratch, the causal mask and the softmax are applied to that scratch row by
+// row, and a second GEMM multiplies by V. The backward recomputes the probabilities from the saved lse (as
+// FlashAttention) and uses three more GEMMs per block. Memory is O(kQBlock * T) per thread, and every GEMM is
+// single-threaded BLAS (see blas.h).
 #include "ops/attention.h"
 
 #include <algorithm>
@@ -22,12 +23,23 @@ namespace {
 constexpr int64_t kQBlock = 64;  // query rows per score block
 }
 
-// For each (b, h) with kv head kh = h / (hq / hkv), and query position i:
-//   s[j] = q[b, i, h] . k[b, j, kh] / sqrt(d) for j <= i;  lse[b, h, i] = log(sum_j exp(s[j]))
+// For each (b, h) with kv head kh = h / (hq / hkv), and query position i with document start lo = doc_start[b, i]
+// (0 without document masking):
+//   s[j] = q[b, i, h] . k[b, j, kh] / sqrt(d) for lo <= j <= i;  lse[b, h, i] = log(sum_j exp(s[j]))
 //   out[b, i, h] = sum_j exp(s[j] - lse) v[b, j, kh]
+// The score GEMM still covers keys [0, i]; the keys before lo are zeroed after the softmax of [lo, i].
 template <typename T>
-void attention_fwd(
-    const T* q, const T* k, const T* v, T* out, T* lse, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d) {
+void attention_fwd(const T* q,
+                   const T* k,
+                   const T* v,
+                   T* out,
+                   T* lse,
+                   const int32_t* doc_start,
+                   int64_t b,
+                   int64_t t,
+                   int64_t hq,
+                   int64_t hkv,
+                   int64_t d) {
     blas_use_one_thread();
     const int64_t group = hq / hkv, qs = hq * d, ks = hkv * d;  // row strides of q/out and k/v
     const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d)));
@@ -47,15 +59,18 @@ void attention_fwd(
                 T* s = scores.data();  // [rows, keys]
                 gemm(false, true, rows, keys, d, scale, qh + r0 * qs, qs, kh_, ks, T(0), s, keys);
                 for (int64_t i = 0; i < rows; ++i) {
-                    T* sr = s + i * keys;  // [keys]; keys j > r0 + i are masked
-                    const int64_t valid = r0 + i + 1;
-                    const T mx = max_value(sr, valid);
-                    exp_affine(sr, sr, valid, T(1), -mx);
+                    T* sr = s + i * keys;  // [keys]; keys j < lo and j > r0 + i are masked
+                    const int64_t valid = r0 + i + 1, lo = doc_start ? doc_start[bb * t + r0 + i] : 0;
+                    T* sv = sr + lo;  // the visible keys [lo, valid)
+                    const int64_t nv = valid - lo;
+                    const T mx = max_value(sv, nv);
+                    exp_affine(sv, sv, nv, T(1), -mx);
                     T sum = 0;
 #pragma omp simd reduction(+ : sum)
-                    for (int64_t j = 0; j < valid; ++j) sum += sr[j];
+                    for (int64_t j = 0; j < nv; ++j) sum += sv[j];
                     const T inv = T(1) / sum;
-                    for (int64_t j = 0; j < valid; ++j) sr[j] *= inv;
+                    for (int64_t j = 0; j < nv; ++j) sv[j] *= inv;
+                    std::fill(sr, sv, T(0));
                     std::fill(sr + valid, sr + keys, T(0));
                     lh[r0 + i] = mx + std::log(sum);
                 }
@@ -80,6 +95,7 @@ void attention_bwd(const T* q,
                    T* dq,
                    T* dk,
                    T* dv,
+                   const int32_t* doc_start,
                    int64_t b,
                    int64_t t,
                    int64_t hq,
@@ -123,10 +139,12 @@ void attention_bwd(const T* q,
                         T di = 0;
 #pragma omp simd reduction(+ : di)
                         for (int64_t c = 0; c < d; ++c) di += do_i[c] * o_i[c];
-                        const int64_t valid = r0 + i + 1;
+                        const int64_t valid = r0 + i + 1, lo = doc_start ? doc_start[bb * t + r0 + i] : 0;
                         const T l = lh[r0 + i];
-                        exp_affine(pr, pr, valid, T(1), -l);
-                        for (int64_t j = 0; j < valid; ++j) gr[j] = pr[j] * (gr[j] - di);
+                        exp_affine(pr + lo, pr + lo, valid - lo, T(1), -l);
+                        for (int64_t j = lo; j < valid; ++j) gr[j] = pr[j] * (gr[j] - di);
+                        std::fill(pr, pr + lo, T(0));
+                        std::fill(gr, gr + lo, T(0));
                         std::fill(pr + valid, pr + keys, T(0));
                         std::fill(gr + valid, gr + keys, T(0));
                     }
@@ -139,10 +157,28 @@ void attention_bwd(const T* q,
     }
 }
 
-template void attention_fwd<float>(
-    const float*, const float*, const float*, float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
-template void attention_fwd<double>(
-    const double*, const double*, const double*, double*, double*, int64_t, int64_t, int64_t, int64_t, int64_t);
+template void attention_fwd<float>(const float*,
+                                   const float*,
+                                   const float*,
+                                   float*,
+                                   float*,
+                                   const int32_t*,
+                                   int64_t,
+                                   int64_t,
+                                   int64_t,
+                                   int64_t,
+                                   int64_t);
+template void attention_fwd<double>(const double*,
+                                    const double*,
+                                    const double*,
+                                    double*,
+                                    double*,
+                                    const int32_t*,
+                                    int64_t,
+                                    int64_t,
+                                    int64_t,
+                                    int64_t,
+                                    int64_t);
 template void attention_bwd<float>(const float*,
                                    const float*,
                                    const float*,
@@ -152,6 +188,7 @@ template void attention_bwd<float>(const float*,
                                    float*,
                                    float*,
                                    float*,
+                                   const int32_t*,
                                    int64_t,
                                    int64_t,
                                    int64_t,
@@ -166,6 +203,7 @@ template void attention_bwd<double>(const double*,
                                     double*,
                                     double*,
                                     double*,
+                                    const int32_t*,
                                     int64_t,
                                     int64_t,
                                     int64_t,
@@ -193,12 +231,14 @@ void attention_fwd(const Tensor& q,
                    const Tensor& v,
                    const Tensor& out,
                    const Tensor& lse,
-                   const AttentionOptions& options) {
+                   const AttentionOptions& options,
+                   const AttentionMask& mask) {
     constexpr std::string_view op = "attention_fwd";
     if (options.chosen != nullptr) *options.chosen = "cpu-reference";
     check_qkv(q, k, v, lse, op);
     check_float_arg(out, op, "out", 4);
     check_dtype_as(out, q, op, "out", "q");
+    const int32_t* doc_start = mask.doc_start.defined() ? mask.doc_start.data<int32_t>() : nullptr;
     MT_DISPATCH_FLOAT(q.dtype(),
                       op,
                       cpu::attention_fwd(q.data<scalar_t>(),
@@ -206,6 +246,7 @@ void attention_fwd(const Tensor& q,
                                          v.data<scalar_t>(),
                                          out.data<scalar_t>(),
                                          lse.data<scalar_t>(),
+                                         doc_start,
                                          q.size(0),
                                          q.size(1),
                                          q.size(2),
@@ -224,7 +265,8 @@ void attention_bwd(const Tensor& q,
                    const Tensor& dq,
                    const Tensor& dk,
                    const Tensor& dv,
-                   const AttentionOptions& options) {
+                   const AttentionOptions& options,
+                   const AttentionMask& mask) {
     constexpr std::string_view op = "attention_bwd";
     if (options.chosen != nullptr) *options.chosen = "cpu-reference";
     check_qkv(q, k, v, lse, op);
@@ -238,6 +280,7 @@ void attention_bwd(const Tensor& q,
         check_float_arg(*t, op, name, 4);
         check_dtype_as(*t, q, op, name, "q");
     }
+    const int32_t* doc_start = mask.doc_start.defined() ? mask.doc_start.data<int32_t>() : nullptr;
     MT_DISPATCH_FLOAT(q.dtype(),
                       op,
                       cpu::attention_bwd(q.data<scalar_t>(),
@@ -249,6 +292,7 @@ void attention_bwd(const Tensor& q,
                                          dq.data<scalar_t>(),
                                          dk.data<scalar_t>(),
                                          dv.data<scalar_t>(),
+                                         doc_start,
                                          q.size(0),
                                          q.size(1),
                                          q.size(2),
