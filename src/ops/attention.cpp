@@ -34,30 +34,15 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
     check_qkv_shapes(q, k, v, lse, op);
 }
 
-// mask.doc_start: [B, T] i32 on q's device; on the host also checked to be a document-start map (doc_start[t] is t
-// or doc_start[t - 1], and 0 at t = 0). Document masking has no CUDA kernel yet: a clear error, not a wrong result.
+// mask.doc_start: a document-start map of q's rows on q's device. Document masking has no CUDA kernel yet: a clear
+// error, not a wrong result.
 void check_mask(const AttentionMask& mask, const Tensor& q, std::string_view op) {
     if (!mask.doc_start.defined()) return;
-    const Tensor& ds = mask.doc_start;
-    check_arg(ds, op, "mask.doc_start", 2);
-    check_shape(ds, {q.size(0), q.size(1)}, op, "mask.doc_start");
-    MT_CHECK(ds.dtype() == core::DType::i32, "{}: mask.doc_start must be i32", op);
-    MT_CHECK(ds.device() == q.device(), "{}: mask.doc_start must be on the device of q", op);
+    MT_CHECK(mask.doc_start.device() == q.device(), "{}: mask.doc_start must be on the device of q", op);
     MT_CHECK(q.device() == Device::cpu,
              "{}: document masking (mask.doc_start) runs on the CPU only so far; the CUDA kernels do not take it yet",
              op);
-    const int32_t* d = ds.data<int32_t>();
-    const int64_t b = q.size(0), t = q.size(1);
-    for (int64_t row = 0; row < b; ++row)
-        for (int64_t i = 0; i < t; ++i) {
-            const int32_t v = d[row * t + i];
-            MT_CHECK(v == i || (i > 0 && v == d[row * t + i - 1]),
-                     "{}: mask.doc_start[{}, {}] = {} is not a document start map (t or the previous value)",
-                     op,
-                     row,
-                     i,
-                     v);
-        }
+    cpu::check_doc_start(mask.doc_start, q.size(0), q.size(1), op, "mask.doc_start");
 }
 
 void require_cuda(std::string_view op) {

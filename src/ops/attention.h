@@ -35,7 +35,7 @@ struct AttentionMask {
     // [B, T] i32 on the device of q: the position (in its row) of the first token of each token's document, so
     // query t sees keys s with doc_start[t] <= s <= t. Within a row it is t at a document's first token and its
     // predecessor's value elsewhere. Undefined: each row is one document. CPU only so far.
-    Tensor doc_start;
+    Tensor doc_start = Tensor();
 };
 
 void attention_fwd(const Tensor& q,

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "ops/cpu/checks.h"
 #include "ops/cpu/kda.h"
@@ -140,6 +141,127 @@ void check_saved(
              call);
 }
 
+// Document masking on the CPU: each document of a row runs as its own sequence (the state restarts from zero), as
+// separate kernel calls on copies of its rows. Exact for any algorithm; a reference, not a fast path.
+struct DocSpan {
+    int64_t row, first, end;
+};
+
+std::vector<DocSpan> doc_spans(const Tensor& doc_start) {
+    std::vector<DocSpan> spans;
+    const int64_t b = doc_start.size(0), t = doc_start.size(1);
+    const int32_t* d = doc_start.data<int32_t>();
+    for (int64_t row = 0; row < b; ++row)
+        for (int64_t i = 0; i < t; ++i)
+            if (d[row * t + i] == i)
+                spans.push_back({row, i, i + 1});
+            else
+                spans.back().end = i + 1;
+    return spans;
+}
+
+// A document's tokens of x [B, T, ...] as [1, len, ...] (a copy), and the view they came from.
+Tensor doc_rows(const Tensor& x, const DocSpan& s) {
+    core::Shape shape = x.shape();
+    shape[0] = 1;
+    shape[1] = s.end - s.first;
+    return x.select(0, s.row).slice(0, s.first, s.end).clone().reshape(shape);
+}
+Tensor doc_view(const Tensor& x, const DocSpan& s) {
+    return x.select(0, s.row).slice(0, s.first, s.end);
+}
+// Row r of a state [B, HV, K, V] as [1, HV, K, V] (a view), or undefined when `use` is false or t is.
+Tensor state_row(const Tensor& t, int64_t row, bool use) {
+    if (!use || !t.defined()) return Tensor();
+    core::Shape shape = t.shape();
+    shape[0] = 1;
+    return t.select(0, row).reshape(shape);
+}
+
+void kda_fwd_documents(const Tensor& q,
+                       const Tensor& k,
+                       const Tensor& v,
+                       const Tensor& g,
+                       const Tensor& beta,
+                       const Tensor& s0,
+                       const Tensor& out,
+                       const Tensor& st,
+                       KdaOptions options) {
+    const std::vector<DocSpan> spans = doc_spans(options.doc_start);
+    options.doc_start = Tensor();
+    for (const DocSpan& sp : spans) {
+        const bool first = sp.first == 0, last = sp.end == q.size(1);
+        const Tensor o = doc_rows(out, sp);
+        MT_CALL_KERNEL(kda_fwd,
+                       core::Device::cpu,
+                       doc_rows(q, sp),
+                       doc_rows(k, sp),
+                       doc_rows(v, sp),
+                       doc_rows(g, sp),
+                       doc_rows(beta, sp),
+                       state_row(s0, sp.row, first),
+                       o,
+                       state_row(st, sp.row, last),
+                       options,
+                       nullptr);
+        doc_view(out, sp).copy_from(o.select(0, 0));
+    }
+}
+
+void kda_bwd_documents(const Tensor& q,
+                       const Tensor& k,
+                       const Tensor& v,
+                       const Tensor& g,
+                       const Tensor& beta,
+                       const Tensor& s0,
+                       const Tensor& dout,
+                       const Tensor& dst,
+                       const Tensor& dq,
+                       const Tensor& dk,
+                       const Tensor& dv,
+                       const Tensor& dg,
+                       const Tensor& dbeta,
+                       const Tensor& ds0,
+                       KdaOptions options) {
+    const std::vector<DocSpan> spans = doc_spans(options.doc_start);
+    options.doc_start = Tensor();
+    for (const DocSpan& sp : spans) {
+        const bool first = sp.first == 0, last = sp.end == q.size(1);
+        const Tensor gq = doc_rows(dq, sp), gk = doc_rows(dk, sp), gv = doc_rows(dv, sp), gg = doc_rows(dg, sp),
+                     gb = doc_rows(dbeta, sp);
+        MT_CALL_KERNEL(kda_bwd,
+                       core::Device::cpu,
+                       doc_rows(q, sp),
+                       doc_rows(k, sp),
+                       doc_rows(v, sp),
+                       doc_rows(g, sp),
+                       doc_rows(beta, sp),
+                       state_row(s0, sp.row, first),
+                       doc_rows(dout, sp),
+                       state_row(dst, sp.row, last),
+                       gq,
+                       gk,
+                       gv,
+                       gg,
+                       gb,
+                       state_row(ds0, sp.row, first),
+                       options,
+                       nullptr);
+        for (const auto& [full, part] : {std::pair{&dq, &gq}, {&dk, &gk}, {&dv, &gv}, {&dg, &gg}, {&dbeta, &gb}})
+            doc_view(*full, sp).copy_from(part->select(0, 0));
+    }
+}
+
+// options.doc_start: a document-start map of q's rows; CPU only until the CUDA kernels take it.
+void check_doc_start_option(const KdaOptions& options, const Tensor& q, std::string_view op) {
+    if (!options.doc_start.defined()) return;
+    MT_CHECK(q.device() == core::Device::cpu,
+             "{}: document masking (KdaOptions::doc_start) runs on the CPU only so far; the CUDA kernels do not take "
+             "it yet",
+             op);
+    cpu::check_doc_start(options.doc_start, q.size(0), q.size(1), op, "options.doc_start");
+}
+
 }  // namespace
 
 void kda_fwd(const Tensor& q,
@@ -158,6 +280,7 @@ void kda_fwd(const Tensor& q,
     const cpu::KdaDims d = check_inputs(q, k, v, g, beta, s0, options, op);
     check_like(out, v, op, "out");
     check_optional_state(st, d, op, "st");
+    check_doc_start_option(options, q, op);
     if (saved != nullptr) *saved = KdaSaved{};  // the CPU path keeps nothing
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
@@ -173,6 +296,7 @@ void kda_fwd(const Tensor& q,
         return;
     }
     note_cpu_choice(options);
+    if (options.doc_start.defined()) return kda_fwd_documents(q, k, v, g, beta, s0, out, st, options);
     MT_CALL_KERNEL(kda_fwd, core::Device::cpu, q, k, v, g, beta, s0, out, st, options, saved);
 }
 
@@ -222,6 +346,7 @@ void kda_bwd(const Tensor& q,
              ds0.defined() ? "defined" : "undefined",
              s0.defined() ? "defined" : "undefined");
     check_optional_state(ds0, d, op, "ds0");
+    check_doc_start_option(options, q, op);
     if (saved != nullptr) check_saved(*saved, d, options, device, op);
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
@@ -229,6 +354,8 @@ void kda_bwd(const Tensor& q,
             kda_bwd, core::Device::cuda, q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, saved);
     }
     note_cpu_choice(options);
+    if (options.doc_start.defined())
+        return kda_bwd_documents(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options);
     MT_CALL_KERNEL(
         kda_bwd, core::Device::cpu, q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, saved);
 }

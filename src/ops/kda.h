@@ -58,6 +58,11 @@ struct KdaOptions {
     // Kg, W: 2,048 more bytes per token and value head at K = 128), so _bwd runs no forward kernel at all.
     bool save_workspace = false;
     KdaKernels kernels = {};
+    // Document masking of packed rows (long_context.md §2): a [B, T] i32 document-start map as
+    // AttentionMask::doc_start (ops/attention.h). The state restarts from zero at every document's first token, so
+    // a document never reads an earlier one; s0 is the state before each row's first document and st (dst) the
+    // state after (the gradient into) its last. Undefined: one document per row. CPU only so far.
+    Tensor doc_start = Tensor();
     // When set, a CUDA call writes here the kernels it ran (benchmarks print it as their `impl`); the CPU writes
     // the algorithm's name.
     std::string* chosen = nullptr;

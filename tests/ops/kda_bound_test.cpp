@@ -15,9 +15,9 @@
 namespace mt::ops::test {
 namespace {
 
-constexpr KdaOptions kRecurrent{KdaAlgorithm::recurrent, KdaDiagonal::matmul, 64};
-constexpr KdaOptions kMatmul{KdaAlgorithm::chunked, KdaDiagonal::matmul, 64};
-constexpr KdaOptions kPairwise{KdaAlgorithm::chunked, KdaDiagonal::pairwise, 64};
+const KdaOptions kRecurrent{KdaAlgorithm::recurrent, KdaDiagonal::matmul, 64};
+const KdaOptions kMatmul{KdaAlgorithm::chunked, KdaDiagonal::matmul, 64};
+const KdaOptions kPairwise{KdaAlgorithm::chunked, KdaDiagonal::pairwise, 64};
 
 struct F32Outcome {
     bool finite = true;  // out, st and every gradient finite

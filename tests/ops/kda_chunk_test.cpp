@@ -16,7 +16,7 @@
 namespace mt::ops::test {
 namespace {
 
-constexpr KdaOptions kRecurrent{KdaAlgorithm::recurrent, KdaDiagonal::matmul, 64};
+const KdaOptions kRecurrent{KdaAlgorithm::recurrent, KdaDiagonal::matmul, 64};
 
 // Worst rho over outputs and gradients of `got` against `ref` (dg excluded when skip_dg), each tensor judged
 // against at least 1e-3 rms: with a zero initial state and T = 1 the exact dg is 0 (dg_t = alpha_t rowsum(S_{t-1}

@@ -29,11 +29,11 @@ KdaLayer::KdaLayer(ParamTable& table, const std::string& prefix, const ModelConf
     gate_options_ = {kda.gate, kda.gate_lower_bound, kda.gate_use_a_log};
     // The bounded gate keeps 15 |g| inside f32's exp range, so the diagonal tiles can be plain products; the
     // softplus gate needs the pairwise diagonal (kda.md §4.3).
-    kda_options_ = {kda.algorithm,
-                    bounded ? ops::KdaDiagonal::matmul : ops::KdaDiagonal::pairwise,
-                    kda.chunk_size,
-                    kda.save == KdaSave::states,
-                    kda.save == KdaSave::workspace};
+    kda_options_ = {.algorithm = kda.algorithm,
+                    .diagonal = bounded ? ops::KdaDiagonal::matmul : ops::KdaDiagonal::pairwise,
+                    .chunk_size = kda.chunk_size,
+                    .save_states = kda.save == KdaSave::states,
+                    .save_workspace = kda.save == KdaSave::workspace};
     keep_tiles_ = kda.save != KdaSave::none;
 
     const int64_t d = cfg.d_model, hk = h_ * k_dim_, hvk = hv_ * k_dim_, hvv = hv_ * v_dim_;

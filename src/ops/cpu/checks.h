@@ -23,4 +23,24 @@ inline void check_index_range(const Tensor& t, int64_t lo, int64_t hi, std::stri
         MT_CHECK(v[i] >= lo && v[i] < hi, "{}: {}[{}] = {} is outside [{}, {})", op, arg, i, v[i], lo, hi);
 }
 
+// Fails unless ds is a document-start map of B rows of T tokens (AttentionMask::doc_start, KdaOptions::doc_start):
+// a contiguous CPU i32 [B, T] tensor whose element t of a row is t (a document starts there) or the value at t - 1.
+inline void check_doc_start(const Tensor& ds, int64_t b, int64_t t, std::string_view op, std::string_view arg) {
+    check_i32_arg(ds, op, arg, 2);
+    check_shape(ds, {b, t}, op, arg);
+    MT_CHECK(ds.device() == core::Device::cpu, "{}: {} must be a CPU tensor", op, arg);
+    const int32_t* d = ds.data<int32_t>();
+    for (int64_t row = 0; row < b; ++row)
+        for (int64_t i = 0; i < t; ++i) {
+            const int32_t v = d[row * t + i];
+            MT_CHECK(v == i || (i > 0 && v == d[row * t + i - 1]),
+                     "{}: {}[{}, {}] = {} is not a document start map (t or the previous value)",
+                     op,
+                     arg,
+                     row,
+                     i,
+                     v);
+        }
+}
+
 }  // namespace mt::ops::cpu
