@@ -2,8 +2,10 @@
 #include "ops/causal_conv1d.h"
 
 #include <string_view>
+#include <vector>
 
 #include "ops/cpu/checks.h"
+#include "ops/cpu/documents.h"
 #include "ops/registry.h"
 
 namespace mt::ops {
@@ -26,31 +28,70 @@ void check_conv_shapes(const Tensor& x, const Tensor& w, std::initializer_list<N
     }
 }
 
+// Document masking: each document of a row is convolved as its own sequence (its leading positions read zero), by
+// the CPU kernel on a copy of its rows (ops/cpu/documents.h); dw accumulates over them.
+std::vector<cpu::DocSpan> doc_spans(const Tensor& doc_start, const Tensor& x, std::string_view op) {
+    MT_CHECK(x.device() == core::Device::cpu,
+             "{}: document masking (doc_start) runs on the CPU only so far; the CUDA kernels do not take it yet",
+             op);
+    cpu::check_doc_start(doc_start, x.size(0), x.size(1), op, "doc_start");
+    return cpu::doc_spans(doc_start);
+}
+
 }  // namespace
 
-void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool silu) {
+void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool silu, const Tensor& doc_start) {
     constexpr std::string_view op = "causal_conv1d_fwd";
     const core::Device device = check_same_device(op, {{"x", x}, {"w", w}, {"y", y}});
     // Shapes on every device (the CPU kernel checks its dtypes).
     check_conv_shapes(x, w, {{"y", y}}, op);
-    if (device == core::Device::cuda) {
-        return MT_CALL_KERNEL(causal_conv1d_fwd, core::Device::cuda, x, w, y, silu);
+    if (doc_start.defined()) {
+        for (const cpu::DocSpan& s : doc_spans(doc_start, x, op)) {
+            const Tensor ys = cpu::doc_rows(y, s);
+            MT_CALL_KERNEL(causal_conv1d_fwd, core::Device::cpu, cpu::doc_rows(x, s), w, ys, silu, Tensor());
+            cpu::doc_view(y, s).copy_from(ys.select(0, 0));
+        }
+        return;
     }
-    MT_CALL_KERNEL(causal_conv1d_fwd, core::Device::cpu, x, w, y, silu);
+    if (device == core::Device::cuda) {
+        return MT_CALL_KERNEL(causal_conv1d_fwd, core::Device::cuda, x, w, y, silu, Tensor());
+    }
+    MT_CALL_KERNEL(causal_conv1d_fwd, core::Device::cpu, x, w, y, silu, Tensor());
 }
 
-void causal_conv1d_bwd(
-    const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw, bool silu) {
+void causal_conv1d_bwd(const Tensor& x,
+                       const Tensor& w,
+                       const Tensor& dy,
+                       const Tensor& dx,
+                       const Tensor& dw,
+                       bool silu,
+                       const Tensor& doc_start) {
     constexpr std::string_view op = "causal_conv1d_bwd";
     const core::Device device = check_same_device(op, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}});
     // Shapes on every device (the CPU kernel checks its dtypes).
     check_conv_shapes(x, w, {{"dy", dy}, {"dx", dx}}, op);
     check_arg(dw, op, "dw", 2);
     check_shape(dw, w.shape(), op, "dw");
-    if (device == core::Device::cuda) {
-        return MT_CALL_KERNEL(causal_conv1d_bwd, core::Device::cuda, x, w, dy, dx, dw, silu);
+    if (doc_start.defined()) {
+        for (const cpu::DocSpan& s : doc_spans(doc_start, x, op)) {
+            const Tensor dxs = cpu::doc_rows(dx, s);
+            MT_CALL_KERNEL(causal_conv1d_bwd,
+                           core::Device::cpu,
+                           cpu::doc_rows(x, s),
+                           w,
+                           cpu::doc_rows(dy, s),
+                           dxs,
+                           dw,
+                           silu,
+                           Tensor());
+            cpu::doc_view(dx, s).copy_from(dxs.select(0, 0));
+        }
+        return;
     }
-    MT_CALL_KERNEL(causal_conv1d_bwd, core::Device::cpu, x, w, dy, dx, dw, silu);
+    if (device == core::Device::cuda) {
+        return MT_CALL_KERNEL(causal_conv1d_bwd, core::Device::cuda, x, w, dy, dx, dw, silu, Tensor());
+    }
+    MT_CALL_KERNEL(causal_conv1d_bwd, core::Device::cpu, x, w, dy, dx, dw, silu, Tensor());
 }
 
 }  // namespace mt::ops

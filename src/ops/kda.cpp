@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ops/cpu/checks.h"
+#include "ops/cpu/documents.h"
 #include "ops/cpu/kda.h"
 #include "ops/registry.h"
 
@@ -141,35 +142,12 @@ void check_saved(
              call);
 }
 
-// Document masking on the CPU: each document of a row runs as its own sequence (the state restarts from zero), as
-// separate kernel calls on copies of its rows. Exact for any algorithm; a reference, not a fast path.
-struct DocSpan {
-    int64_t row, first, end;
-};
+// Document masking on the CPU: each document of a row runs as its own sequence (the state restarts from zero), by
+// the same kernel on copies of its rows (ops/cpu/documents.h).
+using cpu::doc_rows;
+using cpu::doc_view;
+using cpu::DocSpan;
 
-std::vector<DocSpan> doc_spans(const Tensor& doc_start) {
-    std::vector<DocSpan> spans;
-    const int64_t b = doc_start.size(0), t = doc_start.size(1);
-    const int32_t* d = doc_start.data<int32_t>();
-    for (int64_t row = 0; row < b; ++row)
-        for (int64_t i = 0; i < t; ++i)
-            if (d[row * t + i] == i)
-                spans.push_back({row, i, i + 1});
-            else
-                spans.back().end = i + 1;
-    return spans;
-}
-
-// A document's tokens of x [B, T, ...] as [1, len, ...] (a copy), and the view they came from.
-Tensor doc_rows(const Tensor& x, const DocSpan& s) {
-    core::Shape shape = x.shape();
-    shape[0] = 1;
-    shape[1] = s.end - s.first;
-    return x.select(0, s.row).slice(0, s.first, s.end).clone().reshape(shape);
-}
-Tensor doc_view(const Tensor& x, const DocSpan& s) {
-    return x.select(0, s.row).slice(0, s.first, s.end);
-}
 // Row r of a state [B, HV, K, V] as [1, HV, K, V] (a view), or undefined when `use` is false or t is.
 Tensor state_row(const Tensor& t, int64_t row, bool use) {
     if (!use || !t.defined()) return Tensor();
@@ -187,7 +165,7 @@ void kda_fwd_documents(const Tensor& q,
                        const Tensor& out,
                        const Tensor& st,
                        KdaOptions options) {
-    const std::vector<DocSpan> spans = doc_spans(options.doc_start);
+    const std::vector<DocSpan> spans = cpu::doc_spans(options.doc_start);
     options.doc_start = Tensor();
     for (const DocSpan& sp : spans) {
         const bool first = sp.first == 0, last = sp.end == q.size(1);
@@ -223,7 +201,7 @@ void kda_bwd_documents(const Tensor& q,
                        const Tensor& dbeta,
                        const Tensor& ds0,
                        KdaOptions options) {
-    const std::vector<DocSpan> spans = doc_spans(options.doc_start);
+    const std::vector<DocSpan> spans = cpu::doc_spans(options.doc_start);
     options.doc_start = Tensor();
     for (const DocSpan& sp : spans) {
         const bool first = sp.first == 0, last = sp.end == q.size(1);

@@ -111,7 +111,11 @@ void check_conv(const Tensor& x, const Tensor& w, std::string_view op) {
 
 // The CPU kernel of ops::causal_conv1d_fwd (registered in the op registry): the CPU dtypes, then the float
 // dispatch.
-void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool silu) {
+void causal_conv1d_fwd(const Tensor& x,
+                       const Tensor& w,
+                       const Tensor& y,
+                       bool silu,
+                       const Tensor& /*doc_start: the entry point splits the documents*/) {
     constexpr std::string_view op = "causal_conv1d_fwd";
     check_conv(x, w, op);
     check_like(y, x, x, op, "y");
@@ -130,8 +134,13 @@ MT_REGISTER_KERNEL(causal_conv1d_fwd, cpu, causal_conv1d_fwd, ::mt::ops::float_d
 
 // The CPU kernel of ops::causal_conv1d_bwd (registered in the op registry): the CPU dtypes, then the float
 // dispatch.
-void causal_conv1d_bwd(
-    const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw, bool silu) {
+void causal_conv1d_bwd(const Tensor& x,
+                       const Tensor& w,
+                       const Tensor& dy,
+                       const Tensor& dx,
+                       const Tensor& dw,
+                       bool silu,
+                       const Tensor& /*doc_start: the entry point splits the documents*/) {
     constexpr std::string_view op = "causal_conv1d_bwd";
     check_conv(x, w, op);
     check_like(dy, x, x, op, "dy");

@@ -111,7 +111,11 @@ __global__ void conv_dw_reduce_kernel(const float* __restrict__ partial,
 
 }  // namespace
 
-void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool silu) {
+void causal_conv1d_fwd(const Tensor& x,
+                       const Tensor& w,
+                       const Tensor& y,
+                       bool silu,
+                       const Tensor& /*doc_start: the entry point splits the documents*/) {
     constexpr std::string_view op = "causal_conv1d_fwd";
     check_cuda_float(x, op, "x");
     check_cuda_float(w, op, "w");
@@ -129,8 +133,13 @@ void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool s
 }
 MT_REGISTER_KERNEL(causal_conv1d_fwd, cuda, causal_conv1d_fwd, ::mt::ops::half_and_float_dtypes);
 
-void causal_conv1d_bwd(
-    const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw, bool silu) {
+void causal_conv1d_bwd(const Tensor& x,
+                       const Tensor& w,
+                       const Tensor& dy,
+                       const Tensor& dx,
+                       const Tensor& dw,
+                       bool silu,
+                       const Tensor& /*doc_start: the entry point splits the documents*/) {
     constexpr std::string_view op = "causal_conv1d_bwd";
     check_cuda_float(x, op, "x");
     check_cuda_float(w, op, "w");
