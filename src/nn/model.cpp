@@ -129,8 +129,8 @@ double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {
     {
         core::TraceRange range(dev, "model.head_fwd");
         ops::rmsnorm_fwd(*x, table_.param(final_norm_), cfg_.norm_eps, final_, final_rstd_);
-        for (int64_t first = 0; first < n; first += cfg_.loss_chunk_rows(n))
-            head_chunk_forward(first, std::min(cfg_.loss_chunk_rows(n), n - first));
+        const int64_t rows = cfg_.loss_chunk_rows(n);
+        for (int64_t first = 0; first < n; first += rows) head_chunk_forward(first, std::min(rows, n - first));
     }
 
     // Summed on the host in f64, in row order (deterministic on every device).

@@ -34,17 +34,6 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
     check_qkv_shapes(q, k, v, lse, op);
 }
 
-// mask.doc_start: a document-start map of q's rows on q's device. Document masking has no CUDA kernel yet: a clear
-// error, not a wrong result.
-void check_mask(const AttentionMask& mask, const Tensor& q, std::string_view op) {
-    if (!mask.doc_start.defined()) return;
-    MT_CHECK(mask.doc_start.device() == q.device(), "{}: mask.doc_start must be on the device of q", op);
-    MT_CHECK(q.device() == Device::cpu,
-             "{}: document masking (mask.doc_start) runs on the CPU only so far; the CUDA kernels do not take it yet",
-             op);
-    cpu::check_doc_start(mask.doc_start, q.size(0), q.size(1), op, "mask.doc_start");
-}
-
 void require_cuda(std::string_view op) {
     if (!core::backend_available(Device::cuda))
         core::fail(core::ExitCode::device, "{}: got cuda tensors, but no CUDA device is available", op);
@@ -64,7 +53,7 @@ void attention_fwd(const Tensor& q,
     check_qkv(q, k, v, lse, op);
     check_arg(out, op, "out", 4);
     check_shape(out, q.shape(), op, "out");
-    check_mask(mask, q, op);
+    if (mask.doc_start.defined()) cpu::check_doc_start(mask.doc_start, q, op, "mask.doc_start");
     if (device == Device::cuda) require_cuda(op);
     MT_CALL_KERNEL(attention_fwd, device, q, k, v, out, lse, options, mask);
 }
@@ -95,7 +84,7 @@ void attention_bwd(const Tensor& q,
         check_arg(*t, op, name, 4);
         check_shape(*t, k.shape(), op, name);
     }
-    check_mask(mask, q, op);
+    if (mask.doc_start.defined()) cpu::check_doc_start(mask.doc_start, q, op, "mask.doc_start");
     if (device == Device::cuda) require_cuda(op);
     MT_CALL_KERNEL(attention_bwd, device, q, k, v, out, lse, dout, dq, dk, dv, options, mask);
 }

@@ -31,10 +31,7 @@ void check_conv_shapes(const Tensor& x, const Tensor& w, std::initializer_list<N
 // Document masking: each document of a row is convolved as its own sequence (its leading positions read zero), by
 // the CPU kernel on a copy of its rows (ops/cpu/documents.h); dw accumulates over them.
 std::vector<cpu::DocSpan> doc_spans(const Tensor& doc_start, const Tensor& x, std::string_view op) {
-    MT_CHECK(x.device() == core::Device::cpu,
-             "{}: document masking (doc_start) runs on the CPU only so far; the CUDA kernels do not take it yet",
-             op);
-    cpu::check_doc_start(doc_start, x.size(0), x.size(1), op, "doc_start");
+    cpu::check_doc_start(doc_start, x, op, "doc_start");
     return cpu::doc_spans(doc_start);
 }
 

@@ -230,16 +230,6 @@ void kda_bwd_documents(const Tensor& q,
     }
 }
 
-// options.doc_start: a document-start map of q's rows; CPU only until the CUDA kernels take it.
-void check_doc_start_option(const KdaOptions& options, const Tensor& q, std::string_view op) {
-    if (!options.doc_start.defined()) return;
-    MT_CHECK(q.device() == core::Device::cpu,
-             "{}: document masking (KdaOptions::doc_start) runs on the CPU only so far; the CUDA kernels do not take "
-             "it yet",
-             op);
-    cpu::check_doc_start(options.doc_start, q.size(0), q.size(1), op, "options.doc_start");
-}
-
 }  // namespace
 
 void kda_fwd(const Tensor& q,
@@ -258,7 +248,7 @@ void kda_fwd(const Tensor& q,
     const cpu::KdaDims d = check_inputs(q, k, v, g, beta, s0, options, op);
     check_like(out, v, op, "out");
     check_optional_state(st, d, op, "st");
-    check_doc_start_option(options, q, op);
+    if (options.doc_start.defined()) cpu::check_doc_start(options.doc_start, q, op, "options.doc_start");
     if (saved != nullptr) *saved = KdaSaved{};  // the CPU path keeps nothing
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
@@ -324,7 +314,7 @@ void kda_bwd(const Tensor& q,
              ds0.defined() ? "defined" : "undefined",
              s0.defined() ? "defined" : "undefined");
     check_optional_state(ds0, d, op, "ds0");
-    check_doc_start_option(options, q, op);
+    if (options.doc_start.defined()) cpu::check_doc_start(options.doc_start, q, op, "options.doc_start");
     if (saved != nullptr) check_saved(*saved, d, options, device, op);
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);

@@ -203,10 +203,7 @@ StepResult Trainer::train_step(const core::Tensor& inputs, const core::Tensor& t
              core::shape_str(inputs.shape()),
              core::shape_str(targets.shape()),
              core::shape_str(shape));
-    if (!step_inputs_.defined()) {
-        step_inputs_ = core::Tensor::zeros(shape, core::DType::i32);
-        step_targets_ = core::Tensor::zeros(shape, core::DType::i32);
-    }
+    allocate_step_batches();
     step_inputs_.copy_from(inputs);
     step_targets_.copy_from(targets);
     batches_step_ = step_;

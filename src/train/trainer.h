@@ -182,6 +182,8 @@ class Trainer {
     // Reads every micro-batch of step_ into step_inputs_ / step_targets_ (step_status does it ahead of the step;
     // train_step when nobody did).
     void read_step_batches();
+    // step_inputs_ / step_targets_ at [grad_accum, batch_size, seq_len], once.
+    void allocate_step_batches();
     core::Tensor step_inputs_, step_targets_;  // [grad_accum, B, T] i32: the batches step_status read ahead
     int64_t batches_step_ = -1;                // the step those are for
     std::optional<core::Error> data_error_;    // this rank's data failure that step_status reported

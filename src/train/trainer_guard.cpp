@@ -16,12 +16,16 @@ constexpr int64_t kDataFailed = 1000;
 
 }  // namespace
 
+void Trainer::allocate_step_batches() {
+    if (step_inputs_.defined()) return;
+    const auto& t = cfg_.train;
+    step_inputs_ = core::Tensor::zeros({t.grad_accum, t.batch_size, t.seq_len}, core::DType::i32);
+    step_targets_ = core::Tensor::zeros({t.grad_accum, t.batch_size, t.seq_len}, core::DType::i32);
+}
+
 void Trainer::read_step_batches() {
     const auto& t = cfg_.train;
-    if (!step_inputs_.defined()) {
-        step_inputs_ = core::Tensor::zeros({t.grad_accum, t.batch_size, t.seq_len}, core::DType::i32);
-        step_targets_ = core::Tensor::zeros({t.grad_accum, t.batch_size, t.seq_len}, core::DType::i32);
-    }
+    allocate_step_batches();
     batches_step_ = -1;  // until every micro-batch is in
     for (int64_t micro = 0; micro < t.grad_accum; ++micro)
         fill_batch(step_, micro, step_inputs_.select(0, micro), step_targets_.select(0, micro));

@@ -11,6 +11,7 @@
 #include "core/backend.h"
 #include "core/rng.h"
 #include "ops/attention.h"
+#include "support/documents.h"
 #include "support/rho.h"
 
 namespace mt::ops {
@@ -25,14 +26,7 @@ constexpr int64_t kB = 2, kT = 23, kHq = 4, kHkv = 2, kD = 8;
 const std::vector<std::vector<int64_t>> kStarts = {{0, 7, 8, 16}, {0}};
 
 Tensor doc_start_map() {
-    Tensor ds = Tensor::zeros({kB, kT}, DType::i32);
-    for (int64_t b = 0; b < kB; ++b)
-        for (int64_t t = 0, start = 0; t < kT; ++t) {
-            for (int64_t s : kStarts[static_cast<size_t>(b)])
-                if (s == t) start = s;
-            core::tensor_set_flat(ds, b * kT + t, static_cast<double>(start));
-        }
-    return ds;
+    return testing::doc_start_map(kStarts, kT);
 }
 
 Tensor normal(const core::Shape& shape, uint64_t stream) {
@@ -56,11 +50,6 @@ Pass run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, 
     return r;
 }
 
-// Tokens [first, end) of row b as a batch of one: [1, end - first, H, D].
-Tensor rows(const Tensor& x, int64_t b, int64_t first, int64_t end) {
-    return x.select(0, b).slice(0, first, end).clone().reshape({1, end - first, x.size(2), x.size(3)});
-}
-
 TEST(AttentionDocumentMask, PackedDocumentsEqualEachDocumentAlone) {
     const Tensor q = normal({kB, kT, kHq, kD}, 1), k = normal({kB, kT, kHkv, kD}, 2), v = normal({kB, kT, kHkv, kD}, 3);
     const Tensor dout = normal({kB, kT, kHq, kD}, 4);
@@ -71,12 +60,15 @@ TEST(AttentionDocumentMask, PackedDocumentsEqualEachDocumentAlone) {
         for (size_t i = 0; i < starts.size(); ++i) {
             const int64_t first = starts[i], end = i + 1 < starts.size() ? starts[i + 1] : kT;
             SCOPED_TRACE(::testing::Message() << "row " << b << " document [" << first << ", " << end << ")");
-            const Pass alone = run(
-                rows(q, b, first, end), rows(k, b, first, end), rows(v, b, first, end), rows(dout, b, first, end), {});
-            EXPECT_LE(testing::rho(rows(packed.out, b, first, end), alone.out), 1e-12);
-            EXPECT_LE(testing::rho(rows(packed.dq, b, first, end), alone.dq), 1e-12);
-            EXPECT_LE(testing::rho(rows(packed.dk, b, first, end), alone.dk), 1e-12);
-            EXPECT_LE(testing::rho(rows(packed.dv, b, first, end), alone.dv), 1e-12);
+            const Pass alone = run(testing::doc_rows(q, b, first, end),
+                                   testing::doc_rows(k, b, first, end),
+                                   testing::doc_rows(v, b, first, end),
+                                   testing::doc_rows(dout, b, first, end),
+                                   {});
+            EXPECT_LE(testing::rho(testing::doc_rows(packed.out, b, first, end), alone.out), 1e-12);
+            EXPECT_LE(testing::rho(testing::doc_rows(packed.dq, b, first, end), alone.dq), 1e-12);
+            EXPECT_LE(testing::rho(testing::doc_rows(packed.dk, b, first, end), alone.dk), 1e-12);
+            EXPECT_LE(testing::rho(testing::doc_rows(packed.dv, b, first, end), alone.dv), 1e-12);
             // lse [B, H, T]: the document's columns of every head
             for (int64_t h = 0; h < kHq; ++h)
                 for (int64_t t = first; t < end; ++t)

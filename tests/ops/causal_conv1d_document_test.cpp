@@ -7,6 +7,7 @@
 
 #include "core/rng.h"
 #include "ops/causal_conv1d.h"
+#include "support/documents.h"
 #include "support/rho.h"
 
 namespace mt::ops {
@@ -20,24 +21,13 @@ const std::vector<std::vector<int64_t>> kStarts = {{0, 2, 3, 11}, {0}};
 constexpr int64_t kB = 2, kT = 17, kC = 5, kW = 4;
 
 Tensor doc_start_map() {
-    Tensor ds = Tensor::zeros({kB, kT}, DType::i32);
-    for (int64_t b = 0; b < kB; ++b)
-        for (int64_t t = 0, start = 0; t < kT; ++t) {
-            for (int64_t s : kStarts[static_cast<size_t>(b)])
-                if (s == t) start = s;
-            core::tensor_set_flat(ds, b * kT + t, static_cast<double>(start));
-        }
-    return ds;
+    return testing::doc_start_map(kStarts, kT);
 }
 
 Tensor normal(const core::Shape& shape, uint64_t stream) {
     Tensor t = Tensor::zeros(shape, DType::f64);
     core::rng_fill_normal(t, 23, stream, 0.0, 1.0);
     return t;
-}
-
-Tensor rows(const Tensor& x, int64_t b, int64_t first, int64_t end) {
-    return x.select(0, b).slice(0, first, end).clone().reshape({1, end - first, x.size(2)});
 }
 
 TEST(CausalConv1dDocumentMask, PackedDocumentsEqualEachDocumentAlone) {
@@ -54,12 +44,12 @@ TEST(CausalConv1dDocumentMask, PackedDocumentsEqualEachDocumentAlone) {
             for (size_t i = 0; i < starts.size(); ++i) {
                 const int64_t first = starts[i], end = i + 1 < starts.size() ? starts[i + 1] : kT;
                 SCOPED_TRACE(::testing::Message() << "row " << b << " document [" << first << ", " << end << ")");
-                const Tensor xs = rows(x, b, first, end);
+                const Tensor xs = testing::doc_rows(x, b, first, end);
                 Tensor ys = Tensor::zeros(xs.shape(), DType::f64), dxs = Tensor::zeros(xs.shape(), DType::f64);
                 causal_conv1d_fwd(xs, w, ys, silu);
-                causal_conv1d_bwd(xs, w, rows(dy, b, first, end), dxs, dw_sum, silu);
-                EXPECT_LE(testing::rho(rows(y, b, first, end), ys), 1e-12);
-                EXPECT_LE(testing::rho(rows(dx, b, first, end), dxs), 1e-12);
+                causal_conv1d_bwd(xs, w, testing::doc_rows(dy, b, first, end), dxs, dw_sum, silu);
+                EXPECT_LE(testing::rho(testing::doc_rows(y, b, first, end), ys), 1e-12);
+                EXPECT_LE(testing::rho(testing::doc_rows(dx, b, first, end), dxs), 1e-12);
                 ++documents;
             }
         }

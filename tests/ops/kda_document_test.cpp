@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kda_inputs.h"
+#include "support/documents.h"
 #include "support/rho.h"
 
 namespace mt::ops::test {
@@ -18,14 +19,7 @@ const std::vector<std::vector<int64_t>> kStarts = {{0, 13, 14, 37}, {0}};
 constexpr int64_t kB = 2, kT = 40;
 
 Tensor doc_start_map() {
-    Tensor ds = Tensor::zeros({kB, kT}, DType::i32);
-    for (int64_t b = 0; b < kB; ++b)
-        for (int64_t t = 0, start = 0; t < kT; ++t) {
-            for (int64_t s : kStarts[static_cast<size_t>(b)])
-                if (s == t) start = s;
-            core::tensor_set_flat(ds, b * kT + t, static_cast<double>(start));
-        }
-    return ds;
+    return testing::doc_start_map(kStarts, kT);
 }
 
 struct Pass {
@@ -48,13 +42,6 @@ Pass run(const KdaInputs& in, const Tensor& dout, const Tensor& dst, const KdaOp
     return r;
 }
 
-// Tokens [first, end) of row b as a batch of one; a state row as [1, ...].
-Tensor rows(const Tensor& x, int64_t b, int64_t first, int64_t end) {
-    core::Shape shape = x.shape();
-    shape[0] = 1;
-    shape[1] = end - first;
-    return x.select(0, b).slice(0, first, end).clone().reshape(shape);
-}
 Tensor state(const Tensor& s, int64_t b) {
     core::Shape shape = s.shape();
     shape[0] = 1;
@@ -77,20 +64,22 @@ TEST(KdaDocumentMask, PackedDocumentsEqualEachDocumentAlone) {
             for (size_t i = 0; i < starts.size(); ++i) {
                 const int64_t first = starts[i], end = i + 1 < starts.size() ? starts[i + 1] : kT;
                 SCOPED_TRACE(::testing::Message() << "row " << b << " document [" << first << ", " << end << ")");
-                const KdaInputs doc{rows(in.q, b, first, end),
-                                    rows(in.k, b, first, end),
-                                    rows(in.v, b, first, end),
-                                    rows(in.g, b, first, end),
-                                    rows(in.beta, b, first, end),
+                const KdaInputs doc{testing::doc_rows(in.q, b, first, end),
+                                    testing::doc_rows(in.k, b, first, end),
+                                    testing::doc_rows(in.v, b, first, end),
+                                    testing::doc_rows(in.g, b, first, end),
+                                    testing::doc_rows(in.beta, b, first, end),
                                     first == 0 ? state(in.s0, b) : Tensor()};
-                const Pass alone = run(doc, rows(dout, b, first, end), end == kT ? state(dst, b) : Tensor(), plain);
+                const Pass alone =
+                    run(doc, testing::doc_rows(dout, b, first, end), end == kT ? state(dst, b) : Tensor(), plain);
                 const std::pair<const Tensor*, const Tensor*> pairs[] = {{&packed.out, &alone.out},
                                                                          {&packed.dq, &alone.dq},
                                                                          {&packed.dk, &alone.dk},
                                                                          {&packed.dv, &alone.dv},
                                                                          {&packed.dg, &alone.dg},
                                                                          {&packed.dbeta, &alone.dbeta}};
-                for (const auto& [p, a] : pairs) EXPECT_LE(testing::rho(rows(*p, b, first, end), *a), 1e-12);
+                for (const auto& [p, a] : pairs)
+                    EXPECT_LE(testing::rho(testing::doc_rows(*p, b, first, end), *a), 1e-12);
                 if (end == kT) {
                     EXPECT_LE(testing::rho(state(packed.st, b), alone.st), 1e-12);
                 }

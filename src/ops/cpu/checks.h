@@ -23,9 +23,16 @@ inline void check_index_range(const Tensor& t, int64_t lo, int64_t hi, std::stri
         MT_CHECK(v[i] >= lo && v[i] < hi, "{}: {}[{}] = {} is outside [{}, {})", op, arg, i, v[i], lo, hi);
 }
 
-// Fails unless ds is a document-start map of B rows of T tokens (AttentionMask::doc_start, KdaOptions::doc_start):
-// a contiguous CPU i32 [B, T] tensor whose element t of a row is t (a document starts there) or the value at t - 1.
-inline void check_doc_start(const Tensor& ds, int64_t b, int64_t t, std::string_view op, std::string_view arg) {
+// Document masking's argument check, shared by the entry points that take a map (attention, KDA, the short conv):
+// fails unless the data tensor x ([B, T, ...]) is on the CPU, the only path with document masking so far (a clear
+// error on CUDA, not a wrong result), and ds is a document-start map of x's rows (AttentionMask::doc_start): a
+// contiguous CPU i32 [B, T] tensor whose element t of a row is t (a document starts there) or the value at t - 1.
+inline void check_doc_start(const Tensor& ds, const Tensor& x, std::string_view op, std::string_view arg) {
+    MT_CHECK(x.device() == core::Device::cpu,
+             "{}: document masking ({}) runs on the CPU only so far; the CUDA kernels do not take it yet",
+             op,
+             arg);
+    const int64_t b = x.size(0), t = x.size(1);
     check_i32_arg(ds, op, arg, 2);
     check_shape(ds, {b, t}, op, arg);
     MT_CHECK(ds.device() == core::Device::cpu, "{}: {} must be a CPU tensor", op, arg);
