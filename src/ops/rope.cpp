@@ -15,6 +15,7 @@ core::Device check_rope_args(const Tensor& in,
                              std::string_view out_arg,
                              double theta,
                              int64_t pos_offset,
+                             const Tensor& positions,
                              std::string_view op) {
     check_arg(in, op, in_arg, 4);
     check_arg(out, op, out_arg, 4);
@@ -27,6 +28,12 @@ core::Device check_rope_args(const Tensor& in,
     MT_CHECK(theta > 0.0, "{}: theta = {} must be > 0", op, theta);
     MT_CHECK(pos_offset >= 0, "{}: pos_offset = {} must be >= 0", op, pos_offset);
     const core::Device device = check_same_device(op, {{in_arg, in}, {out_arg, out}});
+    if (positions.defined()) {
+        cpu::check_i32_arg(positions, op, "positions", 2);
+        check_shape(positions, {in.size(0), in.size(1)}, op, "positions");
+        MT_CHECK(positions.device() == device, "{}: positions must be on the device of {}", op, in_arg);
+        cpu::check_index_range(positions, 0, in.size(1), op, "positions");  // [0, T): the CUDA table's rows
+    }
     if (device == core::Device::cpu) {
         check_float_arg(in, op, in_arg, 4);
         check_float_arg(out, op, out_arg, 4);
@@ -37,14 +44,26 @@ core::Device check_rope_args(const Tensor& in,
 
 }  // namespace
 
-void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y) {
+void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y, const Tensor& positions) {
     constexpr std::string_view op = "rope_fwd";
-    MT_CALL_KERNEL(rope_fwd, check_rope_args(x, "x", y, "y", theta, pos_offset, op), x, theta, pos_offset, y);
+    MT_CALL_KERNEL(rope_fwd,
+                   check_rope_args(x, "x", y, "y", theta, pos_offset, positions, op),
+                   x,
+                   theta,
+                   pos_offset,
+                   y,
+                   positions);
 }
 
-void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx) {
+void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx, const Tensor& positions) {
     constexpr std::string_view op = "rope_bwd";
-    MT_CALL_KERNEL(rope_bwd, check_rope_args(dy, "dy", dx, "dx", theta, pos_offset, op), dy, theta, pos_offset, dx);
+    MT_CALL_KERNEL(rope_bwd,
+                   check_rope_args(dy, "dy", dx, "dx", theta, pos_offset, positions, op),
+                   dy,
+                   theta,
+                   pos_offset,
+                   dx,
+                   positions);
 }
 
 }  // namespace mt::ops

@@ -11,13 +11,23 @@
 
 namespace mt::ops::cpu {
 
-// For each (b, t, h) and i < D/2, with angle = (pos_offset + t) * theta^(-2i/D), c = cos(angle), s = sin(angle):
+// For each (b, t, h) and i < D/2, with angle = (pos_offset + p) * theta^(-2i/D), p = positions[b, t] (or t when
+// positions is null), c = cos(angle), s = sin(angle):
 //   forward:  y[i] = x[i] c - x[i + D/2] s,   y[i + D/2] = x[i + D/2] c + x[i] s
 //   inverse:  y[i] = x[i] c + x[i + D/2] s,   y[i + D/2] = x[i + D/2] c - x[i] s
-// Each pair is read before it is written, so y may alias x.
+// The angles come from one [T, D/2] table of positions 0..T-1 (every position is below T). Each pair is read before
+// it is written, so y may alias x.
 template <typename T>
-void rope_rotate(
-    const T* x, T* y, int64_t b, int64_t t, int64_t h, int64_t d, double theta, int64_t pos_offset, bool inverse) {
+void rope_rotate(const T* x,
+                 T* y,
+                 int64_t b,
+                 int64_t t,
+                 int64_t h,
+                 int64_t d,
+                 double theta,
+                 int64_t pos_offset,
+                 const int32_t* positions,
+                 bool inverse) {
     const int64_t half = d / 2;
     std::vector<T> cos_t(static_cast<size_t>(t * half)), sin_t(static_cast<size_t>(t * half));  // [t, half]
     for (int64_t i = 0; i < half; ++i) {
@@ -30,8 +40,9 @@ void rope_rotate(
     }
 #pragma omp parallel for schedule(static) if (b * t * h * d >= kParallelMinWork)
     for (int64_t bt = 0; bt < b * t; ++bt) {
-        const T* cs = cos_t.data() + (bt % t) * half;  // [half]
-        const T* sn = sin_t.data() + (bt % t) * half;  // [half]
+        const int64_t p = positions ? positions[bt] : bt % t;
+        const T* cs = cos_t.data() + p * half;  // [half]
+        const T* sn = sin_t.data() + p * half;  // [half]
         for (int64_t hh = 0; hh < h; ++hh) {
             const T* xr = x + (bt * h + hh) * d;  // [d]
             T* yr = y + (bt * h + hh) * d;        // [d]
@@ -44,11 +55,13 @@ void rope_rotate(
     }
 }
 
-template void rope_rotate<float>(const float*, float*, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool);
-template void rope_rotate<double>(const double*, double*, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool);
+template void rope_rotate<float>(
+    const float*, float*, int64_t, int64_t, int64_t, int64_t, double, int64_t, const int32_t*, bool);
+template void rope_rotate<double>(
+    const double*, double*, int64_t, int64_t, int64_t, int64_t, double, int64_t, const int32_t*, bool);
 
 // The CPU kernel of ops::rope_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
-void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y) {
+void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y, const Tensor& positions) {
     constexpr std::string_view op = "rope_fwd";
     MT_DISPATCH_FLOAT(x.dtype(),
                       op,
@@ -60,12 +73,13 @@ void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y
                                        x.size(3),
                                        theta,
                                        pos_offset,
+                                       positions.defined() ? positions.data<int32_t>() : nullptr,
                                        false));
 }
 MT_REGISTER_KERNEL(rope_fwd, cpu, rope_fwd, ::mt::ops::float_dtypes);
 
 // The CPU kernel of ops::rope_bwd (registered in the op registry): the CPU dtypes, then the float dispatch.
-void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx) {
+void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx, const Tensor& positions) {
     constexpr std::string_view op = "rope_bwd";
     MT_DISPATCH_FLOAT(dy.dtype(),
                       op,
@@ -77,6 +91,7 @@ void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& 
                                        dy.size(3),
                                        theta,
                                        pos_offset,
+                                       positions.defined() ? positions.data<int32_t>() : nullptr,
                                        true));
 }
 MT_REGISTER_KERNEL(rope_bwd, cpu, rope_bwd, ::mt::ops::float_dtypes);

@@ -3,7 +3,9 @@
 // CPU, into a [T, D/2] table of f32 (cos, sin) pairs (an f32 angle would be off by ~1e-4 rad at position 4096), and
 // the rotation runs in f32. Tables are kept per (T, D, theta, position offset): a training step asks for the same one
 // four times per layer (q and k, forward and backward), and building it each time cost a table kernel and an
-// allocation per call. Elementwise, so deterministic.
+// allocation per call. With per-token positions (document masking restarts them at every document) a row reads the
+// table at its position instead of its t: every position is below T, so the same table serves. Elementwise, so
+// deterministic.
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -33,13 +35,22 @@ __global__ void rope_table_kernel(
 }
 
 // One thread per VEC consecutive pairs (i, i + D/2) of one (b, t, h) row; sign -1 rotates back (the backward).
+// positions: [B, T] or null (the position of token (b, t) is t).
 template <int VEC, typename T>
-__global__ void rope_rotate_kernel(
-    const T* x, T* y, const float2* __restrict__ table, int64_t rows, int64_t t, int64_t h, int64_t half, float sign) {
+__global__ void rope_rotate_kernel(const T* x,
+                                   T* y,
+                                   const float2* __restrict__ table,
+                                   const int32_t* __restrict__ positions,
+                                   int64_t rows,
+                                   int64_t t,
+                                   int64_t h,
+                                   int64_t half,
+                                   float sign) {
     const int64_t groups = half / VEC, total = rows * groups;
     for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total;
          k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const int64_t row = k / groups, i0 = (k % groups) * VEC, p = (row / h) % t;
+        const int64_t row = k / groups, i0 = (k % groups) * VEC;
+        const int64_t p = positions ? positions[row / h] : (row / h) % t;
         const T* xr = x + row * 2 * half;
         T* yr = y + row * 2 * half;
         float lo[VEC], hi[VEC], out_lo[VEC], out_hi[VEC];
@@ -83,6 +94,7 @@ void rope_run(const Tensor& in,
               double theta,
               int64_t pos_offset,
               const Tensor& out,
+              const Tensor& positions,
               bool inverse,
               std::string_view op,
               std::string_view in_arg,
@@ -96,29 +108,30 @@ void rope_run(const Tensor& in,
     const float2* tp = reinterpret_cast<const float2*>(table.data<float>());
     const float sign = inverse ? -1.0f : 1.0f;
     const bool vec = vec_ok(half, {&in, &out});
+    const int32_t* pp = positions.defined() ? positions.data<int32_t>() : nullptr;
     const int64_t rows = b * t * h;
     MT_CUDA_DISPATCH(in.dtype(), T, {
         const T* xp = static_cast<const T*>(in.raw());
         T* yp = static_cast<T*>(out.raw());
         if (vec)
             rope_rotate_kernel<8, T><<<grid_for(rows * half / 8, kThreads), kThreads, 0, core::exec_stream()>>>(
-                xp, yp, tp, rows, t, h, half, sign);
+                xp, yp, tp, pp, rows, t, h, half, sign);
         else
             rope_rotate_kernel<1, T><<<grid_for(rows * half, kThreads), kThreads, 0, core::exec_stream()>>>(
-                xp, yp, tp, rows, t, h, half, sign);
+                xp, yp, tp, pp, rows, t, h, half, sign);
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
-void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y) {
-    rope_run(x, theta, pos_offset, y, false, "rope_fwd", "x", "y");
+void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y, const Tensor& positions) {
+    rope_run(x, theta, pos_offset, y, positions, false, "rope_fwd", "x", "y");
 }
 MT_REGISTER_KERNEL(rope_fwd, cuda, rope_fwd, ::mt::ops::half_and_float_dtypes);
 
-void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx) {
-    rope_run(dy, theta, pos_offset, dx, true, "rope_bwd", "dy", "dx");
+void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx, const Tensor& positions) {
+    rope_run(dy, theta, pos_offset, dx, positions, true, "rope_bwd", "dy", "dx");
 }
 MT_REGISTER_KERNEL(rope_bwd, cuda, rope_bwd, ::mt::ops::half_and_float_dtypes);
 
