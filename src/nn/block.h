@@ -56,6 +56,11 @@ class Block : public Layer {
     MoeLayer* moe() {
         return moe_.get();
     }
+    // The packed documents of the next forward and its backward, for the token mixer (document masking).
+    void set_documents(const Documents& docs) {
+        if (attn_) attn_->set_documents(docs);
+        if (kda_) kda_->set_documents(docs);
+    }
     // Training forwards count the MoE routing for balancing and metrics, and let KDA layers keep what their backward
     // reuses (kda.save); evaluation forwards do neither.
     void set_training(bool training) {

@@ -94,8 +94,10 @@ double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {
     ids_.copy_from(ids.reshape({n}));
     host_targets_.copy_from(targets.reshape({n}));
     targets_.copy_from(host_targets_);
+    if (cfg_.document_mask) docs_ = documents_from_ids(ids, static_cast<int32_t>(cfg_.eot_token), precision_.device);
 
     for (auto& b : blocks_) {
+        b->set_documents(docs_);
         b->set_training(training);
         // Recompute full: the forward re-run in the backward keeps what the backward reuses, this one nothing.
         if (cfg_.recompute.full()) b->set_forward_flags(training, false);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "nn/block.h"
+#include "nn/documents.h"
 #include "nn/layers/attnres.h"
 
 namespace mt::nn {
@@ -131,6 +132,7 @@ class Model {
     int64_t batch_ = 0, seq_ = 0, counted_ = 0;
     Tensor ids_, targets_;       // [N] i32, copies of the batch on the model's device
     Tensor host_targets_;        // [N] i32, for counting
+    Documents docs_;             // the batch's documents (document masking), or undefined
     Tensor x0_;                  // [N, C] embedding output
     Tensor final_, final_rstd_;  // [N, C], [N] (rstd in the statistics dtype)
     Tensor logits_;              // [head rows, V]; overwritten in place by dlogits in backward

@@ -124,6 +124,11 @@ struct ModelConfig {
     // the [N, V] logits are never held whole: one [chunk, V] buffer, whose logits the backward recomputes chunk by
     // chunk. 0, or a batch of at most this many tokens: one chunk, the logits kept from the forward (no recompute).
     int64_t loss_chunk_tokens = 4096;
+    // Document masking of packed sequences (long_context.md §2, `data.document_mask`): a document ends at every
+    // eot_token id (`data.eot_token`; the config resolves -1 to the tokenizer's EOT), no token's mixer sees another
+    // document, and RoPE positions restart at each document (nn/documents.h).
+    bool document_mask = false;
+    int64_t eot_token = -1;
     // Mixture-of-Experts FFN ([moe], moe.md §5): with moe_enabled, layer l's FFN is an MoE layer
     // (nn/layers/moe_layer.h) for l >= moe_first_k_dense; the leading layers keep a dense SwiGLU MLP of width
     // moe_dense_ffn_dim (0: d_ff). The FFN choice is independent of the mixer's layer_pattern, so MoE mixes with

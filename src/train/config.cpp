@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "data/tokenizer.h"
 #include "ops/attnres_mix.h"
 #include "train/config_schema.h"
 
@@ -323,6 +324,11 @@ void validate(const JobConfig& c, const std::string& src) {
     if (c.train.seq_len > m.max_seq_len)
         bad(fmt::format("train.seq_len = {} exceeds model.max_seq_len = {}", c.train.seq_len, m.max_seq_len));
     if (c.data.paths.empty()) bad("data.paths is empty: name at least one training shard");
+    if (m.document_mask && m.eot_token >= m.vocab_size)
+        bad(fmt::format("data.eot_token = {} is outside model.vocab_size = {}", m.eot_token, m.vocab_size));
+    if (m.document_mask && c.run.device == "cuda")
+        bad("data.document_mask = true runs on the CPU only so far (the CUDA kernels do not take document "
+            "boundaries yet): set run.device = \"cpu\" or data.document_mask = false");
     if (c.run.dir.empty()) bad("run.dir is empty: name the directory for checkpoints and metrics");
 }
 
@@ -362,6 +368,10 @@ JobConfig config_parse(const std::string& toml_text,
         if (table == nullptr) fail_unknown_key(sec, fields, source);
         assign_table(*table, sec, fields, source);
     }
+    // Document masking without an explicit data.eot_token ends documents at the tokenizer's EOT (a SentencePiece
+    // model is opened for its eos id: a missing or bad model exits 3 naming the file).
+    if (c.model.document_mask && c.model.eot_token < 0)
+        c.model.eot_token = data::tokenizer_open(c.data.tokenizer)->eot_id();
     validate(c, source);
     return c;
 }

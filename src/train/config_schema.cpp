@@ -327,6 +327,17 @@ std::vector<Field> config_schema(JobConfig& c) {
         list("data.paths", &d.paths, "training files, concatenated in order; required (at least one)"),
         list("data.val_paths", &d.val_paths, "validation files; empty = the training stream"),
         text("data.tokenizer", &d.tokenizer, "recorded with the run"),
+        flag("data.document_mask",
+             &m.document_mask,
+             "packed sequences are split into documents at every `data.eot_token`: attention never looks across a "
+             "document boundary, KDA's state and short conv restart at each document, RoPE positions restart "
+             "([long_context.md](long_context.md)); CPU only so far"),
+        integer("data.eot_token",
+                &m.eot_token,
+                -1,
+                1 << 30,
+                "the token id that ends a document (document masking); -1: the tokenizer's EOT (`bytes`: 256; a "
+                "SentencePiece model: its eos id)"),
         integer("train.steps", &t.steps, 0, 1e12, "optimizer steps"),
         integer("train.batch_size", &t.batch_size, 1, 1 << 20, "sequences per micro-batch"),
         integer("train.seq_len", &t.seq_len, 1, 1 << 24, "tokens per sequence; at most `model.max_seq_len`"),

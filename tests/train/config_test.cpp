@@ -384,3 +384,31 @@ TEST(Config, EverySchemaRowHasHelpAndADocsRow) {
     EXPECT_NE(docs.find("| `moe.top_k` | int | 4 | 1..1024 |"), std::string::npos);
     EXPECT_NE(docs.find("| `kda.gate_lower_bound` | float | -5 | [-5, 0) |"), std::string::npos);
 }
+
+// data.document_mask: off by default; on, data.eot_token resolves to the tokenizer's EOT unless set, and an EOT
+// outside the vocabulary, a missing SentencePiece model and a CUDA run are refused naming the key or the file.
+TEST(Config, DocumentMaskResolvesTheEotTokenAndRefusesBadInput) {
+    EXPECT_FALSE(config_parse(kGood, "job.toml").model.document_mask);
+    const JobConfig on = config_parse(kGood, "job.toml", {"data.document_mask=true", "model.vocab_size=300"});
+    EXPECT_TRUE(on.model.document_mask);
+    EXPECT_EQ(on.model.eot_token, 256);  // the bytes tokenizer's EOT
+    EXPECT_EQ(config_parse(kGood, "job.toml", {"data.document_mask=true", "data.eot_token=5"}).model.eot_token, 5);
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"data.document_mask=true", "data.eot_token=300"});
+        },
+        ExitCode::usage,
+        {"data.eot_token = 300", "model.vocab_size = 257"});
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"data.document_mask=true", "data.tokenizer=\"/nonexistent/sp.model\""});
+        },
+        ExitCode::data,
+        {"/nonexistent/sp.model"});
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"data.document_mask=true", "run.device=\"cuda\""});
+        },
+        ExitCode::usage,
+        {"data.document_mask", "CPU only"});
+}

@@ -54,10 +54,10 @@ void AttentionLayer::forward_core(const Tensor& x) {
     wk_.forward(x, k_.reshape({n, k_.numel() / n}));
     wv_.forward(x, v_.reshape({n, v_.numel() / n}));
     if (cfg_.attn_rope()) {
-        ops::rope_fwd(q_, cfg_.rope_theta, 0, q_);
-        ops::rope_fwd(k_, cfg_.rope_theta, 0, k_);
+        ops::rope_fwd(q_, cfg_.rope_theta, 0, q_, docs_.positions);
+        ops::rope_fwd(k_, cfg_.rope_theta, 0, k_, docs_.positions);
     }
-    ops::attention_fwd(q_, k_, v_, attn_, lse_);
+    ops::attention_fwd(q_, k_, v_, attn_, lse_, {}, {.doc_start = docs_.doc_start});
 }
 
 // Workspace slots: 0 d_attn, 1 d_q, 2 d_k, 3 d_v (all alive together from the attention backward on).
@@ -81,10 +81,10 @@ void AttentionLayer::backward(const Tensor& x, const Tensor& dout, const Tensor&
     const Tensor d_k = ws.slot(2, k_.shape(), k_.dtype(), dev);
     const Tensor d_v = ws.slot(3, v_.shape(), v_.dtype(), dev);
     wo_.backward(flat(attn_), dout, flat(d_attn));
-    ops::attention_bwd(q_, k_, v_, attn_, lse_, d_attn, d_q, d_k, d_v);
+    ops::attention_bwd(q_, k_, v_, attn_, lse_, d_attn, d_q, d_k, d_v, {}, {.doc_start = docs_.doc_start});
     if (cfg_.attn_rope()) {
-        ops::rope_bwd(d_q, cfg_.rope_theta, 0, d_q);
-        ops::rope_bwd(d_k, cfg_.rope_theta, 0, d_k);
+        ops::rope_bwd(d_q, cfg_.rope_theta, 0, d_q, docs_.positions);
+        ops::rope_bwd(d_k, cfg_.rope_theta, 0, d_k, docs_.positions);
     }
     // x feeds three projections: the k and v gradients add into dx inside their matmuls.
     wq_.backward(x, flat(d_q), dx);

@@ -2,6 +2,7 @@
 // encoding), causal softmax attention, output projection.
 #pragma once
 
+#include "nn/documents.h"
 #include "nn/layer.h"
 #include "nn/layers/linear.h"
 #include "nn/model_config.h"
@@ -22,6 +23,11 @@ class AttentionLayer : public Layer {
     // dout: [N, C] -> dx: [N, C] written (=); parameter grads accumulate; scratch from ws's slots 0-3.
     void backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws);
     std::vector<SavedTensor> saved_for_backward() override;
+    // The packed documents of the next forward and its backward (document masking): queries see only their own
+    // document's keys and RoPE positions restart at each document. Undefined: each row is one document.
+    void set_documents(const Documents& docs) {
+        docs_ = docs;
+    }
 
    private:
     // q, k, v and the attention output from x: what recompute attn_core re-runs.
@@ -29,6 +35,7 @@ class AttentionLayer : public Layer {
 
     ModelConfig cfg_;
     DropList dropped_;  // recompute attn_core: every saved tensor
+    Documents docs_;
     Linear wq_, wk_, wv_, wo_;
     int64_t batch_ = 0, seq_ = 0;
     core::DType act_dtype_ = core::DType::f32;  // the compute dtype

@@ -124,9 +124,9 @@ void KdaLayer::forward_core(const Tensor& x, bool keep) {
     wq_.forward(x, qp_);
     wk_.forward(x, kp_);
     wv_.forward(x, vp_);
-    ops::causal_conv1d_fwd(seq3(qp_), table_->param(conv_q_), qc_, true);
-    ops::causal_conv1d_fwd(seq3(kp_), table_->param(conv_k_), kc_, true);
-    ops::causal_conv1d_fwd(seq3(vp_), table_->param(conv_v_), vc_, true);
+    ops::causal_conv1d_fwd(seq3(qp_), table_->param(conv_q_), qc_, true, kda_options_.doc_start);
+    ops::causal_conv1d_fwd(seq3(kp_), table_->param(conv_k_), kc_, true, kda_options_.doc_start);
+    ops::causal_conv1d_fwd(seq3(vp_), table_->param(conv_v_), vc_, true, kda_options_.doc_start);
     ops::l2norm_fwd(rows(qc_, n * h_), q_scale, kL2Eps, rows(q_, n * h_), rq_);
     ops::l2norm_fwd(rows(kc_, n * h_), 1.0, kL2Eps, rows(k_, n * h_), rk_);
     // beta and the gate
@@ -230,10 +230,17 @@ void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     ops::l2norm_bwd(rows(qc_, n * h_), rq_, q_scale, rows(d_q, n * h_), rows(d_qc, n * h_));
     ops::l2norm_bwd(rows(kc_, n * h_), rk_, 1.0, rows(d_k, n * h_), rows(d_kc, n * h_));
     const Tensor d_qp = scratch(1, {n, hk}), d_kp = scratch(2, {n, hk}), d_vp = scratch(5, {n, hvv});
-    ops::causal_conv1d_bwd(seq3(qp_), table_->param(conv_q_), seq3(d_qc), seq3(d_qp), table_->grad(conv_q_), true);
-    ops::causal_conv1d_bwd(seq3(kp_), table_->param(conv_k_), seq3(d_kc), seq3(d_kp), table_->grad(conv_k_), true);
     ops::causal_conv1d_bwd(
-        seq3(vp_), table_->param(conv_v_), seq3(rows(d_v, n)), seq3(d_vp), table_->grad(conv_v_), true);
+        seq3(qp_), table_->param(conv_q_), seq3(d_qc), seq3(d_qp), table_->grad(conv_q_), true, kda_options_.doc_start);
+    ops::causal_conv1d_bwd(
+        seq3(kp_), table_->param(conv_k_), seq3(d_kc), seq3(d_kp), table_->grad(conv_k_), true, kda_options_.doc_start);
+    ops::causal_conv1d_bwd(seq3(vp_),
+                           table_->param(conv_v_),
+                           seq3(rows(d_v, n)),
+                           seq3(d_vp),
+                           table_->grad(conv_v_),
+                           true,
+                           kda_options_.doc_start);
     add_dx(wq_, x, d_qp);
     add_dx(wk_, x, d_kp);
     add_dx(wv_, x, d_vp);

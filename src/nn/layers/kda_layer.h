@@ -13,6 +13,7 @@
 
 #include <string>
 
+#include "nn/documents.h"
 #include "nn/layer.h"
 #include "nn/layers/linear.h"
 #include "nn/model_config.h"
@@ -65,6 +66,11 @@ class KdaLayer : public Layer {
         return v_dim_;
     }
     std::vector<SavedTensor> saved_for_backward() override;
+    // The packed documents of the next forward and its backward (document masking): the state and the short conv's
+    // halo restart at every document. Undefined: each row is one document.
+    void set_documents(const Documents& docs) {
+        kda_options_.doc_start = docs.doc_start;
+    }
 
    private:
     // Everything but the output projection, from x (into y_): what recompute kda re-runs. keep: let the op keep
