@@ -37,22 +37,8 @@ using mt::core::Device;
 using mt::core::DType;
 using mt::core::Tensor;
 
-// A bf16 device tensor of pseudo-random values in about [-2, 2) * scale (xorshift; fast for 10^8 elements).
-Tensor random_bf16(const mt::core::Shape& shape, uint64_t seed, float scale = 1.0f) {
-    const int64_t n = mt::core::shape_numel(shape);
-    std::vector<uint16_t> host(static_cast<size_t>(n));
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (int64_t i = 0; i < n; ++i) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        const float u = static_cast<float>(s >> 40) / static_cast<float>(1 << 24);  // [0, 1)
-        host[static_cast<size_t>(i)] = mt::core::f32_to_bf16((4.0f * u - 2.0f) * scale);
-    }
-    return Tensor::borrow(host.data(), shape, DType::bf16).to_device(Device::cuda);
-}
-
 using mt::bench::all_finite;
+using mt::bench::random_bf16;
 using mt::bench::time_ms;
 
 void bench_attention(

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -14,6 +15,21 @@
 #endif
 
 namespace mt::bench {
+
+// A bf16 device tensor of pseudo-random values in about [-2, 2) * scale (xorshift; fast for 10^8 elements).
+inline core::Tensor random_bf16(const core::Shape& shape, uint64_t seed, float scale = 1.0f) {
+    const int64_t n = core::shape_numel(shape);
+    std::vector<uint16_t> host(static_cast<size_t>(n));
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int64_t i = 0; i < n; ++i) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        const float u = static_cast<float>(s >> 40) / static_cast<float>(1 << 24);  // [0, 1)
+        host[static_cast<size_t>(i)] = core::f32_to_bf16((4.0f * u - 2.0f) * scale);
+    }
+    return core::Tensor::borrow(host.data(), shape, core::DType::bf16).to_device(core::Device::cuda);
+}
 
 // Median milliseconds of fn over iters runs after warmup runs, each run between two events on the ops' stream
 // (0 in a build without CUDA).

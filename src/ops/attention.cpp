@@ -34,6 +34,15 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
     check_qkv_shapes(q, k, v, lse, op);
 }
 
+// The document map (on q's device) and the window (>= 0; the CUDA kernels take int positions, and T < 2^24 there).
+void check_mask(const AttentionMask& mask, const Tensor& q, std::string_view op) {
+    if (mask.doc_start.defined()) cpu::check_doc_start_map(mask.doc_start, q, op, "mask.doc_start");
+    MT_CHECK(mask.window >= 0 && mask.window < (int64_t{1} << 31),
+             "{}: mask.window = {} must be >= 0 (0: no window) and below 2^31",
+             op,
+             mask.window);
+}
+
 void require_cuda(std::string_view op) {
     if (!core::backend_available(Device::cuda))
         core::fail(core::ExitCode::device, "{}: got cuda tensors, but no CUDA device is available", op);
@@ -53,7 +62,7 @@ void attention_fwd(const Tensor& q,
     check_qkv(q, k, v, lse, op);
     check_arg(out, op, "out", 4);
     check_shape(out, q.shape(), op, "out");
-    if (mask.doc_start.defined()) cpu::check_doc_start(mask.doc_start, q, op, "mask.doc_start");
+    check_mask(mask, q, op);
     if (device == Device::cuda) require_cuda(op);
     MT_CALL_KERNEL(attention_fwd, device, q, k, v, out, lse, options, mask);
 }
@@ -84,7 +93,7 @@ void attention_bwd(const Tensor& q,
         check_arg(*t, op, name, 4);
         check_shape(*t, k.shape(), op, name);
     }
-    if (mask.doc_start.defined()) cpu::check_doc_start(mask.doc_start, q, op, "mask.doc_start");
+    check_mask(mask, q, op);
     if (device == Device::cuda) require_cuda(op);
     MT_CALL_KERNEL(attention_bwd, device, q, k, v, out, lse, dout, dq, dk, dv, options, mask);
 }

@@ -3,8 +3,10 @@
 //   k,v: [B, T, Hkv, D], Hq % Hkv == 0
 //   out: [B, T, Hq, D]
 //   lse: [B, Hq, T] saved for backward: log-sum-exp of the scaled scores of each query row
-// scores = q k^T / sqrt(D), masked to keys at positions <= the query position, and with mask.doc_start to the
-// keys of the query's own document (document masking of packed sequences, long_context.md §2).
+// scores = q k^T / sqrt(D), masked to keys at positions <= the query position, with mask.doc_start to the keys of the
+// query's own document (document masking of packed sequences, long_context.md §2) and with mask.window to the last
+// `window` keys (sliding-window attention): query t sees keys s with max(doc_start[t], t - window + 1) <= s <= t.
+// Global (memory) tokens and a sink logit are ops/attention_global.h, merged into out and lse after this op.
 // _bwd: dq, dk, dv written (=).
 #pragma once
 
@@ -34,8 +36,10 @@ struct AttentionOptions {
 struct AttentionMask {
     // [B, T] i32 on the device of q: the position (in its row) of the first token of each token's document, so
     // query t sees keys s with doc_start[t] <= s <= t. Within a row it is t at a document's first token and its
-    // predecessor's value elsewhere. Undefined: each row is one document. CPU only so far.
+    // predecessor's value elsewhere. Undefined: each row is one document.
     Tensor doc_start = Tensor();
+    // > 0: a query sees at most this many keys, itself and the window - 1 before it. 0: no window.
+    int64_t window = 0;
 };
 
 void attention_fwd(const Tensor& q,

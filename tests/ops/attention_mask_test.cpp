@@ -1,7 +1,7 @@
 // Document masking of causal attention (AttentionMask::doc_start, long_context.md §2): a row that packs several
 // documents gives, for each document, exactly the outputs, lse and gradients of that document run alone (f64,
 // rho <= 1e-12), including one-token documents; the masked op's gradients agree with central finite differences;
-// an all-zero map is the unmasked op bit for bit; a malformed map is refused.
+// an all-zero map is the unmasked op bit for bit; a malformed map, or one on another device than the data, is refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -66,8 +66,18 @@ TEST(AttentionDocumentMask, PackedDocumentsEqualEachDocumentAlone) {
                                    testing::doc_rows(dout, b, first, end),
                                    {});
             EXPECT_LE(testing::rho(testing::doc_rows(packed.out, b, first, end), alone.out), 1e-12);
-            EXPECT_LE(testing::rho(testing::doc_rows(packed.dq, b, first, end), alone.dq), 1e-12);
-            EXPECT_LE(testing::rho(testing::doc_rows(packed.dk, b, first, end), alone.dk), 1e-12);
+            if (end - first == 1) {
+                // One key: the softmax is constant, so dq and dk are exactly zero and both sides hold rounding noise
+                // (whose pattern depends on the BLAS kernels of the machine): judge them on an absolute scale.
+                for (const Tensor& x : {testing::doc_rows(packed.dq, b, first, end),
+                                        testing::doc_rows(packed.dk, b, first, end),
+                                        alone.dq,
+                                        alone.dk})
+                    for (int64_t i = 0; i < x.numel(); ++i) EXPECT_LE(std::abs(core::tensor_get_flat(x, i)), 1e-12);
+            } else {
+                EXPECT_LE(testing::rho(testing::doc_rows(packed.dq, b, first, end), alone.dq), 1e-12);
+                EXPECT_LE(testing::rho(testing::doc_rows(packed.dk, b, first, end), alone.dk), 1e-12);
+            }
             EXPECT_LE(testing::rho(testing::doc_rows(packed.dv, b, first, end), alone.dv), 1e-12);
             // lse [B, H, T]: the document's columns of every head
             for (int64_t h = 0; h < kHq; ++h)
@@ -133,13 +143,13 @@ TEST(AttentionDocumentMask, RefusesAMalformedMap) {
     EXPECT_THROW(attention_fwd(q, k, v, out, lse, {}, {bad}), core::Error);
     EXPECT_THROW(attention_fwd(q, k, v, out, lse, {}, {Tensor::zeros({kB, kT + 1}, DType::i32)}), core::Error);
     EXPECT_THROW(attention_fwd(q, k, v, out, lse, {}, {Tensor::zeros({kB, kT}, DType::f32)}), core::Error);
-    // No CUDA kernel takes the mask yet: refused there, not ignored.
+    // A map on another device than the data is refused (the CUDA kernels take a device map).
     if (core::backend_available(core::Device::cuda)) {
         const core::Device gpu = core::Device::cuda;
         const Tensor qg = q.to(DType::f32).to_device(gpu), kg = k.to(DType::f32).to_device(gpu),
                      vg = v.to(DType::f32).to_device(gpu);
         Tensor og = Tensor::zeros(q.shape(), DType::f32, gpu), lg = Tensor::zeros({kB, kHq, kT}, DType::f32, gpu);
-        EXPECT_THROW(attention_fwd(qg, kg, vg, og, lg, {}, {doc_start_map().to_device(gpu)}), core::Error);
+        EXPECT_THROW(attention_fwd(qg, kg, vg, og, lg, {}, {doc_start_map()}), core::Error);
     }
 }
 

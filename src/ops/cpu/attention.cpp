@@ -21,13 +21,20 @@ namespace mt::ops::cpu {
 
 namespace {
 constexpr int64_t kQBlock = 64;  // query rows per score block
-}
 
-// For each (b, h) with kv head kh = h / (hq / hkv), and query position i with document start lo = doc_start[b, i]
-// (0 without document masking):
+// The first key query i of batch row bb sees: its document's start and, with a window, i - window + 1.
+int64_t first_key(const int32_t* doc_start, int64_t window, int64_t bb, int64_t t, int64_t i) {
+    const int64_t lo = doc_start != nullptr ? doc_start[bb * t + i] : 0;
+    return window > 0 ? std::max(lo, i - window + 1) : lo;
+}
+}  // namespace
+
+// For each (b, h) with kv head kh = h / (hq / hkv), and query position i with first key lo = max(doc_start[b, i],
+// i - window + 1) (doc_start 0 without document masking, no window term when window is 0):
 //   s[j] = q[b, i, h] . k[b, j, kh] / sqrt(d) for lo <= j <= i;  lse[b, h, i] = log(sum_j exp(s[j]))
 //   out[b, i, h] = sum_j exp(s[j] - lse) v[b, j, kh]
-// The score GEMM still covers keys [0, i]; the keys before lo are zeroed after the softmax of [lo, i].
+// The score GEMM still covers keys [0, i]; the keys before lo are zeroed after the softmax of [lo, i] (a reference:
+// the CUDA kernels skip the tiles before lo).
 template <typename T>
 void attention_fwd(const T* q,
                    const T* k,
@@ -35,6 +42,7 @@ void attention_fwd(const T* q,
                    T* out,
                    T* lse,
                    const int32_t* doc_start,
+                   int64_t window,
                    int64_t b,
                    int64_t t,
                    int64_t hq,
@@ -60,7 +68,7 @@ void attention_fwd(const T* q,
                 gemm(false, true, rows, keys, d, scale, qh + r0 * qs, qs, kh_, ks, T(0), s, keys);
                 for (int64_t i = 0; i < rows; ++i) {
                     T* sr = s + i * keys;  // [keys]; keys j < lo and j > r0 + i are masked
-                    const int64_t valid = r0 + i + 1, lo = doc_start ? doc_start[bb * t + r0 + i] : 0;
+                    const int64_t valid = r0 + i + 1, lo = first_key(doc_start, window, bb, t, r0 + i);
                     T* sv = sr + lo;  // the visible keys [lo, valid)
                     const int64_t nv = valid - lo;
                     const T mx = max_value(sv, nv);
@@ -96,6 +104,7 @@ void attention_bwd(const T* q,
                    T* dk,
                    T* dv,
                    const int32_t* doc_start,
+                   int64_t window,
                    int64_t b,
                    int64_t t,
                    int64_t hq,
@@ -139,7 +148,7 @@ void attention_bwd(const T* q,
                         T di = 0;
 #pragma omp simd reduction(+ : di)
                         for (int64_t c = 0; c < d; ++c) di += do_i[c] * o_i[c];
-                        const int64_t valid = r0 + i + 1, lo = doc_start ? doc_start[bb * t + r0 + i] : 0;
+                        const int64_t valid = r0 + i + 1, lo = first_key(doc_start, window, bb, t, r0 + i);
                         const T l = lh[r0 + i];
                         exp_affine(pr + lo, pr + lo, valid - lo, T(1), -l);
                         for (int64_t j = lo; j < valid; ++j) gr[j] = pr[j] * (gr[j] - di);
@@ -167,6 +176,7 @@ template void attention_fwd<float>(const float*,
                                    int64_t,
                                    int64_t,
                                    int64_t,
+                                   int64_t,
                                    int64_t);
 template void attention_fwd<double>(const double*,
                                     const double*,
@@ -174,6 +184,7 @@ template void attention_fwd<double>(const double*,
                                     double*,
                                     double*,
                                     const int32_t*,
+                                    int64_t,
                                     int64_t,
                                     int64_t,
                                     int64_t,
@@ -193,6 +204,7 @@ template void attention_bwd<float>(const float*,
                                    int64_t,
                                    int64_t,
                                    int64_t,
+                                   int64_t,
                                    int64_t);
 template void attention_bwd<double>(const double*,
                                     const double*,
@@ -204,6 +216,7 @@ template void attention_bwd<double>(const double*,
                                     double*,
                                     double*,
                                     const int32_t*,
+                                    int64_t,
                                     int64_t,
                                     int64_t,
                                     int64_t,
@@ -247,6 +260,7 @@ void attention_fwd(const Tensor& q,
                                          out.data<scalar_t>(),
                                          lse.data<scalar_t>(),
                                          doc_start,
+                                         mask.window,
                                          q.size(0),
                                          q.size(1),
                                          q.size(2),
@@ -293,6 +307,7 @@ void attention_bwd(const Tensor& q,
                                          dk.data<scalar_t>(),
                                          dv.data<scalar_t>(),
                                          doc_start,
+                                         mask.window,
                                          q.size(0),
                                          q.size(1),
                                          q.size(2),

@@ -23,19 +23,22 @@ inline void check_index_range(const Tensor& t, int64_t lo, int64_t hi, std::stri
         MT_CHECK(v[i] >= lo && v[i] < hi, "{}: {}[{}] = {} is outside [{}, {})", op, arg, i, v[i], lo, hi);
 }
 
-// Document masking's argument check, shared by the entry points that take a map (attention, KDA, the short conv):
-// fails unless the data tensor x ([B, T, ...]) is on the CPU, the only path with document masking so far (a clear
-// error on CUDA, not a wrong result), and ds is a document-start map of x's rows (AttentionMask::doc_start): a
-// contiguous CPU i32 [B, T] tensor whose element t of a row is t (a document starts there) or the value at t - 1.
-inline void check_doc_start(const Tensor& ds, const Tensor& x, std::string_view op, std::string_view arg) {
-    MT_CHECK(x.device() == core::Device::cpu,
-             "{}: document masking ({}) runs on the CPU only so far; the CUDA kernels do not take it yet",
-             op,
-             arg);
+// Document masking's argument check: fails unless ds is a document-start map of the rows of the data tensor x
+// ([B, T, ...]; AttentionMask::doc_start): a contiguous i32 [B, T] tensor on x's device whose element t of a row is t
+// (a document starts there) or the value at t - 1. The values are read on the CPU only: a device map is not copied
+// back (that would synchronise every call), so its maker checks it (the model builds it on the host).
+inline void check_doc_start_map(const Tensor& ds, const Tensor& x, std::string_view op, std::string_view arg) {
     const int64_t b = x.size(0), t = x.size(1);
-    check_i32_arg(ds, op, arg, 2);
+    check_arg(ds, op, arg, 2);
+    MT_CHECK(ds.dtype() == DType::i32, "{}: {} has dtype {}, expected i32", op, arg, core::dtype_name(ds.dtype()));
     check_shape(ds, {b, t}, op, arg);
-    MT_CHECK(ds.device() == core::Device::cpu, "{}: {} must be a CPU tensor", op, arg);
+    MT_CHECK(ds.device() == x.device(),
+             "{}: {} is on the {} and the data on the {}",
+             op,
+             arg,
+             core::device_name(ds.device()),
+             core::device_name(x.device()));
+    if (ds.device() != core::Device::cpu) return;
     const int32_t* d = ds.data<int32_t>();
     for (int64_t row = 0; row < b; ++row)
         for (int64_t i = 0; i < t; ++i) {
@@ -48,6 +51,16 @@ inline void check_doc_start(const Tensor& ds, const Tensor& x, std::string_view 
                      i,
                      v);
         }
+}
+
+// The same for the ops whose CUDA kernels do not take a map yet (KDA, the short conv): x must be on the CPU too (a
+// clear error on CUDA, not a wrong result).
+inline void check_doc_start(const Tensor& ds, const Tensor& x, std::string_view op, std::string_view arg) {
+    MT_CHECK(x.device() == core::Device::cpu,
+             "{}: document masking ({}) runs on the CPU only so far; the CUDA kernels do not take it yet",
+             op,
+             arg);
+    check_doc_start_map(ds, x, op, arg);
 }
 
 }  // namespace mt::ops::cpu

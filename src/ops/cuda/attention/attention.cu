@@ -22,7 +22,12 @@ namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
 
-AttnParams make_params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, std::string_view op) {
+AttnParams make_params(const Tensor& q,
+                       const Tensor& k,
+                       const Tensor& v,
+                       const Tensor& lse,
+                       const AttentionMask& mask,
+                       std::string_view op) {
     MT_CHECK(q.dtype() == DType::bf16 || q.dtype() == DType::f16 || q.dtype() == DType::f32,
              "{}: q has dtype {}; the CUDA attention takes bf16, f16 or f32",
              op,
@@ -48,6 +53,9 @@ AttnParams make_params(const Tensor& q, const Tensor& k, const Tensor& v, const 
     p.hkv = static_cast<int>(k.size(2));
     p.d = static_cast<int>(q.size(3));
     p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.d)));
+    // The mask (ops/attention.cpp checked it): a window of at least T is no window.
+    p.doc_start = mask.doc_start.defined() ? mask.doc_start.data<int32_t>() : nullptr;
+    p.window = mask.window > 0 && mask.window < q.size(1) ? static_cast<int>(mask.window) : 0;
     return p;
 }
 
@@ -96,9 +104,9 @@ void attention_fwd(const Tensor& q,
                    const Tensor& out,
                    const Tensor& lse,
                    const AttentionOptions& options,
-                   const AttentionMask& /*mask: refused by ops/attention.cpp until the kernels take it*/) {
+                   const AttentionMask& mask) {
     constexpr std::string_view op = "attention_fwd";
-    AttnParams p = make_params(q, k, v, lse, op);
+    AttnParams p = make_params(q, k, v, lse, mask, op);
     MT_CHECK(out.dtype() == q.dtype(), "{}: out must have the dtype of q", op);
     p.out_w = out.raw();
     if (q.numel() == 0) return;
@@ -126,9 +134,9 @@ void attention_bwd(const Tensor& q,
                    const Tensor& dk,
                    const Tensor& dv,
                    const AttentionOptions& options,
-                   const AttentionMask& /*mask: refused by ops/attention.cpp until the kernels take it*/) {
+                   const AttentionMask& mask) {
     constexpr std::string_view op = "attention_bwd";
-    AttnParams p = make_params(q, k, v, lse, op);
+    AttnParams p = make_params(q, k, v, lse, mask, op);
     for (const Tensor* t : {&out, &dout, &dq, &dk, &dv})
         MT_CHECK(t->dtype() == q.dtype(),
                  "{}: out, dout, dq, dk and dv must have the dtype of q ({}); one has {}",

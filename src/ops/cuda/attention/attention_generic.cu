@@ -1,12 +1,14 @@
 // Simple CUDA attention for any head dim D <= 256 and for f32, bf16 or f16 storage (fp32 math): one warp per row, each
 // lane holding D / 32 (rounded up) elements of the row, dot products reduced across the warp. Used where the
 // tensor-core kernels do not apply (f32, D not in {64, 128}); O(T^2 D) work with no tiling, fine for small cases.
-//   fwd:  one warp per (b, query head, query i), online softmax over keys j <= i.
-//   dq:   one warp per (b, query head, query i), keys j <= i.
-//   dkdv: one warp per (b, kv head, key j), the group's query heads in order, then queries i >= j: deterministic.
+//   fwd:  one warp per (b, query head, query i), online softmax over keys key_lo(i) <= j <= i (attention_mask.cuh).
+//   dq:   one warp per (b, query head, query i), the same keys.
+//   dkdv: one warp per (b, kv head, key j), the group's query heads in order, then the queries j..last_query(j),
+//         those that see key j: deterministic.
 // Also the backward's row term delta = rowsum(dout * out) for both paths.
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/attention/attention_kernels.h"
+#include "ops/cuda/attention/attention_mask.cuh"
 #include "ops/cuda/common.cuh"
 
 namespace mt::ops::cuda {
@@ -92,7 +94,8 @@ __global__ void generic_fwd_kernel(const AttnParams p) {
     float q[kMaxPerLane], acc[kMaxPerLane] = {};
     load_row(q, qrow, d, lane);
     float mx = -INFINITY, sum = 0.0f;
-    for (int j = 0; j <= r.i; ++j) {
+    const int lo = attn_mask::active(p) ? attn_mask::key_lo(p, r.b, r.i) : 0;
+    for (int j = lo; j <= r.i; ++j) {
         const float s = dot_row(q, kg + j * krs, d, lane) * p.scale;
         const float m_new = fmaxf(mx, s), corr = expf(mx - m_new), pj = expf(s - m_new);
         sum = sum * corr + pj;
@@ -132,7 +135,8 @@ __global__ void generic_dq_kernel(const AttnParams p) {
     float q[kMaxPerLane], dout[kMaxPerLane], acc[kMaxPerLane] = {};
     load_row(q, static_cast<const T*>(p.q) + qoff, d, lane);
     load_row(dout, static_cast<const T*>(p.dout) + qoff, d, lane);
-    for (int j = 0; j <= r.i; ++j) {
+    const int lo = attn_mask::active(p) ? attn_mask::key_lo(p, r.b, r.i) : 0;
+    for (int j = lo; j <= r.i; ++j) {
         const float pj = expf(dot_row(q, kg + j * krs, d, lane) * p.scale - lse);
         const float ds = pj * (dot_row(dout, vg + j * krs, d, lane) - delta);
         axpy_row(acc, ds, kg + j * krs, d, lane);
@@ -150,11 +154,12 @@ __global__ void generic_dkdv_kernel(const AttnParams p) {
     float k[kMaxPerLane], v[kMaxPerLane], dk[kMaxPerLane] = {}, dv[kMaxPerLane] = {};
     load_row(k, static_cast<const T*>(p.k) + koff, d, lane);
     load_row(v, static_cast<const T*>(p.v) + koff, d, lane);
+    const int last = attn_mask::last_query(p, r.b, j);  // queries j..last all see key j (key_lo never decreases)
     for (int h = r.h * group; h < (r.h + 1) * group; ++h) {
         const T* qg = static_cast<const T*>(p.q) + static_cast<int64_t>(r.b) * p.t * qrs + h * d;
         const T* dog = static_cast<const T*>(p.dout) + static_cast<int64_t>(r.b) * p.t * qrs + h * d;
         const int64_t row0 = (static_cast<int64_t>(r.b) * p.hq + h) * p.t;
-        for (int i = j; i < p.t; ++i) {
+        for (int i = j; i <= last; ++i) {
             const float pij = expf(dot_row(k, qg + i * qrs, d, lane) * p.scale - p.lse[row0 + i]);
             const float ds = pij * (dot_row(v, dog + i * qrs, d, lane) - p.delta[row0 + i]);
             axpy_row(dv, pij, dog + i * qrs, d, lane);

@@ -26,6 +26,11 @@ struct AttnParams {
     void* dv = nullptr;
     float* dq_accum = nullptr;  // flash_bwd_wgmma_fast's fp32 dq sums (its own tiled layout)
     int b = 0, t = 0, hq = 0, hkv = 0, d = 0;
+    // The mask beyond causality (AttentionMask): query t of batch row b sees keys [key_lo, t] with key_lo =
+    // max(doc_start[b, t], t - window + 1); doc_start [B, T] i32 or null (one document per row), window 0 = none.
+    // attention_mask.cuh holds the kernels' helpers.
+    const int32_t* doc_start = nullptr;
+    int window = 0;
     float scale = 0;    // 1 / sqrt(D)
     uint32_t zero = 0;  // always 0: an opaque operand for ptxas (flash_fwd_wgmma.cu)
 };

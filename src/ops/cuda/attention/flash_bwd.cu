@@ -2,15 +2,17 @@
 // from the saved lse; with delta_i = dout_i . out_i, dS = P * (dP - delta), dP = dO V^T. Two kernels, no atomics:
 //  * dk/dv: one thread block per (key block of kBN keys, kv head, batch row); each warp owns 16 keys and keeps their
 //    dK and dV rows in fp32 registers while the block walks the query heads of its group and, for each, the query
-//    blocks from the diagonal on, in a fixed order: GQA sums over the group are deterministic.
+//    blocks from the diagonal to the block's last viewer (attention_mask.cuh), in a fixed order: GQA sums over the
+//    group are deterministic.
 //    Per query block: S^T = K Q^T, P^T, dP^T = V dO^T, dS^T, then dV += P^T dO and dK += dS^T Q.
 //  * dq: one thread block per (query block, query head, batch row); each warp owns 16 query rows and walks the key
-//    blocks up to the diagonal: S = Q K^T, P, dP = dO V^T, dS, dQ += dS K.
+//    blocks from its first row's first key up to the diagonal: S = Q K^T, P, dP = dO V^T, dS, dQ += dS K.
 // Q / dO (dk/dv kernel) and K / V (dq kernel) are double-buffered in shared memory by cp.async.
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/attention/attention_kernels.h"
+#include "ops/cuda/attention/attention_mask.cuh"
 #include "ops/cuda/attention/flash_common.cuh"
 
 namespace mt::ops::cuda {
@@ -94,7 +96,9 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
     const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
     const int64_t kv_off = (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
     const int n0 = n_block * kBlk;
-    const int first_q = n0 / kBlk, q_blocks = (t + kBlk - 1) / kBlk - first_q;
+    const bool masked = attn_mask::active(p);
+    const int last_key = min(n0 + kBlk, t) - 1;
+    const int first_q = n0 / kBlk, q_blocks = attn_mask::last_query(p, b, last_key) / kBlk + 1 - first_q;
     const int iters = group * q_blocks;
     const float scale_log2 = p.scale * kLog2e;
 
@@ -132,7 +136,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
         const float* slse = s_lse + st * kBlk;
         const float* sdelta = s_delta + st * kBlk;
         const int m0 = (first_q + it % q_blocks) * kBlk;
-        const bool edge = m0 == n0 || m0 + kBlk > t;  // the diagonal block, or the one holding rows >= t
+        // The diagonal block, the one holding rows >= t, or one whose last row's first key is after this block's first.
+        const bool edge = m0 == n0 || m0 + kBlk > t || (masked && attn_mask::key_lo(p, b, min(m0 + kBlk, t) - 1) > n0);
 
         float pt[kBlk / 8][4];  // S^T, then P^T: [16 keys x kBlk queries]
         zero_acc(pt);
@@ -145,7 +150,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int key = key0 + (e / 2) * 8, qc = i * 8 + (lane % 4) * 2 + (e % 2), query = m0 + qc;
-                const bool valid = !edge || (query >= key && query < t);
+                const bool valid =
+                    !edge || (query >= key && query < t && (!masked || key >= attn_mask::key_lo(p, b, query)));
                 const float pv = valid ? fast_exp2(pt[i][e] * scale_log2 - slse[qc] * kLog2e) : 0.0f;
                 pt[i][e] = pv;
                 dpt[i][e] = pv * (dpt[i][e] - sdelta[qc]);
@@ -189,30 +195,33 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
     const int64_t kv_off = (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
     const bf16* kg = static_cast<const bf16*>(p.k) + kv_off;
     const bf16* vg = static_cast<const bf16*>(p.v) + kv_off;
-    const int m0 = m_block * kBlk;
-    const int n_blocks = (min(m0 + kBlk, t) - 1) / kBlk + 1;
+    const int m0 = m_block * kBlk, last_row = min(m0 + kBlk, t) - 1;
+    const int j0 = attn_mask::first_key_block(p, b, m0, kBlk), n_blocks = last_row / kBlk + 1;
     const float scale_log2 = p.scale * kLog2e;
 
     load_tile<kBlk, D, kThreads>(s_q, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
     load_tile<kBlk, D, kThreads>(s_do, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, tid);
-    load_tile<kBlk, D, kThreads>(s_k, kg, krs, 0, t, tid);
-    load_tile<kBlk, D, kThreads>(s_v, vg, krs, 0, t, tid);
+    load_tile<kBlk, D, kThreads>(s_k, kg, krs, j0 * kBlk, t, tid);
+    load_tile<kBlk, D, kThreads>(s_v, vg, krs, j0 * kBlk, t, tid);
     cp_async_commit();
 
     const int row0 = m0 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
     const int64_t row_off = (static_cast<int64_t>(b) * p.hq + h) * t;
     float lse2[2], delta[2];
+    int lo[2] = {0, 0};  // the rows' first keys; key blocks starting before the last row's hold masked keys
+    const int lo_last = attn_mask::active(p) ? attn_mask::key_lo(p, b, last_row) : 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
         lse2[r] = row < t ? p.lse[row_off + row] * kLog2e : 0.0f;
         delta[r] = row < t ? p.delta[row_off + row] : 0.0f;
+        if (attn_mask::active(p) && row < t) lo[r] = attn_mask::key_lo(p, b, row);
     }
     float dq[D / 8][4];
     zero_acc(dq);
 
-    for (int j = 0; j < n_blocks; ++j) {
-        const int st = j & 1;
+    for (int j = j0; j < n_blocks; ++j) {
+        const int st = (j - j0) & 1;
         if (j + 1 < n_blocks) {
             load_tile<kBlk, D, kThreads>(s_k + (st ^ 1) * kTile, kg, krs, (j + 1) * kBlk, t, tid);
             load_tile<kBlk, D, kThreads>(s_v + (st ^ 1) * kTile, vg, krs, (j + 1) * kBlk, t, tid);
@@ -223,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
         const bf16* sk = s_k + st * kTile;
         const bf16* sv = s_v + st * kTile;
         const int n0 = j * kBlk;
-        const bool diagonal = n0 + kBlk - 1 > m0;
+        const bool edge = n0 + kBlk - 1 > m0 || n0 < lo_last;
 
         float ps[kBlk / 8][4];  // S, then P: [16 queries x kBlk keys]
         zero_acc(ps);
@@ -236,7 +245,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = e / 2, row = row0 + r * 8, key = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
-                const float pv = diagonal && key > row ? 0.0f : fast_exp2(ps[i][e] * scale_log2 - lse2[r]);
+                const bool masked = edge && (key > row || key < lo[r]);
+                const float pv = masked ? 0.0f : fast_exp2(ps[i][e] * scale_log2 - lse2[r]);
                 ds[i][e] = pv * (ds[i][e] - delta[r]);
             }
         }

@@ -8,6 +8,7 @@
 
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/attention/attention_kernels.h"
+#include "ops/cuda/attention/attention_mask.cuh"
 #include "ops/cuda/attention/flash_wgmma.cuh"
 
 namespace mt::ops::cuda {
@@ -24,13 +25,16 @@ constexpr int wg_bwd_smem_bytes() {
 }
 
 // dk/dv kernel, rows = keys, columns = queries: P^T = exp2(S^T * scale - lse) into pt, dS^T = P^T (dP^T - delta) into
-// dpt. kMask (the diagonal block, or the one holding queries >= t): queries before the key, or >= t, give 0. lse and
-// delta come from shared memory once per column pair.
+// dpt. kMask (an edge block: the diagonal one, the one holding queries >= t, or one where some query's first key is
+// after the block's first key): queries before the key, >= t, or whose first key is after it give 0. lse and delta
+// come from shared memory once per column pair.
 template <bool kMask>
 __device__ __forceinline__ void dkdv_elementwise(float (&pt)[kBlk / 8][4],
                                                  float (&dpt)[kBlk / 8][4],
                                                  const float* slse,
                                                  const float* sdelta,
+                                                 const AttnParams& p,
+                                                 int b,
                                                  int key0,
                                                  int m0,
                                                  int t,
@@ -47,7 +51,9 @@ __device__ __forceinline__ void dkdv_elementwise(float (&pt)[kBlk / 8][4],
             float pv = fast_exp2(fmaf(pt[i][e], scale_log2, nl[e % 2]));
             if constexpr (kMask) {
                 const int key = key0 + (e / 2) * 8, query = m0 + qc + (e % 2);
-                pv = query >= key && query < t ? pv : 0.0f;
+                const bool valid =
+                    query >= key && query < t && (!attn_mask::active(p) || key >= attn_mask::key_lo(p, b, query));
+                pv = valid ? pv : 0.0f;
             }
             pt[i][e] = pv;
             dpt[i][e] = pv * (dpt[i][e] - dd[e % 2]);
@@ -56,11 +62,13 @@ __device__ __forceinline__ void dkdv_elementwise(float (&pt)[kBlk / 8][4],
 }
 
 // dq kernel, rows = queries, columns = keys: P = exp2(S * scale - lse) from ps (only read: the dP product may still
-// be running) into pr. kMask (the diagonal block): keys after the query give 0.
+// be running) into pr. kMask (the diagonal block, or one starting before some row's first key): keys after the query
+// or before its first key give 0.
 template <bool kMask>
 __device__ __forceinline__ void dq_probs(const float (&ps)[kBlk / 8][4],
                                          float (&pr)[kBlk / 8][4],
                                          const float (&lse2)[2],
+                                         const int (&lo)[2],
                                          int row0,
                                          int n0,
                                          float scale_log2,
@@ -74,7 +82,7 @@ __device__ __forceinline__ void dq_probs(const float (&ps)[kBlk / 8][4],
             float pv = fast_exp2(fmaf(ps[i][e], scale_log2, nl[r]));
             if constexpr (kMask) {
                 const int row = row0 + r * 8, key = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
-                pv = key > row ? 0.0f : pv;
+                pv = key > row || key < lo[r] ? 0.0f : pv;
             }
             pr[i][e] = pv;
         }
@@ -97,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
     const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
     const int64_t kv_off = (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
     const int n0 = n_block * kBlk;
-    const int first_q = n_block, q_blocks = (t + kBlk - 1) / kBlk - first_q;
+    const int first_q = n_block, q_blocks = attn_mask::last_query(p, b, min(n0 + kBlk, t) - 1) / kBlk + 1 - first_q;
     const int iters = group * q_blocks;
     const float scale_log2 = p.scale * kLog2e;
 
@@ -140,7 +148,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
         const float* slse = s_lse + st * kBlk;
         const float* sdelta = s_delta + st * kBlk;
         const int m0 = (first_q + it % q_blocks) * kBlk;
-        const bool edge = m0 == n0 || m0 + kBlk > t;
+        const bool edge =
+            m0 == n0 || m0 + kBlk > t || (attn_mask::active(p) && attn_mask::key_lo(p, b, min(m0 + kBlk, t) - 1) > n0);
 
         float pt[kBlk / 8][4], dpt[kBlk / 8][4];  // S^T then P^T; dP^T then dS^T: [64 keys x 64 queries]
         wgmma_fence();
@@ -153,9 +162,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
         fence_regs(pt);
         fence_regs(dpt);
         if (edge)
-            dkdv_elementwise<true>(pt, dpt, slse, sdelta, key0, m0, t, scale_log2, lane);
+            dkdv_elementwise<true>(pt, dpt, slse, sdelta, p, b, key0, m0, t, scale_log2, lane);
         else
-            dkdv_elementwise<false>(pt, dpt, slse, sdelta, key0, m0, t, scale_log2, lane);
+            dkdv_elementwise<false>(pt, dpt, slse, sdelta, p, b, key0, m0, t, scale_log2, lane);
         uint32_t pa[kBlk / 16][4], dsa[kBlk / 16][4];
 #pragma unroll
         for (int kk = 0; kk < kBlk / 16; ++kk) {
@@ -210,14 +219,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
     const int64_t kv_off = (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
     const bf16* kg = static_cast<const bf16*>(p.k) + kv_off;
     const bf16* vg = static_cast<const bf16*>(p.v) + kv_off;
-    const int m0 = m_block * kBlk;
-    const int n_blocks = (min(m0 + kBlk, t) - 1) / kBlk + 1;
+    const int m0 = m_block * kBlk, last_row = min(m0 + kBlk, t) - 1;
+    const int j0 = attn_mask::first_key_block(p, b, m0, kBlk), n_blocks = last_row / kBlk + 1;
     const float scale_log2 = p.scale * kLog2e;
 
     load_tile_sw<kBlk, D, kThreads>(s_q, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
     load_tile_sw<kBlk, D, kThreads>(s_do, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, tid);
-    load_tile_sw<kBlk, D, kThreads>(s_k, kg, krs, 0, t, tid);
-    load_tile_sw<kBlk, D, kThreads>(s_v, vg, krs, 0, t, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_k, kg, krs, j0 * kBlk, t, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_v, vg, krs, j0 * kBlk, t, tid);
     cp_async_commit();
 
     // delta = rowsum(dO * O) of this block's rows, two threads a row (halves of D) from global memory, kept in shared
@@ -253,18 +262,21 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
     __syncthreads();
     const int row0 = m0 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
     float lse2[2], delta[2];
+    int lo[2] = {0, 0};  // the rows' first keys; key blocks starting before the last row's hold masked keys
+    const int lo_last = attn_mask::active(p) ? attn_mask::key_lo(p, b, last_row) : 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
         lse2[r] = row < t ? p.lse[row_off + row] * kLog2e : 0.0f;
         delta[r] = s_delta[row - m0];
+        if (attn_mask::active(p) && row < t) lo[r] = attn_mask::key_lo(p, b, row);
     }
     float dq[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
 
-    for (int j = 0; j < n_blocks; ++j) {
-        const int st = j & 1;
+    for (int j = j0; j < n_blocks; ++j) {
+        const int st = (j - j0) & 1;
         cp_async_wait<0>();
         fence_proxy_async();
         __syncthreads();  // block j is in shared memory, and the products of block j - 1 are done
@@ -275,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
         cp_async_commit();
         const uint32_t sk = s_k + st * kTile, sv = s_v + st * kTile;
         const int n0 = j * kBlk;
-        const bool diagonal = n0 + kBlk - 1 > m0;
+        const bool edge = n0 + kBlk - 1 > m0 || n0 < lo_last;
 
         // S and dP are separate groups: the exponentials of P run while dP is still on the tensor cores.
         float ps[kBlk / 8][4], ds[kBlk / 8][4], pr[kBlk / 8][4];  // S, dP then dS, P: [64 queries x 64 keys]
@@ -288,10 +300,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs(ps);
-        if (diagonal)
-            dq_probs<true>(ps, pr, lse2, row0, n0, scale_log2, lane);
+        if (edge)
+            dq_probs<true>(ps, pr, lse2, lo, row0, n0, scale_log2, lane);
         else
-            dq_probs<false>(ps, pr, lse2, row0, n0, scale_log2, lane);
+            dq_probs<false>(ps, pr, lse2, lo, row0, n0, scale_log2, lane);
         wgmma_wait<0>();
         fence_regs(ds);
 #pragma unroll

@@ -14,6 +14,7 @@
 
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/attention/attention_kernels.h"
+#include "ops/cuda/attention/attention_mask.cuh"
 #include "ops/cuda/attention/flash_tma.h"
 #include "ops/cuda/attention/flash_wgmma.cuh"
 
@@ -45,10 +46,17 @@ constexpr int fast_bwd_smem_bytes() {
 }
 
 // Rows = this warpgroup's 64 keys, columns = 64 queries from m0: P^T = exp2(S^T * scale - lse) in place in pt.
-// kMask (a block with queries before some key, or >= t): those give 0.
+// kMask (a block with queries before some key, >= t, or whose first key is after some key): those give 0.
 template <bool kMask>
-__device__ __forceinline__ void fast_probs(
-    float (&pt)[kBM / 8][4], const float* slse, int key0, int m0, int t, float scale_log2, int lane) {
+__device__ __forceinline__ void fast_probs(float (&pt)[kBM / 8][4],
+                                           const float* slse,
+                                           const AttnParams& p,
+                                           int b,
+                                           int key0,
+                                           int m0,
+                                           int t,
+                                           float scale_log2,
+                                           int lane) {
 #pragma unroll
     for (int i = 0; i < kBM / 8; ++i) {
         const int qc = i * 8 + (lane % 4) * 2;
@@ -59,7 +67,9 @@ __device__ __forceinline__ void fast_probs(
             float pv = fast_exp2(fmaf(pt[i][e], scale_log2, nl[e % 2]));
             if constexpr (kMask) {
                 const int key = key0 + (e / 2) * 8, query = m0 + qc + (e % 2);
-                pv = query >= key && query < t ? pv : 0.0f;
+                const bool valid =
+                    query >= key && query < t && (!attn_mask::active(p) || key >= attn_mask::key_lo(p, b, query));
+                pv = valid ? pv : 0.0f;
             }
             pt[i][e] = pv;
         }
@@ -115,7 +125,9 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
     const int64_t krs = static_cast<int64_t>(p.hkv) * D;
     const int64_t kv_off = (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
     const int n0 = n_block * kBN;
-    const int m_blocks = (t + kBM - 1) / kBM, first_q = n0 / kBM, q_blocks = m_blocks - first_q;
+    // The query blocks from the diagonal to the key block's last viewer (attention_mask.cuh).
+    const int m_blocks = (t + kBM - 1) / kBM, first_q = n0 / kBM;
+    const int q_blocks = attn_mask::last_query(p, b, min(n0 + kBN, t) - 1) / kBM + 1 - first_q;
     const int iters = group * q_blocks;
     const float scale_log2 = p.scale * kLog2e;
     auto head_of = [&](int it) { return kh * group + it / q_blocks; };
@@ -185,7 +197,8 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
         ring_wait_filled<kStages>(q_full, it);
         const uint32_t sq = s_q + st * kQ, sdo = s_do + st * kQ, sds = s_ds + (it % 2) * kDs;
         const int m0 = row0_of(it);
-        const bool edge = m0 < n0 + kBN || m0 + kBM > t;
+        const bool edge = m0 < n0 + kBN || m0 + kBM > t ||
+                          (attn_mask::active(p) && attn_mask::key_lo(p, b, min(m0 + kBM, t) - 1) > n0);
 
         float pt[kBM / 8][4], dpt[kBM / 8][4];  // S^T then P^T; dP^T then dS^T: [64 keys x 64 queries]
         wgmma_fence();
@@ -200,9 +213,9 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
         wgmma_wait<1>();  // S^T is done: its exponentials run while dP^T is still on the tensor cores
         fence_regs(pt);
         if (edge)
-            fast_probs<true>(pt, s_lse + st * kBM, key0, m0, t, scale_log2, lane);
+            fast_probs<true>(pt, s_lse + st * kBM, p, b, key0, m0, t, scale_log2, lane);
         else
-            fast_probs<false>(pt, s_lse + st * kBM, key0, m0, t, scale_log2, lane);
+            fast_probs<false>(pt, s_lse + st * kBM, p, b, key0, m0, t, scale_log2, lane);
         wgmma_wait<0>();
         fence_regs(dpt);
         const float* sdelta = s_delta + st * kBM;

@@ -1,12 +1,14 @@
 // Flash-attention forward (FlashAttention-2 algorithm) on tensor cores, bf16 with D in {64, 128}: one thread block
 // per (query block of kBM rows, query head, batch row); each warp owns 16 query rows and keeps its output rows in
-// fp32 registers while it walks the key blocks up to the diagonal. K and V blocks are double-buffered in shared
-// memory by cp.async; S = Q K^T and O += P V are mma.sync m16n8k16; the softmax is online in base 2. The T x T
-// score matrix never exists. Saves lse [B, Hq, T] (natural log) for the backward.
+// fp32 registers while it walks the key blocks from its first row's first key (attention_mask.cuh) up to the diagonal.
+// K and V blocks are double-buffered in shared memory by cp.async; S = Q K^T and O += P V are mma.sync m16n8k16; the
+// softmax is online in base 2. The T x T score matrix never exists. Saves lse [B, Hq, T] (natural log) for the
+// backward.
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/attention/attention_kernels.h"
+#include "ops/cuda/attention/attention_mask.cuh"
 #include "ops/cuda/attention/flash_common.cuh"
 
 namespace mt::ops::cuda {
@@ -39,12 +41,14 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
     const bf16* vg = static_cast<const bf16*>(p.v) + (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
     const int m0 = m_block * kBM;
     const int last_key = min(m0 + kBM, t) - 1;
-    const int n_blocks = last_key / kBN + 1;
+    const int j0 = attn_mask::first_key_block(p, b, m0, kBN), n_blocks = last_key / kBN + 1;
+    // Key blocks starting before the last row's first key hold masked keys of some row.
+    const int lo_last = attn_mask::active(p) ? attn_mask::key_lo(p, b, last_key) : 0;
     const float scale_log2 = p.scale * kLog2e;
 
     load_tile<kBM, D, kThreads>(s_q, qg, qrs, m0, t, tid);
-    load_tile<kBN, D, kThreads>(s_k, kg, krs, 0, t, tid);
-    load_tile<kBN, D, kThreads>(s_v, vg, krs, 0, t, tid);
+    load_tile<kBN, D, kThreads>(s_k, kg, krs, j0 * kBN, t, tid);
+    load_tile<kBN, D, kThreads>(s_v, vg, krs, j0 * kBN, t, tid);
     cp_async_commit();
 
     float o[D / 8][4];
@@ -53,22 +57,25 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     uint32_t qa[D / 16][4];
     const int row0 = m0 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+    int lo[2] = {0, 0};                          // their first keys
+    if (attn_mask::active(p))
+        for (int r = 0; r < 2; ++r) lo[r] = row0 + r * 8 < t ? attn_mask::key_lo(p, b, row0 + r * 8) : 0;
 
-    for (int j = 0; j < n_blocks; ++j) {
+    for (int j = j0; j < n_blocks; ++j) {
         if (j + 1 < n_blocks) {
-            const int st = (j + 1) & 1;
+            const int st = (j + 1 - j0) & 1;
             load_tile<kBN, D, kThreads>(s_k + st * kBN * kLds, kg, krs, (j + 1) * kBN, t, tid);
             load_tile<kBN, D, kThreads>(s_v + st * kBN * kLds, vg, krs, (j + 1) * kBN, t, tid);
         }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        if (j == 0) {
+        if (j == j0) {
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) load_a(qa[kk], s_q, kLds, warp * 16, kk * 16, lane);
         }
-        const bf16* sk = s_k + (j & 1) * kBN * kLds;
-        const bf16* sv = s_v + (j & 1) * kBN * kLds;
+        const bf16* sk = s_k + ((j - j0) & 1) * kBN * kLds;
+        const bf16* sv = s_v + ((j - j0) & 1) * kBN * kLds;
 
         float s[kBN / 8][4];
 #pragma unroll
@@ -84,15 +91,16 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
             }
         }
 
-        // Scale to base 2, mask keys after the query (the diagonal block holds every such key, and keys >= T).
+        // Scale to base 2, mask keys after the query (the diagonal block holds every such key, and keys >= T) and
+        // before its first key (blocks starting before the last row's first key).
         const int n0 = j * kBN;
-        const bool diagonal = n0 + kBN - 1 > m0;
+        const bool edge = n0 + kBN - 1 > m0 || n0 < lo_last;
 #pragma unroll
         for (int i = 0; i < kBN / 8; ++i) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int row = row0 + (e / 2) * 8, col = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
-                s[i][e] = diagonal && col > row ? -INFINITY : s[i][e] * scale_log2;
+                s[i][e] = edge && (col > row || col < lo[e / 2]) ? -INFINITY : s[i][e] * scale_log2;
             }
         }
         // Online softmax: rows are spread over the 4 lanes of a quad.
@@ -102,13 +110,14 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
 #pragma unroll
             for (int i = 0; i < kBN / 8; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * r], s[i][2 * r + 1]));
             mx = quad_max(mx);
-            const float corr = fast_exp2(row_max[r] - mx);
+            const float m_use = attn_mask::safe_max(mx);
+            const float corr = fast_exp2(row_max[r] - m_use);
             row_max[r] = mx;
             float sum = 0.0f;
 #pragma unroll
             for (int i = 0; i < kBN / 8; ++i) {
-                s[i][2 * r] = fast_exp2(s[i][2 * r] - mx);
-                s[i][2 * r + 1] = fast_exp2(s[i][2 * r + 1] - mx);
+                s[i][2 * r] = fast_exp2(s[i][2 * r] - m_use);
+                s[i][2 * r + 1] = fast_exp2(s[i][2 * r + 1] - m_use);
                 sum += s[i][2 * r] + s[i][2 * r + 1];
             }
             row_sum[r] = row_sum[r] * corr + sum;

@@ -14,6 +14,7 @@
 
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/attention/attention_kernels.h"
+#include "ops/cuda/attention/attention_mask.cuh"
 #include "ops/cuda/attention/flash_tma.h"
 #include "ops/cuda/attention/flash_wgmma.cuh"
 
@@ -25,7 +26,8 @@ using namespace flash;
 
 constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups, kBM = 64 * kWarpgroups, kBN = 128;
 
-// Reads block S (columns from n0; with kMask, keys after the query are masked), folds it into the running row max
+// Reads block S (columns from n0; with kMask, keys after the query or before its first key lo are masked), folds it
+// into the running row max
 // and sum in base 2, and writes P = exp2(S * scale - max) as bf16 A fragments (pk[kk] for columns 16 kk .. 16 kk + 15).
 // s is only read, so that ptxas does not serialize the product still accumulating elsewhere. Returns in corr the
 // factor by which the rows' earlier output must be scaled. Per element: a max, one FFMA, one exp2, one add.
@@ -35,6 +37,7 @@ __device__ __forceinline__ void softmax_block(const float (&s)[N][4],
                                               float (&row_max)[2],
                                               float (&row_sum)[2],
                                               float (&corr)[2],
+                                              const int (&lo)[2],
                                               int row0,
                                               int n0,
                                               float scale_log2,
@@ -42,7 +45,7 @@ __device__ __forceinline__ void softmax_block(const float (&s)[N][4],
     auto val = [&](int i, int e) {
         if constexpr (kMask) {
             const int row = row0 + (e / 2) * 8, col = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
-            return col > row ? -INFINITY : s[i][e];
+            return col > row || col < lo[e / 2] ? -INFINITY : s[i][e];
         } else {
             return s[i][e];
         }
@@ -56,10 +59,10 @@ __device__ __forceinline__ void softmax_block(const float (&s)[N][4],
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         mx[r] = quad_max(mx[r]);
-        const float m_new = fmaxf(row_max[r], mx[r] * scale_log2);
-        corr[r] = fast_exp2(row_max[r] - m_new);
+        const float m_new = fmaxf(row_max[r], mx[r] * scale_log2), m_use = attn_mask::safe_max(m_new);
+        corr[r] = fast_exp2(row_max[r] - m_use);
         row_max[r] = m_new;
-        neg_max[r] = -m_new;
+        neg_max[r] = -m_use;
     }
 #pragma unroll
     for (int kk = 0; kk < N / 2; ++kk) {
@@ -102,8 +105,9 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
 
     const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest rows first
     const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t;
-    const int m0 = m_block * kBM;
-    const int n_blocks = (min(m0 + kBM, t) - 1) / kBN + 1;
+    const int m0 = m_block * kBM, last_row = min(m0 + kBM, t) - 1;
+    // Key blocks j0 + j for j < n_blocks: from the first row's first key to the diagonal (attention_mask.cuh).
+    const int j0 = attn_mask::first_key_block(p, b, m0, kBN), n_blocks = last_row / kBN + 1 - j0;
 
     if (threadIdx.x == 0) {
         mbar_init(bar_q, 1);
@@ -124,7 +128,7 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
                 const int st = j % kStages;
                 ring_wait_released<kStages>(empty, j);
                 mbar_expect_tx(full + 8 * st, kKVBytes);
-                tma_load_tile<D>(tiles + st * kKVBytes, map, full + 8 * st, kBN, kh, j * kBN, b);
+                tma_load_tile<D>(tiles + st * kKVBytes, map, full + 8 * st, kBN, kh, (j0 + j) * kBN, b);
             };
             mbar_expect_tx(bar_q, kQBytes);
             tma_load_tile<D>(s_q, &tm_q, bar_q, kBM, h, m0, b);
@@ -141,6 +145,14 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
     const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     const int row0 = m0 + wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
     const float scale_log2 = p.scale * kLog2e;
+    int lo[2] = {0, 0};  // the rows' first keys
+    int lo_last = 0;     // the block's last row's: key blocks starting before it hold masked keys of some row
+    if (attn_mask::active(p)) {
+        for (int r = 0; r < 2; ++r) lo[r] = row0 + r * 8 < t ? attn_mask::key_lo(p, b, row0 + r * 8) : 0;
+        lo_last = attn_mask::key_lo(p, b, last_row);
+    }
+    // Block j needs the mask: the diagonal one (the last), or one starting before some row's first key.
+    auto edge = [&](int j) { return j == n_blocks - 1 || (j0 + j) * kBN < lo_last; };
     // After the warp's wgmma wait, one lane frees the stage for the producer.
     auto release = [&](uint32_t empty, int j) {
         if (lane == 0) mbar_arrive(empty + 8 * (j % kStages));
@@ -172,13 +184,13 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
     wgmma_wait<0>();
     fence_regs(s);
     release(k_empty, 0);
-    if (n_blocks == 1)
-        softmax_block<true>(s, pa, row_max, row_sum, corr, row0, 0, scale_log2, lane);
+    if (edge(0))
+        softmax_block<true>(s, pa, row_max, row_sum, corr, lo, row0, j0 * kBN, scale_log2, lane);
     else
-        softmax_block<false>(s, pa, row_max, row_sum, corr, row0, 0, scale_log2, lane);
+        softmax_block<false>(s, pa, row_max, row_sum, corr, lo, row0, j0 * kBN, scale_log2, lane);
 
     // Key block j < n_blocks - 1: pa holds P_j. S_{j+1} is issued before P_j V_j, and its softmax runs while P_j V_j
-    // is on the tensor cores. Only the last block (j + 1 = n_blocks - 1) holds keys after some query (kMask).
+    // is on the tensor cores. kMask: block j + 1 is an edge block (without a document map or window, the last).
     auto step = [&](int j, auto mask) {
         constexpr bool kMask = decltype(mask)::value;
         ring_wait_filled<kStages>(k_full, j + 1);
@@ -197,7 +209,7 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
         fence_regs(s);
         release(k_empty, j + 1);
         uint32_t pn[kBN / 16][4];  // P_{j+1}, in registers apart from pa, which P_j V_j is still reading
-        softmax_block<kMask>(s, pn, row_max, row_sum, corr, row0, (j + 1) * kBN, scale_log2, lane);
+        softmax_block<kMask>(s, pn, row_max, row_sum, corr, lo, row0, (j0 + j + 1) * kBN, scale_log2, lane);
         wgmma_wait<0>();
         fence_regs(o);
         fence_regs(pa);
@@ -217,8 +229,12 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
             for (int e = 0; e < 4; ++e) pa[kk][e] = pn[kk][e] ^ p.zero;
     };
     int j = 0;
-    for (; j + 2 < n_blocks; ++j) step(j, std::false_type{});
-    if (j + 1 < n_blocks) step(j++, std::true_type{});
+    for (; j + 1 < n_blocks; ++j) {
+        if (edge(j + 1))
+            step(j, std::true_type{});
+        else
+            step(j, std::false_type{});
+    }
     ring_wait_filled<kStages>(v_full, j);
     turn_begin();
     wgmma_fence();
