@@ -37,8 +37,10 @@ Block::Block(ParamTable& table,
           add_norm(table, prefix + (mixer == Mixer::kda ? ".kda_norm.weight" : ".attn_norm.weight"), cfg.d_model)),
       mlp_norm_(add_norm(table, prefix + ".mlp_norm.weight", cfg.d_model)),
       table_(&table),
-      attn_(mixer == Mixer::attention ? std::make_optional<AttentionLayer>(table, prefix + ".attn", cfg)
-                                      : std::nullopt),
+      mixer_(mixer),
+      attn_(mixer != Mixer::kda
+                ? std::make_optional<AttentionLayer>(table, prefix + ".attn", cfg, mixer == Mixer::window_attention)
+                : std::nullopt),
       kda_(mixer == Mixer::kda ? std::make_optional<KdaLayer>(table, prefix + ".kda", cfg) : std::nullopt),
       mlp_(moe ? std::nullopt : std::make_optional<Mlp>(table, prefix + ".mlp", dense_ffn_config(cfg))),
       moe_(moe ? std::make_unique<MoeLayer>(table, prefix + ".moe", cfg, cfg.moe, ep) : nullptr) {

@@ -15,7 +15,9 @@
 
 namespace mt::nn {
 
-enum class Mixer { attention, kda };
+// attention: global causal softmax attention; window_attention: the same layer with attn.window, the global tokens
+// and window_rope_base (long_context.md §2); kda: Kimi Delta Attention.
+enum class Mixer { attention, window_attention, kda };
 
 class Block : public Layer {
    public:
@@ -50,7 +52,7 @@ class Block : public Layer {
                          Workspace& ws,
                          const Tensor& dresidual = Tensor());
     Mixer mixer() const {
-        return kda_ ? Mixer::kda : Mixer::attention;
+        return mixer_;
     }
     // The MoE FFN, or null for a dense MLP block.
     MoeLayer* moe() {
@@ -91,6 +93,7 @@ class Block : public Layer {
     ParamTable* table_;
     void ffn_forward(const Tensor& x, const Tensor& out);
     void ffn_backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws);
+    Mixer mixer_;
     std::optional<AttentionLayer> attn_;  // exactly one of attn_ and kda_ holds the mixer
     std::optional<KdaLayer> kda_;
     std::optional<Mlp> mlp_;  // exactly one of mlp_ and moe_ holds the FFN

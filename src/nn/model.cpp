@@ -27,7 +27,9 @@ Model::Model(
         blocks_.push_back(std::make_unique<Block>(table_,
                                                   "layers." + std::to_string(l),
                                                   cfg,
-                                                  cfg.layer_is_kda(l) ? Mixer::kda : Mixer::attention,
+                                                  cfg.layer_is_kda(l)      ? Mixer::kda
+                                                  : cfg.layer_is_window(l) ? Mixer::window_attention
+                                                                           : Mixer::attention,
                                                   cfg.layer_is_moe(l),
                                                   ep));
     }
@@ -295,11 +297,23 @@ double Model::flops_per_token(int64_t seq) const {
     // The routed experts are [E, F, C] stacks: each token passes through top_k of them (gate, up and down).
     matmul_params +=
         static_cast<double>(cfg_.n_moe_layers() * cfg_.moe.top_k * 3 * cfg_.moe.expert_ffn_dim * cfg_.d_model);
-    const int64_t n_kda = cfg_.n_kda_layers(), n_attn = cfg_.n_layers - n_kda;
+    int64_t n_window = 0;
+    for (int64_t l = 0; l < cfg_.n_layers; ++l) n_window += cfg_.layer_is_window(l) ? 1 : 0;
+    // A window layer's global tokens [g, C] are a 2-D parameter but not a per-token matmul (their k and v
+    // projections run once per step).
+    matmul_params -= static_cast<double>(n_window * cfg_.attn.global_tokens * cfg_.d_model);
+    const int64_t n_kda = cfg_.n_kda_layers(), n_attn = cfg_.n_layers - n_kda - n_window;
     // Causal attention: q k^T and p v, each T/2 keys on average, 2 flops per multiply-add, x3 for fwd + bwd.
-    const double attn = 6.0 * static_cast<double>(n_attn * seq * cfg_.n_heads * cfg_.resolved_head_dim());
+    const double hd = static_cast<double>(cfg_.n_heads * cfg_.resolved_head_dim());
+    const double attn = 6.0 * static_cast<double>(n_attn * seq) * hd;
+    // A window layer: the same with each query's min(t + 1, w) keys averaged over the sequence, plus the g global
+    // keys: w + g - w (w - 1) / (2 T) when T >= w.
+    const double w = static_cast<double>(std::min(cfg_.attn.window, seq)), t = static_cast<double>(seq);
+    const double window_keys =
+        w * (w + 1.0) / (2.0 * t) + (t - w) * w / t + static_cast<double>(cfg_.attn.global_tokens);
+    const double window = 12.0 * static_cast<double>(n_window) * window_keys * hd;
     const double kda = static_cast<double>(n_kda) * kda_flops_per_token(cfg_, seq);
-    return 6.0 * matmul_params + attn + kda;
+    return 6.0 * matmul_params + attn + window + kda;
 }
 
 double kda_flops_per_token(const ModelConfig& cfg, int64_t seq) {

@@ -94,8 +94,9 @@ class Model {
     // first backward). The memory planner's workspace line is checked against it.
     size_t workspace_bytes() const;
     // Training FLOPs per token (fwd + bwd): 6 * (2-D weights but the input embedding, the active routed experts
-    // top_k * 3 * F * C per MoE layer included) + 6 * n_attn_layers * T * (Hq * D) for causal attention +
-    // n_kda_layers * kda_flops_per_token(cfg, T).
+    // top_k * 3 * F * C per MoE layer included; a window layer's global tokens not) + 6 * n_attn_layers * T * (Hq * D)
+    // for causal attention + 12 * n_window_layers * (mean over t of min(t + 1, w) + g) * (Hq * D) for window layers
+    // + n_kda_layers * kda_flops_per_token(cfg, T).
     double flops_per_token(int64_t seq) const;
 
    private:

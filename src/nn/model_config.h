@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "nn/enum_names.h"
 #include "nn/moe_config.h"
@@ -99,6 +100,15 @@ struct AttnResConfig {
     }
 };
 
+// Sliding-window softmax attention with global (memory) tokens and a sink logit (long_context.md §2, `attn.*`).
+struct AttnWindowConfig {
+    int64_t window = 4096;               // w: a window layer's query sees itself and the w - 1 keys before it
+    std::vector<int64_t> window_layers;  // the attention layers (1-based layer numbers) that use the window
+    int64_t global_tokens = 4;           // g learned memory tokens of every window layer (0: none)
+    bool sink_logit = false;             // a learned per-head logit in every softmax layer's denominator
+    double window_rope_base = 10000.0;   // RoPE base of window layers; 0: no position encoding there
+};
+
 struct ModelConfig {
     int64_t vocab_size = 257;
     int64_t d_model = 128;
@@ -118,6 +128,7 @@ struct ModelConfig {
     // hybrid model, where KDA's decay and short conv carry position).
     std::string attn_pos = "auto";
     KdaConfig kda;
+    AttnWindowConfig attn;
     AttnResConfig attnres;
     RecomputeConfig recompute;  // which saved activations are dropped and rebuilt in the backward
     // The LM head and loss run over row chunks of this many tokens (long_context.md §5, `loss.chunk_tokens`), so
@@ -179,6 +190,13 @@ struct ModelConfig {
     }
     bool attn_rope() const {
         return attn_pos == "rope" || (attn_pos == "auto" && layer_pattern.find('K') == std::string::npos);
+    }
+    // Whether layer l (0-based) is an attention layer listed in attn.window_layers (1-based).
+    bool layer_is_window(int64_t layer) const {
+        if (layer_is_kda(layer)) return false;
+        for (int64_t w : attn.window_layers)
+            if (w == layer + 1) return true;
+        return false;
     }
 };
 

@@ -30,7 +30,8 @@ void reserve(std::array<int64_t, nn::Workspace::kSlots>& slots, int index, int64
 
 // ---- AttentionLayer (nn/layers/attention_layer.cpp) ----
 
-void attention(const Dims& d, PlanSubLayer& s, std::array<int64_t, nn::Workspace::kSlots>& slots) {
+// window: a window layer (its global tokens' keys and values [g, Hkv, D] are kept whatever the policy).
+void attention(const Dims& d, bool window, PlanSubLayer& s, std::array<int64_t, nn::Workspace::kSlots>& slots) {
     const int64_t hd = d.cfg.resolved_head_dim(), hq = d.cfg.n_heads, hkv = d.cfg.n_kv_heads;
     const bool drop = d.cfg.recompute.drops(RecomputeModule::attn_core);
     const DType act = d.p.compute;
@@ -39,6 +40,9 @@ void attention(const Dims& d, PlanSubLayer& s, std::array<int64_t, nn::Workspace
         s.buffers.push_back(buffer(PlanKind::attention, name, d.n * heads * hd, act, true, drop));
     }
     s.buffers.push_back(buffer(PlanKind::attention, "lse", d.b * hq * d.t, d.p.stats, true, drop));
+    const int64_t g = window ? d.cfg.attn.global_tokens : 0;
+    for (const char* name : {"kg", "vg"})
+        if (g > 0) s.buffers.push_back(buffer(PlanKind::attention, name, g * hkv * hd, act, true));
     const int64_t a = static_cast<int64_t>(core::dtype_size(act));
     reserve(slots, 0, d.n * hq * hd * a), reserve(slots, 1, d.n * hq * hd * a);
     reserve(slots, 2, d.n * hkv * hd * a), reserve(slots, 3, d.n * hkv * hd * a);
@@ -50,6 +54,15 @@ void attention(const Dims& d, PlanSubLayer& s, std::array<int64_t, nn::Workspace
         bwd += d.b * hq * ((d.t + 63) / 64 * 64) * hd * 4;
     s.bwd_scratch = bwd;
     s.bwd_scratch_op = "attention_bwd";
+    if (g == 0 && !d.cfg.attn.sink_logit) return;
+    // ops/cuda/attention/attention_global.cu, after attention_bwd freed its own: p and ds per (token, head, global
+    // token), the sink terms per (token, head), the per-chunk partial sums of dkg and dvg.
+    const int64_t rows = d.n * hq, chunks = (d.n + 1023) / 1024;
+    const int64_t global = (2 * rows * g + (d.cfg.attn.sink_logit ? rows : 0) + chunks * g * hkv * 2 * hd) * 4;
+    if (global > bwd) {
+        s.bwd_scratch = global;
+        s.bwd_scratch_op = "attention_global_bwd";
+    }
 }
 
 // ---- KdaLayer (nn/layers/kda_layer.cpp) and the CUDA KDA op (ops/cuda/kda/kda.cu, kda_bwd.cu) ----
@@ -297,7 +310,7 @@ PlanActivations plan_activations(const nn::ModelConfig& cfg,
         if (cfg.layer_is_kda(l))
             kda(d, b.sub[0], slots);
         else
-            attention(d, b.sub[0], slots);
+            attention(d, cfg.layer_is_window(l), b.sub[0], slots);
         if (cfg.layer_is_moe(l))
             moe(d, b.sub[1], out.comm, slots);
         else

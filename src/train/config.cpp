@@ -61,6 +61,7 @@ std::string type_name(const FieldPtr& p) {
     if (std::holds_alternative<int64_t*>(p)) return "an integer";
     if (std::holds_alternative<double*>(p)) return "a number";
     if (std::holds_alternative<bool*>(p)) return "true or false";
+    if (std::holds_alternative<std::vector<int64_t>*>(p)) return "an array of integers";
     if (std::holds_alternative<std::vector<std::string>*>(p) || std::holds_alternative<EnumListField>(p))
         return "an array of strings";
     return "a string";
@@ -70,7 +71,8 @@ std::string type_name(const FieldPtr& p) {
 void check_range(const Field& f, double v, const std::string& text, const std::string& src) {
     const bool low = f.min_exclusive ? v <= f.min : v < f.min, high = f.max_exclusive ? v >= f.max : v > f.max;
     if (!(low || high || std::isnan(v))) return;
-    const bool integer = std::holds_alternative<int64_t*>(f.ptr);
+    const bool integer =
+        std::holds_alternative<int64_t*>(f.ptr) || std::holds_alternative<std::vector<int64_t>*>(f.ptr);
     auto bound = [&](double b) {
         return integer && std::isfinite(b) ? fmt::format("{}", static_cast<int64_t>(b)) : fmt::format("{}", b);
     };
@@ -151,6 +153,15 @@ void assign(const Field& f, const toml::node& node, const std::string& src) {
                     idx.push_back(choice_index(f.key, f.choices, el.as_string()->get(), src));
                 }
                 ptr.set(idx);
+            } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+                const toml::array* arr = node.as_array();
+                if (arr == nullptr) wrong_type();
+                ptr->clear();
+                for (const auto& el : *arr) {
+                    if (!el.is_integer()) wrong_type();
+                    ptr->push_back(el.as_integer()->get());
+                    check_range(f, static_cast<double>(ptr->back()), fmt::format("{}", ptr->back()), src);
+                }
             } else {
                 const toml::array* arr = node.as_array();
                 if (arr == nullptr) wrong_type();
@@ -323,12 +334,25 @@ void validate(const JobConfig& c, const std::string& src) {
     if (c.optim.name == "muon") bad("optim.name = \"muon\" is not built yet (the Muon issue adds it); use \"adamw\"");
     if (c.train.seq_len > m.max_seq_len)
         bad(fmt::format("train.seq_len = {} exceeds model.max_seq_len = {}", c.train.seq_len, m.max_seq_len));
+    if (!m.attn.window_layers.empty() && m.attn.window > m.max_seq_len)
+        bad(fmt::format("attn.window = {} exceeds model.max_seq_len = {}", m.attn.window, m.max_seq_len));
+    for (int64_t layer : m.attn.window_layers) {
+        if (layer > m.n_layers)
+            bad(fmt::format("attn.window_layers names layer {}, but model.n_layers = {}", layer, m.n_layers));
+        if (m.layer_is_kda(layer - 1))
+            bad(
+                fmt::format("attn.window_layers names layer {}, a KDA layer of model.layer_pattern = \"{}\": only "
+                            "attention layers take a window",
+                            layer,
+                            m.layer_pattern));
+    }
     if (c.data.paths.empty()) bad("data.paths is empty: name at least one training shard");
     if (m.document_mask && m.eot_token >= m.vocab_size)
         bad(fmt::format("data.eot_token = {} is outside model.vocab_size = {}", m.eot_token, m.vocab_size));
-    if (m.document_mask && c.run.device == "cuda")
-        bad("data.document_mask = true runs on the CPU only so far (the CUDA kernels do not take document "
-            "boundaries yet): set run.device = \"cpu\" or data.document_mask = false");
+    if (m.document_mask && c.run.device == "cuda" && m.n_kda_layers() > 0)
+        bad("data.document_mask = true with KDA layers runs on the CPU only so far (the CUDA KDA and short-conv "
+            "kernels do not take document boundaries yet; attention does): set run.device = \"cpu\" or "
+            "data.document_mask = false");
     if (c.run.dir.empty()) bad("run.dir is empty: name the directory for checkpoints and metrics");
 }
 
@@ -431,7 +455,7 @@ std::string JobConfig::to_toml() const {
         std::visit(
             [&](auto& ptr) {
                 using T = std::remove_pointer_t<std::remove_cvref_t<decltype(ptr)>>;
-                if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+                if constexpr (std::is_same_v<T, std::vector<std::string>> || std::is_same_v<T, std::vector<int64_t>>) {
                     toml::array arr;
                     for (const auto& s : *ptr) arr.push_back(s);
                     t.insert(key, arr);

@@ -116,6 +116,7 @@ std::string type_text(const Field& f) {
     if (std::holds_alternative<double*>(f.ptr)) return "float";
     if (std::holds_alternative<bool*>(f.ptr)) return "bool";
     if (std::holds_alternative<std::vector<std::string>*>(f.ptr)) return "[string]";
+    if (std::holds_alternative<std::vector<int64_t>*>(f.ptr)) return "[int]";
     return "string";
 }
 
@@ -137,6 +138,8 @@ std::string default_text(const Field& f) {
                 return fmt::format("`\"{}\"`", *ptr);
             } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
                 return ptr->empty() ? "`[]`" : fmt::format("`[\"{}\"]`", fmt::join(*ptr, "\", \""));
+            } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+                return fmt::format("`[{}]`", fmt::join(*ptr, ", "));
             } else if constexpr (std::is_same_v<T, double>) {
                 std::string text = fmt::format("{}", *ptr);  // 1e-05 reads 1e-5
                 const size_t e = text.find("e-0");
@@ -149,7 +152,8 @@ std::string default_text(const Field& f) {
 }
 
 std::string range_text(const Field& f) {
-    const bool integer = std::holds_alternative<int64_t*>(f.ptr);
+    const bool integer =
+        std::holds_alternative<int64_t*>(f.ptr) || std::holds_alternative<std::vector<int64_t>*>(f.ptr);
     if (integer && !f.choices.empty())
         return fmt::format("{}..{} or {}", bound_text(f.min), bound_text(f.max), fmt::join(f.choices, ", "));
     if (!f.choices.empty()) return fmt::format("{}", fmt::join(f.choices, ", "));

@@ -146,6 +146,33 @@ std::vector<Field> config_schema(JobConfig& c) {
              "position encoding of the attention layers: `auto` = RoPE when every layer is attention (the dense "
              "model), none (NoPE) when the pattern has a `K`, where KDA's decay and short conv carry position",
              {"auto", "rope", "nope"}),
+        integer("attn.window",
+                &m.attn.window,
+                1,
+                1 << 24,
+                "sliding window w of the layers in `attn.window_layers`: a query sees itself and the w - 1 keys before "
+                "it (and its document's start bounds it; [long_context.md](long_context.md)); at most "
+                "`model.max_seq_len`"),
+        {.key = "attn.window_layers",
+         .ptr = &m.attn.window_layers,
+         .help = "the attention layers (1-based layer numbers, each an `A` of `model.layer_pattern`) that use the "
+                 "sliding window, the global tokens and `attn.window_rope_base`; `[]` = none",
+         .min = 1,
+         .max = 4096},
+        integer("attn.global_tokens",
+                &m.attn.global_tokens,
+                0,
+                32,
+                "learned memory tokens of every window layer: keys and values every query of the layer sees, never "
+                "rotated, excluded from the loss (0: none)"),
+        flag("attn.sink_logit",
+             &m.attn.sink_logit,
+             "a learned logit per head added to every softmax attention layer's denominator (gpt-oss's sinks)"),
+        number("attn.window_rope_base",
+               &m.attn.window_rope_base,
+               0,
+               kInf,
+               "RoPE base of the window layers (Gemma 3's local layers use 10,000); 0 = no position encoding there"),
         integer("kda.num_heads", &m.kda.num_heads, 0, 4096, "KDA q/k heads H; 0 = `model.n_heads`"),
         integer("kda.num_v_heads",
                 &m.kda.num_v_heads,
@@ -331,7 +358,7 @@ std::vector<Field> config_schema(JobConfig& c) {
              &m.document_mask,
              "packed sequences are split into documents at every `data.eot_token`: attention never looks across a "
              "document boundary, KDA's state and short conv restart at each document, RoPE positions restart "
-             "([long_context.md](long_context.md)); CPU only so far"),
+             "([long_context.md](long_context.md)); with KDA layers CPU only so far (attention takes it on the GPU)"),
         integer("data.eot_token",
                 &m.eot_token,
                 -1,

@@ -28,8 +28,15 @@ struct EnumListField {
 
 // An integer key may also take words (recompute.every = "sqrt"): the row's choices, word i stored as -i, so the
 // integer range must exclude 0 and below.
-using FieldPtr =
-    std::variant<int64_t*, double*, bool*, std::string*, std::vector<std::string>*, EnumField, EnumListField>;
+// An array of integers (attn.window_layers) checks each element against the row's range.
+using FieldPtr = std::variant<int64_t*,
+                              double*,
+                              bool*,
+                              std::string*,
+                              std::vector<std::string>*,
+                              std::vector<int64_t>*,
+                              EnumField,
+                              EnumListField>;
 
 struct Field {
     std::string key;  // "section.name" or "section.table.name"

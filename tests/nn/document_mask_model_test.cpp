@@ -1,8 +1,9 @@
 // Document masking through the whole model (long_context.md §2 and §10 test 2): a packed batch of documents, split
 // at the EOT token, gives the loss and every parameter gradient of the documents run one by one, each alone from
-// its first token (f64, rho <= 1e-12). The models: the hybrid MoE with Block AttnRes (KDA, attention, MoE), a dense
-// RoPE model (positions restart per document), and the hybrid under recompute, with documents that end mid-chunk,
-// a one-token document and a row's last document without an EOT.
+// its first token (f64, rho <= 1e-12). The models: the hybrid MoE with Block AttnRes (KDA, attention, MoE), the same
+// with window layers (window, global tokens, sink), a dense RoPE model (positions restart per document), and the
+// hybrid under recompute, with documents that end mid-chunk, a one-token document and a row's last document without
+// an EOT.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -155,11 +156,25 @@ ModelConfig dense_rope() {
     return c;
 }
 
+// Window layers (long_context.md §2): the attention layers 2 and 4 of KAKA, a window of 6 (documents longer and
+// shorter than it), 2 global tokens (every document sees the same ones, as when run alone), the sink logit and RoPE
+// on the window layers, so their positions restart too.
+ModelConfig hybrid_window() {
+    ModelConfig c = tiny("KAKA", true, true);
+    c.attn.window = 6;
+    c.attn.window_layers = {2, 4};
+    c.attn.global_tokens = 2;
+    c.attn.sink_logit = true;
+    c.attn.window_rope_base = 10000.0;
+    return c;
+}
+
 INSTANTIATE_TEST_SUITE_P(Models,
                          DocumentMaskModel,
                          ::testing::Values(Case{"hybrid_moe_attnres", tiny("KKAK", true, true)},
                                            Case{"dense_rope", dense_rope()},
-                                           Case{"hybrid_moe_recompute", with_recompute(tiny("KAKK", true, false))}),
+                                           Case{"hybrid_moe_recompute", with_recompute(tiny("KAKK", true, false))},
+                                           Case{"hybrid_window_moe_attnres", hybrid_window()}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

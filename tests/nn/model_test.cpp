@@ -70,6 +70,17 @@ ModelConfig with_moe(ModelConfig c, int64_t first_k_dense, MoeBalanceMode balanc
     return c;
 }
 
+// Sliding-window attention (long_context.md §2) on `layer` (1-based): window w, g global tokens, the sink logit in
+// every attention layer, RoPE base 500 on the window layer.
+ModelConfig with_window(ModelConfig c, int64_t layer, int64_t w, int64_t g) {
+    c.attn.window = w;
+    c.attn.window_layers = {layer};
+    c.attn.global_tokens = g;
+    c.attn.sink_logit = true;
+    c.attn.window_rope_base = 500.0;
+    return c;
+}
+
 void random_batch(const Tensor& ids, const Tensor& targets, int64_t vocab) {
     for (int64_t i = 0; i < ids.numel(); ++i) {
         mt::core::tensor_set_flat(ids, i, static_cast<double>(mt::core::rng_u64(5, 1, i) % vocab));
@@ -178,6 +189,8 @@ INSTANTIATE_TEST_SUITE_P(
         GradCase{"attnres_hybrid_s2", with_attnres(hybrid_config("KA", false), AttnResMode::block, 2), 37},
         GradCase{"moe_quantile", with_moe(small_config(false), 1, MoeBalanceMode::quantile), 7},
         GradCase{"moe_aux_loss_tied", with_moe(small_config(true), 0, MoeBalanceMode::aux_loss), 7},
+        GradCase{"window_global_sink", with_window(small_config(false), 1, 3, 2), 7},
+        GradCase{"window_hybrid_KA", with_window(hybrid_config("KA", true), 2, 5, 3), 37},
         GradCase{
             "moe_hybrid_attnres",
             with_attnres(with_moe(hybrid_config("KA", false), 0, MoeBalanceMode::sign_bias), AttnResMode::block, 2),
@@ -270,6 +283,21 @@ TEST(Model, FlopsCountKdaAndAttentionLayers) {
 
 // An MoE model: layer 0 keeps a dense MLP of width moe.dense_ffn_dim, layer 1 is an MoE layer; the active routed
 // experts count in the FLOPs (top_k * 3 * F * C per token and layer).
+// A window layer's attention FLOPs count each query's min(t + 1, w) keys and the g global keys (summed here one
+// query at a time), and its global tokens are not a per-token matmul.
+TEST(Model, FlopsCountWindowLayers) {
+    ModelConfig plain = small_config(false);
+    const ModelConfig windowed = with_window(plain, 1, 3, 2);
+    plain.attn.sink_logit = true;  // the same parameters but the global tokens
+    const Model a(plain, mt::nn::Precision::cpu(DType::f32)), b(windowed, mt::nn::Precision::cpu(DType::f32));
+    const int64_t t = 7, w = 3, g = 2;
+    const double hd = static_cast<double>(plain.n_heads * plain.resolved_head_dim());
+    double keys = 0;
+    for (int64_t i = 0; i < t; ++i) keys += static_cast<double>(std::min(i + 1, w) + g);
+    const double expected = a.flops_per_token(t) - 6.0 * t * hd + 12.0 * keys / t * hd;
+    EXPECT_NEAR(b.flops_per_token(t), expected, 1e-9 * expected);
+}
+
 TEST(Model, MoeParameterNamesAndFlops) {
     const ModelConfig cfg = with_moe(small_config(true), 1, MoeBalanceMode::quantile);
     Model model(cfg, mt::nn::Precision::cpu(DType::f32));

@@ -405,10 +405,61 @@ TEST(Config, DocumentMaskResolvesTheEotTokenAndRefusesBadInput) {
         },
         ExitCode::data,
         {"/nonexistent/sp.model"});
+    // Attention takes the map on the GPU; KDA does not yet, so a hybrid CUDA run is refused.
+    EXPECT_TRUE(
+        config_parse(kGood, "job.toml", {"data.document_mask=true", "run.device=\"cuda\""}).model.document_mask);
     expect_error(
         [] {
-            config_parse(kGood, "job.toml", {"data.document_mask=true", "run.device=\"cuda\""});
+            config_parse(
+                kGood, "job.toml", {"data.document_mask=true", "run.device=\"cuda\"", "model.layer_pattern=\"KA\""});
         },
         ExitCode::usage,
         {"data.document_mask", "CPU only"});
+}
+
+// attn.*: the window layers are read as 1-based layer numbers; a window above model.max_seq_len, a layer past
+// model.n_layers or on a KDA layer, and too many global tokens exit 2 naming the key.
+TEST(Config, WindowAttentionKeysAndBadInput) {
+    const JobConfig c =
+        config_parse(kGood,
+                     "job.toml",
+                     {"attn.window=16", "attn.window_layers=[1, 3]", "attn.global_tokens=2", "attn.sink_logit=true"});
+    EXPECT_EQ(c.model.attn.window, 16);
+    EXPECT_EQ(c.model.attn.window_layers, (std::vector<int64_t>{1, 3}));
+    EXPECT_TRUE(c.model.layer_is_window(0));
+    EXPECT_FALSE(c.model.layer_is_window(1));
+    EXPECT_TRUE(c.model.layer_is_window(2));
+    EXPECT_NE(c.to_toml().find("window_layers = [ 1, 3 ]"), std::string::npos) << c.to_toml();
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"attn.window=1000", "attn.window_layers=[1]"});
+        },
+        ExitCode::usage,
+        {"attn.window = 1000", "model.max_seq_len"});
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"attn.window_layers=[5]", "attn.window=16"});
+        },
+        ExitCode::usage,
+        {"attn.window_layers", "layer 5"});
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"attn.window_layers=[0]", "attn.window=16"});
+        },
+        ExitCode::usage,
+        {"attn.window_layers"});
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"attn.window_layers=[1]", "model.layer_pattern=\"KA\"", "attn.window=16"});
+        },
+        ExitCode::usage,
+        {"attn.window_layers", "KDA"});
+    expect_error(
+        [] { config_parse(kGood, "job.toml", {"attn.global_tokens=33"}); }, ExitCode::usage, {"attn.global_tokens"});
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"attn.window_layers=[\"a\"]", "attn.window=16"});
+        },
+        ExitCode::usage,
+        {"attn.window_layers", "integers"});
 }

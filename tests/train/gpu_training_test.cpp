@@ -253,3 +253,18 @@ TEST_F(GpuTraining, HybridKdaModelLossCurveMatchesCpu) {
     // KDA layers on the GPU (the CUDA kda op and the layer's small ops) inside the tiny model with pattern "KA".
     expect_gpu_follows_cpu(fresh_dir("hybrid"), {"model.layer_pattern=\"KA\""});
 }
+
+TEST_F(GpuTraining, WindowLayersWithDocumentMaskingMatchCpu) {
+    // Long-context attention inside the whole model: window layers 1 and 3 (w = 24 of 64-token rows, 4 global
+    // tokens), the sink logit in every layer, and packed documents masked at the shards' EOT, so the masked kernels,
+    // the global merge and the per-document RoPE positions all run. Two heads of 64 take the tensor-core kernels in
+    // bf16.
+    expect_gpu_follows_cpu(fresh_dir("window"),
+                           {"model.n_heads=2",
+                            "model.n_kv_heads=1",
+                            "attn.window=24",
+                            "attn.window_layers=[1, 3]",
+                            "attn.global_tokens=4",
+                            "attn.sink_logit=true",
+                            "data.document_mask=true"});
+}

@@ -3,12 +3,15 @@
 
 #include <cmath>
 
+#include "ops/add.h"
 #include "ops/attention.h"
+#include "ops/attention_global.h"
 #include "ops/rope.h"
 
 namespace mt::nn {
 
-AttentionLayer::AttentionLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg) : cfg_(cfg) {
+AttentionLayer::AttentionLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, bool window)
+    : cfg_(cfg), window_(window), table_(&table) {
     const int64_t d = cfg.resolved_head_dim();
     wq_ = Linear(table, prefix + ".wq", cfg.d_model, cfg.n_heads * d, cfg.init_std);
     wk_ = Linear(table, prefix + ".wk", cfg.d_model, cfg.n_kv_heads * d, cfg.init_std);
@@ -19,6 +22,16 @@ AttentionLayer::AttentionLayer(ParamTable& table, const std::string& prefix, con
                  cfg.n_heads * d,
                  cfg.d_model,
                  cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)));
+    // The memory tokens are embeddings (no weight decay, as the token embedding's rows would be), the sink logits
+    // start at 0 (e^0 = one extra unit of mass in every denominator).
+    if (window && cfg.attn.global_tokens > 0)
+        mem_ = table.add({.name = prefix + ".global_tokens",
+                          .shape = {cfg.attn.global_tokens, cfg.d_model},
+                          .init_std = cfg.init_std,
+                          .weight_decay = false});
+    if (cfg.attn.sink_logit)
+        sink_ = table.add(
+            {.name = prefix + ".sink", .shape = {cfg.n_heads}, .init = InitKind::zeros, .weight_decay = false});
 }
 
 void AttentionLayer::resize(int64_t batch, int64_t seq, const Precision& precision) {
@@ -34,6 +47,10 @@ void AttentionLayer::resize(int64_t batch, int64_t seq, const Precision& precisi
     v_ = Tensor::zeros({batch, seq, cfg_.n_kv_heads, d}, dtype, dev);
     attn_ = Tensor::zeros({batch, seq, cfg_.n_heads, d}, dtype, dev);
     lse_ = Tensor::zeros({batch, cfg_.n_heads, seq}, precision.stats, dev);
+    if (mem_ >= 0) {
+        kg_ = Tensor::zeros({cfg_.attn.global_tokens, cfg_.n_kv_heads, d}, dtype, dev);
+        vg_ = Tensor::zeros({cfg_.attn.global_tokens, cfg_.n_kv_heads, d}, dtype, dev);
+    }
     dropped_.clear();
     if (cfg_.recompute.drops(RecomputeModule::attn_core))
         for (Tensor* t : {&q_, &k_, &v_, &attn_, &lse_}) dropped_.add(t);
@@ -53,11 +70,19 @@ void AttentionLayer::forward_core(const Tensor& x) {
     wq_.forward(x, q_.reshape({n, q_.numel() / n}));
     wk_.forward(x, k_.reshape({n, k_.numel() / n}));
     wv_.forward(x, v_.reshape({n, v_.numel() / n}));
-    if (cfg_.attn_rope()) {
-        ops::rope_fwd(q_, cfg_.rope_theta, 0, q_, docs_.positions);
-        ops::rope_fwd(k_, cfg_.rope_theta, 0, k_, docs_.positions);
+    if (rotates()) {
+        ops::rope_fwd(q_, rope_base(), 0, q_, docs_.positions);
+        ops::rope_fwd(k_, rope_base(), 0, k_, docs_.positions);
     }
-    ops::attention_fwd(q_, k_, v_, attn_, lse_, {}, {.doc_start = docs_.doc_start});
+    ops::attention_fwd(q_, k_, v_, attn_, lse_, {}, mask());
+    if (!merges_global()) return;
+    const Tensor mem = mem_ >= 0 ? table_->param(mem_) : Tensor();
+    if (mem_ >= 0) {
+        const int64_t g = cfg_.attn.global_tokens;
+        wk_.forward(mem, kg_.reshape({g, kg_.numel() / g}));
+        wv_.forward(mem, vg_.reshape({g, vg_.numel() / g}));
+    }
+    ops::attention_global_fwd(q_, kg_, vg_, sink_ >= 0 ? table_->param(sink_) : Tensor(), attn_, lse_);
 }
 
 // Workspace slots: 0 d_attn, 1 d_q, 2 d_k, 3 d_v (all alive together from the attention backward on).
@@ -81,10 +106,11 @@ void AttentionLayer::backward(const Tensor& x, const Tensor& dout, const Tensor&
     const Tensor d_k = ws.slot(2, k_.shape(), k_.dtype(), dev);
     const Tensor d_v = ws.slot(3, v_.shape(), v_.dtype(), dev);
     wo_.backward(flat(attn_), dout, flat(d_attn));
-    ops::attention_bwd(q_, k_, v_, attn_, lse_, d_attn, d_q, d_k, d_v, {}, {.doc_start = docs_.doc_start});
-    if (cfg_.attn_rope()) {
-        ops::rope_bwd(d_q, cfg_.rope_theta, 0, d_q, docs_.positions);
-        ops::rope_bwd(d_k, cfg_.rope_theta, 0, d_k, docs_.positions);
+    ops::attention_bwd(q_, k_, v_, attn_, lse_, d_attn, d_q, d_k, d_v, {}, mask());
+    if (merges_global()) global_backward(d_attn, d_q);
+    if (rotates()) {
+        ops::rope_bwd(d_q, rope_base(), 0, d_q, docs_.positions);
+        ops::rope_bwd(d_k, rope_base(), 0, d_k, docs_.positions);
     }
     // x feeds three projections: the k and v gradients add into dx inside their matmuls.
     wq_.backward(x, flat(d_q), dx);
@@ -93,8 +119,33 @@ void AttentionLayer::backward(const Tensor& x, const Tensor& dout, const Tensor&
     dropped_.release();
 }
 
+// The global tokens' and the sink's terms (attention_bwd above already had the merged out and lse): d_q gains the
+// global keys' part, the sink logits' gradient accumulates, and dkg, dvg flow back through the k and v projections
+// to their weights and to the memory embeddings.
+void AttentionLayer::global_backward(const Tensor& d_attn, const Tensor& d_q) {
+    const core::Device dev = q_.device();
+    Tensor dkg, dvg;
+    if (mem_ >= 0) {
+        dkg = Tensor::scratch(kg_.shape(), kg_.dtype(), dev);
+        dvg = Tensor::scratch(vg_.shape(), vg_.dtype(), dev);
+    }
+    const Tensor sink = sink_ >= 0 ? table_->param(sink_) : Tensor();
+    const Tensor dsink = sink_ >= 0 ? table_->grad(sink_) : Tensor();
+    ops::attention_global_bwd(q_, kg_, vg_, sink, attn_, lse_, d_attn, d_q, dkg, dvg, dsink);
+    if (mem_ >= 0) {
+        const int64_t g = cfg_.attn.global_tokens;
+        const Tensor mem = table_->param(mem_);
+        const Tensor dmem = Tensor::scratch(mem.shape(), mem.dtype(), dev);  // the gradient's dtype may differ
+        wk_.backward(mem, dkg.reshape({g, dkg.numel() / g}), dmem);
+        wv_.backward(mem, dvg.reshape({g, dvg.numel() / g}), dmem, /*accumulate_dx=*/true);
+        ops::add_fwd(table_->grad(mem_), dmem, table_->grad(mem_));
+    }
+}
+
 std::vector<SavedTensor> AttentionLayer::saved_for_backward() {
-    return {{"q", &q_}, {"k", &k_}, {"v", &v_}, {"attn", &attn_}, {"lse", &lse_}};
+    std::vector<SavedTensor> saved = {{"q", &q_}, {"k", &k_}, {"v", &v_}, {"attn", &attn_}, {"lse", &lse_}};
+    if (mem_ >= 0) saved.insert(saved.end(), {{"kg", &kg_}, {"vg", &vg_}});
+    return saved;
 }
 
 }  // namespace mt::nn

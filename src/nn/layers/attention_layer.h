@@ -1,5 +1,9 @@
 // Grouped-query self-attention: q/k/v projections, RoPE on q and k (unless ModelConfig::attn_rope() says no position
-// encoding), causal softmax attention, output projection.
+// encoding), causal softmax attention, output projection. A window layer (long_context.md §2) limits every query to
+// the last attn.window keys, adds attn.global_tokens learned memory tokens whose keys and values every query sees
+// (the layer's k and v projections of a [g, C] parameter, never rotated) and rotates q and k with base
+// attn.window_rope_base (0: none). With attn.sink_logit every attention layer has a learned logit per head in its
+// softmax denominator.
 #pragma once
 
 #include "nn/documents.h"
@@ -8,12 +12,14 @@
 #include "nn/model_config.h"
 #include "nn/recompute.h"
 #include "nn/workspace.h"
+#include "ops/attention.h"
 
 namespace mt::nn {
 
 class AttentionLayer : public Layer {
    public:
-    AttentionLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg);
+    // window: this layer uses attn.window, the global tokens and attn.window_rope_base (ModelConfig::layer_is_window).
+    AttentionLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, bool window = false);
 
     void resize(int64_t batch, int64_t seq, const Precision& precision);
     // x: [N, C] (the normed residual) -> out: [N, C]
@@ -32,16 +38,34 @@ class AttentionLayer : public Layer {
    private:
     // q, k, v and the attention output from x: what recompute attn_core re-runs.
     void forward_core(const Tensor& x);
+    bool rotates() const {
+        return window_ ? cfg_.attn.window_rope_base > 0 : cfg_.attn_rope();
+    }
+    double rope_base() const {
+        return window_ ? cfg_.attn.window_rope_base : cfg_.rope_theta;
+    }
+    ops::AttentionMask mask() const {
+        return {.doc_start = docs_.doc_start, .window = window_ ? cfg_.attn.window : 0};
+    }
+    bool merges_global() const {
+        return mem_ >= 0 || sink_ >= 0;
+    }
+    void global_backward(const Tensor& d_attn, const Tensor& d_q);
 
     ModelConfig cfg_;
     DropList dropped_;  // recompute attn_core: every saved tensor
     Documents docs_;
     Linear wq_, wk_, wv_, wo_;
+    bool window_ = false;
+    ParamTable* table_ = nullptr;
+    int mem_ = -1;   // the global tokens' embeddings [g, C] (window layers with g > 0)
+    int sink_ = -1;  // the sink logits [Hq] (attn.sink_logit)
     int64_t batch_ = 0, seq_ = 0;
     core::DType act_dtype_ = core::DType::f32;  // the compute dtype
     Tensor q_, k_, v_;                          // [B, T, H, D] after RoPE (when on)
     Tensor attn_;                               // [B, T, Hq, D]
     Tensor lse_;                                // [B, Hq, T] in the statistics dtype
+    Tensor kg_, vg_;                            // [g, Hkv, D]: the global tokens' keys and values
 };
 
 }  // namespace mt::nn
