@@ -28,8 +28,9 @@ void check_conv_shapes(const Tensor& x, const Tensor& w, std::initializer_list<N
     }
 }
 
-// Document masking: each document of a row is convolved as its own sequence (its leading positions read zero), by
-// the CPU kernel on a copy of its rows (ops/cpu/documents.h); dw accumulates over them.
+// Document masking on the CPU: each document of a row is convolved as its own sequence (its leading positions read
+// zero), by the CPU kernel on a copy of its rows (ops/cpu/documents.h); dw accumulates over them. The CUDA kernels
+// take the map themselves.
 std::vector<cpu::DocSpan> doc_spans(const Tensor& doc_start, const Tensor& x, std::string_view op) {
     cpu::check_doc_start(doc_start, x, op, "doc_start");
     return cpu::doc_spans(doc_start);
@@ -42,6 +43,10 @@ void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool s
     const core::Device device = check_same_device(op, {{"x", x}, {"w", w}, {"y", y}});
     // Shapes on every device (the CPU kernel checks its dtypes).
     check_conv_shapes(x, w, {{"y", y}}, op);
+    if (doc_start.defined() && device == core::Device::cuda) {
+        cpu::check_doc_start_map(doc_start, x, op, "doc_start");
+        return MT_CALL_KERNEL(causal_conv1d_fwd, core::Device::cuda, x, w, y, silu, doc_start);
+    }
     if (doc_start.defined()) {
         for (const cpu::DocSpan& s : doc_spans(doc_start, x, op)) {
             const Tensor ys = cpu::doc_rows(y, s);
@@ -69,6 +74,10 @@ void causal_conv1d_bwd(const Tensor& x,
     check_conv_shapes(x, w, {{"dy", dy}, {"dx", dx}}, op);
     check_arg(dw, op, "dw", 2);
     check_shape(dw, w.shape(), op, "dw");
+    if (doc_start.defined() && device == core::Device::cuda) {
+        cpu::check_doc_start_map(doc_start, x, op, "doc_start");
+        return MT_CALL_KERNEL(causal_conv1d_bwd, core::Device::cuda, x, w, dy, dx, dw, silu, doc_start);
+    }
     if (doc_start.defined()) {
         for (const cpu::DocSpan& s : doc_spans(doc_start, x, op)) {
             const Tensor dxs = cpu::doc_rows(dx, s);

@@ -6,7 +6,7 @@
 // _bwd: dx written (=); dw accumulates (+=, a parameter grad), summed over (b, t) in a fixed order.
 // doc_start: a [B, T] i32 document-start map (ops/attention.h AttentionMask): positions before a token's document
 // start read zero as those before t = 0 do, so no document sees another's rows (the halo resets at every document).
-// Undefined: one document per row. CPU only so far.
+// Undefined: one document per row. On the GPU the map is a device tensor.
 #pragma once
 
 #include "ops/op_common.h"

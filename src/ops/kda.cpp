@@ -142,8 +142,10 @@ void check_saved(
              call);
 }
 
-// Document masking on the CPU: each document of a row runs as its own sequence (the state restarts from zero), by
-// the same kernel on copies of its rows (ops/cpu/documents.h).
+// Document masking: each document of a row runs as its own sequence (the state restarts from zero), by the same
+// kernel on copies of its rows (ops/cpu/documents.h), on the CPU and, as a first step, on the GPU: exact, but one
+// set of launches per document, so a row of many short documents is slow there (the varlen kernels, which restart
+// the state inside one launch, are still to come). The spans come from a host copy of a device map.
 using cpu::doc_rows;
 using cpu::doc_view;
 using cpu::DocSpan;
@@ -165,13 +167,13 @@ void kda_fwd_documents(const Tensor& q,
                        const Tensor& out,
                        const Tensor& st,
                        KdaOptions options) {
-    const std::vector<DocSpan> spans = cpu::doc_spans(options.doc_start);
+    const std::vector<DocSpan> spans = cpu::doc_spans(options.doc_start.to_device(core::Device::cpu));
     options.doc_start = Tensor();
     for (const DocSpan& sp : spans) {
         const bool first = sp.first == 0, last = sp.end == q.size(1);
         const Tensor o = doc_rows(out, sp);
         MT_CALL_KERNEL(kda_fwd,
-                       core::Device::cpu,
+                       q.device(),
                        doc_rows(q, sp),
                        doc_rows(k, sp),
                        doc_rows(v, sp),
@@ -201,14 +203,14 @@ void kda_bwd_documents(const Tensor& q,
                        const Tensor& dbeta,
                        const Tensor& ds0,
                        KdaOptions options) {
-    const std::vector<DocSpan> spans = cpu::doc_spans(options.doc_start);
+    const std::vector<DocSpan> spans = cpu::doc_spans(options.doc_start.to_device(core::Device::cpu));
     options.doc_start = Tensor();
     for (const DocSpan& sp : spans) {
         const bool first = sp.first == 0, last = sp.end == q.size(1);
         const Tensor gq = doc_rows(dq, sp), gk = doc_rows(dk, sp), gv = doc_rows(dv, sp), gg = doc_rows(dg, sp),
                      gb = doc_rows(dbeta, sp);
         MT_CALL_KERNEL(kda_bwd,
-                       core::Device::cpu,
+                       q.device(),
                        doc_rows(q, sp),
                        doc_rows(k, sp),
                        doc_rows(v, sp),
@@ -248,10 +250,11 @@ void kda_fwd(const Tensor& q,
     const cpu::KdaDims d = check_inputs(q, k, v, g, beta, s0, options, op);
     check_like(out, v, op, "out");
     check_optional_state(st, d, op, "st");
-    if (options.doc_start.defined()) cpu::check_doc_start(options.doc_start, q, op, "options.doc_start");
-    if (saved != nullptr) *saved = KdaSaved{};  // the CPU path keeps nothing
+    if (options.doc_start.defined()) cpu::check_doc_start_map(options.doc_start, q, op, "options.doc_start");
+    if (saved != nullptr) *saved = KdaSaved{};  // the CPU path and the document split keep nothing
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
+        if (options.doc_start.defined()) return kda_fwd_documents(q, k, v, g, beta, s0, out, st, options);
         MT_CALL_KERNEL(kda_fwd, core::Device::cuda, q, k, v, g, beta, s0, out, st, options, saved);
         if (saved != nullptr && saved->has_tiles()) {
             saved->b = d.b;
@@ -314,10 +317,12 @@ void kda_bwd(const Tensor& q,
              ds0.defined() ? "defined" : "undefined",
              s0.defined() ? "defined" : "undefined");
     check_optional_state(ds0, d, op, "ds0");
-    if (options.doc_start.defined()) cpu::check_doc_start(options.doc_start, q, op, "options.doc_start");
+    if (options.doc_start.defined()) cpu::check_doc_start_map(options.doc_start, q, op, "options.doc_start");
     if (saved != nullptr) check_saved(*saved, d, options, device, op);
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
+        if (options.doc_start.defined())
+            return kda_bwd_documents(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options);
         return MT_CALL_KERNEL(
             kda_bwd, core::Device::cuda, q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, saved);
     }

@@ -349,10 +349,6 @@ void validate(const JobConfig& c, const std::string& src) {
     if (c.data.paths.empty()) bad("data.paths is empty: name at least one training shard");
     if (m.document_mask && m.eot_token >= m.vocab_size)
         bad(fmt::format("data.eot_token = {} is outside model.vocab_size = {}", m.eot_token, m.vocab_size));
-    if (m.document_mask && c.run.device == "cuda" && m.n_kda_layers() > 0)
-        bad("data.document_mask = true with KDA layers runs on the CPU only so far (the CUDA KDA and short-conv "
-            "kernels do not take document boundaries yet; attention does): set run.device = \"cpu\" or "
-            "data.document_mask = false");
     if (c.run.dir.empty()) bad("run.dir is empty: name the directory for checkpoints and metrics");
 }
 

@@ -1,19 +1,42 @@
 // Harness cases and argument checks of the causal depthwise conv (ops/causal_conv1d.h): widths 1 to 4, T shorter
-// than the width, with and without SiLU; a check against the definition written out.
+// than the width, with and without SiLU, and with a document-start map (documents every `doc` tokens, so the CUDA
+// kernels' own masking is held to the CPU's per-document split); a check against the definition written out.
 #include "ops/causal_conv1d.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "kda_inputs.h"
 #include "op_harness.h"
+#include "support/documents.h"
 
 namespace mt::ops::test {
 namespace {
 
-OpCase conv_case(int64_t b, int64_t t, int64_t c, int64_t width, bool silu) {
-    const std::string name = fmt::format("causal_conv1d_b{}_t{}_c{}_w{}{}", b, t, c, width, silu ? "_silu" : "");
+// The host map on x's device (undefined stays undefined).
+Tensor docs_on(const Tensor& host_docs, const Tensor& x) {
+    return host_docs.defined() ? host_docs.to_device(x.device()) : Tensor();
+}
+
+// doc > 0: documents start at 0, doc, 2 doc, ... in every row (a map as the model builds it).
+Tensor every_doc_map(int64_t b, int64_t t, int64_t doc) {
+    std::vector<std::vector<int64_t>> starts(static_cast<size_t>(b));
+    for (auto& row : starts)
+        for (int64_t s = 0; s < t; s += doc) row.push_back(s);
+    return mt::testing::doc_start_map(starts, t);
+}
+
+OpCase conv_case(int64_t b, int64_t t, int64_t c, int64_t width, bool silu, int64_t doc = 0) {
+    const std::string name = fmt::format("causal_conv1d_b{}_t{}_c{}_w{}{}{}",
+                                         b,
+                                         t,
+                                         c,
+                                         width,
+                                         silu ? "_silu" : "",
+                                         doc ? fmt::format("_doc{}", doc) : "");
+    const Tensor host_docs = doc > 0 ? every_doc_map(b, t, doc) : Tensor();
     OpCase oc{"causal_conv1d", name, [=] {
                   const uint64_t s = op_seed(name);
                   OpProblem p;
@@ -21,13 +44,13 @@ OpCase conv_case(int64_t b, int64_t t, int64_t c, int64_t width, bool silu) {
                               {"w", op_randn({c, width}, s, 1, 0.0, 0.5), GradKind::accumulated}};
                   p.forward = [=](const std::vector<Tensor>& in) {
                       const Tensor y = op_like(in[0]);
-                      causal_conv1d_fwd(in[0], in[1], y, silu);
+                      causal_conv1d_fwd(in[0], in[1], y, silu, docs_on(host_docs, in[0]));
                       return std::vector<Tensor>{y};
                   };
                   p.backward = [=](const std::vector<Tensor>& in,
                                    const std::vector<Tensor>& dout,
                                    const std::vector<Tensor>& grads) {
-                      causal_conv1d_bwd(in[0], in[1], dout[0], grads[0], grads[1], silu);
+                      causal_conv1d_bwd(in[0], in[1], dout[0], grads[0], grads[1], silu, docs_on(host_docs, in[0]));
                   };
                   return p;
               }};
@@ -42,6 +65,10 @@ OpCase conv_case(int64_t b, int64_t t, int64_t c, int64_t width, bool silu) {
     op_register(conv_case(1, 9, 3, 1, false));
     op_register(conv_case(3, 13, 17, 2, false));
     op_register(conv_case(4, 70, 130, 4, true));  // large enough for the OpenMP team
+    // Document masking: documents shorter than the width, and longer.
+    op_register(conv_case(2, 11, 7, 4, true, 2));
+    op_register(conv_case(3, 40, 33, 4, false, 7));
+    op_register(conv_case(2, 300, 64, 4, true, 37));
     return true;
 }();
 

@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "kda_inputs.h"
 #include "op_harness.h"
+#include "support/documents.h"
 
 namespace mt::ops::test {
 namespace {
@@ -40,6 +42,21 @@ std::string kernels_suffix(const KdaKernels& k) {
     return s;
 }
 
+// The options with their document map (a host tensor in the case) on the device of x.
+KdaOptions on_device(KdaOptions options, const Tensor& x) {
+    if (options.doc_start.defined()) options.doc_start = options.doc_start.to_device(x.device());
+    return options;
+}
+
+// Chunked options with a document map that starts documents every `doc` tokens of each of b rows of t.
+KdaOptions with_documents(KdaOptions options, int64_t b, int64_t t, int64_t doc) {
+    std::vector<std::vector<int64_t>> starts(static_cast<size_t>(b));
+    for (auto& row : starts)
+        for (int64_t s = 0; s < t; s += doc) row.push_back(s);
+    options.doc_start = mt::testing::doc_start_map(starts, t);
+    return options;
+}
+
 // expect_plan: where given, a CUDA call with bf16/f16 inputs must report (KdaOptions::chosen) a plan containing it,
 // so that a selection through KdaKernels that stopped working fails instead of testing the default again.
 OpCase kda_case(const KdaShape& s,
@@ -63,7 +80,7 @@ OpCase kda_case(const KdaShape& s,
                                          regime_name(regime),
                                          with_s0 ? "_s0" : "",
                                          s.q_norm > 0.0 ? fmt::format("_qnorm{}", s.q_norm) : "") +
-                             kernels_suffix(options.kernels);
+                             kernels_suffix(options.kernels) + (options.doc_start.defined() ? "_docs" : "");
     const std::string want = expect_plan != nullptr ? expect_plan : "";
     // The forward's plan names no backward kernels: it is checked against the part of want before them.
     auto check_plan = [name, want](const Tensor& q, const std::string& chosen, bool backward) {
@@ -82,7 +99,7 @@ OpCase kda_case(const KdaShape& s,
                      const Tensor out = op_like(x[2]), st = kda_state_like(x[0], state_shape);
                      const Tensor s0 = with_s0 ? kda_state_f32(x[5]) : Tensor();
                      std::string chosen;
-                     KdaOptions run = options;
+                     KdaOptions run = on_device(options, x[0]);
                      run.chosen = &chosen;
                      kda_fwd(x[0], x[1], x[2], x[3], x[4], s0, out, st, run);
                      check_plan(x[0], chosen, false);
@@ -93,7 +110,7 @@ OpCase kda_case(const KdaShape& s,
                          const Tensor s0 = with_s0 ? kda_state_f32(x[5]) : Tensor();
                          const Tensor ds0 = with_s0 ? kda_state_f32(gr[5]) : Tensor();
                          std::string chosen;
-                         KdaOptions run = options;
+                         KdaOptions run = on_device(options, x[0]);
                          run.chosen = &chosen;
                          kda_bwd(x[0],
                                  x[1],
@@ -183,6 +200,11 @@ KdaKernels scan_tiles(int bv) {
     op_register(kda_case({2, 80, 1, 2, 16, 16}, chunked(), KdaGateRegime::bounded, true));
     // The CUDA kernels at the model's head sizes: several value-column tiles, GVA, a short last chunk.
     op_register(kda_case({2, 300, 2, 4, 128, 128}, chunked(), KdaGateRegime::bounded, true, true));
+    // Document masking (the state restarts at every document; on the GPU each document runs as its own sequence):
+    // documents of 23 tokens across the 64-token chunks with s0 for each row's first one, and of 37 at K = V = 128.
+    op_register(kda_case({2, 70, 1, 2, 16, 16}, with_documents(chunked(), 2, 70, 23), KdaGateRegime::bounded, true));
+    op_register(
+        kda_case({2, 300, 2, 4, 128, 128}, with_documents(chunked(), 2, 300, 37), KdaGateRegime::bounded, true, true));
     op_register(kda_case({1, 200, 1, 1, 64, 128}, chunked(), KdaGateRegime::floor, false, true));
     op_register(
         kda_case({1, 100, 1, 2, 128, 40}, chunked(32, KdaDiagonal::pairwise), KdaGateRegime::softplus, true, true));

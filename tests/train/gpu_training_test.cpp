@@ -268,3 +268,9 @@ TEST_F(GpuTraining, WindowLayersWithDocumentMaskingMatchCpu) {
                             "attn.sink_logit=true",
                             "data.document_mask=true"});
 }
+
+TEST_F(GpuTraining, HybridWithDocumentMaskingMatchesCpu) {
+    // Document masking through KDA layers on the GPU (each document its own sequence, the short convs' halos reset
+    // by their kernels) and attention layers (the masked flash kernels), in the tiny model with pattern "KA".
+    expect_gpu_follows_cpu(fresh_dir("hybrid_documents"), {"model.layer_pattern=\"KA\"", "data.document_mask=true"});
+}

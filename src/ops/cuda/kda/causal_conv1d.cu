@@ -2,7 +2,8 @@
 // dw bf16|f16|f32 each; f32 math. Forward and dx: one thread per element (dx gathers the W outputs its input feeds,
 // recomputing their pre-activations). dw: each block sums dz x over its rows (kRows flattened (b, t) rows) per
 // channel in row order into an f32 partial row, and a second kernel adds the partials to dw in block order; no
-// atomics.
+// atomics. With a document-start map (ConvDims::doc_start) a token's taps stop at its document's start, and dx
+// gathers only the outputs of its own document.
 #include "ops/causal_conv1d.h"
 #include "ops/cuda/common.cuh"
 #include "ops/registry.h"
@@ -16,14 +17,26 @@ constexpr int kThreads = 128;
 
 struct ConvDims {
     int64_t b, t, c, w;
+    const int32_t* doc_start;  // [B, T] or null (one document per row)
 };
 
-// Pre-activation at (bb, t, ch): sum over tau >= W - 1 - t of w[ch, tau] x[bb, t - W + 1 + tau, ch].
+// The first input position token (bb, t) reads: its document's start (0 without a map).
+__device__ __forceinline__ int64_t first_input(const ConvDims& d, int64_t bb, int64_t t) {
+    return d.doc_start != nullptr ? d.doc_start[bb * d.t + t] : 0;
+}
+
+// The first tap of token (bb, t): inputs before its first input position read zero.
+__device__ __forceinline__ int64_t first_tap(const ConvDims& d, int64_t bb, int64_t t) {
+    const int64_t tau = d.w - 1 - (t - first_input(d, bb, t));
+    return tau > 0 ? tau : 0;
+}
+
+// Pre-activation at (bb, t, ch): sum over tau >= first_tap of w[ch, tau] x[bb, t - W + 1 + tau, ch].
 template <typename TX, typename TW>
 __device__ __forceinline__ float conv_at(
     const TX* x, const TW* w, const ConvDims& d, int64_t bb, int64_t t, int64_t ch) {
     float z = 0.0f;
-    for (int64_t tau = d.w - 1 - t > 0 ? d.w - 1 - t : 0; tau < d.w; ++tau)
+    for (int64_t tau = first_tap(d, bb, t); tau < d.w; ++tau)
         z += to_f32(w[ch * d.w + tau]) * to_f32(x[(bb * d.t + t - d.w + 1 + tau) * d.c + ch]);
     return z;
 }
@@ -52,7 +65,7 @@ __global__ void conv_fwd_kernel(
     }
 }
 
-// dx[t] = sum over tau of w[tau] dz[t + W - 1 - tau] (outputs inside [t, T)).
+// dx[t] = sum over tau of w[tau] dz[t + W - 1 - tau] (outputs inside [t, T) of t's document).
 template <typename TX, typename TW>
 __global__ void conv_dx_kernel(const TX* __restrict__ x,
                                const TW* __restrict__ w,
@@ -67,7 +80,7 @@ __global__ void conv_dx_kernel(const TX* __restrict__ x,
         float acc = 0.0f;
         for (int64_t tau = 0; tau < d.w; ++tau) {
             const int64_t s = t + d.w - 1 - tau;
-            if (s >= d.t) continue;
+            if (s >= d.t || first_input(d, bb, s) > t) continue;
             acc += to_f32(w[ch * d.w + tau]) * dz_at(x, w, dy, d, bb, s, ch, silu);
         }
         dx[i] = from_f32<TX>(acc);
@@ -91,7 +104,7 @@ __global__ void conv_dw_partial_kernel(const TX* __restrict__ x,
     for (int64_t r = r0; r < r1; ++r) {
         const int64_t t = r % d.t, bb = r / d.t;
         const float dz = dz_at(x, w, dy, d, bb, t, ch, silu);
-        for (int64_t tau = d.w - 1 - t > 0 ? d.w - 1 - t : 0; tau < d.w; ++tau)
+        for (int64_t tau = first_tap(d, bb, t); tau < d.w; ++tau)
             pr[tau] += dz * to_f32(x[(bb * d.t + t - d.w + 1 + tau) * d.c + ch]);
     }
 }
@@ -109,18 +122,19 @@ __global__ void conv_dw_reduce_kernel(const float* __restrict__ partial,
     }
 }
 
+// The map's device pointer (ops/causal_conv1d.cpp checked it), or null.
+const int32_t* doc_map(const Tensor& doc_start) {
+    return doc_start.defined() ? doc_start.data<int32_t>() : nullptr;
+}
+
 }  // namespace
 
-void causal_conv1d_fwd(const Tensor& x,
-                       const Tensor& w,
-                       const Tensor& y,
-                       bool silu,
-                       const Tensor& /*doc_start: the entry point splits the documents*/) {
+void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool silu, const Tensor& doc_start) {
     constexpr std::string_view op = "causal_conv1d_fwd";
     check_cuda_float(x, op, "x");
     check_cuda_float(w, op, "w");
     check_dtype_as(y, x, op, "y", "x");
-    const ConvDims d{x.size(0), x.size(1), x.size(2), w.size(1)};
+    const ConvDims d{x.size(0), x.size(1), x.size(2), w.size(1), doc_map(doc_start)};
     const int64_t total = d.b * d.t * d.c;
     if (total == 0) return;
     core::NvtxRange range("causal_conv1d_fwd");
@@ -139,14 +153,14 @@ void causal_conv1d_bwd(const Tensor& x,
                        const Tensor& dx,
                        const Tensor& dw,
                        bool silu,
-                       const Tensor& /*doc_start: the entry point splits the documents*/) {
+                       const Tensor& doc_start) {
     constexpr std::string_view op = "causal_conv1d_bwd";
     check_cuda_float(x, op, "x");
     check_cuda_float(w, op, "w");
     check_dtype_as(dy, x, op, "dy", "x");
     check_dtype_as(dx, x, op, "dx", "x");
     check_cuda_float(dw, op, "dw");
-    const ConvDims d{x.size(0), x.size(1), x.size(2), w.size(1)};
+    const ConvDims d{x.size(0), x.size(1), x.size(2), w.size(1), doc_map(doc_start)};
     const int64_t total = d.b * d.t * d.c;
     if (total == 0) return;
     core::NvtxRange range("causal_conv1d_bwd");
