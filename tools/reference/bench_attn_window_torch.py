@@ -59,7 +59,7 @@ def main():
         k = torch.randn(b, args.h, t + g, args.d, **opts, requires_grad=True)
         v = torch.randn(b, args.h, t + g, args.d, **opts, requires_grad=True)
         dout = torch.randn(b, args.h, t, args.d, **opts)
-        block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN=t, KV_LEN=t + g, device="cuda")
+        block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN=t, KV_LEN=t + g, device="cuda", _compile=True)
         fwd_ms = median_ms(lambda: compiled(q, k, v, block_mask=block_mask), args.warmup, args.iters)
 
         def fwd_bwd():
