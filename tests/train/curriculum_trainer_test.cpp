@@ -1,0 +1,218 @@
+// The curriculum in the config and the trainer: [[long.stages]] parsed, written back and refused when bad (exit 2
+// naming the key); the trainer switches stage and row length at the configured tokens, records the stage in the
+// manifest and resumes mid-stage with bitwise equal losses; the passkey prompt; configs/tiny_curriculum.toml.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/rng.h"
+#include "data/doc_index.h"
+#include "data/llmc_shard.h"
+#include "data/tokenizer.h"
+#include "support/tiny_job.h"
+#include "train/passkey.h"
+#include "train/trainer.h"
+
+namespace mt::train {
+namespace {
+
+using mt::testing::fresh_dir;
+using mt::testing::tiny_job;
+
+constexpr int32_t kEot = 60;
+
+// Documents of the tiny job's vocabulary (61) ending at EOT 60: 400 short ones of 2..6 tokens and 12 long ones of
+// 40..200, so that at seq_len 16 and 32 the short ones are replay and the long ones long.
+std::string write_documents(const std::string& dir) {
+    std::vector<int32_t> tokens;
+    for (uint64_t d = 0; d < 412; ++d) {
+        const bool is_long = d % 34 == 33;
+        const int64_t len = is_long ? 40 + static_cast<int64_t>(core::rng_u64(1, 2, d) % 161)
+                                    : 2 + static_cast<int64_t>(core::rng_u64(1, 3, d) % 5);
+        for (int64_t i = 0; i + 1 < len; ++i)
+            tokens.push_back(static_cast<int32_t>((d * 7 + static_cast<uint64_t>(i) * 3) % 60));
+        tokens.push_back(kEot);
+    }
+    const std::string path = dir + "/docs.bin";
+    data::llmc_write_shard(path, tokens, 61);
+    return path;
+}
+
+// Two stages: 16 tokens for 3 steps (4 x 2 rows of 16 = 128 tokens per step, 384 tokens), then 32 tokens.
+JobConfig curriculum_job(const std::string& dir, const std::string& run, std::vector<std::string> extra = {}) {
+    const std::string docs = write_documents(dir);
+    std::vector<std::string> o = {"run.dir=\"" + dir + "/" + run + "\"",
+                                  "data.paths=[\"" + docs + "\"]",
+                                  "data.eot_token=60",
+                                  "model.max_seq_len=32",
+                                  "long.passkey_eval=false",
+                                  "long.stages=[{seq_len=16, tokens=384, long_fraction=0.25}, "
+                                  "{seq_len=32, tokens=100000, long_fraction=0.5}]"};
+    o.insert(o.end(), extra.begin(), extra.end());
+    return tiny_job(dir, o);
+}
+
+void expect_usage_error(const std::string& dir, const std::string& stages, const std::string& needle) {
+    try {
+        curriculum_job(dir, "bad", {"long.stages=" + stages});
+        ADD_FAILURE() << "expected exit 2 for " << stages;
+    } catch (const core::Error& e) {
+        EXPECT_EQ(e.code(), core::ExitCode::usage) << e.what();
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+}
+
+TEST(CurriculumConfig, ParsesWritesBackAndRefusesBadStages) {
+    const std::string dir = fresh_dir("cfg");
+    const JobConfig c = curriculum_job(dir, "run");
+    ASSERT_EQ(c.long_ctx.stages.size(), 2u);
+    EXPECT_EQ(c.long_ctx.stages[1].seq_len, 32);
+    EXPECT_EQ(c.long_ctx.stages[1].tokens, 100000);
+    EXPECT_EQ(c.long_ctx.stages[0].long_fraction, 0.25);
+    // The resolved TOML holds the stages and reads back the same.
+    const JobConfig again = config_parse(c.to_toml(), "resolved.toml");
+    ASSERT_EQ(again.long_ctx.stages.size(), 2u);
+    EXPECT_EQ(again.long_ctx.stages[1].long_fraction, 0.5);
+    EXPECT_EQ(again.to_toml(), c.to_toml());
+    // A stage without long_fraction is the natural mix, and stays one through the resolved TOML.
+    const JobConfig natural = curriculum_job(dir, "run", {"long.stages=[{seq_len=16, tokens=10}]"});
+    EXPECT_LT(natural.long_ctx.stages[0].long_fraction, 0.0);
+    EXPECT_LT(config_parse(natural.to_toml(), "r.toml").long_ctx.stages[0].long_fraction, 0.0);
+
+    expect_usage_error(dir, "[{seq_len=32, tokens=10}, {seq_len=16, tokens=10}]", "long.stages[1].seq_len = 16");
+    expect_usage_error(dir, "[{seq_len=16, tokens=10}, {seq_len=16, tokens=10}]", "long.stages[1].seq_len");
+    expect_usage_error(dir, "[{seq_len=16, tokens=0}]", "long.stages[0].tokens");
+    expect_usage_error(dir, "[{seq_len=16, tokens=10, long_fraction=1.5}]", "long.stages[0].long_fraction");
+    expect_usage_error(dir, "[{seq_len=16, tokens=10, long_fraction=-0.1}]", "long.stages[0].long_fraction");
+    expect_usage_error(dir, "[{seq_len=64, tokens=10}]", "long.stages[0].seq_len = 64 exceeds model.max_seq_len");
+    expect_usage_error(dir, "[{seq_len=16, tokens=10, lenght=3}]", "long.stages[0].lenght");
+    expect_usage_error(dir, "[{tokens=10}]", "long.stages[0].seq_len is missing");
+    expect_usage_error(dir, "[{seq_len=\"16\", tokens=10}]", "long.stages[0].seq_len must be an integer");
+    expect_usage_error(dir, "3", "long.stages must be an array of tables");
+    expect_usage_error(dir, "[{seq_len=16, tokens=10, rope_base=50000.0}]", "long.stages[0].rope_base");
+}
+
+// The stage follows the tokens: 3 steps at 16, then 32; every step's batch is the stage's length; tokens_seen adds
+// each step at its own length.
+TEST(CurriculumTrainer, SwitchesStageAtTheConfiguredTokens) {
+    const std::string dir = fresh_dir("switch");
+    Trainer trainer(curriculum_job(dir, "run"), false);
+    EXPECT_EQ(trainer.rows_per_step(), 8);
+    for (int64_t s = 0; s < 5; ++s) {
+        const int64_t stage = s < 3 ? 0 : 1, seq = s < 3 ? 16 : 32;
+        const StepResult r = trainer.train_step();
+        EXPECT_TRUE(std::isfinite(r.loss));
+        EXPECT_EQ(trainer.stage(), stage) << "step " << s;
+        EXPECT_EQ(trainer.seq_len(), seq) << "step " << s;
+    }
+    EXPECT_EQ(trainer.tokens_seen(5), 3 * 8 * 16 + 2 * 8 * 32);
+    EXPECT_EQ(trainer.tokens_seen(3), 384);
+}
+
+std::vector<double> losses(Trainer& t, int64_t until) {
+    std::vector<double> out;
+    while (t.step() < until) out.push_back(t.train_step().loss);
+    return out;
+}
+
+// Straight 6 steps against 2, a checkpoint mid-stage 0, a step past it (discarded), resume, 4 more (through the
+// switch at step 3): bitwise equal losses. The manifest records the stage and its tokens.
+TEST(CurriculumTrainer, ResumeMidStageIsBitIdentical) {
+    const std::string dir = fresh_dir("resume");
+    std::vector<double> straight, resumed;
+    {
+        Trainer t(curriculum_job(dir, "straight"), false);
+        straight = losses(t, 6);
+    }
+    std::string ckpt;
+    {
+        Trainer t(curriculum_job(dir, "split"), false);
+        resumed = losses(t, 2);
+        t.save_checkpoint();
+        t.train_step();
+    }
+    {
+        std::ifstream in(dir + "/split/checkpoints/step_00000002/manifest.json");
+        const auto m = nlohmann::json::parse(in);
+        EXPECT_EQ(m.at("data").at("stage"), 0);
+        EXPECT_EQ(m.at("data").at("stage_step"), 2);
+        EXPECT_EQ(m.at("data").at("stage_tokens"), 2 * 8 * 16);
+        EXPECT_EQ(m.at("tokens_seen"), 2 * 8 * 16);
+    }
+    {
+        Trainer t(curriculum_job(dir, "split"), false);
+        ASSERT_TRUE(t.resume_latest());
+        EXPECT_EQ(t.step(), 2);
+        const auto rest = losses(t, 6);
+        resumed.insert(resumed.end(), rest.begin(), rest.end());
+        EXPECT_EQ(t.stage(), 1);
+    }
+    ASSERT_EQ(straight.size(), resumed.size());
+    for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(straight[i], resumed[i]) << "step " << i + 1;
+    // A schedule that puts step 2 elsewhere (stage 0 of 1 step) is refused rather than resumed at the wrong place.
+    Trainer other(curriculum_job(dir,
+                                 "split",
+                                 {"long.stages=[{seq_len=16, tokens=128, long_fraction=0.25}, "
+                                  "{seq_len=32, tokens=100000, long_fraction=0.5}]"}),
+                  false);
+    try {
+        other.resume_latest();
+        ADD_FAILURE() << "expected exit 4";
+    } catch (const core::Error& e) {
+        EXPECT_EQ(e.code(), core::ExitCode::checkpoint) << e.what();
+        EXPECT_NE(std::string(e.what()).find("curriculum stage 0"), std::string::npos) << e.what();
+    }
+}
+
+// The passkey prompt: seq_len + 1 tokens ending with the key, the key sentence after the introduction at depth 0, after
+// the last whole filler sentence at depth 1, and never earlier at a greater depth.
+TEST(Passkey, PromptHoldsTheKeyAtItsDepthAndEndsWithIt) {
+    const data::ByteTokenizer bytes;
+    const size_t intro = std::string("A pass key is hidden in the text below. Remember it.\n").size();
+    const size_t filler =
+        std::string("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n")
+            .size();
+    for (const int64_t seq : {256, 1000}) {
+        size_t last = 0;
+        for (int d = 0; d < kPasskeyDepths; ++d) {
+            const PasskeyPrompt p = passkey_prompt(bytes, seq, 9, 1, d);
+            ASSERT_EQ(static_cast<int64_t>(p.tokens.size()), seq + 1);
+            ASSERT_EQ(p.key.size(), 5u);
+            EXPECT_EQ(p.key_tokens, 5);
+            const std::string text = bytes.decode(p.tokens);
+            EXPECT_EQ(text.substr(text.size() - 5), p.key);
+            const std::string needle = "The pass key is " + p.key + ". Remember it. " + p.key + " is the pass key.\n";
+            const size_t at = text.find(needle);
+            ASSERT_NE(at, std::string::npos);
+            EXPECT_GE(at, last) << "seq " << seq << " depth " << d;
+            last = at;
+            const size_t tail = needle.size() + std::string("What is the pass key? The pass key is ").size() + 5;
+            if (d == 0) {
+                EXPECT_EQ(at, intro);
+            }
+            if (d == kPasskeyDepths - 1) {
+                EXPECT_GT(at + tail + filler, text.size());
+                EXPECT_LE(at + tail, text.size());
+            }
+        }
+    }
+    EXPECT_TRUE(passkey_prompt(bytes, 100, 9, 1, 0).tokens.empty()) << "too short for the prompt";
+    EXPECT_NE(passkey_prompt(bytes, 256, 9, 1, 0).key, passkey_prompt(bytes, 256, 9, 2, 0).key);
+}
+
+TEST(ShippedConfigs, TinyCurriculumParsesAsDescribed) {
+    const auto cfg = config_load(std::string(MT_SOURCE_DIR) + "/configs/tiny_curriculum.toml");
+    const auto& s = cfg.long_ctx.stages;
+    ASSERT_EQ(s.size(), 3u);
+    EXPECT_EQ(s[0].seq_len, 128);
+    EXPECT_LT(s[0].long_fraction, 0.0) << "stage 0 is the natural mix";
+    EXPECT_EQ(s[2].seq_len, cfg.model.max_seq_len);
+    EXPECT_EQ(s[1].long_fraction, 0.25);
+    EXPECT_EQ(cfg.model.layer_pattern, "KKKA");
+    // 20 steps per stage at 8 rows.
+    for (const auto& st : s) EXPECT_EQ(st.tokens, 20 * cfg.train.batch_size * st.seq_len);
+}
+
+}  // namespace
+}  // namespace mt::train
