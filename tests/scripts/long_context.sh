@@ -2,7 +2,8 @@
 # The long-document data and the curriculum through the CLI: `moetrain data --long-doc` tags a directory tree as one
 # long document (train.docs), refuses a missing or text-less input with exit 3 naming it and leaves no files behind;
 # a short configs/tiny_curriculum.toml run switches stage, writes the long_stage events with the passkey eval and the
-# long/* metrics on every train line; bad [[long.stages]] are exit 2 naming the key.
+# long/* metrics on every train line; `moetrain plan --memory` sizes the longest stage; bad [[long.stages]] are exit 2
+# naming the key.
 # Usage: long_context.sh <moetrain> <source-dir> <scratch-dir>
 source "$(dirname "$0")/lib/cli_common.sh" "$@"
 
@@ -79,6 +80,10 @@ assert len(p["passkey/loss_by_depth"]) == 10 and len(p["passkey/depth"]) == 10
 assert all(math.isfinite(x) and x > 0 for x in p["passkey/loss_by_depth"]), p
 assert 0 < p["passkey/p_key"] < 1 and abs(sum(p["passkey/loss_by_depth"]) / 10 - p["passkey/loss"]) < 1e-9
 EOF2
+
+# The planner sizes the longest stage: 8 x 512 for configs/tiny_curriculum.toml (train.seq_len is 128).
+"$BIN" plan --memory --config "$SRC/configs/tiny_curriculum.toml" > plan.txt 2>&1 || fail "plan exited $?: $(cat plan.txt)"
+grep -qE '^  batch +8 x 512 = 4,096 tokens' plan.txt || fail "the plan is not of the longest stage: $(head -4 plan.txt)"
 
 COMMON=("${CUR[@]}")
 bad_setting "long.stages[1].seq_len = 128 is not above long.stages[0].seq_len = 256" \
