@@ -35,6 +35,7 @@ Each file's header comment describes its model; `configs/`:
 | `tiny.toml` | dense byte-level LM: d_model 128, 4 layers, GQA 4/2 (0.8M parameters) | the CPU, about a minute on 2 cores |
 | `tiny_moe.toml` | tiny with MoE FFNs in layers 1-3: 16 experts of width 96, top 2, a shared expert, Quantile Balancing | the CPU |
 | `tiny_hybrid.toml` | tiny in the pattern `KKKA`: three KDA layers, then NoPE softmax attention | the CPU |
+| `tiny_curriculum.toml` | tiny_hybrid through a context-length curriculum: 128 tokens (natural mix), 256 and 512 (a quarter of the rows from long documents), a passkey eval at each stage; data from `moetrain data --out data/fortunes_long --long-doc /usr/share/common-licenses` | the CPU, about 20 s on 2 cores |
 | `moe_464m.toml` | MoE: d_model 1024, 8 layers, 32 experts of width 512, top 4 and a shared expert (464M parameters) | one GPU; the data-parallel benchmarks |
 | `dense_1b3.toml` | dense: d_model 2048, 24 layers, seq 4096 (about 1.3B parameters) | one GPU |
 | `hybrid_1b3.toml` | dense_1b3's widths in the pattern `KKKA` (18 KDA layers, 6 NoPE attention layers) | one GPU |
