@@ -20,28 +20,9 @@ namespace {
 using mt::testing::fresh_dir;
 using mt::testing::tiny_job;
 
-constexpr int32_t kEot = 60;
-
-// Documents of the tiny job's vocabulary (61) ending at EOT 60: 400 short ones of 2..6 tokens and 12 long ones of
-// 40..200, so that at seq_len 16 and 32 the short ones are replay and the long ones long.
-std::string write_documents(const std::string& dir) {
-    std::vector<int32_t> tokens;
-    for (uint64_t d = 0; d < 412; ++d) {
-        const bool is_long = d % 34 == 33;
-        const int64_t len = is_long ? 40 + static_cast<int64_t>(core::rng_u64(1, 2, d) % 161)
-                                    : 2 + static_cast<int64_t>(core::rng_u64(1, 3, d) % 5);
-        for (int64_t i = 0; i + 1 < len; ++i)
-            tokens.push_back(static_cast<int32_t>((d * 7 + static_cast<uint64_t>(i) * 3) % 60));
-        tokens.push_back(kEot);
-    }
-    const std::string path = dir + "/docs.bin";
-    data::llmc_write_shard(path, tokens, 61);
-    return path;
-}
-
 // Two stages: 16 tokens for 3 steps (4 x 2 rows of 16 = 128 tokens per step, 384 tokens), then 32 tokens.
 JobConfig curriculum_job(const std::string& dir, const std::string& run, std::vector<std::string> extra = {}) {
-    const std::string docs = write_documents(dir);
+    const std::string docs = mt::testing::write_document_shard(dir);
     std::vector<std::string> o = {"run.dir=\"" + dir + "/" + run + "\"",
                                   "data.paths=[\"" + docs + "\"]",
                                   "data.eot_token=60",
