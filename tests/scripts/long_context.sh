@@ -81,6 +81,13 @@ assert all(math.isfinite(x) and x > 0 for x in p["passkey/loss_by_depth"]), p
 assert 0 < p["passkey/p_key"] < 1 and abs(sum(p["passkey/loss_by_depth"]) / 10 - p["passkey/loss"]) < 1e-9
 EOF2
 
+# The Megatron format gets its index too (train.docs beside train.bin and train.idx), and the curriculum reads it.
+"$BIN" data --input corpus.txt --long-doc tree --format megatron --out meg > data.log 2>&1 || fail "megatron data exited $?"
+[[ -s meg/train.docs && -s meg/train.idx ]] || fail "no meg/train.docs: $(ls meg)"
+"$BIN" train "${CUR[@]}" --set run.dir=megrun --set data.format=megatron --set 'data.paths=["meg/train"]' \
+  --set 'data.val_paths=["meg/val"]' --set train.steps=3 > meg.log 2>&1 || fail "megatron curriculum exited $?: $(cat meg.log)"
+grep -q "curriculum of 2 stages over 286 documents (1 tagged long)" meg.log || fail "megatron index: $(head -3 meg.log)"
+
 # The planner sizes the longest stage: 8 x 512 for configs/tiny_curriculum.toml (train.seq_len is 128).
 "$BIN" plan --memory --config "$SRC/configs/tiny_curriculum.toml" > plan.txt 2>&1 || fail "plan exited $?: $(cat plan.txt)"
 grep -qE '^  batch +8 x 512 = 4,096 tokens' plan.txt || fail "the plan is not of the longest stage: $(head -4 plan.txt)"
