@@ -1,6 +1,7 @@
-// The context-length curriculum in the trainer (docs/long_context.md "Curriculum"): stage k covers a fixed range of
-// optimizer steps (data::curriculum_first_steps), so the stage and the position in it follow from the step alone and a
-// resume continues the stage's sample stream exactly; the manifest records them to catch a changed schedule.
+// The context-length curriculum in the trainer (docs/long_context.md "The context-length curriculum"): stage k covers a
+// fixed range of optimizer steps (data::curriculum_first_steps), so the stage and the position in it follow from the
+// step alone and a resume continues the stage's sample stream exactly; the manifest records them to catch a changed
+// schedule.
 #include <cmath>
 
 #include "data/tokenizer.h"
