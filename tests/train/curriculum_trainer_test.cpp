@@ -10,6 +10,7 @@
 #include "data/doc_index.h"
 #include "data/llmc_shard.h"
 #include "data/tokenizer.h"
+#include "ops/global_norm.h"
 #include "support/tiny_job.h"
 #include "train/passkey.h"
 #include "train/trainer.h"
@@ -180,6 +181,34 @@ TEST(Passkey, PromptHoldsTheKeyAtItsDepthAndEndsWithIt) {
     }
     EXPECT_TRUE(passkey_prompt(bytes, 100, 9, 1, 0).tokens.empty()) << "too short for the prompt";
     EXPECT_NE(passkey_prompt(bytes, 256, 9, 1, 0).key, passkey_prompt(bytes, 256, 9, 2, 0).key);
+}
+
+// The KDA final states behind long/kda_state_rms: one per KDA layer (block index), [B, HV, K, V], the state after the
+// last forward's rows: a second trainer's forward over the same batch with the same (not yet updated) weights gives it
+// again, another batch another.
+TEST(CurriculumTrainer, KdaFinalStatesAreThoseOfTheLastForward) {
+    const std::string dir = fresh_dir("kda");
+    const std::vector<std::string> o = {"model.layer_pattern=\"KKA\"", "model.n_layers=3", "train.grad_accum=1"};
+    Trainer t(tiny_job(dir, o), false);
+    EXPECT_TRUE(t.model().kda_final_states().empty()) << "no forward yet";
+    t.train_step();
+    const auto states = t.model().kda_final_states();
+    ASSERT_EQ(states.size(), 2u);
+    EXPECT_EQ(states[0].first, 0);
+    EXPECT_EQ(states[1].first, 1);
+    const auto& m = t.config().model;
+    EXPECT_EQ(states[0].second.shape(), (core::Shape{4, m.kda_num_v_heads(), m.kda_head_dim(), m.kda_head_v_dim()}));
+    const double sq = ops::global_norm_sq(states[1].second);
+    EXPECT_GT(sq, 0.0);
+    Trainer fresh(tiny_job(dir, o), false);
+    core::Tensor in = core::Tensor::zeros({4, 16}, core::DType::i32),
+                 tg = core::Tensor::zeros({4, 16}, core::DType::i32);
+    fresh.fill_batch(0, 0, in, tg);
+    fresh.model().forward(in, tg, false);
+    EXPECT_NEAR(ops::global_norm_sq(fresh.model().kda_final_states()[1].second), sq, 1e-9 * sq);
+    fresh.fill_batch(5, 0, in, tg);
+    fresh.model().forward(in, tg, false);
+    EXPECT_GT(std::abs(ops::global_norm_sq(fresh.model().kda_final_states()[1].second) - sq), 1e-6 * sq);
 }
 
 TEST(ShippedConfigs, TinyCurriculumParsesAsDescribed) {
