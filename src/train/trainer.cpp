@@ -389,8 +389,8 @@ RunEnd Trainer::run() {
         if (step_ > 1 || t.steps == 1) {
             elapsed += r.seconds;
             ++timed_steps;
-            timed_tokens +=
-                tokens_per_step();  // still the step just done's length (the next stage comes with its batches)
+            // Still the length of the step just done: the next stage is prepared when its batches are read.
+            timed_tokens += tokens_per_step();
         }
         const double tok_s = timed_steps > 0 ? static_cast<double>(timed_tokens) / elapsed : 0.0;
         const double eta = timed_steps > 0 ? elapsed / timed_steps * static_cast<double>(t.steps - step_) : 0.0;
