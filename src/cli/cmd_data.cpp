@@ -1,5 +1,6 @@
 // `moetrain data`: tokenize a text corpus (default: the Debian fortunes) into train/val token files, or train a
-// SentencePiece BPE tokenizer on it (--train-tokenizer; add --tokenize to also tokenize with the new model).
+// SentencePiece BPE tokenizer on it (--train-tokenizer; add --tokenize to also tokenize with the new model). --long-doc
+// adds long documents tagged long (a directory tree concatenated), for the context-length curriculum.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -18,6 +19,7 @@ namespace {
 
 struct DataArgs {
     std::vector<std::string> inputs = {"/usr/share/games/fortunes"};
+    std::vector<std::string> long_docs;
     std::string out = "data/fortunes";
     std::string tokenizer = "bytes";
     double val_fraction = 0.05;
@@ -33,6 +35,7 @@ void run_prepare(const DataArgs& a, const std::string& tokenizer_spec) {
     const auto tokenizer = data::tokenizer_open(tokenizer_spec);
     data::CorpusOptions o;
     o.inputs = a.inputs;
+    o.long_docs = a.long_docs;
     o.out_dir = a.out;
     o.format = a.format;
     o.val_fraction = a.val_fraction;
@@ -53,6 +56,11 @@ void run_prepare(const DataArgs& a, const std::string& tokenizer_spec) {
         a.out,
         a.format,
         tokenizer->name());
+    if (s.documents_long > 0)
+        fmt::print("moetrain data: {} long document(s) tagged long in train, {} tokens ({}/train.docs)\n",
+                   s.documents_long,
+                   s.tokens_long,
+                   a.out);
 }
 
 void run_data(const DataArgs& a) {
@@ -95,7 +103,12 @@ void register_data(CLI::App& app) {
         app.add_subcommand("data", "Tokenize a text corpus into train/val token files, or train a tokenizer");
     sub->add_option("--input", args->inputs, "Input file or directory (repeatable; fortune files split on '%' lines)")
         ->capture_default_str();
-    sub->add_option("--out", args->out, "Output directory (train.bin, val.bin, stats.json)")->capture_default_str();
+    sub->add_option("--long-doc",
+                    args->long_docs,
+                    "File or directory made into one long document tagged long (repeatable; a directory's text files "
+                    "at any depth, concatenated in path order), e.g. /usr/share/common-licenses");
+    sub->add_option("--out", args->out, "Output directory (train.bin, val.bin, their .docs indexes, stats.json)")
+        ->capture_default_str();
     sub->add_option("--tokenizer", args->tokenizer, "\"bytes\" or a SentencePiece .model path")->capture_default_str();
     sub->add_option("--val-fraction", args->val_fraction, "Fraction of documents held out for validation")
         ->check(CLI::Range(0.0, 1.0))

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/file_util.h"
 #include "core/rng.h"
+#include "data/doc_index.h"
 #include "data/llmc_shard.h"
 #include "data/megatron_dataset.h"
 
@@ -48,7 +49,14 @@ double split_draw(uint64_t seed, const std::string& text) {
 struct Split {
     std::vector<int32_t> tokens;
     std::vector<int64_t> lengths;
+    std::vector<uint8_t> tagged;  // per document: 1 for a long document
 };
+
+bool skipped_in_tree(const std::string& name) {
+    for (const char* ext : {".gz", ".xz", ".bz2", ".zst", ".dat", ".u8"})
+        if (ends_with(name, ext)) return true;
+    return name.empty() || name[0] == '.';
+}
 
 void write_split(const CorpusOptions& o, const std::string& name, const Split& s, int64_t vocab) {
     const std::string base = (fs::path(o.out_dir) / name).string();
@@ -56,6 +64,7 @@ void write_split(const CorpusOptions& o, const std::string& name, const Split& s
         llmc_write_shard(base + ".bin", s.tokens, vocab);
     else
         megatron_write_dataset(base, s.tokens, s.lengths, megatron_dtype_for_vocab(vocab));
+    doc_index_write(doc_index_sidecar(base), s.lengths, s.tagged);
 }
 
 }  // namespace
@@ -86,6 +95,48 @@ std::vector<std::string> corpus_list_files(const std::vector<std::string>& input
         }
     }
     return files;
+}
+
+std::string corpus_read_tree(const std::string& path) {
+    std::error_code ec;
+    const auto status = fs::symlink_status(path, ec);
+    if (!fs::exists(fs::status(path, ec)))
+        core::fail_hint(ExitCode::data,
+                        "pass a file or a directory of text, e.g. --long-doc /usr/share/common-licenses.",
+                        "long document input not found [{}]",
+                        path);
+    std::vector<std::string> files;
+    if (fs::is_directory(fs::status(path, ec))) {
+        for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::recursive_directory_iterator();
+             it.increment(ec)) {
+            const std::string name = it->path().filename().string();
+            if (skipped_in_tree(name)) {
+                if (it->is_directory()) it.disable_recursion_pending();
+                continue;
+            }
+            std::error_code ec2;
+            if (it->is_regular_file(ec2) && !it->is_symlink(ec2)) files.push_back(it->path().string());
+        }
+        if (ec) core::fail(ExitCode::data, "cannot list long document directory: {} [{}]", ec.message(), path);
+        std::sort(files.begin(), files.end());
+    } else if (!fs::is_symlink(status)) {
+        files.push_back(path);
+    } else {
+        files.push_back(fs::canonical(path, ec).string());
+    }
+    std::string doc;
+    for (const auto& f : files) {
+        const std::string text = read_file(f);
+        if (text.find('\0') != std::string::npos || is_blank(text)) continue;
+        doc += text;
+        if (doc.back() != '\n') doc += '\n';
+    }
+    if (doc.empty())
+        core::fail_hint(ExitCode::data,
+                        "point --long-doc at text files (compressed, binary and hidden files are skipped).",
+                        "long document input holds no text file [{}]",
+                        path);
+    return doc;
 }
 
 std::vector<std::string> corpus_read_documents(const std::string& path) {
@@ -169,6 +220,18 @@ CorpusStats corpus_prepare(const CorpusOptions& o, const Tokenizer& tokenizer) {
         ids.push_back(tokenizer.eot_id());
         s.tokens.insert(s.tokens.end(), ids.begin(), ids.end());
         s.lengths.push_back(static_cast<int64_t>(ids.size()));
+        s.tagged.push_back(0);
+    }
+    // Long documents go to train: a long source is a handful of documents, and one drawn into val would take a large
+    // share of the long tokens from training.
+    for (const auto& path : o.long_docs) {
+        auto ids = tokenizer.encode(corpus_read_tree(path));
+        ids.push_back(tokenizer.eot_id());
+        train.tokens.insert(train.tokens.end(), ids.begin(), ids.end());
+        train.lengths.push_back(static_cast<int64_t>(ids.size()));
+        train.tagged.push_back(1);
+        ++stats.documents_long;
+        stats.tokens_long += static_cast<int64_t>(ids.size());
     }
     stats.documents_train = static_cast<int64_t>(train.lengths.size());
     stats.documents_val = static_cast<int64_t>(val.lengths.size());
@@ -192,6 +255,8 @@ CorpusStats corpus_prepare(const CorpusOptions& o, const Tokenizer& tokenizer) {
     j["val_fraction"] = o.val_fraction;
     j["files"] = files;
     j["documents"] = {{"train", stats.documents_train}, {"val", stats.documents_val}};
+    j["long_documents"] = o.long_docs;
+    j["long"] = {{"documents", stats.documents_long}, {"tokens", stats.tokens_long}};
     j["tokens"] = {{"train", stats.tokens_train}, {"val", stats.tokens_val}};
     j["unigram_entropy_nats"] = stats.entropy_nats;
     j["unigram_entropy_bits"] = stats.entropy_bits;

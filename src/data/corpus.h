@@ -24,8 +24,15 @@ std::vector<std::string> corpus_read_documents(const std::string& path);
 // Unigram entropy -sum p log p (nats) of the token frequencies.
 double corpus_unigram_entropy(std::span<const int32_t> tokens, int64_t vocab_size);
 
+// One long document from a file or a directory tree (`moetrain data --long-doc`): a directory's regular files at any
+// depth, in sorted path order, concatenated with a newline after each. Symbolic links (common-licenses' GPL ->
+// GPL-3), hidden names, compressed files (.gz, .xz, .bz2, .zst) and files holding a NUL byte (binary) are skipped.
+// A missing path, or one without any text file, is exit 3 naming it.
+std::string corpus_read_tree(const std::string& path);
+
 struct CorpusOptions {
-    std::vector<std::string> inputs;  // files or directories
+    std::vector<std::string> inputs;     // files or directories
+    std::vector<std::string> long_docs;  // each one long document tagged long (corpus_read_tree); always in train
     std::string out_dir;
     std::string format = "llmc";  // "llmc": train.bin, val.bin; "megatron": train.{bin,idx}, val.{bin,idx}
     double val_fraction = 0.05;
@@ -38,6 +45,8 @@ struct CorpusStats {
     int64_t documents_val = 0;
     int64_t tokens_train = 0;
     int64_t tokens_val = 0;
+    int64_t documents_long = 0;  // from long_docs (all in train)
+    int64_t tokens_long = 0;
     double entropy_nats = 0.0;  // unigram entropy of the train tokens (EOT included)
     double entropy_bits = 0.0;
 };

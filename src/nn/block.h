@@ -54,6 +54,10 @@ class Block : public Layer {
     Mixer mixer() const {
         return mixer_;
     }
+    // The KDA mixer, or null for an attention block.
+    const KdaLayer* kda() const {
+        return kda_ ? &*kda_ : nullptr;
+    }
     // The MoE FFN, or null for a dense MLP block.
     MoeLayer* moe() {
         return moe_.get();

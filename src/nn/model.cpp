@@ -248,6 +248,14 @@ double Model::last_aux_loss() const {
     return sum;
 }
 
+std::vector<std::pair<int64_t, Tensor>> Model::kda_final_states() const {
+    std::vector<std::pair<int64_t, Tensor>> out;
+    for (size_t l = 0; l < blocks_.size(); ++l)
+        if (const KdaLayer* kda = blocks_[l]->kda(); kda != nullptr && kda->final_state().defined())
+            out.emplace_back(static_cast<int64_t>(l), kda->final_state());
+    return out;
+}
+
 std::vector<std::pair<int64_t, MoeLayer*>> Model::moe_layers() {
     std::vector<std::pair<int64_t, MoeLayer*>> layers;
     for (size_t l = 0; l < blocks_.size(); ++l)

@@ -80,6 +80,15 @@ class Model {
     // Sum over the MoE layers of the last forward's auxiliary balancing loss (moe.balance = "aux_loss"; else 0). It
     // is not part of forward()'s return value; backward adds its gradient with the same loss_scale.
     double last_aux_loss() const;
+    // Per KDA layer (block index), the final state S_T [B, HV, K, V] of the last forward (each row's last document
+    // under document masking), in the statistics dtype; empty before the first forward. (The state is not among what
+    // recompute drops: a forward re-run in the backward writes the same values.)
+    std::vector<std::pair<int64_t, Tensor>> kda_final_states() const;
+    // The last forward's per-token cross-entropy [B * T] in the statistics dtype on the model's device (0 where the
+    // target is ignored); valid until backward, which overwrites it.
+    const Tensor& last_token_losses() const {
+        return losses_;
+    }
     // The MoE layers (block index, layer), in order; empty for a dense model.
     std::vector<std::pair<int64_t, MoeLayer*>> moe_layers();
     // End of a training step for every MoE layer (MoeLayer::step_end: balancer update, metrics, collapse alarm).

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "ops/attnres_mix.h"
+#include "train/config_long.h"
 #include "train/config_schema.h"
 
 namespace mt::train {
@@ -372,6 +373,7 @@ JobConfig config_parse(const std::string& toml_text,
 
     JobConfig c;
     c.source = source;
+    config_long_take_stages(root, c, source);
     const std::vector<Field> fields = config_schema(c);
     for (const auto& [section, node] : root) {
         const std::string sec(section.str());
@@ -393,6 +395,7 @@ JobConfig config_parse(const std::string& toml_text,
     if (c.model.document_mask && c.model.eot_token < 0)
         c.model.eot_token = data::tokenizer_open(c.data.tokenizer)->eot_id();
     validate(c, source);
+    config_long_validate(c, source);
     return c;
 }
 
@@ -472,6 +475,7 @@ std::string JobConfig::to_toml() const {
             },
             f.ptr);
     }
+    config_long_put_stages(copy, root);
     std::ostringstream out;
     out << root << "\n";
     return out.str();

@@ -93,6 +93,22 @@ struct MoeRunConfig {
     int64_t log_loads_every = 100;     // per-expert loads into the JSONL every this many steps (0: never)
 };
 
+// One `[[long.stages]]` entry of the context-length curriculum (docs/long_context.md "Curriculum").
+struct LongStage {
+    int64_t seq_len = 0;          // tokens per row in this stage
+    int64_t tokens = 0;           // training tokens of the stage (the last stage runs on to train.steps)
+    double long_fraction = -1.0;  // share of rows from long documents, the rest replay of the short mix; < 0 (left
+                                  // out): the natural mix, windows of the whole stream as without a curriculum
+    double rope_base = 0.0;  // 0: model.rope_theta (a different base is refused until the attention layer takes it)
+};
+
+// [long]: long-context training (docs/long_context.md). `stages` is an array of tables, parsed beside the schema
+// (train/config_long.cpp), since the schema's rows are scalars and string arrays.
+struct LongConfig {
+    std::vector<LongStage> stages;  // empty: no curriculum, train.seq_len throughout
+    bool passkey_eval = true;       // a passkey-retrieval eval at the start of every stage
+};
+
 struct JobConfig {
     RunConfig run;
     nn::ModelConfig model;
@@ -103,6 +119,7 @@ struct JobConfig {
     MetricsConfig metrics;
     MoeRunConfig moe;
     ParallelConfig parallel;
+    LongConfig long_ctx;  // [long] (`long` is a C++ keyword)
 
     std::string source;  // file the config came from (for messages)
 

@@ -35,6 +35,7 @@ Each file's header comment describes its model; `configs/`:
 | `tiny.toml` | dense byte-level LM: d_model 128, 4 layers, GQA 4/2 (0.8M parameters) | the CPU, about a minute on 2 cores |
 | `tiny_moe.toml` | tiny with MoE FFNs in layers 1-3: 16 experts of width 96, top 2, a shared expert, Quantile Balancing | the CPU |
 | `tiny_hybrid.toml` | tiny in the pattern `KKKA`: three KDA layers, then NoPE softmax attention | the CPU |
+| `tiny_curriculum.toml` | tiny_hybrid through a context-length curriculum: 128 tokens (natural mix), 256 and 512 (a quarter of the rows from long documents), a passkey eval at each stage; data from `moetrain data --out data/fortunes_long --long-doc /usr/share/common-licenses` | the CPU, about 20 s on 2 cores |
 | `moe_464m.toml` | MoE: d_model 1024, 8 layers, 32 experts of width 512, top 4 and a shared expert (464M parameters) | one GPU; the data-parallel benchmarks |
 | `dense_1b3.toml` | dense: d_model 2048, 24 layers, seq 4096 (about 1.3B parameters) | one GPU |
 | `hybrid_1b3.toml` | dense_1b3's widths in the pattern `KKKA` (18 KDA layers, 6 NoPE attention layers) | one GPU |
@@ -74,6 +75,15 @@ const std::map<std::string, std::string>& section_notes() {
         {"checkpoint",
          "When checkpoints are written, which are kept, and how a resume checks them (docs/training.md)."},
         {"metrics", "The JSONL log."},
+        {"long",
+         "Long-context training (docs/long_context.md). The context-length curriculum is an array of tables, one "
+         "`[[long.stages]]` per stage, run in order and switched on tokens seen: `seq_len` (int >= 1, increasing "
+         "from stage to stage, at most `model.max_seq_len`; it replaces `train.seq_len`), `tokens` (int >= 1, the "
+         "stage's training tokens; the last stage runs on to `train.steps`), `long_fraction` (float in [0, 1]: the "
+         "share of rows from long documents, the rest replay of the short mix packed to `seq_len`; left out: the "
+         "natural mix, windows of the whole stream as without a curriculum) "
+         "and `rope_base` (float, default 0 = `model.rope_theta`; another base is refused until the attention layer "
+         "takes one per stage). No stages: `train.seq_len` throughout."},
         {"parallel",
          "The device mesh and how data-parallel gradients are reduced (docs/distributed.md). Rank order, fastest "
          "first: tp, cp, ep, dp, pp."},
@@ -90,7 +100,8 @@ KDA layers, `kda.num_v_heads` a multiple of the KDA q/k heads, a KDA key head di
 `kda.chunk_size` 32 or 64; with Block AttnRes, at most 32 sources per mix (`2 n_layers / S` blocks, rounded up, plus
 the embedding); with MoE, `moe.top_k <= moe.num_experts`, `moe.num_experts` above `moe.top_k` under `quantile` or
 `sign_bias` balancing, and `moe.quantile.ema < 1` under `quantile`; `recompute.modules` non-empty exactly when
-`recompute.policy = "selective"`, and under `full` a `recompute.every` at most `model.n_layers` (1 under AttnRes).
+`recompute.policy = "selective"`, and under `full` a `recompute.every` at most `model.n_layers` (1 under AttnRes);
+every `long.stages[i].seq_len` above the one before and at most `model.max_seq_len`.
 
 When the job starts, against the number of processes: tp x cp x ep x dp x pp equals the number of processes
 (`dp = 0` fills the rest and must divide evenly), `parallel.ep > 1` only with `moe.enabled` and a

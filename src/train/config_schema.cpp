@@ -466,6 +466,10 @@ std::vector<Field> config_schema(JobConfig& c) {
                 1,
                 "1: ZeRO-1, AdamW moments sharded over the data-parallel ranks (reduce-scatter, update the owned "
                 "slice, all-gather); 0: replicated optimizer (all-reduce)"),
+        flag("long.passkey_eval",
+             &c.long_ctx.passkey_eval,
+             "with `[[long.stages]]`: a passkey-retrieval eval (a 5-digit key at 10 depths, reported, not gated) at "
+             "the start of every stage, at the stage's length"),
     };
 }
 

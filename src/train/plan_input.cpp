@@ -30,7 +30,8 @@ parallel::MemoryPlanInput plan_memory_input(const JobConfig& cfg, int64_t world)
     return {.model = cfg.model,
             .precision = config_precision(cfg, cfg.run.device != "cpu"),
             .batch = cfg.train.batch_size,
-            .seq = cfg.train.seq_len,
+            // A curriculum's longest stage is its largest step (stages grow in length at a fixed batch).
+            .seq = cfg.long_ctx.stages.empty() ? cfg.train.seq_len : cfg.long_ctx.stages.back().seq_len,
             .mesh = mesh,
             .zero_stage = p.zero_stage,
             .bucket_mb = p.bucket_mb,

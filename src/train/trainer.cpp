@@ -115,6 +115,7 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     scaler_ = optim::LossScaler(trainer_loss_scaler(cfg_, precision));
     const auto& t = cfg_.train;
 
+    seq_len_ = t.seq_len;
     train_source_ = data::token_source_open(cfg_.data.format, cfg_.data.paths, cfg_.model.vocab_size);
     train_sampler_ = std::make_unique<data::Sampler>(*train_source_, t.seq_len, static_cast<uint64_t>(cfg_.run.seed));
     if (!cfg_.data.val_paths.empty()) {
@@ -184,10 +185,25 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
 
     inputs_ = core::Tensor::zeros({t.batch_size, t.seq_len}, core::DType::i32);
     targets_ = core::Tensor::zeros({t.batch_size, t.seq_len}, core::DType::i32);
+    long_setup();
 }
 
 void Trainer::fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs, const core::Tensor& targets) const {
     const auto& t = cfg_.train;
+    if (stage_sampler_) {
+        // The stream of a stage is indexed from its first step, so each stage's samples are (seed, stage, index).
+        MT_CHECK(data::curriculum_stage_of_step(stage_first_step_, step) == stage_,
+                 "fill_batch of step {} outside stage {}",
+                 step,
+                 stage_);
+        stage_sampler_->fill(
+            data::sampler_first_sample(
+                step - stage_first_step(), t.grad_accum, micro, data_size(), data_rank(), t.batch_size),
+            t.batch_size,
+            inputs,
+            targets);
+        return;
+    }
     train_sampler_->fill(data::sampler_first_sample(step, t.grad_accum, micro, data_size(), data_rank(), t.batch_size),
                          t.batch_size,
                          inputs,
@@ -196,7 +212,8 @@ void Trainer::fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs
 
 StepResult Trainer::train_step(const core::Tensor& inputs, const core::Tensor& targets) {
     const auto& t = cfg_.train;
-    const core::Shape shape = {t.grad_accum, t.batch_size, t.seq_len};
+    long_prepare_step();
+    const core::Shape shape = {t.grad_accum, t.batch_size, seq_len_};
     MT_CHECK(inputs.shape() == shape && targets.shape() == shape && inputs.dtype() == core::DType::i32 &&
                  targets.dtype() == core::DType::i32,
              "train_step: inputs {} and targets {} must be i32 [grad_accum, batch_size, seq_len] = {}",
@@ -360,18 +377,22 @@ RunEnd Trainer::run() {
                 "CPU allows; set OPENBLAS_CORETYPE (e.g. SkylakeX, Haswell or Zen)\n",
                 core);
     }
+    long_prepare_step();
     check_validation_data();
     double elapsed = 0.0;
-    int64_t timed_steps = 0;
+    int64_t timed_steps = 0, timed_tokens = 0;  // tokens: a curriculum changes the tokens of a step
     while (step_ < t.steps) {
         if (const int64_t status = step_status(); status != 0) return stop_run(status);
+        if (stage_started_) long_stage_start();
         const StepResult r = train_step();
         // The first step pays for allocation; leave it out of the rate once others exist.
         if (step_ > 1 || t.steps == 1) {
             elapsed += r.seconds;
             ++timed_steps;
+            // Still the length of the step just done: the next stage is prepared when its batches are read.
+            timed_tokens += tokens_per_step();
         }
-        const double tok_s = timed_steps > 0 ? static_cast<double>(tokens_per_step() * timed_steps) / elapsed : 0.0;
+        const double tok_s = timed_steps > 0 ? static_cast<double>(timed_tokens) / elapsed : 0.0;
         const double eta = timed_steps > 0 ? elapsed / timed_steps * static_cast<double>(t.steps - step_) : 0.0;
         std::string scale_note =
             scaler_.dynamic()
@@ -403,7 +424,7 @@ RunEnd Trainer::run() {
                                      {"step_seconds", r.seconds},
                                      {"comm/dp_grad_seconds", r.comm_seconds},
                                      {"comm/dp_buckets_overlapped", r.buckets_overlapped},
-                                     {"tokens_seen", step_ * tokens_per_step()}};
+                                     {"tokens_seen", tokens_seen(step_)}};
             if (scaler_.dynamic()) {
                 fields["loss_scale"] = r.loss_scale;
                 fields["skipped"] = r.skipped;
@@ -411,6 +432,7 @@ RunEnd Trainer::run() {
             }
             add_memory_metrics(r, fields);
             add_moe_metrics(r, fields);
+            add_long_metrics(fields);
             metrics_->write(step_, "train", fields);
         }
         handle_memory_events(r);

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "data/curriculum.h"
 #include "data/sampler.h"
 #include "nn/model.h"
 #include "optim/adamw.h"
@@ -92,10 +93,27 @@ class Trainer {
     double loss_scale() const {
         return scaler_.scale();
     }
-    // Tokens of the global batch (every rank that reads different data).
+    // Tokens of the global batch (every rank that reads different data), at the current row length.
     int64_t tokens_per_step() const {
-        return cfg_.train.batch_size * cfg_.train.seq_len * cfg_.train.grad_accum * data_size();
+        return rows_per_step() * seq_len_;
     }
+    // Rows of the global batch: batch_size x grad_accum x the ranks that read different data.
+    int64_t rows_per_step() const {
+        return cfg_.train.batch_size * cfg_.train.grad_accum * data_size();
+    }
+    // The row length of the current step: train.seq_len, or the curriculum stage's (trainer_long.cpp).
+    int64_t seq_len() const {
+        return seq_len_;
+    }
+    // The curriculum stage of the current step (-1 without [[long.stages]]), and the step it started at.
+    int64_t stage() const {
+        return stage_;
+    }
+    int64_t stage_first_step() const {
+        return stage_ >= 0 ? stage_first_step_[static_cast<size_t>(stage_)] : 0;
+    }
+    // Training tokens of optimizer steps [0, steps), each at its stage's row length.
+    int64_t tokens_seen(int64_t steps) const;
     const parallel::Mesh& mesh() const {
         return *mesh_;
     }
@@ -157,6 +175,18 @@ class Trainer {
     void add_memory_metrics(const StepResult& r, nlohmann::json& fields) const;
     void handle_memory_events(const StepResult& r);
 
+    // trainer_long.cpp: the context-length curriculum (docs/long_context.md): the document index and the stage
+    // schedule at construction; before each step, the stage of step_ (its sampler, row length and buffers); at a
+    // stage's first step, its event and passkey eval; the long-context metrics fields; the stage in the checkpoint
+    // manifest.
+    void long_setup();
+    void long_prepare_step();
+    void long_stage_start();
+    void add_long_metrics(nlohmann::json& fields);
+    nlohmann::json long_checkpoint_json() const;
+    nlohmann::json long_position(int64_t step) const;  // {stage, stage_step, stage_tokens} of a step; {} without stages
+    void long_check_checkpoint(const nlohmann::json& data, int64_t step, const std::string& dir) const;
+
     // trainer_moe.cpp: the MoE layers' metrics fields, warning/alarm events, and balancer checkpoint state.
     void add_moe_metrics(const StepResult& r, nlohmann::json& fields) const;
     void handle_moe_events(const StepResult& r);
@@ -193,6 +223,16 @@ class Trainer {
     int64_t moe_alarms_total_ = 0;
     std::map<int64_t, std::pair<bool, bool>> moe_warning_flags_;  // per layer: imbalance, bias range warning on
     bool memory_warning_on_ = false;  // mem/reserved was above metrics.memory_warning at the last step
+    int64_t seq_len_ = 0;             // the row length of step_ (train.seq_len, or its stage's)
+    // The curriculum: every document of the training data, the step each stage starts at, the stage of step_ and its
+    // sampler; stage_started_ is set when step_ is a stage's first step, until its event is written.
+    std::unique_ptr<data::DocIndex> doc_index_;
+    std::vector<int64_t> stage_first_step_;
+    int64_t stage_ = -1;
+    std::unique_ptr<data::CurriculumSampler> stage_sampler_;
+    bool stage_started_ = false;
+    // The stage's long tokens served so far (add_long_metrics), over its first long_counted_rows_ global rows.
+    int64_t long_counted_stage_ = -1, long_counted_rows_ = 0, long_counted_tokens_ = 0;
 };
 
 // The precision run.device selects: "cpu" (f32), "cuda" (bf16 mixed precision; exit 5 without a GPU) or "auto"

@@ -134,16 +134,17 @@ void Trainer::save_checkpoint() {
         ranks.push_back(
             {{"dp", r}, {"source", "train"}, {"epoch", train_sampler_->epoch_of(first)}, {"sample", first}});
     }
-    const nlohmann::json extra = {
+    nlohmann::json extra = {
         {"config_toml", cfg_.to_toml()},
         {"model_signature", model_signature(model_specs(table))},
-        {"tokens_seen", step_ * tokens_per_step()},
+        {"tokens_seen", tokens_seen(step_)},
         {"mesh", mesh_->to_json()},
         {"rng", {{"seed", cfg_.run.seed}, {"step", step_}}},
         {"loss_scaler", scaler_.state()},
         {"moe", moe_checkpoint_json()},
         {"data", {{"samples_consumed", samples}, {"ranks", ranks}}},
     };
+    extra["data"].update(long_checkpoint_json());  // the curriculum stage and position, when there is one
     const std::string dir = checkpoint_write(
         checkpoints_root(cfg_),
         step_,
@@ -187,6 +188,7 @@ void Trainer::load_checkpoint_state(const std::string& dir) {
                         step,
                         expected,
                         dir);
+    long_check_checkpoint(data, step, dir);
     if (t.steps < step)
         core::fail_hint(core::ExitCode::usage,
                         fmt::format("set train.steps to {} or more to train on from it, or resume from an earlier "

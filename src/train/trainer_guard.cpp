@@ -17,14 +17,16 @@ constexpr int64_t kDataFailed = 1000;
 }  // namespace
 
 void Trainer::allocate_step_batches() {
-    if (step_inputs_.defined()) return;
     const auto& t = cfg_.train;
-    step_inputs_ = core::Tensor::zeros({t.grad_accum, t.batch_size, t.seq_len}, core::DType::i32);
-    step_targets_ = core::Tensor::zeros({t.grad_accum, t.batch_size, t.seq_len}, core::DType::i32);
+    const core::Shape shape = {t.grad_accum, t.batch_size, seq_len_};  // a curriculum stage changes seq_len_
+    if (step_inputs_.defined() && step_inputs_.shape() == shape) return;
+    step_inputs_ = core::Tensor::zeros(shape, core::DType::i32);
+    step_targets_ = core::Tensor::zeros(shape, core::DType::i32);
 }
 
 void Trainer::read_step_batches() {
     const auto& t = cfg_.train;
+    long_prepare_step();
     allocate_step_batches();
     batches_step_ = -1;  // until every micro-batch is in
     for (int64_t micro = 0; micro < t.grad_accum; ++micro)
@@ -107,8 +109,8 @@ void Trainer::check_validation_data() const {
     const auto& t = cfg_.train;
     if (t.eval_every <= 0) return;
     const data::Sampler& sampler = val_sampler_ ? *val_sampler_ : *train_sampler_;
-    const core::Tensor inputs = core::Tensor::zeros({t.batch_size, t.seq_len}, core::DType::i32);
-    const core::Tensor targets = core::Tensor::zeros({t.batch_size, t.seq_len}, core::DType::i32);
+    const core::Tensor inputs = core::Tensor::zeros({t.batch_size, seq_len_}, core::DType::i32);
+    const core::Tensor targets = core::Tensor::zeros({t.batch_size, seq_len_}, core::DType::i32);
     for (int64_t b = data_rank(); b < t.eval_batches; b += data_size())
         sampler.fill_sequential(b * t.batch_size, t.batch_size, inputs, targets);
 }

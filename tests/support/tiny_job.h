@@ -34,6 +34,24 @@ inline std::vector<int32_t> pattern_tokens(int64_t n, int64_t vocab, uint64_t se
     return tokens;
 }
 
+// Writes a shard of tiny_job's vocabulary (61) holding documents that end at EOT 60: 400 short ones of 2..6 tokens and
+// 12 long ones of 40..200, so that at seq_len 16 and 32 the short ones are a curriculum's replay and the long ones
+// long. Returns the path (dir/docs.bin).
+inline std::string write_document_shard(const std::string& dir) {
+    std::vector<int32_t> tokens;
+    for (uint64_t d = 0; d < 412; ++d) {
+        const bool is_long = d % 34 == 33;
+        const int64_t len = is_long ? 40 + static_cast<int64_t>(core::rng_u64(1, 2, d) % 161)
+                                    : 2 + static_cast<int64_t>(core::rng_u64(1, 3, d) % 5);
+        for (int64_t i = 0; i + 1 < len; ++i)
+            tokens.push_back(static_cast<int32_t>((d * 7 + static_cast<uint64_t>(i) * 3) % 60));
+        tokens.push_back(60);
+    }
+    const std::string path = dir + "/docs.bin";
+    data::llmc_write_shard(path, tokens, 61);
+    return path;
+}
+
 // Writes train/val shards into dir and returns a config of a 2-layer GQA model over them.
 inline train::JobConfig tiny_job(const std::string& dir, std::vector<std::string> overrides = {}) {
     const int64_t vocab = 61;

@@ -70,6 +70,42 @@ TEST(TrainerDp, LossCurveMatchesOneProcessWithTheSameGlobalBatch) {
             std::abs(va - vb) / va);
 }
 
+// The context-length curriculum under data parallelism: the stage schedule counts the global batch and each rank reads
+// its share of the stage's samples, so dp = world follows the one-process loss curve through the stage switch (two
+// stages of 16 and 32 tokens, a quarter and a half of the rows long).
+TEST(TrainerDp, CurriculumMatchesOneProcessThroughTheStageSwitch) {
+    const int n = dist_world().size();
+    const int64_t ga = 2;
+    const std::string dir = shared_dir("run"), data = data_dir();
+    const std::string docs = mt::testing::write_document_shard(data);
+    const std::vector<std::string> curriculum = {
+        "data.paths=[\"" + docs + "\"]",
+        "data.eot_token=60",
+        "model.max_seq_len=32",
+        "train.steps=8",
+        "long.passkey_eval=false",
+        "long.stages=[{seq_len=16, tokens=" + std::to_string(4 * 2 * ga * n * 16) +
+            ", long_fraction=0.25}, {seq_len=32, tokens=100000, long_fraction=0.5}]"};
+    auto with = [&](std::vector<std::string> o) {
+        o.insert(o.end(), curriculum.begin(), curriculum.end());
+        return o;
+    };
+    auto self = comm_make_self();
+    Trainer single(job(data, dir + "/single", with({"train.grad_accum=" + std::to_string(ga * n), "parallel.dp=1"})),
+                   false,
+                   self.get());
+    Trainer dp(job(data, dir + "/dp", with({"train.grad_accum=" + std::to_string(ga)})), false);
+    for (int step = 1; step <= 8; ++step) {
+        const auto a = single.train_step();
+        const auto b = dp.train_step();
+        EXPECT_EQ(dp.seq_len(), step <= 4 ? 16 : 32) << "step " << step;
+        EXPECT_EQ(dp.stage(), single.stage());
+        EXPECT_LT(std::abs(a.loss - b.loss) / std::abs(a.loss), 1e-5)
+            << "step " << step << ": one process " << a.loss << ", dp=" << n << " " << b.loss;
+        EXPECT_LT(std::abs(a.grad_norm - b.grad_norm) / std::abs(a.grad_norm), 1e-5) << "step " << step;
+    }
+}
+
 TEST(TrainerDp, CheckpointResumesExactlyAndRecordsTheMesh) {
     const int n = dist_world().size();
     const std::string dir = shared_dir("run"), data = data_dir();
