@@ -63,6 +63,9 @@ class Block : public Layer {
         return moe_.get();
     }
     // The packed documents of the next forward and its backward, for the token mixer (document masking).
+    void set_rope_theta(double theta) {
+        if (attn_) attn_->set_rope_theta(theta);
+    }
     void set_documents(const Documents& docs) {
         if (attn_) attn_->set_documents(docs);
         if (kda_) kda_->set_documents(docs);

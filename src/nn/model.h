@@ -48,6 +48,12 @@ class Model {
     const ModelConfig& config() const {
         return cfg_;
     }
+    // The RoPE base of the global attention layers from the next forward on (model.rope_theta at construction): the
+    // context-length curriculum's per-stage base. Window layers keep attn.window_rope_base.
+    void set_rope_theta(double theta) {
+        cfg_.rope_theta = theta;
+        for (auto& b : blocks_) b->set_rope_theta(theta);
+    }
 
     // ids, targets: [B, T] i32 on the host; targets equal to kIgnoreIndex do not count. Returns the mean loss over
     // the counted targets (0 when none), and keeps what backward needs. training = false (evaluation) keeps the MoE

@@ -99,7 +99,7 @@ struct LongStage {
     int64_t tokens = 0;           // training tokens of the stage (the last stage runs on to train.steps)
     double long_fraction = -1.0;  // share of rows from long documents, the rest replay of the short mix; < 0 (left
                                   // out): the natural mix, windows of the whole stream as without a curriculum
-    double rope_base = 0.0;  // 0: model.rope_theta (a different base is refused until the attention layer takes it)
+    double rope_base = 0.0;  // the global attention layers' RoPE base from this stage on (ABF); 0: model.rope_theta
 };
 
 // [long]: long-context training (docs/long_context.md). `stages` is an array of tables, parsed beside the schema

@@ -82,8 +82,9 @@ const std::map<std::string, std::string>& section_notes() {
          "stage's training tokens; the last stage runs on to `train.steps`), `long_fraction` (float in [0, 1]: the "
          "share of rows from long documents, the rest replay of the short mix packed to `seq_len`; left out: the "
          "natural mix, windows of the whole stream as without a curriculum) "
-         "and `rope_base` (float, default 0 = `model.rope_theta`; another base is refused until the attention layer "
-         "takes one per stage). No stages: `train.seq_len` throughout."},
+         "and `rope_base` (float, default 0 = `model.rope_theta`: the RoPE base of the global attention layers from "
+         "the stage's first step on, ABF; window layers keep `attn.window_rope_base`). No stages: `train.seq_len` "
+         "throughout."},
         {"parallel",
          "The device mesh and how data-parallel gradients are reduced (docs/distributed.md). Rank order, fastest "
          "first: tp, cp, ep, dp, pp."},

@@ -111,13 +111,6 @@ void config_long_validate(const JobConfig& c, const std::string& src) {
                             "(model.attn_pos, model.layer_pattern)",
                             i,
                             s.rope_base));
-        if (s.rope_base != 0.0 && s.rope_base != m.rope_theta)
-            bad(fmt::format(
-                "long.stages[{}].rope_base = {} differs from model.rope_theta = {}: a per-stage RoPE base is not "
-                "applied yet (the attention layer reads its base once); leave it out or set it to model.rope_theta",
-                i,
-                s.rope_base,
-                m.rope_theta));
     }
 }
 

@@ -16,7 +16,7 @@ namespace mt::train {
 void config_long_take_stages(toml::table& root, JobConfig& c, const std::string& src);
 
 // The curriculum's checks across keys (exit 2 naming the key): seq_len increasing from stage to stage, each at most
-// model.max_seq_len; a rope_base only on a model with RoPE layers, and equal to model.rope_theta for now.
+// model.max_seq_len; a rope_base only on a model with RoPE layers.
 void config_long_validate(const JobConfig& c, const std::string& src);
 
 // Writes c.long_ctx.stages into root as long.stages (the resolved TOML); nothing when there are none.

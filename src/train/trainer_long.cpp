@@ -86,6 +86,8 @@ void Trainer::long_prepare_step() {
     const auto seed = static_cast<uint64_t>(cfg_.run.seed);
     stage_ = s;
     seq_len_ = st.seq_len;
+    // The stage's RoPE base (ABF), model.rope_theta where it sets none; from the step, so a resume sets it too.
+    model().set_rope_theta(st.rope_base > 0.0 ? st.rope_base : cfg_.model.rope_theta);
     stage_sampler_ =
         std::make_unique<data::CurriculumSampler>(*train_source_, *doc_index_, s, st.seq_len, st.long_fraction, seed);
     // Validation reads windows of the stage's length (of the training stream when there is no validation data).

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -296,6 +297,31 @@ TEST(Model, FlopsCountWindowLayers) {
     for (int64_t i = 0; i < t; ++i) keys += static_cast<double>(std::min(i + 1, w) + g);
     const double expected = a.flops_per_token(t) - 6.0 * t * hd + 12.0 * keys / t * hd;
     EXPECT_NEAR(b.flops_per_token(t), expected, 1e-9 * expected);
+}
+
+// Model::set_rope_theta (the curriculum's per-stage base) gives the loss and gradients of a model built with that
+// base, and changes them.
+TEST(Model, SetRopeThetaEqualsAModelBuiltWithIt) {
+    ModelConfig c = small_config(false);
+    auto run = [](Model& m) {
+        m.params().initialize(4);
+        m.params().zero_grads();
+        const Tensor ids = Tensor::zeros({2, 7}, DType::i32), targets = Tensor::zeros({2, 7}, DType::i32);
+        random_batch(ids, targets, 23);
+        const double loss = m.forward(ids, targets);
+        m.backward(1.0);
+        return std::pair{loss, m.params().grad_arena().clone()};
+    };
+    Model base(c, mt::nn::Precision::cpu(DType::f64));
+    const auto [loss_base, grads_base] = run(base);
+    base.set_rope_theta(50.0);
+    const auto [loss_set, grads_set] = run(base);
+    c.rope_theta = 50.0;
+    Model built(c, mt::nn::Precision::cpu(DType::f64));
+    const auto [loss_built, grads_built] = run(built);
+    EXPECT_EQ(loss_set, loss_built);
+    EXPECT_EQ(std::memcmp(grads_set.raw(), grads_built.raw(), grads_set.nbytes()), 0);
+    EXPECT_NE(loss_set, loss_base);
 }
 
 TEST(Model, MoeParameterNamesAndFlops) {

@@ -72,7 +72,32 @@ TEST(CurriculumConfig, ParsesWritesBackAndRefusesBadStages) {
     expect_usage_error(dir, "[{tokens=10}]", "long.stages[0].seq_len is missing");
     expect_usage_error(dir, "[{seq_len=\"16\", tokens=10}]", "long.stages[0].seq_len must be an integer");
     expect_usage_error(dir, "3", "long.stages must be an array of tables");
-    expect_usage_error(dir, "[{seq_len=16, tokens=10, rope_base=50000.0}]", "long.stages[0].rope_base");
+    // A per-stage RoPE base (ABF) is taken; on a model without RoPE attention layers it is exit 2.
+    const std::string abf = "long.stages=[{seq_len=16, tokens=10, rope_base=50000.0}]";
+    EXPECT_EQ(curriculum_job(dir, "abf", {abf}).long_ctx.stages[0].rope_base, 50000.0);
+    try {
+        curriculum_job(dir, "bad", {"model.layer_pattern=\"K\"", abf});
+        ADD_FAILURE() << "expected exit 2 for a RoPE base without RoPE layers";
+    } catch (const core::Error& e) {
+        EXPECT_EQ(e.code(), core::ExitCode::usage) << e.what();
+        EXPECT_NE(std::string(e.what()).find("long.stages[0].rope_base"), std::string::npos) << e.what();
+    }
+}
+
+// A stage's rope_base rotates the attention layers from its first step on (ABF); a stage without one goes back to
+// model.rope_theta.
+TEST(CurriculumTrainer, StageRopeBaseReachesTheModel) {
+    const std::string dir = fresh_dir("abf");
+    Trainer trainer(curriculum_job(dir,
+                                   "run",
+                                   {"long.stages=[{seq_len=16, tokens=384, long_fraction=0.25}, "
+                                    "{seq_len=32, tokens=100000, long_fraction=0.5, rope_base=500000.0}]"}),
+                    false);
+    const double theta = trainer.config().model.rope_theta;
+    for (int64_t s = 0; s < 5; ++s) {
+        trainer.train_step();
+        EXPECT_EQ(trainer.model().config().rope_theta, s < 3 ? theta : 500000.0) << "step " << s;
+    }
 }
 
 // The stage follows the tokens: 3 steps at 16, then 32; every step's batch is the stage's length; tokens_seen adds

@@ -34,6 +34,11 @@ class AttentionLayer : public Layer {
     void set_documents(const Documents& docs) {
         docs_ = docs;
     }
+    // The RoPE base of a global (not window) layer from the next forward on: the curriculum's per-stage base
+    // (long_context.md §6, ABF). Window layers keep attn.window_rope_base.
+    void set_rope_theta(double theta) {
+        cfg_.rope_theta = theta;
+    }
 
    private:
     // q, k, v and the attention output from x: what recompute attn_core re-runs.
