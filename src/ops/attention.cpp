@@ -15,11 +15,17 @@ namespace {
 
 using core::Device;
 
-// The device-independent shape checks: q [B, T, Hq, D]; k, v [B, T, Hkv, D], Hq % Hkv == 0; lse [B, Hq, T].
+// The device-independent shape checks: q [B, T, Hq, D]; k, v [B, Tk, Hkv, D] with Tk >= T, Hq % Hkv == 0;
+// lse [B, Hq, T].
 void check_qkv_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, std::string_view op) {
-    const int64_t b = q.size(0), t = q.size(1), hq = q.size(2), d = q.size(3), hkv = k.size(2);
-    check_shape(k, {b, t, hkv, d}, op, "k");
-    check_shape(v, {b, t, hkv, d}, op, "v");
+    const int64_t b = q.size(0), t = q.size(1), hq = q.size(2), d = q.size(3), hkv = k.size(2), tk = k.size(1);
+    MT_CHECK(tk >= t,
+             "{}: k has {} positions, fewer than the {} queries of q (the queries are the last positions of the keys)",
+             op,
+             tk,
+             t);
+    check_shape(k, {b, tk, hkv, d}, op, "k");
+    check_shape(v, {b, tk, hkv, d}, op, "v");
     MT_CHECK(hkv > 0 && hq % hkv == 0, "{}: q has {} heads and k has {}; Hq must be a multiple of Hkv", op, hq, hkv);
     check_shape(lse, {b, hq, t}, op, "lse");
     MT_CHECK(d > 0, "{}: q has shape {}; the head dim D must be > 0", op, core::shape_str(q.shape()));
@@ -34,9 +40,10 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
     check_qkv_shapes(q, k, v, lse, op);
 }
 
-// The document map (on q's device) and the window (>= 0; the CUDA kernels take int positions, and T < 2^24 there).
-void check_mask(const AttentionMask& mask, const Tensor& q, std::string_view op) {
-    if (mask.doc_start.defined()) cpu::check_doc_start_map(mask.doc_start, q, op, "mask.doc_start");
+// The document map (over the key positions, on their device) and the window (>= 0; the CUDA kernels take int positions,
+// and T < 2^24 there).
+void check_mask(const AttentionMask& mask, const Tensor& k, std::string_view op) {
+    if (mask.doc_start.defined()) cpu::check_doc_start_map(mask.doc_start, k, op, "mask.doc_start");
     MT_CHECK(mask.window >= 0 && mask.window < (int64_t{1} << 31),
              "{}: mask.window = {} must be >= 0 (0: no window) and below 2^31",
              op,
@@ -62,7 +69,7 @@ void attention_fwd(const Tensor& q,
     check_qkv(q, k, v, lse, op);
     check_arg(out, op, "out", 4);
     check_shape(out, q.shape(), op, "out");
-    check_mask(mask, q, op);
+    check_mask(mask, k, op);
     if (device == Device::cuda) require_cuda(op);
     MT_CALL_KERNEL(attention_fwd, device, q, k, v, out, lse, options, mask);
 }
@@ -93,7 +100,7 @@ void attention_bwd(const Tensor& q,
         check_arg(*t, op, name, 4);
         check_shape(*t, k.shape(), op, name);
     }
-    check_mask(mask, q, op);
+    check_mask(mask, k, op);
     if (device == Device::cuda) require_cuda(op);
     MT_CALL_KERNEL(attention_bwd, device, q, k, v, out, lse, dout, dq, dk, dv, options, mask);
 }

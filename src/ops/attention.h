@@ -1,13 +1,16 @@
 // Causal softmax attention with grouped-query heads (GQA): query head h reads key/value head h / (Hq / Hkv).
 //   q:   [B, T, Hq, D] f32|f64
-//   k,v: [B, T, Hkv, D], Hq % Hkv == 0
+//   k,v: [B, Tk, Hkv, D], Hq % Hkv == 0, Tk >= T: the queries are the last T positions of the Tk keys (query i sits
+//        at position Tk - T + i; Tk > T is a key prefix, the cache of earlier positions that a sequence segment or a
+//        context-parallel chunk attends to, long_context.md §4 and §7; the CPU only so far)
 //   out: [B, T, Hq, D]
 //   lse: [B, Hq, T] saved for backward: log-sum-exp of the scaled scores of each query row
 // scores = q k^T / sqrt(D), masked to keys at positions <= the query position, with mask.doc_start to the keys of the
 // query's own document (document masking of packed sequences, long_context.md §2) and with mask.window to the last
 // `window` keys (sliding-window attention): query t sees keys s with max(doc_start[t], t - window + 1) <= s <= t.
 // Global (memory) tokens and a sink logit are ops/attention_global.h, merged into out and lse after this op.
-// _bwd: dq, dk, dv written (=).
+// _bwd: dq, dk, dv written (=); dk and dv cover all Tk keys (a prefix's gradient from these queries alone).
+// A document map and a window are over the Tk positions ([B, Tk]); query i uses the entry of its position.
 #pragma once
 
 #include <string>
@@ -34,7 +37,7 @@ struct AttentionOptions {
 
 // Which keys a query may see beyond causality (what the attention computes, unlike AttentionOptions).
 struct AttentionMask {
-    // [B, T] i32 on the device of q: the position (in its row) of the first token of each token's document, so
+    // [B, Tk] i32 on the device of q: the position (in its row) of the first token of each token's document, so
     // query t sees keys s with doc_start[t] <= s <= t. Within a row it is t at a document's first token and its
     // predecessor's value elsewhere. Undefined: each row is one document.
     Tensor doc_start = Tensor();

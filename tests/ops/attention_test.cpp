@@ -126,9 +126,14 @@ TEST(OpArgs, AttentionShapesAndDtypes) {
         "attention_fwd: v has shape [2, 3, 2, 4], expected [2, 3, 2, 5]");
     expect_op_error(
         [&] {
+            attention_fwd(q, Tensor::zeros({2, 2, 2, 5}, DType::f32), v, out, lse);
+        },
+        "attention_fwd: k has 2 positions, fewer than the 3 queries of q");
+    expect_op_error(
+        [&] {
             attention_fwd(q, Tensor::zeros({2, 4, 2, 5}, DType::f32), v, out, lse);
         },
-        "attention_fwd: k has shape [2, 4, 2, 5], expected [2, 3, 2, 5]");
+        "attention_fwd: v has shape [2, 3, 2, 5], expected [2, 4, 2, 5]");
     expect_op_error(
         [&] {
             attention_fwd(q, k, v, out, Tensor::zeros({2, 3, 4}, DType::f32));

@@ -29,11 +29,12 @@ int64_t first_key(const int32_t* doc_start, int64_t window, int64_t bb, int64_t 
 }
 }  // namespace
 
-// For each (b, h) with kv head kh = h / (hq / hkv), and query position i with first key lo = max(doc_start[b, i],
-// i - window + 1) (doc_start 0 without document masking, no window term when window is 0):
-//   s[j] = q[b, i, h] . k[b, j, kh] / sqrt(d) for lo <= j <= i;  lse[b, h, i] = log(sum_j exp(s[j]))
+// For each (b, h) with kv head kh = h / (hq / hkv), and query i at key position p = tk - t + i (the queries are the
+// last t of the tk positions) with first key lo = max(doc_start[b, p], p - window + 1) (doc_start 0 without
+// document masking, no window term when window is 0):
+//   s[j] = q[b, i, h] . k[b, j, kh] / sqrt(d) for lo <= j <= p;  lse[b, h, i] = log(sum_j exp(s[j]))
 //   out[b, i, h] = sum_j exp(s[j] - lse) v[b, j, kh]
-// The score GEMM still covers keys [0, i]; the keys before lo are zeroed after the softmax of [lo, i] (a reference:
+// The score GEMM still covers keys [0, p]; the keys before lo are zeroed after the softmax of [lo, p] (a reference:
 // the CUDA kernels skip the tiles before lo).
 template <typename T>
 void attention_fwd(const T* q,
@@ -45,30 +46,32 @@ void attention_fwd(const T* q,
                    int64_t window,
                    int64_t b,
                    int64_t t,
+                   int64_t tk,
                    int64_t hq,
                    int64_t hkv,
                    int64_t d) {
     blas_use_one_thread();
     const int64_t group = hq / hkv, qs = hq * d, ks = hkv * d;  // row strides of q/out and k/v
     const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d)));
-#pragma omp parallel if (b * hq * t * t * d >= kParallelMinWork)
+    const int64_t off = tk - t;  // the key position of query 0
+#pragma omp parallel if (b * hq * t * tk * d >= kParallelMinWork)
     {
-        std::vector<T> scores(static_cast<size_t>(kQBlock * t));  // [rows, keys] of one block
+        std::vector<T> scores(static_cast<size_t>(kQBlock * tk));  // [rows, keys] of one block
 #pragma omp for schedule(dynamic, 1)
         for (int64_t unit = 0; unit < b * hq; ++unit) {
             const int64_t bb = unit / hq, h = unit % hq, kh = h / group;
-            const T* qh = q + bb * t * qs + h * d;    // [t, d], row stride qs
-            const T* kh_ = k + bb * t * ks + kh * d;  // [t, d], row stride ks
-            const T* vh = v + bb * t * ks + kh * d;   // [t, d], row stride ks
-            T* oh = out + bb * t * qs + h * d;        // [t, d], row stride qs
-            T* lh = lse + unit * t;                   // [t]
+            const T* qh = q + bb * t * qs + h * d;     // [t, d], row stride qs
+            const T* kh_ = k + bb * tk * ks + kh * d;  // [tk, d], row stride ks
+            const T* vh = v + bb * tk * ks + kh * d;   // [tk, d], row stride ks
+            T* oh = out + bb * t * qs + h * d;         // [t, d], row stride qs
+            T* lh = lse + unit * t;                    // [t]
             for (int64_t r0 = 0; r0 < t; r0 += kQBlock) {
-                const int64_t rows = std::min(kQBlock, t - r0), keys = r0 + rows;
+                const int64_t rows = std::min(kQBlock, t - r0), keys = off + r0 + rows;
                 T* s = scores.data();  // [rows, keys]
                 gemm(false, true, rows, keys, d, scale, qh + r0 * qs, qs, kh_, ks, T(0), s, keys);
                 for (int64_t i = 0; i < rows; ++i) {
-                    T* sr = s + i * keys;  // [keys]; keys j < lo and j > r0 + i are masked
-                    const int64_t valid = r0 + i + 1, lo = first_key(doc_start, window, bb, t, r0 + i);
+                    T* sr = s + i * keys;  // [keys]; keys j < lo and j > off + r0 + i are masked
+                    const int64_t valid = off + r0 + i + 1, lo = first_key(doc_start, window, bb, tk, off + r0 + i);
                     T* sv = sr + lo;  // the visible keys [lo, valid)
                     const int64_t nv = valid - lo;
                     const T mx = max_value(sv, nv);
@@ -107,24 +110,26 @@ void attention_bwd(const T* q,
                    int64_t window,
                    int64_t b,
                    int64_t t,
+                   int64_t tk,
                    int64_t hq,
                    int64_t hkv,
                    int64_t d) {
     blas_use_one_thread();
     const int64_t group = hq / hkv, qs = hq * d, ks = hkv * d;
     const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d)));
-#pragma omp parallel if (b * hq * t * t * d >= kParallelMinWork)
+    const int64_t off = tk - t;  // the key position of query 0
+#pragma omp parallel if (b * hq * t * tk * d >= kParallelMinWork)
     {
-        std::vector<T> probs(static_cast<size_t>(kQBlock * t));  // [rows, keys]: p
-        std::vector<T> grads(static_cast<size_t>(kQBlock * t));  // [rows, keys]: dp, then ds
+        std::vector<T> probs(static_cast<size_t>(kQBlock * tk));  // [rows, keys]: p
+        std::vector<T> grads(static_cast<size_t>(kQBlock * tk));  // [rows, keys]: dp, then ds
 #pragma omp for schedule(dynamic, 1)
         for (int64_t unit = 0; unit < b * hkv; ++unit) {
             const int64_t bb = unit / hkv, kh = unit % hkv;
-            const T* kh_ = k + bb * t * ks + kh * d;  // [t, d], row stride ks
-            const T* vh = v + bb * t * ks + kh * d;
-            T* dkh = dk + bb * t * ks + kh * d;
-            T* dvh = dv + bb * t * ks + kh * d;
-            for (int64_t j = 0; j < t; ++j) {
+            const T* kh_ = k + bb * tk * ks + kh * d;  // [tk, d], row stride ks
+            const T* vh = v + bb * tk * ks + kh * d;
+            T* dkh = dk + bb * tk * ks + kh * d;
+            T* dvh = dv + bb * tk * ks + kh * d;
+            for (int64_t j = 0; j < tk; ++j) {
                 std::fill(dkh + j * ks, dkh + j * ks + d, T(0));
                 std::fill(dvh + j * ks, dvh + j * ks + d, T(0));
             }
@@ -135,7 +140,7 @@ void attention_bwd(const T* q,
                 T* dqh = dq + bb * t * qs + h * d;
                 const T* lh = lse + (bb * hq + h) * t;  // [t]
                 for (int64_t r0 = 0; r0 < t; r0 += kQBlock) {
-                    const int64_t rows = std::min(kQBlock, t - r0), keys = r0 + rows;
+                    const int64_t rows = std::min(kQBlock, t - r0), keys = off + r0 + rows;
                     T* p = probs.data();  // [rows, keys]
                     T* g = grads.data();  // [rows, keys]
                     gemm(false, true, rows, keys, d, scale, qh + r0 * qs, qs, kh_, ks, T(0), p, keys);
@@ -148,7 +153,7 @@ void attention_bwd(const T* q,
                         T di = 0;
 #pragma omp simd reduction(+ : di)
                         for (int64_t c = 0; c < d; ++c) di += do_i[c] * o_i[c];
-                        const int64_t valid = r0 + i + 1, lo = first_key(doc_start, window, bb, t, r0 + i);
+                        const int64_t valid = off + r0 + i + 1, lo = first_key(doc_start, window, bb, tk, off + r0 + i);
                         const T l = lh[r0 + i];
                         exp_affine(pr + lo, pr + lo, valid - lo, T(1), -l);
                         for (int64_t j = lo; j < valid; ++j) gr[j] = pr[j] * (gr[j] - di);
@@ -177,6 +182,7 @@ template void attention_fwd<float>(const float*,
                                    int64_t,
                                    int64_t,
                                    int64_t,
+                                   int64_t,
                                    int64_t);
 template void attention_fwd<double>(const double*,
                                     const double*,
@@ -184,6 +190,7 @@ template void attention_fwd<double>(const double*,
                                     double*,
                                     double*,
                                     const int32_t*,
+                                    int64_t,
                                     int64_t,
                                     int64_t,
                                     int64_t,
@@ -205,6 +212,7 @@ template void attention_bwd<float>(const float*,
                                    int64_t,
                                    int64_t,
                                    int64_t,
+                                   int64_t,
                                    int64_t);
 template void attention_bwd<double>(const double*,
                                     const double*,
@@ -216,6 +224,7 @@ template void attention_bwd<double>(const double*,
                                     double*,
                                     double*,
                                     const int32_t*,
+                                    int64_t,
                                     int64_t,
                                     int64_t,
                                     int64_t,
@@ -263,6 +272,7 @@ void attention_fwd(const Tensor& q,
                                          mask.window,
                                          q.size(0),
                                          q.size(1),
+                                         k.size(1),
                                          q.size(2),
                                          k.size(2),
                                          q.size(3)));
@@ -310,6 +320,7 @@ void attention_bwd(const Tensor& q,
                                          mask.window,
                                          q.size(0),
                                          q.size(1),
+                                         k.size(1),
                                          q.size(2),
                                          k.size(2),
                                          q.size(3)));

@@ -37,6 +37,11 @@ AttnParams make_params(const Tensor& q,
              op,
              core::dtype_name(q.dtype()));
     MT_CHECK(lse.dtype() == DType::f32, "{}: lse has dtype {}, expected f32", op, core::dtype_name(lse.dtype()));
+    MT_CHECK(k.size(1) == q.size(1),
+             "{}: k has {} positions and q {}; a key prefix (Tk > T) runs on the CPU only so far",
+             op,
+             k.size(1),
+             q.size(1));
     MT_CHECK(q.size(3) <= kMaxHeadDim, "{}: head dim {} is above the CUDA limit {}", op, q.size(3), kMaxHeadDim);
     MT_CHECK(q.size(0) * q.size(1) * q.size(2) < (int64_t{1} << 31) && q.size(1) < (int64_t{1} << 24),
              "{}: q of shape {} is too large for the CUDA kernels",
