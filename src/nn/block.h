@@ -62,10 +62,11 @@ class Block : public Layer {
     MoeLayer* moe() {
         return moe_.get();
     }
-    // The packed documents of the next forward and its backward, for the token mixer (document masking).
+    // The RoPE base of a global attention mixer (AttentionLayer::set_rope_theta).
     void set_rope_theta(double theta) {
         if (attn_) attn_->set_rope_theta(theta);
     }
+    // The packed documents of the next forward and its backward, for the token mixer (document masking).
     void set_documents(const Documents& docs) {
         if (attn_) attn_->set_documents(docs);
         if (kda_) kda_->set_documents(docs);

@@ -158,6 +158,15 @@ Tensor state_row(const Tensor& t, int64_t row, bool use) {
     return t.select(0, row).reshape(shape);
 }
 
+// The documents of a checked map, from a host copy of a device map (the copy waits for the GPU; its values are
+// checked here, as the op's entry cannot read a device map's).
+std::vector<DocSpan> host_doc_spans(const Tensor& doc_start, std::string_view op) {
+    if (doc_start.device() == core::Device::cpu) return cpu::doc_spans(doc_start);
+    const Tensor host = doc_start.to_device(core::Device::cpu);
+    cpu::check_doc_start_values(host, op, "options.doc_start");
+    return cpu::doc_spans(host);
+}
+
 void kda_fwd_documents(const Tensor& q,
                        const Tensor& k,
                        const Tensor& v,
@@ -167,7 +176,7 @@ void kda_fwd_documents(const Tensor& q,
                        const Tensor& out,
                        const Tensor& st,
                        KdaOptions options) {
-    const std::vector<DocSpan> spans = cpu::doc_spans(options.doc_start.to_device(core::Device::cpu));
+    const std::vector<DocSpan> spans = host_doc_spans(options.doc_start, "kda_fwd");
     options.doc_start = Tensor();
     for (const DocSpan& sp : spans) {
         const bool first = sp.first == 0, last = sp.end == q.size(1);
@@ -203,7 +212,7 @@ void kda_bwd_documents(const Tensor& q,
                        const Tensor& dbeta,
                        const Tensor& ds0,
                        KdaOptions options) {
-    const std::vector<DocSpan> spans = cpu::doc_spans(options.doc_start.to_device(core::Device::cpu));
+    const std::vector<DocSpan> spans = host_doc_spans(options.doc_start, "kda_bwd");
     options.doc_start = Tensor();
     for (const DocSpan& sp : spans) {
         const bool first = sp.first == 0, last = sp.end == q.size(1);

@@ -282,6 +282,12 @@ void validate(const JobConfig& c, const std::string& src) {
     const bool attention = m.n_layers > m.n_kda_layers() || m.n_layers == 0;
     if (attention && m.attn_rope() && m.resolved_head_dim() % 2 != 0)
         bad(fmt::format("head dimension {} must be even for RoPE (model.attn_pos)", m.resolved_head_dim()));
+    if (!m.attn.window_layers.empty() && m.attn.window_rope_base > 0 && m.resolved_head_dim() % 2 != 0)
+        bad(
+            fmt::format("head dimension {} must be even for the window layers' RoPE (attn.window_rope_base = {}; 0 "
+                        "turns it off)",
+                        m.resolved_head_dim(),
+                        m.attn.window_rope_base));
     if (m.kda.chunk_size != 32 && m.kda.chunk_size != 64)
         bad(fmt::format("kda.chunk_size = {} must be 32 or 64", m.kda.chunk_size));
     if (m.n_kda_layers() > 0 && m.kda_num_v_heads() % m.kda_num_heads() != 0)

@@ -80,7 +80,12 @@ void Trainer::long_setup() {
 void Trainer::long_prepare_step() {
     if (stage_first_step_.empty()) return;
     const int64_t s = data::curriculum_stage_of_step(stage_first_step_, step_);
-    if (s == stage_) return;
+    if (s == stage_) {
+        // The same stage (a resume inside the stage the constructor prepared): its start event belongs to its first
+        // step only.
+        stage_started_ = stage_started_ && step_ == stage_first_step();
+        return;
+    }
     const LongStage& st = cfg_.long_ctx.stages[static_cast<size_t>(s)];
     const auto& t = cfg_.train;
     const auto seed = static_cast<uint64_t>(cfg_.run.seed);

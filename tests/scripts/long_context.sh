@@ -81,6 +81,18 @@ assert all(math.isfinite(x) and x > 0 for x in p["passkey/loss_by_depth"]), p
 assert 0 < p["passkey/p_key"] < 1 and abs(sum(p["passkey/loss_by_depth"]) / 10 - p["passkey/loss"]) < 1e-9
 EOF2
 
+# A resume inside stage 0 (a checkpoint after step 1) writes no second stage-0 event: the log holds one event per
+# stage start, at steps 0 and 2.
+"$BIN" train "${CUR[@]}" --set run.dir=res --set train.steps=1 --set checkpoint.every_steps=1 > res1.log 2>&1 ||
+  fail "the first half exited $?: $(cat res1.log)"
+"$BIN" train "${CUR[@]}" --set run.dir=res --set checkpoint.every_steps=1 --resume > res2.log 2>&1 ||
+  fail "the resume exited $?: $(cat res2.log)"
+/usr/bin/python3 - res/metrics.jsonl << 'EOF3' || fail "stage events after a resume inside stage 0: $(grep long_stage res/metrics.jsonl)"
+import json, sys
+events = [l for l in map(json.loads, open(sys.argv[1])) if l["kind"] == "event" and l["event"] == "long_stage"]
+assert [(e["step"], e["stage"]) for e in events] == [(0, 0), (2, 1)], events
+EOF3
+
 # The Megatron format gets its index too (train.docs beside train.bin and train.idx), and the curriculum reads it.
 "$BIN" data --input corpus.txt --long-doc tree --format megatron --out meg > data.log 2>&1 || fail "megatron data exited $?"
 [[ -s meg/train.docs && -s meg/train.idx ]] || fail "no meg/train.docs: $(ls meg)"

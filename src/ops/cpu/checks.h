@@ -23,6 +23,24 @@ inline void check_index_range(const Tensor& t, int64_t lo, int64_t hi, std::stri
         MT_CHECK(v[i] >= lo && v[i] < hi, "{}: {}[{}] = {} is outside [{}, {})", op, arg, i, v[i], lo, hi);
 }
 
+// The values of a host map [B, T] i32 (contiguous): element t of a row is t (a document starts there) or the value at
+// t - 1; so every row starts a document at 0.
+inline void check_doc_start_values(const Tensor& ds, std::string_view op, std::string_view arg) {
+    const int64_t b = ds.size(0), t = ds.size(1);
+    const int32_t* d = ds.data<int32_t>();
+    for (int64_t row = 0; row < b; ++row)
+        for (int64_t i = 0; i < t; ++i) {
+            const int32_t v = d[row * t + i];
+            MT_CHECK(v == i || (i > 0 && v == d[row * t + i - 1]),
+                     "{}: {}[{}, {}] = {} is not a document start map (t or the previous value)",
+                     op,
+                     arg,
+                     row,
+                     i,
+                     v);
+        }
+}
+
 // Document masking's argument check: fails unless ds is a document-start map of the rows of the data tensor x
 // ([B, T, ...]; AttentionMask::doc_start): a contiguous i32 [B, T] tensor on x's device whose element t of a row is t
 // (a document starts there) or the value at t - 1. The values are read on the CPU only: a device map is not copied
@@ -38,19 +56,7 @@ inline void check_doc_start_map(const Tensor& ds, const Tensor& x, std::string_v
              arg,
              core::device_name(ds.device()),
              core::device_name(x.device()));
-    if (ds.device() != core::Device::cpu) return;
-    const int32_t* d = ds.data<int32_t>();
-    for (int64_t row = 0; row < b; ++row)
-        for (int64_t i = 0; i < t; ++i) {
-            const int32_t v = d[row * t + i];
-            MT_CHECK(v == i || (i > 0 && v == d[row * t + i - 1]),
-                     "{}: {}[{}, {}] = {} is not a document start map (t or the previous value)",
-                     op,
-                     arg,
-                     row,
-                     i,
-                     v);
-        }
+    if (ds.device() == core::Device::cpu) check_doc_start_values(ds, op, arg);
 }
 
 // The same for the ops whose CUDA kernels do not take a map yet (KDA, the short conv): x must be on the CPU too (a
