@@ -73,6 +73,9 @@ void Trainer::long_setup() {
                        stage_mix(stages[s]),
                        check.num_long_documents(),
                        check.num_short_documents());
+        // Validation reads windows of the stage's length: data too short for a later stage fails now, naming its
+        // files (exit 3), not at that stage's switch hours into the run.
+        if (val_source_) data::Sampler(*val_source_, stages[s].seq_len, static_cast<uint64_t>(cfg_.run.seed));
     }
     long_prepare_step();
 }

@@ -84,6 +84,23 @@ TEST(CurriculumConfig, ParsesWritesBackAndRefusesBadStages) {
     }
 }
 
+// Validation data too short for a later stage's rows is exit 3 naming its file when the trainer is built, not at
+// that stage's switch.
+TEST(CurriculumTrainer, ValidationTooShortForALaterStageFailsAtTheStart) {
+    const std::string dir = fresh_dir("short_val");
+    const JobConfig cfg = curriculum_job(dir, "run");  // stages of 16 and 32 tokens
+    data::llmc_write_shard(dir + "/short_val.bin", std::vector<int32_t>(20, 1), 61);
+    JobConfig short_val = cfg;
+    short_val.data.val_paths = {dir + "/short_val.bin"};
+    try {
+        Trainer trainer(short_val, false);
+        ADD_FAILURE() << "expected exit 3 for validation data shorter than stage 1's rows";
+    } catch (const core::Error& e) {
+        EXPECT_EQ(e.code(), core::ExitCode::data) << e.what();
+        EXPECT_NE(std::string(e.what()).find("short_val.bin"), std::string::npos) << e.what();
+    }
+}
+
 // A stage's rope_base rotates the attention layers from its first step on (ABF); a stage without one goes back to
 // model.rope_theta.
 TEST(CurriculumTrainer, StageRopeBaseReachesTheModel) {
