@@ -204,6 +204,13 @@ std::vector<ActCase> act_cases() {
                                   {"attnres", with_attnres(small("A"))},
                                   {"hybrid_moe_attnres", with_attnres(with_moe(small("KAKKA")))}};
     cases[3].cfg.n_layers = 4;  // "KA" repeats over an even count
+    // Window layers 2 and 5 of the hybrid: their global tokens' keys and values are kept (long_context.md §2).
+    nn::ModelConfig window = small("KAKKA");
+    window.attn.window = 8;
+    window.attn.window_layers = {2, 5};
+    window.attn.global_tokens = 3;
+    window.attn.sink_logit = true;
+    cases.push_back({"hybrid_window", window});
     for (const char* name : {"tiny.toml", "tiny_hybrid.toml", "tiny_moe.toml"}) {
         nn::ModelConfig c = shipped(name).model;
         c.max_seq_len = 48;
