@@ -108,10 +108,18 @@ DocIndex doc_index_build(const TokenSource& source, const std::vector<std::strin
     DocIndex index;
     std::vector<std::string> sidecars;
     for (const auto& p : paths) sidecars.push_back(doc_index_sidecar(p));
-    const bool all = !sidecars.empty() && std::all_of(sidecars.begin(), sidecars.end(), [](const std::string& s) {
+    std::vector<std::string> missing;
+    for (const auto& s : sidecars) {
         std::error_code ec;
-        return std::filesystem::is_regular_file(s, ec);
-    });
+        if (!std::filesystem::is_regular_file(s, ec)) missing.push_back(s);
+    }
+    const bool all = !sidecars.empty() && missing.empty();
+    if (!all && missing.size() < sidecars.size())
+        fmt::print(stderr,
+                   "moetrain: warning: no document index {} beside its token file, so the stream is scanned for the "
+                   "EOT and the other files' long tags are not used; rebuild the data with `moetrain data` to keep "
+                   "them\n",
+                   fmt::join(missing, ", "));
     if (all) {
         int64_t pos = 0;
         for (const auto& s : sidecars) pos += doc_index_read(s, pos, index);

@@ -50,7 +50,8 @@ int64_t doc_index_read(const std::string& path, int64_t first, DocIndex& out);
 
 // The index of a whole token source. When every token file has its sidecar, they are read and must cover the stream
 // exactly; otherwise the stream is scanned once for `eot` (a document ends after each EOT; the tail after the last one
-// is a document too) and no document is tagged.
+// is a document too) and no document is tagged; when only some files have one, a warning on stderr names those
+// without (their tags are lost, which the curriculum's long pool may miss).
 // @param[in] source  the stream
 // @param[in] paths   the token files, in stream order
 // @param[in] eot     the end-of-document token

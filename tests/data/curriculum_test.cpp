@@ -81,6 +81,16 @@ TEST(DocIndex, SidecarRoundTripAndEotScanAgree) {
     EXPECT_EQ(scanned.starts, c.index.starts);
     EXPECT_EQ(std::count(scanned.tagged.begin(), scanned.tagged.end(), 1), 0);
     EXPECT_EQ(doc_index_sidecar("a/train.bin"), "a/train.docs");
+    // Two files of which only one has its index: the scan, and a warning naming the one without.
+    llmc_write_shard(dir.file("more.bin"), std::vector<int32_t>{1, 2, kEot}, kVocab);
+    doc_index_write(dir.file("more.docs"), {3}, {1});
+    const auto both = token_source_open("llmc", {dir.file("train.bin"), dir.file("more.bin")}, kVocab);
+    ::testing::internal::CaptureStderr();
+    const DocIndex mixed = doc_index_build(*both, {dir.file("train.bin"), dir.file("more.bin")}, kEot);
+    const std::string warning = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(warning.find("no document index " + dir.file("train.docs")), std::string::npos) << warning;
+    EXPECT_EQ(std::count(mixed.tagged.begin(), mixed.tagged.end(), 1), 0);
+    EXPECT_EQ(mixed.lengths.back(), 3);
     EXPECT_EQ(doc_index_sidecar("a/train"), "a/train.docs");
 }
 
