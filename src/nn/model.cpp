@@ -305,8 +305,7 @@ double Model::flops_per_token(int64_t seq) const {
     // The routed experts are [E, F, C] stacks: each token passes through top_k of them (gate, up and down).
     matmul_params +=
         static_cast<double>(cfg_.n_moe_layers() * cfg_.moe.top_k * 3 * cfg_.moe.expert_ffn_dim * cfg_.d_model);
-    int64_t n_window = 0;
-    for (int64_t l = 0; l < cfg_.n_layers; ++l) n_window += cfg_.layer_is_window(l) ? 1 : 0;
+    const int64_t n_window = cfg_.n_window_layers();
     // A window layer's global tokens [g, C] are a 2-D parameter but not a per-token matmul (their k and v
     // projections run once per step).
     matmul_params -= static_cast<double>(n_window * cfg_.attn.global_tokens * cfg_.d_model);

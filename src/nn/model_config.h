@@ -198,6 +198,11 @@ struct ModelConfig {
             if (w == layer + 1) return true;
         return false;
     }
+    int64_t n_window_layers() const {
+        int64_t n = 0;
+        for (int64_t l = 0; l < n_layers; ++l) n += layer_is_window(l) ? 1 : 0;
+        return n;
+    }
 };
 
 }  // namespace mt::nn

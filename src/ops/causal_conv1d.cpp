@@ -28,14 +28,6 @@ void check_conv_shapes(const Tensor& x, const Tensor& w, std::initializer_list<N
     }
 }
 
-// Document masking on the CPU: each document of a row is convolved as its own sequence (its leading positions read
-// zero), by the CPU kernel on a copy of its rows (ops/cpu/documents.h); dw accumulates over them. The CUDA kernels
-// take the map themselves.
-std::vector<cpu::DocSpan> doc_spans(const Tensor& doc_start, const Tensor& x, std::string_view op) {
-    cpu::check_doc_start(doc_start, x, op, "doc_start");
-    return cpu::doc_spans(doc_start);
-}
-
 }  // namespace
 
 void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool silu, const Tensor& doc_start) {
@@ -43,20 +35,19 @@ void causal_conv1d_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool s
     const core::Device device = check_same_device(op, {{"x", x}, {"w", w}, {"y", y}});
     // Shapes on every device (the CPU kernel checks its dtypes).
     check_conv_shapes(x, w, {{"y", y}}, op);
-    if (doc_start.defined() && device == core::Device::cuda) {
-        cpu::check_doc_start_map(doc_start, x, op, "doc_start");
+    if (doc_start.defined()) cpu::check_doc_start_map(doc_start, x, op, "doc_start");
+    // The CUDA kernels take the map themselves; the CPU convolves each document as its own sequence (its leading
+    // positions read zero) on a copy of its rows (ops/cpu/documents.h).
+    if (device == core::Device::cuda) {
         return MT_CALL_KERNEL(causal_conv1d_fwd, core::Device::cuda, x, w, y, silu, doc_start);
     }
     if (doc_start.defined()) {
-        for (const cpu::DocSpan& s : doc_spans(doc_start, x, op)) {
+        for (const cpu::DocSpan& s : cpu::doc_spans(doc_start)) {
             const Tensor ys = cpu::doc_rows(y, s);
             MT_CALL_KERNEL(causal_conv1d_fwd, core::Device::cpu, cpu::doc_rows(x, s), w, ys, silu, Tensor());
             cpu::doc_view(y, s).copy_from(ys.select(0, 0));
         }
         return;
-    }
-    if (device == core::Device::cuda) {
-        return MT_CALL_KERNEL(causal_conv1d_fwd, core::Device::cuda, x, w, y, silu, Tensor());
     }
     MT_CALL_KERNEL(causal_conv1d_fwd, core::Device::cpu, x, w, y, silu, Tensor());
 }
@@ -74,12 +65,13 @@ void causal_conv1d_bwd(const Tensor& x,
     check_conv_shapes(x, w, {{"dy", dy}, {"dx", dx}}, op);
     check_arg(dw, op, "dw", 2);
     check_shape(dw, w.shape(), op, "dw");
-    if (doc_start.defined() && device == core::Device::cuda) {
-        cpu::check_doc_start_map(doc_start, x, op, "doc_start");
+    if (doc_start.defined()) cpu::check_doc_start_map(doc_start, x, op, "doc_start");
+    // As the forward: the CUDA kernels take the map; the CPU runs each document alone, dw accumulating over them.
+    if (device == core::Device::cuda) {
         return MT_CALL_KERNEL(causal_conv1d_bwd, core::Device::cuda, x, w, dy, dx, dw, silu, doc_start);
     }
     if (doc_start.defined()) {
-        for (const cpu::DocSpan& s : doc_spans(doc_start, x, op)) {
+        for (const cpu::DocSpan& s : cpu::doc_spans(doc_start)) {
             const Tensor dxs = cpu::doc_rows(dx, s);
             MT_CALL_KERNEL(causal_conv1d_bwd,
                            core::Device::cpu,
@@ -93,9 +85,6 @@ void causal_conv1d_bwd(const Tensor& x,
             cpu::doc_view(dx, s).copy_from(dxs.select(0, 0));
         }
         return;
-    }
-    if (device == core::Device::cuda) {
-        return MT_CALL_KERNEL(causal_conv1d_bwd, core::Device::cuda, x, w, dy, dx, dw, silu, Tensor());
     }
     MT_CALL_KERNEL(causal_conv1d_bwd, core::Device::cpu, x, w, dy, dx, dw, silu, Tensor());
 }

@@ -104,10 +104,8 @@ void config_long_validate(const JobConfig& c, const std::string& src) {
                             i,
                             s.seq_len,
                             m.max_seq_len));
-        int64_t window_layers = 0;
-        for (int64_t l = 0; l < m.n_layers; ++l) window_layers += m.layer_is_window(l) ? 1 : 0;
         // The base applies to the global (not window) attention layers that use RoPE.
-        const bool rope = m.n_layers > m.n_kda_layers() + window_layers && m.attn_rope();
+        const bool rope = m.n_layers > m.n_kda_layers() + m.n_window_layers() && m.attn_rope();
         if (s.rope_base != 0.0 && !rope)
             bad(
                 fmt::format("long.stages[{}].rope_base = {} is set, but the model has no RoPE attention layer "

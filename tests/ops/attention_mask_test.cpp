@@ -12,6 +12,7 @@
 #include "core/rng.h"
 #include "ops/attention.h"
 #include "support/documents.h"
+#include "support/finite_differences.h"
 #include "support/rho.h"
 
 namespace mt::ops {
@@ -105,20 +106,10 @@ TEST(AttentionDocumentMask, GradientsMatchFiniteDifferences) {
         for (int64_t i = 0; i < out.numel(); ++i) s += core::tensor_get_flat(out, i) * core::tensor_get_flat(dout, i);
         return s;
     };
-    const std::pair<Tensor*, const Tensor*> params[] = {{&q, &r.dq}, {&k, &r.dk}, {&v, &r.dv}};
-    int checked = 0;
-    for (const auto& [x, grad] : params)
-        for (int64_t i : {int64_t{3}, x->numel() / 3, x->numel() / 2 + 5, x->numel() - 1}) {
-            const double x0 = core::tensor_get_flat(*x, i), h = 1e-6;
-            core::tensor_set_flat(*x, i, x0 + h);
-            const double up = loss();
-            core::tensor_set_flat(*x, i, x0 - h);
-            const double down = loss();
-            core::tensor_set_flat(*x, i, x0);
-            const double numeric = (up - down) / (2 * h), analytic = core::tensor_get_flat(*grad, i);
-            EXPECT_NEAR(analytic, numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << "element " << i;
-            ++checked;
-        }
+    const int checked =
+        testing::expect_central_differences(loss, {{&q, &r.dq}, {&k, &r.dk}, {&v, &r.dv}}, [](int64_t n) {
+            return std::vector<int64_t>{3, n / 3, n / 2 + 5, n - 1};
+        });
     EXPECT_EQ(checked, 12);
 }
 

@@ -21,6 +21,7 @@
 #include "ops/attention_global.h"
 #include "ops/op_harness.h"
 #include "support/documents.h"
+#include "support/finite_differences.h"
 #include "support/rho.h"
 
 namespace mt::ops::test {
@@ -182,21 +183,10 @@ TEST(AttentionWindow, GradientsMatchFiniteDifferences) {
         for (int64_t i = 0; i < o.numel(); ++i) s += core::tensor_get_flat(o, i) * core::tensor_get_flat(dout, i);
         return s;
     };
-    const std::pair<Tensor*, const Tensor*> params[] = {
-        {&p.q, &dq}, {&p.k, &dk}, {&p.v, &dv}, {&p.kg, &dkg}, {&p.vg, &dvg}, {&p.sink, &dsink}};
-    int checked = 0;
-    for (const auto& [x, grad] : params)
-        for (int64_t i : {int64_t{1}, x->numel() / 3, x->numel() / 2 + 1, x->numel() - 1}) {
-            const double x0 = core::tensor_get_flat(*x, i), h = 1e-6;
-            core::tensor_set_flat(*x, i, x0 + h);
-            const double up = loss();
-            core::tensor_set_flat(*x, i, x0 - h);
-            const double down = loss();
-            core::tensor_set_flat(*x, i, x0);
-            const double numeric = (up - down) / (2 * h), analytic = core::tensor_get_flat(*grad, i);
-            EXPECT_NEAR(analytic, numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << "element " << i;
-            ++checked;
-        }
+    const int checked = mt::testing::expect_central_differences(
+        loss, {{&p.q, &dq}, {&p.k, &dk}, {&p.v, &dv}, {&p.kg, &dkg}, {&p.vg, &dvg}, {&p.sink, &dsink}}, [](int64_t n) {
+            return std::vector<int64_t>{1, n / 3, n / 2 + 1, n - 1};
+        });
     EXPECT_EQ(checked, 24);
 }
 

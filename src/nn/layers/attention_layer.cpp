@@ -76,11 +76,10 @@ void AttentionLayer::forward_core(const Tensor& x) {
     }
     ops::attention_fwd(q_, k_, v_, attn_, lse_, {}, mask());
     if (!merges_global()) return;
-    const Tensor mem = mem_ >= 0 ? table_->param(mem_) : Tensor();
     if (mem_ >= 0) {
         const int64_t g = cfg_.attn.global_tokens;
-        wk_.forward(mem, kg_.reshape({g, kg_.numel() / g}));
-        wv_.forward(mem, vg_.reshape({g, vg_.numel() / g}));
+        wk_.forward(table_->param(mem_), kg_.reshape({g, kg_.numel() / g}));
+        wv_.forward(table_->param(mem_), vg_.reshape({g, vg_.numel() / g}));
     }
     ops::attention_global_fwd(q_, kg_, vg_, sink_ >= 0 ? table_->param(sink_) : Tensor(), attn_, lse_);
 }

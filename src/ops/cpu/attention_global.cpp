@@ -127,12 +127,9 @@ void check_dtypes(const Tensor& q, std::initializer_list<NamedArg> args, std::st
         }
 }
 
+// An optional tensor's data (null when undefined).
 template <typename T>
-const T* ptr_or_null(const Tensor& t) {
-    return t.defined() ? t.data<T>() : nullptr;
-}
-template <typename T>
-T* mut_or_null(const Tensor& t) {
+T* ptr_or_null(const Tensor& t) {
     return t.defined() ? t.data<T>() : nullptr;
 }
 
@@ -190,9 +187,9 @@ void attention_global_bwd(const Tensor& q,
                                  lse.data<scalar_t>(),
                                  dout.data<scalar_t>(),
                                  dq.data<scalar_t>(),
-                                 mut_or_null<scalar_t>(dkg),
-                                 mut_or_null<scalar_t>(dvg),
-                                 mut_or_null<scalar_t>(dsink),
+                                 ptr_or_null<scalar_t>(dkg),
+                                 ptr_or_null<scalar_t>(dvg),
+                                 ptr_or_null<scalar_t>(dsink),
                                  n));
 }
 MT_REGISTER_KERNEL(attention_global_bwd, cpu, attention_global_bwd, ::mt::ops::float_dtypes);

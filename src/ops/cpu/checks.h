@@ -59,14 +59,4 @@ inline void check_doc_start_map(const Tensor& ds, const Tensor& x, std::string_v
     if (ds.device() == core::Device::cpu) check_doc_start_values(ds, op, arg);
 }
 
-// The same for the ops whose CUDA kernels do not take a map yet (KDA, the short conv): x must be on the CPU too (a
-// clear error on CUDA, not a wrong result).
-inline void check_doc_start(const Tensor& ds, const Tensor& x, std::string_view op, std::string_view arg) {
-    MT_CHECK(x.device() == core::Device::cpu,
-             "{}: document masking ({}) runs on the CPU only so far; the CUDA kernels do not take it yet",
-             op,
-             arg);
-    check_doc_start_map(ds, x, op, arg);
-}
-
 }  // namespace mt::ops::cpu
