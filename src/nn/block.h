@@ -71,6 +71,11 @@ class Block : public Layer {
         if (attn_) attn_->set_documents(docs);
         if (kda_) kda_->set_documents(docs);
     }
+    // The sequence segment of the next forward and its backward, for the token mixer (long_context.md §4).
+    void set_segment(const SegmentContext& seg) {
+        if (attn_) attn_->set_segment(seg);
+        if (kda_) kda_->set_segment(seg);
+    }
     // Training forwards count the MoE routing for balancing and metrics, and let KDA layers keep what their backward
     // reuses (kda.save); evaluation forwards do neither.
     void set_training(bool training) {

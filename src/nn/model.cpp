@@ -91,23 +91,93 @@ double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {
              "sequence length {} exceeds model.max_seq_len {}",
              ids.size(1),
              cfg_.max_seq_len);
-    resize(ids.size(0), ids.size(1));
-    const int64_t n = batch_ * seq_;
-    ids_.copy_from(ids.reshape({n}));
-    host_targets_.copy_from(targets.reshape({n}));
-    targets_.copy_from(host_targets_);
-    if (cfg_.document_mask) docs_ = documents_from_ids(ids, static_cast<int32_t>(cfg_.eot_token), precision_.device);
+    training_ = training;
+    const int64_t batch = ids.size(0), seq = ids.size(1);
+    bounds_ = cfg_.segments.enabled() ? plan_segments(seq) : std::vector<int64_t>{0, seq};
+    // The loss is the mean over the whole batch's counted targets, whatever the segments.
+    const Tensor host_targets = targets.device() == core::Device::cpu ? targets : targets.to_device(core::Device::cpu);
+    counted_ = 0;
+    for (int64_t i = 0; i < host_targets.numel(); ++i)
+        counted_ += core::tensor_get_flat(host_targets, i) != kIgnoreIndex ? 1 : 0;
+    seq_ids_ = ids.device() == core::Device::cpu ? ids.clone() : ids.to_device(core::Device::cpu);
+    seq_targets_ = host_targets.clone();
+    seq_docs_ = cfg_.document_mask
+                    ? documents_from_ids(seq_ids_, static_cast<int32_t>(cfg_.eot_token), core::Device::cpu)
+                    : Documents{};
+    total_seq_ = seq;
+    const int64_t segments = static_cast<int64_t>(bounds_.size()) - 1;
+    seq_losses_ = segments > 1 ? Tensor::zeros({batch * seq}, precision_.stats) : Tensor();
+    double sum = 0.0;
+    for (int64_t j = 0; j < segments; ++j) {
+        begin_pass(batch, j, false);
+        sum += pass_forward();
+    }
+    return counted_ > 0 ? sum / static_cast<double>(counted_) : 0.0;
+}
 
+std::vector<int64_t> Model::plan_segments(int64_t seq) const {
+    MT_CHECK(cfg_.moe.capacity_factor <= 0.0 && cfg_.moe.balance.mode != MoeBalanceMode::aux_loss,
+             "sequence segments need dropless MoE without the auxiliary loss (both are per batch, not per token)");
+    // The causal attention FLOPs grow with the position: 12 (Hq D) per key per query and layer, fwd + bwd.
+    const int64_t n_attn = cfg_.n_layers - cfg_.n_kda_layers() - cfg_.n_window_layers();
+    const double per_key = 12.0 * static_cast<double>(n_attn * cfg_.n_heads * cfg_.resolved_head_dim());
+    const double linear = flops_per_token(seq) - per_key * 0.5 * static_cast<double>(seq);
+    std::vector<int64_t> bounds =
+        nn::segment_bounds(cfg_.segments, seq, cfg_.n_kda_layers() > 0 ? cfg_.kda.chunk_size : 64, linear, per_key);
+    const int64_t halo = cfg_.n_kda_layers() > 0 ? cfg_.kda.conv_size - 1 : 0;
+    for (size_t j = 0; j + 2 < bounds.size(); ++j)
+        MT_CHECK(bounds[j + 1] - bounds[j] >= std::max<int64_t>(halo, 1),
+                 "segment {} of [{}, {}) is shorter than the short conv's halo of {} tokens",
+                 j,
+                 bounds[j],
+                 bounds[j + 1],
+                 halo);
+    return bounds;
+}
+
+void Model::begin_pass(int64_t batch, int64_t j, bool recompute) {
+    const int64_t first = bounds_[static_cast<size_t>(j)], len = bounds_[static_cast<size_t>(j) + 1] - first;
+    const int64_t segments = static_cast<int64_t>(bounds_.size()) - 1;
+    pass_ = j;
+    resize(batch, len);
+    const int64_t n = batch * len;
+    const core::Device dev = precision_.device;
+    host_targets_.copy_from(time_rows(seq_targets_, first, len).reshape({n}));
+    ids_.copy_from(time_rows(seq_ids_, first, len).reshape({n}));
+    targets_.copy_from(host_targets_);
+    docs_ = Documents{};
+    if (seq_docs_.defined()) {
+        // The segment's own map, from its first position (a document that began earlier starts at 0), and each
+        // token's position in its document (RoPE).
+        docs_.doc_start = doc_map_from(seq_docs_.doc_start, first, first + len, dev);
+        const Tensor pos = time_rows(seq_docs_.positions, first, len);
+        docs_.positions = dev == core::Device::cpu ? pos.clone() : pos.to_device(dev);
+    }
+    const SegmentContext seg{.index = j,
+                             .count = segments,
+                             .first = first,
+                             .length = len,
+                             .total = total_seq_,
+                             .recompute = recompute,
+                             .host_doc_start = seq_docs_.doc_start};
+    // Routing is counted once per token, by the first forward. KDA keeps its tiles (kda.save) for a backward that
+    // follows at once: the last segment's first forward, every re-run, not recompute full's first forward.
+    const bool full = cfg_.recompute.full();
+    const bool count = training_ && !recompute;
+    const bool keep = training_ && !full && (recompute || j == segments - 1);
     for (auto& b : blocks_) {
         b->set_documents(docs_);
-        b->set_training(training);
-        // Recompute full: the forward re-run in the backward keeps what the backward reuses, this one nothing.
-        if (cfg_.recompute.full()) b->set_forward_flags(training, false);
+        b->set_segment(seg);
+        b->set_forward_flags(count, keep);
     }
+}
+
+double Model::pass_forward() {
     const core::Device dev = precision_.device;
     const int all = table_.size();
+    // ZeRO's parameter gathers are waited for once, in the first pass.
     auto need = [&](int end) {
-        if (params_needed_) params_needed_(end);
+        if (params_needed_ && pass_ == 0) params_needed_(end);
     };
     // Under AttnRes the stack drives the blocks (and has parameters of its own): everything up front.
     need(attnres_ ? all : embed_ + 1);
@@ -130,29 +200,47 @@ double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {
         }
     }
     need(all);
+    const int64_t n = batch_ * seq_;
     {
         core::TraceRange range(dev, "model.head_fwd");
         ops::rmsnorm_fwd(*x, table_.param(final_norm_), cfg_.norm_eps, final_, final_rstd_);
         const int64_t rows = cfg_.loss_chunk_rows(n);
         for (int64_t first = 0; first < n; first += rows) head_chunk_forward(first, std::min(rows, n - first));
     }
-
     // Summed on the host in f64, in row order (deterministic on every device).
     const Tensor losses = losses_.device() == core::Device::cpu ? losses_ : losses_.to_device(core::Device::cpu);
+    if (seq_losses_.defined())  // the whole sequence's per-token losses (last_token_losses)
+        copy_time_rows(seq_losses_.reshape({batch_, total_seq_}),
+                       bounds_[static_cast<size_t>(pass_)],
+                       losses.reshape({batch_, seq_}),
+                       0,
+                       seq_);
     double sum = 0.0;
-    counted_ = 0;
     const int32_t* t = host_targets_.data<int32_t>();
-    for (int64_t i = 0; i < n; ++i) {
-        if (t[i] == kIgnoreIndex) continue;
-        sum += core::tensor_get_flat(losses, i);
-        ++counted_;
-    }
-    return counted_ > 0 ? sum / static_cast<double>(counted_) : 0.0;
+    for (int64_t i = 0; i < n; ++i)
+        if (t[i] != kIgnoreIndex) sum += core::tensor_get_flat(losses, i);
+    return sum;
 }
 
 void Model::backward(double loss_scale) {
     MT_CHECK(batch_ > 0, "backward before forward");
+    // Segments backward, last first: each but the last runs its forward again (the caches of the earlier ones are
+    // kept; the later ones' gradients are waiting in the layers).
+    const auto segments = static_cast<int64_t>(bounds_.size()) - 1;
+    for (int64_t j = segments - 1; j >= 0; --j) {
+        if (j < segments - 1) {
+            begin_pass(batch_, j, true);
+            pass_forward();
+        }
+        pass_backward(loss_scale, j == 0);
+    }
+}
+
+void Model::pass_backward(double loss_scale, bool last_pass) {
     const core::Device dev = precision_.device;
+    // A parameter's gradient is complete only after the last pass: data parallelism hears of it then.
+    const GradReadyHook none;
+    const GradReadyHook& grad_ready = last_pass ? grad_ready_ : none;
     std::optional<core::TraceRange> head_range(std::in_place, dev, "model.head_bwd");
     // d(loss_scale * mean)/d(loss_i) = loss_scale / counted for counted rows (the op zeroes ignored rows).
     losses_.fill(counted_ > 0 ? loss_scale / static_cast<double>(counted_) : 0.0);
@@ -166,7 +254,7 @@ void Model::backward(double loss_scale) {
     head_range.reset();
     // Everything declared after the blocks is complete now, except under AttnRes (its own parameters finish with
     // the blocks' backward, which it drives).
-    if (grad_ready_ && !attnres_) grad_ready_(final_norm_);
+    if (grad_ready && !attnres_) grad_ready(final_norm_);
 
     Tensor* dout = &dres_a_;
     Tensor* dx = &dres_b_;
@@ -179,7 +267,7 @@ void Model::backward(double loss_scale) {
     for (int64_t l = attnres_ ? -1 : cfg_.n_layers - 1; l >= 0; --l) {
         if (full_recompute()) {
             const int64_t first = l / group * group;
-            group_backward(first, l, dout, dx);
+            group_backward(first, l, dout, dx, grad_ready);
             l = first;
             continue;
         }
@@ -187,11 +275,11 @@ void Model::backward(double loss_scale) {
         blocks_[static_cast<size_t>(l)]->backward(input, *dout, *dx, ws_);
         std::swap(dout, dx);
         // Block l's parameters are complete (the embedding, below every block, waits for its own backward).
-        if (grad_ready_) grad_ready_(block_first_param_[static_cast<size_t>(l)]);
+        if (grad_ready) grad_ready(block_first_param_[static_cast<size_t>(l)]);
     }
     core::TraceRange range(dev, "model.embed_bwd");
     ops::embedding_bwd(ids_, *dout, table_.grad(embed_));
-    if (grad_ready_) grad_ready_(0);
+    if (grad_ready) grad_ready(0);
 }
 
 void Model::head_chunk_forward(int64_t first, int64_t rows) {
@@ -225,7 +313,7 @@ bool Model::keeps_output(int64_t l) const {
     return (l + 1) % group == 0 || l == cfg_.n_layers - 1;
 }
 
-void Model::group_backward(int64_t first, int64_t last, Tensor*& dout, Tensor*& dx) {
+void Model::group_backward(int64_t first, int64_t last, Tensor*& dout, Tensor*& dx, const GradReadyHook& grad_ready) {
     auto block = [&](int64_t l) -> Block& { return *blocks_[static_cast<size_t>(l)]; };
     auto input = [&](int64_t l) -> const Tensor& { return l == 0 ? x0_ : block(l - 1).output(); };
     for (int64_t l = first; l <= last; ++l) {  // the group's forward again, from its kept input
@@ -237,7 +325,7 @@ void Model::group_backward(int64_t first, int64_t last, Tensor*& dout, Tensor*& 
         block(l).backward(input(l), *dout, *dx, ws_);
         std::swap(dout, dx);
         block(l).release_activations(l < last);  // the group's last output is the next group's input: kept
-        if (grad_ready_) grad_ready_(block_first_param_[static_cast<size_t>(l)]);
+        if (grad_ready) grad_ready(block_first_param_[static_cast<size_t>(l)]);
     }
 }
 

@@ -57,7 +57,11 @@ class Model {
 
     // ids, targets: [B, T] i32 on the host; targets equal to kIgnoreIndex do not count. Returns the mean loss over
     // the counted targets (0 when none), and keeps what backward needs. training = false (evaluation) keeps the MoE
-    // layers from counting the routing for balancing and metrics.
+    // layers from counting the routing for balancing and metrics. With ModelConfig::segments the sequence runs as
+    // consecutive segments (long_context.md §4), each with the caches of the ones before it, and the backward
+    // runs them last first, re-running each one's forward but the last's: the same loss and gradients as one
+    // pass, with one segment's activations held at a time. Refused then (exit 1): MoE with a capacity factor or the
+    // auxiliary loss (both per batch), a segment before the last shorter than the short conv's halo.
     double forward(const Tensor& ids, const Tensor& targets, bool training = true);
     // Accumulates (+=) into the parameter gradients the gradient of loss_scale * (mean loss of the last forward).
     void backward(double loss_scale);
@@ -93,7 +97,11 @@ class Model {
     // The last forward's per-token cross-entropy [B * T] in the statistics dtype on the model's device (0 where the
     // target is ignored); valid until backward, which overwrites it.
     const Tensor& last_token_losses() const {
-        return losses_;
+        return seq_losses_.defined() ? seq_losses_ : losses_;
+    }
+    // The segment boundaries [0, b_1, ..., T] of the last forward ({0, T}: one pass).
+    const std::vector<int64_t>& segment_bounds() const {
+        return bounds_;
     }
     // The MoE layers (block index, layer), in order; empty for a dense model.
     std::vector<std::pair<int64_t, MoeLayer*>> moe_layers();
@@ -133,7 +141,16 @@ class Model {
     void head_chunk_forward(int64_t first, int64_t rows);
     void head_chunk_backward(int64_t first, int64_t rows, bool recompute_logits);
     // Backward of blocks [first, l], l the last of its group: re-runs the group's forward, then its backward.
-    void group_backward(int64_t first, int64_t last, Tensor*& dout, Tensor*& dx);
+    void group_backward(int64_t first, int64_t last, Tensor*& dout, Tensor*& dx, const GradReadyHook& grad_ready);
+    // The boundaries of a sequence of seq tokens under cfg_.segments (checks what segments refuse).
+    std::vector<int64_t> plan_segments(int64_t seq) const;
+    // Sizes the model for segment j of the batch in seq_ids_ / seq_targets_, fills its inputs and tells the blocks
+    // (recompute: the backward's re-run of its forward).
+    void begin_pass(int64_t batch, int64_t j, bool recompute);
+    // One pass (the whole sequence or a segment): embedding, blocks, head and loss; returns the summed loss of its
+    // counted rows. pass_backward: its backward; last_pass: the last of the step (the gradients are complete).
+    double pass_forward();
+    void pass_backward(double loss_scale, bool last_pass);
 
     ModelConfig cfg_;
     Precision precision_;
@@ -154,6 +171,13 @@ class Model {
     Tensor logits_;              // [head rows, V]; overwritten in place by dlogits in backward
     Tensor losses_, lse_;        // [N] in the statistics dtype
     Tensor dres_a_, dres_b_;     // [N, C] residual-stream gradients, ping-pong
+    // The whole batch: its segment boundaries, the pass now in the buffers above, host copies of ids and targets
+    // [B, T], its documents (host maps) and, with segments, its per-token losses [B * T] on the host.
+    std::vector<int64_t> bounds_;
+    int64_t pass_ = 0, total_seq_ = 0;
+    bool training_ = true;
+    Tensor seq_ids_, seq_targets_, seq_losses_;
+    Documents seq_docs_;
 };
 
 }  // namespace mt::nn

@@ -9,6 +9,7 @@
 #include "nn/enum_names.h"
 #include "nn/moe_config.h"
 #include "nn/recompute.h"
+#include "nn/segments.h"
 #include "ops/kda.h"
 #include "ops/kda_gate.h"
 
@@ -135,6 +136,9 @@ struct ModelConfig {
     // the [N, V] logits are never held whole: one [chunk, V] buffer, whose logits the backward recomputes chunk by
     // chunk. 0, or a batch of at most this many tokens: one chunk, the logits kept from the forward (no recompute).
     int64_t loss_chunk_tokens = 4096;
+    // Sequence segments (long_context.md §4, `long.segments` / `long.segment_tokens`): a batch's sequence runs as
+    // consecutive segments with exact gradients, so that only one segment's activations are held at a time.
+    SegmentConfig segments;
     // Document masking of packed sequences (long_context.md §2, `data.document_mask`): a document ends at every
     // eot_token id (`data.eot_token`; the config resolves -1 to the tokenizer's EOT), no token's mixer sees another
     // document, and RoPE positions restart at each document (nn/documents.h).

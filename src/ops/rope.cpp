@@ -1,6 +1,8 @@
 // Entry points of the rotary position embedding: argument checks and dispatch by device.
 #include "ops/rope.h"
 
+#include <algorithm>
+
 #include "ops/cpu/checks.h"
 #include "ops/registry.h"
 
@@ -16,6 +18,7 @@ core::Device check_rope_args(const Tensor& in,
                              double theta,
                              int64_t pos_offset,
                              const Tensor& positions,
+                             int64_t position_limit,
                              std::string_view op) {
     check_arg(in, op, in_arg, 4);
     check_arg(out, op, out_arg, 4);
@@ -32,7 +35,8 @@ core::Device check_rope_args(const Tensor& in,
         cpu::check_i32_arg(positions, op, "positions", 2);
         check_shape(positions, {in.size(0), in.size(1)}, op, "positions");
         MT_CHECK(positions.device() == device, "{}: positions must be on the device of {}", op, in_arg);
-        cpu::check_index_range(positions, 0, in.size(1), op, "positions");  // [0, T): the CUDA table's rows
+        // the angle table's rows
+        cpu::check_index_range(positions, 0, std::max(in.size(1), position_limit), op, "positions");
     }
     if (device == core::Device::cpu) {
         check_float_arg(in, op, in_arg, 4);
@@ -44,26 +48,38 @@ core::Device check_rope_args(const Tensor& in,
 
 }  // namespace
 
-void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y, const Tensor& positions) {
+void rope_fwd(const Tensor& x,
+              double theta,
+              int64_t pos_offset,
+              const Tensor& y,
+              const Tensor& positions,
+              int64_t position_limit) {
     constexpr std::string_view op = "rope_fwd";
     MT_CALL_KERNEL(rope_fwd,
-                   check_rope_args(x, "x", y, "y", theta, pos_offset, positions, op),
+                   check_rope_args(x, "x", y, "y", theta, pos_offset, positions, position_limit, op),
                    x,
                    theta,
                    pos_offset,
                    y,
-                   positions);
+                   positions,
+                   position_limit);
 }
 
-void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx, const Tensor& positions) {
+void rope_bwd(const Tensor& dy,
+              double theta,
+              int64_t pos_offset,
+              const Tensor& dx,
+              const Tensor& positions,
+              int64_t position_limit) {
     constexpr std::string_view op = "rope_bwd";
     MT_CALL_KERNEL(rope_bwd,
-                   check_rope_args(dy, "dy", dx, "dx", theta, pos_offset, positions, op),
+                   check_rope_args(dy, "dy", dx, "dx", theta, pos_offset, positions, position_limit, op),
                    dy,
                    theta,
                    pos_offset,
                    dx,
-                   positions);
+                   positions,
+                   position_limit);
 }
 
 }  // namespace mt::ops

@@ -353,6 +353,26 @@ void validate(const JobConfig& c, const std::string& src) {
                             layer,
                             m.layer_pattern));
     }
+    const nn::SegmentConfig& sg = m.segments;
+    if (sg.count > 1 && sg.tokens > 0)
+        bad(fmt::format("long.segments = {} and long.segment_tokens = {}: give one of them", sg.count, sg.tokens));
+    if (sg.tokens > 0 && m.n_kda_layers() > 0 && sg.tokens % m.kda.chunk_size != 0)
+        bad(
+            fmt::format("long.segment_tokens = {} is not a multiple of kda.chunk_size = {}: segment boundaries fall "
+                        "on KDA chunks",
+                        sg.tokens,
+                        m.kda.chunk_size));
+    if (!c.long_ctx.segment_recompute)
+        bad("long.segment_recompute = false is not offered: holding every segment's activations needs the memory of "
+            "one pass plus the caches (use long.segments = 1)");
+    if (sg.enabled() && m.moe_enabled && m.moe.capacity_factor > 0)
+        bad(
+            fmt::format("long.segments with moe.capacity_factor = {}: expert capacity is per batch, so segments "
+                        "would drop other tokens; segments need dropless MoE (moe.capacity_factor = 0)",
+                        m.moe.capacity_factor));
+    if (sg.enabled() && m.moe_enabled && m.moe.balance.mode == nn::MoeBalanceMode::aux_loss)
+        bad("long.segments with moe.balance = \"aux_loss\": the auxiliary loss is per batch, not a sum over "
+            "tokens, so segments would change it; use quantile or sign_bias balancing");
     if (c.data.paths.empty()) bad("data.paths is empty: name at least one training shard");
     if (m.document_mask && m.eot_token >= m.vocab_size)
         bad(fmt::format("data.eot_token = {} is outside model.vocab_size = {}", m.eot_token, m.vocab_size));

@@ -107,6 +107,7 @@ struct LongStage {
 struct LongConfig {
     std::vector<LongStage> stages;  // empty: no curriculum, train.seq_len throughout
     bool passkey_eval = true;       // a passkey-retrieval eval at the start of every stage
+    bool segment_recompute = true;  // long.segment_recompute: only true is offered (model segments: ModelConfig)
 };
 
 struct JobConfig {

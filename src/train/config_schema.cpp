@@ -466,6 +466,25 @@ std::vector<Field> config_schema(JobConfig& c) {
                 1,
                 "1: ZeRO-1, AdamW moments sharded over the data-parallel ranks (reduce-scatter, update the owned "
                 "slice, all-gather); 0: replicated optimizer (all-reduce)"),
+        integer("long.segments",
+                &m.segments.count,
+                1,
+                1 << 20,
+                "J: each row runs as J consecutive segments with exact gradients (docs/long_context.md "
+                "\"Segments\"): one segment's activations are held at a time, plus every attention layer's keys and "
+                "values and every KDA layer's states. Boundaries on `kda.chunk_size` multiples, balanced by estimated "
+                "compute (later segments, whose queries see more keys, are shorter). 1: one pass"),
+        integer("long.segment_tokens",
+                &m.segments.tokens,
+                0,
+                1e12,
+                "> 0: segments of this many tokens (the last one shorter), in place of `long.segments`; a multiple of "
+                "`kda.chunk_size` in a model with KDA layers. 0: `long.segments` decides"),
+        flag("long.segment_recompute",
+             &c.long_ctx.segment_recompute,
+             "the backward re-runs each segment's forward but the last's, from the kept caches (every other "
+             "activation is dropped). Only true is offered: holding every segment's activations would need as much "
+             "memory as one pass, plus the caches"),
         flag("long.passkey_eval",
              &c.long_ctx.passkey_eval,
              "with `[[long.stages]]`: a passkey-retrieval eval (a 5-digit key at 10 depths, reported, not gated) at "

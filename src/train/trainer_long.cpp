@@ -155,7 +155,7 @@ void Trainer::long_stage_start() {
 
 void Trainer::add_long_metrics(nlohmann::json& fields) {
     fields["long/seq_len"] = seq_len_;
-    fields["long/segments"] = 1;  // sequence segments (long.segments) are not built yet: one pass per row
+    fields["long/segments"] = static_cast<int64_t>(model_->segment_bounds().size()) - 1;  // J of the last batch
     for (const auto& [layer, state] : model_->kda_final_states()) {
         // RMS of the final state over its [B, HV, K, V] values: a state that grows with the length shows here first.
         const double sq = ops::global_norm_sq(state);

@@ -413,6 +413,45 @@ TEST(Config, DocumentMaskResolvesTheEotTokenAndRefusesBadInput) {
                     .model.document_mask);
 }
 
+// long.segments / long.segment_tokens set the model's segments; segment tokens that are not KDA chunk multiples in a
+// model with KDA layers, both keys at once, segment_recompute = false and MoE that is per batch (a capacity factor,
+// the auxiliary loss) exit 2 naming the key.
+TEST(Config, SegmentKeysAndBadInput) {
+    EXPECT_EQ(config_parse(kGood, "job.toml", {"long.segments=4"}).model.segments.count, 4);
+    EXPECT_EQ(config_parse(kGood, "job.toml", {"long.segment_tokens=100"}).model.segments.tokens, 100);
+    EXPECT_EQ(config_parse(kGood, "job.toml", {"long.segment_tokens=128", "model.layer_pattern=\"KA\""})
+                  .model.segments.tokens,
+              128);
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"long.segment_tokens=100", "model.layer_pattern=\"KA\""});
+        },
+        ExitCode::usage,
+        {"long.segment_tokens = 100", "kda.chunk_size = 64"});
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"long.segments=2", "long.segment_tokens=64"});
+        },
+        ExitCode::usage,
+        {"long.segments = 2", "long.segment_tokens = 64"});
+    expect_error([] { config_parse(kGood, "job.toml", {"long.segments=0"}); }, ExitCode::usage, {"long.segments"});
+    expect_error([] { config_parse(kGood, "job.toml", {"long.segment_recompute=false"}); },
+                 ExitCode::usage,
+                 {"long.segment_recompute = false"});
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"long.segments=2", "moe.enabled=true", "moe.capacity_factor=1.25"});
+        },
+        ExitCode::usage,
+        {"long.segments", "moe.capacity_factor = 1.25"});
+    expect_error(
+        [] {
+            config_parse(kGood, "job.toml", {"long.segments=2", "moe.enabled=true", "moe.balance=\"aux_loss\""});
+        },
+        ExitCode::usage,
+        {"long.segments", "aux_loss"});
+}
+
 // attn.*: the window layers are read as 1-based layer numbers; a window above model.max_seq_len, a layer past
 // model.n_layers or on a KDA layer, and too many global tokens exit 2 naming the key.
 TEST(Config, WindowAttentionKeysAndBadInput) {

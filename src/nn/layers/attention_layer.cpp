@@ -2,6 +2,7 @@
 #include "nn/layers/attention_layer.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "ops/add.h"
 #include "ops/attention.h"
@@ -42,6 +43,7 @@ void AttentionLayer::resize(int64_t batch, int64_t seq, const Precision& precisi
     const core::DType dtype = precision.compute;
     const core::Device dev = precision.device;
     act_dtype_ = dtype;
+    device_ = dev;
     q_ = Tensor::zeros({batch, seq, cfg_.n_heads, d}, dtype, dev);
     k_ = Tensor::zeros({batch, seq, cfg_.n_kv_heads, d}, dtype, dev);
     v_ = Tensor::zeros({batch, seq, cfg_.n_kv_heads, d}, dtype, dev);
@@ -55,6 +57,21 @@ void AttentionLayer::resize(int64_t batch, int64_t seq, const Precision& precisi
     if (cfg_.recompute.drops(RecomputeModule::attn_core))
         for (Tensor* t : {&q_, &k_, &v_, &attn_, &lse_}) dropped_.add(t);
     dropped_.release();  // allocated in the forward that needs them, so that no two layers hold them at once
+}
+
+void AttentionLayer::set_segment(const SegmentContext& seg) {
+    seg_ = seg;
+    if (!seg.active()) {
+        k_cache_ = v_cache_ = dk_acc_ = dv_acc_ = key_doc_start_ = Tensor();
+        return;
+    }
+    MT_CHECK(seg.length == seq_, "attention segment of {} tokens on a layer sized for {}", seg.length, seq_);
+    const Shape shape = {batch_, seg.total, cfg_.n_kv_heads, cfg_.resolved_head_dim()};
+    if (!k_cache_.defined() || k_cache_.shape() != shape)
+        for (Tensor* t : {&k_cache_, &v_cache_, &dk_acc_, &dv_acc_}) *t = Tensor::zeros(shape, act_dtype_, device_);
+    key_doc_start_ = seg.host_doc_start.defined()
+                         ? doc_map_from(seg.host_doc_start, key_lo(), seg.first + seg.length, device_)
+                         : Tensor();
 }
 
 void AttentionLayer::forward(const Tensor& x, const Tensor& out) {
@@ -71,10 +88,17 @@ void AttentionLayer::forward_core(const Tensor& x) {
     wk_.forward(x, k_.reshape({n, k_.numel() / n}));
     wv_.forward(x, v_.reshape({n, v_.numel() / n}));
     if (rotates()) {
-        ops::rope_fwd(q_, rope_base(), 0, q_, docs_.positions);
-        ops::rope_fwd(k_, rope_base(), 0, k_, docs_.positions);
+        ops::rope_fwd(q_, rope_base(), pos_offset(), q_, docs_.positions, position_limit());
+        ops::rope_fwd(k_, rope_base(), pos_offset(), k_, docs_.positions, position_limit());
     }
-    ops::attention_fwd(q_, k_, v_, attn_, lse_, {}, mask());
+    if (seg_.active()) {  // the segment's keys join the cache; its queries see the cached ones before them
+        copy_time_rows(k_cache_, seg_.first, k_, 0, seq_);
+        copy_time_rows(v_cache_, seg_.first, v_, 0, seq_);
+        const int64_t lo = key_lo(), tk = seg_.first + seq_ - lo;
+        ops::attention_fwd(q_, time_rows(k_cache_, lo, tk), time_rows(v_cache_, lo, tk), attn_, lse_, {}, mask());
+    } else {
+        ops::attention_fwd(q_, k_, v_, attn_, lse_, {}, mask());
+    }
     if (!merges_global()) return;
     if (mem_ >= 0) {
         const int64_t g = cfg_.attn.global_tokens;
@@ -105,17 +129,54 @@ void AttentionLayer::backward(const Tensor& x, const Tensor& dout, const Tensor&
     const Tensor d_k = ws.slot(2, k_.shape(), k_.dtype(), dev);
     const Tensor d_v = ws.slot(3, v_.shape(), v_.dtype(), dev);
     wo_.backward(flat(attn_), dout, flat(d_attn));
-    ops::attention_bwd(q_, k_, v_, attn_, lse_, d_attn, d_q, d_k, d_v, {}, mask());
+    if (seg_.active())
+        segment_attention_backward(d_attn, d_q, d_k, d_v);
+    else
+        ops::attention_bwd(q_, k_, v_, attn_, lse_, d_attn, d_q, d_k, d_v, {}, mask());
     if (merges_global()) global_backward(d_attn, d_q);
     if (rotates()) {
-        ops::rope_bwd(d_q, rope_base(), 0, d_q, docs_.positions);
-        ops::rope_bwd(d_k, rope_base(), 0, d_k, docs_.positions);
+        ops::rope_bwd(d_q, rope_base(), pos_offset(), d_q, docs_.positions, position_limit());
+        ops::rope_bwd(d_k, rope_base(), pos_offset(), d_k, docs_.positions, position_limit());
     }
     // x feeds three projections: the k and v gradients add into dx inside their matmuls.
     wq_.backward(x, flat(d_q), dx);
     wk_.backward(x, flat(d_k), dx, /*accumulate_dx=*/true);
     wv_.backward(x, flat(d_v), dx, /*accumulate_dx=*/true);
     dropped_.release();
+}
+
+// With segments the queries saw cached keys [lo, first) before the segment's own: their key and value gradients
+// from these queries add into the accumulators, and the segment's own (d_k, d_v: written) are these queries' part
+// plus what every later segment accumulated for them (the backward runs the segments last first).
+void AttentionLayer::segment_attention_backward(const Tensor& d_attn,
+                                                const Tensor& d_q,
+                                                const Tensor& d_k,
+                                                const Tensor& d_v) {
+    if (seg_.index == seg_.count - 1) {  // the step's first backward
+        dk_acc_.zero();
+        dv_acc_.zero();
+    }
+    const int64_t lo = key_lo(), tk = seg_.first + seq_ - lo, prefix = seg_.first - lo;
+    Shape shape = k_.shape();
+    shape[1] = tk;
+    const Tensor dk_all = Tensor::scratch(shape, act_dtype_, device_);
+    const Tensor dv_all = Tensor::scratch(shape, act_dtype_, device_);
+    ops::attention_bwd(q_,
+                       time_rows(k_cache_, lo, tk),
+                       time_rows(v_cache_, lo, tk),
+                       attn_,
+                       lse_,
+                       d_attn,
+                       d_q,
+                       dk_all,
+                       dv_all,
+                       {},
+                       mask());
+    for (auto [own, all, acc] : {std::tuple{&d_k, &dk_all, &dk_acc_}, std::tuple{&d_v, &dv_all, &dv_acc_}}) {
+        copy_time_rows(*own, 0, *all, prefix, seq_);
+        add_time_rows(*own, 0, *acc, seg_.first, seq_);
+        add_time_rows(*acc, lo, *all, 0, prefix);
+    }
 }
 
 // The global tokens' and the sink's terms (attention_bwd above already had the merged out and lse): d_q gains the

@@ -6,11 +6,14 @@
 // softmax denominator.
 #pragma once
 
+#include <algorithm>
+
 #include "nn/documents.h"
 #include "nn/layer.h"
 #include "nn/layers/linear.h"
 #include "nn/model_config.h"
 #include "nn/recompute.h"
+#include "nn/segments.h"
 #include "nn/workspace.h"
 #include "ops/attention.h"
 
@@ -39,6 +42,12 @@ class AttentionLayer : public Layer {
     void set_rope_theta(double theta) {
         cfg_.rope_theta = theta;
     }
+    // The sequence segment the next forward (and its backward) runs (long_context.md §4; after resize, which sizes
+    // the layer for the segment). With segments the layer keeps the keys and values of every position of the
+    // sequence (after RoPE) and the queries of a segment see the earlier positions' ones too (a window layer's, the
+    // last w - 1); the backward accumulates the gradients of earlier positions' keys and values, which the segment
+    // that owns them adds to its own. Set documents (the segment's) first.
+    void set_segment(const SegmentContext& seg);
 
    private:
     // q, k, v and the attention output from x: what recompute attn_core re-runs.
@@ -50,12 +59,26 @@ class AttentionLayer : public Layer {
         return window_ ? cfg_.attn.window_rope_base : cfg_.rope_theta;
     }
     ops::AttentionMask mask() const {
-        return {.doc_start = docs_.doc_start, .window = window_ ? cfg_.attn.window : 0};
+        return {.doc_start = seg_.active() ? key_doc_start_ : docs_.doc_start,
+                .window = window_ ? cfg_.attn.window : 0};
+    }
+    // With segments: the first cached position the segment's queries may see (0, or a window's reach).
+    int64_t key_lo() const {
+        return window_ ? std::max<int64_t>(0, seg_.first - (cfg_.attn.window - 1)) : 0;
     }
     bool merges_global() const {
         return mem_ >= 0 || sink_ >= 0;
     }
     void global_backward(const Tensor& d_attn, const Tensor& d_q);
+    void segment_attention_backward(const Tensor& d_attn, const Tensor& d_q, const Tensor& d_k, const Tensor& d_v);
+    // RoPE's position of the layer's first row: the segment's start (document masking gives positions instead).
+    int64_t pos_offset() const {
+        return seg_.active() && !docs_.positions.defined() ? seg_.first : 0;
+    }
+    // Document positions in a segment run up to its end in the whole sequence.
+    int64_t position_limit() const {
+        return seg_.active() ? seg_.first + seg_.length : 0;
+    }
 
     ModelConfig cfg_;
     DropList dropped_;  // recompute attn_core: every saved tensor
@@ -67,10 +90,16 @@ class AttentionLayer : public Layer {
     int sink_ = -1;  // the sink logits [Hq] (attn.sink_logit)
     int64_t batch_ = 0, seq_ = 0;
     core::DType act_dtype_ = core::DType::f32;  // the compute dtype
-    Tensor q_, k_, v_;                          // [B, T, H, D] after RoPE (when on)
-    Tensor attn_;                               // [B, T, Hq, D]
-    Tensor lse_;                                // [B, Hq, T] in the statistics dtype
-    Tensor kg_, vg_;                            // [g, Hkv, D]: the global tokens' keys and values
+    core::Device device_ = core::Device::cpu;
+    Tensor q_, k_, v_;  // [B, T, H, D] after RoPE (when on)
+    Tensor attn_;       // [B, T, Hq, D]
+    Tensor lse_;        // [B, Hq, T] in the statistics dtype
+    Tensor kg_, vg_;    // [g, Hkv, D]: the global tokens' keys and values
+    // Sequence segments: the keys and values of every position [B, total, Hkv, D], their gradients from later
+    // segments' queries, and the document map [B, Tk] of the keys the current segment sees.
+    SegmentContext seg_;
+    Tensor k_cache_, v_cache_, dk_acc_, dv_acc_;
+    Tensor key_doc_start_;
 };
 
 }  // namespace mt::nn

@@ -80,6 +80,7 @@ void KdaLayer::resize(int64_t batch, int64_t seq, const Precision& precision) {
     const core::DType dt = precision.compute;
     act_dtype_ = dt;
     const core::Device dev = precision.device;
+    device_ = dev;
     auto z = [&](const Shape& s) { return Tensor::zeros(s, dt, dev); };
     qp_ = z({n, hk}), kp_ = z({n, hk}), vp_ = z({n, hvv});
     qc_ = z({batch, seq, hk}), kc_ = z({batch, seq, hk}), vc_ = z({batch, seq, hvv});
@@ -107,10 +108,103 @@ void KdaLayer::set_final_state_grad(const Tensor& dst) {
     dst_ = dst;
 }
 
+void KdaLayer::set_segment(const SegmentContext& seg) {
+    seg_ = seg;
+    if (!seg.active()) {
+        seg_s0_.clear(), seg_halo_.clear();
+        next_s0_ = pending_dst_ = seg_final_ = conv_doc_start_ = Tensor();
+        next_halo_ = pending_dhalo_ = {};
+        return;
+    }
+    MT_CHECK(seg.length == seq_, "KDA segment of {} tokens on a layer sized for {}", seg.length, seq_);
+    const auto j = static_cast<size_t>(seg.index);
+    if (seg.index == 0 && !seg.recompute) {  // a new sequence
+        seg_s0_.assign(static_cast<size_t>(seg.count), Tensor());
+        seg_halo_.assign(static_cast<size_t>(seg.count), {});
+    }
+    doc_start_rows_.clear();
+    conv_doc_start_ = Tensor();
+    if (seg.index == 0) return;
+    const int64_t w1 = cfg_.kda.conv_size - 1;
+    MT_CHECK(seg.first >= w1, "KDA segment at {}: the segments before it need >= {} tokens", seg.first, w1);
+    if (seg.host_doc_start.defined()) {
+        const int32_t* map = seg.host_doc_start.data<int32_t>();
+        for (int64_t b = 0; b < batch_; ++b)
+            if (map[b * seg.total + seg.first] == seg.first) doc_start_rows_.push_back(b);
+        if (w1 > 0) conv_doc_start_ = doc_map_from(seg.host_doc_start, seg.first - w1, seg.first + seg.length, device_);
+    }
+    if (seg.recompute) return;
+    // A document that starts at the segment does not continue the state: its row starts from zero.
+    for (int64_t b : doc_start_rows_) next_s0_.select(0, b).zero();
+    seg_s0_[j] = next_s0_;
+    seg_halo_[j] = next_halo_;
+}
+
+void KdaLayer::keep_for_next_segment() {
+    if (seg_.index == seg_.count - 1) {
+        seg_final_ = st_.clone();
+        return;
+    }
+    next_s0_ = st_.clone();
+    const int64_t w1 = cfg_.kda.conv_size - 1;
+    if (w1 == 0) return;
+    const Tensor* proj[3] = {&qp_, &kp_, &vp_};
+    for (int i = 0; i < 3; ++i) {
+        const Tensor xp = proj[i]->reshape({batch_, seq_, proj[i]->size(1)});
+        next_halo_[static_cast<size_t>(i)] = Tensor::scratch({batch_, w1, xp.size(2)}, act_dtype_, device_);
+        copy_time_rows(next_halo_[static_cast<size_t>(i)], 0, xp, seq_ - w1, w1);
+    }
+}
+
+Tensor KdaLayer::with_halo(int which, const Tensor& xp) const {
+    const Tensor& halo = seg_halo_[static_cast<size_t>(seg_.index)][static_cast<size_t>(which)];
+    const int64_t w1 = halo.size(1), c = xp.size(1);
+    const Tensor ext = Tensor::scratch({batch_, w1 + seq_, c}, act_dtype_, device_);
+    copy_time_rows(ext, 0, halo, 0, w1);
+    copy_time_rows(ext, w1, xp.reshape({batch_, seq_, c}), 0, seq_);
+    return ext;
+}
+
+void KdaLayer::conv_forward(int which, const Tensor& xp, const Tensor& y) {
+    const int conv[3] = {conv_q_, conv_k_, conv_v_};
+    const Tensor w = table_->param(conv[which]);
+    if (!has_halo()) {
+        ops::causal_conv1d_fwd(xp.reshape(y.shape()), w, y, true, kda_options_.doc_start);
+        return;
+    }
+    // The halo rows go first and their outputs are dropped: each segment row reads the W - 1 rows before it.
+    const Tensor ext = with_halo(which, xp);
+    const Tensor y_ext = Tensor::scratch(ext.shape(), act_dtype_, device_);
+    ops::causal_conv1d_fwd(ext, w, y_ext, true, conv_doc_start_);
+    copy_time_rows(y, 0, y_ext, ext.size(1) - seq_, seq_);
+}
+
+void KdaLayer::conv_backward(int which, const Tensor& xp, const Tensor& dy, const Tensor& dxp, Tensor& dhalo) {
+    const int conv[3] = {conv_q_, conv_k_, conv_v_};
+    const Tensor w = table_->param(conv[which]), dw = table_->grad(conv[which]);
+    const int64_t c = xp.size(1);
+    const Shape shape = {batch_, seq_, c};
+    if (!has_halo()) {
+        ops::causal_conv1d_bwd(
+            xp.reshape(shape), w, dy.reshape(shape), dxp.reshape(shape), dw, true, kda_options_.doc_start);
+        return;
+    }
+    const Tensor ext = with_halo(which, xp);
+    const int64_t w1 = ext.size(1) - seq_;
+    const Tensor dy_ext = Tensor::zeros(ext.shape(), act_dtype_, device_);  // the dropped halo outputs: no gradient
+    copy_time_rows(dy_ext, w1, dy.reshape(shape), 0, seq_);
+    const Tensor dx_ext = Tensor::scratch(ext.shape(), act_dtype_, device_);
+    ops::causal_conv1d_bwd(ext, w, dy_ext, dx_ext, dw, true, conv_doc_start_);
+    copy_time_rows(dxp.reshape(shape), 0, dx_ext, w1, seq_);
+    dhalo = Tensor::scratch({batch_, w1, c}, act_dtype_, device_);
+    copy_time_rows(dhalo, 0, dx_ext, 0, w1);
+}
+
 void KdaLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     dropped_.restore();
     // Under recompute kda the backward re-runs this forward, which keeps the tiles then: none are kept now.
     forward_core(x, training && dropped_.empty());
+    if (seg_.active() && !seg_.recompute) keep_for_next_segment();
     wo_.forward(y_, out);
     dropped_.release();
 }
@@ -119,14 +213,13 @@ void KdaLayer::forward_core(const Tensor& x, bool keep) {
     const int64_t n = batch_ * seq_;
     const double q_scale = 1.0 / std::sqrt(static_cast<double>(k_dim_));
     auto rows = [](const Tensor& t, int64_t r) { return t.reshape({r, t.numel() / r}); };
-    auto seq3 = [&](const Tensor& t) { return t.reshape({batch_, seq_, t.numel() / n}); };
     // q, k, v: projection, causal conv + SiLU, L2 norm of q and k per head
     wq_.forward(x, qp_);
     wk_.forward(x, kp_);
     wv_.forward(x, vp_);
-    ops::causal_conv1d_fwd(seq3(qp_), table_->param(conv_q_), qc_, true, kda_options_.doc_start);
-    ops::causal_conv1d_fwd(seq3(kp_), table_->param(conv_k_), kc_, true, kda_options_.doc_start);
-    ops::causal_conv1d_fwd(seq3(vp_), table_->param(conv_v_), vc_, true, kda_options_.doc_start);
+    conv_forward(0, qp_, qc_);
+    conv_forward(1, kp_, kc_);
+    conv_forward(2, vp_, vc_);
     ops::l2norm_fwd(rows(qc_, n * h_), q_scale, kL2Eps, rows(q_, n * h_), rq_);
     ops::l2norm_fwd(rows(kc_, n * h_), 1.0, kL2Eps, rows(k_, n * h_), rk_);
     // beta and the gate
@@ -140,7 +233,7 @@ void KdaLayer::forward_core(const Tensor& x, bool keep) {
     // the recurrence
     const Tensor v = vc_.reshape({batch_, seq_, hv_, v_dim_});
     if (!keep) kept_ = ops::KdaSaved{};
-    ops::kda_fwd(q_, k_, v, g_, beta_, s0_, o_, st_, kda_options_, keep_tiles_ && keep ? &kept_ : nullptr);
+    ops::kda_fwd(q_, k_, v, g_, beta_, start_state(), o_, st_, kda_options_, keep_tiles_ && keep ? &kept_ : nullptr);
     // output norm per head, sigmoid output gate, output projection
     ops::rmsnorm_fwd(rows(o_, n * hv_), table_->param(o_norm_), cfg_.norm_eps, rows(on_, n * hv_), rstd_);
     wga_.forward(x, ga_);
@@ -198,15 +291,24 @@ void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
                      rows(d_on, n * hv_),
                      rows(d_o, n * hv_),
                      table_->grad(o_norm_));
-    // the recurrence (step 6)
-    if (s0_.defined() && (!ds0_.defined() || ds0_.shape() != s0_.shape()))
-        ds0_ = Tensor::zeros(s0_.shape(), s0_.dtype(), s0_.device());
-    if (!s0_.defined()) ds0_ = Tensor();
+    // the recurrence (step 6). With segments the last one's dS_T is the caller's, every other one's is the next
+    // segment's dS_0.
+    const bool last_segment = !seg_.active() || seg_.index == seg_.count - 1;
+    if (last_segment) pending_dst_ = Tensor(), pending_dhalo_ = {};
+    const Tensor& s0 = start_state();
+    const Tensor dst = last_segment ? dst_ : pending_dst_;
+    if (s0.defined() && (!ds0_.defined() || ds0_.shape() != s0.shape()))
+        ds0_ = Tensor::zeros(s0.shape(), s0.dtype(), s0.device());
+    if (!s0.defined()) ds0_ = Tensor();
     const Tensor v = vc_.reshape({batch_, seq_, hv_, v_dim_});
     const Tensor d_q = scratch(1, q_.shape()), d_k = scratch(2, k_.shape()), d_v = scratch(3, o_.shape());
     const Tensor d_g = scratch(4, g_.shape()), d_beta = scratch(5, beta_.shape());
-    ops::kda_bwd(q_, k_, v, g_, beta_, s0_, d_o, dst_, d_q, d_k, d_v, d_g, d_beta, ds0_, kda_options_, &kept_);
+    ops::kda_bwd(q_, k_, v, g_, beta_, s0, d_o, dst, d_q, d_k, d_v, d_g, d_beta, ds0_, kda_options_, &kept_);
     kept_ = ops::KdaSaved{};  // used once: freed for the next layer's backward (a second backward recomputes)
+    if (seg_.active() && seg_.index > 0) {  // the previous segment's dS_T (zero where this one's s0 row was)
+        pending_dst_ = ds0_.clone();
+        for (int64_t b : doc_start_rows_) pending_dst_.select(0, b).zero();
+    }
     // gate and beta (steps 7-11)
     const Tensor a_log = gate_options_.use_a_log ? table_->param(a_log_) : Tensor();
     const Tensor da_log = gate_options_.use_a_log ? table_->grad(a_log_) : Tensor();
@@ -230,17 +332,18 @@ void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     ops::l2norm_bwd(rows(qc_, n * h_), rq_, q_scale, rows(d_q, n * h_), rows(d_qc, n * h_));
     ops::l2norm_bwd(rows(kc_, n * h_), rk_, 1.0, rows(d_k, n * h_), rows(d_kc, n * h_));
     const Tensor d_qp = scratch(1, {n, hk}), d_kp = scratch(2, {n, hk}), d_vp = scratch(5, {n, hvv});
-    ops::causal_conv1d_bwd(
-        seq3(qp_), table_->param(conv_q_), seq3(d_qc), seq3(d_qp), table_->grad(conv_q_), true, kda_options_.doc_start);
-    ops::causal_conv1d_bwd(
-        seq3(kp_), table_->param(conv_k_), seq3(d_kc), seq3(d_kp), table_->grad(conv_k_), true, kda_options_.doc_start);
-    ops::causal_conv1d_bwd(seq3(vp_),
-                           table_->param(conv_v_),
-                           seq3(rows(d_v, n)),
-                           seq3(d_vp),
-                           table_->grad(conv_v_),
-                           true,
-                           kda_options_.doc_start);
+    std::array<Tensor, 3> dhalo;
+    conv_backward(0, qp_, d_qc, d_qp, dhalo[0]);
+    conv_backward(1, kp_, d_kc, d_kp, dhalo[1]);
+    conv_backward(2, vp_, rows(d_v, n), d_vp, dhalo[2]);
+    // The next segment's convs read this one's last W - 1 projection rows: their gradient joins here.
+    const Tensor* d_proj[3] = {&d_qp, &d_kp, &d_vp};
+    for (size_t i = 0; i < 3; ++i)
+        if (pending_dhalo_[i].defined()) {
+            const int64_t w1 = pending_dhalo_[i].size(1);
+            add_time_rows(seq3(*d_proj[i]), seq_ - w1, pending_dhalo_[i], 0, w1);
+        }
+    pending_dhalo_ = dhalo;
     add_dx(wq_, x, d_qp);
     add_dx(wk_, x, d_kp);
     add_dx(wv_, x, d_vp);

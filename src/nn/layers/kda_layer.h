@@ -7,17 +7,20 @@
 // Settings come from ModelConfig::kda (kda.md §6). An initial state S_0 [B, HV, K, V] may be given and the final state
 // S_T is kept; backward takes an optional dS_T and returns dS_0. Parameter names follow Kimi Linear's Hugging Face
 // names under the prefix: q_proj, k_proj, v_proj, q_conv1d, k_conv1d, v_conv1d (weights [C, 4]), f_a_proj, f_b_proj,
-// A_log, dt_bias, b_proj, g_a_proj, g_b_proj, o_norm, o_proj. Not yet: the conv halo in/out, packed documents
-// (cu_seqlens), the output-gate bias.
+// A_log, dt_bias, b_proj, g_a_proj, g_b_proj, o_norm, o_proj. Sequence segments (set_segment) carry the state and
+// the short convs' halo from one segment to the next. Not yet: the output-gate bias.
 #pragma once
 
+#include <array>
 #include <string>
+#include <vector>
 
 #include "nn/documents.h"
 #include "nn/layer.h"
 #include "nn/layers/linear.h"
 #include "nn/model_config.h"
 #include "nn/recompute.h"
+#include "nn/segments.h"
 #include "nn/workspace.h"
 #include "ops/kda.h"
 #include "ops/kda_gate.h"
@@ -46,8 +49,9 @@ class KdaLayer : public Layer {
     // an initial state was set. Scratch from ws's slots 0-5 (see reserve_scratch's table in kda_layer.cpp).
     void backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws);
 
+    // S_T of the last forward; with segments, of the whole sequence (the last segment's, whatever ran since).
     Tensor final_state() const {
-        return st_;
+        return seg_.active() ? seg_final_ : st_;
     }
     Tensor initial_state_grad() const {
         return ds0_;
@@ -71,11 +75,32 @@ class KdaLayer : public Layer {
     void set_documents(const Documents& docs) {
         kda_options_.doc_start = docs.doc_start;
     }
+    // The sequence segment the next forward (and its backward) runs (long_context.md §4; after resize and
+    // set_documents with the segment's documents). Segment j > 0 starts from segment j - 1's final state (zero in
+    // the rows where a document starts at the segment) and its short convs read the W - 1 projection rows before
+    // it; its backward passes the gradients of both to segment j - 1's. The first segment starts from the initial
+    // state (set_initial_state); every segment before the last needs at least W - 1 tokens.
+    void set_segment(const SegmentContext& seg);
 
    private:
     // Everything but the output projection, from x (into y_): what recompute kda re-runs. keep: let the op keep
     // what its backward reuses (kda.save).
     void forward_core(const Tensor& x, bool keep);
+    // The state the recurrence starts from: the segment's carried one, or the initial state.
+    const Tensor& start_state() const {
+        return seg_.active() && seg_.index > 0 ? seg_s0_[static_cast<size_t>(seg_.index)] : s0_;
+    }
+    // Short conv number `which` (0 q, 1 k, 2 v) of the projection xp [N, C] into y [B, T, C], and its backward
+    // (dxp written; with a halo, the halo rows' gradient into dhalo).
+    bool has_halo() const {
+        return seg_.active() && seg_.index > 0 && cfg_.kda.conv_size > 1;
+    }
+    void conv_forward(int which, const Tensor& xp, const Tensor& y);
+    void conv_backward(int which, const Tensor& xp, const Tensor& dy, const Tensor& dxp, Tensor& dhalo);
+    // [B, W - 1 + T, C]: the segment's halo rows, then xp's.
+    Tensor with_halo(int which, const Tensor& xp) const;
+    // At the end of a segment's first forward: what the next segment starts from.
+    void keep_for_next_segment();
 
     ModelConfig cfg_;
     DropList dropped_;  // recompute kda: every saved activation (the kept tiles are freed apart)
@@ -87,6 +112,7 @@ class KdaLayer : public Layer {
     int conv_q_ = -1, conv_k_ = -1, conv_v_ = -1, a_log_ = -1, dt_bias_ = -1, o_norm_ = -1;
     int64_t batch_ = 0, seq_ = 0;
     core::DType act_dtype_ = core::DType::f32;  // the compute dtype of the activations and their gradients
+    core::Device device_ = core::Device::cpu;
     Tensor s0_, dst_;
     // What the KDA op keeps from a training forward to its backward (GPU only; kda.save), freed after the backward.
     bool keep_tiles_ = false;
@@ -101,6 +127,15 @@ class KdaLayer : public Layer {
     Tensor on_, rstd_;        // [N, HV*V] normed output, [N * HV]
     Tensor ga_, gz_, y_;      // [N, V], [N, HV*V] gate logits, [N, HV*V] gated output
     Tensor ds0_;              // [B, HV, K, V] dS_0, the backward's output when an initial state was set
+    // Sequence segments: per segment its start state and its three convs' halos [B, W - 1, C], the carried values
+    // of the next segment (forward) and the gradients for the previous one (backward), and the whole sequence's S_T.
+    SegmentContext seg_;
+    std::vector<Tensor> seg_s0_;
+    std::vector<std::array<Tensor, 3>> seg_halo_;
+    Tensor next_s0_, pending_dst_, seg_final_;
+    std::array<Tensor, 3> next_halo_, pending_dhalo_;
+    std::vector<int64_t> doc_start_rows_;  // rows where a document starts at the segment's first token
+    Tensor conv_doc_start_;                // [B, W - 1 + T] the halo'd convs' document map, or undefined
 };
 
 }  // namespace mt::nn

@@ -94,8 +94,11 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
     expert_capacity_ = -1;
     reserve_expert_rows(r);
     dropped_.release();  // allocated in the forward that needs them, so that no two layers hold them at once
-    step_load_acc_ = Tensor::zeros({e}, DType::i64, dev);
-    step_entropy_acc_ = Tensor::zeros({1}, DType::f64, dev);
+    // The step's routing totals survive a resize: sequence segments resize between the passes of one step.
+    if (!step_load_acc_.defined() || step_load_acc_.device() != dev) {
+        step_load_acc_ = Tensor::zeros({e}, DType::i64, dev);
+        step_entropy_acc_ = Tensor::zeros({1}, DType::f64, dev);
+    }
     if (shared_) {
         shared_->resize(n, precision);
         shared_out_ = z({n, c});

@@ -15,7 +15,8 @@ namespace mt::ops::cpu {
 // positions is null), c = cos(angle), s = sin(angle):
 //   forward:  y[i] = x[i] c - x[i + D/2] s,   y[i + D/2] = x[i + D/2] c + x[i] s
 //   inverse:  y[i] = x[i] c + x[i + D/2] s,   y[i + D/2] = x[i + D/2] c - x[i] s
-// The angles come from one [T, D/2] table of positions 0..T-1 (every position is below T). Each pair is read before
+// The angles come from one [R, D/2] table of positions 0..R-1, R = max(T, position_limit) (every position is below
+// R). Each pair is read before
 // it is written, so y may alias x.
 template <typename T>
 void rope_rotate(const T* x,
@@ -27,12 +28,13 @@ void rope_rotate(const T* x,
                  double theta,
                  int64_t pos_offset,
                  const int32_t* positions,
+                 int64_t position_limit,
                  bool inverse) {
-    const int64_t half = d / 2;
-    std::vector<T> cos_t(static_cast<size_t>(t * half)), sin_t(static_cast<size_t>(t * half));  // [t, half]
+    const int64_t half = d / 2, r = std::max(t, position_limit);
+    std::vector<T> cos_t(static_cast<size_t>(r * half)), sin_t(static_cast<size_t>(r * half));  // [r, half]
     for (int64_t i = 0; i < half; ++i) {
         const double freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
-        for (int64_t p = 0; p < t; ++p) {
+        for (int64_t p = 0; p < r; ++p) {
             const double angle = static_cast<double>(pos_offset + p) * freq;
             cos_t[p * half + i] = static_cast<T>(std::cos(angle));
             sin_t[p * half + i] = static_cast<T>(inverse ? -std::sin(angle) : std::sin(angle));
@@ -56,12 +58,17 @@ void rope_rotate(const T* x,
 }
 
 template void rope_rotate<float>(
-    const float*, float*, int64_t, int64_t, int64_t, int64_t, double, int64_t, const int32_t*, bool);
+    const float*, float*, int64_t, int64_t, int64_t, int64_t, double, int64_t, const int32_t*, int64_t, bool);
 template void rope_rotate<double>(
-    const double*, double*, int64_t, int64_t, int64_t, int64_t, double, int64_t, const int32_t*, bool);
+    const double*, double*, int64_t, int64_t, int64_t, int64_t, double, int64_t, const int32_t*, int64_t, bool);
 
 // The CPU kernel of ops::rope_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
-void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y, const Tensor& positions) {
+void rope_fwd(const Tensor& x,
+              double theta,
+              int64_t pos_offset,
+              const Tensor& y,
+              const Tensor& positions,
+              int64_t position_limit) {
     constexpr std::string_view op = "rope_fwd";
     MT_DISPATCH_FLOAT(x.dtype(),
                       op,
@@ -74,12 +81,18 @@ void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y
                                        theta,
                                        pos_offset,
                                        positions.defined() ? positions.data<int32_t>() : nullptr,
+                                       position_limit,
                                        false));
 }
 MT_REGISTER_KERNEL(rope_fwd, cpu, rope_fwd, ::mt::ops::float_dtypes);
 
 // The CPU kernel of ops::rope_bwd (registered in the op registry): the CPU dtypes, then the float dispatch.
-void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx, const Tensor& positions) {
+void rope_bwd(const Tensor& dy,
+              double theta,
+              int64_t pos_offset,
+              const Tensor& dx,
+              const Tensor& positions,
+              int64_t position_limit) {
     constexpr std::string_view op = "rope_bwd";
     MT_DISPATCH_FLOAT(dy.dtype(),
                       op,
@@ -92,6 +105,7 @@ void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& 
                                        theta,
                                        pos_offset,
                                        positions.defined() ? positions.data<int32_t>() : nullptr,
+                                       position_limit,
                                        true));
 }
 MT_REGISTER_KERNEL(rope_bwd, cpu, rope_bwd, ::mt::ops::float_dtypes);

@@ -4,8 +4,9 @@
 // the rotation runs in f32. Tables are kept per (T, D, theta, position offset): a training step asks for the same one
 // four times per layer (q and k, forward and backward), and building it each time cost a table kernel and an
 // allocation per call. With per-token positions (document masking restarts them at every document) a row reads the
-// table at its position instead of its t: every position is below T, so the same table serves. Elementwise, so
-// deterministic.
+// table at its position instead of its t: every position is below max(T, position_limit), the table's rows.
+// Elementwise, so deterministic.
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -95,6 +96,7 @@ void rope_run(const Tensor& in,
               int64_t pos_offset,
               const Tensor& out,
               const Tensor& positions,
+              int64_t position_limit,
               bool inverse,
               std::string_view op,
               std::string_view in_arg,
@@ -104,7 +106,7 @@ void rope_run(const Tensor& in,
     const int64_t b = in.size(0), t = in.size(1), h = in.size(2), d = in.size(3), half = d / 2;
     if (in.numel() == 0) return;
     core::NvtxRange range(inverse ? "rope_bwd" : "rope_fwd");
-    const Tensor table = rope_table(t, d, theta, pos_offset);
+    const Tensor table = rope_table(std::max(t, position_limit), d, theta, pos_offset);
     const float2* tp = reinterpret_cast<const float2*>(table.data<float>());
     const float sign = inverse ? -1.0f : 1.0f;
     const bool vec = vec_ok(half, {&in, &out});
@@ -125,13 +127,23 @@ void rope_run(const Tensor& in,
 
 }  // namespace
 
-void rope_fwd(const Tensor& x, double theta, int64_t pos_offset, const Tensor& y, const Tensor& positions) {
-    rope_run(x, theta, pos_offset, y, positions, false, "rope_fwd", "x", "y");
+void rope_fwd(const Tensor& x,
+              double theta,
+              int64_t pos_offset,
+              const Tensor& y,
+              const Tensor& positions,
+              int64_t position_limit) {
+    rope_run(x, theta, pos_offset, y, positions, position_limit, false, "rope_fwd", "x", "y");
 }
 MT_REGISTER_KERNEL(rope_fwd, cuda, rope_fwd, ::mt::ops::half_and_float_dtypes);
 
-void rope_bwd(const Tensor& dy, double theta, int64_t pos_offset, const Tensor& dx, const Tensor& positions) {
-    rope_run(dy, theta, pos_offset, dx, positions, true, "rope_bwd", "dy", "dx");
+void rope_bwd(const Tensor& dy,
+              double theta,
+              int64_t pos_offset,
+              const Tensor& dx,
+              const Tensor& positions,
+              int64_t position_limit) {
+    rope_run(dy, theta, pos_offset, dx, positions, position_limit, true, "rope_bwd", "dy", "dx");
 }
 MT_REGISTER_KERNEL(rope_bwd, cuda, rope_bwd, ::mt::ops::half_and_float_dtypes);
 
