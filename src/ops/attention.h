@@ -2,7 +2,7 @@
 //   q:   [B, T, Hq, D] f32|f64
 //   k,v: [B, Tk, Hkv, D], Hq % Hkv == 0, Tk >= T: the queries are the last T positions of the Tk keys (query i sits
 //        at position Tk - T + i; Tk > T is a key prefix, the cache of earlier positions that a sequence segment or a
-//        context-parallel chunk attends to, long_context.md §4 and §7; the CPU only so far)
+//        context-parallel chunk attends to, long_context.md §4 and §7; every CPU and CUDA kernel takes it)
 //   out: [B, T, Hq, D]
 //   lse: [B, Hq, T] saved for backward: log-sum-exp of the scaled scores of each query row
 // scores = q k^T / sqrt(D), masked to keys at positions <= the query position, with mask.doc_start to the keys of the
