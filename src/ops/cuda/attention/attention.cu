@@ -111,11 +111,19 @@ void attention_fwd(const Tensor& q,
                    const Tensor& out,
                    const Tensor& lse,
                    const AttentionOptions& options,
-                   const AttentionMask& mask) {
+                   const AttentionMask& mask,
+                   const Tensor& max_logit) {
     constexpr std::string_view op = "attention_fwd";
     AttnParams p = make_params(q, k, v, lse, mask, op);
     MT_CHECK(out.dtype() == q.dtype(), "{}: out must have the dtype of q", op);
     p.out_w = out.raw();
+    if (max_logit.defined()) {  // every family writes it beside lse
+        MT_CHECK(max_logit.dtype() == DType::f32,
+                 "{}: max_logit has dtype {}, expected f32 (the dtype of lse)",
+                 op,
+                 core::dtype_name(max_logit.dtype()));
+        p.max_logit = static_cast<float*>(max_logit.raw());
+    }
     if (q.numel() == 0) return;
     core::NvtxRange range("attention_fwd");
     const Kernel kernel = pick_kernel(p, q.dtype(), options.kernel);

@@ -2,7 +2,7 @@
 // lane holding D / 32 (rounded up) elements of the row, dot products reduced across the warp. Used where the
 // tensor-core kernels do not apply (f32, D not in {64, 128}); O(T^2 D) work with no tiling, fine for small cases.
 //   fwd:  one warp per (b, query head, query i), online softmax over keys key_lo(i) <= j <= off + i, off = Tk - T
-//         (attention_mask.cuh).
+//         (attention_mask.cuh); its running max is the row's max_logit.
 //   dq:   one warp per (b, query head, query i), the same keys.
 //   dkdv: one warp per (b, kv head, key j < Tk), the group's query heads in order, then the queries
 //         first_query(j)..last_query(j), those that see key j (none for some prefix keys: dk, dv = 0): deterministic.
@@ -107,7 +107,11 @@ __global__ void generic_fwd_kernel(const AttnParams p) {
     }
     T* orow = static_cast<T*>(p.out_w) + (static_cast<int64_t>(r.b) * p.t + r.i) * qrs + r.h * d;
     store_row(orow, acc, 1.0f / sum, d, lane);
-    if (lane == 0) p.lse[(static_cast<int64_t>(r.b) * p.hq + r.h) * p.t + r.i] = mx + logf(sum);
+    if (lane == 0) {
+        const int64_t at = (static_cast<int64_t>(r.b) * p.hq + r.h) * p.t + r.i;
+        p.lse[at] = mx + logf(sum);
+        if (p.max_logit != nullptr) p.max_logit[at] = mx;
+    }
 }
 
 template <typename T>

@@ -1,7 +1,7 @@
 // Launchers of the CUDA attention kernels (src/ops/cuda/attention/flash_*.cu for bf16 with D in {64, 128}, and
 // attention_generic.cu for any dtype and D <= 256). Tensors are raw device pointers in the layouts of ops/attention.h:
 // q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, Tk, Hkv, D] (Tk >= T: query i sits at key position Tk - T + i);
-// lse and delta [B, Hq, T] f32. All run on core::exec_stream() and are deterministic (no atomics), except
+// lse, max_logit and delta [B, Hq, T] f32. All run on core::exec_stream() and are deterministic (no atomics), except
 // flash_bwd_wgmma_fast.
 #pragma once
 
@@ -20,6 +20,7 @@ struct AttnParams {
     const void* dout = nullptr;
     void* out_w = nullptr;  // the forward's output
     float* lse = nullptr;
+    float* max_logit = nullptr;    // the forward's optional row max of the scaled scores (null: not written)
     const float* delta = nullptr;  // rowsum(dout * out), from attention_delta
     float* delta_w = nullptr;      // where flash_bwd_wgmma writes delta (it computes it itself)
     void* dq = nullptr;

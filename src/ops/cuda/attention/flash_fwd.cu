@@ -4,7 +4,7 @@
 // (the block holding its last row's position; with a key prefix of Tk - T keys, query i sits at position Tk - T + i).
 // K and V blocks are double-buffered in shared memory by cp.async; S = Q K^T and O += P V are mma.sync m16n8k16; the
 // softmax is online in base 2. The T x T score matrix never exists. Saves lse [B, Hq, T] (natural log) for the
-// backward.
+// backward, and writes the rows' max scaled score (max_logit) when asked for, from the running max it keeps anyway.
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
