@@ -63,15 +63,21 @@ void attention_fwd(const Tensor& q,
                    const Tensor& out,
                    const Tensor& lse,
                    const AttentionOptions& options,
-                   const AttentionMask& mask) {
+                   const AttentionMask& mask,
+                   const Tensor& max_logit) {
     constexpr std::string_view op = "attention_fwd";
     const Device device = check_same_device(op, {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}});
     check_qkv(q, k, v, lse, op);
     check_arg(out, op, "out", 4);
     check_shape(out, q.shape(), op, "out");
+    if (max_logit.defined()) {  // optional; its dtype is that of lse (the kernels check it)
+        check_same_device(op, {{"q", q}, {"max_logit", max_logit}});
+        check_arg(max_logit, op, "max_logit", 3);
+        check_shape(max_logit, lse.shape(), op, "max_logit");
+    }
     check_mask(mask, k, op);
     if (device == Device::cuda) require_cuda(op);
-    MT_CALL_KERNEL(attention_fwd, device, q, k, v, out, lse, options, mask);
+    MT_CALL_KERNEL(attention_fwd, device, q, k, v, out, lse, options, mask, max_logit);
 }
 
 void attention_bwd(const Tensor& q,

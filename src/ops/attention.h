@@ -2,9 +2,13 @@
 //   q:   [B, T, Hq, D] f32|f64
 //   k,v: [B, Tk, Hkv, D], Hq % Hkv == 0, Tk >= T: the queries are the last T positions of the Tk keys (query i sits
 //        at position Tk - T + i; Tk > T is a key prefix, the cache of earlier positions that a sequence segment or a
-//        context-parallel chunk attends to, long_context.md §4 and §7; the CPU only so far)
+//        context-parallel chunk attends to, long_context.md §4 and §7; every CPU and CUDA kernel takes it)
 //   out: [B, T, Hq, D]
 //   lse: [B, Hq, T] saved for backward: log-sum-exp of the scaled scores of each query row
+//   max_logit (optional): [B, Hq, T] in the dtype of lse, the largest scaled score q.k / sqrt(D) of each query row over
+//        the keys it sees (natural-log units, as lse), the logit QK-clip reads (long_context.md §9, muon.md); an
+//        undefined tensor (the default) is not written and costs nothing. Only this op's keys: the global tokens and
+//        the sink that ops/attention_global.h merges in afterwards are not in it
 // scores = q k^T / sqrt(D), masked to keys at positions <= the query position, with mask.doc_start to the keys of the
 // query's own document (document masking of packed sequences, long_context.md §2) and with mask.window to the last
 // `window` keys (sliding-window attention): query t sees keys s with max(doc_start[t], t - window + 1) <= s <= t.
@@ -51,7 +55,8 @@ void attention_fwd(const Tensor& q,
                    const Tensor& out,
                    const Tensor& lse,
                    const AttentionOptions& options = {},
-                   const AttentionMask& mask = {});
+                   const AttentionMask& mask = {},
+                   const Tensor& max_logit = Tensor());
 void attention_bwd(const Tensor& q,
                    const Tensor& k,
                    const Tensor& v,

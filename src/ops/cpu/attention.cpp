@@ -33,7 +33,7 @@ int64_t first_key(const int32_t* doc_start, int64_t window, int64_t bb, int64_t 
 // last t of the tk positions) with first key lo = max(doc_start[b, p], p - window + 1) (doc_start 0 without
 // document masking, no window term when window is 0):
 //   s[j] = q[b, i, h] . k[b, j, kh] / sqrt(d) for lo <= j <= p;  lse[b, h, i] = log(sum_j exp(s[j]))
-//   out[b, i, h] = sum_j exp(s[j] - lse) v[b, j, kh]
+//   out[b, i, h] = sum_j exp(s[j] - lse) v[b, j, kh];  max_logit[b, h, i] = max_j s[j] (when asked for)
 // The score GEMM still covers keys [0, p]; the keys before lo are zeroed after the softmax of [lo, p] (a reference:
 // the CUDA kernels skip the tiles before lo).
 template <typename T>
@@ -42,6 +42,7 @@ void attention_fwd(const T* q,
                    const T* v,
                    T* out,
                    T* lse,
+                   T* max_logit,
                    const int32_t* doc_start,
                    int64_t window,
                    int64_t b,
@@ -65,6 +66,7 @@ void attention_fwd(const T* q,
             const T* vh = v + bb * tk * ks + kh * d;   // [tk, d], row stride ks
             T* oh = out + bb * t * qs + h * d;         // [t, d], row stride qs
             T* lh = lse + unit * t;                    // [t]
+            T* mh = max_logit != nullptr ? max_logit + unit * t : nullptr;
             for (int64_t r0 = 0; r0 < t; r0 += kQBlock) {
                 const int64_t rows = std::min(kQBlock, t - r0), keys = off + r0 + rows;
                 T* s = scores.data();  // [rows, keys]
@@ -84,6 +86,7 @@ void attention_fwd(const T* q,
                     std::fill(sr, sv, T(0));
                     std::fill(sr + valid, sr + keys, T(0));
                     lh[r0 + i] = mx + std::log(sum);
+                    if (mh != nullptr) mh[r0 + i] = mx;
                 }
                 gemm(false, false, rows, d, keys, T(1), s, keys, vh, ks, T(0), oh + r0 * qs, qs);
             }
@@ -176,6 +179,7 @@ template void attention_fwd<float>(const float*,
                                    const float*,
                                    float*,
                                    float*,
+                                   float*,
                                    const int32_t*,
                                    int64_t,
                                    int64_t,
@@ -187,6 +191,7 @@ template void attention_fwd<float>(const float*,
 template void attention_fwd<double>(const double*,
                                     const double*,
                                     const double*,
+                                    double*,
                                     double*,
                                     double*,
                                     const int32_t*,
@@ -254,12 +259,14 @@ void attention_fwd(const Tensor& q,
                    const Tensor& out,
                    const Tensor& lse,
                    const AttentionOptions& options,
-                   const AttentionMask& mask) {
+                   const AttentionMask& mask,
+                   const Tensor& max_logit) {
     constexpr std::string_view op = "attention_fwd";
     if (options.chosen != nullptr) *options.chosen = "cpu-reference";
     check_qkv(q, k, v, lse, op);
     check_float_arg(out, op, "out", 4);
     check_dtype_as(out, q, op, "out", "q");
+    if (max_logit.defined()) check_dtype_as(max_logit, lse, op, "max_logit", "lse");
     const int32_t* doc_start = mask.doc_start.defined() ? mask.doc_start.data<int32_t>() : nullptr;
     MT_DISPATCH_FLOAT(q.dtype(),
                       op,
@@ -268,6 +275,7 @@ void attention_fwd(const Tensor& q,
                                          v.data<scalar_t>(),
                                          out.data<scalar_t>(),
                                          lse.data<scalar_t>(),
+                                         max_logit.defined() ? max_logit.data<scalar_t>() : nullptr,
                                          doc_start,
                                          mask.window,
                                          q.size(0),

@@ -1,6 +1,7 @@
 // CUDA causal GQA attention: picks the tensor-core flash kernels for bf16 with D in {64, 128} (wgmma on Hopper,
 // flash_*_wgmma.cu; mma.sync elsewhere, flash_fwd.cu / flash_bwd.cu) or the simple kernels (f32, f16, or any other
-// D <= 256; attention_generic.cu: the fp16 mode's attention is correct but not yet on tensor cores).
+// D <= 256; attention_generic.cu: the fp16 mode's attention is correct but not yet on tensor cores). Every family takes
+// a key prefix (k, v of Tk >= T positions, the queries the last T).
 // AttentionOptions::kernel overrides the choice (tests and benchmarks; a family that does not apply falls back).
 // With core::exec().deterministic off (run.deterministic = false) the backward is the non-deterministic 5-matmul
 // wgmma kernel (flash_bwd_wgmma_fast.cu) unless AttentionOptions::fast_bwd is false. Takes q, k,
@@ -37,16 +38,14 @@ AttnParams make_params(const Tensor& q,
              op,
              core::dtype_name(q.dtype()));
     MT_CHECK(lse.dtype() == DType::f32, "{}: lse has dtype {}, expected f32", op, core::dtype_name(lse.dtype()));
-    MT_CHECK(k.size(1) == q.size(1),
-             "{}: k has {} positions and q {}; a key prefix (Tk > T) runs on the CPU only so far",
-             op,
-             k.size(1),
-             q.size(1));
     MT_CHECK(q.size(3) <= kMaxHeadDim, "{}: head dim {} is above the CUDA limit {}", op, q.size(3), kMaxHeadDim);
-    MT_CHECK(q.size(0) * q.size(1) * q.size(2) < (int64_t{1} << 31) && q.size(1) < (int64_t{1} << 24),
-             "{}: q of shape {} is too large for the CUDA kernels",
+    // Rows of q and of k are counted in int by the kernels (a warp per row in attention_generic.cu); Tk >= T.
+    MT_CHECK(q.size(0) * q.size(1) * q.size(2) < (int64_t{1} << 31) &&
+                 k.size(0) * k.size(1) * k.size(2) < (int64_t{1} << 31) && k.size(1) < (int64_t{1} << 24),
+             "{}: q of shape {} with k of shape {} is too large for the CUDA kernels",
              op,
-             core::shape_str(q.shape()));
+             core::shape_str(q.shape()),
+             core::shape_str(k.shape()));
     AttnParams p;
     p.q = q.raw();
     p.k = k.raw();
@@ -54,13 +53,16 @@ AttnParams make_params(const Tensor& q,
     p.lse = static_cast<float*>(lse.raw());
     p.b = static_cast<int>(q.size(0));
     p.t = static_cast<int>(q.size(1));
+    p.tk = static_cast<int>(k.size(1));
+    p.off = p.tk - p.t;  // the key prefix: query i sits at key position off + i
     p.hq = static_cast<int>(q.size(2));
     p.hkv = static_cast<int>(k.size(2));
     p.d = static_cast<int>(q.size(3));
     p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.d)));
-    // The mask (ops/attention.cpp checked it): a window of at least T is no window.
+    // The mask (ops/attention.cpp checked it): a window of at least Tk is no window (the last query, at position
+    // Tk - 1, sees key 0 with it), and one below Tk keeps the kernels' position arithmetic inside int.
     p.doc_start = mask.doc_start.defined() ? mask.doc_start.data<int32_t>() : nullptr;
-    p.window = mask.window > 0 && mask.window < q.size(1) ? static_cast<int>(mask.window) : 0;
+    p.window = mask.window > 0 && mask.window < k.size(1) ? static_cast<int>(mask.window) : 0;
     return p;
 }
 
@@ -109,11 +111,19 @@ void attention_fwd(const Tensor& q,
                    const Tensor& out,
                    const Tensor& lse,
                    const AttentionOptions& options,
-                   const AttentionMask& mask) {
+                   const AttentionMask& mask,
+                   const Tensor& max_logit) {
     constexpr std::string_view op = "attention_fwd";
     AttnParams p = make_params(q, k, v, lse, mask, op);
     MT_CHECK(out.dtype() == q.dtype(), "{}: out must have the dtype of q", op);
     p.out_w = out.raw();
+    if (max_logit.defined()) {  // every family writes it beside lse
+        MT_CHECK(max_logit.dtype() == DType::f32,
+                 "{}: max_logit has dtype {}, expected f32 (the dtype of lse)",
+                 op,
+                 core::dtype_name(max_logit.dtype()));
+        p.max_logit = static_cast<float*>(max_logit.raw());
+    }
     if (q.numel() == 0) return;
     core::NvtxRange range("attention_fwd");
     const Kernel kernel = pick_kernel(p, q.dtype(), options.kernel);

@@ -1,10 +1,11 @@
 // Simple CUDA attention for any head dim D <= 256 and for f32, bf16 or f16 storage (fp32 math): one warp per row, each
 // lane holding D / 32 (rounded up) elements of the row, dot products reduced across the warp. Used where the
 // tensor-core kernels do not apply (f32, D not in {64, 128}); O(T^2 D) work with no tiling, fine for small cases.
-//   fwd:  one warp per (b, query head, query i), online softmax over keys key_lo(i) <= j <= i (attention_mask.cuh).
+//   fwd:  one warp per (b, query head, query i), online softmax over keys key_lo(i) <= j <= off + i, off = Tk - T
+//         (attention_mask.cuh); its running max is the row's max_logit.
 //   dq:   one warp per (b, query head, query i), the same keys.
-//   dkdv: one warp per (b, kv head, key j), the group's query heads in order, then the queries j..last_query(j),
-//         those that see key j: deterministic.
+//   dkdv: one warp per (b, kv head, key j < Tk), the group's query heads in order, then the queries
+//         first_query(j)..last_query(j), those that see key j (none for some prefix keys: dk, dv = 0): deterministic.
 // Also the backward's row term delta = rowsum(dout * out) for both paths.
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/attention/attention_kernels.h"
@@ -89,13 +90,13 @@ __global__ void generic_fwd_kernel(const AttnParams p) {
     const int lane = threadIdx.x % 32, d = p.d, kh = r.h / (p.hq / p.hkv);
     const int64_t qrs = static_cast<int64_t>(p.hq) * d, krs = static_cast<int64_t>(p.hkv) * d;
     const T* qrow = static_cast<const T*>(p.q) + (static_cast<int64_t>(r.b) * p.t + r.i) * qrs + r.h * d;
-    const T* kg = static_cast<const T*>(p.k) + static_cast<int64_t>(r.b) * p.t * krs + kh * d;
-    const T* vg = static_cast<const T*>(p.v) + static_cast<int64_t>(r.b) * p.t * krs + kh * d;
+    const T* kg = static_cast<const T*>(p.k) + static_cast<int64_t>(r.b) * p.tk * krs + kh * d;
+    const T* vg = static_cast<const T*>(p.v) + static_cast<int64_t>(r.b) * p.tk * krs + kh * d;
     float q[kMaxPerLane], acc[kMaxPerLane] = {};
     load_row(q, qrow, d, lane);
     float mx = -INFINITY, sum = 0.0f;
     const int lo = attn_mask::active(p) ? attn_mask::key_lo(p, r.b, r.i) : 0;
-    for (int j = lo; j <= r.i; ++j) {
+    for (int j = lo; j <= p.off + r.i; ++j) {
         const float s = dot_row(q, kg + j * krs, d, lane) * p.scale;
         const float m_new = fmaxf(mx, s), corr = expf(mx - m_new), pj = expf(s - m_new);
         sum = sum * corr + pj;
@@ -106,7 +107,11 @@ __global__ void generic_fwd_kernel(const AttnParams p) {
     }
     T* orow = static_cast<T*>(p.out_w) + (static_cast<int64_t>(r.b) * p.t + r.i) * qrs + r.h * d;
     store_row(orow, acc, 1.0f / sum, d, lane);
-    if (lane == 0) p.lse[(static_cast<int64_t>(r.b) * p.hq + r.h) * p.t + r.i] = mx + logf(sum);
+    if (lane == 0) {
+        const int64_t at = (static_cast<int64_t>(r.b) * p.hq + r.h) * p.t + r.i;
+        p.lse[at] = mx + logf(sum);
+        if (p.max_logit != nullptr) p.max_logit[at] = mx;
+    }
 }
 
 template <typename T>
@@ -128,15 +133,15 @@ __global__ void generic_dq_kernel(const AttnParams p) {
     const int lane = threadIdx.x % 32, d = p.d, kh = r.h / (p.hq / p.hkv);
     const int64_t qrs = static_cast<int64_t>(p.hq) * d, krs = static_cast<int64_t>(p.hkv) * d;
     const int64_t qoff = (static_cast<int64_t>(r.b) * p.t + r.i) * qrs + r.h * d;
-    const T* kg = static_cast<const T*>(p.k) + static_cast<int64_t>(r.b) * p.t * krs + kh * d;
-    const T* vg = static_cast<const T*>(p.v) + static_cast<int64_t>(r.b) * p.t * krs + kh * d;
+    const T* kg = static_cast<const T*>(p.k) + static_cast<int64_t>(r.b) * p.tk * krs + kh * d;
+    const T* vg = static_cast<const T*>(p.v) + static_cast<int64_t>(r.b) * p.tk * krs + kh * d;
     const int64_t row = (static_cast<int64_t>(r.b) * p.hq + r.h) * p.t + r.i;
     const float lse = p.lse[row], delta = p.delta[row];
     float q[kMaxPerLane], dout[kMaxPerLane], acc[kMaxPerLane] = {};
     load_row(q, static_cast<const T*>(p.q) + qoff, d, lane);
     load_row(dout, static_cast<const T*>(p.dout) + qoff, d, lane);
     const int lo = attn_mask::active(p) ? attn_mask::key_lo(p, r.b, r.i) : 0;
-    for (int j = lo; j <= r.i; ++j) {
+    for (int j = lo; j <= p.off + r.i; ++j) {
         const float pj = expf(dot_row(q, kg + j * krs, d, lane) * p.scale - lse);
         const float ds = pj * (dot_row(dout, vg + j * krs, d, lane) - delta);
         axpy_row(acc, ds, kg + j * krs, d, lane);
@@ -147,19 +152,20 @@ __global__ void generic_dq_kernel(const AttnParams p) {
 template <typename T>
 __global__ void generic_dkdv_kernel(const AttnParams p) {
     RowIndex r;  // r.h is the kv head, r.i the key position
-    if (!row_index(warp_id(), p.hkv, p.t, p.b, &r)) return;
+    if (!row_index(warp_id(), p.hkv, p.tk, p.b, &r)) return;
     const int lane = threadIdx.x % 32, d = p.d, group = p.hq / p.hkv, j = r.i;
     const int64_t qrs = static_cast<int64_t>(p.hq) * d, krs = static_cast<int64_t>(p.hkv) * d;
-    const int64_t koff = (static_cast<int64_t>(r.b) * p.t + j) * krs + r.h * d;
+    const int64_t koff = (static_cast<int64_t>(r.b) * p.tk + j) * krs + r.h * d;
     float k[kMaxPerLane], v[kMaxPerLane], dk[kMaxPerLane] = {}, dv[kMaxPerLane] = {};
     load_row(k, static_cast<const T*>(p.k) + koff, d, lane);
     load_row(v, static_cast<const T*>(p.v) + koff, d, lane);
-    const int last = attn_mask::last_query(p, r.b, j);  // queries j..last all see key j (key_lo never decreases)
+    // The queries first..last all see key j (key_lo never decreases); last < first when none does.
+    const int first = attn_mask::first_query(p, j), last = attn_mask::last_query(p, r.b, j);
     for (int h = r.h * group; h < (r.h + 1) * group; ++h) {
         const T* qg = static_cast<const T*>(p.q) + static_cast<int64_t>(r.b) * p.t * qrs + h * d;
         const T* dog = static_cast<const T*>(p.dout) + static_cast<int64_t>(r.b) * p.t * qrs + h * d;
         const int64_t row0 = (static_cast<int64_t>(r.b) * p.hq + h) * p.t;
-        for (int i = j; i <= last; ++i) {
+        for (int i = first; i <= last; ++i) {
             const float pij = expf(dot_row(k, qg + i * qrs, d, lane) * p.scale - p.lse[row0 + i]);
             const float ds = pij * (dot_row(v, dog + i * qrs, d, lane) - p.delta[row0 + i]);
             axpy_row(dv, pij, dog + i * qrs, d, lane);
@@ -187,7 +193,7 @@ void generic_bwd(const AttnParams& p) {
         <<<blocks_for_rows(static_cast<int64_t>(p.b) * p.hq * p.t), kWarpsPerBlock * 32, 0, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
     generic_dkdv_kernel<T>
-        <<<blocks_for_rows(static_cast<int64_t>(p.b) * p.hkv * p.t), kWarpsPerBlock * 32, 0, core::exec_stream()>>>(p);
+        <<<blocks_for_rows(static_cast<int64_t>(p.b) * p.hkv * p.tk), kWarpsPerBlock * 32, 0, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,7 +1,8 @@
 // Launchers of the CUDA attention kernels (src/ops/cuda/attention/flash_*.cu for bf16 with D in {64, 128}, and
 // attention_generic.cu for any dtype and D <= 256). Tensors are raw device pointers in the layouts of ops/attention.h:
-// q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, T, Hkv, D]; lse and delta [B, Hq, T] f32. All run on
-// core::exec_stream() and are deterministic (no atomics), except flash_bwd_wgmma_fast.
+// q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, Tk, Hkv, D] (Tk >= T: query i sits at key position Tk - T + i);
+// lse, max_logit and delta [B, Hq, T] f32. All run on core::exec_stream() and are deterministic (no atomics), except
+// flash_bwd_wgmma_fast.
 #pragma once
 
 #include <cstddef>
@@ -19,16 +20,18 @@ struct AttnParams {
     const void* dout = nullptr;
     void* out_w = nullptr;  // the forward's output
     float* lse = nullptr;
+    float* max_logit = nullptr;    // the forward's optional row max of the scaled scores (null: not written)
     const float* delta = nullptr;  // rowsum(dout * out), from attention_delta
     float* delta_w = nullptr;      // where flash_bwd_wgmma writes delta (it computes it itself)
     void* dq = nullptr;
     void* dk = nullptr;
     void* dv = nullptr;
     float* dq_accum = nullptr;  // flash_bwd_wgmma_fast's fp32 dq sums (its own tiled layout)
-    int b = 0, t = 0, hq = 0, hkv = 0, d = 0;
-    // The mask beyond causality (AttentionMask): query t of batch row b sees keys [key_lo, t] with key_lo =
-    // max(doc_start[b, t], t - window + 1); doc_start [B, T] i32 or null (one document per row), window 0 = none.
-    // attention_mask.cuh holds the kernels' helpers.
+    // t queries, tk keys; query i sits at key position off + i (off = tk - t, the key prefix).
+    int b = 0, t = 0, tk = 0, off = 0, hq = 0, hkv = 0, d = 0;
+    // The mask beyond causality (AttentionMask): query i of batch row b, at position s = off + i, sees keys
+    // [key_lo, s] with key_lo = max(doc_start[b, s], s - window + 1); doc_start [B, Tk] i32 or null (one document per
+    // row), window 0 = none. attention_mask.cuh holds the kernels' helpers.
     const int32_t* doc_start = nullptr;
     int window = 0;
     float scale = 0;    // 1 / sqrt(D)

@@ -1,8 +1,11 @@
-// The attention mask inside the CUDA kernels (AttnParams::doc_start and window, ops/attention.h AttentionMask): query
-// `row` of batch row `b` sees the keys [key_lo(row), row]. key_lo never decreases along a row (a document start does
-// not, nor does row - window + 1), so a query block's first row bounds the key blocks it visits from below, and a key
-// block's last viewer (last_query, a binary search) bounds the query blocks from above: the kernels visit only the
-// tiles that overlap the band, and apply the mask inside the edge tiles.
+// The attention mask inside the CUDA kernels (AttnParams::doc_start and window, ops/attention.h AttentionMask). Keys
+// are counted by position in [0, tk); query `row` (< t) of batch row `b` sits at position off + row (off = tk - t: a
+// key prefix before the queries) and sees the keys [key_lo(row), off + row]. key_lo never decreases along a row (a
+// document start does not, nor does the position - window + 1), so a query block's first row bounds the key blocks it
+// visits from below, and a key block's last viewer (last_query, a binary search) bounds the query blocks from above:
+// the kernels visit only the tiles that overlap the band, and apply the mask inside the edge tiles. Tiles of keys
+// start at multiples of their size in key positions, tiles of queries at multiples of theirs in rows, so with a prefix
+// the diagonal may cross two key tiles of one query tile: the edge tests compare positions.
 #pragma once
 
 #include "ops/cuda/attention/attention_kernels.h"
@@ -15,15 +18,24 @@ __device__ __forceinline__ bool active(const AttnParams& p) {
 
 // The first key query `row` (< t) sees.
 __device__ __forceinline__ int key_lo(const AttnParams& p, int b, int row) {
-    const int lo = p.doc_start != nullptr ? p.doc_start[static_cast<int64_t>(b) * p.t + row] : 0;
-    return p.window > 0 ? max(lo, row - p.window + 1) : lo;
+    const int pos = p.off + row;
+    const int lo = p.doc_start != nullptr ? p.doc_start[static_cast<int64_t>(b) * p.tk + pos] : 0;
+    return p.window > 0 ? max(lo, pos - p.window + 1) : lo;
 }
 
-// The last query (< t) that sees key `key` (< t): the largest row >= key with key_lo(row) <= key.
+// The first query row that may see key `key` (< tk): the one at its position, or row 0 for a prefix key.
+__device__ __forceinline__ int first_query(const AttnParams& p, int key) {
+    return max(key - p.off, 0);
+}
+
+// The last query (< t) that sees key `key` (< tk): the largest row >= first_query(key) with key_lo(row) <= key; or
+// first_query(key) - 1 when no query sees it (a prefix key before the first query's document or window).
 __device__ __forceinline__ int last_query(const AttnParams& p, int b, int key) {
-    int lo = key, hi = p.t - 1;  // key_lo(key) <= key: the answer is in [key, hi]
-    if (p.window > 0) hi = min(hi, key + p.window - 1);
+    int lo = first_query(p, key), hi = p.t - 1;
+    if (p.window > 0) hi = min(hi, key + p.window - 1 - p.off);  // window < tk (attention.cu): no overflow
+    if (hi < lo) return lo - 1;
     if (p.doc_start == nullptr) return hi;
+    if (key_lo(p, b, lo) > key) return lo - 1;  // only a prefix key: the query at its position sees it
     while (lo < hi) {
         const int mid = lo + (hi - lo + 1) / 2;
         if (key_lo(p, b, mid) <= key)
@@ -34,9 +46,25 @@ __device__ __forceinline__ int last_query(const AttnParams& p, int b, int key) {
     return lo;
 }
 
-// The first key block (of kBN keys) a query block starting at row m0 (< t) visits.
+// The query blocks (of bm rows) that hold a viewer of some key in [n0, n0 + bn) (n0 < tk): [*first, *end), empty when
+// no query sees those keys. Key blocks are visited whole, so a block is listed when any of its keys is seen; the last
+// key's last viewer is the last of them all (last_query never decreases along the keys, and a key nobody sees comes
+// only before every seen one).
+__device__ __forceinline__ void query_blocks(const AttnParams& p, int b, int n0, int bn, int bm, int* first, int* end) {
+    const int row0 = first_query(p, n0), last = last_query(p, b, min(n0 + bn, p.tk) - 1);
+    *first = row0 / bm;
+    *end = last < row0 ? *first : last / bm + 1;
+}
+
+// The first key block (of bn keys) a query block starting at row m0 (< t) visits.
 __device__ __forceinline__ int first_key_block(const AttnParams& p, int b, int m0, int bn) {
     return active(p) ? key_lo(p, b, m0) / bn : 0;
+}
+
+// One past the last key block (of bn keys) a query block whose last row is last_row visits: the block holding that
+// row's position.
+__device__ __forceinline__ int end_key_block(const AttnParams& p, int last_row, int bn) {
+    return (p.off + last_row) / bn + 1;
 }
 
 // The row max to subtract in an online softmax: a row whose keys so far are all masked has max -inf, and exp2 of

@@ -1,12 +1,12 @@
 // Flash-attention backward (FlashAttention-2 algorithm) on tensor cores, bf16 with D in {64, 128}. P is recomputed
 // from the saved lse; with delta_i = dout_i . out_i, dS = P * (dP - delta), dP = dO V^T. Two kernels, no atomics:
-//  * dk/dv: one thread block per (key block of kBN keys, kv head, batch row); each warp owns 16 keys and keeps their
-//    dK and dV rows in fp32 registers while the block walks the query heads of its group and, for each, the query
-//    blocks from the diagonal to the block's last viewer (attention_mask.cuh), in a fixed order: GQA sums over the
-//    group are deterministic.
+//  * dk/dv: one thread block per (key block of kBN keys, kv head, batch row), over all Tk keys; each warp owns 16 keys
+//    and keeps their dK and dV rows in fp32 registers while the block walks the query heads of its group and, for
+//    each, the query blocks from the diagonal (row 0 for a prefix key) to the block's last viewer (attention_mask.cuh),
+//    in a fixed order: GQA sums over the group are deterministic. A block no query sees writes zeros.
 //    Per query block: S^T = K Q^T, P^T, dP^T = V dO^T, dS^T, then dV += P^T dO and dK += dS^T Q.
 //  * dq: one thread block per (query block, query head, batch row); each warp owns 16 query rows and walks the key
-//    blocks from its first row's first key up to the diagonal: S = Q K^T, P, dP = dO V^T, dS, dQ += dS K.
+//    blocks from its first row's first key up to its last row's position: S = Q K^T, P, dP = dO V^T, dS, dQ += dS K.
 // Q / dO (dk/dv kernel) and K / V (dq kernel) are double-buffered in shared memory by cp.async.
 #include <cuda_bf16.h>
 
@@ -91,15 +91,15 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
     float* s_delta = s_lse + 2 * kBlk;                          // [2][kBlk]
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int n_block = blockIdx.x, kh = blockIdx.y, b = blockIdx.z, t = p.t;
+    const int n_block = blockIdx.x, kh = blockIdx.y, b = blockIdx.z, t = p.t, tk = p.tk;
     const int group = p.hq / p.hkv;
     const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
-    const int64_t kv_off = (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
+    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
     const int n0 = n_block * kBlk;
     const bool masked = attn_mask::active(p);
-    const int last_key = min(n0 + kBlk, t) - 1;
-    const int first_q = n0 / kBlk, q_blocks = attn_mask::last_query(p, b, last_key) / kBlk + 1 - first_q;
-    const int iters = group * q_blocks;
+    int first_q, end_q;
+    attn_mask::query_blocks(p, b, n0, kBlk, kBlk, &first_q, &end_q);
+    const int q_blocks = end_q - first_q, iters = group * q_blocks;
     const float scale_log2 = p.scale * kLog2e;
 
     // Rows of query head h: q and dout at qg(h) + i * qrs; lse and delta at (b * hq + h) * t + i.
@@ -115,9 +115,11 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
             load_row_f32(s_delta + st * kBlk, p.delta + row_off, m0, t, tid - kBlk);
     };
 
-    load_tile<kBlk, D, kThreads>(s_k, static_cast<const bf16*>(p.k) + kv_off, krs, n0, t, tid);
-    load_tile<kBlk, D, kThreads>(s_v, static_cast<const bf16*>(p.v) + kv_off, krs, n0, t, tid);
-    issue(0, 0);
+    if (iters > 0) {  // else a prefix block no query sees: nothing to load, dK = dV = 0
+        load_tile<kBlk, D, kThreads>(s_k, static_cast<const bf16*>(p.k) + kv_off, krs, n0, tk, tid);
+        load_tile<kBlk, D, kThreads>(s_v, static_cast<const bf16*>(p.v) + kv_off, krs, n0, tk, tid);
+        issue(0, 0);
+    }
     cp_async_commit();
 
     float dk[D / 8][4], dv[D / 8][4];
@@ -136,8 +138,10 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
         const float* slse = s_lse + st * kBlk;
         const float* sdelta = s_delta + st * kBlk;
         const int m0 = (first_q + it % q_blocks) * kBlk;
-        // The diagonal block, the one holding rows >= t, or one whose last row's first key is after this block's first.
-        const bool edge = m0 == n0 || m0 + kBlk > t || (masked && attn_mask::key_lo(p, b, min(m0 + kBlk, t) - 1) > n0);
+        // A block with a query before some key (the first row's position before the last key), the one holding rows
+        // >= t, or one whose last row's first key is after this block's first.
+        const bool edge = p.off + m0 < n0 + kBlk - 1 || m0 + kBlk > t ||
+                          (masked && attn_mask::key_lo(p, b, min(m0 + kBlk, t) - 1) > n0);
 
         float pt[kBlk / 8][4];  // S^T, then P^T: [16 keys x kBlk queries]
         zero_acc(pt);
@@ -151,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
             for (int e = 0; e < 4; ++e) {
                 const int key = key0 + (e / 2) * 8, qc = i * 8 + (lane % 4) * 2 + (e % 2), query = m0 + qc;
                 const bool valid =
-                    !edge || (query >= key && query < t && (!masked || key >= attn_mask::key_lo(p, b, query)));
+                    !edge || (p.off + query >= key && query < t && (!masked || key >= attn_mask::key_lo(p, b, query)));
                 const float pv = valid ? fast_exp2(pt[i][e] * scale_log2 - slse[qc] * kLog2e) : 0.0f;
                 pt[i][e] = pv;
                 dpt[i][e] = pv * (dpt[i][e] - sdelta[qc]);
@@ -167,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int key = key0 + r * 8;
-        if (key >= t) continue;
+        if (key >= tk) continue;
         bf16* krow = dkg + key * krs + (lane % 4) * 2;
         bf16* vrow = dvg + key * krs + (lane % 4) * 2;
 #pragma unroll
@@ -189,23 +193,24 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest rows first
-    const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t;
+    const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t, tk = p.tk;
     const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
     const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * D;
-    const int64_t kv_off = (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
+    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
     const bf16* kg = static_cast<const bf16*>(p.k) + kv_off;
     const bf16* vg = static_cast<const bf16*>(p.v) + kv_off;
     const int m0 = m_block * kBlk, last_row = min(m0 + kBlk, t) - 1;
-    const int j0 = attn_mask::first_key_block(p, b, m0, kBlk), n_blocks = last_row / kBlk + 1;
+    const int j0 = attn_mask::first_key_block(p, b, m0, kBlk), n_blocks = attn_mask::end_key_block(p, last_row, kBlk);
     const float scale_log2 = p.scale * kLog2e;
 
     load_tile<kBlk, D, kThreads>(s_q, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
     load_tile<kBlk, D, kThreads>(s_do, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, tid);
-    load_tile<kBlk, D, kThreads>(s_k, kg, krs, j0 * kBlk, t, tid);
-    load_tile<kBlk, D, kThreads>(s_v, vg, krs, j0 * kBlk, t, tid);
+    load_tile<kBlk, D, kThreads>(s_k, kg, krs, j0 * kBlk, tk, tid);
+    load_tile<kBlk, D, kThreads>(s_v, vg, krs, j0 * kBlk, tk, tid);
     cp_async_commit();
 
     const int row0 = m0 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+    const int pos0 = p.off + row0;               // the key position of row0
     const int64_t row_off = (static_cast<int64_t>(b) * p.hq + h) * t;
     float lse2[2], delta[2];
     int lo[2] = {0, 0};  // the rows' first keys; key blocks starting before the last row's hold masked keys
@@ -223,8 +228,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
     for (int j = j0; j < n_blocks; ++j) {
         const int st = (j - j0) & 1;
         if (j + 1 < n_blocks) {
-            load_tile<kBlk, D, kThreads>(s_k + (st ^ 1) * kTile, kg, krs, (j + 1) * kBlk, t, tid);
-            load_tile<kBlk, D, kThreads>(s_v + (st ^ 1) * kTile, vg, krs, (j + 1) * kBlk, t, tid);
+            load_tile<kBlk, D, kThreads>(s_k + (st ^ 1) * kTile, kg, krs, (j + 1) * kBlk, tk, tid);
+            load_tile<kBlk, D, kThreads>(s_v + (st ^ 1) * kTile, vg, krs, (j + 1) * kBlk, tk, tid);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -232,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
         const bf16* sk = s_k + st * kTile;
         const bf16* sv = s_v + st * kTile;
         const int n0 = j * kBlk;
-        const bool edge = n0 + kBlk - 1 > m0 || n0 < lo_last;
+        const bool edge = n0 + kBlk - 1 > p.off + m0 || n0 < lo_last;
 
         float ps[kBlk / 8][4];  // S, then P: [16 queries x kBlk keys]
         zero_acc(ps);
@@ -244,8 +249,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
         for (int i = 0; i < kBlk / 8; ++i) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int r = e / 2, row = row0 + r * 8, key = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
-                const bool masked = edge && (key > row || key < lo[r]);
+                const int r = e / 2, pos = pos0 + r * 8, key = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
+                const bool masked = edge && (key > pos || key < lo[r]);
                 const float pv = masked ? 0.0f : fast_exp2(ps[i][e] * scale_log2 - lse2[r]);
                 ds[i][e] = pv * (ds[i][e] - delta[r]);
             }
@@ -276,10 +281,11 @@ void launch_bwd(const AttnParams& p) {
         return true;
     }();
     (void)configured;
-    const unsigned blocks = static_cast<unsigned>((p.t + kBlk - 1) / kBlk);
-    flash_bwd_dkdv_kernel<D><<<dim3(blocks, p.hkv, p.b), kThreads, smem, core::exec_stream()>>>(p);
+    const unsigned key_blocks = static_cast<unsigned>((p.tk + kBlk - 1) / kBlk);
+    const unsigned query_blocks = static_cast<unsigned>((p.t + kBlk - 1) / kBlk);
+    flash_bwd_dkdv_kernel<D><<<dim3(key_blocks, p.hkv, p.b), kThreads, smem, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
-    flash_bwd_dq_kernel<D><<<dim3(blocks, p.hq, p.b), kThreads, smem, core::exec_stream()>>>(p);
+    flash_bwd_dq_kernel<D><<<dim3(query_blocks, p.hq, p.b), kThreads, smem, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -3,7 +3,8 @@
 // then dk/dv per key block looping over the group's query heads and query blocks in a fixed order), each a thread
 // block of one warpgroup over 64 rows, with blocks of 64 on the other side. S^T = K Q^T and dP^T = V dO^T (dk/dv), S =
 // Q K^T and dP = dO V^T (dq) read both operands from swizzled shared memory; dV += P^T dO, dK += dS^T Q and dQ += dS K
-// take P / dS from registers. No atomics.
+// take P / dS from registers. No atomics. With a key prefix (Tk > T) the dk/dv kernel covers all Tk keys, a block no
+// query sees writing zeros, and the edge tests compare positions (attention_mask.cuh).
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
@@ -25,9 +26,9 @@ constexpr int wg_bwd_smem_bytes() {
 }
 
 // dk/dv kernel, rows = keys, columns = queries: P^T = exp2(S^T * scale - lse) into pt, dS^T = P^T (dP^T - delta) into
-// dpt. kMask (an edge block: the diagonal one, the one holding queries >= t, or one where some query's first key is
-// after the block's first key): queries before the key, >= t, or whose first key is after it give 0. lse and delta
-// come from shared memory once per column pair.
+// dpt. kMask (an edge block: one with a query position before some key, the one holding queries >= t, or one where
+// some query's first key is after the block's first key): queries positioned before the key, >= t, or whose first key
+// is after it give 0. lse and delta come from shared memory once per column pair.
 template <bool kMask>
 __device__ __forceinline__ void dkdv_elementwise(float (&pt)[kBlk / 8][4],
                                                  float (&dpt)[kBlk / 8][4],
@@ -51,8 +52,8 @@ __device__ __forceinline__ void dkdv_elementwise(float (&pt)[kBlk / 8][4],
             float pv = fast_exp2(fmaf(pt[i][e], scale_log2, nl[e % 2]));
             if constexpr (kMask) {
                 const int key = key0 + (e / 2) * 8, query = m0 + qc + (e % 2);
-                const bool valid =
-                    query >= key && query < t && (!attn_mask::active(p) || key >= attn_mask::key_lo(p, b, query));
+                const bool valid = p.off + query >= key && query < t &&
+                                   (!attn_mask::active(p) || key >= attn_mask::key_lo(p, b, query));
                 pv = valid ? pv : 0.0f;
             }
             pt[i][e] = pv;
@@ -62,14 +63,14 @@ __device__ __forceinline__ void dkdv_elementwise(float (&pt)[kBlk / 8][4],
 }
 
 // dq kernel, rows = queries, columns = keys: P = exp2(S * scale - lse) from ps (only read: the dP product may still
-// be running) into pr. kMask (the diagonal block, or one starting before some row's first key): keys after the query
-// or before its first key give 0.
+// be running) into pr. kMask (a block ending after the first row's position, or one starting before some row's first
+// key): keys after the query's position (pos0: row0's) or before its first key give 0.
 template <bool kMask>
 __device__ __forceinline__ void dq_probs(const float (&ps)[kBlk / 8][4],
                                          float (&pr)[kBlk / 8][4],
                                          const float (&lse2)[2],
                                          const int (&lo)[2],
-                                         int row0,
+                                         int pos0,
                                          int n0,
                                          float scale_log2,
                                          int lane) {
@@ -81,8 +82,8 @@ __device__ __forceinline__ void dq_probs(const float (&ps)[kBlk / 8][4],
             const int r = e / 2;
             float pv = fast_exp2(fmaf(ps[i][e], scale_log2, nl[r]));
             if constexpr (kMask) {
-                const int row = row0 + r * 8, key = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
-                pv = key > row || key < lo[r] ? 0.0f : pv;
+                const int pos = pos0 + r * 8, key = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
+                pv = key > pos || key < lo[r] ? 0.0f : pv;
             }
             pr[i][e] = pv;
         }
@@ -100,13 +101,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
     float* s_delta = s_lse + 2 * kBlk;                                                               // [2][kBlk]
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int n_block = blockIdx.x, kh = blockIdx.y, b = blockIdx.z, t = p.t;
+    const int n_block = blockIdx.x, kh = blockIdx.y, b = blockIdx.z, t = p.t, tk = p.tk;
     const int group = p.hq / p.hkv;
     const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
-    const int64_t kv_off = (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
+    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
     const int n0 = n_block * kBlk;
-    const int first_q = n_block, q_blocks = attn_mask::last_query(p, b, min(n0 + kBlk, t) - 1) / kBlk + 1 - first_q;
-    const int iters = group * q_blocks;
+    int first_q, end_q;
+    attn_mask::query_blocks(p, b, n0, kBlk, kBlk, &first_q, &end_q);
+    const int q_blocks = end_q - first_q, iters = group * q_blocks;
     const float scale_log2 = p.scale * kLog2e;
 
     auto issue = [&](int it, int st) {
@@ -124,9 +126,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
                             m0 + tid - kBlk < t);
     };
 
-    load_tile_sw<kBlk, D, kThreads>(s_k, static_cast<const bf16*>(p.k) + kv_off, krs, n0, t, tid);
-    load_tile_sw<kBlk, D, kThreads>(s_v, static_cast<const bf16*>(p.v) + kv_off, krs, n0, t, tid);
-    issue(0, 0);
+    if (iters > 0) {  // else a prefix block no query sees: nothing to load, dK = dV = 0
+        load_tile_sw<kBlk, D, kThreads>(s_k, static_cast<const bf16*>(p.k) + kv_off, krs, n0, tk, tid);
+        load_tile_sw<kBlk, D, kThreads>(s_v, static_cast<const bf16*>(p.v) + kv_off, krs, n0, tk, tid);
+        issue(0, 0);
+    }
     cp_async_commit();
 
     float dk[D / 8][4], dv[D / 8][4];
@@ -148,8 +152,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
         const float* slse = s_lse + st * kBlk;
         const float* sdelta = s_delta + st * kBlk;
         const int m0 = (first_q + it % q_blocks) * kBlk;
-        const bool edge =
-            m0 == n0 || m0 + kBlk > t || (attn_mask::active(p) && attn_mask::key_lo(p, b, min(m0 + kBlk, t) - 1) > n0);
+        const bool edge = p.off + m0 < n0 + kBlk - 1 || m0 + kBlk > t ||
+                          (attn_mask::active(p) && attn_mask::key_lo(p, b, min(m0 + kBlk, t) - 1) > n0);
 
         float pt[kBlk / 8][4], dpt[kBlk / 8][4];  // S^T then P^T; dP^T then dS^T: [64 keys x 64 queries]
         wgmma_fence();
@@ -189,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int key = key0 + r * 8;
-        if (key >= t) continue;
+        if (key >= tk) continue;
         bf16* krow = dkg + key * krs + (lane % 4) * 2;
         bf16* vrow = dvg + key * krs + (lane % 4) * 2;
 #pragma unroll
@@ -213,20 +217,20 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest rows first
-    const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t;
+    const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t, tk = p.tk;
     const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
     const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * D;
-    const int64_t kv_off = (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
+    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
     const bf16* kg = static_cast<const bf16*>(p.k) + kv_off;
     const bf16* vg = static_cast<const bf16*>(p.v) + kv_off;
     const int m0 = m_block * kBlk, last_row = min(m0 + kBlk, t) - 1;
-    const int j0 = attn_mask::first_key_block(p, b, m0, kBlk), n_blocks = last_row / kBlk + 1;
+    const int j0 = attn_mask::first_key_block(p, b, m0, kBlk), n_blocks = attn_mask::end_key_block(p, last_row, kBlk);
     const float scale_log2 = p.scale * kLog2e;
 
     load_tile_sw<kBlk, D, kThreads>(s_q, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
     load_tile_sw<kBlk, D, kThreads>(s_do, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, tid);
-    load_tile_sw<kBlk, D, kThreads>(s_k, kg, krs, j0 * kBlk, t, tid);
-    load_tile_sw<kBlk, D, kThreads>(s_v, vg, krs, j0 * kBlk, t, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_k, kg, krs, j0 * kBlk, tk, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_v, vg, krs, j0 * kBlk, tk, tid);
     cp_async_commit();
 
     // delta = rowsum(dO * O) of this block's rows, two threads a row (halves of D) from global memory, kept in shared
@@ -261,6 +265,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
     }
     __syncthreads();
     const int row0 = m0 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+    const int pos0 = p.off + row0;               // the key position of row0
     float lse2[2], delta[2];
     int lo[2] = {0, 0};  // the rows' first keys; key blocks starting before the last row's hold masked keys
     const int lo_last = attn_mask::active(p) ? attn_mask::key_lo(p, b, last_row) : 0;
@@ -281,13 +286,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
         fence_proxy_async();
         __syncthreads();  // block j is in shared memory, and the products of block j - 1 are done
         if (j + 1 < n_blocks) {
-            load_tile_sw<kBlk, D, kThreads>(s_k + (st ^ 1) * kTile, kg, krs, (j + 1) * kBlk, t, tid);
-            load_tile_sw<kBlk, D, kThreads>(s_v + (st ^ 1) * kTile, vg, krs, (j + 1) * kBlk, t, tid);
+            load_tile_sw<kBlk, D, kThreads>(s_k + (st ^ 1) * kTile, kg, krs, (j + 1) * kBlk, tk, tid);
+            load_tile_sw<kBlk, D, kThreads>(s_v + (st ^ 1) * kTile, vg, krs, (j + 1) * kBlk, tk, tid);
         }
         cp_async_commit();
         const uint32_t sk = s_k + st * kTile, sv = s_v + st * kTile;
         const int n0 = j * kBlk;
-        const bool edge = n0 + kBlk - 1 > m0 || n0 < lo_last;
+        const bool edge = n0 + kBlk - 1 > p.off + m0 || n0 < lo_last;
 
         // S and dP are separate groups: the exponentials of P run while dP is still on the tensor cores.
         float ps[kBlk / 8][4], ds[kBlk / 8][4], pr[kBlk / 8][4];  // S, dP then dS, P: [64 queries x 64 keys]
@@ -301,9 +306,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
         wgmma_wait<1>();
         fence_regs(ps);
         if (edge)
-            dq_probs<true>(ps, pr, lse2, lo, row0, n0, scale_log2, lane);
+            dq_probs<true>(ps, pr, lse2, lo, pos0, n0, scale_log2, lane);
         else
-            dq_probs<false>(ps, pr, lse2, lo, row0, n0, scale_log2, lane);
+            dq_probs<false>(ps, pr, lse2, lo, pos0, n0, scale_log2, lane);
         wgmma_wait<0>();
         fence_regs(ds);
 #pragma unroll
@@ -348,10 +353,11 @@ void launch_bwd(const AttnParams& p) {
         return true;
     }();
     (void)configured;
-    const unsigned blocks = static_cast<unsigned>((p.t + kBlk - 1) / kBlk);
-    flash_bwd_dq_wgmma_kernel<D><<<dim3(blocks, p.hq, p.b), kThreads, smem, core::exec_stream()>>>(p);  // + delta
+    const unsigned query_blocks = static_cast<unsigned>((p.t + kBlk - 1) / kBlk);
+    const unsigned key_blocks = static_cast<unsigned>((p.tk + kBlk - 1) / kBlk);
+    flash_bwd_dq_wgmma_kernel<D><<<dim3(query_blocks, p.hq, p.b), kThreads, smem, core::exec_stream()>>>(p);  // + delta
     MT_CUDA_CHECK(cudaGetLastError());
-    flash_bwd_dkdv_wgmma_kernel<D><<<dim3(blocks, p.hkv, p.b), kThreads, smem, core::exec_stream()>>>(p);
+    flash_bwd_dkdv_wgmma_kernel<D><<<dim3(key_blocks, p.hkv, p.b), kThreads, smem, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -9,7 +9,8 @@
 // into kStages-deep rings guarded by mbarriers (lse and delta by one warp), so the consumers meet only once per query
 // block, where each needs the other's dS^T rows (double-buffered). A pre-kernel computes delta = rowsum(dO * O); a
 // post-kernel writes dq = buffer * scale in bf16. attention.cu runs it when core::exec().deterministic is off
-// (docs/PERFORMANCE.md has the figures).
+// (docs/PERFORMANCE.md has the figures). With a key prefix (Tk > T) the key blocks cover all Tk keys, a block no query
+// sees writing zeros, and the edge tests compare positions (attention_mask.cuh).
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
@@ -46,7 +47,7 @@ constexpr int fast_bwd_smem_bytes() {
 }
 
 // Rows = this warpgroup's 64 keys, columns = 64 queries from m0: P^T = exp2(S^T * scale - lse) in place in pt.
-// kMask (a block with queries before some key, >= t, or whose first key is after some key): those give 0.
+// kMask (a block with queries positioned before some key, >= t, or whose first key is after some key): those give 0.
 template <bool kMask>
 __device__ __forceinline__ void fast_probs(float (&pt)[kBM / 8][4],
                                            const float* slse,
@@ -67,8 +68,8 @@ __device__ __forceinline__ void fast_probs(float (&pt)[kBM / 8][4],
             float pv = fast_exp2(fmaf(pt[i][e], scale_log2, nl[e % 2]));
             if constexpr (kMask) {
                 const int key = key0 + (e / 2) * 8, query = m0 + qc + (e % 2);
-                const bool valid =
-                    query >= key && query < t && (!attn_mask::active(p) || key >= attn_mask::key_lo(p, b, query));
+                const bool valid = p.off + query >= key && query < t &&
+                                   (!attn_mask::active(p) || key >= attn_mask::key_lo(p, b, query));
                 pv = valid ? pv : 0.0f;
             }
             pt[i][e] = pv;
@@ -120,15 +121,17 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
     // The key blocks of one (batch, head) are the fastest grid index, so that the thread blocks running at once share
     // few heads and their Q, dO and dq sums stay in L2 (with the heads fastest, the backward took 4.49 ms instead of
     // 4.21 at B=8, T=4096, H=16, D=128); key block 0 (the most query blocks) starts first.
-    const int n_block = blockIdx.x, kh = blockIdx.y % p.hkv, b = blockIdx.y / p.hkv, t = p.t;
+    const int n_block = blockIdx.x, kh = blockIdx.y % p.hkv, b = blockIdx.y / p.hkv, t = p.t, tk = p.tk;
     const int group = p.hq / p.hkv;
     const int64_t krs = static_cast<int64_t>(p.hkv) * D;
-    const int64_t kv_off = (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
+    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
     const int n0 = n_block * kBN;
-    // The query blocks from the diagonal to the key block's last viewer (attention_mask.cuh).
-    const int m_blocks = (t + kBM - 1) / kBM, first_q = n0 / kBM;
-    const int q_blocks = attn_mask::last_query(p, b, min(n0 + kBN, t) - 1) / kBM + 1 - first_q;
-    const int iters = group * q_blocks;
+    // The query blocks from the diagonal (row 0 for a prefix key) to the key block's last viewer (attention_mask.cuh);
+    // none for a prefix block no query sees, whose dK and dV are then zeros.
+    const int m_blocks = (t + kBM - 1) / kBM;
+    int first_q, end_q;
+    attn_mask::query_blocks(p, b, n0, kBN, kBM, &first_q, &end_q);
+    const int q_blocks = end_q - first_q, iters = group * q_blocks;
     const float scale_log2 = p.scale * kLog2e;
     auto head_of = [&](int it) { return kh * group + it / q_blocks; };
     auto row0_of = [&](int it) { return (first_q + it % q_blocks) * kBM; };
@@ -150,7 +153,7 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
                 mbar_arrive(bar_empty + 8 * sl);
             }
             bulk_wait<0>();
-        } else if (threadIdx.x == 32) {
+        } else if (threadIdx.x == 32) {  // K and V even when iters = 0: the consumers wait for them
             mbar_expect_tx(bar_kv, 2 * kKV);
             tma_load_tile<D>(s_k, &tm_k, bar_kv, kBN, kh, n0, b);
             tma_load_tile<D>(s_v, &tm_v, bar_kv, kBN, kh, n0, b);
@@ -197,7 +200,7 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
         ring_wait_filled<kStages>(q_full, it);
         const uint32_t sq = s_q + st * kQ, sdo = s_do + st * kQ, sds = s_ds + (it % 2) * kDs;
         const int m0 = row0_of(it);
-        const bool edge = m0 < n0 + kBN || m0 + kBM > t ||
+        const bool edge = p.off + m0 < n0 + kBN || m0 + kBM > t ||
                           (attn_mask::active(p) && attn_mask::key_lo(p, b, min(m0 + kBM, t) - 1) > n0);
 
         float pt[kBM / 8][4], dpt[kBM / 8][4];  // S^T then P^T; dP^T then dS^T: [64 keys x 64 queries]
@@ -296,7 +299,7 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int key = key0 + r * 8;
-        if (key >= t) continue;
+        if (key >= tk) continue;
         bf16* krow = dkg + key * krs + (lane % 4) * 2;
         bf16* vrow = dvg + key * krs + (lane % 4) * 2;
 #pragma unroll
@@ -381,12 +384,12 @@ void launch_bwd_fast(const AttnParams& p) {
         <<<static_cast<unsigned>((pre_threads + kPreThreads - 1) / kPreThreads), kPreThreads, 0, core::exec_stream()>>>(
             p, rows);
     MT_CUDA_CHECK(cudaGetLastError());
-    const dim3 grid(static_cast<unsigned>((p.t + 64 * kWarpgroups - 1) / (64 * kWarpgroups)),
+    const dim3 grid(static_cast<unsigned>((p.tk + 64 * kWarpgroups - 1) / (64 * kWarpgroups)),
                     static_cast<unsigned>(p.b * p.hkv));
     const CUtensorMap tm_q = make_bthd_tensor_map(p.q, p.b, p.t, p.hq, D, kBM);
     const CUtensorMap tm_do = make_bthd_tensor_map(p.dout, p.b, p.t, p.hq, D, kBM);
-    const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.t, p.hkv, D, 64 * kWarpgroups);
-    const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.t, p.hkv, D, 64 * kWarpgroups);
+    const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.tk, p.hkv, D, 64 * kWarpgroups);
+    const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.tk, p.hkv, D, 64 * kWarpgroups);
     flash_bwd_fast_wgmma_kernel<D>
         <<<grid, 128 * (kWarpgroups + 1), smem, core::exec_stream()>>>(tm_q, tm_k, tm_v, tm_do, p);
     MT_CUDA_CHECK(cudaGetLastError());

@@ -63,7 +63,8 @@ __device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&acc)[N][4
     a[3] = pack_bf16(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
 }
 
-// O / l in bf16 and the log-sum-exp (natural log) of this thread's two rows.
+// O / l in bf16 and the log-sum-exp (natural log) of this thread's two rows; with p.max_logit, also their row max
+// (row_max holds the scaled scores' max in base 2, so times ln 2).
 template <int D>
 __device__ __forceinline__ void store_output(const AttnParams& p,
                                              const float (&o)[D / 8][4],
@@ -87,7 +88,10 @@ __device__ __forceinline__ void store_output(const AttnParams& p,
 #pragma unroll
         for (int i = 0; i < D / 8; ++i)
             *reinterpret_cast<uint32_t*>(orow + i * 8) = pack_bf16(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
-        if (lane % 4 == 0) p.lse[(static_cast<int64_t>(b) * p.hq + h) * t + row] = (row_max[r] + log2f(l)) * kLn2;
+        if (lane % 4 != 0) continue;
+        const int64_t at = (static_cast<int64_t>(b) * p.hq + h) * t + row;
+        p.lse[at] = (row_max[r] + log2f(l)) * kLn2;
+        if (p.max_logit != nullptr) p.max_logit[at] = row_max[r] * kLn2;
     }
 }
 

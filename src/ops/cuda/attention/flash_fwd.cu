@@ -1,9 +1,10 @@
 // Flash-attention forward (FlashAttention-2 algorithm) on tensor cores, bf16 with D in {64, 128}: one thread block
 // per (query block of kBM rows, query head, batch row); each warp owns 16 query rows and keeps its output rows in
-// fp32 registers while it walks the key blocks from its first row's first key (attention_mask.cuh) up to the diagonal.
+// fp32 registers while it walks the key blocks from its first row's first key (attention_mask.cuh) up to the diagonal
+// (the block holding its last row's position; with a key prefix of Tk - T keys, query i sits at position Tk - T + i).
 // K and V blocks are double-buffered in shared memory by cp.async; S = Q K^T and O += P V are mma.sync m16n8k16; the
 // softmax is online in base 2. The T x T score matrix never exists. Saves lse [B, Hq, T] (natural log) for the
-// backward.
+// backward, and writes the rows' max scaled score (max_logit) when asked for, from the running max it keeps anyway.
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
@@ -34,21 +35,21 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest rows first
-    const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t;
+    const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t, tk = p.tk;
     const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
     const bf16* qg = static_cast<const bf16*>(p.q) + (static_cast<int64_t>(b) * t * p.hq + h) * D;
-    const bf16* kg = static_cast<const bf16*>(p.k) + (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
-    const bf16* vg = static_cast<const bf16*>(p.v) + (static_cast<int64_t>(b) * t * p.hkv + kh) * D;
+    const bf16* kg = static_cast<const bf16*>(p.k) + (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
+    const bf16* vg = static_cast<const bf16*>(p.v) + (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
     const int m0 = m_block * kBM;
-    const int last_key = min(m0 + kBM, t) - 1;
-    const int j0 = attn_mask::first_key_block(p, b, m0, kBN), n_blocks = last_key / kBN + 1;
+    const int last_row = min(m0 + kBM, t) - 1;
+    const int j0 = attn_mask::first_key_block(p, b, m0, kBN), n_blocks = attn_mask::end_key_block(p, last_row, kBN);
     // Key blocks starting before the last row's first key hold masked keys of some row.
-    const int lo_last = attn_mask::active(p) ? attn_mask::key_lo(p, b, last_key) : 0;
+    const int lo_last = attn_mask::active(p) ? attn_mask::key_lo(p, b, last_row) : 0;
     const float scale_log2 = p.scale * kLog2e;
 
     load_tile<kBM, D, kThreads>(s_q, qg, qrs, m0, t, tid);
-    load_tile<kBN, D, kThreads>(s_k, kg, krs, j0 * kBN, t, tid);
-    load_tile<kBN, D, kThreads>(s_v, vg, krs, j0 * kBN, t, tid);
+    load_tile<kBN, D, kThreads>(s_k, kg, krs, j0 * kBN, tk, tid);
+    load_tile<kBN, D, kThreads>(s_v, vg, krs, j0 * kBN, tk, tid);
     cp_async_commit();
 
     float o[D / 8][4];
@@ -57,6 +58,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     uint32_t qa[D / 16][4];
     const int row0 = m0 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+    const int pos0 = p.off + row0;               // the key position of row0
     int lo[2] = {0, 0};                          // their first keys
     if (attn_mask::active(p))
         for (int r = 0; r < 2; ++r) lo[r] = row0 + r * 8 < t ? attn_mask::key_lo(p, b, row0 + r * 8) : 0;
@@ -64,8 +66,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
     for (int j = j0; j < n_blocks; ++j) {
         if (j + 1 < n_blocks) {
             const int st = (j + 1 - j0) & 1;
-            load_tile<kBN, D, kThreads>(s_k + st * kBN * kLds, kg, krs, (j + 1) * kBN, t, tid);
-            load_tile<kBN, D, kThreads>(s_v + st * kBN * kLds, vg, krs, (j + 1) * kBN, t, tid);
+            load_tile<kBN, D, kThreads>(s_k + st * kBN * kLds, kg, krs, (j + 1) * kBN, tk, tid);
+            load_tile<kBN, D, kThreads>(s_v + st * kBN * kLds, vg, krs, (j + 1) * kBN, tk, tid);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -91,16 +93,16 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
             }
         }
 
-        // Scale to base 2, mask keys after the query (the diagonal block holds every such key, and keys >= T) and
-        // before its first key (blocks starting before the last row's first key).
+        // Scale to base 2, mask keys after the query's position (blocks ending after the first row's position hold
+        // every such key, and keys >= Tk) and before its first key (blocks starting before the last row's first key).
         const int n0 = j * kBN;
-        const bool edge = n0 + kBN - 1 > m0 || n0 < lo_last;
+        const bool edge = n0 + kBN - 1 > p.off + m0 || n0 < lo_last;
 #pragma unroll
         for (int i = 0; i < kBN / 8; ++i) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int row = row0 + (e / 2) * 8, col = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
-                s[i][e] = edge && (col > row || col < lo[e / 2]) ? -INFINITY : s[i][e] * scale_log2;
+                const int pos = pos0 + (e / 2) * 8, col = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
+                s[i][e] = edge && (col > pos || col < lo[e / 2]) ? -INFINITY : s[i][e] * scale_log2;
             }
         }
         // Online softmax: rows are spread over the 4 lanes of a quad.

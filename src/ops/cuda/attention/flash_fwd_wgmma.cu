@@ -26,11 +26,11 @@ using namespace flash;
 
 constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups, kBM = 64 * kWarpgroups, kBN = 128;
 
-// Reads block S (columns from n0; with kMask, keys after the query or before its first key lo are masked), folds it
-// into the running row max
-// and sum in base 2, and writes P = exp2(S * scale - max) as bf16 A fragments (pk[kk] for columns 16 kk .. 16 kk + 15).
-// s is only read, so that ptxas does not serialize the product still accumulating elsewhere. Returns in corr the
-// factor by which the rows' earlier output must be scaled. Per element: a max, one FFMA, one exp2, one add.
+// Reads block S (columns from n0; with kMask, keys after the query's position or before its first key lo are masked;
+// pos0 is the position of row0), folds it into the running row max and sum in base 2, and writes
+// P = exp2(S * scale - max) as bf16 A fragments (pk[kk] for columns 16 kk .. 16 kk + 15). s is only read, so that
+// ptxas does not serialize the product still accumulating elsewhere. Returns in corr the factor by which the rows'
+// earlier output must be scaled. Per element: a max, one FFMA, one exp2, one add.
 template <bool kMask, int N>
 __device__ __forceinline__ void softmax_block(const float (&s)[N][4],
                                               uint32_t (&pk)[N / 2][4],
@@ -38,14 +38,14 @@ __device__ __forceinline__ void softmax_block(const float (&s)[N][4],
                                               float (&row_sum)[2],
                                               float (&corr)[2],
                                               const int (&lo)[2],
-                                              int row0,
+                                              int pos0,
                                               int n0,
                                               float scale_log2,
                                               int lane) {
     auto val = [&](int i, int e) {
         if constexpr (kMask) {
-            const int row = row0 + (e / 2) * 8, col = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
-            return col > row || col < lo[e / 2] ? -INFINITY : s[i][e];
+            const int pos = pos0 + (e / 2) * 8, col = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
+            return col > pos || col < lo[e / 2] ? -INFINITY : s[i][e];
         } else {
             return s[i][e];
         }
@@ -106,8 +106,10 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
     const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest rows first
     const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t;
     const int m0 = m_block * kBM, last_row = min(m0 + kBM, t) - 1;
-    // Key blocks j0 + j for j < n_blocks: from the first row's first key to the diagonal (attention_mask.cuh).
-    const int j0 = attn_mask::first_key_block(p, b, m0, kBN), n_blocks = last_row / kBN + 1 - j0;
+    // Key blocks j0 + j for j < n_blocks: from the first row's first key to the diagonal, the block of the last row's
+    // position (attention_mask.cuh).
+    const int j0 = attn_mask::first_key_block(p, b, m0, kBN);
+    const int n_blocks = attn_mask::end_key_block(p, last_row, kBN) - j0;
 
     if (threadIdx.x == 0) {
         mbar_init(bar_q, 1);
@@ -144,6 +146,7 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
 
     const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     const int row0 = m0 + wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+    const int pos0 = p.off + row0;                         // the key position of row0
     const float scale_log2 = p.scale * kLog2e;
     int lo[2] = {0, 0};  // the rows' first keys
     int lo_last = 0;     // the block's last row's: key blocks starting before it hold masked keys of some row
@@ -151,8 +154,9 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
         for (int r = 0; r < 2; ++r) lo[r] = row0 + r * 8 < t ? attn_mask::key_lo(p, b, row0 + r * 8) : 0;
         lo_last = attn_mask::key_lo(p, b, last_row);
     }
-    // Block j needs the mask: the diagonal one (the last), or one starting before some row's first key.
-    auto edge = [&](int j) { return j == n_blocks - 1 || (j0 + j) * kBN < lo_last; };
+    // Block j needs the mask: one ending after the first row's position (the diagonal, which with a key prefix may
+    // cross two blocks), or one starting before some row's first key.
+    auto edge = [&](int j) { return (j0 + j + 1) * kBN - 1 > p.off + m0 || (j0 + j) * kBN < lo_last; };
     // After the warp's wgmma wait, one lane frees the stage for the producer.
     auto release = [&](uint32_t empty, int j) {
         if (lane == 0) mbar_arrive(empty + 8 * (j % kStages));
@@ -185,12 +189,13 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
     fence_regs(s);
     release(k_empty, 0);
     if (edge(0))
-        softmax_block<true>(s, pa, row_max, row_sum, corr, lo, row0, j0 * kBN, scale_log2, lane);
+        softmax_block<true>(s, pa, row_max, row_sum, corr, lo, pos0, j0 * kBN, scale_log2, lane);
     else
-        softmax_block<false>(s, pa, row_max, row_sum, corr, lo, row0, j0 * kBN, scale_log2, lane);
+        softmax_block<false>(s, pa, row_max, row_sum, corr, lo, pos0, j0 * kBN, scale_log2, lane);
 
     // Key block j < n_blocks - 1: pa holds P_j. S_{j+1} is issued before P_j V_j, and its softmax runs while P_j V_j
-    // is on the tensor cores. kMask: block j + 1 is an edge block (without a document map or window, the last).
+    // is on the tensor cores. kMask: block j + 1 is an edge block (without a document map or window, one of the last
+    // two).
     auto step = [&](int j, auto mask) {
         constexpr bool kMask = decltype(mask)::value;
         ring_wait_filled<kStages>(k_full, j + 1);
@@ -209,7 +214,7 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
         fence_regs(s);
         release(k_empty, j + 1);
         uint32_t pn[kBN / 16][4];  // P_{j+1}, in registers apart from pa, which P_j V_j is still reading
-        softmax_block<kMask>(s, pn, row_max, row_sum, corr, lo, row0, (j0 + j + 1) * kBN, scale_log2, lane);
+        softmax_block<kMask>(s, pn, row_max, row_sum, corr, lo, pos0, (j0 + j + 1) * kBN, scale_log2, lane);
         wgmma_wait<0>();
         fence_regs(o);
         fence_regs(pa);
@@ -262,8 +267,8 @@ void launch_fwd_tma(const AttnParams& p) {
     }();
     (void)configured;
     const CUtensorMap tm_q = make_bthd_tensor_map(p.q, p.b, p.t, p.hq, D, kBM);
-    const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.t, p.hkv, D, kBN);
-    const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.t, p.hkv, D, kBN);
+    const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.tk, p.hkv, D, kBN);
+    const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.tk, p.hkv, D, kBN);
     const dim3 grid((p.t + kBM - 1) / kBM, p.hq, p.b);
     flash_fwd_tma_kernel<D, kStages><<<grid, kThreads + 128, smem, core::exec_stream()>>>(tm_q, tm_k, tm_v, p);
     MT_CUDA_CHECK(cudaGetLastError());
