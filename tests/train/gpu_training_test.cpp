@@ -269,6 +269,22 @@ TEST_F(GpuTraining, WindowLayersWithDocumentMaskingMatchCpu) {
                             "data.document_mask=true"});
 }
 
+TEST_F(GpuTraining, SegmentsWithWindowLayersAndDocumentsMatchCpu) {
+    // Sequence segments through the trainer: rows of 192 tokens in three segments of 64 (long.segment_tokens), KDA,
+    // a global and a window attention layer, packed documents. The CPU runs the same segments (equal to one pass,
+    // SegmentsModel.*), the GPU its key-prefix attention kernels and carried KDA states and conv halos.
+    expect_gpu_follows_cpu(fresh_dir("segments"),
+                           {"model.n_layers=4",
+                            "model.layer_pattern=\"KA\"",
+                            "model.max_seq_len=192",
+                            "train.seq_len=192",
+                            "long.segment_tokens=64",
+                            "attn.window=24",
+                            "attn.window_layers=[4]",
+                            "attn.global_tokens=2",
+                            "data.document_mask=true"});
+}
+
 TEST_F(GpuTraining, HybridWithDocumentMaskingMatchesCpu) {
     // Document masking through KDA layers on the GPU (each document its own sequence, the short convs' halos reset
     // by their kernels) and attention layers (the masked flash kernels), in the tiny model with pattern "KA".

@@ -1,0 +1,106 @@
+// Sequence segments on the GPU (long_context.md §4): the hybrid with KDA, global and window attention, MoE and Block
+// AttnRes, heads of 64 so that bf16 takes the tensor-core attention kernels over the key prefix. In f32 the
+// segmented step equals the one-pass step on the GPU (rho <= 1e-5, loss and every gradient); in bf16 it follows the
+// CPU f32 one pass within the bf16 model budget. Splits on chunk boundaries and mid-chunk, with documents that cross
+// them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/rng.h"
+#include "nn/model.h"
+#include "ops/op_harness.h"
+#include "support/gpu_compare.h"
+#include "support/rho.h"
+
+namespace mt::nn {
+namespace {
+
+using core::DType;
+using core::Tensor;
+
+constexpr int32_t kEot = 60;
+constexpr int64_t kB = 2, kT = 256;
+
+ModelConfig gpu_hybrid() {
+    ModelConfig c;
+    c.vocab_size = 61;
+    c.d_model = 128;
+    c.n_layers = 4;
+    c.n_heads = 2;  // D = 64
+    c.n_kv_heads = 1;
+    c.d_ff = 96;
+    c.max_seq_len = kT;
+    c.init_std = 0.05;
+    c.layer_pattern = "KAKA";
+    c.kda.num_heads = 2;
+    c.kda.head_dim = 64;
+    c.attn.window = 40;
+    c.attn.window_layers = {4};
+    c.attn.global_tokens = 2;
+    c.attn.sink_logit = true;
+    c.attn.window_rope_base = 10000.0;
+    c.moe_enabled = true;
+    c.moe.num_experts = 4;
+    c.moe.top_k = 2;
+    c.moe.num_shared_experts = 1;
+    c.moe.expert_ffn_dim = 32;
+    c.attnres.mode = AttnResMode::block;
+    c.attnres.block_size = 4;
+    c.loss_chunk_tokens = 96;
+    c.document_mask = true;
+    c.eot_token = kEot;
+    return c;
+}
+
+struct Step {
+    double loss = 0.0;
+    Tensor grads;
+};
+
+Step run(const Precision& p, const std::vector<int64_t>& bounds) {
+    ModelConfig cfg = gpu_hybrid();
+    cfg.segments.bounds = bounds;
+    Model model(cfg, p);
+    model.params().initialize(11);
+    model.params().zero_grads();
+    Tensor ids = Tensor::zeros({kB, kT}, DType::i32), targets = Tensor::zeros({kB, kT}, DType::i32);
+    for (int64_t i = 0; i < kB * kT; ++i) {
+        // documents end at 70 and 150 in row 0 (the next starts mid-chunk) and at 127 in row 1 (the next starts on
+        // the segment boundary 128)
+        const bool eot = i == 70 || i == 150 || i == kT + 127;
+        core::tensor_set_flat(ids, i, eot ? kEot : static_cast<double>(core::rng_u64(3, 1, i) % kEot));
+        core::tensor_set_flat(targets, i, static_cast<double>(core::rng_u64(3, 2, i) % 61));
+    }
+    Step s{model.forward(ids, targets), Tensor()};
+    model.backward(1.0);
+    s.grads = model.params().grad_arena().to_device(core::Device::cpu).to(DType::f64);
+    return s;
+}
+
+const std::vector<std::vector<int64_t>> kSplits = {{128}, {64, 128, 192}, {100, 200}};
+
+TEST(GpuSegments, F32SegmentsEqualOnePass) {
+    if (!ops::test::op_gpu_available()) GTEST_SKIP() << ops::test::kOpNoGpuMessage;
+    const Step one = run(Precision::cuda_f32(), {});
+    for (const auto& bounds : kSplits) {
+        SCOPED_TRACE(::testing::Message() << "segments starting at " << bounds[0] << ", " << bounds.size() + 1);
+        const Step seg = run(Precision::cuda_f32(), bounds);
+        EXPECT_NEAR(seg.loss, one.loss, 1e-5 * std::abs(one.loss));
+        EXPECT_LE(mt::testing::rho(seg.grads, one.grads), 1e-5);
+    }
+}
+
+TEST(GpuSegments, Bf16SegmentsFollowTheCpuOnePass) {
+    if (!ops::test::op_gpu_available()) GTEST_SKIP() << ops::test::kOpNoGpuMessage;
+    const Step cpu = run(Precision::cpu(DType::f32), {});
+    for (const auto& bounds : kSplits) {
+        const Step seg = run(Precision::cuda_bf16(), bounds);
+        EXPECT_NEAR(seg.loss, cpu.loss, 1e-2 * std::abs(cpu.loss));
+        EXPECT_LE(mt::testing::rho(seg.grads, cpu.grads), mt::testing::kBf16ModelGradBudget);
+    }
+}
+
+}  // namespace
+}  // namespace mt::nn
