@@ -54,6 +54,10 @@ class Block : public Layer {
     Mixer mixer() const {
         return mixer_;
     }
+    // The attention mixer, or null for a KDA block.
+    AttentionLayer* attention() {
+        return attn_ ? &*attn_ : nullptr;
+    }
     // The KDA mixer, or null for an attention block.
     const KdaLayer* kda() const {
         return kda_ ? &*kda_ : nullptr;

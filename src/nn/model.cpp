@@ -106,6 +106,8 @@ double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {
                     : Documents{};
     total_seq_ = seq;
     const int64_t segments = static_cast<int64_t>(bounds_.size()) - 1;
+    for (auto& b : blocks_)
+        if (AttentionLayer* a = b->attention()) a->reset_max_logit();
     seq_losses_ = segments > 1 ? Tensor::zeros({batch * seq}, precision_.stats) : Tensor();
     double sum = 0.0;
     for (int64_t j = 0; j < segments; ++j) {
@@ -341,6 +343,13 @@ std::vector<std::pair<int64_t, Tensor>> Model::kda_final_states() const {
     for (size_t l = 0; l < blocks_.size(); ++l)
         if (const KdaLayer* kda = blocks_[l]->kda(); kda != nullptr && kda->final_state().defined())
             out.emplace_back(static_cast<int64_t>(l), kda->final_state());
+    return out;
+}
+
+std::vector<std::pair<int64_t, double>> Model::attention_max_logits() {
+    std::vector<std::pair<int64_t, double>> out;
+    for (size_t l = 0; l < blocks_.size(); ++l)
+        if (AttentionLayer* a = blocks_[l]->attention()) out.emplace_back(static_cast<int64_t>(l), a->max_logit());
     return out;
 }
 

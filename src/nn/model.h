@@ -103,6 +103,13 @@ class Model {
     const std::vector<int64_t>& segment_bounds() const {
         return bounds_;
     }
+    // Long-context metrics: with tracking on, each attention layer (block index) records the largest pre-softmax
+    // logit of the last forward (all its segments), reset by every forward; -inf before one or with tracking off.
+    void set_track_max_logit(bool on) {
+        for (auto& b : blocks_)
+            if (AttentionLayer* a = b->attention()) a->set_track_max_logit(on);
+    }
+    std::vector<std::pair<int64_t, double>> attention_max_logits();
     // The MoE layers (block index, layer), in order; empty for a dense model.
     std::vector<std::pair<int64_t, MoeLayer*>> moe_layers();
     // End of a training step for every MoE layer (MoeLayer::step_end: balancer update, metrics, collapse alarm).

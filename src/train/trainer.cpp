@@ -150,6 +150,7 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
                                    int64_t{mesh_->group(parallel::MeshGroup::edp).size()});
     model_ = std::make_unique<nn::Model>(cfg_.model, precision, align, ep);
     model_->params().initialize(static_cast<uint64_t>(cfg_.run.seed));
+    model_->set_track_max_logit(true);  // long/max_logit: one [B, Hq, T] row maximum per attention layer and pass
     grad_sync_ = std::make_unique<parallel::GradSync>(grad_arenas(model_->params()),
                                                       *mesh_,
                                                       cfg_.parallel.bucket_mb,

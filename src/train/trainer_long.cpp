@@ -161,6 +161,9 @@ void Trainer::add_long_metrics(nlohmann::json& fields) {
         const double sq = ops::global_norm_sq(state);
         fields[fmt::format("long/kda_state_rms/l{:02d}", layer)] = std::sqrt(sq / static_cast<double>(state.numel()));
     }
+    // The largest pre-softmax logit of each softmax attention layer over the last micro-batch (finite once one ran).
+    for (const auto& [layer, logit] : model_->attention_max_logits())
+        if (std::isfinite(logit)) fields[fmt::format("long/max_logit/l{:02d}", layer)] = logit;
     if (!stage_sampler_) return;
     // The step just done is step_ - 1, still in stage_ (the next stage is prepared when its batches are read). Its rows
     // are global samples [done - rows, done) of the stage on all ranks together; the sampler counts their long tokens

@@ -204,6 +204,66 @@ TEST(SegmentsModelSensitivity, SegmentsThatForgetDiffer) {
     EXPECT_GT(mt::testing::rho(model.params().grad_arena().to(DType::f64), one.grads), 1e-6);
 }
 
+// long/max_logit (long_context.md §9), one layer: the largest pre-softmax logit of the forward equals the maximum of
+// q.k / sqrt(D) over every causal pair of the layer's saved (rotated) q and k, with GQA's head groups; -inf with
+// tracking off.
+TEST(AttentionMaxLogit, TheLayerRecordsItsLargestCausalLogit) {
+    ModelConfig cfg = tiny_hybrid();
+    cfg.attn_pos = "rope";
+    const Precision p = Precision::cpu(DType::f64);
+    ParamTable table;
+    AttentionLayer layer(table, "attn", cfg);
+    table.finalize(p);
+    table.initialize(5);
+    const int64_t b = 2, t = 19, d = cfg.resolved_head_dim(), group = cfg.n_heads / cfg.n_kv_heads;
+    layer.resize(b, t, p);
+    const Tensor x = Tensor::zeros({b * t, cfg.d_model}, DType::f64),
+                 out = Tensor::zeros({b * t, cfg.d_model}, DType::f64);
+    for (int64_t i = 0; i < x.numel(); ++i) core::tensor_set_flat(x, i, core::rng_normal(2, 0, i));
+    layer.forward(x, out);
+    EXPECT_EQ(layer.max_logit(), -INFINITY) << "tracking off";
+    layer.set_track_max_logit(true);
+    layer.forward(x, out);
+    const std::vector<SavedTensor> saved = layer.saved_for_backward();
+    const Tensor& q = *saved[0].tensor;  // [B, T, Hq, D]
+    const Tensor& k = *saved[1].tensor;  // [B, T, Hkv, D]
+    double expected = -INFINITY;
+    for (int64_t bb = 0; bb < b; ++bb)
+        for (int64_t h = 0; h < cfg.n_heads; ++h)
+            for (int64_t i = 0; i < t; ++i)
+                for (int64_t j = 0; j <= i; ++j) {
+                    double dot = 0.0;
+                    for (int64_t e = 0; e < d; ++e) dot += q.at({bb, i, h, e}) * k.at({bb, j, h / group, e});
+                    expected = std::max(expected, dot / std::sqrt(static_cast<double>(d)));
+                }
+    EXPECT_NEAR(layer.max_logit(), expected, 1e-12 * std::abs(expected));
+}
+
+// Through the model: one value per attention layer, the same under segments (each segment's queries and the cached
+// keys they see), reset by each forward.
+TEST(AttentionMaxLogit, SegmentsRecordTheOnePassMaximum) {
+    std::vector<double> one_pass;
+    for (const std::vector<int64_t>& bounds : {std::vector<int64_t>{}, std::vector<int64_t>{37, 64}}) {
+        ModelConfig cfg = tiny_hybrid();
+        cfg.segments.bounds = bounds;
+        Model model(cfg, Precision::cpu(DType::f64));
+        model.params().initialize(7);
+        model.set_track_max_logit(true);
+        const Batch batch = make_batch(true);
+        model.forward(batch.ids, batch.targets);
+        const auto logits = model.attention_max_logits();
+        ASSERT_EQ(logits.size(), 2u);  // KAKA: layers 1 and 3 (block index)
+        EXPECT_EQ(logits[0].first, 1);
+        for (size_t i = 0; i < logits.size(); ++i) {
+            EXPECT_TRUE(std::isfinite(logits[i].second));
+            if (bounds.empty())
+                one_pass.push_back(logits[i].second);
+            else
+                EXPECT_NEAR(logits[i].second, one_pass[i], 1e-12 * std::abs(one_pass[i]));
+        }
+    }
+}
+
 TEST(SegmentBounds, CountTokensAndExplicit) {
     SegmentConfig c;
     c.tokens = 64;

@@ -3,7 +3,8 @@
 # long document (train.docs), refuses a missing or text-less input with exit 3 naming it and leaves no files behind;
 # a short configs/tiny_curriculum.toml run switches stage, writes the long_stage events with the passkey eval and the
 # long/* metrics on every train line; `moetrain plan --memory` sizes the longest stage; bad [[long.stages]] are exit 2
-# naming the key.
+# naming the key. Sequence segments through the trainer train as one pass does (long/segments counts them), and
+# long/max_logit is on every train line.
 # Usage: long_context.sh <moetrain> <source-dir> <scratch-dir>
 source "$(dirname "$0")/lib/cli_common.sh" "$@"
 
@@ -65,6 +66,7 @@ for l in train:
     rms = [l[f"long/kda_state_rms/l{i:02d}"] for i in range(3)]
     assert all(0 < r < 100 for r in rms), rms
     assert "long/kda_state_rms/l03" not in l, "layer 3 is attention"
+    assert math.isfinite(l["long/max_logit/l03"]) and "long/max_logit/l00" not in l, l
     assert 0 <= l["long/long_share"] <= 1 and 0 <= l["long/stage_long_share"] <= 1, l
     assert l["mem/peak"] > 0
 assert [l["tokens_seen"] for l in train] == [128, 256, 768, 1280, 1792], [l["tokens_seen"] for l in train]
@@ -80,6 +82,18 @@ assert len(p["passkey/loss_by_depth"]) == 10 and len(p["passkey/depth"]) == 10
 assert all(math.isfinite(x) and x > 0 for x in p["passkey/loss_by_depth"]), p
 assert 0 < p["passkey/p_key"] < 1 and abs(sum(p["passkey/loss_by_depth"]) / 10 - p["passkey/loss"]) < 1e-9
 EOF2
+
+# Sequence segments of 64 tokens (long.segment_tokens): one segment at 64, four at 256, the same training as one pass
+# (the model's segments equal one pass; here the trainer, the passkey eval and the metrics run them).
+"$BIN" train "${CUR[@]}" --set run.dir=seg --set long.segment_tokens=64 > seg.log 2>&1 ||
+  fail "segmented training exited $?: $(cat seg.log)"
+/usr/bin/python3 - cur/metrics.jsonl seg/metrics.jsonl << 'EOF4' || fail "segmented run vs one pass"
+import json, sys
+one, seg = ([l for l in map(json.loads, open(f)) if l["kind"] == "train"] for f in sys.argv[1:])
+assert [l["long/segments"] for l in seg] == [1, 1, 4, 4, 4], [l["long/segments"] for l in seg]
+for a, b in zip(one, seg):
+    assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (a["step"], a["loss"], b["loss"])
+EOF4
 
 # A resume inside stage 0 (a checkpoint after step 1) writes no second stage-0 event: the log holds one event per
 # stage start, at steps 0 and 2.
@@ -110,4 +124,5 @@ bad_setting "long.stages[1].seq_len = 128 is not above long.stages[0].seq_len = 
 bad_setting "long.stages[0].seq_len = 1024 exceeds model.max_seq_len = 512" 'long.stages=[{seq_len=1024, tokens=10}]'
 bad_setting "long.stages[0].long_fraction = 2 is out of range" 'long.stages=[{seq_len=64, tokens=10, long_fraction=2}]'
 bad_setting "long.stages[0].tokens = 0 is out of range" 'long.stages=[{seq_len=64, tokens=0}]'
+bad_setting "long.segment_tokens = 100 is not a multiple of kda.chunk_size = 64" 'long.segment_tokens=100'
 finish long_context

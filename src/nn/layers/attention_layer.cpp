@@ -49,6 +49,7 @@ void AttentionLayer::resize(int64_t batch, int64_t seq, const Precision& precisi
     v_ = Tensor::zeros({batch, seq, cfg_.n_kv_heads, d}, dtype, dev);
     attn_ = Tensor::zeros({batch, seq, cfg_.n_heads, d}, dtype, dev);
     lse_ = Tensor::zeros({batch, cfg_.n_heads, seq}, precision.stats, dev);
+    lse_dtype_ = precision.stats;
     if (mem_ >= 0) {
         kg_ = Tensor::zeros({cfg_.attn.global_tokens, cfg_.n_kv_heads, d}, dtype, dev);
         vg_ = Tensor::zeros({cfg_.attn.global_tokens, cfg_.n_kv_heads, d}, dtype, dev);
@@ -77,7 +78,15 @@ void AttentionLayer::set_segment(const SegmentContext& seg) {
 void AttentionLayer::forward(const Tensor& x, const Tensor& out) {
     const int64_t n = batch_ * seq_;
     dropped_.restore();
+    record_max_logit_ = track_max_logit_ && !seg_.recompute;
+    if (record_max_logit_) row_max_logit_ = Tensor::scratch(lse_shape(), lse_dtype_, device_);
     forward_core(x);
+    if (record_max_logit_) {
+        record_max_logit_ = false;
+        const Tensor rows = device_ == core::Device::cpu ? row_max_logit_ : row_max_logit_.to_device(core::Device::cpu);
+        for (int64_t i = 0; i < rows.numel(); ++i) max_logit_ = std::max(max_logit_, core::tensor_get_flat(rows, i));
+        row_max_logit_ = Tensor();
+    }
     wo_.forward(attn_.reshape({n, attn_.numel() / n}), out);
     dropped_.release();
 }
@@ -95,9 +104,10 @@ void AttentionLayer::forward_core(const Tensor& x) {
         copy_time_rows(k_cache_, seg_.first, k_, 0, seq_);
         copy_time_rows(v_cache_, seg_.first, v_, 0, seq_);
         const int64_t lo = key_lo(), tk = seg_.first + seq_ - lo;
-        ops::attention_fwd(q_, time_rows(k_cache_, lo, tk), time_rows(v_cache_, lo, tk), attn_, lse_, {}, mask());
+        ops::attention_fwd(
+            q_, time_rows(k_cache_, lo, tk), time_rows(v_cache_, lo, tk), attn_, lse_, {}, mask(), max_logit_out());
     } else {
-        ops::attention_fwd(q_, k_, v_, attn_, lse_, {}, mask());
+        ops::attention_fwd(q_, k_, v_, attn_, lse_, {}, mask(), max_logit_out());
     }
     if (!merges_global()) return;
     if (mem_ >= 0) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <limits>
 
 #include "nn/documents.h"
 #include "nn/layer.h"
@@ -48,6 +49,18 @@ class AttentionLayer : public Layer {
     // last w - 1); the backward accumulates the gradients of earlier positions' keys and values, which the segment
     // that owns them adds to its own. Set documents (the segment's) first.
     void set_segment(const SegmentContext& seg);
+    // Long-context metrics (long_context.md §9): with tracking on, every forward but a recompute's records the
+    // largest pre-softmax logit q.k / sqrt(D) over its queries and their visible keys (not the global tokens or the
+    // sink), kept as a running maximum until reset: a logit that grows with the length is what QK-clip caps.
+    void set_track_max_logit(bool on) {
+        track_max_logit_ = on;
+    }
+    void reset_max_logit() {
+        max_logit_ = -std::numeric_limits<double>::infinity();
+    }
+    double max_logit() const {
+        return max_logit_;
+    }
 
    private:
     // q, k, v and the attention output from x: what recompute attn_core re-runs.
@@ -75,6 +88,13 @@ class AttentionLayer : public Layer {
     int64_t pos_offset() const {
         return seg_.active() && !docs_.positions.defined() ? seg_.first : 0;
     }
+    Shape lse_shape() const {
+        return {batch_, cfg_.n_heads, seq_};
+    }
+    // The row maxima the forward writes when it records the max logit, else undefined (not written).
+    Tensor max_logit_out() const {
+        return record_max_logit_ ? row_max_logit_ : Tensor();
+    }
     // Document positions in a segment run up to its end in the whole sequence.
     int64_t position_limit() const {
         return seg_.active() ? seg_.first + seg_.length : 0;
@@ -91,15 +111,20 @@ class AttentionLayer : public Layer {
     int64_t batch_ = 0, seq_ = 0;
     core::DType act_dtype_ = core::DType::f32;  // the compute dtype
     core::Device device_ = core::Device::cpu;
-    Tensor q_, k_, v_;  // [B, T, H, D] after RoPE (when on)
-    Tensor attn_;       // [B, T, Hq, D]
-    Tensor lse_;        // [B, Hq, T] in the statistics dtype
-    Tensor kg_, vg_;    // [g, Hkv, D]: the global tokens' keys and values
+    core::DType lse_dtype_ = core::DType::f32;  // the statistics dtype
+    Tensor q_, k_, v_;                          // [B, T, H, D] after RoPE (when on)
+    Tensor attn_;                               // [B, T, Hq, D]
+    Tensor lse_;                                // [B, Hq, T] in the statistics dtype
+    Tensor kg_, vg_;                            // [g, Hkv, D]: the global tokens' keys and values
     // Sequence segments: the keys and values of every position [B, total, Hkv, D], their gradients from later
     // segments' queries, and the document map [B, Tk] of the keys the current segment sees.
     SegmentContext seg_;
     Tensor k_cache_, v_cache_, dk_acc_, dv_acc_;
     Tensor key_doc_start_;
+    // The max pre-softmax logit: tracking on, the running maximum, and whether this forward records ([B, Hq, T]).
+    bool track_max_logit_ = false, record_max_logit_ = false;
+    double max_logit_ = -std::numeric_limits<double>::infinity();
+    Tensor row_max_logit_;
 };
 
 }  // namespace mt::nn
