@@ -75,10 +75,14 @@ class Block : public Layer {
         if (attn_) attn_->set_documents(docs);
         if (kda_) kda_->set_documents(docs);
     }
-    // The sequence segment of the next forward and its backward, for the token mixer (long_context.md §4).
+    // The sequence segment of the next forward and its backward, for the token mixer (long_context.md §4), and
+    // the pass that runs next (backward: true), for the offloaded keys' staging.
     void set_segment(const SegmentContext& seg) {
         if (attn_) attn_->set_segment(seg);
         if (kda_) kda_->set_segment(seg);
+    }
+    void set_backward_phase(bool on) {
+        if (attn_) attn_->set_backward_phase(on);
     }
     // Training forwards count the MoE routing for balancing and metrics, and let KDA layers keep what their backward
     // reuses (kda.save); evaluation forwards do neither.

@@ -33,6 +33,14 @@ Model::Model(
                                                   cfg.layer_is_moe(l),
                                                   ep));
     }
+    // long.offload_kv: each attention layer stages the next one's keys in the forward, the previous one's in the
+    // backward.
+    std::vector<AttentionLayer*> attention;
+    for (auto& b : blocks_)
+        if (AttentionLayer* a = b->attention()) attention.push_back(a);
+    for (size_t i = 0; i < attention.size(); ++i)
+        attention[i]->link_offload(i + 1 < attention.size() ? attention[i + 1] : nullptr,
+                                   i > 0 ? attention[i - 1] : nullptr);
     if (cfg.attnres.enabled()) attnres_ = std::make_unique<AttnResStack>(table_, cfg);
     final_norm_ = table_.add(
         {.name = "final_norm.weight", .shape = {cfg.d_model}, .init = InitKind::ones, .weight_decay = false});
@@ -176,6 +184,7 @@ void Model::begin_pass(int64_t batch, int64_t j, bool recompute) {
 
 double Model::pass_forward() {
     const core::Device dev = precision_.device;
+    for (auto& b : blocks_) b->set_backward_phase(false);
     const int all = table_.size();
     // ZeRO's parameter gathers are waited for once, in the first pass.
     auto need = [&](int end) {
@@ -240,6 +249,7 @@ void Model::backward(double loss_scale) {
 
 void Model::pass_backward(double loss_scale, bool last_pass) {
     const core::Device dev = precision_.device;
+    for (auto& b : blocks_) b->set_backward_phase(true);
     // A parameter's gradient is complete only after the last pass: data parallelism hears of it then.
     const GradReadyHook none;
     const GradReadyHook& grad_ready = last_pass ? grad_ready_ : none;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/backend.h"
 #include "core/error.h"
 #include "ops/add.h"
 
@@ -101,6 +102,27 @@ void add_time_rows(
     for (int64_t b = 0; b < dst.size(0); ++b) {
         const core::Tensor d = row_block(dst, b, dst_first, count);
         ops::add_fwd(d, row_block(src, b, src_first, count), d);
+    }
+}
+
+void copy_time_rows_async(
+    const core::Tensor& dst, int64_t dst_first, const core::Tensor& src, int64_t src_first, int64_t count) {
+    MT_CHECK(dst.ndim() >= 2 && src.ndim() == dst.ndim() && src.size(0) == dst.size(0) && dst.is_contiguous() &&
+                 src.is_contiguous() && src.dtype() == dst.dtype() && count >= 0 && dst_first >= 0 && src_first >= 0 &&
+                 dst_first + count <= dst.size(1) && src_first + count <= src.size(1),
+             "copy_time_rows_async: rows [{}, +{}) of {} from rows [{}, +{}) of {}",
+             dst_first,
+             count,
+             core::shape_str(dst.shape()),
+             src_first,
+             count,
+             core::shape_str(src.shape()));
+    if (count == 0) return;
+    const core::Device dev = dst.device() != core::Device::cpu ? dst.device() : src.device();
+    core::Backend& backend = core::backend_get(dev);
+    for (int64_t b = 0; b < dst.size(0); ++b) {
+        const core::Tensor d = row_block(dst, b, dst_first, count), s = row_block(src, b, src_first, count);
+        backend.copy_async(d.raw(), d.device(), s.raw(), s.device(), d.nbytes());
     }
 }
 

@@ -21,6 +21,9 @@ struct SegmentConfig {
     int64_t tokens = 0;  // > 0: segments of this many tokens (the last may be shorter); wins over count
     // Explicit boundaries 0 < b_1 < ... < b_{J-1} < T (API and tests: uneven and mid-chunk splits); wins over both.
     std::vector<int64_t> bounds;
+    // long.offload_kv: the attention layers' key/value caches and their gradient accumulators, and KDA's saved
+    // segment states, in pinned host memory, staged on the device one layer ahead (nn/layers/segment_kv.h).
+    bool offload_kv = false;
     bool enabled() const {
         return count > 1 || tokens > 0 || !bounds.empty();
     }
@@ -56,6 +59,10 @@ core::Tensor doc_map_from(const core::Tensor& host_map, int64_t lo, int64_t hi, 
 void copy_time_rows(
     const core::Tensor& dst, int64_t dst_first, const core::Tensor& src, int64_t src_first, int64_t count);
 void add_time_rows(
+    const core::Tensor& dst, int64_t dst_first, const core::Tensor& src, int64_t src_first, int64_t count);
+// The same copy queued on the current lane (core/exec.h) between a device tensor and a pinned host one
+// (Tensor::zeros_pinned), returning at once (Backend::copy_async; the CPU copies now).
+void copy_time_rows_async(
     const core::Tensor& dst, int64_t dst_first, const core::Tensor& src, int64_t src_first, int64_t count);
 // src[:, first:first + count] as a contiguous tensor: a view when B = 1, else a copy.
 core::Tensor time_rows(const core::Tensor& src, int64_t first, int64_t count);

@@ -362,6 +362,9 @@ void validate(const JobConfig& c, const std::string& src) {
                         "on KDA chunks",
                         sg.tokens,
                         m.kda.chunk_size));
+    if (sg.offload_kv && !sg.enabled())
+        bad("long.offload_kv = true needs sequence segments (long.segments > 1 or long.segment_tokens > 0): without "
+            "them no layer keeps a cache");
     if (!c.long_ctx.segment_recompute)
         bad("long.segment_recompute = false is not offered: holding every segment's activations needs the memory of "
             "one pass plus the caches (use long.segments = 1)");

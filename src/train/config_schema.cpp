@@ -480,6 +480,13 @@ std::vector<Field> config_schema(JobConfig& c) {
                 1e12,
                 "> 0: segments of this many tokens (the last one shorter), in place of `long.segments`; a multiple of "
                 "`kda.chunk_size` in a model with KDA layers. 0: `long.segments` decides"),
+        flag("long.offload_kv",
+             &m.segments.offload_kv,
+             "with segments: every attention layer's key/value cache and its gradient accumulators (and KDA's kept "
+             "segment states) live in pinned host memory; each pass stages one layer's rows on the device, the next "
+             "layer's on a second stream while the current one computes. Device memory: two layers' staging instead "
+             "of every layer's cache; host memory: 4 x tokens x n_kv_heads x head_dim x dtype bytes per attention "
+             "layer"),
         flag("long.segment_recompute",
              &c.long_ctx.segment_recompute,
              "the backward re-runs each segment's forward but the last's, from the kept caches (every other "

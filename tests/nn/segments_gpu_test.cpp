@@ -1,8 +1,8 @@
 // Sequence segments on the GPU (long_context.md §4): the hybrid with KDA, global and window attention, MoE and Block
 // AttnRes, heads of 64 so that bf16 takes the tensor-core attention kernels over the key prefix. In f32 the
 // segmented step equals the one-pass step on the GPU (rho <= 1e-5, loss and every gradient); in bf16 it follows the
-// CPU f32 one pass within the bf16 model budget. Splits on chunk boundaries and mid-chunk, with documents that cross
-// them.
+// CPU f32 one pass within the bf16 model budget; long.offload_kv gives the same step bit for bit. Splits on chunk
+// boundaries and mid-chunk, with documents that cross them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -59,9 +59,10 @@ struct Step {
     Tensor grads;
 };
 
-Step run(const Precision& p, const std::vector<int64_t>& bounds) {
+Step run(const Precision& p, const std::vector<int64_t>& bounds, bool offload = false) {
     ModelConfig cfg = gpu_hybrid();
     cfg.segments.bounds = bounds;
+    cfg.segments.offload_kv = offload;
     Model model(cfg, p);
     model.params().initialize(11);
     model.params().zero_grads();
@@ -90,6 +91,18 @@ TEST(GpuSegments, F32SegmentsEqualOnePass) {
         EXPECT_NEAR(seg.loss, one.loss, 1e-5 * std::abs(one.loss));
         EXPECT_LE(mt::testing::rho(seg.grads, one.grads), 1e-5);
     }
+}
+
+// long.offload_kv: the caches in pinned host memory, staged on the side stream one layer ahead: the same step bit
+// for bit (deterministic kernels), in f32 and bf16.
+TEST(GpuSegments, OffloadedCachesGiveTheSameStep) {
+    if (!ops::test::op_gpu_available()) GTEST_SKIP() << ops::test::kOpNoGpuMessage;
+    for (const Precision& p : {Precision::cuda_f32(), Precision::cuda_bf16()})
+        for (const auto& bounds : kSplits) {
+            const Step kept = run(p, bounds), offloaded = run(p, bounds, true);
+            EXPECT_EQ(offloaded.loss, kept.loss);
+            EXPECT_EQ(mt::testing::rho(offloaded.grads, kept.grads), 0.0);
+        }
 }
 
 TEST(GpuSegments, Bf16SegmentsFollowTheCpuOnePass) {

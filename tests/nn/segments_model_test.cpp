@@ -82,17 +82,27 @@ struct Outcome {
     std::vector<int64_t> bounds;
 };
 
-Outcome run(ModelConfig cfg, DType dtype, const std::vector<int64_t>& bounds, bool documents) {
+// steps > 1: the same batch again from zeroed gradients (what a step leaves in the caches must not leak into the next).
+Outcome run(ModelConfig cfg,
+            DType dtype,
+            const std::vector<int64_t>& bounds,
+            bool documents,
+            bool offload = false,
+            int steps = 1) {
     cfg.segments.bounds = bounds;
+    cfg.segments.offload_kv = offload;
     cfg.document_mask = documents;
     Model model(cfg, Precision::cpu(dtype));
     model.params().initialize(7);
     model.params().zero_grads();
     const Batch batch = make_batch(documents);
     Outcome out;
-    out.loss = model.forward(batch.ids, batch.targets);
-    out.bounds = model.segment_bounds();
-    model.backward(1.0);
+    for (int step = 0; step < steps; ++step) {
+        model.params().zero_grads();
+        out.loss = model.forward(batch.ids, batch.targets);
+        out.bounds = model.segment_bounds();
+        model.backward(1.0);
+    }
     out.grads = model.params().grad_arena().to(DType::f64);
     for (auto& [l, moe] : model.moe_layers()) {
         out.loads.push_back(moe->step_end(0).load);
@@ -163,6 +173,27 @@ TEST_P(SegmentsModel, SegmentsEqualOnePassF32) {
 INSTANTIATE_TEST_SUITE_P(Documents, SegmentsModel, ::testing::Bool(), [](const auto& info) {
     return info.param ? std::string("documents") : std::string("one_document_per_row");
 });
+
+// long.offload_kv: the caches and accumulators in (pinned) host memory, staged one layer ahead: the same steps bit
+// for bit (two, so that the first one's accumulator rows must not leak into the second), under every recompute
+// policy (the forward re-runs read the staged keys).
+TEST(SegmentsModelOffload, OffloadedCachesGiveTheSameStepBitForBit) {
+    ModelConfig selective = tiny_hybrid();
+    selective.recompute.policy = RecomputePolicy::selective;
+    selective.recompute.modules = {RecomputeModule::attn_core, RecomputeModule::kda};
+    ModelConfig full = tiny_hybrid();
+    full.recompute.policy = RecomputePolicy::full;
+    ModelConfig plain = full;
+    plain.attnres.mode = AttnResMode::off;
+    for (const ModelConfig& cfg : {tiny_hybrid(), selective, full, plain})
+        for (const auto& bounds : {std::vector<int64_t>{37}, std::vector<int64_t>{5, 20, 32, 45, 64, 90}}) {
+            const Outcome kept = run(cfg, DType::f64, bounds, true, false, 2);
+            const Outcome offloaded = run(cfg, DType::f64, bounds, true, true, 2);
+            EXPECT_EQ(offloaded.loss, kept.loss);
+            EXPECT_EQ(max_abs_diff(offloaded.grads, kept.grads), 0.0);
+            expect_counted_once(offloaded, kept);
+        }
+}
 
 // Recompute policies inside each segment: selective (KDA, attention core, norms, MoE) and full.
 TEST(SegmentsModelRecompute, SegmentsEqualOnePassUnderRecompute) {

@@ -435,6 +435,10 @@ TEST(Config, SegmentKeysAndBadInput) {
         ExitCode::usage,
         {"long.segments = 2", "long.segment_tokens = 64"});
     expect_error([] { config_parse(kGood, "job.toml", {"long.segments=0"}); }, ExitCode::usage, {"long.segments"});
+    EXPECT_TRUE(config_parse(kGood, "job.toml", {"long.segments=2", "long.offload_kv=true"}).model.segments.offload_kv);
+    expect_error([] { config_parse(kGood, "job.toml", {"long.offload_kv=true"}); },
+                 ExitCode::usage,
+                 {"long.offload_kv = true needs sequence segments"});
     expect_error([] { config_parse(kGood, "job.toml", {"long.segment_recompute=false"}); },
                  ExitCode::usage,
                  {"long.segment_recompute = false"});

@@ -63,13 +63,13 @@ void AttentionLayer::resize(int64_t batch, int64_t seq, const Precision& precisi
 void AttentionLayer::set_segment(const SegmentContext& seg) {
     seg_ = seg;
     if (!seg.active()) {
-        k_cache_ = v_cache_ = dk_acc_ = dv_acc_ = key_doc_start_ = Tensor();
+        kv_.clear();
+        key_doc_start_ = Tensor();
         return;
     }
     MT_CHECK(seg.length == seq_, "attention segment of {} tokens on a layer sized for {}", seg.length, seq_);
-    const Shape shape = {batch_, seg.total, cfg_.n_kv_heads, cfg_.resolved_head_dim()};
-    if (!k_cache_.defined() || k_cache_.shape() != shape)
-        for (Tensor* t : {&k_cache_, &v_cache_, &dk_acc_, &dv_acc_}) *t = Tensor::zeros(shape, act_dtype_, device_);
+    kv_.configure(cfg_.n_kv_heads, cfg_.resolved_head_dim(), act_dtype_, device_, cfg_.segments.offload_kv);
+    kv_.begin(seg, batch_, key_lo());
     key_doc_start_ = seg.host_doc_start.defined()
                          ? doc_map_from(seg.host_doc_start, key_lo(), seg.first + seg.length, device_)
                          : Tensor();
@@ -81,6 +81,7 @@ void AttentionLayer::forward(const Tensor& x, const Tensor& out) {
     record_max_logit_ = track_max_logit_ && !seg_.recompute;
     if (record_max_logit_) row_max_logit_ = Tensor::scratch(lse_shape(), lse_dtype_, device_);
     forward_core(x);
+    if (seg_.active()) kv_.forward_done();
     if (record_max_logit_) {
         record_max_logit_ = false;
         const Tensor rows = device_ == core::Device::cpu ? row_max_logit_ : row_max_logit_.to_device(core::Device::cpu);
@@ -101,11 +102,8 @@ void AttentionLayer::forward_core(const Tensor& x) {
         ops::rope_fwd(k_, rope_base(), pos_offset(), k_, docs_.positions, position_limit());
     }
     if (seg_.active()) {  // the segment's keys join the cache; its queries see the cached ones before them
-        copy_time_rows(k_cache_, seg_.first, k_, 0, seq_);
-        copy_time_rows(v_cache_, seg_.first, v_, 0, seq_);
-        const int64_t lo = key_lo(), tk = seg_.first + seq_ - lo;
-        ops::attention_fwd(
-            q_, time_rows(k_cache_, lo, tk), time_rows(v_cache_, lo, tk), attn_, lse_, {}, mask(), max_logit_out());
+        const auto [keys, values] = kv_.forward_keys(k_, v_);
+        ops::attention_fwd(q_, keys, values, attn_, lse_, {}, mask(), max_logit_out());
     } else {
         ops::attention_fwd(q_, k_, v_, attn_, lse_, {}, mask(), max_logit_out());
     }
@@ -162,31 +160,13 @@ void AttentionLayer::segment_attention_backward(const Tensor& d_attn,
                                                 const Tensor& d_q,
                                                 const Tensor& d_k,
                                                 const Tensor& d_v) {
-    if (seg_.index == seg_.count - 1) {  // the step's first backward
-        dk_acc_.zero();
-        dv_acc_.zero();
-    }
-    const int64_t lo = key_lo(), tk = seg_.first + seq_ - lo, prefix = seg_.first - lo;
     Shape shape = k_.shape();
-    shape[1] = tk;
+    shape[1] = kv_.key_rows();
     const Tensor dk_all = Tensor::scratch(shape, act_dtype_, device_);
     const Tensor dv_all = Tensor::scratch(shape, act_dtype_, device_);
-    ops::attention_bwd(q_,
-                       time_rows(k_cache_, lo, tk),
-                       time_rows(v_cache_, lo, tk),
-                       attn_,
-                       lse_,
-                       d_attn,
-                       d_q,
-                       dk_all,
-                       dv_all,
-                       {},
-                       mask());
-    for (auto [own, all, acc] : {std::tuple{&d_k, &dk_all, &dk_acc_}, std::tuple{&d_v, &dv_all, &dv_acc_}}) {
-        copy_time_rows(*own, 0, *all, prefix, seq_);
-        add_time_rows(*own, 0, *acc, seg_.first, seq_);
-        add_time_rows(*acc, lo, *all, 0, prefix);
-    }
+    const auto [keys, values] = kv_.backward_keys();
+    ops::attention_bwd(q_, keys, values, attn_, lse_, d_attn, d_q, dk_all, dv_all, {}, mask());
+    kv_.backward_grads(dk_all, dv_all, d_k, d_v);
 }
 
 // The global tokens' and the sink's terms (attention_bwd above already had the merged out and lse): d_q gains the

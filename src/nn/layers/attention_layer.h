@@ -12,6 +12,7 @@
 #include "nn/documents.h"
 #include "nn/layer.h"
 #include "nn/layers/linear.h"
+#include "nn/layers/segment_kv.h"
 #include "nn/model_config.h"
 #include "nn/recompute.h"
 #include "nn/segments.h"
@@ -49,6 +50,14 @@ class AttentionLayer : public Layer {
     // last w - 1); the backward accumulates the gradients of earlier positions' keys and values, which the segment
     // that owns them adds to its own. Set documents (the segment's) first.
     void set_segment(const SegmentContext& seg);
+    // The pass that runs next: forward, or backward (with any recompute's re-run of the forward), for the
+    // offloaded keys' staging (nn/layers/segment_kv.h). link_offload: the attention layers before and after this one.
+    void set_backward_phase(bool on) {
+        kv_.set_backward_phase(on);
+    }
+    void link_offload(AttentionLayer* next, AttentionLayer* prev) {
+        kv_.link(next != nullptr ? &next->kv_ : nullptr, prev != nullptr ? &prev->kv_ : nullptr);
+    }
     // Long-context metrics (long_context.md §9): with tracking on, every forward but a recompute's records the
     // largest pre-softmax logit q.k / sqrt(D) over its queries and their visible keys (not the global tokens or the
     // sink), kept as a running maximum until reset: a logit that grows with the length is what QK-clip caps.
@@ -116,10 +125,10 @@ class AttentionLayer : public Layer {
     Tensor attn_;                               // [B, T, Hq, D]
     Tensor lse_;                                // [B, Hq, T] in the statistics dtype
     Tensor kg_, vg_;                            // [g, Hkv, D]: the global tokens' keys and values
-    // Sequence segments: the keys and values of every position [B, total, Hkv, D], their gradients from later
-    // segments' queries, and the document map [B, Tk] of the keys the current segment sees.
+    // Sequence segments: the keys and values of every position with their gradient accumulators, and the document
+    // map [B, Tk] of the keys the current segment sees.
     SegmentContext seg_;
-    Tensor k_cache_, v_cache_, dk_acc_, dv_acc_;
+    SegmentKv kv_;
     Tensor key_doc_start_;
     // The max pre-softmax logit: tracking on, the running maximum, and whether this forward records ([B, Hq, T]).
     bool track_max_logit_ = false, record_max_logit_ = false;

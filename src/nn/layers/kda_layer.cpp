@@ -112,8 +112,8 @@ void KdaLayer::set_segment(const SegmentContext& seg) {
     seg_ = seg;
     if (!seg.active()) {
         seg_s0_.clear(), seg_halo_.clear();
-        next_s0_ = pending_dst_ = seg_final_ = conv_doc_start_ = Tensor();
-        next_halo_ = pending_dhalo_ = {};
+        next_s0_ = pending_dst_ = seg_final_ = conv_doc_start_ = cur_s0_ = Tensor();
+        next_halo_ = pending_dhalo_ = cur_halo_ = {};
         return;
     }
     MT_CHECK(seg.length == seq_, "KDA segment of {} tokens on a layer sized for {}", seg.length, seq_);
@@ -133,11 +133,22 @@ void KdaLayer::set_segment(const SegmentContext& seg) {
             if (map[b * seg.total + seg.first] == seg.first) doc_start_rows_.push_back(b);
         if (w1 > 0) conv_doc_start_ = doc_map_from(seg.host_doc_start, seg.first - w1, seg.first + seg.length, device_);
     }
-    if (seg.recompute) return;
-    // A document that starts at the segment does not continue the state: its row starts from zero.
-    for (int64_t b : doc_start_rows_) next_s0_.select(0, b).zero();
-    seg_s0_[j] = next_s0_;
-    seg_halo_[j] = next_halo_;
+    if (!seg.recompute) {
+        // A document that starts at the segment does not continue the state: its row starts from zero. With
+        // long.offload_kv the kept state and halos wait in pinned host memory for the backward's re-run.
+        for (int64_t b : doc_start_rows_) next_s0_.select(0, b).zero();
+        auto keep = [&](const Tensor& t) {
+            if (!cfg_.segments.offload_kv || !t.defined()) return t;
+            Tensor host = Tensor::zeros_pinned(t.shape(), t.dtype());
+            host.copy_from(t);
+            return host;
+        };
+        seg_s0_[j] = keep(next_s0_);
+        for (size_t i = 0; i < 3; ++i) seg_halo_[j][i] = keep(next_halo_[i]);
+    }
+    auto on_device = [&](const Tensor& t) { return t.defined() && t.device() != device_ ? t.to_device(device_) : t; };
+    cur_s0_ = on_device(seg_s0_[j]);
+    for (size_t i = 0; i < 3; ++i) cur_halo_[i] = on_device(seg_halo_[j][i]);
 }
 
 void KdaLayer::keep_for_next_segment() {
@@ -157,7 +168,7 @@ void KdaLayer::keep_for_next_segment() {
 }
 
 Tensor KdaLayer::with_halo(int which, const Tensor& xp) const {
-    const Tensor& halo = seg_halo_[static_cast<size_t>(seg_.index)][static_cast<size_t>(which)];
+    const Tensor& halo = cur_halo_[static_cast<size_t>(which)];
     const int64_t w1 = halo.size(1), c = xp.size(1);
     const Tensor ext = Tensor::scratch({batch_, w1 + seq_, c}, act_dtype_, device_);
     copy_time_rows(ext, 0, halo, 0, w1);

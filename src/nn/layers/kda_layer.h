@@ -88,7 +88,7 @@ class KdaLayer : public Layer {
     void forward_core(const Tensor& x, bool keep);
     // The state the recurrence starts from: the segment's carried one, or the initial state.
     const Tensor& start_state() const {
-        return seg_.active() && seg_.index > 0 ? seg_s0_[static_cast<size_t>(seg_.index)] : s0_;
+        return seg_.active() && seg_.index > 0 ? cur_s0_ : s0_;
     }
     // Short conv number `which` (0 q, 1 k, 2 v) of the projection xp [N, C] into y [B, T, C], and its backward
     // (dxp written; with a halo, the halo rows' gradient into dhalo).
@@ -127,13 +127,14 @@ class KdaLayer : public Layer {
     Tensor on_, rstd_;        // [N, HV*V] normed output, [N * HV]
     Tensor ga_, gz_, y_;      // [N, V], [N, HV*V] gate logits, [N, HV*V] gated output
     Tensor ds0_;              // [B, HV, K, V] dS_0, the backward's output when an initial state was set
-    // Sequence segments: per segment its start state and its three convs' halos [B, W - 1, C], the carried values
-    // of the next segment (forward) and the gradients for the previous one (backward), and the whole sequence's S_T.
+    // Sequence segments: per segment its start state and its three convs' halos [B, W - 1, C] (in pinned host
+    // memory with long.offload_kv), the carried values of the next segment (forward) and the gradients for the
+    // previous one (backward), and the whole sequence's S_T.
     SegmentContext seg_;
     std::vector<Tensor> seg_s0_;
     std::vector<std::array<Tensor, 3>> seg_halo_;
-    Tensor next_s0_, pending_dst_, seg_final_;
-    std::array<Tensor, 3> next_halo_, pending_dhalo_;
+    Tensor next_s0_, pending_dst_, seg_final_, cur_s0_;
+    std::array<Tensor, 3> next_halo_, pending_dhalo_, cur_halo_;  // cur: the current segment's, on the device
     std::vector<int64_t> doc_start_rows_;  // rows where a document starts at the segment's first token
     Tensor conv_doc_start_;                // [B, W - 1 + T] the halo'd convs' document map, or undefined
 };
