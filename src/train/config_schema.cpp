@@ -472,7 +472,8 @@ std::vector<Field> config_schema(JobConfig& c) {
                 1 << 20,
                 "J: each row runs as J consecutive segments with exact gradients (docs/long_context.md "
                 "\"Sequence segments\"): one segment's activations are held at a time, plus every attention "
-                "layer's keys and values and every KDA layer's states. Boundaries on `kda.chunk_size` multiples, balanced by estimated "
+                "layer's keys and values and every KDA layer's states. Boundaries on `kda.chunk_size` multiples, "
+                "balanced by estimated "
                 "compute (later segments, whose queries see more keys, are shorter). 1: one pass"),
         integer("long.segment_tokens",
                 &m.segments.tokens,
