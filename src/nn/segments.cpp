@@ -127,7 +127,11 @@ void copy_time_rows_async(
 }
 
 core::Tensor time_rows(const core::Tensor& src, int64_t first, int64_t count) {
-    if (src.size(0) == 1) return src.slice(1, first, first + count);
+    if (src.size(0) == 1) {  // rows of the one batch row: contiguous, viewed as [1, count, ...]
+        core::Shape shape = src.shape();
+        shape[1] = count;
+        return row_block(src, 0, first, count).reshape(shape);
+    }
     core::Shape shape = src.shape();
     shape[1] = count;
     core::Tensor out = core::Tensor::scratch(shape, src.dtype(), src.device());
