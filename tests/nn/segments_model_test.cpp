@@ -143,7 +143,10 @@ struct Split {
 };
 
 // J = 2, 3, 7: mid-chunk cuts (chunk 32), a cut on a chunk boundary, a segment as short as 5 tokens.
-const Split kSplits[] = {{"J2", {37}}, {"J3", {32, 70}}, {"J7", {5, 20, 32, 45, 64, 90}}};
+// J4: a middle segment of 4 tokens, shorter than the window layer's w - 1 = 8, so the next segment's window reaches
+// through it into the one before (its snapshot and its gradients span two segments).
+const Split kSplits[] = {
+    {"J2", {37}}, {"J3", {32, 70}}, {"J7", {5, 20, 32, 45, 64, 90}}, {"J4_short_middle", {20, 24, 60}}};
 
 class SegmentsModel : public ::testing::TestWithParam<bool> {};  // document masking off / on
 
