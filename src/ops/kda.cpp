@@ -60,6 +60,19 @@ cpu::KdaDims check_inputs(const Tensor& q,
     return d;
 }
 
+// KdaOptions::chunk_reset, when defined: [B, ceil(T / C)] i32 on the inputs' device, chunked algorithm, no doc_start.
+void check_chunk_reset(const KdaOptions& options, const cpu::KdaDims& d, core::Device device, std::string_view op) {
+    const Tensor& r = options.chunk_reset;
+    if (!r.defined()) return;
+    check_arg(r, op, "options.chunk_reset", 2);
+    MT_CHECK(
+        r.dtype() == DType::i32, "{}: options.chunk_reset has dtype {}, expected i32", op, core::dtype_name(r.dtype()));
+    check_shape(r, {d.b, (d.t + options.chunk_size - 1) / options.chunk_size}, op, "options.chunk_reset");
+    MT_CHECK(r.device() == device, "{}: options.chunk_reset is not on the inputs' device", op);
+    MT_CHECK(options.algorithm == KdaAlgorithm::chunked, "{}: options.chunk_reset needs the chunked algorithm", op);
+    MT_CHECK(!options.doc_start.defined(), "{}: options.chunk_reset and options.doc_start exclude each other", op);
+}
+
 // What a CPU call ran, for KdaOptions::chosen.
 void note_cpu_choice(const KdaOptions& options) {
     if (options.chosen == nullptr) return;
@@ -260,6 +273,7 @@ void kda_fwd(const Tensor& q,
     check_like(out, v, op, "out");
     check_optional_state(st, d, op, "st");
     if (options.doc_start.defined()) cpu::check_doc_start_map(options.doc_start, q, op, "options.doc_start");
+    check_chunk_reset(options, d, device, op);
     if (saved != nullptr) *saved = KdaSaved{};  // the CPU path and the document split keep nothing
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
@@ -327,6 +341,7 @@ void kda_bwd(const Tensor& q,
              s0.defined() ? "defined" : "undefined");
     check_optional_state(ds0, d, op, "ds0");
     if (options.doc_start.defined()) cpu::check_doc_start_map(options.doc_start, q, op, "options.doc_start");
+    check_chunk_reset(options, d, device, op);
     if (saved != nullptr) check_saved(*saved, d, options, device, op);
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);

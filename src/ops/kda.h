@@ -61,8 +61,13 @@ struct KdaOptions {
     // Document masking of packed rows (long_context.md §2): a [B, T] i32 document-start map as
     // AttentionMask::doc_start (ops/attention.h). The state restarts from zero at every document's first token, so
     // a document never reads an earlier one; s0 is the state before each row's first document and st (dst) the
-    // state after (the gradient into) its last. Undefined: one document per row. CPU only so far.
+    // state after (the gradient into) its last. Undefined: one document per row.
     Tensor doc_start = Tensor();
+    // Chunked algorithm only: [B, ceil(T / chunk_size)] i32 flags on the inputs' device, or undefined (none). A
+    // nonzero flag at (b, n) makes the state entering chunk n of row b zero instead of the state carried from chunk
+    // n - 1 (or s0 at n = 0), so no gradient flows from chunk n back into the chunks before it (nor into ds0 at
+    // n = 0). It cannot be combined with doc_start.
+    Tensor chunk_reset = Tensor();
     // When set, a CUDA call writes here the kernels it ran (benchmarks print it as their `impl`); the CPU writes
     // the algorithm's name.
     std::string* chosen = nullptr;
