@@ -3,6 +3,9 @@
 //   bench_kda [--iters 5] [--warmup 1] [--h 16] [--k 128] [--v 128] [--keep none,tiles,states,all]
 //             [--fp32-kernels] [--no-chunk-smem] [--scan-bv N] [--rscan-bv N]
 // The last four set ops::KdaKernels (A/B comparisons of the kernel variants); `impl` names what each call ran.
+// --doc-tokens N (default 2048; 0 skips): document masking on one 32768-token row of N-token documents
+// (KdaOptions::doc_start), one line per path ("bench": "kda_documents"): packed (the varlen path: one set of launches),
+// split (one set of launches per document) and one_document (no map: the floor), with speedup_vs_split.
 // --keep: what the forward keeps for the backward (ops::KdaSaved), one line per case and choice: none (the backward
 // recomputes everything; the layer's default), tiles (A, M, T: kda.save = "tiles"), states (also the per-chunk
 // states and Vn, "states") or all (also Gamma, Qg, Kg, W: no forward kernel in the backward, "workspace").
@@ -162,16 +165,93 @@ void bench_case(int64_t b,
     std::fflush(stdout);
 }
 
+// Document masking on one row of t tokens cut into documents of doc tokens: the packed and the split path and the
+// row as one document, forward and forward + backward, bf16 inputs, no initial state, dst zero.
+void bench_documents(int64_t t, int64_t doc, int64_t h, int64_t kd, int64_t vd, int warmup, int iters) {
+    const int64_t b = 1;
+    const Tensor q = make_input(b, t, h, kd, 1, 1.0f / std::sqrt(static_cast<float>(kd)), 1);
+    const Tensor k = make_input(b, t, h, kd, 1, 1.0f, 2);
+    const Tensor v = make_input(b, t, h, vd, 0, 1.0f, 3);
+    const Tensor g = make_input(b, t, h, kd, 2, 1.0f, 4);
+    const Tensor beta = make_input(b, t, h, 1, 3, 1.0f, 5);
+    const Tensor dout = make_input(b, t, h, vd, 0, 1.0f, 6);
+    auto zeros = [](const Tensor& x) { return Tensor::zeros(x.shape(), x.dtype(), Device::cuda); };
+    const Tensor out = zeros(v), dq = zeros(q), dk = zeros(k), dv = zeros(v), dg = zeros(g), dbeta = zeros(beta);
+    const Tensor st = Tensor::zeros({b, h, kd, vd}, DType::f32, Device::cuda), dst = zeros(st);
+    std::vector<int32_t> starts(static_cast<size_t>(t));
+    for (int64_t i = 0; i < t; ++i) starts[static_cast<size_t>(i)] = static_cast<int32_t>(i / doc * doc);
+    const Tensor doc_start = Tensor::borrow(starts.data(), {b, t}, DType::i32).to_device(Device::cuda);
+    struct Path {
+        const char* name;
+        mt::ops::KdaDocuments documents;
+        bool map;
+        double fwd_ms = 0.0, fwd_bwd_ms = 0.0;
+        std::string impl = {};
+        bool finite = false;
+    };
+    Path paths[] = {{"packed", mt::ops::KdaDocuments::packed, true},
+                    {"split", mt::ops::KdaDocuments::split, true},
+                    {"one_document", mt::ops::KdaDocuments::automatic, false}};
+    for (Path& p : paths) {
+        mt::ops::KdaOptions options;
+        options.documents = p.documents;
+        if (p.map) options.doc_start = doc_start;
+        auto fwd = [&] { mt::ops::kda_fwd(q, k, v, g, beta, Tensor(), out, st, options); };
+        auto bwd = [&] {
+            mt::ops::kda_bwd(q, k, v, g, beta, Tensor(), dout, dst, dq, dk, dv, dg, dbeta, Tensor(), options);
+        };
+        options.chosen = &p.impl;
+        fwd();
+        options.chosen = nullptr;
+        bwd();
+        p.fwd_ms = time_ms(fwd, warmup, iters);
+        p.fwd_bwd_ms = time_ms(
+            [&] {
+                fwd();
+                bwd();
+            },
+            warmup,
+            iters);
+        p.finite = all_finite(out) && all_finite(st) && all_finite(dq) && all_finite(dk) && all_finite(dv) &&
+                   all_finite(dg) && all_finite(dbeta);
+    }
+    const double split_ms = paths[1].fwd_bwd_ms;
+    for (const Path& p : paths) {
+        const nlohmann::json line = {{"bench", "kda_documents"},
+                                     {"path", p.name},
+                                     {"impl", p.impl},
+                                     {"dtype", "bf16 (f32 state)"},
+                                     {"chunk", 64},
+                                     {"B", b},
+                                     {"T", t},
+                                     {"doc_tokens", p.map ? doc : t},
+                                     {"documents", p.map ? (t + doc - 1) / doc : 1},
+                                     {"H", h},
+                                     {"K", kd},
+                                     {"V", vd},
+                                     {"fwd_ms", p.fwd_ms},
+                                     {"fwd_bwd_ms", p.fwd_bwd_ms},
+                                     {"speedup_vs_split", p.fwd_bwd_ms > 0.0 ? split_ms / p.fwd_bwd_ms : 0.0},
+                                     {"outputs_finite", p.finite},
+                                     {"iters", iters}};
+        std::printf("%s\n", line.dump().c_str());
+    }
+    std::fflush(stdout);
+}
+
 int run(int argc, char** argv) {
     CLI::App app{"moetrain CUDA KDA benchmark"};
     int64_t h = 16, kd = 128, vd = 128;
     int iters = 5, warmup = 1;
+    int64_t doc_tokens = 2048;
     std::vector<std::string> keeps = {"none", "tiles", "states", "all"};
     app.add_option("--h", h);
     app.add_option("--k", kd);
     app.add_option("--v", vd);
     app.add_option("--iters", iters);
     app.add_option("--warmup", warmup);
+    app.add_option("--doc-tokens", doc_tokens, "document length of the document-masking cases, 0 = skip them")
+        ->check(CLI::NonNegativeNumber);
     app.add_option("--keep", keeps)->delimiter(',')->check(CLI::IsMember({"none", "tiles", "states", "all"}));
     mt::ops::KdaKernels kernels;
     bool fp32_kernels = false, no_chunk_smem = false;
@@ -193,6 +273,7 @@ int run(int argc, char** argv) {
         bench_case(1, 32768, h, kd, vd, 8.0, keep, kernels, warmup, iters);
         bench_case(2, 65536, h, kd, vd, 27.0, keep, kernels, warmup, iters);
     }
+    if (doc_tokens > 0) bench_documents(32768, doc_tokens, h, kd, vd, warmup, iters);
     return 0;
 }
 

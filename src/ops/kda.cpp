@@ -11,6 +11,7 @@
 #include "ops/cpu/checks.h"
 #include "ops/cpu/documents.h"
 #include "ops/cpu/kda.h"
+#include "ops/cpu/kda_pack.h"
 #include "ops/registry.h"
 
 namespace mt::ops {
@@ -58,6 +59,30 @@ cpu::KdaDims check_inputs(const Tensor& q,
                  name,
                  bv);
     return d;
+}
+
+// KdaOptions::chunk_reset, when defined: [B, ceil(T / C)] i32 on the inputs' device, chunked algorithm, no doc_start.
+void check_chunk_reset(const KdaOptions& options, const cpu::KdaDims& d, core::Device device, std::string_view op) {
+    const Tensor& r = options.chunk_reset;
+    if (!r.defined()) return;
+    check_arg(r, op, "options.chunk_reset", 2);
+    MT_CHECK(
+        r.dtype() == DType::i32, "{}: options.chunk_reset has dtype {}, expected i32", op, core::dtype_name(r.dtype()));
+    check_shape(r, {d.b, (d.t + options.chunk_size - 1) / options.chunk_size}, op, "options.chunk_reset");
+    MT_CHECK(r.device() == device, "{}: options.chunk_reset is not on the inputs' device", op);
+    MT_CHECK(options.algorithm == KdaAlgorithm::chunked, "{}: options.chunk_reset needs the chunked algorithm", op);
+    MT_CHECK(!options.doc_start.defined(), "{}: options.chunk_reset and options.doc_start exclude each other", op);
+}
+
+// Whether a call with a document map runs the packed (varlen) path: KdaDocuments::automatic packs on the GPU, where
+// one set of launches per document is slow, and splits on the CPU, whose split is the reference the packed path is
+// tested against.
+bool packs_documents(const KdaOptions& options, core::Device device, std::string_view op) {
+    if (options.documents == KdaDocuments::packed)
+        MT_CHECK(
+            options.algorithm == KdaAlgorithm::chunked, "{}: KdaDocuments::packed runs the chunked algorithm only", op);
+    return options.documents == KdaDocuments::packed ||
+           (options.documents == KdaDocuments::automatic && device == core::Device::cuda);
 }
 
 // What a CPU call ran, for KdaOptions::chosen.
@@ -241,6 +266,123 @@ void kda_bwd_documents(const Tensor& q,
     }
 }
 
+// Document masking by packing (KdaDocuments::packed, the varlen path): each row's documents are laid out in one
+// packed row [B, T'] so that every document starts on a chunk boundary (cpu/kda_pack.h), the tail of each padded to a
+// whole chunk with q = k = v = 0, beta = 0, g = 0; KdaOptions::chunk_reset flags the chunk where each document but the
+// row's first starts; ONE kda call runs the packed rows, and the outputs and gradients are gathered back. Padding is
+// inert: with beta = 0 and g = 0 (log decay 0: no decay) a token leaves the state as it was, k = 0 keeps it out of
+// every other token's products and q = 0 makes its output zero, so each document computes what it would alone, up to
+// rounding; trailing padding chunks carry the row's last state to st unchanged (and dst back to the last document).
+//
+// Why pad to chunk boundaries instead of masking inside chunks: with a chunk shared by two documents, the cumulative
+// decay Gamma, the tiles A and M, T = (I + L)^-1, W and U would need a document mask inside the chunk, the state
+// entering the chunk would reach only the rows before the boundary, and the state leaving it would have to restart
+// mid-chunk: every forward and backward kernel (prep, both scans, the chunk step's tensor-core tiles) would change.
+// With each chunk inside one document, every per-chunk kernel runs unchanged and only the scans' carry between chunks
+// reads a flag. The price is up to C - 1 padding tokens per document (under 3% for 2K-token documents at C = 64).
+struct Packed {
+    cpu::KdaPackPlan plan;
+    Tensor src, dst, reset;  // the plan's maps and flags on the inputs' device
+};
+
+Packed pack_plan(const Tensor& doc_start, int64_t chunk, core::Device device, std::string_view op) {
+    Tensor host = doc_start;
+    if (doc_start.device() != core::Device::cpu) {  // a device map is read back once per call (see host_doc_spans)
+        host = doc_start.to_device(core::Device::cpu);
+        cpu::check_doc_start_values(host, op, "options.doc_start");
+    }
+    Packed p{cpu::kda_pack_plan(host, chunk), Tensor(), Tensor(), Tensor()};
+    auto upload = [device](std::vector<int32_t>& v, const Shape& shape) {
+        return Tensor::borrow(v.data(), shape, DType::i32).to_device(device);
+    };
+    p.src = upload(p.plan.src, {p.plan.b * p.plan.tp});
+    p.dst = upload(p.plan.dst, {p.plan.b * p.plan.t});
+    p.reset = upload(p.plan.reset, {p.plan.b, p.plan.nc});
+    return p;
+}
+
+// x [B, T, ...] in the packed layout [B, T', ...] (padding zero), and back.
+Tensor pack(const Packed& p, const Tensor& x) {
+    Shape shape = x.shape();
+    shape[1] = p.plan.tp;
+    const Tensor xp = Tensor::scratch(shape, x.dtype(), x.device());
+    cpu::kda_gather_rows(x, p.src, xp);
+    return xp;
+}
+void unpack(const Packed& p, const Tensor& xp, const Tensor& x) {
+    cpu::kda_gather_rows(xp, p.dst, x);
+}
+Tensor packed_like(const Packed& p, const Tensor& x) {
+    Shape shape = x.shape();
+    shape[1] = p.plan.tp;
+    return Tensor::scratch(shape, x.dtype(), x.device());
+}
+
+void note_packed(const KdaOptions& options) {
+    if (options.chosen != nullptr) *options.chosen = "packed " + *options.chosen;
+}
+
+void kda_fwd_packed(const Tensor& q,
+                    const Tensor& k,
+                    const Tensor& v,
+                    const Tensor& g,
+                    const Tensor& beta,
+                    const Tensor& s0,
+                    const Tensor& out,
+                    const Tensor& st,
+                    KdaOptions options) {
+    const Packed p = pack_plan(options.doc_start, options.chunk_size, q.device(), "kda_fwd");
+    options.doc_start = Tensor();
+    if (p.plan.one_document_per_row()) return kda_fwd(q, k, v, g, beta, s0, out, st, options);
+    options.chunk_reset = p.reset;
+    const Tensor outp = packed_like(p, out);
+    kda_fwd(pack(p, q), pack(p, k), pack(p, v), pack(p, g), pack(p, beta), s0, outp, st, options);
+    unpack(p, outp, out);
+    note_packed(options);
+}
+
+void kda_bwd_packed(const Tensor& q,
+                    const Tensor& k,
+                    const Tensor& v,
+                    const Tensor& g,
+                    const Tensor& beta,
+                    const Tensor& s0,
+                    const Tensor& dout,
+                    const Tensor& dst,
+                    const Tensor& dq,
+                    const Tensor& dk,
+                    const Tensor& dv,
+                    const Tensor& dg,
+                    const Tensor& dbeta,
+                    const Tensor& ds0,
+                    KdaOptions options) {
+    const Packed p = pack_plan(options.doc_start, options.chunk_size, q.device(), "kda_bwd");
+    options.doc_start = Tensor();
+    if (p.plan.one_document_per_row())
+        return kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options);
+    options.chunk_reset = p.reset;
+    const Tensor gq = packed_like(p, dq), gk = packed_like(p, dk), gv = packed_like(p, dv), gg = packed_like(p, dg),
+                 gb = packed_like(p, dbeta);
+    kda_bwd(pack(p, q),
+            pack(p, k),
+            pack(p, v),
+            pack(p, g),
+            pack(p, beta),
+            s0,
+            pack(p, dout),
+            dst,
+            gq,
+            gk,
+            gv,
+            gg,
+            gb,
+            ds0,
+            options);
+    for (const auto& [full, part] : {std::pair{&dq, &gq}, {&dk, &gk}, {&dv, &gv}, {&dg, &gg}, {&dbeta, &gb}})
+        unpack(p, *part, *full);
+    note_packed(options);
+}
+
 }  // namespace
 
 void kda_fwd(const Tensor& q,
@@ -260,7 +402,10 @@ void kda_fwd(const Tensor& q,
     check_like(out, v, op, "out");
     check_optional_state(st, d, op, "st");
     if (options.doc_start.defined()) cpu::check_doc_start_map(options.doc_start, q, op, "options.doc_start");
-    if (saved != nullptr) *saved = KdaSaved{};  // the CPU path and the document split keep nothing
+    check_chunk_reset(options, d, device, op);
+    if (saved != nullptr) *saved = KdaSaved{};  // the CPU path and both document paths keep nothing
+    const bool packed = options.doc_start.defined() && packs_documents(options, device, op);
+    if (packed) return kda_fwd_packed(q, k, v, g, beta, s0, out, st, options);
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
         if (options.doc_start.defined()) return kda_fwd_documents(q, k, v, g, beta, s0, out, st, options);
@@ -327,7 +472,10 @@ void kda_bwd(const Tensor& q,
              s0.defined() ? "defined" : "undefined");
     check_optional_state(ds0, d, op, "ds0");
     if (options.doc_start.defined()) cpu::check_doc_start_map(options.doc_start, q, op, "options.doc_start");
+    check_chunk_reset(options, d, device, op);
     if (saved != nullptr) check_saved(*saved, d, options, device, op);
+    if (options.doc_start.defined() && packs_documents(options, device, op))
+        return kda_bwd_packed(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options);
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
         if (options.doc_start.defined())

@@ -31,6 +31,13 @@ namespace mt::ops {
 
 enum class KdaAlgorithm { recurrent, chunked };
 enum class KdaDiagonal { matmul, pairwise };
+// How a call with KdaOptions::doc_start runs a row's documents (ops/kda.cpp; the packed layout: ops/cpu/kda_pack.h):
+//   split:     each document as its own sequence, one set of kernel launches per document (exact for any algorithm;
+//              the reference, and the CPU's choice under automatic);
+//   packed:    the varlen path: every document of a row starts on a chunk boundary of one packed row (its tail padded
+//              with inert tokens), chunk_reset flags restart the state at each, and ONE set of launches runs all of
+//              them (the chunked algorithm only; the CUDA choice under automatic).
+enum class KdaDocuments { automatic, split, packed };
 
 // Which CUDA kernels a call runs (the CPU ignores it). The layers keep the defaults; a test or benchmark sets a field
 // to reach one variant. The choice is made once per call from these fields, the shapes and the dtype.
@@ -61,8 +68,14 @@ struct KdaOptions {
     // Document masking of packed rows (long_context.md §2): a [B, T] i32 document-start map as
     // AttentionMask::doc_start (ops/attention.h). The state restarts from zero at every document's first token, so
     // a document never reads an earlier one; s0 is the state before each row's first document and st (dst) the
-    // state after (the gradient into) its last. Undefined: one document per row. CPU only so far.
+    // state after (the gradient into) its last. Undefined: one document per row.
     Tensor doc_start = Tensor();
+    KdaDocuments documents = KdaDocuments::automatic;
+    // Chunked algorithm only: [B, ceil(T / chunk_size)] i32 flags on the inputs' device, or undefined (none). A
+    // nonzero flag at (b, n) makes the state entering chunk n of row b zero instead of the state carried from chunk
+    // n - 1 (or s0 at n = 0), so no gradient flows from chunk n back into the chunks before it (nor into ds0 at
+    // n = 0). The packed document path sets it; it cannot be combined with doc_start.
+    Tensor chunk_reset = Tensor();
     // When set, a CUDA call writes here the kernels it ran (benchmarks print it as their `impl`); the CPU writes
     // the algorithm's name.
     std::string* chosen = nullptr;

@@ -142,11 +142,42 @@ inline KdaResult kda_run(const KdaInputs& in, const KdaOptions& options, DType d
     return r;
 }
 
-// (name, tensor) pairs of a result, for comparisons.
+// Which optional states a run passes: s0 (and so wants ds0), st and dst.
+struct KdaUse {
+    bool s0 = true, st = true, dst = true;
+};
+
+// kda_fwd and kda_bwd in the inputs' own dtype and device (f64 on the CPU from kda_make_inputs), passing only the
+// states `use` names; dout and dst are seeded normals. `chosen` (optional) gets the forward's KdaOptions::chosen.
+inline KdaResult kda_run_use(
+    const KdaInputs& in, KdaOptions options, KdaUse use, uint64_t seed, std::string* chosen = nullptr) {
+    const int64_t b = in.q.size(0), hv = in.v.size(2), kd = in.q.size(3), vd = in.v.size(3);
+    const Tensor s0 = use.s0 ? in.s0 : Tensor();
+    KdaResult r;
+    r.out = op_like(in.v);
+    if (use.st) r.st = op_like(in.v, {b, hv, kd, vd});
+    options.chosen = chosen;
+    kda_fwd(in.q, in.k, in.v, in.g, in.beta, s0, r.out, r.st, options);
+    options.chosen = nullptr;
+    const Tensor dout = op_randn(in.v.shape(), seed, 10);
+    const Tensor dst = use.dst ? op_randn({b, hv, kd, vd}, seed, 11) : Tensor();
+    r.dq = op_like(in.q);
+    r.dk = op_like(in.k);
+    r.dv = op_like(in.v);
+    r.dg = op_like(in.g);
+    r.dbeta = op_like(in.beta);
+    if (use.s0) r.ds0 = op_like(in.s0);
+    kda_bwd(in.q, in.k, in.v, in.g, in.beta, s0, dout, dst, r.dq, r.dk, r.dv, r.dg, r.dbeta, r.ds0, options);
+    return r;
+}
+
+// (name, tensor) pairs of a result's defined tensors, for comparisons.
 inline std::vector<std::pair<std::string, Tensor>> kda_result_tensors(const KdaResult& r) {
-    std::vector<std::pair<std::string, Tensor>> all = {
-        {"out", r.out}, {"st", r.st}, {"dq", r.dq}, {"dk", r.dk}, {"dv", r.dv}, {"dg", r.dg}, {"dbeta", r.dbeta}};
-    if (r.ds0.defined()) all.push_back({"ds0", r.ds0});
+    std::vector<std::pair<std::string, Tensor>> all = {{"out", r.out}};
+    if (r.st.defined()) all.push_back({"st", r.st});
+    for (const auto& [name, t] :
+         {std::pair{"dq", r.dq}, {"dk", r.dk}, {"dv", r.dv}, {"dg", r.dg}, {"dbeta", r.dbeta}, {"ds0", r.ds0}})
+        if (t.defined()) all.push_back({name, t});
     return all;
 }
 

@@ -57,6 +57,16 @@ KdaOptions with_documents(KdaOptions options, int64_t b, int64_t t, int64_t doc)
     return options;
 }
 
+// Chunked options with the document map of each row's starts, run by the given document path.
+KdaOptions with_starts(KdaOptions options,
+                       const std::vector<std::vector<int64_t>>& starts,
+                       int64_t t,
+                       KdaDocuments documents = KdaDocuments::automatic) {
+    options.doc_start = mt::testing::doc_start_map(starts, t);
+    options.documents = documents;
+    return options;
+}
+
 // expect_plan: where given, a CUDA call with bf16/f16 inputs must report (KdaOptions::chosen) a plan containing it,
 // so that a selection through KdaKernels that stopped working fails instead of testing the default again.
 OpCase kda_case(const KdaShape& s,
@@ -80,7 +90,10 @@ OpCase kda_case(const KdaShape& s,
                                          regime_name(regime),
                                          with_s0 ? "_s0" : "",
                                          s.q_norm > 0.0 ? fmt::format("_qnorm{}", s.q_norm) : "") +
-                             kernels_suffix(options.kernels) + (options.doc_start.defined() ? "_docs" : "");
+                             kernels_suffix(options.kernels) + (options.doc_start.defined() ? "_docs" : "") +
+                             (options.documents == KdaDocuments::packed  ? "_packed"
+                              : options.documents == KdaDocuments::split ? "_split"
+                                                                         : "");
     const std::string want = expect_plan != nullptr ? expect_plan : "";
     // The forward's plan names no backward kernels: it is checked against the part of want before them.
     auto check_plan = [name, want](const Tensor& q, const std::string& chosen, bool backward) {
@@ -205,6 +218,19 @@ KdaKernels scan_tiles(int bv) {
     op_register(kda_case({2, 70, 1, 2, 16, 16}, with_documents(chunked(), 2, 70, 23), KdaGateRegime::bounded, true));
     op_register(
         kda_case({2, 300, 2, 4, 128, 128}, with_documents(chunked(), 2, 300, 37), KdaGateRegime::bounded, true, true));
+    // The packed (varlen) document path, also on the CPU (finite differences through the packing and the reset
+    // flags): short, one-token and chunk-crossing documents beside a row of one document. And, parity only, the
+    // GPU's default (packed) against the CPU's (split) at the model's head sizes with irregular documents.
+    op_register(kda_case({2, 70, 1, 2, 16, 16},
+                         with_starts(chunked(32), {{0, 5, 6, 40}, {0}}, 70, KdaDocuments::packed),
+                         KdaGateRegime::bounded,
+                         true));
+    op_register(kda_case({2, 300, 2, 4, 128, 128},
+                         with_starts(chunked(), {{0, 1, 64, 100, 229, 299}, {0, 150}}, 300),
+                         KdaGateRegime::bounded,
+                         false,
+                         true,
+                         "packed cuda-tc"));
     op_register(kda_case({1, 200, 1, 1, 64, 128}, chunked(), KdaGateRegime::floor, false, true));
     op_register(
         kda_case({1, 100, 1, 2, 128, 40}, chunked(32, KdaDiagonal::pairwise), KdaGateRegime::softplus, true, true));

@@ -50,6 +50,7 @@ void kda_fwd(const Tensor& q,
         {{"q", q}, {"k", k}, {"v", v}, {"g", g}, {"beta", beta}, {"s0", s0}, {"out", out}, {"st", st}}, q, op);
     const bool chunked = options.algorithm == KdaAlgorithm::chunked;
     const bool pairwise = options.diagonal == KdaDiagonal::pairwise;
+    const int32_t* reset = options.chunk_reset.defined() ? options.chunk_reset.data<int32_t>() : nullptr;
     MT_DISPATCH_FLOAT(q.dtype(), op, {
         const scalar_t* args[] = {
             q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(), g.data<scalar_t>(), beta.data<scalar_t>()};
@@ -64,7 +65,8 @@ void kda_fwd(const Tensor& q,
                             mut_ptr_or_null<scalar_t>(st),
                             d,
                             options.chunk_size,
-                            pairwise);
+                            pairwise,
+                            reset);
         } else {
             kda_recurrent_fwd(args[0],
                               args[1],
@@ -117,6 +119,7 @@ void kda_bwd(const Tensor& q,
                      op);
     const bool chunked = options.algorithm == KdaAlgorithm::chunked;
     const bool pairwise = options.diagonal == KdaDiagonal::pairwise;
+    const int32_t* reset = options.chunk_reset.defined() ? options.chunk_reset.data<int32_t>() : nullptr;
     MT_DISPATCH_FLOAT(q.dtype(), op, {
         const scalar_t* in[] = {q.data<scalar_t>(),
                                 k.data<scalar_t>(),
@@ -149,7 +152,8 @@ void kda_bwd(const Tensor& q,
                             grads[5],
                             d,
                             options.chunk_size,
-                            pairwise);
+                            pairwise,
+                            reset);
         } else {
             kda_recurrent_bwd(in[0],
                               in[1],

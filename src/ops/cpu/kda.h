@@ -34,7 +34,8 @@ void kda_recurrent_bwd(const T* q,
                        const KdaDims& d);
 
 // The chunked algorithm of kda.md §4 (chunk 64 or 32, sub-chunks of 16); pairwise picks the per-entry diagonal
-// tiles instead of the anchored matmul ones. Same pointer conventions as the recurrent pair.
+// tiles instead of the anchored matmul ones. Same pointer conventions as the recurrent pair. reset: null, or
+// [B, ceil(T / chunk)] flags (ops::KdaOptions::chunk_reset): the state entering a flagged chunk is zero.
 template <typename T>
 void kda_chunked_fwd(const T* q,
                      const T* k,
@@ -46,7 +47,8 @@ void kda_chunked_fwd(const T* q,
                      T* st,
                      const KdaDims& d,
                      int64_t chunk,
-                     bool pairwise);
+                     bool pairwise,
+                     const int32_t* reset = nullptr);
 template <typename T>
 void kda_chunked_bwd(const T* q,
                      const T* k,
@@ -64,7 +66,8 @@ void kda_chunked_bwd(const T* q,
                      T* ds0,
                      const KdaDims& d,
                      int64_t chunk,
-                     bool pairwise);
+                     bool pairwise,
+                     const int32_t* reset = nullptr);
 
 // KDA gate over u, g [n, hv, k], a_log [hv] (null: a = 1), bias [hv, k]. lower_bound: g = l sigmoid(a (u + b));
 // otherwise (softplus) g = -a softplus(u + b). du written; da_log (null when a_log is) and dbias accumulate.

@@ -258,6 +258,11 @@ void intra_bwd(Chunk<T>& ch, const T* da, const T* dm, T* dq, T* dk, T* dgam, bo
     }
 }
 
+// Whether the state entering chunk n of row bb restarts from zero (ops::KdaOptions::chunk_reset, [B, nchunks]).
+bool resets(const int32_t* reset, int64_t bb, int64_t nchunks, int64_t n) {
+    return reset != nullptr && reset[bb * nchunks + n] != 0;
+}
+
 // Per-thread buffers of the backward of one chunk.
 template <typename T>
 struct ChunkGrads {
@@ -360,9 +365,10 @@ void kda_chunked_fwd(const T* q,
                      T* st,
                      const KdaDims& d,
                      int64_t chunk,
-                     bool pairwise) {
+                     bool pairwise,
+                     const int32_t* reset) {
     blas_use_one_thread();
-    const int64_t kv = d.k * d.v;
+    const int64_t kv = d.k * d.v, nchunks = (d.t + chunk - 1) / chunk;
 #pragma omp parallel if (d.b * d.hv * d.t * kv >= kParallelMinWork)
     {
         Chunk<T> ch(chunk, d.k, d.v);
@@ -379,6 +385,7 @@ void kda_chunked_fwd(const T* q,
             }
             for (int64_t c0 = 0; c0 < d.t; c0 += chunk) {
                 const int64_t c = std::min(chunk, d.t - c0);
+                if (resets(reset, bb, nchunks, c0 / chunk)) std::fill(s.begin(), s.end(), T(0));
                 prepare_chunk(ch, u, c0, c, pairwise);
                 new_values(ch, s.data(), vn.data());
                 // O = Qg S + A Vn
@@ -410,7 +417,8 @@ void kda_chunked_bwd(const T* q,
                      T* ds0,
                      const KdaDims& d,
                      int64_t chunk,
-                     bool pairwise) {
+                     bool pairwise,
+                     const int32_t* reset) {
     blas_use_one_thread();
     const int64_t kv = d.k * d.v, group = d.hv / d.h, nchunks = (d.t + chunk - 1) / chunk;
     const int64_t qs = d.h * d.k, vs = d.hv * d.v, gs = d.hv * d.k;
@@ -433,12 +441,16 @@ void kda_chunked_bwd(const T* q,
                 const int64_t sidx = bb * d.hv + hv;
                 const UnitPtrs<T> u = unit_ptrs(q, k, v, g, beta, d, bb, hv);
                 // Forward scan: the state entering every chunk.
-                if (s0) {
+                if (s0 && !resets(reset, bb, nchunks, 0)) {
                     std::copy(s0 + sidx * kv, s0 + (sidx + 1) * kv, hs.begin());
                 } else {
                     std::fill(hs.begin(), hs.begin() + kv, T(0));
                 }
                 for (int64_t n = 0; n + 1 < nchunks; ++n) {
+                    if (resets(reset, bb, nchunks, n + 1)) {
+                        std::fill(&hs[(n + 1) * kv], &hs[(n + 2) * kv], T(0));
+                        continue;
+                    }
                     prepare_chunk(ch, u, n * chunk, chunk, pairwise);
                     new_values(ch, &hs[n * kv], vn.data());
                     std::copy(&hs[n * kv], &hs[(n + 1) * kv], &hs[(n + 1) * kv]);
@@ -456,6 +468,8 @@ void kda_chunked_bwd(const T* q,
                     load_rows(dout + (bb * d.t + c0) * vs + hv * d.v, vs, c, d.v, dov.data());
                     chunk_bwd(ch, gr, &hs[n * kv], dov.data(), ds.data(), dh.data(), pairwise);
                     std::swap(ds, dh);
+                    // ds is the gradient of the state entering chunk n: none flows on where that state is zero.
+                    if (resets(reset, bb, nchunks, n)) std::fill(ds.begin(), ds.end(), T(0));
                     for (int64_t r = 0; r < c; ++r) {
                         const int64_t row = bb * d.t + c0 + r;
                         for (int64_t x = 0; x < d.k; ++x) {
@@ -473,26 +487,37 @@ void kda_chunked_bwd(const T* q,
     }
 }
 
-#define MT_KDA_CHUNKED_INSTANTIATE(T)                                                                       \
-    template void kda_chunked_fwd<T>(                                                                       \
-        const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, const KdaDims&, int64_t, bool); \
-    template void kda_chunked_bwd<T>(const T*,                                                              \
-                                     const T*,                                                              \
-                                     const T*,                                                              \
-                                     const T*,                                                              \
-                                     const T*,                                                              \
-                                     const T*,                                                              \
-                                     const T*,                                                              \
-                                     const T*,                                                              \
-                                     T*,                                                                    \
-                                     T*,                                                                    \
-                                     T*,                                                                    \
-                                     T*,                                                                    \
-                                     T*,                                                                    \
-                                     T*,                                                                    \
-                                     const KdaDims&,                                                        \
-                                     int64_t,                                                               \
-                                     bool);
+#define MT_KDA_CHUNKED_INSTANTIATE(T)                 \
+    template void kda_chunked_fwd<T>(const T*,        \
+                                     const T*,        \
+                                     const T*,        \
+                                     const T*,        \
+                                     const T*,        \
+                                     const T*,        \
+                                     T*,              \
+                                     T*,              \
+                                     const KdaDims&,  \
+                                     int64_t,         \
+                                     bool,            \
+                                     const int32_t*); \
+    template void kda_chunked_bwd<T>(const T*,        \
+                                     const T*,        \
+                                     const T*,        \
+                                     const T*,        \
+                                     const T*,        \
+                                     const T*,        \
+                                     const T*,        \
+                                     const T*,        \
+                                     T*,              \
+                                     T*,              \
+                                     T*,              \
+                                     T*,              \
+                                     T*,              \
+                                     T*,              \
+                                     const KdaDims&,  \
+                                     int64_t,         \
+                                     bool,            \
+                                     const int32_t*);
 MT_KDA_CHUNKED_INSTANTIATE(float)
 MT_KDA_CHUNKED_INSTANTIATE(double)
 #undef MT_KDA_CHUNKED_INSTANTIATE

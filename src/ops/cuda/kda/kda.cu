@@ -138,6 +138,10 @@ __global__ void __launch_bounds__(kThreads) scan_kernel(
         const int64_t cb = chunk_index(d, unit, n);
         const float* gam = w.gam + ck_off(d, cb);
         const float* uu = w.u + cv_off(d, cb);
+        if (chunk_resets(d, w, unit, n)) {  // a document starts here: its state starts from zero
+            for (int e = tid; e < kd * kBV; e += blockDim.x) s[e] = 0.0f;
+            __syncthreads();
+        }
         if (hs != nullptr)
             for (int e = tid; e < kd * bv; e += blockDim.x) {
                 const int x = e / bv, yl = e % bv;
@@ -368,7 +372,8 @@ void kda_fwd(const Tensor& q,
             given.w = f32(saved->w, d.c, d.k);
         }
     }
-    const kda::Work w = kda::work_alloc(d, keep_alive, tc, given);
+    kda::Work w = kda::work_alloc(d, keep_alive, tc, given);
+    w.reset = options.chunk_reset.defined() ? options.chunk_reset.data<int32_t>() : nullptr;
     prof.mark("alloc");
     if (tc)
         kda::prep_tc_launch(q, k, v, g, beta, d, w, keep_ws ? kda::PrepMode::fwd_all : kda::PrepMode::fwd);

@@ -89,7 +89,9 @@ __global__ void __launch_bounds__(kThreads) rscan_kernel(const T* __restrict__ d
         __syncthreads();
         stage(t1, w.qg + ck_off(d, cb), c * kd);
         __syncthreads();
-        // dS <- Diag(gamma) dS + Qg^T dO - W^T dVn
+        // dS <- Diag(gamma) dS + Qg^T dO - W^T dVn, the gradient of the state entering chunk n: zero when that state
+        // is (chunk_resets), so no gradient reaches chunk n - 1 or ds0.
+        const bool reset = chunk_resets(d, w, unit, n);
         for (int e = tid; e < kd * kBV; e += blockDim.x) {
             const int x = e / kBV, yl = e % kBV;
             if (yl >= bv) continue;
@@ -98,7 +100,7 @@ __global__ void __launch_bounds__(kThreads) rscan_kernel(const T* __restrict__ d
                 acc += t1[i * kd + x] * sdo[i * kBV + yl];
                 acc2 += t2[i * kd + x] * sdvn[i * kBV + yl];
             }
-            ds[e] = (ds[e] * sgam[x] + acc) - acc2;
+            ds[e] = reset ? 0.0f : (ds[e] * sgam[x] + acc) - acc2;
         }
         __syncthreads();
     }
@@ -238,6 +240,7 @@ void kda_bwd(const Tensor& q,
     }
     std::vector<Tensor> keep;
     kda::Work w = kda::work_alloc(d, keep, false, given, !states_in);
+    w.reset = options.chunk_reset.defined() ? options.chunk_reset.data<int32_t>() : nullptr;
     prof.mark("alloc");
     if (tc && !ws_in)
         kda::prep_tc_launch(q, k, v, g, beta, d, w, tiles_in ? kda::PrepMode::bwd_tiles : kda::PrepMode::bwd);

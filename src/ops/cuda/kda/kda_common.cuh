@@ -55,8 +55,11 @@ void with_model_shape(const Dims& d, Fn&& fn) {
 // Per-chunk fp32 quantities (kda.md §4.1), each [units, nc, C, cols]. gam is Gamma (natural log, in-chunk cumsum);
 // qg = q e^Gamma; kg = k e^(Gamma_last - Gamma); xw = beta k e^Gamma; w = T xw; u = T beta v; a = A, m = M
 // (L = Diag(beta) M), tm = T = (I + L)^-1, all with zeros above the diagonal.
+// reset is not a workspace buffer: the caller's ops::KdaOptions::chunk_reset flags [B, nc] (null: none), which the
+// scans read at each chunk (chunk_resets).
 struct Work {
     float *gam, *qg, *kg, *xw, *w, *u, *a, *m, *tm;
+    const int32_t* reset;
 };
 
 // Offsets of (unit, chunk) blocks.
@@ -72,6 +75,14 @@ __device__ inline int64_t cv_off(const Dims& d, int64_t cb) {
 __device__ inline int64_t cc_off(const Dims& d, int64_t cb) {
     return cb * d.c * d.c;
 }
+// Whether the state entering chunk n of unit's row is zero (ops::KdaOptions::chunk_reset): the forward scans start
+// the chunk from zero instead of the carried state (or s0 at n = 0), and the reverse scans drop the gradient of the
+// state entering it, so none reaches chunk n - 1 (or ds0). The flag is one per (row, chunk), the same for every
+// thread of a scan block, so a branch on it never splits a block at a barrier.
+__device__ inline bool chunk_resets(const Dims& d, const Work& w, int unit, int n) {
+    return w.reset != nullptr && w.reset[static_cast<int64_t>(unit / d.hv) * d.nc + n] != 0;
+}
+
 // Token rows of the inputs: q/k row of (b, t, h), v/g/beta rows of (b, t, hv).
 __device__ inline int64_t qk_row(const Dims& d, int b, int t, int h) {
     return ((static_cast<int64_t>(b) * d.t + t) * d.h + h) * d.k;

@@ -267,6 +267,9 @@ struct Rscan {
             ps.add(3);
             if (sr.stl.on) {
                 w_terms(sr.s, wf, tile_n0);
+                // dS is now the gradient of the state entering chunk n, which is zero at a document start
+                // (chunk_resets): nothing flows back into chunk n - 1 (dhs below) or ds0.
+                if (chunk_resets(d, w, unit, n)) sr.clear();
                 sr.write_copy_t(sds, ldst);  // no warp reads the copy in this phase
             }
             if (more) sr.store(dhs + chunk_index(d, unit, n - 1) * kv + y0, vd);
@@ -310,6 +313,7 @@ struct Rscan {
             // fragments fit in registers.
             if (stl.on) {
                 constexpr int kPasses = kN3 > 8 ? 2 : 1, kPer = kN3 / kPasses;
+                const bool reset = chunk_resets(d, w, unit, n);  // as in scan_fused: dS entering a document is zero
                 const float* gl = sg + (n & 1) * kd;
                 const float e0 = expf(gl[sr0]), e1 = expf(gl[sr0 + 8]);
 #pragma unroll 1
@@ -331,6 +335,7 @@ struct Rscan {
                     for (int i = 0; i < kPer; ++i) {
                         const int c0 = tile_n0(i) + 2 * t;
                         if (c0 >= BV) continue;
+                        if (reset) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
                         *reinterpret_cast<float2*>(sds + sr0 * ld + c0) = make_float2(acc[i][0], acc[i][1]);
                         *reinterpret_cast<float2*>(sds + (sr0 + 8) * ld + c0) = make_float2(acc[i][2], acc[i][3]);
                     }

@@ -99,6 +99,13 @@ struct RegState {
             copy[(c0 + 1) * ld + r0 + 8] = tf32_bits(s[i][3]);
         });
     }
+    // Zeros in this warp's tiles (a state restarting at a chunk_resets chunk).
+    __device__ __forceinline__ void clear() {
+        each([&](int i, int) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[i][e] = 0.0f;
+        });
+    }
     // Rows x0 + g and x0 + g + 8 times e0 and e1 (the chunk's decay of this lane's rows).
     __device__ __forceinline__ void scale(float e0, float e1) {
         each([&](int i, int) {

@@ -184,6 +184,12 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
     for (int n = 0; n < d.nc; ++n) {
         const int64_t cb = chunk_index(d, unit, n);
         const bool more = n + 1 < d.nc;
+        // A document starts at chunk n (chunk_resets): its state starts from zero. Each owner warp clears its tiles
+        // and their TF32 copy; no warp reads the copy between the barrier that ended chunk n - 1 and the one below.
+        if (chunk_resets(d, w, unit, n)) {
+            sr.clear();
+            sr.write_copy_t(ssr, lds);
+        }
         cp_async_wait<1>();
         __syncthreads();
         ps.add(1);

@@ -1,0 +1,164 @@
+// The packed (varlen) document path of KDA on the GPU (KdaDocuments::packed, the CUDA default; ops/kda.cpp,
+// ops/cpu/kda_pack.h, the chunk_reset flags of the CUDA scans): out, st and every gradient including ds0 against
+// (a) the CPU f32 reference with the same document map (the per-document split), at the budgets of the GPU KDA parity
+// cases (tests/ops/kda_test.cpp: 1e-2 bf16, 1e-5 f32; dg with an rms floor of 1e-3 and max-abs 40x), and (b) the old
+// per-document CUDA path (KdaDocuments::split). Layouts: documents shorter than a chunk, exactly a chunk, across chunk
+// boundaries, one token long, a row of one document (no reset), B = 2 with a different layout per row; s0, st and dst
+// each defined and undefined; the bounded gate and a near-zero decay (a long memory, so a state or gradient carried
+// across a document start would be far outside the budgets); bf16 inputs (tensor-core kernels, at K = V = 128 also
+// the model-shape and shared-memory chunk kernels) and f32 inputs (fp32 kernels).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kda_inputs.h"
+#include "op_harness.h"
+#include "support/documents.h"
+
+namespace mt::ops::test {
+namespace {
+
+using Starts = std::vector<std::vector<int64_t>>;
+
+struct Layout {
+    const char* name;
+    KdaShape shape;  // b and t must match starts
+    Starts starts;
+};
+
+const Layout kLayouts[] = {
+    {"short_onetoken_singlerow", {2, 150, 2, 4, 128, 128}, {{0, 10, 30, 31, 94}, {0}}},
+    {"wholechunks_crossing", {2, 256, 1, 2, 64, 64}, {{0, 64, 128, 192}, {0, 1, 100, 255}}},
+    {"crossing_tiny", {2, 300, 1, 2, 64, 64}, {{0, 37, 38, 39, 150, 299}, {0, 63, 130}}},
+};
+
+struct Use {
+    bool s0, st, dst;
+};
+const Use kUses[] = {{true, true, true}, {false, false, false}, {true, false, false}, {false, true, true}};
+
+// Results as host f32 tensors, in a fixed order (out, st?, dq, dk, dv, dg, dbeta, ds0?).
+struct Pass {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    std::string chosen;
+};
+
+// One forward and backward on `device` of the inputs rounded to dt (the CPU runs them in f32, as the parity
+// harness does), with states in f32 and dout, dst seeded normals rounded the same way.
+Pass run(const KdaInputs& in, DType dt, core::Device device, KdaOptions options, Use use) {
+    const bool cpu = device == core::Device::cpu;
+    auto act = [&](const Tensor& t) {
+        const Tensor r = t.to(dt);
+        return cpu ? r.to(DType::f32) : r.to_device(device);
+    };
+    auto state = [&](const Tensor& t) { return t.to(DType::f32).to_device(device); };
+    const Tensor q = act(in.q), k = act(in.k), v = act(in.v), g = act(in.g), beta = act(in.beta);
+    const Tensor s0 = use.s0 ? state(in.s0) : Tensor();
+    const int64_t b = q.size(0), hv = v.size(2), kd = q.size(3), vd = v.size(3);
+    auto zeros = [&](const Tensor& like) { return Tensor::zeros(like.shape(), like.dtype(), device); };
+    const Tensor out = zeros(v);
+    const Tensor st = use.st ? Tensor::zeros({b, hv, kd, vd}, DType::f32, device) : Tensor();
+    options.doc_start = options.doc_start.to_device(device);
+    Pass r;
+    options.chosen = &r.chosen;
+    kda_fwd(q, k, v, g, beta, s0, out, st, options);
+    options.chosen = nullptr;
+    const Tensor dout = act(op_randn(in.v.shape(), 31, 10));
+    const Tensor dst = use.dst ? state(op_randn({b, hv, kd, vd}, 31, 11)) : Tensor();
+    const Tensor dq = zeros(q), dk = zeros(k), dv = zeros(v), dg = zeros(g), dbeta = zeros(beta);
+    const Tensor ds0 = use.s0 ? zeros(s0) : Tensor();
+    kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options);
+    r.tensors = {{"out", out}};
+    if (use.st) r.tensors.push_back({"st", st});
+    for (const auto& [name, t] :
+         {std::pair{"dq", dq}, {"dk", dk}, {"dv", dv}, {"dg", dg}, {"dbeta", dbeta}, {"ds0", ds0}})
+        if (t.defined()) r.tensors.push_back({name, t});
+    for (auto& [name, t] : r.tensors) t = t.to_device(core::Device::cpu).to(DType::f32);
+    return r;
+}
+
+// Every case: layout x (s0, st, dst) x gate regime x dtype, calling fn(what, inputs, options, use, dtype).
+template <typename Fn>
+void each_case(Fn&& fn) {
+    for (const Layout& l : kLayouts) {
+        for (const KdaGateRegime regime : {KdaGateRegime::bounded, KdaGateRegime::near_zero}) {
+            const KdaInputs in = kda_make_inputs(l.shape, regime, true, 71);
+            for (const Use& use : kUses) {
+                for (const DType dt : {DType::bf16, DType::f32}) {
+                    KdaOptions options;  // chunked, 64
+                    options.doc_start = mt::testing::doc_start_map(l.starts, l.shape.t);
+                    const std::string what = fmt::format("{} {} s0={} st={} dst={} {}",
+                                                         l.name,
+                                                         regime == KdaGateRegime::bounded ? "bounded" : "nearzero",
+                                                         use.s0,
+                                                         use.st,
+                                                         use.dst,
+                                                         core::dtype_name(dt));
+                    SCOPED_TRACE(what);
+                    fn(what, in, options, use, dt);
+                }
+            }
+        }
+    }
+}
+
+TEST(GpuKdaVarlen, MatchesTheCpuReference) {
+    if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
+    each_case([](const std::string& what, const KdaInputs& in, KdaOptions options, Use use, DType dt) {
+        const Pass ref = run(in, dt, core::Device::cpu, options, use);  // the CPU's default: the split
+        EXPECT_EQ(ref.chosen, "cpu-chunked");
+        const Pass got = run(in, dt, core::Device::cuda, options, use);  // the GPU's default: packed
+        EXPECT_EQ(got.chosen.rfind("packed cuda-", 0), 0u) << got.chosen;
+        ASSERT_EQ(got.tensors.size(), ref.tensors.size());
+        const double budget = dt == DType::f32 ? 1e-5 : 1e-2;
+        for (size_t i = 0; i < ref.tensors.size(); ++i) {
+            const std::string& name = ref.tensors[i].first;
+            const bool dg = name == "dg";
+            op_expect_parity("GpuKdaVarlen " + what,
+                             name,
+                             got.tensors[i].second,
+                             ref.tensors[i].second,
+                             budget,
+                             dg ? 1e-3 : 1e-6,
+                             dg ? 40.0 : kMaxAbsFactor);
+        }
+    });
+}
+
+// The packed path against the per-document one on the GPU. Each chunk holds the same tokens on both (a document
+// starts on a chunk boundary in both layouts, and a short last chunk reads zeros past T as padding does), so they
+// differ at most by the value tile the scans pick for B = 2 rows against one (the scans' sums do not depend on it):
+// budgets far below the CPU comparison's.
+TEST(GpuKdaVarlen, MatchesThePerDocumentPath) {
+    if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
+    each_case([](const std::string& what, const KdaInputs& in, KdaOptions options, Use use, DType dt) {
+        options.documents = KdaDocuments::split;
+        const Pass split = run(in, dt, core::Device::cuda, options, use);
+        EXPECT_EQ(split.chosen.find("packed"), std::string::npos) << split.chosen;
+        options.documents = KdaDocuments::packed;
+        const Pass packed = run(in, dt, core::Device::cuda, options, use);
+        EXPECT_EQ(packed.chosen.rfind("packed cuda-", 0), 0u) << packed.chosen;
+        ASSERT_EQ(packed.tensors.size(), split.tensors.size());
+        for (size_t i = 0; i < split.tensors.size(); ++i) {
+            const Tensor &a = packed.tensors[i].second, &e = split.tensors[i].second;
+            int64_t differ = 0;
+            for (int64_t x = 0; x < a.numel(); ++x)
+                differ += core::tensor_get_flat(a, x) != core::tensor_get_flat(e, x);
+            std::printf("[ VARLEN ] %s %s: %lld of %lld elements differ from the split\n",
+                        what.c_str(),
+                        split.tensors[i].first.c_str(),
+                        static_cast<long long>(differ),
+                        static_cast<long long>(a.numel()));
+            op_expect_parity("GpuKdaVarlen split " + what,
+                             split.tensors[i].first,
+                             a,
+                             e,
+                             dt == DType::f32 ? 1e-6 : 1e-3,
+                             split.tensors[i].first == "dg" ? 1e-3 : 1e-6);
+        }
+    });
+}
+
+}  // namespace
+}  // namespace mt::ops::test
