@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <string>
 
 #include "core/backend.h"
 #include "core/rng.h"
@@ -21,6 +23,16 @@
 #include "train/trainer.h"
 
 namespace {
+
+// The process's peak resident host memory (VmHWM of /proc/self/status; pinned buffers count once touched), 0 where
+// unknown.
+int64_t peak_host_bytes() {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line))
+        if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "VmHWM:   123 kB"
+    return 0;
+}
 
 int run(int argc, char** argv) {
     CLI::App app{"moetrain training-step benchmark"};
@@ -38,7 +50,8 @@ int run(int argc, char** argv) {
     auto cfg = mt::train::config_load(config, overrides);
     const std::string dir = std::filesystem::temp_directory_path() / ("mt_bench_" + std::to_string(getpid()));
     std::filesystem::create_directories(dir);
-    std::vector<int32_t> tokens(1 << 20);
+    // At least two rows' worth: a million-token row needs a million and one tokens.
+    std::vector<int32_t> tokens(static_cast<size_t>(std::max<int64_t>(1 << 20, 2 * (cfg.train.seq_len + 1))));
     for (size_t i = 0; i < tokens.size(); ++i)
         tokens[i] = static_cast<int32_t>(mt::core::rng_u64(1, 0, i) % static_cast<uint64_t>(cfg.model.vocab_size));
     mt::data::llmc_write_shard(dir + "/bench.bin", tokens, cfg.model.vocab_size);
@@ -59,10 +72,11 @@ int run(int argc, char** argv) {
         peak_activations = std::max(peak_activations, r.mem_peak_activations);
     }
     const auto start = std::chrono::steady_clock::now();
-    double comm_wait = 0.0;
+    double comm_wait = 0.0, loss = 0.0;
     int64_t overlapped = 0;
     for (int64_t s = 0; s < steps; ++s) {
         const mt::train::StepResult r = trainer.train_step();
+        loss = r.loss;
         comm_wait += r.comm_seconds;
         overlapped = r.buckets_overlapped;
         peak = std::max(peak, r.mem_peak);
@@ -100,6 +114,9 @@ int run(int argc, char** argv) {
         {"device", std::string(mt::core::device_name(device))},
         {"params", trainer.model().params().total_numel()},
         {"setup_s", setup_secs},
+        {"loss", loss},
+        {"segments", static_cast<int64_t>(trainer.model().segment_bounds().size()) - 1},
+        {"peak_host_bytes", peak_host_bytes()},
     };
     if (gpu) {
         line["mfu"] = flops / 989e12;

@@ -33,11 +33,11 @@ Model::Model(
                                                   cfg.layer_is_moe(l),
                                                   ep));
     }
-    // long.offload_kv: each attention layer stages the next one's keys in the forward, the previous one's in the
-    // backward.
-    std::vector<AttentionLayer*> attention;
+    // long.offload_kv: each global attention layer stages the next one's keys in the forward, the previous one's in
+    // the backward.
+    std::vector<AttentionLayer*> attention;  // the global ones: window layers keep only small snapshots
     for (auto& b : blocks_)
-        if (AttentionLayer* a = b->attention()) attention.push_back(a);
+        if (b->mixer() == Mixer::attention) attention.push_back(b->attention());
     for (size_t i = 0; i < attention.size(); ++i)
         attention[i]->link_offload(i + 1 < attention.size() ? attention[i + 1] : nullptr,
                                    i > 0 ? attention[i - 1] : nullptr);

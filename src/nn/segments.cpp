@@ -64,16 +64,19 @@ core::Tensor row_block(const core::Tensor& t, int64_t b, int64_t first, int64_t 
     return t.select(0, b).slice(0, first, first + count);
 }
 
+// same_device: the two on one device (copies and adds); else one may be pinned host memory (async copies).
 void check_rows(const core::Tensor& dst,
                 int64_t dst_first,
                 const core::Tensor& src,
                 int64_t src_first,
                 int64_t count,
-                const char* what) {
+                const char* what,
+                bool same_device = true) {
     MT_CHECK(
         dst.ndim() >= 2 && src.ndim() == dst.ndim() && src.size(0) == dst.size(0) && dst.is_contiguous() &&
-            src.is_contiguous() && src.dtype() == dst.dtype() && src.device() == dst.device() && count >= 0 &&
-            dst_first >= 0 && src_first >= 0 && dst_first + count <= dst.size(1) && src_first + count <= src.size(1) &&
+            src.is_contiguous() && src.dtype() == dst.dtype() && (!same_device || src.device() == dst.device()) &&
+            count >= 0 && dst_first >= 0 && src_first >= 0 && dst_first + count <= dst.size(1) &&
+            src_first + count <= src.size(1) &&
             dst.numel() / (dst.size(0) * dst.size(1)) == src.numel() / std::max<int64_t>(src.size(0) * src.size(1), 1),
         "{}: rows [{}, +{}) of {} from rows [{}, +{}) of {}",
         what,
@@ -107,16 +110,7 @@ void add_time_rows(
 
 void copy_time_rows_async(
     const core::Tensor& dst, int64_t dst_first, const core::Tensor& src, int64_t src_first, int64_t count) {
-    MT_CHECK(dst.ndim() >= 2 && src.ndim() == dst.ndim() && src.size(0) == dst.size(0) && dst.is_contiguous() &&
-                 src.is_contiguous() && src.dtype() == dst.dtype() && count >= 0 && dst_first >= 0 && src_first >= 0 &&
-                 dst_first + count <= dst.size(1) && src_first + count <= src.size(1),
-             "copy_time_rows_async: rows [{}, +{}) of {} from rows [{}, +{}) of {}",
-             dst_first,
-             count,
-             core::shape_str(dst.shape()),
-             src_first,
-             count,
-             core::shape_str(src.shape()));
+    check_rows(dst, dst_first, src, src_first, count, "copy_time_rows_async", false);
     if (count == 0) return;
     const core::Device dev = dst.device() != core::Device::cpu ? dst.device() : src.device();
     core::Backend& backend = core::backend_get(dev);
@@ -127,7 +121,11 @@ void copy_time_rows_async(
 }
 
 core::Tensor time_rows(const core::Tensor& src, int64_t first, int64_t count) {
-    if (src.size(0) == 1) return src.slice(1, first, first + count);
+    if (src.size(0) == 1) {  // rows of the one batch row: contiguous, viewed as [1, count, ...]
+        core::Shape shape = src.shape();
+        shape[1] = count;
+        return row_block(src, 0, first, count).reshape(shape);
+    }
     core::Shape shape = src.shape();
     shape[1] = count;
     core::Tensor out = core::Tensor::scratch(shape, src.dtype(), src.device());

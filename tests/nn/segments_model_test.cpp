@@ -88,14 +88,17 @@ Outcome run(ModelConfig cfg,
             const std::vector<int64_t>& bounds,
             bool documents,
             bool offload = false,
-            int steps = 1) {
+            int steps = 1,
+            int64_t rows = kB) {
     cfg.segments.bounds = bounds;
     cfg.segments.offload_kv = offload;
     cfg.document_mask = documents;
     Model model(cfg, Precision::cpu(dtype));
     model.params().initialize(7);
     model.params().zero_grads();
-    const Batch batch = make_batch(documents);
+    Batch batch = make_batch(documents);
+    if (rows < kB)  // the first rows alone (one row: the caches are read as views, not copies)
+        for (Tensor* t : {&batch.ids, &batch.targets}) *t = t->slice(0, 0, rows).clone();
     Outcome out;
     for (int step = 0; step < steps; ++step) {
         model.params().zero_grads();
@@ -140,7 +143,10 @@ struct Split {
 };
 
 // J = 2, 3, 7: mid-chunk cuts (chunk 32), a cut on a chunk boundary, a segment as short as 5 tokens.
-const Split kSplits[] = {{"J2", {37}}, {"J3", {32, 70}}, {"J7", {5, 20, 32, 45, 64, 90}}};
+// J4: a middle segment of 4 tokens, shorter than the window layer's w - 1 = 8, so the next segment's window reaches
+// through it into the one before (its snapshot and its gradients span two segments).
+const Split kSplits[] = {
+    {"J2", {37}}, {"J3", {32, 70}}, {"J7", {5, 20, 32, 45, 64, 90}}, {"J4_short_middle", {20, 24, 60}}};
 
 class SegmentsModel : public ::testing::TestWithParam<bool> {};  // document masking off / on
 
@@ -193,6 +199,17 @@ TEST(SegmentsModelOffload, OffloadedCachesGiveTheSameStepBitForBit) {
             EXPECT_EQ(max_abs_diff(offloaded.grads, kept.grads), 0.0);
             expect_counted_once(offloaded, kept);
         }
+}
+
+// One row: the caches and the segment's inputs are views of the sequence's rows rather than copies.
+TEST(SegmentsModelOneRow, SegmentsEqualOnePass) {
+    for (bool offload : {false, true}) {
+        const Outcome one = run(tiny_hybrid(), DType::f64, {}, true, false, 1, 1);
+        const Outcome seg = run(tiny_hybrid(), DType::f64, {5, 20, 32, 45, 64, 90}, true, offload, 2, 1);
+        EXPECT_NEAR(seg.loss, one.loss, 1e-12 * std::abs(one.loss));
+        EXPECT_LE(mt::testing::rho(seg.grads, one.grads), 1e-12);
+        expect_counted_once(seg, run(tiny_hybrid(), DType::f64, {}, true, false, 2, 1));
+    }
 }
 
 // Recompute policies inside each segment: selective (KDA, attention core, norms, MoE) and full.

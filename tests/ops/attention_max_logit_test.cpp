@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention_gpu_here.h"
 #include "core/backend.h"
 #include "ops/attention.h"
 #include "ops/op_harness.h"
@@ -154,25 +155,10 @@ void max_logit_cases(int64_t d, DType dtype, AttentionKernel kernel, const char*
     max_logit_gpu_parity(128, 320, d, 0, true, dtype, kernel, expect);
 }
 
-bool have_gpu() {
-    return core::backend_available(core::Device::cuda);
-}
-
-bool wgmma_here() {
-    const Tensor q = Tensor::zeros({1, 16, 1, 64}, DType::bf16, core::Device::cuda);
-    const Tensor out = Tensor::zeros(q.shape(), DType::bf16, core::Device::cuda);
-    const Tensor lse = Tensor::zeros({1, 1, 16}, DType::f32, core::Device::cuda);
-    std::string chosen;
-    AttentionOptions options;
-    options.chosen = &chosen;
-    attention_fwd(q, q, q, out, lse, options);
-    return chosen == "cuda-wgmma";
-}
-
 TEST(GpuAttentionMaxLogit, EveryFamilyMatchesTheCpu) {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     for (int64_t d : {64, 128}) {
-        if (wgmma_here()) max_logit_cases(d, DType::bf16, AttentionKernel::wgmma, "cuda-wgmma");
+        if (attention_wgmma_here()) max_logit_cases(d, DType::bf16, AttentionKernel::wgmma, "cuda-wgmma");
         max_logit_cases(d, DType::bf16, AttentionKernel::mma, "cuda-mma");
     }
     max_logit_cases(64, DType::bf16, AttentionKernel::generic, "cuda-generic");
@@ -180,7 +166,7 @@ TEST(GpuAttentionMaxLogit, EveryFamilyMatchesTheCpu) {
 }
 
 TEST(GpuAttentionMaxLogit, RefusesAnotherDtype) {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     const Tensor q = Tensor::zeros({1, 4, 1, 64}, DType::bf16, core::Device::cuda);
     const Tensor lse = Tensor::zeros({1, 1, 4}, DType::f32, core::Device::cuda);
     const Tensor bad = Tensor::zeros({1, 1, 4}, DType::bf16, core::Device::cuda);

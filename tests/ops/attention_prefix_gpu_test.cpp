@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_gpu_here.h"
 #include "core/backend.h"
 #include "core/exec.h"
 #include "ops/attention.h"
@@ -158,22 +159,6 @@ void prefix_cases(int64_t d, DType dtype, AttentionKernel kernel, const char* ex
     EXPECT_GT(unseen, 0) << "the cases must leave prefix keys unseen";
 }
 
-bool have_gpu() {
-    return core::backend_available(core::Device::cuda);
-}
-
-// Whether the automatic choice runs wgmma here (a Hopper GPU).
-bool wgmma_here() {
-    const Tensor q = Tensor::zeros({1, 16, 1, 64}, DType::bf16, core::Device::cuda);
-    const Tensor out = Tensor::zeros(q.shape(), DType::bf16, core::Device::cuda);
-    const Tensor lse = Tensor::zeros({1, 1, 16}, DType::f32, core::Device::cuda);
-    std::string chosen;
-    AttentionOptions options;
-    options.chosen = &chosen;
-    attention_fwd(q, q, q, out, lse, options);
-    return chosen == "cuda-wgmma";
-}
-
 // Runs fn with core::exec().deterministic off (the fast wgmma backward where it applies).
 template <typename Fn>
 void nondeterministic(Fn fn) {
@@ -184,15 +169,15 @@ void nondeterministic(Fn fn) {
 }
 
 TEST(GpuAttentionPrefix, WgmmaParityBf16) {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
-    if (!wgmma_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
+    if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    if (!attention_wgmma_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
     for (int64_t d : {64, 128}) prefix_cases(d, DType::bf16, AttentionKernel::wgmma, "cuda-wgmma");
 }
 
 // Deterministic off: the fast 5-matmul backward; and fast_bwd = false, which keeps the deterministic one.
 TEST(GpuAttentionPrefix, WgmmaFastBackwardParityBf16) {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
-    if (!wgmma_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
+    if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    if (!attention_wgmma_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
     nondeterministic([] {
         for (int64_t d : {64, 128}) prefix_cases(d, DType::bf16, AttentionKernel::wgmma, "cuda-wgmma-fast");
         prefix_cases(64, DType::bf16, AttentionKernel::wgmma, "cuda-wgmma", false);
@@ -200,14 +185,14 @@ TEST(GpuAttentionPrefix, WgmmaFastBackwardParityBf16) {
 }
 
 TEST(GpuAttentionPrefix, MmaParityBf16) {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     for (int64_t d : {64, 128}) prefix_cases(d, DType::bf16, AttentionKernel::mma, "cuda-mma");
     nondeterministic([] { prefix_cases(128, DType::bf16, AttentionKernel::mma, "cuda-mma"); });
 }
 
 // Selected on a shape the tensor-core kernels would take, picked for another head dim, and f32.
 TEST(GpuAttentionPrefix, GenericParity) {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     prefix_cases(64, DType::bf16, AttentionKernel::generic, "cuda-generic");
     prefix_cases(40, DType::bf16, AttentionKernel::automatic, "cuda-generic");
     prefix_cases(64, DType::f32, AttentionKernel::automatic, "cuda-generic");
@@ -216,14 +201,14 @@ TEST(GpuAttentionPrefix, GenericParity) {
 
 // Two runs of each deterministic family over a prefix with a window and a map give bitwise the same results.
 TEST(GpuAttentionPrefix, Deterministic) {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     const int64_t b = 1, t = 200, tk = 700, hq = 8, hkv = 2, d = 128;
     auto gpu = [](const Tensor& x) { return x.to(DType::bf16).to_device(core::Device::cuda); };
     const Tensor q = gpu(op_randn({b, t, hq, d}, 8, 0)), k = gpu(op_randn({b, tk, hkv, d}, 8, 1));
     const Tensor v = gpu(op_randn({b, tk, hkv, d}, 8, 2)), dout = gpu(op_randn({b, t, hq, d}, 8, 3));
     const AttentionMask mask{.doc_start = prefix_doc_map(b, t, tk).to_device(core::Device::cuda), .window = 450};
     std::vector<AttentionKernel> kernels = {AttentionKernel::mma, AttentionKernel::generic};
-    if (wgmma_here()) kernels.push_back(AttentionKernel::wgmma);
+    if (attention_wgmma_here()) kernels.push_back(AttentionKernel::wgmma);
     for (AttentionKernel kernel : kernels) {
         AttentionOptions options;
         options.kernel = kernel;

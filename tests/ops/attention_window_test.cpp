@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_gpu_here.h"
 #include "core/backend.h"
 #include "core/exec.h"
 #include "ops/attention.h"
@@ -360,31 +361,15 @@ void masked_cases(int64_t d, AttentionKernel kernel, const char* expect) {
     masked_gpu_parity(1000, d, 200, true, 4, kernel, expect);
 }
 
-bool have_gpu() {
-    return core::backend_available(core::Device::cuda);
-}
-
-// Whether the automatic choice runs wgmma here (a Hopper GPU).
-bool wgmma_here() {
-    const Tensor q = Tensor::zeros({1, 16, 1, 64}, DType::bf16, core::Device::cuda);
-    const Tensor out = Tensor::zeros(q.shape(), DType::bf16, core::Device::cuda);
-    const Tensor lse = Tensor::zeros({1, 1, 16}, DType::f32, core::Device::cuda);
-    std::string chosen;
-    AttentionOptions options;
-    options.chosen = &chosen;
-    attention_fwd(q, q, q, out, lse, options);
-    return chosen == "cuda-wgmma";
-}
-
 TEST(GpuAttentionMask, WgmmaParityBf16) {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
-    if (!wgmma_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
+    if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    if (!attention_wgmma_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
     for (int64_t d : {64, 128}) masked_cases(d, AttentionKernel::wgmma, "cuda-wgmma");
 }
 
 TEST(GpuAttentionMask, WgmmaFastBackwardParityBf16) {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
-    if (!wgmma_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
+    if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    if (!attention_wgmma_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
     core::ExecCtx ctx = core::exec();
     ctx.deterministic = false;
     const core::ExecScope scope(ctx);
@@ -392,12 +377,12 @@ TEST(GpuAttentionMask, WgmmaFastBackwardParityBf16) {
 }
 
 TEST(GpuAttentionMask, MmaParityBf16) {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     for (int64_t d : {64, 128}) masked_cases(d, AttentionKernel::mma, "cuda-mma");
 }
 
 TEST(GpuAttentionMask, GenericParityBf16) {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     masked_cases(32, AttentionKernel::automatic, "cuda-generic");
     masked_gpu_parity(300, 64, 50, true, 2, AttentionKernel::generic, "cuda-generic");
 }

@@ -64,12 +64,19 @@ void AttentionLayer::set_segment(const SegmentContext& seg) {
     seg_ = seg;
     if (!seg.active()) {
         kv_.clear();
+        wkv_.clear();
         key_doc_start_ = Tensor();
         return;
     }
     MT_CHECK(seg.length == seq_, "attention segment of {} tokens on a layer sized for {}", seg.length, seq_);
-    kv_.configure(cfg_.n_kv_heads, cfg_.resolved_head_dim(), act_dtype_, device_, cfg_.segments.offload_kv);
-    kv_.begin(seg, batch_, key_lo());
+    const int64_t d = cfg_.resolved_head_dim();
+    if (window_) {
+        wkv_.configure(cfg_.n_kv_heads, d, act_dtype_, device_, cfg_.segments.offload_kv, cfg_.attn.window);
+        wkv_.begin(seg, batch_);
+    } else {
+        kv_.configure(cfg_.n_kv_heads, d, act_dtype_, device_, cfg_.segments.offload_kv);
+        kv_.begin(seg, batch_, key_lo());
+    }
     key_doc_start_ = seg.host_doc_start.defined()
                          ? doc_map_from(seg.host_doc_start, key_lo(), seg.first + seg.length, device_)
                          : Tensor();
@@ -81,7 +88,7 @@ void AttentionLayer::forward(const Tensor& x, const Tensor& out) {
     record_max_logit_ = track_max_logit_ && !seg_.recompute;
     if (record_max_logit_) row_max_logit_ = Tensor::scratch(lse_shape(), lse_dtype_, device_);
     forward_core(x);
-    if (seg_.active()) kv_.forward_done();
+    if (seg_.active() && !window_) kv_.forward_done();
     if (record_max_logit_) {
         record_max_logit_ = false;
         const Tensor rows = device_ == core::Device::cpu ? row_max_logit_ : row_max_logit_.to_device(core::Device::cpu);
@@ -102,7 +109,7 @@ void AttentionLayer::forward_core(const Tensor& x) {
         ops::rope_fwd(k_, rope_base(), pos_offset(), k_, docs_.positions, position_limit());
     }
     if (seg_.active()) {  // the segment's keys join the cache; its queries see the cached ones before them
-        const auto [keys, values] = kv_.forward_keys(k_, v_);
+        const auto [keys, values] = window_ ? wkv_.keys(k_, v_) : kv_.forward_keys(k_, v_);
         ops::attention_fwd(q_, keys, values, attn_, lse_, {}, mask(), max_logit_out());
     } else {
         ops::attention_fwd(q_, k_, v_, attn_, lse_, {}, mask(), max_logit_out());
@@ -161,12 +168,15 @@ void AttentionLayer::segment_attention_backward(const Tensor& d_attn,
                                                 const Tensor& d_k,
                                                 const Tensor& d_v) {
     Shape shape = k_.shape();
-    shape[1] = kv_.key_rows();
+    shape[1] = window_ ? wkv_.key_rows() : kv_.key_rows();
     const Tensor dk_all = Tensor::scratch(shape, act_dtype_, device_);
     const Tensor dv_all = Tensor::scratch(shape, act_dtype_, device_);
-    const auto [keys, values] = kv_.backward_keys();
+    const auto [keys, values] = window_ ? wkv_.keys(k_, v_) : kv_.backward_keys();
     ops::attention_bwd(q_, keys, values, attn_, lse_, d_attn, d_q, dk_all, dv_all, {}, mask());
-    kv_.backward_grads(dk_all, dv_all, d_k, d_v);
+    if (window_)
+        wkv_.backward_grads(dk_all, dv_all, d_k, d_v);
+    else
+        kv_.backward_grads(dk_all, dv_all, d_k, d_v);
 }
 
 // The global tokens' and the sink's terms (attention_bwd above already had the merged out and lse): d_q gains the

@@ -13,6 +13,7 @@
 #include "nn/layer.h"
 #include "nn/layers/linear.h"
 #include "nn/layers/segment_kv.h"
+#include "nn/layers/window_kv.h"
 #include "nn/model_config.h"
 #include "nn/recompute.h"
 #include "nn/segments.h"
@@ -128,7 +129,8 @@ class AttentionLayer : public Layer {
     // Sequence segments: the keys and values of every position with their gradient accumulators, and the document
     // map [B, Tk] of the keys the current segment sees.
     SegmentContext seg_;
-    SegmentKv kv_;
+    SegmentKv kv_;  // a global layer's
+    WindowKv wkv_;  // a window layer's
     Tensor key_doc_start_;
     // The max pre-softmax logit: tracking on, the running maximum, and whether this forward records ([B, Hq, T]).
     bool track_max_logit_ = false, record_max_logit_ = false;

@@ -101,6 +101,38 @@ TEST(TrainerEp, MoeLossCurvesMatchOneProcessForEveryLayout) {
     }
 }
 
+// Sequence segments under every layout (long_context.md §4): rows of 48 tokens in three segments of 16 on each rank
+// train as one process running the same global batch in one pass. The gradient buckets are reduced once, after the
+// last segment's backward, and ZeRO-1 waits for its gathers in the first segment's forward only.
+TEST(TrainerEp, SegmentsUnderEveryLayoutMatchOneProcessInOnePass) {
+    const int n = dist_world().size();
+    const int64_t ga = 2;
+    for (const auto& [ep, dp] : layouts(n)) {
+        const std::string dir = shared_dir(fmt::format("seg_ep{}_dp{}", ep, dp)), data = data_dir();
+        auto self = comm_make_self();
+        const std::vector<std::string> rows = {"train.seq_len=48", "train.steps=6"};
+        std::vector<std::string> one = rows, seg = rows;
+        one.insert(one.end(), {"train.grad_accum=" + std::to_string(ga * n), "parallel.dp=1"});
+        seg.insert(seg.end(),
+                   {"train.grad_accum=" + std::to_string(ga),
+                    "parallel.ep=" + std::to_string(ep),
+                    "parallel.dp=" + std::to_string(dp),
+                    "long.segment_tokens=16"});
+        Trainer single(moe_job(data, dir + "/single", one), false, self.get());
+        Trainer par(moe_job(data, dir + "/par", seg), false);
+        for (int step = 1; step <= 6; ++step) {
+            const auto a = single.train_step();
+            const auto b = par.train_step();
+            EXPECT_LT(std::abs(a.loss - b.loss) / std::abs(a.loss), 1e-5)
+                << "ep=" << ep << " dp=" << dp << " step " << step << ": " << a.loss << " vs " << b.loss;
+            EXPECT_LT(std::abs(a.grad_norm - b.grad_norm) / std::abs(a.grad_norm), 1e-5)
+                << "ep=" << ep << " dp=" << dp << " step " << step << " grad norm";
+            EXPECT_EQ(a.moe.at(0).second.tokens, b.moe.at(0).second.tokens) << "step " << step;
+        }
+        EXPECT_EQ(par.model().segment_bounds(), (std::vector<int64_t>{0, 16, 32, 48}));
+    }
+}
+
 TEST(TrainerEp, ZeroOneShardsTheOptimizerState) {
     const int n = dist_world().size();
     for (const auto& [ep, dp] : layouts(n)) {
