@@ -118,39 +118,59 @@ std::string mixer_name(const nn::ModelConfig& cfg, int64_t l, int sub) {
 }
 
 // The key rows one segment's passes hold on the device beside the layers' activations (nn/layers/segment_kv.cpp,
-// AttentionLayer::segment_attention_backward): in each attention backward its dK, dV over every key the segment
-// sees, and with long.offload_kv the staged rows of the layers in flight. A layer's forward stages its K, V and the
-// next attention layer's, releasing its own when done; a backward stages K, V, dK, dV, its own and the previous
-// attention layer's, releasing its own when done. Under recompute full a group's re-run stages each of its layers'
-// K, V, dK, dV (the backward phase does not release them) until that layer's backward.
+// window_kv.cpp, AttentionLayer::segment_attention_backward), each a [B, rows, Hkv, D] allocation:
+//   - every attention backward: its dK, dV over every key the segment sees;
+//   - a global layer without offload: the K, V it reads, copied out of the cache when B > 1 (a view of one row);
+//   - a global layer with long.offload_kv: staged rows. Its forward stages its K, V and the next global layer's,
+//     releasing its own when done; its backward stages K, V, dK, dV, its own and the previous global layer's,
+//     releasing its own when done. Under recompute full a group's re-run stages each of its global layers' K, V, dK,
+//     dV (the backward phase does not release them) until that layer's backward;
+//   - a window layer: the K, V it reads, assembled from its snapshot and its own (forward and backward), and in the
+//     backward the snapshot rows' gradients it passes back.
 class KeyRows {
    public:
-    KeyRows(const PeakSearch& search, const nn::ModelConfig& cfg, std::vector<int64_t> tensor_bytes, bool offload)
-        : search_(search), bytes_(std::move(tensor_bytes)), offload_(offload) {
-        for (int64_t l = 0; l < static_cast<int64_t>(bytes_.size()); ++l)
-            if (!cfg.layer_is_kda(l)) attention_.push_back(l);
+    // tensor_bytes, prefix_bytes: per block, one tensor of the rows [lo, end of the segment) its attention reads and
+    // of the rows [lo, first) before the segment (0: a KDA block).
+    KeyRows(const PeakSearch& search,
+            const nn::ModelConfig& cfg,
+            std::vector<int64_t> tensor_bytes,
+            std::vector<int64_t> prefix_bytes,
+            bool offload,
+            bool copies)
+        : search_(search),
+          bytes_(std::move(tensor_bytes)),
+          prefix_(std::move(prefix_bytes)),
+          offload_(offload),
+          copies_(copies) {
+        for (int64_t l = 0; l < static_cast<int64_t>(bytes_.size()); ++l) {
+            window_.push_back(cfg.layer_is_window(l));
+            if (!cfg.layer_is_kda(l) && !cfg.layer_is_window(l)) global_.push_back(l);
+        }
     }
     bool attention(int64_t l) const {
         return l >= 0 && l < static_cast<int64_t>(bytes_.size()) && bytes_[static_cast<size_t>(l)] > 0;
     }
-    // `copies` [B, rows, Hkv, D] tensors of block l's key rows, each an allocation.
-    Bytes tensors(int64_t l, int copies) const {
+    // The key rows of block l's forward (backward = false) or backward beyond what is staged, staging as it does.
+    Bytes pass(int64_t l, bool backward) {
         Bytes b;
-        for (int i = 0; i < copies; ++i) b += search_.of(bytes_[static_cast<size_t>(l)]);
+        if (!attention(l)) return b;
+        if (window_[static_cast<size_t>(l)]) {
+            b += tensors(l, backward ? 4 : 2);
+            if (backward) b += tensor(prefix_[static_cast<size_t>(l)]), b += tensor(prefix_[static_cast<size_t>(l)]);
+            return b;
+        }
+        if (backward) b += tensors(l, 2);
+        if (!offload_) {
+            if (copies_) b += tensors(l, 2);
+            return b;
+        }
+        stage(l, backward ? 4 : 2);
+        stage(backward ? prev(l) : next(l), backward ? 4 : 2);
         return b;
     }
-    int64_t next(int64_t l) const {
-        for (int64_t a : attention_)
-            if (a > l) return a;
-        return -1;
-    }
-    int64_t prev(int64_t l) const {
-        for (auto it = attention_.rbegin(); it != attention_.rend(); ++it)
-            if (*it < l) return *it;
-        return -1;
-    }
-    void stage(int64_t l, int copies) {
-        if (offload_ && attention(l)) staged_[l] = std::max(staged_[l], copies);
+    // Recompute full's re-run of block l in the backward phase: a global layer stages its four tensors.
+    void rerun(int64_t l) {
+        if (attention(l) && !window_[static_cast<size_t>(l)]) stage(l, 4);
     }
     void release(int64_t l) {
         staged_.erase(l);
@@ -165,10 +185,33 @@ class KeyRows {
     }
 
    private:
+    Bytes tensor(int64_t bytes) const {
+        return bytes > 0 ? search_.of(bytes) : Bytes{};
+    }
+    Bytes tensors(int64_t l, int copies) const {
+        Bytes b;
+        for (int i = 0; i < copies; ++i) b += tensor(bytes_[static_cast<size_t>(l)]);
+        return b;
+    }
+    int64_t next(int64_t l) const {
+        for (int64_t g : global_)
+            if (g > l) return g;
+        return -1;
+    }
+    int64_t prev(int64_t l) const {
+        for (auto it = global_.rbegin(); it != global_.rend(); ++it)
+            if (*it < l) return *it;
+        return -1;
+    }
+    void stage(int64_t l, int copies) {
+        if (offload_ && attention(l)) staged_[l] = std::max(staged_[l], copies);
+    }
+
     const PeakSearch& search_;
-    std::vector<int64_t> bytes_;  // per block: one [B, rows, Hkv, D] tensor of its key rows (0: no attention)
-    bool offload_;
-    std::vector<int64_t> attention_;
+    std::vector<int64_t> bytes_, prefix_;
+    bool offload_, copies_;
+    std::vector<bool> window_;
+    std::vector<int64_t> global_;    // the global attention blocks: offload's prefetch chain
     std::map<int64_t, int> staged_;  // block -> staged tensors
 };
 
@@ -198,8 +241,7 @@ void search_transients(
             const Bytes s0 = scratch(b.sub[0], false), s1 = scratch(b.sub[1], false);
             t += s0.alloc >= s1.alloc ? s0 : s1;
             Bytes extra;
-            if (attention(l)) keys->stage(l, 2), keys->stage(keys->next(l), 2);
-            if (keys != nullptr) extra = keys->staged();
+            if (keys != nullptr) extra = keys->pass(l, false), extra += keys->staged();
             t += extra;
             search.candidate(t, fmt::format("{}layer {} forward (recompute full)", prefix, l), extra);
             if (attention(l)) keys->release(l);
@@ -212,10 +254,9 @@ void search_transients(
             keys->clear();
             for (int64_t first = (nb - 1) / a.full_group * a.full_group; first >= 0; first -= a.full_group) {
                 const int64_t last = std::min(nb, first + a.full_group) - 1;
-                for (int64_t l = first; l <= last; ++l) keys->stage(l, 4);
+                for (int64_t l = first; l <= last; ++l) keys->rerun(l);
                 for (int64_t l = last; l >= first; --l) {
-                    Bytes e;
-                    if (attention(l)) e += keys->tensors(l, 2), keys->stage(keys->prev(l), 4);
+                    Bytes e = keys->pass(l, true);
                     e += keys->staged();
                     extra[static_cast<size_t>(l)] = e;
                     keys->release(l);
@@ -257,8 +298,7 @@ void search_transients(
         const bool own = sub == 0 && attention(l);
         if (keys != nullptr) {
             if (step == 2 * nb) keys->clear();  // the forward released every layer's staging
-            if (own && !bwd) keys->stage(l, 2), keys->stage(keys->next(l), 2);
-            if (own && bwd) extra += keys->tensors(l, 2), keys->stage(l, 4), keys->stage(keys->prev(l), 4);
+            if (own) extra = keys->pass(l, bwd);
             extra += keys->staged();
             if (own) keys->release(l);
         }
@@ -422,11 +462,14 @@ MemoryPlan plan_memory(const MemoryPlanInput& in) {
         std::optional<KeyRows> keys;
         std::string prefix;
         if (segs.count() > 1) {
-            std::vector<int64_t> tensor = plan_segment_key_rows(in.model, segs, j);
-            for (int64_t& rows : tensor)
-                rows *= in.batch * in.model.n_kv_heads * head_dim *
-                        static_cast<int64_t>(core::dtype_size(in.precision.compute));
-            keys.emplace(search, in.model, std::move(tensor), segs.offload);
+            const int64_t row = in.batch * in.model.n_kv_heads * head_dim *
+                                static_cast<int64_t>(core::dtype_size(in.precision.compute));
+            std::vector<int64_t> tensor = plan_segment_key_rows(in.model, segs, j), before = tensor;
+            for (size_t l = 0; l < tensor.size(); ++l) {
+                before[l] = tensor[l] > 0 ? (tensor[l] - segs.length(j)) * row : 0;
+                tensor[l] *= row;
+            }
+            keys.emplace(search, in.model, std::move(tensor), std::move(before), segs.offload, in.batch > 1);
             prefix = fmt::format("segment {} of {} ({} tokens), ", j + 1, segs.count(), segs.length(j));
         }
         search_transients(in, a, search, keys ? &*keys : nullptr, prefix);

@@ -81,9 +81,13 @@ std::pair<int64_t, const char*> instances(const nn::ModelConfig& cfg, PlanKind k
 
 // The report's line of a segment buffer (buffers of one line add up).
 std::string segment_label(const PlanSegmentBuffer& b, const nn::ModelConfig& cfg, int64_t segments) {
-    const int64_t attn = cfg.n_layers - cfg.n_kda_layers(), kda = cfg.n_kda_layers();
+    const int64_t kda = cfg.n_kda_layers(), window = cfg.n_window_layers(), attn = cfg.n_layers - kda - window;
     if (b.name == "attention.kv_cache") return fmt::format("attention K, V of the whole row ({} layers)", attn);
     if (b.name == "attention.kv_grads") return fmt::format("attention dK, dV accumulators ({} layers)", attn);
+    if (b.name.starts_with("attention.window_snapshots"))
+        return fmt::format("window K, V snapshots ({} layers x {})", window, segments - 1);
+    if (b.name == "attention.window_snapshot_copies") return "window snapshots' device copies";
+    if (b.name == "attention.window_grads") return "window snapshot gradients (backward)";
     if (b.name == "kda.kept_states") return fmt::format("kda kept start states ({} layers x {})", kda, segments - 1);
     if (b.name == "kda.carried_states") return "kda final, carried and passed-back states";
     if (b.name == "kda.ds0") return "kda start-state gradients (backward)";

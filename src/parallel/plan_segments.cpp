@@ -2,7 +2,10 @@
 // (nn/layers/segment_kv.cpp, kda_layer.cpp, nn/model.cpp) and one segment's activations.
 #include "parallel/plan_segments.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "nn/model.h"
@@ -72,12 +75,37 @@ PlanSegments plan_segments(const nn::ModelConfig& cfg, const nn::Precision& prec
     auto add = [&](std::string name, PlanKind kind, int64_t each, int64_t count, SegmentWhere where, bool bwd = false) {
         if (count > 0 && each > 0) out.held.push_back({std::move(name), kind, each, count, where, bwd});
     };
-    // SegmentKv::begin: K, V and the accumulators dK, dV of the whole row, [B, T, Hkv, D] each, per softmax
-    // attention layer (window layers too: they read the last w - 1 rows of a full-length cache).
-    const int64_t n_attn = cfg.n_layers - cfg.n_kda_layers();
-    const int64_t kv = batch * seq * cfg.n_kv_heads * cfg.resolved_head_dim() * a;
-    add("attention.kv_cache", PlanKind::attention, kv, 2 * n_attn, kept);
-    add("attention.kv_grads", PlanKind::attention, kv, 2 * n_attn, kept);
+    // SegmentKv::begin: K, V and the accumulators dK, dV of the whole row, [B, T, Hkv, D] each, per global attention
+    // layer.
+    const int64_t hkvd = cfg.n_kv_heads * cfg.resolved_head_dim(), n_window = cfg.n_window_layers();
+    const int64_t n_global = cfg.n_layers - cfg.n_kda_layers() - n_window, kv = batch * seq * hkvd * a;
+    add("attention.kv_cache", PlanKind::attention, kv, 2 * n_global, kept);
+    add("attention.kv_grads", PlanKind::attention, kv, 2 * n_global, kept);
+    // WindowKv: per segment after the first, a window layer's snapshot of the K, V rows [lo, first) before it (at
+    // most w - 1), kept from the forward of the segment before; with offload on a GPU the running segment's copy on
+    // the device; in the backward, the gradient rows it passes to the segment before (backward_grads' pending).
+    if (n_window > 0) {
+        std::map<int64_t, int64_t> snapshots;  // rows -> segments
+        int64_t widest = 0;
+        for (int64_t j = 1; j < segs; ++j) {
+            const int64_t rows = std::min(out.first(j), cfg.attn.window - 1);
+            snapshots[rows] += 1;
+            widest = std::max(widest, rows);
+        }
+        for (const auto& [rows, count] : snapshots)
+            add(fmt::format("attention.window_snapshots_{}", rows),
+                PlanKind::attention,
+                batch * rows * hkvd * a,
+                2 * count * n_window,
+                kept);
+        const int64_t widest_bytes = batch * widest * hkvd * a;
+        add("attention.window_snapshot_copies",
+            PlanKind::attention,
+            widest_bytes,
+            off && cuda ? 2 * n_window : 0,
+            SegmentWhere::device);
+        add("attention.window_grads", PlanKind::attention, widest_bytes, 2 * n_window, SegmentWhere::device, true);
+    }
     // KdaLayer: the start state of every segment after the first (its first forward's S_T, kept for the re-run) and
     // its three convs' halos [B, W - 1, C] (q and k: H K channels, v: HV V), offloaded with the caches. On the
     // device besides: the whole row's final state, the state gradient passed back to the segment before and, in the
@@ -105,7 +133,7 @@ std::vector<int64_t> plan_segment_key_rows(const nn::ModelConfig& cfg, const Pla
     std::vector<int64_t> rows(static_cast<size_t>(cfg.n_layers), 0);
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
         if (cfg.layer_is_kda(l)) continue;
-        // AttentionLayer::key_lo: a window layer's queries see the w - 1 positions before the segment at most.
+        // AttentionLayer::key_lo, WindowKv::lo: a window layer's queries see the w - 1 positions before the segment.
         const int64_t lo = cfg.layer_is_window(l) ? std::max<int64_t>(0, first - (cfg.attn.window - 1)) : 0;
         rows[static_cast<size_t>(l)] = end - lo;
     }

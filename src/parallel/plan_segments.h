@@ -1,11 +1,12 @@
 // The memory planner's picture of sequence segments (long_context.md §4, nn/segments.h): where the boundaries of a
-// row fall (the model's own rule), what crosses them and stays all step (the attention layers' key/value caches and
-// dK/dV accumulators, KDA's kept start states and conv halos, the row's per-token losses), on the device or, with
-// long.offload_kv, in pinned host memory, and one segment's activations (the model resizes its buffers per
-// segment). What a segment's passes add to their phases (the attention backward's dK, dV over every key the
-// segment sees, offload's staged key rows) is simulated in plan_memory.cpp on the key rows given here.
-// It follows nn/model.cpp (forward, begin_pass), nn/layers/segment_kv.cpp and kda_layer.cpp (set_segment,
-// keep_for_next_segment, backward) by hand: tests/parallel/plan_segments_test.cpp holds it to a real segmented model.
+// row fall (the model's own rule), what crosses them and stays all step (the global attention layers' key/value
+// caches and dK/dV accumulators, the window layers' snapshots of the w - 1 rows before each segment, KDA's kept start
+// states and conv halos, the row's per-token losses), on the device or, with long.offload_kv, in pinned host memory,
+// and one segment's activations (the model resizes its buffers per segment). What a segment's passes add to their
+// phases (the attention backward's dK, dV over every key the segment sees, offload's staged key rows) is simulated
+// in plan_memory.cpp on the key rows given here. It follows nn/model.cpp (forward, begin_pass),
+// nn/layers/segment_kv.cpp, window_kv.cpp and kda_layer.cpp (set_segment, keep_for_next_segment, backward) by hand:
+// tests/parallel/plan_segments_test.cpp holds it to a real segmented model.
 #pragma once
 
 #include <cstdint>

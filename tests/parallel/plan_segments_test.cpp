@@ -1,10 +1,11 @@
 // The memory planner's sequence segments (parallel/plan_segments.h) against a real segmented model on the CPU:
 //   - the boundaries it draws are Model::segment_bounds() for the balanced split, fixed segment lengths and short
 //     rows, on dense, hybrid, window and MoE models;
-//   - what crosses the boundaries (the attention caches and accumulators, KDA's kept and carried states and halos,
-//     the row's losses) is exactly what a segmented model holds beyond the same model run on one segment's tokens,
-//     counted by core::host_storage_bytes() after a forward and after a backward, with long.offload_kv (the pinned
-//     part) and without, under recompute none, selective and full; its activations and workspace are one segment's;
+//   - what crosses the boundaries (the global attention caches and accumulators, the window layers' snapshots, KDA's
+//     kept and carried states and halos, the row's losses) is exactly what a segmented model holds beyond the same
+//     model run on one segment's tokens, counted by core::host_storage_bytes() after a forward and after a backward,
+//     with long.offload_kv (the pinned part) and without, under recompute none, selective and full; its activations and
+//     workspace are one segment's;
 //   - on a GPU plan offload moves the caches to the host column and the staging into the transient.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -114,7 +115,6 @@ Held held_since(const core::HostStorageBytes& start) {
 // the planner's segment buffers say (less dS_0, which the first segment's backward frees), plus the host copies of the
 // whole row's ids and targets, which the planner leaves out (8 B (T - S) bytes more than one segment's).
 TEST(PlanSegments, HeldBuffersEqualTheRealModels) {
-    const int64_t batch = 2;
     using M = nn::RecomputeModule;
     const std::vector<std::pair<std::string, nn::RecomputeConfig>> policies = {
         {"none", {}},
@@ -128,8 +128,9 @@ TEST(PlanSegments, HeldBuffersEqualTheRealModels) {
     for (const auto& [model_name, base] : models)
         for (const auto& [policy_name, policy] : policies)
             for (bool offload : {false, true})
-                for (int64_t seq : {96, 128}) {
-                    SCOPED_TRACE(fmt::format("{}, {}, offload {}, {} tokens", model_name, policy_name, offload, seq));
+                for (auto [batch, seq] : {std::pair<int64_t, int64_t>{2, 128}, {1, 96}}) {
+                    SCOPED_TRACE(fmt::format(
+                        "{}, {}, offload {}, {} x {} tokens", model_name, policy_name, offload, batch, seq));
                     const int64_t len = 32;
                     nn::ModelConfig cfg = base;
                     cfg.recompute = policy;
