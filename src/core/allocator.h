@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/dtype.h"
 
@@ -45,6 +46,13 @@ class Storage {
     bool owned_ = false;
     bool pinned_ = false;
 };
+
+// Bytes of owned host storage alive now, ordinary (Device::cpu) and pinned: every CPU tensor's. The memory planner's
+// CPU tests hold its figures to them (the CPU backend's bytes_in_use is the resident set, which counts far more).
+struct HostStorageBytes {
+    int64_t cpu = 0, pinned = 0;
+};
+HostStorageBytes host_storage_bytes();
 
 class Backend;
 // Where pinned host memory comes from: the CUDA backend when this process has a GPU, else the CPU backend.

@@ -4,7 +4,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <map>
 #include <numeric>
+#include <optional>
 
 #include "nn/model.h"
 #include "parallel/grad_sync.h"
@@ -86,13 +89,18 @@ class PeakSearch {
             if (buf.dropped == dropped && (with_kept || !buf.name.starts_with("kept."))) b += of(buf.bytes);
         return b;
     }
-    void candidate(const Bytes& b, std::string where) {
+    // keys: the part of b that is key rows (a segment's dK, dV scratch and offload staging).
+    void candidate(const Bytes& b, std::string where, const Bytes& keys = {}) {
         if (b.alloc <= best_.alloc) return;
         best_ = b;
+        keys_ = keys;
         where_ = std::move(where);
     }
     const Bytes& best() const {
         return best_;
+    }
+    const Bytes& keys() const {
+        return keys_;
     }
     const std::string& where() const {
         return where_;
@@ -100,7 +108,7 @@ class PeakSearch {
 
    private:
     bool cuda_;
-    Bytes best_;
+    Bytes best_, keys_;
     std::string where_ = "none";
 };
 
@@ -109,12 +117,113 @@ std::string mixer_name(const nn::ModelConfig& cfg, int64_t l, int sub) {
     return cfg.layer_is_moe(l) ? "moe" : "mlp";
 }
 
+// The key rows one segment's passes hold on the device beside the layers' activations (nn/layers/segment_kv.cpp,
+// window_kv.cpp, AttentionLayer::segment_attention_backward), each a [B, rows, Hkv, D] allocation:
+//   - every attention backward: its dK, dV over every key the segment sees;
+//   - a global layer without offload: the K, V it reads, copied out of the cache when B > 1 (a view of one row);
+//   - a global layer with long.offload_kv: staged rows. Its forward stages its K, V and the next global layer's,
+//     releasing its own when done; its backward stages K, V, dK, dV, its own and the previous global layer's,
+//     releasing its own when done. Under recompute full a group's re-run stages each of its global layers' K, V, dK,
+//     dV (the backward phase does not release them) until that layer's backward;
+//   - a window layer: the K, V it reads, assembled from its snapshot and its own (forward and backward), and in the
+//     backward the snapshot rows' gradients it passes back.
+class KeyRows {
+   public:
+    // tensor_bytes, prefix_bytes: per block, one tensor of the rows [lo, end of the segment) its attention reads and
+    // of the rows [lo, first) before the segment (0: a KDA block).
+    KeyRows(const PeakSearch& search,
+            const nn::ModelConfig& cfg,
+            std::vector<int64_t> tensor_bytes,
+            std::vector<int64_t> prefix_bytes,
+            bool offload,
+            bool copies)
+        : search_(search),
+          bytes_(std::move(tensor_bytes)),
+          prefix_(std::move(prefix_bytes)),
+          offload_(offload),
+          copies_(copies) {
+        for (int64_t l = 0; l < static_cast<int64_t>(bytes_.size()); ++l) {
+            window_.push_back(cfg.layer_is_window(l));
+            if (!cfg.layer_is_kda(l) && !cfg.layer_is_window(l)) global_.push_back(l);
+        }
+    }
+    bool attention(int64_t l) const {
+        return l >= 0 && l < static_cast<int64_t>(bytes_.size()) && bytes_[static_cast<size_t>(l)] > 0;
+    }
+    // The key rows of block l's forward (backward = false) or backward beyond what is staged, staging as it does.
+    Bytes pass(int64_t l, bool backward) {
+        Bytes b;
+        if (!attention(l)) return b;
+        if (window_[static_cast<size_t>(l)]) {
+            b += tensors(l, backward ? 4 : 2);
+            if (backward) b += tensor(prefix_[static_cast<size_t>(l)]), b += tensor(prefix_[static_cast<size_t>(l)]);
+            return b;
+        }
+        if (backward) b += tensors(l, 2);
+        if (!offload_) {
+            if (copies_) b += tensors(l, 2);
+            return b;
+        }
+        stage(l, backward ? 4 : 2);
+        stage(backward ? prev(l) : next(l), backward ? 4 : 2);
+        return b;
+    }
+    // Recompute full's re-run of block l in the backward phase: a global layer stages its four tensors.
+    void rerun(int64_t l) {
+        if (attention(l) && !window_[static_cast<size_t>(l)]) stage(l, 4);
+    }
+    void release(int64_t l) {
+        staged_.erase(l);
+    }
+    void clear() {
+        staged_.clear();
+    }
+    Bytes staged() const {
+        Bytes b;
+        for (const auto& [l, copies] : staged_) b += tensors(l, copies);
+        return b;
+    }
+
+   private:
+    Bytes tensor(int64_t bytes) const {
+        return bytes > 0 ? search_.of(bytes) : Bytes{};
+    }
+    Bytes tensors(int64_t l, int copies) const {
+        Bytes b;
+        for (int i = 0; i < copies; ++i) b += tensor(bytes_[static_cast<size_t>(l)]);
+        return b;
+    }
+    int64_t next(int64_t l) const {
+        for (int64_t g : global_)
+            if (g > l) return g;
+        return -1;
+    }
+    int64_t prev(int64_t l) const {
+        for (auto it = global_.rbegin(); it != global_.rend(); ++it)
+            if (*it < l) return *it;
+        return -1;
+    }
+    void stage(int64_t l, int copies) {
+        if (offload_ && attention(l)) staged_[l] = std::max(staged_[l], copies);
+    }
+
+    const PeakSearch& search_;
+    std::vector<int64_t> bytes_, prefix_;
+    bool offload_, copies_;
+    std::vector<bool> window_;
+    std::vector<int64_t> global_;    // the global attention blocks: offload's prefetch chain
+    std::map<int64_t, int> staged_;  // block -> staged tensors
+};
+
 // The transient phases of one step: each sub-layer's forward and backward (the buffers its policy rebuilds and the
-// op scratch inside), or under recompute full each block's forward and each group's re-run and backward.
-void search_transients(const MemoryPlanInput& in, const PlanActivations& a, PeakSearch& search) {
+// op scratch inside), or under recompute full each block's forward and each group's re-run and backward. keys:
+// with segments, what the segment's key rows add (null: none); prefix: names the segment.
+void search_transients(
+    const MemoryPlanInput& in, const PlanActivations& a, PeakSearch& search, KeyRows* keys, const std::string& prefix) {
     const nn::ModelConfig& cfg = in.model;
     const auto nb = static_cast<int64_t>(a.blocks.size());
     auto scratch = [&](const PlanSubLayer& s, bool bwd) { return search.of(bwd ? s.bwd_scratch : s.fwd_scratch); };
+    auto attention = [&](int64_t l) { return keys != nullptr && keys->attention(l); };
     if (a.full_group > 0) {
         // A block's activations when it runs: both sub-layers' saved buffers and h (the first forward keeps no KDA
         // tiles; the re-run does), and its output unless the group keeps it anyway.
@@ -131,9 +240,29 @@ void search_transients(const MemoryPlanInput& in, const PlanActivations& a, Peak
             if (l > 0 && !a.blocks[static_cast<size_t>(l - 1)].keeps_output) t += search.of(b.out.bytes);
             const Bytes s0 = scratch(b.sub[0], false), s1 = scratch(b.sub[1], false);
             t += s0.alloc >= s1.alloc ? s0 : s1;
-            search.candidate(t, fmt::format("layer {} forward (recompute full)", l));
+            Bytes extra;
+            if (keys != nullptr) extra = keys->pass(l, false), extra += keys->staged();
+            t += extra;
+            search.candidate(t, fmt::format("{}layer {} forward (recompute full)", prefix, l), extra);
+            if (attention(l)) keys->release(l);
         }
-        // The backward takes the groups from the last; each re-runs its blocks' forward, holding them all.
+        // The backward takes the groups from the last; each re-runs its blocks' forward, holding them all. The key
+        // rows at block l's backward: the group's re-run layers not yet past their backward, the previous attention
+        // layer's (staged by the backward after it) and l's own dK, dV.
+        std::vector<Bytes> extra(static_cast<size_t>(nb));
+        if (keys != nullptr) {
+            keys->clear();
+            for (int64_t first = (nb - 1) / a.full_group * a.full_group; first >= 0; first -= a.full_group) {
+                const int64_t last = std::min(nb, first + a.full_group) - 1;
+                for (int64_t l = first; l <= last; ++l) keys->rerun(l);
+                for (int64_t l = last; l >= first; --l) {
+                    Bytes e = keys->pass(l, true);
+                    e += keys->staged();
+                    extra[static_cast<size_t>(l)] = e;
+                    keys->release(l);
+                }
+            }
+        }
         for (int64_t first = (nb - 1) / a.full_group * a.full_group; first >= 0; first -= a.full_group) {
             const int64_t last = std::min(nb, first + a.full_group) - 1;
             Bytes group;
@@ -143,10 +272,14 @@ void search_transients(const MemoryPlanInput& in, const PlanActivations& a, Peak
                 const Bytes s0 = scratch(b.sub[0], true), s1 = scratch(b.sub[1], true);
                 Bytes t = group;
                 t += s0.alloc >= s1.alloc ? s0 : s1;
-                search.candidate(
-                    t,
-                    fmt::format(
-                        "layer {} re-run and backward (recompute full, group of layers {}-{})", l, first, last));
+                t += extra[static_cast<size_t>(l)];
+                search.candidate(t,
+                                 fmt::format("{}layer {} re-run and backward (recompute full, group of layers {}-{})",
+                                             prefix,
+                                             l,
+                                             first,
+                                             last),
+                                 extra[static_cast<size_t>(l)]);
             }
         }
         return;
@@ -161,33 +294,30 @@ void search_transients(const MemoryPlanInput& in, const PlanActivations& a, Peak
         Bytes t = search.sum(s.buffers, true, bwd);
         if (a.attnres_mixed > 0) t += search.of(a.attnres_mixed);
         t += scratch(s, bwd);
+        Bytes extra;
+        const bool own = sub == 0 && attention(l);
+        if (keys != nullptr) {
+            if (step == 2 * nb) keys->clear();  // the forward released every layer's staging
+            if (own) extra = keys->pass(l, bwd);
+            extra += keys->staged();
+            if (own) keys->release(l);
+        }
+        t += extra;
         const std::string& op = bwd ? s.bwd_scratch_op : s.fwd_scratch_op;
         search.candidate(t,
-                         fmt::format("layer {} {} {}{}",
+                         fmt::format("{}layer {} {} {}{}",
+                                     prefix,
                                      l,
                                      mixer_name(cfg, l, sub),
                                      bwd ? "backward" : "forward",
-                                     op.empty() ? "" : " (" + op + " scratch)"));
+                                     op.empty() ? "" : " (" + op + " scratch)"),
+                         extra);
     }
 }
 
-}  // namespace
-
-int64_t plan_cuda_size_class(int64_t bytes) {
-    const int64_t quantum = bytes < (int64_t{1} << 20) ? 512 : (int64_t{2} << 20);
-    const int64_t b = bytes == 0 ? 1 : bytes;
-    return (b + quantum - 1) / quantum * quantum;
-}
-
-MemoryPlan plan_memory(const MemoryPlanInput& in) {
-    MemoryPlan plan;
-    plan.input = in;
-    plan_state(in, plan);
-    const bool cuda = in.precision.device == core::Device::cuda;
-    const PlanActivations a =
-        plan_activations(in.model, in.precision, in.batch, in.seq, in.mesh[MeshAxis::ep], in.deterministic);
-    PeakSearch search(cuda);
-    // Everything held from the end of the forward into the backward, each buffer an allocation of its own.
+// Everything held from the end of one pass's forward into its backward, each buffer an allocation of its own: the
+// activation lines, the workspace, communication and GEMM workspaces, and the state arenas on the device.
+Bytes plan_held(const MemoryPlanInput& in, const PlanActivations& a, const PeakSearch& search, MemoryPlan& plan) {
     Bytes held;
     auto count = [&](const PlanBuffer& b, bool dropped) {
         MemoryActivations& line = plan.activations[static_cast<size_t>(b.kind)];
@@ -222,16 +352,26 @@ MemoryPlan plan_memory(const MemoryPlanInput& in) {
     }
     // ops/cuda/gemm: cuBLASLt's workspaces, 32 MiB per lane for the linears and per stream (4) for the grouped
     // GEMMs, allocated at the first call and kept.
-    if (cuda) plan.gemm_workspace = (2 + (in.model.n_moe_layers() > 0 ? 4 : 0)) * (int64_t{32} << 20);
+    if (in.precision.device == core::Device::cuda)
+        plan.gemm_workspace = (2 + (in.model.n_moe_layers() > 0 ? 4 : 0)) * (int64_t{32} << 20);
     held += search.of(plan.gemm_workspace);
     for (int64_t arena : {plan.weights, plan.grads, plan.offload ? 0 : plan.master, plan.offload ? 0 : plan.optimizer})
         if (arena > 0) held += search.of(arena);
-    search_transients(in, a, search);
-    plan.transient = search.best().alloc;
-    plan.transient_at = search.where();
-    plan.peak = held.alloc + search.best().alloc;
-    plan.rounding = plan.peak - held.raw - search.best().raw;
+    return held;
+}
 
+// The segments to search: per segment length the last one of it (the one whose keys reach furthest).
+std::vector<int64_t> peak_segments(const PlanSegments& segs) {
+    std::map<int64_t, int64_t> last;
+    for (int64_t j = 0; j < segs.count(); ++j) last[segs.length(j)] = j;
+    std::vector<int64_t> out;
+    for (const auto& [length, j] : last) out.push_back(j);
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+void plan_notes(const MemoryPlanInput& in, MemoryPlan& plan) {
+    const bool cuda = in.precision.device == core::Device::cuda;
     auto note = [&](std::string text) { plan.notes.push_back(std::move(text)); };
     if (in.mesh[MeshAxis::ep] > 1)
         note(
@@ -247,6 +387,23 @@ MemoryPlan plan_memory(const MemoryPlanInput& in) {
             "memory; the offload's pinned staging buffers (two chunks of up to 16M elements of f32 gradients and of "
             "the "
             "weights, optim/adamw.h) are not counted");
+    const MemorySegments& seg = plan.segments;
+    if (seg.count > 1) {
+        note(fmt::format(
+            "sequence segments: the activations, workspace and transient are those of segment {} of {} ({} tokens "
+            "per row), where the peak falls; the attention caches and KDA's kept states cover the whole row. Not "
+            "counted: the host copies of the row's ids and targets (8 B T bytes), document masking's maps, and the "
+            "moment a resize between segments of different lengths holds one buffer at both sizes",
+            seg.peak_index + 1,
+            seg.count,
+            seg.peak_length));
+        if (seg.offload)
+            note(
+                "long.offload_kv: the key/value caches, the dK/dV accumulators and KDA's kept states and halos are "
+                "pinned host memory; the device stages the key rows [lo, end of the segment) of at most two "
+                "attention layers at a time (more under recompute full with several attention layers per group), "
+                "inside the largest transient");
+    }
     if (cuda) {
         note(
             "outside the allocator, so not in the peak: the CUDA context, cuBLAS handles and NCCL's own buffers "
@@ -259,7 +416,74 @@ MemoryPlan plan_memory(const MemoryPlanInput& in) {
             "CPU: the figures are the tensors; the process's resident set adds the program, OpenMP and OpenBLAS "
             "buffers and the CPU ops' own scratch, which are not modelled");
     }
-    return plan;
+}
+
+}  // namespace
+
+int64_t plan_cuda_size_class(int64_t bytes) {
+    const int64_t quantum = bytes < (int64_t{1} << 20) ? 512 : (int64_t{2} << 20);
+    const int64_t b = bytes == 0 ? 1 : bytes;
+    return (b + quantum - 1) / quantum * quantum;
+}
+
+MemoryPlan plan_memory(const MemoryPlanInput& in) {
+    MemoryPlan base;
+    base.input = in;
+    plan_state(in, base);
+    const bool cuda = in.precision.device == core::Device::cuda;
+    const PeakSearch sizes(cuda);
+    // What crosses the segment boundaries: on the device (a CPU run's memory is its device) or the host.
+    const PlanSegments segs = plan_segments(in.model, in.precision, in.batch, in.seq);
+    MemorySegments& seg = base.segments;
+    seg.count = segs.count();
+    seg.longest = segs.longest();
+    seg.offload = segs.offload;
+    seg.buffers = segs.held;
+    Bytes seg_held;
+    for (const PlanSegmentBuffer& b : segs.held) {
+        const bool host = cuda && b.where != SegmentWhere::device;
+        (host ? seg.host : seg.device) += b.bytes();
+        if (host) continue;
+        const Bytes one = sizes.of(b.each);
+        seg_held += {one.raw * b.count, one.alloc * b.count};
+    }
+    // The peak over the segments' passes (one pass without segments): each segment's activations held, its phases'
+    // transients above them.
+    MemoryPlan best;
+    best.peak = -1;
+    const int64_t head_dim = in.model.resolved_head_dim();
+    for (int64_t j : peak_segments(segs)) {
+        MemoryPlan plan = base;
+        const PlanActivations a = plan_segment_activations(
+            in.model, in.precision, in.batch, segs, j, in.mesh[MeshAxis::ep], in.deterministic);
+        PeakSearch search(cuda);
+        Bytes held = plan_held(in, a, search, plan);
+        held += seg_held;
+        std::optional<KeyRows> keys;
+        std::string prefix;
+        if (segs.count() > 1) {
+            const int64_t row = in.batch * in.model.n_kv_heads * head_dim *
+                                static_cast<int64_t>(core::dtype_size(in.precision.compute));
+            std::vector<int64_t> tensor = plan_segment_key_rows(in.model, segs, j), before = tensor;
+            for (size_t l = 0; l < tensor.size(); ++l) {
+                before[l] = tensor[l] > 0 ? (tensor[l] - segs.length(j)) * row : 0;
+                tensor[l] *= row;
+            }
+            keys.emplace(search, in.model, std::move(tensor), std::move(before), segs.offload, in.batch > 1);
+            prefix = fmt::format("segment {} of {} ({} tokens), ", j + 1, segs.count(), segs.length(j));
+        }
+        search_transients(in, a, search, keys ? &*keys : nullptr, prefix);
+        plan.transient = search.best().alloc;
+        plan.transient_at = search.where();
+        plan.peak = held.alloc + search.best().alloc;
+        plan.rounding = plan.peak - held.raw - search.best().raw;
+        plan.segments.peak_index = j;
+        plan.segments.peak_length = segs.length(j);
+        plan.segments.transient_keys = search.keys().alloc;
+        if (plan.peak > best.peak) best = std::move(plan);
+    }
+    plan_notes(in, best);
+    return best;
 }
 
 }  // namespace mt::parallel

@@ -24,6 +24,7 @@
 #include "nn/precision.h"
 #include "parallel/mesh.h"
 #include "parallel/plan_buffers.h"
+#include "parallel/plan_segments.h"
 
 namespace mt::parallel {
 
@@ -46,6 +47,17 @@ struct MemoryActivations {
     int64_t saved = 0;    // saved for the backward and held (Model::saved_activation_bytes' share)
     int64_t held = 0;     // kept by the layers besides (scratch members, routing counters, gradient buffers)
     int64_t dropped = 0;  // freed after the forward by the recompute policy and rebuilt per layer in the backward
+};
+
+// Sequence segments (long.segments, long.segment_tokens; parallel/plan_segments.h): the row runs as `count`
+// segments, and the plan's activations, workspace and transient are those of the segment where the peak falls.
+struct MemorySegments {
+    int64_t count = 1, longest = 0;           // J, and the longest segment's tokens per row
+    int64_t peak_index = 0, peak_length = 0;  // the segment whose phase makes the peak
+    bool offload = false;                     // long.offload_kv
+    std::vector<PlanSegmentBuffer> buffers;   // what crosses the boundaries, held all step
+    int64_t device = 0, host = 0;             // their bytes on the device (a CPU run's memory too) and on the host
+    int64_t transient_keys = 0;               // of the largest transient: dK, dV scratch and staged key rows (sizes)
 };
 
 struct MemoryPlan {
@@ -83,6 +95,11 @@ struct MemoryPlan {
     int64_t rounding = 0;            // at the peak: the size classes' bytes beyond the buffers' own
     int64_t peak = 0;                // predicted peak_device_bytes
     std::vector<std::string> notes;  // what the figures leave out or assume
+    MemorySegments segments;
+    // Host memory at the peak: the offloaded optimizer state and the segments' host buffers.
+    int64_t host_peak() const {
+        return state_host() + segments.host;
+    }
 };
 
 // The plan of one rank (every rank of a mesh holds the same sizes: the experts and the ZeRO-1 shards split evenly).
