@@ -358,9 +358,8 @@ std::vector<Field> config_schema(JobConfig& c) {
              &m.document_mask,
              "packed sequences are split into documents at every `data.eot_token`: attention never looks across a "
              "document boundary, KDA's state and short conv restart at each document, RoPE positions restart "
-             "([long_context.md](long_context.md)); on the GPU KDA runs each document as its own sequence for now "
-             "(slow for "
-             "many short documents)"),
+             "([long_context.md](long_context.md)); on the GPU KDA packs the documents on chunk boundaries (varlen), "
+             "not yet run on a GPU"),
         integer("data.eot_token",
                 &m.eot_token,
                 -1,
