@@ -11,7 +11,7 @@
 #include "ops/cpu/checks.h"
 #include "ops/cpu/documents.h"
 #include "ops/cpu/kda.h"
-#include "ops/cpu/kda_pack.h"
+#include "ops/kda_pack.h"
 #include "ops/registry.h"
 
 namespace mt::ops {
@@ -267,7 +267,7 @@ void kda_bwd_documents(const Tensor& q,
 }
 
 // Document masking by packing (KdaDocuments::packed, the varlen path): each row's documents are laid out in one
-// packed row [B, T'] so that every document starts on a chunk boundary (cpu/kda_pack.h), the tail of each padded to a
+// packed row [B, T'] so that every document starts on a chunk boundary (kda_pack.h), the tail of each padded to a
 // whole chunk with q = k = v = 0, beta = 0, g = 0; KdaOptions::chunk_reset flags the chunk where each document but the
 // row's first starts; ONE kda call runs the packed rows, and the outputs and gradients are gathered back. Padding is
 // inert: with beta = 0 and g = 0 (log decay 0: no decay) a token leaves the state as it was, k = 0 keeps it out of
@@ -281,7 +281,7 @@ void kda_bwd_documents(const Tensor& q,
 // With each chunk inside one document, every per-chunk kernel runs unchanged and only the scans' carry between chunks
 // reads a flag. The price is up to C - 1 padding tokens per document (under 3% for 2K-token documents at C = 64).
 struct Packed {
-    cpu::KdaPackPlan plan;
+    KdaPackPlan plan;
     Tensor src, dst, reset;  // the plan's maps and flags on the inputs' device
 };
 
@@ -291,7 +291,7 @@ Packed pack_plan(const Tensor& doc_start, int64_t chunk, core::Device device, st
         host = doc_start.to_device(core::Device::cpu);
         cpu::check_doc_start_values(host, op, "options.doc_start");
     }
-    Packed p{cpu::kda_pack_plan(host, chunk), Tensor(), Tensor(), Tensor()};
+    Packed p{kda_pack_plan(host, chunk), Tensor(), Tensor(), Tensor()};
     auto upload = [device](std::vector<int32_t>& v, const Shape& shape) {
         return Tensor::borrow(v.data(), shape, DType::i32).to_device(device);
     };
@@ -306,11 +306,11 @@ Tensor pack(const Packed& p, const Tensor& x) {
     Shape shape = x.shape();
     shape[1] = p.plan.tp;
     const Tensor xp = Tensor::scratch(shape, x.dtype(), x.device());
-    cpu::kda_gather_rows(x, p.src, xp);
+    kda_gather_rows(x, p.src, xp);
     return xp;
 }
 void unpack(const Packed& p, const Tensor& xp, const Tensor& x) {
-    cpu::kda_gather_rows(xp, p.dst, x);
+    kda_gather_rows(xp, p.dst, x);
 }
 Tensor packed_like(const Packed& p, const Tensor& x) {
     Shape shape = x.shape();

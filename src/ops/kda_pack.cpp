@@ -1,13 +1,13 @@
-// The packed layout of KDA's document masking (cpu/kda_pack.h): the host maps and the row gather that packs and
+// The packed layout of KDA's document masking (kda_pack.h): the host maps and the row gather that packs and
 // unpacks through them.
-#include "ops/cpu/kda_pack.h"
+#include "ops/kda_pack.h"
 
 #include <algorithm>
 #include <limits>
 
 #include "ops/moe_permute.h"
 
-namespace mt::ops::cpu {
+namespace mt::ops {
 
 KdaPackPlan kda_pack_plan(const Tensor& doc_start, int64_t chunk) {
     KdaPackPlan p;
@@ -68,4 +68,4 @@ void kda_gather_rows(const Tensor& x, const Tensor& map, const Tensor& out) {
     moe_permute_bwd(map.reshape({n, 1}), x.reshape({rows, c}), out.reshape({n, c}));
 }
 
-}  // namespace mt::ops::cpu
+}  // namespace mt::ops
