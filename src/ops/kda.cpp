@@ -11,7 +11,8 @@
 #include "ops/cpu/checks.h"
 #include "ops/cpu/documents.h"
 #include "ops/cpu/kda.h"
-#include "ops/kda_pack.h"
+#include "ops/cpu/kda_pack.h"
+#include "ops/moe_permute.h"
 #include "ops/registry.h"
 
 namespace mt::ops {
@@ -68,21 +69,25 @@ void check_chunk_reset(const KdaOptions& options, const cpu::KdaDims& d, core::D
     check_arg(r, op, "options.chunk_reset", 2);
     MT_CHECK(
         r.dtype() == DType::i32, "{}: options.chunk_reset has dtype {}, expected i32", op, core::dtype_name(r.dtype()));
+    // The algorithm (and so a chunk size the inputs' checks accepted) before the shape, which divides by it.
+    MT_CHECK(options.algorithm == KdaAlgorithm::chunked && options.chunk_size > 0,
+             "{}: options.chunk_reset needs the chunked algorithm",
+             op);
     check_shape(r, {d.b, (d.t + options.chunk_size - 1) / options.chunk_size}, op, "options.chunk_reset");
     MT_CHECK(r.device() == device, "{}: options.chunk_reset is not on the inputs' device", op);
-    MT_CHECK(options.algorithm == KdaAlgorithm::chunked, "{}: options.chunk_reset needs the chunked algorithm", op);
     MT_CHECK(!options.doc_start.defined(), "{}: options.chunk_reset and options.doc_start exclude each other", op);
 }
 
 // Whether a call with a document map runs the packed (varlen) path: KdaDocuments::automatic packs on the GPU, where
-// one set of launches per document is slow, and splits on the CPU, whose split is the reference the packed path is
-// tested against.
+// one set of launches per document is slow (the chunked algorithm: the recurrent one splits), and splits on the CPU,
+// whose split is the reference the packed path is tested against.
 bool packs_documents(const KdaOptions& options, core::Device device, std::string_view op) {
     if (options.documents == KdaDocuments::packed)
         MT_CHECK(
             options.algorithm == KdaAlgorithm::chunked, "{}: KdaDocuments::packed runs the chunked algorithm only", op);
     return options.documents == KdaDocuments::packed ||
-           (options.documents == KdaDocuments::automatic && device == core::Device::cuda);
+           (options.documents == KdaDocuments::automatic && device == core::Device::cuda &&
+            options.algorithm == KdaAlgorithm::chunked);
 }
 
 // What a CPU call ran, for KdaOptions::chosen.
@@ -266,8 +271,24 @@ void kda_bwd_documents(const Tensor& q,
     }
 }
 
+// out [N, ...] = x's rows by map: out row i is x row map[i] ([R, ...] viewed as rows of its trailing dims), or zeros
+// where map[i] = -1 (map: i32 [N] on x's device).
+// The gather is moe_permute_bwd with one slot per row (dx_i = sum over slots of dxp[slot_row(i, q)], a slot of -1
+// adding nothing): on both devices, exact (one term added to zero), any float dtype the KDA kernels take there.
+void kda_gather_rows(const Tensor& x, const Tensor& map, const Tensor& out) {
+    const int64_t rows = x.size(0) * x.size(1), n = out.size(0) * out.size(1);
+    const int64_t c = rows > 0 ? x.numel() / rows : 0;
+    MT_CHECK(out.numel() == n * c && map.numel() == n,
+             "kda_gather_rows: out has {} elements and map {} for {} rows of {}",
+             out.numel(),
+             map.numel(),
+             n,
+             c);
+    moe_permute_bwd(map.reshape({n, 1}), x.reshape({rows, c}), out.reshape({n, c}));
+}
+
 // Document masking by packing (KdaDocuments::packed, the varlen path): each row's documents are laid out in one
-// packed row [B, T'] so that every document starts on a chunk boundary (kda_pack.h), the tail of each padded to a
+// packed row [B, T'] so that every document starts on a chunk boundary (cpu/kda_pack.h), the tail of each padded to a
 // whole chunk with q = k = v = 0, beta = 0, g = 0; KdaOptions::chunk_reset flags the chunk where each document but the
 // row's first starts; ONE kda call runs the packed rows, and the outputs and gradients are gathered back. Padding is
 // inert: with beta = 0 and g = 0 (log decay 0: no decay) a token leaves the state as it was, k = 0 keeps it out of
@@ -281,7 +302,7 @@ void kda_bwd_documents(const Tensor& q,
 // With each chunk inside one document, every per-chunk kernel runs unchanged and only the scans' carry between chunks
 // reads a flag. The price is up to C - 1 padding tokens per document (under 3% for 2K-token documents at C = 64).
 struct Packed {
-    KdaPackPlan plan;
+    cpu::KdaPackPlan plan;
     Tensor src, dst, reset;  // the plan's maps and flags on the inputs' device
 };
 
@@ -291,7 +312,7 @@ Packed pack_plan(const Tensor& doc_start, int64_t chunk, core::Device device, st
         host = doc_start.to_device(core::Device::cpu);
         cpu::check_doc_start_values(host, op, "options.doc_start");
     }
-    Packed p{kda_pack_plan(host, chunk), Tensor(), Tensor(), Tensor()};
+    Packed p{cpu::kda_pack_plan(host, chunk), Tensor(), Tensor(), Tensor()};
     auto upload = [device](std::vector<int32_t>& v, const Shape& shape) {
         return Tensor::borrow(v.data(), shape, DType::i32).to_device(device);
     };

@@ -31,7 +31,7 @@ namespace mt::ops {
 
 enum class KdaAlgorithm { recurrent, chunked };
 enum class KdaDiagonal { matmul, pairwise };
-// How a call with KdaOptions::doc_start runs a row's documents (ops/kda.cpp; the packed layout: ops/kda_pack.h):
+// How a call with KdaOptions::doc_start runs a row's documents (ops/kda.cpp; the packed layout: ops/cpu/kda_pack.h):
 //   split:     each document as its own sequence, one set of kernel launches per document (exact for any algorithm;
 //              the reference, and the CPU's choice under automatic);
 //   packed:    the varlen path: every document of a row starts on a chunk boundary of one packed row (its tail padded

@@ -1,10 +1,10 @@
-// The packed (varlen) document path of KDA on the CPU (ops/kda.h KdaDocuments::packed, ops/kda_pack.h): the host
+// The packed (varlen) document path of KDA on the CPU (ops/kda.h KdaDocuments::packed, ops/cpu/kda_pack.h): the host
 // maps of the packed layout (hand-computed, and invariants over random maps), and the packed path through the CPU
 // chunked reference with its chunk_reset flags against the per-document split in f64 (rho <= 1e-12 for out, st and
 // every gradient including ds0) over documents shorter than a chunk, exactly a chunk, across chunk boundaries, one
 // token long, a row of one document, s0 / st / dst each defined and undefined, and B = 2 with a different layout per
 // row. The CUDA packed path runs the same host code; tests/ops/kda_varlen_gpu_test.cpp checks it there.
-#include "ops/kda_pack.h"
+#include "ops/cpu/kda_pack.h"
 
 #include <gtest/gtest.h>
 
@@ -24,7 +24,7 @@ using Starts = std::vector<std::vector<int64_t>>;
 
 TEST(KdaPackPlan, HandComputedLayout) {
     // Row 0: documents [0, 3), [3, 4), [4, 9), [9, 10); row 1: one document [0, 10). Chunks of 4.
-    const KdaPackPlan p = kda_pack_plan(mt::testing::doc_start_map({{0, 3, 4, 9}, {0}}, 10), 4);
+    const cpu::KdaPackPlan p = cpu::kda_pack_plan(mt::testing::doc_start_map({{0, 3, 4, 9}, {0}}, 10), 4);
     // Row 0 packs to 4 + 4 + 8 + 4 = 20 tokens, row 1 to 12: T' = 20, 5 chunks.
     EXPECT_EQ(p.tp, 20);
     EXPECT_EQ(p.nc, 5);
@@ -40,7 +40,7 @@ TEST(KdaPackPlan, HandComputedLayout) {
 }
 
 TEST(KdaPackPlan, OneDocumentPerRowPacksToWholeChunks) {
-    const KdaPackPlan p = kda_pack_plan(mt::testing::doc_start_map({{0}, {0}}, 70), 64);
+    const cpu::KdaPackPlan p = cpu::kda_pack_plan(mt::testing::doc_start_map({{0}, {0}}, 70), 64);
     EXPECT_TRUE(p.one_document_per_row());
     EXPECT_EQ(p.tp, 128);
     for (int32_t r : p.reset) EXPECT_EQ(r, 0);
@@ -60,7 +60,7 @@ TEST(KdaPackPlan, InvariantsOverRandomMaps) {
                 if (static_cast<int64_t>(rng() % static_cast<uint32_t>(density)) == 0) row.push_back(i);
         }
         const Tensor map = mt::testing::doc_start_map(starts, t);
-        const KdaPackPlan p = kda_pack_plan(map, chunk);
+        const cpu::KdaPackPlan p = cpu::kda_pack_plan(map, chunk);
         SCOPED_TRACE(::testing::Message() << "trial " << trial << ", B " << b << ", T " << t << ", chunk " << chunk);
         ASSERT_EQ(p.tp % chunk, 0);
         ASSERT_EQ(p.nc, p.tp / chunk);

@@ -1,5 +1,5 @@
 // The packed (varlen) document path of KDA on the GPU (KdaDocuments::packed, the CUDA default; ops/kda.cpp,
-// ops/kda_pack.h, the chunk_reset flags of the CUDA scans): out, st and every gradient including ds0 against
+// ops/cpu/kda_pack.h, the chunk_reset flags of the CUDA scans): out, st and every gradient including ds0 against
 // (a) the CPU f32 reference with the same document map (the per-document split), at the budgets of the GPU KDA parity
 // cases (tests/ops/kda_test.cpp: 1e-2 bf16, 1e-5 f32; dg with an rms floor of 1e-3 and max-abs 40x), and (b) the old
 // per-document CUDA path (KdaDocuments::split). Layouts: documents shorter than a chunk, exactly a chunk, across chunk

@@ -1,13 +1,11 @@
-// The packed layout of KDA's document masking (kda_pack.h): the host maps and the row gather that packs and
-// unpacks through them.
-#include "ops/kda_pack.h"
+// The packed layout of KDA's document masking (cpu/kda_pack.h): the host maps (the row gather that packs and unpacks
+// through them is in ops/kda.cpp, since it runs another op).
+#include "ops/cpu/kda_pack.h"
 
 #include <algorithm>
 #include <limits>
 
-#include "ops/moe_permute.h"
-
-namespace mt::ops {
+namespace mt::ops::cpu {
 
 KdaPackPlan kda_pack_plan(const Tensor& doc_start, int64_t chunk) {
     KdaPackPlan p;
@@ -54,18 +52,4 @@ KdaPackPlan kda_pack_plan(const Tensor& doc_start, int64_t chunk) {
     return p;
 }
 
-// The gather is moe_permute_bwd with one slot per row (dx_i = sum over slots of dxp[slot_row(i, q)], a slot of -1
-// adding nothing): on both devices, exact (one term added to zero), any float dtype the KDA kernels take there.
-void kda_gather_rows(const Tensor& x, const Tensor& map, const Tensor& out) {
-    const int64_t rows = x.size(0) * x.size(1), n = out.size(0) * out.size(1);
-    const int64_t c = rows > 0 ? x.numel() / rows : 0;
-    MT_CHECK(out.numel() == n * c && map.numel() == n,
-             "kda_gather_rows: out has {} elements and map {} for {} rows of {}",
-             out.numel(),
-             map.numel(),
-             n,
-             c);
-    moe_permute_bwd(map.reshape({n, 1}), x.reshape({rows, c}), out.reshape({n, c}));
-}
-
-}  // namespace mt::ops
+}  // namespace mt::ops::cpu

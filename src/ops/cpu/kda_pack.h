@@ -10,7 +10,7 @@
 
 #include "ops/op_common.h"
 
-namespace mt::ops {
+namespace mt::ops::cpu {
 
 // Row b of the packed tensors [B, tp, ...] holds row b's documents in order: document i of the row starts at packed
 // position p_i = sum_{j < i} ceil(len_j / chunk) * chunk, and positions [p_i + len_i, p_{i+1}) and [p_last end, tp)
@@ -33,8 +33,5 @@ struct KdaPackPlan {
 // (exit 1) when the packed rows would not fit 32-bit row indices.
 KdaPackPlan kda_pack_plan(const Tensor& doc_start, int64_t chunk);
 
-// out [N, ...] = x's rows by map: out row i is x row map[i] ([R, ...] viewed as rows of its trailing dims), or zeros
-// where map[i] = -1. map is an i32 [N] tensor on x's device; x and out contiguous with equal trailing dims.
-void kda_gather_rows(const Tensor& x, const Tensor& map, const Tensor& out);
 
-}  // namespace mt::ops
+}  // namespace mt::ops::cpu
