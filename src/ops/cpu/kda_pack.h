@@ -33,5 +33,4 @@ struct KdaPackPlan {
 // (exit 1) when the packed rows would not fit 32-bit row indices.
 KdaPackPlan kda_pack_plan(const Tensor& doc_start, int64_t chunk);
 
-
 }  // namespace mt::ops::cpu
