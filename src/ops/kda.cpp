@@ -306,20 +306,29 @@ struct Packed {
     Tensor src, dst, reset;  // the plan's maps and flags on the inputs' device
 };
 
-Packed pack_plan(const Tensor& doc_start, int64_t chunk, core::Device device, std::string_view op) {
+Packed pack_plan(const Tensor& doc_start, int64_t chunk, std::string_view op) {
     Tensor host = doc_start;
     if (doc_start.device() != core::Device::cpu) {  // a device map is read back once per call (see host_doc_spans)
         host = doc_start.to_device(core::Device::cpu);
         cpu::check_doc_start_values(host, op, "options.doc_start");
     }
-    Packed p{cpu::kda_pack_plan(host, chunk), Tensor(), Tensor(), Tensor()};
+    return Packed{cpu::kda_pack_plan(host, chunk), Tensor(), Tensor(), Tensor()};
+}
+
+// The plan's maps and flags to the inputs' device, once the packed path is taken.
+void upload_maps(Packed& p, core::Device device) {
     auto upload = [device](std::vector<int32_t>& v, const Shape& shape) {
         return Tensor::borrow(v.data(), shape, DType::i32).to_device(device);
     };
     p.src = upload(p.plan.src, {p.plan.b * p.plan.tp});
     p.dst = upload(p.plan.dst, {p.plan.b * p.plan.t});
     p.reset = upload(p.plan.reset, {p.plan.b, p.plan.nc});
-    return p;
+}
+
+// KdaDocuments::automatic splits instead when padding would more than double the rows (documents much shorter than
+// a chunk): the packed copies and the chunk work grow with the padding, up to C times for one-token documents.
+bool split_instead(const Packed& p, const KdaOptions& options) {
+    return options.documents == KdaDocuments::automatic && p.plan.tp > 2 * p.plan.t;
 }
 
 // x [B, T, ...] in the packed layout [B, T', ...] (padding zero), and back.
@@ -352,9 +361,11 @@ void kda_fwd_packed(const Tensor& q,
                     const Tensor& out,
                     const Tensor& st,
                     KdaOptions options) {
-    const Packed p = pack_plan(options.doc_start, options.chunk_size, q.device(), "kda_fwd");
+    Packed p = pack_plan(options.doc_start, options.chunk_size, "kda_fwd");
+    if (split_instead(p, options)) return kda_fwd_documents(q, k, v, g, beta, s0, out, st, options);
     options.doc_start = Tensor();
     if (p.plan.one_document_per_row()) return kda_fwd(q, k, v, g, beta, s0, out, st, options);
+    upload_maps(p, q.device());
     options.chunk_reset = p.reset;
     const Tensor outp = packed_like(p, out);
     kda_fwd(pack(p, q), pack(p, k), pack(p, v), pack(p, g), pack(p, beta), s0, outp, st, options);
@@ -377,10 +388,13 @@ void kda_bwd_packed(const Tensor& q,
                     const Tensor& dbeta,
                     const Tensor& ds0,
                     KdaOptions options) {
-    const Packed p = pack_plan(options.doc_start, options.chunk_size, q.device(), "kda_bwd");
+    Packed p = pack_plan(options.doc_start, options.chunk_size, "kda_bwd");
+    if (split_instead(p, options))
+        return kda_bwd_documents(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options);
     options.doc_start = Tensor();
     if (p.plan.one_document_per_row())
         return kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options);
+    upload_maps(p, q.device());
     options.chunk_reset = p.reset;
     const Tensor gq = packed_like(p, dq), gk = packed_like(p, dk), gv = packed_like(p, dv), gg = packed_like(p, dg),
                  gb = packed_like(p, dbeta);

@@ -130,6 +130,34 @@ TEST(GpuKdaVarlen, MatchesTheCpuReference) {
 // starts on a chunk boundary in both layouts, and a short last chunk reads zeros past T as padding does), so they
 // differ at most by the value tile the scans pick for B = 2 rows against one (the scans' sums do not depend on it):
 // budgets far below the CPU comparison's.
+// KdaDocuments::automatic packs unless padding would more than double the rows: 40 one-token documents in a row
+// of 128 (padded to 40 chunks of 64 plus the rest) split, bit for bit the split's results; documents of whole
+// chunks pack.
+TEST(GpuKdaVarlen, AutomaticSplitsWhenPaddingWouldMoreThanDouble) {
+    if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
+    const KdaShape shape{1, 128, 1, 2, 64, 64};
+    const KdaInputs in = kda_make_inputs(shape, KdaGateRegime::bounded, true, 72);
+    Starts tiny = {{}};
+    for (int64_t i = 0; i < 40; ++i) tiny[0].push_back(i);
+    for (const auto& [starts, packs] : {std::pair{tiny, false}, std::pair{Starts{{0, 64}}, true}}) {
+        KdaOptions options;
+        options.doc_start = mt::testing::doc_start_map(starts, shape.t);
+        const Pass automatic = run(in, DType::bf16, core::Device::cuda, options, kUses[0]);
+        EXPECT_EQ(automatic.chosen.rfind("packed", 0) == 0, packs) << automatic.chosen;
+        if (packs) continue;
+        options.documents = KdaDocuments::split;
+        const Pass split = run(in, DType::bf16, core::Device::cuda, options, kUses[0]);
+        ASSERT_EQ(split.tensors.size(), automatic.tensors.size());
+        for (size_t i = 0; i < split.tensors.size(); ++i) {
+            const Tensor &a = automatic.tensors[i].second, &e = split.tensors[i].second;
+            int64_t differ = 0;
+            for (int64_t x = 0; x < a.numel(); ++x)
+                differ += core::tensor_get_flat(a, x) != core::tensor_get_flat(e, x);
+            EXPECT_EQ(differ, 0) << split.tensors[i].first;
+        }
+    }
+}
+
 TEST(GpuKdaVarlen, MatchesThePerDocumentPath) {
     if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
     each_case([](const std::string& what, const KdaInputs& in, KdaOptions options, Use use, DType dt) {
