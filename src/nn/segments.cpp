@@ -120,6 +120,17 @@ void copy_time_rows_async(
     }
 }
 
+core::Tensor keep_for_later(const core::Tensor& t, bool offload) {
+    if (!offload || !t.defined()) return t;
+    core::Tensor host = core::Tensor::zeros_pinned(t.shape(), t.dtype());
+    host.copy_from(t);
+    return host;
+}
+
+core::Tensor on_device(const core::Tensor& t, core::Device device) {
+    return t.defined() && t.device() != device ? t.to_device(device) : t;
+}
+
 core::Tensor time_rows(const core::Tensor& src, int64_t first, int64_t count) {
     if (src.size(0) == 1) {  // rows of the one batch row: contiguous, viewed as [1, count, ...]
         core::Shape shape = src.shape();

@@ -64,6 +64,11 @@ void add_time_rows(
 // (Tensor::zeros_pinned), returning at once (Backend::copy_async; the CPU copies now).
 void copy_time_rows_async(
     const core::Tensor& dst, int64_t dst_first, const core::Tensor& src, int64_t src_first, int64_t count);
+// What a segment keeps for a later pass (a KDA state, a window snapshot): with offload a copy in pinned host memory,
+// else t itself; and such a kept tensor back on `device` for the pass that reads it (t itself when there already).
+// Undefined stays undefined.
+core::Tensor keep_for_later(const core::Tensor& t, bool offload);
+core::Tensor on_device(const core::Tensor& t, core::Device device);
 // src[:, first:first + count] as a contiguous tensor: a view when B = 1, else a copy.
 core::Tensor time_rows(const core::Tensor& src, int64_t first, int64_t count);
 

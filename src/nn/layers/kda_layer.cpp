@@ -137,18 +137,11 @@ void KdaLayer::set_segment(const SegmentContext& seg) {
         // A document that starts at the segment does not continue the state: its row starts from zero. With
         // long.offload_kv the kept state and halos wait in pinned host memory for the backward's re-run.
         for (int64_t b : doc_start_rows_) next_s0_.select(0, b).zero();
-        auto keep = [&](const Tensor& t) {
-            if (!cfg_.segments.offload_kv || !t.defined()) return t;
-            Tensor host = Tensor::zeros_pinned(t.shape(), t.dtype());
-            host.copy_from(t);
-            return host;
-        };
-        seg_s0_[j] = keep(next_s0_);
-        for (size_t i = 0; i < 3; ++i) seg_halo_[j][i] = keep(next_halo_[i]);
+        seg_s0_[j] = keep_for_later(next_s0_, cfg_.segments.offload_kv);
+        for (size_t i = 0; i < 3; ++i) seg_halo_[j][i] = keep_for_later(next_halo_[i], cfg_.segments.offload_kv);
     }
-    auto on_device = [&](const Tensor& t) { return t.defined() && t.device() != device_ ? t.to_device(device_) : t; };
-    cur_s0_ = on_device(seg_s0_[j]);
-    for (size_t i = 0; i < 3; ++i) cur_halo_[i] = on_device(seg_halo_[j][i]);
+    cur_s0_ = on_device(seg_s0_[j], device_);
+    for (size_t i = 0; i < 3; ++i) cur_halo_[i] = on_device(seg_halo_[j][i], device_);
 }
 
 void KdaLayer::keep_for_next_segment() {

@@ -36,23 +36,15 @@ void WindowKv::begin(const SegmentContext& seg, int64_t batch) {
              seg.index,
              seg.first,
              prefix_rows());
-    auto on_device = [&](const Tensor& t) { return t.defined() && t.device() != device_ ? t.to_device(device_) : t; };
-    snapshot_ = {on_device(k), on_device(v)};
+    snapshot_ = {on_device(k, device_), on_device(v, device_)};
 }
 
 void WindowKv::take_snapshot(const Tensor& keys, const Tensor& values, int64_t range_lo, int64_t first, int64_t index) {
     const int64_t from = lo(first), rows = first - from;
     auto take = [&](const Tensor& src) {
-        Tensor t = offload_ ? Tensor::zeros_pinned({batch_, rows, heads_, dim_}, dtype_)
-                            : Tensor::scratch({batch_, rows, heads_, dim_}, dtype_, device_);
-        if (offload_) {
-            const Tensor staged = Tensor::scratch(t.shape(), dtype_, device_);
-            copy_time_rows(staged, 0, src, from - range_lo, rows);
-            t.copy_from(staged);
-        } else {
-            copy_time_rows(t, 0, src, from - range_lo, rows);
-        }
-        return t;
+        const Tensor t = Tensor::scratch({batch_, rows, heads_, dim_}, dtype_, device_);
+        copy_time_rows(t, 0, src, from - range_lo, rows);
+        return keep_for_later(t, offload_);
     };
     snapshots_[static_cast<size_t>(index)] = {take(keys), take(values)};
 }
