@@ -7,8 +7,12 @@
 
 namespace mt::ops {
 
-void cross_entropy_fwd(
-    const Tensor& logits, const Tensor& targets, int32_t ignore_index, const Tensor& losses, const Tensor& lse) {
+void cross_entropy_fwd(const Tensor& logits,
+                       const Tensor& targets,
+                       int32_t ignore_index,
+                       const Tensor& losses,
+                       const Tensor& lse,
+                       const VocabShard& shard) {
     constexpr std::string_view op = "cross_entropy_fwd";
     check_arg(logits, op, "logits", 2);
     cpu::check_i32_arg(targets, op, "targets", 1);
@@ -19,9 +23,10 @@ void cross_entropy_fwd(
     check_shape(targets, {n}, op, "targets");
     check_shape(losses, {n}, op, "losses");
     check_shape(lse, {n}, op, "lse");
+    check_vocab_shard(shard, v, op);
     const core::Device device =
         check_same_device(op, {{"logits", logits}, {"targets", targets}, {"losses", losses}, {"lse", lse}});
-    MT_CALL_KERNEL(cross_entropy_fwd, device, logits, targets, ignore_index, losses, lse);
+    MT_CALL_KERNEL(cross_entropy_fwd, device, logits, targets, ignore_index, losses, lse, shard);
 }
 
 void cross_entropy_bwd(const Tensor& logits,
@@ -29,7 +34,8 @@ void cross_entropy_bwd(const Tensor& logits,
                        const Tensor& lse,
                        int32_t ignore_index,
                        const Tensor& dlosses,
-                       const Tensor& dlogits) {
+                       const Tensor& dlogits,
+                       const VocabShard& shard) {
     constexpr std::string_view op = "cross_entropy_bwd";
     check_arg(logits, op, "logits", 2);
     cpu::check_i32_arg(targets, op, "targets", 1);
@@ -41,9 +47,10 @@ void cross_entropy_bwd(const Tensor& logits,
     check_shape(lse, {n}, op, "lse");
     check_shape(dlosses, {n}, op, "dlosses");
     check_shape(dlogits, {n, v}, op, "dlogits");
+    check_vocab_shard(shard, v, op);
     const core::Device device = check_same_device(
         op, {{"logits", logits}, {"targets", targets}, {"lse", lse}, {"dlosses", dlosses}, {"dlogits", dlogits}});
-    MT_CALL_KERNEL(cross_entropy_bwd, device, logits, targets, lse, ignore_index, dlosses, dlogits);
+    MT_CALL_KERNEL(cross_entropy_bwd, device, logits, targets, lse, ignore_index, dlosses, dlogits, shard);
 }
 
 }  // namespace mt::ops

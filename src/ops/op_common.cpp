@@ -101,4 +101,21 @@ core::Device check_same_device(std::string_view op, std::initializer_list<NamedA
     return first == nullptr ? core::Device::cpu : first->tensor.device();
 }
 
+void check_vocab_shard(const VocabShard& shard, int64_t local, std::string_view op) {
+    if (!shard.sharded()) {
+        MT_CHECK(shard.first == 0 && shard.total == 0,
+                 "{}: vocabulary shard first = {}, total = {}; an unsharded call has first = 0 and total = 0",
+                 op,
+                 shard.first,
+                 shard.total);
+        return;
+    }
+    MT_CHECK(shard.first >= 0 && shard.first + local <= shard.total,
+             "{}: the vocabulary shard [{}, {}) is not inside a vocabulary of {} ids",
+             op,
+             shard.first,
+             shard.first + local,
+             shard.total);
+}
+
 }  // namespace mt::ops

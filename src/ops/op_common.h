@@ -4,6 +4,7 @@
 // reference.
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
 #include <string_view>
 
@@ -42,6 +43,20 @@ struct NamedArg {
 // arguments unless every defined tensor is on that device: "<op>: w is on cuda but x is on cpu; all tensors of
 // one call must be on the same device".
 core::Device check_same_device(std::string_view op, std::initializer_list<NamedArg> args);
+
+// A vocabulary shard (tensor parallelism: vocab-parallel embedding and loss, docs/distributed.md): the op's weight
+// rows / logit columns are the ids [first, first + local) of a vocabulary of `total` ids, local being the tensor's
+// own vocabulary size. total = 0 (the default): not sharded, the tensor holds the whole vocabulary.
+struct VocabShard {
+    int64_t first = 0;
+    int64_t total = 0;
+    bool sharded() const {
+        return total > 0;
+    }
+};
+// Fails (exit 1, naming the op) unless the shard fits its vocabulary: first = total = 0 when not sharded, else
+// 0 <= first and first + local <= total.
+void check_vocab_shard(const VocabShard& shard, int64_t local, std::string_view op);
 
 // Whether ops must be deterministic is part of the execution context: core::exec().deterministic (core/exec.h).
 

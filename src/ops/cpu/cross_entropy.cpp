@@ -12,10 +12,19 @@
 
 namespace mt::ops::cpu {
 
-// lse[i] = max + log(sum_j exp(logits[i, j] - max));  losses[i] = lse[i] - logits[i, target] (0 if ignored)
+// lse[i] = max + log(sum_j exp(logits[i, j] - max));  losses[i] = lse[i] - logits[i, target] (0 if ignored).
+// Sharded (the columns are the ids [first, first + v)): losses[i] = logits[i, target - first] where the target lies
+// in the shard, else 0.
 template <typename T>
-void cross_entropy_fwd(
-    const T* logits, const int32_t* targets, int32_t ignore_index, T* losses, T* lse, int64_t n, int64_t v) {
+void cross_entropy_fwd(const T* logits,
+                       const int32_t* targets,
+                       int32_t ignore_index,
+                       T* losses,
+                       T* lse,
+                       int64_t n,
+                       int64_t v,
+                       int64_t first,
+                       bool sharded) {
 #pragma omp parallel if (n * v >= kParallelMinWork)
     {
         std::vector<T> e(static_cast<size_t>(v));  // [v]: exp(row - max)
@@ -28,13 +37,18 @@ void cross_entropy_fwd(
 #pragma omp simd reduction(+ : sum)
             for (int64_t j = 0; j < v; ++j) sum += e[j];
             lse[i] = mx + std::log(sum);
-            losses[i] = targets[i] == ignore_index ? T(0) : lse[i] - row[targets[i]];
+            const int64_t t = static_cast<int64_t>(targets[i]) - first;
+            if (targets[i] == ignore_index || t < 0 || t >= v)
+                losses[i] = T(0);
+            else
+                losses[i] = sharded ? row[t] : lse[i] - row[t];
         }
     }
 }
 
-// dlogits[i, :] = dlosses[i] * (exp(logits[i, :] - lse[i]) - onehot(target)), 0 for ignored rows. Each element is
-// read before it is written and the one-hot term is applied after the row, so dlogits may alias logits.
+// dlogits[i, :] = dlosses[i] * (exp(logits[i, :] - lse[i]) - onehot(target - first)), 0 for ignored rows; the
+// one-hot term only where the target lies in the columns [first, first + v). Each element is read before it is
+// written and the one-hot term is applied after the row, so dlogits may alias logits.
 template <typename T>
 void cross_entropy_bwd(const T* logits,
                        const int32_t* targets,
@@ -43,7 +57,8 @@ void cross_entropy_bwd(const T* logits,
                        const T* dlosses,
                        T* dlogits,
                        int64_t n,
-                       int64_t v) {
+                       int64_t v,
+                       int64_t first) {
 #pragma omp parallel for schedule(static) if (n * v >= kParallelMinWork)
     for (int64_t i = 0; i < n; ++i) {
         const T* row = logits + i * v;  // [v]
@@ -55,21 +70,24 @@ void cross_entropy_bwd(const T* logits,
         const T scale = dlosses[i];
         exp_affine(row, drow, v, T(1), -lse[i]);
         for (int64_t j = 0; j < v; ++j) drow[j] *= scale;
-        drow[targets[i]] -= scale;
+        const int64_t t = static_cast<int64_t>(targets[i]) - first;
+        if (t >= 0 && t < v) drow[t] -= scale;
     }
 }
 
-template void cross_entropy_fwd<float>(const float*, const int32_t*, int32_t, float*, float*, int64_t, int64_t);
-template void cross_entropy_fwd<double>(const double*, const int32_t*, int32_t, double*, double*, int64_t, int64_t);
+template void cross_entropy_fwd<float>(
+    const float*, const int32_t*, int32_t, float*, float*, int64_t, int64_t, int64_t, bool);
+template void cross_entropy_fwd<double>(
+    const double*, const int32_t*, int32_t, double*, double*, int64_t, int64_t, int64_t, bool);
 template void cross_entropy_bwd<float>(
-    const float*, const int32_t*, const float*, int32_t, const float*, float*, int64_t, int64_t);
+    const float*, const int32_t*, const float*, int32_t, const float*, float*, int64_t, int64_t, int64_t);
 template void cross_entropy_bwd<double>(
-    const double*, const int32_t*, const double*, int32_t, const double*, double*, int64_t, int64_t);
+    const double*, const int32_t*, const double*, int32_t, const double*, double*, int64_t, int64_t, int64_t);
 
 namespace {
 
-// Every target must be a class index or ignore_index; anything else means bad label data (exit 3), not a bug. (The
-// CUDA side checks on the device and reports the same message.)
+// Every target must be a class index (of the whole vocabulary when sharded) or ignore_index; anything else means bad
+// label data (exit 3), not a bug. (The CUDA side checks on the device and reports the same message.)
 void check_targets(const Tensor& targets, int64_t vocab, int32_t ignore_index, std::string_view op) {
     const int32_t* p = targets.data<int32_t>();
     for (int64_t i = 0; i < targets.numel(); ++i) {
@@ -89,8 +107,12 @@ void check_targets(const Tensor& targets, int64_t vocab, int32_t ignore_index, s
 }  // namespace
 
 // The CPU kernel of ops::cross_entropy_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
-void cross_entropy_fwd(
-    const Tensor& logits, const Tensor& targets, int32_t ignore_index, const Tensor& losses, const Tensor& lse) {
+void cross_entropy_fwd(const Tensor& logits,
+                       const Tensor& targets,
+                       int32_t ignore_index,
+                       const Tensor& losses,
+                       const Tensor& lse,
+                       const VocabShard& shard) {
     constexpr std::string_view op = "cross_entropy_fwd";
     const int64_t n = logits.size(0), v = logits.size(1);
     check_float_arg(logits, op, "logits", 2);
@@ -98,7 +120,7 @@ void cross_entropy_fwd(
     check_float_arg(lse, op, "lse", 1);
     check_dtype_as(losses, logits, op, "losses", "logits");
     check_dtype_as(lse, logits, op, "lse", "logits");
-    check_targets(targets, v, ignore_index, op);
+    check_targets(targets, shard.sharded() ? shard.total : v, ignore_index, op);
     MT_DISPATCH_FLOAT(logits.dtype(),
                       op,
                       cpu::cross_entropy_fwd(logits.data<scalar_t>(),
@@ -107,7 +129,9 @@ void cross_entropy_fwd(
                                              losses.data<scalar_t>(),
                                              lse.data<scalar_t>(),
                                              n,
-                                             v));
+                                             v,
+                                             shard.first,
+                                             shard.sharded()));
 }
 MT_REGISTER_KERNEL(cross_entropy_fwd, cpu, cross_entropy_fwd, ::mt::ops::float_dtypes);
 
@@ -117,7 +141,8 @@ void cross_entropy_bwd(const Tensor& logits,
                        const Tensor& lse,
                        int32_t ignore_index,
                        const Tensor& dlosses,
-                       const Tensor& dlogits) {
+                       const Tensor& dlogits,
+                       const VocabShard& shard) {
     constexpr std::string_view op = "cross_entropy_bwd";
     const int64_t n = logits.size(0), v = logits.size(1);
     check_float_arg(logits, op, "logits", 2);
@@ -127,7 +152,7 @@ void cross_entropy_bwd(const Tensor& logits,
     check_dtype_as(lse, logits, op, "lse", "logits");
     check_dtype_as(dlosses, logits, op, "dlosses", "logits");
     check_dtype_as(dlogits, logits, op, "dlogits", "logits");
-    check_targets(targets, v, ignore_index, op);
+    check_targets(targets, shard.sharded() ? shard.total : v, ignore_index, op);
     MT_DISPATCH_FLOAT(logits.dtype(),
                       op,
                       cpu::cross_entropy_bwd(logits.data<scalar_t>(),
@@ -137,7 +162,8 @@ void cross_entropy_bwd(const Tensor& logits,
                                              dlosses.data<scalar_t>(),
                                              dlogits.data<scalar_t>(),
                                              n,
-                                             v));
+                                             v,
+                                             shard.first));
 }
 MT_REGISTER_KERNEL(cross_entropy_bwd, cpu, cross_entropy_bwd, ::mt::ops::float_dtypes);
 

@@ -6,6 +6,9 @@
 // and writes its gradient in f32 math.
 // Targets outside [0, V) that are not ignore_index are found on the device and reported as the CPU path does
 // (exit 3); this copies one int back, so both calls synchronise with the host.
+// Sharded (ops/op_common.h VocabShard): the columns are the ids [first, first + V) and targets are checked against
+// [0, total); the forward's lse is the shard's own and its loss the target's logit (0 where the target lies outside
+// the shard); the backward takes the whole vocabulary's lse and applies the one-hot term only inside the shard.
 #include <cfloat>
 
 #include "ops/cross_entropy.h"
@@ -34,6 +37,9 @@ __global__ void cross_entropy_fwd_kernel(const T* __restrict__ logits,
                                          float* __restrict__ lse,
                                          int64_t n,
                                          int64_t v,
+                                         int64_t first,
+                                         int64_t id_range,
+                                         bool sharded,
                                          int* bad) {
     __shared__ float shared_m[32], shared_s[32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -70,19 +76,22 @@ __global__ void cross_entropy_fwd_kernel(const T* __restrict__ logits,
             const float l = bm + logf(bs);
             lse[row] = l;
             const int32_t t = targets[row];
+            const int64_t col = static_cast<int64_t>(t) - first;
             if (t == ignore_index) {
                 losses[row] = 0.0f;
-            } else if (t < 0 || t >= v) {
+            } else if (t < 0 || t >= id_range) {
                 note_bad_index(bad, n, row);
                 losses[row] = 0.0f;
+            } else if (col < 0 || col >= v) {
+                losses[row] = 0.0f;  // the target is another shard's column
             } else {
-                losses[row] = l - to_f32(x[t]);
+                losses[row] = sharded ? to_f32(x[col]) : l - to_f32(x[col]);
             }
         }
     }
 }
 
-// dlogits[row, j] = dlosses[row] (exp(logits[row, j] - lse[row]) - [j == target]); 0 for ignored rows. Each
+// dlogits[row, j] = dlosses[row] (exp(logits[row, j] - lse[row]) - [j == target - first]); 0 for ignored rows. Each
 // element is read and then written by the same thread, so dlogits may alias logits.
 template <int VEC, typename T>
 __global__ void cross_entropy_bwd_kernel(const T* logits,
@@ -93,12 +102,15 @@ __global__ void cross_entropy_bwd_kernel(const T* logits,
                                          T* dlogits,
                                          int64_t n,
                                          int64_t v,
+                                         int64_t first,
+                                         int64_t id_range,
                                          int* bad) {
     for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
         const T* x = logits + row * v;  // [v]
         T* dx = dlogits + row * v;      // [v]
         const int32_t t = targets[row];
-        const bool ignored = t == ignore_index, valid = !ignored && t >= 0 && t < v;
+        const bool ignored = t == ignore_index, valid = !ignored && t >= 0 && t < id_range;
+        const int64_t col = static_cast<int64_t>(t) - first;  // outside [0, v) where another shard holds the target
         if (!ignored && !valid && threadIdx.x == 0) note_bad_index(bad, n, row);
         const float scale = valid ? dlosses[row] : 0.0f, l = lse[row];
         for (int64_t j = static_cast<int64_t>(threadIdx.x) * VEC; j < v; j += static_cast<int64_t>(blockDim.x) * VEC) {
@@ -107,7 +119,7 @@ __global__ void cross_entropy_bwd_kernel(const T* logits,
 #pragma unroll
             for (int k = 0; k < VEC; ++k) {
                 e[k] = valid ? expf(e[k] - l) * scale : 0.0f;
-                if (j + k == t) e[k] -= scale;
+                if (j + k == col) e[k] -= scale;
             }
             store_vec<VEC>(dx + j, e);
         }
@@ -120,7 +132,7 @@ int threads_for(int64_t v, bool vec) {
 }
 
 [[noreturn]] void fail_bad_target(
-    const Tensor& targets, int64_t pos, int64_t v, int32_t ignore_index, std::string_view op) {
+    const Tensor& targets, int64_t pos, int64_t id_range, int32_t ignore_index, std::string_view op) {
     const int64_t value = static_cast<int64_t>(targets.slice(0, pos, pos + 1).item());
     core::fail_hint(core::ExitCode::data,
                     "the token data holds ids outside the vocabulary; check model.vocab_size and the tokenizer used "
@@ -129,19 +141,24 @@ int threads_for(int64_t v, bool vec) {
                     op,
                     pos,
                     value,
-                    v,
+                    id_range,
                     ignore_index);
 }
 
 }  // namespace
 
-void cross_entropy_fwd(
-    const Tensor& logits, const Tensor& targets, int32_t ignore_index, const Tensor& losses, const Tensor& lse) {
+void cross_entropy_fwd(const Tensor& logits,
+                       const Tensor& targets,
+                       int32_t ignore_index,
+                       const Tensor& losses,
+                       const Tensor& lse,
+                       const VocabShard& shard) {
     constexpr std::string_view op = "cross_entropy_fwd";
     check_cuda_float(logits, op, "logits");
     check_f32(losses, op, "losses");
     check_f32(lse, op, "lse");
     const int64_t n = logits.size(0), v = logits.size(1);
+    const int64_t id_range = shard.sharded() ? shard.total : v;
     if (n == 0) return;
     core::NvtxRange range("cross_entropy_fwd");
     const BadIndexFlag bad;
@@ -151,12 +168,21 @@ void cross_entropy_fwd(
     MT_CUDA_DISPATCH(logits.dtype(), T, {
         const T* lp = static_cast<const T*>(logits.raw());
         auto kernel = vec ? cross_entropy_fwd_kernel<8, T> : cross_entropy_fwd_kernel<1, T>;
-        kernel<<<blocks, threads, 0, core::exec_stream()>>>(
-            lp, targets.data<int32_t>(), ignore_index, losses.data<float>(), lse.data<float>(), n, v, bad.ptr());
+        kernel<<<blocks, threads, 0, core::exec_stream()>>>(lp,
+                                                            targets.data<int32_t>(),
+                                                            ignore_index,
+                                                            losses.data<float>(),
+                                                            lse.data<float>(),
+                                                            n,
+                                                            v,
+                                                            shard.first,
+                                                            id_range,
+                                                            shard.sharded(),
+                                                            bad.ptr());
     });
     MT_CUDA_CHECK(cudaGetLastError());
     const int64_t pos = bad.first_bad(n);
-    if (pos >= 0) fail_bad_target(targets, pos, v, ignore_index, op);
+    if (pos >= 0) fail_bad_target(targets, pos, id_range, ignore_index, op);
 }
 MT_REGISTER_KERNEL(cross_entropy_fwd, cuda, cross_entropy_fwd, ::mt::ops::half_and_float_dtypes);
 
@@ -165,13 +191,15 @@ void cross_entropy_bwd(const Tensor& logits,
                        const Tensor& lse,
                        int32_t ignore_index,
                        const Tensor& dlosses,
-                       const Tensor& dlogits) {
+                       const Tensor& dlogits,
+                       const VocabShard& shard) {
     constexpr std::string_view op = "cross_entropy_bwd";
     check_cuda_float(logits, op, "logits");
     check_f32(lse, op, "lse");
     check_f32(dlosses, op, "dlosses");
     check_dtype_as(dlogits, logits, op, "dlogits", "logits");
     const int64_t n = logits.size(0), v = logits.size(1);
+    const int64_t id_range = shard.sharded() ? shard.total : v;
     if (n == 0) return;
     core::NvtxRange range("cross_entropy_bwd");
     const BadIndexFlag bad;
@@ -182,12 +210,21 @@ void cross_entropy_bwd(const Tensor& logits,
         const T* lp = static_cast<const T*>(logits.raw());
         T* dp = static_cast<T*>(dlogits.raw());
         auto kernel = vec ? cross_entropy_bwd_kernel<8, T> : cross_entropy_bwd_kernel<1, T>;
-        kernel<<<blocks, threads, 0, core::exec_stream()>>>(
-            lp, targets.data<int32_t>(), lse.data<float>(), ignore_index, dlosses.data<float>(), dp, n, v, bad.ptr());
+        kernel<<<blocks, threads, 0, core::exec_stream()>>>(lp,
+                                                            targets.data<int32_t>(),
+                                                            lse.data<float>(),
+                                                            ignore_index,
+                                                            dlosses.data<float>(),
+                                                            dp,
+                                                            n,
+                                                            v,
+                                                            shard.first,
+                                                            id_range,
+                                                            bad.ptr());
     });
     MT_CUDA_CHECK(cudaGetLastError());
     const int64_t pos = bad.first_bad(n);
-    if (pos >= 0) fail_bad_target(targets, pos, v, ignore_index, op);
+    if (pos >= 0) fail_bad_target(targets, pos, id_range, ignore_index, op);
 }
 MT_REGISTER_KERNEL(cross_entropy_bwd, cuda, cross_entropy_bwd, ::mt::ops::half_and_float_dtypes);
 

@@ -8,7 +8,9 @@
 // owned by one thread and summed in position order, so the result is the same on every run. The cost is a read of the
 // ids per block (they stay in L2). Ids outside [0, V) are found on the device and reported as the CPU path does (exit
 // 3); this copies one int back, so both calls synchronise with the host. Rows of valid ids may have been written when
-// that error is raised.
+// that error is raised. Sharded (ops/op_common.h VocabShard): the table holds the rows of the ids [first, first + V),
+// the ids are checked against [0, total), the forward writes zero rows for the ids outside the shard and the backward
+// skips them.
 #include "ops/cuda/common.cuh"
 #include "ops/embedding.h"
 #include "ops/registry.h"
@@ -27,24 +29,29 @@ __global__ void embedding_fwd_kernel(const int32_t* __restrict__ ids,
                                      int64_t n,
                                      int64_t vocab,
                                      int64_t c,
+                                     int64_t first,
+                                     int64_t id_range,
                                      int* bad) {
     for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
         const int32_t id = ids[i];
-        if (id < 0 || id >= vocab) {
+        if (id < 0 || id >= id_range) {
             if (threadIdx.x == 0) note_bad_index(bad, n, i);
             continue;
         }
-        const TW* src = w + static_cast<int64_t>(id) * c;  // [c]
-        TO* dst = out + i * c;                             // [c]
+        const int64_t row = static_cast<int64_t>(id) - first;
+        const bool in_shard = row >= 0 && row < vocab;
+        const TW* src = w + (in_shard ? row : 0) * c;  // [c]
+        TO* dst = out + i * c;                         // [c]
         for (int64_t j = static_cast<int64_t>(threadIdx.x) * VEC; j < c; j += static_cast<int64_t>(blockDim.x) * VEC) {
-            float v[VEC];
-            load_vec<VEC>(src + j, v);
+            float v[VEC] = {};
+            if (in_shard) load_vec<VEC>(src + j, v);
             store_vec<VEC>(dst + j, v);
         }
     }
 }
 
-// Block (bx, by) owns dweight rows [bx R, bx R + R) and columns [by T, by T + T), T = blockDim.x, R = acc / T.
+// Block (bx, by) owns dweight rows [bx R, bx R + R) and columns [by T, by T + T), T = blockDim.x, R = acc / T; row
+// r of dweight is the id first + r.
 template <typename TD, typename TW>
 __global__ void embedding_bwd_kernel(const int32_t* __restrict__ ids,
                                      const TD* __restrict__ dout,
@@ -52,6 +59,8 @@ __global__ void embedding_bwd_kernel(const int32_t* __restrict__ ids,
                                      int64_t n,
                                      int64_t vocab,
                                      int64_t c,
+                                     int64_t first,
+                                     int64_t id_range,
                                      int rows,
                                      int* bad) {
     extern __shared__ float smem[];
@@ -67,8 +76,9 @@ __global__ void embedding_bwd_kernel(const int32_t* __restrict__ ids,
     for (int64_t base = 0; base < n; base += blockDim.x) {
         const int64_t i = base + tid;
         const int32_t id = i < n ? ids[i] : -1;
-        if (reporter && i < n && (id < 0 || id >= vocab)) note_bad_index(bad, n, i);
-        const bool match = i < n && id >= r0 && id < r0 + rows && id < vocab;
+        if (reporter && i < n && (id < 0 || id >= id_range)) note_bad_index(bad, n, i);
+        const int64_t row = static_cast<int64_t>(id) - first;
+        const bool match = i < n && id >= 0 && row >= r0 && row < r0 + rows && row < vocab;
         const unsigned mask = __ballot_sync(0xffffffffu, match);
         if (lane == 0) warp_counts[warp] = __popc(mask);
         __syncthreads();
@@ -77,7 +87,9 @@ __global__ void embedding_bwd_kernel(const int32_t* __restrict__ ids,
             offset += w < warp ? warp_counts[w] : 0;
             total += warp_counts[w];
         }
-        if (match) list[offset + __popc(mask & ((1u << lane) - 1u))] = make_int2(static_cast<int>(i), id - r0);
+        if (match)
+            list[offset + __popc(mask & ((1u << lane) - 1u))] =
+                make_int2(static_cast<int>(i), static_cast<int>(row - r0));
         __syncthreads();
         if (col_ok) {
             int m = 0;
@@ -107,7 +119,7 @@ __global__ void embedding_bwd_kernel(const int32_t* __restrict__ ids,
     }
 }
 
-[[noreturn]] void fail_bad_id(const Tensor& ids, int64_t pos, int64_t vocab, std::string_view op) {
+[[noreturn]] void fail_bad_id(const Tensor& ids, int64_t pos, int64_t id_range, std::string_view op) {
     const int64_t value = static_cast<int64_t>(ids.slice(0, pos, pos + 1).item());
     core::fail_hint(core::ExitCode::data,
                     "the token data holds ids outside the vocabulary; check model.vocab_size and the tokenizer used "
@@ -116,16 +128,17 @@ __global__ void embedding_bwd_kernel(const int32_t* __restrict__ ids,
                     op,
                     pos,
                     value,
-                    vocab);
+                    id_range);
 }
 
 }  // namespace
 
-void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out) {
+void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out, const VocabShard& shard) {
     constexpr std::string_view op = "embedding_fwd";
     check_cuda_float(weight, op, "weight");
     check_cuda_float(out, op, "out");
     const int64_t n = ids.size(0), vocab = weight.size(0), c = weight.size(1);
+    const int64_t id_range = shard.sharded() ? shard.total : vocab;
     if (n == 0) return;
     core::NvtxRange range("embedding_fwd");
     const BadIndexFlag bad;
@@ -141,6 +154,8 @@ void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out) {
                                                                                n,
                                                                                vocab,
                                                                                c,
+                                                                               shard.first,
+                                                                               id_range,
                                                                                bad.ptr());
                          else
                              embedding_fwd_kernel<1, TW, TO>
@@ -150,19 +165,22 @@ void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out) {
                                                                                n,
                                                                                vocab,
                                                                                c,
+                                                                               shard.first,
+                                                                               id_range,
                                                                                bad.ptr());
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
     const int64_t pos = bad.first_bad(n);
-    if (pos >= 0) fail_bad_id(ids, pos, vocab, op);
+    if (pos >= 0) fail_bad_id(ids, pos, id_range, op);
 }
 MT_REGISTER_KERNEL(embedding_fwd, cuda, embedding_fwd, ::mt::ops::half_and_float_dtypes);
 
-void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dweight) {
+void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dweight, const VocabShard& shard) {
     constexpr std::string_view op = "embedding_bwd";
     check_cuda_float(dout, op, "dout");
     check_cuda_float(dweight, op, "dweight");
     const int64_t n = ids.size(0), vocab = dweight.size(0), c = dweight.size(1);
+    const int64_t id_range = shard.sharded() ? shard.total : vocab;
     if (n == 0 || c == 0 || vocab == 0) return;
     core::NvtxRange range("embedding_bwd");
     const BadIndexFlag bad;
@@ -182,12 +200,14 @@ void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dweight)
                                                                n,
                                                                vocab,
                                                                c,
+                                                               shard.first,
+                                                               id_range,
                                                                rows,
                                                                bad.ptr());
         }));
     MT_CUDA_CHECK(cudaGetLastError());
     const int64_t pos = bad.first_bad(n);
-    if (pos >= 0) fail_bad_id(ids, pos, vocab, op);
+    if (pos >= 0) fail_bad_id(ids, pos, id_range, op);
 }
 MT_REGISTER_KERNEL(embedding_bwd, cuda, embedding_bwd, ::mt::ops::half_and_float_dtypes);
 
