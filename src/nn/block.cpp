@@ -8,8 +8,10 @@
 namespace mt::nn {
 
 namespace {
-int add_norm(ParamTable& table, const std::string& name, int64_t dim) {
-    return table.add({.name = name, .shape = {dim}, .init = InitKind::ones, .weight_decay = false});
+// Under sequence parallelism each tp rank normalises its own rows: the gain's gradient is a part of the sum.
+int add_norm(ParamTable& table, const std::string& name, int64_t dim, const TensorParallel& tp) {
+    return table.add(tp_partial({.name = name, .shape = {dim}, .init = InitKind::ones, .weight_decay = false},
+                                tp.splits_rows() ? tp : TensorParallel{}));
 }
 
 ModelConfig dense_ffn_config(ModelConfig cfg) {
@@ -31,19 +33,22 @@ Block::Block(ParamTable& table,
              const ModelConfig& cfg,
              Mixer mixer,
              bool moe,
-             const MoeExpertParallel& ep)
+             const MoeExpertParallel& ep,
+             const TensorParallel& tp)
     : cfg_(cfg),
       mixer_norm_(
-          add_norm(table, prefix + (mixer == Mixer::kda ? ".kda_norm.weight" : ".attn_norm.weight"), cfg.d_model)),
-      mlp_norm_(add_norm(table, prefix + ".mlp_norm.weight", cfg.d_model)),
+          add_norm(table, prefix + (mixer == Mixer::kda ? ".kda_norm.weight" : ".attn_norm.weight"), cfg.d_model, tp)),
+      mlp_norm_(add_norm(table, prefix + ".mlp_norm.weight", cfg.d_model, tp)),
       table_(&table),
+      tp_(tp),
       mixer_(mixer),
       attn_(mixer != Mixer::kda
-                ? std::make_optional<AttentionLayer>(table, prefix + ".attn", cfg, mixer == Mixer::window_attention)
+                ? std::make_optional<AttentionLayer>(table, prefix + ".attn", cfg, mixer == Mixer::window_attention, tp)
                 : std::nullopt),
-      kda_(mixer == Mixer::kda ? std::make_optional<KdaLayer>(table, prefix + ".kda", cfg) : std::nullopt),
-      mlp_(moe ? std::nullopt : std::make_optional<Mlp>(table, prefix + ".mlp", dense_ffn_config(cfg))),
+      kda_(mixer == Mixer::kda ? std::make_optional<KdaLayer>(table, prefix + ".kda", cfg, tp) : std::nullopt),
+      mlp_(moe ? std::nullopt : std::make_optional<Mlp>(table, prefix + ".mlp", dense_ffn_config(cfg), tp)),
       moe_(moe ? std::make_unique<MoeLayer>(table, prefix + ".moe", cfg, cfg.moe, ep) : nullptr) {
+    MT_CHECK(!tp.active() || !moe, "tensor parallelism of MoE blocks is not built yet");
     if (mlp_) mlp_->set_drop_act(cfg.recompute.drops(RecomputeModule::mlp_act));
     branch_recompute_ = cfg.recompute.full() && cfg.attnres.enabled();
 }
@@ -63,19 +68,22 @@ void Block::ffn_backward(const Tensor& x, const Tensor& dout, const Tensor& dx, 
 }
 
 void Block::resize(int64_t batch, int64_t seq, const Precision& precision) {
-    const int64_t n = batch * seq;
+    full_rows_ = batch * seq;
     if (kda_)
         kda_->resize(batch, seq, precision);
     else
         attn_->resize(batch, seq, precision);
     if (moe_)
-        moe_->resize(n, precision);
+        moe_->resize(full_rows_, precision);
     else
-        mlp_->resize(n, precision);
+        mlp_->resize(full_rows_, precision);
+    const int64_t n = tp_.stream_rows(full_rows_);
     if (rows_ == n) return;
     rows_ = n;
     const core::DType dtype = precision.compute;
     const core::Device dev = precision.device;
+    if (tp_.splits_rows())
+        for (Tensor& g : gathered_) g = Tensor::zeros({full_rows_, cfg_.d_model}, dtype, dev);
     norm1_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
     norm2_ = Tensor::zeros({n, cfg_.d_model}, dtype, dev);
     rstd1_ = Tensor::zeros({n}, precision.stats, dev);
@@ -90,6 +98,7 @@ void Block::resize(int64_t batch, int64_t seq, const Precision& precision) {
     for (DropList& d : norm_dropped_) d.clear();
     if (cfg_.recompute.drops(RecomputeModule::norm)) {
         norm_dropped_[0].add(&norm1_), norm_dropped_[1].add(&norm2_);
+        if (tp_.splits_rows()) norm_dropped_[0].add(&gathered_[0]), norm_dropped_[1].add(&gathered_[1]);
         for (DropList& d : norm_dropped_) d.release();
     }
     for (int sub = 0; sub < 2 && branch_recompute_; ++sub) {  // allocated by each sub-layer's forward when it runs
@@ -122,7 +131,7 @@ void Block::reserve_scratch(Workspace& ws) const {
 
 // The plain residual stream: each sub-layer (branch_forward / branch_backward below) adds to it.
 void Block::forward(const Tensor& x, Workspace& ws) {
-    const Tensor& branch = ws.d_tmp;  // scratch: a branch output is not needed by backward
+    const Tensor branch = ws.d_tmp.slice(0, 0, rows_);  // scratch: a branch output is not needed by backward
     branch_forward(0, x, branch, ws);
     ops::add_fwd(x, branch, h_);
     branch_forward(1, h_, branch, ws);
@@ -152,18 +161,55 @@ void Block::mixer_forward(const Tensor& h, const Tensor& out) {
     core::TraceRange range(h.device(), kda_ ? "block.kda_fwd" : "block.attn_fwd");
     norm_dropped_[0].restore();
     ops::rmsnorm_fwd(h, table_->param(mixer_norm_), cfg_.norm_eps, norm1_, rstd1_);
+    const Tensor& in = region_input(0);
+    const Tensor y = region_output(out);
     if (kda_)
-        kda_->forward(norm1_, out, keep_);
+        kda_->forward(in, y, keep_);
     else
-        attn_->forward(norm1_, out);
+        attn_->forward(in, y);
+    tp_sum_rows(tp_, y, out);
     norm_dropped_[0].release();
+}
+
+const Tensor& Block::region_input(int sub) {
+    const Tensor& norm = sub == 0 ? norm1_ : norm2_;
+    if (!tp_.splits_rows()) return norm;
+    tp_gather_rows(tp_, norm, gathered_[sub]);
+    return gathered_[sub];
+}
+
+Tensor Block::region_output(const Tensor& out) const {
+    return tp_.splits_rows() ? Tensor::scratch({full_rows_, cfg_.d_model}, out.dtype(), out.device()) : out;
+}
+
+Tensor Block::region_backward(int sub, const Tensor& dout, Workspace& ws) {
+    const Tensor& in = tp_.splits_rows() ? gathered_[sub] : (sub == 0 ? norm1_ : norm2_);
+    // Sequence parallelism: the output's gradient gathered to every row, the input's reduce-scattered back.
+    Tensor dy = dout, dx = ws.d_norm;
+    if (tp_.splits_rows()) {
+        dy = Tensor::scratch({full_rows_, cfg_.d_model}, dout.dtype(), dout.device());
+        tp_gather_rows(tp_, dout, dy);
+        dx = Tensor::scratch(dy.shape(), dy.dtype(), dy.device());
+    }
+    if (sub == 0 && kda_)
+        kda_->backward(in, dy, dx, ws);
+    else if (sub == 0)
+        attn_->backward(in, dy, dx, ws);
+    else
+        ffn_backward(in, dy, dx, ws);
+    const Tensor dnorm = ws.d_norm.slice(0, 0, rows_);
+    tp_sum_rows(tp_, dx, dnorm);
+    return dnorm;
 }
 
 void Block::ffn_branch_forward(const Tensor& h, const Tensor& out) {
     core::TraceRange range(h.device(), moe_ ? "block.moe_fwd" : "block.mlp_fwd");
     norm_dropped_[1].restore();
     ops::rmsnorm_fwd(h, table_->param(mlp_norm_), cfg_.norm_eps, norm2_, rstd2_);
-    ffn_forward(norm2_, out);
+    const Tensor& in = region_input(1);
+    const Tensor y = region_output(out);
+    ffn_forward(in, y);
+    tp_sum_rows(tp_, y, out);
     norm_dropped_[1].release();
 }
 
@@ -173,7 +219,7 @@ void Block::branch_backward(
         branch_dropped_[sub].restore();
         const bool count = count_routing_, keep = keep_;
         recomputing_ = true, count_routing_ = false, keep_ = true;
-        branch_forward(sub, h, ws.d_tmp, ws);
+        branch_forward(sub, h, ws.d_tmp.slice(0, 0, rows_), ws);
         recomputing_ = false, count_routing_ = count, keep_ = keep;
     }
     if (sub == 0) {
@@ -181,12 +227,10 @@ void Block::branch_backward(
         if (!norm_dropped_[0].empty()) {  // recompute norm
             norm_dropped_[0].restore();
             ops::rmsnorm_fwd(h, table_->param(mixer_norm_), cfg_.norm_eps, norm1_, rstd1_);
+            region_input(0);
         }
-        if (kda_)
-            kda_->backward(norm1_, dout, ws.d_norm, ws);
-        else
-            attn_->backward(norm1_, dout, ws.d_norm, ws);
-        ops::rmsnorm_bwd(h, table_->param(mixer_norm_), rstd1_, ws.d_norm, dh, table_->grad(mixer_norm_), dresidual);
+        const Tensor dnorm = region_backward(0, dout, ws);
+        ops::rmsnorm_bwd(h, table_->param(mixer_norm_), rstd1_, dnorm, dh, table_->grad(mixer_norm_), dresidual);
         norm_dropped_[0].release();
         if (branch_recompute_) branch_dropped_[0].release();
         return;
@@ -195,9 +239,10 @@ void Block::branch_backward(
     if (!norm_dropped_[1].empty()) {  // recompute norm
         norm_dropped_[1].restore();
         ops::rmsnorm_fwd(h, table_->param(mlp_norm_), cfg_.norm_eps, norm2_, rstd2_);
+        region_input(1);
     }
-    ffn_backward(norm2_, dout, ws.d_norm, ws);
-    ops::rmsnorm_bwd(h, table_->param(mlp_norm_), rstd2_, ws.d_norm, dh, table_->grad(mlp_norm_), dresidual);
+    const Tensor dnorm = region_backward(1, dout, ws);
+    ops::rmsnorm_bwd(h, table_->param(mlp_norm_), rstd2_, dnorm, dh, table_->grad(mlp_norm_), dresidual);
     norm_dropped_[1].release();
     if (branch_recompute_) branch_dropped_[1].release();
 }
@@ -206,6 +251,7 @@ std::vector<SavedTensor> Block::branch_saved(int sub) {
     std::vector<SavedTensor> saved;
     if (sub == 0) {
         saved = {{"norm1", &norm1_}, {"rstd1", &rstd1_}};
+        if (tp_.splits_rows()) saved.push_back({"gathered1", &gathered_[0]});
         if (kda_)
             for (auto& s : kda_->saved_for_backward()) saved.push_back({"kda." + s.name, s.tensor});
         else
@@ -213,6 +259,7 @@ std::vector<SavedTensor> Block::branch_saved(int sub) {
         return saved;
     }
     saved = {{"norm2", &norm2_}, {"rstd2", &rstd2_}};
+    if (tp_.splits_rows()) saved.push_back({"gathered2", &gathered_[1]});
     if (moe_)
         for (auto& s : moe_->saved_for_backward()) saved.push_back({"moe." + s.name, s.tensor});
     else

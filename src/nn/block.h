@@ -2,7 +2,10 @@
 // softmax attention (AttentionLayer, parameters `<prefix>.attn.*`, norm `<prefix>.attn_norm`) or Kimi Delta
 // Attention (KdaLayer, `<prefix>.kda.*`, norm `<prefix>.kda_norm`); ModelConfig::layer_pattern picks it per layer.
 // The FFN (norm `<prefix>.mlp_norm`) is a dense SwiGLU MLP (`<prefix>.mlp.*`) or a Mixture-of-Experts layer
-// (MoeLayer, `<prefix>.moe.*`); ModelConfig::layer_is_moe picks it.
+// (MoeLayer, `<prefix>.moe.*`); ModelConfig::layer_is_moe picks it. Under tensor parallelism (nn/tensor_parallel.h)
+// each branch is a tensor-parallel region: the norm runs on the stream rows this rank holds, the sub-layer on its
+// shard of the weights over the whole micro-batch's rows (all-gathered under sequence parallelism), and its output
+// is summed over tp (all-reduce, or reduce-scatter into this rank's rows).
 #pragma once
 
 #include <memory>
@@ -21,13 +24,15 @@ enum class Mixer { attention, window_attention, kda };
 
 class Block : public Layer {
    public:
-    // moe: the FFN is an MoeLayer (with ep, this rank's share of its experts) instead of the dense MLP.
+    // moe: the FFN is an MoeLayer (with ep, this rank's share of its experts) instead of the dense MLP. tp: this
+    // rank's shard of the sub-layers (the block's input and output are its stream rows, tp.stream_rows(B T)).
     Block(ParamTable& table,
           const std::string& prefix,
           const ModelConfig& cfg,
           Mixer mixer = Mixer::attention,
           bool moe = false,
-          const MoeExpertParallel& ep = {});
+          const MoeExpertParallel& ep = {},
+          const TensorParallel& tp = {});
 
     void resize(int64_t batch, int64_t seq, const Precision& precision);
     // Sizes the workspace slots the sub-layers' backwards take (after resize).
@@ -114,6 +119,14 @@ class Block : public Layer {
     ParamTable* table_;
     void ffn_forward(const Tensor& x, const Tensor& out);
     void ffn_backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws);
+    // The tensor-parallel region of branch `sub`: its input (the norm's output, or under sequence parallelism their
+    // all-gather), and the buffer the sub-layer writes its part of the output to (out, or a whole-rows scratch).
+    const Tensor& region_input(int sub);
+    Tensor region_output(const Tensor& out) const;
+    // The sub-layer's backward inside the region: dout (stream rows) -> d of the norm's output (stream rows), in
+    // ws.d_norm.
+    Tensor region_backward(int sub, const Tensor& dout, Workspace& ws);
+    TensorParallel tp_;
     Mixer mixer_;
     std::optional<AttentionLayer> attn_;  // exactly one of attn_ and kda_ holds the mixer
     std::optional<KdaLayer> kda_;
@@ -126,11 +139,13 @@ class Block : public Layer {
     // forward from its mixed input in its backward (recomputing_ then).
     bool branch_recompute_ = false, recomputing_ = false;
     DropList branch_dropped_[2];
-    Tensor norm1_, norm2_;  // [N, C] normed inputs of the two branches
-    Tensor rstd1_, rstd2_;  // [N] in the statistics dtype
-    Tensor h_;              // [N, C] residual after the mixer (not under Block AttnRes)
-    Tensor out_;            // [N, C] block output (not under Block AttnRes)
-    int64_t rows_ = 0;      // the N that resize last sized the buffers for
+    Tensor norm1_, norm2_;   // [N, C] normed inputs of the two branches (N: the stream rows)
+    Tensor gathered_[2];     // sequence parallelism: [B T, C] all-gathers of norm1_, norm2_ (the sub-layers' inputs)
+    Tensor rstd1_, rstd2_;   // [N] in the statistics dtype
+    Tensor h_;               // [N, C] residual after the mixer (not under Block AttnRes)
+    Tensor out_;             // [N, C] block output (not under Block AttnRes)
+    int64_t rows_ = 0;       // the stream rows N that resize last sized the buffers for
+    int64_t full_rows_ = 0;  // the micro-batch's B T rows the sub-layers run on
 };
 
 }  // namespace mt::nn

@@ -3,6 +3,8 @@
 #include "nn/model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <optional>
 
 #include "core/trace.h"
@@ -13,15 +15,21 @@
 
 namespace mt::nn {
 
-Model::Model(
-    const ModelConfig& cfg, const Precision& precision, int64_t param_align, const MoeExpertParallel& ep, bool allocate)
-    : cfg_(cfg), precision_(precision) {
+Model::Model(const ModelConfig& cfg,
+             const Precision& precision,
+             int64_t param_align,
+             const MoeExpertParallel& ep,
+             const TensorParallel& tp,
+             bool allocate)
+    : cfg_(cfg), precision_(precision), tp_(tp) {
     MT_CHECK(!cfg.layer_pattern.empty() && cfg.layer_pattern.find_first_not_of("AK") == std::string::npos &&
                  cfg.n_layers % static_cast<int64_t>(cfg.layer_pattern.size()) == 0,
              "model.layer_pattern `{}` must be letters A and K, its length dividing model.n_layers = {}",
              cfg.layer_pattern,
              cfg.n_layers);
-    embed_ = table_.add({.name = "embed.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std});
+    // Vocab-parallel: the embedding and the head hold this rank's rows of the vocabulary.
+    embed_ = table_.add(
+        tp_split({.name = "embed.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std}, tp, 0));
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
         block_first_param_.push_back(table_.size());
         blocks_.push_back(std::make_unique<Block>(table_,
@@ -31,7 +39,8 @@ Model::Model(
                                                   : cfg.layer_is_window(l) ? Mixer::window_attention
                                                                            : Mixer::attention,
                                                   cfg.layer_is_moe(l),
-                                                  ep));
+                                                  ep,
+                                                  tp));
     }
     // long.offload_kv: each global attention layer stages the next one's keys in the forward, the previous one's in
     // the backward.
@@ -41,12 +50,13 @@ Model::Model(
     for (size_t i = 0; i < attention.size(); ++i)
         attention[i]->link_offload(i + 1 < attention.size() ? attention[i + 1] : nullptr,
                                    i > 0 ? attention[i - 1] : nullptr);
-    if (cfg.attnres.enabled()) attnres_ = std::make_unique<AttnResStack>(table_, cfg);
+    if (cfg.attnres.enabled()) attnres_ = std::make_unique<AttnResStack>(table_, cfg, tp);
     final_norm_ = table_.add(
-        {.name = "final_norm.weight", .shape = {cfg.d_model}, .init = InitKind::ones, .weight_decay = false});
+        tp_partial({.name = "final_norm.weight", .shape = {cfg.d_model}, .init = InitKind::ones, .weight_decay = false},
+                   tp.splits_rows() ? tp : TensorParallel{}));
     if (!cfg.tie_embeddings)
-        lm_head_ =
-            table_.add({.name = "lm_head.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std});
+        lm_head_ = table_.add(tp_split(
+            {.name = "lm_head.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std}, tp, 0));
     if (allocate)
         table_.finalize(precision, param_align);
     else
@@ -56,8 +66,9 @@ Model::Model(
 ParamTable Model::param_layout(const ModelConfig& cfg,
                                const Precision& precision,
                                int64_t param_align,
-                               const MoeExpertParallel& ep) {
-    Model declared(cfg, precision, param_align, ep, false);
+                               const MoeExpertParallel& ep,
+                               const TensorParallel& tp) {
+    Model declared(cfg, precision, param_align, ep, tp, false);
     return std::move(declared.table_);  // the layers' pointers into it die with `declared`; the table needs none
 }
 
@@ -65,20 +76,26 @@ void Model::resize(int64_t batch, int64_t seq) {
     if (batch == batch_ && seq == seq_) return;
     batch_ = batch;
     seq_ = seq;
-    const int64_t n = batch * seq;
+    const int64_t n = batch * seq, stream = tp_.stream_rows(n);
+    MT_CHECK(!tp_.splits_rows() || n % tp_.size == 0,
+             "sequence parallelism over {} ranks needs batch x seq = {} x {} divisible by it",
+             tp_.size,
+             batch,
+             seq);
     const core::Device dev = precision_.device;
     const core::DType act = precision_.compute, stats = precision_.stats;
     ids_ = Tensor::zeros({n}, core::DType::i32, dev);
     targets_ = Tensor::zeros({n}, core::DType::i32, dev);
     host_targets_ = Tensor::zeros({n}, core::DType::i32);
-    x0_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
-    final_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
-    final_rstd_ = Tensor::zeros({n}, stats, dev);
-    logits_ = Tensor::zeros({cfg_.loss_chunk_rows(n), cfg_.vocab_size}, act, dev);
+    x0_ = Tensor::zeros({stream, cfg_.d_model}, act, dev);
+    final_ = Tensor::zeros({stream, cfg_.d_model}, act, dev);
+    final_full_ = tp_.splits_rows() ? Tensor::zeros({n, cfg_.d_model}, act, dev) : Tensor();
+    final_rstd_ = Tensor::zeros({stream}, stats, dev);
+    logits_ = Tensor::zeros({cfg_.loss_chunk_rows(n), vocab_rows()}, act, dev);
     losses_ = Tensor::zeros({n}, stats, dev);
     lse_ = Tensor::zeros({n}, stats, dev);
-    dres_a_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
-    dres_b_ = Tensor::zeros({n, cfg_.d_model}, act, dev);
+    dres_a_ = Tensor::zeros({stream, cfg_.d_model}, act, dev);
+    dres_b_ = Tensor::zeros({stream, cfg_.d_model}, act, dev);
     ws_.resize(cfg_, batch, seq, precision_);
     for (size_t l = 0; l < blocks_.size(); ++l) {
         blocks_[l]->resize(batch, seq, precision_);
@@ -87,7 +104,7 @@ void Model::resize(int64_t batch, int64_t seq) {
         // hold every block's at once (the later steps never do).
         if (full_recompute()) blocks_[l]->release_activations(!keeps_output(static_cast<int64_t>(l)));
     }
-    if (attnres_) attnres_->resize(n, precision_);
+    if (attnres_) attnres_->resize(stream, precision_);
 }
 
 double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {
@@ -194,7 +211,10 @@ double Model::pass_forward() {
     need(attnres_ ? all : embed_ + 1);
     {
         core::TraceRange range(dev, "model.embed_fwd");
-        ops::embedding_fwd(ids_, table_.param(embed_), x0_);
+        // Vocab-parallel: each rank looks up the ids in its rows (zeros elsewhere) and the sum over tp completes it.
+        const Tensor rows = tp_.splits_rows() ? Tensor::scratch({ids_.numel(), cfg_.d_model}, x0_.dtype(), dev) : x0_;
+        ops::embedding_fwd(ids_, vocab_part(table_.param(embed_)), rows, vocab_shard());
+        tp_sum_rows(tp_, rows, x0_);
     }
     const Tensor* x = &x0_;
     if (attnres_) {
@@ -215,8 +235,10 @@ double Model::pass_forward() {
     {
         core::TraceRange range(dev, "model.head_fwd");
         ops::rmsnorm_fwd(*x, table_.param(final_norm_), cfg_.norm_eps, final_, final_rstd_);
+        if (tp_.splits_rows()) tp_gather_rows(tp_, final_, final_full_);
         const int64_t rows = cfg_.loss_chunk_rows(n);
         for (int64_t first = 0; first < n; first += rows) head_chunk_forward(first, std::min(rows, n - first));
+        if (tp_.active()) combine_vocab_shards();
     }
     // Summed on the host in f64, in row order (deterministic on every device).
     const Tensor losses = losses_.device() == core::Device::cpu ? losses_ : losses_.to_device(core::Device::cpu);
@@ -261,8 +283,11 @@ void Model::pass_backward(double loss_scale, bool last_pass) {
     const int64_t n = batch_ * seq_, rows = cfg_.loss_chunk_rows(n);
     for (int64_t first = n > 0 ? (n - 1) / rows * rows : -1; first >= 0; first -= rows)
         head_chunk_backward(first, std::min(rows, n - first), first + rows < n);
+    // Vocab-parallel: each rank's d(final norm) is its vocabulary rows' part; summed over tp (into the stream rows).
+    const Tensor d_final = tp_.splits_rows() ? ws_.d_tmp.slice(0, 0, final_.size(0)) : ws_.d_norm;
+    tp_sum_rows(tp_, ws_.d_norm, d_final);
     const Tensor& last = attnres_ ? attnres_->forward_output() : (blocks_.empty() ? x0_ : blocks_.back()->output());
-    ops::rmsnorm_bwd(last, table_.param(final_norm_), final_rstd_, ws_.d_norm, dres_a_, table_.grad(final_norm_));
+    ops::rmsnorm_bwd(last, table_.param(final_norm_), final_rstd_, d_final, dres_a_, table_.grad(final_norm_));
     head_range.reset();
     // Everything declared after the blocks is complete now, except under AttnRes (its own parameters finish with
     // the blocks' backward, which it drives).
@@ -290,34 +315,80 @@ void Model::pass_backward(double loss_scale, bool last_pass) {
         if (grad_ready) grad_ready(block_first_param_[static_cast<size_t>(l)]);
     }
     core::TraceRange range(dev, "model.embed_bwd");
-    ops::embedding_bwd(ids_, *dout, table_.grad(embed_));
+    Tensor d_embed = *dout;
+    if (tp_.splits_rows()) {  // every row's gradient: each rank's vocabulary rows may be looked up anywhere
+        d_embed = Tensor::scratch({ids_.numel(), cfg_.d_model}, dout->dtype(), dev);
+        tp_gather_rows(tp_, *dout, d_embed);
+    }
+    ops::embedding_bwd(ids_, d_embed, vocab_part(table_.grad(embed_)), vocab_shard());
     if (grad_ready) grad_ready(0);
 }
 
+ops::VocabShard Model::vocab_shard() const {
+    if (!tp_.active()) return {};
+    return {.first = tp_.shard_first(cfg_.vocab_size), .total = cfg_.vocab_size};
+}
+
+int64_t Model::vocab_rows() const {
+    return tp_.active() ? param_tp_real(table_.spec(embed_)) : cfg_.vocab_size;
+}
+
+Tensor Model::vocab_part(const Tensor& t) const {
+    return t.slice(0, 0, vocab_rows());
+}
+
 void Model::head_chunk_forward(int64_t first, int64_t rows) {
-    const Tensor head = table_.param(lm_head_ >= 0 ? lm_head_ : embed_);
+    const Tensor head = vocab_part(table_.param(lm_head_ >= 0 ? lm_head_ : embed_));
     const Tensor logits = logits_.slice(0, 0, rows);
-    ops::linear_fwd(final_.slice(0, first, first + rows), head, Tensor(), logits);
+    const Tensor& h = final_full_.defined() ? final_full_ : final_;
+    ops::linear_fwd(h.slice(0, first, first + rows), head, Tensor(), logits);
     ops::cross_entropy_fwd(logits,
                            targets_.slice(0, first, first + rows),
                            kIgnoreIndex,
                            losses_.slice(0, first, first + rows),
-                           lse_.slice(0, first, first + rows));
+                           lse_.slice(0, first, first + rows),
+                           vocab_shard());
+}
+
+void Model::combine_vocab_shards() {
+    // Per row: lse = log sum_r exp(lse_r) over the shards, loss = lse - (the target's logit, held by one shard).
+    const int64_t n = lse_.numel();
+    const Tensor mine = lse_.to_device(core::Device::cpu).to(core::DType::f64);
+    const Tensor target = losses_.to_device(core::Device::cpu).to(core::DType::f64);
+    Tensor all = Tensor::zeros({tp_.size, n}, core::DType::f64);
+    tp_.comm->all_gather(mine, all).wait();
+    tp_.comm->all_reduce(target).wait();
+    Tensor lse = Tensor::zeros({n}, core::DType::f64), loss = Tensor::zeros({n}, core::DType::f64);
+    const double *parts = all.data<double>(), *t = target.data<double>();
+    const int32_t* targets = host_targets_.data<int32_t>();
+    for (int64_t i = 0; i < n; ++i) {
+        double m = -std::numeric_limits<double>::infinity(), sum = 0.0;
+        for (int64_t r = 0; r < tp_.size; ++r) m = std::max(m, parts[r * n + i]);
+        for (int64_t r = 0; r < tp_.size; ++r) sum += std::exp(parts[r * n + i] - m);
+        const double l = m + std::log(sum);
+        lse.data<double>()[i] = l;
+        loss.data<double>()[i] = targets[i] == kIgnoreIndex ? 0.0 : l - t[i];
+    }
+    lse_.copy_from(lse.to(lse_.dtype()));
+    losses_.copy_from(loss.to(losses_.dtype()));
 }
 
 void Model::head_chunk_backward(int64_t first, int64_t rows, bool recompute_logits) {
     const int head = lm_head_ >= 0 ? lm_head_ : embed_;
-    const Tensor h = final_.slice(0, first, first + rows), logits = logits_.slice(0, 0, rows);
-    if (recompute_logits) ops::linear_fwd(h, table_.param(head), Tensor(), logits);
+    const Tensor& full = final_full_.defined() ? final_full_ : final_;
+    const Tensor h = full.slice(0, first, first + rows), logits = logits_.slice(0, 0, rows);
+    const Tensor weight = vocab_part(table_.param(head));
+    if (recompute_logits) ops::linear_fwd(h, weight, Tensor(), logits);
     // dlogits in place; the losses rows hold d(loss)/d(loss_i).
     ops::cross_entropy_bwd(logits,
                            targets_.slice(0, first, first + rows),
                            lse_.slice(0, first, first + rows),
                            kIgnoreIndex,
                            losses_.slice(0, first, first + rows),
-                           logits);
+                           logits,
+                           vocab_shard());
     ops::linear_bwd(
-        h, table_.param(head), logits, ws_.d_norm.slice(0, first, first + rows), table_.grad(head), Tensor());
+        h, weight, logits, ws_.d_norm.slice(0, first, first + rows), vocab_part(table_.grad(head)), Tensor());
 }
 
 bool Model::keeps_output(int64_t l) const {
@@ -382,6 +453,7 @@ std::vector<SavedTensor> Model::saved_for_backward() {
                                       {"final_rstd", &final_rstd_},
                                       {"logits", &logits_},
                                       {"lse", &lse_}};
+    if (final_full_.defined()) saved.push_back({"final_norm_gathered", &final_full_});
     if (attnres_)
         for (auto& s : attnres_->saved_for_backward()) saved.push_back({"attnres." + s.name, s.tensor});
     return saved;
@@ -405,8 +477,9 @@ double Model::flops_per_token(int64_t seq) const {
     // KDA's depthwise conv filters [C, W] (W taps per channel per token).
     double matmul_params = 0.0;
     for (int i = 0; i < table_.size(); ++i) {
-        const auto& s = table_.spec(i);
-        if (s.shape.size() == 2 && i != embed_) matmul_params += static_cast<double>(core::shape_numel(s.shape));
+        const auto& s = table_.spec(i);  // global shapes: the whole model's FLOPs under any layout
+        if (s.shape.size() == 2 && i != embed_)
+            matmul_params += static_cast<double>(core::shape_numel(param_global_shape(s)));
     }
     if (cfg_.tie_embeddings) matmul_params += static_cast<double>(cfg_.vocab_size * cfg_.d_model);
     // The routed experts are [E, F, C] stacks: each token passes through top_k of them (gate, up and down).

@@ -13,6 +13,8 @@
 #include "nn/block.h"
 #include "nn/documents.h"
 #include "nn/layers/attnres.h"
+#include "nn/tensor_parallel.h"
+#include "ops/op_common.h"
 
 namespace mt::nn {
 
@@ -25,19 +27,24 @@ double kda_flops_per_token(const ModelConfig& cfg, int64_t seq);
 class Model {
    public:
     // param_align: every parameter's arena offset is a multiple of it (ParamTable::finalize). ep: expert parallelism,
-    // this rank's share of every MoE layer's experts (the default: all of them).
+    // this rank's share of every MoE layer's experts (the default: all of them). tp: tensor parallelism, this rank's
+    // shard of every layer (nn/tensor_parallel.h), with a vocab-parallel embedding and LM head (this rank's rows of
+    // the vocabulary, the last shard padded; the loss combines the shards' row statistics, the logits are never
+    // gathered).
     Model(const ModelConfig& cfg,
           const Precision& precision,
           int64_t param_align = 64,
-          const MoeExpertParallel& ep = {})
-        : Model(cfg, precision, param_align, ep, true) {}
+          const MoeExpertParallel& ep = {},
+          const TensorParallel& tp = {})
+        : Model(cfg, precision, param_align, ep, tp, true) {}
     // The parameter table this constructor would build, laid out (ParamTable::layout) but not allocated: the same
     // declarations in the same order, so its offsets and arena sizes are the real ones. No arena, activation or
     // workspace is allocated (ep needs no communicators). The memory planner's source of parameter bytes.
     static ParamTable param_layout(const ModelConfig& cfg,
                                    const Precision& precision,
                                    int64_t param_align = 64,
-                                   const MoeExpertParallel& ep = {});
+                                   const MoeExpertParallel& ep = {},
+                                   const TensorParallel& tp = {});
 
     ParamTable& params() {
         return table_;
@@ -135,6 +142,7 @@ class Model {
           const Precision& precision,
           int64_t param_align,
           const MoeExpertParallel& ep,
+          const TensorParallel& tp,
           bool allocate);
     void resize(int64_t batch, int64_t seq);
     // Recompute full over the plain residual stream: blocks run in groups of recompute.group_size(); only each
@@ -147,6 +155,14 @@ class Model {
     // dlogits in logits_, dh into ws_.d_norm's rows, the head's gradient accumulated.
     void head_chunk_forward(int64_t first, int64_t rows);
     void head_chunk_backward(int64_t first, int64_t rows, bool recompute_logits);
+    // Vocab-parallel loss: each rank's head chunks left its shard's log-sum-exp in lse_ and the target logits it
+    // holds in losses_; this combines them over tp into every row's log-sum-exp and loss (on the host, in f64).
+    void combine_vocab_shards();
+    // The vocabulary shard this rank's embedding and head rows cover, the real rows of it (a padded last shard's
+    // extra rows are zeros that no op sees), and those rows of an embedding or head tensor.
+    ops::VocabShard vocab_shard() const;
+    int64_t vocab_rows() const;
+    Tensor vocab_part(const Tensor& t) const;
     // Backward of blocks [first, l], l the last of its group: re-runs the group's forward, then its backward.
     void group_backward(int64_t first, int64_t last, Tensor*& dout, Tensor*& dx, const GradReadyHook& grad_ready);
     // The boundaries of a sequence of seq tokens under cfg_.segments (checks what segments refuse).
@@ -161,6 +177,7 @@ class Model {
 
     ModelConfig cfg_;
     Precision precision_;
+    TensorParallel tp_;
     ParamTable table_;
     int embed_ = -1, final_norm_ = -1, lm_head_ = -1;
     std::vector<std::unique_ptr<Block>> blocks_;
@@ -174,7 +191,8 @@ class Model {
     Tensor host_targets_;        // [N] i32, for counting
     Documents docs_;             // the batch's documents (document masking), or undefined
     Tensor x0_;                  // [N, C] embedding output
-    Tensor final_, final_rstd_;  // [N, C], [N] (rstd in the statistics dtype)
+    Tensor final_, final_rstd_;  // [N, C], [N] (rstd in the statistics dtype); N: the stream rows
+    Tensor final_full_;          // sequence parallelism: [B T, C], the all-gather of final_ (the head's input)
     Tensor logits_;              // [head rows, V]; overwritten in place by dlogits in backward
     Tensor losses_, lse_;        // [N] in the statistics dtype
     Tensor dres_a_, dres_b_;     // [N, C] residual-stream gradients, ping-pong

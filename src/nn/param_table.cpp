@@ -1,6 +1,7 @@
 // Parameter table: arenas with named views, Philox-keyed initialisation.
 #include "nn/param_table.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -38,11 +39,35 @@ int ParamTable::add(ParamSpec spec) {
 Shape param_global_shape(const ParamSpec& spec) {
     Shape shape = spec.shape;
     if (param_expert_sharded(spec)) shape[0] = spec.shard_global;
+    if (param_tp_split(spec)) shape[static_cast<size_t>(spec.tp_axis)] = spec.tp_global;
     return shape;
 }
 
+int64_t param_tp_real(const ParamSpec& spec) {
+    const int64_t local = spec.shape.at(static_cast<size_t>(spec.tp_axis));
+    return std::clamp<int64_t>(spec.tp_global - spec.tp_first, 0, local);
+}
+
+ParamBox param_box(const ParamSpec& spec) {
+    ParamBox box{Shape(spec.shape.size(), 0), spec.shape};
+    if (param_expert_sharded(spec)) box.offset[0] = spec.shard_first;
+    if (param_tp_split(spec)) {
+        const auto axis = static_cast<size_t>(spec.tp_axis);
+        box.offset[axis] = spec.tp_first;
+        box.extent[axis] = param_tp_real(spec);
+    }
+    return box;
+}
+
+ParamReduce param_reduce(const ParamSpec& spec) {
+    if (param_expert_sharded(spec)) return ParamReduce::expert;
+    return spec.tp_partial_grad ? ParamReduce::dense_tp : ParamReduce::dense;
+}
+
 int64_t param_shard_flat_offset(const ParamSpec& spec) {
-    return param_expert_sharded(spec) ? spec.shard_first * (core::shape_numel(spec.shape) / spec.shape[0]) : 0;
+    const int64_t numel = core::shape_numel(spec.shape);
+    if (param_tp_split(spec)) return spec.tp_first * (numel / spec.shape[static_cast<size_t>(spec.tp_axis)]);
+    return param_expert_sharded(spec) ? spec.shard_first * (numel / spec.shape[0]) : 0;
 }
 
 void ParamTable::layout(const Precision& precision, int64_t align) {
@@ -99,6 +124,13 @@ void ParamTable::initialize(uint64_t seed) {
                 break;
         }
         if (param_expert_sharded(s)) host = host.slice(0, s.shard_first, s.shard_first + s.shape[0]);
+        if (param_tp_split(s)) {
+            // This rank's slice along the split axis; a padded last shard keeps zeros past the global tensor.
+            const int64_t real = param_tp_real(s);
+            host = host.slice(s.tp_axis, s.tp_first, s.tp_first + real);
+            masters_[static_cast<size_t>(i)].slice(s.tp_axis, 0, real).copy_from(host);
+            continue;
+        }
         masters_[static_cast<size_t>(i)].copy_from(host);
     }
     refresh_params_from_master();

@@ -37,7 +37,20 @@ struct ParamSpec {
     // over the ranks holding the same experts (the edp group), so their gradients are reduced there.
     int64_t shard_first = 0;
     int64_t shard_global = 0;
+    // Tensor parallelism (docs/distributed.md): this rank holds [tp_first, tp_first + shape[tp_axis]) along dimension
+    // tp_axis of a global tensor whose size there is tp_global (tp_axis -1: not split). The last shard may reach past
+    // tp_global (a vocabulary padded to a multiple of tp): those rows are zeros and belong to no global tensor.
+    int tp_axis = -1;
+    int64_t tp_first = 0;
+    int64_t tp_global = 0;
+    // Replicated over tp, but each tp rank's gradient is only its part (norm gains under sequence parallelism, the
+    // router, KDA's low-rank down projections): the gradient is summed over tp as well as over the data ranks.
+    bool tp_partial_grad = false;
 };
+
+// A parameter's reduction group: dense ones over the data-parallel span, tp-partial ones over that span times tp,
+// expert-sharded ones over the ranks holding the same experts (edp).
+enum class ParamReduce : uint8_t { dense, dense_tp, expert };
 
 // The global shape of a parameter (its shape with the first dimension widened back when it is expert-sharded).
 Shape param_global_shape(const ParamSpec& spec);
@@ -45,8 +58,22 @@ inline bool param_expert_sharded(const ParamSpec& spec) {
     return spec.shard_global > 0;
 }
 // Where this rank's part starts in the row-major flattened global tensor (0 unless expert-sharded: the experts of
-// lower ranks come first).
+// lower ranks come first). A tp shard's part is a box (param_box), not a run: for it this is the start of a
+// numbering unique to the shard (the global offset only for a split along dimension 0), which stochastic rounding
+// keys on.
 int64_t param_shard_flat_offset(const ParamSpec& spec);
+inline bool param_tp_split(const ParamSpec& spec) {
+    return spec.tp_axis >= 0;
+}
+// The extent of the real (not padding) part along tp_axis: shape[tp_axis] but for a padded last shard.
+int64_t param_tp_real(const ParamSpec& spec);
+// This rank's part of the global tensor as a box: the offset of its first element along each dimension, and the
+// extent of its real part (its shape, less a tp shard's padding). A replicated parameter is the whole tensor.
+struct ParamBox {
+    Shape offset, extent;
+};
+ParamBox param_box(const ParamSpec& spec);
+ParamReduce param_reduce(const ParamSpec& spec);
 
 class ParamTable {
    public:

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 
 #include "ops/global_norm.h"
 
@@ -17,10 +18,14 @@ std::vector<GradBucketRange> grad_sync_buckets(const std::vector<ArenaParam>& pa
     for (int i = static_cast<int>(params.size()) - 1; i >= 0;) {
         GradBucketRange b;
         b.expert = params[i].expert;
+        b.tp_partial = params[i].tp_partial && !b.expert;
         b.end = params[i].end;
         // Whole parameters, the same reduction group, up to the size limit (a larger parameter is its own bucket).
         int j = i;
-        while (j >= 0 && params[j].expert == b.expert && (j == i || b.end - params[j].begin <= limit)) --j;
+        auto same_group = [&](const ArenaParam& p) {
+            return p.expert == b.expert && (p.tp_partial && !p.expert) == b.tp_partial;
+        };
+        while (j >= 0 && same_group(params[j]) && (j == i || b.end - params[j].begin <= limit)) --j;
         b.lowest = j + 1;
         b.begin = params[b.lowest].begin;
         buckets.push_back(b);
@@ -29,15 +34,25 @@ std::vector<GradBucketRange> grad_sync_buckets(const std::vector<ArenaParam>& pa
     return buckets;
 }
 
-GradSync::GradSync(
-    GradArenas arenas, const Mesh& mesh, double bucket_mb, bool zero, Comm* dense_rows, Comm* expert_rows)
+GradSync::GradSync(GradArenas arenas,
+                   const Mesh& mesh,
+                   double bucket_mb,
+                   bool zero,
+                   Comm* dense_rows,
+                   Comm* expert_rows,
+                   Comm* stage_rows)
     : arenas_(std::move(arenas)),
       dense_(&mesh.group(MeshGroup::dp_span)),
-      ep_(&mesh.group(MeshGroup::ep)),
+      world_(&mesh.world()),
       dense_rows_(dense_rows != nullptr ? dense_rows : &mesh.group(MeshGroup::dp_span)),
       edp_rows_(expert_rows != nullptr ? expert_rows : &mesh.group(MeshGroup::edp)),
+      stage_rows_(stage_rows != nullptr ? stage_rows : &mesh.group(MeshGroup::stage)),
+      tp_size_(mesh.size(MeshAxis::tp)),
+      ep_size_(mesh.size(MeshAxis::ep)),
+      stage_size_(mesh.group(MeshGroup::stage).size()),
       zero_(zero && mesh.group(MeshGroup::dp_span).size() > 1),
-      active_(mesh.group(MeshGroup::dp_span).size() > 1) {
+      // With tensor parallelism alone the tp-partial gradients still need their sum over tp.
+      active_(mesh.group(MeshGroup::stage).size() > 1) {
     if (!active_) {
         owned_.push_back({0, arenas_.grads.numel()});
         return;
@@ -45,7 +60,7 @@ GradSync::GradSync(
     const core::Tensor& grads = arenas_.grads;
     // GPU gradients need communicators that move device memory (NCCL); the MPI backend reads host memory only.
     if (grads.device() == core::Device::cuda)
-        for (const Comm* c : {dense_rows_, edp_rows_})
+        for (const Comm* c : {dense_rows_, edp_rows_, stage_rows_})
             MT_CHECK(c->size() == 1 || c->backend() == "nccl",
                      "grad sync: GPU gradients over the {} backend (the buckets need NCCL communicators)",
                      c->backend());
@@ -56,6 +71,7 @@ GradSync::GradSync(
         b.begin = range.begin;
         b.end = range.end;
         b.expert = range.expert;
+        b.tp_partial = range.tp_partial;
         const int64_t p = group(b).size();
         MT_CHECK((b.end - b.begin) % p == 0,
                  "grad sync: bucket of {} elements does not split over {} ranks (parameter alignment)",
@@ -121,25 +137,38 @@ double GradSync::finish() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+double GradSync::copies(const ArenaParam& p, int64_t group) const {
+    // Every rank of the stage holds each parameter but for the tp and ep splits; a ZeRO-1 owned slice is one rank's of
+    // its group.
+    const int64_t holders = stage_size_ / (p.tp_split ? tp_size_ : 1) / (p.expert ? ep_size_ : 1);
+    return static_cast<double>(holders / (zero_ ? group : 1));
+}
+
 double GradSync::grad_norm() const {
     const core::Tensor& grads = arenas_.grads;
-    if (!zero_ && ep_->size() == 1) return ops::global_norm({grads});
-    // Squared norms of disjoint parts, one norm call per part list (one device synchronisation each): under ZeRO-1
-    // the owned slices partition every bucket's group, so a sum over dp_span counts each dense element once and
-    // each expert element once (edp x ep = dp_span covers every expert once). Replicated: dense parts are the same
-    // everywhere; expert parts differ over ep only.
-    auto norm_sq = [](const std::vector<core::Tensor>& parts) {
-        const double n = parts.empty() ? 0.0 : ops::global_norm(parts);
-        return n * n;
+    if (world_->size() == 1) return ops::global_norm({grads});
+    // Squared norms of parts of equal multiplicity, one norm call per multiplicity (one device synchronisation each):
+    // each rank adds what it holds divided by the number of ranks holding the same elements, and the sum over the
+    // job counts every element once. Under ZeRO-1 a rank holds its owned slice of each bucket (the slices partition
+    // the bucket over its group); with a replicated optimizer every parameter.
+    std::map<double, std::vector<core::Tensor>> parts;
+    auto add = [&](const ArenaParam& p, int64_t begin, int64_t end, int64_t group) {
+        begin = std::max(begin, p.begin), end = std::min(end, p.begin + p.numel);
+        if (begin < end) parts[copies(p, group)].push_back(grads.slice(0, begin, end));
     };
-    std::vector<core::Tensor> dense, expert;
-    if (zero_) {
-        for (const optim::ArenaRange& r : owned_) dense.push_back(grads.slice(0, r.begin, r.end));
-        return std::sqrt(comm_all_reduce_sum(*dense_, norm_sq(dense)));
+    if (!active_ || !zero_) {
+        for (const ArenaParam& p : arenas_.params) add(p, p.begin, p.begin + p.numel, 1);
+    } else {
+        for (const Bucket& b : buckets_)
+            for (const ArenaParam& p : arenas_.params)
+                if (p.begin < b.end && p.end > b.begin) add(p, b.mine, b.mine + b.share, group(b).size());
     }
-    for (const ArenaParam& p : arenas_.params)
-        (p.expert ? expert : dense).push_back(grads.slice(0, p.begin, p.begin + p.numel));
-    return std::sqrt(norm_sq(dense) + comm_all_reduce_sum(*ep_, norm_sq(expert)));
+    double local = 0.0;
+    for (const auto& [n, tensors] : parts) {
+        const double norm = ops::global_norm(tensors);
+        local += norm * norm / n;
+    }
+    return std::sqrt(comm_all_reduce_sum(*world_, local));
 }
 
 void GradSync::gather_params() {

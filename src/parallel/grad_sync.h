@@ -1,6 +1,8 @@
 // Data-parallel gradient reduction and the ZeRO-1 layout (docs/distributed.md). The gradient arena is cut into
 // buckets, each a run of consecutive parameters replicated over the same ranks: dense parameters over dp_span (every
-// rank that sees different tokens), expert-sharded ones over edp (the ranks holding the same experts). Buckets are
+// rank that sees different tokens), expert-sharded ones over edp (the ranks holding the same experts), and those each
+// tensor-parallel rank holds a part of the gradient of (norm gains under sequence parallelism) over stage (dp_span x
+// tp). Buckets are
 // planned from the end of the arena, because the backward completes the last parameters first, and each is issued
 // as soon as the backward reports its parameters complete (grads_ready), so the reduction overlaps the rest of the
 // backward. Replicated optimizer: each bucket is all-reduced. ZeRO-1: each bucket is reduce-scattered, rank r of
@@ -18,18 +20,22 @@
 namespace mt::parallel {
 
 // One parameter's place in the arenas: its elements [begin, begin + numel) and its padded end (the next
-// parameter's begin), and whether it is expert-sharded (reduced over edp, else over dp_span).
+// parameter's begin), whether it is expert-sharded (reduced over edp), tp-partial (reduced over stage; else over
+// dp_span), and whether tp splits it (each tp rank holds a different part: the gradient norm counts every part).
 struct ArenaParam {
     int64_t begin = 0, numel = 0, end = 0;
     bool expert = false;
+    bool tp_partial = false;
+    bool tp_split = false;
 };
 
 // A bucket's place: parameters [lowest, next bucket's lowest) of the arena order, arena elements [begin, end), and
-// its reduction group (edp when expert, else dp_span).
+// its reduction group (edp when expert, stage when tp_partial, else dp_span).
 struct GradBucketRange {
     int lowest = 0;
     int64_t begin = 0, end = 0;
     bool expert = false;
+    bool tp_partial = false;
 };
 
 // GradSync's bucket plan, a pure function (the memory planner and tests use it without a mesh): from the end of the
@@ -50,15 +56,16 @@ struct GradArenas {
 
 class GradSync {
    public:
-    // Every parameter must start at a multiple of the dp_span and edp group sizes (the arena alignment). The
-    // buckets move over dense_rows / expert_rows (communicators over the dp_span and edp ranks for the gradients'
-    // memory: NCCL for GPU tensors; nullptr: the mesh's MPI groups); scalars go over the mesh's groups.
+    // Every parameter must start at a multiple of the dp_span, edp and stage group sizes (the arena alignment). The
+    // buckets move over dense_rows / expert_rows / stage_rows (communicators over the dp_span, edp and stage ranks for
+    // the gradients' memory: NCCL for GPU tensors; nullptr: the mesh's MPI groups); scalars go over the mesh's groups.
     GradSync(GradArenas arenas,
              const Mesh& mesh,
              double bucket_mb,
              bool zero,
              Comm* dense_rows = nullptr,
-             Comm* expert_rows = nullptr);
+             Comm* expert_rows = nullptr,
+             Comm* stage_rows = nullptr);
 
     // True when gradients must be reduced at all (more than one rank sees different tokens).
     bool active() const {
@@ -80,8 +87,8 @@ class GradSync {
     // Issues the buckets not issued yet and waits for all; afterwards every rank holds the reduced gradients (all of
     // them, or under ZeRO-1 its owned slices). Returns the seconds spent here (the part not overlapped).
     double finish();
-    // The L2 norm of the reduced gradient over the whole model (collective over dp_span; over ep for the expert
-    // part of a replicated optimizer).
+    // The L2 norm of the reduced gradient over the whole model (collective over the world): each rank sums the
+    // squares of what it holds, each divided by the number of ranks holding the same elements.
     double grad_norm() const;
     // ZeRO-1: this rank's arena ranges, one slice per bucket, ascending (the whole arena when inactive).
     const std::vector<optim::ArenaRange>& owned() const {
@@ -109,7 +116,8 @@ class GradSync {
     struct Bucket {
         int lowest = 0;              // smallest parameter index in the bucket
         int64_t begin = 0, end = 0;  // arena range
-        bool expert = false;         // reduced over edp (else dp_span)
+        bool expert = false;         // reduced over edp
+        bool tp_partial = false;     // reduced over stage (else, not expert, over dp_span)
         int64_t share = 0;           // elements per rank of the group: (end - begin) / |group|
         int64_t mine = 0;            // this rank's slice [mine, mine + share) of the arena
         int64_t staging = 0;         // ZeRO-1: offset of the bucket's owned slice in staging_
@@ -118,14 +126,18 @@ class GradSync {
         CommWork param_gather;  // ZeRO-1: the parameter gather after the step
     };
     Comm& group(const Bucket& b) const {
-        return b.expert ? *edp_rows_ : *dense_rows_;
+        return b.expert ? *edp_rows_ : b.tp_partial ? *stage_rows_ : *dense_rows_;
     }
+    // How many ranks of the job hold the same reduced gradient element as this rank, in a bucket of group size
+    // `group` (1 when a replicated optimizer holds the whole bucket: replicas over the group count too).
+    double copies(const ArenaParam& p, int64_t group) const;
     void issue(Bucket& b);
     CommWork start_gather(const Bucket& b, const core::Tensor& arena);
 
     GradArenas arenas_;
-    Comm *dense_, *ep_;             // host scalars (MPI)
-    Comm *dense_rows_, *edp_rows_;  // the buckets
+    Comm *dense_, *world_;                        // host scalars (MPI)
+    Comm *dense_rows_, *edp_rows_, *stage_rows_;  // the buckets
+    int64_t tp_size_ = 1, ep_size_ = 1, stage_size_ = 1;
     bool zero_, active_;
     bool master_stale_ = false;    // ZeRO-1: only the owned slices of the master weights are current
     std::vector<Bucket> buckets_;  // in issue order (the end of the arena first)

@@ -58,9 +58,11 @@ int64_t mesh_rank(const MeshShape& shape, const MeshCoord& coord);
 
 // Groups of ranks that share every coordinate except those of the named axes. dp_span is cp x ep x dp (the ranks
 // that see different tokens of one pipeline stage and tensor shard: dense gradients and MoE histograms are
-// reduced over it); edp is cp x dp (ranks holding the same experts: expert gradients are reduced over it).
-enum class MeshGroup : uint8_t { tp, cp, ep, dp, pp, dp_span, edp };
-constexpr int kMeshGroups = 7;
+// reduced over it); edp is cp x dp (ranks holding the same experts: expert gradients are reduced over it); stage is
+// tp x cp x ep x dp, every rank of one pipeline stage (the gradients each tp rank holds a part of are reduced over
+// it: dp_span x tp).
+enum class MeshGroup : uint8_t { tp, cp, ep, dp, pp, dp_span, edp, stage };
+constexpr int kMeshGroups = 8;
 std::string_view mesh_group_name(MeshGroup group);
 
 // The global ranks of `rank`'s group, ascending (position in the list = rank in the group's communicator).

@@ -33,7 +33,9 @@ std::vector<ArenaParam> arena_params(const nn::ParamTable& table) {
         params.push_back({.begin = table.offset(i),
                           .numel = core::shape_numel(table.spec(i).shape),
                           .end = table.offset(i) + table.padded_numel(i),
-                          .expert = nn::param_expert_sharded(table.spec(i))});
+                          .expert = nn::param_expert_sharded(table.spec(i)),
+                          .tp_partial = table.spec(i).tp_partial_grad,
+                          .tp_split = nn::param_tp_split(table.spec(i))});
     return params;
 }
 
@@ -43,10 +45,13 @@ void plan_state(const MemoryPlanInput& in, MemoryPlan& plan) {
     // starts at a multiple of both group sizes so that each bucket splits evenly.
     const int64_t span = mesh[MeshAxis::cp] * mesh[MeshAxis::ep] * mesh[MeshAxis::dp];
     const int64_t edp = mesh[MeshAxis::cp] * mesh[MeshAxis::dp];
+    const int64_t stage = span * mesh[MeshAxis::tp];  // the tp-partial gradients' group
     nn::MoeExpertParallel ep;
     if (in.model.moe_enabled) ep = {.size = mesh[MeshAxis::ep], .rank = 0};
-    const nn::ParamTable table = nn::Model::param_layout(in.model, in.precision, std::lcm(span, edp), ep);
-    plan.align = std::lcm(std::lcm(span, edp), int64_t{64});  // ParamTable::layout's own minimum included
+    const nn::TensorParallel tp{.size = mesh[MeshAxis::tp], .rank = 0};  // rank 0's shard (the largest: padding)
+    const int64_t align = std::lcm(std::lcm(span, edp), stage);
+    const nn::ParamTable table = nn::Model::param_layout(in.model, in.precision, align, ep, tp);
+    plan.align = std::lcm(align, int64_t{64});  // ParamTable::layout's own minimum included
     for (int i = 0; i < table.size(); ++i) {
         plan.params_global += core::shape_numel(nn::param_global_shape(table.spec(i)));
         plan.params_rank += core::shape_numel(table.spec(i).shape);
@@ -70,7 +75,8 @@ void plan_state(const MemoryPlanInput& in, MemoryPlan& plan) {
         plan.buckets = static_cast<int64_t>(buckets.size());
         if (plan.zero) {
             plan.owned_numel = 0;
-            for (const GradBucketRange& b : buckets) plan.owned_numel += (b.end - b.begin) / (b.expert ? edp : span);
+            for (const GradBucketRange& b : buckets)
+                plan.owned_numel += (b.end - b.begin) / (b.expert ? edp : b.tp_partial ? stage : span);
             plan.zero_staging = std::max<int64_t>(plan.owned_numel, 1) * elem;  // GradSync's staging_
         }
     }

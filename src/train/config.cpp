@@ -14,6 +14,7 @@
 #include "data/tokenizer.h"
 #include "ops/attnres_mix.h"
 #include "train/config_long.h"
+#include "train/config_parallel.h"
 #include "train/config_schema.h"
 
 namespace mt::train {
@@ -425,6 +426,7 @@ JobConfig config_parse(const std::string& toml_text,
         c.model.eot_token = data::tokenizer_open(c.data.tokenizer)->eot_id();
     validate(c, source);
     config_long_validate(c, source);
+    config_parallel_validate(c, source);
     return c;
 }
 

@@ -82,8 +82,10 @@ struct ParallelConfig {
     int64_t ep = 1;
     int64_t dp = 0;  // 0: the rest of the processes (world / (tp cp ep pp))
     int64_t pp = 1;
-    double bucket_mb = 25.0;  // gradient all-reduce bucket size in MiB (PyTorch DDP's default)
-    int64_t zero_stage = 1;   // 1: ZeRO-1, optimizer state sharded over the data-parallel ranks; 0: replicated
+    double bucket_mb = 25.0;        // gradient all-reduce bucket size in MiB (PyTorch DDP's default)
+    int64_t zero_stage = 1;         // 1: ZeRO-1, optimizer state sharded over the data-parallel ranks; 0: replicated
+    bool sequence_parallel = true;  // tp > 1: the residual stream split over the tp ranks along the token rows
+    bool pad_vocab = true;          // tp > 1: a vocabulary tp does not divide is padded (else exit 2)
 };
 
 // The [moe] keys that the trainer reads and the MoE layer does not: what a routing-collapse alarm does, and how often

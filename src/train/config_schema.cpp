@@ -443,7 +443,22 @@ std::vector<Field> config_schema(JobConfig& c) {
                      "a `memory_warning` event and a warning line when `mem/reserved` goes above this fraction of the "
                      "device's memory (the GPU's, or the machine's RAM on the CPU), once each time it crosses "
                      "(docs/training.md); 1 = never"),
-        integer("parallel.tp", &p.tp, 1, 1 << 20, "tensor-parallel size (only 1 runs yet; docs/distributed.md)"),
+        integer("parallel.tp",
+                &p.tp,
+                1,
+                1 << 20,
+                "tensor-parallel size: attention split by heads, the MLP by its hidden features, the embedding and "
+                "LM head by vocabulary rows (docs/distributed.md); must divide `model.n_heads`, `model.n_kv_heads` "
+                "and the MLP width"),
+        flag("parallel.sequence_parallel",
+             &p.sequence_parallel,
+             "with `tp` > 1, each tp rank holds 1/tp of the token rows outside the tensor-parallel regions (norms, "
+             "residual adds, AttnRes mixes): all-gather and reduce-scatter replace the all-reduce, activation memory "
+             "divides by tp; `train.batch_size` x `train.seq_len` must divide by `tp`"),
+        flag("parallel.pad_vocab",
+             &p.pad_vocab,
+             "with `tp` > 1, pad a vocabulary that `tp` does not divide (the last rank's extra rows are zeros, never "
+             "looked up, and left out of the softmax); false: such a vocabulary is an error"),
         integer("parallel.cp", &p.cp, 1, 1 << 20, "context-parallel size (only 1 runs yet)"),
         integer("parallel.ep",
                 &p.ep,

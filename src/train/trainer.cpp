@@ -44,7 +44,9 @@ parallel::GradArenas grad_arenas(const nn::ParamTable& table) {
         arenas.params.push_back({.begin = table.offset(i),
                                  .numel = table.grad(i).numel(),
                                  .end = table.offset(i) + table.padded_numel(i),
-                                 .expert = nn::param_expert_sharded(table.spec(i))});
+                                 .expert = nn::param_expert_sharded(table.spec(i)),
+                                 .tp_partial = table.spec(i).tp_partial_grad,
+                                 .tp_split = nn::param_tp_split(table.spec(i))});
     return arenas;
 }
 
@@ -137,6 +139,9 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
         nccl_dp_span_ = nccl(parallel::MeshGroup::dp_span);
         nccl_edp_ = mesh_->size(parallel::MeshAxis::ep) == 1 ? nccl_dp_span_ : nccl(parallel::MeshGroup::edp);
         nccl_ep_ = nccl(parallel::MeshGroup::ep);
+        // Tensor parallelism: the regions' activations over tp, the tp-partial gradients over the whole stage.
+        nccl_tp_ = nccl(parallel::MeshGroup::tp);
+        nccl_stage_ = mesh_->size(parallel::MeshAxis::tp) == 1 ? nccl_dp_span_ : nccl(parallel::MeshGroup::stage);
     }
     // Expert parallelism: each MoE layer holds this rank's experts and exchanges rows over the ep group.
     nn::MoeExpertParallel ep;
@@ -145,10 +150,17 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
               .rank = mesh_->coord(parallel::MeshAxis::ep),
               .comm = &mesh_->group(parallel::MeshGroup::ep),
               .rows_comm = nccl_ep_.get()};
-    // Every parameter starts at a multiple of both reduction groups' sizes, so each bucket splits evenly (ZeRO-1).
-    const int64_t align = std::lcm(mesh_->group(parallel::MeshGroup::dp_span).size(),
-                                   int64_t{mesh_->group(parallel::MeshGroup::edp).size()});
-    model_ = std::make_unique<nn::Model>(cfg_.model, precision, align, ep);
+    // Tensor parallelism: each layer holds this rank's shard; the tp ranks read the same batch.
+    const nn::TensorParallel tp{.size = mesh_->size(parallel::MeshAxis::tp),
+                                .rank = mesh_->coord(parallel::MeshAxis::tp),
+                                .sequence_parallel = cfg_.parallel.sequence_parallel,
+                                .comm = &mesh_->group(parallel::MeshGroup::tp),
+                                .rows_comm = nccl_tp_.get()};
+    // Every parameter starts at a multiple of the reduction groups' sizes, so each bucket splits evenly (ZeRO-1).
+    const int64_t align = std::lcm(std::lcm(mesh_->group(parallel::MeshGroup::dp_span).size(),
+                                            int64_t{mesh_->group(parallel::MeshGroup::edp).size()}),
+                                   int64_t{mesh_->group(parallel::MeshGroup::stage).size()});
+    model_ = std::make_unique<nn::Model>(cfg_.model, precision, align, ep, tp);
     model_->params().initialize(static_cast<uint64_t>(cfg_.run.seed));
     model_->set_track_max_logit(true);  // long/max_logit: one [B, Hq, T] row maximum per attention layer and pass
     grad_sync_ = std::make_unique<parallel::GradSync>(grad_arenas(model_->params()),
@@ -156,7 +168,8 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
                                                       cfg_.parallel.bucket_mb,
                                                       cfg_.parallel.zero_stage >= 1,
                                                       nccl_dp_span_.get(),
-                                                      nccl_edp_.get());
+                                                      nccl_edp_.get(),
+                                                      nccl_stage_.get());
     // ZeRO-1: each forward waits for the parameter gathers of the last step bucket by bucket, as it reaches them.
     if (grad_sync_->zero())
         model_->set_params_needed_hook([sync = grad_sync_.get()](int end) { sync->params_needed(end); });

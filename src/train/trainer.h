@@ -200,7 +200,8 @@ class Trainer {
     std::unique_ptr<nn::Model> model_;
     // GPU runs over several processes: NCCL communicators over the dp_span, edp and ep ranks (groups of more than one
     // rank), which move the gradients and the MoE rows; the mesh's MPI groups keep the host scalars.
-    std::shared_ptr<parallel::Comm> nccl_dp_span_, nccl_edp_, nccl_ep_;  // shared where two groups are the same ranks
+    // Shared where two groups are the same ranks.
+    std::shared_ptr<parallel::Comm> nccl_dp_span_, nccl_edp_, nccl_ep_, nccl_tp_, nccl_stage_;
     std::unique_ptr<parallel::GradSync> grad_sync_;
     std::unique_ptr<optim::AdamW> adamw_;
     optim::LossScaler scaler_;

@@ -86,6 +86,68 @@ void check_finite(const core::Tensor& t, const std::string& name, const std::str
                 dir);
 }
 
+// Tensor parallelism: a flat range [begin, end) of a tp-split parameter's local shard (1-D or 2-D) as boxes of the
+// global tensor, each with the local flat index of its first element: a partial first row, a slab of whole rows, a
+// partial last row, less the padding of a vocabulary's last shard. (A row-parallel shard's rows are not runs of the
+// global tensor, so a ZeRO-1 slice of it is not one flat range.)
+struct TpBox {
+    core::Shape offset, extent;
+    int64_t local_begin = 0;
+};
+std::vector<TpBox> tp_boxes(const nn::ParamSpec& spec, int64_t begin, int64_t end) {
+    MT_CHECK(spec.shape.size() <= 2, "tp checkpoint boxes of a {}-D parameter ({})", spec.shape.size(), spec.name);
+    const bool matrix = spec.shape.size() == 2;
+    const int64_t cols = matrix ? spec.shape[1] : 1, real = nn::param_tp_real(spec);
+    // Real rows and columns of the local shard.
+    const int64_t rows_real = spec.tp_axis == 0 ? real : spec.shape[0];
+    const int64_t cols_real = matrix && spec.tp_axis == 1 ? real : cols;
+    std::vector<TpBox> boxes;
+    auto emit = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {  // local rows [r0, r1), columns [c0, c1)
+        r1 = std::min(r1, rows_real), c1 = std::min(c1, cols_real);
+        if (r0 >= r1 || c0 >= c1) return;
+        TpBox b{.offset = {r0}, .extent = {r1 - r0}, .local_begin = r0 * cols + c0};
+        if (matrix) b.offset.push_back(c0), b.extent.push_back(c1 - c0);
+        b.offset[static_cast<size_t>(spec.tp_axis)] += spec.tp_first;
+        boxes.push_back(std::move(b));
+    };
+    if (begin >= end) return boxes;
+    const int64_t first = begin / cols, last = (end - 1) / cols;  // the rows the range touches
+    if (first == last) {
+        emit(first, first + 1, begin % cols, (end - 1) % cols + 1);
+        return boxes;
+    }
+    int64_t lo = first, hi = last + 1;
+    if (begin % cols != 0) emit(first, first + 1, begin % cols, cols), lo = first + 1;
+    if (end % cols != 0) hi = last;
+    emit(lo, hi, 0, cols);
+    if (end % cols != 0) emit(last, last + 1, 0, end % cols);
+    return boxes;
+}
+
+// This rank's shard of a tp-split tensor read from the checkpoint's global one (zeros in a padded shard's tail).
+core::Tensor read_tp_shard(const Checkpoint& ckpt, const std::string& kind, const nn::ParamSpec& spec, core::DType dt) {
+    const core::Shape global = nn::param_global_shape(spec);
+    if (ckpt.global_shape(kind, spec.name) != global)
+        core::fail(core::ExitCode::checkpoint,
+                   "tensor {} ({}) has shape {} in the checkpoint but {} in the model [{}]",
+                   spec.name,
+                   kind,
+                   core::shape_str(ckpt.global_shape(kind, spec.name)),
+                   core::shape_str(global),
+                   ckpt.dir());
+    const core::Tensor whole = core::Tensor::zeros(global, dt);
+    ckpt.read_into(kind, spec.name, whole);
+    const core::Tensor shard = core::Tensor::zeros(spec.shape, dt);
+    const nn::ParamBox box = nn::param_box(spec);
+    core::Tensor src = whole, dst = shard;
+    for (size_t d = 0; d < box.offset.size(); ++d) {
+        src = src.slice(static_cast<int>(d), box.offset[d], box.offset[d] + box.extent[d]);
+        dst = dst.slice(static_cast<int>(d), 0, box.extent[d]);
+    }
+    dst.copy_from(src);
+    return shard;
+}
+
 // A piece's two AdamW moments with their checkpoint kinds.
 std::array<std::pair<const char*, core::Tensor>, 2> moments(const optim::AdamW& adamw, const optim::AdamW::Piece& p) {
     return {{{"adamw.m", adamw.m(p)}, {"adamw.v", adamw.v(p)}}};
@@ -102,27 +164,51 @@ void Trainer::save_checkpoint() {
     nn::ParamTable& table = model_->params();
     grad_sync_->gather_master();  // ZeRO-1 keeps the master weights sharded between checkpoints (and gathers
                                   // the forward's weights in the background)
-    // Whether this rank writes a replicated parameter: the first of the ranks holding the same copy.
+    // Whether this rank writes a replicated parameter: the first of the ranks holding the same copy (a tp-split one
+    // is this rank's own box; one replicated over tp is written by tp rank 0).
     const bool first_data = mesh_->group(parallel::MeshGroup::dp_span).rank() == 0;
     const bool first_expert = mesh_->group(parallel::MeshGroup::edp).rank() == 0;
+    const bool first_tp = mesh_->coord(parallel::MeshAxis::tp) == 0;
     auto replica_writer = [&](const nn::ParamSpec& spec) {
-        return nn::param_expert_sharded(spec) ? first_expert : first_data;
+        if (nn::param_expert_sharded(spec)) return first_expert;
+        return first_data && (first_tp || nn::param_tp_split(spec));
+    };
+    // Under ZeRO-1 each owned slice is written by its owner; a parameter replicated over tp (but not reduced over
+    // it) has the same owned slices on every tp rank.
+    auto owner_writes = [&](const nn::ParamSpec& spec) {
+        return first_tp || nn::param_tp_split(spec) || spec.tp_partial_grad || nn::param_expert_sharded(spec);
     };
     std::vector<CheckpointTensor> tensors;
     for (int i = 0; i < table.size(); ++i) {
         const nn::ParamSpec& spec = table.spec(i);
         if (!replica_writer(spec)) continue;
-        const core::Shape global = nn::param_global_shape(spec);
-        core::Shape offset(global.size(), 0);
-        if (nn::param_expert_sharded(spec)) offset[0] = spec.shard_first;
-        tensors.push_back({spec.name, "param", to_host(table.master(i)), global, offset});
+        const nn::ParamBox box = nn::param_box(spec);
+        core::Tensor mine = table.master(i);
+        if (nn::param_tp_split(spec)) mine = to_host(mine).slice(spec.tp_axis, 0, nn::param_tp_real(spec)).clone();
+        tensors.push_back({spec.name, "param", to_host(mine), nn::param_global_shape(spec), box.offset});
     }
     for (const optim::AdamW::Piece& p : adamw_->pieces()) {
         const nn::ParamSpec& spec = table.spec(p.param);
-        if (!adamw_->sharded() && !replica_writer(spec)) continue;
-        const int64_t at = nn::param_shard_flat_offset(spec) + p.begin;
-        for (const auto& [kind, state] : moments(*adamw_, p))
-            tensors.push_back({spec.name, kind, to_host(state), nn::param_global_shape(spec), {}, at});
+        if (adamw_->sharded() ? !owner_writes(spec) : !replica_writer(spec)) continue;
+        for (const auto& [kind, state] : moments(*adamw_, p)) {
+            if (!nn::param_tp_split(spec)) {
+                const int64_t at = nn::param_shard_flat_offset(spec) + p.begin;
+                tensors.push_back({spec.name, kind, to_host(state), nn::param_global_shape(spec), {}, at});
+                continue;
+            }
+            const core::Tensor host = to_host(state);
+            for (const TpBox& b : tp_boxes(spec, p.begin, p.end)) {
+                const int64_t first = b.local_begin - p.begin;
+                const core::Tensor part =
+                    b.extent.size() == 2 && b.extent[0] > 1
+                        ? host.slice(0, first, first + b.extent[0] * spec.shape[1])
+                              .reshape({b.extent[0], spec.shape[1]})
+                              .slice(1, 0, b.extent[1])
+                              .clone()
+                        : host.slice(0, first, first + core::shape_numel(b.extent)).reshape(b.extent).clone();
+                tensors.push_back({spec.name, kind, part, nn::param_global_shape(spec), b.offset});
+            }
+        }
     }
     if (mesh_->world().rank() == 0)
         for (auto& moe : moe_checkpoint_tensors()) tensors.push_back({moe.name, moe.kind, to_host(moe.tensor)});
@@ -219,7 +305,9 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
     // Each rank reads the parts it holds out of the global tensors, whatever mesh wrote them.
     for (int i = 0; i < table.size(); ++i) {
         const nn::ParamSpec& spec = table.spec(i);
-        if (!nn::param_expert_sharded(spec)) {
+        if (nn::param_tp_split(spec)) {
+            table.master(i).copy_from(read_tp_shard(ckpt, "param", spec, table.master(i).dtype()));
+        } else if (!nn::param_expert_sharded(spec)) {
             read_to_device(ckpt, "param", spec.name, table.master(i));
         } else {
             read_flat_part(ckpt,
@@ -235,7 +323,11 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
         const nn::ParamSpec& spec = table.spec(p.param);
         const bool whole = !nn::param_expert_sharded(spec) && p.begin == 0 && p.end == core::shape_numel(spec.shape);
         for (const auto& [kind, state] : moments(*adamw_, p)) {
-            if (whole)
+            if (nn::param_tp_split(spec))
+                state.copy_from(read_tp_shard(ckpt, kind, spec, state.dtype())
+                                    .reshape({core::shape_numel(spec.shape)})
+                                    .slice(0, p.begin, p.end));
+            else if (whole)
                 read_to_device(ckpt, kind, spec.name, state.reshape(spec.shape));
             else
                 read_flat_part(ckpt,

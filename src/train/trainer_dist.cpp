@@ -12,8 +12,8 @@ void Trainer::check_parallel_layout() const {
     const parallel::MeshShape& s = mesh_->shape();
     auto unsupported = [&](const char* key, int64_t value, const char* what) {
         core::fail_hint(core::ExitCode::usage,
-                        fmt::format("set {} = 1; data and expert parallelism (parallel.dp, parallel.ep) are what "
-                                    "this version runs",
+                        fmt::format("set {} = 1; data, expert and tensor parallelism (parallel.dp, parallel.ep, "
+                                    "parallel.tp) are what this version runs",
                                     key),
                         "{} = {}: {} is not implemented yet [{}]",
                         key,
@@ -21,20 +21,20 @@ void Trainer::check_parallel_layout() const {
                         what,
                         cfg_.source);
     };
-    if (s[parallel::MeshAxis::tp] > 1) unsupported("parallel.tp", s[parallel::MeshAxis::tp], "tensor parallelism");
     if (s[parallel::MeshAxis::cp] > 1) unsupported("parallel.cp", s[parallel::MeshAxis::cp], "context parallelism");
     if (s[parallel::MeshAxis::pp] > 1) unsupported("parallel.pp", s[parallel::MeshAxis::pp], "pipeline parallelism");
-    if (s[parallel::MeshAxis::dp] * s[parallel::MeshAxis::ep] == 1) return;
+    if (s[parallel::MeshAxis::dp] * s[parallel::MeshAxis::ep] * s[parallel::MeshAxis::tp] == 1) return;
     const bool cuda =
         cfg_.run.device == "cuda" || (cfg_.run.device == "auto" && core::backend_available(core::Device::cuda));
     if (!cuda) return;
     if (!parallel::comm_nccl_compiled())
         core::fail_hint(core::ExitCode::usage,
                         "set run.device = \"cpu\", or rebuild with NCCL (docs/distributed.md)",
-                        "parallel.dp = {} x parallel.ep = {} on the GPU needs the NCCL backend, which this build "
-                        "does not have [{}]",
+                        "parallel.dp = {} x parallel.ep = {} x parallel.tp = {} on the GPU needs the NCCL backend, "
+                        "which this build does not have [{}]",
                         s[parallel::MeshAxis::dp],
                         s[parallel::MeshAxis::ep],
+                        s[parallel::MeshAxis::tp],
                         cfg_.source);
 }
 
@@ -45,7 +45,10 @@ int64_t Trainer::optimizer_state_bytes_total() const {
     int64_t n = 0;
     for (int i = 0; i < table.size(); ++i) {
         const nn::ParamSpec& spec = table.spec(i);
-        n += table.padded_numel(i) * (nn::param_expert_sharded(spec) ? spec.shard_global / spec.shape[0] : 1);
+        if (nn::param_tp_split(spec))  // a tp shard: the whole tensor (one process would add its arena padding)
+            n += core::shape_numel(nn::param_global_shape(spec));
+        else
+            n += table.padded_numel(i) * (nn::param_expert_sharded(spec) ? spec.shard_global / spec.shape[0] : 1);
     }
     return 2 * n * static_cast<int64_t>(core::dtype_size(config_state_dtype(cfg_, table.precision().master)));
 }

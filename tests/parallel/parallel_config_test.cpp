@@ -42,3 +42,43 @@ TEST(ParallelConfig, TrainerRefusesLayoutsItCannotRun) {
     expect_usage_error([&] { mt::train::Trainer t(mt::testing::tiny_job(dir, {"parallel.ep=2"}), false); },
                        {"parallel.ep = 2", "moe.enabled"});
 }
+
+// Tensor parallelism's divisibility rules (parallel.md §2), checked when the config is read (exit 2 naming the keys).
+TEST(ParallelConfig, TensorParallelRefusesWhatItCannotSplit) {
+    const std::string dir = mt::testing::fresh_dir("tp");
+    auto job = [&](std::vector<std::string> o) { return mt::testing::tiny_job(dir, o); };
+    // tiny_job: 4 query heads, 2 kv heads, d_ff 64, vocabulary 61, batch 4 x 16 tokens.
+    EXPECT_EQ(job({"parallel.tp=2"}).parallel.sequence_parallel, true);  // the default with tp
+    expect_usage_error([&] { job({"parallel.tp=3"}); }, {"model.n_heads = 4", "parallel.tp = 3"});
+    expect_usage_error([&] { job({"parallel.tp=4"}); }, {"model.n_kv_heads = 2", "parallel.tp = 4"});
+    expect_usage_error([&] { job({"parallel.tp=2", "model.d_ff=65"}); }, {"model.d_ff = 65"});
+    expect_usage_error(
+        [&] {
+            job({"parallel.tp=2", "parallel.pad_vocab=false"});
+        },
+        {"model.vocab_size = 61", "parallel.pad_vocab = false"});
+    EXPECT_NO_THROW(job({"parallel.tp=2", "parallel.pad_vocab=false", "model.vocab_size=62"}));
+    expect_usage_error(
+        [&] {
+            job({"parallel.tp=2", "train.batch_size=1", "train.seq_len=15"});
+        },
+        {"train.batch_size x train.seq_len = 1 x 15", "parallel.tp = 2"});
+    EXPECT_NO_THROW(
+        job({"parallel.tp=2", "train.batch_size=1", "train.seq_len=15", "parallel.sequence_parallel=false"}));
+    EXPECT_NO_THROW(job({"parallel.tp=2", "model.layer_pattern=\"AK\""}));
+    expect_usage_error(
+        [&] {
+            job({"parallel.tp=2", "model.layer_pattern=\"AK\"", "kda.num_heads=3"});
+        },
+        {"kda.num_heads = 3", "parallel.tp = 2"});
+    expect_usage_error(
+        [&] {
+            job({"parallel.tp=2", "moe.enabled=true", "moe.num_experts=4", "moe.top_k=2"});
+        },
+        {"parallel.tp > 1 with moe.enabled"});
+    expect_usage_error(
+        [&] {
+            job({"parallel.tp=4", "model.n_kv_heads=4", "model.vocab_size=5"});
+        },
+        {"leaves the last of parallel.tp = 4 vocabulary shards"});
+}

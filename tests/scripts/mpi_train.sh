@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `mpirun -np 2 moetrain train`: the data-parallel loss curve equals one process with the same global batch, only
-# rank 0 writes metrics (the memory keys reduced over the ranks), a resumed dp=2 run continues exactly, an MoE model
+# rank 0 writes metrics (the memory keys reduced over the ranks), tp=2 equals one process, a resumed dp=2 run
+# continues exactly, an MoE model
 # trains over ep=2 (each rank writing its checkpoint shard), and impossible layouts end with exit 2 naming keys.
 # Usage: mpi_train.sh <moetrain> <source-dir> <scratch-dir>
 set -euo pipefail
@@ -22,24 +23,40 @@ COMMON=(--config "$SRC/configs/tiny.toml" --set run.threads=1 --set train.steps=
 "${MPIRUN[@]}" "$BIN" train "${COMMON[@]}" --set run.dir=dp2 > dp2.txt 2> dp2.err || fail "dp=2 run: $(cat dp2.err)"
 grep -q "x 2 processes, tp=1 cp=1 ep=1 dp=2 pp=1" dp2.txt || fail "no mesh line: $(cat dp2.txt)"
 [[ $(grep -c "step      6/6 | loss" dp2.txt) -eq 1 ]] || fail "expected one progress line per step (rank 0 only)"
-/usr/bin/python3 - <<'PY' || fail "loss curves differ"
-import json
-def losses(path, kind, key):
+# Loss, gradient norm and validation loss of two runs' metrics.jsonl within 1e-5 (relative), printed as LABEL.
+same_curves() {
+  /usr/bin/python3 - "$@" <<'PY'
+import json, sys
+a_path, b_path, label = sys.argv[1:4]
+def series(path, kind, key):
     return [json.loads(l)[key] for l in open(path) if json.loads(l)["kind"] == kind]
-head = json.loads(open("dp2/metrics.jsonl").readline())
-assert head["kind"] == "config" and head["mesh"]["dp"] == 2 and head["mesh"]["world"] == 2, head["mesh"]
 worst = 0.0
 for kind, key in (("train", "loss"), ("train", "grad_norm"), ("eval", "val_loss")):
-    a, b = losses("single/metrics.jsonl", kind, key), losses("dp2/metrics.jsonl", kind, key)
+    a, b = series(a_path, kind, key), series(b_path, kind, key)
     assert len(a) == len(b) > 0, (kind, len(a), len(b))
     worst = max([worst] + [abs(x - y) / abs(x) for x, y in zip(a, b)])
-print(f"mpi_train: dp=2 vs one process (grad_accum 2), 6 steps: max relative difference {worst:.2e}")
+print(f"mpi_train: {label}, 6 steps: max relative difference {worst:.2e}")
 assert worst < 1e-5, worst
+PY
+}
+same_curves single/metrics.jsonl dp2/metrics.jsonl "dp=2 vs one process (grad_accum 2)" || fail "loss curves differ"
+/usr/bin/python3 - <<'PY' || fail "dp=2 metrics"
+import json
+head = json.loads(open("dp2/metrics.jsonl").readline())
+assert head["kind"] == "config" and head["mesh"]["dp"] == 2 and head["mesh"]["world"] == 2, head["mesh"]
 # The memory keys come through the reduction over the ranks (each the largest over them).
 for j in map(json.loads, open("dp2/metrics.jsonl")):
     if j["kind"] == "train":
         assert j["mem/peak"] >= j["mem/allocated"] > 0 and 0 <= j["mem/peak_activations"] < j["mem/peak"], j
 PY
+
+# Tensor parallelism (sequence parallel, the vocabulary of 257 padded to 258): both ranks read one batch, so the
+# same loss curve as one process with grad_accum 1.
+"$BIN" train "${COMMON[@]}" --set run.dir=single1 > single1.txt
+"${MPIRUN[@]}" "$BIN" train "${COMMON[@]}" --set run.dir=tp2 --set parallel.tp=2 > tp2.txt 2> tp2.err ||
+  fail "tp=2 run: $(cat tp2.err)"
+grep -q "x 2 processes, tp=2 cp=1 ep=1 dp=1 pp=1" tp2.txt || fail "no tp mesh line: $(cat tp2.txt)"
+same_curves single1/metrics.jsonl tp2/metrics.jsonl "tp=2 vs one process" || fail "tp=2 loss curve differs"
 
 # Resume: drop the last checkpoint and continue from step 3 under the same mesh; steps 4-6 must repeat exactly.
 cp -r dp2 dp2_resume
@@ -71,11 +88,18 @@ set -e
 [[ $rc -eq 2 ]] || fail "ep=2 on a dense model: exit $rc, expected 2: $(cat bad2.err)"
 grep -q "parallel.ep = 2 needs an MoE model" bad2.err || fail "ep=2 message: $(cat bad2.err)"
 set +e
-"${MPIRUN[@]}" "$BIN" train "${COMMON[@]}" --set run.dir=bad --set parallel.tp=2 > /dev/null 2> bad3.err
+"${MPIRUN[@]}" "$BIN" train "${COMMON[@]}" --set run.dir=bad --set parallel.cp=2 > /dev/null 2> bad3.err
 rc=$?
 set -e
-[[ $rc -eq 2 ]] || fail "tp=2: exit $rc, expected 2: $(cat bad3.err)"
-grep -q "parallel.tp = 2: tensor parallelism is not implemented yet" bad3.err || fail "tp=2 message: $(cat bad3.err)"
+[[ $rc -eq 2 ]] || fail "cp=2: exit $rc, expected 2: $(cat bad3.err)"
+grep -q "parallel.cp = 2: context parallelism is not implemented yet" bad3.err || fail "cp=2 message: $(cat bad3.err)"
+set +e
+"${MPIRUN[@]}" "$BIN" train "${COMMON[@]}" --set run.dir=bad --set parallel.tp=2 --set model.n_heads=2 \
+  --set model.n_kv_heads=1 > /dev/null 2> bad5.err
+rc=$?
+set -e
+[[ $rc -eq 2 ]] || fail "tp=2 over 1 kv head: exit $rc, expected 2: $(cat bad5.err)"
+grep -q "model.n_kv_heads = 1 is not divisible by parallel.tp = 2" bad5.err || fail "tp message: $(cat bad5.err)"
 set +e
 "${MPIRUN[@]}" "$BIN" train "${COMMON[@]}" --set run.dir=bad --set moe.enabled=true --set moe.num_experts=3 \
   --set moe.top_k=2 --set moe.expert_ffn_dim=64 --set parallel.ep=2 > /dev/null 2> bad4.err

@@ -11,28 +11,38 @@
 
 namespace mt::nn {
 
-AttentionLayer::AttentionLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, bool window)
+AttentionLayer::AttentionLayer(
+    ParamTable& table, const std::string& prefix, const ModelConfig& cfg, bool window, const TensorParallel& tp)
     : cfg_(cfg), window_(window), table_(&table) {
+    using Split = Linear::Split;
     const int64_t d = cfg.resolved_head_dim();
-    wq_ = Linear(table, prefix + ".wq", cfg.d_model, cfg.n_heads * d, cfg.init_std);
-    wk_ = Linear(table, prefix + ".wk", cfg.d_model, cfg.n_kv_heads * d, cfg.init_std);
-    wv_ = Linear(table, prefix + ".wv", cfg.d_model, cfg.n_kv_heads * d, cfg.init_std);
+    // Heads are contiguous in the projections' outputs, so a rank's heads are a block of rows of Wq, Wk and Wv and
+    // of columns of Wo.
+    wq_ = Linear(table, prefix + ".wq", cfg.d_model, cfg.n_heads * d, cfg.init_std, tp, Split::column);
+    wk_ = Linear(table, prefix + ".wk", cfg.d_model, cfg.n_kv_heads * d, cfg.init_std, tp, Split::column);
+    wv_ = Linear(table, prefix + ".wv", cfg.d_model, cfg.n_kv_heads * d, cfg.init_std, tp, Split::column);
     // GPT-2 style scaled init for projections that write into the residual stream.
     wo_ = Linear(table,
                  prefix + ".wo",
                  cfg.n_heads * d,
                  cfg.d_model,
-                 cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)));
+                 cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)),
+                 tp,
+                 Split::row);
+    cfg_.head_dim = d;  // fixed before the head counts become this rank's (d_model / n_heads would change)
+    cfg_.n_heads = tp.shard(cfg.n_heads);
+    cfg_.n_kv_heads = tp.shard(cfg.n_kv_heads);
     // The memory tokens are embeddings (no weight decay, as the token embedding's rows would be), the sink logits
     // start at 0 (e^0 = one extra unit of mass in every denominator).
     if (window && cfg.attn.global_tokens > 0)
-        mem_ = table.add({.name = prefix + ".global_tokens",
-                          .shape = {cfg.attn.global_tokens, cfg.d_model},
-                          .init_std = cfg.init_std,
-                          .weight_decay = false});
+        mem_ = table.add(tp_partial({.name = prefix + ".global_tokens",
+                                     .shape = {cfg.attn.global_tokens, cfg.d_model},
+                                     .init_std = cfg.init_std,
+                                     .weight_decay = false},
+                                    tp));
     if (cfg.attn.sink_logit)
-        sink_ = table.add(
-            {.name = prefix + ".sink", .shape = {cfg.n_heads}, .init = InitKind::zeros, .weight_decay = false});
+        sink_ = table.add(tp_split(
+            {.name = prefix + ".sink", .shape = {cfg.n_heads}, .init = InitKind::zeros, .weight_decay = false}, tp, 0));
 }
 
 void AttentionLayer::resize(int64_t batch, int64_t seq, const Precision& precision) {

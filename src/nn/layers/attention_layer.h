@@ -25,7 +25,14 @@ namespace mt::nn {
 class AttentionLayer : public Layer {
    public:
     // window: this layer uses attn.window, the global tokens and attn.window_rope_base (ModelConfig::layer_is_window).
-    AttentionLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, bool window = false);
+    // tp: this rank holds n_heads / tp query heads and n_kv_heads / tp key/value heads (Wq, Wk, Wv column-parallel,
+    // Wo row-parallel, the sink logits split by head; the global tokens replicated, their gradient a part per rank);
+    // its output is a part of the sum over tp.
+    AttentionLayer(ParamTable& table,
+                   const std::string& prefix,
+                   const ModelConfig& cfg,
+                   bool window = false,
+                   const TensorParallel& tp = {});
 
     void resize(int64_t batch, int64_t seq, const Precision& precision);
     // x: [N, C] (the normed residual) -> out: [N, C]
@@ -110,7 +117,7 @@ class AttentionLayer : public Layer {
         return seg_.active() ? seg_.first + seg_.length : 0;
     }
 
-    ModelConfig cfg_;
+    ModelConfig cfg_;   // n_heads and n_kv_heads are this rank's shares
     DropList dropped_;  // recompute attn_core: every saved tensor
     Documents docs_;
     Linear wq_, wk_, wv_, wo_;

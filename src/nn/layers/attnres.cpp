@@ -7,7 +7,7 @@
 
 namespace mt::nn {
 
-AttnResStack::AttnResStack(ParamTable& table, const ModelConfig& cfg)
+AttnResStack::AttnResStack(ParamTable& table, const ModelConfig& cfg, const TensorParallel& tp)
     : cfg_(cfg),
       table_(&table),
       layers_(2 * cfg.n_layers),
@@ -22,12 +22,14 @@ AttnResStack::AttnResStack(ParamTable& table, const ModelConfig& cfg)
              block_,
              max_sources,
              ops::kAttnResMaxSources);
+    // Under sequence parallelism each tp rank mixes its own rows: the queries' and key norms' gradients are parts.
+    const TensorParallel rows = tp.splits_rows() ? tp : TensorParallel{};
     for (int64_t l = 1; l <= layers_ + 1; ++l) {
         const std::string p = "attnres.mix." + std::to_string(l);
-        query_.push_back(
-            table.add({.name = p + ".query", .shape = {cfg.d_model}, .init = InitKind::zeros, .weight_decay = false}));
-        gain_.push_back(table.add(
-            {.name = p + ".key_norm", .shape = {cfg.d_model}, .init = InitKind::ones, .weight_decay = false}));
+        query_.push_back(table.add(tp_partial(
+            {.name = p + ".query", .shape = {cfg.d_model}, .init = InitKind::zeros, .weight_decay = false}, rows)));
+        gain_.push_back(table.add(tp_partial(
+            {.name = p + ".key_norm", .shape = {cfg.d_model}, .init = InitKind::ones, .weight_decay = false}, rows)));
     }
 }
 

@@ -11,13 +11,15 @@
 #include <vector>
 
 #include "nn/block.h"
+#include "nn/tensor_parallel.h"
 
 namespace mt::nn {
 
 class AttnResStack {
    public:
     // Registers the L + 1 mixes' parameters.
-    AttnResStack(ParamTable& table, const ModelConfig& cfg);
+    // tp: under sequence parallelism the mixes run on this rank's rows (their parameters' gradients are parts).
+    AttnResStack(ParamTable& table, const ModelConfig& cfg, const TensorParallel& tp = {});
 
     void resize(int64_t n, const Precision& precision);
     // The optimizer step the next forward and backward belong to (the residual blend's schedule).

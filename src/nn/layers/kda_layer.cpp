@@ -17,10 +17,14 @@ namespace {
 constexpr double kL2Eps = 1e-6;  // kda.md §1: k / sqrt(|k|^2 + 1e-6)
 }
 
-KdaLayer::KdaLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg) : cfg_(cfg), table_(&table) {
+KdaLayer::KdaLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, const TensorParallel& tp)
+    : cfg_(cfg), table_(&table) {
+    using Split = Linear::Split;
     const KdaConfig& kda = cfg.kda;
-    h_ = cfg.kda_num_heads();
-    hv_ = cfg.kda_num_v_heads();
+    // This rank's heads (all of them without tp); the declarations below name the global sizes.
+    const int64_t h_all = cfg.kda_num_heads(), hv_all = cfg.kda_num_v_heads();
+    h_ = tp.shard(h_all);
+    hv_ = tp.shard(hv_all);
     k_dim_ = cfg.kda_head_dim();
     v_dim_ = cfg.kda_head_v_dim();
     MT_CHECK(hv_ % h_ == 0, "{}: kda.num_v_heads = {} must be a multiple of kda.num_heads = {}", prefix, hv_, h_);
@@ -36,40 +40,50 @@ KdaLayer::KdaLayer(ParamTable& table, const std::string& prefix, const ModelConf
                     .save_workspace = kda.save == KdaSave::workspace};
     keep_tiles_ = kda.save != KdaSave::none;
 
-    const int64_t d = cfg.d_model, hk = h_ * k_dim_, hvk = hv_ * k_dim_, hvv = hv_ * v_dim_;
+    const int64_t d = cfg.d_model, hk = h_all * k_dim_, hvk = hv_all * k_dim_, hvv = hv_all * v_dim_;
     const double init_std = cfg.init_std;
-    wq_ = Linear(table, prefix + ".q_proj", d, hk, init_std);
-    wk_ = Linear(table, prefix + ".k_proj", d, hk, init_std);
-    wv_ = Linear(table, prefix + ".v_proj", d, hvv, init_std);
+    wq_ = Linear(table, prefix + ".q_proj", d, hk, init_std, tp, Split::column);
+    wk_ = Linear(table, prefix + ".k_proj", d, hk, init_std, tp, Split::column);
+    wv_ = Linear(table, prefix + ".v_proj", d, hvv, init_std, tp, Split::column);
     const double conv_std = 1.0 / std::sqrt(static_cast<double>(kda.conv_size));
-    auto conv = [&](const char* name, int64_t c) {
-        return table.add({.name = prefix + name, .shape = {c, kda.conv_size}, .init_std = conv_std});
+    auto conv = [&](const char* name, int64_t c) {  // per channel: split with the channels' heads
+        return table.add(tp_split({.name = prefix + name, .shape = {c, kda.conv_size}, .init_std = conv_std}, tp, 0));
     };
     conv_q_ = conv(".q_conv1d.weight", hk);
     conv_k_ = conv(".k_conv1d.weight", hk);
     conv_v_ = conv(".v_conv1d.weight", hvv);
-    wfa_ = Linear(table, prefix + ".f_a_proj", d, k_dim_, init_std);
-    wfb_ = Linear(table, prefix + ".f_b_proj", k_dim_, hvk, init_std);
+    wfa_ = Linear(table, prefix + ".f_a_proj", d, k_dim_, init_std, tp, Split::partial);
+    wfb_ = Linear(table, prefix + ".f_b_proj", k_dim_, hvk, init_std, tp, Split::column);
     // kda.md §3: A_log = 0 (a = 1) for the bounded gate, log U(1, 16) for softplus; dt_bias = softplus^-1(delta),
     // delta log-uniform in [1e-3, 1e-1].
-    a_log_ = table.add({.name = prefix + ".A_log",
-                        .shape = {hv_},
-                        .init = bounded ? InitKind::zeros : InitKind::log_uniform,
-                        .init_lo = 1.0,
-                        .init_hi = 16.0,
-                        .weight_decay = false});
-    dt_bias_ = table.add({.name = prefix + ".dt_bias",
-                          .shape = {hvk},
-                          .init = InitKind::softplus_inv_log_uniform,
-                          .init_lo = 1e-3,
-                          .init_hi = 1e-1,
-                          .weight_decay = false});
-    wb_ = Linear(table, prefix + ".b_proj", d, hv_, init_std);
-    wga_ = Linear(table, prefix + ".g_a_proj", d, v_dim_, init_std);
-    wgb_ = Linear(table, prefix + ".g_b_proj", v_dim_, hvv, init_std);
-    o_norm_ = table.add(
-        {.name = prefix + ".o_norm.weight", .shape = {v_dim_}, .init = InitKind::ones, .weight_decay = false});
-    wo_ = Linear(table, prefix + ".o_proj", hvv, d, init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)));
+    a_log_ = table.add(tp_split({.name = prefix + ".A_log",
+                                 .shape = {hv_all},
+                                 .init = bounded ? InitKind::zeros : InitKind::log_uniform,
+                                 .init_lo = 1.0,
+                                 .init_hi = 16.0,
+                                 .weight_decay = false},
+                                tp,
+                                0));
+    dt_bias_ = table.add(tp_split({.name = prefix + ".dt_bias",
+                                   .shape = {hvk},
+                                   .init = InitKind::softplus_inv_log_uniform,
+                                   .init_lo = 1e-3,
+                                   .init_hi = 1e-1,
+                                   .weight_decay = false},
+                                  tp,
+                                  0));
+    wb_ = Linear(table, prefix + ".b_proj", d, hv_all, init_std, tp, Split::column);
+    wga_ = Linear(table, prefix + ".g_a_proj", d, v_dim_, init_std, tp, Split::partial);
+    wgb_ = Linear(table, prefix + ".g_b_proj", v_dim_, hvv, init_std, tp, Split::column);
+    o_norm_ = table.add(tp_partial(
+        {.name = prefix + ".o_norm.weight", .shape = {v_dim_}, .init = InitKind::ones, .weight_decay = false}, tp));
+    wo_ = Linear(table,
+                 prefix + ".o_proj",
+                 hvv,
+                 d,
+                 init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)),
+                 tp,
+                 Split::row);
 }
 
 void KdaLayer::resize(int64_t batch, int64_t seq, const Precision& precision) {

@@ -33,7 +33,11 @@ class KdaLayer : public Layer {
     // bounded gate, log U(1, 16) for softplus; dt_bias = log(e^delta - 1), delta log-uniform in [1e-3, 1e-1]), so
     // ParamTable::initialize sets them. Contract (exit 1, MT_CHECK, as every layer's; the config parser rejects each
     // first with exit 2, naming the key): kda.num_v_heads a multiple of kda.num_heads, kda.conv_size >= 1.
-    KdaLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg);
+    // tp: this rank holds kda.num_heads / tp key heads and kda.num_v_heads / tp value heads (split by head: the q, k,
+    // v, beta, f_b and g_b projections column-parallel, their conv filters, A_log and dt_bias by head, o_proj
+    // row-parallel); the low-rank down projections f_a, g_a and the output norm's gain stay whole, each rank holding
+    // a part of their gradient. The recurrence is head-local: no communication inside the layer.
+    KdaLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, const TensorParallel& tp = {});
 
     void resize(int64_t batch, int64_t seq, const Precision& precision);
     // S_0 [B, HV, K, V] in the compute dtype, or undefined for the zero state; kept until changed.

@@ -5,8 +5,20 @@
 
 namespace mt::nn {
 
-Linear::Linear(ParamTable& table, const std::string& name, int64_t in, int64_t out, double init_std) : table_(&table) {
-    index_ = table.add({.name = name + ".weight", .shape = {out, in}, .init = InitKind::normal, .init_std = init_std});
+Linear::Linear(ParamTable& table,
+               const std::string& name,
+               int64_t in,
+               int64_t out,
+               double init_std,
+               const TensorParallel& tp,
+               Split split)
+    : table_(&table) {
+    ParamSpec spec{.name = name + ".weight", .shape = {out, in}, .init = InitKind::normal, .init_std = init_std};
+    if (split == Split::partial)
+        spec = tp_partial(std::move(spec), tp);
+    else if (split != Split::none)
+        spec = tp_split(std::move(spec), tp, split == Split::column ? 0 : 1);
+    index_ = table.add(std::move(spec));
 }
 
 void Linear::forward(const Tensor& x, const Tensor& y) const {

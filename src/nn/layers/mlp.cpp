@@ -7,14 +7,18 @@
 
 namespace mt::nn {
 
-Mlp::Mlp(ParamTable& table, const std::string& prefix, const ModelConfig& cfg) : cfg_(cfg) {
-    w_gate_ = Linear(table, prefix + ".w_gate", cfg.d_model, cfg.d_ff, cfg.init_std);
-    w_up_ = Linear(table, prefix + ".w_up", cfg.d_model, cfg.d_ff, cfg.init_std);
+Mlp::Mlp(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, const TensorParallel& tp) : cfg_(cfg) {
+    using Split = Linear::Split;
+    w_gate_ = Linear(table, prefix + ".w_gate", cfg.d_model, cfg.d_ff, cfg.init_std, tp, Split::column);
+    w_up_ = Linear(table, prefix + ".w_up", cfg.d_model, cfg.d_ff, cfg.init_std, tp, Split::column);
     w_down_ = Linear(table,
                      prefix + ".w_down",
                      cfg.d_ff,
                      cfg.d_model,
-                     cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)));
+                     cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)),
+                     tp,
+                     Split::row);
+    cfg_.d_ff = tp.shard(cfg.d_ff);
 }
 
 void Mlp::resize(int64_t n, const Precision& precision) {

@@ -1,4 +1,5 @@
-// SwiGLU MLP: out = W_down (silu(W_gate x) * W_up x).
+// SwiGLU MLP: out = W_down (silu(W_gate x) * W_up x). Under tensor parallelism each rank holds d_ff / tp of the
+// hidden features (W_gate, W_up column-parallel, W_down row-parallel) and its output is a part of the sum over tp.
 #pragma once
 
 #include "nn/layer.h"
@@ -11,7 +12,7 @@ namespace mt::nn {
 
 class Mlp : public Layer {
    public:
-    Mlp(ParamTable& table, const std::string& prefix, const ModelConfig& cfg);
+    Mlp(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, const TensorParallel& tp = {});
 
     // Drop the SwiGLU output after the forward and recompute it in the backward (recompute mlp_act, or moe_act for
     // the shared experts: the owner says which). Before resize.
@@ -29,7 +30,7 @@ class Mlp : public Layer {
     std::vector<SavedTensor> saved_for_backward() override;
 
    private:
-    ModelConfig cfg_;
+    ModelConfig cfg_;  // d_ff is this rank's share
     Linear w_gate_, w_up_, w_down_;
     Tensor gate_, up_, act_;  // [N, F]
     bool drop_act_ = false;

@@ -1,0 +1,58 @@
+// [parallel] checks across keys: what tensor parallelism must divide.
+#include "train/config_parallel.h"
+
+#include <fmt/format.h>
+
+namespace mt::train {
+
+void config_parallel_validate(const JobConfig& c, const std::string& src) {
+    const ParallelConfig& p = c.parallel;
+    const nn::ModelConfig& m = c.model;
+    if (p.tp <= 1) return;
+    auto bad = [&](const std::string& hint, const std::string& msg) {
+        core::fail_hint(core::ExitCode::usage, hint, "{} [{}]", msg, src);
+    };
+    auto divides = [&](const char* key, int64_t value, const char* what) {
+        if (value % p.tp != 0)
+            bad(fmt::format("choose a parallel.tp that divides {} (docs/distributed.md)", key),
+                fmt::format("{} = {} is not divisible by parallel.tp = {}: tensor parallelism splits {}",
+                            key,
+                            value,
+                            p.tp,
+                            what));
+    };
+    divides("model.n_heads", m.n_heads, "the query heads");
+    divides("model.n_kv_heads", m.n_kv_heads, "the key/value heads (replicating them is not built yet)");
+    if (m.n_layers > m.n_moe_layers()) divides("model.d_ff", m.dense_ffn_dim(), "the MLP's hidden features");
+    if (!p.pad_vocab) divides("model.vocab_size", m.vocab_size, "the vocabulary (parallel.pad_vocab = false)");
+    const int64_t shard = (m.vocab_size + p.tp - 1) / p.tp;
+    if (shard * (p.tp - 1) >= m.vocab_size)
+        bad("use a smaller parallel.tp",
+            fmt::format("model.vocab_size = {} leaves the last of parallel.tp = {} vocabulary shards of {} rows empty",
+                        m.vocab_size,
+                        p.tp,
+                        shard));
+    if (m.n_kda_layers() > 0) {
+        divides("kda.num_heads", m.kda_num_heads(), "KDA's key heads");
+        divides("kda.num_v_heads", m.kda_num_v_heads(), "KDA's value heads");
+    }
+    if (m.moe_enabled)
+        bad("set parallel.tp = 1 for an MoE model and use expert and data parallelism (parallel.ep, parallel.dp)",
+            "parallel.tp > 1 with moe.enabled is not built yet");
+    if (!p.sequence_parallel) return;
+    auto rows = [&](int64_t seq, const std::string& where) {
+        if (c.train.batch_size * seq % p.tp != 0)
+            bad("set parallel.sequence_parallel = false, or a batch whose token rows divide by parallel.tp",
+                fmt::format("train.batch_size x {} = {} x {} is not divisible by parallel.tp = {}: sequence "
+                            "parallelism splits the token rows",
+                            where,
+                            c.train.batch_size,
+                            seq,
+                            p.tp));
+    };
+    rows(c.train.seq_len, "train.seq_len");
+    for (size_t i = 0; i < c.long_ctx.stages.size(); ++i)
+        rows(c.long_ctx.stages[i].seq_len, fmt::format("long.stages[{}].seq_len", i));
+}
+
+}  // namespace mt::train

@@ -1,0 +1,16 @@
+// The [parallel] checks across keys that do not need the number of processes (the mesh's own checks, against the
+// world, are parallel/mesh.h's mesh_resolve): what tensor parallelism must divide. Internal to src/train.
+#pragma once
+
+#include <string>
+
+#include "train/config.h"
+
+namespace mt::train {
+
+// With parallel.tp > 1 (exit 2 naming the keys): model.n_heads, model.n_kv_heads and the dense MLP width divisible
+// by tp; model.vocab_size too unless parallel.pad_vocab; under sequence parallelism train.batch_size x seq_len (and
+// every curriculum stage's) divisible by tp; KDA and MoE layers are not split by tp yet.
+void config_parallel_validate(const JobConfig& c, const std::string& src);
+
+}  // namespace mt::train
