@@ -19,6 +19,12 @@ ModelConfig dense_ffn_config(ModelConfig cfg) {
     return cfg;
 }
 
+// Under tensor parallelism the block holds the MoE layer's shared experts (split over tp): the layer gets none.
+MoeConfig moe_layer_config(MoeConfig moe, const TensorParallel& tp) {
+    if (tp.active()) moe.num_shared_experts = 0;
+    return moe;
+}
+
 // The defined tensors of a saved list, but KDA's kept tiles (the KDA op allocates and frees those itself), with
 // their shapes now: expert parallelism may have grown a buffer since the last time.
 void list_saved(DropList& list, const std::vector<SavedTensor>& saved) {
@@ -47,8 +53,14 @@ Block::Block(ParamTable& table,
                 : std::nullopt),
       kda_(mixer == Mixer::kda ? std::make_optional<KdaLayer>(table, prefix + ".kda", cfg, tp) : std::nullopt),
       mlp_(moe ? std::nullopt : std::make_optional<Mlp>(table, prefix + ".mlp", dense_ffn_config(cfg), tp)),
-      moe_(moe ? std::make_unique<MoeLayer>(table, prefix + ".moe", cfg, cfg.moe, ep) : nullptr) {
-    MT_CHECK(!tp.active() || !moe, "tensor parallelism of MoE blocks is not built yet");
+      moe_(moe ? std::make_unique<MoeLayer>(table, prefix + ".moe", cfg, moe_layer_config(cfg.moe, tp), ep, tp)
+               : nullptr) {
+    if (moe_ && tp.active() && cfg.moe.num_shared_experts > 0) {
+        ModelConfig shared = cfg;
+        shared.d_ff = cfg.moe.expert_ffn_dim * cfg.moe.num_shared_experts;
+        moe_shared_.emplace(table, prefix + ".moe.shared", shared, tp);
+        moe_shared_->set_drop_act(cfg.recompute.drops(RecomputeModule::moe_act));
+    }
     if (mlp_) mlp_->set_drop_act(cfg.recompute.drops(RecomputeModule::mlp_act));
     branch_recompute_ = cfg.recompute.full() && cfg.attnres.enabled();
 }
@@ -73,10 +85,11 @@ void Block::resize(int64_t batch, int64_t seq, const Precision& precision) {
         kda_->resize(batch, seq, precision);
     else
         attn_->resize(batch, seq, precision);
-    if (moe_)
-        moe_->resize(full_rows_, precision);
+    if (moe_)  // under tp on this rank's own rows
+        moe_->resize(full_rows_ / tp_.size, precision);
     else
         mlp_->resize(full_rows_, precision);
+    if (moe_shared_) moe_shared_->resize(full_rows_, precision);
     const int64_t n = tp_.stream_rows(full_rows_);
     if (rows_ == n) return;
     rows_ = n;
@@ -127,6 +140,7 @@ void Block::reserve_scratch(Workspace& ws) const {
         moe_->reserve_scratch(ws);
     else
         mlp_->reserve_scratch(ws);
+    if (moe_shared_) moe_shared_->reserve_scratch(ws);
 }
 
 // The plain residual stream: each sub-layer (branch_forward / branch_backward below) adds to it.
@@ -206,11 +220,52 @@ void Block::ffn_branch_forward(const Tensor& h, const Tensor& out) {
     core::TraceRange range(h.device(), moe_ ? "block.moe_fwd" : "block.mlp_fwd");
     norm_dropped_[1].restore();
     ops::rmsnorm_fwd(h, table_->param(mlp_norm_), cfg_.norm_eps, norm2_, rstd2_);
-    const Tensor& in = region_input(1);
-    const Tensor y = region_output(out);
-    ffn_forward(in, y);
-    tp_sum_rows(tp_, y, out);
+    if (moe_ && tp_.active()) {
+        moe_tp_forward(out);
+    } else {
+        const Tensor& in = region_input(1);
+        const Tensor y = region_output(out);
+        ffn_forward(in, y);
+        tp_sum_rows(tp_, y, out);
+    }
     norm_dropped_[1].release();
+}
+
+void Block::moe_tp_forward(const Tensor& out) {
+    // Routed: this rank's own rows (the stream rows under sequence parallelism; else a slice, gathered after).
+    const Tensor own = tp_.splits_rows() ? norm2_ : tp_own_rows(tp_, norm2_);
+    const Tensor routed = tp_.splits_rows() ? out : Tensor::scratch(own.shape(), out.dtype(), out.device());
+    moe_->forward(own, routed, count_routing_);
+    if (!tp_.splits_rows()) tp_gather_own_rows(tp_, routed, out);
+    if (!moe_shared_) return;
+    const Tensor y = Tensor::scratch({full_rows_, cfg_.d_model}, out.dtype(), out.device());
+    moe_shared_->forward(region_input(1), y);
+    const Tensor sum = tp_.splits_rows() ? Tensor::scratch(out.shape(), out.dtype(), out.device()) : y;
+    tp_sum_rows(tp_, y, sum);
+    ops::add_fwd(out, sum, out);
+}
+
+Tensor Block::moe_tp_backward(const Tensor& dout, Workspace& ws) {
+    const Tensor dnorm = ws.d_norm.slice(0, 0, rows_);
+    if (tp_.splits_rows()) {
+        moe_->backward(norm2_, dout, dnorm, ws);
+    } else {
+        const Tensor d_own = Tensor::scratch({full_rows_ / tp_.size, cfg_.d_model}, dout.dtype(), dout.device());
+        moe_->backward(tp_own_rows(tp_, norm2_), tp_own_rows(tp_, dout), d_own, ws);
+        tp_gather_own_rows(tp_, d_own, dnorm);
+    }
+    if (!moe_shared_) return dnorm;
+    Tensor dy = dout;
+    if (tp_.splits_rows()) {
+        dy = Tensor::scratch({full_rows_, cfg_.d_model}, dout.dtype(), dout.device());
+        tp_gather_rows(tp_, dout, dy);
+    }
+    const Tensor dx = Tensor::scratch(dy.shape(), dy.dtype(), dy.device());
+    moe_shared_->backward(tp_.splits_rows() ? gathered_[1] : norm2_, dy, dx, ws);
+    const Tensor sum = tp_.splits_rows() ? Tensor::scratch(dnorm.shape(), dnorm.dtype(), dnorm.device()) : dx;
+    tp_sum_rows(tp_, dx, sum);
+    ops::add_fwd(dnorm, sum, dnorm);
+    return dnorm;
 }
 
 void Block::branch_backward(
@@ -241,7 +296,7 @@ void Block::branch_backward(
         ops::rmsnorm_fwd(h, table_->param(mlp_norm_), cfg_.norm_eps, norm2_, rstd2_);
         region_input(1);
     }
-    const Tensor dnorm = region_backward(1, dout, ws);
+    const Tensor dnorm = moe_ && tp_.active() ? moe_tp_backward(dout, ws) : region_backward(1, dout, ws);
     ops::rmsnorm_bwd(h, table_->param(mlp_norm_), rstd2_, dnorm, dh, table_->grad(mlp_norm_), dresidual);
     norm_dropped_[1].release();
     if (branch_recompute_) branch_dropped_[1].release();
@@ -262,7 +317,9 @@ std::vector<SavedTensor> Block::branch_saved(int sub) {
     if (tp_.splits_rows()) saved.push_back({"gathered2", &gathered_[1]});
     if (moe_)
         for (auto& s : moe_->saved_for_backward()) saved.push_back({"moe." + s.name, s.tensor});
-    else
+    if (moe_shared_)
+        for (auto& s : moe_shared_->saved_for_backward()) saved.push_back({"moe.shared." + s.name, s.tensor});
+    if (!moe_)
         for (auto& s : mlp_->saved_for_backward()) saved.push_back({"mlp." + s.name, s.tensor});
     return saved;
 }

@@ -126,12 +126,18 @@ class Block : public Layer {
     // The sub-layer's backward inside the region: dout (stream rows) -> d of the norm's output (stream rows), in
     // ws.d_norm.
     Tensor region_backward(int sub, const Tensor& dout, Workspace& ws);
+    // MoE under tp: the routed experts on this rank's own rows (MoeLayer, the tp ranks folded into expert
+    // parallelism), the shared experts as a tensor-parallel region over every row, their outputs summed into the
+    // stream rows. The backward writes d of the norm's output into ws.d_norm's stream rows.
+    void moe_tp_forward(const Tensor& out);
+    Tensor moe_tp_backward(const Tensor& dout, Workspace& ws);
     TensorParallel tp_;
     Mixer mixer_;
     std::optional<AttentionLayer> attn_;  // exactly one of attn_ and kda_ holds the mixer
     std::optional<KdaLayer> kda_;
     std::optional<Mlp> mlp_;  // exactly one of mlp_ and moe_ holds the FFN
     std::unique_ptr<MoeLayer> moe_;
+    std::optional<Mlp> moe_shared_;  // MoE under tp: the shared experts, split over tp (`<prefix>.moe.shared.*`)
     bool count_routing_ = true, keep_ = true;
     DropList norm_dropped_[2];  // recompute norm: norm1_, norm2_
     DropList all_dropped_;      // recompute full: everything release_activations freed

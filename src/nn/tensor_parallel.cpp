@@ -29,7 +29,16 @@ ParamSpec tp_partial(ParamSpec spec, const TensorParallel& tp) {
 }
 
 void tp_gather_rows(const TensorParallel& tp, const core::Tensor& local, const core::Tensor& full) {
-    if (!tp.splits_rows()) return;
+    if (tp.splits_rows()) tp_gather_own_rows(tp, local, full);
+}
+
+core::Tensor tp_own_rows(const TensorParallel& tp, const core::Tensor& full) {
+    const int64_t n = full.size(0) / tp.size;
+    return tp.active() ? full.slice(0, tp.rank * n, (tp.rank + 1) * n) : full;
+}
+
+void tp_gather_own_rows(const TensorParallel& tp, const core::Tensor& local, const core::Tensor& full) {
+    if (!tp.active()) return;
     MT_CHECK(full.size(0) == local.size(0) * tp.size, "tp all-gather of {} rows into {}", local.size(0), full.size(0));
     MT_CHECK(local.is_contiguous() && full.is_contiguous() && local.dtype() == full.dtype(), "tp all-gather operands");
     // A gather only moves data: bytes, any dtype.

@@ -64,5 +64,9 @@ void tp_gather_rows(const TensorParallel& tp, const core::Tensor& local, const c
 // Region output: full [n, C], each rank's part of a sum -> local: the sum of this rank's rows (reduce-scatter), or
 // without sequence parallelism the whole sum in place (local may be full).
 void tp_sum_rows(const TensorParallel& tp, const core::Tensor& full, const core::Tensor& local);
+// Token-local work each tp rank does on its own rows whatever the sequence parallelism (MoE under tp): the rank's
+// share [r n / t, (r + 1) n / t) of the whole rows `full` (a view), and the all-gather of every rank's share.
+core::Tensor tp_own_rows(const TensorParallel& tp, const core::Tensor& full);
+void tp_gather_own_rows(const TensorParallel& tp, const core::Tensor& own, const core::Tensor& full);
 
 }  // namespace mt::nn

@@ -48,7 +48,7 @@ GradSync::GradSync(GradArenas arenas,
       edp_rows_(expert_rows != nullptr ? expert_rows : &mesh.group(MeshGroup::edp)),
       stage_rows_(stage_rows != nullptr ? stage_rows : &mesh.group(MeshGroup::stage)),
       tp_size_(mesh.size(MeshAxis::tp)),
-      ep_size_(mesh.size(MeshAxis::ep)),
+      edp_size_(mesh.group(MeshGroup::edp).size()),
       stage_size_(mesh.group(MeshGroup::stage).size()),
       zero_(zero && mesh.group(MeshGroup::dp_span).size() > 1),
       // With tensor parallelism alone the tp-partial gradients still need their sum over tp.
@@ -138,9 +138,10 @@ double GradSync::finish() {
 }
 
 double GradSync::copies(const ArenaParam& p, int64_t group) const {
-    // Every rank of the stage holds each parameter but for the tp and ep splits; a ZeRO-1 owned slice is one rank's of
+    // An expert's tensors are held by its edp group (the experts are spread over the other ranks of the stage, tp x
+    // ep); every other parameter by every rank of the stage but for a tp split. A ZeRO-1 owned slice is one rank's of
     // its group.
-    const int64_t holders = stage_size_ / (p.tp_split ? tp_size_ : 1) / (p.expert ? ep_size_ : 1);
+    const int64_t holders = p.expert ? edp_size_ : stage_size_ / (p.tp_split ? tp_size_ : 1);
     return static_cast<double>(holders / (zero_ ? group : 1));
 }
 

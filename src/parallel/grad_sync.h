@@ -137,7 +137,7 @@ class GradSync {
     GradArenas arenas_;
     Comm *dense_, *world_;                        // host scalars (MPI)
     Comm *dense_rows_, *edp_rows_, *stage_rows_;  // the buckets
-    int64_t tp_size_ = 1, ep_size_ = 1, stage_size_ = 1;
+    int64_t tp_size_ = 1, edp_size_ = 1, stage_size_ = 1;
     bool zero_, active_;
     bool master_stale_ = false;    // ZeRO-1: only the owned slices of the master weights are current
     std::vector<Bucket> buckets_;  // in issue order (the end of the arena first)

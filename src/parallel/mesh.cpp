@@ -22,6 +22,7 @@ constexpr std::array<unsigned, kMeshGroups> kGroupAxes = {
     axis_bit(MeshAxis::cp) | axis_bit(MeshAxis::ep) | axis_bit(MeshAxis::dp),
     axis_bit(MeshAxis::cp) | axis_bit(MeshAxis::dp),
     axis_bit(MeshAxis::tp) | axis_bit(MeshAxis::cp) | axis_bit(MeshAxis::ep) | axis_bit(MeshAxis::dp),
+    axis_bit(MeshAxis::tp) | axis_bit(MeshAxis::ep),
 };
 
 // The group's "name" in the world: the rank whose coordinates along the group's axes are 0.
@@ -42,7 +43,7 @@ int64_t MeshShape::world() const {
 
 std::string_view mesh_group_name(MeshGroup group) {
     static constexpr std::array<std::string_view, kMeshGroups> names = {
-        "tp", "cp", "ep", "dp", "pp", "dp_span", "edp", "stage"};
+        "tp", "cp", "ep", "dp", "pp", "dp_span", "edp", "stage", "tp_ep"};
     return names[static_cast<size_t>(group)];
 }
 

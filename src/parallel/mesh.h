@@ -60,9 +60,10 @@ int64_t mesh_rank(const MeshShape& shape, const MeshCoord& coord);
 // that see different tokens of one pipeline stage and tensor shard: dense gradients and MoE histograms are
 // reduced over it); edp is cp x dp (ranks holding the same experts: expert gradients are reduced over it); stage is
 // tp x cp x ep x dp, every rank of one pipeline stage (the gradients each tp rank holds a part of are reduced over
-// it: dp_span x tp).
-enum class MeshGroup : uint8_t { tp, cp, ep, dp, pp, dp_span, edp, stage };
-constexpr int kMeshGroups = 8;
+// it: dp_span x tp); tp_ep is tp x ep, the ranks an MoE layer's routed experts are spread over (under tensor
+// parallelism the tp ranks act as further expert-parallel ranks, Megatron-Core's MoE parallel folding).
+enum class MeshGroup : uint8_t { tp, cp, ep, dp, pp, dp_span, edp, stage, tp_ep };
+constexpr int kMeshGroups = 9;
 std::string_view mesh_group_name(MeshGroup group);
 
 // The global ranks of `rank`'s group, ascending (position in the list = rank in the group's communicator).

@@ -47,7 +47,7 @@ void plan_state(const MemoryPlanInput& in, MemoryPlan& plan) {
     const int64_t edp = mesh[MeshAxis::cp] * mesh[MeshAxis::dp];
     const int64_t stage = span * mesh[MeshAxis::tp];  // the tp-partial gradients' group
     nn::MoeExpertParallel ep;
-    if (in.model.moe_enabled) ep = {.size = mesh[MeshAxis::ep], .rank = 0};
+    if (in.model.moe_enabled) ep = {.size = mesh[MeshAxis::ep] * mesh[MeshAxis::tp], .rank = 0};  // tp folded in
     const nn::TensorParallel tp{.size = mesh[MeshAxis::tp], .rank = 0};  // rank 0's shard (the largest: padding)
     const int64_t align = std::lcm(std::lcm(span, edp), stage);
     const nn::ParamTable table = nn::Model::param_layout(in.model, in.precision, align, ep, tp);

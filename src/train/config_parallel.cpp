@@ -36,9 +36,24 @@ void config_parallel_validate(const JobConfig& c, const std::string& src) {
         divides("kda.num_heads", m.kda_num_heads(), "KDA's key heads");
         divides("kda.num_v_heads", m.kda_num_v_heads(), "KDA's value heads");
     }
-    if (m.moe_enabled)
-        bad("set parallel.tp = 1 for an MoE model and use expert and data parallelism (parallel.ep, parallel.dp)",
-            "parallel.tp > 1 with moe.enabled is not built yet");
+    if (m.moe_enabled) {
+        // The routed experts are spread over tp x ep, each tp rank routing its own token rows.
+        if (m.moe.num_experts % (p.tp * p.ep) != 0)
+            bad("choose parallel.tp x parallel.ep dividing moe.num_experts (docs/distributed.md)",
+                fmt::format("moe.num_experts = {} is not divisible by parallel.tp x parallel.ep = {} x {}: under "
+                            "tensor parallelism the tp ranks hold experts too",
+                            m.moe.num_experts,
+                            p.tp,
+                            p.ep));
+        if (m.moe.num_shared_experts > 0)
+            divides("moe.expert_ffn_dim x moe.num_shared_experts",
+                    m.moe.expert_ffn_dim * m.moe.num_shared_experts,
+                    "the shared experts' hidden features");
+        if (m.moe.capacity_factor > 0.0 || m.moe.balance.mode == nn::MoeBalanceMode::aux_loss)
+            bad("use dropless MoE (moe.capacity_factor = 0) with quantile, sign_bias or no balancing",
+                "parallel.tp > 1 with moe.capacity_factor > 0 or moe.balance = \"aux_loss\": each tp rank routes "
+                "its own share of the token rows, and both are per batch");
+    }
     if (!p.sequence_parallel) return;
     auto rows = [&](int64_t seq, const std::string& where) {
         if (c.train.batch_size * seq % p.tp != 0)

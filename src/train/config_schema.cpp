@@ -447,9 +447,10 @@ std::vector<Field> config_schema(JobConfig& c) {
                 &p.tp,
                 1,
                 1 << 20,
-                "tensor-parallel size: attention split by heads, the MLP by its hidden features, the embedding and "
-                "LM head by vocabulary rows (docs/distributed.md); must divide `model.n_heads`, `model.n_kv_heads` "
-                "and the MLP width"),
+                "tensor-parallel size: attention and KDA split by heads, the MLP and shared experts by their hidden "
+                "features, the embedding and LM head by vocabulary rows, MoE routed experts spread over tp x ep "
+                "(docs/distributed.md); must divide `model.n_heads`, `model.n_kv_heads`, the KDA heads and the "
+                "MLP width"),
         flag("parallel.sequence_parallel",
              &p.sequence_parallel,
              "with `tp` > 1, each tp rank holds 1/tp of the token rows outside the tensor-parallel regions (norms, "

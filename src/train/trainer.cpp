@@ -138,17 +138,19 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
         };
         nccl_dp_span_ = nccl(parallel::MeshGroup::dp_span);
         nccl_edp_ = mesh_->size(parallel::MeshAxis::ep) == 1 ? nccl_dp_span_ : nccl(parallel::MeshGroup::edp);
-        nccl_ep_ = nccl(parallel::MeshGroup::ep);
+        nccl_ep_ = nccl(parallel::MeshGroup::tp_ep);  // the MoE rows: the ep group, with tp folded in
         // Tensor parallelism: the regions' activations over tp, the tp-partial gradients over the whole stage.
         nccl_tp_ = nccl(parallel::MeshGroup::tp);
         nccl_stage_ = mesh_->size(parallel::MeshAxis::tp) == 1 ? nccl_dp_span_ : nccl(parallel::MeshGroup::stage);
     }
     // Expert parallelism: each MoE layer holds this rank's experts and exchanges rows over the ep group.
+    // Under tensor parallelism the tp ranks are further expert-parallel ranks (MoE parallel folding): the experts are
+    // spread over tp x ep.
     nn::MoeExpertParallel ep;
     if (cfg_.model.moe_enabled)
-        ep = {.size = mesh_->size(parallel::MeshAxis::ep),
-              .rank = mesh_->coord(parallel::MeshAxis::ep),
-              .comm = &mesh_->group(parallel::MeshGroup::ep),
+        ep = {.size = mesh_->group(parallel::MeshGroup::tp_ep).size(),
+              .rank = mesh_->group(parallel::MeshGroup::tp_ep).rank(),
+              .comm = &mesh_->group(parallel::MeshGroup::tp_ep),
               .rows_comm = nccl_ep_.get()};
     // Tensor parallelism: each layer holds this rank's shard; the tp ranks read the same batch.
     const nn::TensorParallel tp{.size = mesh_->size(parallel::MeshAxis::tp),
@@ -309,7 +311,8 @@ StepResult Trainer::train_step() {
     ++step_;
     // The MoE balancers update from the routing the step's training forwards counted (the bias is not a gradient
     // quantity, so this happens also on a skipped step); the metrics and the collapse alarm come with it.
-    r.moe = model_->moe_step_end(step_, &mesh_->group(parallel::MeshGroup::dp_span));
+    // Every rank of the stage routes different tokens (under tp each tp rank its own rows).
+    r.moe = model_->moe_step_end(step_, &mesh_->group(parallel::MeshGroup::stage));
     memory_step_end(r);
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return r;

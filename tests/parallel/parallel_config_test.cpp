@@ -71,11 +71,22 @@ TEST(ParallelConfig, TensorParallelRefusesWhatItCannotSplit) {
             job({"parallel.tp=2", "model.layer_pattern=\"AK\"", "kda.num_heads=3"});
         },
         {"kda.num_heads = 3", "parallel.tp = 2"});
+    const std::vector<std::string> moe = {"parallel.tp=2", "moe.enabled=true", "moe.top_k=2", "moe.expert_ffn_dim=16"};
+    auto with = [&](std::vector<std::string> extra) {
+        extra.insert(extra.begin(), moe.begin(), moe.end());
+        return extra;
+    };
+    EXPECT_NO_THROW(job(with({"moe.num_experts=4"})));
     expect_usage_error(
         [&] {
-            job({"parallel.tp=2", "moe.enabled=true", "moe.num_experts=4", "moe.top_k=2"});
+            job(with({"moe.num_experts=6", "parallel.ep=2"}));
         },
-        {"parallel.tp > 1 with moe.enabled"});
+        {"moe.num_experts = 6 is not divisible by parallel.tp x parallel.ep = 2 x 2"});
+    expect_usage_error(
+        [&] {
+            job(with({"moe.num_experts=4", "moe.capacity_factor=1.5"}));
+        },
+        {"moe.capacity_factor > 0"});
     expect_usage_error(
         [&] {
             job({"parallel.tp=4", "model.n_kv_heads=4", "model.vocab_size=5"});

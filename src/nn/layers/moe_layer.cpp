@@ -23,7 +23,8 @@ MoeLayer::MoeLayer(ParamTable& table,
                    const std::string& prefix,
                    const ModelConfig& model,
                    const MoeConfig& moe,
-                   const MoeExpertParallel& ep)
+                   const MoeExpertParallel& ep,
+                   const TensorParallel& tp)
     : prefix_(prefix), model_(model), moe_(moe), ep_(ep), table_(&table) {
     const int64_t e = moe.num_experts, k = moe.top_k, c = model.d_model, f = moe.expert_ffn_dim;
     // The config parser rejects all of these first (exit 2, naming the key); here they are the layer's contract.
@@ -49,7 +50,7 @@ MoeLayer::MoeLayer(ParamTable& table,
     step_load_.assign(static_cast<size_t>(e), 0);
 
     const double out_std = model.init_std / std::sqrt(2.0 * static_cast<double>(model.n_layers));
-    router_ = Linear(table, prefix + ".router", c, e, model.init_std);
+    router_ = Linear(table, prefix + ".router", c, e, model.init_std, tp, Linear::Split::partial);
     // This rank's experts: all of them, or its E / ep under expert parallelism.
     const int64_t el = e / ep.size, first = ep.size > 1 ? ep.rank * el : 0, global = ep.size > 1 ? e : 0;
     auto expert = [&](const char* name, int64_t out, int64_t in, double std) {

@@ -61,11 +61,15 @@ class MoeLayer : public Layer {
     // Declares the parameters. Contract (exit 1, MT_CHECK, as every layer's; the config parser rejects each first with
     // exit 2, naming the key): num_experts in [1, 1024], top_k in [1, num_experts], the balancer's (moe_balance.h).
     // ep: this rank's share of the experts and the communicators of the ep group (the default: every expert here).
+    // tp: under tensor parallelism each tp rank routes its own token rows (the tp ranks are folded into ep by the
+    // caller), so the router's gradient is a part per rank; the block then holds the shared experts itself, split
+    // over tp like a dense MLP, and `moe` comes without them.
     MoeLayer(ParamTable& table,
              const std::string& prefix,
              const ModelConfig& model,
              const MoeConfig& moe,
-             const MoeExpertParallel& ep = {});
+             const MoeExpertParallel& ep = {},
+             const TensorParallel& tp = {});
 
     void resize(int64_t n, const Precision& precision);
     // x: [N, C] (the normed residual) -> out: [N, C]. training: count the routing for the balancer and the step's

@@ -21,6 +21,7 @@ namespace {
 struct TpLayout {
     int tp, dp;
     bool sp;
+    int ep = 1;
 };
 
 std::vector<TpLayout> layouts(int n) {
@@ -63,7 +64,7 @@ double worst_param_difference(Trainer& single, Trainer& par) {
 // and final parameters.
 void expect_layout_matches(const std::string& name, const TpLayout& l, std::vector<std::string> model, int steps) {
     const int n = dist_world().size();
-    const int64_t ga = 2, data = l.dp;
+    const int64_t ga = 2, data = l.dp * l.ep;  // the ranks that read different batches
     const std::string dir = shared_dir(name), data_path = data_dir();
     auto self = comm_make_self();
     std::vector<std::string> one = model, par = model;
@@ -72,6 +73,7 @@ void expect_layout_matches(const std::string& name, const TpLayout& l, std::vect
                {"train.grad_accum=" + std::to_string(ga),
                 "parallel.tp=" + std::to_string(l.tp),
                 "parallel.dp=" + std::to_string(l.dp),
+                "parallel.ep=" + std::to_string(l.ep),
                 std::string("parallel.sequence_parallel=") + (l.sp ? "true" : "false"),
                 "train.steps=" + std::to_string(steps)});
     one.push_back("train.steps=" + std::to_string(steps));
@@ -79,6 +81,7 @@ void expect_layout_matches(const std::string& name, const TpLayout& l, std::vect
     Trainer tp(mt::testing::mpi_job(data_path, dir + "/par", par), false);
     ASSERT_EQ(tp.tokens_per_step(), single.tokens_per_step());
     ASSERT_EQ(tp.data_size(), n / l.tp);
+    const bool moe = !single.model().moe_layers().empty();
     double worst_loss = 0.0, worst_norm = 0.0;
     for (int step = 1; step <= steps; ++step) {
         const auto a = single.train_step();
@@ -88,6 +91,17 @@ void expect_layout_matches(const std::string& name, const TpLayout& l, std::vect
         worst_loss = std::max(worst_loss, dl), worst_norm = std::max(worst_norm, dn);
         EXPECT_LT(dl, 1e-5) << name << " step " << step << ": " << a.loss << " vs " << b.loss;
         EXPECT_LT(dn, 1e-5) << name << " step " << step << " grad norm " << a.grad_norm << " vs " << b.grad_norm;
+        // MoE: every rank of the stage routes its own rows; the counts summed over them are one process's.
+        if (moe) {
+            EXPECT_EQ(a.moe.at(0).second.tokens, b.moe.at(0).second.tokens) << name << " step " << step;
+        }
+    }
+    if (moe) {
+        const std::vector<float> ba = single.model().moe_layers().at(0).second->balancer().bias();
+        const std::vector<float> bb = tp.model().moe_layers().at(0).second->balancer().bias();
+        double worst_bias = 0.0;
+        for (size_t j = 0; j < ba.size(); ++j) worst_bias = std::max(worst_bias, double(std::abs(ba[j] - bb[j])));
+        EXPECT_LT(worst_bias, 1e-4) << name << " QB biases";
     }
     double params = worst_param_difference(single, tp);  // each rank's own; the largest over the ranks is printed
     double largest = params;
@@ -101,20 +115,17 @@ void expect_layout_matches(const std::string& name, const TpLayout& l, std::vect
     EXPECT_LT(std::abs(va - vb) / va, 1e-5) << name << " val " << va << " vs " << vb;
     if (dist_world().rank() == 0)
         fmt::print(
-            "{} tp={} dp={} sp={} vs one process, {} steps: max relative difference loss {:.2e}, grad norm "
-            "{:.2e}, parameters {:.2e}\n",
+            "{} vs one process, {} steps: max relative difference loss {:.2e}, grad norm {:.2e}, parameters "
+            "{:.2e} (largest over the ranks)\n",
             name,
-            l.tp,
-            l.dp,
-            l.sp,
             steps,
             worst_loss,
             worst_norm,
-            params);
+            largest);
 }
 
 std::string layout_name(const char* model, const TpLayout& l) {
-    return fmt::format("{}_tp{}_dp{}_{}", model, l.tp, l.dp, l.sp ? "sp" : "nosp");
+    return fmt::format("{}_tp{}_ep{}_dp{}_{}", model, l.tp, l.ep, l.dp, l.sp ? "sp" : "nosp");
 }
 
 // tiny_job's model with as many key/value heads as query heads, so that tp = 4 divides both.
@@ -157,6 +168,24 @@ TEST(TrainerTp, HybridKdaMatchesOneProcess) {
     }
 }
 
+// MoE under tp (layer 0 dense, layer 1 MoE: 8 experts, top 2, one shared expert, QB every 3 steps): the routed
+// experts spread over tp x ep (each tp rank routes its own rows, with or without sequence parallelism), the shared
+// experts split over tp like the MLP, the router's gradient a part per rank; the routing counts and the QB biases
+// equal one process's.
+TEST(TrainerTp, MoeMatchesOneProcess) {
+    const int n = dist_world().size();
+    std::vector<TpLayout> all = layouts(n);
+    if (n == 4) all.push_back({2, 1, true, 2});  // tp = 2 x ep = 2
+    const std::vector<std::string> model = {"model.n_kv_heads=4",
+                                            "moe.enabled=true",
+                                            "moe.first_k_dense=1",
+                                            "moe.num_experts=8",
+                                            "moe.top_k=2",
+                                            "moe.expert_ffn_dim=16",
+                                            "moe.quantile.update_interval=3"};
+    for (const TpLayout& l : all) expect_layout_matches(layout_name("moe", l), l, model, 10);
+}
+
 TEST(TrainerTp, EveryRecomputePolicyMatchesOneProcess) {
     const int n = dist_world().size();
     const TpLayout l{n, 1, true};
@@ -169,19 +198,28 @@ TEST(TrainerTp, EveryRecomputePolicyMatchesOneProcess) {
     }
 }
 
-// Resharding (parallel.md §7): a checkpoint written under tensor parallelism (tp = n; on four ranks also tp = 2 x
-// dp = 2, whose ZeRO-1 slices of row-parallel weights are saved as boxes) resumes under one process and under pure
-// data parallelism, and a one-process checkpoint resumes under tp = n: the next steps equal the uninterrupted run.
+// Resharding (parallel.md §7): a checkpoint written under tensor parallelism (tp = n, dense and MoE; on four ranks
+// also tp = 2 x dp = 2, whose ZeRO-1 slices of row-parallel weights are saved as boxes) resumes under one process and
+// under pure data parallelism, and a one-process checkpoint resumes under tp = n: the next steps equal the
+// uninterrupted run.
 TEST(TrainerTp, CheckpointsResumeUnderAnotherLayout) {
     const int n = dist_world().size(), rank = dist_world().rank();
     const int64_t ga = 4;  // every layout's share of the global batch is whole
-    std::vector<TpLayout> saves = {{n, 1, true}};
-    if (n == 4) saves.push_back({2, 2, true});
+    std::vector<std::pair<TpLayout, bool>> saves = {{{n, 1, true}, false}, {{n, 1, true}, true}};  // (layout, MoE)
+    if (n == 4) saves.push_back({{2, 2, true}, false});
     auto self = comm_make_self();
-    for (const TpLayout& l : saves) {
-        const std::string dir = shared_dir(layout_name("ckpt", l)), data = data_dir();
+    for (const auto& [l, moe] : saves) {
+        const std::string dir = shared_dir(layout_name(moe ? "ckpt_moe" : "ckpt", l)), data = data_dir();
         auto job = [&](const std::string& run, int64_t accum, std::vector<std::string> extra) {
             std::vector<std::string> o = dense();
+            // MoE: the experts spread over the tp ranks (boxes of the expert stacks), the QB state in the manifest.
+            if (moe)
+                o.insert(o.end(),
+                         {"moe.enabled=true",
+                          "moe.first_k_dense=1",
+                          "moe.num_experts=8",
+                          "moe.top_k=2",
+                          "moe.expert_ffn_dim=16"});
             o.insert(o.end(), {"train.steps=8", "train.grad_accum=" + std::to_string(accum)});
             o.insert(o.end(), extra.begin(), extra.end());
             return mt::testing::mpi_job(data, run, o);
