@@ -65,32 +65,42 @@ void wait_dropped(CommWork::Impl& impl) noexcept {
 
 }  // namespace
 
+// The clock stays with a completed handle: a timer must not outlive the clock it adds to.
 CommWork& CommWork::operator=(CommWork&& other) noexcept {
     if (this != &other) {
-        if (impl_) wait_dropped(*impl_);
+        if (impl_) {
+            const CommTimer timed(clock_.get());
+            wait_dropped(*impl_);
+        }
         impl_ = std::move(other.impl_);
+        clock_ = std::move(other.clock_);
     }
     return *this;
 }
 
 CommWork::~CommWork() {
-    if (impl_) wait_dropped(*impl_);
+    if (!impl_) return;
+    const CommTimer timed(clock_.get());
+    wait_dropped(*impl_);
 }
 
 void CommWork::wait() {
     if (!impl_) return;
+    const CommTimer timed(clock_.get());
     impl_->wait();
     impl_.reset();
 }
 
 void CommWork::wait_on_device() {
     if (!impl_) return;
+    const CommTimer timed(clock_.get());
     impl_->wait_on_device();
     impl_.reset();
 }
 
 bool CommWork::done() {
     if (!impl_) return true;
+    const CommTimer timed(clock_.get());
     if (!impl_->test()) return false;
     impl_.reset();
     return true;
@@ -179,7 +189,7 @@ class SelfComm final : public Comm {
         return "self";
     }
     CommWork all_reduce(void* data, int64_t count, CommType type, ReduceOp op) override {
-        record(CommOp::all_reduce, count * static_cast<int64_t>(comm_type_size(type)));
+        const CommTimer timed = record(CommOp::all_reduce, count * static_cast<int64_t>(comm_type_size(type)));
         return {};
     }
     CommWork reduce_scatter(const void* send, void* recv, int64_t count, CommType type, ReduceOp op) override {
@@ -202,7 +212,7 @@ class SelfComm final : public Comm {
     }
     CommWork broadcast(void* data, int64_t count, CommType type, int root) override {
         MT_CHECK(root == 0, "broadcast root {} outside a world of one", root);
-        record(CommOp::broadcast, count * static_cast<int64_t>(comm_type_size(type)));
+        const CommTimer timed = record(CommOp::broadcast, count * static_cast<int64_t>(comm_type_size(type)));
         return {};
     }
     CommWork send(const void* data, int64_t count, CommType type, int peer, int tag) override {
@@ -214,7 +224,7 @@ class SelfComm final : public Comm {
         return {};
     }
     void barrier() override {
-        record(CommOp::barrier, 0);
+        const CommTimer timed = record(CommOp::barrier, 0);
     }
     std::unique_ptr<Comm> split(int color, int key) override {
         return comm_make_self();
@@ -223,8 +233,8 @@ class SelfComm final : public Comm {
    private:
     void copy(CommOp op, const void* send, void* recv, int64_t n, CommType type) {
         const size_t bytes = static_cast<size_t>(n) * comm_type_size(type);
+        const CommTimer timed = record(op, static_cast<int64_t>(bytes));
         if (send != recv && bytes > 0) std::memmove(recv, send, bytes);
-        record(op, static_cast<int64_t>(bytes));
     }
 };
 

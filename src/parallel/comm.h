@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -23,6 +24,34 @@ size_t comm_type_size(CommType type);
 // The CommType of a tensor dtype (f32, f64, i32, i64, u8); other dtypes are an internal error.
 CommType comm_type_of(core::DType dtype);
 
+// Host seconds a communicator's operations held this process: inside its calls and inside the waits and polls of
+// their handles (conventions §1.8 and §9: time per collective group). Shared by the communicator and its handles,
+// since a handle may outlive its communicator. Intervals nest (NCCL's barrier waits on its own handle inside the
+// call) and only the outermost one adds its time, so no interval counts twice. A Comm is used from one thread.
+struct CommClock {
+    double seconds = 0.0;
+    int depth = 0;
+};
+
+// Adds the host time from its construction to its destruction to a clock (none when the clock is null). Two
+// steady_clock reads: cheap beside any collective.
+class [[nodiscard]] CommTimer {
+   public:
+    explicit CommTimer(CommClock* clock) : clock_(clock) {
+        if (clock_ != nullptr && clock_->depth++ == 0) start_ = std::chrono::steady_clock::now();
+    }
+    ~CommTimer() {
+        if (clock_ != nullptr && --clock_->depth == 0)
+            clock_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    }
+    CommTimer(const CommTimer&) = delete;
+    CommTimer& operator=(const CommTimer&) = delete;
+
+   private:
+    CommClock* clock_;
+    std::chrono::steady_clock::time_point start_{};
+};
+
 // A pending operation. wait() blocks until the buffers it was given may be read and reused; done() polls. A handle
 // that is destroyed while pending waits first, so a dropped handle never leaves a backend writing into freed memory.
 // wait_on_device() orders instead of blocking where the backend can: the ops' GPU stream waits for the operation
@@ -40,7 +69,9 @@ class CommWork {
         }
     };
     CommWork() = default;  // an already complete operation
-    explicit CommWork(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+    // clock: the issuing communicator's, which wait(), done() and wait_on_device() add their time to (Comm::handle).
+    explicit CommWork(std::unique_ptr<Impl> impl, std::shared_ptr<CommClock> clock = nullptr)
+        : impl_(std::move(impl)), clock_(std::move(clock)) {}
     CommWork(CommWork&&) noexcept = default;
     CommWork& operator=(CommWork&& other) noexcept;
     ~CommWork();
@@ -51,6 +82,7 @@ class CommWork {
 
    private:
     std::unique_ptr<Impl> impl_;
+    std::shared_ptr<CommClock> clock_;
 };
 
 // Operations a Comm counts (conventions §9: bytes and seconds per collective group).
@@ -105,16 +137,28 @@ class Comm {
     const CommOpStats& stats(CommOp op) const {
         return stats_[static_cast<size_t>(op)];
     }
+    // Host seconds inside this communicator's operations and the waits on their handles (CommClock), all operations.
+    double seconds() const {
+        return clock_->seconds;
+    }
 
    protected:
-    void record(CommOp op, int64_t bytes) {
+    // Counts an operation and times the rest of the caller's scope: `const CommTimer timed = record(op, bytes);` first
+    // in every operation.
+    CommTimer record(CommOp op, int64_t bytes) {
         auto& s = stats_[static_cast<size_t>(op)];
         ++s.calls;
         s.bytes += bytes;
+        return CommTimer(clock_.get());
+    }
+    // The handle of an operation this communicator issued: its waits count in seconds().
+    CommWork handle(std::unique_ptr<CommWork::Impl> impl) const {
+        return CommWork(std::move(impl), clock_);
     }
 
    private:
     std::array<CommOpStats, kCommOpCount> stats_{};
+    std::shared_ptr<CommClock> clock_ = std::make_shared<CommClock>();
 };
 
 // Blocking conveniences for the common scalar reductions (loss, token counts).

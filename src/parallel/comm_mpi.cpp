@@ -101,7 +101,7 @@ class MpiComm final : public Comm {
     }
 
     CommWork all_reduce(void* data, int64_t count, CommType type, ReduceOp op) override {
-        record(CommOp::all_reduce, bytes(count, type));
+        const CommTimer timed = record(CommOp::all_reduce, bytes(count, type));
         auto work = std::make_unique<MpiWork>();
         auto* p = static_cast<char*>(data);
         for (int64_t begin = 0; begin < count; begin += kMaxChunk) {
@@ -110,11 +110,11 @@ class MpiComm final : public Comm {
             check(MPI_Iallreduce(MPI_IN_PLACE, p + begin * elem(type), n, mpi_type(type), mpi_op(op), comm_, &req),
                   "MPI_Iallreduce");
         }
-        return CommWork(std::move(work));
+        return handle(std::move(work));
     }
 
     CommWork reduce_scatter(const void* send, void* recv, int64_t count, CommType type, ReduceOp op) override {
-        record(CommOp::reduce_scatter, bytes(count * size_, type));
+        const CommTimer timed = record(CommOp::reduce_scatter, bytes(count * size_, type));
         auto work = std::make_unique<MpiWork>();
         check(MPI_Ireduce_scatter_block(send,
                                         recv,
@@ -124,11 +124,11 @@ class MpiComm final : public Comm {
                                         comm_,
                                         &work->requests.emplace_back()),
               "MPI_Ireduce_scatter_block");
-        return CommWork(std::move(work));
+        return handle(std::move(work));
     }
 
     CommWork all_gather(const void* send, void* recv, int64_t count, CommType type) override {
-        record(CommOp::all_gather, bytes(count, type));
+        const CommTimer timed = record(CommOp::all_gather, bytes(count, type));
         const int n = to_int(count, "all_gather");
         to_int(count * size_, "all_gather");
         const bool in_place = send == static_cast<const char*>(recv) + count * rank_ * elem(type);
@@ -142,7 +142,7 @@ class MpiComm final : public Comm {
                              comm_,
                              &work->requests.emplace_back()),
               "MPI_Iallgather");
-        return CommWork(std::move(work));
+        return handle(std::move(work));
     }
 
     CommWork all_to_all_v(const void* send,
@@ -169,15 +169,15 @@ class MpiComm final : public Comm {
             s_total += sc[r];
             r_total += rc[r];
         }
-        record(CommOp::all_to_all_v, bytes(s_total, type));
+        const CommTimer timed = record(CommOp::all_to_all_v, bytes(s_total, type));
         check(MPI_Ialltoallv(
                   send, sc, sd, mpi_type(type), recv, rc, rd, mpi_type(type), comm_, &work->requests.emplace_back()),
               "MPI_Ialltoallv");
-        return CommWork(std::move(work));
+        return handle(std::move(work));
     }
 
     CommWork broadcast(void* data, int64_t count, CommType type, int root) override {
-        record(CommOp::broadcast, bytes(count, type));
+        const CommTimer timed = record(CommOp::broadcast, bytes(count, type));
         auto work = std::make_unique<MpiWork>();
         auto* p = static_cast<char*>(data);
         for (int64_t begin = 0; begin < count; begin += kMaxChunk) {
@@ -185,27 +185,27 @@ class MpiComm final : public Comm {
             check(MPI_Ibcast(p + begin * elem(type), n, mpi_type(type), root, comm_, &work->requests.emplace_back()),
                   "MPI_Ibcast");
         }
-        return CommWork(std::move(work));
+        return handle(std::move(work));
     }
 
     CommWork send(const void* data, int64_t count, CommType type, int peer, int tag) override {
-        record(CommOp::send, bytes(count, type));
+        const CommTimer timed = record(CommOp::send, bytes(count, type));
         auto work = std::make_unique<MpiWork>();
         check(MPI_Isend(data, to_int(count, "send"), mpi_type(type), peer, tag, comm_, &work->requests.emplace_back()),
               "MPI_Isend");
-        return CommWork(std::move(work));
+        return handle(std::move(work));
     }
 
     CommWork recv(void* data, int64_t count, CommType type, int peer, int tag) override {
-        record(CommOp::recv, bytes(count, type));
+        const CommTimer timed = record(CommOp::recv, bytes(count, type));
         auto work = std::make_unique<MpiWork>();
         check(MPI_Irecv(data, to_int(count, "recv"), mpi_type(type), peer, tag, comm_, &work->requests.emplace_back()),
               "MPI_Irecv");
-        return CommWork(std::move(work));
+        return handle(std::move(work));
     }
 
     void barrier() override {
-        record(CommOp::barrier, 0);
+        const CommTimer timed = record(CommOp::barrier, 0);
         check(MPI_Barrier(comm_), "MPI_Barrier");
     }
 

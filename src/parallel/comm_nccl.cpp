@@ -196,14 +196,14 @@ class NcclComm final : public Comm {
     }
 
     CommWork all_reduce(void* data, int64_t count, CommType type, ReduceOp op) override {
-        record(CommOp::all_reduce, bytes(count, type));
+        const CommTimer timed = record(CommOp::all_reduce, bytes(count, type));
         begin();
         check(ncclAllReduce(data, data, n(count), nccl_type(type), nccl_op(op), comm_, stream_), "ncclAllReduce");
         return finish();
     }
 
     CommWork reduce_scatter(const void* send, void* recv, int64_t count, CommType type, ReduceOp op) override {
-        record(CommOp::reduce_scatter, bytes(count * size_, type));
+        const CommTimer timed = record(CommOp::reduce_scatter, bytes(count * size_, type));
         begin();
         check(ncclReduceScatter(send, recv, n(count), nccl_type(type), nccl_op(op), comm_, stream_),
               "ncclReduceScatter");
@@ -212,7 +212,7 @@ class NcclComm final : public Comm {
 
     // NCCL treats send == recv + rank * count as in place by itself.
     CommWork all_gather(const void* send, void* recv, int64_t count, CommType type) override {
-        record(CommOp::all_gather, bytes(count, type));
+        const CommTimer timed = record(CommOp::all_gather, bytes(count, type));
         begin();
         check(ncclAllGather(send, recv, n(count), nccl_type(type), comm_, stream_), "ncclAllGather");
         return finish();
@@ -230,7 +230,7 @@ class NcclComm final : public Comm {
                  size_);
         int64_t s_total = 0;
         for (int64_t c : send_counts) s_total += c;
-        record(CommOp::all_to_all_v, bytes(s_total, type));
+        const CommTimer timed = record(CommOp::all_to_all_v, bytes(s_total, type));
         begin();
         const auto* s = static_cast<const char*>(send);
         auto* r = static_cast<char*>(recv);
@@ -251,7 +251,7 @@ class NcclComm final : public Comm {
 
     CommWork broadcast(void* data, int64_t count, CommType type, int root) override {
         MT_CHECK(root >= 0 && root < size_, "broadcast root {} outside {} ranks", root, size_);
-        record(CommOp::broadcast, bytes(count, type));
+        const CommTimer timed = record(CommOp::broadcast, bytes(count, type));
         begin();
         check(ncclBroadcast(data, data, n(count), nccl_type(type), root, comm_, stream_), "ncclBroadcast");
         return finish();
@@ -259,20 +259,20 @@ class NcclComm final : public Comm {
 
     CommWork send(const void* data, int64_t count, CommType type, int peer, int tag) override {
         const P2p op{true, const_cast<void*>(data), n(count), nccl_type(type), checked_peer(peer, "send")};
-        record(CommOp::send, bytes(count, type));
+        const CommTimer timed = record(CommOp::send, bytes(count, type));
         return queue(op);
     }
 
     CommWork recv(void* data, int64_t count, CommType type, int peer, int tag) override {
         const P2p op{false, data, n(count), nccl_type(type), checked_peer(peer, "recv")};
-        record(CommOp::recv, bytes(count, type));
+        const CommTimer timed = record(CommOp::recv, bytes(count, type));
         return queue(op);
     }
 
     // A one-element all-reduce, then the host waits for it: every rank has reached the barrier (and the GPU work
     // queued before it on the ops' stream is done).
     void barrier() override {
-        record(CommOp::barrier, 0);
+        const CommTimer timed = record(CommOp::barrier, 0);
         begin();
         check(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), "ncclAllReduce");
         finish().wait();
@@ -346,7 +346,7 @@ class NcclComm final : public Comm {
     CommWork finish() {
         auto launch = std::make_shared<Launch>(comm_);
         MT_CUDA_CHECK(cudaEventRecord(launch->event, stream_));
-        return CommWork(std::make_unique<NcclWork>(std::move(launch)));
+        return handle(std::make_unique<NcclWork>(std::move(launch)));
     }
     CommWork queue(const P2p& op) {
         if (!batch_) {
@@ -354,7 +354,7 @@ class NcclComm final : public Comm {
             batch_->owner = this;
         }
         p2p_.push_back(op);
-        return CommWork(std::make_unique<NcclWork>(batch_));
+        return handle(std::make_unique<NcclWork>(batch_));
     }
 
     ncclComm_t comm_ = nullptr;

@@ -401,6 +401,7 @@ RunEnd Trainer::run() {
     while (step_ < t.steps) {
         if (const int64_t status = step_status(); status != 0) return stop_run(status);
         if (stage_started_) long_stage_start();
+        comm_step_begin();
         const StepResult r = train_step();
         // The first step pays for allocation; leave it out of the rate once others exist.
         if (step_ > 1 || t.steps == 1) {
@@ -450,6 +451,7 @@ RunEnd Trainer::run() {
             add_memory_metrics(r, fields);
             add_moe_metrics(r, fields);
             add_long_metrics(fields);
+            add_comm_metrics(fields);
             metrics_->write(step_, "train", fields);
         }
         handle_memory_events(r);

@@ -40,6 +40,14 @@ struct StepResult {
     double mem_reserved_fraction = 0.0;
 };
 
+// One rank's communication in one report group (Trainer::comm_traffic): bytes it sent or contributed (Comm::stats:
+// an all-reduce's or reduce-scatter's input, an all-gather's own block, an all-to-all's or send's rows), calls
+// (barriers and receives too), and host seconds inside the calls and the waits on their handles.
+struct CommTraffic {
+    int64_t bytes = 0, calls = 0;
+    double seconds = 0.0;
+};
+
 // The worst MoE layer's MaxVio of a step (0 without MoE layers).
 double moe_max_vio(const StepResult& r);
 
@@ -144,6 +152,11 @@ class Trainer {
         return grad_sync_->num_buckets();
     }
 
+    // This rank's communication since the trainer was built, per report group: "tp", "cp", "ep", "dp" (dp_span, edp,
+    // stage and dp: gradient reductions, ZeRO-1 gathers, data-parallel scalars), "pp" and "world" (every communicator
+    // of the group of more than one rank, MPI and NCCL; trainer_comm.cpp, docs/distributed.md).
+    std::map<std::string, CommTraffic> comm_traffic() const;
+
     // Routing-collapse alarms raised so far (all MoE layers).
     int64_t moe_alarms_total() const {
         return moe_alarms_total_;
@@ -174,6 +187,11 @@ class Trainer {
     void memory_step_end(StepResult& r);
     void add_memory_metrics(const StepResult& r, nlohmann::json& fields) const;
     void handle_memory_events(const StepResult& r);
+
+    // trainer_comm.cpp: the train line's comm/<group>/{bytes,calls,seconds}: comm_traffic() now less at
+    // comm_step_begin(), which run() calls just before each train_step.
+    void comm_step_begin();
+    void add_comm_metrics(nlohmann::json& fields) const;
 
     // trainer_long.cpp: the context-length curriculum (docs/long_context.md): the document index and the stage
     // schedule at construction; before each step, the stage of step_ (its sampler, row length and buffers); at a
@@ -225,6 +243,8 @@ class Trainer {
     std::map<int64_t, std::pair<bool, bool>> moe_warning_flags_;  // per layer: imbalance, bias range warning on
     bool memory_warning_on_ = false;  // mem/reserved was above metrics.memory_warning at the last step
     int64_t seq_len_ = 0;             // the row length of step_ (train.seq_len, or its stage's)
+    // comm_traffic() as the last step started.
+    std::map<std::string, CommTraffic> comm_step_start_;
     // The curriculum: every document of the training data, the step each stage starts at, the stage of step_ and its
     // sampler; stage_started_ is set when step_ is a stage's first step, until its event is written.
     std::unique_ptr<data::DocIndex> doc_index_;

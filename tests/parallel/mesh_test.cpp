@@ -1,10 +1,12 @@
-// Mesh arithmetic (rank order, coordinates, groups), impossible layouts and the self backend of Comm; all in one
-// process, without MPI.
+// Mesh arithmetic (rank order, coordinates, groups), impossible layouts, the self backend of Comm and its clock; all in
+// one process, without MPI.
 #include "parallel/mesh.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "core/error.h"
 #include "parallel/comm.h"
@@ -108,4 +110,21 @@ TEST(CommSelf, CollectivesAreCopiesInAWorldOfOne) {
     EXPECT_EQ(comm->stats(CommOp::all_to_all_v).bytes, 12);
     EXPECT_EQ(comm_all_reduce_sum(*comm, 2.5), 2.5);
     EXPECT_EQ(comm->split(0, 0)->size(), 1);
+}
+
+// Nested timers on one clock (NCCL's barrier waits on its own handle inside the call) add the outermost interval
+// only: counting both would exceed the time measured around the outer one.
+TEST(CommClock, NestedTimersCountTheOutermostIntervalOnce) {
+    CommClock clock;
+    const auto start = std::chrono::steady_clock::now();
+    {
+        const CommTimer outer(&clock);
+        const CommTimer inner(&clock);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    const double around = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(clock.depth, 0);
+    EXPECT_GE(clock.seconds, 0.02);
+    EXPECT_LE(clock.seconds, around);
+    const CommTimer none(nullptr);  // no clock: nothing to add to
 }

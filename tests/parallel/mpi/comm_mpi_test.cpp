@@ -1,7 +1,10 @@
 // The MPI backend of Comm under mpirun: every operation against values each rank can compute alone, with uneven
-// all-to-all counts, in-place gathers, several handles in flight at once, u64 histograms, and the mesh's group
-// communicators against mesh_group_ranks.
+// all-to-all counts, in-place gathers, several handles in flight at once, u64 histograms, the host seconds counted,
+// and the mesh's group communicators against mesh_group_ranks.
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
 
 #include "parallel/mesh.h"
 #include "parallel/mpi/uneven_all_to_all.h"
@@ -98,6 +101,22 @@ TEST(CommMpi, BroadcastSendRecvAndOverlappingHandles) {
     EXPECT_EQ(x[999], static_cast<float>(n));
     EXPECT_EQ(y[0], 2.0f * n);
     world().barrier();
+}
+
+// Comm::seconds() counts the host time inside the calls and inside the waits on their handles: the ranks that reach
+// an all-reduce before rank 0, which sleeps first, wait for it there.
+TEST(CommMpi, SecondsCountTheWaitForALateRank) {
+    const double before = world().seconds();
+    if (world().rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    double v = 1.0;
+    CommWork work = world().all_reduce(&v, 1, CommType::f64, ReduceOp::sum);
+    work.wait();
+    const double spent = world().seconds() - before;
+    EXPECT_EQ(v, static_cast<double>(world().size()));
+    EXPECT_GT(spent, 0.0);
+    if (world().rank() != 0) {
+        EXPECT_GE(spent, 0.05) << "rank " << world().rank();
+    }
 }
 
 TEST(MeshMpi, GroupCommunicatorsMatchTheArithmetic) {

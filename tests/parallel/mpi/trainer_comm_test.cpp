@@ -1,0 +1,225 @@
+// Communication accounting under mpirun (parallel.md §6 and §9.5, docs/distributed.md "Communication accounting"):
+// the bytes and calls one training step puts on each report group equal what the code moves, written below as
+// formulas in the block count L, the hidden size d, the micro-batch's b rows of s tokens, the micro-batches per step
+// A and the bytes per element e; the same figures reach metrics.jsonl's train lines; one process reports zeros.
+// Layouts: tp = n without and with sequence parallelism, dp = n with ZeRO-1 and with a replicated optimizer, and on
+// four ranks tp = 2 x dp = 2.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <string>
+
+#include "parallel/mpi/mpi_job.h"
+#include "parallel/runtime.h"
+#include "train/trainer.h"
+
+using mt::train::CommTraffic;
+using mt::train::Trainer;
+using namespace mt::parallel;
+using mt::testing::data_dir;
+using mt::testing::shared_dir;
+
+namespace {
+
+// tiny_job's model (L = 2 blocks, d = 32) with 4 key/value heads so that tp = 4 divides them; micro-batches of
+// b = 2 rows of s = 16 tokens, A = 2 per step; f32 on the CPU, so activations, gradients and weights all have e = 4.
+constexpr int64_t kLayers = 2, kDim = 32, kBatch = 2, kSeq = 16, kAccum = 2, kElem = 4;
+constexpr std::array<const char*, 6> kGroups = {"tp", "cp", "ep", "dp", "pp", "world"};
+
+using Traffic = std::map<std::string, CommTraffic>;
+struct Count {
+    int64_t bytes = 0, calls = 0;
+};
+using Expected = std::map<std::string, Count>;  // a group not named: zero
+
+// Tensor parallelism over t ranks, per step. Per micro-batch of N = b s token rows, every block has two regions with
+// a collective at each edge, forward and backward (block.cpp region_input / region_output / region_backward), and
+// the vocab-parallel embedding and head add two more (the lookup's sum over tp in the forward, the head's input
+// gradient's in the backward): 4L + 2 sums of N d e bytes. Without sequence parallelism each is an all-reduce.
+// With it each is a reduce-scatter (counted as its whole input, N d e) paired with an all-gather of the rank's N / t
+// rows (counted as its own block, N d e / t): the regions' entries, the final norm's rows before the head and the
+// output gradient's rows before the embedding's backward. The loss adds two collectives of one f64 per row on the
+// host (combine_vocab_shards: the all-gather of each shard's log-sum-exp and the all-reduce of the target logits).
+Count tp_step(int64_t t, bool sp) {
+    const int64_t n = kBatch * kSeq, sums = 4 * kLayers + 2, rows = n * kDim * kElem, loss = 2 * n * 8;
+    if (!sp) return {kAccum * (sums * rows + loss), kAccum * (sums + 2)};
+    return {kAccum * (sums * rows + sums * rows / t + loss), kAccum * (2 * sums + 2)};
+}
+
+// The data-parallel groups, per step, once for the whole step (the gradients are reduced after the last
+// micro-batch's backward). Over dp_span (D ranks): the dense gradients, P_dense elements (the arena, each parameter
+// padded to the alignment), in B_dense buckets; over stage (t D ranks): the tp-partial ones, the norm gains under
+// sequence parallelism, P_stage = (2L + 1) d (each padded) in L + 1 buckets (each block's two gains are neighbours in
+// the arena, the final norm is alone). ZeRO-1 (D > 1) reduce-scatters each bucket (its whole input) and all-gathers the
+// updated weights (the rank's slice, 1 / |group| of it); a replicated optimizer all-reduces each bucket; a group of
+// one rank moves nothing. Over dp_span, D > 1: three f64 sums (the global batch's supervised tokens, the loss, the
+// aux loss).
+Count dp_step(int64_t tp, int64_t dp, bool zero, int64_t p_dense, int64_t p_stage, int64_t buckets) {
+    const int64_t stage = tp * dp, stage_buckets = p_stage > 0 ? kLayers + 1 : 0;
+    Count c;
+    auto group = [&](int64_t elems, int64_t n_buckets, int64_t ranks) {
+        if (ranks == 1) return;
+        const bool sharded = zero && dp > 1;  // ZeRO-1 needs more than one data rank (GradSync::zero)
+        c.bytes += elems * kElem + (sharded ? elems * kElem / ranks : 0);
+        c.calls += n_buckets * (sharded ? 2 : 1);
+    };
+    group(p_dense, buckets - stage_buckets, dp);
+    group(p_stage, stage_buckets, stage);
+    if (dp > 1) c.bytes += 3 * 8, c.calls += 3;
+    return c;
+}
+
+// World, every step of a multi-process run: the gradient norm (one f64) and the memory figures' maxima (five f64).
+constexpr Count kWorldStep = {6 * 8, 2};
+
+Traffic minus(const Traffic& a, const Traffic& b) {
+    Traffic d;
+    for (const auto& [name, t] : a) {
+        const CommTraffic& u = b.at(name);
+        d[name] = {.bytes = t.bytes - u.bytes, .calls = t.calls - u.calls, .seconds = t.seconds - u.seconds};
+    }
+    return d;
+}
+
+void expect_counts(const std::string& what,
+                   const std::string& group,
+                   const Count& want,
+                   int64_t bytes,
+                   int64_t calls,
+                   double seconds) {
+    EXPECT_EQ(bytes, want.bytes) << what << " comm/" << group << "/bytes";
+    EXPECT_EQ(calls, want.calls) << what << " comm/" << group << "/calls";
+    // Host time inside the calls and waits: some wherever there were calls, none where there were not.
+    if (want.calls > 0)
+        EXPECT_GT(seconds, 0.0) << what << " comm/" << group << "/seconds";
+    else
+        EXPECT_EQ(seconds, 0.0) << what << " comm/" << group << "/seconds";
+}
+
+void expect_traffic(const std::string& what, const Traffic& got, const Expected& want) {
+    for (const char* g : kGroups) {
+        const auto w = want.find(g);
+        const CommTraffic& t = got.at(g);
+        expect_counts(what, g, w != want.end() ? w->second : Count{}, t.bytes, t.calls, t.seconds);
+    }
+}
+
+// The train lines of a run's metrics.jsonl, checked against `want` (on world rank 0, the writer).
+void expect_metrics(const std::string& what, const std::string& path, const Expected& want, int64_t steps) {
+    std::ifstream in(path);
+    ASSERT_TRUE(in) << path;
+    int64_t lines = 0;
+    for (std::string line; std::getline(in, line);) {
+        const nlohmann::json j = nlohmann::json::parse(line);
+        if (j.at("kind") != "train") continue;
+        ++lines;
+        for (const char* g : kGroups) {
+            const std::string key = std::string("comm/") + g;
+            const auto w = want.find(g);
+            expect_counts(fmt::format("{} metrics step {}", what, j.at("step").get<int64_t>()),
+                          g,
+                          w != want.end() ? w->second : Count{},
+                          j.at(key + "/bytes").get<int64_t>(),
+                          j.at(key + "/calls").get<int64_t>(),
+                          j.at(key + "/seconds").get<double>());
+        }
+    }
+    EXPECT_EQ(lines, steps) << path;
+}
+
+struct Layout {
+    int64_t tp, dp;
+    bool sp, zero;
+};
+
+std::string layout_name(const Layout& l) {
+    return fmt::format("tp{}_dp{}_{}_zero{}", l.tp, l.dp, l.sp ? "sp" : "nosp", l.zero ? 1 : 0);
+}
+
+// Two steps of the layout called directly (every rank checks its own traffic per step), then two through run()
+// (rank 0 checks its metrics.jsonl lines).
+void expect_layout_matches_formula(const Layout& l) {
+    const std::string name = layout_name(l), dir = shared_dir(name), data = data_dir();
+    auto config = [&](const std::string& run) {
+        return mt::testing::mpi_job(data,
+                                    run,
+                                    {"model.n_kv_heads=4",
+                                     "train.steps=2",
+                                     "train.grad_accum=" + std::to_string(kAccum),
+                                     "parallel.tp=" + std::to_string(l.tp),
+                                     "parallel.dp=" + std::to_string(l.dp),
+                                     std::string("parallel.sequence_parallel=") + (l.sp ? "true" : "false"),
+                                     std::string("parallel.zero_stage=") + (l.zero ? "1" : "0")});
+    };
+    Trainer t(config(dir + "/steps"), false);
+    // The arena's elements by reduction group (Trainer::model() settles nothing yet: no step has run).
+    const mt::nn::ParamTable& table = t.model().params();
+    int64_t p_dense = 0, p_stage = 0;
+    for (int i = 0; i < table.size(); ++i) (table.spec(i).tp_partial_grad ? p_stage : p_dense) += table.padded_numel(i);
+    // The norm gains are tp-partial exactly under sequence parallelism. Each parameter is padded to the arena's
+    // alignment, lcm(64, |dp_span|, |edp|, |stage|) elements (ParamTable::layout), and the buckets move the padding.
+    const int64_t align = std::lcm(int64_t{64}, l.tp * l.dp), gain = (kDim + align - 1) / align * align;
+    ASSERT_EQ(p_stage, l.tp > 1 && l.sp ? (2 * kLayers + 1) * gain : 0);
+    Expected want = {{"dp", dp_step(l.tp, l.dp, l.zero, p_dense, p_stage, t.gradient_buckets())},
+                     {"world", kWorldStep}};
+    if (l.tp > 1) want["tp"] = tp_step(l.tp, l.sp);
+    for (int step = 1; step <= 2; ++step) {
+        const Traffic before = t.comm_traffic();
+        (void)t.train_step();
+        const Traffic got = minus(t.comm_traffic(), before);
+        expect_traffic(fmt::format("{} step {} rank {}", name, step, dist_world().rank()), got, want);
+        if (dist_world().rank() == 0 && step == 2)
+            fmt::print(
+                "{}: tp {} bytes in {} calls ({:.2e} s), dp {} bytes in {} calls ({:.2e} s), world {} bytes in "
+                "{} calls; formulas: tp {} / {}, dp {} / {} (P_dense {}, P_stage {}, {} buckets)\n",
+                name,
+                got.at("tp").bytes,
+                got.at("tp").calls,
+                got.at("tp").seconds,
+                got.at("dp").bytes,
+                got.at("dp").calls,
+                got.at("dp").seconds,
+                got.at("world").bytes,
+                got.at("world").calls,
+                want["tp"].bytes,
+                want["tp"].calls,
+                want["dp"].bytes,
+                want["dp"].calls,
+                p_dense,
+                p_stage,
+                t.gradient_buckets());
+    }
+    Trainer run(config(dir + "/run"), false);
+    run.run();
+    if (dist_world().rank() == 0) expect_metrics(name, dir + "/run/metrics.jsonl", want, 2);
+    dist_world().barrier();
+}
+
+}  // namespace
+
+TEST(TrainerComm, TensorParallelStepMatchesTheFormula) {
+    const int64_t n = dist_world().size();
+    expect_layout_matches_formula({.tp = n, .dp = 1, .sp = false, .zero = true});
+    expect_layout_matches_formula({.tp = n, .dp = 1, .sp = true, .zero = true});
+    if (n == 4) expect_layout_matches_formula({.tp = 2, .dp = 2, .sp = true, .zero = true});
+}
+
+TEST(TrainerComm, DataParallelStepMatchesTheFormula) {
+    const int64_t n = dist_world().size();
+    expect_layout_matches_formula({.tp = 1, .dp = n, .sp = true, .zero = true});
+    expect_layout_matches_formula({.tp = 1, .dp = n, .sp = true, .zero = false});
+}
+
+// One process (every rank its own, over the self communicator): nothing crosses a process, every key is zero.
+TEST(TrainerComm, OneProcessReportsZeros) {
+    const int rank = dist_world().rank();
+    const std::string dir = shared_dir("one"), data = data_dir(), run_dir = fmt::format("{}/one_r{}", dir, rank);
+    auto self = comm_make_self();
+    Trainer t(mt::testing::mpi_job(data, run_dir, {"train.steps=2", "parallel.dp=1"}), false, self.get());
+    t.run();
+    expect_traffic("one process", t.comm_traffic(), {});
+    expect_metrics("one process", run_dir + "/metrics.jsonl", {}, 2);
+}
