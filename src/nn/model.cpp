@@ -20,17 +20,41 @@ Model::Model(const ModelConfig& cfg,
              int64_t param_align,
              const MoeExpertParallel& ep,
              const TensorParallel& tp,
+             const ModelPart& part,
              bool allocate)
-    : cfg_(cfg), precision_(precision), tp_(tp) {
+    : cfg_(cfg), precision_(precision), tp_(tp), part_(part) {
     MT_CHECK(!cfg.layer_pattern.empty() && cfg.layer_pattern.find_first_not_of("AK") == std::string::npos &&
                  cfg.n_layers % static_cast<int64_t>(cfg.layer_pattern.size()) == 0,
              "model.layer_pattern `{}` must be letters A and K, its length dividing model.n_layers = {}",
              cfg.layer_pattern,
              cfg.n_layers);
-    // Vocab-parallel: the embedding and the head hold this rank's rows of the vocabulary.
-    embed_ = table_.add(
-        tp_split({.name = "embed.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std}, tp, 0));
-    for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    if (part_.chunks.empty()) part_.chunks = {{0, cfg.n_layers}};
+    bool embedding = false, head = false;
+    for (const auto& [first, last] : part_.chunks) {
+        MT_CHECK(0 <= first && first < last && last <= cfg.n_layers,
+                 "model chunk [{}, {}) outside the {} layers",
+                 first,
+                 last,
+                 cfg.n_layers);
+        embedding = embedding || first == 0;
+        head = head || last == cfg.n_layers;
+    }
+    MT_CHECK(!cfg.attnres.enabled() || (part_.chunks.size() == 1 && embedding && head),
+             "Block AttnRes needs the whole model in one chunk (pipeline parallelism does not carry its block sums "
+             "yet)");
+    // Vocab-parallel: the embedding and the head hold this rank's rows of the vocabulary. A tied head is the
+    // embedding: the last stage of a pipeline holds a copy of it.
+    if (embedding || (head && cfg.tie_embeddings))
+        embed_ = table_.add(tp_split(
+            {.name = "embed.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std}, tp, 0));
+    std::vector<int64_t> layers;
+    for (const auto& [first, last] : part_.chunks) {
+        chunk_begin_.push_back(static_cast<int64_t>(layers.size()));
+        for (int64_t l = first; l < last; ++l) layers.push_back(l);
+    }
+    chunk_begin_.push_back(static_cast<int64_t>(layers.size()));
+    for (int64_t l : layers) {
+        block_layer_.push_back(l);
         block_first_param_.push_back(table_.size());
         blocks_.push_back(std::make_unique<Block>(table_,
                                                   "layers." + std::to_string(l),
@@ -51,10 +75,11 @@ Model::Model(const ModelConfig& cfg,
         attention[i]->link_offload(i + 1 < attention.size() ? attention[i + 1] : nullptr,
                                    i > 0 ? attention[i - 1] : nullptr);
     if (cfg.attnres.enabled()) attnres_ = std::make_unique<AttnResStack>(table_, cfg, tp);
-    final_norm_ = table_.add(
-        tp_partial({.name = "final_norm.weight", .shape = {cfg.d_model}, .init = InitKind::ones, .weight_decay = false},
-                   tp.splits_rows() ? tp : TensorParallel{}));
-    if (!cfg.tie_embeddings)
+    if (head)
+        final_norm_ = table_.add(tp_partial(
+            {.name = "final_norm.weight", .shape = {cfg.d_model}, .init = InitKind::ones, .weight_decay = false},
+            tp.splits_rows() ? tp : TensorParallel{}));
+    if (head && !cfg.tie_embeddings)
         lm_head_ = table_.add(tp_split(
             {.name = "lm_head.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std}, tp, 0));
     if (allocate)
@@ -67,8 +92,9 @@ ParamTable Model::param_layout(const ModelConfig& cfg,
                                const Precision& precision,
                                int64_t param_align,
                                const MoeExpertParallel& ep,
-                               const TensorParallel& tp) {
-    Model declared(cfg, precision, param_align, ep, tp, false);
+                               const TensorParallel& tp,
+                               const ModelPart& part) {
+    Model declared(cfg, precision, param_align, ep, tp, part, false);
     return std::move(declared.table_);  // the layers' pointers into it die with `declared`; the table needs none
 }
 
@@ -87,11 +113,14 @@ void Model::resize(int64_t batch, int64_t seq) {
     ids_ = Tensor::zeros({n}, core::DType::i32, dev);
     targets_ = Tensor::zeros({n}, core::DType::i32, dev);
     host_targets_ = Tensor::zeros({n}, core::DType::i32);
-    x0_ = Tensor::zeros({stream, cfg_.d_model}, act, dev);
+    chunk_in_.clear();
+    for (int c = 0; c < num_chunks(); ++c) chunk_in_.push_back(Tensor::zeros({stream, cfg_.d_model}, act, dev));
+    x0_ = chunk_in_[static_cast<size_t>(chunk_)];
     final_ = Tensor::zeros({stream, cfg_.d_model}, act, dev);
     final_full_ = tp_.splits_rows() ? Tensor::zeros({n, cfg_.d_model}, act, dev) : Tensor();
     final_rstd_ = Tensor::zeros({stream}, stats, dev);
-    logits_ = Tensor::zeros({cfg_.loss_chunk_rows(n), vocab_rows()}, act, dev);
+    // The LM head's buffers only where the head is (the last pipeline stage).
+    logits_ = final_norm_ >= 0 ? Tensor::zeros({cfg_.loss_chunk_rows(n), vocab_rows()}, act, dev) : Tensor();
     losses_ = Tensor::zeros({n}, stats, dev);
     lse_ = Tensor::zeros({n}, stats, dev);
     dres_a_ = Tensor::zeros({stream, cfg_.d_model}, act, dev);
@@ -108,6 +137,20 @@ void Model::resize(int64_t batch, int64_t seq) {
 }
 
 double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {
+    MT_CHECK(num_chunks() == 1 && chunk_has_embedding(0) && chunk_has_head(0),
+             "Model::forward runs the whole model; a pipeline part runs forward_chunk");
+    chunk_ = 0;
+    prepare_batch(ids, targets, training, true);
+    const int64_t segments = static_cast<int64_t>(bounds_.size()) - 1;
+    double sum = 0.0;
+    for (int64_t j = 0; j < segments; ++j) {
+        begin_pass(ids.size(0), j, false);
+        sum += pass_forward();
+    }
+    return counted_ > 0 ? sum / static_cast<double>(counted_) : 0.0;
+}
+
+void Model::prepare_batch(const Tensor& ids, const Tensor& targets, bool training, bool reset_metrics) {
     MT_CHECK(ids.ndim() == 2 && ids.shape() == targets.shape(),
              "ids {} and targets {} must both be [B, T]",
              core::shape_str(ids.shape()),
@@ -131,15 +174,10 @@ double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {
                     : Documents{};
     total_seq_ = seq;
     const int64_t segments = static_cast<int64_t>(bounds_.size()) - 1;
-    for (auto& b : blocks_)
-        if (AttentionLayer* a = b->attention()) a->reset_max_logit();
+    if (reset_metrics)
+        for (auto& b : blocks_)
+            if (AttentionLayer* a = b->attention()) a->reset_max_logit();
     seq_losses_ = segments > 1 ? Tensor::zeros({batch * seq}, precision_.stats) : Tensor();
-    double sum = 0.0;
-    for (int64_t j = 0; j < segments; ++j) {
-        begin_pass(batch, j, false);
-        sum += pass_forward();
-    }
-    return counted_ > 0 ? sum / static_cast<double>(counted_) : 0.0;
 }
 
 std::vector<int64_t> Model::plan_segments(int64_t seq) const {
@@ -167,6 +205,7 @@ void Model::begin_pass(int64_t batch, int64_t j, bool recompute) {
     const int64_t segments = static_cast<int64_t>(bounds_.size()) - 1;
     pass_ = j;
     resize(batch, len);
+    x0_ = chunk_in_[static_cast<size_t>(chunk_)];
     const int64_t n = batch * len;
     const core::Device dev = precision_.device;
     host_targets_.copy_from(time_rows(seq_targets_, first, len).reshape({n}));
@@ -209,7 +248,7 @@ double Model::pass_forward() {
     };
     // Under AttnRes the stack drives the blocks (and has parameters of its own): everything up front.
     need(attnres_ ? all : embed_ + 1);
-    {
+    if (chunk_has_embedding(chunk_)) {
         core::TraceRange range(dev, "model.embed_fwd");
         // Vocab-parallel: each rank looks up the ids in its rows (zeros elsewhere) and the sum over tp completes it.
         const Tensor rows = tp_.splits_rows() ? Tensor::scratch({ids_.numel(), cfg_.d_model}, x0_.dtype(), dev) : x0_;
@@ -220,16 +259,18 @@ double Model::pass_forward() {
     if (attnres_) {
         x = &attnres_->forward(x0_, blocks_, ws_);
     } else {
-        for (size_t l = 0; l < blocks_.size(); ++l) {
+        const auto lo = static_cast<size_t>(chunk_lo()), hi = static_cast<size_t>(chunk_hi());
+        for (size_t l = lo; l < hi; ++l) {
             need(l + 1 < blocks_.size() ? block_first_param_[l + 1] : all);
             if (full_recompute()) blocks_[l]->restore_activations();
             blocks_[l]->forward(*x, ws_);
             x = &blocks_[l]->output();
             if (!full_recompute()) continue;
             blocks_[l]->release_activations(false);
-            if (l > 0 && !keeps_output(static_cast<int64_t>(l) - 1)) blocks_[l - 1]->release_output();
+            if (l > lo && !keeps_output(static_cast<int64_t>(l) - 1)) blocks_[l - 1]->release_output();
         }
     }
+    if (!chunk_has_head(chunk_)) return 0.0;  // a pipeline chunk's output goes to the next stage
     need(all);
     const int64_t n = batch_ * seq_;
     {
@@ -269,29 +310,20 @@ void Model::backward(double loss_scale) {
     }
 }
 
-void Model::pass_backward(double loss_scale, bool last_pass) {
+void Model::pass_backward(double loss_scale, bool last_pass, const Tensor& d_output) {
     const core::Device dev = precision_.device;
     for (auto& b : blocks_) b->set_backward_phase(true);
     // A parameter's gradient is complete only after the last pass: data parallelism hears of it then.
     const GradReadyHook none;
     const GradReadyHook& grad_ready = last_pass ? grad_ready_ : none;
-    std::optional<core::TraceRange> head_range(std::in_place, dev, "model.head_bwd");
-    // d(loss_scale * mean)/d(loss_i) = loss_scale / counted for counted rows (the op zeroes ignored rows).
-    losses_.fill(counted_ > 0 ? loss_scale / static_cast<double>(counted_) : 0.0);
-    // Last chunk first: its logits are still in logits_ from the forward (with one chunk, all of them); every
-    // earlier chunk's logits are recomputed into the same buffer.
-    const int64_t n = batch_ * seq_, rows = cfg_.loss_chunk_rows(n);
-    for (int64_t first = n > 0 ? (n - 1) / rows * rows : -1; first >= 0; first -= rows)
-        head_chunk_backward(first, std::min(rows, n - first), first + rows < n);
-    // Vocab-parallel: each rank's d(final norm) is its vocabulary rows' part; summed over tp (into the stream rows).
-    const Tensor d_final = tp_.splits_rows() ? ws_.d_tmp.slice(0, 0, final_.size(0)) : ws_.d_norm;
-    tp_sum_rows(tp_, ws_.d_norm, d_final);
-    const Tensor& last = attnres_ ? attnres_->forward_output() : (blocks_.empty() ? x0_ : blocks_.back()->output());
-    ops::rmsnorm_bwd(last, table_.param(final_norm_), final_rstd_, d_final, dres_a_, table_.grad(final_norm_));
-    head_range.reset();
-    // Everything declared after the blocks is complete now, except under AttnRes (its own parameters finish with
-    // the blocks' backward, which it drives).
-    if (grad_ready && !attnres_) grad_ready(final_norm_);
+    if (chunk_has_head(chunk_)) {
+        head_backward(loss_scale);
+        // Everything declared after the blocks is complete now, except under AttnRes (its own parameters finish
+        // with the blocks' backward, which it drives).
+        if (grad_ready && !attnres_) grad_ready(final_norm_);
+    } else {
+        dres_a_.copy_from(d_output);  // a pipeline chunk: the next stage's gradient of this chunk's output
+    }
 
     Tensor* dout = &dres_a_;
     Tensor* dx = &dres_b_;
@@ -300,19 +332,23 @@ void Model::pass_backward(double loss_scale, bool last_pass) {
         std::swap(dout, dx);
     }
     for (auto& [l, moe] : moe_layers()) moe->set_aux_grad_scale(loss_scale);
-    const int64_t group = cfg_.recompute.group_size(cfg_.n_layers);
-    for (int64_t l = attnres_ ? -1 : cfg_.n_layers - 1; l >= 0; --l) {
+    const int64_t group = cfg_.recompute.group_size(cfg_.n_layers), lo = chunk_lo();
+    for (int64_t l = attnres_ ? -1 : chunk_hi() - 1; l >= lo; --l) {
         if (full_recompute()) {
-            const int64_t first = l / group * group;
+            const int64_t first = lo + (l - lo) / group * group;
             group_backward(first, l, dout, dx, grad_ready);
             l = first;
             continue;
         }
-        const Tensor& input = l == 0 ? x0_ : blocks_[static_cast<size_t>(l - 1)]->output();
+        const Tensor& input = l == lo ? x0_ : blocks_[static_cast<size_t>(l - 1)]->output();
         blocks_[static_cast<size_t>(l)]->backward(input, *dout, *dx, ws_);
         std::swap(dout, dx);
         // Block l's parameters are complete (the embedding, below every block, waits for its own backward).
         if (grad_ready) grad_ready(block_first_param_[static_cast<size_t>(l)]);
+    }
+    if (!chunk_has_embedding(chunk_)) {
+        input_grad_ = *dout;  // for the previous stage
+        return;
     }
     core::TraceRange range(dev, "model.embed_bwd");
     Tensor d_embed = *dout;
@@ -324,13 +360,30 @@ void Model::pass_backward(double loss_scale, bool last_pass) {
     if (grad_ready) grad_ready(0);
 }
 
+void Model::head_backward(double loss_scale) {
+    const core::TraceRange range(precision_.device, "model.head_bwd");
+    // d(loss_scale * mean)/d(loss_i) = loss_scale / counted for counted rows (the op zeroes ignored rows).
+    losses_.fill(counted_ > 0 ? loss_scale / static_cast<double>(counted_) : 0.0);
+    // Last chunk first: its logits are still in logits_ from the forward (with one chunk, all of them); every
+    // earlier chunk's logits are recomputed into the same buffer.
+    const int64_t n = batch_ * seq_, rows = cfg_.loss_chunk_rows(n);
+    for (int64_t first = n > 0 ? (n - 1) / rows * rows : -1; first >= 0; first -= rows)
+        head_chunk_backward(first, std::min(rows, n - first), first + rows < n);
+    // Vocab-parallel: each rank's d(final norm) is its vocabulary rows' part; summed over tp (into the stream rows).
+    const Tensor d_final = tp_.splits_rows() ? ws_.d_tmp.slice(0, 0, final_.size(0)) : ws_.d_norm;
+    tp_sum_rows(tp_, ws_.d_norm, d_final);
+    const Tensor& last = attnres_ ? attnres_->forward_output() : chunk_output();
+    ops::rmsnorm_bwd(last, table_.param(final_norm_), final_rstd_, d_final, dres_a_, table_.grad(final_norm_));
+}
+
 ops::VocabShard Model::vocab_shard() const {
     if (!tp_.active()) return {};
     return {.first = tp_.shard_first(cfg_.vocab_size), .total = cfg_.vocab_size};
 }
 
 int64_t Model::vocab_rows() const {
-    return tp_.active() ? param_tp_real(table_.spec(embed_)) : cfg_.vocab_size;
+    // The embedding's or the head's rows (a pipeline stage may hold only one of them): the same split.
+    return tp_.active() ? param_tp_real(table_.spec(embed_ >= 0 ? embed_ : lm_head_)) : cfg_.vocab_size;
 }
 
 Tensor Model::vocab_part(const Tensor& t) const {
@@ -392,13 +445,21 @@ void Model::head_chunk_backward(int64_t first, int64_t rows, bool recompute_logi
 }
 
 bool Model::keeps_output(int64_t l) const {
-    const int64_t group = cfg_.recompute.group_size(cfg_.n_layers);
-    return (l + 1) % group == 0 || l == cfg_.n_layers - 1;
+    // Groups of recompute.group_size() blocks from the start of the block's chunk; the chunk's last output is kept.
+    const auto c = static_cast<size_t>(chunk_of_block(l));
+    const int64_t group = cfg_.recompute.group_size(cfg_.n_layers), lo = chunk_begin_[c], hi = chunk_begin_[c + 1];
+    return (l - lo + 1) % group == 0 || l == hi - 1;
+}
+
+int Model::chunk_of_block(int64_t l) const {
+    int c = 0;
+    while (chunk_begin_[static_cast<size_t>(c) + 1] <= l) ++c;
+    return c;
 }
 
 void Model::group_backward(int64_t first, int64_t last, Tensor*& dout, Tensor*& dx, const GradReadyHook& grad_ready) {
     auto block = [&](int64_t l) -> Block& { return *blocks_[static_cast<size_t>(l)]; };
-    auto input = [&](int64_t l) -> const Tensor& { return l == 0 ? x0_ : block(l - 1).output(); };
+    auto input = [&](int64_t l) -> const Tensor& { return l == chunk_lo() ? x0_ : block(l - 1).output(); };
     for (int64_t l = first; l <= last; ++l) {  // the group's forward again, from its kept input
         block(l).restore_activations();
         block(l).set_forward_flags(false, true);
@@ -423,21 +484,21 @@ std::vector<std::pair<int64_t, Tensor>> Model::kda_final_states() const {
     std::vector<std::pair<int64_t, Tensor>> out;
     for (size_t l = 0; l < blocks_.size(); ++l)
         if (const KdaLayer* kda = blocks_[l]->kda(); kda != nullptr && kda->final_state().defined())
-            out.emplace_back(static_cast<int64_t>(l), kda->final_state());
+            out.emplace_back(block_layer_[l], kda->final_state());
     return out;
 }
 
 std::vector<std::pair<int64_t, double>> Model::attention_max_logits() {
     std::vector<std::pair<int64_t, double>> out;
     for (size_t l = 0; l < blocks_.size(); ++l)
-        if (AttentionLayer* a = blocks_[l]->attention()) out.emplace_back(static_cast<int64_t>(l), a->max_logit());
+        if (AttentionLayer* a = blocks_[l]->attention()) out.emplace_back(block_layer_[l], a->max_logit());
     return out;
 }
 
 std::vector<std::pair<int64_t, MoeLayer*>> Model::moe_layers() {
     std::vector<std::pair<int64_t, MoeLayer*>> layers;
     for (size_t l = 0; l < blocks_.size(); ++l)
-        if (blocks_[l]->moe() != nullptr) layers.emplace_back(static_cast<int64_t>(l), blocks_[l]->moe());
+        if (blocks_[l]->moe() != nullptr) layers.emplace_back(block_layer_[l], blocks_[l]->moe());
     return layers;
 }
 

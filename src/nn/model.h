@@ -20,6 +20,14 @@ namespace mt::nn {
 
 constexpr int32_t kIgnoreIndex = -1;
 
+// Pipeline parallelism: the model chunks this rank holds, as global layer ranges [first, last) in model order (rank
+// s of p with v virtual stages holds chunks s, s + p, ...; docs/distributed.md). The chunk that starts at layer 0
+// holds the embedding, the one that ends at n_layers the final norm, LM head and loss (and, with tied embeddings, its
+// own copy of the embedding as the head). Empty: one chunk of every layer, the whole model.
+struct ModelPart {
+    std::vector<std::pair<int64_t, int64_t>> chunks;
+};
+
 // Training FLOPs per token of one KDA layer's recurrence (the chunked form, fwd + bwd; its projections count as
 // matmul parameters): 6 * HV * (3 K V + C (1.5 K + V)), C = min(kda.chunk_size, T).
 double kda_flops_per_token(const ModelConfig& cfg, int64_t seq);
@@ -35,8 +43,9 @@ class Model {
           const Precision& precision,
           int64_t param_align = 64,
           const MoeExpertParallel& ep = {},
-          const TensorParallel& tp = {})
-        : Model(cfg, precision, param_align, ep, tp, true) {}
+          const TensorParallel& tp = {},
+          const ModelPart& part = {})
+        : Model(cfg, precision, param_align, ep, tp, part, true) {}
     // The parameter table this constructor would build, laid out (ParamTable::layout) but not allocated: the same
     // declarations in the same order, so its offsets and arena sizes are the real ones. No arena, activation or
     // workspace is allocated (ep needs no communicators). The memory planner's source of parameter bytes.
@@ -44,7 +53,8 @@ class Model {
                                    const Precision& precision,
                                    int64_t param_align = 64,
                                    const MoeExpertParallel& ep = {},
-                                   const TensorParallel& tp = {});
+                                   const TensorParallel& tp = {},
+                                   const ModelPart& part = {});
 
     ParamTable& params() {
         return table_;
@@ -72,6 +82,37 @@ class Model {
     double forward(const Tensor& ids, const Tensor& targets, bool training = true);
     // Accumulates (+=) into the parameter gradients the gradient of loss_scale * (mean loss of the last forward).
     void backward(double loss_scale);
+
+    // Pipeline parallelism (src/nn/model_pipeline.cpp). The forward of this rank's chunk `chunk` on the micro-batch
+    // (ids, targets) [B, T] on the host: the embedding when the chunk starts the model, else `input` [stream rows,
+    // C] (the previous chunk's output); the final norm, LM head and loss when it ends the model, whose mean loss it
+    // returns (else 0). recompute: the re-run, before its backward, of a forward that another micro-batch's forward
+    // has followed since (the routing is not counted again). Not with sequence segments or Block AttnRes.
+    double forward_chunk(
+        int chunk, const Tensor& ids, const Tensor& targets, const Tensor& input, bool training, bool recompute);
+    // The backward of the last forward_chunk: d_output [stream rows, C] is the gradient of chunk_output(); a chunk
+    // that ends the model takes loss_scale instead (as backward()). Accumulates the parameter gradients.
+    void backward_chunk(double loss_scale, const Tensor& d_output);
+    // The last forward_chunk's output (its last block's, valid until that chunk's next forward) and the last
+    // backward_chunk's gradient of its input (valid until the next backward).
+    const Tensor& chunk_output() const;
+    const Tensor& chunk_input_grad() const {
+        return input_grad_;
+    }
+    int num_chunks() const {
+        return static_cast<int>(part_.chunks.size());
+    }
+    bool chunk_has_embedding(int chunk) const {
+        return part_.chunks.at(static_cast<size_t>(chunk)).first == 0;
+    }
+    bool chunk_has_head(int chunk) const {
+        return part_.chunks.at(static_cast<size_t>(chunk)).second == cfg_.n_layers;
+    }
+    // The parameter holding the embedding (-1 when this part has none): under pipeline parallelism with tied
+    // embeddings the first and the last stage each hold a copy, whose gradients the trainer sums.
+    int embedding_param() const {
+        return embed_;
+    }
     // Called during backward each time the gradients of every parameter with table index >= first are complete
     // for this backward (after the head, after each block, and once with 0 at the end): data parallelism starts
     // reducing those buckets while the rest of the backward runs. Empty (the default): no calls.
@@ -143,6 +184,7 @@ class Model {
           int64_t param_align,
           const MoeExpertParallel& ep,
           const TensorParallel& tp,
+          const ModelPart& part,
           bool allocate);
     void resize(int64_t batch, int64_t seq);
     // Recompute full over the plain residual stream: blocks run in groups of recompute.group_size(); only each
@@ -154,6 +196,8 @@ class Model {
     // The LM head and the loss rows [first, first + rows) into logits_ (forward), or the backward of those rows:
     // dlogits in logits_, dh into ws_.d_norm's rows, the head's gradient accumulated.
     void head_chunk_forward(int64_t first, int64_t rows);
+    // The head's backward: the loss rows' gradient through the LM head and the final norm into dres_a_.
+    void head_backward(double loss_scale);
     void head_chunk_backward(int64_t first, int64_t rows, bool recompute_logits);
     // Vocab-parallel loss: each rank's head chunks left its shard's log-sum-exp in lse_ and the target logits it
     // holds in losses_; this combines them over tp into every row's log-sum-exp and loss (on the host, in f64).
@@ -165,6 +209,17 @@ class Model {
     Tensor vocab_part(const Tensor& t) const;
     // Backward of blocks [first, l], l the last of its group: re-runs the group's forward, then its backward.
     void group_backward(int64_t first, int64_t last, Tensor*& dout, Tensor*& dx, const GradReadyHook& grad_ready);
+    // The active chunk's blocks [lo, hi) (local indices), and the chunk a local block belongs to.
+    int64_t chunk_lo() const {
+        return chunk_begin_[static_cast<size_t>(chunk_)];
+    }
+    int64_t chunk_hi() const {
+        return chunk_begin_[static_cast<size_t>(chunk_) + 1];
+    }
+    int chunk_of_block(int64_t l) const;
+    // The batch's host copies, documents, loss count and one pass of the whole sequence, or its segments (forward
+    // and forward_chunk).
+    void prepare_batch(const Tensor& ids, const Tensor& targets, bool training, bool reset_metrics);
     // The boundaries of a sequence of seq tokens under cfg_.segments (checks what segments refuse).
     std::vector<int64_t> plan_segments(int64_t seq) const;
     // Sizes the model for segment j of the batch in seq_ids_ / seq_targets_, fills its inputs and tells the blocks
@@ -173,11 +228,18 @@ class Model {
     // One pass (the whole sequence or a segment): embedding, blocks, head and loss; returns the summed loss of its
     // counted rows. pass_backward: its backward; last_pass: the last of the step (the gradients are complete).
     double pass_forward();
-    void pass_backward(double loss_scale, bool last_pass);
+    // d_output: the gradient of the chunk's output, for a chunk that does not end the model.
+    void pass_backward(double loss_scale, bool last_pass, const Tensor& d_output = Tensor());
 
     ModelConfig cfg_;
     Precision precision_;
     TensorParallel tp_;
+    ModelPart part_;
+    std::vector<int64_t> chunk_begin_;  // local index of each chunk's first block, and the block count at the end
+    std::vector<int64_t> block_layer_;  // the global layer index of each local block
+    int chunk_ = 0;                     // the chunk the next pass runs
+    std::vector<Tensor> chunk_in_;      // [stream rows, C] each chunk's input (x0_ views the active one's)
+    Tensor input_grad_;                 // the last backward's gradient of its chunk's input
     ParamTable table_;
     int embed_ = -1, final_norm_ = -1, lm_head_ = -1;
     std::vector<std::unique_ptr<Block>> blocks_;

@@ -27,6 +27,7 @@ struct ArenaParam {
     bool expert = false;
     bool tp_partial = false;
     bool tp_split = false;
+    bool pipeline_tied = false;  // a tied embedding's copy: the first and the last pipeline stage hold one each
 };
 
 // A bucket's place: parameters [lowest, next bucket's lowest) of the arena order, arena elements [begin, end), and

@@ -86,6 +86,10 @@ struct ParallelConfig {
     int64_t zero_stage = 1;         // 1: ZeRO-1, optimizer state sharded over the data-parallel ranks; 0: replicated
     bool sequence_parallel = true;  // tp > 1: the residual stream split over the tp ranks along the token rows
     bool pad_vocab = true;          // tp > 1: a vocabulary tp does not divide is padded (else exit 2)
+    // [pp]: pipeline parallelism's schedule and stage split (docs/distributed.md "Pipeline parallelism").
+    std::string pp_schedule = "1f1b";          // 1f1b | interleaved
+    int64_t pp_virtual_stages = 1;             // model chunks per pipeline rank (interleaved: > 1)
+    std::vector<int64_t> pp_layers_per_stage;  // layers of each of the pp x virtual_stages chunks; [] = balanced
 };
 
 // The [moe] keys that the trainer reads and the MoE layer does not: what a routing-collapse alarm does, and how often

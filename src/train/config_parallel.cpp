@@ -5,13 +5,64 @@
 
 namespace mt::train {
 
+namespace {
+
+[[noreturn]] void bad_key(const std::string& src, const std::string& hint, const std::string& msg) {
+    core::fail_hint(core::ExitCode::usage, hint, "{} [{}]", msg, src);
+}
+
+void validate_pipeline(const JobConfig& c, const std::string& src) {
+    const ParallelConfig& p = c.parallel;
+    const nn::ModelConfig& m = c.model;
+    auto bad = [&](const std::string& hint, const std::string& msg) { bad_key(src, hint, msg); };
+    const int64_t v = p.pp_virtual_stages, chunks = p.pp * v;
+    if (v > 1 && p.pp_schedule != "interleaved")
+        bad("set pp.schedule = \"interleaved\", or pp.virtual_stages = 1",
+            fmt::format("pp.virtual_stages = {} needs pp.schedule = \"interleaved\"", v));
+    if (m.n_layers < chunks)
+        bad("use fewer pipeline stages or virtual stages",
+            fmt::format("model.n_layers = {} is fewer than parallel.pp x pp.virtual_stages = {} x {} pipeline chunks",
+                        m.n_layers,
+                        p.pp,
+                        v));
+    if (!p.pp_layers_per_stage.empty()) {
+        int64_t sum = 0;
+        for (int64_t n : p.pp_layers_per_stage) sum += n;
+        if (static_cast<int64_t>(p.pp_layers_per_stage.size()) != chunks || sum != m.n_layers)
+            bad("give one layer count per chunk (parallel.pp x pp.virtual_stages of them) summing to model.n_layers",
+                fmt::format("pp.layers_per_stage has {} entries summing to {}; the model needs {} chunks summing to "
+                            "model.n_layers = {}",
+                            p.pp_layers_per_stage.size(),
+                            sum,
+                            chunks,
+                            m.n_layers));
+    }
+    if (p.pp == 1) return;
+    if (p.pp_schedule == "interleaved" && c.train.grad_accum % p.pp != 0)
+        bad("set train.grad_accum to a multiple of parallel.pp",
+            fmt::format("pp.schedule = \"interleaved\" needs train.grad_accum = {} to be a multiple of parallel.pp = "
+                        "{} (Megatron's rule)",
+                        c.train.grad_accum,
+                        p.pp));
+    if (m.segments.enabled())
+        bad("set long.segments = 1 and long.segment_tokens = 0 under pipeline parallelism",
+            "long.segments with parallel.pp > 1 is not built yet");
+    if (m.moe_enabled && m.moe.balance.mode == nn::MoeBalanceMode::aux_loss)
+        bad("use quantile, sign_bias or no balancing under pipeline parallelism",
+            "moe.balance = \"aux_loss\" with parallel.pp > 1 is not built yet (the loss would be summed per stage)");
+    if (m.attnres.enabled())
+        bad("set attnres.mode = \"off\" under pipeline parallelism",
+            "attnres.mode with parallel.pp > 1 is not built yet (the block sums would travel with the activations)");
+}
+
+}  // namespace
+
 void config_parallel_validate(const JobConfig& c, const std::string& src) {
+    validate_pipeline(c, src);
     const ParallelConfig& p = c.parallel;
     const nn::ModelConfig& m = c.model;
     if (p.tp <= 1) return;
-    auto bad = [&](const std::string& hint, const std::string& msg) {
-        core::fail_hint(core::ExitCode::usage, hint, "{} [{}]", msg, src);
-    };
+    auto bad = [&](const std::string& hint, const std::string& msg) { bad_key(src, hint, msg); };
     auto divides = [&](const char* key, int64_t value, const char* what) {
         if (value % p.tp != 0)
             bad(fmt::format("choose a parallel.tp that divides {} (docs/distributed.md)", key),

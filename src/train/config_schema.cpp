@@ -456,6 +456,25 @@ std::vector<Field> config_schema(JobConfig& c) {
              "with `tp` > 1, each tp rank holds 1/tp of the token rows outside the tensor-parallel regions (norms, "
              "residual adds, AttnRes mixes): all-gather and reduce-scatter replace the all-reduce, activation memory "
              "divides by tp; `train.batch_size` x `train.seq_len` must divide by `tp`"),
+        text("pp.schedule",
+             &p.pp_schedule,
+             "pipeline schedule over `train.grad_accum` micro-batches: `1f1b` (warm-up forwards, then one forward "
+             "and one backward alternately) or `interleaved` (Megatron's schedule over `pp.virtual_stages` model "
+             "chunks per rank; `train.grad_accum` a multiple of `parallel.pp`)",
+             {"1f1b", "interleaved"}),
+        integer("pp.virtual_stages",
+                &p.pp_virtual_stages,
+                1,
+                1024,
+                "model chunks per pipeline rank: rank s holds chunks s, s + pp, ...; more than 1 needs `pp.schedule = "
+                "\"interleaved\"`"),
+        {.key = "pp.layers_per_stage",
+         .ptr = &p.pp_layers_per_stage,
+         .help = "layers of each of the `parallel.pp` x `pp.virtual_stages` chunks in model order, summing to "
+                 "`model.n_layers`; `[]` = balanced by estimated compute (the embedding with the first chunk, the LM "
+                 "head with the last)",
+         .min = 1,
+         .max = 1 << 20},
         flag("parallel.pad_vocab",
              &p.pad_vocab,
              "with `tp` > 1, pad a vocabulary that `tp` does not divide (the last rank's extra rows are zeros, never "
@@ -473,7 +492,12 @@ std::vector<Field> config_schema(JobConfig& c) {
                 0,
                 1 << 20,
                 "data-parallel size; 0 = the rest of the processes, world / (tp cp ep pp)"),
-        integer("parallel.pp", &p.pp, 1, 1 << 20, "pipeline-parallel size (only 1 runs yet)"),
+        integer("parallel.pp",
+                &p.pp,
+                1,
+                1 << 20,
+                "pipeline-parallel size: consecutive layers in stages, micro-batches (`train.grad_accum`) passed "
+                "between them by send/recv (docs/distributed.md); at most `model.n_layers` / `pp.virtual_stages`"),
         number_above("parallel.bucket_mb", &p.bucket_mb, 0, 1 << 20, "data-parallel gradient all-reduce bucket, MiB"),
         integer("parallel.zero_stage",
                 &p.zero_stage,

@@ -34,7 +34,8 @@ int64_t supervised_tokens(const core::Tensor& targets) {
 }
 
 // The model's arenas as the gradient synchronisation sees them: ranges and reduction groups, no model types.
-parallel::GradArenas grad_arenas(const nn::ParamTable& table) {
+// tied_copy: the parameter that is one of two copies of a tied embedding (pipeline parallelism), or -1.
+parallel::GradArenas grad_arenas(const nn::ParamTable& table, int tied_copy) {
     parallel::GradArenas arenas{.params = {},
                                 .grads = table.grad_arena(),
                                 .weights = table.param_arena(),
@@ -46,7 +47,8 @@ parallel::GradArenas grad_arenas(const nn::ParamTable& table) {
                                  .end = table.offset(i) + table.padded_numel(i),
                                  .expert = nn::param_expert_sharded(table.spec(i)),
                                  .tp_partial = table.spec(i).tp_partial_grad,
-                                 .tp_split = nn::param_tp_split(table.spec(i))});
+                                 .tp_split = nn::param_tp_split(table.spec(i)),
+                                 .pipeline_tied = i == tied_copy});
     return arenas;
 }
 
@@ -142,6 +144,14 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
         // Tensor parallelism: the regions' activations over tp, the tp-partial gradients over the whole stage.
         nccl_tp_ = nccl(parallel::MeshGroup::tp);
         nccl_stage_ = mesh_->size(parallel::MeshAxis::tp) == 1 ? nccl_dp_span_ : nccl(parallel::MeshGroup::stage);
+        nccl_pp_ = nccl(parallel::MeshGroup::pp);  // the activations between the pipeline stages
+    }
+    // Pipeline parallelism with tied embeddings: the first and the last stage each hold the embedding.
+    if (pipelined() && cfg_.model.tie_embeddings) {
+        const int64_t stage = mesh_->coord(parallel::MeshAxis::pp), last = mesh_->size(parallel::MeshAxis::pp) - 1;
+        const bool end = stage == 0 || stage == last;
+        tied_embedding_ = mesh_->group(parallel::MeshGroup::pp).split(end ? 0 : 1, static_cast<int>(stage));
+        if (!end) tied_embedding_.reset();
     }
     // Expert parallelism: each MoE layer holds this rank's experts and exchanges rows over the ep group.
     // Under tensor parallelism the tp ranks are further expert-parallel ranks (MoE parallel folding): the experts are
@@ -162,16 +172,17 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     const int64_t align = std::lcm(std::lcm(mesh_->group(parallel::MeshGroup::dp_span).size(),
                                             int64_t{mesh_->group(parallel::MeshGroup::edp).size()}),
                                    int64_t{mesh_->group(parallel::MeshGroup::stage).size()});
-    model_ = std::make_unique<nn::Model>(cfg_.model, precision, align, ep, tp);
+    model_ = std::make_unique<nn::Model>(cfg_.model, precision, align, ep, tp, pipeline_part());
     model_->params().initialize(static_cast<uint64_t>(cfg_.run.seed));
     model_->set_track_max_logit(true);  // long/max_logit: one [B, Hq, T] row maximum per attention layer and pass
-    grad_sync_ = std::make_unique<parallel::GradSync>(grad_arenas(model_->params()),
-                                                      *mesh_,
-                                                      cfg_.parallel.bucket_mb,
-                                                      cfg_.parallel.zero_stage >= 1,
-                                                      nccl_dp_span_.get(),
-                                                      nccl_edp_.get(),
-                                                      nccl_stage_.get());
+    grad_sync_ = std::make_unique<parallel::GradSync>(
+        grad_arenas(model_->params(), tied_embedding_ ? model_->embedding_param() : -1),
+        *mesh_,
+        cfg_.parallel.bucket_mb,
+        cfg_.parallel.zero_stage >= 1,
+        nccl_dp_span_.get(),
+        nccl_edp_.get(),
+        nccl_stage_.get());
     // ZeRO-1: each forward waits for the parameter gathers of the last step bucket by bucket, as it reaches them.
     if (grad_sync_->zero())
         model_->set_params_needed_hook([sync = grad_sync_.get()](int end) { sync->params_needed(end); });
@@ -268,11 +279,18 @@ StepResult Trainer::train_step() {
     const double n_global = dp_sum(static_cast<double>(local_supervised));
     const int64_t micro_divisor_int = t.grad_accum * data_size();
     const double micro_divisor = static_cast<double>(micro_divisor_int);
+    std::vector<double> weights;
+    for (int64_t micro = 0; micro < t.grad_accum; ++micro)
+        weights.push_back(n_global > 0
+                              ? static_cast<double>(counted[static_cast<size_t>(micro)] * micro_divisor_int) / n_global
+                              : 0.0);
+    if (pipelined()) {
+        r.loss = pipeline_micro_batches(weights, r.loss_scale / micro_divisor, r);
+        pipeline_reduce_tied_embedding();
+    }
     // The last micro-batch's backward hands each bucket of complete gradients to the reduction as it goes.
-    for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
-        const double weight =
-            n_global > 0 ? static_cast<double>(counted[static_cast<size_t>(micro)] * micro_divisor_int) / n_global
-                         : 0.0;
+    for (int64_t micro = 0; micro < t.grad_accum && !pipelined(); ++micro) {
+        const double weight = weights[static_cast<size_t>(micro)];
         r.loss += model_->forward(step_inputs_.select(0, micro), step_targets_.select(0, micro)) * weight /
                   static_cast<double>(t.grad_accum);
         r.aux_loss += model_->last_aux_loss() / static_cast<double>(t.grad_accum);
@@ -330,7 +348,8 @@ double Trainer::evaluate() {
         const int64_t b = round * p + data_rank();
         if (b >= t.eval_batches && mesh_->size(parallel::MeshAxis::ep) == 1) break;
         sampler.fill_sequential((b < t.eval_batches ? b : 0) * t.batch_size, t.batch_size, inputs_, targets_);
-        const double loss = model_->forward(inputs_, targets_, /*training=*/false);
+        const double loss =
+            pipelined() ? pipeline_evaluate(inputs_, targets_) : model_->forward(inputs_, targets_, /*training=*/false);
         if (b < t.eval_batches) sum += loss;
     }
     return dp_sum(sum) / static_cast<double>(t.eval_batches);
@@ -443,6 +462,11 @@ RunEnd Trainer::run() {
                                      {"comm/dp_grad_seconds", r.comm_seconds},
                                      {"comm/dp_buckets_overlapped", r.buckets_overlapped},
                                      {"tokens_seen", tokens_seen(step_)}};
+            if (pipelined()) {  // the ideal schedule's idle fraction and this rank's time (trainer_pipeline.cpp)
+                fields["pp/bubble"] = r.pp_bubble;
+                fields["pp/wait_seconds"] = r.pp_wait_seconds;
+                fields["pp/compute_seconds"] = r.pp_compute_seconds;
+            }
             if (scaler_.dynamic()) {
                 fields["loss_scale"] = r.loss_scale;
                 fields["skipped"] = r.skipped;

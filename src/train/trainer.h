@@ -31,6 +31,9 @@ struct StepResult {
     double aux_loss = 0.0;           // MoE aux balancing loss (mean over micro-batches; not in `loss`)
     double comm_seconds = 0.0;       // data-parallel gradient reduction (the part not overlapped with the backward)
     int64_t buckets_overlapped = 0;  // gradient buckets issued while the backward was still running
+    // Pipeline parallelism: the ideal schedule's idle fraction, and this rank's seconds waiting for activations or
+    // gradients from the neighbouring stages and running its chunks (re-runs of forwards included).
+    double pp_bubble = 0.0, pp_wait_seconds = 0.0, pp_compute_seconds = 0.0;
     std::vector<std::pair<int64_t, nn::MoeStepMetrics>> moe;  // per MoE layer (block index), this step's routing
     // Memory at the end of the step, in bytes (the backend's statistics, core/backend.h; each the largest over the
     // ranks): handed out now, held from the driver, the most handed out at once during the step, and that peak less
@@ -212,6 +215,19 @@ class Trainer {
     nlohmann::json moe_checkpoint_json();
     void load_moe_checkpoint(const Checkpoint& ckpt);
 
+    // trainer_pipeline.cpp: pipeline parallelism. This rank's model chunks (global layer ranges) from pp.* or the
+    // balanced split; the step's micro-batches through them in the schedule's order (weights[m]: micro-batch m's
+    // loss weight, grad_scale its backward's multiplier), returning the weighted loss sum (the last stage's, summed
+    // over the pipeline); one evaluation batch through the stages; the tied embedding's gradient summed between
+    // the first and the last stage.
+    nn::ModelPart pipeline_part() const;
+    double pipeline_micro_batches(const std::vector<double>& weights, double grad_scale, StepResult& r);
+    double pipeline_evaluate(const core::Tensor& ids, const core::Tensor& targets);
+    void pipeline_reduce_tied_embedding();
+    bool pipelined() const {
+        return mesh_->size(parallel::MeshAxis::pp) > 1;
+    }
+
     JobConfig cfg_;
     bool log_;
     std::unique_ptr<parallel::Mesh> mesh_;
@@ -219,7 +235,9 @@ class Trainer {
     // GPU runs over several processes: NCCL communicators over the dp_span, edp and ep ranks (groups of more than one
     // rank), which move the gradients and the MoE rows; the mesh's MPI groups keep the host scalars.
     // Shared where two groups are the same ranks.
-    std::shared_ptr<parallel::Comm> nccl_dp_span_, nccl_edp_, nccl_ep_, nccl_tp_, nccl_stage_;
+    std::shared_ptr<parallel::Comm> nccl_dp_span_, nccl_edp_, nccl_ep_, nccl_tp_, nccl_stage_, nccl_pp_;
+    // Pipeline parallelism with tied embeddings: the first and the last stage (their copies' gradients are summed).
+    std::unique_ptr<parallel::Comm> tied_embedding_;
     std::unique_ptr<parallel::GradSync> grad_sync_;
     std::unique_ptr<optim::AdamW> adamw_;
     optim::LossScaler scaler_;

@@ -20,10 +20,13 @@ class CheckpointCorrupt : public core::Error {
     explicit CheckpointCorrupt(const core::Error& e) : core::Error(e) {}
 };
 
-std::vector<TensorSpec> model_specs(const nn::ParamTable& table) {
+// Every tensor of the whole model at its global shape, whatever part of it this rank holds (a pipeline stage holds
+// only its layers): the checkpoint's signature is the model's, not the layout's.
+std::vector<TensorSpec> model_specs(const nn::ModelConfig& model, const nn::ParamTable& table) {
+    const nn::ParamTable whole = nn::Model::param_layout(model, table.precision());
     std::vector<TensorSpec> specs;
-    for (int i = 0; i < table.size(); ++i)
-        specs.push_back({table.spec(i).name, nn::param_global_shape(table.spec(i)), table.precision().master});
+    for (int i = 0; i < whole.size(); ++i)
+        specs.push_back({whole.spec(i).name, nn::param_global_shape(whole.spec(i)), table.precision().master});
     return specs;
 }
 
@@ -169,13 +172,17 @@ void Trainer::save_checkpoint() {
     const bool first_data = mesh_->group(parallel::MeshGroup::dp_span).rank() == 0;
     const bool first_expert = mesh_->group(parallel::MeshGroup::edp).rank() == 0;
     const bool first_tp = mesh_->coord(parallel::MeshAxis::tp) == 0;
+    // A tied embedding's second copy (the last pipeline stage's) is never written: the first stage's is the tensor.
+    const bool tied_copy = tied_embedding_ && mesh_->coord(parallel::MeshAxis::pp) != 0;
     auto replica_writer = [&](const nn::ParamSpec& spec) {
+        if (tied_copy && spec.name == "embed.weight") return false;
         if (nn::param_expert_sharded(spec)) return first_expert;
         return first_data && (first_tp || nn::param_tp_split(spec));
     };
     // Under ZeRO-1 each owned slice is written by its owner; a parameter replicated over tp (but not reduced over
     // it) has the same owned slices on every tp rank.
     auto owner_writes = [&](const nn::ParamSpec& spec) {
+        if (tied_copy && spec.name == "embed.weight") return false;
         return first_tp || nn::param_tp_split(spec) || spec.tp_partial_grad || nn::param_expert_sharded(spec);
     };
     std::vector<CheckpointTensor> tensors;
@@ -210,8 +217,13 @@ void Trainer::save_checkpoint() {
             }
         }
     }
-    if (mesh_->world().rank() == 0)
+    // The balancer state is the same on every rank of a stage: its first rank writes its stage's layers.
+    if (mesh_->group(parallel::MeshGroup::stage).rank() == 0)
         for (auto& moe : moe_checkpoint_tensors()) tensors.push_back({moe.name, moe.kind, to_host(moe.tensor)});
+    nlohmann::json moe_state = moe_checkpoint_json();
+    if (pipelined())  // every stage's layers into rank 0's manifest
+        for (const std::string& part : parallel::comm_gather_strings(mesh_->world(), moe_state.dump()))
+            moe_state.update(nlohmann::json::parse(part));
     const auto& t = cfg_.train;
     const int64_t samples = data::sampler_first_sample(step_, t.grad_accum, 0, data_size(), 0, t.batch_size);
     nlohmann::json ranks = nlohmann::json::array();
@@ -222,12 +234,12 @@ void Trainer::save_checkpoint() {
     }
     nlohmann::json extra = {
         {"config_toml", cfg_.to_toml()},
-        {"model_signature", model_signature(model_specs(table))},
+        {"model_signature", model_signature(model_specs(cfg_.model, table))},
         {"tokens_seen", tokens_seen(step_)},
         {"mesh", mesh_->to_json()},
         {"rng", {{"seed", cfg_.run.seed}, {"step", step_}}},
         {"loss_scaler", scaler_.state()},
-        {"moe", moe_checkpoint_json()},
+        {"moe", moe_state},
         {"data", {{"samples_consumed", samples}, {"ranks", ranks}}},
     };
     extra["data"].update(long_checkpoint_json());  // the curriculum stage and position, when there is one
@@ -258,7 +270,7 @@ void Trainer::load_checkpoint_state(const std::string& dir) {
     const Checkpoint& ckpt = *opened;
     nn::ParamTable& table = model_->params();
     // What the manifest alone decides comes first: these are not damage, and an older checkpoint would not help.
-    checkpoint_check_fits(ckpt.manifest(), model_specs(table), dir);
+    checkpoint_check_fits(ckpt.manifest(), model_specs(cfg_.model, table), dir);
     const auto& t = cfg_.train;
     const int64_t step = ckpt.step();
     // The global sample order does not depend on the mesh, so a replicated state resumes on any dp size whose

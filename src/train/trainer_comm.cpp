@@ -29,7 +29,8 @@ std::map<std::string, CommTraffic> Trainer::comm_traffic() const {
     const std::array<std::vector<const parallel::Comm*>, kCommGroups.size()> members = {{
         {group(MeshGroup::tp), nccl_tp_.get()},
         {group(MeshGroup::cp)},
-        {group(MeshGroup::ep), nccl_ep_.get()},
+        // The MoE rows go over tp_ep (the ep group, tp folded in).
+        {group(MeshGroup::ep), group(MeshGroup::tp_ep), nccl_ep_.get()},
         {group(MeshGroup::dp),
          group(MeshGroup::dp_span),
          group(MeshGroup::edp),
@@ -37,7 +38,8 @@ std::map<std::string, CommTraffic> Trainer::comm_traffic() const {
          nccl_dp_span_.get(),
          nccl_edp_.get(),
          nccl_stage_.get()},
-        {group(MeshGroup::pp)},
+        // The activations between the stages, and the tied embedding's gradient between the first and the last.
+        {group(MeshGroup::pp), nccl_pp_.get(), tied_embedding_.get()},
         {&mesh_->world()},
     }};
     std::map<std::string, CommTraffic> out;

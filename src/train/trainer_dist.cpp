@@ -12,8 +12,8 @@ void Trainer::check_parallel_layout() const {
     const parallel::MeshShape& s = mesh_->shape();
     auto unsupported = [&](const char* key, int64_t value, const char* what) {
         core::fail_hint(core::ExitCode::usage,
-                        fmt::format("set {} = 1; data, expert and tensor parallelism (parallel.dp, parallel.ep, "
-                                    "parallel.tp) are what this version runs",
+                        fmt::format("set {} = 1; data, expert, tensor and pipeline parallelism (parallel.dp, "
+                                    "parallel.ep, parallel.tp, parallel.pp) are what this version runs",
                                     key),
                         "{} = {}: {} is not implemented yet [{}]",
                         key,
@@ -22,19 +22,15 @@ void Trainer::check_parallel_layout() const {
                         cfg_.source);
     };
     if (s[parallel::MeshAxis::cp] > 1) unsupported("parallel.cp", s[parallel::MeshAxis::cp], "context parallelism");
-    if (s[parallel::MeshAxis::pp] > 1) unsupported("parallel.pp", s[parallel::MeshAxis::pp], "pipeline parallelism");
-    if (s[parallel::MeshAxis::dp] * s[parallel::MeshAxis::ep] * s[parallel::MeshAxis::tp] == 1) return;
+    if (s.world() == 1) return;
     const bool cuda =
         cfg_.run.device == "cuda" || (cfg_.run.device == "auto" && core::backend_available(core::Device::cuda));
     if (!cuda) return;
     if (!parallel::comm_nccl_compiled())
         core::fail_hint(core::ExitCode::usage,
                         "set run.device = \"cpu\", or rebuild with NCCL (docs/distributed.md)",
-                        "parallel.dp = {} x parallel.ep = {} x parallel.tp = {} on the GPU needs the NCCL backend, "
-                        "which this build does not have [{}]",
-                        s[parallel::MeshAxis::dp],
-                        s[parallel::MeshAxis::ep],
-                        s[parallel::MeshAxis::tp],
+                        "{} on the GPU needs the NCCL backend, which this build does not have [{}]",
+                        parallel::mesh_describe(s),
                         cfg_.source);
 }
 

@@ -93,3 +93,30 @@ TEST(ParallelConfig, TensorParallelRefusesWhatItCannotSplit) {
         },
         {"leaves the last of parallel.tp = 4 vocabulary shards"});
 }
+
+// Pipeline parallelism's rules (parallel.md §3): exit 2 naming the keys.
+TEST(ParallelConfig, PipelineRefusesWhatItCannotSplit) {
+    const std::string dir = mt::testing::fresh_dir("pp");
+    auto job = [&](std::vector<std::string> o) { return mt::testing::tiny_job(dir, o); };
+    // tiny_job: 2 layers, grad_accum 2.
+    EXPECT_NO_THROW(job({"parallel.pp=2"}));
+    expect_usage_error([&] { job({"parallel.pp=4"}); },
+                       {"model.n_layers = 2 is fewer than parallel.pp x pp.virtual_stages = 4 x 1"});
+    expect_usage_error([&] { job({"parallel.pp=2", "pp.virtual_stages=2"}); }, {"pp.schedule = \"interleaved\""});
+    expect_usage_error(
+        [&] {
+            job({"parallel.pp=2", "model.n_layers=4", "pp.layers_per_stage=[3, 2]"});
+        },
+        {"pp.layers_per_stage has 2 entries summing to 5"});
+    expect_usage_error(
+        [&] {
+            job({"parallel.pp=4",
+                 "model.n_layers=8",
+                 "pp.schedule=\"interleaved\"",
+                 "pp.virtual_stages=2",
+                 "train.grad_accum=2"});
+        },
+        {"train.grad_accum = 2 to be a multiple of parallel.pp = 4"});
+    expect_usage_error([&] { job({"parallel.pp=2", "attnres.mode=\"block\""}); }, {"attnres.mode with parallel.pp"});
+    expect_usage_error([&] { job({"parallel.pp=2", "long.segments=2"}); }, {"long.segments with parallel.pp"});
+}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `mpirun -np 2 moetrain train`: the data-parallel loss curve equals one process with the same global batch, only
-# rank 0 writes metrics (the memory keys reduced over the ranks), tp=2 equals one process, a resumed dp=2 run
+# rank 0 writes metrics (the memory keys reduced over the ranks), tp=2 and pp=2 equal one process, a resumed dp=2 run
 # continues exactly, an MoE model
 # trains over ep=2 (each rank writing its checkpoint shard), and impossible layouts end with exit 2 naming keys.
 # Usage: mpi_train.sh <moetrain> <source-dir> <scratch-dir>
@@ -57,6 +57,11 @@ PY
   fail "tp=2 run: $(cat tp2.err)"
 grep -q "x 2 processes, tp=2 cp=1 ep=1 dp=1 pp=1" tp2.txt || fail "no tp mesh line: $(cat tp2.txt)"
 same_curves single1/metrics.jsonl tp2/metrics.jsonl "tp=2 vs one process" || fail "tp=2 loss curve differs"
+# Pipeline parallelism (1F1B over the 4 layers, tied embeddings): the same curve, and the bubble in the metrics.
+"${MPIRUN[@]}" "$BIN" train "${COMMON[@]}" --set run.dir=pp2 --set parallel.pp=2 > pp2.txt 2> pp2.err ||
+  fail "pp=2 run: $(cat pp2.err)"
+same_curves single1/metrics.jsonl pp2/metrics.jsonl "pp=2 vs one process" || fail "pp=2 loss curve differs"
+grep -q '"pp/bubble":0.5' pp2/metrics.jsonl || fail "no pp/bubble of (2 - 1) / (1 + 2 - 1): $(head -3 pp2/metrics.jsonl)"
 
 # Resume: drop the last checkpoint and continue from step 3 under the same mesh; steps 4-6 must repeat exactly.
 cp -r dp2 dp2_resume

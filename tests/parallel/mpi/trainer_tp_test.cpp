@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "parallel/mpi/layout_match.h"
 #include "parallel/mpi/mpi_job.h"
 #include "parallel/runtime.h"
 #include "train/trainer.h"
@@ -18,114 +19,14 @@ using mt::testing::shared_dir;
 
 namespace {
 
-struct TpLayout {
-    int tp, dp;
-    bool sp;
-    int ep = 1;
-};
+using mt::testing::expect_layout_matches;
+using mt::testing::Layout;
+using mt::testing::layout_name;
 
-std::vector<TpLayout> layouts(int n) {
-    std::vector<TpLayout> out = {{n, 1, true}, {n, 1, false}};
-    if (n == 4) out.push_back({2, 2, true});
+std::vector<Layout> layouts(int n) {
+    std::vector<Layout> out = {{.tp = n, .sp = true}, {.tp = n, .sp = false}};
+    if (n == 4) out.push_back({.tp = 2, .dp = 2});
     return out;
-}
-
-// The relative difference ||a - b|| / ||a|| of the parameters this rank holds (its shards' real parts, all tensors
-// as one vector) against the same boxes of the one-process run's. (Per tensor it would be ill-conditioned for the
-// tensors that start at zero, such as KDA's A_log under the bounded gate.)
-double worst_param_difference(Trainer& single, Trainer& par) {
-    const mt::nn::ParamTable& a = single.model().params();
-    const mt::nn::ParamTable& b = par.model().params();
-    double diff_sq = 0.0, norm_sq = 0.0;
-    for (int i = 0; i < b.size(); ++i) {
-        const mt::nn::ParamSpec& spec = b.spec(i);
-        const int j = a.find(spec.name);
-        EXPECT_GE(j, 0) << spec.name;
-        if (j < 0) continue;
-        const mt::nn::ParamBox box = mt::nn::param_box(spec);
-        mt::core::Tensor whole = a.master(j), part = b.master(i);
-        for (size_t d = 0; d < box.offset.size(); ++d) {
-            whole = whole.slice(static_cast<int>(d), box.offset[d], box.offset[d] + box.extent[d]);
-            part = part.slice(static_cast<int>(d), 0, box.extent[d]);
-        }
-        const mt::core::Tensor x = whole.clone(), y = part.clone();
-        double diff = 0.0, norm = 0.0;
-        for (int64_t k = 0; k < x.numel(); ++k) {
-            const double u = mt::core::tensor_get_flat(x, k), v = mt::core::tensor_get_flat(y, k);
-            diff += (u - v) * (u - v);
-            norm += u * u;
-        }
-        diff_sq += diff, norm_sq += norm;
-    }
-    return std::sqrt(diff_sq / norm_sq);
-}
-
-// Trains the one-process run and the layout side by side for `steps` steps; expects equal losses, gradient norms
-// and final parameters.
-void expect_layout_matches(const std::string& name, const TpLayout& l, std::vector<std::string> model, int steps) {
-    const int n = dist_world().size();
-    const int64_t ga = 2, data = l.dp * l.ep;  // the ranks that read different batches
-    const std::string dir = shared_dir(name), data_path = data_dir();
-    auto self = comm_make_self();
-    std::vector<std::string> one = model, par = model;
-    one.insert(one.end(), {"train.grad_accum=" + std::to_string(ga * data), "parallel.dp=1"});
-    par.insert(par.end(),
-               {"train.grad_accum=" + std::to_string(ga),
-                "parallel.tp=" + std::to_string(l.tp),
-                "parallel.dp=" + std::to_string(l.dp),
-                "parallel.ep=" + std::to_string(l.ep),
-                std::string("parallel.sequence_parallel=") + (l.sp ? "true" : "false"),
-                "train.steps=" + std::to_string(steps)});
-    one.push_back("train.steps=" + std::to_string(steps));
-    Trainer single(mt::testing::mpi_job(data_path, dir + "/single", one), false, self.get());
-    Trainer tp(mt::testing::mpi_job(data_path, dir + "/par", par), false);
-    ASSERT_EQ(tp.tokens_per_step(), single.tokens_per_step());
-    ASSERT_EQ(tp.data_size(), n / l.tp);
-    const bool moe = !single.model().moe_layers().empty();
-    double worst_loss = 0.0, worst_norm = 0.0;
-    for (int step = 1; step <= steps; ++step) {
-        const auto a = single.train_step();
-        const auto b = tp.train_step();
-        const double dl = std::abs(a.loss - b.loss) / std::abs(a.loss);
-        const double dn = std::abs(a.grad_norm - b.grad_norm) / std::abs(a.grad_norm);
-        worst_loss = std::max(worst_loss, dl), worst_norm = std::max(worst_norm, dn);
-        EXPECT_LT(dl, 1e-5) << name << " step " << step << ": " << a.loss << " vs " << b.loss;
-        EXPECT_LT(dn, 1e-5) << name << " step " << step << " grad norm " << a.grad_norm << " vs " << b.grad_norm;
-        // MoE: every rank of the stage routes its own rows; the counts summed over them are one process's.
-        if (moe) {
-            EXPECT_EQ(a.moe.at(0).second.tokens, b.moe.at(0).second.tokens) << name << " step " << step;
-        }
-    }
-    if (moe) {
-        const std::vector<float> ba = single.model().moe_layers().at(0).second->balancer().bias();
-        const std::vector<float> bb = tp.model().moe_layers().at(0).second->balancer().bias();
-        double worst_bias = 0.0;
-        for (size_t j = 0; j < ba.size(); ++j) worst_bias = std::max(worst_bias, double(std::abs(ba[j] - bb[j])));
-        EXPECT_LT(worst_bias, 1e-4) << name << " QB biases";
-    }
-    double params = worst_param_difference(single, tp);  // each rank's own; the largest over the ranks is printed
-    double largest = params;
-    dist_world().all_reduce(&largest, 1, CommType::f64, ReduceOp::max).wait();
-    // The control (tp = 1) only reports: plain data parallelism over four ranks drifts to 9e-6 over these 20 steps
-    // (Adam at lr 1e-2 magnifies the summation-order differences), the reference the tp layouts are read against.
-    if (l.tp > 1) {
-        EXPECT_LT(params, 1e-5) << name << " final parameters";
-    }
-    const double va = single.evaluate(), vb = tp.evaluate();
-    EXPECT_LT(std::abs(va - vb) / va, 1e-5) << name << " val " << va << " vs " << vb;
-    if (dist_world().rank() == 0)
-        fmt::print(
-            "{} vs one process, {} steps: max relative difference loss {:.2e}, grad norm {:.2e}, parameters "
-            "{:.2e} (largest over the ranks)\n",
-            name,
-            steps,
-            worst_loss,
-            worst_norm,
-            largest);
-}
-
-std::string layout_name(const char* model, const TpLayout& l) {
-    return fmt::format("{}_tp{}_ep{}_dp{}_{}", model, l.tp, l.ep, l.dp, l.sp ? "sp" : "nosp");
 }
 
 // tiny_job's model with as many key/value heads as query heads, so that tp = 4 divides both.
@@ -137,9 +38,9 @@ std::vector<std::string> dense() {
 
 TEST(TrainerTp, DenseMatchesOneProcessForEveryLayout) {
     const int n = dist_world().size();
-    std::vector<TpLayout> all = layouts(n);
+    std::vector<Layout> all = layouts(n);
     all.push_back({1, n, false});  // the control: data parallelism alone, the same float reordering of sums
-    for (const TpLayout& l : all) expect_layout_matches(layout_name("dense", l), l, dense(), 20);
+    for (const Layout& l : all) expect_layout_matches(layout_name("dense", l), l, dense(), 20);
 }
 
 // Tied embeddings (one vocab-parallel tensor for the lookup and the head), sliding-window layers with global tokens
@@ -154,14 +55,14 @@ TEST(TrainerTp, WindowAttnResTiedMatchOneProcess) {
                                       "attn.sink_logit=true",
                                       "attnres.mode=\"block\""};
     if (n == 4) model.push_back("model.n_kv_heads=4");
-    for (const TpLayout& l : layouts(n)) expect_layout_matches(layout_name("mixed", l), l, model, 10);
+    for (const Layout& l : layouts(n)) expect_layout_matches(layout_name("mixed", l), l, model, 10);
 }
 
 // The KDA/attention hybrid (layer 0 KDA, layer 1 attention): KDA split by heads, its low-rank gate projections and
 // output norm whole on every rank (their gradients summed over tp), with document masking (state resets at EOT).
 TEST(TrainerTp, HybridKdaMatchesOneProcess) {
     const int n = dist_world().size();
-    for (const TpLayout& l : layouts(n)) {
+    for (const Layout& l : layouts(n)) {
         std::vector<std::string> model = dense();
         model.insert(model.end(), {"model.layer_pattern=\"KA\"", "data.document_mask=true", "data.eot_token=0"});
         expect_layout_matches(layout_name("hybrid", l), l, model, 10);
@@ -174,7 +75,7 @@ TEST(TrainerTp, HybridKdaMatchesOneProcess) {
 // equal one process's.
 TEST(TrainerTp, MoeMatchesOneProcess) {
     const int n = dist_world().size();
-    std::vector<TpLayout> all = layouts(n);
+    std::vector<Layout> all = layouts(n);
     if (n == 4) all.push_back({2, 1, true, 2});  // tp = 2 x ep = 2
     const std::vector<std::string> model = {"model.n_kv_heads=4",
                                             "moe.enabled=true",
@@ -183,12 +84,12 @@ TEST(TrainerTp, MoeMatchesOneProcess) {
                                             "moe.top_k=2",
                                             "moe.expert_ffn_dim=16",
                                             "moe.quantile.update_interval=3"};
-    for (const TpLayout& l : all) expect_layout_matches(layout_name("moe", l), l, model, 10);
+    for (const Layout& l : all) expect_layout_matches(layout_name("moe", l), l, model, 10);
 }
 
 TEST(TrainerTp, EveryRecomputePolicyMatchesOneProcess) {
     const int n = dist_world().size();
-    const TpLayout l{n, 1, true};
+    const Layout l{n, 1, true};
     for (const std::vector<std::string>& policy : std::vector<std::vector<std::string>>{
              {"recompute.policy=\"full\""},
              {"recompute.policy=\"selective\"", "recompute.modules=[\"norm\", \"attn_core\", \"mlp_act\"]"}}) {
@@ -205,7 +106,7 @@ TEST(TrainerTp, EveryRecomputePolicyMatchesOneProcess) {
 TEST(TrainerTp, CheckpointsResumeUnderAnotherLayout) {
     const int n = dist_world().size(), rank = dist_world().rank();
     const int64_t ga = 4;  // every layout's share of the global batch is whole
-    std::vector<std::pair<TpLayout, bool>> saves = {{{n, 1, true}, false}, {{n, 1, true}, true}};  // (layout, MoE)
+    std::vector<std::pair<Layout, bool>> saves = {{{n, 1, true}, false}, {{n, 1, true}, true}};  // (layout, MoE)
     if (n == 4) saves.push_back({{2, 2, true}, false});
     auto self = comm_make_self();
     for (const auto& [l, moe] : saves) {

@@ -1,0 +1,177 @@
+// Pipeline parallelism (docs/distributed.md "Pipeline parallelism", parallel.md §3): the stage split, the step's
+// schedule of chunk forwards and backwards with the activations and their gradients passed by send/recv between the
+// neighbouring stages, evaluation through the stages, and the tied embedding's two copies.
+//
+// Each rank holds its chunks' blocks with one set of activation buffers per block. A chunk's backward needs the
+// activations of its own micro-batch's forward; when another forward ran on this rank since (1F1B's warm-up, every
+// stage but the last), the chunk's forward is re-run first from its kept input (the input of every micro-batch in
+// flight is kept). So a stage holds one micro-batch's activations plus the inputs in flight, and pays up to one more
+// forward per micro-batch: full recompute at stage granularity (Megatron's --recompute-granularity full).
+#include <chrono>
+#include <map>
+
+#include "parallel/pipeline_schedule.h"
+#include "train/trainer.h"
+
+namespace mt::train {
+
+namespace {
+
+// Per-layer training FLOPs per token (the balanced split's cost): 6 x the layer's 2-D weights (the routed experts'
+// active part only) plus its token mixer's sequence term, as Model::flops_per_token counts them.
+std::vector<double> layer_costs(const nn::ModelConfig& m, int64_t seq) {
+    const nn::ParamTable table = nn::Model::param_layout(m, nn::Precision{});
+    std::vector<double> cost(static_cast<size_t>(m.n_layers), 0.0);
+    for (int i = 0; i < table.size(); ++i) {
+        const nn::ParamSpec& spec = table.spec(i);
+        if (spec.name.rfind("layers.", 0) != 0 || spec.shape.size() != 2) continue;
+        const auto l = static_cast<size_t>(std::stoll(spec.name.substr(7)));
+        cost[l] += 6.0 * static_cast<double>(core::shape_numel(spec.shape));
+    }
+    const double hd = static_cast<double>(m.n_heads * m.resolved_head_dim());
+    for (int64_t l = 0; l < m.n_layers; ++l) {
+        double& c = cost[static_cast<size_t>(l)];
+        if (m.layer_is_moe(l)) c += 6.0 * static_cast<double>(m.moe.top_k * 3 * m.moe.expert_ffn_dim * m.d_model);
+        if (m.layer_is_kda(l))
+            c += nn::kda_flops_per_token(m, seq);
+        else
+            c += 6.0 * static_cast<double>(m.layer_is_window(l) ? std::min(m.attn.window, seq) : seq) * hd;
+    }
+    return cost;
+}
+
+// The message tag of an activation (dir 0) or gradient (dir 1) arriving at model-order chunk `chunk` for
+// micro-batch `micro` (MPI guarantees tags up to 32767).
+int pipe_tag(int64_t chunk, int64_t micro, int64_t micros, int dir) {
+    return static_cast<int>(((chunk * micros + micro) * 2 + dir) % 32000);
+}
+
+}  // namespace
+
+nn::ModelPart Trainer::pipeline_part() const {
+    const auto& p = cfg_.parallel;
+    const int64_t stages = mesh_->size(parallel::MeshAxis::pp), stage = mesh_->coord(parallel::MeshAxis::pp);
+    const int64_t chunks = stages * p.pp_virtual_stages;
+    if (chunks == 1) return {};
+    std::vector<int64_t> sizes = p.pp_layers_per_stage;
+    if (sizes.empty()) {
+        // The head's cost: the LM head matmul (6 V C per token); the embedding lookup costs next to nothing.
+        const double head = 6.0 * static_cast<double>(cfg_.model.vocab_size * cfg_.model.d_model);
+        sizes = parallel::pipeline_split(layer_costs(cfg_.model, seq_len_), 0.0, head, chunks);
+    }
+    nn::ModelPart part;
+    int64_t first = 0;
+    for (int64_t k = 0; k < chunks; ++k) {
+        const int64_t last = first + sizes[static_cast<size_t>(k)];
+        if (k % stages == stage) part.chunks.emplace_back(first, last);
+        first = last;
+    }
+    return part;
+}
+
+double Trainer::pipeline_micro_batches(const std::vector<double>& weights, double grad_scale, StepResult& r) {
+    const auto& t = cfg_.train;
+    const int64_t stages = mesh_->size(parallel::MeshAxis::pp), stage = mesh_->coord(parallel::MeshAxis::pp);
+    const int64_t v = model_->num_chunks(), micros = t.grad_accum;
+    parallel::Comm& comm = nccl_pp_ ? *nccl_pp_ : mesh_->group(parallel::MeshGroup::pp);
+    const int next = static_cast<int>((stage + 1) % stages), prev = static_cast<int>((stage + stages - 1) % stages);
+    auto global = [&](int64_t chunk) { return chunk * stages + stage; };
+    const core::Tensor& like = model_->params().grad_arena();  // the activations' device
+    const core::DType act = model_->params().precision().compute;
+    const int64_t rows =
+        t.batch_size * seq_len_ / (cfg_.parallel.sequence_parallel ? mesh_->size(parallel::MeshAxis::tp) : 1);
+    const core::Shape shape = {rows, cfg_.model.d_model};
+    auto bytes = [&](const core::Tensor& x) { return x.numel() * static_cast<int64_t>(core::dtype_size(x.dtype())); };
+    std::vector<std::pair<parallel::CommWork, core::Tensor>> sends;  // in flight: the work and its buffer
+    auto send = [&](const core::Tensor& x, int peer, int tag) {
+        core::Tensor copy = x.clone();  // the chunk's buffers change with its next pass
+        sends.emplace_back(comm.send(copy.raw(), bytes(copy), parallel::CommType::u8, peer, tag), copy);
+    };
+    double waited = 0.0, computed = 0.0;
+    auto recv = [&](int peer, int tag) {
+        const auto start = std::chrono::steady_clock::now();
+        core::Tensor x = core::Tensor::zeros(shape, act, like.device());
+        comm.recv(x.raw(), bytes(x), parallel::CommType::u8, peer, tag).wait();
+        waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return x;
+    };
+    std::map<std::pair<int64_t, int64_t>, core::Tensor> inputs;  // (chunk, micro) in flight: its input
+    std::pair<int64_t, int64_t> live{-1, -1};                    // whose activations the blocks hold
+    double loss = 0.0;
+    for (const parallel::PipeOp& op : parallel::pipeline_schedule(stages, stage, v, micros)) {
+        const int c = static_cast<int>(op.chunk);
+        const int64_t m = op.micro, g = global(op.chunk);
+        const core::Tensor ids = step_inputs_.select(0, m), targets = step_targets_.select(0, m);
+        if (op.forward) {
+            core::Tensor input =
+                model_->chunk_has_embedding(c) ? core::Tensor() : recv(prev, pipe_tag(g, m, micros, 0));
+            const auto start = std::chrono::steady_clock::now();
+            const double l = model_->forward_chunk(c, ids, targets, input, true, false);
+            computed += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            inputs[{c, m}] = input;
+            live = {c, m};
+            if (model_->chunk_has_head(c)) {
+                loss += l * weights[static_cast<size_t>(m)] / static_cast<double>(micros);
+                r.aux_loss += model_->last_aux_loss() / static_cast<double>(micros);
+            } else {
+                send(model_->chunk_output(), next, pipe_tag(g + 1, m, micros, 0));
+            }
+            continue;
+        }
+        core::Tensor d_output = model_->chunk_has_head(c) ? core::Tensor() : recv(next, pipe_tag(g, m, micros, 1));
+        const auto start = std::chrono::steady_clock::now();
+        if (live != std::pair<int64_t, int64_t>{c, m})
+            model_->forward_chunk(c, ids, targets, inputs.at({c, m}), true, /*recompute=*/true);
+        model_->backward_chunk(grad_scale * weights[static_cast<size_t>(m)], d_output);
+        computed += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        live = {-1, -1};  // the backward frees what the recompute policies drop
+        inputs.erase({c, m});
+        if (!model_->chunk_has_embedding(c)) send(model_->chunk_input_grad(), prev, pipe_tag(g - 1, m, micros, 1));
+    }
+    for (auto& [work, buffer] : sends) work.wait();
+    r.pp_bubble = parallel::pipeline_bubble(stages, v, micros);
+    r.pp_wait_seconds = waited;
+    r.pp_compute_seconds = computed;
+    // The last stage holds the loss: summed over the pipeline so that every rank reports it.
+    r.aux_loss = parallel::comm_all_reduce_sum(mesh_->group(parallel::MeshGroup::pp), r.aux_loss);
+    return parallel::comm_all_reduce_sum(mesh_->group(parallel::MeshGroup::pp), loss);
+}
+
+double Trainer::pipeline_evaluate(const core::Tensor& ids, const core::Tensor& targets) {
+    // Every chunk in model order: each stage receives, runs and sends on, the last one computes the loss.
+    const int64_t stages = mesh_->size(parallel::MeshAxis::pp), stage = mesh_->coord(parallel::MeshAxis::pp);
+    parallel::Comm& comm = nccl_pp_ ? *nccl_pp_ : mesh_->group(parallel::MeshGroup::pp);
+    const int next = static_cast<int>((stage + 1) % stages), prev = static_cast<int>((stage + stages - 1) % stages);
+    double loss = 0.0;
+    for (int c = 0; c < model_->num_chunks(); ++c) {
+        core::Tensor input;
+        if (!model_->chunk_has_embedding(c)) {
+            const core::Tensor& like = model_->params().grad_arena();
+            const int64_t rows =
+                ids.numel() / (cfg_.parallel.sequence_parallel ? mesh_->size(parallel::MeshAxis::tp) : 1);
+            input =
+                core::Tensor::zeros({rows, cfg_.model.d_model}, model_->params().precision().compute, like.device());
+            comm.recv(input.raw(), input.nbytes(), parallel::CommType::u8, prev, 0).wait();
+        }
+        const double l = model_->forward_chunk(c, ids, targets, input, /*training=*/false, false);
+        if (model_->chunk_has_head(c))
+            loss = l;
+        else
+            comm.send(model_->chunk_output().raw(), model_->chunk_output().nbytes(), parallel::CommType::u8, next, 0)
+                .wait();
+    }
+    return parallel::comm_all_reduce_sum(mesh_->group(parallel::MeshGroup::pp), loss);
+}
+
+void Trainer::pipeline_reduce_tied_embedding() {
+    if (!tied_embedding_) return;
+    const int embed = model_->embedding_param();
+    MT_CHECK(embed >= 0, "tied embeddings: this pipeline stage holds no copy of the embedding");
+    const core::Tensor grad = model_->params().grad(embed);
+    // A host all-reduce between the two ends of the pipeline (a device gradient is copied through the host).
+    core::Tensor host = grad.device() == core::Device::cpu ? grad : grad.to_device(core::Device::cpu);
+    tied_embedding_->all_reduce(host).wait();
+    if (host.raw() != grad.raw()) grad.copy_from(host);
+}
+
+}  // namespace mt::train
