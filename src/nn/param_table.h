@@ -43,6 +43,9 @@ struct ParamSpec {
     int tp_axis = -1;
     int64_t tp_first = 0;
     int64_t tp_global = 0;
+    // Ranks of the tp group holding this same shard (key/value heads when tp exceeds them: each is replicated on
+    // tp / n_kv_heads ranks, whose gradients the trainer sums). 1: every tp rank holds its own.
+    int64_t tp_replicas = 1;
     // Replicated over tp, but each tp rank's gradient is only its part (norm gains under sequence parallelism, the
     // router, KDA's low-rank down projections): the gradient is summed over tp as well as over the data ranks.
     bool tp_partial_grad = false;

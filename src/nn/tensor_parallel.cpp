@@ -23,6 +23,19 @@ ParamSpec tp_split(ParamSpec spec, const TensorParallel& tp, int axis) {
     return spec;
 }
 
+ParamSpec tp_split_replicated(ParamSpec spec, const TensorParallel& tp, int axis, int64_t parts) {
+    if (!tp.active() || tp.size <= parts) return tp_split(std::move(spec), tp, axis);
+    MT_CHECK(tp.size % parts == 0, "parameter {}: {} tp ranks over {} replicated shards", spec.name, tp.size, parts);
+    const auto a = static_cast<size_t>(axis);
+    const int64_t global = spec.shape.at(a), replicas = tp.size / parts, local = global / parts;
+    spec.tp_axis = axis;
+    spec.tp_global = global;
+    spec.tp_first = tp.rank / replicas * local;
+    spec.tp_replicas = replicas;
+    spec.shape[a] = local;
+    return spec;
+}
+
 ParamSpec tp_partial(ParamSpec spec, const TensorParallel& tp) {
     spec.tp_partial_grad = tp.active();
     return spec;

@@ -57,6 +57,9 @@ struct TensorParallel {
 ParamSpec tp_split(ParamSpec spec, const TensorParallel& tp, int axis);
 // A replicated parameter whose gradient each tp rank holds only a part of (summed over tp by the gradient reduction).
 ParamSpec tp_partial(ParamSpec spec, const TensorParallel& tp);
+// Split along `axis` into `parts` shards when tp is a multiple of parts larger than it (key/value heads fewer than the
+// tp ranks, vLLM's rule): tp rank r holds shard r / (tp / parts), replicated on tp / parts ranks; else tp_split.
+ParamSpec tp_split_replicated(ParamSpec spec, const TensorParallel& tp, int axis, int64_t parts);
 
 // The region edges. n rows: the whole micro-batch's; `local` holds stream_rows(n).
 // Region input: local [n / t, C] -> full [n, C] (sequence parallelism; otherwise a no-op: full is local).

@@ -20,6 +20,9 @@ size_t comm_type_size(CommType type) {
             return 8;
         case CommType::u8:
             return 1;
+        case CommType::bf16:
+        case CommType::f16:
+            return 2;
     }
     return 0;
 }
@@ -36,6 +39,10 @@ CommType comm_type_of(core::DType dtype) {
             return CommType::i64;
         case core::DType::u8:
             return CommType::u8;
+        case core::DType::bf16:
+            return CommType::bf16;
+        case core::DType::f16:
+            return CommType::f16;
         default:
             MT_CHECK(false, "Comm has no element type for {}", core::dtype_name(dtype));
     }

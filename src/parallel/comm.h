@@ -16,12 +16,14 @@
 
 namespace mt::parallel {
 
-// Element types a Comm moves. u64 exists for histograms (QB counts) that core::DType does not name.
-enum class CommType : uint8_t { f32, f64, i32, i64, u64, u8 };
+// Element types a Comm moves. u64 exists for histograms (QB counts) that core::DType does not name. bf16 and f16 are
+// the GPU activations' (tensor parallelism's reductions of bf16 rows): NCCL reduces them; MPI moves them only as bytes
+// (a reduction of them over MPI is an internal error: CPU training is f32 or f64).
+enum class CommType : uint8_t { f32, f64, i32, i64, u64, u8, bf16, f16 };
 enum class ReduceOp : uint8_t { sum, max, min };
 
 size_t comm_type_size(CommType type);
-// The CommType of a tensor dtype (f32, f64, i32, i64, u8); other dtypes are an internal error.
+// The CommType of a tensor dtype (f32, f64, bf16, f16, i32, i64, u8); other dtypes are an internal error.
 CommType comm_type_of(core::DType dtype);
 
 // Host seconds a communicator's operations held this process: inside its calls and inside the waits and polls of

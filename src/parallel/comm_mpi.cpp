@@ -31,6 +31,11 @@ MPI_Datatype mpi_type(CommType type) {
             return MPI_UINT64_T;
         case CommType::u8:
             return MPI_UINT8_T;
+        case CommType::bf16:
+        case CommType::f16:
+            // MPI has no half types: moving them as bytes is a gather's business (CommType::u8); a reduction of half
+            // values over MPI would sum their bit patterns.
+            MT_CHECK(false, "MPI has no 16-bit float type: reduce half-precision values over NCCL");
     }
     return MPI_BYTE;
 }

@@ -38,6 +38,10 @@ ncclDataType_t nccl_type(CommType type) {
             return ncclUint64;
         case CommType::u8:
             return ncclUint8;
+        case CommType::bf16:
+            return ncclBfloat16;
+        case CommType::f16:
+            return ncclFloat16;
     }
     return ncclUint8;
 }

@@ -142,7 +142,7 @@ double GradSync::copies(const ArenaParam& p, int64_t group) const {
     // ep); every other parameter by every rank of the stage but for a tp split. A ZeRO-1 owned slice is one rank's of
     // its group.
     const int64_t holders =
-        (p.expert ? edp_size_ : stage_size_ / (p.tp_split ? tp_size_ : 1)) * (p.pipeline_tied ? 2 : 1);
+        (p.expert ? edp_size_ : stage_size_ / (p.tp_split ? tp_size_ : 1) * p.tp_replicas) * (p.pipeline_tied ? 2 : 1);
     return static_cast<double>(holders / (zero_ ? group : 1));
 }
 

@@ -28,6 +28,7 @@ struct ArenaParam {
     bool tp_partial = false;
     bool tp_split = false;
     bool pipeline_tied = false;  // a tied embedding's copy: the first and the last pipeline stage hold one each
+    int64_t tp_replicas = 1;     // a tp shard held by this many tp ranks (replicated key/value heads)
 };
 
 // A bucket's place: parameters [lowest, next bucket's lowest) of the arena order, arena elements [begin, end), and

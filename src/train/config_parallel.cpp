@@ -73,7 +73,14 @@ void config_parallel_validate(const JobConfig& c, const std::string& src) {
                             what));
     };
     divides("model.n_heads", m.n_heads, "the query heads");
-    divides("model.n_kv_heads", m.n_kv_heads, "the key/value heads (replicating them is not built yet)");
+    // Fewer key/value heads than tp ranks: each is replicated on tp / n_kv_heads ranks (vLLM's rule), which needs
+    // tp to be a multiple of them.
+    if (p.tp > m.n_kv_heads ? p.tp % m.n_kv_heads != 0 : m.n_kv_heads % p.tp != 0)
+        bad("choose a parallel.tp that divides model.n_kv_heads or is a multiple of it (docs/distributed.md)",
+            fmt::format("model.n_kv_heads = {} and parallel.tp = {}: tensor parallelism splits the key/value heads "
+                        "or replicates each on tp / n_kv_heads ranks, so one must divide the other",
+                        m.n_kv_heads,
+                        p.tp));
     if (m.n_layers > m.n_moe_layers()) divides("model.d_ff", m.dense_ffn_dim(), "the MLP's hidden features");
     if (!p.pad_vocab) divides("model.vocab_size", m.vocab_size, "the vocabulary (parallel.pad_vocab = false)");
     const int64_t shard = (m.vocab_size + p.tp - 1) / p.tp;

@@ -48,7 +48,8 @@ parallel::GradArenas grad_arenas(const nn::ParamTable& table, int tied_copy) {
                                  .expert = nn::param_expert_sharded(table.spec(i)),
                                  .tp_partial = table.spec(i).tp_partial_grad,
                                  .tp_split = nn::param_tp_split(table.spec(i)),
-                                 .pipeline_tied = i == tied_copy});
+                                 .pipeline_tied = i == tied_copy,
+                                 .tp_replicas = table.spec(i).tp_replicas});
     return arenas;
 }
 
@@ -168,6 +169,12 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
                                 .sequence_parallel = cfg_.parallel.sequence_parallel,
                                 .comm = &mesh_->group(parallel::MeshGroup::tp),
                                 .rows_comm = nccl_tp_.get()};
+    // Key/value heads fewer than the tp ranks: the ranks holding the same head sum their gradients.
+    if (cfg_.parallel.tp > cfg_.model.n_kv_heads) {
+        const int64_t replicas = cfg_.parallel.tp / cfg_.model.n_kv_heads;
+        kv_replicas_ = mesh_->group(parallel::MeshGroup::tp)
+                           .split(static_cast<int>(tp.rank / replicas), static_cast<int>(tp.rank));
+    }
     // Every parameter starts at a multiple of the reduction groups' sizes, so each bucket splits evenly (ZeRO-1).
     const int64_t align = std::lcm(std::lcm(mesh_->group(parallel::MeshGroup::dp_span).size(),
                                             int64_t{mesh_->group(parallel::MeshGroup::edp).size()}),
@@ -301,6 +308,7 @@ StepResult Trainer::train_step() {
         model_->set_grad_ready_hook({});
     }
     r.comm_seconds = grad_sync_->finish();
+    reduce_kv_replicas();
     r.buckets_overlapped = grad_sync_->buckets_overlapped();
     r.loss = dp_sum(r.loss) / static_cast<double>(data_size());
     r.aux_loss = dp_sum(r.aux_loss) / static_cast<double>(data_size());

@@ -238,6 +238,11 @@ class Trainer {
     std::shared_ptr<parallel::Comm> nccl_dp_span_, nccl_edp_, nccl_ep_, nccl_tp_, nccl_stage_, nccl_pp_;
     // Pipeline parallelism with tied embeddings: the first and the last stage (their copies' gradients are summed).
     std::unique_ptr<parallel::Comm> tied_embedding_;
+    // Tensor parallelism with fewer key/value heads than tp ranks: the tp ranks holding the same head.
+    std::unique_ptr<parallel::Comm> kv_replicas_;
+    // After the data-parallel reduction: the replicated key/value heads' gradients summed over their replicas (under
+    // ZeRO-1 only the owned slices are read after it, and those are the same slices on every replica).
+    void reduce_kv_replicas();
     std::unique_ptr<parallel::GradSync> grad_sync_;
     std::unique_ptr<optim::AdamW> adamw_;
     optim::LossScaler scaler_;

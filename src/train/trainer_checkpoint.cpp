@@ -174,8 +174,13 @@ void Trainer::save_checkpoint() {
     const bool first_tp = mesh_->coord(parallel::MeshAxis::tp) == 0;
     // A tied embedding's second copy (the last pipeline stage's) is never written: the first stage's is the tensor.
     const bool tied_copy = tied_embedding_ && mesh_->coord(parallel::MeshAxis::pp) != 0;
+    // A replicated key/value head is written by the first of the tp ranks holding it.
+    auto first_replica = [&](const nn::ParamSpec& spec) {
+        return mesh_->coord(parallel::MeshAxis::tp) % spec.tp_replicas == 0;
+    };
     auto replica_writer = [&](const nn::ParamSpec& spec) {
         if (tied_copy && spec.name == "embed.weight") return false;
+        if (!first_replica(spec)) return false;
         if (nn::param_expert_sharded(spec)) return first_expert;
         return first_data && (first_tp || nn::param_tp_split(spec));
     };
@@ -183,6 +188,7 @@ void Trainer::save_checkpoint() {
     // it) has the same owned slices on every tp rank.
     auto owner_writes = [&](const nn::ParamSpec& spec) {
         if (tied_copy && spec.name == "embed.weight") return false;
+        if (!first_replica(spec)) return false;
         return first_tp || nn::param_tp_split(spec) || spec.tp_partial_grad || nn::param_expert_sharded(spec);
     };
     std::vector<CheckpointTensor> tensors;

@@ -60,3 +60,20 @@ double Trainer::dp_sum(double value) {
 }
 
 }  // namespace mt::train
+
+namespace mt::train {
+
+void Trainer::reduce_kv_replicas() {
+    if (!kv_replicas_) return;
+    const nn::ParamTable& table = model_->params();
+    for (int i = 0; i < table.size(); ++i) {
+        if (table.spec(i).tp_replicas <= 1) continue;
+        const core::Tensor grad = table.grad(i);
+        // A host all-reduce (a device gradient is copied through the host: a few [D, C] heads).
+        const core::Tensor host = grad.device() == core::Device::cpu ? grad : grad.to_device(core::Device::cpu);
+        kv_replicas_->all_reduce(host).wait();
+        if (host.raw() != grad.raw()) grad.copy_from(host);
+    }
+}
+
+}  // namespace mt::train

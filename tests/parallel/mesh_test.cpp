@@ -128,3 +128,13 @@ TEST(CommClock, NestedTimersCountTheOutermostIntervalOnce) {
     EXPECT_LE(clock.seconds, around);
     const CommTimer none(nullptr);  // no clock: nothing to add to
 }
+
+// Half-precision rows (tensor parallelism's reductions of GPU activations) have comm types of their own, two bytes
+// each; NCCL reduces them (CommNccl.* on the GPU).
+TEST(CommType, HalfPrecisionTensorsMapToTwoByteTypes) {
+    EXPECT_EQ(comm_type_of(mt::core::DType::bf16), CommType::bf16);
+    EXPECT_EQ(comm_type_of(mt::core::DType::f16), CommType::f16);
+    EXPECT_EQ(comm_type_size(CommType::bf16), 2u);
+    EXPECT_EQ(comm_type_size(CommType::f16), 2u);
+    EXPECT_EQ(comm_type_of(mt::core::DType::f32), CommType::f32);
+}

@@ -50,7 +50,12 @@ TEST(ParallelConfig, TensorParallelRefusesWhatItCannotSplit) {
     // tiny_job: 4 query heads, 2 kv heads, d_ff 64, vocabulary 61, batch 4 x 16 tokens.
     EXPECT_EQ(job({"parallel.tp=2"}).parallel.sequence_parallel, true);  // the default with tp
     expect_usage_error([&] { job({"parallel.tp=3"}); }, {"model.n_heads = 4", "parallel.tp = 3"});
-    expect_usage_error([&] { job({"parallel.tp=4"}); }, {"model.n_kv_heads = 2", "parallel.tp = 4"});
+    EXPECT_NO_THROW(job({"parallel.tp=4"}));  // 2 kv heads, each replicated on 2 ranks
+    expect_usage_error(
+        [&] {
+            job({"parallel.tp=4", "model.head_dim=8", "model.n_heads=12", "model.n_kv_heads=6"});
+        },
+        {"model.n_kv_heads = 6 and parallel.tp = 4"});
     expect_usage_error([&] { job({"parallel.tp=2", "model.d_ff=65"}); }, {"model.d_ff = 65"});
     expect_usage_error(
         [&] {

@@ -99,12 +99,12 @@ set -e
 [[ $rc -eq 2 ]] || fail "cp=2: exit $rc, expected 2: $(cat bad3.err)"
 grep -q "parallel.cp = 2: context parallelism is not implemented yet" bad3.err || fail "cp=2 message: $(cat bad3.err)"
 set +e
-"${MPIRUN[@]}" "$BIN" train "${COMMON[@]}" --set run.dir=bad --set parallel.tp=2 --set model.n_heads=2 \
+"${MPIRUN[@]}" "$BIN" train "${COMMON[@]}" --set run.dir=bad --set parallel.tp=2 --set model.n_heads=1 \
   --set model.n_kv_heads=1 > /dev/null 2> bad5.err
 rc=$?
 set -e
-[[ $rc -eq 2 ]] || fail "tp=2 over 1 kv head: exit $rc, expected 2: $(cat bad5.err)"
-grep -q "model.n_kv_heads = 1 is not divisible by parallel.tp = 2" bad5.err || fail "tp message: $(cat bad5.err)"
+[[ $rc -eq 2 ]] || fail "tp=2 over 1 head: exit $rc, expected 2: $(cat bad5.err)"
+grep -q "model.n_heads = 1 is not divisible by parallel.tp = 2" bad5.err || fail "tp message: $(cat bad5.err)"
 set +e
 "${MPIRUN[@]}" "$BIN" train "${COMMON[@]}" --set run.dir=bad --set moe.enabled=true --set moe.num_experts=3 \
   --set moe.top_k=2 --set moe.expert_ffn_dim=64 --set parallel.ep=2 > /dev/null 2> bad4.err

@@ -19,8 +19,11 @@ AttentionLayer::AttentionLayer(
     // Heads are contiguous in the projections' outputs, so a rank's heads are a block of rows of Wq, Wk and Wv and
     // of columns of Wo.
     wq_ = Linear(table, prefix + ".wq", cfg.d_model, cfg.n_heads * d, cfg.init_std, tp, Split::column);
-    wk_ = Linear(table, prefix + ".wk", cfg.d_model, cfg.n_kv_heads * d, cfg.init_std, tp, Split::column);
-    wv_ = Linear(table, prefix + ".wv", cfg.d_model, cfg.n_kv_heads * d, cfg.init_std, tp, Split::column);
+    // With fewer key/value heads than tp ranks each kv head is replicated on tp / n_kv_heads ranks (vLLM's rule):
+    // rank r's query heads are exactly those of kv head r / (tp / n_kv_heads).
+    const int64_t hkv = cfg.n_kv_heads;
+    wk_ = Linear(table, prefix + ".wk", cfg.d_model, hkv * d, cfg.init_std, tp, Split::kv_column, hkv);
+    wv_ = Linear(table, prefix + ".wv", cfg.d_model, hkv * d, cfg.init_std, tp, Split::kv_column, hkv);
     // GPT-2 style scaled init for projections that write into the residual stream.
     wo_ = Linear(table,
                  prefix + ".wo",
@@ -31,7 +34,7 @@ AttentionLayer::AttentionLayer(
                  Split::row);
     cfg_.head_dim = d;  // fixed before the head counts become this rank's (d_model / n_heads would change)
     cfg_.n_heads = tp.shard(cfg.n_heads);
-    cfg_.n_kv_heads = tp.shard(cfg.n_kv_heads);
+    cfg_.n_kv_heads = tp.size > cfg.n_kv_heads ? 1 : tp.shard(cfg.n_kv_heads);
     // The memory tokens are embeddings (no weight decay, as the token embedding's rows would be), the sink logits
     // start at 0 (e^0 = one extra unit of mass in every denominator).
     if (window && cfg.attn.global_tokens > 0)

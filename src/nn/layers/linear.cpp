@@ -11,11 +11,14 @@ Linear::Linear(ParamTable& table,
                int64_t out,
                double init_std,
                const TensorParallel& tp,
-               Split split)
+               Split split,
+               int64_t kv_parts)
     : table_(&table) {
     ParamSpec spec{.name = name + ".weight", .shape = {out, in}, .init = InitKind::normal, .init_std = init_std};
     if (split == Split::partial)
         spec = tp_partial(std::move(spec), tp);
+    else if (split == Split::kv_column)
+        spec = tp_split_replicated(std::move(spec), tp, 0, kv_parts);
     else if (split != Split::none)
         spec = tp_split(std::move(spec), tp, split == Split::column ? 0 : 1);
     index_ = table.add(std::move(spec));

@@ -15,7 +15,8 @@ class Linear {
     Linear() = default;
     // column: this rank's output features; row: its input features; partial: the whole weight on every tp rank,
     // each holding a part of its gradient (a projection whose output feeds only this rank's heads).
-    enum class Split : uint8_t { none, column, row, partial };
+    // kv_column: column-parallel over n_kv_heads shards, replicated when tp exceeds them (tp_split_replicated).
+    enum class Split : uint8_t { none, column, row, partial, kv_column };
     // Declares `name`.weight [out, in] in the table (the global shape; this rank's shard under tp and a split).
     Linear(ParamTable& table,
            const std::string& name,
@@ -23,7 +24,8 @@ class Linear {
            int64_t out,
            double init_std,
            const TensorParallel& tp = {},
-           Split split = Split::none);
+           Split split = Split::none,
+           int64_t kv_parts = 1);
 
     // x: [N, in] -> y: [N, out]
     void forward(const Tensor& x, const Tensor& y) const;

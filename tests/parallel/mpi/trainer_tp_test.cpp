@@ -173,3 +173,36 @@ TEST(TrainerTp, CheckpointsResumeUnderAnotherLayout) {
         EXPECT_LT(std::abs(b - expected) / expected, 1e-5) << "one -> tp step " << step;
     }
 }
+
+// Fewer key/value heads than tp ranks (vLLM's rule): each kv head is replicated on tp / n_kv_heads ranks, whose
+// gradients are summed; one kv head over tp = n, and on four ranks 2 kv heads over tp = 4 and one over tp = 2 x dp = 2
+// (ZeRO-1). A checkpoint saved under tp = n resumes under one process.
+TEST(TrainerTp, ReplicatedKvHeadsMatchOneProcess) {
+    const int n = dist_world().size(), rank = dist_world().rank();
+    std::vector<std::pair<Layout, int>> cases = {{{.tp = n}, 1}, {{.tp = n, .sp = false}, 1}};  // (layout, kv heads)
+    if (n == 4) cases.insert(cases.end(), {{{.tp = 4}, 2}, {{.tp = 2, .dp = 2}, 1}});
+    for (const auto& [l, kv] : cases)
+        expect_layout_matches(
+            layout_name(kv == 1 ? "kv1" : "kv2", l), l, {"model.n_kv_heads=" + std::to_string(kv)}, 10);
+    const std::string dir = mt::testing::shared_dir("kv_ckpt"), data = mt::testing::data_dir();
+    auto job = [&](const std::string& run, std::vector<std::string> extra) {
+        std::vector<std::string> o = {"model.n_kv_heads=1", "train.steps=8"};
+        o.insert(o.end(), extra.begin(), extra.end());
+        return mt::testing::mpi_job(data, run, o);
+    };
+    std::vector<double> losses;
+    {
+        Trainer t(job(dir + "/tp", {"parallel.tp=" + std::to_string(n)}), false);
+        for (int step = 1; step <= 8; ++step) {
+            losses.push_back(t.train_step().loss);
+            if (step == 4) t.save_checkpoint();
+        }
+    }
+    auto self = mt::parallel::comm_make_self();
+    Trainer one(job(fmt::format("{}/one_r{}", dir, rank), {"parallel.dp=1"}), false, self.get());
+    one.load_checkpoint(dir + "/tp/checkpoints/step_00000004");
+    for (int step = 5; step <= 8; ++step) {
+        const double expected = losses[static_cast<size_t>(step - 1)], a = one.train_step().loss;
+        EXPECT_LT(std::abs(a - expected) / expected, 1e-5) << "replicated kv heads -> one process, step " << step;
+    }
+}
