@@ -474,9 +474,11 @@ void Model::group_backward(int64_t first, int64_t last, Tensor*& dout, Tensor*& 
 }
 
 double Model::last_aux_loss() const {
+    // The last forward's chunk (the whole model without pipeline parallelism): other chunks' layers hold other
+    // micro-batches' values.
     double sum = 0.0;
-    for (const auto& b : blocks_)
-        if (b->moe() != nullptr) sum += b->moe()->aux_loss();
+    for (int64_t l = chunk_lo(); l < chunk_hi(); ++l)
+        if (const MoeLayer* moe = blocks_[static_cast<size_t>(l)]->moe()) sum += moe->aux_loss();
     return sum;
 }
 

@@ -135,8 +135,9 @@ class Model {
     int64_t last_counted_tokens() const {
         return counted_;
     }
-    // Sum over the MoE layers of the last forward's auxiliary balancing loss (moe.balance = "aux_loss"; else 0). It
-    // is not part of forward()'s return value; backward adds its gradient with the same loss_scale.
+    // Sum over the MoE layers of the last forward's auxiliary balancing loss (moe.balance = "aux_loss"; else 0); under
+    // pipeline parallelism over the last forward_chunk's layers. It is not part of forward()'s return value; backward
+    // adds its gradient with the same loss_scale.
     double last_aux_loss() const;
     // Per KDA layer (block index), the final state S_T [B, HV, K, V] of the last forward (each row's last document
     // under document masking), in the statistics dtype; empty before the first forward. (The state is not among what

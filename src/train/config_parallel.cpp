@@ -47,9 +47,6 @@ void validate_pipeline(const JobConfig& c, const std::string& src) {
     if (m.segments.enabled())
         bad("set long.segments = 1 and long.segment_tokens = 0 under pipeline parallelism",
             "long.segments with parallel.pp > 1 is not built yet");
-    if (m.moe_enabled && m.moe.balance.mode == nn::MoeBalanceMode::aux_loss)
-        bad("use quantile, sign_bias or no balancing under pipeline parallelism",
-            "moe.balance = \"aux_loss\" with parallel.pp > 1 is not built yet (the loss would be summed per stage)");
     if (m.attnres.enabled())
         bad("set attnres.mode = \"off\" under pipeline parallelism",
             "attnres.mode with parallel.pp > 1 is not built yet (the block sums would travel with the activations)");

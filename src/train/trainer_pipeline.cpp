@@ -110,9 +110,9 @@ double Trainer::pipeline_micro_batches(const std::vector<double>& weights, doubl
             computed += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             inputs[{c, m}] = input;
             live = {c, m};
+            r.aux_loss += model_->last_aux_loss() / static_cast<double>(micros);  // this chunk's MoE layers
             if (model_->chunk_has_head(c)) {
                 loss += l * weights[static_cast<size_t>(m)] / static_cast<double>(micros);
-                r.aux_loss += model_->last_aux_loss() / static_cast<double>(micros);
             } else {
                 send(model_->chunk_output(), next, pipe_tag(g + 1, m, micros, 0));
             }
@@ -132,7 +132,7 @@ double Trainer::pipeline_micro_batches(const std::vector<double>& weights, doubl
     r.pp_bubble = parallel::pipeline_bubble(stages, v, micros);
     r.pp_wait_seconds = waited;
     r.pp_compute_seconds = computed;
-    // The last stage holds the loss: summed over the pipeline so that every rank reports it.
+    // The last stage holds the loss, each stage its MoE layers' aux loss: summed over the pipeline.
     r.aux_loss = parallel::comm_all_reduce_sum(mesh_->group(parallel::MeshGroup::pp), r.aux_loss);
     return parallel::comm_all_reduce_sum(mesh_->group(parallel::MeshGroup::pp), loss);
 }

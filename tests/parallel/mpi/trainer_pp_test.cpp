@@ -68,6 +68,36 @@ TEST(TrainerPp, HybridAndMoeMatchOneProcess) {
     for (const Layout& l : layouts(n, true)) expect_layout_matches(layout_name("moe", l), l, model(moe), 6);
 }
 
+// The MoE auxiliary loss under pipeline parallelism: each stage's MoE layers add their aux loss's gradient in their
+// chunks' backwards and report it, summed over the pipeline (the reported aux loss equals one process's too).
+TEST(TrainerPp, MoeAuxLossMatchesOneProcess) {
+    const std::vector<std::string> moe = {"moe.enabled=true",
+                                          "moe.first_k_dense=1",
+                                          "moe.num_experts=8",
+                                          "moe.top_k=2",
+                                          "moe.expert_ffn_dim=16",
+                                          "moe.balance=\"aux_loss\""};
+    const int n = dist_world().size();
+    for (const Layout& l : std::vector<Layout>{{.pp = n}, {.pp = n, .virtual_stages = 2}}) {
+        expect_layout_matches(layout_name("aux", l), l, model(moe), 6);
+        // The reported aux loss (not part of the loss) of one step, against one process.
+        const std::string dir = mt::testing::shared_dir(layout_name("aux_report", l)), data = mt::testing::data_dir();
+        std::vector<std::string> keys = model(moe);
+        keys.insert(keys.end(), {"train.steps=2", "train.grad_accum=" + std::to_string(std::max(2, n))});
+        auto self = comm_make_self();
+        Trainer one(
+            mt::testing::mpi_job(data, dir + "/one_r" + std::to_string(dist_world().rank()), keys), false, self.get());
+        keys.insert(keys.end(),
+                    {"parallel.pp=" + std::to_string(n),
+                     "pp.virtual_stages=" + std::to_string(l.virtual_stages),
+                     std::string("pp.schedule=") + (l.virtual_stages > 1 ? "\"interleaved\"" : "\"1f1b\"")});
+        Trainer pp(mt::testing::mpi_job(data, dir + "/pp", keys), false);
+        const double a = one.train_step().aux_loss, b = pp.train_step().aux_loss;
+        EXPECT_GT(a, 0.0);
+        EXPECT_LT(std::abs(a - b) / a, 1e-6) << layout_name("aux", l) << ": " << a << " vs " << b;
+    }
+}
+
 TEST(TrainerPp, EveryRecomputePolicyUnderTensorAndPipelineParallelism) {
     if (dist_world().size() != 4) GTEST_SKIP() << "tp = 2 x pp = 2 needs four ranks";
     const Layout l{.tp = 2, .pp = 2};
