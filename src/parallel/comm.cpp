@@ -148,6 +148,12 @@ CommWork Comm::broadcast(const core::Tensor& t, int root) {
     return broadcast(t.raw(), t.numel(), comm_type_of(t.dtype()), root);
 }
 
+void comm_all_reduce_through_host(Comm& comm, const core::Tensor& t) {
+    const core::Tensor host = t.device() == core::Device::cpu ? t : t.to_device(core::Device::cpu);
+    comm.all_reduce(host).wait();
+    if (host.raw() != t.raw()) t.copy_from(host);
+}
+
 double comm_all_reduce_sum(Comm& comm, double value) {
     comm.all_reduce(&value, 1, CommType::f64, ReduceOp::sum).wait();
     return value;

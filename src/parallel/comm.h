@@ -165,6 +165,10 @@ class Comm {
 
 // Blocking conveniences for the common scalar reductions (loss, token counts).
 double comm_all_reduce_sum(Comm& comm, double value);
+// Sums t (contiguous, any device) over a host communicator in place, copying a device tensor through the host: for
+// the few small gradients the trainer sums over groups that have no NCCL communicator (the tied embedding's two
+// pipeline copies, replicated key/value heads). Blocking.
+void comm_all_reduce_through_host(Comm& comm, const core::Tensor& t);
 int64_t comm_all_reduce_max(Comm& comm, int64_t value);
 // Every rank's string, in rank order, on `root` (empty elsewhere). Collective.
 std::vector<std::string> comm_gather_strings(Comm& comm, const std::string& mine, int root = 0);

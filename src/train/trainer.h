@@ -221,6 +221,7 @@ class Trainer {
     // over the pipeline); one evaluation batch through the stages; the tied embedding's gradient summed between
     // the first and the last stage.
     nn::ModelPart pipeline_part() const;
+    struct PipeLinks pipe_links() const;  // the pp communicator, the neighbouring stages, activation buffers
     double pipeline_micro_batches(const std::vector<double>& weights, double grad_scale, StepResult& r);
     double pipeline_evaluate(const core::Tensor& ids, const core::Tensor& targets);
     void pipeline_reduce_tied_embedding();

@@ -68,11 +68,7 @@ void Trainer::reduce_kv_replicas() {
     const nn::ParamTable& table = model_->params();
     for (int i = 0; i < table.size(); ++i) {
         if (table.spec(i).tp_replicas <= 1) continue;
-        const core::Tensor grad = table.grad(i);
-        // A host all-reduce (a device gradient is copied through the host: a few [D, C] heads).
-        const core::Tensor host = grad.device() == core::Device::cpu ? grad : grad.to_device(core::Device::cpu);
-        kv_replicas_->all_reduce(host).wait();
-        if (host.raw() != grad.raw()) grad.copy_from(host);
+        parallel::comm_all_reduce_through_host(*kv_replicas_, table.grad(i));  // a few [D, C] heads
     }
 }
 

@@ -15,6 +15,19 @@
 
 namespace mt::train {
 
+// This rank's links in the pipeline: the communicator of its pp group (NCCL's on GPUs), the neighbouring stages, and
+// a new buffer for an activation of `token_rows` rows arriving from one (its stream rows under sequence parallelism).
+struct PipeLinks {
+    parallel::Comm* comm;
+    int next, prev;
+    core::DType dtype;
+    core::Device device;
+    int64_t tp_rows_divisor, d_model;
+    core::Tensor activation(int64_t token_rows) const {
+        return core::Tensor::zeros({token_rows / tp_rows_divisor, d_model}, dtype, device);
+    }
+};
+
 namespace {
 
 // Per-layer training FLOPs per token (the balanced split's cost): 6 x the layer's 2-D weights (the routed experts'
@@ -48,6 +61,18 @@ int pipe_tag(int64_t chunk, int64_t micro, int64_t micros, int dir) {
 
 }  // namespace
 
+PipeLinks Trainer::pipe_links() const {
+    const int64_t stages = mesh_->size(parallel::MeshAxis::pp), stage = mesh_->coord(parallel::MeshAxis::pp);
+    const int64_t tp = mesh_->size(parallel::MeshAxis::tp);
+    return {.comm = nccl_pp_ ? nccl_pp_.get() : &mesh_->group(parallel::MeshGroup::pp),
+            .next = static_cast<int>((stage + 1) % stages),
+            .prev = static_cast<int>((stage + stages - 1) % stages),
+            .dtype = model_->params().precision().compute,
+            .device = model_->params().grad_arena().device(),
+            .tp_rows_divisor = cfg_.parallel.sequence_parallel ? tp : 1,
+            .d_model = cfg_.model.d_model};
+}
+
 nn::ModelPart Trainer::pipeline_part() const {
     const auto& p = cfg_.parallel;
     const int64_t stages = mesh_->size(parallel::MeshAxis::pp), stage = mesh_->coord(parallel::MeshAxis::pp);
@@ -73,14 +98,10 @@ double Trainer::pipeline_micro_batches(const std::vector<double>& weights, doubl
     const auto& t = cfg_.train;
     const int64_t stages = mesh_->size(parallel::MeshAxis::pp), stage = mesh_->coord(parallel::MeshAxis::pp);
     const int64_t v = model_->num_chunks(), micros = t.grad_accum;
-    parallel::Comm& comm = nccl_pp_ ? *nccl_pp_ : mesh_->group(parallel::MeshGroup::pp);
-    const int next = static_cast<int>((stage + 1) % stages), prev = static_cast<int>((stage + stages - 1) % stages);
+    const PipeLinks links = pipe_links();
+    parallel::Comm& comm = *links.comm;
+    const int next = links.next, prev = links.prev;
     auto global = [&](int64_t chunk) { return chunk * stages + stage; };
-    const core::Tensor& like = model_->params().grad_arena();  // the activations' device
-    const core::DType act = model_->params().precision().compute;
-    const int64_t rows =
-        t.batch_size * seq_len_ / (cfg_.parallel.sequence_parallel ? mesh_->size(parallel::MeshAxis::tp) : 1);
-    const core::Shape shape = {rows, cfg_.model.d_model};
     auto bytes = [&](const core::Tensor& x) { return x.numel() * static_cast<int64_t>(core::dtype_size(x.dtype())); };
     std::vector<std::pair<parallel::CommWork, core::Tensor>> sends;  // in flight: the work and its buffer
     auto send = [&](const core::Tensor& x, int peer, int tag) {
@@ -90,7 +111,7 @@ double Trainer::pipeline_micro_batches(const std::vector<double>& weights, doubl
     double waited = 0.0, computed = 0.0;
     auto recv = [&](int peer, int tag) {
         const auto start = std::chrono::steady_clock::now();
-        core::Tensor x = core::Tensor::zeros(shape, act, like.device());
+        core::Tensor x = links.activation(t.batch_size * seq_len_);
         comm.recv(x.raw(), bytes(x), parallel::CommType::u8, peer, tag).wait();
         waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         return x;
@@ -139,25 +160,24 @@ double Trainer::pipeline_micro_batches(const std::vector<double>& weights, doubl
 
 double Trainer::pipeline_evaluate(const core::Tensor& ids, const core::Tensor& targets) {
     // Every chunk in model order: each stage receives, runs and sends on, the last one computes the loss.
-    const int64_t stages = mesh_->size(parallel::MeshAxis::pp), stage = mesh_->coord(parallel::MeshAxis::pp);
-    parallel::Comm& comm = nccl_pp_ ? *nccl_pp_ : mesh_->group(parallel::MeshGroup::pp);
-    const int next = static_cast<int>((stage + 1) % stages), prev = static_cast<int>((stage + stages - 1) % stages);
+    const PipeLinks links = pipe_links();
+    parallel::Comm& comm = *links.comm;
     double loss = 0.0;
     for (int c = 0; c < model_->num_chunks(); ++c) {
         core::Tensor input;
         if (!model_->chunk_has_embedding(c)) {
-            const core::Tensor& like = model_->params().grad_arena();
-            const int64_t rows =
-                ids.numel() / (cfg_.parallel.sequence_parallel ? mesh_->size(parallel::MeshAxis::tp) : 1);
-            input =
-                core::Tensor::zeros({rows, cfg_.model.d_model}, model_->params().precision().compute, like.device());
-            comm.recv(input.raw(), input.nbytes(), parallel::CommType::u8, prev, 0).wait();
+            input = links.activation(ids.numel());
+            comm.recv(input.raw(), input.nbytes(), parallel::CommType::u8, links.prev, 0).wait();
         }
         const double l = model_->forward_chunk(c, ids, targets, input, /*training=*/false, false);
         if (model_->chunk_has_head(c))
             loss = l;
         else
-            comm.send(model_->chunk_output().raw(), model_->chunk_output().nbytes(), parallel::CommType::u8, next, 0)
+            comm.send(model_->chunk_output().raw(),
+                      model_->chunk_output().nbytes(),
+                      parallel::CommType::u8,
+                      links.next,
+                      0)
                 .wait();
     }
     return parallel::comm_all_reduce_sum(mesh_->group(parallel::MeshGroup::pp), loss);
@@ -167,11 +187,7 @@ void Trainer::pipeline_reduce_tied_embedding() {
     if (!tied_embedding_) return;
     const int embed = model_->embedding_param();
     MT_CHECK(embed >= 0, "tied embeddings: this pipeline stage holds no copy of the embedding");
-    const core::Tensor grad = model_->params().grad(embed);
-    // A host all-reduce between the two ends of the pipeline (a device gradient is copied through the host).
-    core::Tensor host = grad.device() == core::Device::cpu ? grad : grad.to_device(core::Device::cpu);
-    tied_embedding_->all_reduce(host).wait();
-    if (host.raw() != grad.raw()) grad.copy_from(host);
+    parallel::comm_all_reduce_through_host(*tied_embedding_, model_->params().grad(embed));
 }
 
 }  // namespace mt::train
