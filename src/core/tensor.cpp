@@ -231,7 +231,7 @@ void Tensor::copy_from(const Tensor& src) const {
             const Device d = device() != Device::cpu ? device() : src.device();
             return backend_get(d).copy(raw(), device(), src.raw(), src.device(), nbytes());
         }
-        const Tensor host_src = src.device() == Device::cpu ? src : src.to_device(Device::cpu);
+        const Tensor host_src = src.device() == Device::cpu ? src : src.on_host();
         if (device() == Device::cpu) return copy_from(host_src);
         MT_CHECK(is_contiguous(), "copy into a non-contiguous {} tensor", device_name(device()));
         return copy_from(host_src.to(dtype_));
@@ -259,6 +259,25 @@ void Tensor::copy_from(const Tensor& src) const {
     for_each_offset(shape_, strides_, [&](int64_t i, int64_t off) {
         store(dbase, dtype_, off, load(sbase, src.dtype_, src_offsets[static_cast<size_t>(i)]));
     });
+}
+
+Tensor Tensor::on_host() const {
+    if (device() == Device::cpu) return *this;
+    if (is_contiguous()) return to_device(Device::cpu);
+    // A strided view of device memory: the bytes from its first element to its last, copied once, under the same
+    // strides (a to_device would come back here through copy_from).
+    int64_t span = numel() > 0 ? 1 : 0;
+    for (size_t d = 0; d < shape_.size() && span > 0; ++d) {
+        MT_CHECK(strides_[d] >= 0, "a device view with a negative stride");
+        span += (shape_[d] - 1) * strides_[d];
+    }
+    Tensor host = zeros({span}, dtype_, Device::cpu);
+    if (span > 0)
+        backend_get(device()).copy(
+            host.raw(), Device::cpu, raw(), device(), static_cast<size_t>(span) * dtype_size(dtype_));
+    host.shape_ = shape_;
+    host.strides_ = strides_;
+    return host;
 }
 
 Tensor Tensor::to_device(Device device) const {

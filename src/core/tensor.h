@@ -93,6 +93,9 @@ class Tensor {
     Tensor clone() const;
     Tensor to(DType dtype) const;           // new contiguous tensor converted to dtype, same device
     Tensor to_device(Device device) const;  // new contiguous tensor on device, same dtype
+    // This tensor's elements on the host, same dtype and strides (a device view's strided bytes copied once; a host
+    // tensor itself; a contiguous device one as to_device).
+    Tensor on_host() const;
     double item() const;                    // value of a one-element tensor as double
     double at(const std::vector<int64_t>& index) const;
 

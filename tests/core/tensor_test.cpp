@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/backend.h"
 #include "core/rng.h"
 
 using namespace mt::core;
@@ -61,4 +62,29 @@ TEST(Rng, PhiloxIsCounterBased) {
     mean /= n;
     EXPECT_NEAR(mean, 0.0, 0.03);
     EXPECT_NEAR(sq / n, 1.0, 0.04);
+}
+
+// A strided view of device memory (a column slice) reaches the host and converts dtypes through copy_from, as a host
+// view does: Tensor::on_host copies the bytes it spans once under the same strides (a to_device of the view would
+// recurse through copy_from).
+TEST(GpuTensor, StridedDeviceViewsCopyToTheHost) {
+    if (!backend_available(Device::cuda)) GTEST_SKIP() << "no CUDA device";
+    const Tensor host = Tensor::zeros({5, 7}, DType::f32);
+    for (int64_t i = 0; i < host.numel(); ++i) tensor_set_flat(host, i, static_cast<double>(i) * 0.5);
+    const Tensor dev = host.to_device(Device::cuda);
+    const Tensor cols = dev.slice(1, 2, 6);  // [5, 4], row stride 7
+    ASSERT_FALSE(cols.is_contiguous());
+    const Tensor back = cols.on_host();
+    EXPECT_EQ(back.device(), Device::cpu);
+    Tensor wide = Tensor::zeros({5, 4}, DType::f64), dev_copy = Tensor::zeros({5, 4}, DType::bf16, Device::cuda);
+    wide.copy_from(cols);      // device view -> host, f32 -> f64
+    dev_copy.copy_from(cols);  // device view -> contiguous device, f32 -> bf16 (through the host)
+    const Tensor dev_back = dev_copy.to_device(Device::cpu);
+    for (int64_t r = 0; r < 5; ++r)
+        for (int64_t c = 0; c < 4; ++c) {
+            const double want = static_cast<double>(r * 7 + c + 2) * 0.5;
+            EXPECT_EQ(back.at({r, c}), want);
+            EXPECT_EQ(wide.at({r, c}), want);
+            EXPECT_EQ(dev_back.at({r, c}), want);  // halves of integers below 18 are exact in bf16
+        }
 }

@@ -118,12 +118,15 @@ void sharded_bwd(const Tensor& logits,
                  const std::vector<VocabShard>& shards,
                  const std::vector<int64_t>& widths,
                  bool in_place) {
+    // The shards' columns gather on the host: a device tensor takes only contiguous copies.
+    const Tensor whole = Tensor::zeros(dlogits.shape(), dlogits.dtype());
     for (size_t r = 0; r < shards.size(); ++r) {
         const Tensor local = shard_columns(logits, shards[r].first, widths[r]);
         const Tensor d = in_place ? local : op_like(local);
         cross_entropy_bwd(local, targets, lse, ignore_index, dlosses, d, shards[r]);
-        dlogits.slice(1, shards[r].first, shards[r].first + widths[r]).copy_from(d);
+        whole.slice(1, shards[r].first, shards[r].first + widths[r]).copy_from(on_host(d));
     }
+    dlogits.copy_from(whole);
 }
 
 // The vocabulary split into shards of `widths` columns: the case's input is the whole [N, V] logits, its output the
