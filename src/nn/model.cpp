@@ -39,9 +39,6 @@ Model::Model(const ModelConfig& cfg,
         embedding = embedding || first == 0;
         head = head || last == cfg.n_layers;
     }
-    MT_CHECK(!cfg.attnres.enabled() || (part_.chunks.size() == 1 && embedding && head),
-             "Block AttnRes needs the whole model in one chunk (pipeline parallelism does not carry its block sums "
-             "yet)");
     // Vocab-parallel: the embedding and the head hold this rank's rows of the vocabulary. A tied head is the
     // embedding: the last stage of a pipeline holds a copy of it.
     if (embedding || (head && cfg.tie_embeddings))
@@ -74,7 +71,12 @@ Model::Model(const ModelConfig& cfg,
     for (size_t i = 0; i < attention.size(); ++i)
         attention[i]->link_offload(i + 1 < attention.size() ? attention[i + 1] : nullptr,
                                    i > 0 ? attention[i - 1] : nullptr);
-    if (cfg.attnres.enabled()) attnres_ = std::make_unique<AttnResStack>(table_, cfg, tp);
+    if (cfg.attnres.enabled()) {
+        attnres_ = std::make_unique<AttnResStack>(table_, cfg, tp, part_);
+        layer_block_.assign(static_cast<size_t>(cfg.n_layers), nullptr);
+        for (size_t i = 0; i < blocks_.size(); ++i)
+            layer_block_[static_cast<size_t>(block_layer_[i])] = blocks_[i].get();
+    }
     if (head)
         final_norm_ = table_.add(tp_partial(
             {.name = "final_norm.weight", .shape = {cfg.d_model}, .init = InitKind::ones, .weight_decay = false},
@@ -200,7 +202,7 @@ std::vector<int64_t> Model::plan_segments(int64_t seq) const {
     return bounds;
 }
 
-void Model::begin_pass(int64_t batch, int64_t j, bool recompute) {
+void Model::begin_pass(int64_t batch, int64_t j, bool recompute, bool count_routing) {
     const int64_t first = bounds_[static_cast<size_t>(j)], len = bounds_[static_cast<size_t>(j) + 1] - first;
     const int64_t segments = static_cast<int64_t>(bounds_.size()) - 1;
     pass_ = j;
@@ -229,12 +231,15 @@ void Model::begin_pass(int64_t batch, int64_t j, bool recompute) {
     // Routing is counted once per token, by the first forward. KDA keeps its tiles (kda.save) for a backward that
     // follows at once: the last segment's first forward, every re-run, not recompute full's first forward.
     const bool full = cfg_.recompute.full();
-    const bool count = training_ && !recompute;
+    const bool count = training_ && !recompute && count_routing;
     const bool keep = training_ && !full && (recompute || j == segments - 1);
-    for (auto& b : blocks_) {
-        b->set_documents(docs_);
-        b->set_segment(seg);
-        b->set_forward_flags(count, keep);
+    // The active chunk's blocks only: another pipeline chunk's layers keep their own segment state (their kept KDA
+    // states and caches belong to their own passes).
+    for (int64_t l = chunk_lo(); l < chunk_hi(); ++l) {
+        Block& b = *blocks_[static_cast<size_t>(l)];
+        b.set_documents(docs_);
+        b.set_segment(seg);
+        b.set_forward_flags(count, keep);
     }
 }
 
@@ -257,7 +262,8 @@ double Model::pass_forward() {
     }
     const Tensor* x = &x0_;
     if (attnres_) {
-        x = &attnres_->forward(x0_, blocks_, ws_);
+        attnres_->forward(attnres_pass(), x0_, layer_block_, ws_);
+        x = &attnres_->forward_output();
     } else {
         const auto lo = static_cast<size_t>(chunk_lo()), hi = static_cast<size_t>(chunk_hi());
         for (size_t l = lo; l < hi; ++l) {
@@ -321,14 +327,14 @@ void Model::pass_backward(double loss_scale, bool last_pass, const Tensor& d_out
         // Everything declared after the blocks is complete now, except under AttnRes (its own parameters finish
         // with the blocks' backward, which it drives).
         if (grad_ready && !attnres_) grad_ready(final_norm_);
-    } else {
+    } else if (d_output.defined()) {
         dres_a_.copy_from(d_output);  // a pipeline chunk: the next stage's gradient of this chunk's output
     }
 
     Tensor* dout = &dres_a_;
     Tensor* dx = &dres_b_;
     if (attnres_) {
-        attnres_->backward(x0_, blocks_, *dout, *dx, ws_);
+        attnres_->backward(attnres_pass(), x0_, layer_block_, *dout, *dx, ws_);
         std::swap(dout, dx);
     }
     for (auto& [l, moe] : moe_layers()) moe->set_aux_grad_scale(loss_scale);
@@ -372,7 +378,7 @@ void Model::head_backward(double loss_scale) {
     // Vocab-parallel: each rank's d(final norm) is its vocabulary rows' part; summed over tp (into the stream rows).
     const Tensor d_final = tp_.splits_rows() ? ws_.d_tmp.slice(0, 0, final_.size(0)) : ws_.d_norm;
     tp_sum_rows(tp_, ws_.d_norm, d_final);
-    const Tensor& last = attnres_ ? attnres_->forward_output() : chunk_output();
+    const Tensor& last = attnres_ ? attnres_->forward_output() : last_output();
     ops::rmsnorm_bwd(last, table_.param(final_norm_), final_rstd_, d_final, dres_a_, table_.grad(final_norm_));
 }
 

@@ -20,14 +20,6 @@ namespace mt::nn {
 
 constexpr int32_t kIgnoreIndex = -1;
 
-// Pipeline parallelism: the model chunks this rank holds, as global layer ranges [first, last) in model order (rank
-// s of p with v virtual stages holds chunks s, s + p, ...; docs/distributed.md). The chunk that starts at layer 0
-// holds the embedding, the one that ends at n_layers the final norm, LM head and loss (and, with tied embeddings, its
-// own copy of the embedding as the head). Empty: one chunk of every layer, the whole model.
-struct ModelPart {
-    std::vector<std::pair<int64_t, int64_t>> chunks;
-};
-
 // Training FLOPs per token of one KDA layer's recurrence (the chunked form, fwd + bwd; its projections count as
 // matmul parameters): 6 * HV * (3 K V + C (1.5 K + V)), C = min(kda.chunk_size, T).
 double kda_flops_per_token(const ModelConfig& cfg, int64_t seq);
@@ -87,17 +79,26 @@ class Model {
     // (ids, targets) [B, T] on the host: the embedding when the chunk starts the model, else `input` [stream rows,
     // C] (the previous chunk's output); the final norm, LM head and loss when it ends the model, whose mean loss it
     // returns (else 0). recompute: the re-run, before its backward, of a forward that another micro-batch's forward
-    // has followed since (the routing is not counted again). Not with sequence segments or Block AttnRes.
+    // has followed since (the routing is not counted again). With sequence segments the chunk runs them in turn
+    // (its input and output the whole sequence's). Under Block AttnRes the
+    // chunk's input is the micro-batch's carry instead (set_attnres_carry; `input` undefined), which the forward
+    // leaves the chunk's outputs in and the backward the gradients of its upstream sources (attnres.md §7).
     double forward_chunk(
         int chunk, const Tensor& ids, const Tensor& targets, const Tensor& input, bool training, bool recompute);
-    // The backward of the last forward_chunk: d_output [stream rows, C] is the gradient of chunk_output(); a chunk
-    // that ends the model takes loss_scale instead (as backward()). Accumulates the parameter gradients.
+    // The backward of the last forward_chunk: d_output [stream rows, C] is the gradient of chunk_output() (undefined
+    // under Block AttnRes: the carry holds the gradients); a chunk that ends the model takes loss_scale instead (as
+    // backward()). Accumulates the parameter gradients.
     void backward_chunk(double loss_scale, const Tensor& d_output);
     // The last forward_chunk's output (its last block's, valid until that chunk's next forward) and the last
     // backward_chunk's gradient of its input (valid until the next backward).
     const Tensor& chunk_output() const;
     const Tensor& chunk_input_grad() const {
         return input_grad_;
+    }
+    // Block AttnRes under pipeline parallelism: the carry of the micro-batch the next forward_chunk or
+    // backward_chunk runs (null: none, the whole model in one chunk).
+    void set_attnres_carry(AttnResCarry* carry) {
+        attnres_carry_ = carry;
     }
     int num_chunks() const {
         return static_cast<int>(part_.chunks.size());
@@ -218,6 +219,15 @@ class Model {
         return chunk_begin_[static_cast<size_t>(chunk_) + 1];
     }
     int chunk_of_block(int64_t l) const;
+    // The active chunk's pass of the AttnRes stack: its sub-layers, with the carry under pipeline parallelism.
+    AttnResPass attnres_pass() const {
+        const auto& [first, last] = part_.chunks[static_cast<size_t>(chunk_)];
+        return {.first = 2 * first,
+                .last = 2 * last,
+                .embedding = first == 0,
+                .head = last == cfg_.n_layers,
+                .carry = attnres_carry_};
+    }
     // The batch's host copies, documents, loss count and one pass of the whole sequence, or its segments (forward
     // and forward_chunk).
     void prepare_batch(const Tensor& ids, const Tensor& targets, bool training, bool reset_metrics);
@@ -225,7 +235,12 @@ class Model {
     std::vector<int64_t> plan_segments(int64_t seq) const;
     // Sizes the model for segment j of the batch in seq_ids_ / seq_targets_, fills its inputs and tells the blocks
     // (recompute: the backward's re-run of its forward).
-    void begin_pass(int64_t batch, int64_t j, bool recompute);
+    // count = false: the routing is not counted (a pipeline stage's re-run of a forward it ran before).
+    void begin_pass(int64_t batch, int64_t j, bool recompute, bool count = true);
+    // Pipeline chunks over sequence segments (model_pipeline.cpp): segment j's rows of the chunk's input into x0_,
+    // and the active pass's output (the last block's, or x0_ for a chunk of no blocks).
+    void segment_input(int64_t j);
+    const Tensor& last_output() const;
     // One pass (the whole sequence or a segment): embedding, blocks, head and loss; returns the summed loss of its
     // counted rows. pass_backward: its backward; last_pass: the last of the step (the gradients are complete).
     double pass_forward();
@@ -241,6 +256,8 @@ class Model {
     int chunk_ = 0;                     // the chunk the next pass runs
     std::vector<Tensor> chunk_in_;      // [stream rows, C] each chunk's input (x0_ views the active one's)
     Tensor input_grad_;                 // the last backward's gradient of its chunk's input
+    // A pipeline chunk over sequence segments: the whole sequence's input, output and input gradient [B T, C].
+    Tensor seq_input_, seq_output_, seq_input_grad_;
     ParamTable table_;
     int embed_ = -1, final_norm_ = -1, lm_head_ = -1;
     std::vector<std::unique_ptr<Block>> blocks_;
@@ -248,6 +265,8 @@ class Model {
     GradReadyHook grad_ready_;
     ParamsNeededHook params_needed_;
     std::unique_ptr<AttnResStack> attnres_;  // Block Attention Residuals in place of the residual adds, or null
+    std::vector<Block*> layer_block_;        // AttnRes: the blocks by global layer (null where not held)
+    AttnResCarry* attnres_carry_ = nullptr;  // AttnRes under pipeline parallelism: the micro-batch's carry
     Workspace ws_;
     int64_t batch_ = 0, seq_ = 0, counted_ = 0;
     Tensor ids_, targets_;       // [N] i32, copies of the batch on the model's device

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/enum_names.h"
@@ -77,6 +78,9 @@ struct AttnResConfig {
     AttnResMode mode = AttnResMode::off;
     int64_t block_size = 6;       // S in sub-layers (a transformer layer has two: the mixer and the MLP)
     bool freeze_queries = false;  // keep the pseudo-queries at zero (equivalence test, ablation)
+    // Pipeline parallelism: a hop sends only the sources the next stage did not keep from its previous chunk of the
+    // micro-batch (attnres.md §7); false sends every source of the chunk's first mix on every hop (the baseline).
+    bool pp_cache = true;
     // Residual blend (attnres.md §5, an ablation knob, off by default): each mix's weights become
     // lambda / m + (1 - lambda) alpha, lambda(t) = residual_blend * max(0, 1 - t / residual_blend_steps) at
     // optimizer step t (residual_blend_steps = 0: lambda stays residual_blend).
@@ -207,6 +211,14 @@ struct ModelConfig {
         for (int64_t l = 0; l < n_layers; ++l) n += layer_is_window(l) ? 1 : 0;
         return n;
     }
+};
+
+// Pipeline parallelism: the model chunks this rank holds, as global layer ranges [first, last) in model order (rank
+// s of p with v virtual stages holds chunks s, s + p, ...; docs/distributed.md). The chunk that starts at layer 0
+// holds the embedding, the one that ends at n_layers the final norm, LM head and loss (and, with tied embeddings, its
+// own copy of the embedding as the head). Empty: one chunk of every layer, the whole model.
+struct ModelPart {
+    std::vector<std::pair<int64_t, int64_t>> chunks;
 };
 
 }  // namespace mt::nn

@@ -44,12 +44,9 @@ void validate_pipeline(const JobConfig& c, const std::string& src) {
                         "{} (Megatron's rule)",
                         c.train.grad_accum,
                         p.pp));
-    if (m.segments.enabled())
-        bad("set long.segments = 1 and long.segment_tokens = 0 under pipeline parallelism",
-            "long.segments with parallel.pp > 1 is not built yet");
-    if (m.attnres.enabled())
-        bad("set attnres.mode = \"off\" under pipeline parallelism",
-            "attnres.mode with parallel.pp > 1 is not built yet (the block sums would travel with the activations)");
+    if (m.segments.enabled() && (m.attnres.enabled() || p.tp > 1))
+        bad("set long.segments = 1 and long.segment_tokens = 0, or attnres.mode = \"off\" and parallel.tp = 1",
+            "long.segments with parallel.pp > 1 runs without Block AttnRes and tensor parallelism (not built yet)");
 }
 
 }  // namespace

@@ -225,6 +225,11 @@ std::vector<Field> config_schema(JobConfig& c) {
         flag("attnres.freeze_queries",
              &m.attnres.freeze_queries,
              "keep the pseudo-queries at zero (the plain model up to RMSNorm epsilon; an ablation)"),
+        flag("attnres.pp_cache",
+             &m.attnres.pp_cache,
+             "pipeline parallelism: each hop sends only the block sums the next stage did not keep from its previous "
+             "chunk of the micro-batch ([attnres.md](attnres.md#pipeline-parallelism)); false sends every source of "
+             "the chunk's first mix on every hop (the baseline, same results)"),
         number("attnres.residual_blend",
                &m.attnres.residual_blend,
                0,

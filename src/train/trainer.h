@@ -165,6 +165,10 @@ class Trainer {
         return moe_alarms_total_;
     }
 
+    // Pipeline parallelism: every model chunk's layers [first, last) in model order (parallel.pp x
+    // pp.virtual_stages of them; pp.layers_per_stage or the cost-balanced split).
+    std::vector<std::pair<int64_t, int64_t>> pipeline_chunks() const;
+
    private:
     // trainer_dist.cpp: the layouts this trainer runs (exit 2 for the others), and the sum of a per-rank value over
     // the ranks that read different data.
@@ -220,8 +224,10 @@ class Trainer {
     // loss weight, grad_scale its backward's multiplier), returning the weighted loss sum (the last stage's, summed
     // over the pipeline); one evaluation batch through the stages; the tied embedding's gradient summed between
     // the first and the last stage.
+    // This rank's model chunks (stage, stage + pp, ... of pipeline_chunks()).
     nn::ModelPart pipeline_part() const;
-    struct PipeLinks pipe_links() const;  // the pp communicator, the neighbouring stages, activation buffers
+    struct PipeLinks pipe_links() const;      // the pp communicator, the neighbouring stages, activation buffers
+    struct AttnResHops attnres_hops() const;  // Block AttnRes: the sources each hop carries
     double pipeline_micro_batches(const std::vector<double>& weights, double grad_scale, StepResult& r);
     double pipeline_evaluate(const core::Tensor& ids, const core::Tensor& targets);
     void pipeline_reduce_tied_embedding();

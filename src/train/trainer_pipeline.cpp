@@ -7,9 +7,15 @@
 // stage but the last), the chunk's forward is re-run first from its kept input (the input of every micro-batch in
 // flight is kept). So a stage holds one micro-batch's activations plus the inputs in flight, and pays up to one more
 // forward per micro-batch: full recompute at stage granularity (Megatron's --recompute-granularity full).
+//
+// Under Block AttnRes a chunk reads more than its predecessor's output: the embedding and the block sums completed
+// upstream (attnres.md §7). Each rank keeps a carry per micro-batch in flight (nn::AttnResCarry) holding every
+// source it received or produced, and a hop sends only those the receiver lacks (attnres.pp_cache); the backward
+// sends the gradients of the same sources back once each.
 #include <chrono>
 #include <map>
 
+#include "ops/add.h"
 #include "parallel/pipeline_schedule.h"
 #include "train/trainer.h"
 
@@ -23,8 +29,21 @@ struct PipeLinks {
     core::DType dtype;
     core::Device device;
     int64_t tp_rows_divisor, d_model;
+    core::Tensor activation(int64_t token_rows, core::DType type) const {
+        return core::Tensor::zeros({token_rows / tp_rows_divisor, d_model}, type, device);
+    }
     core::Tensor activation(int64_t token_rows) const {
-        return core::Tensor::zeros({token_rows / tp_rows_divisor, d_model}, dtype, device);
+        return activation(token_rows, dtype);
+    }
+};
+
+// Block AttnRes over the pipeline: the sources each hop into a chunk carries (model-order chunk index).
+struct AttnResHops {
+    std::vector<std::pair<int64_t, int64_t>> sub_layers;  // every chunk's sub-layers, model order
+    int64_t stages = 1, block = 1;
+    bool cache = true;
+    std::vector<int64_t> into(int64_t chunk) const {
+        return nn::attnres_hop_sources(sub_layers, chunk, stages, cache, block);
     }
 };
 
@@ -73,73 +92,111 @@ PipeLinks Trainer::pipe_links() const {
             .d_model = cfg_.model.d_model};
 }
 
-nn::ModelPart Trainer::pipeline_part() const {
+std::vector<std::pair<int64_t, int64_t>> Trainer::pipeline_chunks() const {
     const auto& p = cfg_.parallel;
-    const int64_t stages = mesh_->size(parallel::MeshAxis::pp), stage = mesh_->coord(parallel::MeshAxis::pp);
-    const int64_t chunks = stages * p.pp_virtual_stages;
-    if (chunks == 1) return {};
+    const int64_t chunks = mesh_->size(parallel::MeshAxis::pp) * p.pp_virtual_stages;
     std::vector<int64_t> sizes = p.pp_layers_per_stage;
     if (sizes.empty()) {
         // The head's cost: the LM head matmul (6 V C per token); the embedding lookup costs next to nothing.
         const double head = 6.0 * static_cast<double>(cfg_.model.vocab_size * cfg_.model.d_model);
         sizes = parallel::pipeline_split(layer_costs(cfg_.model, seq_len_), 0.0, head, chunks);
     }
-    nn::ModelPart part;
+    std::vector<std::pair<int64_t, int64_t>> out;
     int64_t first = 0;
-    for (int64_t k = 0; k < chunks; ++k) {
-        const int64_t last = first + sizes[static_cast<size_t>(k)];
-        if (k % stages == stage) part.chunks.emplace_back(first, last);
-        first = last;
-    }
+    for (int64_t size : sizes) out.emplace_back(first, first + size), first += size;
+    return out;
+}
+
+nn::ModelPart Trainer::pipeline_part() const {
+    const int64_t stages = mesh_->size(parallel::MeshAxis::pp), stage = mesh_->coord(parallel::MeshAxis::pp);
+    if (stages * cfg_.parallel.pp_virtual_stages == 1) return {};
+    const auto chunks = pipeline_chunks();
+    nn::ModelPart part;
+    for (size_t k = 0; k < chunks.size(); ++k)
+        if (static_cast<int64_t>(k) % stages == stage) part.chunks.push_back(chunks[k]);
     return part;
+}
+
+AttnResHops Trainer::attnres_hops() const {
+    AttnResHops hops{.sub_layers = {},
+                     .stages = mesh_->size(parallel::MeshAxis::pp),
+                     .block = cfg_.model.attnres.resolved_block_size(),
+                     .cache = cfg_.model.attnres.pp_cache};
+    for (const auto& [first, last] : pipeline_chunks()) hops.sub_layers.emplace_back(2 * first, 2 * last);
+    return hops;
 }
 
 double Trainer::pipeline_micro_batches(const std::vector<double>& weights, double grad_scale, StepResult& r) {
     const auto& t = cfg_.train;
     const int64_t stages = mesh_->size(parallel::MeshAxis::pp), stage = mesh_->coord(parallel::MeshAxis::pp);
-    const int64_t v = model_->num_chunks(), micros = t.grad_accum;
+    const int64_t v = model_->num_chunks(), micros = t.grad_accum, rows = t.batch_size * seq_len_;
     const PipeLinks links = pipe_links();
     parallel::Comm& comm = *links.comm;
     const int next = links.next, prev = links.prev;
+    const bool attnres = cfg_.model.attnres.enabled();
+    const AttnResHops hops = attnres ? attnres_hops() : AttnResHops{};
+    const core::DType master = model_->params().precision().master;
     auto global = [&](int64_t chunk) { return chunk * stages + stage; };
-    auto bytes = [&](const core::Tensor& x) { return x.numel() * static_cast<int64_t>(core::dtype_size(x.dtype())); };
     std::vector<std::pair<parallel::CommWork, core::Tensor>> sends;  // in flight: the work and its buffer
     auto send = [&](const core::Tensor& x, int peer, int tag) {
         core::Tensor copy = x.clone();  // the chunk's buffers change with its next pass
-        sends.emplace_back(comm.send(copy.raw(), bytes(copy), parallel::CommType::u8, peer, tag), copy);
+        sends.emplace_back(comm.send(copy.raw(), copy.nbytes(), parallel::CommType::u8, peer, tag), copy);
     };
     double waited = 0.0, computed = 0.0;
-    auto recv = [&](int peer, int tag) {
+    auto recv = [&](int peer, int tag, core::DType type) {
         const auto start = std::chrono::steady_clock::now();
-        core::Tensor x = links.activation(t.batch_size * seq_len_);
-        comm.recv(x.raw(), bytes(x), parallel::CommType::u8, peer, tag).wait();
+        core::Tensor x = links.activation(rows, type);
+        comm.recv(x.raw(), x.nbytes(), parallel::CommType::u8, peer, tag).wait();
         waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         return x;
     };
     std::map<std::pair<int64_t, int64_t>, core::Tensor> inputs;  // (chunk, micro) in flight: its input
+    std::map<int64_t, nn::AttnResCarry> carries;                 // AttnRes: per micro-batch in flight
     std::pair<int64_t, int64_t> live{-1, -1};                    // whose activations the blocks hold
     double loss = 0.0;
     for (const parallel::PipeOp& op : parallel::pipeline_schedule(stages, stage, v, micros)) {
         const int c = static_cast<int>(op.chunk);
         const int64_t m = op.micro, g = global(op.chunk);
         const core::Tensor ids = step_inputs_.select(0, m), targets = step_targets_.select(0, m);
+        const bool first = model_->chunk_has_embedding(c), last = model_->chunk_has_head(c);
+        nn::AttnResCarry* carry = attnres ? &carries[m] : nullptr;
+        model_->set_attnres_carry(carry);
         if (op.forward) {
-            core::Tensor input =
-                model_->chunk_has_embedding(c) ? core::Tensor() : recv(prev, pipe_tag(g, m, micros, 0));
+            core::Tensor input;
+            if (!first && carry) {  // the sources this rank lacks, in hops.into's order
+                for (int64_t idx : hops.into(g))
+                    carry->values[idx] = recv(prev, pipe_tag(g, m, micros, 0), links.dtype);
+            } else if (!first) {
+                input = recv(prev, pipe_tag(g, m, micros, 0), links.dtype);
+            }
             const auto start = std::chrono::steady_clock::now();
             const double l = model_->forward_chunk(c, ids, targets, input, true, false);
             computed += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             inputs[{c, m}] = input;
             live = {c, m};
             r.aux_loss += model_->last_aux_loss() / static_cast<double>(micros);  // this chunk's MoE layers
-            if (model_->chunk_has_head(c)) {
+            if (last) {
                 loss += l * weights[static_cast<size_t>(m)] / static_cast<double>(micros);
+            } else if (carry) {
+                for (int64_t idx : hops.into(g + 1)) send(carry->values.at(idx), next, pipe_tag(g + 1, m, micros, 0));
             } else {
                 send(model_->chunk_output(), next, pipe_tag(g + 1, m, micros, 0));
             }
             continue;
         }
-        core::Tensor d_output = model_->chunk_has_head(c) ? core::Tensor() : recv(next, pipe_tag(g, m, micros, 1));
+        core::Tensor d_output;
+        if (!last && carry) {  // the gradients of the sources sent on, added to what this rank's later chunks left
+            for (int64_t idx : hops.into(g + 1)) {
+                const core::Tensor d = recv(next, pipe_tag(g, m, micros, 1), master);
+                core::Tensor& acc = carry->grads[idx];
+                if (acc.defined())
+                    ops::add_fwd(acc, d, acc);
+                else
+                    acc = d;
+            }
+        } else if (!last) {
+            d_output = recv(next, pipe_tag(g, m, micros, 1), links.dtype);
+        }
         const auto start = std::chrono::steady_clock::now();
         if (live != std::pair<int64_t, int64_t>{c, m})
             model_->forward_chunk(c, ids, targets, inputs.at({c, m}), true, /*recompute=*/true);
@@ -147,8 +204,21 @@ double Trainer::pipeline_micro_batches(const std::vector<double>& weights, doubl
         computed += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         live = {-1, -1};  // the backward frees what the recompute policies drop
         inputs.erase({c, m});
-        if (!model_->chunk_has_embedding(c)) send(model_->chunk_input_grad(), prev, pipe_tag(g - 1, m, micros, 1));
+        if (!first && carry) {
+            // The received sources' gradients go back; the next ones this rank sends for them (without the cache,
+            // where its earlier chunks received them too) start from zero. With the cache no earlier chunk of this
+            // rank reads them: their values go too.
+            for (int64_t idx : hops.into(g)) {
+                send(carry->grads.at(idx), prev, pipe_tag(g - 1, m, micros, 1));
+                carry->grads.erase(idx);
+                if (hops.cache) carry->values.erase(idx);
+            }
+        } else if (!first) {
+            send(model_->chunk_input_grad(), prev, pipe_tag(g - 1, m, micros, 1));
+        }
+        if (carry && c == 0) carries.erase(m);  // this rank's first chunk: the micro-batch is done here
     }
+    model_->set_attnres_carry(nullptr);
     for (auto& [work, buffer] : sends) work.wait();
     r.pp_bubble = parallel::pipeline_bubble(stages, v, micros);
     r.pp_wait_seconds = waited;
@@ -162,24 +232,37 @@ double Trainer::pipeline_evaluate(const core::Tensor& ids, const core::Tensor& t
     // Every chunk in model order: each stage receives, runs and sends on, the last one computes the loss.
     const PipeLinks links = pipe_links();
     parallel::Comm& comm = *links.comm;
+    const int64_t stages = mesh_->size(parallel::MeshAxis::pp), stage = mesh_->coord(parallel::MeshAxis::pp);
+    const bool attnres = cfg_.model.attnres.enabled();
+    const AttnResHops hops = attnres ? attnres_hops() : AttnResHops{};
+    nn::AttnResCarry carry;
+    model_->set_attnres_carry(attnres ? &carry : nullptr);
+    auto recv = [&] {
+        core::Tensor x = links.activation(ids.numel());
+        comm.recv(x.raw(), x.nbytes(), parallel::CommType::u8, links.prev, 0).wait();
+        return x;
+    };
+    auto send = [&](const core::Tensor& x) {
+        comm.send(x.raw(), x.nbytes(), parallel::CommType::u8, links.next, 0).wait();
+    };
     double loss = 0.0;
     for (int c = 0; c < model_->num_chunks(); ++c) {
+        const int64_t g = c * stages + stage;
         core::Tensor input;
-        if (!model_->chunk_has_embedding(c)) {
-            input = links.activation(ids.numel());
-            comm.recv(input.raw(), input.nbytes(), parallel::CommType::u8, links.prev, 0).wait();
+        if (!model_->chunk_has_embedding(c) && attnres) {
+            for (int64_t idx : hops.into(g)) carry.values[idx] = recv();
+        } else if (!model_->chunk_has_embedding(c)) {
+            input = recv();
         }
         const double l = model_->forward_chunk(c, ids, targets, input, /*training=*/false, false);
         if (model_->chunk_has_head(c))
             loss = l;
+        else if (attnres)
+            for (int64_t idx : hops.into(g + 1)) send(carry.values.at(idx));
         else
-            comm.send(model_->chunk_output().raw(),
-                      model_->chunk_output().nbytes(),
-                      parallel::CommType::u8,
-                      links.next,
-                      0)
-                .wait();
+            send(model_->chunk_output());
     }
+    model_->set_attnres_carry(nullptr);
     return parallel::comm_all_reduce_sum(mesh_->group(parallel::MeshGroup::pp), loss);
 }
 

@@ -122,6 +122,14 @@ TEST(ParallelConfig, PipelineRefusesWhatItCannotSplit) {
                  "train.grad_accum=2"});
         },
         {"train.grad_accum = 2 to be a multiple of parallel.pp = 4"});
-    expect_usage_error([&] { job({"parallel.pp=2", "attnres.mode=\"block\""}); }, {"attnres.mode with parallel.pp"});
-    expect_usage_error([&] { job({"parallel.pp=2", "long.segments=2"}); }, {"long.segments with parallel.pp"});
+    expect_usage_error(
+        [&] {
+            job({"parallel.pp=2", "long.segments=2", "attnres.mode=\"block\""});
+        },
+        {"long.segments with parallel.pp > 1 runs without Block AttnRes"});
+    expect_usage_error(
+        [&] {
+            job({"parallel.pp=2", "parallel.tp=2", "model.n_kv_heads=4", "long.segments=2"});
+        },
+        {"long.segments with parallel.pp > 1 runs without Block AttnRes and tensor parallelism"});
 }

@@ -2,8 +2,8 @@
 // the bytes and calls one training step puts on each report group equal what the code moves, written below as
 // formulas in the block count L, the hidden size d, the micro-batch's b rows of s tokens, the micro-batches per step
 // A and the bytes per element e; the same figures reach metrics.jsonl's train lines; one process reports zeros.
-// Layouts: tp = n without and with sequence parallelism, dp = n with ZeRO-1 and with a replicated optimizer, and on
-// four ranks tp = 2 x dp = 2.
+// Layouts: tp = n without and with sequence parallelism, dp = n with ZeRO-1 and with a replicated optimizer, on
+// four ranks tp = 2 x dp = 2, and pp = n (1F1B and interleaved) with and without Block AttnRes.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -12,6 +12,7 @@
 #include <numeric>
 #include <string>
 
+#include "nn/layers/attnres.h"
 #include "parallel/mpi/mpi_job.h"
 #include "parallel/runtime.h"
 #include "train/trainer.h"
@@ -198,6 +199,24 @@ void expect_layout_matches_formula(const Layout& l) {
     dist_world().barrier();
 }
 
+// Pipeline parallelism over n stages with v chunks each, per step on stage s: for each of the A micro-batches,
+// each of its chunks g sends its output on (g not the last chunk) and its input's gradient back (g not the first),
+// N d e bytes each, and receives the same. Under Block AttnRes a hop carries the sources attnres_hop_sources names
+// (the embedding, the block sums the receiver lacks, a cut block's running partial sum), N d e bytes each, and its
+// backward their gradients. The loss and the aux loss are summed over the pipeline: two f64 all-reduces.
+// per_hop[g]: the tensors the hop into chunk g carries (g >= 1).
+Count pp_step(const std::vector<int64_t>& per_hop, int64_t stage, int64_t stages, int64_t accum) {
+    Count c{2 * 8, 2};
+    const auto n = static_cast<int64_t>(per_hop.size());
+    for (int64_t g = stage; g < n; g += stages) {
+        const int64_t out = g + 1 < n ? per_hop[static_cast<size_t>(g + 1)] : 0;
+        const int64_t in = g > 0 ? per_hop[static_cast<size_t>(g)] : 0;
+        c.bytes += accum * (out + in) * kBatch * kSeq * kDim * kElem;
+        c.calls += accum * 2 * (out + in);  // each tensor's send, and its receive from the other side
+    }
+    return c;
+}
+
 }  // namespace
 
 TEST(TrainerComm, TensorParallelStepMatchesTheFormula) {
@@ -222,4 +241,58 @@ TEST(TrainerComm, OneProcessReportsZeros) {
     t.run();
     expect_traffic("one process", t.comm_traffic(), {});
     expect_metrics("one process", run_dir + "/metrics.jsonl", {}, 2);
+}
+
+// pp = n over 8 layers, 1F1B and interleaved (2 chunks per stage), the plain model and Block AttnRes in blocks of 3
+// sub-layers (every stage boundary but one cuts a block) with and without the cache; the interleaved schedule's
+// AttnRes traffic is smaller with the cache (attnres.md §7: the blocks a stage kept from its previous chunk).
+TEST(TrainerComm, PipelineStepMatchesTheFormula) {
+    const int64_t n = dist_world().size();
+    for (const int64_t v : {1, 2}) {
+        std::map<std::string, int64_t> attnres_bytes;
+        for (const std::string mode : {"plain", "attnres", "attnres_nocache"}) {
+            const std::string name = fmt::format("pp{}_v{}_{}", n, v, mode), dir = shared_dir(name);
+            const int64_t accum = v > 1 ? n : kAccum;
+            std::vector<std::string> keys = {"model.n_layers=8",
+                                             "model.n_kv_heads=4",
+                                             "train.steps=2",
+                                             "train.grad_accum=" + std::to_string(accum),
+                                             "parallel.pp=" + std::to_string(n),
+                                             "pp.virtual_stages=" + std::to_string(v),
+                                             v > 1 ? "pp.schedule=\"interleaved\"" : "pp.schedule=\"1f1b\""};
+            if (mode != "plain") keys.insert(keys.end(), {"attnres.mode=\"block\"", "attnres.block_size=3"});
+            if (mode == "attnres_nocache") keys.emplace_back("attnres.pp_cache=false");
+            Trainer t(mt::testing::mpi_job(data_dir(), dir, keys), false);
+            const auto chunks = t.pipeline_chunks();
+            ASSERT_EQ(static_cast<int64_t>(chunks.size()), n * v);
+            std::vector<std::pair<int64_t, int64_t>> sub_layers;
+            for (const auto& [first, last] : chunks) sub_layers.emplace_back(2 * first, 2 * last);
+            std::vector<int64_t> per_hop(chunks.size(), 1);
+            for (size_t g = 1; mode != "plain" && g < chunks.size(); ++g)
+                per_hop[g] = static_cast<int64_t>(
+                    mt::nn::attnres_hop_sources(sub_layers, static_cast<int64_t>(g), n, mode == "attnres", 3).size());
+            const int64_t stage = t.mesh().coord(MeshAxis::pp);
+            const Expected want = {{"pp", pp_step(per_hop, stage, n, accum)}, {"world", kWorldStep}};
+            for (int step = 1; step <= 2; ++step) {
+                const Traffic before = t.comm_traffic();
+                (void)t.train_step();
+                const Traffic got = minus(t.comm_traffic(), before);
+                expect_traffic(fmt::format("{} step {} stage {}", name, step, stage), got, want);
+                if (mode != "plain")
+                    attnres_bytes[mode] = comm_all_reduce_sum(dist_world(), static_cast<double>(got.at("pp").bytes));
+            }
+        }
+        if (dist_world().rank() == 0)
+            fmt::print(
+                "pp = {} x {} chunks, AttnRes (blocks of 3) pipeline bytes per step, all stages: {} with the "
+                "cache, {} without\n",
+                n,
+                v,
+                attnres_bytes["attnres"],
+                attnres_bytes["attnres_nocache"]);
+        if (v > 1)
+            EXPECT_LT(attnres_bytes["attnres"], attnres_bytes["attnres_nocache"]);
+        else
+            EXPECT_EQ(attnres_bytes["attnres"], attnres_bytes["attnres_nocache"]);  // every hop is a stage's first
+    }
 }

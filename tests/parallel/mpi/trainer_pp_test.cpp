@@ -1,8 +1,8 @@
 // Pipeline parallelism end to end under mpirun: 1F1B and the interleaved schedule (2 virtual stages), alone and with
 // tensor, data and expert parallelism, on the tiny dense model (4 layers), the KDA hybrid, an MoE model and tied
-// embeddings, and every recompute policy under tp = 2 x pp = 2: the loss curve, the gradient norm and the final
-// parameters equal the one-process run with the same global batch (relative difference below 1e-5 in f32), and a
-// checkpoint written under pp resumes under one process and the other way round with moved stage boundaries.
+// embeddings, Block AttnRes, and every recompute policy under tp = 2 x pp = 2: the loss curve, the gradient norm and
+// the final parameters equal the one-process run with the same global batch (relative difference below 1e-5 in f32),
+// and a checkpoint written under pp resumes under one process and the other way round with moved stage boundaries.
 #include <gtest/gtest.h>
 
 #include "parallel/mpi/layout_match.h"
@@ -98,6 +98,61 @@ TEST(TrainerPp, MoeAuxLossMatchesOneProcess) {
     }
 }
 
+// Block AttnRes across the stages (attnres.md §7): blocks of 3 sub-layers, which every stage boundary but one cuts
+// (the running partial sum travels), with the cache and without it (every source on every hop), full AttnRes (every
+// sub-layer its own block: the most sources), and on four ranks under tp = 2 x pp = 2 (the mixes on each rank's rows).
+TEST(TrainerPp, AttnResMatchesOneProcess) {
+    const int n = dist_world().size();
+    const std::vector<std::string> block = {"attnres.mode=\"block\"", "attnres.block_size=3"};
+    std::vector<std::string> no_cache = block;
+    no_cache.emplace_back("attnres.pp_cache=false");
+    for (const Layout& l : std::vector<Layout>{{.pp = n}, {.pp = n, .virtual_stages = 2}}) {
+        expect_layout_matches(layout_name("attnres", l), l, model(block), 6);
+        expect_layout_matches(layout_name("attnres_nocache", l), l, model(no_cache), 4);
+        expect_layout_matches(layout_name("attnres_full", l), l, model({"attnres.mode=\"full\""}), 4);
+    }
+    if (n == 4) expect_layout_matches("attnres_tp2_pp2", {.tp = 2, .pp = 2}, model(block), 4);
+}
+
+// Sequence segments inside the chunks (long_context.md §4): rows of 96 tokens in three segments of 32, the hybrid
+// (KDA states and attention caches carried between segments) with document masking and an MoE model (dropless,
+// quantile balancing), under 1F1B, interleaved and (four ranks) pp = 2 x dp = 2: the chunks' re-runs rebuild their
+// caches, and every step equals one process running the same segments.
+TEST(TrainerPp, SegmentsMatchOneProcess) {
+    const int n = dist_world().size();
+    std::vector<Layout> layouts = {{.pp = n}, {.pp = n, .virtual_stages = 2}};
+    if (n == 4) layouts.push_back({.dp = 2, .pp = 2});
+    const std::vector<std::string> rows = {"train.seq_len=96", "model.max_seq_len=96", "long.segment_tokens=32"};
+    auto with = [&](std::vector<std::string> keys) {
+        keys.insert(keys.end(), rows.begin(), rows.end());
+        return model(keys);
+    };
+    {  // the chunks do run in segments
+        Trainer t(
+            mt::testing::mpi_job(mt::testing::data_dir(),
+                                 mt::testing::shared_dir("segments_bounds"),
+                                 with({"parallel.pp=" + std::to_string(n), "train.grad_accum=2", "train.steps=1"})),
+            false);
+        (void)t.train_step();
+        EXPECT_EQ(t.model().segment_bounds(), (std::vector<int64_t>{0, 32, 64, 96}));
+    }
+    for (const Layout& l : layouts) {
+        expect_layout_matches(
+            layout_name("segments_hybrid", l),
+            l,
+            with({"model.layer_pattern=\"KA\"", "kda.chunk_size=32", "data.document_mask=true", "data.eot_token=0"}),
+            4);
+        expect_layout_matches(layout_name("segments_moe", l),
+                              l,
+                              with({"moe.enabled=true",
+                                    "moe.first_k_dense=1",
+                                    "moe.num_experts=8",
+                                    "moe.top_k=2",
+                                    "moe.expert_ffn_dim=16"}),
+                              4);
+    }
+}
+
 TEST(TrainerPp, EveryRecomputePolicyUnderTensorAndPipelineParallelism) {
     if (dist_world().size() != 4) GTEST_SKIP() << "tp = 2 x pp = 2 needs four ranks";
     const Layout l{.tp = 2, .pp = 2};
@@ -120,38 +175,44 @@ TEST(TrainerPp, TensorPipelineAndDataParallelTogether) {
 }
 
 // Resharding with moved stage boundaries: a checkpoint written under pp = n (1F1B; the tied embedding's copy on the
-// last stage not written twice) resumes under one process and under pp = n with explicit, different boundaries;
+// last stage not written twice; the plain model and Block AttnRes) resumes under one process and under pp = n with
+// explicit, different boundaries;
 // the next steps equal the uninterrupted run.
 TEST(TrainerPp, CheckpointsMoveBetweenStageSplits) {
     const int n = dist_world().size(), rank = dist_world().rank();
-    const std::string dir = mt::testing::shared_dir("pp_ckpt"), data = mt::testing::data_dir();
-    auto job = [&](const std::string& run, std::vector<std::string> extra) {
-        std::vector<std::string> o = model({"model.tie_embeddings=true", "train.steps=8", "train.grad_accum=4"});
-        o.insert(o.end(), extra.begin(), extra.end());
-        return mt::testing::mpi_job(data, run, o);
-    };
-    std::vector<double> losses;
-    {
-        Trainer t(job(dir + "/pp", {"parallel.pp=" + std::to_string(n)}), false);
-        for (int step = 1; step <= 8; ++step) {
-            losses.push_back(t.train_step().loss);
-            if (step == 4) t.save_checkpoint();
+    // The plain model, and Block AttnRes (each stage holds its sub-layers' mixes; the moved split moves them).
+    for (const auto& [name, extra_keys] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+             {"pp_ckpt", {}}, {"pp_ckpt_attnres", {"attnres.mode=\"block\"", "attnres.block_size=3"}}}) {
+        const std::string dir = mt::testing::shared_dir(name), data = mt::testing::data_dir();
+        auto job = [&](const std::string& run, std::vector<std::string> extra) {
+            std::vector<std::string> o = model({"model.tie_embeddings=true", "train.steps=8", "train.grad_accum=4"});
+            o.insert(o.end(), extra_keys.begin(), extra_keys.end());
+            o.insert(o.end(), extra.begin(), extra.end());
+            return mt::testing::mpi_job(data, run, o);
+        };
+        std::vector<double> losses;
+        {
+            Trainer t(job(dir + "/pp", {"parallel.pp=" + std::to_string(n)}), false);
+            for (int step = 1; step <= 8; ++step) {
+                losses.push_back(t.train_step().loss);
+                if (step == 4) t.save_checkpoint();
+            }
         }
-    }
-    const std::string ckpt = dir + "/pp/checkpoints/step_00000004";
-    auto self = comm_make_self();
-    Trainer one(job(fmt::format("{}/one_r{}", dir, rank), {"parallel.dp=1"}), false, self.get());
-    one.load_checkpoint(ckpt);
-    // Other boundaries: the first stage takes the most layers.
-    std::string split = "pp.layers_per_stage=[" + std::to_string(8 - (n - 1));
-    for (int s = 1; s < n; ++s) split += ",1";
-    Trainer moved(job(dir + "/moved", {"parallel.pp=" + std::to_string(n), split + "]"}), false);
-    moved.load_checkpoint(ckpt);
-    for (int step = 5; step <= 8; ++step) {
-        const double expected = losses[static_cast<size_t>(step - 1)];
-        const double a = one.train_step().loss, b = moved.train_step().loss;
-        EXPECT_LT(std::abs(a - expected) / expected, 1e-5) << "pp -> one process, step " << step;
-        EXPECT_LT(std::abs(b - expected) / expected, 1e-5) << "pp -> moved boundaries, step " << step;
+        const std::string ckpt = dir + "/pp/checkpoints/step_00000004";
+        auto self = comm_make_self();
+        Trainer one(job(fmt::format("{}/one_r{}", dir, rank), {"parallel.dp=1"}), false, self.get());
+        one.load_checkpoint(ckpt);
+        // Other boundaries: the first stage takes the most layers.
+        std::string split = "pp.layers_per_stage=[" + std::to_string(8 - (n - 1));
+        for (int s = 1; s < n; ++s) split += ",1";
+        Trainer moved(job(dir + "/moved", {"parallel.pp=" + std::to_string(n), split + "]"}), false);
+        moved.load_checkpoint(ckpt);
+        for (int step = 5; step <= 8; ++step) {
+            const double expected = losses[static_cast<size_t>(step - 1)];
+            const double a = one.train_step().loss, b = moved.train_step().loss;
+            EXPECT_LT(std::abs(a - expected) / expected, 1e-5) << name << ": pp -> one process, step " << step;
+            EXPECT_LT(std::abs(b - expected) / expected, 1e-5) << name << ": pp -> moved boundaries, step " << step;
+        }
     }
 }
 
