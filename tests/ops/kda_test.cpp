@@ -225,12 +225,22 @@ KdaKernels scan_tiles(int bv) {
                          with_starts(chunked(32), {{0, 5, 6, 40}, {0}}, 70, KdaDocuments::packed),
                          KdaGateRegime::bounded,
                          true));
-    op_register(kda_case({2, 300, 2, 4, 128, 128},
-                         with_starts(chunked(), {{0, 1, 64, 100, 229, 299}, {0, 150}}, 300),
-                         KdaGateRegime::bounded,
-                         false,
-                         true,
-                         "packed cuda-tc"));
+    {
+        OpCase c = kda_case({2, 300, 2, 4, 128, 128},
+                            with_starts(chunked(), {{0, 1, 64, 100, 229, 299}, {0, 150}}, 300),
+                            KdaGateRegime::bounded,
+                            false,
+                            true,
+                            "packed cuda-tc");
+        // dv's max-abs at dg's 40x: on the H200 bf16 dv reached 0.2145 rms (20x: 0.2) at rho 1.6e-3 (budget 1e-2),
+        // while f16 gave max-abs 0.032 and f32 rho 2.2e-7, max-abs 2.7e-5 (budgets 1e-5, 2e-4): the packed path is
+        // exact and the excess is bf16 rounding of the largest elements, as dg's. With documents dst reaches only
+        // each row's last document (row 0's is the one token 299), so the tokens it feeds stand further above the
+        // tensor's rms than in the case without documents, which stays within 20x.
+        c.parity.max_abs_tensors.push_back("dv");
+        c.parity.budget_reason += "; dv max-abs 40x with documents (bf16 0.21 rms, f16 0.03, f32 exact)";
+        op_register(c);
+    }
     op_register(kda_case({1, 200, 1, 1, 64, 128}, chunked(), KdaGateRegime::floor, false, true));
     op_register(
         kda_case({1, 100, 1, 2, 128, 40}, chunked(32, KdaDiagonal::pairwise), KdaGateRegime::softplus, true, true));

@@ -1,12 +1,13 @@
-// The packed (varlen) document path of KDA on the GPU (KdaDocuments::packed, the CUDA default; ops/kda.cpp,
-// ops/cpu/kda_pack.h, the chunk_reset flags of the CUDA scans): out, st and every gradient including ds0 against
-// (a) the CPU f32 reference with the same document map (the per-document split), at the budgets of the GPU KDA parity
-// cases (tests/ops/kda_test.cpp: 1e-2 bf16, 1e-5 f32; dg with an rms floor of 1e-3 and max-abs 40x), and (b) the old
-// per-document CUDA path (KdaDocuments::split). Layouts: documents shorter than a chunk, exactly a chunk, across chunk
-// boundaries, one token long, a row of one document (no reset), B = 2 with a different layout per row; s0, st and dst
-// each defined and undefined; the bounded gate and a near-zero decay (a long memory, so a state or gradient carried
-// across a document start would be far outside the budgets); bf16 inputs (tensor-core kernels, at K = V = 128 also
-// the model-shape and shared-memory chunk kernels) and f32 inputs (fp32 kernels).
+// The packed (varlen) document path of KDA on the GPU (KdaDocuments::packed, the CUDA default unless padding would
+// more than double a row; ops/kda.cpp, ops/cpu/kda_pack.h, the chunk_reset flags of the CUDA scans): out, st and every
+// gradient including ds0 against (a) the CPU f32 reference with the same document map (the per-document split), at
+// the budgets of the GPU KDA parity cases (tests/ops/kda_test.cpp: 1e-2 bf16, 1e-5 f32; dg with an rms floor of 1e-3
+// and max-abs 40x, 60x in the layout whose comment says why), and (b) the old per-document CUDA path
+// (KdaDocuments::split). Layouts: documents shorter than a chunk, exactly a chunk, across chunk boundaries, one token
+// long, a row of one document (no reset), B = 2 with a different layout per row; s0, st and dst each defined and
+// undefined; the bounded gate and a near-zero decay (a long memory, so a state or gradient carried across a document
+// start would be far outside the budgets); bf16 inputs (tensor-core kernels, at K = V = 128 also the model-shape and
+// shared-memory chunk kernels) and f32 inputs (fp32 kernels).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -25,10 +26,20 @@ struct Layout {
     const char* name;
     KdaShape shape;  // b and t must match starts
     Starts starts;
+    // dg's max-abs against the CPU, in units of the rho budget: 40 as the KDA parity cases (kda_test.cpp: a reverse
+    // cumsum, heavy-tailed bf16 errors), unless a layout says why.
+    double dg_max_abs_factor = 40.0;
 };
 
 const Layout kLayouts[] = {
-    {"short_onetoken_singlerow", {2, 150, 2, 4, 128, 128}, {{0, 10, 30, 31, 94}, {0}}},
+    // dg max-abs 60x: with dst, bf16 dg reached 0.509 and 0.511 rms on the H200 (40x: 0.4) at rho 2.1e-3 (budget
+    // 1e-2); without dst 0.07 to 0.22, and in f32 rho <= 1.6e-6 and max-abs <= 3.7e-5 (budgets 1e-5, 4e-4): exact,
+    // the excess is bf16 rounding of dg's largest elements. The only layout at K = V = 128 (sums of 128 state terms
+    // per dg element), and dst reaches only each row's last document: row 1's single document of 150 tokens, whose
+    // dg is a reverse cumsum over all of them, beside row 0's documents of 1 to 63 tokens with short sums and a lower
+    // rms. (Measured on the split, which automatic ran; the packed path was within rho 1e-3 and max-abs 0.02 rms of
+    // the split in MatchesThePerDocumentPath.)
+    {"short_onetoken_singlerow", {2, 150, 2, 4, 128, 128}, {{0, 10, 30, 31, 94}, {0}}, 60.0},
     {"wholechunks_crossing", {2, 256, 1, 2, 64, 64}, {{0, 64, 128, 192}, {0, 1, 100, 255}}},
     {"crossing_tiny", {2, 300, 1, 2, 64, 64}, {{0, 37, 38, 39, 150, 299}, {0, 63, 130}}},
 };
@@ -78,7 +89,7 @@ Pass run(const KdaInputs& in, DType dt, core::Device device, KdaOptions options,
     return r;
 }
 
-// Every case: layout x (s0, st, dst) x gate regime x dtype, calling fn(what, inputs, options, use, dtype).
+// Every case: layout x (s0, st, dst) x gate regime x dtype, calling fn(what, layout, inputs, options, use, dtype).
 template <typename Fn>
 void each_case(Fn&& fn) {
     for (const Layout& l : kLayouts) {
@@ -96,7 +107,7 @@ void each_case(Fn&& fn) {
                                                          use.dst,
                                                          core::dtype_name(dt));
                     SCOPED_TRACE(what);
-                    fn(what, in, options, use, dt);
+                    fn(what, l, in, options, use, dt);
                 }
             }
         }
@@ -105,10 +116,15 @@ void each_case(Fn&& fn) {
 
 TEST(GpuKdaVarlen, MatchesTheCpuReference) {
     if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
-    each_case([](const std::string& what, const KdaInputs& in, KdaOptions options, Use use, DType dt) {
+    each_case([](const std::string& what, const Layout& l, const KdaInputs& in, KdaOptions options, Use use, DType dt) {
         const Pass ref = run(in, dt, core::Device::cpu, options, use);  // the CPU's default: the split
         EXPECT_EQ(ref.chosen, "cpu-chunked");
-        const Pass got = run(in, dt, core::Device::cuda, options, use);  // the GPU's default: packed
+        // The packed path by name: automatic splits a row whose padding would more than double it (ops/kda.cpp
+        // split_instead, docs/long_context.md), as short_onetoken_singlerow's first row (5 documents: 5 chunks, 320
+        // packed tokens for 150), and this test is about the packed kernels. Automatic's choice has its own test
+        // below.
+        options.documents = KdaDocuments::packed;
+        const Pass got = run(in, dt, core::Device::cuda, options, use);
         EXPECT_EQ(got.chosen.rfind("packed cuda-", 0), 0u) << got.chosen;
         ASSERT_EQ(got.tensors.size(), ref.tensors.size());
         const double budget = dt == DType::f32 ? 1e-5 : 1e-2;
@@ -121,7 +137,7 @@ TEST(GpuKdaVarlen, MatchesTheCpuReference) {
                              ref.tensors[i].second,
                              budget,
                              dg ? 1e-3 : 1e-6,
-                             dg ? 40.0 : kMaxAbsFactor);
+                             dg ? l.dg_max_abs_factor : kMaxAbsFactor);
         }
     });
 }
@@ -160,7 +176,7 @@ TEST(GpuKdaVarlen, AutomaticSplitsWhenPaddingWouldMoreThanDouble) {
 
 TEST(GpuKdaVarlen, MatchesThePerDocumentPath) {
     if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
-    each_case([](const std::string& what, const KdaInputs& in, KdaOptions options, Use use, DType dt) {
+    each_case([](const std::string& what, const Layout&, const KdaInputs& in, KdaOptions options, Use use, DType dt) {
         options.documents = KdaDocuments::split;
         const Pass split = run(in, dt, core::Device::cuda, options, use);
         EXPECT_EQ(split.chosen.find("packed"), std::string::npos) << split.chosen;
