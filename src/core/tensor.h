@@ -96,7 +96,7 @@ class Tensor {
     // This tensor's elements on the host, same dtype and strides (a device view's strided bytes copied once; a host
     // tensor itself; a contiguous device one as to_device).
     Tensor on_host() const;
-    double item() const;                    // value of a one-element tensor as double
+    double item() const;  // value of a one-element tensor as double
     double at(const std::vector<int64_t>& index) const;
 
    private:
