@@ -474,6 +474,12 @@ RunEnd Trainer::run() {
                 fields["pp/bubble"] = r.pp_bubble;
                 fields["pp/wait_seconds"] = r.pp_wait_seconds;
                 fields["pp/compute_seconds"] = r.pp_compute_seconds;
+                for (size_t s = 0; s < r.pp_stage_compute_seconds.size(); ++s) {  // per stage: pp/<stat>/s<stage>
+                    const std::string stage = fmt::format("/s{}", s);
+                    fields["pp/wait_seconds" + stage] = r.pp_stage_wait_seconds[s];
+                    fields["pp/compute_seconds" + stage] = r.pp_stage_compute_seconds[s];
+                    if (s < r.pp_stage_mem_peak.size()) fields["pp/mem_peak" + stage] = r.pp_stage_mem_peak[s];
+                }
             }
             if (scaler_.dynamic()) {
                 fields["loss_scale"] = r.loss_scale;

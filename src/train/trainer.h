@@ -34,6 +34,9 @@ struct StepResult {
     // Pipeline parallelism: the ideal schedule's idle fraction, and this rank's seconds waiting for activations or
     // gradients from the neighbouring stages and running its chunks (re-runs of forwards included).
     double pp_bubble = 0.0, pp_wait_seconds = 0.0, pp_compute_seconds = 0.0;
+    // The same per stage of this rank's pipeline (index: the stage), and each stage's peak memory in bytes.
+    std::vector<double> pp_stage_wait_seconds, pp_stage_compute_seconds;
+    std::vector<int64_t> pp_stage_mem_peak;
     std::vector<std::pair<int64_t, nn::MoeStepMetrics>> moe;  // per MoE layer (block index), this step's routing
     // Memory at the end of the step, in bytes (the backend's statistics, core/backend.h; each the largest over the
     // ranks): handed out now, held from the driver, the most handed out at once during the step, and that peak less

@@ -40,6 +40,11 @@ void Trainer::memory_step_end(StepResult& r) {
     // matters. Doubles hold byte counts exactly up to 2^53.
     std::array<double, 5> v = {
         allocated, reserved, peak, peak - static_cast<double>(state_bytes()), total > 0 ? reserved / total : 0.0};
+    if (pipelined()) {  // each stage's own peak (the stages hold different layers)
+        std::vector<double> stages(static_cast<size_t>(mesh_->size(parallel::MeshAxis::pp)));
+        mesh_->group(parallel::MeshGroup::pp).all_gather(&peak, stages.data(), 1, parallel::CommType::f64).wait();
+        r.pp_stage_mem_peak.assign(stages.begin(), stages.end());
+    }
     parallel::Comm& world = mesh_->world();
     if (world.size() > 1)
         world.all_reduce(v.data(), static_cast<int64_t>(v.size()), parallel::CommType::f64, parallel::ReduceOp::max)

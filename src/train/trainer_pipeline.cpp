@@ -12,6 +12,7 @@
 // upstream (attnres.md §7). Each rank keeps a carry per micro-batch in flight (nn::AttnResCarry) holding every
 // source it received or produced, and a hop sends only those the receiver lacks (attnres.pp_cache); the backward
 // sends the gradients of the same sources back once each.
+#include <array>
 #include <chrono>
 #include <map>
 
@@ -223,9 +224,23 @@ double Trainer::pipeline_micro_batches(const std::vector<double>& weights, doubl
     r.pp_bubble = parallel::pipeline_bubble(stages, v, micros);
     r.pp_wait_seconds = waited;
     r.pp_compute_seconds = computed;
-    // The last stage holds the loss, each stage its MoE layers' aux loss: summed over the pipeline.
-    r.aux_loss = parallel::comm_all_reduce_sum(mesh_->group(parallel::MeshGroup::pp), r.aux_loss);
-    return parallel::comm_all_reduce_sum(mesh_->group(parallel::MeshGroup::pp), loss);
+    // One gather over the pipeline: each stage's times (reported per stage), its MoE layers' aux loss and the last
+    // stage's loss (both summed over the stages, in stage order).
+    const std::array<double, 4> mine = {waited, computed, r.aux_loss, loss};
+    std::vector<double> all(mine.size() * static_cast<size_t>(stages));
+    mesh_->group(parallel::MeshGroup::pp)
+        .all_gather(mine.data(), all.data(), static_cast<int64_t>(mine.size()), parallel::CommType::f64)
+        .wait();
+    r.pp_stage_wait_seconds.assign(static_cast<size_t>(stages), 0.0);
+    r.pp_stage_compute_seconds.assign(static_cast<size_t>(stages), 0.0);
+    r.aux_loss = loss = 0.0;
+    for (size_t s = 0; s < static_cast<size_t>(stages); ++s) {
+        r.pp_stage_wait_seconds[s] = all[4 * s];
+        r.pp_stage_compute_seconds[s] = all[4 * s + 1];
+        r.aux_loss += all[4 * s + 2];
+        loss += all[4 * s + 3];
+    }
+    return loss;
 }
 
 double Trainer::pipeline_evaluate(const core::Tensor& ids, const core::Tensor& targets) {

@@ -5,6 +5,8 @@
 // and a checkpoint written under pp resumes under one process and the other way round with moved stage boundaries.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "parallel/mpi/layout_match.h"
 #include "parallel/mpi/mpi_job.h"
 #include "parallel/pipeline_schedule.h"
@@ -259,4 +261,34 @@ TEST(TrainerPp, CheckpointsReshardBetweenTensorPipelineAndDataLayouts) {
             EXPECT_LT(std::abs(b - expected) / expected, 1e-5) << name << " -> pp = 2 x dp = 2, step " << step;
         }
     }
+}
+
+// Per-stage reporting: every train line of metrics.jsonl carries each stage's wait and compute seconds and peak
+// memory (pp/<stat>/s<k>), the bubble, and a compute time above zero on every stage.
+TEST(TrainerPp, ReportsEachStagesTimeAndMemory) {
+    const int n = dist_world().size();
+    const std::string dir = mt::testing::shared_dir("pp_stage_metrics");
+    Trainer t(mt::testing::mpi_job(mt::testing::data_dir(),
+                                   dir,
+                                   model({"train.steps=2", "train.grad_accum=2", "parallel.pp=" + std::to_string(n)})),
+              false);
+    t.run();
+    if (dist_world().rank() != 0) return;
+    std::ifstream in(dir + "/metrics.jsonl");
+    ASSERT_TRUE(in);
+    int lines = 0;
+    for (std::string line; std::getline(in, line);) {
+        const nlohmann::json j = nlohmann::json::parse(line);
+        if (j.at("kind") != "train") continue;
+        ++lines;
+        EXPECT_NEAR(j.at("pp/bubble").get<double>(), (n - 1.0) / (2.0 + n - 1.0), 1e-12);
+        for (int s = 0; s < n; ++s) {
+            const std::string k = "/s" + std::to_string(s);
+            EXPECT_GT(j.at("pp/compute_seconds" + k).get<double>(), 0.0) << k;
+            EXPECT_GE(j.at("pp/wait_seconds" + k).get<double>(), 0.0) << k;
+            EXPECT_GT(j.at("pp/mem_peak" + k).get<double>(), 0.0) << k;
+        }
+        EXPECT_FALSE(j.contains("pp/compute_seconds/s" + std::to_string(n)));
+    }
+    EXPECT_EQ(lines, 2);
 }
