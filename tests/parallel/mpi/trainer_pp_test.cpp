@@ -116,6 +116,27 @@ TEST(TrainerPp, AttnResMatchesOneProcess) {
     if (n == 4) expect_layout_matches("attnres_tp2_pp2", {.tp = 2, .pp = 2}, model(block), 4);
 }
 
+// Every layer type together under the pipeline: the KDA/attention hybrid with document masking, MoE FFNs with a
+// shared expert and Block AttnRes (blocks of 3), interleaved over n stages and on four ranks tp = 2 x pp = 2 and
+// ep = 2 x pp = 2.
+TEST(TrainerPp, EveryLayerTypeTogetherMatchesOneProcess) {
+    const int n = dist_world().size();
+    const std::vector<std::string> all = model({"model.layer_pattern=\"KA\"",
+                                                "data.document_mask=true",
+                                                "data.eot_token=0",
+                                                "moe.enabled=true",
+                                                "moe.first_k_dense=1",
+                                                "moe.num_experts=8",
+                                                "moe.top_k=2",
+                                                "moe.num_shared_experts=1",
+                                                "moe.expert_ffn_dim=16",
+                                                "attnres.mode=\"block\"",
+                                                "attnres.block_size=3"});
+    std::vector<Layout> layouts = {{.pp = n, .virtual_stages = 2}};
+    if (n == 4) layouts.insert(layouts.end(), {{.tp = 2, .pp = 2}, {.ep = 2, .pp = 2}});
+    for (const Layout& l : layouts) expect_layout_matches(layout_name("together", l), l, all, 4);
+}
+
 // Sequence segments inside the chunks (long_context.md §4): rows of 96 tokens in three segments of 32, the hybrid
 // (KDA states and attention caches carried between segments) with document masking and an MoE model (dropless,
 // quantile balancing), under 1F1B, interleaved and (four ranks) pp = 2 x dp = 2: the chunks' re-runs rebuild their
