@@ -75,6 +75,11 @@ struct MetricsConfig {
     double memory_warning = 0.95;  // warn when the memory reserved exceeds this fraction of the device's
 };
 
+// [health]: what keeps a long job observable to a supervisor (operations.md).
+struct HealthConfig {
+    double heartbeat_s = 5.0;  // seconds between a rank's heartbeat writes while a step runs; 0: no heartbeat files
+};
+
 // [parallel]: the device mesh (src/parallel/mesh.h) and how data-parallel gradients are reduced.
 struct ParallelConfig {
     int64_t tp = 1;
@@ -124,6 +129,7 @@ struct JobConfig {
     OptimConfig optim;
     CheckpointConfig checkpoint;
     MetricsConfig metrics;
+    HealthConfig health;
     MoeRunConfig moe;
     ParallelConfig parallel;
     LongConfig long_ctx;  // [long] (`long` is a C++ keyword)

@@ -75,6 +75,7 @@ const std::map<std::string, std::string>& section_notes() {
         {"checkpoint",
          "When checkpoints are written, which are kept, and how a resume checks them (docs/training.md)."},
         {"metrics", "The JSONL log."},
+        {"health", "Heartbeats for a supervisor ([operations.md](operations.md))."},
         {"long",
          "Long-context training (docs/long_context.md). The context-length curriculum is an array of tables, one "
          "`[[long.stages]]` per stage, run in order and switched on tokens seen: `seq_len` (int >= 1, increasing "

@@ -448,6 +448,13 @@ std::vector<Field> config_schema(JobConfig& c) {
                      "a `memory_warning` event and a warning line when `mem/reserved` goes above this fraction of the "
                      "device's memory (the GPU's, or the machine's RAM on the CPU), once each time it crosses "
                      "(docs/training.md); 1 = never"),
+        number("health.heartbeat_s",
+               &c.health.heartbeat_s,
+               0,
+               3600,
+               "every rank rewrites `<run.dir>/heartbeat/rank_<r>.json` (step, phase, time) at each step end and at "
+               "least this often while a step runs, for a supervisor to tell a slow step from a hung one "
+               "([operations.md](operations.md)); 0: no heartbeat files"),
         integer("parallel.tp",
                 &p.tp,
                 1,

@@ -270,6 +270,7 @@ StepResult Trainer::train_step() {
     r.loss_scale = scaler_.scale();
     model_->params().zero_grads();
     model_->set_train_step(step_);
+    beat_phase(Phase::data);
     if (batches_step_ != step_) read_step_batches();  // step_status reads them ahead when the run loop calls it
     // The loss is the mean cross-entropy over the supervised tokens of the whole global batch (long_context.md §5):
     // N_global, counted over every micro-batch and data rank before the first forward (the labels are known), and
@@ -298,15 +299,18 @@ StepResult Trainer::train_step() {
     // The last micro-batch's backward hands each bucket of complete gradients to the reduction as it goes.
     for (int64_t micro = 0; micro < t.grad_accum && !pipelined(); ++micro) {
         const double weight = weights[static_cast<size_t>(micro)];
+        beat_phase(Phase::forward);
         r.loss += model_->forward(step_inputs_.select(0, micro), step_targets_.select(0, micro)) * weight /
                   static_cast<double>(t.grad_accum);
         r.aux_loss += model_->last_aux_loss() / static_cast<double>(t.grad_accum);
         const bool last = micro + 1 == t.grad_accum;
         if (last && grad_sync_->active())
             model_->set_grad_ready_hook([this](int first) { grad_sync_->grads_ready(first); });
+        beat_phase(Phase::backward);
         model_->backward(r.loss_scale * weight / micro_divisor);
         model_->set_grad_ready_hook({});
     }
+    beat_phase(Phase::optimizer);  // the gradient reduction, the norm and the update
     r.comm_seconds = grad_sync_->finish();
     reduce_kv_replicas();
     r.buckets_overlapped = grad_sync_->buckets_overlapped();
@@ -345,6 +349,7 @@ StepResult Trainer::train_step() {
 }
 
 double Trainer::evaluate() {
+    beat_phase(Phase::eval);
     const auto& t = cfg_.train;
     const data::Sampler& sampler = val_sampler_ ? *val_sampler_ : *train_sampler_;
     // The data-parallel ranks share the batches round-robin; the sum over ranks is the single-process sum. Under
@@ -423,6 +428,17 @@ RunEnd Trainer::run() {
     }
     long_prepare_step();
     check_validation_data();
+    // Heartbeats (operations.md §1) while the loop runs: every rank's file, once rank 0 has prepared the run dir.
+    struct StopBeats {
+        std::unique_ptr<Heartbeat>& beats;
+        ~StopBeats() {
+            beats.reset();
+        }
+    } stop_beats{heartbeat_};
+    if (cfg_.health.heartbeat_s > 0) {
+        mesh_->world().barrier();
+        heartbeat_ = std::make_unique<Heartbeat>(cfg_.run.dir, mesh_->world().rank(), step_, cfg_.health.heartbeat_s);
+    }
     double elapsed = 0.0;
     int64_t timed_steps = 0, timed_tokens = 0;  // tokens: a curriculum changes the tokens of a step
     while (step_ < t.steps) {
@@ -430,6 +446,7 @@ RunEnd Trainer::run() {
         if (stage_started_) long_stage_start();
         comm_step_begin();
         const StepResult r = train_step();
+        if (heartbeat_) heartbeat_->step_end(step_, r.seconds);
         // The first step pays for allocation; leave it out of the rate once others exist.
         if (step_ > 1 || t.steps == 1) {
             elapsed += r.seconds;

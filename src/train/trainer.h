@@ -17,6 +17,7 @@
 #include "parallel/mesh.h"
 #include "train/checkpoint_io.h"
 #include "train/config.h"
+#include "train/heartbeat.h"
 #include "train/metrics.h"
 
 namespace mt::train {
@@ -260,6 +261,10 @@ class Trainer {
     std::unique_ptr<data::TokenSource> train_source_, val_source_;
     std::unique_ptr<data::Sampler> train_sampler_, val_sampler_;
     std::unique_ptr<MetricsLog> metrics_;
+    std::unique_ptr<Heartbeat> heartbeat_;  // while run() runs, with health.heartbeat_s > 0
+    void beat_phase(Phase p) {
+        if (heartbeat_) heartbeat_->set_phase(p);
+    }
     core::Tensor inputs_, targets_;  // [B, T] i32
     // Reads every micro-batch of step_ into step_inputs_ / step_targets_ (step_status does it ahead of the step;
     // train_step when nobody did).

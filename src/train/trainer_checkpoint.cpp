@@ -159,6 +159,7 @@ std::array<std::pair<const char*, core::Tensor>, 2> moments(const optim::AdamW& 
 }  // namespace
 
 void Trainer::save_checkpoint() {
+    beat_phase(Phase::checkpoint);
     const auto start = std::chrono::steady_clock::now();
     // Every rank writes what it alone holds and each replicated tensor is written once (conventions §5.2): dense
     // parameters by the first rank of dp_span, this rank's experts by the first rank of its edp group (as a box of

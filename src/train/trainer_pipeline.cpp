@@ -161,6 +161,7 @@ double Trainer::pipeline_micro_batches(const std::vector<double>& weights, doubl
         const core::Tensor ids = step_inputs_.select(0, m), targets = step_targets_.select(0, m);
         const bool first = model_->chunk_has_embedding(c), last = model_->chunk_has_head(c);
         nn::AttnResCarry* carry = attnres ? &carries[m] : nullptr;
+        beat_phase(op.forward ? Phase::forward : Phase::backward);
         model_->set_attnres_carry(carry);
         if (op.forward) {
             core::Tensor input;
