@@ -17,5 +17,6 @@ void register_inspect(CLI::App& app);
 void register_grad_dump(CLI::App& app);
 void register_config(CLI::App& app);
 void register_plan(CLI::App& app);
+void register_supervise(CLI::App& app);
 
 }  // namespace mt::cli

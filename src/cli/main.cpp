@@ -1,7 +1,7 @@
-// moetrain command line: `moetrain train|data|inspect|grad-dump|config|plan ...`. Every failure ends here with one
-// message on stderr ("moetrain: error: ...", then a HINT line when there is one) and its exit code. Under mpirun the
-// message is printed once: rank 0 prints at once; another rank waits a moment first, because an error that every
-// rank hits together (a bad config, a non-finite loss) is printed by rank 0, whose MPI_Abort then ends the job; a
+// moetrain command line: `moetrain train|data|inspect|grad-dump|config|plan|supervise ...`. Every failure ends here
+// with one message on stderr ("moetrain: error: ...", then a HINT line when there is one) and its exit code. Under
+// mpirun the message is printed once: rank 0 prints at once; another rank waits a moment first, because an error that
+// every rank hits together (a bad config, a non-finite loss) is printed by rank 0, whose MPI_Abort then ends the job; a
 // rank whose error is its own prints it with its rank after the wait and ends the whole job (MPI_Abort with the
 // same code), so no rank waits forever.
 #include <time.h>
@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
     mt::cli::register_grad_dump(app);
     mt::cli::register_config(app);
     mt::cli::register_plan(app);
+    mt::cli::register_supervise(app);
     int code = 0;
     bool failed = true;
     try {
