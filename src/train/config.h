@@ -72,6 +72,11 @@ struct CheckpointConfig {
 struct MetricsConfig {
     int64_t every = 1;
     bool jsonl = true;
+    // The file views (docs/operations.md). Off by default, as in torchtitan and Megatron-LM, where TensorBoard
+    // is asked for; the HTTP endpoint of conventions §8 (metrics.prometheus) is a later step.
+    bool tensorboard = false;
+    bool prometheus_file = false;
+    bool prometheus_per_expert = false;
     double memory_warning = 0.95;  // warn when the memory reserved exceeds this fraction of the device's
 };
 

@@ -441,6 +441,18 @@ std::vector<Field> config_schema(JobConfig& c) {
              "200 MB; sizes are always checked, and loaded weights must be finite either way)"),
         integer("metrics.every", &x.every, 1, 1e12, "steps between `train` lines in metrics.jsonl"),
         flag("metrics.jsonl", &x.jsonl, "write `<run.dir>/metrics.jsonl`"),
+        flag("metrics.tensorboard",
+             &x.tensorboard,
+             "write TensorBoard event files to `<run.dir>/tb/`: one event per `train` and `eval` line, all of its "
+             "scalars ([operations.md](operations.md))"),
+        flag("metrics.prometheus_file",
+             &x.prometheus_file,
+             "rewrite `<run.dir>/metrics.prom` (Prometheus text format 0.0.4, for node_exporter's textfile "
+             "collector) at each `train` and `eval` line ([operations.md](operations.md))"),
+        flag("metrics.prometheus_per_expert",
+             &x.prometheus_per_expert,
+             "also one Prometheus sample per expert for the per-expert loads (`moe/load/lNN`, see "
+             "`moe.log_loads_every`); off because the series count is experts x layers"),
         number_above("metrics.memory_warning",
                      &x.memory_warning,
                      0,

@@ -1,5 +1,5 @@
 // JSONL metrics writer: one write(2) per line on an O_APPEND descriptor, with the file cut back to the line
-// boundary when a write fails part-way.
+// boundary when a write fails part-way; then the views of train and eval lines.
 #include "train/metrics.h"
 
 #include <fcntl.h>
@@ -12,6 +12,8 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "train/prometheus.h"
+#include "train/tensorboard.h"
 
 namespace mt::train {
 
@@ -48,7 +50,18 @@ off_t cut_torn_tail(int fd, const std::string& path) {
 
 }  // namespace
 
-MetricsLog::MetricsLog(const std::string& path) : path_(path) {
+std::string metric_path(const std::string& kind, const std::string& key) {
+    if (key.find('/') != std::string::npos) return key;
+    if (kind == "eval" && key.starts_with("val_")) return "eval/" + key.substr(4);
+    return kind + "/" + key;
+}
+
+MetricsLog::MetricsLog(const std::string& path, const MetricsViews& views) : path_(path) {
+    if (!views.tensorboard_dir.empty())
+        tensorboard_ = std::make_unique<TensorBoardWriter>(views.tensorboard_dir, unix_seconds());
+    if (!views.prometheus_path.empty())
+        prometheus_ = std::make_unique<PrometheusFile>(
+            views.prometheus_path, PrometheusOptions{.job = views.job, .per_expert = views.prometheus_per_expert});
     if (path.empty()) return;
     fd_ = ::open(path.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0)
@@ -70,8 +83,16 @@ MetricsLog::~MetricsLog() {
 }
 
 void MetricsLog::write(int64_t step, const std::string& kind, const nlohmann::json& fields) {
-    if (fd_ < 0) return;
-    nlohmann::json line = {{"step", step}, {"time", unix_seconds()}, {"kind", kind}};
+    // One time for the line and its views. The JSONL first: it is the source of truth.
+    const double time = unix_seconds();
+    if (fd_ >= 0) write_jsonl(step, time, kind, fields);
+    if (kind != "train" && kind != "eval") return;
+    if (tensorboard_) tensorboard_->write(step, time, tensorboard_scalars(kind, fields));
+    if (prometheus_) prometheus_->update({.kind = kind, .step = step, .fields = fields});
+}
+
+void MetricsLog::write_jsonl(int64_t step, double time, const std::string& kind, const nlohmann::json& fields) {
+    nlohmann::json line = {{"step", step}, {"time", time}, {"kind", kind}};
     nlohmann::json nonfinite = nlohmann::json::array();
     for (const auto& [key, value] : fields.items()) {
         if (value.is_number_float() && !std::isfinite(value.get<double>())) {

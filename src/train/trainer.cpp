@@ -373,7 +373,12 @@ RunEnd Trainer::run() {
     // Conventions §7: only world rank 0 writes files; the values it logs are already reduced over the ranks.
     const bool writer = mesh_->world().rank() == 0;
     if (writer) run_dir_prepare(cfg_.run.dir, cfg_.source);
-    metrics_ = std::make_unique<MetricsLog>(cfg_.metrics.jsonl && writer ? cfg_.run.dir + "/metrics.jsonl" : "");
+    MetricsViews views;
+    if (writer && cfg_.metrics.tensorboard) views.tensorboard_dir = cfg_.run.dir + "/tb";
+    if (writer && cfg_.metrics.prometheus_file) views.prometheus_path = cfg_.run.dir + "/metrics.prom";
+    views.job = cfg_.run.name;
+    views.prometheus_per_expert = cfg_.metrics.prometheus_per_expert;
+    metrics_ = std::make_unique<MetricsLog>(cfg_.metrics.jsonl && writer ? cfg_.run.dir + "/metrics.jsonl" : "", views);
     const int64_t state_total = optimizer_state_bytes_total();
     // The model's parameters at their global shapes (an expert-parallel rank holds only its experts).
     int64_t n_params = 0;
