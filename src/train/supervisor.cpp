@@ -206,7 +206,13 @@ int supervise(const SuperviseOptions& o) {
         }
         const int code = exit_code_of(status);
         const Clock::time_point failed = Clock::now();
-        for (const auto& [rank, beat] : read_heartbeats(o.run_dir)) last_step = std::max(last_step, beat.first);
+        // Where the job was: the newest step, and the phase of the rank furthest behind (the one a hang waits on).
+        std::string phase;
+        int64_t behind = -1;
+        for (const auto& [rank, beat] : read_heartbeats(o.run_dir)) {
+            last_step = std::max(last_step, beat.first);
+            if (behind < 0 || beat.first < behind) behind = beat.first, phase = beat.second;
+        }
         MetricsLog log(o.run_dir + "/metrics.jsonl");
         if (recovered_after)
             log.write(resumed,
@@ -243,6 +249,7 @@ int supervise(const SuperviseOptions& o) {
                    {"last_step", last_step},
                    {"resumed_step", std::max<int64_t>(next, 0)},
                    {"steps_lost", std::max<int64_t>(last_step - std::max<int64_t>(next, 0), 0)},
+                   {"phase", phase},
                    {"downtime_s", seconds_since(failed)},
                    {"attempt", attempt + 1}});
         std::fprintf(stderr,

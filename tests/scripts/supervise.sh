@@ -84,4 +84,51 @@ grep -q '"event":"stopped"' term/metrics.jsonl || fail "term: no stopped event"
 grep -q '"event":"restart"' term/metrics.jsonl && fail "term: restarted after a stop"
 echo "ok (8): SIGTERM stops the job with a checkpoint"
 
+# 6. Seventeen more kills, twenty in all: twelve of the single process at steps apart by 1-3 with a checkpoint every
+# step (so that kills land in checkpoint writes too: a checkpoint without DONE is never resumed from), and five of
+# one rank of an `mpirun -np 4` job (mpirun then ends the job). Both end bitwise equal to their uninterrupted runs.
+# kill_trials DIR N SUP_PID: N SIGKILLs of a random rank's trainer, each once the job has gone 1-3 steps past the last.
+kill_trials() {
+  local dir=$1 n=$2 sup=$3 ranks=$4 k at=0 rank pid
+  for ((k = 0; k < n; ++k)); do
+    at=$((at + 1 + RANDOM % 3))
+    wait_for 180 bash -c "s=\$(beat_step $dir); [[ -n \$s && \$s -ge $at ]]" || { fail "$dir: no step $at"; return; }
+    rank=$((RANDOM % ranks))
+    pid=$(grep -o '"pid":[0-9]*' "$dir/heartbeat/rank_$rank.json" | tr -dc 0-9)
+    kill -0 "$sup" 2> /dev/null || { fail "$dir: the supervisor ended early"; return; }
+    kill -KILL "$pid" 2> /dev/null
+    at=$(beat_step $dir)
+  done
+}
+MANY=("${COMMON[@]}" --set train.batch_size=4 --set train.seq_len=64 --set train.steps=60
+      --set checkpoint.every_steps=1 --set checkpoint.keep_last=2 --set health.heartbeat_s=0.2)
+last=$(printf 'checkpoints/step_%08d' 60)
+"$BIN" train "${MANY[@]}" --set run.dir=many_straight > many_straight.out 2>&1 || fail "many: the uninterrupted run"
+"$BIN" supervise --backoff 0.05 --max-restarts 20 --hang-timeout 120 -- "$BIN" train "${MANY[@]}" --set run.dir=many > many.out 2> many.err &
+sup=$!
+kill_trials many 12 $sup 1
+wait_exit $sup 600
+rc=$?
+[[ $rc -eq 0 ]] || fail "many: exit $rc: $(tail -3 many.err)"
+cmp -s many_straight/$last/rank_00000.safetensors many/$last/rank_00000.safetensors || fail "many: final weights differ"
+n=$(grep -c '"event":"restart"' many/metrics.jsonl)
+[[ $n -eq 12 ]] || fail "many: $n restart events for 12 kills"
+echo "ok (0): 12 kills of the single process: $n restarts ($(grep -c '"event":"restart".*"phase":"checkpoint"' many/metrics.jsonl) in a checkpoint write), final weights equal"
+
+MPI=(mpirun --allow-run-as-root --oversubscribe -np 4)
+"${MPI[@]}" "$BIN" train "${MANY[@]}" --set run.dir=mpi_straight > mpi_straight.out 2>&1 || fail "mpi: the uninterrupted run"
+"$BIN" supervise --backoff 0.05 --max-restarts 20 --hang-timeout 120 -- "${MPI[@]}" "$BIN" train "${MANY[@]}" --set run.dir=mpi \
+  > mpi.out 2> mpi.err &
+sup=$!
+kill_trials mpi 5 $sup 4
+wait_exit $sup 600
+rc=$?
+[[ $rc -eq 0 ]] || fail "mpi: exit $rc: $(tail -3 mpi.err)"
+for f in mpi_straight/$last/*.safetensors; do
+  cmp -s "$f" "mpi/$last/$(basename "$f")" || fail "mpi: final $(basename "$f") differs from the uninterrupted run"
+done
+n=$(grep -c '"event":"restart"' mpi/metrics.jsonl)
+[[ $n -eq 5 ]] || fail "mpi: $n restart events for 5 kills"
+echo "ok (0): 5 kills of one rank of mpirun -np 4: $n restarts, final weights equal"
+
 finish supervise
