@@ -83,6 +83,11 @@ struct MetricsConfig {
 // [health]: what keeps a long job observable to a supervisor (operations.md).
 struct HealthConfig {
     double heartbeat_s = 5.0;  // seconds between a rank's heartbeat writes while a step runs; 0: no heartbeat files
+    // The spike detector (operations.md §4): robust z-scores of the loss and the gradient norm over a window.
+    std::string spike_action = "log";  // off | log (skip and rollback: not built yet)
+    int64_t spike_window = 100;
+    double spike_z = 6.0;
+    int64_t spike_warmup = 100;
 };
 
 // [parallel]: the device mesh (src/parallel/mesh.h) and how data-parallel gradients are reduced.

@@ -467,6 +467,24 @@ std::vector<Field> config_schema(JobConfig& c) {
                "every rank rewrites `<run.dir>/heartbeat/rank_<r>.json` (step, phase, time) at each step end and at "
                "least this often while a step runs, for a supervisor to tell a slow step from a hung one "
                "([operations.md](operations.md)); 0: no heartbeat files"),
+        text("health.spike_action",
+             &c.health.spike_action,
+             "the loss and gradient-norm spike detector ([operations.md](operations.md)): `log` writes a "
+             "`loss_spike` / `grad_spike` event and a warning line; `off` does not look (`skip` and `rollback` are "
+             "not built yet)",
+             {"off", "log"}),
+        integer("health.spike_window", &c.health.spike_window, 3, 1e6, "steps in the detector's window"),
+        number_above("health.spike_z",
+                     &c.health.spike_z,
+                     0,
+                     1e6,
+                     "a spike: the robust z-score (x - median) / (1.4826 MAD) of the step's loss or gradient norm "
+                     "against the window above this"),
+        integer("health.spike_warmup",
+                &c.health.spike_warmup,
+                0,
+                1e12,
+                "steps judged by nobody first (the early loss falls too fast for a window)"),
         integer("parallel.tp",
                 &p.tp,
                 1,

@@ -452,6 +452,7 @@ RunEnd Trainer::run() {
         comm_step_begin();
         const StepResult r = train_step();
         if (heartbeat_) heartbeat_->step_end(step_, r.seconds);
+        const SpikeStep spikes = observe_spikes(r);
         // The first step pays for allocation; leave it out of the rate once others exist.
         if (step_ > 1 || t.steps == 1) {
             elapsed += r.seconds;
@@ -512,8 +513,10 @@ RunEnd Trainer::run() {
             add_moe_metrics(r, fields);
             add_long_metrics(fields);
             add_comm_metrics(fields);
+            add_health_metrics(spikes, fields);
             metrics_->write(step_, "train", fields);
         }
+        handle_spike_events(spikes, r);
         handle_memory_events(r);
         handle_moe_events(r);
         const bool last = step_ == t.steps;

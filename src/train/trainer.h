@@ -19,6 +19,7 @@
 #include "train/config.h"
 #include "train/heartbeat.h"
 #include "train/metrics.h"
+#include "train/spike_detector.h"
 
 namespace mt::train {
 
@@ -219,6 +220,15 @@ class Trainer {
     // trainer_moe.cpp: the MoE layers' metrics fields, warning/alarm events, and balancer checkpoint state.
     void add_moe_metrics(const StepResult& r, nlohmann::json& fields) const;
     void handle_moe_events(const StepResult& r);
+    // The spike detector (trainer_health.cpp): this step's verdicts, their metrics and events.
+    struct SpikeStep {
+        SpikeVerdict loss, grad;
+    };
+    SpikeStep observe_spikes(const StepResult& r);
+    void add_health_metrics(const SpikeStep& s, nlohmann::json& fields) const;
+    void handle_spike_events(const SpikeStep& s, const StepResult& r);
+    std::optional<SpikeSeries> loss_spikes_, grad_spikes_;  // from the first step run() judges
+    int64_t loss_spikes_total_ = 0, grad_spikes_total_ = 0;
     std::vector<CheckpointTensor> moe_checkpoint_tensors();  // as the layers hold them (the caller copies to host)
     nlohmann::json moe_checkpoint_json();
     void load_moe_checkpoint(const Checkpoint& ckpt);
