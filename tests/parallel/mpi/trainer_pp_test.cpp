@@ -114,6 +114,13 @@ TEST(TrainerPp, AttnResMatchesOneProcess) {
         expect_layout_matches(layout_name("attnres_full", l), l, model({"attnres.mode=\"full\""}), 4);
     }
     if (n == 4) expect_layout_matches("attnres_tp2_pp2", {.tp = 2, .pp = 2}, model(block), 4);
+    // Under recompute: full (each sub-layer's branch re-run from its mixed input) and the mixes dropped.
+    std::vector<std::string> full = block, mixes = block;
+    full.emplace_back("recompute.policy=\"full\"");
+    mixes.insert(mixes.end(), {"recompute.policy=\"selective\"", "recompute.modules=[\"attnres\", \"norm\"]"});
+    const Layout interleaved{.pp = n, .virtual_stages = 2};
+    expect_layout_matches(layout_name("attnres_full_recompute", interleaved), interleaved, model(full), 4);
+    expect_layout_matches(layout_name("attnres_mix_recompute", interleaved), interleaved, model(mixes), 4);
 }
 
 // Every layer type together under the pipeline: the KDA/attention hybrid with document masking, MoE FFNs with a
