@@ -83,6 +83,12 @@ struct MetricsConfig {
 // [health]: what keeps a long job observable to a supervisor (operations.md).
 struct HealthConfig {
     double heartbeat_s = 5.0;  // seconds between a rank's heartbeat writes while a step runs; 0: no heartbeat files
+    // What `moetrain supervise` reads from the job it runs (its options override them): a hang is no rank's step
+    // advancing for hang_timeout_s (x3 in a checkpoint or evaluation); stopping a job waits kill_grace_s between
+    // SIGTERM and SIGKILL; a health stop (exit 7) ends supervision (exit) or is restarted.
+    double hang_timeout_s = 300.0;
+    double kill_grace_s = 30.0;
+    std::string on_stop = "exit";
     // The spike detector (operations.md §4): robust z-scores of the loss and the gradient norm over a window.
     std::string spike_action = "log";  // off | log (skip and rollback: not built yet)
     int64_t spike_window = 100;

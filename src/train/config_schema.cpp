@@ -467,6 +467,21 @@ std::vector<Field> config_schema(JobConfig& c) {
                "every rank rewrites `<run.dir>/heartbeat/rank_<r>.json` (step, phase, time) at each step end and at "
                "least this often while a step runs, for a supervisor to tell a slow step from a hung one "
                "([operations.md](operations.md)); 0: no heartbeat files"),
+        number_above("health.hang_timeout_s",
+                     &c.health.hang_timeout_s,
+                     0,
+                     1e9,
+                     "`moetrain supervise`: seconds without any rank's step advancing (three times that in a "
+                     "checkpoint or evaluation) before the job counts as hung and is restarted"),
+        number("health.kill_grace_s",
+               &c.health.kill_grace_s,
+               0,
+               3600,
+               "`moetrain supervise`: seconds between SIGTERM and SIGKILL when it stops a job"),
+        text("health.on_stop",
+             &c.health.on_stop,
+             "`moetrain supervise`: after a health stop (exit 7), `exit` ends supervision, `restart` restarts",
+             {"exit", "restart"}),
         text("health.spike_action",
              &c.health.spike_action,
              "the loss and gradient-norm spike detector ([operations.md](operations.md)): `log` writes a "

@@ -37,8 +37,10 @@ n=$(grep -c '"event":"restart"' killed/metrics.jsonl)
 grep -q '"event":"recovered"' killed/metrics.jsonl || fail "no recovered event"
 echo "ok (0): 3 kills, final weights equal the uninterrupted run's; $((SECONDS - start)) s in all; $(grep '"event":"restart"' killed/metrics.jsonl | grep -o '"steps_lost":[0-9]*' | tr '\n' ' ')$(grep -o '"time_to_recover_s":[0-9.]*' killed/metrics.jsonl | tr '\n' ' ')"
 
-# 2. A stopped trainer is hung: killed after --hang-timeout and restarted.
-"$BIN" supervise --backoff 0.1 --hang-timeout 2 --kill-grace 1 -- "$BIN" train "${JOB[@]}" --set run.dir=hung > hung.out 2> hung.err &
+# 2. A stopped trainer is hung: killed after the launch config's health.hang_timeout_s (health.kill_grace_s between
+# SIGTERM and SIGKILL) and restarted.
+"$BIN" supervise --backoff 0.1 -- "$BIN" train "${JOB[@]}" --set run.dir=hung --set health.hang_timeout_s=2 \
+  --set health.kill_grace_s=1 > hung.out 2> hung.err &
 sup=$!
 wait_for 120 bash -c "s=\$(beat_step hung); [[ -n \$s && \$s -ge 5 ]]" || fail "hang: no progress"
 pid=$(beat_pid hung)
