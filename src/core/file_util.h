@@ -103,4 +103,8 @@ class MappedFile {
     int slot_ = -1;  // in the signal handler's table of maps
 };
 
+// This machine's name, as the files a run writes record it (a lock file's holder, a heartbeat, a TensorBoard file
+// name); `fallback` when the system gives none.
+std::string host_name(std::string_view fallback);
+
 }  // namespace mt::core

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_util.h"
 
 namespace mt::train {
 
@@ -31,17 +32,8 @@ const char* phase_name(Phase p) {
     return "unknown";
 }
 
-namespace {
-
-std::string host_name() {
-    char buf[256] = {};
-    return gethostname(buf, sizeof(buf) - 1) == 0 ? std::string(buf) : std::string("unknown");
-}
-
-}  // namespace
-
 Heartbeat::Heartbeat(const std::string& run_dir, int rank, int64_t step, double interval_s)
-    : host_(host_name()), rank_(rank), interval_s_(interval_s), step_(step) {
+    : host_(core::host_name("unknown")), rank_(rank), interval_s_(interval_s), step_(step) {
     MT_CHECK(interval_s > 0.0, "heartbeat interval {} s must be positive", interval_s);
     const std::filesystem::path dir = std::filesystem::path(run_dir) / "heartbeat";
     std::error_code ec;

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/file_util.h"
 
 namespace mt::train {
 
@@ -36,12 +37,6 @@ std::string lock_holder(int fd) {
     }
     if (pid.empty()) return "";
     return fmt::format("PID {} on host {}", pid, host.empty() ? "?" : host);
-}
-
-std::string host_name() {
-    char host[256] = {};
-    if (::gethostname(host, sizeof(host) - 1) != 0) return "?";
-    return host;
 }
 
 }  // namespace
@@ -111,7 +106,7 @@ RunLock::RunLock(const std::string& dir, const std::string& source) {
     fd_ = fd;
     if (const std::string old = lock_holder(fd); !old.empty())
         fmt::print("moetrain: taking over the lock of {}, which ended without releasing it [{}]\n", old, path);
-    const std::string text = fmt::format("pid={}\nhost={}\n", ::getpid(), host_name());
+    const std::string text = fmt::format("pid={}\nhost={}\n", ::getpid(), core::host_name("?"));
     if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
         fmt::print(
             "moetrain: warning: cannot record this process in the lock file: {} [{}]\n", std::strerror(errno), path);

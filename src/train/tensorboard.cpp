@@ -13,6 +13,7 @@
 
 #include "core/crc32c.h"
 #include "core/error.h"
+#include "core/file_util.h"
 #include "train/metrics.h"
 
 namespace mt::train {
@@ -56,12 +57,6 @@ std::string event_head(double wall_time, int64_t step) {
         put_varint(out, static_cast<uint64_t>(step));  // int64 varints are the two's-complement bits
     }
     return out;
-}
-
-std::string hostname() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
-    return name;
 }
 
 }  // namespace
@@ -116,7 +111,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir, double wall_time) {
     path_ = fmt::format("{}/events.out.tfevents.{}.{}.{}",
                         dir,
                         static_cast<int64_t>(std::floor(wall_time)),
-                        hostname(),
+                        core::host_name("localhost"),
                         static_cast<int64_t>(::getpid()));
     // O_EXCL: two processes never share a file (the name holds the pid, but a restarted job may reuse it).
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
