@@ -141,15 +141,7 @@ void Model::resize(int64_t batch, int64_t seq) {
 double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {
     MT_CHECK(num_chunks() == 1 && chunk_has_embedding(0) && chunk_has_head(0),
              "Model::forward runs the whole model; a pipeline part runs forward_chunk");
-    chunk_ = 0;
-    prepare_batch(ids, targets, training, true);
-    const int64_t segments = static_cast<int64_t>(bounds_.size()) - 1;
-    double sum = 0.0;
-    for (int64_t j = 0; j < segments; ++j) {
-        begin_pass(ids.size(0), j, false);
-        sum += pass_forward();
-    }
-    return counted_ > 0 ? sum / static_cast<double>(counted_) : 0.0;
+    return forward_chunk(0, ids, targets, Tensor(), training, /*recompute=*/false);  // the one chunk of every layer
 }
 
 void Model::prepare_batch(const Tensor& ids, const Tensor& targets, bool training, bool reset_metrics) {
@@ -303,17 +295,7 @@ double Model::pass_forward() {
 }
 
 void Model::backward(double loss_scale) {
-    MT_CHECK(batch_ > 0, "backward before forward");
-    // Segments backward, last first: each but the last runs its forward again (the caches of the earlier ones are
-    // kept; the later ones' gradients are waiting in the layers).
-    const auto segments = static_cast<int64_t>(bounds_.size()) - 1;
-    for (int64_t j = segments - 1; j >= 0; --j) {
-        if (j < segments - 1) {
-            begin_pass(batch_, j, true);
-            pass_forward();
-        }
-        pass_backward(loss_scale, j == 0);
-    }
+    backward_chunk(loss_scale, Tensor());
 }
 
 void Model::pass_backward(double loss_scale, bool last_pass, const Tensor& d_output) {

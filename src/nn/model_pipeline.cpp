@@ -1,9 +1,10 @@
-// The model's pipeline-parallel entry points: the forward and backward of one of this rank's chunks on one
-// micro-batch (the schedule and the send/recv between the stages are the trainer's, src/train/trainer_pipeline.cpp).
+// The forward and backward of one of this rank's chunks on one micro-batch: the pipeline's entry points (the
+// schedule and the send/recv between the stages are the trainer's, src/train/trainer_pipeline.cpp), and without
+// pipeline parallelism Model::forward and Model::backward, which run the one chunk of every layer.
 //
-// With sequence segments (long_context.md §4) a chunk runs its micro-batch's segments one after another as
-// Model::forward does, each with the caches of the ones before it: its input and output are the whole sequence's
-// ([B T, C], the rows of each segment copied in and out), and its backward runs the segments last first, re-running
+// With sequence segments (long_context.md §4) a chunk runs its micro-batch's segments one after another, each with
+// the caches of the ones before it: its input and output are the whole sequence's ([B T, C], the rows of each
+// segment copied in and out), and its backward runs the segments last first, re-running
 // each one's forward but the last's, with its slice of the output's gradient. Only one segment's activations are
 // held; what crosses a stage boundary is the same as without segments.
 #include "nn/model.h"
@@ -26,7 +27,7 @@ double Model::forward_chunk(
     chunk_ = chunk;
     prepare_batch(ids, targets, training, !recompute);
     const int64_t batch = ids.size(0), segments = static_cast<int64_t>(bounds_.size()) - 1;
-    MT_CHECK(segments == 1 || (!attnres_ && !tp_.active()),
+    MT_CHECK(segments == 1 || num_chunks() == 1 || (!attnres_ && !tp_.active()),
              "sequence segments in a pipeline chunk run without Block AttnRes and tensor parallelism");
     const bool takes_input = !chunk_has_embedding(chunk) && !attnres_;
     const std::vector<int64_t> whole = {tp_.stream_rows(batch * total_seq_), cfg_.d_model};
@@ -79,7 +80,9 @@ void Model::backward_chunk(double loss_scale, const Tensor& d_output) {
     if (!embedding && (!seq_input_grad_.defined() || seq_input_grad_.shape() != whole))
         seq_input_grad_ = Tensor::zeros(whole, precision_.compute, precision_.device);
     for (int64_t j = segments - 1; j >= 0; --j) {
-        if (j < segments - 1) {  // as Model::backward: the segment's forward again, with the earlier ones' caches
+        // Segments backward, last first: each but the last runs its forward again (the caches of the earlier ones
+        // are kept; the later ones' gradients are waiting in the layers).
+        if (j < segments - 1) {
             begin_pass(batch_, j, true);
             if (!embedding) segment_input(j);
             pass_forward();
