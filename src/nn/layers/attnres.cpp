@@ -101,8 +101,7 @@ void AttnResStack::resize(int64_t n, const Precision& precision) {
 }
 
 const Tensor& AttnResStack::source(const AttnResPass& pass, int64_t idx, const Tensor& e) const {
-    if (idx < 0 ? pass.embedding : pass.first <= idx && idx < pass.last)
-        return idx < 0 ? e : partial_[static_cast<size_t>(idx)];
+    if (pass.owns(idx)) return idx < 0 ? e : partial_[static_cast<size_t>(idx)];
     MT_CHECK(pass.carry && pass.carry->values.count(idx),
              "Block AttnRes: sub-layer {} reads source {}, which this pipeline stage neither computed nor received",
              pass.first,
@@ -111,8 +110,7 @@ const Tensor& AttnResStack::source(const AttnResPass& pass, int64_t idx, const T
 }
 
 const Tensor& AttnResStack::source_grad(const AttnResPass& pass, int64_t idx) {
-    if (idx < 0 ? pass.embedding : pass.first <= idx && idx < pass.last)
-        return idx < 0 ? d_embed_ : d_partial_[static_cast<size_t>(idx)];
+    if (pass.owns(idx)) return idx < 0 ? d_embed_ : d_partial_[static_cast<size_t>(idx)];
     MT_CHECK(pass.carry != nullptr, "Block AttnRes: source {} is outside the pass and there is no carry", idx);
     Tensor& g = pass.carry->grads[idx];
     if (!g.defined()) g = Tensor::zeros({rows_, cfg_.d_model}, d_embed_.dtype(), d_embed_.device());
@@ -157,8 +155,8 @@ void AttnResStack::forward(const AttnResPass& pass, const Tensor& e, const std::
     }
     if (pass.head) {
         mix(layers_);
-    } else if (pass.carry) {  // what a later chunk reads: the embedding, the completed blocks, the cut block's partial
-                              // sum
+    } else if (pass.carry) {
+        // What a later chunk reads: the embedding, the completed blocks, the cut block's partial sum.
         if (pass.embedding) keep(pass.carry->values, -1, e);
         for (int64_t l = pass.first; l < pass.last; ++l)
             if (l % block_ == block_ - 1 || l == pass.last - 1)

@@ -48,6 +48,10 @@ struct AttnResPass {
     int64_t first = 0, last = 0;
     bool embedding = true, head = true;
     AttnResCarry* carry = nullptr;
+    // Source idx is the pass's own (the embedding it looked up, a partial sum it computes), not the carry's.
+    bool owns(int64_t idx) const {
+        return idx < 0 ? embedding : first <= idx && idx < last;
+    }
 };
 
 class AttnResStack {
