@@ -162,14 +162,13 @@ int supervise(const SuperviseOptions& o) {
     std::deque<Clock::time_point> restarts;  // within the window
     double backoff = o.backoff_s;
     Clock::time_point failed_at;  // when the last failure was seen: the recovery time counts from it
+    int64_t resumed = -1;         // the checkpoint step a restart continues from (-1: the first launch)
     for (int attempt = 0;; ++attempt) {
         const std::vector<std::string> args = supervise_launch(o.command, attempt);
-        const int64_t resumed = attempt > 0 ? resumable_step(o.run_dir) : -1;
         Attempt job = launch(args);
         // Hang detection: each rank's step and when it last changed (stale files of an earlier attempt count from
-        // this launch).
+        // this launch); before any heartbeat, the time since the launch.
         std::map<int, std::pair<int64_t, Clock::time_point>> progress;
-        Clock::time_point last_advance = job.started;
         int64_t last_step = resumed;
         std::optional<double> recovered_after;
         std::string reason;
@@ -188,15 +187,12 @@ int supervise(const SuperviseOptions& o) {
             for (const auto& [rank, beat] : read_heartbeats(o.run_dir)) {
                 const auto& [step, phase] = beat;
                 auto it = progress.find(rank);
-                if (it == progress.end() || it->second.first != step) {
-                    progress[rank] = {step, Clock::now()};
-                    last_advance = Clock::now();
-                }
+                if (it == progress.end() || it->second.first != step) progress[rank] = {step, Clock::now()};
                 last_step = std::max(last_step, step);
                 if (phase == "checkpoint" || phase == "eval") timeout = 3 * o.hang_timeout_s;
                 if (attempt > 0 && !recovered_after && step > resumed) recovered_after = seconds_since(failed_at);
             }
-            bool hung = seconds_since(last_advance) > timeout;
+            bool hung = progress.empty() && seconds_since(job.started) > timeout;
             for (const auto& [rank, p] : progress) hung = hung || seconds_since(p.second) > timeout;
             if (hung && !forwarded) {
                 reason = "hang";
@@ -239,7 +235,9 @@ int supervise(const SuperviseOptions& o) {
             return code == 0 ? 1 : code;
         }
         std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
-        const int64_t next = resumable_step(o.run_dir);
+        // The job is down: no newer checkpoint comes before the relaunch reads this one.
+        resumed = resumable_step(o.run_dir);
+        const int64_t from = std::max<int64_t>(resumed, 0);
         log.write(last_step,
                   "event",
                   {{"event", "restart"},
@@ -247,8 +245,8 @@ int supervise(const SuperviseOptions& o) {
                    {"exit_code", code},
                    {"signal", WIFSIGNALED(status) ? WTERMSIG(status) : 0},
                    {"last_step", last_step},
-                   {"resumed_step", std::max<int64_t>(next, 0)},
-                   {"steps_lost", std::max<int64_t>(last_step - std::max<int64_t>(next, 0), 0)},
+                   {"resumed_step", from},
+                   {"steps_lost", std::max<int64_t>(last_step - from, 0)},
                    {"phase", phase},
                    {"downtime_s", seconds_since(failed)},
                    {"attempt", attempt + 1}});
@@ -258,7 +256,7 @@ int supervise(const SuperviseOptions& o) {
                      code,
                      static_cast<long long>(last_step),
                      static_cast<int>(restarts.size()) + 1,
-                     static_cast<long long>(std::max<int64_t>(next, 0)));
+                     static_cast<long long>(from));
         restarts.push_back(failed);
         failed_at = failed;
         backoff = std::min(backoff * 2, o.backoff_max_s);
