@@ -12,8 +12,21 @@ JOB=("${COMMON[@]}" --set train.batch_size=4 --set train.seq_len=64 --set train.
      --set checkpoint.every_steps=4 --set checkpoint.keep_last=100 --set health.heartbeat_s=0.2)
 final=$(printf 'checkpoints/step_%08d' $STEPS)
 beat_step() { grep -o '"step":[0-9]*' "$1/heartbeat/rank_0.json" 2> /dev/null | tr -dc 0-9; }
-beat_pid() { grep -o '"pid":[0-9]*' "$1/heartbeat/rank_0.json" 2> /dev/null | tr -dc 0-9; }
+beat_pid() { grep -o '"pid":[0-9]*' "$1/heartbeat/rank_${2:-0}.json" 2> /dev/null | tr -dc 0-9; }
 export -f beat_step
+# expect_recovered SUP LIMIT STRAIGHT DIR CHECKPOINT KILLS: the supervisor SUP ends with 0 within LIMIT seconds, every
+# weight file of DIR's CHECKPOINT equals the uninterrupted run STRAIGHT's, and DIR logged one restart per kill.
+expect_recovered() {
+  local sup=$1 limit=$2 straight=$3 dir=$4 ckpt=$5 kills=$6 rc f n
+  wait_exit "$sup" "$limit"
+  rc=$?
+  [[ $rc -eq 0 ]] || fail "$dir: exit $rc: $(tail -5 "$dir.err")"
+  for f in "$straight/$ckpt"/*.safetensors; do
+    cmp -s "$f" "$dir/$ckpt/$(basename "$f")" || fail "$dir: final $(basename "$f") differs from the uninterrupted run"
+  done
+  n=$(grep -c '"event":"restart"' "$dir/metrics.jsonl")
+  [[ $n -eq $kills ]] || fail "$dir: $n restart events for $kills kills"
+}
 
 "$BIN" train "${JOB[@]}" --set run.dir=straight > straight.out 2>&1 || fail "the uninterrupted run: $(tail -3 straight.out)"
 
@@ -26,14 +39,7 @@ for at in 6 17 29; do
   pid=$(beat_pid killed)
   kill -KILL "$pid" && echo "killed the trainer (pid $pid) at step $(beat_step killed)"
 done
-wait_exit $sup 300
-rc=$?
-[[ $rc -eq 0 ]] || fail "supervised run: exit $rc: $(tail -5 killed.err)"
-for f in straight/$final/*.safetensors; do
-  cmp -s "$f" "killed/$final/$(basename "$f")" || fail "final weights differ from the uninterrupted run: $(basename "$f")"
-done
-n=$(grep -c '"event":"restart"' killed/metrics.jsonl)
-[[ $n -eq 3 ]] || fail "expected 3 restart events, got $n"
+expect_recovered $sup 300 straight killed "$final" 3
 grep -q '"event":"recovered"' killed/metrics.jsonl || fail "no recovered event"
 echo "ok (0): 3 kills, final weights equal the uninterrupted run's; $((SECONDS - start)) s in all; $(grep '"event":"restart"' killed/metrics.jsonl | grep -o '"steps_lost":[0-9]*' | tr '\n' ' ')$(grep -o '"time_to_recover_s":[0-9.]*' killed/metrics.jsonl | tr '\n' ' ')"
 
@@ -96,7 +102,7 @@ kill_trials() {
     at=$((at + 1 + RANDOM % 3))
     wait_for 180 bash -c "s=\$(beat_step $dir); [[ -n \$s && \$s -ge $at ]]" || { fail "$dir: no step $at"; return; }
     rank=$((RANDOM % ranks))
-    pid=$(grep -o '"pid":[0-9]*' "$dir/heartbeat/rank_$rank.json" | tr -dc 0-9)
+    pid=$(beat_pid "$dir" "$rank")
     kill -0 "$sup" 2> /dev/null || { fail "$dir: the supervisor ended early"; return; }
     kill -KILL "$pid" 2> /dev/null
     at=$(beat_step $dir)
@@ -109,13 +115,8 @@ last=$(printf 'checkpoints/step_%08d' 60)
 "$BIN" supervise --backoff 0.05 --max-restarts 20 --hang-timeout 120 -- "$BIN" train "${MANY[@]}" --set run.dir=many > many.out 2> many.err &
 sup=$!
 kill_trials many 12 $sup 1
-wait_exit $sup 600
-rc=$?
-[[ $rc -eq 0 ]] || fail "many: exit $rc: $(tail -3 many.err)"
-cmp -s many_straight/$last/rank_00000.safetensors many/$last/rank_00000.safetensors || fail "many: final weights differ"
-n=$(grep -c '"event":"restart"' many/metrics.jsonl)
-[[ $n -eq 12 ]] || fail "many: $n restart events for 12 kills"
-echo "ok (0): 12 kills of the single process: $n restarts ($(grep -c '"event":"restart".*"phase":"checkpoint"' many/metrics.jsonl) in a checkpoint write), final weights equal"
+expect_recovered $sup 600 many_straight many "$last" 12
+echo "ok (0): 12 kills of the single process: 12 restarts ($(grep -c '"event":"restart".*"phase":"checkpoint"' many/metrics.jsonl) in a checkpoint write), final weights equal"
 
 MPI=(mpirun --allow-run-as-root --oversubscribe -np 4)
 "${MPI[@]}" "$BIN" train "${MANY[@]}" --set run.dir=mpi_straight > mpi_straight.out 2>&1 || fail "mpi: the uninterrupted run"
@@ -123,14 +124,7 @@ MPI=(mpirun --allow-run-as-root --oversubscribe -np 4)
   > mpi.out 2> mpi.err &
 sup=$!
 kill_trials mpi 5 $sup 4
-wait_exit $sup 600
-rc=$?
-[[ $rc -eq 0 ]] || fail "mpi: exit $rc: $(tail -3 mpi.err)"
-for f in mpi_straight/$last/*.safetensors; do
-  cmp -s "$f" "mpi/$last/$(basename "$f")" || fail "mpi: final $(basename "$f") differs from the uninterrupted run"
-done
-n=$(grep -c '"event":"restart"' mpi/metrics.jsonl)
-[[ $n -eq 5 ]] || fail "mpi: $n restart events for 5 kills"
-echo "ok (0): 5 kills of one rank of mpirun -np 4: $n restarts, final weights equal"
+expect_recovered $sup 600 mpi_straight mpi "$last" 5
+echo "ok (0): 5 kills of one rank of mpirun -np 4: 5 restarts, final weights equal"
 
 finish supervise
