@@ -498,6 +498,10 @@ std::vector<std::pair<int64_t, MoeStepMetrics>> Model::moe_step_end(int64_t step
     return metrics;
 }
 
+void Model::moe_step_discard() {
+    for (auto& [l, moe] : moe_layers()) moe->discard_step();
+}
+
 std::vector<SavedTensor> Model::saved_for_backward() {
     std::vector<SavedTensor> saved = {{"embed_out", &x0_},
                                       {"final_norm", &final_},

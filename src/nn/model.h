@@ -165,6 +165,8 @@ class Model {
     // End of a training step for every MoE layer (MoeLayer::step_end: balancer update, metrics, collapse alarm).
     // data_group: the ranks whose routing counts are summed first (see MoeLayer::step_end).
     std::vector<std::pair<int64_t, MoeStepMetrics>> moe_step_end(int64_t step, parallel::Comm* data_group = nullptr);
+    // Drops the routing counts of a training step that is not applied (trainer_health.cpp), on every MoE layer.
+    void moe_step_discard();
     // Model-level activations kept for backward (blocks declare their own).
     std::vector<SavedTensor> saved_for_backward();
     // Bytes of every activation held for the backward now, the model's and every block's (a recompute policy holds

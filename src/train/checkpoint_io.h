@@ -74,6 +74,22 @@ std::string checkpoint_write(const std::string& checkpoints_root,
                              const RetentionPolicy& keep = {},
                              parallel::Comm* comm = nullptr);
 
+// checkpoint_write in its three phases, for a write whose middle runs on a background thread
+// (train/async_checkpoint.h): checkpoint_begin (collective over comm: rank 0 makes ROOT/step_%08d.tmp; returns it),
+// checkpoint_write_rank_file (this rank's file into it; no communication, any thread; returns this rank's part of
+// the manifest: its file with size and CRC-32C, and its tensors' regions) and checkpoint_finish (collective: rank 0
+// gathers the parts, writes manifest.json and DONE, renames the directory into place and applies retention).
+std::string checkpoint_begin(const std::string& checkpoints_root, int64_t step, parallel::Comm* comm = nullptr);
+nlohmann::json checkpoint_write_rank_file(const std::string& tmp_dir,
+                                          int rank,
+                                          const std::vector<CheckpointTensor>& tensors);
+std::string checkpoint_finish(const std::string& checkpoints_root,
+                              int64_t step,
+                              const nlohmann::json& part,
+                              const nlohmann::json& manifest_extra,
+                              const RetentionPolicy& keep = {},
+                              parallel::Comm* comm = nullptr);
+
 // A valid (DONE) checkpoint directory under a root.
 struct CheckpointEntry {
     int64_t step = 0;

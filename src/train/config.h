@@ -67,6 +67,9 @@ struct CheckpointConfig {
     int64_t keep_last = 3;
     int64_t keep_every = 0;
     bool verify_on_resume = true;  // CRC-32C of each file a rank reads on resume (about 0.1 s per 200 MB)
+    // run() snapshots the state at the step boundary and writes it from a background thread while training goes on
+    // (docs/operations.md "Asynchronous checkpoints"); false: the loop waits for the whole write.
+    bool async = true;
 };
 
 struct MetricsConfig {
@@ -90,10 +93,21 @@ struct HealthConfig {
     double kill_grace_s = 30.0;
     std::string on_stop = "exit";
     // The spike detector (operations.md §4): robust z-scores of the loss and the gradient norm over a window.
-    std::string spike_action = "log";  // off | log (skip and rollback: not built yet)
+    // What a spike or a non-finite step does (operations.md §4, docs/operations.md "Bad steps"): off | log | skip |
+    // rollback; more than max_spikes of them within max_spikes_window steps stop the run (checkpoint, exit 7).
+    std::string spike_action = "log";
     int64_t spike_window = 100;
     double spike_z = 6.0;
     int64_t spike_warmup = 100;
+    int64_t max_spikes = 10;
+    int64_t max_spikes_window = 1000;
+    // The multi-step alarms (operations.md §5, train/alarms.h): expert-load drift, memory pressure, throughput drop
+    // and straggler rank.
+    double drift_tv = 0.2;
+    int64_t drift_window = 50;
+    double memory_alarm = 0.95;
+    double throughput_drop = 0.7;
+    double straggler_ratio = 1.2;
 };
 
 // [parallel]: the device mesh (src/parallel/mesh.h) and how data-parallel gradients are reduced.

@@ -439,6 +439,11 @@ std::vector<Field> config_schema(JobConfig& c) {
              &k.verify_on_resume,
              "CRC-32C of each checkpoint file a rank reads on resume, checked as it first reads it (about 0.1 s per "
              "200 MB; sizes are always checked, and loaded weights must be finite either way)"),
+        flag("checkpoint.async",
+             &k.async,
+             "the training loop copies the state at the step boundary and a background thread writes it while the "
+             "next steps run (still atomic: temp names, DONE, rename); a checkpoint due while one is being written "
+             "waits for it ([operations.md](operations.md)); false: the loop waits for the whole write"),
         integer("metrics.every", &x.every, 1, 1e12, "steps between `train` lines in metrics.jsonl"),
         flag("metrics.jsonl", &x.jsonl, "write `<run.dir>/metrics.jsonl`"),
         flag("metrics.tensorboard",
@@ -484,10 +489,13 @@ std::vector<Field> config_schema(JobConfig& c) {
              {"exit", "restart"}),
         text("health.spike_action",
              &c.health.spike_action,
-             "the loss and gradient-norm spike detector ([operations.md](operations.md)): `log` writes a "
-             "`loss_spike` / `grad_spike` event and a warning line; `off` does not look (`skip` and `rollback` are "
-             "not built yet)",
-             {"off", "log"}),
+             "what a loss or gradient-norm spike or a non-finite step does ([operations.md](operations.md)): `log` "
+             "writes a `loss_spike` / `grad_spike` event and a warning line (a non-finite step stops the run, exit "
+             "7); `skip` leaves the parameters, optimizer state, step counter and balancer untouched and drops the "
+             "batch; `rollback` restores the last checkpoint and drops the data from it to the bad step; a "
+             "non-finite step is first re-run once on the same batch (a clean re-run is a `transient_fault`); `off` "
+             "does not look",
+             {"off", "log", "skip", "rollback"}),
         integer("health.spike_window", &c.health.spike_window, 3, 1e6, "steps in the detector's window"),
         number_above("health.spike_z",
                      &c.health.spike_z,
@@ -500,6 +508,37 @@ std::vector<Field> config_schema(JobConfig& c) {
                 0,
                 1e12,
                 "steps judged by nobody first (the early loss falls too fast for a window)"),
+        integer("health.max_spikes",
+                &c.health.max_spikes,
+                0,
+                1e12,
+                "more spikes and non-finite steps than this within `health.max_spikes_window` steps stop the run "
+                "with a checkpoint and exit 7; 0: no limit"),
+        integer("health.max_spikes_window", &c.health.max_spikes_window, 1, 1e12, "steps `health.max_spikes` counts over"),
+        number("health.drift_tv",
+               &c.health.drift_tv,
+               0,
+               1,
+               "`expert_load_drift` alarm: a MoE layer's expert-load distribution over the last `health.drift_window` "
+               "steps further than this (total-variation distance) from its slow moving reference"),
+        integer("health.drift_window", &c.health.drift_window, 1, 1e9, "steps in the drift alarm's recent window"),
+        number("health.memory_alarm",
+               &c.health.memory_alarm,
+               0,
+               1,
+               "`memory_pressure` alarm: the memory reserved above this fraction of the device's"),
+        number("health.throughput_drop",
+               &c.health.throughput_drop,
+               0,
+               1,
+               "`throughput_drop` alarm: a step's tokens/s below this times the median of the last 100 steps "
+               "(after `health.spike_warmup` steps)"),
+        number_above("health.straggler_ratio",
+                     &c.health.straggler_ratio,
+                     1,
+                     1e6,
+                     "`straggler` alarm: a rank busy (its step time less its waits for the others) longer than this "
+                     "times the median rank"),
         integer("parallel.tp",
                 &p.tp,
                 1,

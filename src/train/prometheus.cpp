@@ -26,6 +26,7 @@ const std::map<std::string, std::string, std::less<>> kHelp = {
     {"moetrain_steps_total", "Optimizer steps done since the start of the run."},
     {"moetrain_eval_loss", "Validation loss at the last evaluation."},
     {"moetrain_eval_step", "Step of the last evaluation."},
+    {"moetrain_alarms_total", "Alarms raised since the start of the run, by kind (docs/operations.md \"Alarms\")."},
 };
 
 // Renames where the mechanical name would hide a counter: cumulative values end in _total (conventions §7.2).
@@ -149,6 +150,12 @@ PrometheusSeries prometheus_series(const std::string& path) {
     if (parts.size() == 3 && parts[0] == "comm") {
         out.labels.emplace_back("group", parts[1]);
         parts.erase(parts.begin() + 1);
+    }
+    // alarms/<kind>: every alarm kind's count in one counter family, the kind as a label.
+    if (parts.size() == 2 && parts[0] == "alarms") {
+        out.family = "moetrain_alarms_total";
+        out.labels.emplace_back("kind", parts[1]);
+        return out;
     }
     // A trailing layer (moe/<stat>/l<NN>) or, under pp/, pipeline stage (pp/<stat>/s<k>) index becomes a label.
     const bool stage = parts.size() == 3 && parts[0] == "pp" && is_indexed_segment(parts.back(), 's');

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <vector>
 
+#include "core/error.h"
+
 namespace mt::train {
 
 namespace {
@@ -42,6 +44,23 @@ SpikeVerdict SpikeSeries::observe(double x) {
     values_.push_back(x);
     if (static_cast<int64_t>(values_.size()) > window_) values_.pop_front();
     return v;
+}
+
+nlohmann::json SpikeSeries::state_json() const {
+    return {{"seen", seen_}, {"values", std::vector<double>(values_.begin(), values_.end())}};
+}
+
+void SpikeSeries::load_state_json(const nlohmann::json& j) {
+    if (!j.is_object() || !j.contains("seen") || !j.at("seen").is_number_integer() || !j.contains("values") ||
+        !j.at("values").is_array())
+        core::fail(core::ExitCode::checkpoint, "spike detector state needs an integer \"seen\" and a \"values\" array");
+    seen_ = j.at("seen").get<int64_t>();
+    values_.clear();
+    for (const auto& v : j.at("values")) {
+        if (!v.is_number()) core::fail(core::ExitCode::checkpoint, "spike detector state: a non-number in \"values\"");
+        values_.push_back(v.get<double>());
+    }
+    while (static_cast<int64_t>(values_.size()) > window_) values_.pop_front();
 }
 
 }  // namespace mt::train

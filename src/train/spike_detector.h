@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace mt::train {
@@ -24,6 +25,10 @@ class SpikeSeries {
     int64_t seen() const {
         return seen_;
     }
+    // The window and the count of values seen, for checkpoints: a resumed run judges its next step against the
+    // same window as the run that never stopped. load_state_json fails (exit 4) naming a malformed field.
+    nlohmann::json state_json() const;
+    void load_state_json(const nlohmann::json& j);
 
    private:
     int64_t window_;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <numeric>
+#include <thread>
 
 #include "core/backend.h"
 #include "core/cuda_probe.h"
@@ -230,15 +231,17 @@ void Trainer::fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs
                  "fill_batch of step {} outside stage {}",
                  step,
                  stage_);
+        // Dropped data windows (trainer_health.cpp) move the stage's stream on by their length.
         stage_sampler_->fill(
             data::sampler_first_sample(
-                step - stage_first_step(), t.grad_accum, micro, data_size(), data_rank(), t.batch_size),
+                data_step(step) - stage_first_step(), t.grad_accum, micro, data_size(), data_rank(), t.batch_size),
             t.batch_size,
             inputs,
             targets);
         return;
     }
-    train_sampler_->fill(data::sampler_first_sample(step, t.grad_accum, micro, data_size(), data_rank(), t.batch_size),
+    train_sampler_->fill(
+        data::sampler_first_sample(data_step(step), t.grad_accum, micro, data_size(), data_rank(), t.batch_size),
                          t.batch_size,
                          inputs,
                          targets);
@@ -268,10 +271,67 @@ StepResult Trainer::train_step() {
     memory_step_begin();
     r.lr = schedule_.at(step_);
     r.loss_scale = scaler_.scale();
+    if (batches_step_ != step_) read_step_batches();  // step_status reads them ahead when the run loop calls it
+    compute_gradients(r);
+    // A non-finite step that is not an fp16 overflow (dynamic loss scaling skips those) is re-run once on the same
+    // batch: a clean re-run was a transient fault (hardware), a second failure is the data's or the model's.
+    auto finite = [](const StepResult& x) { return std::isfinite(x.loss) && std::isfinite(x.grad_norm); };
+    const bool overflow_case = scaler_.dynamic() && std::isfinite(r.loss);
+    if (!finite(r) && !overflow_case && cfg_.health.spike_action != "off") {
+        model_->moe_step_discard();
+        StepResult again;
+        again.lr = r.lr;
+        again.loss_scale = r.loss_scale;
+        compute_gradients(again);
+        again.rerun = true;
+        again.transient_fault = finite(again);
+        transient_faults_total_ += again.transient_fault ? 1 : 0;
+        r = std::move(again);
+    }
+    core::TraceRange range(model_->params().precision().device, "optimizer");
+    observe_spikes(r);
+    // A bad step under skip or rollback leaves the state as it was (trainer_health.cpp).
+    if (!finite(r) && !overflow_case && handle_bad_step(r, "nonfinite")) return finish_step(r, start);
+    if (r.loss_spike.spike && handle_bad_step(r, "loss_spike")) return finish_step(r, start);
+    if (r.grad_spike.spike && handle_bad_step(r, "grad_spike")) return finish_step(r, start);
+    // Under dynamic loss scaling an overflow skips the step (the step counter, schedule and data still advance, as
+    // in Megatron-LM); anywhere else a non-finite value ends the run.
+    r.skipped = !scaler_.update(finite(r)) && std::isfinite(r.loss) && scaler_.dynamic() && !scaler_.exhausted();
+    if (!finite(r) && !r.skipped)
+        core::fail_hint(
+            core::ExitCode::health,
+            nonfinite_hint(),
+            "non-finite loss {} or gradient norm {} at step {}{}",
+            r.loss,
+            r.grad_norm,
+            step_ + 1,
+            scaler_.exhausted() ? fmt::format(" (loss scale already at its minimum {})", r.loss_scale) : "");
+    if (!r.skipped) {
+        // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm; the
+        // loss scale is divided out in the same multiplier.
+        const double clip = t.grad_clip > 0 && r.grad_norm > t.grad_clip ? t.grad_clip / (r.grad_norm + 1e-6) : 1.0;
+        adamw_->step(r.lr, step_ + 1, clip / r.loss_scale);
+        grad_sync_->gather_params();  // ZeRO-1: every rank's updated slices to every replica
+    }
+    ++step_;
+    // The MoE balancers update from the routing the step's training forwards counted (the bias is not a gradient
+    // quantity, so this happens also on a skipped step); the metrics and the collapse alarm come with it.
+    // Every rank of the stage routes different tokens (under tp each tp rank its own rows).
+    r.moe = model_->moe_step_end(step_, &mesh_->group(parallel::MeshGroup::stage));
+    return finish_step(r, start);
+}
+
+StepResult& Trainer::finish_step(StepResult& r, std::chrono::steady_clock::time_point start) {
+    memory_step_end(r);
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return r;
+}
+
+void Trainer::compute_gradients(StepResult& r) {
+    const auto& t = cfg_.train;
     model_->params().zero_grads();
     model_->set_train_step(step_);
     beat_phase(Phase::data);
-    if (batches_step_ != step_) read_step_batches();  // step_status reads them ahead when the run loop calls it
     // The loss is the mean cross-entropy over the supervised tokens of the whole global batch (long_context.md §5):
     // N_global, counted over every micro-batch and data rank before the first forward (the labels are known), and
     // every token's gradient is scaled by 1 / N_global, so a micro-batch with few supervised tokens weighs that
@@ -310,42 +370,16 @@ StepResult Trainer::train_step() {
         model_->backward(r.loss_scale * weight / micro_divisor);
         model_->set_grad_ready_hook({});
     }
+    if (fault_ && fault_->straggler_rank == mesh_->world().rank())  // tests: the others wait in the reduction
+        std::this_thread::sleep_for(std::chrono::duration<double>(fault_->straggler_seconds));
     beat_phase(Phase::optimizer);  // the gradient reduction, the norm and the update
     r.comm_seconds = grad_sync_->finish();
     reduce_kv_replicas();
     r.buckets_overlapped = grad_sync_->buckets_overlapped();
     r.loss = dp_sum(r.loss) / static_cast<double>(data_size());
     r.aux_loss = dp_sum(r.aux_loss) / static_cast<double>(data_size());
-    core::TraceRange range(model_->params().precision().device, "optimizer");
+    apply_fault(r);
     r.grad_norm = grad_sync_->grad_norm() / r.loss_scale;
-    const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
-    // Under dynamic loss scaling an overflow skips the step (the step counter, schedule and data still advance, as
-    // in Megatron-LM); anywhere else a non-finite value ends the run.
-    r.skipped = !scaler_.update(finite) && std::isfinite(r.loss) && scaler_.dynamic() && !scaler_.exhausted();
-    if (!finite && !r.skipped)
-        core::fail_hint(
-            core::ExitCode::health,
-            nonfinite_hint(),
-            "non-finite loss {} or gradient norm {} at step {}{}",
-            r.loss,
-            r.grad_norm,
-            step_ + 1,
-            scaler_.exhausted() ? fmt::format(" (loss scale already at its minimum {})", r.loss_scale) : "");
-    if (!r.skipped) {
-        // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm; the
-        // loss scale is divided out in the same multiplier.
-        const double clip = t.grad_clip > 0 && r.grad_norm > t.grad_clip ? t.grad_clip / (r.grad_norm + 1e-6) : 1.0;
-        adamw_->step(r.lr, step_ + 1, clip / r.loss_scale);
-        grad_sync_->gather_params();  // ZeRO-1: every rank's updated slices to every replica
-    }
-    ++step_;
-    // The MoE balancers update from the routing the step's training forwards counted (the bias is not a gradient
-    // quantity, so this happens also on a skipped step); the metrics and the collapse alarm come with it.
-    // Every rank of the stage routes different tokens (under tp each tp rank its own rows).
-    r.moe = model_->moe_step_end(step_, &mesh_->group(parallel::MeshGroup::stage));
-    memory_step_end(r);
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return r;
 }
 
 double Trainer::evaluate() {
@@ -447,12 +481,17 @@ RunEnd Trainer::run() {
     double elapsed = 0.0;
     int64_t timed_steps = 0, timed_tokens = 0;  // tokens: a curriculum changes the tokens of a step
     while (step_ < t.steps) {
+        poll_checkpoint_write();
         if (const int64_t status = step_status(); status != 0) return stop_run(status);
         if (stage_started_) long_stage_start();
         comm_step_begin();
         const StepResult r = train_step();
         if (heartbeat_) heartbeat_->step_end(step_, r.seconds);
-        const SpikeStep spikes = observe_spikes(r);
+        if (!r.bad_step.empty() || r.health_stop) {  // nothing trained: the events say what happened
+            handle_health_events(r);
+            std::fflush(stdout);
+            continue;
+        }
         // The first step pays for allocation; leave it out of the rate once others exist.
         if (step_ > 1 || t.steps == 1) {
             elapsed += r.seconds;
@@ -513,15 +552,18 @@ RunEnd Trainer::run() {
             add_moe_metrics(r, fields);
             add_long_metrics(fields);
             add_comm_metrics(fields);
-            add_health_metrics(spikes, fields);
+            add_health_metrics(r, fields);
+            add_alarm_metrics(fields);
             metrics_->write(step_, "train", fields);
         }
-        handle_spike_events(spikes, r);
+        handle_health_events(r);
+        handle_alarms(r);
         handle_memory_events(r);
         handle_moe_events(r);
         const bool last = step_ == t.steps;
         // The checkpoint first: a validation that fails then costs nothing since the step.
-        if (cfg_.checkpoint.every_steps > 0 && (step_ % cfg_.checkpoint.every_steps == 0 || last)) save_checkpoint();
+        if (cfg_.checkpoint.every_steps > 0 && (step_ % cfg_.checkpoint.every_steps == 0 || last))
+            write_checkpoint(cfg_.checkpoint.async && !last);  // the last one is waited for anyway
         if (t.eval_every > 0 && (step_ % t.eval_every == 0 || last)) {
             const double val = evaluate();
             if (log_) fmt::print("step {:>6}/{} | val loss {:.4f}\n", step_, t.steps, val);
@@ -529,6 +571,7 @@ RunEnd Trainer::run() {
         }
         std::fflush(stdout);
     }
+    finish_checkpoint_write();
     return RunEnd::completed;
 }
 

@@ -2,6 +2,8 @@
 // periodic validation, progress lines, JSONL metrics and checkpoints (save, exact resume).
 #pragma once
 
+#include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -15,6 +17,8 @@
 #include "optim/lr_schedule.h"
 #include "parallel/grad_sync.h"
 #include "parallel/mesh.h"
+#include "train/alarms.h"
+#include "train/async_checkpoint.h"
 #include "train/checkpoint_io.h"
 #include "train/config.h"
 #include "train/heartbeat.h"
@@ -46,6 +50,30 @@ struct StepResult {
     // device's total memory.
     int64_t mem_allocated = 0, mem_reserved = 0, mem_peak = 0, mem_peak_activations = 0;
     double mem_reserved_fraction = 0.0;
+    // The bad-step handling (trainer_health.cpp, docs/operations.md "Bad steps"): the detector's verdicts on this
+    // step's loss and gradient norm; whether the first try was non-finite and re-run (transient: the re-run was
+    // clean); what happened to a bad step ("" applied, "skipped", "rolled_back") and why ("loss_spike",
+    // "grad_spike", "nonfinite"); rolled_back_to: the checkpoint step a rollback restored; health_stop: more bad
+    // steps than health.max_spikes in the window (run() checkpoints and exits 7).
+    SpikeVerdict loss_spike, grad_spike;
+    bool rerun = false, transient_fault = false;
+    std::string bad_step, bad_reason;
+    int64_t rolled_back_to = -1;
+    std::pair<int64_t, int64_t> dropped_data = {-1, -1};  // the data steps a skip or rollback dropped
+    bool health_stop = false;
+};
+
+// A fault injected into one step's gradients (tests of the bad-step handling): at the optimizer step that reads data
+// step `data_step`, every gradient is multiplied by grad_scale, or made NaN; `times` tries of that step are hit
+// (1: a re-run is clean, a transient fault; 2 or more: reproducible).
+// straggler_rank (a world rank) sleeps straggler_seconds in every step before the gradient reduction.
+struct FaultInjection {
+    int64_t data_step = -1;
+    double grad_scale = 1.0;
+    bool nonfinite = false;
+    int64_t times = 1;
+    int straggler_rank = -1;
+    double straggler_seconds = 0.0;
 };
 
 // One rank's communication in one report group (Trainer::comm_traffic): bytes it sent or contributed (Comm::stats:
@@ -92,7 +120,20 @@ class Trainer {
     double evaluate();
     // Writes run.dir/checkpoints/step_<step>/.
     void save_checkpoint();
-    // This data-parallel rank's batch of micro-batch `micro` at optimizer step `step`.
+    // The data step optimizer step `step` reads: `step` itself, past the data steps skipped so far (bad steps that
+    // were skipped or rolled back over, recorded in every later checkpoint's manifest).
+    int64_t data_step(int64_t step) const;
+    // Removes data steps [first, end) from the stream: the optimizer steps from the one that would read `first` on
+    // read the data after them (a rollback's window; tests build the run a skipped window must equal with it).
+    void skip_data(int64_t first, int64_t end);
+    const std::vector<std::pair<int64_t, int64_t>>& skipped_data() const {
+        return skipped_data_;
+    }
+    // Tests: a fault for the bad-step handling to find (FaultInjection).
+    void inject_fault(const FaultInjection& fault) {
+        fault_ = fault;
+    }
+    // This data-parallel rank's batch of micro-batch `micro` at optimizer step `step` (its data step's samples).
     void fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs, const core::Tensor& targets) const;
 
     // The model with the weights the forward reads whole: under ZeRO-1 the last step's parameter gathers are
@@ -190,6 +231,16 @@ class Trainer {
     // trainer_checkpoint.cpp: load_checkpoint's work without output (a damaged checkpoint throws CheckpointCorrupt),
     // the tensors' part of it, and the lines about the resume (config drift, where from).
     void load_checkpoint_state(const std::string& dir);
+    // Checkpoints written by run(): with checkpoint.async the state is copied at the step boundary and written in
+    // the background (async_checkpoint.h); finish_checkpoint_write waits for such a write and completes it (a new
+    // checkpoint, a rollback, a stop and the run's end call it), poll_checkpoint_write completes it at a step
+    // boundary once every rank's file is in. checkpoint_saved: the bookkeeping, line and event of a complete one.
+    void write_checkpoint(bool async);
+    void finish_checkpoint_write();
+    void poll_checkpoint_write();
+    void checkpoint_saved(const std::string& dir, int64_t step, double blocking, double write, bool async);
+    std::unique_ptr<AsyncCheckpointWriter> async_writer_;
+    double checkpoint_blocking_seconds_ = 0.0;  // the training loop's wait for the last checkpoint started
     void read_checkpoint_tensors(const Checkpoint& ckpt);
     void report_resume();
 
@@ -220,15 +271,30 @@ class Trainer {
     // trainer_moe.cpp: the MoE layers' metrics fields, warning/alarm events, and balancer checkpoint state.
     void add_moe_metrics(const StepResult& r, nlohmann::json& fields) const;
     void handle_moe_events(const StepResult& r);
-    // The spike detector (trainer_health.cpp): this step's verdicts, their metrics and events.
-    struct SpikeStep {
-        SpikeVerdict loss, grad;
-    };
-    SpikeStep observe_spikes(const StepResult& r);
-    void add_health_metrics(const SpikeStep& s, nlohmann::json& fields) const;
-    void handle_spike_events(const SpikeStep& s, const StepResult& r);
-    std::optional<SpikeSeries> loss_spikes_, grad_spikes_;  // from the first step run() judges
-    int64_t loss_spikes_total_ = 0, grad_spikes_total_ = 0;
+    // trainer_health.cpp: bad steps. The step's gradients (zeroed, every micro-batch's forward and backward, the
+    // reduction, the loss and the norm; the injected fault); the detector's verdicts; a bad step's outcome (a
+    // re-run of a non-finite one, skip or rollback, the max_spikes count); their metrics, events and checkpoint
+    // state.
+    void compute_gradients(StepResult& r);
+    StepResult& finish_step(StepResult& r, std::chrono::steady_clock::time_point start);  // memory figures, time
+    void apply_fault(StepResult& r);
+    void observe_spikes(StepResult& r);
+    bool handle_bad_step(StepResult& r, const std::string& reason);
+    void rollback(StepResult& r);
+    void add_health_metrics(const StepResult& r, nlohmann::json& fields) const;
+    void handle_health_events(const StepResult& r);
+    void add_alarm_metrics(nlohmann::json& fields) const;
+    void handle_alarms(const StepResult& r);  // the multi-step alarms (train/alarms.h); collective over the world
+    std::optional<AlarmMonitor> alarms_;
+    nlohmann::json health_checkpoint_json() const;
+    void load_health_checkpoint(const nlohmann::json& manifest);
+    void load_health_state(const nlohmann::json& health, bool windows);
+    std::optional<SpikeSeries> loss_spikes_, grad_spikes_;  // from the first step judged
+    int64_t loss_spikes_total_ = 0, grad_spikes_total_ = 0, nonfinite_total_ = 0, transient_faults_total_ = 0;
+    int64_t bad_steps_skipped_total_ = 0, rollbacks_total_ = 0;
+    std::deque<int64_t> recent_bad_steps_;                    // steps of the bad steps within max_spikes_window
+    std::vector<std::pair<int64_t, int64_t>> skipped_data_;  // data steps [first, end) removed, sorted, disjoint
+    std::optional<FaultInjection> fault_;
     std::vector<CheckpointTensor> moe_checkpoint_tensors();  // as the layers hold them (the caller copies to host)
     nlohmann::json moe_checkpoint_json();
     void load_moe_checkpoint(const Checkpoint& ckpt);

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "parallel/comm.h"
+#include "train/async_checkpoint.h"
 #include "train/checkpoint_io.h"
 #include "train/config_drift.h"
 #include "train/trainer.h"
@@ -64,6 +65,10 @@ void read_flat_part(const Checkpoint& ckpt,
                    core::shape_str(global),
                    ckpt.dir());
     ckpt.read_flat(kind, name, begin, dst);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 core::Tensor flat(const core::Tensor& t) {
@@ -159,6 +164,11 @@ std::array<std::pair<const char*, core::Tensor>, 2> moments(const optim::AdamW& 
 }  // namespace
 
 void Trainer::save_checkpoint() {
+    write_checkpoint(/*async=*/false);
+}
+
+void Trainer::write_checkpoint(bool async) {
+    finish_checkpoint_write();  // a checkpoint waits for the one before it
     beat_phase(Phase::checkpoint);
     const auto start = std::chrono::steady_clock::now();
     // Every rank writes what it alone holds and each replicated tensor is written once (conventions §5.2): dense
@@ -199,7 +209,7 @@ void Trainer::save_checkpoint() {
         const nn::ParamBox box = nn::param_box(spec);
         core::Tensor mine = table.master(i);
         if (nn::param_tp_split(spec)) mine = to_host(mine).slice(spec.tp_axis, 0, nn::param_tp_real(spec)).clone();
-        tensors.push_back({spec.name, "param", to_host(mine), nn::param_global_shape(spec), box.offset});
+        tensors.push_back({spec.name, "param", mine, nn::param_global_shape(spec), box.offset});
     }
     for (const optim::AdamW::Piece& p : adamw_->pieces()) {
         const nn::ParamSpec& spec = table.spec(p.param);
@@ -207,7 +217,7 @@ void Trainer::save_checkpoint() {
         for (const auto& [kind, state] : moments(*adamw_, p)) {
             if (!nn::param_tp_split(spec)) {
                 const int64_t at = nn::param_shard_flat_offset(spec) + p.begin;
-                tensors.push_back({spec.name, kind, to_host(state), nn::param_global_shape(spec), {}, at});
+                tensors.push_back({spec.name, kind, state, nn::param_global_shape(spec), {}, at});
                 continue;
             }
             const core::Tensor host = to_host(state);
@@ -226,16 +236,18 @@ void Trainer::save_checkpoint() {
     }
     // The balancer state is the same on every rank of a stage: its first rank writes its stage's layers.
     if (mesh_->group(parallel::MeshGroup::stage).rank() == 0)
-        for (auto& moe : moe_checkpoint_tensors()) tensors.push_back({moe.name, moe.kind, to_host(moe.tensor)});
+        for (auto& moe : moe_checkpoint_tensors()) tensors.push_back({moe.name, moe.kind, moe.tensor});
     nlohmann::json moe_state = moe_checkpoint_json();
     if (pipelined())  // every stage's layers into rank 0's manifest
         for (const std::string& part : parallel::comm_gather_strings(mesh_->world(), moe_state.dump()))
             moe_state.update(nlohmann::json::parse(part));
     const auto& t = cfg_.train;
-    const int64_t samples = data::sampler_first_sample(step_, t.grad_accum, 0, data_size(), 0, t.batch_size);
+    // The data position is the next step's data step: past the windows bad steps dropped (trainer_health.cpp).
+    const int64_t next_data = data_step(step_);
+    const int64_t samples = data::sampler_first_sample(next_data, t.grad_accum, 0, data_size(), 0, t.batch_size);
     nlohmann::json ranks = nlohmann::json::array();
     for (int64_t r = 0; r < data_size(); ++r) {
-        const int64_t first = data::sampler_first_sample(step_, t.grad_accum, 0, data_size(), r, t.batch_size);
+        const int64_t first = data::sampler_first_sample(next_data, t.grad_accum, 0, data_size(), r, t.batch_size);
         ranks.push_back(
             {{"dp", r}, {"source", "train"}, {"epoch", train_sampler_->epoch_of(first)}, {"sample", first}});
     }
@@ -248,21 +260,63 @@ void Trainer::save_checkpoint() {
         {"loss_scaler", scaler_.state()},
         {"moe", moe_state},
         {"data", {{"samples_consumed", samples}, {"ranks", ranks}}},
+        {"health", health_checkpoint_json()},
     };
     extra["data"].update(long_checkpoint_json());  // the curriculum stage and position, when there is one
-    const std::string dir = checkpoint_write(
-        checkpoints_root(cfg_),
-        step_,
-        tensors,
-        extra,
-        RetentionPolicy{.keep_last = cfg_.checkpoint.keep_last, .keep_every = cfg_.checkpoint.keep_every},
-        &mesh_->world());
-    last_saved_step_ = step_;
-    last_saved_dir_ = dir;
-    if (log_) {
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        fmt::print("step {:>6}/{} | checkpoint {} ({:.2f} s)\n", step_, t.steps, dir, secs);
+    const RetentionPolicy keep{.keep_last = cfg_.checkpoint.keep_last, .keep_every = cfg_.checkpoint.keep_every};
+    if (async) {
+        // The loop waits only for the copies; the file is written while the next steps run.
+        if (!async_writer_) async_writer_ = std::make_unique<AsyncCheckpointWriter>();
+        for (size_t i = 0; i < tensors.size(); ++i) tensors[i].tensor = async_writer_->snapshot(i, tensors[i].tensor);
+        async_writer_->start(checkpoints_root(cfg_), step_, std::move(tensors), extra, keep, &mesh_->world());
+        checkpoint_blocking_seconds_ = seconds_since(start);
+        return;
     }
+    for (CheckpointTensor& c : tensors) c.tensor = to_host(c.tensor);
+    const std::string dir = checkpoint_write(checkpoints_root(cfg_), step_, tensors, extra, keep, &mesh_->world());
+    checkpoint_blocking_seconds_ = seconds_since(start);
+    checkpoint_saved(dir, step_, checkpoint_blocking_seconds_, checkpoint_blocking_seconds_, false);
+}
+
+void Trainer::checkpoint_saved(const std::string& dir, int64_t step, double blocking, double write, bool async) {
+    last_saved_step_ = step;
+    last_saved_dir_ = dir;
+    if (log_)
+        fmt::print("step {:>6}/{} | checkpoint {} ({}{:.2f} s{})\n",
+                   step_,
+                   cfg_.train.steps,
+                   dir,
+                   async ? "written in the background in " : "",
+                   write,
+                   async ? fmt::format("; the loop waited {:.3f} s", blocking) : "");
+    if (metrics_)
+        metrics_->write(step_,
+                        "event",
+                        {{"event", "checkpoint"},
+                         {"checkpoint_step", step},
+                         {"dir", dir},
+                         {"async", async},
+                         {"blocking_seconds", blocking},
+                         {"write_seconds", write}});
+}
+
+void Trainer::finish_checkpoint_write() {
+    if (!async_writer_ || !async_writer_->in_flight()) return;
+    beat_phase(Phase::checkpoint);
+    const std::string dir = async_writer_->finish();
+    checkpoint_saved(dir,
+                     async_writer_->step(),
+                     checkpoint_blocking_seconds_ + async_writer_->wait_seconds(),
+                     async_writer_->write_seconds(),
+                     true);
+}
+
+void Trainer::poll_checkpoint_write() {
+    if (!async_writer_ || !async_writer_->in_flight()) return;
+    // Finished only when every rank's file is in: the ranks agree first (a rank still writing makes all go on).
+    parallel::Comm& world = mesh_->world();
+    const int64_t writing = async_writer_->file_done() ? 0 : 1;
+    if ((world.size() > 1 ? parallel::comm_all_reduce_max(world, writing) : writing) == 0) finish_checkpoint_write();
 }
 
 void Trainer::load_checkpoint_state(const std::string& dir) {
@@ -282,7 +336,9 @@ void Trainer::load_checkpoint_state(const std::string& dir) {
     const int64_t step = ckpt.step();
     // The global sample order does not depend on the mesh, so a replicated state resumes on any dp size whose
     // global batch (batch_size x grad_accum x dp) matches.
-    const int64_t expected = data::sampler_first_sample(step, t.grad_accum, 0, data_size(), 0, t.batch_size);
+    load_health_checkpoint(ckpt.manifest());  // the data windows bad steps dropped move the data position
+    const int64_t expected =
+        data::sampler_first_sample(data_step(step), t.grad_accum, 0, data_size(), 0, t.batch_size);
     const auto& data = ckpt.manifest().at("data");
     const int64_t saved = data.value("samples_consumed", expected);
     if (saved != expected)

@@ -61,6 +61,7 @@ int64_t Trainer::step_status() {
 }
 
 void Trainer::save_checkpoint_if_new() {
+    finish_checkpoint_write();  // the one in flight may be of this step
     if (step_ > 0 && step_ != last_saved_step_) save_checkpoint();
 }
 

@@ -67,6 +67,7 @@ TEST(SpikeDetector, ATrainingRunWritesTheEventsAndCounters) {
                                    "health.spike_warmup=2",
                                    "health.spike_window=8",
                                    "health.spike_z=1e-6",
+                                   "health.max_spikes=0",
                                    std::string("health.spike_action=") + (on ? "\"log\"" : "\"off\"")}),
             false);
         t.run();

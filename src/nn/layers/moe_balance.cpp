@@ -127,6 +127,16 @@ void MoeBalancer::sum_step_counts(parallel::Comm& group) {
     tokens_interval_ = delta[n + nh + 1];
 }
 
+void MoeBalancer::discard_step() {
+    flush_pending();
+    const size_t n = loads_.size(), nh = hist_.size();
+    MT_CHECK(counts_at_step_.size() == n + nh + 2, "moe balancer: count layout changed");
+    std::copy(counts_at_step_.begin(), counts_at_step_.begin() + static_cast<std::ptrdiff_t>(n), loads_.begin());
+    for (size_t i = 0; i < nh; ++i) hist_[i] = static_cast<uint64_t>(counts_at_step_[n + i]);
+    tokens_seen_ = counts_at_step_[n + nh];
+    tokens_interval_ = counts_at_step_[n + nh + 1];
+}
+
 bool MoeBalancer::step() {
     const bool updated = step_update();
     snapshot_counts();

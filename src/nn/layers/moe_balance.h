@@ -50,6 +50,9 @@ class MoeBalancer {
     // End of a training step (after the backward of its last micro-batch): QB updates b every update_interval-th
     // step; sign_bias every step. Returns true when b was updated.
     bool step();
+    // A training step that is dropped (a skipped bad step, a re-run): forgets the counts observed since the last
+    // step() or load, so that the balancer is as if the step's forwards never ran.
+    void discard_step();
     // mean |b_new - b_old| of the last update (0 before any).
     double last_bias_step() const {
         return last_bias_step_;

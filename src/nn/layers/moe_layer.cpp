@@ -334,6 +334,17 @@ MoeStepMetrics MoeLayer::step_end(int64_t step, parallel::Comm* data_group) {
     return m;
 }
 
+void MoeLayer::discard_step() {
+    if (step_load_acc_.defined()) {
+        step_load_acc_.zero();
+        step_entropy_acc_.zero();
+    }
+    std::fill(step_load_.begin(), step_load_.end(), 0);
+    step_tokens_ = step_dropped_ = 0;
+    step_entropy_ = step_aux_ = 0.0;
+    balancer_.discard_step();
+}
+
 void MoeLayer::load_state_json(const nlohmann::json& j) {
     if (!j.is_object() || !j.contains("balancer") || !j.contains("alarm"))
         core::fail(core::ExitCode::checkpoint, "{}: MoE layer state needs \"balancer\" and \"alarm\"", prefix_);

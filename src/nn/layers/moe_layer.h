@@ -86,6 +86,9 @@ class MoeLayer : public Layer {
     // ranks that routed different tokens (data and expert parallelism); their counts are summed first, so every
     // rank makes the same update and the same alarm decision. Collective over it when it has more than one rank.
     MoeStepMetrics step_end(int64_t step, parallel::Comm* data_group = nullptr);
+    // A training step that is dropped instead (a skipped bad step, a re-run): its routing counts are forgotten, the
+    // balancer and the detector stay as they were. Local: every rank drops the same step.
+    void discard_step();
     const std::optional<MoeCollapseEvent>& last_alarm() const {
         return last_alarm_;
     }

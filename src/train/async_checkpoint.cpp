@@ -1,0 +1,79 @@
+// The background checkpoint writer: see async_checkpoint.h.
+#include "train/async_checkpoint.h"
+
+#include <chrono>
+#include <utility>
+
+#include "parallel/comm.h"
+
+namespace mt::train {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
+
+AsyncCheckpointWriter::~AsyncCheckpointWriter() {
+    if (thread_.joinable()) thread_.join();
+}
+
+core::Tensor AsyncCheckpointWriter::snapshot(size_t index, const core::Tensor& src) {
+    MT_CHECK(!in_flight(), "AsyncCheckpointWriter::snapshot while a write is in flight");
+    core::Tensor& buffer = buffers_[index];
+    if (!buffer.defined() || buffer.shape() != src.shape() || buffer.dtype() != src.dtype())
+        buffer = src.device() == core::Device::cpu ? core::Tensor::zeros(src.shape(), src.dtype())
+                                                   : core::Tensor::zeros_pinned(src.shape(), src.dtype());
+    buffer.copy_from(src);
+    return buffer;
+}
+
+void AsyncCheckpointWriter::start(const std::string& checkpoints_root,
+                                  int64_t step,
+                                  std::vector<CheckpointTensor> tensors,
+                                  nlohmann::json manifest_extra,
+                                  const RetentionPolicy& keep,
+                                  parallel::Comm* comm) {
+    MT_CHECK(!in_flight(), "AsyncCheckpointWriter::start while the write of step {} is in flight", step_);
+    const std::string tmp_dir = checkpoint_begin(checkpoints_root, step, comm);
+    root_ = checkpoints_root;
+    step_ = step;
+    extra_ = std::move(manifest_extra);
+    keep_ = keep;
+    comm_ = comm;
+    error_ = nullptr;
+    done_.store(false, std::memory_order_release);
+    const int rank = comm != nullptr ? comm->rank() : 0;
+    thread_ = std::thread([this, tmp_dir, rank, tensors = std::move(tensors)] {
+        const auto start = std::chrono::steady_clock::now();
+        try {
+            part_ = checkpoint_write_rank_file(tmp_dir, rank, tensors);
+        } catch (...) {
+            error_ = std::current_exception();
+        }
+        write_seconds_ = seconds_since(start);
+        done_.store(true, std::memory_order_release);
+    });
+}
+
+std::string AsyncCheckpointWriter::finish() {
+    MT_CHECK(in_flight(), "AsyncCheckpointWriter::finish with no write in flight");
+    const auto start = std::chrono::steady_clock::now();
+    thread_.join();
+    wait_seconds_ = seconds_since(start);
+    // Every rank learns whether all files are in before any goes on to the manifest, so that a failed write on one
+    // rank fails them all instead of leaving the others waiting in the gather.
+    const bool failed = error_ != nullptr;
+    const bool any_failed = comm_ != nullptr && comm_->size() > 1
+                                ? parallel::comm_all_reduce_max(*comm_, int64_t{failed ? 1 : 0}) != 0
+                                : failed;
+    if (failed) std::rethrow_exception(std::exchange(error_, nullptr));
+    if (any_failed)
+        core::fail(core::ExitCode::checkpoint,
+                   "the checkpoint of step {} failed on another rank (its message says why) [{}]",
+                   step_,
+                   root_);
+    return checkpoint_finish(root_, step_, part_, extra_, keep_, comm_);
+}
+
+}  // namespace mt::train

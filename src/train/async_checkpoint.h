@@ -1,0 +1,79 @@
+// Asynchronous checkpoints (operations.md, docs/operations.md "Asynchronous checkpoints"): at the step boundary the
+// training thread copies the state into snapshot buffers (pinned host memory for GPU tensors, reused from one
+// checkpoint to the next), rank 0 makes the temp directory, and a background thread writes this rank's file while
+// training goes on. The manifest, DONE and the rename come later on the training thread (they talk to the other
+// ranks): the write stays atomic, and a process killed mid-write leaves only a *.tmp directory that resume ignores.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "train/checkpoint_io.h"
+
+namespace mt::parallel {
+class Comm;
+}
+
+namespace mt::train {
+
+class AsyncCheckpointWriter {
+   public:
+    AsyncCheckpointWriter() = default;
+    ~AsyncCheckpointWriter();  // joins a write still running (its directory stays *.tmp)
+    AsyncCheckpointWriter(const AsyncCheckpointWriter&) = delete;
+    AsyncCheckpointWriter& operator=(const AsyncCheckpointWriter&) = delete;
+
+    // A copy of src in the snapshot buffer for tensor `index` of the next checkpoint (allocated on first use and
+    // whenever the shape or dtype changes; pinned when src is on a GPU). Only between writes (no write in flight).
+    core::Tensor snapshot(size_t index, const core::Tensor& src);
+
+    // Collective over comm (checkpoint_begin), then this rank's file on the background thread. The tensors must be
+    // snapshots (nothing the training thread changes). At most one write in flight.
+    void start(const std::string& checkpoints_root,
+               int64_t step,
+               std::vector<CheckpointTensor> tensors,
+               nlohmann::json manifest_extra,
+               const RetentionPolicy& keep,
+               parallel::Comm* comm);
+    bool in_flight() const {
+        return thread_.joinable();
+    }
+    // This rank's file is written (or its write failed): finish() will not wait for the thread.
+    bool file_done() const {
+        return done_.load(std::memory_order_acquire);
+    }
+    // Collective over the start's comm: waits for this rank's file (a failed write is rethrown: exit 4 or 9 naming
+    // the file), then the manifest, DONE, the rename and retention. Returns the checkpoint directory.
+    std::string finish();
+    int64_t step() const {
+        return step_;
+    }
+    // Seconds the background thread spent writing this rank's file, and the last finish() waited for it.
+    double write_seconds() const {
+        return write_seconds_;
+    }
+    double wait_seconds() const {
+        return wait_seconds_;
+    }
+
+   private:
+    std::map<size_t, core::Tensor> buffers_;
+    std::thread thread_;
+    std::atomic<bool> done_{false};
+    std::exception_ptr error_;
+    nlohmann::json part_;
+    std::string root_;
+    int64_t step_ = -1;
+    nlohmann::json extra_;
+    RetentionPolicy keep_;
+    parallel::Comm* comm_ = nullptr;
+    double write_seconds_ = 0.0, wait_seconds_ = 0.0;
+};
+
+}  // namespace mt::train
