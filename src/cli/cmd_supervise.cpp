@@ -32,6 +32,45 @@ std::optional<train::JobConfig> launch_config(const std::vector<std::string>& co
     return train::config_load(config, overrides);
 }
 
+// Elastic resume: the launch's world and layout, the hosts and the probe (docs/operations.md "Elastic resume").
+void elastic_setup(train::SuperviseOptions& o, const std::string& hosts) {
+    const auto cfg = launch_config(o.command);
+    if (!cfg)
+        core::fail_hint(core::ExitCode::usage,
+                        "launch `moetrain train --config FILE` under mpirun or srun",
+                        "supervise --min-ranks: the launch command has no `moetrain train --config`");
+    o.layout.world = train::launch_rank_count(o.command);
+    if (o.layout.world <= 0)
+        core::fail_hint(core::ExitCode::usage,
+                        "launch the job with `mpirun -np N ...` or `srun -n N ...`",
+                        "supervise --min-ranks: the launch command names no rank count");
+    const auto& p = cfg->parallel;
+    o.layout.model_size = p.tp * p.cp * p.pp;
+    o.layout.ep = p.ep;
+    o.layout.grad_accum = cfg->train.grad_accum;
+    if (o.max_ranks == 0) o.max_ranks = o.layout.world;
+    o.hosts = hosts.empty() ? std::vector<train::ElasticHost>{{.name = "localhost", .slots = o.layout.world}}
+                            : train::elastic_parse_hosts(hosts);
+    int64_t slots = 0;
+    for (const auto& h : o.hosts) slots += h.slots;
+    if (slots < o.layout.world)
+        core::fail(core::ExitCode::usage,
+                   "supervise --hosts: {} slots in all, fewer than the launch's {} ranks",
+                   slots,
+                   o.layout.world);
+    if (o.probe.empty()) {
+        const auto bin = std::find_if(o.command.begin(), o.command.end(), [](const std::string& a) {
+            return a == "moetrain" || a.ends_with("/moetrain");
+        });
+        const std::string exe = bin != o.command.end() ? *bin : "moetrain";
+        o.probe = fmt::format(
+            "case {{host}} in localhost|127.0.0.1|$(hostname)) {} --version ;; *) ssh -o BatchMode=yes -o "
+            "ConnectTimeout=5 {{host}} {} --version ;; esac",
+            exe,
+            exe);
+    }
+}
+
 }  // namespace
 
 void register_supervise(CLI::App& app) {
@@ -60,8 +99,29 @@ void register_supervise(CLI::App& app) {
                                  "a health stop (exit 7): exit, or restart (default: "
                                  "health.on_stop)")
                      ->check(CLI::IsMember({"exit", "restart"}));
+    auto hosts = std::make_shared<std::string>();
+    cmd->add_option("--min-ranks",
+                    o->min_ranks,
+                    "elastic resume: after lost hosts, restart on the ranks left, down to this many (0: off)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--max-ranks", o->max_ranks, "elastic resume: never more ranks than this (0: the launch's)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--hosts",
+                    *hosts,
+                    "elastic resume: the hosts and their slots in rank order, NAME:SLOTS,... (default: one host, "
+                    "localhost, with the launch's ranks)");
+    cmd->add_option("--host-failures", o->host_failures, "failed probes in a row that drop a host")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--grow-after",
+                    o->grow_after_s,
+                    "seconds of good probes before a lost host is taken back (at a checkpoint)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--probe",
+                    o->probe,
+                    "the host probe, run by /bin/sh with {host} replaced (default: `<moetrain> --version` for "
+                    "localhost, `ssh -o BatchMode=yes -o ConnectTimeout=5 {host} <moetrain> --version` otherwise)");
     cmd->add_option("command", o->command, "the launch command, after --")->required()->expected(-1);
-    cmd->callback([o, on_stop, hang, grace, stop]() {
+    cmd->callback([o, on_stop, hang, grace, stop, hosts]() {
         // The launch's [health] settings, where the command line does not give them.
         if (const auto cfg = launch_config(o->command)) {
             if (o->run_dir.empty()) o->run_dir = cfg->run.dir;
@@ -74,6 +134,7 @@ void register_supervise(CLI::App& app) {
             core::fail_hint(core::ExitCode::usage,
                             "give --run-dir, or launch `moetrain train --config FILE`",
                             "supervise: no run directory: the launch command has no --config");
+        if (o->min_ranks > 0) elastic_setup(*o, *hosts);
         const int code = train::supervise(*o);
         if (code != 0) throw ExitRequest{code};
     });

@@ -64,6 +64,13 @@ std::map<int, std::pair<int64_t, std::string>> read_heartbeats(const std::string
     return beats;
 }
 
+// The pid a rank's heartbeat names (-1 when there is none).
+pid_t heartbeat_pid(const std::string& run_dir, int rank) {
+    std::ifstream in(fmt::format("{}/heartbeat/rank_{}.json", run_dir, rank));
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    return j.is_object() && j.contains("pid") ? j.at("pid").get<pid_t>() : -1;
+}
+
 struct Attempt {
     pid_t pid = -1;
     Clock::time_point started;
@@ -114,6 +121,66 @@ int exit_code_of(int status) {
     return 1;
 }
 
+// Elastic resume: the hosts' state, the world they hold and the launch for it.
+struct ElasticState {
+    const SuperviseOptions& o;
+    std::vector<ElasticHost> hosts;
+    ElasticWorld world;
+    Clock::time_point last_probe;
+
+    bool on() const {
+        return o.min_ranks > 0;
+    }
+    int64_t slots_up() const {
+        int64_t n = 0;
+        for (const auto& h : hosts) n += h.up ? h.slots : 0;
+        return n;
+    }
+    std::string host_list() const {
+        std::string out;
+        for (const auto& h : hosts)
+            if (h.up) out += fmt::format("{}{}:{}", out.empty() ? "" : ",", h.name, h.slots);
+        return out;
+    }
+    // After a failure: every host probed; one failing host_failures times in a row is dropped, a passing one kept.
+    void probe_all() {
+        for (auto& h : hosts) {
+            if (elastic_probe(o.probe, h.name, 30.0)) {
+                h.failures = 0;
+                continue;
+            }
+            if (++h.failures >= o.host_failures) h.up = false, h.healthy_since.reset();
+        }
+    }
+    // While the job runs on fewer hosts: the down hosts probed every probe_every_s; true when one has passed every
+    // probe for grow_after_s and a larger world would run.
+    bool ready_to_grow() {
+        if (seconds_since(last_probe) < o.probe_every_s) return false;
+        last_probe = Clock::now();
+        int64_t back = 0;
+        for (auto& h : hosts) {
+            if (h.up) continue;
+            if (!elastic_probe(o.probe, h.name, 30.0)) {
+                h.healthy_since.reset();
+                continue;
+            }
+            if (!h.healthy_since) h.healthy_since = Clock::now();
+            if (seconds_since(*h.healthy_since) >= o.grow_after_s) back += h.slots;
+        }
+        if (back == 0) return false;
+        const auto bigger = elastic_world(o.layout, slots_up() + back, o.min_ranks, o.max_ranks);
+        return bigger && bigger->ranks > world.ranks;
+    }
+    void take_back_healthy() {
+        for (auto& h : hosts)
+            if (!h.up && h.healthy_since && seconds_since(*h.healthy_since) >= o.grow_after_s)
+                h.up = true, h.failures = 0, h.healthy_since.reset();
+    }
+    std::optional<ElasticWorld> fit() const {
+        return elastic_world(o.layout, slots_up(), o.min_ranks, o.max_ranks);
+    }
+};
+
 }  // namespace
 
 std::vector<std::string> supervise_launch(const std::vector<std::string>& command, int attempt) {
@@ -163,9 +230,17 @@ int supervise(const SuperviseOptions& o) {
     double backoff = o.backoff_s;
     Clock::time_point failed_at;  // when the last failure was seen: the recovery time counts from it
     int64_t resumed = -1;         // the checkpoint step a restart continues from (-1: the first launch)
+    ElasticState elastic{o, o.hosts, {}, Clock::now()};
+    const int64_t full_world = o.layout.world;
+    elastic.world = {.ranks = full_world,
+                     .data_ranks = full_world / std::max<int64_t>(o.layout.model_size, 1),
+                     .grad_accum = o.layout.grad_accum};
     for (int attempt = 0;; ++attempt) {
-        const std::vector<std::string> args = supervise_launch(o.command, attempt);
+        std::vector<std::string> args = supervise_launch(o.command, attempt);
+        if (elastic.on() && elastic.world.ranks != full_world)
+            args = elastic_launch(args, elastic.world, elastic.host_list());
         Attempt job = launch(args);
+        bool growing = false;  // stopped (SIGTERM: a checkpoint, exit 8) to restart on more hosts
         // Hang detection: each rank's step and when it last changed (stale files of an earlier attempt count from
         // this launch); before any heartbeat, the time since the launch.
         std::map<int, std::pair<int64_t, Clock::time_point>> progress;
@@ -184,7 +259,15 @@ int supervise(const SuperviseOptions& o) {
                 forwarded = true;
             }
             double timeout = o.hang_timeout_s;
+            if (elastic.on() && !growing && elastic.world.ranks < full_world && elastic.ready_to_grow()) {
+                // SIGTERM to one rank: the ranks agree to stop at the next step boundary and write its checkpoint
+                // (a launcher given SIGTERM may kill its ranks before they finish it).
+                const pid_t rank0 = heartbeat_pid(o.run_dir, 0);
+                if (rank0 <= 0 || ::kill(rank0, SIGTERM) != 0) ::kill(-job.pid, SIGTERM);
+                growing = true;
+            }
             for (const auto& [rank, beat] : read_heartbeats(o.run_dir)) {
+                if (rank >= elastic.world.ranks) continue;  // a rank of a larger world before a shrink
                 const auto& [step, phase] = beat;
                 auto it = progress.find(rank);
                 if (it == progress.end() || it->second.first != step) progress[rank] = {step, Clock::now()};
@@ -206,6 +289,7 @@ int supervise(const SuperviseOptions& o) {
         std::string phase;
         int64_t behind = -1;
         for (const auto& [rank, beat] : read_heartbeats(o.run_dir)) {
+            if (rank >= elastic.world.ranks) continue;
             last_step = std::max(last_step, beat.first);
             if (behind < 0 || beat.first < behind) behind = beat.first, phase = beat.second;
         }
@@ -214,6 +298,28 @@ int supervise(const SuperviseOptions& o) {
             log.write(resumed,
                       "event",
                       {{"event", "recovered"}, {"resumed_step", resumed}, {"time_to_recover_s", *recovered_after}});
+        if (growing && code == static_cast<int>(core::ExitCode::stopped)) {
+            // Stopped at a checkpoint to take the hosts back: not a failure, no backoff.
+            elastic.take_back_healthy();
+            const ElasticWorld before = elastic.world;
+            if (const auto bigger = elastic.fit()) elastic.world = *bigger;
+            resumed = resumable_step(o.run_dir);
+            log.write(last_step,
+                      "event",
+                      {{"event", "grow"},
+                       {"from_ranks", before.ranks},
+                       {"ranks", elastic.world.ranks},
+                       {"grad_accum", elastic.world.grad_accum},
+                       {"hosts", elastic.host_list()},
+                       {"resumed_step", std::max<int64_t>(resumed, 0)}});
+            std::fprintf(stderr,
+                         "moetrain supervise: hosts are back; restarting on %lld ranks (grad_accum %lld) from step %lld\n",
+                         static_cast<long long>(elastic.world.ranks),
+                         static_cast<long long>(elastic.world.grad_accum),
+                         static_cast<long long>(resumed));
+            failed_at = Clock::now();
+            continue;
+        }
         if (forwarded || (reason.empty() && !supervise_retries(code, o.restart_on_health_stop))) {
             if (code != 0)
                 std::fprintf(stderr, "moetrain supervise: the job ended with exit %d; not restarted\n", code);
@@ -235,21 +341,42 @@ int supervise(const SuperviseOptions& o) {
             return code == 0 ? 1 : code;
         }
         std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+        // Elastic: the hosts that fail their probe are dropped; the job runs on the largest world the rest hold.
+        nlohmann::json world_fields = nlohmann::json::object();
+        if (elastic.on()) {
+            elastic.probe_all();
+            const auto fit = elastic.fit();
+            if (!fit) {
+                std::fprintf(stderr,
+                             "moetrain supervise: the hosts left (%s) hold %lld ranks, fewer than --min-ranks %lld "
+                             "with the global batch kept; giving up\n",
+                             elastic.host_list().c_str(),
+                             static_cast<long long>(elastic.slots_up()),
+                             static_cast<long long>(o.min_ranks));
+                log.write(last_step, "event", {{"event", "gave_up"}, {"reason", "hosts"}, {"exit_code", code}});
+                return code == 0 ? 1 : code;
+            }
+            elastic.world = *fit;
+            world_fields = {{"ranks", fit->ranks},
+                            {"grad_accum", fit->grad_accum},
+                            {"hosts", elastic.host_list()},
+                            {"rounded", fit->rounded}};
+        }
         // The job is down: no newer checkpoint comes before the relaunch reads this one.
         resumed = resumable_step(o.run_dir);
         const int64_t from = std::max<int64_t>(resumed, 0);
-        log.write(last_step,
-                  "event",
-                  {{"event", "restart"},
-                   {"reason", reason},
-                   {"exit_code", code},
-                   {"signal", WIFSIGNALED(status) ? WTERMSIG(status) : 0},
-                   {"last_step", last_step},
-                   {"resumed_step", from},
-                   {"steps_lost", std::max<int64_t>(last_step - from, 0)},
-                   {"phase", phase},
-                   {"downtime_s", seconds_since(failed)},
-                   {"attempt", attempt + 1}});
+        nlohmann::json event = {{"event", "restart"},
+                                 {"reason", reason},
+                                 {"exit_code", code},
+                                 {"signal", WIFSIGNALED(status) ? WTERMSIG(status) : 0},
+                                 {"last_step", last_step},
+                                 {"resumed_step", from},
+                                 {"steps_lost", std::max<int64_t>(last_step - from, 0)},
+                                 {"phase", phase},
+                                 {"downtime_s", seconds_since(failed)},
+                                 {"attempt", attempt + 1}};
+        if (elastic.on()) event["world"] = world_fields;
+        log.write(last_step, "event", event);
         std::fprintf(stderr,
                      "moetrain supervise: the job failed (%s, exit %d) at step %lld; restart %d from step %lld\n",
                      reason.c_str(),

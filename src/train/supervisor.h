@@ -6,11 +6,14 @@
 // a death by a signal, or a hang (no rank's step advancing for hang_timeout_s, three times that in a checkpoint or
 // evaluation phase) is restarted, at most max_restarts times within restart_window_s. A SIGTERM or SIGINT to the
 // supervisor goes to the whole job (which stops at a step boundary with a checkpoint) and ends supervision with the
-// job's exit code.
+// job's exit code. With elastic options a restart probes the hosts, drops the ones that fail, and runs on the largest
+// world the rest hold that keeps the global batch; a host that comes back is taken in again at a checkpoint.
 #pragma once
 
 #include <string>
 #include <vector>
+
+#include "train/elastic.h"
 
 namespace mt::train {
 
@@ -25,6 +28,17 @@ struct SuperviseOptions {
     double backoff_max_s = 60.0;
     double poll_s = 0.2;
     bool restart_on_health_stop = false;  // health.on_stop = "restart"
+    // Elastic resume (elastic.h, docs/operations.md "Elastic resume"), on when min_ranks > 0: the hosts and their
+    // slots (rank r runs on the host whose slots hold it, in order), probe failures in a row that drop a host, the
+    // seconds of good probes that bring one back (the job then stops at a checkpoint and restarts on the larger
+    // world), the probe command ("{host}" replaced), and the launch's layout.
+    int64_t min_ranks = 0, max_ranks = 0;
+    std::vector<ElasticHost> hosts;
+    int host_failures = 1;
+    double grow_after_s = 60.0;
+    double probe_every_s = 1.0;
+    std::string probe;
+    ElasticLayout layout;
 };
 
 // The launch of attempt `attempt` (0: the first): a `moetrain train` command continues from the newest checkpoint
