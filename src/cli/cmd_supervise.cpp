@@ -112,9 +112,8 @@ void register_supervise(CLI::App& app) {
                     "localhost, with the launch's ranks)");
     cmd->add_option("--host-failures", o->host_failures, "failed probes in a row that drop a host")
         ->check(CLI::PositiveNumber);
-    cmd->add_option("--grow-after",
-                    o->grow_after_s,
-                    "seconds of good probes before a lost host is taken back (at a checkpoint)")
+    cmd->add_option(
+           "--grow-after", o->grow_after_s, "seconds of good probes before a lost host is taken back (at a checkpoint)")
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--probe",
                     o->probe,

@@ -16,14 +16,14 @@
 namespace mt::train {
 
 struct AlarmConfig {
-    double drift_tv = 0.2;           // expert_load_drift: total-variation distance above this
-    int64_t drift_window = 50;       // steps in "the last window" of loads
-    double drift_ema = 0.01;         // the slow reference's EMA weight per step
-    double memory_fraction = 0.95;   // memory_pressure: reserved above this fraction of the device
-    double throughput_ratio = 0.7;   // throughput_drop: tokens/s below this times the median of the last window
-    int64_t throughput_window = 100; // steps in that median
-    double straggler_ratio = 1.2;    // straggler: a rank's busy time above this times the median rank's
-    int64_t warmup = 100;            // steps before drift and throughput are judged
+    double drift_tv = 0.2;            // expert_load_drift: total-variation distance above this
+    int64_t drift_window = 50;        // steps in "the last window" of loads
+    double drift_ema = 0.01;          // the slow reference's EMA weight per step
+    double memory_fraction = 0.95;    // memory_pressure: reserved above this fraction of the device
+    double throughput_ratio = 0.7;    // throughput_drop: tokens/s below this times the median of the last window
+    int64_t throughput_window = 100;  // steps in that median
+    double straggler_ratio = 1.2;     // straggler: a rank's busy time above this times the median rank's
+    int64_t warmup = 100;             // steps before drift and throughput are judged
 };
 
 struct Alarm {

@@ -1,8 +1,8 @@
 // Elastic resume: the world a restart runs on and its launch command (elastic.h).
 #include "train/elastic.h"
 
-#include <fmt/format.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -113,7 +113,10 @@ std::vector<ElasticHost> elastic_parse_hosts(const std::string& text) {
         const long long slots = colon == std::string::npos ? 1 : std::strtoll(item.c_str() + colon + 1, &end, 10);
         if (item.empty() || colon == 0 || slots < 1 || (end != nullptr && *end != '\0'))
             core::fail(core::ExitCode::usage, "supervise --hosts: \"{}\" is not NAME or NAME:SLOTS", item);
-        hosts.push_back({.name = item.substr(0, colon), .slots = slots});
+        ElasticHost host;
+        host.name = item.substr(0, colon);
+        host.slots = slots;
+        hosts.push_back(std::move(host));
         if (comma == std::string::npos) break;
         start = comma + 1;
     }

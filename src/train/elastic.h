@@ -52,7 +52,8 @@ struct ElasticHost {
     int64_t slots = 1;
     bool up = true;
     int failures = 0;  // probe failures in a row
-    std::optional<std::chrono::steady_clock::time_point> healthy_since;  // a down host's first good probe since
+    std::optional<std::chrono::steady_clock::time_point> healthy_since =
+        std::nullopt;  // a down host's first good probe since
 };
 
 // "a:2,b:2" -> hosts; exit 2 naming --hosts on a malformed entry.

@@ -312,11 +312,12 @@ int supervise(const SuperviseOptions& o) {
                        {"grad_accum", elastic.world.grad_accum},
                        {"hosts", elastic.host_list()},
                        {"resumed_step", std::max<int64_t>(resumed, 0)}});
-            std::fprintf(stderr,
-                         "moetrain supervise: hosts are back; restarting on %lld ranks (grad_accum %lld) from step %lld\n",
-                         static_cast<long long>(elastic.world.ranks),
-                         static_cast<long long>(elastic.world.grad_accum),
-                         static_cast<long long>(resumed));
+            std::fprintf(
+                stderr,
+                "moetrain supervise: hosts are back; restarting on %lld ranks (grad_accum %lld) from step %lld\n",
+                static_cast<long long>(elastic.world.ranks),
+                static_cast<long long>(elastic.world.grad_accum),
+                static_cast<long long>(resumed));
             failed_at = Clock::now();
             continue;
         }
@@ -366,15 +367,15 @@ int supervise(const SuperviseOptions& o) {
         resumed = resumable_step(o.run_dir);
         const int64_t from = std::max<int64_t>(resumed, 0);
         nlohmann::json event = {{"event", "restart"},
-                                 {"reason", reason},
-                                 {"exit_code", code},
-                                 {"signal", WIFSIGNALED(status) ? WTERMSIG(status) : 0},
-                                 {"last_step", last_step},
-                                 {"resumed_step", from},
-                                 {"steps_lost", std::max<int64_t>(last_step - from, 0)},
-                                 {"phase", phase},
-                                 {"downtime_s", seconds_since(failed)},
-                                 {"attempt", attempt + 1}};
+                                {"reason", reason},
+                                {"exit_code", code},
+                                {"signal", WIFSIGNALED(status) ? WTERMSIG(status) : 0},
+                                {"last_step", last_step},
+                                {"resumed_step", from},
+                                {"steps_lost", std::max<int64_t>(last_step - from, 0)},
+                                {"phase", phase},
+                                {"downtime_s", seconds_since(failed)},
+                                {"attempt", attempt + 1}};
         if (elastic.on()) event["world"] = world_fields;
         log.write(last_step, "event", event);
         std::fprintf(stderr,

@@ -242,9 +242,9 @@ void Trainer::fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs
     }
     train_sampler_->fill(
         data::sampler_first_sample(data_step(step), t.grad_accum, micro, data_size(), data_rank(), t.batch_size),
-                         t.batch_size,
-                         inputs,
-                         targets);
+        t.batch_size,
+        inputs,
+        targets);
 }
 
 StepResult Trainer::train_step(const core::Tensor& inputs, const core::Tensor& targets) {

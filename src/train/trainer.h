@@ -292,7 +292,7 @@ class Trainer {
     std::optional<SpikeSeries> loss_spikes_, grad_spikes_;  // from the first step judged
     int64_t loss_spikes_total_ = 0, grad_spikes_total_ = 0, nonfinite_total_ = 0, transient_faults_total_ = 0;
     int64_t bad_steps_skipped_total_ = 0, rollbacks_total_ = 0;
-    std::deque<int64_t> recent_bad_steps_;                    // steps of the bad steps within max_spikes_window
+    std::deque<int64_t> recent_bad_steps_;                   // steps of the bad steps within max_spikes_window
     std::vector<std::pair<int64_t, int64_t>> skipped_data_;  // data steps [first, end) removed, sorted, disjoint
     std::optional<FaultInjection> fault_;
     std::vector<CheckpointTensor> moe_checkpoint_tensors();  // as the layers hold them (the caller copies to host)

@@ -337,8 +337,7 @@ void Trainer::load_checkpoint_state(const std::string& dir) {
     // The global sample order does not depend on the mesh, so a replicated state resumes on any dp size whose
     // global batch (batch_size x grad_accum x dp) matches.
     load_health_checkpoint(ckpt.manifest());  // the data windows bad steps dropped move the data position
-    const int64_t expected =
-        data::sampler_first_sample(data_step(step), t.grad_accum, 0, data_size(), 0, t.batch_size);
+    const int64_t expected = data::sampler_first_sample(data_step(step), t.grad_accum, 0, data_size(), 0, t.batch_size);
     const auto& data = ckpt.manifest().at("data");
     const int64_t saved = data.value("samples_consumed", expected);
     if (saved != expected)

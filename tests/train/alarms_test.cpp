@@ -52,7 +52,8 @@ TEST(Alarms, ThroughputDropBelowTheMedian) {
     AlarmMonitor m(AlarmConfig{.throughput_ratio = 0.7, .throughput_window = 20, .warmup = 5});
     int fired = 0;
     // +-10% noise around 1000 tokens/s is healthy.
-    for (int s = 0; s < 60; ++s) fired += static_cast<int>(m.observe_throughput(1000.0 * (s % 3 == 0 ? 0.9 : 1.1)).size());
+    for (int s = 0; s < 60; ++s)
+        fired += static_cast<int>(m.observe_throughput(1000.0 * (s % 3 == 0 ? 0.9 : 1.1)).size());
     EXPECT_EQ(fired, 0);
     const auto a = m.observe_throughput(500.0);
     ASSERT_EQ(a.size(), 1u);
@@ -90,8 +91,14 @@ TEST(Alarms, SilentOnAHealthyTinyMoeRun) {
         EXPECT_FALSE(j.at("kind") == "event" && j.contains("alarm")) << line;
         if (j.at("kind") != "train") continue;
         ++train_lines;
-        for (const char* kind : {"loss_spike", "grad_spike", "nonfinite", "moe_collapse", "expert_load_drift",
-                                 "memory_pressure", "throughput_drop", "straggler"})
+        for (const char* kind : {"loss_spike",
+                                 "grad_spike",
+                                 "nonfinite",
+                                 "moe_collapse",
+                                 "expert_load_drift",
+                                 "memory_pressure",
+                                 "throughput_drop",
+                                 "straggler"})
             EXPECT_TRUE(j.contains(std::string("alarms/") + kind)) << kind;
     }
     EXPECT_EQ(train_lines, 40);

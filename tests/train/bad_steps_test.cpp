@@ -23,10 +23,8 @@ using mt::train::Trainer;
 
 // The tiny job with the detector on from the fourth step and an action.
 mt::train::JobConfig job(const std::string& dir, const std::string& action, std::vector<std::string> more = {}) {
-    std::vector<std::string> o = {"train.steps=12",
-                                  "health.spike_warmup=3",
-                                  "health.spike_window=8",
-                                  "health.spike_action=\"" + action + "\""};
+    std::vector<std::string> o = {
+        "train.steps=12", "health.spike_warmup=3", "health.spike_window=8", "health.spike_action=\"" + action + "\""};
     o.insert(o.end(), more.begin(), more.end());
     return mt::testing::tiny_job(dir, o);
 }
@@ -38,7 +36,7 @@ std::string file_bytes(const std::string& path) {
 
 std::vector<char> master_bytes(Trainer& t) {
     const mt::core::Tensor m = t.model().params().master_arena();
-    const char* p = static_cast<const char*>(m.data_ptr());
+    const char* p = static_cast<const char*>(m.raw());
     return {p, p + m.nbytes()};
 }
 
@@ -78,7 +76,8 @@ TEST(BadSteps, SkipEqualsARunWithoutThatDataStep) {
 // (weights, moments, balancer) equals, byte for byte, the one written after it.
 TEST(BadSteps, ASkippedStepLeavesEveryByteOfTheStateUnchanged) {
     const std::string dir = mt::testing::fresh_dir("x");
-    Trainer t(job(dir, "skip", {"moe.enabled=true", "moe.num_experts=4", "moe.top_k=2", "moe.expert_ffn_dim=16"}), false);
+    Trainer t(job(dir, "skip", {"moe.enabled=true", "moe.num_experts=4", "moe.top_k=2", "moe.expert_ffn_dim=16"}),
+              false);
     for (int i = 0; i < 6; ++i) t.train_step();
     const std::string file = dir + "/run/checkpoints/step_00000006/rank_00000.safetensors";
     t.save_checkpoint();

@@ -40,13 +40,35 @@ TEST(Elastic, TheWorldKeepsTheGlobalBatch) {
 }
 
 TEST(Elastic, TheLaunchGetsTheNewWorld) {
-    const std::vector<std::string> cmd = {"mpirun", "--allow-run-as-root", "-np", "4", "--host", "a:2,b:2",
-                                          "build/moetrain", "train", "--config", "j.toml", "--set", "train.grad_accum=2"};
+    const std::vector<std::string> cmd = {"mpirun",
+                                          "--allow-run-as-root",
+                                          "-np",
+                                          "4",
+                                          "--host",
+                                          "a:2,b:2",
+                                          "build/moetrain",
+                                          "train",
+                                          "--config",
+                                          "j.toml",
+                                          "--set",
+                                          "train.grad_accum=2"};
     EXPECT_EQ(mt::train::launch_rank_count(cmd), 4);
     const auto out = elastic_launch(cmd, {.ranks = 2, .data_ranks = 2, .grad_accum = 4}, "a:2");
-    const std::vector<std::string> want = {"mpirun", "--allow-run-as-root", "-np", "2", "--host", "a:2",
-                                           "build/moetrain", "train", "--config", "j.toml", "--set",
-                                           "train.grad_accum=2", "--set", "train.grad_accum=4", "--set",
+    const std::vector<std::string> want = {"mpirun",
+                                           "--allow-run-as-root",
+                                           "-np",
+                                           "2",
+                                           "--host",
+                                           "a:2",
+                                           "build/moetrain",
+                                           "train",
+                                           "--config",
+                                           "j.toml",
+                                           "--set",
+                                           "train.grad_accum=2",
+                                           "--set",
+                                           "train.grad_accum=4",
+                                           "--set",
                                            "parallel.dp=0"};
     EXPECT_EQ(out, want);
     const std::vector<std::string> srun = {"srun", "--ntasks=8", "moetrain", "train", "-c", "x.toml"};

@@ -53,7 +53,9 @@ TEST(TrainerHealth, ASkippedSpikeUnderDataParallelEqualsOneProcess) {
     EXPECT_EQ(single.skipped_data(), dp.skipped_data());
     const double a = single.evaluate(), b = dp.evaluate();
     EXPECT_LT(std::abs(a - b) / std::abs(a), 1e-5) << "validation loss: one process " << a << ", dp " << b;
-    if (world.rank() == 0) EXPECT_EQ(events(run, "step_skipped").size(), 1u);
+    if (world.rank() == 0) {
+        EXPECT_EQ(events(run, "step_skipped").size(), 1u);
+    }
 }
 
 TEST(TrainerHealth, AStragglerRankIsNamed) {
