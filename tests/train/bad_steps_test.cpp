@@ -96,27 +96,32 @@ TEST(BadSteps, ASkippedStepLeavesEveryByteOfTheStateUnchanged) {
 
 TEST(BadSteps, RollbackEqualsARunWithoutTheWindowAlsoAfterAResume) {
     const std::string a_dir = mt::testing::fresh_dir("a"), b_dir = mt::testing::fresh_dir("b");
-    const std::vector<std::string> ckpt = {"checkpoint.every_steps=4", "checkpoint.keep_last=10"};
+    const std::vector<std::string> more = {"train.steps=16", "checkpoint.every_steps=4", "checkpoint.keep_last=10"};
+    Trainer b(job(b_dir, "rollback", more), false);
+    b.skip_data(8, 10);
+    b.run();
     {
-        Trainer a(job(a_dir, "rollback", ckpt), false);
+        Trainer a(job(a_dir, "rollback", more), false);
         a.inject_fault({.data_step = 9, .grad_scale = 1e6});
         a.run();
         const auto rb = events(a_dir, "rollback");
         ASSERT_EQ(rb.size(), 1u);
         EXPECT_EQ(rb[0].at("resumed_step"), 8);
         EXPECT_EQ(rb[0].at("dropped_data"), nlohmann::json({8, 10}));
+        EXPECT_EQ(master_bytes(a), master_bytes(b)) << "the rolled-back run differs from the run without the window";
     }
-    // The last checkpoint records the dropped window; a run that resumes it to step 16 reads past it.
-    const auto manifest = mt::train::checkpoint_open(a_dir + "/run/checkpoints/step_00000012").manifest();
+    // The checkpoints after the rollback record the dropped window: the last one dropped, a resume from step 12
+    // reads past the window and ends where the run without it ends.
+    const std::string root = a_dir + "/run/checkpoints";
+    const auto manifest = mt::train::checkpoint_open(root + "/step_00000012").manifest();
     EXPECT_EQ(manifest.at("health").at("skipped_data"), nlohmann::json({{8, 10}}));
-    Trainer resumed(job(a_dir, "rollback", {"train.steps=16", "checkpoint.every_steps=4", "checkpoint.keep_last=10"}),
-                    false);
+    std::filesystem::remove_all(root + "/step_00000016");
+    Trainer resumed(job(a_dir, "rollback", more), false);
     ASSERT_TRUE(resumed.resume_latest());
+    EXPECT_EQ(resumed.step(), 12);
+    EXPECT_EQ(resumed.data_step(12), 14);
     resumed.run();
-    Trainer b(job(b_dir, "rollback", {"train.steps=16", "checkpoint.every_steps=4"}), false);
-    b.skip_data(8, 10);
-    b.run();
-    EXPECT_EQ(master_bytes(resumed), master_bytes(b)) << "the rolled-back run differs from the run without the window";
+    EXPECT_EQ(master_bytes(resumed), master_bytes(b)) << "the resumed run differs from the run without the window";
 }
 
 TEST(BadSteps, ATransientNonFiniteStepIsReRunClean) {
