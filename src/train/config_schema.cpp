@@ -512,8 +512,8 @@ std::vector<Field> config_schema(JobConfig& c) {
                 &c.health.max_spikes,
                 0,
                 1e12,
-                "more spikes and non-finite steps than this within `health.max_spikes_window` steps stop the run "
-                "with a checkpoint and exit 7; 0: no limit"),
+                "under `skip` or `rollback`: more bad steps (spikes and non-finite steps) than this within "
+                "`health.max_spikes_window` steps stop the run with a checkpoint and exit 7; 0: no limit"),
         integer(
             "health.max_spikes_window", &c.health.max_spikes_window, 1, 1e12, "steps `health.max_spikes` counts over"),
         number("health.drift_tv",

@@ -62,10 +62,8 @@ void Trainer::observe_spikes(StepResult& r) {
     r.grad_spike = grad_spikes_->observe(r.grad_norm);
     loss_spikes_total_ += r.loss_spike.spike ? 1 : 0;
     grad_spikes_total_ += r.grad_spike.spike ? 1 : 0;
-    if (r.loss_spike.spike || r.grad_spike.spike) {
-        recent_bad_steps_.push_back(step_);
-        r.bad_reason = r.loss_spike.spike ? "loss_spike" : "grad_spike";
-    }
+    // Only bad steps that are acted on count toward health.max_spikes: under `log` a spike is an event, no more.
+    if ((r.loss_spike.spike || r.grad_spike.spike) && h.spike_action != "log") recent_bad_steps_.push_back(step_);
 }
 
 bool Trainer::handle_bad_step(StepResult& r, const std::string& reason) {
