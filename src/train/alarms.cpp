@@ -102,19 +102,28 @@ std::vector<Alarm> AlarmMonitor::observe_throughput(double tokens_per_s) {
 
 std::vector<Alarm> AlarmMonitor::observe_rank_times(const std::vector<double>& busy_seconds) {
     if (busy_seconds.size() < 2) return {};
-    const double median = median_of({busy_seconds.begin(), busy_seconds.end()});
+    if (!rank_times_.empty() && rank_times_.back().size() != busy_seconds.size()) rank_times_.clear();
+    rank_times_.push_back(busy_seconds);
+    if (static_cast<int64_t>(rank_times_.size()) > config_.straggler_window) rank_times_.pop_front();
+    if (static_cast<int64_t>(rank_times_.size()) < config_.straggler_window) return {};
+    std::vector<double> mean(busy_seconds.size(), 0.0);
+    for (const auto& step : rank_times_)
+        for (size_t r = 0; r < step.size(); ++r) mean[r] += step[r] / static_cast<double>(rank_times_.size());
+    const double median = median_of({mean.begin(), mean.end()});
     std::vector<Alarm> out;
-    for (size_t r = 0; r < busy_seconds.size(); ++r) {
-        auto fired = edge(fmt::format("straggler/{}", r),
-                          busy_seconds[r] > config_.straggler_ratio * median,
-                          {"straggler",
-                           fmt::format("rank {} is a straggler: {:.3f} s busy in the step against the median rank's "
-                                       "{:.3f} s (health.straggler_ratio = {})",
-                                       r,
-                                       busy_seconds[r],
-                                       median,
-                                       config_.straggler_ratio),
-                           {{"rank", r}, {"busy_seconds", busy_seconds[r]}, {"median", median}}});
+    for (size_t r = 0; r < mean.size(); ++r) {
+        auto fired =
+            edge(fmt::format("straggler/{}", r),
+                 mean[r] > config_.straggler_ratio * median,
+                 {"straggler",
+                  fmt::format("rank {} is a straggler: {:.3f} s busy a step against the median rank's {:.3f} s "
+                              "over the last {} steps (health.straggler_ratio = {})",
+                              r,
+                              mean[r],
+                              median,
+                              rank_times_.size(),
+                              config_.straggler_ratio),
+                  {{"rank", r}, {"busy_seconds", mean[r]}, {"median", median}}});
         out.insert(out.end(), fired.begin(), fired.end());
     }
     return out;

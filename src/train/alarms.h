@@ -46,7 +46,8 @@ class AlarmMonitor {
     std::vector<Alarm> observe_memory(double reserved_fraction);
     // The step's own tokens per second (not the run's average).
     std::vector<Alarm> observe_throughput(double tokens_per_s);
-    // Every rank's busy seconds of the step (its step time less its waits for the other ranks).
+    // Every rank's busy seconds of the step (its step time less its waits for the other ranks); judged on each
+    // rank's mean over the last straggler_window steps once that many were seen.
     std::vector<Alarm> observe_rank_times(const std::vector<double>& busy_seconds);
 
     // Alarms raised so far, by kind.
@@ -65,6 +66,7 @@ class AlarmMonitor {
     AlarmConfig config_;
     std::map<int64_t, LayerLoads> layers_;
     std::deque<double> throughput_;
+    std::deque<std::vector<double>> rank_times_;
     int64_t throughput_steps_ = 0;
     std::map<std::string, bool> on_;
     std::map<std::string, int64_t> totals_;

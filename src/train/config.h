@@ -108,6 +108,7 @@ struct HealthConfig {
     double memory_alarm = 0.95;
     double throughput_drop = 0.7;
     double straggler_ratio = 1.2;
+    int64_t straggler_window = 20;
 };
 
 // [parallel]: the device mesh (src/parallel/mesh.h) and how data-parallel gradients are reduced.

@@ -539,7 +539,12 @@ std::vector<Field> config_schema(JobConfig& c) {
                      1,
                      1e6,
                      "`straggler` alarm: a rank busy (its step time less its waits for the others) longer than this "
-                     "times the median rank"),
+                     "times the median rank, on average over `health.straggler_window` steps"),
+        integer("health.straggler_window",
+                &c.health.straggler_window,
+                1,
+                1e6,
+                "steps each rank's busy time is averaged over for the straggler alarm"),
         integer("parallel.tp",
                 &p.tp,
                 1,

@@ -143,6 +143,7 @@ void Trainer::handle_alarms(const StepResult& r) {
                                     .memory_fraction = h.memory_alarm,
                                     .throughput_ratio = h.throughput_drop,
                                     .straggler_ratio = h.straggler_ratio,
+                                    .straggler_window = h.straggler_window,
                                     .warmup = h.spike_warmup});
     std::vector<Alarm> fired;
     auto add = [&](std::vector<Alarm> a) { fired.insert(fired.end(), a.begin(), a.end()); };

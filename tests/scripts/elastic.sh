@@ -8,9 +8,9 @@
 # Usage: elastic.sh <moetrain> <source-dir> <scratch-dir>
 source "$(dirname "$0")/lib/cli_common.sh" "$@"
 
-STEPS=300
+STEPS=150
 MPI=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 4)
-JOB=("${COMMON[@]}" --set train.steps=$STEPS --set train.grad_accum=2 --set checkpoint.every_steps=10
+JOB=("${COMMON[@]}" --set train.steps=$STEPS --set train.lr=3e-4 --set train.grad_accum=2 --set checkpoint.every_steps=10
      --set checkpoint.keep_last=3 --set health.heartbeat_s=0.2)
 beat() { grep -o "\"$2\":[0-9]*" "el/heartbeat/rank_$1.json" 2> /dev/null | tr -dc 0-9; }
 export -f beat

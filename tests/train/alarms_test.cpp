@@ -62,12 +62,17 @@ TEST(Alarms, ThroughputDropBelowTheMedian) {
 }
 
 TEST(Alarms, StragglerRank) {
-    AlarmMonitor m(AlarmConfig{.straggler_ratio = 1.2});
+    AlarmMonitor m(AlarmConfig{.straggler_ratio = 1.2, .straggler_window = 3});
+    // One slow step of rank 1 is noise: its mean over three steps stays within 1.2 x the median.
     EXPECT_TRUE(m.observe_rank_times({1.0, 1.05, 0.98, 1.1}).empty());
+    EXPECT_TRUE(m.observe_rank_times({1.0, 1.5, 1.0, 1.0}).empty());
+    EXPECT_TRUE(m.observe_rank_times({1.0, 1.0, 1.0, 1.0}).empty());
+    // Rank 2 slow step after step: named once its mean is above (1.0, 1.0, 1.5 -> 1.17; then 1.33).
+    EXPECT_TRUE(m.observe_rank_times({1.0, 1.0, 1.5, 1.0}).empty());
     const auto a = m.observe_rank_times({1.0, 1.0, 1.5, 1.0});
     ASSERT_EQ(a.size(), 1u);
     EXPECT_EQ(a[0].fields.at("rank"), 2);
-    EXPECT_TRUE(m.observe_rank_times({1.0, 1.0, 1.5, 1.0}).empty());
+    EXPECT_TRUE(m.observe_rank_times({1.0, 1.0, 1.5, 1.0}).empty()) << "an alarm per step while it holds";
 }
 
 TEST(Alarms, SilentOnAHealthyTinyMoeRun) {

@@ -61,7 +61,7 @@ TEST(TrainerHealth, ASkippedSpikeUnderDataParallelEqualsOneProcess) {
 TEST(TrainerHealth, AStragglerRankIsNamed) {
     auto& world = mt::parallel::dist_world();
     const std::string data = data_dir(), run = shared_dir("s");
-    Trainer t(mpi_job(data, run, {"train.steps=6", "health.straggler_ratio=1.5"}), false);
+    Trainer t(mpi_job(data, run, {"train.steps=8", "health.straggler_ratio=1.5", "health.straggler_window=3"}), false);
     const int slow = world.size() - 1;
     t.inject_fault({.straggler_rank = slow, .straggler_seconds = 0.2});
     t.run();
