@@ -22,7 +22,8 @@ struct AlarmConfig {
     double memory_fraction = 0.95;    // memory_pressure: reserved above this fraction of the device
     double throughput_ratio = 0.7;    // throughput_drop: tokens/s below this times the median of the last window
     int64_t throughput_window = 100;  // steps in that median
-    double straggler_ratio = 1.2;     // straggler: a rank's busy time above this times the median rank's
+    double straggler_ratio = 1.2;     // straggler: a rank's mean busy time above this times the median rank's
+    int64_t straggler_window = 20;    // steps in that mean (one slow step is noise, a slow rank stays slow)
     int64_t warmup = 100;             // steps before drift and throughput are judged
 };
 
