@@ -2,6 +2,7 @@
 // periodic validation, progress lines, JSONL metrics and checkpoints (save, exact resume).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -255,6 +256,11 @@ class Trainer {
     // comm_step_begin(), which run() calls just before each train_step.
     void comm_step_begin();
     void add_comm_metrics(nlohmann::json& fields) const;
+    // Each report group's communicators (tp, cp, ep, dp, pp, world), and the host seconds this rank spent in all of
+    // them (each communicator once) since the trainer was built: a rank's waits for the others.
+    std::array<std::vector<const parallel::Comm*>, 6> comm_members() const;
+    double comm_seconds_total() const;
+    double comm_seconds_at_step_start_ = 0.0;
 
     // trainer_long.cpp: the context-length curriculum (docs/long_context.md): the document index and the stage
     // schedule at construction; before each step, the stage of step_ (its sampler, row length and buffers); at a

@@ -20,13 +20,13 @@ CommTraffic traffic_minus(const CommTraffic& a, const CommTraffic& b) {
 
 }  // namespace
 
-std::map<std::string, CommTraffic> Trainer::comm_traffic() const {
+std::array<std::vector<const parallel::Comm*>, 6> Trainer::comm_members() const {
     using parallel::MeshGroup;
     auto group = [&](MeshGroup g) -> const parallel::Comm* { return &mesh_->group(g); };
     // dp is every group the gradient reduction, the ZeRO-1 gathers and the data-parallel scalars go over: the
     // reduction groups dp_span, edp and stage (whose buckets are the tp-partial gradients; the stage spans tp too)
     // and the mesh's dp. A shared NCCL communicator (edp or stage is dp_span's at ep = 1 or tp = 1) counts once.
-    const std::array<std::vector<const parallel::Comm*>, kCommGroups.size()> members = {{
+    const std::array<std::vector<const parallel::Comm*>, 6> members = {{
         {group(MeshGroup::tp), nccl_tp_.get()},
         {group(MeshGroup::cp)},
         // The MoE rows go over tp_ep (the ep group, tp folded in).
@@ -42,6 +42,20 @@ std::map<std::string, CommTraffic> Trainer::comm_traffic() const {
         {group(MeshGroup::pp), nccl_pp_.get(), tied_embedding_.get()},
         {&mesh_->world()},
     }};
+    return members;
+}
+
+double Trainer::comm_seconds_total() const {
+    std::set<const parallel::Comm*> seen;
+    double seconds = 0.0;
+    for (const auto& group : comm_members())
+        for (const parallel::Comm* comm : group)
+            if (comm != nullptr && comm->size() > 1 && seen.insert(comm).second) seconds += comm->seconds();
+    return seconds;
+}
+
+std::map<std::string, CommTraffic> Trainer::comm_traffic() const {
+    const auto members = comm_members();
     std::map<std::string, CommTraffic> out;
     for (size_t g = 0; g < kCommGroups.size(); ++g) {
         CommTraffic& t = out[kCommGroups[g]];
@@ -65,6 +79,7 @@ std::map<std::string, CommTraffic> Trainer::comm_traffic() const {
 
 void Trainer::comm_step_begin() {
     comm_step_start_ = comm_traffic();
+    comm_seconds_at_step_start_ = comm_seconds_total();
 }
 
 void Trainer::add_comm_metrics(nlohmann::json& fields) const {

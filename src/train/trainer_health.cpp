@@ -154,7 +154,8 @@ void Trainer::handle_alarms(const StepResult& r) {
     parallel::Comm& world = mesh_->world();
     if (world.size() > 1) {
         std::vector<double> busy(static_cast<size_t>(world.size()), 0.0);
-        busy[static_cast<size_t>(world.rank())] = std::max(0.0, r.seconds - r.comm_seconds - r.pp_wait_seconds);
+        const double waited = comm_seconds_total() - comm_seconds_at_step_start_;  // in every collective of the step
+        busy[static_cast<size_t>(world.rank())] = std::max(0.0, r.seconds - waited);
         world.all_reduce(busy.data(), world.size(), parallel::CommType::f64, parallel::ReduceOp::sum).wait();
         add(alarms_->observe_rank_times(busy));
     }
