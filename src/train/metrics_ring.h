@@ -51,7 +51,9 @@ uint64_t metrics_jsonl_for_each(const std::string& path,
 
 class MetricsRing final : public MetricsSink {
    public:
-    static constexpr size_t kDefaultLines = 4096;
+    // A train line of a large MoE model carries hundreds of values (one of 300 takes about 30 KB in memory): 2048
+    // such lines are about 60 MB, and older steps are still in the file.
+    static constexpr size_t kDefaultLines = 2048;
     static constexpr size_t kDefaultEvents = 1024;
     explicit MetricsRing(size_t line_capacity = kDefaultLines, size_t event_capacity = kDefaultEvents);
 
