@@ -61,11 +61,7 @@ void register_dashboard(CLI::App& app) {
             core::fail(core::ExitCode::usage, "--bind \"{}\" is not a numeric IPv4 or IPv6 address", *bind);
         auto ring = std::make_shared<train::MetricsRing>();
         uint64_t offset = ring->load_jsonl(jsonl);
-        if (!train::http_address_is_loopback(*bind))
-            fmt::print(
-                "moetrain: warning: --bind {} serves the metrics and the dashboard to other machines, without "
-                "authentication or encryption; prefer 127.0.0.1 and an SSH tunnel (docs/operations.md)\n",
-                *bind);
+        train::http_warn_if_not_loopback(*bind, "--bind " + *bind);
         core::signals_install_stop(/*announce=*/false);
         const train::HttpEndpoint endpoint(ring,
                                            {.bind = *bind,

@@ -80,6 +80,14 @@ bool http_address_is_loopback(const std::string& address) {
     return ::inet_pton(AF_INET6, address.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
+void http_warn_if_not_loopback(const std::string& address, const std::string& setting) {
+    if (http_address_is_loopback(address)) return;
+    fmt::print(
+        "moetrain: warning: {} serves the metrics and the dashboard to other machines, without authentication or "
+        "encryption; prefer 127.0.0.1 and an SSH tunnel (docs/operations.md)\n",
+        setting);
+}
+
 struct HttpEndpoint::Impl {
     std::shared_ptr<const MetricsRing> ring;
     HttpEndpointOptions options;
@@ -221,11 +229,7 @@ std::unique_ptr<HttpEndpoint> http_endpoint_start(const JobConfig& cfg, MetricsL
     // The lines already there (a resumed run): the dashboard shows the whole run, and the restart events the
     // supervisor wrote while the job was down count in moetrain_restarts_total.
     if (!jsonl.empty() && std::filesystem::exists(jsonl)) ring->load_jsonl(jsonl);
-    if (!http_address_is_loopback(cfg.metrics.bind))
-        fmt::print(
-            "moetrain: warning: metrics.bind = \"{}\" serves the metrics and the dashboard to other machines, without "
-            "authentication or encryption; prefer 127.0.0.1 and an SSH tunnel (docs/operations.md)\n",
-            cfg.metrics.bind);
+    http_warn_if_not_loopback(cfg.metrics.bind, fmt::format("metrics.bind = \"{}\"", cfg.metrics.bind));
     auto endpoint = std::make_unique<HttpEndpoint>(
         ring,
         HttpEndpointOptions{.bind = cfg.metrics.bind,

@@ -51,6 +51,9 @@ class HttpEndpoint {
 bool http_address_valid(const std::string& address);
 // Whether it is a loopback address (127.0.0.0/8, ::1).
 bool http_address_is_loopback(const std::string& address);
+// Prints the warning that an address other than loopback serves other machines; `setting` names where it came from
+// ("metrics.bind = \"0.0.0.0\"", "--bind 0.0.0.0"). Nothing for a loopback address.
+void http_warn_if_not_loopback(const std::string& address, const std::string& setting);
 
 // The training's endpoint (nullptr when metrics.port = 0): a ring fed by `log` from now on, holding first the history
 // already in the run's metrics.jsonl (a resumed run's steps, the supervisor's restart events), served on
