@@ -12,6 +12,9 @@ $SUDO apt-get install -y -q --no-install-recommends \
     libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libspdlog-dev libfmt-dev \
     libsentencepiece-dev sentencepiece libcpp-httplib-dev \
     python3 python3-numpy python3-torch time \
-    fortunes fortunes-min base-files
+    fortunes fortunes-min base-files \
+    chromium fonts-liberation
+# chromium: the headless browser of the dashboard test (script.browser_dashboard, label browser); fonts-liberation
+# (a recommendation, which --no-install-recommends leaves out) gives its screenshots readable text.
 # fortunes: the default corpus of `moetrain data`. base-files (essential, so always there) ships
 # /usr/share/common-licenses, the long document of `moetrain data --long-doc` in docs/long_context.md.

@@ -18,5 +18,6 @@ void register_grad_dump(CLI::App& app);
 void register_config(CLI::App& app);
 void register_plan(CLI::App& app);
 void register_supervise(CLI::App& app);
+void register_dashboard(CLI::App& app);
 
 }  // namespace mt::cli

@@ -1,8 +1,8 @@
-// moetrain command line: `moetrain train|data|inspect|grad-dump|config|plan|supervise ...`. Every failure ends here
-// with one message on stderr ("moetrain: error: ...", then a HINT line when there is one) and its exit code. Under
-// mpirun the message is printed once: rank 0 prints at once; another rank waits a moment first, because an error that
-// every rank hits together (a bad config, a non-finite loss) is printed by rank 0, whose MPI_Abort then ends the job; a
-// rank whose error is its own prints it with its rank after the wait and ends the whole job (MPI_Abort with the
+// moetrain command line: `moetrain train|data|inspect|grad-dump|config|plan|supervise|dashboard ...`. Every failure
+// ends here with one message on stderr ("moetrain: error: ...", then a HINT line when there is one) and its exit code.
+// Under mpirun the message is printed once: rank 0 prints at once; another rank waits a moment first, because an error
+// that every rank hits together (a bad config, a non-finite loss) is printed by rank 0, whose MPI_Abort then ends the
+// job; a rank whose error is its own prints it with its rank after the wait and ends the whole job (MPI_Abort with the
 // same code), so no rank waits forever.
 #include <time.h>
 #include <unistd.h>
@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
     mt::cli::register_config(app);
     mt::cli::register_plan(app);
     mt::cli::register_supervise(app);
+    mt::cli::register_dashboard(app);
     int code = 0;
     bool failed = true;
     try {

@@ -16,6 +16,7 @@
 #include "train/config_long.h"
 #include "train/config_parallel.h"
 #include "train/config_schema.h"
+#include "train/http_endpoint.h"
 
 namespace mt::train {
 
@@ -381,6 +382,9 @@ void validate(const JobConfig& c, const std::string& src) {
     if (m.document_mask && m.eot_token >= m.vocab_size)
         bad(fmt::format("data.eot_token = {} is outside model.vocab_size = {}", m.eot_token, m.vocab_size));
     if (c.run.dir.empty()) bad("run.dir is empty: name the directory for checkpoints and metrics");
+    if (!http_address_valid(c.metrics.bind))
+        bad(fmt::format("metrics.bind = \"{}\" is not a numeric IPv4 or IPv6 address (e.g. 127.0.0.1)",
+                        c.metrics.bind));
 }
 
 }  // namespace

@@ -76,10 +76,14 @@ struct MetricsConfig {
     int64_t every = 1;
     bool jsonl = true;
     // The file views (docs/operations.md). Off by default, as in torchtitan and Megatron-LM, where TensorBoard
-    // is asked for; the HTTP endpoint of conventions §8 (metrics.prometheus) is a later step.
+    // is asked for.
     bool tensorboard = false;
     bool prometheus_file = false;
     bool prometheus_per_expert = false;
+    // The HTTP endpoint and dashboard rank 0 serves (http_endpoint.h): off unless a port is given (9477 is the
+    // suggested one); loopback unless another address is set.
+    int64_t port = 0;
+    std::string bind = "127.0.0.1";
     double memory_warning = 0.95;  // warn when the memory reserved exceeds this fraction of the device's
 };
 

@@ -458,6 +458,16 @@ std::vector<Field> config_schema(JobConfig& c) {
              &x.prometheus_per_expert,
              "also one Prometheus sample per expert for the per-expert loads (`moe/load/lNN`, see "
              "`moe.log_loads_every`); off because the series count is experts x layers"),
+        integer("metrics.port",
+                &x.port,
+                0,
+                65535,
+                "rank 0 serves `/metrics` (Prometheus 0.0.4), `/api/series`, `/api/events` and the live dashboard `/` "
+                "on this TCP port ([operations.md](operations.md)); 0 = off; 9477 is the suggested port"),
+        text("metrics.bind",
+             &x.bind,
+             "the address the endpoint listens on, a numeric IPv4 or IPv6 address; any other than loopback "
+             "(127.0.0.1, ::1) serves other machines, unauthenticated, and prints a warning"),
         number_above("metrics.memory_warning",
                      &x.memory_warning,
                      0,

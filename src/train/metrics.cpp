@@ -86,9 +86,14 @@ void MetricsLog::write(int64_t step, const std::string& kind, const nlohmann::js
     // One time for the line and its views. The JSONL first: it is the source of truth.
     const double time = unix_seconds();
     if (fd_ >= 0) write_jsonl(step, time, kind, fields);
+    for (const auto& sink : sinks_) sink->on_line(step, time, kind, fields);
     if (kind != "train" && kind != "eval") return;
     if (tensorboard_) tensorboard_->write(step, time, tensorboard_scalars(kind, fields));
     if (prometheus_) prometheus_->update({.kind = kind, .step = step, .fields = fields});
+}
+
+void MetricsLog::add_sink(std::shared_ptr<MetricsSink> sink) {
+    sinks_.push_back(std::move(sink));
 }
 
 void MetricsLog::write_jsonl(int64_t step, double time, const std::string& kind, const nlohmann::json& fields) {

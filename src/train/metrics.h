@@ -2,13 +2,15 @@
 // "nonfinite". Only rank 0 writes. Each line goes to the file whole or not at all: a write that fails part-way (a
 // full disk) is cut back to the last complete line and ends the run with exit 9, and a torn last line left by a
 // process killed mid-write is cut off when the log is opened again, so the next line never glues onto it.
-// `train` and `eval` lines also go to the file views: TensorBoard event files and Prometheus's metrics.prom.
+// `train` and `eval` lines also go to the file views: TensorBoard event files and Prometheus's metrics.prom; every
+// line also goes to the sinks added (the HTTP endpoint's in-memory ring), so the log knows nothing of their readers.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace mt::train {
 
@@ -27,6 +29,15 @@ struct MetricsViews {
 // kind in front ("train/loss"), with the eval line's "val_" dropped ("val_loss" -> "eval/loss").
 std::string metric_path(const std::string& kind, const std::string& key);
 
+// A reader of every line the log writes, called on the training thread after the line is in the JSONL: it must be
+// quick (no I/O, a short lock at most) and must not throw.
+class MetricsSink {
+   public:
+    virtual ~MetricsSink() = default;
+    // fields: the line's keys besides step, time and kind, before the JSONL's NaN -> null.
+    virtual void on_line(int64_t step, double time, const std::string& kind, const nlohmann::json& fields) = 0;
+};
+
 class MetricsLog {
    public:
     MetricsLog() = default;
@@ -43,12 +54,16 @@ class MetricsLog {
     // line also goes to the views, with the same time.
     void write(int64_t step, const std::string& kind, const nlohmann::json& fields);
 
+    // Lines written from now on also go to `sink`, with the same time as the JSONL line.
+    void add_sink(std::shared_ptr<MetricsSink> sink);
+
    private:
     void write_jsonl(int64_t step, double time, const std::string& kind, const nlohmann::json& fields);
     int fd_ = -1;
     std::string path_;
     std::unique_ptr<TensorBoardWriter> tensorboard_;
     std::unique_ptr<PrometheusFile> prometheus_;
+    std::vector<std::shared_ptr<MetricsSink>> sinks_;
 };
 
 // Unix time in seconds.

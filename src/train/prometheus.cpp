@@ -27,6 +27,7 @@ const std::map<std::string, std::string, std::less<>> kHelp = {
     {"moetrain_eval_loss", "Validation loss at the last evaluation."},
     {"moetrain_eval_step", "Step of the last evaluation."},
     {"moetrain_alarms_total", "Alarms raised since the start of the run, by kind (docs/operations.md \"Alarms\")."},
+    {"moetrain_restarts_total", "Restarts of the job by moetrain supervise (restart event lines in metrics.jsonl)."},
 };
 
 // Renames where the mechanical name would hide a counter: cumulative values end in _total (conventions §7.2).
@@ -87,10 +88,13 @@ class Exposition {
    public:
     explicit Exposition(const PrometheusOptions& options) : options_(options) {}
 
-    void add_line(const MetricsLine& line) {
+    // with_events: the event lines' counters come too (add_events), and they count every alarm, the supervisor's
+    // included, so the train line's own alarms/<kind> counts are left out of the family.
+    void add_line(const MetricsLine& line, bool with_events) {
         const bool train = line.kind == "train";
         add(train ? "train/steps_total" : "eval/step", "", line.kind, line.step);
         for (const auto& [key, value] : line.fields.items()) {
+            if (with_events && key.starts_with("alarms/")) continue;
             if (value.is_number() || value.is_boolean()) {
                 add(metric_path(line.kind, key), key, line.kind, value);
             } else if (value.is_array() && options_.per_expert) {
@@ -98,6 +102,12 @@ class Exposition {
                     if (value[e].is_number()) add(metric_path(line.kind, key), key, line.kind, value[e], e);
             }
         }
+    }
+
+    void add_events(const MetricsEventCounts& events) {
+        for (const auto& [kind, count] : events.alarms)
+            add_sample("moetrain_alarms_total", {{"kind", kind}}, fmt::format("{}", count), "");
+        add_sample("moetrain_restarts_total", {}, fmt::format("{}", events.restarts), "");
     }
 
     std::string text() const {
@@ -118,17 +128,26 @@ class Exposition {
              size_t expert = SIZE_MAX) {
         PrometheusSeries series = prometheus_series(path);
         if (expert != SIZE_MAX) series.labels.emplace_back("expert", std::to_string(expert));
+        add_sample(series.family,
+                   series.labels,
+                   format_value(value),
+                   fmt::format("metrics.jsonl `{}` lines, key {}.", kind, key_pattern(key)));
+    }
+
+    // fallback_help: the HELP text of a family that kHelp does not name.
+    void add_sample(const std::string& name,
+                    const std::vector<std::pair<std::string, std::string>>& extra_labels,
+                    const std::string& value,
+                    const std::string& fallback_help) {
         std::string labels = fmt::format("job=\"{}\"", prometheus_escape_label(options_.job));
-        for (const auto& [name, v] : series.labels)
-            labels += fmt::format(",{}=\"{}\"", name, prometheus_escape_label(v));
-        Family& family = families_[series.family];
+        for (const auto& [label, v] : extra_labels)
+            labels += fmt::format(",{}=\"{}\"", label, prometheus_escape_label(v));
+        Family& family = families_[name];
         if (family.help.empty()) {
-            const auto help = kHelp.find(series.family);
-            family.help = help != kHelp.end()
-                              ? help->second
-                              : fmt::format("metrics.jsonl `{}` lines, key {}.", kind, key_pattern(key));
+            const auto help = kHelp.find(name);
+            family.help = help != kHelp.end() ? help->second : fallback_help;
         }
-        family.samples.push_back(fmt::format("{}{{{}}} {}\n", series.family, labels, format_value(value)));
+        family.samples.push_back(fmt::format("{}{{{}}} {}\n", name, labels, value));
     }
 
     const PrometheusOptions& options_;
@@ -174,9 +193,12 @@ PrometheusSeries prometheus_series(const std::string& path) {
     return out;
 }
 
-std::string prometheus_exposition(const std::vector<MetricsLine>& lines, const PrometheusOptions& options) {
+std::string prometheus_exposition(const std::vector<MetricsLine>& lines,
+                                  const PrometheusOptions& options,
+                                  const MetricsEventCounts* events) {
     Exposition exposition(options);
-    for (const MetricsLine& line : lines) exposition.add_line(line);
+    for (const MetricsLine& line : lines) exposition.add_line(line, events != nullptr);
+    if (events != nullptr) exposition.add_events(*events);
     return exposition.text();
 }
 

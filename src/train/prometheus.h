@@ -23,6 +23,13 @@ struct MetricsLine {
     nlohmann::json fields;
 };
 
+// Counts of the log's `event` lines that Prometheus sees as counters (docs/operations.md): alarms by kind and the
+// supervisor's restarts.
+struct MetricsEventCounts {
+    std::map<std::string, int64_t> alarms;  // moetrain_alarms_total{kind="<kind>"}
+    int64_t restarts = 0;                   // moetrain_restarts_total
+};
+
 // Where a metric path goes: the family name and the labels after `job` ("moe/max_vio/l03" ->
 // moetrain_moe_max_vio, {layer: 3}).
 struct PrometheusSeries {
@@ -33,8 +40,10 @@ PrometheusSeries prometheus_series(const std::string& path);
 
 // The exposition of the lines' metrics, families in name order, each with # HELP and # TYPE before its samples;
 // a line's step is moetrain_steps_total (train) or moetrain_eval_step (eval). No timestamps: the textfile collector
-// refuses them.
-std::string prometheus_exposition(const std::vector<MetricsLine>& lines, const PrometheusOptions& options);
+// refuses them. `events`, when given, adds the event counters (the HTTP endpoint's /metrics, which sees event lines).
+std::string prometheus_exposition(const std::vector<MetricsLine>& lines,
+                                  const PrometheusOptions& options,
+                                  const MetricsEventCounts* events = nullptr);
 
 // Escaping of a label value (backslash, double quote, newline) and of HELP text (backslash, newline).
 std::string prometheus_escape_label(const std::string& value);

@@ -413,6 +413,7 @@ RunEnd Trainer::run() {
     views.job = cfg_.run.name;
     views.prometheus_per_expert = cfg_.metrics.prometheus_per_expert;
     metrics_ = std::make_unique<MetricsLog>(cfg_.metrics.jsonl && writer ? cfg_.run.dir + "/metrics.jsonl" : "", views);
+    if (writer) endpoint_ = http_endpoint_start(cfg_, *metrics_, log_);
     const int64_t state_total = optimizer_state_bytes_total();
     // The model's parameters at their global shapes (an expert-parallel rank holds only its experts).
     int64_t n_params = 0;

@@ -23,6 +23,7 @@
 #include "train/checkpoint_io.h"
 #include "train/config.h"
 #include "train/heartbeat.h"
+#include "train/http_endpoint.h"
 #include "train/metrics.h"
 #include "train/spike_detector.h"
 
@@ -343,6 +344,8 @@ class Trainer {
     std::unique_ptr<data::TokenSource> train_source_, val_source_;
     std::unique_ptr<data::Sampler> train_sampler_, val_sampler_;
     std::unique_ptr<MetricsLog> metrics_;
+    // Rank 0 with metrics.port set: /metrics and the dashboard, fed by metrics_.
+    std::unique_ptr<HttpEndpoint> endpoint_;
     std::unique_ptr<Heartbeat> heartbeat_;  // while run() runs, with health.heartbeat_s > 0
     void beat_phase(Phase p) {
         if (heartbeat_) heartbeat_->set_phase(p);

@@ -161,7 +161,7 @@ void Trainer::handle_alarms(const StepResult& r) {
     }
     for (Alarm& a : fired) {
         a.fields["event"] = a.kind;
-        a.fields["alarm"] = a.kind;
+        a.fields["alarm"] = true;
         a.fields["detail"] = a.detail;
         metrics_->write(step_, "event", a.fields);
         if (log_) fmt::print("step {:>6}/{} | alarm: {}\n", step_, cfg_.train.steps, a.detail);
@@ -185,7 +185,7 @@ void Trainer::handle_health_events(const StepResult& r) {
                           v.median,
                           v.mad,
                           cfg_.health.spike_z),
-              {{"alarm", name},
+              {{"alarm", true},
                {"value", value},
                {"z", v.z},
                {"median", v.median},
@@ -205,7 +205,7 @@ void Trainer::handle_health_events(const StepResult& r) {
               fmt::format("a non-finite loss or gradient norm again when re-run on the same batch: a data or model "
                           "fault (health.spike_action = {})",
                           cfg_.health.spike_action),
-              {{"alarm", "nonfinite"}, {"action", cfg_.health.spike_action}});
+              {{"alarm", true}, {"action", cfg_.health.spike_action}});
     }
     const nlohmann::json dropped = {r.dropped_data.first, r.dropped_data.second};
     if (r.bad_step == "skipped")

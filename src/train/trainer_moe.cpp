@@ -68,7 +68,7 @@ void Trainer::handle_moe_events(const StepResult& r) {
         fields["layer"] = layer;
         fields["detail"] = alarm.message();
         fields["alarms_total"] = moe_alarms_total_;
-        fields["alarm"] = "moe_collapse";
+        fields["alarm"] = true;
         metrics_->write(step_, "event", fields);
         if (log_)
             fmt::print("step {:>6}/{} | ALARM routing collapse in layer {}: {}\n",

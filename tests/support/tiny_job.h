@@ -52,6 +52,14 @@ inline std::string write_document_shard(const std::string& dir) {
     return path;
 }
 
+// Overrides that make tiny_job's model a small MoE on the CPU (4 experts of width 16, top 2), followed by `more`.
+inline std::vector<std::string> tiny_moe_overrides(const std::vector<std::string>& more) {
+    std::vector<std::string> o = {
+        "run.device=\"cpu\"", "moe.enabled=true", "moe.num_experts=4", "moe.top_k=2", "moe.expert_ffn_dim=16"};
+    o.insert(o.end(), more.begin(), more.end());
+    return o;
+}
+
 // Writes train/val shards into dir and returns a config of a 2-layer GQA model over them.
 inline train::JobConfig tiny_job(const std::string& dir, std::vector<std::string> overrides = {}) {
     const int64_t vocab = 61;
