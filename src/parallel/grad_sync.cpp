@@ -173,6 +173,38 @@ double GradSync::grad_norm() const {
     return std::sqrt(comm_all_reduce_sum(*world_, local));
 }
 
+std::vector<double> GradSync::group_norms_sq(const std::vector<int>& group_of, int groups, bool grads) const {
+    const core::Tensor& arena = grads ? arenas_.grads : arenas_.master;
+    MT_CHECK(group_of.size() == arenas_.params.size(),
+             "group_norms_sq: {} groups for {} parameters",
+             group_of.size(),
+             arenas_.params.size());
+    // As grad_norm: each part weighed by the ranks holding the same elements, one norm call per (group, multiplicity).
+    std::map<std::pair<int, double>, std::vector<core::Tensor>> parts;
+    auto add = [&](size_t i, int64_t begin, int64_t end, int64_t group) {
+        const ArenaParam& p = arenas_.params[i];
+        begin = std::max(begin, p.begin), end = std::min(end, p.begin + p.numel);
+        if (group_of[i] >= 0 && begin < end)
+            parts[{group_of[i], world_->size() == 1 ? 1.0 : copies(p, group)}].push_back(arena.slice(0, begin, end));
+    };
+    if (!active_ || !zero_) {
+        for (size_t i = 0; i < arenas_.params.size(); ++i)
+            add(i, arenas_.params[i].begin, arenas_.params[i].begin + arenas_.params[i].numel, 1);
+    } else {
+        for (const Bucket& b : buckets_)
+            for (size_t i = 0; i < arenas_.params.size(); ++i)
+                if (arenas_.params[i].begin < b.end && arenas_.params[i].end > b.begin)
+                    add(i, b.mine, b.mine + b.share, group(b).size());
+    }
+    std::vector<double> sq(static_cast<size_t>(groups), 0.0);
+    for (const auto& [key, tensors] : parts) {
+        const double norm = ops::global_norm(tensors);
+        sq[static_cast<size_t>(key.first)] += norm * norm / key.second;
+    }
+    if (world_->size() > 1) world_->all_reduce(sq.data(), groups, CommType::f64, ReduceOp::sum).wait();
+    return sq;
+}
+
 void GradSync::gather_params() {
     if (!zero_) return;
     // The arena the forward reads, updated by the optimizer in the owned slices only. Under mixed precision that is

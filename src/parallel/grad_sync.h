@@ -92,6 +92,11 @@ class GradSync {
     // The L2 norm of the reduced gradient over the whole model (collective over the world): each rank sums the
     // squares of what it holds, each divided by the number of ranks holding the same elements.
     double grad_norm() const;
+    // The squared L2 norms of groups of parameters, of the reduced gradient (grads) or of the master weights, summed
+    // over the whole model as grad_norm sums (collective over the world: one all-reduce of the vector).
+    // group_of[i]: parameter i's group in [0, groups), or -1 for none. Under ZeRO-1 with mixed precision the master
+    // weights are read in the owned slices, which are current between the update and a checkpoint's gather.
+    std::vector<double> group_norms_sq(const std::vector<int>& group_of, int groups, bool grads) const;
     // ZeRO-1: this rank's arena ranges, one slice per bucket, ascending (the whole arena when inactive).
     const std::vector<optim::ArenaRange>& owned() const {
         return owned_;

@@ -85,6 +85,10 @@ struct MetricsConfig {
     int64_t port = 0;
     std::string bind = "127.0.0.1";
     double memory_warning = 0.95;  // warn when the memory reserved exceeds this fraction of the device's
+    // The device's peak for MFU in TFLOP/s per rank; 0: 989 (dense bf16 of an H100/H200) on a GPU, no MFU on the CPU.
+    double peak_tflops = 0.0;
+    // The per-layer gradient and weight norms (layer/<l>/*) on the metrics steps (metric_registry.h).
+    bool layer_stats = true;
 };
 
 // [health]: what keeps a long job observable to a supervisor (operations.md).

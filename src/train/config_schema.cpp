@@ -468,6 +468,16 @@ std::vector<Field> config_schema(JobConfig& c) {
              &x.bind,
              "the address the endpoint listens on, a numeric IPv4 or IPv6 address; any other than loopback "
              "(127.0.0.1, ::1) serves other machines, unauthenticated, and prints a warning"),
+        number("metrics.peak_tflops",
+               &x.peak_tflops,
+               0,
+               1e9,
+               "the device's peak TFLOP/s per rank for the `mfu` metric; 0: 989 (dense bf16 of an H100/H200) on a "
+               "GPU, no `mfu` on the CPU"),
+        flag("metrics.layer_stats",
+             &x.layer_stats,
+             "per-layer gradient and weight norms (`layer/<l>/grad_norm`, `layer/<l>/param_norm`) on the steps that "
+             "write a train line ([metrics.md](metrics.md))"),
         number_above("metrics.memory_warning",
                      &x.memory_warning,
                      0,

@@ -221,6 +221,7 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     inputs_ = core::Tensor::zeros({t.batch_size, t.seq_len}, core::DType::i32);
     targets_ = core::Tensor::zeros({t.batch_size, t.seq_len}, core::DType::i32);
     long_setup();
+    setup_layer_stats();
 }
 
 void Trainer::fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs, const core::Tensor& targets) const {
@@ -306,6 +307,12 @@ StepResult Trainer::train_step() {
             r.grad_norm,
             step_ + 1,
             scaler_.exhausted() ? fmt::format(" (loss scale already at its minimum {})", r.loss_scale) : "");
+    // The per-layer norms of the metrics steps (the loss scale divided out of the gradients').
+    const bool layer_stats = cfg_.metrics.layer_stats && (step_ + 1) % cfg_.metrics.every == 0;
+    if (layer_stats) {
+        r.layer_grad_sq = grad_sync_->group_norms_sq(layer_of_param_, static_cast<int>(cfg_.model.n_layers), true);
+        for (double& x : r.layer_grad_sq) x /= r.loss_scale * r.loss_scale;
+    }
     if (!r.skipped) {
         // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm; the
         // loss scale is divided out in the same multiplier.
@@ -313,6 +320,8 @@ StepResult Trainer::train_step() {
         adamw_->step(r.lr, step_ + 1, clip / r.loss_scale);
         grad_sync_->gather_params();  // ZeRO-1: every rank's updated slices to every replica
     }
+    if (layer_stats)
+        r.layer_param_sq = grad_sync_->group_norms_sq(layer_of_param_, static_cast<int>(cfg_.model.n_layers), false);
     ++step_;
     // The MoE balancers update from the routing the step's training forwards counted (the bias is not a gradient
     // quantity, so this happens also on a skipped step); the metrics and the collapse alarm come with it.
@@ -555,6 +564,7 @@ RunEnd Trainer::run() {
             add_comm_metrics(fields);
             add_health_metrics(r, fields);
             add_alarm_metrics(fields);
+            add_throughput_metrics(r, fields);
             metrics_->write(step_, "train", fields);
         }
         handle_health_events(r);

@@ -63,6 +63,9 @@ struct StepResult {
     int64_t rolled_back_to = -1;
     std::pair<int64_t, int64_t> dropped_data = {-1, -1};  // the data steps a skip or rollback dropped
     bool health_stop = false;
+    // metrics.layer_stats, on the steps that write a train line: each layer's squared gradient norm (before clipping,
+    // loss scale divided out) and squared weight norm after the update, the whole model's.
+    std::vector<double> layer_grad_sq, layer_param_sq;
 };
 
 // A fault injected into one step's gradients (tests of the bad-step handling): at the optimizer step that reads data
@@ -302,6 +305,10 @@ class Trainer {
     std::deque<int64_t> recent_bad_steps_;                   // steps of the bad steps within max_spikes_window
     std::vector<std::pair<int64_t, int64_t>> skipped_data_;  // data steps [first, end) removed, sorted, disjoint
     std::optional<FaultInjection> fault_;
+    // trainer_metrics.cpp: the registry's step figures (data_step, flops_per_s, mfu, layer/<l>/*).
+    void setup_layer_stats();
+    void add_throughput_metrics(const StepResult& r, nlohmann::json& fields) const;
+    std::vector<int> layer_of_param_;  // each table parameter's layer ("layers.<l>.*"), -1 for the rest
     std::vector<CheckpointTensor> moe_checkpoint_tensors();  // as the layers hold them (the caller copies to host)
     nlohmann::json moe_checkpoint_json();
     void load_moe_checkpoint(const Checkpoint& ckpt);

@@ -1,0 +1,196 @@
+// The metric registry: see metric_registry.h. Each family is declared once here, with the condition under which the
+// trainer writes it; the per-layer families are expanded over the layers they apply to.
+#include "train/metric_registry.h"
+
+#include <fmt/format.h>
+
+#include <map>
+
+namespace mt::train {
+
+namespace {
+
+constexpr const char* kCommGroups[] = {"tp", "cp", "ep", "dp", "pp", "world"};
+constexpr const char* kAlarmKinds[] = {"expert_load_drift",
+                                       "grad_spike",
+                                       "loss_spike",
+                                       "memory_pressure",
+                                       "moe_collapse",
+                                       "nonfinite",
+                                       "straggler",
+                                       "throughput_drop"};
+
+struct Builder {
+    std::vector<MetricDef> out;
+    void add(std::string key, const char* type, const char* unit, std::string help, std::string when = "") {
+        out.push_back({std::move(key), "train", type, unit, std::move(help), std::move(when)});
+    }
+};
+
+std::string layer_key(const char* family, const char* stat, int64_t layer) {
+    return fmt::format("{}/{}/l{:02d}", family, stat, layer);
+}
+
+}  // namespace
+
+std::vector<MetricDef> metric_registry(const JobConfig& cfg) {
+    const nn::ModelConfig& m = cfg.model;
+    Builder b;
+    // The step.
+    b.add("loss", "gauge", "nats", "training loss: mean cross-entropy over the supervised tokens of the global batch");
+    b.add("lr", "gauge", "", "learning rate of the step");
+    b.add("grad_norm", "gauge", "", "L2 norm of the whole reduced gradient, before clipping");
+    b.add("tokens_per_s", "gauge", "tokens/s", "training tokens per second, mean over the steps after the first");
+    b.add("step_seconds", "gauge", "s", "wall time of the step");
+    b.add("tokens_seen", "counter", "tokens", "training tokens of the steps done");
+    b.add("data_step", "gauge", "", "the data step the next step reads (its step, past the data bad steps dropped)");
+    b.add("flops_per_s",
+          "gauge",
+          "FLOP/s",
+          "model FLOPs per second of the step, all ranks together (docs/PERFORMANCE.md: the FLOPs per token of "
+          "nn::Model::flops_per_token times the step's tokens)");
+    b.add("mfu",
+          "gauge",
+          "1",
+          "model FLOPs utilisation: flops_per_s over metrics.peak_tflops x the ranks",
+          "metrics.peak_tflops > 0 (the default on a GPU: 989, dense bf16 of an H100/H200)");
+    if (cfg.train.loss_scale == 0 && cfg.run.precision == "fp16") {
+        const char* when = "dynamic loss scaling (fp16)";
+        b.add("loss_scale", "gauge", "", "the loss scale the step's backward used", when);
+        b.add("skipped", "gauge", "", "1 when an fp16 overflow skipped the step's update", when);
+        b.add("skipped_total", "counter", "", "steps skipped by fp16 overflows", when);
+    }
+    if (m.moe_enabled && m.moe.balance.mode == nn::MoeBalanceMode::aux_loss)
+        b.add("aux_loss", "gauge", "", "MoE auxiliary balancing loss (mean over micro-batches; not in loss)");
+    // Memory.
+    b.add("mem/allocated", "gauge", "bytes", "memory handed out at the step's end (the largest rank's)");
+    b.add("mem/reserved", "gauge", "bytes", "memory held from the driver (or the process) at the step's end");
+    b.add("mem/peak", "gauge", "bytes", "the most memory handed out at once during the step");
+    b.add("mem/peak_activations", "gauge", "bytes", "mem/peak less the state (weights, gradients, moments)");
+    // Communication.
+    for (const char* g : kCommGroups) {
+        b.add(fmt::format("comm/{}/bytes", g),
+              "gauge",
+              "bytes",
+              fmt::format("bytes this rank sent over {} in the step", g));
+        b.add(fmt::format("comm/{}/calls", g), "gauge", "", fmt::format("communication calls over {} in the step", g));
+        b.add(fmt::format("comm/{}/seconds", g),
+              "gauge",
+              "s",
+              fmt::format("host seconds inside {} calls and their waits in the step", g));
+    }
+    b.add("comm/dp_grad_seconds", "gauge", "s", "the gradient reduction's seconds not hidden behind the backward");
+    b.add("comm/dp_buckets_overlapped", "gauge", "", "gradient buckets issued while the backward still ran");
+    if (cfg.parallel.pp > 1) {
+        const char* when = "parallel.pp > 1";
+        b.add("pp/bubble", "gauge", "1", "the pipeline schedule's ideal idle fraction", when);
+        b.add("pp/wait_seconds", "gauge", "s", "this rank's seconds waiting for its neighbouring stages", when);
+        b.add("pp/compute_seconds", "gauge", "s", "this rank's seconds running its chunks", when);
+        for (int64_t s = 0; s < cfg.parallel.pp; ++s) {
+            b.add(fmt::format("pp/wait_seconds/s{}", s), "gauge", "s", "stage s's wait seconds", when);
+            b.add(fmt::format("pp/compute_seconds/s{}", s), "gauge", "s", "stage s's compute seconds", when);
+            b.add(fmt::format("pp/mem_peak/s{}", s), "gauge", "bytes", "stage s's peak memory", when);
+        }
+    }
+    // Health and alarms.
+    if (cfg.health.spike_action != "off") {
+        b.add("health/loss_z", "gauge", "", "robust z-score of the loss against the spike detector's window");
+        b.add("health/grad_norm_z", "gauge", "", "robust z-score of the gradient norm against the window");
+        for (const char* c :
+             {"loss_spikes", "grad_spikes", "nonfinite", "transient_faults", "skipped_steps", "rollbacks"})
+            b.add(fmt::format("health/{}_total", c), "counter", "", fmt::format("{} so far (docs/operations.md)", c));
+    }
+    for (const char* kind : kAlarmKinds)
+        b.add(fmt::format("alarms/{}", kind), "counter", "", fmt::format("{} alarms raised so far", kind));
+    // Long context.
+    b.add("long/seq_len", "gauge", "tokens", "the row length of the step (the curriculum stage's)");
+    b.add("long/segments", "gauge", "", "sequence segments of the last micro-batch (long.segments)");
+    if (!cfg.long_ctx.stages.empty()) {
+        const char* when = "a context-length curriculum ([[long.stages]])";
+        b.add("long/stage", "gauge", "", "the curriculum stage of the step", when);
+        b.add("long/long_share", "gauge", "1", "share of the step's tokens in long documents", when);
+        b.add("long/stage_long_share", "gauge", "1", "the same over the stage so far", when);
+        b.add(
+            "long/stage_replay_share", "gauge", "1", "share of the stage's tokens that are replayed short data", when);
+        b.add("long/stage_tokens", "counter", "tokens", "tokens the stage has trained on", when);
+    }
+    // MoE, model-wide.
+    if (m.n_moe_layers() > 0) {
+        b.add("moe/max_vio", "gauge", "1", "the worst MoE layer's MaxVio (max load / mean load - 1)");
+        b.add("moe/load_var", "gauge", "1", "the largest per-layer load variance");
+        b.add("moe/drop_rate", "gauge", "1", "mean share of routed rows dropped by the capacity");
+        b.add("moe/collapse_alarms_total", "counter", "", "routing-collapse alarms so far");
+    }
+    // Per layer, in layer order.
+    const std::map<std::string, std::pair<const char*, const char*>> moe_stats = {
+        {"max_vio", {"1", "max load / mean load - 1"}},
+        {"min_vio", {"1", "min load / mean load - 1"}},
+        {"avg_vio", {"1", "mean |load / mean load - 1|"}},
+        {"load_var", {"1", "variance of load / mean load"}},
+        {"drop_rate", {"1", "share of routed rows dropped"}},
+        {"bias_min", {"", "smallest selection bias"}},
+        {"bias_max", {"", "largest selection bias"}},
+        {"bias_range", {"", "bias_max - bias_min"}},
+        {"bias_step", {"", "mean |bias change| of the last update"}},
+        {"token_entropy", {"1", "mean routing entropy per token / ln E"}},
+        {"load_entropy", {"1", "entropy of the load distribution / ln E"}},
+        {"n_eff", {"", "effective number of experts, exp(load entropy)"}},
+        {"aux_loss", {"", "the layer's auxiliary balancing loss"}},
+        {"imbalance_warning", {"", "1 while load_var > 0.1"}},
+        {"bias_range_warning", {"", "1 while bias_range > 1"}},
+    };
+    for (int64_t l = 0; l < m.n_layers; ++l) {
+        if (cfg.metrics.layer_stats) {
+            b.add(fmt::format("layer/{}/grad_norm", l),
+                  "gauge",
+                  "",
+                  "L2 norm of the layer's reduced gradient (before clipping, loss scale divided out)");
+            b.add(
+                fmt::format("layer/{}/param_norm", l), "gauge", "", "L2 norm of the layer's weights after the update");
+        }
+        if (m.layer_is_kda(l)) {
+            b.add(layer_key("long", "kda_state_rms", l), "gauge", "", "RMS of the KDA layer's final state");
+        } else {
+            b.add(layer_key("long", "max_logit", l), "gauge", "", "largest pre-softmax logit of the layer");
+        }
+        if (!m.layer_is_moe(l)) continue;
+        for (const auto& [stat, d] : moe_stats) b.add(layer_key("moe", stat.c_str(), l), "gauge", d.first, d.second);
+        b.add(layer_key("moe", "load", l),
+              "array",
+              "rows",
+              "routed rows per expert of the step",
+              "every moe.log_loads_every steps");
+    }
+    std::vector<MetricDef> out = std::move(b.out);
+    out.push_back({"val_loss", "eval", "gauge", "nats", "validation loss (mean over train.eval_batches)", ""});
+    return out;
+}
+
+std::string metric_registry_markdown(const JobConfig& cfg) {
+    const std::vector<MetricDef> defs = metric_registry(cfg);
+    std::string md = fmt::format(
+        "# Metrics\n\n"
+        "Generated by `moetrain config --metrics --config {}` from the metric registry "
+        "(`src/train/metric_registry.cpp`); do not edit by hand. Every key below is what a `train` or `eval` line of "
+        "metrics.jsonl carries for this job (conventions §7.1); TensorBoard tags and Prometheus families are named "
+        "from them (docs/operations.md \"Metrics views\"). Per-layer keys are listed for each layer they apply to.\n\n"
+        "**{} metrics** for `{}` ({} layers, pattern `{}`, {} MoE layers).\n\n"
+        "| key | line | type | unit | meaning | written |\n| --- | --- | --- | --- | --- | --- |\n",
+        cfg.source,
+        defs.size(),
+        cfg.run.name,
+        cfg.model.n_layers,
+        cfg.model.layer_pattern,
+        cfg.model.n_moe_layers());
+    for (const MetricDef& d : defs)
+        md += fmt::format("| `{}` | {} | {} | {} | {} | {} |\n",
+                          d.key,
+                          d.line,
+                          d.type,
+                          d.unit,
+                          d.help,
+                          d.when.empty() ? "every `metrics.every` steps" : d.when);
+    return md;
+}
+
+}  // namespace mt::train
