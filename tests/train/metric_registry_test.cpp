@@ -64,7 +64,9 @@ TEST(MetricRegistry, ATrainingWritesExactlyTheDeclaredKeys) {
     std::map<std::string, std::set<std::string>> declared;
     for (const auto& d : mt::train::metric_registry(cfg)) {
         declared[d.line].insert(d.key);
-        if (d.when.empty()) EXPECT_TRUE(written[d.line].count(d.key)) << "declared but never written: " << d.key;
+        if (d.when.empty()) {
+            EXPECT_TRUE(written[d.line].count(d.key)) << "declared but never written: " << d.key;
+        }
     }
     for (const auto& [kind, keys] : written)
         for (const auto& k : keys) EXPECT_TRUE(declared[kind].count(k)) << kind << " line key not declared: " << k;

@@ -143,9 +143,15 @@ TEST(MetricsRing, OneWriterAndReadersTogether) {
                 ++snapshots;
             }
         });
+    // On a loaded machine the readers may not run before the writer ends: the writer waits for their first snapshots
+    // before it starts and for more before it stops, so that some snapshots are taken while it writes.
+    while (snapshots.load() < 2) std::this_thread::yield();
+    const int64_t before = snapshots.load();
     for (int64_t s = 1; s <= 20000; ++s) {
         ring.on_line(s, 0.0, "train", {{"loss", 1.0}});
         if (s % 100 == 0) ring.on_line(s, 0.0, "event", {{"event", "loss_spike"}});
+        if (s == 10000)
+            while (snapshots.load() < before + 2) std::this_thread::yield();
     }
     done = true;
     for (auto& t : readers) t.join();
