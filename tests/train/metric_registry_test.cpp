@@ -88,14 +88,14 @@ TEST(MetricRegistry, LayerNormsAreTheLayersTensorsNorms) {
     double other = 0.0;
     for (int i = 0; i < table.size(); ++i) {
         const std::string& name = table.spec(i).name;
-        const double g = mt::ops::global_norm_sq(table.grad(i).reshape({-1}));
+        const double g = mt::ops::global_norm_sq(table.grad(i).reshape({table.grad(i).numel()}));
         if (name.rfind("layers.", 0) != 0) {
             other += g;
             continue;
         }
         const size_t l = std::stoul(name.substr(7));
         grad[l] += g;
-        param[l] += mt::ops::global_norm_sq(table.master(i).reshape({-1}));
+        param[l] += mt::ops::global_norm_sq(table.master(i).reshape({table.master(i).numel()}));
     }
     double sum = other;
     for (size_t l = 0; l < 4; ++l) {
