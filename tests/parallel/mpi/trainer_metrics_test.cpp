@@ -19,11 +19,11 @@ namespace {
 void expect_same_layer_norms(const std::vector<std::string>& layout, const char* what) {
     auto& world = mt::parallel::dist_world();
     const std::string data = data_dir(), run = shared_dir(what);
-    const int64_t ga = layout.empty() ? 2 : 2 * world.size();  // dp: the one process takes n x the micro-batches
+    const int64_t ga = layout.empty() ? 2 * world.size() : 2;  // dp: the one process takes n x the micro-batches
     auto self = mt::parallel::comm_make_self();
     Trainer single(mpi_job(data,
                            run + "/single_r" + std::to_string(world.rank()),
-                           {"parallel.dp=1", "train.grad_accum=" + std::to_string(layout.empty() ? ga : 2)}),
+                           {"parallel.dp=1", "train.grad_accum=" + std::to_string(ga)}),
                    false,
                    self.get());
     std::vector<std::string> o = {"train.grad_accum=2"};
