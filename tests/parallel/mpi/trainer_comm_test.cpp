@@ -73,8 +73,12 @@ Count dp_step(int64_t tp, int64_t dp, bool zero, int64_t p_dense, int64_t p_stag
     return c;
 }
 
-// World, every step of a multi-process run: the gradient norm (one f64) and the memory figures' maxima (five f64).
-constexpr Count kWorldStep = {6 * 8, 2};
+// World, every step of a multi-process run: the gradient norm (one f64), the memory figures' maxima (five f64) and,
+// on the steps that write a train line (every step here), the per-layer gradient and weight norms of
+// metrics.layer_stats (two all-reduces of one f64 per layer: GradSync::group_norms_sq).
+constexpr Count world_step(int64_t layers) {
+    return {(6 + 2 * layers) * 8, 4};
+}
 
 Traffic minus(const Traffic& a, const Traffic& b) {
     Traffic d;
@@ -165,7 +169,7 @@ void expect_layout_matches_formula(const Layout& l) {
     const int64_t align = std::lcm(int64_t{64}, l.tp * l.dp), gain = (kDim + align - 1) / align * align;
     ASSERT_EQ(p_stage, l.tp > 1 && l.sp ? (2 * kLayers + 1) * gain : 0);
     Expected want = {{"dp", dp_step(l.tp, l.dp, l.zero, p_dense, p_stage, t.gradient_buckets())},
-                     {"world", kWorldStep}};
+                     {"world", world_step(kLayers)}};
     if (l.tp > 1) want["tp"] = tp_step(l.tp, l.sp);
     for (int step = 1; step <= 2; ++step) {
         const Traffic before = t.comm_traffic();
@@ -273,7 +277,7 @@ TEST(TrainerComm, PipelineStepMatchesTheFormula) {
                 per_hop[g] = static_cast<int64_t>(
                     mt::nn::attnres_hop_sources(sub_layers, static_cast<int64_t>(g), n, mode == "attnres", 3).size());
             const int64_t stage = t.mesh().coord(MeshAxis::pp);
-            const Expected want = {{"pp", pp_step(per_hop, stage, n, accum)}, {"world", kWorldStep}};
+            const Expected want = {{"pp", pp_step(per_hop, stage, n, accum)}, {"world", world_step(8)}};
             for (int step = 1; step <= 2; ++step) {
                 const Traffic before = t.comm_traffic();
                 (void)t.train_step();
