@@ -17,8 +17,13 @@ namespace {
 constexpr double kL2Eps = 1e-6;  // kda.md §1: k / sqrt(|k|^2 + 1e-6)
 }
 
-KdaLayer::KdaLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, const TensorParallel& tp)
+KdaLayer::KdaLayer(ParamTable& table,
+                   const std::string& prefix,
+                   const ModelConfig& cfg,
+                   const TensorParallel& tp,
+                   const ContextParallel& cp)
     : cfg_(cfg), table_(&table) {
+    MT_CHECK(!cp.active(), "{}: KDA does not run under context parallelism yet", prefix);
     using Split = Linear::Split;
     const KdaConfig& kda = cfg.kda;
     // This rank's heads (all of them without tp); the declarations below name the global sizes.

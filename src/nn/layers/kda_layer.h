@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/context_parallel.h"
 #include "nn/documents.h"
 #include "nn/layer.h"
 #include "nn/layers/linear.h"
@@ -37,7 +38,11 @@ class KdaLayer : public Layer {
     // v, beta, f_b and g_b projections column-parallel, their conv filters, A_log and dt_bias by head, o_proj
     // row-parallel); the low-rank down projections f_a, g_a and the output norm's gain stay whole, each rank holding
     // a part of their gradient. The recurrence is head-local: no communication inside the layer.
-    KdaLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, const TensorParallel& tp = {});
+    KdaLayer(ParamTable& table,
+             const std::string& prefix,
+             const ModelConfig& cfg,
+             const TensorParallel& tp = {},
+             const ContextParallel& cp = {});
 
     void resize(int64_t batch, int64_t seq, const Precision& precision);
     // S_0 [B, HV, K, V] in the compute dtype, or undefined for the zero state; kept until changed.
@@ -85,6 +90,9 @@ class KdaLayer : public Layer {
     // it; its backward passes the gradients of both to segment j - 1's. The first segment starts from the initial
     // state (set_initial_state); every segment before the last needs at least W - 1 tokens.
     void set_segment(const SegmentContext& seg);
+    // Context parallelism: the whole sequence the next forward's tokens belong to (not built yet: the constructor
+    // refuses an active cp).
+    void set_context_parallel(const CpBatch& /*batch*/) {}
 
    private:
     // Everything but the output projection, from x (into y_): what recompute kda re-runs. keep: let the op keep
