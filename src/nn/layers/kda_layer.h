@@ -8,7 +8,8 @@
 // S_T is kept; backward takes an optional dS_T and returns dS_0. Parameter names follow Kimi Linear's Hugging Face
 // names under the prefix: q_proj, k_proj, v_proj, q_conv1d, k_conv1d, v_conv1d (weights [C, 4]), f_a_proj, f_b_proj,
 // A_log, dt_bias, b_proj, g_a_proj, g_b_proj, o_norm, o_proj. Sequence segments (set_segment) carry the state and
-// the short convs' halo from one segment to the next. Not yet: the output-gate bias.
+// the short convs' halo from one segment to the next; context parallelism (nn/layers/kda_cp.h) across the cp ranks'
+// spans. Not yet: the output-gate bias.
 #pragma once
 
 #include <array>
@@ -18,6 +19,7 @@
 #include "nn/context_parallel.h"
 #include "nn/documents.h"
 #include "nn/layer.h"
+#include "nn/layers/kda_cp.h"
 #include "nn/layers/linear.h"
 #include "nn/model_config.h"
 #include "nn/recompute.h"
@@ -90,9 +92,10 @@ class KdaLayer : public Layer {
     // it; its backward passes the gradients of both to segment j - 1's. The first segment starts from the initial
     // state (set_initial_state); every segment before the last needs at least W - 1 tokens.
     void set_segment(const SegmentContext& seg);
-    // Context parallelism: the whole sequence the next forward's tokens belong to (not built yet: the constructor
-    // refuses an active cp).
-    void set_context_parallel(const CpBatch& /*batch*/) {}
+    // Context parallelism: the whole sequence the next forward's tokens belong to.
+    void set_context_parallel(const CpBatch& batch) {
+        cp_.begin(batch, batch_, device_);
+    }
 
    private:
     // Everything but the output projection, from x (into y_): what recompute kda re-runs. keep: let the op keep
@@ -109,8 +112,6 @@ class KdaLayer : public Layer {
     }
     void conv_forward(int which, const Tensor& xp, const Tensor& y);
     void conv_backward(int which, const Tensor& xp, const Tensor& dy, const Tensor& dxp, Tensor& dhalo);
-    // [B, W - 1 + T, C]: the segment's halo rows, then xp's.
-    Tensor with_halo(int which, const Tensor& xp) const;
     // At the end of a segment's first forward: what the next segment starts from.
     void keep_for_next_segment();
 
@@ -149,6 +150,11 @@ class KdaLayer : public Layer {
     std::array<Tensor, 3> next_halo_, pending_dhalo_, cur_halo_;  // cur: the current segment's, on the device
     std::vector<int64_t> doc_start_rows_;  // rows where a document starts at the segment's first token
     Tensor conv_doc_start_;                // [B, W - 1 + T] the halo'd convs' document map, or undefined
+    KdaCp cp_;  // context parallelism: the state and the halo across the spans (nn/layers/kda_cp.h)
+    // [B, T, C] view of an [N, C] projection.
+    Tensor seq_rows(const Tensor& t) const {
+        return t.reshape({batch_, seq_, t.size(1)});
+    }
 };
 
 }  // namespace mt::nn

@@ -1,8 +1,8 @@
 // Context parallelism through the whole model under mpirun (long_context.md §7 and §10 test 6): the world is one cp
 // group (cp = 2 and 4), every rank runs its zigzag share of the same batch, and the loss, every parameter gradient
 // (each rank's part summed over the group) and the MoE routing counts equal one process's: f64 rho <= 1e-12, f32
-// <= 1e-5, counts exactly. Softmax attention with cp.attn = "allgather". With document masking the batch has a document
-// starting exactly at a chunk (span) start and one starting inside a span.
+// <= 1e-5, counts exactly. With document masking the batch has a document starting exactly at a chunk (span) start
+// and one starting inside a span.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,6 +46,18 @@ ModelConfig tiny_attention() {
     c.attn.sink_logit = true;
     c.loss_chunk_tokens = 96;  // head chunks that cut across the chunks of the zigzag
     c.eot_token = kEot;
+    return c;
+}
+
+// The KDA/attention hybrid: KDA layers 1 and 3 (chunk 32, so a span holds several chunks), global attention 2 and 4
+// (NoPE, as the hybrid default).
+ModelConfig tiny_hybrid() {
+    ModelConfig c = tiny_attention();
+    c.n_layers = 4;
+    c.layer_pattern = "KA";
+    c.kda.num_heads = 2;
+    c.kda.head_dim = 4;
+    c.kda.chunk_size = 32;
     return c;
 }
 
@@ -140,6 +152,7 @@ void expect_equal(const Outcome& cp, const Outcome& one, double tol, const std::
 struct Case {
     const char* name;
     ModelConfig cfg;
+    bool every_variant = true;  // false: f64 with documents only (recompute: what it reruns is already covered)
 };
 
 std::vector<Case> attention_cases() {
@@ -166,6 +179,71 @@ TEST_P(ModelCpAttention, AllGatherEqualsOneProcess) {
 INSTANTIATE_TEST_SUITE_P(Documents, ModelCpAttention, ::testing::Bool(), [](const auto& info) {
     return info.param ? std::string("documents") : std::string("one_document_per_row");
 });
+
+std::vector<Case> hybrid_cases() {
+    ModelConfig selective = tiny_hybrid();
+    selective.recompute.policy = RecomputePolicy::selective;
+    selective.recompute.modules = {RecomputeModule::kda, RecomputeModule::attn_core, RecomputeModule::norm};
+    ModelConfig full = tiny_hybrid();
+    full.recompute.policy = RecomputePolicy::full;
+    return {{"hybrid", tiny_hybrid()},
+            {"hybrid_moe_attnres", with_moe_attnres(tiny_hybrid())},
+            {"hybrid_recompute_selective", selective, false},
+            {"hybrid_recompute_full", full, false}};
+}
+
+class ModelCpKda : public ::testing::TestWithParam<bool> {};  // document masking off / on
+
+// KDA: relay (the oracle) and affine each equal one process, and each other.
+TEST_P(ModelCpKda, AffineEqualsRelayEqualsOneProcess) {
+    const bool documents = GetParam();
+    for (const Case& c : hybrid_cases())
+        for (DType dtype : {DType::f64, DType::f32}) {
+            if (!c.every_variant && (dtype != DType::f64 || !documents)) continue;
+            const double tol = dtype == DType::f64 ? 1e-12 : 1e-5;
+            const std::string what =
+                fmt::format("{} {} {}", c.name, documents ? "documents" : "rows", dtype_name(dtype));
+            const Outcome one = run(c.cfg, dtype, documents, 1, CpAttnMode::allgather, CpKdaMode::relay);
+            const Outcome relay = run(c.cfg, dtype, documents, world(), CpAttnMode::allgather, CpKdaMode::relay);
+            const Outcome affine = run(c.cfg, dtype, documents, world(), CpAttnMode::allgather, CpKdaMode::affine);
+            expect_equal(relay, one, tol, what + " relay");
+            expect_equal(affine, one, tol, what + " affine");
+            expect_equal(affine, relay, tol, what + " affine vs relay");
+        }
+}
+
+INSTANTIATE_TEST_SUITE_P(Documents, ModelCpKda, ::testing::Bool(), [](const auto& info) {
+    return info.param ? std::string("documents") : std::string("one_document_per_row");
+});
+
+// The sequence's final KDA state (long/kda_state_rms reads it on rank 0, which holds the last chunk) is one process's
+// under both modes.
+TEST(ModelCpKdaState, FinalStateIsTheSequences) {
+    ModelConfig cfg = tiny_hybrid();
+    cfg.document_mask = true;
+    const Batch batch = make_batch(true);
+    auto final_states = [&](int64_t cp, CpKdaMode mode) {
+        auto self = parallel::comm_make_self();
+        parallel::Comm& group = cp > 1 ? dist_world() : *self;
+        const ContextParallel ctx{.size = cp, .rank = group.rank(), .kda = mode, .comm = &group};
+        Model model(cfg, Precision::cpu(DType::f64), 64, {}, {}, {}, ctx);
+        model.params().initialize(7);
+        model.forward(batch.ids, batch.targets, /*training=*/false);
+        std::vector<Tensor> out;
+        for (auto& [layer, st] : model.kda_final_states()) out.push_back(st.clone());
+        return out;
+    };
+    const std::vector<Tensor> one = final_states(1, CpKdaMode::relay);
+    ASSERT_EQ(one.size(), 2u);
+    for (CpKdaMode mode : {CpKdaMode::relay, CpKdaMode::affine}) {
+        const std::vector<Tensor> cp = final_states(world(), mode);
+        ASSERT_EQ(cp.size(), one.size());
+        if (mode != CpKdaMode::affine && dist_world().rank() != 0) continue;  // relay: rank 0 ends the sequence
+        for (size_t l = 0; l < one.size(); ++l) {
+            EXPECT_LE(mt::testing::rho(cp[l], one[l]), 1e-12) << enum_name(mode);
+        }
+    }
+}
 
 // Without the other ranks' keys (each rank's queries attending to its own chunks alone) the gradients differ: the
 // comparison above can fail. Documents ending at every chunk's last token cut the same attention.
