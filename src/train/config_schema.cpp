@@ -546,7 +546,8 @@ std::vector<Field> config_schema(JobConfig& c) {
         choice("cp.attn",
                &p.cp_attn,
                "with `parallel.cp` > 1, how softmax attention sees the other ranks' keys: `allgather` (all-gather "
-               "the keys and values, reduce-scatter their gradients) or `ring` (not built yet)"),
+               "the keys and values, reduce-scatter their gradients) or `ring` (the key/value shards passed around "
+               "the ring while each step's result merges by log-sum-exp; a second ring carries their gradients home)"),
         choice("cp.kda",
                &p.cp_kda,
                "with `parallel.cp` > 1, how a KDA layer's state crosses the ranks: `affine` (every span scanned "

@@ -135,7 +135,7 @@ TEST(ParallelConfig, PipelineRefusesWhatItCannotSplit) {
 }
 
 // Context parallelism's rules (long_context.md §7): every sequence length a multiple of 2 x cp x 64, and what the cp
-// layers do not run yet (pipeline and tensor parallelism, segments, window layers, the ring, per-batch MoE settings)
+// layers do not run yet (pipeline and tensor parallelism, segments, window layers, per-batch MoE settings)
 // refused: exit 2 naming the keys. The mode keys take their two spellings.
 TEST(ParallelConfig, ContextParallelRefusesWhatItCannotRun) {
     const std::string dir = mt::testing::fresh_dir("cp");
@@ -166,7 +166,7 @@ TEST(ParallelConfig, ContextParallelRefusesWhatItCannotRun) {
             job(with({"attn.window_layers=[2]", "attn.window=32"}));
         },
         {"parallel.cp = 2 with attn.window_layers"});
-    expect_usage_error([&] { job(with({"cp.attn=\"ring\""})); }, {"parallel.cp = 2 with cp.attn = \"ring\""});
+    EXPECT_EQ(job(with({"cp.attn=\"ring\""})).parallel.cp_attn, mt::nn::CpAttnMode::ring);
     expect_usage_error(
         [&] {
             job(with({"moe.enabled=true", "moe.top_k=2", "moe.expert_ffn_dim=16", "moe.capacity_factor=1.5"}));

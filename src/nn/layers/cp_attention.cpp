@@ -1,4 +1,5 @@
-// All-gather context-parallel attention: two key-prefix attentions per rank over the gathered keys.
+// Context-parallel attention: the dispatch by mode, and all-gather attention (two key-prefix attentions per rank over
+// the gathered keys). The ring is cp_attention_ring.cpp.
 #include "nn/layers/cp_attention.h"
 
 #include "nn/segments.h"
@@ -40,8 +41,35 @@ void CpAttention::forward(const Tensor& q,
                           const Tensor& lse,
                           const Tensor& max_logit) const {
     const parallel::Zigzag z = cp_.layout(batch_.total);
-    const int64_t c = z.chunk();
     MT_CHECK(q.size(1) == z.local(), "context-parallel attention over {} local tokens, not {}", z.local(), q.size(1));
+    const Io io{.q = q, .k = k, .v = v, .out = out, .lse = lse};
+    if (cp_.attn == CpAttnMode::ring)
+        ring_forward(io, max_logit);
+    else
+        allgather_forward(io, max_logit);
+}
+
+void CpAttention::backward(const Tensor& q,
+                           const Tensor& k,
+                           const Tensor& v,
+                           const Tensor& out,
+                           const Tensor& lse,
+                           const Tensor& dout,
+                           const Tensor& dq,
+                           const Tensor& dk,
+                           const Tensor& dv) const {
+    const Io io{.q = q, .k = k, .v = v, .out = out, .lse = lse};
+    const Grads g{.dout = dout, .dq = dq, .dk = dk, .dv = dv};
+    if (cp_.attn == CpAttnMode::ring)
+        ring_backward(io, g);
+    else
+        allgather_backward(io, g);
+}
+
+void CpAttention::allgather_forward(const Io& io, const Tensor& max_logit) const {
+    const auto& [q, k, v, out, lse] = io;
+    const parallel::Zigzag z = cp_.layout(batch_.total);
+    const int64_t c = z.chunk();
     const auto [kw, vw] = gather_keys(k, v);
     for (int s = 0; s < 2; ++s) {
         const int64_t hi = z.span_first(s) + c;  // the chunk's last query sees keys [0, hi)
@@ -57,15 +85,9 @@ void CpAttention::forward(const Tensor& q,
     }
 }
 
-void CpAttention::backward(const Tensor& q,
-                           const Tensor& k,
-                           const Tensor& v,
-                           const Tensor& out,
-                           const Tensor& lse,
-                           const Tensor& dout,
-                           const Tensor& dq,
-                           const Tensor& dk,
-                           const Tensor& dv) const {
+void CpAttention::allgather_backward(const Io& io, const Grads& g) const {
+    const auto& [q, k, v, out, lse] = io;
+    const auto& [dout, dq, dk, dv] = g;
     const parallel::Zigzag z = cp_.layout(batch_.total);
     const int64_t c = z.chunk();
     const auto [kw, vw] = gather_keys(k, v);

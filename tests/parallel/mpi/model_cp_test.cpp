@@ -1,8 +1,8 @@
 // Context parallelism through the whole model under mpirun (long_context.md §7 and §10 test 6): the world is one cp
 // group (cp = 2 and 4), every rank runs its zigzag share of the same batch, and the loss, every parameter gradient
 // (each rank's part summed over the group) and the MoE routing counts equal one process's: f64 rho <= 1e-12, f32
-// <= 1e-5, counts exactly. With document masking the batch has a document starting exactly at a chunk (span) start
-// and one starting inside a span.
+// <= 1e-5, counts exactly; softmax attention all-gather and ring, KDA relay and affine. With document masking the
+// batch has a document starting exactly at a chunk (span) start and one starting inside a span.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -163,7 +163,8 @@ std::vector<Case> attention_cases() {
 
 class ModelCpAttention : public ::testing::TestWithParam<bool> {};  // document masking off / on
 
-TEST_P(ModelCpAttention, AllGatherEqualsOneProcess) {
+// Softmax attention: all-gather and ring each equal one process.
+TEST_P(ModelCpAttention, AllGatherAndRingEqualOneProcess) {
     const bool documents = GetParam();
     for (const Case& c : attention_cases())
         for (DType dtype : {DType::f64, DType::f32}) {
@@ -171,8 +172,10 @@ TEST_P(ModelCpAttention, AllGatherEqualsOneProcess) {
             const std::string what =
                 fmt::format("{} {} {}", c.name, documents ? "documents" : "rows", dtype_name(dtype));
             const Outcome one = run(c.cfg, dtype, documents, 1, CpAttnMode::allgather, CpKdaMode::affine);
-            const Outcome cp = run(c.cfg, dtype, documents, world(), CpAttnMode::allgather, CpKdaMode::affine);
-            expect_equal(cp, one, tol, what + " allgather");
+            for (CpAttnMode mode : {CpAttnMode::allgather, CpAttnMode::ring}) {
+                const Outcome cp = run(c.cfg, dtype, documents, world(), mode, CpKdaMode::affine);
+                expect_equal(cp, one, tol, what + " " + enum_name(mode));
+            }
         }
 }
 
@@ -209,6 +212,11 @@ TEST_P(ModelCpKda, AffineEqualsRelayEqualsOneProcess) {
             expect_equal(relay, one, tol, what + " relay");
             expect_equal(affine, one, tol, what + " affine");
             expect_equal(affine, relay, tol, what + " affine vs relay");
+            if (c.name == std::string("hybrid_moe_attnres"))  // its attention layers under the ring too
+                expect_equal(run(c.cfg, dtype, documents, world(), CpAttnMode::ring, CpKdaMode::affine),
+                             one,
+                             tol,
+                             what + " ring affine");
         }
 }
 
