@@ -62,7 +62,6 @@ void validate_context_parallel(const JobConfig& c, const std::string& src) {
         bad(hint, fmt::format("parallel.cp = {} with {} is not built yet", p.cp, keys));
     };
     if (p.pp > 1) not_yet(fmt::format("parallel.pp = {}", p.pp), "set parallel.pp = 1 or parallel.cp = 1");
-    if (p.tp > 1) not_yet(fmt::format("parallel.tp = {}", p.tp), "set parallel.tp = 1 or parallel.cp = 1");
     if (m.segments.enabled())
         not_yet("long.segments or long.segment_tokens", "set long.segments = 1 and long.segment_tokens = 0");
     if (m.n_window_layers() > 0) not_yet("attn.window_layers", "set attn.window_layers = [] or parallel.cp = 1");
@@ -148,14 +147,17 @@ void config_parallel_validate(const JobConfig& c, const std::string& src) {
                 "its own share of the token rows, and both are per batch");
     }
     if (!p.sequence_parallel) return;
+    // Under context parallelism the rows split over tp are a cp rank's, batch_size x seq_len / cp.
     auto rows = [&](int64_t seq, const std::string& where) {
-        if (c.train.batch_size * seq % p.tp != 0)
+        if (c.train.batch_size * seq / p.cp % p.tp != 0)
             bad("set parallel.sequence_parallel = false, or a batch whose token rows divide by parallel.tp",
-                fmt::format("train.batch_size x {} = {} x {} is not divisible by parallel.tp = {}: sequence "
+                fmt::format("train.batch_size x {}{} = {} x {}{} is not divisible by parallel.tp = {}: sequence "
                             "parallelism splits the token rows",
                             where,
+                            p.cp > 1 ? " / parallel.cp" : "",
                             c.train.batch_size,
                             seq,
+                            p.cp > 1 ? fmt::format(" / {}", p.cp) : "",
                             p.tp));
     };
     rows(c.train.seq_len, "train.seq_len");

@@ -135,8 +135,9 @@ TEST(ParallelConfig, PipelineRefusesWhatItCannotSplit) {
 }
 
 // Context parallelism's rules (long_context.md §7): every sequence length a multiple of 2 x cp x 64, and what the cp
-// layers do not run yet (pipeline and tensor parallelism, segments, window layers, per-batch MoE settings)
-// refused: exit 2 naming the keys. The mode keys take their two spellings.
+// layers do not run yet (pipeline parallelism, segments, window layers, per-batch MoE settings) refused, and under
+// tensor parallelism a cp rank's token rows divisible by tp: exit 2 naming the keys. The mode keys take their two
+// spellings.
 TEST(ParallelConfig, ContextParallelRefusesWhatItCannotRun) {
     const std::string dir = mt::testing::fresh_dir("cp");
     auto job = [&](std::vector<std::string> o) { return mt::testing::tiny_job(dir, o); };
@@ -159,7 +160,18 @@ TEST(ParallelConfig, ContextParallelRefusesWhatItCannotRun) {
         },
         {"train.seq_len = 256", "2 x parallel.cp x 64 = 512"});
     expect_usage_error([&] { job(with({"parallel.pp=2"})); }, {"parallel.cp = 2 with parallel.pp = 2"});
-    expect_usage_error([&] { job(with({"parallel.tp=2"})); }, {"parallel.cp = 2 with parallel.tp = 2"});
+    EXPECT_NO_THROW(job(with({"parallel.tp=2"})));
+    // Sequence parallelism splits a cp rank's rows: 1 x 256 / 2 over tp = 3.
+    expect_usage_error(
+        [&] {
+            job(with({"parallel.tp=3",
+                      "model.n_heads=3",
+                      "model.n_kv_heads=3",
+                      "model.head_dim=8",
+                      "model.d_ff=66",
+                      "train.batch_size=1"}));
+        },
+        {"train.batch_size x train.seq_len / parallel.cp = 1 x 256 / 2 is not divisible by parallel.tp = 3"});
     expect_usage_error([&] { job(with({"long.segments=2"})); }, {"parallel.cp = 2 with long.segments"});
     expect_usage_error(
         [&] {
