@@ -40,7 +40,8 @@ Block::Block(ParamTable& table,
              Mixer mixer,
              bool moe,
              const MoeExpertParallel& ep,
-             const TensorParallel& tp)
+             const TensorParallel& tp,
+             const ContextParallel& cp)
     : cfg_(cfg),
       mixer_norm_(
           add_norm(table, prefix + (mixer == Mixer::kda ? ".kda_norm.weight" : ".attn_norm.weight"), cfg.d_model, tp)),
@@ -48,10 +49,10 @@ Block::Block(ParamTable& table,
       table_(&table),
       tp_(tp),
       mixer_(mixer),
-      attn_(mixer != Mixer::kda
-                ? std::make_optional<AttentionLayer>(table, prefix + ".attn", cfg, mixer == Mixer::window_attention, tp)
-                : std::nullopt),
-      kda_(mixer == Mixer::kda ? std::make_optional<KdaLayer>(table, prefix + ".kda", cfg, tp) : std::nullopt),
+      attn_(mixer != Mixer::kda ? std::make_optional<AttentionLayer>(
+                                      table, prefix + ".attn", cfg, mixer == Mixer::window_attention, tp, cp)
+                                : std::nullopt),
+      kda_(mixer == Mixer::kda ? std::make_optional<KdaLayer>(table, prefix + ".kda", cfg, tp, cp) : std::nullopt),
       mlp_(moe ? std::nullopt : std::make_optional<Mlp>(table, prefix + ".mlp", dense_ffn_config(cfg), tp)),
       moe_(moe ? std::make_unique<MoeLayer>(table, prefix + ".moe", cfg, moe_layer_config(cfg.moe, tp), ep, tp)
                : nullptr) {

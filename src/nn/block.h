@@ -25,14 +25,16 @@ enum class Mixer { attention, window_attention, kda };
 class Block : public Layer {
    public:
     // moe: the FFN is an MoeLayer (with ep, this rank's share of its experts) instead of the dense MLP. tp: this
-    // rank's shard of the sub-layers (the block's input and output are its stream rows, tp.stream_rows(B T)).
+    // rank's shard of the sub-layers (the block's input and output are its stream rows, tp.stream_rows(B T)). cp:
+    // the block's rows are this rank's zigzag tokens; only the token mixer communicates.
     Block(ParamTable& table,
           const std::string& prefix,
           const ModelConfig& cfg,
           Mixer mixer = Mixer::attention,
           bool moe = false,
           const MoeExpertParallel& ep = {},
-          const TensorParallel& tp = {});
+          const TensorParallel& tp = {},
+          const ContextParallel& cp = {});
 
     void resize(int64_t batch, int64_t seq, const Precision& precision);
     // Sizes the workspace slots the sub-layers' backwards take (after resize).
@@ -85,6 +87,11 @@ class Block : public Layer {
     void set_segment(const SegmentContext& seg) {
         if (attn_) attn_->set_segment(seg);
         if (kda_) kda_->set_segment(seg);
+    }
+    // Context parallelism: the whole sequence the next forward's tokens belong to, for the token mixer.
+    void set_context_parallel(const CpBatch& batch) {
+        if (attn_) attn_->set_context_parallel(batch);
+        if (kda_) kda_->set_context_parallel(batch);
     }
     void set_backward_phase(bool on) {
         if (attn_) attn_->set_backward_phase(on);

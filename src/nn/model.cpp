@@ -12,6 +12,7 @@
 #include "ops/embedding.h"
 #include "ops/linear.h"
 #include "ops/rmsnorm.h"
+#include "parallel/comm.h"
 
 namespace mt::nn {
 
@@ -21,8 +22,9 @@ Model::Model(const ModelConfig& cfg,
              const MoeExpertParallel& ep,
              const TensorParallel& tp,
              const ModelPart& part,
-             bool allocate)
-    : cfg_(cfg), precision_(precision), tp_(tp), part_(part) {
+             bool allocate,
+             const ContextParallel& cp)
+    : cfg_(cfg), precision_(precision), tp_(tp), cp_(cp), part_(part) {
     MT_CHECK(!cfg.layer_pattern.empty() && cfg.layer_pattern.find_first_not_of("AK") == std::string::npos &&
                  cfg.n_layers % static_cast<int64_t>(cfg.layer_pattern.size()) == 0,
              "model.layer_pattern `{}` must be letters A and K, its length dividing model.n_layers = {}",
@@ -61,7 +63,8 @@ Model::Model(const ModelConfig& cfg,
                                                                            : Mixer::attention,
                                                   cfg.layer_is_moe(l),
                                                   ep,
-                                                  tp));
+                                                  tp,
+                                                  cp));
     }
     // long.offload_kv: each global attention layer stages the next one's keys in the forward, the previous one's in
     // the backward.
@@ -155,6 +158,12 @@ void Model::prepare_batch(const Tensor& ids, const Tensor& targets, bool trainin
              cfg_.max_seq_len);
     training_ = training;
     const int64_t batch = ids.size(0), seq = ids.size(1);
+    if (cp_.active())  // the config refuses both first (exit 2, naming the keys)
+        MT_CHECK(!cfg_.segments.enabled() && seq % parallel::cp_granularity(cp_.size) == 0,
+                 "context parallelism over {} ranks needs one pass (no segments) over a multiple of {} tokens, not {}",
+                 cp_.size,
+                 parallel::cp_granularity(cp_.size),
+                 seq);
     bounds_ = cfg_.segments.enabled() ? plan_segments(seq) : std::vector<int64_t>{0, seq};
     // The loss is the mean over the whole batch's counted targets, whatever the segments.
     const Tensor host_targets = targets.device() == core::Device::cpu ? targets : targets.to_device(core::Device::cpu);
@@ -171,7 +180,7 @@ void Model::prepare_batch(const Tensor& ids, const Tensor& targets, bool trainin
     if (reset_metrics)
         for (auto& b : blocks_)
             if (AttentionLayer* a = b->attention()) a->reset_max_logit();
-    seq_losses_ = segments > 1 ? Tensor::zeros({batch * seq}, precision_.stats) : Tensor();
+    seq_losses_ = segments > 1 || cp_.active() ? Tensor::zeros({batch * seq}, precision_.stats) : Tensor();
 }
 
 std::vector<int64_t> Model::plan_segments(int64_t seq) const {
@@ -195,18 +204,24 @@ std::vector<int64_t> Model::plan_segments(int64_t seq) const {
 }
 
 void Model::begin_pass(int64_t batch, int64_t j, bool recompute, bool count_routing) {
-    const int64_t first = bounds_[static_cast<size_t>(j)], len = bounds_[static_cast<size_t>(j) + 1] - first;
+    const int64_t first = bounds_[static_cast<size_t>(j)];
+    const int64_t len = cp_.active() ? total_seq_ / cp_.size : bounds_[static_cast<size_t>(j) + 1] - first;
     const int64_t segments = static_cast<int64_t>(bounds_.size()) - 1;
     pass_ = j;
     resize(batch, len);
     x0_ = chunk_in_[static_cast<size_t>(chunk_)];
     const int64_t n = batch * len;
     const core::Device dev = precision_.device;
-    host_targets_.copy_from(time_rows(seq_targets_, first, len).reshape({n}));
-    ids_.copy_from(time_rows(seq_ids_, first, len).reshape({n}));
+    // The pass's rows of a [B, total] host map: a segment's, or this cp rank's two chunks.
+    auto rows = [&](const Tensor& whole) { return cp_.active() ? cp_local(cp_, whole) : time_rows(whole, first, len); };
+    host_targets_.copy_from(rows(seq_targets_).reshape({n}));
+    ids_.copy_from(rows(seq_ids_).reshape({n}));
     targets_.copy_from(host_targets_);
     docs_ = Documents{};
-    if (seq_docs_.defined()) {
+    const CpBatch cp_batch{.total = total_seq_, .host_doc_start = seq_docs_.doc_start};
+    if (cp_.active()) {  // the mixers take the whole sequence's document map (cp_batch), RoPE global positions
+        docs_.positions = on_device(cp_local_positions(cp_, seq_docs_.positions, batch, total_seq_), dev);
+    } else if (seq_docs_.defined()) {
         // The segment's own map, from its first position (a document that began earlier starts at 0), and each
         // token's position in its document (RoPE).
         docs_.doc_start = doc_map_from(seq_docs_.doc_start, first, first + len, dev);
@@ -231,6 +246,7 @@ void Model::begin_pass(int64_t batch, int64_t j, bool recompute, bool count_rout
         Block& b = *blocks_[static_cast<size_t>(l)];
         b.set_documents(docs_);
         b.set_segment(seg);
+        if (cp_.active()) b.set_context_parallel(cp_batch);
         b.set_forward_flags(count, keep);
     }
 }
@@ -281,7 +297,10 @@ double Model::pass_forward() {
     }
     // Summed on the host in f64, in row order (deterministic on every device).
     const Tensor losses = losses_.device() == core::Device::cpu ? losses_ : losses_.to_device(core::Device::cpu);
-    if (seq_losses_.defined())  // the whole sequence's per-token losses (last_token_losses)
+    // The whole sequence's per-token losses (last_token_losses): this segment's rows, or every cp rank's.
+    if (cp_.active())
+        cp_gather_rows(cp_, losses.reshape({batch_, seq_}), seq_losses_.reshape({batch_, total_seq_}));
+    else if (seq_losses_.defined())
         copy_time_rows(seq_losses_.reshape({batch_, total_seq_}),
                        bounds_[static_cast<size_t>(pass_)],
                        losses.reshape({batch_, seq_}),
@@ -291,7 +310,8 @@ double Model::pass_forward() {
     const int32_t* t = host_targets_.data<int32_t>();
     for (int64_t i = 0; i < n; ++i)
         if (t[i] != kIgnoreIndex) sum += core::tensor_get_flat(losses, i);
-    return sum;
+    // Context parallelism: the loss of the whole sequence, summed over the group's tokens (counted_ counts them all).
+    return cp_.active() ? parallel::comm_all_reduce_sum(cp_.group(), sum) : sum;
 }
 
 void Model::backward(double loss_scale) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "nn/block.h"
+#include "nn/context_parallel.h"
 #include "nn/documents.h"
 #include "nn/layers/attnres.h"
 #include "nn/tensor_parallel.h"
@@ -30,14 +31,18 @@ class Model {
     // this rank's share of every MoE layer's experts (the default: all of them). tp: tensor parallelism, this rank's
     // shard of every layer (nn/tensor_parallel.h), with a vocab-parallel embedding and LM head (this rank's rows of
     // the vocabulary, the last shard padded; the loss combines the shards' row statistics, the logits are never
-    // gathered).
+    // gathered). cp: context parallelism, this rank's zigzag share of every sequence (nn/context_parallel.h): the
+    // batch is the whole [B, T] on every cp rank, the layers run on the rank's [B, T / cp] tokens, the loss is the
+    // mean over the whole sequence (summed over the cp group), and each rank's gradients are its tokens' part of the
+    // sum over cp (the trainer reduces them over the data-parallel span, cp included).
     Model(const ModelConfig& cfg,
           const Precision& precision,
           int64_t param_align = 64,
           const MoeExpertParallel& ep = {},
           const TensorParallel& tp = {},
-          const ModelPart& part = {})
-        : Model(cfg, precision, param_align, ep, tp, part, true) {}
+          const ModelPart& part = {},
+          const ContextParallel& cp = {})
+        : Model(cfg, precision, param_align, ep, tp, part, true, cp) {}
     // The parameter table this constructor would build, laid out (ParamTable::layout) but not allocated: the same
     // declarations in the same order, so its offsets and arena sizes are the real ones. No arena, activation or
     // workspace is allocated (ep needs no communicators). The memory planner's source of parameter bytes.
@@ -189,7 +194,8 @@ class Model {
           const MoeExpertParallel& ep,
           const TensorParallel& tp,
           const ModelPart& part,
-          bool allocate);
+          bool allocate,
+          const ContextParallel& cp = {});
     void resize(int64_t batch, int64_t seq);
     // Recompute full over the plain residual stream: blocks run in groups of recompute.group_size(); only each
     // group's input (the output of the block before it) and the last block's output survive the forward.
@@ -252,6 +258,7 @@ class Model {
     ModelConfig cfg_;
     Precision precision_;
     TensorParallel tp_;
+    ContextParallel cp_;
     ModelPart part_;
     std::vector<int64_t> chunk_begin_;  // local index of each chunk's first block, and the block count at the end
     std::vector<int64_t> block_layer_;  // the global layer index of each local block

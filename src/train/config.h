@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/context_parallel.h"
 #include "nn/model_config.h"
 #include "nn/precision.h"
 
@@ -134,6 +135,9 @@ struct ParallelConfig {
     std::string pp_schedule = "1f1b";          // 1f1b | interleaved
     int64_t pp_virtual_stages = 1;             // model chunks per pipeline rank (interleaved: > 1)
     std::vector<int64_t> pp_layers_per_stage;  // layers of each of the pp x virtual_stages chunks; [] = balanced
+    // [cp]: how the token mixers cross the cp ranks (docs/distributed.md "Context parallelism").
+    nn::CpAttnMode cp_attn = nn::CpAttnMode::allgather;
+    nn::CpKdaMode cp_kda = nn::CpKdaMode::affine;
 };
 
 // The [moe] keys that the trainer reads and the MoE layer does not: what a routing-collapse alarm does, and how often

@@ -1,7 +1,9 @@
-// [parallel] checks across keys: what tensor parallelism must divide.
+// [parallel] checks across keys: what tensor parallelism must divide, what pipeline and context parallelism refuse.
 #include "train/config_parallel.h"
 
 #include <fmt/format.h>
+
+#include "parallel/context_parallel.h"
 
 namespace mt::train {
 
@@ -49,10 +51,48 @@ void validate_pipeline(const JobConfig& c, const std::string& src) {
             "long.segments with parallel.pp > 1 runs without Block AttnRes and tensor parallelism (not built yet)");
 }
 
+// Context parallelism (docs/distributed.md "Context parallelism"): the zigzag chunks must be whole multiples of the
+// KDA chunk, and what the cp layers do not run yet is refused.
+void validate_context_parallel(const JobConfig& c, const std::string& src) {
+    const ParallelConfig& p = c.parallel;
+    const nn::ModelConfig& m = c.model;
+    if (p.cp <= 1) return;
+    auto bad = [&](const std::string& hint, const std::string& msg) { bad_key(src, hint, msg); };
+    auto not_yet = [&](const std::string& keys, const std::string& hint) {
+        bad(hint, fmt::format("parallel.cp = {} with {} is not built yet", p.cp, keys));
+    };
+    if (p.pp > 1) not_yet(fmt::format("parallel.pp = {}", p.pp), "set parallel.pp = 1 or parallel.cp = 1");
+    if (m.segments.enabled())
+        not_yet("long.segments or long.segment_tokens", "set long.segments = 1 and long.segment_tokens = 0");
+    if (m.n_window_layers() > 0) not_yet("attn.window_layers", "set attn.window_layers = [] or parallel.cp = 1");
+    if (m.moe_enabled && (m.moe.capacity_factor > 0.0 || m.moe.balance.mode == nn::MoeBalanceMode::aux_loss))
+        bad("use dropless MoE (moe.capacity_factor = 0) with quantile, sign_bias or no balancing",
+            fmt::format("parallel.cp = {} with moe.capacity_factor > 0 or moe.balance = \"aux_loss\": each cp rank "
+                        "routes its own tokens, and both are per batch",
+                        p.cp));
+    const int64_t granule = parallel::cp_granularity(p.cp);
+    auto length = [&](int64_t seq, const std::string& key) {
+        if (seq % granule != 0)
+            bad(fmt::format("use a {} that is a multiple of {}, or another parallel.cp", key, granule),
+                fmt::format("{} = {} is not a multiple of 2 x parallel.cp x {} = {}: context parallelism cuts every "
+                            "sequence into 2 x {} chunks of whole {}-token blocks",
+                            key,
+                            seq,
+                            parallel::kCpGranule,
+                            granule,
+                            p.cp,
+                            parallel::kCpGranule));
+    };
+    length(c.train.seq_len, "train.seq_len");
+    for (size_t i = 0; i < c.long_ctx.stages.size(); ++i)
+        length(c.long_ctx.stages[i].seq_len, fmt::format("long.stages[{}].seq_len", i));
+}
+
 }  // namespace
 
 void config_parallel_validate(const JobConfig& c, const std::string& src) {
     validate_pipeline(c, src);
+    validate_context_parallel(c, src);
     const ParallelConfig& p = c.parallel;
     const nn::ModelConfig& m = c.model;
     if (p.tp <= 1) return;
@@ -107,14 +147,17 @@ void config_parallel_validate(const JobConfig& c, const std::string& src) {
                 "its own share of the token rows, and both are per batch");
     }
     if (!p.sequence_parallel) return;
+    // Under context parallelism the rows split over tp are a cp rank's, batch_size x seq_len / cp.
     auto rows = [&](int64_t seq, const std::string& where) {
-        if (c.train.batch_size * seq % p.tp != 0)
+        if (c.train.batch_size * seq / p.cp % p.tp != 0)
             bad("set parallel.sequence_parallel = false, or a batch whose token rows divide by parallel.tp",
-                fmt::format("train.batch_size x {} = {} x {} is not divisible by parallel.tp = {}: sequence "
+                fmt::format("train.batch_size x {}{} = {} x {}{} is not divisible by parallel.tp = {}: sequence "
                             "parallelism splits the token rows",
                             where,
+                            p.cp > 1 ? " / parallel.cp" : "",
                             c.train.batch_size,
                             seq,
+                            p.cp > 1 ? fmt::format(" / {}", p.cp) : "",
                             p.tp));
     };
     rows(c.train.seq_len, "train.seq_len");

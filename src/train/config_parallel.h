@@ -10,7 +10,8 @@ namespace mt::train {
 
 // With parallel.tp > 1 (exit 2 naming the keys): model.n_heads, model.n_kv_heads and the dense MLP width divisible
 // by tp; model.vocab_size too unless parallel.pad_vocab; under sequence parallelism train.batch_size x seq_len (and
-// every curriculum stage's) divisible by tp; KDA and MoE layers are not split by tp yet.
+// every curriculum stage's) divisible by tp; KDA and MoE layers are not split by tp yet. With parallel.cp > 1: every
+// sequence length a multiple of 2 x cp x 64, and what context parallelism does not run yet refused.
 void config_parallel_validate(const JobConfig& c, const std::string& src);
 
 }  // namespace mt::train

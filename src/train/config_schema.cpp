@@ -601,7 +601,23 @@ std::vector<Field> config_schema(JobConfig& c) {
              &p.pad_vocab,
              "with `tp` > 1, pad a vocabulary that `tp` does not divide (the last rank's extra rows are zeros, never "
              "looked up, and left out of the softmax); false: such a vocabulary is an error"),
-        integer("parallel.cp", &p.cp, 1, 1 << 20, "context-parallel size (only 1 runs yet)"),
+        integer("parallel.cp",
+                &p.cp,
+                1,
+                1 << 20,
+                "context-parallel size: every sequence cut into 2 cp chunks, rank r holding chunks r and 2 cp - 1 - r "
+                "(zigzag); every sequence length a multiple of 2 x cp x 64; CPU only, without pipeline parallelism, "
+                "segments or window layers yet (docs/distributed.md \"Context parallelism\")"),
+        choice("cp.attn",
+               &p.cp_attn,
+               "with `parallel.cp` > 1, how softmax attention sees the other ranks' keys: `allgather` (all-gather "
+               "the keys and values, reduce-scatter their gradients) or `ring` (the key/value shards passed around "
+               "the ring while each step's result merges by log-sum-exp; a second ring carries their gradients home)"),
+        choice("cp.kda",
+               &p.cp_kda,
+               "with `parallel.cp` > 1, how a KDA layer's state crosses the ranks: `affine` (every span scanned "
+               "from the zero state, the spans' affine maps all-gathered and folded, each span rerun from its true "
+               "start state) or `relay` (the state passed span to span in order: serial, the reference)"),
         integer("parallel.ep",
                 &p.ep,
                 1,

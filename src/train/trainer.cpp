@@ -180,7 +180,13 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     const int64_t align = std::lcm(std::lcm(mesh_->group(parallel::MeshGroup::dp_span).size(),
                                             int64_t{mesh_->group(parallel::MeshGroup::edp).size()}),
                                    int64_t{mesh_->group(parallel::MeshGroup::stage).size()});
-    model_ = std::make_unique<nn::Model>(cfg_.model, precision, align, ep, tp, pipeline_part());
+    // Context parallelism: the cp ranks share every batch, each running its zigzag share of the tokens.
+    const nn::ContextParallel cp{.size = mesh_->size(parallel::MeshAxis::cp),
+                                 .rank = mesh_->coord(parallel::MeshAxis::cp),
+                                 .attn = cfg_.parallel.cp_attn,
+                                 .kda = cfg_.parallel.cp_kda,
+                                 .comm = &mesh_->group(parallel::MeshGroup::cp)};
+    model_ = std::make_unique<nn::Model>(cfg_.model, precision, align, ep, tp, pipeline_part(), cp);
     model_->params().initialize(static_cast<uint64_t>(cfg_.run.seed));
     model_->set_track_max_logit(true);  // long/max_logit: one [B, Hq, T] row maximum per attention layer and pass
     grad_sync_ = std::make_unique<parallel::GradSync>(

@@ -185,13 +185,14 @@ class Trainer {
     int64_t dp_rank() const {
         return mesh_->coord(parallel::MeshAxis::dp);
     }
-    // The ranks that read different data: dp_span (ep x dp; expert-parallel ranks route different tokens), and this
-    // rank's place among them.
+    // The ranks that read different data: dp_span less cp (ep x dp; expert-parallel ranks route different tokens,
+    // the cp ranks of one data rank share its rows, each holding its own tokens of them), and this rank's place among
+    // them (dp_span orders its ranks cp fastest).
     int64_t data_size() const {
-        return mesh_->group(parallel::MeshGroup::dp_span).size();
+        return mesh_->group(parallel::MeshGroup::dp_span).size() / mesh_->size(parallel::MeshAxis::cp);
     }
     int64_t data_rank() const {
-        return mesh_->group(parallel::MeshGroup::dp_span).rank();
+        return mesh_->group(parallel::MeshGroup::dp_span).rank() / mesh_->size(parallel::MeshAxis::cp);
     }
     // Bytes of optimizer state this rank holds (ZeRO-1: about the total divided by the ranks that read different
     // data), and the whole model's (both moments of every parameter at its global shape).

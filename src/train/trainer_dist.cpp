@@ -10,22 +10,16 @@ namespace mt::train {
 
 void Trainer::check_parallel_layout() const {
     const parallel::MeshShape& s = mesh_->shape();
-    auto unsupported = [&](const char* key, int64_t value, const char* what) {
-        core::fail_hint(core::ExitCode::usage,
-                        fmt::format("set {} = 1; data, expert, tensor and pipeline parallelism (parallel.dp, "
-                                    "parallel.ep, parallel.tp, parallel.pp) are what this version runs",
-                                    key),
-                        "{} = {}: {} is not implemented yet [{}]",
-                        key,
-                        value,
-                        what,
-                        cfg_.source);
-    };
-    if (s[parallel::MeshAxis::cp] > 1) unsupported("parallel.cp", s[parallel::MeshAxis::cp], "context parallelism");
     if (s.world() == 1) return;
     const bool cuda =
         cfg_.run.device == "cuda" || (cfg_.run.device == "auto" && core::backend_available(core::Device::cuda));
     if (!cuda) return;
+    if (s[parallel::MeshAxis::cp] > 1)
+        core::fail_hint(core::ExitCode::usage,
+                        "set run.device = \"cpu\", or parallel.cp = 1 (docs/distributed.md \"Context parallelism\")",
+                        "parallel.cp = {} runs on the CPU only yet: its collectives move host tensors over MPI [{}]",
+                        s[parallel::MeshAxis::cp],
+                        cfg_.source);
     if (!parallel::comm_nccl_compiled())
         core::fail_hint(core::ExitCode::usage,
                         "set run.device = \"cpu\", or rebuild with NCCL (docs/distributed.md)",
@@ -56,7 +50,9 @@ nn::Model& Trainer::model() {
 
 double Trainer::dp_sum(double value) {
     if (data_size() == 1) return value;
-    return parallel::comm_all_reduce_sum(mesh_->group(parallel::MeshGroup::dp_span), value);
+    // The cp ranks of a data rank hold the same value (their rows' loss, supervised tokens): one of them adds it.
+    const double mine = mesh_->coord(parallel::MeshAxis::cp) == 0 ? value : 0.0;
+    return parallel::comm_all_reduce_sum(mesh_->group(parallel::MeshGroup::dp_span), mine);
 }
 
 }  // namespace mt::train

@@ -133,3 +133,55 @@ TEST(ParallelConfig, PipelineRefusesWhatItCannotSplit) {
         },
         {"long.segments with parallel.pp > 1 runs without Block AttnRes and tensor parallelism"});
 }
+
+// Context parallelism's rules (long_context.md §7): every sequence length a multiple of 2 x cp x 64, and what the cp
+// layers do not run yet (pipeline parallelism, segments, window layers, per-batch MoE settings) refused, and under
+// tensor parallelism a cp rank's token rows divisible by tp: exit 2 naming the keys. The mode keys take their two
+// spellings.
+TEST(ParallelConfig, ContextParallelRefusesWhatItCannotRun) {
+    const std::string dir = mt::testing::fresh_dir("cp");
+    auto job = [&](std::vector<std::string> o) { return mt::testing::tiny_job(dir, o); };
+    const std::vector<std::string> cp2 = {"parallel.cp=2", "train.seq_len=256", "model.max_seq_len=256"};
+    auto with = [&](std::vector<std::string> extra) {
+        extra.insert(extra.begin(), cp2.begin(), cp2.end());
+        return extra;
+    };
+    EXPECT_NO_THROW(job(cp2));
+    EXPECT_EQ(job(cp2).parallel.cp_attn, mt::nn::CpAttnMode::allgather);  // the defaults
+    EXPECT_EQ(job(cp2).parallel.cp_kda, mt::nn::CpKdaMode::affine);
+    EXPECT_EQ(job(with({"cp.kda=\"relay\""})).parallel.cp_kda, mt::nn::CpKdaMode::relay);
+    EXPECT_NO_THROW(job(with({"model.layer_pattern=\"KA\"", "data.document_mask=true", "data.eot_token=0"})));
+    expect_usage_error([&] { job(with({"cp.kda=\"ring\""})); }, {"cp.kda"});
+    expect_usage_error([&] { job({"parallel.cp=2"}); },
+                       {"train.seq_len = 16 is not a multiple of 2 x parallel.cp x 64 = 256"});
+    expect_usage_error(
+        [&] {
+            job({"parallel.cp=4", "train.seq_len=256", "model.max_seq_len=256"});
+        },
+        {"train.seq_len = 256", "2 x parallel.cp x 64 = 512"});
+    expect_usage_error([&] { job(with({"parallel.pp=2"})); }, {"parallel.cp = 2 with parallel.pp = 2"});
+    EXPECT_NO_THROW(job(with({"parallel.tp=2"})));
+    // Sequence parallelism splits a cp rank's rows: 1 x 256 / 2 over tp = 3.
+    expect_usage_error(
+        [&] {
+            job(with({"parallel.tp=3",
+                      "model.n_heads=3",
+                      "model.n_kv_heads=3",
+                      "model.head_dim=8",
+                      "model.d_ff=66",
+                      "train.batch_size=1"}));
+        },
+        {"train.batch_size x train.seq_len / parallel.cp = 1 x 256 / 2 is not divisible by parallel.tp = 3"});
+    expect_usage_error([&] { job(with({"long.segments=2"})); }, {"parallel.cp = 2 with long.segments"});
+    expect_usage_error(
+        [&] {
+            job(with({"attn.window_layers=[2]", "attn.window=32"}));
+        },
+        {"parallel.cp = 2 with attn.window_layers"});
+    EXPECT_EQ(job(with({"cp.attn=\"ring\""})).parallel.cp_attn, mt::nn::CpAttnMode::ring);
+    expect_usage_error(
+        [&] {
+            job(with({"moe.enabled=true", "moe.top_k=2", "moe.expert_ffn_dim=16", "moe.capacity_factor=1.5"}));
+        },
+        {"parallel.cp = 2 with moe.capacity_factor > 0"});
+}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `mpirun -np 2 moetrain train`: the data-parallel loss curve equals one process with the same global batch, only
-# rank 0 writes metrics (the memory keys reduced over the ranks), tp=2 and pp=2 equal one process, a resumed dp=2 run
-# continues exactly, an MoE model
-# trains over ep=2 (each rank writing its checkpoint shard), and impossible layouts end with exit 2 naming keys.
+# rank 0 writes metrics (the memory keys reduced over the ranks), tp=2, pp=2 and cp=2 equal one process, a resumed
+# dp=2 run continues exactly, an MoE model trains over ep=2 (each rank writing its checkpoint shard), and impossible
+# layouts end with exit 2 naming keys.
 # Usage: mpi_train.sh <moetrain> <source-dir> <scratch-dir>
 set -euo pipefail
 BIN=$1
@@ -63,6 +63,20 @@ same_curves single1/metrics.jsonl tp2/metrics.jsonl "tp=2 vs one process" || fai
 same_curves single1/metrics.jsonl pp2/metrics.jsonl "pp=2 vs one process" || fail "pp=2 loss curve differs"
 grep -q '"pp/bubble":0.5' pp2/metrics.jsonl || fail "no pp/bubble of (2 - 1) / (1 + 2 - 1): $(head -3 pp2/metrics.jsonl)"
 
+# Context parallelism (cp = 2, the zigzag over 256-token rows, 4 chunks of 64): both ranks read one batch, the same
+# loss curve as one process at that length, and the cp group's traffic in the metrics.
+"$BIN" train "${COMMON[@]}" --set run.dir=single256 --set train.seq_len=256 > single256.txt
+"${MPIRUN[@]}" "$BIN" train "${COMMON[@]}" --set run.dir=cp2 --set parallel.cp=2 --set train.seq_len=256 \
+  > cp2.txt 2> cp2.err || fail "cp=2 run: $(cat cp2.err)"
+grep -q "x 2 processes, tp=1 cp=2 ep=1 dp=1 pp=1" cp2.txt || fail "no cp mesh line: $(cat cp2.txt)"
+same_curves single256/metrics.jsonl cp2/metrics.jsonl "cp=2 vs one process" || fail "cp=2 loss curve differs"
+/usr/bin/python3 - <<'PY' || fail "cp=2 metrics"
+import json
+for j in map(json.loads, open("cp2/metrics.jsonl")):
+    if j["kind"] == "train":
+        assert j["comm/cp/bytes"] > 0 and j["comm/cp/calls"] > 0, j
+PY
+
 # Resume: drop the last checkpoint and continue from step 3 under the same mesh; steps 4-6 must repeat exactly.
 cp -r dp2 dp2_resume
 rm -rf dp2_resume/checkpoints/step_00000006
@@ -97,7 +111,8 @@ set +e
 rc=$?
 set -e
 [[ $rc -eq 2 ]] || fail "cp=2: exit $rc, expected 2: $(cat bad3.err)"
-grep -q "parallel.cp = 2: context parallelism is not implemented yet" bad3.err || fail "cp=2 message: $(cat bad3.err)"
+grep -q "train.seq_len = 32 is not a multiple of 2 x parallel.cp x 64 = 256" bad3.err ||
+  fail "cp=2 message: $(cat bad3.err)"
 set +e
 "${MPIRUN[@]}" "$BIN" train "${COMMON[@]}" --set run.dir=bad --set parallel.tp=2 --set model.n_heads=1 \
   --set model.n_kv_heads=1 > /dev/null 2> bad5.err

@@ -11,9 +11,14 @@
 
 namespace mt::nn {
 
-AttentionLayer::AttentionLayer(
-    ParamTable& table, const std::string& prefix, const ModelConfig& cfg, bool window, const TensorParallel& tp)
-    : cfg_(cfg), window_(window), table_(&table) {
+AttentionLayer::AttentionLayer(ParamTable& table,
+                               const std::string& prefix,
+                               const ModelConfig& cfg,
+                               bool window,
+                               const TensorParallel& tp,
+                               const ContextParallel& cp)
+    : cfg_(cfg), window_(window), table_(&table), cp_(cp) {
+    MT_CHECK(!cp.active() || !window, "{}: window layers do not run under context parallelism yet", prefix);
     using Split = Linear::Split;
     const int64_t d = cfg.resolved_head_dim();
     // Heads are contiguous in the projections' outputs, so a rank's heads are a block of rows of Wq, Wk and Wv and
@@ -106,6 +111,7 @@ void AttentionLayer::forward(const Tensor& x, const Tensor& out) {
         record_max_logit_ = false;
         const Tensor rows = device_ == core::Device::cpu ? row_max_logit_ : row_max_logit_.to_device(core::Device::cpu);
         for (int64_t i = 0; i < rows.numel(); ++i) max_logit_ = std::max(max_logit_, core::tensor_get_flat(rows, i));
+        if (cp_.active()) max_logit_ = cp_.max_over_group(max_logit_);  // the other ranks' queries
         row_max_logit_ = Tensor();
     }
     wo_.forward(attn_.reshape({n, attn_.numel() / n}), out);
@@ -121,7 +127,9 @@ void AttentionLayer::forward_core(const Tensor& x) {
         ops::rope_fwd(q_, rope_base(), pos_offset(), q_, docs_.positions, position_limit());
         ops::rope_fwd(k_, rope_base(), pos_offset(), k_, docs_.positions, position_limit());
     }
-    if (seg_.active()) {  // the segment's keys join the cache; its queries see the cached ones before them
+    if (cp_.active()) {
+        cp_.forward(q_, k_, v_, attn_, lse_, max_logit_out());
+    } else if (seg_.active()) {  // the segment's keys join the cache; its queries see the cached ones before them
         const auto [keys, values] = window_ ? wkv_.keys(k_, v_) : kv_.forward_keys(k_, v_);
         ops::attention_fwd(q_, keys, values, attn_, lse_, {}, mask(), max_logit_out());
     } else {
@@ -157,7 +165,9 @@ void AttentionLayer::backward(const Tensor& x, const Tensor& dout, const Tensor&
     const Tensor d_k = ws.slot(2, k_.shape(), k_.dtype(), dev);
     const Tensor d_v = ws.slot(3, v_.shape(), v_.dtype(), dev);
     wo_.backward(flat(attn_), dout, flat(d_attn));
-    if (seg_.active())
+    if (cp_.active())
+        cp_.backward(q_, k_, v_, attn_, lse_, d_attn, d_q, d_k, d_v);
+    else if (seg_.active())
         segment_attention_backward(d_attn, d_q, d_k, d_v);
     else
         ops::attention_bwd(q_, k_, v_, attn_, lse_, d_attn, d_q, d_k, d_v, {}, mask());

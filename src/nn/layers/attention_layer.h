@@ -11,6 +11,7 @@
 
 #include "nn/documents.h"
 #include "nn/layer.h"
+#include "nn/layers/cp_attention.h"
 #include "nn/layers/linear.h"
 #include "nn/layers/segment_kv.h"
 #include "nn/layers/window_kv.h"
@@ -27,12 +28,14 @@ class AttentionLayer : public Layer {
     // window: this layer uses attn.window, the global tokens and attn.window_rope_base (ModelConfig::layer_is_window).
     // tp: this rank holds n_heads / tp query heads and n_kv_heads / tp key/value heads (Wq, Wk, Wv column-parallel,
     // Wo row-parallel, the sink logits split by head; the global tokens replicated, their gradient a part per rank);
-    // its output is a part of the sum over tp.
+    // its output is a part of the sum over tp. cp: the layer's rows are this rank's zigzag tokens and its queries
+    // see the keys of the whole sequence (nn/layers/cp_attention.h); not for window layers yet.
     AttentionLayer(ParamTable& table,
                    const std::string& prefix,
                    const ModelConfig& cfg,
                    bool window = false,
-                   const TensorParallel& tp = {});
+                   const TensorParallel& tp = {},
+                   const ContextParallel& cp = {});
 
     void resize(int64_t batch, int64_t seq, const Precision& precision);
     // x: [N, C] (the normed residual) -> out: [N, C]
@@ -58,6 +61,11 @@ class AttentionLayer : public Layer {
     // last w - 1); the backward accumulates the gradients of earlier positions' keys and values, which the segment
     // that owns them adds to its own. Set documents (the segment's) first.
     void set_segment(const SegmentContext& seg);
+    // Context parallelism: the whole sequence the next forward's tokens belong to (set documents first: their
+    // positions are the tokens' global ones).
+    void set_context_parallel(const CpBatch& batch) {
+        cp_.begin(batch);
+    }
     // The pass that runs next: forward, or backward (with any recompute's re-run of the forward), for the
     // offloaded keys' staging (nn/layers/segment_kv.h). link_offload: the attention layers before and after this one.
     void set_backward_phase(bool on) {
@@ -112,9 +120,9 @@ class AttentionLayer : public Layer {
     Tensor max_logit_out() const {
         return record_max_logit_ ? row_max_logit_ : Tensor();
     }
-    // Document positions in a segment run up to its end in the whole sequence.
+    // Document positions in a segment run up to its end in the whole sequence, a cp rank's up to the sequence's end.
     int64_t position_limit() const {
-        return seg_.active() ? seg_.first + seg_.length : 0;
+        return seg_.active() ? seg_.first + seg_.length : cp_.active() ? cp_.total() : 0;
     }
 
     ModelConfig cfg_;   // n_heads and n_kv_heads are this rank's shares
@@ -136,8 +144,9 @@ class AttentionLayer : public Layer {
     // Sequence segments: the keys and values of every position with their gradient accumulators, and the document
     // map [B, Tk] of the keys the current segment sees.
     SegmentContext seg_;
-    SegmentKv kv_;  // a global layer's
-    WindowKv wkv_;  // a window layer's
+    SegmentKv kv_;    // a global layer's
+    WindowKv wkv_;    // a window layer's
+    CpAttention cp_;  // context parallelism
     Tensor key_doc_start_;
     // The max pre-softmax logit: tracking on, the running maximum, and whether this forward records ([B, Hq, T]).
     bool track_max_logit_ = false, record_max_logit_ = false;

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <initializer_list>
 
-#include "ops/causal_conv1d.h"
+#include "nn/layers/conv_halo.h"
 #include "ops/l2norm.h"
 #include "ops/rmsnorm.h"
 #include "ops/sigmoid.h"
@@ -17,8 +17,12 @@ namespace {
 constexpr double kL2Eps = 1e-6;  // kda.md §1: k / sqrt(|k|^2 + 1e-6)
 }
 
-KdaLayer::KdaLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, const TensorParallel& tp)
-    : cfg_(cfg), table_(&table) {
+KdaLayer::KdaLayer(ParamTable& table,
+                   const std::string& prefix,
+                   const ModelConfig& cfg,
+                   const TensorParallel& tp,
+                   const ContextParallel& cp)
+    : cfg_(cfg), table_(&table), cp_(cp, cfg.kda.conv_size - 1) {
     using Split = Linear::Split;
     const KdaConfig& kda = cfg.kda;
     // This rank's heads (all of them without tp); the declarations below name the global sizes.
@@ -174,48 +178,39 @@ void KdaLayer::keep_for_next_segment() {
     }
 }
 
-Tensor KdaLayer::with_halo(int which, const Tensor& xp) const {
-    const Tensor& halo = cur_halo_[static_cast<size_t>(which)];
-    const int64_t w1 = halo.size(1), c = xp.size(1);
-    const Tensor ext = Tensor::scratch({batch_, w1 + seq_, c}, act_dtype_, device_);
-    copy_time_rows(ext, 0, halo, 0, w1);
-    copy_time_rows(ext, w1, xp.reshape({batch_, seq_, c}), 0, seq_);
-    return ext;
-}
-
 void KdaLayer::conv_forward(int which, const Tensor& xp, const Tensor& y) {
     const int conv[3] = {conv_q_, conv_k_, conv_v_};
-    const Tensor w = table_->param(conv[which]);
-    if (!has_halo()) {
-        ops::causal_conv1d_fwd(xp.reshape(y.shape()), w, y, true, kda_options_.doc_start);
+    const Tensor w = table_->param(conv[which]), x = xp.reshape(y.shape());
+    if (cp_.active()) {
+        cp_.conv_forward(which, x, w, y);
         return;
     }
-    // The halo rows go first and their outputs are dropped: each segment row reads the W - 1 rows before it.
-    const Tensor ext = with_halo(which, xp);
-    const Tensor y_ext = Tensor::scratch(ext.shape(), act_dtype_, device_);
-    ops::causal_conv1d_fwd(ext, w, y_ext, true, conv_doc_start_);
-    copy_time_rows(y, 0, y_ext, ext.size(1) - seq_, seq_);
+    // A later segment's rows read the W - 1 rows of the segment before.
+    const bool halo = has_halo();
+    conv_halo_forward(halo ? cur_halo_[static_cast<size_t>(which)] : Tensor(),
+                      x,
+                      w,
+                      y,
+                      halo ? conv_doc_start_ : kda_options_.doc_start);
 }
 
 void KdaLayer::conv_backward(int which, const Tensor& xp, const Tensor& dy, const Tensor& dxp, Tensor& dhalo) {
     const int conv[3] = {conv_q_, conv_k_, conv_v_};
     const Tensor w = table_->param(conv[which]), dw = table_->grad(conv[which]);
-    const int64_t c = xp.size(1);
-    const Shape shape = {batch_, seq_, c};
-    if (!has_halo()) {
-        ops::causal_conv1d_bwd(
-            xp.reshape(shape), w, dy.reshape(shape), dxp.reshape(shape), dw, true, kda_options_.doc_start);
+    const Shape shape = {batch_, seq_, xp.size(1)};
+    const Tensor x = xp.reshape(shape), dy3 = dy.reshape(shape), dx3 = dxp.reshape(shape);
+    if (cp_.active()) {
+        cp_.conv_backward(which, x, w, dy3, dx3, dw);
         return;
     }
-    const Tensor ext = with_halo(which, xp);
-    const int64_t w1 = ext.size(1) - seq_;
-    const Tensor dy_ext = Tensor::zeros(ext.shape(), act_dtype_, device_);  // the dropped halo outputs: no gradient
-    copy_time_rows(dy_ext, w1, dy.reshape(shape), 0, seq_);
-    const Tensor dx_ext = Tensor::scratch(ext.shape(), act_dtype_, device_);
-    ops::causal_conv1d_bwd(ext, w, dy_ext, dx_ext, dw, true, conv_doc_start_);
-    copy_time_rows(dxp.reshape(shape), 0, dx_ext, w1, seq_);
-    dhalo = Tensor::scratch({batch_, w1, c}, act_dtype_, device_);
-    copy_time_rows(dhalo, 0, dx_ext, 0, w1);
+    const bool halo = has_halo();
+    dhalo = conv_halo_backward(halo ? cur_halo_[static_cast<size_t>(which)] : Tensor(),
+                               x,
+                               w,
+                               dy3,
+                               dx3,
+                               dw,
+                               halo ? conv_doc_start_ : kda_options_.doc_start);
 }
 
 void KdaLayer::forward(const Tensor& x, const Tensor& out, bool training) {
@@ -235,6 +230,7 @@ void KdaLayer::forward_core(const Tensor& x, bool keep) {
     wq_.forward(x, qp_);
     wk_.forward(x, kp_);
     wv_.forward(x, vp_);
+    if (cp_.active()) cp_.exchange_halos({seq_rows(qp_), seq_rows(kp_), seq_rows(vp_)});
     conv_forward(0, qp_, qc_);
     conv_forward(1, kp_, kc_);
     conv_forward(2, vp_, vc_);
@@ -251,7 +247,13 @@ void KdaLayer::forward_core(const Tensor& x, bool keep) {
     // the recurrence
     const Tensor v = vc_.reshape({batch_, seq_, hv_, v_dim_});
     if (!keep) kept_ = ops::KdaSaved{};
-    ops::kda_fwd(q_, k_, v, g_, beta_, start_state(), o_, st_, kda_options_, keep_tiles_ && keep ? &kept_ : nullptr);
+    if (cp_.active()) {
+        MT_CHECK(!s0_.defined(), "KDA under context parallelism starts every sequence from the zero state");
+        cp_.forward(q_, k_, v, g_, beta_, kda_options_, o_, st_);
+    } else {
+        ops::kda_fwd(
+            q_, k_, v, g_, beta_, start_state(), o_, st_, kda_options_, keep_tiles_ && keep ? &kept_ : nullptr);
+    }
     // output norm per head, sigmoid output gate, output projection
     ops::rmsnorm_fwd(rows(o_, n * hv_), table_->param(o_norm_), cfg_.norm_eps, rows(on_, n * hv_), rstd_);
     wga_.forward(x, ga_);
@@ -321,7 +323,12 @@ void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     const Tensor v = vc_.reshape({batch_, seq_, hv_, v_dim_});
     const Tensor d_q = scratch(1, q_.shape()), d_k = scratch(2, k_.shape()), d_v = scratch(3, o_.shape());
     const Tensor d_g = scratch(4, g_.shape()), d_beta = scratch(5, beta_.shape());
-    ops::kda_bwd(q_, k_, v, g_, beta_, s0, d_o, dst, d_q, d_k, d_v, d_g, d_beta, ds0_, kda_options_, &kept_);
+    if (cp_.active()) {
+        MT_CHECK(!dst_.defined(), "KDA under context parallelism takes no final-state gradient");
+        cp_.backward(q_, k_, v, g_, beta_, kda_options_, d_o, d_q, d_k, d_v, d_g, d_beta);
+    } else {
+        ops::kda_bwd(q_, k_, v, g_, beta_, s0, d_o, dst, d_q, d_k, d_v, d_g, d_beta, ds0_, kda_options_, &kept_);
+    }
     kept_ = ops::KdaSaved{};  // used once: freed for the next layer's backward (a second backward recomputes)
     if (seg_.active() && seg_.index > 0) {  // the previous segment's dS_T (zero where this one's s0 row was)
         pending_dst_ = ds0_.clone();
@@ -362,6 +369,7 @@ void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
             add_time_rows(seq3(*d_proj[i]), seq_ - w1, pending_dhalo_[i], 0, w1);
         }
     pending_dhalo_ = dhalo;
+    if (cp_.active()) cp_.return_halo_grads({seq3(d_qp), seq3(d_kp), seq3(d_vp)});
     add_dx(wq_, x, d_qp);
     add_dx(wk_, x, d_kp);
     add_dx(wv_, x, d_vp);

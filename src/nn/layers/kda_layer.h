@@ -8,15 +8,18 @@
 // S_T is kept; backward takes an optional dS_T and returns dS_0. Parameter names follow Kimi Linear's Hugging Face
 // names under the prefix: q_proj, k_proj, v_proj, q_conv1d, k_conv1d, v_conv1d (weights [C, 4]), f_a_proj, f_b_proj,
 // A_log, dt_bias, b_proj, g_a_proj, g_b_proj, o_norm, o_proj. Sequence segments (set_segment) carry the state and
-// the short convs' halo from one segment to the next. Not yet: the output-gate bias.
+// the short convs' halo from one segment to the next; context parallelism (nn/layers/kda_cp.h) across the cp ranks'
+// spans. Not yet: the output-gate bias.
 #pragma once
 
 #include <array>
 #include <string>
 #include <vector>
 
+#include "nn/context_parallel.h"
 #include "nn/documents.h"
 #include "nn/layer.h"
+#include "nn/layers/kda_cp.h"
 #include "nn/layers/linear.h"
 #include "nn/model_config.h"
 #include "nn/recompute.h"
@@ -37,7 +40,11 @@ class KdaLayer : public Layer {
     // v, beta, f_b and g_b projections column-parallel, their conv filters, A_log and dt_bias by head, o_proj
     // row-parallel); the low-rank down projections f_a, g_a and the output norm's gain stay whole, each rank holding
     // a part of their gradient. The recurrence is head-local: no communication inside the layer.
-    KdaLayer(ParamTable& table, const std::string& prefix, const ModelConfig& cfg, const TensorParallel& tp = {});
+    KdaLayer(ParamTable& table,
+             const std::string& prefix,
+             const ModelConfig& cfg,
+             const TensorParallel& tp = {},
+             const ContextParallel& cp = {});
 
     void resize(int64_t batch, int64_t seq, const Precision& precision);
     // S_0 [B, HV, K, V] in the compute dtype, or undefined for the zero state; kept until changed.
@@ -85,6 +92,10 @@ class KdaLayer : public Layer {
     // it; its backward passes the gradients of both to segment j - 1's. The first segment starts from the initial
     // state (set_initial_state); every segment before the last needs at least W - 1 tokens.
     void set_segment(const SegmentContext& seg);
+    // Context parallelism: the whole sequence the next forward's tokens belong to.
+    void set_context_parallel(const CpBatch& batch) {
+        cp_.begin(batch, batch_, device_);
+    }
 
    private:
     // Everything but the output projection, from x (into y_): what recompute kda re-runs. keep: let the op keep
@@ -101,8 +112,6 @@ class KdaLayer : public Layer {
     }
     void conv_forward(int which, const Tensor& xp, const Tensor& y);
     void conv_backward(int which, const Tensor& xp, const Tensor& dy, const Tensor& dxp, Tensor& dhalo);
-    // [B, W - 1 + T, C]: the segment's halo rows, then xp's.
-    Tensor with_halo(int which, const Tensor& xp) const;
     // At the end of a segment's first forward: what the next segment starts from.
     void keep_for_next_segment();
 
@@ -141,6 +150,11 @@ class KdaLayer : public Layer {
     std::array<Tensor, 3> next_halo_, pending_dhalo_, cur_halo_;  // cur: the current segment's, on the device
     std::vector<int64_t> doc_start_rows_;  // rows where a document starts at the segment's first token
     Tensor conv_doc_start_;                // [B, W - 1 + T] the halo'd convs' document map, or undefined
+    KdaCp cp_;  // context parallelism: the state and the halo across the spans (nn/layers/kda_cp.h)
+    // [B, T, C] view of an [N, C] projection.
+    Tensor seq_rows(const Tensor& t) const {
+        return t.reshape({batch_, seq_, t.size(1)});
+    }
 };
 
 }  // namespace mt::nn

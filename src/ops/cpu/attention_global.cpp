@@ -118,34 +118,19 @@ void global_bwd(const T* q,
     }
 }
 
-void check_dtypes(const Tensor& q, std::initializer_list<NamedArg> args, std::string_view op) {
-    check_float_arg(q, op, "q", 4);
-    for (const NamedArg& a : args)
-        if (a.tensor.defined()) {
-            check_float_arg(a.tensor, op, a.name, a.tensor.ndim());
-            check_dtype_as(a.tensor, q, op, a.name, "q");
-        }
-}
-
-// An optional tensor's data (null when undefined).
-template <typename T>
-T* ptr_or_null(const Tensor& t) {
-    return t.defined() ? t.data<T>() : nullptr;
-}
-
 }  // namespace
 
 void attention_global_fwd(
     const Tensor& q, const Tensor& kg, const Tensor& vg, const Tensor& sink, const Tensor& out, const Tensor& lse) {
     constexpr std::string_view op = "attention_global_fwd";
-    check_dtypes(q, {{"kg", kg}, {"vg", vg}, {"sink", sink}, {"out", out}, {"lse", lse}}, op);
+    check_float_args_like_q(q, {{"kg", kg}, {"vg", vg}, {"sink", sink}, {"out", out}, {"lse", lse}}, op);
     const Dims n = dims_of(q, kg);
     MT_DISPATCH_FLOAT(q.dtype(),
                       op,
                       global_fwd(q.data<scalar_t>(),
-                                 ptr_or_null<scalar_t>(kg),
-                                 ptr_or_null<scalar_t>(vg),
-                                 ptr_or_null<scalar_t>(sink),
+                                 data_or_null<scalar_t>(kg),
+                                 data_or_null<scalar_t>(vg),
+                                 data_or_null<scalar_t>(sink),
                                  out.data<scalar_t>(),
                                  lse.data<scalar_t>(),
                                  n));
@@ -164,32 +149,32 @@ void attention_global_bwd(const Tensor& q,
                           const Tensor& dvg,
                           const Tensor& dsink) {
     constexpr std::string_view op = "attention_global_bwd";
-    check_dtypes(q,
-                 {{"kg", kg},
-                  {"vg", vg},
-                  {"sink", sink},
-                  {"out", out},
-                  {"lse", lse},
-                  {"dout", dout},
-                  {"dq", dq},
-                  {"dkg", dkg},
-                  {"dvg", dvg},
-                  {"dsink", dsink}},
-                 op);
+    check_float_args_like_q(q,
+                            {{"kg", kg},
+                             {"vg", vg},
+                             {"sink", sink},
+                             {"out", out},
+                             {"lse", lse},
+                             {"dout", dout},
+                             {"dq", dq},
+                             {"dkg", dkg},
+                             {"dvg", dvg},
+                             {"dsink", dsink}},
+                            op);
     const Dims n = dims_of(q, kg);
     MT_DISPATCH_FLOAT(q.dtype(),
                       op,
                       global_bwd(q.data<scalar_t>(),
-                                 ptr_or_null<scalar_t>(kg),
-                                 ptr_or_null<scalar_t>(vg),
-                                 ptr_or_null<scalar_t>(sink),
+                                 data_or_null<scalar_t>(kg),
+                                 data_or_null<scalar_t>(vg),
+                                 data_or_null<scalar_t>(sink),
                                  out.data<scalar_t>(),
                                  lse.data<scalar_t>(),
                                  dout.data<scalar_t>(),
                                  dq.data<scalar_t>(),
-                                 ptr_or_null<scalar_t>(dkg),
-                                 ptr_or_null<scalar_t>(dvg),
-                                 ptr_or_null<scalar_t>(dsink),
+                                 data_or_null<scalar_t>(dkg),
+                                 data_or_null<scalar_t>(dvg),
+                                 data_or_null<scalar_t>(dsink),
                                  n));
 }
 MT_REGISTER_KERNEL(attention_global_bwd, cpu, attention_global_bwd, ::mt::ops::float_dtypes);

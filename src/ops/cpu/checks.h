@@ -1,7 +1,8 @@
-// Argument checks used by the op entry points beyond those of ops/op_common.h: index tensors (exit 1, as every
-// argument error).
+// Argument checks used by the op entry points beyond those of ops/op_common.h: index tensors, document maps, the
+// float arguments of an op whose tensors share one dtype (exit 1, as every argument error).
 #pragma once
 
+#include <initializer_list>
 #include <string_view>
 
 #include "ops/op_common.h"
@@ -57,6 +58,23 @@ inline void check_doc_start_map(const Tensor& ds, const Tensor& x, std::string_v
              core::device_name(ds.device()),
              core::device_name(x.device()));
     if (ds.device() == core::Device::cpu) check_doc_start_values(ds, op, arg);
+}
+
+// The float checks of an op whose tensors all take q's dtype: q a float CPU tensor of rank 4, and every defined
+// tensor of args a float CPU tensor of that dtype (an undefined one is an optional argument left out).
+inline void check_float_args_like_q(const Tensor& q, std::initializer_list<NamedArg> args, std::string_view op) {
+    check_float_arg(q, op, "q", 4);
+    for (const NamedArg& a : args)
+        if (a.tensor.defined()) {
+            check_float_arg(a.tensor, op, a.name, a.tensor.ndim());
+            check_dtype_as(a.tensor, q, op, a.name, "q");
+        }
+}
+
+// An optional tensor's data (null when undefined).
+template <typename T>
+T* data_or_null(const Tensor& t) {
+    return t.defined() ? t.data<T>() : nullptr;
 }
 
 }  // namespace mt::ops::cpu

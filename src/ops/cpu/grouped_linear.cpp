@@ -44,15 +44,6 @@ template void grouped_linear_bwd<float>(
 template void grouped_linear_bwd<double>(
     const double*, const double*, const int32_t*, const double*, double*, double*, int64_t, int64_t, int64_t);
 
-namespace {
-
-template <typename T>
-T* data_or_null(const Tensor& t) {
-    return t.defined() ? t.data<T>() : nullptr;
-}
-
-}  // namespace
-
 // The CPU kernel of ops::grouped_linear_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
 void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y) {
     constexpr std::string_view op = "grouped_linear_fwd";

@@ -68,16 +68,6 @@ template void linear_bwd<float>(
 template void linear_bwd<double>(
     const double*, const double*, const double*, double*, double*, double*, int64_t, int64_t, int64_t, bool);
 
-namespace {
-
-// Null when the optional tensor is undefined.
-template <typename T>
-T* data_or_null(const Tensor& t) {
-    return t.defined() ? t.data<T>() : nullptr;
-}
-
-}  // namespace
-
 // The CPU kernel of ops::linear_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
     constexpr std::string_view op = "linear_fwd";

@@ -120,15 +120,6 @@ MT_INSTANTIATE(float)
 MT_INSTANTIATE(double)
 #undef MT_INSTANTIATE
 
-namespace {
-
-template <typename T>
-T* data_or_null(const Tensor& t) {
-    return t.defined() ? t.data<T>() : nullptr;
-}
-
-}  // namespace
-
 // The CPU kernel of ops::moe_router_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
 void moe_router_fwd(const Tensor& logits,
                     const Tensor& bias,

@@ -1,6 +1,6 @@
-// The layout-equality check of the parallel trainer tests (tensor and pipeline parallelism): a layout trains side by
-// side with one process running the same global batch, and the loss and gradient norm of every step, the MoE routing
-// counts and QB biases, the final parameters and the validation loss must agree within 1e-5 (relative, f32).
+// The layout-equality check of the parallel trainer tests (tensor, pipeline and context parallelism): a layout trains
+// side by side with one process running the same global batch, and the loss and gradient norm of every step, the MoE
+// routing counts and QB biases, the final parameters and the validation loss must agree within 1e-5 (relative, f32).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -25,6 +25,7 @@ struct Layout {
     int tp = 1, dp = 1;
     bool sp = true;  // parallel.sequence_parallel (with tp > 1)
     int ep = 1, pp = 1, virtual_stages = 1;
+    int cp = 1;  // parallel.cp: the cp ranks share each data rank's rows
 };
 
 // The relative difference ||a - b|| / ||a|| of the parameters this rank holds (its shards' real parts, all tensors
@@ -74,6 +75,7 @@ inline void expect_layout_matches(const std::string& name, const Layout& l, std:
                 "parallel.dp=" + std::to_string(l.dp),
                 "parallel.ep=" + std::to_string(l.ep),
                 "parallel.pp=" + std::to_string(l.pp),
+                "parallel.cp=" + std::to_string(l.cp),
                 "pp.virtual_stages=" + std::to_string(l.virtual_stages),
                 std::string("pp.schedule=") + (l.virtual_stages > 1 ? "\"interleaved\"" : "\"1f1b\""),
                 std::string("parallel.sequence_parallel=") + (l.sp ? "true" : "false"),
@@ -82,7 +84,7 @@ inline void expect_layout_matches(const std::string& name, const Layout& l, std:
     train::Trainer single(mt::testing::mpi_job(data_path, dir + "/single", one), false, self.get());
     train::Trainer tp(mt::testing::mpi_job(data_path, dir + "/par", par), false);
     ASSERT_EQ(tp.tokens_per_step(), single.tokens_per_step());
-    ASSERT_EQ(tp.data_size(), n / (l.tp * l.pp));
+    ASSERT_EQ(tp.data_size(), n / (l.tp * l.pp * l.cp));
     double worst_loss = 0.0, worst_norm = 0.0;
     for (int step = 1; step <= steps; ++step) {
         const auto a = single.train_step();
@@ -114,7 +116,7 @@ inline void expect_layout_matches(const std::string& name, const Layout& l, std:
     // The control (data parallelism alone) only reports: plain data parallelism over four ranks drifts to 9e-6 over
     // these 20 steps (Adam at lr 1e-2 magnifies the summation-order differences), the reference the tp layouts are read
     // against.
-    if (l.tp * l.pp > 1) {
+    if (l.tp * l.pp * l.cp > 1) {
         EXPECT_LT(params, 1e-5) << name << " final parameters";
     }
     const double va = single.evaluate(), vb = tp.evaluate();
@@ -131,8 +133,15 @@ inline void expect_layout_matches(const std::string& name, const Layout& l, std:
 }
 
 inline std::string layout_name(const char* model, const Layout& l) {
-    return fmt::format(
-        "{}_tp{}_ep{}_dp{}_pp{}v{}_{}", model, l.tp, l.ep, l.dp, l.pp, l.virtual_stages, l.sp ? "sp" : "nosp");
+    return fmt::format("{}_tp{}_cp{}_ep{}_dp{}_pp{}v{}_{}",
+                       model,
+                       l.tp,
+                       l.cp,
+                       l.ep,
+                       l.dp,
+                       l.pp,
+                       l.virtual_stages,
+                       l.sp ? "sp" : "nosp");
 }
 
 }  // namespace mt::testing

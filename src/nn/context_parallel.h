@@ -1,0 +1,82 @@
+// Context parallelism as the layers see it (long_context.md §7, docs/distributed.md "Context parallelism"). The cp
+// ranks of a group share every micro-batch and split its sequence in the zigzag layout (parallel/context_parallel.h):
+// rank r holds the tokens of chunks r and 2 cp - 1 - r of every row, [B, 2c] of the [B, T] batch. Token-local layers
+// (embedding, norms, MLP, MoE, AttnRes mixes, the LM head) run on those rows as on any others; the token mixers
+// communicate: softmax attention gathers keys and values over the group (nn/layers/cp_attention.h), KDA passes its
+// state and its short conv's halo between the spans (nn/layers/kda_cp.h). The trainer sums the dense gradients over
+// cp with the data-parallel ranks', and the model sums the loss over the group.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "nn/enum_names.h"
+#include "parallel/context_parallel.h"
+
+namespace mt::parallel {
+class Comm;
+}
+
+namespace mt::nn {
+
+// cp.attn: how a softmax layer sees the keys of the other ranks. allgather: every rank gathers all keys and values
+// and reduce-scatters their gradients (the Llama 3 scheme); ring: the key/value shards travel around the ring while
+// each step's partial result is merged by log-sum-exp.
+enum class CpAttnMode { allgather, ring };
+// cp.kda: how a KDA layer's state crosses the spans. affine: every span scans from the zero state, the spans' affine
+// maps (M, h) are all-gathered and folded, and each span reruns from its true start state (LASP-2); relay: the state
+// passes span to span in global order (serial; the oracle the tests hold affine against).
+enum class CpKdaMode { affine, relay };
+
+template <>
+struct EnumNames<CpAttnMode> {
+    static constexpr std::array<std::pair<CpAttnMode, const char*>, 2> names = {
+        {{CpAttnMode::allgather, "allgather"}, {CpAttnMode::ring, "ring"}}};
+};
+
+template <>
+struct EnumNames<CpKdaMode> {
+    static constexpr std::array<std::pair<CpKdaMode, const char*>, 2> names = {
+        {{CpKdaMode::affine, "affine"}, {CpKdaMode::relay, "relay"}}};
+};
+
+// Runtime state the trainer takes from the mesh (the modes are config keys). size 1 (the default): nothing is split.
+struct ContextParallel {
+    int64_t size = 1;
+    int64_t rank = 0;
+    CpAttnMode attn = CpAttnMode::allgather;
+    CpKdaMode kda = CpKdaMode::affine;
+    parallel::Comm* comm = nullptr;  // the cp group; host tensors (MPI)
+
+    bool active() const {
+        return size > 1;
+    }
+    // The layout of a sequence of `seq` tokens (a multiple of 2 size).
+    parallel::Zigzag layout(int64_t seq) const {
+        return parallel::zigzag(size, rank, seq);
+    }
+    parallel::Comm& group() const;
+};
+
+// What a context-parallel forward (and its backward) runs on: the whole sequence's length and, under document
+// masking, its [B, total] i32 document-start map on the host (nn/documents.h), undefined otherwise.
+struct CpBatch {
+    int64_t total = 0;
+    core::Tensor host_doc_start;
+};
+
+// Rows along the time axis (dim 1) of [B, T, ...] tensors, contiguous, host memory:
+// this rank's two chunks of `whole` [B, T, ...] into `local` [B, T / size, ...];
+void cp_local_rows(const ContextParallel& cp, const core::Tensor& whole, const core::Tensor& local);
+// every rank's `local` rows into their places in `whole` (an all-gather over the group);
+void cp_gather_rows(const ContextParallel& cp, const core::Tensor& local, const core::Tensor& whole);
+// each rank holding a part of a sum over `whole`: this rank's rows of the sum into `local` (a reduce-scatter).
+void cp_reduce_scatter_rows(const ContextParallel& cp, const core::Tensor& whole, const core::Tensor& local);
+// This rank's rows of `whole` [B, T, ...] as a new host tensor.
+core::Tensor cp_local(const ContextParallel& cp, const core::Tensor& whole);
+// The global positions of this rank's tokens, [B, T / size] i32 on the host: the rows of `positions` [B, total] (the
+// position of each token in its document, under document masking), or when undefined the plain positions in the
+// sequence.
+core::Tensor cp_local_positions(const ContextParallel& cp, const core::Tensor& positions, int64_t batch, int64_t total);
+
+}  // namespace mt::nn
