@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 
 #include "core/crc32c.h"
 #include "core/file_util.h"
@@ -56,14 +57,20 @@ std::string checkpoint_begin(const std::string& checkpoints_root, int64_t step, 
 }
 
 json checkpoint_write_rank_file(const std::string& tmp_dir, int rank, const std::vector<CheckpointTensor>& tensors) {
+    // One key per region: "kind/name", and "kind/name#k" for the k-th further region of the same tensor in this
+    // file (a ZeRO-1 range of a tp-split shard is up to three boxes of the global tensor; the manifest names each
+    // region's key, so readers never build keys themselves).
     std::vector<std::pair<std::string, core::Tensor>> items;
+    std::map<std::string, int> regions_of;
     items.reserve(tensors.size());
     for (const auto& t : tensors) {
         MT_CHECK(!t.name.empty() && !t.kind.empty() && t.kind.find('/') == std::string::npos,
                  "checkpoint_write: bad tensor name or kind ({}, {})",
                  t.kind,
                  t.name);
-        items.emplace_back(t.kind + "/" + t.name, t.tensor);
+        const std::string key = t.kind + "/" + t.name;
+        const int k = regions_of[key]++;
+        items.emplace_back(k == 0 ? key : fmt::format("{}#{}", key, k), t.tensor);
     }
     const std::string rank_file = fmt::format("rank_{:05d}.safetensors", rank);
     const SafetensorsWriteResult written = safetensors_write(
@@ -71,14 +78,15 @@ json checkpoint_write_rank_file(const std::string& tmp_dir, int rank, const std:
     json part = {
         {"file", {{"name", rank_file}, {"bytes", written.bytes}, {"crc32c", core::crc32c_hex(written.crc32c)}}},
         {"tensors", json::array()}};
-    for (const auto& t : tensors) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+        const CheckpointTensor& t = tensors[i];
         const core::Shape global = t.global_shape.empty() ? t.tensor.shape() : t.global_shape;
         json e = {{"name", t.name},
                   {"kind", t.kind},
                   {"dtype", std::string(core::dtype_safetensors_name(t.tensor.dtype()))},
                   {"global_shape", global},
                   {"file", rank_file},
-                  {"key", t.kind + "/" + t.name}};
+                  {"key", items[i].first}};
         if (t.flat_begin >= 0) {
             e["flat_range"] = {t.flat_begin, t.flat_begin + t.tensor.numel()};
         } else {

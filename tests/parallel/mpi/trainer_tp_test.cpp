@@ -102,17 +102,30 @@ TEST(TrainerTp, EveryRecomputePolicyMatchesOneProcess) {
 // Resharding (parallel.md §7): a checkpoint written under tensor parallelism (tp = n, dense and MoE; on four ranks
 // also tp = 2 x dp = 2, whose ZeRO-1 slices of row-parallel weights are saved as boxes) resumes under one process and
 // under pure data parallelism, and a one-process checkpoint resumes under tp = n: the next steps equal the
-// uninterrupted run.
+// uninterrupted run. The last tp = 2 x dp = 2 case has configs/tiny.toml's tied byte vocabulary (257, padded to 258)
+// and width (128): the ZeRO-1 ranges of its embedding's shards start and end inside rows, so one rank writes up to
+// three boxes of the same tensor into its file (their keys "kind/name", "kind/name#1", ...).
 TEST(TrainerTp, CheckpointsResumeUnderAnotherLayout) {
     const int n = dist_world().size(), rank = dist_world().rank();
     const int64_t ga = 4;  // every layout's share of the global batch is whole
-    std::vector<std::pair<Layout, bool>> saves = {{{n, 1, true}, false}, {{n, 1, true}, true}};  // (layout, MoE)
-    if (n == 4) saves.push_back({{2, 2, true}, false});
+    struct Save {
+        Layout l;
+        bool moe = false;
+        std::vector<std::string> model = {};
+    };
+    std::vector<Save> saves = {{{n, 1, true}, false}, {{n, 1, true}, true}};
+    if (n == 4) {
+        saves.push_back({{2, 2, true}, false});
+        saves.push_back(
+            {{2, 2, true}, false, {"model.vocab_size=257", "model.tie_embeddings=true", "model.d_model=128"}});
+    }
     auto self = comm_make_self();
-    for (const auto& [l, moe] : saves) {
-        const std::string dir = shared_dir(layout_name(moe ? "ckpt_moe" : "ckpt", l)), data = data_dir();
+    for (const auto& [l, moe, model] : saves) {
+        const char* prefix = moe ? "ckpt_moe" : model.empty() ? "ckpt" : "ckpt_v257";
+        const std::string dir = shared_dir(layout_name(prefix, l)), data = data_dir();
         auto job = [&](const std::string& run, int64_t accum, std::vector<std::string> extra) {
             std::vector<std::string> o = dense();
+            o.insert(o.end(), model.begin(), model.end());
             // MoE: the experts spread over the tp ranks (boxes of the expert stacks), the QB state in the manifest.
             if (moe)
                 o.insert(o.end(),
