@@ -100,15 +100,22 @@ std::vector<Alarm> AlarmMonitor::observe_throughput(double tokens_per_s) {
     return out;
 }
 
-std::vector<Alarm> AlarmMonitor::observe_rank_times(const std::vector<double>& busy_seconds) {
-    if (busy_seconds.size() < 2) return {};
-    if (!rank_times_.empty() && rank_times_.back().size() != busy_seconds.size()) rank_times_.clear();
-    rank_times_.push_back(busy_seconds);
-    if (static_cast<int64_t>(rank_times_.size()) > config_.straggler_window) rank_times_.pop_front();
-    if (static_cast<int64_t>(rank_times_.size()) < config_.straggler_window) return {};
+std::vector<Alarm> AlarmMonitor::observe_rank_times(const std::vector<double>& busy_seconds, int64_t steps) {
+    if (busy_seconds.size() < 2 || steps < 1) return {};
+    if (!rank_times_.empty() && rank_times_.back().first.size() != busy_seconds.size())
+        rank_times_.clear(), rank_time_steps_ = 0;
+    rank_times_.emplace_back(busy_seconds, steps);
+    rank_time_steps_ += steps;
+    // Drop the oldest observations while the rest still cover the window.
+    while (rank_time_steps_ - rank_times_.front().second >= config_.straggler_window) {
+        rank_time_steps_ -= rank_times_.front().second;
+        rank_times_.pop_front();
+    }
+    if (rank_time_steps_ < config_.straggler_window) return {};
     std::vector<double> mean(busy_seconds.size(), 0.0);
-    for (const auto& step : rank_times_)
-        for (size_t r = 0; r < step.size(); ++r) mean[r] += step[r] / static_cast<double>(rank_times_.size());
+    for (const auto& [busy, n] : rank_times_)
+        for (size_t r = 0; r < busy.size(); ++r)
+            mean[r] += busy[r] * static_cast<double>(n) / static_cast<double>(rank_time_steps_);
     const double median = median_of({mean.begin(), mean.end()});
     std::vector<Alarm> out;
     for (size_t r = 0; r < mean.size(); ++r) {
@@ -121,7 +128,7 @@ std::vector<Alarm> AlarmMonitor::observe_rank_times(const std::vector<double>& b
                               r,
                               mean[r],
                               median,
-                              rank_times_.size(),
+                              rank_time_steps_,
                               config_.straggler_ratio),
                   {{"rank", r}, {"busy_seconds", mean[r]}, {"median", median}}});
         out.insert(out.end(), fired.begin(), fired.end());

@@ -6,6 +6,7 @@
 // restart are the supervisor's.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -14,6 +15,18 @@
 #include <vector>
 
 namespace mt::train {
+
+// Every alarm kind the trainer raises (operations.md §5): the four of AlarmMonitor, the spike and non-finite alarms
+// of the spike detector and the routing collapse of the MoE metrics. The metric registry's alarms/<kind>, the train
+// line's counts and the dashboard's event filter all read this one list.
+inline constexpr std::array<const char*, 8> kTrainerAlarmKinds = {"expert_load_drift",
+                                                                  "grad_spike",
+                                                                  "loss_spike",
+                                                                  "memory_pressure",
+                                                                  "moe_collapse",
+                                                                  "nonfinite",
+                                                                  "straggler",
+                                                                  "throughput_drop"};
 
 struct AlarmConfig {
     double drift_tv = 0.2;            // expert_load_drift: total-variation distance above this
@@ -47,9 +60,10 @@ class AlarmMonitor {
     std::vector<Alarm> observe_memory(double reserved_fraction);
     // The step's own tokens per second (not the run's average).
     std::vector<Alarm> observe_throughput(double tokens_per_s);
-    // Every rank's busy seconds of the step (its step time less its waits for the other ranks); judged on each
-    // rank's mean over the last straggler_window steps once that many were seen.
-    std::vector<Alarm> observe_rank_times(const std::vector<double>& busy_seconds);
+    // Every rank's mean busy seconds a step (its step time less its waits for the other ranks) over the last `steps`
+    // steps (the trainer shares them once per train line); judged on each rank's mean over the newest observations
+    // that cover at least straggler_window steps, once that many were seen.
+    std::vector<Alarm> observe_rank_times(const std::vector<double>& busy_seconds, int64_t steps = 1);
 
     // Alarms raised so far, by kind.
     const std::map<std::string, int64_t>& totals() const {
@@ -67,7 +81,8 @@ class AlarmMonitor {
     AlarmConfig config_;
     std::map<int64_t, LayerLoads> layers_;
     std::deque<double> throughput_;
-    std::deque<std::vector<double>> rank_times_;
+    std::deque<std::pair<std::vector<double>, int64_t>> rank_times_;  // (per-rank mean, steps it covers)
+    int64_t rank_time_steps_ = 0;                                     // the steps rank_times_ covers
     int64_t throughput_steps_ = 0;
     std::map<std::string, bool> on_;
     std::map<std::string, int64_t> totals_;

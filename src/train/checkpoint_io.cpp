@@ -72,15 +72,15 @@ struct ManifestReader {
     }
 };
 
-void check_fs(const std::error_code& ec, const char* what, const std::string& path) {
-    if (ec) core::fail(ExitCode::checkpoint, "cannot {}: {} [{}]", what, ec.message(), path);
-}
-
 bool plain_file_name(const std::string& name) {
     return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
 }
 
 }  // namespace
+
+void checkpoint_check_fs(const std::error_code& ec, const char* what, const std::string& path) {
+    if (ec) core::fail(ExitCode::checkpoint, "cannot {}: {} [{}]", what, ec.message(), path);
+}
 
 std::string checkpoint_dir_name(int64_t step) {
     return fmt::format("step_{:08d}", step);
@@ -111,7 +111,7 @@ void checkpoint_remove(const std::string& dir) {
     fs::remove(fs::path(dir) / "DONE", ec);
     if (!ec) core::fsync_dir(dir);
     if (!ec) fs::remove_all(dir, ec);
-    check_fs(ec, "delete the checkpoint", dir);
+    checkpoint_check_fs(ec, "delete the checkpoint", dir);
 }
 
 std::vector<std::string> checkpoint_apply_retention(const std::string& checkpoints_root,

@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -59,7 +60,8 @@ std::string checkpoint_dir_name(int64_t step);
 // ranks share.
 // @param[in] checkpoints_root  ROOT, created when missing
 // @param[in] step              the optimizer step the state belongs to
-// @param[in] tensors           every tensor to save; (kind, name) pairs must be unique
+// @param[in] tensors           every region to save; a (kind, name) pair comes more than once only for disjoint
+//                              regions of one tensor (each written under its own key)
 // @param[in] manifest_extra    a JSON object whose fields are copied into the manifest (config_toml,
 //                              model_signature, mesh, rng, data, tokens_seen, git_commit, ...); it must not set
 //                              format, version, step, moetrain_version, created_unix, files or tensors
@@ -89,6 +91,9 @@ std::string checkpoint_finish(const std::string& checkpoints_root,
                               const nlohmann::json& manifest_extra,
                               const RetentionPolicy& keep = {},
                               parallel::Comm* comm = nullptr);
+
+// Ends the run with exit 4 when a filesystem call of the checkpoint code failed: "cannot <what>: <reason> [<path>]".
+void checkpoint_check_fs(const std::error_code& ec, const char* what, const std::string& path);
 
 // A valid (DONE) checkpoint directory under a root.
 struct CheckpointEntry {

@@ -24,10 +24,6 @@ using nlohmann::json;
 
 namespace {
 
-void check_fs(const std::error_code& ec, const char* what, const std::string& path) {
-    if (ec) core::fail(core::ExitCode::checkpoint, "cannot {}: {} [{}]", what, ec.message(), path);
-}
-
 std::string final_dir_of(const std::string& checkpoints_root, int64_t step) {
     return (fs::path(checkpoints_root) / checkpoint_dir_name(step)).string();
 }
@@ -47,10 +43,10 @@ std::string checkpoint_begin(const std::string& checkpoints_root, int64_t step, 
     if (comm == nullptr || comm->rank() == 0) {
         std::error_code ec;
         fs::create_directories(checkpoints_root, ec);
-        check_fs(ec, "create the checkpoint directory", checkpoints_root);
+        checkpoint_check_fs(ec, "create the checkpoint directory", checkpoints_root);
         fs::remove_all(tmp_dir, ec);
         if (!ec) fs::create_directory(tmp_dir, ec);
-        check_fs(ec, "create the directory", tmp_dir);
+        checkpoint_check_fs(ec, "create the directory", tmp_dir);
     }
     if (comm != nullptr && comm->size() > 1) comm->barrier();
     return tmp_dir;
@@ -135,10 +131,10 @@ std::string checkpoint_finish(const std::string& checkpoints_root,
         if (fs::exists(final_dir, ec)) {
             fs::remove_all(old_dir, ec);
             fs::rename(final_dir, old_dir, ec);
-            check_fs(ec, "move the previous checkpoint aside", final_dir);
+            checkpoint_check_fs(ec, "move the previous checkpoint aside", final_dir);
         }
         fs::rename(tmp_dir, final_dir, ec);
-        check_fs(ec, "rename the new checkpoint into place", final_dir);
+        checkpoint_check_fs(ec, "rename the new checkpoint into place", final_dir);
         core::fsync_dir(checkpoints_root);
         if (fs::exists(old_dir, ec)) checkpoint_remove(old_dir);
         checkpoint_apply_retention(checkpoints_root, step, keep);

@@ -6,19 +6,13 @@
 
 #include <map>
 
+#include "train/alarms.h"
+
 namespace mt::train {
 
 namespace {
 
 constexpr const char* kCommGroups[] = {"tp", "cp", "ep", "dp", "pp", "world"};
-constexpr const char* kAlarmKinds[] = {"expert_load_drift",
-                                       "grad_spike",
-                                       "loss_spike",
-                                       "memory_pressure",
-                                       "moe_collapse",
-                                       "nonfinite",
-                                       "straggler",
-                                       "throughput_drop"};
 
 struct Builder {
     std::vector<MetricDef> out;
@@ -100,7 +94,7 @@ std::vector<MetricDef> metric_registry(const JobConfig& cfg) {
              {"loss_spikes", "grad_spikes", "nonfinite", "transient_faults", "skipped_steps", "rollbacks"})
             b.add(fmt::format("health/{}_total", c), "counter", "", fmt::format("{} so far (docs/operations.md)", c));
     }
-    for (const char* kind : kAlarmKinds)
+    for (const char* kind : kTrainerAlarmKinds)
         b.add(fmt::format("alarms/{}", kind), "counter", "", fmt::format("{} alarms raised so far", kind));
     // Long context.
     b.add("long/seq_len", "gauge", "tokens", "the row length of the step (the curriculum stage's)");

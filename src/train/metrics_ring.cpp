@@ -10,27 +10,19 @@
 #include <set>
 
 #include "core/error.h"
+#include "train/alarms.h"
 
 namespace mt::train {
 
 namespace {
 
-// operations.md §5 and the faults; `hang` is also a restart whose reason is a hang.
-const std::set<std::string, std::less<>> kAlarmEvents = {
-    "loss_spike",
-    "grad_spike",
-    "nonfinite",
-    "moe_collapse",
-    "expert_load_drift",
-    "memory_pressure",
-    "throughput_drop",
-    "straggler",
-    "hang",
-    "restart",
-    "transient_fault",
-    "data_failed",
-    "gave_up",
-};
+// The trainer's alarms (operations.md §5), the supervisor's and the faults; `hang` is also a restart whose reason is a
+// hang.
+const std::set<std::string, std::less<>> kAlarmEvents = [] {
+    std::set<std::string, std::less<>> events(kTrainerAlarmKinds.begin(), kTrainerAlarmKinds.end());
+    events.insert({"hang", "restart", "transient_fault", "data_failed", "gave_up"});
+    return events;
+}();
 
 // The string at fields[key], or "" when it is missing or not a string (a hand-edited file).
 std::string string_field(const nlohmann::json& fields, const char* key) {

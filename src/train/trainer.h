@@ -266,6 +266,9 @@ class Trainer {
     std::array<std::vector<const parallel::Comm*>, 6> comm_members() const;
     double comm_seconds_total() const;
     double comm_seconds_at_step_start_ = 0.0;
+    // This rank's busy seconds and steps since the last train line (the straggler alarm, trainer_health.cpp).
+    double straggler_busy_seconds_ = 0.0;
+    int64_t straggler_steps_ = 0;
 
     // trainer_long.cpp: the context-length curriculum (docs/long_context.md): the document index and the stage
     // schedule at construction; before each step, the stage of step_ (its sampler, row length and buffers); at a

@@ -122,14 +122,12 @@ void Trainer::add_health_metrics(const StepResult& r, nlohmann::json& fields) co
 
 void Trainer::add_alarm_metrics(nlohmann::json& fields) const {
     // Every alarm kind's count (operations.md §5): Prometheus's moetrain_alarms_total{kind}.
-    std::map<std::string, int64_t> totals = {{"loss_spike", loss_spikes_total_},
-                                             {"grad_spike", grad_spikes_total_},
-                                             {"nonfinite", nonfinite_total_},
-                                             {"moe_collapse", moe_alarms_total_},
-                                             {"expert_load_drift", 0},
-                                             {"memory_pressure", 0},
-                                             {"throughput_drop", 0},
-                                             {"straggler", 0}};
+    std::map<std::string, int64_t> totals;
+    for (const char* kind : kTrainerAlarmKinds) totals[kind] = 0;
+    totals["loss_spike"] = loss_spikes_total_;
+    totals["grad_spike"] = grad_spikes_total_;
+    totals["nonfinite"] = nonfinite_total_;
+    totals["moe_collapse"] = moe_alarms_total_;
     if (alarms_)
         for (const auto& [kind, n] : alarms_->totals()) totals[kind] = n;
     for (const auto& [kind, n] : totals) fields["alarms/" + kind] = n;
@@ -150,14 +148,20 @@ void Trainer::handle_alarms(const StepResult& r) {
     for (const auto& [layer, m] : r.moe) add(alarms_->observe_expert_loads(layer, m.load));
     if (r.mem_reserved_fraction > 0) add(alarms_->observe_memory(r.mem_reserved_fraction));
     if (r.seconds > 0) add(alarms_->observe_throughput(static_cast<double>(tokens_per_step()) / r.seconds));
-    // Straggler: each rank's busy time (its step less its waits for the others) next to every other rank's.
+    // Straggler: each rank's busy time (its step less its waits for the others) next to every other rank's, summed
+    // here each step and shared on the steps that write a train line (one small all-reduce per metrics.every steps).
     parallel::Comm& world = mesh_->world();
     if (world.size() > 1) {
-        std::vector<double> busy(static_cast<size_t>(world.size()), 0.0);
         const double waited = comm_seconds_total() - comm_seconds_at_step_start_;  // in every collective of the step
-        busy[static_cast<size_t>(world.rank())] = std::max(0.0, r.seconds - waited);
-        world.all_reduce(busy.data(), world.size(), parallel::CommType::f64, parallel::ReduceOp::sum).wait();
-        add(alarms_->observe_rank_times(busy));
+        straggler_busy_seconds_ += std::max(0.0, r.seconds - waited);
+        ++straggler_steps_;
+        if (step_ % cfg_.metrics.every == 0) {
+            std::vector<double> busy(static_cast<size_t>(world.size()), 0.0);
+            busy[static_cast<size_t>(world.rank())] = straggler_busy_seconds_ / static_cast<double>(straggler_steps_);
+            world.all_reduce(busy.data(), world.size(), parallel::CommType::f64, parallel::ReduceOp::sum).wait();
+            add(alarms_->observe_rank_times(busy, straggler_steps_));
+            straggler_busy_seconds_ = 0.0, straggler_steps_ = 0;
+        }
     }
     for (Alarm& a : fired) {
         a.fields["event"] = a.kind;

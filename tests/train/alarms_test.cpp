@@ -13,6 +13,7 @@
 
 using mt::train::AlarmConfig;
 using mt::train::AlarmMonitor;
+using mt::train::kTrainerAlarmKinds;
 
 TEST(Alarms, TotalVariationByHand) {
     EXPECT_DOUBLE_EQ(mt::train::total_variation({1, 1, 1, 1}, {1, 1, 1, 1}), 0.0);
@@ -75,6 +76,21 @@ TEST(Alarms, StragglerRank) {
     EXPECT_TRUE(m.observe_rank_times({1.0, 1.0, 1.5, 1.0}).empty()) << "an alarm per step while it holds";
 }
 
+// The trainer shares the ranks' means once per train line: each observation covers metrics.every steps, and the
+// window is judged once the observations cover straggler_window steps, dropping the oldest that are not needed.
+TEST(Alarms, StragglerWindowCountsSteps) {
+    AlarmMonitor m(AlarmConfig{.straggler_ratio = 1.2, .straggler_window = 4});
+    EXPECT_TRUE(m.observe_rank_times({1.0, 1.0, 1.5, 1.0}, 2).empty()) << "2 steps of 4";
+    const auto a = m.observe_rank_times({1.0, 1.0, 1.5, 1.0}, 2);
+    ASSERT_EQ(a.size(), 1u);
+    EXPECT_EQ(a[0].fields.at("rank"), 2);
+    EXPECT_NE(a[0].detail.find("last 4 steps"), std::string::npos) << a[0].detail;
+    // Four healthy steps in one observation replace both slow ones: the alarm clears, and fires again on the next.
+    EXPECT_TRUE(m.observe_rank_times({1.0, 1.0, 1.0, 1.0}, 4).empty());
+    EXPECT_TRUE(m.observe_rank_times({1.0, 1.0, 1.4, 1.0}, 1).empty()) << "(4 x 1.0 + 1.4) / 5 = 1.08";
+    EXPECT_EQ(m.observe_rank_times({1.0, 1.0, 2.0, 1.0}, 3).size(), 1u) << "(1.4 + 3 x 2.0) / 4 = 1.85";
+}
+
 TEST(Alarms, SilentOnAHealthyTinyMoeRun) {
     const std::string dir = mt::testing::fresh_dir("x");
     mt::train::Trainer t(mt::testing::tiny_job(dir,
@@ -96,15 +112,7 @@ TEST(Alarms, SilentOnAHealthyTinyMoeRun) {
         EXPECT_FALSE(j.at("kind") == "event" && j.contains("alarm")) << line;
         if (j.at("kind") != "train") continue;
         ++train_lines;
-        for (const char* kind : {"loss_spike",
-                                 "grad_spike",
-                                 "nonfinite",
-                                 "moe_collapse",
-                                 "expert_load_drift",
-                                 "memory_pressure",
-                                 "throughput_drop",
-                                 "straggler"})
-            EXPECT_TRUE(j.contains(std::string("alarms/") + kind)) << kind;
+        for (const char* kind : kTrainerAlarmKinds) EXPECT_TRUE(j.contains(std::string("alarms/") + kind)) << kind;
     }
     EXPECT_EQ(train_lines, 40);
 }

@@ -14,15 +14,13 @@
 #include <thread>
 
 #include "core/error.h"
+#include "support/run_files.h"
 #include "support/tiny_job.h"
 #include "train/trainer.h"
 
-namespace {
+using mt::testing::file_bytes;
 
-std::string file_bytes(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+namespace {
 
 nlohmann::json manifest_without_time(const std::string& dir) {
     nlohmann::json m = nlohmann::json::parse(file_bytes(dir + "/manifest.json"));

@@ -12,12 +12,14 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "support/run_files.h"
 #include "support/tiny_job.h"
 #include "train/checkpoint_io.h"
 #include "train/trainer.h"
 
 namespace {
 
+using mt::testing::file_bytes;
 using mt::train::FaultInjection;
 using mt::train::Trainer;
 
@@ -29,25 +31,15 @@ mt::train::JobConfig job(const std::string& dir, const std::string& action, std:
     return mt::testing::tiny_job(dir, o);
 }
 
-std::string file_bytes(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 std::vector<char> master_bytes(Trainer& t) {
     const mt::core::Tensor m = t.model().params().master_arena();
     const char* p = static_cast<const char*>(m.raw());
     return {p, p + m.nbytes()};
 }
 
+// The events of tiny_job's run in dir.
 std::vector<nlohmann::json> events(const std::string& dir, const std::string& name) {
-    std::vector<nlohmann::json> out;
-    std::ifstream in(dir + "/run/metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-        const auto j = nlohmann::json::parse(line);
-        if (j.at("kind") == "event" && j.at("event") == name) out.push_back(j);
-    }
-    return out;
+    return mt::testing::metrics_events(dir + "/run/metrics.jsonl", name);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "parallel/mpi/mpi_job.h"
 #include "parallel/runtime.h"
+#include "support/run_files.h"
 #include "train/trainer.h"
 
 using mt::testing::data_dir;
@@ -18,13 +19,7 @@ using mt::train::Trainer;
 namespace {
 
 std::vector<nlohmann::json> events(const std::string& run_dir, const std::string& name) {
-    std::vector<nlohmann::json> out;
-    std::ifstream in(run_dir + "/metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-        const auto j = nlohmann::json::parse(line);
-        if (j.at("kind") == "event" && j.at("event") == name) out.push_back(j);
-    }
-    return out;
+    return mt::testing::metrics_events(run_dir + "/metrics.jsonl", name);
 }
 
 }  // namespace
