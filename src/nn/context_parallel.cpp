@@ -82,6 +82,131 @@ void cp_gather_rows(const ContextParallel& cp, const core::Tensor& local, const 
     for (int64_t r = 0; r < cp.size; ++r) block_to_whole(z, r, blocks.select(0, r), whole);
 }
 
+namespace {
+
+// One piece of a halo: global rows [first, first + count) that span `span` of rank `to` needs, held by rank `from` at
+// its local row `from_row`, landing at row `to_row` of the halo. All ranks list the same pieces in the same order.
+struct HaloPiece {
+    int64_t to = 0, from = 0;
+    int span = 0;
+    int64_t first = 0, count = 0, from_row = 0, to_row = 0;
+};
+
+std::vector<HaloPiece> halo_pieces(const ContextParallel& cp, int64_t total, int64_t before) {
+    std::vector<HaloPiece> pieces;
+    for (int64_t to = 0; to < cp.size; ++to) {
+        const parallel::Zigzag z = parallel::zigzag(cp.size, to, total);
+        const int64_t c = z.chunk();
+        for (int s = 0; s < 2; ++s) {
+            const int64_t hi = z.span_first(s), lo = std::max<int64_t>(0, hi - before);
+            for (int64_t g = lo / c; g * c < hi; ++g) {  // the chunks the rows [lo, hi) touch
+                const int64_t first = std::max(lo, g * c), last = std::min(hi, (g + 1) * c);
+                const parallel::ZigzagOwner o = z.owner(g);
+                pieces.push_back({.to = to,
+                                  .from = o.rank,
+                                  .span = s,
+                                  .first = first,
+                                  .count = last - first,
+                                  .from_row = o.span * c + first - g * c,
+                                  .to_row = first - lo});
+            }
+        }
+    }
+    return pieces;
+}
+
+// A contiguous [B, count, ...] buffer shaped like `like`'s rows.
+core::Tensor rows_buffer(const core::Tensor& like, int64_t count) {
+    core::Shape shape = like.shape();
+    shape[1] = count;
+    return core::Tensor::scratch(shape, like.dtype(), core::Device::cpu);
+}
+
+// Each piece's message tag: unique per (span, first chunk row) among the pieces one pair of ranks exchanges.
+int halo_tag(const HaloPiece& p, int64_t total) {
+    return static_cast<int>(p.span * total + p.first);
+}
+
+}  // namespace
+
+std::array<core::Tensor, 2> cp_rows_before(const ContextParallel& cp,
+                                           int64_t total,
+                                           const core::Tensor& local,
+                                           int64_t before) {
+    const parallel::Zigzag z = cp.layout(total);
+    MT_CHECK(
+        local.ndim() >= 2 && local.size(1) == z.local() && local.is_contiguous() && local.device() == core::Device::cpu,
+        "cp_rows_before: local {} is not this rank's contiguous host rows of {}",
+        core::shape_str(local.shape()),
+        total);
+    std::array<core::Tensor, 2> halo;
+    for (int s = 0; s < 2; ++s) {
+        const int64_t h = std::min(before, z.span_first(s));
+        if (h > 0) halo[static_cast<size_t>(s)] = rows_buffer(local, h);
+    }
+    const auto type = parallel::CommType::u8;  // rows only move: bytes
+    const auto row_bytes = [&](int64_t rows) {
+        return rows * (local.numel() / local.size(1)) * static_cast<int64_t>(core::dtype_size(local.dtype()));
+    };
+    std::vector<parallel::CommWork> pending;
+    std::vector<std::pair<core::Tensor, HaloPiece>> received;
+    std::vector<core::Tensor> sent;  // alive until the sends complete
+    for (const HaloPiece& p : halo_pieces(cp, total, before)) {
+        if (p.to == cp.rank && p.from == cp.rank) {
+            copy_time_rows(halo[static_cast<size_t>(p.span)], p.to_row, local, p.from_row, p.count);
+        } else if (p.from == cp.rank) {
+            sent.push_back(rows_buffer(local, p.count));
+            copy_time_rows(sent.back(), 0, local, p.from_row, p.count);
+            pending.push_back(cp.group().send(
+                sent.back().raw(), row_bytes(p.count), type, static_cast<int>(p.to), halo_tag(p, total)));
+        } else if (p.to == cp.rank) {
+            received.emplace_back(rows_buffer(local, p.count), p);
+            pending.push_back(cp.group().recv(
+                received.back().first.raw(), row_bytes(p.count), type, static_cast<int>(p.from), halo_tag(p, total)));
+        }
+    }
+    for (parallel::CommWork& w : pending) w.wait();
+    for (const auto& [rows, p] : received)
+        copy_time_rows(halo[static_cast<size_t>(p.span)], p.to_row, rows, 0, p.count);
+    return halo;
+}
+
+void cp_add_rows_before(const ContextParallel& cp,
+                        int64_t total,
+                        const std::array<core::Tensor, 2>& dhalo,
+                        const core::Tensor& dlocal,
+                        int64_t before) {
+    const parallel::Zigzag z = cp.layout(total);
+    MT_CHECK(dlocal.ndim() >= 2 && dlocal.size(1) == z.local() && dlocal.is_contiguous() &&
+                 dlocal.device() == core::Device::cpu,
+             "cp_add_rows_before: dlocal {} is not this rank's contiguous host rows of {}",
+             core::shape_str(dlocal.shape()),
+             total);
+    const auto type = parallel::CommType::u8;
+    const auto row_bytes = [&](int64_t rows) {
+        return rows * (dlocal.numel() / dlocal.size(1)) * static_cast<int64_t>(core::dtype_size(dlocal.dtype()));
+    };
+    std::vector<parallel::CommWork> pending;
+    std::vector<std::pair<core::Tensor, HaloPiece>> received;
+    std::vector<core::Tensor> sent;
+    for (const HaloPiece& p : halo_pieces(cp, total, before)) {
+        if (p.to == cp.rank && p.from == cp.rank) {
+            add_time_rows(dlocal, p.from_row, dhalo[static_cast<size_t>(p.span)], p.to_row, p.count);
+        } else if (p.to == cp.rank) {  // the reverse direction: the halo's holder sends the gradient home
+            sent.push_back(rows_buffer(dlocal, p.count));
+            copy_time_rows(sent.back(), 0, dhalo[static_cast<size_t>(p.span)], p.to_row, p.count);
+            pending.push_back(cp.group().send(
+                sent.back().raw(), row_bytes(p.count), type, static_cast<int>(p.from), halo_tag(p, total)));
+        } else if (p.from == cp.rank) {
+            received.emplace_back(rows_buffer(dlocal, p.count), p);
+            pending.push_back(cp.group().recv(
+                received.back().first.raw(), row_bytes(p.count), type, static_cast<int>(p.to), halo_tag(p, total)));
+        }
+    }
+    for (parallel::CommWork& w : pending) w.wait();
+    for (const auto& [rows, p] : received) add_time_rows(dlocal, p.from_row, rows, 0, p.count);
+}
+
 void cp_reduce_scatter_rows(const ContextParallel& cp, const core::Tensor& whole, const core::Tensor& local) {
     const parallel::Zigzag z = checked_layout(cp, whole, local);
     const core::Tensor blocks = rank_blocks(cp, local);

@@ -7,6 +7,7 @@
 // cp with the data-parallel ranks', and the model sums the loss over the group.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "core/tensor.h"
@@ -72,6 +73,21 @@ void cp_local_rows(const ContextParallel& cp, const core::Tensor& whole, const c
 void cp_gather_rows(const ContextParallel& cp, const core::Tensor& local, const core::Tensor& whole);
 // each rank holding a part of a sum over `whole`: this rank's rows of the sum into `local` (a reduce-scatter).
 void cp_reduce_scatter_rows(const ContextParallel& cp, const core::Tensor& whole, const core::Tensor& local);
+// The `before` rows of the sequence that precede each of this rank's spans (a sliding window's reach), fetched point to
+// point from the ranks that hold them; every rank of the group calls it together. Returns, per span s, [B, h_s, ...]
+// with h_s = min(before, span_first(s)) (the rows [span_first(s) - h_s, span_first(s)); undefined when h_s = 0). The
+// rows may lie in several chunks of several ranks (before > the chunk), this rank's own included.
+std::array<core::Tensor, 2> cp_rows_before(const ContextParallel& cp,
+                                           int64_t total,
+                                           const core::Tensor& local,
+                                           int64_t before);
+// The backward of cp_rows_before: each span's halo gradient `dhalo[s]` (the shapes cp_rows_before returned) goes back
+// to the rows' owners and adds (+=) into their `dlocal` [B, T / size, ...]. Collective as the forward.
+void cp_add_rows_before(const ContextParallel& cp,
+                        int64_t total,
+                        const std::array<core::Tensor, 2>& dhalo,
+                        const core::Tensor& dlocal,
+                        int64_t before);
 // This rank's rows of `whole` [B, T, ...] as a new host tensor.
 core::Tensor cp_local(const ContextParallel& cp, const core::Tensor& whole);
 // The global positions of this rank's tokens, [B, T / size] i32 on the host: the rows of `positions` [B, total] (the

@@ -64,7 +64,6 @@ void validate_context_parallel(const JobConfig& c, const std::string& src) {
     if (p.pp > 1) not_yet(fmt::format("parallel.pp = {}", p.pp), "set parallel.pp = 1 or parallel.cp = 1");
     if (m.segments.enabled())
         not_yet("long.segments or long.segment_tokens", "set long.segments = 1 and long.segment_tokens = 0");
-    if (m.n_window_layers() > 0) not_yet("attn.window_layers", "set attn.window_layers = [] or parallel.cp = 1");
     if (m.moe_enabled && (m.moe.capacity_factor > 0.0 || m.moe.balance.mode == nn::MoeBalanceMode::aux_loss))
         bad("use dropless MoE (moe.capacity_factor = 0) with quantile, sign_bias or no balancing",
             fmt::format("parallel.cp = {} with moe.capacity_factor > 0 or moe.balance = \"aux_loss\": each cp rank "

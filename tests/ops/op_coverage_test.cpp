@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 
 #include "op_harness.h"
 #include "ops/registry.h"
@@ -45,6 +46,12 @@ std::string header_of(const std::string& kernel) {
     return "";
 }
 
+// Kernels with a CPU reference only, each for a stated reason; the list is checked both ways (a CUDA kernel for one of
+// them must take it off the list). attention_past: the zigzag ring of context parallelism (cp.attn = "ring") moves
+// host tensors over MPI, and context parallelism on the GPU ends with exit 2 (docs/distributed.md), so no GPU run
+// reaches these ops; their CUDA kernels come with the NCCL path of context parallelism.
+const std::set<std::string> kCpuOnlyKernels = {"attention_past_fwd", "attention_past_bwd"};
+
 TEST(OpCoverage, EveryRegisteredKernelBelongsToATestedOp) {
     const std::set<std::string> tested = op_registered_ops();
     const std::vector<std::string> kernels = registry::ops();
@@ -55,7 +62,11 @@ TEST(OpCoverage, EveryRegisteredKernelBelongsToATestedOp) {
                                       << ".h, which has no harness cases (or in no op header)";
         EXPECT_TRUE(registry::has(kernel, core::Device::cpu)) << kernel << " has no CPU reference";
 #ifdef MT_HAVE_CUDA
-        EXPECT_TRUE(registry::has(kernel, core::Device::cuda)) << kernel << " has no CUDA kernel";
+        if (kCpuOnlyKernels.count(kernel))
+            EXPECT_FALSE(registry::has(kernel, core::Device::cuda))
+                << kernel << " has a CUDA kernel now: take it off kCpuOnlyKernels";
+        else
+            EXPECT_TRUE(registry::has(kernel, core::Device::cuda)) << kernel << " has no CUDA kernel";
 #endif
     }
     // Every tested op has at least one kernel.

@@ -17,8 +17,7 @@ AttentionLayer::AttentionLayer(ParamTable& table,
                                bool window,
                                const TensorParallel& tp,
                                const ContextParallel& cp)
-    : cfg_(cfg), window_(window), table_(&table), cp_(cp) {
-    MT_CHECK(!cp.active() || !window, "{}: window layers do not run under context parallelism yet", prefix);
+    : cfg_(cfg), window_(window), table_(&table), cp_(cp, window ? cfg.attn.window : 0) {
     using Split = Linear::Split;
     const int64_t d = cfg.resolved_head_dim();
     // Heads are contiguous in the projections' outputs, so a rank's heads are a block of rows of Wq, Wk and Wv and

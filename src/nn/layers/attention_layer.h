@@ -29,7 +29,7 @@ class AttentionLayer : public Layer {
     // tp: this rank holds n_heads / tp query heads and n_kv_heads / tp key/value heads (Wq, Wk, Wv column-parallel,
     // Wo row-parallel, the sink logits split by head; the global tokens replicated, their gradient a part per rank);
     // its output is a part of the sum over tp. cp: the layer's rows are this rank's zigzag tokens and its queries
-    // see the keys of the whole sequence (nn/layers/cp_attention.h); not for window layers yet.
+    // see the keys of the whole sequence, or a window layer's the w - 1 before each span (nn/layers/cp_attention.h).
     AttentionLayer(ParamTable& table,
                    const std::string& prefix,
                    const ModelConfig& cfg,

@@ -10,16 +10,38 @@ namespace mt::nn {
 
 namespace {
 
-// The key-prefix mask of a chunk whose causal prefix ends at `hi`: the document map of keys [0, hi) in global
-// positions (undefined: one document per row).
-ops::AttentionMask prefix_mask(const CpBatch& batch, int64_t hi, core::Device device) {
+// The key-prefix mask of a chunk whose keys are the positions [lo, hi): the document map of those keys, relative to
+// lo (undefined: one document per row).
+ops::AttentionMask prefix_mask(const CpBatch& batch, int64_t lo, int64_t hi, core::Device device) {
     if (!batch.host_doc_start.defined()) return {};
-    return {.doc_start = doc_map_from(batch.host_doc_start, 0, hi, device)};
+    return {.doc_start = doc_map_from(batch.host_doc_start, lo, hi, device)};
 }
 
 // Columns [first, first + count) of a [B, H, L] row-statistics tensor (lse), as a contiguous copy.
 core::Tensor stat_cols(const core::Tensor& t, int64_t first, int64_t count) {
     return t.slice(2, first, first + count).clone();
+}
+
+// Local chunk s (rows [s c, (s + 1) c)) of the queries attends to `keys`, `values` under `mask`: its rows of out,
+// lse and (when defined) max_logit written.
+void chunk_forward(const core::Tensor& q,
+                   int s,
+                   int64_t c,
+                   const core::Tensor& keys,
+                   const core::Tensor& values,
+                   const ops::AttentionMask& mask,
+                   const core::Tensor& out,
+                   const core::Tensor& lse,
+                   const core::Tensor& max_logit) {
+    using core::Tensor;
+    const Tensor qs = time_rows(q, s * c, c);
+    const Tensor os = Tensor::scratch(qs.shape(), out.dtype(), out.device());
+    const Tensor ls = Tensor::scratch({q.size(0), q.size(2), c}, lse.dtype(), lse.device());
+    const Tensor ms = max_logit.defined() ? Tensor::scratch(ls.shape(), ls.dtype(), ls.device()) : Tensor();
+    ops::attention_fwd(qs, keys, values, os, ls, {}, mask, ms);
+    copy_time_rows(out, s * c, os, 0, c);
+    lse.slice(2, s * c, (s + 1) * c).copy_from(ls);
+    if (ms.defined()) max_logit.slice(2, s * c, (s + 1) * c).copy_from(ms);
 }
 
 }  // namespace
@@ -43,7 +65,9 @@ void CpAttention::forward(const Tensor& q,
     const parallel::Zigzag z = cp_.layout(batch_.total);
     MT_CHECK(q.size(1) == z.local(), "context-parallel attention over {} local tokens, not {}", z.local(), q.size(1));
     const Io io{.q = q, .k = k, .v = v, .out = out, .lse = lse};
-    if (cp_.attn == CpAttnMode::ring)
+    if (window_ > 0)
+        window_forward(io, max_logit);
+    else if (cp_.attn == CpAttnMode::ring)
         ring_forward(io, max_logit);
     else
         allgather_forward(io, max_logit);
@@ -60,7 +84,9 @@ void CpAttention::backward(const Tensor& q,
                            const Tensor& dv) const {
     const Io io{.q = q, .k = k, .v = v, .out = out, .lse = lse};
     const Grads g{.dout = dout, .dq = dq, .dk = dk, .dv = dv};
-    if (cp_.attn == CpAttnMode::ring)
+    if (window_ > 0)
+        window_backward(io, g);
+    else if (cp_.attn == CpAttnMode::ring)
         ring_backward(io, g);
     else
         allgather_backward(io, g);
@@ -73,15 +99,15 @@ void CpAttention::allgather_forward(const Io& io, const Tensor& max_logit) const
     const auto [kw, vw] = gather_keys(k, v);
     for (int s = 0; s < 2; ++s) {
         const int64_t hi = z.span_first(s) + c;  // the chunk's last query sees keys [0, hi)
-        const Tensor qs = time_rows(q, s * c, c);
-        const Tensor os = Tensor::scratch(qs.shape(), out.dtype(), out.device());
-        const Tensor ls = Tensor::scratch({q.size(0), q.size(2), c}, lse.dtype(), lse.device());
-        const Tensor ms = max_logit.defined() ? Tensor::scratch(ls.shape(), ls.dtype(), ls.device()) : Tensor();
-        ops::attention_fwd(
-            qs, time_rows(kw, 0, hi), time_rows(vw, 0, hi), os, ls, {}, prefix_mask(batch_, hi, q.device()), ms);
-        copy_time_rows(out, s * c, os, 0, c);
-        lse.slice(2, s * c, (s + 1) * c).copy_from(ls);
-        if (ms.defined()) max_logit.slice(2, s * c, (s + 1) * c).copy_from(ms);
+        chunk_forward(q,
+                      s,
+                      c,
+                      time_rows(kw, 0, hi),
+                      time_rows(vw, 0, hi),
+                      prefix_mask(batch_, 0, hi, q.device()),
+                      out,
+                      lse,
+                      max_logit);
     }
 }
 
@@ -112,13 +138,82 @@ void CpAttention::allgather_backward(const Io& io, const Grads& g) const {
                            dks,
                            dvs,
                            {},
-                           prefix_mask(batch_, hi, q.device()));
+                           prefix_mask(batch_, 0, hi, q.device()));
         copy_time_rows(dq, s * c, dqs, 0, c);
         add_time_rows(dkw, 0, dks, 0, hi);
         add_time_rows(dvw, 0, dvs, 0, hi);
     }
     cp_reduce_scatter_rows(cp_, dkw, dk);
     cp_reduce_scatter_rows(cp_, dvw, dv);
+}
+
+core::Tensor CpAttention::window_keys(const std::array<Tensor, 2>& halo, const Tensor& local, int s) const {
+    const int64_t c = cp_.layout(batch_.total).chunk();
+    const Tensor& h = halo[static_cast<size_t>(s)];
+    const int64_t before = h.defined() ? h.size(1) : 0;
+    core::Shape shape = local.shape();
+    shape[1] = before + c;
+    const Tensor keys = Tensor::scratch(shape, local.dtype(), local.device());
+    if (before > 0) copy_time_rows(keys, 0, h, 0, before);
+    copy_time_rows(keys, before, local, s * c, c);
+    return keys;
+}
+
+void CpAttention::window_forward(const Io& io, const Tensor& max_logit) const {
+    const auto& [q, k, v, out, lse] = io;
+    const parallel::Zigzag z = cp_.layout(batch_.total);
+    const int64_t c = z.chunk();
+    const std::array<Tensor, 2> hk = cp_rows_before(cp_, batch_.total, k, window_ - 1);
+    const std::array<Tensor, 2> hv = cp_rows_before(cp_, batch_.total, v, window_ - 1);
+    for (int s = 0; s < 2; ++s) {
+        const Tensor keys = window_keys(hk, k, s), values = window_keys(hv, v, s);
+        const int64_t lo = z.span_first(s) + c - keys.size(1);  // the first key's position
+        ops::AttentionMask mask = prefix_mask(batch_, lo, z.span_first(s) + c, q.device());
+        mask.window = window_;
+        chunk_forward(q, s, c, keys, values, mask, out, lse, max_logit);
+    }
+}
+
+void CpAttention::window_backward(const Io& io, const Grads& g) const {
+    const auto& [q, k, v, out, lse] = io;
+    const auto& [dout, dq, dk, dv] = g;
+    const parallel::Zigzag z = cp_.layout(batch_.total);
+    const int64_t c = z.chunk();
+    const std::array<Tensor, 2> hk = cp_rows_before(cp_, batch_.total, k, window_ - 1);
+    const std::array<Tensor, 2> hv = cp_rows_before(cp_, batch_.total, v, window_ - 1);
+    std::array<Tensor, 2> dhk, dhv;  // the halos' gradients, sent home below
+    dk.zero();
+    dv.zero();
+    for (int s = 0; s < 2; ++s) {
+        const Tensor keys = window_keys(hk, k, s), values = window_keys(hv, v, s);
+        const int64_t rows = keys.size(1), before = rows - c, lo = z.span_first(s) + c - rows;
+        const Tensor qs = time_rows(q, s * c, c);
+        const Tensor dqs = Tensor::scratch(qs.shape(), dq.dtype(), dq.device());
+        const Tensor dks = Tensor::scratch(keys.shape(), dk.dtype(), dk.device());
+        const Tensor dvs = Tensor::scratch(values.shape(), dv.dtype(), dv.device());
+        ops::AttentionMask mask = prefix_mask(batch_, lo, z.span_first(s) + c, q.device());
+        mask.window = window_;
+        ops::attention_bwd(qs,
+                           keys,
+                           values,
+                           time_rows(out, s * c, c),
+                           stat_cols(lse, s * c, c),
+                           time_rows(dout, s * c, c),
+                           dqs,
+                           dks,
+                           dvs,
+                           {},
+                           mask);
+        copy_time_rows(dq, s * c, dqs, 0, c);
+        add_time_rows(dk, s * c, dks, before, c);
+        add_time_rows(dv, s * c, dvs, before, c);
+        if (before > 0) {
+            dhk[static_cast<size_t>(s)] = time_rows(dks, 0, before).clone();
+            dhv[static_cast<size_t>(s)] = time_rows(dvs, 0, before).clone();
+        }
+    }
+    cp_add_rows_before(cp_, batch_.total, dhk, dk, window_ - 1);
+    cp_add_rows_before(cp_, batch_.total, dhv, dv, window_ - 1);
 }
 
 double CpAttention::max_over_group(double value) const {

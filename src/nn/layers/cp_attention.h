@@ -14,9 +14,16 @@
 //       local query chunk attends, to both of its chunks. Each step's result merges into the running one by
 //       log-sum-exp (ops/attention_past.h). The backward runs the same steps with the final out and lse, and the
 //       shards travel the ring again with their key/value gradient accumulators, which a last pass carries home.
-// Both give one process's results up to the order of the sums.
+//   window (a sliding-window layer, attn.window = w; either mode): a query sees at most the w - 1 positions before it,
+//       so each span needs only the w - 1 rows before its first (the halo), fetched point to point from the ranks
+//       that hold them (nn/context_parallel.h cp_rows_before; several chunks when w - 1 exceeds a chunk). Each local
+//       chunk attends to its halo and itself with the window mask; the backward fetches the halo again and sends its
+//       key/value gradients home. O(w) keys moved per span instead of the whole sequence. The global tokens and the
+//       sink (attention_layer.cpp, merged after this) are token-local: every rank computes them.
+// All give one process's results up to the order of the sums.
 #pragma once
 
+#include <array>
 #include <vector>
 
 #include "core/tensor.h"
@@ -33,7 +40,8 @@ class CpAttention {
 
    public:
     CpAttention() = default;
-    explicit CpAttention(const ContextParallel& cp) : cp_(cp) {}
+    // window > 0: a sliding-window layer's (a query sees itself and the window - 1 positions before it).
+    explicit CpAttention(const ContextParallel& cp, int64_t window = 0) : cp_(cp), window_(window) {}
     bool active() const {
         return cp_.active();
     }
@@ -77,6 +85,10 @@ class CpAttention {
     void allgather_backward(const Io& io, const Grads& g) const;
     void ring_forward(const Io& io, const Tensor& max_logit) const;
     void ring_backward(const Io& io, const Grads& g) const;
+    void window_forward(const Io& io, const Tensor& max_logit) const;
+    void window_backward(const Io& io, const Grads& g) const;
+    // A window layer's keys or values of span s: its halo rows, then the span's own c rows ([B, h + c, Hkv, D]).
+    Tensor window_keys(const std::array<Tensor, 2>& halo, const Tensor& local, int s) const;
     // The whole sequence's keys and values [B, T, Hkv, D], gathered.
     std::pair<Tensor, Tensor> gather_keys(const Tensor& k, const Tensor& v) const;
     // Ring: the document map of step 0 (the local chunks in local positions), and each query's first visible key of
@@ -87,6 +99,7 @@ class CpAttention {
     // Ring: send `held` to rank r + 1 and receive rank r - 1's into `next` (host tensors of one shape), started.
     std::vector<parallel::CommWork> ring_pass(const Tensor& held, const Tensor& next, int tag) const;
     ContextParallel cp_;
+    int64_t window_ = 0;
     CpBatch batch_;
 };
 

@@ -161,13 +161,11 @@ std::vector<Case> attention_cases() {
     return {{"attention_rope", rope}, {"attention_moe_attnres", with_moe_attnres(tiny_attention())}};
 }
 
-class ModelCpAttention : public ::testing::TestWithParam<bool> {};  // document masking off / on
-
-// Softmax attention: all-gather and ring each equal one process.
-TEST_P(ModelCpAttention, AllGatherAndRingEqualOneProcess) {
-    const bool documents = GetParam();
-    for (const Case& c : attention_cases())
+// Each case under both softmax modes equals one process (f64 only for a case with every_variant off).
+void expect_attention_modes_match(const std::vector<Case>& cases, bool documents) {
+    for (const Case& c : cases)
         for (DType dtype : {DType::f64, DType::f32}) {
+            if (!c.every_variant && dtype != DType::f64) continue;
             const double tol = dtype == DType::f64 ? 1e-12 : 1e-5;
             const std::string what =
                 fmt::format("{} {} {}", c.name, documents ? "documents" : "rows", dtype_name(dtype));
@@ -177,6 +175,13 @@ TEST_P(ModelCpAttention, AllGatherAndRingEqualOneProcess) {
                 expect_equal(cp, one, tol, what + " " + enum_name(mode));
             }
         }
+}
+
+class ModelCpAttention : public ::testing::TestWithParam<bool> {};  // document masking off / on
+
+// Softmax attention: all-gather and ring each equal one process.
+TEST_P(ModelCpAttention, AllGatherAndRingEqualOneProcess) {
+    expect_attention_modes_match(attention_cases(), GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Documents, ModelCpAttention, ::testing::Bool(), [](const auto& info) {
@@ -221,6 +226,31 @@ TEST_P(ModelCpKda, AffineEqualsRelayEqualsOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Documents, ModelCpKda, ::testing::Bool(), [](const auto& info) {
+    return info.param ? std::string("documents") : std::string("one_document_per_row");
+});
+
+// Sliding-window layers (window + global tokens + their own RoPE base): each span's w - 1 rows before it come from the
+// ranks that hold them. w = 20 reaches into the chunk before; w = 150 over two or three chunks (64 tokens each) of
+// other ranks. `window_layers` are 1-based layer numbers.
+ModelConfig with_window(ModelConfig c, int64_t window, std::vector<int64_t> window_layers) {
+    c.attn.window = window;
+    c.attn.window_layers = std::move(window_layers);
+    c.attn.global_tokens = 2;
+    c.attn.window_rope_base = 10000.0;
+    return c;
+}
+
+class ModelCpWindow : public ::testing::TestWithParam<bool> {};  // document masking off / on
+
+TEST_P(ModelCpWindow, HaloWindowsEqualOneProcess) {
+    expect_attention_modes_match(
+        {{"attention_window20", with_window(tiny_attention(), 20, {1})},
+         {"attention_window150", with_window(tiny_attention(), 150, {1, 2})},
+         {"hybrid_moe_attnres_window150", with_window(with_moe_attnres(tiny_hybrid()), 150, {2}), false}},
+        GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Documents, ModelCpWindow, ::testing::Bool(), [](const auto& info) {
     return info.param ? std::string("documents") : std::string("one_document_per_row");
 });
 
