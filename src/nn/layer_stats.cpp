@@ -2,8 +2,12 @@
 #include "nn/layer_stats.h"
 
 #include "nn/layers/attnres.h"
+#include "ops/attnres_mix.h"
+#include "ops/layer_stats.h"
 
 namespace mt::nn {
+
+static_assert(ops::kLayerStatsMaxSources == ops::kAttnResMaxSources, "every AttnRes mix fits layer_stats_mix");
 
 LayerStatsLayout layer_stats_layout(const ModelConfig& cfg) {
     LayerStatsLayout out;

@@ -26,6 +26,11 @@ void layer_stats_moments(const Tensor& x, double low, const Tensor& out) {
 void layer_stats_mix(const Tensor& alpha, const Tensor& out) {
     constexpr std::string_view op = "layer_stats_mix";
     check_arg(alpha, op, "alpha", 2);
+    MT_CHECK(alpha.size(1) >= 1 && alpha.size(1) <= kLayerStatsMaxSources,
+             "{}: alpha has {} sources, expected 1 to {}",
+             op,
+             alpha.size(1),
+             kLayerStatsMaxSources);
     check_out(out, alpha.size(1) + 2, op);
     const core::Device device = check_same_device(op, {{"alpha", alpha}, {"out", out}});
     MT_CALL_KERNEL(layer_stats_mix, device, alpha, out);

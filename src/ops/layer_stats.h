@@ -4,7 +4,8 @@
 // ratio of sums and the sums of several passes, micro-batches and ranks add up.
 //   layer_stats_moments: x any shape, contiguous (f32|f64 on CPU; bf16|f16|f32 on CUDA); out [4] f64,
 //     out += {numel, sum x, sum x^2, #(x <= low)}   (the activation RMS; the KDA gate's mean and saturation)
-//   layer_stats_mix: alpha [N, m] softmax weights (f32|f64 on CPU; f32 on CUDA); out [m + 2] f64,
+//   layer_stats_mix: alpha [N, m] softmax weights, 1 <= m <= kLayerStatsMaxSources (f32|f64 on CPU; f32 on CUDA);
+//     out [m + 2] f64,
 //     out += {N, sum_n alpha[n, 0], ..., sum_n alpha[n, m - 1], sum_n H_n},  H_n = -sum_j alpha[n, j] ln alpha[n, j]
 //     (0 ln 0 = 0)                                                           (the AttnRes mix weights and entropy)
 // Both sum in f64 in a fixed order (fixed blocks summed in block order), so the result does not depend on the thread
@@ -15,8 +16,10 @@
 
 namespace mt::ops {
 
-// The slots of layer_stats_moments and of the head of layer_stats_mix.
+// The slots of layer_stats_moments, and the most sources layer_stats_mix takes (attnres_mix's kAttnResMaxSources,
+// checked in nn/layer_stats.cpp; the CUDA kernel keeps one register accumulator per source).
 constexpr int64_t kLayerStatsMoments = 4;
+constexpr int64_t kLayerStatsMaxSources = 32;
 
 void layer_stats_moments(const Tensor& x, double low, const Tensor& out);
 void layer_stats_mix(const Tensor& alpha, const Tensor& out);

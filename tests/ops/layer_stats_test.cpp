@@ -98,6 +98,11 @@ void argument_errors() {
     expect_op_error([&] { layer_stats_mix(Tensor::zeros({6}, DType::f32), slots(8)); }, "layer_stats_mix: alpha");
     expect_op_error(
         [&] {
+            layer_stats_mix(Tensor::zeros({2, 33}, DType::f32), slots(35));
+        },
+        "layer_stats_mix: alpha has 33 sources, expected 1 to 32");
+    expect_op_error(
+        [&] {
             layer_stats_moments(op_cuda_view({2, 3}, DType::f32), 0.0, slots(4));
         },
         "layer_stats_moments: out is on cpu but x is on cuda");
