@@ -3,6 +3,7 @@
 
 #include "core/trace.h"
 #include "ops/add.h"
+#include "ops/layer_stats.h"
 #include "ops/rmsnorm.h"
 
 namespace mt::nn {
@@ -151,6 +152,7 @@ void Block::forward(const Tensor& x, Workspace& ws) {
     ops::add_fwd(x, branch, h_);
     branch_forward(1, h_, branch, ws);
     ops::add_fwd(h_, branch, out_);
+    if (collecting_stats()) ops::layer_stats_moments(out_, 0.0, stats_.slice(0, 0, ops::kLayerStatsMoments));
 }
 
 void Block::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Workspace& ws) {
@@ -178,10 +180,12 @@ void Block::mixer_forward(const Tensor& h, const Tensor& out) {
     ops::rmsnorm_fwd(h, table_->param(mixer_norm_), cfg_.norm_eps, norm1_, rstd1_);
     const Tensor& in = region_input(0);
     const Tensor y = region_output(out);
-    if (kda_)
+    if (kda_) {
+        kda_->set_layer_stats(collecting_stats() ? stats_.slice(0, 4, 8) : Tensor(), stats_kda_low_);
         kda_->forward(in, y, keep_);
-    else
+    } else {
         attn_->forward(in, y);
+    }
     tp_sum_rows(tp_, y, out);
     norm_dropped_[0].release();
 }

@@ -107,6 +107,13 @@ class Block : public Layer {
         count_routing_ = count_routing;
         keep_ = keep;
     }
+    // metrics.layer_stats: the block's slots of the step's stat buffer ([8] f64 view, nn/layer_stats.h: the output's
+    // moments, then a KDA mixer's gate), which the block's first training forward adds to (not a recompute's, not
+    // evaluation's: the routing counts' rule); undefined: nothing. kda_low: layer_stats_kda_low.
+    void set_layer_stats(const Tensor& slots, double kda_low) {
+        stats_ = slots;
+        stats_kda_low_ = kda_low;
+    }
     // Recompute full: frees every activation the backward needs (and the block output with `output`), or brings
     // them back (contents undefined) for a forward to fill. The first call's shapes are kept.
     void release_activations(bool output);
@@ -146,6 +153,11 @@ class Block : public Layer {
     std::unique_ptr<MoeLayer> moe_;
     std::optional<Mlp> moe_shared_;  // MoE under tp: the shared experts, split over tp (`<prefix>.moe.shared.*`)
     bool count_routing_ = true, keep_ = true;
+    Tensor stats_;  // set_layer_stats
+    double stats_kda_low_ = 0.0;
+    bool collecting_stats() const {
+        return stats_.defined() && count_routing_ && !recomputing_;
+    }
     DropList norm_dropped_[2];  // recompute norm: norm1_, norm2_
     DropList all_dropped_;      // recompute full: everything release_activations freed
     // Recompute full under Block AttnRes: each sub-layer frees its activations after its forward and re-runs the

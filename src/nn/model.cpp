@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/trace.h"
+#include "nn/layer_stats.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
@@ -242,8 +243,13 @@ void Model::begin_pass(int64_t batch, int64_t j, bool recompute, bool count_rout
     const bool keep = training_ && !full && (recompute || j == segments - 1);
     // The active chunk's blocks only: another pipeline chunk's layers keep their own segment state (their kept KDA
     // states and caches belong to their own passes).
+    const bool stats = count && layer_stats_.defined();
+    const double kda_low = layer_stats_kda_low(cfg_);
+    if (attnres_) attnres_->set_layer_stats(stats ? layer_stats_ : Tensor());
     for (int64_t l = chunk_lo(); l < chunk_hi(); ++l) {
         Block& b = *blocks_[static_cast<size_t>(l)];
+        const int64_t at = LayerStatsLayout{}.act(block_layer_[static_cast<size_t>(l)]);
+        b.set_layer_stats(stats ? layer_stats_.slice(0, at, at + 8) : Tensor(), kda_low);
         b.set_documents(docs_);
         b.set_segment(seg);
         if (cp_.active()) b.set_context_parallel(cp_batch);

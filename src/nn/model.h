@@ -138,6 +138,16 @@ class Model {
     void set_train_step(int64_t step) {
         if (attnres_) attnres_->set_step(step);
     }
+    // metrics.layer_stats: the step's stat buffer ([layer_stats_layout(cfg).size] f64 on the model's device,
+    // nn/layer_stats.h) that the next training forwards add to (each pass's first run, never a recompute's re-run
+    // nor an evaluation), until set again; undefined (the other steps): nothing is collected and nothing costs.
+    void set_layer_stats(const Tensor& slots) {
+        layer_stats_ = slots;
+    }
+    // This part's block i (in the part's order), for inspection: its output and saved tensors (the layer-stats tests).
+    Block& block_at(int64_t i) {
+        return *blocks_[static_cast<size_t>(i)];
+    }
     int64_t last_counted_tokens() const {
         return counted_;
     }
@@ -292,6 +302,7 @@ class Model {
     std::vector<int64_t> bounds_;
     int64_t pass_ = 0, total_seq_ = 0;
     bool training_ = true;
+    Tensor layer_stats_;  // set_layer_stats
     Tensor seq_ids_, seq_targets_, seq_losses_;
     Documents seq_docs_;
 };

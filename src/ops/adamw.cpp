@@ -15,7 +15,8 @@ void adamw_step(const Tensor& param,
                 int64_t step,
                 double grad_scale,
                 const Tensor& param_copy,
-                const AdamWRounding& rounding) {
+                const AdamWRounding& rounding,
+                const Tensor& update_sq) {
     constexpr std::string_view op = "adamw_step";
     check_arg(param, op, "param", 1);
     check_arg(grad, op, "grad", 1);
@@ -28,15 +29,21 @@ void adamw_step(const Tensor& param,
         check_arg(param_copy, op, "param_copy", 1);
         check_shape(param_copy, param.shape(), op, "param_copy");
     }
+    if (update_sq.defined()) {
+        check_arg(update_sq, op, "update_sq", 1);
+        check_shape(update_sq, {1}, op, "update_sq");
+        check_dtype_in(update_sq, {DType::f64}, op, "update_sq");
+    }
     MT_CHECK(step >= 1, "{}: step = {} must be >= 1 (the first step is 1)", op, step);
     MT_CHECK(hyper.beta1 >= 0.0 && hyper.beta1 < 1.0 && hyper.beta2 >= 0.0 && hyper.beta2 < 1.0,
              "{}: betas ({}, {}) must be in [0, 1)",
              op,
              hyper.beta1,
              hyper.beta2);
-    const core::Device device =
-        check_same_device(op, {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}, {"param_copy", param_copy}});
-    MT_CALL_KERNEL(adamw_step, device, param, grad, m, v, hyper, step, grad_scale, param_copy, rounding);
+    const core::Device device = check_same_device(
+        op,
+        {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}, {"param_copy", param_copy}, {"update_sq", update_sq}});
+    MT_CALL_KERNEL(adamw_step, device, param, grad, m, v, hyper, step, grad_scale, param_copy, rounding, update_sq);
 }
 
 }  // namespace mt::ops

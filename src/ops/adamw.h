@@ -10,6 +10,9 @@
 //   On CUDA: param f32 (master weights), m, v f32|bf16 (optimizer state); grad f32|bf16.
 //   param_copy (optional, undefined = none): [n] bf16|f32, written (=) with the updated param converted
 //   to its dtype: the low-precision model copy the forward reads, written by the same kernel on CUDA.
+//   update_sq (optional, undefined = none): [1] f64 on param's device, += sum_i (param_new[i] - param_old[i])^2, the
+//   squared L2 norm of the change the step applied (metrics.layer_stats: layer/<l>/update_norm), summed in f64 in a
+//   fixed order; on CUDA by the same kernel (block partials, then one fixed-order sum), without a host sync.
 #pragma once
 
 #include <cmath>
@@ -54,6 +57,7 @@ void adamw_step(const Tensor& param,
                 int64_t step,
                 double grad_scale,
                 const Tensor& param_copy = {},
-                const AdamWRounding& rounding = {});
+                const AdamWRounding& rounding = {},
+                const Tensor& update_sq = {});
 
 }  // namespace mt::ops

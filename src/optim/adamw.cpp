@@ -12,6 +12,10 @@ namespace {
 core::Tensor flat(const core::Tensor& t) {
     return t.reshape({t.numel()});
 }
+// Parameter i's slot [1] of an update_sq buffer, or undefined.
+core::Tensor slot(const core::Tensor& update_sq, int i) {
+    return update_sq.defined() ? update_sq.slice(0, i, i + 1) : core::Tensor();
+}
 }  // namespace
 
 AdamW::AdamW(nn::ParamTable& table,
@@ -103,8 +107,12 @@ ops::AdamWRounding AdamW::piece_rounding(const Piece& p, int64_t begin) const {
             .first = nn::param_shard_flat_offset(spec) + begin};
 }
 
-void AdamW::step(double lr, int64_t step, double grad_scale) {
-    if (options_.offload) return step_offloaded(lr, step, grad_scale);
+void AdamW::step(double lr, int64_t step, double grad_scale, const core::Tensor& update_sq) {
+    MT_CHECK(!update_sq.defined() || (update_sq.numel() == table_->size() && update_sq.device() == update_device()),
+             "AdamW::step: update_sq must be [{}] on {}",
+             table_->size(),
+             core::device_name(update_device()));
+    if (options_.offload) return step_offloaded(lr, step, grad_scale, update_sq);
     const bool copy = table_->precision().has_master_copy();
     for (const Piece& p : pieces_) {
         auto part = [&](const core::Tensor& t) { return flat(t).slice(0, p.begin, p.end); };
@@ -117,7 +125,8 @@ void AdamW::step(double lr, int64_t step, double grad_scale) {
                         step,
                         grad_scale,
                         copy ? part(table_->param(p.param)) : core::Tensor(),
-                        piece_rounding(p, p.begin));
+                        piece_rounding(p, p.begin),
+                        slot(update_sq, p.param));
     }
 }
 
@@ -130,7 +139,7 @@ void AdamW::wait_uploads() {
     }
 }
 
-void AdamW::step_offloaded(double lr, int64_t step, double grad_scale) {
+void AdamW::step_offloaded(double lr, int64_t step, double grad_scale, const core::Tensor& update_sq) {
     const core::Device device = table_->precision().device;
     core::Backend& backend = core::backend_get(device);
     const core::Tensor grads = table_->grad_arena(), weights = table_->param_arena();
@@ -177,7 +186,8 @@ void AdamW::step_offloaded(double lr, int64_t step, double grad_scale) {
                             step,
                             grad_scale,
                             param_stage_[k].slice(0, a - ch.begin, b - ch.begin),
-                            piece_rounding(p, a - base));
+                            piece_rounding(p, a - base),
+                            slot(update_sq, p.param));
             cursor = b;
         }
         if (ch.end > cursor) param_stage_[k].slice(0, cursor - ch.begin, ch.end - ch.begin).zero();

@@ -205,6 +205,27 @@ std::vector<double> GradSync::group_norms_sq(const std::vector<int>& group_of, i
     return sq;
 }
 
+std::vector<double> GradSync::group_sums(const std::vector<double>& per_param,
+                                         const std::vector<int>& group_of,
+                                         int groups) const {
+    MT_CHECK(per_param.size() == arenas_.params.size() && group_of.size() == arenas_.params.size(),
+             "group_sums: {} values and {} groups for {} parameters",
+             per_param.size(),
+             group_of.size(),
+             arenas_.params.size());
+    std::vector<double> out(static_cast<size_t>(groups), 0.0);
+    for (size_t i = 0; i < arenas_.params.size(); ++i) {
+        if (group_of[i] < 0) continue;
+        const ArenaParam& p = arenas_.params[i];
+        int64_t members = 1;  // a replicated optimizer: each rank updates the whole parameter
+        if (active_ && zero_)
+            for (const Bucket& b : buckets_)
+                if (p.begin >= b.begin && p.begin < b.end) members = group(b).size();
+        out[static_cast<size_t>(group_of[i])] += world_->size() == 1 ? per_param[i] : per_param[i] / copies(p, members);
+    }
+    return out;
+}
+
 void GradSync::gather_params() {
     if (!zero_) return;
     // The arena the forward reads, updated by the optimizer in the owned slices only. Under mixed precision that is

@@ -97,6 +97,13 @@ class GradSync {
     // group_of[i]: parameter i's group in [0, groups), or -1 for none. Under ZeRO-1 with mixed precision the master
     // weights are read in the owned slices, which are current between the update and a checkpoint's gather.
     std::vector<double> group_norms_sq(const std::vector<int>& group_of, int groups, bool grads) const;
+    // The local half of group_norms_sq for sums the caller measured itself over the elements this rank updates
+    // (the whole parameter, or under ZeRO-1 its owned slices; e.g. the squared norm of the optimizer's change):
+    // per_param[i] divided by the number of ranks holding the same elements and added to group_of[i]'s entry.
+    // The sum of the result over the world (the caller's all-reduce) counts every element once. No communication.
+    std::vector<double> group_sums(const std::vector<double>& per_param,
+                                   const std::vector<int>& group_of,
+                                   int groups) const;
     // ZeRO-1: this rank's arena ranges, one slice per bucket, ascending (the whole arena when inactive).
     const std::vector<optim::ArenaRange>& owned() const {
         return owned_;

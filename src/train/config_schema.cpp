@@ -476,8 +476,9 @@ std::vector<Field> config_schema(JobConfig& c) {
                "GPU, no `mfu` on the CPU"),
         flag("metrics.layer_stats",
              &x.layer_stats,
-             "per-layer gradient and weight norms (`layer/<l>/grad_norm`, `layer/<l>/param_norm`) on the steps that "
-             "write a train line ([metrics.md](metrics.md))"),
+             "per-layer figures on the steps that write a train line: gradient, weight and update norms, update "
+             "ratio, activation RMS, KDA gate mean and saturation, AttnRes mix weights and entropy "
+             "(`layer/<l>/*`, `attnres/<mix>/*`; [metrics.md](metrics.md))"),
         number_above("metrics.memory_warning",
                      &x.memory_warning,
                      0,

@@ -6,6 +6,7 @@
 
 #include <map>
 
+#include "nn/layer_stats.h"
 #include "train/alarms.h"
 
 namespace mt::train {
@@ -141,6 +142,30 @@ std::vector<MetricDef> metric_registry(const JobConfig& cfg) {
                   "L2 norm of the layer's reduced gradient (before clipping, loss scale divided out)");
             b.add(
                 fmt::format("layer/{}/param_norm", l), "gauge", "", "L2 norm of the layer's weights after the update");
+            b.add(fmt::format("layer/{}/update_norm", l),
+                  "gauge",
+                  "",
+                  "L2 norm of the change the optimizer step applied to the layer's weights (0 on a skipped step)");
+            b.add(fmt::format("layer/{}/update_ratio", l), "gauge", "1", "update_norm / param_norm");
+            b.add(fmt::format("layer/{}/act_rms", l),
+                  "gauge",
+                  "",
+                  m.attnres.enabled() ? "RMS of the AttnRes mix after the layer (the next layer's input, or the final "
+                                        "mix) over the step's training tokens"
+                                      : "RMS of the residual stream after the layer over the step's training tokens");
+            if (m.layer_is_kda(l)) {
+                b.add(fmt::format("layer/{}/kda_gate_mean", l),
+                      "gauge",
+                      "",
+                      "mean log decay g of the KDA gate over tokens, heads and key channels (the memory: about -1 / "
+                      "mean tokens)");
+                b.add(fmt::format("layer/{}/kda_gate_sat", l),
+                      "gauge",
+                      "1",
+                      m.kda.gate == ops::KdaGateKind::softplus
+                          ? "share of gate values g <= -5 (decay below e^-5 per token)"
+                          : "share of gate values within 1% of kda.gate_lower_bound (saturated: g <= 0.99 l)");
+            }
         }
         if (m.layer_is_kda(l)) {
             b.add(layer_key("long", "kda_state_rms", l), "gauge", "", "RMS of the KDA layer's final state");
@@ -154,6 +179,21 @@ std::vector<MetricDef> metric_registry(const JobConfig& cfg) {
               "rows",
               "routed rows per expert of the step",
               "every moe.log_loads_every steps");
+    }
+    // Block AttnRes, per mix l = 0..2 n_layers (sub-layer l's input; the last is the final mix).
+    if (m.attnres.enabled() && cfg.metrics.layer_stats) {
+        const nn::LayerStatsLayout layout = nn::layer_stats_layout(m);
+        for (size_t l = 0; l < layout.mix_sources.size(); ++l) {
+            for (int64_t k = 0; k < layout.mix_sources[l]; ++k)
+                b.add(fmt::format("attnres/{}/w{}", l, k),
+                      "gauge",
+                      "1",
+                      "mean softmax weight alpha of the mix's source k (0: the embedding, then the blocks in order)");
+            b.add(fmt::format("attnres/{}/entropy", l),
+                  "gauge",
+                  "1",
+                  "mean entropy of the mix's alpha / ln(sources) (1 uniform, 0 a single source)");
+        }
     }
     std::vector<MetricDef> out = std::move(b.out);
     out.push_back({"val_loss", "eval", "gauge", "nats", "validation loss (mean over train.eval_batches)", ""});

@@ -314,7 +314,7 @@ StepResult Trainer::train_step() {
             step_ + 1,
             scaler_.exhausted() ? fmt::format(" (loss scale already at its minimum {})", r.loss_scale) : "");
     // The per-layer norms of the metrics steps (the loss scale divided out of the gradients').
-    const bool layer_stats = cfg_.metrics.layer_stats && (step_ + 1) % cfg_.metrics.every == 0;
+    const bool layer_stats = layer_stats_step();
     if (layer_stats) {
         r.layer_grad_sq = grad_sync_->group_norms_sq(layer_of_param_, static_cast<int>(cfg_.model.n_layers), true);
         for (double& x : r.layer_grad_sq) x /= r.loss_scale * r.loss_scale;
@@ -323,11 +323,13 @@ StepResult Trainer::train_step() {
         // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm; the
         // loss scale is divided out in the same multiplier.
         const double clip = t.grad_clip > 0 && r.grad_norm > t.grad_clip ? t.grad_clip / (r.grad_norm + 1e-6) : 1.0;
-        adamw_->step(r.lr, step_ + 1, clip / r.loss_scale);
+        adamw_->step(r.lr, step_ + 1, clip / r.loss_scale, layer_stats ? update_sq_ : core::Tensor());
         grad_sync_->gather_params();  // ZeRO-1: every rank's updated slices to every replica
     }
-    if (layer_stats)
+    if (layer_stats) {
         r.layer_param_sq = grad_sync_->group_norms_sq(layer_of_param_, static_cast<int>(cfg_.model.n_layers), false);
+        layer_stats_end(r);
+    }
     ++step_;
     // The MoE balancers update from the routing the step's training forwards counted (the bias is not a gradient
     // quantity, so this happens also on a skipped step); the metrics and the collapse alarm come with it.
@@ -346,6 +348,7 @@ void Trainer::compute_gradients(StepResult& r) {
     const auto& t = cfg_.train;
     model_->params().zero_grads();
     model_->set_train_step(step_);
+    layer_stats_begin();  // a re-run of the step starts the sums over
     beat_phase(Phase::data);
     // The loss is the mean cross-entropy over the supervised tokens of the whole global batch (long_context.md §5):
     // N_global, counted over every micro-batch and data rank before the first forward (the labels are known), and

@@ -12,6 +12,7 @@
 
 #include "data/curriculum.h"
 #include "data/sampler.h"
+#include "nn/layer_stats.h"
 #include "nn/model.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
@@ -66,6 +67,10 @@ struct StepResult {
     // metrics.layer_stats, on the steps that write a train line: each layer's squared gradient norm (before clipping,
     // loss scale divided out) and squared weight norm after the update, the whole model's.
     std::vector<double> layer_grad_sq, layer_param_sq;
+    // With them, from the sums the step's forwards and optimizer made on the device (one copy to the host, one
+    // all-reduce): each layer's squared norm of the change the optimizer applied, and the whole job's slot sums of
+    // nn/layer_stats.h (activation moments, KDA gate, AttnRes mixes), indexed by layer_stats_layout's offsets.
+    std::vector<double> layer_update_sq, layer_stats;
 };
 
 // A fault injected into one step's gradients (tests of the bad-step handling): at the optimizer step that reads data
@@ -312,7 +317,20 @@ class Trainer {
     // trainer_metrics.cpp: the registry's step figures (data_step, flops_per_s, mfu, layer/<l>/*).
     void setup_layer_stats();
     void add_throughput_metrics(const StepResult& r, nlohmann::json& fields) const;
+    void add_layer_stats_metrics(const StepResult& r, nlohmann::json& fields) const;
+    // The step about to run writes a train line with the per-layer figures (metrics.layer_stats).
+    bool layer_stats_step() const {
+        return cfg_.metrics.layer_stats && (step_ + 1) % cfg_.metrics.every == 0;
+    }
+    // Before a metrics step's forwards: the zeroed stat buffer for the model; after its update: the buffer and the
+    // optimizer's sums to the host, weighed, summed over the world, into r.layer_update_sq and r.layer_stats.
+    void layer_stats_begin();
+    void layer_stats_end(StepResult& r);
     std::vector<int> layer_of_param_;  // each table parameter's layer ("layers.<l>.*"), -1 for the rest
+    nn::LayerStatsLayout stats_layout_;
+    // [layout size + parameters] f64 on the model's device: the layers' slots, then the optimizer's per-parameter
+    // squared changes (update_sq_, a view of the tail, or a host buffer where the update runs on the host).
+    core::Tensor stats_, update_sq_;
     std::vector<CheckpointTensor> moe_checkpoint_tensors();  // as the layers hold them (the caller copies to host)
     nlohmann::json moe_checkpoint_json();
     void load_moe_checkpoint(const Checkpoint& ckpt);

@@ -1,5 +1,7 @@
 // Trainer <-> the registry's step figures (metric_registry.h, docs/metrics.md): the data position, the model FLOPs
-// rate and MFU, and the per-layer gradient and weight norms that train_step measures on the metrics steps.
+// rate and MFU, and the per-layer figures of the metrics steps: gradient and weight norms (GradSync), and the sums
+// the forwards and the optimizer leave in the stat buffer on the device (nn/layer_stats.h): update norm and ratio,
+// activation RMS, KDA gate, AttnRes mix weights and entropy.
 #include <cmath>
 #include <regex>
 
@@ -17,6 +19,50 @@ void Trainer::setup_layer_stats() {
         if (std::regex_match(table.spec(i).name, m, layer_name))
             layer_of_param_[static_cast<size_t>(i)] = std::stoi(m[1].str());
     }
+    stats_layout_ = nn::layer_stats_layout(cfg_.model);
+}
+
+void Trainer::layer_stats_begin() {
+    if (!layer_stats_step()) {
+        model_->set_layer_stats(core::Tensor());
+        return;
+    }
+    const core::Device device = model_->params().precision().device;
+    const int64_t params = model_->params().size();
+    if (!stats_.defined()) {
+        stats_ = core::Tensor::zeros({stats_layout_.size + params}, core::DType::f64, device);
+        // The optimizer's sums beside the layers' (one copy back), unless the update runs on the host (offload).
+        update_sq_ = adamw_->update_device() == device
+                         ? stats_.slice(0, stats_layout_.size, stats_layout_.size + params)
+                         : core::Tensor::zeros({params}, core::DType::f64, adamw_->update_device());
+    }
+    stats_.zero();
+    update_sq_.zero();
+    model_->set_layer_stats(stats_.slice(0, 0, stats_layout_.size));
+}
+
+void Trainer::layer_stats_end(StepResult& r) {
+    model_->set_layer_stats(core::Tensor());
+    // The one copy to the host of the step (the update's sums come with it unless they are on the host already).
+    const core::Tensor host = stats_.device() == core::Device::cpu ? stats_ : stats_.to_device(core::Device::cpu);
+    const bool beside = adamw_->update_device() == stats_.device();
+    const core::Tensor updates = beside ? host.slice(0, stats_layout_.size, host.numel()) : update_sq_;
+    const double* u = updates.data<double>();
+    const std::vector<double> per_param(u, u + updates.numel());
+    const int layers = static_cast<int>(cfg_.model.n_layers);
+    // Each rank's change of what it updated, divided by the ranks updating the same elements (GradSync), then the
+    // layers' slot sums: every figure of the job is a sum over the world.
+    std::vector<double> sums = grad_sync_->group_sums(per_param, layer_of_param_, layers);
+    const double* slots = host.data<double>();
+    sums.insert(sums.end(), slots, slots + stats_layout_.size);
+    parallel::Comm& world = mesh_->world();
+    if (world.size() > 1)
+        world
+            .all_reduce(
+                sums.data(), static_cast<int64_t>(sums.size()), parallel::CommType::f64, parallel::ReduceOp::sum)
+            .wait();
+    r.layer_update_sq.assign(sums.begin(), sums.begin() + layers);
+    r.layer_stats.assign(sums.begin() + layers, sums.end());
 }
 
 void Trainer::add_throughput_metrics(const StepResult& r, nlohmann::json& fields) const {
@@ -33,6 +79,36 @@ void Trainer::add_throughput_metrics(const StepResult& r, nlohmann::json& fields
         fields[fmt::format("layer/{}/grad_norm", l)] = std::sqrt(r.layer_grad_sq[l]);
     for (size_t l = 0; l < r.layer_param_sq.size(); ++l)
         fields[fmt::format("layer/{}/param_norm", l)] = std::sqrt(r.layer_param_sq[l]);
+    add_layer_stats_metrics(r, fields);
+}
+
+void Trainer::add_layer_stats_metrics(const StepResult& r, nlohmann::json& fields) const {
+    if (r.layer_stats.empty()) return;
+    const nn::LayerStatsLayout& s = stats_layout_;
+    const std::vector<double>& x = r.layer_stats;
+    auto at = [&](int64_t slot) { return x[static_cast<size_t>(slot)]; };
+    for (int64_t l = 0; l < s.n_layers; ++l) {
+        const auto i = static_cast<size_t>(l);
+        const double update = std::sqrt(r.layer_update_sq[i]), param = std::sqrt(r.layer_param_sq[i]);
+        fields[fmt::format("layer/{}/update_norm", l)] = update;
+        fields[fmt::format("layer/{}/update_ratio", l)] = param > 0 ? update / param : 0.0;
+        // Every layer's output is measured somewhere (its block, or the AttnRes mix that follows it).
+        if (at(s.act(l)) > 0) fields[fmt::format("layer/{}/act_rms", l)] = std::sqrt(at(s.act(l) + 2) / at(s.act(l)));
+        if (cfg_.model.layer_is_kda(l) && at(s.kda_gate(l)) > 0) {
+            const double n = at(s.kda_gate(l));
+            fields[fmt::format("layer/{}/kda_gate_mean", l)] = at(s.kda_gate(l) + 1) / n;
+            fields[fmt::format("layer/{}/kda_gate_sat", l)] = at(s.kda_gate(l) + 3) / n;
+        }
+    }
+    for (size_t l = 0; l < s.mix_offset.size(); ++l) {
+        const int64_t base = s.mix_offset[l], m = s.mix_sources[l];
+        const double tokens = at(base);
+        if (tokens <= 0) continue;
+        for (int64_t k = 0; k < m; ++k) fields[fmt::format("attnres/{}/w{}", l, k)] = at(base + 1 + k) / tokens;
+        // Divided by ln m (attnres.md §10): 1 is the uniform mix, 0 a single source; a one-source mix has none.
+        const double mean = at(base + 1 + m) / tokens;
+        fields[fmt::format("attnres/{}/entropy", l)] = m > 1 ? mean / std::log(static_cast<double>(m)) : 0.0;
+    }
 }
 
 }  // namespace mt::train

@@ -120,8 +120,49 @@ void param_copy_written() {
                     "adamw_step: param_copy is on cuda but param is on cpu");
 }
 
+// update_sq: += the squared L2 norm of the change, against the weights before and after (f64 and f32 state; bf16
+// moments over f32 weights), over several blocks; two calls add up; the same bits for 1 and 3 threads.
+void update_sq_is_the_change() {
+    const int64_t n = 40009;  // three blocks of the CPU reference, the last one partial
+    AdamWHyper hyper;
+    hyper.lr = 3e-3;
+    hyper.weight_decay = 0.1;
+    for (const auto& [dtype, state] :
+         {std::pair{DType::f64, DType::f64}, std::pair{DType::f32, DType::f32}, std::pair{DType::f32, DType::bf16}}) {
+        const Tensor param = op_randn({n}, 31, 0).to(dtype), grad = op_randn({n}, 31, 1).to(dtype);
+        const Tensor p = param.clone(), m = Tensor::zeros({n}, state), v = Tensor::zeros({n}, state);
+        const Tensor sq = Tensor::zeros({1}, DType::f64);
+        core::tensor_set_flat(sq, 0, 0.25);  // accumulates
+        adamw_step(p, grad, m, v, hyper, 2, 0.7, Tensor(), {}, sq);
+        double want = 0.0;
+        for (int64_t i = 0; i < n; ++i) {
+            const double d = core::tensor_get_flat(p, i) - core::tensor_get_flat(param, i);
+            want += d * d;
+        }
+        const std::string what = fmt::format("{} param, {} state", core::dtype_name(dtype), core::dtype_name(state));
+        EXPECT_GT(want, 0.0);
+        EXPECT_NEAR(core::tensor_get_flat(sq, 0), 0.25 + want, 1e-12 * want) << what;
+        const int saved = omp_get_max_threads();
+        Tensor bits[2];
+        for (int k = 0; k < 2; ++k) {
+            omp_set_num_threads(k == 0 ? 1 : 3);
+            const Tensor pk = param.clone(), mk = Tensor::zeros({n}, state), vk = Tensor::zeros({n}, state);
+            bits[k] = Tensor::zeros({1}, DType::f64);
+            adamw_step(pk, grad, mk, vk, hyper, 2, 0.7, Tensor(), {}, bits[k]);
+        }
+        omp_set_num_threads(saved);
+        EXPECT_TRUE(op_same_bytes(bits[0], bits[1])) << what;
+    }
+    const Tensor p = Tensor::zeros({4}, DType::f32), g = op_like(p), m = op_like(p), v = op_like(p);
+    expect_op_error([&] { adamw_step(p, g, m, v, hyper, 1, 1.0, Tensor(), {}, Tensor::zeros({1}, DType::f32)); },
+                    "adamw_step: update_sq has dtype f32, expected f64");
+    expect_op_error([&] { adamw_step(p, g, m, v, hyper, 1, 1.0, Tensor(), {}, Tensor::zeros({2}, DType::f64)); },
+                    "adamw_step: update_sq has shape [2], expected [1]");
+}
+
 // CUDA against the CPU: f32 master weights and state, f32 or bf16 gradients (the CPU sees the same rounded values),
-// with no copy, a bf16 copy and an f32 copy; three steps, odd and 16-byte-multiple sizes; deterministic.
+// with no copy, a bf16 copy and an f32 copy; three steps, odd and 16-byte-multiple sizes; deterministic. The squared
+// change (update_sq) summed over the three steps.
 void parity(int64_t n) {
     for (DType grad_dtype : {DType::f32, DType::bf16}) {
         for (int copy_kind = 0; copy_kind < 3; ++copy_kind) {
@@ -143,11 +184,14 @@ void parity(int64_t n) {
             const Tensor p_dev = param.to_device(core::Device::cuda), m_dev = m0.to_device(core::Device::cuda);
             const Tensor v_dev = v0.to_device(core::Device::cuda);
             const Tensor c_dev = copy_kind ? Tensor::zeros({n}, copy_dtype, core::Device::cuda) : Tensor();
+            const Tensor u_cpu = Tensor::zeros({1}, DType::f64),
+                         u_dev = Tensor::zeros({1}, DType::f64, core::Device::cuda);
             for (int64_t step = 1; step <= 3; ++step) {
                 const Tensor g = op_randn({n}, 9, 10 + static_cast<uint64_t>(step)).to(grad_dtype);
-                adamw_step(p_cpu, g.to(DType::f32), m_cpu, v_cpu, hyper, step, 0.6, c_cpu);
-                adamw_step(p_dev, g.to_device(core::Device::cuda), m_dev, v_dev, hyper, step, 0.6, c_dev);
+                adamw_step(p_cpu, g.to(DType::f32), m_cpu, v_cpu, hyper, step, 0.6, c_cpu, {}, u_cpu);
+                adamw_step(p_dev, g.to_device(core::Device::cuda), m_dev, v_dev, hyper, step, 0.6, c_dev, {}, u_dev);
             }
+            op_expect_parity(name, "update_sq", u_dev, u_cpu, 1e-5);
             op_expect_parity(name, "param", p_dev, p_cpu, 1e-5);
             op_expect_parity(name, "m", m_dev, m_cpu, 1e-5);
             op_expect_parity(name, "v", v_dev, v_cpu, 1e-5);
@@ -159,6 +203,7 @@ void parity(int64_t n) {
 
 [[maybe_unused]] const bool kRegistered = [] {
     op_register_check("adamw", "adamw_param_copy_written", param_copy_written);
+    op_register_check("adamw", "adamw_update_sq_is_the_change", update_sq_is_the_change);
     op_register_parity_check("adamw", "adamw_n1", [] { parity(1); });
     op_register_parity_check("adamw", "adamw_n1003", [] { parity(1003); });
     op_register_parity_check("adamw", "adamw_n1048576", [] { parity(1 << 20); });

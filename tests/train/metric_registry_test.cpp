@@ -47,9 +47,13 @@ TEST(MetricRegistry, KimiLinearMiniDeclaresMoreThan200MetricsOnce) {
     EXPECT_TRUE(keys.count("train:long/kda_state_rms/l00"));
 }
 
-TEST(MetricRegistry, ATrainingWritesExactlyTheDeclaredKeys) {
-    const std::string dir = mt::testing::fresh_dir("x");
-    const auto cfg = mt::testing::tiny_job(dir, hybrid_moe({"train.steps=3"}));
+namespace {
+
+// Trains a tiny KDA/attention MoE (hybrid_moe with the overrides) and expects its metrics.jsonl to hold exactly the
+// keys the registry declares for it (every unconditional one). Returns the train lines' keys.
+std::set<std::string> expect_written_as_declared(const std::vector<std::string>& overrides, const char* what) {
+    const std::string dir = mt::testing::fresh_dir(what);
+    const auto cfg = mt::testing::tiny_job(dir, hybrid_moe(overrides));
     mt::train::Trainer t(cfg, false);
     t.run();
     std::map<std::string, std::set<std::string>> written;  // line kind -> keys
@@ -65,13 +69,30 @@ TEST(MetricRegistry, ATrainingWritesExactlyTheDeclaredKeys) {
     for (const auto& d : mt::train::metric_registry(cfg)) {
         declared[d.line].insert(d.key);
         if (d.when.empty()) {
-            EXPECT_TRUE(written[d.line].count(d.key)) << "declared but never written: " << d.key;
+            EXPECT_TRUE(written[d.line].count(d.key)) << what << ": declared but never written: " << d.key;
         }
     }
     for (const auto& [kind, keys] : written)
-        for (const auto& k : keys) EXPECT_TRUE(declared[kind].count(k)) << kind << " line key not declared: " << k;
-    EXPECT_TRUE(written["train"].count("layer/3/grad_norm"));
-    EXPECT_TRUE(written["train"].count("moe/load/l01"));
+        for (const auto& k : keys)
+            EXPECT_TRUE(declared[kind].count(k)) << what << ": " << kind << " line key not declared: " << k;
+    return written["train"];
+}
+
+}  // namespace
+
+TEST(MetricRegistry, ATrainingWritesExactlyTheDeclaredKeys) {
+    const std::set<std::string> plain = expect_written_as_declared({"train.steps=3"}, "plain");
+    EXPECT_TRUE(plain.count("layer/3/grad_norm"));
+    EXPECT_TRUE(plain.count("moe/load/l01"));
+    EXPECT_TRUE(plain.count("layer/3/update_ratio"));
+    EXPECT_TRUE(plain.count("layer/2/kda_gate_sat"));
+    EXPECT_FALSE(plain.count("layer/3/kda_gate_mean"));  // KAKA: layer 3 is softmax attention
+    const std::set<std::string> attnres =
+        expect_written_as_declared({"train.steps=2", "attnres.mode=\"block\"", "attnres.block_size=3"}, "attnres");
+    EXPECT_TRUE(attnres.count("attnres/8/entropy"));
+    EXPECT_TRUE(attnres.count("attnres/8/w3"));  // the final mix: the embedding and 3 blocks (3, 3, 2 sub-layers)
+    EXPECT_FALSE(attnres.count("attnres/8/w4"));
+    EXPECT_TRUE(attnres.count("layer/3/act_rms"));
 }
 
 // One process: each layer's norms from the trainer equal the norms of its tensors in the parameter table (the

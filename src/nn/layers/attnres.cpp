@@ -4,6 +4,7 @@
 #include "core/trace.h"
 #include "ops/add.h"
 #include "ops/attnres_mix.h"
+#include "ops/layer_stats.h"
 
 namespace mt::nn {
 
@@ -33,7 +34,8 @@ AttnResStack::AttnResStack(ParamTable& table, const ModelConfig& cfg, const Tens
       table_(&table),
       layers_(2 * cfg.n_layers),
       block_(cfg.attnres.resolved_block_size()),
-      blend_(cfg.attnres.blend_at(0)) {
+      blend_(cfg.attnres.blend_at(0)),
+      stats_layout_(layer_stats_layout(cfg)) {
     MT_CHECK(block_ >= 1, "attnres.block_size = {} must be >= 1", block_);
     const int64_t max_sources = cfg.attnres.max_sources(cfg.n_layers);
     MT_CHECK(max_sources <= ops::kAttnResMaxSources,
@@ -139,6 +141,13 @@ void AttnResStack::forward(const AttnResPass& pass, const Tensor& e, const std::
         core::TraceRange range(e.device(), "attnres.mix_fwd");
         ops::attnres_mix_fwd(
             sources, table_->param(query_[i]), table_->param(gain_[i]), eps, mixed_[i], alpha_[i], blend_);
+        if (!stats_.defined()) return;
+        const int64_t at = stats_layout_.mix(l), m = static_cast<int64_t>(sources.size());
+        ops::layer_stats_mix(alpha_[i], stats_.slice(0, at, at + m + 2));
+        if (l >= 2 && l % 2 == 0) {  // the input of layer l / 2 (or the final mix): layer l / 2 - 1's output
+            const int64_t act = stats_layout_.act(l / 2 - 1);
+            ops::layer_stats_moments(mixed_[i], 0.0, stats_.slice(0, act, act + ops::kLayerStatsMoments));
+        }
     };
     for (int64_t l = pass.first; l < pass.last; ++l) {
         const auto i = static_cast<size_t>(l);

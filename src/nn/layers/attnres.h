@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "nn/block.h"
+#include "nn/layer_stats.h"
 #include "nn/tensor_parallel.h"
 
 namespace mt::nn {
@@ -88,6 +89,12 @@ class AttnResStack {
                   const Tensor& de,
                   Workspace& ws);
     std::vector<SavedTensor> saved_for_backward();
+    // metrics.layer_stats: the step's stat buffer (nn/layer_stats.h, [layout size] f64) that the next forward adds
+    // each mix's weights and entropy to, and, from the mix that follows layer j's FFN (the next layer's input, or the
+    // final mix), layer j's activation moments; undefined: nothing.
+    void set_layer_stats(const Tensor& slots) {
+        stats_ = slots;
+    }
 
    private:
     std::vector<int64_t> sources_of(int64_t l) const {
@@ -121,6 +128,8 @@ class AttnResStack {
     Tensor d_embed_;                 // [N, C] the embedding's
     Tensor d_branch_, d_mixed_;      // [N, C] scratch in the compute dtype
     Tensor zero_;                    // [N, C] zeros in the compute dtype: add_fwd(acc, zero_, out) rounds acc to it
+    LayerStatsLayout stats_layout_;  // set_layer_stats
+    Tensor stats_;
 };
 
 }  // namespace mt::nn

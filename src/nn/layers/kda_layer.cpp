@@ -7,6 +7,7 @@
 
 #include "nn/layers/conv_halo.h"
 #include "ops/l2norm.h"
+#include "ops/layer_stats.h"
 #include "ops/rmsnorm.h"
 #include "ops/sigmoid.h"
 #include "ops/sigmoid_gate.h"
@@ -244,6 +245,7 @@ void KdaLayer::forward_core(const Tensor& x, bool keep) {
     const Tensor a_log = gate_options_.use_a_log ? table_->param(a_log_) : Tensor();
     const Tensor bias = table_->param(dt_bias_).reshape({hv_, k_dim_});
     ops::kda_gate_fwd(u_.reshape({n, hv_, k_dim_}), a_log, bias, g_.reshape({n, hv_, k_dim_}), gate_options_);
+    if (stats_.defined()) ops::layer_stats_moments(g_, stats_low_, stats_);
     // the recurrence
     const Tensor v = vc_.reshape({batch_, seq_, hv_, v_dim_});
     if (!keep) kept_ = ops::KdaSaved{};

@@ -52,6 +52,12 @@ class KdaLayer : public Layer {
     // x: [N, C] (the normed residual) -> out: [N, C]; final_state() then holds S_T [B, HV, K, V].
     // training = false (evaluation) keeps nothing for a backward (kda.save), whatever the config.
     void forward(const Tensor& x, const Tensor& out, bool training = true);
+    // metrics.layer_stats: the next forward adds its gate's statistics to slots ([4] f64, nn/layer_stats.h: count,
+    // sum of g, -, #(g <= low)); undefined: nothing (every forward but a metrics step's first).
+    void set_layer_stats(const Tensor& slots, double low) {
+        stats_ = slots;
+        stats_low_ = low;
+    }
     // Sizes the workspace slots backward takes (after resize), so that none grows during training.
     void reserve_scratch(Workspace& ws) const;
     // dS_T for the next backward, or undefined (zero); kept until changed.
@@ -136,10 +142,12 @@ class KdaLayer : public Layer {
     Tensor q_, k_, rq_, rk_;  // [B, T, H, K] normalised, and their 1 / norms [N * H]
     Tensor bl_, beta_;        // [N, HV] beta logits (scratch), [B, T, HV]
     Tensor fa_, u_, g_;       // [N, K], [N, HV*K], [B, T, HV, K]
-    Tensor o_, st_;           // [B, T, HV, V], [B, HV, K, V]
-    Tensor on_, rstd_;        // [N, HV*V] normed output, [N * HV]
-    Tensor ga_, gz_, y_;      // [N, V], [N, HV*V] gate logits, [N, HV*V] gated output
-    Tensor ds0_;              // [B, HV, K, V] dS_0, the backward's output when an initial state was set
+    Tensor stats_;            // set_layer_stats
+    double stats_low_ = 0.0;
+    Tensor o_, st_;       // [B, T, HV, V], [B, HV, K, V]
+    Tensor on_, rstd_;    // [N, HV*V] normed output, [N * HV]
+    Tensor ga_, gz_, y_;  // [N, V], [N, HV*V] gate logits, [N, HV*V] gated output
+    Tensor ds0_;          // [B, HV, K, V] dS_0, the backward's output when an initial state was set
     // Sequence segments: per segment its start state and its three convs' halos [B, W - 1, C] (in pinned host
     // memory with long.offload_kv), the carried values of the next segment (forward) and the gradients for the
     // previous one (backward), and the whole sequence's S_T.

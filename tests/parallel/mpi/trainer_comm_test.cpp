@@ -12,6 +12,7 @@
 #include <numeric>
 #include <string>
 
+#include "nn/layer_stats.h"
 #include "nn/layers/attnres.h"
 #include "parallel/mpi/mpi_job.h"
 #include "parallel/runtime.h"
@@ -74,10 +75,12 @@ Count dp_step(int64_t tp, int64_t dp, bool zero, int64_t p_dense, int64_t p_stag
 }
 
 // World, every step of a multi-process run: the gradient norm (one f64), the memory figures' maxima (five f64) and,
-// on the steps that write a train line (every step here), the per-layer gradient and weight norms of
-// metrics.layer_stats (two all-reduces of one f64 per layer: GradSync::group_norms_sq).
-constexpr Count world_step(int64_t layers) {
-    return {(6 + 2 * layers) * 8, 4};
+// on the steps that write a train line (every step here), the per-layer figures of metrics.layer_stats: the gradient
+// and weight norms (two all-reduces of one f64 per layer: GradSync::group_norms_sq) and one all-reduce of the
+// per-layer update norms with the device statistics' slots (nn/layer_stats.h: Trainer::layer_stats_end).
+Count world_step(const mt::train::JobConfig& cfg) {
+    const int64_t layers = cfg.model.n_layers, slots = mt::nn::layer_stats_layout(cfg.model).size;
+    return {(6 + 3 * layers + slots) * 8, 5};
 }
 
 Traffic minus(const Traffic& a, const Traffic& b) {
@@ -169,7 +172,7 @@ void expect_layout_matches_formula(const Layout& l) {
     const int64_t align = std::lcm(int64_t{64}, l.tp * l.dp), gain = (kDim + align - 1) / align * align;
     ASSERT_EQ(p_stage, l.tp > 1 && l.sp ? (2 * kLayers + 1) * gain : 0);
     Expected want = {{"dp", dp_step(l.tp, l.dp, l.zero, p_dense, p_stage, t.gradient_buckets())},
-                     {"world", world_step(kLayers)}};
+                     {"world", world_step(t.config())}};
     if (l.tp > 1) want["tp"] = tp_step(l.tp, l.sp);
     for (int step = 1; step <= 2; ++step) {
         const Traffic before = t.comm_traffic();
@@ -267,7 +270,8 @@ TEST(TrainerComm, PipelineStepMatchesTheFormula) {
                                              v > 1 ? "pp.schedule=\"interleaved\"" : "pp.schedule=\"1f1b\""};
             if (mode != "plain") keys.insert(keys.end(), {"attnres.mode=\"block\"", "attnres.block_size=3"});
             if (mode == "attnres_nocache") keys.emplace_back("attnres.pp_cache=false");
-            Trainer t(mt::testing::mpi_job(data_dir(), dir, keys), false);
+            const auto cfg = mt::testing::mpi_job(data_dir(), dir, keys);
+            Trainer t(cfg, false);
             const auto chunks = t.pipeline_chunks();
             ASSERT_EQ(static_cast<int64_t>(chunks.size()), n * v);
             std::vector<std::pair<int64_t, int64_t>> sub_layers;
@@ -277,7 +281,7 @@ TEST(TrainerComm, PipelineStepMatchesTheFormula) {
                 per_hop[g] = static_cast<int64_t>(
                     mt::nn::attnres_hop_sources(sub_layers, static_cast<int64_t>(g), n, mode == "attnres", 3).size());
             const int64_t stage = t.mesh().coord(MeshAxis::pp);
-            const Expected want = {{"pp", pp_step(per_hop, stage, n, accum)}, {"world", world_step(8)}};
+            const Expected want = {{"pp", pp_step(per_hop, stage, n, accum)}, {"world", world_step(cfg)}};
             for (int step = 1; step <= 2; ++step) {
                 const Traffic before = t.comm_traffic();
                 (void)t.train_step();

@@ -3,6 +3,9 @@
 // Dtypes: param f32 (master weights); m, v f32|bf16 (optimizer state; bf16 stored with stochastic rounding, the
 // bits from core/stochastic_round.h as on the CPU); grad f32|bf16|f16; param_copy bf16|f16|f32 or undefined. The
 // scalars are formed in f64 on the host and the elementwise math runs in f32 in the CPU reference's order.
+// With update_sq (metrics steps) each block also sums the squared change of its elements in f64 into a partial of a
+// scratch buffer, and one more block adds the partials in block order to *update_sq: deterministic, no float
+// atomics, no host sync. The flag is uniform over the grid, so the branch costs nothing on the other steps.
 
 #include "core/stochastic_round.h"
 #include "ops/adamw.h"
@@ -47,7 +50,9 @@ __global__ void adamw_kernel(float* __restrict__ param,
                              TS* __restrict__ v,
                              TC* __restrict__ copy,
                              int64_t n,
-                             AdamWScalars s) {
+                             AdamWScalars s,
+                             double* __restrict__ sq_partial) {
+    double sq = 0.0;
     for (int64_t k = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * VEC; k < n;
          k += static_cast<int64_t>(gridDim.x) * blockDim.x * VEC) {
         float p[VEC], g[VEC], mv[VEC], vv[VEC];
@@ -60,13 +65,32 @@ __global__ void adamw_kernel(float* __restrict__ param,
             const float gi = g[e] * s.gs;
             mv[e] = s.b1 * mv[e] + (1.0f - s.b1) * gi;
             vv[e] = s.b2 * vv[e] + (1.0f - s.b2) * gi * gi;
+            const float old = p[e];
             p[e] = p[e] * s.decay - s.step_size * mv[e] / (sqrtf(vv[e]) / s.bc2_sqrt + s.eps);
+            if (sq_partial != nullptr) {  // metrics steps only (uniform over the grid)
+                const double change = static_cast<double>(p[e]) - static_cast<double>(old);
+                sq += change * change;
+            }
         }
         store_vec<VEC>(param + k, p);
         store_moment<VEC>(m + k, mv, s.stream_m, s.first + k);
         store_moment<VEC>(v + k, vv, s.stream_v, s.first + k);
         if constexpr (kCopy) store_vec<VEC>(copy + k, p);
     }
+    if (sq_partial != nullptr) {
+        __shared__ double scratch[32];
+        sq = block_sum(sq, scratch);
+        if (threadIdx.x == 0) sq_partial[blockIdx.x] = sq;
+    }
+}
+
+// One block: *update_sq += the partials in block order.
+__global__ void update_sq_kernel(const double* __restrict__ partial, int64_t blocks, double* __restrict__ update_sq) {
+    __shared__ double scratch[32];
+    double sum = 0.0;
+    for (int64_t b = threadIdx.x; b < blocks; b += blockDim.x) sum += partial[b];
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) *update_sq += sum;
 }
 
 template <int VEC, typename TG, typename TS>
@@ -75,20 +99,27 @@ void launch(const Tensor& param,
             const Tensor& m,
             const Tensor& v,
             const Tensor& copy,
-            const AdamWScalars& s) {
+            const AdamWScalars& s,
+            const Tensor& update_sq) {
     const int64_t n = param.numel();
     const unsigned blocks = grid_for((n + VEC - 1) / VEC, kThreads);
+    // Every block writes its partial before the sum reads them.
+    const Tensor partial = update_sq.defined() ? Tensor::scratch({blocks}, DType::f64, core::Device::cuda) : Tensor();
+    double* sq = update_sq.defined() ? static_cast<double*>(partial.raw()) : nullptr;
     const TG* g = static_cast<const TG*>(grad.raw());
     float* p = param.data<float>();
     auto *mp = static_cast<TS*>(m.raw()), *vp = static_cast<TS*>(v.raw());
     if (!copy.defined())
         adamw_kernel<VEC, TG, TS, float, false>
-            <<<blocks, kThreads, 0, core::exec_stream()>>>(p, g, mp, vp, nullptr, n, s);
+            <<<blocks, kThreads, 0, core::exec_stream()>>>(p, g, mp, vp, nullptr, n, s, sq);
     else
         MT_CUDA_DISPATCH(copy.dtype(), TC, {
             adamw_kernel<VEC, TG, TS, TC, true>
-                <<<blocks, kThreads, 0, core::exec_stream()>>>(p, g, mp, vp, static_cast<TC*>(copy.raw()), n, s);
+                <<<blocks, kThreads, 0, core::exec_stream()>>>(p, g, mp, vp, static_cast<TC*>(copy.raw()), n, s, sq);
         });
+    if (sq == nullptr) return;
+    MT_CUDA_CHECK(cudaGetLastError());
+    update_sq_kernel<<<1, kThreads, 0, core::exec_stream()>>>(sq, blocks, update_sq.data<double>());
 }
 
 template <int VEC, typename TG>
@@ -97,11 +128,12 @@ void launch_state(const Tensor& param,
                   const Tensor& m,
                   const Tensor& v,
                   const Tensor& copy,
-                  const AdamWScalars& s) {
+                  const AdamWScalars& s,
+                  const Tensor& update_sq) {
     if (m.dtype() == DType::bf16)
-        launch<VEC, TG, bf16>(param, grad, m, v, copy, s);
+        launch<VEC, TG, bf16>(param, grad, m, v, copy, s, update_sq);
     else
-        launch<VEC, TG, float>(param, grad, m, v, copy, s);
+        launch<VEC, TG, float>(param, grad, m, v, copy, s, update_sq);
 }
 
 }  // namespace
@@ -114,7 +146,8 @@ void adamw_step(const Tensor& param,
                 int64_t step,
                 double grad_scale,
                 const Tensor& param_copy,
-                const AdamWRounding& rounding) {
+                const AdamWRounding& rounding,
+                const Tensor& update_sq) {
     constexpr std::string_view op = "adamw_step";
     check_f32(param, op, "param");
     check_cuda_float(grad, op, "grad");
@@ -125,6 +158,7 @@ void adamw_step(const Tensor& param,
         check_dtype_as(v, m, op, "v", "m");
     }
     if (param_copy.defined()) check_cuda_float(param_copy, op, "param_copy");
+    if (update_sq.defined()) check_dtype_in(update_sq, {DType::f64}, op, "update_sq");
     if (param.numel() == 0) return;
     core::NvtxRange range("adamw_step");
     const AdamWStepScalars h = adamw_step_scalars(hyper, step, grad_scale);
@@ -141,9 +175,9 @@ void adamw_step(const Tensor& param,
     const bool vec = vec_ok(param.numel(), {&param, &grad, &m, &v, &param_copy});
     MT_CUDA_DISPATCH(grad.dtype(), TG, {
         if (vec)
-            launch_state<8, TG>(param, grad, m, v, param_copy, s);
+            launch_state<8, TG>(param, grad, m, v, param_copy, s, update_sq);
         else
-            launch_state<1, TG>(param, grad, m, v, param_copy, s);
+            launch_state<1, TG>(param, grad, m, v, param_copy, s, update_sq);
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
