@@ -13,6 +13,12 @@ namespace mt::nn {
 
 namespace {
 
+// The rows of a chunk's input and output: the micro-batch's tokens this rank holds (1 / cp of each sequence under
+// context parallelism, then 1 / tp of those under sequence parallelism).
+int64_t chunk_rows(const TensorParallel& tp, const ContextParallel& cp, int64_t batch, int64_t total_seq) {
+    return tp.stream_rows(batch * (cp.active() ? total_seq / cp.size : total_seq));
+}
+
 // The [B, T, C] view of a [B T, C] tensor of `batch` rows.
 Tensor by_time(const Tensor& t, int64_t batch) {
     return t.reshape({batch, t.size(0) / batch, t.size(1)});
@@ -30,7 +36,7 @@ double Model::forward_chunk(
     MT_CHECK(segments == 1 || num_chunks() == 1 || (!attnres_ && !tp_.active()),
              "sequence segments in a pipeline chunk run without Block AttnRes and tensor parallelism");
     const bool takes_input = !chunk_has_embedding(chunk) && !attnres_;
-    const std::vector<int64_t> whole = {tp_.stream_rows(batch * total_seq_), cfg_.d_model};
+    const std::vector<int64_t> whole = {chunk_rows(tp_, cp_, batch, total_seq_), cfg_.d_model};
     if (takes_input)
         MT_CHECK(input.defined() && input.shape() == whole,
                  "chunk {} takes an input of shape {}, got {}",
@@ -66,7 +72,7 @@ void Model::segment_input(int64_t j) {
 
 void Model::backward_chunk(double loss_scale, const Tensor& d_output) {
     MT_CHECK(batch_ > 0, "backward before forward");
-    const std::vector<int64_t> whole = {tp_.stream_rows(batch_ * total_seq_), cfg_.d_model};
+    const std::vector<int64_t> whole = {chunk_rows(tp_, cp_, batch_, total_seq_), cfg_.d_model};
     MT_CHECK(chunk_has_head(chunk_) || attnres_ || (d_output.defined() && d_output.shape() == whole),
              "chunk {}'s backward takes the gradient of its output, of shape {}",
              chunk_,

@@ -61,7 +61,6 @@ void validate_context_parallel(const JobConfig& c, const std::string& src) {
     auto not_yet = [&](const std::string& keys, const std::string& hint) {
         bad(hint, fmt::format("parallel.cp = {} with {} is not built yet", p.cp, keys));
     };
-    if (p.pp > 1) not_yet(fmt::format("parallel.pp = {}", p.pp), "set parallel.pp = 1 or parallel.cp = 1");
     if (m.segments.enabled())
         not_yet("long.segments or long.segment_tokens", "set long.segments = 1 and long.segment_tokens = 0");
     if (m.moe_enabled && (m.moe.capacity_factor > 0.0 || m.moe.balance.mode == nn::MoeBalanceMode::aux_loss))

@@ -23,15 +23,17 @@
 namespace mt::train {
 
 // This rank's links in the pipeline: the communicator of its pp group (NCCL's on GPUs), the neighbouring stages, and
-// a new buffer for an activation of `token_rows` rows arriving from one (its stream rows under sequence parallelism).
+// a new buffer for an activation of `token_rows` rows arriving from one (the rows this rank holds of them: 1 / tp
+// under sequence parallelism, and its zigzag 1 / cp under context parallelism, whose ranks of a stage talk to the same
+// cp rank of the next).
 struct PipeLinks {
     parallel::Comm* comm;
     int next, prev;
     core::DType dtype;
     core::Device device;
-    int64_t tp_rows_divisor, d_model;
+    int64_t rows_divisor, d_model;
     core::Tensor activation(int64_t token_rows, core::DType type) const {
-        return core::Tensor::zeros({token_rows / tp_rows_divisor, d_model}, type, device);
+        return core::Tensor::zeros({token_rows / rows_divisor, d_model}, type, device);
     }
     core::Tensor activation(int64_t token_rows) const {
         return activation(token_rows, dtype);
@@ -83,13 +85,13 @@ int pipe_tag(int64_t chunk, int64_t micro, int64_t micros, int dir) {
 
 PipeLinks Trainer::pipe_links() const {
     const int64_t stages = mesh_->size(parallel::MeshAxis::pp), stage = mesh_->coord(parallel::MeshAxis::pp);
-    const int64_t tp = mesh_->size(parallel::MeshAxis::tp);
+    const int64_t tp = mesh_->size(parallel::MeshAxis::tp), cp = mesh_->size(parallel::MeshAxis::cp);
     return {.comm = nccl_pp_ ? nccl_pp_.get() : &mesh_->group(parallel::MeshGroup::pp),
             .next = static_cast<int>((stage + 1) % stages),
             .prev = static_cast<int>((stage + stages - 1) % stages),
             .dtype = model_->params().precision().compute,
             .device = model_->params().grad_arena().device(),
-            .tp_rows_divisor = cfg_.parallel.sequence_parallel ? tp : 1,
+            .rows_divisor = (cfg_.parallel.sequence_parallel ? tp : 1) * cp,
             .d_model = cfg_.model.d_model};
 }
 

@@ -25,7 +25,9 @@ using mt::testing::layout_name;
 
 std::vector<Layout> layouts(int n, bool moe = false) {
     std::vector<Layout> out = {{.cp = n}};
-    if (n == 4) out.insert(out.end(), {{.dp = 2, .cp = 2}, {.tp = 2, .cp = 2}, {.tp = 2, .sp = false, .cp = 2}});
+    if (n == 4)
+        out.insert(out.end(),
+                   {{.dp = 2, .cp = 2}, {.tp = 2, .cp = 2}, {.tp = 2, .sp = false, .cp = 2}, {.pp = 2, .cp = 2}});
     if (n == 4 && moe) out.push_back({.ep = 2, .cp = 2});
     return out;
 }
