@@ -7,12 +7,14 @@
 // (expert all-to-all, pipeline and context-parallel transfers). Each lane has its own scratch pool in the CUDA
 // backend, so memory freed by one lane is reused only by that lane (stream order keeps the reuse safe); a tensor
 // used on both lanes must be ordered with lane_wait by whoever hands it over, as with any two streams. On the CPU
-// both lanes are the calling thread.
+// both lanes are the calling thread. A third lane, copy, carries long device-to-host copies that run beside whole
+// steps (the asynchronous checkpoint's snapshots, docs/operations.md) so they never hold up the side lane's
+// transfers; it allocates nothing.
 #pragma once
 
 namespace mt::core {
 
-enum class Lane { main, side };
+enum class Lane { main, side, copy };
 
 struct ExecCtx {
     Lane lane = Lane::main;

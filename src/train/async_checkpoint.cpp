@@ -4,6 +4,8 @@
 #include <chrono>
 #include <utility>
 
+#include "core/backend.h"
+#include "core/exec.h"
 #include "parallel/comm.h"
 
 namespace mt::train {
@@ -18,14 +20,40 @@ AsyncCheckpointWriter::~AsyncCheckpointWriter() {
     if (thread_.joinable()) thread_.join();
 }
 
+core::Tensor& AsyncCheckpointWriter::buffer_for(size_t index, const core::Tensor& like) {
+    core::Tensor& buffer = buffers_[index];
+    if (!buffer.defined() || buffer.shape() != like.shape() || buffer.dtype() != like.dtype())
+        buffer = like.device() == core::Device::cpu ? core::Tensor::zeros(like.shape(), like.dtype())
+                                                    : core::Tensor::zeros_pinned(like.shape(), like.dtype());
+    return buffer;
+}
+
+void AsyncCheckpointWriter::reserve(size_t index, const core::Tensor& like) {
+    MT_CHECK(!in_flight(), "AsyncCheckpointWriter::reserve while a write is in flight");
+    buffer_for(index, like);
+}
+
 core::Tensor AsyncCheckpointWriter::snapshot(size_t index, const core::Tensor& src) {
     MT_CHECK(!in_flight(), "AsyncCheckpointWriter::snapshot while a write is in flight");
-    core::Tensor& buffer = buffers_[index];
-    if (!buffer.defined() || buffer.shape() != src.shape() || buffer.dtype() != src.dtype())
-        buffer = src.device() == core::Device::cpu ? core::Tensor::zeros(src.shape(), src.dtype())
-                                                   : core::Tensor::zeros_pinned(src.shape(), src.dtype());
-    buffer.copy_from(src);
+    core::Tensor& buffer = buffer_for(index, src);
+    if (src.device() == core::Device::cpu || !src.is_contiguous()) {
+        buffer.copy_from(src);
+        return buffer;
+    }
+    // A GPU tensor: copied on the copy lane, after everything the main lane has queued (the step that made it).
+    core::Backend& backend = core::backend_get(src.device());
+    if (!staging_) core::lane_wait(core::Lane::copy, core::Lane::main);
+    staging_ = true;
+    staged_device_ = src.device();
+    core::ExecScope copy_lane({.lane = core::Lane::copy, .deterministic = core::exec().deterministic});
+    backend.copy_async(buffer.raw(), core::Device::cpu, src.raw(), src.device(), src.nbytes());
     return buffer;
+}
+
+void AsyncCheckpointWriter::before_state_update() {
+    if (!copies_pending_) return;
+    core::lane_wait(core::Lane::main, core::Lane::copy);
+    copies_pending_ = false;
 }
 
 void AsyncCheckpointWriter::start(const std::string& checkpoints_root,
@@ -44,9 +72,16 @@ void AsyncCheckpointWriter::start(const std::string& checkpoints_root,
     error_ = nullptr;
     done_.store(false, std::memory_order_release);
     const int rank = comm != nullptr ? comm->rank() : 0;
-    thread_ = std::thread([this, tmp_dir, rank, tensors = std::move(tensors)] {
+    // The snapshots' copies: the thread waits for them before it reads the buffers, the main lane before the next
+    // update of the state (before_state_update).
+    const uint64_t copied = staging_ ? core::backend_get(staged_device_).lane_marker(core::Lane::copy) : 0;
+    const core::Device device = staged_device_;
+    copies_pending_ = staging_;
+    staging_ = false;
+    thread_ = std::thread([this, tmp_dir, rank, copied, device, tensors = std::move(tensors)] {
         const auto start = std::chrono::steady_clock::now();
         try {
+            core::backend_get(device).marker_wait(copied);
             part_ = checkpoint_write_rank_file(tmp_dir, rank, tensors);
         } catch (...) {
             error_ = std::current_exception();

@@ -31,7 +31,17 @@ class AsyncCheckpointWriter {
 
     // A copy of src in the snapshot buffer for tensor `index` of the next checkpoint (allocated on first use and
     // whenever the shape or dtype changes; pinned when src is on a GPU). Only between writes (no write in flight).
+    // A GPU tensor's copy is queued on the copy lane (core/exec.h) after the main lane's work so far and returns at
+    // once: the training steps that follow run beside it, the background thread waits for it before writing, and
+    // before_state_update() orders the main lane after it.
     core::Tensor snapshot(size_t index, const core::Tensor& src);
+    // Allocates the buffer snapshot(index, like) would use, without copying: the trainer reserves every buffer when
+    // the run starts, so that no checkpoint pays for allocating (and pinning) a copy of the state.
+    void reserve(size_t index, const core::Tensor& like);
+    // Called before anything changes the state the last snapshots copied (the optimizer's update, the balancers'):
+    // the main lane's work from here on waits for those copies on the GPU; the host does not wait. Nothing on the
+    // CPU (its copies are done when snapshot returns).
+    void before_state_update();
 
     // Collective over comm (checkpoint_begin), then this rank's file on the background thread. The tensors must be
     // snapshots (nothing the training thread changes). At most one write in flight.
@@ -63,7 +73,13 @@ class AsyncCheckpointWriter {
     }
 
    private:
+    core::Tensor& buffer_for(size_t index, const core::Tensor& like);
+
     std::map<size_t, core::Tensor> buffers_;
+    // Copies queued on the copy lane since the last start() (staging_), and since then not yet ordered before the
+    // main lane (copies_pending_), of tensors on staged_device_.
+    bool staging_ = false, copies_pending_ = false;
+    core::Device staged_device_ = core::Device::cpu;
     std::thread thread_;
     std::atomic<bool> done_{false};
     std::exception_ptr error_;

@@ -607,8 +607,8 @@ std::vector<Field> config_schema(JobConfig& c) {
                 1,
                 1 << 20,
                 "context-parallel size: every sequence cut into 2 cp chunks, rank r holding chunks r and 2 cp - 1 - r "
-                "(zigzag); every sequence length a multiple of 2 x cp x 64; CPU only, without pipeline parallelism, "
-                "segments or window layers yet (docs/distributed.md \"Context parallelism\")"),
+                "(zigzag); every sequence length a multiple of 2 x cp x 64; CPU only, without segments yet "
+                "(docs/distributed.md \"Context parallelism\")"),
         choice("cp.attn",
                &p.cp_attn,
                "with `parallel.cp` > 1, how softmax attention sees the other ranks' keys: `allgather` (all-gather "

@@ -228,6 +228,7 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     targets_ = core::Tensor::zeros({t.batch_size, t.seq_len}, core::DType::i32);
     long_setup();
     setup_layer_stats();
+    reserve_checkpoint_buffers();
 }
 
 void Trainer::fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs, const core::Tensor& targets) const {
@@ -296,6 +297,7 @@ StepResult Trainer::train_step() {
         r = std::move(again);
     }
     core::TraceRange range(model_->params().precision().device, "optimizer");
+    if (async_writer_) async_writer_->before_state_update();  // a checkpoint's copies still running on the GPU
     observe_spikes(r);
     // A bad step under skip or rollback leaves the state as it was (trainer_health.cpp).
     if (!finite(r) && !overflow_case && handle_bad_step(r, "nonfinite")) return finish_step(r, start);

@@ -247,6 +247,10 @@ class Trainer {
     // checkpoint, a rollback, a stop and the run's end call it), poll_checkpoint_write completes it at a step
     // boundary once every rank's file is in. checkpoint_saved: the bookkeeping, line and event of a complete one.
     void write_checkpoint(bool async);
+    // What this rank's checkpoint file holds (trainer_checkpoint.cpp), and the asynchronous writer's snapshot buffers
+    // for it allocated when the run starts (a GPU run with checkpoint.async and every_steps > 0).
+    std::vector<CheckpointTensor> checkpoint_tensors();
+    void reserve_checkpoint_buffers();
     void finish_checkpoint_write();
     void poll_checkpoint_write();
     void checkpoint_saved(const std::string& dir, int64_t step, double blocking, double write, bool async);

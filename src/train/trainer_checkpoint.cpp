@@ -167,17 +167,13 @@ void Trainer::save_checkpoint() {
     write_checkpoint(/*async=*/false);
 }
 
-void Trainer::write_checkpoint(bool async) {
-    finish_checkpoint_write();  // a checkpoint waits for the one before it
-    beat_phase(Phase::checkpoint);
-    const auto start = std::chrono::steady_clock::now();
+// What this rank's checkpoint file holds, in a fixed order (the snapshot buffers are matched by position).
+std::vector<CheckpointTensor> Trainer::checkpoint_tensors() {
     // Every rank writes what it alone holds and each replicated tensor is written once (conventions §5.2): dense
     // parameters by the first rank of dp_span, this rank's experts by the first rank of its edp group (as a box of
     // the global tensor), the AdamW moments with their parameters, or under ZeRO-1 by their owners (flat ranges),
     // and the MoE balancer state (the same on every rank) by world rank 0.
     nn::ParamTable& table = model_->params();
-    grad_sync_->gather_master();  // ZeRO-1 keeps the master weights sharded between checkpoints (and gathers
-                                  // the forward's weights in the background)
     // Whether this rank writes a replicated parameter: the first of the ranks holding the same copy (a tp-split one
     // is this rank's own box; one replicated over tp is written by tp rank 0).
     const bool first_data = mesh_->group(parallel::MeshGroup::dp_span).rank() == 0;
@@ -237,6 +233,24 @@ void Trainer::write_checkpoint(bool async) {
     // The balancer state is the same on every rank of a stage: its first rank writes its stage's layers.
     if (mesh_->group(parallel::MeshGroup::stage).rank() == 0)
         for (auto& moe : moe_checkpoint_tensors()) tensors.push_back({moe.name, moe.kind, moe.tensor});
+    return tensors;
+}
+
+void Trainer::reserve_checkpoint_buffers() {
+    const bool gpu = model_->params().precision().device != core::Device::cpu;
+    if (!gpu || !cfg_.checkpoint.async || cfg_.checkpoint.every_steps <= 0) return;
+    if (!async_writer_) async_writer_ = std::make_unique<AsyncCheckpointWriter>();
+    const std::vector<CheckpointTensor> tensors = checkpoint_tensors();
+    for (size_t i = 0; i < tensors.size(); ++i) async_writer_->reserve(i, tensors[i].tensor);
+}
+
+void Trainer::write_checkpoint(bool async) {
+    finish_checkpoint_write();  // a checkpoint waits for the one before it
+    beat_phase(Phase::checkpoint);
+    const auto start = std::chrono::steady_clock::now();
+    grad_sync_->gather_master();  // ZeRO-1 keeps the master weights sharded between checkpoints (and gathers
+                                  // the forward's weights in the background)
+    std::vector<CheckpointTensor> tensors = checkpoint_tensors();
     nlohmann::json moe_state = moe_checkpoint_json();
     if (pipelined())  // every stage's layers into rank 0's manifest
         for (const std::string& part : parallel::comm_gather_strings(mesh_->world(), moe_state.dump()))
@@ -253,7 +267,7 @@ void Trainer::write_checkpoint(bool async) {
     }
     nlohmann::json extra = {
         {"config_toml", cfg_.to_toml()},
-        {"model_signature", model_signature(model_specs(cfg_.model, table))},
+        {"model_signature", model_signature(model_specs(cfg_.model, model_->params()))},
         {"tokens_seen", tokens_seen(step_)},
         {"mesh", mesh_->to_json()},
         {"rng", {{"seed", cfg_.run.seed}, {"step", step_}}},

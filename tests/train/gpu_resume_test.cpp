@@ -4,7 +4,8 @@
 // scaling (a scale that grows before the checkpoint, which falls mid-window, and after it), MoE with
 // Quantile Balancing (the checkpoint mid-interval), the KDA hybrid and Block AttnRes. Checkpoints that cross devices
 // are checked by what they load: the master weights and moments a CPU checkpoint loads into a GPU run (and the
-// reverse) are the saved ones, bit for bit. Skipped without a GPU (label gpu).
+// reverse) are the saved ones, bit for bit. Checkpoints written in the background (checkpoint.async: the snapshots
+// copied on their own stream while the next steps run) equal blocking ones. Skipped without a GPU (label gpu).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -152,4 +153,30 @@ TEST_F(GpuTraining, CrossDeviceLoadKeepsMastersAndMomentsBitForBit) {
         check_cross_device_load("cuda", "cpu", extra);
         check_cross_device_load("cpu", "cuda", extra);
     }
+}
+
+// Asynchronous checkpoints on the GPU (docs/operations.md): the snapshots are copied on the copy lane while the next
+// steps run, and the optimizer's update waits for them on the GPU. The checkpoints of steps 3 and 6 (background
+// writes) and 9 (the run's last, blocking) equal a blocking run's bit for bit, MoE balancer state included.
+TEST_F(GpuTraining, AsyncCheckpointsEqualBlockingOnes) {
+    std::vector<std::string> extra = kMoe;
+    extra.insert(extra.end(), {"run.precision=\"bf16\"", "train.steps=9", "checkpoint.every_steps=3"});
+    const std::string dir = fresh_dir("async_gpu");
+    auto run = [&](bool async) {
+        std::vector<std::string> o = {"run.device=\"cuda\"",
+                                      "checkpoint.keep_last=10",
+                                      std::string("checkpoint.async=") + (async ? "true" : "false"),
+                                      "run.dir=\"" + dir + (async ? "/async" : "/blocking") + "\""};
+        o.insert(o.end(), extra.begin(), extra.end());
+        Trainer t(tiny_job(dir, o), false);
+        t.run();
+    };
+    run(true);
+    run(false);
+    int n = 0;
+    for (const char* step : {"step_00000003", "step_00000006", "step_00000009"})
+        n += mt::testing::expect_checkpoints_identical(
+            dir + "/async/checkpoints/" + step, dir + "/blocking/checkpoints/" + step, step);
+    EXPECT_GT(n, 0);
+    std::printf("async vs blocking on the GPU: %d checkpoint tensors compared bit for bit\n", n);
 }

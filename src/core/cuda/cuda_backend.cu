@@ -27,10 +27,10 @@ void cuda_fail(cudaError_t err, const char* what, const char* file, int line) {
 
 namespace {
 
-constexpr int kLanes = 2;
+constexpr int kLanes = 3;
 
 int lane_index(Lane lane) {
-    return lane == Lane::main ? 0 : 1;
+    return lane == Lane::main ? 0 : lane == Lane::side ? 1 : 2;
 }
 
 cudaStream_t make_stream() {
@@ -45,7 +45,9 @@ cudaStream_t lane_stream(Lane lane) {
     static cudaStream_t main_stream = make_stream();
     if (lane == Lane::main) return main_stream;
     static cudaStream_t side_stream = make_stream();
-    return side_stream;
+    if (lane == Lane::side) return side_stream;
+    static cudaStream_t copy_stream = make_stream();
+    return copy_stream;
 }
 
 cudaStream_t exec_stream() {
@@ -142,7 +144,7 @@ class CudaBackend final : public Backend {
     }
 
     void synchronize() override {
-        for (Lane lane : {Lane::main, Lane::side}) MT_CUDA_CHECK(cudaStreamSynchronize(lane_stream(lane)));
+        for (Lane lane : {Lane::main, Lane::side, Lane::copy}) MT_CUDA_CHECK(cudaStreamSynchronize(lane_stream(lane)));
     }
 
     void lane_wait(Lane waiter, Lane signaller) override {

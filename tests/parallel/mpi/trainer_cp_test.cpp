@@ -32,9 +32,10 @@ std::vector<Layout> layouts(int n, bool moe = false) {
     return out;
 }
 
-// tiny_job's model at the shortest length the largest cp group cuts (2 x 4 x 64 tokens on four ranks).
+// tiny_job's model at the shortest length the largest cp group cuts (2 x 4 x 64 tokens on four ranks; the eight-
+// and sixteen-rank combinations run cp = 2).
 std::vector<std::string> model(std::vector<std::string> extra = {}) {
-    const int64_t seq = cp_granularity(dist_world().size());
+    const int64_t seq = cp_granularity(dist_world().size() > 4 ? 2 : dist_world().size());
     std::vector<std::string> o = {
         "train.seq_len=" + std::to_string(seq), "model.max_seq_len=" + std::to_string(seq), "train.eval_batches=2"};
     o.insert(o.end(), extra.begin(), extra.end());
@@ -90,6 +91,30 @@ TEST(TrainerCp, HybridMoeAttnResMatchesOneProcess) {
     for (const std::string& k : moe_keys()) keys.push_back(k);
     keys.insert(keys.end(), {"attnres.mode=\"block\"", "train.lr=2e-3"});
     for (const Layout& l : layouts(dist_world().size(), true)) expect_layout_matches(layout_name("moe", l), l, keys, 8);
+}
+
+// The combinations of the five-dimensional mesh on eight ranks (tests/CMakeLists.txt runs this case alone at
+// np 8): cp = 2 with tp = 2 and dp = 2 (the hybrid: KDA and attention split by heads, sequence parallel), with
+// ep = 2 and pp = 2 (the hybrid MoE AttnRes model: the experts over ep, the stages passing their cp rows) and with
+// pp = 2 and dp = 2; each equals one process over 8 steps.
+TEST(TrainerCp, EightRankCombinations) {
+    if (dist_world().size() != 8) GTEST_SKIP() << "cp = 2 with two other dimensions of 2 needs eight ranks";
+    std::vector<std::string> moe = hybrid("affine");
+    for (const std::string& k : moe_keys()) moe.push_back(k);
+    moe.insert(moe.end(), {"attnres.mode=\"block\"", "train.lr=2e-3"});
+    expect_layout_matches("cp2_tp2_dp2", {.tp = 2, .dp = 2, .cp = 2}, hybrid("affine"), 8);
+    expect_layout_matches("cp2_ep2_pp2", {.ep = 2, .pp = 2, .cp = 2}, moe, 8);
+    expect_layout_matches("cp2_pp2_dp2", {.dp = 2, .pp = 2, .cp = 2}, hybrid("relay"), 8);
+}
+
+// All five dimensions but dp on sixteen ranks (its own CTest entry mpi.np16, label mpi16, which CI runs): tp = 2 x
+// cp = 2 x ep = 2 x pp = 2 on the hybrid MoE model; the loss curve over 10 steps equals one process.
+TEST(TrainerCp, SixteenRankMesh) {
+    if (dist_world().size() != 16) GTEST_SKIP() << "tp = 2 x cp = 2 x ep = 2 x pp = 2 needs sixteen ranks";
+    std::vector<std::string> keys = hybrid("affine");
+    for (const std::string& k : moe_keys()) keys.push_back(k);
+    keys.push_back("train.lr=2e-3");
+    expect_layout_matches("tp2_cp2_ep2_pp2", {.tp = 2, .ep = 2, .pp = 2, .cp = 2}, keys, 10);
 }
 
 // Resharding: cp holds no shard of any parameter (every cp rank has the whole model, the first writes it), so a
