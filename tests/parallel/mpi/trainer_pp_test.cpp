@@ -42,9 +42,12 @@ std::vector<std::string> model(std::vector<std::string> extra = {}) {
 
 }  // namespace
 
+// lr 1e-3 for the ten steps of the dense model: at 2e-3 the tp = 2 x pp = 2 grad norm of step 6 is 1.0025e-5 from
+// one process's on the development machine (whose OpenBLAS sgemm kernel sums in another order than CI's; the same
+// figure at every commit back to cfb82a4), at 1e-3 4.7e-7.
 TEST(TrainerPp, DenseMatchesOneProcessForEveryLayout) {
     for (const Layout& l : layouts(dist_world().size(), false))
-        expect_layout_matches(layout_name("dense", l), l, model(), 10);
+        expect_layout_matches(layout_name("dense", l), l, model({"train.lr=1e-3"}), 10);
 }
 
 // Tied embeddings: the first stage's lookup and the last stage's head are two copies of one tensor, their gradients
