@@ -71,6 +71,10 @@ struct MoeConfig {
     double capacity_factor = 0.0;  // 0: dropless
     // Which rows an over-capacity expert drops: the lowest gates (probs) or the last in token order (position).
     ops::MoeDropPolicy drop_policy = ops::MoeDropPolicy::probs;
+    // Under expert parallelism, other work of the layer runs while the rows travel: the shared experts' forward
+    // during the dispatch, the router's backward during the gradients' trip back (moe_layer.cpp). The same ops on
+    // the same data as the blocking order, so the same result bit for bit.
+    bool overlap_dispatch = true;
     MoeBalanceConfig balance;
     MoeCollapseConfig alarm;
 };

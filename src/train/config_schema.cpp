@@ -299,6 +299,11 @@ std::vector<Field> config_schema(JobConfig& c) {
                &e.drop_policy,
                "which rows an over-capacity expert drops: the lowest gates (`probs`), or the last in token order "
                "(`position`)"),
+        flag("moe.overlap_dispatch",
+             &e.overlap_dispatch,
+             "under expert parallelism, run the shared experts' forward while the rows travel to their experts, and "
+             "the router's backward while the gradients travel back (the same result bit for bit as false, which "
+             "waits for each all-to-all; [moe_training.md](moe_training.md))"),
         choice("moe.balance",
                &e.balance.mode,
                "load balancing (spec moe.md §2): Quantile Balancing, DeepSeek-V3's sign update, the auxiliary loss, "

@@ -75,14 +75,14 @@ void check_rows(const core::Tensor& t, int64_t rows, int64_t width, const char* 
 
 // One all-to-all of [rows, C] row blocks: `from` holds send[p] rows for each peer p in peer order, `to` receives
 // recv[p] from each. Rows are moved as bytes: all-to-all does no arithmetic, so any dtype (bf16 too) travels.
-void exchange_rows(parallel::Comm& comm,
-                   const core::Tensor& from,
-                   const std::vector<int64_t>& send,
-                   const core::Tensor& to,
-                   const std::vector<int64_t>& recv) {
+[[nodiscard]] parallel::CommWork exchange_rows(parallel::Comm& comm,
+                                               const core::Tensor& from,
+                                               const std::vector<int64_t>& send,
+                                               const core::Tensor& to,
+                                               const std::vector<int64_t>& recv) {
     const int64_t row_bytes = from.size(1) * static_cast<int64_t>(core::dtype_size(from.dtype()));
-    comm.all_to_all_v(from.raw(), scaled(send, row_bytes), to.raw(), scaled(recv, row_bytes), parallel::CommType::u8)
-        .wait();
+    return comm.all_to_all_v(
+        from.raw(), scaled(send, row_bytes), to.raw(), scaled(recv, row_bytes), parallel::CommType::u8);
 }
 
 }  // namespace
@@ -95,24 +95,40 @@ core::Tensor MoeDispatch::staging(const core::Tensor& like, int64_t rows) {
     return staging_.slice(0, 0, rows * like.size(1)).reshape({rows, like.size(1)});
 }
 
-void MoeDispatch::to_experts(const core::Tensor& src, const core::Tensor& dst) {
+void MoeDispatch::start_to_experts(const core::Tensor& src, const core::Tensor& dst) {
     MT_CHECK(rows_comm_ != nullptr, "moe dispatch: to_experts before plan");
+    MT_CHECK(!in_flight_, "moe dispatch: an exchange is already in flight");
     const int64_t c = src.ndim() == 2 ? src.size(1) : 0;
     check_rows(src, source_rows_, c, "source rows");
     check_rows(dst, expert_rows_, c, "expert rows");
-    const core::Tensor received = staging(src, expert_rows_);
-    exchange_rows(*rows_comm_, src, send_rows_, received, recv_rows_);
-    if (expert_rows_ > 0) ops::moe_permute_fwd(received, by_source_.slice(0, 0, expert_rows_), dst);
+    received_ = staging(src, expert_rows_);
+    pending_dst_ = dst;
+    pending_ = exchange_rows(*rows_comm_, src, send_rows_, received_, recv_rows_);
+    in_flight_ = true;
 }
 
-void MoeDispatch::to_sources(const core::Tensor& src, const core::Tensor& dst) {
+void MoeDispatch::start_to_sources(const core::Tensor& src, const core::Tensor& dst) {
     MT_CHECK(rows_comm_ != nullptr, "moe dispatch: to_sources before plan");
+    MT_CHECK(!in_flight_, "moe dispatch: an exchange is already in flight");
     const int64_t c = src.ndim() == 2 ? src.size(1) : 0;
     check_rows(src, expert_rows_, c, "expert rows");
     check_rows(dst, source_rows_, c, "source rows");
     const core::Tensor outgoing = staging(src, expert_rows_);
     if (expert_rows_ > 0) ops::moe_permute_fwd(src, by_expert_.slice(0, 0, expert_rows_), outgoing);
-    exchange_rows(*rows_comm_, outgoing, recv_rows_, dst, send_rows_);
+    received_ = core::Tensor();
+    pending_dst_ = core::Tensor();
+    pending_ = exchange_rows(*rows_comm_, outgoing, recv_rows_, dst, send_rows_);
+    in_flight_ = true;
+}
+
+void MoeDispatch::finish() {
+    MT_CHECK(in_flight_, "moe dispatch: finish with no exchange in flight");
+    pending_.wait_on_device();
+    in_flight_ = false;
+    if (pending_dst_.defined() && expert_rows_ > 0)
+        ops::moe_permute_fwd(received_, by_source_.slice(0, 0, expert_rows_), pending_dst_);
+    received_ = core::Tensor();
+    pending_dst_ = core::Tensor();
 }
 
 }  // namespace mt::nn

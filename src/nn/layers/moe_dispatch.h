@@ -13,10 +13,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-
-namespace mt::parallel {
-class Comm;
-}
+#include "parallel/comm.h"
 
 namespace mt::nn {
 
@@ -34,9 +31,22 @@ class MoeDispatch {
         return local_offsets_;
     }
     // src: [R, C] rows by global expert (R = offsets[E]) -> dst: [expert_rows, C] rows by local expert. Collective.
-    void to_experts(const core::Tensor& src, const core::Tensor& dst);
+    void to_experts(const core::Tensor& src, const core::Tensor& dst) {
+        start_to_experts(src, dst);
+        finish();
+    }
     // The inverse: src [expert_rows, C] by local expert -> dst [R, C] by global expert. Collective.
-    void to_sources(const core::Tensor& src, const core::Tensor& dst);
+    void to_sources(const core::Tensor& src, const core::Tensor& dst) {
+        start_to_sources(src, dst);
+        finish();
+    }
+    // The same in two halves, so that other work runs while the rows travel (overlapped dispatch, moe.md §3 and
+    // docs/moe_training.md): start_* issues the all-to-all and returns; finish() completes the one in flight (on a
+    // GPU over NCCL it orders the ops' stream after it instead of blocking the host) and, for to_experts, reorders
+    // the received rows into dst. Between the two, src and dst must stay untouched. One in flight at a time.
+    void start_to_experts(const core::Tensor& src, const core::Tensor& dst);
+    void start_to_sources(const core::Tensor& src, const core::Tensor& dst);
+    void finish();
 
    private:
     // A [rows, C] staging buffer of src's dtype and device.
@@ -50,6 +60,10 @@ class MoeDispatch {
     // j came in as received row by_source[j] (the inverse).
     core::Tensor by_expert_, by_source_;
     core::Tensor staging_;
+    // The exchange in flight: its work, and for to_experts the received rows and where they go.
+    parallel::CommWork pending_;
+    bool in_flight_ = false;
+    core::Tensor received_, pending_dst_;
 };
 
 }  // namespace mt::nn

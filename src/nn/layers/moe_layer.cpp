@@ -190,13 +190,17 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     }
     const int64_t re = expert_rows_;
     const Tensor xe = ep ? xe_.slice(0, 0, re) : xp, ye = ep ? ye_.slice(0, 0, re) : yp;
-    if (ep) dispatch_.to_experts(xp, xe);
+    // Overlapped dispatch: the shared experts' forward runs while the rows travel (it reads only x).
+    const bool shared_early = ep && shared_ && moe_.overlap_dispatch;
+    if (ep) dispatch_.start_to_experts(xp, xe);
+    if (shared_early) shared_->forward(x, shared_out_);
+    if (ep) dispatch_.finish();
     // routed experts: grouped SwiGLU FFN, then the gate-weighted combine
     experts_forward(xe, ye, yp);
     ops::moe_unpermute_fwd(yp, slot_row_, gates_, out);
     // shared expert(s)
     if (shared_) {
-        shared_->forward(x, shared_out_);
+        if (!shared_early) shared_->forward(x, shared_out_);
         ops::add_fwd(out, shared_out_, out);
     }
     // aux loss (its gradient on the scores is kept for the backward)
@@ -270,8 +274,14 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     ops::grouped_linear_bwd(
         xe, table_->param(w_up_), expert_offsets_, d_hu, d_xe, table_->grad(w_up_), /*accumulate_dx=*/true);
     const Tensor d_xp = ep ? ws.slot(0, {rows_, c}, dt, dev) : d_xe;
-    if (ep) dispatch_.to_sources(d_xe, d_xp);
-    ops::moe_permute_bwd(slot_row_, d_xp, dx);  // the first contribution writes dx
+    // Overlapped dispatch: the router's backward (slots 1, 5, 6: not the rows in flight, d_xe in slot 2 and d_xp in
+    // slot 0) runs while the row gradients travel back; dx is then written in the same order as without.
+    const bool router_early = ep && moe_.overlap_dispatch;
+    if (ep) dispatch_.start_to_sources(d_xe, d_xp);
+    if (!router_early) {
+        if (ep) dispatch_.finish();
+        ops::moe_permute_bwd(slot_row_, d_xp, dx);  // the first contribution writes dx
+    }
     // router: through the gates (and the aux loss's P), the score function, the router GEMM
     const bool aux = moe_.balance.mode == MoeBalanceMode::aux_loss;
     if (aux && aux_grad_scale_ != 1.0) {
@@ -283,6 +293,10 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     const Tensor d_logits = ws.slot(1, logits_.shape(), dt, dev), d_tmp = ws.slot(5, {n, c}, dt, dev);
     ops::moe_router_bwd(scores_, indices_, gates_, d_gates, aux ? d_scores_aux_ : Tensor(), d_logits, router_options_);
     router_.backward(x, d_logits, d_tmp);
+    if (router_early) {
+        dispatch_.finish();
+        ops::moe_permute_bwd(slot_row_, d_xp, dx);
+    }
     ops::add_fwd(dx, d_tmp, dx);
     // shared expert(s)
     if (shared_) {
