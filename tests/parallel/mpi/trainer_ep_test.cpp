@@ -264,8 +264,7 @@ TEST(TrainerEp, OverlappedDispatchEqualsBlockingBitForBit) {
         auto job = [&](const std::string& run, bool overlap) {
             std::vector<std::string> o = {"parallel.ep=" + std::to_string(n),
                                           std::string("moe.overlap_dispatch=") + (overlap ? "true" : "false")};
-            if (recompute)
-                o.insert(o.end(), {"recompute.policy=\"selective\"", "recompute.modules=[\"moe_permute\"]"});
+            if (recompute) o.insert(o.end(), {"recompute.policy=\"selective\"", "recompute.modules=[\"moe_permute\"]"});
             return moe_job(data, dir + "/" + run + (recompute ? "_rec" : ""), o);
         };
         Trainer blocking(job("blocking", false), false), overlapped(job("overlapped", true), false);
