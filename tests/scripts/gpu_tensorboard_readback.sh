@@ -5,7 +5,7 @@
 # slash), at its step, with its value (as f32, which is what an event's simple_value holds; a bool as 1 or 0). The golden bytes of the format are a unit test on every machine
 # (TensorBoardWriter.*); this reader needs the tensorboard Python package, which the device image has and Debian
 # does not: the script is named gpu_* so that the device suite (`ctest -L gpu`) runs it, and exits 77 (CTest:
-# skipped) where `import tensorboard` fails.
+# skipped) where `import tensorboard` fails. Where prometheus_client is installed, its parser reads metrics.prom.
 # Usage (CTest): bash gpu_tensorboard_readback.sh <moetrain-binary> <source-dir> <scratch-dir>
 PY=${MT_TENSORBOARD_PYTHON:-python3}
 if ! "$PY" -c 'import tensorboard' 2> /dev/null; then
@@ -15,7 +15,7 @@ fi
 source "$(dirname "$0")/lib/cli_common.sh" "$@"
 
 "$BIN" train "${COMMON[@]}" --set train.steps=12 --set metrics.every=3 --set metrics.tensorboard=true \
-    --set run.dir=tb_run > train.out 2>&1 || fail "training: exit $?: $(tail -3 train.out)"
+    --set metrics.prometheus_file=true --set run.dir=tb_run > train.out 2>&1 || fail "training: exit $?: $(tail -3 train.out)"
 "$PY" - tb_run <<'PY' || fail "the reader disagrees with metrics.jsonl (above)"
 import glob, json, math, struct, sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -51,4 +51,16 @@ print(f"tensorboard read back {checked} scalars over {len(train)} train lines ({
       f"{missing} missing, {wrong} wrong")
 sys.exit(0 if checked > 0 and missing == 0 and wrong == 0 else 1)
 PY
+# Where the Python has prometheus_client, its parser reads <run.dir>/metrics.prom too (the strict 0.0.4 parser of
+# PrometheusText.* checks the format on every machine).
+if "$PY" -c 'import prometheus_client' 2> /dev/null; then
+    "$PY" - tb_run/metrics.prom <<'PY' || fail "prometheus_client cannot read metrics.prom (above)"
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+families = list(text_string_to_metric_families(open(sys.argv[1]).read()))
+samples = sum(len(f.samples) for f in families)
+print(f"prometheus_client read {len(families)} families, {samples} samples")
+sys.exit(0 if samples > 0 else 1)
+PY
+fi
 finish gpu_tensorboard_readback
