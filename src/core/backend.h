@@ -49,7 +49,7 @@ class Backend {
         copy(dst, dst_device, src, src_device, bytes);
     }
     // A point in lane's queue (a CUDA event; 0 on the CPU, where the work is already done), and the host's wait
-    // for it, which also releases it (each marker is waited for exactly once).
+    // for it, which also releases it (each marker is waited for exactly once, from any thread).
     virtual uint64_t lane_marker(Lane lane) {
         return 0;
     }

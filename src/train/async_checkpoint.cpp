@@ -63,7 +63,20 @@ void AsyncCheckpointWriter::start(const std::string& checkpoints_root,
                                   const RetentionPolicy& keep,
                                   parallel::Comm* comm) {
     MT_CHECK(!in_flight(), "AsyncCheckpointWriter::start while the write of step {} is in flight", step_);
-    const std::string tmp_dir = checkpoint_begin(checkpoints_root, step, comm);
+    // The snapshots' copies: the thread waits for them before it reads the buffers, the main lane before the next
+    // update of the state (before_state_update). Taken before anything that can throw, so that a failed start
+    // leaves the next snapshots ordered after the main lane again.
+    const core::Device device = staged_device_;
+    const uint64_t copied = staging_ ? core::backend_get(device).lane_marker(core::Lane::copy) : 0;
+    copies_pending_ = copies_pending_ || staging_;
+    staging_ = false;
+    std::string tmp_dir;
+    try {
+        tmp_dir = checkpoint_begin(checkpoints_root, step, comm);
+    } catch (...) {
+        core::backend_get(device).marker_wait(copied);
+        throw;
+    }
     root_ = checkpoints_root;
     step_ = step;
     extra_ = std::move(manifest_extra);
@@ -72,12 +85,6 @@ void AsyncCheckpointWriter::start(const std::string& checkpoints_root,
     error_ = nullptr;
     done_.store(false, std::memory_order_release);
     const int rank = comm != nullptr ? comm->rank() : 0;
-    // The snapshots' copies: the thread waits for them before it reads the buffers, the main lane before the next
-    // update of the state (before_state_update).
-    const uint64_t copied = staging_ ? core::backend_get(staged_device_).lane_marker(core::Lane::copy) : 0;
-    const core::Device device = staged_device_;
-    copies_pending_ = staging_;
-    staging_ = false;
     thread_ = std::thread([this, tmp_dir, rank, copied, device, tensors = std::move(tensors)] {
         const auto start = std::chrono::steady_clock::now();
         try {

@@ -303,7 +303,7 @@ std::vector<Field> config_schema(JobConfig& c) {
              &e.overlap_dispatch,
              "under expert parallelism, run the shared experts' forward while the rows travel to their experts, and "
              "the router's backward while the gradients travel back (the same result bit for bit as false, which "
-             "waits for each all-to-all; [moe_training.md](moe_training.md))"),
+             "waits for each all-to-all; [distributed.md](distributed.md))"),
         choice("moe.balance",
                &e.balance.mode,
                "load balancing (spec moe.md §2): Quantile Balancing, DeepSeek-V3's sign update, the auxiliary loss, "

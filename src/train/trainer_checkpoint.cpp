@@ -238,7 +238,9 @@ std::vector<CheckpointTensor> Trainer::checkpoint_tensors() {
 
 void Trainer::reserve_checkpoint_buffers() {
     const bool gpu = model_->params().precision().device != core::Device::cpu;
-    if (!gpu || !cfg_.checkpoint.async || cfg_.checkpoint.every_steps <= 0) return;
+    // Only when a checkpoint before the run's last (which is written blocking) will be a background one.
+    const int64_t every = cfg_.checkpoint.every_steps;
+    if (!gpu || !cfg_.checkpoint.async || every <= 0 || cfg_.train.steps <= every) return;
     if (!async_writer_) async_writer_ = std::make_unique<AsyncCheckpointWriter>();
     const std::vector<CheckpointTensor> tensors = checkpoint_tensors();
     for (size_t i = 0; i < tensors.size(); ++i) async_writer_->reserve(i, tensors[i].tensor);
@@ -388,6 +390,7 @@ void Trainer::load_checkpoint_state(const std::string& dir) {
 }
 
 void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
+    if (async_writer_) async_writer_->before_state_update();  // its callers have joined any write already
     nn::ParamTable& table = model_->params();
     grad_sync_->settle_params();  // no parameter gather of the last step may land after the loaded values
     // Each rank reads the parts it holds out of the global tensors, whatever mesh wrote them.

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -180,18 +181,31 @@ class CudaBackend final : public Backend {
         MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, copy_kind(dst_device, src_device), exec_stream()));
     }
 
+    // A marker is the event and the device it was recorded on, so that any thread can wait for it: a thread other
+    // than the recording one (the asynchronous checkpoint's writer) starts on device 0, and is moved to the
+    // marker's device (its primary context, which the recording thread already holds) before it waits.
+    struct Marker {
+        cudaEvent_t event;
+        int device;
+    };
+
     uint64_t lane_marker(Lane lane) override {
-        cudaEvent_t event = nullptr;
-        MT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-        MT_CUDA_CHECK(cudaEventRecord(event, lane_stream(lane)));
-        return reinterpret_cast<uint64_t>(event);
+        auto marker = std::make_unique<Marker>();
+        MT_CUDA_CHECK(cudaGetDevice(&marker->device));
+        MT_CUDA_CHECK(cudaEventCreateWithFlags(&marker->event, cudaEventDisableTiming));
+        MT_CUDA_CHECK(cudaEventRecord(marker->event, lane_stream(lane)));
+        return reinterpret_cast<uint64_t>(marker.release());
     }
 
     void marker_wait(uint64_t marker) override {
         if (marker == 0) return;
-        auto event = reinterpret_cast<cudaEvent_t>(marker);
-        MT_CUDA_CHECK(cudaEventSynchronize(event));
-        MT_CUDA_CHECK(cudaEventDestroy(event));
+        const std::unique_ptr<Marker> m(reinterpret_cast<Marker*>(marker));
+        int current = 0;
+        MT_CUDA_CHECK(cudaGetDevice(&current));
+        if (current != m->device) MT_CUDA_CHECK(cudaSetDevice(m->device));
+        const cudaError_t synced = cudaEventSynchronize(m->event);
+        MT_CUDA_CHECK(cudaEventDestroy(m->event));
+        MT_CUDA_CHECK(synced);
     }
 
     size_t bytes_in_use() const override {

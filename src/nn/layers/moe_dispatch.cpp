@@ -121,9 +121,12 @@ void MoeDispatch::start_to_sources(const core::Tensor& src, const core::Tensor& 
     in_flight_ = true;
 }
 
-void MoeDispatch::finish() {
+void MoeDispatch::finish(bool block_host) {
     MT_CHECK(in_flight_, "moe dispatch: finish with no exchange in flight");
-    pending_.wait_on_device();
+    if (block_host)
+        pending_.wait();
+    else
+        pending_.wait_on_device();
     in_flight_ = false;
     if (pending_dst_.defined() && expert_rows_ > 0)
         ops::moe_permute_fwd(received_, by_source_.slice(0, 0, expert_rows_), pending_dst_);

@@ -31,22 +31,24 @@ class MoeDispatch {
         return local_offsets_;
     }
     // src: [R, C] rows by global expert (R = offsets[E]) -> dst: [expert_rows, C] rows by local expert. Collective.
+    // The host waits for the exchange (as before overlapped dispatch: its time is the all-to-all's).
     void to_experts(const core::Tensor& src, const core::Tensor& dst) {
         start_to_experts(src, dst);
-        finish();
+        finish(/*block_host=*/true);
     }
     // The inverse: src [expert_rows, C] by local expert -> dst [R, C] by global expert. Collective.
     void to_sources(const core::Tensor& src, const core::Tensor& dst) {
         start_to_sources(src, dst);
-        finish();
+        finish(/*block_host=*/true);
     }
-    // The same in two halves, so that other work runs while the rows travel (overlapped dispatch, moe.md §3 and
-    // docs/moe_training.md): start_* issues the all-to-all and returns; finish() completes the one in flight (on a
-    // GPU over NCCL it orders the ops' stream after it instead of blocking the host) and, for to_experts, reorders
-    // the received rows into dst. Between the two, src and dst must stay untouched. One in flight at a time.
+    // The same in two halves, so that other work runs while the rows travel (overlapped dispatch,
+    // docs/distributed.md "Overlapped dispatch"): start_* issues the all-to-all and returns; finish() completes the
+    // one in flight and, for to_experts, reorders the received rows into dst. block_host false: on a GPU over NCCL
+    // the ops' stream waits for the exchange instead of the host (CommWork::wait_on_device); the host backends wait
+    // either way. Between the two, src and dst must stay untouched. One in flight at a time.
     void start_to_experts(const core::Tensor& src, const core::Tensor& dst);
     void start_to_sources(const core::Tensor& src, const core::Tensor& dst);
-    void finish();
+    void finish(bool block_host = false);
 
    private:
     // A [rows, C] staging buffer of src's dtype and device.

@@ -194,7 +194,7 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     const bool shared_early = ep && shared_ && moe_.overlap_dispatch;
     if (ep) dispatch_.start_to_experts(xp, xe);
     if (shared_early) shared_->forward(x, shared_out_);
-    if (ep) dispatch_.finish();
+    if (ep) dispatch_.finish(/*block_host=*/!moe_.overlap_dispatch);
     // routed experts: grouped SwiGLU FFN, then the gate-weighted combine
     experts_forward(xe, ye, yp);
     ops::moe_unpermute_fwd(yp, slot_row_, gates_, out);
@@ -220,7 +220,8 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
 
 // Workspace slots, by lifetime (R routed rows, Re the rows this rank's experts process; Re = R without expert
 // parallelism, where d_ye is d_yp and d_xe is d_xp):
-//   0  d_yp [R, C] until the experts' backward (expert parallelism: until it is sent), then d_xp [R, C] (ep)
+//   0  d_yp [R, C] until the experts' backward (expert parallelism: until it is sent), then d_xp [R, C] (ep;
+//      under overlapped dispatch it receives while the router's backward runs, so it stays out of slots 1, 5, 6)
 //   1  d_ye [Re, C] (ep) until the down projection's backward, then d_logits [N, E]
 //   2  d_act [Re, F] until swiglu_bwd, then d_xe [Re, C] until the permutation's backward
 //   3, 4  d_hg, d_hu [Re, F]
@@ -274,12 +275,12 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     ops::grouped_linear_bwd(
         xe, table_->param(w_up_), expert_offsets_, d_hu, d_xe, table_->grad(w_up_), /*accumulate_dx=*/true);
     const Tensor d_xp = ep ? ws.slot(0, {rows_, c}, dt, dev) : d_xe;
-    // Overlapped dispatch: the router's backward (slots 1, 5, 6: not the rows in flight, d_xe in slot 2 and d_xp in
-    // slot 0) runs while the row gradients travel back; dx is then written in the same order as without.
+    // Overlapped dispatch: the router's backward (slots 1, 5, 6) runs while the row gradients travel back (sent from
+    // the dispatch's staging buffer, received into d_xp in slot 0); dx is then written in the same order as without.
     const bool router_early = ep && moe_.overlap_dispatch;
     if (ep) dispatch_.start_to_sources(d_xe, d_xp);
     if (!router_early) {
-        if (ep) dispatch_.finish();
+        if (ep) dispatch_.finish(/*block_host=*/true);
         ops::moe_permute_bwd(slot_row_, d_xp, dx);  // the first contribution writes dx
     }
     // router: through the gates (and the aux loss's P), the score function, the router GEMM
