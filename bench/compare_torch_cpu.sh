@@ -19,6 +19,8 @@ WARMUP=${WARMUP:-3}
 tune_args=()
 [[ ${TUNE:-1} == 1 ]] && tune_args=(--tune)
 read -r -a EXTRA <<< "${EXTRA_SET:-}"
+# The PyTorch model has no document masking: both sides run without it (random tokens hold the EOT too).
+EXTRA=(--set data.document_mask=false "${EXTRA[@]}")
 
 BENCH=$BUILD/bench/bench_train
 [[ -x $BENCH ]] || { echo "compare_torch_cpu: $BENCH not found; build the bench_train target first" >&2; exit 1; }

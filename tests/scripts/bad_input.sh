@@ -51,8 +51,10 @@ expect 3 "truncated.bin" -- train --set 'data.paths=["truncated.bin"]'
 cp data/train.bin badmagic.bin
 printf 'XXXX' | dd of=badmagic.bin bs=1 count=4 conv=notrunc 2> /dev/null
 expect 3 "badmagic.bin" -- train --set 'data.paths=["badmagic.bin"]'
-# Bytes of the text are >= 100, so a 100-token vocabulary cannot hold them.
-expect 3 "train.bin" -- train --set model.vocab_size=100
+# Bytes of the text are >= 100, so a 100-token vocabulary cannot hold them (document masking off: with it the EOT,
+# 256, is refused first, as the config check below shows).
+expect 3 "train.bin" -- train --set model.vocab_size=100 --set data.document_mask=false
+expect 2 "data.eot_token = 256" -- train --set model.vocab_size=100 --set data.document_mask=true
 
 # A good checkpoint, then damaged copies of it.
 train > /dev/null 2>&1 || fail "training the reference checkpoint failed"

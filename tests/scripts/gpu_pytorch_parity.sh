@@ -82,6 +82,7 @@ run_case() {
         --set run.dir="$SCRATCH/run_$name" \
         --set data.paths="[\"$SCRATCH/data/train.bin\"]" \
         --set data.val_paths="[\"$SCRATCH/data/val.bin\"]" \
+        --set data.document_mask=false \
         "$@"
     local ckpt=$SCRATCH/run_$name/checkpoints/step_00000002
     echo "== [$name] moetrain grad-dump on cuda"

@@ -60,7 +60,8 @@ inline std::vector<std::string> tiny_moe_overrides(const std::vector<std::string
     return o;
 }
 
-// Writes train/val shards into dir and returns a config of a 2-layer GQA model over them.
+// Writes train/val shards into dir and returns a config of a 2-layer GQA model over them. The pattern corpus has no
+// documents (and the bytes tokenizer's EOT, 256, is outside its vocabulary of 61): document masking is off.
 inline train::JobConfig tiny_job(const std::string& dir, std::vector<std::string> overrides = {}) {
     const int64_t vocab = 61;
     data::llmc_write_shard(dir + "/train.bin", pattern_tokens(20000, vocab, 1), vocab);
@@ -68,7 +69,7 @@ inline train::JobConfig tiny_job(const std::string& dir, std::vector<std::string
     const std::string toml = "[run]\ndir = \"" + dir + "/run\"\nseed = 7\nthreads = 2\n" +
                              "[model]\nvocab_size = 61\nd_model = 32\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\n"
                              "d_ff = 64\nmax_seq_len = 64\ntie_embeddings = false\n"
-                             "[data]\npaths = [\"" +
+                             "[data]\ndocument_mask = false\npaths = [\"" +
                              dir + "/train.bin\"]\nval_paths = [\"" + dir +
                              "/val.bin\"]\n"
                              "[train]\nsteps = 8\nbatch_size = 4\nseq_len = 16\ngrad_accum = 2\nlr = 1e-2\n"

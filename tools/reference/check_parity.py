@@ -135,6 +135,11 @@ def main(argv=None):
     try:
         manifest, job, params, biases = load_checkpoint(args.checkpoint)
         cfg = ModelConfig.from_toml(job)
+        if job.get("data", {}).get("document_mask", False):
+            # The reference has no document masking (moetrain's is checked by DocumentMaskModel.*): a run with it
+            # would differ by design, not by a fault.
+            raise ParityError("the checkpoint's run has data.document_mask = true, which the reference does not "
+                              "model: train with --set data.document_mask=false")
         dump, _ = read_safetensors(args.dump)
     except (ParityError, ValueError, KeyError, OSError) as e:
         print(f"check_parity: error: {e}", file=sys.stderr)
