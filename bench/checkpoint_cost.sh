@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The operations benchmarks of docs/PERFORMANCE.md "Checkpoints and metrics" (issue 27) on one GPU, as JSON lines.
+#   checkpoint  moetrain train CONFIG over a random-token shard with metrics every step and one checkpoint at step
+#               EVERY (async or blocking), stopped (SIGKILL) EXTRA steps after that checkpoint's event, so the run's
+#               last checkpoint (always blocking) is never written: the event's blocking_seconds (the loop's wait)
+#               and write_seconds (the background write), and the step times before, during and after the write.
+#   metrics     moetrain train CONFIG for STEPS steps without checkpoints at metrics.every = 1 and 10 and with the
+#               metrics off (layer_stats off, no metrics.jsonl): the loop's time per step over steps 6..STEPS from
+#               the time stamps of the console step lines (printed line-buffered), so the metric work, the JSONL and
+#               TensorBoard writes are all in it.
+#   bench/checkpoint_cost.sh BUILD_DIR checkpoint CONFIG [async|blocking] [EVERY] [EXTRA]
+#   bench/checkpoint_cost.sh BUILD_DIR metrics CONFIG [STEPS]
+# e.g. bench/checkpoint_cost.sh build checkpoint configs/kimi_linear_mini.toml async 4 6
+# A kimi_linear_mini checkpoint is about 31 GB: one run at a time on a 64 GB disk (each run's directory is removed).
+set -uo pipefail
+build=$1 what=$2 config=$3
+shift 3
+bin=$build/moetrain
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# 2^20 random tokens below the config's vocabulary (at most 65536) in the llm.c uint16 shard format.
+python3 - "$work/rand.bin" "$config" <<'PY'
+import random, struct, sys, tomllib
+vocab = min(tomllib.load(open(sys.argv[2], "rb")).get("model", {}).get("vocab_size", 257), 65536)
+n = 1 << 20
+rng = random.Random(1)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+    f.write(struct.pack(f"<{n}H", *(rng.randrange(vocab) for _ in range(n))))
+PY
+common=(--config "$config" --set "data.paths=[\"$work/rand.bin\"]" --set 'data.val_paths=[]' --set train.eval_every=0
+        --set run.deterministic=false --set data.document_mask=false)
+
+case $what in
+checkpoint)
+    mode=${1:-async} every=${2:-4} extra=${3:-6}
+    dir=$work/run
+    "$bin" train "${common[@]}" --set train.steps=100000 --set checkpoint.every_steps="$every" \
+        --set checkpoint.async="$([[ $mode == async ]] && echo true || echo false)" --set checkpoint.keep_last=1 \
+        --set metrics.every=1 --set run.dir="$dir" > "$work/train.log" 2>&1 &
+    pid=$!
+    deadline=$((SECONDS + 900))
+    until grep -q '"event":"checkpoint"' "$dir/metrics.jsonl" 2> /dev/null; do
+        kill -0 $pid 2> /dev/null && ((SECONDS < deadline)) || break
+        sleep 0.5
+    done
+    event=$(grep -m1 '"event":"checkpoint"' "$dir/metrics.jsonl" 2> /dev/null)
+    at=$(sed 's/.*"step":\([0-9]*\).*/\1/' <<< "$event")
+    while [[ -n $event ]] && kill -0 $pid 2> /dev/null && ((SECONDS < deadline)) &&
+        (($(grep -c '"kind":"train"' "$dir/metrics.jsonl") < at + extra)); do sleep 0.5; done
+    kill -KILL $pid 2> /dev/null
+    wait $pid 2> /dev/null
+    [[ -n $event ]] || { echo "{\"bench\": \"checkpoint\", \"config\": \"$config\", \"error\": \"no checkpoint event\"}"; tail -5 "$work/train.log" >&2; exit 1; }
+    python3 - "$dir/metrics.jsonl" "$config" "$mode" "$every" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+ev = next(r for r in rows if r.get("event") == "checkpoint")
+steps = {r["step"]: r["step_seconds"] for r in rows if r.get("kind") == "train"}
+every, done = int(sys.argv[4]), ev["step"]
+before = [s for k, s in steps.items() if 2 <= k <= every]        # after the first (allocating) step
+during = [s for k, s in steps.items() if every < k <= done]      # the steps the background write ran beside
+after = [s for k, s in steps.items() if k > done]
+med = lambda v: statistics.median(v) if v else None
+print(json.dumps({"bench": "checkpoint", "config": sys.argv[2], "mode": sys.argv[3],
+                  "blocking_seconds": ev["blocking_seconds"], "write_seconds": ev["write_seconds"],
+                  "step_s_before": med(before), "step_s_during": med(during), "step_s_after": med(after),
+                  "steps_during": len(during)}))
+PY
+    du -sb "$dir/checkpoints" 2> /dev/null | awk '{printf "{\"bench\": \"checkpoint_bytes\", \"bytes\": %s}\n", $1}'
+    ;;
+metrics)
+    steps=${1:-20}
+    for case in every1 every10 off; do
+        case $case in
+        every1) set_=(--set metrics.every=1 --set metrics.layer_stats=true) ;;
+        every10) set_=(--set metrics.every=10 --set metrics.layer_stats=true) ;;
+        off) set_=(--set metrics.every=1000000 --set metrics.layer_stats=false --set metrics.jsonl=false) ;;
+        esac
+        rm -rf "$work/run"
+        stdbuf -oL "$bin" train "${common[@]}" --set train.steps="$steps" --set checkpoint.every_steps=0 \
+            --set run.dir="$work/run" "${set_[@]}" 2>&1 | while IFS= read -r l; do echo "$(date +%s.%N) $l"; done \
+            > "$work/$case.log"
+        python3 - "$work/$case.log" "$case" "$config" "$work/run/metrics.jsonl" <<'PY'
+import json, os, re, sys
+t = {}
+for l in open(sys.argv[1]):
+    m = re.match(r"(\S+) step\s+(\d+)/", l)
+    if m: t[int(m.group(2))] = float(m.group(1))
+if len(t) < 2:
+    sys.exit(f"checkpoint_cost.sh metrics: no step lines in {sys.argv[1]}")
+lo, hi = (6 if 6 in t else min(t)), max(t)
+fields = 0
+if os.path.exists(sys.argv[4]):
+    for l in open(sys.argv[4]):
+        if '"kind":"train"' in l: fields = max(fields, len(json.loads(l)))
+print(json.dumps({"bench": "metrics_cost", "config": sys.argv[3], "case": sys.argv[2],
+                  "ms_per_step": 1000 * (t[hi] - t[lo]) / (hi - lo), "steps": [lo, hi], "train_line_fields": fields}))
+PY
+    done
+    ;;
+*) echo "checkpoint_cost.sh: unknown benchmark $what (checkpoint, metrics)" >&2; exit 2 ;;
+esac
