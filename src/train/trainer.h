@@ -248,7 +248,7 @@ class Trainer {
     // boundary once every rank's file is in. checkpoint_saved: the bookkeeping, line and event of a complete one.
     void write_checkpoint(bool async);
     // What this rank's checkpoint file holds (trainer_checkpoint.cpp), and the asynchronous writer's snapshot buffers
-    // for it allocated when the run starts (a GPU run with checkpoint.async and every_steps > 0).
+    // for it allocated when the run starts (with checkpoint.async, when a checkpoint is due before the last step).
     std::vector<CheckpointTensor> checkpoint_tensors();
     void reserve_checkpoint_buffers();
     void finish_checkpoint_write();

@@ -237,10 +237,10 @@ std::vector<CheckpointTensor> Trainer::checkpoint_tensors() {
 }
 
 void Trainer::reserve_checkpoint_buffers() {
-    const bool gpu = model_->params().precision().device != core::Device::cpu;
-    // Only when a checkpoint before the run's last (which is written blocking) will be a background one.
+    // Only when a checkpoint before the run's last (which is written blocking) will be a background one. On the CPU
+    // too: the buffers are the same size there, and the first checkpoint then allocates nothing either.
     const int64_t every = cfg_.checkpoint.every_steps;
-    if (!gpu || !cfg_.checkpoint.async || every <= 0 || cfg_.train.steps <= every) return;
+    if (!cfg_.checkpoint.async || every <= 0 || cfg_.train.steps <= every) return;
     if (!async_writer_) async_writer_ = std::make_unique<AsyncCheckpointWriter>();
     const std::vector<CheckpointTensor> tensors = checkpoint_tensors();
     for (size_t i = 0; i < tensors.size(); ++i) async_writer_->reserve(i, tensors[i].tensor);
