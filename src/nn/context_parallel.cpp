@@ -52,6 +52,16 @@ void cp_local_rows(const ContextParallel& cp, const core::Tensor& whole, const c
     whole_to_block(checked_layout(cp, whole, local), cp.rank, whole, local);
 }
 
+core::Tensor CpBatch::doc_map(int64_t lo, int64_t hi, core::Device device) const {
+    if (!host_doc_start.defined()) return {};
+    return doc_map_from(host_doc_start, first + lo, first + hi, device);
+}
+
+bool CpBatch::starts_document(int64_t b, int64_t pos) const {
+    const int64_t at = first + pos;
+    return host_doc_start.data<int32_t>()[b * host_doc_start.size(1) + at] == at;
+}
+
 core::Tensor cp_local(const ContextParallel& cp, const core::Tensor& whole) {
     core::Shape shape = whole.shape();
     shape.at(1) /= cp.size;
@@ -60,16 +70,14 @@ core::Tensor cp_local(const ContextParallel& cp, const core::Tensor& whole) {
     return local;
 }
 
-core::Tensor cp_local_positions(const ContextParallel& cp,
-                                const core::Tensor& positions,
-                                int64_t batch,
-                                int64_t total) {
+core::Tensor cp_local_positions(
+    const ContextParallel& cp, const core::Tensor& positions, int64_t batch, int64_t total, int64_t first) {
     if (positions.defined()) return cp_local(cp, positions);
     const parallel::Zigzag z = cp.layout(total);
     const core::Tensor local = core::Tensor::zeros({batch, z.local()}, core::DType::i32);
     int32_t* p = local.data<int32_t>();
     for (int64_t b = 0; b < batch; ++b)
-        for (int64_t i = 0; i < z.local(); ++i) p[b * z.local() + i] = static_cast<int32_t>(z.position(i));
+        for (int64_t i = 0; i < z.local(); ++i) p[b * z.local() + i] = static_cast<int32_t>(first + z.position(i));
     return local;
 }
 

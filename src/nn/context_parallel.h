@@ -59,11 +59,22 @@ struct ContextParallel {
     parallel::Comm& group() const;
 };
 
-// What a context-parallel forward (and its backward) runs on: the whole sequence's length and, under document
-// masking, its [B, total] i32 document-start map on the host (nn/documents.h), undefined otherwise.
+// What a context-parallel forward (and its backward) runs on: the length of the sequence it splits and, under
+// document masking, the [B, T] i32 document-start map of the whole row on the host (nn/documents.h), undefined
+// otherwise. With sequence segments (long_context.md §4) the split sequence is one segment, positions [first, first +
+// total) of a row of T tokens, and the segment is what the zigzag cuts (every segment its own 2 cp chunks).
 struct CpBatch {
     int64_t total = 0;
+    int64_t first = 0;
     core::Tensor host_doc_start;
+    // Whether the first chunk continues a state from the segment before (segments after the first).
+    bool continues() const {
+        return first > 0;
+    }
+    // Columns [lo, hi) of the document map, in the split sequence's positions (doc_map_from: relative to lo).
+    core::Tensor doc_map(int64_t lo, int64_t hi, core::Device device) const;
+    // Whether the token at position `pos` of the split sequence starts a document in row b (the map must be defined).
+    bool starts_document(int64_t b, int64_t pos) const;
 };
 
 // Rows along the time axis (dim 1) of [B, T, ...] tensors, contiguous, host memory:
@@ -92,7 +103,8 @@ void cp_add_rows_before(const ContextParallel& cp,
 core::Tensor cp_local(const ContextParallel& cp, const core::Tensor& whole);
 // The global positions of this rank's tokens, [B, T / size] i32 on the host: the rows of `positions` [B, total] (the
 // position of each token in its document, under document masking), or when undefined the plain positions in the
-// sequence.
-core::Tensor cp_local_positions(const ContextParallel& cp, const core::Tensor& positions, int64_t batch, int64_t total);
+// sequence, which starts at position `first` of the row (a segment's).
+core::Tensor cp_local_positions(
+    const ContextParallel& cp, const core::Tensor& positions, int64_t batch, int64_t total, int64_t first = 0);
 
 }  // namespace mt::nn

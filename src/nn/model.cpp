@@ -159,9 +159,9 @@ void Model::prepare_batch(const Tensor& ids, const Tensor& targets, bool trainin
              cfg_.max_seq_len);
     training_ = training;
     const int64_t batch = ids.size(0), seq = ids.size(1);
-    if (cp_.active())  // the config refuses both first (exit 2, naming the keys)
-        MT_CHECK(!cfg_.segments.enabled() && seq % parallel::cp_granularity(cp_.size) == 0,
-                 "context parallelism over {} ranks needs one pass (no segments) over a multiple of {} tokens, not {}",
+    if (cp_.active())  // the config refuses it first (exit 2, naming the key)
+        MT_CHECK(seq % parallel::cp_granularity(cp_.size) == 0,
+                 "context parallelism over {} ranks needs a multiple of {} tokens, not {}",
                  cp_.size,
                  parallel::cp_granularity(cp_.size),
                  seq);
@@ -191,8 +191,19 @@ std::vector<int64_t> Model::plan_segments(int64_t seq) const {
     const int64_t n_attn = cfg_.n_layers - cfg_.n_kda_layers() - cfg_.n_window_layers();
     const double per_key = 12.0 * static_cast<double>(n_attn * cfg_.n_heads * cfg_.resolved_head_dim());
     const double linear = flops_per_token(seq) - per_key * 0.5 * static_cast<double>(seq);
-    std::vector<int64_t> bounds =
-        nn::segment_bounds(cfg_.segments, seq, cfg_.n_kda_layers() > 0 ? cfg_.kda.chunk_size : 64, linear, per_key);
+    // Under context parallelism every segment is cut in 2 cp chunks of whole 64-token blocks (CpBatch).
+    const int64_t granule = cp_.active()              ? parallel::cp_granularity(cp_.size)
+                            : cfg_.n_kda_layers() > 0 ? cfg_.kda.chunk_size
+                                                      : 64;
+    std::vector<int64_t> bounds = nn::segment_bounds(cfg_.segments, seq, granule, linear, per_key);
+    if (cp_.active())
+        for (int64_t b : bounds)
+            MT_CHECK(b % granule == 0,
+                     "segment boundary {} is not a multiple of 2 x cp x 64 = {}: context parallelism cuts every "
+                     "segment into 2 x {} chunks of whole 64-token blocks",
+                     b,
+                     granule,
+                     cp_.size);
     const int64_t halo = cfg_.n_kda_layers() > 0 ? cfg_.kda.conv_size - 1 : 0;
     for (size_t j = 0; j + 2 < bounds.size(); ++j)
         MT_CHECK(bounds[j + 1] - bounds[j] >= std::max<int64_t>(halo, 1),
@@ -205,8 +216,11 @@ std::vector<int64_t> Model::plan_segments(int64_t seq) const {
 }
 
 void Model::begin_pass(int64_t batch, int64_t j, bool recompute, bool count_routing) {
+    // The pass runs positions [first, first + whole) of every row; under context parallelism this rank's 2 cp-th of
+    // them (its zigzag chunks of the segment, or of the sequence without segments).
     const int64_t first = bounds_[static_cast<size_t>(j)];
-    const int64_t len = cp_.active() ? total_seq_ / cp_.size : bounds_[static_cast<size_t>(j) + 1] - first;
+    const int64_t whole = bounds_[static_cast<size_t>(j) + 1] - first;
+    const int64_t len = cp_.active() ? whole / cp_.size : whole;
     const int64_t segments = static_cast<int64_t>(bounds_.size()) - 1;
     pass_ = j;
     resize(batch, len);
@@ -214,14 +228,18 @@ void Model::begin_pass(int64_t batch, int64_t j, bool recompute, bool count_rout
     const int64_t n = batch * len;
     const core::Device dev = precision_.device;
     // The pass's rows of a [B, total] host map: a segment's, or this cp rank's two chunks.
-    auto rows = [&](const Tensor& whole) { return cp_.active() ? cp_local(cp_, whole) : time_rows(whole, first, len); };
+    auto rows = [&](const Tensor& map) {
+        const Tensor pass = time_rows(map, first, whole);
+        return cp_.active() ? cp_local(cp_, pass) : pass;
+    };
     host_targets_.copy_from(rows(seq_targets_).reshape({n}));
     ids_.copy_from(rows(seq_ids_).reshape({n}));
     targets_.copy_from(host_targets_);
     docs_ = Documents{};
-    const CpBatch cp_batch{.total = total_seq_, .host_doc_start = seq_docs_.doc_start};
-    if (cp_.active()) {  // the mixers take the whole sequence's document map (cp_batch), RoPE global positions
-        docs_.positions = on_device(cp_local_positions(cp_, seq_docs_.positions, batch, total_seq_), dev);
+    const CpBatch cp_batch{.total = whole, .first = first, .host_doc_start = seq_docs_.doc_start};
+    if (cp_.active()) {  // the mixers take the whole row's document map (cp_batch), RoPE global positions
+        const Tensor pos = seq_docs_.defined() ? time_rows(seq_docs_.positions, first, whole) : Tensor();
+        docs_.positions = on_device(cp_local_positions(cp_, pos, batch, whole, first), dev);
     } else if (seq_docs_.defined()) {
         // The segment's own map, from its first position (a document that began earlier starts at 0), and each
         // token's position in its document (RoPE).
@@ -232,7 +250,7 @@ void Model::begin_pass(int64_t batch, int64_t j, bool recompute, bool count_rout
     const SegmentContext seg{.index = j,
                              .count = segments,
                              .first = first,
-                             .length = len,
+                             .length = whole,
                              .total = total_seq_,
                              .recompute = recompute,
                              .host_doc_start = seq_docs_.doc_start};
@@ -304,14 +322,16 @@ double Model::pass_forward() {
     // Summed on the host in f64, in row order (deterministic on every device).
     const Tensor losses = losses_.device() == core::Device::cpu ? losses_ : losses_.to_device(core::Device::cpu);
     // The whole sequence's per-token losses (last_token_losses): this segment's rows, or every cp rank's.
-    if (cp_.active())
-        cp_gather_rows(cp_, losses.reshape({batch_, seq_}), seq_losses_.reshape({batch_, total_seq_}));
-    else if (seq_losses_.defined())
-        copy_time_rows(seq_losses_.reshape({batch_, total_seq_}),
-                       bounds_[static_cast<size_t>(pass_)],
-                       losses.reshape({batch_, seq_}),
-                       0,
-                       seq_);
+    const auto j = static_cast<size_t>(pass_);
+    const int64_t pass_first = bounds_[j], pass_len = bounds_[j + 1] - bounds_[j];
+    if (seq_losses_.defined()) {
+        Tensor pass = losses.reshape({batch_, seq_});
+        if (cp_.active()) {
+            pass = Tensor::scratch({batch_, pass_len}, losses.dtype(), core::Device::cpu);
+            cp_gather_rows(cp_, losses.reshape({batch_, seq_}), pass);
+        }
+        copy_time_rows(seq_losses_.reshape({batch_, total_seq_}), pass_first, pass, 0, pass_len);
+    }
     double sum = 0.0;
     const int32_t* t = host_targets_.data<int32_t>();
     for (int64_t i = 0; i < n; ++i)

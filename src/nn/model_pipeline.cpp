@@ -19,6 +19,13 @@ int64_t chunk_rows(const TensorParallel& tp, const ContextParallel& cp, int64_t 
     return tp.stream_rows(batch * (cp.active() ? total_seq / cp.size : total_seq));
 }
 
+// Segment j's first row in a chunk's input and output: under context parallelism every segment is zigzagged on its
+// own, so a rank's rows are its rows of segment 0, then of segment 1, ... (1 / cp of each).
+int64_t local_first(const std::vector<int64_t>& bounds, const ContextParallel& cp, int64_t j) {
+    const int64_t first = bounds[static_cast<size_t>(j)];
+    return cp.active() ? first / cp.size : first;
+}
+
 // The [B, T, C] view of a [B T, C] tensor of `batch` rows.
 Tensor by_time(const Tensor& t, int64_t batch) {
     return t.reshape({batch, t.size(0) / batch, t.size(1)});
@@ -55,7 +62,7 @@ double Model::forward_chunk(
         sum += pass_forward();
         if (segments > 1 && !chunk_has_head(chunk)) {
             copy_time_rows(
-                by_time(seq_output_, batch), bounds_[static_cast<size_t>(j)], by_time(last_output(), batch), 0, seq_);
+                by_time(seq_output_, batch), local_first(bounds_, cp_, j), by_time(last_output(), batch), 0, seq_);
         }
     }
     return chunk_has_head(chunk) && counted_ > 0 ? sum / static_cast<double>(counted_) : 0.0;
@@ -67,7 +74,7 @@ void Model::segment_input(int64_t j) {
         x0_.copy_from(seq_input_);
         return;
     }
-    copy_time_rows(by_time(x0_, batch_), 0, by_time(seq_input_, batch_), bounds_[static_cast<size_t>(j)], seq_);
+    copy_time_rows(by_time(x0_, batch_), 0, by_time(seq_input_, batch_), local_first(bounds_, cp_, j), seq_);
 }
 
 void Model::backward_chunk(double loss_scale, const Tensor& d_output) {
@@ -93,7 +100,7 @@ void Model::backward_chunk(double loss_scale, const Tensor& d_output) {
             if (!embedding) segment_input(j);
             pass_forward();
         }
-        const int64_t first = bounds_[static_cast<size_t>(j)];
+        const int64_t first = local_first(bounds_, cp_, j);
         const Tensor d_segment =
             head ? Tensor() : time_rows(by_time(d_output, batch_), first, seq_).reshape({batch_ * seq_, cfg_.d_model});
         pass_backward(loss_scale, j == 0, d_segment);

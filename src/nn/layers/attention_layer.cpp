@@ -85,7 +85,11 @@ void AttentionLayer::set_segment(const SegmentContext& seg) {
         key_doc_start_ = Tensor();
         return;
     }
-    MT_CHECK(seg.length == seq_, "attention segment of {} tokens on a layer sized for {}", seg.length, seq_);
+    MT_CHECK(seg.length == seq_ * cp_.ranks(),
+             "attention segment of {} tokens on a layer sized for {} over {} cp ranks",
+             seg.length,
+             seq_,
+             cp_.ranks());
     const int64_t d = cfg_.resolved_head_dim();
     if (window_) {
         wkv_.configure(cfg_.n_kv_heads, d, act_dtype_, device_, cfg_.segments.offload_kv, cfg_.attn.window);
@@ -126,7 +130,11 @@ void AttentionLayer::forward_core(const Tensor& x) {
         ops::rope_fwd(q_, rope_base(), pos_offset(), q_, docs_.positions, position_limit());
         ops::rope_fwd(k_, rope_base(), pos_offset(), k_, docs_.positions, position_limit());
     }
-    if (cp_.active()) {
+    if (cp_.active() && seg_.active()) {  // the segment's gathered keys join the cache (cp_attention.h)
+        const auto [kw, vw] = cp_.gather_keys(k_, v_);
+        const auto [keys, values] = window_ ? wkv_.keys(kw, vw) : kv_.forward_keys(kw, vw);
+        cp_.segment_forward(q_, keys, values, key_lo(), attn_, lse_, max_logit_out());
+    } else if (cp_.active()) {
         cp_.forward(q_, k_, v_, attn_, lse_, max_logit_out());
     } else if (seg_.active()) {  // the segment's keys join the cache; its queries see the cached ones before them
         const auto [keys, values] = window_ ? wkv_.keys(k_, v_) : kv_.forward_keys(k_, v_);
@@ -164,7 +172,9 @@ void AttentionLayer::backward(const Tensor& x, const Tensor& dout, const Tensor&
     const Tensor d_k = ws.slot(2, k_.shape(), k_.dtype(), dev);
     const Tensor d_v = ws.slot(3, v_.shape(), v_.dtype(), dev);
     wo_.backward(flat(attn_), dout, flat(d_attn));
-    if (cp_.active())
+    if (cp_.active() && seg_.active())
+        cp_segment_backward(d_attn, d_q, d_k, d_v);
+    else if (cp_.active())
         cp_.backward(q_, k_, v_, attn_, lse_, d_attn, d_q, d_k, d_v);
     else if (seg_.active())
         segment_attention_backward(d_attn, d_q, d_k, d_v);
@@ -199,6 +209,33 @@ void AttentionLayer::segment_attention_backward(const Tensor& d_attn,
         wkv_.backward_grads(dk_all, dv_all, d_k, d_v);
     else
         kv_.backward_grads(dk_all, dv_all, d_k, d_v);
+}
+
+// Context parallelism with segments: as segment_attention_backward over the gathered segment, this rank's queries
+// giving a part of every key's gradient; the segment's own rows (with the later segments' accumulated parts, also
+// this rank's) are summed over the group and each rank keeps its own (a reduce-scatter).
+void AttentionLayer::cp_segment_backward(const Tensor& d_attn, const Tensor& d_q, const Tensor& d_k, const Tensor& d_v) {
+    Shape shape = k_.shape();
+    shape[1] = window_ ? wkv_.key_rows() : kv_.key_rows();
+    const Tensor dk_all = Tensor::scratch(shape, act_dtype_, device_);
+    const Tensor dv_all = Tensor::scratch(shape, act_dtype_, device_);
+    std::pair<Tensor, Tensor> kv;
+    if (window_) {  // a window layer keeps only the rows before the segment: its own are gathered again
+        const auto [kw, vw] = cp_.gather_keys(k_, v_);
+        kv = wkv_.keys(kw, vw);
+    } else {
+        kv = kv_.backward_keys();
+    }
+    cp_.segment_backward(q_, kv.first, kv.second, key_lo(), attn_, lse_, d_attn, d_q, dk_all, dv_all);
+    shape[1] = seg_.length;
+    const Tensor dkw = Tensor::scratch(shape, act_dtype_, device_);
+    const Tensor dvw = Tensor::scratch(shape, act_dtype_, device_);
+    if (window_)
+        wkv_.backward_grads(dk_all, dv_all, dkw, dvw);
+    else
+        kv_.backward_grads(dk_all, dv_all, dkw, dvw);
+    cp_.reduce_scatter(dkw, d_k);
+    cp_.reduce_scatter(dvw, d_v);
 }
 
 // The global tokens' and the sink's terms (attention_bwd above already had the merged out and lse): d_q gains the

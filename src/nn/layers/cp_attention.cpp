@@ -13,8 +13,7 @@ namespace {
 // The key-prefix mask of a chunk whose keys are the positions [lo, hi): the document map of those keys, relative to
 // lo (undefined: one document per row).
 ops::AttentionMask prefix_mask(const CpBatch& batch, int64_t lo, int64_t hi, core::Device device) {
-    if (!batch.host_doc_start.defined()) return {};
-    return {.doc_start = doc_map_from(batch.host_doc_start, lo, hi, device)};
+    return {.doc_start = batch.doc_map(lo, hi, device)};
 }
 
 // Columns [first, first + count) of a [B, H, L] row-statistics tensor (lse), as a contiguous copy.
@@ -214,6 +213,73 @@ void CpAttention::window_backward(const Io& io, const Grads& g) const {
     }
     cp_add_rows_before(cp_, batch_.total, dhk, dk, window_ - 1);
     cp_add_rows_before(cp_, batch_.total, dhv, dv, window_ - 1);
+}
+
+// Local chunk s's queries sit at whole-row positions [first + span_first(s), ... + c): they see the cached keys from
+// key_lo up to their own, the first rows of `keys`.
+void CpAttention::segment_forward(const Tensor& q,
+                                  const Tensor& keys,
+                                  const Tensor& values,
+                                  int64_t key_lo,
+                                  const Tensor& out,
+                                  const Tensor& lse,
+                                  const Tensor& max_logit) const {
+    const parallel::Zigzag z = cp_.layout(batch_.total);
+    const int64_t c = z.chunk();
+    MT_CHECK(q.size(1) == z.local() && keys.size(1) == batch_.first + batch_.total - key_lo,
+             "context-parallel segment attention: {} local queries and {} keys from {} for a segment [{}, {})",
+             q.size(1),
+             keys.size(1),
+             key_lo,
+             batch_.first,
+             batch_.first + batch_.total);
+    for (int s = 0; s < 2; ++s) {
+        const int64_t end = z.span_first(s) + c, rows = batch_.first + end - key_lo;
+        ops::AttentionMask mask = prefix_mask(batch_, key_lo - batch_.first, end, q.device());
+        mask.window = window_;
+        chunk_forward(q, s, c, time_rows(keys, 0, rows), time_rows(values, 0, rows), mask, out, lse, max_logit);
+    }
+}
+
+void CpAttention::segment_backward(const Tensor& q,
+                                   const Tensor& keys,
+                                   const Tensor& values,
+                                   int64_t key_lo,
+                                   const Tensor& out,
+                                   const Tensor& lse,
+                                   const Tensor& dout,
+                                   const Tensor& dq,
+                                   const Tensor& dk_all,
+                                   const Tensor& dv_all) const {
+    const parallel::Zigzag z = cp_.layout(batch_.total);
+    const int64_t c = z.chunk();
+    dk_all.zero();
+    dv_all.zero();
+    for (int s = 0; s < 2; ++s) {
+        const int64_t end = z.span_first(s) + c, rows = batch_.first + end - key_lo;
+        ops::AttentionMask mask = prefix_mask(batch_, key_lo - batch_.first, end, q.device());
+        mask.window = window_;
+        const Tensor qs = time_rows(q, s * c, c);
+        const Tensor dqs = Tensor::scratch(qs.shape(), dq.dtype(), dq.device());
+        core::Shape kv_shape = keys.shape();
+        kv_shape[1] = rows;
+        const Tensor dks = Tensor::scratch(kv_shape, dk_all.dtype(), dk_all.device());
+        const Tensor dvs = Tensor::scratch(kv_shape, dv_all.dtype(), dv_all.device());
+        ops::attention_bwd(qs,
+                           time_rows(keys, 0, rows),
+                           time_rows(values, 0, rows),
+                           time_rows(out, s * c, c),
+                           stat_cols(lse, s * c, c),
+                           time_rows(dout, s * c, c),
+                           dqs,
+                           dks,
+                           dvs,
+                           {},
+                           mask);
+        copy_time_rows(dq, s * c, dqs, 0, c);
+        add_time_rows(dk_all, 0, dks, 0, rows);
+        add_time_rows(dv_all, 0, dvs, 0, rows);
+    }
 }
 
 double CpAttention::max_over_group(double value) const {

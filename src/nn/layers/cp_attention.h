@@ -24,6 +24,7 @@
 #pragma once
 
 #include <array>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -44,6 +45,9 @@ class CpAttention {
     explicit CpAttention(const ContextParallel& cp, int64_t window = 0) : cp_(cp), window_(window) {}
     bool active() const {
         return cp_.active();
+    }
+    int64_t ranks() const {
+        return cp_.size;
     }
     // The sequence the next forward and its backward run on.
     void begin(const CpBatch& batch) {
@@ -73,6 +77,37 @@ class CpAttention {
     // The largest of a value over the cp group (the layer's max logit, whose rows are spread over the ranks).
     double max_over_group(double value) const;
 
+    // With sequence segments (long_context.md §4; the batch is one segment): the layer's caches (segment_kv.h,
+    // window_kv.h) hold the earlier segments' keys and values whole on every rank, as in one process, so each rank
+    // gathers its segment's keys (gather_keys) into them and its two chunks attend to the cached keys [key_lo, first
+    // + total) in whole-row positions (either cp.attn: the cache is the whole sequence's anyway). The backward writes
+    // dq and the gradient of every cached key row (dk_all, dv_all over [key_lo, first + total)), this rank's
+    // queries' part of the sum that the caller reduce-scatters.
+    void segment_forward(const Tensor& q,
+                         const Tensor& keys,
+                         const Tensor& values,
+                         int64_t key_lo,
+                         const Tensor& out,
+                         const Tensor& lse,
+                         const Tensor& max_logit = Tensor()) const;
+    void segment_backward(const Tensor& q,
+                          const Tensor& keys,
+                          const Tensor& values,
+                          int64_t key_lo,
+                          const Tensor& out,
+                          const Tensor& lse,
+                          const Tensor& dout,
+                          const Tensor& dq,
+                          const Tensor& dk_all,
+                          const Tensor& dv_all) const;
+    // The whole split sequence's keys and values [B, total, Hkv, D], gathered.
+    std::pair<Tensor, Tensor> gather_keys(const Tensor& k, const Tensor& v) const;
+    // Each rank holding a part of a sum over the split sequence's rows `whole` [B, total, ...]: this rank's rows of
+    // the sum into `local` (cp_reduce_scatter_rows over the group).
+    void reduce_scatter(const Tensor& whole, const Tensor& local) const {
+        cp_reduce_scatter_rows(cp_, whole, local);
+    }
+
    private:
     // The arguments of forward (the layer's q, k, v and its out, lse) and the gradients of backward.
     struct Io {
@@ -89,8 +124,6 @@ class CpAttention {
     void window_backward(const Io& io, const Grads& g) const;
     // A window layer's keys or values of span s: its halo rows, then the span's own c rows ([B, h + c, Hkv, D]).
     Tensor window_keys(const std::array<Tensor, 2>& halo, const Tensor& local, int s) const;
-    // The whole sequence's keys and values [B, T, Hkv, D], gathered.
-    std::pair<Tensor, Tensor> gather_keys(const Tensor& k, const Tensor& v) const;
     // Ring: the document map of step 0 (the local chunks in local positions), and each query's first visible key of
     // rank j's shard (its first chunk when j < r, both chunks for the second local chunk's queries when j > r);
     // undefined without document masking.

@@ -1,6 +1,7 @@
 // KDA's state and conv halo across context-parallel spans: relay and affine recurrences, the halo exchange.
 #include "nn/layers/kda_cp.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "nn/layers/conv_halo.h"
@@ -51,9 +52,8 @@ void KdaCp::begin(const CpBatch& batch, int64_t rows, core::Device device) {
 }
 
 bool KdaCp::resets(int64_t chunk, int64_t b) const {
-    if (chunk == 0 || !batch_.host_doc_start.defined()) return false;
-    const int64_t first = chunk * z_.chunk();
-    return batch_.host_doc_start.data<int32_t>()[b * batch_.total + first] == first;
+    if ((chunk == 0 && !batch_.continues()) || !batch_.host_doc_start.defined()) return false;
+    return batch_.starts_document(b, chunk * z_.chunk());
 }
 
 void KdaCp::zero_resets(int64_t chunk, const Tensor& state) const {
@@ -62,9 +62,8 @@ void KdaCp::zero_resets(int64_t chunk, const Tensor& state) const {
 }
 
 Tensor KdaCp::doc_map(int s, int64_t lo_rows) const {
-    if (!batch_.host_doc_start.defined()) return {};
     const int64_t first = z_.span_first(s);
-    return doc_map_from(batch_.host_doc_start, first - lo_rows, first + z_.chunk(), device_);
+    return batch_.doc_map(first - lo_rows, first + z_.chunk(), device_);
 }
 
 // ---- the short convs' halos
@@ -86,8 +85,8 @@ void KdaCp::exchange_halos(const std::array<Tensor, 3>& proj) {
     for (int s = 0; s < 2; ++s)
         for (size_t i = 0; i < 3; ++i) {
             auto& h = halo_[static_cast<size_t>(s)][i];
-            if (s == 0 && r == 0) {  // the sequence's first span: no rows before it
-                h = Tensor();
+            if (s == 0 && r == 0) {  // the sequence's first span: no rows before it, or the segment before's
+                h = batch_.continues() ? carry_halo_[i] : Tensor();
                 continue;
             }
             const int64_t lo = column(proj, static_cast<int>(i)), cols = proj[i].size(2);
@@ -123,8 +122,10 @@ void KdaCp::conv_backward(
     }
 }
 
-void KdaCp::return_halo_grads(const std::array<Tensor, 3>& dproj) {
-    if (halo_rows_ == 0) return;
+std::array<Tensor, 3> KdaCp::return_halo_grads(const std::array<Tensor, 3>& dproj) {
+    if (halo_rows_ == 0) return {};
+    // Rank 0's first span reads the segment before's halo (set_carry): its gradient is the caller's.
+    const std::array<Tensor, 3> carried = cp_.rank == 0 && batch_.continues() ? dhalo_[0] : std::array<Tensor, 3>{};
     const int64_t c = z_.chunk(), w1 = halo_rows_;
     // Packed like the halos: out[s] is the gradient of span s's halo, in[s] that of span s's own tail.
     std::array<Tensor, 2> out, in;
@@ -146,6 +147,7 @@ void KdaCp::return_halo_grads(const std::array<Tensor, 3>& dproj) {
             add_time_rows(d, (s + 1) * c - w1, on_device(part, d.device()), 0, w1);
         }
     dhalo_ = {};
+    return carried;
 }
 
 void KdaCp::swap_with_neighbours(
@@ -254,6 +256,7 @@ void KdaCp::relay_forward(const Span (&spans)[2], const Tensor& o, const Tensor&
         if (s == 0 && r > 0) comm.recv(s_in.raw(), s_in.numel(), type, static_cast<int>(r - 1), kStateUp).wait();
         if (s == 1 && r < last) comm.recv(s_in.raw(), s_in.numel(), type, static_cast<int>(r + 1), kStateDown).wait();
         if (s == 1 && r == last) s_in.copy_from(s_out[0]);
+        if (s == 0 && r == 0 && batch_.continues() && carry_s0_.defined()) s_in.copy_from(carry_s0_);
         zero_resets(z_.span_chunk(s), s_in);
         s_out[static_cast<size_t>(s)] = span_forward(s, spans[s], o);
         const Tensor& out = s_out[static_cast<size_t>(s)];
@@ -300,11 +303,15 @@ void KdaCp::affine_starts(const Span (&spans)[2], const Tensor& st) {
     // S_out(g) = M_g S_in(g) + h_g.
     const int64_t heads = rows_ * hv, state = kd * vd;
     std::vector<double> s_in(static_cast<size_t>(heads * state), 0.0), s_out(s_in.size(), 0.0);
+    if (batch_.continues() && carry_s0_.defined()) {  // the segment before's end state (every rank has it)
+        const Tensor carried = carry_s0_.to_device(core::Device::cpu).to(core::DType::f64);
+        std::copy_n(carried.data<double>(), s_out.size(), s_out.begin());
+    }
     const double* m = maps_.data<double>();
     for (int64_t g = 0; g < 2 * cp; ++g) {
-        if (g > 0) s_in = s_out;
+        s_in = s_out;
         for (int64_t b = 0; b < rows_; ++b)
-            if (g == 0 || resets(g, b)) std::fill_n(s_in.begin() + b * hv * state, hv * state, 0.0);
+            if (resets(g, b)) std::fill_n(s_in.begin() + b * hv * state, hv * state, 0.0);
         const parallel::ZigzagOwner o = z_.owner(g);
         const double* block = m + (o.rank * 2 + o.span) * heads * kd * (vd + kd);
         for (int64_t h = 0; h < heads; ++h)
@@ -328,7 +335,7 @@ void KdaCp::affine_starts(const Span (&spans)[2], const Tensor& st) {
     st.copy_from(on_device(end.to(st.dtype()), st.device()));
 }
 
-void KdaCp::backward(const Tensor& q,
+Tensor KdaCp::backward(const Tensor& q,
                      const Tensor& k,
                      const Tensor& v,
                      const Tensor& g,
@@ -338,14 +345,16 @@ void KdaCp::backward(const Tensor& q,
                      const Tensor& dq,
                      const Tensor& dk,
                      const Tensor& dv,
-                     const Tensor& dg,
-                     const Tensor& dbeta) const {
+                       const Tensor& dg,
+                       const Tensor& dbeta,
+                       const Tensor& d_end) const {
     const Span spans[2] = {span(0, q, k, v, g, beta, options), span(1, q, k, v, g, beta, options)};
     const std::array<Tensor, 5> grads = {dq, dk, dv, dg, dbeta};
     if (cp_.kda == CpKdaMode::affine) {
-        const std::array<Tensor, 2> dst = affine_end_grads(spans, d_o);
+        Tensor ds0;
+        const std::array<Tensor, 2> dst = affine_end_grads(spans, d_o, d_end, ds0);
         for (int s = 0; s < 2; ++s) span_backward(s, spans[s], d_o, dst[static_cast<size_t>(s)], grads);
-        return;
+        return batch_.continues() ? ds0 : Tensor();
     }
     // Relay, in reverse global order: span 1 (after rank r - 1's span 1, or the sequence's end at rank 0), then span
     // 0 (after rank r + 1's span 0, or at rank cp - 1 this rank's span 1).
@@ -359,6 +368,7 @@ void KdaCp::backward(const Tensor& q,
         if (s == 1 && r > 0) comm.recv(dst.raw(), dst.numel(), type, static_cast<int>(r - 1), kStateDown).wait();
         if (s == 0 && r < last) comm.recv(dst.raw(), dst.numel(), type, static_cast<int>(r + 1), kStateUp).wait();
         if (s == 0 && r == last) dst = ds_in[1];
+        if (s == 1 && r == 0 && d_end.defined()) dst.copy_from(d_end);  // the segment after's start gradient
         Tensor& out = ds_in[static_cast<size_t>(s)];
         out = span_backward(s, spans[s], d_o, dst, grads);
         zero_resets(z_.span_chunk(s), out);
@@ -368,9 +378,13 @@ void KdaCp::backward(const Tensor& q,
             sends.push_back(comm.send(out.raw(), out.numel(), type, static_cast<int>(r - 1), kStateUp));
     }
     for (auto& w : sends) w.wait();
+    return r == 0 && batch_.continues() ? ds_in[0] : Tensor();
 }
 
-std::array<Tensor, 2> KdaCp::affine_end_grads(const Span (&spans)[2], const Tensor& d_o) const {
+std::array<Tensor, 2> KdaCp::affine_end_grads(const Span (&spans)[2],
+                                              const Tensor& d_o,
+                                              const Tensor& d_end,
+                                              Tensor& ds0) const {
     // Each span's own start-state gradient: its backward with a zero end-state gradient (the input gradients of this
     // pass are discarded; the span's real backward below takes the true end gradient).
     const int64_t hv = spans[0].v.size(2), kd = spans[0].q.size(3), vd = spans[0].v.size(3), cp = cp_.size;
@@ -383,6 +397,10 @@ std::array<Tensor, 2> KdaCp::affine_end_grads(const Span (&spans)[2], const Tens
     // chunk g starts a document).
     const int64_t heads = rows_ * hv, state = kd * vd;
     std::vector<double> d_out(static_cast<size_t>(heads * state), 0.0), d_in(d_out.size(), 0.0);
+    if (d_end.defined()) {  // the segment after's start-state gradient (every rank has it)
+        const Tensor end = d_end.to_device(core::Device::cpu).to(core::DType::f64);
+        std::copy_n(end.data<double>(), d_out.size(), d_out.begin());
+    }
     const double* m = maps_.data<double>();
     const double* e = own.data<double>();
     std::array<Tensor, 2> dst;
@@ -409,6 +427,9 @@ std::array<Tensor, 2> KdaCp::affine_end_grads(const Span (&spans)[2], const Tens
         for (int64_t b = 0; b < rows_; ++b)
             if (resets(g, b)) std::fill_n(d_out.begin() + b * hv * state, hv * state, 0.0);
     }
+    Tensor start = Tensor::zeros({rows_, hv, kd, vd}, core::DType::f64);
+    std::copy(d_out.begin(), d_out.end(), start.data<double>());
+    ds0 = on_device(start.to(spans[0].q.dtype()), device_);
     return dst;
 }
 

@@ -19,6 +19,12 @@
 // point) before the convs; their gradients go back the same way and join the owner's. Rank cp - 1's two spans are
 // neighbours, so it passes its own. The first span of the sequence reads zeros, as the conv's map of documents does
 // at every document start.
+//
+// Segments (long_context.md §4, the batch one segment of a longer row): the segment's first chunk (rank 0's span 0)
+// continues the state and reads the halo that the segment before left (set_carry: the state on every rank under
+// affine, on rank 0 under relay, where the segment before ended it; the halo on rank 0, which held that segment's
+// last chunk), and the backward takes the gradient of the segment's end state from the segment after and returns
+// that of its start state and halo, on the same ranks.
 #pragma once
 
 #include <array>
@@ -44,8 +50,18 @@ class KdaCp {
     bool active() const {
         return cp_.active();
     }
+    int64_t ranks() const {
+        return cp_.size;
+    }
     // The sequence the next forward and its backward run on, for `batch` rows on `device`.
     void begin(const CpBatch& batch, int64_t rows, core::Device device);
+    // Segments after the first: the state [B, HV, K, V] and the three projections' halo rows [B, W - 1, C] the
+    // segment continues from (undefined: zero), before exchange_halos. Rows whose document starts at the segment
+    // ignore them.
+    void set_carry(const Tensor& s0, const std::array<Tensor, 3>& halo) {
+        carry_s0_ = s0;
+        carry_halo_ = halo;
+    }
 
     // Forward, before the convs: every span's last W - 1 rows of the three projections [B, L, C] (q, k, v) go to
     // the span after it.
@@ -56,8 +72,9 @@ class KdaCp {
     void conv_backward(
         int which, const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw);
     // After the three conv backwards: the halo rows' gradients go back to the spans that own those rows and are added
-    // to their projections' gradients dproj [B, L, C] (q, k, v).
-    void return_halo_grads(const std::array<Tensor, 3>& dproj);
+    // to their projections' gradients dproj [B, L, C] (q, k, v). Returns the gradient of the carried halo (rank 0 of
+    // a segment after the first; undefined elsewhere).
+    std::array<Tensor, 3> return_halo_grads(const std::array<Tensor, 3>& dproj);
 
     // The recurrence over both spans (ops/kda.h shapes with T = L, this rank's tokens; options without a document
     // map, the spans' own are taken from the batch): o written; st the state after the sequence's last token (rank 0
@@ -70,8 +87,10 @@ class KdaCp {
                  const ops::KdaOptions& options,
                  const Tensor& o,
                  const Tensor& st);
-    // dq, dk, dv, dg, dbeta written (=); the end state's gradient is zero.
-    void backward(const Tensor& q,
+    // dq, dk, dv, dg, dbeta written (=); d_end: the end state's gradient (undefined: zero; a segment before the last
+    // takes the next one's, on the ranks set_carry names). Returns the carried start state's gradient on those ranks
+    // (undefined without a carry).
+    Tensor backward(const Tensor& q,
                   const Tensor& k,
                   const Tensor& v,
                   const Tensor& g,
@@ -82,7 +101,8 @@ class KdaCp {
                   const Tensor& dk,
                   const Tensor& dv,
                   const Tensor& dg,
-                  const Tensor& dbeta) const;
+                  const Tensor& dbeta,
+                  const Tensor& d_end = Tensor()) const;
 
    private:
     // Point to point with the neighbouring ranks of the group: to_next goes to rank r + 1, to_prev to r - 1, and
@@ -121,7 +141,11 @@ class KdaCp {
         int s, const Span& sp, const Tensor& d_o, const Tensor& dst, const std::array<Tensor, 5>& grads) const;
     // affine: every span's own start-state gradient (a reverse scan from a zero end gradient), all-gathered and
     // folded: the true end-state gradients of this rank's spans.
-    std::array<Tensor, 2> affine_end_grads(const Span (&spans)[2], const Tensor& d_o) const;
+    // d_end: the last span's end gradient (undefined: zero); ds0: the first span's start-state gradient, written.
+    std::array<Tensor, 2> affine_end_grads(const Span (&spans)[2],
+                                           const Tensor& d_o,
+                                           const Tensor& d_end,
+                                           Tensor& ds0) const;
 
     ContextParallel cp_;
     int64_t halo_rows_ = 0;
@@ -131,6 +155,8 @@ class KdaCp {
     core::Device device_ = core::Device::cpu;
     std::array<std::array<Tensor, 3>, 2> halo_, dhalo_;  // per span, per projection [B, W - 1, C]
     std::array<Tensor, 2> s_in_;                         // per span, the start state of the last forward
+    Tensor carry_s0_;                                    // segments: the state and halo the segment continues from
+    std::array<Tensor, 3> carry_halo_;
     Tensor maps_;  // affine: every span's (h | M), [cp, 2, B, HV, K, V + K] on the host, for the backward's fold
 };
 

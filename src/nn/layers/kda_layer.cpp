@@ -135,7 +135,11 @@ void KdaLayer::set_segment(const SegmentContext& seg) {
         next_halo_ = pending_dhalo_ = cur_halo_ = {};
         return;
     }
-    MT_CHECK(seg.length == seq_, "KDA segment of {} tokens on a layer sized for {}", seg.length, seq_);
+    MT_CHECK(seg.length == seq_ * cp_.ranks(),
+             "KDA segment of {} tokens on a layer sized for {} over {} cp ranks",
+             seg.length,
+             seq_,
+             cp_.ranks());
     const auto j = static_cast<size_t>(seg.index);
     if (seg.index == 0 && !seg.recompute) {  // a new sequence
         seg_s0_.assign(static_cast<size_t>(seg.count), Tensor());
@@ -231,7 +235,10 @@ void KdaLayer::forward_core(const Tensor& x, bool keep) {
     wq_.forward(x, qp_);
     wk_.forward(x, kp_);
     wv_.forward(x, vp_);
-    if (cp_.active()) cp_.exchange_halos({seq_rows(qp_), seq_rows(kp_), seq_rows(vp_)});
+    if (cp_.active()) {  // a segment after the first continues the one before's state and halo (kda_cp.h)
+        cp_.set_carry(start_state(), has_halo() ? cur_halo_ : std::array<Tensor, 3>{});
+        cp_.exchange_halos({seq_rows(qp_), seq_rows(kp_), seq_rows(vp_)});
+    }
     conv_forward(0, qp_, qc_);
     conv_forward(1, kp_, kc_);
     conv_forward(2, vp_, vc_);
@@ -327,14 +334,16 @@ void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     const Tensor d_g = scratch(4, g_.shape()), d_beta = scratch(5, beta_.shape());
     if (cp_.active()) {
         MT_CHECK(!dst_.defined(), "KDA under context parallelism takes no final-state gradient");
-        cp_.backward(q_, k_, v, g_, beta_, kda_options_, d_o, d_q, d_k, d_v, d_g, d_beta);
+        // With segments ds0_ is the start state's gradient on the ranks that carry it (kda_cp.h), else undefined.
+        ds0_ = cp_.backward(q_, k_, v, g_, beta_, kda_options_, d_o, d_q, d_k, d_v, d_g, d_beta, dst);
     } else {
         ops::kda_bwd(q_, k_, v, g_, beta_, s0, d_o, dst, d_q, d_k, d_v, d_g, d_beta, ds0_, kda_options_, &kept_);
     }
     kept_ = ops::KdaSaved{};  // used once: freed for the next layer's backward (a second backward recomputes)
     if (seg_.active() && seg_.index > 0) {  // the previous segment's dS_T (zero where this one's s0 row was)
-        pending_dst_ = ds0_.clone();
-        for (int64_t b : doc_start_rows_) pending_dst_.select(0, b).zero();
+        pending_dst_ = ds0_.defined() ? ds0_.clone() : Tensor();
+        if (pending_dst_.defined())
+            for (int64_t b : doc_start_rows_) pending_dst_.select(0, b).zero();
     }
     // gate and beta (steps 7-11)
     const Tensor a_log = gate_options_.use_a_log ? table_->param(a_log_) : Tensor();
@@ -370,8 +379,8 @@ void KdaLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
             const int64_t w1 = pending_dhalo_[i].size(1);
             add_time_rows(seq3(*d_proj[i]), seq_ - w1, pending_dhalo_[i], 0, w1);
         }
+    if (cp_.active()) dhalo = cp_.return_halo_grads({seq3(d_qp), seq3(d_kp), seq3(d_vp)});
     pending_dhalo_ = dhalo;
-    if (cp_.active()) cp_.return_halo_grads({seq3(d_qp), seq3(d_kp), seq3(d_vp)});
     add_dx(wq_, x, d_qp);
     add_dx(wk_, x, d_kp);
     add_dx(wv_, x, d_vp);

@@ -80,13 +80,14 @@ struct Batch {
 // Random tokens. With documents, row 0's EOTs at c - 1, c + 20 and 3 c - 1 start documents exactly at the first
 // token of chunks 1 and 3 (span starts) and inside chunk 1 (inside a span); row 1's first document runs over chunks 0
 // to 2 (several ranks) and the next starts inside chunk 2. Every seventh target is ignored.
-Batch make_batch(bool documents) {
-    const int64_t t_len = seq_len(), c = t_len / (2 * world());
+Batch make_batch(bool documents, int64_t t_len = seq_len(), const std::vector<int64_t>& extra_eots = {}) {
+    const int64_t c = seq_len() / (2 * world());
     Batch b{Tensor::zeros({kB, t_len}, DType::i32), Tensor::zeros({kB, t_len}, DType::i32)};
     for (int64_t r = 0; r < kB; ++r)
         for (int64_t t = 0; t < t_len; ++t) {
             auto id = static_cast<int32_t>(core::rng_u64(5, r, t) % kEot);
-            const bool eot = (r == 0 && (t == c - 1 || t == c + 20 || t == 3 * c - 1)) || (r == 1 && t == 2 * c + 5);
+            bool eot = (r == 0 && (t == c - 1 || t == c + 20 || t == 3 * c - 1)) || (r == 1 && t == 2 * c + 5);
+            for (int64_t e : extra_eots) eot = eot || (r == 0 && t == e);
             if (documents && eot) id = kEot;
             core::tensor_set_flat(b.ids, r * t_len + t, id);
             const double target =
@@ -106,15 +107,30 @@ struct Outcome {
 
 // One forward and backward of the batch; cp = 1: one process (every rank runs the same), else the world as one cp
 // group of the given modes.
-Outcome run(ModelConfig cfg, DType dtype, bool documents, int64_t cp, CpAttnMode attn, CpKdaMode kda) {
+// With segments: a row of t_len tokens cut at `bounds` (long.segments), extra_eots as make_batch's.
+struct Segments {
+    int64_t t_len = seq_len();
+    std::vector<int64_t> bounds;
+    std::vector<int64_t> extra_eots;
+};
+
+Outcome run(ModelConfig cfg,
+            DType dtype,
+            bool documents,
+            int64_t cp,
+            CpAttnMode attn,
+            CpKdaMode kda,
+            const Segments& segments = {}) {
     cfg.document_mask = documents;
+    cfg.segments.bounds = segments.bounds;
+    cfg.max_seq_len = std::max(cfg.max_seq_len, segments.t_len);
     auto self = parallel::comm_make_self();
     parallel::Comm& group = cp > 1 ? dist_world() : *self;
     const ContextParallel ctx{.size = cp, .rank = group.rank(), .attn = attn, .kda = kda, .comm = &group};
     Model model(cfg, Precision::cpu(dtype), 64, {}, {}, {}, ctx);
     model.params().initialize(7);
     model.params().zero_grads();
-    const Batch batch = make_batch(documents);
+    const Batch batch = make_batch(documents, segments.t_len, segments.extra_eots);
     Outcome out;
     out.loss = model.forward(batch.ids, batch.targets);
     model.backward(1.0);
@@ -251,6 +267,65 @@ TEST_P(ModelCpWindow, HaloWindowsEqualOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Documents, ModelCpWindow, ::testing::Bool(), [](const auto& info) {
+    return info.param ? std::string("documents") : std::string("one_document_per_row");
+});
+
+// Context parallelism with sequence segments (long_context.md §4 and §7): each segment zigzagged over the group on
+// its own, the attention caches holding the earlier segments' keys, KDA's state and conv halo carried from segment to
+// segment on the ranks that hold them. Three segments of 2 cp chunks of 64 (equal), and two uneven ones, against one
+// process without segments; with documents one starts exactly at a segment start (EOT at g - 1), one at a span start
+// inside a segment and one inside a span, and row 1's first document runs over the first two segments.
+class ModelCpSegments : public ::testing::TestWithParam<bool> {};  // document masking off / on
+
+TEST_P(ModelCpSegments, SegmentsUnderCpEqualOneProcessWithout) {
+    const bool documents = GetParam();
+    const int64_t g = seq_len();  // 2 cp x 64
+    const std::vector<int64_t> eots = {g - 1, g + 63, g + 64 + 20, 2 * g - 1 + 64};
+    const ModelConfig window = with_window(with_moe_attnres(tiny_hybrid()), 150, {2});
+    ModelConfig recompute = window;
+    recompute.recompute.policy = RecomputePolicy::selective;
+    recompute.recompute.modules = {RecomputeModule::kda, RecomputeModule::attn_core};
+    struct SegCase {
+        const char* name;
+        ModelConfig cfg;
+        Segments seg;
+        bool every_variant;                   // false: f64, documents, one KDA mode
+        CpKdaMode kda = CpKdaMode::affine;  // that mode
+    };
+    const std::vector<SegCase> cases = {
+        {"hybrid_moe_attnres_window150 J=3", window, {3 * g, {g, 2 * g}, eots}, true},
+        {"hybrid_moe_attnres_window150 J=2 uneven", window, {3 * g, {2 * g}, eots}, false},
+        {"hybrid_moe_attnres_window150 J=2 uneven relay", window, {3 * g, {2 * g}, eots}, false, CpKdaMode::relay},
+        {"hybrid_recompute J=3", recompute, {3 * g, {g, 2 * g}, eots}, false},
+        {"attention_rope J=2", [] {
+             ModelConfig c = tiny_attention();
+             c.attn_pos = "rope";
+             return c;
+         }(), {2 * g, {g}, eots}, false}};
+    // Without documents only the first case (the rest add uneven cuts, recompute and RoPE, whose positions the
+    // documents restart). Under segments the ring runs the all-gather's code (cp_attention.h): checked once.
+    for (const SegCase& c : cases)
+        for (DType dtype : {DType::f64, DType::f32}) {
+            if ((!c.every_variant && (dtype != DType::f64 || !documents))) continue;
+            const double tol = dtype == DType::f64 ? 1e-12 : 1e-5;
+            const std::string what =
+                fmt::format("{} {} {}", c.name, documents ? "documents" : "rows", dtype_name(dtype));
+            const Segments whole{.t_len = c.seg.t_len, .bounds = {}, .extra_eots = c.seg.extra_eots};
+            const Outcome one = run(c.cfg, dtype, documents, 1, CpAttnMode::allgather, CpKdaMode::relay, whole);
+            for (CpKdaMode kda : {CpKdaMode::affine, CpKdaMode::relay}) {
+                if (!c.every_variant && kda != c.kda) continue;
+                const Outcome cp = run(c.cfg, dtype, documents, world(), CpAttnMode::allgather, kda, c.seg);
+                expect_equal(cp, one, tol, fmt::format("{} allgather {}", what, enum_name(kda)));
+            }
+            if (c.every_variant && dtype == DType::f64)
+                expect_equal(run(c.cfg, dtype, documents, world(), CpAttnMode::ring, CpKdaMode::affine, c.seg),
+                             one,
+                             tol,
+                             what + " ring affine");
+        }
+}
+
+INSTANTIATE_TEST_SUITE_P(Documents, ModelCpSegments, ::testing::Bool(), [](const auto& info) {
     return info.param ? std::string("documents") : std::string("one_document_per_row");
 });
 
