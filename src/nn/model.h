@@ -68,6 +68,13 @@ class Model {
         cfg_.rope_theta = theta;
         for (auto& b : blocks_) b->set_rope_theta(theta);
     }
+    // How the next batches' rows are cut into sequence segments (ModelConfig::segments at construction): the
+    // trainer's per-length choice under long.tokens_per_gpu. The offload setting stays the construction's.
+    void set_segments(const SegmentConfig& segments) {
+        const bool offload = cfg_.segments.offload_kv;
+        cfg_.segments = segments;
+        cfg_.segments.offload_kv = offload;
+    }
 
     // ids, targets: [B, T] i32 on the host; targets equal to kIgnoreIndex do not count. Returns the mean loss over
     // the counted targets (0 when none), and keeps what backward needs. training = false (evaluation) keeps the MoE

@@ -370,12 +370,13 @@ void validate(const JobConfig& c, const std::string& src) {
     if (!c.long_ctx.segment_recompute)
         bad("long.segment_recompute = false is not offered: holding every segment's activations needs the memory of "
             "one pass plus the caches (use long.segments = 1)");
-    if (sg.enabled() && m.moe_enabled && m.moe.capacity_factor > 0)
+    const bool segmented = config_may_segment(c);  // long.tokens_per_gpu may cut a stage into segments
+    if (segmented && m.moe_enabled && m.moe.capacity_factor > 0)
         bad(
             fmt::format("long.segments with moe.capacity_factor = {}: expert capacity is per batch, so segments "
                         "would drop other tokens; segments need dropless MoE (moe.capacity_factor = 0)",
                         m.moe.capacity_factor));
-    if (sg.enabled() && m.moe_enabled && m.moe.balance.mode == nn::MoeBalanceMode::aux_loss)
+    if (segmented && m.moe_enabled && m.moe.balance.mode == nn::MoeBalanceMode::aux_loss)
         bad("long.segments with moe.balance = \"aux_loss\": the auxiliary loss is per batch, not a sum over "
             "tokens, so segments would change it; use quantile or sign_bias balancing");
     if (c.data.paths.empty()) bad("data.paths is empty: name at least one training shard");

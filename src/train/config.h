@@ -162,6 +162,9 @@ struct LongConfig {
     std::vector<LongStage> stages;  // empty: no curriculum, train.seq_len throughout
     bool passkey_eval = true;       // a passkey-retrieval eval at the start of every stage
     bool segment_recompute = true;  // long.segment_recompute: only true is offered (model segments: ModelConfig)
+    // long.tokens_per_gpu: > 0, the most tokens a rank holds per pass; a length whose micro-batch holds more (batch_size
+    // x seq_len / parallel.cp) runs as sequence segments (config_segments_for_length). 0: off.
+    int64_t tokens_per_gpu = 0;
 };
 
 struct JobConfig {
@@ -182,6 +185,16 @@ struct JobConfig {
     // The resolved config as TOML (every field, defaults included), written into checkpoints and metrics.
     std::string to_toml() const;
 };
+
+// The sequence segments a row of seq_len tokens runs as (docs/long_context.md "Tokens per GPU"): the model's own
+// (long.segments, long.segment_tokens) when it sets them or long.tokens_per_gpu is 0; else one pass while the
+// micro-batch's tokens per cp rank, batch_size x seq_len / parallel.cp, are at most long.tokens_per_gpu, and segments
+// of the largest length that keeps them so (a multiple of the segment granule: 2 x cp x 64 under context
+// parallelism, else the KDA chunk or 64) beyond it. The curriculum applies it per stage.
+nn::SegmentConfig config_segments_for_length(const JobConfig& c, int64_t seq_len);
+// Whether any length the job trains at (train.seq_len, or every stage's) runs as segments: what the checks that
+// segments need apply to.
+bool config_may_segment(const JobConfig& c);
 
 // Parses TOML text (`source` names it in messages) and applies overrides ("section.key=value", value in TOML
 // syntax; a bare word is taken as a string). Throws core::Error with ExitCode::usage on any problem.

@@ -2,9 +2,11 @@
 // message, so a bad stage is found without counting tables by hand.
 #include "train/config_long.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
+#include "parallel/context_parallel.h"
 
 namespace mt::train {
 
@@ -113,6 +115,26 @@ void config_long_validate(const JobConfig& c, const std::string& src) {
                             i,
                             s.rope_base));
     }
+}
+
+nn::SegmentConfig config_segments_for_length(const JobConfig& c, int64_t seq_len) {
+    const nn::ModelConfig& m = c.model;
+    const int64_t target = c.long_ctx.tokens_per_gpu, cp = std::max<int64_t>(c.parallel.cp, 1);
+    const int64_t rows = std::max<int64_t>(c.train.batch_size, 1);
+    if (target <= 0 || m.segments.enabled() || rows * seq_len / cp <= target) return m.segments;
+    const int64_t granule = cp > 1 ? parallel::cp_granularity(cp) : m.n_kda_layers() > 0 ? m.kda.chunk_size : 64;
+    nn::SegmentConfig out = m.segments;
+    // The longest segment whose rows fit: S tokens of a row hold batch_size x S / cp per rank.
+    out.tokens = std::max<int64_t>(target * cp / rows / granule, 1) * granule;
+    if (out.tokens >= seq_len) out.tokens = 0;
+    return out;
+}
+
+bool config_may_segment(const JobConfig& c) {
+    if (c.long_ctx.stages.empty()) return config_segments_for_length(c, c.train.seq_len).enabled();
+    for (const LongStage& s : c.long_ctx.stages)
+        if (config_segments_for_length(c, s.seq_len).enabled()) return true;
+    return false;
 }
 
 void config_long_put_stages(const JobConfig& c, toml::table& root) {

@@ -46,7 +46,7 @@ void validate_pipeline(const JobConfig& c, const std::string& src) {
                         "{} (Megatron's rule)",
                         c.train.grad_accum,
                         p.pp));
-    if (m.segments.enabled() && (m.attnres.enabled() || p.tp > 1))
+    if (config_may_segment(c) && (m.attnres.enabled() || p.tp > 1))
         bad("set long.segments = 1 and long.segment_tokens = 0, or attnres.mode = \"off\" and parallel.tp = 1",
             "long.segments with parallel.pp > 1 runs without Block AttnRes and tensor parallelism (not built yet)");
 }
@@ -58,11 +58,6 @@ void validate_context_parallel(const JobConfig& c, const std::string& src) {
     const nn::ModelConfig& m = c.model;
     if (p.cp <= 1) return;
     auto bad = [&](const std::string& hint, const std::string& msg) { bad_key(src, hint, msg); };
-    auto not_yet = [&](const std::string& keys, const std::string& hint) {
-        bad(hint, fmt::format("parallel.cp = {} with {} is not built yet", p.cp, keys));
-    };
-    if (m.segments.enabled())
-        not_yet("long.segments or long.segment_tokens", "set long.segments = 1 and long.segment_tokens = 0");
     if (m.moe_enabled && (m.moe.capacity_factor > 0.0 || m.moe.balance.mode == nn::MoeBalanceMode::aux_loss))
         bad("use dropless MoE (moe.capacity_factor = 0) with quantile, sign_bias or no balancing",
             fmt::format("parallel.cp = {} with moe.capacity_factor > 0 or moe.balance = \"aux_loss\": each cp rank "
@@ -82,6 +77,7 @@ void validate_context_parallel(const JobConfig& c, const std::string& src) {
                             parallel::kCpGranule));
     };
     length(c.train.seq_len, "train.seq_len");
+    if (m.segments.tokens > 0) length(m.segments.tokens, "long.segment_tokens");  // every segment zigzagged alone
     for (size_t i = 0; i < c.long_ctx.stages.size(); ++i)
         length(c.long_ctx.stages[i].seq_len, fmt::format("long.stages[{}].seq_len", i));
 }

@@ -612,8 +612,8 @@ std::vector<Field> config_schema(JobConfig& c) {
                 1,
                 1 << 20,
                 "context-parallel size: every sequence cut into 2 cp chunks, rank r holding chunks r and 2 cp - 1 - r "
-                "(zigzag); every sequence length a multiple of 2 x cp x 64; CPU only, without segments yet "
-                "(docs/distributed.md \"Context parallelism\")"),
+                "(zigzag; with `long.segments`, every segment on its own); every sequence length and segment boundary "
+                "a multiple of 2 x cp x 64; CPU only yet (docs/distributed.md \"Context parallelism\")"),
         choice("cp.attn",
                &p.cp_attn,
                "with `parallel.cp` > 1, how softmax attention sees the other ranks' keys: `allgather` (all-gather "
@@ -655,7 +655,8 @@ std::vector<Field> config_schema(JobConfig& c) {
                 1 << 20,
                 "J: each row runs as J consecutive segments with exact gradients (docs/long_context.md "
                 "\"Sequence segments\"): one segment's activations are held at a time, plus every attention "
-                "layer's keys and values and every KDA layer's states. Boundaries on `kda.chunk_size` multiples, "
+                "layer's keys and values and every KDA layer's states. Boundaries on `kda.chunk_size` multiples (2 x "
+                "`parallel.cp` x 64 under context parallelism), "
                 "balanced by estimated "
                 "compute (later segments, whose queries see more keys, are shorter). 1: one pass"),
         integer("long.segment_tokens",
@@ -663,7 +664,8 @@ std::vector<Field> config_schema(JobConfig& c) {
                 0,
                 1e12,
                 "> 0: segments of this many tokens (the last one shorter), in place of `long.segments`; a multiple of "
-                "`kda.chunk_size` in a model with KDA layers. 0: `long.segments` decides"),
+                "`kda.chunk_size` in a model with KDA layers, of 2 x `parallel.cp` x 64 under context parallelism. 0: "
+                "`long.segments` decides"),
         flag("long.offload_kv",
              &m.segments.offload_kv,
              "with segments: every attention layer's key/value cache and its gradient accumulators (and KDA's kept "
@@ -676,6 +678,14 @@ std::vector<Field> config_schema(JobConfig& c) {
              "the backward re-runs each segment's forward but the last's, from the kept caches (every other "
              "activation is dropped). Only true is offered: holding every segment's activations would need as much "
              "memory as one pass, plus the caches"),
+        integer("long.tokens_per_gpu",
+                &c.long_ctx.tokens_per_gpu,
+                0,
+                1e12,
+                "> 0: the most tokens a rank holds per pass; a length (train.seq_len, or each `[[long.stages]]` "
+                "stage's) whose micro-batch holds more per cp rank (batch_size x seq_len / parallel.cp) runs as "
+                "sequence segments of the largest granule multiple that fits, unless `long.segments` or "
+                "`long.segment_tokens` is set (docs/long_context.md \"Tokens per GPU\"). 0: off"),
         flag("long.passkey_eval",
              &c.long_ctx.passkey_eval,
              "with `[[long.stages]]`: a passkey-retrieval eval (a 5-digit key at 10 depths, reported, not gated) at "

@@ -187,6 +187,7 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
                                  .kda = cfg_.parallel.cp_kda,
                                  .comm = &mesh_->group(parallel::MeshGroup::cp)};
     model_ = std::make_unique<nn::Model>(cfg_.model, precision, align, ep, tp, pipeline_part(), cp);
+    model_->set_segments(config_segments_for_length(cfg_, seq_len_));  // long.tokens_per_gpu (a stage sets its own)
     model_->params().initialize(static_cast<uint64_t>(cfg_.run.seed));
     model_->set_track_max_logit(true);  // long/max_logit: one [B, Hq, T] row maximum per attention layer and pass
     grad_sync_ = std::make_unique<parallel::GradSync>(

@@ -94,6 +94,7 @@ void Trainer::long_prepare_step() {
     const auto seed = static_cast<uint64_t>(cfg_.run.seed);
     stage_ = s;
     seq_len_ = st.seq_len;
+    model().set_segments(config_segments_for_length(cfg_, seq_len_));  // long.tokens_per_gpu: the stage's segments
     // The stage's RoPE base (ABF), model.rope_theta where it sets none; from the step, so a resume sets it too.
     model().set_rope_theta(st.rope_base > 0.0 ? st.rope_base : cfg_.model.rope_theta);
     stage_sampler_ =
@@ -116,15 +117,20 @@ void Trainer::long_stage_start() {
         {"seq_len", st.seq_len},
         {"tokens", st.tokens},
         {"long_fraction", st.long_fraction < 0 ? nlohmann::json() : nlohmann::json(st.long_fraction)},
-        {"tokens_seen", tokens_seen(step_)}};
+        {"tokens_seen", tokens_seen(step_)},
+        // The stage's segments (long.tokens_per_gpu may raise them): J after the first batch in long/segments.
+        {"segment_tokens", model().config().segments.tokens},
+        {"segments", model().config().segments.count}};
+    const int64_t segment_tokens = model().config().segments.tokens;
     if (log_)
-        fmt::print("step {:>6}/{} | curriculum stage {}: seq_len {}, {}, {} tokens\n",
+        fmt::print("step {:>6}/{} | curriculum stage {}: seq_len {}, {}, {} tokens{}\n",
                    step_,
                    cfg_.train.steps,
                    stage_,
                    st.seq_len,
                    stage_mix(st),
-                   st.tokens);
+                   st.tokens,
+                   segment_tokens > 0 ? fmt::format(", segments of {} tokens", segment_tokens) : "");
     if (cfg_.long_ctx.passkey_eval) {
         const auto tokenizer = data::tokenizer_open(cfg_.data.tokenizer);
         if (tokenizer->vocab_size() > cfg_.model.vocab_size) {

@@ -134,10 +134,9 @@ TEST(ParallelConfig, PipelineRefusesWhatItCannotSplit) {
         {"long.segments with parallel.pp > 1 runs without Block AttnRes and tensor parallelism"});
 }
 
-// Context parallelism's rules (long_context.md §7): every sequence length a multiple of 2 x cp x 64, and what the cp
-// layers do not run yet (pipeline parallelism, segments, window layers, per-batch MoE settings) refused, and under
-// tensor parallelism a cp rank's token rows divisible by tp: exit 2 naming the keys. The mode keys take their two
-// spellings.
+// Context parallelism's rules (long_context.md §7): every sequence length and explicit segment length a multiple of
+// 2 x cp x 64, the per-batch MoE settings refused, and under tensor parallelism a cp rank's token rows divisible by
+// tp: exit 2 naming the keys. The mode keys take their two spellings.
 TEST(ParallelConfig, ContextParallelRefusesWhatItCannotRun) {
     const std::string dir = mt::testing::fresh_dir("cp");
     auto job = [&](std::vector<std::string> o) { return mt::testing::tiny_job(dir, o); };
@@ -172,7 +171,16 @@ TEST(ParallelConfig, ContextParallelRefusesWhatItCannotRun) {
                       "train.batch_size=1"}));
         },
         {"train.batch_size x train.seq_len / parallel.cp = 1 x 256 / 2 is not divisible by parallel.tp = 3"});
-    expect_usage_error([&] { job(with({"long.segments=2"})); }, {"parallel.cp = 2 with long.segments"});
+    // Segments under cp: each segment zigzagged alone, so explicit segment lengths are multiples of 2 x cp x 64.
+    EXPECT_NO_THROW(job({"parallel.cp=2", "train.seq_len=512", "model.max_seq_len=512", "long.segments=2"}));
+    EXPECT_NO_THROW(job(with({"long.segment_tokens=256"})));
+    // long.tokens_per_gpu counts a cp rank's tokens (batch_size x seq_len / cp) and cuts whole cp granules.
+    const mt::train::JobConfig target = job(with({"long.tokens_per_gpu=512", "train.batch_size=2"}));
+    EXPECT_FALSE(mt::train::config_segments_for_length(target, 512).enabled());     // 2 x 512 / 2 = 512
+    EXPECT_EQ(mt::train::config_segments_for_length(target, 1024).tokens, 512);      // 2 x 512 / 2 per pass
+    EXPECT_EQ(mt::train::config_segments_for_length(target, 4096).tokens, 512);
+    expect_usage_error([&] { job(with({"long.segment_tokens=64"})); },
+                       {"long.segment_tokens = 64 is not a multiple of 2 x parallel.cp x 64 = 256"});
     EXPECT_NO_THROW(job(with({"attn.window_layers=[2]", "attn.window=32"})));  // window layers fetch their halo
     EXPECT_EQ(job(with({"cp.attn=\"ring\""})).parallel.cp_attn, mt::nn::CpAttnMode::ring);
     expect_usage_error(

@@ -134,6 +134,33 @@ TEST(CurriculumTrainer, SwitchesStageAtTheConfiguredTokens) {
     EXPECT_EQ(trainer.tokens_seen(3), 384);
 }
 
+// long.tokens_per_gpu raises the segments per stage: 4 rows of 64 tokens (256 per pass) run in one pass, 4 rows of 128
+// as 2 segments of 64 (the largest multiple of 64 whose 4 rows hold at most 256 tokens), with the losses of the run
+// that holds each stage in one pass (segments are exact); the stage event names the stage's segments.
+TEST(CurriculumTrainer, TokensPerGpuRaisesTheSegmentsPerStage) {
+    const std::string dir = fresh_dir("tokens_per_gpu");
+    auto job = [&](const std::string& run, std::vector<std::string> extra) {
+        extra.insert(extra.end(),
+                     {"model.max_seq_len=128",
+                      "long.stages=[{seq_len=64, tokens=1024}, {seq_len=128, tokens=100000}]"});
+        return curriculum_job(dir, run, extra);
+    };
+    const JobConfig cfg = job("segmented", {"long.tokens_per_gpu=256"});
+    EXPECT_FALSE(config_segments_for_length(cfg, 64).enabled());
+    EXPECT_EQ(config_segments_for_length(cfg, 128).tokens, 64);
+    EXPECT_EQ(config_segments_for_length(cfg, 1024).tokens, 64);
+    Trainer segmented(cfg, false), whole(job("whole", {}), false);
+    for (int64_t s = 0; s < 4; ++s) {  // 2 steps of 4 x 2 rows of 64 tokens, then 128
+        const double a = segmented.train_step().loss, b = whole.train_step().loss;
+        EXPECT_EQ(segmented.model().segment_bounds().size(), s < 2 ? 2u : 3u) << "step " << s;
+        EXPECT_EQ(whole.model().segment_bounds().size(), 2u) << "step " << s;
+        EXPECT_NEAR(a, b, 1e-5 * std::abs(b)) << "step " << s;
+    }
+    // Explicit segments win over the target.
+    EXPECT_EQ(config_segments_for_length(job("explicit", {"long.tokens_per_gpu=256", "long.segments=4"}), 128).count,
+              4);
+}
+
 std::vector<double> losses(Trainer& t, int64_t until) {
     std::vector<double> out;
     while (t.step() < until) out.push_back(t.train_step().loss);

@@ -93,6 +93,26 @@ TEST(TrainerCp, HybridMoeAttnResMatchesOneProcess) {
     for (const Layout& l : layouts(dist_world().size(), true)) expect_layout_matches(layout_name("moe", l), l, keys, 8);
 }
 
+// Context parallelism with sequence segments and recompute (long_context.md §4 with §7): rows of two cp granules run
+// as two segments of one granule each (`long.segment_tokens`), every segment zigzagged alone; the hybrid with
+// document masking and selective recompute of KDA and attention under both cp.kda modes, on four ranks also with
+// dp = 2 and with pp = 2 (the stages pass each segment's cp rows), equals one process over 6 steps.
+TEST(TrainerCp, SegmentsAndRecomputeMatchOneProcess) {
+    const int64_t granule = cp_granularity(dist_world().size() > 4 ? 2 : dist_world().size());
+    std::vector<Layout> with_segments = {{.cp = dist_world().size()}};
+    if (dist_world().size() == 4) with_segments.insert(with_segments.end(), {{.dp = 2, .cp = 2}, {.pp = 2, .cp = 2}});
+    for (const char* mode : {"affine", "relay"}) {
+        std::vector<std::string> keys = hybrid(mode);
+        keys.insert(keys.end(),
+                    {"train.seq_len=" + std::to_string(2 * granule),
+                     "model.max_seq_len=" + std::to_string(2 * granule),
+                     "long.segment_tokens=" + std::to_string(granule),
+                     "recompute.policy=\"selective\"",
+                     "recompute.modules=[\"kda\", \"attn_core\"]"});
+        for (const Layout& l : with_segments) expect_layout_matches(layout_name(mode, l) + "_segments", l, keys, 6);
+    }
+}
+
 // The combinations of the five-dimensional mesh on eight ranks (tests/CMakeLists.txt runs this case alone at
 // np 8): cp = 2 with tp = 2 and dp = 2 (the hybrid: KDA and attention split by heads, sequence parallel), with
 // ep = 2 and pp = 2 (the hybrid MoE AttnRes model: the experts over ep, the stages passing their cp rows) and with
