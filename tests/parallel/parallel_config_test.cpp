@@ -176,8 +176,8 @@ TEST(ParallelConfig, ContextParallelRefusesWhatItCannotRun) {
     EXPECT_NO_THROW(job(with({"long.segment_tokens=256"})));
     // long.tokens_per_gpu counts a cp rank's tokens (batch_size x seq_len / cp) and cuts whole cp granules.
     const mt::train::JobConfig target = job(with({"long.tokens_per_gpu=512", "train.batch_size=2"}));
-    EXPECT_FALSE(mt::train::config_segments_for_length(target, 512).enabled());     // 2 x 512 / 2 = 512
-    EXPECT_EQ(mt::train::config_segments_for_length(target, 1024).tokens, 512);      // 2 x 512 / 2 per pass
+    EXPECT_FALSE(mt::train::config_segments_for_length(target, 512).enabled());  // 2 x 512 / 2 = 512
+    EXPECT_EQ(mt::train::config_segments_for_length(target, 1024).tokens, 512);  // 2 x 512 / 2 per pass
     EXPECT_EQ(mt::train::config_segments_for_length(target, 4096).tokens, 512);
     expect_usage_error([&] { job(with({"long.segment_tokens=64"})); },
                        {"long.segment_tokens = 64 is not a multiple of 2 x parallel.cp x 64 = 256"});

@@ -140,9 +140,9 @@ TEST(CurriculumTrainer, SwitchesStageAtTheConfiguredTokens) {
 TEST(CurriculumTrainer, TokensPerGpuRaisesTheSegmentsPerStage) {
     const std::string dir = fresh_dir("tokens_per_gpu");
     auto job = [&](const std::string& run, std::vector<std::string> extra) {
-        extra.insert(extra.end(),
-                     {"model.max_seq_len=128",
-                      "long.stages=[{seq_len=64, tokens=1024}, {seq_len=128, tokens=100000}]"});
+        extra.insert(
+            extra.end(),
+            {"model.max_seq_len=128", "long.stages=[{seq_len=64, tokens=1024}, {seq_len=128, tokens=100000}]"});
         return curriculum_job(dir, run, extra);
     };
     const JobConfig cfg = job("segmented", {"long.tokens_per_gpu=256"});

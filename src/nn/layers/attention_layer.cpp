@@ -214,7 +214,10 @@ void AttentionLayer::segment_attention_backward(const Tensor& d_attn,
 // Context parallelism with segments: as segment_attention_backward over the gathered segment, this rank's queries
 // giving a part of every key's gradient; the segment's own rows (with the later segments' accumulated parts, also
 // this rank's) are summed over the group and each rank keeps its own (a reduce-scatter).
-void AttentionLayer::cp_segment_backward(const Tensor& d_attn, const Tensor& d_q, const Tensor& d_k, const Tensor& d_v) {
+void AttentionLayer::cp_segment_backward(const Tensor& d_attn,
+                                         const Tensor& d_q,
+                                         const Tensor& d_k,
+                                         const Tensor& d_v) {
     Shape shape = k_.shape();
     shape[1] = window_ ? wkv_.key_rows() : kv_.key_rows();
     const Tensor dk_all = Tensor::scratch(shape, act_dtype_, device_);

@@ -91,18 +91,18 @@ class KdaCp {
     // takes the next one's, on the ranks set_carry names). Returns the carried start state's gradient on those ranks
     // (undefined without a carry).
     Tensor backward(const Tensor& q,
-                  const Tensor& k,
-                  const Tensor& v,
-                  const Tensor& g,
-                  const Tensor& beta,
-                  const ops::KdaOptions& options,
-                  const Tensor& d_o,
-                  const Tensor& dq,
-                  const Tensor& dk,
-                  const Tensor& dv,
-                  const Tensor& dg,
-                  const Tensor& dbeta,
-                  const Tensor& d_end = Tensor()) const;
+                    const Tensor& k,
+                    const Tensor& v,
+                    const Tensor& g,
+                    const Tensor& beta,
+                    const ops::KdaOptions& options,
+                    const Tensor& d_o,
+                    const Tensor& dq,
+                    const Tensor& dk,
+                    const Tensor& dv,
+                    const Tensor& dg,
+                    const Tensor& dbeta,
+                    const Tensor& d_end = Tensor()) const;
 
    private:
     // Point to point with the neighbouring ranks of the group: to_next goes to rank r + 1, to_prev to r - 1, and

@@ -289,7 +289,7 @@ TEST_P(ModelCpSegments, SegmentsUnderCpEqualOneProcessWithout) {
         const char* name;
         ModelConfig cfg;
         Segments seg;
-        bool every_variant;                   // false: f64, documents, one KDA mode
+        bool every_variant;                 // false: f64, documents, one KDA mode
         CpKdaMode kda = CpKdaMode::affine;  // that mode
     };
     const std::vector<SegCase> cases = {
@@ -297,11 +297,14 @@ TEST_P(ModelCpSegments, SegmentsUnderCpEqualOneProcessWithout) {
         {"hybrid_moe_attnres_window150 J=2 uneven", window, {3 * g, {2 * g}, eots}, false},
         {"hybrid_moe_attnres_window150 J=2 uneven relay", window, {3 * g, {2 * g}, eots}, false, CpKdaMode::relay},
         {"hybrid_recompute J=3", recompute, {3 * g, {g, 2 * g}, eots}, false},
-        {"attention_rope J=2", [] {
+        {"attention_rope J=2",
+         [] {
              ModelConfig c = tiny_attention();
              c.attn_pos = "rope";
              return c;
-         }(), {2 * g, {g}, eots}, false}};
+         }(),
+         {2 * g, {g}, eots},
+         false}};
     // Without documents only the first case (the rest add uneven cuts, recompute and RoPE, whose positions the
     // documents restart). Under segments the ring runs the all-gather's code (cp_attention.h): checked once.
     for (const SegCase& c : cases)
