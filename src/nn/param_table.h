@@ -22,7 +22,10 @@ using core::Tensor;
 // normal: N(0, init_std^2). log_uniform: log(u), u ~ U(init_lo, init_hi) (KDA's A_log under the softplus gate).
 // softplus_inv_log_uniform: log(e^delta - 1), log(delta) ~ U(log init_lo, log init_hi) (KDA's dt_bias).
 enum class InitKind { normal, ones, zeros, log_uniform, softplus_inv_log_uniform };
-enum class OptimGroup { adamw };
+// The optimizer of a parameter (muon.md §2): Muon for the hidden matrices (every nn::Linear weight and the stacked
+// expert matrices, optim/muon.h) when optim.name = "muon", AdamW for everything else; with optim.name = "adamw" every
+// group is AdamW's.
+enum class OptimGroup { adamw, muon };
 
 struct ParamSpec {
     std::string name;  // canonical name, also the checkpoint key and the PyTorch reference's state_dict key

@@ -23,17 +23,22 @@ AdamW::AdamW(nn::ParamTable& table,
              std::optional<std::vector<ArenaRange>> owned,
              const AdamWOptions& options)
     : table_(&table), hyper_(hyper), options_(options), sharded_(owned.has_value()) {
+    auto in_group = [&](const nn::ParamSpec& spec) {
+        return !options.adamw_group_only || spec.group == nn::OptimGroup::adamw;
+    };
     const nn::Precision& precision = table.precision();
     const core::DType dtype = options.state_dtype;
     MT_CHECK(dtype == precision.master || (dtype == core::DType::bf16 && precision.master == core::DType::f32),
              "AdamW state dtype {} with master weights in {}: the moments are the master dtype, or bf16 over f32",
              core::dtype_name(dtype),
              core::dtype_name(precision.master));
+    MT_CHECK(!options.offload || !options.adamw_group_only, "AdamW offload updates the whole arena, every group");
     MT_CHECK(!options.offload || (precision.master_on_host && !sharded_),
              "AdamW offload needs the master weights on the host and an unsharded optimizer");
     if (!sharded_) {
         for (int i = 0; i < table.size(); ++i)
-            pieces_.push_back({i, 0, core::shape_numel(table.spec(i).shape), table.offset(i)});
+            if (in_group(table.spec(i)))
+                pieces_.push_back({i, 0, core::shape_numel(table.spec(i).shape), table.offset(i)});
         const int64_t n = table.total_numel();
         m_ = options.offload ? core::Tensor::zeros_pinned({n}, dtype)
                              : core::Tensor::zeros({n}, dtype, precision.device);
@@ -57,7 +62,7 @@ AdamW::AdamW(nn::ParamTable& table,
         for (int i = 0; i < table.size(); ++i) {
             const int64_t lo = table.offset(i), hi = lo + core::shape_numel(table.spec(i).shape);
             const int64_t b = std::max(lo, r.begin), e = std::min(hi, r.end);
-            if (b < e) pieces_.push_back({i, b - lo, e - lo, packed + b - r.begin});
+            if (b < e && in_group(table.spec(i))) pieces_.push_back({i, b - lo, e - lo, packed + b - r.begin});
         }
         packed += r.end - r.begin;
     }

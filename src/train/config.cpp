@@ -340,7 +340,11 @@ void validate(const JobConfig& c, const std::string& src) {
     if (c.optim.offload != "none" && c.optim.name != "adamw")
         bad(fmt::format(
             "optim.offload = \"{}\" supports optim.name = \"adamw\" only, not \"{}\"", c.optim.offload, c.optim.name));
-    if (c.optim.name == "muon") bad("optim.name = \"muon\" is not built yet (the Muon issue adds it); use \"adamw\"");
+    if (c.optim.name == "muon" && c.parallel.tp > 1)
+        bad(
+            fmt::format("optim.name = \"muon\" with parallel.tp = {} is not built yet: a tp-split matrix is "
+                        "orthogonalised whole (muon.md §3); use parallel.tp = 1 or optim.name = \"adamw\"",
+                        c.parallel.tp));
     if (c.train.seq_len > m.max_seq_len)
         bad(fmt::format("train.seq_len = {} exceeds model.max_seq_len = {}", c.train.seq_len, m.max_seq_len));
     if (!m.attn.window_layers.empty() && m.attn.window > m.max_seq_len)

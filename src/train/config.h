@@ -58,9 +58,19 @@ struct TrainConfig {
 // [optim]: which optimizer updates the weights and where its state lives (docs/training.md "Memory"). The AdamW
 // hyperparameters are train.lr, train.beta1, ... (they predate this section).
 struct OptimConfig {
-    std::string name = "adamw";       // adamw; muon is reserved for the Muon issue and rejected until it lands
+    std::string name = "adamw";       // adamw | muon: Muon for the hidden matrices, AdamW for the rest (muon.md §2)
     std::string offload = "none";     // none | cpu: master weights and moments in pinned host memory, update on the CPU
     std::string state_dtype = "f32";  // f32 | bf16: the AdamW moments (bf16 stored with stochastic rounding)
+};
+
+// [muon] (docs/optimizers.md, muon.md §1 and §7): the Muon group's update under optim.name = "muon".
+struct MuonConfig {
+    double momentum = 0.95;
+    bool nesterov = true;
+    int64_t ns_steps = 5;
+    std::string ns_coeffs = "quintic";  // quintic | hybrid (8 quintic steps, then 2 of (2, -1.5, 0.5))
+    double scale_factor = 0.2;          // the update is scale_factor x sqrt(max(A, B)) x the orthogonalised matrix
+    double weight_decay = 0.1;          // decoupled, times the learning rate
 };
 
 struct CheckpointConfig {
@@ -162,8 +172,8 @@ struct LongConfig {
     std::vector<LongStage> stages;  // empty: no curriculum, train.seq_len throughout
     bool passkey_eval = true;       // a passkey-retrieval eval at the start of every stage
     bool segment_recompute = true;  // long.segment_recompute: only true is offered (model segments: ModelConfig)
-    // long.tokens_per_gpu: > 0, the most tokens a rank holds per pass; a length whose micro-batch holds more (batch_size
-    // x seq_len / parallel.cp) runs as sequence segments (config_segments_for_length). 0: off.
+    // long.tokens_per_gpu: > 0, the most tokens a rank holds per pass; a length whose micro-batch holds more
+    // (batch_size x seq_len / parallel.cp) runs as sequence segments (config_segments_for_length). 0: off.
     int64_t tokens_per_gpu = 0;
 };
 
@@ -173,6 +183,7 @@ struct JobConfig {
     DataConfig data;
     TrainConfig train;
     OptimConfig optim;
+    MuonConfig muon;
     CheckpointConfig checkpoint;
     MetricsConfig metrics;
     HealthConfig health;

@@ -2,85 +2,11 @@
 // generated from them), and the keys that were removed.
 #include "train/config_schema.h"
 
+#include "train/config_schema_fields.h"
+
 namespace mt::train {
 
-namespace {
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-Field integer(std::string key, int64_t* p, double lo, double hi, std::string help) {
-    return {.key = std::move(key), .ptr = p, .help = std::move(help), .min = lo, .max = hi};
-}
-
-// A number in [lo, hi].
-Field number(std::string key, double* p, double lo, double hi, std::string help) {
-    return {.key = std::move(key), .ptr = p, .help = std::move(help), .min = lo, .max = hi};
-}
-
-// A number in (lo, hi].
-Field number_above(std::string key, double* p, double lo, double hi, std::string help) {
-    return {.key = std::move(key), .ptr = p, .help = std::move(help), .min = lo, .max = hi, .min_exclusive = true};
-}
-
-// A number in [lo, hi).
-Field number_below(std::string key, double* p, double lo, double hi, std::string help) {
-    return {.key = std::move(key), .ptr = p, .help = std::move(help), .min = lo, .max = hi, .max_exclusive = true};
-}
-
-Field flag(std::string key, bool* p, std::string help) {
-    return {.key = std::move(key), .ptr = p, .help = std::move(help)};
-}
-
-// A string: any, or one of `choices`.
-Field text(std::string key, std::string* p, std::string help, std::vector<std::string> choices = {}) {
-    return {.key = std::move(key), .ptr = p, .help = std::move(help), .choices = std::move(choices)};
-}
-
-Field list(std::string key, std::vector<std::string>* p, std::string help) {
-    return {.key = std::move(key), .ptr = p, .help = std::move(help)};
-}
-
-// An enum, spelled as nn::EnumNames<E> says.
-template <typename E>
-Field choice(std::string key, E* p, std::string help) {
-    using Names = nn::EnumNames<E>;
-    EnumField f{.get =
-                    [p] {
-                        size_t i = 0;
-                        while (Names::names[i].first != *p) ++i;
-                        return i;
-                    },
-                .set = [p](size_t i) { *p = Names::names[i].first; }};
-    std::vector<std::string> choices;
-    for (const auto& [value, name] : Names::names) choices.push_back(name);
-    return {.key = std::move(key), .ptr = std::move(f), .help = std::move(help), .choices = std::move(choices)};
-}
-
-// An array of enum values, each spelled as nn::EnumNames<E> says.
-template <typename E>
-Field choice_list(std::string key, std::vector<E>* p, std::string help) {
-    using Names = nn::EnumNames<E>;
-    EnumListField f{.get =
-                        [p] {
-                            std::vector<size_t> out;
-                            for (E v : *p) {
-                                size_t i = 0;
-                                while (Names::names[i].first != v) ++i;
-                                out.push_back(i);
-                            }
-                            return out;
-                        },
-                    .set =
-                        [p](const std::vector<size_t>& idx) {
-                            p->clear();
-                            for (size_t i : idx) p->push_back(Names::names[i].first);
-                        }};
-    std::vector<std::string> choices;
-    for (const auto& [value, name] : Names::names) choices.push_back(name);
-    return {.key = std::move(key), .ptr = std::move(f), .help = std::move(help), .choices = std::move(choices)};
-}
-
-}  // namespace
+using namespace schema;
 
 std::vector<Field> config_schema(JobConfig& c) {
     auto& r = c.run;
@@ -92,7 +18,7 @@ std::vector<Field> config_schema(JobConfig& c) {
     auto& x = c.metrics;
     auto& e = c.model.moe;
     auto& p = c.parallel;
-    return {
+    std::vector<Field> rows = {
         text("run.name", &r.name, "a label"),
         text("run.dir", &r.dir, "checkpoints and metrics go here"),
         integer("run.seed", &r.seed, 0, 9.0e15, "initialisation and data order (Philox keys)"),
@@ -419,8 +345,10 @@ std::vector<Field> config_schema(JobConfig& c) {
         integer("train.eval_batches", &t.eval_batches, 1, 1e9, "batches per validation run"),
         text("optim.name",
              &o.name,
-             "the optimizer: AdamW with the `train.*` hyperparameters. `muon` is reserved for the Muon issue and is "
-             "refused (exit 2) until it is built",
+             "`adamw`: AdamW with the `train.*` hyperparameters for every parameter; `muon`: Muon (`muon.*`) for the "
+             "hidden matrices (every linear weight and the expert matrices) and AdamW for the rest (embeddings, LM "
+             "head, norms, conv filters, gate vectors; docs/optimizers.md). Muon runs on the CPU, without "
+             "`parallel.tp` and with `parallel.zero_stage = 0` over several data-parallel ranks, yet",
              {"adamw", "muon"}),
         text("optim.offload",
              &o.offload,
@@ -691,6 +619,8 @@ std::vector<Field> config_schema(JobConfig& c) {
              "with `[[long.stages]]`: a passkey-retrieval eval (a 5-digit key at 10 depths, reported, not gated) at "
              "the start of every stage, at the stage's length"),
     };
+    for (Field& f : config_schema_muon(c)) rows.push_back(std::move(f));
+    return rows;
 }
 
 const std::vector<RemovedKey>& config_removed_keys() {

@@ -51,6 +51,8 @@ struct Field {
 
 // The rows, pointing into c.
 std::vector<Field> config_schema(JobConfig& c);
+// The [muon] rows (config_schema_muon.cpp), which config_schema appends.
+std::vector<Field> config_schema_muon(JobConfig& c);
 
 // A key that older versions read, with what replaces it: a config that still sets one fails naming both.
 struct RemovedKey {

@@ -209,6 +209,8 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
                         "supported yet: the offloaded optimizer updates the whole arena [{}]",
                         mesh_->group(parallel::MeshGroup::dp_span).size(),
                         cfg_.source);
+    const bool muon = cfg_.optim.name == "muon";
+    if (muon) check_muon_layout();
     adamw_ = std::make_unique<optim::AdamW>(
         model_->params(),
         ops::AdamWHyper{.lr = t.lr, .beta1 = t.beta1, .beta2 = t.beta2, .eps = t.eps, .weight_decay = t.weight_decay},
@@ -217,7 +219,9 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
             .state_dtype = config_state_dtype(cfg_, precision.master),
             .offload = offload,
             .seed = static_cast<uint64_t>(cfg_.run.seed),
+            .adamw_group_only = muon,
         });
+    if (muon) muon_ = std::make_unique<optim::Muon>(model_->params(), trainer_muon_hyper(cfg_));
     optim::schedule_kind_from_name(t.schedule, &schedule_.kind);
     schedule_.lr = t.lr;
     schedule_.min_lr_ratio = t.min_lr_ratio;
@@ -327,6 +331,9 @@ StepResult Trainer::train_step() {
         // loss scale is divided out in the same multiplier.
         const double clip = t.grad_clip > 0 && r.grad_norm > t.grad_clip ? t.grad_clip / (r.grad_norm + 1e-6) : 1.0;
         adamw_->step(r.lr, step_ + 1, clip / r.loss_scale, layer_stats ? update_sq_ : core::Tensor());
+        // Muon's gradients are not scaled by the global norm (muon.md §5: Newton-Schulz discards the magnitude, and
+        // a clip driven by another group's spike would shrink them to the epsilon).
+        if (muon_) muon_->step(r.lr, 1.0 / r.loss_scale, layer_stats ? update_sq_ : core::Tensor());
         grad_sync_->gather_params();  // ZeRO-1: every rank's updated slices to every replica
     }
     if (layer_stats) {

@@ -17,6 +17,7 @@
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "optim/muon.h"
 #include "parallel/grad_sync.h"
 #include "parallel/mesh.h"
 #include "train/alarms.h"
@@ -202,7 +203,7 @@ class Trainer {
     // Bytes of optimizer state this rank holds (ZeRO-1: about the total divided by the ranks that read different
     // data), and the whole model's (both moments of every parameter at its global shape).
     int64_t optimizer_state_bytes() const {
-        return adamw_->state_bytes();
+        return adamw_->state_bytes() + (muon_ ? muon_->state_bytes() : 0);
     }
     int64_t optimizer_state_bytes_total() const;
     // Bytes of the state this rank holds for the whole run: the parameter arenas (the forward's weights, the master
@@ -230,6 +231,8 @@ class Trainer {
     // trainer_dist.cpp: the layouts this trainer runs (exit 2 for the others), and the sum of a per-rank value over
     // the ranks that read different data.
     void check_parallel_layout() const;
+    // optim.name = "muon": what the Muon step does not run yet (a GPU, ZeRO-1 over several ranks) ends with exit 2.
+    void check_muon_layout() const;
     double dp_sum(double value);
 
     // trainer_guard.cpp: reading a step's batches ahead of its collectives, the agreed stop before each step, the
@@ -372,6 +375,7 @@ class Trainer {
     void reduce_kv_replicas();
     std::unique_ptr<parallel::GradSync> grad_sync_;
     std::unique_ptr<optim::AdamW> adamw_;
+    std::unique_ptr<optim::Muon> muon_;  // optim.name = "muon": the Muon group's optimizer (AdamW has the rest)
     optim::LossScaler scaler_;
     optim::LrSchedule schedule_;
     std::unique_ptr<data::TokenSource> train_source_, val_source_;
@@ -415,6 +419,9 @@ class Trainer {
 // The precision run.device selects: "cpu" (f32), "cuda" (bf16 mixed precision; exit 5 without a GPU) or "auto"
 // (cuda when a GPU is visible, else cpu).
 nn::Precision trainer_precision(const JobConfig& cfg);
+
+// Muon's hyperparameters from [muon] (the learning rate is the schedule's, set per step).
+ops::MuonHyper trainer_muon_hyper(const JobConfig& cfg);
 
 // The loss scaling of a run: train.loss_scale > 0 fixes it; otherwise dynamic under fp16 and none (1) otherwise.
 optim::LossScalerConfig trainer_loss_scaler(const JobConfig& cfg, const nn::Precision& precision);

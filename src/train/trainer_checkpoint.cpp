@@ -230,6 +230,19 @@ std::vector<CheckpointTensor> Trainer::checkpoint_tensors() {
             }
         }
     }
+    // Muon's momentum (replicated: written as the parameter is; an expert shard at its place in the global tensor).
+    if (muon_)
+        for (int i : muon_->params()) {
+            const nn::ParamSpec& spec = table.spec(i);
+            if (!replica_writer(spec)) continue;
+            const core::Tensor m = muon_->momentum(i);
+            tensors.push_back({spec.name,
+                               "muon.momentum",
+                               m.reshape({m.numel()}),
+                               nn::param_global_shape(spec),
+                               {},
+                               nn::param_shard_flat_offset(spec)});
+        }
     // The balancer state is the same on every rank of a stage: its first rank writes its stage's layers.
     if (mesh_->group(parallel::MeshGroup::stage).rank() == 0)
         for (auto& moe : moe_checkpoint_tensors()) tensors.push_back({moe.name, moe.kind, moe.tensor});
@@ -430,6 +443,21 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
             check_finite(state, spec.name, kind, ckpt.dir());
         }
     }
+    if (muon_)
+        for (int i : muon_->params()) {
+            const nn::ParamSpec& spec = table.spec(i);
+            const core::Tensor m = muon_->momentum(i);
+            if (!nn::param_expert_sharded(spec))
+                read_to_device(ckpt, "muon.momentum", spec.name, m);
+            else
+                read_flat_part(ckpt,
+                               "muon.momentum",
+                               spec.name,
+                               nn::param_global_shape(spec),
+                               nn::param_shard_flat_offset(spec),
+                               flat(m));
+            check_finite(m, spec.name, "muon.momentum", ckpt.dir());
+        }
     table.refresh_params_from_master();
     grad_sync_->master_loaded();
     load_moe_checkpoint(ckpt);

@@ -28,6 +28,36 @@ void Trainer::check_parallel_layout() const {
                         cfg_.source);
 }
 
+ops::MuonHyper trainer_muon_hyper(const JobConfig& cfg) {
+    const MuonConfig& m = cfg.muon;
+    return {.lr = cfg.train.lr,
+            .momentum = m.momentum,
+            .nesterov = m.nesterov,
+            .ns_steps = static_cast<int>(m.ns_steps),
+            .hybrid = m.ns_coeffs == "hybrid",
+            .scale_factor = m.scale_factor,
+            .weight_decay = m.weight_decay};
+}
+
+void Trainer::check_muon_layout() const {
+    if (model_->params().precision().device != core::Device::cpu)
+        core::fail_hint(
+            core::ExitCode::usage,
+            "set run.device = \"cpu\", or optim.name = \"adamw\" (docs/optimizers.md)",
+            "optim.name = \"muon\" runs on the CPU only yet: its CUDA step is the Muon issue's next part [{}]",
+            cfg_.source);
+    // ZeRO-1 hands each rank the reduced gradient of its own slice only; Muon needs every matrix's whole (whole-
+    // matrix ownership, muon.md §3, is not built yet).
+    for (parallel::MeshGroup g : {parallel::MeshGroup::dp_span, parallel::MeshGroup::edp})
+        if (grad_sync_->zero() && mesh_->group(g).size() > 1)
+            core::fail_hint(core::ExitCode::usage,
+                            "set parallel.zero_stage = 0 (every rank keeps the whole Muon and AdamW state)",
+                            "optim.name = \"muon\" with parallel.zero_stage = 1 over {} data-parallel ranks is not "
+                            "built yet: each rank would hold only its slice of the reduced gradients [{}]",
+                            mesh_->group(g).size(),
+                            cfg_.source);
+}
+
 int64_t Trainer::optimizer_state_bytes_total() const {
     // Both moments of every parameter at its global shape, as a replicated optimizer without expert parallelism
     // allocates them (each parameter padded to the arena alignment; an expert tensor's ep shards each padded).

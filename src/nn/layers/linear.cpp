@@ -14,7 +14,12 @@ Linear::Linear(ParamTable& table,
                Split split,
                int64_t kv_parts)
     : table_(&table) {
-    ParamSpec spec{.name = name + ".weight", .shape = {out, in}, .init = InitKind::normal, .init_std = init_std};
+    // A hidden matrix: Muon's under optim.name = "muon" (the embedding and the LM head are not nn::Linear).
+    ParamSpec spec{.name = name + ".weight",
+                   .shape = {out, in},
+                   .init = InitKind::normal,
+                   .init_std = init_std,
+                   .group = OptimGroup::muon};
     if (split == Split::partial)
         spec = tp_partial(std::move(spec), tp);
     else if (split == Split::kv_column)

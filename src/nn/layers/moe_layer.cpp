@@ -57,6 +57,7 @@ MoeLayer::MoeLayer(ParamTable& table,
         return table.add({.name = prefix + ".experts." + name,
                           .shape = {el, out, in},
                           .init_std = std,
+                          .group = OptimGroup::muon,  // E matrices, each orthogonalised on its own
                           .shard_first = first,
                           .shard_global = global});
     };

@@ -1,0 +1,147 @@
+// CPU reference of Muon's step and Newton-Schulz (ops/muon.h): the products are single-threaded BLAS calls
+// (ops/cpu/blas.h), the matrices of a stack run in parallel, and every sum is in a fixed order, so the result does
+// not depend on the thread count.
+#include "ops/muon.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ops/cpu/blas.h"
+#include "ops/cpu/checks.h"
+#include "ops/registry.h"
+
+namespace mt::ops::cpu {
+
+namespace {
+
+// x [a_rows, b_cols] (row-major) -> out, orthogonalised (muon.md §1). x is first divided by its Frobenius norm
+// plus 1e-7 and worked on as the p x q matrix X (p = min, q = max: transposed when a_rows > b_cols, so that the
+// Gram matrix X X^T is the small one), then transposed back into out.
+template <typename T>
+void orthogonalise(const T* x, T* out, int64_t a_rows, int64_t b_cols, const MuonHyper& h) {
+    const bool tall = a_rows > b_cols;
+    const int64_t p = tall ? b_cols : a_rows, q = tall ? a_rows : b_cols;
+    double sq = 0.0;
+    for (int64_t i = 0; i < p * q; ++i) sq += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    const T inv = static_cast<T>(1.0 / (std::sqrt(sq) + 1e-7));
+    std::vector<T> cur(static_cast<size_t>(p * q)), next(cur.size()), gram(static_cast<size_t>(p * p)),
+        poly(gram.size());
+    for (int64_t i = 0; i < a_rows; ++i)
+        for (int64_t j = 0; j < b_cols; ++j)
+            cur[static_cast<size_t>(tall ? j * q + i : i * q + j)] = x[i * b_cols + j] * inv;
+    for (int k = 0; k < h.total_steps(); ++k) {
+        double a = 0, b = 0, c = 0;
+        h.coeffs(k, a, b, c);
+        // gram = X X^T; poly = b gram + c gram gram; next = a X + poly X
+        gemm(false, true, p, p, q, T(1), cur.data(), q, cur.data(), q, T(0), gram.data(), p);
+        std::copy(gram.begin(), gram.end(), poly.begin());
+        gemm(false,
+             false,
+             p,
+             p,
+             p,
+             static_cast<T>(c),
+             gram.data(),
+             p,
+             gram.data(),
+             p,
+             static_cast<T>(b),
+             poly.data(),
+             p);
+        std::copy(cur.begin(), cur.end(), next.begin());
+        gemm(false, false, p, q, p, T(1), poly.data(), p, cur.data(), q, static_cast<T>(a), next.data(), q);
+        cur.swap(next);
+    }
+    for (int64_t i = 0; i < a_rows; ++i)
+        for (int64_t j = 0; j < b_cols; ++j)
+            out[i * b_cols + j] = cur[static_cast<size_t>(tall ? j * q + i : i * q + j)];
+}
+
+template <typename T>
+void newton_schulz(const T* x, T* out, int64_t stack, int64_t a_rows, int64_t b_cols, const MuonHyper& h) {
+    blas_use_one_thread();
+    const int64_t n = a_rows * b_cols;
+#pragma omp parallel for schedule(dynamic, 1) if (stack > 1)
+    for (int64_t e = 0; e < stack; ++e) orthogonalise(x + e * n, out + e * n, a_rows, b_cols, h);
+}
+
+template <typename T>
+void muon_step(T* param,
+               const T* grad,
+               T* m,
+               int64_t stack,
+               int64_t a_rows,
+               int64_t b_cols,
+               const MuonHyper& h,
+               double grad_scale,
+               double* update_sq) {
+    blas_use_one_thread();
+    const int64_t n = a_rows * b_cols;
+    const T mu = static_cast<T>(h.momentum), s = static_cast<T>(grad_scale);
+    const T decay = static_cast<T>(1.0 - h.lr * h.weight_decay);
+    const T step = static_cast<T>(h.lr * h.scale_factor * std::sqrt(static_cast<double>(std::max(a_rows, b_cols))));
+    std::vector<double> change(static_cast<size_t>(stack), 0.0);
+#pragma omp parallel for schedule(dynamic, 1) if (stack > 1)
+    for (int64_t e = 0; e < stack; ++e) {
+        T* w = param + e * n;
+        T* mm = m + e * n;
+        const T* g = grad + e * n;
+        std::vector<T> nest(static_cast<size_t>(n)), o(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+            const T gi = g[i] * s;
+            mm[i] = mu * mm[i] + gi;
+            nest[static_cast<size_t>(i)] = h.nesterov ? gi + mu * mm[i] : mm[i];
+        }
+        orthogonalise(nest.data(), o.data(), a_rows, b_cols, h);
+        double sq = 0.0;
+        for (int64_t i = 0; i < n; ++i) {
+            const T before = w[i];
+            w[i] = decay * w[i] - step * o[static_cast<size_t>(i)];
+            const double d = static_cast<double>(w[i]) - static_cast<double>(before);
+            sq += d * d;
+        }
+        change[static_cast<size_t>(e)] = sq;
+    }
+    if (update_sq != nullptr)
+        for (double c : change) *update_sq += c;  // in matrix order: the same sum for any thread count
+}
+
+}  // namespace
+
+// The CPU kernels (registered in the op registry): the CPU dtypes, then the float dispatch.
+void muon_step(const Tensor& param,
+               const Tensor& grad,
+               const Tensor& m,
+               const MuonHyper& hyper,
+               double grad_scale,
+               const Tensor& update_sq) {
+    constexpr std::string_view op = "muon_step";
+    check_float_arg(param, op, "param", 3);
+    check_dtype_as(grad, param, op, "grad", "param");
+    check_dtype_as(m, param, op, "m", "param");
+    double* sq = update_sq.defined() ? update_sq.data<double>() : nullptr;
+    MT_DISPATCH_FLOAT(param.dtype(),
+                      op,
+                      muon_step(param.data<scalar_t>(),
+                                grad.data<scalar_t>(),
+                                m.data<scalar_t>(),
+                                param.size(0),
+                                param.size(1),
+                                param.size(2),
+                                hyper,
+                                grad_scale,
+                                sq));
+}
+MT_REGISTER_KERNEL(muon_step, cpu, muon_step, ::mt::ops::float_dtypes);
+
+void newton_schulz(const Tensor& x, const Tensor& out, const MuonHyper& hyper) {
+    constexpr std::string_view op = "newton_schulz";
+    check_float_arg(x, op, "x", 3);
+    check_dtype_as(out, x, op, "out", "x");
+    MT_DISPATCH_FLOAT(
+        x.dtype(), op, newton_schulz(x.data<scalar_t>(), out.data<scalar_t>(), x.size(0), x.size(1), x.size(2), hyper));
+}
+MT_REGISTER_KERNEL(newton_schulz, cpu, newton_schulz, ::mt::ops::float_dtypes);
+
+}  // namespace mt::ops::cpu

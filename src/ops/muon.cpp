@@ -1,0 +1,48 @@
+// Entry points of Muon's step and of Newton-Schulz: argument checks and dispatch by device.
+#include "ops/muon.h"
+
+#include "ops/cpu/checks.h"
+#include "ops/registry.h"
+
+namespace mt::ops {
+
+namespace {
+void check_hyper(const MuonHyper& h, std::string_view op) {
+    MT_CHECK(h.total_steps() >= 1 && h.total_steps() <= 100, "{}: {} Newton-Schulz steps", op, h.total_steps());
+}
+}  // namespace
+
+void muon_step(const Tensor& param,
+               const Tensor& grad,
+               const Tensor& m,
+               const MuonHyper& hyper,
+               double grad_scale,
+               const Tensor& update_sq) {
+    constexpr std::string_view op = "muon_step";
+    check_arg(param, op, "param", 3);
+    check_arg(grad, op, "grad", 3);
+    check_arg(m, op, "m", 3);
+    check_shape(grad, param.shape(), op, "grad");
+    check_shape(m, param.shape(), op, "m");
+    check_hyper(hyper, op);
+    if (update_sq.defined()) {
+        check_arg(update_sq, op, "update_sq", 1);
+        check_shape(update_sq, {1}, op, "update_sq");
+        check_dtype_in(update_sq, {core::DType::f64}, op, "update_sq");
+    }
+    const core::Device device =
+        check_same_device(op, {{"param", param}, {"grad", grad}, {"m", m}, {"update_sq", update_sq}});
+    MT_CALL_KERNEL(muon_step, device, param, grad, m, hyper, grad_scale, update_sq);
+}
+
+void newton_schulz(const Tensor& x, const Tensor& out, const MuonHyper& hyper) {
+    constexpr std::string_view op = "newton_schulz";
+    check_arg(x, op, "x", 3);
+    check_arg(out, op, "out", 3);
+    check_shape(out, x.shape(), op, "out");
+    check_hyper(hyper, op);
+    const core::Device device = check_same_device(op, {{"x", x}, {"out", out}});
+    MT_CALL_KERNEL(newton_schulz, device, x, out, hyper);
+}
+
+}  // namespace mt::ops

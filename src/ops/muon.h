@@ -1,0 +1,54 @@
+// Muon's step on a stack of whole matrices (muon.md §1), elementwise around a Newton-Schulz orthogonalisation:
+//   g = grad * grad_scale
+//   m = mu m + g;  n = g + mu m (nesterov) or m
+//   X_0 = n / (||n||_F + 1e-7), transposed when A > B (so X is p x q, p = min(A, B), q = max(A, B))
+//   X_{k+1} = a X_k + (b X_k X_k^T + c (X_k X_k^T)^2) X_k, (a, b, c) per MuonHyper::coeffs(k)
+//   O = X_K transposed back;  param -= lr wd param;  param -= lr scale_factor sqrt(max(A, B)) O
+//   param, grad, m: [E, A, B] (E matrices of A x B: the stacked experts; E = 1 for one weight) f32|f64, one dtype,
+//   updated in place; each of the E matrices is orthogonalised on its own.
+//   update_sq (optional): [1] f64 += the squared L2 norm of the change (metrics.layer_stats), as adamw_step's.
+// The CPU reference runs the Newton-Schulz products as single-threaded BLAS calls, the E matrices in parallel
+// (OpenMP); the CUDA path is the Muon issue's next step (optim.name = "muon" runs on the CPU only yet).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/op_common.h"
+
+namespace mt::ops {
+
+struct MuonHyper {
+    double lr = 1e-3;
+    double momentum = 0.95;  // mu
+    bool nesterov = true;
+    int ns_steps = 5;     // quintic steps (muon.ns_steps)
+    bool hybrid = false;  // muon.ns_coeffs = "hybrid": 8 quintic steps, then 2 of (2, -1.5, 0.5) (ns_steps unused)
+    double scale_factor = 0.2;
+    double weight_decay = 0.1;
+
+    int total_steps() const {
+        return hybrid ? 10 : ns_steps;
+    }
+    // The coefficients (a, b, c) of Newton-Schulz step k: Keller Jordan's quintic (3.4445, -4.7750, 2.0315), whose
+    // slope at 0 is maximal; the hybrid's last two steps (2, -1.5, 0.5) pin the singular values near 1.
+    void coeffs(int k, double& a, double& b, double& c) const {
+        if (hybrid && k >= 8) {
+            a = 2.0, b = -1.5, c = 0.5;
+        } else {
+            a = 3.4445, b = -4.7750, c = 2.0315;
+        }
+    }
+};
+
+void muon_step(const Tensor& param,
+               const Tensor& grad,
+               const Tensor& m,
+               const MuonHyper& hyper,
+               double grad_scale,
+               const Tensor& update_sq = {});
+
+// Newton-Schulz alone (muon_step's orthogonalisation, exposed for the tests and the benchmark): out [E, A, B] = the
+// orthogonalised x [E, A, B], each matrix normalised by its Frobenius norm first.
+void newton_schulz(const Tensor& x, const Tensor& out, const MuonHyper& hyper);
+
+}  // namespace mt::ops

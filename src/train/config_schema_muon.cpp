@@ -1,0 +1,38 @@
+// The [muon] rows of the schema (train/config_schema.h): Muon's hyperparameters under optim.name = "muon".
+#include "train/config_schema_fields.h"
+
+namespace mt::train {
+
+using namespace schema;
+
+std::vector<Field> config_schema_muon(JobConfig& c) {
+    auto& u = c.muon;
+    return {
+        number_below("muon.momentum", &u.momentum, 0, 1, "with `optim.name = \"muon\"`: the momentum mu"),
+        flag("muon.nesterov", &u.nesterov, "Nesterov momentum: orthogonalise g + mu m instead of m"),
+        integer("muon.ns_steps",
+                &u.ns_steps,
+                1,
+                100,
+                "Newton-Schulz steps with the quintic coefficients (3.4445, -4.7750, 2.0315)"),
+        text("muon.ns_coeffs",
+             &u.ns_coeffs,
+             "`quintic`: `muon.ns_steps` quintic steps (singular values end in about [0.7, 1.2]); `hybrid`: 8 quintic "
+             "steps then 2 of (2, -1.5, 0.5), which pin them near 1 (`muon.ns_steps` unused)",
+             {"quintic", "hybrid"}),
+        number_above("muon.scale_factor",
+                     &u.scale_factor,
+                     0,
+                     100,
+                     "the update is scale_factor x sqrt(max(A, B)) x the orthogonalised A x B matrix: an RMS of "
+                     "about scale_factor, an AdamW update's at 0.2, so `train.lr` carries over (Moonlight)"),
+        number("muon.weight_decay",
+               &u.weight_decay,
+               0,
+               1e6,
+               "decoupled weight decay of the Muon group, times the learning rate (the AdamW group keeps "
+               "`train.weight_decay`)"),
+    };
+}
+
+}  // namespace mt::train
