@@ -102,7 +102,6 @@ std::string AsyncCheckpointWriter::finish() {
     MT_CHECK(in_flight(), "AsyncCheckpointWriter::finish with no write in flight");
     const auto start = std::chrono::steady_clock::now();
     thread_.join();
-    wait_seconds_ = seconds_since(start);
     // Every rank learns whether all files are in before any goes on to the manifest, so that a failed write on one
     // rank fails them all instead of leaving the others waiting in the gather.
     const bool failed = error_ != nullptr;
@@ -115,7 +114,10 @@ std::string AsyncCheckpointWriter::finish() {
                    "the checkpoint of step {} failed on another rank (its message says why) [{}]",
                    step_,
                    root_);
-    return checkpoint_finish(root_, step_, part_, extra_, keep_, comm_);
+    // The manifest, the rename and the retention run here, on the loop's thread: part of its wait.
+    std::string dir = checkpoint_finish(root_, step_, part_, extra_, keep_, comm_);
+    wait_seconds_ = seconds_since(start);
+    return dir;
 }
 
 }  // namespace mt::train

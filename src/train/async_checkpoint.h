@@ -64,7 +64,8 @@ class AsyncCheckpointWriter {
     int64_t step() const {
         return step_;
     }
-    // Seconds the background thread spent writing this rank's file, and the last finish() waited for it.
+    // Seconds the background thread spent writing this rank's file, and the last finish() took on the caller's
+    // thread (the wait for that file, then the manifest, the rename and the retention).
     double write_seconds() const {
         return write_seconds_;
     }

@@ -179,7 +179,13 @@ struct LongConfig {
 
 struct JobConfig {
     RunConfig run;
-    nn::ModelConfig model;
+    // The job's defaults differ from the layer library's in one place: document masking is on (data.document_mask,
+    // docs/long_context.md "Document masking"), where a bare nn::ModelConfig leaves it off.
+    nn::ModelConfig model = [] {
+        nn::ModelConfig m;
+        m.document_mask = true;
+        return m;
+    }();
     DataConfig data;
     TrainConfig train;
     OptimConfig optim;

@@ -294,8 +294,9 @@ std::vector<Field> config_schema(JobConfig& c) {
              &m.document_mask,
              "packed sequences are split into documents at every `data.eot_token`: attention never looks across a "
              "document boundary, KDA's state and short conv restart at each document, RoPE positions restart "
-             "([long_context.md](long_context.md)); on the GPU KDA packs the documents on chunk boundaries (varlen), "
-             "not yet run on a GPU"),
+             "([long_context.md](long_context.md)); on the GPU KDA packs the documents on chunk boundaries (varlen). "
+             "On by default in a job; a vocabulary without the EOT (the bytes tokenizer's 256) needs "
+             "`data.eot_token` or `false`"),
         integer("data.eot_token",
                 &m.eot_token,
                 -1,

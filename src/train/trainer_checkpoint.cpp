@@ -293,17 +293,23 @@ void Trainer::write_checkpoint(bool async) {
     };
     extra["data"].update(long_checkpoint_json());  // the curriculum stage and position, when there is one
     const RetentionPolicy keep{.keep_last = cfg_.checkpoint.keep_last, .keep_every = cfg_.checkpoint.keep_every};
+    checkpoint_prepare_seconds_ = seconds_since(start);
     if (async) {
         // The loop waits only for the copies; the file is written while the next steps run.
         if (!async_writer_) async_writer_ = std::make_unique<AsyncCheckpointWriter>();
         for (size_t i = 0; i < tensors.size(); ++i) tensors[i].tensor = async_writer_->snapshot(i, tensors[i].tensor);
+        checkpoint_copy_seconds_ = seconds_since(start) - checkpoint_prepare_seconds_;
         async_writer_->start(checkpoints_root(cfg_), step_, std::move(tensors), extra, keep, &mesh_->world());
         checkpoint_blocking_seconds_ = seconds_since(start);
+        checkpoint_start_seconds_ =
+            checkpoint_blocking_seconds_ - checkpoint_prepare_seconds_ - checkpoint_copy_seconds_;
         return;
     }
     for (CheckpointTensor& c : tensors) c.tensor = to_host(c.tensor);
+    checkpoint_copy_seconds_ = seconds_since(start) - checkpoint_prepare_seconds_;
     const std::string dir = checkpoint_write(checkpoints_root(cfg_), step_, tensors, extra, keep, &mesh_->world());
     checkpoint_blocking_seconds_ = seconds_since(start);
+    checkpoint_start_seconds_ = checkpoint_blocking_seconds_ - checkpoint_prepare_seconds_ - checkpoint_copy_seconds_;
     checkpoint_saved(dir, step_, checkpoint_blocking_seconds_, checkpoint_blocking_seconds_, false);
 }
 
@@ -326,7 +332,14 @@ void Trainer::checkpoint_saved(const std::string& dir, int64_t step, double bloc
                          {"dir", dir},
                          {"async", async},
                          {"blocking_seconds", blocking},
-                         {"write_seconds", write}});
+                         {"write_seconds", write},
+                         // The loop's wait in the checkpoint call, by phase (async: prepare, snapshot copies, start;
+                         // blocking: prepare, device-to-host copies, the write), beside blocking_seconds, which
+                         // adds an async checkpoint's wait at its end.
+                         {"phases",
+                          {{"prepare_seconds", checkpoint_prepare_seconds_},
+                           {"copy_seconds", checkpoint_copy_seconds_},
+                           {"start_or_write_seconds", checkpoint_start_seconds_}}}});
 }
 
 void Trainer::finish_checkpoint_write() {

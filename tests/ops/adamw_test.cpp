@@ -191,7 +191,11 @@ void parity(int64_t n) {
                 adamw_step(p_cpu, g.to(DType::f32), m_cpu, v_cpu, hyper, step, 0.6, c_cpu, {}, u_cpu);
                 adamw_step(p_dev, g.to_device(core::Device::cuda), m_dev, v_dev, hyper, step, 0.6, c_dev, {}, u_dev);
             }
-            op_expect_parity(name, "update_sq", u_dev, u_cpu, 1e-5);
+            // update_sq sums squared differences of nearby f32 values: one element's change (about lr = 3e-3 of a
+            // parameter of size 1) carries ulp(1) / 3e-3 = 4e-5 relative rounding, and the CUDA kernel's fused
+            // multiply-adds put an intermediate step's parameter an ulp from the CPU's (H100, 2026-12-05: 1.9e-5 at
+            // n = 1, 1.1e-7 at n = 1003). Many elements average it out; a single one needs 1e-4.
+            op_expect_parity(name, "update_sq", u_dev, u_cpu, n < 64 ? 1e-4 : 1e-5);
             op_expect_parity(name, "param", p_dev, p_cpu, 1e-5);
             op_expect_parity(name, "m", m_dev, m_cpu, 1e-5);
             op_expect_parity(name, "v", v_dev, v_cpu, 1e-5);

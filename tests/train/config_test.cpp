@@ -385,10 +385,16 @@ TEST(Config, EverySchemaRowHasHelpAndADocsRow) {
     EXPECT_NE(docs.find("| `kda.gate_lower_bound` | float | -5 | [-5, 0) |"), std::string::npos);
 }
 
-// data.document_mask: off by default; on, data.eot_token resolves to the tokenizer's EOT unless set, and an EOT
-// outside the vocabulary, a missing SentencePiece model and a CUDA run are refused naming the key or the file.
+// data.document_mask: on by default in a job config (a bare nn::ModelConfig leaves it off); data.eot_token resolves
+// to the tokenizer's EOT unless set, and an EOT outside the vocabulary (also the default one: the bytes tokenizer's
+// 256 in a vocabulary of 100) and a missing SentencePiece model are refused naming the key or the file.
 TEST(Config, DocumentMaskResolvesTheEotTokenAndRefusesBadInput) {
-    EXPECT_FALSE(config_parse(kGood, "job.toml").model.document_mask);
+    EXPECT_TRUE(config_parse(kGood, "job.toml").model.document_mask);
+    EXPECT_FALSE(mt::nn::ModelConfig{}.document_mask);
+    EXPECT_FALSE(config_parse(kGood, "job.toml", {"data.document_mask=false"}).model.document_mask);
+    expect_error([] { config_parse(kGood, "job.toml", {"model.vocab_size=100"}); },
+                 ExitCode::usage,
+                 {"data.eot_token = 256", "model.vocab_size = 100"});
     const JobConfig on = config_parse(kGood, "job.toml", {"data.document_mask=true", "model.vocab_size=300"});
     EXPECT_TRUE(on.model.document_mask);
     EXPECT_EQ(on.model.eot_token, 256);  // the bytes tokenizer's EOT
