@@ -3,10 +3,10 @@
 //   relay:  the P spans one after another, each from the previous one's end state, then the backward in reverse with
 //           the state gradients: cp.kda = "relay"'s critical path (every rank waits for the spans before its own).
 //   affine: what one rank does for its 2 spans under cp.kda = "affine": the extended scan of each (V + K value
-//           columns, the extra ones zero values from the identity: h and M in one scan), the fold of all P (M, h)
-//           pairs on the host in f64 (as KdaCp does; the all-gather is not timed: one process), the rerun of each
-//           span from its true start state; the backward mirrors it (each span's backward with a zero end gradient,
-//           the reverse fold, the backward with the true end gradient).
+//           columns, the extra ones zero values from the identity: h and M; here as two scans of V and K columns), the
+//           fold of all P (M, h) pairs on the host in f64 (as KdaCp does; the all-gather is not timed: one process),
+//           the rerun of each span from its true start state; the backward mirrors it (each span's backward with a zero
+//           end gradient, the reverse fold, the backward with the true end gradient).
 // One JSON line per span length: the relay's serial fwd + bwd, the affine rank's fwd + bwd and its parts, one plain
 // pass over the row, affine's cost per span over a plain span's (the "extra composition and rerun"), the relay's
 // critical path over the affine rank's time, and the largest difference of affine's outputs from relay's.
@@ -128,19 +128,36 @@ class Spans {
                          {});
         return ds0;
     }
-    // The extended scan of span s: (h | M) [1, HV, K, V + K], h from the zero state and M from the identity.
+    // The affine map of span s as one [1, HV, K, V + K] host tensor (h | M): h the state reached from zero, M = M I
+    // the state reached from the identity with zero values. KdaCp runs both as one scan of V + K value columns; on
+    // the device two scans (V, then K columns) do the same work without a strided copy into the wider values.
     Tensor affine_map(int64_t s) const {
-        const Tensor v_ext = Tensor::zeros({1, c_, hv_, vd_ + kd_}, row_.v.dtype(), device_);
-        v_ext.slice(3, 0, vd_).copy_from(rows(row_.v, s));
-        Tensor s0 = Tensor::zeros({1, hv_, kd_, vd_ + kd_}, state().dtype());
-        for (int64_t h = 0; h < hv_; ++h)
-            for (int64_t j = 0; j < kd_; ++j) mt::core::tensor_set_flat(s0, (h * kd_ + j) * (vd_ + kd_) + vd_ + j, 1.0);
-        s0 = device_ == Device::cpu ? s0 : s0.to_device(device_);
-        const Tensor o_ext = Tensor::zeros(v_ext.shape(), v_ext.dtype(), device_),
-                     st = Tensor::zeros(s0.shape(), s0.dtype(), device_);
+        const Tensor h = state(), m = Tensor::zeros({1, hv_, kd_, kd_}, DType::f32, device_);
+        Tensor eye = Tensor::zeros(m.shape(), DType::f32);
+        for (int64_t hh = 0; hh < hv_; ++hh)
+            for (int64_t j = 0; j < kd_; ++j) mt::core::tensor_set_flat(eye, (hh * kd_ + j) * kd_ + j, 1.0);
+        eye = device_ == Device::cpu ? eye : eye.to_device(device_);
+        const Tensor zeros_v = Tensor::zeros({1, c_, hv_, kd_}, row_.v.dtype(), device_);
+        const Tensor o_v = Tensor::zeros({1, c_, hv_, vd_}, row_.v.dtype(), device_);
+        const Tensor o_k = Tensor::zeros(zeros_v.shape(), zeros_v.dtype(), device_);
+        mt::ops::kda_fwd(rows(row_.q, s),
+                         rows(row_.k, s),
+                         rows(row_.v, s),
+                         rows(row_.g, s),
+                         rows(row_.beta, s),
+                         Tensor(),
+                         o_v,
+                         h,
+                         {});
         mt::ops::kda_fwd(
-            rows(row_.q, s), rows(row_.k, s), v_ext, rows(row_.g, s), rows(row_.beta, s), s0, o_ext, st, {});
-        return st;
+            rows(row_.q, s), rows(row_.k, s), zeros_v, rows(row_.g, s), rows(row_.beta, s), eye, o_k, m, {});
+        const Tensor hh = h.to_device(Device::cpu), mm = m.to_device(Device::cpu);
+        const Tensor out = Tensor::zeros({1, hv_, kd_, vd_ + kd_}, DType::f32);
+        for (int64_t r = 0; r < hv_ * kd_; ++r) {
+            std::copy_n(hh.data<float>() + r * vd_, vd_, out.data<float>() + r * (vd_ + kd_));
+            std::copy_n(mm.data<float>() + r * kd_, kd_, out.data<float>() + r * (vd_ + kd_) + vd_);
+        }
+        return out;
     }
     const Tensor& out() const {
         return out_;
