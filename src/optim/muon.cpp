@@ -47,14 +47,13 @@ void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq) {
     h.lr = lr;
     for (size_t k = 0; k < params_.size(); ++k) {
         const int i = params_[k];
-        if (!table_->spec(i).weight_decay) h.weight_decay = 0.0;
+        h.weight_decay = table_->spec(i).weight_decay ? hyper_.weight_decay : 0.0;
         ops::muon_step(muon_matrices(table_->master(i)),
                        muon_matrices(table_->grad(i)),
                        muon_matrices(momentum_[k]),
                        h,
                        grad_scale,
                        update_sq.defined() ? update_sq.slice(0, i, i + 1) : core::Tensor());
-        h.weight_decay = hyper_.weight_decay;
     }
 }
 

@@ -261,7 +261,7 @@ class Trainer {
     double checkpoint_blocking_seconds_ = 0.0;  // the training loop's wait for the last checkpoint started
     // Where that wait went (the checkpoint event's `phases`): collecting the tensors and the manifest, the snapshot
     // copies (async) or the device-to-host copies (blocking), starting the writer or writing the files.
-    double checkpoint_prepare_seconds_ = 0.0, checkpoint_copy_seconds_ = 0.0, checkpoint_start_seconds_ = 0.0;
+    double checkpoint_prepare_seconds_ = 0.0, checkpoint_copy_seconds_ = 0.0;  // the rest: start or write
     void read_checkpoint_tensors(const Checkpoint& ckpt);
     void report_resume();
 

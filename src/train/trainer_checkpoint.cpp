@@ -301,15 +301,12 @@ void Trainer::write_checkpoint(bool async) {
         checkpoint_copy_seconds_ = seconds_since(start) - checkpoint_prepare_seconds_;
         async_writer_->start(checkpoints_root(cfg_), step_, std::move(tensors), extra, keep, &mesh_->world());
         checkpoint_blocking_seconds_ = seconds_since(start);
-        checkpoint_start_seconds_ =
-            checkpoint_blocking_seconds_ - checkpoint_prepare_seconds_ - checkpoint_copy_seconds_;
         return;
     }
     for (CheckpointTensor& c : tensors) c.tensor = to_host(c.tensor);
     checkpoint_copy_seconds_ = seconds_since(start) - checkpoint_prepare_seconds_;
     const std::string dir = checkpoint_write(checkpoints_root(cfg_), step_, tensors, extra, keep, &mesh_->world());
     checkpoint_blocking_seconds_ = seconds_since(start);
-    checkpoint_start_seconds_ = checkpoint_blocking_seconds_ - checkpoint_prepare_seconds_ - checkpoint_copy_seconds_;
     checkpoint_saved(dir, step_, checkpoint_blocking_seconds_, checkpoint_blocking_seconds_, false);
 }
 
@@ -339,7 +336,8 @@ void Trainer::checkpoint_saved(const std::string& dir, int64_t step, double bloc
                          {"phases",
                           {{"prepare_seconds", checkpoint_prepare_seconds_},
                            {"copy_seconds", checkpoint_copy_seconds_},
-                           {"start_or_write_seconds", checkpoint_start_seconds_}}}});
+                           {"start_or_write_seconds",
+                            checkpoint_blocking_seconds_ - checkpoint_prepare_seconds_ - checkpoint_copy_seconds_}}}});
 }
 
 void Trainer::finish_checkpoint_write() {

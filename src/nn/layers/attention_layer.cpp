@@ -172,12 +172,10 @@ void AttentionLayer::backward(const Tensor& x, const Tensor& dout, const Tensor&
     const Tensor d_k = ws.slot(2, k_.shape(), k_.dtype(), dev);
     const Tensor d_v = ws.slot(3, v_.shape(), v_.dtype(), dev);
     wo_.backward(flat(attn_), dout, flat(d_attn));
-    if (cp_.active() && seg_.active())
-        cp_segment_backward(d_attn, d_q, d_k, d_v);
+    if (seg_.active())  // with or without context parallelism
+        segment_attention_backward(d_attn, d_q, d_k, d_v);
     else if (cp_.active())
         cp_.backward(q_, k_, v_, attn_, lse_, d_attn, d_q, d_k, d_v);
-    else if (seg_.active())
-        segment_attention_backward(d_attn, d_q, d_k, d_v);
     else
         ops::attention_bwd(q_, k_, v_, attn_, lse_, d_attn, d_q, d_k, d_v, {}, mask());
     if (merges_global()) global_backward(d_attn, d_q);
@@ -194,51 +192,39 @@ void AttentionLayer::backward(const Tensor& x, const Tensor& dout, const Tensor&
 
 // With segments the queries saw cached keys [lo, first) before the segment's own: their key and value gradients
 // from these queries add into the accumulators, and the segment's own (d_k, d_v: written) are these queries' part
-// plus what every later segment accumulated for them (the backward runs the segments last first).
+// plus what every later segment accumulated for them (the backward runs the segments last first). Under context
+// parallelism the cache holds the gathered segment and every gradient is this rank's queries' part: the segment's own
+// rows are summed over the group and each rank keeps its own (a reduce-scatter).
 void AttentionLayer::segment_attention_backward(const Tensor& d_attn,
                                                 const Tensor& d_q,
                                                 const Tensor& d_k,
                                                 const Tensor& d_v) {
-    Shape shape = k_.shape();
-    shape[1] = window_ ? wkv_.key_rows() : kv_.key_rows();
-    const Tensor dk_all = Tensor::scratch(shape, act_dtype_, device_);
-    const Tensor dv_all = Tensor::scratch(shape, act_dtype_, device_);
-    const auto [keys, values] = window_ ? wkv_.keys(k_, v_) : kv_.backward_keys();
-    ops::attention_bwd(q_, keys, values, attn_, lse_, d_attn, d_q, dk_all, dv_all, {}, mask());
-    if (window_)
-        wkv_.backward_grads(dk_all, dv_all, d_k, d_v);
-    else
-        kv_.backward_grads(dk_all, dv_all, d_k, d_v);
-}
-
-// Context parallelism with segments: as segment_attention_backward over the gathered segment, this rank's queries
-// giving a part of every key's gradient; the segment's own rows (with the later segments' accumulated parts, also
-// this rank's) are summed over the group and each rank keeps its own (a reduce-scatter).
-void AttentionLayer::cp_segment_backward(const Tensor& d_attn,
-                                         const Tensor& d_q,
-                                         const Tensor& d_k,
-                                         const Tensor& d_v) {
+    const bool cp = cp_.active();
     Shape shape = k_.shape();
     shape[1] = window_ ? wkv_.key_rows() : kv_.key_rows();
     const Tensor dk_all = Tensor::scratch(shape, act_dtype_, device_);
     const Tensor dv_all = Tensor::scratch(shape, act_dtype_, device_);
     std::pair<Tensor, Tensor> kv;
-    if (window_) {  // a window layer keeps only the rows before the segment: its own are gathered again
-        const auto [kw, vw] = cp_.gather_keys(k_, v_);
-        kv = wkv_.keys(kw, vw);
+    if (window_) {  // a window layer keeps only the rows before the segment: its own come from k_, v_ (gathered)
+        const auto [own_k, own_v] = cp ? cp_.gather_keys(k_, v_) : std::pair{k_, v_};
+        kv = wkv_.keys(own_k, own_v);
     } else {
         kv = kv_.backward_keys();
     }
-    cp_.segment_backward(q_, kv.first, kv.second, key_lo(), attn_, lse_, d_attn, d_q, dk_all, dv_all);
-    shape[1] = seg_.length;
-    const Tensor dkw = Tensor::scratch(shape, act_dtype_, device_);
-    const Tensor dvw = Tensor::scratch(shape, act_dtype_, device_);
-    if (window_)
-        wkv_.backward_grads(dk_all, dv_all, dkw, dvw);
+    if (cp)
+        cp_.segment_backward(q_, kv.first, kv.second, key_lo(), attn_, lse_, d_attn, d_q, dk_all, dv_all);
     else
-        kv_.backward_grads(dk_all, dv_all, dkw, dvw);
-    cp_.reduce_scatter(dkw, d_k);
-    cp_.reduce_scatter(dvw, d_v);
+        ops::attention_bwd(q_, kv.first, kv.second, attn_, lse_, d_attn, d_q, dk_all, dv_all, {}, mask());
+    shape[1] = seg_.length;
+    const Tensor own_dk = cp ? Tensor::scratch(shape, act_dtype_, device_) : d_k;
+    const Tensor own_dv = cp ? Tensor::scratch(shape, act_dtype_, device_) : d_v;
+    if (window_)
+        wkv_.backward_grads(dk_all, dv_all, own_dk, own_dv);
+    else
+        kv_.backward_grads(dk_all, dv_all, own_dk, own_dv);
+    if (!cp) return;
+    cp_.reduce_scatter(own_dk, d_k);
+    cp_.reduce_scatter(own_dv, d_v);
 }
 
 // The global tokens' and the sink's terms (attention_bwd above already had the merged out and lse): d_q gains the

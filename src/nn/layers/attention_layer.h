@@ -109,7 +109,6 @@ class AttentionLayer : public Layer {
     }
     void global_backward(const Tensor& d_attn, const Tensor& d_q);
     void segment_attention_backward(const Tensor& d_attn, const Tensor& d_q, const Tensor& d_k, const Tensor& d_v);
-    void cp_segment_backward(const Tensor& d_attn, const Tensor& d_q, const Tensor& d_k, const Tensor& d_v);
     // RoPE's position of the layer's first row: the segment's start (document masking gives positions instead).
     int64_t pos_offset() const {
         return seg_.active() && !docs_.positions.defined() ? seg_.first : 0;

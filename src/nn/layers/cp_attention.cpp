@@ -91,57 +91,22 @@ void CpAttention::backward(const Tensor& q,
         allgather_backward(io, g);
 }
 
+// All-gather attention is the segment path over a segment that is the whole sequence: the gathered keys start at
+// its first position, each local chunk attends to the prefix of its last query.
 void CpAttention::allgather_forward(const Io& io, const Tensor& max_logit) const {
     const auto& [q, k, v, out, lse] = io;
-    const parallel::Zigzag z = cp_.layout(batch_.total);
-    const int64_t c = z.chunk();
     const auto [kw, vw] = gather_keys(k, v);
-    for (int s = 0; s < 2; ++s) {
-        const int64_t hi = z.span_first(s) + c;  // the chunk's last query sees keys [0, hi)
-        chunk_forward(q,
-                      s,
-                      c,
-                      time_rows(kw, 0, hi),
-                      time_rows(vw, 0, hi),
-                      prefix_mask(batch_, 0, hi, q.device()),
-                      out,
-                      lse,
-                      max_logit);
-    }
+    segment_forward(q, kw, vw, batch_.first, out, lse, max_logit);
 }
 
 void CpAttention::allgather_backward(const Io& io, const Grads& g) const {
     const auto& [q, k, v, out, lse] = io;
     const auto& [dout, dq, dk, dv] = g;
-    const parallel::Zigzag z = cp_.layout(batch_.total);
-    const int64_t c = z.chunk();
     const auto [kw, vw] = gather_keys(k, v);
     // This rank's queries' part of every key's gradient, summed over the ranks by the reduce-scatter.
-    const Tensor dkw = Tensor::zeros(kw.shape(), kw.dtype(), kw.device());
-    const Tensor dvw = Tensor::zeros(vw.shape(), vw.dtype(), vw.device());
-    for (int s = 0; s < 2; ++s) {
-        const int64_t hi = z.span_first(s) + c;
-        const Tensor qs = time_rows(q, s * c, c);
-        const Tensor dqs = Tensor::scratch(qs.shape(), dq.dtype(), dq.device());
-        core::Shape kv_shape = kw.shape();
-        kv_shape[1] = hi;
-        const Tensor dks = Tensor::scratch(kv_shape, dkw.dtype(), dkw.device());
-        const Tensor dvs = Tensor::scratch(kv_shape, dvw.dtype(), dvw.device());
-        ops::attention_bwd(qs,
-                           time_rows(kw, 0, hi),
-                           time_rows(vw, 0, hi),
-                           time_rows(out, s * c, c),
-                           stat_cols(lse, s * c, c),
-                           time_rows(dout, s * c, c),
-                           dqs,
-                           dks,
-                           dvs,
-                           {},
-                           prefix_mask(batch_, 0, hi, q.device()));
-        copy_time_rows(dq, s * c, dqs, 0, c);
-        add_time_rows(dkw, 0, dks, 0, hi);
-        add_time_rows(dvw, 0, dvs, 0, hi);
-    }
+    const Tensor dkw = Tensor::scratch(kw.shape(), kw.dtype(), kw.device());
+    const Tensor dvw = Tensor::scratch(vw.shape(), vw.dtype(), vw.device());
+    segment_backward(q, kw, vw, batch_.first, out, lse, dout, dq, dkw, dvw);
     cp_reduce_scatter_rows(cp_, dkw, dk);
     cp_reduce_scatter_rows(cp_, dvw, dv);
 }
@@ -215,8 +180,8 @@ void CpAttention::window_backward(const Io& io, const Grads& g) const {
     cp_add_rows_before(cp_, batch_.total, dhv, dv, window_ - 1);
 }
 
-// Local chunk s's queries sit at whole-row positions [first + span_first(s), ... + c): they see the cached keys from
-// key_lo up to their own, the first rows of `keys`.
+// Local chunk s's queries sit at whole-row positions [first + span_first(s), ... + c): they see the keys from key_lo
+// up to their own, the first rows of `keys` (the layer's segment cache, or the gathered sequence: allgather_*).
 void CpAttention::segment_forward(const Tensor& q,
                                   const Tensor& keys,
                                   const Tensor& values,
