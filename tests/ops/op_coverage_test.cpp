@@ -50,10 +50,7 @@ std::string header_of(const std::string& kernel) {
 // them must take it off the list). attention_past: the zigzag ring of context parallelism (cp.attn = "ring") moves
 // host tensors over MPI, and context parallelism on the GPU ends with exit 2 (docs/distributed.md), so no GPU run
 // reaches these ops; their CUDA kernels come with the NCCL path of context parallelism.
-// muon_step, newton_schulz: optim.name = "muon" runs on the CPU only yet (the trainer refuses a GPU with exit 2,
-// docs/optimizers.md); the CUDA Newton-Schulz on cuBLASLt is the Muon issue's next step.
-const std::set<std::string> kCpuOnlyKernels = {
-    "attention_past_fwd", "attention_past_bwd", "muon_step", "newton_schulz"};
+const std::set<std::string> kCpuOnlyKernels = {"attention_past_fwd", "attention_past_bwd"};
 
 TEST(OpCoverage, EveryRegisteredKernelBelongsToATestedOp) {
     const std::set<std::string> tested = op_registered_ops();
