@@ -1,6 +1,9 @@
 // Muon over the table's Muon group (optim/muon.h).
 #include "optim/muon.h"
 
+#include <algorithm>
+#include <map>
+
 #include "core/error.h"
 
 namespace mt::optim {
@@ -12,11 +15,13 @@ core::Tensor muon_matrices(const core::Tensor& t) {
     return t.ndim() == 3 ? t : t.reshape({1, t.size(0), t.size(1)});
 }
 
-Muon::Muon(nn::ParamTable& table, const ops::MuonHyper& hyper) : table_(&table), hyper_(hyper) {
+Muon::Muon(nn::ParamTable& table, const ops::MuonHyper& hyper, const std::optional<std::vector<MuonMatrixRef>>& owned)
+    : table_(&table), hyper_(hyper) {
     const nn::Precision& precision = table.precision();
     MT_CHECK(
         !precision.has_master_copy() && precision.device == core::Device::cpu,
         "Muon runs on the CPU in f32 or f64 yet (the CUDA step and mixed precision are the Muon issue's next step)");
+    std::map<int, Entry> held;  // by parameter, in table order
     for (int i = 0; i < table.size(); ++i) {
         const nn::ParamSpec& spec = table.spec(i);
         if (spec.group != nn::OptimGroup::muon) continue;
@@ -24,36 +29,77 @@ Muon::Muon(nn::ParamTable& table, const ops::MuonHyper& hyper) : table_(&table),
                  "Muon parameter {} has shape {}: the Muon group holds matrices [A, B] and stacks [E, A, B]",
                  spec.name,
                  core::shape_str(spec.shape));
-        params_.push_back(i);
-        momentum_.push_back(core::Tensor::zeros(spec.shape, precision.master, precision.device));
+        if (owned) continue;
+        Entry& e = held[i];
+        e.param = i;
+        for (int64_t k = 0; k < muon_matrices(table.master(i)).size(0); ++k) {
+            e.matrices.push_back(k);
+            e.writer.push_back(true);
+        }
+    }
+    for (const MuonMatrixRef& m : owned.value_or(std::vector<MuonMatrixRef>{})) {
+        MT_CHECK(m.param >= 0 && m.param < table.size() && table.spec(m.param).group == nn::OptimGroup::muon &&
+                     m.index >= 0 && m.index < muon_matrices(table.master(m.param)).size(0),
+                 "Muon: owned matrix {} of parameter {} is not a matrix of the Muon group",
+                 m.index,
+                 m.param);
+        Entry& e = held[m.param];
+        e.param = m.param;
+        e.matrices.push_back(m.index);
+        e.writer.push_back(m.writer);
+    }
+    for (auto& [param, e] : held) {
+        MT_CHECK(std::is_sorted(e.matrices.begin(), e.matrices.end()) &&
+                     std::adjacent_find(e.matrices.begin(), e.matrices.end()) == e.matrices.end(),
+                 "Muon: the owned matrices of parameter {} are not ascending and distinct",
+                 table.spec(param).name);
+        const core::Tensor w = muon_matrices(table.master(param));
+        e.momentum = core::Tensor::zeros(
+            {static_cast<int64_t>(e.matrices.size()), w.size(1), w.size(2)}, precision.master, precision.device);
+        entries_.push_back(std::move(e));
     }
 }
 
-core::Tensor Muon::momentum(int param) const {
-    for (size_t k = 0; k < params_.size(); ++k)
-        if (params_[k] == param) return momentum_[k];
-    MT_CHECK(false, "parameter {} is not in the Muon group", table_->spec(param).name);
+core::Tensor Muon::momentum(int param, int64_t index) const {
+    for (const Entry& e : entries_) {
+        if (e.param != param) continue;
+        const auto it = std::lower_bound(e.matrices.begin(), e.matrices.end(), index);
+        if (it != e.matrices.end() && *it == index) return e.momentum.select(0, it - e.matrices.begin());
+    }
+    MT_CHECK(false, "matrix {} of parameter {} is not held by this rank's Muon", index, table_->spec(param).name);
     return {};
 }
 
 int64_t Muon::state_bytes() const {
     int64_t bytes = 0;
-    for (const core::Tensor& m : momentum_) bytes += m.nbytes();
+    for (const Entry& e : entries_) bytes += e.momentum.nbytes();
     return bytes;
 }
 
 void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq) {
     ops::MuonHyper h = hyper_;
     h.lr = lr;
-    for (size_t k = 0; k < params_.size(); ++k) {
-        const int i = params_[k];
+    for (const Entry& e : entries_) {
+        const int i = e.param;
         h.weight_decay = table_->spec(i).weight_decay ? hyper_.weight_decay : 0.0;
-        ops::muon_step(muon_matrices(table_->master(i)),
-                       muon_matrices(table_->grad(i)),
-                       muon_matrices(momentum_[k]),
-                       h,
-                       grad_scale,
-                       update_sq.defined() ? update_sq.slice(0, i, i + 1) : core::Tensor());
+        const core::Tensor param = muon_matrices(table_->master(i)), grad = muon_matrices(table_->grad(i));
+        const core::Tensor sq = update_sq.defined() ? update_sq.slice(0, i, i + 1) : core::Tensor();
+        const auto k = static_cast<int64_t>(e.matrices.size());
+        const int64_t first = e.matrices.front();
+        if (e.matrices.back() - first + 1 == k) {  // a run of consecutive matrices: views
+            ops::muon_step(
+                param.slice(0, first, first + k), grad.slice(0, first, first + k), e.momentum, h, grad_scale, sq);
+            continue;
+        }
+        // Scattered matrices (ownership hands a stack's experts round-robin): one batched step on packed copies.
+        core::Tensor p = core::Tensor::zeros(e.momentum.shape(), param.dtype(), param.device());
+        core::Tensor g = core::Tensor::zeros(e.momentum.shape(), grad.dtype(), grad.device());
+        for (int64_t j = 0; j < k; ++j) {
+            p.select(0, j).copy_from(param.select(0, e.matrices[static_cast<size_t>(j)]));
+            g.select(0, j).copy_from(grad.select(0, e.matrices[static_cast<size_t>(j)]));
+        }
+        ops::muon_step(p, g, e.momentum, h, grad_scale, sq);
+        for (int64_t j = 0; j < k; ++j) param.select(0, e.matrices[static_cast<size_t>(j)]).copy_from(p.select(0, j));
     }
 }
 

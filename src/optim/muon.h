@@ -4,11 +4,13 @@
 // is declared: every nn::Linear weight and the stacked expert matrices; embeddings, the LM head, norms, conv
 // filters, biases and gate vectors stay AdamW's). A stack [E, A, B] (the experts) is E matrices, each
 // orthogonalised on its own; a 2-D weight [A, B] one.
-// Replicated: every rank of a data-parallel group holds every matrix's momentum and runs its Newton-Schulz (the same
-// result on each). Whole-matrix ownership (one owner per matrix, reduce-to-owner, all-gather of the update: muon.md
-// §3) is the Muon issue's next step; the trainer refuses Muon with ZeRO-1, tensor parallelism or a GPU until then.
+// Replicated (no `owned` list): every rank of a data-parallel group holds every matrix's momentum and runs its
+// Newton-Schulz (the same result on each). Whole-matrix ownership (muon.md §3, parallel/muon_ownership.h): the
+// optimizer holds momentum for, and updates, only the matrices this rank owns; GradSync hands it their reduced
+// gradients and all-gathers the updated parameters.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "nn/param_table.h"
@@ -16,19 +18,36 @@
 
 namespace mt::optim {
 
+// One matrix of a parameter: table index and its index in the stack [E, A, B] (0 for a 2-D weight).
+struct MuonMatrixRef {
+    int param = 0;
+    int64_t index = 0;
+    bool writer = true;  // this rank writes its momentum to checkpoints (a copy under capped ownership does not)
+};
+
 class Muon {
    public:
-    Muon(nn::ParamTable& table, const ops::MuonHyper& hyper);
+    // owned: the matrices this rank updates (nullopt: every matrix of the Muon group).
+    Muon(nn::ParamTable& table,
+         const ops::MuonHyper& hyper,
+         const std::optional<std::vector<MuonMatrixRef>>& owned = std::nullopt);
 
     // One update with the given learning rate; grad_scale multiplies every gradient first (the loss scale's inverse:
     // Muon gradients are not clipped by the global norm, muon.md §5). update_sq as AdamW::step's.
     void step(double lr, double grad_scale, const core::Tensor& update_sq = {});
 
-    // The Muon group's parameters (table indices, in table order) and each one's momentum (the parameter's shape).
-    const std::vector<int>& params() const {
-        return params_;
+    // The matrices held per parameter, in table order: the stack indices (ascending) and their momentum [k, A, B].
+    struct Entry {
+        int param = 0;
+        std::vector<int64_t> matrices;
+        std::vector<bool> writer;  // per matrix: this rank writes its momentum to checkpoints
+        core::Tensor momentum;
+    };
+    const std::vector<Entry>& entries() const {
+        return entries_;
     }
-    core::Tensor momentum(int param) const;
+    // The momentum of parameter `param`'s stack index `index`, [A, B] (a view; fails when not held here).
+    core::Tensor momentum(int param, int64_t index = 0) const;
     int64_t state_bytes() const;
     const ops::MuonHyper& hyper() const {
         return hyper_;
@@ -37,8 +56,7 @@ class Muon {
    private:
     nn::ParamTable* table_;
     ops::MuonHyper hyper_;
-    std::vector<int> params_;
-    std::vector<core::Tensor> momentum_;  // per entry of params_
+    std::vector<Entry> entries_;
 };
 
 // The [E, A, B] view of a Muon parameter (a 2-D weight is one matrix).

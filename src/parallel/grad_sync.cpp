@@ -12,20 +12,32 @@ namespace mt::parallel {
 
 std::vector<GradBucketRange> grad_sync_buckets(const std::vector<ArenaParam>& params,
                                                int64_t elem_bytes,
-                                               double bucket_mb) {
-    const int64_t limit = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1048576.0) / elem_bytes);
+                                               const BucketLimits& limits) {
+    auto elements = [&](double mb) { return std::max<int64_t>(1, static_cast<int64_t>(mb * 1048576.0) / elem_bytes); };
+    const int64_t limit = elements(limits.bucket_mb), muon_limit = elements(limits.muon_bucket_mb);
     std::vector<GradBucketRange> buckets;
     for (int i = static_cast<int>(params.size()) - 1; i >= 0;) {
         GradBucketRange b;
         b.expert = params[i].expert;
         b.tp_partial = params[i].tp_partial && !b.expert;
         b.end = params[i].end;
-        // Whole parameters, the same reduction group, up to the size limit (a larger parameter is its own bucket).
+        const int64_t min_matrices = b.expert ? limits.min_matrices_expert : limits.min_matrices_dense;
+        // Whole parameters, the same reduction group, up to the size limit (a larger parameter is a bucket of its
+        // own); one holding whole-owned matrices up to the Muon limit and on until it has min_matrices of them.
         int j = i;
+        int64_t matrices = 0;
         auto same_group = [&](const ArenaParam& p) {
             return p.expert == b.expert && (p.tp_partial && !p.expert) == b.tp_partial;
         };
-        while (j >= 0 && same_group(params[j]) && (j == i || b.end - params[j].begin <= limit)) --j;
+        auto room = [&](const ArenaParam& p) {
+            if ((matrices > 0 || p.matrix_rows > 0) && matrices < min_matrices) return true;
+            return b.end - p.begin <= (matrices > 0 || p.matrix_rows > 0 ? muon_limit : limit);
+        };
+        while (j >= 0 && same_group(params[j]) && (j == i || room(params[j]))) {
+            if (params[j].matrix_rows > 0)
+                matrices += params[j].numel / (params[j].matrix_rows * params[j].matrix_cols);
+            --j;
+        }
         b.lowest = j + 1;
         b.begin = params[b.lowest].begin;
         buckets.push_back(b);
@@ -36,8 +48,7 @@ std::vector<GradBucketRange> grad_sync_buckets(const std::vector<ArenaParam>& pa
 
 GradSync::GradSync(GradArenas arenas,
                    const Mesh& mesh,
-                   double bucket_mb,
-                   bool zero,
+                   const GradSyncOptions& options,
                    Comm* dense_rows,
                    Comm* expert_rows,
                    Comm* stage_rows)
@@ -50,11 +61,15 @@ GradSync::GradSync(GradArenas arenas,
       tp_size_(mesh.size(MeshAxis::tp)),
       edp_size_(mesh.group(MeshGroup::edp).size()),
       stage_size_(mesh.group(MeshGroup::stage).size()),
-      zero_(zero && mesh.group(MeshGroup::dp_span).size() > 1),
+      zero_(options.zero && mesh.group(MeshGroup::dp_span).size() > 1),
       // With tensor parallelism alone the tp-partial gradients still need their sum over tp.
       active_(mesh.group(MeshGroup::stage).size() > 1) {
+    owns_matrices_ = zero_ && std::any_of(arenas_.params.begin(), arenas_.params.end(), [](const ArenaParam& p) {
+                         return p.matrix_rows > 0;
+                     });
     if (!active_) {
         owned_.push_back({0, arenas_.grads.numel()});
+        owned_flat_ = owned_;
         return;
     }
     const core::Tensor& grads = arenas_.grads;
@@ -65,13 +80,23 @@ GradSync::GradSync(GradArenas arenas,
                      "grad sync: GPU gradients over the {} backend (the buckets need NCCL communicators)",
                      c->backend());
     const auto elem = static_cast<int64_t>(core::dtype_size(grads.dtype()));
-    for (const GradBucketRange& range : grad_sync_buckets(arenas_.params, elem, bucket_mb)) {
+    BucketLimits limits{.bucket_mb = options.bucket_mb, .muon_bucket_mb = options.muon_bucket_mb};
+    if (owns_matrices_) {
+        limits.min_matrices_dense = 2 * dense_rows_->size();
+        limits.min_matrices_expert = 2 * edp_rows_->size();
+    }
+    for (const GradBucketRange& range : grad_sync_buckets(arenas_.params, elem, limits)) {
         Bucket b;
         b.lowest = range.lowest;
         b.begin = range.begin;
         b.end = range.end;
         b.expert = range.expert;
         b.tp_partial = range.tp_partial;
+        buckets_.push_back(std::move(b));
+    }
+    if (owns_matrices_) plan_packed(options);
+    for (Bucket& b : buckets_) {
+        if (!b.blocks.empty()) continue;  // packed
         const int64_t p = group(b).size();
         MT_CHECK((b.end - b.begin) % p == 0,
                  "grad sync: bucket of {} elements does not split over {} ranks (parameter alignment)",
@@ -79,10 +104,13 @@ GradSync::GradSync(GradArenas arenas,
                  p);
         b.share = (b.end - b.begin) / p;
         b.mine = b.begin + group(b).rank() * b.share;
+        b.held.push_back({b.mine, b.mine + b.share, zero_ ? p : 1});
         owned_.push_back({b.mine, b.mine + b.share});
-        buckets_.push_back(std::move(b));
+        owned_flat_.push_back({b.mine, b.mine + b.share});
     }
-    std::sort(owned_.begin(), owned_.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+    auto by_begin = [](const auto& a, const auto& b) { return a.begin < b.begin; };
+    std::sort(owned_.begin(), owned_.end(), by_begin);
+    std::sort(owned_flat_.begin(), owned_flat_.end(), by_begin);
     if (!zero_) return;
     int64_t staged = 0;
     for (Bucket& b : buckets_) {
@@ -90,6 +118,46 @@ GradSync::GradSync(GradArenas arenas,
         staged += b.share;
     }
     staging_ = core::Tensor::zeros({std::max<int64_t>(staged, 1)}, grads.dtype(), grads.device());
+}
+
+void GradSync::plan_packed(const GradSyncOptions& options) {
+    OwnerLoad dense_load, expert_load;
+    for (Bucket& b : buckets_) {
+        int end = b.lowest;  // the bucket's parameters: [lowest, end)
+        while (end < static_cast<int>(arenas_.params.size()) && arenas_.params[end].begin < b.end) ++end;
+        bool matrices = false;
+        for (int i = b.lowest; i < end; ++i) matrices = matrices || arenas_.params[i].matrix_rows > 0;
+        if (!matrices) continue;
+        MT_CHECK(!b.tp_partial, "grad sync: whole-owned matrices in a tp-partial bucket");
+        Comm& comm = group(b);
+        const int64_t ranks = comm.size();
+        b.positions = options.max_owner_group > 0 ? std::min(ranks, options.max_owner_group) : ranks;
+        const PackedBucket packed =
+            plan_packed_bucket(arenas_.params, b.lowest, end, ranks, b.positions, b.expert ? expert_load : dense_load);
+        b.blocks = packed.blocks;
+        b.share = packed.shard;
+        const auto me = static_cast<size_t>(comm.rank());
+        for (const optim::ArenaRange& r : packed.flat[me]) {
+            b.held.push_back({r.begin, r.end, ranks});
+            owned_flat_.push_back(r);
+        }
+        for (const OwnedMatrix& m : packed.matrices) {
+            if (m.owner != comm.rank() % b.positions) continue;
+            b.held.push_back({m.begin, m.begin + m.numel, b.positions});
+            owned_matrices_.push_back(m);
+            owned_matrices_.back().writer = comm.rank() < b.positions;
+        }
+        for (const optim::ArenaRange& r : b.blocks[me]) owned_.push_back(r);
+        report_.buckets.push_back({.expert = b.expert,
+                                   .matrices = static_cast<int64_t>(packed.matrices.size()),
+                                   .payload = packed.payload,
+                                   .padding = packed.padding});
+    }
+    report_.dense_cost = dense_load.cost;
+    report_.expert_cost = expert_load.cost;
+    std::sort(owned_matrices_.begin(), owned_matrices_.end(), [](const OwnedMatrix& a, const OwnedMatrix& b) {
+        return a.param != b.param ? a.param < b.param : a.index < b.index;
+    });
 }
 
 void GradSync::issue(Bucket& b) {
@@ -105,6 +173,18 @@ void GradSync::issue(Bucket& b) {
         return;
     }
     char* out = static_cast<char*>(staging_.raw()) + static_cast<size_t>(b.staging) * elem;
+    if (!b.blocks.empty()) {
+        // Packed: every rank's block of this rank's gradients, padded with zeros, then one reduce-scatter.
+        b.send = core::Tensor::zeros({comm.size() * b.share}, grads.dtype(), grads.device());
+        for (size_t r = 0; r < b.blocks.size(); ++r) {
+            int64_t at = static_cast<int64_t>(r) * b.share;
+            for (const optim::ArenaRange& range : b.blocks[r]) {
+                b.send.slice(0, at, at + range.end - range.begin).copy_from(grads.slice(0, range.begin, range.end));
+                at += range.end - range.begin;
+            }
+        }
+        base = static_cast<char*>(b.send.raw());
+    }
     b.work = comm.reduce_scatter(base, out, b.share, type, ReduceOp::sum);
 }
 
@@ -132,7 +212,16 @@ double GradSync::finish() {
         b.issued = false;
         if (!zero_ || group(b).size() == 1) continue;
         // The owned slice's reduced gradient goes back to its place in the arena, where the optimizer reads it.
-        grads.slice(0, b.mine, b.mine + b.share).copy_from(staging_.slice(0, b.staging, b.staging + b.share));
+        if (b.blocks.empty()) {
+            grads.slice(0, b.mine, b.mine + b.share).copy_from(staging_.slice(0, b.staging, b.staging + b.share));
+            continue;
+        }
+        int64_t at = b.staging;
+        for (const optim::ArenaRange& range : b.blocks[static_cast<size_t>(group(b).rank())]) {
+            grads.slice(0, range.begin, range.end).copy_from(staging_.slice(0, at, at + range.end - range.begin));
+            at += range.end - range.begin;
+        }
+        b.send = core::Tensor();
     }
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -163,7 +252,8 @@ double GradSync::grad_norm() const {
     } else {
         for (const Bucket& b : buckets_)
             for (const ArenaParam& p : arenas_.params)
-                if (p.begin < b.end && p.end > b.begin) add(p, b.mine, b.mine + b.share, group(b).size());
+                if (p.begin < b.end && p.end > b.begin)
+                    for (const Bucket::Held& h : b.held) add(p, h.begin, h.end, h.group);
     }
     double local = 0.0;
     for (const auto& [n, tensors] : parts) {
@@ -194,7 +284,7 @@ std::vector<double> GradSync::group_norms_sq(const std::vector<int>& group_of, i
         for (const Bucket& b : buckets_)
             for (size_t i = 0; i < arenas_.params.size(); ++i)
                 if (arenas_.params[i].begin < b.end && arenas_.params[i].end > b.begin)
-                    add(i, b.mine, b.mine + b.share, group(b).size());
+                    for (const Bucket::Held& h : b.held) add(i, h.begin, h.end, h.group);
     }
     std::vector<double> sq(static_cast<size_t>(groups), 0.0);
     for (const auto& [key, tensors] : parts) {
@@ -220,7 +310,8 @@ std::vector<double> GradSync::group_sums(const std::vector<double>& per_param,
         int64_t members = 1;  // a replicated optimizer: each rank updates the whole parameter
         if (active_ && zero_)
             for (const Bucket& b : buckets_)
-                if (p.begin >= b.begin && p.begin < b.end) members = group(b).size();
+                if (p.begin >= b.begin && p.begin < b.end)
+                    members = !b.blocks.empty() && p.matrix_rows > 0 ? b.positions : group(b).size();
         out[static_cast<size_t>(group_of[i])] += world_->size() == 1 ? per_param[i] : per_param[i] / copies(p, members);
     }
     return out;
@@ -242,29 +333,64 @@ void GradSync::gather_params() {
 
 void GradSync::params_needed(int end) {
     for (Bucket& b : buckets_)
-        if (b.lowest < end) b.param_gather.wait_on_device();
+        if (b.lowest < end) {
+            b.param_gather.wait_on_device();
+            unpack_gathered(b);
+        }
 }
 
 void GradSync::settle_params() {
-    for (Bucket& b : buckets_) b.param_gather.wait();
+    for (Bucket& b : buckets_) {
+        b.param_gather.wait();
+        unpack_gathered(b);
+    }
 }
 
 void GradSync::gather_master() {
     settle_params();
     if (!master_stale_) return;
-    std::vector<CommWork> works;
-    for (const Bucket& b : buckets_) works.push_back(start_gather(b, arenas_.master));
-    for (auto& w : works) w.wait();
+    for (Bucket& b : buckets_) b.param_gather = start_gather(b, arenas_.master);
+    settle_params();
     master_stale_ = false;
 }
 
-CommWork GradSync::start_gather(const Bucket& b, const core::Tensor& arena) {
+CommWork GradSync::start_gather(Bucket& b, const core::Tensor& arena) {
     Comm& comm = group(b);
     if (comm.size() == 1) return {};
     // A gather only moves data, so it goes as bytes: any dtype, any backend.
     const auto elem = static_cast<int64_t>(core::dtype_size(arena.dtype()));
-    char* base = static_cast<char*>(arena.raw());
-    return comm.all_gather(base + b.mine * elem, base + b.begin * elem, b.share * elem, CommType::u8);
+    if (b.blocks.empty()) {
+        char* base = static_cast<char*>(arena.raw());
+        return comm.all_gather(base + b.mine * elem, base + b.begin * elem, b.share * elem, CommType::u8);
+    }
+    // Packed: this rank's block out of the arena into its place in the gather buffer, gathered in place; the other
+    // blocks go back into the arena once the gather completes (unpack_gathered).
+    b.gathered = core::Tensor::scratch({comm.size() * b.share}, arena.dtype(), arena.device());
+    b.gather_arena = arena;
+    int64_t at = comm.rank() * b.share;
+    for (const optim::ArenaRange& range : b.blocks[static_cast<size_t>(comm.rank())]) {
+        b.gathered.slice(0, at, at + range.end - range.begin).copy_from(arena.slice(0, range.begin, range.end));
+        at += range.end - range.begin;
+    }
+    char* base = static_cast<char*>(b.gathered.raw());
+    return comm.all_gather(base + comm.rank() * b.share * elem, base, b.share * elem, CommType::u8);
+}
+
+void GradSync::unpack_gathered(Bucket& b) {
+    if (!b.gather_arena.defined()) return;
+    const int me = group(b).rank();
+    for (size_t r = 0; r < b.blocks.size(); ++r) {
+        // With capped owner positions several ranks hold the same matrices: their blocks land on the same ranges.
+        if (static_cast<int>(r) == me) continue;
+        int64_t at = static_cast<int64_t>(r) * b.share;
+        for (const optim::ArenaRange& range : b.blocks[r]) {
+            b.gather_arena.slice(0, range.begin, range.end)
+                .copy_from(b.gathered.slice(0, at, at + range.end - range.begin));
+            at += range.end - range.begin;
+        }
+    }
+    b.gathered = core::Tensor();
+    b.gather_arena = core::Tensor();
 }
 
 }  // namespace mt::parallel

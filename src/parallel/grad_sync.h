@@ -16,6 +16,7 @@
 #include "optim/adamw.h"
 #include "parallel/comm.h"
 #include "parallel/mesh.h"
+#include "parallel/muon_ownership.h"
 
 namespace mt::parallel {
 
@@ -29,6 +30,9 @@ struct ArenaParam {
     bool tp_split = false;
     bool pipeline_tied = false;  // a tied embedding's copy: the first and the last pipeline stage hold one each
     int64_t tp_replicas = 1;     // a tp shard held by this many tp ranks (replicated key/value heads)
+    // Muon under ZeRO-1 (muon.md §3): the parameter is a stack of whole [matrix_rows, matrix_cols] matrices, each
+    // owned by one rank of its group (parallel/muon_ownership.h); 0: element-sharded.
+    int64_t matrix_rows = 0, matrix_cols = 0;
 };
 
 // A bucket's place: parameters [lowest, next bucket's lowest) of the arena order, arena elements [begin, end), and
@@ -40,12 +44,25 @@ struct GradBucketRange {
     bool tp_partial = false;
 };
 
+// How buckets are cut. A bucket holding Muon matrices (ArenaParam::matrix_rows) grows to muon_bucket_mb and on
+// until it holds at least min_matrices (2 R for a group of R ranks, muon.md §3: every owner gets work).
+struct BucketLimits {
+    double bucket_mb = 25.0;
+    double muon_bucket_mb = 64.0;
+    int64_t min_matrices_dense = 0, min_matrices_expert = 0;
+};
+
 // GradSync's bucket plan, a pure function (the memory planner and tests use it without a mesh): from the end of the
 // arena (the backward completes the last parameters first), runs of whole consecutive parameters of one reduction
 // group up to bucket_mb MiB of elem_bytes elements (a larger parameter is a bucket of its own), in issue order.
 std::vector<GradBucketRange> grad_sync_buckets(const std::vector<ArenaParam>& params,
                                                int64_t elem_bytes,
-                                               double bucket_mb);
+                                               const BucketLimits& limits);
+inline std::vector<GradBucketRange> grad_sync_buckets(const std::vector<ArenaParam>& params,
+                                                      int64_t elem_bytes,
+                                                      double bucket_mb) {
+    return grad_sync_buckets(params, elem_bytes, BucketLimits{.bucket_mb = bucket_mb});
+}
 
 // The flat arenas GradSync reduces and gathers, described without the model: the parameters in arena order and the
 // three arenas of one layout (weights is what the forward reads, master what the optimizer updates; without a
@@ -56,15 +73,38 @@ struct GradArenas {
     bool master_copy = false;
 };
 
+struct GradSyncOptions {
+    double bucket_mb = 25.0;
+    bool zero = false;  // ZeRO-1 (only with more than one data-parallel rank)
+    // Whole-matrix ownership (ZeRO-1 with parameters whose ArenaParam::matrix_rows is set: Muon's): the buckets
+    // holding matrices grow to muon_bucket_mb and 2 R matrices, and at most max_owner_group ranks of a group own
+    // matrices (0: all), each further rank a copy of one of them (muon.md §3 "Too few matrices").
+    double muon_bucket_mb = 64.0;
+    int64_t max_owner_group = 0;
+};
+
+// The ownership balance GradSync logs at startup (muon.md §3): per owner position the Newton-Schulz FLOPs per
+// iteration of its matrices, and per packed bucket its padding.
+struct OwnershipReport {
+    std::vector<double> dense_cost, expert_cost;
+    struct Bucket {
+        bool expert = false;
+        int64_t matrices = 0, payload = 0, padding = 0;
+    };
+    std::vector<Bucket> buckets;
+};
+
 class GradSync {
    public:
     // Every parameter must start at a multiple of the dp_span, edp and stage group sizes (the arena alignment). The
     // buckets move over dense_rows / expert_rows / stage_rows (communicators over the dp_span, edp and stage ranks for
     // the gradients' memory: NCCL for GPU tensors; nullptr: the mesh's MPI groups); scalars go over the mesh's groups.
+    // Under ZeRO-1 a bucket holding whole-owned matrices is packed (parallel/muon_ownership.h): its gradients are
+    // copied into per-rank blocks for the reduce-scatter and the updated parameters copied back out of the gathered
+    // blocks.
     GradSync(GradArenas arenas,
              const Mesh& mesh,
-             double bucket_mb,
-             bool zero,
+             const GradSyncOptions& options,
              Comm* dense_rows = nullptr,
              Comm* expert_rows = nullptr,
              Comm* stage_rows = nullptr);
@@ -104,9 +144,23 @@ class GradSync {
     std::vector<double> group_sums(const std::vector<double>& per_param,
                                    const std::vector<int>& group_of,
                                    int groups) const;
-    // ZeRO-1: this rank's arena ranges, one slice per bucket, ascending (the whole arena when inactive).
+    // ZeRO-1: this rank's arena ranges, one slice per bucket, ascending (the whole arena when inactive), and of
+    // them the element-sharded ones (without the whole-owned matrices: AdamW's).
     const std::vector<optim::ArenaRange>& owned() const {
         return owned_;
+    }
+    const std::vector<optim::ArenaRange>& owned_flat() const {
+        return owned_flat_;
+    }
+    // Whole-matrix ownership: the matrices this rank updates (table order), and every rank's assignment.
+    bool owns_matrices() const {
+        return owns_matrices_;
+    }
+    const std::vector<OwnedMatrix>& owned_matrices() const {
+        return owned_matrices_;
+    }
+    const OwnershipReport& ownership_report() const {
+        return report_;
     }
     // ZeRO-1: starts all-gathering every bucket's updated parameters over its group: the weights the forward reads
     // (under mixed precision the bf16 copy; the f32 master weights then stay sharded until gather_master). The
@@ -138,6 +192,18 @@ class GradSync {
         bool issued = false;
         CommWork work;          // the gradient reduction
         CommWork param_gather;  // ZeRO-1: the parameter gather after the step
+        // The arena ranges this rank holds the reduced gradient of, each with the divisor copies() takes (the group
+        // size, or the owner positions of a whole-owned matrix).
+        struct Held {
+            int64_t begin = 0, end = 0, group = 1;
+        };
+        std::vector<Held> held;
+        // Packed (whole-owned matrices inside): per group rank, its ranges in block order; `share` is the block.
+        std::vector<std::vector<optim::ArenaRange>> blocks;
+        int64_t positions = 1;      // owner positions of its matrices
+        core::Tensor send;          // the gradient blocks of the reduce-scatter in flight
+        core::Tensor gathered;      // the parameter blocks of the all-gather in flight
+        core::Tensor gather_arena;  // where gathered's blocks go once the gather completes (undefined: nowhere)
     };
     Comm& group(const Bucket& b) const {
         return b.expert ? *edp_rows_ : b.tp_partial ? *stage_rows_ : *dense_rows_;
@@ -146,7 +212,10 @@ class GradSync {
     // `group` (1 when a replicated optimizer holds the whole bucket: replicas over the group count too).
     double copies(const ArenaParam& p, int64_t group) const;
     void issue(Bucket& b);
-    CommWork start_gather(const Bucket& b, const core::Tensor& arena);
+    CommWork start_gather(Bucket& b, const core::Tensor& arena);
+    // A packed bucket's gather completed: the other ranks' blocks into the arena.
+    void unpack_gathered(Bucket& b);
+    void plan_packed(const GradSyncOptions& options);
 
     GradArenas arenas_;
     Comm *dense_, *world_;                        // host scalars (MPI)
@@ -155,7 +224,10 @@ class GradSync {
     bool zero_, active_;
     bool master_stale_ = false;    // ZeRO-1: only the owned slices of the master weights are current
     std::vector<Bucket> buckets_;  // in issue order (the end of the arena first)
-    std::vector<optim::ArenaRange> owned_;
+    std::vector<optim::ArenaRange> owned_, owned_flat_;
+    bool owns_matrices_ = false;
+    std::vector<OwnedMatrix> owned_matrices_;
+    OwnershipReport report_;
     int64_t overlapped_ = 0, issued_early_ = 0;
     core::Tensor staging_;  // ZeRO-1: the owned slices of the reduce-scatter outputs
 };

@@ -71,6 +71,8 @@ struct MuonConfig {
     std::string ns_coeffs = "quintic";  // quintic | hybrid (8 quintic steps, then 2 of (2, -1.5, 0.5))
     double scale_factor = 0.2;          // the update is scale_factor x sqrt(max(A, B)) x the orthogonalised matrix
     double weight_decay = 0.1;          // decoupled, times the learning rate
+    double bucket_mb = 64.0;            // ZeRO-1: gradient buckets holding whole-owned matrices (muon.md §3)
+    int64_t max_owner_group = 0;        // ZeRO-1: at most this many owners per group (0: every rank)
 };
 
 struct CheckpointConfig {

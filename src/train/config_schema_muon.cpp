@@ -32,6 +32,19 @@ std::vector<Field> config_schema_muon(JobConfig& c) {
                1e6,
                "decoupled weight decay of the Muon group, times the learning rate (the AdamW group keeps "
                "`train.weight_decay`)"),
+        number_above("muon.bucket_mb",
+                     &u.bucket_mb,
+                     0,
+                     1 << 20,
+                     "with `parallel.zero_stage = 1`: a gradient bucket holding Muon matrices grows to this many MiB "
+                     "and on until it holds 2 matrices per rank of its group; each matrix is owned whole by one rank "
+                     "(docs/optimizers.md)"),
+        integer("muon.max_owner_group",
+                &u.max_owner_group,
+                0,
+                1 << 20,
+                "with `parallel.zero_stage = 1`: at most this many ranks of a data-parallel group own Muon "
+                "matrices, the others computing copies (0: every rank); for models with few matrices per rank"),
     };
 }
 

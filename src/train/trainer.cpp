@@ -36,7 +36,8 @@ int64_t supervised_tokens(const core::Tensor& targets) {
 
 // The model's arenas as the gradient synchronisation sees them: ranges and reduction groups, no model types.
 // tied_copy: the parameter that is one of two copies of a tied embedding (pipeline parallelism), or -1.
-parallel::GradArenas grad_arenas(const nn::ParamTable& table, int tied_copy) {
+// whole_matrices: the Muon group's stacks are owned matrix by matrix (muon.md §3; under ZeRO-1).
+parallel::GradArenas grad_arenas(const nn::ParamTable& table, int tied_copy, bool whole_matrices) {
     parallel::GradArenas arenas{.params = {},
                                 .grads = table.grad_arena(),
                                 .weights = table.param_arena(),
@@ -51,6 +52,13 @@ parallel::GradArenas grad_arenas(const nn::ParamTable& table, int tied_copy) {
                                  .tp_split = nn::param_tp_split(table.spec(i)),
                                  .pipeline_tied = i == tied_copy,
                                  .tp_replicas = table.spec(i).tp_replicas});
+    for (int i = 0; i < table.size() && whole_matrices; ++i) {
+        const nn::ParamSpec& spec = table.spec(i);
+        if (spec.group != nn::OptimGroup::muon) continue;
+        const size_t n = spec.shape.size();
+        arenas.params[static_cast<size_t>(i)].matrix_rows = spec.shape[n - 2];
+        arenas.params[static_cast<size_t>(i)].matrix_cols = spec.shape[n - 1];
+    }
     return arenas;
 }
 
@@ -190,11 +198,15 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     model_->set_segments(config_segments_for_length(cfg_, seq_len_));  // long.tokens_per_gpu (a stage sets its own)
     model_->params().initialize(static_cast<uint64_t>(cfg_.run.seed));
     model_->set_track_max_logit(true);  // long/max_logit: one [B, Hq, T] row maximum per attention layer and pass
+    const bool muon = cfg_.optim.name == "muon";
     grad_sync_ = std::make_unique<parallel::GradSync>(
-        grad_arenas(model_->params(), tied_embedding_ ? model_->embedding_param() : -1),
+        grad_arenas(
+            model_->params(), tied_embedding_ ? model_->embedding_param() : -1, muon && cfg_.parallel.zero_stage >= 1),
         *mesh_,
-        cfg_.parallel.bucket_mb,
-        cfg_.parallel.zero_stage >= 1,
+        parallel::GradSyncOptions{.bucket_mb = cfg_.parallel.bucket_mb,
+                                  .zero = cfg_.parallel.zero_stage >= 1,
+                                  .muon_bucket_mb = cfg_.muon.bucket_mb,
+                                  .max_owner_group = cfg_.muon.max_owner_group},
         nccl_dp_span_.get(),
         nccl_edp_.get(),
         nccl_stage_.get());
@@ -209,19 +221,18 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
                         "supported yet: the offloaded optimizer updates the whole arena [{}]",
                         mesh_->group(parallel::MeshGroup::dp_span).size(),
                         cfg_.source);
-    const bool muon = cfg_.optim.name == "muon";
     if (muon) check_muon_layout();
     adamw_ = std::make_unique<optim::AdamW>(
         model_->params(),
         ops::AdamWHyper{.lr = t.lr, .beta1 = t.beta1, .beta2 = t.beta2, .eps = t.eps, .weight_decay = t.weight_decay},
-        grad_sync_->zero() ? std::optional(grad_sync_->owned()) : std::nullopt,
+        grad_sync_->zero() ? std::optional(grad_sync_->owned_flat()) : std::nullopt,
         optim::AdamWOptions{
             .state_dtype = config_state_dtype(cfg_, precision.master),
             .offload = offload,
             .seed = static_cast<uint64_t>(cfg_.run.seed),
             .adamw_group_only = muon,
         });
-    if (muon) muon_ = std::make_unique<optim::Muon>(model_->params(), trainer_muon_hyper(cfg_));
+    if (muon) muon_ = make_muon();
     optim::schedule_kind_from_name(t.schedule, &schedule_.kind);
     schedule_.lr = t.lr;
     schedule_.min_lr_ratio = t.min_lr_ratio;

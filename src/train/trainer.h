@@ -212,6 +212,10 @@ class Trainer {
     int64_t gradient_buckets() const {
         return grad_sync_->num_buckets();
     }
+    // optim.name = "muon": the Muon group's optimizer (the matrices this rank holds); nullptr under AdamW.
+    const optim::Muon* muon() const {
+        return muon_.get();
+    }
 
     // This rank's communication since the trainer was built, per report group: "tp", "cp", "ep", "dp" (dp_span, edp,
     // stage and dp: gradient reductions, ZeRO-1 gathers, data-parallel scalars), "pp" and "world" (every communicator
@@ -233,6 +237,8 @@ class Trainer {
     void check_parallel_layout() const;
     // optim.name = "muon": what the Muon step does not run yet (a GPU, ZeRO-1 over several ranks) ends with exit 2.
     void check_muon_layout() const;
+    // The Muon optimizer: replicated, or over the matrices GradSync assigned this rank (logs the ownership balance).
+    std::unique_ptr<optim::Muon> make_muon() const;
     double dp_sum(double value);
 
     // trainer_guard.cpp: reading a step's batches ahead of its collectives, the agreed stop before each step, the

@@ -75,6 +75,26 @@ core::Tensor flat(const core::Tensor& t) {
     return t.reshape({t.numel()});
 }
 
+// The runs of consecutive stack indices of a Muon entry (writers_only: of the matrices this rank writes, a copy under
+// capped ownership writing none): fn(first stack index, count, first position in the entry's momentum).
+template <typename Fn>
+void for_each_matrix_run(const optim::Muon::Entry& e, bool writers_only, Fn&& fn) {
+    const auto n = static_cast<int64_t>(e.matrices.size());
+    auto counts = [&](int64_t k) { return !writers_only || e.writer[static_cast<size_t>(k)]; };
+    for (int64_t k = 0; k < n;) {
+        if (!counts(k)) {
+            ++k;
+            continue;
+        }
+        int64_t end = k + 1;
+        while (end < n && counts(end) &&
+               e.matrices[static_cast<size_t>(end)] == e.matrices[static_cast<size_t>(end - 1)] + 1)
+            ++end;
+        fn(e.matrices[static_cast<size_t>(k)], end - k, k);
+        k = end;
+    }
+}
+
 // A loaded weight or moment must be finite: a flipped exponent bit that the CRC did not catch (verification off)
 // would otherwise resume into a run that diverges a few steps later.
 void check_finite(const core::Tensor& t, const std::string& name, const std::string& kind, const std::string& dir) {
@@ -230,18 +250,21 @@ std::vector<CheckpointTensor> Trainer::checkpoint_tensors() {
             }
         }
     }
-    // Muon's momentum (replicated: written as the parameter is; an expert shard at its place in the global tensor).
+    // Muon's momentum at its place in the parameter's global tensor, a run of consecutive matrices per entry:
+    // replicated, written as the parameter is; under whole-matrix ownership by each matrix's owner.
     if (muon_)
-        for (int i : muon_->params()) {
-            const nn::ParamSpec& spec = table.spec(i);
-            if (!replica_writer(spec)) continue;
-            const core::Tensor m = muon_->momentum(i);
-            tensors.push_back({spec.name,
-                               "muon.momentum",
-                               m.reshape({m.numel()}),
-                               nn::param_global_shape(spec),
-                               {},
-                               nn::param_shard_flat_offset(spec)});
+        for (const optim::Muon::Entry& e : muon_->entries()) {
+            const nn::ParamSpec& spec = table.spec(e.param);
+            if (grad_sync_->owns_matrices() ? !owner_writes(spec) : !replica_writer(spec)) continue;
+            for_each_matrix_run(e, true, [&](int64_t first, int64_t count, int64_t at) {
+                const core::Tensor m = e.momentum.slice(0, at, at + count);
+                tensors.push_back({spec.name,
+                                   "muon.momentum",
+                                   m.reshape({m.numel()}),
+                                   nn::param_global_shape(spec),
+                                   {},
+                                   nn::param_shard_flat_offset(spec) + first * m.numel() / count});
+            });
         }
     // The balancer state is the same on every rank of a stage: its first rank writes its stage's layers.
     if (mesh_->group(parallel::MeshGroup::stage).rank() == 0)
@@ -454,20 +477,20 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
             check_finite(state, spec.name, kind, ckpt.dir());
         }
     }
+    // Each rank reads the momentum of the matrices it holds, whatever mesh (and ownership) wrote them.
     if (muon_)
-        for (int i : muon_->params()) {
-            const nn::ParamSpec& spec = table.spec(i);
-            const core::Tensor m = muon_->momentum(i);
-            if (!nn::param_expert_sharded(spec))
-                read_to_device(ckpt, "muon.momentum", spec.name, m);
-            else
+        for (const optim::Muon::Entry& e : muon_->entries()) {
+            const nn::ParamSpec& spec = table.spec(e.param);
+            for_each_matrix_run(e, false, [&](int64_t first, int64_t count, int64_t at) {
+                const core::Tensor m = e.momentum.slice(0, at, at + count);
                 read_flat_part(ckpt,
                                "muon.momentum",
                                spec.name,
                                nn::param_global_shape(spec),
-                               nn::param_shard_flat_offset(spec),
+                               nn::param_shard_flat_offset(spec) + first * m.numel() / count,
                                flat(m));
-            check_finite(m, spec.name, "muon.momentum", ckpt.dir());
+            });
+            check_finite(e.momentum, spec.name, "muon.momentum", ckpt.dir());
         }
     table.refresh_params_from_master();
     grad_sync_->master_loaded();

@@ -1,5 +1,7 @@
 // Trainer <-> the mesh: which parallel layouts this trainer runs, and the reductions of per-rank values over the
 // ranks that read different data (the gradients themselves: parallel/grad_sync.h).
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "core/backend.h"
@@ -46,16 +48,43 @@ void Trainer::check_muon_layout() const {
             "set run.device = \"cpu\", or optim.name = \"adamw\" (docs/optimizers.md)",
             "optim.name = \"muon\" runs on the CPU only yet: its CUDA step is the Muon issue's next part [{}]",
             cfg_.source);
-    // ZeRO-1 hands each rank the reduced gradient of its own slice only; Muon needs every matrix's whole (whole-
-    // matrix ownership, muon.md §3, is not built yet).
-    for (parallel::MeshGroup g : {parallel::MeshGroup::dp_span, parallel::MeshGroup::edp})
-        if (grad_sync_->zero() && mesh_->group(g).size() > 1)
-            core::fail_hint(core::ExitCode::usage,
-                            "set parallel.zero_stage = 0 (every rank keeps the whole Muon and AdamW state)",
-                            "optim.name = \"muon\" with parallel.zero_stage = 1 over {} data-parallel ranks is not "
-                            "built yet: each rank would hold only its slice of the reduced gradients [{}]",
-                            mesh_->group(g).size(),
-                            cfg_.source);
+}
+
+std::unique_ptr<optim::Muon> Trainer::make_muon() const {
+    if (!grad_sync_->owns_matrices()) return std::make_unique<optim::Muon>(model_->params(), trainer_muon_hyper(cfg_));
+    // Whole-matrix ownership (muon.md §3): this rank's matrices, and the balance every rank computed alike.
+    std::vector<optim::MuonMatrixRef> owned;
+    for (const parallel::OwnedMatrix& m : grad_sync_->owned_matrices())
+        owned.push_back({.param = m.param, .index = m.index, .writer = m.writer});
+    const parallel::OwnershipReport& report = grad_sync_->ownership_report();
+    if (log_) {
+        auto balance = [](const std::vector<double>& cost) {
+            if (cost.empty()) return std::string("-");
+            const auto [lo, hi] = std::minmax_element(cost.begin(), cost.end());
+            return fmt::format(
+                "{} owners, Newton-Schulz GFLOP per iteration {:.3f} to {:.3f}", cost.size(), *lo / 1e9, *hi / 1e9);
+        };
+        int64_t payload = 0, padding = 0;
+        for (const auto& b : report.buckets) payload += b.payload, padding += b.padding;
+        fmt::print("muon ownership: dense {}; experts {}; {} packed buckets, padding {:.1f}%\n",
+                   balance(report.dense_cost),
+                   balance(report.expert_cost),
+                   report.buckets.size(),
+                   payload > 0 ? 100.0 * static_cast<double>(padding) / static_cast<double>(payload) : 0.0);
+        for (size_t k = 0; k < report.buckets.size(); ++k) {
+            const auto& b = report.buckets[k];
+            if (static_cast<double>(b.padding) > 0.1 * static_cast<double>(b.payload))
+                fmt::print(
+                    "moetrain: warning: muon ownership: bucket {} ({} matrices{}) pads {} elements to its {}: "
+                    "more than 10% (muon.bucket_mb larger packs more matrices per bucket)\n",
+                    k,
+                    b.matrices,
+                    b.expert ? ", experts" : "",
+                    b.padding,
+                    b.payload);
+        }
+    }
+    return std::make_unique<optim::Muon>(model_->params(), trainer_muon_hyper(cfg_), owned);
 }
 
 int64_t Trainer::optimizer_state_bytes_total() const {

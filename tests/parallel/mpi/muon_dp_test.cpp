@@ -1,21 +1,134 @@
-// optim.name = "muon" under data (and expert) parallelism (muon.md §9 test 4): every rank of the group keeps every
-// matrix's momentum and runs its Newton-Schulz on the all-reduced gradient (replicated Muon, parallel.zero_stage = 0;
-// whole-matrix ownership is the next step), so the losses, gradient norms and the parameters after 10 steps equal one
-// process's (loss and norm within 1e-5, parameters rho <= 1e-6): dp = n, and on four ranks dp = 2 x ep = 2 with MoE.
+// optim.name = "muon" under data (and expert) parallelism (muon.md §9 test 4). Replicated (parallel.zero_stage = 0):
+// every rank keeps every matrix's momentum and runs its Newton-Schulz on the all-reduced gradient. Whole-matrix
+// ownership (zero_stage = 1, the default): each matrix is owned by one rank of its group, which receives its reduced
+// gradient by the packed reduce-scatter, updates it, and all-gathers it back. Either way the losses, gradient norms
+// and the parameters after 10 steps equal one process's (loss and norm within 1e-5, parameters rho <= 1e-6): dp = n,
+// and on four ranks dp = 2 x ep = 2 with MoE; under ownership also with small buckets (several per step) and with
+// the owners capped at one (muon.max_owner_group, the others computing copies). Every matrix is owned exactly once
+// over the job, and every rank derives the same assignment.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "nn/param_table.h"
 #include "parallel/mpi/layout_match.h"
 
 using namespace mt::testing;
+
+namespace {
+
+std::vector<std::string> muon_keys(const Layout& l, int zero_stage) {
+    std::vector<std::string> keys = {
+        "optim.name=\"muon\"", "parallel.zero_stage=" + std::to_string(zero_stage), "train.lr=5e-3"};
+    if (l.ep > 1)
+        keys.insert(keys.end(), {"moe.enabled=true", "moe.num_experts=4", "moe.top_k=2", "moe.expert_ffn_dim=16"});
+    return keys;
+}
+
+// "name#global matrix index" of the matrices this rank writes (owns, not as a capped copy), one per line.
+std::string owned_matrices(const mt::train::Trainer& trainer) {
+    const mt::nn::ParamTable& table = const_cast<mt::train::Trainer&>(trainer).model().params();
+    std::string out;
+    for (const auto& e : trainer.muon()->entries()) {
+        const mt::nn::ParamSpec& spec = table.spec(e.param);
+        const int64_t first = spec.shape.size() == 3 ? mt::nn::param_box(spec).offset[0] : 0;
+        for (size_t k = 0; k < e.matrices.size(); ++k)
+            if (e.writer[k]) out += fmt::format("{}#{}\n", spec.name, first + e.matrices[k]);
+    }
+    return out;
+}
+
+}  // namespace
 
 TEST(TrainerMuon, DataParallelEqualsOneProcess) {
     const int n = dist_world().size();
     std::vector<Layout> layouts = {{.dp = n}};
     if (n == 4) layouts.push_back({.dp = 2, .ep = 2});
+    for (const Layout& l : layouts) expect_layout_matches(layout_name("muon", l), l, muon_keys(l, 0), 10, 1e-6);
+}
+
+TEST(TrainerMuon, WholeMatrixOwnershipEqualsOneProcess) {
+    const int n = dist_world().size();
+    std::vector<Layout> layouts = {{.dp = n}};
+    if (n == 4) layouts.push_back({.dp = 2, .ep = 2});
     for (const Layout& l : layouts) {
-        std::vector<std::string> keys = {"optim.name=\"muon\"", "parallel.zero_stage=0", "train.lr=5e-3"};
-        if (l.ep > 1)
-            keys.insert(keys.end(), {"moe.enabled=true", "moe.num_experts=4", "moe.top_k=2", "moe.expert_ffn_dim=16"});
-        expect_layout_matches(layout_name("muon", l), l, keys, 10, 1e-6);
+        expect_layout_matches(layout_name("muon_owned", l), l, muon_keys(l, 1), 10, 1e-6);
+        std::vector<std::string> small = muon_keys(l, 1);  // a bucket per few matrices: several reduce-scatters
+        small.insert(small.end(), {"muon.bucket_mb=0.001", "parallel.bucket_mb=0.001"});
+        expect_layout_matches(layout_name("muon_owned_small", l), l, small, 10, 1e-6);
+    }
+    std::vector<std::string> capped = muon_keys({.dp = n}, 1);
+    capped.push_back("muon.max_owner_group=1");
+    expect_layout_matches(layout_name("muon_owned_capped", {.dp = n}), {.dp = n}, capped, 10, 1e-6);
+}
+
+TEST(TrainerMuon, EveryMatrixIsOwnedExactlyOnce) {
+    const int n = dist_world().size();
+    std::vector<Layout> layouts = {{.dp = n}};
+    if (n == 4) layouts.push_back({.dp = 2, .ep = 2});
+    for (const Layout& l : layouts) {
+        for (const char* cap : {"0", "1"}) {
+            std::vector<std::string> keys = muon_keys(l, 1);
+            keys.insert(keys.end(),
+                        {"muon.bucket_mb=0.001",
+                         "parallel.bucket_mb=0.001",
+                         std::string("muon.max_owner_group=") + cap,
+                         "parallel.dp=" + std::to_string(l.dp),
+                         "parallel.ep=" + std::to_string(l.ep),
+                         "train.steps=1"});
+            const std::string name = layout_name("muon_once", l) + "_cap" + cap;
+            mt::train::Trainer trainer(mpi_job(data_dir(), shared_dir(name), keys), false);
+            const std::vector<std::string> all =
+                mt::parallel::comm_gather_strings(dist_world(), owned_matrices(trainer));
+            // The one-process optimizer holds every matrix: the union over the ranks must be exactly its list.
+            auto self = comm_make_self();
+            std::vector<std::string> one_keys = muon_keys(l, 1);
+            one_keys.push_back("train.steps=1");
+            mt::train::Trainer single(mpi_job(data_dir(), shared_dir(name) + "/single", one_keys), false, self.get());
+            if (dist_world().rank() != 0) continue;
+            std::map<std::string, int> owners;
+            for (const std::string& rank_list : all) {
+                size_t at = 0;
+                for (size_t nl; (nl = rank_list.find('\n', at)) != std::string::npos; at = nl + 1)
+                    ++owners[rank_list.substr(at, nl - at)];
+            }
+            const std::string every = owned_matrices(single);
+            int64_t matrices = 0;
+            size_t at = 0;
+            for (size_t nl; (nl = every.find('\n', at)) != std::string::npos; at = nl + 1, ++matrices)
+                EXPECT_EQ(owners[every.substr(at, nl - at)], 1) << name << ": " << every.substr(at, nl - at);
+            EXPECT_EQ(static_cast<int64_t>(owners.size()), matrices) << name;
+            EXPECT_GT(matrices, 0) << name;
+            // Each rank owns its share: none holds every matrix (the capped owner: every dense one).
+            for (size_t r = 0; r < all.size(); ++r) {
+                const auto mine = static_cast<int64_t>(std::count(all[r].begin(), all[r].end(), '\n'));
+                if (std::string(cap) != "0") continue;
+                EXPECT_LT(mine, matrices) << name << " rank " << r;
+                EXPECT_GT(mine, 0) << name << " rank " << r;
+            }
+        }
+    }
+}
+
+TEST(TrainerMuon, OwnedStateResumesExactlyAndOnAnotherDataParallelSize) {
+    // The momentum of each matrix is written by its owner at its place in the parameter's global tensor, so a resume
+    // on the same ranks is bitwise and one process (which owns everything) reads the same checkpoint.
+    const int n = dist_world().size();
+    const std::string dir = shared_dir("muon_owned_resume");
+    std::vector<std::string> keys = muon_keys({.dp = n}, 1);
+    keys.insert(keys.end(),
+                {"muon.bucket_mb=0.001", "parallel.bucket_mb=0.001", "train.grad_accum=2", "train.steps=8"});
+    ResumeRun run;
+    ASSERT_NO_FATAL_FAILURE(expect_exact_resume(mpi_job(data_dir(), dir, keys), &run));
+    auto self = comm_make_self();
+    std::vector<std::string> one = muon_keys({.dp = 1}, 1);
+    one.insert(one.end(), {"train.grad_accum=" + std::to_string(2 * n), "train.steps=8", "parallel.dp=1"});
+    mt::train::Trainer single(mpi_job(data_dir(), dir + "/one", one), false, self.get());
+    single.load_checkpoint(run.checkpoint);
+    for (int step = 5; step <= 8; ++step) {
+        const double loss = single.train_step().loss, want = run.losses[size_t(step - 1)];
+        EXPECT_LT(std::abs(loss - want) / want, 1e-5) << "step " << step << ": " << loss << " vs " << want;
     }
 }
