@@ -2,6 +2,7 @@
 #include "optim/muon.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "core/error.h"
@@ -76,9 +77,33 @@ int64_t Muon::state_bytes() const {
     return bytes;
 }
 
-void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq) {
+namespace {
+
+// ||N||_F of each matrix of a step's input: N = g + mu m (Nesterov, with the updated momentum m) or m (host reads).
+void input_norms(
+    const core::Tensor& grad, const core::Tensor& m, double scale, const ops::MuonHyper& h, std::vector<double>& out) {
+    const core::Tensor g = grad.to_device(core::Device::cpu).clone(), mm = m.to_device(core::Device::cpu).clone();
+    const int64_t per = g.numel() / g.size(0);
+    for (int64_t e = 0; e < g.size(0); ++e) {
+        double sq = 0.0;
+        for (int64_t k = e * per; k < (e + 1) * per; ++k) {
+            const double mk = core::tensor_get_flat(mm, k);
+            const double n = h.nesterov ? core::tensor_get_flat(g, k) * scale + h.momentum * mk : mk;
+            sq += n * n;
+        }
+        out.push_back(std::sqrt(sq));
+    }
+}
+
+}  // namespace
+
+void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq, StepStats* stats) {
     ops::MuonHyper h = hyper_;
     h.lr = lr;
+    if (stats) {
+        stats->update_sq.assign(static_cast<size_t>(table_->size()), 0.0);
+        stats->n_norm.clear();
+    }
     for (const Entry& e : entries_) {
         const int i = e.param;
         h.weight_decay = table_->spec(i).weight_decay ? hyper_.weight_decay : 0.0;
@@ -86,20 +111,34 @@ void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq) {
         const core::Tensor sq = update_sq.defined() ? update_sq.slice(0, i, i + 1) : core::Tensor();
         const auto k = static_cast<int64_t>(e.matrices.size());
         const int64_t first = e.matrices.front();
-        if (e.matrices.back() - first + 1 == k) {  // a run of consecutive matrices: views
-            ops::muon_step(
-                param.slice(0, first, first + k), grad.slice(0, first, first + k), e.momentum, h, grad_scale, sq);
-            continue;
+        core::Tensor p, g;
+        const bool views = e.matrices.back() - first + 1 == k;  // a run of consecutive matrices
+        if (views) {
+            p = param.slice(0, first, first + k);
+            g = grad.slice(0, first, first + k);
+        } else {
+            // Scattered matrices (ownership hands a stack's experts round-robin): one batched step on packed copies.
+            p = core::Tensor::zeros(e.momentum.shape(), param.dtype(), param.device());
+            g = core::Tensor::zeros(e.momentum.shape(), grad.dtype(), grad.device());
+            for (int64_t j = 0; j < k; ++j) {
+                p.select(0, j).copy_from(param.select(0, e.matrices[static_cast<size_t>(j)]));
+                g.select(0, j).copy_from(grad.select(0, e.matrices[static_cast<size_t>(j)]));
+            }
         }
-        // Scattered matrices (ownership hands a stack's experts round-robin): one batched step on packed copies.
-        core::Tensor p = core::Tensor::zeros(e.momentum.shape(), param.dtype(), param.device());
-        core::Tensor g = core::Tensor::zeros(e.momentum.shape(), grad.dtype(), grad.device());
-        for (int64_t j = 0; j < k; ++j) {
-            p.select(0, j).copy_from(param.select(0, e.matrices[static_cast<size_t>(j)]));
-            g.select(0, j).copy_from(grad.select(0, e.matrices[static_cast<size_t>(j)]));
-        }
+        const core::Tensor before = stats ? p.clone() : core::Tensor();
         ops::muon_step(p, g, e.momentum, h, grad_scale, sq);
-        for (int64_t j = 0; j < k; ++j) param.select(0, e.matrices[static_cast<size_t>(j)]).copy_from(p.select(0, j));
+        if (!views)
+            for (int64_t j = 0; j < k; ++j)
+                param.select(0, e.matrices[static_cast<size_t>(j)]).copy_from(p.select(0, j));
+        if (!stats) continue;
+        const core::Tensor a = before.to_device(core::Device::cpu), b = p.to_device(core::Device::cpu).clone();
+        double change = 0.0;
+        for (int64_t x = 0; x < a.numel(); ++x) {
+            const double d = core::tensor_get_flat(b, x) - core::tensor_get_flat(a, x);
+            change += d * d;
+        }
+        stats->update_sq[static_cast<size_t>(i)] = change;
+        input_norms(g, e.momentum, grad_scale, hyper_, stats->n_norm);
     }
 }
 

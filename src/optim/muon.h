@@ -32,9 +32,17 @@ class Muon {
          const ops::MuonHyper& hyper,
          const std::optional<std::vector<MuonMatrixRef>>& owned = std::nullopt);
 
+    // What a step measured for the metrics (muon.md §8), over the matrices this rank updated: per table parameter
+    // the squared norm of the change (0 for the others), and per matrix ||N||_F, Newton-Schulz's input.
+    struct StepStats {
+        std::vector<double> update_sq;
+        std::vector<double> n_norm;
+    };
+
     // One update with the given learning rate; grad_scale multiplies every gradient first (the loss scale's inverse:
-    // Muon gradients are not clipped by the global norm, muon.md §5). update_sq as AdamW::step's.
-    void step(double lr, double grad_scale, const core::Tensor& update_sq = {});
+    // Muon gradients are not clipped by the global norm, muon.md §5). update_sq as AdamW::step's; stats (optional)
+    // is filled (it reads the momentum and gradients back: metrics steps only).
+    void step(double lr, double grad_scale, const core::Tensor& update_sq = {}, StepStats* stats = nullptr);
 
     // The matrices held per parameter, in table order: the stack indices (ascending) and their momentum [k, A, B].
     struct Entry {

@@ -148,6 +148,11 @@ void GradSync::plan_packed(const GradSyncOptions& options) {
             owned_matrices_.back().writer = comm.rank() < b.positions;
         }
         for (const optim::ArenaRange& r : b.blocks[me]) owned_.push_back(r);
+        if (options.compress.level > 0 && ranks > 1) {
+            b.compress = std::make_shared<CompressedReduce>(
+                options.compress, packed.flat, packed.owned, comm.rank(), static_cast<int64_t>(&b - buckets_.data()));
+            compress_warmup_ = options.compress_warmup_steps;
+        }
         report_.buckets.push_back({.expert = b.expert,
                                    .matrices = static_cast<int64_t>(packed.matrices.size()),
                                    .payload = packed.payload,
@@ -173,6 +178,11 @@ void GradSync::issue(Bucket& b) {
         return;
     }
     char* out = static_cast<char*>(staging_.raw()) + static_cast<size_t>(b.staging) * elem;
+    b.compressed = b.compress != nullptr && compressing();
+    if (b.compressed) {
+        b.work = b.compress->start(comm, grads, step_);
+        return;
+    }
     if (!b.blocks.empty()) {
         // Packed: every rank's block of this rank's gradients, padded with zeros, then one reduce-scatter.
         b.send = core::Tensor::zeros({comm.size() * b.share}, grads.dtype(), grads.device());
@@ -212,6 +222,10 @@ double GradSync::finish() {
         b.issued = false;
         if (!zero_ || group(b).size() == 1) continue;
         // The owned slice's reduced gradient goes back to its place in the arena, where the optimizer reads it.
+        if (b.compressed) {
+            b.compress->finish(grads);
+            continue;
+        }
         if (b.blocks.empty()) {
             grads.slice(0, b.mine, b.mine + b.share).copy_from(staging_.slice(0, b.staging, b.staging + b.share));
             continue;
@@ -329,6 +343,32 @@ void GradSync::gather_params() {
     const core::Tensor& arena = mixed ? arenas_.weights : arenas_.master;
     for (auto b = buckets_.rbegin(); b != buckets_.rend(); ++b) b->param_gather = start_gather(*b, arena);
     if (mixed) master_stale_ = true;
+}
+
+CompressReport GradSync::compress_report() const {
+    CompressReport out;
+    if (!compressing()) return out;
+    for (const Bucket& b : buckets_) {
+        if (!b.compress) continue;
+        const optim::CompressStats x = b.compress->stats();
+        out.stats.g_sq += x.g_sq, out.stats.p_sq += x.p_sq, out.stats.err_sq += x.err_sq, out.stats.e_sq += x.e_sq;
+        out.wire_bytes += b.compress->wire_bytes();
+        out.raw_bytes += b.compress->raw_bytes();
+    }
+    return out;
+}
+
+std::vector<CompressedReduce::State> GradSync::compress_states() {
+    std::vector<CompressedReduce::State> out;
+    for (Bucket& b : buckets_)
+        if (b.compress)
+            for (CompressedReduce::State& s : b.compress->states()) out.push_back(std::move(s));
+    return out;
+}
+
+void GradSync::reset_compress_states() {
+    for (Bucket& b : buckets_)
+        if (b.compress) b.compress->reset_states();
 }
 
 void GradSync::params_needed(int end) {

@@ -11,10 +11,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "optim/adamw.h"
 #include "parallel/comm.h"
+#include "parallel/compressed_reduce.h"
 #include "parallel/mesh.h"
 #include "parallel/muon_ownership.h"
 
@@ -81,6 +83,15 @@ struct GradSyncOptions {
     // matrices (0: all), each further rank a copy of one of them (muon.md §3 "Too few matrices").
     double muon_bucket_mb = 64.0;
     int64_t max_owner_group = 0;
+    // Gradient compression of the packed buckets' matrices (muon.md §6; level 0: off), from step warmup_steps on.
+    optim::CompressOptions compress{.level = 0};
+    int64_t compress_warmup_steps = 1000;
+};
+
+// What compression did in the last step, summed over this rank's packed buckets (0 while off or warming up).
+struct CompressReport {
+    optim::CompressStats stats;
+    int64_t wire_bytes = 0, raw_bytes = 0;  // bytes this rank sent, and the same exchange uncompressed
 };
 
 // The ownership balance GradSync logs at startup (muon.md §3): per owner position the Newton-Schulz FLOPs per
@@ -162,6 +173,17 @@ class GradSync {
     const OwnershipReport& ownership_report() const {
         return report_;
     }
+    // The optimizer step the next reduction belongs to (compression's warm-up and random streams).
+    void set_step(int64_t step) {
+        step_ = step;
+    }
+    bool compressing() const {
+        return compress_warmup_ >= 0 && step_ >= compress_warmup_;
+    }
+    CompressReport compress_report() const;
+    // The compression state of every packed bucket (error buffers, EF21 estimates) for checkpoints, and its reset.
+    std::vector<CompressedReduce::State> compress_states();
+    void reset_compress_states();
     // ZeRO-1: starts all-gathering every bucket's updated parameters over its group: the weights the forward reads
     // (under mixed precision the bf16 copy; the f32 master weights then stay sharded until gather_master). The
     // gathers complete in the background: params_needed or settle_params before anything reads those weights.
@@ -204,6 +226,8 @@ class GradSync {
         core::Tensor send;          // the gradient blocks of the reduce-scatter in flight
         core::Tensor gathered;      // the parameter blocks of the all-gather in flight
         core::Tensor gather_arena;  // where gathered's blocks go once the gather completes (undefined: nowhere)
+        std::shared_ptr<CompressedReduce> compress;  // compress.level > 0: its compressed reduction
+        bool compressed = false;                     // the reduction in flight is compress's
     };
     Comm& group(const Bucket& b) const {
         return b.expert ? *edp_rows_ : b.tp_partial ? *stage_rows_ : *dense_rows_;
@@ -226,6 +250,7 @@ class GradSync {
     std::vector<Bucket> buckets_;  // in issue order (the end of the arena first)
     std::vector<optim::ArenaRange> owned_, owned_flat_;
     bool owns_matrices_ = false;
+    int64_t step_ = 0, compress_warmup_ = -1;  // -1: no compression
     std::vector<OwnedMatrix> owned_matrices_;
     OwnershipReport report_;
     int64_t overlapped_ = 0, issued_early_ = 0;

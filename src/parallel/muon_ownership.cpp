@@ -89,10 +89,14 @@ PackedBucket plan_packed_bucket(
         load.cost[static_cast<size_t>(m.owner)] += newton_schulz_flops(m.rows, m.cols);
     }
     out.blocks = out.flat;
+    out.owned.resize(static_cast<size_t>(ranks));
     // Each block's matrices after its slice, in table order: every rank at an owner position holds them.
     for (int64_t r = 0; r < ranks; ++r)
         for (const OwnedMatrix& m : out.matrices)
-            if (m.owner == r % positions) append_range(out.blocks[static_cast<size_t>(r)], m.begin, m.begin + m.numel);
+            if (m.owner == r % positions) {
+                append_range(out.blocks[static_cast<size_t>(r)], m.begin, m.begin + m.numel);
+                append_range(out.owned[static_cast<size_t>(r)], m.begin, m.begin + m.numel);
+            }
     std::vector<int64_t> sizes;
     for (const auto& block : out.blocks) {
         int64_t n = 0;

@@ -44,6 +44,7 @@ struct OwnerLoad {
 struct PackedBucket {
     std::vector<std::vector<optim::ArenaRange>> blocks;  // per group rank: its arena ranges in block order
     std::vector<std::vector<optim::ArenaRange>> flat;    // per group rank: the element-sharded part of its block
+    std::vector<std::vector<optim::ArenaRange>> owned;   // per group rank: the matrices part (after flat)
     std::vector<OwnedMatrix> matrices;                   // the bucket's matrices, table order, with their owners
     int64_t shard = 0;                                   // elements per block (the largest block)
     int64_t padding = 0;                                 // zero elements of all blocks together

@@ -345,6 +345,11 @@ void validate(const JobConfig& c, const std::string& src) {
             fmt::format("optim.name = \"muon\" with parallel.tp = {} is not built yet: a tp-split matrix is "
                         "orthogonalised whole (muon.md §3); use parallel.tp = 1 or optim.name = \"adamw\"",
                         c.parallel.tp));
+    if (c.compress.level > 0 && (c.optim.name != "muon" || c.parallel.zero_stage < 1))
+        bad(
+            fmt::format("compress.level = {} compresses Muon's reduce-to-owner leg (muon.md §6), which needs "
+                        "optim.name = \"muon\" and parallel.zero_stage = 1",
+                        c.compress.level));
     if (c.train.seq_len > m.max_seq_len)
         bad(fmt::format("train.seq_len = {} exceeds model.max_seq_len = {}", c.train.seq_len, m.max_seq_len));
     if (!m.attn.window_layers.empty() && m.attn.window > m.max_seq_len)

@@ -73,6 +73,15 @@ struct MuonConfig {
     double weight_decay = 0.1;          // decoupled, times the learning rate
     double bucket_mb = 64.0;            // ZeRO-1: gradient buckets holding whole-owned matrices (muon.md §3)
     int64_t max_owner_group = 0;        // ZeRO-1: at most this many owners per group (0: every rank)
+    std::string clip = "none";          // none | own_norm: clip the Muon group by its own norm (muon.md §5)
+};
+
+// [compress] (docs/optimizers.md, muon.md §6): gradient compression of Muon's reduce-to-owner leg (ZeRO-1).
+struct CompressConfig {
+    int64_t level = 0;                 // 0 off | 1 bf16_sr | 2 sign_ef | 3 topk_ef21 (research)
+    int64_t chunk = 2048;              // level 2: elements per sign chunk (one f32 scale each)
+    int64_t warmup_steps = 1000;       // steps reduced uncompressed first (error buffers zero)
+    double topk_density = 1.0 / 24.0;  // level 3: the share of each 65536-element chunk sent
 };
 
 struct CheckpointConfig {
@@ -192,6 +201,7 @@ struct JobConfig {
     TrainConfig train;
     OptimConfig optim;
     MuonConfig muon;
+    CompressConfig compress;
     CheckpointConfig checkpoint;
     MetricsConfig metrics;
     HealthConfig health;

@@ -45,6 +45,31 @@ std::vector<Field> config_schema_muon(JobConfig& c) {
                 1 << 20,
                 "with `parallel.zero_stage = 1`: at most this many ranks of a data-parallel group own Muon "
                 "matrices, the others computing copies (0: every rank); for models with few matrices per rank"),
+        text("muon.clip",
+             &u.clip,
+             "`none`: Muon's gradients are never scaled by the global-norm clip, which scales the AdamW group only "
+             "(Newton-Schulz discards the magnitude; a clip driven by another group's spike would shrink them to "
+             "the 1e-7 epsilon); `own_norm`: clip them by the Muon group's own norm against `train.grad_clip`",
+             {"none", "own_norm"}),
+        integer("compress.level",
+                &c.compress.level,
+                0,
+                3,
+                "gradient compression of Muon's reduce-to-owner leg (`optim.name = \"muon\"`, "
+                "`parallel.zero_stage = 1`): 0 off, 1 `bf16_sr` (stochastic rounding, 2x), 2 `sign_ef` (1 bit and "
+                "one scale per chunk with error feedback, about 32x), 3 `topk_ef21` (research); measure before use "
+                "(docs/optimizers.md)"),
+        integer("compress.chunk", &c.compress.chunk, 1, 1 << 30, "level 2: elements per chunk (one f32 scale each)"),
+        integer("compress.warmup_steps",
+                &c.compress.warmup_steps,
+                0,
+                int64_t{1} << 40,
+                "steps reduced uncompressed before compression starts (error buffers zero until then)"),
+        number_above("compress.topk_density",
+                     &c.compress.topk_density,
+                     0,
+                     1,
+                     "level 3: the share of each 65536-element chunk sent (as int8 values and u16 offsets)"),
     };
 }
 

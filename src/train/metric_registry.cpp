@@ -76,6 +76,30 @@ std::vector<MetricDef> metric_registry(const JobConfig& cfg) {
     }
     b.add("comm/dp_grad_seconds", "gauge", "s", "the gradient reduction's seconds not hidden behind the backward");
     b.add("comm/dp_buckets_overlapped", "gauge", "", "gradient buckets issued while the backward still ran");
+    // The optimizer (muon.md §8).
+    b.add("optim/clip_coef", "gauge", "", "the global-norm clip's coefficient (it scales the AdamW group only)");
+    b.add("optim/step_seconds", "gauge", "s", "the optimizer update: both groups, and the start of ZeRO-1's gathers");
+    if (cfg.optim.name == "muon") {
+        const char* when = "optim.name = \"muon\"";
+        b.add("optim/muon_seconds", "gauge", "s", "Muon's step: momentum, Newton-Schulz and the update", when);
+        b.add("optim/muon_clip_coef", "gauge", "", "muon.clip = \"own_norm\": the Muon group's own coefficient", when);
+        b.add("optim/muon_grad_norm", "gauge", "", "the Muon group's gradient norm (reduced, unscaled)", when);
+        b.add("optim/adamw_grad_norm", "gauge", "", "the AdamW group's gradient norm (reduced, unscaled)", when);
+        b.add("optim/muon_update_rms", "gauge", "", "RMS of the Muon group's change (about scale_factor x lr)", when);
+        for (const char* s : {"min", "mean", "max"})
+            b.add(fmt::format("optim/muon_n_norm_{}", s),
+                  "gauge",
+                  "",
+                  fmt::format("the {} of ||N||_F over the Muon matrices (near 1e-7 an update vanishes)", s),
+                  when);
+    }
+    if (cfg.compress.level > 0) {
+        const char* when = "compress.level > 0, after compress.warmup_steps";
+        b.add("compress/ef_ratio", "gauge", "", "||e|| / ||g|| of the compressed leg (must stay bounded)", when);
+        b.add("compress/error", "gauge", "", "||C(p) - p|| / ||p||: the compressor's relative error", when);
+        b.add("compress/wire_bytes", "gauge", "bytes", "bytes the compressed reduce-to-owner sent (all ranks)", when);
+        b.add("compress/raw_bytes", "gauge", "bytes", "the same exchange uncompressed (f32), all ranks", when);
+    }
     if (cfg.parallel.pp > 1) {
         const char* when = "parallel.pp > 1";
         b.add("pp/bubble", "gauge", "1", "the pipeline schedule's ideal idle fraction", when);

@@ -206,7 +206,12 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
         parallel::GradSyncOptions{.bucket_mb = cfg_.parallel.bucket_mb,
                                   .zero = cfg_.parallel.zero_stage >= 1,
                                   .muon_bucket_mb = cfg_.muon.bucket_mb,
-                                  .max_owner_group = cfg_.muon.max_owner_group},
+                                  .max_owner_group = cfg_.muon.max_owner_group,
+                                  .compress = {.level = static_cast<int>(cfg_.compress.level),
+                                               .chunk = cfg_.compress.chunk,
+                                               .topk_density = cfg_.compress.topk_density,
+                                               .seed = static_cast<uint64_t>(cfg_.run.seed)},
+                                  .compress_warmup_steps = cfg_.compress.warmup_steps},
         nccl_dp_span_.get(),
         nccl_edp_.get(),
         nccl_stage_.get());
@@ -290,7 +295,6 @@ StepResult Trainer::train_step(const core::Tensor& inputs, const core::Tensor& t
 
 StepResult Trainer::train_step() {
     const auto start = std::chrono::steady_clock::now();
-    const auto& t = cfg_.train;
     StepResult r;
     memory_step_begin();
     r.lr = schedule_.at(step_);
@@ -337,16 +341,7 @@ StepResult Trainer::train_step() {
         r.layer_grad_sq = grad_sync_->group_norms_sq(layer_of_param_, static_cast<int>(cfg_.model.n_layers), true);
         for (double& x : r.layer_grad_sq) x /= r.loss_scale * r.loss_scale;
     }
-    if (!r.skipped) {
-        // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm; the
-        // loss scale is divided out in the same multiplier.
-        const double clip = t.grad_clip > 0 && r.grad_norm > t.grad_clip ? t.grad_clip / (r.grad_norm + 1e-6) : 1.0;
-        adamw_->step(r.lr, step_ + 1, clip / r.loss_scale, layer_stats ? update_sq_ : core::Tensor());
-        // Muon's gradients are not scaled by the global norm (muon.md §5: Newton-Schulz discards the magnitude, and
-        // a clip driven by another group's spike would shrink them to the epsilon).
-        if (muon_) muon_->step(r.lr, 1.0 / r.loss_scale, layer_stats ? update_sq_ : core::Tensor());
-        grad_sync_->gather_params();  // ZeRO-1: every rank's updated slices to every replica
-    }
+    if (!r.skipped) optimizer_step(r, layer_stats);
     if (layer_stats) {
         r.layer_param_sq = grad_sync_->group_norms_sq(layer_of_param_, static_cast<int>(cfg_.model.n_layers), false);
         layer_stats_end(r);
@@ -369,7 +364,8 @@ void Trainer::compute_gradients(StepResult& r) {
     const auto& t = cfg_.train;
     model_->params().zero_grads();
     model_->set_train_step(step_);
-    layer_stats_begin();  // a re-run of the step starts the sums over
+    grad_sync_->set_step(step_);  // compression's warm-up and random streams
+    layer_stats_begin();          // a re-run of the step starts the sums over
     beat_phase(Phase::data);
     // The loss is the mean cross-entropy over the supervised tokens of the whole global batch (long_context.md §5):
     // N_global, counted over every micro-batch and data rank before the first forward (the labels are known), and
@@ -592,6 +588,7 @@ RunEnd Trainer::run() {
             add_moe_metrics(r, fields);
             add_long_metrics(fields);
             add_comm_metrics(fields);
+            add_optim_metrics(r, fields);
             add_health_metrics(r, fields);
             add_alarm_metrics(fields);
             add_throughput_metrics(r, fields);

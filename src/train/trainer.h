@@ -31,6 +31,20 @@
 
 namespace mt::train {
 
+// The optimizer's side of a step (muon.md §8; trainer_optim.cpp). Norms are of the reduced gradients with the loss
+// scale divided out; the Muon figures are over the matrices every rank updated (metrics steps only, else 0).
+struct OptimStepMetrics {
+    double clip_coef = 1.0;       // kappa of the global-norm clip (it scales the AdamW group)
+    double muon_clip_coef = 1.0;  // muon.clip = "own_norm": the Muon group's own kappa
+    double muon_grad_norm = 0.0, adamw_grad_norm = 0.0;
+    double muon_update_rms = 0.0;  // RMS of the Muon group's change (about scale_factor x lr)
+    double n_norm_min = 0.0, n_norm_max = 0.0, n_norm_mean = 0.0;  // ||N||_F over the matrices
+    double step_seconds = 0.0, muon_seconds = 0.0;         // the update (both optimizers, QK-clip, the gathers' start)
+    int64_t qk_clipped_heads = 0;                          // QK-clip: query heads whose logit exceeded tau
+    double compress_ef_ratio = 0.0, compress_error = 0.0;  // ||e|| / ||g||, ||C(p) - p|| / ||p|| (job-wide)
+    int64_t compress_wire_bytes = 0, compress_raw_bytes = 0;  // this step's reduce-to-owner leg, summed over ranks
+};
+
 struct StepResult {
     double loss = 0.0;
     double grad_norm = 0.0;
@@ -72,12 +86,17 @@ struct StepResult {
     // all-reduce): each layer's squared norm of the change the optimizer applied, and the whole job's slot sums of
     // nn/layer_stats.h (activation moments, KDA gate, AttnRes mixes), indexed by layer_stats_layout's offsets.
     std::vector<double> layer_update_sq, layer_stats;
+    OptimStepMetrics optim;
 };
 
 // A fault injected into one step's gradients (tests of the bad-step handling): at the optimizer step that reads data
 // step `data_step`, every gradient is multiplied by grad_scale, or made NaN; `times` tries of that step are hit
 // (1: a re-run is clean, a transient fault; 2 or more: reproducible).
 // straggler_rank (a world rank) sleeps straggler_seconds in every step before the gradient reduction.
+// spike_param (a parameter name): instead of scaling, that parameter's reduced gradient gets spike_norm / sqrt(n)
+// added to each of its n elements (an L2 norm of spike_norm: muon.md §9 test 7's embedding spike).
+// legacy_muon_clip: the global-norm clip scales the Muon group too, the behaviour of Megatron-LM issue #5394 that
+// muon.md §5 rules out (tests only: it shows the collapse the default avoids).
 struct FaultInjection {
     int64_t data_step = -1;
     double grad_scale = 1.0;
@@ -85,6 +104,9 @@ struct FaultInjection {
     int64_t times = 1;
     int straggler_rank = -1;
     double straggler_seconds = 0.0;
+    std::string spike_param = "";
+    double spike_norm = 0.0;
+    bool legacy_muon_clip = false;
 };
 
 // One rank's communication in one report group (Trainer::comm_traffic): bytes it sent or contributed (Comm::stats:
@@ -239,6 +261,12 @@ class Trainer {
     void check_muon_layout() const;
     // The Muon optimizer: replicated, or over the matrices GradSync assigned this rank (logs the ownership balance).
     std::unique_ptr<optim::Muon> make_muon() const;
+    // trainer_optim.cpp: the update of both optimizer groups (the clip rule of muon.md §5, QK-clip), its metrics,
+    // and the start of the parameter gathers.
+    void optimizer_step(StepResult& r, bool layer_stats);
+    void add_optim_metrics(const StepResult& r, nlohmann::json& fields) const;
+    // Resume: the compression error buffers this rank wrote, or zeros when the checkpoint's mesh differs.
+    void load_compress_state(const Checkpoint& ckpt);
     double dp_sum(double value);
 
     // trainer_guard.cpp: reading a step's batches ahead of its collectives, the agreed stop before each step, the

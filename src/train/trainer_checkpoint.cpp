@@ -266,6 +266,12 @@ std::vector<CheckpointTensor> Trainer::checkpoint_tensors() {
                                    nn::param_shard_flat_offset(spec) + first * m.numel() / count});
             });
         }
+    // Gradient compression's error-feedback state, per rank (it does not reshard: conventions §5.2).
+    for (const parallel::CompressedReduce::State& st : grad_sync_->compress_states())
+        tensors.push_back(
+            {fmt::format("rank{:05d}.{}", mesh_->world().rank(), st.name),
+             "ef",
+             core::Tensor::borrow(st.values.data(), {static_cast<int64_t>(st.values.size())}, core::DType::f32)});
     // The balancer state is the same on every rank of a stage: its first rank writes its stage's layers.
     if (mesh_->group(parallel::MeshGroup::stage).rank() == 0)
         for (auto& moe : moe_checkpoint_tensors()) tensors.push_back({moe.name, moe.kind, moe.tensor});
@@ -492,9 +498,37 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
             });
             check_finite(e.momentum, spec.name, "muon.momentum", ckpt.dir());
         }
+    load_compress_state(ckpt);
     table.refresh_params_from_master();
     grad_sync_->master_loaded();
     load_moe_checkpoint(ckpt);
+}
+
+void Trainer::load_compress_state(const Checkpoint& ckpt) {
+    std::vector<parallel::CompressedReduce::State> states = grad_sync_->compress_states();
+    if (states.empty()) return;
+    // Only onto the mesh that wrote it, every buffer present: otherwise all restart from zero (conventions §5.2).
+    bool same = ckpt.manifest().value("mesh", nlohmann::json()) == mesh_->to_json();
+    std::vector<std::string> names;
+    for (const auto& st : states) {
+        names.push_back(fmt::format("rank{:05d}.{}", mesh_->world().rank(), st.name));
+        same = same && ckpt.has("ef", names.back()) &&
+               ckpt.global_shape("ef", names.back()) == core::Shape{static_cast<int64_t>(st.values.size())};
+    }
+    if (!same) {
+        grad_sync_->reset_compress_states();
+        if (log_)
+            fmt::print(
+                "moetrain: warning: the checkpoint's gradient-compression error buffers were written by "
+                "another mesh or compression layout: they restart from zero [{}]\n",
+                ckpt.dir());
+        return;
+    }
+    for (size_t k = 0; k < states.size(); ++k)
+        ckpt.read_into("ef",
+                       names[k],
+                       core::Tensor::borrow(
+                           states[k].values.data(), {static_cast<int64_t>(states[k].values.size())}, core::DType::f32));
 }
 
 void Trainer::report_resume() {

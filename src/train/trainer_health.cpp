@@ -39,13 +39,16 @@ void Trainer::apply_fault(StepResult& r) {
     --fault_->times;
     nn::ParamTable& table = model_->params();
     for (int i = 0; i < table.size(); ++i) {
+        if (!fault_->spike_param.empty() && table.spec(i).name != fault_->spike_param) continue;
         const core::Tensor g = table.grad(i);
         const core::Tensor host = g.device() == core::Device::cpu ? g : g.to_device(core::Device::cpu);
         MT_CHECK(host.dtype() == core::DType::f32 && host.is_contiguous(), "inject_fault: f32 gradients only");
         float* v = host.data<float>();
+        const double spike = fault_->spike_norm / std::sqrt(static_cast<double>(host.numel()));
         for (int64_t k = 0; k < host.numel(); ++k)
-            v[k] = fault_->nonfinite ? std::numeric_limits<float>::quiet_NaN()
-                                     : static_cast<float>(v[k] * fault_->grad_scale);
+            v[k] = fault_->nonfinite              ? std::numeric_limits<float>::quiet_NaN()
+                   : !fault_->spike_param.empty() ? static_cast<float>(v[k] + spike)
+                                                  : static_cast<float>(v[k] * fault_->grad_scale);
         if (g.device() != core::Device::cpu) g.copy_from(host);
     }
     if (fault_->nonfinite) r.loss = std::numeric_limits<double>::quiet_NaN();

@@ -134,6 +134,88 @@ TEST(MuonTrainer, GlobalNormClipLeavesTheMuonGroupAlone) {
             ASSERT_EQ(core::tensor_get_flat(loose[k], i), core::tensor_get_flat(tight[k], i)) << "matrix " << k;
 }
 
+// muon.md §9 test 7: a gradient of norm 1e9 injected into the embedding drives the global clip coefficient to about
+// 1e-9. By default it scales the AdamW group only, so every Muon matrix's step is bitwise the step without the spike.
+// The legacy rule (the clip scales Muon's gradients too; a test-only switch) shrinks ||N|| to about 1e-9 x its usual
+// size, far below Newton-Schulz's 1e-7 epsilon, and the update collapses (to about 12% of its size on this model):
+// the Megatron-LM issue #5394 the default avoids. Weight decay is off so that the change is the orthogonalised update alone.
+TEST(MuonTrainer, EmbeddingSpikeLeavesMuonAloneUnlessTheLegacyClipIsOn) {
+    const std::string dir = fresh_dir("pitfall");
+    struct Change {
+        std::vector<core::Tensor> after;
+        double change_sq = 0.0;
+        OptimStepMetrics optim;
+    };
+    auto muon_step = [&](double spike, bool legacy) {
+        Trainer trainer(tiny_job(dir, {"optim.name=\"muon\"", "muon.weight_decay=0", "train.grad_clip=1"}), false);
+        const nn::ParamTable& table = trainer.model().params();
+        std::vector<core::Tensor> before;
+        for (int i = 0; i < table.size(); ++i)
+            if (table.spec(i).group == nn::OptimGroup::muon) before.push_back(table.master(i).clone());
+        if (spike > 0)
+            trainer.inject_fault(
+                {.data_step = 0, .spike_param = "embed.weight", .spike_norm = spike, .legacy_muon_clip = legacy});
+        Change c;
+        c.optim = trainer.train_step().optim;
+        for (int i = 0; i < table.size(); ++i)
+            if (table.spec(i).group == nn::OptimGroup::muon) c.after.push_back(table.master(i).clone());
+        for (size_t k = 0; k < before.size(); ++k)
+            for (int64_t i = 0; i < before[k].numel(); ++i) {
+                const double d = core::tensor_get_flat(c.after[k], i) - core::tensor_get_flat(before[k], i);
+                c.change_sq += d * d;
+            }
+        return c;
+    };
+    const Change calm = muon_step(0, false), spiked = muon_step(1e9, false), legacy = muon_step(1e9, true);
+    EXPECT_LT(spiked.optim.clip_coef, 1e-8);  // the spike did reach the clip
+    EXPECT_GT(spiked.optim.adamw_grad_norm, 1e8);
+    ASSERT_EQ(calm.after.size(), spiked.after.size());
+    for (size_t k = 0; k < calm.after.size(); ++k)
+        for (int64_t i = 0; i < calm.after[k].numel(); ++i)
+            ASSERT_EQ(core::tensor_get_flat(calm.after[k], i), core::tensor_get_flat(spiked.after[k], i))
+                << "matrix " << k;
+    // The collapse: ||N|| sits far below the epsilon, and the update shrinks silently (to 12% here: the quintic's
+    // slope of 3.4 at zero over five steps lifts part of it back; a larger spike or a smaller gradient leaves less).
+    EXPECT_GT(calm.change_sq, 0.0);
+    EXPECT_LT(std::sqrt(legacy.change_sq), 0.25 * std::sqrt(calm.change_sq));
+    EXPECT_LT(legacy.optim.n_norm_max, 1e-7);
+    EXPECT_GT(calm.optim.n_norm_min, 1e-3);
+    std::printf("update norm: calm %.3e, spiked %.3e, legacy clip %.3e (||N|| max %.2e)\n",
+                std::sqrt(calm.change_sq),
+                std::sqrt(spiked.change_sq),
+                std::sqrt(legacy.change_sq),
+                legacy.optim.n_norm_max);
+}
+
+// muon.md §8: the step's metrics. Muon's update RMS is about scale_factor x lr (0.2 lr: an orthogonal matrix's RMS is
+// 1 / sqrt(max(A, B)), and the quintic leaves singular values in about [0.7, 1.2]); ||N|| is positive and ordered;
+// the own-norm clip scales the Muon group by its own coefficient.
+TEST(MuonTrainer, StepMetricsAndTheOwnNormClip) {
+    const std::string dir = fresh_dir("metrics");
+    Trainer trainer(tiny_job(dir,
+                             {"optim.name=\"muon\"",
+                              "muon.weight_decay=0",
+                              "train.lr=1e-3",
+                              "train.warmup_steps=0",
+                              "train.schedule=\"constant\""}),
+                    false);
+    const OptimStepMetrics o = trainer.train_step().optim;
+    EXPECT_GT(o.muon_update_rms, 0.1 * 1e-3);
+    EXPECT_LT(o.muon_update_rms, 0.3 * 1e-3);
+    EXPECT_GT(o.n_norm_min, 0.0);
+    EXPECT_LE(o.n_norm_min, o.n_norm_mean);
+    EXPECT_LE(o.n_norm_mean, o.n_norm_max);
+    EXPECT_GT(o.muon_grad_norm, 0.0);
+    EXPECT_GT(o.adamw_grad_norm, 0.0);
+    EXPECT_GT(o.muon_seconds, 0.0);
+    EXPECT_EQ(o.muon_clip_coef, 1.0);
+    Trainer clipped(tiny_job(dir, {"optim.name=\"muon\"", "muon.clip=\"own_norm\"", "train.grad_clip=1e-3"}), false);
+    const OptimStepMetrics c = clipped.train_step().optim;
+    EXPECT_NEAR(c.muon_clip_coef, 1e-3 / (c.muon_grad_norm + 1e-6), 1e-12);
+    EXPECT_LT(c.muon_clip_coef, 1.0);
+    std::printf("update rms %.3e at lr 1e-3, ||N|| %.3e..%.3e\n", o.muon_update_rms, o.n_norm_min, o.n_norm_max);
+}
+
 TEST(MuonTrainer, RefusesWhatIsNotBuiltYet) {
     const std::string dir = fresh_dir("refuse");
     try {
@@ -143,6 +225,13 @@ TEST(MuonTrainer, RefusesWhatIsNotBuiltYet) {
         EXPECT_EQ(e.code(), core::ExitCode::usage);
         EXPECT_NE(std::string(e.what()).find("optim.name = \"muon\" with parallel.tp = 2"), std::string::npos)
             << e.what();
+    }
+    try {
+        tiny_job(dir, {"compress.level=2"});
+        ADD_FAILURE() << "expected exit 2 for compression under AdamW";
+    } catch (const core::Error& e) {
+        EXPECT_EQ(e.code(), core::ExitCode::usage);
+        EXPECT_NE(std::string(e.what()).find("compress.level = 2"), std::string::npos) << e.what();
     }
 }
 

@@ -1,0 +1,115 @@
+// The optimizer step of a training step: AdamW over its group (scaled by the global-norm clip), Muon over the
+// hidden matrices (never by the global clip: muon.md §5), and the metrics of muon.md §8.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "parallel/comm.h"
+#include "train/trainer.h"
+
+namespace mt::train {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
+void Trainer::optimizer_step(StepResult& r, bool layer_stats) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto& t = cfg_.train;
+    OptimStepMetrics& o = r.optim;
+    // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm; the loss
+    // scale is divided out in the same multiplier.
+    o.clip_coef = t.grad_clip > 0 && r.grad_norm > t.grad_clip ? t.grad_clip / (r.grad_norm + 1e-6) : 1.0;
+    const bool metrics = (step_ + 1) % std::max<int64_t>(cfg_.metrics.every, 1) == 0;
+    const core::Tensor update_sq = layer_stats ? update_sq_ : core::Tensor();
+    adamw_->step(r.lr, step_ + 1, o.clip_coef / r.loss_scale, update_sq);
+    if (muon_) {
+        // Muon's gradients are not scaled by the global norm (Newton-Schulz discards the magnitude, and a clip driven
+        // by another group's spike would shrink them to the epsilon); muon.clip = "own_norm" clips them by their own.
+        const nn::ParamTable& table = model_->params();
+        std::vector<int> group_of(static_cast<size_t>(table.size()));
+        for (int i = 0; i < table.size(); ++i)
+            group_of[size_t(i)] = table.spec(i).group == nn::OptimGroup::muon ? 0 : 1;
+        double muon_scale = 1.0 / r.loss_scale;
+        if (fault_ && fault_->legacy_muon_clip) muon_scale *= o.clip_coef;  // tests only (FaultInjection)
+        if (metrics || cfg_.muon.clip == "own_norm") {
+            const std::vector<double> sq = grad_sync_->group_norms_sq(group_of, 2, true);
+            o.muon_grad_norm = std::sqrt(sq[0]) / r.loss_scale;
+            o.adamw_grad_norm = std::sqrt(sq[1]) / r.loss_scale;
+        }
+        if (cfg_.muon.clip == "own_norm" && t.grad_clip > 0 && o.muon_grad_norm > t.grad_clip) {
+            o.muon_clip_coef = t.grad_clip / (o.muon_grad_norm + 1e-6);
+            muon_scale *= o.muon_clip_coef;
+        }
+        const auto muon_start = std::chrono::steady_clock::now();
+        optim::Muon::StepStats stats;
+        muon_->step(r.lr, muon_scale, update_sq, metrics ? &stats : nullptr);
+        o.muon_seconds = seconds_since(muon_start);
+        if (metrics) {
+            // The change's RMS over every Muon element of the job, and ||N|| over every matrix (each counted by
+            // the ranks that hold it: GradSync's weights).
+            const std::vector<double> change = grad_sync_->group_sums(stats.update_sq, group_of, 2);
+            double sums[3] = {change[0], 0.0, static_cast<double>(stats.n_norm.size())};
+            for (double n : stats.n_norm) sums[1] += n;
+            double lo = stats.n_norm.empty() ? INFINITY : *std::min_element(stats.n_norm.begin(), stats.n_norm.end());
+            double hi = stats.n_norm.empty() ? 0.0 : *std::max_element(stats.n_norm.begin(), stats.n_norm.end());
+            parallel::Comm& world = mesh_->world();
+            if (world.size() > 1) {
+                world.all_reduce(sums, 3, parallel::CommType::f64, parallel::ReduceOp::sum).wait();
+                world.all_reduce(&lo, 1, parallel::CommType::f64, parallel::ReduceOp::min).wait();
+                world.all_reduce(&hi, 1, parallel::CommType::f64, parallel::ReduceOp::max).wait();
+            }
+            int64_t numel = 0;
+            for (int i = 0; i < table.size(); ++i)
+                if (group_of[size_t(i)] == 0) numel += core::shape_numel(nn::param_global_shape(table.spec(i)));
+            o.muon_update_rms = numel > 0 ? std::sqrt(sums[0] / static_cast<double>(numel)) : 0.0;
+            // Replicated Muon: every rank of a group measured every matrix, so the mean holds; min and max are exact.
+            o.n_norm_mean = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
+            o.n_norm_min = std::isfinite(lo) ? lo : 0.0;
+            o.n_norm_max = hi;
+        }
+    }
+    if (metrics && grad_sync_->compressing()) {
+        const parallel::CompressReport c = grad_sync_->compress_report();
+        double sums[6] = {c.stats.g_sq,
+                          c.stats.p_sq,
+                          c.stats.err_sq,
+                          c.stats.e_sq,
+                          static_cast<double>(c.wire_bytes),
+                          static_cast<double>(c.raw_bytes)};
+        mesh_->world().all_reduce(sums, 6, parallel::CommType::f64, parallel::ReduceOp::sum).wait();
+        o.compress_ef_ratio = sums[0] > 0 ? std::sqrt(sums[3] / sums[0]) : 0.0;
+        o.compress_error = sums[1] > 0 ? std::sqrt(sums[2] / sums[1]) : 0.0;
+        o.compress_wire_bytes = static_cast<int64_t>(sums[4]);
+        o.compress_raw_bytes = static_cast<int64_t>(sums[5]);
+    }
+    grad_sync_->gather_params();  // ZeRO-1: every rank's updated slices and matrices to every replica
+    o.step_seconds = seconds_since(start);
+}
+
+void Trainer::add_optim_metrics(const StepResult& r, nlohmann::json& fields) const {
+    const OptimStepMetrics& o = r.optim;
+    fields["optim/clip_coef"] = o.clip_coef;
+    fields["optim/step_seconds"] = o.step_seconds;
+    if (!muon_) return;
+    fields["optim/muon_seconds"] = o.muon_seconds;
+    fields["optim/muon_clip_coef"] = o.muon_clip_coef;
+    fields["optim/muon_grad_norm"] = o.muon_grad_norm;
+    fields["optim/adamw_grad_norm"] = o.adamw_grad_norm;
+    fields["optim/muon_update_rms"] = o.muon_update_rms;
+    fields["optim/muon_n_norm_min"] = o.n_norm_min;
+    fields["optim/muon_n_norm_mean"] = o.n_norm_mean;
+    fields["optim/muon_n_norm_max"] = o.n_norm_max;
+    if (grad_sync_->compressing()) {
+        fields["compress/ef_ratio"] = o.compress_ef_ratio;
+        fields["compress/error"] = o.compress_error;
+        fields["compress/wire_bytes"] = o.compress_wire_bytes;
+        fields["compress/raw_bytes"] = o.compress_raw_bytes;
+    }
+}
+
+}  // namespace mt::train
