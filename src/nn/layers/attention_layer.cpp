@@ -39,6 +39,7 @@ AttentionLayer::AttentionLayer(ParamTable& table,
     cfg_.head_dim = d;  // fixed before the head counts become this rank's (d_model / n_heads would change)
     cfg_.n_heads = tp.shard(cfg.n_heads);
     cfg_.n_kv_heads = tp.size > cfg.n_kv_heads ? 1 : tp.shard(cfg.n_kv_heads);
+    head_max_logit_.assign(static_cast<size_t>(cfg_.n_heads), -std::numeric_limits<double>::infinity());
     // The memory tokens are embeddings (no weight decay, as the token embedding's rows would be), the sink logits
     // start at 0 (e^0 = one extra unit of mass in every denominator).
     if (window && cfg.attn.global_tokens > 0)
@@ -112,13 +113,24 @@ void AttentionLayer::forward(const Tensor& x, const Tensor& out) {
     if (seg_.active() && !window_) kv_.forward_done();
     if (record_max_logit_) {
         record_max_logit_ = false;
-        const Tensor rows = device_ == core::Device::cpu ? row_max_logit_ : row_max_logit_.to_device(core::Device::cpu);
-        for (int64_t i = 0; i < rows.numel(); ++i) max_logit_ = std::max(max_logit_, core::tensor_get_flat(rows, i));
-        if (cp_.active()) max_logit_ = cp_.max_over_group(max_logit_);  // the other ranks' queries
-        row_max_logit_ = Tensor();
+        record_max_logits();
     }
     wo_.forward(attn_.reshape({n, attn_.numel() / n}), out);
     dropped_.release();
+}
+
+void AttentionLayer::record_max_logits() {
+    const Tensor rows = row_max_logit_.on_host().to(core::DType::f64);  // [B, Hq, T]
+    const double* m = rows.data<double>();
+    const int64_t b = rows.size(0), hq = rows.size(1), t = rows.size(2);
+    for (int64_t bb = 0; bb < b; ++bb)
+        for (int64_t h = 0; h < hq; ++h) {
+            double& head = head_max_logit_[static_cast<size_t>(h)];
+            for (int64_t i = 0; i < t; ++i) head = std::max(head, m[(bb * hq + h) * t + i]);
+        }
+    if (cp_.active()) cp_.max_over_group(head_max_logit_);  // the other ranks' queries, head by head
+    for (double head : head_max_logit_) max_logit_ = std::max(max_logit_, head);
+    row_max_logit_ = Tensor();
 }
 
 void AttentionLayer::forward_core(const Tensor& x) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "nn/documents.h"
 #include "nn/layer.h"
@@ -16,6 +17,7 @@
 #include "nn/layers/segment_kv.h"
 #include "nn/layers/window_kv.h"
 #include "nn/model_config.h"
+#include "nn/qk_clip.h"
 #include "nn/recompute.h"
 #include "nn/segments.h"
 #include "nn/workspace.h"
@@ -82,14 +84,43 @@ class AttentionLayer : public Layer {
     }
     void reset_max_logit() {
         max_logit_ = -std::numeric_limits<double>::infinity();
+        head_max_logit_.assign(head_max_logit_.size(), -std::numeric_limits<double>::infinity());
     }
     double max_logit() const {
         return max_logit_;
+    }
+    // The same running maximum per query head of this rank (size n_heads / tp; under cp the max over the group, as
+    // max_logit's), the S^h of QK-clip (muon.md §4): max_logit() is their maximum.
+    const std::vector<double>& head_max_logit() const {
+        return head_max_logit_;
+    }
+    // QK-clip (nn/qk_clip.h): the parameter table indices of Wq [Hq * D, C] and Wk [Hkv * D, C] (this rank's rows,
+    // head-major), D, this rank's head counts, and the row factors from the tracked per-head maxima (a replicated kv
+    // head under tp > n_kv_heads needs its group maximum reduced over the replicas first: qk_clip.h).
+    int wq_param() const {
+        return wq_.index();
+    }
+    int wk_param() const {
+        return wk_.index();
+    }
+    int64_t head_dim() const {
+        return cfg_.head_dim;
+    }
+    int64_t local_heads() const {
+        return cfg_.n_heads;
+    }
+    int64_t local_kv_heads() const {
+        return cfg_.n_kv_heads;
+    }
+    QkClipFactors qk_clip_factors(double tau = kQkClipTau, double alpha = kQkClipAlpha) const {
+        return nn::qk_clip_factors(head_max_logit_, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, tau, alpha);
     }
 
    private:
     // q, k, v and the attention output from x: what recompute attn_core re-runs.
     void forward_core(const Tensor& x);
+    // Folds the forward's row maxima into the per-head and overall running maxima (over the cp group).
+    void record_max_logits();
     bool rotates() const {
         return window_ ? cfg_.attn.window_rope_base > 0 : cfg_.attn_rope();
     }
@@ -151,6 +182,7 @@ class AttentionLayer : public Layer {
     // The max pre-softmax logit: tracking on, the running maximum, and whether this forward records ([B, Hq, T]).
     bool track_max_logit_ = false, record_max_logit_ = false;
     double max_logit_ = -std::numeric_limits<double>::infinity();
+    std::vector<double> head_max_logit_;  // [n_heads], the running maximum per head
     Tensor row_max_logit_;
 };
 

@@ -252,4 +252,12 @@ double CpAttention::max_over_group(double value) const {
     return value;
 }
 
+void CpAttention::max_over_group(std::vector<double>& values) const {
+    if (values.empty()) return;
+    cp_.group()
+        .all_reduce(
+            values.data(), static_cast<int64_t>(values.size()), parallel::CommType::f64, parallel::ReduceOp::max)
+        .wait();
+}
+
 }  // namespace mt::nn

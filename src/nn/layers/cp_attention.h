@@ -76,6 +76,8 @@ class CpAttention {
                   const Tensor& dv) const;
     // The largest of a value over the cp group (the layer's max logit, whose rows are spread over the ranks).
     double max_over_group(double value) const;
+    // The same element-wise over a vector (the per-head maxima), in place; one all-reduce, the same size on every rank.
+    void max_over_group(std::vector<double>& values) const;
 
     // With sequence segments (long_context.md §4; the batch is one segment): the layer's caches (segment_kv.h,
     // window_kv.h) hold the earlier segments' keys and values whole on every rank, as in one process, so each rank
