@@ -17,7 +17,8 @@ void muon_step(const Tensor& param,
                const Tensor& m,
                const MuonHyper& hyper,
                double grad_scale,
-               const Tensor& update_sq) {
+               const Tensor& update_sq,
+               const Tensor& param_copy) {
     constexpr std::string_view op = "muon_step";
     check_arg(param, op, "param", 3);
     check_arg(grad, op, "grad", 3);
@@ -30,9 +31,14 @@ void muon_step(const Tensor& param,
         check_shape(update_sq, {1}, op, "update_sq");
         check_dtype_in(update_sq, {core::DType::f64}, op, "update_sq");
     }
-    const core::Device device =
-        check_same_device(op, {{"param", param}, {"grad", grad}, {"m", m}, {"update_sq", update_sq}});
-    MT_CALL_KERNEL(muon_step, device, param, grad, m, hyper, grad_scale, update_sq);
+    if (param_copy.defined()) {
+        check_arg(param_copy, op, "param_copy", 3);
+        check_shape(param_copy, param.shape(), op, "param_copy");
+        check_dtype_in(param_copy, {core::DType::bf16, core::DType::f16, core::DType::f32}, op, "param_copy");
+    }
+    const core::Device device = check_same_device(
+        op, {{"param", param}, {"grad", grad}, {"m", m}, {"update_sq", update_sq}, {"param_copy", param_copy}});
+    MT_CALL_KERNEL(muon_step, device, param, grad, m, hyper, grad_scale, update_sq, param_copy);
 }
 
 void newton_schulz(const Tensor& x, const Tensor& out, const MuonHyper& hyper) {

@@ -7,8 +7,10 @@
 //   param, grad, m: [E, A, B] (E matrices of A x B: the stacked experts; E = 1 for one weight) f32|f64, one dtype,
 //   updated in place; each of the E matrices is orthogonalised on its own.
 //   update_sq (optional): [1] f64 += the squared L2 norm of the change (metrics.layer_stats), as adamw_step's.
+//   param_copy (optional): [E, A, B] bf16|f16|f32, written (=) with the updated param in its dtype: the forward's
+//   low-precision copy under mixed precision (on CUDA by the update kernel itself).
 // The CPU reference runs the Newton-Schulz products as single-threaded BLAS calls, the E matrices in parallel
-// (OpenMP). The CUDA path (ops/cuda/gemm/newton_schulz.cu, ops/cuda/elementwise/muon_step.cu) runs the products as
+// (OpenMP). The CUDA path (ops/cuda/gemm/muon_newton_schulz.cu, ops/cuda/elementwise/muon_step.cu) runs the products as
 // bf16 cuBLASLt GEMMs with fp32 accumulation, strided-batched over the E matrices (three per step), and the
 // elementwise parts as fused f32 kernels: param, m f32, grad f32|bf16|f16; newton_schulz's x, out bf16|f16|f32.
 // Deterministic on both (fixed-order sums); CUDA bf16 against the CPU's f32 is within rho 2e-2 (muon.md §9 test 1).
@@ -48,7 +50,8 @@ void muon_step(const Tensor& param,
                const Tensor& m,
                const MuonHyper& hyper,
                double grad_scale,
-               const Tensor& update_sq = {});
+               const Tensor& update_sq = {},
+               const Tensor& param_copy = {});
 
 // Newton-Schulz alone (muon_step's orthogonalisation, exposed for the tests and the benchmark): out [E, A, B] = the
 // orthogonalised x [E, A, B], each matrix normalised by its Frobenius norm first.

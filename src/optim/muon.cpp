@@ -19,9 +19,8 @@ core::Tensor muon_matrices(const core::Tensor& t) {
 Muon::Muon(nn::ParamTable& table, const ops::MuonHyper& hyper, const std::optional<std::vector<MuonMatrixRef>>& owned)
     : table_(&table), hyper_(hyper) {
     const nn::Precision& precision = table.precision();
-    MT_CHECK(
-        !precision.has_master_copy() && precision.device == core::Device::cpu,
-        "Muon runs on the CPU in f32 or f64 yet (the CUDA step and mixed precision are the Muon issue's next step)");
+    MT_CHECK(!precision.master_on_host || precision.device == core::Device::cpu,
+             "Muon updates the master weights where the model is: not with offloaded master weights");
     std::map<int, Entry> held;  // by parameter, in table order
     for (int i = 0; i < table.size(); ++i) {
         const nn::ParamSpec& spec = table.spec(i);
@@ -108,28 +107,36 @@ void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq, Ste
         const int i = e.param;
         h.weight_decay = table_->spec(i).weight_decay ? hyper_.weight_decay : 0.0;
         const core::Tensor param = muon_matrices(table_->master(i)), grad = muon_matrices(table_->grad(i));
+        // Mixed precision: the forward's copy of the updated matrices, written by the step itself.
+        const core::Tensor copy =
+            table_->precision().has_master_copy() ? muon_matrices(table_->param(i)) : core::Tensor();
         const core::Tensor sq = update_sq.defined() ? update_sq.slice(0, i, i + 1) : core::Tensor();
         const auto k = static_cast<int64_t>(e.matrices.size());
         const int64_t first = e.matrices.front();
-        core::Tensor p, g;
+        core::Tensor p, g, c;
         const bool views = e.matrices.back() - first + 1 == k;  // a run of consecutive matrices
         if (views) {
             p = param.slice(0, first, first + k);
             g = grad.slice(0, first, first + k);
+            if (copy.defined()) c = copy.slice(0, first, first + k);
         } else {
             // Scattered matrices (ownership hands a stack's experts round-robin): one batched step on packed copies.
             p = core::Tensor::zeros(e.momentum.shape(), param.dtype(), param.device());
             g = core::Tensor::zeros(e.momentum.shape(), grad.dtype(), grad.device());
+            if (copy.defined()) c = core::Tensor::zeros(e.momentum.shape(), copy.dtype(), copy.device());
             for (int64_t j = 0; j < k; ++j) {
                 p.select(0, j).copy_from(param.select(0, e.matrices[static_cast<size_t>(j)]));
                 g.select(0, j).copy_from(grad.select(0, e.matrices[static_cast<size_t>(j)]));
             }
         }
         const core::Tensor before = stats ? p.clone() : core::Tensor();
-        ops::muon_step(p, g, e.momentum, h, grad_scale, sq);
+        ops::muon_step(p, g, e.momentum, h, grad_scale, sq, c);
         if (!views)
-            for (int64_t j = 0; j < k; ++j)
-                param.select(0, e.matrices[static_cast<size_t>(j)]).copy_from(p.select(0, j));
+            for (int64_t j = 0; j < k; ++j) {
+                const int64_t at = e.matrices[static_cast<size_t>(j)];
+                param.select(0, at).copy_from(p.select(0, j));
+                if (c.defined()) copy.select(0, at).copy_from(c.select(0, j));
+            }
         if (!stats) continue;
         const core::Tensor a = before.to_device(core::Device::cpu), b = p.to_device(core::Device::cpu).clone();
         double change = 0.0;

@@ -348,8 +348,8 @@ std::vector<Field> config_schema(JobConfig& c) {
              &o.name,
              "`adamw`: AdamW with the `train.*` hyperparameters for every parameter; `muon`: Muon (`muon.*`) for the "
              "hidden matrices (every linear weight and the expert matrices) and AdamW for the rest (embeddings, LM "
-             "head, norms, conv filters, gate vectors; docs/optimizers.md). Muon runs on the CPU, without "
-             "`parallel.tp` and with `parallel.zero_stage = 0` over several data-parallel ranks, yet",
+             "head, norms, conv filters, gate vectors; docs/optimizers.md). Under `parallel.zero_stage = 1` each "
+             "matrix is owned whole by one data-parallel rank. Muon runs on the CPU and without `parallel.tp` yet",
              {"adamw", "muon"}),
         text("optim.offload",
              &o.offload,

@@ -257,7 +257,7 @@ class Trainer {
     // trainer_dist.cpp: the layouts this trainer runs (exit 2 for the others), and the sum of a per-rank value over
     // the ranks that read different data.
     void check_parallel_layout() const;
-    // optim.name = "muon": what the Muon step does not run yet (a GPU, ZeRO-1 over several ranks) ends with exit 2.
+    // optim.name = "muon": what the Muon step does not run yet (compression of GPU gradients) ends with exit 2.
     void check_muon_layout() const;
     // The Muon optimizer: replicated, or over the matrices GradSync assigned this rank (logs the ownership balance).
     std::unique_ptr<optim::Muon> make_muon() const;

@@ -42,12 +42,13 @@ ops::MuonHyper trainer_muon_hyper(const JobConfig& cfg) {
 }
 
 void Trainer::check_muon_layout() const {
-    if (model_->params().precision().device != core::Device::cpu)
-        core::fail_hint(
-            core::ExitCode::usage,
-            "set run.device = \"cpu\", or optim.name = \"adamw\" (docs/optimizers.md)",
-            "optim.name = \"muon\" runs on the CPU only yet: its CUDA step is the Muon issue's next part [{}]",
-            cfg_.source);
+    // The compression codecs are CPU code (parallel/compressed_reduce.h).
+    if (model_->params().precision().device != core::Device::cpu && cfg_.compress.level > 0)
+        core::fail_hint(core::ExitCode::usage,
+                        "set compress.level = 0, or run.device = \"cpu\" (docs/optimizers.md)",
+                        "compress.level = {} compresses host gradients only yet: the codecs run on the CPU [{}]",
+                        cfg_.compress.level,
+                        cfg_.source);
 }
 
 std::unique_ptr<optim::Muon> Trainer::make_muon() const {

@@ -117,7 +117,29 @@ void update_sq_is_the_change() {
     }
 }
 
+// param_copy (mixed precision's forward copy): written by the update kernel with the updated f32 parameter rounded to
+// its dtype, bitwise what a conversion of the result gives; the parameter itself is the step's without a copy.
+void param_copy_is_the_rounded_param() {
+    const std::string name = "muon_step_param_copy";
+    const MuonHyper h{.lr = 0.01, .weight_decay = 0.1};
+    for (auto [e, a, b] : {std::array<int64_t, 3>{4, 96, 200}, std::array<int64_t, 3>{2, 37, 53}})
+        for (DType dtype : {DType::bf16, DType::f16}) {
+            const Tensor p0 = op_randn({e, a, b}, op_seed(name), 0, 0.0, 0.1).to(DType::f32);
+            const Tensor g = op_randn(p0.shape(), op_seed(name), 1).to(DType::f32).to_device(Device::cuda);
+            const Tensor with = p0.to_device(Device::cuda), without = p0.to_device(Device::cuda);
+            const Tensor copy = Tensor::zeros(p0.shape(), dtype, Device::cuda);
+            muon_step(with, g, Tensor::zeros(p0.shape(), DType::f32, Device::cuda), h, 1.0, {}, copy);
+            muon_step(without, g, Tensor::zeros(p0.shape(), DType::f32, Device::cuda), h, 1.0);
+            const Tensor pw = host(with), pn = host(without), c = host(copy), want = pw.to(dtype);
+            for (int64_t i = 0; i < pw.numel(); ++i) {
+                ASSERT_EQ(core::tensor_get_flat(pw, i), core::tensor_get_flat(pn, i)) << name << " element " << i;
+                ASSERT_EQ(core::tensor_get_flat(c, i), core::tensor_get_flat(want, i)) << name << " element " << i;
+            }
+        }
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
+    op_register_parity_check("muon", "muon_step_param_copy", param_copy_is_the_rounded_param);
     op_register_parity_check("muon", "muon_ns_wide", [] { ns_parity("muon_ns_wide", 1, 96, 160); });
     op_register_parity_check("muon", "muon_ns_tall", [] { ns_parity("muon_ns_tall", 1, 160, 96); });
     op_register_parity_check("muon", "muon_ns_square", [] { ns_parity("muon_ns_square", 1, 128, 128); });

@@ -115,7 +115,8 @@ void muon_step(const Tensor& param,
                const Tensor& m,
                const MuonHyper& hyper,
                double grad_scale,
-               const Tensor& update_sq) {
+               const Tensor& update_sq,
+               const Tensor& param_copy) {
     constexpr std::string_view op = "muon_step";
     check_float_arg(param, op, "param", 3);
     check_dtype_as(grad, param, op, "grad", "param");
@@ -132,6 +133,7 @@ void muon_step(const Tensor& param,
                                 hyper,
                                 grad_scale,
                                 sq));
+    if (param_copy.defined()) param_copy.copy_from(param);
 }
 MT_REGISTER_KERNEL(muon_step, cpu, muon_step, ::mt::ops::float_dtypes);
 

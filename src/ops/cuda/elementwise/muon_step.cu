@@ -1,5 +1,5 @@
 // CUDA Muon step (ops/muon.h, muon.md §1) on a stack [E, A, B]: fused elementwise passes in f32 around the bf16
-// Newton-Schulz of gemm/newton_schulz.cu:
+// Newton-Schulz of gemm/muon_newton_schulz.cu:
 //   1. g = grad grad_scale; m = mu m + g (stored); n = g + mu m (Nesterov) or m; per-block f64 partials of n^2
 //   2. inv[e] = 1 / (||n_e||_F + 1e-7), the partials of each matrix summed in a fixed order
 //   3. X_0 = bf16(n inv[e]), n recomputed from grad and the stored m by the same f32 operations as in pass 1
@@ -10,9 +10,10 @@
 // are formed in f64 on the host, as on the CPU, and cast to f32 once.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "core/cuda/cuda_check.h"
-#include "ops/cuda/gemm/newton_schulz.cuh"
+#include "ops/cuda/gemm/muon_newton_schulz.cuh"
 #include "ops/muon.h"
 #include "ops/registry.h"
 
@@ -64,7 +65,7 @@ __global__ void momentum_kernel(const TG* __restrict__ grad,
     if (threadIdx.x == 0) partial[blockIdx.x] = sq;
 }
 
-// Pass 3: X_0 (the padded bf16 layout of newton_schulz.cuh) = the direction times its matrix's inverse norm.
+// Pass 3: X_0 (the padded bf16 layout of muon_newton_schulz.cuh) = the direction times its matrix's inverse norm.
 template <int VEC, typename TG>
 __global__ void normalise_kernel(const TG* __restrict__ grad,
                                  const float* __restrict__ m,
@@ -89,14 +90,15 @@ __global__ void normalise_kernel(const TG* __restrict__ grad,
 
 // Pass 5: decoupled weight decay and the scaled orthogonal update; with sq_partial (metrics steps, uniform over the
 // grid) the blocks' partial sums of the squared change.
-template <int VEC>
+template <int VEC, typename TC>
 __global__ void update_kernel(float* __restrict__ param,
                               const bf16* __restrict__ o,
                               int64_t n,
                               int64_t chunks,
                               int64_t stride,
                               MuonScalars s,
-                              double* __restrict__ sq_partial) {
+                              double* __restrict__ sq_partial,
+                              TC* __restrict__ copy) {
     const ChunkRange r = chunk_range(n, chunks);
     double sq = 0.0;
     for (int64_t i = r.begin + static_cast<int64_t>(threadIdx.x) * VEC; i < r.end; i += blockDim.x * VEC) {
@@ -114,6 +116,7 @@ __global__ void update_kernel(float* __restrict__ param,
             }
         }
         store_vec<VEC>(param + at, w);
+        if (copy != nullptr) store_vec<VEC>(copy + at, w);  // the forward's low-precision copy (mixed precision)
     }
     if (sq_partial != nullptr) {
         __shared__ double scratch[32];
@@ -133,7 +136,8 @@ void run(const Tensor& param,
          const Tensor& m,
          const MuonHyper& hyper,
          const MuonScalars& s,
-         const Tensor& update_sq) {
+         const Tensor& update_sq,
+         const Tensor& param_copy) {
     const muon::Layout l = muon::layout_of(param);
     const auto blocks = static_cast<unsigned>(l.blocks());
     const cudaStream_t stream = core::exec_stream();
@@ -154,7 +158,19 @@ void run(const Tensor& param,
     const bf16* o = muon::iterate(l, hyper, x0, static_cast<bf16*>(w1.raw()));
     // The norm's partials are consumed (stream order): the update's reuse the buffer.
     double* sq = update_sq.defined() ? part : nullptr;
-    update_kernel<VEC><<<blocks, kThreads, 0, stream>>>(param.data<float>(), o, l.n, l.chunks, l.x_stride, s, sq);
+    auto update = [&](auto* copy) {
+        using TC = std::remove_pointer_t<decltype(copy)>;
+        update_kernel<VEC, TC>
+            <<<blocks, kThreads, 0, stream>>>(param.data<float>(), o, l.n, l.chunks, l.x_stride, s, sq, copy);
+    };
+    if (!param_copy.defined())
+        update(static_cast<float*>(nullptr));
+    else if (param_copy.dtype() == DType::bf16)
+        update(static_cast<bf16*>(param_copy.raw()));
+    else if (param_copy.dtype() == DType::f16)
+        update(static_cast<f16*>(param_copy.raw()));
+    else
+        update(param_copy.data<float>());
     MT_CUDA_CHECK(cudaGetLastError());
     if (sq != nullptr) muon::launch_add_sum(sq, l.blocks(), update_sq.data<double>());
 }
@@ -167,7 +183,8 @@ void muon_step(const Tensor& param,
                const Tensor& m,
                const MuonHyper& hyper,
                double grad_scale,
-               const Tensor& update_sq) {
+               const Tensor& update_sq,
+               const Tensor& param_copy) {
     constexpr std::string_view op = "muon_step";
     check_f32(param, op, "param");
     check_cuda_float(grad, op, "grad");
@@ -181,12 +198,13 @@ void muon_step(const Tensor& param,
                         static_cast<float>(1.0 - hyper.lr * hyper.weight_decay),
                         static_cast<float>(hyper.lr * hyper.scale_factor * std::sqrt(longer)),
                         hyper.nesterov};
-    const bool vec = vec_ok(param.size(1) * param.size(2), {&param, &grad, &m});
+    const bool vec = vec_ok(param.size(1) * param.size(2), {&param, &grad, &m}) &&
+                     (!param_copy.defined() || vec_ok(param.size(1) * param.size(2), {&param_copy}));
     MT_CUDA_DISPATCH(grad.dtype(), TG, {
         if (vec)
-            run<8, TG>(param, grad, m, hyper, s, update_sq);
+            run<8, TG>(param, grad, m, hyper, s, update_sq, param_copy);
         else
-            run<1, TG>(param, grad, m, hyper, s, update_sq);
+            run<1, TG>(param, grad, m, hyper, s, update_sq, param_copy);
     });
 }
 MT_REGISTER_KERNEL(muon_step, cuda, muon_step, f32_param);

@@ -1,4 +1,4 @@
-// Pieces of the CUDA Newton-Schulz (gemm/newton_schulz.cu) that muon_step (elementwise/muon_step.cu) shares: the
+// Pieces of the CUDA Newton-Schulz (gemm/muon_newton_schulz.cu) that muon_step (elementwise/muon_step.cu) shares: the
 // stack's layout, the per-matrix norm's last pass, a fixed-order sum into an f64 scalar, and the iteration itself.
 // The elementwise passes cut each matrix into chunks of kChunk elements, one block per (matrix, chunk), so every sum
 // has a fixed order: per-block partials, then one pass over them in order.

@@ -22,7 +22,7 @@
 #include "core/backend.h"
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/gemm/cublaslt_util.cuh"
-#include "ops/cuda/gemm/newton_schulz.cuh"
+#include "ops/cuda/gemm/muon_newton_schulz.cuh"
 #include "ops/registry.h"
 
 namespace mt::ops::cuda {
