@@ -135,6 +135,8 @@ void param_copy_is_the_rounded_param() {
                 ASSERT_EQ(core::tensor_get_flat(pw, i), core::tensor_get_flat(pn, i)) << name << " element " << i;
                 ASSERT_EQ(core::tensor_get_flat(c, i), core::tensor_get_flat(want, i)) << name << " element " << i;
             }
+            // Recorded with the harness too (bitwise above).
+            op_expect_parity(name, fmt::format("{}x{}x{} {} copy", e, a, b, core::dtype_name(dtype)), c, want, 0.0);
         }
 }
 
