@@ -178,9 +178,7 @@ void Model::prepare_batch(const Tensor& ids, const Tensor& targets, bool trainin
                     : Documents{};
     total_seq_ = seq;
     const int64_t segments = static_cast<int64_t>(bounds_.size()) - 1;
-    if (reset_metrics)
-        for (auto& b : blocks_)
-            if (AttentionLayer* a = b->attention()) a->reset_max_logit();
+    if (reset_metrics && !max_logit_per_step_) reset_max_logits();
     seq_losses_ = segments > 1 || cp_.active() ? Tensor::zeros({batch * seq}, precision_.stats) : Tensor();
 }
 
@@ -521,6 +519,18 @@ std::vector<std::pair<int64_t, Tensor>> Model::kda_final_states() const {
     for (size_t l = 0; l < blocks_.size(); ++l)
         if (const KdaLayer* kda = blocks_[l]->kda(); kda != nullptr && kda->final_state().defined())
             out.emplace_back(block_layer_[l], kda->final_state());
+    return out;
+}
+
+void Model::reset_max_logits() {
+    for (auto& b : blocks_)
+        if (AttentionLayer* a = b->attention()) a->reset_max_logit();
+}
+
+std::vector<AttentionLayer*> Model::attention_layers() {
+    std::vector<AttentionLayer*> out;
+    for (auto& b : blocks_)
+        if (AttentionLayer* a = b->attention()) out.push_back(a);
     return out;
 }
 

@@ -182,6 +182,14 @@ class Model {
             if (AttentionLayer* a = b->attention()) a->set_track_max_logit(on);
     }
     std::vector<std::pair<int64_t, double>> attention_max_logits();
+    // This rank's attention layers (block order), for the per-head maxima QK-clip reads.
+    std::vector<AttentionLayer*> attention_layers();
+    // Step mode (the trainer's, for QK-clip): the max logits run over every forward until reset_max_logits, instead
+    // of each forward starting them over.
+    void set_max_logit_per_step(bool on) {
+        max_logit_per_step_ = on;
+    }
+    void reset_max_logits();
     // The MoE layers (block index, layer), in order; empty for a dense model.
     std::vector<std::pair<int64_t, MoeLayer*>> moe_layers();
     // End of a training step for every MoE layer (MoeLayer::step_end: balancer update, metrics, collapse alarm).
@@ -309,7 +317,8 @@ class Model {
     std::vector<int64_t> bounds_;
     int64_t pass_ = 0, total_seq_ = 0;
     bool training_ = true;
-    Tensor layer_stats_;  // set_layer_stats
+    bool max_logit_per_step_ = false;  // set_max_logit_per_step
+    Tensor layer_stats_;               // set_layer_stats
     Tensor seq_ids_, seq_targets_, seq_losses_;
     Documents seq_docs_;
 };

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "ops/global_norm.h"
@@ -63,7 +64,8 @@ GradSync::GradSync(GradArenas arenas,
       stage_size_(mesh.group(MeshGroup::stage).size()),
       zero_(options.zero && mesh.group(MeshGroup::dp_span).size() > 1),
       // With tensor parallelism alone the tp-partial gradients still need their sum over tp.
-      active_(mesh.group(MeshGroup::stage).size() > 1) {
+      active_(mesh.group(MeshGroup::stage).size() > 1),
+      poison_gathers_(options.poison_gathers) {
     owns_matrices_ = zero_ && std::any_of(arenas_.params.begin(), arenas_.params.end(), [](const ArenaParam& p) {
                          return p.matrix_rows > 0;
                      });
@@ -341,6 +343,7 @@ void GradSync::gather_params() {
     // In forward order (the embedding first), so the first blocks' parameters arrive first; the next forward waits
     // for each bucket just before it reads it (params_needed), on the GPU where the backend allows.
     const core::Tensor& arena = mixed ? arenas_.weights : arenas_.master;
+    if (poison_gathers_) poison_unowned(arena);
     for (auto b = buckets_.rbegin(); b != buckets_.rend(); ++b) b->param_gather = start_gather(*b, arena);
     if (mixed) master_stale_ = true;
 }
@@ -369,6 +372,26 @@ std::vector<CompressedReduce::State> GradSync::compress_states() {
 void GradSync::reset_compress_states() {
     for (Bucket& b : buckets_)
         if (b.compress) b.compress->reset_states();
+}
+
+void GradSync::poison_unowned(const core::Tensor& arena) const {
+    // The real elements of every gathered bucket's parameters outside this rank's own ranges (owned_ is sorted);
+    // the alignment padding between parameters is left alone (a packed gather does not carry it).
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    for (const Bucket& b : buckets_) {
+        if (group(b).size() == 1) continue;
+        for (const ArenaParam& p : arenas_.params) {
+            if (p.begin < b.begin || p.begin >= b.end) continue;
+            int64_t at = p.begin;
+            const int64_t end = p.begin + p.numel;
+            for (const optim::ArenaRange& r : owned_) {
+                if (r.end <= at || r.begin >= end) continue;
+                if (r.begin > at) arena.slice(0, at, r.begin).fill(nan);
+                at = std::max(at, r.end);
+            }
+            if (at < end) arena.slice(0, at, end).fill(nan);
+        }
+    }
 }
 
 void GradSync::params_needed(int end) {

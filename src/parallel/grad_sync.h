@@ -86,6 +86,9 @@ struct GradSyncOptions {
     // Gradient compression of the packed buckets' matrices (muon.md §6; level 0: off), from step warmup_steps on.
     optim::CompressOptions compress{.level = 0};
     int64_t compress_warmup_steps = 1000;
+    // Debug (ZeRO-1): gather_params first fills every element of the gathered arena this rank does not own with NaN
+    // (muon.md §9 test 5: a forward that read a bucket before its gather landed would see it).
+    bool poison_gathers = false;
 };
 
 // What compression did in the last step, summed over this rank's packed buckets (0 while off or warming up).
@@ -237,6 +240,8 @@ class GradSync {
     double copies(const ArenaParam& p, int64_t group) const;
     void issue(Bucket& b);
     CommWork start_gather(Bucket& b, const core::Tensor& arena);
+    // parallel.poison_gathers: NaN into every gathered element this rank does not own.
+    void poison_unowned(const core::Tensor& arena) const;
     // A packed bucket's gather completed: the other ranks' blocks into the arena.
     void unpack_gathered(Bucket& b);
     void plan_packed(const GradSyncOptions& options);
@@ -251,6 +256,7 @@ class GradSync {
     std::vector<optim::ArenaRange> owned_, owned_flat_;
     bool owns_matrices_ = false;
     int64_t step_ = 0, compress_warmup_ = -1;  // -1: no compression
+    bool poison_gathers_ = false;
     std::vector<OwnedMatrix> owned_matrices_;
     OwnershipReport report_;
     int64_t overlapped_ = 0, issued_early_ = 0;

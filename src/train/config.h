@@ -61,6 +61,11 @@ struct OptimConfig {
     std::string name = "adamw";       // adamw | muon: Muon for the hidden matrices, AdamW for the rest (muon.md §2)
     std::string offload = "none";     // none | cpu: master weights and moments in pinned host memory, update on the CPU
     std::string state_dtype = "f32";  // f32 | bf16: the AdamW moments (bf16 stored with stochastic rounding)
+    // QK-clip (muon.md §4): after each update, the query and key rows of a softmax-attention kv group whose largest
+    // pre-softmax logit exceeded tau are scaled by (tau / S)^alpha and (tau / S)^(1 - alpha).
+    bool qk_clip = true;
+    double qk_clip_tau = 100.0;
+    double qk_clip_alpha = 0.5;
 };
 
 // [muon] (docs/optimizers.md, muon.md §1 and §7): the Muon group's update under optim.name = "muon".
@@ -150,6 +155,7 @@ struct ParallelConfig {
     int64_t pp = 1;
     double bucket_mb = 25.0;        // gradient all-reduce bucket size in MiB (PyTorch DDP's default)
     int64_t zero_stage = 1;         // 1: ZeRO-1, optimizer state sharded over the data-parallel ranks; 0: replicated
+    bool poison_gathers = false;    // debug: NaN in what other ranks own before each ZeRO-1 parameter gather
     bool sequence_parallel = true;  // tp > 1: the residual stream split over the tp ranks along the token rows
     bool pad_vocab = true;          // tp > 1: a vocabulary tp does not divide is padded (else exit 2)
     // [pp]: pipeline parallelism's schedule and stage split (docs/distributed.md "Pipeline parallelism").

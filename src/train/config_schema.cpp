@@ -578,6 +578,10 @@ std::vector<Field> config_schema(JobConfig& c) {
                 1,
                 "1: ZeRO-1, AdamW moments sharded over the data-parallel ranks (reduce-scatter, update the owned "
                 "slice, all-gather); 0: replicated optimizer (all-reduce)"),
+        flag("parallel.poison_gathers",
+             &p.poison_gathers,
+             "debug (ZeRO-1): before each parameter all-gather, fill every element this rank does not own with NaN, so "
+             "a forward that read a bucket before its gather landed would produce a NaN loss (docs/optimizers.md)"),
         integer("long.segments",
                 &m.segments.count,
                 1,

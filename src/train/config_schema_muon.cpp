@@ -51,6 +51,18 @@ std::vector<Field> config_schema_muon(JobConfig& c) {
              "(Newton-Schulz discards the magnitude; a clip driven by another group's spike would shrink them to "
              "the 1e-7 epsilon); `own_norm`: clip them by the Muon group's own norm against `train.grad_clip`",
              {"none", "own_norm"}),
+        flag("optim.qk_clip",
+             &c.optim.qk_clip,
+             "QK-clip (either optimizer): after each update, a softmax-attention kv group whose largest pre-softmax "
+             "logit S over the step exceeded `optim.qk_clip_tau` gets its query rows scaled by (tau / S)^alpha and its "
+             "key rows by (tau / S)^(1 - alpha), so the logit returns to tau; KDA layers need none (tensor "
+             "parallelism: not applied yet)"),
+        number_above("optim.qk_clip_tau", &c.optim.qk_clip_tau, 0, 1e30, "QK-clip's threshold tau on the logit"),
+        number("optim.qk_clip_alpha",
+               &c.optim.qk_clip_alpha,
+               0,
+               1,
+               "QK-clip's split alpha: the query rows take (tau / S)^alpha, the key rows the rest"),
         integer("compress.level",
                 &c.compress.level,
                 0,

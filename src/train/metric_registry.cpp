@@ -79,6 +79,12 @@ std::vector<MetricDef> metric_registry(const JobConfig& cfg) {
     // The optimizer (muon.md §8).
     b.add("optim/clip_coef", "gauge", "", "the global-norm clip's coefficient (it scales the AdamW group only)");
     b.add("optim/step_seconds", "gauge", "s", "the optimizer update: both groups, and the start of ZeRO-1's gathers");
+    if (cfg.optim.qk_clip)
+        b.add("optim/qk_clipped_heads",
+              "gauge",
+              "",
+              "query heads whose kv group QK-clip scaled this step (this rank's layers)",
+              "optim.qk_clip");
     if (cfg.optim.name == "muon") {
         const char* when = "optim.name = \"muon\"";
         b.add("optim/muon_seconds", "gauge", "s", "Muon's step: momentum, Newton-Schulz and the update", when);

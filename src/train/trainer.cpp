@@ -34,34 +34,6 @@ int64_t supervised_tokens(const core::Tensor& targets) {
     return count;
 }
 
-// The model's arenas as the gradient synchronisation sees them: ranges and reduction groups, no model types.
-// tied_copy: the parameter that is one of two copies of a tied embedding (pipeline parallelism), or -1.
-// whole_matrices: the Muon group's stacks are owned matrix by matrix (muon.md §3; under ZeRO-1).
-parallel::GradArenas grad_arenas(const nn::ParamTable& table, int tied_copy, bool whole_matrices) {
-    parallel::GradArenas arenas{.params = {},
-                                .grads = table.grad_arena(),
-                                .weights = table.param_arena(),
-                                .master = table.master_arena(),
-                                .master_copy = table.precision().has_master_copy()};
-    for (int i = 0; i < table.size(); ++i)
-        arenas.params.push_back({.begin = table.offset(i),
-                                 .numel = table.grad(i).numel(),
-                                 .end = table.offset(i) + table.padded_numel(i),
-                                 .expert = nn::param_expert_sharded(table.spec(i)),
-                                 .tp_partial = table.spec(i).tp_partial_grad,
-                                 .tp_split = nn::param_tp_split(table.spec(i)),
-                                 .pipeline_tied = i == tied_copy,
-                                 .tp_replicas = table.spec(i).tp_replicas});
-    for (int i = 0; i < table.size() && whole_matrices; ++i) {
-        const nn::ParamSpec& spec = table.spec(i);
-        if (spec.group != nn::OptimGroup::muon) continue;
-        const size_t n = spec.shape.size();
-        arenas.params[static_cast<size_t>(i)].matrix_rows = spec.shape[n - 2];
-        arenas.params[static_cast<size_t>(i)].matrix_cols = spec.shape[n - 1];
-    }
-    return arenas;
-}
-
 std::string format_duration(double seconds) {
     const auto s = static_cast<int64_t>(std::max(0.0, seconds));
     if (s >= 3600) return fmt::format("{}h{:02d}m", s / 3600, (s / 60) % 60);
@@ -197,10 +169,11 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     model_ = std::make_unique<nn::Model>(cfg_.model, precision, align, ep, tp, pipeline_part(), cp);
     model_->set_segments(config_segments_for_length(cfg_, seq_len_));  // long.tokens_per_gpu (a stage sets its own)
     model_->params().initialize(static_cast<uint64_t>(cfg_.run.seed));
-    model_->set_track_max_logit(true);  // long/max_logit: one [B, Hq, T] row maximum per attention layer and pass
+    model_->set_track_max_logit(true);     // long/max_logit: one [B, Hq, T] row maximum per attention layer and pass
+    model_->set_max_logit_per_step(true);  // ... over the step's micro-batches (QK-clip's S), reset at each step
     const bool muon = cfg_.optim.name == "muon";
     grad_sync_ = std::make_unique<parallel::GradSync>(
-        grad_arenas(
+        trainer_grad_arenas(
             model_->params(), tied_embedding_ ? model_->embedding_param() : -1, muon && cfg_.parallel.zero_stage >= 1),
         *mesh_,
         parallel::GradSyncOptions{.bucket_mb = cfg_.parallel.bucket_mb,
@@ -211,7 +184,8 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
                                                .chunk = cfg_.compress.chunk,
                                                .topk_density = cfg_.compress.topk_density,
                                                .seed = static_cast<uint64_t>(cfg_.run.seed)},
-                                  .compress_warmup_steps = cfg_.compress.warmup_steps},
+                                  .compress_warmup_steps = cfg_.compress.warmup_steps,
+                                  .poison_gathers = cfg_.parallel.poison_gathers},
         nccl_dp_span_.get(),
         nccl_edp_.get(),
         nccl_stage_.get());
@@ -365,6 +339,7 @@ void Trainer::compute_gradients(StepResult& r) {
     model_->params().zero_grads();
     model_->set_train_step(step_);
     grad_sync_->set_step(step_);  // compression's warm-up and random streams
+    model_->reset_max_logits();   // the step's maxima start here (QK-clip, long/max_logit)
     layer_stats_begin();          // a re-run of the step starts the sums over
     beat_phase(Phase::data);
     // The loss is the mean cross-entropy over the supervised tokens of the whole global batch (long_context.md §5):

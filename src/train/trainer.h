@@ -265,6 +265,8 @@ class Trainer {
     // and the start of the parameter gathers.
     void optimizer_step(StepResult& r, bool layer_stats);
     void add_optim_metrics(const StepResult& r, nlohmann::json& fields) const;
+    // QK-clip (muon.md §4) on the rows this rank updated; returns the query heads clipped (this rank's layers).
+    int64_t qk_clip();
     // Resume: the compression error buffers this rank wrote, or zeros when the checkpoint's mesh differs.
     void load_compress_state(const Checkpoint& ckpt);
     double dp_sum(double value);
@@ -459,6 +461,9 @@ nn::Precision trainer_precision(const JobConfig& cfg);
 
 // Muon's hyperparameters from [muon] (the learning rate is the schedule's, set per step).
 ops::MuonHyper trainer_muon_hyper(const JobConfig& cfg);
+// The model's arenas as the gradient synchronisation sees them (trainer_dist.cpp): tied_copy, the parameter that is
+// one of two copies of a tied embedding (pipeline parallelism) or -1; whole_matrices, Muon's matrices owned whole.
+parallel::GradArenas trainer_grad_arenas(const nn::ParamTable& table, int tied_copy, bool whole_matrices);
 
 // The loss scaling of a run: train.loss_scale > 0 fixes it; otherwise dynamic under fp16 and none (1) otherwise.
 optim::LossScalerConfig trainer_loss_scaler(const JobConfig& cfg, const nn::Precision& precision);

@@ -30,6 +30,34 @@ void Trainer::check_parallel_layout() const {
                         cfg_.source);
 }
 
+// The model's arenas as the gradient synchronisation sees them: ranges and reduction groups, no model types.
+// tied_copy: the parameter that is one of two copies of a tied embedding (pipeline parallelism), or -1.
+// whole_matrices: the Muon group's stacks are owned matrix by matrix (muon.md §3; under ZeRO-1).
+parallel::GradArenas trainer_grad_arenas(const nn::ParamTable& table, int tied_copy, bool whole_matrices) {
+    parallel::GradArenas arenas{.params = {},
+                                .grads = table.grad_arena(),
+                                .weights = table.param_arena(),
+                                .master = table.master_arena(),
+                                .master_copy = table.precision().has_master_copy()};
+    for (int i = 0; i < table.size(); ++i)
+        arenas.params.push_back({.begin = table.offset(i),
+                                 .numel = table.grad(i).numel(),
+                                 .end = table.offset(i) + table.padded_numel(i),
+                                 .expert = nn::param_expert_sharded(table.spec(i)),
+                                 .tp_partial = table.spec(i).tp_partial_grad,
+                                 .tp_split = nn::param_tp_split(table.spec(i)),
+                                 .pipeline_tied = i == tied_copy,
+                                 .tp_replicas = table.spec(i).tp_replicas});
+    for (int i = 0; i < table.size() && whole_matrices; ++i) {
+        const nn::ParamSpec& spec = table.spec(i);
+        if (spec.group != nn::OptimGroup::muon) continue;
+        const size_t n = spec.shape.size();
+        arenas.params[static_cast<size_t>(i)].matrix_rows = spec.shape[n - 2];
+        arenas.params[static_cast<size_t>(i)].matrix_cols = spec.shape[n - 1];
+    }
+    return arenas;
+}
+
 ops::MuonHyper trainer_muon_hyper(const JobConfig& cfg) {
     const MuonConfig& m = cfg.muon;
     return {.lr = cfg.train.lr,

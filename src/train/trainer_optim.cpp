@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "nn/layers/attention_layer.h"
+#include "nn/qk_clip.h"
 #include "parallel/comm.h"
 #include "train/trainer.h"
 
@@ -87,14 +89,48 @@ void Trainer::optimizer_step(StepResult& r, bool layer_stats) {
         o.compress_wire_bytes = static_cast<int64_t>(sums[4]);
         o.compress_raw_bytes = static_cast<int64_t>(sums[5]);
     }
+    if (cfg_.optim.qk_clip && cfg_.parallel.tp == 1) o.qk_clipped_heads = qk_clip();
     grad_sync_->gather_params();  // ZeRO-1: every rank's updated slices and matrices to every replica
     o.step_seconds = seconds_since(start);
+}
+
+int64_t Trainer::qk_clip() {
+    // S per head over the step's micro-batches (the layers keep it; cp is reduced inside them) and the data ranks.
+    nn::ParamTable& table = model_->params();
+    const bool copy = table.precision().has_master_copy();
+    int64_t clipped = 0;
+    for (nn::AttentionLayer* a : model_->attention_layers()) {
+        std::vector<double> s = a->head_max_logit();
+        if (s.empty()) continue;
+        parallel::Comm& span = mesh_->group(parallel::MeshGroup::dp_span);
+        if (span.size() > 1)
+            span.all_reduce(s.data(), static_cast<int64_t>(s.size()), parallel::CommType::f64, parallel::ReduceOp::max)
+                .wait();
+        const nn::QkClipFactors f = nn::qk_clip_factors(
+            s, a->local_heads(), a->local_kv_heads(), a->head_dim(), cfg_.optim.qk_clip_tau, cfg_.optim.qk_clip_alpha);
+        if (!f.any) continue;
+        clipped += f.heads_clipped;
+        // The rows of Wq and Wk this rank updated: the whole tensors, or under ZeRO-1 the owned ranges (a slice of
+        // an element-sharded weight, or a whole-owned Muon matrix); the gather then brings them to the others.
+        for (const auto& [param, scale] :
+             {std::pair{a->wq_param(), &f.q_row_scale}, std::pair{a->wk_param(), &f.k_row_scale}}) {
+            const int64_t lo = table.offset(param), hi = lo + core::shape_numel(table.spec(param).shape);
+            for (const optim::ArenaRange& r : grad_sync_->owned()) {
+                const int64_t b = std::max(lo, r.begin), e = std::min(hi, r.end);
+                if (b >= e) continue;
+                nn::qk_clip_scale_rows_range(table.master(param), *scale, b - lo, e - lo);
+                if (copy) table.param_arena().slice(0, b, e).copy_from(table.master_arena().slice(0, b, e));
+            }
+        }
+    }
+    return clipped;
 }
 
 void Trainer::add_optim_metrics(const StepResult& r, nlohmann::json& fields) const {
     const OptimStepMetrics& o = r.optim;
     fields["optim/clip_coef"] = o.clip_coef;
     fields["optim/step_seconds"] = o.step_seconds;
+    if (cfg_.optim.qk_clip) fields["optim/qk_clipped_heads"] = o.qk_clipped_heads;
     if (!muon_) return;
     fields["optim/muon_seconds"] = o.muon_seconds;
     fields["optim/muon_clip_coef"] = o.muon_clip_coef;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -138,7 +139,8 @@ TEST(MuonTrainer, GlobalNormClipLeavesTheMuonGroupAlone) {
 // 1e-9. By default it scales the AdamW group only, so every Muon matrix's step is bitwise the step without the spike.
 // The legacy rule (the clip scales Muon's gradients too; a test-only switch) shrinks ||N|| to about 1e-9 x its usual
 // size, far below Newton-Schulz's 1e-7 epsilon, and the update collapses (to about 12% of its size on this model):
-// the Megatron-LM issue #5394 the default avoids. Weight decay is off so that the change is the orthogonalised update alone.
+// the Megatron-LM issue #5394 the default avoids. Weight decay is off so that the change is the orthogonalised update
+// alone.
 TEST(MuonTrainer, EmbeddingSpikeLeavesMuonAloneUnlessTheLegacyClipIsOn) {
     const std::string dir = fresh_dir("pitfall");
     struct Change {
@@ -214,6 +216,46 @@ TEST(MuonTrainer, StepMetricsAndTheOwnNormClip) {
     EXPECT_NEAR(c.muon_clip_coef, 1e-3 / (c.muon_grad_norm + 1e-6), 1e-12);
     EXPECT_LT(c.muon_clip_coef, 1.0);
     std::printf("update rms %.3e at lr 1e-3, ||N|| %.3e..%.3e\n", o.muon_update_rms, o.n_norm_min, o.n_norm_max);
+}
+
+// QK-clip in the trainer (muon.md §4): with tau far below the tiny model's logits every kv group is clipped after the
+// update, so the attention layers' query and key weights end smaller than without the clip while every other
+// parameter's step is bitwise the same; at the default tau (100) nothing is clipped and the run is bitwise the
+// unclipped one. The layer-level bound (recomputed logit <= tau) is QkClip.* (tests/nn/qk_clip_test.cpp).
+TEST(MuonTrainer, QkClipScalesOnlyTheClippedQueryAndKeyRows) {
+    const std::string dir = fresh_dir("qk_clip");
+    auto after_one_step = [&](const std::vector<std::string>& extra, int64_t* clipped) {
+        std::vector<std::string> keys = {"optim.name=\"muon\""};
+        keys.insert(keys.end(), extra.begin(), extra.end());
+        Trainer trainer(tiny_job(dir, keys), false);
+        *clipped = trainer.train_step().optim.qk_clipped_heads;
+        std::map<std::string, core::Tensor> out;
+        const nn::ParamTable& table = trainer.model().params();
+        for (int i = 0; i < table.size(); ++i) out[table.spec(i).name] = table.master(i).clone();
+        return out;
+    };
+    int64_t off = 0, low = 0, standard = 0;
+    const auto a = after_one_step({"optim.qk_clip=false"}, &off);
+    const auto b = after_one_step({"optim.qk_clip_tau=0.01"}, &low);
+    const auto c = after_one_step({}, &standard);
+    EXPECT_EQ(off, 0);
+    EXPECT_EQ(standard, 0);
+    EXPECT_GT(low, 0);
+    int64_t shrunk = 0;
+    for (const auto& [name, t] : a) {
+        const bool qk = name.find("attn.wq.") != std::string::npos || name.find("attn.wk.") != std::string::npos;
+        double na = 0.0, nb = 0.0;
+        for (int64_t i = 0; i < t.numel(); ++i) {
+            const double x = core::tensor_get_flat(t, i), y = core::tensor_get_flat(b.at(name), i);
+            ASSERT_EQ(x, core::tensor_get_flat(c.at(name), i)) << name << ": the default tau clipped something";
+            if (!qk) {
+                ASSERT_EQ(x, y) << name << " is not a query or key weight";
+            }
+            na += x * x, nb += y * y;
+        }
+        if (qk && nb < na) ++shrunk;
+    }
+    EXPECT_GT(shrunk, 0);
 }
 
 TEST(MuonTrainer, RefusesWhatIsNotBuiltYet) {
