@@ -18,7 +18,8 @@ void muon_step(const Tensor& param,
                const MuonHyper& hyper,
                double grad_scale,
                const Tensor& update_sq,
-               const Tensor& param_copy) {
+               const Tensor& param_copy,
+               const Tensor& n_norm) {
     constexpr std::string_view op = "muon_step";
     check_arg(param, op, "param", 3);
     check_arg(grad, op, "grad", 3);
@@ -36,9 +37,19 @@ void muon_step(const Tensor& param,
         check_shape(param_copy, param.shape(), op, "param_copy");
         check_dtype_in(param_copy, {core::DType::bf16, core::DType::f16, core::DType::f32}, op, "param_copy");
     }
-    const core::Device device = check_same_device(
-        op, {{"param", param}, {"grad", grad}, {"m", m}, {"update_sq", update_sq}, {"param_copy", param_copy}});
-    MT_CALL_KERNEL(muon_step, device, param, grad, m, hyper, grad_scale, update_sq, param_copy);
+    if (n_norm.defined()) {
+        check_arg(n_norm, op, "n_norm", 1);
+        check_shape(n_norm, {param.size(0)}, op, "n_norm");
+        check_dtype_in(n_norm, {core::DType::f64}, op, "n_norm");
+    }
+    const core::Device device = check_same_device(op,
+                                                  {{"param", param},
+                                                   {"grad", grad},
+                                                   {"m", m},
+                                                   {"update_sq", update_sq},
+                                                   {"param_copy", param_copy},
+                                                   {"n_norm", n_norm}});
+    MT_CALL_KERNEL(muon_step, device, param, grad, m, hyper, grad_scale, update_sq, param_copy, n_norm);
 }
 
 void newton_schulz(const Tensor& x, const Tensor& out, const MuonHyper& hyper) {

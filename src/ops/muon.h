@@ -9,6 +9,9 @@
 //   update_sq (optional): [1] f64 += the squared L2 norm of the change (metrics.layer_stats), as adamw_step's.
 //   param_copy (optional): [E, A, B] bf16|f16|f32, written (=) with the updated param in its dtype: the forward's
 //   low-precision copy under mixed precision (on CUDA by the update kernel itself).
+//   n_norm (optional): [E] f64 on param's device, written (=) with ||N||_F of each matrix, Newton-Schulz's input before
+//   the normalisation (the metrics of muon.md §8; on CUDA from the normalisation's f32 reciprocal, about 1e-7
+//   relative).
 // The CPU reference runs the Newton-Schulz products as single-threaded BLAS calls, the E matrices in parallel
 // (OpenMP). The CUDA path (ops/cuda/gemm/muon_newton_schulz.cu, ops/cuda/elementwise/muon_step.cu) runs the products as
 // bf16 cuBLASLt GEMMs with fp32 accumulation, strided-batched over the E matrices (three per step), and the
@@ -51,7 +54,8 @@ void muon_step(const Tensor& param,
                const MuonHyper& hyper,
                double grad_scale,
                const Tensor& update_sq = {},
-               const Tensor& param_copy = {});
+               const Tensor& param_copy = {},
+               const Tensor& n_norm = {});
 
 // Newton-Schulz alone (muon_step's orthogonalisation, exposed for the tests and the benchmark): out [E, A, B] = the
 // orthogonalised x [E, A, B], each matrix normalised by its Frobenius norm first.

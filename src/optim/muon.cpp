@@ -2,7 +2,6 @@
 #include "optim/muon.h"
 
 #include <algorithm>
-#include <cmath>
 #include <map>
 
 #include "core/error.h"
@@ -76,33 +75,20 @@ int64_t Muon::state_bytes() const {
     return bytes;
 }
 
-namespace {
-
-// ||N||_F of each matrix of a step's input: N = g + mu m (Nesterov, with the updated momentum m) or m (host reads).
-void input_norms(
-    const core::Tensor& grad, const core::Tensor& m, double scale, const ops::MuonHyper& h, std::vector<double>& out) {
-    const core::Tensor g = grad.to_device(core::Device::cpu).clone(), mm = m.to_device(core::Device::cpu).clone();
-    const int64_t per = g.numel() / g.size(0);
-    for (int64_t e = 0; e < g.size(0); ++e) {
-        double sq = 0.0;
-        for (int64_t k = e * per; k < (e + 1) * per; ++k) {
-            const double mk = core::tensor_get_flat(mm, k);
-            const double n = h.nesterov ? core::tensor_get_flat(g, k) * scale + h.momentum * mk : mk;
-            sq += n * n;
-        }
-        out.push_back(std::sqrt(sq));
-    }
-}
-
-}  // namespace
-
 void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq, StepStats* stats) {
     ops::MuonHyper h = hyper_;
     h.lr = lr;
+    // The metrics come from the step's own outputs on the device (the change's squared norm per parameter, ||N|| per
+    // matrix), read back once at the end.
+    core::Tensor change = update_sq, norms;
+    const core::Device device = table_->precision().device;
     if (stats) {
-        stats->update_sq.assign(static_cast<size_t>(table_->size()), 0.0);
-        stats->n_norm.clear();
+        int64_t matrices = 0;
+        for (const Entry& e : entries_) matrices += static_cast<int64_t>(e.matrices.size());
+        if (!change.defined()) change = core::Tensor::zeros({table_->size()}, core::DType::f64, device);
+        norms = core::Tensor::zeros({std::max<int64_t>(matrices, 1)}, core::DType::f64, device);
     }
+    int64_t norm_at = 0;
     for (const Entry& e : entries_) {
         const int i = e.param;
         h.weight_decay = table_->spec(i).weight_decay ? hyper_.weight_decay : 0.0;
@@ -110,8 +96,10 @@ void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq, Ste
         // Mixed precision: the forward's copy of the updated matrices, written by the step itself.
         const core::Tensor copy =
             table_->precision().has_master_copy() ? muon_matrices(table_->param(i)) : core::Tensor();
-        const core::Tensor sq = update_sq.defined() ? update_sq.slice(0, i, i + 1) : core::Tensor();
+        const core::Tensor sq = change.defined() ? change.slice(0, i, i + 1) : core::Tensor();
         const auto k = static_cast<int64_t>(e.matrices.size());
+        const core::Tensor n_norm = stats ? norms.slice(0, norm_at, norm_at + k) : core::Tensor();
+        norm_at += k;
         const int64_t first = e.matrices.front();
         core::Tensor p, g, c;
         const bool views = e.matrices.back() - first + 1 == k;  // a run of consecutive matrices
@@ -129,24 +117,19 @@ void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq, Ste
                 g.select(0, j).copy_from(grad.select(0, e.matrices[static_cast<size_t>(j)]));
             }
         }
-        const core::Tensor before = stats ? p.clone() : core::Tensor();
-        ops::muon_step(p, g, e.momentum, h, grad_scale, sq, c);
+        ops::muon_step(p, g, e.momentum, h, grad_scale, sq, c, n_norm);
         if (!views)
             for (int64_t j = 0; j < k; ++j) {
                 const int64_t at = e.matrices[static_cast<size_t>(j)];
                 param.select(0, at).copy_from(p.select(0, j));
                 if (c.defined()) copy.select(0, at).copy_from(c.select(0, j));
             }
-        if (!stats) continue;
-        const core::Tensor a = before.to_device(core::Device::cpu), b = p.to_device(core::Device::cpu).clone();
-        double change = 0.0;
-        for (int64_t x = 0; x < a.numel(); ++x) {
-            const double d = core::tensor_get_flat(b, x) - core::tensor_get_flat(a, x);
-            change += d * d;
-        }
-        stats->update_sq[static_cast<size_t>(i)] = change;
-        input_norms(g, e.momentum, grad_scale, hyper_, stats->n_norm);
     }
+    if (!stats) return;
+    const core::Tensor changes = change.to_device(core::Device::cpu), n = norms.to_device(core::Device::cpu);
+    stats->update_sq.assign(static_cast<size_t>(table_->size()), 0.0);
+    for (const Entry& e : entries_) stats->update_sq[static_cast<size_t>(e.param)] = changes.data<double>()[e.param];
+    stats->n_norm.assign(n.data<double>(), n.data<double>() + norm_at);
 }
 
 }  // namespace mt::optim

@@ -99,13 +99,19 @@ int64_t Trainer::qk_clip() {
     nn::ParamTable& table = model_->params();
     const bool copy = table.precision().has_master_copy();
     int64_t clipped = 0;
-    for (nn::AttentionLayer* a : model_->attention_layers()) {
-        std::vector<double> s = a->head_max_logit();
+    const std::vector<nn::AttentionLayer*> layers = model_->attention_layers();
+    std::vector<double> all;  // every layer's per-head maxima, one all-reduce for the step
+    for (nn::AttentionLayer* a : layers) all.insert(all.end(), a->head_max_logit().begin(), a->head_max_logit().end());
+    parallel::Comm& span = mesh_->group(parallel::MeshGroup::dp_span);
+    if (span.size() > 1 && !all.empty())
+        span.all_reduce(all.data(), static_cast<int64_t>(all.size()), parallel::CommType::f64, parallel::ReduceOp::max)
+            .wait();
+    size_t at = 0;
+    for (nn::AttentionLayer* a : layers) {
+        const std::vector<double> s(all.begin() + static_cast<std::ptrdiff_t>(at),
+                                    all.begin() + static_cast<std::ptrdiff_t>(at + a->head_max_logit().size()));
+        at += s.size();
         if (s.empty()) continue;
-        parallel::Comm& span = mesh_->group(parallel::MeshGroup::dp_span);
-        if (span.size() > 1)
-            span.all_reduce(s.data(), static_cast<int64_t>(s.size()), parallel::CommType::f64, parallel::ReduceOp::max)
-                .wait();
         const nn::QkClipFactors f = nn::qk_clip_factors(
             s, a->local_heads(), a->local_kv_heads(), a->head_dim(), cfg_.optim.qk_clip_tau, cfg_.optim.qk_clip_alpha);
         if (!f.any) continue;

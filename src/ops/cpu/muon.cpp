@@ -75,7 +75,8 @@ void muon_step(T* param,
                int64_t b_cols,
                const MuonHyper& h,
                double grad_scale,
-               double* update_sq) {
+               double* update_sq,
+               double* n_norm) {
     blas_use_one_thread();
     const int64_t n = a_rows * b_cols;
     const T mu = static_cast<T>(h.momentum), s = static_cast<T>(grad_scale);
@@ -92,6 +93,13 @@ void muon_step(T* param,
             const T gi = g[i] * s;
             mm[i] = mu * mm[i] + gi;
             nest[static_cast<size_t>(i)] = h.nesterov ? gi + mu * mm[i] : mm[i];
+        }
+        if (n_norm != nullptr) {
+            double nsq = 0.0;
+            for (int64_t i = 0; i < n; ++i)
+                nsq += static_cast<double>(nest[static_cast<size_t>(i)]) *
+                       static_cast<double>(nest[static_cast<size_t>(i)]);
+            n_norm[e] = std::sqrt(nsq);
         }
         orthogonalise(nest.data(), o.data(), a_rows, b_cols, h);
         double sq = 0.0;
@@ -116,7 +124,8 @@ void muon_step(const Tensor& param,
                const MuonHyper& hyper,
                double grad_scale,
                const Tensor& update_sq,
-               const Tensor& param_copy) {
+               const Tensor& param_copy,
+               const Tensor& n_norm) {
     constexpr std::string_view op = "muon_step";
     check_float_arg(param, op, "param", 3);
     check_dtype_as(grad, param, op, "grad", "param");
@@ -132,7 +141,8 @@ void muon_step(const Tensor& param,
                                 param.size(2),
                                 hyper,
                                 grad_scale,
-                                sq));
+                                sq,
+                                n_norm.defined() ? n_norm.data<double>() : nullptr));
     if (param_copy.defined()) param_copy.copy_from(param);
 }
 MT_REGISTER_KERNEL(muon_step, cpu, muon_step, ::mt::ops::float_dtypes);

@@ -59,7 +59,7 @@ Count tp_step(int64_t t, bool sp) {
 // updated weights (the rank's slice, 1 / |group| of it); a replicated optimizer all-reduces each bucket; a group of
 // one rank moves nothing. Over dp_span, D > 1: three f64 sums (the global batch's supervised tokens, the loss, the
 // aux loss).
-Count dp_step(int64_t tp, int64_t dp, bool zero, int64_t p_dense, int64_t p_stage, int64_t buckets) {
+Count dp_step(int64_t tp, int64_t dp, bool zero, int64_t p_dense, int64_t p_stage, int64_t buckets, int64_t qk_heads) {
     const int64_t stage = tp * dp, stage_buckets = p_stage > 0 ? kLayers + 1 : 0;
     Count c;
     auto group = [&](int64_t elems, int64_t n_buckets, int64_t ranks) {
@@ -71,6 +71,9 @@ Count dp_step(int64_t tp, int64_t dp, bool zero, int64_t p_dense, int64_t p_stag
     group(p_dense, buckets - stage_buckets, dp);
     group(p_stage, stage_buckets, stage);
     if (dp > 1) c.bytes += 3 * 8, c.calls += 3;
+    // QK-clip (optim.qk_clip, on by default; not under tp): one MAX all-reduce of every attention layer's per-head
+    // maxima (f64) over the data-parallel ranks.
+    if (dp > 1 && tp == 1) c.bytes += qk_heads * 8, c.calls += 1;
     return c;
 }
 
@@ -171,7 +174,10 @@ void expect_layout_matches_formula(const Layout& l) {
     // alignment, lcm(64, |dp_span|, |edp|, |stage|) elements (ParamTable::layout), and the buckets move the padding.
     const int64_t align = std::lcm(int64_t{64}, l.tp * l.dp), gain = (kDim + align - 1) / align * align;
     ASSERT_EQ(p_stage, l.tp > 1 && l.sp ? (2 * kLayers + 1) * gain : 0);
-    Expected want = {{"dp", dp_step(l.tp, l.dp, l.zero, p_dense, p_stage, t.gradient_buckets())},
+    int64_t qk_heads = 0;  // the attention layers' query heads (QK-clip's maxima)
+    for (int64_t layer = 0; layer < t.config().model.n_layers; ++layer)
+        if (!t.config().model.layer_is_kda(layer)) qk_heads += t.config().model.n_heads;
+    Expected want = {{"dp", dp_step(l.tp, l.dp, l.zero, p_dense, p_stage, t.gradient_buckets(), qk_heads)},
                      {"world", world_step(t.config())}};
     if (l.tp > 1) want["tp"] = tp_step(l.tp, l.sp);
     for (int step = 1; step <= 2; ++step) {

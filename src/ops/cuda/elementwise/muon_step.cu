@@ -125,6 +125,12 @@ __global__ void update_kernel(float* __restrict__ param,
     }
 }
 
+// ||N||_F of each matrix from the normalisation's reciprocal 1 / (||N|| + 1e-7) (metrics only).
+__global__ void n_norm_kernel(const float* __restrict__ inv, int64_t e, double* __restrict__ out) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i < e) out[i] = 1.0 / static_cast<double>(inv[i]) - 1e-7;
+}
+
 // The f32-only parameter (the primary tensor of the registration).
 bool f32_param(core::DType dtype) {
     return dtype == core::DType::f32;
@@ -137,7 +143,8 @@ void run(const Tensor& param,
          const MuonHyper& hyper,
          const MuonScalars& s,
          const Tensor& update_sq,
-         const Tensor& param_copy) {
+         const Tensor& param_copy,
+         const Tensor& n_norm) {
     const muon::Layout l = muon::layout_of(param);
     const auto blocks = static_cast<unsigned>(l.blocks());
     const cudaStream_t stream = core::exec_stream();
@@ -153,6 +160,10 @@ void run(const Tensor& param,
     momentum_kernel<VEC, TG><<<blocks, kThreads, 0, stream>>>(g, mp, l.n, l.chunks, s, part);
     MT_CUDA_CHECK(cudaGetLastError());
     muon::launch_inv_norm(l, part, inv_p);
+    if (n_norm.defined()) {
+        n_norm_kernel<<<static_cast<unsigned>((l.e + 255) / 256), 256, 0, stream>>>(inv_p, l.e, n_norm.data<double>());
+        MT_CUDA_CHECK(cudaGetLastError());
+    }
     normalise_kernel<VEC, TG><<<blocks, kThreads, 0, stream>>>(g, mp, l.n, l.chunks, l.x_stride, s, inv_p, x0);
     MT_CUDA_CHECK(cudaGetLastError());
     const bf16* o = muon::iterate(l, hyper, x0, static_cast<bf16*>(w1.raw()));
@@ -184,7 +195,8 @@ void muon_step(const Tensor& param,
                const MuonHyper& hyper,
                double grad_scale,
                const Tensor& update_sq,
-               const Tensor& param_copy) {
+               const Tensor& param_copy,
+               const Tensor& n_norm) {
     constexpr std::string_view op = "muon_step";
     check_f32(param, op, "param");
     check_cuda_float(grad, op, "grad");
@@ -202,9 +214,9 @@ void muon_step(const Tensor& param,
                      (!param_copy.defined() || vec_ok(param.size(1) * param.size(2), {&param_copy}));
     MT_CUDA_DISPATCH(grad.dtype(), TG, {
         if (vec)
-            run<8, TG>(param, grad, m, hyper, s, update_sq, param_copy);
+            run<8, TG>(param, grad, m, hyper, s, update_sq, param_copy, n_norm);
         else
-            run<1, TG>(param, grad, m, hyper, s, update_sq, param_copy);
+            run<1, TG>(param, grad, m, hyper, s, update_sq, param_copy, n_norm);
     });
 }
 MT_REGISTER_KERNEL(muon_step, cuda, muon_step, f32_param);
