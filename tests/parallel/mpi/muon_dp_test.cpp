@@ -138,33 +138,45 @@ TEST(TrainerMuon, OwnedStateResumesExactlyAndOnAnotherDataParallelSize) {
 }
 
 // Gradient compression on the reduce-to-owner leg (muon.md §6 and §9 tests 8 and 9), levels 1 to 3 after a two-step
-// warm-up: 12 steps twice give bitwise equal losses and parameters; a checkpoint after step 4 (compressing since
-// step 3, the error buffers in it) resumes bitwise; level 1 (unbiased bf16 rounding) follows the uncompressed run
-// closely; the wire bytes of the compressed leg are below the uncompressed ones (level 2: about 1/32 on the matrices).
+// warm-up: 20 steps twice give bitwise equal losses and parameters (and so does the uncompressed run); a checkpoint
+// after step 4 (compressing since step 3, the error buffers in it) resumes bitwise; level 1 (unbiased bf16 rounding)
+// follows the uncompressed run closely; the wire bytes of the compressed leg are below the uncompressed ones (level 2:
+// about 1/32 on the matrices).
 TEST(TrainerMuon, CompressedReduceIsDeterministicAndResumesBitwise) {
     const int n = dist_world().size();
     std::vector<std::string> base = muon_keys({.dp = n}, 1);
     base.insert(base.end(),
                 {"muon.bucket_mb=0.001", "parallel.bucket_mb=0.001", "compress.warmup_steps=2", "compress.chunk=64"});
+    struct Run {
+        std::vector<double> first;  // the losses
+        mt::train::OptimStepMetrics second;
+        std::vector<double> params;  // every master weight after the last step
+    };
     auto run = [&](const std::string& name, int level, int steps) {
         std::vector<std::string> keys = base;
         keys.push_back("compress.level=" + std::to_string(level));
         keys.push_back("train.steps=" + std::to_string(steps));
         mt::train::Trainer t(mpi_job(data_dir(), shared_dir(name), keys), false);
-        std::vector<double> losses;
-        mt::train::OptimStepMetrics last;
+        Run out;
         for (int s = 0; s < steps; ++s) {
             const auto r = t.train_step();
-            losses.push_back(r.loss);
-            last = r.optim;
+            out.first.push_back(r.loss);
+            out.second = r.optim;
         }
-        return std::make_pair(losses, last);
+        const mt::nn::ParamTable& table = t.model().params();
+        for (int i = 0; i < table.size(); ++i)
+            for (int64_t k = 0; k < table.master(i).numel(); ++k)
+                out.params.push_back(mt::core::tensor_get_flat(table.master(i), k));
+        return out;
     };
-    const auto plain = run("compress_off", 0, 12);
+    // muon.md §9 test 9: 20 steps twice, bitwise equal parameters, without and with compression.
+    const Run plain = run("compress_off", 0, 20), again = run("compress_off_again", 0, 20);
+    EXPECT_EQ(plain.params, again.params) << "uncompressed";
     for (int level = 1; level <= 3; ++level) {
         const std::string name = "compress_l" + std::to_string(level);
-        const auto a = run(name + "_a", level, 12), b = run(name + "_b", level, 12);
+        const Run a = run(name + "_a", level, 20), b = run(name + "_b", level, 20);
         EXPECT_EQ(a.first, b.first) << name;
+        EXPECT_EQ(a.params, b.params) << name;
         EXPECT_NE(a.first[5], plain.first[5]) << name << ": compression changed nothing";
         EXPECT_EQ(a.first[1], plain.first[1]) << name << ": the warm-up is uncompressed";
         EXPECT_GT(a.second.compress_wire_bytes, 0) << name;
@@ -183,7 +195,7 @@ TEST(TrainerMuon, CompressedReduceIsDeterministicAndResumesBitwise) {
         ASSERT_NO_FATAL_FAILURE(expect_exact_resume(mpi_job(data_dir(), shared_dir(name + "_resume"), keys), &resume));
         if (dist_world().rank() == 0)
             fmt::print(
-                "compress.level {}: loss after 12 steps {:.5f} (uncompressed {:.5f}), wire {} of {} bytes, "
+                "compress.level {}: loss after 20 steps {:.5f} (uncompressed {:.5f}), wire {} of {} bytes, "
                 "error {:.3f}, ef ratio {:.3f}\n",
                 level,
                 a.first.back(),
