@@ -35,6 +35,19 @@ AdamW::AdamW(nn::ParamTable& table,
     MT_CHECK(!options.offload || !options.adamw_group_only, "AdamW offload updates the whole arena, every group");
     MT_CHECK(!options.offload || (precision.master_on_host && !sharded_),
              "AdamW offload needs the master weights on the host and an unsharded optimizer");
+    if (!sharded_ && options.adamw_group_only) {
+        // Only the AdamW group has moments (under Muon most elements are Muon's): its parameters back to back.
+        int64_t packed = 0;
+        for (int i = 0; i < table.size(); ++i) {
+            if (!in_group(table.spec(i))) continue;
+            const int64_t numel = core::shape_numel(table.spec(i).shape);
+            pieces_.push_back({i, 0, numel, packed});
+            packed += numel;
+        }
+        m_ = core::Tensor::zeros({std::max<int64_t>(packed, 1)}, dtype, precision.device);
+        v_ = core::Tensor::zeros({std::max<int64_t>(packed, 1)}, dtype, precision.device);
+        return;
+    }
     if (!sharded_) {
         for (int i = 0; i < table.size(); ++i)
             if (in_group(table.spec(i)))

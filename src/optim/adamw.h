@@ -31,7 +31,7 @@ struct AdamWOptions {
     uint64_t seed = 0;                           // the stochastic rounding streams of bf16 moments
     int64_t offload_chunk = int64_t{1} << 24;    // arena elements per pipelined chunk (64 MiB of f32 gradients)
     // optim.name = "muon": only the table's AdamW group (nn::OptimGroup); the Muon group is optim::Muon's. The
-    // moment buffers keep the table's layout (the Muon group's stretches unused).
+    // moments cover the AdamW group's parameters only, back to back (or its ZeRO-1 slices).
     bool adamw_group_only = false;
 };
 

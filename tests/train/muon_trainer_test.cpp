@@ -258,6 +258,20 @@ TEST(MuonTrainer, QkClipScalesOnlyTheClippedQueryAndKeyRows) {
     EXPECT_GT(shrunk, 0);
 }
 
+// Under Muon the AdamW moments cover the AdamW group only: the optimizer state is two f32 moments per AdamW element
+// (padding to 1 element at least) plus one f32 momentum per Muon element, not two moments for every parameter.
+TEST(MuonTrainer, StateHoldsMomentsForTheAdamWGroupOnly) {
+    const std::string dir = fresh_dir("state");
+    Trainer muon(tiny_job(dir, {"optim.name=\"muon\""}), false), adamw(tiny_job(dir, {}), false);
+    const nn::ParamTable& table = muon.model().params();
+    int64_t adamw_elems = 0, muon_elems = 0;
+    for (int i = 0; i < table.size(); ++i)
+        (table.spec(i).group == nn::OptimGroup::muon ? muon_elems : adamw_elems) +=
+            core::shape_numel(table.spec(i).shape);
+    EXPECT_EQ(muon.optimizer_state_bytes(), 2 * 4 * adamw_elems + 4 * muon_elems);
+    EXPECT_LT(muon.optimizer_state_bytes(), adamw.optimizer_state_bytes());
+}
+
 TEST(MuonTrainer, RefusesWhatIsNotBuiltYet) {
     const std::string dir = fresh_dir("refuse");
     try {
