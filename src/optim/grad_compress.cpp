@@ -73,13 +73,6 @@ void check_options(const CompressOptions& options) {
              options.topk_density);
 }
 
-void add_stats(CompressStats& to, const CompressStats& from) {
-    to.g_sq += from.g_sq;
-    to.p_sq += from.p_sq;
-    to.err_sq += from.err_sq;
-    to.e_sq += from.e_sq;
-}
-
 // Runs chunk(c, begin, len) for every chunk of `chunk` elements of [0, n) in parallel and sums the returned partial
 // norms in chunk order.
 template <typename Chunk>
@@ -92,7 +85,7 @@ CompressStats for_each_chunk(int64_t n, int64_t chunk, Chunk&& fn) {
         partial[static_cast<size_t>(c)] = fn(c, begin, std::min(chunk, n - begin));
     }
     CompressStats total;
-    for (const CompressStats& s : partial) add_stats(total, s);
+    for (const CompressStats& s : partial) total += s;
     return total;
 }
 

@@ -37,6 +37,11 @@ struct CompressKey {
 // and e the state error after the encode (level 1: 0; level 2: the error buffer e; level 3: g - h_w).
 struct CompressStats {
     double g_sq = 0, p_sq = 0, err_sq = 0, e_sq = 0;  // ||g||^2, ||p||^2, ||C(p) - p||^2, ||e||^2
+    // Sums of several regions (chunks, codecs, buckets) add field by field.
+    CompressStats& operator+=(const CompressStats& o) {
+        g_sq += o.g_sq, p_sq += o.p_sq, err_sq += o.err_sq, e_sq += o.e_sq;
+        return *this;
+    }
     // ||e|| / ||g||, which must stay bounded (0 when g = 0).
     double ef_ratio() const;
     // ||C(p) - p|| / ||p|| (0 when p = 0).

@@ -112,10 +112,7 @@ void CompressedReduce::finish(const core::Tensor& grads) {
 
 optim::CompressStats CompressedReduce::stats() const {
     optim::CompressStats sum;
-    for (const optim::GradCompressor& s : senders_) {
-        const optim::CompressStats& x = s.last_stats();
-        sum.g_sq += x.g_sq, sum.p_sq += x.p_sq, sum.err_sq += x.err_sq, sum.e_sq += x.e_sq;
-    }
+    for (const optim::GradCompressor& s : senders_) sum += s.last_stats();
     return sum;
 }
 

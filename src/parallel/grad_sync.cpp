@@ -47,6 +47,25 @@ std::vector<GradBucketRange> grad_sync_buckets(const std::vector<ArenaParam>& pa
     return buckets;
 }
 
+namespace {
+
+// A packed bucket's block: the arena ranges `block`, back to back in `buffer` from element `at`. to_buffer copies the
+// arena's elements into the buffer (packing), otherwise the buffer's into the arena (unpacking).
+void copy_block(const std::vector<optim::ArenaRange>& block,
+                const core::Tensor& arena,
+                const core::Tensor& buffer,
+                int64_t at,
+                bool to_buffer) {
+    for (const optim::ArenaRange& range : block) {
+        const core::Tensor a = arena.slice(0, range.begin, range.end);
+        const core::Tensor b = buffer.slice(0, at, at + range.end - range.begin);
+        (to_buffer ? b : a).copy_from(to_buffer ? a : b);
+        at += range.end - range.begin;
+    }
+}
+
+}  // namespace
+
 GradSync::GradSync(GradArenas arenas,
                    const Mesh& mesh,
                    const GradSyncOptions& options,
@@ -188,13 +207,8 @@ void GradSync::issue(Bucket& b) {
     if (!b.blocks.empty()) {
         // Packed: every rank's block of this rank's gradients, padded with zeros, then one reduce-scatter.
         b.send = core::Tensor::zeros({comm.size() * b.share}, grads.dtype(), grads.device());
-        for (size_t r = 0; r < b.blocks.size(); ++r) {
-            int64_t at = static_cast<int64_t>(r) * b.share;
-            for (const optim::ArenaRange& range : b.blocks[r]) {
-                b.send.slice(0, at, at + range.end - range.begin).copy_from(grads.slice(0, range.begin, range.end));
-                at += range.end - range.begin;
-            }
-        }
+        for (size_t r = 0; r < b.blocks.size(); ++r)
+            copy_block(b.blocks[r], grads, b.send, static_cast<int64_t>(r) * b.share, true);
         base = static_cast<char*>(b.send.raw());
     }
     b.work = comm.reduce_scatter(base, out, b.share, type, ReduceOp::sum);
@@ -232,11 +246,7 @@ double GradSync::finish() {
             grads.slice(0, b.mine, b.mine + b.share).copy_from(staging_.slice(0, b.staging, b.staging + b.share));
             continue;
         }
-        int64_t at = b.staging;
-        for (const optim::ArenaRange& range : b.blocks[static_cast<size_t>(group(b).rank())]) {
-            grads.slice(0, range.begin, range.end).copy_from(staging_.slice(0, at, at + range.end - range.begin));
-            at += range.end - range.begin;
-        }
+        copy_block(b.blocks[static_cast<size_t>(group(b).rank())], grads, staging_, b.staging, false);
         b.send = core::Tensor();
     }
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -353,8 +363,7 @@ CompressReport GradSync::compress_report() const {
     if (!compressing()) return out;
     for (const Bucket& b : buckets_) {
         if (!b.compress) continue;
-        const optim::CompressStats x = b.compress->stats();
-        out.stats.g_sq += x.g_sq, out.stats.p_sq += x.p_sq, out.stats.err_sq += x.err_sq, out.stats.e_sq += x.e_sq;
+        out.stats += b.compress->stats();
         out.wire_bytes += b.compress->wire_bytes();
         out.raw_bytes += b.compress->raw_bytes();
     }
@@ -430,11 +439,7 @@ CommWork GradSync::start_gather(Bucket& b, const core::Tensor& arena) {
     // blocks go back into the arena once the gather completes (unpack_gathered).
     b.gathered = core::Tensor::scratch({comm.size() * b.share}, arena.dtype(), arena.device());
     b.gather_arena = arena;
-    int64_t at = comm.rank() * b.share;
-    for (const optim::ArenaRange& range : b.blocks[static_cast<size_t>(comm.rank())]) {
-        b.gathered.slice(0, at, at + range.end - range.begin).copy_from(arena.slice(0, range.begin, range.end));
-        at += range.end - range.begin;
-    }
+    copy_block(b.blocks[static_cast<size_t>(comm.rank())], arena, b.gathered, comm.rank() * b.share, true);
     char* base = static_cast<char*>(b.gathered.raw());
     return comm.all_gather(base + comm.rank() * b.share * elem, base, b.share * elem, CommType::u8);
 }
@@ -445,12 +450,7 @@ void GradSync::unpack_gathered(Bucket& b) {
     for (size_t r = 0; r < b.blocks.size(); ++r) {
         // With capped owner positions several ranks hold the same matrices: their blocks land on the same ranges.
         if (static_cast<int>(r) == me) continue;
-        int64_t at = static_cast<int64_t>(r) * b.share;
-        for (const optim::ArenaRange& range : b.blocks[r]) {
-            b.gather_arena.slice(0, range.begin, range.end)
-                .copy_from(b.gathered.slice(0, at, at + range.end - range.begin));
-            at += range.end - range.begin;
-        }
+        copy_block(b.blocks[r], b.gather_arena, b.gathered, static_cast<int64_t>(r) * b.share, false);
     }
     b.gathered = core::Tensor();
     b.gather_arena = core::Tensor();

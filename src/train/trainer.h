@@ -269,6 +269,8 @@ class Trainer {
     int64_t qk_clip();
     // Resume: the compression error buffers this rank wrote, or zeros when the checkpoint's mesh differs.
     void load_compress_state(const Checkpoint& ckpt);
+    // The checkpoint name (kind "ef") of this rank's compression state st.
+    std::string compress_state_name(const parallel::CompressedReduce::State& st) const;
     double dp_sum(double value);
 
     // trainer_guard.cpp: reading a step's batches ahead of its collectives, the agreed stop before each step, the

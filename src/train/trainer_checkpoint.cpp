@@ -269,7 +269,7 @@ std::vector<CheckpointTensor> Trainer::checkpoint_tensors() {
     // Gradient compression's error-feedback state, per rank (it does not reshard: conventions §5.2).
     for (const parallel::CompressedReduce::State& st : grad_sync_->compress_states())
         tensors.push_back(
-            {fmt::format("rank{:05d}.{}", mesh_->world().rank(), st.name),
+            {compress_state_name(st),
              "ef",
              core::Tensor::borrow(st.values.data(), {static_cast<int64_t>(st.values.size())}, core::DType::f32)});
     // The balancer state is the same on every rank of a stage: its first rank writes its stage's layers.
@@ -504,6 +504,10 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
     load_moe_checkpoint(ckpt);
 }
 
+std::string Trainer::compress_state_name(const parallel::CompressedReduce::State& st) const {
+    return fmt::format("rank{:05d}.{}", mesh_->world().rank(), st.name);  // kind "ef": per rank, never resharded
+}
+
 void Trainer::load_compress_state(const Checkpoint& ckpt) {
     std::vector<parallel::CompressedReduce::State> states = grad_sync_->compress_states();
     if (states.empty()) return;
@@ -511,7 +515,7 @@ void Trainer::load_compress_state(const Checkpoint& ckpt) {
     bool same = ckpt.manifest().value("mesh", nlohmann::json()) == mesh_->to_json();
     std::vector<std::string> names;
     for (const auto& st : states) {
-        names.push_back(fmt::format("rank{:05d}.{}", mesh_->world().rank(), st.name));
+        names.push_back(compress_state_name(st));
         same = same && ckpt.has("ef", names.back()) &&
                ckpt.global_shape("ef", names.back()) == core::Shape{static_cast<int64_t>(st.values.size())};
     }
