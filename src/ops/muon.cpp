@@ -29,7 +29,7 @@ void muon_step(const Tensor& param,
     check_hyper(hyper, op);
     if (update_sq.defined()) {
         check_arg(update_sq, op, "update_sq", 1);
-        check_shape(update_sq, {1}, op, "update_sq");
+        if (update_sq.size(0) != 1) check_shape(update_sq, {param.size(0)}, op, "update_sq");
         check_dtype_in(update_sq, {core::DType::f64}, op, "update_sq");
     }
     if (param_copy.defined()) {

@@ -6,7 +6,8 @@
 //   O = X_K transposed back;  param -= lr wd param;  param -= lr scale_factor sqrt(max(A, B)) O
 //   param, grad, m: [E, A, B] (E matrices of A x B: the stacked experts; E = 1 for one weight) f32|f64, one dtype,
 //   updated in place; each of the E matrices is orthogonalised on its own.
-//   update_sq (optional): [1] f64 += the squared L2 norm of the change (metrics.layer_stats), as adamw_step's.
+//   update_sq (optional): [1] f64 += the squared L2 norm of the change (metrics.layer_stats), as adamw_step's; or
+//   [E] f64, each += its own matrix's (optim::Muon batches several parameters' matrices into one call).
 //   param_copy (optional): [E, A, B] bf16|f16|f32, written (=) with the updated param in its dtype: the forward's
 //   low-precision copy under mixed precision (on CUDA by the update kernel itself).
 //   n_norm (optional): [E] f64 on param's device, written (=) with ||N||_F of each matrix, Newton-Schulz's input before

@@ -2,7 +2,9 @@
 #include "optim/muon.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -52,10 +54,35 @@ Muon::Muon(nn::ParamTable& table, const ops::MuonHyper& hyper, const std::option
                      std::adjacent_find(e.matrices.begin(), e.matrices.end()) == e.matrices.end(),
                  "Muon: the owned matrices of parameter {} are not ascending and distinct",
                  table.spec(param).name);
-        const core::Tensor w = muon_matrices(table.master(param));
-        e.momentum = core::Tensor::zeros(
-            {static_cast<int64_t>(e.matrices.size()), w.size(1), w.size(2)}, precision.master, precision.device);
         entries_.push_back(std::move(e));
+    }
+    // Batches (muon.h): by (A, B, decay) for the small entries, in the order of their first entry.
+    std::map<std::tuple<int64_t, int64_t, bool>, size_t> batch_of;
+    for (size_t j = 0; j < entries_.size(); ++j) {
+        const Entry& e = entries_[j];
+        const core::Tensor w = muon_matrices(table.master(e.param));
+        const auto k = static_cast<int64_t>(e.matrices.size());
+        const auto key = std::make_tuple(w.size(1), w.size(2), table.spec(e.param).weight_decay);
+        auto it = batch_of.find(key);
+        if (k >= kAloneFrom || it == batch_of.end()) {
+            batches_.emplace_back();
+            if (k < kAloneFrom) batch_of[key] = batches_.size() - 1;
+            it = batch_of.end();
+        }
+        Batch& b = it == batch_of.end() ? batches_.back() : batches_[it->second];
+        b.entries.push_back(j);
+        b.matrices += k;
+    }
+    for (Batch& b : batches_) {
+        const core::Tensor w = muon_matrices(table.master(entries_[b.entries.front()].param));
+        b.momentum = core::Tensor::zeros({b.matrices, w.size(1), w.size(2)}, precision.master, precision.device);
+        int64_t at = 0;
+        for (size_t j : b.entries) {
+            Entry& e = entries_[j];
+            const auto k = static_cast<int64_t>(e.matrices.size());
+            e.momentum = b.momentum.slice(0, at, at + k);
+            at += k;
+        }
     }
 }
 
@@ -75,61 +102,108 @@ int64_t Muon::state_bytes() const {
     return bytes;
 }
 
+namespace {
+
+// Calls fn(first, at, count) for each run of consecutive stack indices of `matrices`: matrices [first, first + count)
+// of the parameter are the entry's [at, at + count).
+template <typename Fn>
+void for_each_run(const std::vector<int64_t>& matrices, Fn&& fn) {
+    for (size_t at = 0; at < matrices.size();) {
+        size_t end = at + 1;
+        while (end < matrices.size() && matrices[end] == matrices[end - 1] + 1) ++end;
+        fn(matrices[at], static_cast<int64_t>(at), static_cast<int64_t>(end - at));
+        at = end;
+    }
+}
+
+}  // namespace
+
 void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq, StepStats* stats) {
     ops::MuonHyper h = hyper_;
     h.lr = lr;
-    // The metrics come from the step's own outputs on the device (the change's squared norm per parameter, ||N|| per
-    // matrix), read back once at the end.
-    core::Tensor change = update_sq, norms;
-    const core::Device device = table_->precision().device;
-    if (stats) {
-        int64_t matrices = 0;
-        for (const Entry& e : entries_) matrices += static_cast<int64_t>(e.matrices.size());
-        if (!change.defined()) change = core::Tensor::zeros({table_->size()}, core::DType::f64, device);
-        norms = core::Tensor::zeros({std::max<int64_t>(matrices, 1)}, core::DType::f64, device);
-    }
-    int64_t norm_at = 0;
-    for (const Entry& e : entries_) {
-        const int i = e.param;
-        h.weight_decay = table_->spec(i).weight_decay ? hyper_.weight_decay : 0.0;
-        const core::Tensor param = muon_matrices(table_->master(i)), grad = muon_matrices(table_->grad(i));
-        // Mixed precision: the forward's copy of the updated matrices, written by the step itself.
-        const core::Tensor copy =
-            table_->precision().has_master_copy() ? muon_matrices(table_->param(i)) : core::Tensor();
-        const core::Tensor sq = change.defined() ? change.slice(0, i, i + 1) : core::Tensor();
-        const auto k = static_cast<int64_t>(e.matrices.size());
-        const core::Tensor n_norm = stats ? norms.slice(0, norm_at, norm_at + k) : core::Tensor();
-        norm_at += k;
-        const int64_t first = e.matrices.front();
+    const nn::Precision& precision = table_->precision();
+    int64_t matrices = 0;
+    for (const Batch& b : batches_) matrices += b.matrices;
+    // The metrics come from the step's own outputs on the device (the change's squared norm and ||N|| per matrix),
+    // read back once at the end.
+    const bool per_param = update_sq.defined() || stats != nullptr;
+    core::Tensor change, norms;
+    if (per_param) change = core::Tensor::zeros({std::max<int64_t>(matrices, 1)}, core::DType::f64, precision.device);
+    if (stats) norms = core::Tensor::zeros({std::max<int64_t>(matrices, 1)}, core::DType::f64, precision.device);
+    int64_t batch_at = 0;
+    for (const Batch& b : batches_) {
+        const Entry& first = entries_[b.entries.front()];
+        h.weight_decay = table_->spec(first.param).weight_decay ? hyper_.weight_decay : 0.0;
+        const auto matrices_of = [&](const Entry& e) {
+            return std::array<core::Tensor, 3>{
+                muon_matrices(table_->master(e.param)),
+                muon_matrices(table_->grad(e.param)),
+                // Mixed precision: the forward's copy of the updated matrices, written by the step itself.
+                precision.has_master_copy() ? muon_matrices(table_->param(e.param)) : core::Tensor()};
+        };
+        const auto [param0, grad0, copy0] = matrices_of(first);
+        const auto k0 = static_cast<int64_t>(first.matrices.size());
         core::Tensor p, g, c;
-        const bool views = e.matrices.back() - first + 1 == k;  // a run of consecutive matrices
+        // One consecutive run of one parameter: the step works on its views. Otherwise on packed copies.
+        const bool views = b.entries.size() == 1 && first.matrices.back() - first.matrices.front() + 1 == k0;
         if (views) {
-            p = param.slice(0, first, first + k);
-            g = grad.slice(0, first, first + k);
-            if (copy.defined()) c = copy.slice(0, first, first + k);
+            const int64_t lo = first.matrices.front();
+            p = param0.slice(0, lo, lo + k0);
+            g = grad0.slice(0, lo, lo + k0);
+            if (copy0.defined()) c = copy0.slice(0, lo, lo + k0);
         } else {
-            // Scattered matrices (ownership hands a stack's experts round-robin): one batched step on packed copies.
-            p = core::Tensor::zeros(e.momentum.shape(), param.dtype(), param.device());
-            g = core::Tensor::zeros(e.momentum.shape(), grad.dtype(), grad.device());
-            if (copy.defined()) c = core::Tensor::zeros(e.momentum.shape(), copy.dtype(), copy.device());
-            for (int64_t j = 0; j < k; ++j) {
-                p.select(0, j).copy_from(param.select(0, e.matrices[static_cast<size_t>(j)]));
-                g.select(0, j).copy_from(grad.select(0, e.matrices[static_cast<size_t>(j)]));
+            p = core::Tensor::scratch(b.momentum.shape(), param0.dtype(), param0.device());
+            g = core::Tensor::scratch(b.momentum.shape(), grad0.dtype(), grad0.device());
+            if (copy0.defined()) c = core::Tensor::scratch(b.momentum.shape(), copy0.dtype(), copy0.device());
+            int64_t at = 0;
+            for (size_t j : b.entries) {
+                const Entry& e = entries_[j];
+                const auto [param, grad, copy] = matrices_of(e);
+                for_each_run(e.matrices, [&](int64_t lo, int64_t to, int64_t n) {
+                    p.slice(0, at + to, at + to + n).copy_from(param.slice(0, lo, lo + n));
+                    g.slice(0, at + to, at + to + n).copy_from(grad.slice(0, lo, lo + n));
+                });
+                at += static_cast<int64_t>(e.matrices.size());
             }
         }
-        ops::muon_step(p, g, e.momentum, h, grad_scale, sq, c, n_norm);
-        if (!views)
-            for (int64_t j = 0; j < k; ++j) {
-                const int64_t at = e.matrices[static_cast<size_t>(j)];
-                param.select(0, at).copy_from(p.select(0, j));
-                if (c.defined()) copy.select(0, at).copy_from(c.select(0, j));
+        const auto range = [&](const core::Tensor& t) {
+            return t.defined() ? t.slice(0, batch_at, batch_at + b.matrices) : core::Tensor();
+        };
+        ops::muon_step(p, g, b.momentum, h, grad_scale, range(change), c, range(norms));
+        if (!views) {
+            int64_t at = 0;
+            for (size_t j : b.entries) {
+                const Entry& e = entries_[j];
+                const auto [param, grad, copy] = matrices_of(e);
+                for_each_run(e.matrices, [&](int64_t lo, int64_t to, int64_t n) {
+                    param.slice(0, lo, lo + n).copy_from(p.slice(0, at + to, at + to + n));
+                    if (c.defined()) copy.slice(0, lo, lo + n).copy_from(c.slice(0, at + to, at + to + n));
+                });
+                at += static_cast<int64_t>(e.matrices.size());
             }
+        }
+        batch_at += b.matrices;
+    }
+    if (!per_param) return;
+    // Per parameter: the sum of its matrices' squared changes (batch order, each entry's matrices consecutive).
+    const core::Tensor changes = change.to_device(core::Device::cpu);
+    std::vector<double> sums(static_cast<size_t>(table_->size()), 0.0);
+    int64_t at = 0;
+    for (const Batch& b : batches_)
+        for (size_t j : b.entries) {
+            const Entry& e = entries_[j];
+            for (size_t k = 0; k < e.matrices.size(); ++k)
+                sums[static_cast<size_t>(e.param)] += changes.data<double>()[at++];
+        }
+    if (update_sq.defined()) {
+        const core::Tensor total = update_sq.to_device(core::Device::cpu);
+        for (const Entry& e : entries_) total.data<double>()[e.param] += sums[static_cast<size_t>(e.param)];
+        update_sq.copy_from(total);
     }
     if (!stats) return;
-    const core::Tensor changes = change.to_device(core::Device::cpu), n = norms.to_device(core::Device::cpu);
-    stats->update_sq.assign(static_cast<size_t>(table_->size()), 0.0);
-    for (const Entry& e : entries_) stats->update_sq[static_cast<size_t>(e.param)] = changes.data<double>()[e.param];
-    stats->n_norm.assign(n.data<double>(), n.data<double>() + norm_at);
+    const core::Tensor n = norms.to_device(core::Device::cpu);
+    stats->update_sq = std::move(sums);
+    stats->n_norm.assign(n.data<double>(), n.data<double>() + matrices);
 }
 
 }  // namespace mt::optim

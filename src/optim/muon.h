@@ -61,10 +61,26 @@ class Muon {
         return hyper_;
     }
 
+    // How the step batches the entries: each batch is one ops::muon_step call. Entries of fewer than
+    // kAloneFrom matrices that share a shape and the decay flag (the 2-D weights of every layer) run together on
+    // packed copies (one call instead of one per layer: the GPU's batched GEMMs fill the device); a larger stack
+    // (the experts of a layer) runs alone, on views when its matrices are consecutive. Momentum of a batch of
+    // several entries is one buffer, the entries' momentum views of it.
+    static constexpr int64_t kAloneFrom = 8;
+    struct Batch {
+        std::vector<size_t> entries;  // into entries(), in table order
+        int64_t matrices = 0;
+        core::Tensor momentum;  // [matrices, A, B]
+    };
+    const std::vector<Batch>& batches() const {
+        return batches_;
+    }
+
    private:
     nn::ParamTable* table_;
     ops::MuonHyper hyper_;
     std::vector<Entry> entries_;
+    std::vector<Batch> batches_;
 };
 
 // The [E, A, B] view of a Muon parameter (a 2-D weight is one matrix).

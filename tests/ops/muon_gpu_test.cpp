@@ -114,6 +114,18 @@ void update_sq_is_the_change() {
         EXPECT_GT(want, 0.0);
         EXPECT_NEAR(core::tensor_get_flat(host(u), 0), 0.25 + want, 1e-12 * (0.25 + want)) << e << "x" << a << "x" << b;
         op_expect_parity(name, fmt::format("{}x{}x{} update_sq", e, a, b), u, u_cpu, kNsBudget);
+        // The per-matrix form: each element the squared change of its own matrix (the GPU's), against the CPU's.
+        const Tensor each = Tensor::zeros({e}, DType::f64, Device::cuda), each_cpu = Tensor::zeros({e}, DType::f64);
+        const Tensor p_each = p0.to_device(Device::cuda), p_each_cpu = p0.clone();
+        muon_step(p_each, g.to_device(Device::cuda), Tensor::zeros(p0.shape(), DType::f32, Device::cuda), h, 1.0, each);
+        muon_step(p_each_cpu, g, Tensor::zeros(p0.shape(), DType::f32), h, 1.0, each_cpu);
+        const Tensor d = change(p_each, p0), got = host(each);
+        for (int64_t k = 0; k < e; ++k) {
+            double want_k = 0.0;
+            for (int64_t i = 0; i < a * b; ++i) want_k += std::pow(core::tensor_get_flat(d, k * a * b + i), 2);
+            EXPECT_NEAR(core::tensor_get_flat(got, k), want_k, 1e-12 * want_k) << name << " matrix " << k;
+        }
+        op_expect_parity(name, fmt::format("{}x{}x{} update_sq per matrix", e, a, b), each, each_cpu, kNsBudget);
     }
 }
 

@@ -216,6 +216,29 @@ TEST(MuonStep, FollowsTheUpdateRule) {
     }
 }
 
+// update_sq of length E: each matrix's squared change added to its own element, their sum the [1] form's total.
+TEST(MuonStep, UpdateSqPerMatrixSplitsTheTotal) {
+    const MuonHyper h{.lr = 0.05, .weight_decay = 0.1};
+    const Tensor w0 = random({3, 7, 11}, 61), g = random(w0.shape(), 62);
+    const Tensor total = Tensor::zeros({1}, DType::f64), each = Tensor::zeros({3}, DType::f64);
+    core::tensor_set_flat(each, 1, 0.5);  // accumulates
+    const Tensor w1 = w0.clone(), w2 = w0.clone();
+    muon_step(w1, g, Tensor::zeros(w0.shape(), DType::f64), h, 1.0, total);
+    muon_step(w2, g, Tensor::zeros(w0.shape(), DType::f64), h, 1.0, each);
+    double sum = -0.5;
+    for (int64_t e = 0; e < 3; ++e) {
+        double want = 0.0;
+        for (int64_t i = 0; i < 77; ++i) {
+            const double d = core::tensor_get_flat(w2, e * 77 + i) - core::tensor_get_flat(w0, e * 77 + i);
+            want += d * d;
+        }
+        const double got = core::tensor_get_flat(each, e) - (e == 1 ? 0.5 : 0.0);
+        EXPECT_NEAR(got, want, 1e-12 * want) << "matrix " << e;
+        sum += core::tensor_get_flat(each, e);
+    }
+    EXPECT_NEAR(sum, core::tensor_get_flat(total, 0), 1e-12 * sum);
+}
+
 // The update's RMS is about scale_factor x lr (an orthogonal A x B matrix has RMS 1 / sqrt(max(A, B))): what lets
 // AdamW's learning rate carry over.
 TEST(MuonStep, UpdateRmsIsAboutTheScaleFactorTimesTheLearningRate) {

@@ -76,6 +76,7 @@ void muon_step(T* param,
                const MuonHyper& h,
                double grad_scale,
                double* update_sq,
+               bool per_matrix,
                double* n_norm) {
     blas_use_one_thread();
     const int64_t n = a_rows * b_cols;
@@ -111,7 +112,9 @@ void muon_step(T* param,
         }
         change[static_cast<size_t>(e)] = sq;
     }
-    if (update_sq != nullptr)
+    if (update_sq != nullptr && per_matrix)
+        for (int64_t e = 0; e < stack; ++e) update_sq[e] += change[static_cast<size_t>(e)];
+    else if (update_sq != nullptr)
         for (double c : change) *update_sq += c;  // in matrix order: the same sum for any thread count
 }
 
@@ -142,6 +145,7 @@ void muon_step(const Tensor& param,
                                 hyper,
                                 grad_scale,
                                 sq,
+                                update_sq.defined() && update_sq.size(0) > 1,
                                 n_norm.defined() ? n_norm.data<double>() : nullptr));
     if (param_copy.defined()) param_copy.copy_from(param);
 }

@@ -5,7 +5,8 @@
 //   3. X_0 = bf16(n inv[e]), n recomputed from grad and the stored m by the same f32 operations as in pass 1
 //   4. the Newton-Schulz steps (three strided-batched cuBLASLt GEMMs per step over the E matrices)
 //   5. param = (1 - lr wd) param - lr scale_factor sqrt(max(A, B)) O, with per-block f64 partials of the squared
-//      change when update_sq is given, added to it in block order by one more block (no float atomics, no host sync)
+//      change when update_sq is given, added to it in block order by one more block (no float atomics, no host sync),
+//      or per matrix by one block each
 // Dtypes: param, m f32 (master weights, optimizer state); grad f32|bf16|f16 (as adamw_step's CUDA path). The scalars
 // are formed in f64 on the host, as on the CPU, and cast to f32 once.
 #include <algorithm>
@@ -183,12 +184,15 @@ void run(const Tensor& param,
     else
         update(param_copy.data<float>());
     MT_CUDA_CHECK(cudaGetLastError());
-    if (sq != nullptr) muon::launch_add_sum(sq, l.blocks(), update_sq.data<double>());
+    if (sq != nullptr && update_sq.numel() > 1)
+        muon::launch_add_sums(l, sq, update_sq.data<double>());  // per matrix
+    else if (sq != nullptr)
+        muon::launch_add_sum(sq, l.blocks(), update_sq.data<double>());
 }
 
 }  // namespace
 
-// param, grad, m [E, A, B]; update_sq [1] f64 or undefined. Shapes are checked by the caller.
+// param, grad, m [E, A, B]; update_sq [1] or [E] f64, or undefined. Shapes are checked by the caller.
 void muon_step(const Tensor& param,
                const Tensor& grad,
                const Tensor& m,

@@ -228,6 +228,15 @@ __global__ void add_sum_kernel(const double* __restrict__ partial, int64_t count
     if (threadIdx.x == 0) *dst += s;
 }
 
+// One block per matrix: dst[e] += matrix e's partials (its chunks) in a fixed order.
+__global__ void add_sums_kernel(const double* __restrict__ partial, int64_t chunks, double* __restrict__ dst) {
+    double s = 0.0;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) s += partial[blockIdx.x * chunks + c];
+    __shared__ double scratch[32];
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) dst[blockIdx.x] += s;
+}
+
 int64_t round_up(int64_t v, int64_t to) {
     return (v + to - 1) / to * to;
 }
@@ -260,6 +269,11 @@ void launch_inv_norm(const Layout& l, const double* partial, float* inv) {
 
 void launch_add_sum(const double* partial, int64_t count, double* dst) {
     add_sum_kernel<<<1, kThreads, 0, core::exec_stream()>>>(partial, count, dst);
+    MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_add_sums(const Layout& l, const double* partial, double* dst) {
+    add_sums_kernel<<<static_cast<unsigned>(l.e), kThreads, 0, core::exec_stream()>>>(partial, l.chunks, dst);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 

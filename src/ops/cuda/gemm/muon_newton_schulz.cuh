@@ -47,6 +47,8 @@ __device__ __forceinline__ ChunkRange chunk_range(int64_t n, int64_t chunks) {
 void launch_inv_norm(const Layout& l, const double* partial, float* inv);
 // *dst += partial[0] + ... + partial[count - 1], in a fixed order (one block).
 void launch_add_sum(const double* partial, int64_t count, double* dst);
+// dst[e] += matrix e's partials (l.chunks of them per matrix, as launch_inv_norm's), in a fixed order.
+void launch_add_sums(const Layout& l, const double* partial, double* dst);
 // The K = hyper.total_steps() Newton-Schulz steps of muon.md §1 on the stack whose X_0 is in buf0 (bf16, normalised),
 // buf1 the other iterate buffer: three strided-batched bf16 cuBLASLt GEMMs per step (fp32 accumulation), on the ops'
 // stream. Returns the buffer holding X_K (buf0 when K is even, else buf1).

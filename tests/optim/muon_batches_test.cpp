@@ -1,0 +1,141 @@
+// optim::Muon's batches (muon.h): the small entries of one shape and decay flag run as one ops::muon_step, a large
+// stack alone; the result is bitwise what one call per parameter gives (on the CPU each matrix is orthogonalised on
+// its own either way), with per-parameter metrics and owned (scattered) matrices.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "core/rng.h"
+#include "optim/muon.h"
+
+namespace {
+
+using mt::core::DType;
+using mt::core::Tensor;
+using mt::optim::Muon;
+
+// Three 6 x 10 weights (one without decay), a stack of 9 (alone: kAloneFrom is 8) and one of 2 (batched with the
+// weights), a 10 x 6 weight (another shape) and an AdamW vector.
+void declare(mt::nn::ParamTable& table) {
+    using mt::nn::OptimGroup;
+    table.add({.name = "w1", .shape = {6, 10}, .group = OptimGroup::muon});
+    table.add({.name = "bias", .shape = {10}, .weight_decay = false});
+    table.add({.name = "stack9", .shape = {9, 6, 10}, .group = OptimGroup::muon});
+    table.add({.name = "w2", .shape = {6, 10}, .group = OptimGroup::muon});
+    table.add({.name = "nodecay", .shape = {6, 10}, .weight_decay = false, .group = OptimGroup::muon});
+    table.add({.name = "stack2", .shape = {2, 6, 10}, .group = OptimGroup::muon});
+    table.add({.name = "tall", .shape = {10, 6}, .group = OptimGroup::muon});
+}
+
+void fill_grads(mt::nn::ParamTable& table, int64_t s) {
+    for (int i = 0; i < table.size(); ++i)
+        mt::core::rng_fill_normal(table.grad(i), 70 + static_cast<uint64_t>(s), static_cast<uint64_t>(i), 0.0, 1.0);
+}
+
+struct Outcome {
+    std::vector<float> master;
+    std::vector<double> update_sq, n_norm_sorted;
+    size_t batches = 0;
+};
+
+Outcome run(const std::optional<std::vector<mt::optim::MuonMatrixRef>>& owned) {
+    mt::nn::ParamTable table;
+    declare(table);
+    table.finalize(mt::nn::Precision{});
+    table.initialize(5);
+    const mt::ops::MuonHyper hyper{.lr = 0.02, .weight_decay = 0.1};
+    Muon muon(table, hyper, owned);
+    Outcome r;
+    r.batches = muon.batches().size();
+    for (int s = 1; s <= 3; ++s) {
+        fill_grads(table, s);
+        Muon::StepStats stats;
+        muon.step(0.02, 0.5, {}, &stats);
+        r.update_sq = stats.update_sq;
+        r.n_norm_sorted = stats.n_norm;
+    }
+    std::sort(r.n_norm_sorted.begin(), r.n_norm_sorted.end());
+    const Tensor m = table.master_arena();
+    r.master.assign(m.data<float>(), m.data<float>() + m.numel());
+    return r;
+}
+
+// The same steps as one ops::muon_step per parameter (the owned matrices only).
+Outcome per_parameter(const std::optional<std::vector<mt::optim::MuonMatrixRef>>& owned) {
+    mt::nn::ParamTable table;
+    declare(table);
+    table.finalize(mt::nn::Precision{});
+    table.initialize(5);
+    mt::ops::MuonHyper h{.lr = 0.02, .weight_decay = 0.1};
+    std::vector<Tensor> momentum;
+    for (int i = 0; i < table.size(); ++i)
+        momentum.push_back(table.spec(i).group == mt::nn::OptimGroup::muon
+                               ? Tensor::zeros(mt::optim::muon_matrices(table.master(i)).shape(), DType::f32)
+                               : Tensor());
+    Outcome r;
+    for (int s = 1; s <= 3; ++s) {
+        fill_grads(table, s);
+        r.update_sq.assign(static_cast<size_t>(table.size()), 0.0);
+        r.n_norm_sorted.clear();
+        for (int i = 0; i < table.size(); ++i) {
+            if (table.spec(i).group != mt::nn::OptimGroup::muon) continue;
+            h.weight_decay = table.spec(i).weight_decay ? 0.1 : 0.0;
+            const Tensor p = mt::optim::muon_matrices(table.master(i)), g = mt::optim::muon_matrices(table.grad(i));
+            for (int64_t k = 0; k < p.size(0); ++k) {
+                bool held = !owned;
+                for (const auto& ref : owned.value_or(std::vector<mt::optim::MuonMatrixRef>{}))
+                    held = held || (ref.param == i && ref.index == k);
+                if (!held) continue;
+                const Tensor sq = Tensor::zeros({1}, DType::f64), n = Tensor::zeros({1}, DType::f64);
+                mt::ops::muon_step(p.slice(0, k, k + 1),
+                                   g.slice(0, k, k + 1),
+                                   momentum[size_t(i)].slice(0, k, k + 1),
+                                   h,
+                                   0.5,
+                                   sq,
+                                   {},
+                                   n);
+                r.update_sq[size_t(i)] += sq.data<double>()[0];
+                r.n_norm_sorted.push_back(n.data<double>()[0]);
+            }
+        }
+    }
+    std::sort(r.n_norm_sorted.begin(), r.n_norm_sorted.end());
+    const Tensor m = table.master_arena();
+    r.master.assign(m.data<float>(), m.data<float>() + m.numel());
+    return r;
+}
+
+void expect_same(const Outcome& got, const Outcome& want) {
+    ASSERT_EQ(got.master.size(), want.master.size());
+    for (size_t i = 0; i < got.master.size(); ++i) ASSERT_EQ(got.master[i], want.master[i]) << "master element " << i;
+    ASSERT_EQ(got.update_sq.size(), want.update_sq.size());
+    for (size_t i = 0; i < got.update_sq.size(); ++i)
+        EXPECT_NEAR(got.update_sq[i], want.update_sq[i], 1e-12 * want.update_sq[i]) << "update_sq of parameter " << i;
+    ASSERT_EQ(got.n_norm_sorted.size(), want.n_norm_sorted.size());
+    for (size_t i = 0; i < got.n_norm_sorted.size(); ++i) EXPECT_EQ(got.n_norm_sorted[i], want.n_norm_sorted[i]);
+}
+
+TEST(MuonBatches, SmallEntriesOfOneShapeRunTogetherBitwiseAsOneCallEach) {
+    const Outcome got = run(std::nullopt);
+    // {w1, w2, stack2}, {stack9}, {nodecay}, {tall}
+    EXPECT_EQ(got.batches, 4u);
+    expect_same(got, per_parameter(std::nullopt));
+}
+
+TEST(MuonBatches, OwnedScatteredMatricesToo) {
+    const std::vector<mt::optim::MuonMatrixRef> owned{{.param = 0},
+                                                      {.param = 2, .index = 1},
+                                                      {.param = 2, .index = 4},
+                                                      {.param = 2, .index = 5},
+                                                      {.param = 5, .index = 1},
+                                                      {.param = 6}};
+    const Outcome got = run(owned);
+    // {w1, stack9's three (fewer than kAloneFrom: batched by shape), stack2[1]}, {tall}
+    EXPECT_EQ(got.batches, 2u);
+    expect_same(got, per_parameter(owned));
+}
+
+}  // namespace
