@@ -72,12 +72,14 @@ int run(int argc, char** argv) {
         peak_activations = std::max(peak_activations, r.mem_peak_activations);
     }
     const auto start = std::chrono::steady_clock::now();
-    double comm_wait = 0.0, loss = 0.0;
+    double comm_wait = 0.0, loss = 0.0, optim_secs = 0.0, muon_secs = 0.0;
     int64_t overlapped = 0;
     for (int64_t s = 0; s < steps; ++s) {
         const mt::train::StepResult r = trainer.train_step();
         loss = r.loss;
         comm_wait += r.comm_seconds;
+        optim_secs += r.optim.step_seconds;
+        muon_secs += r.optim.muon_seconds;
         overlapped = r.buckets_overlapped;
         peak = std::max(peak, r.mem_peak);
         peak_activations = std::max(peak_activations, r.mem_peak_activations);
@@ -115,6 +117,11 @@ int run(int argc, char** argv) {
         {"params", trainer.model().params().total_numel()},
         {"setup_s", setup_secs},
         {"loss", loss},
+        // The optimizer update's wall time on the host (StepResult::optim; on the GPU it includes the device's work
+        // where the step reads results back, as the metrics steps do), and Muon's part of it.
+        {"optim_ms", 1000.0 * optim_secs / static_cast<double>(steps)},
+        {"muon_ms", 1000.0 * muon_secs / static_cast<double>(steps)},
+        {"optimizer", cfg.optim.name},
         {"segments", static_cast<int64_t>(trainer.model().segment_bounds().size()) - 1},
         {"peak_host_bytes", peak_host_bytes()},
     };

@@ -58,6 +58,23 @@ void muon_step(const Tensor& param,
                const Tensor& param_copy = {},
                const Tensor& n_norm = {});
 
+// muon_step in two halves around a newton_schulz of the caller's, for a matrix split over tensor-parallel ranks
+// (muon.md §3 "TP-sharded matrices": each rank forms its slice of the direction, the slices are gathered whole and
+// orthogonalised, and each rank applies its slice of the result). muon_momentum, newton_schulz, muon_apply equal
+// muon_step bit for bit on the CPU (the same operations in the same order).
+//   muon_momentum: g = grad grad_scale; m = mu m + g (in place); n = g + mu m (nesterov) or m, written.
+//     grad, m, n [E, A, B]; CPU: one float dtype; CUDA: m, n f32, grad f32|bf16|f16.
+//   muon_apply: param = decay param - step o, with decay = 1 - lr wd and step = lr scale_factor sqrt(max(A, B)) of
+//     the whole matrix (the caller's: a slice does not know it); update_sq, param_copy as muon_step's.
+//     param, o [E, A, B]; CPU: one float dtype; CUDA: param f32, o f32|bf16.
+void muon_momentum(const Tensor& grad, const Tensor& m, const Tensor& n, const MuonHyper& hyper, double grad_scale);
+void muon_apply(const Tensor& param,
+                const Tensor& o,
+                double decay,
+                double step,
+                const Tensor& update_sq = {},
+                const Tensor& param_copy = {});
+
 // Newton-Schulz alone (muon_step's orthogonalisation, exposed for the tests and the benchmark): out [E, A, B] = the
 // orthogonalised x [E, A, B], each matrix normalised by its Frobenius norm first.
 void newton_schulz(const Tensor& x, const Tensor& out, const MuonHyper& hyper);

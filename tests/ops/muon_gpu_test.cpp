@@ -152,7 +152,54 @@ void param_copy_is_the_rounded_param() {
         }
 }
 
+// The tensor-parallel halves (muon_momentum, muon_apply): elementwise f32 against the CPU's within 1e-6 (m, n, the
+// parameter's change, update_sq per matrix); and momentum -> newton_schulz -> apply on the GPU against the GPU's fused
+// muon_step within the Newton-Schulz budget (the fused step normalises before its bf16 rounding, newton_schulz after
+// reading f32: the same X_0 up to rounding).
+void split_halves_parity() {
+    const std::string name = "muon_split_halves";
+    const MuonHyper h{.lr = 0.02, .momentum = 0.9, .weight_decay = 0.1};
+    const int64_t e = 3, a = 96, b = 160;
+    for (DType grad_dtype : {DType::f32, DType::bf16}) {
+        const std::string what = fmt::format("grad {}", core::dtype_name(grad_dtype));
+        const Tensor p0 = op_randn({e, a, b}, op_seed(name), 0, 0.0, 0.1).to(DType::f32);
+        const Tensor g = op_randn(p0.shape(), op_seed(name), 1).to(grad_dtype);
+        const Tensor m0 = op_randn(p0.shape(), op_seed(name), 2, 0.0, 0.5).to(DType::f32);
+        // muon_momentum
+        const Tensor m_cpu = m0.clone(), n_cpu = Tensor::zeros(p0.shape(), DType::f32);
+        const Tensor m_dev = m0.to_device(Device::cuda), n_dev = Tensor::zeros(p0.shape(), DType::f32, Device::cuda);
+        muon_momentum(g.to(DType::f32), m_cpu, n_cpu, h, 0.7);
+        muon_momentum(g.to_device(Device::cuda), m_dev, n_dev, h, 0.7);
+        op_expect_parity(name, what + " momentum m", m_dev, m_cpu, 1e-6);
+        op_expect_parity(name, what + " momentum n", n_dev, n_cpu, 1e-6);
+        // muon_apply with an f32 and a bf16 o
+        for (DType o_dtype : {DType::f32, DType::bf16}) {
+            const std::string ow = fmt::format("{} apply o {}", what, core::dtype_name(o_dtype));
+            const Tensor o = op_randn(p0.shape(), op_seed(name), 3, 0.0, 0.05).to(o_dtype);
+            const Tensor p_cpu = p0.clone(), p_dev = p0.to_device(Device::cuda);
+            const Tensor sq_cpu = Tensor::zeros({e}, DType::f64), sq_dev = Tensor::zeros({e}, DType::f64, Device::cuda);
+            const Tensor copy = Tensor::zeros(p0.shape(), DType::bf16, Device::cuda);
+            muon_apply(p_cpu, o.to(DType::f32), 0.998, 0.03, sq_cpu);
+            muon_apply(p_dev, o.to_device(Device::cuda), 0.998, 0.03, sq_dev, copy);
+            op_expect_parity(name, ow + " param change", change(p_dev, p0), change(p_cpu, p0), 1e-6);
+            op_expect_parity(name, ow + " update_sq", sq_dev, sq_cpu, 1e-6);
+            op_expect_parity(name, ow + " bf16 copy", copy, host(p_dev).to(DType::bf16), 0.0);
+        }
+        // The composition against the fused step, both on the GPU.
+        const Tensor fused = p0.to_device(Device::cuda), split = p0.to_device(Device::cuda);
+        const Tensor mf = m0.to_device(Device::cuda), ms = m0.to_device(Device::cuda);
+        const Tensor n = Tensor::zeros(p0.shape(), DType::f32, Device::cuda), o = op_like(n);
+        muon_step(fused, g.to_device(Device::cuda), mf, h, 0.7);
+        muon_momentum(g.to_device(Device::cuda), ms, n, h, 0.7);
+        newton_schulz(n, o, h);
+        muon_apply(split, o, 1.0 - h.lr * h.weight_decay, h.lr * h.scale_factor * std::sqrt(160.0));
+        op_expect_parity(name, what + " composition param change", change(split, p0), change(fused, p0), kNsBudget);
+        EXPECT_TRUE(op_same_bytes(mf, ms)) << name << " " << what << ": the momentum differs from the fused step's";
+    }
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
+    op_register_parity_check("muon", "muon_split_halves", split_halves_parity);
     op_register_parity_check("muon", "muon_step_param_copy", param_copy_is_the_rounded_param);
     op_register_parity_check("muon", "muon_ns_wide", [] { ns_parity("muon_ns_wide", 1, 96, 160); });
     op_register_parity_check("muon", "muon_ns_tall", [] { ns_parity("muon_ns_tall", 1, 160, 96); });

@@ -239,6 +239,32 @@ TEST(MuonStep, UpdateSqPerMatrixSplitsTheTotal) {
     EXPECT_NEAR(sum, core::tensor_get_flat(total, 0), 1e-12 * sum);
 }
 
+// The two halves around newton_schulz (the tensor-parallel path of optim::Muon) are muon_step bit for bit, in f64 and
+// f32, with and without Nesterov, the per-matrix update_sq included.
+TEST(MuonStep, MomentumNewtonSchulzApplyIsTheFusedStep) {
+    for (DType dtype : {DType::f64, DType::f32})
+        for (bool nesterov : {true, false}) {
+            const MuonHyper h{.lr = 0.05, .momentum = 0.9, .nesterov = nesterov, .weight_decay = 0.1};
+            const Tensor w0 = random({3, 12, 7}, 71).to(dtype);
+            const Tensor fused = w0.clone(), split = w0.clone();
+            const Tensor m_fused = Tensor::zeros(w0.shape(), dtype), m_split = Tensor::zeros(w0.shape(), dtype);
+            const Tensor sq_fused = Tensor::zeros({3}, DType::f64), sq_split = Tensor::zeros({3}, DType::f64);
+            for (int step = 0; step < 2; ++step) {
+                const Tensor g = random(w0.shape(), 72 + step).to(dtype);
+                muon_step(fused, g, m_fused, h, 0.5, sq_fused);
+                const Tensor n = Tensor::zeros(w0.shape(), dtype), o = Tensor::zeros(w0.shape(), dtype);
+                muon_momentum(g, m_split, n, h, 0.5);
+                newton_schulz(n, o, h);
+                muon_apply(split, o, 1.0 - h.lr * h.weight_decay, h.lr * h.scale_factor * std::sqrt(12.0), sq_split);
+            }
+            for (const auto& [a, b] :
+                 {std::pair{fused, split}, std::pair{m_fused, m_split}, std::pair{sq_fused, sq_split}})
+                for (int64_t i = 0; i < a.numel(); ++i)
+                    ASSERT_EQ(core::tensor_get_flat(a, i), core::tensor_get_flat(b, i))
+                        << core::dtype_name(dtype) << " nesterov " << nesterov << " element " << i;
+        }
+}
+
 // The update's RMS is about scale_factor x lr (an orthogonal A x B matrix has RMS 1 / sqrt(max(A, B))): what lets
 // AdamW's learning rate carry over.
 TEST(MuonStep, UpdateRmsIsAboutTheScaleFactorTimesTheLearningRate) {

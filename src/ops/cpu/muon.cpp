@@ -66,6 +66,37 @@ void newton_schulz(const T* x, T* out, int64_t stack, int64_t a_rows, int64_t b_
     for (int64_t e = 0; e < stack; ++e) orthogonalise(x + e * n, out + e * n, a_rows, b_cols, h);
 }
 
+// The momentum update of one matrix's n elements and the direction Newton-Schulz orthogonalises (muon_step and
+// muon_momentum: one definition, the same bits).
+template <typename T>
+void momentum_direction(const T* g, T* mm, T* nest, int64_t n, T mu, T s, bool nesterov) {
+    for (int64_t i = 0; i < n; ++i) {
+        const T gi = g[i] * s;
+        mm[i] = mu * mm[i] + gi;
+        nest[i] = nesterov ? gi + mu * mm[i] : mm[i];
+    }
+}
+
+// w = decay w - step o over one matrix's n elements; returns the squared change (muon_step and muon_apply).
+template <typename T>
+double apply_update(T* w, const T* o, int64_t n, T decay, T step) {
+    double sq = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        const T before = w[i];
+        w[i] = decay * w[i] - step * o[i];
+        const double d = static_cast<double>(w[i]) - static_cast<double>(before);
+        sq += d * d;
+    }
+    return sq;
+}
+
+void add_change(const std::vector<double>& change, double* update_sq, bool per_matrix) {
+    if (update_sq != nullptr && per_matrix)
+        for (size_t e = 0; e < change.size(); ++e) update_sq[e] += change[e];
+    else if (update_sq != nullptr)
+        for (double c : change) *update_sq += c;  // in matrix order: the same sum for any thread count
+}
+
 template <typename T>
 void muon_step(T* param,
                const T* grad,
@@ -90,11 +121,7 @@ void muon_step(T* param,
         T* mm = m + e * n;
         const T* g = grad + e * n;
         std::vector<T> nest(static_cast<size_t>(n)), o(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) {
-            const T gi = g[i] * s;
-            mm[i] = mu * mm[i] + gi;
-            nest[static_cast<size_t>(i)] = h.nesterov ? gi + mu * mm[i] : mm[i];
-        }
+        momentum_direction(g, mm, nest.data(), n, mu, s, h.nesterov);
         if (n_norm != nullptr) {
             double nsq = 0.0;
             for (int64_t i = 0; i < n; ++i)
@@ -103,19 +130,28 @@ void muon_step(T* param,
             n_norm[e] = std::sqrt(nsq);
         }
         orthogonalise(nest.data(), o.data(), a_rows, b_cols, h);
-        double sq = 0.0;
-        for (int64_t i = 0; i < n; ++i) {
-            const T before = w[i];
-            w[i] = decay * w[i] - step * o[static_cast<size_t>(i)];
-            const double d = static_cast<double>(w[i]) - static_cast<double>(before);
-            sq += d * d;
-        }
-        change[static_cast<size_t>(e)] = sq;
+        change[static_cast<size_t>(e)] = apply_update(w, o.data(), n, decay, step);
     }
-    if (update_sq != nullptr && per_matrix)
-        for (int64_t e = 0; e < stack; ++e) update_sq[e] += change[static_cast<size_t>(e)];
-    else if (update_sq != nullptr)
-        for (double c : change) *update_sq += c;  // in matrix order: the same sum for any thread count
+    add_change(change, update_sq, per_matrix);
+}
+
+template <typename T>
+void momentum_stack(const T* grad, T* m, T* n, int64_t stack, int64_t per, const MuonHyper& h, double grad_scale) {
+    const T mu = static_cast<T>(h.momentum), s = static_cast<T>(grad_scale);
+#pragma omp parallel for schedule(static) if (stack > 1)
+    for (int64_t e = 0; e < stack; ++e)
+        momentum_direction(grad + e * per, m + e * per, n + e * per, per, mu, s, h.nesterov);
+}
+
+template <typename T>
+void apply_stack(
+    T* param, const T* o, int64_t stack, int64_t per, double decay, double step, double* update_sq, bool per_matrix) {
+    std::vector<double> change(static_cast<size_t>(stack), 0.0);
+#pragma omp parallel for schedule(static) if (stack > 1)
+    for (int64_t e = 0; e < stack; ++e)
+        change[static_cast<size_t>(e)] =
+            apply_update(param + e * per, o + e * per, per, static_cast<T>(decay), static_cast<T>(step));
+    add_change(change, update_sq, per_matrix);
 }
 
 }  // namespace
@@ -150,6 +186,45 @@ void muon_step(const Tensor& param,
     if (param_copy.defined()) param_copy.copy_from(param);
 }
 MT_REGISTER_KERNEL(muon_step, cpu, muon_step, ::mt::ops::float_dtypes);
+
+void muon_momentum(const Tensor& grad, const Tensor& m, const Tensor& n, const MuonHyper& hyper, double grad_scale) {
+    constexpr std::string_view op = "muon_momentum";
+    check_float_arg(m, op, "m", 3);
+    check_dtype_as(grad, m, op, "grad", "m");
+    MT_DISPATCH_FLOAT(m.dtype(),
+                      op,
+                      momentum_stack(grad.data<scalar_t>(),
+                                     m.data<scalar_t>(),
+                                     n.data<scalar_t>(),
+                                     m.size(0),
+                                     m.size(1) * m.size(2),
+                                     hyper,
+                                     grad_scale));
+}
+MT_REGISTER_KERNEL(muon_momentum, cpu, muon_momentum, ::mt::ops::float_dtypes);
+
+void muon_apply(const Tensor& param,
+                const Tensor& o,
+                double decay,
+                double step,
+                const Tensor& update_sq,
+                const Tensor& param_copy) {
+    constexpr std::string_view op = "muon_apply";
+    check_float_arg(param, op, "param", 3);
+    check_dtype_as(o, param, op, "o", "param");
+    MT_DISPATCH_FLOAT(param.dtype(),
+                      op,
+                      apply_stack(param.data<scalar_t>(),
+                                  o.data<scalar_t>(),
+                                  param.size(0),
+                                  param.size(1) * param.size(2),
+                                  decay,
+                                  step,
+                                  update_sq.defined() ? update_sq.data<double>() : nullptr,
+                                  update_sq.defined() && update_sq.size(0) > 1));
+    if (param_copy.defined()) param_copy.copy_from(param);
+}
+MT_REGISTER_KERNEL(muon_apply, cpu, muon_apply, ::mt::ops::float_dtypes);
 
 void newton_schulz(const Tensor& x, const Tensor& out, const MuonHyper& hyper) {
     constexpr std::string_view op = "newton_schulz";

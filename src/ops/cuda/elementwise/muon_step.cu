@@ -66,6 +66,31 @@ __global__ void momentum_kernel(const TG* __restrict__ grad,
     if (threadIdx.x == 0) partial[blockIdx.x] = sq;
 }
 
+// muon_momentum: pass 1's momentum update with the direction written out (f32) instead of summed.
+template <int VEC, typename TG>
+__global__ void direction_kernel(const TG* __restrict__ grad,
+                                 float* __restrict__ m,
+                                 float* __restrict__ out,
+                                 int64_t n,
+                                 int64_t chunks,
+                                 MuonScalars s) {
+    const ChunkRange r = chunk_range(n, chunks);
+    for (int64_t i = r.begin + static_cast<int64_t>(threadIdx.x) * VEC; i < r.end; i += blockDim.x * VEC) {
+        const int64_t at = r.e * n + i;
+        float g[VEC], mv[VEC], d[VEC];
+        load_vec<VEC>(grad + at, g);
+        load_vec<VEC>(m + at, mv);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            const float gi = __fmul_rn(g[k], s.gs);
+            mv[k] = __fadd_rn(__fmul_rn(s.mu, mv[k]), gi);
+            d[k] = direction(gi, mv[k], s);
+        }
+        store_vec<VEC>(m + at, mv);
+        store_vec<VEC>(out + at, d);
+    }
+}
+
 // Pass 3: X_0 (the padded bf16 layout of muon_newton_schulz.cuh) = the direction times its matrix's inverse norm.
 template <int VEC, typename TG>
 __global__ void normalise_kernel(const TG* __restrict__ grad,
@@ -91,9 +116,9 @@ __global__ void normalise_kernel(const TG* __restrict__ grad,
 
 // Pass 5: decoupled weight decay and the scaled orthogonal update; with sq_partial (metrics steps, uniform over the
 // grid) the blocks' partial sums of the squared change.
-template <int VEC, typename TC>
+template <int VEC, typename TC, typename TO>
 __global__ void update_kernel(float* __restrict__ param,
-                              const bf16* __restrict__ o,
+                              const TO* __restrict__ o,
                               int64_t n,
                               int64_t chunks,
                               int64_t stride,
@@ -172,7 +197,7 @@ void run(const Tensor& param,
     double* sq = update_sq.defined() ? part : nullptr;
     auto update = [&](auto* copy) {
         using TC = std::remove_pointer_t<decltype(copy)>;
-        update_kernel<VEC, TC>
+        update_kernel<VEC, TC, bf16>
             <<<blocks, kThreads, 0, stream>>>(param.data<float>(), o, l.n, l.chunks, l.x_stride, s, sq, copy);
     };
     if (!param_copy.defined())
@@ -224,5 +249,79 @@ void muon_step(const Tensor& param,
     });
 }
 MT_REGISTER_KERNEL(muon_step, cuda, muon_step, f32_param);
+
+// grad f32|bf16|f16, m and n f32 [E, A, B].
+void muon_momentum(const Tensor& grad, const Tensor& m, const Tensor& n, const MuonHyper& hyper, double grad_scale) {
+    constexpr std::string_view op = "muon_momentum";
+    check_f32(m, op, "m");
+    check_f32(n, op, "n");
+    check_cuda_float(grad, op, "grad");
+    if (m.numel() == 0) return;
+    const muon::Layout l = muon::layout_of(m);
+    const MuonScalars s{static_cast<float>(hyper.momentum), static_cast<float>(grad_scale), 1.0f, 0.0f, hyper.nesterov};
+    const bool vec = vec_ok(l.n, {&grad, &m, &n});
+    MT_CUDA_DISPATCH(grad.dtype(), TG, {
+        const auto* g = static_cast<const TG*>(grad.raw());
+        if (vec)
+            direction_kernel<8, TG><<<static_cast<unsigned>(l.blocks()), kThreads, 0, core::exec_stream()>>>(
+                g, m.data<float>(), n.data<float>(), l.n, l.chunks, s);
+        else
+            direction_kernel<1, TG><<<static_cast<unsigned>(l.blocks()), kThreads, 0, core::exec_stream()>>>(
+                g, m.data<float>(), n.data<float>(), l.n, l.chunks, s);
+    });
+    MT_CUDA_CHECK(cudaGetLastError());
+}
+MT_REGISTER_KERNEL(muon_momentum, cuda, muon_momentum, f32_param);
+
+// param f32, o f32|bf16 [E, A, B]; update_sq [1] or [E] f64; param_copy bf16|f16|f32.
+void muon_apply(const Tensor& param,
+                const Tensor& o,
+                double decay,
+                double step,
+                const Tensor& update_sq,
+                const Tensor& param_copy) {
+    constexpr std::string_view op = "muon_apply";
+    check_f32(param, op, "param");
+    check_dtype_in(o, {DType::f32, DType::bf16}, op, "o");
+    if (update_sq.defined()) check_dtype_in(update_sq, {DType::f64}, op, "update_sq");
+    if (param.numel() == 0) return;
+    const muon::Layout l = muon::layout_of(param);
+    const MuonScalars s{0.0f, 1.0f, static_cast<float>(decay), static_cast<float>(step), false};
+    const Tensor partial =
+        update_sq.defined() ? Tensor::scratch({l.blocks()}, DType::f64, core::Device::cuda) : Tensor();
+    double* sq = update_sq.defined() ? static_cast<double*>(partial.raw()) : nullptr;
+    const bool vec = vec_ok(l.n, {&param, &o}) && (!param_copy.defined() || vec_ok(l.n, {&param_copy}));
+    auto launch = [&](auto* copy, auto* ov) {
+        using TC = std::remove_pointer_t<decltype(copy)>;
+        using TO = std::remove_const_t<std::remove_pointer_t<decltype(ov)>>;
+        const auto blocks = static_cast<unsigned>(l.blocks());
+        if (vec)
+            update_kernel<8, TC, TO><<<blocks, kThreads, 0, core::exec_stream()>>>(
+                param.data<float>(), ov, l.n, l.chunks, l.n, s, sq, copy);
+        else
+            update_kernel<1, TC, TO><<<blocks, kThreads, 0, core::exec_stream()>>>(
+                param.data<float>(), ov, l.n, l.chunks, l.n, s, sq, copy);
+    };
+    auto with_copy = [&](auto* ov) {
+        if (!param_copy.defined())
+            launch(static_cast<float*>(nullptr), ov);
+        else if (param_copy.dtype() == DType::bf16)
+            launch(static_cast<bf16*>(param_copy.raw()), ov);
+        else if (param_copy.dtype() == DType::f16)
+            launch(static_cast<f16*>(param_copy.raw()), ov);
+        else
+            launch(param_copy.data<float>(), ov);
+    };
+    if (o.dtype() == DType::bf16)
+        with_copy(static_cast<const bf16*>(o.raw()));
+    else
+        with_copy(o.data<float>());
+    MT_CUDA_CHECK(cudaGetLastError());
+    if (sq != nullptr && update_sq.numel() > 1)
+        muon::launch_add_sums(l, sq, update_sq.data<double>());
+    else if (sq != nullptr)
+        muon::launch_add_sum(sq, l.blocks(), update_sq.data<double>());
+}
+MT_REGISTER_KERNEL(muon_apply, cuda, muon_apply, f32_param);
 
 }  // namespace mt::ops::cuda
