@@ -56,6 +56,9 @@ class Model {
     ParamTable& params() {
         return table_;
     }
+    const TensorParallel& tensor_parallel() const {
+        return tp_;
+    }
     const ParamTable& params() const {
         return table_;
     }

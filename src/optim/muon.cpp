@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <map>
 #include <tuple>
 
 #include "core/error.h"
+#include "parallel/comm.h"
 
 namespace mt::optim {
 
@@ -17,8 +19,11 @@ core::Tensor muon_matrices(const core::Tensor& t) {
     return t.ndim() == 3 ? t : t.reshape({1, t.size(0), t.size(1)});
 }
 
-Muon::Muon(nn::ParamTable& table, const ops::MuonHyper& hyper, const std::optional<std::vector<MuonMatrixRef>>& owned)
-    : table_(&table), hyper_(hyper) {
+Muon::Muon(nn::ParamTable& table,
+           const ops::MuonHyper& hyper,
+           const std::optional<std::vector<MuonMatrixRef>>& owned,
+           const nn::TensorParallel& tp)
+    : table_(&table), tp_(tp), hyper_(hyper) {
     const nn::Precision& precision = table.precision();
     MT_CHECK(!precision.master_on_host || precision.device == core::Device::cpu,
              "Muon updates the master weights where the model is: not with offloaded master weights");
@@ -56,16 +61,24 @@ Muon::Muon(nn::ParamTable& table, const ops::MuonHyper& hyper, const std::option
                  table.spec(param).name);
         entries_.push_back(std::move(e));
     }
-    // Batches (muon.h): by (A, B, decay) for the small entries, in the order of their first entry.
-    std::map<std::tuple<int64_t, int64_t, bool>, size_t> batch_of;
+    // Batches (muon.h): by (A, B, decay, tp split) for the small entries, in the order of their first entry.
+    std::map<std::tuple<int64_t, int64_t, bool, int, int64_t>, size_t> batch_of;
     for (size_t j = 0; j < entries_.size(); ++j) {
         const Entry& e = entries_[j];
+        const nn::ParamSpec& spec = table.spec(e.param);
         const core::Tensor w = muon_matrices(table.master(e.param));
         const auto k = static_cast<int64_t>(e.matrices.size());
-        const auto key = std::make_tuple(w.size(1), w.size(2), table.spec(e.param).weight_decay);
+        const bool split = tp.active() && nn::param_tp_split(spec);
+        MT_CHECK(!split || (spec.shape.size() == 2 && nn::param_tp_real(spec) == spec.shape[size_t(spec.tp_axis)]),
+                 "Muon: tp-split parameter {} must be a 2-D weight split evenly",
+                 spec.name);
+        const auto key = std::make_tuple(
+            w.size(1), w.size(2), spec.weight_decay, split ? spec.tp_axis : -1, split ? spec.tp_replicas : 1);
         auto it = batch_of.find(key);
         if (k >= kAloneFrom || it == batch_of.end()) {
             batches_.emplace_back();
+            batches_.back().tp_axis = std::get<3>(key);
+            batches_.back().tp_replicas = std::get<4>(key);
             if (k < kAloneFrom) batch_of[key] = batches_.size() - 1;
             it = batch_of.end();
         }
@@ -118,6 +131,53 @@ void for_each_run(const std::vector<int64_t>& matrices, Fn&& fn) {
 
 }  // namespace
 
+void Muon::step_tp_split(const Batch& b,
+                         const ops::MuonHyper& h,
+                         double grad_scale,
+                         const core::Tensor& p,
+                         const core::Tensor& g,
+                         const core::Tensor& c,
+                         const core::Tensor& change,
+                         const core::Tensor& norms) const {
+    const core::Device device = p.device();
+    const core::Shape local = b.momentum.shape();
+    const int axis = b.tp_axis + 1;  // in the stack [K, A, B]
+    const int64_t parts = tp_.size / b.tp_replicas, width = local[size_t(axis)];
+    core::Shape whole = local;
+    whole[size_t(axis)] = width * parts;
+    // This rank's slice of the direction, every rank's gathered (rank order), the whole matrices assembled from the
+    // first replica of each slice.
+    const core::Tensor n = core::Tensor::scratch(local, b.momentum.dtype(), device);
+    ops::muon_momentum(g, b.momentum, n, h, grad_scale);
+    const core::Tensor gathered = core::Tensor::scratch({tp_.size, local[0], local[1], local[2]}, n.dtype(), device);
+    tp_.rows()
+        .all_gather(n.raw(), gathered.raw(), static_cast<int64_t>(n.nbytes()), parallel::CommType::u8)
+        .wait_on_device();
+    const core::Tensor x = core::Tensor::scratch(whole, n.dtype(), device);
+    for (int64_t s = 0; s < parts; ++s)
+        x.slice(axis, s * width, (s + 1) * width).copy_from(gathered.select(0, s * b.tp_replicas));
+    const core::Tensor o = core::Tensor::scratch(whole, n.dtype(), device);
+    ops::newton_schulz(x, o, h);
+    if (norms.defined()) {
+        // ||N|| of each whole matrix (metrics steps): on the host, in f64.
+        const core::Tensor hx = x.to_device(core::Device::cpu).to(core::DType::f64);
+        const core::Tensor out = core::Tensor::zeros({local[0]}, core::DType::f64);
+        const int64_t per = whole[1] * whole[2];
+        for (int64_t k = 0; k < local[0]; ++k) {
+            double sq = 0.0;
+            for (int64_t i = 0; i < per; ++i) sq += hx.data<double>()[k * per + i] * hx.data<double>()[k * per + i];
+            out.data<double>()[k] = std::sqrt(sq);
+        }
+        norms.copy_from(out);
+    }
+    const int64_t own = tp_.rank / b.tp_replicas;
+    const core::Tensor mine = core::Tensor::scratch(local, n.dtype(), device);
+    mine.copy_from(o.slice(axis, own * width, (own + 1) * width));
+    const double decay = 1.0 - h.lr * h.weight_decay;
+    const double step = h.lr * h.scale_factor * std::sqrt(static_cast<double>(std::max(whole[1], whole[2])));
+    ops::muon_apply(p, mine, decay, step, change, c);
+}
+
 void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq, StepStats* stats) {
     ops::MuonHyper h = hyper_;
     h.lr = lr;
@@ -169,7 +229,10 @@ void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq, Ste
         const auto range = [&](const core::Tensor& t) {
             return t.defined() ? t.slice(0, batch_at, batch_at + b.matrices) : core::Tensor();
         };
-        ops::muon_step(p, g, b.momentum, h, grad_scale, range(change), c, range(norms));
+        if (b.tp_axis >= 0)
+            step_tp_split(b, h, grad_scale, p, g, c, range(change), range(norms));
+        else
+            ops::muon_step(p, g, b.momentum, h, grad_scale, range(change), c, range(norms));
         if (!views) {
             int64_t at = 0;
             for (size_t j : b.entries) {

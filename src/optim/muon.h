@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "nn/param_table.h"
+#include "nn/tensor_parallel.h"
 #include "ops/muon.h"
 
 namespace mt::optim {
@@ -27,10 +28,15 @@ struct MuonMatrixRef {
 
 class Muon {
    public:
-    // owned: the matrices this rank updates (nullopt: every matrix of the Muon group).
+    // owned: the matrices this rank updates (nullopt: every matrix of the Muon group). tp: the tensor-parallel group
+    // of this rank. A tp-split matrix is orthogonalised whole (muon.md §3, Megatron's "duplicated" mode): each rank
+    // forms the direction of its slice (ops::muon_momentum), the group all-gathers the slices in f32, every rank runs
+    // the same Newton-Schulz on the whole matrix and applies its own slice (ops::muon_apply). Every rank of the group
+    // steps the same matrices in the same order (ownership is a function of the layout, the same on each tp rank).
     Muon(nn::ParamTable& table,
          const ops::MuonHyper& hyper,
-         const std::optional<std::vector<MuonMatrixRef>>& owned = std::nullopt);
+         const std::optional<std::vector<MuonMatrixRef>>& owned = std::nullopt,
+         const nn::TensorParallel& tp = {});
 
     // What a step measured for the metrics (muon.md §8), over the matrices this rank updated: per table parameter
     // the squared norm of the change (0 for the others), and per matrix ||N||_F, Newton-Schulz's input.
@@ -71,13 +77,26 @@ class Muon {
         std::vector<size_t> entries;  // into entries(), in table order
         int64_t matrices = 0;
         core::Tensor momentum;  // [matrices, A, B]
+        int tp_axis = -1;       // split over tp along this dimension of [A, B] (-1: whole on this rank)
+        int64_t tp_replicas = 1;
     };
     const std::vector<Batch>& batches() const {
         return batches_;
     }
 
    private:
+    // One batch of tp-split matrices: the two halves around a gathered Newton-Schulz.
+    void step_tp_split(const Batch& b,
+                       const ops::MuonHyper& h,
+                       double grad_scale,
+                       const core::Tensor& p,
+                       const core::Tensor& g,
+                       const core::Tensor& c,
+                       const core::Tensor& change,
+                       const core::Tensor& norms) const;
+
     nn::ParamTable* table_;
+    nn::TensorParallel tp_;
     ops::MuonHyper hyper_;
     std::vector<Entry> entries_;
     std::vector<Batch> batches_;

@@ -340,11 +340,6 @@ void validate(const JobConfig& c, const std::string& src) {
     if (c.optim.offload != "none" && c.optim.name != "adamw")
         bad(fmt::format(
             "optim.offload = \"{}\" supports optim.name = \"adamw\" only, not \"{}\"", c.optim.offload, c.optim.name));
-    if (c.optim.name == "muon" && c.parallel.tp > 1)
-        bad(
-            fmt::format("optim.name = \"muon\" with parallel.tp = {} is not built yet: a tp-split matrix is "
-                        "orthogonalised whole (muon.md §3); use parallel.tp = 1 or optim.name = \"adamw\"",
-                        c.parallel.tp));
     if (c.compress.level > 0 && (c.optim.name != "muon" || c.parallel.zero_stage < 1))
         bad(
             fmt::format("compress.level = {} compresses Muon's reduce-to-owner leg (muon.md §6), which needs "

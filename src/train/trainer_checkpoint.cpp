@@ -256,6 +256,15 @@ std::vector<CheckpointTensor> Trainer::checkpoint_tensors() {
         for (const optim::Muon::Entry& e : muon_->entries()) {
             const nn::ParamSpec& spec = table.spec(e.param);
             if (grad_sync_->owns_matrices() ? !owner_writes(spec) : !replica_writer(spec)) continue;
+            if (nn::param_tp_split(spec)) {  // a tp shard of a 2-D weight: its box, as the parameter's
+                if (!e.writer.front()) continue;
+                tensors.push_back({spec.name,
+                                   "muon.momentum",
+                                   to_host(e.momentum.reshape(spec.shape)).clone(),
+                                   nn::param_global_shape(spec),
+                                   nn::param_box(spec).offset});
+                continue;
+            }
             for_each_matrix_run(e, true, [&](int64_t first, int64_t count, int64_t at) {
                 const core::Tensor m = e.momentum.slice(0, at, at + count);
                 tensors.push_back({spec.name,
@@ -487,6 +496,12 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
     if (muon_)
         for (const optim::Muon::Entry& e : muon_->entries()) {
             const nn::ParamSpec& spec = table.spec(e.param);
+            if (nn::param_tp_split(spec)) {
+                e.momentum.copy_from(
+                    read_tp_shard(ckpt, "muon.momentum", spec, e.momentum.dtype()).reshape(e.momentum.shape()));
+                check_finite(e.momentum, spec.name, "muon.momentum", ckpt.dir());
+                continue;
+            }
             for_each_matrix_run(e, false, [&](int64_t first, int64_t count, int64_t at) {
                 const core::Tensor m = e.momentum.slice(0, at, at + count);
                 read_flat_part(ckpt,

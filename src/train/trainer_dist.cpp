@@ -80,7 +80,9 @@ void Trainer::check_muon_layout() const {
 }
 
 std::unique_ptr<optim::Muon> Trainer::make_muon() const {
-    if (!grad_sync_->owns_matrices()) return std::make_unique<optim::Muon>(model_->params(), trainer_muon_hyper(cfg_));
+    const nn::TensorParallel& tp = model_->tensor_parallel();
+    if (!grad_sync_->owns_matrices())
+        return std::make_unique<optim::Muon>(model_->params(), trainer_muon_hyper(cfg_), std::nullopt, tp);
     // Whole-matrix ownership (muon.md §3): this rank's matrices, and the balance every rank computed alike.
     std::vector<optim::MuonMatrixRef> owned;
     for (const parallel::OwnedMatrix& m : grad_sync_->owned_matrices())
@@ -113,7 +115,7 @@ std::unique_ptr<optim::Muon> Trainer::make_muon() const {
                     b.payload);
         }
     }
-    return std::make_unique<optim::Muon>(model_->params(), trainer_muon_hyper(cfg_), owned);
+    return std::make_unique<optim::Muon>(model_->params(), trainer_muon_hyper(cfg_), owned, tp);
 }
 
 int64_t Trainer::optimizer_state_bytes_total() const {

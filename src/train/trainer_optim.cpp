@@ -89,7 +89,7 @@ void Trainer::optimizer_step(StepResult& r, bool layer_stats) {
         o.compress_wire_bytes = static_cast<int64_t>(sums[4]);
         o.compress_raw_bytes = static_cast<int64_t>(sums[5]);
     }
-    if (cfg_.optim.qk_clip && cfg_.parallel.tp == 1) o.qk_clipped_heads = qk_clip();
+    if (cfg_.optim.qk_clip) o.qk_clipped_heads = qk_clip();
     grad_sync_->gather_params();  // ZeRO-1: every rank's updated slices and matrices to every replica
     o.step_seconds = seconds_since(start);
 }
@@ -106,6 +106,34 @@ int64_t Trainer::qk_clip() {
     if (span.size() > 1 && !all.empty())
         span.all_reduce(all.data(), static_cast<int64_t>(all.size()), parallel::CommType::f64, parallel::ReduceOp::max)
             .wait();
+    if (kv_replicas_) {
+        // Tensor parallelism over more ranks than kv heads: a kv group's query heads are spread over the tp ranks
+        // holding its (replicated) key head, so S_g is their maximum: each head takes its group's, reduced over them.
+        std::vector<double> groups;
+        size_t at = 0;
+        for (nn::AttentionLayer* a : layers) {
+            const auto n = static_cast<int64_t>(a->head_max_logit().size()),
+                       per = n / std::max<int64_t>(a->local_kv_heads(), 1);
+            for (int64_t h = 0; h < n; ++h) {
+                if (h % per == 0) groups.push_back(-INFINITY);
+                groups.back() = std::max(groups.back(), all[at + size_t(h)]);
+            }
+            at += size_t(n);
+        }
+        if (!groups.empty())
+            kv_replicas_
+                ->all_reduce(groups.data(), int64_t(groups.size()), parallel::CommType::f64, parallel::ReduceOp::max)
+                .wait();
+        at = 0;
+        size_t g = 0;
+        for (nn::AttentionLayer* a : layers) {
+            const auto n = static_cast<int64_t>(a->head_max_logit().size()),
+                       per = n / std::max<int64_t>(a->local_kv_heads(), 1);
+            for (int64_t h = 0; h < n; ++h) all[at + size_t(h)] = groups[g + size_t(h / per)];
+            at += size_t(n);
+            g += size_t(n > 0 ? n / per : 0);
+        }
+    }
     size_t at = 0;
     for (nn::AttentionLayer* a : layers) {
         const std::vector<double> s(all.begin() + static_cast<std::ptrdiff_t>(at),
@@ -128,6 +156,13 @@ int64_t Trainer::qk_clip() {
                 if (copy) table.param_arena().slice(0, b, e).copy_from(table.master_arena().slice(0, b, e));
             }
         }
+    }
+    // The query heads clipped over the job: each tp rank counted its own.
+    parallel::Comm& tp = mesh_->group(parallel::MeshGroup::tp);
+    if (tp.size() > 1) {
+        double count = static_cast<double>(clipped);
+        tp.all_reduce(&count, 1, parallel::CommType::f64, parallel::ReduceOp::sum).wait();
+        clipped = static_cast<int64_t>(count);
     }
     return clipped;
 }

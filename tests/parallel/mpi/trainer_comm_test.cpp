@@ -47,8 +47,10 @@ using Expected = std::map<std::string, Count>;  // a group not named: zero
 // host (combine_vocab_shards: the all-gather of each shard's log-sum-exp and the all-reduce of the target logits).
 Count tp_step(int64_t t, bool sp) {
     const int64_t n = kBatch * kSeq, sums = 4 * kLayers + 2, rows = n * kDim * kElem, loss = 2 * n * 8;
-    if (!sp) return {kAccum * (sums * rows + loss), kAccum * (sums + 2)};
-    return {kAccum * (sums * rows + sums * rows / t + loss), kAccum * (2 * sums + 2)};
+    // Per step, QK-clip's count of clipped heads: one f64 sum over the tp ranks (each counts its own heads).
+    const Count qk_count = {8, 1};
+    if (!sp) return {kAccum * (sums * rows + loss) + qk_count.bytes, kAccum * (sums + 2) + qk_count.calls};
+    return {kAccum * (sums * rows + sums * rows / t + loss) + qk_count.bytes, kAccum * (2 * sums + 2) + qk_count.calls};
 }
 
 // The data-parallel groups, per step, once for the whole step (the gradients are reduced after the last
@@ -71,9 +73,9 @@ Count dp_step(int64_t tp, int64_t dp, bool zero, int64_t p_dense, int64_t p_stag
     group(p_dense, buckets - stage_buckets, dp);
     group(p_stage, stage_buckets, stage);
     if (dp > 1) c.bytes += 3 * 8, c.calls += 3;
-    // QK-clip (optim.qk_clip, on by default; not under tp): one MAX all-reduce of every attention layer's per-head
-    // maxima (f64) over the data-parallel ranks.
-    if (dp > 1 && tp == 1) c.bytes += qk_heads * 8, c.calls += 1;
+    // QK-clip (optim.qk_clip, on by default): one MAX all-reduce of every attention layer's per-head maxima (f64, this
+    // rank's heads: 1 / tp of them) over the data-parallel ranks.
+    if (dp > 1) c.bytes += qk_heads / tp * 8, c.calls += 1;
     return c;
 }
 
