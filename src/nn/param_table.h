@@ -52,6 +52,9 @@ struct ParamSpec {
     // Replicated over tp, but each tp rank's gradient is only its part (norm gains under sequence parallelism, the
     // router, KDA's low-rank down projections): the gradient is summed over tp as well as over the data ranks.
     bool tp_partial_grad = false;
+    // Rows per attention head of a q, k or v projection [heads x head_rows, in] (0: not one): muon.per_head
+    // orthogonalises each head's rows as a matrix of its own (muon.md §2).
+    int64_t head_rows = 0;
 };
 
 // A parameter's reduction group: dense ones over the data-parallel span, tp-partial ones over that span times tp,

@@ -19,10 +19,17 @@ core::Tensor muon_matrices(const core::Tensor& t) {
     return t.ndim() == 3 ? t : t.reshape({1, t.size(0), t.size(1)});
 }
 
+// The matrices Newton-Schulz sees in a parameter's tensor t: its [E, A, B] view, or per head [E heads, A / heads, B].
+core::Tensor Muon::units(const Entry& e, const core::Tensor& t) {
+    const core::Tensor m = muon_matrices(t);
+    return e.heads == 1 ? m : m.reshape({m.size(0) * e.heads, m.size(1) / e.heads, m.size(2)});
+}
+
 Muon::Muon(nn::ParamTable& table,
            const ops::MuonHyper& hyper,
            const std::optional<std::vector<MuonMatrixRef>>& owned,
-           const nn::TensorParallel& tp)
+           const nn::TensorParallel& tp,
+           bool per_head)
     : table_(&table), tp_(tp), hyper_(hyper) {
     const nn::Precision& precision = table.precision();
     MT_CHECK(!precision.master_on_host || precision.device == core::Device::cpu,
@@ -59,6 +66,15 @@ Muon::Muon(nn::ParamTable& table,
                      std::adjacent_find(e.matrices.begin(), e.matrices.end()) == e.matrices.end(),
                  "Muon: the owned matrices of parameter {} are not ascending and distinct",
                  table.spec(param).name);
+        const nn::ParamSpec& spec = table.spec(param);
+        if (per_head && spec.head_rows > 0 && spec.shape.size() == 2) {
+            MT_CHECK(spec.shape[0] % spec.head_rows == 0,
+                     "Muon: {} has {} rows, not whole heads of {}",
+                     spec.name,
+                     spec.shape[0],
+                     spec.head_rows);
+            e.heads = spec.shape[0] / spec.head_rows;
+        }
         entries_.push_back(std::move(e));
     }
     // Batches (muon.h): by (A, B, decay, tp split) for the small entries, in the order of their first entry.
@@ -66,9 +82,11 @@ Muon::Muon(nn::ParamTable& table,
     for (size_t j = 0; j < entries_.size(); ++j) {
         const Entry& e = entries_[j];
         const nn::ParamSpec& spec = table.spec(e.param);
-        const core::Tensor w = muon_matrices(table.master(e.param));
-        const auto k = static_cast<int64_t>(e.matrices.size());
-        const bool split = tp.active() && nn::param_tp_split(spec);
+        const core::Tensor w = units(e, table.master(e.param));
+        const auto k = static_cast<int64_t>(e.matrices.size()) * e.heads;
+        // Per head, a head lies whole on its tp rank (even where the rank holds one head: no gather).
+        const bool heads_whole = per_head && spec.head_rows > 0;
+        const bool split = tp.active() && nn::param_tp_split(spec) && !heads_whole;
         MT_CHECK(!split || (spec.shape.size() == 2 && nn::param_tp_real(spec) == spec.shape[size_t(spec.tp_axis)]),
                  "Muon: tp-split parameter {} must be a 2-D weight split evenly",
                  spec.name);
@@ -87,14 +105,16 @@ Muon::Muon(nn::ParamTable& table,
         b.matrices += k;
     }
     for (Batch& b : batches_) {
-        const core::Tensor w = muon_matrices(table.master(entries_[b.entries.front()].param));
+        const Entry& first = entries_[b.entries.front()];
+        const core::Tensor w = units(first, table.master(first.param));
         b.momentum = core::Tensor::zeros({b.matrices, w.size(1), w.size(2)}, precision.master, precision.device);
         int64_t at = 0;
         for (size_t j : b.entries) {
             Entry& e = entries_[j];
             const auto k = static_cast<int64_t>(e.matrices.size());
-            e.momentum = b.momentum.slice(0, at, at + k);
-            at += k;
+            const core::Tensor whole = muon_matrices(table.master(e.param));
+            e.momentum = b.momentum.slice(0, at, at + k * e.heads).reshape({k, whole.size(1), whole.size(2)});
+            at += k * e.heads;
         }
     }
 }
@@ -117,14 +137,14 @@ int64_t Muon::state_bytes() const {
 
 namespace {
 
-// Calls fn(first, at, count) for each run of consecutive stack indices of `matrices`: matrices [first, first + count)
-// of the parameter are the entry's [at, at + count).
+// Calls fn(first, at, count) for each run of consecutive stack indices of `matrices`, in units of `heads` per
+// matrix: units [first, first + count) of the parameter are the entry's [at, at + count).
 template <typename Fn>
-void for_each_run(const std::vector<int64_t>& matrices, Fn&& fn) {
+void for_each_run(const std::vector<int64_t>& matrices, int64_t heads, Fn&& fn) {
     for (size_t at = 0; at < matrices.size();) {
         size_t end = at + 1;
         while (end < matrices.size() && matrices[end] == matrices[end - 1] + 1) ++end;
-        fn(matrices[at], static_cast<int64_t>(at), static_cast<int64_t>(end - at));
+        fn(matrices[at] * heads, static_cast<int64_t>(at) * heads, static_cast<int64_t>(end - at) * heads);
         at = end;
     }
 }
@@ -196,10 +216,10 @@ void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq, Ste
         h.weight_decay = table_->spec(first.param).weight_decay ? hyper_.weight_decay : 0.0;
         const auto matrices_of = [&](const Entry& e) {
             return std::array<core::Tensor, 3>{
-                muon_matrices(table_->master(e.param)),
-                muon_matrices(table_->grad(e.param)),
+                units(e, table_->master(e.param)),
+                units(e, table_->grad(e.param)),
                 // Mixed precision: the forward's copy of the updated matrices, written by the step itself.
-                precision.has_master_copy() ? muon_matrices(table_->param(e.param)) : core::Tensor()};
+                precision.has_master_copy() ? units(e, table_->param(e.param)) : core::Tensor()};
         };
         const auto [param0, grad0, copy0] = matrices_of(first);
         const auto k0 = static_cast<int64_t>(first.matrices.size());
@@ -207,10 +227,10 @@ void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq, Ste
         // One consecutive run of one parameter: the step works on its views. Otherwise on packed copies.
         const bool views = b.entries.size() == 1 && first.matrices.back() - first.matrices.front() + 1 == k0;
         if (views) {
-            const int64_t lo = first.matrices.front();
-            p = param0.slice(0, lo, lo + k0);
-            g = grad0.slice(0, lo, lo + k0);
-            if (copy0.defined()) c = copy0.slice(0, lo, lo + k0);
+            const int64_t lo = first.matrices.front() * first.heads, hi = lo + k0 * first.heads;
+            p = param0.slice(0, lo, hi);
+            g = grad0.slice(0, lo, hi);
+            if (copy0.defined()) c = copy0.slice(0, lo, hi);
         } else {
             p = core::Tensor::scratch(b.momentum.shape(), param0.dtype(), param0.device());
             g = core::Tensor::scratch(b.momentum.shape(), grad0.dtype(), grad0.device());
@@ -219,11 +239,11 @@ void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq, Ste
             for (size_t j : b.entries) {
                 const Entry& e = entries_[j];
                 const auto [param, grad, copy] = matrices_of(e);
-                for_each_run(e.matrices, [&](int64_t lo, int64_t to, int64_t n) {
+                for_each_run(e.matrices, e.heads, [&](int64_t lo, int64_t to, int64_t n) {
                     p.slice(0, at + to, at + to + n).copy_from(param.slice(0, lo, lo + n));
                     g.slice(0, at + to, at + to + n).copy_from(grad.slice(0, lo, lo + n));
                 });
-                at += static_cast<int64_t>(e.matrices.size());
+                at += static_cast<int64_t>(e.matrices.size()) * e.heads;
             }
         }
         const auto range = [&](const core::Tensor& t) {
@@ -238,11 +258,11 @@ void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq, Ste
             for (size_t j : b.entries) {
                 const Entry& e = entries_[j];
                 const auto [param, grad, copy] = matrices_of(e);
-                for_each_run(e.matrices, [&](int64_t lo, int64_t to, int64_t n) {
+                for_each_run(e.matrices, e.heads, [&](int64_t lo, int64_t to, int64_t n) {
                     param.slice(0, lo, lo + n).copy_from(p.slice(0, at + to, at + to + n));
                     if (c.defined()) copy.slice(0, lo, lo + n).copy_from(c.slice(0, at + to, at + to + n));
                 });
-                at += static_cast<int64_t>(e.matrices.size());
+                at += static_cast<int64_t>(e.matrices.size()) * e.heads;
             }
         }
         batch_at += b.matrices;
@@ -255,7 +275,7 @@ void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq, Ste
     for (const Batch& b : batches_)
         for (size_t j : b.entries) {
             const Entry& e = entries_[j];
-            for (size_t k = 0; k < e.matrices.size(); ++k)
+            for (size_t k = 0; k < e.matrices.size() * size_t(e.heads); ++k)
                 sums[static_cast<size_t>(e.param)] += changes.data<double>()[at++];
         }
     if (update_sq.defined()) {

@@ -33,10 +33,13 @@ class Muon {
     // forms the direction of its slice (ops::muon_momentum), the group all-gathers the slices in f32, every rank runs
     // the same Newton-Schulz on the whole matrix and applies its own slice (ops::muon_apply). Every rank of the group
     // steps the same matrices in the same order (ownership is a function of the layout, the same on each tp rank).
+    // per_head (muon.per_head): a parameter with ParamSpec::head_rows is orthogonalised per head, each head's rows
+    // a matrix of its own (muon.md §2); a head lies on one tp rank, so no gather.
     Muon(nn::ParamTable& table,
          const ops::MuonHyper& hyper,
          const std::optional<std::vector<MuonMatrixRef>>& owned = std::nullopt,
-         const nn::TensorParallel& tp = {});
+         const nn::TensorParallel& tp = {},
+         bool per_head = false);
 
     // What a step measured for the metrics (muon.md §8), over the matrices this rank updated: per table parameter
     // the squared norm of the change (0 for the others), and per matrix ||N||_F, Newton-Schulz's input.
@@ -55,6 +58,7 @@ class Muon {
         int param = 0;
         std::vector<int64_t> matrices;
         std::vector<bool> writer;  // per matrix: this rank writes its momentum to checkpoints
+        int64_t heads = 1;         // matrices Newton-Schulz sees per matrix (muon.per_head: the heads)
         core::Tensor momentum;
     };
     const std::vector<Entry>& entries() const {
@@ -75,9 +79,9 @@ class Muon {
     static constexpr int64_t kAloneFrom = 8;
     struct Batch {
         std::vector<size_t> entries;  // into entries(), in table order
-        int64_t matrices = 0;
-        core::Tensor momentum;  // [matrices, A, B]
-        int tp_axis = -1;       // split over tp along this dimension of [A, B] (-1: whole on this rank)
+        int64_t matrices = 0;         // as Newton-Schulz sees them (a head under muon.per_head)
+        core::Tensor momentum;        // [matrices, A, B]
+        int tp_axis = -1;             // split over tp along this dimension of [A, B] (-1: whole on this rank)
         int64_t tp_replicas = 1;
     };
     const std::vector<Batch>& batches() const {
@@ -85,6 +89,7 @@ class Muon {
     }
 
    private:
+    static core::Tensor units(const Entry& e, const core::Tensor& t);
     // One batch of tp-split matrices: the two halves around a gathered Newton-Schulz.
     void step_tp_split(const Batch& b,
                        const ops::MuonHyper& h,

@@ -79,6 +79,7 @@ struct MuonConfig {
     double bucket_mb = 64.0;            // ZeRO-1: gradient buckets holding whole-owned matrices (muon.md §3)
     int64_t max_owner_group = 0;        // ZeRO-1: at most this many owners per group (0: every rank)
     std::string clip = "none";          // none | own_norm: clip the Muon group by its own norm (muon.md §5)
+    bool per_head = false;              // orthogonalise each head's rows of the q, k, v projections on their own
 };
 
 // [compress] (docs/optimizers.md, muon.md §6): gradient compression of Muon's reduce-to-owner leg (ZeRO-1).

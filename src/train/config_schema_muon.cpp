@@ -45,6 +45,11 @@ std::vector<Field> config_schema_muon(JobConfig& c) {
                 1 << 20,
                 "with `parallel.zero_stage = 1`: at most this many ranks of a data-parallel group own Muon "
                 "matrices, the others computing copies (0: every rank); for models with few matrices per rank"),
+        flag("muon.per_head",
+             &u.per_head,
+             "orthogonalise each head's rows of the q, k and v projections (softmax attention and KDA) as a matrix "
+             "of its own, with its own scale 0.2 sqrt(max(head_dim, d_model)) (muon.md §2); false: each projection "
+             "whole"),
         text("muon.clip",
              &u.clip,
              "`none`: Muon's gradients are never scaled by the global-norm clip, which scales the AdamW group only "

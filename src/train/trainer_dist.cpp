@@ -82,7 +82,8 @@ void Trainer::check_muon_layout() const {
 std::unique_ptr<optim::Muon> Trainer::make_muon() const {
     const nn::TensorParallel& tp = model_->tensor_parallel();
     if (!grad_sync_->owns_matrices())
-        return std::make_unique<optim::Muon>(model_->params(), trainer_muon_hyper(cfg_), std::nullopt, tp);
+        return std::make_unique<optim::Muon>(
+            model_->params(), trainer_muon_hyper(cfg_), std::nullopt, tp, cfg_.muon.per_head);
     // Whole-matrix ownership (muon.md §3): this rank's matrices, and the balance every rank computed alike.
     std::vector<optim::MuonMatrixRef> owned;
     for (const parallel::OwnedMatrix& m : grad_sync_->owned_matrices())
@@ -115,7 +116,7 @@ std::unique_ptr<optim::Muon> Trainer::make_muon() const {
                     b.payload);
         }
     }
-    return std::make_unique<optim::Muon>(model_->params(), trainer_muon_hyper(cfg_), owned, tp);
+    return std::make_unique<optim::Muon>(model_->params(), trainer_muon_hyper(cfg_), owned, tp, cfg_.muon.per_head);
 }
 
 int64_t Trainer::optimizer_state_bytes_total() const {

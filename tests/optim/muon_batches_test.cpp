@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <vector>
 
@@ -139,3 +140,33 @@ TEST(MuonBatches, OwnedScatteredMatricesToo) {
 }
 
 }  // namespace
+
+// muon.per_head: a projection of 3 heads of 4 rows is three 4 x 10 matrices, each with its own norm and its own scale
+// 0.2 sqrt(10); bitwise what ops::muon_step on the [3, 4, 10] view gives, and not what the whole 12 x 10 matrix gives.
+TEST(MuonBatches, PerHeadOrthogonalisesEachHeadsRows) {
+    auto make = [](mt::nn::ParamTable& table) {
+        table.add({.name = "wq", .shape = {12, 10}, .group = mt::nn::OptimGroup::muon, .head_rows = 4});
+        table.finalize(mt::nn::Precision{});
+        table.initialize(9);
+        mt::core::rng_fill_normal(table.grad(0), 80, 0, 0.0, 1.0);
+    };
+    const mt::ops::MuonHyper hyper{.lr = 0.02, .weight_decay = 0.1};
+    auto run_muon = [&](bool per_head) {
+        mt::nn::ParamTable table;
+        make(table);
+        Muon muon(table, hyper, std::nullopt, {}, per_head);
+        muon.step(0.02, 1.0);
+        return table.master(0).clone();
+    };
+    mt::nn::ParamTable table;
+    make(table);
+    const Tensor heads = table.master(0).reshape({3, 4, 10});
+    mt::ops::muon_step(heads, table.grad(0).reshape({3, 4, 10}), Tensor::zeros({3, 4, 10}, DType::f32), hyper, 1.0);
+    const Tensor per_head = run_muon(true), whole = run_muon(false);
+    double differ = 0.0;
+    for (int64_t i = 0; i < per_head.numel(); ++i) {
+        ASSERT_EQ(per_head.data<float>()[i], table.master(0).data<float>()[i]) << "element " << i;
+        differ = std::max(differ, std::abs(double(per_head.data<float>()[i]) - double(whole.data<float>()[i])));
+    }
+    EXPECT_GT(differ, 1e-4);
+}

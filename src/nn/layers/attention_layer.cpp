@@ -22,12 +22,12 @@ AttentionLayer::AttentionLayer(ParamTable& table,
     const int64_t d = cfg.resolved_head_dim();
     // Heads are contiguous in the projections' outputs, so a rank's heads are a block of rows of Wq, Wk and Wv and
     // of columns of Wo.
-    wq_ = Linear(table, prefix + ".wq", cfg.d_model, cfg.n_heads * d, cfg.init_std, tp, Split::column);
+    wq_ = Linear(table, prefix + ".wq", cfg.d_model, cfg.n_heads * d, cfg.init_std, tp, Split::column, 1, d);
     // With fewer key/value heads than tp ranks each kv head is replicated on tp / n_kv_heads ranks (vLLM's rule):
     // rank r's query heads are exactly those of kv head r / (tp / n_kv_heads).
     const int64_t hkv = cfg.n_kv_heads;
-    wk_ = Linear(table, prefix + ".wk", cfg.d_model, hkv * d, cfg.init_std, tp, Split::kv_column, hkv);
-    wv_ = Linear(table, prefix + ".wv", cfg.d_model, hkv * d, cfg.init_std, tp, Split::kv_column, hkv);
+    wk_ = Linear(table, prefix + ".wk", cfg.d_model, hkv * d, cfg.init_std, tp, Split::kv_column, hkv, d);
+    wv_ = Linear(table, prefix + ".wv", cfg.d_model, hkv * d, cfg.init_std, tp, Split::kv_column, hkv, d);
     // GPT-2 style scaled init for projections that write into the residual stream.
     wo_ = Linear(table,
                  prefix + ".wo",

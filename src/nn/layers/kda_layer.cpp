@@ -47,9 +47,9 @@ KdaLayer::KdaLayer(ParamTable& table,
 
     const int64_t d = cfg.d_model, hk = h_all * k_dim_, hvk = hv_all * k_dim_, hvv = hv_all * v_dim_;
     const double init_std = cfg.init_std;
-    wq_ = Linear(table, prefix + ".q_proj", d, hk, init_std, tp, Split::column);
-    wk_ = Linear(table, prefix + ".k_proj", d, hk, init_std, tp, Split::column);
-    wv_ = Linear(table, prefix + ".v_proj", d, hvv, init_std, tp, Split::column);
+    wq_ = Linear(table, prefix + ".q_proj", d, hk, init_std, tp, Split::column, 1, k_dim_);
+    wk_ = Linear(table, prefix + ".k_proj", d, hk, init_std, tp, Split::column, 1, k_dim_);
+    wv_ = Linear(table, prefix + ".v_proj", d, hvv, init_std, tp, Split::column, 1, v_dim_);
     const double conv_std = 1.0 / std::sqrt(static_cast<double>(kda.conv_size));
     auto conv = [&](const char* name, int64_t c) {  // per channel: split with the channels' heads
         return table.add(tp_split({.name = prefix + name, .shape = {c, kda.conv_size}, .init_std = conv_std}, tp, 0));

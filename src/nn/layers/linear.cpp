@@ -12,14 +12,16 @@ Linear::Linear(ParamTable& table,
                double init_std,
                const TensorParallel& tp,
                Split split,
-               int64_t kv_parts)
+               int64_t kv_parts,
+               int64_t head_rows)
     : table_(&table) {
     // A hidden matrix: Muon's under optim.name = "muon" (the embedding and the LM head are not nn::Linear).
     ParamSpec spec{.name = name + ".weight",
                    .shape = {out, in},
                    .init = InitKind::normal,
                    .init_std = init_std,
-                   .group = OptimGroup::muon};
+                   .group = OptimGroup::muon,
+                   .head_rows = head_rows};
     if (split == Split::partial)
         spec = tp_partial(std::move(spec), tp);
     else if (split == Split::kv_column)

@@ -25,7 +25,8 @@ class Linear {
            double init_std,
            const TensorParallel& tp = {},
            Split split = Split::none,
-           int64_t kv_parts = 1);
+           int64_t kv_parts = 1,
+           int64_t head_rows = 0);
 
     // x: [N, in] -> y: [N, out]
     void forward(const Tensor& x, const Tensor& y) const;

@@ -5,7 +5,7 @@
 // without sequence parallelism (whole-matrix ownership, the default, and replicated Muon), the key/value heads
 // replicated over the tp ranks (tiny's 2 kv heads on tp = 4), MoE, and on four ranks tp = 2 x dp = 2. QK-clip under
 // tp (a tau below every logit: each tp rank scales its heads' rows, with the group maximum over the replicas of a kv
-// head) matches too. The momentum is saved per tp shard and one process resumes from it.
+// head) and muon.per_head match too. The momentum is saved per tp shard and one process resumes from it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -48,6 +48,10 @@ TEST(TrainerMuonTp, ReplicatedKvHeadsAndQkClipEqualOneProcess) {
     std::vector<std::string> clipped = muon_tp_keys(1, false);
     clipped.push_back("optim.qk_clip_tau=0.01");
     expect_layout_matches(layout_name("muon_tp_qk_clip", {.tp = n}), {.tp = n}, clipped, 10, 1e-6);
+    // muon.per_head: the q, k, v heads lie whole on their tp rank (no gather), the replicated kv heads on each replica.
+    std::vector<std::string> per_head = muon_tp_keys(1, false);
+    per_head.push_back("muon.per_head=true");
+    expect_layout_matches(layout_name("muon_tp_per_head", {.tp = n}), {.tp = n}, per_head, 10, 1e-6);
 }
 
 TEST(TrainerMuonTp, MomentumOfTpShardsResumesOnOneProcess) {
