@@ -25,12 +25,14 @@ core::Tensor Muon::units(const Entry& e, const core::Tensor& t) {
     return e.heads == 1 ? m : m.reshape({m.size(0) * e.heads, m.size(1) / e.heads, m.size(2)});
 }
 
-Muon::Muon(nn::ParamTable& table,
-           const ops::MuonHyper& hyper,
-           const std::optional<std::vector<MuonMatrixRef>>& owned,
-           const nn::TensorParallel& tp,
-           bool per_head)
-    : table_(&table), tp_(tp), hyper_(hyper) {
+Muon::Muon(nn::ParamTable& table, const ops::MuonHyper& hyper, MuonOptions options)
+    : table_(&table), tp_(options.tp), hyper_(hyper) {
+    const auto& owned = options.owned;
+    const nn::TensorParallel& tp = options.tp;
+    const bool per_head = options.per_head;
+    auto phase_of = [&](int param) {
+        return options.phase_of_param.empty() ? 0 : options.phase_of_param.at(static_cast<size_t>(param));
+    };
     const nn::Precision& precision = table.precision();
     MT_CHECK(!precision.master_on_host || precision.device == core::Device::cpu,
              "Muon updates the master weights where the model is: not with offloaded master weights");
@@ -78,7 +80,7 @@ Muon::Muon(nn::ParamTable& table,
         entries_.push_back(std::move(e));
     }
     // Batches (muon.h): by (A, B, decay, tp split) for the small entries, in the order of their first entry.
-    std::map<std::tuple<int64_t, int64_t, bool, int, int64_t>, size_t> batch_of;
+    std::map<std::tuple<int64_t, int64_t, bool, int, int64_t, int>, size_t> batch_of;
     for (size_t j = 0; j < entries_.size(); ++j) {
         const Entry& e = entries_[j];
         const nn::ParamSpec& spec = table.spec(e.param);
@@ -90,13 +92,18 @@ Muon::Muon(nn::ParamTable& table,
         MT_CHECK(!split || (spec.shape.size() == 2 && nn::param_tp_real(spec) == spec.shape[size_t(spec.tp_axis)]),
                  "Muon: tp-split parameter {} must be a 2-D weight split evenly",
                  spec.name);
-        const auto key = std::make_tuple(
-            w.size(1), w.size(2), spec.weight_decay, split ? spec.tp_axis : -1, split ? spec.tp_replicas : 1);
+        const auto key = std::make_tuple(w.size(1),
+                                         w.size(2),
+                                         spec.weight_decay,
+                                         split ? spec.tp_axis : -1,
+                                         split ? spec.tp_replicas : 1,
+                                         phase_of(e.param));
         auto it = batch_of.find(key);
         if (k >= kAloneFrom || it == batch_of.end()) {
             batches_.emplace_back();
             batches_.back().tp_axis = std::get<3>(key);
             batches_.back().tp_replicas = std::get<4>(key);
+            batches_.back().phase = std::get<5>(key);
             if (k < kAloneFrom) batch_of[key] = batches_.size() - 1;
             it = batch_of.end();
         }
@@ -108,6 +115,8 @@ Muon::Muon(nn::ParamTable& table,
         const Entry& first = entries_[b.entries.front()];
         const core::Tensor w = units(first, table.master(first.param));
         b.momentum = core::Tensor::zeros({b.matrices, w.size(1), w.size(2)}, precision.master, precision.device);
+        b.first = units_;
+        units_ += b.matrices;
         int64_t at = 0;
         for (size_t j : b.entries) {
             Entry& e = entries_[j];
@@ -154,21 +163,22 @@ void for_each_run(const std::vector<int64_t>& matrices, int64_t heads, Fn&& fn) 
 void Muon::step_tp_split(const Batch& b,
                          const ops::MuonHyper& h,
                          double grad_scale,
+                         const core::Tensor& m,
                          const core::Tensor& p,
                          const core::Tensor& g,
                          const core::Tensor& c,
                          const core::Tensor& change,
                          const core::Tensor& norms) const {
     const core::Device device = p.device();
-    const core::Shape local = b.momentum.shape();
+    const core::Shape local = m.shape();
     const int axis = b.tp_axis + 1;  // in the stack [K, A, B]
     const int64_t parts = tp_.size / b.tp_replicas, width = local[size_t(axis)];
     core::Shape whole = local;
     whole[size_t(axis)] = width * parts;
     // This rank's slice of the direction, every rank's gathered (rank order), the whole matrices assembled from the
     // first replica of each slice.
-    const core::Tensor n = core::Tensor::scratch(local, b.momentum.dtype(), device);
-    ops::muon_momentum(g, b.momentum, n, h, grad_scale);
+    const core::Tensor n = core::Tensor::scratch(local, m.dtype(), device);
+    ops::muon_momentum(g, m, n, h, grad_scale);
     const core::Tensor gathered = core::Tensor::scratch({tp_.size, local[0], local[1], local[2]}, n.dtype(), device);
     tp_.rows()
         .all_gather(n.raw(), gathered.raw(), static_cast<int64_t>(n.nbytes()), parallel::CommType::u8)
@@ -198,95 +208,129 @@ void Muon::step_tp_split(const Batch& b,
     ops::muon_apply(p, mine, decay, step, change, c);
 }
 
-void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq, StepStats* stats) {
+void Muon::pack(const Batch& b, const core::Tensor& stack, int which, bool into_stack) const {
+    int64_t at = 0;
+    for (size_t j : b.entries) {
+        const Entry& e = entries_[j];
+        const int i = e.param;
+        const core::Tensor t = units(e,
+                                     which == 0   ? table_->master(i)
+                                     : which == 1 ? table_->grad(i)
+                                                  : table_->param(i));
+        for_each_run(e.matrices, e.heads, [&](int64_t lo, int64_t to, int64_t n) {
+            const core::Tensor mine = t.slice(0, lo, lo + n), packed = stack.slice(0, at + to, at + to + n);
+            (into_stack ? packed : mine).copy_from(into_stack ? mine : packed);
+        });
+        at += static_cast<int64_t>(e.matrices.size()) * e.heads;
+    }
+}
+
+Muon::Pending Muon::run_batch(size_t index, const ops::MuonHyper& h, double grad_scale, bool in_place) {
+    const Batch& b = batches_[index];
+    const Entry& first = entries_[b.entries.front()];
+    const nn::Precision& precision = table_->precision();
+    const bool mixed = precision.has_master_copy();  // the forward's copy, written by the step itself
+    const core::Tensor param0 = units(first, table_->master(first.param)),
+                       grad0 = units(first, table_->grad(first.param));
+    const auto k0 = static_cast<int64_t>(first.matrices.size());
+    // One consecutive run of one parameter, in place: the step works on its views. Otherwise on packed copies.
+    const bool views = in_place && b.entries.size() == 1 && first.matrices.back() - first.matrices.front() + 1 == k0;
+    Pending out;
+    out.batch = index;
+    core::Tensor p, g, c, m = b.momentum;
+    if (views) {
+        const int64_t lo = first.matrices.front() * first.heads, hi = lo + k0 * first.heads;
+        p = param0.slice(0, lo, hi);
+        g = grad0.slice(0, lo, hi);
+        if (mixed) c = units(first, table_->param(first.param)).slice(0, lo, hi);
+    } else {
+        p = core::Tensor::scratch(b.momentum.shape(), param0.dtype(), param0.device());
+        g = core::Tensor::scratch(b.momentum.shape(), grad0.dtype(), grad0.device());
+        if (mixed) c = core::Tensor::scratch(b.momentum.shape(), table_->param(first.param).dtype(), param0.device());
+        pack(b, p, 0, true);
+        pack(b, g, 1, true);
+        if (!in_place) m = b.momentum.clone(), out = {index, p, c, m};
+    }
+    const auto range = [&](const core::Tensor& t) {
+        return measured_ ? t.slice(0, b.first, b.first + b.matrices) : core::Tensor();
+    };
+    if (b.tp_axis >= 0)
+        step_tp_split(b, h, grad_scale, m, p, g, c, range(change_), range(norms_));
+    else
+        ops::muon_step(p, g, m, h, grad_scale, range(change_), c, range(norms_));
+    if (in_place && !views) {
+        pack(b, p, 0, false);
+        if (c.defined()) pack(b, c, 2, false);
+    }
+    return out;
+}
+
+void Muon::stage_batches(int phase, double lr, double grad_scale, bool measure, bool in_place) {
+    if (pending_.empty()) {
+        // The first stage of a step: the per-matrix measures start over.
+        measured_ = measure;
+        if (measure) {
+            const core::Device device = table_->precision().device;
+            change_ = core::Tensor::zeros({std::max<int64_t>(units_, 1)}, core::DType::f64, device);
+            norms_ = core::Tensor::zeros({std::max<int64_t>(units_, 1)}, core::DType::f64, device);
+        }
+    }
+    MT_CHECK(measure == measured_, "Muon: the stages of one step measure alike");
     ops::MuonHyper h = hyper_;
     h.lr = lr;
-    const nn::Precision& precision = table_->precision();
-    int64_t matrices = 0;
-    for (const Batch& b : batches_) matrices += b.matrices;
-    // The metrics come from the step's own outputs on the device (the change's squared norm and ||N|| per matrix),
-    // read back once at the end.
-    const bool per_param = update_sq.defined() || stats != nullptr;
-    core::Tensor change, norms;
-    if (per_param) change = core::Tensor::zeros({std::max<int64_t>(matrices, 1)}, core::DType::f64, precision.device);
-    if (stats) norms = core::Tensor::zeros({std::max<int64_t>(matrices, 1)}, core::DType::f64, precision.device);
-    int64_t batch_at = 0;
-    for (const Batch& b : batches_) {
-        const Entry& first = entries_[b.entries.front()];
-        h.weight_decay = table_->spec(first.param).weight_decay ? hyper_.weight_decay : 0.0;
-        const auto matrices_of = [&](const Entry& e) {
-            return std::array<core::Tensor, 3>{
-                units(e, table_->master(e.param)),
-                units(e, table_->grad(e.param)),
-                // Mixed precision: the forward's copy of the updated matrices, written by the step itself.
-                precision.has_master_copy() ? units(e, table_->param(e.param)) : core::Tensor()};
-        };
-        const auto [param0, grad0, copy0] = matrices_of(first);
-        const auto k0 = static_cast<int64_t>(first.matrices.size());
-        core::Tensor p, g, c;
-        // One consecutive run of one parameter: the step works on its views. Otherwise on packed copies.
-        const bool views = b.entries.size() == 1 && first.matrices.back() - first.matrices.front() + 1 == k0;
-        if (views) {
-            const int64_t lo = first.matrices.front() * first.heads, hi = lo + k0 * first.heads;
-            p = param0.slice(0, lo, hi);
-            g = grad0.slice(0, lo, hi);
-            if (copy0.defined()) c = copy0.slice(0, lo, hi);
-        } else {
-            p = core::Tensor::scratch(b.momentum.shape(), param0.dtype(), param0.device());
-            g = core::Tensor::scratch(b.momentum.shape(), grad0.dtype(), grad0.device());
-            if (copy0.defined()) c = core::Tensor::scratch(b.momentum.shape(), copy0.dtype(), copy0.device());
-            int64_t at = 0;
-            for (size_t j : b.entries) {
-                const Entry& e = entries_[j];
-                const auto [param, grad, copy] = matrices_of(e);
-                for_each_run(e.matrices, e.heads, [&](int64_t lo, int64_t to, int64_t n) {
-                    p.slice(0, at + to, at + to + n).copy_from(param.slice(0, lo, lo + n));
-                    g.slice(0, at + to, at + to + n).copy_from(grad.slice(0, lo, lo + n));
-                });
-                at += static_cast<int64_t>(e.matrices.size()) * e.heads;
-            }
-        }
-        const auto range = [&](const core::Tensor& t) {
-            return t.defined() ? t.slice(0, batch_at, batch_at + b.matrices) : core::Tensor();
-        };
-        if (b.tp_axis >= 0)
-            step_tp_split(b, h, grad_scale, p, g, c, range(change), range(norms));
-        else
-            ops::muon_step(p, g, b.momentum, h, grad_scale, range(change), c, range(norms));
-        if (!views) {
-            int64_t at = 0;
-            for (size_t j : b.entries) {
-                const Entry& e = entries_[j];
-                const auto [param, grad, copy] = matrices_of(e);
-                for_each_run(e.matrices, e.heads, [&](int64_t lo, int64_t to, int64_t n) {
-                    param.slice(0, lo, lo + n).copy_from(p.slice(0, at + to, at + to + n));
-                    if (c.defined()) copy.slice(0, lo, lo + n).copy_from(c.slice(0, at + to, at + to + n));
-                });
-                at += static_cast<int64_t>(e.matrices.size()) * e.heads;
-            }
-        }
-        batch_at += b.matrices;
+    for (size_t i = 0; i < batches_.size(); ++i) {
+        if (phase >= 0 && batches_[i].phase != phase) continue;
+        h.weight_decay =
+            table_->spec(entries_[batches_[i].entries.front()].param).weight_decay ? hyper_.weight_decay : 0.0;
+        pending_.push_back(run_batch(i, h, grad_scale, in_place));
     }
-    if (!per_param) return;
-    // Per parameter: the sum of its matrices' squared changes (batch order, each entry's matrices consecutive).
-    const core::Tensor changes = change.to_device(core::Device::cpu);
+}
+
+void Muon::stage(int phase, double lr, double grad_scale, bool measure) {
+    stage_batches(phase, lr, grad_scale, measure, false);
+}
+
+void Muon::step(double lr, double grad_scale, const core::Tensor& update_sq, StepStats* stats) {
+    MT_CHECK(pending_.empty(), "Muon::step with {} staged batches not committed", pending_.size());
+    stage_batches(-1, lr, grad_scale, update_sq.defined() || stats != nullptr, true);
+    commit(update_sq, stats);
+}
+
+void Muon::discard() {
+    pending_.clear();
+}
+
+void Muon::commit(const core::Tensor& update_sq, StepStats* stats) {
+    for (const Pending& d : pending_) {
+        if (!d.param.defined()) continue;  // stepped in place
+        const Batch& b = batches_[d.batch];
+        b.momentum.copy_from(d.momentum);
+        pack(b, d.param, 0, false);
+        if (d.copy.defined()) pack(b, d.copy, 2, false);
+    }
+    const bool staged = !pending_.empty();
+    pending_.clear();
+    if (!staged || !measured_ || (!update_sq.defined() && stats == nullptr)) return;
+    // Per parameter: the sum of its matrices' squared changes (each batch's entries' matrices consecutive).
+    const core::Tensor changes = change_.to_device(core::Device::cpu);
     std::vector<double> sums(static_cast<size_t>(table_->size()), 0.0);
-    int64_t at = 0;
-    for (const Batch& b : batches_)
+    for (const Batch& b : batches_) {
+        int64_t at = b.first;
         for (size_t j : b.entries) {
             const Entry& e = entries_[j];
             for (size_t k = 0; k < e.matrices.size() * size_t(e.heads); ++k)
                 sums[static_cast<size_t>(e.param)] += changes.data<double>()[at++];
         }
+    }
     if (update_sq.defined()) {
         const core::Tensor total = update_sq.to_device(core::Device::cpu);
         for (const Entry& e : entries_) total.data<double>()[e.param] += sums[static_cast<size_t>(e.param)];
         update_sq.copy_from(total);
     }
     if (!stats) return;
-    const core::Tensor n = norms.to_device(core::Device::cpu);
+    const core::Tensor n = norms_.to_device(core::Device::cpu);
     stats->update_sq = std::move(sums);
-    stats->n_norm.assign(n.data<double>(), n.data<double>() + matrices);
+    stats->n_norm.assign(n.data<double>(), n.data<double>() + units_);
 }
 
 }  // namespace mt::optim

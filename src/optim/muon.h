@@ -26,20 +26,26 @@ struct MuonMatrixRef {
     bool writer = true;  // this rank writes its momentum to checkpoints (a copy under capped ownership does not)
 };
 
+// How Muon is laid out over the job (the trainer's; the defaults: one process, every matrix).
+struct MuonOptions {
+    // The matrices this rank updates (nullopt: every matrix of the Muon group).
+    std::optional<std::vector<MuonMatrixRef>> owned = std::nullopt;
+    // The tensor-parallel group of this rank. A tp-split matrix is orthogonalised whole (muon.md §3, Megatron's
+    // "duplicated" mode): each rank forms the direction of its slice (ops::muon_momentum), the group all-gathers the
+    // slices in f32, every rank runs the same Newton-Schulz on the whole matrix and applies its own slice
+    // (ops::muon_apply). Every rank of the group steps the same matrices in the same order (ownership is a function
+    // of the layout, the same on each tp rank).
+    nn::TensorParallel tp = {};
+    // muon.per_head: a parameter with ParamSpec::head_rows is orthogonalised per head, each head's rows a matrix of
+    // its own (muon.md §2); a head lies on one tp rank, so no gather.
+    bool per_head = false;
+    // Per table parameter, the phase (the gradient bucket) its matrices are staged in (stage()); empty: all phase 0.
+    std::vector<int> phase_of_param = {};
+};
+
 class Muon {
    public:
-    // owned: the matrices this rank updates (nullopt: every matrix of the Muon group). tp: the tensor-parallel group
-    // of this rank. A tp-split matrix is orthogonalised whole (muon.md §3, Megatron's "duplicated" mode): each rank
-    // forms the direction of its slice (ops::muon_momentum), the group all-gathers the slices in f32, every rank runs
-    // the same Newton-Schulz on the whole matrix and applies its own slice (ops::muon_apply). Every rank of the group
-    // steps the same matrices in the same order (ownership is a function of the layout, the same on each tp rank).
-    // per_head (muon.per_head): a parameter with ParamSpec::head_rows is orthogonalised per head, each head's rows
-    // a matrix of its own (muon.md §2); a head lies on one tp rank, so no gather.
-    Muon(nn::ParamTable& table,
-         const ops::MuonHyper& hyper,
-         const std::optional<std::vector<MuonMatrixRef>>& owned = std::nullopt,
-         const nn::TensorParallel& tp = {},
-         bool per_head = false);
+    Muon(nn::ParamTable& table, const ops::MuonHyper& hyper, MuonOptions options = {});
 
     // What a step measured for the metrics (muon.md §8), over the matrices this rank updated: per table parameter
     // the squared norm of the change (0 for the others), and per matrix ||N||_F, Newton-Schulz's input.
@@ -52,6 +58,20 @@ class Muon {
     // Muon gradients are not clipped by the global norm, muon.md §5). update_sq as AdamW::step's; stats (optional)
     // is filled (it reads the momentum and gradients back: metrics steps only).
     void step(double lr, double grad_scale, const core::Tensor& update_sq = {}, StepStats* stats = nullptr);
+
+    // The same step in phases, for the overlap of muon.md §3: stage(phase) runs the whole step (momentum,
+    // Newton-Schulz, update) of the matrices of one phase (a gradient bucket whose reduction has landed) into side
+    // buffers while the later buckets are still in flight; commit() writes every staged result into the parameters
+    // and momentum once the trainer has accepted the step; discard() drops them (a skipped or re-run step leaves the
+    // state untouched). The side buffers hold the staged matrices' parameters and momentum once more (f32) until
+    // the commit. measure: record what commit's update_sq and stats report (the same for every stage of a step).
+    void stage(int phase, double lr, double grad_scale, bool measure);
+    void commit(const core::Tensor& update_sq = {}, StepStats* stats = nullptr);
+    void discard();
+    // Batches staged since the last commit or discard.
+    int64_t staged_batches() const {
+        return static_cast<int64_t>(pending_.size());
+    }
 
     // The matrices held per parameter, in table order: the stack indices (ascending) and their momentum [k, A, B].
     struct Entry {
@@ -72,10 +92,10 @@ class Muon {
     }
 
     // How the step batches the entries: each batch is one ops::muon_step call. Entries of fewer than
-    // kAloneFrom matrices that share a shape and the decay flag (the 2-D weights of every layer) run together on
-    // packed copies (one call instead of one per layer: the GPU's batched GEMMs fill the device); a larger stack
-    // (the experts of a layer) runs alone, on views when its matrices are consecutive. Momentum of a batch of
-    // several entries is one buffer, the entries' momentum views of it.
+    // kAloneFrom matrices that share a shape, the decay flag and the phase (the 2-D weights of every layer) run
+    // together on packed copies (one call instead of one per layer: the GPU's batched GEMMs fill the device); a
+    // larger stack (the experts of a layer) runs alone, on views when its matrices are consecutive. Momentum of a
+    // batch of several entries is one buffer, the entries' momentum views of it.
     static constexpr int64_t kAloneFrom = 8;
     struct Batch {
         std::vector<size_t> entries;  // into entries(), in table order
@@ -83,6 +103,8 @@ class Muon {
         core::Tensor momentum;        // [matrices, A, B]
         int tp_axis = -1;             // split over tp along this dimension of [A, B] (-1: whole on this rank)
         int64_t tp_replicas = 1;
+        int phase = 0;      // MuonOptions::phase_of_param of its parameters
+        int64_t first = 0;  // its first matrix in the per-matrix measures
     };
     const std::vector<Batch>& batches() const {
         return batches_;
@@ -90,10 +112,21 @@ class Muon {
 
    private:
     static core::Tensor units(const Entry& e, const core::Tensor& t);
+    // One batch's step (stage's body): in place on the parameters, or into side buffers (returned).
+    struct Pending {
+        size_t batch = 0;
+        core::Tensor param = {}, copy = {}, momentum = {};  // the staged results (undefined in place)
+    };
+    Pending run_batch(size_t index, const ops::MuonHyper& h, double grad_scale, bool in_place);
+    void stage_batches(int phase, double lr, double grad_scale, bool measure, bool in_place);
+    // Copies between a batch's stack (its entries' matrices back to back) and the entries' tensors (which: 0 the
+    // master weights, 1 the gradients, 2 the forward's copy).
+    void pack(const Batch& b, const core::Tensor& stack, int which, bool into_stack) const;
     // One batch of tp-split matrices: the two halves around a gathered Newton-Schulz.
     void step_tp_split(const Batch& b,
                        const ops::MuonHyper& h,
                        double grad_scale,
+                       const core::Tensor& m,
                        const core::Tensor& p,
                        const core::Tensor& g,
                        const core::Tensor& c,
@@ -105,6 +138,10 @@ class Muon {
     ops::MuonHyper hyper_;
     std::vector<Entry> entries_;
     std::vector<Batch> batches_;
+    int64_t units_ = 0;             // matrices as Newton-Schulz sees them, over every batch
+    std::vector<Pending> pending_;  // staged since the last commit
+    core::Tensor change_, norms_;   // per matrix: the squared change and ||N|| of the staged steps
+    bool measured_ = false;
 };
 
 // The [E, A, B] view of a Muon parameter (a 2-D weight is one matrix).

@@ -225,9 +225,25 @@ void GradSync::grads_ready(int first) {
     }
 }
 
-double GradSync::finish() {
+std::vector<int> GradSync::bucket_of_params() const {
+    std::vector<int> out(arenas_.params.size(), -1);
+    for (size_t i = 0; i < arenas_.params.size(); ++i)
+        for (size_t k = 0; k < buckets_.size(); ++k)
+            if (arenas_.params[i].begin >= buckets_[k].begin && arenas_.params[i].begin < buckets_[k].end)
+                out[i] = static_cast<int>(k);
+    return out;
+}
+
+double GradSync::finish(const std::function<void(int bucket)>& on_reduced) {
     if (!active_) return 0.0;
     const auto start = std::chrono::steady_clock::now();
+    double in_callback = 0.0;
+    auto reduced = [&](const Bucket& b) {
+        if (!on_reduced) return;
+        const auto t = std::chrono::steady_clock::now();
+        on_reduced(static_cast<int>(&b - buckets_.data()));
+        in_callback += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    };
     overlapped_ = issued_early_;
     issued_early_ = 0;
     for (Bucket& b : buckets_)
@@ -236,20 +252,19 @@ double GradSync::finish() {
     for (Bucket& b : buckets_) {
         b.work.wait();
         b.issued = false;
-        if (!zero_ || group(b).size() == 1) continue;
         // The owned slice's reduced gradient goes back to its place in the arena, where the optimizer reads it.
-        if (b.compressed) {
+        if (!zero_ || group(b).size() == 1) {
+        } else if (b.compressed) {
             b.compress->finish(grads);
-            continue;
-        }
-        if (b.blocks.empty()) {
+        } else if (b.blocks.empty()) {
             grads.slice(0, b.mine, b.mine + b.share).copy_from(staging_.slice(0, b.staging, b.staging + b.share));
-            continue;
+        } else {
+            copy_block(b.blocks[static_cast<size_t>(group(b).rank())], grads, staging_, b.staging, false);
+            b.send = core::Tensor();
         }
-        copy_block(b.blocks[static_cast<size_t>(group(b).rank())], grads, staging_, b.staging, false);
-        b.send = core::Tensor();
+        reduced(b);
     }
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - in_callback;
 }
 
 double GradSync::copies(const ArenaParam& p, int64_t group) const {

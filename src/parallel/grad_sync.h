@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -141,8 +142,14 @@ class GradSync {
     // that became complete and polls the pending ones (MPI progresses nonblocking collectives inside its calls).
     void grads_ready(int first);
     // Issues the buckets not issued yet and waits for all; afterwards every rank holds the reduced gradients (all of
-    // them, or under ZeRO-1 its owned slices). Returns the seconds spent here (the part not overlapped).
-    double finish();
+    // them, or under ZeRO-1 its owned slices). Returns the seconds spent here (the part not overlapped) less the time
+    // in on_reduced, which (when given) is called with each bucket's index as soon as that bucket's gradients are
+    // reduced and in place, in issue order, while the later buckets are still in flight (Muon's overlap: the owner
+    // step of a bucket's matrices runs then, muon.md §3).
+    double finish(const std::function<void(int bucket)>& on_reduced = {});
+    // Per parameter (table order), the index of the bucket holding it (issue order), the phase of
+    // optim::MuonOptions::phase_of_param.
+    std::vector<int> bucket_of_params() const;
     // The L2 norm of the reduced gradient over the whole model (collective over the world): each rank sums the
     // squares of what it holds, each divided by the number of ranks holding the same elements.
     double grad_norm() const;

@@ -88,6 +88,12 @@ std::vector<MetricDef> metric_registry(const JobConfig& cfg) {
     if (cfg.optim.name == "muon") {
         const char* when = "optim.name = \"muon\"";
         b.add("optim/muon_seconds", "gauge", "s", "Muon's step: momentum, Newton-Schulz and the update", when);
+        b.add("optim/muon_overlapped_batches",
+              "gauge",
+              "",
+              "Muon batches stepped inside the gradient reduction's wait, each as its bucket landed (data "
+              "parallelism; 0: after the reduction)",
+              when);
         b.add("optim/muon_clip_coef", "gauge", "", "muon.clip = \"own_norm\": the Muon group's own coefficient", when);
         b.add("optim/muon_grad_norm", "gauge", "", "the Muon group's gradient norm (reduced, unscaled)", when);
         b.add("optim/adamw_grad_norm", "gauge", "", "the AdamW group's gradient norm (reduced, unscaled)", when);

@@ -383,7 +383,7 @@ void Trainer::compute_gradients(StepResult& r) {
     if (fault_ && fault_->straggler_rank == mesh_->world().rank())  // tests: the others wait in the reduction
         std::this_thread::sleep_for(std::chrono::duration<double>(fault_->straggler_seconds));
     beat_phase(Phase::optimizer);  // the gradient reduction, the norm and the update
-    r.comm_seconds = grad_sync_->finish();
+    r.comm_seconds = grad_sync_->finish(muon_stage_hook(r));
     reduce_kv_replicas();
     r.buckets_overlapped = grad_sync_->buckets_overlapped();
     r.loss = dp_sum(r.loss) / static_cast<double>(data_size());

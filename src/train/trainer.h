@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -39,9 +40,10 @@ struct OptimStepMetrics {
     double muon_grad_norm = 0.0, adamw_grad_norm = 0.0;
     double muon_update_rms = 0.0;  // RMS of the Muon group's change (about scale_factor x lr)
     double n_norm_min = 0.0, n_norm_max = 0.0, n_norm_mean = 0.0;  // ||N||_F over the matrices
-    double step_seconds = 0.0, muon_seconds = 0.0;         // the update (both optimizers, QK-clip, the gathers' start)
-    int64_t qk_clipped_heads = 0;                          // QK-clip: query heads whose logit exceeded tau
-    double compress_ef_ratio = 0.0, compress_error = 0.0;  // ||e|| / ||g||, ||C(p) - p|| / ||p|| (job-wide)
+    double step_seconds = 0.0, muon_seconds = 0.0;  // the update (both optimizers, QK-clip, the gathers' start)
+    int64_t qk_clipped_heads = 0;                   // QK-clip: query heads whose logit exceeded tau
+    int64_t muon_overlapped_batches = 0;  // Muon batches stepped as their bucket landed (muon.md §3's overlap)
+    double compress_ef_ratio = 0.0, compress_error = 0.0;     // ||e|| / ||g||, ||C(p) - p|| / ||p|| (job-wide)
     int64_t compress_wire_bytes = 0, compress_raw_bytes = 0;  // this step's reduce-to-owner leg, summed over ranks
 };
 
@@ -267,6 +269,13 @@ class Trainer {
     void add_optim_metrics(const StepResult& r, nlohmann::json& fields) const;
     // QK-clip (muon.md §4) on the rows this rank updated; returns the query heads clipped (this rank's layers).
     int64_t qk_clip();
+    // Whether this step stages Muon per gradient bucket inside the reduction's wait (muon.md §3): whenever the
+    // gradients reach Muon unchanged after their reduction (no own-norm clip, no dynamic loss scale, no kv replica sum,
+    // no fault injection).
+    bool muon_overlaps() const;
+    // The reduction's per-bucket hook that stages Muon (empty when this step does not overlap); resets the stages.
+    std::function<void(int)> muon_stage_hook(const StepResult& r);
+    double muon_stage_seconds_ = 0.0;  // this step's Muon stages (inside the reduction's wait)
     // Resume: the compression error buffers this rank wrote, or zeros when the checkpoint's mesh differs.
     void load_compress_state(const Checkpoint& ckpt);
     // The checkpoint name (kind "ef") of this rank's compression state st.
@@ -368,7 +377,10 @@ class Trainer {
     void add_layer_stats_metrics(const StepResult& r, nlohmann::json& fields) const;
     // The step about to run writes a train line with the per-layer figures (metrics.layer_stats).
     bool layer_stats_step() const {
-        return cfg_.metrics.layer_stats && (step_ + 1) % cfg_.metrics.every == 0;
+        return cfg_.metrics.layer_stats && metrics_step();
+    }
+    bool metrics_step() const {
+        return (step_ + 1) % std::max<int64_t>(cfg_.metrics.every, 1) == 0;
     }
     // Before a metrics step's forwards: the zeroed stat buffer for the model; after its update: the buffer and the
     // optimizer's sums to the host, weighed, summed over the world, into r.layer_update_sq and r.layer_stats.

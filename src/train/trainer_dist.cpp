@@ -80,12 +80,14 @@ void Trainer::check_muon_layout() const {
 }
 
 std::unique_ptr<optim::Muon> Trainer::make_muon() const {
-    const nn::TensorParallel& tp = model_->tensor_parallel();
+    optim::MuonOptions options{.tp = model_->tensor_parallel(), .per_head = cfg_.muon.per_head};
+    // The overlap (muon.md §3): each gradient bucket's matrices are a phase of their own, stepped as it lands.
+    if (grad_sync_->active()) options.phase_of_param = grad_sync_->bucket_of_params();
     if (!grad_sync_->owns_matrices())
-        return std::make_unique<optim::Muon>(
-            model_->params(), trainer_muon_hyper(cfg_), std::nullopt, tp, cfg_.muon.per_head);
+        return std::make_unique<optim::Muon>(model_->params(), trainer_muon_hyper(cfg_), std::move(options));
     // Whole-matrix ownership (muon.md §3): this rank's matrices, and the balance every rank computed alike.
-    std::vector<optim::MuonMatrixRef> owned;
+    options.owned.emplace();
+    std::vector<optim::MuonMatrixRef>& owned = *options.owned;
     for (const parallel::OwnedMatrix& m : grad_sync_->owned_matrices())
         owned.push_back({.param = m.param, .index = m.index, .writer = m.writer});
     const parallel::OwnershipReport& report = grad_sync_->ownership_report();
@@ -116,7 +118,7 @@ std::unique_ptr<optim::Muon> Trainer::make_muon() const {
                     b.payload);
         }
     }
-    return std::make_unique<optim::Muon>(model_->params(), trainer_muon_hyper(cfg_), owned, tp, cfg_.muon.per_head);
+    return std::make_unique<optim::Muon>(model_->params(), trainer_muon_hyper(cfg_), std::move(options));
 }
 
 int64_t Trainer::optimizer_state_bytes_total() const {

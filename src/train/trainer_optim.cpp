@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 
 #include "nn/layers/attention_layer.h"
 #include "nn/qk_clip.h"
@@ -26,7 +27,7 @@ void Trainer::optimizer_step(StepResult& r, bool layer_stats) {
     // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm; the loss
     // scale is divided out in the same multiplier.
     o.clip_coef = t.grad_clip > 0 && r.grad_norm > t.grad_clip ? t.grad_clip / (r.grad_norm + 1e-6) : 1.0;
-    const bool metrics = (step_ + 1) % std::max<int64_t>(cfg_.metrics.every, 1) == 0;
+    const bool metrics = metrics_step();
     const core::Tensor update_sq = layer_stats ? update_sq_ : core::Tensor();
     adamw_->step(r.lr, step_ + 1, o.clip_coef / r.loss_scale, update_sq);
     if (muon_) {
@@ -49,8 +50,12 @@ void Trainer::optimizer_step(StepResult& r, bool layer_stats) {
         }
         const auto muon_start = std::chrono::steady_clock::now();
         optim::Muon::StepStats stats;
-        muon_->step(r.lr, muon_scale, update_sq, metrics ? &stats : nullptr);
-        o.muon_seconds = seconds_since(muon_start);
+        o.muon_overlapped_batches = muon_->staged_batches();
+        if (o.muon_overlapped_batches > 0)  // stepped inside the reduction's wait (muon_overlaps): write it in
+            muon_->commit(update_sq, metrics ? &stats : nullptr);
+        else
+            muon_->step(r.lr, muon_scale, update_sq, metrics ? &stats : nullptr);
+        o.muon_seconds = seconds_since(muon_start) + muon_stage_seconds_;
         if (metrics) {
             // The change's RMS over every Muon element of the job, and ||N|| over every matrix (each counted by
             // the ranks that hold it: GradSync's weights).
@@ -167,6 +172,23 @@ int64_t Trainer::qk_clip() {
     return clipped;
 }
 
+std::function<void(int)> Trainer::muon_stage_hook(const StepResult& r) {
+    // Muon's overlap (muon.md §3): each bucket's matrices are stepped (into side buffers, committed by the optimizer
+    // step once the step is accepted) as soon as the bucket's reduction lands, while the later ones are in flight.
+    if (muon_) muon_->discard();  // a re-run starts over
+    muon_stage_seconds_ = 0.0;
+    if (!muon_overlaps()) return {};
+    return [this, &r, measure = metrics_step() || layer_stats_step()](int bucket) {
+        const auto start = std::chrono::steady_clock::now();
+        muon_->stage(bucket, r.lr, 1.0 / r.loss_scale, measure);
+        muon_stage_seconds_ += seconds_since(start);
+    };
+}
+
+bool Trainer::muon_overlaps() const {
+    return muon_ && grad_sync_->active() && cfg_.muon.clip == "none" && !scaler_.dynamic() && !kv_replicas_ && !fault_;
+}
+
 void Trainer::add_optim_metrics(const StepResult& r, nlohmann::json& fields) const {
     const OptimStepMetrics& o = r.optim;
     fields["optim/clip_coef"] = o.clip_coef;
@@ -174,6 +196,7 @@ void Trainer::add_optim_metrics(const StepResult& r, nlohmann::json& fields) con
     if (cfg_.optim.qk_clip) fields["optim/qk_clipped_heads"] = o.qk_clipped_heads;
     if (!muon_) return;
     fields["optim/muon_seconds"] = o.muon_seconds;
+    fields["optim/muon_overlapped_batches"] = o.muon_overlapped_batches;
     fields["optim/muon_clip_coef"] = o.muon_clip_coef;
     fields["optim/muon_grad_norm"] = o.muon_grad_norm;
     fields["optim/adamw_grad_norm"] = o.adamw_grad_norm;

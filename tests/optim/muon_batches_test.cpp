@@ -47,7 +47,7 @@ Outcome run(const std::optional<std::vector<mt::optim::MuonMatrixRef>>& owned) {
     table.finalize(mt::nn::Precision{});
     table.initialize(5);
     const mt::ops::MuonHyper hyper{.lr = 0.02, .weight_decay = 0.1};
-    Muon muon(table, hyper, owned);
+    Muon muon(table, hyper, {.owned = owned});
     Outcome r;
     r.batches = muon.batches().size();
     for (int s = 1; s <= 3; ++s) {
@@ -154,7 +154,7 @@ TEST(MuonBatches, PerHeadOrthogonalisesEachHeadsRows) {
     auto run_muon = [&](bool per_head) {
         mt::nn::ParamTable table;
         make(table);
-        Muon muon(table, hyper, std::nullopt, {}, per_head);
+        Muon muon(table, hyper, {.per_head = per_head});
         muon.step(0.02, 1.0);
         return table.master(0).clone();
     };
@@ -169,4 +169,46 @@ TEST(MuonBatches, PerHeadOrthogonalisesEachHeadsRows) {
         differ = std::max(differ, std::abs(double(per_head.data<float>()[i]) - double(whole.data<float>()[i])));
     }
     EXPECT_GT(differ, 1e-4);
+}
+
+// The overlap's phases (muon.md §3): staging every phase and committing equals one step bitwise (parameters and
+// momentum, and the metrics), the batches never mixing phases; a discarded stage leaves the state untouched.
+TEST(MuonBatches, StagedPhasesCommitAsOneStepAndDiscardLeavesTheState) {
+    auto make = [](mt::nn::ParamTable& table) {
+        declare(table);
+        table.finalize(mt::nn::Precision{});
+        table.initialize(5);
+        fill_grads(table, 1);
+    };
+    const mt::ops::MuonHyper hyper{.lr = 0.02, .weight_decay = 0.1};
+    const std::vector<int> phases = {0, -1, 1, 0, 1, 1, 0};  // w1, bias, stack9, w2, nodecay, stack2, tall
+    auto state = [](const mt::nn::ParamTable& table, const Muon& muon) {
+        std::vector<float> out(table.master_arena().data<float>(),
+                               table.master_arena().data<float>() + table.master_arena().numel());
+        for (const auto& e : muon.entries())
+            out.insert(out.end(), e.momentum.data<float>(), e.momentum.data<float>() + e.momentum.numel());
+        return out;
+    };
+    mt::nn::ParamTable one, phased;
+    make(one);
+    make(phased);
+    Muon whole(one, hyper), staged(phased, hyper, {.phase_of_param = phases});
+    // {w1, w2}, {tall} in phase 0; {stack9}, {nodecay}, {stack2} in phase 1
+    EXPECT_EQ(staged.batches().size(), 5u);
+    const std::vector<float> before = state(phased, staged);
+    staged.stage(1, 0.02, 0.5, false);
+    EXPECT_EQ(staged.staged_batches(), 3);
+    staged.discard();
+    EXPECT_EQ(state(phased, staged), before);
+    Muon::StepStats a, b;
+    whole.step(0.02, 0.5, {}, &a);
+    staged.stage(1, 0.02, 0.5, true);
+    staged.stage(0, 0.02, 0.5, true);
+    EXPECT_EQ(state(phased, staged), before);  // nothing written before the commit
+    staged.commit({}, &b);
+    EXPECT_EQ(state(phased, staged), state(one, whole));
+    EXPECT_EQ(a.update_sq, b.update_sq);
+    std::sort(a.n_norm.begin(), a.n_norm.end());
+    std::sort(b.n_norm.begin(), b.n_norm.end());
+    EXPECT_EQ(a.n_norm, b.n_norm);
 }

@@ -68,6 +68,24 @@ TEST(TrainerMuon, WholeMatrixOwnershipEqualsOneProcess) {
     expect_layout_matches(layout_name("muon_owned_capped", {.dp = n}), {.dp = n}, capped, 10, 1e-6);
 }
 
+// The overlap of muon.md §3: with a bucket per few matrices, the owners step each bucket's matrices inside the
+// reduction's wait, as it lands (optim/muon_overlapped_batches), and the run still equals one process (above).
+TEST(TrainerMuon, OwnerStepRunsAsEachBucketLands) {
+    const int n = dist_world().size();
+    std::vector<std::string> keys = muon_keys({.dp = n}, 1);
+    keys.insert(keys.end(), {"muon.bucket_mb=0.001", "parallel.bucket_mb=0.001", "parallel.dp=" + std::to_string(n)});
+    mt::train::Trainer t(mpi_job(data_dir(), shared_dir("muon_overlap"), keys), false);
+    ASSERT_GT(t.gradient_buckets(), 2);
+    for (int step = 0; step < 2; ++step) {
+        const mt::train::StepResult r = t.train_step();
+        EXPECT_GT(r.optim.muon_overlapped_batches, 2) << "step " << step;
+    }
+    // The own-norm clip needs the whole Muon group's norm first: no overlap.
+    keys.push_back("muon.clip=\"own_norm\"");
+    mt::train::Trainer clipped(mpi_job(data_dir(), shared_dir("muon_overlap_clip"), keys), false);
+    EXPECT_EQ(clipped.train_step().optim.muon_overlapped_batches, 0);
+}
+
 TEST(TrainerMuon, EveryMatrixIsOwnedExactlyOnce) {
     const int n = dist_world().size();
     std::vector<Layout> layouts = {{.dp = n}};
