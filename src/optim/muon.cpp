@@ -31,7 +31,10 @@ Muon::Muon(nn::ParamTable& table, const ops::MuonHyper& hyper, MuonOptions optio
     const nn::TensorParallel& tp = options.tp;
     const bool per_head = options.per_head;
     auto phase_of = [&](int param) {
-        return options.phase_of_param.empty() ? 0 : options.phase_of_param.at(static_cast<size_t>(param));
+        if (options.phase_of_param.empty()) return 0;
+        const int phase = options.phase_of_param.at(static_cast<size_t>(param));
+        MT_CHECK(phase >= 0, "Muon: parameter {} has no phase (no gradient bucket holds it)", table.spec(param).name);
+        return phase;
     };
     const nn::Precision& precision = table.precision();
     MT_CHECK(!precision.master_on_host || precision.device == core::Device::cpu,

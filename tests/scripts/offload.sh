@@ -18,7 +18,6 @@ grep -q 'optimizer offload: master weights and f32 AdamW moments in host memory'
 [[ $(losses bf16 | wc -l) -eq 6 ]] || fail "bf16 state: $(losses bf16 | wc -l) train lines"
 
 bad_setting 'optim.offload = "cpu" supports optim.name = "adamw" only, not "muon"' optim.offload=cpu optim.name=muon
-bad_setting 'optim.name = "muon" with parallel.tp = 2 is not built yet' optim.name=muon parallel.tp=2
 bad_setting 'optim.offload' optim.offload=gpu
 bad_setting 'optim.state_dtype' optim.state_dtype=f16
 
