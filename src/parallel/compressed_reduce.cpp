@@ -101,13 +101,18 @@ void CompressedReduce::finish(const core::Tensor& grads) {
     } else {
         for (const std::span<const uint8_t>& m : coded) optim::GradCompressor::decode_add(options_, m, owned_sum);
     }
+    // Back to their places in the arena, range after range (std::copy returns the destination's end, so the source
+    // position is advanced by hand).
     float* g = grads.data<float>();
-    const float* from = flat_sum.data();
-    for (const optim::ArenaRange& range : flat_[me])
-        from = std::copy(from, from + (range.end - range.begin), g + range.begin);
-    from = owned_sum.data();
-    for (const optim::ArenaRange& range : owned_[me])
-        from = std::copy(from, from + (range.end - range.begin), g + range.begin);
+    auto scatter = [g](const std::vector<float>& sums, const std::vector<optim::ArenaRange>& ranges) {
+        const float* from = sums.data();
+        for (const optim::ArenaRange& range : ranges) {
+            std::copy(from, from + (range.end - range.begin), g + range.begin);
+            from += range.end - range.begin;
+        }
+    };
+    scatter(flat_sum, flat_[me]);
+    scatter(owned_sum, owned_[me]);
 }
 
 optim::CompressStats CompressedReduce::stats() const {
