@@ -3,6 +3,7 @@
 // and SIGINT stop the run gracefully after a checkpoint, with exit code 8 (docs/training.md).
 #include "cli/commands.h"
 #include "core/signals.h"
+#include "parallel/mesh.h"
 #include "parallel/runtime.h"
 #include "train/run_lock.h"
 #include "train/trainer.h"
@@ -34,6 +35,13 @@ void register_train(CLI::App& app) {
         core::signals_install_stop(world.rank() == 0);
         if (!opts->device.empty()) opts->overrides.push_back("run.device=\"" + opts->device + "\"");
         train::JobConfig cfg = train::config_load(opts->config, opts->overrides);
+        // A layout that does not fit the job's processes exits 2 before run.dir is touched (the trainer resolves it
+        // again; this call only checks).
+        const auto& p = cfg.parallel;
+        (void)parallel::mesh_resolve({.tp = p.tp, .cp = p.cp, .ep = p.ep, .dp = p.dp, .pp = p.pp},
+                                     world.size(),
+                                     {.moe = cfg.model.moe_enabled, .num_experts = cfg.model.moe.num_experts},
+                                     cfg.source);
         // The other ranks of the job share rank 0's lock; they never touch the lock file.
         train::RunLock lock;
         if (world.rank() == 0) lock = train::RunLock(cfg.run.dir, cfg.source);

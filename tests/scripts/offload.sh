@@ -18,6 +18,8 @@ grep -q 'optimizer offload: master weights and f32 AdamW moments in host memory'
 [[ $(losses bf16 | wc -l) -eq 6 ]] || fail "bf16 state: $(losses bf16 | wc -l) train lines"
 
 bad_setting 'optim.offload = "cpu" supports optim.name = "adamw" only, not "muon"' optim.offload=cpu optim.name=muon
+# A layout the one process cannot fill: exit 2 before run.dir exists.
+bad_setting 'parallel.tp x cp x ep x pp = 2 x 1 x 1 x 1 = 2 does not divide the 1 process' parallel.tp=2
 bad_setting 'optim.offload' optim.offload=gpu
 bad_setting 'optim.state_dtype' optim.state_dtype=f16
 
