@@ -75,10 +75,12 @@ TEST(TrainerMuon, OwnerStepRunsAsEachBucketLands) {
     std::vector<std::string> keys = muon_keys({.dp = n}, 1);
     keys.insert(keys.end(), {"muon.bucket_mb=0.001", "parallel.bucket_mb=0.001", "parallel.dp=" + std::to_string(n)});
     mt::train::Trainer t(mpi_job(data_dir(), shared_dir("muon_overlap"), keys), false);
-    ASSERT_GT(t.gradient_buckets(), 2);
+    ASSERT_GE(t.gradient_buckets(), 2);  // at 8 ranks the 2 R matrices rule leaves one Muon bucket beside the others
     for (int step = 0; step < 2; ++step) {
         const mt::train::StepResult r = t.train_step();
-        EXPECT_GT(r.optim.muon_overlapped_batches, 2) << "step " << step;
+        // Every batch was staged inside the wait (each belongs to one bucket), none stepped after it.
+        EXPECT_GT(r.optim.muon_overlapped_batches, 0) << "step " << step;
+        EXPECT_EQ(r.optim.muon_overlapped_batches, static_cast<int64_t>(t.muon()->batches().size())) << "step " << step;
     }
     // The own-norm clip needs the whole Muon group's norm first: no overlap.
     keys.push_back("muon.clip=\"own_norm\"");

@@ -30,6 +30,7 @@ std::vector<std::string> muon_tp_keys(int zero_stage, bool kv4 = true) {
 
 TEST(TrainerMuonTp, TensorParallelEqualsOneProcess) {
     const int n = dist_world().size();
+    if (n > 4) GTEST_SKIP() << "tiny's 4 query heads split over at most 4 tp ranks";
     std::vector<Layout> layouts = {{.tp = n, .sp = true}, {.tp = n, .sp = false}};
     if (n == 4) layouts.push_back({.tp = 2, .dp = 2});
     for (const Layout& l : layouts) {
@@ -43,6 +44,7 @@ TEST(TrainerMuonTp, TensorParallelEqualsOneProcess) {
 
 TEST(TrainerMuonTp, ReplicatedKvHeadsAndQkClipEqualOneProcess) {
     const int n = dist_world().size();
+    if (n > 4) GTEST_SKIP() << "tiny's 4 query heads split over at most 4 tp ranks";
     // tiny's 2 kv heads: on four ranks each is replicated on two (the W_k slices gathered from the first replica).
     expect_layout_matches(layout_name("muon_tp_kv2", {.tp = n}), {.tp = n}, muon_tp_keys(1, false), 10, 1e-6);
     std::vector<std::string> clipped = muon_tp_keys(1, false);
@@ -56,6 +58,7 @@ TEST(TrainerMuonTp, ReplicatedKvHeadsAndQkClipEqualOneProcess) {
 
 TEST(TrainerMuonTp, MomentumOfTpShardsResumesOnOneProcess) {
     const int n = dist_world().size();
+    if (n > 4) GTEST_SKIP() << "tiny's 4 query heads split over at most 4 tp ranks";
     const std::string dir = shared_dir("muon_tp_resume");
     std::vector<std::string> keys = muon_tp_keys(1);
     keys.insert(keys.end(), {"parallel.tp=" + std::to_string(n), "train.grad_accum=2", "train.steps=8"});
