@@ -147,22 +147,6 @@ int64_t Muon::state_bytes() const {
     return bytes;
 }
 
-namespace {
-
-// Calls fn(first, at, count) for each run of consecutive stack indices of `matrices`, in units of `heads` per
-// matrix: units [first, first + count) of the parameter are the entry's [at, at + count).
-template <typename Fn>
-void for_each_run(const std::vector<int64_t>& matrices, int64_t heads, Fn&& fn) {
-    for (size_t at = 0; at < matrices.size();) {
-        size_t end = at + 1;
-        while (end < matrices.size() && matrices[end] == matrices[end - 1] + 1) ++end;
-        fn(matrices[at] * heads, static_cast<int64_t>(at) * heads, static_cast<int64_t>(end - at) * heads);
-        at = end;
-    }
-}
-
-}  // namespace
-
 void Muon::step_tp_split(const Batch& b,
                          const ops::MuonHyper& h,
                          double grad_scale,
@@ -220,7 +204,9 @@ void Muon::pack(const Batch& b, const core::Tensor& stack, int which, bool into_
                                      which == 0   ? table_->master(i)
                                      : which == 1 ? table_->grad(i)
                                                   : table_->param(i));
-        for_each_run(e.matrices, e.heads, [&](int64_t lo, int64_t to, int64_t n) {
+        // A matrix is e.heads units of the stack (one per head under muon.per_head).
+        for_each_matrix_run(e, false, [&](int64_t first, int64_t count, int64_t pos) {
+            const int64_t lo = first * e.heads, to = pos * e.heads, n = count * e.heads;
             const core::Tensor mine = t.slice(0, lo, lo + n), packed = stack.slice(0, at + to, at + to + n);
             (into_stack ? packed : mine).copy_from(into_stack ? mine : packed);
         });

@@ -144,6 +144,26 @@ class Muon {
     bool measured_ = false;
 };
 
+// The runs of consecutive stack indices of a Muon entry (writers_only: of the matrices this rank writes, a copy under
+// capped ownership writing none): fn(first stack index, count, first position in the entry's momentum).
+template <typename Fn>
+void for_each_matrix_run(const Muon::Entry& e, bool writers_only, Fn&& fn) {
+    const auto n = static_cast<int64_t>(e.matrices.size());
+    auto counts = [&](int64_t k) { return !writers_only || e.writer[static_cast<size_t>(k)]; };
+    for (int64_t k = 0; k < n;) {
+        if (!counts(k)) {
+            ++k;
+            continue;
+        }
+        int64_t end = k + 1;
+        while (end < n && counts(end) &&
+               e.matrices[static_cast<size_t>(end)] == e.matrices[static_cast<size_t>(end - 1)] + 1)
+            ++end;
+        fn(e.matrices[static_cast<size_t>(k)], end - k, k);
+        k = end;
+    }
+}
+
 // The [E, A, B] view of a Muon parameter (a 2-D weight is one matrix).
 core::Tensor muon_matrices(const core::Tensor& t);
 

@@ -75,26 +75,6 @@ core::Tensor flat(const core::Tensor& t) {
     return t.reshape({t.numel()});
 }
 
-// The runs of consecutive stack indices of a Muon entry (writers_only: of the matrices this rank writes, a copy under
-// capped ownership writing none): fn(first stack index, count, first position in the entry's momentum).
-template <typename Fn>
-void for_each_matrix_run(const optim::Muon::Entry& e, bool writers_only, Fn&& fn) {
-    const auto n = static_cast<int64_t>(e.matrices.size());
-    auto counts = [&](int64_t k) { return !writers_only || e.writer[static_cast<size_t>(k)]; };
-    for (int64_t k = 0; k < n;) {
-        if (!counts(k)) {
-            ++k;
-            continue;
-        }
-        int64_t end = k + 1;
-        while (end < n && counts(end) &&
-               e.matrices[static_cast<size_t>(end)] == e.matrices[static_cast<size_t>(end - 1)] + 1)
-            ++end;
-        fn(e.matrices[static_cast<size_t>(k)], end - k, k);
-        k = end;
-    }
-}
-
 // A loaded weight or moment must be finite: a flipped exponent bit that the CRC did not catch (verification off)
 // would otherwise resume into a run that diverges a few steps later.
 void check_finite(const core::Tensor& t, const std::string& name, const std::string& kind, const std::string& dir) {
@@ -265,7 +245,7 @@ std::vector<CheckpointTensor> Trainer::checkpoint_tensors() {
                                    nn::param_box(spec).offset});
                 continue;
             }
-            for_each_matrix_run(e, true, [&](int64_t first, int64_t count, int64_t at) {
+            optim::for_each_matrix_run(e, true, [&](int64_t first, int64_t count, int64_t at) {
                 const core::Tensor m = e.momentum.slice(0, at, at + count);
                 tensors.push_back({spec.name,
                                    "muon.momentum",
@@ -502,7 +482,7 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
                 check_finite(e.momentum, spec.name, "muon.momentum", ckpt.dir());
                 continue;
             }
-            for_each_matrix_run(e, false, [&](int64_t first, int64_t count, int64_t at) {
+            optim::for_each_matrix_run(e, false, [&](int64_t first, int64_t count, int64_t at) {
                 const core::Tensor m = e.momentum.slice(0, at, at + count);
                 read_flat_part(ckpt,
                                "muon.momentum",
