@@ -115,29 +115,22 @@ int64_t Trainer::qk_clip() {
         // Tensor parallelism over more ranks than kv heads: a kv group's query heads are spread over the tp ranks
         // holding its (replicated) key head, so S_g is their maximum: each head takes its group's, reduced over them.
         std::vector<double> groups;
+        std::vector<size_t> group_of(all.size());  // each head's kv group, over every layer
         size_t at = 0;
         for (nn::AttentionLayer* a : layers) {
             const auto n = static_cast<int64_t>(a->head_max_logit().size()),
                        per = n / std::max<int64_t>(a->local_kv_heads(), 1);
-            for (int64_t h = 0; h < n; ++h) {
+            for (int64_t h = 0; h < n; ++h, ++at) {
                 if (h % per == 0) groups.push_back(-INFINITY);
-                groups.back() = std::max(groups.back(), all[at + size_t(h)]);
+                group_of[at] = groups.size() - 1;
+                groups.back() = std::max(groups.back(), all[at]);
             }
-            at += size_t(n);
         }
         if (!groups.empty())
             kv_replicas_
                 ->all_reduce(groups.data(), int64_t(groups.size()), parallel::CommType::f64, parallel::ReduceOp::max)
                 .wait();
-        at = 0;
-        size_t g = 0;
-        for (nn::AttentionLayer* a : layers) {
-            const auto n = static_cast<int64_t>(a->head_max_logit().size()),
-                       per = n / std::max<int64_t>(a->local_kv_heads(), 1);
-            for (int64_t h = 0; h < n; ++h) all[at + size_t(h)] = groups[g + size_t(h / per)];
-            at += size_t(n);
-            g += size_t(n > 0 ? n / per : 0);
-        }
+        for (size_t h = 0; h < all.size(); ++h) all[h] = groups[group_of[h]];
     }
     size_t at = 0;
     for (nn::AttentionLayer* a : layers) {
