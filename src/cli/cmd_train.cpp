@@ -3,8 +3,8 @@
 // and SIGINT stop the run gracefully after a checkpoint, with exit code 8 (docs/training.md).
 #include "cli/commands.h"
 #include "core/signals.h"
-#include "parallel/mesh.h"
 #include "parallel/runtime.h"
+#include "train/config_parallel.h"
 #include "train/run_lock.h"
 #include "train/trainer.h"
 
@@ -37,11 +37,7 @@ void register_train(CLI::App& app) {
         train::JobConfig cfg = train::config_load(opts->config, opts->overrides);
         // A layout that does not fit the job's processes exits 2 before run.dir is touched (the trainer resolves it
         // again; this call only checks).
-        const auto& p = cfg.parallel;
-        (void)parallel::mesh_resolve({.tp = p.tp, .cp = p.cp, .ep = p.ep, .dp = p.dp, .pp = p.pp},
-                                     world.size(),
-                                     {.moe = cfg.model.moe_enabled, .num_experts = cfg.model.moe.num_experts},
-                                     cfg.source);
+        (void)train::config_mesh_shape(cfg, world.size());
         // The other ranks of the job share rank 0's lock; they never touch the lock file.
         train::RunLock lock;
         if (world.rank() == 0) lock = train::RunLock(cfg.run.dir, cfg.source);

@@ -159,4 +159,12 @@ void config_parallel_validate(const JobConfig& c, const std::string& src) {
         rows(c.long_ctx.stages[i].seq_len, fmt::format("long.stages[{}].seq_len", i));
 }
 
+parallel::MeshShape config_mesh_shape(const JobConfig& c, int64_t world) {
+    const ParallelConfig& p = c.parallel;
+    return parallel::mesh_resolve({.tp = p.tp, .cp = p.cp, .ep = p.ep, .dp = p.dp, .pp = p.pp},
+                                  world,
+                                  {.moe = c.model.moe_enabled, .num_experts = c.model.moe.num_experts},
+                                  c.source);
+}
+
 }  // namespace mt::train

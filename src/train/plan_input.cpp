@@ -4,16 +4,14 @@
 
 #include <fmt/format.h>
 
+#include "train/config_parallel.h"
+
 namespace mt::train {
 
 parallel::MemoryPlanInput plan_memory_input(const JobConfig& cfg, int64_t world) {
     const ParallelConfig& p = cfg.parallel;
     if (world <= 0) world = p.tp * p.cp * p.ep * p.pp * std::max<int64_t>(p.dp, 1);
-    const parallel::MeshShape mesh =
-        parallel::mesh_resolve({.tp = p.tp, .cp = p.cp, .ep = p.ep, .dp = p.dp, .pp = p.pp},
-                               world,
-                               {.moe = cfg.model.moe_enabled, .num_experts = cfg.model.moe.num_experts},
-                               cfg.source);
+    const parallel::MeshShape mesh = config_mesh_shape(cfg, world);
     // Trainer::check_parallel_layout runs data and expert parallelism only; the plan models what the trainer runs.
     for (auto [axis, key] : {std::pair{parallel::MeshAxis::tp, "parallel.tp"},
                              {parallel::MeshAxis::cp, "parallel.cp"},

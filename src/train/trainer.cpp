@@ -17,6 +17,7 @@
 #include "ops/global_norm.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/runtime.h"
+#include "train/config_parallel.h"
 #include "train/run_lock.h"
 
 extern "C" char* openblas_get_corename(void);
@@ -84,13 +85,7 @@ int trainer_set_threads(int64_t threads) {
 
 Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::move(cfg)), log_(log) {
     parallel::Comm& comm = world != nullptr ? *world : parallel::dist_world();
-    const auto& p = cfg_.parallel;
-    const parallel::MeshShape shape =
-        parallel::mesh_resolve({.tp = p.tp, .cp = p.cp, .ep = p.ep, .dp = p.dp, .pp = p.pp},
-                               comm.size(),
-                               {.moe = cfg_.model.moe_enabled, .num_experts = cfg_.model.moe.num_experts},
-                               cfg_.source);
-    mesh_ = std::make_unique<parallel::Mesh>(comm, shape);
+    mesh_ = std::make_unique<parallel::Mesh>(comm, config_mesh_shape(cfg_, comm.size()));
     log_ = log && comm.rank() == 0;
     check_parallel_layout();
     trainer_set_threads(cfg_.run.threads);
