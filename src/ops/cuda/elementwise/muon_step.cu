@@ -37,6 +37,11 @@ __device__ __forceinline__ float direction(float g, float m, const MuonScalars& 
     return s.nesterov ? __fadd_rn(g, __fmul_rn(s.mu, m)) : m;
 }
 
+// m = mu m + g for one element's scaled gradient g: one definition for passes 1 and muon_momentum, the same bits.
+__device__ __forceinline__ float momentum_update(float g, float m, const MuonScalars& s) {
+    return __fadd_rn(__fmul_rn(s.mu, m), g);
+}
+
 // Pass 1: the momentum update and the blocks' partial sums of the direction's square.
 template <int VEC, typename TG>
 __global__ void momentum_kernel(const TG* __restrict__ grad,
@@ -55,7 +60,7 @@ __global__ void momentum_kernel(const TG* __restrict__ grad,
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
             const float gi = __fmul_rn(g[k], s.gs);
-            mv[k] = __fadd_rn(__fmul_rn(s.mu, mv[k]), gi);
+            mv[k] = momentum_update(gi, mv[k], s);
             const double d = direction(gi, mv[k], s);
             sq += d * d;
         }
@@ -83,7 +88,7 @@ __global__ void direction_kernel(const TG* __restrict__ grad,
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
             const float gi = __fmul_rn(g[k], s.gs);
-            mv[k] = __fadd_rn(__fmul_rn(s.mu, mv[k]), gi);
+            mv[k] = momentum_update(gi, mv[k], s);
             d[k] = direction(gi, mv[k], s);
         }
         store_vec<VEC>(m + at, mv);
@@ -162,6 +167,27 @@ bool f32_param(core::DType dtype) {
     return dtype == core::DType::f32;
 }
 
+// Calls fn with the forward copy's pointer in its own dtype (a null float* without a copy): the update kernel's TC.
+template <typename Fn>
+void with_copy_pointer(const Tensor& param_copy, Fn&& fn) {
+    if (!param_copy.defined())
+        fn(static_cast<float*>(nullptr));
+    else if (param_copy.dtype() == DType::bf16)
+        fn(static_cast<bf16*>(param_copy.raw()));
+    else if (param_copy.dtype() == DType::f16)
+        fn(static_cast<f16*>(param_copy.raw()));
+    else
+        fn(param_copy.data<float>());
+}
+
+// update_sq += the update kernel's block partials: per matrix when it has E elements, else their total.
+void add_update_sq(const muon::Layout& l, const double* partial, const Tensor& update_sq) {
+    if (update_sq.numel() > 1)
+        muon::launch_add_sums(l, partial, update_sq.data<double>());
+    else
+        muon::launch_add_sum(partial, l.blocks(), update_sq.data<double>());
+}
+
 template <int VEC, typename TG>
 void run(const Tensor& param,
          const Tensor& grad,
@@ -200,19 +226,9 @@ void run(const Tensor& param,
         update_kernel<VEC, TC, bf16>
             <<<blocks, kThreads, 0, stream>>>(param.data<float>(), o, l.n, l.chunks, l.x_stride, s, sq, copy);
     };
-    if (!param_copy.defined())
-        update(static_cast<float*>(nullptr));
-    else if (param_copy.dtype() == DType::bf16)
-        update(static_cast<bf16*>(param_copy.raw()));
-    else if (param_copy.dtype() == DType::f16)
-        update(static_cast<f16*>(param_copy.raw()));
-    else
-        update(param_copy.data<float>());
+    with_copy_pointer(param_copy, update);
     MT_CUDA_CHECK(cudaGetLastError());
-    if (sq != nullptr && update_sq.numel() > 1)
-        muon::launch_add_sums(l, sq, update_sq.data<double>());  // per matrix
-    else if (sq != nullptr)
-        muon::launch_add_sum(sq, l.blocks(), update_sq.data<double>());
+    if (sq != nullptr) add_update_sq(l, sq, update_sq);
 }
 
 }  // namespace
@@ -302,25 +318,13 @@ void muon_apply(const Tensor& param,
             update_kernel<1, TC, TO><<<blocks, kThreads, 0, core::exec_stream()>>>(
                 param.data<float>(), ov, l.n, l.chunks, l.n, s, sq, copy);
     };
-    auto with_copy = [&](auto* ov) {
-        if (!param_copy.defined())
-            launch(static_cast<float*>(nullptr), ov);
-        else if (param_copy.dtype() == DType::bf16)
-            launch(static_cast<bf16*>(param_copy.raw()), ov);
-        else if (param_copy.dtype() == DType::f16)
-            launch(static_cast<f16*>(param_copy.raw()), ov);
-        else
-            launch(param_copy.data<float>(), ov);
-    };
+    auto with_copy = [&](auto* ov) { with_copy_pointer(param_copy, [&](auto* copy) { launch(copy, ov); }); };
     if (o.dtype() == DType::bf16)
         with_copy(static_cast<const bf16*>(o.raw()));
     else
         with_copy(o.data<float>());
     MT_CUDA_CHECK(cudaGetLastError());
-    if (sq != nullptr && update_sq.numel() > 1)
-        muon::launch_add_sums(l, sq, update_sq.data<double>());
-    else if (sq != nullptr)
-        muon::launch_add_sum(sq, l.blocks(), update_sq.data<double>());
+    if (sq != nullptr) add_update_sq(l, sq, update_sq);
 }
 MT_REGISTER_KERNEL(muon_apply, cuda, muon_apply, f32_param);
 
