@@ -1,5 +1,6 @@
-// Entry points of causal GQA attention: argument checks, then dispatch by device: CUDA tensors go to ops/cuda
-// (q, k, v and the gradients bf16 or f32, lse f32), CPU tensors to the f32/f64 reference (lse in the dtype of q).
+// Entry points of GQA attention (causal or bidirectional): argument checks, then dispatch by device: CUDA tensors go to
+// ops/cuda (q, k, v and the gradients bf16 or f32, lse f32), CPU tensors to the f32/f64 reference (lse in the dtype of
+// q).
 #include "ops/attention.h"
 
 #include <initializer_list>
@@ -46,6 +47,10 @@ void check_mask(const AttentionMask& mask, const Tensor& k, std::string_view op)
     if (mask.doc_start.defined()) cpu::check_doc_start_map(mask.doc_start, k, op, "mask.doc_start");
     MT_CHECK(mask.window >= 0 && mask.window < (int64_t{1} << 31),
              "{}: mask.window = {} must be >= 0 (0: no window) and below 2^31",
+             op,
+             mask.window);
+    MT_CHECK(mask.causal || mask.window == 0,
+             "{}: mask.window = {} with mask.causal = false; a sliding window is causal only",
              op,
              mask.window);
 }

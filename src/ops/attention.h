@@ -1,4 +1,6 @@
-// Causal softmax attention with grouped-query heads (GQA): query head h reads key/value head h / (Hq / Hkv).
+// Softmax attention with grouped-query heads (GQA): query head h reads key/value head h / (Hq / Hkv). Causal by
+// default; AttentionMask::causal = false is bidirectional attention within each document (the vision encoder's packed
+// images, multimodal.md §1).
 //   q:   [B, T, Hq, D] f32|f64
 //   k,v: [B, Tk, Hkv, D], Hq % Hkv == 0, Tk >= T: the queries are the last T positions of the Tk keys (query i sits
 //        at position Tk - T + i; Tk > T is a key prefix, the cache of earlier positions that a sequence segment or a
@@ -15,6 +17,9 @@
 // Global (memory) tokens and a sink logit are ops/attention_global.h, merged into out and lse after this op.
 // _bwd: dq, dk, dv written (=); dk and dv cover all Tk keys (a prefix's gradient from these queries alone).
 // A document map and a window are over the Tk positions ([B, Tk]); query i uses the entry of its position.
+// Bidirectional (mask.causal = false, no window): query t sees every key s of its own document, doc_start[s] ==
+// doc_start[t] (every key of the row without a document map); a document that starts before the queries (a key
+// prefix) is seen whole, as is the rest of the query's document after it.
 #pragma once
 
 #include <string>
@@ -47,6 +52,8 @@ struct AttentionMask {
     Tensor doc_start = Tensor();
     // > 0: a query sees at most this many keys, itself and the window - 1 before it. 0: no window.
     int64_t window = 0;
+    // false: no causal limit, a query sees its whole document (with window 0 only).
+    bool causal = true;
 };
 
 void attention_fwd(const Tensor& q,

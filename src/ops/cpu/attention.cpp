@@ -1,4 +1,5 @@
-// CPU reference of causal GQA attention, with optional document masking (AttentionMask::doc_start). Per (batch, head)
+// CPU reference of GQA attention, causal or bidirectional (AttentionMask::causal), with optional document masking
+// (AttentionMask::doc_start). Per (batch, head)
 // the queries go in blocks of kQBlock rows; a block's scores against the keys it may see (positions < the block's end)
 // come from one GEMM into a [kQBlock, T] scratch, the causal mask and the softmax are applied to that scratch row by
 // row, and a second GEMM multiplies by V. The backward recomputes the probabilities from the saved lse (as
@@ -22,20 +23,36 @@ namespace mt::ops::cpu {
 namespace {
 constexpr int64_t kQBlock = 64;  // query rows per score block
 
-// The first key query i of batch row bb sees: its document's start and, with a window, i - window + 1.
-int64_t first_key(const int32_t* doc_start, int64_t window, int64_t bb, int64_t t, int64_t i) {
-    const int64_t lo = doc_start != nullptr ? doc_start[bb * t + i] : 0;
-    return window > 0 ? std::max(lo, i - window + 1) : lo;
+// The keys [lo, end) the query at key position pos of batch row bb sees: from its document's start (and with a window
+// from pos - window + 1) up to itself when causal, or to its document's end when not (AttentionMask::causal).
+struct KeyRange {
+    int64_t lo, end;
+};
+KeyRange key_range(const int32_t* doc_start, int64_t window, bool causal, int64_t bb, int64_t tk, int64_t pos) {
+    const int32_t* row = doc_start != nullptr ? doc_start + bb * tk : nullptr;
+    const int64_t lo = row != nullptr ? row[pos] : 0;
+    KeyRange r{window > 0 ? std::max(lo, pos - window + 1) : lo, pos + 1};
+    if (!causal) {
+        r.end = tk;
+        if (row != nullptr)
+            for (int64_t s = pos + 1; s < tk; ++s)
+                if (row[s] == s) {  // the next document's first token
+                    r.end = s;
+                    break;
+                }
+    }
+    return r;
 }
 }  // namespace
 
 // For each (b, h) with kv head kh = h / (hq / hkv), and query i at key position p = tk - t + i (the queries are the
-// last t of the tk positions) with first key lo = max(doc_start[b, p], p - window + 1) (doc_start 0 without
-// document masking, no window term when window is 0):
-//   s[j] = q[b, i, h] . k[b, j, kh] / sqrt(d) for lo <= j <= p;  lse[b, h, i] = log(sum_j exp(s[j]))
+// last t of the tk positions) with keys [lo, end) from key_range: lo = max(doc_start[b, p], p - window + 1)
+// (doc_start 0 without document masking, no window term when window is 0), end = p + 1 when causal, else the end of
+// p's document (tk without document masking):
+//   s[j] = q[b, i, h] . k[b, j, kh] / sqrt(d) for lo <= j < end;  lse[b, h, i] = log(sum_j exp(s[j]))
 //   out[b, i, h] = sum_j exp(s[j] - lse) v[b, j, kh];  max_logit[b, h, i] = max_j s[j] (when asked for)
-// The score GEMM still covers keys [0, p]; the keys before lo are zeroed after the softmax of [lo, p] (a reference:
-// the CUDA kernels skip the tiles before lo).
+// The score GEMM still covers keys [0, p] (all tk keys when not causal); the keys outside [lo, end) are zeroed after
+// the softmax of [lo, end) (a reference: the CUDA kernels skip the tiles outside).
 template <typename T>
 void attention_fwd(const T* q,
                    const T* k,
@@ -45,6 +62,7 @@ void attention_fwd(const T* q,
                    T* max_logit,
                    const int32_t* doc_start,
                    int64_t window,
+                   bool causal,
                    int64_t b,
                    int64_t t,
                    int64_t tk,
@@ -68,12 +86,12 @@ void attention_fwd(const T* q,
             T* lh = lse + unit * t;                    // [t]
             T* mh = max_logit != nullptr ? max_logit + unit * t : nullptr;
             for (int64_t r0 = 0; r0 < t; r0 += kQBlock) {
-                const int64_t rows = std::min(kQBlock, t - r0), keys = off + r0 + rows;
+                const int64_t rows = std::min(kQBlock, t - r0), keys = causal ? off + r0 + rows : tk;
                 T* s = scores.data();  // [rows, keys]
                 gemm(false, true, rows, keys, d, scale, qh + r0 * qs, qs, kh_, ks, T(0), s, keys);
                 for (int64_t i = 0; i < rows; ++i) {
-                    T* sr = s + i * keys;  // [keys]; keys j < lo and j > off + r0 + i are masked
-                    const int64_t valid = off + r0 + i + 1, lo = first_key(doc_start, window, bb, tk, off + r0 + i);
+                    T* sr = s + i * keys;  // [keys]; keys j < lo and j >= valid are masked
+                    const auto [lo, valid] = key_range(doc_start, window, causal, bb, tk, off + r0 + i);
                     T* sv = sr + lo;  // the visible keys [lo, valid)
                     const int64_t nv = valid - lo;
                     const T mx = max_value(sv, nv);
@@ -111,6 +129,7 @@ void attention_bwd(const T* q,
                    T* dv,
                    const int32_t* doc_start,
                    int64_t window,
+                   bool causal,
                    int64_t b,
                    int64_t t,
                    int64_t tk,
@@ -143,7 +162,7 @@ void attention_bwd(const T* q,
                 T* dqh = dq + bb * t * qs + h * d;
                 const T* lh = lse + (bb * hq + h) * t;  // [t]
                 for (int64_t r0 = 0; r0 < t; r0 += kQBlock) {
-                    const int64_t rows = std::min(kQBlock, t - r0), keys = off + r0 + rows;
+                    const int64_t rows = std::min(kQBlock, t - r0), keys = causal ? off + r0 + rows : tk;
                     T* p = probs.data();  // [rows, keys]
                     T* g = grads.data();  // [rows, keys]
                     gemm(false, true, rows, keys, d, scale, qh + r0 * qs, qs, kh_, ks, T(0), p, keys);
@@ -156,7 +175,7 @@ void attention_bwd(const T* q,
                         T di = 0;
 #pragma omp simd reduction(+ : di)
                         for (int64_t c = 0; c < d; ++c) di += do_i[c] * o_i[c];
-                        const int64_t valid = off + r0 + i + 1, lo = first_key(doc_start, window, bb, tk, off + r0 + i);
+                        const auto [lo, valid] = key_range(doc_start, window, causal, bb, tk, off + r0 + i);
                         const T l = lh[r0 + i];
                         exp_affine(pr + lo, pr + lo, valid - lo, T(1), -l);
                         for (int64_t j = lo; j < valid; ++j) gr[j] = pr[j] * (gr[j] - di);
@@ -182,6 +201,7 @@ template void attention_fwd<float>(const float*,
                                    float*,
                                    const int32_t*,
                                    int64_t,
+                                   bool,
                                    int64_t,
                                    int64_t,
                                    int64_t,
@@ -196,6 +216,7 @@ template void attention_fwd<double>(const double*,
                                     double*,
                                     const int32_t*,
                                     int64_t,
+                                    bool,
                                     int64_t,
                                     int64_t,
                                     int64_t,
@@ -213,6 +234,7 @@ template void attention_bwd<float>(const float*,
                                    float*,
                                    const int32_t*,
                                    int64_t,
+                                   bool,
                                    int64_t,
                                    int64_t,
                                    int64_t,
@@ -230,6 +252,7 @@ template void attention_bwd<double>(const double*,
                                     double*,
                                     const int32_t*,
                                     int64_t,
+                                    bool,
                                     int64_t,
                                     int64_t,
                                     int64_t,
@@ -278,6 +301,7 @@ void attention_fwd(const Tensor& q,
                                          max_logit.defined() ? max_logit.data<scalar_t>() : nullptr,
                                          doc_start,
                                          mask.window,
+                                         mask.causal,
                                          q.size(0),
                                          q.size(1),
                                          k.size(1),
@@ -326,6 +350,7 @@ void attention_bwd(const Tensor& q,
                                          dv.data<scalar_t>(),
                                          doc_start,
                                          mask.window,
+                                         mask.causal,
                                          q.size(0),
                                          q.size(1),
                                          k.size(1),

@@ -1,7 +1,7 @@
-// CUDA causal GQA attention: picks the tensor-core flash kernels for bf16 with D in {64, 128} (wgmma on Hopper,
-// flash_*_wgmma.cu; mma.sync elsewhere, flash_fwd.cu / flash_bwd.cu) or the simple kernels (f32, f16, or any other
-// D <= 256; attention_generic.cu: the fp16 mode's attention is correct but not yet on tensor cores). Every family takes
-// a key prefix (k, v of Tk >= T positions, the queries the last T).
+// CUDA GQA attention (causal, or bidirectional on the generic kernels): picks the tensor-core flash kernels for bf16
+// with D in {64, 128} (wgmma on Hopper, flash_*_wgmma.cu; mma.sync elsewhere, flash_fwd.cu / flash_bwd.cu) or the
+// simple kernels (f32, f16, or any other D <= 256; attention_generic.cu: the fp16 mode's attention is correct but not
+// yet on tensor cores). Every family takes a key prefix (k, v of Tk >= T positions, the queries the last T).
 // AttentionOptions::kernel overrides the choice (tests and benchmarks; a family that does not apply falls back).
 // With core::exec().deterministic off (run.deterministic = false) the backward is the non-deterministic 5-matmul
 // wgmma kernel (flash_bwd_wgmma_fast.cu) unless AttentionOptions::fast_bwd is false. Takes q, k,
@@ -63,6 +63,7 @@ AttnParams make_params(const Tensor& q,
     // Tk - 1, sees key 0 with it), and one below Tk keeps the kernels' position arithmetic inside int.
     p.doc_start = mask.doc_start.defined() ? mask.doc_start.data<int32_t>() : nullptr;
     p.window = mask.window > 0 && mask.window < k.size(1) ? static_cast<int>(mask.window) : 0;
+    p.causal = mask.causal;
     return p;
 }
 
@@ -73,8 +74,9 @@ bool aligned16(const void* ptr) {
 }
 
 // The tensor-core kernels move rows in 16-byte pieces: every bf16 tensor must start 16-byte aligned.
+// Bidirectional attention runs on the generic kernels yet (the flash kernels' tile walk is causal).
 Kernel pick_kernel(const AttnParams& p, DType dtype, AttentionKernel requested) {
-    if (dtype != DType::bf16 || !flash_supports(p.d)) return Kernel::generic;
+    if (dtype != DType::bf16 || !flash_supports(p.d) || !p.causal) return Kernel::generic;
     const void* ptrs[] = {p.q, p.k, p.v, p.out, p.dout, p.out_w, p.dq, p.dk, p.dv};
     for (const void* ptr : ptrs)
         if (ptr != nullptr && !aligned16(ptr)) return Kernel::generic;

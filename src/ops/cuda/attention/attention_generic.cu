@@ -1,8 +1,8 @@
 // Simple CUDA attention for any head dim D <= 256 and for f32, bf16 or f16 storage (fp32 math): one warp per row, each
 // lane holding D / 32 (rounded up) elements of the row, dot products reduced across the warp. Used where the
 // tensor-core kernels do not apply (f32, D not in {64, 128}); O(T^2 D) work with no tiling, fine for small cases.
-//   fwd:  one warp per (b, query head, query i), online softmax over keys key_lo(i) <= j <= off + i, off = Tk - T
-//         (attention_mask.cuh); its running max is the row's max_logit.
+//   fwd:  one warp per (b, query head, query i), online softmax over keys key_lo(i) <= j <= key_hi(i) (off + i when
+//         causal, off = Tk - T; attention_mask.cuh); its running max is the row's max_logit.
 //   dq:   one warp per (b, query head, query i), the same keys.
 //   dkdv: one warp per (b, kv head, key j < Tk), the group's query heads in order, then the queries
 //         first_query(j)..last_query(j), those that see key j (none for some prefix keys: dk, dv = 0): deterministic.
@@ -95,8 +95,8 @@ __global__ void generic_fwd_kernel(const AttnParams p) {
     float q[kMaxPerLane], acc[kMaxPerLane] = {};
     load_row(q, qrow, d, lane);
     float mx = -INFINITY, sum = 0.0f;
-    const int lo = attn_mask::active(p) ? attn_mask::key_lo(p, r.b, r.i) : 0;
-    for (int j = lo; j <= p.off + r.i; ++j) {
+    const int lo = attn_mask::active(p) ? attn_mask::key_lo(p, r.b, r.i) : 0, hi = attn_mask::key_hi(p, r.b, r.i);
+    for (int j = lo; j <= hi; ++j) {
         const float s = dot_row(q, kg + j * krs, d, lane) * p.scale;
         const float m_new = fmaxf(mx, s), corr = expf(mx - m_new), pj = expf(s - m_new);
         sum = sum * corr + pj;
@@ -140,8 +140,8 @@ __global__ void generic_dq_kernel(const AttnParams p) {
     float q[kMaxPerLane], dout[kMaxPerLane], acc[kMaxPerLane] = {};
     load_row(q, static_cast<const T*>(p.q) + qoff, d, lane);
     load_row(dout, static_cast<const T*>(p.dout) + qoff, d, lane);
-    const int lo = attn_mask::active(p) ? attn_mask::key_lo(p, r.b, r.i) : 0;
-    for (int j = lo; j <= p.off + r.i; ++j) {
+    const int lo = attn_mask::active(p) ? attn_mask::key_lo(p, r.b, r.i) : 0, hi = attn_mask::key_hi(p, r.b, r.i);
+    for (int j = lo; j <= hi; ++j) {
         const float pj = expf(dot_row(q, kg + j * krs, d, lane) * p.scale - lse);
         const float ds = pj * (dot_row(dout, vg + j * krs, d, lane) - delta);
         axpy_row(acc, ds, kg + j * krs, d, lane);
@@ -160,7 +160,7 @@ __global__ void generic_dkdv_kernel(const AttnParams p) {
     load_row(k, static_cast<const T*>(p.k) + koff, d, lane);
     load_row(v, static_cast<const T*>(p.v) + koff, d, lane);
     // The queries first..last all see key j (key_lo never decreases); last < first when none does.
-    const int first = attn_mask::first_query(p, j), last = attn_mask::last_query(p, r.b, j);
+    const int first = attn_mask::first_query(p, r.b, j), last = attn_mask::last_query(p, r.b, j);
     for (int h = r.h * group; h < (r.h + 1) * group; ++h) {
         const T* qg = static_cast<const T*>(p.q) + static_cast<int64_t>(r.b) * p.t * qrs + h * d;
         const T* dog = static_cast<const T*>(p.dout) + static_cast<int64_t>(r.b) * p.t * qrs + h * d;

@@ -3,7 +3,10 @@
 // key prefix before the queries) and sees the keys [key_lo(row), off + row]. key_lo never decreases along a row (a
 // document start does not, nor does the position - window + 1), so a query block's first row bounds the key blocks it
 // visits from below, and a key block's last viewer (last_query, a binary search) bounds the query blocks from above:
-// the kernels visit only the tiles that overlap the band, and apply the mask inside the edge tiles. Tiles of keys
+// the kernels visit only the tiles that overlap the band, and apply the mask inside the edge tiles. Bidirectional
+// attention (AttnParams::causal false, no window) replaces the diagonal by the end of the query's document: query
+// `row` sees [key_lo(row), key_hi(row)], both ends non-decreasing along the rows, and a key's viewers are the queries
+// of its document. Tiles of keys
 // start at multiples of their size in key positions, tiles of queries at multiples of theirs in rows, so with a prefix
 // the diagonal may cross two key tiles of one query tile: the edge tests compare positions.
 #pragma once
@@ -23,15 +26,40 @@ __device__ __forceinline__ int key_lo(const AttnParams& p, int b, int row) {
     return p.window > 0 ? max(lo, pos - p.window + 1) : lo;
 }
 
-// The first query row that may see key `key` (< tk): the one at its position, or row 0 for a prefix key.
-__device__ __forceinline__ int first_query(const AttnParams& p, int key) {
-    return max(key - p.off, 0);
+// One past the last position of the document holding position `pos` of batch row b (tk without a document map): the
+// first later position that starts a document, doc_start[s] = s > pos (a binary search: doc_start never decreases).
+__device__ __forceinline__ int doc_end(const AttnParams& p, int b, int pos) {
+    if (p.doc_start == nullptr) return p.tk;
+    const int32_t* row = p.doc_start + static_cast<int64_t>(b) * p.tk;
+    int lo = pos + 1, hi = p.tk;  // the answer is in [lo, hi]
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (row[mid] > pos)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+// The last key query `row` (< t) sees: itself when causal, its document's last position when not.
+__device__ __forceinline__ int key_hi(const AttnParams& p, int b, int row) {
+    return p.causal ? p.off + row : doc_end(p, b, p.off + row) - 1;
+}
+
+// The first query row that may see key `key` (< tk): the one at its position, or row 0 for a prefix key; when not
+// causal, the first query of the key's document.
+__device__ __forceinline__ int first_query(const AttnParams& p, int b, int key) {
+    if (p.causal) return max(key - p.off, 0);
+    const int start = p.doc_start != nullptr ? p.doc_start[static_cast<int64_t>(b) * p.tk + key] : 0;
+    return max(start - p.off, 0);
 }
 
 // The last query (< t) that sees key `key` (< tk): the largest row >= first_query(key) with key_lo(row) <= key; or
 // first_query(key) - 1 when no query sees it (a prefix key before the first query's document or window).
 __device__ __forceinline__ int last_query(const AttnParams& p, int b, int key) {
-    int lo = first_query(p, key), hi = p.t - 1;
+    if (!p.causal) return min(doc_end(p, b, key) - 1 - p.off, p.t - 1);  // its document's last query
+    int lo = first_query(p, b, key), hi = p.t - 1;
     if (p.window > 0) hi = min(hi, key + p.window - 1 - p.off);  // window < tk (attention.cu): no overflow
     if (hi < lo) return lo - 1;
     if (p.doc_start == nullptr) return hi;
@@ -51,7 +79,7 @@ __device__ __forceinline__ int last_query(const AttnParams& p, int b, int key) {
 // key's last viewer is the last of them all (last_query never decreases along the keys, and a key nobody sees comes
 // only before every seen one).
 __device__ __forceinline__ void query_blocks(const AttnParams& p, int b, int n0, int bn, int bm, int* first, int* end) {
-    const int row0 = first_query(p, n0), last = last_query(p, b, min(n0 + bn, p.tk) - 1);
+    const int row0 = first_query(p, b, n0), last = last_query(p, b, min(n0 + bn, p.tk) - 1);
     *first = row0 / bm;
     *end = last < row0 ? *first : last / bm + 1;
 }
