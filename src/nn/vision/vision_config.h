@@ -1,0 +1,38 @@
+// The vision encoder's and the projector's shape (multimodal.md §1-§2, §7: the [vision] and [projector] keys). A
+// ViT at native resolution: 14 x 14 patches, pre-norm LayerNorm blocks with bidirectional multi-head attention and a
+// GELU MLP, 2-D RoPE; then a 2 x 2 pixel shuffle and a 2-layer MLP into the LM's hidden size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace mt::nn {
+
+struct VisionConfig {
+    int64_t patch = 14;  // pixels per patch side
+    int64_t dim = 64;    // d_v
+    int64_t layers = 2;  // L_v (0: no vision encoder)
+    int64_t heads = 4;   // attention heads, dim / heads each (divisible by 4 for the 2-D RoPE)
+    int64_t mlp = 256;   // the MLP's hidden width
+    std::string pos = "rope2d";
+    double rope_base = 10000.0;
+    double norm_eps = 1e-6;  // LayerNorm eps (SigLIP's)
+    double init_std = 0.02;
+    int64_t projector_hidden = 0;  // d_p; 0: 4 dim
+
+    bool enabled() const {
+        return layers > 0;
+    }
+    int64_t head_dim() const {
+        return dim / heads;
+    }
+    // Values of one flattened patch: RGB, (row, column, channel) order.
+    int64_t patch_values() const {
+        return 3 * patch * patch;
+    }
+    int64_t projector_width() const {
+        return projector_hidden > 0 ? projector_hidden : 4 * dim;
+    }
+};
+
+}  // namespace mt::nn
