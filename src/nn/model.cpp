@@ -47,6 +47,9 @@ Model::Model(const ModelConfig& cfg,
     if (embedding || (head && cfg.tie_embeddings))
         embed_ = table_.add(tp_split(
             {.name = "embed.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std}, tp, 0));
+    // The vision tower sits with the embedding (the first stage), its parameters before every block's: the gradient
+    // hooks that report blocks complete never claim them before the splice's backward.
+    if (embedding && cfg.vision.enabled()) vision_ = std::make_unique<VisionEncoder>(table_, cfg.vision, cfg.d_model);
     std::vector<int64_t> layers;
     for (const auto& [first, last] : part_.chunks) {
         chunk_begin_.push_back(static_cast<int64_t>(layers.size()));
@@ -180,6 +183,7 @@ void Model::prepare_batch(const Tensor& ids, const Tensor& targets, bool trainin
     const int64_t segments = static_cast<int64_t>(bounds_.size()) - 1;
     if (reset_metrics && !max_logit_per_step_) reset_max_logits();
     seq_losses_ = segments > 1 || cp_.active() ? Tensor::zeros({batch * seq}, precision_.stats) : Tensor();
+    vision_prepare();
 }
 
 std::vector<int64_t> Model::plan_segments(int64_t seq) const {
@@ -289,6 +293,7 @@ double Model::pass_forward() {
         const Tensor rows = tp_.splits_rows() ? Tensor::scratch({ids_.numel(), cfg_.d_model}, x0_.dtype(), dev) : x0_;
         ops::embedding_fwd(ids_, vocab_part(table_.param(embed_)), rows, vocab_shard());
         tp_sum_rows(tp_, rows, x0_);
+        vision_forward();
     }
     const Tensor* x = &x0_;
     if (attnres_) {
@@ -388,6 +393,7 @@ void Model::pass_backward(double loss_scale, bool last_pass, const Tensor& d_out
         d_embed = Tensor::scratch({ids_.numel(), cfg_.d_model}, dout->dtype(), dev);
         tp_gather_rows(tp_, *dout, d_embed);
     }
+    vision_backward(d_embed);  // takes (and zeroes) the image slots' rows first
     ops::embedding_bwd(ids_, d_embed, vocab_part(table_.grad(embed_)), vocab_shard());
     if (grad_ready) grad_ready(0);
 }

@@ -15,6 +15,7 @@
 #include "nn/documents.h"
 #include "nn/layers/attnres.h"
 #include "nn/tensor_parallel.h"
+#include "nn/vision/vision_encoder.h"
 #include "ops/op_common.h"
 
 namespace mt::nn {
@@ -89,6 +90,16 @@ class Model {
     double forward(const Tensor& ids, const Tensor& targets, bool training = true);
     // Accumulates (+=) into the parameter gradients the gradient of loss_scale * (mean loss of the last forward).
     void backward(double loss_scale);
+
+    // Image + text batches (ModelConfig::vision enabled; src/nn/model_vision.cpp): the images of the next forward,
+    // packed (multimodal.md §1). The batch's ids hold vision.image_token at exactly batch.num_tokens() places, whose
+    // embeddings the projector's outputs replace in order, image after image in raster order (§3); their gradients
+    // flow into the projector and the ViT. Kept until replaced; an empty batch (the default) is a text-only one.
+    // Refused with sequence segments, context, tensor or pipeline parallelism (not built yet).
+    void set_vision_batch(VisionBatch batch);
+    VisionEncoder* vision() {
+        return vision_.get();
+    }
 
     // Pipeline parallelism (src/nn/model_pipeline.cpp). The forward of this rank's chunk `chunk` on the micro-batch
     // (ids, targets) [B, T] on the host: the embedding when the chunk starts the model, else `input` [stream rows,
@@ -282,6 +293,13 @@ class Model {
     double pass_forward();
     // d_output: the gradient of the chunk's output, for a chunk that does not end the model.
     void pass_backward(double loss_scale, bool last_pass, const Tensor& d_output = Tensor());
+    // The vision encoder's part of a batch (model_vision.cpp): prepare_batch finds the image slots of the ids and
+    // checks them against the images; the forward, after the embedding, writes the projector's outputs into x0_'s
+    // slots; the backward takes those rows of the embedding's gradient (zeroing them: the placeholder's embedding
+    // was replaced) through the projector and the ViT.
+    void vision_prepare();
+    void vision_forward();
+    void vision_backward(const Tensor& d_embed);
 
     ModelConfig cfg_;
     Precision precision_;
@@ -324,6 +342,9 @@ class Model {
     Tensor layer_stats_;               // set_layer_stats
     Tensor seq_ids_, seq_targets_, seq_losses_;
     Documents seq_docs_;
+    std::unique_ptr<VisionEncoder> vision_;  // the ViT and projector (first stage), or null
+    VisionBatch vision_batch_;
+    Tensor vision_slots_;  // [M] i32 on the model's device: the rows of [B T] that hold the image embeddings
 };
 
 }  // namespace mt::nn

@@ -11,6 +11,7 @@
 #include "nn/moe_config.h"
 #include "nn/recompute.h"
 #include "nn/segments.h"
+#include "nn/vision/vision_config.h"
 #include "ops/kda.h"
 #include "ops/kda_gate.h"
 
@@ -148,6 +149,9 @@ struct ModelConfig {
     // document, and RoPE positions restart at each document (nn/documents.h).
     bool document_mask = false;
     int64_t eot_token = -1;
+    // The vision encoder and projector of image + text training ([vision], [projector]; multimodal.md): off (0 layers)
+    // for a text-only model.
+    VisionConfig vision;
     // Mixture-of-Experts FFN ([moe], moe.md §5): with moe_enabled, layer l's FFN is an MoE layer
     // (nn/layers/moe_layer.h) for l >= moe_first_k_dense; the leading layers keep a dense SwiGLU MLP of width
     // moe_dense_ffn_dim (0: d_ff). The FFN choice is independent of the mixer's layer_pattern, so MoE mixes with

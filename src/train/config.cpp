@@ -436,6 +436,7 @@ JobConfig config_parse(const std::string& toml_text,
     validate(c, source);
     config_long_validate(c, source);
     config_parallel_validate(c, source);
+    config_vision_validate(c, source);
     return c;
 }
 

@@ -625,6 +625,7 @@ std::vector<Field> config_schema(JobConfig& c) {
              "the start of every stage, at the stage's length"),
     };
     for (Field& f : config_schema_muon(c)) rows.push_back(std::move(f));
+    for (Field& f : config_schema_vision(c)) rows.push_back(std::move(f));
     return rows;
 }
 

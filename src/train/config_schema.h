@@ -53,6 +53,10 @@ struct Field {
 std::vector<Field> config_schema(JobConfig& c);
 // The [muon] rows (config_schema_muon.cpp), which config_schema appends.
 std::vector<Field> config_schema_muon(JobConfig& c);
+// The [vision] and [projector] rows (config_schema_vision.cpp), which config_schema appends.
+std::vector<Field> config_schema_vision(JobConfig& c);
+// The layouts and keys image + text training refuses yet (exit 2 naming the key).
+void config_vision_validate(const JobConfig& c, const std::string& src);
 
 // A key that older versions read, with what replaces it: a config that still sets one fails naming both.
 struct RemovedKey {

@@ -19,6 +19,9 @@ struct VisionConfig {
     double norm_eps = 1e-6;  // LayerNorm eps (SigLIP's)
     double init_std = 0.02;
     int64_t projector_hidden = 0;  // d_p; 0: 4 dim
+    // The <img_pad> id (vision.image_token): the model replaces the embedding of every such token of a batch with the
+    // projector's outputs, in order (multimodal.md §3).
+    int64_t image_token = -1;
 
     bool enabled() const {
         return layers > 0;

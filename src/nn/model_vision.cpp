@@ -1,0 +1,56 @@
+// The model's image + text path (multimodal.md §3): the image slots of a batch, the splice of the projector's outputs
+// into the token embeddings, and its backward. Early fusion: past the splice an image embedding is a token like any
+// other for every KDA, attention, MoE and AttnRes layer.
+#include "core/trace.h"
+#include "nn/model.h"
+#include "ops/splice_rows.h"
+
+namespace mt::nn {
+
+void Model::set_vision_batch(VisionBatch batch) {
+    MT_CHECK(vision_ != nullptr || batch.empty(),
+             "an image batch for a model without a vision encoder on this part (vision.layers = {})",
+             cfg_.vision.layers);
+    vision_batch_ = std::move(batch);
+}
+
+void Model::vision_prepare() {
+    vision_slots_ = Tensor();
+    if (!vision_) return;
+    const int32_t image_token = static_cast<int32_t>(cfg_.vision.image_token);
+    std::vector<int32_t> slots;
+    const int32_t* ids = seq_ids_.data<int32_t>();
+    for (int64_t i = 0; i < seq_ids_.numel(); ++i)
+        if (ids[i] == image_token) slots.push_back(static_cast<int32_t>(i));
+    const auto m = static_cast<int64_t>(slots.size());
+    MT_CHECK(m == vision_batch_.num_tokens(),
+             "the batch holds {} image tokens (vision.image_token = {}) but its {} images make {} (2x2 cells of their "
+             "patch grids)",
+             m,
+             image_token,
+             vision_batch_.grids.size(),
+             vision_batch_.num_tokens());
+    if (m == 0) return;
+    MT_CHECK(bounds_.size() == 2 && !cp_.active() && !tp_.active() && num_chunks() == 1,
+             "image batches run as one pass on one model part yet: not with sequence segments, context, tensor or "
+             "pipeline parallelism (docs/multimodal.md)");
+    Tensor host = Tensor::zeros({m}, core::DType::i32);
+    std::copy(slots.begin(), slots.end(), host.data<int32_t>());
+    vision_slots_ = precision_.device == core::Device::cpu ? host : host.to_device(precision_.device);
+}
+
+void Model::vision_forward() {
+    if (!vision_slots_.defined()) return;
+    core::TraceRange range(precision_.device, "model.vision_fwd");
+    ops::splice_rows_fwd(vision_->forward(vision_batch_), vision_slots_, x0_);
+}
+
+void Model::vision_backward(const Tensor& d_embed) {
+    if (!vision_slots_.defined()) return;
+    core::TraceRange range(precision_.device, "model.vision_bwd");
+    const Tensor d_tokens = Tensor::scratch({vision_slots_.numel(), cfg_.d_model}, d_embed.dtype(), precision_.device);
+    ops::splice_rows_bwd(vision_slots_, d_embed, d_tokens);
+    vision_->backward(d_tokens);
+}
+
+}  // namespace mt::nn
