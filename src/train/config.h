@@ -24,11 +24,25 @@ struct RunConfig {
     bool deterministic = true;       // bitwise reproducible kernels; false allows faster ones (ops/op_common.h)
 };
 
+// data.shapes.*: the synthetic shapes image-caption set of data.format = "shapes" (docs/shapes_dataset.md).
+struct ShapesDataConfig {
+    int64_t seed = -1;  // -1: run.seed
+    int64_t stage = 4;  // the debug ladder: 1 color, 2 + shape, 3 + position, 4 the full scenes
+    int64_t max_objects = 3;
+    std::vector<std::string> held_out = {"green triangle", "cyan cross"};  // "color shape" pairs
+    int64_t val_size = 2000;
+    std::string format = "caption";  // caption | vqa
+};
+
 struct DataConfig {
-    std::string format = "llmc";  // llmc | megatron
+    std::string format = "llmc";  // llmc | megatron | shapes (generated image-caption samples, no files)
     std::vector<std::string> paths;
     std::vector<std::string> val_paths;
     std::string tokenizer = "bytes";
+    ShapesDataConfig shapes;
+    bool images() const {
+        return format == "shapes";
+    }
 };
 
 struct TrainConfig {

@@ -286,8 +286,13 @@ std::vector<Field> config_schema(JobConfig& c) {
                 0,
                 1e12,
                 "per-expert loads into metrics.jsonl every this many steps (0: never)"),
-        text("data.format", &d.format, "token file format ([data.md](data.md))", {"llmc", "megatron"}),
-        list("data.paths", &d.paths, "training files, concatenated in order; required (at least one)"),
+        text("data.format",
+             &d.format,
+             "token file format ([data.md](data.md)), or `shapes`: generated image-caption samples, no files "
+             "([shapes_dataset.md](shapes_dataset.md), [multimodal.md](multimodal.md))",
+             {"llmc", "megatron", "shapes"}),
+        list(
+            "data.paths", &d.paths, "training files, concatenated in order; required (at least one) but with `shapes`"),
         list("data.val_paths", &d.val_paths, "validation files; empty = the training stream"),
         text("data.tokenizer", &d.tokenizer, "recorded with the run"),
         flag("data.document_mask",

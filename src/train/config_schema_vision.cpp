@@ -1,8 +1,9 @@
 // The [vision] and [projector] rows of the schema (train/config_schema.h): the ViT and the projector of image + text
 // training (multimodal.md §1-§2, §7; docs/multimodal.md).
-#include "train/config_schema_fields.h"
-
 #include "core/error.h"
+#include "data/shapes_batcher.h"
+#include "data/shapes_vocab.h"
+#include "train/config_schema_fields.h"
 
 namespace mt::train {
 
@@ -11,14 +12,16 @@ using namespace schema;
 std::vector<Field> config_schema_vision(JobConfig& c) {
     auto& v = c.model.vision;
     return {
-        integer("vision.layers",
-                &v.layers,
-                0,
-                1000,
-                "ViT blocks (pre-norm LayerNorm, bidirectional attention inside each image with 2-D RoPE, GELU MLP); 0: "
-                "no vision encoder (a text-only model)"),
+        integer(
+            "vision.layers",
+            &v.layers,
+            0,
+            1000,
+            "ViT blocks (pre-norm LayerNorm, bidirectional attention inside each image with 2-D RoPE, GELU MLP); 0: "
+            "no vision encoder (a text-only model)"),
         integer("vision.dim", &v.dim, 4, 1 << 16, "the ViT's width d_v"),
-        integer("vision.heads", &v.heads, 1, 1024, "attention heads; vision.dim / vision.heads must be a multiple of 4"),
+        integer(
+            "vision.heads", &v.heads, 1, 1024, "attention heads; vision.dim / vision.heads must be a multiple of 4"),
         integer("vision.mlp", &v.mlp, 1, 1 << 20, "the ViT MLP's hidden width"),
         integer("vision.patch", &v.patch, 1, 1024, "pixels per patch side (14: 588 values per RGB patch)"),
         text("vision.pos",
@@ -40,15 +43,68 @@ std::vector<Field> config_schema_vision(JobConfig& c) {
                 1 << 20,
                 "the projector MLP's hidden width d_p (LayerNorm(4 d_v) -> Linear(4 d_v, d_p) -> GELU -> "
                 "Linear(d_p, model.d_model)); 0: 4 x vision.dim"),
+        integer("data.shapes.seed",
+                &c.data.shapes.seed,
+                -1,
+                1e18,
+                "with `data.format = \"shapes\"`: the generator's "
+                "seed (-1: run.seed)"),
+        integer("data.shapes.stage",
+                &c.data.shapes.stage,
+                1,
+                4,
+                "the debug ladder: 1 one object, color only (blind bound ln 8); 2 + shape; 3 + position; 4 the full "
+                "scenes"),
+        integer("data.shapes.max_objects", &c.data.shapes.max_objects, 1, 9, "objects per scene at stage 4: 1 to this"),
+        list("data.shapes.held_out",
+             &c.data.shapes.held_out,
+             "\"color shape\" pairs never in train or val (the compositional split holds them)"),
+        integer("data.shapes.val_size", &c.data.shapes.val_size, 1, 1e9, "samples of the fixed val split"),
+        text("data.shapes.format",
+             &c.data.shapes.format,
+             "`caption`: a caption per image; `vqa`: a color question about a unique shape and its answer",
+             {"caption", "vqa"}),
     };
 }
 
 void config_vision_validate(const JobConfig& c, const std::string& src) {
     const nn::VisionConfig& v = c.model.vision;
-    if (!v.enabled()) return;
     auto bad = [&](const std::string& msg) { core::fail(core::ExitCode::usage, "{} [{}]", msg, src); };
+    if (c.data.images()) {
+        if (!v.enabled()) bad("data.format = \"shapes\" needs a vision encoder: set vision.layers > 0");
+        if (v.image_token != data::kShapesImgPad)
+            bad(
+                fmt::format("vision.image_token = {} with data.format = \"shapes\": the shapes vocabulary's <img_pad> "
+                            "is {}",
+                            v.image_token,
+                            data::kShapesImgPad));
+        if (c.model.vocab_size < data::kShapesVocabSize)
+            bad(fmt::format("model.vocab_size = {} is below the shapes vocabulary's {} words",
+                            c.model.vocab_size,
+                            data::kShapesVocabSize));
+        if (c.model.document_mask && c.model.eot_token != data::kShapesEos)
+            bad(fmt::format("data.eot_token = {} with data.format = \"shapes\": samples end with <eos> = {}",
+                            c.model.eot_token,
+                            data::kShapesEos));
+        if (v.patch != 14)
+            bad(fmt::format("vision.patch = {}: the shapes images are cut into 14-pixel patches", v.patch));
+        data::ShapesOptions sized;
+        sized.max_objects = static_cast<int>(c.data.shapes.max_objects);
+        sized.format = c.data.shapes.format;
+        sized.stage = static_cast<int>(c.data.shapes.stage);
+        const int64_t longest = data::ShapesBatcher::max_sample_tokens(sized);
+        if (c.train.seq_len < longest)
+            bad(
+                fmt::format("train.seq_len = {} is shorter than the longest shapes sample, {} tokens (a 336x336 "
+                            "image's 144 slots and the longest text of data.shapes.max_objects = {})",
+                            c.train.seq_len,
+                            longest,
+                            c.data.shapes.max_objects));
+    }
+    if (!v.enabled()) return;
     if (v.dim % v.heads != 0 || v.head_dim() % 4 != 0)
-        bad(fmt::format("vision.dim = {} over vision.heads = {} must give a head dim that is a multiple of 4 (the 2-D "
+        bad(
+            fmt::format("vision.dim = {} over vision.heads = {} must give a head dim that is a multiple of 4 (the 2-D "
                         "RoPE rotates a quarter of it by rows and a quarter by columns)",
                         v.dim,
                         v.heads));
@@ -59,7 +115,8 @@ void config_vision_validate(const JobConfig& c, const std::string& src) {
                         v.layers));
     const auto& p = c.parallel;
     if (p.tp > 1 || p.cp > 1 || p.pp > 1)
-        bad(fmt::format("vision.layers = {} with parallel.tp = {}, cp = {}, pp = {}: image batches run with data and "
+        bad(
+            fmt::format("vision.layers = {} with parallel.tp = {}, cp = {}, pp = {}: image batches run with data and "
                         "expert parallelism only yet (docs/multimodal.md)",
                         v.layers,
                         p.tp,

@@ -233,6 +233,16 @@ std::vector<MetricDef> metric_registry(const JobConfig& cfg) {
     }
     std::vector<MetricDef> out = std::move(b.out);
     out.push_back({"val_loss", "eval", "gauge", "nats", "validation loss (mean over train.eval_batches)", ""});
+    if (cfg.data.images()) {
+        out.push_back({"eval/blind_bound",
+                       "eval",
+                       "gauge",
+                       "nats",
+                       "the best loss without the images on the val batches (exact, multimodal.md §6): below it, the "
+                       "pixels reach the loss",
+                       ""});
+        out.push_back({"eval/bound_ratio", "eval", "gauge", "1", "val_loss / eval/blind_bound", ""});
+    }
     return out;
 }
 

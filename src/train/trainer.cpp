@@ -97,9 +97,14 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     const auto& t = cfg_.train;
 
     seq_len_ = t.seq_len;
-    train_source_ = data::token_source_open(cfg_.data.format, cfg_.data.paths, cfg_.model.vocab_size);
-    train_sampler_ = std::make_unique<data::Sampler>(*train_source_, t.seq_len, static_cast<uint64_t>(cfg_.run.seed));
-    if (!cfg_.data.val_paths.empty()) {
+    if (cfg_.data.images()) {
+        images_setup();
+    } else {
+        train_source_ = data::token_source_open(cfg_.data.format, cfg_.data.paths, cfg_.model.vocab_size);
+        train_sampler_ =
+            std::make_unique<data::Sampler>(*train_source_, t.seq_len, static_cast<uint64_t>(cfg_.run.seed));
+    }
+    if (!cfg_.data.val_paths.empty() && !cfg_.data.images()) {
         val_source_ = data::token_source_open(cfg_.data.format, cfg_.data.val_paths, cfg_.model.vocab_size);
         val_sampler_ = std::make_unique<data::Sampler>(*val_source_, t.seq_len, static_cast<uint64_t>(cfg_.run.seed));
     }
@@ -221,8 +226,22 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     reserve_checkpoint_buffers();
 }
 
-void Trainer::fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs, const core::Tensor& targets) const {
+void Trainer::fill_batch(int64_t step,
+                         int64_t micro,
+                         const core::Tensor& inputs,
+                         const core::Tensor& targets,
+                         nn::VisionBatch* images) const {
     const auto& t = cfg_.train;
+    if (image_train_) {  // rows, not sequences, are the samples; the images come with them
+        nn::VisionBatch scratch;
+        image_train_->fill(
+            data::sampler_first_sample(data_step(step), t.grad_accum, micro, data_size(), data_rank(), t.batch_size),
+            t.batch_size,
+            inputs,
+            targets,
+            images != nullptr ? images : &scratch);
+        return;
+    }
     if (stage_sampler_) {
         // The stream of a stage is indexed from its first step, so each stage's samples are (seed, stage, index).
         MT_CHECK(data::curriculum_stage_of_step(stage_first_step_, step) == stage_,
@@ -258,6 +277,7 @@ StepResult Trainer::train_step(const core::Tensor& inputs, const core::Tensor& t
     allocate_step_batches();
     step_inputs_.copy_from(inputs);
     step_targets_.copy_from(targets);
+    step_images_.clear();  // the caller's batches are text only
     batches_step_ = step_;
     return train_step();
 }
@@ -365,6 +385,8 @@ void Trainer::compute_gradients(StepResult& r) {
     for (int64_t micro = 0; micro < t.grad_accum && !pipelined(); ++micro) {
         const double weight = weights[static_cast<size_t>(micro)];
         beat_phase(Phase::forward);
+        if (model_->vision())
+            model_->set_vision_batch(micro < std::ssize(step_images_) ? step_images_[micro] : nn::VisionBatch{});
         r.loss += model_->forward(step_inputs_.select(0, micro), step_targets_.select(0, micro)) * weight /
                   static_cast<double>(t.grad_accum);
         r.aux_loss += model_->last_aux_loss() / static_cast<double>(t.grad_accum);
@@ -389,6 +411,7 @@ void Trainer::compute_gradients(StepResult& r) {
 
 double Trainer::evaluate() {
     beat_phase(Phase::eval);
+    if (image_val_) return evaluate_images();
     const auto& t = cfg_.train;
     const data::Sampler& sampler = val_sampler_ ? *val_sampler_ : *train_sampler_;
     // The data-parallel ranks share the batches round-robin; the sum over ranks is the single-process sum. Under
@@ -448,7 +471,7 @@ RunEnd Trainer::run() {
             mesh_->world().size() > 1
                 ? fmt::format(" x {} processes, {}", mesh_->world().size(), parallel::mesh_describe(mesh_->shape()))
                 : "",
-            train_source_->describe());
+            train_source_ ? train_source_->describe() : std::string("generated shapes image-caption samples"));
         if (adamw_->offloaded())
             fmt::print(
                 "moetrain: optimizer offload: master weights and {} AdamW moments in host memory ({:.2f} GB); "
@@ -575,7 +598,14 @@ RunEnd Trainer::run() {
         if (t.eval_every > 0 && (step_ % t.eval_every == 0 || last)) {
             const double val = evaluate();
             if (log_) fmt::print("step {:>6}/{} | val loss {:.4f}\n", step_, t.steps, val);
-            metrics_->write(step_, "eval", {{"val_loss", val}});
+            if (image_val_)
+                metrics_->write(step_,
+                                "eval",
+                                {{"val_loss", val},
+                                 {"eval/blind_bound", last_eval_bound_},
+                                 {"eval/bound_ratio", last_eval_bound_ > 0 ? val / last_eval_bound_ : 0.0}});
+            else
+                metrics_->write(step_, "eval", {{"val_loss", val}});
         }
         std::fflush(stdout);
     }

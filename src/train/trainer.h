@@ -27,6 +27,7 @@
 #include "train/config.h"
 #include "train/heartbeat.h"
 #include "train/http_endpoint.h"
+#include "train/image_text_source.h"
 #include "train/metrics.h"
 #include "train/spike_detector.h"
 
@@ -169,7 +170,17 @@ class Trainer {
         fault_ = fault;
     }
     // This data-parallel rank's batch of micro-batch `micro` at optimizer step `step` (its data step's samples).
-    void fill_batch(int64_t step, int64_t micro, const core::Tensor& inputs, const core::Tensor& targets) const;
+    // With data.format = "shapes" the images of those rows go to `images` (dropped when null).
+    void fill_batch(int64_t step,
+                    int64_t micro,
+                    const core::Tensor& inputs,
+                    const core::Tensor& targets,
+                    nn::VisionBatch* images = nullptr) const;
+    // The last evaluation's image-blind bound (data.format = "shapes": nats per supervised token of the val batches,
+    // multimodal.md §6); 0 before one or for token data.
+    double last_eval_bound() const {
+        return last_eval_bound_;
+    }
 
     // The model with the weights the forward reads whole: under ZeRO-1 the last step's parameter gathers are
     // waited for first (the trainer's own forwards wait bucket by bucket instead). Under ZeRO-1 with mixed
@@ -444,6 +455,13 @@ class Trainer {
     // Reads every micro-batch of step_ into step_inputs_ / step_targets_ (step_status does it ahead of the step;
     // train_step when nobody did).
     void read_step_batches();
+    // data.format = "shapes" (trainer_images.cpp): the image-text sources, and the evaluation over the val split.
+    void images_setup();
+    double evaluate_images();
+    std::unique_ptr<ImageTextSource> image_train_, image_val_;
+    std::vector<nn::VisionBatch> step_images_;  // [grad_accum]: the images of step_inputs_' micro-batches
+    nn::VisionBatch eval_images_;
+    double last_eval_bound_ = 0.0;
     // step_inputs_ / step_targets_ at [grad_accum, batch_size, seq_len], once.
     void allocate_step_batches();
     core::Tensor step_inputs_, step_targets_;  // [grad_accum, B, T] i32: the batches step_status read ahead

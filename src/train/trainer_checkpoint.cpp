@@ -295,8 +295,10 @@ void Trainer::write_checkpoint(bool async) {
     nlohmann::json ranks = nlohmann::json::array();
     for (int64_t r = 0; r < data_size(); ++r) {
         const int64_t first = data::sampler_first_sample(next_data, t.grad_accum, 0, data_size(), r, t.batch_size);
-        ranks.push_back(
-            {{"dp", r}, {"source", "train"}, {"epoch", train_sampler_->epoch_of(first)}, {"sample", first}});
+        ranks.push_back({{"dp", r},
+                         {"source", "train"},
+                         {"epoch", train_sampler_ ? train_sampler_->epoch_of(first) : 0},
+                         {"sample", first}});
     }
     nlohmann::json extra = {
         {"config_toml", cfg_.to_toml()},

@@ -29,8 +29,13 @@ void Trainer::read_step_batches() {
     long_prepare_step();
     allocate_step_batches();
     batches_step_ = -1;  // until every micro-batch is in
+    if (image_train_) step_images_.resize(static_cast<size_t>(t.grad_accum));
     for (int64_t micro = 0; micro < t.grad_accum; ++micro)
-        fill_batch(step_, micro, step_inputs_.select(0, micro), step_targets_.select(0, micro));
+        fill_batch(step_,
+                   micro,
+                   step_inputs_.select(0, micro),
+                   step_targets_.select(0, micro),
+                   image_train_ ? &step_images_[static_cast<size_t>(micro)] : nullptr);
     batches_step_ = step_;
 }
 
@@ -40,14 +45,14 @@ int64_t Trainer::step_status() {
     try {
         read_step_batches();
         // After the reads: a file rewritten while they ran has a new modification time or size by now.
-        train_source_->check_unchanged();
+        if (train_source_) train_source_->check_unchanged();
         if (val_source_) val_source_->check_unchanged();
     } catch (const core::Error& e) {
         if (e.code() != core::ExitCode::data) throw;
         data_error_ = e;
         // A read that failed on a file that changed (a token out of range in rewritten bytes) is the change.
         try {
-            train_source_->check_unchanged();
+            if (train_source_) train_source_->check_unchanged();
             if (val_source_) val_source_->check_unchanged();
         } catch (const core::Error& changed) {
             data_error_ = changed;
@@ -108,7 +113,7 @@ void Trainer::check_validation_data() const {
     // The batches every evaluation reads are the same, so a token outside the vocabulary among them would stop the
     // run at its first evaluation: read them all once now, this rank's share, as evaluate() does.
     const auto& t = cfg_.train;
-    if (t.eval_every <= 0) return;
+    if (t.eval_every <= 0 || image_val_) return;  // generated samples cannot be out of the vocabulary
     const data::Sampler& sampler = val_sampler_ ? *val_sampler_ : *train_sampler_;
     const core::Tensor inputs = core::Tensor::zeros({t.batch_size, seq_len_}, core::DType::i32);
     const core::Tensor targets = core::Tensor::zeros({t.batch_size, seq_len_}, core::DType::i32);

@@ -11,7 +11,7 @@ namespace mt::nn {
 struct VisionConfig {
     int64_t patch = 14;  // pixels per patch side
     int64_t dim = 64;    // d_v
-    int64_t layers = 2;  // L_v (0: no vision encoder)
+    int64_t layers = 0;  // L_v; 0: no vision encoder (the spec's tiny ViT has 2)
     int64_t heads = 4;   // attention heads, dim / heads each (divisible by 4 for the 2-D RoPE)
     int64_t mlp = 256;   // the MLP's hidden width
     std::string pos = "rope2d";
