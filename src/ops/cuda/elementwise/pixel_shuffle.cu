@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/prim/row_words.cuh"
 #include "ops/pixel_shuffle.h"
 #include "ops/registry.h"
 
@@ -52,16 +53,6 @@ __global__ void pixel_shuffle_kernel(W* patches,
     }
 }
 
-// The widest word (16, 8, 4 or 2 bytes) that divides a patch row's bytes and both pointers' alignment.
-int word_bytes(int64_t row_bytes, const void* a, const void* b) {
-    for (int bytes : {16, 8, 4, 2}) {
-        if (row_bytes % bytes == 0 && reinterpret_cast<uintptr_t>(a) % bytes == 0 &&
-            reinterpret_cast<uintptr_t>(b) % bytes == 0)
-            return bytes;
-    }
-    return 2;  // every CUDA dtype is at least 2 bytes, and tensors are at least element-aligned
-}
-
 void pixel_shuffle_run(const Tensor& patches,
                        const Tensor& grids,
                        const Tensor& cells,
@@ -85,7 +76,7 @@ void pixel_shuffle_run(const Tensor& patches,
     const Tensor table_dev = Tensor::scratch({2 * n + 1}, DType::i64, core::Device::cuda);
     MT_CUDA_CHECK(cudaMemcpyAsync(
         table_dev.raw(), table.data(), table.size() * sizeof(int64_t), cudaMemcpyHostToDevice, core::exec_stream()));
-    const int bytes = word_bytes(row_bytes, patches.raw(), cells.raw());
+    const int bytes = row_word_bytes(row_bytes, patches.raw(), cells.raw());
     const int64_t row_words = row_bytes / bytes, work = out_rows * 4 * row_words;
     const int64_t* tp = static_cast<const int64_t*>(table_dev.raw());
     const auto launch = [&](auto word) {
@@ -93,14 +84,7 @@ void pixel_shuffle_run(const Tensor& patches,
         pixel_shuffle_kernel<W><<<grid_for(work, kThreads), kThreads, 0, core::exec_stream()>>>(
             static_cast<W*>(patches.raw()), static_cast<W*>(cells.raw()), tp, n, out_rows, row_words, inverse);
     };
-    if (bytes == 16)
-        launch(uint4{});
-    else if (bytes == 8)
-        launch(uint2{});
-    else if (bytes == 4)
-        launch(uint32_t{});
-    else
-        launch(uint16_t{});
+    with_row_word(bytes, launch);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/prim/row_words.cuh"
 #include "ops/registry.h"
 #include "ops/splice_rows.h"
 
@@ -36,16 +37,6 @@ __global__ void splice_rows_kernel(
     }
 }
 
-// The widest word (16, 8, 4 or 2 bytes) that divides a row's bytes and both pointers' alignment.
-int word_bytes(int64_t row_bytes, const void* a, const void* b) {
-    for (int bytes : {16, 8, 4, 2}) {
-        if (row_bytes % bytes == 0 && reinterpret_cast<uintptr_t>(a) % bytes == 0 &&
-            reinterpret_cast<uintptr_t>(b) % bytes == 0)
-            return bytes;
-    }
-    return 2;  // every CUDA dtype is at least 2 bytes, and tensors are at least element-aligned
-}
-
 void splice_rows_run(const Tensor& rows,
                      std::string_view rows_arg,
                      const Tensor& index,
@@ -59,7 +50,7 @@ void splice_rows_run(const Tensor& rows,
     const int64_t row_bytes = seq.size(1) * static_cast<int64_t>(core::dtype_size(seq.dtype()));
     if (rows.numel() == 0) return;
     core::NvtxRange range(backward ? "splice_rows_bwd" : "splice_rows_fwd");
-    const int bytes = word_bytes(row_bytes, rows.raw(), seq.raw());
+    const int bytes = row_word_bytes(row_bytes, rows.raw(), seq.raw());
     const int64_t row_words = row_bytes / bytes, work = m * row_words;
     const int32_t* ip = index.data<int32_t>();
     const auto launch = [&](auto word) {
@@ -67,14 +58,7 @@ void splice_rows_run(const Tensor& rows,
         splice_rows_kernel<W><<<grid_for(work, kThreads), kThreads, 0, core::exec_stream()>>>(
             ip, static_cast<W*>(rows.raw()), static_cast<W*>(seq.raw()), m, n, row_words, backward);
     };
-    if (bytes == 16)
-        launch(uint4{});
-    else if (bytes == 8)
-        launch(uint2{});
-    else if (bytes == 4)
-        launch(uint32_t{});
-    else
-        launch(uint16_t{});
+    with_row_word(bytes, launch);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 
