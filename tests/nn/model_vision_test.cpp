@@ -5,6 +5,7 @@
 // whose image tokens do not match its images is refused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "core/rng.h"
@@ -82,10 +83,9 @@ Batch make_batch(const ModelConfig& cfg, DType dtype) {
 }
 
 int param_index(const ParamTable& table, const std::string& name) {
-    for (int i = 0; i < table.size(); ++i)
-        if (table.spec(i).name == name) return i;
-    ADD_FAILURE() << "no parameter " << name;
-    return 0;
+    const int i = table.find(name);
+    EXPECT_GE(i, 0) << "no parameter " << name;
+    return std::max(i, 0);
 }
 
 TEST(ModelVision, GradientsThroughTheSpliceMatchFiniteDifferences) {

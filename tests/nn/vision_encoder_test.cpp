@@ -65,10 +65,9 @@ struct Tower {
         table.refresh_params_from_master();
     }
     int index(const std::string& name) const {
-        for (int i = 0; i < table.size(); ++i)
-            if (table.spec(i).name == name) return i;
-        ADD_FAILURE() << "no parameter " << name;
-        return 0;
+        const int i = table.find(name);
+        EXPECT_GE(i, 0) << "no parameter " << name;
+        return std::max(i, 0);
     }
 };
 
