@@ -9,6 +9,7 @@
 
 #include "core/trace.h"
 #include "nn/layer_stats.h"
+#include "ops/argmax.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
@@ -318,6 +319,12 @@ double Model::pass_forward() {
         core::TraceRange range(dev, "model.head_fwd");
         ops::rmsnorm_fwd(*x, table_.param(final_norm_), cfg_.norm_eps, final_, final_rstd_);
         if (tp_.splits_rows()) tp_gather_rows(tp_, final_, final_full_);
+        if (track_predictions_) {
+            MT_CHECK(!tp_.active() && !cp_.active() && bounds_.size() == 2,
+                     "greedy predictions need one pass on one rank's whole vocabulary (no tp, cp or segments)");
+            if (!predictions_.defined() || predictions_.numel() != n || predictions_.device() != dev)
+                predictions_ = Tensor::zeros({n}, core::DType::i32, dev);
+        }
         const int64_t rows = cfg_.loss_chunk_rows(n);
         for (int64_t first = 0; first < n; first += rows) head_chunk_forward(first, std::min(rows, n - first));
         if (tp_.active()) combine_vocab_shards();
@@ -439,6 +446,8 @@ void Model::head_chunk_forward(int64_t first, int64_t rows) {
                            losses_.slice(0, first, first + rows),
                            lse_.slice(0, first, first + rows),
                            vocab_shard());
+    // Before any backward overwrites the logits with their gradient.
+    if (track_predictions_) ops::argmax_rows(logits, predictions_.slice(0, first, first + rows));
 }
 
 void Model::combine_vocab_shards() {

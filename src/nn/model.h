@@ -185,6 +185,16 @@ class Model {
     const Tensor& last_token_losses() const {
         return seq_losses_.defined() ? seq_losses_ : losses_;
     }
+    // Greedy predictions (the shapes controls' exact match, docs/multimodal.md): with tracking on, every forward also
+    // writes the LM head's argmax per position [B * T] i32 on the model's device (ops::argmax_rows: the first maximum),
+    // valid until the next forward. One pass without tensor or context parallelism only (the vocabulary or the
+    // sequence would be split across ranks); MT_CHECK otherwise. Off by default: it costs one read of the logits.
+    void set_track_predictions(bool on) {
+        track_predictions_ = on;
+    }
+    const Tensor& last_predictions() const {
+        return predictions_;
+    }
     // The segment boundaries [0, b_1, ..., T] of the last forward ({0, T}: one pass).
     const std::vector<int64_t>& segment_bounds() const {
         return bounds_;
@@ -332,7 +342,9 @@ class Model {
     Tensor final_full_;          // sequence parallelism: [B T, C], the all-gather of final_ (the head's input)
     Tensor logits_;              // [head rows, V]; overwritten in place by dlogits in backward
     Tensor losses_, lse_;        // [N] in the statistics dtype
-    Tensor dres_a_, dres_b_;     // [N, C] residual-stream gradients, ping-pong
+    Tensor predictions_;         // [N] i32, the head's argmax (set_track_predictions)
+    bool track_predictions_ = false;
+    Tensor dres_a_, dres_b_;  // [N, C] residual-stream gradients, ping-pong
     // The whole batch: its segment boundaries, the pass now in the buffers above, host copies of ids and targets
     // [B, T], its documents (host maps) and, with segments, its per-token losses [B * T] on the host.
     std::vector<int64_t> bounds_;
