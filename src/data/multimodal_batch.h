@@ -37,6 +37,9 @@ struct MultimodalBatchSample {
     int64_t row = 0;
     int64_t offset = 0;
     int64_t length = 0;
+    // The source's reference loss of the sample, summed over its supervised tokens, where it has one (the shapes
+    // set's exact image-blind bound: -sum of the blind log-probabilities of its text), else 0.
+    double reference_nats = 0.0;
 };
 
 struct MultimodalBatch {

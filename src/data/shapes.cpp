@@ -85,8 +85,9 @@ std::vector<std::pair<ShapeColor, ShapeKind>> drawable_pairs(const ShapesPrior& 
 // size (stage 4), jitter x and y; last the noise key.
 ShapesScene draw_scene(WordStream& w, const ShapesPrior& prior) {
     ShapesScene s;
-    s.height = kShapesCanvasSizes[w.below(kShapesCanvasSizes.size())];
-    s.width = kShapesCanvasSizes[w.below(kShapesCanvasSizes.size())];
+    const auto sizes = static_cast<uint32_t>(prior.canvas_sizes);
+    s.height = kShapesCanvasSizes[w.below(sizes)];
+    s.width = kShapesCanvasSizes[w.below(sizes)];
     const int k = prior.stage == 4 ? 1 + static_cast<int>(w.below(static_cast<uint32_t>(prior.max_objects))) : 1;
     std::array<int, kShapeCells> cells = {0, 1, 2, 3, 4, 5, 6, 7, 8};
     if (prior.stage >= 3) {
@@ -189,7 +190,12 @@ ShapesPrior shapes_make_prior(const ShapesOptions& options) {
     MT_CHECK(options.format == "caption" || options.format == "vqa",
              "data.shapes.format must be \"caption\" or \"vqa\", got \"{}\"",
              options.format);
+    const auto last = std::find(kShapesCanvasSizes.begin(), kShapesCanvasSizes.end(), options.max_canvas);
+    MT_CHECK(last != kShapesCanvasSizes.end(),
+             "data.shapes.max_canvas must be one of 112, 168, 224, 280, 336, got {}",
+             options.max_canvas);
     ShapesPrior prior;
+    prior.canvas_sizes = static_cast<int>(last - kShapesCanvasSizes.begin()) + 1;
     prior.stage = options.stage;
     prior.max_objects = options.max_objects;
     for (auto& row : prior.allowed) row.fill(true);

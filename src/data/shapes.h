@@ -81,12 +81,14 @@ struct ShapesOptions {
     int64_t val_size = 2000;
     std::string format = "caption";  // "caption" or "vqa"
     int stage = 4;                   // 1..4
+    int max_canvas = 336;            // canvas sides are drawn from the sizes in kShapesCanvasSizes up to this one
 };
 
 // The generative prior of train and val: which (color, shape) pairs are allowed, the stage and max_objects.
 struct ShapesPrior {
     int stage = 4;
     int max_objects = 3;
+    int canvas_sizes = 5;  // H and W are uniform over the first canvas_sizes of kShapesCanvasSizes
     std::array<std::array<bool, kShapeKinds>, kShapeColors> allowed{};  // [color][kind]
     std::array<double, kShapeKinds> vqa_kind_prob{};                    // P(the VQA question asks about kind k)
 
@@ -137,6 +139,10 @@ class ShapesDataset {
     ShapesSample sample(ShapesSplit split, uint64_t index) const;
     // The val bound: mean over the val samples of -sum(blind_logprob), nats per sample. Exact for that set.
     double val_bound() const;
+    // Whether comp-val has scenes: some held-out pair is one this stage can draw (stage 1 draws squares only).
+    bool comp_val_drawable() const {
+        return comp_drawable_;
+    }
 
    private:
     ShapesOptions options_;

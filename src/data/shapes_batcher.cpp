@@ -59,11 +59,47 @@ bool ShapesBatcher::exhausted() const {
     return sample_index(cursor_) < 0;
 }
 
-int64_t ShapesBatcher::max_sample_tokens(const ShapesOptions& options) {
-    const int64_t side = kShapesCanvasSizes.back() / kImageMultiple;
+int64_t ShapesBatcher::max_sample_tokens(const ShapesOptions& options, const ShapesView& view) {
     // Caption: `there is one shape .` (5), 7 tokens per object, <eos>. VQA: `what color is the X ? c . <eos>` (9).
     const int64_t text = options.format == "vqa" ? 9 : 6 + 7 * int64_t{options.max_objects};
+    if (view.kind == ShapesViewKind::text_only) return 1 + text;
+    const int64_t side = (view.kind == ShapesViewKind::resized ? view.size : options.max_canvas) / kImageMultiple;
     return 3 + side * side + text;
+}
+
+std::string shapes_view_name(const ShapesView& view) {
+    switch (view.kind) {
+        case ShapesViewKind::plain:
+            return "plain";
+        case ShapesViewKind::text_only:
+            return "text_only";
+        case ShapesViewKind::zeroed:
+            return "zeroed";
+        case ShapesViewKind::shuffled:
+            return "shuffled";
+        case ShapesViewKind::flipped:
+            return "flipped";
+        case ShapesViewKind::resized:
+            return "res" + std::to_string(view.size);
+    }
+    return "?";
+}
+
+void ShapesBatcher::set_view(const ShapesView& view) {
+    MT_CHECK(
+        view.kind != ShapesViewKind::resized ||
+            (view.size >= kImageMultiple && view.size <= kShapesCanvasSizes.back() && view.size % kImageMultiple == 0),
+        "shapes view res{}: the size must be a multiple of {} in [{}, {}]",
+        view.size,
+        kImageMultiple,
+        kImageMultiple,
+        kShapesCanvasSizes.back());
+    view_ = view;
+    pending_.reset();
+}
+
+int64_t ShapesBatcher::min_sample_tokens(const ShapesView& view) {
+    return view.kind == ShapesViewKind::text_only ? 10 : 32;
 }
 
 const ShapesBatcher::Prepared& ShapesBatcher::prepare(int64_t k) {
@@ -71,10 +107,42 @@ const ShapesBatcher::Prepared& ShapesBatcher::prepare(int64_t k) {
     Prepared p;
     p.k = k;
     p.index = sample_index(k);
-    const ShapesSample s = dataset_.sample(split_, static_cast<uint64_t>(p.index));
-    p.image = shapes_render(s.scene);
-    p.image_tokens = shapes_image_tokens(p.image.height, p.image.width);
-    p.sequence = shapes_sequence(s.text, p.image_tokens);
+    ShapesSample s = dataset_.sample(split_, static_cast<uint64_t>(p.index));
+    switch (view_.kind) {
+        case ShapesViewKind::text_only:
+            break;
+        case ShapesViewKind::plain:
+        case ShapesViewKind::zeroed:
+            p.image = shapes_render(s.scene);
+            break;
+        case ShapesViewKind::shuffled: {
+            const int64_t other =
+                split_ == ShapesSplit::train ? p.index + 1 : (p.index + 1) % dataset_.options().val_size;
+            p.image = shapes_render(dataset_.sample(split_, static_cast<uint64_t>(other)).scene);
+            break;
+        }
+        case ShapesViewKind::flipped:
+            s.scene = shapes_flip_scene(s.scene);
+            if (dataset_.options().format == "caption") {
+                s.text = shapes_caption(s.scene);
+                s.blind_logprob = shapes_blind_logprobs(dataset_.prior(), s.text);
+            }
+            p.image = shapes_render(s.scene);
+            break;
+        case ShapesViewKind::resized:
+            p.image = shapes_render(s.scene, view_.size, view_.size);
+            break;
+    }
+    for (double lp : s.blind_logprob) p.blind_nats -= lp;
+    if (view_.kind == ShapesViewKind::text_only) {
+        p.sequence.reserve(s.text.size() + 1);
+        p.sequence.push_back(kShapesBos);
+        p.sequence.insert(p.sequence.end(), s.text.begin(), s.text.end());
+    } else {
+        p.image_tokens = shapes_image_tokens(p.image.height, p.image.width);
+        p.sequence = shapes_sequence(s.text, p.image_tokens);
+    }
+    p.zero_pixels = view_.kind == ShapesViewKind::zeroed;
     p.masks = image_tokens_sequence_masks(p.sequence, shapes_image_token_ids());
     pending_ = std::move(p);
     return *pending_;
@@ -128,16 +196,22 @@ void ShapesBatcher::next(int64_t rows, int64_t seq, MultimodalBatch* out) {
                     out->stats.supervised_tokens += supervised ? 1 : 0;
                 }
             }
-            const int64_t grid_h = p.image.height / kImagePatch, grid_w = p.image.width / kImagePatch;
-            const size_t at = out->images.patches.size();
-            out->images.patches.resize(at + static_cast<size_t>(grid_h * grid_w * out->images.values_per_patch));
-            image_patchify(p.image.rgb.data(), p.image.height, p.image.width, patch_options, &out->images.patches[at]);
-            out->images.grids.push_back({grid_h, grid_w});
-            out->samples.push_back(MultimodalBatchSample{p.index, r, offset, length});
+            if (p.image_tokens > 0) {
+                const int64_t grid_h = p.image.height / kImagePatch, grid_w = p.image.width / kImagePatch;
+                const size_t at = out->images.patches.size();
+                out->images.patches.resize(at + static_cast<size_t>(grid_h * grid_w * out->images.values_per_patch));
+                float* patches = &out->images.patches[at];
+                if (p.zero_pixels)
+                    std::fill(patches, out->images.patches.data() + out->images.patches.size(), 0.0f);
+                else
+                    image_patchify(p.image.rgb.data(), p.image.height, p.image.width, patch_options, patches);
+                out->images.grids.push_back({grid_h, grid_w});
+                out->stats.images += 1;
+            }
+            out->samples.push_back(MultimodalBatchSample{p.index, r, offset, length, p.blind_nats});
             out->stats.image_tokens += p.image_tokens;
             out->stats.text_tokens += length - p.image_tokens;
             out->stats.samples += 1;
-            out->stats.images += 1;
             offset += length;
             ++cursor_;
             pending_.reset();

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "data/image_prep.h"
@@ -13,6 +14,24 @@
 #include "data/shapes.h"
 
 namespace mt::data {
+
+// What a sample shows the model: the plain sample, or one of the controls of multimodal.md §6 (docs/multimodal.md).
+enum class ShapesViewKind : uint8_t {
+    plain,      // the sample as drawn: <bos> <img_start> [image] <img_end> text
+    text_only,  // <bos> text: the text-only twin (control 1), no image block at all
+    zeroed,     // the image's normalised pixels set to 0 (control 2)
+    shuffled,   // the image of the next sample of the split, index + 1 (mod val_size on val and comp-val), with this
+                // sample's text (control 2): a derangement, so no sample sees its own image
+    flipped,    // the mirrored scene and its canonical caption (shapes_flip_scene; control 4); VQA texts unchanged
+    resized,    // the scene rendered at size x size (control 5)
+};
+struct ShapesView {
+    ShapesViewKind kind = ShapesViewKind::plain;
+    int size = 0;  // resized: the square side, a multiple of 28 in [28, 336]
+    bool operator==(const ShapesView&) const = default;
+};
+// "plain", "text_only", "zeroed", "shuffled", "flipped", "res<size>" (e.g. "res112").
+std::string shapes_view_name(const ShapesView& view);
 
 class ShapesBatcher {
    public:
@@ -47,6 +66,13 @@ class ShapesBatcher {
     // @param[out] out   the batch, overwritten
     void next(int64_t rows, int64_t seq, MultimodalBatch* out);
 
+    // The view of the following samples (default plain); forgets a sample prepared in another view.
+    // MT_CHECK: a resized view's size is a multiple of 28 in [28, 336].
+    void set_view(const ShapesView& view);
+    const ShapesView& view() const {
+        return view_;
+    }
+
     // Samples of this rank consumed so far (the cursor k of the next sample). Saving it with a checkpoint and
     // calling set_cursor on resume reproduces the following batches bitwise.
     int64_t cursor() const {
@@ -58,9 +84,13 @@ class ShapesBatcher {
     // The dataset index of this rank's k-th sample (-1 past the end of an eval set).
     int64_t sample_index(int64_t k) const;
 
-    // The most tokens one sample of these options can take: 3 + (336/28)^2 image slots + the longest text (a caption
-    // with max_objects objects, or a VQA text). A row of at least this many tokens never fails.
-    static int64_t max_sample_tokens(const ShapesOptions& options);
+    // The most tokens one sample of these options can take in a view: 3 + (max_canvas/28)^2 image slots (a resized
+    // view: (size/28)^2; text-only: <bos> alone) + the longest text (a caption with max_objects objects, or a VQA
+    // text). A row of at least this many tokens never fails.
+    static int64_t max_sample_tokens(const ShapesOptions& options, const ShapesView& view = {});
+    // The fewest tokens one sample can take in a view: 10 text-only (<bos> and the shortest text, a VQA one), else 32
+    // (a 112x112 image's 16 slots and its three ids, and a one-object caption of 13).
+    static int64_t min_sample_tokens(const ShapesView& view);
 
     const ShapesDataset& dataset() const {
         return dataset_;
@@ -76,8 +106,10 @@ class ShapesBatcher {
         int64_t index = 0;
         std::vector<int32_t> sequence;
         ImageTokenMasks masks;
-        ShapesImage image;
+        ShapesImage image;  // empty in the text-only view
         int64_t image_tokens = 0;
+        bool zero_pixels = false;
+        double blind_nats = 0.0;  // -sum of the text's blind log-probabilities
     };
     const Prepared& prepare(int64_t k);
 
@@ -87,6 +119,7 @@ class ShapesBatcher {
     int world_ = 1;
     int64_t fixed_count_ = -1;  // -1: a stream
     int64_t cursor_ = 0;
+    ShapesView view_;
     // The sample that did not fit the last row of the previous batch, kept so it is not generated twice.
     std::optional<Prepared> pending_;
 };

@@ -24,6 +24,28 @@ struct RunConfig {
     bool deterministic = true;       // bitwise reproducible kernels; false allows faster ones (ops/op_common.h)
 };
 
+// The eval controls of the shapes set (multimodal.md §6, docs/multimodal.md): each is one more eval over the val
+// batches in another view (comp_val: the compositional split).
+enum class ShapesControl { zeroed, shuffled, flipped, res112, res336, comp_val };
+
+}  // namespace mt::train
+
+namespace mt::nn {
+template <>
+struct EnumNames<train::ShapesControl> {
+    static constexpr std::array<std::pair<train::ShapesControl, const char*>, 6> names = {{
+        {train::ShapesControl::zeroed, "zeroed"},
+        {train::ShapesControl::shuffled, "shuffled"},
+        {train::ShapesControl::flipped, "flipped"},
+        {train::ShapesControl::res112, "res112"},
+        {train::ShapesControl::res336, "res336"},
+        {train::ShapesControl::comp_val, "comp_val"},
+    }};
+};
+}  // namespace mt::nn
+
+namespace mt::train {
+
 // data.shapes.*: the synthetic shapes image-caption set of data.format = "shapes" (docs/shapes_dataset.md).
 struct ShapesDataConfig {
     int64_t seed = -1;  // -1: run.seed
@@ -32,6 +54,9 @@ struct ShapesDataConfig {
     std::vector<std::string> held_out = {"green triangle", "cyan cross"};  // "color shape" pairs
     int64_t val_size = 2000;
     std::string format = "caption";  // caption | vqa
+    int64_t max_canvas = 336;        // canvas sides from 112, 168, ... up to this
+    bool text_only = false;          // the text-only twin: samples without their image block (control 1)
+    std::vector<ShapesControl> controls = {ShapesControl::flipped, ShapesControl::comp_val};  // at every eval
 };
 
 struct DataConfig {

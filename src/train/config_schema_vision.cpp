@@ -1,6 +1,9 @@
 // The [vision] and [projector] rows of the schema (train/config_schema.h): the ViT and the projector of image + text
 // training (multimodal.md §1-§2, §7; docs/multimodal.md).
+#include <algorithm>
+
 #include "core/error.h"
+#include "data/shapes.h"
 #include "data/shapes_batcher.h"
 #include "data/shapes_vocab.h"
 #include "train/config_schema_fields.h"
@@ -64,6 +67,22 @@ std::vector<Field> config_schema_vision(JobConfig& c) {
              &c.data.shapes.format,
              "`caption`: a caption per image; `vqa`: a color question about a unique shape and its answer",
              {"caption", "vqa"}),
+        integer("data.shapes.max_canvas",
+                &c.data.shapes.max_canvas,
+                112,
+                336,
+                "canvas sides are drawn uniformly from 112, 168, 224, 280, 336 up to this one (a smaller value makes "
+                "a faster CPU config; the captions and the blind bound do not change)"),
+        flag("data.shapes.text_only",
+             &c.data.shapes.text_only,
+             "the text-only twin (control 1): train and evaluate on `<bos>` + caption, the image block removed; its "
+             "val loss should reach the blind bound and no lower"),
+        choice_list("data.shapes.controls",
+                    &c.data.shapes.controls,
+                    "eval controls run at every eval beside the plain val set, each over train.eval_batches: "
+                    "`zeroed` / `shuffled` images (loss should stay at or above the bound), `flipped` scenes with "
+                    "their mirrored captions, the scenes at `res112` / `res336`, and `comp_val` (the held-out "
+                    "color-shape pairs); each logs loss, bound ratio and exact match (docs/multimodal.md)"),
     };
 }
 
@@ -92,13 +111,26 @@ void config_vision_validate(const JobConfig& c, const std::string& src) {
         sized.max_objects = static_cast<int>(c.data.shapes.max_objects);
         sized.format = c.data.shapes.format;
         sized.stage = static_cast<int>(c.data.shapes.stage);
-        const int64_t longest = data::ShapesBatcher::max_sample_tokens(sized);
+        sized.max_canvas = static_cast<int>(c.data.shapes.max_canvas);
+        if (std::find(data::kShapesCanvasSizes.begin(), data::kShapesCanvasSizes.end(), sized.max_canvas) ==
+            data::kShapesCanvasSizes.end())
+            bad(fmt::format("data.shapes.max_canvas = {} must be one of 112, 168, 224, 280, 336", sized.max_canvas));
+        // The largest image any view of this job shows: the training canvases, or a resolution control's.
+        int side = sized.max_canvas;
+        for (const ShapesControl control : c.data.shapes.controls)
+            if (control == ShapesControl::res336) side = std::max(side, 336);
+        data::ShapesOptions largest = sized;
+        largest.max_canvas = side;
+        const int64_t longest = data::ShapesBatcher::max_sample_tokens(largest);
         if (c.train.seq_len < longest)
             bad(
-                fmt::format("train.seq_len = {} is shorter than the longest shapes sample, {} tokens (a 336x336 "
-                            "image's 144 slots and the longest text of data.shapes.max_objects = {})",
+                fmt::format("train.seq_len = {} is shorter than the longest shapes sample, {} tokens (a {}x{} "
+                            "image's {} slots and the longest text of data.shapes.max_objects = {})",
                             c.train.seq_len,
                             longest,
+                            side,
+                            side,
+                            (side / 28) * (side / 28),
                             c.data.shapes.max_objects));
     }
     if (!v.enabled()) return;

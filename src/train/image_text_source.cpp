@@ -8,21 +8,75 @@
 
 namespace mt::train {
 
+data::ShapesOptions shapes_options_of(const JobConfig& cfg) {
+    const ShapesDataConfig& s = cfg.data.shapes;
+    data::ShapesOptions options{
+        .seed = static_cast<uint64_t>(s.seed >= 0 ? s.seed : cfg.run.seed),
+        .max_objects = static_cast<int>(s.max_objects),
+        .held_out = {},
+        .val_size = s.val_size,
+        .format = s.format,
+        .stage = static_cast<int>(s.stage),
+        .max_canvas = static_cast<int>(s.max_canvas),
+    };
+    for (const std::string& pair : s.held_out) {
+        const size_t space = pair.find(' ');
+        if (space == std::string::npos || pair.find(' ', space + 1) != std::string::npos)
+            core::fail(core::ExitCode::usage,
+                       "data.shapes.held_out entry \"{}\" is not \"color shape\" (e.g. \"green triangle\") [{}]",
+                       pair,
+                       cfg.source);
+        options.held_out.emplace_back(pair.substr(0, space), pair.substr(space + 1));
+    }
+    return options;
+}
+
+std::vector<ShapesControl> shapes_controls_run(const JobConfig& cfg) {
+    const bool comp_drawable = data::ShapesDataset(shapes_options_of(cfg)).comp_val_drawable();
+    std::vector<ShapesControl> out;
+    for (const ShapesControl c : cfg.data.shapes.controls)
+        if (c != ShapesControl::comp_val || comp_drawable) out.push_back(c);
+    return out;
+}
+
+data::ShapesView shapes_control_view(ShapesControl control) {
+    using data::ShapesViewKind;
+    switch (control) {
+        case ShapesControl::zeroed:
+            return {ShapesViewKind::zeroed};
+        case ShapesControl::shuffled:
+            return {ShapesViewKind::shuffled};
+        case ShapesControl::flipped:
+            return {ShapesViewKind::flipped};
+        case ShapesControl::res112:
+            return {ShapesViewKind::resized, 112};
+        case ShapesControl::res336:
+            return {ShapesViewKind::resized, 336};
+        case ShapesControl::comp_val:
+            return {};
+    }
+    return {};
+}
+
 ImageTextSource::ImageTextSource(const data::ShapesOptions& options,
                                  data::ShapesSplit split,
                                  int64_t seq,
-                                 int64_t patch)
-    : batcher_(options, split), split_(split), seq_(seq), patch_(patch) {
-    const int64_t longest = data::ShapesBatcher::max_sample_tokens(options);
+                                 int64_t patch,
+                                 const data::ShapesView& view)
+    : batcher_(options, split), seq_(seq), patch_(patch) {
+    batcher_.set_view(view);
+    const int64_t longest = data::ShapesBatcher::max_sample_tokens(options, view);
     if (seq < longest)
-        core::fail(core::ExitCode::usage,
-                   "train.seq_len = {} is shorter than the longest shapes sample ({} tokens: a 336x336 image's 144 "
-                   "slots and a caption of data.shapes.max_objects objects); raise train.seq_len",
-                   seq,
-                   longest);
+        core::fail(
+            core::ExitCode::usage,
+            "train.seq_len = {} is shorter than the longest shapes sample of the {} view ({} tokens: the largest "
+            "image's slots and a caption of data.shapes.max_objects objects); raise train.seq_len",
+            seq,
+            data::shapes_view_name(view),
+            longest);
     MT_CHECK(patch == 14, "vision.patch = {}: the shapes images are cut into 14-pixel patches", patch);
-    // The shortest sample is a 112x112 image (16 slots) with a one-object caption: at most seq / that many per row.
-    per_row_ = std::max<int64_t>(1, seq / 20 + 1);
+    // Each row owns a block of as many samples as the shortest ones would fill, so rows never share a sample.
+    per_row_ = std::max<int64_t>(1, seq / data::ShapesBatcher::min_sample_tokens(view) + 1);
 }
 
 void ImageTextSource::fill(int64_t first_row,
@@ -39,6 +93,7 @@ void ImageTextSource::fill(int64_t first_row,
              seq_);
     std::vector<float> patches;
     images->grids.clear();
+    samples_.clear();
     int32_t* in = inputs.data<int32_t>();
     int32_t* tg = targets.data<int32_t>();
     for (int64_t r = 0; r < rows; ++r) {
@@ -54,15 +109,16 @@ void ImageTextSource::fill(int64_t first_row,
         std::copy(row_.targets.begin(), row_.targets.end(), tg + r * seq_);
         patches.insert(patches.end(), row_.images.patches.begin(), row_.images.patches.end());
         for (const auto& g : row_.images.grids) images->grids.push_back({g[0], g[1]});
+        for (data::MultimodalBatchSample s : row_.samples) {
+            s.row = r;
+            samples_.push_back(s);
+        }
         if (stats == nullptr) continue;
         stats->supervised += row_.stats.supervised_tokens;
         stats->image_tokens += row_.stats.image_tokens;
         stats->text_tokens += row_.stats.text_tokens;
         stats->samples += row_.stats.samples;
-        for (const data::MultimodalBatchSample& s : row_.samples) {
-            const data::ShapesSample sample = batcher_.dataset().sample(split_, s.index);
-            for (double lp : sample.blind_logprob) stats->blind_nats -= lp;
-        }
+        for (const data::MultimodalBatchSample& s : row_.samples) stats->blind_nats += s.reference_nats;
     }
     const int64_t values = 3 * patch_ * patch_;
     images->patches = core::Tensor::zeros({static_cast<int64_t>(patches.size()) / values, values}, core::DType::f32);

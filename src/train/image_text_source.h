@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "data/shapes_batcher.h"
 #include "nn/vision/vision_batch.h"
+#include "train/config.h"
 
 namespace mt::train {
 
@@ -24,10 +25,23 @@ struct ImageTextStats {
     int64_t samples = 0;
 };
 
+// The generator options of data.shapes.* (seed -1 resolved to run.seed); exit 2 naming data.shapes.held_out for an
+// entry that is not "color shape".
+data::ShapesOptions shapes_options_of(const JobConfig& cfg);
+// The controls of data.shapes.controls that run: comp_val only where the stage can draw a held-out pair.
+std::vector<ShapesControl> shapes_controls_run(const JobConfig& cfg);
+// The view of a control (comp_val: the plain view of the comp-val split).
+data::ShapesView shapes_control_view(ShapesControl control);
+
 class ImageTextSource {
    public:
-    // seq: tokens per row (at least data::ShapesBatcher::max_sample_tokens, checked); patch: vision.patch.
-    ImageTextSource(const data::ShapesOptions& options, data::ShapesSplit split, int64_t seq, int64_t patch);
+    // seq: tokens per row (at least data::ShapesBatcher::max_sample_tokens, checked); patch: vision.patch; view: what
+    // every sample shows (data::ShapesView: the plain samples, the text-only twin, or an eval control).
+    ImageTextSource(const data::ShapesOptions& options,
+                    data::ShapesSplit split,
+                    int64_t seq,
+                    int64_t patch,
+                    const data::ShapesView& view = {});
 
     // Rows [first_row, first_row + rows) of the stream: inputs and targets [rows, seq] i32 (host; targets -1 where
     // not supervised), the images of their image blocks in row-major order, and what the rows hold.
@@ -40,15 +54,20 @@ class ImageTextSource {
     int64_t samples_per_row() const {
         return per_row_;
     }
+    // The samples of the last fill, in row order, their rows counted from its first row (the eval's exact match reads
+    // each one's positions).
+    const std::vector<data::MultimodalBatchSample>& last_samples() const {
+        return samples_;
+    }
     const data::ShapesDataset& dataset() const {
         return batcher_.dataset();
     }
 
    private:
     data::ShapesBatcher batcher_;
-    data::ShapesSplit split_;
     int64_t seq_, patch_, per_row_;
     data::MultimodalBatch row_;  // one row's fill, reused
+    std::vector<data::MultimodalBatchSample> samples_;
 };
 
 }  // namespace mt::train

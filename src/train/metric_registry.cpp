@@ -6,8 +6,10 @@
 
 #include <map>
 
+#include "data/shapes_score.h"
 #include "nn/layer_stats.h"
 #include "train/alarms.h"
+#include "train/image_text_source.h"
 
 namespace mt::train {
 
@@ -242,6 +244,35 @@ std::vector<MetricDef> metric_registry(const JobConfig& cfg) {
                        "pixels reach the loss",
                        ""});
         out.push_back({"eval/bound_ratio", "eval", "gauge", "1", "val_loss / eval/blind_bound", ""});
+        out.push_back({"eval/exact_match",
+                       "eval",
+                       "gauge",
+                       "1",
+                       "share of val samples whose greedy caption is exact (every supervised argmax is its target)",
+                       ""});
+        for (const ShapesControl c : shapes_controls_run(cfg)) {
+            const std::string name = nn::enum_name(c);
+            const std::string what = c == ShapesControl::comp_val ? "the comp-val split (held-out color-shape pairs)"
+                                                                  : "the val batches in the " + name + " view";
+            out.push_back({"eval/" + name + "/loss", "eval", "gauge", "nats", "validation loss on " + what, ""});
+            out.push_back({"eval/" + name + "/exact_match", "eval", "gauge", "1", "greedy exact match on " + what, ""});
+            if (c != ShapesControl::comp_val) {
+                out.push_back({"eval/" + name + "/bound_ratio",
+                               "eval",
+                               "gauge",
+                               "1",
+                               "eval/" + name + "/loss over its own exact blind bound",
+                               ""});
+                continue;
+            }
+            for (const char* attribute : data::kShapesAttributeNames)
+                out.push_back({fmt::format("eval/comp_val/acc_{}", attribute),
+                               "eval",
+                               "gauge",
+                               "1",
+                               fmt::format("comp-val accuracy of the {} tokens (teacher-forced argmax)", attribute),
+                               ""});
+        }
     }
     return out;
 }

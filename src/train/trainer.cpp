@@ -598,14 +598,7 @@ RunEnd Trainer::run() {
         if (t.eval_every > 0 && (step_ % t.eval_every == 0 || last)) {
             const double val = evaluate();
             if (log_) fmt::print("step {:>6}/{} | val loss {:.4f}\n", step_, t.steps, val);
-            if (image_val_)
-                metrics_->write(step_,
-                                "eval",
-                                {{"val_loss", val},
-                                 {"eval/blind_bound", last_eval_bound_},
-                                 {"eval/bound_ratio", last_eval_bound_ > 0 ? val / last_eval_bound_ : 0.0}});
-            else
-                metrics_->write(step_, "eval", {{"val_loss", val}});
+            metrics_->write(step_, "eval", image_val_ ? image_eval_fields(val) : nlohmann::json{{"val_loss", val}});
         }
         std::fflush(stdout);
     }

@@ -13,6 +13,7 @@
 
 #include "data/curriculum.h"
 #include "data/sampler.h"
+#include "data/shapes_score.h"
 #include "nn/layer_stats.h"
 #include "nn/model.h"
 #include "optim/adamw.h"
@@ -455,13 +456,25 @@ class Trainer {
     // Reads every micro-batch of step_ into step_inputs_ / step_targets_ (step_status does it ahead of the step;
     // train_step when nobody did).
     void read_step_batches();
-    // data.format = "shapes" (trainer_images.cpp): the image-text sources, and the evaluation over the val split.
+    // data.format = "shapes" (trainer_images.cpp): the image-text sources, and the evaluation over the val split and
+    // the controls of data.shapes.controls (multimodal.md §6).
     void images_setup();
     double evaluate_images();
+    // One view's eval: the mean loss and blind bound per supervised token over the eval batches, and the greedy scores.
+    struct ShapesEval {
+        double loss = 0.0, bound = 0.0;
+        data::ShapesScore score;
+    };
+    ShapesEval evaluate_shapes_view(ImageTextSource& source);
+    // The fields of an eval line: val_loss, the bound and its ratio, exact match, and each control's.
+    nlohmann::json image_eval_fields(double val) const;
     std::unique_ptr<ImageTextSource> image_train_, image_val_;
+    std::vector<std::pair<ShapesControl, std::unique_ptr<ImageTextSource>>> image_controls_;
     std::vector<nn::VisionBatch> step_images_;  // [grad_accum]: the images of step_inputs_' micro-batches
     nn::VisionBatch eval_images_;
     double last_eval_bound_ = 0.0;
+    ShapesEval last_shapes_eval_;
+    std::vector<ShapesEval> last_control_evals_;  // in the order of image_controls_
     // step_inputs_ / step_targets_ at [grad_accum, batch_size, seq_len], once.
     void allocate_step_batches();
     core::Tensor step_inputs_, step_targets_;  // [grad_accum, B, T] i32: the batches step_status read ahead
