@@ -10,6 +10,7 @@
 
 #include "core/tensor.h"
 #include "data/shapes_batcher.h"
+#include "data/shapes_score.h"
 #include "nn/vision/vision_batch.h"
 #include "train/config.h"
 
@@ -23,6 +24,13 @@ struct ImageTextStats {
     int64_t image_tokens = 0;  // image slots
     int64_t text_tokens = 0;   // every other token of a sample
     int64_t samples = 0;
+};
+
+// One eval of a shapes view (docs/multimodal.md): the mean over the eval batches of the loss and of the blind bound per
+// supervised token, and the greedy exact match and per-attribute accuracy of its samples.
+struct ShapesEval {
+    double loss = 0.0, bound = 0.0;
+    data::ShapesScore score;
 };
 
 // The generator options of data.shapes.* (seed -1 resolved to run.seed); exit 2 naming data.shapes.held_out for an

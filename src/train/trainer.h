@@ -13,7 +13,6 @@
 
 #include "data/curriculum.h"
 #include "data/sampler.h"
-#include "data/shapes_score.h"
 #include "nn/layer_stats.h"
 #include "nn/model.h"
 #include "optim/adamw.h"
@@ -182,6 +181,13 @@ class Trainer {
     double last_eval_bound() const {
         return last_eval_bound_;
     }
+
+    // data.format = "shapes": the last evaluation's val result (loss, bound, greedy scores) and each control's, in the
+    // order of data.shapes.controls (comp_val left out where the stage cannot draw it).
+    const ShapesEval& last_shapes_eval() const {
+        return last_shapes_eval_;
+    }
+    std::vector<std::pair<ShapesControl, ShapesEval>> last_shapes_controls() const;
 
     // The model with the weights the forward reads whole: under ZeRO-1 the last step's parameter gathers are
     // waited for first (the trainer's own forwards wait bucket by bucket instead). Under ZeRO-1 with mixed
@@ -460,11 +466,6 @@ class Trainer {
     // the controls of data.shapes.controls (multimodal.md §6).
     void images_setup();
     double evaluate_images();
-    // One view's eval: the mean loss and blind bound per supervised token over the eval batches, and the greedy scores.
-    struct ShapesEval {
-        double loss = 0.0, bound = 0.0;
-        data::ShapesScore score;
-    };
     ShapesEval evaluate_shapes_view(ImageTextSource& source);
     // The fields of an eval line: val_loss, the bound and its ratio, exact match, and each control's.
     nlohmann::json image_eval_fields(double val) const;

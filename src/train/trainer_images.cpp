@@ -28,7 +28,7 @@ void Trainer::images_setup() {
     }
 }
 
-Trainer::ShapesEval Trainer::evaluate_shapes_view(ImageTextSource& source) {
+ShapesEval Trainer::evaluate_shapes_view(ImageTextSource& source) {
     const auto& t = cfg_.train;
     // As evaluate(): the data-parallel ranks share the batches round-robin, and under expert parallelism a rank
     // without a batch in the last round repeats batch 0 and does not count it. A split's rows are the same at every
@@ -78,6 +78,13 @@ double Trainer::evaluate_images() {
     last_control_evals_.clear();
     for (auto& [control, source] : image_controls_) last_control_evals_.push_back(evaluate_shapes_view(*source));
     return last_shapes_eval_.loss;
+}
+
+std::vector<std::pair<ShapesControl, ShapesEval>> Trainer::last_shapes_controls() const {
+    std::vector<std::pair<ShapesControl, ShapesEval>> out;
+    for (size_t i = 0; i < image_controls_.size() && i < last_control_evals_.size(); ++i)
+        out.emplace_back(image_controls_[i].first, last_control_evals_[i]);
+    return out;
 }
 
 nlohmann::json Trainer::image_eval_fields(double val) const {
