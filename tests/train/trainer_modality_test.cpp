@@ -6,11 +6,11 @@
 // label.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "support/run_files.h"
 #include "support/tiny_job.h"
 #include "train/metric_registry.h"
 #include "train/prometheus.h"
@@ -96,15 +96,7 @@ TEST(TrainerModality, WritesExactlyTheDeclaredKeys) {
     const JobConfig cfg = modality_job(dir, {"train.steps=2", "moe.capacity_factor=1.0"});
     Trainer t(cfg, false);
     t.run();
-    std::map<std::string, std::set<std::string>> written;
-    std::ifstream in(dir + "/metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-        const auto j = nlohmann::json::parse(line);
-        const std::string kind = j.at("kind");
-        if (kind != "train" && kind != "eval") continue;
-        for (const auto& [k, v] : j.items())
-            if (k != "step" && k != "time" && k != "kind") written[kind].insert(k);
-    }
+    auto written = mt::testing::metrics_keys(dir + "/metrics.jsonl");  // line kind -> keys
     std::map<std::string, std::set<std::string>> declared;
     for (const MetricDef& d : metric_registry(cfg)) {
         declared[d.line].insert(d.key);
