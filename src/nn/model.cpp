@@ -71,6 +71,7 @@ Model::Model(const ModelConfig& cfg,
                                                   tp,
                                                   cp));
     }
+    for (auto& b : blocks_) moe_modality_ = moe_modality_ || (b->moe() != nullptr && b->moe()->per_modality());
     // long.offload_kv: each global attention layer stages the next one's keys in the forward, the previous one's in
     // the backward.
     std::vector<AttentionLayer*> attention;  // the global ones: window layers keep only small snapshots
@@ -236,7 +237,9 @@ void Model::begin_pass(int64_t batch, int64_t j, bool recompute, bool count_rout
         return cp_.active() ? cp_local(cp_, pass) : pass;
     };
     host_targets_.copy_from(rows(seq_targets_).reshape({n}));
-    ids_.copy_from(rows(seq_ids_).reshape({n}));
+    const Tensor host_ids = rows(seq_ids_).reshape({n});
+    ids_.copy_from(host_ids);
+    if (moe_modality_) moe_modality_prepare(host_ids);
     targets_.copy_from(host_targets_);
     docs_ = Documents{};
     const CpBatch cp_batch{.total = whole, .first = first, .host_doc_start = seq_docs_.doc_start};

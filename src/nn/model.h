@@ -310,6 +310,9 @@ class Model {
     void vision_prepare();
     void vision_forward();
     void vision_backward(const Tensor& d_embed);
+    // The pass's token modalities (0 text, 1 image slot: the id vision.image_token) for the active chunk's MoE layers
+    // (multimodal.md §3-§4), from the pass's ids [N] on the host; only when they take them (MoeLayer::per_modality).
+    void moe_modality_prepare(const Tensor& host_ids);
 
     ModelConfig cfg_;
     Precision precision_;
@@ -356,7 +359,8 @@ class Model {
     Documents seq_docs_;
     std::unique_ptr<VisionEncoder> vision_;  // the ViT and projector (first stage), or null
     VisionBatch vision_batch_;
-    Tensor vision_slots_;  // [M] i32 on the model's device: the rows of [B T] that hold the image embeddings
+    Tensor vision_slots_;        // [M] i32 on the model's device: the rows of [B T] that hold the image embeddings
+    bool moe_modality_ = false;  // the MoE layers take the tokens' modalities (moe_modality_prepare)
 };
 
 }  // namespace mt::nn

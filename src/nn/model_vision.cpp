@@ -1,6 +1,7 @@
 // The model's image + text path (multimodal.md §3): the image slots of a batch, the splice of the projector's outputs
 // into the token embeddings, and its backward. Early fusion: past the splice an image embedding is a token like any
-// other for every KDA, attention, MoE and AttnRes layer.
+// other for every KDA, attention, MoE and AttnRes layer; the MoE layers learn each token's modality for per-modality
+// routing and metrics (multimodal.md §4).
 #include "core/trace.h"
 #include "nn/model.h"
 #include "ops/splice_rows.h"
@@ -37,6 +38,21 @@ void Model::vision_prepare() {
     Tensor host = Tensor::zeros({m}, core::DType::i32);
     std::copy(slots.begin(), slots.end(), host.data<int32_t>());
     vision_slots_ = precision_.device == core::Device::cpu ? host : host.to_device(precision_.device);
+}
+
+void Model::moe_modality_prepare(const Tensor& host_ids) {
+    // The MoE layers under tensor parallelism route rows other than the stream's (the config refuses it first).
+    MT_CHECK(!tp_.active(), "per-modality MoE routing and metrics with tensor parallelism");
+    const int32_t image_token = static_cast<int32_t>(cfg_.vision.image_token);
+    const Tensor ids = host_ids.is_contiguous() ? host_ids : host_ids.clone();
+    Tensor host = Tensor::zeros({ids.numel()}, core::DType::i32);
+    const int32_t* v = ids.data<int32_t>();
+    int32_t* m = host.data<int32_t>();
+    for (int64_t i = 0; i < ids.numel(); ++i) m[i] = image_token >= 0 && v[i] == image_token ? 1 : 0;
+    // A fresh tensor per pass: a layer keeps the one of its forward for its backward.
+    const MoeModality modality{precision_.device == core::Device::cpu ? host : host.to_device(precision_.device), host};
+    for (int64_t l = chunk_lo(); l < chunk_hi(); ++l)
+        if (MoeLayer* moe = blocks_[static_cast<size_t>(l)]->moe()) moe->set_modality(modality);
 }
 
 void Model::vision_forward() {

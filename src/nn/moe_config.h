@@ -34,6 +34,24 @@ struct EnumNames<ops::MoeDropPolicy> {
         {{ops::MoeDropPolicy::probs, "probs"}, {ops::MoeDropPolicy::position, "position"}}};
 };
 
+// moe.modality_bias (multimodal.md §4): how the router treats the token modalities of image + text batches (0 text,
+// 1 image). off: one router and one balancer over all tokens. balanced: one balancer state per modality, a token of
+// modality m selecting the top k of s + b_m (gates unchanged). learned: router logits z = W_r x + c_m with a learned
+// c_m per modality (init 0, AdamW, no weight decay), with the one balancer.
+enum class MoeModalityBias { off, balanced, learned };
+
+template <>
+struct EnumNames<MoeModalityBias> {
+    static constexpr std::array<std::pair<MoeModalityBias, const char*>, 3> names = {
+        {{MoeModalityBias::off, "off"},
+         {MoeModalityBias::balanced, "balanced"},
+         {MoeModalityBias::learned, "learned"}}};
+};
+
+// The token modalities of image + text batches (multimodal.md §3): the per-token id, and its name in the metrics.
+inline constexpr int64_t kMoeModalities = 2;
+inline constexpr std::array<const char*, kMoeModalities> kMoeModalityNames = {"text", "image"};
+
 struct MoeBalanceConfig {
     MoeBalanceMode mode = MoeBalanceMode::quantile;
     // quantile (moe.quantile.*)
@@ -77,6 +95,7 @@ struct MoeConfig {
     bool overlap_dispatch = true;
     MoeBalanceConfig balance;
     MoeCollapseConfig alarm;
+    MoeModalityBias modality_bias = MoeModalityBias::off;
 };
 
 }  // namespace mt::nn

@@ -13,19 +13,33 @@ void check_i64(const Tensor& t, std::string_view op, std::string_view arg, int n
     MT_CHECK(t.dtype() == DType::i64, "{}: {} has dtype {}, expected i64", op, arg, core::dtype_name(t.dtype()));
 }
 
-}  // namespace
-
-void moe_expert_counts(const Tensor& indices, const Tensor& counts) {
-    constexpr std::string_view op = "moe_expert_counts";
-    const core::Device device = check_same_device(op, {{"indices", indices}, {"counts", counts}});
-    cpu::check_i32_arg(indices, op, "indices", 2);
-    check_i64(counts, op, "counts", 1);
-    MT_CALL_KERNEL(moe_expert_counts, device, indices, counts);
+void check_group(const Tensor& group, int64_t n, std::string_view op) {
+    if (!group.defined()) return;
+    cpu::check_i32_arg(group, op, "group", 1);
+    check_shape(group, {n}, op, "group");
 }
 
-void moe_qb_histogram(const Tensor& scores, const Tensor& cutoff, double lower, double upper, const Tensor& hist) {
+}  // namespace
+
+void moe_expert_counts(const Tensor& indices, const Tensor& counts, const Tensor& group, int32_t keep) {
+    constexpr std::string_view op = "moe_expert_counts";
+    const core::Device device = check_same_device(op, {{"indices", indices}, {"counts", counts}, {"group", group}});
+    cpu::check_i32_arg(indices, op, "indices", 2);
+    check_i64(counts, op, "counts", 1);
+    check_group(group, indices.size(0), op);
+    MT_CALL_KERNEL(moe_expert_counts, device, indices, counts, group, keep);
+}
+
+void moe_qb_histogram(const Tensor& scores,
+                      const Tensor& cutoff,
+                      double lower,
+                      double upper,
+                      const Tensor& hist,
+                      const Tensor& group,
+                      int32_t keep) {
     constexpr std::string_view op = "moe_qb_histogram";
-    const core::Device device = check_same_device(op, {{"scores", scores}, {"cutoff", cutoff}, {"hist", hist}});
+    const core::Device device =
+        check_same_device(op, {{"scores", scores}, {"cutoff", cutoff}, {"hist", hist}, {"group", group}});
     check_arg(scores, op, "scores", 2);
     check_arg(cutoff, op, "cutoff", 1);
     check_i64(hist, op, "hist", 2);
@@ -38,7 +52,8 @@ void moe_qb_histogram(const Tensor& scores, const Tensor& cutoff, double lower, 
              e);
     check_same_dtype(scores, cutoff, op);
     MT_CHECK(upper > lower, "{}: the bin range [{}, {}] is empty", op, lower, upper);
-    MT_CALL_KERNEL(moe_qb_histogram, device, scores, cutoff, lower, upper, hist);
+    check_group(group, n, op);
+    MT_CALL_KERNEL(moe_qb_histogram, device, scores, cutoff, lower, upper, hist, group, keep);
 }
 
 void moe_token_entropy_sum(const Tensor& scores, const Tensor& acc) {

@@ -11,6 +11,8 @@
 //                          P_j = mean_t p_tj, p_t = s_t / sum_j s_tj (probs = false: sigmoid scores) or s_t (probs =
 //                          true: softmax scores); dscores [N, E] (when defined) gets d loss / d scores written (=),
 //                          through P only (the counts are not differentiable). One synchronisation on CUDA.
+// Token groups (the per-modality counts of multimodal.md §4): moe_expert_counts and moe_qb_histogram take an optional
+// group [N] i32 (one id per token of indices / scores); with it only the tokens whose group equals `keep` count.
 // Dtypes: scores, cutoff, dscores f32|f64 on the CPU, bf16|f16|f32 on CUDA (one dtype); indices i32; counts,
 // hist i64; acc f64. All tensors of a call on one device.
 #pragma once
@@ -19,8 +21,14 @@
 
 namespace mt::ops {
 
-void moe_expert_counts(const Tensor& indices, const Tensor& counts);
-void moe_qb_histogram(const Tensor& scores, const Tensor& cutoff, double lower, double upper, const Tensor& hist);
+void moe_expert_counts(const Tensor& indices, const Tensor& counts, const Tensor& group = Tensor(), int32_t keep = 0);
+void moe_qb_histogram(const Tensor& scores,
+                      const Tensor& cutoff,
+                      double lower,
+                      double upper,
+                      const Tensor& hist,
+                      const Tensor& group = Tensor(),
+                      int32_t keep = 0);
 void moe_token_entropy_sum(const Tensor& scores, const Tensor& acc);
 double moe_aux_loss(const Tensor& scores, const Tensor& indices, double coeff, bool probs, const Tensor& dscores);
 

@@ -12,6 +12,7 @@ namespace cpu {
 template <typename T>
 void moe_router_fwd(const T* logits,
                     const T* bias,
+                    const int32_t* bias_rows,
                     T* scores,
                     int32_t* indices,
                     T* gates,
@@ -45,11 +46,13 @@ void moe_router_fwd(const Tensor& logits,
                     const Tensor& indices,
                     const Tensor& gates,
                     const Tensor& cutoff,
-                    const MoeRouterOptions& options) {
+                    const MoeRouterOptions& options,
+                    const Tensor& bias_rows) {
     constexpr std::string_view op = "moe_router_fwd";
     const core::Device dev = check_same_device(op,
                                                {{"logits", logits},
                                                 {"bias", bias},
+                                                {"bias_rows", bias_rows},
                                                 {"scores", scores},
                                                 {"indices", indices},
                                                 {"gates", gates},
@@ -63,7 +66,17 @@ void moe_router_fwd(const Tensor& logits,
     check_shape(scores, {n, e}, op, "scores");
     check_shape(indices, {n, k}, op, "indices");
     check_shape(gates, {n, k}, op, "gates");
-    if (bias.defined()) {
+    if (bias_rows.defined()) {
+        MT_CHECK(bias.defined(), "{}: bias_rows needs a bias [G, E]", op);
+        cpu::check_i32_arg(bias_rows, op, "bias_rows", 1);
+        check_shape(bias_rows, {n}, op, "bias_rows");
+        check_arg(bias, op, "bias", 2);
+        MT_CHECK(bias.size(1) == e && bias.size(0) >= 1,
+                 "{}: bias has shape {}, expected [G, {}] with G >= 1",
+                 op,
+                 core::shape_str(bias.shape()),
+                 e);
+    } else if (bias.defined()) {
         check_arg(bias, op, "bias", 1);
         check_shape(bias, {e}, op, "bias");
     }
@@ -72,7 +85,7 @@ void moe_router_fwd(const Tensor& logits,
         check_shape(cutoff, {n}, op, "cutoff");
         MT_CHECK(e > k, "{}: cutoff needs more experts than top_k (E = {}, top_k = {})", op, e, k);
     }
-    MT_CALL_KERNEL(moe_router_fwd, dev, logits, bias, scores, indices, gates, cutoff, options);
+    MT_CALL_KERNEL(moe_router_fwd, dev, logits, bias, scores, indices, gates, cutoff, options, bias_rows);
 }
 
 void moe_router_bwd(const Tensor& scores,

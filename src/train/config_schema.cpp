@@ -234,6 +234,12 @@ std::vector<Field> config_schema(JobConfig& c) {
                &e.balance.mode,
                "load balancing (spec moe.md §2): Quantile Balancing, DeepSeek-V3's sign update, the auxiliary loss, "
                "or none"),
+        choice("moe.modality_bias",
+               &e.modality_bias,
+               "per-modality routing of image + text batches ([multimodal.md](multimodal.md) \"Per-modality "
+               "routing\"): `balanced` keeps one balancer state per modality (a token of modality m selects on s + "
+               "b_m; needs `quantile` or `sign_bias`), `learned` adds a learned per-modality offset c_m to the router "
+               "logits; both need image data (`data.format = \"shapes\"`) and a vision encoder"),
         integer("moe.quantile.bins", &e.balance.bins, 1, 1 << 20, "Quantile Balancing: histogram bins"),
         integer("moe.quantile.update_interval",
                 &e.balance.update_interval,

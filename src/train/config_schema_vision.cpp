@@ -133,6 +133,24 @@ void config_vision_validate(const JobConfig& c, const std::string& src) {
                             (side / 28) * (side / 28),
                             c.data.shapes.max_objects));
     }
+    const nn::MoeModalityBias modality_bias = c.model.moe.modality_bias;
+    if (modality_bias != nn::MoeModalityBias::off) {
+        const std::string key = fmt::format("moe.modality_bias = \"{}\"", nn::enum_name(modality_bias));
+        if (!c.model.moe_enabled || c.model.n_moe_layers() == 0)
+            bad(key + " needs MoE layers: set moe.enabled = true (and moe.first_k_dense below model.n_layers)");
+        if (!v.enabled() || !c.data.images())
+            bad(key +
+                " routes by token modality: it needs image + text batches (data.format = \"shapes\") and a "
+                "vision encoder (vision.layers > 0)");
+        const nn::MoeBalanceMode balance = c.model.moe.balance.mode;
+        if (modality_bias == nn::MoeModalityBias::balanced && balance != nn::MoeBalanceMode::quantile &&
+            balance != nn::MoeBalanceMode::sign_bias)
+            bad(
+                fmt::format("{} keeps a balancer per modality: it needs moe.balance = \"quantile\" or "
+                            "\"sign_bias\", not \"{}\"",
+                            key,
+                            nn::enum_name(balance)));
+    }
     if (!v.enabled()) return;
     if (v.dim % v.heads != 0 || v.head_dim() % 4 != 0)
         bad(

@@ -8,6 +8,7 @@
 
 #include "data/shapes_score.h"
 #include "nn/layer_stats.h"
+#include "nn/layers/moe_metrics.h"
 #include "train/alarms.h"
 #include "train/image_text_source.h"
 
@@ -217,6 +218,38 @@ std::vector<MetricDef> metric_registry(const JobConfig& cfg) {
               "rows",
               "routed rows per expert of the step",
               "every moe.log_loads_every steps");
+        if (!cfg.data.images()) continue;
+        // Image + text batches: per modality, on that modality's rows against its own mean T_m k / n, and the
+        // experts' image shares (multimodal.md §4).
+        for (const char* name : nn::kMoeModalityNames) {
+            auto key = [&](const char* stat) { return fmt::format("moe/modality/{}/{}/l{:02d}", name, stat, l); };
+            b.add(key("token_share"), "gauge", "1", fmt::format("share of the step's tokens that are {} tokens", name));
+            b.add(key("max_vio"), "gauge", "1", fmt::format("max load / mean load - 1 over the {} tokens' rows", name));
+            b.add(key("load_var"),
+                  "gauge",
+                  "1",
+                  fmt::format("variance of load / mean load over the {} tokens' rows", name));
+            if (m.moe.capacity_factor > 0)
+                b.add(key("drop_rate"),
+                      "gauge",
+                      "1",
+                      fmt::format("share of the {} tokens' routed rows dropped by the capacity", name),
+                      "moe.capacity_factor > 0");
+            b.add(key("load"),
+                  "array",
+                  "rows",
+                  fmt::format("routed rows of the {} tokens per expert", name),
+                  "every moe.log_loads_every steps");
+        }
+        b.add(
+            layer_key("moe", "image_share", l), "gauge", "1", "share of the step's tokens that are image tokens (phi)");
+        for (const char* q : nn::kExpertImageShareStats)
+            b.add(layer_key("moe", fmt::format("expert_image_share_{}", q).c_str(), l),
+                  "gauge",
+                  "1",
+                  fmt::format("the {} over the experts with rows of their image share phi_j (image rows / rows; "
+                              "against image_share: expert specialisation)",
+                              q));
     }
     // Block AttnRes, per mix l = 0..2 n_layers (sub-layer l's input; the last is the final mix).
     if (m.attnres.enabled() && cfg.metrics.layer_stats) {

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
@@ -77,6 +78,8 @@ std::string key_pattern(const std::string& key) {
     std::string out = key;
     if (last != std::string::npos && is_indexed_segment(std::string_view(key).substr(last + 1), 'l'))
         out = key.substr(0, last) + "/l<NN>";
+    if (out.starts_with("moe/modality/") && std::count(out.begin(), out.end(), '/') == 4)
+        out = "moe/modality/<modality>" + out.substr(out.find('/', 13));
     else if (key.starts_with("comm/") && first != last && key.find('/', first + 1) == last)
         out = "comm/<group>" + key.substr(last);
     else if (key.starts_with("pp/") && first != last && is_indexed_segment(std::string_view(key).substr(last + 1), 's'))
@@ -182,6 +185,11 @@ PrometheusSeries prometheus_series(const std::string& path) {
         out.labels.emplace_back(stage ? "stage" : "layer",
                                 std::to_string(std::strtoll(parts.back().c_str() + 1, nullptr, 10)));
         parts.pop_back();
+    }
+    // moe/modality/<modality>/<stat>/l<NN> (multimodal.md §4): one family per statistic, the modality as a label.
+    if (parts.size() == 4 && parts[0] == "moe" && parts[1] == "modality") {
+        out.labels.emplace_back("modality", parts[2]);
+        parts.erase(parts.begin() + 2);
     }
     out.family = "moetrain";
     for (const std::string& part : parts) {

@@ -27,9 +27,13 @@ void Trainer::add_moe_metrics(const StepResult& r, nlohmann::json& fields) const
     if (r.moe.empty()) return;
     const int64_t every = cfg_.moe.log_loads_every;
     const bool with_load = every > 0 && step_ % every == 0;
+    // Image + text batches: each layer's per-modality metrics too (multimodal.md §4), "moe/modality/image/max_vio/l03".
+    const bool modalities = cfg_.data.images();
+    const bool with_drop = cfg_.model.moe.capacity_factor > 0;
     double load_var = 0.0, drop_rate = 0.0;
     for (const auto& [layer, m] : r.moe) {
-        const nlohmann::json layer_fields = m.to_json(with_load);
+        nlohmann::json layer_fields = m.to_json(with_load);
+        if (modalities) layer_fields.update(m.modality_json(with_load, with_drop));
         for (auto it = layer_fields.begin(); it != layer_fields.end(); ++it)
             fields["moe/" + it.key() + "/" + layer_label(layer)] = it.value();
         load_var = std::max(load_var, m.load_var);
@@ -61,22 +65,25 @@ void Trainer::handle_moe_events(const StepResult& r) {
         auto& flags = moe_warning_flags_[layer];
         warn("moe_imbalance_warning", m.imbalance_warning, flags.first, m.load_var);
         warn("moe_bias_range_warning", m.bias_range_warning, flags.second, m.bias_range);
-        if (!moe->last_alarm()) continue;
-        const nn::MoeCollapseEvent& alarm = *moe->last_alarm();
-        ++moe_alarms_total_;
-        nlohmann::json fields = alarm.to_json();
-        fields["layer"] = layer;
-        fields["detail"] = alarm.message();
-        fields["alarms_total"] = moe_alarms_total_;
-        fields["alarm"] = true;
-        metrics_->write(step_, "event", fields);
-        if (log_)
-            fmt::print("step {:>6}/{} | ALARM routing collapse in layer {}: {}\n",
-                       step_,
-                       cfg_.train.steps,
-                       layer,
-                       alarm.message());
-        stop = stop || cfg_.moe.alarm_action == "stop";
+        // The layer's alarm over all tokens, then each modality's over its own rows (multimodal.md §4).
+        std::vector<nn::MoeCollapseEvent> alarms = moe->last_modality_alarms();
+        if (moe->last_alarm()) alarms.insert(alarms.begin(), *moe->last_alarm());
+        for (const nn::MoeCollapseEvent& alarm : alarms) {
+            ++moe_alarms_total_;
+            nlohmann::json fields = alarm.to_json();
+            fields["layer"] = layer;
+            fields["detail"] = alarm.message();
+            fields["alarms_total"] = moe_alarms_total_;
+            fields["alarm"] = true;
+            metrics_->write(step_, "event", fields);
+            if (log_)
+                fmt::print("step {:>6}/{} | ALARM routing collapse in layer {}: {}\n",
+                           step_,
+                           cfg_.train.steps,
+                           layer,
+                           alarm.message());
+            stop = stop || cfg_.moe.alarm_action == "stop";
+        }
     }
     if (!stop) return;
     save_checkpoint();
@@ -97,8 +104,11 @@ std::vector<CheckpointTensor> Trainer::moe_checkpoint_tensors() {
 
 nlohmann::json Trainer::moe_checkpoint_json() {
     nlohmann::json j = nlohmann::json::object();
-    for (auto& [layer, moe] : model_->moe_layers())
-        j[fmt::format("layers.{}.moe", layer)] = {{"alarm", moe->collapse_detector().state_json()}};
+    for (auto& [layer, moe] : model_->moe_layers()) {
+        nlohmann::json state = {{"alarm", moe->collapse_detector().state_json()}};
+        if (moe->per_modality()) state["modality_alarms"] = moe->modality_alarm_state_json();
+        j[fmt::format("layers.{}.moe", layer)] = state;
+    }
     return j;
 }
 
@@ -115,6 +125,9 @@ void Trainer::load_moe_checkpoint(const Checkpoint& ckpt) {
                        key,
                        ckpt.dir());
         moe->collapse_detector().load_state_json(saved.at(key).at("alarm"));
+        // The per-modality detectors (image + text models); a checkpoint from before them starts their streaks anew.
+        if (moe->per_modality() && saved.at(key).contains("modality_alarms"))
+            moe->load_modality_alarm_state_json(saved.at(key).at("modality_alarms"));
     }
 }
 

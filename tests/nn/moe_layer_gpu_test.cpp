@@ -3,7 +3,9 @@
 // metrics; a deterministic run twice gives the same bits; the device plan equals the CPU plan bitwise. The router
 // reads the first E input columns through an identity-like weight and those columns hold a permuted grid of
 // bf16-exact values 0.25 apart, so the logits are exact in every precision and the top-k choice has a wide margin
-// (adjacent scores >= 0.026 apart): the routing must then be the same on both devices. Skips without a GPU.
+// (adjacent scores >= 0.026 apart): the routing must then be the same on both devices. Per-modality routing
+// (moe.modality_bias balanced and learned, multimodal.md §4) the same way, with the learned offsets c_m bf16-exact and
+// under half the grid's spacing. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,11 +26,15 @@ using core::Tensor;
 
 constexpr int64_t kD = 64, kN = 256;
 
-ModelConfig gpu_model() {
+ModelConfig gpu_model(bool vision = false) {
     ModelConfig c;
     c.d_model = kD;
     c.n_layers = 2;
     c.init_std = 0.2;
+    if (vision) {  // the MoE layer takes token modalities
+        c.vision.layers = 1;
+        c.vision.image_token = 3;
+    }
     return c;
 }
 
@@ -52,8 +58,8 @@ struct Side {
     Workspace ws;
     Tensor x, dout, out, dx;
 
-    Side(const MoeConfig& moe, const Precision& p) : precision(p) {
-        layer = std::make_unique<MoeLayer>(table, "layers.1.moe", gpu_model(), moe);
+    Side(const MoeConfig& moe, const Precision& p, bool vision = false) : precision(p) {
+        layer = std::make_unique<MoeLayer>(table, "layers.1.moe", gpu_model(vision), moe);
         table.finalize(p);
         table.initialize(7);
         layer->resize(kN, p);
@@ -91,6 +97,13 @@ void sync_sides(Side& cpu, Side& gpu, int64_t e) {
     Tensor w = Tensor::zeros({e, kD}, DType::f32);
     for (int64_t j = 0; j < e; ++j) core::tensor_set_flat(w, j * kD + j, 1.0);
     cpu.table.master(router).copy_from(w);
+    // learned per-modality offsets: c[m][j] in {-1/16, 0, 1/16}, so the biased grid keeps adjacent logits >= 1/8 apart
+    if (const int c = cpu.table.find("layers.1.moe.router.modality_bias"); c >= 0) {
+        Tensor cm = Tensor::zeros(cpu.table.master(c).shape(), DType::f32);
+        for (int64_t i = 0; i < cm.numel(); ++i)
+            core::tensor_set_flat(cm, i, 0.0625 * static_cast<double>((i % e + i / e) % 3) - 0.0625);
+        cpu.table.master(c).copy_from(cm);
+    }
     for (int i = 0; i < cpu.table.size(); ++i) {
         gpu.table.master(i).copy_from(cpu.table.master(i));
     }
@@ -109,10 +122,17 @@ void expect_close(const std::string& what, const Tensor& got, const Tensor& ref,
     EXPECT_LE(rho, budget) << what;
 }
 
-void compare_layers(const MoeConfig& moe, const Precision& p, double budget, const std::string& tag) {
+void compare_layers(
+    const MoeConfig& moe, const Precision& p, double budget, const std::string& tag, bool modalities = false) {
     const int64_t e = moe.num_experts;
-    Side cpu(moe, Precision::cpu(DType::f32)), gpu(moe, p);
+    Side cpu(moe, Precision::cpu(DType::f32), modalities), gpu(moe, p, modalities);
     sync_sides(cpu, gpu, e);
+    if (modalities) {  // every third token an image token
+        Tensor m = Tensor::zeros({kN}, DType::i32);
+        for (int64_t i = 0; i < kN; ++i) m.data<int32_t>()[i] = i % 3 == 0 ? 1 : 0;
+        cpu.layer->set_modality({m, m});
+        gpu.layer->set_modality({m.to_device(Device::cuda), m});
+    }
     cpu.run();
     gpu.run();
     EXPECT_TRUE(ops::test::op_same_bytes(gpu.layer->indices(), cpu.layer->indices())) << tag << ": routing differs";
@@ -127,9 +147,17 @@ void compare_layers(const MoeConfig& moe, const Precision& p, double budget, con
     EXPECT_EQ(mg.load, mc.load) << tag;
     EXPECT_EQ(mg.dropped, mc.dropped) << tag;
     EXPECT_NEAR(mg.token_entropy, mc.token_entropy, 1e-5) << tag;
-    const std::vector<float>&bg = gpu.layer->balancer().bias(), &bc = cpu.layer->balancer().bias();
+    ASSERT_EQ(mg.modality.size(), mc.modality.size()) << tag;
+    for (size_t m = 0; m < mc.modality.size(); ++m) {
+        EXPECT_EQ(mg.modality[m].load, mc.modality[m].load) << tag << ": modality " << m;
+        EXPECT_EQ(mg.modality[m].dropped, mc.modality[m].dropped) << tag << ": modality " << m;
+    }
+    ASSERT_EQ(gpu.layer->num_balancers(), cpu.layer->num_balancers());
     double worst = 0;
-    for (size_t j = 0; j < bc.size(); ++j) worst = std::max(worst, std::fabs(static_cast<double>(bg[j] - bc[j])));
+    for (int64_t m = 0; m < cpu.layer->num_balancers(); ++m) {
+        const std::vector<float>&bg = gpu.layer->balancer(m).bias(), &bc = cpu.layer->balancer(m).bias();
+        for (size_t j = 0; j < bc.size(); ++j) worst = std::max(worst, std::fabs(static_cast<double>(bg[j] - bc[j])));
+    }
     std::printf("[ MOE GPU ] %s bias after step_end: max |diff| %.3e\n", tag.c_str(), worst);
     EXPECT_LE(worst, 1e-5) << tag << ": the balancer's bias after step_end";
 }
@@ -165,6 +193,22 @@ TEST(GpuMoeLayer, SignBiasBf16MatchesCpu) {
     MoeConfig moe = gpu_moe(MoeBalanceMode::sign_bias);
     moe.balance.sign_rate = 0.01;
     compare_layers(moe, Precision::cuda_mixed(DType::bf16), 1e-2, "sign bf16");
+}
+
+// Per-modality routing: one QB state per modality (the router's bias rows, the grouped histograms), and the learned
+// offsets c_m (their gradient through the embedding op's deterministic backward), with capacity drops per modality.
+TEST(GpuMoeLayer, ModalityBalancedAndLearnedMatchCpu) {
+    if (skip()) GTEST_SKIP() << ops::test::kOpNoGpuMessage;
+    MoeConfig balanced = gpu_moe(MoeBalanceMode::quantile);
+    balanced.modality_bias = MoeModalityBias::balanced;
+    compare_layers(balanced, Precision::cuda_f32(), 1e-5, "balanced f32", true);
+    compare_layers(balanced, Precision::cuda_mixed(DType::bf16), 1e-2, "balanced bf16", true);
+    MoeConfig learned = gpu_moe(MoeBalanceMode::quantile);
+    learned.modality_bias = MoeModalityBias::learned;
+    learned.capacity_factor = 1.0;
+    learned.drop_policy = ops::MoeDropPolicy::position;
+    compare_layers(learned, Precision::cuda_f32(), 1e-5, "learned cap f32", true);
+    compare_layers(learned, Precision::cuda_mixed(DType::bf16), 1e-2, "learned cap bf16", true);
 }
 
 // Two steps, run twice from the same state: outputs, dx, gradients and the bias are the same bits.

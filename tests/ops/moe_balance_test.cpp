@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <vector>
 
 #include "op_harness.h"
 
@@ -108,6 +111,50 @@ void aux_loss_finite_differences(bool probs) {
     EXPECT_LE(worst, 1e-6) << "aux loss gradient vs central differences (probs = " << probs << ")";
 }
 
+// A token group per row (1 for every third token, else 0): the per-modality counting of multimodal.md §4.
+Tensor routing_groups(int64_t n) {
+    Tensor g = Tensor::zeros({n}, DType::i32);
+    for (int64_t i = 0; i < n; ++i) g.data<int32_t>()[i] = i % 3 == 0 ? 1 : 0;
+    return g;
+}
+
+// The rows of t (dim 0) whose group is keep.
+Tensor rows_of_group(const Tensor& t, const Tensor& group, int32_t keep) {
+    std::vector<int64_t> rows;
+    for (int64_t i = 0; i < group.numel(); ++i)
+        if (group.data<int32_t>()[i] == keep) rows.push_back(i);
+    core::Shape shape = t.shape();
+    shape[0] = static_cast<int64_t>(rows.size());
+    Tensor out = Tensor::zeros(shape, t.dtype());
+    const int64_t row = t.numel() / std::max<int64_t>(t.size(0), 1);
+    const size_t bytes = static_cast<size_t>(row) * core::dtype_size(t.dtype());
+    for (size_t r = 0; r < rows.size(); ++r)
+        std::memcpy(static_cast<char*>(out.raw()) + r * bytes,
+                    static_cast<const char*>(t.raw()) + static_cast<size_t>(rows[r]) * bytes,
+                    bytes);
+    return out;
+}
+
+// With a group, the counts and the histogram are those of the group's rows alone, bit for bit.
+void grouped_counts_equal_the_groups_rows() {
+    const int64_t n = 23, e = 5, k = 2, bins = 7;
+    const uint64_t seed = op_seed("moe_balance_grouped");
+    const Tensor s = routing_scores(n, e, seed), c = routing_cutoff(n, seed), idx = routing_indices(n, k, e, seed);
+    const Tensor group = routing_groups(n);
+    for (int32_t keep : {0, 1}) {
+        const Tensor counts = Tensor::zeros({e}, DType::i64), want = Tensor::zeros({e}, DType::i64);
+        moe_expert_counts(idx, counts, group, keep);
+        moe_expert_counts(rows_of_group(idx, group, keep), want);
+        EXPECT_TRUE(op_same_bytes(counts, want)) << "counts of group " << keep;
+        const Tensor hist = Tensor::zeros({e, bins}, DType::i64), want_hist = Tensor::zeros({e, bins}, DType::i64);
+        moe_qb_histogram(s, c, -0.6, 0.9, hist, group, keep);
+        moe_qb_histogram(rows_of_group(s, group, keep), rows_of_group(c, group, keep), -0.6, 0.9, want_hist);
+        EXPECT_TRUE(op_same_bytes(hist, want_hist)) << "histogram of group " << keep;
+    }
+    expect_op_error([&] { moe_expert_counts(idx, Tensor::zeros({e}, DType::i64), routing_groups(n - 1), 0); },
+                    "moe_expert_counts: group has shape [22], expected [23]");
+}
+
 // CUDA against the CPU reference on the same rounded scores.
 void parity(DType dtype, int64_t n, int64_t e, int64_t k, int64_t bins) {
     const std::string name = fmt::format("moe_balance_{}_n{}_e{}", core::dtype_name(dtype), n, e);
@@ -131,6 +178,19 @@ void parity(DType dtype, int64_t n, int64_t e, int64_t k, int64_t bins) {
     moe_qb_histogram(s_d, c_d, -0.6, 0.9, hist_d);
     EXPECT_TRUE(op_same_bytes(hist_d, hist)) << name << ": QB histograms differ";
 
+    const Tensor group = routing_groups(n), group_d = group.to_device(core::Device::cuda);
+    for (int32_t keep : {0, 1}) {
+        const Tensor gc = Tensor::zeros({e}, DType::i64), gc_d = Tensor::zeros({e}, DType::i64, core::Device::cuda);
+        moe_expert_counts(idx, gc, group, keep);
+        moe_expert_counts(idx_d, gc_d, group_d, keep);
+        EXPECT_TRUE(op_same_bytes(gc_d, gc)) << name << ": grouped expert counts differ (group " << keep << ")";
+        const Tensor gh = Tensor::zeros({e, bins}, DType::i64);
+        const Tensor gh_d = Tensor::zeros({e, bins}, DType::i64, core::Device::cuda);
+        moe_qb_histogram(s, c, -0.6, 0.9, gh, group, keep);
+        moe_qb_histogram(s_d, c_d, -0.6, 0.9, gh_d, group_d, keep);
+        EXPECT_TRUE(op_same_bytes(gh_d, gh)) << name << ": grouped QB histograms differ (group " << keep << ")";
+    }
+
     const Tensor acc = Tensor::zeros({1}, DType::f64), acc_d = Tensor::zeros({1}, DType::f64, core::Device::cuda);
     moe_token_entropy_sum(s, acc);
     moe_token_entropy_sum(s_d, acc_d);
@@ -151,6 +211,7 @@ void parity(DType dtype, int64_t n, int64_t e, int64_t k, int64_t bins) {
     op_register_check("moe_balance", "moe_expert_counts_by_hand", counts_by_hand);
     op_register_check("moe_balance", "moe_qb_histogram_by_hand", histogram_by_hand);
     op_register_check("moe_balance", "moe_token_entropy_sum_by_hand", entropy_by_hand);
+    op_register_check("moe_balance", "moe_grouped_counts_equal_the_groups_rows", grouped_counts_equal_the_groups_rows);
     op_register_check("moe_balance", "moe_aux_loss_at_balance", aux_loss_at_balance);
     op_register_check("moe_balance", "moe_aux_loss_finite_differences", [] { aux_loss_finite_differences(false); });
     op_register_check(

@@ -100,6 +100,46 @@ OpCase router_case(int64_t n, int64_t e, int64_t k, MoeScore score, bool normali
     return true;
 }();
 
+// Per-group bias (bias [G, E] with bias_rows, the per-modality bias of multimodal.md §4): every row's routing equals
+// the routing of that row alone under its group's 1-D bias, bit for bit, on the same device.
+void bias_rows_equal_per_row_bias(core::Device device, DType dtype) {
+    const int64_t n = 29, e = 11, k = 3, groups = 2;
+    auto [z, b0] = router_inputs(n, e, MoeScore::sigmoid, op_seed("moe_router_bias_rows"));
+    Tensor bias = Tensor::zeros({groups, e}, DType::f64), rows = Tensor::zeros({n}, DType::i32);
+    core::rng_fill_uniform(bias, op_seed("moe_router_bias_rows"), 7, -0.3, 0.3);
+    for (int64_t i = 0; i < n; ++i) rows.data<int32_t>()[i] = static_cast<int32_t>((i * 7) % 5 == 0 ? 1 : 0);
+    const MoeRouterOptions opt{k, MoeScore::sigmoid, true, 2.5};
+    auto on = [&](const Tensor& t) { return t.to(t.dtype() == DType::i32 ? DType::i32 : dtype).to_device(device); };
+    const Tensor zd = on(z), bd = on(bias), rd = rows.to_device(device);
+    const Tensor s = Tensor::zeros({n, e}, dtype, device), g = Tensor::zeros({n, k}, dtype, device);
+    const Tensor idx = Tensor::zeros({n, k}, DType::i32, device), cut = Tensor::zeros({n}, dtype, device);
+    moe_router_fwd(zd, bd, s, idx, g, cut, opt, rd);
+    const Tensor idx_h = idx.to_device(core::Device::cpu), cut_h = cut.to_device(core::Device::cpu);
+    for (int64_t i = 0; i < n; ++i) {  // row by row with its group's bias
+        const int32_t m = rows.data<int32_t>()[i];
+        const Tensor zi = on(z.slice(0, i, i + 1).clone()), bi = on(bias.slice(0, m, m + 1).clone().reshape({e}));
+        const Tensor si = Tensor::zeros({1, e}, dtype, device), gi = Tensor::zeros({1, k}, dtype, device);
+        const Tensor ii = Tensor::zeros({1, k}, DType::i32, device), ci = Tensor::zeros({1}, dtype, device);
+        moe_router_fwd(zi, bi, si, ii, gi, ci, opt);
+        const Tensor ih = ii.to_device(core::Device::cpu), ch = ci.to_device(core::Device::cpu);
+        for (int64_t q = 0; q < k; ++q)
+            EXPECT_EQ(idx_h.data<int32_t>()[i * k + q], ih.data<int32_t>()[q]) << "row " << i << " slot " << q;
+        EXPECT_EQ(core::tensor_get_flat(cut_h, i), core::tensor_get_flat(ch, 0)) << "cutoff of row " << i;
+    }
+}
+
+[[maybe_unused]] const bool kRegisteredBiasRows = [] {
+    op_register_check("moe_router", "moe_router_bias_rows_equal_per_row_bias", [] {
+        bias_rows_equal_per_row_bias(core::Device::cpu, DType::f64);
+        bias_rows_equal_per_row_bias(core::Device::cpu, DType::f32);
+    });
+    op_register_parity_check("moe_router", "moe_router_bias_rows_cuda", [] {
+        bias_rows_equal_per_row_bias(core::Device::cuda, DType::f32);
+        bias_rows_equal_per_row_bias(core::Device::cuda, DType::bf16);
+    });
+    return true;
+}();
+
 // Selection, tie rule, cutoff and gates on hand-built scores.
 TEST(MoeRouterOp, SelectionTiesCutoffAndGates) {
     // logits 0 -> s = 0.5 for experts 0..3; bias favours 2 and 3 equally, so ties go to the lower index.
@@ -133,6 +173,20 @@ TEST(OpArgs, MoeRouterShapesAndDtypes) {
         "moe_router_fwd: indices has dtype f32, expected i32");
     expect_op_error([&] { moe_router_fwd(z, Tensor::zeros({3}, DType::f64), s, idx, g, Tensor(), opt); },
                     "moe_router_fwd: bias has shape [3], expected [4]");
+    const Tensor rows = Tensor::zeros({3}, DType::i32);
+    expect_op_error([&] { moe_router_fwd(z, Tensor(), s, idx, g, Tensor(), opt, rows); },
+                    "moe_router_fwd: bias_rows needs a bias [G, E]");
+    expect_op_error(
+        [&] {
+            moe_router_fwd(z, Tensor::zeros({2, 3}, DType::f64), s, idx, g, Tensor(), opt, rows);
+        },
+        "moe_router_fwd: bias has shape [2, 3], expected [G, 4] with G >= 1");
+    core::tensor_set_flat(rows, 2, 2);
+    expect_op_error(
+        [&] {
+            moe_router_fwd(z, Tensor::zeros({2, 4}, DType::f64), s, idx, g, Tensor(), opt, rows);
+        },
+        "moe_router_fwd: bias_rows[2] = 2 is outside [0, 2)");
     expect_op_error([&] { moe_router_fwd(z, Tensor(), s.to(DType::f32), idx, g, Tensor(), opt); },
                     "moe_router_fwd: scores has dtype f32, expected f64 (the dtype of logits)");
     expect_op_error(

@@ -6,10 +6,10 @@
 
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <set>
 
 #include "ops/global_norm.h"
+#include "support/run_files.h"
 #include "support/tiny_job.h"
 #include "train/trainer.h"
 
@@ -56,15 +56,7 @@ std::set<std::string> expect_written_as_declared(const std::vector<std::string>&
     const auto cfg = mt::testing::tiny_job(dir, hybrid_moe(overrides));
     mt::train::Trainer t(cfg, false);
     t.run();
-    std::map<std::string, std::set<std::string>> written;  // line kind -> keys
-    std::ifstream in(dir + "/run/metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-        const auto j = nlohmann::json::parse(line);
-        const std::string kind = j.at("kind");
-        if (kind != "train" && kind != "eval") continue;
-        for (const auto& [k, v] : j.items())
-            if (k != "step" && k != "time" && k != "kind") written[kind].insert(k);
-    }
+    auto written = mt::testing::metrics_keys(dir + "/run/metrics.jsonl");  // line kind -> keys
     std::map<std::string, std::set<std::string>> declared;
     for (const auto& d : mt::train::metric_registry(cfg)) {
         declared[d.line].insert(d.key);

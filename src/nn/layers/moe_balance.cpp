@@ -44,7 +44,10 @@ void MoeBalancer::set_bias(const std::vector<float>& bias) {
     bias_ = bias;
 }
 
-void MoeBalancer::observe(const Tensor& scores, const Tensor& cutoff, const Tensor& indices) {
+void MoeBalancer::observe(const Tensor& scores,
+                          const Tensor& cutoff,
+                          const Tensor& indices,
+                          const MoeTokenGroup& group) {
     MT_CHECK(scores.ndim() == 2 && scores.size(1) == n_ && scores.is_contiguous(),
              "moe balancer: scores has shape {}, expected [N, {}]",
              core::shape_str(scores.shape()),
@@ -55,15 +58,16 @@ void MoeBalancer::observe(const Tensor& scores, const Tensor& cutoff, const Tens
              core::shape_str(indices.shape()),
              n_tok,
              k_);
-    tokens_seen_ += n_tok;
-    tokens_interval_ += n_tok;
+    const int64_t counted = group.ids.defined() ? group.tokens : n_tok;
+    tokens_seen_ += counted;
+    tokens_interval_ += counted;
     // Counted on the scores' device into pending buffers (ops/moe_balance.h), added to the host state when it is
     // read: the [N, n] scores of a GPU run never go to the host.
     const core::Device device = scores.device();
     if (loads_pending_.defined() && loads_pending_.device() != device) flush_pending();
     if (!loads_pending_.defined() || loads_pending_.device() != device)
         loads_pending_ = Tensor::zeros({n_}, DType::i64, device);
-    ops::moe_expert_counts(indices, loads_pending_);
+    ops::moe_expert_counts(indices, loads_pending_, group.ids, group.keep);
     counts_pending_ = true;
     if (config_.mode != MoeBalanceMode::quantile) return;
     MT_CHECK(cutoff.defined() && cutoff.shape() == core::Shape({n_tok}) && cutoff.dtype() == scores.dtype() &&
@@ -72,7 +76,7 @@ void MoeBalancer::observe(const Tensor& scores, const Tensor& cutoff, const Tens
              n_tok);
     if (!hist_pending_.defined() || hist_pending_.device() != device)
         hist_pending_ = Tensor::zeros({n_, config_.bins}, DType::i64, device);
-    ops::moe_qb_histogram(scores, cutoff, lower_, upper_, hist_pending_);
+    ops::moe_qb_histogram(scores, cutoff, lower_, upper_, hist_pending_, group.ids, group.keep);
 }
 
 void MoeBalancer::flush_pending() const {

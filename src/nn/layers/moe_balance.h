@@ -20,6 +20,14 @@
 
 namespace mt::nn {
 
+// The tokens of one group (a modality, multimodal.md §4) among a micro-batch's: ids [N] i32 on the routing device (one
+// group per token), the group counted, and how many of the N tokens are in it (known on the host).
+struct MoeTokenGroup {
+    core::Tensor ids;
+    int32_t keep = 0;
+    int64_t tokens = 0;
+};
+
 class MoeBalancer {
    public:
     MoeBalancer() = default;
@@ -41,8 +49,12 @@ class MoeBalancer {
     }
 
     // Counts one micro-batch of training routing: scores [N, n] f32|f64 (cuda: bf16|f16|f32), cutoff [N] (quantile;
-    // else undefined), indices [N, k] i32 (the router's pre-drop choice); all on one device.
-    void observe(const core::Tensor& scores, const core::Tensor& cutoff, const core::Tensor& indices);
+    // else undefined), indices [N, k] i32 (the router's pre-drop choice); all on one device. With group.ids defined
+    // only that group's tokens count (moe.modality_bias = "balanced": one balancer per modality).
+    void observe(const core::Tensor& scores,
+                 const core::Tensor& cutoff,
+                 const core::Tensor& indices,
+                 const MoeTokenGroup& group = {});
     // Data and expert parallelism: adds the counts every rank of `group` observed since the last step() (loads, QB
     // histogram, token counters), so that all ranks hold the totals of the global batch and make the same update
     // (moe.md §3: histograms summed over the ranks that see different tokens). Collective over group.

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "ops/add.h"
+#include "ops/embedding.h"
 #include "ops/grouped_linear.h"
 #include "ops/moe_balance.h"
 #include "ops/moe_unpermute.h"
@@ -17,6 +18,9 @@ namespace mt::nn {
 
 namespace {
 constexpr int64_t kMaxExperts = 1024;
+// The per-modality collapse alarm judges a step when the modality's rows per expert T_m k / n reach this
+// (multimodal.md §4).
+constexpr int64_t kModalityAlarmRows = 32;
 }  // namespace
 
 MoeLayer::MoeLayer(ParamTable& table,
@@ -45,12 +49,31 @@ MoeLayer::MoeLayer(ParamTable& table,
              e,
              ep.rank,
              ep.size);
-    balancer_ = MoeBalancer(e, k, moe.balance);
+    const bool balanced = moe.modality_bias == MoeModalityBias::balanced;
+    MT_CHECK(
+        !balanced || moe.balance.mode == MoeBalanceMode::quantile || moe.balance.mode == MoeBalanceMode::sign_bias,
+        "{}: moe.modality_bias = \"balanced\" needs a bias balancer (moe.balance = \"quantile\" or \"sign_bias\"), "
+        "not \"{}\"",
+        prefix,
+        enum_name(moe.balance.mode));
+    balancers_.assign(balanced ? kMoeModalities : 1, MoeBalancer(e, k, moe.balance));
     detector_ = MoeCollapseDetector(e, moe.alarm);
     step_load_.assign(static_cast<size_t>(e), 0);
+    per_modality_ = model.vision.enabled() || moe.modality_bias != MoeModalityBias::off;
+    if (per_modality_) {
+        // Every tp rank routes its own rows of partial router logits: per-modality routing is not built for it.
+        MT_CHECK(!tp.active(), "{}: per-modality routing and metrics with tensor parallelism", prefix);
+        modality_detectors_.assign(kMoeModalities, MoeCollapseDetector(e, moe.alarm));
+        step_modality_load_.assign(static_cast<size_t>(kMoeModalities * e), 0);
+    }
 
     const double out_std = model.init_std / std::sqrt(2.0 * static_cast<double>(model.n_layers));
     router_ = Linear(table, prefix + ".router", c, e, model.init_std, tp, Linear::Split::partial);
+    if (moe.modality_bias == MoeModalityBias::learned)  // c_m: the router's per-modality logit offsets
+        learned_bias_ = table.add({.name = prefix + ".router.modality_bias",
+                                   .shape = {kMoeModalities, e},
+                                   .init = InitKind::zeros,
+                                   .weight_decay = false});
     // This rank's experts: all of them, or its E / ep under expert parallelism.
     const int64_t el = e / ep.size, first = ep.size > 1 ? ep.rank * el : 0, global = ep.size > 1 ? e : 0;
     auto expert = [&](const char* name, int64_t out, int64_t in, double std) {
@@ -85,9 +108,10 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
     auto z = [&](const Shape& s) { return Tensor::zeros(s, dt, dev); };
     auto zr = [&](const Shape& s) { return Tensor::zeros(s, rt, dev); };
     auto zi = [&](const Shape& s) { return Tensor::zeros(s, DType::i32, dev); };
+    const int64_t groups = static_cast<int64_t>(balancers_.size());
     logits_ = z({n, e}), scores_ = zr({n, e}), indices_ = zi({n, k}), gates_ = zr({n, k}), cutoff_ = zr({n}),
-    bias_ = zr({e});
-    bias_uploaded_.assign(static_cast<size_t>(e), 0.0f);
+    bias_ = groups > 1 ? zr({groups, e}) : zr({e});
+    bias_uploaded_.assign(static_cast<size_t>(groups * e), 0.0f);
     offsets_ = zi({e + 1}), slot_row_ = zi({n, k}), row_token_ = zi({r});
     offsets_host_ = dev == core::Device::cpu ? offsets_ : Tensor::zeros({e + 1}, DType::i32);
     xp_ = z({r, c}), yp_ = z({r, c});
@@ -100,6 +124,7 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
     if (!step_load_acc_.defined() || step_load_acc_.device() != dev) {
         step_load_acc_ = Tensor::zeros({e}, DType::i64, dev);
         step_entropy_acc_ = Tensor::zeros({1}, DType::f64, dev);
+        if (per_modality_) step_modality_load_acc_ = Tensor::zeros({kMoeModalities, e}, DType::i64, dev);
     }
     if (shared_) {
         shared_->resize(n, precision);
@@ -150,25 +175,38 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
              core::shape_str(x.shape()),
              n);
     dropped_.restore();
-    // router: z = x W_r^T, scores, top-k on s + b, gates; QB's cutoff
+    if (per_modality_)
+        MT_CHECK(modality_.ids.defined() && modality_.ids.numel() == n && modality_.ids.device() == x.device(),
+                 "{}: the tokens' modalities ([{}] i32 on the layer's device) must be set before the forward",
+                 prefix_,
+                 n);
+    // router: z = x W_r^T (+ c_m, learned per modality), scores, top-k on s + b (b_m per modality), gates; QB's cutoff
     router_.forward(x, logits_);
-    const std::vector<float>& bias = balancer_.bias();
+    if (learned_bias_ >= 0) {
+        const Tensor c = Tensor::scratch(logits_.shape(), logits_.dtype(), logits_.device());
+        ops::embedding_fwd(modality_.ids, table_->param(learned_bias_), c);
+        ops::add_fwd(logits_, c, logits_);
+    }
+    std::vector<float> bias;  // [E], or [M, E] with a balancer per modality
+    for (const MoeBalancer& b : balancers_) bias.insert(bias.end(), b.bias().begin(), b.bias().end());
     if (bias != bias_uploaded_) {  // changes at balancer updates only: one small host-to-device copy then
-        Tensor host = Tensor::zeros({e}, DType::f32);
+        Tensor host = Tensor::zeros(bias_.shape(), DType::f32);
         std::copy(bias.begin(), bias.end(), host.data<float>());
         bias_.copy_from(host.to(bias_.dtype()));
         bias_uploaded_ = bias;
     }
     const bool use_bias =
         moe_.balance.mode == MoeBalanceMode::quantile || moe_.balance.mode == MoeBalanceMode::sign_bias;
-    const bool need_cutoff = training && balancer_.needs_cutoff();
+    const bool need_cutoff = training && balancers_[0].needs_cutoff();
+    const bool by_modality = balancers_.size() > 1;
     ops::moe_router_fwd(logits_,
                         use_bias ? bias_ : Tensor(),
                         scores_,
                         indices_,
                         gates_,
                         need_cutoff ? cutoff_ : Tensor(),
-                        router_options_);
+                        router_options_,
+                        by_modality ? modality_.ids : Tensor());
     // permutation plan with optional capacity C = ceil(N k / E * CF), then gather
     const int64_t capacity = moe_.capacity_factor > 0
                                  ? static_cast<int64_t>(std::ceil(static_cast<double>(n * k) / static_cast<double>(e) *
@@ -211,7 +249,24 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
                     : 0.0;
     dropped_.release();
     if (!training) return;
-    balancer_.observe(scores_, need_cutoff ? cutoff_ : Tensor(), indices_);
+    const Tensor cut = need_cutoff ? cutoff_ : Tensor();
+    if (by_modality) {
+        for (size_t m = 0; m < balancers_.size(); ++m)
+            balancers_[m].observe(
+                scores_, cut, indices_, {modality_.ids, static_cast<int32_t>(m), modality_tokens_[m]});
+    } else {
+        balancers_[0].observe(scores_, cut, indices_);
+    }
+    if (per_modality_) {
+        for (int64_t m = 0; m < kMoeModalities; ++m) {
+            ops::moe_expert_counts(indices_,
+                                   step_modality_load_acc_.slice(0, m, m + 1).reshape({e}),
+                                   modality_.ids,
+                                   static_cast<int32_t>(m));
+            step_modality_tokens_[static_cast<size_t>(m)] += modality_tokens_[static_cast<size_t>(m)];
+        }
+        if (rows_ < n * k) count_modality_drops();
+    }
     step_tokens_ += n;
     step_dropped_ += n * k - rows_;
     step_aux_ += aux_loss_;
@@ -294,6 +349,7 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     }
     const Tensor d_logits = ws.slot(1, logits_.shape(), dt, dev), d_tmp = ws.slot(5, {n, c}, dt, dev);
     ops::moe_router_bwd(scores_, indices_, gates_, d_gates, aux ? d_scores_aux_ : Tensor(), d_logits, router_options_);
+    if (learned_bias_ >= 0) ops::embedding_bwd(modality_.ids, d_logits, table_->grad(learned_bias_));  // dc_m
     router_.backward(x, d_logits, d_tmp);
     if (router_early) {
         dispatch_.finish();
@@ -308,45 +364,126 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     dropped_.release();
 }
 
+void MoeLayer::set_modality(const MoeModality& modality) {
+    MT_CHECK(per_modality_, "{}: token modalities for a layer without per-modality routing or metrics", prefix_);
+    MT_CHECK(modality.ids.defined() && modality.host.defined() && modality.host.device() == core::Device::cpu &&
+                 modality.ids.dtype() == DType::i32 && modality.host.dtype() == DType::i32 &&
+                 modality.ids.numel() == modality.host.numel(),
+             "{}: token modalities must be [N] i32 on the routing device and its copy on the host",
+             prefix_);
+    modality_ = modality;
+    modality_tokens_.fill(0);
+    const int32_t* v = modality.host.data<int32_t>();
+    for (int64_t i = 0; i < modality.host.numel(); ++i) {
+        MT_CHECK(v[i] >= 0 && v[i] < kMoeModalities, "{}: token {} has modality {}", prefix_, i, v[i]);
+        ++modality_tokens_[static_cast<size_t>(v[i])];
+    }
+}
+
+void MoeLayer::count_modality_drops() {
+    // Capacity dropping: the kept rows' tokens (row_token_[0, rows_)) by modality, on the host.
+    const Tensor kept = row_token_.slice(0, 0, rows_);
+    const Tensor host = kept.device() == core::Device::cpu ? kept : kept.to_device(core::Device::cpu);
+    std::array<int64_t, kMoeModalities> rows = {};
+    const int32_t *token = host.data<int32_t>(), *m = modality_.host.data<int32_t>();
+    for (int64_t r = 0; r < rows_; ++r) ++rows[static_cast<size_t>(m[token[r]])];
+    for (size_t i = 0; i < rows.size(); ++i) step_modality_dropped_[i] += modality_tokens_[i] * moe_.top_k - rows[i];
+}
+
+void MoeLayer::reset_modality_step() {
+    if (!per_modality_) return;
+    if (step_modality_load_acc_.defined()) step_modality_load_acc_.zero();
+    std::fill(step_modality_load_.begin(), step_modality_load_.end(), 0);
+    step_modality_tokens_.fill(0);
+    step_modality_dropped_.fill(0);
+}
+
 MoeStepMetrics MoeLayer::step_end(int64_t step, parallel::Comm* data_group) {
+    const int64_t e = moe_.num_experts;
     if (step_load_acc_.defined()) {  // the step's counts come back (one copy each from a GPU) and are reset
         const Tensor load = step_load_acc_.to_device(core::Device::cpu);
         for (size_t j = 0; j < step_load_.size(); ++j) step_load_[j] += load.data<int64_t>()[j];
         step_entropy_ += step_entropy_acc_.item();
         step_load_acc_.zero();
         step_entropy_acc_.zero();
+        if (per_modality_) {
+            const Tensor mload = step_modality_load_acc_.to_device(core::Device::cpu);
+            for (size_t j = 0; j < step_modality_load_.size(); ++j) step_modality_load_[j] += mload.data<int64_t>()[j];
+            step_modality_load_acc_.zero();
+        }
     }
     if (data_group != nullptr && data_group->size() > 1) {
         // The step's totals over every rank that routed tokens: counts as integers (exact), sums in f64.
         std::vector<int64_t> counts(step_load_);
         counts.push_back(step_tokens_);
         counts.push_back(step_dropped_);
+        // per modality: loads [M E], tokens [M], dropped rows [M]
+        counts.insert(counts.end(), step_modality_load_.begin(), step_modality_load_.end());
+        if (per_modality_) {
+            counts.insert(counts.end(), step_modality_tokens_.begin(), step_modality_tokens_.end());
+            counts.insert(counts.end(), step_modality_dropped_.begin(), step_modality_dropped_.end());
+        }
         std::array<double, 2> sums = {step_entropy_, step_aux_};
         data_group
             ->all_reduce(
                 counts.data(), static_cast<int64_t>(counts.size()), parallel::CommType::i64, parallel::ReduceOp::sum)
             .wait();
         data_group->all_reduce(sums.data(), 2, parallel::CommType::f64, parallel::ReduceOp::sum).wait();
-        std::copy(counts.begin(), counts.begin() + static_cast<std::ptrdiff_t>(step_load_.size()), step_load_.begin());
-        step_tokens_ = counts[step_load_.size()];
-        step_dropped_ = counts[step_load_.size() + 1];
+        auto at = counts.begin();
+        auto take = [&](auto first, size_t count) {
+            std::copy(at, at + static_cast<std::ptrdiff_t>(count), first);
+            at += static_cast<std::ptrdiff_t>(count);
+        };
+        take(step_load_.begin(), step_load_.size());
+        step_tokens_ = *at++;
+        step_dropped_ = *at++;
+        take(step_modality_load_.begin(), step_modality_load_.size());
+        if (per_modality_) {
+            take(step_modality_tokens_.begin(), step_modality_tokens_.size());
+            take(step_modality_dropped_.begin(), step_modality_dropped_.size());
+        }
         step_entropy_ = sums[0];
         step_aux_ = sums[1];
-        balancer_.sum_step_counts(*data_group);
+        for (MoeBalancer& b : balancers_) b.sum_step_counts(*data_group);
     }
-    balancer_.step();
-    MoeStepMetrics m = moe_metrics_compute(step_load_,
-                                           step_tokens_,
-                                           moe_.top_k,
-                                           step_dropped_,
-                                           balancer_.bias(),
-                                           balancer_.last_bias_step(),
-                                           step_entropy_,
-                                           step_aux_);
+    // The bias metrics cover every balancer's bias (both modalities' under "balanced"), bias_step their mean.
+    std::vector<float> bias;
+    double bias_step = 0.0;
+    for (MoeBalancer& b : balancers_) {
+        b.step();
+        bias.insert(bias.end(), b.bias().begin(), b.bias().end());
+        bias_step += b.last_bias_step() / static_cast<double>(balancers_.size());
+    }
+    MoeStepMetrics m = moe_metrics_compute(
+        step_load_, step_tokens_, moe_.top_k, step_dropped_, bias, bias_step, step_entropy_, step_aux_);
     last_alarm_ = detector_.update(step, m);
+    last_modality_alarms_.clear();
+    if (per_modality_) {
+        std::vector<std::vector<int64_t>> load;
+        for (int64_t i = 0; i < kMoeModalities; ++i)
+            load.emplace_back(step_modality_load_.begin() + i * e, step_modality_load_.begin() + (i + 1) * e);
+        const std::vector<MoeStepMetrics> own =
+            moe_modality_metrics_add(m,
+                                     load,
+                                     {step_modality_tokens_.begin(), step_modality_tokens_.end()},
+                                     {step_modality_dropped_.begin(), step_modality_dropped_.end()});
+        // The collapse alarm per modality, at the steps where the modality has T_m k / n >= 32 rows per expert.
+        for (size_t i = 0; i < own.size(); ++i) {
+            MoeCollapseDetector& d = modality_detectors_[i];
+            if (own[i].tokens * moe_.top_k < kModalityAlarmRows * e) {
+                d.skip();
+                continue;
+            }
+            if (std::optional<MoeCollapseEvent> ev = d.update(step, own[i])) {
+                ev->modality = kMoeModalityNames[i];
+                last_modality_alarms_.push_back(*ev);
+            }
+        }
+    }
     std::fill(step_load_.begin(), step_load_.end(), 0);
     step_tokens_ = step_dropped_ = 0;
     step_entropy_ = step_aux_ = 0.0;
+    reset_modality_step();
     return m;
 }
 
@@ -358,14 +495,65 @@ void MoeLayer::discard_step() {
     std::fill(step_load_.begin(), step_load_.end(), 0);
     step_tokens_ = step_dropped_ = 0;
     step_entropy_ = step_aux_ = 0.0;
-    balancer_.discard_step();
+    reset_modality_step();
+    for (MoeBalancer& b : balancers_) b.discard_step();
+}
+
+namespace {
+// The checkpoint prefix of balancer m: the layer's router for the first (the one balancer, or the text one), then
+// "{router}.image" (moe.modality_bias = "balanced").
+std::string balancer_prefix(const std::string& layer, size_t m) {
+    const std::string router = layer + ".router";
+    return m == 0 ? router : router + "." + kMoeModalityNames[m];
+}
+const char* balancer_json_key(size_t m) {
+    return m == 0 ? "balancer" : "balancer_image";
+}
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> MoeLayer::state_tensors() const {
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (size_t m = 0; m < balancers_.size(); ++m)
+        for (auto& t : balancers_[m].state_tensors(balancer_prefix(prefix_, m))) out.push_back(std::move(t));
+    return out;
+}
+
+void MoeLayer::load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+    for (size_t m = 0; m < balancers_.size(); ++m) balancers_[m].load_state(tensors, balancer_prefix(prefix_, m));
+}
+
+nlohmann::json MoeLayer::state_json() const {
+    nlohmann::json j = {{"alarm", detector_.state_json()}};
+    for (size_t m = 0; m < balancers_.size(); ++m) j[balancer_json_key(m)] = balancers_[m].state_json();
+    if (per_modality_) j["modality_alarms"] = modality_alarm_state_json();
+    return j;
 }
 
 void MoeLayer::load_state_json(const nlohmann::json& j) {
-    if (!j.is_object() || !j.contains("balancer") || !j.contains("alarm"))
+    if (!j.is_object() || !j.contains("alarm"))
         core::fail(core::ExitCode::checkpoint, "{}: MoE layer state needs \"balancer\" and \"alarm\"", prefix_);
-    balancer_.load_state_json(j.at("balancer"));
+    for (size_t m = 0; m < balancers_.size(); ++m) {
+        if (!j.contains(balancer_json_key(m)))
+            core::fail(core::ExitCode::checkpoint, "{}: MoE layer state needs \"{}\"", prefix_, balancer_json_key(m));
+        balancers_[m].load_state_json(j.at(balancer_json_key(m)));
+    }
     detector_.load_state_json(j.at("alarm"));
+    if (per_modality_ && j.contains("modality_alarms")) load_modality_alarm_state_json(j.at("modality_alarms"));
+}
+
+nlohmann::json MoeLayer::modality_alarm_state_json() const {
+    nlohmann::json j = nlohmann::json::array();
+    for (const MoeCollapseDetector& d : modality_detectors_) j.push_back(d.state_json());
+    return j;
+}
+
+void MoeLayer::load_modality_alarm_state_json(const nlohmann::json& j) {
+    if (!j.is_array() || j.size() != modality_detectors_.size())
+        core::fail(core::ExitCode::checkpoint,
+                   "{}: the per-modality collapse detectors' state must be an array of {}",
+                   prefix_,
+                   modality_detectors_.size());
+    for (size_t i = 0; i < modality_detectors_.size(); ++i) modality_detectors_[i].load_state_json(j.at(i));
 }
 
 std::vector<SavedTensor> MoeLayer::saved_for_backward() {

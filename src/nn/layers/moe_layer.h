@@ -16,15 +16,23 @@
 //   {prefix}.experts.w_gate, .w_up      [E, F, C]   (stacked [out, in] per expert)
 //   {prefix}.experts.w_down             [E, C, F]
 //   {prefix}.shared.w_gate.weight, .w_up.weight [F * n_s, C], .w_down.weight [C, F * n_s]   (when n_s > 0)
+//   {prefix}.router.modality_bias       [kMoeModalities, E]   (moe.modality_bias = "learned": c_m, init 0)
 // The balancing bias is not a parameter: it is balancer state (balancer().state_tensors("{prefix}.router")).
+// Image + text models (vision enabled, or moe.modality_bias set) take the tokens' modality before every forward
+// (set_modality): the step's metrics then hold per-modality loads, balance and the experts' image shares, the collapse
+// detector also runs on each modality's own rows, and moe.modality_bias routes by it (multimodal.md §4): "balanced"
+// keeps one balancer per modality (the image one's state under "{prefix}.router.image"), a token of modality m
+// selecting on s + b_m; "learned" adds c_m to the router logits.
 // Expert parallelism (MoeExpertParallel::size > 1): the expert tensors hold this rank's E / ep experts (expert-sharded
 // parameters), the router and the shared experts stay replicated; routed rows travel to their experts' ranks and
 // back by all-to-all (nn/layers/moe_dispatch.h), in the forward and again (the gradients) in the backward.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "nn/layer.h"
 #include "nn/layers/linear.h"
@@ -56,6 +64,13 @@ struct MoeExpertParallel {
     parallel::Comm* rows_comm = nullptr;
 };
 
+// The modality of every token of the next forwards (multimodal.md §3): 0 text, 1 image. ids on the routing device
+// (the model's), host its copy on the host (the same tensor on the CPU); both [N] i32, kept until replaced.
+struct MoeModality {
+    Tensor ids;
+    Tensor host;
+};
+
 class MoeLayer : public Layer {
    public:
     // Declares the parameters. Contract (exit 1, MT_CHECK, as every layer's; the config parser rejects each first with
@@ -72,6 +87,12 @@ class MoeLayer : public Layer {
              const TensorParallel& tp = {});
 
     void resize(int64_t n, const Precision& precision);
+    // Whether the layer takes token modalities (the model's config has a vision encoder or moe.modality_bias), and
+    // the modalities of the next forwards and their backwards (required then; [N] as the next forward's rows).
+    bool per_modality() const {
+        return per_modality_;
+    }
+    void set_modality(const MoeModality& modality);
     // x: [N, C] (the normed residual) -> out: [N, C]. training: count the routing for the balancer and the step's
     // metrics (never during a recompute). With aux_loss balancing, aux_loss() is then this forward's loss.
     void forward(const Tensor& x, const Tensor& out, bool training = true);
@@ -91,6 +112,10 @@ class MoeLayer : public Layer {
     void discard_step();
     const std::optional<MoeCollapseEvent>& last_alarm() const {
         return last_alarm_;
+    }
+    // The per-modality collapse alarms that fired at the last step_end (each with its modality named).
+    const std::vector<MoeCollapseEvent>& last_modality_alarms() const {
+        return last_modality_alarms_;
     }
 
     double aux_loss() const {
@@ -115,29 +140,35 @@ class MoeLayer : public Layer {
         return rows_;
     }
     // The layer's non-parameter state for a checkpoint: the balancer's tensors under "{prefix}.router" (bias, loads,
-    // counters, QB bounds and histogram), and the balancer and collapse-detector state as JSON (the manifest's form).
-    std::vector<std::pair<std::string, Tensor>> state_tensors() const {
-        return balancer_.state_tensors(prefix_ + ".router");
-    }
-    void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
-        balancer_.load_state(tensors, prefix_ + ".router");
-    }
-    nlohmann::json state_json() const {
-        return {{"balancer", balancer_.state_json()}, {"alarm", detector_.state_json()}};
-    }
+    // counters, QB bounds and histogram; with "balanced" the image balancer's under "{prefix}.router.image"), and the
+    // balancer and collapse-detector state as JSON (the manifest's form).
+    std::vector<std::pair<std::string, Tensor>> state_tensors() const;
+    void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors);
+    nlohmann::json state_json() const;
     void load_state_json(const nlohmann::json& j);
-    MoeBalancer& balancer() {
-        return balancer_;
+    // The balancer (modality 0's, the text one, under "balanced"), or modality m's.
+    MoeBalancer& balancer(int64_t modality = 0) {
+        return balancers_.at(static_cast<size_t>(modality));
+    }
+    int64_t num_balancers() const {
+        return static_cast<int64_t>(balancers_.size());
     }
     MoeCollapseDetector& collapse_detector() {
         return detector_;
     }
+    // The per-modality collapse detectors' state (per_modality() layers; an empty array otherwise), for checkpoints.
+    nlohmann::json modality_alarm_state_json() const;
+    void load_modality_alarm_state_json(const nlohmann::json& j);
     const MoeConfig& config() const {
         return moe_;
     }
     std::vector<SavedTensor> saved_for_backward() override;
 
    private:
+    // The step's per-modality totals reset (after step_end or a discarded step).
+    void reset_modality_step();
+    // The rows of the last forward that the capacity kept, per modality (capacity dropping with modalities).
+    void count_modality_drops();
     // Expert parallelism: grows the expert-side buffers to hold `rows`.
     void reserve_expert_rows(int64_t rows);
     // The buffers recompute moe_act / moe_permute / moe_experts drop, from the current ones (after every
@@ -156,9 +187,20 @@ class MoeLayer : public Layer {
     Linear router_;
     int w_gate_ = -1, w_up_ = -1, w_down_ = -1;
     std::unique_ptr<Mlp> shared_;
-    MoeBalancer balancer_;
+    std::vector<MoeBalancer> balancers_;  // one, or one per modality ("balanced")
     MoeCollapseDetector detector_;
     std::optional<MoeCollapseEvent> last_alarm_;
+    // Token modalities (per_modality_): the next forwards', the tokens of each, the step's per-modality totals
+    // (loads [M, E] on the routing device until step_end, then on the host) and each modality's detector.
+    bool per_modality_ = false;
+    MoeModality modality_;
+    std::array<int64_t, kMoeModalities> modality_tokens_ = {};
+    int learned_bias_ = -1;  // moe.modality_bias = "learned": the parameter c [M, E]
+    Tensor step_modality_load_acc_;
+    std::vector<int64_t> step_modality_load_;  // [M E]
+    std::array<int64_t, kMoeModalities> step_modality_tokens_ = {}, step_modality_dropped_ = {};
+    std::vector<MoeCollapseDetector> modality_detectors_;
+    std::vector<MoeCollapseEvent> last_modality_alarms_;
     int64_t n_ = -1, rows_ = 0;
     double aux_loss_ = 0.0;
     double aux_grad_scale_ = 1.0;
@@ -167,12 +209,12 @@ class MoeLayer : public Layer {
     int64_t step_tokens_ = 0, step_dropped_ = 0;
     double step_entropy_ = 0.0, step_aux_ = 0.0;
     // Saved activations (R <= N * K rows are used of the [N * K, *] buffers).
-    Tensor logits_, scores_, indices_, gates_, cutoff_, bias_;  // [N, E], [N, E], [N, K], [N, K], [N], [E]
+    Tensor logits_, scores_, indices_, gates_, cutoff_, bias_;  // [N, E], [N, E], [N, K], [N, K], [N], [E] or [M, E]
     Tensor offsets_, slot_row_, row_token_;                     // [E + 1], [N, K], [N * K] i32
     Tensor offsets_host_;                                       // [E + 1] i32 on the host (CUDA: copied back)
     Tensor expert_offsets_;    // the grouped GEMMs' offsets: offsets_host_, or [E / ep + 1] under expert parallelism
     int64_t expert_rows_ = 0;  // rows the local experts process (rows_ without expert parallelism)
-    std::vector<float> bias_uploaded_;         // the bias last copied into bias_
+    std::vector<float> bias_uploaded_;         // the bias last copied into bias_ ([E], or [M, E] under "balanced")
     Tensor step_load_acc_, step_entropy_acc_;  // i64 [E], f64 [1] on the routing device, summed until step_end
     Tensor xp_, hg_, hu_, act_, yp_;           // [N K, C], [N K, F] x3, [N K, C]
     // Expert parallelism: the rows this rank's experts received, their outputs, and the grow-only capacity of the

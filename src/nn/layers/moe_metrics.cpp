@@ -29,6 +29,24 @@ nlohmann::json MoeStepMetrics::to_json(bool with_load) const {
     return j;
 }
 
+nlohmann::json MoeStepMetrics::modality_json(bool with_load, bool with_drop) const {
+    nlohmann::json j = nlohmann::json::object();
+    if (modality.empty()) return j;
+    for (size_t i = 0; i < modality.size() && i < kMoeModalityNames.size(); ++i) {
+        const MoeModalityMetrics& mm = modality[i];
+        const std::string at = std::string("modality/") + kMoeModalityNames[i] + "/";
+        j[at + "token_share"] = mm.token_share;
+        j[at + "max_vio"] = mm.max_vio;
+        j[at + "load_var"] = mm.load_var;
+        if (with_drop) j[at + "drop_rate"] = mm.drop_rate;
+        if (with_load) j[at + "load"] = mm.load;
+    }
+    j["image_share"] = image_share;
+    for (size_t q = 0; q < kExpertImageShareStats.size(); ++q)
+        j[std::string("expert_image_share_") + kExpertImageShareStats[q]] = expert_image_share[q];
+    return j;
+}
+
 MoeStepMetrics moe_metrics_compute(const std::vector<int64_t>& load,
                                    int64_t tokens,
                                    int64_t top_k,
@@ -78,7 +96,64 @@ MoeStepMetrics moe_metrics_compute(const std::vector<int64_t>& load,
     return m;
 }
 
+std::vector<MoeStepMetrics> moe_modality_metrics_add(MoeStepMetrics& m,
+                                                     const std::vector<std::vector<int64_t>>& load,
+                                                     const std::vector<int64_t>& tokens,
+                                                     const std::vector<int64_t>& dropped) {
+    MT_CHECK(load.size() == tokens.size() && load.size() == dropped.size() && load.size() == kMoeModalityNames.size(),
+             "moe modality metrics: {} loads, {} token counts, {} drop counts for {} modalities",
+             load.size(),
+             tokens.size(),
+             dropped.size(),
+             kMoeModalityNames.size());
+    const size_t n = m.load.size();
+    const int64_t total = std::accumulate(tokens.begin(), tokens.end(), int64_t{0});
+    std::vector<MoeStepMetrics> full;
+    m.modality.clear();
+    for (size_t i = 0; i < load.size(); ++i) {
+        MT_CHECK(
+            load[i].size() == n, "moe modality metrics: {} loads of modality {} for {} experts", load[i].size(), i, n);
+        full.push_back(moe_metrics_compute(load[i], tokens[i], m.top_k, dropped[i], {}, 0.0, 0.0, 0.0));
+        const MoeStepMetrics& f = full.back();
+        MoeModalityMetrics mm;
+        mm.tokens = tokens[i];
+        mm.dropped = dropped[i];
+        mm.token_share = total > 0 ? static_cast<double>(tokens[i]) / static_cast<double>(total) : 0.0;
+        mm.load = load[i];
+        mm.max_vio = f.max_vio;
+        mm.load_var = f.load_var;
+        mm.drop_rate = f.drop_rate;
+        m.modality.push_back(std::move(mm));
+    }
+    // phi_j over the experts with rows, against phi = the image tokens' share.
+    const std::vector<int64_t>& image = load[1];
+    m.image_share = total > 0 ? static_cast<double>(tokens[1]) / static_cast<double>(total) : 0.0;
+    std::vector<double> phi;
+    for (size_t j = 0; j < n; ++j) {
+        int64_t rows = 0;
+        for (const auto& l : load) rows += l[j];
+        if (rows > 0) phi.push_back(static_cast<double>(image[j]) / static_cast<double>(rows));
+    }
+    std::sort(phi.begin(), phi.end());
+    const std::array<double, 5> at = {0.0, 0.1, 0.5, 0.9, 1.0};
+    for (size_t q = 0; q < at.size(); ++q) {
+        if (phi.empty()) {
+            m.expert_image_share[q] = 0.0;
+            continue;
+        }
+        const double pos = at[q] * static_cast<double>(phi.size() - 1);
+        const size_t lo = static_cast<size_t>(std::floor(pos)), hi = std::min(lo + 1, phi.size() - 1);
+        m.expert_image_share[q] = phi[lo] + (pos - static_cast<double>(lo)) * (phi[hi] - phi[lo]);
+    }
+    return full;
+}
+
 std::string MoeCollapseEvent::message() const {
+    if (!modality.empty()) {
+        MoeCollapseEvent all = *this;
+        all.modality.clear();
+        return all.message() + fmt::format(" (the {} tokens' own rows)", modality);
+    }
     if (reason == "load_var")
         return fmt::format(
             "MoE routing collapse at step {}: load_var = {:.3g} above threshold for {} steps", step, value, streak);
@@ -96,13 +171,15 @@ std::string MoeCollapseEvent::message() const {
 }
 
 nlohmann::json MoeCollapseEvent::to_json() const {
-    return {{"event", "moe_collapse"},
-            {"step", step},
-            {"reason", reason},
-            {"expert", expert},
-            {"value", value},
-            {"streak", streak},
-            {"message", message()}};
+    nlohmann::json j = {{"event", "moe_collapse"},
+                        {"step", step},
+                        {"reason", reason},
+                        {"expert", expert},
+                        {"value", value},
+                        {"streak", streak},
+                        {"message", message()}};
+    if (!modality.empty()) j["modality"] = modality;
+    return j;
 }
 
 MoeCollapseDetector::MoeCollapseDetector(int64_t num_experts, const MoeCollapseConfig& config) : config_(config) {
@@ -120,7 +197,7 @@ std::optional<MoeCollapseEvent> MoeCollapseDetector::update(int64_t step, const 
     auto fires = [&](int64_t streak) { return streak > 0 && streak % config_.window == 0; };
     std::optional<MoeCollapseEvent> event;
     auto raise = [&](const char* reason, int64_t expert, double value, int64_t streak) {
-        if (!event) event = MoeCollapseEvent{step, reason, expert, value, streak};
+        if (!event) event = MoeCollapseEvent{step, reason, expert, value, streak, {}};
     };
     bump(load_var_streak_, m.load_var > config_.load_var_threshold);
     if (fires(load_var_streak_)) raise("load_var", -1, m.load_var, load_var_streak_);
@@ -138,6 +215,12 @@ std::optional<MoeCollapseEvent> MoeCollapseDetector::update(int64_t step, const 
     }
     if (event) ++alarms_;
     return event;
+}
+
+void MoeCollapseDetector::skip() {
+    load_var_streak_ = n_eff_streak_ = 0;
+    std::fill(dead_streak_.begin(), dead_streak_.end(), 0);
+    std::fill(hot_streak_.begin(), hot_streak_.end(), 0);
 }
 
 nlohmann::json MoeCollapseDetector::state_json() const {

@@ -17,11 +17,21 @@ namespace {
 // Adds the QB histogram counts of one micro-batch: for every token i and expert j, r = c_i - s_ij into bin
 // clamp(floor((r - L) B / (U - L)), 0, B - 1) of row j (in double, so the bins do not depend on the scores' dtype
 // beyond their values).
+// group (or null): only the tokens with group[i] == keep count.
 template <typename T>
-void add_histogram(
-    const T* s, const T* cutoff, int64_t n_tok, int64_t n, int64_t bins, double lo, double hi, int64_t* hist) {
+void add_histogram(const T* s,
+                   const T* cutoff,
+                   int64_t n_tok,
+                   int64_t n,
+                   int64_t bins,
+                   double lo,
+                   double hi,
+                   int64_t* hist,
+                   const int32_t* group,
+                   int32_t keep) {
     const double scale = static_cast<double>(bins) / (hi - lo);
     for (int64_t i = 0; i < n_tok; ++i) {
+        if (group && group[i] != keep) continue;
         const double c = static_cast<double>(cutoff[i]);
         for (int64_t j = 0; j < n; ++j) {
             const double r = c - static_cast<double>(s[i * n + j]);
@@ -90,23 +100,33 @@ double aux_loss_impl(
 
 }  // namespace
 
-void moe_expert_counts(const Tensor& indices, const Tensor& counts) {
+void moe_expert_counts(const Tensor& indices, const Tensor& counts, const Tensor& group, int32_t keep) {
     const int32_t* idx = indices.data<int32_t>();
     int64_t* c = counts.data<int64_t>();
     check_index_range(indices, 0, counts.size(0), "moe_expert_counts", "indices");
-    for (int64_t s = 0; s < indices.numel(); ++s) ++c[idx[s]];
+    const int64_t k = indices.size(1);
+    const int32_t* g = group.defined() ? group.data<int32_t>() : nullptr;
+    for (int64_t s = 0; s < indices.numel(); ++s)
+        if (!g || g[s / k] == keep) ++c[idx[s]];
 }
 MT_REGISTER_KERNEL(moe_expert_counts, cpu, moe_expert_counts, ::mt::ops::any_dtype);  // primary: indices i32
 
-void moe_qb_histogram(const Tensor& scores, const Tensor& cutoff, double lower, double upper, const Tensor& hist) {
+void moe_qb_histogram(const Tensor& scores,
+                      const Tensor& cutoff,
+                      double lower,
+                      double upper,
+                      const Tensor& hist,
+                      const Tensor& group,
+                      int32_t keep) {
     constexpr std::string_view op = "moe_qb_histogram";
     check_float_arg(scores, op, "scores", 2);
     const int64_t n = scores.size(0), e = scores.size(1), bins = hist.size(1);
+    const int32_t* g = group.defined() ? group.data<int32_t>() : nullptr;
     MT_DISPATCH_FLOAT(
         scores.dtype(),
         op,
         add_histogram(
-            scores.data<scalar_t>(), cutoff.data<scalar_t>(), n, e, bins, lower, upper, hist.data<int64_t>()));
+            scores.data<scalar_t>(), cutoff.data<scalar_t>(), n, e, bins, lower, upper, hist.data<int64_t>(), g, keep));
 }
 MT_REGISTER_KERNEL(moe_qb_histogram, cpu, moe_qb_histogram, ::mt::ops::float_dtypes);
 

@@ -23,6 +23,7 @@ constexpr double kGateEps = 1e-20;  // moe.md §1.1
 template <typename T>
 void moe_router_fwd(const T* logits,
                     const T* bias,
+                    const int32_t* bias_rows,
                     T* scores,
                     int32_t* indices,
                     T* gates,
@@ -48,8 +49,9 @@ void moe_router_fwd(const T* logits,
                 for (int64_t j = 0; j < e; ++j) sum += (s[j] = std::exp(z[j] - zmax));
                 for (int64_t j = 0; j < e; ++j) s[j] /= sum;
             }
+            const T* b = bias && bias_rows ? bias + static_cast<int64_t>(bias_rows[i]) * e : bias;  // [E]
             for (int64_t j = 0; j < e; ++j) {  // a NaN key sorts last, so that the order stays strict
-                const T v = s[j] + (bias ? bias[j] : T(0));
+                const T v = s[j] + (b ? b[j] : T(0));
                 key[static_cast<size_t>(j)] = std::isnan(v) ? -std::numeric_limits<T>::infinity() : v;
             }
             std::iota(order.begin(), order.end(), 0);
@@ -111,10 +113,10 @@ void moe_router_bwd(const T* scores,
     }
 }
 
-#define MT_INSTANTIATE(T)                                                                     \
-    template void moe_router_fwd<T>(                                                          \
-        const T*, const T*, T*, int32_t*, T*, T*, int64_t, int64_t, const MoeRouterOptions&); \
-    template void moe_router_bwd<T>(                                                          \
+#define MT_INSTANTIATE(T)                                                                                     \
+    template void moe_router_fwd<T>(                                                                          \
+        const T*, const T*, const int32_t*, T*, int32_t*, T*, T*, int64_t, int64_t, const MoeRouterOptions&); \
+    template void moe_router_bwd<T>(                                                                          \
         const T*, const int32_t*, const T*, const T*, const T*, T*, int64_t, int64_t, const MoeRouterOptions&);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(double)
@@ -127,7 +129,8 @@ void moe_router_fwd(const Tensor& logits,
                     const Tensor& indices,
                     const Tensor& gates,
                     const Tensor& cutoff,
-                    const MoeRouterOptions& options) {
+                    const MoeRouterOptions& options,
+                    const Tensor& bias_rows) {
     constexpr std::string_view op = "moe_router_fwd";
     const int64_t n = logits.size(0), e = logits.size(1);
     check_float_arg(logits, op, "logits", 2);
@@ -136,17 +139,19 @@ void moe_router_fwd(const Tensor& logits,
     check_dtype_as(scores, logits, op, "scores", "logits");
     check_dtype_as(gates, logits, op, "gates", "logits");
     if (bias.defined()) {
-        check_float_arg(bias, op, "bias", 1);
+        check_float_arg(bias, op, "bias", bias_rows.defined() ? 2 : 1);
         check_dtype_as(bias, logits, op, "bias", "logits");
     }
     if (cutoff.defined()) {
         check_float_arg(cutoff, op, "cutoff", 1);
         check_dtype_as(cutoff, logits, op, "cutoff", "logits");
     }
+    if (bias_rows.defined()) check_index_range(bias_rows, 0, bias.size(0), op, "bias_rows");
     MT_DISPATCH_FLOAT(logits.dtype(),
                       op,
                       cpu::moe_router_fwd(logits.data<scalar_t>(),
                                           data_or_null<scalar_t>(bias),
+                                          bias_rows.defined() ? bias_rows.data<int32_t>() : nullptr,
                                           scores.data<scalar_t>(),
                                           indices.data<int32_t>(),
                                           gates.data<scalar_t>(),

@@ -2,7 +2,7 @@
 // QB's histogram, the token entropy sum and the aux loss. Counts are integer
 // atomics (exact in any order: shared-memory counts per block, then one global add per block and bin); float sums
 // run in a fixed order. Dtypes: scores, cutoff, dscores bf16|f16|f32 (one dtype); indices i32; counts, hist i64; acc
-// f64.
+// f64. Token groups (group i32 [N], or null): only the tokens whose group equals `keep` count.
 #include <cmath>
 
 #include "core/backend.h"
@@ -20,13 +20,20 @@ constexpr int kHistSharedBytes = 32 * 1024;
 
 using u64 = unsigned long long;
 
-__global__ void expert_counts_kernel(const int32_t* __restrict__ idx, u64* counts, int64_t slots, int e) {
+__global__ void expert_counts_kernel(const int32_t* __restrict__ idx,
+                                     const int32_t* __restrict__ group,
+                                     int32_t keep,
+                                     u64* counts,
+                                     int64_t slots,
+                                     int k,
+                                     int e) {
     extern __shared__ unsigned local_counts[];  // [E]
     for (int j = threadIdx.x; j < e; j += blockDim.x) local_counts[j] = 0;
     __syncthreads();
     for (int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; s < slots;
          s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const int32_t j = idx[s];
+        if (group && group[s / k] != keep) continue;
         if (j >= 0 && j < e) atomicAdd(&local_counts[j], 1u);
     }
     __syncthreads();
@@ -39,6 +46,8 @@ __global__ void expert_counts_kernel(const int32_t* __restrict__ idx, u64* count
 template <typename T>
 __global__ void qb_histogram_kernel(const T* __restrict__ scores,
                                     const T* __restrict__ cutoff,
+                                    const int32_t* __restrict__ group,
+                                    int32_t keep,
                                     u64* hist,
                                     int64_t n,
                                     int e,
@@ -54,6 +63,7 @@ __global__ void qb_histogram_kernel(const T* __restrict__ scores,
     const int64_t i1 = min(n, i0 + kTokensPerBlock);
     for (int64_t w = threadIdx.x; w < (i1 - i0) * ne; w += blockDim.x) {
         const int64_t i = i0 + w / ne;
+        if (group && group[i] != keep) continue;
         const int jj = static_cast<int>(w % ne);
         const double r = static_cast<double>(to_f32(cutoff[i])) - static_cast<double>(to_f32(scores[i * e + j0 + jj]));
         const double t = floor((r - lo) * scale);
@@ -69,6 +79,8 @@ __global__ void qb_histogram_kernel(const T* __restrict__ scores,
 template <typename T>
 __global__ void qb_histogram_global_kernel(const T* __restrict__ scores,
                                            const T* __restrict__ cutoff,
+                                           const int32_t* __restrict__ group,
+                                           int32_t keep,
                                            u64* hist,
                                            int64_t n,
                                            int e,
@@ -78,6 +90,7 @@ __global__ void qb_histogram_global_kernel(const T* __restrict__ scores,
     for (int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; w < n * e;
          w += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const int64_t i = w / e;
+        if (group && group[i] != keep) continue;
         const int j = static_cast<int>(w % e);
         const double r = static_cast<double>(to_f32(cutoff[i])) - static_cast<double>(to_f32(scores[w]));
         const double t = floor((r - lo) * scale);
@@ -178,7 +191,7 @@ struct Scratch {
 
 }  // namespace
 
-void moe_expert_counts(const Tensor& indices, const Tensor& counts) {
+void moe_expert_counts(const Tensor& indices, const Tensor& counts, const Tensor& group, int32_t keep) {
     check_dtype_in(counts, {DType::i64}, "moe_expert_counts", "counts");
     const int64_t slots = indices.numel();
     const int e = static_cast<int>(counts.numel());
@@ -186,12 +199,24 @@ void moe_expert_counts(const Tensor& indices, const Tensor& counts) {
     core::NvtxRange range("moe_expert_counts");
     const unsigned blocks = std::min<unsigned>(grid_for(slots, kThreads), 128);
     expert_counts_kernel<<<blocks, kThreads, static_cast<size_t>(e) * sizeof(unsigned), core::exec_stream()>>>(
-        indices.data<int32_t>(), static_cast<u64*>(counts.raw()), slots, e);
+        indices.data<int32_t>(),
+        group.defined() ? group.data<int32_t>() : nullptr,
+        keep,
+        static_cast<u64*>(counts.raw()),
+        slots,
+        static_cast<int>(indices.size(1)),
+        e);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 MT_REGISTER_KERNEL(moe_expert_counts, cuda, moe_expert_counts, ::mt::ops::any_dtype);
 
-void moe_qb_histogram(const Tensor& scores, const Tensor& cutoff, double lower, double upper, const Tensor& hist) {
+void moe_qb_histogram(const Tensor& scores,
+                      const Tensor& cutoff,
+                      double lower,
+                      double upper,
+                      const Tensor& hist,
+                      const Tensor& group,
+                      int32_t keep) {
     constexpr std::string_view op = "moe_qb_histogram";
     check_cuda_float(scores, op, "scores");
     check_dtype_as(cutoff, scores, op, "cutoff", "scores");
@@ -206,15 +231,16 @@ void moe_qb_histogram(const Tensor& scores, const Tensor& cutoff, double lower, 
         const T* s = static_cast<const T*>(scores.raw());
         const T* c = static_cast<const T*>(cutoff.raw());
         u64* h = static_cast<u64*>(hist.raw());
+        const int32_t* g = group.defined() ? group.data<int32_t>() : nullptr;
         if (eb >= 1) {
             const dim3 grid(static_cast<unsigned>((e + eb - 1) / eb),
                             static_cast<unsigned>((n + kTokensPerBlock - 1) / kTokensPerBlock));
             qb_histogram_kernel<T>
                 <<<grid, kThreads, static_cast<size_t>(eb * bins) * sizeof(unsigned), core::exec_stream()>>>(
-                    s, c, h, n, e, bins, eb, lower, scale);
+                    s, c, g, keep, h, n, e, bins, eb, lower, scale);
         } else {
-            qb_histogram_global_kernel<T>
-                <<<grid_for(n * e, kThreads), kThreads, 0, core::exec_stream()>>>(s, c, h, n, e, bins, lower, scale);
+            qb_histogram_global_kernel<T><<<grid_for(n * e, kThreads), kThreads, 0, core::exec_stream()>>>(
+                s, c, g, keep, h, n, e, bins, lower, scale);
         }
     });
     MT_CUDA_CHECK(cudaGetLastError());
@@ -254,7 +280,7 @@ double moe_aux_loss(const Tensor& scores, const Tensor& indices, double coeff, b
     auto* p_mean = static_cast<double*>(cols.ptr);
     MT_CUDA_CHECK(cudaMemsetAsync(counts.ptr, 0, static_cast<size_t>(e) * sizeof(u64), st));
     const Tensor count_view = Tensor::borrow(counts.ptr, {e}, DType::i64, core::Device::cuda);
-    moe_expert_counts(indices, count_view);
+    moe_expert_counts(indices, count_view, Tensor(), 0);
     MT_CUDA_DISPATCH(scores.dtype(), T, {
         const T* s = static_cast<const T*>(scores.raw());
         aux_rows_kernel<T><<<warp_blocks(n), kThreads, 0, st>>>(s, rowsum, n, static_cast<int>(e), probs);

@@ -4,7 +4,8 @@
 // one warp per token with the row's score gradient in shared memory; the gate terms are added by one lane in slot
 // order. All math in f32; no atomics, deterministic.
 // Dtypes: logits, dlogits bf16|f16|f32 (T); scores, gates, cutoff, dgates, dscores T or f32 (one dtype, S); bias T
-// or f32. The MoE layer keeps S = f32 under mixed precision (spec: the router in fp32).
+// or f32. The MoE layer keeps S = f32 under mixed precision (spec: the router in fp32). With bias_rows (i32 [N],
+// trusted to lie in [0, G): the MoE layer builds them) token i's bias is row bias_rows[i] of bias [G, E].
 #include <cfloat>
 #include <climits>
 
@@ -22,6 +23,7 @@ constexpr float kGateEps = 1e-20f;
 template <int EPL, typename T, typename B, typename S>
 __global__ void router_fwd_kernel(const T* __restrict__ logits,
                                   const B* __restrict__ bias,
+                                  const int32_t* __restrict__ bias_rows,
                                   S* __restrict__ scores,
                                   int32_t* __restrict__ indices,
                                   S* __restrict__ gates,
@@ -62,10 +64,11 @@ __global__ void router_fwd_kernel(const T* __restrict__ logits,
 #pragma unroll
         for (int t = 0; t < EPL; ++t) s[t] = 1.0f / (1.0f + expf(-s[t]));
     }
+    const B* brow = bias && bias_rows ? bias + static_cast<int64_t>(bias_rows[i]) * e : bias;  // [E]
 #pragma unroll
     for (int t = 0; t < EPL; ++t) {
         const int j = lane + 32 * t;
-        const float v = s[t] + (bias && j < e ? to_f32(bias[j]) : 0.0f);
+        const float v = s[t] + (brow && j < e ? to_f32(brow[j]) : 0.0f);
         key[t] = isnan(v) ? -INFINITY : v;  // a NaN key sorts last, as on the CPU
         if (j < e) scores[i * e + j] = from_f32<S>(s[t]);
     }
@@ -157,13 +160,15 @@ void launch_fwd(const Tensor& logits,
                 const Tensor& indices,
                 const Tensor& gates,
                 const Tensor& cutoff,
-                const MoeRouterOptions& o) {
+                const MoeRouterOptions& o,
+                const Tensor& bias_rows) {
     const int64_t n = logits.size(0);
     const int e = static_cast<int>(logits.size(1)), k = static_cast<int>(o.top_k);
     const unsigned blocks = static_cast<unsigned>((n + kWarps - 1) / kWarps);
     const size_t shared = static_cast<size_t>(kWarps * k) * sizeof(float);
     const auto* z = static_cast<const T*>(logits.raw());
     const auto* b = bias.defined() ? static_cast<const B*>(bias.raw()) : nullptr;
+    const int32_t* rows = bias_rows.defined() ? bias_rows.data<int32_t>() : nullptr;
     auto* s = static_cast<S*>(scores.raw());
     auto* g = static_cast<S*>(gates.raw());
     auto* c = cutoff.defined() ? static_cast<S*>(cutoff.raw()) : nullptr;
@@ -173,7 +178,7 @@ void launch_fwd(const Tensor& logits,
     auto run = [&](auto epl) {
         constexpr int EPL = decltype(epl)::value;
         router_fwd_kernel<EPL, T, B, S><<<blocks, kWarps * 32, shared, core::exec_stream()>>>(
-            z, b, s, idx, g, c, n, e, k, softmax, o.normalize, rho);
+            z, b, rows, s, idx, g, c, n, e, k, softmax, o.normalize, rho);
     };
     if (e <= 32)
         run(std::integral_constant<int, 1>{});
@@ -198,7 +203,8 @@ void moe_router_fwd(const Tensor& logits,
                     const Tensor& indices,
                     const Tensor& gates,
                     const Tensor& cutoff,
-                    const MoeRouterOptions& options) {
+                    const MoeRouterOptions& options,
+                    const Tensor& bias_rows) {
     constexpr std::string_view op = "moe_router_fwd";
     check_cuda_float(logits, op, "logits");
     MT_CHECK(scores.dtype() == logits.dtype() || scores.dtype() == DType::f32,
@@ -218,10 +224,11 @@ void moe_router_fwd(const Tensor& logits,
     if (logits.size(0) == 0) return;
     core::NvtxRange range("moe_router_fwd");
     const DType bias_dtype = bias.defined() ? bias.dtype() : DType::f32;
-    MT_CUDA_DISPATCH(logits.dtype(), T, MT_MOE_F32_OR(bias_dtype, T, B, MT_MOE_F32_OR(scores.dtype(), T, S, {
-                                                          launch_fwd<T, B, S>(
-                                                              logits, bias, scores, indices, gates, cutoff, options);
-                                                      })));
+    MT_CUDA_DISPATCH(
+        logits.dtype(), T, MT_MOE_F32_OR(bias_dtype, T, B, MT_MOE_F32_OR(scores.dtype(), T, S, {
+                                             launch_fwd<T, B, S>(
+                                                 logits, bias, scores, indices, gates, cutoff, options, bias_rows);
+                                         })));
 }
 MT_REGISTER_KERNEL(moe_router_fwd, cuda, moe_router_fwd, ::mt::ops::half_and_float_dtypes);
 
