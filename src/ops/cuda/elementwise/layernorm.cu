@@ -109,7 +109,9 @@ __global__ void layernorm_bwd_kernel(const TX* __restrict__ x,
             load_vec<VEC>(weight + j, wv);
 #pragma unroll
             for (int k = 0; k < VEC; ++k) {
-                const float g = gv[k] * wv[k];
+                // __fmul_rn: no FMA contraction here or below, so both passes see the same rounded g (a contracted
+                // g - mean_g would keep the product's rounding error, which rstd then scales: nonzero dx at C = 1).
+                const float g = __fmul_rn(gv[k], wv[k]);
                 sum_g += g;
                 sum_gx += g * (xv[k] - mu) * r;
             }
@@ -125,7 +127,7 @@ __global__ void layernorm_bwd_kernel(const TX* __restrict__ x,
 #pragma unroll
             for (int k = 0; k < VEC; ++k) {
                 const float xhat = (xv[k] - mu) * r;
-                out[k] = rv[k] + r * (gv[k] * wv[k] - mean_g - xhat * mean_gx);
+                out[k] = rv[k] + r * (__fmul_rn(gv[k], wv[k]) - mean_g - xhat * mean_gx);
                 dw[j + k] += gv[k] * xhat;
                 db[j + k] += gv[k];
             }
