@@ -1,6 +1,7 @@
 // `moetrain data`: tokenize a text corpus (default: the Debian fortunes) into train/val token files, or train a
 // SentencePiece BPE tokenizer on it (--train-tokenizer; add --tokenize to also tokenize with the new model). --long-doc
-// adds long documents tagged long (a directory tree concatenated), for the context-length curriculum.
+// adds long documents tagged long (a directory tree concatenated), for the context-length curriculum. --images writes
+// image-caption data instead: WebDataset tar shards (and a JSONL manifest) from the shapes generator or a folder.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "data/corpus.h"
+#include "data/image_text_write.h"
 #include "data/tokenizer.h"
 
 namespace mt::cli {
@@ -29,7 +31,45 @@ struct DataArgs {
     int64_t vocab_size = 4096;
     std::string model_prefix;  // default <out>/spm
     bool tokenize = false;
+    // --images: image-caption shards (docs/data.md "Image-text data").
+    bool images = false;
+    std::string images_from;  // a folder of KEY.png|jpg + KEY.txt; empty: the shapes generator
+    int64_t count = 1000;
+    std::string split = "train";
+    int64_t stage = 4;
+    int64_t per_shard = 1000;
+    std::string image_format = "png";
+    bool manifest = false;
 };
+
+void run_images(const DataArgs& a, bool out_given) {
+    data::ImageTextWriteOptions o;
+    o.out_dir = out_given ? a.out : "data/shapes_images";
+    o.prefix = a.images_from.empty() ? a.split : "train";
+    o.per_shard = a.per_shard;
+    o.format = a.image_format == "jpeg" ? data::ImageFormat::jpeg : data::ImageFormat::png;
+    o.manifest = a.manifest;
+    data::ImageTextWriteResult r;
+    std::string from = a.images_from;
+    if (a.images_from.empty()) {
+        data::ShapesOptions shapes;
+        shapes.seed = a.seed;
+        shapes.stage = static_cast<int>(a.stage);
+        const data::ShapesSplit split = a.split == "train" ? data::ShapesSplit::train
+                                        : a.split == "val" ? data::ShapesSplit::val
+                                                           : data::ShapesSplit::comp_val;
+        r = data::image_text_write_shapes(shapes, split, a.count, o);
+        from = fmt::format("shapes {} split, stage {}, seed {}, {}", a.split, a.stage, a.seed, a.image_format);
+    } else {
+        r = data::image_text_write_folder(a.images_from, o);
+    }
+    fmt::print("moetrain data: {} image-caption samples ({}) in {} tar shard(s): {}{}\n",
+               r.samples,
+               from,
+               r.shards.size(),
+               r.shards.size() == 1 ? r.shards.front() : fmt::format("{} ... {}", r.shards.front(), r.shards.back()),
+               r.manifest.empty() ? "" : fmt::format(" and manifest {}", r.manifest));
+}
 
 void run_prepare(const DataArgs& a, const std::string& tokenizer_spec) {
     const auto tokenizer = data::tokenizer_open(tokenizer_spec);
@@ -63,7 +103,13 @@ void run_prepare(const DataArgs& a, const std::string& tokenizer_spec) {
                    a.out);
 }
 
-void run_data(const DataArgs& a) {
+void run_data(const DataArgs& a, bool out_given) {
+    if (a.images) {
+        if (a.train_tokenizer)
+            core::fail(core::ExitCode::usage, "--images writes image shards: drop --train-tokenizer");
+        run_images(a, out_given);
+        return;
+    }
     if (!a.train_tokenizer) {
         if (a.tokenize)
             core::fail(core::ExitCode::usage, "--tokenize goes with --train-tokenizer (tokenizing is the default)");
@@ -123,7 +169,34 @@ void register_data(CLI::App& app) {
         ->capture_default_str();
     sub->add_option("--model-prefix", args->model_prefix, "Prefix of the trained model (default <out>/spm)");
     sub->add_flag("--tokenize", args->tokenize, "With --train-tokenizer: then tokenize the corpus with the new model");
-    sub->callback([args] { run_data(*args); });
+    sub->add_flag("--images",
+                  args->images,
+                  "Write image-caption WebDataset tar shards (KEY.png + KEY.txt) instead of token files; --out "
+                  "defaults to data/shapes_images");
+    sub->add_option(
+        "--images-from",
+        args->images_from,
+        "With --images: a folder of KEY.png|jpg images with KEY.txt captions (default: the shapes generator)");
+    sub->add_option("--count", args->count, "With --images: shapes samples to write")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+        ->capture_default_str();
+    sub->add_option("--split", args->split, "With --images: the shapes split (also the file prefix)")
+        ->check(CLI::IsMember({"train", "val", "comp-val"}))
+        ->capture_default_str();
+    sub->add_option("--stage", args->stage, "With --images: the shapes debug-ladder stage (1 color only ... 4 full)")
+        ->check(CLI::Range(1, 4))
+        ->capture_default_str();
+    sub->add_option("--per-shard", args->per_shard, "With --images: samples per tar shard")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+        ->capture_default_str();
+    sub->add_option("--image-format", args->image_format, "With --images: how shapes images are encoded")
+        ->check(CLI::IsMember({"png", "jpeg"}))
+        ->capture_default_str();
+    sub->add_flag("--manifest",
+                  args->manifest,
+                  "With --images: also write the images as files and a JSONL manifest <out>/<split>.jsonl");
+    CLI::Option* out = sub->get_option("--out");
+    sub->callback([args, out] { run_data(*args, out->count() > 0); });
 }
 
 }  // namespace mt::cli

@@ -384,7 +384,7 @@ void validate(const JobConfig& c, const std::string& src) {
     if (segmented && m.moe_enabled && m.moe.balance.mode == nn::MoeBalanceMode::aux_loss)
         bad("long.segments with moe.balance = \"aux_loss\": the auxiliary loss is per batch, not a sum over "
             "tokens, so segments would change it; use quantile or sign_bias balancing");
-    if (c.data.paths.empty() && !c.data.images()) bad("data.paths is empty: name at least one training shard");
+    if (c.data.paths.empty() && c.data.format != "shapes") bad("data.paths is empty: name at least one training shard");
     if (m.document_mask && m.eot_token >= m.vocab_size)
         bad(fmt::format("data.eot_token = {} is outside model.vocab_size = {}", m.eot_token, m.vocab_size));
     if (c.run.dir.empty()) bad("run.dir is empty: name the directory for checkpoints and metrics");
@@ -433,7 +433,9 @@ JobConfig config_parse(const std::string& toml_text,
     // Document masking without an explicit data.eot_token ends documents at the tokenizer's EOT (a SentencePiece
     // model is opened for its eos id: a missing or bad model exits 3 naming the file).
     if (c.model.document_mask && c.model.eot_token < 0)
-        c.model.eot_token = c.data.images() ? data::kShapesEos : data::tokenizer_open(c.data.tokenizer)->eot_id();
+        c.model.eot_token =
+            c.data.format == "shapes" ? data::kShapesEos : data::tokenizer_open(c.data.tokenizer)->eot_id();
+    config_vision_defaults(c);
     validate(c, source);
     config_long_validate(c, source);
     config_parallel_validate(c, source);

@@ -60,13 +60,19 @@ struct ShapesDataConfig {
 };
 
 struct DataConfig {
-    std::string format = "llmc";  // llmc | megatron | shapes (generated image-caption samples, no files)
+    // llmc | megatron | shapes (generated image-caption samples, no files) | webdataset (tar shards of images and
+    // captions) | image_jsonl (manifests of image path and caption)
+    std::string format = "llmc";
     std::vector<std::string> paths;
     std::vector<std::string> val_paths;
     std::string tokenizer = "bytes";
     ShapesDataConfig shapes;
+    bool skip_bad_samples = false;  // image-text data on disk: skip a bad sample with a warning instead of exit 3
     bool images() const {
-        return format == "shapes";
+        return format == "shapes" || images_on_disk();
+    }
+    bool images_on_disk() const {
+        return format == "webdataset" || format == "image_jsonl";
     }
 };
 

@@ -294,11 +294,14 @@ std::vector<Field> config_schema(JobConfig& c) {
                 "per-expert loads into metrics.jsonl every this many steps (0: never)"),
         text("data.format",
              &d.format,
-             "token file format ([data.md](data.md)), or `shapes`: generated image-caption samples, no files "
-             "([shapes_dataset.md](shapes_dataset.md), [multimodal.md](multimodal.md))",
-             {"llmc", "megatron", "shapes"}),
-        list(
-            "data.paths", &d.paths, "training files, concatenated in order; required (at least one) but with `shapes`"),
+             "token file format ([data.md](data.md)); `shapes`: generated image-caption samples, no files "
+             "([shapes_dataset.md](shapes_dataset.md), [multimodal.md](multimodal.md)); `webdataset`: tar shards of "
+             "images with captions; `image_jsonl`: manifests of image paths and captions ([data.md](data.md))",
+             {"llmc", "megatron", "shapes", "webdataset", "image_jsonl"}),
+        list("data.paths",
+             &d.paths,
+             "training files, concatenated in order (tar shards or JSONL manifests for the image formats); required "
+             "(at least one) but with `shapes`"),
         list("data.val_paths", &d.val_paths, "validation files; empty = the training stream"),
         text("data.tokenizer", &d.tokenizer, "recorded with the run"),
         flag("data.document_mask",

@@ -57,6 +57,9 @@ std::vector<Field> config_schema_muon(JobConfig& c);
 std::vector<Field> config_schema_vision(JobConfig& c);
 // The layouts and keys image + text training refuses yet (exit 2 naming the key).
 void config_vision_validate(const JobConfig& c, const std::string& src);
+// Fills what image-text data on disk implies when left unset: vision.image_token = the tokenizer's vocab + 2, the
+// <img_pad> of data/image_text_rows.h.
+void config_vision_defaults(JobConfig& c);
 
 // A key that older versions read, with what replaces it: a config that still sets one fails naming both.
 struct RemovedKey {

@@ -1,8 +1,11 @@
 // The [vision] and [projector] rows of the schema (train/config_schema.h): the ViT and the projector of image + text
 // training (multimodal.md §1-§2, §7; docs/multimodal.md).
 #include <algorithm>
+#include <functional>
 
 #include "core/error.h"
+#include "data/image_codec.h"
+#include "data/image_text_rows.h"
 #include "data/shapes.h"
 #include "data/shapes_batcher.h"
 #include "data/shapes_vocab.h"
@@ -39,7 +42,19 @@ std::vector<Field> config_schema_vision(JobConfig& c) {
                 -1,
                 int64_t{1} << 31,
                 "the <img_pad> id: the model replaces the embedding of every such token with the projector's "
-                "outputs, image after image (-1: unset; required with vision.layers > 0)"),
+                "outputs, image after image (-1: unset; required with vision.layers > 0, but with `webdataset` and "
+                "`image_jsonl` data, where it is the tokenizer's vocab + 2)"),
+        integer("vision.min_pixels",
+                &v.min_pixels,
+                1,
+                data::kImageMaxPixels,
+                "images read from disk are resized, keeping their aspect ratio, to sides that are multiples of 2 x "
+                "vision.patch and an area of at least this many pixels"),
+        integer("vision.max_pixels",
+                &v.max_pixels,
+                1,
+                data::kImageMaxPixels,
+                "... and at most this many (at least 2 x vision.min_pixels; 448^2: 256 image tokens)"),
         integer("projector.hidden",
                 &v.projector_hidden,
                 0,
@@ -63,6 +78,10 @@ std::vector<Field> config_schema_vision(JobConfig& c) {
              &c.data.shapes.held_out,
              "\"color shape\" pairs never in train or val (the compositional split holds them)"),
         integer("data.shapes.val_size", &c.data.shapes.val_size, 1, 1e9, "samples of the fixed val split"),
+        flag("data.skip_bad_samples",
+             &c.data.skip_bad_samples,
+             "with `webdataset` and `image_jsonl`: skip a bad sample (a corrupt image, a missing caption, a truncated "
+             "shard, a malformed manifest line) with a counted warning; false: stop with exit 3 naming it"),
         text("data.shapes.format",
              &c.data.shapes.format,
              "`caption`: a caption per image; `vqa`: a color question about a unique shape and its answer",
@@ -86,10 +105,74 @@ std::vector<Field> config_schema_vision(JobConfig& c) {
     };
 }
 
+void config_vision_defaults(JobConfig& c) {
+    if (c.data.images_on_disk() && c.model.vision.image_token < 0)
+        c.model.vision.image_token = data::image_text_ids(*data::tokenizer_open(c.data.tokenizer)).image.img_pad;
+}
+
+namespace {
+
+// The image-text data on disk (docs/data.md "Image-text data"): its special ids after the tokenizer's vocabulary,
+// and rows long enough for the largest image.
+void validate_images_on_disk(const JobConfig& c, const std::function<void(const std::string&)>& bad) {
+    const nn::VisionConfig& v = c.model.vision;
+    const std::string format = fmt::format("data.format = \"{}\"", c.data.format);
+    if (!v.enabled()) bad(format + " needs a vision encoder: set vision.layers > 0");
+    const auto tokenizer = data::tokenizer_open(c.data.tokenizer);
+    const data::ImageTextIds ids = data::image_text_ids(*tokenizer);
+    const int64_t vocab = tokenizer->vocab_size();
+    if (c.model.vocab_size < vocab + data::kImageTextSpecialTokens)
+        bad(
+            fmt::format("model.vocab_size = {} with {}: the tokenizer's {} ids and the 5 image-text specials after "
+                        "them (<bos> {}, <img_start> {}, <img_pad> {}, <img_end> {}, <pad> {}) need at least {}",
+                        c.model.vocab_size,
+                        format,
+                        vocab,
+                        ids.bos,
+                        ids.image.img_start,
+                        ids.image.img_pad,
+                        ids.image.img_end,
+                        ids.image.pad,
+                        vocab + data::kImageTextSpecialTokens));
+    if (v.image_token != ids.image.img_pad)
+        bad(
+            fmt::format("vision.image_token = {} with {}: <img_pad> is the tokenizer's vocab + 2 = {} (leave "
+                        "vision.image_token unset)",
+                        v.image_token,
+                        format,
+                        ids.image.img_pad));
+    if (c.model.document_mask && c.model.eot_token != ids.eot)
+        bad(fmt::format("data.eot_token = {} with {}: captions end with the tokenizer's EOT {}",
+                        c.model.eot_token,
+                        format,
+                        ids.eot));
+    const int64_t unit = 2 * v.patch;
+    if (v.min_pixels < unit * unit || v.max_pixels < 2 * v.min_pixels)
+        bad(
+            fmt::format("vision.min_pixels = {} and vision.max_pixels = {}: need min_pixels >= (2 x vision.patch)^2 "
+                        "= {} and max_pixels >= 2 x min_pixels (so that every aspect ratio has a size in range)",
+                        v.min_pixels,
+                        v.max_pixels,
+                        unit * unit));
+    const int64_t largest = v.max_pixels / (unit * unit);
+    if (c.train.seq_len < largest + 5)
+        bad(
+            fmt::format("train.seq_len = {} cannot hold the largest image vision.max_pixels = {} allows ({} image "
+                        "tokens) with its 4 frame tokens and a caption token: raise train.seq_len to at least {} or "
+                        "lower vision.max_pixels",
+                        c.train.seq_len,
+                        v.max_pixels,
+                        largest,
+                        largest + 5));
+}
+
+}  // namespace
+
 void config_vision_validate(const JobConfig& c, const std::string& src) {
     const nn::VisionConfig& v = c.model.vision;
     auto bad = [&](const std::string& msg) { core::fail(core::ExitCode::usage, "{} [{}]", msg, src); };
-    if (c.data.images()) {
+    if (c.data.images_on_disk()) validate_images_on_disk(c, bad);
+    if (c.data.format == "shapes") {
         if (!v.enabled()) bad("data.format = \"shapes\" needs a vision encoder: set vision.layers > 0");
         if (v.image_token != data::kShapesImgPad)
             bad(

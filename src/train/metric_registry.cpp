@@ -268,7 +268,7 @@ std::vector<MetricDef> metric_registry(const JobConfig& cfg) {
     }
     std::vector<MetricDef> out = std::move(b.out);
     out.push_back({"val_loss", "eval", "gauge", "nats", "validation loss (mean over train.eval_batches)", ""});
-    if (cfg.data.images()) {
+    if (cfg.data.format == "shapes") {
         out.push_back({"eval/blind_bound",
                        "eval",
                        "gauge",

@@ -97,7 +97,9 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     const auto& t = cfg_.train;
 
     seq_len_ = t.seq_len;
-    if (cfg_.data.images()) {
+    if (cfg_.data.images_on_disk()) {
+        disk_images_setup();
+    } else if (cfg_.data.images()) {
         images_setup();
     } else {
         train_source_ = data::token_source_open(cfg_.data.format, cfg_.data.paths, cfg_.model.vocab_size);
@@ -232,14 +234,14 @@ void Trainer::fill_batch(int64_t step,
                          const core::Tensor& targets,
                          nn::VisionBatch* images) const {
     const auto& t = cfg_.train;
-    if (image_train_) {  // rows, not sequences, are the samples; the images come with them
+    if (image_batches()) {  // rows, not sequences, are the samples; the images come with them
         nn::VisionBatch scratch;
-        image_train_->fill(
-            data::sampler_first_sample(data_step(step), t.grad_accum, micro, data_size(), data_rank(), t.batch_size),
-            t.batch_size,
-            inputs,
-            targets,
-            images != nullptr ? images : &scratch);
+        const int64_t first_row =
+            data::sampler_first_sample(data_step(step), t.grad_accum, micro, data_size(), data_rank(), t.batch_size);
+        if (image_train_)
+            image_train_->fill(first_row, t.batch_size, inputs, targets, images != nullptr ? images : &scratch);
+        else
+            disk_train_->fill(first_row, t.batch_size, inputs, targets, images != nullptr ? images : &scratch);
         return;
     }
     if (stage_sampler_) {
@@ -412,6 +414,7 @@ void Trainer::compute_gradients(StepResult& r) {
 double Trainer::evaluate() {
     beat_phase(Phase::eval);
     if (image_val_) return evaluate_images();
+    if (disk_train_) return evaluate_disk_images();
     const auto& t = cfg_.train;
     const data::Sampler& sampler = val_sampler_ ? *val_sampler_ : *train_sampler_;
     // The data-parallel ranks share the batches round-robin; the sum over ranks is the single-process sum. Under
@@ -471,7 +474,10 @@ RunEnd Trainer::run() {
             mesh_->world().size() > 1
                 ? fmt::format(" x {} processes, {}", mesh_->world().size(), parallel::mesh_describe(mesh_->shape()))
                 : "",
-            train_source_ ? train_source_->describe() : std::string("generated shapes image-caption samples"));
+            train_source_ ? train_source_->describe()
+            : disk_train_
+                ? fmt::format("{} image-caption samples ({})", disk_train_->dataset().size(), cfg_.data.format)
+                : std::string("generated shapes image-caption samples"));
         if (adamw_->offloaded())
             fmt::print(
                 "moetrain: optimizer offload: master weights and {} AdamW moments in host memory ({:.2f} GB); "

@@ -27,6 +27,7 @@
 #include "train/config.h"
 #include "train/heartbeat.h"
 #include "train/http_endpoint.h"
+#include "train/image_disk_source.h"
 #include "train/image_text_source.h"
 #include "train/metrics.h"
 #include "train/spike_detector.h"
@@ -170,7 +171,7 @@ class Trainer {
         fault_ = fault;
     }
     // This data-parallel rank's batch of micro-batch `micro` at optimizer step `step` (its data step's samples).
-    // With data.format = "shapes" the images of those rows go to `images` (dropped when null).
+    // With image-text data the images of those rows go to `images` (dropped when null).
     void fill_batch(int64_t step,
                     int64_t micro,
                     const core::Tensor& inputs,
@@ -476,6 +477,14 @@ class Trainer {
     double last_eval_bound_ = 0.0;
     ShapesEval last_shapes_eval_;
     std::vector<ShapesEval> last_control_evals_;  // in the order of image_controls_
+    // data.format = "webdataset" or "image_jsonl" (trainer_images_disk.cpp): image-text data read from disk, and the
+    // evaluation over data.val_paths (else the first training rows), which reports the plain val loss.
+    void disk_images_setup();
+    double evaluate_disk_images();
+    std::unique_ptr<ImageDiskSource> disk_train_, disk_val_;
+    bool image_batches() const {
+        return image_train_ || disk_train_;
+    }
     // step_inputs_ / step_targets_ at [grad_accum, batch_size, seq_len], once.
     void allocate_step_batches();
     core::Tensor step_inputs_, step_targets_;  // [grad_accum, B, T] i32: the batches step_status read ahead

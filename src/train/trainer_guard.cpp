@@ -29,13 +29,13 @@ void Trainer::read_step_batches() {
     long_prepare_step();
     allocate_step_batches();
     batches_step_ = -1;  // until every micro-batch is in
-    if (image_train_) step_images_.resize(static_cast<size_t>(t.grad_accum));
+    if (image_batches()) step_images_.resize(static_cast<size_t>(t.grad_accum));
     for (int64_t micro = 0; micro < t.grad_accum; ++micro)
         fill_batch(step_,
                    micro,
                    step_inputs_.select(0, micro),
                    step_targets_.select(0, micro),
-                   image_train_ ? &step_images_[static_cast<size_t>(micro)] : nullptr);
+                   image_batches() ? &step_images_[static_cast<size_t>(micro)] : nullptr);
     batches_step_ = step_;
 }
 
@@ -113,7 +113,9 @@ void Trainer::check_validation_data() const {
     // The batches every evaluation reads are the same, so a token outside the vocabulary among them would stop the
     // run at its first evaluation: read them all once now, this rank's share, as evaluate() does.
     const auto& t = cfg_.train;
-    if (t.eval_every <= 0 || image_val_) return;  // generated samples cannot be out of the vocabulary
+    // Generated samples, and image-text ids made from the tokenizer the config checked, cannot be out of the
+    // vocabulary.
+    if (t.eval_every <= 0 || image_val_ || disk_train_) return;
     const data::Sampler& sampler = val_sampler_ ? *val_sampler_ : *train_sampler_;
     const core::Tensor inputs = core::Tensor::zeros({t.batch_size, seq_len_}, core::DType::i32);
     const core::Tensor targets = core::Tensor::zeros({t.batch_size, seq_len_}, core::DType::i32);

@@ -1,4 +1,5 @@
-// Helpers for the data tests: a unique scratch directory per test and an expectation on mt::core::Error.
+// Helpers for the data tests: a unique scratch directory per test, an expectation on mt::core::Error, and quiet
+// image-text dataset options.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "data/image_text_dataset.h"
 
 namespace mt::data::testing {
 
@@ -55,6 +57,14 @@ inline void expect_error(const std::function<void()>& fn,
         EXPECT_EQ(static_cast<int>(e.code()), static_cast<int>(code)) << e.what();
         for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
     }
+}
+
+// Dataset options without the indexing warnings (the tests count the skipped samples instead).
+inline ImageTextDatasetOptions quiet(bool skip_bad_samples = false) {
+    ImageTextDatasetOptions o;
+    o.skip_bad_samples = skip_bad_samples;
+    o.log = false;
+    return o;
 }
 
 }  // namespace mt::data::testing

@@ -197,6 +197,55 @@ expect 2 "--resume excludes --resume-from" -- train --resume --resume-from $CK
 grep -qF "verified: 1 file(s)" out.txt || fail "inspect --verify does not say what it verified: $(tail -2 out.txt)"
 echo "ok (0): $(grep '^verified' out.txt)"
 
+# Image-text data on disk (docs/data.md "Image-text data"): a corrupt image, a missing caption, a truncated shard, a
+# missing manifest image and a malformed manifest line each end with exit 3 naming the shard (or manifest line) and the
+# sample key; with data.skip_bad_samples = true the sample is skipped with a counted warning instead.
+"$BIN" data --images --count 8 --per-shard 8 --stage 1 --out img --manifest > /dev/null || fail "data --images"
+IMG=(--config "$SRC/configs/shapes_tiny.toml" --set run.dir=run_img --set 'data.format="webdataset"'
+     --set 'data.paths=["img/train-000000.tar"]' --set data.eot_token=-1 --set model.vocab_size=262
+     --set vision.image_token=-1 --set vision.min_pixels=3136 --set vision.max_pixels=12544 --set train.seq_len=96
+     --set train.batch_size=2 --set train.steps=1 --set train.eval_every=0 --set checkpoint.every_steps=0
+     --set vision.layers=1 --set vision.dim=32 --set vision.heads=2 --set vision.mlp=64)
+imgtrain() { timeout 60 "$BIN" train "${IMG[@]}" "$@"; }
+imgtrain > out.txt 2>&1 || fail "training on the written shard: $(tail -3 out.txt)"
+mkdir -p samples && cp img/train/00000000.png samples/a.png && echo "a caption" > samples/a.txt
+printf 'not an image at all' > samples/b.png && echo "b caption" > samples/b.txt
+tar -cf corrupt.tar -C samples a.png a.txt b.png b.txt
+expect 3 '[corrupt.tar, sample "b"]' -- imgtrain --set 'data.paths=["corrupt.tar"]'
+grep -qF "corrupt image b.png: not a PNG or JPEG image" err.txt || fail "no reason for the corrupt image: $(cat err.txt)"
+cp samples/a.png samples/c.png
+tar -cf nocaption.tar -C samples a.png a.txt c.png
+expect 3 'missing caption: the sample has no .txt or .json member [nocaption.tar, sample "c"]' -- \
+  imgtrain --set 'data.paths=["nocaption.tar"]'
+# Cut inside the second sample's image (tar -R gives each member's first block).
+block=$(tar -tR -f img/train-000000.tar | sed -n 's/^block \([0-9]*\): 00000001.png$/\1/p')
+head -c $((block * 512 + 512 + 100)) img/train-000000.tar > cut.tar
+expect 3 '[cut.tar, sample "00000001"]' -- imgtrain --set 'data.paths=["cut.tar"]'
+grep -qF "truncated" err.txt || fail "the cut shard is not called truncated: $(cat err.txt)"
+{ head -1 img/train.jsonl; echo '{"image": "train/missing.png", "text": "gone"}'; } > img/missing.jsonl
+expect 3 'line 2, image "train/missing.png"]' -- \
+  imgtrain --set 'data.format="image_jsonl"' --set 'data.paths=["img/missing.jsonl"]'
+{ head -1 img/train.jsonl; echo '{"image": "train/00000001.png", "text": '; } > img/malformed.jsonl
+expect 3 'malformed manifest line: not a JSON object [img/malformed.jsonl line 2]' -- \
+  imgtrain --set 'data.format="image_jsonl"' --set 'data.paths=["img/malformed.jsonl"]'
+# A sound header over damaged pixel data: found when the batch is made, at step 1, naming the sample.
+cp samples/a.png samples/d.png && echo "d caption" > samples/d.txt
+size=$(stat -c %s samples/d.png)
+printf '\x55' | dd of=samples/d.png bs=1 seek=$((size - 40)) conv=notrunc 2> /dev/null
+tar -cf badpixels.tar -C samples d.png d.txt
+expect 3 'corrupt PNG' -- imgtrain --set 'data.paths=["badpixels.tar"]'
+grep -qF '[badpixels.tar, sample "d"]' err.txt || fail "the damaged pixels do not name the sample: $(cat err.txt)"
+# Skipping: every bad sample above is left out with a counted warning and the run trains on the good ones (4 samples
+# in 4 rows: two steps of two rows read them all).
+imgtrain --set data.skip_bad_samples=true --set train.steps=2 \
+  --set 'data.paths=["corrupt.tar", "nocaption.tar", "cut.tar", "badpixels.tar"]' \
+  > out.txt 2> err.txt || fail "skip_bad_samples: exit $?: $(cat err.txt)"
+for needle in 'skipped bad sample (1 so far): corrupt image b.png' 'skipped bad sample (2 so far): missing caption' \
+  'skipped bad sample (3 so far): truncated' '3 bad samples skipped' 'skipped bad sample (4 so far): corrupt PNG'; do
+  grep -qF "$needle" out.txt || fail "no warning '$needle': $(grep -i bad out.txt)"
+done
+echo "ok (0): $(grep -c 'skipped bad sample' out.txt) bad samples skipped with warnings"
+
 # Nothing half-written anywhere: no temporary files, every checkpoint directory complete.
 leftovers=$(find . -name '*.tmp' | head -5)
 [[ -z $leftovers ]] || fail "temporary files left behind: $leftovers"

@@ -22,6 +22,10 @@ struct VisionConfig {
     // The <img_pad> id (vision.image_token): the model replaces the embedding of every such token of a batch with the
     // projector's outputs, in order (multimodal.md §3).
     int64_t image_token = -1;
+    // The resize limits of images read from disk (multimodal.md §1): the area after the resize lies in
+    // [min_pixels, max_pixels], both sides multiples of 2 * patch. Shapes images are rendered at their size.
+    int64_t min_pixels = 112 * 112;
+    int64_t max_pixels = 448 * 448;
 
     bool enabled() const {
         return layers > 0;
