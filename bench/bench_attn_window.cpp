@@ -23,6 +23,7 @@
 #include "gpu_timing.h"
 #include "ops/attention.h"
 #include "ops/attention_global.h"
+#include "ops/cpu/blas.h"
 
 namespace {
 
@@ -150,6 +151,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    mt::ops::cpu::blas_select_kernels(argv);
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {

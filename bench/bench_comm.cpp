@@ -19,6 +19,7 @@
 
 #include "core/cuda_probe.h"
 #include "core/tensor.h"
+#include "ops/cpu/blas.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/runtime.h"
 
@@ -120,5 +121,6 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    mt::ops::cpu::blas_select_kernels(argv);
     return mt::parallel::dist_run_main(argc, argv, "bench_comm", run);
 }

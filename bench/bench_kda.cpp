@@ -29,6 +29,7 @@
 
 #ifdef MT_HAVE_CUDA
 #include "core/cuda/cuda_check.h"
+#include "ops/cpu/blas.h"
 #endif
 
 namespace {
@@ -280,6 +281,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    mt::ops::cpu::blas_select_kernels(argv);
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {

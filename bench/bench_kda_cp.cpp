@@ -29,6 +29,7 @@
 #include "core/tensor.h"
 #include "gpu_timing.h"
 #include "nn/segments.h"
+#include "ops/cpu/blas.h"
 #include "ops/kda.h"
 
 namespace {
@@ -353,6 +354,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    mt::ops::cpu::blas_select_kernels(argv);
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {

@@ -19,6 +19,7 @@
 #include "core/tensor.h"
 #include "gpu_timing.h"
 #include "nn/layers/moe_layer.h"
+#include "ops/cpu/blas.h"
 #include "ops/grouped_linear.h"
 
 namespace {
@@ -141,6 +142,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    mt::ops::cpu::blas_select_kernels(argv);
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {

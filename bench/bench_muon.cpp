@@ -18,6 +18,7 @@
 #include "core/backend.h"
 #include "core/tensor.h"
 #include "gpu_timing.h"
+#include "ops/cpu/blas.h"
 #include "ops/muon.h"
 
 namespace {
@@ -133,6 +134,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    mt::ops::cpu::blas_select_kernels(argv);
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {
