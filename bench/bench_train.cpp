@@ -4,7 +4,9 @@
 // layer, so its times add up to more than a step), and prints one JSON line per range name after the figures.
 // Random tokens (written to a temporary shard) stand in for the corpus so the run needs no prepared data; the
 // step is the trainer's own (forward, backward, global norm + clipping, AdamW). Under mpirun it runs the config's
-// [parallel] layout over the job's ranks (tokens_per_s counts the global batch) and rank 0 prints.
+// [parallel] layout over the job's ranks (tokens_per_s counts the global batch) and rank 0 prints. An image + text
+// config (data.format = "shapes") trains on its generated samples and adds the image and text token rates, measured
+// on the metrics steps (metrics.every).
 #include <omp.h>
 #include <unistd.h>
 
@@ -19,6 +21,9 @@
 #include "core/rng.h"
 #include "core/trace.h"
 #include "data/llmc_shard.h"
+#include "nn/layer_stats.h"
+#include "ops/cpu/blas.h"
+#include "ops/layer_stats.h"
 #include "parallel/runtime.h"
 #include "train/trainer.h"
 
@@ -74,8 +79,15 @@ int run(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     double comm_wait = 0.0, loss = 0.0, optim_secs = 0.0, muon_secs = 0.0;
     int64_t overlapped = 0;
+    // Image + text configs: the image slots and all rows the splice saw on the metrics steps (nn/layer_stats.h).
+    const int64_t splice = mt::nn::layer_stats_layout(cfg.model).splice();
+    double image_rows = 0.0, all_rows = 0.0;
     for (int64_t s = 0; s < steps; ++s) {
         const mt::train::StepResult r = trainer.train_step();
+        if (splice >= 0 && !r.layer_stats.empty()) {
+            image_rows += r.layer_stats[static_cast<size_t>(splice)];
+            all_rows += r.layer_stats[static_cast<size_t>(splice + mt::ops::kLayerStatsMoments)];
+        }
         loss = r.loss;
         comm_wait += r.comm_seconds;
         optim_secs += r.optim.step_seconds;
@@ -98,7 +110,8 @@ int run(int argc, char** argv) {
     std::filesystem::remove_all(dir);
 
     const double tok_s = static_cast<double>(trainer.tokens_per_step() * steps) / secs;
-    const double flops = tok_s * trainer.model().flops_per_token(cfg.train.seq_len);
+    // The last step's FLOPs as typical (a shapes step's images vary a little; the LM's count does not).
+    const double flops = trainer.step_flops() * static_cast<double>(steps) / secs;
     // MFU against the dense bf16 peak of an H100/H200 (989 TFLOP/s); on the CPU GFLOP/s is the figure.
     const bool gpu = device == mt::core::Device::cuda;
     nlohmann::json line = {
@@ -111,7 +124,7 @@ int run(int argc, char** argv) {
         {"ms_per_step", 1000.0 * secs / static_cast<double>(steps)},
         {"tokens_per_s", tok_s},
         {"flops_per_token", trainer.model().flops_per_token(cfg.train.seq_len)},
-        {"gflops_per_s", tok_s * trainer.model().flops_per_token(cfg.train.seq_len) / 1e9},
+        {"gflops_per_s", flops / 1e9},
         {"threads", omp_get_max_threads()},
         {"device", std::string(mt::core::device_name(device))},
         {"params", trainer.model().params().total_numel()},
@@ -141,6 +154,14 @@ int run(int argc, char** argv) {
         line["buckets_overlapped"] = overlapped;
         line["buckets"] = trainer.gradient_buckets();
     }
+    if (all_rows > 0) {
+        // Image tokens are the <img_pad> slots; text tokens every other position of the rows, row-end padding
+        // included. The ViT's share of the step time is in the --profile lines (model.vision_fwd, model.vision_bwd).
+        const double share = image_rows / all_rows;
+        line["image_token_share"] = share;
+        line["image_tokens_per_s"] = share * tok_s;
+        line["text_tokens_per_s"] = (1.0 - share) * tok_s;
+    }
     line["deterministic"] = cfg.run.deterministic;
     line["world"] = trainer.mesh().world().size();
     line["mesh"] = trainer.mesh().to_json();
@@ -161,5 +182,6 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    mt::ops::cpu::blas_select_kernels(argv);
     return mt::parallel::dist_run_main(argc, argv, "bench_train", run);
 }

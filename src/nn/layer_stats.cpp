@@ -13,6 +13,10 @@ LayerStatsLayout layer_stats_layout(const ModelConfig& cfg) {
     LayerStatsLayout out;
     out.n_layers = cfg.n_layers;
     out.size = 8 * cfg.n_layers;
+    if (cfg.vision.enabled()) {
+        out.splice_offset = out.size;
+        out.size += 2 * ops::kLayerStatsMoments;
+    }
     if (!cfg.attnres.enabled()) return out;
     const int64_t layers = 2 * cfg.n_layers, block = cfg.attnres.resolved_block_size();
     for (int64_t l = 0; l <= layers; ++l) {
@@ -22,6 +26,10 @@ LayerStatsLayout layer_stats_layout(const ModelConfig& cfg) {
         out.size += m + 2;
     }
     return out;
+}
+
+int layer_stats_param_groups(const ModelConfig& cfg) {
+    return static_cast<int>(cfg.n_layers) + (cfg.vision.enabled() ? 2 : 0);
 }
 
 double layer_stats_kda_low(const ModelConfig& cfg) {

@@ -6,6 +6,8 @@
 //             kda_gate(l) [4] a KDA layer's log decay g: {numel, sum, -, #(g at the lower bound)}
 //   mix l of Block AttnRes (l = 0..2 n_layers, the last one the final mix): mix(l) [m_l + 2]
 //             {tokens, sum of alpha per source (m_l), sum of the entropy of alpha}
+//   the image splice (vision enabled, multimodal.md §8): splice() [8] the projector's outputs {numel, sum, sum of
+//             squares, -}, then the embedding rows after the splice, image and text together, the same four
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,7 @@ namespace mt::nn {
 struct LayerStatsLayout {
     int64_t n_layers = 0;
     std::vector<int64_t> mix_offset, mix_sources;  // per AttnRes mix; empty without AttnRes
+    int64_t splice_offset = -1;                    // the image splice's 8 slots; -1 without a vision encoder
     int64_t size = 0;                              // slots in all
 
     int64_t act(int64_t l) const {
@@ -29,9 +32,15 @@ struct LayerStatsLayout {
     int64_t mix(int64_t l) const {
         return mix_offset[static_cast<size_t>(l)];
     }
+    int64_t splice() const {
+        return splice_offset;
+    }
 };
 
 LayerStatsLayout layer_stats_layout(const ModelConfig& cfg);
+// The parameter groups of the per-group norms (gradient, weight, update): the layers, then the vision encoder and the
+// projector where the model has them.
+int layer_stats_param_groups(const ModelConfig& cfg);
 
 // The saturation threshold of the KDA gate (kda.md §7): a log decay within 1% of the lower bound l counts as
 // saturated (g <= 0.99 l); for the unbounded softplus gate, g <= -5 (a decay below e^-5 per token).

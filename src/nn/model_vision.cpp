@@ -3,7 +3,9 @@
 // other for every KDA, attention, MoE and AttnRes layer; the MoE layers learn each token's modality for per-modality
 // routing and metrics (multimodal.md §4).
 #include "core/trace.h"
+#include "nn/layer_stats.h"
 #include "nn/model.h"
+#include "ops/layer_stats.h"
 #include "ops/splice_rows.h"
 
 namespace mt::nn {
@@ -58,7 +60,16 @@ void Model::moe_modality_prepare(const Tensor& host_ids) {
 void Model::vision_forward() {
     if (!vision_slots_.defined()) return;
     core::TraceRange range(precision_.device, "model.vision_fwd");
-    ops::splice_rows_fwd(vision_->forward(vision_batch_), vision_slots_, x0_);
+    const Tensor& tokens = vision_->forward(vision_batch_);
+    ops::splice_rows_fwd(tokens, vision_slots_, x0_);
+    // A metrics step: the scale of the image embeddings against the text's (multimodal.md §8), which catches a
+    // projector whose outputs drown or vanish beside the token embeddings.
+    if (layer_stats_.defined()) {
+        const int64_t at = layer_stats_layout(cfg_).splice();
+        ops::layer_stats_moments(tokens, 0.0, layer_stats_.slice(0, at, at + ops::kLayerStatsMoments));
+        ops::layer_stats_moments(
+            x0_, 0.0, layer_stats_.slice(0, at + ops::kLayerStatsMoments, at + 2 * ops::kLayerStatsMoments));
+    }
 }
 
 void Model::vision_backward(const Tensor& d_embed) {

@@ -173,6 +173,26 @@ std::vector<MetricDef> metric_registry(const JobConfig& cfg) {
         {"imbalance_warning", {"", "1 while load_var > 0.1"}},
         {"bias_range_warning", {"", "1 while bias_range > 1"}},
     };
+    if (cfg.metrics.layer_stats && m.vision.enabled()) {
+        for (const char* part : {"vision", "projector"}) {
+            const std::string what = std::string(part) == "vision" ? "the vision encoder's" : "the projector's";
+            b.add(fmt::format("{}/grad_norm", part),
+                  "gauge",
+                  "",
+                  "L2 norm of " + what + " reduced gradient (before clipping, loss scale divided out)");
+            b.add(fmt::format("{}/param_norm", part), "gauge", "", "L2 norm of " + what + " weights after the update");
+            b.add(fmt::format("{}/update_ratio", part),
+                  "gauge",
+                  "1",
+                  "L2 norm of the change the optimizer step applied to " + what + " weights / its param_norm");
+        }
+        b.add("vision/image_token_share", "gauge", "1", "image slots / all tokens of the step's training batches");
+        b.add("vision/projector_rms", "gauge", "", "RMS of the projector's outputs (the image embeddings)");
+        b.add("vision/text_embed_rms",
+              "gauge",
+              "",
+              "RMS of the token embeddings of every other row: far from projector_rms, one modality drowns the other");
+    }
     for (int64_t l = 0; l < m.n_layers; ++l) {
         if (cfg.metrics.layer_stats) {
             b.add(fmt::format("layer/{}/grad_norm", l),

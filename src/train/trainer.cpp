@@ -14,13 +14,12 @@
 #include "core/backend.h"
 #include "core/cuda_probe.h"
 #include "core/trace.h"
+#include "ops/cpu/blas.h"
 #include "ops/global_norm.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/runtime.h"
 #include "train/config_parallel.h"
 #include "train/run_lock.h"
-
-extern "C" char* openblas_get_corename(void);
 
 namespace mt::train {
 
@@ -329,12 +328,12 @@ StepResult Trainer::train_step() {
     // The per-layer norms of the metrics steps (the loss scale divided out of the gradients').
     const bool layer_stats = layer_stats_step();
     if (layer_stats) {
-        r.layer_grad_sq = grad_sync_->group_norms_sq(layer_of_param_, static_cast<int>(cfg_.model.n_layers), true);
+        r.layer_grad_sq = grad_sync_->group_norms_sq(layer_of_param_, nn::layer_stats_param_groups(cfg_.model), true);
         for (double& x : r.layer_grad_sq) x /= r.loss_scale * r.loss_scale;
     }
     if (!r.skipped) optimizer_step(r, layer_stats);
     if (layer_stats) {
-        r.layer_param_sq = grad_sync_->group_norms_sq(layer_of_param_, static_cast<int>(cfg_.model.n_layers), false);
+        r.layer_param_sq = grad_sync_->group_norms_sq(layer_of_param_, nn::layer_stats_param_groups(cfg_.model), false);
         layer_stats_end(r);
     }
     ++step_;
@@ -493,7 +492,7 @@ RunEnd Trainer::run() {
                 grad_sync_->zero() ? "ZeRO-1: sharded over the data-parallel ranks" : "replicated",
                 grad_sync_->num_buckets());
         // Debian's OpenBLAS 0.3.21 falls back to slow generic kernels on CPUs it does not recognise.
-        const std::string core = openblas_get_corename();
+        const std::string core = ops::cpu::blas_kernel_name();
         if (core == "Prescott" || core == "Core2" || core == "Nehalem" || core == "generic")
             fmt::print(
                 "moetrain: warning: OpenBLAS chose its '{}' kernels, which are several times slower than this "

@@ -208,6 +208,10 @@ class Trainer {
     int64_t tokens_per_step() const {
         return rows_per_step() * seq_len_;
     }
+    // The model FLOPs of the last step's global batch (docs/PERFORMANCE.md): the LM's per-token count times
+    // tokens_per_step, plus 3x the vision tower's forward over this rank's images times the ranks that read different
+    // data (each encodes its own; their images differ, the estimate takes this rank's as typical).
+    double step_flops() const;
     // Rows of the global batch: batch_size x grad_accum x the ranks that read different data.
     int64_t rows_per_step() const {
         return cfg_.train.batch_size * cfg_.train.grad_accum * data_size();

@@ -5,19 +5,29 @@
 #include <cmath>
 #include <regex>
 
+#include "nn/vision/vision_flops.h"
+#include "ops/layer_stats.h"
 #include "train/trainer.h"
 
 namespace mt::train {
 
 void Trainer::setup_layer_stats() {
     // "layers.<l>.<rest>": the block's parameters; the embedding, final norm, head and AttnRes queries are no layer's.
+    // The vision encoder and the projector are two groups after the layers (multimodal.md §8: their gradient norms).
     static const std::regex layer_name(R"(^layers\.(\d+)\..*)");
     const nn::ParamTable& table = model_->params();
+    const int layers = static_cast<int>(cfg_.model.n_layers);
+    const int groups = nn::layer_stats_param_groups(cfg_.model);
     layer_of_param_.assign(static_cast<size_t>(table.size()), -1);
     for (int i = 0; i < table.size(); ++i) {
+        const std::string& name = table.spec(i).name;
         std::smatch m;
-        if (std::regex_match(table.spec(i).name, m, layer_name))
+        if (std::regex_match(name, m, layer_name))
             layer_of_param_[static_cast<size_t>(i)] = std::stoi(m[1].str());
+        else if (groups > layers && name.starts_with("vision."))
+            layer_of_param_[static_cast<size_t>(i)] = layers;
+        else if (groups > layers && name.starts_with("projector."))
+            layer_of_param_[static_cast<size_t>(i)] = layers + 1;
     }
     stats_layout_ = nn::layer_stats_layout(cfg_.model);
 }
@@ -49,7 +59,7 @@ void Trainer::layer_stats_end(StepResult& r) {
     const core::Tensor updates = beside ? host.slice(0, stats_layout_.size, host.numel()) : update_sq_;
     const double* u = updates.data<double>();
     const std::vector<double> per_param(u, u + updates.numel());
-    const int layers = static_cast<int>(cfg_.model.n_layers);
+    const int layers = nn::layer_stats_param_groups(cfg_.model);
     // Each rank's change of what it updated, divided by the ranks updating the same elements (GradSync), then the
     // layers' slot sums: every figure of the job is a sum over the world.
     std::vector<double> sums = grad_sync_->group_sums(per_param, layer_of_param_, layers);
@@ -65,20 +75,39 @@ void Trainer::layer_stats_end(StepResult& r) {
     r.layer_stats.assign(sums.begin() + layers, sums.end());
 }
 
+double Trainer::step_flops() const {
+    double flops = model_->flops_per_token(seq_len_) * static_cast<double>(tokens_per_step());
+    if (cfg_.model.vision.enabled()) {
+        double vision = 0.0;
+        for (const nn::VisionBatch& images : step_images_)
+            vision += nn::vision_forward_flops(cfg_.model.vision, cfg_.model.d_model, images.grids);
+        flops += 3.0 * vision * static_cast<double>(data_size());
+    }
+    return flops;
+}
+
 void Trainer::add_throughput_metrics(const StepResult& r, nlohmann::json& fields) const {
     fields["data_step"] = data_step(step_);
     // The whole model's FLOPs per token (a pipeline stage's model holds only its layers: no figure there).
     if (!pipelined() && r.seconds > 0) {
-        const double flops = model_->flops_per_token(seq_len_) * static_cast<double>(tokens_per_step()) / r.seconds;
+        const double flops = step_flops() / r.seconds;
         fields["flops_per_s"] = flops;
         const bool gpu = model_->params().precision().device == core::Device::cuda;
         const double peak = cfg_.metrics.peak_tflops > 0 ? cfg_.metrics.peak_tflops * 1e12 : (gpu ? 989e12 : 0.0);
         if (peak > 0) fields["mfu"] = flops / (peak * static_cast<double>(mesh_->world().size()));
     }
-    for (size_t l = 0; l < r.layer_grad_sq.size(); ++l)
-        fields[fmt::format("layer/{}/grad_norm", l)] = std::sqrt(r.layer_grad_sq[l]);
+    // Groups past the layers are the vision encoder's and the projector's (setup_layer_stats).
+    const auto layers = static_cast<size_t>(cfg_.model.n_layers);
+    auto group = [&](size_t l) {
+        return l < layers ? fmt::format("layer/{}", l) : std::string(l == layers ? "vision" : "projector");
+    };
+    for (size_t l = 0; l < r.layer_grad_sq.size(); ++l) fields[group(l) + "/grad_norm"] = std::sqrt(r.layer_grad_sq[l]);
     for (size_t l = 0; l < r.layer_param_sq.size(); ++l)
-        fields[fmt::format("layer/{}/param_norm", l)] = std::sqrt(r.layer_param_sq[l]);
+        fields[group(l) + "/param_norm"] = std::sqrt(r.layer_param_sq[l]);
+    for (size_t l = layers; l < r.layer_update_sq.size() && l < r.layer_param_sq.size(); ++l) {
+        const double update = std::sqrt(r.layer_update_sq[l]), param = std::sqrt(r.layer_param_sq[l]);
+        fields[group(l) + "/update_ratio"] = param > 0 ? update / param : 0.0;
+    }
     add_layer_stats_metrics(r, fields);
 }
 
@@ -99,6 +128,15 @@ void Trainer::add_layer_stats_metrics(const StepResult& r, nlohmann::json& field
             fields[fmt::format("layer/{}/kda_gate_mean", l)] = at(s.kda_gate(l) + 1) / n;
             fields[fmt::format("layer/{}/kda_gate_sat", l)] = at(s.kda_gate(l) + 3) / n;
         }
+    }
+    if (s.splice() >= 0 && at(s.splice()) > 0) {
+        // The projector's outputs, and the embedding rows after the splice less them: the text's.
+        const int64_t m = ops::kLayerStatsMoments;
+        const double image_n = at(s.splice()), image_sq = at(s.splice() + 2);
+        const double text_n = at(s.splice() + m) - image_n, text_sq = at(s.splice() + m + 2) - image_sq;
+        fields["vision/image_token_share"] = image_n / at(s.splice() + m);
+        fields["vision/projector_rms"] = std::sqrt(image_sq / image_n);
+        if (text_n > 0) fields["vision/text_embed_rms"] = std::sqrt(std::max(0.0, text_sq) / text_n);
     }
     for (size_t l = 0; l < s.mix_offset.size(); ++l) {
         const int64_t base = s.mix_offset[l], m = s.mix_sources[l];
