@@ -1,8 +1,11 @@
 // Rows of image-text samples, each a function of its index (train/image_text_source.h).
 #include "train/image_text_source.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <exception>
 
 #include "core/error.h"
 
@@ -91,34 +94,51 @@ void ImageTextSource::fill(int64_t first_row,
              core::shape_str(targets.shape()),
              rows,
              seq_);
+    const auto n = static_cast<size_t>(rows);
+    const int threads = std::max(1, std::min(omp_get_max_threads(), static_cast<int>(rows)));
+    while (workers_.size() < static_cast<size_t>(threads)) workers_.push_back(batcher_);
+    if (rows_.size() < n) rows_.resize(n);
+    // An error may not leave an OpenMP region: the first one is kept and thrown after it.
+    std::exception_ptr error;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        // Row g starts at its own block of samples; the samples of the block that do not fit are never used.
+        try {
+            data::ShapesBatcher& worker = workers_[static_cast<size_t>(omp_get_thread_num())];
+            worker.set_cursor((first_row + r) * per_row_);
+            worker.next(1, seq_, &rows_[static_cast<size_t>(r)]);
+        } catch (...) {
+#pragma omp critical(image_text_fill)
+            if (!error) error = std::current_exception();
+        }
+    }
+    if (error) std::rethrow_exception(error);
     std::vector<float> patches;
     images->grids.clear();
     samples_.clear();
     int32_t* in = inputs.data<int32_t>();
     int32_t* tg = targets.data<int32_t>();
     for (int64_t r = 0; r < rows; ++r) {
-        // Row g starts at its own block of samples; the samples of the block that do not fit are never used.
-        batcher_.set_cursor((first_row + r) * per_row_);
-        batcher_.next(1, seq_, &row_);
-        MT_CHECK(row_.samples.size() <= static_cast<size_t>(per_row_),
+        const data::MultimodalBatch& row = rows_[static_cast<size_t>(r)];
+        MT_CHECK(row.samples.size() <= static_cast<size_t>(per_row_),
                  "a row of {} tokens took {} shapes samples, more than the {} its block holds",
                  seq_,
-                 row_.samples.size(),
+                 row.samples.size(),
                  per_row_);
-        std::copy(row_.inputs.begin(), row_.inputs.end(), in + r * seq_);
-        std::copy(row_.targets.begin(), row_.targets.end(), tg + r * seq_);
-        patches.insert(patches.end(), row_.images.patches.begin(), row_.images.patches.end());
-        for (const auto& g : row_.images.grids) images->grids.push_back({g[0], g[1]});
-        for (data::MultimodalBatchSample s : row_.samples) {
+        std::copy(row.inputs.begin(), row.inputs.end(), in + r * seq_);
+        std::copy(row.targets.begin(), row.targets.end(), tg + r * seq_);
+        patches.insert(patches.end(), row.images.patches.begin(), row.images.patches.end());
+        for (const auto& g : row.images.grids) images->grids.push_back({g[0], g[1]});
+        for (data::MultimodalBatchSample s : row.samples) {
             s.row = r;
             samples_.push_back(s);
         }
         if (stats == nullptr) continue;
-        stats->supervised += row_.stats.supervised_tokens;
-        stats->image_tokens += row_.stats.image_tokens;
-        stats->text_tokens += row_.stats.text_tokens;
-        stats->samples += row_.stats.samples;
-        for (const data::MultimodalBatchSample& s : row_.samples) stats->blind_nats += s.reference_nats;
+        stats->supervised += row.stats.supervised_tokens;
+        stats->image_tokens += row.stats.image_tokens;
+        stats->text_tokens += row.stats.text_tokens;
+        stats->samples += row.stats.samples;
+        for (const data::MultimodalBatchSample& s : row.samples) stats->blind_nats += s.reference_nats;
     }
     const int64_t values = 3 * patch_ * patch_;
     images->patches = core::Tensor::zeros({static_cast<int64_t>(patches.size()) / values, values}, core::DType::f32);

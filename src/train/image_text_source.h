@@ -74,7 +74,11 @@ class ImageTextSource {
    private:
     data::ShapesBatcher batcher_;
     int64_t seq_, patch_, per_row_;
-    data::MultimodalBatch row_;  // one row's fill, reused
+    // Rows are rendered in parallel (OpenMP over rows; rendering is the data side's whole cost): one copy of the
+    // batcher per thread, each row's batch kept until it is copied out in row order. Every row is a function of its
+    // index, so the result does not depend on the thread count.
+    std::vector<data::ShapesBatcher> workers_;
+    std::vector<data::MultimodalBatch> rows_;
     std::vector<data::MultimodalBatchSample> samples_;
 };
 
