@@ -36,8 +36,9 @@ Each file's header comment describes its model; `configs/`:
 | `tiny_moe.toml` | tiny with MoE FFNs in layers 1-3: 16 experts of width 96, top 2, a shared expert, Quantile Balancing | the CPU |
 | `tiny_hybrid.toml` | tiny in the pattern `KKKA`: three KDA layers, then NoPE softmax attention | the CPU |
 | `tiny_curriculum.toml` | tiny_hybrid through a context-length curriculum: 128 tokens (natural mix), 256 and 512 (a quarter of the rows from long documents), a passkey eval at each stage; data from `moetrain data --out data/fortunes_long --long-doc /usr/share/common-licenses` | the CPU, about 20 s on 2 cores |
-| `shapes_tiny.toml` | image + text: a 2-block ViT (d_v 64) and projector feeding a 2-layer LM of d_model 64, trained on the generated shapes set ([multimodal.md](multimodal.md)) | the CPU, about 4 minutes on 2 cores |
+| `shapes_tiny.toml` | image + text: a 2-block ViT (d_v 64) and projector feeding a 2-layer LM of d_model 64, trained on the generated shapes set ([multimodal.md](multimodal.md)); rung 1 of the debug ladder (`data.shapes.stage` 2 and 3 are the next) | the CPU, about a minute on 2 cores |
 | `shapes_tiny_moe.toml` | shapes_tiny with an MoE FFN in layer 1 (8 experts, top 2, a shared expert) and `moe.modality_bias = "balanced"` (per-modality routing) | the CPU |
+| `shapes_gpu.toml` | the full shapes task (stage 4) with all seven controls: a ViT of d_v 256 (4 blocks) and a kimi_linear_mini-shaped LM of d_model 512 (`KKKA` over 8 layers, Block AttnRes, 16 experts top 2 and a shared expert, `moe.modality_bias = "balanced"`) | one GPU |
 | `moe_464m.toml` | MoE: d_model 1024, 8 layers, 32 experts of width 512, top 4 and a shared expert (464M parameters) | one GPU; the data-parallel benchmarks |
 | `dense_1b3.toml` | dense: d_model 2048, 24 layers, seq 4096 (about 1.3B parameters) | one GPU |
 | `hybrid_1b3.toml` | dense_1b3's widths in the pattern `KKKA` (18 KDA layers, 6 NoPE attention layers) | one GPU |
