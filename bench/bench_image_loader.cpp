@@ -35,6 +35,7 @@
 #include "data/shapes.h"
 #include "data/shapes_vocab.h"
 #include "data/tokenizer.h"
+#include "ops/cpu/blas.h"
 
 namespace {
 
@@ -242,6 +243,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    mt::ops::cpu::blas_select_kernels(argv);
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {

@@ -10,12 +10,10 @@
 // the patches' conversion to bf16 on the host and their copy to the device (timed alone as input_copy_ms), and the
 // positions' copy. --cpu runs f32 on the CPU with wall-clock timing (a smoke test for tiny shapes; the figures mean
 // little).
-// FLOPs (the model's, docs/PERFORMANCE.md "Vision"): forward, per patch, 2·588·d (patch embedding, 3·p² values) and
-// per layer 2·(4d² + 2d·mlp) (q, k, v, o and the MLP) plus 4·n_i·d for a patch of an image of n_i patches (QK^T and
-// PV over the image's whole square: bidirectional); the projector 2·(4d·d_p + d_p·d_model) per LM token (P / 4
-// tokens, d_p = 4d). Backward counts 2x the forward (the patch embedding's missing dx included), so a step is 3x.
-// Also timed alone: one layer's attention at the same shapes (the kernels `impl` names). The projector's FLOPs are in
-// the total and reported apart (projector_fwd_gflop); its time is not.
+// FLOPs: nn::vision_forward_flops (nn/vision/vision_flops.h, docs/PERFORMANCE.md "Vision"), the trainer's count: per
+// image of n patches, 2·n·588·d (patch embedding), per layer n·2·(4d² + 2d·mlp) (q, k, v, o and the MLP) plus 4·n²·d
+// (QK^T and PV over the image's whole square: bidirectional), the projector (n/4)·2·(4d·d_p + d_p·d_model); a step is
+// 3x the forward. Also timed alone: one layer's attention at the same shapes (the kernels `impl` names).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdint>
@@ -32,7 +30,9 @@
 #include "core/tensor.h"
 #include "gpu_timing.h"
 #include "nn/vision/vision_encoder.h"
+#include "nn/vision/vision_flops.h"
 #include "ops/attention.h"
+#include "ops/cpu/blas.h"
 
 namespace {
 
@@ -62,23 +62,6 @@ std::vector<mt::nn::ImageGrid> parse_images(const std::string& list, int64_t pat
     for (int64_t i = 0; i < (count > 0 ? count : std::ssize(sizes)); ++i)
         grids.push_back(sizes[static_cast<size_t>(i) % sizes.size()]);
     return grids;
-}
-
-struct Flops {
-    double vit = 0, projector = 0;  // forward
-};
-
-Flops model_flops(const mt::nn::VisionConfig& c, const std::vector<mt::nn::ImageGrid>& grids, int64_t d_model) {
-    const double d = static_cast<double>(c.dim), mlp = static_cast<double>(c.mlp);
-    const double dp = static_cast<double>(c.projector_width());
-    Flops f;
-    for (const mt::nn::ImageGrid& g : grids) {
-        const double n = static_cast<double>(g.patches());
-        const double per_layer = 2.0 * (4.0 * d * d + 2.0 * d * mlp) + 4.0 * n * d;
-        f.vit += n * (2.0 * static_cast<double>(c.patch_values()) * d + static_cast<double>(c.layers) * per_layer);
-        f.projector += static_cast<double>(g.tokens()) * 2.0 * (4.0 * d * dp + dp * static_cast<double>(d_model));
-    }
-    return f;
 }
 
 int run(int argc, char** argv) {
@@ -169,8 +152,7 @@ int run(int argc, char** argv) {
     const double attn_bwd_ms =
         time([&] { mt::ops::attention_bwd(q, k, v, out, lse, dout, dq, dk, dv, options, mask); });
 
-    const Flops f = model_flops(cfg, grids, d_model);
-    const double fwd_flop = f.vit + f.projector;
+    const double fwd_flop = mt::nn::vision_forward_flops(cfg, d_model, grids);
     const nlohmann::json line = {{"bench", "vit"},
                                  {"impl",
                                   std::string(cpu ? "moetrain cpu f32" : "moetrain cuda bf16") +
@@ -194,7 +176,6 @@ int run(int argc, char** argv) {
                                  {"step_ms", step_ms},
                                  {"input_copy_ms", input_ms},
                                  {"fwd_gflop", fwd_flop / 1e9},
-                                 {"projector_fwd_gflop", f.projector / 1e9},
                                  {"tflops", 3.0 * fwd_flop / step_ms / 1e9},
                                  {"attn_layer_fwd_ms", attn_fwd_ms},
                                  {"attn_layer_bwd_ms", attn_bwd_ms},
@@ -210,6 +191,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    mt::ops::cpu::blas_select_kernels(argv);
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {

@@ -186,7 +186,7 @@ class Tower(nn.Module):
 
 
 def model_flops(a, grids):
-    """Forward FLOPs (docs/PERFORMANCE.md "Vision"): the ViT and the projector."""
+    """Forward FLOPs of the ViT and the projector: nn::vision_forward_flops (nn/vision/vision_flops.h)."""
     d, dp = a.dim, 4 * a.dim
     vit = proj = 0.0
     for h, w in grids:
@@ -345,7 +345,6 @@ def main():
         "bwd_ms": bwd_ms,
         "step_ms": step_ms,
         "fwd_gflop": (vit + proj) / 1e9,
-        "projector_fwd_gflop": proj / 1e9,
         "tflops": 3.0 * (vit + proj) / step_ms / 1e9,
         "peak_bytes": peak,
         "activation_bytes": max(peak - before, 0) if gpu else 0,
