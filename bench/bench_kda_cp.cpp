@@ -64,21 +64,6 @@ Tensor input(int64_t t, int64_t heads, int64_t dim, int kind, float scale, uint6
     return device == Device::cpu ? host.clone() : host.to(DType::bf16).to_device(device);
 }
 
-// Milliseconds of fn: CUDA events on the ops' stream (which also see the host folds, as the events bracket them), or
-// the wall clock on the CPU; the median of iters runs after warmup.
-double time_fn(const std::function<void()>& fn, Device device, int warmup, int iters) {
-    if (device != Device::cpu) return mt::bench::time_ms(fn, warmup, iters);
-    for (int i = 0; i < warmup; ++i) fn();
-    std::vector<double> ms;
-    for (int i = 0; i < iters; ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
-        fn();
-        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
-}
-
 // The spans of one row and the kernels' buffers for one span.
 class Spans {
    public:
@@ -240,7 +225,7 @@ void bench_spans(const Row& row, int64_t p, Device device, int warmup, int iters
         Tensor dst = Tensor();
         for (int64_t g = p - 1; g >= 0; --g) dst = sp.backward(g, s_in[static_cast<size_t>(g)], dst);
     };
-    const double relay_ms = time_fn(relay, device, warmup, iters);
+    const double relay_ms = mt::bench::time_ms_on(device, relay, warmup, iters);
     const Tensor relay_out = sp.out().to_device(Device::cpu).to(DType::f64);
     // Affine, every span's maps once (the all-gathered input of the fold), and the own start gradients.
     std::vector<std::vector<double>> maps, own;
@@ -269,10 +254,11 @@ void bench_spans(const Row& row, int64_t p, Device device, int warmup, int iters
                         from_f64(in[static_cast<size_t>(g)], sp.state()),
                         from_f64(d_out[static_cast<size_t>(g)], sp.state()));
     };
-    const double affine_ms = time_fn(affine, device, warmup, iters);
+    const double affine_ms = mt::bench::time_ms_on(device, affine, warmup, iters);
     fold_ms /= static_cast<double>(warmup + iters);
     // The plain cost of the rank's two spans: forward and backward from a given state.
-    const double plain_ms = time_fn(
+    const double plain_ms = mt::bench::time_ms_on(
+        device,
         [&] {
             for (int64_t g : mine) {
                 const Tensor s0 = sp.state();
@@ -280,7 +266,6 @@ void bench_spans(const Row& row, int64_t p, Device device, int warmup, int iters
                 sp.backward(g, s0, sp.state());
             }
         },
-        device,
         warmup,
         iters);
     // Affine's outputs of every span (from the true starts) against relay's.

@@ -1,8 +1,9 @@
-// Shared pieces of the GPU kernel benchmarks: median CUDA-event timing on the ops' stream, and a finiteness check
-// of a result. Header-only: each bench/*.cpp is its own executable.
+// Shared pieces of the GPU kernel benchmarks: median CUDA-event timing on the ops' stream (or wall-clock timing on
+// the CPU), and a finiteness check of a result. Header-only: each bench/*.cpp is its own executable.
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -58,6 +59,22 @@ inline double time_ms(const std::function<void()>& fn, int warmup, int iters) {
     (void)fn, (void)warmup, (void)iters;
     return 0.0;
 #endif
+}
+
+// Milliseconds of fn on `device`: time_ms's CUDA events on the ops' stream (which also see host work between them,
+// as the events bracket it), or the wall clock on the CPU, where ops run synchronously; the median of iters runs after
+// warmup.
+inline double time_ms_on(core::Device device, const std::function<void()>& fn, int warmup, int iters) {
+    if (device != core::Device::cpu) return time_ms(fn, warmup, iters);
+    for (int i = 0; i < warmup; ++i) fn();
+    std::vector<double> ms;
+    for (int i = 0; i < iters; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        fn();
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
 }
 
 // True when every element of t (any device, any float dtype) is finite.
