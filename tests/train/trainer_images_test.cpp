@@ -34,6 +34,20 @@ JobConfig shapes_job(const std::string& dir, std::vector<std::string> overrides 
     return config_load(std::string(MT_SOURCE_DIR) + "/configs/shapes_tiny.toml", o);
 }
 
+// Six steps as three, a checkpoint, and three more in a fresh trainer that resumes it: the losses of steps 1..6.
+std::vector<double> split_losses(const std::string& dir, const std::vector<std::string>& overrides) {
+    std::vector<double> losses;
+    {
+        Trainer trainer(shapes_job(dir, overrides), false);
+        for (int s = 0; s < 3; ++s) losses.push_back(trainer.train_step().loss);
+        trainer.save_checkpoint();
+    }
+    Trainer trainer(shapes_job(dir, overrides), false);
+    EXPECT_TRUE(trainer.resume_latest());
+    while (trainer.step() < 6) losses.push_back(trainer.train_step().loss);
+    return losses;
+}
+
 TEST(TrainerImages, ShapesTrainsResumesExactlyAndReportsTheBound) {
     const std::string dir = fresh_dir("shapes");
     std::vector<double> straight;
@@ -60,17 +74,7 @@ TEST(TrainerImages, ShapesTrainsResumesExactlyAndReportsTheBound) {
         EXPECT_GT(proj, 0.0);
     }
     EXPECT_LT(straight.back(), straight.front());
-    std::vector<double> resumed;
-    {
-        Trainer trainer(shapes_job(dir + "/split"), false);
-        for (int s = 0; s < 3; ++s) resumed.push_back(trainer.train_step().loss);
-        trainer.save_checkpoint();
-    }
-    {
-        Trainer trainer(shapes_job(dir + "/split"), false);
-        ASSERT_TRUE(trainer.resume_latest());
-        while (trainer.step() < 6) resumed.push_back(trainer.train_step().loss);
-    }
+    const std::vector<double> resumed = split_losses(dir + "/split", {});
     ASSERT_EQ(resumed.size(), straight.size());
     for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(resumed[i], straight[i]) << "step " << i + 1;
 }
@@ -94,17 +98,7 @@ TEST(TrainerImages, LearnedPositionsTrainAndResumeExactly) {
         EXPECT_GT(sq, 0.0);
     }
     EXPECT_LT(straight.back(), straight.front());
-    std::vector<double> resumed;
-    {
-        Trainer trainer(shapes_job(dir + "/split", learned), false);
-        for (int s = 0; s < 3; ++s) resumed.push_back(trainer.train_step().loss);
-        trainer.save_checkpoint();
-    }
-    {
-        Trainer trainer(shapes_job(dir + "/split", learned), false);
-        ASSERT_TRUE(trainer.resume_latest());
-        while (trainer.step() < 6) resumed.push_back(trainer.train_step().loss);
-    }
+    const std::vector<double> resumed = split_losses(dir + "/split", learned);
     ASSERT_EQ(resumed.size(), straight.size());
     for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(resumed[i], straight[i]) << "step " << i + 1;
 }
