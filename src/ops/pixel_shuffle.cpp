@@ -1,7 +1,7 @@
 // Entry points of the 2x2 pixel shuffle: argument checks (including the host grid values) and dispatch by device.
 #include "ops/pixel_shuffle.h"
 
-#include "ops/cpu/checks.h"
+#include "ops/cpu/image_grids.h"
 #include "ops/registry.h"
 
 namespace mt::ops {
@@ -18,27 +18,7 @@ core::Device check_pixel_shuffle_args(const Tensor& patches,
                                       std::string_view op) {
     check_arg(patches, op, patches_arg, 2);
     check_arg(cells, op, cells_arg, 2);
-    cpu::check_i32_arg(grids, op, "grids", 2);
-    MT_CHECK(grids.size(1) == 2,
-             "{}: grids has shape {}, expected [n, 2] (h, w per image)",
-             op,
-             core::shape_str(grids.shape()));
-    MT_CHECK(grids.device() == core::Device::cpu,
-             "{}: grids must be a host tensor (shape metadata, read by the checks), not on the {}",
-             op,
-             core::device_name(grids.device()));
-    const int32_t* g = grids.data<int32_t>();
-    int64_t total = 0;
-    for (int64_t k = 0; k < grids.size(0); ++k) {
-        const int64_t h = g[2 * k], w = g[2 * k + 1];
-        MT_CHECK(h > 0 && w > 0 && h % 2 == 0 && w % 2 == 0,
-                 "{}: image {} has a {}x{} patch grid; h and w must be even and > 0",
-                 op,
-                 k,
-                 h,
-                 w);
-        total += h * w;
-    }
+    const int64_t total = cpu::check_image_grids(grids, op, /*even=*/true);
     const int64_t p = patches.size(0), c = patches.size(1);
     MT_CHECK(total == p,
              "{}: the grids hold {} patches but {} has {} rows ({})",

@@ -18,22 +18,33 @@ using namespace schema;
 std::vector<Field> config_schema_vision(JobConfig& c) {
     auto& v = c.model.vision;
     return {
-        integer(
-            "vision.layers",
-            &v.layers,
-            0,
-            1000,
-            "ViT blocks (pre-norm LayerNorm, bidirectional attention inside each image with 2-D RoPE, GELU MLP); 0: "
-            "no vision encoder (a text-only model)"),
+        integer("vision.layers",
+                &v.layers,
+                0,
+                1000,
+                "ViT blocks (pre-norm LayerNorm, bidirectional attention inside each image, GELU MLP; positions by "
+                "vision.pos); 0: "
+                "no vision encoder (a text-only model)"),
         integer("vision.dim", &v.dim, 4, 1 << 16, "the ViT's width d_v"),
-        integer(
-            "vision.heads", &v.heads, 1, 1024, "attention heads; vision.dim / vision.heads must be a multiple of 4"),
+        integer("vision.heads",
+                &v.heads,
+                1,
+                1024,
+                "attention heads; vision.dim / vision.heads must be whole, a multiple of 4 with `rope2d`"),
         integer("vision.mlp", &v.mlp, 1, 1 << 20, "the ViT MLP's hidden width"),
         integer("vision.patch", &v.patch, 1, 1024, "pixels per patch side (14: 588 values per RGB patch)"),
         text("vision.pos",
              &v.pos,
-             "patch positions: `rope2d` rotates half of each head by the patch row and half by its column",
-             {"rope2d"}),
+             "patch positions: `rope2d` rotates half of each head by the patch row and half by its column in every "
+             "block; `learned` adds a learned [vision.pos_grid, vision.pos_grid, vision.dim] table, bilinearly "
+             "resized to each image's patch grid (align_corners = false, as F.interpolate), to the patch embeddings",
+             {"rope2d", "learned"}),
+        integer("vision.pos_grid",
+                &v.pos_grid,
+                1,
+                4096,
+                "with `vision.pos = \"learned\"`: rows and columns of the position table (32 = 448 px / 14, the side "
+                "of vision.max_pixels' square in patches); other grids are resized from it"),
         number_above("vision.rope_base", &v.rope_base, 0, 1e12, "the 2-D RoPE's base theta"),
         number_above("vision.norm_eps", &v.norm_eps, 0, 1, "the ViT's and the projector's LayerNorm eps"),
         number_above("vision.init_std", &v.init_std, 0, 10, "std of the ViT's and the projector's weight init"),
@@ -235,10 +246,11 @@ void config_vision_validate(const JobConfig& c, const std::string& src) {
                             nn::enum_name(balance)));
     }
     if (!v.enabled()) return;
-    if (v.dim % v.heads != 0 || v.head_dim() % 4 != 0)
+    if (v.dim % v.heads != 0 || (v.rope2d() && v.head_dim() % 4 != 0))
         bad(
-            fmt::format("vision.dim = {} over vision.heads = {} must give a head dim that is a multiple of 4 (the 2-D "
-                        "RoPE rotates a quarter of it by rows and a quarter by columns)",
+            fmt::format("vision.dim = {} over vision.heads = {} must give a whole head dim, a multiple of 4 with "
+                        "vision.pos = \"rope2d\" (the 2-D RoPE rotates a quarter of it by rows and a quarter by "
+                        "columns)",
                         v.dim,
                         v.heads));
     if (v.image_token < 0 || v.image_token >= c.model.vocab_size)

@@ -1,8 +1,10 @@
 // The vision encoder's and projector's ops against an independent PyTorch implementation of multimodal.md §1-§2
 // (tools/reference/vision_ops.py; multimodal.md §9 test 1): the pixel shuffle and its inverse bitwise equal to a
 // reshape/permute per image; layernorm (F.layer_norm), gelu (F.gelu) and rope2d (written in torch from its definition)
-// forward and backward within rho <= 1e-5 in f32 and 1e-12 in f64. Needs Debian's python3-torch (MT_REFERENCE_PYTHON
-// overrides /usr/bin/python3); without it the tests fail with the install hint, as the Muon golden test does.
+// forward and backward within rho <= 1e-5 in f32 and 1e-12 in f64; bilinear_resize (the learned position table,
+// F.interpolate bilinear with align_corners=False) forward and backward to the same budgets. Needs Debian's
+// python3-torch (MT_REFERENCE_PYTHON overrides /usr/bin/python3); without it the tests fail with the install hint, as
+// the Muon golden test does.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -13,6 +15,7 @@
 
 #include "image_grids.h"
 #include "op_harness.h"
+#include "ops/bilinear_resize.h"
 #include "ops/gelu.h"
 #include "ops/layernorm.h"
 #include "ops/pixel_shuffle.h"
@@ -201,6 +204,50 @@ TEST(VisionOpsGolden, PixelShuffleIsPyTorchsReshapePermuteBitwise) {
             EXPECT_TRUE(op_same_bytes(dx, from_json(out["pixel_shuffle"][k]["dx"], dx)))
                 << tag << " case " << k << " dx";
             EXPECT_TRUE(op_same_bytes(back, x)) << tag << " case " << k << ": bwd(fwd(x)) != x";
+        }
+    }
+}
+
+// The position table resized to packed grids (up, down, one axis each way, the identity, 1-cell table axes) against
+// F.interpolate, forward and the table's gradient, in f32 and f64.
+TEST(VisionOpsGolden, BilinearResizeMatchesFInterpolate) {
+    struct Case {
+        int64_t hm, wm, c;
+        ImageGrids grids;
+    };
+    const std::vector<Case> cases = {{7, 5, 3, {{7, 5}, {3, 4}, {11, 13}, {1, 1}, {14, 2}}},
+                                     {32, 32, 16, {{8, 8}, {24, 40}, {32, 32}}},
+                                     {1, 3, 2, {{5, 1}, {2, 7}}},
+                                     {13, 2, 5, {{26, 1}, {4, 3}}}};
+    for (const auto& [dtype, budget] : {std::pair{DType::f32, 1e-5}, std::pair{DType::f64, 1e-12}}) {
+        const std::string tag(core::dtype_name(dtype));
+        nlohmann::json job = {{"dtype", tag}};
+        std::vector<std::pair<Tensor, Tensor>> runs;  // (table, dy)
+        for (size_t k = 0; k < cases.size(); ++k) {
+            const Case& cs = cases[k];
+            const Tensor table = op_randn({cs.hm, cs.wm, cs.c}, 100 + k, 0).to(dtype),
+                         dy = op_randn({grids_patches(cs.grids), cs.c}, 100 + k, 1).to(dtype);
+            nlohmann::json g = nlohmann::json::array();
+            for (const auto& [h, w] : cs.grids) g.push_back({h, w});
+            job["bilinear_resize"].push_back({{"hm", cs.hm},
+                                              {"wm", cs.wm},
+                                              {"c", cs.c},
+                                              {"grids", g},
+                                              {"table", values(table)},
+                                              {"dy", values(dy)}});
+            runs.emplace_back(table, dy);
+        }
+        const nlohmann::json out = run_reference(job, "bilinear_resize_" + tag);
+        ASSERT_TRUE(out.contains("bilinear_resize")) << "no reference output";
+        for (size_t k = 0; k < cases.size(); ++k) {
+            const auto& [table, dy] = runs[k];
+            const Tensor g = grids_tensor(cases[k].grids);
+            const Tensor y = op_like(table, dy.shape()), dtable = op_like(table);
+            bilinear_resize_fwd(table, g, y);
+            bilinear_resize_bwd(g, dy, dtable);
+            const std::string what = fmt::format("{} bilinear_resize case {}", tag, k);
+            expect_rho(y, from_json(out["bilinear_resize"][k]["y"], y), budget, what + " y");
+            expect_rho(dtable, from_json(out["bilinear_resize"][k]["dtable"], dtable), budget, what + " dtable");
         }
     }
 }

@@ -1,10 +1,13 @@
 """PyTorch reference of moetrain's vision tower (multimodal.md sections 1-2), from plain torch ops: patch embedding,
 pre-norm ViT blocks (LayerNorm, multi-head attention with 2-D RoPE inside each image, GELU MLP), final LayerNorm,
-2x2 pixel shuffle by reshape/permute, projector LayerNorm -> Linear -> GELU -> Linear.
+2x2 pixel shuffle by reshape/permute, projector LayerNorm -> Linear -> GELU -> Linear. With pos = "learned" the blocks
+rotate nothing and the patch embeddings get vision.pos_embed.weight [G, G, dim] resized to each grid by F.interpolate
+(bilinear, align_corners=False) added.
 
 Usage: vision.py IN.safetensors OUT.safetensors
 IN holds every parameter under moetrain's names, input.patches [P, 3 p^2], input.grids [n, 2] i32 (patch rows and
-columns per image) and input.dout [tokens, d_model]; its metadata holds dim, layers, heads, eps, rope_base.
+columns per image) and input.dout [tokens, d_model]; its metadata holds dim, layers, heads, eps, rope_base and
+optionally pos ("rope2d" by default, or "learned").
 OUT gets out (the slot embeddings), features (the ViT output), and grad.<name> for every parameter: the gradient of
 sum(out * dout)."""
 
@@ -34,12 +37,24 @@ def rope2d(x, rows, cols, base):
     return torch.cat(out, dim=-1)
 
 
-def block(x, p, name, heads, eps, rows, cols, spans, base):
+def pos_table(table, grids):
+    """The learned [G, G, dim] table resized to each (h, w) grid, rows in the packed patch order: [P, dim]."""
+    t = table.permute(2, 0, 1)[None]
+    out = []
+    for h, w in grids:
+        r = F.interpolate(t, size=(h, w), mode="bilinear", align_corners=False, antialias=False)
+        out.append(r[0].permute(1, 2, 0).reshape(h * w, table.shape[2]))
+    return torch.cat(out)
+
+
+def block(x, p, name, heads, eps, rows, cols, spans, base, rope):
     P, d = x.shape
     lin = lambda t, n: F.linear(t, p[f"{name}.{n}.weight"], p[f"{name}.{n}.bias"])  # noqa: E731
     h = F.layer_norm(x, (d,), p[f"{name}.norm1.weight"], p[f"{name}.norm1.bias"], eps)
-    q = rope2d(lin(h, "attn.q").view(P, heads, d // heads), rows, cols, base)
-    k = rope2d(lin(h, "attn.k").view(P, heads, d // heads), rows, cols, base)
+    q = lin(h, "attn.q").view(P, heads, d // heads)
+    k = lin(h, "attn.k").view(P, heads, d // heads)
+    if rope:
+        q, k = rope2d(q, rows, cols, base), rope2d(k, rows, cols, base)
     v = lin(h, "attn.v").view(P, heads, d // heads)
     outs = []
     for a, b in spans:  # one image at a time: the block-diagonal mask
@@ -54,6 +69,7 @@ def main():
     tensors, meta = read_safetensors(sys.argv[1])
     dim, layers, heads = int(meta["dim"]), int(meta["layers"]), int(meta["heads"])
     eps, base = float(meta["eps"]), float(meta["rope_base"])
+    rope = meta.get("pos", "rope2d") == "rope2d"
     params = {n: t.clone().requires_grad_(True) for n, t in tensors.items() if not n.startswith("input.")}
     patches, grids, dout = tensors["input.patches"], tensors["input.grids"].tolist(), tensors["input.dout"]
     rows, cols, spans, at = [], [], [], 0
@@ -65,8 +81,10 @@ def main():
     rows, cols = torch.tensor(rows), torch.tensor(cols)
     p = params
     x = F.linear(patches, p["vision.patch_embed.weight"], p["vision.patch_embed.bias"])
+    if not rope:
+        x = x + pos_table(p["vision.pos_embed.weight"], grids)
     for l in range(layers):
-        x = block(x, p, f"vision.blocks.{l}", heads, eps, rows, cols, spans, base)
+        x = block(x, p, f"vision.blocks.{l}", heads, eps, rows, cols, spans, base, rope)
     feats = F.layer_norm(x, (dim,), p["vision.final_norm.weight"], p["vision.final_norm.bias"], eps)
     cells = []
     for (h, w), (a, b) in zip(grids, spans):  # 2x2 pixel shuffle: (2y,2x), (2y,2x+1), (2y+1,2x), (2y+1,2x+1)

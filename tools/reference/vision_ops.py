@@ -9,7 +9,8 @@ forward output "y" and the input gradient(s) of the loss sum(y * dy) from autogr
   layernorm:     torch.nn.functional.layer_norm over the last dim          -> y, dx, dweight, dbias
   gelu:          torch.nn.functional.gelu (exact erf form)                 -> y, dx
   rope2d:        2-D RoPE from its definition (rope2d below)               -> y, dx
-  pixel_shuffle: the 2x2 pixel shuffle as a reshape/permute per image       -> y, dx"""
+  pixel_shuffle: the 2x2 pixel shuffle as a reshape/permute per image       -> y, dx
+  bilinear_resize: the position table to each grid by F.interpolate         -> y, dtable"""
 import json
 import sys
 
@@ -45,6 +46,17 @@ def pixel_shuffle(x, grids):
     return torch.cat(out, dim=0)
 
 
+def bilinear_resize(table, grids):
+    """table [Hm, Wm, C] (vision.pos = "learned") resized to each image's (h, w) grid by F.interpolate (bilinear,
+    align_corners=False, antialias=False), each image's h w rows in raster order, images in order: [sum h w, C]."""
+    t = table.permute(2, 0, 1)[None]  # [1, C, Hm, Wm]
+    out = []
+    for h, w in grids:
+        r = torch.nn.functional.interpolate(t, size=(h, w), mode="bilinear", align_corners=False, antialias=False)
+        out.append(r[0].permute(1, 2, 0).reshape(h * w, table.size(2)))
+    return torch.cat(out, dim=0)
+
+
 def leaf(values, shape, dtype):
     return torch.tensor(values, dtype=dtype).reshape(shape).requires_grad_(True)
 
@@ -57,7 +69,7 @@ def main():
     with open(sys.argv[1]) as f:
         job = json.load(f)
     dtype = torch.float64 if job["dtype"] == "f64" else torch.float32
-    out = {"layernorm": [], "gelu": [], "rope2d": [], "pixel_shuffle": []}
+    out = {"layernorm": [], "gelu": [], "rope2d": [], "pixel_shuffle": [], "bilinear_resize": []}
     for case in job.get("layernorm", []):
         n, c = case["n"], case["c"]
         x, w, b = leaf(case["x"], (n, c), dtype), leaf(case["weight"], (c,), dtype), leaf(case["bias"], (c,), dtype)
@@ -82,6 +94,11 @@ def main():
         y = pixel_shuffle(x, grids)
         y.backward(torch.tensor(case["dy"], dtype=dtype).reshape(y.shape))
         out["pixel_shuffle"].append({"y": flat(y), "dx": flat(x.grad)})
+    for case in job.get("bilinear_resize", []):
+        table = leaf(case["table"], (case["hm"], case["wm"], case["c"]), dtype)
+        y = bilinear_resize(table, case["grids"])
+        y.backward(torch.tensor(case["dy"], dtype=dtype).reshape(y.shape))
+        out["bilinear_resize"].append({"y": flat(y), "dtable": flat(table.grad)})
     with open(sys.argv[2], "w") as f:
         json.dump(out, f)
 

@@ -2,23 +2,34 @@
 #include "nn/vision/vision_encoder.h"
 
 #include "core/error.h"
+#include "ops/add.h"
+#include "ops/bilinear_resize.h"
 #include "ops/gelu.h"
 #include "ops/pixel_shuffle.h"
 
 namespace mt::nn {
 
 VisionEncoder::VisionEncoder(ParamTable& table, const VisionConfig& cfg, int64_t d_model)
-    : cfg_(cfg), d_model_(d_model), precision_(&table.precision()) {
-    MT_CHECK(cfg.heads > 0 && cfg.dim % cfg.heads == 0 && cfg.head_dim() % 4 == 0,
-             "vision.dim = {} with vision.heads = {}: the head dim must be a whole multiple of 4 (2-D RoPE)",
+    : cfg_(cfg), d_model_(d_model), precision_(&table.precision()), table_(&table) {
+    MT_CHECK(
+        cfg.pos == "rope2d" || cfg.pos == "learned", "vision.pos = \"{}\": must be \"rope2d\" or \"learned\"", cfg.pos);
+    MT_CHECK(cfg.heads > 0 && cfg.dim % cfg.heads == 0 && (!cfg.rope2d() || cfg.head_dim() % 4 == 0),
+             "vision.dim = {} with vision.heads = {}: the head dim must be whole (and a multiple of 4 for 2-D RoPE)",
              cfg.dim,
              cfg.heads);
-    MT_CHECK(cfg.pos == "rope2d",
-             "vision.pos = \"{}\": only \"rope2d\" is built yet (the learned table comes later, docs/multimodal.md)",
-             cfg.pos);
     // The patch embedding is an input layer, AdamW's like the token embedding (muon.md §2).
     patch_embed_ =
         BiasedLinear(table, "vision.patch_embed", cfg.patch_values(), cfg.dim, cfg.init_std, OptimGroup::adamw);
+    if (!cfg.rope2d()) {
+        MT_CHECK(cfg.pos_grid > 0, "vision.pos_grid = {} must be > 0", cfg.pos_grid);
+        // An embedding table too: AdamW's, with weight decay, as the token embedding (embed.weight).
+        pos_table_ = table.add({.name = "vision.pos_embed.weight",
+                                .shape = {cfg.pos_grid, cfg.pos_grid, cfg.dim},
+                                .init = InitKind::normal,
+                                .init_std = cfg.init_std,
+                                .weight_decay = true,
+                                .group = OptimGroup::adamw});
+    }
     for (int64_t l = 0; l < cfg.layers; ++l)
         blocks_.push_back(std::make_unique<VitBlock>(table, "vision.blocks." + std::to_string(l), cfg));
     final_norm_ = LayerNorm(table, "vision.final_norm", cfg.dim, cfg.norm_eps);
@@ -36,7 +47,13 @@ const Tensor& VisionEncoder::forward(const VisionBatch& batch) {
     pos_ = VisionPositions::make(batch.grids, dev);
     const Tensor pixels = pixels_.view(p, cfg_.patch_values(), act, dev);
     pixels.copy_from(batch.patches.to(act).to_device(dev));
-    patch_embed_.forward(pixels, stream_[0].view(p, d, act, dev));
+    const Tensor x0 = stream_[0].view(p, d, act, dev);
+    patch_embed_.forward(pixels, x0);
+    if (pos_table_ >= 0) {  // x0 += the table resized to each image's grid
+        const Tensor pos = pos_rows_.view(p, d, act, dev);
+        ops::bilinear_resize_fwd(table_->param(pos_table_), pos_.grids, pos);
+        ops::add_fwd(x0, pos, x0);
+    }
     for (size_t l = 0; l < blocks_.size(); ++l)
         blocks_[l]->forward(stream_[l].current(), pos_, stream_[l + 1].view(p, d, act, dev));
     const Tensor feats = features_.view(p, d, act, dev);
@@ -75,6 +92,7 @@ void VisionEncoder::backward(const Tensor& d_tokens) {
         blocks_[l]->backward(stream_[l].current(), pos_, d_a, d_b, scratch_);
         std::swap(d_a, d_b);
     }
+    if (pos_table_ >= 0) ops::bilinear_resize_bwd(pos_.grids, d_a, table_->grad(pos_table_));
     patch_embed_.backward(pixels_.current(), d_a, Tensor());  // no gradient for the pixels
 }
 

@@ -53,10 +53,12 @@ void VitBlock::forward(const Tensor& x, const VisionPositions& pos, const Tensor
     wq_.forward(h1, q);
     wk_.forward(h1, k);
     wv_.forward(h1, v);
-    ops::rope2d_fwd(
-        q.reshape({p, heads, d / heads}), pos.rows, pos.cols, q.reshape({p, heads, d / heads}), cfg_.rope_base);
-    ops::rope2d_fwd(
-        k.reshape({p, heads, d / heads}), pos.rows, pos.cols, k.reshape({p, heads, d / heads}), cfg_.rope_base);
+    if (cfg_.rope2d()) {  // else the positions were added to the patch embeddings (vision.pos = "learned")
+        ops::rope2d_fwd(
+            q.reshape({p, heads, d / heads}), pos.rows, pos.cols, q.reshape({p, heads, d / heads}), cfg_.rope_base);
+        ops::rope2d_fwd(
+            k.reshape({p, heads, d / heads}), pos.rows, pos.cols, k.reshape({p, heads, d / heads}), cfg_.rope_base);
+    }
     const Tensor lse = lse_.view(heads, p, stats, dev).reshape({1, heads, p});
     const ops::AttentionMask mask{.doc_start = pos.doc_start, .causal = false};
     ops::attention_fwd(
@@ -102,8 +104,10 @@ void VitBlock::backward(
                        {},
                        mask);
     const core::Shape per_head{p, heads, d / heads};
-    ops::rope2d_bwd(d_q.reshape(per_head), pos.rows, pos.cols, d_q.reshape(per_head), cfg_.rope_base);
-    ops::rope2d_bwd(d_k.reshape(per_head), pos.rows, pos.cols, d_k.reshape(per_head), cfg_.rope_base);
+    if (cfg_.rope2d()) {
+        ops::rope2d_bwd(d_q.reshape(per_head), pos.rows, pos.cols, d_q.reshape(per_head), cfg_.rope_base);
+        ops::rope2d_bwd(d_k.reshape(per_head), pos.rows, pos.cols, d_k.reshape(per_head), cfg_.rope_base);
+    }
     wq_.backward(h1, d_q, d_h);
     wk_.backward(h1, d_k, d_h, /*accumulate_dx=*/true);
     wv_.backward(h1, d_v, d_h, /*accumulate_dx=*/true);

@@ -1,5 +1,6 @@
 // One pre-norm ViT block (multimodal.md §1): x1 = x + W_o attn(rope2d(W_q h1), rope2d(W_k h1), W_v h1), h1 = LN_1(x);
-// y = x1 + W_2 gelu(W_1 LN_2(x1)), every linear map with a bias. The attention is bidirectional inside each image of
+// y = x1 + W_2 gelu(W_1 LN_2(x1)), every linear map with a bias; no rope2d with vision.pos = "learned" (the encoder
+// adds the positions to the patch embeddings instead). The attention is bidirectional inside each image of
 // the packed patch sequence (VisionPositions::doc_start), so a patch never sees another image.
 #pragma once
 
