@@ -47,8 +47,10 @@ std::vector<MetricDef> metric_registry(const JobConfig& cfg) {
         b.add("loss_weight/" + s.name,
               "gauge",
               "1",
-              fmt::format("source {}'s weight under loss.weighting: 1 (token_mean), exp(-s_i) (uncertainty), w_i (dwa)",
-                          s.name),
+              fmt::format(
+                  "source {}'s weight under loss.weighting: 1 (token_mean), exp(-s_i) (uncertainty), w_i (gradnorm, "
+                  "dwa)",
+                  s.name),
               "data.sources");
     }
     b.add("lr", "gauge", "", "learning rate of the step");

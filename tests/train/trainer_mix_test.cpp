@@ -52,18 +52,16 @@ JobConfig mix_job(const std::string& dir,
                              std::to_string(text_weight) + "\npaths = [\"" + text +
                              "\"]\n"
                              "[[data.sources]]\nname = \"shapes\"\nformat = \"shapes\"\nshapes.stage = 1\n";
-    std::vector<std::string> o = {"run.dir=\"" + dir + "/run\"",
-                                  "run.device=\"cpu\"",
-                                  "run.threads=2",
-                                  "train.batch_size=2",
-                                  "train.seq_len=192",
-                                  "train.grad_accum=2",
-                                  "train.eval_batches=1",
-                                  "checkpoint.every_steps=0",
-                                  "vision.layers=1",
-                                  "vision.dim=32",
-                                  "vision.heads=2",
-                                  "vision.mlp=64"};
+    std::vector<std::string> o = mt::testing::tiny_vision_overrides();
+    for (const std::string& x : {"run.dir=\"" + dir + "/run\"",
+                                 std::string("run.device=\"cpu\""),
+                                 std::string("run.threads=2"),
+                                 std::string("train.batch_size=2"),
+                                 std::string("train.seq_len=192"),
+                                 std::string("train.grad_accum=2"),
+                                 std::string("train.eval_batches=1"),
+                                 std::string("checkpoint.every_steps=0")})
+        o.push_back(x);
     o.insert(o.end(), overrides.begin(), overrides.end());
     return config_parse(toml, dir + "/job.toml", o);
 }
