@@ -347,7 +347,8 @@ double Model::pass_forward() {
     }
     double sum = 0.0;
     const int32_t* t = host_targets_.data<int32_t>();
-    for (int64_t i = 0; i < n; ++i)
+    if (!row_loss_weights_.empty()) sum = weighted_loss_sum(losses);
+    for (int64_t i = 0; i < n && row_loss_weights_.empty(); ++i)
         if (t[i] != kIgnoreIndex) sum += core::tensor_get_flat(losses, i);
     // Context parallelism: the loss of the whole sequence, summed over the group's tokens (counted_ counts them all).
     return cp_.active() ? parallel::comm_all_reduce_sum(cp_.group(), sum) : sum;
@@ -411,7 +412,10 @@ void Model::pass_backward(double loss_scale, bool last_pass, const Tensor& d_out
 void Model::head_backward(double loss_scale) {
     const core::TraceRange range(precision_.device, "model.head_bwd");
     // d(loss_scale * mean)/d(loss_i) = loss_scale / counted for counted rows (the op zeroes ignored rows).
-    losses_.fill(counted_ > 0 ? loss_scale / static_cast<double>(counted_) : 0.0);
+    if (row_loss_weights_.empty())
+        losses_.fill(counted_ > 0 ? loss_scale / static_cast<double>(counted_) : 0.0);
+    else
+        fill_weighted_dlosses(loss_scale);
     // Last chunk first: its logits are still in logits_ from the forward (with one chunk, all of them); every
     // earlier chunk's logits are recomputed into the same buffer.
     const int64_t n = batch_ * seq_, rows = cfg_.loss_chunk_rows(n);

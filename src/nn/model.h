@@ -172,6 +172,13 @@ class Model {
     int64_t last_counted_tokens() const {
         return counted_;
     }
+    // Per-row loss multipliers for the next forwards and backwards (the loss weighting of multimodal.md §5,
+    // train/loss_weighting.h): the tokens of row b weigh weights[b] in forward's returned loss (the weighted sum over
+    // the counted tokens / their count) and in their gradient (the cross-entropy's per-row dlosses). Empty: every row
+    // 1, the plain mean, computed as before (bitwise). weights: [B] of the next batch.
+    void set_row_loss_weights(std::vector<double> weights) {
+        row_loss_weights_ = std::move(weights);
+    }
     // Sum over the MoE layers of the last forward's auxiliary balancing loss (moe.balance = "aux_loss"; else 0); under
     // pipeline parallelism over the last forward_chunk's layers. It is not part of forward()'s return value; backward
     // adds its gradient with the same loss_scale.
@@ -258,6 +265,11 @@ class Model {
     // The head's backward: the loss rows' gradient through the LM head and the final norm into dres_a_.
     void head_backward(double loss_scale);
     void head_chunk_backward(int64_t first, int64_t rows, bool recompute_logits);
+    // With row loss weights (model_loss_weights.cpp): the pass's weighted loss sum over the counted tokens of the host
+    // losses [batch_ * seq_], and the per-token d(loss) of the backward, scale / counted_ x the row's weight, into
+    // losses_.
+    double weighted_loss_sum(const Tensor& losses) const;
+    void fill_weighted_dlosses(double scale);
     // Vocab-parallel loss: each rank's head chunks left its shard's log-sum-exp in lse_ and the target logits it
     // holds in losses_; this combines them over tp into every row's log-sum-exp and loss (on the host, in f64).
     void combine_vocab_shards();
@@ -336,6 +348,8 @@ class Model {
     std::vector<Block*> layer_block_;        // AttnRes: the blocks by global layer (null where not held)
     AttnResCarry* attnres_carry_ = nullptr;  // AttnRes under pipeline parallelism: the micro-batch's carry
     Workspace ws_;
+    // The rows' loss weights (set_row_loss_weights): [B], or empty for the plain mean.
+    std::vector<double> row_loss_weights_;
     int64_t batch_ = 0, seq_ = 0, counted_ = 0;
     Tensor ids_, targets_;       // [N] i32, copies of the batch on the model's device
     Tensor host_targets_;        // [N] i32, for counting

@@ -17,6 +17,7 @@
 #include "train/config_long.h"
 #include "train/config_parallel.h"
 #include "train/config_schema.h"
+#include "train/config_sources.h"
 #include "train/http_endpoint.h"
 
 namespace mt::train {
@@ -414,6 +415,7 @@ JobConfig config_parse(const std::string& toml_text,
     JobConfig c;
     c.source = source;
     config_long_take_stages(root, c, source);
+    const std::vector<toml::table> source_tables = config_sources_take(root, source);
     const std::vector<Field> fields = config_schema(c);
     for (const auto& [section, node] : root) {
         const std::string sec(section.str());
@@ -430,16 +432,22 @@ JobConfig config_parse(const std::string& toml_text,
         if (table == nullptr) fail_unknown_key(sec, fields, source);
         assign_table(*table, sec, fields, source);
     }
+    config_sources_apply(c, source_tables, source);
     // Document masking without an explicit data.eot_token ends documents at the tokenizer's EOT (a SentencePiece
     // model is opened for its eos id: a missing or bad model exits 3 naming the file).
     if (c.model.document_mask && c.model.eot_token < 0)
         c.model.eot_token =
             c.data.format == "shapes" ? data::kShapesEos : data::tokenizer_open(c.data.tokenizer)->eot_id();
     config_vision_defaults(c);
-    validate(c, source);
-    config_long_validate(c, source);
-    config_parallel_validate(c, source);
-    config_vision_validate(c, source);
+    // Each source is checked as the job's one source would be (its own name in the messages).
+    for (size_t i = 0; i < std::max<size_t>(1, c.data_sources.size()); ++i) {
+        const JobConfig view = c.data_sources.empty() ? c : config_source_view(c, i);
+        const std::string where = c.data_sources.empty() ? source : fmt::format("{}, data.sources[{}]", source, i);
+        validate(view, where);
+        config_long_validate(view, where);
+        config_parallel_validate(view, where);
+        config_vision_validate(view, where);
+    }
     return c;
 }
 
@@ -488,8 +496,8 @@ std::string config_upgrade_saved(const std::string& saved_toml) {
     return out.str();
 }
 
-std::string JobConfig::to_toml() const {
-    JobConfig copy = *this;
+toml::table config_resolved_table(const JobConfig& c) {
+    JobConfig copy = c;
     toml::table root;
     for (const auto& f : config_schema(copy)) {
         const size_t dot = f.key.rfind('.');
@@ -519,7 +527,17 @@ std::string JobConfig::to_toml() const {
             },
             f.ptr);
     }
-    config_long_put_stages(copy, root);
+    return root;
+}
+
+void config_assign_table(const toml::table& table, const std::string& prefix, JobConfig& c, const std::string& src) {
+    assign_table(table, prefix, config_schema(c), src);
+}
+
+std::string JobConfig::to_toml() const {
+    toml::table root = config_resolved_table(*this);
+    config_long_put_stages(*this, root);
+    config_sources_put(*this, root);
     std::ostringstream out;
     out << root << "\n";
     return out.str();

@@ -76,6 +76,26 @@ struct DataConfig {
     }
 };
 
+// One `[[data.sources]]` entry (docs/data.md "Mixed sources"): a data source of its own format and keys, drawn for a
+// row with probability weight / (the sum of the weights); `name` tags its rows' loss (loss/<name>).
+struct DataSource {
+    std::string name;
+    double weight = 1.0;
+    DataConfig data;
+};
+
+// [loss] (multimodal.md §5, docs/multimodal.md "Mixed sources and loss weighting"): how the per-source losses of a
+// data.sources mixture combine into the training loss.
+struct LossConfig {
+    std::string weighting = "token_mean";  // token_mean | uncertainty | gradnorm | dwa
+    int64_t dwa_window = 100;              // steps per DWA window
+    double dwa_temperature = 2.0;          // DWA's tau
+    double uncertainty_lr = 0.0;           // AdamW lr of the uncertainty s_i; 0: the training lr of the step
+    double gradnorm_alpha = 1.0;           // GradNorm's asymmetry a
+    double gradnorm_lr = 0.025;            // the gradient-descent lr of GradNorm's w
+    std::string gradnorm_layer;            // the measured weight W by name; empty: the last shared-expert down
+};
+
 struct TrainConfig {
     int64_t steps = 100;
     int64_t batch_size = 8;
@@ -250,6 +270,9 @@ struct JobConfig {
         return m;
     }();
     DataConfig data;
+    // [[data.sources]], parsed beside the schema (config_sources.cpp); empty: the single source data.*.
+    std::vector<DataSource> data_sources;
+    LossConfig loss;
     TrainConfig train;
     OptimConfig optim;
     MuonConfig muon;

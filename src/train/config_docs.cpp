@@ -64,12 +64,18 @@ const std::map<std::string, std::string>& section_notes() {
         {"loss",
          "The LM head and loss (docs/long_context.md \"Chunked LM head and loss\"): the loss is the mean "
          "cross-entropy over the supervised tokens of the whole global batch (every micro-batch and data-parallel "
-         "rank), computed in chunks of `chunk_tokens` rows."},
+         "rank), computed in chunks of `chunk_tokens` rows. With `[[data.sources]]`, `weighting` combines the "
+         "sources' losses (docs/multimodal.md \"Mixed sources and loss weighting\")."},
         {"moe",
          "Mixture-of-Experts FFNs ([moe.md](moe.md), docs/moe_training.md): the layer, its balancing method "
          "(`moe.quantile.*`, `moe.sign_bias.*`, `moe.aux_loss.*` belong to one method each) and the "
          "routing-collapse alarm (`moe.alarm.*`)."},
-        {"data", "The token files ([data.md](data.md))."},
+        {"data",
+         "The token files ([data.md](data.md)). Several sources mix row by row as an array of tables, one "
+         "`[[data.sources]]` per source: `name` (the loss tag, unique), `weight` (> 0, default 1: rows are drawn "
+         "with probability weight / sum of the weights), `format` and that format's keys (`paths`, `val_paths`, "
+         "`tokenizer`, `skip_bad_samples`, `shapes.*`, as below); all sources share one vocabulary "
+         "([data.md](data.md#mixed-sources-datasources))."},
         {"train", "The optimizer steps: batch, schedule, AdamW, clipping, loss scaling and validation."},
         {"optim",
          "Which optimizer, and where and in what dtype its state lives (docs/training.md \"Memory\"): "

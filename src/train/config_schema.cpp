@@ -2,6 +2,9 @@
 // generated from them), and the keys that were removed.
 #include "train/config_schema.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include "train/config_schema_fields.h"
 
 namespace mt::train {
@@ -640,6 +643,11 @@ std::vector<Field> config_schema(JobConfig& c) {
     };
     for (Field& f : config_schema_muon(c)) rows.push_back(std::move(f));
     for (Field& f : config_schema_vision(c)) rows.push_back(std::move(f));
+    // One [loss] table in the docs: the weighting's rows follow loss.chunk_tokens.
+    std::vector<Field> loss = config_schema_loss(c);
+    const auto chunk =
+        std::find_if(rows.begin(), rows.end(), [](const Field& f) { return f.key == "loss.chunk_tokens"; });
+    rows.insert(chunk + 1, std::make_move_iterator(loss.begin()), std::make_move_iterator(loss.end()));
     return rows;
 }
 

@@ -55,6 +55,9 @@ std::vector<Field> config_schema(JobConfig& c);
 std::vector<Field> config_schema_muon(JobConfig& c);
 // The [vision] and [projector] rows (config_schema_vision.cpp), which config_schema appends.
 std::vector<Field> config_schema_vision(JobConfig& c);
+// The loss weighting's rows (loss.weighting and its constants, config_schema_vision.cpp), which config_schema puts
+// after loss.chunk_tokens.
+std::vector<Field> config_schema_loss(JobConfig& c);
 // The layouts and keys image + text training refuses yet (exit 2 naming the key).
 void config_vision_validate(const JobConfig& c, const std::string& src);
 // Fills what image-text data on disk implies when left unset: vision.image_token = the tokenizer's vocab + 2, the

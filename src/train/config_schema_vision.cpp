@@ -116,6 +116,34 @@ std::vector<Field> config_schema_vision(JobConfig& c) {
     };
 }
 
+std::vector<Field> config_schema_loss(JobConfig& c) {
+    return {
+        text("loss.weighting",
+             &c.loss.weighting,
+             "how the per-source losses of `[[data.sources]]` combine (multimodal.md §5, docs/multimodal.md \"Mixed "
+             "sources and loss weighting\"): `token_mean` the mean over every supervised token; `uncertainty` "
+             "sum_i exp(-s_i) L_i + s_i / 2 with learned s_i; `gradnorm` sum_i w_i C_i / N with w learned to balance "
+             "the sources' gradient norms on one weight; `dwa` sum_i w_i C_i / N with the weights of dynamic weight "
+             "averaging",
+             {"token_mean", "uncertainty", "gradnorm", "dwa"}),
+        number("loss.gradnorm_alpha", &c.loss.gradnorm_alpha, 0, 100, "GradNorm's asymmetry alpha"),
+        number_above(
+            "loss.gradnorm_lr", &c.loss.gradnorm_lr, 0, 1e6, "the gradient-descent learning rate of GradNorm's w"),
+        text("loss.gradnorm_layer",
+             &c.loss.gradnorm_layer,
+             "the shared weight W whose gradient norms GradNorm balances, by parameter name; empty: the last layer's "
+             "shared-expert down projection (`layers.<L-1>.moe.shared.w_down.weight`), else its dense MLP's "
+             "(`layers.<L-1>.mlp.w_down.weight`), else its routed experts' (`layers.<L-1>.moe.experts.w_down`)"),
+        number("loss.uncertainty_lr",
+               &c.loss.uncertainty_lr,
+               0,
+               10,
+               "AdamW learning rate of the uncertainty weighting's s_i (no weight decay); 0: the step's training lr"),
+        integer("loss.dwa_window", &c.loss.dwa_window, 1, 1e9, "steps per DWA window (the mean of each window)"),
+        number_above("loss.dwa_temperature", &c.loss.dwa_temperature, 0, 1e6, "DWA's temperature tau"),
+    };
+}
+
 void config_vision_defaults(JobConfig& c) {
     if (c.data.images_on_disk() && c.model.vision.image_token < 0)
         c.model.vision.image_token = data::image_text_ids(*data::tokenizer_open(c.data.tokenizer)).image.img_pad;

@@ -36,6 +36,23 @@ std::vector<MetricDef> metric_registry(const JobConfig& cfg) {
     Builder b;
     // The step.
     b.add("loss", "gauge", "nats", "training loss: mean cross-entropy over the supervised tokens of the global batch");
+    for (const DataSource& s : cfg.data_sources) {  // multimodal.md §8: per source, every step
+        b.add("loss/" + s.name,
+              "gauge",
+              "nats",
+              fmt::format("mean cross-entropy over the supervised tokens of source {}'s rows of the global batch, "
+                          "C_i / N_i",
+                          s.name),
+              "data.sources (left out of a step without the source's tokens)");
+        b.add("loss_weight/" + s.name,
+              "gauge",
+              "1",
+              fmt::format(
+                  "source {}'s weight under loss.weighting: 1 (token_mean), exp(-s_i) (uncertainty), w_i (gradnorm, "
+                  "dwa)",
+                  s.name),
+              "data.sources");
+    }
     b.add("lr", "gauge", "", "learning rate of the step");
     b.add("grad_norm", "gauge", "", "L2 norm of the whole reduced gradient, before clipping");
     b.add("tokens_per_s", "gauge", "tokens/s", "training tokens per second, mean over the steps after the first");
@@ -288,7 +305,16 @@ std::vector<MetricDef> metric_registry(const JobConfig& cfg) {
     }
     std::vector<MetricDef> out = std::move(b.out);
     out.push_back({"val_loss", "eval", "gauge", "nats", "validation loss (mean over train.eval_batches)", ""});
-    if (cfg.data.format == "shapes") {
+    for (const DataSource& s : cfg.data_sources)
+        out.push_back({"eval/" + s.name + "/loss",
+                       "eval",
+                       "gauge",
+                       "nats",
+                       fmt::format("validation loss of source {} alone (val_loss: the sources' mean weighted by their "
+                                   "shares)",
+                                   s.name),
+                       "data.sources"});
+    if (cfg.data.format == "shapes" && cfg.data_sources.empty()) {
         out.push_back({"eval/blind_bound",
                        "eval",
                        "gauge",

@@ -96,7 +96,9 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     const auto& t = cfg_.train;
 
     seq_len_ = t.seq_len;
-    if (cfg_.data.images_on_disk()) {
+    if (!cfg_.data_sources.empty()) {
+        mix_setup();
+    } else if (cfg_.data.images_on_disk()) {
         disk_images_setup();
     } else if (cfg_.data.images()) {
         images_setup();
@@ -105,7 +107,7 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
         train_sampler_ =
             std::make_unique<data::Sampler>(*train_source_, t.seq_len, static_cast<uint64_t>(cfg_.run.seed));
     }
-    if (!cfg_.data.val_paths.empty() && !cfg_.data.images()) {
+    if (!cfg_.data.val_paths.empty() && !cfg_.data.images() && !mix_) {
         val_source_ = data::token_source_open(cfg_.data.format, cfg_.data.val_paths, cfg_.model.vocab_size);
         val_sampler_ = std::make_unique<data::Sampler>(*val_source_, t.seq_len, static_cast<uint64_t>(cfg_.run.seed));
     }
@@ -237,7 +239,9 @@ void Trainer::fill_batch(int64_t step,
         nn::VisionBatch scratch;
         const int64_t first_row =
             data::sampler_first_sample(data_step(step), t.grad_accum, micro, data_size(), data_rank(), t.batch_size);
-        if (image_train_)
+        if (mix_)
+            mix_->fill(first_row, t.batch_size, inputs, targets, images != nullptr ? images : &scratch, nullptr);
+        else if (image_train_)
             image_train_->fill(first_row, t.batch_size, inputs, targets, images != nullptr ? images : &scratch);
         else
             disk_train_->fill(first_row, t.batch_size, inputs, targets, images != nullptr ? images : &scratch);
@@ -332,6 +336,7 @@ StepResult Trainer::train_step() {
         for (double& x : r.layer_grad_sq) x /= r.loss_scale * r.loss_scale;
     }
     if (!r.skipped) optimizer_step(r, layer_stats);
+    mix_step_applied(r);
     if (layer_stats) {
         r.layer_param_sq = grad_sync_->group_norms_sq(layer_of_param_, nn::layer_stats_param_groups(cfg_.model), false);
         layer_stats_end(r);
@@ -378,6 +383,7 @@ void Trainer::compute_gradients(StepResult& r) {
         weights.push_back(n_global > 0
                               ? static_cast<double>(counted[static_cast<size_t>(micro)] * micro_divisor_int) / n_global
                               : 0.0);
+    if (mix_) mix_step_begin(n_global, r.loss_scale);
     if (pipelined()) {
         r.loss = pipeline_micro_batches(weights, r.loss_scale / micro_divisor, r);
         pipeline_reduce_tied_embedding();
@@ -388,8 +394,9 @@ void Trainer::compute_gradients(StepResult& r) {
         beat_phase(Phase::forward);
         if (model_->vision())
             model_->set_vision_batch(micro < std::ssize(step_images_) ? step_images_[micro] : nn::VisionBatch{});
-        r.loss += model_->forward(step_inputs_.select(0, micro), step_targets_.select(0, micro)) * weight /
-                  static_cast<double>(t.grad_accum);
+        r.loss += (mix_ ? mix_micro_forward(micro)
+                        : model_->forward(step_inputs_.select(0, micro), step_targets_.select(0, micro))) *
+                  weight / static_cast<double>(t.grad_accum);
         r.aux_loss += model_->last_aux_loss() / static_cast<double>(t.grad_accum);
         const bool last = micro + 1 == t.grad_accum;
         if (last && grad_sync_->active())
@@ -406,12 +413,14 @@ void Trainer::compute_gradients(StepResult& r) {
     r.buckets_overlapped = grad_sync_->buckets_overlapped();
     r.loss = dp_sum(r.loss) / static_cast<double>(data_size());
     r.aux_loss = dp_sum(r.aux_loss) / static_cast<double>(data_size());
+    if (mix_) mix_step_end(r);
     apply_fault(r);
     r.grad_norm = grad_sync_->grad_norm() / r.loss_scale;
 }
 
 double Trainer::evaluate() {
     beat_phase(Phase::eval);
+    if (mix_) return evaluate_mix();
     if (image_val_) return evaluate_images();
     if (disk_train_) return evaluate_disk_images();
     const auto& t = cfg_.train;
@@ -473,7 +482,8 @@ RunEnd Trainer::run() {
             mesh_->world().size() > 1
                 ? fmt::format(" x {} processes, {}", mesh_->world().size(), parallel::mesh_describe(mesh_->shape()))
                 : "",
-            train_source_ ? train_source_->describe()
+            mix_            ? fmt::format("mixed sources {}", mix_->describe())
+            : train_source_ ? train_source_->describe()
             : disk_train_
                 ? fmt::format("{} image-caption samples ({})", disk_train_->dataset().size(), cfg_.data.format)
                 : std::string("generated shapes image-caption samples"));
@@ -590,6 +600,7 @@ RunEnd Trainer::run() {
             add_health_metrics(r, fields);
             add_alarm_metrics(fields);
             add_throughput_metrics(r, fields);
+            add_mix_metrics(r, fields);
             metrics_->write(step_, "train", fields);
         }
         handle_health_events(r);
@@ -603,7 +614,7 @@ RunEnd Trainer::run() {
         if (t.eval_every > 0 && (step_ % t.eval_every == 0 || last)) {
             const double val = evaluate();
             if (log_) fmt::print("step {:>6}/{} | val loss {:.4f}\n", step_, t.steps, val);
-            metrics_->write(step_, "eval", image_val_ ? image_eval_fields(val) : nlohmann::json{{"val_loss", val}});
+            metrics_->write(step_, "eval", eval_fields(val));
         }
         std::fflush(stdout);
     }

@@ -29,7 +29,9 @@
 #include "train/http_endpoint.h"
 #include "train/image_disk_source.h"
 #include "train/image_text_source.h"
+#include "train/loss_weighting.h"
 #include "train/metrics.h"
+#include "train/mixed_source.h"
 #include "train/spike_detector.h"
 
 namespace mt::train {
@@ -90,6 +92,9 @@ struct StepResult {
     // all-reduce): each layer's squared norm of the change the optimizer applied, and the whole job's slot sums of
     // nn/layer_stats.h (activation moments, KDA gate, AttnRes mixes), indexed by layer_stats_layout's offsets.
     std::vector<double> layer_update_sq, layer_stats;
+    // data.sources (trainer_mix.cpp): per source over the global batch, the summed token cross-entropy C_i, the
+    // supervised tokens N_i and the weight of loss.weighting; empty without sources.
+    std::vector<double> source_loss_sum, source_tokens, source_weight;
     OptimStepMetrics optim;
 };
 
@@ -487,8 +492,28 @@ class Trainer {
     double evaluate_disk_images();
     std::unique_ptr<ImageDiskSource> disk_train_, disk_val_;
     bool image_batches() const {
-        return image_train_ || disk_train_;
+        return image_train_ || disk_train_ || mix_;
     }
+    // data.sources (trainer_mix.cpp, docs/multimodal.md "Mixed sources and loss weighting"): the mixed rows and the
+    // loss weighting over their sources. mix_step_begin counts each source's tokens of the step (every rank's) and,
+    // under gradnorm, measures G_i with one extra forward and backward per source (train/loss_gradnorm.h);
+    // mix_micro_forward runs micro-batch m's forward with its rows' weights and adds its rows' losses to C_i;
+    // mix_step_end reduces those over the ranks into r, mix_step_applied updates the weighting after an applied
+    // step. The eval runs each source's val rows on their own (eval/<name>/loss).
+    void mix_setup();
+    void mix_step_begin(double n_global, double loss_scale);
+    double mix_micro_forward(int64_t micro);
+    void mix_step_end(StepResult& r);
+    void mix_step_applied(const StepResult& r);
+    double evaluate_mix();
+    void add_mix_metrics(const StepResult& r, nlohmann::json& fields) const;
+    nlohmann::json eval_fields(double val) const;
+    std::unique_ptr<MixedSource> mix_;
+    std::unique_ptr<LossWeighting> weighting_;
+    std::vector<std::vector<int32_t>> mix_row_sources_;  // per micro-batch of the step, each row's source
+    std::vector<double> mix_tokens_, mix_loss_sum_;      // N_i (global) and this rank's C_i of the step
+    std::vector<double> mix_eval_losses_;                // the last eval's loss per source
+    int gradnorm_param_ = -1;                            // loss.weighting = "gradnorm": W's index, at the first step
     // step_inputs_ / step_targets_ at [grad_accum, batch_size, seq_len], once.
     void allocate_step_batches();
     core::Tensor step_inputs_, step_targets_;  // [grad_accum, B, T] i32: the batches step_status read ahead

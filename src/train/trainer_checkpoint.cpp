@@ -312,6 +312,7 @@ void Trainer::write_checkpoint(bool async) {
         {"health", health_checkpoint_json()},
     };
     extra["data"].update(long_checkpoint_json());  // the curriculum stage and position, when there is one
+    if (weighting_) extra["loss_weighting"] = weighting_->state();  // s_i and moments, or DWA's windows
     const RetentionPolicy keep{.keep_last = cfg_.checkpoint.keep_last, .keep_every = cfg_.checkpoint.keep_every};
     checkpoint_prepare_seconds_ = seconds_since(start);
     if (async) {
@@ -397,6 +398,8 @@ void Trainer::load_checkpoint_state(const std::string& dir) {
     // The global sample order does not depend on the mesh, so a replicated state resumes on any dp size whose
     // global batch (batch_size x grad_accum x dp) matches.
     load_health_checkpoint(ckpt.manifest());  // the data windows bad steps dropped move the data position
+    if (weighting_ && ckpt.manifest().contains("loss_weighting"))
+        weighting_->load(ckpt.manifest().at("loss_weighting"));
     const int64_t expected = data::sampler_first_sample(data_step(step), t.grad_accum, 0, data_size(), 0, t.batch_size);
     const auto& data = ckpt.manifest().at("data");
     const int64_t saved = data.value("samples_consumed", expected);

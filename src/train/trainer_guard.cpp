@@ -115,7 +115,7 @@ void Trainer::check_validation_data() const {
     const auto& t = cfg_.train;
     // Generated samples, and image-text ids made from the tokenizer the config checked, cannot be out of the
     // vocabulary.
-    if (t.eval_every <= 0 || image_val_ || disk_train_) return;
+    if (t.eval_every <= 0 || image_val_ || disk_train_ || mix_) return;
     const data::Sampler& sampler = val_sampler_ ? *val_sampler_ : *train_sampler_;
     const core::Tensor inputs = core::Tensor::zeros({t.batch_size, seq_len_}, core::DType::i32);
     const core::Tensor targets = core::Tensor::zeros({t.batch_size, seq_len_}, core::DType::i32);

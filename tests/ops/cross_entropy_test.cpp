@@ -46,6 +46,47 @@ OpCase cross_entropy_case(int64_t n, int64_t v, int32_t ignore_index, bool in_pl
             }};
 }
 
+// Per-row loss weights (the model's loss weighting, nn::Model::set_row_loss_weights; multimodal.md §5): the output is
+// w_i x loss_i and the backward passes w_i x dout_i as the op's per-row dlosses, as the model's head does. The weights
+// are fixed per row (one row 0, the others from 0.25 to 2), so the finite differences and the CPU-vs-CUDA parity check
+// each row's dlogits scaled by its weight.
+OpCase cross_entropy_row_weights_case(int64_t n, int64_t v) {
+    const std::string name = fmt::format("cross_entropy_n{}_v{}_row_weights", n, v);
+    std::vector<double> w;
+    for (int64_t i = 0; i < n; ++i) w.push_back(i == 2 ? 0.0 : 0.25 * static_cast<double>(1 + i % 8));
+    // x [n] (any device) scaled row by row by w, on the host, back on x's device in x's dtype.
+    auto scaled = [w, n](const Tensor& x) {
+        const Tensor host = x.device() == core::Device::cpu ? x.clone() : x.to_device(core::Device::cpu);
+        for (int64_t i = 0; i < n; ++i)
+            core::tensor_set_flat(host, i, core::tensor_get_flat(host, i) * w[static_cast<size_t>(i)]);
+        Tensor out = op_like(x);
+        out.copy_from(host);
+        return out;
+    };
+    return {"cross_entropy", name, [=] {
+                const uint64_t s = op_seed(name);
+                Tensor targets = op_rand_ids({n}, s, 1, 0, static_cast<int32_t>(v));
+                for (int64_t i = 1; i < n; i += 5) targets.data<int32_t>()[i] = -100;
+                OpProblem p;
+                p.inputs = {{"logits", op_randn({n, v}, s, 0, 0.0, 2.0), GradKind::written},
+                            {"targets", targets, GradKind::none}};
+                p.forward = [=](const std::vector<Tensor>& in) {
+                    Tensor losses = op_stat_like(in[0], {n}), lse = op_stat_like(in[0], {n});
+                    cross_entropy_fwd(in[0], in[1], -100, losses, lse);
+                    return std::vector<Tensor>{scaled(losses)};
+                };
+                p.backward = [=](const std::vector<Tensor>& in,
+                                 const std::vector<Tensor>& dout,
+                                 const std::vector<Tensor>& grads) {
+                    Tensor losses = op_stat_like(in[0], {n}), lse = op_stat_like(in[0], {n});
+                    cross_entropy_fwd(in[0], in[1], -100, losses, lse);
+                    grads[0].copy_from(in[0]);  // in place, as the model's head runs it
+                    cross_entropy_bwd(grads[0], in[1], lse, -100, scaled(dout[0]), grads[0]);
+                };
+                return p;
+            }};
+}
+
 // The vocabulary [0, sum of widths) split into shards of those widths, in order.
 std::vector<VocabShard> split_vocab(const std::vector<int64_t>& widths) {
     int64_t total = 0;
@@ -170,6 +211,8 @@ OpCase cross_entropy_shard_case(int64_t n, std::vector<int64_t> widths, int32_t 
     op_register(cross_entropy_case(13, 257, -100, true));
     op_register(cross_entropy_case(200, 257, -100, true));  // large enough to run on the OpenMP team
     op_register(cross_entropy_case(11, 3, 0, true));  // ignore_index is a class id: every row with target 0 is ignored
+    op_register(cross_entropy_row_weights_case(13, 257));
+    op_register(op_parity_only(cross_entropy_row_weights_case(37, 50257)));  // CUDA: the 8-wide vector path
     // CUDA sizes: vocabularies of 32768 and more (one block per row, the 8-wide vector path), an odd vocabulary.
     op_register(op_parity_only(cross_entropy_case(64, 32768, -100, true)));
     op_register(op_parity_only(cross_entropy_case(37, 50257, -100, false)));

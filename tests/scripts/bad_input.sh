@@ -246,6 +246,17 @@ for needle in 'skipped bad sample (1 so far): corrupt image b.png' 'skipped bad 
 done
 echo "ok (0): $(grep -c 'skipped bad sample' out.txt) bad samples skipped with warnings"
 
+# Mixed sources ([[data.sources]], docs/data.md "Mixed sources"): each bad entry exits 2 naming the field.
+mix() { { cat job.toml; printf '%s\n' "$@"; } > mix.toml; timeout 60 "$BIN" train --config mix.toml "${COMMON[@]}"; }
+TEXT=('format = "llmc"' 'paths = ["data/train.bin"]')
+expect 2 'data.format = "csv"' -- mix '[[data.sources]]' 'name = "a"' 'format = "csv"' 'paths = ["data/train.bin"]'
+expect 2 'data.sources[0].weight = 0 is out of range' -- mix '[[data.sources]]' 'name = "a"' 'weight = 0' "${TEXT[@]}"
+expect 2 'data.sources[1].name = "a" is a duplicate' -- \
+  mix '[[data.sources]]' 'name = "a"' "${TEXT[@]}" '[[data.sources]]' 'name = "a"' "${TEXT[@]}"
+expect 2 'data.sources[1].tokenizer = "gpt2" differs' -- \
+  mix '[[data.sources]]' 'name = "a"' "${TEXT[@]}" '[[data.sources]]' 'name = "b"' "${TEXT[@]}" 'tokenizer = "gpt2"'
+expect 2 'loss.weighting = "dwa" weights the sources of data.sources' -- train --set loss.weighting=dwa
+
 # Nothing half-written anywhere: no temporary files, every checkpoint directory complete.
 leftovers=$(find . -name '*.tmp' | head -5)
 [[ -z $leftovers ]] || fail "temporary files left behind: $leftovers"

@@ -52,6 +52,11 @@ inline std::string write_document_shard(const std::string& dir) {
     return path;
 }
 
+// Overrides that shrink configs/shapes_tiny.toml's vision tower to one block of width 32 for fast CPU tests.
+inline std::vector<std::string> tiny_vision_overrides() {
+    return {"vision.layers=1", "vision.dim=32", "vision.heads=2", "vision.mlp=64"};
+}
+
 // Overrides that make tiny_job's model a small MoE on the CPU (4 experts of width 16, top 2), followed by `more`.
 inline std::vector<std::string> tiny_moe_overrides(const std::vector<std::string>& more) {
     std::vector<std::string> o = {
