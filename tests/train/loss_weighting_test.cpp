@@ -57,7 +57,9 @@ TEST(LossWeighting, DwaMatchesHandComputedWindows) {
     // Scripted L_i per step (N_i = 1): window means (3, 2), then (1.5, 2), then (1, 1).
     const std::vector<std::vector<double>> losses = {{4, 2}, {2, 2}, {2, 2}, {1, 2}, {1, 1}, {1, 1}};
     for (size_t t = 0; t < losses.size(); ++t) {
-        if (t < 4) EXPECT_EQ(w.weights(), (std::vector<double>{1.0, 1.0})) << "w = 1 in the first two windows";
+        if (t < 4) {
+            EXPECT_EQ(w.weights(), (std::vector<double>{1.0, 1.0})) << "w = 1 in the first two windows";
+        }
         w.update(losses[t], {1, 1}, 0.0);
         if (t == 3) {  // rho = (1.5 / 3, 2 / 2): w_i = 2 exp(rho_i / 2) / sum_k exp(rho_k / 2)
             EXPECT_NEAR(w.weights()[0], 0.8756469982284038, 1e-14);
