@@ -6,7 +6,7 @@
 // the kernels visit only the tiles that overlap the band, and apply the mask inside the edge tiles. Bidirectional
 // attention (AttnParams::causal false, no window) replaces the diagonal by the end of the query's document: query
 // `row` sees [key_lo(row), key_hi(row)], both ends non-decreasing along the rows, and a key's viewers are the queries
-// of its document. Tiles of keys
+// of its document; the flash kernels test a pair inside an edge tile by its two documents (doc_of). Tiles of keys
 // start at multiples of their size in key positions, tiles of queries at multiples of theirs in rows, so with a prefix
 // the diagonal may cross two key tiles of one query tile: the edge tests compare positions.
 #pragma once
@@ -93,6 +93,18 @@ __device__ __forceinline__ int first_key_block(const AttnParams& p, int b, int m
 // row's position.
 __device__ __forceinline__ int end_key_block(const AttnParams& p, int last_row, int bn) {
     return (p.off + last_row) / bn + 1;
+}
+
+// The same for the bidirectional kernels: the block holding the last row's last key (key_hi, its document's end).
+__device__ __forceinline__ int end_key_block_bidir(const AttnParams& p, int b, int last_row, int bn) {
+    return key_hi(p, b, last_row) / bn + 1;
+}
+
+// The document of position `pos` (< tk) of batch row b, as its first position (0 without a document map). In a
+// bidirectional kernel a query sees a key exactly when both have the same document: one load a pair where the bounds
+// key_lo <= key <= key_hi would need doc_end's binary search for each query.
+__device__ __forceinline__ int doc_of(const AttnParams& p, int b, int pos) {
+    return p.doc_start != nullptr ? p.doc_start[static_cast<int64_t>(b) * p.tk + pos] : 0;
 }
 
 // The row max to subtract in an online softmax: a row whose keys so far are all masked has max -inf, and exp2 of
