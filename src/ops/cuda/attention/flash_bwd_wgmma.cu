@@ -392,16 +392,7 @@ void launch_bwd(const AttnParams& p) {
 }  // namespace
 
 void flash_bwd_wgmma(const AttnParams& p) {
-    if (p.causal) {
-        if (p.d == 64)
-            launch_bwd<64, true>(p);
-        else
-            launch_bwd<128, true>(p);
-    } else if (p.d == 64) {
-        launch_bwd<64, false>(p);
-    } else {
-        launch_bwd<128, false>(p);
-    }
+    launch_flash(p, [&](auto d, auto causal) { launch_bwd<decltype(d)::value, decltype(causal)::value>(p); });
 }
 
 }  // namespace mt::ops::cuda

@@ -424,16 +424,7 @@ size_t flash_bwd_wgmma_fast_accum_floats(const AttnParams& p) {
 }
 
 void flash_bwd_wgmma_fast(const AttnParams& p) {
-    if (p.causal) {
-        if (p.d == 64)
-            launch_bwd_fast<64, true>(p);
-        else
-            launch_bwd_fast<128, true>(p);
-    } else if (p.d == 64) {
-        launch_bwd_fast<64, false>(p);
-    } else {
-        launch_bwd_fast<128, false>(p);
-    }
+    launch_flash(p, [&](auto d, auto causal) { launch_bwd_fast<decltype(d)::value, decltype(causal)::value>(p); });
 }
 
 }  // namespace mt::ops::cuda

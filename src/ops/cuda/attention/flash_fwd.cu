@@ -177,16 +177,7 @@ void launch_fwd(const AttnParams& p) {
 }  // namespace
 
 void flash_fwd(const AttnParams& p) {
-    if (p.causal) {
-        if (p.d == 64)
-            launch_fwd<64, true>(p);
-        else
-            launch_fwd<128, true>(p);
-    } else if (p.d == 64) {
-        launch_fwd<64, false>(p);
-    } else {
-        launch_fwd<128, false>(p);
-    }
+    launch_flash(p, [&](auto d, auto causal) { launch_fwd<decltype(d)::value, decltype(causal)::value>(p); });
 }
 
 }  // namespace mt::ops::cuda

@@ -296,12 +296,9 @@ void launch_fwd_tma(const AttnParams& p) {
 
 // Always the ping-pong schedule: 0.90 against 0.94 ms without it on the H200 (B=8, T=4096, H=16, D=128; the
 // cp.async kernel this replaced took 1.31).
-template <int D>
+template <int D, bool kCausal>
 void launch_fwd(const AttnParams& p) {
-    if (p.causal)
-        launch_fwd_tma<D, 2, true>(p);
-    else
-        launch_fwd_tma<D, 2, false>(p);
+    launch_fwd_tma<D, 2, kCausal>(p);
 }
 
 }  // namespace
@@ -319,10 +316,7 @@ bool flash_wgmma_supported() {
 }
 
 void flash_fwd_wgmma(const AttnParams& p) {
-    if (p.d == 64)
-        launch_fwd<64>(p);
-    else
-        launch_fwd<128>(p);
+    launch_flash(p, [&](auto d, auto causal) { launch_fwd<decltype(d)::value, decltype(causal)::value>(p); });
 }
 
 }  // namespace mt::ops::cuda
