@@ -107,6 +107,22 @@ __device__ __forceinline__ int doc_of(const AttnParams& p, int b, int pos) {
     return p.doc_start != nullptr ? p.doc_start[static_cast<int64_t>(b) * p.tk + pos] : 0;
 }
 
+// Bidirectional key-major kernels (the backwards' dk/dv): the document of every key of [n0, n0 + bn), or -1 when
+// they span two documents or pass tk (every tile of such a block needs the mask).
+__device__ __forceinline__ int block_doc(const AttnParams& p, int b, int n0, int bn) {
+    if (n0 + bn > p.tk) return -1;
+    const int doc = doc_of(p, b, n0);
+    return doc_of(p, b, n0 + bn - 1) == doc ? doc : -1;
+}
+
+// Whether the tile of query rows [m0, m0 + bm) against a key block whose keys are all of document key_doc
+// (block_doc) holds only seen pairs: every row < t and of that document, its first and last rows (documents are
+// contiguous). Two loads a tile, where comparing with key_hi would take doc_end's binary search.
+__device__ __forceinline__ bool bidir_tile_full(const AttnParams& p, int b, int m0, int bm, int key_doc) {
+    return key_doc >= 0 && m0 + bm <= p.t && doc_of(p, b, p.off + m0) == key_doc &&
+           doc_of(p, b, p.off + m0 + bm - 1) == key_doc;
+}
+
 // The row max to subtract in an online softmax: a row whose keys so far are all masked has max -inf, and exp2 of
 // -inf - (-inf) would be NaN, so it subtracts 0 instead (its probabilities and sum stay 0).
 __device__ __forceinline__ float safe_max(float m) {

@@ -130,8 +130,11 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
     zero_acc(dv);
     const int key0 = n0 + warp * 16 + lane / 4;  // this thread's keys: key0 and key0 + 8
     int kdoc[2] = {0, 0};                        // bidirectional: their documents (-1 past tk: no query's)
-    if constexpr (!kCausal)
+    int key_doc = -1;                            // bidirectional: the block's one document (block_doc), or -1
+    if constexpr (!kCausal) {
         for (int r = 0; r < 2; ++r) kdoc[r] = key0 + r * 8 < tk ? attn_mask::doc_of(p, b, key0 + r * 8) : -1;
+        key_doc = attn_mask::block_doc(p, b, n0, kBlk);
+    }
 
     for (int it = 0; it < iters; ++it) {
         const int st = it & 1;
@@ -145,10 +148,11 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
         const float* sdelta = s_delta + st * kBlk;
         const int m0 = (first_q + it % q_blocks) * kBlk;
         // A block with a query before some key (the first row's position before the last key), the one holding rows
-        // >= t, or one whose last row's first key is after this block's first. Bidirectional: the first row's last
-        // key (the smallest) before the block's last key instead of the first row's position.
-        const bool edge = (kCausal ? p.off + m0 : attn_mask::key_hi(p, b, m0)) < n0 + kBlk - 1 || m0 + kBlk > t ||
-                          (masked && attn_mask::key_lo(p, b, min(m0 + kBlk, t) - 1) > n0);
+        // >= t, or one whose last row's first key is after this block's first. Bidirectional: any block whose keys
+        // and queries are not all of one document.
+        const bool edge = kCausal ? p.off + m0 < n0 + kBlk - 1 || m0 + kBlk > t ||
+                                        (masked && attn_mask::key_lo(p, b, min(m0 + kBlk, t) - 1) > n0)
+                                  : !attn_mask::bidir_tile_full(p, b, m0, kBlk, key_doc);
 
         float pt[kBlk / 8][4];  // S^T, then P^T: [16 keys x kBlk queries]
         zero_acc(pt);

@@ -151,8 +151,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
     }
     const int key0 = n0 + warp * 16 + lane / 4;  // this thread's keys: key0 and key0 + 8
     int kdoc[2] = {0, 0};                        // bidirectional: their documents (-1 past tk: no query's)
-    if constexpr (!kCausal)
+    int key_doc = -1;                            // bidirectional: the block's one document (block_doc), or -1
+    if constexpr (!kCausal) {
         for (int r = 0; r < 2; ++r) kdoc[r] = key0 + r * 8 < tk ? attn_mask::doc_of(p, b, key0 + r * 8) : -1;
+        key_doc = attn_mask::block_doc(p, b, n0, kBlk);
+    }
 
     for (int it = 0; it < iters; ++it) {
         const int st = it & 1;
@@ -165,13 +168,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
         const float* slse = s_lse + st * kBlk;
         const float* sdelta = s_delta + st * kBlk;
         const int m0 = (first_q + it % q_blocks) * kBlk;
-        // Bidirectional: every pair is seen when the first query's last key (the smallest) is at or after the block's
-        // last key (so that key is < tk), the block holds no query >= t and the last query's first key (the largest)
-        // is at or before the block's first key.
+        // Bidirectional: every pair is seen when all the block's keys and queries are of one document.
         const bool edge = kCausal ? p.off + m0 < n0 + kBlk - 1 || m0 + kBlk > t ||
                                         (attn_mask::active(p) && attn_mask::key_lo(p, b, min(m0 + kBlk, t) - 1) > n0)
-                                  : attn_mask::key_hi(p, b, m0) < n0 + kBlk - 1 || m0 + kBlk > t ||
-                                        (attn_mask::active(p) && attn_mask::key_lo(p, b, min(m0 + kBlk, t) - 1) > n0);
+                                  : !attn_mask::bidir_tile_full(p, b, m0, kBlk, key_doc);
 
         float pt[kBlk / 8][4], dpt[kBlk / 8][4];  // S^T then P^T; dP^T then dS^T: [64 keys x 64 queries]
         wgmma_fence();

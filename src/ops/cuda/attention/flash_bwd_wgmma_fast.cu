@@ -202,8 +202,11 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
     const int kr = wg * 64 + warp * 16 + lane / 4;  // this thread's keys in the block: kr and kr + 8
     const int key0 = n0 + kr;
     int kdoc[2] = {0, 0};  // bidirectional: the keys' documents (-1 past tk: no query's)
-    if constexpr (!kCausal)
+    int key_doc = -1;      // bidirectional: the block's one document (block_doc), or -1
+    if constexpr (!kCausal) {
         for (int r = 0; r < 2; ++r) kdoc[r] = key0 + r * 8 < tk ? attn_mask::doc_of(p, b, key0 + r * 8) : -1;
+        key_doc = attn_mask::block_doc(p, b, n0, kBN);
+    }
     const int dq_col0 = wg * kDqN;
 
     mbar_wait(bar_kv, 0);
@@ -212,13 +215,10 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
         ring_wait_filled<kStages>(q_full, it);
         const uint32_t sq = s_q + st * kQ, sdo = s_do + st * kQ, sds = s_ds + (it % 2) * kDs;
         const int m0 = row0_of(it);
-        // Bidirectional: every pair is seen when the first query's last key (the smallest) is at or after the block's
-        // last key (so that key is < tk), the block holds no query >= t and the last query's first key (the largest)
-        // is at or before the block's first key.
+        // Bidirectional: every pair is seen when all the block's keys and queries are of one document.
         const bool edge = kCausal ? p.off + m0 < n0 + kBN || m0 + kBM > t ||
                                         (attn_mask::active(p) && attn_mask::key_lo(p, b, min(m0 + kBM, t) - 1) > n0)
-                                  : attn_mask::key_hi(p, b, m0) < n0 + kBN - 1 || m0 + kBM > t ||
-                                        (attn_mask::active(p) && attn_mask::key_lo(p, b, min(m0 + kBM, t) - 1) > n0);
+                                  : !attn_mask::bidir_tile_full(p, b, m0, kBM, key_doc);
 
         float pt[kBM / 8][4], dpt[kBM / 8][4];  // S^T then P^T; dP^T then dS^T: [64 keys x 64 queries]
         wgmma_fence();
