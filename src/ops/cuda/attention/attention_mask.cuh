@@ -95,16 +95,31 @@ __device__ __forceinline__ int end_key_block(const AttnParams& p, int last_row, 
     return (p.off + last_row) / bn + 1;
 }
 
-// The same for the bidirectional kernels: the block holding the last row's last key (key_hi, its document's end).
-__device__ __forceinline__ int end_key_block_bidir(const AttnParams& p, int b, int last_row, int bn) {
-    return key_hi(p, b, last_row) / bn + 1;
-}
-
 // The document of position `pos` (< tk) of batch row b, as its first position (0 without a document map). In a
 // bidirectional kernel a query sees a key exactly when both have the same document: one load a pair where the bounds
 // key_lo <= key <= key_hi would need doc_end's binary search for each query.
 __device__ __forceinline__ int doc_of(const AttnParams& p, int b, int pos) {
     return p.doc_start != nullptr ? p.doc_start[static_cast<int64_t>(b) * p.tk + pos] : 0;
+}
+
+// The last keys (key_hi) of a bidirectional query block's first and last rows, and their documents. A row of either
+// document shares its end (row_hi), so only rows of a document strictly inside the block need doc_end's binary
+// search: at most two searches a thread instead of one a row.
+struct BlockHi {
+    int doc_first = 0, doc_last = 0, first = 0, last = 0;
+};
+__device__ __forceinline__ BlockHi block_hi(const AttnParams& p, int b, int m0, int last_row) {
+    BlockHi h;
+    h.doc_first = doc_of(p, b, p.off + m0);
+    h.doc_last = doc_of(p, b, p.off + last_row);
+    h.last = key_hi(p, b, last_row);
+    h.first = h.doc_first == h.doc_last ? h.last : key_hi(p, b, m0);
+    return h;
+}
+// key_hi(row) of a row (< t) of the block that h describes.
+__device__ __forceinline__ int row_hi(const AttnParams& p, int b, int row, const BlockHi& h) {
+    const int doc = doc_of(p, b, p.off + row);
+    return doc == h.doc_last ? h.last : doc == h.doc_first ? h.first : key_hi(p, b, row);
 }
 
 // Bidirectional key-major kernels (the backwards' dk/dv): the document of every key of [n0, n0 + bn), or -1 when

@@ -243,9 +243,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
     const bf16* kg = static_cast<const bf16*>(p.k) + kv_off;
     const bf16* vg = static_cast<const bf16*>(p.v) + kv_off;
     const int m0 = m_block * kBlk, last_row = min(m0 + kBlk, t) - 1;
+    // Bidirectional: the block's first and last rows' last keys (and documents); causal: unused.
+    const attn_mask::BlockHi bhi = kCausal ? attn_mask::BlockHi{} : attn_mask::block_hi(p, b, m0, last_row);
     const int j0 = attn_mask::first_key_block(p, b, m0, kBlk);
-    const int n_blocks =
-        kCausal ? attn_mask::end_key_block(p, last_row, kBlk) : attn_mask::end_key_block_bidir(p, b, last_row, kBlk);
+    const int n_blocks = kCausal ? attn_mask::end_key_block(p, last_row, kBlk) : bhi.last / kBlk + 1;
     const float scale_log2 = p.scale * kLog2e;
 
     load_tile_sw<kBlk, D, kThreads>(s_q, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
@@ -300,8 +301,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
     // Bidirectional: the rows' last keys (rows >= t: every key, never stored), and the first row's, the smallest.
     int hi[2] = {0, 0}, hi_first = 0;
     if constexpr (!kCausal) {
-        for (int r = 0; r < 2; ++r) hi[r] = row0 + r * 8 < t ? attn_mask::key_hi(p, b, row0 + r * 8) : tk - 1;
-        hi_first = attn_mask::key_hi(p, b, m0);
+        for (int r = 0; r < 2; ++r) hi[r] = row0 + r * 8 < t ? attn_mask::row_hi(p, b, row0 + r * 8, bhi) : tk - 1;
+        hi_first = bhi.first;
     }
     float dq[D / 8][4];
 #pragma unroll

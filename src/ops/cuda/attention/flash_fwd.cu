@@ -44,9 +44,10 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
     const bf16* vg = static_cast<const bf16*>(p.v) + (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
     const int m0 = m_block * kBM;
     const int last_row = min(m0 + kBM, t) - 1;
+    // Bidirectional: the block's first and last rows' last keys (and documents); causal: unused.
+    const attn_mask::BlockHi bhi = kCausal ? attn_mask::BlockHi{} : attn_mask::block_hi(p, b, m0, last_row);
     const int j0 = attn_mask::first_key_block(p, b, m0, kBN);
-    const int n_blocks =
-        kCausal ? attn_mask::end_key_block(p, last_row, kBN) : attn_mask::end_key_block_bidir(p, b, last_row, kBN);
+    const int n_blocks = kCausal ? attn_mask::end_key_block(p, last_row, kBN) : bhi.last / kBN + 1;
     // Key blocks starting before the last row's first key hold masked keys of some row.
     const int lo_last = attn_mask::active(p) ? attn_mask::key_lo(p, b, last_row) : 0;
     const float scale_log2 = p.scale * kLog2e;
@@ -70,8 +71,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
     // smallest (key_hi never decreases along the rows). Causal: unused.
     int hi[2] = {0, 0}, hi_first = 0;
     if constexpr (!kCausal) {
-        for (int r = 0; r < 2; ++r) hi[r] = row0 + r * 8 < t ? attn_mask::key_hi(p, b, row0 + r * 8) : tk - 1;
-        hi_first = attn_mask::key_hi(p, b, m0);
+        for (int r = 0; r < 2; ++r) hi[r] = row0 + r * 8 < t ? attn_mask::row_hi(p, b, row0 + r * 8, bhi) : tk - 1;
+        hi_first = bhi.first;
     }
 
     for (int j = j0; j < n_blocks; ++j) {

@@ -112,12 +112,12 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
     const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest rows first
     const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t;
     const int m0 = m_block * kBM, last_row = min(m0 + kBM, t) - 1;
+    // Bidirectional: the block's first and last rows' last keys (and documents); causal: unused.
+    const attn_mask::BlockHi bhi = kCausal ? attn_mask::BlockHi{} : attn_mask::block_hi(p, b, m0, last_row);
     // Key blocks j0 + j for j < n_blocks: from the first row's first key to the diagonal, the block of the last row's
     // position (attention_mask.cuh); bidirectional, to the block of the last row's last key.
     const int j0 = attn_mask::first_key_block(p, b, m0, kBN);
-    const int n_blocks =
-        (kCausal ? attn_mask::end_key_block(p, last_row, kBN) : attn_mask::end_key_block_bidir(p, b, last_row, kBN)) -
-        j0;
+    const int n_blocks = (kCausal ? attn_mask::end_key_block(p, last_row, kBN) : bhi.last / kBN + 1) - j0;
 
     if (threadIdx.x == 0) {
         mbar_init(bar_q, 1);
@@ -166,8 +166,8 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
     // smallest (key_hi never decreases along the rows), which every block ending after it crosses. Causal: unused.
     int hi[2] = {0, 0}, hi_first = 0;
     if constexpr (!kCausal) {
-        for (int r = 0; r < 2; ++r) hi[r] = row0 + r * 8 < t ? attn_mask::key_hi(p, b, row0 + r * 8) : p.tk - 1;
-        hi_first = attn_mask::key_hi(p, b, m0);
+        for (int r = 0; r < 2; ++r) hi[r] = row0 + r * 8 < t ? attn_mask::row_hi(p, b, row0 + r * 8, bhi) : p.tk - 1;
+        hi_first = bhi.first;
     }
     // Block j needs the mask: one ending after the first row's position (the diagonal, which with a key prefix may
     // cross two blocks; bidirectional: after the first row's last key, keys >= tk among them), or one starting before
