@@ -1,6 +1,11 @@
 // GPU throughput of the CUDA attention (causal, GQA, bf16) and of the cuBLASLt linear: one JSON line per case.
 //   bench_attention [--b 8] [--t 4096] [--h 16] [--d 128] [--iters 20] [--warmup 3] [--no-extra] [--nondeterministic]
-//                   [--deterministic-bwd]
+//                   [--deterministic-bwd] [--bidirectional [--doc-len 576]]
+// --bidirectional: the vision encoder's attention instead (AttentionMask::causal = false), each row packed with
+// documents of --doc-len tokens (576: a 336-pixel image in 14-pixel patches; the last one shorter when it does not
+// divide T), on the default (flash) kernels, then unless --no-extra on the mma.sync ones, and on the generic kernels
+// (AttentionKernel::generic) for comparison; no linear cases. FLOPs: forward 4 B H D sum over documents of n^2 (every
+// query sees its whole document; the useful work, the tiles that straddle two documents compute more), backward 2.5x.
 // The main case runs on the default kernel and (unless --no-extra) again on the mma.sync kernels
 // (AttentionOptions::kernel). --nondeterministic turns core::exec().deterministic off, so the attention backward is
 // the 5-matmul one that sums dq with float reductions (flash_bwd_wgmma_fast.cu); --deterministic-bwd keeps the
@@ -42,8 +47,25 @@ using mt::bench::all_finite;
 using mt::bench::random_bf16;
 using mt::bench::time_ms;
 
-void bench_attention(
-    int64_t b, int64_t t, int64_t h, int64_t hkv, int64_t d, int warmup, int iters, mt::ops::AttentionOptions options) {
+// The document map of rows of t tokens packed with documents of doc_len tokens, on the GPU.
+Tensor packed_doc_start(int64_t b, int64_t t, int64_t doc_len) {
+    const Tensor map = Tensor::zeros({b, t}, DType::i32);
+    for (int64_t row = 0; row < b; ++row)
+        for (int64_t i = 0; i < t; ++i)
+            mt::core::tensor_set_flat(map, row * t + i, static_cast<double>(i - i % doc_len));
+    return map.to_device(Device::cuda);
+}
+
+// doc_len 0: causal attention; else bidirectional within documents of doc_len tokens.
+void bench_attention(int64_t b,
+                     int64_t t,
+                     int64_t h,
+                     int64_t hkv,
+                     int64_t d,
+                     int warmup,
+                     int iters,
+                     mt::ops::AttentionOptions options,
+                     int64_t doc_len = 0) {
     const Tensor q = random_bf16({b, t, h, d}, 1), k = random_bf16({b, t, hkv, d}, 2),
                  v = random_bf16({b, t, hkv, d}, 3);
     const Tensor dout = random_bf16({b, t, h, d}, 4);
@@ -52,21 +74,33 @@ void bench_attention(
     const Tensor dq = Tensor::zeros(q.shape(), DType::bf16, Device::cuda);
     const Tensor dk = Tensor::zeros(k.shape(), DType::bf16, Device::cuda),
                  dv = Tensor::zeros(k.shape(), DType::bf16, Device::cuda);
+    const bool bidir = doc_len > 0;
+    const mt::ops::AttentionMask mask =
+        bidir ? mt::ops::AttentionMask{.doc_start = packed_doc_start(b, t, doc_len), .causal = false}
+              : mt::ops::AttentionMask{};
     std::string fwd_impl, bwd_impl;
     options.chosen = &fwd_impl;
-    const double fwd_ms = time_ms([&] { mt::ops::attention_fwd(q, k, v, out, lse, options); }, warmup, iters);
+    const double fwd_ms = time_ms([&] { mt::ops::attention_fwd(q, k, v, out, lse, options, mask); }, warmup, iters);
     options.chosen = &bwd_impl;
     const double bwd_ms =
-        time_ms([&] { mt::ops::attention_bwd(q, k, v, out, lse, dout, dq, dk, dv, options); }, warmup, iters);
-    const double fwd_flop = 4.0 * static_cast<double>(b * h) * static_cast<double>(t) * static_cast<double>(t) *
-                            static_cast<double>(d) / 2.0;
+        time_ms([&] { mt::ops::attention_bwd(q, k, v, out, lse, dout, dq, dk, dv, options, mask); }, warmup, iters);
+    double score_pairs = static_cast<double>(t) * static_cast<double>(t) / 2.0;  // causal: half the square
+    if (bidir) {
+        score_pairs = 0.0;
+        for (int64_t at = 0; at < t; at += doc_len) {
+            const double n = static_cast<double>(std::min(doc_len, t - at));
+            score_pairs += n * n;
+        }
+    }
+    const double fwd_flop = 4.0 * static_cast<double>(b * h) * score_pairs * static_cast<double>(d);
     const double bwd_flop = 2.5 * fwd_flop;
     const bool finite = all_finite(lse) && all_finite(dq) && all_finite(dk) && all_finite(dv);
     const nlohmann::json line = {{"bench", "attention"},
                                  {"impl", "moetrain-flash fwd=" + fwd_impl + " bwd=" + bwd_impl},
                                  {"deterministic", mt::core::exec().deterministic},
                                  {"dtype", "bf16"},
-                                 {"causal", true},
+                                 {"causal", !bidir},
+                                 {"doc_len", bidir ? nlohmann::json(doc_len) : nlohmann::json(nullptr)},
                                  {"B", b},
                                  {"T", t},
                                  {"Hq", h},
@@ -111,7 +145,8 @@ int run(int argc, char** argv) {
     CLI::App app{"moetrain GPU attention and linear benchmark"};
     int64_t b = 8, t = 4096, h = 16, d = 128;
     int iters = 20, warmup = 3;
-    bool no_extra = false, nondeterministic = false, deterministic_bwd = false;
+    int64_t doc_len = 576;
+    bool no_extra = false, nondeterministic = false, deterministic_bwd = false, bidirectional = false;
     app.add_option("--b", b);
     app.add_option("--t", t);
     app.add_option("--h", h);
@@ -123,6 +158,11 @@ int run(int argc, char** argv) {
     app.add_flag("--deterministic-bwd",
                  deterministic_bwd,
                  "with --nondeterministic, keep the deterministic attention backward (AttentionOptions::fast_bwd)");
+    app.add_flag("--bidirectional",
+                 bidirectional,
+                 "bidirectional attention within packed documents (the vision encoder), flash against generic");
+    app.add_option("--doc-len", doc_len, "with --bidirectional, the tokens of each packed document")
+        ->check(CLI::PositiveNumber);
     CLI11_PARSE(app, argc, argv);
     mt::core::set_default_exec({mt::core::Lane::main, !nondeterministic});
     if (!mt::core::backend_available(Device::cuda)) {
@@ -131,6 +171,17 @@ int run(int argc, char** argv) {
     }
     mt::ops::AttentionOptions options;
     options.fast_bwd = !deterministic_bwd;
+    if (bidirectional) {
+        bench_attention(b, t, h, h, d, warmup, iters, options, doc_len);
+        mt::ops::AttentionOptions other = options;
+        if (!no_extra) {
+            other.kernel = mt::ops::AttentionKernel::mma;
+            bench_attention(b, t, h, h, d, warmup, iters, other, doc_len);
+        }
+        other.kernel = mt::ops::AttentionKernel::generic;
+        bench_attention(b, t, h, h, d, warmup, iters, other, doc_len);
+        return 0;
+    }
     bench_attention(b, t, h, h, d, warmup, iters, options);
     if (!no_extra) {  // the same case on the mma.sync kernels, for comparison
         mt::ops::AttentionOptions mma = options;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attention_gpu_here.h"
+#include "attention_gpu_parity.h"
 #include "core/backend.h"
 #include "core/exec.h"
 #include "ops/attention.h"
@@ -42,21 +43,11 @@ Tensor prefix_doc_map(int64_t b, int64_t t, int64_t tk) {
     return mt::testing::doc_start_map(starts, tk);
 }
 
-Tensor host64(const Tensor& x) {
-    return x.to_device(core::Device::cpu).to(DType::f64);
-}
-
-Tensor nan_cuda(const Shape& shape, DType dtype) {
-    const Tensor x = Tensor::zeros(shape, dtype, core::Device::cuda);
-    x.fill(std::nan(""));
-    return x;
-}
-
-void expect_rho(const std::string& name, const char* what, const Tensor& got, const Tensor& ref, double budget) {
-    const double r = mt::testing::rho(host64(got), host64(ref));
-    std::printf("[ GPU PARITY ] %s %s: rho %.3e (budget %.0e)\n", name.c_str(), what, r, budget);
-    EXPECT_LE(r, budget) << name << " " << what;  // NaN (an element never written) fails too
-}
+using attention_gpu::expect_rho;
+using attention_gpu::host64;
+using attention_gpu::nan_cuda;
+using attention_gpu::nondeterministic;
+using attention_gpu::run_fwd_bwd;
 
 // Key rows (of [B, Tk, Hkv, D]) that are exactly zero in the reference (keys no query sees) are exactly zero here.
 int expect_zero_rows_match(const std::string& name, const char* what, const Tensor& got, const Tensor& ref, int64_t d) {
@@ -71,28 +62,6 @@ int expect_zero_rows_match(const std::string& name, const char* what, const Tens
             EXPECT_EQ(core::tensor_get_flat(g, row * d + c), 0.0) << name << " " << what << " row " << row;
     }
     return zero_rows;
-}
-
-// Forward and backward over the key prefix; out, lse, dq, dk, dv.
-std::vector<Tensor> run(const Tensor& q,
-                        const Tensor& k,
-                        const Tensor& v,
-                        const Tensor& dout,
-                        const AttentionMask& mask,
-                        const AttentionOptions& options) {
-    const bool cuda = q.device() == core::Device::cuda;
-    auto make = [&](const Shape& shape, DType dtype) {
-        return cuda ? nan_cuda(shape, dtype) : Tensor::zeros(shape, dtype);
-    };
-    const Shape stats = {q.size(0), q.size(2), q.size(1)};
-    std::vector<Tensor> r = {make(q.shape(), q.dtype()),
-                             make(stats, cuda ? DType::f32 : q.dtype()),
-                             make(q.shape(), q.dtype()),
-                             make(k.shape(), k.dtype()),
-                             make(k.shape(), k.dtype())};
-    attention_fwd(q, k, v, r[0], r[1], options, mask);
-    attention_bwd(q, k, v, r[0], r[1], dout, r[2], r[3], r[4], options, mask);
-    return r;
 }
 
 // The CUDA forward and backward with inputs of `dtype` against the CPU f32 reference; `expect` names the kernels the
@@ -124,14 +93,14 @@ int prefix_gpu_parity(const Shape4& s,
     const Tensor v = rounded(op_randn({s.b, s.tk, s.hkv, s.d}, seed, 2));
     const Tensor dout = rounded(op_randn({s.b, s.t, s.hq, s.d}, seed, 3));
     const Tensor map = docs ? prefix_doc_map(s.b, s.t, s.tk) : Tensor();
-    const std::vector<Tensor> ref = run(q, k, v, dout, {.doc_start = map, .window = window}, {});
+    const std::vector<Tensor> ref = run_fwd_bwd(q, k, v, dout, {.doc_start = map, .window = window}, {});
     std::string chosen;
     AttentionOptions options;
     options.kernel = kernel;
     options.fast_bwd = fast_bwd;
     options.chosen = &chosen;
     const AttentionMask gpu_mask{.doc_start = docs ? map.to_device(core::Device::cuda) : Tensor(), .window = window};
-    const std::vector<Tensor> got = run(gpu(q), gpu(k), gpu(v), gpu(dout), gpu_mask, options);
+    const std::vector<Tensor> got = run_fwd_bwd(gpu(q), gpu(k), gpu(v), gpu(dout), gpu_mask, options);
     EXPECT_EQ(chosen, expect) << name;
     const double budget = dtype == DType::f32 ? 1e-5 : 1e-2;
     const char* names[] = {"out", "lse", "dq", "dk", "dv"};
@@ -157,15 +126,6 @@ void prefix_cases(int64_t d, DType dtype, AttentionKernel kernel, const char* ex
     prefix_gpu_parity(big, 0, false, dtype, kernel, expect, fast_bwd);
     unseen += prefix_gpu_parity(big, 320, true, dtype, kernel, expect, fast_bwd);
     EXPECT_GT(unseen, 0) << "the cases must leave prefix keys unseen";
-}
-
-// Runs fn with core::exec().deterministic off (the fast wgmma backward where it applies).
-template <typename Fn>
-void nondeterministic(Fn fn) {
-    core::ExecCtx ctx = core::exec();
-    ctx.deterministic = false;
-    const core::ExecScope scope(ctx);
-    fn();
 }
 
 TEST(GpuAttentionPrefix, WgmmaParityBf16) {
@@ -214,7 +174,8 @@ TEST(GpuAttentionPrefix, Deterministic) {
         options.kernel = kernel;
         std::vector<Tensor> outs;
         for (int rep = 0; rep < 2; ++rep)
-            for (const Tensor& x : run(q, k, v, dout, mask, options)) outs.push_back(x.to_device(core::Device::cpu));
+            for (const Tensor& x : run_fwd_bwd(q, k, v, dout, mask, options))
+                outs.push_back(x.to_device(core::Device::cpu));
         for (size_t i = 0; i < 5; ++i)
             EXPECT_EQ(std::memcmp(outs[i].raw(), outs[i + 5].raw(), outs[i].nbytes()), 0)
                 << "kernel " << static_cast<int>(kernel) << " tensor " << i;

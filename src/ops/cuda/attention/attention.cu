@@ -1,4 +1,4 @@
-// CUDA GQA attention (causal, or bidirectional on the generic kernels): picks the tensor-core flash kernels for bf16
+// CUDA GQA attention (causal, or bidirectional within documents): picks the tensor-core flash kernels for bf16
 // with D in {64, 128} (wgmma on Hopper, flash_*_wgmma.cu; mma.sync elsewhere, flash_fwd.cu / flash_bwd.cu) or the
 // simple kernels (f32, f16, or any other D <= 256; attention_generic.cu: the fp16 mode's attention is correct but not
 // yet on tensor cores). Every family takes a key prefix (k, v of Tk >= T positions, the queries the last T).
@@ -73,10 +73,11 @@ bool aligned16(const void* ptr) {
     return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
 }
 
-// The tensor-core kernels move rows in 16-byte pieces: every bf16 tensor must start 16-byte aligned.
-// Bidirectional attention runs on the generic kernels yet (the flash kernels' tile walk is causal).
+// The tensor-core kernels move rows in 16-byte pieces: every bf16 tensor must start 16-byte aligned. Bidirectional
+// attention (causal false) takes them too, each flash kernel having a bidirectional instantiation; only without a
+// window, which ops/attention.cpp refuses with it anyway.
 Kernel pick_kernel(const AttnParams& p, DType dtype, AttentionKernel requested) {
-    if (dtype != DType::bf16 || !flash_supports(p.d) || !p.causal) return Kernel::generic;
+    if (dtype != DType::bf16 || !flash_supports(p.d) || (!p.causal && p.window > 0)) return Kernel::generic;
     const void* ptrs[] = {p.q, p.k, p.v, p.out, p.dout, p.out_w, p.dq, p.dk, p.dv};
     for (const void* ptr : ptrs)
         if (ptr != nullptr && !aligned16(ptr)) return Kernel::generic;

@@ -31,8 +31,9 @@ struct AttnParams {
     int b = 0, t = 0, tk = 0, off = 0, hq = 0, hkv = 0, d = 0;
     // The mask beyond causality (AttentionMask): query i of batch row b, at position s = off + i, sees keys
     // [key_lo, s] with key_lo = max(doc_start[b, s], s - window + 1); doc_start [B, Tk] i32 or null (one document per
-    // row), window 0 = none. attention_mask.cuh holds the kernels' helpers. causal false (generic kernels only):
-    // bidirectional, query i sees the keys of its document, [key_lo, key_hi] = [doc_start, doc end - 1].
+    // row), window 0 = none. attention_mask.cuh holds the kernels' helpers. causal false (window 0; every family, the
+    // flash kernels in a bidirectional instantiation): query i sees the keys of its document, [key_lo, key_hi] =
+    // [doc_start, doc end - 1].
     const int32_t* doc_start = nullptr;
     int window = 0;
     bool causal = true;

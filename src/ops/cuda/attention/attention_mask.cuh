@@ -6,7 +6,7 @@
 // the kernels visit only the tiles that overlap the band, and apply the mask inside the edge tiles. Bidirectional
 // attention (AttnParams::causal false, no window) replaces the diagonal by the end of the query's document: query
 // `row` sees [key_lo(row), key_hi(row)], both ends non-decreasing along the rows, and a key's viewers are the queries
-// of its document. Tiles of keys
+// of its document; the flash kernels test a pair inside an edge tile by its two documents (doc_of). Tiles of keys
 // start at multiples of their size in key positions, tiles of queries at multiples of theirs in rows, so with a prefix
 // the diagonal may cross two key tiles of one query tile: the edge tests compare positions.
 #pragma once
@@ -93,6 +93,49 @@ __device__ __forceinline__ int first_key_block(const AttnParams& p, int b, int m
 // row's position.
 __device__ __forceinline__ int end_key_block(const AttnParams& p, int last_row, int bn) {
     return (p.off + last_row) / bn + 1;
+}
+
+// The document of position `pos` (< tk) of batch row b, as its first position (0 without a document map). In a
+// bidirectional kernel a query sees a key exactly when both have the same document: one load a pair where the bounds
+// key_lo <= key <= key_hi would need doc_end's binary search for each query.
+__device__ __forceinline__ int doc_of(const AttnParams& p, int b, int pos) {
+    return p.doc_start != nullptr ? p.doc_start[static_cast<int64_t>(b) * p.tk + pos] : 0;
+}
+
+// The last keys (key_hi) of a bidirectional query block's first and last rows, and their documents. A row of either
+// document shares its end (row_hi), so only rows of a document strictly inside the block need doc_end's binary
+// search: at most two searches a thread instead of one a row.
+struct BlockHi {
+    int doc_first = 0, doc_last = 0, first = 0, last = 0;
+};
+__device__ __forceinline__ BlockHi block_hi(const AttnParams& p, int b, int m0, int last_row) {
+    BlockHi h;
+    h.doc_first = doc_of(p, b, p.off + m0);
+    h.doc_last = doc_of(p, b, p.off + last_row);
+    h.last = key_hi(p, b, last_row);
+    h.first = h.doc_first == h.doc_last ? h.last : key_hi(p, b, m0);
+    return h;
+}
+// key_hi(row) of a row (< t) of the block that h describes.
+__device__ __forceinline__ int row_hi(const AttnParams& p, int b, int row, const BlockHi& h) {
+    const int doc = doc_of(p, b, p.off + row);
+    return doc == h.doc_last ? h.last : doc == h.doc_first ? h.first : key_hi(p, b, row);
+}
+
+// Bidirectional key-major kernels (the backwards' dk/dv): the document of every key of [n0, n0 + bn), or -1 when
+// they span two documents or pass tk (every tile of such a block needs the mask).
+__device__ __forceinline__ int block_doc(const AttnParams& p, int b, int n0, int bn) {
+    if (n0 + bn > p.tk) return -1;
+    const int doc = doc_of(p, b, n0);
+    return doc_of(p, b, n0 + bn - 1) == doc ? doc : -1;
+}
+
+// Whether the tile of query rows [m0, m0 + bm) against a key block whose keys are all of document key_doc
+// (block_doc) holds only seen pairs: every row < t and of that document, its first and last rows (documents are
+// contiguous). Two loads a tile, where comparing with key_hi would take doc_end's binary search.
+__device__ __forceinline__ bool bidir_tile_full(const AttnParams& p, int b, int m0, int bm, int key_doc) {
+    return key_doc >= 0 && m0 + bm <= p.t && doc_of(p, b, p.off + m0) == key_doc &&
+           doc_of(p, b, p.off + m0 + bm - 1) == key_doc;
 }
 
 // The row max to subtract in an online softmax: a row whose keys so far are all masked has max -inf, and exp2 of

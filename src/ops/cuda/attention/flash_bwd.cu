@@ -8,6 +8,9 @@
 //  * dq: one thread block per (query block, query head, batch row); each warp owns 16 query rows and walks the key
 //    blocks from its first row's first key up to its last row's position: S = Q K^T, P, dP = dO V^T, dS, dQ += dS K.
 // Q / dO (dk/dv kernel) and K / V (dq kernel) are double-buffered in shared memory by cp.async.
+// Bidirectional (AttnParams::causal false) is its own instantiation of each kernel: a key's viewers are its document's
+// queries (query_blocks), a query row's keys end at its document's end (key_hi), and inside edge blocks a pair counts
+// when query and key share a document (doc_of).
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
@@ -79,7 +82,7 @@ __device__ __forceinline__ void load_row_f32(float* s, const float* g, int r0, i
     cp_async4_zfill(smem_u32(s + idx), g + (valid ? r0 + idx : 0), valid);
 }
 
-template <int D>
+template <int D, bool kCausal>
 __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnParams p) {
     constexpr int kLds = D + 8, kTile = kBlk * kLds;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -126,6 +129,12 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
     zero_acc(dk);
     zero_acc(dv);
     const int key0 = n0 + warp * 16 + lane / 4;  // this thread's keys: key0 and key0 + 8
+    int kdoc[2] = {0, 0};                        // bidirectional: their documents (-1 past tk: no query's)
+    int key_doc = -1;                            // bidirectional: the block's one document (block_doc), or -1
+    if constexpr (!kCausal) {
+        for (int r = 0; r < 2; ++r) kdoc[r] = key0 + r * 8 < tk ? attn_mask::doc_of(p, b, key0 + r * 8) : -1;
+        key_doc = attn_mask::block_doc(p, b, n0, kBlk);
+    }
 
     for (int it = 0; it < iters; ++it) {
         const int st = it & 1;
@@ -139,9 +148,11 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
         const float* sdelta = s_delta + st * kBlk;
         const int m0 = (first_q + it % q_blocks) * kBlk;
         // A block with a query before some key (the first row's position before the last key), the one holding rows
-        // >= t, or one whose last row's first key is after this block's first.
-        const bool edge = p.off + m0 < n0 + kBlk - 1 || m0 + kBlk > t ||
-                          (masked && attn_mask::key_lo(p, b, min(m0 + kBlk, t) - 1) > n0);
+        // >= t, or one whose last row's first key is after this block's first. Bidirectional: any block whose keys
+        // and queries are not all of one document.
+        const bool edge = kCausal ? p.off + m0 < n0 + kBlk - 1 || m0 + kBlk > t ||
+                                        (masked && attn_mask::key_lo(p, b, min(m0 + kBlk, t) - 1) > n0)
+                                  : !attn_mask::bidir_tile_full(p, b, m0, kBlk, key_doc);
 
         float pt[kBlk / 8][4];  // S^T, then P^T: [16 keys x kBlk queries]
         zero_acc(pt);
@@ -154,8 +165,12 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int key = key0 + (e / 2) * 8, qc = i * 8 + (lane % 4) * 2 + (e % 2), query = m0 + qc;
-                const bool valid =
-                    !edge || (p.off + query >= key && query < t && (!masked || key >= attn_mask::key_lo(p, b, query)));
+                bool valid;
+                if constexpr (kCausal)
+                    valid = !edge ||
+                            (p.off + query >= key && query < t && (!masked || key >= attn_mask::key_lo(p, b, query)));
+                else
+                    valid = !edge || (query < t && attn_mask::doc_of(p, b, p.off + query) == kdoc[e / 2]);
                 const float pv = valid ? fast_exp2(pt[i][e] * scale_log2 - slse[qc] * kLog2e) : 0.0f;
                 pt[i][e] = pv;
                 dpt[i][e] = pv * (dpt[i][e] - sdelta[qc]);
@@ -182,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
     }
 }
 
-template <int D>
+template <int D, bool kCausal>
 __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnParams p) {
     constexpr int kLds = D + 8, kTile = kBlk * kLds;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -200,7 +215,10 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
     const bf16* kg = static_cast<const bf16*>(p.k) + kv_off;
     const bf16* vg = static_cast<const bf16*>(p.v) + kv_off;
     const int m0 = m_block * kBlk, last_row = min(m0 + kBlk, t) - 1;
-    const int j0 = attn_mask::first_key_block(p, b, m0, kBlk), n_blocks = attn_mask::end_key_block(p, last_row, kBlk);
+    // Bidirectional: the block's first and last rows' last keys (and documents); causal: unused.
+    const attn_mask::BlockHi bhi = kCausal ? attn_mask::BlockHi{} : attn_mask::block_hi(p, b, m0, last_row);
+    const int j0 = attn_mask::first_key_block(p, b, m0, kBlk);
+    const int n_blocks = kCausal ? attn_mask::end_key_block(p, last_row, kBlk) : bhi.last / kBlk + 1;
     const float scale_log2 = p.scale * kLog2e;
 
     load_tile<kBlk, D, kThreads>(s_q, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
@@ -222,6 +240,12 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
         delta[r] = row < t ? p.delta[row_off + row] : 0.0f;
         if (attn_mask::active(p) && row < t) lo[r] = attn_mask::key_lo(p, b, row);
     }
+    // Bidirectional: the rows' last keys (rows >= t: every key, never stored), and the first row's, the smallest.
+    int hi[2] = {0, 0}, hi_first = 0;
+    if constexpr (!kCausal) {
+        for (int r = 0; r < 2; ++r) hi[r] = row0 + r * 8 < t ? attn_mask::row_hi(p, b, row0 + r * 8, bhi) : tk - 1;
+        hi_first = bhi.first;
+    }
     float dq[D / 8][4];
     zero_acc(dq);
 
@@ -237,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
         const bf16* sk = s_k + st * kTile;
         const bf16* sv = s_v + st * kTile;
         const int n0 = j * kBlk;
-        const bool edge = n0 + kBlk - 1 > p.off + m0 || n0 < lo_last;
+        const bool edge = n0 + kBlk - 1 > (kCausal ? p.off + m0 : hi_first) || n0 < lo_last;
 
         float ps[kBlk / 8][4];  // S, then P: [16 queries x kBlk keys]
         zero_acc(ps);
@@ -249,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
         for (int i = 0; i < kBlk / 8; ++i) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int r = e / 2, pos = pos0 + r * 8, key = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
+                const int r = e / 2, pos = kCausal ? pos0 + r * 8 : hi[r], key = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
                 const bool masked = edge && (key > pos || key < lo[r]);
                 const float pv = masked ? 0.0f : fast_exp2(ps[i][e] * scale_log2 - lse2[r]);
                 ds[i][e] = pv * (ds[i][e] - delta[r]);
@@ -271,31 +295,29 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
     }
 }
 
-template <int D>
+template <int D, bool kCausal>
 void launch_bwd(const AttnParams& p) {
     constexpr int smem = bwd_smem_bytes<D>();
     static const bool configured = [] {
         MT_CUDA_CHECK(
-            cudaFuncSetAttribute(flash_bwd_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        MT_CUDA_CHECK(cudaFuncSetAttribute(flash_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            cudaFuncSetAttribute(flash_bwd_dkdv_kernel<D, kCausal>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        MT_CUDA_CHECK(
+            cudaFuncSetAttribute(flash_bwd_dq_kernel<D, kCausal>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         return true;
     }();
     (void)configured;
     const unsigned key_blocks = static_cast<unsigned>((p.tk + kBlk - 1) / kBlk);
     const unsigned query_blocks = static_cast<unsigned>((p.t + kBlk - 1) / kBlk);
-    flash_bwd_dkdv_kernel<D><<<dim3(key_blocks, p.hkv, p.b), kThreads, smem, core::exec_stream()>>>(p);
+    flash_bwd_dkdv_kernel<D, kCausal><<<dim3(key_blocks, p.hkv, p.b), kThreads, smem, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
-    flash_bwd_dq_kernel<D><<<dim3(query_blocks, p.hq, p.b), kThreads, smem, core::exec_stream()>>>(p);
+    flash_bwd_dq_kernel<D, kCausal><<<dim3(query_blocks, p.hq, p.b), kThreads, smem, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
 void flash_bwd(const AttnParams& p) {
-    if (p.d == 64)
-        launch_bwd<64>(p);
-    else
-        launch_bwd<128>(p);
+    launch_flash(p, [&](auto d, auto causal) { launch_bwd<decltype(d)::value, decltype(causal)::value>(p); });
 }
 
 }  // namespace mt::ops::cuda

@@ -4,7 +4,8 @@
 // block of one warpgroup over 64 rows, with blocks of 64 on the other side. S^T = K Q^T and dP^T = V dO^T (dk/dv), S =
 // Q K^T and dP = dO V^T (dq) read both operands from swizzled shared memory; dV += P^T dO, dK += dS^T Q and dQ += dS K
 // take P / dS from registers. No atomics. With a key prefix (Tk > T) the dk/dv kernel covers all Tk keys, a block no
-// query sees writing zeros, and the edge tests compare positions (attention_mask.cuh).
+// query sees writing zeros, and the edge tests compare positions (attention_mask.cuh). Bidirectional attention
+// (AttnParams::causal false) is a second instantiation of each kernel (kCausal false).
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
@@ -28,8 +29,9 @@ constexpr int wg_bwd_smem_bytes() {
 // dk/dv kernel, rows = keys, columns = queries: P^T = exp2(S^T * scale - lse) into pt, dS^T = P^T (dP^T - delta) into
 // dpt. kMask (an edge block: one with a query position before some key, the one holding queries >= t, or one where
 // some query's first key is after the block's first key): queries positioned before the key, >= t, or whose first key
-// is after it give 0. lse and delta come from shared memory once per column pair.
-template <bool kMask>
+// is after it give 0. lse and delta come from shared memory once per column pair. kCausal false (bidirectional): the
+// queries of another document than the key's (kdoc: attention_mask.cuh doc_of, -1 for keys >= tk) or >= t give 0.
+template <bool kMask, bool kCausal>
 __device__ __forceinline__ void dkdv_elementwise(float (&pt)[kBlk / 8][4],
                                                  float (&dpt)[kBlk / 8][4],
                                                  const float* slse,
@@ -37,6 +39,7 @@ __device__ __forceinline__ void dkdv_elementwise(float (&pt)[kBlk / 8][4],
                                                  const AttnParams& p,
                                                  int b,
                                                  int key0,
+                                                 const int (&kdoc)[2],
                                                  int m0,
                                                  int t,
                                                  float scale_log2,
@@ -50,7 +53,10 @@ __device__ __forceinline__ void dkdv_elementwise(float (&pt)[kBlk / 8][4],
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             float pv = fast_exp2(fmaf(pt[i][e], scale_log2, nl[e % 2]));
-            if constexpr (kMask) {
+            if constexpr (kMask && !kCausal) {
+                const int query = m0 + qc + (e % 2);
+                pv = query < t && attn_mask::doc_of(p, b, p.off + query) == kdoc[e / 2] ? pv : 0.0f;
+            } else if constexpr (kMask) {
                 const int key = key0 + (e / 2) * 8, query = m0 + qc + (e % 2);
                 const bool valid = p.off + query >= key && query < t &&
                                    (!attn_mask::active(p) || key >= attn_mask::key_lo(p, b, query));
@@ -64,12 +70,14 @@ __device__ __forceinline__ void dkdv_elementwise(float (&pt)[kBlk / 8][4],
 
 // dq kernel, rows = queries, columns = keys: P = exp2(S * scale - lse) from ps (only read: the dP product may still
 // be running) into pr. kMask (a block ending after the first row's position, or one starting before some row's first
-// key): keys after the query's position (pos0: row0's) or before its first key give 0.
-template <bool kMask>
+// key): keys after the query's position (pos0: row0's) or before its first key give 0. kCausal false: keys after the
+// row's last key hi (its document's end) instead of its position.
+template <bool kMask, bool kCausal>
 __device__ __forceinline__ void dq_probs(const float (&ps)[kBlk / 8][4],
                                          float (&pr)[kBlk / 8][4],
                                          const float (&lse2)[2],
                                          const int (&lo)[2],
+                                         const int (&hi)[2],
                                          int pos0,
                                          int n0,
                                          float scale_log2,
@@ -82,7 +90,7 @@ __device__ __forceinline__ void dq_probs(const float (&ps)[kBlk / 8][4],
             const int r = e / 2;
             float pv = fast_exp2(fmaf(ps[i][e], scale_log2, nl[r]));
             if constexpr (kMask) {
-                const int pos = pos0 + r * 8, key = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
+                const int pos = kCausal ? pos0 + r * 8 : hi[r], key = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
                 pv = key > pos || key < lo[r] ? 0.0f : pv;
             }
             pr[i][e] = pv;
@@ -90,7 +98,9 @@ __device__ __forceinline__ void dq_probs(const float (&ps)[kBlk / 8][4],
     }
 }
 
-template <int D>
+// kCausal false: bidirectional (attention_mask.cuh: query_blocks lists the key block's documents' queries); the causal
+// instantiation is the kernel as it was.
+template <int D, bool kCausal>
 __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const AttnParams p) {
 #if MT_WGMMA_ENABLED
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -140,6 +150,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
         dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
     }
     const int key0 = n0 + warp * 16 + lane / 4;  // this thread's keys: key0 and key0 + 8
+    int kdoc[2] = {0, 0};                        // bidirectional: their documents (-1 past tk: no query's)
+    int key_doc = -1;                            // bidirectional: the block's one document (block_doc), or -1
+    if constexpr (!kCausal) {
+        for (int r = 0; r < 2; ++r) kdoc[r] = key0 + r * 8 < tk ? attn_mask::doc_of(p, b, key0 + r * 8) : -1;
+        key_doc = attn_mask::block_doc(p, b, n0, kBlk);
+    }
 
     for (int it = 0; it < iters; ++it) {
         const int st = it & 1;
@@ -152,8 +168,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
         const float* slse = s_lse + st * kBlk;
         const float* sdelta = s_delta + st * kBlk;
         const int m0 = (first_q + it % q_blocks) * kBlk;
-        const bool edge = p.off + m0 < n0 + kBlk - 1 || m0 + kBlk > t ||
-                          (attn_mask::active(p) && attn_mask::key_lo(p, b, min(m0 + kBlk, t) - 1) > n0);
+        // Bidirectional: every pair is seen when all the block's keys and queries are of one document.
+        const bool edge = kCausal ? p.off + m0 < n0 + kBlk - 1 || m0 + kBlk > t ||
+                                        (attn_mask::active(p) && attn_mask::key_lo(p, b, min(m0 + kBlk, t) - 1) > n0)
+                                  : !attn_mask::bidir_tile_full(p, b, m0, kBlk, key_doc);
 
         float pt[kBlk / 8][4], dpt[kBlk / 8][4];  // S^T then P^T; dP^T then dS^T: [64 keys x 64 queries]
         wgmma_fence();
@@ -166,9 +184,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
         fence_regs(pt);
         fence_regs(dpt);
         if (edge)
-            dkdv_elementwise<true>(pt, dpt, slse, sdelta, p, b, key0, m0, t, scale_log2, lane);
+            dkdv_elementwise<true, kCausal>(pt, dpt, slse, sdelta, p, b, key0, kdoc, m0, t, scale_log2, lane);
         else
-            dkdv_elementwise<false>(pt, dpt, slse, sdelta, p, b, key0, m0, t, scale_log2, lane);
+            dkdv_elementwise<false, kCausal>(pt, dpt, slse, sdelta, p, b, key0, kdoc, m0, t, scale_log2, lane);
         uint32_t pa[kBlk / 16][4], dsa[kBlk / 16][4];
 #pragma unroll
         for (int kk = 0; kk < kBlk / 16; ++kk) {
@@ -207,7 +225,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
 #endif
 }
 
-template <int D>
+// kCausal false: bidirectional, key blocks and masks up to each row's document end (key_hi) instead of its position.
+template <int D, bool kCausal>
 __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const AttnParams p) {
 #if MT_WGMMA_ENABLED
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -224,7 +243,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
     const bf16* kg = static_cast<const bf16*>(p.k) + kv_off;
     const bf16* vg = static_cast<const bf16*>(p.v) + kv_off;
     const int m0 = m_block * kBlk, last_row = min(m0 + kBlk, t) - 1;
-    const int j0 = attn_mask::first_key_block(p, b, m0, kBlk), n_blocks = attn_mask::end_key_block(p, last_row, kBlk);
+    // Bidirectional: the block's first and last rows' last keys (and documents); causal: unused.
+    const attn_mask::BlockHi bhi = kCausal ? attn_mask::BlockHi{} : attn_mask::block_hi(p, b, m0, last_row);
+    const int j0 = attn_mask::first_key_block(p, b, m0, kBlk);
+    const int n_blocks = kCausal ? attn_mask::end_key_block(p, last_row, kBlk) : bhi.last / kBlk + 1;
     const float scale_log2 = p.scale * kLog2e;
 
     load_tile_sw<kBlk, D, kThreads>(s_q, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
@@ -276,6 +298,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
         delta[r] = s_delta[row - m0];
         if (attn_mask::active(p) && row < t) lo[r] = attn_mask::key_lo(p, b, row);
     }
+    // Bidirectional: the rows' last keys (rows >= t: every key, never stored), and the first row's, the smallest.
+    int hi[2] = {0, 0}, hi_first = 0;
+    if constexpr (!kCausal) {
+        for (int r = 0; r < 2; ++r) hi[r] = row0 + r * 8 < t ? attn_mask::row_hi(p, b, row0 + r * 8, bhi) : tk - 1;
+        hi_first = bhi.first;
+    }
     float dq[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
@@ -292,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
         cp_async_commit();
         const uint32_t sk = s_k + st * kTile, sv = s_v + st * kTile;
         const int n0 = j * kBlk;
-        const bool edge = n0 + kBlk - 1 > p.off + m0 || n0 < lo_last;
+        const bool edge = n0 + kBlk - 1 > (kCausal ? p.off + m0 : hi_first) || n0 < lo_last;
 
         // S and dP are separate groups: the exponentials of P run while dP is still on the tensor cores.
         float ps[kBlk / 8][4], ds[kBlk / 8][4], pr[kBlk / 8][4];  // S, dP then dS, P: [64 queries x 64 keys]
@@ -306,9 +334,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
         wgmma_wait<1>();
         fence_regs(ps);
         if (edge)
-            dq_probs<true>(ps, pr, lse2, lo, pos0, n0, scale_log2, lane);
+            dq_probs<true, kCausal>(ps, pr, lse2, lo, hi, pos0, n0, scale_log2, lane);
         else
-            dq_probs<false>(ps, pr, lse2, lo, pos0, n0, scale_log2, lane);
+            dq_probs<false, kCausal>(ps, pr, lse2, lo, hi, pos0, n0, scale_log2, lane);
         wgmma_wait<0>();
         fence_regs(ds);
 #pragma unroll
@@ -342,32 +370,30 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
 #endif
 }
 
-template <int D>
+template <int D, bool kCausal>
 void launch_bwd(const AttnParams& p) {
     constexpr int smem = wg_bwd_smem_bytes<D>();
     static const bool configured = [] {
-        MT_CUDA_CHECK(
-            cudaFuncSetAttribute(flash_bwd_dkdv_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        MT_CUDA_CHECK(
-            cudaFuncSetAttribute(flash_bwd_dq_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        MT_CUDA_CHECK(cudaFuncSetAttribute(
+            flash_bwd_dkdv_wgmma_kernel<D, kCausal>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        MT_CUDA_CHECK(cudaFuncSetAttribute(
+            flash_bwd_dq_wgmma_kernel<D, kCausal>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         return true;
     }();
     (void)configured;
     const unsigned query_blocks = static_cast<unsigned>((p.t + kBlk - 1) / kBlk);
     const unsigned key_blocks = static_cast<unsigned>((p.tk + kBlk - 1) / kBlk);
-    flash_bwd_dq_wgmma_kernel<D><<<dim3(query_blocks, p.hq, p.b), kThreads, smem, core::exec_stream()>>>(p);  // + delta
+    flash_bwd_dq_wgmma_kernel<D, kCausal>
+        <<<dim3(query_blocks, p.hq, p.b), kThreads, smem, core::exec_stream()>>>(p);  // + delta
     MT_CUDA_CHECK(cudaGetLastError());
-    flash_bwd_dkdv_wgmma_kernel<D><<<dim3(key_blocks, p.hkv, p.b), kThreads, smem, core::exec_stream()>>>(p);
+    flash_bwd_dkdv_wgmma_kernel<D, kCausal><<<dim3(key_blocks, p.hkv, p.b), kThreads, smem, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
 void flash_bwd_wgmma(const AttnParams& p) {
-    if (p.d == 64)
-        launch_bwd<64>(p);
-    else
-        launch_bwd<128>(p);
+    launch_flash(p, [&](auto d, auto causal) { launch_bwd<decltype(d)::value, decltype(causal)::value>(p); });
 }
 
 }  // namespace mt::ops::cuda

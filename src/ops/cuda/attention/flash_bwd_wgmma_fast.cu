@@ -10,7 +10,8 @@
 // block, where each needs the other's dS^T rows (double-buffered). A pre-kernel computes delta = rowsum(dO * O); a
 // post-kernel writes dq = buffer * scale in bf16. attention.cu runs it when core::exec().deterministic is off
 // (docs/PERFORMANCE.md has the figures). With a key prefix (Tk > T) the key blocks cover all Tk keys, a block no query
-// sees writing zeros, and the edge tests compare positions (attention_mask.cuh).
+// sees writing zeros, and the edge tests compare positions (attention_mask.cuh). Bidirectional attention
+// (AttnParams::causal false) is a second instantiation of the kernel (kCausal false).
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
@@ -48,12 +49,15 @@ constexpr int fast_bwd_smem_bytes() {
 
 // Rows = this warpgroup's 64 keys, columns = 64 queries from m0: P^T = exp2(S^T * scale - lse) in place in pt.
 // kMask (a block with queries positioned before some key, >= t, or whose first key is after some key): those give 0.
-template <bool kMask>
+// kCausal false (bidirectional): the queries of another document than the key's (kdoc: attention_mask.cuh doc_of, -1
+// for keys >= tk) or >= t give 0.
+template <bool kMask, bool kCausal>
 __device__ __forceinline__ void fast_probs(float (&pt)[kBM / 8][4],
                                            const float* slse,
                                            const AttnParams& p,
                                            int b,
                                            int key0,
+                                           const int (&kdoc)[2],
                                            int m0,
                                            int t,
                                            float scale_log2,
@@ -66,7 +70,10 @@ __device__ __forceinline__ void fast_probs(float (&pt)[kBM / 8][4],
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             float pv = fast_exp2(fmaf(pt[i][e], scale_log2, nl[e % 2]));
-            if constexpr (kMask) {
+            if constexpr (kMask && !kCausal) {
+                const int query = m0 + qc + (e % 2);
+                pv = query < t && attn_mask::doc_of(p, b, p.off + query) == kdoc[e / 2] ? pv : 0.0f;
+            } else if constexpr (kMask) {
                 const int key = key0 + (e / 2) * 8, query = m0 + qc + (e % 2);
                 const bool valid = p.off + query >= key && query < t &&
                                    (!attn_mask::active(p) || key >= attn_mask::key_lo(p, b, query));
@@ -77,7 +84,9 @@ __device__ __forceinline__ void fast_probs(float (&pt)[kBM / 8][4],
     }
 }
 
-template <int D>
+// kCausal false: bidirectional (attention_mask.cuh: query_blocks lists the key block's documents' queries); the causal
+// instantiation is the kernel as it was.
+template <int D, bool kCausal>
 __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
     flash_bwd_fast_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q,
                                 const __grid_constant__ CUtensorMap tm_k,
@@ -192,6 +201,12 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
     }
     const int kr = wg * 64 + warp * 16 + lane / 4;  // this thread's keys in the block: kr and kr + 8
     const int key0 = n0 + kr;
+    int kdoc[2] = {0, 0};  // bidirectional: the keys' documents (-1 past tk: no query's)
+    int key_doc = -1;      // bidirectional: the block's one document (block_doc), or -1
+    if constexpr (!kCausal) {
+        for (int r = 0; r < 2; ++r) kdoc[r] = key0 + r * 8 < tk ? attn_mask::doc_of(p, b, key0 + r * 8) : -1;
+        key_doc = attn_mask::block_doc(p, b, n0, kBN);
+    }
     const int dq_col0 = wg * kDqN;
 
     mbar_wait(bar_kv, 0);
@@ -200,8 +215,10 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
         ring_wait_filled<kStages>(q_full, it);
         const uint32_t sq = s_q + st * kQ, sdo = s_do + st * kQ, sds = s_ds + (it % 2) * kDs;
         const int m0 = row0_of(it);
-        const bool edge = p.off + m0 < n0 + kBN || m0 + kBM > t ||
-                          (attn_mask::active(p) && attn_mask::key_lo(p, b, min(m0 + kBM, t) - 1) > n0);
+        // Bidirectional: every pair is seen when all the block's keys and queries are of one document.
+        const bool edge = kCausal ? p.off + m0 < n0 + kBN || m0 + kBM > t ||
+                                        (attn_mask::active(p) && attn_mask::key_lo(p, b, min(m0 + kBM, t) - 1) > n0)
+                                  : !attn_mask::bidir_tile_full(p, b, m0, kBM, key_doc);
 
         float pt[kBM / 8][4], dpt[kBM / 8][4];  // S^T then P^T; dP^T then dS^T: [64 keys x 64 queries]
         wgmma_fence();
@@ -216,9 +233,9 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
         wgmma_wait<1>();  // S^T is done: its exponentials run while dP^T is still on the tensor cores
         fence_regs(pt);
         if (edge)
-            fast_probs<true>(pt, s_lse + st * kBM, p, b, key0, m0, t, scale_log2, lane);
+            fast_probs<true, kCausal>(pt, s_lse + st * kBM, p, b, key0, kdoc, m0, t, scale_log2, lane);
         else
-            fast_probs<false>(pt, s_lse + st * kBM, p, b, key0, m0, t, scale_log2, lane);
+            fast_probs<false, kCausal>(pt, s_lse + st * kBM, p, b, key0, kdoc, m0, t, scale_log2, lane);
         wgmma_wait<0>();
         fence_regs(dpt);
         const float* sdelta = s_delta + st * kBM;
@@ -366,12 +383,12 @@ __global__ void flash_bwd_fast_post_kernel(const AttnParams p, int64_t n4, int m
             pack_bf16(x.z * p.scale, x.w * p.scale);
 }
 
-template <int D>
+template <int D, bool kCausal>
 void launch_bwd_fast(const AttnParams& p) {
     constexpr int smem = fast_bwd_smem_bytes<D>();
     static const bool configured = [] {
-        MT_CUDA_CHECK(
-            cudaFuncSetAttribute(flash_bwd_fast_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        MT_CUDA_CHECK(cudaFuncSetAttribute(
+            flash_bwd_fast_wgmma_kernel<D, kCausal>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         return true;
     }();
     (void)configured;
@@ -390,7 +407,7 @@ void launch_bwd_fast(const AttnParams& p) {
     const CUtensorMap tm_do = make_bthd_tensor_map(p.dout, p.b, p.t, p.hq, D, kBM);
     const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.tk, p.hkv, D, 64 * kWarpgroups);
     const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.tk, p.hkv, D, 64 * kWarpgroups);
-    flash_bwd_fast_wgmma_kernel<D>
+    flash_bwd_fast_wgmma_kernel<D, kCausal>
         <<<grid, 128 * (kWarpgroups + 1), smem, core::exec_stream()>>>(tm_q, tm_k, tm_v, tm_do, p);
     MT_CUDA_CHECK(cudaGetLastError());
     const int m_blocks = (p.t + kBM - 1) / kBM;
@@ -407,10 +424,7 @@ size_t flash_bwd_wgmma_fast_accum_floats(const AttnParams& p) {
 }
 
 void flash_bwd_wgmma_fast(const AttnParams& p) {
-    if (p.d == 64)
-        launch_bwd_fast<64>(p);
-    else
-        launch_bwd_fast<128>(p);
+    launch_flash(p, [&](auto d, auto causal) { launch_bwd_fast<decltype(d)::value, decltype(causal)::value>(p); });
 }
 
 }  // namespace mt::ops::cuda

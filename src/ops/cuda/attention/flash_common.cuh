@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/attention/attention_kernels.h"
 #include "ops/cuda/common.cuh"
@@ -18,6 +19,23 @@
 namespace mt::ops::cuda::flash {
 
 using bf16 = __nv_bfloat16;
+
+// Calls launch(d, causal) with the head dim (64 or 128) and the mask kind (causal or bidirectional) as types
+// (std::integral_constant): each flash kernel is instantiated for both, so the causal one carries no bidirectional
+// test and the bidirectional one no causal one.
+template <typename Launch>
+void launch_flash(const AttnParams& p, Launch&& launch) {
+    auto with_d = [&](auto causal) {
+        if (p.d == 64)
+            launch(std::integral_constant<int, 64>{}, causal);
+        else
+            launch(std::integral_constant<int, 128>{}, causal);
+    };
+    if (p.causal)
+        with_d(std::true_type{});
+    else
+        with_d(std::false_type{});
+}
 
 constexpr float kLn2 = 0.6931471805599453f;
 

@@ -5,6 +5,8 @@
 // K and V blocks are double-buffered in shared memory by cp.async; S = Q K^T and O += P V are mma.sync m16n8k16; the
 // softmax is online in base 2. The T x T score matrix never exists. Saves lse [B, Hq, T] (natural log) for the
 // backward, and writes the rows' max scaled score (max_logit) when asked for, from the running max it keeps anyway.
+// Bidirectional (AttnParams::causal false) is its own instantiation: the key blocks and the mask end at each row's
+// document end (attention_mask.cuh key_hi) instead of its position.
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
@@ -25,7 +27,7 @@ constexpr int fwd_smem_bytes() {
     return (kBM + 4 * kBN) * (D + 8) * static_cast<int>(sizeof(bf16));
 }
 
-template <int D>
+template <int D, bool kCausal>
 __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams p) {
     constexpr int kLds = D + 8;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -42,7 +44,10 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
     const bf16* vg = static_cast<const bf16*>(p.v) + (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
     const int m0 = m_block * kBM;
     const int last_row = min(m0 + kBM, t) - 1;
-    const int j0 = attn_mask::first_key_block(p, b, m0, kBN), n_blocks = attn_mask::end_key_block(p, last_row, kBN);
+    // Bidirectional: the block's first and last rows' last keys (and documents); causal: unused.
+    const attn_mask::BlockHi bhi = kCausal ? attn_mask::BlockHi{} : attn_mask::block_hi(p, b, m0, last_row);
+    const int j0 = attn_mask::first_key_block(p, b, m0, kBN);
+    const int n_blocks = kCausal ? attn_mask::end_key_block(p, last_row, kBN) : bhi.last / kBN + 1;
     // Key blocks starting before the last row's first key hold masked keys of some row.
     const int lo_last = attn_mask::active(p) ? attn_mask::key_lo(p, b, last_row) : 0;
     const float scale_log2 = p.scale * kLog2e;
@@ -62,6 +67,13 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
     int lo[2] = {0, 0};                          // their first keys
     if (attn_mask::active(p))
         for (int r = 0; r < 2; ++r) lo[r] = row0 + r * 8 < t ? attn_mask::key_lo(p, b, row0 + r * 8) : 0;
+    // Bidirectional: the rows' last keys (rows >= t see every key: they are never stored), and the first row's, the
+    // smallest (key_hi never decreases along the rows). Causal: unused.
+    int hi[2] = {0, 0}, hi_first = 0;
+    if constexpr (!kCausal) {
+        for (int r = 0; r < 2; ++r) hi[r] = row0 + r * 8 < t ? attn_mask::row_hi(p, b, row0 + r * 8, bhi) : tk - 1;
+        hi_first = bhi.first;
+    }
 
     for (int j = j0; j < n_blocks; ++j) {
         if (j + 1 < n_blocks) {
@@ -95,13 +107,14 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
 
         // Scale to base 2, mask keys after the query's position (blocks ending after the first row's position hold
         // every such key, and keys >= Tk) and before its first key (blocks starting before the last row's first key).
+        // Bidirectional: after the row's last key (blocks ending after the first row's last key hold every such key).
         const int n0 = j * kBN;
-        const bool edge = n0 + kBN - 1 > p.off + m0 || n0 < lo_last;
+        const bool edge = n0 + kBN - 1 > (kCausal ? p.off + m0 : hi_first) || n0 < lo_last;
 #pragma unroll
         for (int i = 0; i < kBN / 8; ++i) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int pos = pos0 + (e / 2) * 8, col = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
+                const int pos = kCausal ? pos0 + (e / 2) * 8 : hi[e / 2], col = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
                 s[i][e] = edge && (col > pos || col < lo[e / 2]) ? -INFINITY : s[i][e] * scale_log2;
             }
         }
@@ -148,26 +161,24 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
     store_output<D>(p, o, row_max, row_sum, b, h, row0, lane);
 }
 
-template <int D>
+template <int D, bool kCausal>
 void launch_fwd(const AttnParams& p) {
     constexpr int smem = fwd_smem_bytes<D>();
     static const bool configured = [] {
-        MT_CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        MT_CUDA_CHECK(
+            cudaFuncSetAttribute(flash_fwd_kernel<D, kCausal>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         return true;
     }();
     (void)configured;
     const dim3 grid((p.t + kBM - 1) / kBM, p.hq, p.b);
-    flash_fwd_kernel<D><<<grid, kThreads, smem, core::exec_stream()>>>(p);
+    flash_fwd_kernel<D, kCausal><<<grid, kThreads, smem, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
 void flash_fwd(const AttnParams& p) {
-    if (p.d == 64)
-        launch_fwd<64>(p);
-    else
-        launch_fwd<128>(p);
+    launch_flash(p, [&](auto d, auto causal) { launch_fwd<decltype(d)::value, decltype(causal)::value>(p); });
 }
 
 }  // namespace mt::ops::cuda

@@ -5,7 +5,8 @@
 // one before. A producer warpgroup loads Q, K and V with TMA, K and V into rings guarded by mbarriers, and the two
 // consumer warpgroups take turns on the tensor cores (ping-pong). Against the earlier kernel, whose consumers loaded
 // with cp.async themselves and met at a block-wide barrier per key block: 0.90 against 1.31 ms at B=8, T=4096,
-// H=16, D=128 (docs/PERFORMANCE.md).
+// H=16, D=128 (docs/PERFORMANCE.md). Bidirectional attention (AttnParams::causal false) is a second instantiation
+// (kCausal false).
 #include <cuda_bf16.h>
 
 #include <cstdlib>
@@ -27,17 +28,19 @@ using namespace flash;
 constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups, kBM = 64 * kWarpgroups, kBN = 128;
 
 // Reads block S (columns from n0; with kMask, keys after the query's position or before its first key lo are masked;
-// pos0 is the position of row0), folds it into the running row max and sum in base 2, and writes
-// P = exp2(S * scale - max) as bf16 A fragments (pk[kk] for columns 16 kk .. 16 kk + 15). s is only read, so that
-// ptxas does not serialize the product still accumulating elsewhere. Returns in corr the factor by which the rows'
-// earlier output must be scaled. Per element: a max, one FFMA, one exp2, one add.
-template <bool kMask, int N>
+// pos0 is the position of row0; not kCausal, keys after the row's last key hi instead of its position), folds it into
+// the running row max and sum in base 2, and writes P = exp2(S * scale - max) as bf16 A fragments (pk[kk] for columns
+// 16 kk .. 16 kk + 15). s is only read, so that ptxas does not serialize the product still accumulating elsewhere.
+// Returns in corr the factor by which the rows' earlier output must be scaled. Per element: a max, one FFMA, one exp2,
+// one add.
+template <bool kMask, bool kCausal, int N>
 __device__ __forceinline__ void softmax_block(const float (&s)[N][4],
                                               uint32_t (&pk)[N / 2][4],
                                               float (&row_max)[2],
                                               float (&row_sum)[2],
                                               float (&corr)[2],
                                               const int (&lo)[2],
+                                              const int (&hi)[2],
                                               int pos0,
                                               int n0,
                                               float scale_log2,
@@ -45,6 +48,7 @@ __device__ __forceinline__ void softmax_block(const float (&s)[N][4],
     auto val = [&](int i, int e) {
         if constexpr (kMask) {
             const int pos = pos0 + (e / 2) * 8, col = n0 + i * 8 + (lane % 4) * 2 + (e % 2);
+            if constexpr (!kCausal) return col > hi[e / 2] || col < lo[e / 2] ? -INFINITY : s[i][e];
             return col > pos || col < lo[e / 2] ? -INFINITY : s[i][e];
         } else {
             return s[i][e];
@@ -87,8 +91,10 @@ __device__ __forceinline__ void softmax_block(const float (&s)[N][4],
 // TMA; the two consumer warpgroups wait on mbarriers per stage and release each stage as soon as their products have
 // read it, so neither waits on the other at a block-wide barrier and no consumer instruction goes to loads. The
 // consumers take turns to issue their products (ping-pong, named barriers 1 and 2), so that one warpgroup's softmax
-// runs while the other's products hold the tensor cores.
-template <int D, int kStages>
+// runs while the other's products hold the tensor cores. kCausal false: bidirectional (attention_mask.cuh), the key
+// blocks and masks end at each row's document end (key_hi) instead of its position; the causal instantiation is the
+// kernel as it was.
+template <int D, int kStages, bool kCausal>
 __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                           const __grid_constant__ CUtensorMap tm_k,
                                                                           const __grid_constant__ CUtensorMap tm_v,
@@ -106,10 +112,12 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
     const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest rows first
     const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t;
     const int m0 = m_block * kBM, last_row = min(m0 + kBM, t) - 1;
+    // Bidirectional: the block's first and last rows' last keys (and documents); causal: unused.
+    const attn_mask::BlockHi bhi = kCausal ? attn_mask::BlockHi{} : attn_mask::block_hi(p, b, m0, last_row);
     // Key blocks j0 + j for j < n_blocks: from the first row's first key to the diagonal, the block of the last row's
-    // position (attention_mask.cuh).
+    // position (attention_mask.cuh); bidirectional, to the block of the last row's last key.
     const int j0 = attn_mask::first_key_block(p, b, m0, kBN);
-    const int n_blocks = attn_mask::end_key_block(p, last_row, kBN) - j0;
+    const int n_blocks = (kCausal ? attn_mask::end_key_block(p, last_row, kBN) : bhi.last / kBN + 1) - j0;
 
     if (threadIdx.x == 0) {
         mbar_init(bar_q, 1);
@@ -154,9 +162,20 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
         for (int r = 0; r < 2; ++r) lo[r] = row0 + r * 8 < t ? attn_mask::key_lo(p, b, row0 + r * 8) : 0;
         lo_last = attn_mask::key_lo(p, b, last_row);
     }
+    // Bidirectional: the rows' last keys (rows >= t see every key: they are never stored), and the first row's, the
+    // smallest (key_hi never decreases along the rows), which every block ending after it crosses. Causal: unused.
+    int hi[2] = {0, 0}, hi_first = 0;
+    if constexpr (!kCausal) {
+        for (int r = 0; r < 2; ++r) hi[r] = row0 + r * 8 < t ? attn_mask::row_hi(p, b, row0 + r * 8, bhi) : p.tk - 1;
+        hi_first = bhi.first;
+    }
     // Block j needs the mask: one ending after the first row's position (the diagonal, which with a key prefix may
-    // cross two blocks), or one starting before some row's first key.
-    auto edge = [&](int j) { return (j0 + j + 1) * kBN - 1 > p.off + m0 || (j0 + j) * kBN < lo_last; };
+    // cross two blocks; bidirectional: after the first row's last key, keys >= tk among them), or one starting before
+    // some row's first key.
+    auto edge = [&](int j) {
+        if constexpr (!kCausal) return (j0 + j + 1) * kBN - 1 > hi_first || (j0 + j) * kBN < lo_last;
+        return (j0 + j + 1) * kBN - 1 > p.off + m0 || (j0 + j) * kBN < lo_last;
+    };
     // After the warp's wgmma wait, one lane frees the stage for the producer.
     auto release = [&](uint32_t empty, int j) {
         if (lane == 0) mbar_arrive(empty + 8 * (j % kStages));
@@ -189,9 +208,9 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
     fence_regs(s);
     release(k_empty, 0);
     if (edge(0))
-        softmax_block<true>(s, pa, row_max, row_sum, corr, lo, pos0, j0 * kBN, scale_log2, lane);
+        softmax_block<true, kCausal>(s, pa, row_max, row_sum, corr, lo, hi, pos0, j0 * kBN, scale_log2, lane);
     else
-        softmax_block<false>(s, pa, row_max, row_sum, corr, lo, pos0, j0 * kBN, scale_log2, lane);
+        softmax_block<false, kCausal>(s, pa, row_max, row_sum, corr, lo, hi, pos0, j0 * kBN, scale_log2, lane);
 
     // Key block j < n_blocks - 1: pa holds P_j. S_{j+1} is issued before P_j V_j, and its softmax runs while P_j V_j
     // is on the tensor cores. kMask: block j + 1 is an edge block (without a document map or window, one of the last
@@ -214,7 +233,8 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
         fence_regs(s);
         release(k_empty, j + 1);
         uint32_t pn[kBN / 16][4];  // P_{j+1}, in registers apart from pa, which P_j V_j is still reading
-        softmax_block<kMask>(s, pn, row_max, row_sum, corr, lo, pos0, (j0 + j + 1) * kBN, scale_log2, lane);
+        softmax_block<kMask, kCausal>(
+            s, pn, row_max, row_sum, corr, lo, hi, pos0, (j0 + j + 1) * kBN, scale_log2, lane);
         wgmma_wait<0>();
         fence_regs(o);
         fence_regs(pa);
@@ -257,12 +277,12 @@ __global__ void __launch_bounds__(kThreads + 128, 1) flash_fwd_tma_kernel(const 
 #endif
 }
 
-template <int D, int kStages>
+template <int D, int kStages, bool kCausal>
 void launch_fwd_tma(const AttnParams& p) {
     constexpr int smem = (kBM + 2 * kStages * kBN) * D * static_cast<int>(sizeof(bf16)) + 8 * (1 + 4 * kStages) + 1024;
     static const bool configured = [] {
-        MT_CUDA_CHECK(
-            cudaFuncSetAttribute(flash_fwd_tma_kernel<D, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        MT_CUDA_CHECK(cudaFuncSetAttribute(
+            flash_fwd_tma_kernel<D, kStages, kCausal>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         return true;
     }();
     (void)configured;
@@ -270,15 +290,15 @@ void launch_fwd_tma(const AttnParams& p) {
     const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.tk, p.hkv, D, kBN);
     const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.tk, p.hkv, D, kBN);
     const dim3 grid((p.t + kBM - 1) / kBM, p.hq, p.b);
-    flash_fwd_tma_kernel<D, kStages><<<grid, kThreads + 128, smem, core::exec_stream()>>>(tm_q, tm_k, tm_v, p);
+    flash_fwd_tma_kernel<D, kStages, kCausal><<<grid, kThreads + 128, smem, core::exec_stream()>>>(tm_q, tm_k, tm_v, p);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 
 // Always the ping-pong schedule: 0.90 against 0.94 ms without it on the H200 (B=8, T=4096, H=16, D=128; the
 // cp.async kernel this replaced took 1.31).
-template <int D>
+template <int D, bool kCausal>
 void launch_fwd(const AttnParams& p) {
-    launch_fwd_tma<D, 2>(p);
+    launch_fwd_tma<D, 2, kCausal>(p);
 }
 
 }  // namespace
@@ -289,17 +309,14 @@ bool flash_wgmma_supported() {
         if (cudaGetDevice(&dev) != cudaSuccess) return false;
         if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
         cudaFuncAttributes attr{};
-        if (cudaFuncGetAttributes(&attr, flash_fwd_tma_kernel<128, 2>) != cudaSuccess) return false;
+        if (cudaFuncGetAttributes(&attr, flash_fwd_tma_kernel<128, 2, true>) != cudaSuccess) return false;
         return major == 9 && attr.binaryVersion == 90;
     }();
     return ok;
 }
 
 void flash_fwd_wgmma(const AttnParams& p) {
-    if (p.d == 64)
-        launch_fwd<64>(p);
-    else
-        launch_fwd<128>(p);
+    launch_flash(p, [&](auto d, auto causal) { launch_fwd<decltype(d)::value, decltype(causal)::value>(p); });
 }
 
 }  // namespace mt::ops::cuda
