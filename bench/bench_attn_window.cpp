@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/blas_kernels.h"
 #include "core/exec.h"
 #include "core/tensor.h"
 #include "gpu_timing.h"
 #include "ops/attention.h"
 #include "ops/attention_global.h"
-#include "ops/cpu/blas.h"
 
 namespace {
 
@@ -151,7 +151,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    mt::ops::cpu::blas_select_kernels(argv);
+    mt::core::blas_select_kernels(argv);
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {

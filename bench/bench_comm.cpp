@@ -17,9 +17,9 @@
 #include <tuple>
 #include <vector>
 
+#include "core/blas_kernels.h"
 #include "core/cuda_probe.h"
 #include "core/tensor.h"
-#include "ops/cpu/blas.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/runtime.h"
 
@@ -121,6 +121,6 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    mt::ops::cpu::blas_select_kernels(argv);
+    mt::core::blas_select_kernels(argv);
     return mt::parallel::dist_run_main(argc, argv, "bench_comm", run);
 }

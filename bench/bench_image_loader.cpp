@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/blas_kernels.h"
 #include "core/error.h"
 #include "data/image_codec.h"
 #include "data/image_text_dataset.h"
@@ -35,7 +36,6 @@
 #include "data/shapes.h"
 #include "data/shapes_vocab.h"
 #include "data/tokenizer.h"
-#include "ops/cpu/blas.h"
 
 namespace {
 
@@ -243,7 +243,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    mt::ops::cpu::blas_select_kernels(argv);
+    mt::core::blas_select_kernels(argv);
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {

@@ -28,8 +28,8 @@
 #include "ops/kda.h"
 
 #ifdef MT_HAVE_CUDA
+#include "core/blas_kernels.h"
 #include "core/cuda/cuda_check.h"
-#include "ops/cpu/blas.h"
 #endif
 
 namespace {
@@ -281,7 +281,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    mt::ops::cpu::blas_select_kernels(argv);
+    mt::core::blas_select_kernels(argv);
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {

@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/blas_kernels.h"
 #include "core/tensor.h"
 #include "gpu_timing.h"
 #include "nn/segments.h"
-#include "ops/cpu/blas.h"
 #include "ops/kda.h"
 
 namespace {
@@ -339,7 +339,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    mt::ops::cpu::blas_select_kernels(argv);
+    mt::core::blas_select_kernels(argv);
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {

@@ -15,11 +15,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/backend.h"
+#include "core/blas_kernels.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "gpu_timing.h"
 #include "nn/layers/moe_layer.h"
-#include "ops/cpu/blas.h"
 #include "ops/grouped_linear.h"
 
 namespace {
@@ -142,7 +142,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    mt::ops::cpu::blas_select_kernels(argv);
+    mt::core::blas_select_kernels(argv);
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {

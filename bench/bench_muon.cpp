@@ -16,9 +16,9 @@
 #include <string>
 
 #include "core/backend.h"
+#include "core/blas_kernels.h"
 #include "core/tensor.h"
 #include "gpu_timing.h"
-#include "ops/cpu/blas.h"
 #include "ops/muon.h"
 
 namespace {
@@ -134,7 +134,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    mt::ops::cpu::blas_select_kernels(argv);
+    mt::core::blas_select_kernels(argv);
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {

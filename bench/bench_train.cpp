@@ -18,11 +18,11 @@
 #include <string>
 
 #include "core/backend.h"
+#include "core/blas_kernels.h"
 #include "core/rng.h"
 #include "core/trace.h"
 #include "data/llmc_shard.h"
 #include "nn/layer_stats.h"
-#include "ops/cpu/blas.h"
 #include "ops/layer_stats.h"
 #include "parallel/runtime.h"
 #include "train/trainer.h"
@@ -182,6 +182,6 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    mt::ops::cpu::blas_select_kernels(argv);
+    mt::core::blas_select_kernels(argv);
     return mt::parallel::dist_run_main(argc, argv, "bench_train", run);
 }

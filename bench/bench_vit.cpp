@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/blas_kernels.h"
 #include "core/error.h"
 #include "core/exec.h"
 #include "core/rng.h"
@@ -32,7 +33,6 @@
 #include "nn/vision/vision_encoder.h"
 #include "nn/vision/vision_flops.h"
 #include "ops/attention.h"
-#include "ops/cpu/blas.h"
 
 namespace {
 
@@ -191,7 +191,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    mt::ops::cpu::blas_select_kernels(argv);
+    mt::core::blas_select_kernels(argv);
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {

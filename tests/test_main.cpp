@@ -3,10 +3,10 @@
 // slower on such machines).
 #include <gtest/gtest.h>
 
-#include "ops/cpu/blas.h"
+#include "core/blas_kernels.h"
 
 int main(int argc, char** argv) {
-    mt::ops::cpu::blas_select_kernels(argv);
+    mt::core::blas_select_kernels(argv);
     ::testing::InitGoogleTest(&argc, argv);
     return RUN_ALL_TESTS();
 }

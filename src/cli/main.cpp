@@ -11,9 +11,9 @@
 #include <exception>
 
 #include "cli/commands.h"
+#include "core/blas_kernels.h"
 #include "core/error.h"
 #include "core/signals.h"
-#include "ops/cpu/blas.h"
 #include "parallel/runtime.h"
 
 namespace {
@@ -50,7 +50,7 @@ int finish(int code, bool failed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    mt::ops::cpu::blas_select_kernels(argv);
+    mt::core::blas_select_kernels(argv);
     CLI::App app{"moetrain: trains Mixture-of-Experts, multimodal and long-context language models", "moetrain"};
     app.require_subcommand(1);
     app.set_version_flag("--version", std::string("moetrain ") + MT_VERSION);

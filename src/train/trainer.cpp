@@ -12,9 +12,9 @@
 #include <thread>
 
 #include "core/backend.h"
+#include "core/blas_kernels.h"
 #include "core/cuda_probe.h"
 #include "core/trace.h"
-#include "ops/cpu/blas.h"
 #include "ops/global_norm.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/runtime.h"
@@ -502,12 +502,12 @@ RunEnd Trainer::run() {
                 grad_sync_->zero() ? "ZeRO-1: sharded over the data-parallel ranks" : "replicated",
                 grad_sync_->num_buckets());
         // Debian's OpenBLAS 0.3.21 falls back to slow generic kernels on CPUs it does not recognise.
-        const std::string core = ops::cpu::blas_kernel_name();
-        if (core == "Prescott" || core == "Core2" || core == "Nehalem" || core == "generic")
+        const std::string kernels = core::blas_kernel_name();
+        if (kernels == "Prescott" || kernels == "Core2" || kernels == "Nehalem" || kernels == "generic")
             fmt::print(
                 "moetrain: warning: OpenBLAS chose its '{}' kernels, which are several times slower than this "
                 "CPU allows; set OPENBLAS_CORETYPE (e.g. SkylakeX, Haswell or Zen)\n",
-                core);
+                kernels);
     }
     long_prepare_step();
     check_validation_data();

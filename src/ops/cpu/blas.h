@@ -15,17 +15,6 @@ namespace mt::ops::cpu {
 // Sets OpenBLAS to one thread if it is not already; call outside OpenMP parallel regions.
 void blas_use_one_thread();
 
-// Debian 12's OpenBLAS (0.3.21) picks its kernels from the CPU model when it loads and falls back to the SSE3
-// "Prescott" ones on Intel models newer than it knows, Sapphire Rapids among them (OpenMathLib/OpenBLAS#4267, fixed
-// in 0.3.25): 2-4x slower GEMMs on such a machine (docs/PERFORMANCE.md). OpenBLAS reads OPENBLAS_CORETYPE only when it
-// loads, so the first thing a main() does is call this: when the variable is unset, OpenBLAS chose Prescott and the
-// CPU has AVX-512 (SkylakeX kernels) or AVX2 + FMA (Haswell), it sets the variable and re-executes the program with
-// the same arguments (before MPI or anything else starts). A variable the user set is left alone; when the re-exec
-// fails the program goes on with the slow kernels.
-void blas_select_kernels(char** argv);
-// The kernels OpenBLAS uses ("SkylakeX", "Haswell", "Prescott", ...).
-const char* blas_kernel_name();
-
 // Row-major C[m, n] = alpha * op(A) op(B) + beta * C, op(X) = X^T when trans_x. Handles empty sizes (m, n or
 // k == 0) without calling BLAS. Single-threaded (see above), so safe inside OpenMP regions.
 void gemm(bool trans_a,

@@ -5,8 +5,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "core/blas_kernels.h"
 #include "core/signals.h"
-#include "ops/cpu/blas.h"
 #include "parallel/runtime.h"
 
 namespace {
@@ -16,7 +16,7 @@ constexpr int kSkipped = 77;
 }  // namespace
 
 int main(int argc, char** argv) {
-    mt::ops::cpu::blas_select_kernels(argv);  // before MPI starts: it may re-execute the program
+    mt::core::blas_select_kernels(argv);  // before MPI starts: it may re-execute the program
     ::testing::InitGoogleTest(&argc, argv);
     mt::parallel::dist_init(&argc, &argv);
     auto& world = mt::parallel::dist_world();
