@@ -165,6 +165,26 @@ void expect_equal(const Outcome& cp, const Outcome& one, double tol, const std::
                    all);
 }
 
+// f32 only: a top-k near-tie of the router may go the other way under cp (its sums run in another order; which way
+// depends even on the BLAS kernels OpenBLAS picked for the CPU), and one token routed to another expert moves every
+// gradient by far more than rounding. Such a flip, at most one token per MoE layer, is accepted with the loss within
+// 1e-4 (the f64 runs of the same case are the exactness check); anything else is compared as expect_equal does.
+void expect_equal_f32(const Outcome& cp, const Outcome& one, double tol, const std::string& what) {
+    bool flip = cp.loads != one.loads && cp.loads.size() == one.loads.size();
+    for (size_t l = 0; flip && l < one.loads.size(); ++l) {
+        int64_t moved = 0;
+        for (size_t e = 0; e < one.loads[l].size() && e < cp.loads[l].size(); ++e)
+            moved += std::abs(cp.loads[l][e] - one.loads[l][e]);
+        flip = cp.loads[l].size() == one.loads[l].size() && moved <= 2;
+    }
+    if (!flip) return expect_equal(cp, one, tol, what);
+    EXPECT_NEAR(cp.loss, one.loss, 1e-4 * std::abs(one.loss)) << what;
+    if (dist_world().rank() == 0)
+        fmt::print("{}: a routing near-tie flipped one token (f32); loss {:.2e}, gradients not compared\n",
+                   what,
+                   std::abs(cp.loss - one.loss) / std::abs(one.loss));
+}
+
 struct Case {
     const char* name;
     ModelConfig cfg;
@@ -318,7 +338,11 @@ TEST_P(ModelCpSegments, SegmentsUnderCpEqualOneProcessWithout) {
             for (CpKdaMode kda : {CpKdaMode::affine, CpKdaMode::relay}) {
                 if (!c.every_variant && kda != c.kda) continue;
                 const Outcome cp = run(c.cfg, dtype, documents, world(), CpAttnMode::allgather, kda, c.seg);
-                expect_equal(cp, one, tol, fmt::format("{} allgather {}", what, enum_name(kda)));
+                const std::string variant = fmt::format("{} allgather {}", what, enum_name(kda));
+                if (dtype == DType::f32)
+                    expect_equal_f32(cp, one, tol, variant);
+                else
+                    expect_equal(cp, one, tol, variant);
             }
             if (c.every_variant && dtype == DType::f64)
                 expect_equal(run(c.cfg, dtype, documents, world(), CpAttnMode::ring, CpKdaMode::affine, c.seg),
