@@ -63,11 +63,9 @@ JobConfig disk_job(const std::string& dir, const Shards& shards, std::vector<std
                                   "train.seq_len=96",
                                   "train.grad_accum=2",
                                   "train.eval_batches=2",
-                                  "checkpoint.every_steps=0",
-                                  "vision.layers=1",
-                                  "vision.dim=32",
-                                  "vision.heads=2",
-                                  "vision.mlp=64"};
+                                  "checkpoint.every_steps=0"};
+    const std::vector<std::string> vision = mt::testing::tiny_vision_overrides();
+    o.insert(o.end(), vision.begin(), vision.end());
     o.insert(o.end(), overrides.begin(), overrides.end());
     return config_load(std::string(MT_SOURCE_DIR) + "/configs/shapes_tiny.toml", o);
 }

@@ -27,14 +27,12 @@ JobConfig controls_job(const std::string& dir, std::vector<std::string> override
                                   "model.max_seq_len=176",
                                   "train.eval_batches=2",
                                   "checkpoint.every_steps=0",
-                                  "vision.layers=1",
-                                  "vision.dim=32",
-                                  "vision.heads=2",
-                                  "vision.mlp=64",
                                   "data.shapes.stage=2",
                                   "data.shapes.max_canvas=112",
                                   "data.shapes.controls=[\"zeroed\",\"shuffled\",\"flipped\",\"res112\",\"res336\","
                                   "\"comp_val\"]"};
+    const std::vector<std::string> vision = mt::testing::tiny_vision_overrides();
+    o.insert(o.end(), vision.begin(), vision.end());
     o.insert(o.end(), overrides.begin(), overrides.end());
     return config_load(std::string(MT_SOURCE_DIR) + "/configs/shapes_tiny.toml", o);
 }
