@@ -53,16 +53,17 @@ def main():
             if k in e and not e[k] >= 0.95:
                 bad.append(f"{c}: exact_match {e[k]:.4f} < 0.95")
     if a.experts:
-        loads = [l for l in lines if l.get("kind") == "train" and any(k.startswith("moe/modality/") and "/load/" in k for k in l)]
-        if not loads:
+        def modality_loads(line):
+            return {k: v for k, v in line.items() if k.startswith("moe/modality/") and "/load/" in k}
+        logged = [l for l in lines if l.get("kind") == "train" and modality_loads(l)]
+        if not logged:
             bad.append("experts: no per-modality expert loads logged")
         else:
-            t = loads[-1]
-            dead = {k: [i for i, n in enumerate(v) if n == 0] for k, v in t.items()
-                    if k.startswith("moe/modality/") and "/load/" in k}
+            loads = modality_loads(logged[-1])
+            dead = {k: [i for i, n in enumerate(v) if n == 0] for k, v in loads.items()}
             dead = {k: v for k, v in dead.items() if v}
-            shown["experts/step"] = t["step"]
-            shown["experts/min_load"] = min(min(v) for k, v in t.items() if k.startswith("moe/modality/") and "/load/" in k)
+            shown["experts/step"] = logged[-1]["step"]
+            shown["experts/min_load"] = min(min(v) for v in loads.values())
             if dead:
                 bad.append(f"experts: dead experts {dead}")
     print(a.name or a.metrics, json.dumps(shown, sort_keys=True))
