@@ -28,10 +28,10 @@
 
 namespace mt::ops {
 
-// The CUDA kernel family: automatic picks wgmma on Hopper and mma.sync elsewhere for bf16 with D 64 or 128 and
-// 16-byte aligned tensors (causal, or bidirectional: every family has both), the generic kernels otherwise. A named
-// family falls back where it cannot run: the tensor-core ones to generic for other dtypes, head dims or alignments,
-// wgmma to mma before Hopper. The CPU ignores it.
+// The CUDA kernel family: automatic picks wgmma on Hopper and mma.sync elsewhere for bf16 with D a multiple of 8 up to
+// 128 and 16-byte aligned tensors (causal, or bidirectional: every family has both), the generic kernels otherwise. A
+// named family falls back where it cannot run: the tensor-core ones to generic for other dtypes, head dims or
+// alignments, wgmma to mma before Hopper. The CPU ignores it.
 enum class AttentionKernel { automatic, wgmma, mma, generic };
 
 // Which CUDA kernels a call runs. The layers keep the defaults; a test or benchmark sets a field to reach a variant.

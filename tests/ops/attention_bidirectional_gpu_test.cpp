@@ -1,5 +1,5 @@
 // GPU parity of bidirectional attention within packed documents (AttentionMask::causal = false, the ViT's images) on
-// the flash kernels (wgmma with both backwards, mma.sync; bf16, D 64 and 128) against the CPU f32 reference: rows
+// the flash kernels (wgmma with both backwards, mma.sync; bf16, D 64, 72 and 128) against the CPU f32 reference: rows
 // packed with documents of 1 to 577 tokens, GQA 4/2 and 16/16, key prefixes, and AttentionOptions::chosen naming the
 // flash kernel (a fallback to generic fails). Then packed documents independent bit for bit, and two runs equal.
 #include <fmt/format.h>
@@ -135,7 +135,7 @@ void bidir_cases(
 TEST(GpuAttentionBidirectional, WgmmaParityBf16) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     if (!attention_wgmma_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
-    for (int64_t d : {64, 128}) bidir_cases(d, AttentionKernel::wgmma, "cuda-wgmma", "cuda-wgmma");
+    for (int64_t d : {64, 72, 128}) bidir_cases(d, AttentionKernel::wgmma, "cuda-wgmma", "cuda-wgmma");
 }
 
 // Deterministic off: the fast 5-matmul backward; and fast_bwd = false, which keeps the deterministic one.
@@ -143,24 +143,27 @@ TEST(GpuAttentionBidirectional, WgmmaFastBackwardParityBf16) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     if (!attention_wgmma_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
     nondeterministic([] {
-        for (int64_t d : {64, 128}) bidir_cases(d, AttentionKernel::wgmma, "cuda-wgmma", "cuda-wgmma-fast");
+        for (int64_t d : {64, 72, 128}) bidir_cases(d, AttentionKernel::wgmma, "cuda-wgmma", "cuda-wgmma-fast");
         bidir_cases(64, AttentionKernel::wgmma, "cuda-wgmma", "cuda-wgmma", false);
     });
 }
 
 TEST(GpuAttentionBidirectional, MmaParityBf16) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
-    for (int64_t d : {64, 128}) bidir_cases(d, AttentionKernel::mma, "cuda-mma", "cuda-mma");
+    for (int64_t d : {64, 72, 128}) bidir_cases(d, AttentionKernel::mma, "cuda-mma", "cuda-mma");
 }
 
-// The automatic choice takes the flash kernels for bidirectional bf16 at D 64 and 128 (the dispatch this suite is
-// about); AttentionKernel::generic still forces the generic ones, and other head dims (the tiny ViT's 16) keep them.
+// The automatic choice takes the flash kernels for bidirectional bf16 at head dims that are multiples of 8 up to 128
+// (64; the tiny ViT's 16 and the reference ViT's 72 on zero-padded tiles); AttentionKernel::generic still forces the
+// generic ones, and other head dims (20) keep them.
 TEST(GpuAttentionBidirectional, DispatchBf16) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     const char* flash = attention_wgmma_here() ? "cuda-wgmma" : "cuda-mma";
     bidir_gpu_parity({3, kPacked, kPacked, 4, 2, 64}, true, AttentionKernel::automatic, flash, flash);
     bidir_gpu_parity({3, kPacked, kPacked, 4, 2, 64}, true, AttentionKernel::generic, "cuda-generic", "cuda-generic");
-    bidir_gpu_parity({2, 300, 300, 4, 2, 16}, false, AttentionKernel::automatic, "cuda-generic", "cuda-generic");
+    bidir_gpu_parity({2, 300, 300, 4, 2, 16}, false, AttentionKernel::automatic, flash, flash);
+    bidir_gpu_parity({3, kPacked, kPacked, 4, 2, 72}, true, AttentionKernel::automatic, flash, flash);
+    bidir_gpu_parity({2, 300, 300, 4, 2, 20}, false, AttentionKernel::automatic, "cuda-generic", "cuda-generic");
 }
 
 // On each deterministic flash family: perturbing document [578, 642) of row 0 (64 tokens) and document [330, 907) of

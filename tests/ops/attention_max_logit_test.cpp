@@ -157,7 +157,7 @@ void max_logit_cases(int64_t d, DType dtype, AttentionKernel kernel, const char*
 
 TEST(GpuAttentionMaxLogit, EveryFamilyMatchesTheCpu) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
-    for (int64_t d : {64, 128}) {
+    for (int64_t d : {64, 72, 128}) {
         if (attention_wgmma_here()) max_logit_cases(d, DType::bf16, AttentionKernel::wgmma, "cuda-wgmma");
         max_logit_cases(d, DType::bf16, AttentionKernel::mma, "cuda-mma");
     }

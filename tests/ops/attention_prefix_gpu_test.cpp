@@ -131,7 +131,7 @@ void prefix_cases(int64_t d, DType dtype, AttentionKernel kernel, const char* ex
 TEST(GpuAttentionPrefix, WgmmaParityBf16) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     if (!attention_wgmma_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
-    for (int64_t d : {64, 128}) prefix_cases(d, DType::bf16, AttentionKernel::wgmma, "cuda-wgmma");
+    for (int64_t d : {64, 72, 128}) prefix_cases(d, DType::bf16, AttentionKernel::wgmma, "cuda-wgmma");
 }
 
 // Deterministic off: the fast 5-matmul backward; and fast_bwd = false, which keeps the deterministic one.
@@ -139,14 +139,14 @@ TEST(GpuAttentionPrefix, WgmmaFastBackwardParityBf16) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     if (!attention_wgmma_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
     nondeterministic([] {
-        for (int64_t d : {64, 128}) prefix_cases(d, DType::bf16, AttentionKernel::wgmma, "cuda-wgmma-fast");
+        for (int64_t d : {64, 72, 128}) prefix_cases(d, DType::bf16, AttentionKernel::wgmma, "cuda-wgmma-fast");
         prefix_cases(64, DType::bf16, AttentionKernel::wgmma, "cuda-wgmma", false);
     });
 }
 
 TEST(GpuAttentionPrefix, MmaParityBf16) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
-    for (int64_t d : {64, 128}) prefix_cases(d, DType::bf16, AttentionKernel::mma, "cuda-mma");
+    for (int64_t d : {64, 72, 128}) prefix_cases(d, DType::bf16, AttentionKernel::mma, "cuda-mma");
     nondeterministic([] { prefix_cases(128, DType::bf16, AttentionKernel::mma, "cuda-mma"); });
 }
 
@@ -154,7 +154,7 @@ TEST(GpuAttentionPrefix, MmaParityBf16) {
 TEST(GpuAttentionPrefix, GenericParity) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     prefix_cases(64, DType::bf16, AttentionKernel::generic, "cuda-generic");
-    prefix_cases(40, DType::bf16, AttentionKernel::automatic, "cuda-generic");
+    prefix_cases(36, DType::bf16, AttentionKernel::automatic, "cuda-generic");
     prefix_cases(64, DType::f32, AttentionKernel::automatic, "cuda-generic");
     nondeterministic([] { prefix_cases(32, DType::f32, AttentionKernel::automatic, "cuda-generic"); });
 }

@@ -298,9 +298,15 @@ void attention_gpu_parity(int64_t b,
     expect_rho(name, "dv", dv, dv_ref, budget);
 }
 
-// The tensor-core kernels: D 64 and 128, T = 1, T across and on the 64- and 128-row blocks, GQA groups of 1 to 4.
+// The tensor-core kernels: D 64 and 128, T = 1, T across and on the 64- and 128-row blocks, GQA groups of 1 to 4;
+// and head dims below the tile width (8, 32 on tiles of 64; 72, the reference ViT's, 96 and 120 on tiles of 128).
 void flash_parity_cases(AttentionOptions options = {}, const char* expect_bwd = nullptr) {
     attention_gpu_parity(1, 1, 1, 1, 64, DType::bf16, 1e-2, options, expect_bwd);
+    attention_gpu_parity(2, 67, 4, 2, 8, DType::bf16, 1e-2, options, expect_bwd);
+    attention_gpu_parity(1, 130, 2, 1, 32, DType::bf16, 1e-2, options, expect_bwd);
+    attention_gpu_parity(2, 200, 4, 2, 72, DType::bf16, 1e-2, options, expect_bwd);
+    attention_gpu_parity(1, 131, 2, 2, 96, DType::bf16, 1e-2, options, expect_bwd);
+    attention_gpu_parity(1, 70, 3, 1, 120, DType::bf16, 1e-2, options, expect_bwd);
     attention_gpu_parity(2, 67, 4, 2, 64, DType::bf16, 1e-2, options, expect_bwd);
     attention_gpu_parity(1, 130, 2, 1, 64, DType::bf16, 1e-2, options, expect_bwd);
     attention_gpu_parity(2, 128, 2, 2, 128, DType::bf16, 1e-2, options, expect_bwd);
@@ -355,13 +361,14 @@ TEST(GpuAttention, GenericSelectedParityBf16) {
     attention_gpu_parity(1, 200, 6, 2, 128, DType::bf16, 1e-2, kernel_family(AttentionKernel::generic), "cuda-generic");
 }
 
-// The simple kernels: other head dims in bf16, and f32.
+// The simple kernels: head dims the tensor-core ones do not take (not a multiple of 8, or above 128) in bf16, and f32.
 TEST(GpuAttention, GenericParity) {
-    attention_gpu_parity(1, 5, 3, 3, 5, DType::bf16, 1e-2);
-    attention_gpu_parity(2, 13, 2, 1, 8, DType::bf16, 1e-2);
-    attention_gpu_parity(1, 70, 4, 2, 32, DType::bf16, 1e-2);
-    attention_gpu_parity(1, 50, 2, 1, 96, DType::bf16, 1e-2);
-    attention_gpu_parity(1, 33, 2, 2, 256, DType::bf16, 1e-2);
+    attention_gpu_parity(1, 5, 3, 3, 5, DType::bf16, 1e-2, {}, "cuda-generic");
+    attention_gpu_parity(2, 13, 2, 1, 12, DType::bf16, 1e-2, {}, "cuda-generic");
+    attention_gpu_parity(1, 70, 4, 2, 36, DType::bf16, 1e-2, {}, "cuda-generic");
+    attention_gpu_parity(1, 50, 2, 1, 100, DType::bf16, 1e-2, {}, "cuda-generic");
+    attention_gpu_parity(1, 33, 2, 2, 136, DType::bf16, 1e-2, {}, "cuda-generic");
+    attention_gpu_parity(1, 33, 2, 2, 256, DType::bf16, 1e-2, {}, "cuda-generic");
     attention_gpu_parity(1, 33, 3, 1, 5, DType::f32, 1e-5);
     attention_gpu_parity(2, 67, 4, 2, 64, DType::f32, 1e-5);
     attention_gpu_parity(1, 40, 2, 2, 128, DType::f32, 1e-5);

@@ -364,7 +364,7 @@ void masked_cases(int64_t d, AttentionKernel kernel, const char* expect) {
 TEST(GpuAttentionMask, WgmmaParityBf16) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     if (!attention_wgmma_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
-    for (int64_t d : {64, 128}) masked_cases(d, AttentionKernel::wgmma, "cuda-wgmma");
+    for (int64_t d : {64, 72, 128}) masked_cases(d, AttentionKernel::wgmma, "cuda-wgmma");
 }
 
 TEST(GpuAttentionMask, WgmmaFastBackwardParityBf16) {
@@ -373,17 +373,17 @@ TEST(GpuAttentionMask, WgmmaFastBackwardParityBf16) {
     core::ExecCtx ctx = core::exec();
     ctx.deterministic = false;
     const core::ExecScope scope(ctx);
-    for (int64_t d : {64, 128}) masked_cases(d, AttentionKernel::wgmma, "cuda-wgmma-fast");
+    for (int64_t d : {64, 72, 128}) masked_cases(d, AttentionKernel::wgmma, "cuda-wgmma-fast");
 }
 
 TEST(GpuAttentionMask, MmaParityBf16) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
-    for (int64_t d : {64, 128}) masked_cases(d, AttentionKernel::mma, "cuda-mma");
+    for (int64_t d : {64, 72, 128}) masked_cases(d, AttentionKernel::mma, "cuda-mma");
 }
 
 TEST(GpuAttentionMask, GenericParityBf16) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
-    masked_cases(32, AttentionKernel::automatic, "cuda-generic");
+    masked_cases(36, AttentionKernel::automatic, "cuda-generic");
     masked_gpu_parity(300, 64, 50, true, 2, AttentionKernel::generic, "cuda-generic");
 }
 

@@ -1,7 +1,7 @@
 // CUDA GQA attention (causal, or bidirectional within documents): picks the tensor-core flash kernels for bf16
-// with D in {64, 128} (wgmma on Hopper, flash_*_wgmma.cu; mma.sync elsewhere, flash_fwd.cu / flash_bwd.cu) or the
-// simple kernels (f32, f16, or any other D <= 256; attention_generic.cu: the fp16 mode's attention is correct but not
-// yet on tensor cores). Every family takes a key prefix (k, v of Tk >= T positions, the queries the last T).
+// with D a multiple of 8 up to 128 (wgmma on Hopper, flash_*_wgmma.cu; mma.sync elsewhere, flash_fwd.cu / flash_bwd.cu)
+// or the simple kernels (f32, f16, or any other D <= 256; attention_generic.cu: the fp16 mode's attention is correct
+// but not yet on tensor cores). Every family takes a key prefix (k, v of Tk >= T positions, the queries the last T).
 // AttentionOptions::kernel overrides the choice (tests and benchmarks; a family that does not apply falls back).
 // With core::exec().deterministic off (run.deterministic = false) the backward is the non-deterministic 5-matmul
 // wgmma kernel (flash_bwd_wgmma_fast.cu) unless AttentionOptions::fast_bwd is false. Takes q, k,

@@ -1,6 +1,7 @@
 // Simple CUDA attention for any head dim D <= 256 and for f32, bf16 or f16 storage (fp32 math): one warp per row, each
 // lane holding D / 32 (rounded up) elements of the row, dot products reduced across the warp. Used where the
-// tensor-core kernels do not apply (f32, D not in {64, 128}); O(T^2 D) work with no tiling, fine for small cases.
+// tensor-core kernels do not apply (f16, f32, or D above 128 or not a multiple of 8); O(T^2 D) work with no tiling,
+// fine for small cases.
 //   fwd:  one warp per (b, query head, query i), online softmax over keys key_lo(i) <= j <= key_hi(i) (off + i when
 //         causal, off = Tk - T; attention_mask.cuh); its running max is the row's max_logit.
 //   dq:   one warp per (b, query head, query i), the same keys.

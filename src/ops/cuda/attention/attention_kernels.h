@@ -1,8 +1,8 @@
-// Launchers of the CUDA attention kernels (src/ops/cuda/attention/flash_*.cu for bf16 with D in {64, 128}, and
-// attention_generic.cu for any dtype and D <= 256). Tensors are raw device pointers in the layouts of ops/attention.h:
-// q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, Tk, Hkv, D] (Tk >= T: query i sits at key position Tk - T + i);
-// lse, max_logit and delta [B, Hq, T] f32. All run on core::exec_stream() and are deterministic (no atomics), except
-// flash_bwd_wgmma_fast.
+// Launchers of the CUDA attention kernels (src/ops/cuda/attention/flash_*.cu for bf16 with D a multiple of 8 up to 128,
+// and attention_generic.cu for any dtype and D <= 256). Tensors are raw device pointers in the layouts of
+// ops/attention.h: q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, Tk, Hkv, D] (Tk >= T: query i sits at key position
+// Tk - T + i); lse, max_logit and delta [B, Hq, T] f32. All run on core::exec_stream() and are deterministic (no
+// atomics), except flash_bwd_wgmma_fast.
 #pragma once
 
 #include <cstddef>
@@ -41,12 +41,19 @@ struct AttnParams {
     uint32_t zero = 0;  // always 0: an opaque operand for ptxas (flash_fwd_wgmma.cu)
 };
 
-// True when the tensor-core kernels take this head dim (bf16 only).
+// True when the tensor-core kernels take this head dim (bf16 only): any multiple of 8 up to 128 (rows move in
+// 16-byte pieces). They run on tiles of flash_tile_d(d) columns, the columns past d zero-filled on load and never
+// stored: D 72 (the reference ViT's, d_v 1152 over 16 heads) costs the products of D 128, still far faster than the
+// simple kernels.
 inline bool flash_supports(int d) {
-    return d == 64 || d == 128;
+    return d >= 8 && d <= 128 && d % 8 == 0;
+}
+inline int flash_tile_d(int d) {
+    return d <= 64 ? 64 : 128;
 }
 
-// Tensor-core flash attention, bf16, D in {64, 128}: mma.sync (any GPU from sm_80) and wgmma (sm_90a, Hopper).
+// Tensor-core flash attention, bf16, D a multiple of 8 up to 128 (flash_supports): mma.sync (any GPU from sm_80) and
+// wgmma (sm_90a, Hopper).
 void flash_fwd(const AttnParams& p);
 void flash_bwd(const AttnParams& p);  // needs p.delta
 void flash_fwd_wgmma(const AttnParams& p);

@@ -1,5 +1,6 @@
-// Flash-attention backward (FlashAttention-2 algorithm) on tensor cores, bf16 with D in {64, 128}. P is recomputed
-// from the saved lse; with delta_i = dout_i . out_i, dS = P * (dP - delta), dP = dO V^T. Two kernels, no atomics:
+// Flash-attention backward (FlashAttention-2 algorithm) on tensor cores, bf16 with D a multiple of 8 up to 128 (tiles
+// of 64 or 128 columns, flash_tile_d; the padding columns are zero and not stored). P is recomputed from the saved lse;
+// with delta_i = dout_i . out_i, dS = P * (dP - delta), dP = dO V^T. Two kernels, no atomics:
 //  * dk/dv: one thread block per (key block of kBN keys, kv head, batch row), over all Tk keys; each warp owns 16 keys
 //    and keeps their dK and dV rows in fp32 registers while the block walks the query heads of its group and, for
 //    each, the query blocks from the diagonal (row 0 for a prefix key) to the block's last viewer (attention_mask.cuh),
@@ -96,8 +97,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int n_block = blockIdx.x, kh = blockIdx.y, b = blockIdx.z, t = p.t, tk = p.tk;
     const int group = p.hq / p.hkv;
-    const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
-    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
+    const int64_t qrs = static_cast<int64_t>(p.hq) * p.d, krs = static_cast<int64_t>(p.hkv) * p.d;
+    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * p.d;
     const int n0 = n_block * kBlk;
     const bool masked = attn_mask::active(p);
     int first_q, end_q;
@@ -108,10 +109,10 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
     // Rows of query head h: q and dout at qg(h) + i * qrs; lse and delta at (b * hq + h) * t + i.
     auto issue = [&](int it, int st) {
         const int h = kh * group + it / q_blocks, m0 = (first_q + it % q_blocks) * kBlk;
-        const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * D;
+        const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * p.d;
         const int64_t row_off = (static_cast<int64_t>(b) * p.hq + h) * t;
-        load_tile<kBlk, D, kThreads>(s_q + st * kTile, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
-        load_tile<kBlk, D, kThreads>(s_do + st * kTile, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, tid);
+        load_tile<kBlk, D, kThreads>(s_q + st * kTile, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, p.d, tid);
+        load_tile<kBlk, D, kThreads>(s_do + st * kTile, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, p.d, tid);
         if (tid < kBlk)
             load_row_f32(s_lse + st * kBlk, p.lse + row_off, m0, t, tid);
         else if (tid < 2 * kBlk)
@@ -119,8 +120,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
     };
 
     if (iters > 0) {  // else a prefix block no query sees: nothing to load, dK = dV = 0
-        load_tile<kBlk, D, kThreads>(s_k, static_cast<const bf16*>(p.k) + kv_off, krs, n0, tk, tid);
-        load_tile<kBlk, D, kThreads>(s_v, static_cast<const bf16*>(p.v) + kv_off, krs, n0, tk, tid);
+        load_tile<kBlk, D, kThreads>(s_k, static_cast<const bf16*>(p.k) + kv_off, krs, n0, tk, p.d, tid);
+        load_tile<kBlk, D, kThreads>(s_v, static_cast<const bf16*>(p.v) + kv_off, krs, n0, tk, p.d, tid);
         issue(0, 0);
     }
     cp_async_commit();
@@ -191,6 +192,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dkdv_kernel(const AttnP
         bf16* vrow = dvg + key * krs + (lane % 4) * 2;
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
+            if (i * 8 >= p.d) continue;  // the tile's zero padding past the head dim
             *reinterpret_cast<uint32_t*>(krow + i * 8) = pack_bf16(dk[i][2 * r] * p.scale, dk[i][2 * r + 1] * p.scale);
             *reinterpret_cast<uint32_t*>(vrow + i * 8) = pack_bf16(dv[i][2 * r], dv[i][2 * r + 1]);
         }
@@ -209,9 +211,9 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest rows first
     const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t, tk = p.tk;
-    const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
-    const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * D;
-    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
+    const int64_t qrs = static_cast<int64_t>(p.hq) * p.d, krs = static_cast<int64_t>(p.hkv) * p.d;
+    const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * p.d;
+    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * p.d;
     const bf16* kg = static_cast<const bf16*>(p.k) + kv_off;
     const bf16* vg = static_cast<const bf16*>(p.v) + kv_off;
     const int m0 = m_block * kBlk, last_row = min(m0 + kBlk, t) - 1;
@@ -221,10 +223,10 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
     const int n_blocks = kCausal ? attn_mask::end_key_block(p, last_row, kBlk) : bhi.last / kBlk + 1;
     const float scale_log2 = p.scale * kLog2e;
 
-    load_tile<kBlk, D, kThreads>(s_q, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
-    load_tile<kBlk, D, kThreads>(s_do, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, tid);
-    load_tile<kBlk, D, kThreads>(s_k, kg, krs, j0 * kBlk, tk, tid);
-    load_tile<kBlk, D, kThreads>(s_v, vg, krs, j0 * kBlk, tk, tid);
+    load_tile<kBlk, D, kThreads>(s_q, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, p.d, tid);
+    load_tile<kBlk, D, kThreads>(s_do, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, p.d, tid);
+    load_tile<kBlk, D, kThreads>(s_k, kg, krs, j0 * kBlk, tk, p.d, tid);
+    load_tile<kBlk, D, kThreads>(s_v, vg, krs, j0 * kBlk, tk, p.d, tid);
     cp_async_commit();
 
     const int row0 = m0 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
@@ -252,8 +254,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
     for (int j = j0; j < n_blocks; ++j) {
         const int st = (j - j0) & 1;
         if (j + 1 < n_blocks) {
-            load_tile<kBlk, D, kThreads>(s_k + (st ^ 1) * kTile, kg, krs, (j + 1) * kBlk, tk, tid);
-            load_tile<kBlk, D, kThreads>(s_v + (st ^ 1) * kTile, vg, krs, (j + 1) * kBlk, tk, tid);
+            load_tile<kBlk, D, kThreads>(s_k + (st ^ 1) * kTile, kg, krs, (j + 1) * kBlk, tk, p.d, tid);
+            load_tile<kBlk, D, kThreads>(s_v + (st ^ 1) * kTile, vg, krs, (j + 1) * kBlk, tk, p.d, tid);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -291,7 +293,9 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_dq_kernel(const AttnPar
         bf16* qrow = dqg + row * qrs + (lane % 4) * 2;
 #pragma unroll
         for (int i = 0; i < D / 8; ++i)
-            *reinterpret_cast<uint32_t*>(qrow + i * 8) = pack_bf16(dq[i][2 * r] * p.scale, dq[i][2 * r + 1] * p.scale);
+            if (i * 8 < p.d)
+                *reinterpret_cast<uint32_t*>(qrow + i * 8) =
+                    pack_bf16(dq[i][2 * r] * p.scale, dq[i][2 * r + 1] * p.scale);
     }
 }
 

@@ -1,4 +1,5 @@
-// Flash-attention backward on Hopper warpgroup MMA (wgmma, sm_90a), bf16 with D in {64, 128}: the two deterministic
+// Flash-attention backward on Hopper warpgroup MMA (wgmma, sm_90a), bf16 with D a multiple of 8 up to 128 (tiles of
+// 64 or 128 columns, flash_tile_d; the padding columns are zero and not stored): the two deterministic
 // kernels of flash_bwd.cu (dq per query block, which here also computes delta = rowsum(dO * O) and writes it out;
 // then dk/dv per key block looping over the group's query heads and query blocks in a fixed order), each a thread
 // block of one warpgroup over 64 rows, with blocks of 64 on the other side. S^T = K Q^T and dP^T = V dO^T (dk/dv), S =
@@ -113,8 +114,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int n_block = blockIdx.x, kh = blockIdx.y, b = blockIdx.z, t = p.t, tk = p.tk;
     const int group = p.hq / p.hkv;
-    const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
-    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
+    const int64_t qrs = static_cast<int64_t>(p.hq) * p.d, krs = static_cast<int64_t>(p.hkv) * p.d;
+    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * p.d;
     const int n0 = n_block * kBlk;
     int first_q, end_q;
     attn_mask::query_blocks(p, b, n0, kBlk, kBlk, &first_q, &end_q);
@@ -123,10 +124,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
 
     auto issue = [&](int it, int st) {
         const int h = kh * group + it / q_blocks, m0 = (first_q + it % q_blocks) * kBlk;
-        const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * D;
+        const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * p.d;
         const int64_t row_off = (static_cast<int64_t>(b) * p.hq + h) * t;
-        load_tile_sw<kBlk, D, kThreads>(s_q + st * kTile, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
-        load_tile_sw<kBlk, D, kThreads>(s_do + st * kTile, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, tid);
+        load_tile_sw<kBlk, D, kThreads>(s_q + st * kTile, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, p.d, tid);
+        load_tile_sw<kBlk, D, kThreads>(
+            s_do + st * kTile, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, p.d, tid);
         if (tid < kBlk)
             cp_async4_zfill(
                 smem_u32(s_lse + st * kBlk + tid), p.lse + row_off + (m0 + tid < t ? m0 + tid : 0), m0 + tid < t);
@@ -137,8 +139,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
     };
 
     if (iters > 0) {  // else a prefix block no query sees: nothing to load, dK = dV = 0
-        load_tile_sw<kBlk, D, kThreads>(s_k, static_cast<const bf16*>(p.k) + kv_off, krs, n0, tk, tid);
-        load_tile_sw<kBlk, D, kThreads>(s_v, static_cast<const bf16*>(p.v) + kv_off, krs, n0, tk, tid);
+        load_tile_sw<kBlk, D, kThreads>(s_k, static_cast<const bf16*>(p.k) + kv_off, krs, n0, tk, p.d, tid);
+        load_tile_sw<kBlk, D, kThreads>(s_v, static_cast<const bf16*>(p.v) + kv_off, krs, n0, tk, p.d, tid);
         issue(0, 0);
     }
     cp_async_commit();
@@ -216,6 +218,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
         bf16* vrow = dvg + key * krs + (lane % 4) * 2;
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
+            if (i * 8 >= p.d) continue;  // the tile's zero padding past the head dim
             *reinterpret_cast<uint32_t*>(krow + i * 8) = pack_bf16(dk[i][2 * r] * p.scale, dk[i][2 * r + 1] * p.scale);
             *reinterpret_cast<uint32_t*>(vrow + i * 8) = pack_bf16(dv[i][2 * r], dv[i][2 * r + 1]);
         }
@@ -237,9 +240,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest rows first
     const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t, tk = p.tk;
-    const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
-    const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * D;
-    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
+    const int64_t qrs = static_cast<int64_t>(p.hq) * p.d, krs = static_cast<int64_t>(p.hkv) * p.d;
+    const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * p.d;
+    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * p.d;
     const bf16* kg = static_cast<const bf16*>(p.k) + kv_off;
     const bf16* vg = static_cast<const bf16*>(p.v) + kv_off;
     const int m0 = m_block * kBlk, last_row = min(m0 + kBlk, t) - 1;
@@ -249,25 +252,27 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
     const int n_blocks = kCausal ? attn_mask::end_key_block(p, last_row, kBlk) : bhi.last / kBlk + 1;
     const float scale_log2 = p.scale * kLog2e;
 
-    load_tile_sw<kBlk, D, kThreads>(s_q, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, tid);
-    load_tile_sw<kBlk, D, kThreads>(s_do, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, tid);
-    load_tile_sw<kBlk, D, kThreads>(s_k, kg, krs, j0 * kBlk, tk, tid);
-    load_tile_sw<kBlk, D, kThreads>(s_v, vg, krs, j0 * kBlk, tk, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_q, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, p.d, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_do, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, p.d, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_k, kg, krs, j0 * kBlk, tk, p.d, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_v, vg, krs, j0 * kBlk, tk, p.d, tid);
     cp_async_commit();
 
-    // delta = rowsum(dO * O) of this block's rows, two threads a row (halves of D) from global memory, kept in shared
-    // memory and written out for the dk/dv kernel, which runs after this one.
+    // delta = rowsum(dO * O) of this block's rows, two threads a row (alternate 8-column pieces of the p.d columns)
+    // from global memory, kept in shared memory and written out for the dk/dv kernel, which runs after this one.
     const int64_t row_off = (static_cast<int64_t>(b) * p.hq + h) * t;
     float* s_delta = reinterpret_cast<float*>(smem + (base + 6 * kTile - smem_u32(smem)));  // [kBlk]
     {
-        const int r = tid / 2, c0 = (tid % 2) * (D / 2);
+        const int r = tid / 2;
         float acc = 0.0f;
         if (m0 + r < t) {
-            const int64_t off = q_off + static_cast<int64_t>(m0 + r) * qrs + c0;
+            const int64_t off = q_off + static_cast<int64_t>(m0 + r) * qrs;
             const uint4* og = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.out) + off);
             const uint4* dg = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.dout) + off);
 #pragma unroll
-            for (int i = 0; i < D / 16; ++i) {
+            for (int k = 0; k < D / 16; ++k) {
+                const int i = 2 * k + tid % 2;  // the piece of columns [8 i, 8 i + 8)
+                if (i * 8 >= p.d) break;
                 const uint4 ov = og[i], dv = dg[i];
                 const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
 #pragma unroll
@@ -314,8 +319,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
         fence_proxy_async();
         __syncthreads();  // block j is in shared memory, and the products of block j - 1 are done
         if (j + 1 < n_blocks) {
-            load_tile_sw<kBlk, D, kThreads>(s_k + (st ^ 1) * kTile, kg, krs, (j + 1) * kBlk, tk, tid);
-            load_tile_sw<kBlk, D, kThreads>(s_v + (st ^ 1) * kTile, vg, krs, (j + 1) * kBlk, tk, tid);
+            load_tile_sw<kBlk, D, kThreads>(s_k + (st ^ 1) * kTile, kg, krs, (j + 1) * kBlk, tk, p.d, tid);
+            load_tile_sw<kBlk, D, kThreads>(s_v + (st ^ 1) * kTile, vg, krs, (j + 1) * kBlk, tk, p.d, tid);
         }
         cp_async_commit();
         const uint32_t sk = s_k + st * kTile, sv = s_v + st * kTile;
@@ -363,7 +368,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
         bf16* qrow = dqg + row * qrs + (lane % 4) * 2;
 #pragma unroll
         for (int i = 0; i < D / 8; ++i)
-            *reinterpret_cast<uint32_t*>(qrow + i * 8) = pack_bf16(dq[i][2 * r] * p.scale, dq[i][2 * r + 1] * p.scale);
+            if (i * 8 < p.d)
+                *reinterpret_cast<uint32_t*>(qrow + i * 8) =
+                    pack_bf16(dq[i][2 * r] * p.scale, dq[i][2 * r + 1] * p.scale);
     }
 #else
     __trap();  // built without sm_90a; flash_wgmma_supported() keeps this from launching

@@ -1,17 +1,18 @@
-// Fast (non-deterministic) flash-attention backward on Hopper warpgroup MMA (wgmma, sm_90a), bf16 with D in
-// {64, 128}, in the manner of FlashAttention-2/3: 5 matmuls. One thread block per 128 keys: two consumer warpgroups (64
-// keys each) loop over the GQA group's query heads and the query blocks of 64: S^T = K Q^T and dP^T = V dO^T read both
-// operands from swizzled shared memory, dV += P^T dO and dK += dS^T Q take P^T and dS^T from registers, and dS^T goes
-// to shared memory, from which dQ = dS K (each warpgroup half of D, over all 128 keys) is computed. The dQ block goes
-// to a double-buffered shared chunk, and a third warpgroup (few registers) adds it to an fp32 buffer with one bulk
-// reduction (cp.reduce.async.bulk .add.f32, 32 KB) from one thread, so the consumers never wait on the global adds;
-// the sum's order depends on scheduling. The same warpgroup loads: K, V, and each query block's Q and dO with TMA
-// into kStages-deep rings guarded by mbarriers (lse and delta by one warp), so the consumers meet only once per query
-// block, where each needs the other's dS^T rows (double-buffered). A pre-kernel computes delta = rowsum(dO * O); a
-// post-kernel writes dq = buffer * scale in bf16. attention.cu runs it when core::exec().deterministic is off
-// (docs/PERFORMANCE.md has the figures). With a key prefix (Tk > T) the key blocks cover all Tk keys, a block no query
-// sees writing zeros, and the edge tests compare positions (attention_mask.cuh). Bidirectional attention
-// (AttnParams::causal false) is a second instantiation of the kernel (kCausal false).
+// Fast (non-deterministic) flash-attention backward on Hopper warpgroup MMA (wgmma, sm_90a), bf16 with D a
+// multiple of 8 up to 128 (tiles of 64 or 128 columns, flash_tile_d; TMA zero-fills past the head dim), in the manner
+// of FlashAttention-2/3: 5 matmuls. One thread block per 128 keys: two consumer warpgroups (64 keys each) loop over the
+// GQA group's query heads and the query blocks of 64: S^T = K Q^T and dP^T = V dO^T read both operands from swizzled
+// shared memory, dV += P^T dO and dK += dS^T Q take P^T and dS^T from registers, and dS^T goes to shared memory, from
+// which dQ = dS K (each warpgroup half of D, over all 128 keys) is computed. The dQ block goes to a double-buffered
+// shared chunk, and a third warpgroup (few registers) adds it to an fp32 buffer with one bulk reduction
+// (cp.reduce.async.bulk .add.f32, 32 KB) from one thread, so the consumers never wait on the global adds; the sum's
+// order depends on scheduling. The same warpgroup loads: K, V, and each query block's Q and dO with TMA into
+// kStages-deep rings guarded by mbarriers (lse and delta by one warp), so the consumers meet only once per query block,
+// where each needs the other's dS^T rows (double-buffered). A pre-kernel computes delta = rowsum(dO * O); a post-kernel
+// writes dq = buffer * scale in bf16. attention.cu runs it when core::exec().deterministic is off (docs/PERFORMANCE.md
+// has the figures). With a key prefix (Tk > T) the key blocks cover all Tk keys, a block no query sees writing zeros,
+// and the edge tests compare positions (attention_mask.cuh). Bidirectional attention (AttnParams::causal false) is a
+// second instantiation of the kernel (kCausal false).
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
@@ -132,8 +133,8 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
     // 4.21 at B=8, T=4096, H=16, D=128); key block 0 (the most query blocks) starts first.
     const int n_block = blockIdx.x, kh = blockIdx.y % p.hkv, b = blockIdx.y / p.hkv, t = p.t, tk = p.tk;
     const int group = p.hq / p.hkv;
-    const int64_t krs = static_cast<int64_t>(p.hkv) * D;
-    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
+    const int64_t krs = static_cast<int64_t>(p.hkv) * p.d;
+    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * p.d;
     const int n0 = n_block * kBN;
     // The query blocks from the diagonal (row 0 for a prefix key) to the key block's last viewer (attention_mask.cuh);
     // none for a prefix block no query sees, whose dK and dV are then zeros.
@@ -321,6 +322,7 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
         bf16* vrow = dvg + key * krs + (lane % 4) * 2;
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
+            if (i * 8 >= p.d) continue;  // the tile's zero padding past the head dim
             *reinterpret_cast<uint32_t*>(krow + i * 8) = pack_bf16(dk[i][2 * r] * p.scale, dk[i][2 * r + 1] * p.scale);
             *reinterpret_cast<uint32_t*>(vrow + i * 8) = pack_bf16(dv[i][2 * r], dv[i][2 * r + 1]);
         }
@@ -330,7 +332,7 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
 #endif
 }
 
-// delta[b, h, i] = rowsum(dO * O) of row (b, i, h), D / 8 threads a row (8 elements each).
+// delta[b, h, i] = rowsum(dO * O) of row (b, i, h), D / 8 threads a row (8 elements each; those past p.d add 0).
 template <int D>
 __global__ void flash_bwd_fast_pre_kernel(const AttnParams p, int64_t rows) {
     constexpr int kPerRow = D / 8;
@@ -338,8 +340,8 @@ __global__ void flash_bwd_fast_pre_kernel(const AttnParams p, int64_t rows) {
     const int64_t row = g / kPerRow;
     const int c = static_cast<int>(g % kPerRow) * 8;
     float acc = 0.0f;
-    if (row < rows) {
-        const int64_t off = row * D + c;
+    if (row < rows && c < p.d) {
+        const int64_t off = row * p.d + c;
         const uint4 ov = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.out) + off);
         const uint4 dv = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.dout) + off);
         const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
@@ -376,10 +378,11 @@ __global__ void flash_bwd_fast_post_kernel(const AttnParams p, int64_t n4, int m
     const int col = wg * (D / kWarpgroups) + i * 8 + (tw % 4) * 2;
     const int h = static_cast<int>(bh % p.hq);
     const int64_t bb = bh / p.hq;
-    bf16* out = static_cast<bf16*>(p.dq) + ((bb * p.t + row) * p.hq + h) * D + col;
+    if (col >= p.d) return;  // the tile's zero padding past the head dim
+    bf16* out = static_cast<bf16*>(p.dq) + ((bb * p.t + row) * p.hq + h) * p.d + col;
     if (row < p.t) *reinterpret_cast<uint32_t*>(out) = pack_bf16(x.x * p.scale, x.y * p.scale);
     if (row + 8 < p.t)
-        *reinterpret_cast<uint32_t*>(out + 8 * static_cast<int64_t>(p.hq) * D) =
+        *reinterpret_cast<uint32_t*>(out + 8 * static_cast<int64_t>(p.hq) * p.d) =
             pack_bf16(x.z * p.scale, x.w * p.scale);
 }
 
@@ -403,10 +406,10 @@ void launch_bwd_fast(const AttnParams& p) {
     MT_CUDA_CHECK(cudaGetLastError());
     const dim3 grid(static_cast<unsigned>((p.tk + 64 * kWarpgroups - 1) / (64 * kWarpgroups)),
                     static_cast<unsigned>(p.b * p.hkv));
-    const CUtensorMap tm_q = make_bthd_tensor_map(p.q, p.b, p.t, p.hq, D, kBM);
-    const CUtensorMap tm_do = make_bthd_tensor_map(p.dout, p.b, p.t, p.hq, D, kBM);
-    const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.tk, p.hkv, D, 64 * kWarpgroups);
-    const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.tk, p.hkv, D, 64 * kWarpgroups);
+    const CUtensorMap tm_q = make_bthd_tensor_map(p.q, p.b, p.t, p.hq, p.d, kBM);
+    const CUtensorMap tm_do = make_bthd_tensor_map(p.dout, p.b, p.t, p.hq, p.d, kBM);
+    const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.tk, p.hkv, p.d, 64 * kWarpgroups);
+    const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.tk, p.hkv, p.d, 64 * kWarpgroups);
     flash_bwd_fast_wgmma_kernel<D, kCausal>
         <<<grid, 128 * (kWarpgroups + 1), smem, core::exec_stream()>>>(tm_q, tm_k, tm_v, tm_do, p);
     MT_CUDA_CHECK(cudaGetLastError());
@@ -420,7 +423,7 @@ void launch_bwd_fast(const AttnParams& p) {
 }  // namespace
 
 size_t flash_bwd_wgmma_fast_accum_floats(const AttnParams& p) {
-    return static_cast<size_t>(p.b) * p.hq * ((p.t + kBM - 1) / kBM) * kBM * p.d;
+    return static_cast<size_t>(p.b) * p.hq * ((p.t + kBM - 1) / kBM) * kBM * flash_tile_d(p.d);
 }
 
 void flash_bwd_wgmma_fast(const AttnParams& p) {

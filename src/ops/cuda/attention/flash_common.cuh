@@ -20,13 +20,13 @@ namespace mt::ops::cuda::flash {
 
 using bf16 = __nv_bfloat16;
 
-// Calls launch(d, causal) with the head dim (64 or 128) and the mask kind (causal or bidirectional) as types
-// (std::integral_constant): each flash kernel is instantiated for both, so the causal one carries no bidirectional
-// test and the bidirectional one no causal one.
+// Calls launch(d, causal) with the tile width (64 or 128, flash_tile_d) and the mask kind (causal or bidirectional)
+// as types (std::integral_constant): each flash kernel is instantiated for both, so the causal one carries no
+// bidirectional test and the bidirectional one no causal one.
 template <typename Launch>
 void launch_flash(const AttnParams& p, Launch&& launch) {
     auto with_d = [&](auto causal) {
-        if (p.d == 64)
+        if (flash_tile_d(p.d) == 64)
             launch(std::integral_constant<int, 64>{}, causal);
         else
             launch(std::integral_constant<int, 128>{}, causal);
@@ -39,18 +39,19 @@ void launch_flash(const AttnParams& p, Launch&& launch) {
 
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Loads rows [r0, r0 + ROWS) of a [t, D] matrix (row stride rs elements) into shared [ROWS][D + 8] with cp.async;
-// rows >= t are zero-filled.
+// Loads rows [r0, r0 + ROWS) of a [t, cols] matrix (row stride rs elements, cols <= D a multiple of 8) into shared
+// [ROWS][D + 8] with cp.async; rows >= t and columns >= cols are zero-filled (a head dim below the tile width: the
+// zero columns add nothing to Q K^T and give zero output columns, which are not stored).
 template <int ROWS, int D, int THREADS>
-__device__ __forceinline__ void load_tile(bf16* s, const bf16* g, int64_t rs, int r0, int t, int tid) {
+__device__ __forceinline__ void load_tile(bf16* s, const bf16* g, int64_t rs, int r0, int t, int cols, int tid) {
     constexpr int kChunksPerRow = D / 8, kChunks = ROWS * kChunksPerRow, kLds = D + 8;
     static_assert(kChunks % THREADS == 0, "the tile must split evenly over the threads");
 #pragma unroll
     for (int i = 0; i < kChunks / THREADS; ++i) {
         const int c = tid + i * THREADS;
         const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-        const bool valid = r0 + r < t;
-        const bf16* src = g + static_cast<int64_t>(valid ? r0 + r : 0) * rs + col;
+        const bool valid = r0 + r < t && col < cols;
+        const bf16* src = valid ? g + static_cast<int64_t>(r0 + r) * rs + col : g;
         cp_async16_zfill(smem_u32(s + r * kLds + col), src, valid);
     }
 }
@@ -82,7 +83,8 @@ __device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&acc)[N][4
 }
 
 // O / l in bf16 and the log-sum-exp (natural log) of this thread's two rows; with p.max_logit, also their row max
-// (row_max holds the scaled scores' max in base 2, so times ln 2).
+// (row_max holds the scaled scores' max in base 2, so times ln 2). Columns from p.d (the tile's zero padding) are not
+// stored.
 template <int D>
 __device__ __forceinline__ void store_output(const AttnParams& p,
                                              const float (&o)[D / 8][4],
@@ -93,8 +95,8 @@ __device__ __forceinline__ void store_output(const AttnParams& p,
                                              int row0,
                                              int lane) {
     const int t = p.t;
-    const int64_t qrs = static_cast<int64_t>(p.hq) * D;
-    bf16* og = static_cast<bf16*>(p.out_w) + (static_cast<int64_t>(b) * t * p.hq + h) * D;
+    const int64_t qrs = static_cast<int64_t>(p.hq) * p.d;
+    bf16* og = static_cast<bf16*>(p.out_w) + (static_cast<int64_t>(b) * t * p.hq + h) * p.d;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float l = row_sum[r];
@@ -105,7 +107,8 @@ __device__ __forceinline__ void store_output(const AttnParams& p,
         bf16* orow = og + row * qrs + (lane % 4) * 2;
 #pragma unroll
         for (int i = 0; i < D / 8; ++i)
-            *reinterpret_cast<uint32_t*>(orow + i * 8) = pack_bf16(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
+            if (i * 8 < p.d)
+                *reinterpret_cast<uint32_t*>(orow + i * 8) = pack_bf16(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
         if (lane % 4 != 0) continue;
         const int64_t at = (static_cast<int64_t>(b) * p.hq + h) * t + row;
         p.lse[at] = (row_max[r] + log2f(l)) * kLn2;

@@ -1,4 +1,5 @@
-// Flash-attention forward (FlashAttention-2 algorithm) on tensor cores, bf16 with D in {64, 128}: one thread block
+// Flash-attention forward (FlashAttention-2 algorithm) on tensor cores, bf16 with D a multiple of 8 up to 128 (on tiles
+// of 64 or 128 columns, flash_tile_d): one thread block
 // per (query block of kBM rows, query head, batch row); each warp owns 16 query rows and keeps its output rows in
 // fp32 registers while it walks the key blocks from its first row's first key (attention_mask.cuh) up to the diagonal
 // (the block holding its last row's position; with a key prefix of Tk - T keys, query i sits at position Tk - T + i).
@@ -38,10 +39,11 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest rows first
     const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t, tk = p.tk;
-    const int64_t qrs = static_cast<int64_t>(p.hq) * D, krs = static_cast<int64_t>(p.hkv) * D;
-    const bf16* qg = static_cast<const bf16*>(p.q) + (static_cast<int64_t>(b) * t * p.hq + h) * D;
-    const bf16* kg = static_cast<const bf16*>(p.k) + (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
-    const bf16* vg = static_cast<const bf16*>(p.v) + (static_cast<int64_t>(b) * tk * p.hkv + kh) * D;
+    const int dh = p.d;  // the tensors' head dim (<= D, the tile width)
+    const int64_t qrs = static_cast<int64_t>(p.hq) * dh, krs = static_cast<int64_t>(p.hkv) * dh;
+    const bf16* qg = static_cast<const bf16*>(p.q) + (static_cast<int64_t>(b) * t * p.hq + h) * dh;
+    const bf16* kg = static_cast<const bf16*>(p.k) + (static_cast<int64_t>(b) * tk * p.hkv + kh) * dh;
+    const bf16* vg = static_cast<const bf16*>(p.v) + (static_cast<int64_t>(b) * tk * p.hkv + kh) * dh;
     const int m0 = m_block * kBM;
     const int last_row = min(m0 + kBM, t) - 1;
     // Bidirectional: the block's first and last rows' last keys (and documents); causal: unused.
@@ -52,9 +54,9 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
     const int lo_last = attn_mask::active(p) ? attn_mask::key_lo(p, b, last_row) : 0;
     const float scale_log2 = p.scale * kLog2e;
 
-    load_tile<kBM, D, kThreads>(s_q, qg, qrs, m0, t, tid);
-    load_tile<kBN, D, kThreads>(s_k, kg, krs, j0 * kBN, tk, tid);
-    load_tile<kBN, D, kThreads>(s_v, vg, krs, j0 * kBN, tk, tid);
+    load_tile<kBM, D, kThreads>(s_q, qg, qrs, m0, t, dh, tid);
+    load_tile<kBN, D, kThreads>(s_k, kg, krs, j0 * kBN, tk, dh, tid);
+    load_tile<kBN, D, kThreads>(s_v, vg, krs, j0 * kBN, tk, dh, tid);
     cp_async_commit();
 
     float o[D / 8][4];
@@ -78,8 +80,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd_kernel(const AttnParams
     for (int j = j0; j < n_blocks; ++j) {
         if (j + 1 < n_blocks) {
             const int st = (j + 1 - j0) & 1;
-            load_tile<kBN, D, kThreads>(s_k + st * kBN * kLds, kg, krs, (j + 1) * kBN, tk, tid);
-            load_tile<kBN, D, kThreads>(s_v + st * kBN * kLds, vg, krs, (j + 1) * kBN, tk, tid);
+            load_tile<kBN, D, kThreads>(s_k + st * kBN * kLds, kg, krs, (j + 1) * kBN, tk, dh, tid);
+            load_tile<kBN, D, kThreads>(s_v + st * kBN * kLds, vg, krs, (j + 1) * kBN, tk, dh, tid);
         }
         cp_async_commit();
         cp_async_wait<1>();

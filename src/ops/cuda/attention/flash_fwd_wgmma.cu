@@ -1,4 +1,5 @@
-// Flash-attention forward on Hopper warpgroup MMA (wgmma, sm_90a), bf16 with D in {64, 128}: the algorithm of
+// Flash-attention forward on Hopper warpgroup MMA (wgmma, sm_90a), bf16 with D a multiple of 8 up to 128 (tiles of
+// 64 or 128 columns, flash_tile_d; TMA fills the columns past the head dim with zeros): the algorithm of
 // flash_fwd.cu with two consumer warpgroups per 128 query rows (64 rows each) and key blocks of 128. S = Q K^T is
 // m64n128k16 with Q and K read from swizzled shared memory; O += P V is m64nDk16 with P in registers and V read
 // transposed from shared memory; each warpgroup overlaps the softmax of one key block with the P V product of the
@@ -286,9 +287,9 @@ void launch_fwd_tma(const AttnParams& p) {
         return true;
     }();
     (void)configured;
-    const CUtensorMap tm_q = make_bthd_tensor_map(p.q, p.b, p.t, p.hq, D, kBM);
-    const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.tk, p.hkv, D, kBN);
-    const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.tk, p.hkv, D, kBN);
+    const CUtensorMap tm_q = make_bthd_tensor_map(p.q, p.b, p.t, p.hq, p.d, kBM);
+    const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.tk, p.hkv, p.d, kBN);
+    const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.tk, p.hkv, p.d, kBN);
     const dim3 grid((p.t + kBM - 1) / kBM, p.hq, p.b);
     flash_fwd_tma_kernel<D, kStages, kCausal><<<grid, kThreads + 128, smem, core::exec_stream()>>>(tm_q, tm_k, tm_v, p);
     MT_CUDA_CHECK(cudaGetLastError());
