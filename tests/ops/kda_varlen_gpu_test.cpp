@@ -1,7 +1,7 @@
 // The packed (varlen) document path of KDA on the GPU (KdaDocuments::packed, the CUDA default unless padding would
-// more than double a row; ops/kda.cpp, ops/cpu/kda_pack.h, the chunk_reset flags of the CUDA scans): out, st and every
-// gradient including ds0 against (a) the CPU f32 reference with the same document map (the per-document split), at
-// the budgets of the GPU KDA parity cases (tests/ops/kda_test.cpp: 1e-2 bf16, 1e-5 f32; dg with an rms floor of 1e-3
+// grow a row more than 16 times; ops/kda.cpp, ops/cpu/kda_pack.h, the chunk_reset flags of the CUDA scans): out, st and
+// every gradient including ds0 against (a) the CPU f32 reference with the same document map (the per-document split),
+// at the budgets of the GPU KDA parity cases (tests/ops/kda_test.cpp: 1e-2 bf16, 1e-5 f32; dg with an rms floor of 1e-3
 // and max-abs 40x, 60x in the layout whose comment says why), and (b) the old per-document CUDA path
 // (KdaDocuments::split). Layouts: documents shorter than a chunk, exactly a chunk, across chunk boundaries, one token
 // long, a row of one document (no reset), B = 2 with a different layout per row; s0, st and dst each defined and
@@ -146,16 +146,19 @@ TEST(GpuKdaVarlen, MatchesTheCpuReference) {
 // starts on a chunk boundary in both layouts, and a short last chunk reads zeros past T as padding does), so they
 // differ at most by the value tile the scans pick for B = 2 rows against one (the scans' sums do not depend on it):
 // budgets far below the CPU comparison's.
-// KdaDocuments::automatic packs unless padding would more than double the rows: 40 one-token documents in a row
-// of 128 (padded to 40 chunks of 64 plus the rest) split, bit for bit the split's results; documents of whole
-// chunks pack.
-TEST(GpuKdaVarlen, AutomaticSplitsWhenPaddingWouldMoreThanDouble) {
+// KdaDocuments::automatic packs unless padding would grow the rows more than 16 times: 40 one-token documents in a
+// row of 128 (padded to 40 chunks of 64 plus the rest: 20x) split, bit for bit the split's results; documents of
+// whole chunks pack, and so do documents of 12 tokens (11 chunks for 128 tokens: 5.5x, a caption-only row).
+TEST(GpuKdaVarlen, AutomaticSplitsOnlyWherePaddingWouldGrowRowsSixteenfold) {
     if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
     const KdaShape shape{1, 128, 1, 2, 64, 64};
     const KdaInputs in = kda_make_inputs(shape, KdaGateRegime::bounded, true, 72);
     Starts tiny = {{}};
     for (int64_t i = 0; i < 40; ++i) tiny[0].push_back(i);
-    for (const auto& [starts, packs] : {std::pair{tiny, false}, std::pair{Starts{{0, 64}}, true}}) {
+    Starts captions = {{}};
+    for (int64_t i = 0; i < shape.t; i += 12) captions[0].push_back(i);
+    for (const auto& [starts, packs] :
+         {std::pair{tiny, false}, std::pair{Starts{{0, 64}}, true}, std::pair{captions, true}}) {
         KdaOptions options;
         options.doc_start = mt::testing::doc_start_map(starts, shape.t);
         const Pass automatic = run(in, DType::bf16, core::Device::cuda, options, kUses[0]);
