@@ -580,31 +580,6 @@ void Model::moe_step_discard() {
     for (auto& [l, moe] : moe_layers()) moe->discard_step();
 }
 
-std::vector<SavedTensor> Model::saved_for_backward() {
-    std::vector<SavedTensor> saved = {{"embed_out", &x0_},
-                                      {"final_norm", &final_},
-                                      {"final_rstd", &final_rstd_},
-                                      {"logits", &logits_},
-                                      {"lse", &lse_}};
-    if (final_full_.defined()) saved.push_back({"final_norm_gathered", &final_full_});
-    if (attnres_)
-        for (auto& s : attnres_->saved_for_backward()) saved.push_back({"attnres." + s.name, s.tensor});
-    return saved;
-}
-
-size_t Model::saved_activation_bytes() {
-    size_t bytes = saved_bytes(saved_for_backward());
-    for (auto& b : blocks_)
-        bytes += saved_bytes(b->saved_for_backward()) + (b->output().defined() ? b->output().nbytes() : 0);
-    return bytes;
-}
-
-size_t Model::workspace_bytes() const {
-    size_t bytes = ws_.slot_bytes();
-    for (const Tensor* t : {&ws_.d_norm, &ws_.d_tmp}) bytes += t->defined() ? t->nbytes() : 0;
-    return bytes;
-}
-
 double Model::flops_per_token(int64_t seq) const {
     // Every 2-D weight but the input embedding is one multiply-add per token: the projections, the LM head, and
     // KDA's depthwise conv filters [C, W] (W taps per channel per token).
