@@ -48,9 +48,11 @@ Model::Model(const ModelConfig& cfg,
     if (embedding || (head && cfg.tie_embeddings))
         embed_ = table_.add(tp_split(
             {.name = "embed.weight", .shape = {cfg.vocab_size, cfg.d_model}, .init_std = cfg.init_std}, tp, 0));
-    // The vision tower sits with the embedding (the first stage), its parameters before every block's: the gradient
-    // hooks that report blocks complete never claim them before the splice's backward.
+    // The vision tower sits with the embedding (the chunk of layer 0: the first pipeline stage), its parameters before
+    // every block's: the gradient hooks that report blocks complete never claim them before the splice's backward, and
+    // the forward waits for them (ZeRO-1's gathers) with the embedding's.
     if (embedding && cfg.vision.enabled()) vision_ = std::make_unique<VisionEncoder>(table_, cfg.vision, cfg.d_model);
+    input_params_end_ = table_.size();
     std::vector<int64_t> layers;
     for (const auto& [first, last] : part_.chunks) {
         chunk_begin_.push_back(static_cast<int64_t>(layers.size()));
@@ -290,7 +292,7 @@ double Model::pass_forward() {
         if (params_needed_ && pass_ == 0) params_needed_(end);
     };
     // Under AttnRes the stack drives the blocks (and has parameters of its own): everything up front.
-    need(attnres_ ? all : embed_ + 1);
+    need(attnres_ ? all : input_params_end_);
     if (chunk_has_embedding(chunk_)) {
         core::TraceRange range(dev, "model.embed_fwd");
         // Vocab-parallel: each rank looks up the ids in its rows (zeros elsewhere) and the sum over tp completes it.

@@ -340,6 +340,7 @@ class Model {
     Tensor seq_input_, seq_output_, seq_input_grad_;
     ParamTable table_;
     int embed_ = -1, final_norm_ = -1, lm_head_ = -1;
+    int input_params_end_ = 0;  // the parameters the embedding's forward reads: the embedding's and the vision tower's
     std::vector<std::unique_ptr<Block>> blocks_;
     std::vector<int> block_first_param_;  // table index of each block's first parameter
     GradReadyHook grad_ready_;

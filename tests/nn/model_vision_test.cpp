@@ -1,8 +1,9 @@
 // Image + text through the whole model (multimodal.md §3 and §9 test 1): the projector's outputs replace the
 // embeddings of the <img_pad> slots (early fusion: the hybrid's KDA, attention, MoE and AttnRes layers see them as
 // tokens), the loss's gradient reaches the ViT and the projector through the splice (fp64 central differences), the
-// placeholder's embedding row gets no gradient from the slots, a text-only batch runs on a vision model, and a batch
-// whose image tokens do not match its images is refused.
+// placeholder's embedding row gets no gradient from the slots, a text-only batch runs on a vision model, a batch
+// whose image tokens do not match its images is refused, and the forward waits for the tower's parameters (ZeRO-1)
+// before it reads them.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -155,6 +156,29 @@ TEST(ModelVision, RefusesImageTokensThatDoNotMatchTheImages) {
     EXPECT_THROW(model.forward(b.ids, b.targets), core::Error);
     model.set_vision_batch({});  // no images at all for 8 slots
     EXPECT_THROW(model.forward(b.ids, b.targets), core::Error);
+}
+
+// ZeRO-1's parameter gathers are waited for as the forward reaches each parameter (Model::set_params_needed_hook). The
+// tower's parameters follow the embedding's in the table and are read right after the lookup: the first wait, before
+// the embedding, covers them (on a GPU a read before it races the gather; the CPU's gathers land early anyway).
+TEST(ModelVision, ForwardWaitsForTheTowersParametersWithTheEmbedding) {
+    ModelConfig cfg = tiny_multimodal();
+    cfg.attnres.mode = AttnResMode::off;  // under Block AttnRes the forward waits for every parameter up front
+    Model model(cfg, Precision::cpu(DType::f32));
+    model.params().initialize(5);
+    const Batch b = make_batch(cfg, DType::f32);
+    int tower_end = 0;
+    for (int i = 0; i < model.params().size(); ++i) {
+        const std::string& name = model.params().spec(i).name;
+        if (name.starts_with("vision.") || name.starts_with("projector.")) tower_end = i + 1;
+    }
+    EXPECT_GT(tower_end, 1);
+    std::vector<int> ends;
+    model.set_params_needed_hook([&](int end) { ends.push_back(end); });
+    model.set_vision_batch(b.images);
+    model.forward(b.ids, b.targets);
+    ASSERT_FALSE(ends.empty());
+    EXPECT_GE(ends.front(), tower_end);
 }
 
 }  // namespace
