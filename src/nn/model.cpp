@@ -271,7 +271,8 @@ void Model::begin_pass(int64_t batch, int64_t j, bool recompute, bool count_rout
     // states and caches belong to their own passes).
     const bool stats = count && layer_stats_.defined();
     const double kda_low = layer_stats_kda_low(cfg_);
-    if (attnres_) attnres_->set_layer_stats(stats ? layer_stats_ : Tensor());
+    pass_stats_ = stats ? layer_stats_ : Tensor();
+    if (attnres_) attnres_->set_layer_stats(pass_stats_);
     for (int64_t l = chunk_lo(); l < chunk_hi(); ++l) {
         Block& b = *blocks_[static_cast<size_t>(l)];
         const int64_t at = LayerStatsLayout{}.act(block_layer_[static_cast<size_t>(l)]);

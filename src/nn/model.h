@@ -95,7 +95,10 @@ class Model {
     // packed (multimodal.md §1). The batch's ids hold vision.image_token at exactly batch.num_tokens() places, whose
     // embeddings the projector's outputs replace in order, image after image in raster order (§3); their gradients
     // flow into the projector and the ViT. Kept until replaced; an empty batch (the default) is a text-only one.
-    // Refused with sequence segments, context, tensor or pipeline parallelism (not built yet).
+    // Under pipeline parallelism only the part holding the embedding has the tower (vision() is null elsewhere): its
+    // chunk of layer 0 encodes the images in every forward_chunk, re-runs included, and passes the gradient at the
+    // image slots into the projector and the ViT in its backward_chunk, so set the micro-batch's images before each
+    // forward_chunk of that chunk. Refused with sequence segments, context or tensor parallelism (not built yet).
     void set_vision_batch(VisionBatch batch);
     VisionEncoder* vision() {
         return vision_.get();
@@ -370,6 +373,7 @@ class Model {
     bool training_ = true;
     bool max_logit_per_step_ = false;  // set_max_logit_per_step
     Tensor layer_stats_;               // set_layer_stats
+    Tensor pass_stats_;                // the active pass's: layer_stats_ on a first training forward, else undefined
     Tensor seq_ids_, seq_targets_, seq_losses_;
     Documents seq_docs_;
     std::unique_ptr<VisionEncoder> vision_;  // the ViT and projector (first stage), or null

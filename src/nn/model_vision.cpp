@@ -18,8 +18,10 @@ void Model::set_vision_batch(VisionBatch batch) {
 }
 
 void Model::vision_prepare() {
+    // The tower belongs to the chunk of layer 0: another chunk's pass (pipeline parallelism) leaves its slots for that
+    // chunk's backward.
+    if (!vision_ || !chunk_has_embedding(chunk_)) return;
     vision_slots_ = Tensor();
-    if (!vision_) return;
     const int32_t image_token = static_cast<int32_t>(cfg_.vision.image_token);
     std::vector<int32_t> slots;
     const int32_t* ids = seq_ids_.data<int32_t>();
@@ -34,9 +36,9 @@ void Model::vision_prepare() {
              vision_batch_.grids.size(),
              vision_batch_.num_tokens());
     if (m == 0) return;
-    MT_CHECK(bounds_.size() == 2 && !cp_.active() && !tp_.active() && num_chunks() == 1,
-             "image batches run as one pass on one model part yet: not with sequence segments, context, tensor or "
-             "pipeline parallelism (docs/multimodal.md)");
+    MT_CHECK(bounds_.size() == 2 && !cp_.active() && !tp_.active(),
+             "image batches run as one pass of whole rows yet: not with sequence segments, context or tensor "
+             "parallelism (docs/multimodal.md)");
     Tensor host = Tensor::zeros({m}, core::DType::i32);
     std::copy(slots.begin(), slots.end(), host.data<int32_t>());
     vision_slots_ = precision_.device == core::Device::cpu ? host : host.to_device(precision_.device);
@@ -63,12 +65,13 @@ void Model::vision_forward() {
     const Tensor& tokens = vision_->forward(vision_batch_);
     ops::splice_rows_fwd(tokens, vision_slots_, x0_);
     // A metrics step: the scale of the image embeddings against the text's (multimodal.md §8), which catches a
-    // projector whose outputs drown or vanish beside the token embeddings.
-    if (layer_stats_.defined()) {
+    // projector whose outputs drown or vanish beside the token embeddings. Counted by a micro-batch's first forward
+    // only, not by a pipeline stage's re-run of it.
+    if (pass_stats_.defined()) {
         const int64_t at = layer_stats_layout(cfg_).splice();
-        ops::layer_stats_moments(tokens, 0.0, layer_stats_.slice(0, at, at + ops::kLayerStatsMoments));
+        ops::layer_stats_moments(tokens, 0.0, pass_stats_.slice(0, at, at + ops::kLayerStatsMoments));
         ops::layer_stats_moments(
-            x0_, 0.0, layer_stats_.slice(0, at + ops::kLayerStatsMoments, at + 2 * ops::kLayerStatsMoments));
+            x0_, 0.0, pass_stats_.slice(0, at + ops::kLayerStatsMoments, at + 2 * ops::kLayerStatsMoments));
     }
 }
 

@@ -287,14 +287,13 @@ void config_vision_validate(const JobConfig& c, const std::string& src) {
                         c.model.vocab_size,
                         v.layers));
     const auto& p = c.parallel;
-    if (p.tp > 1 || p.cp > 1 || p.pp > 1)
+    if (p.tp > 1 || p.cp > 1)
         bad(
-            fmt::format("vision.layers = {} with parallel.tp = {}, cp = {}, pp = {}: image batches run with data and "
-                        "expert parallelism only yet (docs/multimodal.md)",
+            fmt::format("vision.layers = {} with parallel.tp = {}, cp = {}: image batches run with data, expert and "
+                        "pipeline parallelism only yet (docs/multimodal.md)",
                         v.layers,
                         p.tp,
-                        p.cp,
-                        p.pp));
+                        p.cp));
     if (c.model.segments.enabled() || c.long_ctx.tokens_per_gpu > 0 || !c.long_ctx.stages.empty())
         bad("vision.layers > 0 with sequence segments or a [long] curriculum: image batches run as one pass yet "
             "(docs/multimodal.md)");

@@ -434,8 +434,7 @@ double Trainer::evaluate() {
         const int64_t b = round * p + data_rank();
         if (b >= t.eval_batches && mesh_->size(parallel::MeshAxis::ep) == 1) break;
         sampler.fill_sequential((b < t.eval_batches ? b : 0) * t.batch_size, t.batch_size, inputs_, targets_);
-        const double loss =
-            pipelined() ? pipeline_evaluate(inputs_, targets_) : model_->forward(inputs_, targets_, /*training=*/false);
+        const double loss = eval_forward({});  // text only
         if (b < t.eval_batches) sum += loss;
     }
     return dp_sum(sum) / static_cast<double>(t.eval_batches);

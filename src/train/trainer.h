@@ -476,6 +476,9 @@ class Trainer {
     // the controls of data.shapes.controls (multimodal.md §6).
     void images_setup();
     double evaluate_images();
+    // The eval forward of inputs_ / targets_ with their images (empty: text only), through the pipeline's stages when
+    // pipelined; the mean loss.
+    double eval_forward(const nn::VisionBatch& images);
     ShapesEval evaluate_shapes_view(ImageTextSource& source);
     // The fields of an eval line: val_loss, the bound and its ratio, exact match, and each control's.
     nlohmann::json image_eval_fields(double val) const;

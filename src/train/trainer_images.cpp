@@ -1,6 +1,6 @@
 // The trainer's image-text data (data.format = "shapes"; docs/multimodal.md): the generated train and val streams,
 // and the evaluation over the val split with its exact image-blind bound, greedy exact match and the controls of
-// multimodal.md §6.
+// multimodal.md §6 (under pipeline parallelism through the stages: the first encodes the images, the last scores).
 #include <fmt/format.h>
 
 #include "parallel/comm.h"
@@ -37,6 +37,7 @@ ShapesEval Trainer::evaluate_shapes_view(ImageTextSource& source) {
     double sum = 0.0, bound = 0.0;
     data::ShapesScore score;
     const int64_t p = data_size(), rounds = (t.eval_batches + p - 1) / p;
+    const bool head = model_->chunk_has_head(model_->num_chunks() - 1);
     model_->set_track_predictions(true);
     for (int64_t round = 0; round < rounds; ++round) {
         const int64_t b = round * p + data_rank();
@@ -44,11 +45,11 @@ ShapesEval Trainer::evaluate_shapes_view(ImageTextSource& source) {
         ImageTextStats stats;
         source.fill(
             (b < t.eval_batches ? b : 0) * t.batch_size, t.batch_size, inputs_, targets_, &eval_images_, &stats);
-        model_->set_vision_batch(eval_images_);
-        const double loss = model_->forward(inputs_, targets_, /*training=*/false);
+        const double loss = eval_forward(eval_images_);
         if (b >= t.eval_batches) continue;
         sum += loss;
         bound += stats.supervised > 0 ? stats.blind_nats / static_cast<double>(stats.supervised) : 0.0;
+        if (!head) continue;  // the predictions are the last pipeline stage's
         const core::Tensor& pred = model_->last_predictions();
         const core::Tensor host = pred.device() == core::Device::cpu ? pred : pred.to_device(core::Device::cpu);
         const int32_t* tp = targets_.data<int32_t>();
@@ -61,8 +62,13 @@ ShapesEval Trainer::evaluate_shapes_view(ImageTextSource& source) {
     model_->set_track_predictions(false);
     const auto batches = static_cast<double>(t.eval_batches);
     ShapesEval out{.loss = dp_sum(sum) / batches, .bound = dp_sum(bound) / batches, .score = {}};
-    // The counts are integers below 2^53, exact through the f64 sum.
-    auto total = [&](int64_t v) { return static_cast<int64_t>(dp_sum(static_cast<double>(v))); };
+    // The counts are integers below 2^53, exact through the f64 sums: over the data ranks, and under pipeline
+    // parallelism over the stages (only the last one scored).
+    auto total = [&](int64_t v) {
+        const double data = dp_sum(static_cast<double>(v));
+        return static_cast<int64_t>(
+            pipelined() ? parallel::comm_all_reduce_sum(mesh_->group(parallel::MeshGroup::pp), data) : data);
+    };
     out.score.samples = total(score.samples);
     out.score.exact = total(score.exact);
     for (int a = 0; a < data::kShapesAttributes; ++a) {
@@ -70,6 +76,11 @@ ShapesEval Trainer::evaluate_shapes_view(ImageTextSource& source) {
         out.score.attribute_correct[a] = total(score.attribute_correct[a]);
     }
     return out;
+}
+
+double Trainer::eval_forward(const nn::VisionBatch& images) {
+    if (model_->vision() != nullptr) model_->set_vision_batch(images);  // the first pipeline stage's tower, or the one
+    return pipelined() ? pipeline_evaluate(inputs_, targets_) : model_->forward(inputs_, targets_, /*training=*/false);
 }
 
 double Trainer::evaluate_images() {

@@ -24,8 +24,7 @@ double Trainer::evaluate_disk_images() {
         const int64_t b = round * p + data_rank();
         if (b >= t.eval_batches && mesh_->size(parallel::MeshAxis::ep) == 1) break;
         source.fill((b < t.eval_batches ? b : 0) * t.batch_size, t.batch_size, inputs_, targets_, &eval_images_);
-        model_->set_vision_batch(eval_images_);
-        const double loss = model_->forward(inputs_, targets_, /*training=*/false);
+        const double loss = eval_forward(eval_images_);
         if (b < t.eval_batches) sum += loss;
     }
     return dp_sum(sum) / static_cast<double>(t.eval_batches);

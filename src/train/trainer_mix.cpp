@@ -124,8 +124,7 @@ double Trainer::evaluate_mix() {
             if (b >= t.eval_batches && mesh_->size(parallel::MeshAxis::ep) == 1) break;
             mix_->fill_val(
                 k, (b < t.eval_batches ? b : 0) * t.batch_size, t.batch_size, inputs_, targets_, &eval_images_);
-            if (model_->vision()) model_->set_vision_batch(eval_images_);
-            const double loss = model_->forward(inputs_, targets_, /*training=*/false);
+            const double loss = eval_forward(eval_images_);
             if (b < t.eval_batches) sum += loss;
         }
         mix_eval_losses_.push_back(dp_sum(sum) / static_cast<double>(t.eval_batches));

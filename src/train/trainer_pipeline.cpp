@@ -12,6 +12,12 @@
 // upstream (attnres.md §7). Each rank keeps a carry per micro-batch in flight (nn::AttnResCarry) holding every
 // source it received or produced, and a hop sends only those the receiver lacks (attnres.pp_cache); the backward
 // sends the gradients of the same sources back once each.
+//
+// Image batches: the vision tower lives with the embedding, on the rank holding chunk 0 (the first stage). Every stage
+// reads the step's micro-batches (the same rows, with their images); the first stage hands micro-batch m's images to
+// the model before each forward of chunk 0 on m, its re-run included, so the splice and the backward into the
+// projector and the ViT always see m's images. Nothing about the images crosses a stage boundary: the later stages see
+// image embeddings as rows of the activation.
 #include <array>
 #include <chrono>
 #include <map>
@@ -156,6 +162,12 @@ double Trainer::pipeline_micro_batches(const std::vector<double>& weights, doubl
     std::map<std::pair<int64_t, int64_t>, core::Tensor> inputs;  // (chunk, micro) in flight: its input
     std::map<int64_t, nn::AttnResCarry> carries;                 // AttnRes: per micro-batch in flight
     std::pair<int64_t, int64_t> live{-1, -1};                    // whose activations the blocks hold
+    // Chunk 0's forward on micro-batch m (the first stage): m's images for the vision tower.
+    auto images_for = [&](int c, int64_t m) {
+        if (model_->vision() != nullptr && model_->chunk_has_embedding(c))
+            model_->set_vision_batch(m < std::ssize(step_images_) ? step_images_[static_cast<size_t>(m)]
+                                                                  : nn::VisionBatch{});
+    };
     double loss = 0.0;
     for (const parallel::PipeOp& op : parallel::pipeline_schedule(stages, stage, v, micros)) {
         const int c = static_cast<int>(op.chunk);
@@ -174,6 +186,7 @@ double Trainer::pipeline_micro_batches(const std::vector<double>& weights, doubl
                 input = recv(prev, pipe_tag(g, m, micros, 0), links.dtype);
             }
             const auto start = std::chrono::steady_clock::now();
+            images_for(c, m);
             const double l = model_->forward_chunk(c, ids, targets, input, true, false);
             computed += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             inputs[{c, m}] = input;
@@ -202,8 +215,10 @@ double Trainer::pipeline_micro_batches(const std::vector<double>& weights, doubl
             d_output = recv(next, pipe_tag(g, m, micros, 1), links.dtype);
         }
         const auto start = std::chrono::steady_clock::now();
-        if (live != std::pair<int64_t, int64_t>{c, m})
+        if (live != std::pair<int64_t, int64_t>{c, m}) {
+            images_for(c, m);
             model_->forward_chunk(c, ids, targets, inputs.at({c, m}), true, /*recompute=*/true);
+        }
         model_->backward_chunk(grad_scale * weights[static_cast<size_t>(m)], d_output);
         computed += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         live = {-1, -1};  // the backward frees what the recompute policies drop
@@ -247,7 +262,8 @@ double Trainer::pipeline_micro_batches(const std::vector<double>& weights, doubl
 }
 
 double Trainer::pipeline_evaluate(const core::Tensor& ids, const core::Tensor& targets) {
-    // Every chunk in model order: each stage receives, runs and sends on, the last one computes the loss.
+    // Every chunk in model order: each stage receives, runs and sends on, the last one computes the loss. The first
+    // stage's vision tower encodes the images the caller set (eval_forward).
     const PipeLinks links = pipe_links();
     parallel::Comm& comm = *links.comm;
     const int64_t stages = mesh_->size(parallel::MeshAxis::pp), stage = mesh_->coord(parallel::MeshAxis::pp);

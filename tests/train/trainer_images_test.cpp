@@ -116,7 +116,7 @@ TEST(TrainerImages, ConfigRefusesWhatImageBatchesDoNotSupport) {
     refused({"vision.image_token=4"}, "vision.image_token");
     refused({"model.vocab_size=40"}, "model.vocab_size");
     refused({"parallel.tp=2"}, "parallel.tp");
-    refused({"parallel.pp=2"}, "pp");
+    refused({"parallel.cp=2"}, "cp");
     refused({"vision.heads=3"}, "vision.heads");
     refused({"vision.pos=\"sincos\""}, "vision.pos");
     refused({"vision.pos=\"learned\"", "vision.pos_grid=0"}, "vision.pos_grid");
