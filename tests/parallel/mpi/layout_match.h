@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,15 +59,27 @@ inline double worst_param_difference(train::Trainer& single, train::Trainer& par
     return std::sqrt(diff_sq / norm_sq);
 }
 
+// The job of a run directory with the given overrides (both runs of a layout check); empty: mpi_job on the tiny token
+// data.
+using LayoutJob = std::function<train::JobConfig(const std::string& run_dir, const std::vector<std::string>& keys)>;
+
 // Trains the one-process run and the layout side by side for `steps` steps; expects equal losses, gradient norms
 // and final parameters (param_tol > 0: the parameters within it for any layout, data parallelism alone included).
-inline void expect_layout_matches(
-    const std::string& name, const Layout& l, std::vector<std::string> model, int steps, double param_tol = 0.0) {
+inline void expect_layout_matches(const std::string& name,
+                                  const Layout& l,
+                                  std::vector<std::string> model,
+                                  int steps,
+                                  double param_tol = 0.0,
+                                  LayoutJob job = {}) {
     const int n = dist_world().size();
     // Micro-batches per rank (the interleaved schedule needs a multiple of the stages), and the ranks that read
     // different batches.
     const int64_t ga = l.virtual_stages > 1 ? std::max(2, l.pp) : 2, data = l.dp * l.ep;
-    const std::string dir = shared_dir(name), data_path = data_dir();
+    const std::string dir = shared_dir(name);
+    if (!job)
+        job = [data_path = data_dir()](const std::string& run_dir, const std::vector<std::string>& keys) {
+            return mpi_job(data_path, run_dir, keys);
+        };
     auto self = comm_make_self();
     std::vector<std::string> one = model, par = model;
     one.insert(one.end(), {"train.grad_accum=" + std::to_string(ga * data), "parallel.dp=1"});
@@ -82,8 +95,8 @@ inline void expect_layout_matches(
                 std::string("parallel.sequence_parallel=") + (l.sp ? "true" : "false"),
                 "train.steps=" + std::to_string(steps)});
     one.push_back("train.steps=" + std::to_string(steps));
-    train::Trainer single(mt::testing::mpi_job(data_path, dir + "/single", one), false, self.get());
-    train::Trainer tp(mt::testing::mpi_job(data_path, dir + "/par", par), false);
+    train::Trainer single(job(dir + "/single", one), false, self.get());
+    train::Trainer tp(job(dir + "/par", par), false);
     ASSERT_EQ(tp.tokens_per_step(), single.tokens_per_step());
     ASSERT_EQ(tp.data_size(), n / (l.tp * l.pp * l.cp));
     double worst_loss = 0.0, worst_norm = 0.0;

@@ -43,6 +43,23 @@ inline train::JobConfig mpi_job(const std::string& data,
     return tiny_job(data, overrides);
 }
 
+// A small configs/shapes_tiny.toml (the MPI tests have no source dir to read it from): image + text rows of the
+// generated shapes set (stage 1), a 2-layer LM of width 32 with tied embeddings, the test ViT of
+// tiny_vision_overrides, one thread, 10 steps of batch 1 x 192 tokens, 4 eval batches, in run_dir; overrides last.
+inline train::JobConfig mpi_shapes_job(const std::string& run_dir, std::vector<std::string> overrides) {
+    const std::string toml = "[run]\ndir = \"" + run_dir +
+                             "\"\nseed = 1234\ndevice = \"cpu\"\nthreads = 1\n"
+                             "[model]\nvocab_size = 50\nd_model = 32\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\n"
+                             "d_ff = 64\nmax_seq_len = 256\n"
+                             "[vision]\nimage_token = 3\n"
+                             "[data]\nformat = \"shapes\"\nshapes.stage = 1\neot_token = 1\n"
+                             "[train]\nsteps = 10\nbatch_size = 1\nseq_len = 192\nlr = 3e-3\neval_every = 0\n"
+                             "eval_batches = 4\n[checkpoint]\nevery_steps = 0\n";
+    std::vector<std::string> o = tiny_vision_overrides();
+    o.insert(o.end(), overrides.begin(), overrides.end());
+    return train::config_parse(toml, run_dir + ".toml", o);
+}
+
 // The exact-resume check of the trainer tests: trains `cfg` (default world) for 8 steps with a checkpoint after
 // step 4, then a new trainer of the same config loads it and must repeat steps 5-8 bitwise. Fills `out` with the
 // checkpoint's manifest (the caller checks the mesh it records), its directory and the straight run's losses. Call

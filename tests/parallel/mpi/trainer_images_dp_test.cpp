@@ -11,34 +11,18 @@
 
 using mt::train::Trainer;
 using namespace mt::parallel;
+using mt::testing::mpi_shapes_job;
 using mt::testing::shared_dir;
-
-namespace {
-
-// configs/shapes_tiny.toml, smaller (the MPI tests have no source dir to read it from).
-mt::train::JobConfig shapes_job(const std::string& run_dir, const std::vector<std::string>& overrides) {
-    const std::string toml = "[run]\ndir = \"" + run_dir +
-                             "\"\nseed = 1234\ndevice = \"cpu\"\nthreads = 1\n"
-                             "[model]\nvocab_size = 50\nd_model = 32\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\n"
-                             "d_ff = 64\nmax_seq_len = 256\n"
-                             "[vision]\nlayers = 1\ndim = 32\nheads = 2\nmlp = 64\nimage_token = 3\n"
-                             "[data]\nformat = \"shapes\"\nshapes.stage = 1\neot_token = 1\n"
-                             "[train]\nsteps = 10\nbatch_size = 1\nseq_len = 192\nlr = 3e-3\neval_every = 0\n"
-                             "eval_batches = 4\n[checkpoint]\nevery_steps = 0\n";
-    return mt::train::config_parse(toml, run_dir + ".toml", overrides);
-}
-
-}  // namespace
 
 TEST(TrainerImagesDp, ShapesMatchOneProcessWithTheSameGlobalBatch) {
     const int n = dist_world().size();
     const int64_t ga = 2;
     const std::string dir = shared_dir("shapes");
     auto self = comm_make_self();
-    Trainer single(shapes_job(dir + "/single", {"train.grad_accum=" + std::to_string(ga * n), "parallel.dp=1"}),
+    Trainer single(mpi_shapes_job(dir + "/single", {"train.grad_accum=" + std::to_string(ga * n), "parallel.dp=1"}),
                    false,
                    self.get());
-    Trainer dp(shapes_job(dir + "/dp", {"train.grad_accum=" + std::to_string(ga)}), false);
+    Trainer dp(mpi_shapes_job(dir + "/dp", {"train.grad_accum=" + std::to_string(ga)}), false);
     ASSERT_EQ(dp.dp_size(), n);
     double worst = 0.0;
     for (int step = 1; step <= 5; ++step) {
