@@ -234,7 +234,8 @@ class Model {
     // Model-level activations kept for backward (blocks declare their own).
     std::vector<SavedTensor> saved_for_backward();
     // Bytes of every activation held for the backward now, the model's and every block's (a recompute policy holds
-    // fewer after the forward).
+    // fewer after the forward), and the vision tower's saved buffers as allocated (VisionEncoder: the size of the
+    // largest image batch so far).
     size_t saved_activation_bytes();
     // Bytes of the shared backward workspace now: d_norm, d_tmp and every slot (sized at their largest use by the
     // first backward). The memory planner's workspace line is checked against it.

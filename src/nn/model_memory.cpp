@@ -20,6 +20,8 @@ size_t Model::saved_activation_bytes() {
     size_t bytes = saved_bytes(saved_for_backward());
     for (auto& b : blocks_)
         bytes += saved_bytes(b->saved_for_backward()) + (b->output().defined() ? b->output().nbytes() : 0);
+    // The vision tower's, as allocated: its buffers keep the size of the largest image batch so far.
+    if (vision_) bytes += static_cast<size_t>(vision_->saved_activation_bytes());
     return bytes;
 }
 

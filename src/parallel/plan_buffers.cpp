@@ -47,11 +47,7 @@ void attention(const Dims& d, bool window, PlanSubLayer& s, std::array<int64_t, 
     reserve(slots, 0, d.n * hq * hd * a), reserve(slots, 1, d.n * hq * hd * a);
     reserve(slots, 2, d.n * hkv * hd * a), reserve(slots, 3, d.n * hkv * hd * a);
     if (!d.cuda) return;
-    // ops/cuda/attention/attention.cu: the backward's f32 row sums (delta, one per lse entry) and, when
-    // run.deterministic is off and the wgmma kernel runs (bf16, head dim 64 or 128), its f32 dq accumulator.
-    int64_t bwd = d.b * hq * d.t * 4;
-    if (!d.deterministic && act == DType::bf16 && (hd == 64 || hd == 128))
-        bwd += d.b * hq * ((d.t + 63) / 64 * 64) * hd * 4;
+    const int64_t bwd = plan_attention_bwd_scratch(d.b, hq, d.t, hd, act, d.deterministic);
     s.bwd_scratch = bwd;
     s.bwd_scratch_op = "attention_bwd";
     if (g == 0 && !d.cfg.attn.sink_logit) return;
@@ -264,8 +260,18 @@ void attnres(const Dims& d, PlanActivations& out) {
 
 std::string_view plan_kind_name(PlanKind kind) {
     static constexpr std::array<std::string_view, kPlanKinds> names = {
-        "attention", "kda", "mlp", "moe", "norm", "residual", "attnres", "embed_head", "grad_buffers"};
+        "attention", "kda", "mlp", "moe", "norm", "residual", "attnres", "embed_head", "grad_buffers", "vision"};
     return names[static_cast<size_t>(kind)];
+}
+
+int64_t plan_attention_bwd_scratch(
+    int64_t b, int64_t heads, int64_t t, int64_t head_dim, core::DType act, bool deterministic) {
+    // ops/cuda/attention/attention.cu: the backward's f32 row sums (delta, one per lse entry) and, when
+    // run.deterministic is off and the wgmma kernel runs (bf16, head dim 64 or 128), its f32 dq accumulator.
+    int64_t bytes = b * heads * t * 4;
+    if (!deterministic && act == DType::bf16 && (head_dim == 64 || head_dim == 128))
+        bytes += b * heads * ((t + 63) / 64 * 64) * head_dim * 4;
+    return bytes;
 }
 
 PlanActivations plan_activations(const nn::ModelConfig& cfg,

@@ -21,9 +21,10 @@ namespace mt::parallel {
 
 // The plan's line a buffer counts in: the layer that owns it (norm: a block's two pre-norms; residual: the block's
 // h and output; embed_head: the embedding output, the final norm, logits and loss rows; grad_buffers: the residual
-// stream's gradients and AttnRes's gradient accumulators, which the backward needs but no layer saves).
-enum class PlanKind : uint8_t { attention, kda, mlp, moe, norm, residual, attnres, embed_head, grad_buffers };
-constexpr int kPlanKinds = 9;
+// stream's gradients and AttnRes's gradient accumulators, which the backward needs but no layer saves; vision: the
+// vision tower, ViT and projector, with its gradient buffers and the splice's slots).
+enum class PlanKind : uint8_t { attention, kda, mlp, moe, norm, residual, attnres, embed_head, grad_buffers, vision };
+constexpr int kPlanKinds = 10;
 std::string_view plan_kind_name(PlanKind kind);
 
 struct PlanBuffer {
@@ -63,6 +64,35 @@ struct PlanActivations {
     // Recompute full under AttnRes: each sub-layer drops its activations and re-runs its forward in its backward.
     bool branch_recompute = false;
 };
+
+// The vision tower's buffers for one micro-batch's images (src/parallel/plan_vision.cpp, following
+// nn/vision/vision_encoder.cpp, vit_block.cpp and the splice in nn/model_vision.cpp).
+struct PlanVision {
+    int64_t patches = 0, tokens = 0;  // P patches making M = P / 4 image slots (LM tokens)
+    // Kind vision: saved (what the encoder's forward keeps for its backward), or not (its backward's gradient buffers,
+    // the patch positions and the splice's slot indices, kept all step from the first backward on).
+    std::vector<PlanBuffer> buffers;
+    // The allocations alive together in the tower's forward (the pixels' copies on their way to the device) and in
+    // its backward (the splice's gradient rows and, on CUDA, the attention backward's scratch).
+    std::vector<int64_t> fwd_transient, bwd_transient;
+};
+
+// The tower of cfg.vision for a batch of `patches` patches (M = patches / 4 image slots) under `precision`;
+// deterministic: run.deterministic (off, the ViT's attention backward may keep an fp32 dq, as the LM's).
+PlanVision plan_vision(const nn::ModelConfig& cfg, const nn::Precision& precision, int64_t patches, bool deterministic);
+
+// The most image slots a micro-batch of `batch` rows of `seq` tokens can hold when no image makes more than
+// `image_tokens` of them and every image comes with at least `frame_tokens` other tokens of its sample in its row (3:
+// <bos>, <img_start>, <img_end>; a sample never splits across rows): a row of k images holds at most
+// min(k image_tokens, seq - k frame_tokens) slots, and the bound is the largest of those over k >= 1 (0 when
+// image_tokens is 0).
+int64_t plan_image_slots(int64_t batch, int64_t seq, int64_t image_tokens, int64_t frame_tokens = 3);
+
+// The attention backward's CUDA scratch (ops/cuda/attention/attention.cu) for [b, t] queries of `heads` heads of
+// head_dim: the f32 row sums, and with run.deterministic off the wgmma kernel's f32 dq accumulator (bf16, head dim 64
+// or 128).
+int64_t plan_attention_bwd_scratch(
+    int64_t b, int64_t heads, int64_t t, int64_t head_dim, core::DType act, bool deterministic);
 
 // The activations of cfg (its recompute policy included) for a micro-batch of batch x seq tokens under `precision`.
 // ep_size > 1: expert parallelism, the expert-side rows assumed balanced (N top_k rows per rank; the layer's buffers

@@ -224,9 +224,23 @@ class KeyRows {
 // The transient phases of one step: each sub-layer's forward and backward (the buffers its policy rebuilds and the
 // op scratch inside), or under recompute full each block's forward and each group's re-run and backward. keys:
 // with segments, what the segment's key rows add (null: none); prefix: names the segment.
-void search_transients(
-    const MemoryPlanInput& in, const PlanActivations& a, PeakSearch& search, KeyRows* keys, const std::string& prefix) {
+void search_transients(const MemoryPlanInput& in,
+                       const PlanActivations& a,
+                       const PlanVision& vision,
+                       PeakSearch& search,
+                       KeyRows* keys,
+                       const std::string& prefix) {
     const nn::ModelConfig& cfg = in.model;
+    // The vision tower runs before the first layer's forward and after the last layer's backward (the splice).
+    auto tower = [&](bool bwd) {
+        Bytes t;
+        for (const int64_t bytes : bwd ? vision.bwd_transient : vision.fwd_transient) t += search.of(bytes);
+        if (t.raw > 0)
+            search.candidate(t,
+                             bwd ? "vision backward (the image slots' gradient rows, attention_bwd scratch)"
+                                 : "vision forward (the pixels' copies)");
+    };
+    tower(false);
     const auto nb = static_cast<int64_t>(a.blocks.size());
     auto scratch = [&](const PlanSubLayer& s, bool bwd) { return search.of(bwd ? s.bwd_scratch : s.fwd_scratch); };
     auto attention = [&](int64_t l) { return keys != nullptr && keys->attention(l); };
@@ -288,6 +302,7 @@ void search_transients(
                                  extra[static_cast<size_t>(l)]);
             }
         }
+        tower(true);
         return;
     }
     // In the order they run (the first of equal phases is reported): the forward from layer 0, the backward back.
@@ -319,11 +334,16 @@ void search_transients(
                                      op.empty() ? "" : " (" + op + " scratch)"),
                          extra);
     }
+    tower(true);
 }
 
 // Everything held from the end of one pass's forward into its backward, each buffer an allocation of its own: the
 // activation lines, the workspace, communication and GEMM workspaces, and the state arenas on the device.
-Bytes plan_held(const MemoryPlanInput& in, const PlanActivations& a, const PeakSearch& search, MemoryPlan& plan) {
+Bytes plan_held(const MemoryPlanInput& in,
+                const PlanActivations& a,
+                const PlanVision& vision,
+                const PeakSearch& search,
+                MemoryPlan& plan) {
     Bytes held;
     auto count = [&](const PlanBuffer& b, bool dropped) {
         MemoryActivations& line = plan.activations[static_cast<size_t>(b.kind)];
@@ -334,7 +354,7 @@ Bytes plan_held(const MemoryPlanInput& in, const PlanActivations& a, const PeakS
         (b.saved ? line.saved : line.held) += b.bytes;
         held += search.of(b.bytes);
     };
-    for (const auto* list : {&a.model, &a.attnres})
+    for (const auto* list : {&a.model, &a.attnres, &vision.buffers})
         for (const PlanBuffer& b : *list) count(b, b.dropped);
     for (const PlanBlock& b : a.blocks) {
         for (const PlanSubLayer& s : b.sub)
@@ -379,6 +399,19 @@ std::vector<int64_t> peak_segments(const PlanSegments& segs) {
 void plan_notes(const MemoryPlanInput& in, MemoryPlan& plan) {
     const bool cuda = in.precision.device == core::Device::cuda;
     auto note = [&](std::string text) { plan.notes.push_back(std::move(text)); };
+    if (plan.vision_tokens > 0)
+        note(fmt::format(
+            "vision tower: planned for the most image tokens a micro-batch can hold, {} ({} patches): every row full "
+            "of images of {} LM tokens ({} patches each, the largest vision.max_pixels or the shapes canvas allows), "
+            "each with the fewest other tokens of its sample ({}). Real batches hold fewer; the tower's buffers keep "
+            "the size of the largest batch seen. Under pipeline parallelism the tower is the first stage's",
+            plan.vision_tokens,
+            plan.vision_patches,
+            in.image_tokens,
+            4 * in.image_tokens,
+            in.image_frame_tokens));
+    else if (in.model.vision.enabled())
+        note("vision.layers > 0 but the data holds no images: the vision tower's activations are not counted");
     if (in.mesh[MeshAxis::ep] > 1)
         note(
             "expert parallelism: the expert-side rows assume balanced routing (N top_k rows arrive per rank); the "
@@ -458,12 +491,19 @@ MemoryPlan plan_memory(const MemoryPlanInput& in) {
     MemoryPlan best;
     best.peak = -1;
     const int64_t head_dim = in.model.resolved_head_dim();
+    // The vision tower, for the most image slots a micro-batch can hold (image batches run without segments).
+    const int64_t slots =
+        in.model.vision.enabled() ? plan_image_slots(in.batch, in.seq, in.image_tokens, in.image_frame_tokens) : 0;
+    const PlanVision vision =
+        slots > 0 ? plan_vision(in.model, in.precision, 4 * slots, in.deterministic) : PlanVision{};
+    base.vision_tokens = vision.tokens;
+    base.vision_patches = vision.patches;
     for (int64_t j : peak_segments(segs)) {
         MemoryPlan plan = base;
         const PlanActivations a = plan_segment_activations(
             in.model, in.precision, in.batch, segs, j, in.mesh[MeshAxis::ep], in.deterministic);
         PeakSearch search(cuda);
-        Bytes held = plan_held(in, a, search, plan);
+        Bytes held = plan_held(in, a, vision, search, plan);
         held += seg_held;
         std::optional<KeyRows> keys;
         std::string prefix;
@@ -478,7 +518,7 @@ MemoryPlan plan_memory(const MemoryPlanInput& in) {
             keys.emplace(search, in.model, std::move(tensor), std::move(before), segs.offload, in.batch > 1);
             prefix = fmt::format("segment {} of {} ({} tokens), ", j + 1, segs.count(), segs.length(j));
         }
-        search_transients(in, a, search, keys ? &*keys : nullptr, prefix);
+        search_transients(in, a, vision, search, keys ? &*keys : nullptr, prefix);
         plan.transient = search.best().alloc;
         plan.transient_at = search.where();
         plan.peak = held.alloc + search.best().alloc;

@@ -5,7 +5,8 @@
 //                optim::AdamW allocate (alignment padding included; ZeRO-1 shards the moments over the data ranks)
 //   activations  every buffer each layer allocates for one micro-batch (parallel/plan_buffers.h), split by layer type
 //                into what stays saved for the backward under the recompute policy, what the layers keep besides,
-//                and what the policy frees and rebuilds per layer
+//                and what the policy frees and rebuilds per layer; the vision tower's for the most image slots a
+//                micro-batch can hold (plan_vision)
 //   workspace    the shared backward workspace (d_norm, d_tmp and the slots at their largest use)
 //   peak         the state, everything held through the step, and the largest transient: one layer's rebuilt
 //                activations with the CUDA op scratch inside it (or a recompute-full group's), each allocation
@@ -39,7 +40,12 @@ struct MemoryPlanInput {
     bool offload = false;                        // optim.offload = "cpu": master weights and moments in host memory
     core::DType state_dtype = core::DType::f32;  // optim.state_dtype: the AdamW moments
     bool deterministic = true;                   // run.deterministic
-    std::string source = "";                     // the config file, for the report
+    // Image batches (model.vision enabled): the most LM tokens one image makes (vision.max_pixels / (2 patch)^2 for
+    // images read from disk, the largest canvas of the shapes set) and the fewest other tokens its sample brings (3,
+    // or the shortest shapes text and its frame); the tower is planned for the most image slots a micro-batch can hold
+    // (plan_image_slots). image_tokens 0: no images, the tower's activations are not planned.
+    int64_t image_tokens = 0, image_frame_tokens = 3;
+    std::string source = "";  // the config file, for the report
 };
 
 // Bytes of one kind of layer's activations on this rank after the forward.
@@ -96,6 +102,8 @@ struct MemoryPlan {
     int64_t peak = 0;                // predicted peak_device_bytes
     std::vector<std::string> notes;  // what the figures leave out or assume
     MemorySegments segments;
+    // The vision tower's micro-batch as planned: image slots and patches (0 without images).
+    int64_t vision_tokens = 0, vision_patches = 0;
     // Host memory at the peak: the offloaded optimizer state and the segments' host buffers.
     int64_t host_peak() const {
         return state_host() + segments.host;

@@ -75,6 +75,8 @@ std::pair<int64_t, const char*> instances(const nn::ModelConfig& cfg, PlanKind k
             return {1, "embedding, final norm, logits, loss"};
         case PlanKind::grad_buffers:
             return {1, cfg.attnres.enabled() ? "gradient buffers (residual stream, AttnRes)" : "gradient buffers"};
+        case PlanKind::vision:
+            return {cfg.vision.enabled() ? cfg.vision.layers : 0, "ViT blocks, projector"};
     }
     return {0, ""};
 }
@@ -157,6 +159,7 @@ nlohmann::json memory_plan_json(const MemoryPlan& plan) {
         {"batch", in.batch},
         {"seq", in.seq},
         {"tokens", in.batch * in.seq},
+        {"vision", {{"image_tokens", plan.vision_tokens}, {"patches", plan.vision_patches}}},
         {"segments",
          {{"count", seg.count},
           {"longest", seg.longest},
@@ -219,6 +222,10 @@ std::string memory_plan_table(const MemoryPlan& plan) {
                        plan.zero          ? fmt::format("ZeRO-1 shards the moments, {} gradient buckets", plan.buckets)
                        : plan.buckets > 0 ? fmt::format("replicated optimizer, {} gradient buckets", plan.buckets)
                                           : std::string("one data rank: no gradient reduction"));
+    if (plan.vision_tokens > 0)
+        out += fmt::format("  images     up to {} image tokens ({} ViT patches) per micro-batch\n",
+                           grouped(plan.vision_tokens),
+                           grouped(plan.vision_patches));
     out += fmt::format("  recompute  {}\n\n", recompute_text(cfg.recompute));
     auto row = [&](const std::string& label, int64_t device, int64_t host = 0) {
         out += fmt::format("  {:<66} {:>10.3f}", label, gb(device));

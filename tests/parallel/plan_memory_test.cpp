@@ -5,6 +5,9 @@
 //   - the saved activations after the forward equal Model::saved_activation_bytes(), and the workspace after the
 //     backward Model::workspace_bytes(), exactly, for dense, hybrid (KKKA), MoE and AttnRes models under every
 //     recompute policy (none, each selective module, all of them, full every 1, 2 and sqrt);
+//   - the vision tower: the bound on a micro-batch's image slots against a brute force, and its saved and kept buffers
+//     equal a real model's encoder on a batch that holds exactly the bound (rope2d and learned positions, a projector
+//     width of its own, recompute full); shapes_tiny plans its tower;
 //   - kimi_linear_mini (2.57B parameters) plans in well under a second.
 #include "parallel/plan_memory.h"
 
@@ -263,6 +266,112 @@ TEST(PlanMemory, SavedActivationsAndWorkspaceEqualTheRealModels) {
             }
         }
     }
+}
+
+// ---- the vision tower ----
+
+// The bound on a micro-batch's image slots against a brute force over rows: the most slots a row of `seq` tokens
+// holds with images of 1..M slots, each with `frame` tokens of its sample beside it (a knapsack over the images).
+TEST(PlanMemory, ImageSlotsAreTheMostARowCanHold) {
+    for (int64_t frame : {3, 16})
+        for (int64_t m = 1; m <= 20; ++m)
+            for (int64_t seq = 1; seq <= 90; ++seq) {
+                std::vector<int64_t> best(static_cast<size_t>(seq + 1), 0);  // the most slots within x tokens
+                for (int64_t x = 1; x <= seq; ++x)
+                    for (int64_t t = 1; t <= m && t + frame <= x; ++t)
+                        best[static_cast<size_t>(x)] =
+                            std::max(best[static_cast<size_t>(x)], best[static_cast<size_t>(x - t - frame)] + t);
+                EXPECT_EQ(plan_image_slots(3, seq, m, frame), 3 * best[static_cast<size_t>(seq)])
+                    << "seq " << seq << ", images of up to " << m << " slots, frame " << frame;
+            }
+    EXPECT_EQ(plan_image_slots(2, 40, 0), 0);
+}
+
+nn::ModelConfig with_vision(nn::ModelConfig c, const std::string& pos = "rope2d") {
+    c.vision.layers = 2, c.vision.dim = 16, c.vision.heads = 2, c.vision.mlp = 24, c.vision.image_token = 3;
+    c.vision.pos = pos, c.vision.pos_grid = 4;
+    return c;
+}
+
+// A micro-batch that holds exactly the planned image slots: 2 rows of 40 tokens, each with five 4 x 4-patch images (4
+// slots each) and a 2 x 4 one (2 slots), every image framed by 3 text tokens: 22 slots per row, the bound for images of
+// at most 4 slots. The planner's vision line (its saved buffers and, after the backward, the ones it keeps besides)
+// and its saved total equal the real model's allocation, as the LM's do above.
+TEST(PlanMemory, VisionTowerEqualsTheRealEncoder) {
+    const int64_t batch = 2, seq = 40, image_tokens = 4;
+    std::vector<nn::ModelConfig> cfgs = {
+        with_vision(small("A")), with_vision(with_moe(small("KA")), "learned"), with_vision(small("A"))};
+    cfgs[1].n_layers = 4;
+    cfgs[2].vision.projector_hidden = 40;
+    cfgs[2].recompute = {.policy = nn::RecomputePolicy::full, .every = 1};
+    for (const nn::ModelConfig& cfg : cfgs) {
+        SCOPED_TRACE(
+            fmt::format("{} {} projector {}", cfg.layer_pattern, cfg.vision.pos, cfg.vision.projector_width()));
+        const nn::Precision cpu = nn::Precision::cpu(DType::f32);
+        nn::Model model(cfg, cpu);
+        model.params().initialize(3);
+        Tensor ids = Tensor::zeros({batch, seq}, DType::i32), targets = Tensor::zeros({batch, seq}, DType::i32);
+        nn::VisionBatch images;
+        for (int64_t b = 0; b < batch; ++b) {
+            int64_t at = b * seq;
+            for (const nn::ImageGrid g : {nn::ImageGrid{4, 4},
+                                          nn::ImageGrid{4, 4},
+                                          nn::ImageGrid{2, 4},
+                                          nn::ImageGrid{4, 4},
+                                          nn::ImageGrid{4, 4},
+                                          nn::ImageGrid{4, 4}}) {
+                images.grids.push_back(g);
+                for (int64_t i = 0; i < g.tokens() + 3; ++i, ++at)  // <bos> <img_start> slots <img_end>, as ids 5 6 3 7
+                    core::tensor_set_flat(ids, at, i == 0 ? 5 : i == 1 ? 6 : i < g.tokens() + 2 ? 3 : 7);
+            }
+            ASSERT_EQ(at, (b + 1) * seq);
+        }
+        for (int64_t i = 0; i < targets.numel(); ++i)
+            core::tensor_set_flat(targets, i, static_cast<double>(core::rng_u64(6, 0, i) % cfg.vocab_size));
+        images.patches = Tensor::zeros({images.num_patches(), cfg.vision.patch_values()}, DType::f32);
+        for (int64_t i = 0; i < images.patches.numel(); ++i)
+            core::tensor_set_flat(images.patches, i, core::rng_uniform(7, 0, static_cast<uint64_t>(i)) - 0.5);
+        const MemoryPlan plan = plan_memory({.model = cfg,
+                                             .precision = cpu,
+                                             .batch = batch,
+                                             .seq = seq,
+                                             .mesh = mesh_of(1, 1),
+                                             .image_tokens = image_tokens});
+        ASSERT_EQ(plan.vision_tokens, images.num_tokens());
+        ASSERT_EQ(plan.vision_patches, images.num_patches());
+        const MemoryActivations& vision = plan.activations[static_cast<size_t>(PlanKind::vision)];
+        for (int step = 0; step < 2; ++step) {
+            model.set_vision_batch(images);
+            model.forward(ids, targets);
+            EXPECT_EQ(vision.saved, model.vision()->saved_activation_bytes()) << "step " << step;
+            EXPECT_EQ(plan.saved_total, static_cast<int64_t>(model.saved_activation_bytes())) << "step " << step;
+            model.backward(1.0);
+            // The encoder's gradient buffers and positions, and the model's slot indices (i32, one per slot).
+            EXPECT_EQ(vision.held, model.vision()->held_bytes() + 4 * images.num_tokens()) << "step " << step;
+            EXPECT_EQ(plan.workspace, static_cast<int64_t>(model.workspace_bytes())) << "step " << step;
+        }
+    }
+}
+
+// A shipped image config plans its tower: shapes_tiny's 112-pixel canvases (16 slots an image) with the shortest
+// caption's 16 tokens beside each, in rows of 128 tokens: at most 64 slots a row.
+TEST(PlanMemory, ShapesTinyPlansItsVisionTower) {
+    const train::JobConfig cfg = shipped("shapes_tiny.toml");
+    const parallel::MemoryPlanInput in = train::plan_memory_input(cfg);
+    EXPECT_EQ(in.image_tokens, 16);
+    EXPECT_EQ(in.image_frame_tokens, 16);
+    const MemoryPlan plan = plan_memory(in);
+    EXPECT_EQ(plan.vision_tokens, cfg.train.batch_size * 64);
+    EXPECT_EQ(plan.vision_patches, 4 * plan.vision_tokens);
+    const MemoryActivations& vision = plan.activations[static_cast<size_t>(PlanKind::vision)];
+    EXPECT_GT(vision.saved, 0);
+    EXPECT_GT(vision.held, 0);
+    const std::string table = memory_plan_table(plan);
+    EXPECT_NE(table.find("vision (2 ViT blocks, projector)"), std::string::npos) << table;
+    EXPECT_EQ(memory_plan_json(plan).at("vision").at("patches").get<int64_t>(), plan.vision_patches);
+    // The text-only twin has no images.
+    const train::JobConfig twin = shipped("shapes_tiny.toml", {"data.shapes.text_only=true"});
+    EXPECT_EQ(plan_memory(train::plan_memory_input(twin)).vision_tokens, 0);
 }
 
 // The shipped configs' plans: the largest model plans in milliseconds, and the figures hold together.

@@ -96,4 +96,23 @@ void VisionEncoder::backward(const Tensor& d_tokens) {
     patch_embed_.backward(pixels_.current(), d_a, Tensor());  // no gradient for the pixels
 }
 
+int64_t VisionEncoder::saved_activation_bytes() const {
+    int64_t bytes = 0;
+    for (const RowBuffer* b :
+         {&pixels_, &pos_rows_, &features_, &fmean_, &frstd_, &cells_, &ncells_, &cmean_, &crstd_, &p1_, &g1_, &out_})
+        bytes += b->bytes();
+    for (const RowBuffer& b : stream_) bytes += b.bytes();
+    for (const auto& block : blocks_) bytes += block->saved_bytes();
+    return bytes;
+}
+
+int64_t VisionEncoder::held_bytes() const {
+    int64_t bytes = scratch_.bytes();
+    for (const RowBuffer* b : {&d_cells_, &d_ncells_, &d_p1_, &d_stream_a_, &d_stream_b_}) bytes += b->bytes();
+    // The positions the kernels read (the grids stay on the host).
+    for (const Tensor* t : {&pos_.rows, &pos_.cols, &pos_.doc_start})
+        bytes += t->defined() ? static_cast<int64_t>(t->nbytes()) : 0;
+    return bytes;
+}
+
 }  // namespace mt::nn

@@ -31,6 +31,11 @@ class VisionEncoder {
     const Tensor& features() const {
         return features_.current();
     }
+    // Memory, as allocated (every buffer keeps the size of the largest batch so far; the memory planner's vision line,
+    // parallel/plan_vision.h, is checked against both): what forward keeps for backward, and what the encoder holds
+    // besides, the backward's gradient buffers (from the first backward on) and the patch positions on the device.
+    int64_t saved_activation_bytes() const;
+    int64_t held_bytes() const;
 
    private:
     VisionConfig cfg_;

@@ -131,4 +131,18 @@ std::vector<SavedTensor> VitBlock::saved_for_backward() {
             {"g", g_.current_ptr()}};
 }
 
+int64_t VitBlock::saved_bytes() const {
+    int64_t bytes = 0;
+    for (const RowBuffer* b :
+         {&h1_, &mean1_, &rstd1_, &q_, &k_, &v_, &attn_, &lse_, &x1_, &h2_, &mean2_, &rstd2_, &a_, &g_})
+        bytes += b->bytes();
+    return bytes;
+}
+
+int64_t VitScratch::bytes() const {
+    int64_t n = 0;
+    for (const RowBuffer* b : {&d_h, &d_q, &d_k, &d_v, &d_attn, &d_a, &d_x1}) n += b->bytes();
+    return n;
+}
+
 }  // namespace mt::nn

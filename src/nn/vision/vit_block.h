@@ -25,6 +25,10 @@ class RowBuffer {
     Tensor* current_ptr() {
         return &view_;
     }
+    // The allocation's bytes (0 before the first view): the most rows asked for so far.
+    int64_t bytes() const {
+        return storage_.defined() ? static_cast<int64_t>(storage_.nbytes()) : 0;
+    }
 
    private:
     Tensor storage_, view_;
@@ -33,6 +37,7 @@ class RowBuffer {
 // Gradient scratch the blocks of one encoder share in their backward (contents undefined between calls).
 struct VitScratch {
     RowBuffer d_h, d_q, d_k, d_v, d_attn, d_a, d_x1;
+    int64_t bytes() const;
 };
 
 class VitBlock : public Layer {
@@ -44,6 +49,8 @@ class VitBlock : public Layer {
     // dy [P, dim] -> dx [P, dim] written (=; may alias dy); the parameter gradients accumulate.
     void backward(const Tensor& x, const VisionPositions& pos, const Tensor& dy, const Tensor& dx, VitScratch& s);
     std::vector<SavedTensor> saved_for_backward() override;
+    // The bytes of the buffers behind saved_for_backward(), as allocated (the largest batch so far).
+    int64_t saved_bytes() const;
 
    private:
     VisionConfig cfg_;
