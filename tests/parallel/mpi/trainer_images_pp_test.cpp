@@ -96,16 +96,13 @@ TEST(TrainerImagesPp, VisionMetricsAndEvalMatchOneProcess) {
     // The tower is the first stage's: no other stage declares a vision or projector parameter.
     const bool first = pp.model().chunk_has_embedding(0);
     EXPECT_EQ(pp.model().vision() != nullptr, first) << "rank " << rank;
-    int vision_params = 0;
-    for (int i = 0; i < pp.model().params().size(); ++i) {
-        const std::string& name = pp.model().params().spec(i).name;
-        vision_params += name.starts_with("vision.") || name.starts_with("projector.") ? 1 : 0;
-    }
-    int expected = 0;
-    for (int i = 0; i < one.model().params().size(); ++i) {
-        const std::string& name = one.model().params().spec(i).name;
-        expected += name.starts_with("vision.") || name.starts_with("projector.") ? 1 : 0;
-    }
+    auto tower_params = [](const mt::nn::ParamTable& table) {
+        int count = 0;
+        for (int i = 0; i < table.size(); ++i)
+            count += table.spec(i).name.starts_with("vision.") || table.spec(i).name.starts_with("projector.") ? 1 : 0;
+        return count;
+    };
+    const int vision_params = tower_params(pp.model().params()), expected = tower_params(one.model().params());
     EXPECT_GT(expected, 0);
     EXPECT_EQ(vision_params, first ? expected : 0) << "rank " << rank;
     const int64_t splice = mt::nn::layer_stats_layout(one.model().config()).splice();
