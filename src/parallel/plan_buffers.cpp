@@ -267,10 +267,12 @@ std::string_view plan_kind_name(PlanKind kind) {
 int64_t plan_attention_bwd_scratch(
     int64_t b, int64_t heads, int64_t t, int64_t head_dim, core::DType act, bool deterministic) {
     // ops/cuda/attention/attention.cu: the backward's f32 row sums (delta, one per lse entry) and, when
-    // run.deterministic is off and the wgmma kernel runs (bf16, head dim 64 or 128), its f32 dq accumulator.
+    // run.deterministic is off and the wgmma flash kernel runs (bf16, a head dim that is a multiple of 8 up to 128:
+    // flash_supports), its f32 dq accumulator over 64-row blocks of the head dim's tile (64 or 128 columns:
+    // flash_tile_d; flash_bwd_wgmma_fast_accum_floats).
     int64_t bytes = b * heads * t * 4;
-    if (!deterministic && act == DType::bf16 && (head_dim == 64 || head_dim == 128))
-        bytes += b * heads * ((t + 63) / 64 * 64) * head_dim * 4;
+    if (!deterministic && act == DType::bf16 && head_dim >= 8 && head_dim <= 128 && head_dim % 8 == 0)
+        bytes += b * heads * ((t + 63) / 64 * 64) * (head_dim <= 64 ? 64 : 128) * 4;
     return bytes;
 }
 

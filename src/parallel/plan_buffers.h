@@ -89,8 +89,8 @@ PlanVision plan_vision(const nn::ModelConfig& cfg, const nn::Precision& precisio
 int64_t plan_image_slots(int64_t batch, int64_t seq, int64_t image_tokens, int64_t frame_tokens = 3);
 
 // The attention backward's CUDA scratch (ops/cuda/attention/attention.cu) for [b, t] queries of `heads` heads of
-// head_dim: the f32 row sums, and with run.deterministic off the wgmma kernel's f32 dq accumulator (bf16, head dim 64
-// or 128).
+// head_dim: the f32 row sums, and with run.deterministic off the wgmma flash kernel's f32 dq accumulator (bf16, head
+// dims that are multiples of 8 up to 128, on tiles of 64 or 128 columns).
 int64_t plan_attention_bwd_scratch(
     int64_t b, int64_t heads, int64_t t, int64_t head_dim, core::DType act, bool deterministic);
 
