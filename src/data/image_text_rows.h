@@ -2,7 +2,7 @@
 // `<bos> <img_start> [m x <img_pad>] <img_end> caption <eot>`, samples are packed whole into rows of seq tokens once,
 // up front, from their lengths (m follows from the image header's size), and row g of the stream is a function of g
 // alone: epoch g / R (R rows per epoch) reads every row once, in an order shuffled per epoch. Filling rows decodes,
-// resizes (multimodal.md §1) and patchifies their images.
+// resizes (multimodal.md §1) and patchifies their images, on data.loader_threads threads, the same bytes for any count.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +38,18 @@ struct ImageTextRowsOptions {
     ImagePatchOptions patch;         // vision.patch, normalisation
     bool shuffle = true;             // false: samples and rows in file order (validation)
     uint64_t seed = 0;               // run.seed: the sample order and each epoch's row order
+    int threads = 1;                 // images prepared at once by a fill (image_text_fill_threads), >= 1
 };
+
+// The most threads data.loader_threads = 0 picks.
+inline constexpr int kImageTextFillThreadsAuto = 8;
+
+// The threads a fill prepares images on for data.loader_threads: the value itself when > 0; 0 picks half the
+// hardware threads (the other half are left to the trainer's own CPU work: its OpenMP ops, the CUDA and NCCL host
+// threads), at least 1 and at most kImageTextFillThreadsAuto (8 threads at ~110 PNG images/s each cover a GPU step
+// that takes ~160 images per 250 ms). Each rank's loaders use this many, whatever the other ranks on the node do.
+// @param[in] configured  data.loader_threads, >= 0
+int image_text_fill_threads(int64_t configured);
 
 class ImageTextRows {
    public:
@@ -73,8 +84,10 @@ class ImageTextRows {
     // is independent), the modality, and the images in block order, each decoded, resized to image_fit_size within
     // [min_pixels, max_pixels] with image_resize_bilinear and patchified. A sample whose image does not decode goes
     // to the dataset's report_bad: it throws (exit 3 naming the shard and key), or, skipping, the sample's span is
-    // left as <pad> inputs with no target. The result depends only on (first_row, rows): thread-safe and
-    // deterministic, so a loader thread may call it ahead of time.
+    // left as <pad> inputs with no target. The images are read, decoded, resized and patchified options.threads at a
+    // time (OpenMP); bad samples are then handled in sample order, so the first bad one throws and the skipped ones are
+    // counted as the serial fill does. The result depends only on (first_row, rows), not on the thread count:
+    // thread-safe and deterministic, so a loader thread may call it ahead of time.
     // @param[in]  first_row  stream row of out's row 0
     // @param[in]  rows       >= 1
     // @param[out] out        the batch
