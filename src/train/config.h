@@ -68,6 +68,7 @@ struct DataConfig {
     std::string tokenizer = "bytes";
     ShapesDataConfig shapes;
     bool skip_bad_samples = false;  // image-text data on disk: skip a bad sample with a warning instead of exit 3
+    int64_t loader_threads = 0;     // image-text data on disk: images decoded at once per loader; 0 auto (job-wide)
     bool images() const {
         return format == "shapes" || images_on_disk();
     }

@@ -93,6 +93,13 @@ std::vector<Field> config_schema_vision(JobConfig& c) {
              &c.data.skip_bad_samples,
              "with `webdataset` and `image_jsonl`: skip a bad sample (a corrupt image, a missing caption, a truncated "
              "shard, a malformed manifest line) with a counted warning; false: stop with exit 3 naming it"),
+        integer("data.loader_threads",
+                &c.data.loader_threads,
+                0,
+                256,
+                "with `webdataset` and `image_jsonl`: threads the loader reads, decodes, resizes and patchifies a "
+                "batch's images on (per loader, per rank; one setting for every source); 0: half the hardware threads, "
+                "1 to 8; the batches are the same bytes for any count"),
         text("data.shapes.format",
              &c.data.shapes.format,
              "`caption`: a caption per image; `vqa`: a color question about a unique shape and its answer",

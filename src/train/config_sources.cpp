@@ -190,6 +190,7 @@ void config_sources_apply(JobConfig& c, const std::vector<toml::table>& tables, 
         sources.push_back(std::move(s));
     }
     check_one_vocabulary(sources, src);
+    for (DataSource& s : sources) s.data.loader_threads = c.data.loader_threads;  // a job-wide key, not a source's
     const auto image = std::find_if(
         sources.begin(), sources.end(), [](const DataSource& s) { return is_image_format(s.data.format); });
     c.data = image != sources.end() ? image->data : sources.front().data;

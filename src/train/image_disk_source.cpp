@@ -23,6 +23,7 @@ ImageDiskSource::ImageDiskSource(const JobConfig& cfg, const std::vector<std::st
     options.patch.patch = static_cast<int>(v.patch);
     options.shuffle = shuffle;
     options.seed = static_cast<uint64_t>(cfg.run.seed);
+    options.threads = data::image_text_fill_threads(cfg.data.loader_threads);
     const auto tokenizer = data::tokenizer_open(cfg.data.tokenizer);
     rows_ = std::make_unique<data::ImageTextRows>(*dataset_, *tokenizer, options);
     data::ImageTextRows* rows = rows_.get();

@@ -24,8 +24,8 @@ class ImageDiskSource {
    public:
     // Indexes the files, packs the rows and starts the loader thread. Throws Error(ExitCode::data) for bad data (see
     // data::ImageTextDataset) and Error(ExitCode::usage) for rows too short for the largest image.
-    // @param[in] cfg      the job (data.format, data.tokenizer, data.skip_bad_samples, train.seq_len, vision.*,
-    //                     run.seed)
+    // @param[in] cfg      the job (data.format, data.tokenizer, data.skip_bad_samples, data.loader_threads,
+    //                     train.seq_len, vision.*, run.seed)
     // @param[in] paths    data.paths or data.val_paths
     // @param[in] shuffle  true for training (rows shuffled per epoch), false for validation (file order)
     // @param[in] log      print the summary line and the bad-sample warnings (rank 0)

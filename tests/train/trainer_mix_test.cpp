@@ -277,6 +277,14 @@ TEST(TrainerMix, RunLogsLossPerSourceAndEvalPerSource) {
     EXPECT_TRUE(logged.contains("loss/shapes"));
 }
 
+// data.loader_threads is one setting of the job, not a source key: every source's loader takes it.
+TEST(TrainerMix, LoaderThreadsIsOneJobWideSetting) {
+    const JobConfig c = mix_job(fresh_dir("threads"), "token_mean", {"data.loader_threads=3"});
+    EXPECT_EQ(c.data.loader_threads, 3);
+    ASSERT_EQ(c.data_sources.size(), 2u);
+    for (const DataSource& s : c.data_sources) EXPECT_EQ(s.data.loader_threads, 3) << s.name;
+}
+
 TEST(TrainerMix, ConfigRefusesBadSourcesNamingTheField) {
     const std::string dir = fresh_dir("refuse");
     const std::string base = read_file(std::string(MT_SOURCE_DIR) + "/configs/shapes_tiny.toml");
@@ -304,6 +312,7 @@ TEST(TrainerMix, ConfigRefusesBadSourcesNamingTheField) {
     refused(source("a", "format = \"webdataset\"\npaths = [\"x.tar\"]") + source("b", "format = \"shapes\""),
             "data.sources[0].format = \"webdataset\"");
     refused(source("a", good_text) + "[loss]\nweighting = \"softmax\"\n", "loss.weighting");
+    refused(source("a", good_text + "\nloader_threads = 2"), "data.sources[0].loader_threads");
     try {
         config_parse(base + "\n[loss]\nweighting = \"dwa\"\n", dir + "/job.toml", {"run.dir=\"" + dir + "/run\""});
         ADD_FAILURE() << "loss weighting without sources accepted";
