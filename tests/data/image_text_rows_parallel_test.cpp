@@ -87,6 +87,22 @@ void expect_bitwise(const MultimodalBatch& a, const MultimodalBatch& b, const st
     EXPECT_EQ(a.stats.images, b.stats.images) << what;
 }
 
+// The patches of a batch's images made one by one from their files: what any fill must hold.
+std::vector<float> reference_patches(const ImageTextDataset& dataset, const MultimodalBatch& batch) {
+    const ImageTextRowsOptions o = rows_options(1);
+    std::vector<float> out;
+    for (const MultimodalBatchSample& s : batch.samples) {
+        const DecodedImage image = image_decode(dataset.read_image(s.index));
+        const ImageSize fit = image_fit_size(image.height, image.width, o.min_pixels, o.max_pixels);
+        const std::vector<uint8_t> rgb =
+            image_resize_bilinear(image.rgb.data(), image.height, image.width, fit.height, fit.width);
+        const size_t at = out.size();
+        out.resize(at + static_cast<size_t>((fit.height / 14) * (fit.width / 14) * image_patch_values()));
+        image_patchify(rgb.data(), fit.height, fit.width, o.patch, out.data() + at);
+    }
+    return out;
+}
+
 // What one fill of `rows` rows from row 0 gives with a fresh dataset: the batch, the warnings printed, the samples
 // skipped, and the error's message ("" when none).
 struct Outcome {
@@ -147,6 +163,11 @@ TEST_P(ImageTextRowsParallel, SkippingFillIsTheSerialFillBitwise) {
     EXPECT_NE(serial.warnings.find("skipped bad sample (1 so far)"), std::string::npos) << serial.warnings;
     EXPECT_NE(serial.warnings.find("skipped bad sample (2 so far)"), std::string::npos) << serial.warnings;
     EXPECT_EQ(serial.warnings.find("(3 so far)"), std::string::npos) << serial.warnings;
+    EXPECT_LT(serial.warnings.find(first_bad_where_), serial.warnings.find("(2 so far)")) << serial.warnings;
+    // The good images' patches in sample order, closed up over the skipped ones.
+    const std::vector<float> want = reference_patches(ImageTextDataset(GetParam(), paths_, quiet(true)), serial.batch);
+    ASSERT_EQ(serial.batch.images.patches.size(), want.size());
+    EXPECT_EQ(std::memcmp(serial.batch.images.patches.data(), want.data(), want.size() * sizeof(float)), 0);
     for (const int threads : kThreadCounts) {
         const Outcome parallel = fill_fresh(GetParam(), paths_, true, threads, rows_);
         const std::string what = fmt::format("{} threads", threads);
