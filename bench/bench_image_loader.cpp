@@ -1,16 +1,21 @@
 // Throughput of the image-text data path on the CPU (docs/data.md "Image-text data"): one JSON line per case.
 //   bench_image_loader [--samples 256] [--sizes 336x336,448x448,448x336,512x384] [--seq 4096] [--rows 2]
-//                      [--batches 20] [--step-ms 0,100,300] [--formats png,jpeg] [--dir DIR] [--keep]
+//                      [--batches 20] [--step-ms 0,100,300] [--threads 1,2,4,8] [--formats png,jpeg] [--dir DIR]
+//                      [--keep]
 // Writes `samples` shapes images (data/shapes.h scenes rendered at the --sizes, cycled) with their captions as
 // WebDataset shards, once as PNG and once as JPEG (quality 95), with the repo's writer (data/image_text_write.h)
 // into a temporary folder (removed at the end unless --keep), then times per format:
 //   case "decode": every image of the dataset read into memory, then decoded, resized to the vision limits
 //     (112^2..448^2 pixels, sides multiples of 28; 512x384 is resized, the others keep their size) and patchified,
-//     on this thread: images/s on one core, and the median milliseconds of each stage per image;
-//   case "loader": the trainer's background loader (data/image_text_loader.h, 2 batches ahead) serving batches of
-//     `rows` rows of `seq` tokens while the consumer sleeps `step_ms` per batch (a simulated GPU step): the
-//     consumer's wait per batch, the time the trainer would stall. The first batch (nothing prefetched yet) is
-//     reported apart and left out of the wait statistics. fill_ms is one batch made synchronously.
+//     on this thread: images/s on one core, and the median milliseconds of each stage per image (read_ms: the
+//     image's bytes from its shard, done before and not counted in images/s);
+//   case "loader", per step time and per --threads count (data.loader_threads: the images of a batch prepared that
+//     many at a time): the trainer's background loader (data/image_text_loader.h, 2 batches ahead) serving batches
+//     of `rows` rows of `seq` tokens while the consumer sleeps `step_ms` per batch (a simulated GPU step): the
+//     consumer's wait per batch, the time the trainer would stall, and idle_fraction = wait / (wait + step). The
+//     first batch (nothing prefetched yet) is reported apart and left out of the wait statistics. fill_ms is the
+//     mean of up to 3 batches made synchronously first, and fill_images_per_s (also per thread) their images over
+//     that time: the decode rate the loader can sustain.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -100,9 +105,12 @@ std::vector<std::string> write_shards(const std::string& dir,
 
 void bench_decode(const mt::data::ImageTextDataset& dataset, const std::string& format) {
     std::vector<std::vector<uint8_t>> bytes;
+    std::vector<double> read_ms;
     int64_t total_bytes = 0;
     for (int64_t i = 0; i < dataset.size(); ++i) {
+        const auto t0 = Clock::now();
         bytes.push_back(dataset.read_image(i));
+        read_ms.push_back(ms_since(t0));
         total_bytes += std::ssize(bytes.back());
     }
     const mt::data::ImagePatchOptions patch;
@@ -138,6 +146,7 @@ void bench_decode(const mt::data::ImageTextDataset& dataset, const std::string& 
         {"mean_file_bytes", static_cast<double>(total_bytes) / n},
         {"images_per_s_per_core", n / all_ms * 1e3},
         {"decode_images_per_s", n / std::accumulate(decode_ms.begin(), decode_ms.end(), 0.0) * 1e3},
+        {"read_ms_median", median(read_ms)},
         {"decode_ms_median", median(decode_ms)},
         {"resize_ms_median", median(resize_ms)},
         {"patchify_ms_median", median(patchify_ms)}};
@@ -150,15 +159,24 @@ void bench_loader(const mt::data::ImageTextDataset& dataset,
                   int64_t seq,
                   int64_t rows,
                   int64_t batches,
-                  double step_ms) {
+                  double step_ms,
+                  int threads) {
     const mt::data::ByteTokenizer tokenizer;
     mt::data::ImageTextRowsOptions o;
     o.seq = seq;
+    o.threads = threads;
     const mt::data::ImageTextRows data(dataset, tokenizer, o);
     mt::data::MultimodalBatch batch;
+    // The synchronous cost of a batch, for scale: the decode rate at this thread count.
+    const int64_t fills = std::min<int64_t>(batches, 3);
+    int64_t fill_images = 0;
     auto t0 = Clock::now();
-    data.fill(0, rows, &batch);  // the synchronous cost of one batch, for scale
-    const double fill_ms = ms_since(t0);
+    for (int64_t b = 0; b < fills; ++b) {
+        data.fill(b * rows, rows, &batch);
+        fill_images += std::ssize(batch.images.grids);
+    }
+    const double fill_all_ms = ms_since(t0), fill_ms = fill_all_ms / static_cast<double>(fills);
+    const double fill_rate = static_cast<double>(fill_images) / fill_all_ms * 1e3;
     // As the trainer's: the loader is made with the data source, before the first step asks for a batch.
     mt::data::ImageTextLoader loader(
         [&data](int64_t first_row, int64_t n, mt::data::MultimodalBatch* out) { data.fill(first_row, n, out); });
@@ -185,10 +203,13 @@ void bench_loader(const mt::data::ImageTextDataset& dataset,
                                  {"format", format},
                                  {"seq", seq},
                                  {"rows", rows},
+                                 {"threads", threads},
                                  {"batches", batches},
                                  {"images_per_batch", static_cast<double>(images) / static_cast<double>(batches)},
                                  {"step_ms", step_ms},
                                  {"fill_ms", fill_ms},
+                                 {"fill_images_per_s", fill_rate},
+                                 {"fill_images_per_s_per_thread", fill_rate / threads},
                                  {"first_wait_ms", first_ms},
                                  {"wait_ms_mean", wait_mean},
                                  {"wait_ms_median", median(waits)},
@@ -204,7 +225,8 @@ void bench_loader(const mt::data::ImageTextDataset& dataset,
 int run(int argc, char** argv) {
     CLI::App app{"moetrain image-text loader benchmark (CPU)"};
     int64_t samples = 256, seq = 4096, rows = 2, batches = 20;
-    std::string sizes = "336x336,448x448,448x336,512x384", steps = "0,100,300", formats = "png,jpeg", dir;
+    std::string sizes = "336x336,448x448,448x336,512x384", steps = "0,100,300", threads = "1,2,4,8",
+                formats = "png,jpeg", dir;
     bool keep = false;
     app.add_option("--samples", samples, "images written per format")->check(CLI::PositiveNumber);
     app.add_option("--sizes", sizes, "image sizes in pixels, HxW, comma-separated, cycled");
@@ -212,6 +234,7 @@ int run(int argc, char** argv) {
     app.add_option("--rows", rows, "rows per batch")->check(CLI::PositiveNumber);
     app.add_option("--batches", batches, "batches the consumer takes per loader case")->check(CLI::PositiveNumber);
     app.add_option("--step-ms", steps, "simulated step times, milliseconds, comma-separated: one loader case each");
+    app.add_option("--threads", threads, "data.loader_threads values, comma-separated: one loader case each per step");
     app.add_option("--formats", formats, "png, jpeg or both");
     app.add_option("--dir", dir, "where to write the shards (default: a new folder under the temp dir)");
     app.add_flag("--keep", keep, "keep the shards");
@@ -234,7 +257,12 @@ int run(int argc, char** argv) {
                      ms_since(t0) / 1e3);
         const mt::data::ImageTextDataset dataset("webdataset", shards, {.log = false});
         bench_decode(dataset, format);
-        for (const std::string& s : split(steps)) bench_loader(dataset, format, seq, rows, batches, std::stod(s));
+        for (const std::string& t : split(threads)) {
+            const int n = std::stoi(t);
+            MT_CHECK(n >= 1, "--threads: {} must be >= 1", n);
+            for (const std::string& s : split(steps))
+                bench_loader(dataset, format, seq, rows, batches, std::stod(s), n);
+        }
     }
     if (own_dir && !keep) fs::remove_all(dir);
     return 0;
