@@ -31,6 +31,10 @@ void ImageTextLoader::run() {
         if (it == slots_.end()) continue;  // dropped while queued
         it->second.started = true;
         MultimodalBatch batch;
+        if (!spare_.empty()) {
+            batch = std::move(spare_.back());
+            spare_.pop_back();
+        }
         std::exception_ptr error;
         lock.unlock();
         try {
@@ -56,8 +60,9 @@ void ImageTextLoader::get(int64_t first_row, int64_t rows, MultimodalBatch* out)
     if (it != slots_.end() && it->second.started) {
         ready_.wait(lock, [&] { return slots_.at(key).done; });
         it = slots_.find(key);
-        *out = std::move(it->second.batch);
+        std::swap(*out, it->second.batch);
         error = it->second.error;
+        if (std::ssize(spare_) < depth_) spare_.push_back(std::move(it->second.batch));
         slots_.erase(it);
         ++served_prefetched_;
     } else {

@@ -1,11 +1,13 @@
 // The parallel fill of image-text rows from disk (data/image_text_rows.h, data.loader_threads): for both formats, any
-// thread count gives the serial fill's bytes, the same skipped samples with the same counted warnings, and the same
-// error (the first bad sample in row order, naming its shard or manifest line and key), also from the loader thread.
+// thread count, into a new or a reused batch, gives the serial fill's bytes, the same skipped samples with the same
+// counted warnings, and the same error (the first bad sample in row order, naming its shard or manifest line and key),
+// also from the loader thread, whose buffers the caller hands back.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,18 +106,24 @@ std::vector<float> reference_patches(const ImageTextDataset& dataset, const Mult
 }
 
 // What one fill of `rows` rows from row 0 gives with a fresh dataset: the batch, the warnings printed, the samples
-// skipped, and the error's message ("" when none).
+// skipped, and the error's message ("" when none). `dirty`: fill into a copy of it (a reused batch) instead of a new
+// one.
 struct Outcome {
     MultimodalBatch batch;
     std::string warnings, error;
     int64_t skipped = 0;
 };
 
-Outcome fill_fresh(
-    const std::string& format, const std::vector<std::string>& paths, bool skip, int threads, int64_t rows) {
+Outcome fill_fresh(const std::string& format,
+                   const std::vector<std::string>& paths,
+                   bool skip,
+                   int threads,
+                   int64_t rows,
+                   const MultimodalBatch* dirty = nullptr) {
     const ImageTextDataset dataset(format, paths, quiet(skip));
     const ImageTextRows data(dataset, ByteTokenizer(), rows_options(threads));
     Outcome out;
+    if (dirty != nullptr) out.batch = *dirty;
     ::testing::internal::CaptureStdout();
     try {
         data.fill(0, rows, &out.batch);
@@ -176,6 +184,14 @@ TEST_P(ImageTextRowsParallel, SkippingFillIsTheSerialFillBitwise) {
         EXPECT_EQ(parallel.skipped, 2) << what;
         EXPECT_EQ(parallel.warnings, serial.warnings) << what;  // the same counted warnings, in the same order
     }
+    // Into a reused batch whose buffers hold other values (NaN patches, more of them): nothing stale is left.
+    MultimodalBatch dirty = serial.batch;
+    dirty.images.patches.assign(dirty.images.patches.size() + 5000, std::numeric_limits<float>::quiet_NaN());
+    dirty.images.grids.resize(3);
+    for (const int threads : {1, 4}) {
+        const Outcome reused = fill_fresh(GetParam(), paths_, true, threads, rows_, &dirty);
+        expect_bitwise(serial.batch, reused.batch, fmt::format("reused batch, {} threads", threads));
+    }
 }
 
 TEST_P(ImageTextRowsParallel, FillWithoutBadSamplesIsTheSerialFillBitwise) {
@@ -219,8 +235,9 @@ TEST_P(ImageTextRowsParallel, LoaderThreadGivesTheSerialBatchesAndError) {
     const ImageTextRows serial(dataset, ByteTokenizer(), rows_options(1));
     const ImageTextRows parallel(dataset, ByteTokenizer(), rows_options(4));
     ImageTextLoader loader([&](int64_t f, int64_t n, MultimodalBatch* out) { parallel.fill(f, n, out); }, 2);
+    MultimodalBatch got;  // reused, as the trainer does: its buffers go back to the worker
     for (int64_t g = 0; g + 2 <= rows_; g += 2) {
-        MultimodalBatch got, want;
+        MultimodalBatch want;
         std::string got_error, want_error;
         try {
             loader.get(g, 2, &got);
