@@ -35,10 +35,6 @@ std::vector<std::string> shapes_model(std::vector<std::string> extra = {}) {
     return keys;
 }
 
-mt::train::JobConfig shapes_run(const std::string& run_dir, const std::vector<std::string>& keys) {
-    return mpi_shapes_job(run_dir, keys);
-}
-
 double relative(double a, double b) {
     return std::abs(a - b) / std::max(std::abs(a), 1e-30);
 }
@@ -57,7 +53,7 @@ TEST(TrainerImagesPp, ShapesMatchOneProcessForEveryLayout) {
         layouts.push_back({{.dp = 2, .pp = 2, .virtual_stages = 2}, {}});  // pp = 4 x 2 would outnumber the layers
     }
     for (const auto& [l, extra] : layouts)
-        expect_layout_matches(layout_name("shapes", l), l, shapes_model(extra), 6, 0.0, shapes_run);
+        expect_layout_matches(layout_name("shapes", l), l, shapes_model(extra), 6, 0.0, mpi_shapes_job);
     // Untied embeddings (the last stage's head a weight of its own) and MoE layers with a balancer per modality: every
     // stage learns its rows' modalities from the ids, and its QB state equals one process's.
     const Layout plain{.pp = n};
@@ -73,7 +69,7 @@ TEST(TrainerImagesPp, ShapesMatchOneProcessForEveryLayout) {
                                         "moe.quantile.update_interval=2"}),
                           4,
                           0.0,
-                          shapes_run);
+                          mpi_shapes_job);
 }
 
 // A metrics step under pp = n (1F1B, two micro-batches: the first stage re-runs micro-batch 0's forward before its
