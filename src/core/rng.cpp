@@ -1,40 +1,15 @@
-// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11).
+// Counter-based random numbers: Philox4x32-10 and the normal draw live in core/philox.h, shared with the GPU fill.
 #include "core/rng.h"
 
 #include <cmath>
 
+#include "core/philox.h"
+
 namespace mt::core {
 
-namespace {
-constexpr uint32_t kPhiloxM0 = 0xD2511F53u;
-constexpr uint32_t kPhiloxM1 = 0xCD9E8D57u;
-constexpr uint32_t kPhiloxW0 = 0x9E3779B9u;
-constexpr uint32_t kPhiloxW1 = 0xBB67AE85u;
-
-inline void mulhilo(uint32_t a, uint32_t b, uint32_t* hi, uint32_t* lo) {
-    const uint64_t p = static_cast<uint64_t>(a) * b;
-    *hi = static_cast<uint32_t>(p >> 32);
-    *lo = static_cast<uint32_t>(p);
-}
-}  // namespace
-
 std::array<uint32_t, 4> philox4x32(uint64_t seed, uint64_t stream, uint64_t counter) {
-    uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
-    uint32_t c2 = static_cast<uint32_t>(stream), c3 = static_cast<uint32_t>(stream >> 32);
-    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-    for (int round = 0; round < 10; ++round) {
-        uint32_t hi0, lo0, hi1, lo1;
-        mulhilo(kPhiloxM0, c0, &hi0, &lo0);
-        mulhilo(kPhiloxM1, c2, &hi1, &lo1);
-        const uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-        c0 = n0;
-        c1 = n1;
-        c2 = n2;
-        c3 = n3;
-        k0 += kPhiloxW0;
-        k1 += kPhiloxW1;
-    }
-    return {c0, c1, c2, c3};
+    const Philox4 b = philox4x32_block(seed, stream, counter);
+    return {b.v[0], b.v[1], b.v[2], b.v[3]};
 }
 
 float rng_uniform(uint64_t seed, uint64_t stream, uint64_t offset) {
@@ -49,12 +24,7 @@ uint64_t rng_u64(uint64_t seed, uint64_t stream, uint64_t offset) {
 }
 
 double rng_normal(uint64_t seed, uint64_t stream, uint64_t offset) {
-    const auto block = philox4x32(seed, stream, offset);
-    const uint64_t a = (static_cast<uint64_t>(block[0]) << 32 | block[1]) >> 11;
-    const uint64_t b = (static_cast<uint64_t>(block[2]) << 32 | block[3]) >> 11;
-    const double u1 = (static_cast<double>(a) + 1.0) * 0x1.0p-53;  // (0, 1]
-    const double u2 = static_cast<double>(b) * 0x1.0p-53;          // [0, 1)
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+    return philox_normal(seed, stream, offset);
 }
 
 namespace {

@@ -8,11 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define MT_HOST_DEVICE __host__ __device__
-#else
-#define MT_HOST_DEVICE
-#endif
+#include "core/host_device.h"
 
 namespace mt::core {
 

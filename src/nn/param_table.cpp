@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/rng.h"
+#include "ops/rng_fill.h"
 
 namespace mt::nn {
 
@@ -100,9 +101,12 @@ void ParamTable::finalize(const Precision& precision, int64_t align) {
 
 void ParamTable::initialize(uint64_t seed) {
     MT_CHECK(finalized_, "initialize before finalize");
-    // Drawn on the host in the master dtype, then copied to the device.
+    // Drawn on the host in the master dtype, then copied to the device; master weights on the GPU draw their normal
+    // and constant kinds there (ops::rng_fill_normal gives the host's numbers), which for billions of parameters
+    // takes milliseconds instead of tens of seconds.
     for (int i = 0; i < size(); ++i) {
         const ParamSpec& s = specs_[static_cast<size_t>(i)];
+        if (initialize_on_device(i, seed)) continue;
         // An expert-sharded tensor draws the whole global tensor and keeps its rows (init is a one-time cost).
         // A normal draw writes every element: no zeroing memset first (the page faults of the first touch then land
         // in the fill's threads).
@@ -134,6 +138,31 @@ void ParamTable::initialize(uint64_t seed) {
         masters_[static_cast<size_t>(i)].copy_from(host);
     }
     refresh_params_from_master();
+}
+
+bool ParamTable::initialize_on_device(int i, uint64_t seed) {
+    const ParamSpec& s = specs_[static_cast<size_t>(i)];
+    const Tensor& master = masters_[static_cast<size_t>(i)];
+    // A tensor-parallel slice is a strided part of the global stream: drawn on the host (tp runs are not the slow
+    // start this is for). The log-uniform kinds are a few hundred elements.
+    if (master.device() == core::Device::cpu || param_tp_split(s)) return false;
+    switch (s.init) {
+        case InitKind::normal: {
+            // An expert shard's rows are a contiguous stretch of the global tensor's draws.
+            const int64_t row = s.shape.empty() || s.shape[0] == 0 ? 0 : master.numel() / s.shape[0];
+            const uint64_t offset = param_expert_sharded(s) ? static_cast<uint64_t>(s.shard_first * row) : 0;
+            ops::rng_fill_normal(master, seed, core::hash_name(s.name.c_str()), offset, 0.0, s.init_std);
+            return true;
+        }
+        case InitKind::ones:
+            master.fill(1.0);
+            return true;
+        case InitKind::zeros:
+            master.zero();
+            return true;
+        default:
+            return false;
+    }
 }
 
 void ParamTable::refresh_params_from_master() {

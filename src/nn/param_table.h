@@ -154,6 +154,10 @@ class ParamTable {
     Tensor view(const Tensor& arena, int i) const;
 
    private:
+    // Parameter i's master drawn where it lives when that is the GPU (normal, ones, zeros, not tp-split); false
+    // when the host must draw it.
+    bool initialize_on_device(int i, uint64_t seed);
+
     std::vector<ParamSpec> specs_;
     std::unordered_map<std::string, int> index_;
     std::vector<int64_t> offsets_;

@@ -290,3 +290,37 @@ TEST_F(GpuTraining, HybridWithDocumentMaskingMatchesCpu) {
     // by their kernels) and attention layers (the masked flash kernels), in the tiny model with pattern "KA".
     expect_gpu_follows_cpu(fresh_dir("hybrid_documents"), {"model.layer_pattern=\"KA\"", "data.document_mask=true"});
 }
+
+TEST_F(GpuTraining, InitialWeightsDrawnOnTheGpuEqualTheCpuDraws) {
+    // The master weights on the GPU are drawn there (ops::rng_fill_normal, constant kinds by fill); every layer type
+    // at once, bf16 mixed precision (f32 masters). Each element equals the CPU's draw, or in rare elements (the
+    // devices' double log or cos differing in the last bit) lies one f32 ulp away.
+    std::vector<std::string> o = kMoe;
+    o.insert(o.end(), {"model.layer_pattern=\"KA\"", "attnres.mode=\"block\"", "attnres.block_size=3"});
+    const std::string dir = fresh_dir("init_draws");
+    auto cpu_o = o, gpu_o = o;
+    cpu_o.push_back("run.device=\"cpu\"");
+    gpu_o.insert(gpu_o.end(), {"run.device=\"cuda\"", "run.precision=\"bf16\""});
+    Trainer cpu(tiny_job(dir, cpu_o), false), gpu(tiny_job(dir, gpu_o), false);
+    const auto& a = cpu.model().params();
+    const auto& b = gpu.model().params();
+    ASSERT_EQ(a.size(), b.size());
+    int64_t elements = 0, differ = 0;
+    for (int i = 0; i < a.size(); ++i) {
+        const mt::core::Tensor x = a.master(i).to(mt::core::DType::f32);
+        const mt::core::Tensor y = b.master(i).to_device(mt::core::Device::cpu).to(mt::core::DType::f32);
+        ASSERT_EQ(x.numel(), y.numel()) << a.spec(i).name;
+        const float* xp = x.data<float>();
+        const float* yp = y.data<float>();
+        for (int64_t k = 0; k < x.numel(); ++k, ++elements) {
+            if (xp[k] == yp[k]) continue;
+            ++differ;
+            ASSERT_LE(std::abs(xp[k] - yp[k]), std::abs(xp[k]) * 0x1.0p-23f) << a.spec(i).name << " element " << k;
+        }
+    }
+    std::printf("initial weights: %lld elements, %lld one ulp apart\n",
+                static_cast<long long>(elements),
+                static_cast<long long>(differ));
+    EXPECT_GT(elements, 100000);
+    EXPECT_LE(differ, 4);
+}

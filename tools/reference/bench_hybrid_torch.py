@@ -232,7 +232,11 @@ def main():
     torch.manual_seed(args.seed)
     dev = torch.device("cuda")
     B, T = int(train.get("batch_size", 4)), int(train.get("seq_len", 4096))
-    model = Hybrid(cfg, KimiDeltaAttention).to(dev)
+    t0 = time.perf_counter()
+    with dev:  # parameters are created and initialised on the GPU (seconds; on the host, minutes for billions)
+        model = Hybrid(cfg, KimiDeltaAttention)
+    torch.cuda.synchronize()
+    print(f"bench_hybrid_torch: model built in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": float(train.get("weight_decay", 0.1))},
@@ -261,7 +265,9 @@ def main():
     t0 = time.perf_counter()
     for k in range(args.warmup):
         step(k)
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        print(f"bench_hybrid_torch: warm-up step {k} done at {time.perf_counter() - t0:.1f} s (Triton compiles and "
+              "autotunes fla's kernels in the first)", file=sys.stderr, flush=True)
     warm_s = time.perf_counter() - t0
     torch.cuda.reset_peak_memory_stats()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
