@@ -30,4 +30,13 @@ double global_norm(const std::vector<Tensor>& tensors) {
     return MT_CALL_KERNEL(global_norm, check_list(tensors, op), tensors);
 }
 
+std::vector<double> global_norms_sq(const std::vector<Tensor>& tensors, const std::vector<int>& group, int groups) {
+    constexpr std::string_view op = "global_norms_sq";
+    MT_CHECK(group.size() == tensors.size(), "{}: {} group ids for {} tensors", op, group.size(), tensors.size());
+    MT_CHECK(groups >= 0, "{}: groups {} must be >= 0", op, groups);
+    for (size_t i = 0; i < group.size(); ++i)
+        MT_CHECK(group[i] >= 0 && group[i] < groups, "{}: group[{}] = {} is not in [0, {})", op, i, group[i], groups);
+    return MT_CALL_KERNEL(global_norms_sq, check_list(tensors, op), tensors, group, groups);
+}
+
 }  // namespace mt::ops

@@ -296,11 +296,18 @@ double GradSync::grad_norm() const {
                 if (p.begin < b.end && p.end > b.begin)
                     for (const Bucket::Held& h : b.held) add(p, h.begin, h.end, h.group);
     }
-    double local = 0.0;
+    // One norm call for every multiplicity (one device synchronisation).
+    std::vector<core::Tensor> all;
+    std::vector<int> group;
+    std::vector<double> copies_of;
     for (const auto& [n, tensors] : parts) {
-        const double norm = ops::global_norm(tensors);
-        local += norm * norm / n;
+        all.insert(all.end(), tensors.begin(), tensors.end());
+        group.insert(group.end(), tensors.size(), static_cast<int>(copies_of.size()));
+        copies_of.push_back(n);
     }
+    const std::vector<double> sq = ops::global_norms_sq(all, group, static_cast<int>(copies_of.size()));
+    double local = 0.0;
+    for (size_t k = 0; k < sq.size(); ++k) local += sq[k] / copies_of[k];
     return std::sqrt(comm_all_reduce_sum(*world_, local));
 }
 
@@ -327,11 +334,18 @@ std::vector<double> GradSync::group_norms_sq(const std::vector<int>& group_of, i
                 if (arenas_.params[i].begin < b.end && arenas_.params[i].end > b.begin)
                     for (const Bucket::Held& h : b.held) add(i, h.begin, h.end, h.group);
     }
-    std::vector<double> sq(static_cast<size_t>(groups), 0.0);
+    // Every (group, multiplicity) part in one norm call: one device synchronisation, not one per layer group.
+    std::vector<core::Tensor> all;
+    std::vector<int> part_of;
+    std::vector<std::pair<int, double>> keys;
     for (const auto& [key, tensors] : parts) {
-        const double norm = ops::global_norm(tensors);
-        sq[static_cast<size_t>(key.first)] += norm * norm / key.second;
+        all.insert(all.end(), tensors.begin(), tensors.end());
+        part_of.insert(part_of.end(), tensors.size(), static_cast<int>(keys.size()));
+        keys.push_back(key);
     }
+    const std::vector<double> part_sq = ops::global_norms_sq(all, part_of, static_cast<int>(keys.size()));
+    std::vector<double> sq(static_cast<size_t>(groups), 0.0);
+    for (size_t k = 0; k < keys.size(); ++k) sq[static_cast<size_t>(keys[k].first)] += part_sq[k] / keys[k].second;
     if (world_->size() > 1) world_->all_reduce(sq.data(), groups, CommType::f64, ReduceOp::sum).wait();
     return sq;
 }

@@ -101,8 +101,55 @@ void parity() {
         "global_norm_mixed", "norm of tensors[0]", scalar(global_norm(one)), scalar(global_norm({cpu[0]})), 1e-12);
 }
 
+// Groups: each group's sum equals the sum of squares of its tensors alone; groups may be empty; errors name the id.
+void grouped_known_values() {
+    const Tensor a = Tensor::zeros({2}, DType::f32), b = Tensor::zeros({3}, DType::f64);
+    a.fill(2.0);  // 8
+    b.fill(3.0);  // 27
+    const std::vector<double> sq = global_norms_sq({a, b, a, b}, {1, 0, 1, 2}, 4);
+    EXPECT_EQ(sq, (std::vector<double>{27.0, 16.0, 27.0, 0.0}));
+    EXPECT_TRUE(global_norms_sq({}, {}, 0).empty());
+    expect_op_error([&] { global_norms_sq({a}, {0, 1}, 2); }, "global_norms_sq: 2 group ids for 1 tensors");
+    expect_op_error([&] { global_norms_sq({a, b}, {0, 2}, 2); }, "global_norms_sq: group[1] = 2 is not in [0, 2)");
+}
+
+// CUDA groups against the CPU, with tensors of three dtypes, odd sizes and slices that start off 16-byte alignment
+// (the scalar path); each group's sum is bitwise the sum of its tensors taken alone, and repeats are bitwise equal.
+void grouped_parity() {
+    const std::vector<int64_t> sizes = {5, 65536 + 3, 1, 3 * 65536, 1000003, 9, 2 * 65536 + 17};
+    const std::vector<int> group = {2, 0, 2, 1, 0, 3, 0};
+    const DType dtypes[] = {DType::f32, DType::bf16, DType::f16};
+    std::vector<Tensor> cpu, dev;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        const DType dtype = dtypes[i % 3];
+        // Every other tensor is a slice starting 3 elements into a larger one: not 16-byte aligned.
+        const int64_t skip = i % 2 == 1 ? 3 : 0;
+        const Tensor t = op_randn({sizes[i] + skip}, 17, i, 0.0, 0.5 + static_cast<double>(i)).to(dtype);
+        const Tensor d = t.to_device(core::Device::cuda).slice(0, skip, skip + sizes[i]);
+        cpu.push_back(t.slice(0, skip, skip + sizes[i]).to(DType::f32));
+        dev.push_back(d);
+    }
+    const std::vector<double> got = global_norms_sq(dev, group, 5), ref = global_norms_sq(cpu, group, 5);
+    ASSERT_EQ(got.size(), 5u);
+    EXPECT_EQ(got[4], 0.0);
+    for (int g = 0; g < 4; ++g) {
+        Tensor a = Tensor::zeros({1}, DType::f64), b = Tensor::zeros({1}, DType::f64);
+        core::tensor_set_flat(a, 0, got[static_cast<size_t>(g)]);
+        core::tensor_set_flat(b, 0, ref[static_cast<size_t>(g)]);
+        op_expect_parity(fmt::format("global_norms_sq_group{}", g), "sum of squares", a, b, 1e-12);
+        std::vector<Tensor> alone;
+        for (size_t i = 0; i < dev.size(); ++i)
+            if (group[i] == g) alone.push_back(dev[i]);
+        EXPECT_EQ(global_norms_sq(alone, std::vector<int>(alone.size(), 0), 1)[0], got[static_cast<size_t>(g)])
+            << "group " << g;
+    }
+    EXPECT_EQ(global_norms_sq(dev, group, 5), got) << "two CUDA runs differ";
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
     op_register_parity_check("global_norm", "global_norm_mixed_dtypes", parity);
+    op_register_parity_check("global_norm", "global_norms_sq_groups", grouped_parity);
+    op_register_check("global_norm", "global_norms_sq_known_values", grouped_known_values);
     op_register_check("global_norm", "global_norm_known_values", known_values);
     op_register_check("global_norm", "global_norm_accumulates_in_f64", accumulates_in_f64);
     op_register_check("global_norm", "global_norm_thread_count_invariant", thread_count_invariant);

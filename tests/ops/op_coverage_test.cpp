@@ -35,7 +35,7 @@ TEST(OpCoverage, EveryHeaderHasCases) {
 
 // The op header that declares a kernel slot's entry point (a line "<type> NAME(" in src/ops/<op>.h), or "".
 std::string header_of(const std::string& kernel) {
-    const std::regex declaration("^(void|double|int64_t) " + kernel + "\\(");
+    const std::regex declaration("^(void|double|int64_t|std::vector<double>) " + kernel + "\\(");
     const std::filesystem::path dir = std::filesystem::path(MT_SOURCE_DIR) / "src" / "ops";
     for (const auto& entry : std::filesystem::directory_iterator(dir)) {
         if (entry.path().extension() != ".h") continue;

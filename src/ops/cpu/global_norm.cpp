@@ -62,4 +62,14 @@ double global_norm(const std::vector<Tensor>& tensors) {
 }
 MT_REGISTER_KERNEL(global_norm, cpu, global_norm, ::mt::ops::float_dtypes);
 
+// The CPU kernel of ops::global_norms_sq: each tensor's sum of squares added to its group's, in list order.
+std::vector<double> global_norms_sq(const std::vector<Tensor>& tensors, const std::vector<int>& group, int groups) {
+    constexpr std::string_view op = "global_norms_sq";
+    std::vector<double> out(static_cast<size_t>(groups), 0.0);
+    for (size_t i = 0; i < tensors.size(); ++i)
+        out[static_cast<size_t>(group[i])] += sum_squares_checked(tensors[i], op, fmt::format("tensors[{}]", i));
+    return out;
+}
+MT_REGISTER_KERNEL(global_norms_sq, cpu, global_norms_sq, ::mt::ops::float_dtypes);
+
 }  // namespace mt::ops::cpu
