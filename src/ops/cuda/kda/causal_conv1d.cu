@@ -109,9 +109,19 @@ __device__ __forceinline__ void store_at(T* p, const ConvDims& d, const ThreadSp
     *reinterpret_cast<Elems<T, kVec>*>(p + sp.at + s * d.c) = Elems<T, kVec>::from(v);
 }
 
-// The first input position of token s (its document's start; 0 without a map or where `ok` is false).
-__device__ __forceinline__ int first_input(const ThreadSpan& sp, int s, bool ok) {
-    return sp.first != nullptr && ok ? sp.first[s] : 0;
+// The kChunk tokens from `base` into registers, those outside [lo, hi) as zeros: all the loads issue before any use.
+template <int kVec, typename T>
+__device__ __forceinline__ void load_chunk(
+    const T* p, const ConvDims& d, const ThreadSpan& sp, int base, int lo, int hi, Elems<T, kVec> (&r)[kChunk]) {
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) r[u] = load_at<kVec>(p, d, sp, base + u, base + u >= lo && base + u < hi);
+}
+
+// The first input positions (documents' starts) of the kChunk tokens from `base`; 0 without a map or outside [lo, hi).
+__device__ __forceinline__ void load_firsts(const ThreadSpan& sp, int base, int lo, int hi, int (&first)[kChunk]) {
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u)
+        first[u] = sp.first != nullptr && base + u >= lo && base + u < hi ? sp.first[base + u] : 0;
 }
 
 // Window slot j of token s holds x[s - kW + 1 + j]; tap tau of w sits in slot kW - W + tau. The first slot s reads:
@@ -143,6 +153,14 @@ __device__ __forceinline__ void push(A (&win)[kW][kVec], const A (&in)[kVec]) {
     for (int v = 0; v < kVec; ++v) win[kW - 1][v] = in[v];
 }
 
+// Shifts the input window by one token, the last slot taking the token's elements.
+template <int kW, int kVec, typename T>
+__device__ __forceinline__ void push_input(float (&xw)[kW][kVec], const Elems<T, kVec>& e) {
+    float v[kVec];
+    e.to(v);
+    push(xw, v);
+}
+
 // Pre-activation z = sum over the slots j >= j0 (taps in order) of w x.
 template <int kW, int kVec>
 __device__ __forceinline__ void pre_activation(const float (&xw)[kW][kVec],
@@ -169,19 +187,14 @@ __global__ void __launch_bounds__(kLanes* kWarps)
     for (int base = sp.t0 - (kW - 1); base < sp.t1; base += kChunk) {
         Elems<TX, kVec> xr[kChunk];
         int first[kChunk];
+        load_chunk(x, d, sp, base, 0, sp.t1, xr);
+        load_firsts(sp, base, sp.t0, sp.t1, first);
 #pragma unroll
         for (int u = 0; u < kChunk; ++u) {
+            push_input(xw, xr[u]);
             const int s = base + u;
-            xr[u] = load_at<kVec>(x, d, sp, s, s >= 0 && s < sp.t1);
-            first[u] = first_input(sp, s, s >= sp.t0 && s < sp.t1);
-        }
-#pragma unroll
-        for (int u = 0; u < kChunk; ++u) {
-            const int s = base + u;
-            float xv[kVec], z[kVec];
-            xr[u].to(xv);
-            push(xw, xv);
             if (s < sp.t0 || s >= sp.t1) continue;
+            float z[kVec];
             pre_activation(xw, wv, first_slot<kW>(d, s, first[u]), z);
 #pragma unroll
             for (int v = 0; v < kVec; ++v) z[v] = silu ? z[v] * sigmoid_f32(z[v]) : z[v];
@@ -208,20 +221,15 @@ __device__ __forceinline__ void conv_bwd_span(const TX* __restrict__ x,
     for (int base = sp.t0 - (kW - 1); base < end; base += kChunk) {
         Elems<TX, kVec> xr[kChunk], dyr[kChunk];
         int first[kChunk];
+        const int hi = end < d.t ? end : d.t;  // dy and the map only for the outputs whose dz the thread needs
+        load_chunk(x, d, sp, base, 0, hi, xr);
+        load_chunk(dy, d, sp, base, sp.t0, hi, dyr);
+        load_firsts(sp, base, sp.t0, hi, first);
 #pragma unroll
         for (int u = 0; u < kChunk; ++u) {
+            push_input(xw, xr[u]);
             const int s = base + u;
-            const bool out = s >= sp.t0 && s < d.t && s < end;  // an output whose dz the thread needs
-            xr[u] = load_at<kVec>(x, d, sp, s, s >= 0 && s < d.t && s < end);
-            dyr[u] = load_at<kVec>(dy, d, sp, s, out);
-            first[u] = first_input(sp, s, out);
-        }
-#pragma unroll
-        for (int u = 0; u < kChunk; ++u) {
-            const int s = base + u;
-            float xv[kVec], dz[kVec];
-            xr[u].to(xv);
-            push(xw, xv);
+            float dz[kVec];
             dyr[u].to(dz);  // zero outside the outputs
             if (s >= sp.t0 && s < d.t) {
                 const int j0 = first_slot<kW>(d, s, first[u]);
@@ -262,13 +270,13 @@ __device__ __forceinline__ void conv_bwd_span(const TX* __restrict__ x,
 
 // dx, and partial[tile, ch, tau] = the block's dw sums: each thread's tokens in order, then the warps in order.
 template <typename TX, typename TW, int kW, int kVec>
-__global__ void __launch_bounds__(kLanes* kWarps) conv_bwd_kernel(const TX* __restrict__ x,
-                                                                  const TW* __restrict__ w,
-                                                                  const TX* __restrict__ dy,
-                                                                  TX* __restrict__ dx,
-                                                                  float* __restrict__ partial,
-                                                                  ConvDims d,
-                                                                  bool silu) {
+__global__ void __launch_bounds__(kLanes* kWarps, 4) conv_bwd_kernel(const TX* __restrict__ x,
+                                                                     const TW* __restrict__ w,
+                                                                     const TX* __restrict__ dy,
+                                                                     TX* __restrict__ dx,
+                                                                     float* __restrict__ partial,
+                                                                     ConvDims d,
+                                                                     bool silu) {
     __shared__ float sums[kWarps][kW][kLanes * kVec];
     const ThreadSpan sp = thread_span<kVec>(d);
     float dwp[kW][kVec] = {};
