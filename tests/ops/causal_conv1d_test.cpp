@@ -1,6 +1,8 @@
-// Harness cases and argument checks of the causal depthwise conv (ops/causal_conv1d.h): widths 1 to 4, T shorter
+// Harness cases and argument checks of the causal depthwise conv (ops/causal_conv1d.h): widths 1 to 8, T shorter
 // than the width, with and without SiLU, and with a document-start map (documents every `doc` tokens, so the CUDA
-// kernels' own masking is held to the CPU's per-document split); a check against the definition written out.
+// kernels' own masking is held to the CPU's per-document split); a check against the definition written out. The
+// CUDA kernels tile time by 64 tokens a thread and 256 a block, and channels by 64 (even C) or 32 (odd C) a warp
+// (src/ops/cuda/kda/causal_conv1d.cu): the larger cases put T, C and document starts on and off those edges.
 #include "ops/causal_conv1d.h"
 
 #include <gtest/gtest.h>
@@ -58,6 +60,14 @@ OpCase conv_case(int64_t b, int64_t t, int64_t c, int64_t width, bool silu, int6
     return oc;
 }
 
+// The case with a bf16 dw in the bf16 and f16 parity runs (f32 by default: bf16 activations keep f32 parameter
+// gradients), so the kernels' rounding of the accumulated dw is checked too.
+OpCase with_bf16_dw(OpCase c) {
+    c.name += "_dwbf16";
+    c.parity.bf16_accumulated_grad = DType::bf16;
+    return c;
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
     op_register(conv_case(1, 1, 1, 4, true));
     op_register(conv_case(2, 3, 5, 4, true));  // T < width
@@ -69,6 +79,22 @@ OpCase conv_case(int64_t b, int64_t t, int64_t c, int64_t width, bool silu, int6
     op_register(conv_case(2, 11, 7, 4, true, 2));
     op_register(conv_case(3, 40, 33, 4, false, 7));
     op_register(conv_case(2, 300, 64, 4, true, 37));
+    // The CUDA tiles: T past a block of 256 by 44 and by 1, C = 130 (two 64-channel spans and a 2-channel one) and odd
+    // C (one channel a thread), T = 2 < W with even C, widths 3 (inside the 4-tap window) and 5 to 8 (the 8-tap one).
+    op_register(conv_case(2, 300, 130, 4, true));
+    op_register(conv_case(2, 300, 130, 4, false, 61));  // documents across thread and block tiles
+    op_register(conv_case(1, 257, 33, 4, false));
+    op_register(conv_case(3, 2, 6, 4, true));
+    op_register(conv_case(3, 129, 66, 3, true, 64));   // documents starting on thread tiles
+    op_register(conv_case(2, 520, 64, 4, true, 256));  // documents starting on block tiles
+    op_register(conv_case(2, 200, 31, 4, true, 1));    // one-token documents: every tap but the last masked
+    op_register(conv_case(2, 150, 9, 6, true, 13));
+    op_register(conv_case(1, 70, 4, 8, false));
+    op_register(conv_case(2, 5, 3, 8, true));
+    op_register(with_bf16_dw(conv_case(2, 300, 66, 4, true, 50)));
+    // Many blocks along time and channels, every row split into documents (CUDA only: large for the fp64 modes).
+    op_register(op_parity_only(conv_case(3, 1100, 258, 4, true, 300)));
+    op_register(op_parity_only(conv_case(2, 700, 515, 4, false)));
     return true;
 }();
 
