@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "nn/enum_names.h"
+#include "ops/grouped_linear.h"
 #include "ops/moe_permute.h"
 #include "ops/moe_router.h"
 
@@ -32,6 +33,14 @@ template <>
 struct EnumNames<ops::MoeDropPolicy> {
     static constexpr std::array<std::pair<ops::MoeDropPolicy, const char*>, 2> names = {
         {{ops::MoeDropPolicy::probs, "probs"}, {ops::MoeDropPolicy::position, "position"}}};
+};
+
+template <>
+struct EnumNames<ops::GroupedGemm> {
+    static constexpr std::array<std::pair<ops::GroupedGemm, const char*>, 3> names = {
+        {{ops::GroupedGemm::automatic, "auto"},
+         {ops::GroupedGemm::device, "device"},
+         {ops::GroupedGemm::cublaslt, "cublaslt"}}};
 };
 
 // moe.modality_bias (multimodal.md §4): how the router treats the token modalities of image + text batches (0 text,
@@ -93,6 +102,10 @@ struct MoeConfig {
     // during the dispatch, the router's backward during the gradients' trip back (moe_layer.cpp). The same ops on
     // the same data as the blocking order, so the same result bit for bit.
     bool overlap_dispatch = true;
+    // The CUDA expert GEMMs (ops/grouped_linear.h): the one-launch device kernel, which reads the plan's offsets on
+    // the device, so the layer copies them back only where something else needs them (expert parallelism's plan);
+    // or cuBLASLt per expert from the host copy. auto: the device kernel where it takes the layer's dtypes and sizes.
+    ops::GroupedGemm grouped_gemm = ops::GroupedGemm::automatic;
     MoeBalanceConfig balance;
     MoeCollapseConfig alarm;
     MoeModalityBias modality_bias = MoeModalityBias::off;

@@ -1,9 +1,17 @@
-// Entry points of the grouped linear op: argument checks (offsets monotone and covering the rows), then the CUDA path
-// or the CPU reference.
+// Entry points of the grouped linear op: argument checks (host offsets monotone and covering the rows), the choice of
+// the CUDA implementation (device offsets for the device kernel, a host copy for cuBLASLt), then the CUDA path or the
+// CPU reference.
 #include "ops/grouped_linear.h"
 
+#include <cstdint>
+
+#include "core/backend.h"
 #include "ops/cpu/checks.h"
 #include "ops/registry.h"
+
+#ifdef MT_HAVE_CUDA
+#include "ops/cuda/gemm/grouped_gemm_sm90.h"
+#endif
 
 namespace mt::ops {
 
@@ -36,9 +44,49 @@ Tensor host_offsets(const Tensor& offsets, int64_t e, int64_t rows, std::string_
     return h;
 }
 
+// Whether a call on `dev` takes the device kernel (see the header); impl = device fails naming why it cannot.
+bool use_device_kernel(core::Device dev,
+                       const Tensor& offsets,
+                       GroupedGemm impl,
+                       DType dw_dtype,
+                       const Tensor& x,
+                       const Tensor& w,
+                       std::initializer_list<std::pair<const char*, const Tensor*>> tensors,
+                       std::string_view op) {
+    if (dev != core::Device::cuda || impl == GroupedGemm::cublaslt) return false;
+    std::string why;
+    if (!offsets.defined() || offsets.device() != core::Device::cuda)
+        why = "offsets are not a cuda tensor";
+    else
+        why = grouped_linear_device_why_not(x.dtype(), dw_dtype, w.size(2), w.size(1));
+    for (const auto& [name, t] : tensors)
+        if (why.empty() && t->defined() && reinterpret_cast<uintptr_t>(t->raw()) % 16 != 0)
+            why = fmt::format("{} is not 16-byte aligned", name);
+    MT_CHECK(why.empty() || impl != GroupedGemm::device, "{}: the device grouped GEMM cannot run: {}", op, why);
+    return why.empty();
+}
+
+// Device offsets as the device kernel reads them: only their dtype and shape are checked (reading them would
+// synchronise).
+const Tensor& device_offsets(const Tensor& offsets, int64_t e, std::string_view op) {
+    cpu::check_i32_arg(offsets, op, "offsets", 1);
+    check_shape(offsets, {e + 1}, op, "offsets");
+    return offsets;
+}
+
 }  // namespace
 
-void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y) {
+std::string grouped_linear_device_why_not(DType x, DType dw, int64_t k, int64_t m) {
+#ifdef MT_HAVE_CUDA
+    if (!core::backend_available(core::Device::cuda)) return "no CUDA device";
+    return cuda::grouped_gemm_sm90_why_not(x, dw, k, m);
+#else
+    (void)x, (void)dw, (void)k, (void)m;
+    return "this build has no CUDA path";
+#endif
+}
+
+void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y, GroupedGemm impl) {
     constexpr std::string_view op = "grouped_linear_fwd";
     check_arg(x, op, "x", 2);
     check_arg(w, op, "w", 3);
@@ -47,8 +95,9 @@ void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets,
     check_shape(w, {e, m, k}, op, "w");
     check_shape(y, {rows, m}, op, "y");
     const core::Device dev = check_same_device(op, {{"x", x}, {"w", w}, {"y", y}});
-    const Tensor o = host_offsets(offsets, e, rows, op);
-    MT_CALL_KERNEL(grouped_linear_fwd, dev, x, w, o, y);
+    const bool device = use_device_kernel(dev, offsets, impl, x.dtype(), x, w, {{"x", &x}, {"w", &w}, {"y", &y}}, op);
+    const Tensor o = device ? device_offsets(offsets, e, op) : host_offsets(offsets, e, rows, op);
+    MT_CALL_KERNEL(grouped_linear_fwd, dev, x, w, o, y, impl);
 }
 
 void grouped_linear_bwd(const Tensor& x,
@@ -57,7 +106,8 @@ void grouped_linear_bwd(const Tensor& x,
                         const Tensor& dy,
                         const Tensor& dx,
                         const Tensor& dw,
-                        bool accumulate_dx) {
+                        bool accumulate_dx,
+                        GroupedGemm impl) {
     constexpr std::string_view op = "grouped_linear_bwd";
     check_arg(x, op, "x", 2);
     check_arg(w, op, "w", 3);
@@ -72,8 +122,10 @@ void grouped_linear_bwd(const Tensor& x,
         check_shape(dx, {rows, k}, op, "dx");
     }
     const core::Device dev = check_same_device(op, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}});
-    const Tensor o = host_offsets(offsets, e, rows, op);
-    MT_CALL_KERNEL(grouped_linear_bwd, dev, x, w, o, dy, dx, dw, accumulate_dx);
+    const bool device = use_device_kernel(
+        dev, offsets, impl, dw.dtype(), x, w, {{"x", &x}, {"w", &w}, {"dy", &dy}, {"dx", &dx}, {"dw", &dw}}, op);
+    const Tensor o = device ? device_offsets(offsets, e, op) : host_offsets(offsets, e, rows, op);
+    MT_CALL_KERNEL(grouped_linear_bwd, dev, x, w, o, dy, dx, dw, accumulate_dx, impl);
 }
 
 }  // namespace mt::ops

@@ -233,6 +233,12 @@ std::vector<Field> config_schema(JobConfig& c) {
              "under expert parallelism, run the shared experts' forward while the rows travel to their experts, and "
              "the router's backward while the gradients travel back (the same result bit for bit as false, which "
              "waits for each all-to-all; [distributed.md](distributed.md))"),
+        choice("moe.grouped_gemm",
+               &e.grouped_gemm,
+               "CUDA expert GEMMs: `device` runs one kernel per product for all experts, reading the routing plan on "
+               "the GPU (no host synchronisation; bf16 with `d_model` and `expert_ffn_dim` multiples of 8 on Hopper), "
+               "`cublaslt` one cuBLASLt GEMM per expert from a host copy of the plan, `auto` the device kernel where "
+               "it applies ([moe.md](moe.md) \"CUDA\")"),
         choice("moe.balance",
                &e.balance.mode,
                "load balancing (spec moe.md §2): Quantile Balancing, DeepSeek-V3's sign update, the auxiliary loss, "

@@ -14,6 +14,7 @@
 
 #include "core/rng.h"
 #include "nn/layers/moe_layer.h"
+#include "ops/grouped_linear.h"
 #include "ops/moe_permute.h"
 #include "ops/op_harness.h"
 
@@ -209,6 +210,28 @@ TEST(GpuMoeLayer, ModalityBalancedAndLearnedMatchCpu) {
     learned.drop_policy = ops::MoeDropPolicy::position;
     compare_layers(learned, Precision::cuda_f32(), 1e-5, "learned cap f32", true);
     compare_layers(learned, Precision::cuda_mixed(DType::bf16), 1e-2, "learned cap bf16", true);
+}
+
+// moe.grouped_gemm: the device grouped GEMM (device offsets, no copy back; skipped off Hopper) and cuBLASLt (host
+// offsets) each match the CPU layer, dropless and with capacity drops; "device" where the kernel cannot run (f32)
+// fails at resize, naming why.
+TEST(GpuMoeLayer, GroupedGemmChoicesMatchCpu) {
+    if (skip()) GTEST_SKIP() << ops::test::kOpNoGpuMessage;
+    const bool device = ops::grouped_linear_device_why_not(DType::bf16, DType::f32, kD, 48).empty();
+    for (ops::GroupedGemm choice : {ops::GroupedGemm::device, ops::GroupedGemm::cublaslt}) {
+        if (choice == ops::GroupedGemm::device && !device) continue;
+        const std::string tag = enum_name(choice);
+        MoeConfig moe = gpu_moe(MoeBalanceMode::quantile);
+        moe.grouped_gemm = choice;
+        compare_layers(moe, Precision::cuda_mixed(DType::bf16), 1e-2, tag + " qb bf16");
+        moe.capacity_factor = 1.0;
+        moe.drop_policy = ops::MoeDropPolicy::position;
+        compare_layers(moe, Precision::cuda_mixed(DType::bf16), 1e-2, tag + " cap bf16");
+    }
+    MoeConfig moe = gpu_moe(MoeBalanceMode::quantile);
+    moe.grouped_gemm = ops::GroupedGemm::device;
+    ops::test::expect_op_error([&] { Side f32(moe, Precision::cuda_f32()); },
+                               "moe.grouped_gemm = \"device\": x is f32, the device kernel takes bf16");
 }
 
 // Two steps, run twice from the same state: outputs, dx, gradients and the bias are the same bits.

@@ -1,6 +1,8 @@
 // Cases and checks of the grouped linear op (ops/grouped_linear.h): gradients with empty experts and row counts that
 // cross the linear reference's 128-row chunks, and the bitwise equality with the per-expert loop of the linear op
-// (moe.md §6 test 3, CPU part).
+// (moe.md §6 test 3, CPU part). The parity cases with offsets on the device run the device grouped GEMM in bf16
+// (gemm/grouped_gemm_sm90.cu: 128-row tiles, 128 output columns, 64-deep steps) and cuBLASLt in f16 and f32; more
+// GPU checks are in grouped_linear_gpu_test.cpp.
 #include "ops/grouped_linear.h"
 
 #include <gtest/gtest.h>
@@ -21,33 +23,57 @@ Tensor make_offsets(const std::vector<int32_t>& counts) {
     return o;
 }
 
-OpCase grouped_case(const std::vector<int32_t>& counts, int64_t k, int64_t m) {
+// accumulate_dx: dx accumulates (+=), and the bf16 and f16 runs keep dx and dw in the input's dtype (a half-precision
+// dx must be, and it tests the device kernel's bf16 dw). tag: the name's row-count part (long lists are summarised).
+OpCase grouped_case(
+    const std::vector<int32_t>& counts, int64_t k, int64_t m, bool accumulate_dx = false, std::string tag = {}) {
     int64_t rows = 0;
-    std::string tag;
+    const bool list = tag.empty();
     for (int32_t c : counts) {
         rows += c;
-        tag += fmt::format("_{}", c);
+        if (list) tag += fmt::format("_{}", c);
     }
     const int64_t e = static_cast<int64_t>(counts.size());
-    const std::string name = fmt::format("grouped_linear_k{}_m{}_rows{}", k, m, tag);
-    return {"grouped_linear", name, [=] {
-                const uint64_t s = op_seed(name);
-                OpProblem p;
-                p.inputs = {{"x", op_randn({rows, k}, s, 0), GradKind::written},
-                            {"w", op_randn({e, m, k}, s, 1, 0.0, 1.0 / std::sqrt(k)), GradKind::accumulated},
-                            {"offsets", make_offsets(counts), GradKind::none}};
-                p.forward = [rows, m](const std::vector<Tensor>& in) {
-                    Tensor y = op_like(in[0], {rows, m});
-                    grouped_linear_fwd(in[0], in[1], in[2], y);
-                    return std::vector<Tensor>{y};
-                };
-                p.backward = [](const std::vector<Tensor>& in,
-                                const std::vector<Tensor>& dout,
-                                const std::vector<Tensor>& grads) {
-                    grouped_linear_bwd(in[0], in[1], in[2], dout[0], grads[0], grads[1]);
-                };
-                return p;
-            }};
+    const std::string name =
+        fmt::format("grouped_linear_k{}_m{}_rows{}{}", k, m, tag, accumulate_dx ? "_accumulate_dx" : "");
+    OpCase c = {"grouped_linear", name, [=] {
+                    const uint64_t s = op_seed(name);
+                    OpProblem p;
+                    p.inputs = {
+                        {"x", op_randn({rows, k}, s, 0), accumulate_dx ? GradKind::accumulated : GradKind::written},
+                        {"w", op_randn({e, m, k}, s, 1, 0.0, 1.0 / std::sqrt(k)), GradKind::accumulated},
+                        {"offsets", make_offsets(counts), GradKind::none}};
+                    p.forward = [rows, m](const std::vector<Tensor>& in) {
+                        Tensor y = op_like(in[0], {rows, m});
+                        grouped_linear_fwd(in[0], in[1], in[2], y);
+                        return std::vector<Tensor>{y};
+                    };
+                    p.backward = [accumulate_dx](const std::vector<Tensor>& in,
+                                                 const std::vector<Tensor>& dout,
+                                                 const std::vector<Tensor>& grads) {
+                        grouped_linear_bwd(in[0], in[1], in[2], dout[0], grads[0], grads[1], accumulate_dx);
+                    };
+                    return p;
+                }};
+    if (accumulate_dx) c.parity.bf16_accumulated_grad = DType::bf16;
+    return c;
+}
+
+// E row counts drawn from {0, 1, 2, 3, 5, 7, 11, 13, 61, 127, 128, 129, 131, 257}, seeded: empty experts, single rows,
+// primes and counts on either side of the device kernel's 128-row tiles, in varying order.
+std::vector<int32_t> mixed_counts(int64_t e, uint64_t seed) {
+    static const int32_t kCounts[] = {0, 1, 2, 3, 5, 7, 11, 13, 61, 127, 128, 129, 131, 257};
+    const Tensor pick = op_rand_ids({e}, seed, 0, 0, 14);
+    std::vector<int32_t> counts;
+    for (int64_t j = 0; j < e; ++j) counts.push_back(kCounts[pick.data<int32_t>()[j]]);
+    return counts;
+}
+
+// E experts with all rows in expert `at`.
+std::vector<int32_t> one_expert(int64_t e, int64_t at, int32_t rows) {
+    std::vector<int32_t> counts(static_cast<size_t>(e), 0);
+    counts[static_cast<size_t>(at)] = rows;
+    return counts;
 }
 
 [[maybe_unused]] const bool kRegistered = [] {
@@ -59,6 +85,21 @@ OpCase grouped_case(const std::vector<int32_t>& counts, int64_t k, int64_t m) {
     op_register(
         op_parity_only(grouped_case({300, 0, 129, 1, 77, 0, 0, 512, 64, 255, 3, 0, 640, 7, 33, 100}, 256, 192)));
     op_register(op_parity_only(grouped_case({0, 1000, 24, 0}, 96, 200)));
+    // The device kernel (bf16): E in {1, 3, 64, 257}, K and M in {64, 72, 256, 1536} (72: a partial 64-deep step and
+    // a partial 128-column tile), dx written and accumulated, dw f32 and bf16.
+    op_register(grouped_case({37}, 8, 16));  // the smallest shapes it takes, through every CPU mode too
+    op_register(grouped_case({3, 0, 2}, 16, 8, /*accumulate_dx=*/true));
+    op_register(op_parity_only(grouped_case({300}, 64, 64)));
+    op_register(op_parity_only(grouped_case({1}, 72, 1536)));
+    op_register(op_parity_only(grouped_case({0, 131, 1}, 72, 256)));
+    op_register(op_parity_only(grouped_case({129, 0, 257}, 1536, 72, true)));
+    op_register(op_parity_only(grouped_case({257, 128, 0}, 1536, 1536)));
+    op_register(op_parity_only(grouped_case(mixed_counts(64, 1), 256, 72, false, "_mixed64")));
+    op_register(op_parity_only(grouped_case(mixed_counts(64, 2), 72, 256, true, "_mixed64")));
+    op_register(op_parity_only(grouped_case(one_expert(64, 17, 1009), 1536, 64, false, "_one_of_64")));
+    op_register(op_parity_only(grouped_case(mixed_counts(257, 3), 64, 1536, false, "_mixed257")));
+    op_register(op_parity_only(grouped_case(mixed_counts(257, 4), 1536, 256, true, "_mixed257")));
+    op_register(op_parity_only(grouped_case(one_expert(257, 256, 389), 256, 256, true, "_last_of_257")));
     return true;
 }();
 

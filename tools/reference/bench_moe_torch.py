@@ -5,9 +5,11 @@ sigmoid router (bf16 GEMM, f32 scores), top-k of the scores, gates normalised ov
 permutation by a stable argsort of the expert ids, the three expert GEMMs with torch._grouped_mm (device-side
 offsets, no host synchronisation), SwiGLU, and the gate-weighted combine (a batched [1, k] x [k, d] product per
 token). Forward and forward + backward (autograd, bf16 parameters and gradients) are timed with CUDA events, median
-over the timed iterations; one JSON line per case, the fields of bench_moe.
+over the timed iterations; one JSON line per case, the fields of bench_moe. The cases of bench_moe: 64 and 256
+experts of width --ffn, and 1024 experts of width --ffn-1024 (256).
 
   python3 tools/reference/bench_moe_torch.py [--iters 10] [--warmup 3] [--tokens 16384] [--d 2048] [--ffn 1024]
+      [--ffn-1024 256]
 """
 import argparse
 import json
@@ -87,12 +89,14 @@ def main():
     ap.add_argument("--d", type=int, default=2048)
     ap.add_argument("--ffn", type=int, default=1024)
     ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--ffn-1024", type=int, default=256, help="expert width of the 1024-expert case")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print(json.dumps({"bench": "moe", "impl": "pytorch", "skipped": "no CUDA device"}))
         return
     bench_case(a.tokens, a.d, a.ffn, 64, a.top_k, 12.0, a.warmup, a.iters)
     bench_case(a.tokens, a.d, a.ffn, 256, a.top_k, 0.0, a.warmup, a.iters)
+    bench_case(a.tokens, a.d, a.ffn_1024, 1024, a.top_k, 0.0, a.warmup, a.iters)
 
 
 if __name__ == "__main__":

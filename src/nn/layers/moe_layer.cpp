@@ -114,6 +114,8 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
     bias_uploaded_.assign(static_cast<size_t>(groups * e), 0.0f);
     offsets_ = zi({e + 1}), slot_row_ = zi({n, k}), row_token_ = zi({r});
     offsets_host_ = dev == core::Device::cpu ? offsets_ : Tensor::zeros({e + 1}, DType::i32);
+    device_gemm_ = use_device_gemm(precision);
+    local_offsets_ = device_gemm_ && ep_.size > 1 ? zi({e / ep_.size + 1}) : Tensor();
     xp_ = z({r, c}), yp_ = z({r, c});
     // The aux loss's gradient on the scores is computed in the forward and kept for the backward.
     d_scores_aux_ = moe_.balance.mode == MoeBalanceMode::aux_loss ? zr({n, e}) : Tensor();
@@ -130,6 +132,17 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
         shared_->resize(n, precision);
         shared_out_ = z({n, c});
     }
+}
+
+// Whether the expert GEMMs take the device kernel (moe.grouped_gemm): a cuda precision whose activations and gradient
+// dtypes and sizes it takes. The conditions on K and M are symmetric, so (d_model, F) covers all three GEMMs.
+bool MoeLayer::use_device_gemm(const Precision& precision) const {
+    const ops::GroupedGemm choice = moe_.grouped_gemm;
+    if (precision.device != core::Device::cuda || choice == ops::GroupedGemm::cublaslt) return false;
+    const std::string why =
+        ops::grouped_linear_device_why_not(precision.compute, precision.master, model_.d_model, moe_.expert_ffn_dim);
+    MT_CHECK(why.empty() || choice != ops::GroupedGemm::device, "{}: moe.grouped_gemm = \"device\": {}", prefix_, why);
+    return why.empty();
 }
 
 void MoeLayer::reserve_expert_rows(int64_t rows) {
@@ -161,10 +174,11 @@ void MoeLayer::list_dropped() {
 void MoeLayer::experts_forward(const Tensor& xe, const Tensor& ye, const Tensor& yp) {
     const int64_t re = expert_rows_;
     const Tensor hg = hg_.slice(0, 0, re), hu = hu_.slice(0, 0, re), act = act_.slice(0, 0, re);
-    ops::grouped_linear_fwd(xe, table_->param(w_gate_), expert_offsets_, hg);
-    ops::grouped_linear_fwd(xe, table_->param(w_up_), expert_offsets_, hu);
+    const ops::GroupedGemm impl = moe_.grouped_gemm;
+    ops::grouped_linear_fwd(xe, table_->param(w_gate_), expert_offsets_, hg, impl);
+    ops::grouped_linear_fwd(xe, table_->param(w_up_), expert_offsets_, hu, impl);
     ops::swiglu_fwd(hg, hu, act);
-    ops::grouped_linear_fwd(act, table_->param(w_down_), expert_offsets_, ye);
+    ops::grouped_linear_fwd(act, table_->param(w_down_), expert_offsets_, ye, impl);
     if (ep_.size > 1) dispatch_.to_sources(ye, yp);
 }
 
@@ -213,18 +227,24 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
                                                                   moe_.capacity_factor))
                                  : 0;
     rows_ = ops::moe_permute_plan(indices_, gates_, e, capacity, moe_.drop_policy, offsets_, slot_row_, row_token_);
-    if (offsets_host_.raw() != offsets_.raw()) offsets_host_.copy_from(offsets_);  // CUDA: the one synchronisation
+    // The host copy of the offsets (CUDA: a synchronisation) only where something reads it: the cuBLASLt expert GEMMs
+    // and expert parallelism's dispatch plan. The device grouped GEMM reads the plan's offsets where they are.
+    const bool ep = ep_.size > 1;
+    if ((ep || !device_gemm_) && offsets_host_.raw() != offsets_.raw()) offsets_host_.copy_from(offsets_);
     const Tensor xp = xp_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
     ops::moe_permute_fwd(x, row_token_.slice(0, 0, rows_), xp);
     // expert parallelism: the rows go to the ranks holding their experts
-    const bool ep = ep_.size > 1;
     expert_rows_ = rows_;
-    expert_offsets_ = offsets_host_;
+    expert_offsets_ = device_gemm_ ? offsets_ : offsets_host_;
     if (ep) {
         MT_CHECK(ep_.comm != nullptr, "{}: expert parallelism over {} ranks without a communicator", prefix_, ep_.size);
         dispatch_.plan(offsets_host_, *ep_.comm, ep_.rows_comm != nullptr ? *ep_.rows_comm : *ep_.comm, xp_.device());
         expert_rows_ = dispatch_.expert_rows();
         expert_offsets_ = dispatch_.local_offsets();
+        if (device_gemm_) {  // the local experts' offsets, planned on the host, go up for the device grouped GEMM
+            local_offsets_.copy_from(expert_offsets_);
+            expert_offsets_ = local_offsets_;
+        }
         reserve_expert_rows(expert_rows_);
     }
     const int64_t re = expert_rows_;
@@ -323,13 +343,15 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     const Tensor d_ye = ep ? ws.slot(1, {re, c}, dt, dev) : d_yp;
     if (ep) dispatch_.to_experts(d_yp, d_ye);
     const Tensor d_act = ws.slot(2, {re, f}, dt, dev);
-    ops::grouped_linear_bwd(act, table_->param(w_down_), expert_offsets_, d_ye, d_act, table_->grad(w_down_));
+    const ops::GroupedGemm impl = moe_.grouped_gemm;
+    const Tensor& eo = expert_offsets_;
+    ops::grouped_linear_bwd(act, table_->param(w_down_), eo, d_ye, d_act, table_->grad(w_down_), false, impl);
     const Tensor d_hg = ws.slot(3, {re, f}, dt, dev), d_hu = ws.slot(4, {re, f}, dt, dev);
     ops::swiglu_bwd(hg, hu, d_act, d_hg, d_hu);
     const Tensor d_xe = ws.slot(2, {re, c}, dt, dev);
-    ops::grouped_linear_bwd(xe, table_->param(w_gate_), expert_offsets_, d_hg, d_xe, table_->grad(w_gate_));
+    ops::grouped_linear_bwd(xe, table_->param(w_gate_), eo, d_hg, d_xe, table_->grad(w_gate_), false, impl);
     ops::grouped_linear_bwd(
-        xe, table_->param(w_up_), expert_offsets_, d_hu, d_xe, table_->grad(w_up_), /*accumulate_dx=*/true);
+        xe, table_->param(w_up_), eo, d_hu, d_xe, table_->grad(w_up_), /*accumulate_dx=*/true, impl);
     const Tensor d_xp = ep ? ws.slot(0, {rows_, c}, dt, dev) : d_xe;
     // Overlapped dispatch: the router's backward (slots 1, 5, 6) runs while the row gradients travel back (sent from
     // the dispatch's staging buffer, received into d_xp in slot 0); dx is then written in the same order as without.

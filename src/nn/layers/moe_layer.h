@@ -171,6 +171,8 @@ class MoeLayer : public Layer {
     void count_modality_drops();
     // Expert parallelism: grows the expert-side buffers to hold `rows`.
     void reserve_expert_rows(int64_t rows);
+    // Whether the expert GEMMs run on the device grouped GEMM under this precision (moe.grouped_gemm).
+    bool use_device_gemm(const Precision& precision) const;
     // The buffers recompute moe_act / moe_permute / moe_experts drop, from the current ones (after every
     // reallocation).
     void list_dropped();
@@ -211,9 +213,12 @@ class MoeLayer : public Layer {
     // Saved activations (R <= N * K rows are used of the [N * K, *] buffers).
     Tensor logits_, scores_, indices_, gates_, cutoff_, bias_;  // [N, E], [N, E], [N, K], [N, K], [N], [E] or [M, E]
     Tensor offsets_, slot_row_, row_token_;                     // [E + 1], [N, K], [N * K] i32
-    Tensor offsets_host_;                                       // [E + 1] i32 on the host (CUDA: copied back)
-    Tensor expert_offsets_;    // the grouped GEMMs' offsets: offsets_host_, or [E / ep + 1] under expert parallelism
-    int64_t expert_rows_ = 0;  // rows the local experts process (rows_ without expert parallelism)
+    Tensor offsets_host_;  // [E + 1] i32 on the host (CUDA: copied back unless the device grouped GEMM needs no copy)
+    // The grouped GEMMs' offsets: offsets_ (the device grouped GEMM) or offsets_host_ (cuBLASLt, the CPU); under
+    // expert parallelism the local experts' [E / ep + 1], on the host or copied into local_offsets_ (device GEMM).
+    Tensor expert_offsets_, local_offsets_;
+    bool device_gemm_ = false;                 // the expert GEMMs take the device kernel (use_device_gemm)
+    int64_t expert_rows_ = 0;                  // rows the local experts process (rows_ without expert parallelism)
     std::vector<float> bias_uploaded_;         // the bias last copied into bias_ ([E], or [M, E] under "balanced")
     Tensor step_load_acc_, step_entropy_acc_;  // i64 [E], f64 [1] on the routing device, summed until step_end
     Tensor xp_, hg_, hu_, act_, yp_;           // [N K, C], [N K, F] x3, [N K, C]

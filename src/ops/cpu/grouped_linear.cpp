@@ -45,7 +45,8 @@ template void grouped_linear_bwd<double>(
     const double*, const double*, const int32_t*, const double*, double*, double*, int64_t, int64_t, int64_t);
 
 // The CPU kernel of ops::grouped_linear_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
-void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y) {
+// impl picks a CUDA implementation: unused here.
+void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y, GroupedGemm) {
     constexpr std::string_view op = "grouped_linear_fwd";
     const int64_t k = x.size(1), e = w.size(0), m = w.size(1);
     const Tensor& o = offsets;  // the entry point's host copy
@@ -68,7 +69,8 @@ void grouped_linear_bwd(const Tensor& x,
                         const Tensor& dy,
                         const Tensor& dx,
                         const Tensor& dw,
-                        bool accumulate_dx) {
+                        bool accumulate_dx,
+                        GroupedGemm) {
     constexpr std::string_view op = "grouped_linear_bwd";
     const int64_t k = x.size(1), e = w.size(0), m = w.size(1);
     const Tensor& o = offsets;  // the entry point's host copy

@@ -305,14 +305,7 @@ void launch_fwd(const AttnParams& p) {
 }  // namespace
 
 bool flash_wgmma_supported() {
-    static const bool ok = [] {
-        int dev = 0, major = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess) return false;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-        cudaFuncAttributes attr{};
-        if (cudaFuncGetAttributes(&attr, flash_fwd_tma_kernel<128, 2, true>) != cudaSuccess) return false;
-        return major == 9 && attr.binaryVersion == 90;
-    }();
+    static const bool ok = wgmma_kernel_runs(reinterpret_cast<const void*>(flash_fwd_tma_kernel<128, 2, true>));
     return ok;
 }
 

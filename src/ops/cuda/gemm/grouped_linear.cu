@@ -1,9 +1,10 @@
-// CUDA grouped linear (the MoE expert GEMMs): one cuBLASLt GEMM per non-empty expert, spread round-robin over a few
-// side streams forked from the ops' stream and joined back, so that the small GEMMs of many experts overlap. The
-// per-expert shapes come from a host copy of the plan's offsets (the MoE layer copies them back once per forward and
-// reuses them in the backward). x, w, y, dy, dx bf16|f16|f32 (one dtype); dw that dtype or f32 (the mixed-precision
-// gradients), accumulated with beta = 1. fp32 accumulation (CUBLAS_COMPUTE_32F, no TF32). Row-major tensors are
-// column-major to cuBLASLt, as in linear.cu:
+// CUDA grouped linear (the MoE expert GEMMs). With offsets on the device (the entry point's choice,
+// ops/grouped_linear.h) the one-launch kernels of grouped_gemm_sm90.cu run; with host offsets, the cuBLASLt path
+// here: one GEMM per non-empty expert, spread round-robin over a few side streams forked from the ops' stream and
+// joined back, so that the small GEMMs of many experts overlap. The per-expert shapes come from a host copy of the
+// plan's offsets (the MoE layer copies them back once per forward and reuses them in the backward). x, w, y, dy, dx
+// bf16|f16|f32 (one dtype); dw that dtype or f32 (the mixed-precision gradients), accumulated with beta = 1. fp32
+// accumulation (CUBLAS_COMPUTE_32F, no TF32). Row-major tensors are column-major to cuBLASLt, as in linear.cu:
 //   y_e  = x_e w_e^T   : Y^T[M, r]  = (W_e^T[K, M])^T X^T[K, r]
 //   dx_e = dy_e w_e    : DX^T[K, r] = W_e^T[K, M] DY^T[M, r]
 //   dw_e += dy_e^T x_e : DW^T[K, M] = X^T[K, r] (DY^T[M, r])^T
@@ -29,6 +30,7 @@
 #include "core/cuda/cuda_check.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/gemm/cublaslt_util.cuh"
+#include "ops/cuda/gemm/grouped_gemm_sm90.h"
 #include "ops/grouped_linear.h"
 #include "ops/registry.h"
 
@@ -286,13 +288,15 @@ class GroupedContext {
 
 }  // namespace
 
-// x [R, K], w [E, M, K], y [R, M]; host_offsets [E + 1] i32 on the host. Shapes are checked by the caller.
-void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& host_offsets, const Tensor& y) {
-    const int32_t* offsets = host_offsets.data<int32_t>();
+// x [R, K], w [E, M, K], y [R, M]; offsets [E + 1] i32 on the device (the device kernel) or the host (cuBLASLt).
+// Shapes are checked by the caller, which also chose the implementation (impl is not read here).
+void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets_in, const Tensor& y, GroupedGemm) {
     constexpr std::string_view op = "grouped_linear_fwd";
     check_cuda_float(x, op, "x");
     check_dtype_as(w, x, op, "w", "x");
     check_dtype_as(y, x, op, "y", "x");
+    if (offsets_in.device() == Device::cuda) return grouped_gemm_sm90_fwd(x, w, offsets_in, y);
+    const int32_t* offsets = offsets_in.data<int32_t>();
     const int64_t e = w.size(0), m = w.size(1), k = w.size(2);
     if (m == 0) return;
     core::NvtxRange range("grouped_linear_fwd");
@@ -320,13 +324,13 @@ MT_REGISTER_KERNEL(grouped_linear_fwd, cuda, grouped_linear_fwd, ::mt::ops::half
 // dy [R, M]; dx [R, K] written (=) or accumulated (accumulate_dx), skipped when undefined; dw [E, M, K] accumulates.
 void grouped_linear_bwd(const Tensor& x,
                         const Tensor& w,
-                        const Tensor& host_offsets,
+                        const Tensor& offsets_in,
                         const Tensor& dy,
                         const Tensor& dx,
                         const Tensor& dw,
-                        bool accumulate_dx) {
+                        bool accumulate_dx,
+                        GroupedGemm) {
     constexpr std::string_view op = "grouped_linear_bwd";
-    const int32_t* offsets = host_offsets.data<int32_t>();
     check_cuda_float(x, op, "x");
     check_dtype_as(w, x, op, "w", "x");
     check_dtype_as(dy, x, op, "dy", "x");
@@ -336,6 +340,8 @@ void grouped_linear_bwd(const Tensor& x,
              op,
              core::dtype_name(dw.dtype()),
              core::dtype_name(x.dtype()));
+    if (offsets_in.device() == Device::cuda) return grouped_gemm_sm90_bwd(x, w, offsets_in, dy, dx, dw, accumulate_dx);
+    const int32_t* offsets = offsets_in.data<int32_t>();
     const int64_t e = w.size(0), m = w.size(1), k = w.size(2);
     if (k == 0) return;
     core::NvtxRange range("grouped_linear_bwd");

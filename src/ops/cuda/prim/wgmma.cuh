@@ -5,9 +5,22 @@
 // layout within each warp (warp w of the warpgroup holds rows 16 w .. 16 w + 15).
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 namespace mt::ops::cuda {
+
+// Host: whether `kernel` (a kernel of an sm_90a build, whose wgmma code is compiled only there) runs on the current
+// GPU: a Hopper (compute capability 9.x) and a binary built for it. Callers cache the answer.
+inline bool wgmma_kernel_runs(const void* kernel) {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) return false;
+    return major == 9 && attr.binaryVersion == 90;
+}
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MT_WGMMA_ENABLED 1
