@@ -60,6 +60,45 @@ __device__ __forceinline__ int64_t lane_steps(int64_t c, int lane, int vec) {
     return first < c ? (c - first + 32 * vec - 1) / (32 * vec) : 0;
 }
 
+// The first pass over one token row (the caller's warp): per source j < m, ss[j] = sum v_j^2, qs[j] = sum q v_j
+// and, where dh is given (kDh), da[j] = sum dh v_j, each lane over its own columns in order; the butterflies are the
+// caller's. kM is the arrays' size (M, or kMaxM for the generic M = 0).
+template <typename T, int M, int VEC, bool kDh, int kM>
+__device__ __forceinline__ void row_sums(const Sources& src,
+                                         const QueryGain& qg,
+                                         const T* dh,
+                                         int m,
+                                         int64_t row,
+                                         int64_t c,
+                                         int64_t steps,
+                                         float (&ss)[kM],
+                                         float (&qs)[kM],
+                                         float (&da)[kM]) {
+    constexpr int kUnroll = M > 0 ? M : 1;
+    const int lane = threadIdx.x % 32;
+#pragma unroll kUnroll
+    for (int j = 0; j < m; ++j) ss[j] = qs[j] = da[j] = 0.0f;
+        // Two steps of loads in flight: this pass has no stores to wait for.
+#pragma unroll 2
+    for (int64_t i = 0; i < steps; ++i) {
+        const int64_t k = (lane + 32 * i) * VEC;
+        float q[VEC], d[VEC];
+        load_q<VEC>(qg, k, q);
+        if constexpr (kDh) load_vec<VEC>(dh + row * c + k, d);
+#pragma unroll kUnroll
+        for (int j = 0; j < m; ++j) {
+            float x[VEC];
+            load_vec<VEC>(static_cast<const T*>(src.v[j]) + row * c + k, x);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                ss[j] += x[e] * x[e];
+                qs[j] += q[e] * x[e];
+                if constexpr (kDh) da[j] += d[e] * x[e];
+            }
+        }
+    }
+}
+
 // This warp's index in the grid and the number of warps (the kernels walk their rows or chunks grid-stride).
 __device__ __forceinline__ int64_t grid_warp() {
     return static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;

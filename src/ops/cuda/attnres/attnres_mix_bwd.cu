@@ -46,27 +46,7 @@ __global__ void __launch_bounds__(kThreads) mix_bwd_kernel(Sources src,
         const int64_t first = chunk * kChunk, last = first + kChunk < n ? first + kChunk : n;
         for (int64_t row = first; row < last; ++row) {
             float ss[kM], qs[kM], da[kM];  // per source: sum of squares, q . v, dh . v
-#pragma unroll kUnroll
-            for (int j = 0; j < m; ++j) ss[j] = qs[j] = da[j] = 0.0f;
-                // Two steps of loads in flight: the first pass has no stores to wait for.
-#pragma unroll 2
-            for (int64_t i = 0; i < steps; ++i) {
-                const int64_t k = (lane + 32 * i) * VEC;
-                float q[VEC], d[VEC];
-                load_q<VEC>(qg, k, q);
-                load_vec<VEC>(dh + row * c + k, d);
-#pragma unroll kUnroll
-                for (int j = 0; j < m; ++j) {
-                    float x[VEC];
-                    load_vec<VEC>(static_cast<const T*>(src.v[j]) + row * c + k, x);
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e) {
-                        ss[j] += x[e] * x[e];
-                        qs[j] += q[e] * x[e];
-                        da[j] += d[e] * x[e];
-                    }
-                }
-            }
+            row_sums<T, M, VEC, true>(src, qg, dh, m, row, c, steps, ss, qs, da);
             // The coefficients of dh (cd), q (cq, also G's weight) and v (cv: u s / C / r with u = v / r).
             const float* a = alpha + row * m;
             float mean_da = 0.0f, cd[kM], cq[kM], cv[kM];

@@ -20,26 +20,8 @@ __global__ void __launch_bounds__(kThreads) mix_fwd_kernel(
     const int m = M > 0 ? M : m_run, lane = threadIdx.x % 32;
     const int64_t steps = lane_steps(c, lane, VEC);
     for (int64_t row = grid_warp(); row < n; row += grid_warps()) {
-        float ss[kM], qs[kM];  // per source: sum of squares, q . v
-#pragma unroll kUnroll
-        for (int j = 0; j < m; ++j) ss[j] = qs[j] = 0.0f;
-            // Two steps of loads in flight: the first pass has no stores to wait for.
-#pragma unroll 2
-        for (int64_t i = 0; i < steps; ++i) {
-            const int64_t k = (lane + 32 * i) * VEC;
-            float q[VEC];
-            load_q<VEC>(qg, k, q);
-#pragma unroll kUnroll
-            for (int j = 0; j < m; ++j) {
-                float x[VEC];
-                load_vec<VEC>(static_cast<const T*>(src.v[j]) + row * c + k, x);
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    ss[j] += x[e] * x[e];
-                    qs[j] += q[e] * x[e];
-                }
-            }
-        }
+        float ss[kM], qs[kM], unused[kM];  // per source: sum of squares, q . v
+        row_sums<T, M, VEC, false>(src, qg, static_cast<const T*>(nullptr), m, row, c, steps, ss, qs, unused);
         float w[kM], smax = -INFINITY, total = 0.0f;  // the logits, then the value weights
 #pragma unroll kUnroll
         for (int j = 0; j < m; ++j) {
