@@ -8,7 +8,7 @@
 //   query, key_gain:  [C] (the pseudo-query w and the key RMSNorm gain gamma; any float dtype on CUDA)
 //   h:                [N, C], the dtype of the sources
 //   alpha:            [N, m] saved for backward (f32 on CUDA, the sources' dtype on CPU)
-//   d_sources:        on CUDA f32 or the sources' dtype (all alike); dquery, dkey_gain f32 on CUDA
+//   d_sources:        on CUDA f32 or the sources' dtype (all alike), m distinct buffers; dquery, dkey_gain f32 on CUDA
 // _bwd recomputes r_j and the logits from the sources: d_sources[j] accumulate (+=; a block is a source of every
 // later mix), dquery and dkey_gain accumulate (+=, summed over tokens in a fixed order).
 #pragma once

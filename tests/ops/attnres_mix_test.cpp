@@ -1,5 +1,9 @@
 // Cases and argument checks of the Block AttnRes mix (ops/attnres_mix.h): m = 1, 2, 3, 10 sources (spec attnres.md
-// §11.3), token counts across the 64-token blocks of the gain/query gradient, and CUDA-sized rows.
+// §11.3), token counts across the 64-token blocks of the gain/query gradient, and CUDA-sized rows. The CUDA kernels
+// (ops/cuda/attnres/) have one kernel per source count 1..8 on the vector path (C a multiple of 8) and a generic
+// one (m > 8, or C not a multiple of 8); the cases cover both, N = 1 and N across the 4-warp blocks and 8-token
+// chunks, and parity mode runs each twice for the same bits. d_sources in the sources' own dtype (parity runs give
+// the bf16 and f16 ones f32 buffers) and query/key_gain of another dtype than the sources have their own check.
 #include "ops/attnres_mix.h"
 
 #include <gtest/gtest.h>
@@ -54,12 +58,37 @@ OpCase attnres_case(int64_t m, int64_t n, int64_t c, double eps = 1e-6, double b
     // At C = 2048 the f32 sums of the backward (da_j over C terms, then ds_j = a_j (da_j - sum_k a_k da_k), a
     // difference of nearly equal terms) carry about 1e-5 relative rounding on either side (1.1e-5 to 1.5e-5 seen
     // on an H200); the budget is 5e-5.
-    for (auto [m, n, c] : {std::tuple{6, 257, 2048}, std::tuple{10, 67, 2049}}) {
-        OpCase big = op_parity_only(attnres_case(m, n, c));
+    // Model-sized rows (d_model 1536) through the CUDA kernels: fixed m = 1, 2, 3, 5, 8 and generic m = 9, 17, 32
+    // on the vector path, N = 1, an odd C (the generic scalar path) and the blend; the same budget for C >= 1536.
+    for (auto [m, n, c, blend] : {std::tuple{6, 257, 2048, 0.0},
+                                  std::tuple{10, 67, 2049, 0.0},
+                                  std::tuple{1, 37, 1536, 0.0},
+                                  std::tuple{2, 67, 1536, 0.0},
+                                  std::tuple{3, 45, 1536, 0.0},
+                                  std::tuple{5, 131, 1536, 0.0},
+                                  std::tuple{5, 1, 1536, 0.0},
+                                  std::tuple{5, 29, 1536, 0.25},
+                                  std::tuple{8, 45, 1536, 0.0},
+                                  std::tuple{9, 23, 1536, 0.0},
+                                  std::tuple{17, 13, 1536, 0.0},
+                                  std::tuple{32, 9, 1536, 0.0},
+                                  std::tuple{3, 37, 1537, 0.0},
+                                  std::tuple{5, 21, 1540, 0.0}}) {
+        OpCase big = op_parity_only(attnres_case(m, n, c, 1e-6, blend));
         big.parity.f32_budget = 5e-5;
         big.parity.budget_reason = "f32 rounding of C = 2048 sums followed by the softmax-gradient cancellation";
         op_register(big);
     }
+    // Small shapes of the CUDA paths, in every mode: N = 1 and C = 8; m = 5 and 8 with N not a multiple of the
+    // 4-warp blocks or the 8-token chunks; the generic kernel on the vector path (m = 9, 17, 32) and m = 5 on the
+    // scalar path (C = 20).
+    op_register(attnres_case(2, 1, 8));
+    op_register(attnres_case(5, 13, 24));
+    op_register(attnres_case(8, 19, 8));
+    op_register(attnres_case(9, 11, 16));
+    op_register(attnres_case(17, 5, 8));
+    op_register(attnres_case(32, 3, 16));
+    op_register(attnres_case(5, 17, 20, 1e-6, 0.4));
     return true;
 }();
 
