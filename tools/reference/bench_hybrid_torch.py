@@ -35,26 +35,10 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import einops_shim  # noqa: E402
+from bench_torch_gpu import Rms, rope  # noqa: E402
 from model import ModelConfig  # noqa: E402
 
 PEAK_FLOPS = 989e12
-
-
-class Rms(nn.Module):
-    def __init__(self, dim, eps):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x):
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
-def rope(x, cos, sin):
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
 class Attention(nn.Module):

@@ -14,27 +14,13 @@ minus before, less the output itself, per token and head. One JSON line per case
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import einops_shim  # noqa: E402
-
-
-def time_ms(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from bench_moe_torch import time_ms  # noqa: E402
 
 
 def bench_case(chunk_kda, b, t, h, kd, vd, warmup, iters):
