@@ -105,7 +105,8 @@ struct MoeConfig {
     // The CUDA expert GEMMs (ops/grouped_linear.h): the one-launch device kernel, which reads the plan's offsets on
     // the device, so the layer copies them back only where something else needs them (expert parallelism's plan);
     // or cuBLASLt per expert from the host copy. auto: the device kernel where it takes the layer's dtypes and sizes.
-    ops::GroupedGemm grouped_gemm = ops::GroupedGemm::automatic;
+    // cublaslt until the device grouped GEMM has passed its parity tests on a GPU (written without one: docs/moe.md).
+    ops::GroupedGemm grouped_gemm = ops::GroupedGemm::cublaslt;
     MoeBalanceConfig balance;
     MoeCollapseConfig alarm;
     MoeModalityBias modality_bias = MoeModalityBias::off;
