@@ -113,6 +113,19 @@ void attnres_mix_bwd(const std::vector<Tensor>& sources,
     const core::Device dev = device_of(sources, others, op);
     for (size_t j = 0; j < d_sources.size(); ++j)
         MT_CHECK(d_sources[j].device() == dev, "{}: d_sources[{}] is not on {}", op, j, core::device_name(dev));
+    // The CUDA backward loads every d_sources[j] of a step before storing any: two that share memory would lose one
+    // accumulation. Checked on every device, so the CPU tests of the model would catch a caller that aliases them.
+    for (size_t i = 0; i < d_sources.size(); ++i) {
+        const auto* a = static_cast<const char*>(d_sources[i].raw());
+        for (size_t j = i + 1; j < d_sources.size(); ++j) {
+            const auto* b = static_cast<const char*>(d_sources[j].raw());
+            MT_CHECK(a + d_sources[i].nbytes() <= b || b + d_sources[j].nbytes() <= a,
+                     "{}: d_sources[{}] and d_sources[{}] share memory (each source needs its own gradient buffer)",
+                     op,
+                     i,
+                     j);
+        }
+    }
     MT_CALL_KERNEL(attnres_mix_bwd, dev, sources, query, key_gain, eps, alpha, dh, d_sources, dquery, dkey_gain, blend);
 }
 

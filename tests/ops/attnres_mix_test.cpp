@@ -120,6 +120,14 @@ TEST(OpArgs, AttnresMixShapesAndCounts) {
             attnres_mix_bwd({v, v}, w, w, 1e-6, alpha, h, {v}, w, w);
         },
         "attnres_mix_bwd: d_sources holds 1 tensors, expected 2 (one per source)");
+    const Tensor dv = op_like(v), both = Tensor::zeros({6, 4}, DType::f32);
+    expect_op_error(
+        [&] {
+            attnres_mix_bwd({v, v}, w, w, 1e-6, alpha, h, {dv, dv}, w, w);
+        },
+        "attnres_mix_bwd: d_sources[0] and d_sources[1] share memory");
+    // Adjacent views of one buffer do not overlap: allowed.
+    attnres_mix_bwd({v, v}, w, w, 1e-6, alpha, h, {both.slice(0, 0, 3), both.slice(0, 3, 6)}, w, w);
 }
 
 // Spec §11.5: blend 0 is the unblended mix bitwise; blend 1 is the plain mean of the sources whatever the query;
