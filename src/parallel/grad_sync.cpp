@@ -64,6 +64,24 @@ void copy_block(const std::vector<optim::ArenaRange>& block,
     }
 }
 
+// The squared norms of parts keyed by K (a list of tensors each), in the map's order, from one norm call: one device
+// synchronisation for all of them.
+template <typename K>
+std::vector<std::pair<K, double>> norms_sq_by_key(const std::map<K, std::vector<core::Tensor>>& parts) {
+    std::vector<core::Tensor> all;
+    std::vector<int> group;
+    std::vector<K> keys;
+    for (const auto& [key, tensors] : parts) {
+        all.insert(all.end(), tensors.begin(), tensors.end());
+        group.insert(group.end(), tensors.size(), static_cast<int>(keys.size()));
+        keys.push_back(key);
+    }
+    const std::vector<double> sq = ops::global_norms_sq(all, group, static_cast<int>(keys.size()));
+    std::vector<std::pair<K, double>> out;
+    for (size_t k = 0; k < keys.size(); ++k) out.emplace_back(keys[k], sq[k]);
+    return out;
+}
+
 }  // namespace
 
 GradSync::GradSync(GradArenas arenas,
@@ -296,18 +314,8 @@ double GradSync::grad_norm() const {
                 if (p.begin < b.end && p.end > b.begin)
                     for (const Bucket::Held& h : b.held) add(p, h.begin, h.end, h.group);
     }
-    // One norm call for every multiplicity (one device synchronisation).
-    std::vector<core::Tensor> all;
-    std::vector<int> group;
-    std::vector<double> copies_of;
-    for (const auto& [n, tensors] : parts) {
-        all.insert(all.end(), tensors.begin(), tensors.end());
-        group.insert(group.end(), tensors.size(), static_cast<int>(copies_of.size()));
-        copies_of.push_back(n);
-    }
-    const std::vector<double> sq = ops::global_norms_sq(all, group, static_cast<int>(copies_of.size()));
     double local = 0.0;
-    for (size_t k = 0; k < sq.size(); ++k) local += sq[k] / copies_of[k];
+    for (const auto& [n, sq] : norms_sq_by_key(parts)) local += sq / n;
     return std::sqrt(comm_all_reduce_sum(*world_, local));
 }
 
@@ -334,18 +342,9 @@ std::vector<double> GradSync::group_norms_sq(const std::vector<int>& group_of, i
                 if (arenas_.params[i].begin < b.end && arenas_.params[i].end > b.begin)
                     for (const Bucket::Held& h : b.held) add(i, h.begin, h.end, h.group);
     }
-    // Every (group, multiplicity) part in one norm call: one device synchronisation, not one per layer group.
-    std::vector<core::Tensor> all;
-    std::vector<int> part_of;
-    std::vector<std::pair<int, double>> keys;
-    for (const auto& [key, tensors] : parts) {
-        all.insert(all.end(), tensors.begin(), tensors.end());
-        part_of.insert(part_of.end(), tensors.size(), static_cast<int>(keys.size()));
-        keys.push_back(key);
-    }
-    const std::vector<double> part_sq = ops::global_norms_sq(all, part_of, static_cast<int>(keys.size()));
     std::vector<double> sq(static_cast<size_t>(groups), 0.0);
-    for (size_t k = 0; k < keys.size(); ++k) sq[static_cast<size_t>(keys[k].first)] += part_sq[k] / keys[k].second;
+    for (const auto& [key, part_sq] : norms_sq_by_key(parts))
+        sq[static_cast<size_t>(key.first)] += part_sq / key.second;
     if (world_->size() > 1) world_->all_reduce(sq.data(), groups, CommType::f64, ReduceOp::sum).wait();
     return sq;
 }
