@@ -61,9 +61,9 @@ void fill_flat(const Tensor& t, const char* what, Value value) {
 }
 }  // namespace
 
-void rng_fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, double mean, double std) {
+void rng_fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, double mean, double std, uint64_t offset) {
     fill_flat(t, "rng_fill_normal", [&](int64_t i) {
-        return mean + std * rng_normal(seed, stream, static_cast<uint64_t>(i));
+        return mean + std * rng_normal(seed, stream, offset + static_cast<uint64_t>(i));
     });
 }
 

@@ -20,8 +20,8 @@ uint64_t rng_u64(uint64_t seed, uint64_t stream, uint64_t offset);
 // Standard normal (Box-Muller on one Philox block); element `offset` of the stream.
 double rng_normal(uint64_t seed, uint64_t stream, uint64_t offset);
 
-// Fills a contiguous float tensor: element i gets mean + std * rng_normal(seed, stream, i).
-void rng_fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, double mean, double std);
+// Fills a contiguous float tensor: element i gets mean + std * rng_normal(seed, stream, offset + i).
+void rng_fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, double mean, double std, uint64_t offset = 0);
 // Fills a contiguous float tensor with lo + (hi - lo) * rng_uniform(seed, stream, i).
 void rng_fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, double lo, double hi);
 

@@ -44,6 +44,17 @@ double sum_squares_checked(const Tensor& t, std::string_view op, std::string_vie
     return result;
 }
 
+// Each tensor's sum of squares added to its group's, in list order.
+std::vector<double> group_sums(const std::vector<Tensor>& tensors,
+                               const std::vector<int>& group,
+                               int groups,
+                               std::string_view op) {
+    std::vector<double> out(static_cast<size_t>(groups), 0.0);
+    for (size_t i = 0; i < tensors.size(); ++i)
+        out[static_cast<size_t>(group[i])] += sum_squares_checked(tensors[i], op, fmt::format("tensors[{}]", i));
+    return out;
+}
+
 }  // namespace
 
 // The CPU kernel of ops::global_norm_sq (registered in the op registry).
@@ -54,21 +65,13 @@ MT_REGISTER_KERNEL(global_norm_sq, cpu, global_norm_sq, ::mt::ops::float_dtypes)
 
 // The CPU kernel of ops::global_norm (registered in the op registry): the CPU dtypes, then the float dispatch.
 double global_norm(const std::vector<Tensor>& tensors) {
-    constexpr std::string_view op = "global_norm";
-    double total = 0.0;
-    for (size_t i = 0; i < tensors.size(); ++i)
-        total += sum_squares_checked(tensors[i], op, fmt::format("tensors[{}]", i));
-    return std::sqrt(total);
+    return std::sqrt(group_sums(tensors, std::vector<int>(tensors.size(), 0), 1, "global_norm")[0]);
 }
 MT_REGISTER_KERNEL(global_norm, cpu, global_norm, ::mt::ops::float_dtypes);
 
-// The CPU kernel of ops::global_norms_sq: each tensor's sum of squares added to its group's, in list order.
+// The CPU kernel of ops::global_norms_sq.
 std::vector<double> global_norms_sq(const std::vector<Tensor>& tensors, const std::vector<int>& group, int groups) {
-    constexpr std::string_view op = "global_norms_sq";
-    std::vector<double> out(static_cast<size_t>(groups), 0.0);
-    for (size_t i = 0; i < tensors.size(); ++i)
-        out[static_cast<size_t>(group[i])] += sum_squares_checked(tensors[i], op, fmt::format("tensors[{}]", i));
-    return out;
+    return group_sums(tensors, group, groups, "global_norms_sq");
 }
 MT_REGISTER_KERNEL(global_norms_sq, cpu, global_norms_sq, ::mt::ops::float_dtypes);
 
