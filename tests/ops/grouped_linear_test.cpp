@@ -55,7 +55,7 @@ OpCase grouped_case(
                     };
                     return p;
                 }};
-    if (accumulate_dx) c.parity.bf16_accumulated_grad = DType::bf16;
+    c.parity.accumulated_grad_in_input_dtype = accumulate_dx;
     return c;
 }
 

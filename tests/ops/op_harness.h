@@ -83,6 +83,9 @@ struct OpParityOptions {
     // Dtype of the "+=" gradient buffers (parameter grads) in the bf16 and f16 runs: f32 by default, as Megatron's
     // main_grad (a bf16 forward accumulates its parameter gradients in f32). The f32 run uses f32 for every buffer.
     DType bf16_accumulated_grad = DType::f32;
+    // Or, where set, those buffers in the input's own dtype (bf16 in the bf16 run, f16 in the f16 run): for ops whose
+    // "+=" gradient must match its input (an accumulated dx).
+    bool accumulated_grad_in_input_dtype = false;
 };
 
 struct OpCase {

@@ -265,9 +265,10 @@ ParityRun run_on(const OpCase& c, DType dtype, core::Device device, std::string*
         std::vector<DType> grad_dtypes(in.size(), DType::f32);
         for (size_t i = 0; i < in.size(); ++i) {
             if (cpu) break;
-            grad_dtypes[i] = p.inputs[i].grad == GradKind::accumulated
-                                 ? (dtype != DType::f32 ? c.parity.bf16_accumulated_grad : DType::f32)
-                                 : in[i].dtype();
+            const bool own_dtype =
+                p.inputs[i].grad != GradKind::accumulated || c.parity.accumulated_grad_in_input_dtype;
+            grad_dtypes[i] =
+                own_dtype ? in[i].dtype() : (dtype != DType::f32 ? c.parity.bf16_accumulated_grad : DType::f32);
         }
         run.grads = run_backward(p, in, dout, seed, &grad_dtypes);
     } catch (const core::Error& e) {

@@ -74,7 +74,9 @@ __global__ void __launch_bounds__(kThreads) mix_bwd_kernel(Sources src,
                 auto update = [&](int j, const float(&x)[VEC], float(&dv)[VEC]) {
 #pragma unroll
                     for (int e = 0; e < VEC; ++e) {
-                        dv[e] = dv[e] + cd[j] * d[e] + cq[j] * q[e] - cv[j] * x[e];
+                        // The increment first, then one add: a small increment (a source the softmax all but
+                        // ignores) added term by term to a large accumulated dv would be rounded three times.
+                        dv[e] += cd[j] * d[e] + cq[j] * q[e] - cv[j] * x[e];
                         g[e] += cq[j] * x[e];
                     }
                     store_vec<VEC>(static_cast<TD*>(grads.dv[j]) + row * c + k, dv);
