@@ -6,7 +6,10 @@ permutation by a stable argsort of the expert ids, the three expert GEMMs with t
 offsets, no host synchronisation), SwiGLU, and the gate-weighted combine (a batched [1, k] x [k, d] product per
 token). Forward and forward + backward (autograd, bf16 parameters and gradients) are timed with CUDA events, median
 over the timed iterations; one JSON line per case, the fields of bench_moe. The cases of bench_moe: 64 and 256
-experts of width --ffn, and 1024 experts of width --ffn-1024 (256).
+experts of width --ffn, and 1024 experts of width --ffn-1024 (256). torch._grouped_mm takes at most 1024 groups
+(PyTorch 2.11: "Can't process more than 1024 groups" at E = 1024), so above GROUP_LIMIT experts each product runs as
+several calls of GROUP_LIMIT experts, their row ranges cut at the plan's offsets (one host read per call: what a
+PyTorch user of that limit would write); the JSON line says how many calls.
 
   python3 tools/reference/bench_moe_torch.py [--iters 10] [--warmup 3] [--tokens 16384] [--d 2048] [--ffn 1024]
       [--ffn-1024 256]
@@ -19,6 +22,23 @@ import torch
 import torch.nn.functional as F
 
 
+GROUP_LIMIT = 512  # experts per torch._grouped_mm call when E exceeds the library's limit
+
+
+def grouped_mm(xp, w, offs):
+    """xp [R, K] rows grouped by expert, w [E, M, K]: y_e = x_e w_e^T, in calls of at most GROUP_LIMIT experts."""
+    e = w.shape[0]
+    if e <= GROUP_LIMIT:
+        return torch._grouped_mm(xp, w.transpose(-2, -1), offs=offs)
+    outs, start = [], 0
+    for g0 in range(0, e, GROUP_LIMIT):
+        g1 = min(e, g0 + GROUP_LIMIT)
+        end = int(offs[g1 - 1])
+        outs.append(torch._grouped_mm(xp[start:end], w[g0:g1].transpose(-2, -1), offs=offs[g0:g1] - start))
+        start = end
+    return torch.cat(outs)
+
+
 def moe_forward(x, w_router, w_gate, w_up, w_down, top_k, scale):
     t, d = x.shape
     e = w_router.shape[0]
@@ -29,9 +49,9 @@ def moe_forward(x, w_router, w_gate, w_up, w_down, top_k, scale):
     order = torch.argsort(flat, stable=True)  # rows grouped by expert, (token, slot) order within an expert
     offs = torch.cumsum(torch.bincount(flat, minlength=e), 0).to(torch.int32)
     xp = x[order // top_k]
-    hg = torch._grouped_mm(xp, w_gate.transpose(-2, -1), offs=offs)
-    hu = torch._grouped_mm(xp, w_up.transpose(-2, -1), offs=offs)
-    yp = torch._grouped_mm(F.silu(hg) * hu, w_down.transpose(-2, -1), offs=offs)
+    hg = grouped_mm(xp, w_gate, offs)
+    hu = grouped_mm(xp, w_up, offs)
+    yp = grouped_mm(F.silu(hg) * hu, w_down, offs)
     y_slots = yp[torch.argsort(order)].view(t, top_k, d)  # back to slot order
     return torch.bmm(gates.to(x.dtype).unsqueeze(1), y_slots).squeeze(1)
 
@@ -77,6 +97,7 @@ def bench_case(t, d, f, e, k, target_ms, warmup, iters):
         "T": t, "d": d, "F": f, "E": e, "k": k, "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms,
         "fwd_tflops": fwd_flops / fwd_ms * 1e-9, "fwd_bwd_tflops": 3 * fwd_flops / fwd_bwd_ms * 1e-9,
         "target_fwd_bwd_ms": target_ms, "iters": iters, "device": torch.cuda.get_device_name(),
+        "grouped_mm_calls_per_product": (e + GROUP_LIMIT - 1) // GROUP_LIMIT if e > GROUP_LIMIT else 1,
     }
     print(json.dumps(line), flush=True)
 
