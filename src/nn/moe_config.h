@@ -104,9 +104,10 @@ struct MoeConfig {
     bool overlap_dispatch = true;
     // The CUDA expert GEMMs (ops/grouped_linear.h): the one-launch device kernel, which reads the plan's offsets on
     // the device, so the layer copies them back only where something else needs them (expert parallelism's plan);
-    // or cuBLASLt per expert from the host copy. auto: the device kernel where it takes the layer's dtypes and sizes.
-    // cublaslt until the device grouped GEMM has passed its parity tests on a GPU (written without one: docs/moe.md).
-    ops::GroupedGemm grouped_gemm = ops::GroupedGemm::cublaslt;
+    // or cuBLASLt per expert from the host copy. auto: the device kernel where it takes the layer's dtypes and sizes
+    // and is the faster of the two for the layer's rows per expert (the forward up to 1,024, the backward up to 256:
+    // MoeLayer::use_device_gemm, docs/moe.md).
+    ops::GroupedGemm grouped_gemm = ops::GroupedGemm::automatic;
     MoeBalanceConfig balance;
     MoeCollapseConfig alarm;
     MoeModalityBias modality_bias = MoeModalityBias::off;

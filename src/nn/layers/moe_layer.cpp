@@ -114,8 +114,8 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
     bias_uploaded_.assign(static_cast<size_t>(groups * e), 0.0f);
     offsets_ = zi({e + 1}), slot_row_ = zi({n, k}), row_token_ = zi({r});
     offsets_host_ = dev == core::Device::cpu ? offsets_ : Tensor::zeros({e + 1}, DType::i32);
-    device_gemm_ = use_device_gemm(precision);
-    local_offsets_ = device_gemm_ && ep_.size > 1 ? zi({e / ep_.size + 1}) : Tensor();
+    device_gemm_ = use_device_gemm(precision, n);
+    local_offsets_ = (device_gemm_.fwd || device_gemm_.bwd) && ep_.size > 1 ? zi({e / ep_.size + 1}) : Tensor();
     xp_ = z({r, c}), yp_ = z({r, c});
     // The aux loss's gradient on the scores is computed in the forward and kept for the backward.
     d_scores_aux_ = moe_.balance.mode == MoeBalanceMode::aux_loss ? zr({n, e}) : Tensor();
@@ -134,15 +134,28 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
     }
 }
 
-// Whether the expert GEMMs take the device kernel (moe.grouped_gemm): a cuda precision whose activations and gradient
-// dtypes and sizes it takes. The conditions on K and M are symmetric, so (d_model, F) covers all three GEMMs.
-bool MoeLayer::use_device_gemm(const Precision& precision) const {
+// Which expert GEMMs take the device kernel (moe.grouped_gemm): a cuda precision whose activations and gradient
+// dtypes and sizes it takes. The conditions on K and M are symmetric, so (d_model, F) covers all three GEMMs. auto
+// splits by the average rows an expert gets, N k / E, as bench_moe measured the two on an H100 (docs/moe.md, "CUDA"):
+// the device forward is ahead of cuBLASLt's per-expert GEMMs from 512 rows an expert down (2.1x at 512, 4.4x at 128)
+// and about even at 1,024; the device backward (its dw kernel) is ahead only at a few hundred rows (1.09x at 128,
+// 0.69x at 512).
+MoeLayer::DeviceGemm MoeLayer::use_device_gemm(const Precision& precision, int64_t n) const {
+    constexpr int64_t kAutoFwdMaxRows = 1024, kAutoBwdMaxRows = 256;
     const ops::GroupedGemm choice = moe_.grouped_gemm;
-    if (precision.device != core::Device::cuda || choice == ops::GroupedGemm::cublaslt) return false;
+    if (precision.device != core::Device::cuda || choice == ops::GroupedGemm::cublaslt) return {};
     const std::string why =
         ops::grouped_linear_device_why_not(precision.compute, precision.master, model_.d_model, moe_.expert_ffn_dim);
     MT_CHECK(why.empty() || choice != ops::GroupedGemm::device, "{}: moe.grouped_gemm = \"device\": {}", prefix_, why);
-    return why.empty();
+    if (!why.empty()) return {};
+    if (choice == ops::GroupedGemm::device) return {true, true};
+    const int64_t rows_per_expert = n * moe_.top_k / std::max<int64_t>(moe_.num_experts, 1);
+    return {rows_per_expert <= kAutoFwdMaxRows, rows_per_expert <= kAutoBwdMaxRows};
+}
+
+ops::GroupedGemm MoeLayer::gemm_impl(bool device) const {
+    if (!device) return ops::GroupedGemm::cublaslt;
+    return moe_.grouped_gemm == ops::GroupedGemm::device ? ops::GroupedGemm::device : ops::GroupedGemm::automatic;
 }
 
 void MoeLayer::reserve_expert_rows(int64_t rows) {
@@ -174,7 +187,7 @@ void MoeLayer::list_dropped() {
 void MoeLayer::experts_forward(const Tensor& xe, const Tensor& ye, const Tensor& yp) {
     const int64_t re = expert_rows_;
     const Tensor hg = hg_.slice(0, 0, re), hu = hu_.slice(0, 0, re), act = act_.slice(0, 0, re);
-    const ops::GroupedGemm impl = moe_.grouped_gemm;
+    const ops::GroupedGemm impl = gemm_impl(device_gemm_.fwd);
     ops::grouped_linear_fwd(xe, table_->param(w_gate_), expert_offsets_, hg, impl);
     ops::grouped_linear_fwd(xe, table_->param(w_up_), expert_offsets_, hu, impl);
     ops::swiglu_fwd(hg, hu, act);
@@ -230,20 +243,23 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     // The host copy of the offsets (CUDA: a synchronisation) only where something reads it: the cuBLASLt expert GEMMs
     // and expert parallelism's dispatch plan. The device grouped GEMM reads the plan's offsets where they are.
     const bool ep = ep_.size > 1;
-    if ((ep || !device_gemm_) && offsets_host_.raw() != offsets_.raw()) offsets_host_.copy_from(offsets_);
+    const bool host_gemm = !device_gemm_.fwd || !device_gemm_.bwd;
+    if ((ep || host_gemm) && offsets_host_.raw() != offsets_.raw()) offsets_host_.copy_from(offsets_);
     const Tensor xp = xp_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
     ops::moe_permute_fwd(x, row_token_.slice(0, 0, rows_), xp);
     // expert parallelism: the rows go to the ranks holding their experts
     expert_rows_ = rows_;
-    expert_offsets_ = device_gemm_ ? offsets_ : offsets_host_;
+    expert_offsets_ = device_gemm_.fwd ? offsets_ : offsets_host_;
+    expert_offsets_bwd_ = device_gemm_.bwd ? offsets_ : offsets_host_;
     if (ep) {
         MT_CHECK(ep_.comm != nullptr, "{}: expert parallelism over {} ranks without a communicator", prefix_, ep_.size);
         dispatch_.plan(offsets_host_, *ep_.comm, ep_.rows_comm != nullptr ? *ep_.rows_comm : *ep_.comm, xp_.device());
         expert_rows_ = dispatch_.expert_rows();
-        expert_offsets_ = dispatch_.local_offsets();
-        if (device_gemm_) {  // the local experts' offsets, planned on the host, go up for the device grouped GEMM
+        expert_offsets_ = expert_offsets_bwd_ = dispatch_.local_offsets();
+        if (device_gemm_.fwd || device_gemm_.bwd) {  // the local experts' offsets, planned on the host, go up
             local_offsets_.copy_from(expert_offsets_);
-            expert_offsets_ = local_offsets_;
+            if (device_gemm_.fwd) expert_offsets_ = local_offsets_;
+            if (device_gemm_.bwd) expert_offsets_bwd_ = local_offsets_;
         }
         reserve_expert_rows(expert_rows_);
     }
@@ -343,8 +359,8 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     const Tensor d_ye = ep ? ws.slot(1, {re, c}, dt, dev) : d_yp;
     if (ep) dispatch_.to_experts(d_yp, d_ye);
     const Tensor d_act = ws.slot(2, {re, f}, dt, dev);
-    const ops::GroupedGemm impl = moe_.grouped_gemm;
-    const Tensor& eo = expert_offsets_;
+    const ops::GroupedGemm impl = gemm_impl(device_gemm_.bwd);
+    const Tensor& eo = expert_offsets_bwd_;
     ops::grouped_linear_bwd(act, table_->param(w_down_), eo, d_ye, d_act, table_->grad(w_down_), false, impl);
     const Tensor d_hg = ws.slot(3, {re, f}, dt, dev), d_hu = ws.slot(4, {re, f}, dt, dev);
     ops::swiglu_bwd(hg, hu, d_act, d_hg, d_hu);

@@ -171,8 +171,13 @@ class MoeLayer : public Layer {
     void count_modality_drops();
     // Expert parallelism: grows the expert-side buffers to hold `rows`.
     void reserve_expert_rows(int64_t rows);
-    // Whether the expert GEMMs run on the device grouped GEMM under this precision (moe.grouped_gemm).
-    bool use_device_gemm(const Precision& precision) const;
+    // Which expert GEMMs run on the device grouped GEMM under this precision (moe.grouped_gemm), for n tokens.
+    struct DeviceGemm {
+        bool fwd = false, bwd = false;
+    };
+    DeviceGemm use_device_gemm(const Precision& precision, int64_t n) const;
+    // The ops' choice for one direction: the device kernel (auto, or device where the config demands it) or cuBLASLt.
+    ops::GroupedGemm gemm_impl(bool device) const;
     // The buffers recompute moe_act / moe_permute / moe_experts drop, from the current ones (after every
     // reallocation).
     void list_dropped();
@@ -214,10 +219,11 @@ class MoeLayer : public Layer {
     Tensor logits_, scores_, indices_, gates_, cutoff_, bias_;  // [N, E], [N, E], [N, K], [N, K], [N], [E] or [M, E]
     Tensor offsets_, slot_row_, row_token_;                     // [E + 1], [N, K], [N * K] i32
     Tensor offsets_host_;  // [E + 1] i32 on the host (CUDA: copied back unless the device grouped GEMM needs no copy)
-    // The grouped GEMMs' offsets: offsets_ (the device grouped GEMM) or offsets_host_ (cuBLASLt, the CPU); under
-    // expert parallelism the local experts' [E / ep + 1], on the host or copied into local_offsets_ (device GEMM).
-    Tensor expert_offsets_, local_offsets_;
-    bool device_gemm_ = false;                 // the expert GEMMs take the device kernel (use_device_gemm)
+    // The grouped GEMMs' offsets, forward and backward: offsets_ (the device grouped GEMM) or offsets_host_
+    // (cuBLASLt, the CPU); under expert parallelism the local experts' [E / ep + 1], on the host or copied into
+    // local_offsets_ (device GEMM).
+    Tensor expert_offsets_, expert_offsets_bwd_, local_offsets_;
+    DeviceGemm device_gemm_;                   // which expert GEMMs take the device kernel (use_device_gemm)
     int64_t expert_rows_ = 0;                  // rows the local experts process (rows_ without expert parallelism)
     std::vector<float> bias_uploaded_;         // the bias last copied into bias_ ([E], or [M, E] under "balanced")
     Tensor step_load_acc_, step_entropy_acc_;  // i64 [E], f64 [1] on the routing device, summed until step_end
