@@ -37,8 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import einops_shim  # noqa: E402
 from bench_torch_gpu import Rms, rope  # noqa: E402
 from model import ModelConfig  # noqa: E402
+from train_harness import PEAK_FLOPS, adamw_from_train, random_batches, rope_tables, timed_training  # noqa: E402
 
-PEAK_FLOPS = 989e12
 
 
 class Attention(nn.Module):
@@ -221,54 +221,25 @@ def main():
         model = Hybrid(cfg, KimiDeltaAttention)
     torch.cuda.synchronize()
     print(f"bench_hybrid_torch: model built in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": float(train.get("weight_decay", 0.1))},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=float(train.get("lr", 3e-4)),
-                            betas=(0.9, 0.95), eps=1e-8, fused=True)
-    clip = float(train.get("grad_clip", 1.0))
+    opt = adamw_from_train(model, train)
     cos = sin = None
     if cfg.attn_rope:
-        inv = cfg.rope_theta ** (-2.0 * torch.arange(cfg.head_dim // 2, dtype=torch.float64) / cfg.head_dim)
-        ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
-        cos, sin = torch.cos(ang).float().to(dev), torch.sin(ang).float().to(dev)
-    g = torch.Generator(device=dev).manual_seed(args.seed + 7)
-    batches = [torch.randint(0, cfg.vocab_size, (B, T + 1), device=dev, generator=g) for _ in range(2)]
+        cos, sin = rope_tables(cfg.head_dim, cfg.rope_theta, T, dev)
+    batches = random_batches(cfg.vocab_size, B, T, dev, args.seed + 7, 2)
 
-    def step(k):
-        opt.zero_grad(set_to_none=True)
-        b = batches[k % len(batches)]
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(b[:, :-1], b[:, 1:], cos, sin)
-        loss.backward()
-        if clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
-        opt.step()
-        return loss
+    def warm(k, seconds):
+        print(f"bench_hybrid_torch: warm-up step {k} done at {seconds:.1f} s (Triton compiles and autotunes fla's "
+              "kernels in the first)", file=sys.stderr, flush=True)
 
-    t0 = time.perf_counter()
-    for k in range(args.warmup):
-        step(k)
-        torch.cuda.synchronize()
-        print(f"bench_hybrid_torch: warm-up step {k} done at {time.perf_counter() - t0:.1f} s (Triton compiles and "
-              "autotunes fla's kernels in the first)", file=sys.stderr, flush=True)
-    warm_s = time.perf_counter() - t0
-    torch.cuda.reset_peak_memory_stats()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for k in range(args.steps):
-        loss = step(args.warmup + k)
-    end.record()
-    torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / args.steps
-    last = float(loss)
+    r = timed_training(lambda x, y: model(x, y, cos, sin), model, opt, train, batches, args.warmup, args.steps, warm)
+    ms, last = r["ms"], r["loss"]
     tok_s = B * T / (ms / 1000.0)
     line = {"bench": "train_step", "impl": "pytorch eager + fla chunk_kda + torch._grouped_mm",
             "config": os.path.basename(args.config), "torch": torch.__version__, "einops_shim": shim,
             "device": torch.cuda.get_device_name(), "batch": B, "seq": T, "steps": args.steps,
             "ms_per_step": round(ms, 3), "tokens_per_s": round(tok_s, 1),
-            "peak_device_bytes": torch.cuda.max_memory_allocated(),
-            "params": sum(p.numel() for p in model.parameters()), "warmup_s": round(warm_s, 1),
+            "peak_device_bytes": r["peak"],
+            "params": sum(p.numel() for p in model.parameters()), "warmup_s": round(r["warm_s"], 1),
             "final_loss": round(last, 4)}
     if args.flops_per_token > 0:
         line["flops_per_token"] = args.flops_per_token

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import sys
-import time
 import tomllib
 
 import torch
@@ -28,8 +27,8 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import ModelConfig  # noqa: E402
+from train_harness import PEAK_FLOPS, adamw_from_train, random_batches, rope_tables, timed_training  # noqa: E402
 
-PEAK_FLOPS = 989e12
 
 
 class Rms(nn.Module):
@@ -114,65 +113,28 @@ def run_mode(mode, cfg, train, args):
     dev = torch.device("cuda")
     B, T = int(train.get("batch_size", 4)), int(train.get("seq_len", 4096))
     model = Llama(cfg).to(dev)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": float(train.get("weight_decay", 0.1))},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=float(train.get("lr", 3e-4)),
-                            betas=(float(train.get("beta1", 0.9)), float(train.get("beta2", 0.95))),
-                            eps=float(train.get("eps", 1e-8)), fused=True)
-    clip = float(train.get("grad_clip", 1.0))
-    inv = cfg.rope_theta ** (-2.0 * torch.arange(cfg.head_dim // 2, dtype=torch.float64) / cfg.head_dim)
-    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
-    cos, sin = torch.cos(ang).float().to(dev), torch.sin(ang).float().to(dev)
-    g = torch.Generator(device=dev).manual_seed(args.seed + 7)
-    batches = [torch.randint(0, cfg.vocab_size, (B, T + 1), device=dev, generator=g) for _ in range(4)]
-    fwd = model
+    opt = adamw_from_train(model, train)
+    cos, sin = rope_tables(cfg.head_dim, cfg.rope_theta, T, dev)
+    batches = random_batches(cfg.vocab_size, B, T, dev, args.seed + 7, 4)
     if mode == "compile":
         # Per block (as torchtitan does): one graph reused by all layers compiles in seconds, not minutes; the
         # head (final norm, LM head, loss) is compiled as one more graph.
         for layer in model.layers:
             layer.compile()
         model.head_loss = torch.compile(model.head_loss)
-
-    def step(k):
-        opt.zero_grad(set_to_none=True)
-        b = batches[k % len(batches)]
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = fwd(b[:, :-1], b[:, 1:], cos, sin)
-        loss.backward()
-        if clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
-        opt.step()
-        return loss
-
-    t_compile = time.perf_counter()
-    for k in range(args.warmup):
-        step(k)
-    torch.cuda.synchronize()
-    warm_s = time.perf_counter() - t_compile
-    torch.cuda.reset_peak_memory_stats()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for k in range(args.steps):
-        loss = step(args.warmup + k)
-    end.record()
-    torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / args.steps
-    last = float(loss)
+    r = timed_training(lambda x, y: model(x, y, cos, sin), model, opt, train, batches, args.warmup, args.steps)
+    ms, last = r["ms"], r["loss"]
     tok_s = B * T / (ms / 1000.0)
     fpt = flops_per_token(model, cfg, T)
     line = {"bench": "train_step", "impl": "pytorch", "mode": mode, "torch": torch.__version__,
             "device": torch.cuda.get_device_name(), "batch": B, "seq": T, "steps": args.steps,
             "ms_per_step": round(ms, 3), "tokens_per_s": round(tok_s, 1), "flops_per_token": fpt,
-            "mfu": round(tok_s * fpt / PEAK_FLOPS, 4), "peak_device_bytes": torch.cuda.max_memory_allocated(),
-            "params": sum(p.numel() for p in model.parameters()), "warmup_s": round(warm_s, 1),
+            "mfu": round(tok_s * fpt / PEAK_FLOPS, 4), "peak_device_bytes": r["peak"],
+            "params": sum(p.numel() for p in model.parameters()), "warmup_s": round(r["warm_s"], 1),
             "final_loss": round(last, 4)}
     if not math.isfinite(last):
         line["error"] = "non-finite loss"
     print(json.dumps(line), flush=True)
-    del model, opt, fwd, batches
-    torch.cuda.empty_cache()
 
 
 def main():
@@ -189,6 +151,7 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     for mode in (["eager", "compile"] if args.mode == "both" else [args.mode]):
         run_mode(mode, cfg, doc.get("train", {}), args)
+        torch.cuda.empty_cache()  # the mode's model and optimizer are gone with run_mode's frame
     return 0
 
 
