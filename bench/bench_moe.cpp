@@ -115,7 +115,8 @@ void bench_case(
     std::fflush(stdout);
 }
 
-// The expert GEMMs alone, rows split evenly over the experts: the forward's three, then the backward's three calls.
+// The expert GEMMs alone, rows split evenly over the experts: the forward's three, then the backward's three calls,
+// then their three dw products alone (bwd_dx_ms is the difference).
 void bench_gemms(int64_t t, int64_t d, int64_t f, int64_t e, int64_t k, GroupedGemm gemm, int warmup, int iters) {
     const int64_t rows = t * k;
     Tensor offsets = Tensor::zeros({e + 1}, DType::i32);
@@ -135,7 +136,13 @@ void bench_gemms(int64_t t, int64_t d, int64_t f, int64_t e, int64_t k, GroupedG
         mt::ops::grouped_linear_bwd(xp, wg, offsets, h, dxp, dwg, false, gemm);
         mt::ops::grouped_linear_bwd(xp, wg, offsets, h, dxp, dwg, true, gemm);
     };
+    auto dw_only = [&] {  // the backward's three dw products alone (dx undefined: skipped)
+        mt::ops::grouped_linear_bwd(h, wd, offsets, y, Tensor(), dwd, false, gemm);
+        mt::ops::grouped_linear_bwd(xp, wg, offsets, h, Tensor(), dwg, false, gemm);
+        mt::ops::grouped_linear_bwd(xp, wg, offsets, h, Tensor(), dwg, false, gemm);
+    };
     const double ms = time_ms(gemms, warmup, iters), bwd_ms = time_ms(backward, warmup, iters);
+    const double dw_ms = time_ms(dw_only, warmup, iters);
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) gemms();
     const double host_ms =
@@ -149,6 +156,8 @@ void bench_gemms(int64_t t, int64_t d, int64_t f, int64_t e, int64_t k, GroupedG
                                  {"rows", rows},
                                  {"fwd_gemms_ms", ms},
                                  {"bwd_gemms_ms", bwd_ms},
+                                 {"bwd_dw_ms", dw_ms},
+                                 {"bwd_dx_ms", bwd_ms - dw_ms},
                                  {"host_enqueue_ms", host_ms},
                                  {"tflops", flops / ms * 1e-9},
                                  {"bwd_tflops", 2.0 * flops / bwd_ms * 1e-9},
