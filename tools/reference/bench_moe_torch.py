@@ -4,8 +4,10 @@
 sigmoid router (bf16 GEMM, f32 scores), top-k of the scores, gates normalised over the selected experts times 2.5,
 permutation by a stable argsort of the expert ids, the three expert GEMMs with torch._grouped_mm (device-side
 offsets, no host synchronisation), SwiGLU, and the gate-weighted combine (a batched [1, k] x [k, d] product per
-token). Forward and forward + backward (autograd, bf16 parameters and gradients) are timed with CUDA events, median
-over the timed iterations; one JSON line per case, the fields of bench_moe. The cases of bench_moe: 64 and 256
+token). Forward and forward + backward (autograd; bf16 parameters and gradients, and f32 master parameters cast to
+bf16 in the forward with f32 gradients, which is what moetrain's layer keeps: its f32 weight gradients are read and
+written by every dw product, about 4x the bytes of a written bf16 gradient) are timed with CUDA events, median over
+the timed iterations; one JSON line per case, the fields of bench_moe. The cases of bench_moe: 64 and 256
 experts of width --ffn, and 1024 experts of width --ffn-1024 (256). torch._grouped_mm takes at most 1024 groups
 (PyTorch 2.11: "Can't process more than 1024 groups" at E = 1024), so above GROUP_LIMIT experts each product runs as
 several calls of GROUP_LIMIT experts, their row ranges cut at the plan's offsets (one host read per call: what a
@@ -70,19 +72,21 @@ def time_ms(fn, warmup, iters):
     return statistics.median(times)
 
 
-def bench_case(t, d, f, e, k, target_ms, warmup, iters):
+def bench_case(t, d, f, e, k, target_ms, warmup, iters, master):
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
+    pt = torch.float32 if master == "f32" else dt  # the parameters' (and so the weight gradients') dtype
     x = torch.randn(t, d, device=dev, dtype=dt, requires_grad=True)
-    w_router = (0.02 * torch.randn(e, d, device=dev)).to(dt).requires_grad_()
-    w_gate = (0.02 * torch.randn(e, f, d, device=dev)).to(dt).requires_grad_()
-    w_up = (0.02 * torch.randn(e, f, d, device=dev)).to(dt).requires_grad_()
-    w_down = (0.02 / 7.0 * torch.randn(e, d, f, device=dev)).to(dt).requires_grad_()
+    w_router = (0.02 * torch.randn(e, d, device=dev)).to(pt).requires_grad_()
+    w_gate = (0.02 * torch.randn(e, f, d, device=dev)).to(pt).requires_grad_()
+    w_up = (0.02 * torch.randn(e, f, d, device=dev)).to(pt).requires_grad_()
+    w_down = (0.02 / 7.0 * torch.randn(e, d, f, device=dev)).to(pt).requires_grad_()
     dout = 1e-2 * torch.randn(t, d, device=dev, dtype=dt)
     params = (w_router, w_gate, w_up, w_down)
 
     def fwd():
-        return moe_forward(x, *params, k, 2.5)
+        # f32 master weights: cast to bf16 in the forward, as autocast does; their gradients come back f32.
+        return moe_forward(x, *[p.to(dt) for p in params], k, 2.5)
 
     def fwd_bwd():
         for p in (x,) + params:
@@ -94,6 +98,7 @@ def bench_case(t, d, f, e, k, target_ms, warmup, iters):
     fwd_flops = 3 * 2 * t * k * d * f + 2 * t * d * e
     line = {
         "bench": "moe", "impl": f"pytorch {torch.__version__} torch._grouped_mm", "dtype": "bf16",
+        "params": "f32 (cast to bf16 in the forward; f32 gradients)" if master == "f32" else "bf16 (bf16 gradients)",
         "T": t, "d": d, "F": f, "E": e, "k": k, "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms,
         "fwd_tflops": fwd_flops / fwd_ms * 1e-9, "fwd_bwd_tflops": 3 * fwd_flops / fwd_bwd_ms * 1e-9,
         "target_fwd_bwd_ms": target_ms, "iters": iters, "device": torch.cuda.get_device_name(),
@@ -111,13 +116,17 @@ def main():
     ap.add_argument("--ffn", type=int, default=1024)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--ffn-1024", type=int, default=256, help="expert width of the 1024-expert case")
+    ap.add_argument("--master", default="bf16,f32",
+                    help="parameter dtypes to run, comma-separated: bf16 (bf16 gradients, written) and/or f32 (f32 "
+                         "master weights cast in the forward, f32 gradients, as moetrain's mixed precision keeps)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print(json.dumps({"bench": "moe", "impl": "pytorch", "skipped": "no CUDA device"}))
         return
-    bench_case(a.tokens, a.d, a.ffn, 64, a.top_k, 12.0, a.warmup, a.iters)
-    bench_case(a.tokens, a.d, a.ffn, 256, a.top_k, 0.0, a.warmup, a.iters)
-    bench_case(a.tokens, a.d, a.ffn_1024, 1024, a.top_k, 0.0, a.warmup, a.iters)
+    for master in a.master.split(","):
+        bench_case(a.tokens, a.d, a.ffn, 64, a.top_k, 12.0, a.warmup, a.iters, master)
+        bench_case(a.tokens, a.d, a.ffn, 256, a.top_k, 0.0, a.warmup, a.iters, master)
+        bench_case(a.tokens, a.d, a.ffn_1024, 1024, a.top_k, 0.0, a.warmup, a.iters, master)
 
 
 if __name__ == "__main__":
