@@ -11,24 +11,10 @@ FlashAttention convention): forward 4 B Hq T^2 D / 2, backward 2.5x the forward.
 """
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
-
-
-def time_ms(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from train_harness import median_cuda_ms  # noqa: E402
 
 
 def bench_case(b, t, hq, hkv, d, warmup, iters):
@@ -51,8 +37,8 @@ def bench_case(b, t, hq, hkv, d, warmup, iters):
         fwd().backward(dout)
 
     torch.cuda.reset_peak_memory_stats()
-    fwd_ms = time_ms(fwd, warmup, iters)
-    fwd_bwd_ms = time_ms(fwd_bwd, warmup, iters)
+    fwd_ms = median_cuda_ms(fwd, warmup, iters)
+    fwd_bwd_ms = median_cuda_ms(fwd_bwd, warmup, iters)
     fwd_flops = 4.0 * b * hq * t * t * d / 2
     line = {
         "bench": "attention", "impl": f"pytorch {torch.__version__} SDPA (flash/cudnn)", "dtype": "bf16",

@@ -17,20 +17,7 @@ import json
 
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-
-def median_ms(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+from train_harness import median_cuda_ms  # noqa: E402
 
 
 def main():
@@ -60,13 +47,13 @@ def main():
         v = torch.randn(b, args.h, t + g, args.d, **opts, requires_grad=True)
         dout = torch.randn(b, args.h, t, args.d, **opts)
         block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN=t, KV_LEN=t + g, device="cuda", _compile=True)
-        fwd_ms = median_ms(lambda: compiled(q, k, v, block_mask=block_mask), args.warmup, args.iters)
+        fwd_ms = median_cuda_ms(lambda: compiled(q, k, v, block_mask=block_mask), args.warmup, args.iters)
 
         def fwd_bwd():
             out = compiled(q, k, v, block_mask=block_mask)
             out.backward(dout)
 
-        both_ms = median_ms(fwd_bwd, args.warmup, args.iters)
+        both_ms = median_cuda_ms(fwd_bwd, args.warmup, args.iters)
         line = {
             "bench": "attn_window",
             "impl": "pytorch-flex_attention (torch.compile) " + torch.__version__,

@@ -18,10 +18,10 @@ PyTorch user of that limit would write); the JSON line says how many calls.
 """
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
+from train_harness import median_cuda_ms  # noqa: E402
 
 
 GROUP_LIMIT = 512  # experts per torch._grouped_mm call when E exceeds the library's limit
@@ -58,19 +58,6 @@ def moe_forward(x, w_router, w_gate, w_up, w_down, top_k, scale):
     return torch.bmm(gates.to(x.dtype).unsqueeze(1), y_slots).squeeze(1)
 
 
-def time_ms(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
 
 def bench_case(t, d, f, e, k, target_ms, warmup, iters, master):
     torch.manual_seed(0)
@@ -93,8 +80,8 @@ def bench_case(t, d, f, e, k, target_ms, warmup, iters, master):
             p.grad = None
         fwd().backward(dout)
 
-    fwd_ms = time_ms(fwd, warmup, iters)
-    fwd_bwd_ms = time_ms(fwd_bwd, warmup, iters)
+    fwd_ms = median_cuda_ms(fwd, warmup, iters)
+    fwd_bwd_ms = median_cuda_ms(fwd_bwd, warmup, iters)
     fwd_flops = 3 * 2 * t * k * d * f + 2 * t * d * e
     line = {
         "bench": "moe", "impl": f"pytorch {torch.__version__} torch._grouped_mm", "dtype": "bf16",

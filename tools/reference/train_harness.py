@@ -1,5 +1,6 @@
-"""The training loop the PyTorch step benchmarks share (bench_torch_gpu.py, bench_hybrid_torch.py): AdamW and clipping
-from the config's [train] table as moetrain reads it, rotary tables, random token batches, and the timed steps.
+"""What the PyTorch GPU benchmarks share: the training loop of the step benchmarks (bench_torch_gpu.py,
+bench_hybrid_torch.py): AdamW and clipping from the config's [train] table as moetrain reads it, rotary tables,
+random token batches and the timed steps; and the kernel benchmarks' timer (median_cuda_ms).
 
 Each step: zero the gradients, the loss under bf16 autocast, backward, global-norm clipping (foreach) where
 train.grad_clip > 0, fused AdamW (weight decay on matrices only). Warm-up steps first (torch.compile and Triton
@@ -10,6 +11,21 @@ import time
 import torch
 
 PEAK_FLOPS = 989e12  # dense bf16 tensor-core peak of an H100/H200 SXM, as moetrain's MFU
+
+
+def median_cuda_ms(fn, warmup, iters):
+    """fn() timed with CUDA events after warmup calls: the median over iters calls, in ms."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
 
 
 def adamw_from_train(model, train):
