@@ -321,6 +321,6 @@ TEST_F(GpuTraining, InitialWeightsDrawnOnTheGpuEqualTheCpuDraws) {
     std::printf("initial weights: %lld elements, %lld one ulp apart\n",
                 static_cast<long long>(elements),
                 static_cast<long long>(differ));
-    EXPECT_GT(elements, 100000);
+    EXPECT_GT(elements, 40000);  // the tiny MoE hybrid holds 47,180 (a comparison of nothing must fail)
     EXPECT_LE(differ, 4);
 }
