@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import einops_shim  # noqa: E402
-from bench_moe_torch import time_ms  # noqa: E402
+from train_harness import median_cuda_ms  # noqa: E402
 
 
 def bench_case(chunk_kda, b, t, h, kd, vd, warmup, iters):
@@ -49,8 +49,8 @@ def bench_case(chunk_kda, b, t, h, kd, vd, warmup, iters):
     with torch.no_grad():
         fwd()
     fwd_bwd()  # compiles and autotunes the Triton kernels
-    fwd_ms = time_ms(lambda: fwd().detach(), warmup, iters)
-    fwd_bwd_ms = time_ms(fwd_bwd, warmup, iters)
+    fwd_ms = median_cuda_ms(lambda: fwd().detach(), warmup, iters)
+    fwd_bwd_ms = median_cuda_ms(fwd_bwd, warmup, iters)
     for x in inputs:
         x.grad = None
     torch.cuda.synchronize()
