@@ -105,8 +105,8 @@ struct MoeConfig {
     // The CUDA expert GEMMs (ops/grouped_linear.h): the one-launch device kernel, which reads the plan's offsets on
     // the device, so the layer copies them back only where something else needs them (expert parallelism's plan);
     // or cuBLASLt per expert from the host copy. auto: the device kernel where it takes the layer's dtypes and sizes
-    // and is the faster of the two for the layer's rows per expert (the forward up to 1,024, the backward up to 256:
-    // MoeLayer::use_device_gemm, docs/moe.md).
+    // and is the faster of the two for the layer's rows per expert (the forward up to 1,024, the backward's dx up to
+    // 512, its dw on cuBLASLt: MoeLayer::use_device_gemm, docs/moe.md).
     ops::GroupedGemm grouped_gemm = ops::GroupedGemm::automatic;
     MoeBalanceConfig balance;
     MoeCollapseConfig alarm;

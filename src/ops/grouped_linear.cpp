@@ -112,18 +112,22 @@ void grouped_linear_bwd(const Tensor& x,
     check_arg(x, op, "x", 2);
     check_arg(w, op, "w", 3);
     check_arg(dy, op, "dy", 2);
-    check_arg(dw, op, "dw", 3);
+    MT_CHECK(dx.defined() || dw.defined(), "{}: dx and dw are both undefined (nothing to compute)", op);
     const int64_t rows = x.size(0), k = x.size(1), e = w.size(0), m = w.size(1);
     check_shape(w, {e, m, k}, op, "w");
     check_shape(dy, {rows, m}, op, "dy");
-    check_shape(dw, {e, m, k}, op, "dw");
+    if (dw.defined()) {
+        check_arg(dw, op, "dw", 3);
+        check_shape(dw, {e, m, k}, op, "dw");
+    }
     if (dx.defined()) {
         check_arg(dx, op, "dx", 2);
         check_shape(dx, {rows, k}, op, "dx");
     }
     const core::Device dev = check_same_device(op, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}});
+    const DType dw_dtype = dw.defined() ? dw.dtype() : x.dtype();
     const bool device = use_device_kernel(
-        dev, offsets, impl, dw.dtype(), x, w, {{"x", &x}, {"w", &w}, {"dy", &dy}, {"dx", &dx}, {"dw", &dw}}, op);
+        dev, offsets, impl, dw_dtype, x, w, {{"x", &x}, {"w", &w}, {"dy", &dy}, {"dx", &dx}, {"dw", &dw}}, op);
     const Tensor o = device ? device_offsets(offsets, e, op) : host_offsets(offsets, e, rows, op);
     MT_CALL_KERNEL(grouped_linear_bwd, dev, x, w, o, dy, dx, dw, accumulate_dx, impl);
 }

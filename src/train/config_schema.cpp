@@ -239,7 +239,7 @@ std::vector<Field> config_schema(JobConfig& c) {
                "the GPU (no host synchronisation; bf16 with `d_model` and `expert_ffn_dim` multiples of 8 on Hopper), "
                "`cublaslt` one cuBLASLt GEMM per expert from a host copy of the plan, `auto` (the default) the device "
                "kernel where it applies and is the faster: the forward at up to 1,024 rows an expert (N top_k / E), "
-               "the backward at up to 256 ([moe.md](moe.md) \"CUDA\")"),
+               "the backward's dx at up to 512, its dw on cuBLASLt ([moe.md](moe.md) \"CUDA\")"),
         choice("moe.balance",
                &e.balance.mode,
                "load balancing (spec moe.md §2): Quantile Balancing, DeepSeek-V3's sign update, the auxiliary loss, "

@@ -163,5 +163,22 @@ TEST(OpArgs, GroupedLinearShapesAndOffsets) {
         "all tensors of one call must be on the same device");
 }
 
+// The MoE layer may run dx and dw apart (moe.grouped_gemm = "auto": dx on the device kernel, dw on cuBLASLt): a
+// dx-only call and a dw-only call give the joint call's bytes, and a call with neither is an error.
+TEST(OpArgs, GroupedLinearDxAndDwApart) {
+    const std::vector<int32_t> counts = {3, 0, 4};
+    const Tensor x = op_randn({7, 5}, 11, 0), w = op_randn({3, 6, 5}, 11, 1), dy = op_randn({7, 6}, 11, 2);
+    const Tensor offsets = make_offsets(counts);
+    const Tensor dx = Tensor::zeros({7, 5}, x.dtype()), dw = op_randn({3, 6, 5}, 11, 3);
+    const Tensor dx_apart = Tensor::zeros({7, 5}, x.dtype()), dw_apart = dw.clone();
+    grouped_linear_bwd(x, w, offsets, dy, dx, dw, false);
+    grouped_linear_bwd(x, w, offsets, dy, dx_apart, Tensor(), false);
+    grouped_linear_bwd(x, w, offsets, dy, Tensor(), dw_apart, false);
+    EXPECT_TRUE(op_same_bytes(dx, dx_apart));
+    EXPECT_TRUE(op_same_bytes(dw, dw_apart));
+    expect_op_error([&] { grouped_linear_bwd(x, w, offsets, dy, Tensor(), Tensor(), false); },
+                    "grouped_linear_bwd: dx and dw are both undefined (nothing to compute)");
+}
+
 }  // namespace
 }  // namespace mt::ops::test

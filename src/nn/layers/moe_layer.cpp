@@ -115,7 +115,7 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
     offsets_ = zi({e + 1}), slot_row_ = zi({n, k}), row_token_ = zi({r});
     offsets_host_ = dev == core::Device::cpu ? offsets_ : Tensor::zeros({e + 1}, DType::i32);
     device_gemm_ = use_device_gemm(precision, n);
-    local_offsets_ = (device_gemm_.fwd || device_gemm_.bwd) && ep_.size > 1 ? zi({e / ep_.size + 1}) : Tensor();
+    local_offsets_ = device_gemm_.any() && ep_.size > 1 ? zi({e / ep_.size + 1}) : Tensor();
     xp_ = z({r, c}), yp_ = z({r, c});
     // The aux loss's gradient on the scores is computed in the forward and kept for the backward.
     d_scores_aux_ = moe_.balance.mode == MoeBalanceMode::aux_loss ? zr({n, e}) : Tensor();
@@ -136,21 +136,32 @@ void MoeLayer::resize(int64_t n, const Precision& precision) {
 
 // Which expert GEMMs take the device kernel (moe.grouped_gemm): a cuda precision whose activations and gradient
 // dtypes and sizes it takes. The conditions on K and M are symmetric, so (d_model, F) covers all three GEMMs. auto
-// splits by the average rows an expert gets, N k / E, as bench_moe measured the two on an H100 (docs/moe.md, "CUDA"):
-// the device forward is ahead of cuBLASLt's per-expert GEMMs from 512 rows an expert down (2.1x at 512, 4.4x at 128)
-// and about even at 1,024; the device backward (its dw kernel) is ahead only at a few hundred rows (1.09x at 128,
-// 0.69x at 512).
+// splits by the average rows an expert gets, N k / E, as bench_moe measured the two on an H100 (the three products,
+// docs/moe.md "CUDA"): the device forward is ahead of cuBLASLt's per-expert GEMMs from 1,024 rows an expert down
+// (2.1x at 512, 4.4x at 128; the kimi step at 1,024: 199 against 221 ms), the device dx from 512 down (1.4x at 512,
+// 3.1x at 128; 0.65x at 2,048), and the device dw nowhere yet (0.49x to 0.72x), so auto keeps dw on cuBLASLt.
 MoeLayer::DeviceGemm MoeLayer::use_device_gemm(const Precision& precision, int64_t n) const {
-    constexpr int64_t kAutoFwdMaxRows = 1024, kAutoBwdMaxRows = 256;
+    constexpr int64_t kAutoFwdMaxRows = 1024, kAutoDxMaxRows = 512;
     const ops::GroupedGemm choice = moe_.grouped_gemm;
     if (precision.device != core::Device::cuda || choice == ops::GroupedGemm::cublaslt) return {};
     const std::string why =
         ops::grouped_linear_device_why_not(precision.compute, precision.master, model_.d_model, moe_.expert_ffn_dim);
     MT_CHECK(why.empty() || choice != ops::GroupedGemm::device, "{}: moe.grouped_gemm = \"device\": {}", prefix_, why);
     if (!why.empty()) return {};
-    if (choice == ops::GroupedGemm::device) return {true, true};
+    if (choice == ops::GroupedGemm::device) return {true, true, true};
     const int64_t rows_per_expert = n * moe_.top_k / std::max<int64_t>(moe_.num_experts, 1);
-    return {rows_per_expert <= kAutoFwdMaxRows, rows_per_expert <= kAutoBwdMaxRows};
+    return {rows_per_expert <= kAutoFwdMaxRows, rows_per_expert <= kAutoDxMaxRows, false};
+}
+
+void MoeLayer::expert_gemm_bwd(const Tensor& x, int w, const Tensor& dy, const Tensor& dx, bool accumulate_dx) {
+    const Tensor& weight = table_->param(w);
+    const Tensor& dw = table_->grad(w);
+    if (device_gemm_.dx == device_gemm_.dw) {
+        ops::grouped_linear_bwd(x, weight, expert_offsets_dx_, dy, dx, dw, accumulate_dx, gemm_impl(device_gemm_.dx));
+        return;
+    }
+    ops::grouped_linear_bwd(x, weight, expert_offsets_dx_, dy, dx, Tensor(), accumulate_dx, gemm_impl(device_gemm_.dx));
+    ops::grouped_linear_bwd(x, weight, expert_offsets_dw_, dy, Tensor(), dw, false, gemm_impl(device_gemm_.dw));
 }
 
 ops::GroupedGemm MoeLayer::gemm_impl(bool device) const {
@@ -243,24 +254,23 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     // The host copy of the offsets (CUDA: a synchronisation) only where something reads it: the cuBLASLt expert GEMMs
     // and expert parallelism's dispatch plan. The device grouped GEMM reads the plan's offsets where they are.
     const bool ep = ep_.size > 1;
-    const bool host_gemm = !device_gemm_.fwd || !device_gemm_.bwd;
-    if ((ep || host_gemm) && offsets_host_.raw() != offsets_.raw()) offsets_host_.copy_from(offsets_);
+    if ((ep || !device_gemm_.all()) && offsets_host_.raw() != offsets_.raw()) offsets_host_.copy_from(offsets_);
     const Tensor xp = xp_.slice(0, 0, rows_), yp = yp_.slice(0, 0, rows_);
     ops::moe_permute_fwd(x, row_token_.slice(0, 0, rows_), xp);
     // expert parallelism: the rows go to the ranks holding their experts
     expert_rows_ = rows_;
     expert_offsets_ = device_gemm_.fwd ? offsets_ : offsets_host_;
-    expert_offsets_bwd_ = device_gemm_.bwd ? offsets_ : offsets_host_;
+    expert_offsets_dx_ = device_gemm_.dx ? offsets_ : offsets_host_;
+    expert_offsets_dw_ = device_gemm_.dw ? offsets_ : offsets_host_;
     if (ep) {
         MT_CHECK(ep_.comm != nullptr, "{}: expert parallelism over {} ranks without a communicator", prefix_, ep_.size);
         dispatch_.plan(offsets_host_, *ep_.comm, ep_.rows_comm != nullptr ? *ep_.rows_comm : *ep_.comm, xp_.device());
         expert_rows_ = dispatch_.expert_rows();
-        expert_offsets_ = expert_offsets_bwd_ = dispatch_.local_offsets();
-        if (device_gemm_.fwd || device_gemm_.bwd) {  // the local experts' offsets, planned on the host, go up
-            local_offsets_.copy_from(expert_offsets_);
-            if (device_gemm_.fwd) expert_offsets_ = local_offsets_;
-            if (device_gemm_.bwd) expert_offsets_bwd_ = local_offsets_;
-        }
+        const Tensor host = dispatch_.local_offsets();
+        if (device_gemm_.any()) local_offsets_.copy_from(host);  // planned on the host, up for the device GEMM
+        expert_offsets_ = device_gemm_.fwd ? local_offsets_ : host;
+        expert_offsets_dx_ = device_gemm_.dx ? local_offsets_ : host;
+        expert_offsets_dw_ = device_gemm_.dw ? local_offsets_ : host;
         reserve_expert_rows(expert_rows_);
     }
     const int64_t re = expert_rows_;
@@ -359,15 +369,12 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, W
     const Tensor d_ye = ep ? ws.slot(1, {re, c}, dt, dev) : d_yp;
     if (ep) dispatch_.to_experts(d_yp, d_ye);
     const Tensor d_act = ws.slot(2, {re, f}, dt, dev);
-    const ops::GroupedGemm impl = gemm_impl(device_gemm_.bwd);
-    const Tensor& eo = expert_offsets_bwd_;
-    ops::grouped_linear_bwd(act, table_->param(w_down_), eo, d_ye, d_act, table_->grad(w_down_), false, impl);
+    expert_gemm_bwd(act, w_down_, d_ye, d_act, false);
     const Tensor d_hg = ws.slot(3, {re, f}, dt, dev), d_hu = ws.slot(4, {re, f}, dt, dev);
     ops::swiglu_bwd(hg, hu, d_act, d_hg, d_hu);
     const Tensor d_xe = ws.slot(2, {re, c}, dt, dev);
-    ops::grouped_linear_bwd(xe, table_->param(w_gate_), eo, d_hg, d_xe, table_->grad(w_gate_), false, impl);
-    ops::grouped_linear_bwd(
-        xe, table_->param(w_up_), eo, d_hu, d_xe, table_->grad(w_up_), /*accumulate_dx=*/true, impl);
+    expert_gemm_bwd(xe, w_gate_, d_hg, d_xe, false);
+    expert_gemm_bwd(xe, w_up_, d_hu, d_xe, /*accumulate_dx=*/true);
     const Tensor d_xp = ep ? ws.slot(0, {rows_, c}, dt, dev) : d_xe;
     // Overlapped dispatch: the router's backward (slots 1, 5, 6) runs while the row gradients travel back (sent from
     // the dispatch's staging buffer, received into d_xp in slot 0); dx is then written in the same order as without.

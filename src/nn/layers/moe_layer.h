@@ -173,7 +173,13 @@ class MoeLayer : public Layer {
     void reserve_expert_rows(int64_t rows);
     // Which expert GEMMs run on the device grouped GEMM under this precision (moe.grouped_gemm), for n tokens.
     struct DeviceGemm {
-        bool fwd = false, bwd = false;
+        bool fwd = false, dx = false, dw = false;  // the forward's products, the backward's dx and dw
+        bool any() const {
+            return fwd || dx || dw;
+        }
+        bool all() const {
+            return fwd && dx && dw;
+        }
     };
     DeviceGemm use_device_gemm(const Precision& precision, int64_t n) const;
     // The ops' choice for one direction: the device kernel (auto, or device where the config demands it) or cuBLASLt.
@@ -181,6 +187,8 @@ class MoeLayer : public Layer {
     // The buffers recompute moe_act / moe_permute / moe_experts drop, from the current ones (after every
     // reallocation).
     void list_dropped();
+    // One expert product's backward, dx and dw on the implementations device_gemm_ picked (one call where they agree).
+    void expert_gemm_bwd(const Tensor& x, int w, const Tensor& dy, const Tensor& dx, bool accumulate_dx);
     // The routed experts' SwiGLU FFN over the gathered rows xe into ye, and (expert parallelism) ye back to the
     // rows' sources yp: the forward's, and the backward's again under recompute moe_experts.
     void experts_forward(const Tensor& xe, const Tensor& ye, const Tensor& yp);
@@ -219,10 +227,10 @@ class MoeLayer : public Layer {
     Tensor logits_, scores_, indices_, gates_, cutoff_, bias_;  // [N, E], [N, E], [N, K], [N, K], [N], [E] or [M, E]
     Tensor offsets_, slot_row_, row_token_;                     // [E + 1], [N, K], [N * K] i32
     Tensor offsets_host_;  // [E + 1] i32 on the host (CUDA: copied back unless the device grouped GEMM needs no copy)
-    // The grouped GEMMs' offsets, forward and backward: offsets_ (the device grouped GEMM) or offsets_host_
-    // (cuBLASLt, the CPU); under expert parallelism the local experts' [E / ep + 1], on the host or copied into
-    // local_offsets_ (device GEMM).
-    Tensor expert_offsets_, expert_offsets_bwd_, local_offsets_;
+    // The grouped GEMMs' offsets, for the forward, the backward's dx and its dw: offsets_ (the device grouped GEMM)
+    // or offsets_host_ (cuBLASLt, the CPU); under expert parallelism the local experts' [E / ep + 1], on the host or
+    // copied into local_offsets_ (device GEMM).
+    Tensor expert_offsets_, expert_offsets_dx_, expert_offsets_dw_, local_offsets_;
     DeviceGemm device_gemm_;                   // which expert GEMMs take the device kernel (use_device_gemm)
     int64_t expert_rows_ = 0;                  // rows the local experts process (rows_ without expert parallelism)
     std::vector<float> bias_uploaded_;         // the bias last copied into bias_ ([E], or [M, E] under "balanced")

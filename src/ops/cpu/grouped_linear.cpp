@@ -27,7 +27,7 @@ void grouped_linear_bwd(
                       w + j * m * k,
                       dy + r0 * m,
                       dx ? dx + r0 * k : nullptr,
-                      dw + j * m * k,
+                      dw ? dw + j * m * k : nullptr,
                       nullptr,
                       rows,
                       k,
@@ -77,10 +77,12 @@ void grouped_linear_bwd(const Tensor& x,
     check_float_arg(x, op, "x", 2);
     check_float_arg(w, op, "w", 3);
     check_float_arg(dy, op, "dy", 2);
-    check_float_arg(dw, op, "dw", 3);
     check_dtype_as(w, x, op, "w", "x");
     check_dtype_as(dy, x, op, "dy", "x");
-    check_dtype_as(dw, x, op, "dw", "x");
+    if (dw.defined()) {
+        check_float_arg(dw, op, "dw", 3);
+        check_dtype_as(dw, x, op, "dw", "x");
+    }
     if (dx.defined()) {
         check_float_arg(dx, op, "dx", 2);
         check_dtype_as(dx, x, op, "dx", "x");
@@ -93,7 +95,7 @@ void grouped_linear_bwd(const Tensor& x,
                                 o.data<int32_t>(),
                                 dy.data<scalar_t>(),
                                 data_or_null<scalar_t>(dx_out),
-                                dw.data<scalar_t>(),
+                                data_or_null<scalar_t>(dw),
                                 e,
                                 k,
                                 m);

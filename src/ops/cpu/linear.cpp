@@ -40,7 +40,8 @@ void linear_bwd(
     const T* x, const T* w, const T* dy, T* dx, T* dw, T* dbias, int64_t n, int64_t k, int64_t m, bool accumulate_dx) {
     blas_use_one_thread();
     const int64_t tile_rows = chunk_count(m, kTile), tile_cols = std::max<int64_t>(chunk_count(k, kTile), 1);
-    const int64_t dw_tasks = tile_rows * tile_cols, dx_tasks = dx ? chunk_count(n, kRowChunk) : 0;
+    // dw null (grouped_linear_bwd's dx-only call; no bias then): the dx chunks alone.
+    const int64_t dw_tasks = dw ? tile_rows * tile_cols : 0, dx_tasks = dx ? chunk_count(n, kRowChunk) : 0;
 #pragma omp parallel for schedule(dynamic, 1) if (n * k * m >= kParallelMinWork)
     for (int64_t task = 0; task < dw_tasks + dx_tasks; ++task) {
         if (task >= dw_tasks) {

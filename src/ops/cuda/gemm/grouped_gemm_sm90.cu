@@ -303,6 +303,7 @@ void grouped_gemm_sm90_bwd(const Tensor& x,
         p.accumulate = accumulate_dx;
         launch_rows<Kind::dx>(p, static_cast<int>(k));
     }
+    if (!dw.defined()) return;
     Args p = make_args(dy, x, dw, offsets, k, m);
     p.col_tiles = static_cast<int>(ceil_div(k, kBN));
     const int64_t blocks = e * ceil_div(m, kBM) * p.col_tiles;

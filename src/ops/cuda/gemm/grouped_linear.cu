@@ -335,7 +335,7 @@ void grouped_linear_bwd(const Tensor& x,
     check_dtype_as(w, x, op, "w", "x");
     check_dtype_as(dy, x, op, "dy", "x");
     if (dx.defined()) check_dtype_as(dx, x, op, "dx", "x");
-    MT_CHECK(dw.dtype() == x.dtype() || dw.dtype() == DType::f32,
+    MT_CHECK(!dw.defined() || dw.dtype() == x.dtype() || dw.dtype() == DType::f32,
              "{}: dw has dtype {}, expected f32 or {} (the dtype of x)",
              op,
              core::dtype_name(dw.dtype()),
@@ -345,7 +345,7 @@ void grouped_linear_bwd(const Tensor& x,
     const int64_t e = w.size(0), m = w.size(1), k = w.size(2);
     if (k == 0) return;
     core::NvtxRange range("grouped_linear_bwd");
-    const size_t es = core::dtype_size(x.dtype()), gs = core::dtype_size(dw.dtype());
+    const size_t es = core::dtype_size(x.dtype()), gs = dw.defined() ? core::dtype_size(dw.dtype()) : 0;
     const cudaDataType t = cuda_type(x.dtype());
     std::vector<Gemm> gx, gw;
     std::vector<std::tuple<const void*, const void*, void*>> px, pw;
@@ -365,7 +365,7 @@ void grouped_linear_bwd(const Tensor& x,
                 px.emplace_back(wj, dyj, dxj);
             }
         }
-        if (m == 0) continue;
+        if (m == 0 || !dw.defined()) continue;
         char* dwj = static_cast<char*>(dw.raw()) + j * m * k * gs;
         gw.push_back({t,
                       cuda_type(dw.dtype()),
