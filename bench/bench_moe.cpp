@@ -3,10 +3,11 @@
 // grouped expert GEMMs, SwiGLU and the combine. One JSON line per case (median over the timed iterations, CUDA
 // events on the ops' stream).
 //   bench_moe [--iters 10] [--warmup 3] [--tokens 16384] [--d 2048] [--ffn 1024] [--ffn-1024 256] [--top-k 8]
-//             [--grouped-gemm both|auto|device|cublaslt] [--experts 64,256,1024]
+//             [--grouped-gemm all|both|auto|device|cublaslt] [--experts 64,256,1024]
 // Cases (issue 5, issue 25): 64 experts (target fwd + bwd <= 12 ms), 256 experts, and 1024 experts of width
-// --ffn-1024, no shared expert; each with every expert-GEMM implementation asked for (moe.grouped_gemm; "both": the
-// device grouped GEMM, then cuBLASLt per expert, where the device kernel runs). FLOPs: forward = 3 expert GEMMs x
+// --ffn-1024, no shared expert; each with every expert-GEMM implementation asked for (moe.grouped_gemm; "all", the
+// default: auto, then the device grouped GEMM, then cuBLASLt per expert, where the device kernel runs; "both": the
+// last two). FLOPs: forward = 3 expert GEMMs x
 // 2 T k d F + the router 2 T d E; forward + backward = 3 x the forward.
 // A second line per case ("bench": "moe_gemm") times the expert GEMMs alone on balanced offsets (device offsets for
 // the device kernel, host offsets for cuBLASLt): the three forward GEMMs, the three backward calls (dx and dw, dw
@@ -51,7 +52,8 @@ const char* impl_text(GroupedGemm g) {
         case GroupedGemm::cublaslt:
             return "moetrain-cuda (cuBLASLt per expert on 4 streams, device plan)";
         default:
-            return "moetrain-cuda (moe.grouped_gemm auto, device plan)";
+            return "moetrain-cuda (moe.grouped_gemm auto: the device forward to 1,024 rows an expert, the device dx to "
+                   "512, dw on cuBLASLt)";
     }
 }
 
@@ -170,7 +172,7 @@ int run(int argc, char** argv) {
     CLI::App app{"moetrain MoE layer benchmark"};
     int64_t t = 16384, d = 2048, f = 1024, f1024 = 256, k = 8;
     int iters = 10, warmup = 3;
-    std::string which = "both";
+    std::string which = "all";
     std::vector<int64_t> experts = {64, 256, 1024};
     app.add_option("--tokens", t);
     app.add_option("--d", d);
@@ -179,24 +181,28 @@ int run(int argc, char** argv) {
     app.add_option("--top-k", k);
     app.add_option("--iters", iters);
     app.add_option("--warmup", warmup);
-    app.add_option("--grouped-gemm", which, "moe.grouped_gemm to time, or both (device, then cublaslt)")
-        ->check(CLI::IsMember({"both", "auto", "device", "cublaslt"}));
+    app.add_option("--grouped-gemm",
+                   which,
+                   "moe.grouped_gemm to time, both (device, then cublaslt) or all (auto, the default setting, first)")
+        ->check(CLI::IsMember({"all", "both", "auto", "device", "cublaslt"}));
     app.add_option("--experts", experts, "expert counts (64, 256 and 1024 by default)")->delimiter(',');
     CLI11_PARSE(app, argc, argv);
     if (!mt::core::backend_available(Device::cuda)) {
         std::printf("%s\n", nlohmann::json{{"bench", "moe"}, {"skipped", "no CUDA device"}}.dump().c_str());
         return 0;
     }
-    const std::vector<GroupedGemm> gemms = which == "both"
-                                               ? std::vector<GroupedGemm>{GroupedGemm::device, GroupedGemm::cublaslt}
-                                               : std::vector<GroupedGemm>{parse_gemm(which)};
+    std::vector<GroupedGemm> gemms = {GroupedGemm::device, GroupedGemm::cublaslt};
+    if (which == "all") gemms.insert(gemms.begin(), GroupedGemm::automatic);
+    if (which != "all" && which != "both") gemms = {parse_gemm(which)};
+    const bool every = which == "all" || which == "both";
     for (const int64_t e : experts) {
         const int64_t width = e == 1024 ? f1024 : f;
         const bool device = mt::ops::grouped_linear_device_why_not(DType::bf16, DType::f32, d, width).empty();
         for (const GroupedGemm g : gemms) {
-            if (which == "both" && g == GroupedGemm::device && !device) continue;  // "both": where it runs
+            if (every && g == GroupedGemm::device && !device) continue;  // "all", "both": where it runs
             bench_case(t, d, width, e, k, g, e == 64 ? 12.0 : 0.0, warmup, iters);
-            bench_gemms(t, d, width, e, k, g, warmup, iters);
+            // The GEMMs alone per implementation (auto is the layer's split of the two: its layer line says it).
+            if (g != GroupedGemm::automatic) bench_gemms(t, d, width, e, k, g, warmup, iters);
         }
     }
     return 0;
