@@ -67,7 +67,8 @@ int run(int argc, char** argv) {
 
     const auto setup_start = std::chrono::steady_clock::now();
     mt::train::Trainer trainer(cfg, false);
-    // Building the model and drawing its weights on the host: minutes for billions of parameters, so it is printed.
+    // Building the model and drawing its weights (on the GPU for a cuda run, ops::rng_fill_normal: seconds; on the
+    // host, minutes for billions of parameters), so it is printed.
     const double setup_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
     // The trainer resets the allocator's peak as each step starts: the figure reported is the largest step's.
     int64_t peak = 0, reserved = 0, peak_activations = 0;
