@@ -149,7 +149,8 @@ MoeLayer::DeviceGemm MoeLayer::use_device_gemm(const Precision& precision, int64
     MT_CHECK(why.empty() || choice != ops::GroupedGemm::device, "{}: moe.grouped_gemm = \"device\": {}", prefix_, why);
     if (!why.empty()) return {};
     if (choice == ops::GroupedGemm::device) return {true, true, true};
-    const int64_t rows_per_expert = n * moe_.top_k / std::max<int64_t>(moe_.num_experts, 1);
+    // Under expert parallelism a local expert takes the rows of all ep ranks' tokens.
+    const int64_t rows_per_expert = n * moe_.top_k * ep_.size / std::max<int64_t>(moe_.num_experts, 1);
     return {rows_per_expert <= kAutoFwdMaxRows, rows_per_expert <= kAutoDxMaxRows, false};
 }
 
