@@ -157,12 +157,13 @@ MoeLayer::DeviceGemm MoeLayer::use_device_gemm(const Precision& precision, int64
 void MoeLayer::expert_gemm_bwd(const Tensor& x, int w, const Tensor& dy, const Tensor& dx, bool accumulate_dx) {
     const Tensor& weight = table_->param(w);
     const Tensor& dw = table_->grad(w);
-    if (device_gemm_.dx == device_gemm_.dw) {
-        ops::grouped_linear_bwd(x, weight, expert_offsets_dx_, dy, dx, dw, accumulate_dx, gemm_impl(device_gemm_.dx));
+    const bool on_dx = device_gemm_.dx, on_dw = device_gemm_.dw;
+    if (on_dx == on_dw) {
+        ops::grouped_linear_bwd(x, weight, expert_offsets(on_dx), dy, dx, dw, accumulate_dx, gemm_impl(on_dx));
         return;
     }
-    ops::grouped_linear_bwd(x, weight, expert_offsets_dx_, dy, dx, Tensor(), accumulate_dx, gemm_impl(device_gemm_.dx));
-    ops::grouped_linear_bwd(x, weight, expert_offsets_dw_, dy, Tensor(), dw, false, gemm_impl(device_gemm_.dw));
+    ops::grouped_linear_bwd(x, weight, expert_offsets(on_dx), dy, dx, Tensor(), accumulate_dx, gemm_impl(on_dx));
+    ops::grouped_linear_bwd(x, weight, expert_offsets(on_dw), dy, Tensor(), dw, false, gemm_impl(on_dw));
 }
 
 ops::GroupedGemm MoeLayer::gemm_impl(bool device) const {
@@ -200,10 +201,11 @@ void MoeLayer::experts_forward(const Tensor& xe, const Tensor& ye, const Tensor&
     const int64_t re = expert_rows_;
     const Tensor hg = hg_.slice(0, 0, re), hu = hu_.slice(0, 0, re), act = act_.slice(0, 0, re);
     const ops::GroupedGemm impl = gemm_impl(device_gemm_.fwd);
-    ops::grouped_linear_fwd(xe, table_->param(w_gate_), expert_offsets_, hg, impl);
-    ops::grouped_linear_fwd(xe, table_->param(w_up_), expert_offsets_, hu, impl);
+    const Tensor& offsets = expert_offsets(device_gemm_.fwd);
+    ops::grouped_linear_fwd(xe, table_->param(w_gate_), offsets, hg, impl);
+    ops::grouped_linear_fwd(xe, table_->param(w_up_), offsets, hu, impl);
     ops::swiglu_fwd(hg, hu, act);
-    ops::grouped_linear_fwd(act, table_->param(w_down_), expert_offsets_, ye, impl);
+    ops::grouped_linear_fwd(act, table_->param(w_down_), offsets, ye, impl);
     if (ep_.size > 1) dispatch_.to_sources(ye, yp);
 }
 
@@ -260,18 +262,15 @@ void MoeLayer::forward(const Tensor& x, const Tensor& out, bool training) {
     ops::moe_permute_fwd(x, row_token_.slice(0, 0, rows_), xp);
     // expert parallelism: the rows go to the ranks holding their experts
     expert_rows_ = rows_;
-    expert_offsets_ = device_gemm_.fwd ? offsets_ : offsets_host_;
-    expert_offsets_dx_ = device_gemm_.dx ? offsets_ : offsets_host_;
-    expert_offsets_dw_ = device_gemm_.dw ? offsets_ : offsets_host_;
+    expert_offsets_device_ = offsets_, expert_offsets_host_ = offsets_host_;
     if (ep) {
         MT_CHECK(ep_.comm != nullptr, "{}: expert parallelism over {} ranks without a communicator", prefix_, ep_.size);
         dispatch_.plan(offsets_host_, *ep_.comm, ep_.rows_comm != nullptr ? *ep_.rows_comm : *ep_.comm, xp_.device());
         expert_rows_ = dispatch_.expert_rows();
-        const Tensor host = dispatch_.local_offsets();
-        if (device_gemm_.any()) local_offsets_.copy_from(host);  // planned on the host, up for the device GEMM
-        expert_offsets_ = device_gemm_.fwd ? local_offsets_ : host;
-        expert_offsets_dx_ = device_gemm_.dx ? local_offsets_ : host;
-        expert_offsets_dw_ = device_gemm_.dw ? local_offsets_ : host;
+        expert_offsets_host_ = dispatch_.local_offsets();
+        // Planned on the host, up for the device GEMM.
+        if (device_gemm_.any()) local_offsets_.copy_from(expert_offsets_host_);
+        expert_offsets_device_ = local_offsets_;
         reserve_expert_rows(expert_rows_);
     }
     const int64_t re = expert_rows_;

@@ -227,10 +227,13 @@ class MoeLayer : public Layer {
     Tensor logits_, scores_, indices_, gates_, cutoff_, bias_;  // [N, E], [N, E], [N, K], [N, K], [N], [E] or [M, E]
     Tensor offsets_, slot_row_, row_token_;                     // [E + 1], [N, K], [N * K] i32
     Tensor offsets_host_;  // [E + 1] i32 on the host (CUDA: copied back unless the device grouped GEMM needs no copy)
-    // The grouped GEMMs' offsets, for the forward, the backward's dx and its dw: offsets_ (the device grouped GEMM)
-    // or offsets_host_ (cuBLASLt, the CPU); under expert parallelism the local experts' [E / ep + 1], on the host or
-    // copied into local_offsets_ (device GEMM).
-    Tensor expert_offsets_, expert_offsets_dx_, expert_offsets_dw_, local_offsets_;
+    // The grouped GEMMs' offsets as each implementation reads them: on the device (offsets_; under expert
+    // parallelism the local experts' [E / ep + 1] copied into local_offsets_) and on the host (offsets_host_, or the
+    // dispatch plan's local offsets). expert_offsets(device) picks one for a product (device_gemm_).
+    Tensor expert_offsets_device_, expert_offsets_host_, local_offsets_;
+    const Tensor& expert_offsets(bool device) const {
+        return device ? expert_offsets_device_ : expert_offsets_host_;
+    }
     DeviceGemm device_gemm_;                   // which expert GEMMs take the device kernel (use_device_gemm)
     int64_t expert_rows_ = 0;                  // rows the local experts process (rows_ without expert parallelism)
     std::vector<float> bias_uploaded_;         // the bias last copied into bias_ ([E], or [M, E] under "balanced")
