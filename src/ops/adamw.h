@@ -13,6 +13,8 @@
 //   update_sq (optional, undefined = none): [1] f64 on param's device, += sum_i (param_new[i] - param_old[i])^2, the
 //   squared L2 norm of the change the step applied (metrics.layer_stats: layer/<l>/update_norm), summed in f64 in a
 //   fixed order; on CUDA by the same kernel (block partials, then one fixed-order sum), without a host sync.
+//   param_sq (optional, undefined = none): [1] f64 like update_sq, += sum_i param_new[i]^2, the squared norm of the
+//   updated parameter (layer/<l>/param_norm), summed beside update_sq by the same pass: no second read of the weights.
 #pragma once
 
 #include <cmath>
@@ -58,6 +60,7 @@ void adamw_step(const Tensor& param,
                 double grad_scale,
                 const Tensor& param_copy = {},
                 const AdamWRounding& rounding = {},
-                const Tensor& update_sq = {});
+                const Tensor& update_sq = {},
+                const Tensor& param_sq = {});
 
 }  // namespace mt::ops

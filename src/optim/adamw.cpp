@@ -2,6 +2,7 @@
 #include "optim/adamw.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/backend.h"
 #include "core/rng.h"
@@ -12,9 +13,9 @@ namespace {
 core::Tensor flat(const core::Tensor& t) {
     return t.reshape({t.numel()});
 }
-// Parameter i's slot [1] of an update_sq buffer, or undefined.
-core::Tensor slot(const core::Tensor& update_sq, int i) {
-    return update_sq.defined() ? update_sq.slice(0, i, i + 1) : core::Tensor();
+// Parameter i's slot [1] of a per-parameter sum buffer (update_sq, param_sq), or undefined.
+core::Tensor slot(const core::Tensor& sums, int i) {
+    return sums.defined() ? sums.slice(0, i, i + 1) : core::Tensor();
 }
 }  // namespace
 
@@ -125,12 +126,15 @@ ops::AdamWRounding AdamW::piece_rounding(const Piece& p, int64_t begin) const {
             .first = nn::param_shard_flat_offset(spec) + begin};
 }
 
-void AdamW::step(double lr, int64_t step, double grad_scale, const core::Tensor& update_sq) {
-    MT_CHECK(!update_sq.defined() || (update_sq.numel() == table_->size() && update_sq.device() == update_device()),
-             "AdamW::step: update_sq must be [{}] on {}",
-             table_->size(),
-             core::device_name(update_device()));
-    if (options_.offload) return step_offloaded(lr, step, grad_scale, update_sq);
+void AdamW::step(
+    double lr, int64_t step, double grad_scale, const core::Tensor& update_sq, const core::Tensor& param_sq) {
+    for (const auto& [sums, name] : {std::pair{&update_sq, "update_sq"}, std::pair{&param_sq, "param_sq"}})
+        MT_CHECK(!sums->defined() || (sums->numel() == table_->size() && sums->device() == update_device()),
+                 "AdamW::step: {} must be [{}] on {}",
+                 name,
+                 table_->size(),
+                 core::device_name(update_device()));
+    if (options_.offload) return step_offloaded(lr, step, grad_scale, update_sq, param_sq);
     const bool copy = table_->precision().has_master_copy();
     for (const Piece& p : pieces_) {
         auto part = [&](const core::Tensor& t) { return flat(t).slice(0, p.begin, p.end); };
@@ -144,7 +148,8 @@ void AdamW::step(double lr, int64_t step, double grad_scale, const core::Tensor&
                         grad_scale,
                         copy ? part(table_->param(p.param)) : core::Tensor(),
                         piece_rounding(p, p.begin),
-                        slot(update_sq, p.param));
+                        slot(update_sq, p.param),
+                        slot(param_sq, p.param));
     }
 }
 
@@ -157,7 +162,8 @@ void AdamW::wait_uploads() {
     }
 }
 
-void AdamW::step_offloaded(double lr, int64_t step, double grad_scale, const core::Tensor& update_sq) {
+void AdamW::step_offloaded(
+    double lr, int64_t step, double grad_scale, const core::Tensor& update_sq, const core::Tensor& param_sq) {
     const core::Device device = table_->precision().device;
     core::Backend& backend = core::backend_get(device);
     const core::Tensor grads = table_->grad_arena(), weights = table_->param_arena();
@@ -205,7 +211,8 @@ void AdamW::step_offloaded(double lr, int64_t step, double grad_scale, const cor
                             grad_scale,
                             param_stage_[k].slice(0, a - ch.begin, b - ch.begin),
                             piece_rounding(p, a - base),
-                            slot(update_sq, p.param));
+                            slot(update_sq, p.param),
+                            slot(param_sq, p.param));
             cursor = b;
         }
         if (ch.end > cursor) param_stage_[k].slice(0, cursor - ch.begin, ch.end - ch.begin).zero();

@@ -49,8 +49,13 @@ class AdamW {
     // One update with the given learning rate; step counts from 1 (bias correction). grad_scale multiplies
     // every gradient first (global-norm clipping). update_sq (metrics.layer_stats; undefined: none): [table size]
     // f64 on update_device(), slot i += the squared L2 norm of the change this rank applied to parameter i (its
-    // pieces), summed on the device (ops::adamw_step's update_sq).
-    void step(double lr, int64_t step, double grad_scale, const core::Tensor& update_sq = {});
+    // pieces), summed on the device (ops::adamw_step's update_sq); param_sq likewise, slot i += the squared L2 norm
+    // of this rank's updated part of parameter i (ops::adamw_step's param_sq).
+    void step(double lr,
+              int64_t step,
+              double grad_scale,
+              const core::Tensor& update_sq = {},
+              const core::Tensor& param_sq = {});
     // Where the update runs: the host under offload, else the model's device.
     core::Device update_device() const {
         return options_.offload ? core::Device::cpu : table_->precision().device;
@@ -87,7 +92,8 @@ class AdamW {
     // The hyperparameters and rounding stream of piece p's elements from `begin` on.
     ops::AdamWHyper piece_hyper(const Piece& p, double lr) const;
     ops::AdamWRounding piece_rounding(const Piece& p, int64_t begin) const;
-    void step_offloaded(double lr, int64_t step, double grad_scale, const core::Tensor& update_sq);
+    void step_offloaded(
+        double lr, int64_t step, double grad_scale, const core::Tensor& update_sq, const core::Tensor& param_sq);
     void wait_uploads();
 
     nn::ParamTable* table_;

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -153,6 +154,15 @@ class GradSync {
     // The L2 norm of the reduced gradient over the whole model (collective over the world): each rank sums the
     // squares of what it holds, each divided by the number of ranks holding the same elements.
     double grad_norm() const;
+    // The same norm and, from the same pass over the gradient (one device synchronisation, one all-reduce), the
+    // squared norms of groups of parameters as group_norms_sq(group_of, groups, true) gives them: the metrics'
+    // per-layer gradient norms at no extra pass. The total sums the parts in another order than grad_norm, so the two
+    // can differ in the last bits: a run takes its norm from one of them on every step.
+    struct GradNorms {
+        double norm = 0.0;
+        std::vector<double> group_sq;
+    };
+    GradNorms grad_norms(const std::vector<int>& group_of, int groups) const;
     // The squared L2 norms of groups of parameters, of the reduced gradient (grads) or of the master weights, summed
     // over the whole model as grad_norm sums (collective over the world: one all-reduce of the vector).
     // group_of[i]: parameter i's group in [0, groups), or -1 for none. Under ZeRO-1 with mixed precision the master
@@ -245,6 +255,10 @@ class GradSync {
     // How many ranks of the job hold the same reduced gradient element as this rank, in a bucket of group size
     // `group` (1 when a replicated optimizer holds the whole bucket: replicas over the group count too).
     double copies(const ArenaParam& p, int64_t group) const;
+    std::map<std::pair<int, double>, std::vector<core::Tensor>> held_parts(const core::Tensor& arena,
+                                                                           const std::vector<int>* group_of,
+                                                                           int groups,
+                                                                           bool ungrouped) const;
     void issue(Bucket& b);
     CommWork start_gather(Bucket& b, const core::Tensor& arena);
     // parallel.poison_gathers: NaN into every gathered element this rank does not own.

@@ -329,16 +329,17 @@ StepResult Trainer::train_step() {
             r.grad_norm,
             step_ + 1,
             scaler_.exhausted() ? fmt::format(" (loss scale already at its minimum {})", r.loss_scale) : "");
-    // The per-layer norms of the metrics steps (the loss scale divided out of the gradients').
+    // The per-layer gradient norms (from the norm's pass) are kept on the metrics steps only.
     const bool layer_stats = layer_stats_step();
-    if (layer_stats) {
-        r.layer_grad_sq = grad_sync_->group_norms_sq(layer_of_param_, nn::layer_stats_param_groups(cfg_.model), true);
-        for (double& x : r.layer_grad_sq) x /= r.loss_scale * r.loss_scale;
-    }
+    if (!layer_stats) r.layer_grad_sq.clear();
+    param_sq_measured_ = false;
     if (!r.skipped) optimizer_step(r, layer_stats);
     mix_step_applied(r);
     if (layer_stats) {
-        r.layer_param_sq = grad_sync_->group_norms_sq(layer_of_param_, nn::layer_stats_param_groups(cfg_.model), false);
+        // The weight norms: from the update's own pass where it wrote them for every parameter, else a pass here.
+        if (!param_sq_measured_)
+            r.layer_param_sq =
+                grad_sync_->group_norms_sq(layer_of_param_, nn::layer_stats_param_groups(cfg_.model), false);
         layer_stats_end(r);
     }
     ++step_;
@@ -415,7 +416,13 @@ void Trainer::compute_gradients(StepResult& r) {
     r.aux_loss = dp_sum(r.aux_loss) / static_cast<double>(data_size());
     if (mix_) mix_step_end(r);
     apply_fault(r);
-    r.grad_norm = grad_sync_->grad_norm() / r.loss_scale;
+    // The norm and the per-layer norms of the metrics (layer_stats) from one pass, on every step, so that the norm
+    // (and the clip it drives) does not depend on which steps are metrics steps.
+    const parallel::GradSync::GradNorms norms =
+        grad_sync_->grad_norms(layer_of_param_, nn::layer_stats_param_groups(cfg_.model));
+    r.grad_norm = norms.norm / r.loss_scale;
+    r.layer_grad_sq = norms.group_sq;
+    for (double& x : r.layer_grad_sq) x /= r.loss_scale * r.loss_scale;
 }
 
 double Trainer::evaluate() {

@@ -416,9 +416,12 @@ class Trainer {
     void layer_stats_end(StepResult& r);
     std::vector<int> layer_of_param_;  // each table parameter's layer ("layers.<l>.*"), -1 for the rest
     nn::LayerStatsLayout stats_layout_;
-    // [layout size + parameters] f64 on the model's device: the layers' slots, then the optimizer's per-parameter
-    // squared changes (update_sq_, a view of the tail, or a host buffer where the update runs on the host).
-    core::Tensor stats_, update_sq_;
+    // [layout size + 2 x parameters] f64 on the model's device: the layers' slots, then the optimizer's per-parameter
+    // squared changes (update_sq_) and squared updated weights (param_sq_): views of the tail, or of a host buffer
+    // where the update runs on the host. param_sq_measured_: this step's update wrote param_sq_ for every parameter
+    // (AdamW alone, nothing changing the weights after it), so the weight norms need no pass of their own.
+    core::Tensor stats_, optimizer_sums_, update_sq_, param_sq_;
+    bool param_sq_measured_ = false;
     std::vector<CheckpointTensor> moe_checkpoint_tensors();  // as the layers hold them (the caller copies to host)
     nlohmann::json moe_checkpoint_json();
     void load_moe_checkpoint(const Checkpoint& ckpt);

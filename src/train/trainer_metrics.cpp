@@ -40,14 +40,16 @@ void Trainer::layer_stats_begin() {
     const core::Device device = model_->params().precision().device;
     const int64_t params = model_->params().size();
     if (!stats_.defined()) {
-        stats_ = core::Tensor::zeros({stats_layout_.size + params}, core::DType::f64, device);
+        stats_ = core::Tensor::zeros({stats_layout_.size + 2 * params}, core::DType::f64, device);
         // The optimizer's sums beside the layers' (one copy back), unless the update runs on the host (offload).
-        update_sq_ = adamw_->update_device() == device
-                         ? stats_.slice(0, stats_layout_.size, stats_layout_.size + params)
-                         : core::Tensor::zeros({params}, core::DType::f64, adamw_->update_device());
+        optimizer_sums_ = adamw_->update_device() == device
+                              ? stats_.slice(0, stats_layout_.size, stats_layout_.size + 2 * params)
+                              : core::Tensor::zeros({2 * params}, core::DType::f64, adamw_->update_device());
+        update_sq_ = optimizer_sums_.slice(0, 0, params);
+        param_sq_ = optimizer_sums_.slice(0, params, 2 * params);
     }
     stats_.zero();
-    update_sq_.zero();
+    optimizer_sums_.zero();
     model_->set_layer_stats(stats_.slice(0, 0, stats_layout_.size));
 }
 
@@ -56,13 +58,18 @@ void Trainer::layer_stats_end(StepResult& r) {
     // The one copy to the host of the step (the update's sums come with it unless they are on the host already).
     const core::Tensor host = stats_.device() == core::Device::cpu ? stats_ : stats_.to_device(core::Device::cpu);
     const bool beside = adamw_->update_device() == stats_.device();
-    const core::Tensor updates = beside ? host.slice(0, stats_layout_.size, host.numel()) : update_sq_;
-    const double* u = updates.data<double>();
-    const std::vector<double> per_param(u, u + updates.numel());
+    const core::Tensor optimizer = beside ? host.slice(0, stats_layout_.size, host.numel()) : optimizer_sums_;
+    const double* u = optimizer.data<double>();
+    const int64_t params = optimizer.numel() / 2;
     const int layers = nn::layer_stats_param_groups(cfg_.model);
-    // Each rank's change of what it updated, divided by the ranks updating the same elements (GradSync), then the
-    // layers' slot sums: every figure of the job is a sum over the world.
-    std::vector<double> sums = grad_sync_->group_sums(per_param, layer_of_param_, layers);
+    // Each rank's change of what it updated (and the updated weights' squares), divided by the ranks updating the
+    // same elements (GradSync), then the layers' slot sums: every figure of the job is a sum over the world.
+    std::vector<double> sums = grad_sync_->group_sums(std::vector<double>(u, u + params), layer_of_param_, layers);
+    if (param_sq_measured_) {
+        const std::vector<double> weights =
+            grad_sync_->group_sums(std::vector<double>(u + params, u + 2 * params), layer_of_param_, layers);
+        sums.insert(sums.end(), weights.begin(), weights.end());
+    }
     const double* slots = host.data<double>();
     sums.insert(sums.end(), slots, slots + stats_layout_.size);
     parallel::Comm& world = mesh_->world();
@@ -71,8 +78,14 @@ void Trainer::layer_stats_end(StepResult& r) {
             .all_reduce(
                 sums.data(), static_cast<int64_t>(sums.size()), parallel::CommType::f64, parallel::ReduceOp::sum)
             .wait();
-    r.layer_update_sq.assign(sums.begin(), sums.begin() + layers);
-    r.layer_stats.assign(sums.begin() + layers, sums.end());
+    auto next = sums.begin();
+    r.layer_update_sq.assign(next, next + layers);
+    next += layers;
+    if (param_sq_measured_) {
+        r.layer_param_sq.assign(next, next + layers);
+        next += layers;
+    }
+    r.layer_stats.assign(next, sums.end());
 }
 
 double Trainer::step_flops() const {

@@ -29,7 +29,11 @@ void Trainer::optimizer_step(StepResult& r, bool layer_stats) {
     o.clip_coef = t.grad_clip > 0 && r.grad_norm > t.grad_clip ? t.grad_clip / (r.grad_norm + 1e-6) : 1.0;
     const bool metrics = metrics_step();
     const core::Tensor update_sq = layer_stats ? update_sq_ : core::Tensor();
-    adamw_->step(r.lr, step_ + 1, o.clip_coef / r.loss_scale, update_sq);
+    // AdamW alone updates every weight: its pass also sums the updated weights' squares (the metrics' weight norms),
+    // which otherwise take a pass over the master weights of their own (and do where QK-clip rescales rows after).
+    param_sq_measured_ = layer_stats && !muon_;
+    adamw_->step(
+        r.lr, step_ + 1, o.clip_coef / r.loss_scale, update_sq, param_sq_measured_ ? param_sq_ : core::Tensor());
     if (muon_) {
         // Muon's gradients are not scaled by the global norm (Newton-Schulz discards the magnitude, and a clip driven
         // by another group's spike would shrink them to the epsilon); muon.clip = "own_norm" clips them by their own.
@@ -95,6 +99,7 @@ void Trainer::optimizer_step(StepResult& r, bool layer_stats) {
         o.compress_raw_bytes = static_cast<int64_t>(sums[5]);
     }
     if (cfg_.optim.qk_clip) o.qk_clipped_heads = qk_clip();
+    if (o.qk_clipped_heads > 0) param_sq_measured_ = false;
     grad_sync_->gather_params();  // ZeRO-1: every rank's updated slices and matrices to every replica
     o.step_seconds = seconds_since(start);
 }

@@ -121,7 +121,8 @@ void param_copy_written() {
 }
 
 // update_sq: += the squared L2 norm of the change, against the weights before and after (f64 and f32 state; bf16
-// moments over f32 weights), over several blocks; two calls add up; the same bits for 1 and 3 threads.
+// moments over f32 weights), over several blocks; param_sq: += the squared norm of the weights after, alone or beside
+// update_sq; two calls add up; the same bits for 1 and 3 threads.
 void update_sq_is_the_change() {
     const int64_t n = 40009;  // three blocks of the CPU reference, the last one partial
     AdamWHyper hyper;
@@ -131,24 +132,32 @@ void update_sq_is_the_change() {
          {std::pair{DType::f64, DType::f64}, std::pair{DType::f32, DType::f32}, std::pair{DType::f32, DType::bf16}}) {
         const Tensor param = op_randn({n}, 31, 0).to(dtype), grad = op_randn({n}, 31, 1).to(dtype);
         const Tensor p = param.clone(), m = Tensor::zeros({n}, state), v = Tensor::zeros({n}, state);
-        const Tensor sq = Tensor::zeros({1}, DType::f64);
+        const Tensor sq = Tensor::zeros({1}, DType::f64), psq = Tensor::zeros({1}, DType::f64);
         core::tensor_set_flat(sq, 0, 0.25);  // accumulates
-        adamw_step(p, grad, m, v, hyper, 2, 0.7, Tensor(), {}, sq);
-        double want = 0.0;
+        core::tensor_set_flat(psq, 0, 0.5);
+        adamw_step(p, grad, m, v, hyper, 2, 0.7, Tensor(), {}, sq, psq);
+        double want = 0.0, want_p = 0.0;
         for (int64_t i = 0; i < n; ++i) {
             const double d = core::tensor_get_flat(p, i) - core::tensor_get_flat(param, i);
             want += d * d;
+            want_p += core::tensor_get_flat(p, i) * core::tensor_get_flat(p, i);
         }
         const std::string what = fmt::format("{} param, {} state", core::dtype_name(dtype), core::dtype_name(state));
         EXPECT_GT(want, 0.0);
         EXPECT_NEAR(core::tensor_get_flat(sq, 0), 0.25 + want, 1e-12 * want) << what;
+        EXPECT_NEAR(core::tensor_get_flat(psq, 0), 0.5 + want_p, 1e-12 * want_p) << what;
+        // param_sq alone: the same step, the same sum.
+        const Tensor p2 = param.clone(), m2 = Tensor::zeros({n}, state), v2 = Tensor::zeros({n}, state);
+        const Tensor psq2 = Tensor::zeros({1}, DType::f64);
+        adamw_step(p2, grad, m2, v2, hyper, 2, 0.7, Tensor(), {}, Tensor(), psq2);
+        EXPECT_NEAR(core::tensor_get_flat(psq2, 0), want_p, 1e-12 * want_p) << what;
         const int saved = omp_get_max_threads();
         Tensor bits[2];
         for (int k = 0; k < 2; ++k) {
             omp_set_num_threads(k == 0 ? 1 : 3);
             const Tensor pk = param.clone(), mk = Tensor::zeros({n}, state), vk = Tensor::zeros({n}, state);
-            bits[k] = Tensor::zeros({1}, DType::f64);
-            adamw_step(pk, grad, mk, vk, hyper, 2, 0.7, Tensor(), {}, bits[k]);
+            bits[k] = Tensor::zeros({2}, DType::f64);
+            adamw_step(pk, grad, mk, vk, hyper, 2, 0.7, Tensor(), {}, bits[k].slice(0, 0, 1), bits[k].slice(0, 1, 2));
         }
         omp_set_num_threads(saved);
         EXPECT_TRUE(op_same_bytes(bits[0], bits[1])) << what;
@@ -158,11 +167,14 @@ void update_sq_is_the_change() {
                     "adamw_step: update_sq has dtype f32, expected f64");
     expect_op_error([&] { adamw_step(p, g, m, v, hyper, 1, 1.0, Tensor(), {}, Tensor::zeros({2}, DType::f64)); },
                     "adamw_step: update_sq has shape [2], expected [1]");
+    expect_op_error(
+        [&] { adamw_step(p, g, m, v, hyper, 1, 1.0, Tensor(), {}, Tensor(), Tensor::zeros({1}, DType::f32)); },
+        "adamw_step: param_sq has dtype f32, expected f64");
 }
 
 // CUDA against the CPU: f32 master weights and state, f32 or bf16 gradients (the CPU sees the same rounded values),
 // with no copy, a bf16 copy and an f32 copy; three steps, odd and 16-byte-multiple sizes; deterministic. The squared
-// change (update_sq) summed over the three steps.
+// change (update_sq) and the squared updated weights (param_sq) summed over the three steps.
 void parity(int64_t n) {
     for (DType grad_dtype : {DType::f32, DType::bf16}) {
         for (int copy_kind = 0; copy_kind < 3; ++copy_kind) {
@@ -186,16 +198,20 @@ void parity(int64_t n) {
             const Tensor c_dev = copy_kind ? Tensor::zeros({n}, copy_dtype, core::Device::cuda) : Tensor();
             const Tensor u_cpu = Tensor::zeros({1}, DType::f64),
                          u_dev = Tensor::zeros({1}, DType::f64, core::Device::cuda);
+            const Tensor w_cpu = Tensor::zeros({1}, DType::f64),
+                         w_dev = Tensor::zeros({1}, DType::f64, core::Device::cuda);
             for (int64_t step = 1; step <= 3; ++step) {
                 const Tensor g = op_randn({n}, 9, 10 + static_cast<uint64_t>(step)).to(grad_dtype);
-                adamw_step(p_cpu, g.to(DType::f32), m_cpu, v_cpu, hyper, step, 0.6, c_cpu, {}, u_cpu);
-                adamw_step(p_dev, g.to_device(core::Device::cuda), m_dev, v_dev, hyper, step, 0.6, c_dev, {}, u_dev);
+                adamw_step(p_cpu, g.to(DType::f32), m_cpu, v_cpu, hyper, step, 0.6, c_cpu, {}, u_cpu, w_cpu);
+                adamw_step(
+                    p_dev, g.to_device(core::Device::cuda), m_dev, v_dev, hyper, step, 0.6, c_dev, {}, u_dev, w_dev);
             }
             // update_sq sums squared differences of nearby f32 values: one element's change (about lr = 3e-3 of a
             // parameter of size 1) carries ulp(1) / 3e-3 = 4e-5 relative rounding, and the CUDA kernel's fused
             // multiply-adds put an intermediate step's parameter an ulp from the CPU's (H100, 2026-12-05: 1.9e-5 at
             // n = 1, 1.1e-7 at n = 1003). Many elements average it out; a single one needs 1e-4.
             op_expect_parity(name, "update_sq", u_dev, u_cpu, n < 64 ? 1e-4 : 1e-5);
+            op_expect_parity(name, "param_sq", w_dev, w_cpu, 1e-6);
             op_expect_parity(name, "param", p_dev, p_cpu, 1e-5);
             op_expect_parity(name, "m", m_dev, m_cpu, 1e-5);
             op_expect_parity(name, "v", v_dev, v_cpu, 1e-5);

@@ -1,8 +1,9 @@
 // The per-layer statistics of the metrics steps (metrics.layer_stats, nn/layer_stats.h), each against a value taken
 // here from the model's own tensors: the update norm from the master weights before and after the step (f32 and
-// bf16 moments, the offloaded optimizer), the activation RMS from the blocks' outputs (or the AttnRes mixes that
-// follow each layer), the KDA gate's mean and saturation from the gate values the layer saved, and the AttnRes mix
-// weights and entropy from the saved softmax weights. One micro-batch, so the saved tensors are the step's.
+// bf16 moments, the offloaded optimizer, Muon), the weight and gradient norms, the activation RMS from the blocks'
+// outputs (or the AttnRes mixes that follow each layer), the KDA gate's mean and saturation from the gate values the
+// layer saved, and the AttnRes mix weights and entropy from the saved softmax weights. One micro-batch, so the saved
+// tensors are the step's.
 #include "nn/layer_stats.h"
 
 #include <gtest/gtest.h>
@@ -48,6 +49,9 @@ const Tensor& saved(std::vector<mt::nn::SavedTensor> list, const std::string& na
     return none;
 }
 
+// The update norm, and the weight and gradient norms beside it: the weights' after the step (from AdamW's own pass
+// where it updates every weight, from a pass over the master weights under Muon or after QK-clip), the gradient's as
+// the step reduced it (from the global norm's pass).
 void expect_update_norms(const std::vector<std::string>& more, const char* what) {
     const std::string dir = mt::testing::fresh_dir(what);
     mt::train::Trainer t(mt::testing::tiny_job(dir, hybrid(more)), false);
@@ -57,9 +61,14 @@ void expect_update_norms(const std::vector<std::string>& more, const char* what)
     for (int i = 0; i < table.size(); ++i) before.push_back(table.master(i).clone());
     const mt::train::StepResult r = t.train_step();
     ASSERT_EQ(r.layer_update_sq.size(), 4u) << what;
-    std::vector<double> want(4, 0.0);
+    ASSERT_EQ(r.layer_param_sq.size(), 4u) << what;
+    ASSERT_EQ(r.layer_grad_sq.size(), 4u) << what;
+    std::vector<double> want(4, 0.0), want_param(4, 0.0), want_grad(4, 0.0);
+    double all_grad = 0.0;
     for (int i = 0; i < table.size(); ++i) {
         const std::string& name = table.spec(i).name;
+        const auto [grad_sq, n] = sum_sq(table.grad(i));
+        all_grad += grad_sq;
         if (name.rfind("layers.", 0) != 0) continue;
         const Tensor& after = table.master(i);
         double sq = 0.0;
@@ -67,12 +76,22 @@ void expect_update_norms(const std::vector<std::string>& more, const char* what)
             const double d = get(after, k) - get(before[static_cast<size_t>(i)], k);
             sq += d * d;
         }
-        want[std::stoul(name.substr(7))] += sq;
+        const size_t l = std::stoul(name.substr(7));
+        want[l] += sq;
+        want_param[l] += sum_sq(after).first;
+        want_grad[l] += grad_sq;
     }
     for (size_t l = 0; l < 4; ++l) {
         EXPECT_GT(want[l], 0.0) << what << " layer " << l;
-        EXPECT_NEAR(r.layer_update_sq[l], want[l], 1e-9 * want[l]) << what << " layer " << l;
+        // QK-clip's rescaling after the update is not the optimizer's change (update_norm is the update's).
+        if (r.optim.qk_clipped_heads == 0) {
+            EXPECT_NEAR(r.layer_update_sq[l], want[l], 1e-9 * want[l]) << what << " layer " << l;
+        }
+        EXPECT_NEAR(r.layer_param_sq[l], want_param[l], 1e-12 * want_param[l]) << what << " layer " << l;
+        EXPECT_NEAR(r.layer_grad_sq[l], want_grad[l], 1e-12 * want_grad[l]) << what << " layer " << l;
     }
+    EXPECT_NEAR(r.grad_norm, std::sqrt(all_grad), 1e-12 * std::sqrt(all_grad)) << what;
+    EXPECT_EQ(r.optim.qk_clipped_heads > 0, std::string(what) == "qk_clipped") << what;
 }
 
 }  // namespace
@@ -81,6 +100,8 @@ TEST(LayerStats, UpdateNormIsTheChangeOfTheMasterWeights) {
     expect_update_norms({}, "f32");
     expect_update_norms({"optim.state_dtype=\"bf16\""}, "bf16_moments");
     expect_update_norms({"optim.offload=\"cpu\""}, "offload");
+    expect_update_norms({"optim.name=\"muon\""}, "muon");
+    expect_update_norms({"optim.qk_clip_tau=1e-3"}, "qk_clipped");  // every head clipped after the update
 }
 
 TEST(LayerStats, NothingIsCollectedOffTheMetricsSteps) {

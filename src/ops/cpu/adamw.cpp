@@ -14,34 +14,39 @@ namespace mt::ops::cpu {
 namespace {
 constexpr int64_t kBlock = 16384;  // elements per parallel task
 
-// The squared change of the blocks (one f64 partial per block, written by the block's task), summed in block order
-// into *update_sq: the same result for any thread count.
-struct UpdateSq {
-    explicit UpdateSq(double* out, int64_t blocks)
-        : out(out), partial(out != nullptr ? static_cast<size_t>(blocks) : 0, 0.0) {}
+// The squared change and the squared new value of the blocks (f64 partials per block, written by the block's task),
+// summed in block order into *update_sq and *param_sq (either may be null): the same result for any thread count.
+struct SquareSums {
+    SquareSums(double* update_sq, double* param_sq, int64_t blocks)
+        : update_sq(update_sq),
+          param_sq(param_sq),
+          change(update_sq != nullptr ? static_cast<size_t>(blocks) : 0, 0.0),
+          value(param_sq != nullptr ? static_cast<size_t>(blocks) : 0, 0.0) {}
     void add(int64_t blk, double old_value, double new_value) {
-        if (out != nullptr) partial[static_cast<size_t>(blk)] += (new_value - old_value) * (new_value - old_value);
+        if (update_sq != nullptr) change[static_cast<size_t>(blk)] += (new_value - old_value) * (new_value - old_value);
+        if (param_sq != nullptr) value[static_cast<size_t>(blk)] += new_value * new_value;
     }
     void finish() const {
-        if (out == nullptr) return;
-        for (double p : partial) *out += p;
+        for (double p : change) *update_sq += p;
+        for (double p : value) *param_sq += p;
     }
-    double* out;
-    std::vector<double> partial;
+    double *update_sq, *param_sq;
+    std::vector<double> change, value;
 };
 }  // namespace
 
 // g = grad * grad_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // param *= 1 - lr * wd;  param -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bci = 1 - bi^step.
 // The scalars come in f64 (adamw_step_scalars) and the elementwise math runs in T (as PyTorch does for f32
-// parameters). update_sq (or null): += sum of the squared changes of param, in f64.
+// parameters). update_sq, param_sq (or null): += the sums of the squared changes and squared new values, in f64.
 template <typename T>
-void adamw_step(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWStepScalars& s, double* update_sq) {
+void adamw_step(
+    T* param, const T* grad, T* m, T* v, int64_t n, const AdamWStepScalars& s, double* update_sq, double* param_sq) {
     const T b1 = static_cast<T>(s.beta1), b2 = static_cast<T>(s.beta2), gs = static_cast<T>(s.grad_scale);
     const T decay = static_cast<T>(s.decay), step_size = static_cast<T>(s.step_size);
     const T bc2_sqrt = static_cast<T>(s.bc2_sqrt), eps_t = static_cast<T>(s.eps);
     const int64_t blocks = (n + kBlock - 1) / kBlock;
-    UpdateSq sq(update_sq, blocks);
+    SquareSums sq(update_sq, param_sq, blocks);
 #pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t end = blk * kBlock + kBlock < n ? blk * kBlock + kBlock : n;
@@ -57,8 +62,10 @@ void adamw_step(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWStepS
     sq.finish();
 }
 
-template void adamw_step<float>(float*, const float*, float*, float*, int64_t, const AdamWStepScalars&, double*);
-template void adamw_step<double>(double*, const double*, double*, double*, int64_t, const AdamWStepScalars&, double*);
+template void adamw_step<float>(
+    float*, const float*, float*, float*, int64_t, const AdamWStepScalars&, double*, double*);
+template void adamw_step<double>(
+    double*, const double*, double*, double*, int64_t, const AdamWStepScalars&, double*, double*);
 
 // The same step with bf16 moments (param and grad f32): each moment widened to f32, updated in the order above, and
 // stored with stochastic rounding; the parameter update reads the f32 values before rounding, as the CUDA kernel.
@@ -70,7 +77,8 @@ void adamw_step_bf16_state(float* param,
                            const AdamWStepScalars& s,
                            int64_t step,
                            const AdamWRounding& rounding,
-                           double* update_sq) {
+                           double* update_sq,
+                           double* param_sq) {
     const float b1 = static_cast<float>(s.beta1), b2 = static_cast<float>(s.beta2);
     const float gs = static_cast<float>(s.grad_scale), decay = static_cast<float>(s.decay);
     const float step_size = static_cast<float>(s.step_size), bc2_sqrt = static_cast<float>(s.bc2_sqrt);
@@ -78,7 +86,7 @@ void adamw_step_bf16_state(float* param,
     const uint64_t stream_m = core::sr_stream(rounding.seed, step, 0),
                    stream_v = core::sr_stream(rounding.seed, step, 1);
     const int64_t blocks = (n + kBlock - 1) / kBlock;
-    UpdateSq sq(update_sq, blocks);
+    SquareSums sq(update_sq, param_sq, blocks);
 #pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t end = blk * kBlock + kBlock < n ? blk * kBlock + kBlock : n;
@@ -107,7 +115,8 @@ void adamw_step(const Tensor& param,
                 double grad_scale,
                 const Tensor& param_copy,
                 const AdamWRounding& rounding,
-                const Tensor& update_sq) {
+                const Tensor& update_sq,
+                const Tensor& param_sq) {
     constexpr std::string_view op = "adamw_step";
     check_float_arg(param, op, "param", 1);
     check_float_arg(grad, op, "grad", 1);
@@ -115,6 +124,7 @@ void adamw_step(const Tensor& param,
     if (param_copy.defined()) check_dtype_in(param_copy, {DType::bf16, DType::f32}, op, "param_copy");
     const AdamWStepScalars scalars = adamw_step_scalars(hyper, step, grad_scale);
     double* sq = update_sq.defined() ? update_sq.data<double>() : nullptr;
+    double* psq = param_sq.defined() ? param_sq.data<double>() : nullptr;
     if (m.dtype() == DType::bf16) {
         check_dtype_as(v, m, op, "v", "m");
         MT_CHECK(param.dtype() == DType::f32,
@@ -129,7 +139,8 @@ void adamw_step(const Tensor& param,
                               scalars,
                               step,
                               rounding,
-                              sq);
+                              sq,
+                              psq);
     } else {
         check_float_arg(m, op, "m", 1);
         check_float_arg(v, op, "v", 1);
@@ -143,7 +154,8 @@ void adamw_step(const Tensor& param,
                                           v.data<scalar_t>(),
                                           param.numel(),
                                           scalars,
-                                          sq));
+                                          sq,
+                                          psq));
     }
     if (param_copy.defined()) param_copy.copy_from(param);  // converts (round to nearest even for bf16)
 }

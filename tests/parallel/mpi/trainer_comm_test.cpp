@@ -79,13 +79,14 @@ Count dp_step(int64_t tp, int64_t dp, bool zero, int64_t p_dense, int64_t p_stag
     return c;
 }
 
-// World, every step of a multi-process run: the gradient norm (one f64), the memory figures' maxima (five f64) and,
-// on the steps that write a train line (every step here), the per-layer figures of metrics.layer_stats: the gradient
-// and weight norms (two all-reduces of one f64 per layer: GradSync::group_norms_sq) and one all-reduce of the
-// per-layer update norms with the device statistics' slots (nn/layer_stats.h: Trainer::layer_stats_end).
+// World, every step of a multi-process run: the gradient norm with the per-layer gradient norms of metrics.layer_stats
+// (one all-reduce of 1 + one f64 per layer: GradSync::grad_norms), the memory figures' maxima (five f64) and, on the
+// steps that write a train line (every step here), one all-reduce of the per-layer update and weight norms (AdamW's
+// sums: no QK-clip rescaled a head in these steps) with the device statistics' slots (nn/layer_stats.h:
+// Trainer::layer_stats_end).
 Count world_step(const mt::train::JobConfig& cfg) {
     const int64_t layers = cfg.model.n_layers, slots = mt::nn::layer_stats_layout(cfg.model).size;
-    return {(6 + 3 * layers + slots) * 8, 5};
+    return {(6 + 3 * layers + slots) * 8, 3};
 }
 
 Traffic minus(const Traffic& a, const Traffic& b) {

@@ -3,9 +3,10 @@
 // Dtypes: param f32 (master weights); m, v f32|bf16 (optimizer state; bf16 stored with stochastic rounding, the
 // bits from core/stochastic_round.h as on the CPU); grad f32|bf16|f16; param_copy bf16|f16|f32 or undefined. The
 // scalars are formed in f64 on the host and the elementwise math runs in f32 in the CPU reference's order.
-// With update_sq (metrics steps) each block also sums the squared change of its elements in f64 into a partial of a
-// scratch buffer, and one more block adds the partials in block order to *update_sq: deterministic, no float
-// atomics, no host sync. The flag is uniform over the grid, so the branch costs nothing on the other steps.
+// With update_sq or param_sq (metrics steps) each block also sums the squared change and the squared new value of its
+// elements in f64 into partials of a scratch buffer, and one more block adds the partials in block order to
+// *update_sq and *param_sq: deterministic, no float atomics, no host sync. The flag is uniform over the grid, so the
+// branch costs nothing on the other steps.
 
 #include "core/stochastic_round.h"
 #include "ops/adamw.h"
@@ -52,7 +53,7 @@ __global__ void adamw_kernel(float* __restrict__ param,
                              int64_t n,
                              AdamWScalars s,
                              double* __restrict__ sq_partial) {
-    double sq = 0.0;
+    double sq = 0.0, psq = 0.0;  // the squared change and the squared new value
     for (int64_t k = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * VEC; k < n;
          k += static_cast<int64_t>(gridDim.x) * blockDim.x * VEC) {
         float p[VEC], g[VEC], mv[VEC], vv[VEC];
@@ -70,6 +71,7 @@ __global__ void adamw_kernel(float* __restrict__ param,
             if (sq_partial != nullptr) {  // metrics steps only (uniform over the grid)
                 const double change = static_cast<double>(p[e]) - static_cast<double>(old);
                 sq += change * change;
+                psq += static_cast<double>(p[e]) * static_cast<double>(p[e]);
             }
         }
         store_vec<VEC>(param + k, p);
@@ -80,17 +82,23 @@ __global__ void adamw_kernel(float* __restrict__ param,
     if (sq_partial != nullptr) {
         __shared__ double scratch[32];
         sq = block_sum(sq, scratch);
-        if (threadIdx.x == 0) sq_partial[blockIdx.x] = sq;
+        psq = block_sum(psq, scratch);
+        if (threadIdx.x == 0) sq_partial[2 * blockIdx.x] = sq, sq_partial[2 * blockIdx.x + 1] = psq;
     }
 }
 
-// One block: *update_sq += the partials in block order.
-__global__ void update_sq_kernel(const double* __restrict__ partial, int64_t blocks, double* __restrict__ update_sq) {
+// One block: *update_sq and *param_sq (each may be null) += their partials (interleaved) in block order.
+__global__ void square_sums_kernel(const double* __restrict__ partial,
+                                   int64_t blocks,
+                                   double* __restrict__ update_sq,
+                                   double* __restrict__ param_sq) {
     __shared__ double scratch[32];
-    double sum = 0.0;
-    for (int64_t b = threadIdx.x; b < blocks; b += blockDim.x) sum += partial[b];
-    sum = block_sum(sum, scratch);
-    if (threadIdx.x == 0) *update_sq += sum;
+    double change = 0.0, value = 0.0;
+    for (int64_t b = threadIdx.x; b < blocks; b += blockDim.x) change += partial[2 * b], value += partial[2 * b + 1];
+    change = block_sum(change, scratch);
+    value = block_sum(value, scratch);
+    if (threadIdx.x == 0 && update_sq != nullptr) *update_sq += change;
+    if (threadIdx.x == 0 && param_sq != nullptr) *param_sq += value;
 }
 
 template <int VEC, typename TG, typename TS>
@@ -100,12 +108,14 @@ void launch(const Tensor& param,
             const Tensor& v,
             const Tensor& copy,
             const AdamWScalars& s,
-            const Tensor& update_sq) {
+            const Tensor& update_sq,
+            const Tensor& param_sq) {
     const int64_t n = param.numel();
     const unsigned blocks = grid_for((n + VEC - 1) / VEC, kThreads);
-    // Every block writes its partial before the sum reads them.
-    const Tensor partial = update_sq.defined() ? Tensor::scratch({blocks}, DType::f64, core::Device::cuda) : Tensor();
-    double* sq = update_sq.defined() ? static_cast<double*>(partial.raw()) : nullptr;
+    // Every block writes its two partials before the sum reads them.
+    const bool sums = update_sq.defined() || param_sq.defined();
+    const Tensor partial = sums ? Tensor::scratch({2 * int64_t{blocks}}, DType::f64, core::Device::cuda) : Tensor();
+    double* sq = sums ? static_cast<double*>(partial.raw()) : nullptr;
     const TG* g = static_cast<const TG*>(grad.raw());
     float* p = param.data<float>();
     auto *mp = static_cast<TS*>(m.raw()), *vp = static_cast<TS*>(v.raw());
@@ -119,7 +129,11 @@ void launch(const Tensor& param,
         });
     if (sq == nullptr) return;
     MT_CUDA_CHECK(cudaGetLastError());
-    update_sq_kernel<<<1, kThreads, 0, core::exec_stream()>>>(sq, blocks, update_sq.data<double>());
+    square_sums_kernel<<<1, kThreads, 0, core::exec_stream()>>>(
+        sq,
+        blocks,
+        update_sq.defined() ? update_sq.data<double>() : nullptr,
+        param_sq.defined() ? param_sq.data<double>() : nullptr);
 }
 
 template <int VEC, typename TG>
@@ -129,11 +143,12 @@ void launch_state(const Tensor& param,
                   const Tensor& v,
                   const Tensor& copy,
                   const AdamWScalars& s,
-                  const Tensor& update_sq) {
+                  const Tensor& update_sq,
+                  const Tensor& param_sq) {
     if (m.dtype() == DType::bf16)
-        launch<VEC, TG, bf16>(param, grad, m, v, copy, s, update_sq);
+        launch<VEC, TG, bf16>(param, grad, m, v, copy, s, update_sq, param_sq);
     else
-        launch<VEC, TG, float>(param, grad, m, v, copy, s, update_sq);
+        launch<VEC, TG, float>(param, grad, m, v, copy, s, update_sq, param_sq);
 }
 
 }  // namespace
@@ -147,7 +162,8 @@ void adamw_step(const Tensor& param,
                 double grad_scale,
                 const Tensor& param_copy,
                 const AdamWRounding& rounding,
-                const Tensor& update_sq) {
+                const Tensor& update_sq,
+                const Tensor& param_sq) {
     constexpr std::string_view op = "adamw_step";
     check_f32(param, op, "param");
     check_cuda_float(grad, op, "grad");
@@ -159,6 +175,7 @@ void adamw_step(const Tensor& param,
     }
     if (param_copy.defined()) check_cuda_float(param_copy, op, "param_copy");
     if (update_sq.defined()) check_dtype_in(update_sq, {DType::f64}, op, "update_sq");
+    if (param_sq.defined()) check_dtype_in(param_sq, {DType::f64}, op, "param_sq");
     if (param.numel() == 0) return;
     core::NvtxRange range("adamw_step");
     const AdamWStepScalars h = adamw_step_scalars(hyper, step, grad_scale);
@@ -175,9 +192,9 @@ void adamw_step(const Tensor& param,
     const bool vec = vec_ok(param.numel(), {&param, &grad, &m, &v, &param_copy});
     MT_CUDA_DISPATCH(grad.dtype(), TG, {
         if (vec)
-            launch_state<8, TG>(param, grad, m, v, param_copy, s, update_sq);
+            launch_state<8, TG>(param, grad, m, v, param_copy, s, update_sq, param_sq);
         else
-            launch_state<1, TG>(param, grad, m, v, param_copy, s, update_sq);
+            launch_state<1, TG>(param, grad, m, v, param_copy, s, update_sq, param_sq);
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }
