@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "ops/op_common.h"
 
@@ -62,5 +63,20 @@ void adamw_step(const Tensor& param,
                 const AdamWRounding& rounding = {},
                 const Tensor& update_sq = {},
                 const Tensor& param_sq = {});
+
+// The same step over a list of parameter pieces, each as adamw_step's arguments with its own weight decay (on or
+// off) and rounding stream: the optimizer's whole update in one call. On CUDA a launch covers up to 32 pieces
+// (kernel parameter space), a block one chunk of one piece, instead of a launch per piece (hundreds a step, most of
+// them too small to fill the GPU); the elementwise math is adamw_step's, the squared sums are summed per piece in
+// chunk order (deterministic; a different order than adamw_step's, so they can differ from it in the last bits).
+// Every piece of a list has the same dtypes (param f32 on CUDA, grad, moments, copy or none of them), one device.
+struct AdamWPiece {
+    Tensor param, grad, m, v;
+    Tensor param_copy;  // optional, as adamw_step's
+    bool decay = true;  // hyper.weight_decay applies (false: 0, as for gains and biases)
+    AdamWRounding rounding;
+    Tensor update_sq, param_sq;  // optional [1] f64 each, as adamw_step's
+};
+void adamw_step_list(const std::vector<AdamWPiece>& pieces, const AdamWHyper& hyper, int64_t step, double grad_scale);
 
 }  // namespace mt::ops

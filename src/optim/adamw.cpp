@@ -112,10 +112,10 @@ int64_t AdamW::device_state_bytes() const {
     return options_.offload && table_->precision().device != core::Device::cpu ? 0 : state_bytes();
 }
 
-ops::AdamWHyper AdamW::piece_hyper(const Piece& p, double lr) const {
+ops::AdamWHyper AdamW::piece_hyper(double lr, const Piece* p) const {
     ops::AdamWHyper h = hyper_;
     h.lr = lr;
-    if (!table_->spec(p.param).weight_decay) h.weight_decay = 0.0;
+    if (p != nullptr && !table_->spec(p->param).weight_decay) h.weight_decay = 0.0;
     return h;
 }
 
@@ -136,21 +136,23 @@ void AdamW::step(
                  core::device_name(update_device()));
     if (options_.offload) return step_offloaded(lr, step, grad_scale, update_sq, param_sq);
     const bool copy = table_->precision().has_master_copy();
+    // Every piece in one call: on a GPU a few launches for the whole table instead of one a parameter.
+    std::vector<ops::AdamWPiece> list;
+    list.reserve(pieces_.size());
     for (const Piece& p : pieces_) {
         auto part = [&](const core::Tensor& t) { return flat(t).slice(0, p.begin, p.end); };
         // Under mixed precision the same kernel also writes the forward's bf16 copy of the weights.
-        ops::adamw_step(part(table_->master(p.param)),
-                        part(table_->grad(p.param)),
-                        m(p),
-                        v(p),
-                        piece_hyper(p, lr),
-                        step,
-                        grad_scale,
-                        copy ? part(table_->param(p.param)) : core::Tensor(),
-                        piece_rounding(p, p.begin),
-                        slot(update_sq, p.param),
-                        slot(param_sq, p.param));
+        list.push_back({.param = part(table_->master(p.param)),
+                        .grad = part(table_->grad(p.param)),
+                        .m = m(p),
+                        .v = v(p),
+                        .param_copy = copy ? part(table_->param(p.param)) : core::Tensor(),
+                        .decay = table_->spec(p.param).weight_decay,
+                        .rounding = piece_rounding(p, p.begin),
+                        .update_sq = slot(update_sq, p.param),
+                        .param_sq = slot(param_sq, p.param)});
     }
+    ops::adamw_step_list(list, piece_hyper(lr), step, grad_scale);
 }
 
 void AdamW::wait_uploads() {
@@ -206,7 +208,7 @@ void AdamW::step_offloaded(
                             grad_stage_[k].slice(0, a - ch.begin, b - ch.begin),
                             m_.slice(0, a, b),
                             v_.slice(0, a, b),
-                            piece_hyper(p, lr),
+                            piece_hyper(lr, &p),
                             step,
                             grad_scale,
                             param_stage_[k].slice(0, a - ch.begin, b - ch.begin),

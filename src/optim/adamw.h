@@ -89,8 +89,9 @@ class AdamW {
     }
 
    private:
-    // The hyperparameters and rounding stream of piece p's elements from `begin` on.
-    ops::AdamWHyper piece_hyper(const Piece& p, double lr) const;
+    // The hyperparameters of piece p's elements (its weight decay off where the parameter has none; without p the
+    // decay as configured), and the rounding stream of its elements from `begin` on.
+    ops::AdamWHyper piece_hyper(double lr, const Piece* p = nullptr) const;
     ops::AdamWRounding piece_rounding(const Piece& p, int64_t begin) const;
     void step_offloaded(
         double lr, int64_t step, double grad_scale, const core::Tensor& update_sq, const core::Tensor& param_sq);

@@ -161,4 +161,23 @@ void adamw_step(const Tensor& param,
 }
 MT_REGISTER_KERNEL(adamw_step, cpu, adamw_step, ::mt::ops::float_dtypes);
 
+// The list form on the CPU: each piece by the kernel above (its blocks are already parallel).
+void adamw_step_list(const std::vector<AdamWPiece>& pieces, const AdamWHyper& hyper, int64_t step, double grad_scale) {
+    AdamWHyper no_decay = hyper;
+    no_decay.weight_decay = 0.0;
+    for (const AdamWPiece& p : pieces)
+        cpu::adamw_step(p.param,
+                        p.grad,
+                        p.m,
+                        p.v,
+                        p.decay ? hyper : no_decay,
+                        step,
+                        grad_scale,
+                        p.param_copy,
+                        p.rounding,
+                        p.update_sq,
+                        p.param_sq);
+}
+MT_REGISTER_KERNEL(adamw_step_list, cpu, adamw_step_list, ::mt::ops::any_dtype);
+
 }  // namespace mt::ops::cpu

@@ -8,9 +8,9 @@
 // *update_sq and *param_sq: deterministic, no float atomics, no host sync. The flag is uniform over the grid, so the
 // branch costs nothing on the other steps.
 
-#include "core/stochastic_round.h"
 #include "ops/adamw.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/elementwise/adamw_update.cuh"
 #include "ops/registry.h"
 
 namespace mt::ops::cuda {
@@ -18,31 +18,6 @@ namespace mt::ops::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-struct AdamWScalars {
-    float b1, b2, gs, decay, step_size, bc2_sqrt, eps;
-    uint64_t stream_m, stream_v;  // stochastic rounding of bf16 moments
-    int64_t first;
-};
-
-// A moment's store: f32 as is, bf16 with stochastic rounding of element k.
-template <int VEC, typename TS>
-__device__ __forceinline__ void store_moment(TS* p, const float (&in)[VEC], uint64_t stream, int64_t at) {
-    if constexpr (sizeof(TS) == 4) {
-        store_vec<VEC>(p, in);
-    } else {
-        alignas(16) uint16_t bits[VEC];
-#pragma unroll
-        for (int e = 0; e < VEC; ++e)
-            bits[e] = core::f32_to_bf16_stochastic(in[e], core::sr_random_bits(stream, static_cast<uint64_t>(at + e)));
-        if constexpr (VEC == 8) {
-            *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(bits);
-        } else {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) reinterpret_cast<uint16_t*>(p)[e] = bits[e];
-        }
-    }
-}
 
 template <int VEC, typename TG, typename TS, typename TC, bool kCopy>
 __global__ void adamw_kernel(float* __restrict__ param,
@@ -55,30 +30,8 @@ __global__ void adamw_kernel(float* __restrict__ param,
                              double* __restrict__ sq_partial) {
     double sq = 0.0, psq = 0.0;  // the squared change and the squared new value
     for (int64_t k = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * VEC; k < n;
-         k += static_cast<int64_t>(gridDim.x) * blockDim.x * VEC) {
-        float p[VEC], g[VEC], mv[VEC], vv[VEC];
-        load_vec<VEC>(param + k, p);
-        load_vec<VEC>(grad + k, g);
-        load_vec<VEC>(m + k, mv);
-        load_vec<VEC>(v + k, vv);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-            const float gi = g[e] * s.gs;
-            mv[e] = s.b1 * mv[e] + (1.0f - s.b1) * gi;
-            vv[e] = s.b2 * vv[e] + (1.0f - s.b2) * gi * gi;
-            const float old = p[e];
-            p[e] = p[e] * s.decay - s.step_size * mv[e] / (sqrtf(vv[e]) / s.bc2_sqrt + s.eps);
-            if (sq_partial != nullptr) {  // metrics steps only (uniform over the grid)
-                const double change = static_cast<double>(p[e]) - static_cast<double>(old);
-                sq += change * change;
-                psq += static_cast<double>(p[e]) * static_cast<double>(p[e]);
-            }
-        }
-        store_vec<VEC>(param + k, p);
-        store_moment<VEC>(m + k, mv, s.stream_m, s.first + k);
-        store_moment<VEC>(v + k, vv, s.stream_v, s.first + k);
-        if constexpr (kCopy) store_vec<VEC>(copy + k, p);
-    }
+         k += static_cast<int64_t>(gridDim.x) * blockDim.x * VEC)
+        adamw_update<VEC>(param, grad, m, v, kCopy ? copy : nullptr, k, s, sq_partial != nullptr, sq, psq);
     if (sq_partial != nullptr) {
         __shared__ double scratch[32];
         sq = block_sum(sq, scratch);
@@ -179,16 +132,8 @@ void adamw_step(const Tensor& param,
     if (param.numel() == 0) return;
     core::NvtxRange range("adamw_step");
     const AdamWStepScalars h = adamw_step_scalars(hyper, step, grad_scale);
-    const AdamWScalars s{static_cast<float>(h.beta1),
-                         static_cast<float>(h.beta2),
-                         static_cast<float>(h.grad_scale),
-                         static_cast<float>(h.decay),
-                         static_cast<float>(h.step_size),
-                         static_cast<float>(h.bc2_sqrt),
-                         static_cast<float>(h.eps),
-                         core::sr_stream(rounding.seed, step, 0),
-                         core::sr_stream(rounding.seed, step, 1),
-                         rounding.first};
+    const AdamWScalars s = device_scalars(
+        h, core::sr_stream(rounding.seed, step, 0), core::sr_stream(rounding.seed, step, 1), rounding.first);
     const bool vec = vec_ok(param.numel(), {&param, &grad, &m, &v, &param_copy});
     MT_CUDA_DISPATCH(grad.dtype(), TG, {
         if (vec)
