@@ -133,8 +133,11 @@ TEST(ImageTextLoader, GivesTheSynchronousBatchesWhateverTheOrder) {
         rows.fill(first, n, &want);
         EXPECT_TRUE(same(got, want)) << "rows " << first << " + " << n;
     }
-    EXPECT_GT(loader.served_prefetched(), 4);
+    // How many come from the worker depends on the scheduler: a guess the worker has not started yet when its request
+    // comes is made inline (a loaded 2-core machine saw 4 of 12 prefetched). Some are, the jump back is not.
+    EXPECT_GT(loader.served_prefetched(), 0);
     EXPECT_GT(loader.served_inline(), 0);
+    EXPECT_EQ(loader.served_prefetched() + loader.served_inline(), std::ssize(requests));
 }
 
 TEST(ImageTextLoader, ForwardsTheErrorOfABadImageOrSkipsIt) {
