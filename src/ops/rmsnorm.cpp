@@ -6,7 +6,13 @@
 
 namespace mt::ops {
 
-void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) {
+void rmsnorm_fwd(const Tensor& x,
+                 const Tensor& weight,
+                 double eps,
+                 const Tensor& y,
+                 const Tensor& rstd,
+                 const Tensor& residual,
+                 const Tensor& sum) {
     constexpr std::string_view op = "rmsnorm_fwd";
     check_arg(x, op, "x", 2);
     check_arg(weight, op, "weight", 1);
@@ -18,8 +24,21 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor
     check_shape(y, {n, c}, op, "y");
     check_shape(rstd, {n}, op, "rstd");
     MT_CHECK(eps >= 0.0, "{}: eps = {} must be >= 0", op, eps);
-    const core::Device device = check_same_device(op, {{"x", x}, {"weight", weight}, {"y", y}, {"rstd", rstd}});
-    MT_CALL_KERNEL(rmsnorm_fwd, device, x, weight, eps, y, rstd);
+    MT_CHECK(residual.defined() == sum.defined(),
+             "{}: residual and sum go together (the fused add writes x + residual to sum); {} is missing",
+             op,
+             residual.defined() ? "sum" : "residual");
+    if (residual.defined()) {
+        check_arg(residual, op, "residual", 2);
+        check_arg(sum, op, "sum", 2);
+        check_shape(residual, {n, c}, op, "residual");
+        check_shape(sum, {n, c}, op, "sum");
+        check_dtype_as(residual, x, op, "residual", "x");
+        check_dtype_as(sum, x, op, "sum", "x");
+    }
+    const core::Device device = check_same_device(
+        op, {{"x", x}, {"weight", weight}, {"y", y}, {"rstd", rstd}, {"residual", residual}, {"sum", sum}});
+    MT_CALL_KERNEL(rmsnorm_fwd, device, x, weight, eps, y, rstd, residual, sum);
 }
 
 void rmsnorm_bwd(const Tensor& x,

@@ -17,12 +17,19 @@ constexpr int64_t kRowBlock = 64;  // rows per partial sum of dweight
 }
 
 // rstd[i] = 1 / sqrt(mean(x[i, :]^2) + eps);  y[i, :] = x[i, :] * rstd[i] * weight
+// With residual (and sum) non-null, x[i, :] + residual[i, :] is written to sum first and normalised in x's place.
 template <typename T>
-void rmsnorm_fwd(const T* x, const T* weight, double eps, T* y, T* rstd, int64_t n, int64_t c) {
+void rmsnorm_fwd(
+    const T* x, const T* weight, double eps, T* y, T* rstd, int64_t n, int64_t c, const T* residual, T* sum) {
 #pragma omp parallel for schedule(static) if (n * c >= kParallelMinWork)
     for (int64_t i = 0; i < n; ++i) {
         const T* xr = x + i * c;  // [c]
-        T* yr = y + i * c;        // [c]
+        if (residual != nullptr) {
+            T* hr = sum + i * c;  // [c]; may alias x or residual (each element read before it is written)
+            for (int64_t j = 0; j < c; ++j) hr[j] = xr[j] + residual[i * c + j];
+            xr = hr;
+        }
+        T* yr = y + i * c;  // [c]
         T sum_sq = 0;
         for (int64_t j = 0; j < c; ++j) sum_sq += xr[j] * xr[j];
         const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(sum_sq) / static_cast<double>(c) + eps));
@@ -69,15 +76,23 @@ void rmsnorm_bwd(const T* x,
         for (int64_t j = 0; j < c; ++j) dweight[j] += partial[blk * c + j];
 }
 
-template void rmsnorm_fwd<float>(const float*, const float*, double, float*, float*, int64_t, int64_t);
-template void rmsnorm_fwd<double>(const double*, const double*, double, double*, double*, int64_t, int64_t);
+template void rmsnorm_fwd<float>(
+    const float*, const float*, double, float*, float*, int64_t, int64_t, const float*, float*);
+template void rmsnorm_fwd<double>(
+    const double*, const double*, double, double*, double*, int64_t, int64_t, const double*, double*);
 template void rmsnorm_bwd<float>(
     const float*, const float*, const float*, const float*, const float*, float*, float*, int64_t, int64_t);
 template void rmsnorm_bwd<double>(
     const double*, const double*, const double*, const double*, const double*, double*, double*, int64_t, int64_t);
 
 // The CPU kernel of ops::rmsnorm_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
-void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) {
+void rmsnorm_fwd(const Tensor& x,
+                 const Tensor& weight,
+                 double eps,
+                 const Tensor& y,
+                 const Tensor& rstd,
+                 const Tensor& residual,
+                 const Tensor& sum) {
     constexpr std::string_view op = "rmsnorm_fwd";
     const int64_t n = x.size(0), c = x.size(1);
     check_float_arg(x, op, "x", 2);
@@ -87,11 +102,18 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor
     check_dtype_as(weight, x, op, "weight", "x");
     check_dtype_as(y, x, op, "y", "x");
     check_dtype_as(rstd, x, op, "rstd", "x");
-    MT_DISPATCH_FLOAT(
-        x.dtype(),
-        op,
-        cpu::rmsnorm_fwd(
-            x.data<scalar_t>(), weight.data<scalar_t>(), eps, y.data<scalar_t>(), rstd.data<scalar_t>(), n, c));
+    if (residual.defined()) check_float_arg(residual, op, "residual", 2), check_float_arg(sum, op, "sum", 2);
+    MT_DISPATCH_FLOAT(x.dtype(),
+                      op,
+                      cpu::rmsnorm_fwd(x.data<scalar_t>(),
+                                       weight.data<scalar_t>(),
+                                       eps,
+                                       y.data<scalar_t>(),
+                                       rstd.data<scalar_t>(),
+                                       n,
+                                       c,
+                                       residual.defined() ? residual.data<scalar_t>() : nullptr,
+                                       sum.defined() ? sum.data<scalar_t>() : nullptr));
 }
 MT_REGISTER_KERNEL(rmsnorm_fwd, cpu, rmsnorm_fwd, ::mt::ops::float_dtypes);
 

@@ -1,10 +1,11 @@
 // CUDA RMSNorm, forward and backward, with f32 statistics and a deterministic weight gradient.
-// Dtypes: x, y, dy, dx bf16|f16|f32, all the dtype of x; weight bf16|f16|f32; rstd f32; dweight f32|bf16|f16 (f32 is
-// the Megatron-style choice: the parameter gradient accumulates in f32 while activations are bf16). Forward: one block
-// per row; sum(x^2) per thread in a fixed order, then a fixed-order block sum. Backward: block b handles rows [b kRows,
-// b kRows + kRows) one after the other, writing dx and summing dy * xhat per column into an f32 shared-memory row (each
-// column owned by one thread); the block writes that partial row to a scratch buffer, and a second kernel adds the
-// partials to dweight in block order. No atomics, so dweight is the same on every run.
+// Dtypes: x, y, dy, dx (and the fused add's residual and sum) bf16|f16|f32, all the dtype of x; weight bf16|f16|f32;
+// rstd f32; dweight f32|bf16|f16 (f32 is the Megatron-style choice: the parameter gradient accumulates in f32 while
+// activations are bf16). Forward: one block per row; sum(x^2) per thread in a fixed order, then a fixed-order block
+// sum. Backward: block b handles rows [b kRows, b kRows + kRows) one after the other, writing dx and summing dy * xhat
+// per column into an f32 shared-memory row (each column owned by one thread); the block writes that partial row to a
+// scratch buffer, and a second kernel adds the partials to dweight in block order. No atomics, so dweight is the same
+// on every run.
 #include "ops/cuda/common.cuh"
 #include "ops/registry.h"
 #include "ops/rmsnorm.h"
@@ -22,14 +23,19 @@ int threads_for(int64_t c, bool vec) {
     return static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, (lanes + 31) / 32 * 32)));
 }
 
+// With residual (and sum) non-null, the first pass writes h = x + residual, rounded to TX as add_fwd rounds it, to
+// sum and the rest reads h there (each thread reads back only the elements it wrote): the fused residual add. x,
+// residual and sum may alias (no __restrict__ on them).
 template <int VEC, typename TX, typename TW>
-__global__ void rmsnorm_fwd_kernel(const TX* __restrict__ x,
+__global__ void rmsnorm_fwd_kernel(const TX* x,
                                    const TW* __restrict__ weight,
                                    double eps,
                                    TX* __restrict__ y,
                                    float* __restrict__ rstd,
                                    int64_t n,
-                                   int64_t c) {
+                                   int64_t c,
+                                   const TX* residual,
+                                   TX* sum) {
     __shared__ float scratch[32];
     for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
         const TX* xr = x + row * c;  // [c]
@@ -38,9 +44,17 @@ __global__ void rmsnorm_fwd_kernel(const TX* __restrict__ x,
         for (int64_t j = static_cast<int64_t>(threadIdx.x) * VEC; j < c; j += static_cast<int64_t>(blockDim.x) * VEC) {
             float v[VEC];
             load_vec<VEC>(xr + j, v);
+            if (residual != nullptr) {
+                float r[VEC];
+                load_vec<VEC>(residual + row * c + j, r);
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) v[k] = to_f32(from_f32<TX>(v[k] + r[k]));
+                store_vec<VEC>(sum + row * c + j, v);
+            }
 #pragma unroll
             for (int k = 0; k < VEC; ++k) sum_sq += v[k] * v[k];
         }
+        if (residual != nullptr) xr = sum + row * c;
         sum_sq = block_sum(sum_sq, scratch);
         const float r = static_cast<float>(1.0 / sqrt(static_cast<double>(sum_sq) / static_cast<double>(c) + eps));
         if (threadIdx.x == 0) rstd[row] = r;
@@ -132,7 +146,13 @@ __global__ void rmsnorm_dweight_kernel(const float* __restrict__ partial,
 
 }  // namespace
 
-void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) {
+void rmsnorm_fwd(const Tensor& x,
+                 const Tensor& weight,
+                 double eps,
+                 const Tensor& y,
+                 const Tensor& rstd,
+                 const Tensor& residual,
+                 const Tensor& sum) {
     constexpr std::string_view op = "rmsnorm_fwd";
     check_cuda_float(x, op, "x");
     check_cuda_float(weight, op, "weight");
@@ -140,20 +160,22 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& weight, double eps, const Tensor
     check_f32(rstd, op, "rstd");
     const int64_t n = x.size(0), c = x.size(1);
     if (n == 0) return;
-    core::NvtxRange range("rmsnorm_fwd");
-    const bool vec = vec_ok(c, {&x, &weight, &y});
+    core::NvtxRange range(residual.defined() ? "add_rmsnorm_fwd" : "rmsnorm_fwd");
+    const bool vec = vec_ok(c, {&x, &weight, &y, &residual, &sum});
     const int threads = threads_for(c, vec);
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(n, 1 << 20));
     MT_CUDA_DISPATCH(x.dtype(), TX, MT_CUDA_DISPATCH(weight.dtype(), TW, {
                          const TX* xp = static_cast<const TX*>(x.raw());
                          const TW* wp = static_cast<const TW*>(weight.raw());
                          TX* yp = static_cast<TX*>(y.raw());
+                         const TX* rp = residual.defined() ? static_cast<const TX*>(residual.raw()) : nullptr;
+                         TX* sp = sum.defined() ? static_cast<TX*>(sum.raw()) : nullptr;
                          if (vec)
                              rmsnorm_fwd_kernel<8, TX, TW><<<blocks, threads, 0, core::exec_stream()>>>(
-                                 xp, wp, eps, yp, rstd.data<float>(), n, c);
+                                 xp, wp, eps, yp, rstd.data<float>(), n, c, rp, sp);
                          else
                              rmsnorm_fwd_kernel<1, TX, TW><<<blocks, threads, 0, core::exec_stream()>>>(
-                                 xp, wp, eps, yp, rstd.data<float>(), n, c);
+                                 xp, wp, eps, yp, rstd.data<float>(), n, c, rp, sp);
                      }));
     MT_CUDA_CHECK(cudaGetLastError());
 }
