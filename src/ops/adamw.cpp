@@ -23,14 +23,41 @@ void check_step(std::string_view op, const AdamWHyper& hyper, int64_t step) {
              hyper.beta2);
 }
 
-// The optional squared-sum outputs: [1] f64 each.
-void check_sums(std::string_view op, const Tensor& update_sq, const Tensor& param_sq) {
+// One update's tensors, for both entry points: flat and contiguous, grad, m, v (and the copy) of param's shape, the
+// optional squared-sum outputs [1] f64 each, all on one device, which is returned.
+core::Device check_tensors(std::string_view op,
+                           const Tensor& param,
+                           const Tensor& grad,
+                           const Tensor& m,
+                           const Tensor& v,
+                           const Tensor& param_copy,
+                           const Tensor& update_sq,
+                           const Tensor& param_sq) {
+    check_arg(param, op, "param", 1);
+    check_arg(grad, op, "grad", 1);
+    check_arg(m, op, "m", 1);
+    check_arg(v, op, "v", 1);
+    check_shape(grad, param.shape(), op, "grad");
+    check_shape(m, param.shape(), op, "m");
+    check_shape(v, param.shape(), op, "v");
+    if (param_copy.defined()) {
+        check_arg(param_copy, op, "param_copy", 1);
+        check_shape(param_copy, param.shape(), op, "param_copy");
+    }
     for (const auto& [sum, name] : {std::pair{&update_sq, "update_sq"}, std::pair{&param_sq, "param_sq"}}) {
         if (!sum->defined()) continue;
         check_arg(*sum, op, name, 1);
         check_shape(*sum, {1}, op, name);
         check_dtype_in(*sum, {DType::f64}, op, name);
     }
+    return check_same_device(op,
+                             {{"param", param},
+                              {"grad", grad},
+                              {"m", m},
+                              {"v", v},
+                              {"param_copy", param_copy},
+                              {"update_sq", update_sq},
+                              {"param_sq", param_sq}});
 }
 
 }  // namespace
@@ -47,27 +74,8 @@ void adamw_step(const Tensor& param,
                 const Tensor& update_sq,
                 const Tensor& param_sq) {
     constexpr std::string_view op = "adamw_step";
-    check_arg(param, op, "param", 1);
-    check_arg(grad, op, "grad", 1);
-    check_arg(m, op, "m", 1);
-    check_arg(v, op, "v", 1);
-    check_shape(grad, param.shape(), op, "grad");
-    check_shape(m, param.shape(), op, "m");
-    check_shape(v, param.shape(), op, "v");
-    if (param_copy.defined()) {
-        check_arg(param_copy, op, "param_copy", 1);
-        check_shape(param_copy, param.shape(), op, "param_copy");
-    }
-    check_sums(op, update_sq, param_sq);
+    const core::Device device = check_tensors(op, param, grad, m, v, param_copy, update_sq, param_sq);
     check_step(op, hyper, step);
-    const core::Device device = check_same_device(op,
-                                                  {{"param", param},
-                                                   {"grad", grad},
-                                                   {"m", m},
-                                                   {"v", v},
-                                                   {"param_copy", param_copy},
-                                                   {"update_sq", update_sq},
-                                                   {"param_sq", param_sq}});
     MT_CALL_KERNEL(
         adamw_step, device, param, grad, m, v, hyper, step, grad_scale, param_copy, rounding, update_sq, param_sq);
 }
@@ -80,16 +88,7 @@ void adamw_step_list(const std::vector<AdamWPiece>& pieces, const AdamWHyper& hy
     for (size_t i = 0; i < pieces.size(); ++i) {
         const AdamWPiece& p = pieces[i];
         const std::string at = fmt::format("{} (piece {})", op, i);
-        check_arg(p.param, at, "param", 1);
-        for (const auto& [t, name] : {std::pair{&p.grad, "grad"}, std::pair{&p.m, "m"}, std::pair{&p.v, "v"}}) {
-            check_arg(*t, at, name, 1);
-            check_shape(*t, p.param.shape(), at, name);
-        }
-        if (p.param_copy.defined()) {
-            check_arg(p.param_copy, at, "param_copy", 1);
-            check_shape(p.param_copy, p.param.shape(), at, "param_copy");
-        }
-        check_sums(at, p.update_sq, p.param_sq);
+        check_tensors(at, p.param, p.grad, p.m, p.v, p.param_copy, p.update_sq, p.param_sq);
         // One dtype of each argument for the whole list (the CUDA launch is compiled for one combination).
         check_dtype_as(p.param, first.param, at, "param", "piece 0's param");
         check_dtype_as(p.grad, first.grad, at, "grad", "piece 0's grad");
@@ -101,15 +100,7 @@ void adamw_step_list(const std::vector<AdamWPiece>& pieces, const AdamWHyper& hy
                  p.param_copy.defined() ? "given" : "missing",
                  first.param_copy.defined() ? "given" : "missing");
         if (p.param_copy.defined()) check_dtype_as(p.param_copy, first.param_copy, at, "param_copy", "piece 0's");
-        check_same_device(at,
-                          {{"piece 0's param", first.param},
-                           {"param", p.param},
-                           {"grad", p.grad},
-                           {"m", p.m},
-                           {"v", p.v},
-                           {"param_copy", p.param_copy},
-                           {"update_sq", p.update_sq},
-                           {"param_sq", p.param_sq}});
+        check_same_device(at, {{"piece 0's param", first.param}, {"param", p.param}});
     }
     check_step(op, hyper, step);
     MT_CALL_KERNEL(adamw_step_list, device, pieces, hyper, step, grad_scale);

@@ -297,17 +297,17 @@ double GradSync::copies(const ArenaParam& p, int64_t group) const {
 // The parts of an arena that this rank holds, keyed by (group, multiplicity): each rank adds what it holds divided by
 // the number of ranks holding the same elements, and the sum over the job counts every element once. Under ZeRO-1 a
 // rank holds its owned slice of each bucket (the slices partition the bucket over its group); with a replicated
-// optimizer every parameter. A parameter of group -1 (or every one, without group_of) joins group `groups` where
-// `ungrouped` (the total counts it, no group does), else is left out.
+// optimizer every parameter. A parameter of group -1 joins group `groups` where `ungrouped` (the total counts it,
+// no group does), else is left out.
 std::map<std::pair<int, double>, std::vector<core::Tensor>> GradSync::held_parts(const core::Tensor& arena,
-                                                                                 const std::vector<int>* group_of,
+                                                                                 const std::vector<int>& group_of,
                                                                                  int groups,
                                                                                  bool ungrouped) const {
     std::map<std::pair<int, double>, std::vector<core::Tensor>> parts;
     auto add = [&](size_t i, int64_t begin, int64_t end, int64_t group) {
         const ArenaParam& p = arenas_.params[i];
         begin = std::max(begin, p.begin), end = std::min(end, p.begin + p.numel);
-        const int g = group_of == nullptr || (*group_of)[i] < 0 ? groups : (*group_of)[i];
+        const int g = group_of[i] < 0 ? groups : group_of[i];
         if (g == groups && !ungrouped) return;
         if (begin < end) parts[{g, world_->size() == 1 ? 1.0 : copies(p, group)}].push_back(arena.slice(0, begin, end));
     };
@@ -323,13 +323,6 @@ std::map<std::pair<int, double>, std::vector<core::Tensor>> GradSync::held_parts
     return parts;
 }
 
-double GradSync::grad_norm() const {
-    if (world_->size() == 1) return ops::global_norm({arenas_.grads});
-    double local = 0.0;
-    for (const auto& [key, sq] : norms_sq_by_key(held_parts(arenas_.grads, nullptr, 0, true))) local += sq / key.second;
-    return std::sqrt(comm_all_reduce_sum(*world_, local));
-}
-
 GradSync::GradNorms GradSync::grad_norms(const std::vector<int>& group_of, int groups) const {
     MT_CHECK(group_of.size() == arenas_.params.size(),
              "grad_norms: {} groups for {} parameters",
@@ -337,7 +330,7 @@ GradSync::GradNorms GradSync::grad_norms(const std::vector<int>& group_of, int g
              arenas_.params.size());
     // One pass (one device synchronisation) for the groups and the total; the total's last entry, one all-reduce.
     std::vector<double> sq(static_cast<size_t>(groups) + 1, 0.0);
-    for (const auto& [key, part_sq] : norms_sq_by_key(held_parts(arenas_.grads, &group_of, groups, true))) {
+    for (const auto& [key, part_sq] : norms_sq_by_key(held_parts(arenas_.grads, group_of, groups, true))) {
         if (key.first < groups) sq[static_cast<size_t>(key.first)] += part_sq / key.second;
         sq.back() += part_sq / key.second;
     }
@@ -353,10 +346,10 @@ std::vector<double> GradSync::group_norms_sq(const std::vector<int>& group_of, i
              "group_norms_sq: {} groups for {} parameters",
              group_of.size(),
              arenas_.params.size());
-    // As grad_norm: each part weighed by the ranks holding the same elements, one norm call for all of them.
+    // As grad_norms: each part weighed by the ranks holding the same elements, one norm call for all of them.
     std::vector<double> sq(static_cast<size_t>(groups), 0.0);
     for (const auto& [key, part_sq] :
-         norms_sq_by_key(held_parts(grads ? arenas_.grads : arenas_.master, &group_of, groups, false)))
+         norms_sq_by_key(held_parts(grads ? arenas_.grads : arenas_.master, group_of, groups, false)))
         if (key.first < groups) sq[static_cast<size_t>(key.first)] += part_sq / key.second;
     if (world_->size() > 1) world_->all_reduce(sq.data(), groups, CommType::f64, ReduceOp::sum).wait();
     return sq;

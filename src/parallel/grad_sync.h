@@ -151,20 +151,17 @@ class GradSync {
     // Per parameter (table order), the index of the bucket holding it (issue order), the phase of
     // optim::MuonOptions::phase_of_param.
     std::vector<int> bucket_of_params() const;
-    // The L2 norm of the reduced gradient over the whole model (collective over the world): each rank sums the
-    // squares of what it holds, each divided by the number of ranks holding the same elements.
-    double grad_norm() const;
-    // The same norm and, from the same pass over the gradient (one device synchronisation, one all-reduce), the
-    // squared norms of groups of parameters as group_norms_sq(group_of, groups, true) gives them: the metrics'
-    // per-layer gradient norms at no extra pass. The total sums the parts in another order than grad_norm, so the two
-    // can differ in the last bits: a run takes its norm from one of them on every step.
+    // The L2 norm of the reduced gradient over the whole model (collective over the world: each rank sums the squares
+    // of what it holds, each divided by the number of ranks holding the same elements) and, from the same pass over
+    // the gradient (one device synchronisation, one all-reduce), the squared norms of groups of parameters as
+    // group_norms_sq(group_of, groups, true) gives them: the metrics' per-layer gradient norms at no extra pass.
     struct GradNorms {
         double norm = 0.0;
         std::vector<double> group_sq;
     };
     GradNorms grad_norms(const std::vector<int>& group_of, int groups) const;
     // The squared L2 norms of groups of parameters, of the reduced gradient (grads) or of the master weights, summed
-    // over the whole model as grad_norm sums (collective over the world: one all-reduce of the vector).
+    // over the whole model as grad_norms sums (collective over the world: one all-reduce of the vector).
     // group_of[i]: parameter i's group in [0, groups), or -1 for none. Under ZeRO-1 with mixed precision the master
     // weights are read in the owned slices, which are current between the update and a checkpoint's gather.
     std::vector<double> group_norms_sq(const std::vector<int>& group_of, int groups, bool grads) const;
@@ -256,7 +253,7 @@ class GradSync {
     // `group` (1 when a replicated optimizer holds the whole bucket: replicas over the group count too).
     double copies(const ArenaParam& p, int64_t group) const;
     std::map<std::pair<int, double>, std::vector<core::Tensor>> held_parts(const core::Tensor& arena,
-                                                                           const std::vector<int>* group_of,
+                                                                           const std::vector<int>& group_of,
                                                                            int groups,
                                                                            bool ungrouped) const;
     void issue(Bucket& b);

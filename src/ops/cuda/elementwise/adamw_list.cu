@@ -78,13 +78,9 @@ __global__ void list_sums_kernel(const __grid_constant__ SumArgs a, const double
     if (a.param_sq[i] != nullptr) *a.param_sq[i] += value;
 }
 
-// Pieces [from, to) of the list (non-empty ones), one launch, and the sums' launch where a piece asks for them.
+// The pieces of `list` (non-empty, at most kListMax) in one launch, and the sums' launch where a piece asks for them.
 template <typename TG, typename TS, typename TC>
-void launch(const std::vector<const AdamWPiece*>& list,
-            const AdamWScalars& base,
-            int64_t step,
-            float decay_on,
-            float decay_off) {
+void launch(const std::vector<const AdamWPiece*>& list, const AdamWScalars& base, int64_t step, float decay_off) {
     ListArgs<TG, TS, TC> a{};
     SumArgs sums{};
     bool any_sum = false;
@@ -101,7 +97,7 @@ void launch(const std::vector<const AdamWPiece*>& list,
         a.first[i] = p.rounding.first;
         a.stream_m[i] = core::sr_stream(p.rounding.seed, step, 0);
         a.stream_v[i] = core::sr_stream(p.rounding.seed, step, 1);
-        a.decay[i] = p.decay ? decay_on : decay_off;
+        a.decay[i] = p.decay ? base.decay : decay_off;
         // 8-wide access where every pointer allows it and the piece is whole vectors (as the per-tensor kernel).
         a.vec8 |= vec_ok(n, {&p.param, &p.grad, &p.m, &p.v, &p.param_copy}) ? (1u << i) : 0u;
         sums.update_sq[i] = p.update_sq.defined() ? p.update_sq.data<double>() : nullptr;
@@ -145,16 +141,14 @@ void adamw_step_list(const std::vector<AdamWPiece>& pieces, const AdamWHyper& hy
         MT_CUDA_DISPATCH(first.grad.dtype(), TG, {
             if (first.m.dtype() == DType::bf16) {
                 if (!first.param_copy.defined())
-                    launch<TG, bf16, float>(list, base, step, base.decay, decay_off);
+                    launch<TG, bf16, float>(list, base, step, decay_off);
                 else
-                    MT_CUDA_DISPATCH(
-                        first.param_copy.dtype(), TC, launch<TG, bf16, TC>(list, base, step, base.decay, decay_off));
+                    MT_CUDA_DISPATCH(first.param_copy.dtype(), TC, launch<TG, bf16, TC>(list, base, step, decay_off));
             } else {
                 if (!first.param_copy.defined())
-                    launch<TG, float, float>(list, base, step, base.decay, decay_off);
+                    launch<TG, float, float>(list, base, step, decay_off);
                 else
-                    MT_CUDA_DISPATCH(
-                        first.param_copy.dtype(), TC, launch<TG, float, TC>(list, base, step, base.decay, decay_off));
+                    MT_CUDA_DISPATCH(first.param_copy.dtype(), TC, launch<TG, float, TC>(list, base, step, decay_off));
             }
         });
         list.clear();
