@@ -149,8 +149,7 @@ void Block::reserve_scratch(Workspace& ws) const {
 void Block::forward(const Tensor& x, Workspace& ws) {
     const Tensor branch = ws.d_tmp.slice(0, 0, rows_);  // scratch: a branch output is not needed by backward
     branch_forward(0, x, branch, ws);
-    ops::add_fwd(x, branch, h_);
-    branch_forward(1, h_, branch, ws);
+    branch_forward(1, x, branch, ws, branch, h_);  // h_ = x + mixer branch, summed inside the FFN's norm
     ops::add_fwd(h_, branch, out_);
     if (collecting_stats()) ops::layer_stats_moments(out_, 0.0, stats_.slice(0, 0, ops::kLayerStatsMoments));
 }
@@ -162,12 +161,14 @@ void Block::backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Work
     branch_backward(0, x, dx, dx, ws, dx);
 }
 
-void Block::branch_forward(int sub, const Tensor& h, const Tensor& out, Workspace& ws) {
+void Block::branch_forward(
+    int sub, const Tensor& h, const Tensor& out, Workspace& ws, const Tensor& residual, const Tensor& sum) {
+    MT_CHECK(sub == 1 || !residual.defined(), "Block::branch_forward: only the FFN branch takes a residual to add");
     if (branch_recompute_) branch_dropped_[sub].restore();
     if (sub == 0)
         mixer_forward(h, out);
     else
-        ffn_branch_forward(h, out);
+        ffn_branch_forward(h, out, residual, sum);
     if (branch_recompute_ && !recomputing_) {
         list_saved(branch_dropped_[sub], branch_saved(sub));
         branch_dropped_[sub].release();
@@ -221,10 +222,11 @@ Tensor Block::region_backward(int sub, const Tensor& dout, Workspace& ws) {
     return dnorm;
 }
 
-void Block::ffn_branch_forward(const Tensor& h, const Tensor& out) {
+void Block::ffn_branch_forward(const Tensor& h, const Tensor& out, const Tensor& residual, const Tensor& sum) {
     core::TraceRange range(h.device(), moe_ ? "block.moe_fwd" : "block.mlp_fwd");
     norm_dropped_[1].restore();
-    ops::rmsnorm_fwd(h, table_->param(mlp_norm_), cfg_.norm_eps, norm2_, rstd2_);
+    // residual may alias out: the norm reads it before the FFN writes out.
+    ops::rmsnorm_fwd(h, table_->param(mlp_norm_), cfg_.norm_eps, norm2_, rstd2_, residual, sum);
     if (moe_ && tp_.active()) {
         moe_tp_forward(out);
     } else {

@@ -51,7 +51,14 @@ class Block : public Layer {
     // same h and writes dh (=), or with dresidual defined dh = dresidual + the branch's gradient (the residual
     // stream's gradient joins in the norm's backward; dresidual may alias dh). dout may alias dh only with
     // dresidual = dh: each mixer reads dout before the norm's backward writes dh.
-    void branch_forward(int sub, const Tensor& h, const Tensor& out, Workspace& ws);
+    // With residual defined (sub 1 only), h + residual is the branch's input: the add runs inside the norm and writes
+    // the sum to `sum` (the plain stream's h_), so the stream is read and written once.
+    void branch_forward(int sub,
+                        const Tensor& h,
+                        const Tensor& out,
+                        Workspace& ws,
+                        const Tensor& residual = Tensor(),
+                        const Tensor& sum = Tensor());
     void branch_backward(int sub,
                          const Tensor& h,
                          const Tensor& dout,
@@ -127,7 +134,7 @@ class Block : public Layer {
     // What sub-layer `sub` keeps for its backward (its norm's output and statistics, and the mixer's or the FFN's).
     std::vector<SavedTensor> branch_saved(int sub);
     void mixer_forward(const Tensor& h, const Tensor& out);
-    void ffn_branch_forward(const Tensor& h, const Tensor& out);
+    void ffn_branch_forward(const Tensor& h, const Tensor& out, const Tensor& residual, const Tensor& sum);
     ModelConfig cfg_;
     int mixer_norm_ = -1, mlp_norm_ = -1;
     ParamTable* table_;
