@@ -418,11 +418,34 @@ void Trainer::compute_gradients(StepResult& r) {
     apply_fault(r);
     // The norm and the per-layer norms of the metrics (layer_stats) from one pass, on every step, so that the norm
     // (and the clip it drives) does not depend on which steps are metrics steps.
-    const parallel::GradSync::GradNorms norms =
-        grad_sync_->grad_norms(layer_of_param_, nn::layer_stats_param_groups(cfg_.model));
+    // Under Muon every layer's group splits in two, its Muon matrices and the rest, so that the same pass also gives
+    // the two optimizer groups' norms (muon.clip = "own_norm" and the metrics) without a pass of their own.
+    const int layers = nn::layer_stats_param_groups(cfg_.model);
+    if (muon_ && norm_group_of_.empty()) {
+        const nn::ParamTable& table = model_->params();
+        norm_group_of_.resize(layer_of_param_.size());
+        for (size_t i = 0; i < norm_group_of_.size(); ++i) {
+            const int layer = layer_of_param_[i] < 0 ? layers : layer_of_param_[i];  // no layer's: a group of its own
+            norm_group_of_[i] = 2 * layer + (table.spec(static_cast<int>(i)).group == nn::OptimGroup::muon ? 1 : 0);
+        }
+    }
+    const parallel::GradSync::GradNorms norms = muon_ ? grad_sync_->grad_norms(norm_group_of_, 2 * (layers + 1))
+                                                      : grad_sync_->grad_norms(layer_of_param_, layers);
     r.grad_norm = norms.norm / r.loss_scale;
-    r.layer_grad_sq = norms.group_sq;
-    for (double& x : r.layer_grad_sq) x /= r.loss_scale * r.loss_scale;
+    const double unscale = 1.0 / (r.loss_scale * r.loss_scale);
+    if (muon_) {
+        r.layer_grad_sq.assign(static_cast<size_t>(layers), 0.0);
+        double group_sq[2] = {0.0, 0.0};  // AdamW's, Muon's
+        for (int g = 0; g < 2 * (layers + 1); ++g) {
+            const double sq = norms.group_sq[static_cast<size_t>(g)] * unscale;
+            group_sq[g % 2] += sq;
+            if (g / 2 < layers) r.layer_grad_sq[static_cast<size_t>(g / 2)] += sq;
+        }
+        r.optim.adamw_grad_norm = std::sqrt(group_sq[0]), r.optim.muon_grad_norm = std::sqrt(group_sq[1]);
+    } else {
+        r.layer_grad_sq = norms.group_sq;
+        for (double& x : r.layer_grad_sq) x *= unscale;
+    }
 }
 
 double Trainer::evaluate() {

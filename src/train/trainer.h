@@ -37,7 +37,8 @@
 namespace mt::train {
 
 // The optimizer's side of a step (muon.md §8; trainer_optim.cpp). Norms are of the reduced gradients with the loss
-// scale divided out; the Muon figures are over the matrices every rank updated (metrics steps only, else 0).
+// scale divided out (the two groups' gradient norms on every step, from the global norm's pass); the other Muon
+// figures are over the matrices every rank updated (metrics steps only, else 0).
 struct OptimStepMetrics {
     double clip_coef = 1.0;       // kappa of the global-norm clip (it scales the AdamW group)
     double muon_clip_coef = 1.0;  // muon.clip = "own_norm": the Muon group's own kappa
@@ -415,6 +416,7 @@ class Trainer {
     void layer_stats_begin();
     void layer_stats_end(StepResult& r);
     std::vector<int> layer_of_param_;  // each table parameter's layer ("layers.<l>.*"), -1 for the rest
+    std::vector<int> norm_group_of_;   // under Muon: 2 x layer (no layer's: the last) + 1 for a Muon matrix
     nn::LayerStatsLayout stats_layout_;
     // [layout size + 2 x parameters] f64 on the model's device: the layers' slots, then the optimizer's per-parameter
     // squared changes (update_sq_) and squared updated weights (param_sq_): views of the tail, or of a host buffer

@@ -43,11 +43,7 @@ void Trainer::optimizer_step(StepResult& r, bool layer_stats) {
             group_of[size_t(i)] = table.spec(i).group == nn::OptimGroup::muon ? 0 : 1;
         double muon_scale = 1.0 / r.loss_scale;
         if (fault_ && fault_->legacy_muon_clip) muon_scale *= o.clip_coef;  // tests only (FaultInjection)
-        if (metrics || cfg_.muon.clip == "own_norm") {
-            const std::vector<double> sq = grad_sync_->group_norms_sq(group_of, 2, true);
-            o.muon_grad_norm = std::sqrt(sq[0]) / r.loss_scale;
-            o.adamw_grad_norm = std::sqrt(sq[1]) / r.loss_scale;
-        }
+        // o.muon_grad_norm and o.adamw_grad_norm: from the global norm's pass (compute_gradients).
         if (cfg_.muon.clip == "own_norm" && t.grad_clip > 0 && o.muon_grad_norm > t.grad_clip) {
             o.muon_clip_coef = t.grad_clip / (o.muon_grad_norm + 1e-6);
             muon_scale *= o.muon_clip_coef;
