@@ -15,16 +15,20 @@
 #   B_STEPS=2000 B_WARMUP=1000 bench/optimizer_quality.sh build/moetrain /tmp/optq B   # the spec's full length
 #   A_ADAMW_MAX_STEPS=4000 bench/optimizer_quality.sh build/moetrain /tmp/optq A      # AdamW run on to 4000 steps
 # A finished run (a `done` file in its directory) is reused: use a fresh OUT_DIR after changing a knob.
-# Knobs (environment): A_STEPS (2000), A_ADAMW_MAX_STEPS (0: off), A_EVAL_EVERY (100), A_EVAL_BATCHES (32),
+# The GPU-sized A (kimi_linear_mini on the same text, one device; NICE=0 there):
+#   A_CONFIG=kimi_linear_mini A_EXTRA="--set run.device=cuda --set train.batch_size=1" A_EVAL_BATCHES=8 NICE=0 \
+#       bench/optimizer_quality.sh build/moetrain /tmp/optq_gpu A
+# Knobs (environment): A_STEPS (2000), A_ADAMW_MAX_STEPS (0: off), A_CONFIG (tiny_moe: a file of CONFIG_DIR without
+#   .toml), A_EXTRA (more moetrain arguments for both A runs, split at spaces), A_EVAL_EVERY (100), A_EVAL_BATCHES (32),
 #   B_CONFIG (tiny), B_STEPS (400), B_WARMUP (200: the spec's 1000 of 2000, scaled), B_BATCH (8 per rank: the
 #   config's 16 sequences per step over the two ranks), B_CHUNK (2048), B_SEEDS ("1234 1235 1236"),
 #   CONFIG_DIR (the repo's configs/), NICE (10). Needs python3 and, for B, Open MPI's mpirun.
 set -euo pipefail
-((${#} >= 2)) || { sed -n 2,21p "$0" >&2; exit 2; }
+((${#} >= 2)) || { sed -n 2,25p "$0" >&2; exit 2; }
 bin=$(realpath "$1") out=$(realpath -m "$2") which=${3:-all}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cfg=${CONFIG_DIR:-$repo/configs}
-A_STEPS=${A_STEPS:-2000} A_ADAMW_MAX_STEPS=${A_ADAMW_MAX_STEPS:-0}
+A_STEPS=${A_STEPS:-2000} A_ADAMW_MAX_STEPS=${A_ADAMW_MAX_STEPS:-0} A_CONFIG=${A_CONFIG:-tiny_moe} A_EXTRA=${A_EXTRA:-}
 A_EVAL_EVERY=${A_EVAL_EVERY:-100} A_EVAL_BATCHES=${A_EVAL_BATCHES:-32}
 B_CONFIG=${B_CONFIG:-tiny} B_STEPS=${B_STEPS:-400} B_WARMUP=${B_WARMUP:-200} B_BATCH=${B_BATCH:-8}
 B_CHUNK=${B_CHUNK:-2048} B_SEEDS=${B_SEEDS:-1234 1235 1236} NICE=${NICE:-10}
@@ -81,8 +85,9 @@ run() {
 }
 
 if [[ $which == all || $which == A ]]; then
-    a=(--config "$cfg/tiny_moe.toml" --set train.eval_every="$A_EVAL_EVERY" --set train.eval_batches="$A_EVAL_BATCHES"
-       --set metrics.every=10)
+    read -r -a a_extra <<<"$A_EXTRA"
+    a=(--config "$cfg/$A_CONFIG.toml" --set train.eval_every="$A_EVAL_EVERY" --set train.eval_batches="$A_EVAL_BATCHES"
+       --set metrics.every=10 "${a_extra[@]}")
     run A_muon "${a[@]}" --set 'optim.name="muon"' --set train.steps="$A_STEPS"
     run A_adamw "${a[@]}" --set 'optim.name="adamw"' --set train.steps="$A_STEPS"
     long=$(python3 - "$out/runs" <<'EOF'
