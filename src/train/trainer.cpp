@@ -418,17 +418,10 @@ void Trainer::compute_gradients(StepResult& r) {
     apply_fault(r);
     // The norm and the per-layer norms of the metrics (layer_stats) from one pass, on every step, so that the norm
     // (and the clip it drives) does not depend on which steps are metrics steps.
-    // Under Muon every layer's group splits in two, its Muon matrices and the rest, so that the same pass also gives
-    // the two optimizer groups' norms (muon.clip = "own_norm" and the metrics) without a pass of their own.
+    // Under Muon every layer's group splits in two, its Muon matrices and the rest (norm_group_of_), so that the same
+    // pass also gives the two optimizer groups' norms (muon.clip = "own_norm" and the metrics) without a pass of their
+    // own.
     const int layers = nn::layer_stats_param_groups(cfg_.model);
-    if (muon_ && norm_group_of_.empty()) {
-        const nn::ParamTable& table = model_->params();
-        norm_group_of_.resize(layer_of_param_.size());
-        for (size_t i = 0; i < norm_group_of_.size(); ++i) {
-            const int layer = layer_of_param_[i] < 0 ? layers : layer_of_param_[i];  // no layer's: a group of its own
-            norm_group_of_[i] = 2 * layer + (table.spec(static_cast<int>(i)).group == nn::OptimGroup::muon ? 1 : 0);
-        }
-    }
     const parallel::GradSync::GradNorms norms = muon_ ? grad_sync_->grad_norms(norm_group_of_, 2 * (layers + 1))
                                                       : grad_sync_->grad_norms(layer_of_param_, layers);
     r.grad_norm = norms.norm / r.loss_scale;

@@ -416,7 +416,7 @@ class Trainer {
     void layer_stats_begin();
     void layer_stats_end(StepResult& r);
     std::vector<int> layer_of_param_;  // each table parameter's layer ("layers.<l>.*"), -1 for the rest
-    std::vector<int> norm_group_of_;   // under Muon: 2 x layer (no layer's: the last) + 1 for a Muon matrix
+    std::vector<int> norm_group_of_;   // under Muon: 2 x layer (no layer's: the last) + 1 for a Muon matrix (setup)
     nn::LayerStatsLayout stats_layout_;
     // [layout size + 2 x parameters] f64 on the model's device: the layers' slots, then the optimizer's per-parameter
     // squared changes (update_sq_) and squared updated weights (param_sq_): views of the tail, or of a host buffer

@@ -29,6 +29,15 @@ void Trainer::setup_layer_stats() {
         else if (groups > layers && name.starts_with("projector."))
             layer_of_param_[static_cast<size_t>(i)] = layers + 1;
     }
+    // Under Muon the global norm's pass also gives the two optimizer groups' norms: each layer's group split in two,
+    // 2 x group + 1 for a Muon matrix (a parameter of no layer's in a group of its own after them).
+    norm_group_of_.clear();
+    if (muon_)
+        for (int i = 0; i < table.size(); ++i) {
+            const int group =
+                layer_of_param_[static_cast<size_t>(i)] < 0 ? groups : layer_of_param_[static_cast<size_t>(i)];
+            norm_group_of_.push_back(2 * group + (table.spec(i).group == nn::OptimGroup::muon ? 1 : 0));
+        }
     stats_layout_ = nn::layer_stats_layout(cfg_.model);
 }
 
