@@ -10,7 +10,11 @@
 #               TensorBoard writes are all in it.
 #   bench/checkpoint_cost.sh BUILD_DIR checkpoint CONFIG [async|blocking] [EVERY] [EXTRA]
 #   bench/checkpoint_cost.sh BUILD_DIR metrics CONFIG [STEPS]
-# e.g. bench/checkpoint_cost.sh build checkpoint configs/kimi_linear_mini.toml async 4 6
+# EVERY (checkpoint.every_steps) must exceed the write's length in steps: a checkpoint due while the one before it is
+# being written waits for it (docs/configs.md), and the first event's blocking_seconds is then that wait
+# ("back_pressure": true in the line, and a hint on stderr). kimi_linear_mini on one GPU writes ~31 GB in ~27 s, about
+# 100 steps, so EVERY 150:
+# e.g. bench/checkpoint_cost.sh build checkpoint configs/kimi_linear_mini.toml async 150 6
 # A kimi_linear_mini checkpoint is about 31 GB: one run at a time on a 64 GB disk (each run's directory is removed).
 set -uo pipefail
 build=$1 what=$2 config=$3
@@ -61,10 +65,23 @@ before = [s for k, s in steps.items() if 2 <= k <= every]        # after the fir
 during = [s for k, s in steps.items() if every < k <= done]      # the steps the background write ran beside
 after = [s for k, s in steps.items() if k > done]
 med = lambda v: statistics.median(v) if v else None
-print(json.dumps({"bench": "checkpoint", "config": sys.argv[2], "mode": sys.argv[3],
+# The event is written when the write is finished: found done at a step boundary (the loop did not wait), or by the
+# next checkpoint, which waits for it (a checkpoint due while one is being written waits: back-pressure). The second
+# case measures the wait for the previous write, not a checkpoint's cost: EVERY is then too short for this write.
+phases = ev.get("phases", {})
+call = sum(phases.values()) if phases else None                  # the checkpoint call itself
+finish_wait = ev["blocking_seconds"] - call if call is not None else None
+back_pressure = sys.argv[3] == "async" and done >= 2 * every
+print(json.dumps({"bench": "checkpoint", "config": sys.argv[2], "mode": sys.argv[3], "every": every,
                   "blocking_seconds": ev["blocking_seconds"], "write_seconds": ev["write_seconds"],
+                  "call_seconds": call, "finish_wait_seconds": finish_wait, "phases": phases,
+                  "event_step": done, "back_pressure": back_pressure,
                   "step_s_before": med(before), "step_s_during": med(during), "step_s_after": med(after),
                   "steps_during": len(during)}))
+if back_pressure:
+    print(f"checkpoint_cost.sh: the write outlasted the {every}-step interval (event at step {done}): "
+          f"blocking_seconds is the next checkpoint's wait for it; rerun with EVERY above "
+          f"{int(ev['write_seconds'] / max(med(during) or 1, 1e-9)) + 1}", file=sys.stderr)
 PY
     du -sb "$dir/checkpoints" 2> /dev/null | awk '{printf "{\"bench\": \"checkpoint_bytes\", \"bytes\": %s}\n", $1}'
     ;;
