@@ -17,12 +17,21 @@
 #include "ops/cpu/blas.h"
 #include "ops/cpu/kda.h"
 #include "ops/cpu/threading.h"
+#include "ops/cpu/vec_math.h"
 
 namespace mt::ops::cpu {
 
 namespace {
 
 constexpr int64_t kSub = 16;
+
+// y[x] = e^(a[x] - b[x]) for x < n (y distinct from a and b), through the vectorized exp
+// of vec_math.h for f32 (libm's scalar expf was an eighth of a small hybrid model's CPU step) and std::exp for f64.
+template <typename T>
+void exp_diff(const T* a, const T* b, T* y, int64_t n) {
+    for (int64_t x = 0; x < n; ++x) y[x] = a[x] - b[x];
+    exp_affine(y, y, n, T(1), T(0));
+}
 
 // The quantities of one chunk of one value head (c rows, key dim kd, value dim vd), row-major with row length kd,
 // vd or c. Buffers are sized for the full chunk and reused.
@@ -31,6 +40,7 @@ struct Chunk {
     int64_t c = 0, kd = 0, vd = 0;
     std::vector<T> q, k, v, beta, gam, e, qg, xw, xu, kg, gamma, a, m, tm, w, u;
     std::vector<T> qa, kr, kc;  // scratch of the tile products: [16, kd], [16, kd], [C, kd]
+    std::vector<T> f;           // one row of factors [kd]
 
     Chunk(int64_t cmax, int64_t kd_, int64_t vd_) : kd(kd_), vd(vd_) {
         const auto ck = static_cast<size_t>(cmax * kd), cv = static_cast<size_t>(cmax * vd);
@@ -42,6 +52,7 @@ struct Chunk {
         gamma.resize(static_cast<size_t>(kd));
         qa.resize(static_cast<size_t>(kSub * kd));
         kr.resize(static_cast<size_t>(kSub * kd));
+        f.resize(static_cast<size_t>(kd));
     }
 };
 
@@ -79,14 +90,19 @@ void anchored_factors(Chunk<T>& ch, int64_t r0, int64_t r1, int64_t cols) {
     const int64_t kd = ch.kd;
     const T* gn = ch.gam.data() + r0 * kd;
     for (int64_t i = r0; i < r1; ++i) {
+        T* qa = ch.qa.data() + (i - r0) * kd;
+        T* kr = ch.kr.data() + (i - r0) * kd;
+        exp_diff(ch.gam.data() + i * kd, gn, qa, kd);
         for (int64_t x = 0; x < kd; ++x) {
-            const T f = std::exp(ch.gam[i * kd + x] - gn[x]);
-            ch.qa[(i - r0) * kd + x] = ch.q[i * kd + x] * f;
-            ch.kr[(i - r0) * kd + x] = ch.k[i * kd + x] * f;
+            kr[x] = ch.k[i * kd + x] * qa[x];
+            qa[x] *= ch.q[i * kd + x];
         }
     }
-    for (int64_t j = 0; j < cols; ++j)
-        for (int64_t x = 0; x < kd; ++x) ch.kc[j * kd + x] = ch.k[j * kd + x] * std::exp(gn[x] - ch.gam[j * kd + x]);
+    for (int64_t j = 0; j < cols; ++j) {
+        T* kc = ch.kc.data() + j * kd;
+        exp_diff(gn, ch.gam.data() + j * kd, kc, kd);
+        for (int64_t x = 0; x < kd; ++x) kc[x] *= ch.k[j * kd + x];
+    }
 }
 
 // A (i >= j) and M (i > j) of the chunk, tile row by tile row; zero elsewhere.
@@ -104,8 +120,9 @@ void intra_fwd(Chunk<T>& ch, bool pairwise) {
             for (int64_t j = r0; j < r1; ++j) {
                 if (pairwise && j <= i) {
                     T sa = 0, sm = 0;
+                    exp_diff(ch.gam.data() + i * kd, ch.gam.data() + j * kd, ch.f.data(), kd);
                     for (int64_t x = 0; x < kd; ++x) {
-                        const T f = std::exp(ch.gam[i * kd + x] - ch.gam[j * kd + x]);
+                        const T f = ch.f[x];
                         sa += ch.q[i * kd + x] * ch.k[j * kd + x] * f;
                         sm += ch.k[i * kd + x] * ch.k[j * kd + x] * f;
                     }
@@ -175,14 +192,15 @@ void prepare_chunk(Chunk<T>& ch, const UnitPtrs<T>& u, int64_t c0, int64_t c, bo
         for (int64_t x = 0; x < kd; ++x) ch.gam[r * kd + x] = (r ? ch.gam[(r - 1) * kd + x] : T(0)) + gr[x];
     }
     const T* glast = ch.gam.data() + (c - 1) * kd;
-    for (int64_t x = 0; x < kd; ++x) ch.gamma[x] = std::exp(glast[x]);
+    exp_affine(glast, ch.gamma.data(), kd, T(1), T(0));
+    exp_affine(ch.gam.data(), ch.e.data(), c * kd, T(1), T(0));
     for (int64_t r = 0; r < c; ++r) {
+        exp_diff(glast, ch.gam.data() + r * kd, ch.kg.data() + r * kd, kd);
         for (int64_t x = 0; x < kd; ++x) {
             const int64_t i = r * kd + x;
-            ch.e[i] = std::exp(ch.gam[i]);
             ch.qg[i] = ch.q[i] * ch.e[i];
             ch.xw[i] = ch.beta[r] * ch.k[i] * ch.e[i];
-            ch.kg[i] = ch.k[i] * std::exp(glast[x] - ch.gam[i]);
+            ch.kg[i] *= ch.k[i];
         }
         for (int64_t y = 0; y < vd; ++y) ch.xu[r * vd + y] = ch.beta[r] * ch.v[r * vd + y];
     }
@@ -222,19 +240,21 @@ void intra_bwd(Chunk<T>& ch, const T* da, const T* dm, T* dq, T* dk, T* dgam, bo
         gemm(true, false, cols, kd, rows, T(1), dar, c, ch.qa.data(), kd, T(0), dkc.data(), kd);
         gemm(true, false, cols, kd, rows, T(1), dmr, c, ch.kr.data(), kd, T(1), dkc.data(), kd);
         const T* gn = ch.gam.data() + r0 * kd;
+        T* f = ch.f.data();
         for (int64_t i = r0; i < r1; ++i) {
+            exp_diff(ch.gam.data() + i * kd, gn, f, kd);
             for (int64_t x = 0; x < kd; ++x) {
                 const int64_t li = (i - r0) * kd + x, ci = i * kd + x;
-                const T f = std::exp(ch.gam[ci] - gn[x]);
-                dq[ci] += dqa[li] * f;
-                dk[ci] += dkr[li] * f;
+                dq[ci] += dqa[li] * f[x];
+                dk[ci] += dkr[li] * f[x];
                 dgam[ci] += dqa[li] * ch.qa[li] + dkr[li] * ch.kr[li];
             }
         }
         for (int64_t j = 0; j < cols; ++j) {
+            exp_diff(gn, ch.gam.data() + j * kd, f, kd);
             for (int64_t x = 0; x < kd; ++x) {
                 const int64_t ci = j * kd + x;
-                dk[ci] += dkc[ci] * std::exp(gn[x] - ch.gam[ci]);
+                dk[ci] += dkc[ci] * f[x];
                 dgam[ci] -= dkc[ci] * ch.kc[ci];
             }
         }
@@ -242,10 +262,10 @@ void intra_bwd(Chunk<T>& ch, const T* da, const T* dm, T* dq, T* dk, T* dgam, bo
         for (int64_t i = r0; i < r1; ++i) {
             for (int64_t j = r0; j <= i; ++j) {
                 const T ga = da[i * c + j], gm = j < i ? dm[i * c + j] : T(0);
+                exp_diff(ch.gam.data() + i * kd, ch.gam.data() + j * kd, f, kd);
                 for (int64_t x = 0; x < kd; ++x) {
                     const int64_t ii = i * kd + x, jj = j * kd + x;
-                    const T f = std::exp(ch.gam[ii] - ch.gam[jj]);
-                    const T ta = ga * f, tmk = gm * f;
+                    const T ta = ga * f[x], tmk = gm * f[x];
                     dq[ii] += ta * ch.k[jj];
                     dk[jj] += ta * ch.q[ii] + tmk * ch.k[ii];
                     dk[ii] += tmk * ch.k[jj];
@@ -331,9 +351,10 @@ void chunk_bwd(Chunk<T>& ch, ChunkGrads<T>& gr, const T* h, const T* dout, T* ds
     // Elementwise factors: Qg = Q e^Gamma, Kg = K e^(Gamma_last - Gamma), Xw = beta K e^Gamma, Xu = beta V.
     for (int64_t r = 0; r < c; ++r) {
         T db = 0;
+        exp_diff(ch.gam.data() + (c - 1) * kd, ch.gam.data() + r * kd, ch.f.data(), kd);
         for (int64_t x = 0; x < kd; ++x) {
             const int64_t i = r * kd + x;
-            const T fk = std::exp(ch.gam[(c - 1) * kd + x] - ch.gam[i]);
+            const T fk = ch.f[x];
             gr.dq[i] = gr.dqg[i] * ch.e[i];
             gr.dk[i] = gr.dkg[i] * fk + ch.beta[r] * gr.dxw[i] * ch.e[i];
             gr.dgam[i] = gr.dqg[i] * ch.qg[i] - gr.dkg[i] * ch.kg[i] + gr.dxw[i] * ch.xw[i];
