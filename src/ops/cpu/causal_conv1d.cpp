@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "ops/cpu/checks.h"
 #include "ops/cpu/threading.h"
@@ -59,23 +60,28 @@ void causal_conv1d_bwd(
         for (int64_t bb = 0; bb < b; ++bb)
             for (int64_t tt = 0; tt < t; ++tt)
                 for (int64_t ch = c0; ch < c1; ++ch) dx[(bb * t + tt) * c + ch] = 0;
-        for (int64_t ch = c0; ch < c1; ++ch) {
-            for (int64_t bb = 0; bb < b; ++bb) {
-                for (int64_t tt = 0; tt < t; ++tt) {
+        // Rows outer, the block's channels inner (each row's 16 channels are adjacent), dw in a block-local copy:
+        // every dx and dw element still gets its terms in the same order as a loop over one channel at a time.
+        std::vector<T> dwb(dw + c0 * width, dw + c1 * width);
+        for (int64_t bb = 0; bb < b; ++bb) {
+            for (int64_t tt = 0; tt < t; ++tt) {
+                for (int64_t ch = c0; ch < c1; ++ch) {
                     const int64_t i = (bb * t + tt) * c + ch;
                     T dz = dy[i];
                     if (silu) {
                         const T z = conv_at(x, w, bb, tt, ch, t, c, width), s = sigmoid(z);
                         dz *= s * (T(1) + z * (T(1) - s));
                     }
+                    T* dwc = dwb.data() + (ch - c0) * width;
                     for (int64_t tau = std::max<int64_t>(0, width - 1 - tt); tau < width; ++tau) {
                         const int64_t j = (bb * t + tt - width + 1 + tau) * c + ch;
                         dx[j] += w[ch * width + tau] * dz;
-                        dw[ch * width + tau] += dz * x[j];
+                        dwc[tau] += dz * x[j];
                     }
                 }
             }
         }
+        std::copy(dwb.begin(), dwb.end(), dw + c0 * width);
     }
 }
 
