@@ -8,6 +8,7 @@
 
 #include "ops/cpu/checks.h"
 #include "ops/cpu/threading.h"
+#include "ops/cpu/vec_math.h"
 #include "ops/registry.h"
 
 namespace mt::ops::cpu {
@@ -32,12 +33,16 @@ void kda_gate_fwd(
 #pragma omp parallel for schedule(static) if (n * hv * k >= kParallelMinWork)
     for (int64_t h = 0; h < hv; ++h) {
         const T a = a_log ? std::exp(a_log[h]) : T(1), lb = static_cast<T>(l);
+        std::vector<T> e(static_cast<size_t>(k));  // lower_bound: exp(-a z) of one row, by the vectorized exp
         for (int64_t r = 0; r < n; ++r) {
-            for (int64_t x = 0; x < k; ++x) {
-                const int64_t i = (r * hv + h) * k + x;
-                const T z = u[i] + bias[h * k + x];
-                g[i] = lower_bound ? lb * sigmoid(a * z) : -a * softplus(z);
+            const int64_t i0 = (r * hv + h) * k;
+            if (lower_bound) {  // sigmoid(a z) = 1 / (1 + exp(-a z))
+                for (int64_t x = 0; x < k; ++x) e[x] = u[i0 + x] + bias[h * k + x];
+                exp_affine(e.data(), e.data(), k, -a, T(0));
+                for (int64_t x = 0; x < k; ++x) g[i0 + x] = lb / (T(1) + e[x]);
+                continue;
             }
+            for (int64_t x = 0; x < k; ++x) g[i0 + x] = -a * softplus(u[i0 + x] + bias[h * k + x]);
         }
     }
 }
@@ -60,15 +65,19 @@ void kda_gate_bwd(const T* u,
 #pragma omp parallel for schedule(static) if (n * hv * k >= kParallelMinWork)
     for (int64_t h = 0; h < hv; ++h) {
         const T a = a_log ? std::exp(a_log[h]) : T(1), lb = static_cast<T>(l);
-        std::vector<T> db(static_cast<size_t>(k), T(0));
+        std::vector<T> db(static_cast<size_t>(k), T(0)), e(static_cast<size_t>(k));
         T da = 0;
         for (int64_t r = 0; r < n; ++r) {
+            if (lower_bound) {  // exp(-a z) of the row, by the vectorized exp
+                for (int64_t x = 0; x < k; ++x) e[x] = u[(r * hv + h) * k + x] + bias[h * k + x];
+                exp_affine(e.data(), e.data(), k, -a, T(0));
+            }
             for (int64_t x = 0; x < k; ++x) {
                 const int64_t i = (r * hv + h) * k + x;
                 const T z = u[i] + bias[h * k + x];
                 T dz, dlog_a;
                 if (lower_bound) {
-                    const T s = sigmoid(a * z), ds = lb * s * (T(1) - s);
+                    const T s = T(1) / (T(1) + e[x]), ds = lb * s * (T(1) - s);
                     dz = ds * a;
                     dlog_a = ds * a * z;
                 } else {
