@@ -40,18 +40,22 @@ struct Chunk {
     int64_t c = 0, kd = 0, vd = 0;
     std::vector<T> q, k, v, beta, gam, e, qg, xw, xu, kg, gamma, a, m, tm, w, u;
     std::vector<T> qa, kr, kc;  // scratch of the tile products: [16, kd], [16, kd], [C, kd]
-    std::vector<T> f;           // one row of factors [kd]
+    // The decay factors, kept for the backward of the same chunk: fr = e^(Gamma_i - Gamma_n) [16, kd] and
+    // fc = e^(Gamma_n - Gamma_j) [C, kd] of the last anchored_factors, fk = e^(Gamma_last - Gamma) [C, kd] of
+    // prepare_chunk; f one row [kd] (the pairwise diagonal).
+    std::vector<T> fr, fc, fk, f;
 
     Chunk(int64_t cmax, int64_t kd_, int64_t vd_) : kd(kd_), vd(vd_) {
         const auto ck = static_cast<size_t>(cmax * kd), cv = static_cast<size_t>(cmax * vd);
         const auto cc = static_cast<size_t>(cmax * cmax);
-        for (auto* x : {&q, &k, &gam, &e, &qg, &xw, &kg, &w, &kc}) x->resize(ck);
+        for (auto* x : {&q, &k, &gam, &e, &qg, &xw, &kg, &w, &kc, &fc, &fk}) x->resize(ck);
         for (auto* x : {&v, &xu, &u}) x->resize(cv);
         for (auto* x : {&a, &m, &tm}) x->resize(cc);
         beta.resize(static_cast<size_t>(cmax));
         gamma.resize(static_cast<size_t>(kd));
         qa.resize(static_cast<size_t>(kSub * kd));
         kr.resize(static_cast<size_t>(kSub * kd));
+        fr.resize(static_cast<size_t>(kSub * kd));
         f.resize(static_cast<size_t>(kd));
     }
 };
@@ -90,18 +94,18 @@ void anchored_factors(Chunk<T>& ch, int64_t r0, int64_t r1, int64_t cols) {
     const int64_t kd = ch.kd;
     const T* gn = ch.gam.data() + r0 * kd;
     for (int64_t i = r0; i < r1; ++i) {
-        T* qa = ch.qa.data() + (i - r0) * kd;
-        T* kr = ch.kr.data() + (i - r0) * kd;
-        exp_diff(ch.gam.data() + i * kd, gn, qa, kd);
+        const int64_t li = (i - r0) * kd;
+        const T* fr = ch.fr.data() + li;
+        exp_diff(ch.gam.data() + i * kd, gn, ch.fr.data() + li, kd);
         for (int64_t x = 0; x < kd; ++x) {
-            kr[x] = ch.k[i * kd + x] * qa[x];
-            qa[x] *= ch.q[i * kd + x];
+            ch.qa[li + x] = ch.q[i * kd + x] * fr[x];
+            ch.kr[li + x] = ch.k[i * kd + x] * fr[x];
         }
     }
     for (int64_t j = 0; j < cols; ++j) {
-        T* kc = ch.kc.data() + j * kd;
-        exp_diff(gn, ch.gam.data() + j * kd, kc, kd);
-        for (int64_t x = 0; x < kd; ++x) kc[x] *= ch.k[j * kd + x];
+        const T* fc = ch.fc.data() + j * kd;
+        exp_diff(gn, ch.gam.data() + j * kd, ch.fc.data() + j * kd, kd);
+        for (int64_t x = 0; x < kd; ++x) ch.kc[j * kd + x] = ch.k[j * kd + x] * fc[x];
     }
 }
 
@@ -195,12 +199,12 @@ void prepare_chunk(Chunk<T>& ch, const UnitPtrs<T>& u, int64_t c0, int64_t c, bo
     exp_affine(glast, ch.gamma.data(), kd, T(1), T(0));
     exp_affine(ch.gam.data(), ch.e.data(), c * kd, T(1), T(0));
     for (int64_t r = 0; r < c; ++r) {
-        exp_diff(glast, ch.gam.data() + r * kd, ch.kg.data() + r * kd, kd);
+        exp_diff(glast, ch.gam.data() + r * kd, ch.fk.data() + r * kd, kd);
         for (int64_t x = 0; x < kd; ++x) {
             const int64_t i = r * kd + x;
             ch.qg[i] = ch.q[i] * ch.e[i];
             ch.xw[i] = ch.beta[r] * ch.k[i] * ch.e[i];
-            ch.kg[i] *= ch.k[i];
+            ch.kg[i] = ch.k[i] * ch.fk[i];
         }
         for (int64_t y = 0; y < vd; ++y) ch.xu[r * vd + y] = ch.beta[r] * ch.v[r * vd + y];
     }
@@ -239,26 +243,24 @@ void intra_bwd(Chunk<T>& ch, const T* da, const T* dm, T* dq, T* dk, T* dgam, bo
         gemm(false, false, rows, kd, cols, T(1), dmr, c, ch.kc.data(), kd, T(0), dkr.data(), kd);
         gemm(true, false, cols, kd, rows, T(1), dar, c, ch.qa.data(), kd, T(0), dkc.data(), kd);
         gemm(true, false, cols, kd, rows, T(1), dmr, c, ch.kr.data(), kd, T(1), dkc.data(), kd);
-        const T* gn = ch.gam.data() + r0 * kd;
-        T* f = ch.f.data();
+        // The factors anchored_factors just formed for this block row (ch.fr, ch.fc).
         for (int64_t i = r0; i < r1; ++i) {
-            exp_diff(ch.gam.data() + i * kd, gn, f, kd);
             for (int64_t x = 0; x < kd; ++x) {
                 const int64_t li = (i - r0) * kd + x, ci = i * kd + x;
-                dq[ci] += dqa[li] * f[x];
-                dk[ci] += dkr[li] * f[x];
+                dq[ci] += dqa[li] * ch.fr[li];
+                dk[ci] += dkr[li] * ch.fr[li];
                 dgam[ci] += dqa[li] * ch.qa[li] + dkr[li] * ch.kr[li];
             }
         }
         for (int64_t j = 0; j < cols; ++j) {
-            exp_diff(gn, ch.gam.data() + j * kd, f, kd);
             for (int64_t x = 0; x < kd; ++x) {
                 const int64_t ci = j * kd + x;
-                dk[ci] += dkc[ci] * f[x];
+                dk[ci] += dkc[ci] * ch.fc[ci];
                 dgam[ci] -= dkc[ci] * ch.kc[ci];
             }
         }
         if (!pairwise) continue;
+        T* f = ch.f.data();
         for (int64_t i = r0; i < r1; ++i) {
             for (int64_t j = r0; j <= i; ++j) {
                 const T ga = da[i * c + j], gm = j < i ? dm[i * c + j] : T(0);
@@ -351,10 +353,9 @@ void chunk_bwd(Chunk<T>& ch, ChunkGrads<T>& gr, const T* h, const T* dout, T* ds
     // Elementwise factors: Qg = Q e^Gamma, Kg = K e^(Gamma_last - Gamma), Xw = beta K e^Gamma, Xu = beta V.
     for (int64_t r = 0; r < c; ++r) {
         T db = 0;
-        exp_diff(ch.gam.data() + (c - 1) * kd, ch.gam.data() + r * kd, ch.f.data(), kd);
         for (int64_t x = 0; x < kd; ++x) {
             const int64_t i = r * kd + x;
-            const T fk = ch.f[x];
+            const T fk = ch.fk[i];  // prepare_chunk's e^(Gamma_last - Gamma) of this chunk
             gr.dq[i] = gr.dqg[i] * ch.e[i];
             gr.dk[i] = gr.dkg[i] * fk + ch.beta[r] * gr.dxw[i] * ch.e[i];
             gr.dgam[i] = gr.dqg[i] * ch.qg[i] - gr.dkg[i] * ch.kg[i] + gr.dxw[i] * ch.xw[i];
