@@ -6,7 +6,9 @@
 // Q K^T and dP = dO V^T (dq) read both operands from swizzled shared memory; dV += P^T dO, dK += dS^T Q and dQ += dS K
 // take P / dS from registers. No atomics. With a key prefix (Tk > T) the dk/dv kernel covers all Tk keys, a block no
 // query sees writing zeros, and the edge tests compare positions (attention_mask.cuh). Bidirectional attention
-// (AttnParams::causal false) is a second instantiation of each kernel (kCausal false).
+// (AttnParams::causal false) is a second instantiation of each kernel (kCausal false). kFullD: the head dim is the
+// tile width, so the strides, the column guards of the loads and stores and the delta loop are compile-time (the
+// padded instantiation reads p.d at run time; with it in the 64 and 128 kernels too the backward was ~3% slower).
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
@@ -101,7 +103,7 @@ __device__ __forceinline__ void dq_probs(const float (&ps)[kBlk / 8][4],
 
 // kCausal false: bidirectional (attention_mask.cuh: query_blocks lists the key block's documents' queries); the causal
 // instantiation is the kernel as it was.
-template <int D, bool kCausal>
+template <int D, bool kCausal, bool kFullD>
 __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const AttnParams p) {
 #if MT_WGMMA_ENABLED
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -113,9 +115,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int n_block = blockIdx.x, kh = blockIdx.y, b = blockIdx.z, t = p.t, tk = p.tk;
-    const int group = p.hq / p.hkv;
-    const int64_t qrs = static_cast<int64_t>(p.hq) * p.d, krs = static_cast<int64_t>(p.hkv) * p.d;
-    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * p.d;
+    const int group = p.hq / p.hkv, hd = kFullD ? D : p.d;  // the head dim
+    const int64_t qrs = static_cast<int64_t>(p.hq) * hd, krs = static_cast<int64_t>(p.hkv) * hd;
+    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * hd;
     const int n0 = n_block * kBlk;
     int first_q, end_q;
     attn_mask::query_blocks(p, b, n0, kBlk, kBlk, &first_q, &end_q);
@@ -124,11 +126,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
 
     auto issue = [&](int it, int st) {
         const int h = kh * group + it / q_blocks, m0 = (first_q + it % q_blocks) * kBlk;
-        const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * p.d;
+        const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * hd;
         const int64_t row_off = (static_cast<int64_t>(b) * p.hq + h) * t;
-        load_tile_sw<kBlk, D, kThreads>(s_q + st * kTile, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, p.d, tid);
+        load_tile_sw<kBlk, D, kThreads>(s_q + st * kTile, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, hd, tid);
         load_tile_sw<kBlk, D, kThreads>(
-            s_do + st * kTile, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, p.d, tid);
+            s_do + st * kTile, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, hd, tid);
         if (tid < kBlk)
             cp_async4_zfill(
                 smem_u32(s_lse + st * kBlk + tid), p.lse + row_off + (m0 + tid < t ? m0 + tid : 0), m0 + tid < t);
@@ -139,8 +141,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
     };
 
     if (iters > 0) {  // else a prefix block no query sees: nothing to load, dK = dV = 0
-        load_tile_sw<kBlk, D, kThreads>(s_k, static_cast<const bf16*>(p.k) + kv_off, krs, n0, tk, p.d, tid);
-        load_tile_sw<kBlk, D, kThreads>(s_v, static_cast<const bf16*>(p.v) + kv_off, krs, n0, tk, p.d, tid);
+        load_tile_sw<kBlk, D, kThreads>(s_k, static_cast<const bf16*>(p.k) + kv_off, krs, n0, tk, hd, tid);
+        load_tile_sw<kBlk, D, kThreads>(s_v, static_cast<const bf16*>(p.v) + kv_off, krs, n0, tk, hd, tid);
         issue(0, 0);
     }
     cp_async_commit();
@@ -218,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
         bf16* vrow = dvg + key * krs + (lane % 4) * 2;
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
-            if (i * 8 >= p.d) continue;  // the tile's zero padding past the head dim
+            if (i * 8 >= hd) continue;  // the tile's zero padding past the head dim
             *reinterpret_cast<uint32_t*>(krow + i * 8) = pack_bf16(dk[i][2 * r] * p.scale, dk[i][2 * r + 1] * p.scale);
             *reinterpret_cast<uint32_t*>(vrow + i * 8) = pack_bf16(dv[i][2 * r], dv[i][2 * r + 1]);
         }
@@ -229,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_wgmma_kernel(const
 }
 
 // kCausal false: bidirectional, key blocks and masks up to each row's document end (key_hi) instead of its position.
-template <int D, bool kCausal>
+template <int D, bool kCausal, bool kFullD>
 __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const AttnParams p) {
 #if MT_WGMMA_ENABLED
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -240,9 +242,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest rows first
     const int h = blockIdx.y, b = blockIdx.z, kh = h / (p.hq / p.hkv), t = p.t, tk = p.tk;
-    const int64_t qrs = static_cast<int64_t>(p.hq) * p.d, krs = static_cast<int64_t>(p.hkv) * p.d;
-    const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * p.d;
-    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * p.d;
+    const int hd = kFullD ? D : p.d;  // the head dim
+    const int64_t qrs = static_cast<int64_t>(p.hq) * hd, krs = static_cast<int64_t>(p.hkv) * hd;
+    const int64_t q_off = (static_cast<int64_t>(b) * t * p.hq + h) * hd;
+    const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * hd;
     const bf16* kg = static_cast<const bf16*>(p.k) + kv_off;
     const bf16* vg = static_cast<const bf16*>(p.v) + kv_off;
     const int m0 = m_block * kBlk, last_row = min(m0 + kBlk, t) - 1;
@@ -252,13 +255,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
     const int n_blocks = kCausal ? attn_mask::end_key_block(p, last_row, kBlk) : bhi.last / kBlk + 1;
     const float scale_log2 = p.scale * kLog2e;
 
-    load_tile_sw<kBlk, D, kThreads>(s_q, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, p.d, tid);
-    load_tile_sw<kBlk, D, kThreads>(s_do, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, p.d, tid);
-    load_tile_sw<kBlk, D, kThreads>(s_k, kg, krs, j0 * kBlk, tk, p.d, tid);
-    load_tile_sw<kBlk, D, kThreads>(s_v, vg, krs, j0 * kBlk, tk, p.d, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_q, static_cast<const bf16*>(p.q) + q_off, qrs, m0, t, hd, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_do, static_cast<const bf16*>(p.dout) + q_off, qrs, m0, t, hd, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_k, kg, krs, j0 * kBlk, tk, hd, tid);
+    load_tile_sw<kBlk, D, kThreads>(s_v, vg, krs, j0 * kBlk, tk, hd, tid);
     cp_async_commit();
 
-    // delta = rowsum(dO * O) of this block's rows, two threads a row (alternate 8-column pieces of the p.d columns)
+    // delta = rowsum(dO * O) of this block's rows, two threads a row (alternate 8-column pieces of the hd columns)
     // from global memory, kept in shared memory and written out for the dk/dv kernel, which runs after this one.
     const int64_t row_off = (static_cast<int64_t>(b) * p.hq + h) * t;
     float* s_delta = reinterpret_cast<float*>(smem + (base + 6 * kTile - smem_u32(smem)));  // [kBlk]
@@ -269,12 +272,20 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
             const int64_t off = q_off + static_cast<int64_t>(m0 + r) * qrs;
             const uint4* og = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.out) + off);
             const uint4* dg = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.dout) + off);
+            // All the row's loads are issued before the first product uses one (a load-use chain per piece left the
+            // dq kernel's start latency-bound).
+            uint4 ov[D / 16], dv[D / 16];
 #pragma unroll
             for (int k = 0; k < D / 16; ++k) {
-                const int i = 2 * k + tid % 2;  // the piece of columns [8 i, 8 i + 8)
-                if (i * 8 >= p.d) break;
-                const uint4 ov = og[i], dv = dg[i];
-                const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+                const int i = 2 * k + tid % 2;  // the piece of columns [8 i, 8 i + 8); past hd: padding, zero
+                const bool in = kFullD || i * 8 < hd;
+                ov[k] = in ? og[i] : make_uint4(0, 0, 0, 0);
+                dv[k] = in ? dg[i] : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int k = 0; k < D / 16; ++k) {
+                const uint32_t ow[4] = {ov[k].x, ov[k].y, ov[k].z, ov[k].w};
+                const uint32_t dw[4] = {dv[k].x, dv[k].y, dv[k].z, dv[k].w};
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
                     const float2 of = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ow[w]));
@@ -319,8 +330,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
         fence_proxy_async();
         __syncthreads();  // block j is in shared memory, and the products of block j - 1 are done
         if (j + 1 < n_blocks) {
-            load_tile_sw<kBlk, D, kThreads>(s_k + (st ^ 1) * kTile, kg, krs, (j + 1) * kBlk, tk, p.d, tid);
-            load_tile_sw<kBlk, D, kThreads>(s_v + (st ^ 1) * kTile, vg, krs, (j + 1) * kBlk, tk, p.d, tid);
+            load_tile_sw<kBlk, D, kThreads>(s_k + (st ^ 1) * kTile, kg, krs, (j + 1) * kBlk, tk, hd, tid);
+            load_tile_sw<kBlk, D, kThreads>(s_v + (st ^ 1) * kTile, vg, krs, (j + 1) * kBlk, tk, hd, tid);
         }
         cp_async_commit();
         const uint32_t sk = s_k + st * kTile, sv = s_v + st * kTile;
@@ -368,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
         bf16* qrow = dqg + row * qrs + (lane % 4) * 2;
 #pragma unroll
         for (int i = 0; i < D / 8; ++i)
-            if (i * 8 < p.d)
+            if (i * 8 < hd)
                 *reinterpret_cast<uint32_t*>(qrow + i * 8) =
                     pack_bf16(dq[i][2 * r] * p.scale, dq[i][2 * r + 1] * p.scale);
     }
@@ -377,30 +388,38 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dq_wgmma_kernel(const A
 #endif
 }
 
-template <int D, bool kCausal>
+template <int D, bool kCausal, bool kFullD>
 void launch_bwd(const AttnParams& p) {
     constexpr int smem = wg_bwd_smem_bytes<D>();
     static const bool configured = [] {
         MT_CUDA_CHECK(cudaFuncSetAttribute(
-            flash_bwd_dkdv_wgmma_kernel<D, kCausal>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            flash_bwd_dkdv_wgmma_kernel<D, kCausal, kFullD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         MT_CUDA_CHECK(cudaFuncSetAttribute(
-            flash_bwd_dq_wgmma_kernel<D, kCausal>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            flash_bwd_dq_wgmma_kernel<D, kCausal, kFullD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         return true;
     }();
     (void)configured;
     const unsigned query_blocks = static_cast<unsigned>((p.t + kBlk - 1) / kBlk);
     const unsigned key_blocks = static_cast<unsigned>((p.tk + kBlk - 1) / kBlk);
-    flash_bwd_dq_wgmma_kernel<D, kCausal>
+    flash_bwd_dq_wgmma_kernel<D, kCausal, kFullD>
         <<<dim3(query_blocks, p.hq, p.b), kThreads, smem, core::exec_stream()>>>(p);  // + delta
     MT_CUDA_CHECK(cudaGetLastError());
-    flash_bwd_dkdv_wgmma_kernel<D, kCausal><<<dim3(key_blocks, p.hkv, p.b), kThreads, smem, core::exec_stream()>>>(p);
+    flash_bwd_dkdv_wgmma_kernel<D, kCausal, kFullD>
+        <<<dim3(key_blocks, p.hkv, p.b), kThreads, smem, core::exec_stream()>>>(p);
     MT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
 void flash_bwd_wgmma(const AttnParams& p) {
-    launch_flash(p, [&](auto d, auto causal) { launch_bwd<decltype(d)::value, decltype(causal)::value>(p); });
+    launch_flash(p, [&](auto d, auto causal) {
+        constexpr int kD = decltype(d)::value;
+        constexpr bool kCausal = decltype(causal)::value;
+        if (p.d == kD)
+            launch_bwd<kD, kCausal, true>(p);
+        else
+            launch_bwd<kD, kCausal, false>(p);
+    });
 }
 
 }  // namespace mt::ops::cuda
