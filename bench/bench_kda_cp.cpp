@@ -30,6 +30,7 @@
 #include "core/tensor.h"
 #include "gpu_timing.h"
 #include "nn/segments.h"
+#include "ops/cpu/kda.h"
 #include "ops/kda.h"
 
 namespace {
@@ -167,8 +168,8 @@ class Spans {
     std::vector<Tensor> grads_;
 };
 
-// The host fold over the P maps (f64, KdaCp's arithmetic): the start state of every span, S_in(0) = 0,
-// S_in(g + 1) = M_g S_in(g) + h_g; and the reverse fold of the own start gradients e_g: dS_out(P - 1) = 0,
+// The host fold over the P maps (f64, KdaCp's arithmetic: ops::cpu::kda_state_affine): the start state of every span,
+// S_in(0) = 0, S_in(g + 1) = M_g S_in(g) + h_g; and the reverse fold of the own start gradients e_g: dS_out(P - 1) = 0,
 // dS_out(g - 1) = M_g^T dS_out(g) + e_g. maps: per span [HV, K, V + K]; returns per span [HV, K, V].
 std::vector<std::vector<double>> fold(const std::vector<std::vector<double>>& maps,
                                       const std::vector<std::vector<double>>& own,
@@ -183,18 +184,23 @@ std::vector<std::vector<double>> fold(const std::vector<std::vector<double>>& ma
         const int64_t g = reverse ? p - 1 - step : step;
         at[static_cast<size_t>(g)] = cur;
         const double* m = maps[static_cast<size_t>(g)].data();
-        for (int64_t h = 0; h < hv; ++h)
-            for (int64_t i = 0; i < kd; ++i)
-                for (int64_t v = 0; v < vd; ++v) {
-                    double sum = reverse ? own[static_cast<size_t>(g)][static_cast<size_t>((h * kd + i) * vd + v)]
-                                         : m[(h * kd + i) * (vd + kd) + v];
-                    for (int64_t j = 0; j < kd; ++j)
-                        sum += reverse ? m[(h * kd + j) * (vd + kd) + vd + i] *
-                                             cur[static_cast<size_t>((h * kd + j) * vd + v)]
-                                       : m[(h * kd + i) * (vd + kd) + vd + j] *
-                                             cur[static_cast<size_t>((h * kd + j) * vd + v)];
-                    next[static_cast<size_t>((h * kd + i) * vd + v)] = sum;
-                }
+        const int64_t row = vd + kd;
+        if (reverse)
+            mt::ops::cpu::kda_state_affine(hv,
+                                           kd,
+                                           vd,
+                                           m + vd,
+                                           row,
+                                           kd * row,
+                                           own[static_cast<size_t>(g)].data(),
+                                           vd,
+                                           kd * vd,
+                                           true,
+                                           cur.data(),
+                                           next.data());
+        else
+            mt::ops::cpu::kda_state_affine(
+                hv, kd, vd, m + vd, row, kd * row, m, row, kd * row, false, cur.data(), next.data());
         cur.swap(next);
     }
     return at;

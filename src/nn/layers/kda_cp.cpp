@@ -6,6 +6,7 @@
 
 #include "nn/layers/conv_halo.h"
 #include "nn/segments.h"
+#include "ops/cpu/kda.h"
 #include "parallel/comm.h"
 
 namespace mt::nn {
@@ -313,16 +314,11 @@ void KdaCp::affine_starts(const Span (&spans)[2], const Tensor& st) {
         for (int64_t b = 0; b < rows_; ++b)
             if (resets(g, b)) std::fill_n(s_in.begin() + b * hv * state, hv * state, 0.0);
         const parallel::ZigzagOwner o = z_.owner(g);
+        // Each head's rows of the span's map are [h | M]: h in the first vd columns, M in the last kd.
         const double* block = m + (o.rank * 2 + o.span) * heads * kd * (vd + kd);
-        for (int64_t h = 0; h < heads; ++h)
-            for (int64_t i = 0; i < kd; ++i)
-                for (int64_t v = 0; v < vd; ++v) {
-                    const double* row = block + (h * kd + i) * (vd + kd);
-                    double sum = row[v];  // h
-                    for (int64_t j = 0; j < kd; ++j)
-                        sum += row[vd + j] * s_in[static_cast<size_t>((h * kd + j) * vd + v)];
-                    s_out[static_cast<size_t>((h * kd + i) * vd + v)] = sum;
-                }
+        const int64_t row = vd + kd, head = kd * row;
+        ops::cpu::kda_state_affine(
+            heads, kd, vd, block + vd, row, head, block, row, head, false, s_in.data(), s_out.data());
         for (int s = 0; s < 2; ++s)
             if (z_.span_chunk(s) == g) {
                 Tensor start = Tensor::zeros({rows_, hv, kd, vd}, core::DType::f64);
@@ -414,15 +410,9 @@ std::array<Tensor, 2> KdaCp::affine_end_grads(const Span (&spans)[2],
             }
         const double* block = m + (o.rank * 2 + o.span) * heads * kd * (vd + kd);
         const double* ext = e + (o.rank * 2 + o.span) * heads * state;
-        for (int64_t h = 0; h < heads; ++h)
-            for (int64_t j = 0; j < kd; ++j)
-                for (int64_t v = 0; v < vd; ++v) {
-                    double sum = ext[(h * kd + j) * vd + v];
-                    for (int64_t i = 0; i < kd; ++i)
-                        sum += block[(h * kd + i) * (vd + kd) + vd + j] *
-                               d_out[static_cast<size_t>((h * kd + i) * vd + v)];
-                    d_in[static_cast<size_t>((h * kd + j) * vd + v)] = sum;
-                }
+        const int64_t row = vd + kd;
+        ops::cpu::kda_state_affine(
+            heads, kd, vd, block + vd, row, kd * row, ext, vd, state, true, d_out.data(), d_in.data());
         d_out = d_in;
         for (int64_t b = 0; b < rows_; ++b)
             if (resets(g, b)) std::fill_n(d_out.begin() + b * hv * state, hv * state, 0.0);

@@ -1,0 +1,36 @@
+// The per-head affine map of context parallelism's KDA state fold (declared in kda.h): a K x K by K x V product per
+// head, the heads spread over OpenMP and each product one single-threaded BLAS call (blas.h's threading rule). It was
+// a scalar loop nest in KdaCp that read the state down its columns: about 60 ms per span and direction at 16 heads
+// of 128 x 128 (docs/PERFORMANCE.md, issue 28).
+#include <algorithm>
+
+#include "ops/cpu/blas.h"
+#include "ops/cpu/kda.h"
+#include "ops/cpu/threading.h"
+
+namespace mt::ops::cpu {
+
+void kda_state_affine(int64_t heads,
+                      int64_t k,
+                      int64_t v,
+                      const double* m,
+                      int64_t ldm,
+                      int64_t m_head,
+                      const double* c,
+                      int64_t ldc,
+                      int64_t c_head,
+                      bool transpose,
+                      const double* in,
+                      double* out) {
+    blas_use_one_thread();
+    const int64_t state = k * v;
+#pragma omp parallel for schedule(static) if (heads * k * state >= kParallelMinWork)
+    for (int64_t h = 0; h < heads; ++h) {
+        double* o = out + h * state;
+        const double* ch = c + h * c_head;
+        for (int64_t i = 0; i < k; ++i) std::copy_n(ch + i * ldc, v, o + i * v);
+        gemm(transpose, false, k, v, k, 1.0, m + h * m_head, ldm, in + h * state, v, 1.0, o, v);
+    }
+}
+
+}  // namespace mt::ops::cpu
