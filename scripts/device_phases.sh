@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# One device call from a packed build (scripts/pack_device_build.sh), as a list of phases run in order within a time
+# budget: a phase that would not fit in what is left is skipped (and says so), so a call that starts late still
+# returns what it measured. Logs go under $OUT (one file per phase); JSON lines are also printed, because stdout
+# comes back in full where a file under $OUT may not.
+#   PHASES="label attention_ab" CALL_BUDGET=570 bash scripts/device_phases.sh
+# On the device (carry [".device-deps", ".devbin"]), in the repository root:
+#   label          the whole gpu label, ctest -j GPU_J (default 14: the GPU tests are mostly small; the whole label
+#                  took 327 s on an H100 at 433 entries)
+#   label_left     the gpu tests a previous label log did not see pass: LABEL_LOG names that log (ctest's output,
+#                  brought back from an earlier call), so a label cut off by the time limit is finished in a second
+#                  call instead of rerun
+#   attention_ab   bench_attention --no-extra, deterministic and --nondeterministic, of build/bench/bench_attention and
+#                  of every executable in AB_DIR (default .devbin/ab: older builds' bench_attention for a before/after
+#                  comparison), alternated ROUNDS times (default 2), then PyTorch's SDPA reference
+#   dispatch       bench/dispatch_overlap.sh on kimi_linear_mini (issue 28)
+#   kda_cp         bench_kda_cp --t 65536 --spans 2,4,8,16 (issue 28)
+#   checkpoint     bench/checkpoint_cost.sh async at EVERY 150 on kimi_linear_mini (issue 27)
+#   metrics        bench/checkpoint_cost.sh metrics on kimi_linear_mini, 16 steps (issue 27)
+#   muon           bench_muon, then kimi_linear_mini steps with AdamW and with Muon, profiled (issue 29)
+# kimi_linear_mini runs at its batch 4 on a card of more than 100 GB, else at batch 2 (a config copy under $OUT).
+# The PyTorch parity scripts read MT_REFERENCE_PYTHON: the device's /usr/bin/python3 has no torch, so it is set to
+# the python3 on PATH when unset (as tests/gpu_suite.sh does).
+set -u
+t0=$SECONDS
+budget=${CALL_BUDGET:-570}
+left() { echo $((budget - (SECONDS - t0))); }
+source .device-deps/device-setup.sh > /dev/null 2>&1
+mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }  # the CTest files name /work/main/build
+tar -xJf .devbin/build.tar.xz
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+/usr/bin/python3 -c 'import torch' 2> /dev/null || export MT_REFERENCE_PYTHON=${MT_REFERENCE_PYTHON:-$(command -v python3)}
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,memory.total --format=csv | tee "$OUT/gpu.txt"
+kimi=configs/kimi_linear_mini.toml
+mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+if ((mem < 100000)); then
+    kimi=$OUT/kimi_linear_mini_b2.toml
+    sed 's/^batch_size = 4/batch_size = 2/' configs/kimi_linear_mini.toml > "$kimi"
+fi
+echo "setup: $((SECONDS - t0)) s; kimi_linear_mini config: $kimi"
+
+need() {  # need SECONDS: true when that much is left, else says the phase is skipped
+    (($(left) >= $1)) && return 0
+    echo "skipped: $(left) s left, the phase needs $1"
+    return 1
+}
+
+for phase in ${PHASES:-label}; do
+    echo "== $phase ($(left) s left)"
+    case $phase in
+        label)
+            need 200 || continue
+            timeout $(($(left) - 10)) ctest --test-dir build -L gpu -j "${GPU_J:-14}" --timeout 300 \
+                --output-on-failure > "$OUT/label.log" 2>&1
+            grep -E "tests passed|\*\*\*|Failed|Not Run" "$OUT/label.log" | tail -20
+            ;;
+        label_left)
+            need 60 || continue
+            ids=$(ctest --test-dir build -N -L gpu | sed -nE 's/.*Test +#([0-9]+): ([^ ]+).*/\1 \2/p' |
+                while read -r id name; do
+                    grep -qE "Test +#$id: $name \.+ +Passed" "${LABEL_LOG:?LABEL_LOG names the earlier log}" ||
+                        printf ',%s' "$id"
+                done)
+            echo "tests left:${ids:- none}"
+            [ -n "$ids" ] || continue
+            timeout $(($(left) - 10)) ctest --test-dir build -I "0,0,0$ids" -j "${GPU_J:-14}" --timeout 300 \
+                --output-on-failure > "$OUT/label_left.log" 2>&1
+            grep -E "tests passed|\*\*\*|Failed|Not Run" "$OUT/label_left.log" | tail -20
+            ;;
+        attention_ab)
+            need 120 || continue
+            bins=(build/bench/bench_attention)
+            for b in "${AB_DIR:-.devbin/ab}"/*; do [ -x "$b" ] && bins+=("$b"); done
+            for round in $(seq "${ROUNDS:-2}"); do
+                for b in "${bins[@]}"; do
+                    for mode in deterministic nondeterministic; do
+                        flag=""
+                        [ $mode = nondeterministic ] && flag=--nondeterministic
+                        "$b" --no-extra $flag 2>&1 | grep '^{"B"' |
+                            sed "s|^{|{\"binary\":\"$b\",\"mode\":\"$mode\",\"round\":$round,|" |
+                            tee -a "$OUT/attention_ab.jsonl"
+                    done
+                done
+            done
+            python3 tools/reference/bench_attention_torch.py 2>&1 | grep '^{' | tee -a "$OUT/attention_ab.jsonl"
+            ;;
+        dispatch)
+            need 200 || continue
+            bash bench/dispatch_overlap.sh build "$kimi" 2 --steps 6 --warmup 2 2>&1 | tee "$OUT/dispatch.log" |
+                grep '^{'
+            ;;
+        kda_cp)
+            need 60 || continue
+            timeout $(($(left) - 10)) build/bench/bench_kda_cp --t 65536 --spans 2,4,8,16 --iters 3 2>&1 |
+                tee "$OUT/kda_cp.log" | grep '^{'
+            ;;
+        checkpoint)
+            need 150 || continue
+            timeout $(($(left) - 10)) bash bench/checkpoint_cost.sh build checkpoint "$kimi" async 150 6 2>&1 |
+                tee "$OUT/checkpoint.log" | grep '^{'
+            ;;
+        metrics)
+            need 120 || continue
+            timeout $(($(left) - 10)) bash bench/checkpoint_cost.sh build metrics "$kimi" 16 2>&1 |
+                tee "$OUT/metrics.log" | grep '^{'
+            ;;
+        muon)
+            need 120 || continue
+            timeout $(($(left) - 10)) build/bench/bench_muon --iters 5 2>&1 | tee "$OUT/muon.log" | grep '^{'
+            for opt in adamw muon; do
+                timeout 120 build/bench/bench_train --config "$kimi" --set "optim.name=\"$opt\"" --steps 4 \
+                    --warmup 2 --profile > "$OUT/step_$opt.log" 2>&1
+                grep '^{' "$OUT/step_$opt.log" | head -1
+            done
+            ;;
+        *) echo "unknown phase $phase" ;;
+    esac
+    echo "   $phase done at $((SECONDS - t0)) s"
+done
+echo "call done at $((SECONDS - t0)) s"
