@@ -6,7 +6,6 @@
 
 #include "nn/layers/conv_halo.h"
 #include "nn/segments.h"
-#include "ops/cpu/kda.h"
 #include "parallel/comm.h"
 
 namespace mt::nn {
@@ -317,8 +316,7 @@ void KdaCp::affine_starts(const Span (&spans)[2], const Tensor& st) {
         // Each head's rows of the span's map are [h | M]: h in the first vd columns, M in the last kd.
         const double* block = m + (o.rank * 2 + o.span) * heads * kd * (vd + kd);
         const int64_t row = vd + kd, head = kd * row;
-        ops::cpu::kda_state_affine(
-            heads, kd, vd, block + vd, row, head, block, row, head, false, s_in.data(), s_out.data());
+        ops::kda_state_affine(heads, kd, vd, block + vd, row, head, block, row, head, false, s_in.data(), s_out.data());
         for (int s = 0; s < 2; ++s)
             if (z_.span_chunk(s) == g) {
                 Tensor start = Tensor::zeros({rows_, hv, kd, vd}, core::DType::f64);
@@ -411,7 +409,7 @@ std::array<Tensor, 2> KdaCp::affine_end_grads(const Span (&spans)[2],
         const double* block = m + (o.rank * 2 + o.span) * heads * kd * (vd + kd);
         const double* ext = e + (o.rank * 2 + o.span) * heads * state;
         const int64_t row = vd + kd;
-        ops::cpu::kda_state_affine(
+        ops::kda_state_affine(
             heads, kd, vd, block + vd, row, kd * row, ext, vd, state, true, d_out.data(), d_in.data());
         d_out = d_in;
         for (int64_t b = 0; b < rows_; ++b)

@@ -72,23 +72,4 @@ void kda_chunked_bwd(const T* q,
 // KDA gate over u, g [n, hv, k], a_log [hv] (null: a = 1), bias [hv, k]. lower_bound: g = l sigmoid(a (u + b));
 // otherwise (softplus) g = -a softplus(u + b). du written; da_log (null when a_log is) and dbias accumulate.
 
-// One step of context parallelism's affine state fold (nn/layers/kda_cp.cpp), in f64 on the host, for each of
-// `heads` heads h: out_h = c_h + M_h in_h (transpose false: the forward fold, S_out = M S_in + h) or
-// out_h = c_h + M_h^T in_h (transpose true: the backward fold, dS_in = M^T dS_out + own). M_h [K, K] (row stride ldm)
-// starts at m + h * m_head, c_h [K, V] (row stride ldc) at c + h * c_head; in and out are dense [heads, K, V] and must
-// not overlap. One single-threaded GEMM per head, OpenMP over the heads: the result does not depend on the thread
-// count.
-void kda_state_affine(int64_t heads,
-                      int64_t k,
-                      int64_t v,
-                      const double* m,
-                      int64_t ldm,
-                      int64_t m_head,
-                      const double* c,
-                      int64_t ldc,
-                      int64_t c_head,
-                      bool transpose,
-                      const double* in,
-                      double* out);
-
 }  // namespace mt::ops::cpu

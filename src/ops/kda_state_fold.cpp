@@ -1,14 +1,14 @@
-// The per-head affine map of context parallelism's KDA state fold (declared in kda.h): a K x K by K x V product per
-// head, the heads spread over OpenMP and each product one single-threaded BLAS call (blas.h's threading rule). It was
-// a scalar loop nest in KdaCp that read the state down its columns: about 60 ms per span and direction at 16 heads
-// of 128 x 128 (docs/PERFORMANCE.md, issue 28).
+// The per-head affine map of context parallelism's KDA state fold (declared in ops/kda.h; host memory): a K x K by
+// K x V product per head, the heads spread over OpenMP and each product one single-threaded BLAS call (the threading
+// rule of ops/cpu/blas.h). It was a scalar loop nest in KdaCp that read the state down its columns: about 60 ms per
+// span and direction at 16 heads of 128 x 128 (docs/PERFORMANCE.md, issue 28).
 #include <algorithm>
 
 #include "ops/cpu/blas.h"
-#include "ops/cpu/kda.h"
 #include "ops/cpu/threading.h"
+#include "ops/kda.h"
 
-namespace mt::ops::cpu {
+namespace mt::ops {
 
 void kda_state_affine(int64_t heads,
                       int64_t k,
@@ -22,15 +22,15 @@ void kda_state_affine(int64_t heads,
                       bool transpose,
                       const double* in,
                       double* out) {
-    blas_use_one_thread();
+    cpu::blas_use_one_thread();
     const int64_t state = k * v;
-#pragma omp parallel for schedule(static) if (heads * k * state >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (heads * k * state >= cpu::kParallelMinWork)
     for (int64_t h = 0; h < heads; ++h) {
         double* o = out + h * state;
         const double* ch = c + h * c_head;
         for (int64_t i = 0; i < k; ++i) std::copy_n(ch + i * ldc, v, o + i * v);
-        gemm(transpose, false, k, v, k, 1.0, m + h * m_head, ldm, in + h * state, v, 1.0, o, v);
+        cpu::gemm(transpose, false, k, v, k, 1.0, m + h * m_head, ldm, in + h * state, v, 1.0, o, v);
     }
 }
 
-}  // namespace mt::ops::cpu
+}  // namespace mt::ops
