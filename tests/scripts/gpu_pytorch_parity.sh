@@ -18,6 +18,12 @@ MOETRAIN=$(realpath "$1")
 SRC=$(realpath "$2")
 SCRATCH=$3
 PYTHON=${MT_REFERENCE_PYTHON:-/usr/bin/python3}
+# The device machine's /usr/bin/python3 has no torch while the python3 on its PATH has PyTorch with CUDA: take that
+# one when MT_REFERENCE_PYTHON is unset (as tests/gpu_suite.sh does), instead of failing the check below.
+if [[ -z ${MT_REFERENCE_PYTHON:-} ]] && ! "$PYTHON" -c 'import torch' > /dev/null 2>&1 &&
+    command -v python3 > /dev/null && python3 -c 'import torch' > /dev/null 2>&1; then
+    PYTHON=$(command -v python3)
+fi
 TOL=${MT_GPU_PARITY_TOL:-3e-2}
 HALF_FACTOR=${MT_GPU_PARITY_HALF_FACTOR:-2}
 # Every scratch block the CUDA backend hands out starts as all-ones bytes (NaN in every float type), as under the GPU
