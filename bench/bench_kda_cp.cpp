@@ -167,9 +167,9 @@ class Spans {
     std::vector<Tensor> grads_;
 };
 
-// The host fold over the P maps (f64, KdaCp's arithmetic: ops::kda_state_affine): the start state of every span,
-// S_in(0) = 0, S_in(g + 1) = M_g S_in(g) + h_g; and the reverse fold of the own start gradients e_g: dS_out(P - 1) = 0,
-// dS_out(g - 1) = M_g^T dS_out(g) + e_g. maps: per span [HV, K, V + K]; returns per span [HV, K, V].
+// The host fold over the P maps (f64, KdaCp's arithmetic: ops::kda_state_fold_fwd / _bwd): the start state of every
+// span, S_in(0) = 0, S_in(g + 1) = M_g S_in(g) + h_g; and the reverse fold of the own start gradients e_g:
+// dS_out(P - 1) = 0, dS_out(g - 1) = M_g^T dS_out(g) + e_g. maps: per span [HV, K, V + K]; returns per span [HV, K, V].
 std::vector<std::vector<double>> fold(const std::vector<std::vector<double>>& maps,
                                       const std::vector<std::vector<double>>& own,
                                       int64_t hv,
@@ -183,23 +183,10 @@ std::vector<std::vector<double>> fold(const std::vector<std::vector<double>>& ma
         const int64_t g = reverse ? p - 1 - step : step;
         at[static_cast<size_t>(g)] = cur;
         const double* m = maps[static_cast<size_t>(g)].data();
-        const int64_t row = vd + kd;
         if (reverse)
-            mt::ops::kda_state_affine(hv,
-                                      kd,
-                                      vd,
-                                      m + vd,
-                                      row,
-                                      kd * row,
-                                      own[static_cast<size_t>(g)].data(),
-                                      vd,
-                                      kd * vd,
-                                      true,
-                                      cur.data(),
-                                      next.data());
+            mt::ops::kda_state_fold_bwd(hv, kd, vd, m, own[static_cast<size_t>(g)].data(), cur.data(), next.data());
         else
-            mt::ops::kda_state_affine(
-                hv, kd, vd, m + vd, row, kd * row, m, row, kd * row, false, cur.data(), next.data());
+            mt::ops::kda_state_fold_fwd(hv, kd, vd, m, cur.data(), next.data());
         cur.swap(next);
     }
     return at;

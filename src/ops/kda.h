@@ -134,23 +134,14 @@ void kda_bwd(const Tensor& q,
              const KdaOptions& options = {},
              const KdaSaved* saved = nullptr);
 
-// One step of context parallelism's affine state fold (nn/layers/kda_cp.cpp): host memory, f64, for each of
-// `heads` heads h: out_h = c_h + M_h in_h (transpose false: the forward fold, S_out = M S_in + h) or
-// out_h = c_h + M_h^T in_h (transpose true: the backward fold, dS_in = M^T dS_out + own). M_h [K, K] (row stride ldm)
-// starts at m + h * m_head, c_h [K, V] (row stride ldc) at c + h * c_head; in and out are dense [heads, K, V] and must
-// not overlap. One single-threaded GEMM per head, OpenMP over the heads: the result does not depend on the thread
-// count.
-void kda_state_affine(int64_t heads,
-                      int64_t k,
-                      int64_t v,
-                      const double* m,
-                      int64_t ldm,
-                      int64_t m_head,
-                      const double* c,
-                      int64_t ldc,
-                      int64_t c_head,
-                      bool transpose,
-                      const double* in,
-                      double* out);
+// One step of context parallelism's affine state fold (nn/layers/kda_cp.cpp), in host memory and f64. maps holds
+// each of `heads` heads' span map as K rows of V + K columns, [h | M]: h the state the span reaches from zero, M
+// [K, K] the map of its start state. kda_state_fold_fwd: out = h + M in (S_out from S_in); kda_state_fold_bwd: out =
+// own + M^T in (dS_in from dS_out, own the span's own start-state gradient). in, own and out are dense [heads, K, V];
+// out must not overlap in. One single-threaded GEMM per head, OpenMP over the heads: the result does not depend on
+// the thread count.
+void kda_state_fold_fwd(int64_t heads, int64_t k, int64_t v, const double* maps, const double* in, double* out);
+void kda_state_fold_bwd(
+    int64_t heads, int64_t k, int64_t v, const double* maps, const double* own, const double* in, double* out);
 
 }  // namespace mt::ops

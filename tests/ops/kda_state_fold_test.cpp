@@ -1,6 +1,6 @@
-// ops::kda_state_affine, the per-head map of context parallelism's KDA state fold (src/ops/kda_state_fold.cpp),
-// against the plain loops it replaced, in both directions, on strided M and c blocks laid out as KdaCp keeps them
-// ([h | M] rows of V + K columns per head); and the same bits for any thread count.
+// ops::kda_state_fold_fwd / _bwd, the per-head map of context parallelism's KDA state fold
+// (src/ops/kda_state_fold.cpp), against the plain loops it replaced, in both directions, on maps laid out as KdaCp
+// keeps them ([h | M] rows of V + K columns per head); and the same bits for any thread count.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -38,13 +38,10 @@ struct Fold {
     }
     std::vector<double> run(bool transpose) const {
         std::vector<double> out(in.size(), -7.0);
-        const int64_t row = v + k;
         if (transpose)
-            kda_state_affine(
-                heads, k, v, maps.data() + v, row, k * row, own.data(), v, k * v, true, in.data(), out.data());
+            kda_state_fold_bwd(heads, k, v, maps.data(), own.data(), in.data(), out.data());
         else
-            kda_state_affine(
-                heads, k, v, maps.data() + v, row, k * row, maps.data(), row, k * row, false, in.data(), out.data());
+            kda_state_fold_fwd(heads, k, v, maps.data(), in.data(), out.data());
         return out;
     }
 };

@@ -313,10 +313,8 @@ void KdaCp::affine_starts(const Span (&spans)[2], const Tensor& st) {
         for (int64_t b = 0; b < rows_; ++b)
             if (resets(g, b)) std::fill_n(s_in.begin() + b * hv * state, hv * state, 0.0);
         const parallel::ZigzagOwner o = z_.owner(g);
-        // Each head's rows of the span's map are [h | M]: h in the first vd columns, M in the last kd.
-        const double* block = m + (o.rank * 2 + o.span) * heads * kd * (vd + kd);
-        const int64_t row = vd + kd, head = kd * row;
-        ops::kda_state_affine(heads, kd, vd, block + vd, row, head, block, row, head, false, s_in.data(), s_out.data());
+        const double* block = m + (o.rank * 2 + o.span) * heads * kd * (vd + kd);  // each head's [h | M]
+        ops::kda_state_fold_fwd(heads, kd, vd, block, s_in.data(), s_out.data());
         for (int s = 0; s < 2; ++s)
             if (z_.span_chunk(s) == g) {
                 Tensor start = Tensor::zeros({rows_, hv, kd, vd}, core::DType::f64);
@@ -408,9 +406,7 @@ std::array<Tensor, 2> KdaCp::affine_end_grads(const Span (&spans)[2],
             }
         const double* block = m + (o.rank * 2 + o.span) * heads * kd * (vd + kd);
         const double* ext = e + (o.rank * 2 + o.span) * heads * state;
-        const int64_t row = vd + kd;
-        ops::kda_state_affine(
-            heads, kd, vd, block + vd, row, kd * row, ext, vd, state, true, d_out.data(), d_in.data());
+        ops::kda_state_fold_bwd(heads, kd, vd, block, ext, d_out.data(), d_in.data());
         d_out = d_in;
         for (int64_t b = 0; b < rows_; ++b)
             if (resets(g, b)) std::fill_n(d_out.begin() + b * hv * state, hv * state, 0.0);
