@@ -95,16 +95,16 @@ void anchored_factors(Chunk<T>& ch, int64_t r0, int64_t r1, int64_t cols) {
     const T* gn = ch.gam.data() + r0 * kd;
     for (int64_t i = r0; i < r1; ++i) {
         const int64_t li = (i - r0) * kd;
-        const T* fr = ch.fr.data() + li;
-        exp_diff(ch.gam.data() + i * kd, gn, ch.fr.data() + li, kd);
+        T* fr = ch.fr.data() + li;
+        exp_diff(ch.gam.data() + i * kd, gn, fr, kd);
         for (int64_t x = 0; x < kd; ++x) {
             ch.qa[li + x] = ch.q[i * kd + x] * fr[x];
             ch.kr[li + x] = ch.k[i * kd + x] * fr[x];
         }
     }
     for (int64_t j = 0; j < cols; ++j) {
-        const T* fc = ch.fc.data() + j * kd;
-        exp_diff(gn, ch.gam.data() + j * kd, ch.fc.data() + j * kd, kd);
+        T* fc = ch.fc.data() + j * kd;
+        exp_diff(gn, ch.gam.data() + j * kd, fc, kd);
         for (int64_t x = 0; x < kd; ++x) ch.kc[j * kd + x] = ch.k[j * kd + x] * fc[x];
     }
 }
