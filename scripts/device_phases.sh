@@ -19,8 +19,6 @@
 #   metrics        bench/checkpoint_cost.sh metrics on kimi_linear_mini, 16 steps (issue 27)
 #   muon           bench_muon, then kimi_linear_mini steps with AdamW and with Muon, profiled (issue 29)
 # kimi_linear_mini runs at its batch 4 on a card of more than 100 GB, else at batch 2 (a config copy under $OUT).
-# The PyTorch parity scripts read MT_REFERENCE_PYTHON: the device's /usr/bin/python3 has no torch, so it is set to
-# the python3 on PATH when unset (as tests/gpu_suite.sh does).
 set -u
 t0=$SECONDS
 budget=${CALL_BUDGET:-570}
@@ -29,7 +27,6 @@ source .device-deps/device-setup.sh > /dev/null 2>&1
 mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }  # the CTest files name /work/main/build
 tar -xJf .devbin/build.tar.xz
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-/usr/bin/python3 -c 'import torch' 2> /dev/null || export MT_REFERENCE_PYTHON=${MT_REFERENCE_PYTHON:-$(command -v python3)}
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,memory.total --format=csv | tee "$OUT/gpu.txt"
 kimi=configs/kimi_linear_mini.toml
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
