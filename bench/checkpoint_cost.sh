@@ -9,7 +9,13 @@
 #               the time stamps of the console step lines (printed line-buffered), so the metric work, the JSONL and
 #               TensorBoard writes are all in it.
 #   bench/checkpoint_cost.sh BUILD_DIR checkpoint CONFIG [async|blocking] [EVERY] [EXTRA]
+#   restart     moetrain supervise over the same training with an async checkpoint every EVERY steps: EXTRA steps after
+#               the first checkpoint the training process gets SIGKILL; the supervisor restarts it from that
+#               checkpoint. The downtime (the kill to the restarted job's first completed step, with its setup and
+#               the checkpoint's load), the steps lost, and the expected lost progress per failure of a 10,000-step
+#               job with checkpoints every EVERY steps (operations.md §3: EVERY / 2 + the downtime in steps).
 #   bench/checkpoint_cost.sh BUILD_DIR metrics CONFIG [STEPS]
+#   bench/checkpoint_cost.sh BUILD_DIR restart CONFIG [EVERY] [EXTRA]
 # EVERY (checkpoint.every_steps) must exceed the write's length in steps: a checkpoint due while the one before it is
 # being written waits for it (docs/configs.md), and the first event's blocking_seconds is then that wait
 # ("back_pressure": true in the line, and a hint on stderr). kimi_linear_mini on one GPU writes ~31 GB in ~27 s, about
@@ -115,5 +121,56 @@ print(json.dumps({"bench": "metrics_cost", "config": sys.argv[3], "case": sys.ar
 PY
     done
     ;;
-*) echo "checkpoint_cost.sh: unknown benchmark $what (checkpoint, metrics)" >&2; exit 2 ;;
+restart)
+    every=${1:-150} extra=${2:-6}
+    dir=$work/run
+    "$bin" supervise --max-restarts 1 --backoff 1 -- "$bin" train "${common[@]}" --set train.steps=100000 \
+        --set checkpoint.every_steps="$every" --set checkpoint.async=true --set checkpoint.keep_last=1 \
+        --set metrics.every=1 --set run.dir="$dir" > "$work/train.log" 2>&1 &
+    sup=$!
+    deadline=$((SECONDS + 900))
+    trains() { grep -c '"kind":"train"' "$dir/metrics.jsonl" 2> /dev/null || echo 0; }
+    until grep -q '"event":"checkpoint"' "$dir/metrics.jsonl" 2> /dev/null; do
+        kill -0 $sup 2> /dev/null && ((SECONDS < deadline)) || break
+        sleep 0.5
+    done
+    at=$(grep -m1 '"event":"checkpoint"' "$dir/metrics.jsonl" 2> /dev/null | sed 's/.*"step":\([0-9]*\).*/\1/')
+    while [[ -n $at ]] && (($(trains) < at + extra)) && ((SECONDS < deadline)); do sleep 0.5; done
+    job=$(pgrep -P $sup | head -1)
+    [[ -n $at && -n $job ]] || { echo '{"bench": "restart", "error": "no checkpoint or no job"}'; kill -KILL $sup; tail -5 "$work/train.log" >&2; exit 1; }
+    # The failure: SIGKILL to the training process; the supervisor restarts it with --resume.
+    t_kill=$(date +%s.%N)
+    kill -KILL "$job"
+    n_before=$(trains)
+    until (($(trains) > n_before)) || ((SECONDS >= deadline)); do sleep 0.2; done
+    # Then the supervisor and the restarted job's process group (SIGKILL: no final checkpoint to write).
+    job2=$(pgrep -P $sup | head -1)
+    kill -KILL $sup 2> /dev/null
+    [[ -n $job2 ]] && kill -KILL -- "-$(ps -o pgid= "$job2" | tr -d ' ')" 2> /dev/null
+    wait $sup 2> /dev/null
+    python3 - "$dir/metrics.jsonl" "$config" "$every" "$t_kill" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+every, t_kill = int(sys.argv[3]), float(sys.argv[4])
+ev = next(r for r in rows if r.get("event") == "restart")
+train = [r for r in rows if r.get("kind") == "train"]
+first = next(r for r in train if r["time"] > t_kill)        # the restarted job's first completed step
+step_s = statistics.median(r["step_seconds"] for r in train if r["time"] < t_kill and r["step"] >= 2)
+downtime = first["time"] - t_kill
+resumed = next((r for r in rows if r.get("event") == "resumed" and r["time"] > t_kill), {})
+# spec (operations.md §3): lost progress per failure = steps since the last checkpoint (K / 2 on average for a
+# failure at a random step) + the downtime in steps, as a fraction of a 10,000-step job.
+lost = (every / 2 + downtime / step_s) / 10000
+print(json.dumps({"bench": "restart", "config": sys.argv[2], "every": every, "steps_lost": ev.get("steps_lost"),
+                  "resumed_step": ev.get("resumed_step"), "supervisor_downtime_s": ev.get("downtime_s"),
+                  "downtime_s": downtime, "first_step_after": first["step"], "step_s": step_s,
+                  # the downtime's parts: the kill to the resumed job's `resumed` event (start, setup, the load),
+                  # the load itself (its CRC pass and reads), and that event to the first completed step
+                  "to_resumed_event_s": resumed["time"] - t_kill if resumed else None,
+                  "load_seconds": resumed.get("load_seconds"),
+                  "resumed_event_to_first_step_s": first["time"] - resumed["time"] if resumed else None,
+                  "expected_lost_fraction_10k": lost}))
+PY
+    ;;
+*) echo "checkpoint_cost.sh: unknown benchmark $what (checkpoint, metrics, restart)" >&2; exit 2 ;;
 esac

@@ -16,8 +16,13 @@
 #   dispatch       bench/dispatch_overlap.sh on kimi_linear_mini (issue 28)
 #   kda_cp         bench_kda_cp --t 65536 --spans 2,4,8,16 (issue 28)
 #   checkpoint     bench/checkpoint_cost.sh async at EVERY 150 on kimi_linear_mini (issue 27)
+#   checkpoint_ab  checkpoint with this build's moetrain and .devbin/old/moetrain.xz's, alternated ROUNDS (1) times
+#   checkpoint_hybrid  checkpoint on hybrid_1b3 (async, EVERY 50) (issue 27)
+#   restart        bench/checkpoint_cost.sh restart on kimi_linear_mini, EVERY 150: a SIGKILL under the supervisor,
+#                  the downtime to the first resumed step, the expected lost progress (issue 27)
 #   metrics        bench/checkpoint_cost.sh metrics on kimi_linear_mini, 16 steps (issue 27)
 #   muon           bench_muon, then kimi_linear_mini steps with AdamW and with Muon, profiled (issue 29)
+#   muon_models    bench_train --profile of dense_1b3 and hybrid_1b3 with AdamW and with Muon (issue 29)
 # kimi_linear_mini runs at its batch 4 on a card of more than 100 GB, else at batch 2 (a config copy under $OUT).
 set -u
 t0=$SECONDS
@@ -96,6 +101,31 @@ for phase in ${PHASES:-label}; do
             timeout $(($(left) - 10)) bash bench/checkpoint_cost.sh build checkpoint "$kimi" async 150 6 2>&1 |
                 tee "$OUT/checkpoint.log" | grep '^{'
             ;;
+        checkpoint_ab)
+            # checkpoint, alternated ROUNDS times (default 1) between this build's moetrain and the one in
+            # .devbin/old (moetrain.xz, an older build's binary, unpacked here)
+            [ -f .devbin/old/moetrain.xz ] && xz -dkf .devbin/old/moetrain.xz && chmod +x .devbin/old/moetrain
+            for round in $(seq "${ROUNDS:-1}"); do
+                for b in build .devbin/old; do
+                    need 100 || break
+                    [ -x $b/moetrain ] || continue
+                    timeout $(($(left) - 10)) bash bench/checkpoint_cost.sh $b checkpoint "$kimi" async 150 6 2>&1 |
+                        tee -a "$OUT/checkpoint_ab.log" | grep '^{"bench": "checkpoint"' |
+                        sed "s|^{|{\"binary\": \"$b\", \"round\": $round, |"
+                done
+            done
+            ;;
+        checkpoint_hybrid)
+            # hybrid_1b3 at its batch 4 (67 GB on the device; a ~16 GB checkpoint, about 10 s of write: EVERY 50)
+            need 120 || continue
+            timeout $(($(left) - 10)) bash bench/checkpoint_cost.sh build checkpoint configs/hybrid_1b3.toml async 50 \
+                6 2>&1 | tee "$OUT/checkpoint_hybrid.log" | grep '^{'
+            ;;
+        restart)
+            need 150 || continue
+            timeout $(($(left) - 10)) bash bench/checkpoint_cost.sh build restart "$kimi" 150 6 2>&1 |
+                tee "$OUT/restart.log" | grep '^{'
+            ;;
         metrics)
             need 120 || continue
             timeout $(($(left) - 10)) bash bench/checkpoint_cost.sh build metrics "$kimi" 16 2>&1 |
@@ -108,6 +138,18 @@ for phase in ${PHASES:-label}; do
                 timeout 120 build/bench/bench_train --config "$kimi" --set "optim.name=\"$opt\"" --steps 4 \
                     --warmup 2 --profile > "$OUT/step_$opt.log" 2>&1
                 grep '^{' "$OUT/step_$opt.log" | head -1
+            done
+            ;;
+        muon_models)
+            # Muon against AdamW in dense_1b3's and hybrid_1b3's steps (issue 29's other two models)
+            for model in dense_1b3 hybrid_1b3; do
+                for opt in adamw muon; do
+                    need 60 || break 2
+                    timeout 150 build/bench/bench_train --config configs/$model.toml --set "optim.name=\"$opt\"" \
+                        --steps 4 --warmup 2 --profile > "$OUT/step_${model}_$opt.log" 2>&1
+                    grep '^{"batch' "$OUT/step_${model}_$opt.log" | head -1
+                    grep -E '"range":"(optimizer|muon_step|adamw_step_list)"' "$OUT/step_${model}_$opt.log"
+                done
             done
             ;;
         *) echo "unknown phase $phase" ;;

@@ -60,8 +60,9 @@ int open_read(const std::string& path, ExitCode code) {
 
 }  // namespace
 
-AtomicFileWriter::AtomicFileWriter(std::string path, ExitCode code)
-    : path_(std::move(path)), tmp_path_(path_ + ".tmp"), code_(code) {
+AtomicFileWriter::AtomicFileWriter(std::string path, ExitCode code, size_t writeback_window)
+    : path_(std::move(path)), tmp_path_(path_ + ".tmp"), code_(code), window_(writeback_window) {
+    MT_CHECK(window_ > 0, "AtomicFileWriter: a writeback window of 0 bytes [{}]", path_);
     fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) fail(code_, "cannot create {}: {} [{}]", tmp_path_, errno_str(errno), path_);
 }
@@ -82,17 +83,43 @@ void AtomicFileWriter::fail_io(const char* what) {
 void AtomicFileWriter::write(const void* data, size_t n) {
     MT_CHECK(fd_ >= 0 && !committed_, "write to a closed AtomicFileWriter for {}", path_);
     const auto* p = static_cast<const char*>(data);
-    crc_ = core::crc32c(p, n, crc_);
-    bytes_ += n;
     while (n > 0) {
-        const ssize_t w = ::write(fd_, p, std::min<size_t>(n, size_t{1} << 30));
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            fail_io("write");
+        // At most to the end of the current writeback window, so that write_back() sees every window filled.
+        const size_t piece = std::min<size_t>(n, window_ - bytes_ % window_);
+        crc_ = core::crc32c(p, piece, crc_);
+        for (size_t left = piece; left > 0;) {
+            const ssize_t w = ::write(fd_, p, left);
+            if (w < 0) {
+                if (errno == EINTR) continue;
+                fail_io("write");
+            }
+            p += w;
+            left -= static_cast<size_t>(w);
         }
-        p += w;
-        n -= static_cast<size_t>(w);
+        bytes_ += piece;
+        n -= piece;
+        if (bytes_ % window_ == 0) write_back();
     }
+}
+
+void AtomicFileWriter::write_back() {
+#ifdef __linux__
+    // The window just filled starts its writeback now; the one before it is waited for. A checkpoint of tens of GB
+    // otherwise sits dirty in memory until commit()'s fsync, and past the kernel's dirty limit every process that
+    // writes a file is throttled (the training loop's metrics lines included). The written pages stay in the page
+    // cache, clean: a restart on the same machine reads the checkpoint from memory. fsync still makes the whole
+    // file durable; these calls only bound how much of it is dirty at a time (two windows), and their errors are
+    // fsync's to report.
+    const auto window = static_cast<off64_t>(window_);
+    const auto end = static_cast<off64_t>(bytes_);
+    ::sync_file_range(fd_, end - window, window, SYNC_FILE_RANGE_WRITE);
+    if (end >= 2 * window) {
+        ::sync_file_range(fd_,
+                          end - 2 * window,
+                          window,
+                          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+    }
+#endif
 }
 
 void AtomicFileWriter::commit() {

@@ -33,10 +33,15 @@ uint32_t file_crc32c(const std::string& path, ExitCode code = ExitCode::checkpoi
 
 // Streaming atomic writer: write() appends to PATH.tmp; commit() fsyncs, renames to PATH and fsyncs the directory.
 // Destroying it without commit() (an exception on the way) removes PATH.tmp, so no half file is left anywhere.
-// It keeps the byte count and the CRC-32C of everything written.
+// It keeps the byte count and the CRC-32C of everything written, and the file's dirty pages bounded (write_back).
 class AtomicFileWriter {
    public:
-    explicit AtomicFileWriter(std::string path, ExitCode code = ExitCode::checkpoint);
+    // Bytes per writeback window: a file being written keeps at most two windows dirty in the page cache.
+    static constexpr size_t kWritebackWindow = size_t{64} << 20;
+
+    explicit AtomicFileWriter(std::string path,
+                              ExitCode code = ExitCode::checkpoint,
+                              size_t writeback_window = kWritebackWindow);
     ~AtomicFileWriter();
     AtomicFileWriter(const AtomicFileWriter&) = delete;
     AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
@@ -61,9 +66,11 @@ class AtomicFileWriter {
 
    private:
     [[noreturn]] void fail_io(const char* what);
+    void write_back();  // after each full window: starts its writeback, waits for the one before it
     std::string path_;
     std::string tmp_path_;
     ExitCode code_;
+    size_t window_;
     int fd_ = -1;
     uint64_t bytes_ = 0;
     uint32_t crc_ = 0;

@@ -1,6 +1,9 @@
 // The background checkpoint writer: see async_checkpoint.h.
 #include "train/async_checkpoint.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <utility>
 
@@ -11,6 +14,8 @@
 namespace mt::train {
 
 namespace {
+constexpr int kWriterNice = 10;
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -87,6 +92,11 @@ void AsyncCheckpointWriter::start(const std::string& checkpoints_root,
     const int rank = comm != nullptr ? comm->rank() : 0;
     thread_ = std::thread([this, tmp_dir, rank, copied, device, tensors = std::move(tensors)] {
         const auto start = std::chrono::steady_clock::now();
+#ifdef __linux__
+        // Below the training threads in the scheduler's order (this thread only): a core the loop's OpenMP team
+        // or its launching thread wants goes to them first, and the write takes what is left.
+        ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
+#endif
         try {
             core::backend_get(device).marker_wait(copied);
             part_ = checkpoint_write_rank_file(tmp_dir, rank, tensors);

@@ -492,7 +492,10 @@ RunEnd Trainer::run() {
                      {"optimizer_offload", adamw_->offloaded()},
                      {"optimizer_state_bytes_total", state_total},
                      {"zero_stage", grad_sync_->zero() ? 1 : 0}});
-    if (!resumed_from_.empty()) metrics_->write(step_, "event", {{"event", "resumed"}, {"checkpoint", resumed_from_}});
+    if (!resumed_from_.empty())
+        metrics_->write(step_,
+                        "event",
+                        {{"event", "resumed"}, {"checkpoint", resumed_from_}, {"load_seconds", resume_load_seconds_}});
     if (log_) {
         fmt::print(
             "moetrain: {} parameters, {} tokens per step, {} ({}, {} threads{}); train data {}\n",

@@ -381,6 +381,7 @@ void Trainer::poll_checkpoint_write() {
 }
 
 void Trainer::load_checkpoint_state(const std::string& dir) {
+    const auto start = std::chrono::steady_clock::now();
     // verify_on_resume: each rank checks the CRC-32C of the files it reads, as it first reads them.
     std::optional<Checkpoint> opened;
     try {
@@ -434,6 +435,9 @@ void Trainer::load_checkpoint_state(const std::string& dir) {
     last_saved_dir_ = dir;
     resumed_from_ = dir;
     resumed_config_ = ckpt.manifest().value("config_toml", "");
+    // The part of a restart's downtime the checkpoint costs (its CRC pass and the reads into the state), for the
+    // `resumed` event: the rest is the process's start and setup before it, and the first step after.
+    resume_load_seconds_ = seconds_since(start);
 }
 
 void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
@@ -547,7 +551,7 @@ void Trainer::report_resume() {
             drift.size(),
             keys);
     }
-    fmt::print("moetrain: resumed from {} at step {}\n", resumed_from_, step_);
+    fmt::print("moetrain: resumed from {} at step {} (read in {:.1f} s)\n", resumed_from_, step_, resume_load_seconds_);
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {

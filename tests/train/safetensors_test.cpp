@@ -135,6 +135,27 @@ TEST_F(FileUtilAtomic, AbandonedWriterRemovesTmpAndKeepsOldFile) {
     EXPECT_EQ(core::read_file(path("f")), "old");
 }
 
+// The writer starts each full window's writeback and drops the one before from the page cache (write_back): with a
+// window of 4 KiB, writes of odd sizes that straddle many windows must still give the file and the CRC of the bytes.
+TEST_F(FileUtilAtomic, WritesAcrossWritebackWindowsKeepEveryByte) {
+    std::string expect;
+    {
+        core::AtomicFileWriter w(path("w.bin"), ExitCode::checkpoint, 4096);
+        for (const size_t n : std::initializer_list<size_t>{1, 4095, 4096, 4097, 10000, 3, 8192, 12345}) {
+            std::string piece(n, '\0');
+            for (size_t i = 0; i < n; ++i) piece[i] = static_cast<char>((expect.size() + i) * 131 % 251);
+            w.write(piece);
+            expect += piece;
+        }
+        EXPECT_EQ(w.bytes(), expect.size());
+        EXPECT_EQ(w.crc32c(), core::crc32c(expect.data(), expect.size()));
+        w.commit();
+    }
+    EXPECT_EQ(core::read_file(path("w.bin")), expect);
+    EXPECT_EQ(core::file_crc32c(path("w.bin")), core::crc32c(expect.data(), expect.size()));
+    EXPECT_FALSE(fs::exists(path("w.bin.tmp")));
+}
+
 TEST_F(FileUtilAtomic, ReadMissingFileNamesIt) {
     expect_error([&] { core::read_file(path("nope")); }, ExitCode::checkpoint, {path("nope")});
     expect_error([&] { core::read_file(path("nope"), ExitCode::data); }, ExitCode::data, {path("nope")});
