@@ -16,6 +16,7 @@
 #               job with checkpoints every EVERY steps (operations.md §3: EVERY / 2 + the downtime in steps).
 #   bench/checkpoint_cost.sh BUILD_DIR metrics CONFIG [STEPS]
 #   bench/checkpoint_cost.sh BUILD_DIR restart CONFIG [EVERY] [EXTRA]
+# RUN_DIR_SHM=1 (checkpoint): the run directory in /dev/shm, its checkpoints/ a link to the disk.
 # EVERY (checkpoint.every_steps) must exceed the write's length in steps: a checkpoint due while the one before it is
 # being written waits for it (docs/configs.md), and the first event's blocking_seconds is then that wait
 # ("back_pressure": true in the line, and a hint on stderr). kimi_linear_mini on one GPU writes ~31 GB in ~27 s, about
@@ -45,6 +46,13 @@ case $what in
 checkpoint)
     mode=${1:-async} every=${2:-4} extra=${3:-6}
     dir=$work/run
+    if [[ -n ${RUN_DIR_SHM:-} ]]; then
+        # The run directory (metrics.jsonl, the heartbeat) in memory and only its checkpoints/ on the disk: whether
+        # the steps beside a write wait for the loop's own small file writes behind the checkpoint's writeback.
+        dir=$(mktemp -d /dev/shm/ckpt_run.XXXXXX)
+        trap 'rm -rf "$work" "$dir"' EXIT
+        mkdir -p "$work/checkpoints" && ln -s "$work/checkpoints" "$dir/checkpoints"
+    fi
     "$bin" train "${common[@]}" --set train.steps=100000 --set checkpoint.every_steps="$every" \
         --set checkpoint.async="$([[ $mode == async ]] && echo true || echo false)" --set checkpoint.keep_last=1 \
         --set metrics.every=1 --set run.dir="$dir" > "$work/train.log" 2>&1 &
@@ -89,7 +97,7 @@ if back_pressure:
           f"blocking_seconds is the next checkpoint's wait for it; rerun with EVERY above "
           f"{int(ev['write_seconds'] / max(med(during) or 1, 1e-9)) + 1}", file=sys.stderr)
 PY
-    du -sb "$dir/checkpoints" 2> /dev/null | awk '{printf "{\"bench\": \"checkpoint_bytes\", \"bytes\": %s}\n", $1}'
+    du -sbL "$dir/checkpoints" 2> /dev/null | awk '{printf "{\"bench\": \"checkpoint_bytes\", \"bytes\": %s}\n", $1}'
     ;;
 metrics)
     steps=${1:-20}

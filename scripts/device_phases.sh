@@ -17,6 +17,7 @@
 #   kda_cp         bench_kda_cp --t 65536 --spans 2,4,8,16 (issue 28)
 #   checkpoint     bench/checkpoint_cost.sh async at EVERY 150 on kimi_linear_mini (issue 27)
 #   checkpoint_ab  checkpoint with this build's moetrain and .devbin/old/moetrain.xz's, alternated ROUNDS (1) times
+#   checkpoint_shm checkpoint with the run directory in /dev/shm (checkpoints on the disk), then as usual (issue 27)
 #   checkpoint_hybrid  checkpoint on hybrid_1b3 (async, EVERY 50) (issue 27)
 #   restart        bench/checkpoint_cost.sh restart on kimi_linear_mini, EVERY 150: a SIGKILL under the supervisor,
 #                  the downtime to the first resumed step, the expected lost progress (issue 27)
@@ -113,6 +114,16 @@ for phase in ${PHASES:-label}; do
                         tee -a "$OUT/checkpoint_ab.log" | grep '^{"bench": "checkpoint"' |
                         sed "s|^{|{\"binary\": \"$b\", \"round\": $round, |"
                 done
+            done
+            ;;
+        checkpoint_shm)
+            # checkpoint with the run directory in memory (RUN_DIR_SHM), then as usual, alternated: the loop's own
+            # file writes behind the checkpoint's writeback, or not
+            for shm in 1 ""; do
+                need 100 || break
+                RUN_DIR_SHM=$shm timeout $(($(left) - 10)) bash bench/checkpoint_cost.sh build checkpoint "$kimi" \
+                    async 150 6 2>&1 | tee -a "$OUT/checkpoint_shm.log" | grep '^{"bench": "checkpoint"' |
+                    sed "s|^{|{\"run_dir_shm\": \"$shm\", |"
             done
             ;;
         checkpoint_hybrid)
