@@ -166,6 +166,7 @@ first = next(r for r in train if r["time"] > t_kill)        # the restarted job'
 step_s = statistics.median(r["step_seconds"] for r in train if r["time"] < t_kill and r["step"] >= 2)
 downtime = first["time"] - t_kill
 resumed = next((r for r in rows if r.get("event") == "resumed" and r["time"] > t_kill), {})
+config = next((r for r in rows if r.get("kind") == "config" and r["time"] > t_kill), {})   # the restarted job's
 # spec (operations.md §3): lost progress per failure = steps since the last checkpoint (K / 2 on average for a
 # failure at a random step) + the downtime in steps, as a fraction of a 10,000-step job.
 lost = (every / 2 + downtime / step_s) / 10000
@@ -176,6 +177,7 @@ print(json.dumps({"bench": "restart", "config": sys.argv[2], "every": every, "st
                   # the load itself (its CRC pass and reads), and that event to the first completed step
                   "to_resumed_event_s": resumed["time"] - t_kill if resumed else None,
                   "load_seconds": resumed.get("load_seconds"),
+                  "checkpoint_reserve_seconds": config.get("checkpoint_reserve_seconds"),
                   "resumed_event_to_first_step_s": first["time"] - resumed["time"] if resumed else None,
                   "expected_lost_fraction_10k": lost}))
 PY

@@ -491,7 +491,8 @@ RunEnd Trainer::run() {
                      {"optimizer_state_bytes_per_rank", optimizer_state_bytes()},
                      {"optimizer_offload", adamw_->offloaded()},
                      {"optimizer_state_bytes_total", state_total},
-                     {"zero_stage", grad_sync_->zero() ? 1 : 0}});
+                     {"zero_stage", grad_sync_->zero() ? 1 : 0},
+                     {"checkpoint_reserve_seconds", checkpoint_reserve_seconds_}});
     if (!resumed_from_.empty())
         metrics_->write(step_,
                         "event",

@@ -272,9 +272,13 @@ void Trainer::reserve_checkpoint_buffers() {
     // too: the buffers are the same size there, and the first checkpoint then allocates nothing either.
     const int64_t every = cfg_.checkpoint.every_steps;
     if (!cfg_.checkpoint.async || every <= 0 || cfg_.train.steps <= every) return;
+    const auto start = std::chrono::steady_clock::now();
     if (!async_writer_) async_writer_ = std::make_unique<AsyncCheckpointWriter>();
     const std::vector<CheckpointTensor> tensors = checkpoint_tensors();
     for (size_t i = 0; i < tensors.size(); ++i) async_writer_->reserve(i, tensors[i].tensor);
+    // Pinning a GPU run's copy of the state (tens of GB) is part of every start and restart: the config line says
+    // how long it took.
+    checkpoint_reserve_seconds_ = seconds_since(start);
 }
 
 void Trainer::write_checkpoint(bool async) {
