@@ -175,6 +175,8 @@ print(json.dumps({"bench": "restart", "config": sys.argv[2], "every": every, "st
                   "downtime_s": downtime, "first_step_after": first["step"], "step_s": step_s,
                   # the downtime's parts: the kill to the resumed job's `resumed` event (start, setup, the load),
                   # the load itself (its CRC pass and reads), and that event to the first completed step
+                  # the killed process's exit (its host memory and GPU context released), then the backoff
+                  "to_restart_event_s": ev["time"] - t_kill,
                   "to_resumed_event_s": resumed["time"] - t_kill if resumed else None,
                   "load_seconds": resumed.get("load_seconds"),
                   "checkpoint_reserve_seconds": config.get("checkpoint_reserve_seconds"),
