@@ -18,7 +18,8 @@
 # The GPU-sized A (kimi_linear_mini on the same text, one device; NICE=0 there):
 #   A_CONFIG=kimi_linear_mini A_EXTRA="--set run.device=cuda --set train.batch_size=1" A_EVAL_BATCHES=8 NICE=0 \
 #       bench/optimizer_quality.sh build/moetrain /tmp/optq_gpu A
-# Knobs (environment): A_STEPS (2000), A_ADAMW_MAX_STEPS (0: off), A_CONFIG (tiny_moe: a file of CONFIG_DIR without
+# Knobs (environment): A_RUNS ("muon adamw": which of A's two runs to make now; the summary comes once both are
+#   done, so a device with short calls runs one per call into the same OUT_DIR), A_STEPS (2000), A_ADAMW_MAX_STEPS (0: off), A_CONFIG (tiny_moe: a file of CONFIG_DIR without
 #   .toml), A_EXTRA (more moetrain arguments for both A runs, split at spaces), A_EVAL_EVERY (100), A_EVAL_BATCHES (32),
 #   B_CONFIG (tiny), B_STEPS (400), B_WARMUP (200: the spec's 1000 of 2000, scaled), B_BATCH (8 per rank: the
 #   config's 16 sequences per step over the two ranks), B_CHUNK (2048), B_SEEDS ("1234 1235 1236"),
@@ -28,6 +29,7 @@ set -euo pipefail
 bin=$(realpath "$1") out=$(realpath -m "$2") which=${3:-all}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cfg=${CONFIG_DIR:-$repo/configs}
+A_RUNS=${A_RUNS:-muon adamw}
 A_STEPS=${A_STEPS:-2000} A_ADAMW_MAX_STEPS=${A_ADAMW_MAX_STEPS:-0} A_CONFIG=${A_CONFIG:-tiny_moe} A_EXTRA=${A_EXTRA:-}
 A_EVAL_EVERY=${A_EVAL_EVERY:-100} A_EVAL_BATCHES=${A_EVAL_BATCHES:-32}
 B_CONFIG=${B_CONFIG:-tiny} B_STEPS=${B_STEPS:-400} B_WARMUP=${B_WARMUP:-200} B_BATCH=${B_BATCH:-8}
@@ -88,8 +90,10 @@ if [[ $which == all || $which == A ]]; then
     read -r -a a_extra <<<"$A_EXTRA"
     a=(--config "$cfg/$A_CONFIG.toml" --set train.eval_every="$A_EVAL_EVERY" --set train.eval_batches="$A_EVAL_BATCHES"
        --set metrics.every=10 "${a_extra[@]}")
-    run A_muon "${a[@]}" --set 'optim.name="muon"' --set train.steps="$A_STEPS"
-    run A_adamw "${a[@]}" --set 'optim.name="adamw"' --set train.steps="$A_STEPS"
+    for opt in $A_RUNS; do run "A_$opt" "${a[@]}" --set "optim.name=\"$opt\"" --set train.steps="$A_STEPS"; done
+fi
+# The summary once both runs are done (A_RUNS may run one of them per call, OUT_DIR kept between calls).
+if [[ ($which == all || $which == A) && -f $out/runs/A_muon/done && -f $out/runs/A_adamw/done ]]; then
     long=$(python3 - "$out/runs" <<'EOF'
 import json, sys
 def val(name):

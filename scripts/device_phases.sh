@@ -23,6 +23,8 @@
 #                  the downtime to the first resumed step, the expected lost progress (issue 27)
 #   metrics        bench/checkpoint_cost.sh metrics on kimi_linear_mini, 16 steps (issue 27)
 #   muon           bench_muon, then kimi_linear_mini steps with AdamW and with Muon, profiled (issue 29)
+#   exp_a          issue 29's GPU-sized experiment A, one run per call (A_RUNS=muon, then A_RUNS=adamw with the
+#                  first call's optq.tar.xz put in .devbin/)
 #   muon_models    bench_train --profile of dense_1b3 and hybrid_1b3 with AdamW and with Muon (issue 29)
 # kimi_linear_mini runs at its batch 4 on a card of more than 100 GB, else at batch 2 (a config copy under $OUT).
 set -u
@@ -150,6 +152,22 @@ for phase in ${PHASES:-label}; do
                     --warmup 2 --profile > "$OUT/step_$opt.log" 2>&1
                 grep '^{' "$OUT/step_$opt.log" | head -1
             done
+            ;;
+        exp_a)
+            # issue 29's GPU-sized experiment A, one of its two runs per call (A_RUNS: muon in the first call, adamw
+            # in the second, which carries the first's runs back in as .devbin/optq.tar.xz): kimi_linear_mini at
+            # batch 1 x 1,024 on the fortunes (.devbin/fortunes.tar.xz: `moetrain data --out data/fortunes` made
+            # here; the device has no Debian fortunes), 2,000 steps: 2.05M tokens, under one pass of the 2.43M
+            need 200 || continue
+            [ -f data/fortunes/train.bin ] || { mkdir -p data && tar -xJf .devbin/fortunes.tar.xz -C data; }
+            d=/tmp/optq
+            mkdir -p $d
+            [ -f .devbin/optq.tar.xz ] && tar -xJf .devbin/optq.tar.xz -C $d
+            A_RUNS=${A_RUNS:-muon} A_CONFIG=kimi_linear_mini A_EVAL_BATCHES=8 NICE=0 \
+                A_EXTRA="--set run.device=cuda --set train.batch_size=1 --set train.seq_len=1024" \
+                timeout $(($(left) - 15)) bash bench/optimizer_quality.sh build/moetrain $d A 2>&1 |
+                tee "$OUT/exp_a.log" | grep '^{'
+            tar -cJf "$OUT/optq.tar.xz" -C $d runs
             ;;
         muon_models)
             # Muon against AdamW in dense_1b3's and hybrid_1b3's steps (issue 29's other two models)
