@@ -23,8 +23,8 @@
 #                  the downtime to the first resumed step, the expected lost progress (issue 27)
 #   metrics        bench/checkpoint_cost.sh metrics on kimi_linear_mini, 16 steps (issue 27)
 #   muon           bench_muon, then kimi_linear_mini steps with AdamW and with Muon, profiled (issue 29)
-#   exp_a          issue 29's GPU-sized experiment A, one run per call (A_RUNS=muon, then A_RUNS=adamw with the
-#                  first call's optq.tar.xz put in .devbin/)
+#   exp_a          issue 29's GPU-sized experiment A: its Muon and AdamW runs (A_RUNS), the finished ones carried
+#                  into the next call as .devbin/optq.tar.xz (this call's $OUT/optq.tar.xz)
 #   muon_models    bench_train --profile of dense_1b3 and hybrid_1b3 with AdamW and with Muon (issue 29)
 # kimi_linear_mini runs at its batch 4 on a card of more than 100 GB, else at batch 2 (a config copy under $OUT).
 set -u
@@ -154,8 +154,9 @@ for phase in ${PHASES:-label}; do
             done
             ;;
         exp_a)
-            # issue 29's GPU-sized experiment A, one of its two runs per call (A_RUNS: muon in the first call, adamw
-            # in the second, which carries the first's runs back in as .devbin/optq.tar.xz): kimi_linear_mini at
+            # issue 29's GPU-sized experiment A (A_RUNS, default both: Muon's run, ~5 min, then AdamW's, ~3.5; a
+            # run the call's end cuts off is redone by the next call, which carries the finished ones back in as
+            # .devbin/optq.tar.xz, this call's $OUT/optq.tar.xz): kimi_linear_mini at
             # batch 1 x 1,024 on the fortunes (.devbin/fortunes.tar.xz: `moetrain data --out data/fortunes` made
             # here; the device has no Debian fortunes), 2,000 steps: 2.05M tokens, under one pass of the 2.43M
             need 200 || continue
@@ -163,7 +164,7 @@ for phase in ${PHASES:-label}; do
             d=/tmp/optq
             mkdir -p $d
             [ -f .devbin/optq.tar.xz ] && tar -xJf .devbin/optq.tar.xz -C $d
-            A_RUNS=${A_RUNS:-muon} A_CONFIG=kimi_linear_mini A_EVAL_BATCHES=8 NICE=0 \
+            A_RUNS=${A_RUNS:-muon adamw} A_CONFIG=kimi_linear_mini A_EVAL_BATCHES=8 NICE=0 \
                 A_EXTRA="--set run.device=cuda --set train.batch_size=1 --set train.seq_len=1024" \
                 timeout $(($(left) - 15)) bash bench/optimizer_quality.sh build/moetrain $d A 2>&1 |
                 tee "$OUT/exp_a.log" | grep '^{'
