@@ -44,8 +44,52 @@ uint32_t crc32c_sw(const uint8_t* p, size_t n, uint32_t crc) {
 }
 
 #if defined(__x86_64__)
+// The hardware path runs three chains at once over consecutive lanes of kLane bytes: the crc32 instruction has a
+// latency of three cycles and a throughput of one, so one chain leaves two thirds of the unit idle (about 9 GB/s
+// against 25). The CRC register is linear over GF(2), so the register after lanes A, B, C from register r is
+// Z(Z(R_A(r)) ^ R_B(0)) ^ R_C(0), where R_X(r) is the register after X from r and Z the register after kLane zero
+// bytes, one fixed linear map applied through four byte tables.
+constexpr size_t kLane = 4096;
+
+struct LaneShift {
+    uint32_t t[4][256];
+    LaneShift() {
+        static const uint8_t zeros[kLane] = {};
+        uint32_t bit[32];
+        for (int i = 0; i < 32; ++i) bit[i] = crc32c_sw(zeros, kLane, uint32_t{1} << i);
+        for (int k = 0; k < 4; ++k)
+            for (uint32_t b = 0; b < 256; ++b) {
+                uint32_t v = 0;
+                for (int j = 0; j < 8; ++j)
+                    if (b & (1u << j)) v ^= bit[8 * k + j];
+                t[k][b] = v;
+            }
+    }
+    uint32_t operator()(uint32_t x) const {
+        return t[0][x & 0xff] ^ t[1][(x >> 8) & 0xff] ^ t[2][(x >> 16) & 0xff] ^ t[3][x >> 24];
+    }
+};
+
 __attribute__((target("sse4.2"))) uint32_t crc32c_hw(const uint8_t* p, size_t n, uint32_t crc) {
     uint64_t c = crc;
+    if (n >= 3 * kLane) {
+        static const LaneShift shift;
+        while (n >= 3 * kLane) {
+            uint64_t c1 = 0, c2 = 0;
+            for (size_t i = 0; i < kLane; i += 8) {
+                uint64_t w0, w1, w2;
+                std::memcpy(&w0, p + i, 8);
+                std::memcpy(&w1, p + kLane + i, 8);
+                std::memcpy(&w2, p + 2 * kLane + i, 8);
+                c = _mm_crc32_u64(c, w0);
+                c1 = _mm_crc32_u64(c1, w1);
+                c2 = _mm_crc32_u64(c2, w2);
+            }
+            c = shift(shift(static_cast<uint32_t>(c)) ^ static_cast<uint32_t>(c1)) ^ static_cast<uint32_t>(c2);
+            p += 3 * kLane;
+            n -= 3 * kLane;
+        }
+    }
     while (n >= 8) {
         uint64_t w;
         std::memcpy(&w, p, 8);

@@ -1,6 +1,7 @@
 // Tests for the atomic file utilities, CRC-32C/SHA-256 and the safetensors writer and validating reader.
 #include "train/safetensors.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/crc32c.h"
 #include "core/file_util.h"
@@ -83,6 +85,30 @@ TEST(CrcChecksums, CheckValueAndChaining) {
     for (size_t split : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, size_t{99999}})
         EXPECT_EQ(core::crc32c(data.data() + split, data.size() - split, core::crc32c(data.data(), split)), whole);
     EXPECT_EQ(core::crc32c_hex(0x1a2b3c4du), "1a2b3c4d");
+}
+
+// Long buffers go through three interleaved chains (lanes of 4096 bytes, combined by a fixed linear shift): any
+// length and start, and any chaining split, must give the CRC of the plain bitwise definition.
+TEST(CrcChecksums, InterleavedChainsEqualTheBitwiseDefinition) {
+    auto bitwise = [](const uint8_t* p, size_t n) {
+        uint32_t c = 0xFFFFFFFFu;
+        for (size_t i = 0; i < n; ++i) {
+            c ^= p[i];
+            for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        }
+        return ~c;
+    };
+    std::vector<uint8_t> data(3 * 3 * 4096 + 777);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+    for (size_t start : {size_t{0}, size_t{3}, size_t{4096}})
+        for (size_t n : {size_t{12287}, size_t{12288}, size_t{12289}, size_t{24576 + 5}, data.size() - 4096 - 3}) {
+            if (start + n > data.size()) continue;
+            SCOPED_TRACE(fmt::format("start {} n {}", start, n));
+            const uint32_t want = bitwise(data.data() + start, n);
+            EXPECT_EQ(core::crc32c(data.data() + start, n), want);
+            EXPECT_EQ(core::crc32c(data.data() + start + 5000, n - 5000, core::crc32c(data.data() + start, 5000)),
+                      want);
+        }
 }
 
 TEST(CrcChecksums, TensorBoardMaskedCrcGolden) {
