@@ -132,6 +132,42 @@ uint32_t crc32c(const void* data, size_t n, uint32_t init) {
     return ~crc32c_sw(p, n, crc);
 }
 
+namespace {
+
+// Polynomials modulo P in the reflected form the register uses: bit 31 is x^0, bit 0 is x^31.
+constexpr uint32_t kReflectedPoly = 0x82F63B78u;
+
+uint32_t multiply_mod_p(uint32_t a, uint32_t b) {
+    uint32_t product = 0;
+    for (uint32_t bit = 1u << 31; bit != 0; bit >>= 1) {  // a's terms from x^0 up; b times x for each
+        if (a & bit) product ^= b;
+        b = (b & 1u) ? (b >> 1) ^ kReflectedPoly : b >> 1;
+    }
+    return product;
+}
+
+// x^(8 n) modulo P: the product of x^(2^k) over the bits k of 8 n, the squares precomputed once.
+uint32_t x_pow_8n_mod_p(uint64_t n) {
+    static const auto squares = [] {
+        std::array<uint32_t, 67> t{};
+        t[0] = 1u << 30;  // x^1
+        for (size_t k = 1; k < t.size(); ++k) t[k] = multiply_mod_p(t[k - 1], t[k - 1]);
+        return t;
+    }();
+    uint32_t result = 1u << 31;  // x^0
+    for (size_t k = 3; n != 0; n >>= 1, ++k)
+        if (n & 1u) result = multiply_mod_p(result, squares[k]);
+    return result;
+}
+
+}  // namespace
+
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+    // The register is linear over GF(2) and the initial and final inversions cancel between the two CRCs, so the
+    // CRC of a ++ b is crc_a shifted over len_b zero bytes, plus crc_b.
+    return multiply_mod_p(x_pow_8n_mod_p(len_b), crc_a) ^ crc_b;
+}
+
 std::string crc32c_hex(uint32_t crc) {
     return fmt::format("{:08x}", crc);
 }

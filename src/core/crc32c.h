@@ -17,6 +17,11 @@ namespace mt::core {
 // @param[in] init  the CRC of the preceding bytes (0 for a fresh start)
 uint32_t crc32c(const void* data, size_t n, uint32_t init = 0);
 
+// The CRC-32C of a ++ b from crc32c(a), crc32c(b) and b's length, without reading the bytes again: a multiplication
+// by x^(8 len_b) modulo the polynomial (GF(2) arithmetic, about 64 steps of 32 bits), so pieces of a file summed
+// apart can be joined in order.
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+
 // TensorBoard/TFRecord masked CRC: ((crc >> 15) | (crc << 17)) + 0xA282EAD8 (mod 2^32).
 inline uint32_t masked_crc32c(uint32_t crc) {
     return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;

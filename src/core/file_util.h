@@ -29,7 +29,10 @@ void fsync_dir(const std::string& dir, ExitCode code = ExitCode::checkpoint);
 uint64_t file_size(const std::string& path, ExitCode code = ExitCode::checkpoint);
 
 // CRC-32C of a whole file (streamed, so any size works).
-uint32_t file_crc32c(const std::string& path, ExitCode code = ExitCode::checkpoint);
+// Read in pieces of piece_bytes by the OpenMP threads.
+uint32_t file_crc32c(const std::string& path,
+                     ExitCode code = ExitCode::checkpoint,
+                     size_t piece_bytes = size_t{64} << 20);
 
 // Streaming atomic writer: write() appends to PATH.tmp; commit() fsyncs, renames to PATH and fsyncs the directory.
 // Destroying it without commit() (an exception on the way) removes PATH.tmp, so no half file is left anywhere.

@@ -111,6 +111,29 @@ TEST(CrcChecksums, InterleavedChainsEqualTheBitwiseDefinition) {
         }
 }
 
+// crc32c_combine joins the CRCs of two pieces without their bytes: for every split (empty pieces included, and
+// lengths past 2^32 through the zero-byte identity) it must equal the CRC of the whole.
+TEST(CrcChecksums, CombineEqualsTheCrcOfTheConcatenation) {
+    std::string data(70001, '\0');
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 40503u) >> 7);
+    const uint32_t whole = core::crc32c(data.data(), data.size());
+    for (size_t split : {size_t{0}, size_t{1}, size_t{8}, size_t{12288}, size_t{33333}, size_t{70000}, size_t{70001}}) {
+        const uint32_t a = core::crc32c(data.data(), split), b = core::crc32c(data.data() + split, data.size() - split);
+        EXPECT_EQ(core::crc32c_combine(a, b, data.size() - split), whole) << "split " << split;
+    }
+    // Appending n zero bytes is combining with the CRC of n zeros.
+    const std::string zeros(1 << 16, '\0');
+    const uint32_t z = core::crc32c(zeros.data(), zeros.size());
+    const uint32_t z2 = core::crc32c_combine(z, z, zeros.size());  // 2^17 zeros
+    EXPECT_EQ(z2, core::crc32c(std::string(1 << 17, '\0').data(), 1 << 17));
+    // Past 2^32: crc32c_combine(x, 0, n) multiplies x by x^(8 n), so doing it for n1, then n2, is doing it for n1 + n2.
+    const uint64_t n1 = (uint64_t{1} << 33) + 12345, n2 = (uint64_t{1} << 40) + 777;
+    EXPECT_EQ(core::crc32c_combine(core::crc32c_combine(whole, 0, n1), 0, n2), core::crc32c_combine(whole, 0, n1 + n2));
+    EXPECT_NE(core::crc32c_combine(whole, 0, n1), core::crc32c_combine(whole, 0, n1 + 1));
+    EXPECT_EQ(core::crc32c_combine(core::crc32c_combine(whole, z, zeros.size()), z, zeros.size()),
+              core::crc32c_combine(whole, z2, size_t{1} << 17));
+}
+
 TEST(CrcChecksums, TensorBoardMaskedCrcGolden) {
     // conventions §7.3: the file_version record's length and payload CRCs.
     const uint8_t len[8] = {0x18, 0, 0, 0, 0, 0, 0, 0};
@@ -180,6 +203,18 @@ TEST_F(FileUtilAtomic, WritesAcrossWritebackWindowsKeepEveryByte) {
     EXPECT_EQ(core::read_file(path("w.bin")), expect);
     EXPECT_EQ(core::file_crc32c(path("w.bin")), core::crc32c(expect.data(), expect.size()));
     EXPECT_FALSE(fs::exists(path("w.bin.tmp")));
+}
+
+// file_crc32c reads pieces on the OpenMP threads and joins their CRCs: any piece size gives the CRC of the bytes.
+TEST_F(FileUtilAtomic, FileCrcInPiecesEqualsTheCrcOfTheBytes) {
+    std::string bytes(100003, '\0');
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((i * 2246822519u) >> 11);
+    core::write_file_atomic(path("c.bin"), bytes);
+    const uint32_t want = core::crc32c(bytes.data(), bytes.size());
+    for (const size_t piece : std::initializer_list<size_t>{1, 4097, 65536, 100003, size_t{64} << 20})
+        EXPECT_EQ(core::file_crc32c(path("c.bin"), ExitCode::checkpoint, piece), want) << "pieces of " << piece;
+    core::write_file_atomic(path("empty.bin"), std::string());
+    EXPECT_EQ(core::file_crc32c(path("empty.bin")), 0u);
 }
 
 TEST_F(FileUtilAtomic, ReadMissingFileNamesIt) {
