@@ -17,6 +17,7 @@
 #   bench/checkpoint_cost.sh BUILD_DIR metrics CONFIG [STEPS]
 #   bench/checkpoint_cost.sh BUILD_DIR restart CONFIG [EVERY] [EXTRA]
 # RUN_DIR_SHM=1 (checkpoint): the run directory in /dev/shm, its checkpoints/ a link to the disk.
+# KEEP_LOG=FILE (restart): a copy of the supervised run's output (both runs', with the resume's "read in" line).
 # EVERY (checkpoint.every_steps) must exceed the write's length in steps: a checkpoint due while the one before it is
 # being written waits for it (docs/configs.md), and the first event's blocking_seconds is then that wait
 # ("back_pressure": true in the line, and a hint on stderr). kimi_linear_mini on one GPU writes ~31 GB in ~27 s, about
@@ -156,6 +157,7 @@ restart)
     kill -KILL $sup 2> /dev/null
     [[ -n $job2 ]] && kill -KILL -- "-$(ps -o pgid= "$job2" | tr -d ' ')" 2> /dev/null
     wait $sup 2> /dev/null
+    [[ -n ${KEEP_LOG:-} ]] && cp "$work/train.log" "$KEEP_LOG"   # the supervisor's and both runs' output
     python3 - "$dir/metrics.jsonl" "$config" "$every" "$t_kill" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]

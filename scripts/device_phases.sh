@@ -136,7 +136,8 @@ for phase in ${PHASES:-label}; do
             ;;
         restart)
             need 150 || continue
-            timeout $(($(left) - 10)) bash bench/checkpoint_cost.sh build restart "$kimi" 150 6 2>&1 |
+            KEEP_LOG=$OUT/restart_train.log timeout $(($(left) - 10)) bash bench/checkpoint_cost.sh build restart \
+                "$kimi" 150 6 2>&1 |
                 tee "$OUT/restart.log" | grep '^{'
             ;;
         metrics)
