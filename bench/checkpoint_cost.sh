@@ -43,6 +43,27 @@ PY
 common=(--config "$config" --set "data.paths=[\"$work/rand.bin\"]" --set 'data.val_paths=[]' --set train.eval_every=0
         --set run.deterministic=false --set data.document_mask=false)
 
+# train_lines DIR: how many train lines DIR's metrics.jsonl holds so far
+train_lines() {
+    local n
+    n=$(grep -c '"kind":"train"' "$1/metrics.jsonl" 2> /dev/null)
+    echo "${n:-0}"
+}
+# after_first_checkpoint PID DIR EXTRA: waits (while PID lives, at most 900 s) for the first checkpoint event in DIR's
+# metrics.jsonl, then for EXTRA more train lines; prints that event's step, nothing when none came
+after_first_checkpoint() {
+    local pid=$1 dir=$2 extra=$3 deadline=$((SECONDS + 900)) at
+    until grep -q '"event":"checkpoint"' "$dir/metrics.jsonl" 2> /dev/null; do
+        kill -0 "$pid" 2> /dev/null && ((SECONDS < deadline)) || return 0
+        sleep 0.5
+    done
+    at=$(grep -m1 '"event":"checkpoint"' "$dir/metrics.jsonl" | sed 's/.*"step":\([0-9]*\).*/\1/')
+    while kill -0 "$pid" 2> /dev/null && ((SECONDS < deadline)) && (($(train_lines "$dir") < at + extra)); do
+        sleep 0.5
+    done
+    echo "$at"
+}
+
 case $what in
 checkpoint)
     mode=${1:-async} every=${2:-4} extra=${3:-6}
@@ -58,18 +79,10 @@ checkpoint)
         --set checkpoint.async="$([[ $mode == async ]] && echo true || echo false)" --set checkpoint.keep_last=1 \
         --set metrics.every=1 --set run.dir="$dir" > "$work/train.log" 2>&1 &
     pid=$!
-    deadline=$((SECONDS + 900))
-    until grep -q '"event":"checkpoint"' "$dir/metrics.jsonl" 2> /dev/null; do
-        kill -0 $pid 2> /dev/null && ((SECONDS < deadline)) || break
-        sleep 0.5
-    done
-    event=$(grep -m1 '"event":"checkpoint"' "$dir/metrics.jsonl" 2> /dev/null)
-    at=$(sed 's/.*"step":\([0-9]*\).*/\1/' <<< "$event")
-    while [[ -n $event ]] && kill -0 $pid 2> /dev/null && ((SECONDS < deadline)) &&
-        (($(grep -c '"kind":"train"' "$dir/metrics.jsonl") < at + extra)); do sleep 0.5; done
+    at=$(after_first_checkpoint $pid "$dir" "$extra")
     kill -KILL $pid 2> /dev/null
     wait $pid 2> /dev/null
-    [[ -n $event ]] || { echo "{\"bench\": \"checkpoint\", \"config\": \"$config\", \"error\": \"no checkpoint event\"}"; tail -5 "$work/train.log" >&2; exit 1; }
+    [[ -n $at ]] || { echo "{\"bench\": \"checkpoint\", \"config\": \"$config\", \"error\": \"no checkpoint event\"}"; tail -5 "$work/train.log" >&2; exit 1; }
     python3 - "$dir/metrics.jsonl" "$config" "$mode" "$every" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
@@ -137,21 +150,15 @@ restart)
         --set checkpoint.every_steps="$every" --set checkpoint.async=true --set checkpoint.keep_last=1 \
         --set metrics.every=1 --set run.dir="$dir" > "$work/train.log" 2>&1 &
     sup=$!
+    at=$(after_first_checkpoint $sup "$dir" "$extra")
     deadline=$((SECONDS + 900))
-    trains() { grep -c '"kind":"train"' "$dir/metrics.jsonl" 2> /dev/null || echo 0; }
-    until grep -q '"event":"checkpoint"' "$dir/metrics.jsonl" 2> /dev/null; do
-        kill -0 $sup 2> /dev/null && ((SECONDS < deadline)) || break
-        sleep 0.5
-    done
-    at=$(grep -m1 '"event":"checkpoint"' "$dir/metrics.jsonl" 2> /dev/null | sed 's/.*"step":\([0-9]*\).*/\1/')
-    while [[ -n $at ]] && (($(trains) < at + extra)) && ((SECONDS < deadline)); do sleep 0.5; done
     job=$(pgrep -P $sup | head -1)
     [[ -n $at && -n $job ]] || { echo '{"bench": "restart", "error": "no checkpoint or no job"}'; kill -KILL $sup; tail -5 "$work/train.log" >&2; exit 1; }
     # The failure: SIGKILL to the training process; the supervisor restarts it with --resume.
     t_kill=$(date +%s.%N)
     kill -KILL "$job"
-    n_before=$(trains)
-    until (($(trains) > n_before)) || ((SECONDS >= deadline)); do sleep 0.2; done
+    n_before=$(train_lines "$dir")
+    until (($(train_lines "$dir") > n_before)) || ((SECONDS >= deadline)); do sleep 0.2; done
     # Then the supervisor and the restarted job's process group (SIGKILL: no final checkpoint to write).
     job2=$(pgrep -P $sup | head -1)
     kill -KILL $sup 2> /dev/null
