@@ -38,8 +38,9 @@ const char* file_type_name(mode_t mode) {
 }
 
 // Opens a regular file for reading; fails naming it. O_NONBLOCK makes the open of a FIFO return at once instead of
-// waiting for a writer, so the type check below sees it; regular files ignore the flag.
-int open_read(const std::string& path, ExitCode code) {
+// waiting for a writer, so the type check below sees it; regular files ignore the flag. stat_out, when given, gets
+// the open file's stat (its size for a reader that splits it).
+int open_read(const std::string& path, ExitCode code, struct stat* stat_out = nullptr) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0 && errno == ENOENT)
         fail_hint(code, "check the path and the working directory", "file not found [{}]", path);
@@ -56,6 +57,7 @@ int open_read(const std::string& path, ExitCode code) {
     }
     const int flags = ::fcntl(fd, F_GETFL);
     if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    if (stat_out != nullptr) *stat_out = st;
     return fd;
 }
 
@@ -202,13 +204,8 @@ uint32_t file_crc32c(const std::string& path, ExitCode code, size_t piece_bytes)
     MT_CHECK(piece_bytes > 0, "file_crc32c: pieces of 0 bytes [{}]", path);
     // Pieces summed by the OpenMP threads and joined in order (crc32c_combine): a checkpoint file of tens of GB is
     // checked at the memory's (or the disk's) speed instead of one core's.
-    const int fd = open_read(path, code);
     struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-        const int err = errno;
-        ::close(fd);
-        fail(code, "cannot stat the file: {} [{}]", errno_str(err), path);
-    }
+    const int fd = open_read(path, code, &st);
     const auto size = static_cast<uint64_t>(st.st_size);
     const auto pieces = static_cast<int64_t>((size + piece_bytes - 1) / piece_bytes);
     std::vector<uint32_t> crcs(static_cast<size_t>(pieces), 0);

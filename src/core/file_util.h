@@ -28,8 +28,7 @@ void fsync_dir(const std::string& dir, ExitCode code = ExitCode::checkpoint);
 // Size of a regular file in bytes; fails naming the file when it does not exist.
 uint64_t file_size(const std::string& path, ExitCode code = ExitCode::checkpoint);
 
-// CRC-32C of a whole file (streamed, so any size works).
-// Read in pieces of piece_bytes by the OpenMP threads.
+// CRC-32C of a whole file, any size: read in pieces of piece_bytes on the OpenMP threads, their CRCs joined in order.
 uint32_t file_crc32c(const std::string& path,
                      ExitCode code = ExitCode::checkpoint,
                      size_t piece_bytes = size_t{64} << 20);

@@ -184,8 +184,8 @@ TEST_F(FileUtilAtomic, AbandonedWriterRemovesTmpAndKeepsOldFile) {
     EXPECT_EQ(core::read_file(path("f")), "old");
 }
 
-// The writer starts each full window's writeback and drops the one before from the page cache (write_back): with a
-// window of 4 KiB, writes of odd sizes that straddle many windows must still give the file and the CRC of the bytes.
+// The writer starts each full window's writeback and waits for the one before it (write_back): with a window of
+// 4 KiB, writes of odd sizes that straddle many windows must still give the file and the CRC of the bytes.
 TEST_F(FileUtilAtomic, WritesAcrossWritebackWindowsKeepEveryByte) {
     std::string expect;
     {
