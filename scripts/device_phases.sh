@@ -10,6 +10,8 @@
 #   label_left     the gpu tests a previous label log did not see pass: LABEL_LOG names that log (ctest's output,
 #                  brought back from an earlier call), so a label cut off by the time limit is finished in a second
 #                  call instead of rerun
+#   tests          the gpu tests whose names match GPU_FILTER (a ctest -R regex): a change's own GPU tests, in a
+#                  call whose time does not allow the whole label
 #   attention_ab   bench_attention --no-extra, deterministic and --nondeterministic, of build/bench/bench_attention and
 #                  of every executable in AB_DIR (default .devbin/ab: older builds' bench_attention for a before/after
 #                  comparison), alternated ROUNDS times (default 2), then PyTorch's SDPA reference
@@ -71,6 +73,12 @@ for phase in ${PHASES:-label}; do
             timeout $(($(left) - 10)) ctest --test-dir build -I "0,0,0$ids" -j "${GPU_J:-14}" --timeout 300 \
                 --output-on-failure > "$OUT/label_left.log" 2>&1
             grep -E "tests passed|\*\*\*|Failed|Not Run" "$OUT/label_left.log" | tail -20
+            ;;
+        tests)
+            need 60 || continue
+            timeout $(($(left) - 10)) ctest --test-dir build -L gpu -R "${GPU_FILTER:?GPU_FILTER names the tests}" \
+                -j "${GPU_J:-14}" --timeout 300 --output-on-failure > "$OUT/tests.log" 2>&1
+            grep -E "tests passed|\*\*\*|Failed|Not Run" "$OUT/tests.log" | tail -20
             ;;
         attention_ab)
             need 120 || continue

@@ -76,6 +76,13 @@ class Backend {
     virtual size_t total_bytes() const {
         return 0;
     }
+    // The device index this thread's calls go to (CUDA: cudaGetDevice), and making it this thread's: a helper
+    // thread that allocates for another (the asynchronous checkpoint's reservation) must use that thread's GPU,
+    // not device 0. Nothing on the CPU.
+    virtual int thread_device_index() const {
+        return 0;
+    }
+    virtual void set_thread_device_index(int index) {}
     // Named ranges for external profilers (NVTX on CUDA); nothing by default.
     virtual void range_push(const char* name) {}
     virtual void range_pop() {}

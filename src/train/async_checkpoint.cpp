@@ -7,6 +7,7 @@
 #include <chrono>
 #include <utility>
 
+#include "core/allocator.h"
 #include "core/backend.h"
 #include "core/exec.h"
 #include "parallel/comm.h"
@@ -23,9 +24,49 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 AsyncCheckpointWriter::~AsyncCheckpointWriter() {
     if (thread_.joinable()) thread_.join();
+    stop_reserving_.store(true, std::memory_order_relaxed);
+    if (reservation_.joinable()) reservation_.join();
+}
+
+void AsyncCheckpointWriter::reserve_in_background(const std::vector<core::Tensor>& likes) {
+    MT_CHECK(!in_flight() && !reservation_.joinable(), "AsyncCheckpointWriter::reserve_in_background twice");
+    // Only the shapes, dtypes and devices go to the thread: it holds none of the state's tensors.
+    struct Like {
+        core::Shape shape;
+        core::DType dtype;
+        core::Device device;
+    };
+    std::vector<Like> wanted;
+    wanted.reserve(likes.size());
+    for (const core::Tensor& t : likes) wanted.push_back({t.shape(), t.dtype(), t.device()});
+    const int device_index = core::pinned_backend().thread_device_index();
+    reservation_error_ = nullptr;
+    reservation_ = std::thread([this, device_index, wanted = std::move(wanted)] {
+        const auto start = std::chrono::steady_clock::now();
+        try {
+            core::pinned_backend().set_thread_device_index(device_index);
+            for (size_t i = 0; i < wanted.size() && !stop_reserving_.load(std::memory_order_relaxed); ++i) {
+                const Like& w = wanted[i];
+                buffers_[i] = w.device == core::Device::cpu ? core::Tensor::zeros(w.shape, w.dtype)
+                                                            : core::Tensor::zeros_pinned(w.shape, w.dtype);
+            }
+        } catch (...) {
+            reservation_error_ = std::current_exception();
+        }
+        reservation_seconds_ = seconds_since(start);
+    });
+}
+
+void AsyncCheckpointWriter::join_reservation() {
+    if (!reservation_.joinable()) return;
+    const auto start = std::chrono::steady_clock::now();
+    reservation_.join();
+    reservation_wait_seconds_ = seconds_since(start);
+    if (reservation_error_) std::rethrow_exception(std::exchange(reservation_error_, nullptr));
 }
 
 core::Tensor& AsyncCheckpointWriter::buffer_for(size_t index, const core::Tensor& like) {
+    join_reservation();
     core::Tensor& buffer = buffers_[index];
     if (!buffer.defined() || buffer.shape() != like.shape() || buffer.dtype() != like.dtype())
         buffer = like.device() == core::Device::cpu ? core::Tensor::zeros(like.shape(), like.dtype())

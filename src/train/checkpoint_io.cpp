@@ -403,8 +403,19 @@ void Checkpoint::read_flat(const std::string& kind,
                        dir_);
         const uint8_t* raw =
             run.region->file->raw_bytes(run.region->key) + static_cast<size_t>(lo - run.first) * info.element_size;
+        const core::Tensor part = dst.slice(0, lo - begin, hi - begin);
+        if (part.device() != core::Device::cpu && info.dtype == dst.dtype()) {
+            // Out of the file's mapping onto the device through pinned buffers, at the host's memory speed (a
+            // resume's 31 GB: staged_upload.h).
+            if (!upload_ || upload_device_ != part.device()) {
+                upload_ = std::make_unique<core::StagedUpload>(part.device());
+                upload_device_ = part.device();
+            }
+            upload_->copy(part.raw(), raw, part.nbytes());
+            continue;
+        }
         const core::Tensor saved = core::Tensor::borrow(const_cast<uint8_t*>(raw), {hi - lo}, info.dtype);
-        dst.slice(0, lo - begin, hi - begin).copy_from(saved);
+        part.copy_from(saved);
     }
 }
 

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/staged_upload.h"
 #include "core/tensor.h"
 #include "train/safetensors.h"
 
@@ -153,7 +154,8 @@ class Checkpoint {
     // Elements [begin, begin + dst.numel()) of a saved tensor's row-major flattened global form into dst (a
     // contiguous 1-D tensor on any device; float dtypes convert), reading only the saved parts that overlap them,
     // so a rank's share of an expert-sharded parameter or of ZeRO state costs its own size, not the tensor's. A
-    // saved box that is not one run of the flattened tensor makes it read the whole tensor instead.
+    // saved box that is not one run of the flattened tensor makes it read the whole tensor instead. Onto a device
+    // in the saved dtype the bytes go through core::StagedUpload, ordered on the current lane.
     void read_flat(const std::string& kind, const std::string& name, int64_t begin, const core::Tensor& dst) const;
 
     // Files whose CRC-32C this object has checked so far.
@@ -189,6 +191,9 @@ class Checkpoint {
     CrcCheck crc_ = CrcCheck::off;
     std::map<const SafetensorsFile*, std::string> expected_crc_;  // 8 hex digits, from the manifest
     mutable std::set<const SafetensorsFile*> verified_;
+    // read_flat's copies onto a device (made at the first, freed with the checkpoint)
+    mutable std::unique_ptr<core::StagedUpload> upload_;
+    mutable core::Device upload_device_ = core::Device::cpu;
 };
 
 // Opens a checkpoint directory: DONE must exist (else exit 4 "no DONE marker: the checkpoint is incomplete"),

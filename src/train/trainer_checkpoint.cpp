@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "ops/global_norm.h"
 #include "parallel/comm.h"
 #include "train/async_checkpoint.h"
 #include "train/checkpoint_io.h"
@@ -42,6 +43,9 @@ core::Tensor to_host(const core::Tensor& t) {
 
 void read_to_device(const Checkpoint& ckpt, const std::string& kind, const std::string& name, const core::Tensor& dst) {
     if (dst.device() == core::Device::cpu) return ckpt.read_into(kind, name, dst);
+    // Straight from the file's mapping (read_flat's staged copy) where the layout allows, not through a host copy.
+    if (dst.is_contiguous() && ckpt.global_shape(kind, name) == dst.shape())
+        return ckpt.read_flat(kind, name, 0, dst.reshape({dst.numel()}));
     const core::Tensor host = core::Tensor::zeros(dst.shape(), dst.dtype());
     ckpt.read_into(kind, name, host);
     dst.copy_from(host);
@@ -79,6 +83,9 @@ core::Tensor flat(const core::Tensor& t) {
 // would otherwise resume into a run that diverges a few steps later.
 void check_finite(const core::Tensor& t, const std::string& name, const std::string& kind, const std::string& dir) {
     if (t.dtype() != core::DType::f32) return;
+    // On a device, its sum of squares first (f64, on the device: a non-finite element makes it non-finite): only
+    // then is the tensor copied to the host to find the element, so a resume does not copy its whole state back.
+    if (t.device() != core::Device::cpu && t.is_contiguous() && std::isfinite(ops::global_norm_sq(t))) return;
     const core::Tensor host = t.is_contiguous() ? to_host(t) : to_host(t).clone();
     const float* v = host.data<float>();
     for (int64_t i = 0; i < host.numel(); ++i)
@@ -274,10 +281,12 @@ void Trainer::reserve_checkpoint_buffers() {
     if (!cfg_.checkpoint.async || every <= 0 || cfg_.train.steps <= every) return;
     const auto start = std::chrono::steady_clock::now();
     if (!async_writer_) async_writer_ = std::make_unique<AsyncCheckpointWriter>();
-    const std::vector<CheckpointTensor> tensors = checkpoint_tensors();
-    for (size_t i = 0; i < tensors.size(); ++i) async_writer_->reserve(i, tensors[i].tensor);
-    // Pinning a GPU run's copy of the state (tens of GB) is part of every start and restart: the config line says
-    // how long it took.
+    std::vector<core::Tensor> likes;
+    for (const CheckpointTensor& t : checkpoint_tensors()) likes.push_back(t.tensor);
+    // Pinning a GPU run's copy of the state (tens of GB, seconds) runs beside the start, the resume and the first
+    // steps; the first checkpoint waits for it if it has not finished. The config line says how long the start
+    // itself waited.
+    async_writer_->reserve_in_background(likes);
     checkpoint_reserve_seconds_ = seconds_since(start);
 }
 
@@ -347,22 +356,26 @@ void Trainer::checkpoint_saved(const std::string& dir, int64_t step, double bloc
                    write,
                    async ? fmt::format("; the loop waited {:.3f} s", blocking) : "");
     if (metrics_)
-        metrics_->write(step_,
-                        "event",
-                        {{"event", "checkpoint"},
-                         {"checkpoint_step", step},
-                         {"dir", dir},
-                         {"async", async},
-                         {"blocking_seconds", blocking},
-                         {"write_seconds", write},
-                         // The loop's wait in the checkpoint call, by phase (async: prepare, snapshot copies, start;
-                         // blocking: prepare, device-to-host copies, the write), beside blocking_seconds, which
-                         // adds an async checkpoint's wait at its end.
-                         {"phases",
-                          {{"prepare_seconds", checkpoint_prepare_seconds_},
-                           {"copy_seconds", checkpoint_copy_seconds_},
-                           {"start_or_write_seconds",
-                            checkpoint_blocking_seconds_ - checkpoint_prepare_seconds_ - checkpoint_copy_seconds_}}}});
+        metrics_->write(
+            step_,
+            "event",
+            {{"event", "checkpoint"},
+             {"checkpoint_step", step},
+             {"dir", dir},
+             {"async", async},
+             {"blocking_seconds", blocking},
+             {"write_seconds", write},
+             // The loop's wait in the checkpoint call, by phase (async: prepare, snapshot copies, start;
+             // blocking: prepare, device-to-host copies, the write), beside blocking_seconds, which
+             // adds an async checkpoint's wait at its end.
+             {"phases",
+              {{"prepare_seconds", checkpoint_prepare_seconds_},
+               {"copy_seconds", checkpoint_copy_seconds_},
+               // the snapshot buffers' background reservation (its time; the copies' wait for it)
+               {"reservation_seconds", async_writer_ ? async_writer_->reservation_seconds() : 0.0},
+               {"reservation_wait_seconds", async_writer_ ? async_writer_->reservation_wait_seconds() : 0.0},
+               {"start_or_write_seconds",
+                checkpoint_blocking_seconds_ - checkpoint_prepare_seconds_ - checkpoint_copy_seconds_}}}});
 }
 
 void Trainer::finish_checkpoint_write() {

@@ -8,12 +8,15 @@
 // copied on their own stream while the next steps run) equal blocking ones. Skipped without a GPU (label gpu).
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "support/gpu_compare.h"
 #include "support/tiny_job.h"
 #include "train/checkpoint_io.h"
+#include "train/safetensors.h"
 
 using mt::testing::fresh_dir;
 using mt::testing::tiny_job;
@@ -179,4 +182,52 @@ TEST_F(GpuTraining, AsyncCheckpointsEqualBlockingOnes) {
             dir + "/async/checkpoints/" + step, dir + "/blocking/checkpoints/" + step, step);
     EXPECT_GT(n, 0);
     std::printf("async vs blocking on the GPU: %d checkpoint tensors compared bit for bit\n", n);
+}
+
+// A NaN stored in a weight is refused on the GPU as on the CPU (tests/scripts/bad_input.sh), with the CRC check off:
+// the finiteness check runs on the device (a sum of squares) and only then finds the element on the host. The
+// message names the tensor, as the CPU's does.
+TEST_F(GpuTraining, NonFiniteWeightInACheckpointIsRefused) {
+    const std::string dir = fresh_dir("nan_gpu");
+    auto job = [&] {
+        return tiny_job(dir,
+                        {"run.device=\"cuda\"",
+                         "train.steps=4",
+                         "checkpoint.verify_on_resume=false",
+                         "run.dir=\"" + dir + "/run\""});
+    };
+    {
+        Trainer t(job(), false);
+        t.train_step();
+        t.save_checkpoint();
+    }
+    const std::string file = latest(dir + "/run") + "/rank_00000.safetensors";
+    const std::string key = "param/final_norm.weight";
+    uint64_t at = 0;
+    {
+        const mt::train::SafetensorsFile st(file, mt::core::ExitCode::checkpoint);
+        ASSERT_TRUE(st.has(key)) << file;
+        ASSERT_EQ(st.info(key).dtype, mt::core::DType::f32);
+        at = st.info(key).begin;
+    }
+    {
+        std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+        uint64_t header = 0;
+        f.read(reinterpret_cast<char*>(&header), 8);
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        f.seekp(static_cast<std::streamoff>(8 + header + at + 3 * sizeof(float)));
+        f.write(reinterpret_cast<const char*>(&nan), sizeof(nan));
+        ASSERT_TRUE(f.good()) << file;
+    }
+    Trainer t(job(), false);
+    try {
+        t.load_checkpoint(latest(dir + "/run"));
+        ADD_FAILURE() << "a checkpoint with a NaN weight was loaded";
+    } catch (const mt::core::Error& e) {
+        EXPECT_EQ(e.code(), mt::core::ExitCode::checkpoint);
+        EXPECT_NE(std::string(e.what()).find("tensor final_norm.weight (param) holds a non-finite value (nan) at "
+                                             "element 3"),
+                  std::string::npos)
+            << e.what();
+    }
 }

@@ -235,6 +235,14 @@ class CudaBackend final : public Backend {
         }
         return total_bytes_;
     }
+    int thread_device_index() const override {
+        int device = 0;
+        MT_CUDA_CHECK(cudaGetDevice(&device));
+        return device;
+    }
+    void set_thread_device_index(int index) override {
+        MT_CUDA_CHECK(cudaSetDevice(index));
+    }
     void range_push(const char* name) override {
         nvtxRangePushA(name);
     }
