@@ -18,6 +18,7 @@
 #   bench/checkpoint_cost.sh BUILD_DIR restart CONFIG [EVERY] [EXTRA]
 # RUN_DIR_SHM=1 (checkpoint): the run directory in /dev/shm, its checkpoints/ a link to the disk.
 # KEEP_LOG=FILE (restart): a copy of the supervised run's output (both runs', with the resume's "read in" line).
+# TRAIN_SET="key=value ..." : extra --set options for the training runs (e.g. moe.grouped_gemm=\"device\").
 # EVERY (checkpoint.every_steps) must exceed the write's length in steps: a checkpoint due while the one before it is
 # being written waits for it (docs/configs.md), and the first event's blocking_seconds is then that wait
 # ("back_pressure": true in the line, and a hint on stderr). kimi_linear_mini on one GPU writes ~31 GB in ~27 s, about
@@ -42,6 +43,9 @@ with open(sys.argv[1], "wb") as f:
 PY
 common=(--config "$config" --set "data.paths=[\"$work/rand.bin\"]" --set 'data.val_paths=[]' --set train.eval_every=0
         --set run.deterministic=false --set data.document_mask=false)
+# TRAIN_SET="key=value ...": more --set options for every run (no spaces inside a value)
+read -r -a train_set <<< "${TRAIN_SET:-}"  # split on spaces only (no glob expansion)
+for kv in "${train_set[@]}"; do common+=(--set "$kv"); done
 
 # train_lines DIR: how many train lines DIR's metrics.jsonl holds so far
 train_lines() {
@@ -103,6 +107,8 @@ back_pressure = sys.argv[3] == "async" and done >= 2 * every
 print(json.dumps({"bench": "checkpoint", "config": sys.argv[2], "mode": sys.argv[3], "every": every,
                   "blocking_seconds": ev["blocking_seconds"], "write_seconds": ev["write_seconds"],
                   "call_seconds": call, "finish_wait_seconds": finish_wait, "phases": phases,
+                  "reservation_seconds": ev.get("reservation_seconds"),
+                  "reservation_wait_seconds": ev.get("reservation_wait_seconds"),
                   "event_step": done, "back_pressure": back_pressure,
                   "step_s_before": med(before), "step_s_during": med(during), "step_s_after": med(after),
                   "steps_during": len(during)}))

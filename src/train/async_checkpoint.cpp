@@ -23,8 +23,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 AsyncCheckpointWriter::~AsyncCheckpointWriter() {
-    if (thread_.joinable()) thread_.join();
     stop_reserving_.store(true, std::memory_order_relaxed);
+    if (thread_.joinable()) thread_.join();
     if (reservation_.joinable()) reservation_.join();
 }
 
@@ -38,22 +38,27 @@ void AsyncCheckpointWriter::reserve_in_background(const std::vector<core::Tensor
     };
     std::vector<Like> wanted;
     wanted.reserve(likes.size());
-    for (const core::Tensor& t : likes) wanted.push_back({t.shape(), t.dtype(), t.device()});
-    const int device_index = core::pinned_backend().thread_device_index();
-    reservation_error_ = nullptr;
+    bool pinned = false;
+    for (const core::Tensor& t : likes) {
+        wanted.push_back({t.shape(), t.dtype(), t.device()});
+        pinned = pinned || t.device() != core::Device::cpu;
+    }
+    // Pinned memory belongs to the caller's GPU; a CPU run must not make the thread open a context on one.
+    const int device_index = pinned ? core::pinned_backend().thread_device_index() : -1;
+    reservation_failure_.clear();
     reservation_ = std::thread([this, device_index, wanted = std::move(wanted)] {
         const auto start = std::chrono::steady_clock::now();
         try {
-            core::pinned_backend().set_thread_device_index(device_index);
+            if (device_index >= 0) core::pinned_backend().set_thread_device_index(device_index);
             for (size_t i = 0; i < wanted.size() && !stop_reserving_.load(std::memory_order_relaxed); ++i) {
                 const Like& w = wanted[i];
                 buffers_[i] = w.device == core::Device::cpu ? core::Tensor::zeros(w.shape, w.dtype)
                                                             : core::Tensor::zeros_pinned(w.shape, w.dtype);
             }
-        } catch (...) {
-            reservation_error_ = std::current_exception();
+        } catch (const std::exception& e) {
+            reservation_failure_ = e.what();
         }
-        reservation_seconds_ = seconds_since(start);
+        reservation_seconds_.store(seconds_since(start), std::memory_order_relaxed);
     });
 }
 
@@ -61,8 +66,13 @@ void AsyncCheckpointWriter::join_reservation() {
     if (!reservation_.joinable()) return;
     const auto start = std::chrono::steady_clock::now();
     reservation_.join();
-    reservation_wait_seconds_ = seconds_since(start);
-    if (reservation_error_) std::rethrow_exception(std::exchange(reservation_error_, nullptr));
+    reservation_wait_seconds_.store(seconds_since(start), std::memory_order_relaxed);
+    if (!reservation_failure_.empty()) buffers_.clear();  // what was pinned before the failure goes back
+}
+
+const std::string& AsyncCheckpointWriter::reservation_failure() {
+    join_reservation();
+    return reservation_failure_;
 }
 
 core::Tensor& AsyncCheckpointWriter::buffer_for(size_t index, const core::Tensor& like) {

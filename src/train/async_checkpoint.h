@@ -40,9 +40,12 @@ class AsyncCheckpointWriter {
     void reserve(size_t index, const core::Tensor& like);
     // reserve(i, likes[i]) for every i, on a thread of its own: pinning a GPU run's copy of the state (31 GB for
     // kimi_linear_mini, 12 s) runs beside the start, the resume's load and the first steps instead of before them.
-    // Everything that touches the buffers (snapshot, reserve, the destructor) waits for it first, and an allocation
-    // that failed there is rethrown then.
+    // Everything that touches the buffers (snapshot, reserve, the destructor) waits for it first.
     void reserve_in_background(const std::vector<core::Tensor>& likes);
+    // Waits for that reservation; empty when it succeeded (or there was none), else why it failed (the host's
+    // memory, say): the trainer then writes its checkpoints blocking, through ordinary memory, instead of failing
+    // the run at its first checkpoint.
+    const std::string& reservation_failure();
     // Called before anything changes the state the last snapshots copied (the optimizer's update, the balancers'):
     // the main lane's work from here on waits for those copies on the GPU; the host does not wait. Nothing on the
     // CPU (its copies are done when snapshot returns).
@@ -77,13 +80,13 @@ class AsyncCheckpointWriter {
     double wait_seconds() const {
         return wait_seconds_;
     }
-    // The background reservation's wall time, and how long the caller's thread waited for it (0 when it had ended
-    // before the first snapshot). Read after a snapshot (which waits for it).
+    // The background reservation's wall time (0 until it ends), and how long the caller's thread waited for it (0
+    // when it had ended before the first snapshot).
     double reservation_seconds() const {
-        return reservation_seconds_;
+        return reservation_seconds_.load(std::memory_order_relaxed);
     }
     double reservation_wait_seconds() const {
-        return reservation_wait_seconds_;
+        return reservation_wait_seconds_.load(std::memory_order_relaxed);
     }
 
    private:
@@ -93,8 +96,8 @@ class AsyncCheckpointWriter {
     std::map<size_t, core::Tensor> buffers_;
     std::thread reservation_;
     std::atomic<bool> stop_reserving_{false};  // the destructor's: the buffers left are not needed
-    std::exception_ptr reservation_error_;
-    double reservation_seconds_ = 0.0, reservation_wait_seconds_ = 0.0;
+    std::string reservation_failure_;          // the thread's error message; read after the join
+    std::atomic<double> reservation_seconds_{0.0}, reservation_wait_seconds_{0.0};
     // Copies queued on the copy lane since the last start() (staging_), and since then not yet ordered before the
     // main lane (copies_pending_), of tensors on staged_device_.
     bool staging_ = false, copies_pending_ = false;

@@ -530,8 +530,9 @@ class Trainer {
     int64_t step_ = 0;                         // optimizer steps completed
     int64_t last_saved_step_ = -1;             // the step of the checkpoint written or loaded last
     std::string last_saved_dir_, resumed_from_, resumed_config_;
-    double resume_load_seconds_ = 0.0;         // the last load_checkpoint_state's wall time
-    double checkpoint_reserve_seconds_ = 0.0;  // reserve_checkpoint_buffers' wall time (0: nothing reserved)
+    double resume_load_seconds_ = 0.0;           // the last load_checkpoint_state's wall time
+    double checkpoint_reserve_seconds_ = 0.0;    // how long reserve_checkpoint_buffers held up the start
+    bool checkpoint_blocking_fallback_ = false;  // the snapshot buffers failed: every checkpoint is blocking
     int64_t moe_alarms_total_ = 0;
     std::map<int64_t, std::pair<bool, bool>> moe_warning_flags_;  // per layer: imbalance, bias range warning on
     bool memory_warning_on_ = false;  // mem/reserved was above metrics.memory_warning at the last step

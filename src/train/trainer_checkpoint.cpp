@@ -292,6 +292,22 @@ void Trainer::reserve_checkpoint_buffers() {
 
 void Trainer::write_checkpoint(bool async) {
     finish_checkpoint_write();  // a checkpoint waits for the one before it
+    if (async && async_writer_) {
+        // Snapshot buffers that could not be had (reserve_checkpoint_buffers): blocking checkpoints instead, on
+        // every rank alike (the two kinds take different collectives).
+        const std::string& failure = async_writer_->reservation_failure();
+        parallel::Comm& world = mesh_->world();
+        const int64_t failed = failure.empty() ? 0 : 1;
+        if ((world.size() > 1 ? parallel::comm_all_reduce_max(world, failed) : failed) != 0) {
+            if (log_ && !checkpoint_blocking_fallback_)
+                fmt::print(
+                    "moetrain: warning: the asynchronous checkpoints' snapshot buffers could not be allocated "
+                    "({}): checkpoints are written blocking from here on\n",
+                    failure.empty() ? "on another rank" : failure);
+            checkpoint_blocking_fallback_ = true;
+            async = false;
+        }
+    }
     beat_phase(Phase::checkpoint);
     const auto start = std::chrono::steady_clock::now();
     grad_sync_->gather_master();  // ZeRO-1 keeps the master weights sharded between checkpoints (and gathers
@@ -356,26 +372,26 @@ void Trainer::checkpoint_saved(const std::string& dir, int64_t step, double bloc
                    write,
                    async ? fmt::format("; the loop waited {:.3f} s", blocking) : "");
     if (metrics_)
-        metrics_->write(
-            step_,
-            "event",
-            {{"event", "checkpoint"},
-             {"checkpoint_step", step},
-             {"dir", dir},
-             {"async", async},
-             {"blocking_seconds", blocking},
-             {"write_seconds", write},
-             // The loop's wait in the checkpoint call, by phase (async: prepare, snapshot copies, start;
-             // blocking: prepare, device-to-host copies, the write), beside blocking_seconds, which
-             // adds an async checkpoint's wait at its end.
-             {"phases",
-              {{"prepare_seconds", checkpoint_prepare_seconds_},
-               {"copy_seconds", checkpoint_copy_seconds_},
-               // the snapshot buffers' background reservation (its time; the copies' wait for it)
-               {"reservation_seconds", async_writer_ ? async_writer_->reservation_seconds() : 0.0},
-               {"reservation_wait_seconds", async_writer_ ? async_writer_->reservation_wait_seconds() : 0.0},
-               {"start_or_write_seconds",
-                checkpoint_blocking_seconds_ - checkpoint_prepare_seconds_ - checkpoint_copy_seconds_}}}});
+        metrics_->write(step_,
+                        "event",
+                        {{"event", "checkpoint"},
+                         {"checkpoint_step", step},
+                         {"dir", dir},
+                         {"async", async},
+                         {"blocking_seconds", blocking},
+                         {"write_seconds", write},
+                         // the snapshot buffers' background reservation: its time, and the snapshot copies' wait for it
+                         // (a part of copy_seconds)
+                         {"reservation_seconds", async_writer_ ? async_writer_->reservation_seconds() : 0.0},
+                         {"reservation_wait_seconds", async_writer_ ? async_writer_->reservation_wait_seconds() : 0.0},
+                         // The loop's wait in the checkpoint call, by phase (async: prepare, snapshot copies, start;
+                         // blocking: prepare, device-to-host copies, the write), beside blocking_seconds, which
+                         // adds an async checkpoint's wait at its end.
+                         {"phases",
+                          {{"prepare_seconds", checkpoint_prepare_seconds_},
+                           {"copy_seconds", checkpoint_copy_seconds_},
+                           {"start_or_write_seconds",
+                            checkpoint_blocking_seconds_ - checkpoint_prepare_seconds_ - checkpoint_copy_seconds_}}}});
 }
 
 void Trainer::finish_checkpoint_write() {

@@ -55,6 +55,7 @@ void check_uploads(Device device, size_t chunk) {
 TEST(StagedUpload, EveryByteArrivesAcrossChunks) {
     check_uploads(Device::cpu, 4096);
     check_uploads(Device::cpu, 1000);
+    check_uploads(Device::cpu, (size_t{4} << 20) + 3);  // chunks of several OpenMP pieces, the last one short
 }
 
 TEST(GpuStagedUpload, EveryByteArrivesAcrossChunks) {
@@ -62,4 +63,7 @@ TEST(GpuStagedUpload, EveryByteArrivesAcrossChunks) {
     check_uploads(Device::cuda, 4096);
     check_uploads(Device::cuda, 1000);
     check_uploads(Device::cuda, size_t{1} << 20);
+    // The default chunk (16 MiB, 16 pieces), copies of tens of MiB: the DMA of one chunk is still running while the
+    // threads fill the other buffer, so a missing wait for a buffer's last DMA would show here.
+    check_uploads(Device::cuda, size_t{16} << 20);
 }

@@ -121,3 +121,28 @@ TEST(AsyncCheckpoint, WriterPhasesAndSnapshots) {
     }
     EXPECT_EQ(mt::train::checkpoint_find_latest(root), root + "/step_00000005");
 }
+
+// The snapshot buffers reserved in the background (reserve_in_background): reused by the snapshots that match them;
+// a reservation that fails (here an impossible size: the host's memory) is reported by reservation_failure, not
+// thrown at the first checkpoint, and what was reserved before it is given back.
+TEST(AsyncCheckpoint, BackgroundReservationIsReusedOrReportsItsFailure) {
+    using mt::core::DType;
+    using mt::core::Tensor;
+    {
+        mt::train::AsyncCheckpointWriter w;
+        const Tensor a = Tensor::zeros({4}, DType::f32), b = Tensor::zeros({2, 3}, DType::bf16);
+        w.reserve_in_background({a, b});
+        EXPECT_EQ(w.reservation_failure(), "");
+        const void* reserved = w.snapshot(1, b).raw();
+        EXPECT_EQ(w.snapshot(1, b).raw(), reserved);  // the same buffer, not a new one
+        EXPECT_GE(w.reservation_seconds(), 0.0);
+    }
+    mt::train::AsyncCheckpointWriter w;
+    float one = 0.0f;
+    const Tensor small = Tensor::zeros({4}, DType::f32);
+    const Tensor huge = Tensor::borrow(&one, {int64_t{1} << 60}, DType::f32);  // 4 EiB: never allocated
+    w.reserve_in_background({small, huge});
+    EXPECT_NE(w.reservation_failure().find("out of host memory"), std::string::npos) << w.reservation_failure();
+    const Tensor snap = w.snapshot(0, small);  // allocated on demand now
+    EXPECT_EQ(snap.shape(), small.shape());
+}
