@@ -4,9 +4,8 @@
 // A plain copy from pageable memory goes through the driver's own small staging buffer on one thread, and the page
 // faults of a freshly mapped file come on top: kimi_linear_mini's 31 GB state loaded at 0.5 GB/s (61 s) through such
 // copies and a copy back for the finiteness check (docs/PERFORMANCE.md, the restart downtime). StagedUpload keeps
-// two pinned buffers of `chunk_bytes`; each chunk
-// is copied into one of them by the OpenMP threads (faults and all, in parallel) while the DMA of the chunk before
-// it, from the other buffer, runs on the current lane.
+// two pinned buffers of `chunk_bytes`; each chunk is copied into one of them by the OpenMP threads (faults and all,
+// in parallel) while the DMA of the chunk before it, from the other buffer, runs on the current lane.
 #pragma once
 
 #include <cstddef>
