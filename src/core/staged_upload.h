@@ -29,6 +29,9 @@ class StagedUpload {
     // (core::exec()); returns when the bytes have arrived, as Backend::copy does, so that work on any stream (a
     // collective's) may read them next. The overlap is within one copy: chunk k + 1 is staged while chunk k moves.
     void copy(void* dst, const void* src, size_t bytes);
+    Device device() const {
+        return device_;
+    }
 
    private:
     void wait(int slot);

@@ -20,6 +20,11 @@ constexpr int kWriterNice = 10;
 double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
+
+// A snapshot buffer for a tensor of this shape and dtype on `device`: pinned host memory for a GPU tensor.
+core::Tensor new_snapshot_buffer(const core::Shape& shape, core::DType dtype, core::Device device) {
+    return device == core::Device::cpu ? core::Tensor::zeros(shape, dtype) : core::Tensor::zeros_pinned(shape, dtype);
+}
 }  // namespace
 
 AsyncCheckpointWriter::~AsyncCheckpointWriter() {
@@ -51,9 +56,7 @@ void AsyncCheckpointWriter::reserve_in_background(const std::vector<core::Tensor
         try {
             if (device_index >= 0) core::pinned_backend().set_thread_device_index(device_index);
             for (size_t i = 0; i < wanted.size() && !stop_reserving_.load(std::memory_order_relaxed); ++i) {
-                const Like& w = wanted[i];
-                buffers_[i] = w.device == core::Device::cpu ? core::Tensor::zeros(w.shape, w.dtype)
-                                                            : core::Tensor::zeros_pinned(w.shape, w.dtype);
+                buffers_[i] = new_snapshot_buffer(wanted[i].shape, wanted[i].dtype, wanted[i].device);
             }
         } catch (const std::exception& e) {
             reservation_failure_ = e.what();
@@ -79,14 +82,8 @@ core::Tensor& AsyncCheckpointWriter::buffer_for(size_t index, const core::Tensor
     join_reservation();
     core::Tensor& buffer = buffers_[index];
     if (!buffer.defined() || buffer.shape() != like.shape() || buffer.dtype() != like.dtype())
-        buffer = like.device() == core::Device::cpu ? core::Tensor::zeros(like.shape(), like.dtype())
-                                                    : core::Tensor::zeros_pinned(like.shape(), like.dtype());
+        buffer = new_snapshot_buffer(like.shape(), like.dtype(), like.device());
     return buffer;
-}
-
-void AsyncCheckpointWriter::reserve(size_t index, const core::Tensor& like) {
-    MT_CHECK(!in_flight(), "AsyncCheckpointWriter::reserve while a write is in flight");
-    buffer_for(index, like);
 }
 
 core::Tensor AsyncCheckpointWriter::snapshot(size_t index, const core::Tensor& src) {

@@ -35,12 +35,11 @@ class AsyncCheckpointWriter {
     // once: the training steps that follow run beside it, the background thread waits for it before writing, and
     // before_state_update() orders the main lane after it.
     core::Tensor snapshot(size_t index, const core::Tensor& src);
-    // Allocates the buffer snapshot(index, like) would use, without copying: the trainer reserves every buffer when
-    // the run starts, so that no checkpoint pays for allocating (and pinning) a copy of the state.
-    void reserve(size_t index, const core::Tensor& like);
-    // reserve(i, likes[i]) for every i, on a thread of its own: pinning a GPU run's copy of the state (31 GB for
-    // kimi_linear_mini, 12 s) runs beside the start, the resume's load and the first steps instead of before them.
-    // Everything that touches the buffers (snapshot, reserve, the destructor) waits for it first.
+    // Allocates the buffers snapshot(i, likes[i]) would use, without copying, on a thread of its own: the trainer
+    // reserves every buffer when the run starts, so that no checkpoint pays for allocating (and pinning) a copy of
+    // the state, and pinning a GPU run's copy (31 GB for kimi_linear_mini, 12 s) runs beside the start, the resume's
+    // load and the first steps instead of before them. Everything that touches the buffers (snapshot, the
+    // destructor) waits for it first.
     void reserve_in_background(const std::vector<core::Tensor>& likes);
     // Waits for that reservation; empty when it succeeded (or there was none), else why it failed (the host's
     // memory, say): the trainer then writes its checkpoints blocking, through ordinary memory, instead of failing

@@ -407,10 +407,8 @@ void Checkpoint::read_flat(const std::string& kind,
         if (part.device() != core::Device::cpu && info.dtype == dst.dtype()) {
             // Out of the file's mapping onto the device through pinned buffers, at the host's memory speed (a
             // resume's 31 GB: staged_upload.h).
-            if (!upload_ || upload_device_ != part.device()) {
+            if (!upload_ || upload_->device() != part.device())
                 upload_ = std::make_unique<core::StagedUpload>(part.device());
-                upload_device_ = part.device();
-            }
             upload_->copy(part.raw(), raw, part.nbytes());
             continue;
         }

@@ -193,7 +193,6 @@ class Checkpoint {
     mutable std::set<const SafetensorsFile*> verified_;
     // read_flat's copies onto a device (made at the first, freed with the checkpoint)
     mutable std::unique_ptr<core::StagedUpload> upload_;
-    mutable core::Device upload_device_ = core::Device::cpu;
 };
 
 // Opens a checkpoint directory: DONE must exist (else exit 4 "no DONE marker: the checkpoint is incomplete"),
