@@ -147,6 +147,9 @@ int run(int argc, char** argv) {
         // saved tensors and scratch.
         line["peak_activation_bytes"] = peak_activations;
         line["state_bytes"] = trainer.state_bytes();
+        // train.cuda_graphs: how many forwards recorded their graphs and how many replayed them (both 0 without).
+        line["graph_captures"] = trainer.model().graph_captures();
+        line["graph_replays"] = trainer.model().graph_replays();
     }
     if (trainer.mesh().world().size() > 1) {
         // The host's wait for the gradient reduction after the backward (GPU: also the backward still queued),

@@ -30,6 +30,8 @@
 #   exp_a          issue 29's GPU-sized experiment A: its Muon and AdamW runs (A_RUNS), the finished ones carried
 #                  into the next call as .devbin/optq.tar.xz (this call's $OUT/optq.tar.xz)
 #   muon_models    bench_train --profile of dense_1b3 and hybrid_1b3 with AdamW and with Muon (issue 29)
+#   graphs         train.cuda_graphs (issue 25 item 7): the GpuGraphs tests, then bench_train of tiny, tiny_hybrid,
+#                  dense_1b3 and hybrid_1b3 without and with graphs, alternated ROUNDS (default 2) times
 # kimi_linear_mini runs at its batch 4 on a card of more than 100 GB, else at batch 2 (a config copy under $OUT).
 set -u
 t0=$SECONDS
@@ -186,6 +188,21 @@ for phase in ${PHASES:-label}; do
                 timeout $(($(left) - 15)) bash bench/optimizer_quality.sh build/moetrain $d A 2>&1 |
                 tee "$OUT/exp_a.log" | grep '^{'
             tar -cJf "$OUT/optq.tar.xz" -C $d runs
+            ;;
+        graphs)
+            need 120 || continue
+            timeout 120 ctest --test-dir build -L gpu -R GpuGraphs --output-on-failure > "$OUT/graphs_tests.log" 2>&1
+            grep -E "tests passed|\*\*\*|Failed|captures" "$OUT/graphs_tests.log"
+            for round in $(seq "${ROUNDS:-2}"); do
+                for model in tiny tiny_hybrid dense_1b3 hybrid_1b3; do
+                    for graphs in false true; do
+                        need 60 || break 3
+                        timeout 150 build/bench/bench_train --config configs/$model.toml --steps 10 --set run.device=cuda \
+                            --warmup 3 --set train.cuda_graphs=$graphs > "$OUT/graphs_${model}_$graphs.log" 2>&1
+                        grep '^{' "$OUT/graphs_${model}_$graphs.log" | head -1
+                    done
+                done
+            done
             ;;
         muon_models)
             # Muon against AdamW in dense_1b3's and hybrid_1b3's steps (issue 29's other two models)

@@ -51,6 +51,20 @@ void Backend::free_pinned(void* ptr) {
     cpu_free(ptr);
 }
 
+void Backend::begin_capture() {
+    throw Error(ExitCode::device, "the " + name() + " backend has no CUDA graphs");
+}
+
+uint64_t Backend::end_capture(bool) {
+    throw Error(ExitCode::device, "the " + name() + " backend has no CUDA graphs");
+}
+
+void Backend::graph_launch(uint64_t) {
+    throw Error(ExitCode::device, "the " + name() + " backend has no CUDA graphs");
+}
+
+void Backend::graph_destroy(uint64_t) {}
+
 namespace {
 
 class CpuBackend final : public Backend {

@@ -83,6 +83,19 @@ class Backend {
         return 0;
     }
     virtual void set_thread_device_index(int index) {}
+    // CUDA graphs (core/graph.h): between begin_capture and end_capture the work this thread queues on the main lane
+    // is recorded instead of run (end_capture returns the instantiated graph, graph_launch queues it on the main lane,
+    // graph_destroy frees it). While capturing, and while any graph lives, scratch comes from and goes back to a pool
+    // of the graphs' own (the CUDA backend's graph pool), so that no allocation outside a graph is ever handed an
+    // address a replay writes. supports_graphs is false on the CPU, whose calls throw.
+    virtual bool supports_graphs() const {
+        return false;
+    }
+    virtual void begin_capture();
+    // keep = false ends a capture that failed, discarding what it recorded (returns 0).
+    virtual uint64_t end_capture(bool keep);
+    virtual void graph_launch(uint64_t graph);
+    virtual void graph_destroy(uint64_t graph);
     // Named ranges for external profilers (NVTX on CUDA); nothing by default.
     virtual void range_push(const char* name) {}
     virtual void range_pop() {}

@@ -23,6 +23,10 @@ struct ExecCtx {
     // scheduling (the CUDA attention backward accumulates dq with float reductions). CPU ops are always
     // deterministic.
     bool deterministic = true;
+    // On: the caller has checked every index the ops read (token ids, targets) on the host, as a captured CUDA graph's
+    // step does (core/graph.h), so ops skip their own device-side checks, whose result needs a synchronisation that a
+    // capture cannot contain.
+    bool indices_checked = false;
 };
 
 // The context ops called on this thread run under now.

@@ -152,6 +152,10 @@ void Model::resize(int64_t batch, int64_t seq) {
 double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {
     MT_CHECK(num_chunks() == 1 && chunk_has_embedding(0) && chunk_has_head(0),
              "Model::forward runs the whole model; a pipeline part runs forward_chunk");
+    if (graphs_.enabled && training && graph_blocker().empty()) {
+        if (graphs_.warm) return graph_forward(ids, targets);
+        graphs_.warming = true;  // the first step runs eagerly (lazy kernel loading, library handles, algorithm caches)
+    }
     return forward_chunk(0, ids, targets, Tensor(), training, /*recompute=*/false);  // the one chunk of every layer
 }
 
@@ -285,6 +289,12 @@ void Model::begin_pass(int64_t batch, int64_t j, bool recompute, bool count_rout
 }
 
 double Model::pass_forward() {
+    const bool head = pass_forward_kernels();
+    collect_max_logits();
+    return head ? pass_loss() : 0.0;
+}
+
+bool Model::pass_forward_kernels() {
     const core::Device dev = precision_.device;
     for (auto& b : blocks_) b->set_backward_phase(false);
     const int all = table_.size();
@@ -318,7 +328,7 @@ double Model::pass_forward() {
             if (l > lo && !keeps_output(static_cast<int64_t>(l) - 1)) blocks_[l - 1]->release_output();
         }
     }
-    if (!chunk_has_head(chunk_)) return 0.0;  // a pipeline chunk's output goes to the next stage
+    if (!chunk_has_head(chunk_)) return false;  // a pipeline chunk's output goes to the next stage
     need(all);
     const int64_t n = batch_ * seq_;
     {
@@ -335,6 +345,11 @@ double Model::pass_forward() {
         for (int64_t first = 0; first < n; first += rows) head_chunk_forward(first, std::min(rows, n - first));
         if (tp_.active()) combine_vocab_shards();
     }
+    return true;
+}
+
+double Model::pass_loss() {
+    const int64_t n = batch_ * seq_;
     // Summed on the host in f64, in row order (deterministic on every device).
     const Tensor losses = losses_.device() == core::Device::cpu ? losses_ : losses_.to_device(core::Device::cpu);
     // The whole sequence's per-token losses (last_token_losses): this segment's rows, or every cp rank's.
@@ -358,17 +373,27 @@ double Model::pass_forward() {
 }
 
 void Model::backward(double loss_scale) {
+    if (graphs_.forward_ran) {
+        graph_backward(loss_scale);
+        return;
+    }
     backward_chunk(loss_scale, Tensor());
+    graphs_.warm = graphs_.warm || graphs_.warming;
 }
 
 void Model::pass_backward(double loss_scale, bool last_pass, const Tensor& d_output) {
+    if (chunk_has_head(chunk_)) fill_dlosses(loss_scale);
+    pass_backward_kernels(loss_scale, last_pass, d_output);
+}
+
+void Model::pass_backward_kernels(double loss_scale, bool last_pass, const Tensor& d_output) {
     const core::Device dev = precision_.device;
     for (auto& b : blocks_) b->set_backward_phase(true);
     // A parameter's gradient is complete only after the last pass: data parallelism hears of it then.
     const GradReadyHook none;
     const GradReadyHook& grad_ready = last_pass ? grad_ready_ : none;
     if (chunk_has_head(chunk_)) {
-        head_backward(loss_scale);
+        head_backward();
         // Everything declared after the blocks is complete now, except under AttnRes (its own parameters finish
         // with the blocks' backward, which it drives).
         if (grad_ready && !attnres_) grad_ready(final_norm_);
@@ -412,13 +437,16 @@ void Model::pass_backward(double loss_scale, bool last_pass, const Tensor& d_out
     if (grad_ready) grad_ready(0);
 }
 
-void Model::head_backward(double loss_scale) {
-    const core::TraceRange range(precision_.device, "model.head_bwd");
+void Model::fill_dlosses(double loss_scale) {
     // d(loss_scale * mean)/d(loss_i) = loss_scale / counted for counted rows (the op zeroes ignored rows).
     if (row_loss_weights_.empty())
         losses_.fill(counted_ > 0 ? loss_scale / static_cast<double>(counted_) : 0.0);
     else
         fill_weighted_dlosses(loss_scale);
+}
+
+void Model::head_backward() {
+    const core::TraceRange range(precision_.device, "model.head_bwd");
     // Last chunk first: its logits are still in logits_ from the forward (with one chunk, all of them); every
     // earlier chunk's logits are recomputed into the same buffer.
     const int64_t n = batch_ * seq_, rows = cfg_.loss_chunk_rows(n);

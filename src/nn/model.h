@@ -7,9 +7,11 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "core/graph.h"
 #include "nn/block.h"
 #include "nn/context_parallel.h"
 #include "nn/documents.h"
@@ -90,6 +92,23 @@ class Model {
     double forward(const Tensor& ids, const Tensor& targets, bool training = true);
     // Accumulates (+=) into the parameter gradients the gradient of loss_scale * (mean loss of the last forward).
     void backward(double loss_scale);
+
+    // CUDA graphs (train.cuda_graphs; model_graph.cpp, docs/training.md "CUDA graphs"). On, and where
+    // graph_blocker() is empty, a training forward's kernels and those of its backward are recorded as two graphs
+    // once and replayed on later calls, the host work around them (the batch's upload and checks, the loss sum,
+    // the attention maxima, the backward's d(loss) rows) still done each time; they are recorded again when what
+    // they bake in changes (the batch's shape, the AttnRes blend, the metrics' stat buffer). Any other forward (an
+    // evaluation) drops them first: it may move the buffers they use. The same numbers as without, bit for bit.
+    void set_cuda_graphs(bool on);
+    // Why training steps run without graphs here ("" when they are captured): the device, or a feature whose host
+    // work sits between the kernels (MoE routing, parallel layouts, segments, document masks, the vision tower).
+    std::string graph_blocker() const;
+    int64_t graph_captures() const {
+        return graphs_.captures;
+    }
+    int64_t graph_replays() const {
+        return graphs_.replays;
+    }
 
     // Image + text batches (ModelConfig::vision enabled; src/nn/model_vision.cpp): the images of the next forward,
     // packed (multimodal.md §1). The batch's ids hold vision.image_token at exactly batch.num_tokens() places, whose
@@ -266,8 +285,10 @@ class Model {
     // The LM head and the loss rows [first, first + rows) into logits_ (forward), or the backward of those rows:
     // dlogits in logits_, dh into ws_.d_norm's rows, the head's gradient accumulated.
     void head_chunk_forward(int64_t first, int64_t rows);
-    // The head's backward: the loss rows' gradient through the LM head and the final norm into dres_a_.
-    void head_backward(double loss_scale);
+    // The per-row d(loss) of the backward into losses_ (loss_scale / counted_, or the rows' weights), then the head's
+    // backward: the loss rows' gradient through the LM head and the final norm into dres_a_.
+    void fill_dlosses(double loss_scale);
+    void head_backward();
     void head_chunk_backward(int64_t first, int64_t rows, bool recompute_logits);
     // With row loss weights (model_loss_weights.cpp): the pass's weighted loss sum over the counted tokens of the host
     // losses [batch_ * seq_], and the per-token d(loss) of the backward, scale / counted_ x the row's weight, into
@@ -319,6 +340,29 @@ class Model {
     double pass_forward();
     // d_output: the gradient of the chunk's output, for a chunk that does not end the model.
     void pass_backward(double loss_scale, bool last_pass, const Tensor& d_output = Tensor());
+    // Their device halves, which a CUDA graph records (model_graph.cpp): pass_forward_kernels queues the pass's
+    // kernels, the per-token losses left in losses_ (returns whether the chunk has the head); pass_loss sums them on
+    // the host; collect_max_logits folds the attention layers' row maxima of the pass into their maxima (host).
+    // pass_backward_kernels is pass_backward after fill_dlosses.
+    bool pass_forward_kernels();
+    double pass_loss();
+    void collect_max_logits();
+    void pass_backward_kernels(double loss_scale, bool last_pass, const Tensor& d_output);
+    // The graph path of forward and backward (model_graph.cpp).
+    struct StepGraphs {
+        bool enabled = false;
+        core::CapturedGraph forward, backward;
+        std::vector<double> key;             // what the recorded kernels bake in (graph_key)
+        bool forward_ran = false;            // the last forward replayed: the backward replays too
+        bool warming = false, warm = false;  // an eager training step has run (and finished) with graphs on
+        int64_t captures = 0, replays = 0;
+    };
+    double graph_forward(const Tensor& ids, const Tensor& targets);
+    void graph_backward(double loss_scale);
+    void drop_graphs();
+    std::vector<double> graph_key() const;
+    // The batch's ids and targets checked on the host (the captured ops skip their own device checks).
+    void check_batch_indices() const;
     // The vision encoder's part of a batch (model_vision.cpp): prepare_batch finds the image slots of the ids and
     // checks them against the images; the forward, after the embedding, writes the projector's outputs into x0_'s
     // slots; the backward takes those rows of the embedding's gradient (zeroing them: the placeholder's embedding
@@ -381,6 +425,7 @@ class Model {
     VisionBatch vision_batch_;
     Tensor vision_slots_;        // [M] i32 on the model's device: the rows of [B T] that hold the image embeddings
     bool moe_modality_ = false;  // the MoE layers take the tokens' modalities (moe_modality_prepare)
+    StepGraphs graphs_;
 };
 
 }  // namespace mt::nn

@@ -37,6 +37,7 @@ double Model::forward_chunk(
     int chunk, const Tensor& ids, const Tensor& targets, const Tensor& input, bool training, bool recompute) {
     MT_CHECK(chunk >= 0 && chunk < num_chunks(), "chunk {} of a model part of {}", chunk, num_chunks());
     MT_CHECK(!attnres_ || num_chunks() == 1 || attnres_carry_, "Block AttnRes over pipeline chunks needs a carry");
+    drop_graphs();  // an eager forward may move the buffers a captured step uses
     chunk_ = chunk;
     prepare_batch(ids, targets, training, !recompute);
     const int64_t batch = ids.size(0), segments = static_cast<int64_t>(bounds_.size()) - 1;

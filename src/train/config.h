@@ -119,6 +119,9 @@ struct TrainConfig {
     double loss_scale_min = 1.0;
     int64_t eval_every = 100;
     int64_t eval_batches = 8;
+    // Record each training step's forward and backward kernels as CUDA graphs and replay them (docs/training.md
+    // "CUDA graphs"); runs without them where the model or layout needs host work between kernels.
+    bool cuda_graphs = false;
 };
 
 // [optim]: which optimizer updates the weights and where its state lives (docs/training.md "Memory"). The AdamW

@@ -368,6 +368,12 @@ std::vector<Field> config_schema(JobConfig& c) {
                 1e12,
                 "steps between validation runs (and after the last step); 0 = never"),
         integer("train.eval_batches", &t.eval_batches, 1, 1e9, "batches per validation run"),
+        flag("train.cuda_graphs",
+             &t.cuda_graphs,
+             "GPU: record each training step's forward and backward kernels once as CUDA graphs and replay them "
+             "(the same numbers, fewer launches; docs/training.md \"CUDA graphs\"). Steps run without graphs, with "
+             "one line saying why, for MoE layers, more than one process, segments, document masks, the vision tower "
+             "or `bench_train --profile`"),
         text("optim.name",
              &o.name,
              "`adamw`: AdamW with the `train.*` hyperparameters for every parameter; `muon`: Muon (`muon.*`) for the "

@@ -195,6 +195,7 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     // ZeRO-1: each forward waits for the parameter gathers of the last step bucket by bucket, as it reaches them.
     if (grad_sync_->zero())
         model_->set_params_needed_hook([sync = grad_sync_.get()](int end) { sync->params_needed(end); });
+    setup_cuda_graphs();
     const bool offload = cfg_.optim.offload == "cpu";
     if (offload && grad_sync_->zero())
         core::fail_hint(core::ExitCode::usage,

@@ -290,6 +290,9 @@ class Trainer {
     void check_parallel_layout() const;
     // optim.name = "muon": what the Muon step does not run yet (compression of GPU gradients) ends with exit 2.
     void check_muon_layout() const;
+    // train.cuda_graphs (trainer_memory.cpp): turns the model's captured steps on where this run allows them, or
+    // says on stdout (rank 0) why its steps run without.
+    void setup_cuda_graphs();
     // The Muon optimizer: replicated, or over the matrices GradSync assigned this rank (logs the ownership balance).
     std::unique_ptr<optim::Muon> make_muon() const;
     // trainer_optim.cpp: the update of both optimizer groups (the clip rule of muon.md §5, QK-clip), its metrics,

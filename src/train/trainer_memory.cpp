@@ -1,15 +1,30 @@
 // Trainer <-> device memory: each step's mem/* metrics from the backend's statistics (core/backend.h), the bytes of
 // the state the trainer holds for the whole run (so that the rest of the peak, the activations, can be told apart),
-// and a warning event when the memory reserved nears the device's total.
+// and a warning event when the memory reserved nears the device's total; and whether the steps run as CUDA graphs
+// (whose scratch the backend keeps in a pool of their own).
+#include <fmt/core.h>
+
 #include <algorithm>
 #include <array>
 #include <set>
+#include <string>
 
 #include "core/backend.h"
 #include "parallel/comm.h"
 #include "train/trainer.h"
 
 namespace mt::train {
+
+void Trainer::setup_cuda_graphs() {
+    if (!cfg_.train.cuda_graphs) return;
+    std::string blocker = mesh_->world().size() > 1 ? "more than one process (the gradient reduction's hooks)" : "";
+    if (blocker.empty()) blocker = model_->graph_blocker();
+    if (blocker.empty()) {
+        model_->set_cuda_graphs(true);
+        return;
+    }
+    if (log_) fmt::print("moetrain: train.cuda_graphs: the training steps run without CUDA graphs here: {}\n", blocker);
+}
 
 int64_t Trainer::state_bytes() const {
     // Each arena once (without an fp32 master copy the master weights are the forward's weights: one storage), and

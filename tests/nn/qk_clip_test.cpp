@@ -217,6 +217,7 @@ struct LayerRig {
     std::vector<double> forward() {
         layer->reset_max_logit();
         layer->forward(x, out);
+        layer->collect_max_logit();  // the row maxima stay on the device until collected (the model does it per pass)
         return layer->head_max_logit();
     }
     // The forward's attention output [B, T, Hq, D] (saved for backward), on the host.
@@ -277,6 +278,7 @@ TEST(AttentionHeadMaxLogit, EachHeadIsItsDirectMaximumAndMaxLogitTheirs) {
             for (int64_t i = 0; i < rig.x.numel(); ++i)
                 core::tensor_set_flat(rig.x, i, 0.5 * core::tensor_get_flat(x, i));
             rig.layer->forward(rig.x, rig.out);
+            rig.layer->collect_max_logit();
             EXPECT_EQ(rig.layer->head_max_logit(), heads);
             rig.layer->reset_max_logit();
             EXPECT_EQ(rig.layer->head_max_logit(), std::vector<double>(4, -kInf));

@@ -269,9 +269,11 @@ TEST(AttentionMaxLogit, TheLayerRecordsItsLargestCausalLogit) {
                  out = Tensor::zeros({b * t, cfg.d_model}, DType::f64);
     for (int64_t i = 0; i < x.numel(); ++i) core::tensor_set_flat(x, i, core::rng_normal(2, 0, i));
     layer.forward(x, out);
+    layer.collect_max_logit();
     EXPECT_EQ(layer.max_logit(), -INFINITY) << "tracking off";
     layer.set_track_max_logit(true);
     layer.forward(x, out);
+    layer.collect_max_logit();  // the row maxima stay on the device until collected (the model does it per pass)
     const std::vector<SavedTensor> saved = layer.saved_for_backward();
     const Tensor& q = *saved[0].tensor;  // [B, T, Hq, D]
     const Tensor& k = *saved[1].tensor;  // [B, T, Hkv, D]

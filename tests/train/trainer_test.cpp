@@ -1,4 +1,5 @@
-// Trainer: learning, exact resume (bit-identical losses), checkpoints that do not fit, bad token data, threads.
+// Trainer: learning, exact resume (bit-identical losses), checkpoints that do not fit, bad token data, threads,
+// train.cuda_graphs without a GPU.
 #include "train/trainer.h"
 
 #include <gtest/gtest.h>
@@ -156,6 +157,29 @@ TEST(Trainer, TokenIdsAtOrAboveVocabAreDataErrors) {
         EXPECT_EQ(e.code(), ExitCode::data);
         EXPECT_NE(std::string(e.what()).find("bad.bin"), std::string::npos) << e.what();
     }
+}
+
+// train.cuda_graphs where there are none (a CPU run): the steps run as before, and one line says why.
+TEST(Trainer, CudaGraphsWithoutAGpuRunTheStepsAsBeforeAndSayWhy) {
+    const std::string dir = fresh_dir("graphs_cpu");
+    std::vector<double> plain, asked;
+    {
+        Trainer t(tiny_job(dir, {"run.dir=\"" + dir + "/plain\""}), false);
+        while (t.step() < 3) plain.push_back(t.train_step().loss);
+    }
+    ::testing::internal::CaptureStdout();
+    {
+        Trainer t(tiny_job(dir, {"run.dir=\"" + dir + "/asked\"", "train.cuda_graphs=true"}), true);
+        while (t.step() < 3) asked.push_back(t.train_step().loss);
+        EXPECT_EQ(t.model().graph_captures(), 0);
+        EXPECT_EQ(t.model().graph_replays(), 0);
+    }
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    EXPECT_NE(out.find("train.cuda_graphs: the training steps run without CUDA graphs here: the device has no CUDA "
+                       "graphs"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(plain, asked);
 }
 
 TEST(Trainer, ZeroThreadsShareTheCoresAmongTheRanksOfAMachine) {

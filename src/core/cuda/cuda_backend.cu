@@ -1,6 +1,6 @@
 // The CUDA backend: a caching device allocator (freed blocks are kept per size class and reused, as PyTorch's
 // caching allocator does, so training steps stop calling cudaMalloc after the first), one stream per lane
-// (core/exec.h) with its own pool of cached blocks, copies.
+// (core/exec.h) with its own pool of cached blocks, copies, and CUDA graphs with a pool of their own.
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 
@@ -29,6 +29,11 @@ void cuda_fail(cudaError_t err, const char* what, const char* file, int line) {
 namespace {
 
 constexpr int kLanes = 3;
+// The graphs' pool (after the lanes' pools): what a capture allocates, and every block freed during one. A replay
+// writes the addresses its capture recorded, so while a graph lives none of them may go to an allocation outside a
+// capture; when the last graph is destroyed the pool's free blocks go back to the main lane's.
+constexpr int kGraphPool = kLanes;
+constexpr int kPools = kLanes + 1;
 
 int lane_index(Lane lane) {
     return lane == Lane::main ? 0 : lane == Lane::side ? 1 : 2;
@@ -87,10 +92,11 @@ class CudaBackend final : public Backend {
 
     void* alloc_scratch(size_t bytes) override {
         const size_t cls = size_class(bytes == 0 ? 1 : bytes);
-        const int lane = lane_index(exec().lane);
         void* ptr = nullptr;
+        int lane = 0;
         {
             std::lock_guard<std::mutex> lock(mutex_);
+            lane = capturing_ ? kGraphPool : lane_index(exec().lane);
             auto it = cache_[lane].find(cls);
             if (it != cache_[lane].end() && !it->second.empty()) {
                 ptr = it->second.back();
@@ -100,7 +106,7 @@ class CudaBackend final : public Backend {
         }
         if (ptr == nullptr) {
             cudaError_t err = cudaMalloc(&ptr, cls);
-            if (err == cudaErrorMemoryAllocation) {
+            if (err == cudaErrorMemoryAllocation && !capturing_) {  // release_cache synchronises: not in a capture
                 (void)cudaGetLastError();
                 release_cache();
                 err = cudaMalloc(&ptr, cls);
@@ -126,8 +132,12 @@ class CudaBackend final : public Backend {
         const size_t cls = size_class(bytes == 0 ? 1 : bytes);
         std::lock_guard<std::mutex> lock(mutex_);
         const auto owner = owner_.find(ptr);
-        const int lane = owner != owner_.end() ? owner->second : 0;
+        int lane = owner != owner_.end() ? owner->second : 0;
         if (owner != owner_.end()) owner_.erase(owner);
+        // A block freed during a capture may be one the graph uses; a graph block goes back to the main lane's pool
+        // once no graph lives.
+        if (capturing_) lane = kGraphPool;
+        if (lane == kGraphPool && graphs_alive_ == 0 && !capturing_) lane = 0;
         cache_[lane][cls].push_back(ptr);  // reused by a later alloc on the same lane: stream order keeps it safe
         in_use_bytes_ -= cls;
         cached_bytes_ += cls;
@@ -243,6 +253,74 @@ class CudaBackend final : public Backend {
     void set_thread_device_index(int index) override {
         MT_CUDA_CHECK(cudaSetDevice(index));
     }
+    bool supports_graphs() const override {
+        return true;
+    }
+
+    // Relaxed mode: a capture may call cudaMalloc (a scratch pool's miss), and other threads (the checkpoint writer)
+    // go on with their own streams; a synchronisation of the captured stream still fails the capture.
+    void begin_capture() override {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            MT_CHECK(!capturing_, "a CUDA graph capture is already under way");
+            // The main lane's free blocks (an eager step's scratch) become the graphs': the capture reuses them
+            // instead of allocating the same sizes again.
+            move_free_blocks(0, kGraphPool);
+            capturing_ = true;
+        }
+        const cudaError_t err = cudaStreamBeginCapture(lane_stream(Lane::main), cudaStreamCaptureModeRelaxed);
+        if (err != cudaSuccess) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            capturing_ = false;
+            MT_CUDA_CHECK(err);
+        }
+    }
+
+    uint64_t end_capture(bool keep) override {
+        cudaGraph_t graph = nullptr;
+        const cudaError_t ended = cudaStreamEndCapture(lane_stream(Lane::main), &graph);
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            capturing_ = false;
+            if (keep && ended == cudaSuccess) ++graphs_alive_;  // before instantiating: a failure below undoes it
+        }
+        if (!keep || ended != cudaSuccess) {
+            if (graph != nullptr) cudaGraphDestroy(graph);
+            (void)cudaGetLastError();
+            release_graph_pool_if_unused();
+            if (keep) MT_CUDA_CHECK(ended);
+            return 0;
+        }
+        cudaGraphExec_t exec = nullptr;
+        const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+        cudaGraphDestroy(graph);
+        if (made != cudaSuccess) {
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                --graphs_alive_;
+            }
+            release_graph_pool_if_unused();
+            MT_CUDA_CHECK(made);
+        }
+        return reinterpret_cast<uint64_t>(exec);
+    }
+
+    void graph_launch(uint64_t graph) override {
+        MT_CUDA_CHECK(cudaGraphLaunch(reinterpret_cast<cudaGraphExec_t>(graph), lane_stream(Lane::main)));
+    }
+
+    void graph_destroy(uint64_t graph) override {
+        if (graph == 0) return;
+        // A replay may still be running: its blocks go back to the main pool only after it has finished.
+        MT_CUDA_CHECK(cudaStreamSynchronize(lane_stream(Lane::main)));
+        MT_CUDA_CHECK(cudaGraphExecDestroy(reinterpret_cast<cudaGraphExec_t>(graph)));
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            --graphs_alive_;
+        }
+        release_graph_pool_if_unused();
+    }
+
     void range_push(const char* name) override {
         nvtxRangePushA(name);
     }
@@ -251,20 +329,42 @@ class CudaBackend final : public Backend {
     }
 
    private:
+    // Callers hold mutex_.
+    void move_free_blocks(int from, int to) {
+        for (auto& [cls, ptrs] : cache_[from]) {
+            auto& dst = cache_[to][cls];
+            dst.insert(dst.end(), ptrs.begin(), ptrs.end());
+        }
+        cache_[from].clear();
+    }
+
+    void release_graph_pool_if_unused() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (graphs_alive_ > 0 || capturing_) return;
+        move_free_blocks(kGraphPool, 0);
+        for (auto& [ptr, pool] : owner_)
+            if (pool == kGraphPool) pool = 0;
+    }
+
     void release_cache() {
         synchronize();
         std::lock_guard<std::mutex> lock(mutex_);
-        for (auto& pool : cache_) {
-            for (auto& [cls, ptrs] : pool)
-                for (void* p : ptrs) cudaFree(p);
-            pool.clear();
+        for (int pool = 0; pool < kPools; ++pool) {
+            if (pool == kGraphPool && graphs_alive_ > 0) continue;  // a replay writes them: not the driver's to reuse
+            for (auto& [cls, ptrs] : cache_[pool])
+                for (void* p : ptrs) {
+                    cudaFree(p);
+                    cached_bytes_ -= cls;
+                }
+            cache_[pool].clear();
         }
-        cached_bytes_ = 0;
     }
 
     mutable std::mutex mutex_;  // also taken by the const getters, so they read the counters as alloc and free do
-    std::map<size_t, std::vector<void*>> cache_[kLanes];  // per lane: size class -> free blocks
-    std::unordered_map<void*, int> owner_;                // live block -> the lane whose pool gets it back
+    std::map<size_t, std::vector<void*>> cache_[kPools];  // per lane, and the graphs': size class -> free blocks
+    std::unordered_map<void*, int> owner_;                // live block -> the pool that gets it back
+    std::atomic<bool> capturing_{false};                  // begin_capture .. end_capture (alloc reads it unlocked)
+    int graphs_alive_ = 0;
     size_t in_use_bytes_ = 0, cached_bytes_ = 0, peak_bytes_ = 0;
     mutable std::atomic<size_t> total_bytes_{0};
     std::atomic<bool> poison_{[] {

@@ -108,18 +108,19 @@ void AttentionLayer::forward(const Tensor& x, const Tensor& out) {
     const int64_t n = batch_ * seq_;
     dropped_.restore();
     record_max_logit_ = track_max_logit_ && !seg_.recompute;
-    if (record_max_logit_) row_max_logit_ = Tensor::scratch(lse_shape(), lse_dtype_, device_);
+    // Kept in place from pass to pass: a captured step's replays write the buffer its capture saw.
+    if (record_max_logit_ && (!row_max_logit_.defined() || row_max_logit_.shape() != lse_shape()))
+        row_max_logit_ = Tensor::scratch(lse_shape(), lse_dtype_, device_);
     forward_core(x);
     if (seg_.active() && !window_) kv_.forward_done();
-    if (record_max_logit_) {
-        record_max_logit_ = false;
-        record_max_logits();
-    }
+    max_logit_written_ = record_max_logit_;
+    record_max_logit_ = false;  // a recompute's re-run of forward_core leaves the row maxima alone
     wo_.forward(attn_.reshape({n, attn_.numel() / n}), out);
     dropped_.release();
 }
 
-void AttentionLayer::record_max_logits() {
+void AttentionLayer::collect_max_logit() {
+    if (!max_logit_written_) return;
     const Tensor rows = row_max_logit_.on_host().to(core::DType::f64);  // [B, Hq, T]
     const double* m = rows.data<double>();
     const int64_t b = rows.size(0), hq = rows.size(1), t = rows.size(2);
@@ -130,7 +131,6 @@ void AttentionLayer::record_max_logits() {
         }
     if (cp_.active()) cp_.max_over_group(head_max_logit_);  // the other ranks' queries, head by head
     for (double head : head_max_logit_) max_logit_ = std::max(max_logit_, head);
-    row_max_logit_ = Tensor();
 }
 
 void AttentionLayer::forward_core(const Tensor& x) {

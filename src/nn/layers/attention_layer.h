@@ -89,6 +89,10 @@ class AttentionLayer : public Layer {
     double max_logit() const {
         return max_logit_;
     }
+    // Folds the last forward's row maxima (left on the device, so that a forward holds no synchronisation) into the
+    // per-head and overall running maxima (under cp over the group, a collective); the model calls it after each
+    // pass. Nothing when that forward recorded none; a second call adds nothing (a maximum).
+    void collect_max_logit();
     // The same running maximum per query head of this rank (size n_heads / tp; under cp the max over the group, as
     // max_logit's), the S^h of QK-clip (muon.md §4): max_logit() is their maximum.
     const std::vector<double>& head_max_logit() const {
@@ -119,8 +123,6 @@ class AttentionLayer : public Layer {
    private:
     // q, k, v and the attention output from x: what recompute attn_core re-runs.
     void forward_core(const Tensor& x);
-    // Folds the forward's row maxima into the per-head and overall running maxima (over the cp group).
-    void record_max_logits();
     bool rotates() const {
         return window_ ? cfg_.attn.window_rope_base > 0 : cfg_.attn_rope();
     }
@@ -181,6 +183,7 @@ class AttentionLayer : public Layer {
     Tensor key_doc_start_;
     // The max pre-softmax logit: tracking on, the running maximum, and whether this forward records ([B, Hq, T]).
     bool track_max_logit_ = false, record_max_logit_ = false;
+    bool max_logit_written_ = false;  // the last forward wrote row_max_logit_ (collect_max_logit folds it in)
     double max_logit_ = -std::numeric_limits<double>::infinity();
     std::vector<double> head_max_logit_;  // [n_heads], the running maximum per head
     Tensor row_max_logit_;

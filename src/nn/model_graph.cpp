@@ -1,0 +1,125 @@
+// CUDA graphs for a training step's forward and backward (issue 25 item 7; docs/training.md "CUDA graphs").
+//
+// A step's forward is host work (the batch's checks and upload), the pass's kernels, and host work again (the loss
+// sum in f64, the attention layers' maxima); its backward is the d(loss) rows (host scalars) and kernels. The
+// kernels are what the graphs record: once, on the first training step, and again whenever graph_key changes. A
+// replay does not run the host code that queued them, so everything that code chose (buffers, shapes, scalars) has
+// to be the same on every step the graph replays: graph_blocker names the features where it is not (their host work
+// sits between kernels, or their buffers change from batch to batch), and graph_key holds the rest.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/exec.h"
+#include "core/trace.h"
+#include "nn/model.h"
+
+namespace mt::nn {
+
+void Model::set_cuda_graphs(bool on) {
+    graphs_.enabled = on;
+    if (!on) drop_graphs();
+}
+
+std::string Model::graph_blocker() const {
+    if (!core::graphs_supported(precision_.device)) return "the device has no CUDA graphs (a CPU run)";
+    if (core::profile_enabled()) return "the range profile (it synchronises around every range)";
+    if (cfg_.n_moe_layers() > 0) return "MoE layers (the routing's counts and expert offsets are read on the host)";
+    if (tp_.active()) return "tensor parallelism";
+    if (cp_.active()) return "context parallelism";
+    if (num_chunks() != 1 || !chunk_has_embedding(0) || !chunk_has_head(0)) return "pipeline parallelism";
+    if (params_needed_) return "ZeRO's parameter gathers";
+    if (cfg_.segments.enabled()) return "sequence segments";
+    if (cfg_.document_mask) return "document masking (each batch's document maps are kernel arguments)";
+    if (vision_) return "the vision encoder";
+    return "";
+}
+
+std::vector<double> Model::graph_key() const {
+    return {static_cast<double>(batch_),
+            static_cast<double>(seq_),
+            attnres_ ? attnres_->blend() : 0.0,
+            // The metrics' stat buffer the kernels add to (undefined on the steps without metrics).
+            static_cast<double>(reinterpret_cast<uintptr_t>(layer_stats_.defined() ? layer_stats_.raw() : nullptr)),
+            track_predictions_ ? 1.0 : 0.0};
+}
+
+void Model::check_batch_indices() const {
+    const int64_t ids_range = table_.param(embed_).size(0), target_range = vocab_rows();
+    const int32_t* ids = seq_ids_.data<int32_t>();
+    const int32_t* targets = seq_targets_.data<int32_t>();
+    for (int64_t i = 0; i < seq_ids_.numel(); ++i)
+        if (ids[i] < 0 || ids[i] >= ids_range)
+            core::fail_hint(core::ExitCode::data,
+                            "the token data holds ids outside the vocabulary; check model.vocab_size and the "
+                            "tokenizer used to write the data",
+                            "embedding_fwd: ids[{}] = {} is outside the embedding table [0, {})",
+                            i,
+                            ids[i],
+                            ids_range);
+    for (int64_t i = 0; i < seq_targets_.numel(); ++i)
+        if (targets[i] != kIgnoreIndex && (targets[i] < 0 || targets[i] >= target_range))
+            core::fail_hint(core::ExitCode::data,
+                            "the token data holds ids outside the vocabulary; check model.vocab_size and the "
+                            "tokenizer used to write the data",
+                            "cross_entropy_fwd: targets[{}] = {} is outside [0, {}) and not the ignore index {}",
+                            i,
+                            targets[i],
+                            target_range,
+                            kIgnoreIndex);
+}
+
+double Model::graph_forward(const Tensor& ids, const Tensor& targets) {
+    chunk_ = 0;
+    prepare_batch(ids, targets, /*training=*/true, /*reset_metrics=*/true);
+    check_batch_indices();
+    begin_pass(ids.size(0), 0, /*recompute=*/false, /*count=*/true);
+    const std::vector<double> key = graph_key();
+    if (!graphs_.forward.ready() || key != graphs_.key) {
+        drop_graphs();
+        // The ops skip their device-side index checks (a synchronisation): the batch was checked above.
+        core::ExecCtx ctx = core::exec();
+        ctx.indices_checked = true;
+        const core::ExecScope scope(ctx);
+        graphs_.forward.capture(precision_.device, [&] { pass_forward_kernels(); });
+        graphs_.key = key;
+        ++graphs_.captures;
+    } else {
+        ++graphs_.replays;
+    }
+    graphs_.forward.launch();
+    graphs_.forward_ran = true;
+    collect_max_logits();
+    const double sum = pass_loss();
+    return counted_ > 0 ? sum / static_cast<double>(counted_) : 0.0;
+}
+
+void Model::graph_backward(double loss_scale) {
+    // A replay runs no host code, so a hook that must hear of each layer's gradients (data parallelism) cannot be
+    // served: the trainer turns graphs on only for a single process.
+    MT_CHECK(!grad_ready_, "a captured step's backward cannot call the gradient-ready hook (data parallelism)");
+    fill_dlosses(loss_scale);
+    if (!graphs_.backward.ready()) {
+        core::ExecCtx ctx = core::exec();
+        ctx.indices_checked = true;
+        const core::ExecScope scope(ctx);
+        graphs_.backward.capture(precision_.device,
+                                 [&] { pass_backward_kernels(loss_scale, /*last_pass=*/true, Tensor()); });
+    }
+    graphs_.backward.launch();
+}
+
+void Model::drop_graphs() {
+    graphs_.forward.reset();
+    graphs_.backward.reset();
+    graphs_.key.clear();
+    graphs_.forward_ran = false;
+}
+
+void Model::collect_max_logits() {
+    for (auto& b : blocks_)
+        if (AttentionLayer* a = b->attention()) a->collect_max_logit();
+}
+
+}  // namespace mt::nn
