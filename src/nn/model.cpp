@@ -153,8 +153,15 @@ double Model::forward(const Tensor& ids, const Tensor& targets, bool training) {
     MT_CHECK(num_chunks() == 1 && chunk_has_embedding(0) && chunk_has_head(0),
              "Model::forward runs the whole model; a pipeline part runs forward_chunk");
     if (graphs_.enabled && training && graph_blocker().empty()) {
+        const std::vector<int64_t> shape = {ids.size(0), ids.size(1), static_cast<int64_t>(cfg_.rope_theta)};
+        if (graphs_.warm && shape != graphs_.shape) drop_graphs();  // a new shape warms up again
         if (graphs_.warm) return graph_forward(ids, targets);
-        graphs_.warming = true;  // the first step runs eagerly (lazy kernel loading, library handles, algorithm caches)
+        // The first step runs eagerly (lazy kernel loading, library handles, algorithm caches, RoPE tables); its
+        // backward makes the model warm.
+        const double loss = forward_chunk(0, ids, targets, Tensor(), training, /*recompute=*/false);
+        graphs_.warming = true;
+        graphs_.shape = shape;
+        return loss;
     }
     return forward_chunk(0, ids, targets, Tensor(), training, /*recompute=*/false);  // the one chunk of every layer
 }

@@ -346,7 +346,7 @@ class Model {
     // pass_backward_kernels is pass_backward after fill_dlosses.
     bool pass_forward_kernels();
     double pass_loss();
-    void collect_max_logits();
+    void collect_max_logits(bool keep_buffers = false);
     void pass_backward_kernels(double loss_scale, bool last_pass, const Tensor& d_output);
     // The graph path of forward and backward (model_graph.cpp).
     struct StepGraphs {
@@ -355,11 +355,14 @@ class Model {
         std::vector<double> key;             // what the recorded kernels bake in (graph_key)
         bool forward_ran = false;            // the last forward replayed: the backward replays too
         bool warming = false, warm = false;  // an eager training step has run (and finished) with graphs on
+        std::vector<int64_t> shape;          // the batch shape and RoPE base that warm step ran
+        std::vector<AttentionLayer*> max_logit_layers;  // those whose row maxima the forward's graph writes
         int64_t captures = 0, replays = 0;
     };
     double graph_forward(const Tensor& ids, const Tensor& targets);
     void graph_backward(double loss_scale);
-    void drop_graphs();
+    // cold: the next training forward runs eagerly before the graphs are recorded again.
+    void drop_graphs(bool cold = true);
     std::vector<double> graph_key() const;
     // The batch's ids and targets checked on the host (the captured ops skip their own device checks).
     void check_batch_indices() const;

@@ -25,6 +25,8 @@ void Model::set_cuda_graphs(bool on) {
 std::string Model::graph_blocker() const {
     if (!core::graphs_supported(precision_.device)) return "the device has no CUDA graphs (a CPU run)";
     if (core::profile_enabled()) return "the range profile (it synchronises around every range)";
+    if (core::profile_requested("kda") || core::profile_requested("kda_phases"))
+        return "MT_PROFILE's KDA timings (they synchronise inside the KDA calls)";
     if (cfg_.n_moe_layers() > 0) return "MoE layers (the routing's counts and expert offsets are read on the host)";
     if (tp_.active()) return "tensor parallelism";
     if (cp_.active()) return "context parallelism";
@@ -39,6 +41,7 @@ std::string Model::graph_blocker() const {
 std::vector<double> Model::graph_key() const {
     return {static_cast<double>(batch_),
             static_cast<double>(seq_),
+            cfg_.rope_theta,  // picks the RoPE table the attention kernels read
             attnres_ ? attnres_->blend() : 0.0,
             // The metrics' stat buffer the kernels add to (undefined on the steps without metrics).
             static_cast<double>(reinterpret_cast<uintptr_t>(layer_stats_.defined() ? layer_stats_.raw() : nullptr)),
@@ -77,20 +80,25 @@ double Model::graph_forward(const Tensor& ids, const Tensor& targets) {
     begin_pass(ids.size(0), 0, /*recompute=*/false, /*count=*/true);
     const std::vector<double> key = graph_key();
     if (!graphs_.forward.ready() || key != graphs_.key) {
-        drop_graphs();
+        drop_graphs(/*cold=*/false);
         // The ops skip their device-side index checks (a synchronisation): the batch was checked above.
         core::ExecCtx ctx = core::exec();
         ctx.indices_checked = true;
         const core::ExecScope scope(ctx);
         graphs_.forward.capture(precision_.device, [&] { pass_forward_kernels(); });
         graphs_.key = key;
+        graphs_.max_logit_layers.clear();  // the attention layers whose row maxima the recorded kernels write
+        for (auto& b : blocks_)
+            if (AttentionLayer* a = b->attention(); a != nullptr && a->max_logit_written())
+                graphs_.max_logit_layers.push_back(a);
         ++graphs_.captures;
     } else {
         ++graphs_.replays;
     }
     graphs_.forward.launch();
     graphs_.forward_ran = true;
-    collect_max_logits();
+    for (AttentionLayer* a : graphs_.max_logit_layers) a->mark_max_logit_written();
+    collect_max_logits(/*keep_buffers=*/true);
     const double sum = pass_loss();
     return counted_ > 0 ? sum / static_cast<double>(counted_) : 0.0;
 }
@@ -110,16 +118,20 @@ void Model::graph_backward(double loss_scale) {
     graphs_.backward.launch();
 }
 
-void Model::drop_graphs() {
+void Model::drop_graphs(bool cold) {
     graphs_.forward.reset();
     graphs_.backward.reset();
     graphs_.key.clear();
+    graphs_.max_logit_layers.clear();
     graphs_.forward_ran = false;
+    // After another kind of forward (an evaluation, another shape) the next training forward runs eagerly first:
+    // what it creates the first time (a RoPE table, a kernel's module) then exists before a capture records it.
+    if (cold) graphs_.warm = graphs_.warming = false;
 }
 
-void Model::collect_max_logits() {
-    for (auto& b : blocks_)
-        if (AttentionLayer* a = b->attention()) a->collect_max_logit();
+void Model::collect_max_logits(bool keep_buffers) {
+    for (int64_t l = chunk_lo(); l < chunk_hi(); ++l)  // the pass's chunk: another chunk's maxima are not this pass's
+        if (AttentionLayer* a = blocks_[static_cast<size_t>(l)]->attention()) a->collect_max_logit(keep_buffers);
 }
 
 }  // namespace mt::nn

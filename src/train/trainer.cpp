@@ -195,7 +195,6 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     // ZeRO-1: each forward waits for the parameter gathers of the last step bucket by bucket, as it reaches them.
     if (grad_sync_->zero())
         model_->set_params_needed_hook([sync = grad_sync_.get()](int end) { sync->params_needed(end); });
-    setup_cuda_graphs();
     const bool offload = cfg_.optim.offload == "cpu";
     if (offload && grad_sync_->zero())
         core::fail_hint(core::ExitCode::usage,
@@ -227,6 +226,7 @@ Trainer::Trainer(JobConfig cfg, bool log, parallel::Comm* world) : cfg_(std::mov
     targets_ = core::Tensor::zeros({t.batch_size, t.seq_len}, core::DType::i32);
     long_setup();
     setup_layer_stats();
+    setup_cuda_graphs();  // after long_setup: the segments it may turn on keep the steps eager
     reserve_checkpoint_buffers();
 }
 

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -11,7 +12,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/backend.h"
@@ -96,24 +99,27 @@ class CudaBackend final : public Backend {
         int lane = 0;
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            lane = capturing_ ? kGraphPool : lane_index(exec().lane);
+            lane = in_capture() ? kGraphPool : lane_index(exec().lane);
             auto it = cache_[lane].find(cls);
             if (it != cache_[lane].end() && !it->second.empty()) {
                 ptr = it->second.back();
                 it->second.pop_back();
                 cached_bytes_ -= cls;
+                if (lane == kGraphPool) seeded_.erase(ptr);  // a graph uses it now
             }
         }
         if (ptr == nullptr) {
             cudaError_t err = cudaMalloc(&ptr, cls);
-            if (err == cudaErrorMemoryAllocation && !capturing_) {  // release_cache synchronises: not in a capture
+            if (err == cudaErrorMemoryAllocation && !in_capture()) {  // release_cache synchronises: not in a capture
                 (void)cudaGetLastError();
                 release_cache();
                 err = cudaMalloc(&ptr, cls);
             }
             if (err != cudaSuccess)
                 fail_hint(ExitCode::device,
-                          "reduce train.batch_size or train.seq_len, or enable recomputation",
+                          in_capture() ? "set train.cuda_graphs = false (a graph's capture cannot release the cache), "
+                                         "reduce train.batch_size or train.seq_len, or enable recomputation"
+                                       : "reduce train.batch_size or train.seq_len, or enable recomputation",
                           "cannot allocate {} bytes on the GPU: {} ({} bytes in use)",
                           cls,
                           cudaGetErrorString(err),
@@ -134,9 +140,9 @@ class CudaBackend final : public Backend {
         const auto owner = owner_.find(ptr);
         int lane = owner != owner_.end() ? owner->second : 0;
         if (owner != owner_.end()) owner_.erase(owner);
-        // A block freed during a capture may be one the graph uses; a graph block goes back to the main lane's pool
-        // once no graph lives.
-        if (capturing_) lane = kGraphPool;
+        // A block the capturing thread frees during a capture may be one the graph uses; a graph block goes back to
+        // the main lane's pool once no graph lives.
+        if (in_capture()) lane = kGraphPool;
         if (lane == kGraphPool && graphs_alive_ == 0 && !capturing_) lane = 0;
         cache_[lane][cls].push_back(ptr);  // reused by a later alloc on the same lane: stream order keeps it safe
         in_use_bytes_ -= cls;
@@ -263,15 +269,21 @@ class CudaBackend final : public Backend {
         {
             std::lock_guard<std::mutex> lock(mutex_);
             MT_CHECK(!capturing_, "a CUDA graph capture is already under way");
-            // The main lane's free blocks (an eager step's scratch) become the graphs': the capture reuses them
-            // instead of allocating the same sizes again.
+            // The main lane's free blocks (an eager step's scratch) are lent to the capture, which reuses them
+            // instead of allocating the same sizes again; end_capture gives back those it did not take.
+            for (const auto& [cls, ptrs] : cache_[0]) seeded_.insert(ptrs.begin(), ptrs.end());
             move_free_blocks(0, kGraphPool);
+            capture_thread_ = std::this_thread::get_id();
             capturing_ = true;
         }
         const cudaError_t err = cudaStreamBeginCapture(lane_stream(Lane::main), cudaStreamCaptureModeRelaxed);
         if (err != cudaSuccess) {
-            std::lock_guard<std::mutex> lock(mutex_);
-            capturing_ = false;
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                capturing_ = false;
+                return_unused_seeds();
+            }
+            release_graph_pool_if_unused();
             MT_CUDA_CHECK(err);
         }
     }
@@ -282,6 +294,7 @@ class CudaBackend final : public Backend {
         {
             std::lock_guard<std::mutex> lock(mutex_);
             capturing_ = false;
+            return_unused_seeds();
             if (keep && ended == cudaSuccess) ++graphs_alive_;  // before instantiating: a failure below undoes it
         }
         if (!keep || ended != cudaSuccess) {
@@ -329,6 +342,23 @@ class CudaBackend final : public Backend {
     }
 
    private:
+    // Whether this call is the capturing thread's during a capture: only its allocations and frees go to the graph
+    // pool (another thread's, such as the checkpoint writer's, keep their own).
+    bool in_capture() const {
+        return capturing_ && std::this_thread::get_id() == capture_thread_;
+    }
+
+    // Callers hold mutex_. The lent main-lane blocks that the capture did not take go back to the main lane's pool.
+    void return_unused_seeds() {
+        for (auto& [cls, ptrs] : cache_[kGraphPool]) {
+            auto unused = std::stable_partition(ptrs.begin(), ptrs.end(), [&](void* p) { return !seeded_.count(p); });
+            auto& dst = cache_[0][cls];
+            dst.insert(dst.end(), unused, ptrs.end());
+            ptrs.erase(unused, ptrs.end());
+        }
+        seeded_.clear();
+    }
+
     // Callers hold mutex_.
     void move_free_blocks(int from, int to) {
         for (auto& [cls, ptrs] : cache_[from]) {
@@ -364,6 +394,8 @@ class CudaBackend final : public Backend {
     std::map<size_t, std::vector<void*>> cache_[kPools];  // per lane, and the graphs': size class -> free blocks
     std::unordered_map<void*, int> owner_;                // live block -> the pool that gets it back
     std::atomic<bool> capturing_{false};                  // begin_capture .. end_capture (alloc reads it unlocked)
+    std::thread::id capture_thread_;                      // the thread that capture is recording
+    std::unordered_set<void*> seeded_;                    // main-lane blocks lent to the capture and not yet taken
     int graphs_alive_ = 0;
     size_t in_use_bytes_ = 0, cached_bytes_ = 0, peak_bytes_ = 0;
     mutable std::atomic<size_t> total_bytes_{0};

@@ -108,7 +108,8 @@ void AttentionLayer::forward(const Tensor& x, const Tensor& out) {
     const int64_t n = batch_ * seq_;
     dropped_.restore();
     record_max_logit_ = track_max_logit_ && !seg_.recompute;
-    // Kept in place from pass to pass: a captured step's replays write the buffer its capture saw.
+    // Under graphs kept in place from pass to pass (collect_max_logit's keep_buffer): a replay writes the buffer its
+    // capture saw.
     if (record_max_logit_ && (!row_max_logit_.defined() || row_max_logit_.shape() != lse_shape()))
         row_max_logit_ = Tensor::scratch(lse_shape(), lse_dtype_, device_);
     forward_core(x);
@@ -119,8 +120,9 @@ void AttentionLayer::forward(const Tensor& x, const Tensor& out) {
     dropped_.release();
 }
 
-void AttentionLayer::collect_max_logit() {
+void AttentionLayer::collect_max_logit(bool keep_buffer) {
     if (!max_logit_written_) return;
+    max_logit_written_ = false;
     const Tensor rows = row_max_logit_.on_host().to(core::DType::f64);  // [B, Hq, T]
     const double* m = rows.data<double>();
     const int64_t b = rows.size(0), hq = rows.size(1), t = rows.size(2);
@@ -131,6 +133,7 @@ void AttentionLayer::collect_max_logit() {
         }
     if (cp_.active()) cp_.max_over_group(head_max_logit_);  // the other ranks' queries, head by head
     for (double head : head_max_logit_) max_logit_ = std::max(max_logit_, head);
+    if (!keep_buffer) row_max_logit_ = Tensor();
 }
 
 void AttentionLayer::forward_core(const Tensor& x) {

@@ -83,6 +83,7 @@ class AttentionLayer : public Layer {
         track_max_logit_ = on;
     }
     void reset_max_logit() {
+        max_logit_written_ = false;  // an earlier forward's row maxima are not this step's
         max_logit_ = -std::numeric_limits<double>::infinity();
         head_max_logit_.assign(head_max_logit_.size(), -std::numeric_limits<double>::infinity());
     }
@@ -91,8 +92,17 @@ class AttentionLayer : public Layer {
     }
     // Folds the last forward's row maxima (left on the device, so that a forward holds no synchronisation) into the
     // per-head and overall running maxima (under cp over the group, a collective); the model calls it after each
-    // pass. Nothing when that forward recorded none; a second call adds nothing (a maximum).
-    void collect_max_logit();
+    // pass. Nothing when that forward recorded none or they were collected already. keep_buffer: the row maxima's
+    // buffer stays allocated for the next forward (a captured step's replays write the address its capture saw);
+    // else it is freed (one [B, Hq, T] buffer alive at a time, as before).
+    void collect_max_logit(bool keep_buffer = false);
+    // A captured forward's replay wrote the row maxima (its host code, which says so, does not run again).
+    bool max_logit_written() const {
+        return max_logit_written_;
+    }
+    void mark_max_logit_written() {
+        max_logit_written_ = true;
+    }
     // The same running maximum per query head of this rank (size n_heads / tp; under cp the max over the group, as
     // max_logit's), the S^h of QK-clip (muon.md §4): max_logit() is their maximum.
     const std::vector<double>& head_max_logit() const {
