@@ -352,10 +352,10 @@ class Model {
     struct StepGraphs {
         bool enabled = false;
         core::CapturedGraph forward, backward;
-        std::vector<double> key;             // what the recorded kernels bake in (graph_key)
-        bool forward_ran = false;            // the last forward replayed: the backward replays too
-        bool warming = false, warm = false;  // an eager training step has run (and finished) with graphs on
-        std::vector<int64_t> shape;          // the batch shape and RoPE base that warm step ran
+        std::vector<double> key;                        // what the recorded kernels bake in (graph_key)
+        bool forward_ran = false;                       // the last forward replayed: the backward replays too
+        bool warming = false, warm = false;             // an eager training step has run (and finished) with graphs on
+        std::vector<int64_t> shape;                     // the batch shape and RoPE base that warm step ran
         std::vector<AttentionLayer*> max_logit_layers;  // those whose row maxima the forward's graph writes
         int64_t captures = 0, replays = 0;
     };
