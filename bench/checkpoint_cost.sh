@@ -195,6 +195,9 @@ print(json.dumps({"bench": "restart", "config": sys.argv[2], "every": every, "st
                   "to_restart_event_s": ev["time"] - t_kill,
                   "to_resumed_event_s": resumed["time"] - t_kill if resumed else None,
                   "load_seconds": resumed.get("load_seconds"),
+                  # of which the files' CRC-32C checks and the finiteness checks (the rest: reading into the state)
+                  "load_crc_seconds": resumed.get("load_crc_seconds"),
+                  "load_check_seconds": resumed.get("load_check_seconds"),
                   "checkpoint_reserve_seconds": config.get("checkpoint_reserve_seconds"),
                   "resumed_event_to_first_step_s": first["time"] - resumed["time"] if resumed else None,
                   # the resumed job's steps after its first (the reservation of the snapshot buffers runs beside them)

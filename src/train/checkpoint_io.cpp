@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <set>
 
@@ -279,7 +280,9 @@ Checkpoint checkpoint_open(const std::string& dir, CrcCheck crc_check) {
 void Checkpoint::verify_before_read(const SafetensorsFile* file) const {
     if (crc_ != CrcCheck::on_read || verified_.count(file)) return;
     const std::string& want = expected_crc_.at(file);
+    const auto start = std::chrono::steady_clock::now();
     const uint32_t got = core::file_crc32c(file->path());
+    crc_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (got != std::stoul(want, nullptr, 16))
         corrupt(
             fmt::format("CRC-32C is {} but the manifest records {}: the file is corrupt", core::crc32c_hex(got), want),

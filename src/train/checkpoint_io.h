@@ -165,6 +165,10 @@ class Checkpoint {
     size_t files_count() const {
         return files_.size();
     }
+    // Wall time spent in CrcCheck::on_read's checks so far (a resume's share of its load, in the `resumed` event).
+    double crc_seconds() const {
+        return crc_seconds_;
+    }
 
    private:
     friend Checkpoint checkpoint_open(const std::string& dir, CrcCheck crc);
@@ -191,6 +195,7 @@ class Checkpoint {
     CrcCheck crc_ = CrcCheck::off;
     std::map<const SafetensorsFile*, std::string> expected_crc_;  // 8 hex digits, from the manifest
     mutable std::set<const SafetensorsFile*> verified_;
+    mutable double crc_seconds_ = 0.0;
     // read_flat's copies onto a device (made at the first, freed with the checkpoint)
     mutable std::unique_ptr<core::StagedUpload> upload_;
 };

@@ -497,7 +497,11 @@ RunEnd Trainer::run() {
     if (!resumed_from_.empty())
         metrics_->write(step_,
                         "event",
-                        {{"event", "resumed"}, {"checkpoint", resumed_from_}, {"load_seconds", resume_load_seconds_}});
+                        {{"event", "resumed"},
+                         {"checkpoint", resumed_from_},
+                         {"load_seconds", resume_load_seconds_},
+                         {"load_crc_seconds", resume_crc_seconds_},
+                         {"load_check_seconds", resume_check_seconds_}});
     if (log_) {
         fmt::print(
             "moetrain: {} parameters, {} tokens per step, {} ({}, {} threads{}); train data {}\n",

@@ -533,7 +533,9 @@ class Trainer {
     int64_t step_ = 0;                         // optimizer steps completed
     int64_t last_saved_step_ = -1;             // the step of the checkpoint written or loaded last
     std::string last_saved_dir_, resumed_from_, resumed_config_;
-    double resume_load_seconds_ = 0.0;           // the last load_checkpoint_state's wall time
+    double resume_load_seconds_ = 0.0;  // the last load_checkpoint_state's wall time
+    // ... of which the files' CRC-32C checks and the loaded tensors' finiteness checks (the rest: the reads)
+    double resume_crc_seconds_ = 0.0, resume_check_seconds_ = 0.0;
     double checkpoint_reserve_seconds_ = 0.0;    // how long reserve_checkpoint_buffers held up the start
     bool checkpoint_blocking_fallback_ = false;  // the snapshot buffers failed: every checkpoint is blocking
     int64_t moe_alarms_total_ = 0;

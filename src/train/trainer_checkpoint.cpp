@@ -81,8 +81,18 @@ core::Tensor flat(const core::Tensor& t) {
 
 // A loaded weight or moment must be finite: a flipped exponent bit that the CRC did not catch (verification off)
 // would otherwise resume into a run that diverges a few steps later.
-void check_finite(const core::Tensor& t, const std::string& name, const std::string& kind, const std::string& dir) {
+// seconds: the check's wall time is added to it (the `resumed` event's load_check_seconds).
+void check_finite(
+    const core::Tensor& t, const std::string& name, const std::string& kind, const std::string& dir, double& seconds) {
     if (t.dtype() != core::DType::f32) return;
+    const auto start = std::chrono::steady_clock::now();
+    struct AddTime {
+        std::chrono::steady_clock::time_point start;
+        double& to;
+        ~AddTime() {
+            to += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        }
+    } add_time{start, seconds};
     // On a device, its sum of squares first (f64, on the device: a non-finite element makes it non-finite): only
     // then is the tensor copied to the host to find the element, so a resume does not copy its whole state back.
     if (t.device() != core::Device::cpu && t.is_contiguous() && std::isfinite(ops::global_norm_sq(t))) return;
@@ -455,6 +465,7 @@ void Trainer::load_checkpoint_state(const std::string& dir) {
                         t.steps,
                         step,
                         dir);
+    resume_check_seconds_ = 0.0;
     try {
         read_checkpoint_tensors(ckpt);
     } catch (const core::Error& e) {
@@ -471,6 +482,7 @@ void Trainer::load_checkpoint_state(const std::string& dir) {
     // The part of a restart's downtime the checkpoint costs (its CRC pass and the reads into the state), for the
     // `resumed` event: the rest is the process's start and setup before it, and the first step after.
     resume_load_seconds_ = seconds_since(start);
+    resume_crc_seconds_ = ckpt.crc_seconds();
 }
 
 void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
@@ -492,7 +504,7 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
                            nn::param_shard_flat_offset(spec),
                            flat(table.master(i)));
         }
-        check_finite(table.master(i), spec.name, "param", ckpt.dir());
+        check_finite(table.master(i), spec.name, "param", ckpt.dir(), resume_check_seconds_);
     }
     for (const optim::AdamW::Piece& p : adamw_->pieces()) {
         const nn::ParamSpec& spec = table.spec(p.param);
@@ -511,7 +523,7 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
                                nn::param_global_shape(spec),
                                nn::param_shard_flat_offset(spec) + p.begin,
                                state);
-            check_finite(state, spec.name, kind, ckpt.dir());
+            check_finite(state, spec.name, kind, ckpt.dir(), resume_check_seconds_);
         }
     }
     // Each rank reads the momentum of the matrices it holds, whatever mesh (and ownership) wrote them.
@@ -521,7 +533,7 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
             if (nn::param_tp_split(spec)) {
                 e.momentum.copy_from(
                     read_tp_shard(ckpt, "muon.momentum", spec, e.momentum.dtype()).reshape(e.momentum.shape()));
-                check_finite(e.momentum, spec.name, "muon.momentum", ckpt.dir());
+                check_finite(e.momentum, spec.name, "muon.momentum", ckpt.dir(), resume_check_seconds_);
                 continue;
             }
             optim::for_each_matrix_run(e, false, [&](int64_t first, int64_t count, int64_t at) {
@@ -533,7 +545,7 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
                                nn::param_shard_flat_offset(spec) + first * m.numel() / count,
                                flat(m));
             });
-            check_finite(e.momentum, spec.name, "muon.momentum", ckpt.dir());
+            check_finite(e.momentum, spec.name, "muon.momentum", ckpt.dir(), resume_check_seconds_);
         }
     load_compress_state(ckpt);
     table.refresh_params_from_master();

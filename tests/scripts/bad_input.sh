@@ -178,7 +178,7 @@ grep -qF "differs from the checkpoint's in 3 key(s), so this is no longer an exa
 for key in "data.paths:" "run.seed: 1234 in the checkpoint, 7 now" "train.seq_len: 32 in the checkpoint, 16 now"; do
   grep -qF "  $key" out.txt || fail "the drift warning does not list $key: $(head -5 out.txt)"
 done
-grep -qE '"checkpoint":"run_drift/checkpoints/step_00000002","event":"resumed","kind":"event","load_seconds":[0-9.e+-]+,"step":2' \
+grep -qE '"checkpoint":"run_drift/checkpoints/step_00000002","event":"resumed","kind":"event","load_check_seconds":[0-9.e+-]+,"load_crc_seconds":[0-9.e+-]+,"load_seconds":[0-9.e+-]+,"step":2' \
   run_drift/metrics.jsonl || fail "no resumed event in metrics.jsonl"
 expect 2 "train.steps = 1 is below step 2 of the checkpoint" -- train --set run.dir=run_drift --set train.steps=1 \
   --resume-from run/checkpoints/step_00000002
