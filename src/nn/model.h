@@ -352,7 +352,7 @@ class Model {
     struct StepGraphs {
         bool enabled = false;
         core::CapturedGraph forward, backward;
-        std::vector<double> key;                        // what the recorded kernels bake in (graph_key)
+        std::vector<double> key;                        // what else the recorded kernels bake in (graph_key)
         bool forward_ran = false;                       // the last forward replayed: the backward replays too
         bool warming = false, warm = false;             // an eager training step has run (and finished) with graphs on
         std::vector<int64_t> shape;                     // the batch shape and RoPE base that warm step ran

@@ -7,6 +7,7 @@
 // to be the same on every step the graph replays: graph_blocker names the features where it is not (their host work
 // sits between kernels, or their buffers change from batch to batch), and graph_key holds the rest.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,8 +15,23 @@
 #include "core/exec.h"
 #include "core/trace.h"
 #include "nn/model.h"
+#include "ops/cross_entropy.h"
+#include "ops/embedding.h"
 
 namespace mt::nn {
+
+namespace {
+
+// Records work into graph with the ops' device-side index checks (a synchronisation) skipped: the model checked the
+// batch on the host first (check_batch_indices).
+void capture_checked(core::CapturedGraph& graph, core::Device device, const std::function<void()>& work) {
+    core::ExecCtx ctx = core::exec();
+    ctx.indices_checked = true;
+    const core::ExecScope scope(ctx);
+    graph.capture(device, work);
+}
+
+}  // namespace
 
 void Model::set_cuda_graphs(bool on) {
     graphs_.enabled = on;
@@ -38,39 +54,18 @@ std::string Model::graph_blocker() const {
     return "";
 }
 
+// The batch's shape and the RoPE base are not in it: Model::forward drops the graphs and warms up again when they
+// change (graphs_.shape).
 std::vector<double> Model::graph_key() const {
-    return {static_cast<double>(batch_),
-            static_cast<double>(seq_),
-            cfg_.rope_theta,  // picks the RoPE table the attention kernels read
-            attnres_ ? attnres_->blend() : 0.0,
+    return {attnres_ ? attnres_->blend() : 0.0,
             // The metrics' stat buffer the kernels add to (undefined on the steps without metrics).
             static_cast<double>(reinterpret_cast<uintptr_t>(layer_stats_.defined() ? layer_stats_.raw() : nullptr)),
             track_predictions_ ? 1.0 : 0.0};
 }
 
 void Model::check_batch_indices() const {
-    const int64_t ids_range = table_.param(embed_).size(0), target_range = vocab_rows();
-    const int32_t* ids = seq_ids_.data<int32_t>();
-    const int32_t* targets = seq_targets_.data<int32_t>();
-    for (int64_t i = 0; i < seq_ids_.numel(); ++i)
-        if (ids[i] < 0 || ids[i] >= ids_range)
-            core::fail_hint(core::ExitCode::data,
-                            "the token data holds ids outside the vocabulary; check model.vocab_size and the "
-                            "tokenizer used to write the data",
-                            "embedding_fwd: ids[{}] = {} is outside the embedding table [0, {})",
-                            i,
-                            ids[i],
-                            ids_range);
-    for (int64_t i = 0; i < seq_targets_.numel(); ++i)
-        if (targets[i] != kIgnoreIndex && (targets[i] < 0 || targets[i] >= target_range))
-            core::fail_hint(core::ExitCode::data,
-                            "the token data holds ids outside the vocabulary; check model.vocab_size and the "
-                            "tokenizer used to write the data",
-                            "cross_entropy_fwd: targets[{}] = {} is outside [0, {}) and not the ignore index {}",
-                            i,
-                            targets[i],
-                            target_range,
-                            kIgnoreIndex);
+    ops::check_embedding_ids(seq_ids_, table_.param(embed_).size(0), "embedding_fwd");
+    ops::check_cross_entropy_targets(seq_targets_, vocab_rows(), kIgnoreIndex, "cross_entropy_fwd");
 }
 
 double Model::graph_forward(const Tensor& ids, const Tensor& targets) {
@@ -81,11 +76,7 @@ double Model::graph_forward(const Tensor& ids, const Tensor& targets) {
     const std::vector<double> key = graph_key();
     if (!graphs_.forward.ready() || key != graphs_.key) {
         drop_graphs(/*cold=*/false);
-        // The ops skip their device-side index checks (a synchronisation): the batch was checked above.
-        core::ExecCtx ctx = core::exec();
-        ctx.indices_checked = true;
-        const core::ExecScope scope(ctx);
-        graphs_.forward.capture(precision_.device, [&] { pass_forward_kernels(); });
+        capture_checked(graphs_.forward, precision_.device, [&] { pass_forward_kernels(); });
         graphs_.key = key;
         graphs_.max_logit_layers.clear();  // the attention layers whose row maxima the recorded kernels write
         for (auto& b : blocks_)
@@ -108,13 +99,10 @@ void Model::graph_backward(double loss_scale) {
     // served: the trainer turns graphs on only for a single process.
     MT_CHECK(!grad_ready_, "a captured step's backward cannot call the gradient-ready hook (data parallelism)");
     fill_dlosses(loss_scale);
-    if (!graphs_.backward.ready()) {
-        core::ExecCtx ctx = core::exec();
-        ctx.indices_checked = true;
-        const core::ExecScope scope(ctx);
-        graphs_.backward.capture(precision_.device,
-                                 [&] { pass_backward_kernels(loss_scale, /*last_pass=*/true, Tensor()); });
-    }
+    if (!graphs_.backward.ready())
+        capture_checked(graphs_.backward, precision_.device, [&] {
+            pass_backward_kernels(loss_scale, /*last_pass=*/true, Tensor());
+        });
     graphs_.backward.launch();
 }
 

@@ -25,6 +25,10 @@
 
 namespace mt::ops {
 
+// The targets' check of the CPU kernels on host targets [N] i32: each in [0, range) or ignore_index, else exit 3
+// naming op, the position and the target (the CUDA kernels check on the device and report the same message).
+void check_cross_entropy_targets(const Tensor& targets, int64_t range, int32_t ignore_index, std::string_view op);
+
 void cross_entropy_fwd(const Tensor& logits,
                        const Tensor& targets,
                        int32_t ignore_index,

@@ -14,6 +14,10 @@
 namespace mt::ops {
 
 void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out, const VocabShard& shard = {});
+// The ids' check of the CPU kernels on host ids [N] i32: each in [0, range), else exit 3 naming op, the position
+// and the id (the CUDA kernels check on the device and report the same message). A caller that checks its ids on
+// the host this way may run the CUDA kernels under core::ExecCtx::indices_checked.
+void check_embedding_ids(const Tensor& ids, int64_t range, std::string_view op);
 void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dweight, const VocabShard& shard = {});
 
 }  // namespace mt::ops

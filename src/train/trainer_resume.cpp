@@ -57,18 +57,8 @@ void read_flat_part(const Checkpoint& ckpt,
 
 // A loaded weight or moment must be finite: a flipped exponent bit that the CRC did not catch (verification off)
 // would otherwise resume into a run that diverges a few steps later.
-// seconds: the check's wall time is added to it (the `resumed` event's load_check_seconds).
-void check_finite(
-    const core::Tensor& t, const std::string& name, const std::string& kind, const std::string& dir, double& seconds) {
+void check_finite(const core::Tensor& t, const std::string& name, const std::string& kind, const std::string& dir) {
     if (t.dtype() != core::DType::f32) return;
-    const auto start = std::chrono::steady_clock::now();
-    struct AddTime {
-        std::chrono::steady_clock::time_point start;
-        double& to;
-        ~AddTime() {
-            to += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        }
-    } add_time{start, seconds};
     // On a device, its sum of squares first (f64, on the device: a non-finite element makes it non-finite): only
     // then is the tensor copied to the host to find the element, so a resume does not copy its whole state back.
     if (t.device() != core::Device::cpu && t.is_contiguous() && std::isfinite(ops::global_norm_sq(t))) return;
@@ -179,6 +169,12 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
     if (async_writer_) async_writer_->before_state_update();  // its callers have joined any write already
     nn::ParamTable& table = model_->params();
     grad_sync_->settle_params();  // no parameter gather of the last step may land after the loaded values
+    // Each loaded tensor's finiteness check, its time added to the `resumed` event's load_check_seconds.
+    auto check_finite_timed = [&](const core::Tensor& t, const std::string& name, const std::string& kind) {
+        const auto start = std::chrono::steady_clock::now();
+        check_finite(t, name, kind, ckpt.dir());
+        resume_check_seconds_ += seconds_since(start);
+    };
     // Each rank reads the parts it holds out of the global tensors, whatever mesh wrote them.
     for (int i = 0; i < table.size(); ++i) {
         const nn::ParamSpec& spec = table.spec(i);
@@ -194,7 +190,7 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
                            nn::param_shard_flat_offset(spec),
                            flat(table.master(i)));
         }
-        check_finite(table.master(i), spec.name, "param", ckpt.dir(), resume_check_seconds_);
+        check_finite_timed(table.master(i), spec.name, "param");
     }
     for (const optim::AdamW::Piece& p : adamw_->pieces()) {
         const nn::ParamSpec& spec = table.spec(p.param);
@@ -213,7 +209,7 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
                                nn::param_global_shape(spec),
                                nn::param_shard_flat_offset(spec) + p.begin,
                                state);
-            check_finite(state, spec.name, kind, ckpt.dir(), resume_check_seconds_);
+            check_finite_timed(state, spec.name, kind);
         }
     }
     // Each rank reads the momentum of the matrices it holds, whatever mesh (and ownership) wrote them.
@@ -223,7 +219,7 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
             if (nn::param_tp_split(spec)) {
                 e.momentum.copy_from(
                     read_tp_shard(ckpt, "muon.momentum", spec, e.momentum.dtype()).reshape(e.momentum.shape()));
-                check_finite(e.momentum, spec.name, "muon.momentum", ckpt.dir(), resume_check_seconds_);
+                check_finite_timed(e.momentum, spec.name, "muon.momentum");
                 continue;
             }
             optim::for_each_matrix_run(e, false, [&](int64_t first, int64_t count, int64_t at) {
@@ -235,7 +231,7 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
                                nn::param_shard_flat_offset(spec) + first * m.numel() / count,
                                flat(m));
             });
-            check_finite(e.momentum, spec.name, "muon.momentum", ckpt.dir(), resume_check_seconds_);
+            check_finite_timed(e.momentum, spec.name, "muon.momentum");
         }
     load_compress_state(ckpt);
     table.refresh_params_from_master();

@@ -276,6 +276,13 @@ inline void expect_moe_lockstep(Trainer& cpu, Trainer& gpu, int64_t steps, doubl
 
 // ---- checkpoints, bit for bit ----
 
+// The newest complete checkpoint under run_dir/checkpoints (a failed expectation and "" when there is none).
+inline std::string latest_checkpoint(const std::string& run_dir) {
+    const auto dir = train::checkpoint_find_latest(run_dir + "/checkpoints");
+    EXPECT_TRUE(dir.has_value()) << run_dir;
+    return dir.value_or("");
+}
+
 // Every tensor of checkpoint `a` (parameters, AdamW moments, balancer state) has the same bytes in `b`, and the
 // manifests' optimizer-side state (loss scaler, MoE balancers, data position) is equal. Returns the tensors
 // compared.

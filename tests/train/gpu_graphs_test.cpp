@@ -12,18 +12,13 @@
 #include "train/checkpoint_io.h"
 
 using mt::testing::fresh_dir;
+using mt::testing::latest_checkpoint;
 using mt::testing::losses;
 using mt::testing::tiny_job;
 using mt::train::Trainer;
 using GpuGraphs = mt::testing::GpuTrainingTest;
 
 namespace {
-
-std::string latest(const std::string& run_dir) {
-    const auto dir = mt::train::checkpoint_find_latest(run_dir + "/checkpoints");
-    EXPECT_TRUE(dir.has_value()) << run_dir;
-    return dir.value_or("");
-}
 
 struct GraphRun {
     std::vector<double> losses;
@@ -86,8 +81,8 @@ TEST_F(GpuGraphs, ReplayedStepsEqualEagerOnesBitForBit) {
                     static_cast<long long>(graphs.replays),
                     graphs.losses.front(),
                     graphs.losses.back());
-        const int n =
-            mt::testing::expect_checkpoints_identical(latest(dir + "/eager"), latest(dir + "/graphs"), v.name);
+        const int n = mt::testing::expect_checkpoints_identical(
+            latest_checkpoint(dir + "/eager"), latest_checkpoint(dir + "/graphs"), v.name);
         EXPECT_GT(n, 0) << v.name;
     }
 }

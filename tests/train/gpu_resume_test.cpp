@@ -19,6 +19,7 @@
 #include "train/safetensors.h"
 
 using mt::testing::fresh_dir;
+using mt::testing::latest_checkpoint;
 using mt::testing::tiny_job;
 using mt::train::Trainer;
 using GpuTraining = mt::testing::GpuTrainingTest;
@@ -26,12 +27,6 @@ using GpuTraining = mt::testing::GpuTrainingTest;
 namespace {
 
 constexpr int64_t kSplit = 4, kSteps = 9;
-
-std::string latest(const std::string& run_dir) {
-    const auto dir = mt::train::checkpoint_find_latest(run_dir + "/checkpoints");
-    EXPECT_TRUE(dir.has_value()) << run_dir;
-    return dir.value_or("");
-}
 
 // What the straight run did: skipped (fp16 overflow) steps, and the loss scale at the split and at the end.
 struct StraightRun {
@@ -79,7 +74,8 @@ StraightRun check_gpu_exact_resume(const std::string& name, const std::vector<st
     EXPECT_EQ(straight.size(), resumed.size());
     if (straight.size() != resumed.size()) return run;
     for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(straight[i], resumed[i]) << name << ": step " << i + 1;
-    const int n = mt::testing::expect_checkpoints_identical(latest(dir + "/straight"), latest(dir + "/split"), name);
+    const int n = mt::testing::expect_checkpoints_identical(
+        latest_checkpoint(dir + "/straight"), latest_checkpoint(dir + "/split"), name);
     std::printf("%s: %zu losses and %d checkpoint tensors compared bit for bit after a resume at step %lld\n",
                 name.c_str(),
                 straight.size(),
@@ -137,12 +133,12 @@ void check_cross_device_load(const std::string& from, const std::string& to, con
         while (t.step() < kSplit) t.train_step();
         t.save_checkpoint();
     }
-    const std::string saved = latest(dir + "/a");
+    const std::string saved = latest_checkpoint(dir + "/a");
     Trainer t(job(to, "b"), false);
     t.load_checkpoint(saved);
     ASSERT_EQ(t.step(), kSplit);
     t.save_checkpoint();
-    const int n = mt::testing::expect_checkpoints_identical(saved, latest(dir + "/b"), what);
+    const int n = mt::testing::expect_checkpoints_identical(saved, latest_checkpoint(dir + "/b"), what);
     std::printf("%s: %d loaded tensors compared bit for bit\n", what.c_str(), n);
     // And it trains on from there.
     const double loss = t.train_step().loss;
@@ -201,7 +197,7 @@ TEST_F(GpuTraining, NonFiniteWeightInACheckpointIsRefused) {
         t.train_step();
         t.save_checkpoint();
     }
-    const std::string file = latest(dir + "/run") + "/rank_00000.safetensors";
+    const std::string file = latest_checkpoint(dir + "/run") + "/rank_00000.safetensors";
     const std::string key = "param/final_norm.weight";
     uint64_t at = 0;
     {
@@ -221,7 +217,7 @@ TEST_F(GpuTraining, NonFiniteWeightInACheckpointIsRefused) {
     }
     Trainer t(job(), false);
     try {
-        t.load_checkpoint(latest(dir + "/run"));
+        t.load_checkpoint(latest_checkpoint(dir + "/run"));
         ADD_FAILURE() << "a checkpoint with a NaN weight was loaded";
     } catch (const mt::core::Error& e) {
         EXPECT_EQ(e.code(), mt::core::ExitCode::checkpoint);

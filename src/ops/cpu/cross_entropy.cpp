@@ -10,6 +10,28 @@
 #include "ops/cpu/vec_math.h"
 #include "ops/registry.h"
 
+namespace mt::ops {
+
+// Every target must be a class index (of the whole vocabulary when sharded) or ignore_index; anything else means bad
+// label data (exit 3), not a bug. (The CUDA side checks on the device and reports the same message.)
+void check_cross_entropy_targets(const Tensor& targets, int64_t vocab, int32_t ignore_index, std::string_view op) {
+    const int32_t* p = targets.data<int32_t>();
+    for (int64_t i = 0; i < targets.numel(); ++i) {
+        if (p[i] != ignore_index && (p[i] < 0 || p[i] >= vocab))
+            core::fail_hint(core::ExitCode::data,
+                            "the token data holds ids outside the vocabulary; check model.vocab_size and the "
+                            "tokenizer used to write the data",
+                            "{}: targets[{}] = {} is outside [0, {}) and is not ignore_index ({})",
+                            op,
+                            i,
+                            p[i],
+                            vocab,
+                            ignore_index);
+    }
+}
+
+}  // namespace mt::ops
+
 namespace mt::ops::cpu {
 
 // lse[i] = max + log(sum_j exp(logits[i, j] - max));  losses[i] = lse[i] - logits[i, target] (0 if ignored).
@@ -84,28 +106,6 @@ template void cross_entropy_bwd<float>(
 template void cross_entropy_bwd<double>(
     const double*, const int32_t*, const double*, int32_t, const double*, double*, int64_t, int64_t, int64_t);
 
-namespace {
-
-// Every target must be a class index (of the whole vocabulary when sharded) or ignore_index; anything else means bad
-// label data (exit 3), not a bug. (The CUDA side checks on the device and reports the same message.)
-void check_targets(const Tensor& targets, int64_t vocab, int32_t ignore_index, std::string_view op) {
-    const int32_t* p = targets.data<int32_t>();
-    for (int64_t i = 0; i < targets.numel(); ++i) {
-        if (p[i] != ignore_index && (p[i] < 0 || p[i] >= vocab))
-            core::fail_hint(core::ExitCode::data,
-                            "the token data holds ids outside the vocabulary; check model.vocab_size and the "
-                            "tokenizer used to write the data",
-                            "{}: targets[{}] = {} is outside [0, {}) and is not ignore_index ({})",
-                            op,
-                            i,
-                            p[i],
-                            vocab,
-                            ignore_index);
-    }
-}
-
-}  // namespace
-
 // The CPU kernel of ops::cross_entropy_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
 void cross_entropy_fwd(const Tensor& logits,
                        const Tensor& targets,
@@ -120,7 +120,7 @@ void cross_entropy_fwd(const Tensor& logits,
     check_float_arg(lse, op, "lse", 1);
     check_dtype_as(losses, logits, op, "losses", "logits");
     check_dtype_as(lse, logits, op, "lse", "logits");
-    check_targets(targets, shard.sharded() ? shard.total : v, ignore_index, op);
+    check_cross_entropy_targets(targets, shard.sharded() ? shard.total : v, ignore_index, op);
     MT_DISPATCH_FLOAT(logits.dtype(),
                       op,
                       cpu::cross_entropy_fwd(logits.data<scalar_t>(),
@@ -152,7 +152,7 @@ void cross_entropy_bwd(const Tensor& logits,
     check_dtype_as(lse, logits, op, "lse", "logits");
     check_dtype_as(dlosses, logits, op, "dlosses", "logits");
     check_dtype_as(dlogits, logits, op, "dlogits", "logits");
-    check_targets(targets, shard.sharded() ? shard.total : v, ignore_index, op);
+    check_cross_entropy_targets(targets, shard.sharded() ? shard.total : v, ignore_index, op);
     MT_DISPATCH_FLOAT(logits.dtype(),
                       op,
                       cpu::cross_entropy_bwd(logits.data<scalar_t>(),

@@ -7,6 +7,27 @@
 #include "ops/cpu/threading.h"
 #include "ops/registry.h"
 
+namespace mt::ops {
+
+// Every id must index a row of the table (of the whole vocabulary when sharded); a bad id means bad token data
+// (exit 3), not a bug. (The CUDA side checks on the device and reports the same message.)
+void check_embedding_ids(const Tensor& ids, int64_t range, std::string_view op) {
+    const int32_t* p = ids.data<int32_t>();
+    for (int64_t i = 0; i < ids.numel(); ++i) {
+        if (p[i] < 0 || p[i] >= range)
+            core::fail_hint(core::ExitCode::data,
+                            "the token data holds ids outside the vocabulary; check model.vocab_size and the "
+                            "tokenizer used to write the data",
+                            "{}: ids[{}] = {} is outside the embedding table [0, {})",
+                            op,
+                            i,
+                            p[i],
+                            range);
+    }
+}
+
+}  // namespace mt::ops
+
 namespace mt::ops::cpu {
 
 namespace {
@@ -52,27 +73,6 @@ template void embedding_fwd<double>(const int32_t*, const double*, double*, int6
 template void embedding_bwd<float>(const int32_t*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
 template void embedding_bwd<double>(const int32_t*, const double*, double*, int64_t, int64_t, int64_t, int64_t);
 
-namespace {
-
-// Every id must index a row of the table (of the whole vocabulary when sharded); a bad id means bad token data
-// (exit 3), not a bug. (The CUDA side checks on the device and reports the same message.)
-void check_ids(const Tensor& ids, int64_t range, std::string_view op) {
-    const int32_t* p = ids.data<int32_t>();
-    for (int64_t i = 0; i < ids.numel(); ++i) {
-        if (p[i] < 0 || p[i] >= range)
-            core::fail_hint(core::ExitCode::data,
-                            "the token data holds ids outside the vocabulary; check model.vocab_size and the "
-                            "tokenizer used to write the data",
-                            "{}: ids[{}] = {} is outside the embedding table [0, {})",
-                            op,
-                            i,
-                            p[i],
-                            range);
-    }
-}
-
-}  // namespace
-
 // The CPU kernel of ops::embedding_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
 void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out, const VocabShard& shard) {
     constexpr std::string_view op = "embedding_fwd";
@@ -80,7 +80,7 @@ void embedding_fwd(const Tensor& ids, const Tensor& weight, const Tensor& out, c
     check_float_arg(weight, op, "weight", 2);
     check_float_arg(out, op, "out", 2);
     check_dtype_as(out, weight, op, "out", "weight");
-    check_ids(ids, shard.sharded() ? shard.total : vocab, op);
+    check_embedding_ids(ids, shard.sharded() ? shard.total : vocab, op);
     MT_DISPATCH_FLOAT(
         weight.dtype(),
         op,
@@ -96,7 +96,7 @@ void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dweight,
     check_float_arg(dout, op, "dout", 2);
     check_float_arg(dweight, op, "dweight", 2);
     check_dtype_as(dweight, dout, op, "dweight", "dout");
-    check_ids(ids, shard.sharded() ? shard.total : vocab, op);
+    check_embedding_ids(ids, shard.sharded() ? shard.total : vocab, op);
     MT_DISPATCH_FLOAT(
         dout.dtype(),
         op,
