@@ -11,7 +11,8 @@
 // 2 T k d F + the router 2 T d E; forward + backward = 3 x the forward.
 // A second line per case ("bench": "moe_gemm") times the expert GEMMs alone on balanced offsets (device offsets for
 // the device kernel, host offsets for cuBLASLt): the three forward GEMMs, the three backward calls (dx and dw, dw
-// into f32), and the host's time to enqueue the forward ones: where device and host times are close, the launches,
+// into f32; bwd_dw_written_ms: the dw products as a step's first gradient, written instead of added to), and the
+// host's time to enqueue the forward ones: where device and host times are close, the launches,
 // not the GPU, bound the layer.
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -145,6 +146,13 @@ void bench_gemms(int64_t t, int64_t d, int64_t f, int64_t e, int64_t k, GroupedG
     };
     const double ms = time_ms(gemms, warmup, iters), bwd_ms = time_ms(backward, warmup, iters);
     const double dw_ms = time_ms(dw_only, warmup, iters);
+    auto dw_written = [&] {  // the same, as the step's first gradient: written (=), no read of dw
+        using mt::ops::grouped_linear_bwd;
+        grouped_linear_bwd(h, wd, offsets, y, Tensor(), dwd, false, gemm, /*accumulate_dw=*/false);
+        grouped_linear_bwd(xp, wg, offsets, h, Tensor(), dwg, false, gemm, /*accumulate_dw=*/false);
+        grouped_linear_bwd(xp, wg, offsets, h, Tensor(), dwg, false, gemm, /*accumulate_dw=*/false);
+    };
+    const double dw_written_ms = time_ms(dw_written, warmup, iters);
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) gemms();
     const double host_ms =
@@ -159,6 +167,7 @@ void bench_gemms(int64_t t, int64_t d, int64_t f, int64_t e, int64_t k, GroupedG
                                  {"fwd_gemms_ms", ms},
                                  {"bwd_gemms_ms", bwd_ms},
                                  {"bwd_dw_ms", dw_ms},
+                                 {"bwd_dw_written_ms", dw_written_ms},
                                  {"bwd_dx_ms", bwd_ms - dw_ms},
                                  {"host_enqueue_ms", host_ms},
                                  {"tflops", flops / ms * 1e-9},

@@ -32,6 +32,9 @@
 #   muon_models    bench_train --profile of dense_1b3 and hybrid_1b3 with AdamW and with Muon (issue 29)
 #   graphs         train.cuda_graphs (issue 25 item 7): the GpuGraphs tests, then bench_train of tiny, tiny_hybrid,
 #                  dense_1b3 and hybrid_1b3 without and with graphs, alternated ROUNDS (default 2) times
+#   grads_ab       bench_train kimi_linear_mini and dense_1b3, then bench_moe (64 and 256 experts), of this build and of
+#                  .devbin/ab_old.tar.xz's bench_train_old / bench_moe_old, alternated ROUNDS (default 2) times; and
+#                  why tiny.toml's steps run without CUDA graphs (the step's first weight gradient written, issue 25)
 # kimi_linear_mini runs at its batch 4 on a card of more than 100 GB, else at batch 2 (a config copy under $OUT).
 set -u
 t0=$SECONDS
@@ -214,6 +217,27 @@ for phase in ${PHASES:-label}; do
                     grep '^{"batch' "$OUT/step_${model}_$opt.log" | head -1
                     grep -E '"range":"(optimizer|muon_step|adamw_step_list)"' "$OUT/step_${model}_$opt.log"
                 done
+            done
+            ;;
+        grads_ab)
+            need 150 || continue
+            tar -xJf .devbin/ab_old.tar.xz  # ab/bench_train_old, ab/bench_moe_old
+            old=ab
+            build/bench/bench_train --config configs/tiny.toml --steps 3 --warmup 1 --set run.device=cuda \
+                --set train.cuda_graphs=true 2>&1 | grep -iE "graph" | head -3
+            for round in $(seq "${ROUNDS:-2}"); do
+                for b in build/bench/bench_train "$old/bench_train_old"; do
+                    for cfg in "$kimi" configs/dense_1b3.toml; do
+                        need 40 || break 3
+                        timeout 120 "$b" --config "$cfg" --steps 6 --warmup 2 2>&1 | grep '^{"batch' |
+                            sed "s|^{|{\"binary\":\"$b\",\"round\":$round,|" | tee -a "$OUT/grads_ab.jsonl"
+                    done
+                done
+            done
+            for b in build/bench/bench_moe "$old/bench_moe_old"; do
+                need 60 || break
+                timeout 150 "$b" --experts 64,256 --grouped-gemm auto 2>&1 | grep '^{' |
+                    sed "s|^{|{\"binary\":\"$b\",|" | tee -a "$OUT/grads_ab.jsonl"
             done
             ;;
         *) echo "unknown phase $phase" ;;

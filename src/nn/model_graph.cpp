@@ -35,6 +35,8 @@ void capture_checked(core::CapturedGraph& graph, core::Device device, const std:
 
 void Model::set_cuda_graphs(bool on) {
     graphs_.enabled = on;
+    // A captured backward replays for every micro-batch: it must add its weight gradients, not write the first.
+    table_.set_first_grad_writes(!on);
     if (!on) drop_graphs();
 }
 

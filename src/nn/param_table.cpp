@@ -96,6 +96,7 @@ void ParamTable::finalize(const Precision& precision, int64_t align) {
         masters_.push_back(view(master_arena_, i));
         grads_.push_back(view(grad_arena_, i));
     }
+    grad_written_.assign(static_cast<size_t>(size()), 0);
     finalized_ = true;
 }
 
@@ -171,6 +172,14 @@ void ParamTable::refresh_params_from_master() {
 
 void ParamTable::zero_grads() {
     grad_arena_.zero();
+    std::fill(grad_written_.begin(), grad_written_.end(), uint8_t{0});
+}
+
+bool ParamTable::first_grad_write(int i) {
+    uint8_t& written = grad_written_.at(static_cast<size_t>(i));
+    const bool first = first_grad_writes_ && written == 0;
+    written = 1;
+    return first;
 }
 
 int ParamTable::find(const std::string& name) const {

@@ -103,6 +103,17 @@ class ParamTable {
     // Copies the master weights into the forward's weights (after an optimizer step or a load).
     void refresh_params_from_master();
     void zero_grads();
+    // Whether the backward may write (=) parameter i's gradient instead of adding to it (+=): true for the first
+    // write after zero_grads() (or finalize), while the gradient still holds zeros, then false until the next
+    // zero_grads(). The layers whose gradient op can write (nn::Linear and the MoE experts, through linear_bwd's and
+    // grouped_linear_bwd's accumulate_dw) ask before each write: the same values without a read of the gradient.
+    // A later micro-batch, recompute segment or second use then adds.
+    bool first_grad_write(int i);
+    // Off: first_grad_write always answers false. CUDA graphs turn it off: a captured backward replays for every
+    // micro-batch of a step, so what it records must be the add.
+    void set_first_grad_writes(bool on) {
+        first_grad_writes_ = on;
+    }
 
     int size() const {
         return static_cast<int>(specs_.size());
@@ -163,6 +174,8 @@ class ParamTable {
     std::vector<int64_t> offsets_;
     std::vector<Tensor> params_, masters_, grads_;
     Tensor param_arena_, master_arena_, grad_arena_;
+    std::vector<uint8_t> grad_written_;  // per parameter: its gradient was written since the last zero_grads()
+    bool first_grad_writes_ = true;
     int64_t total_ = 0;
     Precision precision_;
     bool laid_out_ = false;  // offsets_ and total_ are set (layout or finalize)

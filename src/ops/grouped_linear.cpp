@@ -107,7 +107,8 @@ void grouped_linear_bwd(const Tensor& x,
                         const Tensor& dx,
                         const Tensor& dw,
                         bool accumulate_dx,
-                        GroupedGemm impl) {
+                        GroupedGemm impl,
+                        bool accumulate_dw) {
     constexpr std::string_view op = "grouped_linear_bwd";
     check_arg(x, op, "x", 2);
     check_arg(w, op, "w", 3);
@@ -129,7 +130,7 @@ void grouped_linear_bwd(const Tensor& x,
     const bool device = use_device_kernel(
         dev, offsets, impl, dw_dtype, x, w, {{"x", &x}, {"w", &w}, {"dy", &dy}, {"dx", &dx}, {"dw", &dw}}, op);
     const Tensor o = device ? device_offsets(offsets, e, op) : host_offsets(offsets, e, rows, op);
-    MT_CALL_KERNEL(grouped_linear_bwd, dev, x, w, o, dy, dx, dw, accumulate_dx, impl);
+    MT_CALL_KERNEL(grouped_linear_bwd, dev, x, w, o, dy, dx, dw, accumulate_dx, impl, accumulate_dw);
 }
 
 }  // namespace mt::ops

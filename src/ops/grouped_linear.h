@@ -5,8 +5,9 @@
 //   offsets: [E + 1] i32, 0 = offsets[0] <= offsets[1] <= ... <= offsets[E] = R (ops/moe_permute.h's plan)
 //   y:       [R, M]
 // _bwd: dx [R, K] written (=), or accumulated (+=) with accumulate_dx, skipped when undefined; dw [E, M, K]
-// accumulates (+=; an empty expert's is unchanged), skipped when undefined (one of the two must be given: the MoE
-// layer may run dx on one implementation and dw on the other).
+// accumulates (+=; an empty expert's is unchanged), or is written (=; an empty expert's set to zero) with
+// accumulate_dw false (the step's first gradient, as linear_bwd's), skipped when undefined (one of the two must be
+// given: the MoE layer may run dx on one implementation and dw on the other).
 // On CUDA (bf16|f16|f32; dw may be f32 with bf16/f16 x) two implementations (impl, GroupedGemm below):
 //   device:   one kernel launch per product for all experts, reading offsets on the device (a cuda tensor: no host
 //             copy, no synchronisation; gemm/grouped_gemm_sm90.cu). bf16 x with bf16|f32 dw, K and M multiples of 8,
@@ -41,7 +42,8 @@ void grouped_linear_bwd(const Tensor& x,
                         const Tensor& dx,
                         const Tensor& dw,
                         bool accumulate_dx = false,
-                        GroupedGemm impl = GroupedGemm::automatic);
+                        GroupedGemm impl = GroupedGemm::automatic,
+                        bool accumulate_dw = true);
 
 // Empty when the device kernel takes x of dtype x, dw of dtype dw (x's for the forward), K and M on this machine's
 // GPU (alignment aside: the entry points check the tensors' addresses); otherwise why not. The MoE layer asks it to

@@ -48,7 +48,8 @@ void linear_bwd(const Tensor& x,
                 const Tensor& dx,
                 const Tensor& dw,
                 const Tensor& dbias,
-                bool accumulate_dx) {
+                bool accumulate_dx,
+                bool accumulate_dw) {
     constexpr std::string_view op = "linear_bwd";
     const core::Device device =
         check_same_device(op, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}, {"dbias", dbias}});
@@ -71,9 +72,9 @@ void linear_bwd(const Tensor& x,
     }
     if (device == core::Device::cuda) {
         require_cuda(op);
-        return MT_CALL_KERNEL(linear_bwd, core::Device::cuda, x, w, dy, dx, dw, dbias, accumulate_dx);
+        return MT_CALL_KERNEL(linear_bwd, core::Device::cuda, x, w, dy, dx, dw, dbias, accumulate_dx, accumulate_dw);
     }
-    MT_CALL_KERNEL(linear_bwd, core::Device::cpu, x, w, dy, dx, dw, dbias, accumulate_dx);
+    MT_CALL_KERNEL(linear_bwd, core::Device::cpu, x, w, dy, dx, dw, dbias, accumulate_dx, accumulate_dw);
 }
 
 }  // namespace mt::ops

@@ -5,7 +5,9 @@
 //   y:    [N, M]
 // _bwd: dx [N, K] is written (=), or with accumulate_dx added to (+=: a second use of x, such as the k and v
 // projections of one input, adds its gradient inside the matmul instead of through a separate add); skipped when
-// undefined. dw [M, K] and dbias [M] accumulate (+=).
+// undefined. dw [M, K] accumulates (+=), or is written (=) with accumulate_dw false: the first gradient of a step,
+// whose buffer holds zeros (nn::ParamTable::first_grad_write), then costs no read of dw, the same values (the sum
+// into zeros, signed zeros aside). dbias [M] accumulates (+=).
 #pragma once
 
 #include "ops/op_common.h"
@@ -19,6 +21,7 @@ void linear_bwd(const Tensor& x,
                 const Tensor& dx,
                 const Tensor& dw,
                 const Tensor& dbias,
-                bool accumulate_dx = false);
+                bool accumulate_dx = false,
+                bool accumulate_dw = true);
 
 }  // namespace mt::ops

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -377,4 +378,36 @@ TEST(Model, MoeAuxGradientFollowsLossScaleAndEvalDoesNotCount) {
     EXPECT_EQ(after_train, 2u * 14 * 5);  // every (token, expert) pair of both layers
     qb.forward(ids, targets, /*training=*/false);
     EXPECT_EQ(counted(), after_train);
+}
+
+// The backward writes each weight gradient that it can (nn::Linear, the experts) the first time after zero_grads
+// (ParamTable::first_grad_write) and adds after that: a second backward without zero_grads doubles every gradient
+// (up to rounding), and the first equals a model that always adds (into the zeros of zero_grads) exactly (a written -0
+// may stand where the sum gives +0: compared as values).
+TEST(Model, FirstGradientWritesThenAdds) {
+    const ModelConfig cfg = with_moe(hybrid_config("KA", false), 0, MoeBalanceMode::aux_loss);
+    Tensor ids = Tensor::zeros({2, 7}, DType::i32), targets = Tensor::zeros({2, 7}, DType::i32);
+    random_batch(ids, targets, 23);
+    auto gradients = [&](bool first_writes, int backwards) {
+        Model model(cfg, mt::nn::Precision::cpu(DType::f64));
+        model.params().initialize(3);
+        model.params().set_first_grad_writes(first_writes);
+        model.params().zero_grads();
+        for (int b = 0; b < backwards; ++b) {
+            model.forward(ids, targets);
+            model.backward(1.0);
+        }
+        return model.params().grad_arena().clone();
+    };
+    const Tensor once = gradients(true, 1), twice = gradients(true, 2), added = gradients(false, 1);
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < once.numel(); ++i) {
+        const double g = mt::core::tensor_get_flat(once, i);
+        nonzero += g != 0.0;
+        ASSERT_EQ(g, mt::core::tensor_get_flat(added, i)) << "gradient element " << i;
+        // 2g up to the rounding of a gradient summed from several contributions (g + c1 + c2 against 2 (c1 + c2))
+        ASSERT_NEAR(mt::core::tensor_get_flat(twice, i), 2.0 * g, 1e-12 * std::max(1.0, std::fabs(g)))
+            << "gradient element " << i;
+    }
+    EXPECT_GT(nonzero, once.numel() / 2);  // the comparison covered the gradients
 }

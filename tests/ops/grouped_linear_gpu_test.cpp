@@ -135,6 +135,24 @@ TEST(GpuGroupedLinear, DeviceEmptyExpertUntouched) {
     }
 }
 
+// accumulate_dw false, both implementations: dw written over NaN has the bits of the sum into zeros (the same
+// kernel, the add of zero left out), and the empty experts' dw are zeros.
+TEST(GpuGroupedLinear, WrittenDwEqualsTheSumIntoZeros) {
+    if (const std::string why = device_kernel_missing(); !why.empty()) GTEST_SKIP() << why;
+    for (const GroupedGemm impl : {GroupedGemm::device, GroupedGemm::cublaslt})
+        for (DType dw_dtype : {DType::f32, DType::bf16}) {
+            const Problem p = make_problem({5, 0, 130, 0, 300}, 72, 136, 14);
+            const Tensor o = impl == GroupedGemm::cublaslt ? p.offsets.to_device(Device::cpu) : p.offsets;
+            const Tensor added = Tensor::zeros(p.w.shape(), dw_dtype, Device::cuda);
+            const Tensor written = Tensor::zeros(p.w.shape(), dw_dtype, Device::cuda);
+            written.fill(std::nan(""));
+            grouped_linear_bwd(p.x, p.w, o, p.dy, Tensor(), added, false, impl);
+            grouped_linear_bwd(p.x, p.w, o, p.dy, Tensor(), written, false, impl, /*accumulate_dw=*/false);
+            EXPECT_TRUE(op_same_bytes(added, written))
+                << (impl == GroupedGemm::device ? "device" : "cublaslt") << ", dw " << core::dtype_name(dw_dtype);
+        }
+}
+
 // impl = device fails, naming why, where the kernel does not apply; automatic falls back to cuBLASLt there.
 TEST(GpuGroupedLinear, DeviceRefusesWhatItDoesNotTake) {
     if (const std::string why = device_kernel_missing(); !why.empty()) GTEST_SKIP() << why;

@@ -132,6 +132,19 @@ TEST(GroupedLinearOp, EqualsPerExpertLoopBitwise) {
     EXPECT_EQ(std::memcmp(dw.raw(), dw2.raw(), dw.nbytes()), 0);
 }
 
+// accumulate_dw false writes dw over NaN: the bits of the sum into zeros, and zeros for the empty experts.
+TEST(GroupedLinearOp, WrittenDwEqualsTheSumIntoZeros) {
+    const std::vector<int32_t> counts = {40, 0, 133, 7, 0};
+    const int64_t rows = 180, k = 24, m = 19, e = 5;
+    const Tensor x = op_randn({rows, k}, 4, 0).to(DType::f32), w = op_randn({e, m, k}, 4, 1, 0.0, 0.2).to(DType::f32);
+    const Tensor dy = op_randn({rows, m}, 4, 2).to(DType::f32), offsets = make_offsets(counts);
+    const Tensor added = Tensor::zeros(w.shape(), DType::f32), written = Tensor::zeros(w.shape(), DType::f32);
+    written.fill(std::nan(""));
+    grouped_linear_bwd(x, w, offsets, dy, Tensor(), added);
+    grouped_linear_bwd(x, w, offsets, dy, Tensor(), written, false, GroupedGemm::automatic, /*accumulate_dw=*/false);
+    EXPECT_EQ(std::memcmp(added.raw(), written.raw(), added.nbytes()), 0);
+}
+
 TEST(OpArgs, GroupedLinearShapesAndOffsets) {
     const Tensor x = Tensor::zeros({5, 4}, DType::f64), w = Tensor::zeros({2, 3, 4}, DType::f64);
     const Tensor y = Tensor::zeros({5, 3}, DType::f64);

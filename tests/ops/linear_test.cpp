@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "core/backend.h"
 #include "op_harness.h"
@@ -146,6 +147,21 @@ TEST(OpLinear, BackwardSkipsUndefinedGradients) {
         EXPECT_DOUBLE_EQ(core::tensor_get_flat(dw2, i), 2 * core::tensor_get_flat(dw, i));
 }
 
+// accumulate_dw false writes dw: what was there (NaN here) is not read, and the result has the bits of the sum into
+// zeros; with no rows (N = 0) the written gradient is zero.
+TEST(OpLinear, WrittenDwEqualsTheSumIntoZeros) {
+    const uint64_t s = op_seed("OpLinear.WrittenDwEqualsTheSumIntoZeros");
+    for (int64_t n : {0, 3, 300}) {
+        const Tensor x = op_randn({n, 37}, s, 0).to(DType::f32), w = op_randn({19, 37}, s, 1).to(DType::f32);
+        const Tensor dy = op_randn({n, 19}, s, 2).to(DType::f32);
+        const Tensor added = Tensor::zeros(w.shape(), DType::f32), written = Tensor::zeros(w.shape(), DType::f32);
+        written.fill(std::nan(""));
+        linear_bwd(x, w, dy, Tensor(), added, Tensor());
+        linear_bwd(x, w, dy, Tensor(), written, Tensor(), false, /*accumulate_dw=*/false);
+        EXPECT_EQ(std::memcmp(added.raw(), written.raw(), added.nbytes()), 0) << "n = " << n;
+    }
+}
+
 // An empty batch (N = 0) is a no-op that leaves the accumulated gradients alone; K = 0 gives y = bias.
 TEST(OpLinear, EmptySizes) {
     const Tensor w = op_randn({3, 4}, 1, 0), dw = op_randn({3, 4}, 1, 1), dw0 = dw.clone();
@@ -260,6 +276,27 @@ TEST(GpuLinear, ParityF32) {
     linear_gpu_parity(7, 5, 3, true, DType::f32, DType::f32, 1e-5);
     linear_gpu_parity(131, 33, 37, true, DType::f32, DType::f32, 1e-5);
     linear_gpu_parity(300, 256, 200, true, DType::f32, DType::f32, 1e-5);
+}
+
+// accumulate_dw false on the GPU (cuBLASLt's beta = 0): dw written over NaN equals the sum into zeros bitwise, for
+// bf16 inputs with f32 and bf16 gradients and for f32; N = 0 writes zeros.
+TEST(GpuLinear, WrittenDwEqualsTheSumIntoZeros) {
+    if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    const uint64_t s = op_seed("GpuLinear.WrittenDwEqualsTheSumIntoZeros");
+    for (const auto& [dtype, grad_dtype] :
+         {std::pair{DType::bf16, DType::f32}, std::pair{DType::bf16, DType::bf16}, std::pair{DType::f32, DType::f32}})
+        for (int64_t n : {0, 5, 1000}) {
+            const Tensor x = to_cuda(op_randn({n, 264}, s, 0), dtype), w = to_cuda(op_randn({136, 264}, s, 1), dtype);
+            const Tensor dy = to_cuda(op_randn({n, 136}, s, 2), dtype);
+            const Tensor added = Tensor::zeros(w.shape(), grad_dtype, core::Device::cuda);
+            const Tensor written = Tensor::zeros(w.shape(), grad_dtype, core::Device::cuda);
+            written.fill(std::nan(""));
+            linear_bwd(x, w, dy, Tensor(), added, Tensor());
+            linear_bwd(x, w, dy, Tensor(), written, Tensor(), false, /*accumulate_dw=*/false);
+            const Tensor a = to_host(added), b = to_host(written);
+            EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0)
+                << core::dtype_name(dtype) << " inputs, " << core::dtype_name(grad_dtype) << " dw, n = " << n;
+        }
 }
 
 // Empty sizes on the GPU: N = 0 leaves dw alone; K = 0 gives y = bias; M = 0 writes dx = 0.

@@ -36,7 +36,9 @@ void Linear::forward(const Tensor& x, const Tensor& y) const {
 }
 
 void Linear::backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate_dx) const {
-    ops::linear_bwd(x, table_->param(index_), dy, dx, table_->grad(index_), Tensor(), accumulate_dx);
+    // The step's first gradient of W is written, not added to its zeros (ParamTable::first_grad_write).
+    const bool accumulate_dw = !table_->first_grad_write(index_);
+    ops::linear_bwd(x, table_->param(index_), dy, dx, table_->grad(index_), Tensor(), accumulate_dx, accumulate_dw);
 }
 
 }  // namespace mt::nn

@@ -31,7 +31,7 @@ class Linear {
     // x: [N, in] -> y: [N, out]
     void forward(const Tensor& x, const Tensor& y) const;
     // dy: [N, out]; dx [N, in] written (=), or added to with accumulate_dx (+=), skipped when undefined; dW
-    // accumulates.
+    // accumulates (its first write of a step writes: ParamTable::first_grad_write).
     void backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate_dx = false) const;
 
     Tensor weight() const {

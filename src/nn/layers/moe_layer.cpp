@@ -158,12 +158,14 @@ void MoeLayer::expert_gemm_bwd(const Tensor& x, int w, const Tensor& dy, const T
     const Tensor& weight = table_->param(w);
     const Tensor& dw = table_->grad(w);
     const bool on_dx = device_gemm_.dx, on_dw = device_gemm_.dw;
+    const bool accumulate_dw = !table_->first_grad_write(w);  // the step's first: written, no read of dw
     if (on_dx == on_dw) {
-        ops::grouped_linear_bwd(x, weight, expert_offsets(on_dx), dy, dx, dw, accumulate_dx, gemm_impl(on_dx));
+        ops::grouped_linear_bwd(
+            x, weight, expert_offsets(on_dx), dy, dx, dw, accumulate_dx, gemm_impl(on_dx), accumulate_dw);
         return;
     }
     ops::grouped_linear_bwd(x, weight, expert_offsets(on_dx), dy, dx, Tensor(), accumulate_dx, gemm_impl(on_dx));
-    ops::grouped_linear_bwd(x, weight, expert_offsets(on_dw), dy, Tensor(), dw, false, gemm_impl(on_dw));
+    ops::grouped_linear_bwd(x, weight, expert_offsets(on_dw), dy, Tensor(), dw, false, gemm_impl(on_dw), accumulate_dw);
 }
 
 ops::GroupedGemm MoeLayer::gemm_impl(bool device) const {

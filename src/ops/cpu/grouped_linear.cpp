@@ -2,6 +2,8 @@
 // on its contiguous rows (OpenBLAS GEMMs over fixed row chunks and weight tiles, OpenMP inside each call).
 #include "ops/grouped_linear.h"
 
+#include <algorithm>
+
 #include "ops/cpu/checks.h"
 #include "ops/cpu/linear.h"
 #include "ops/registry.h"
@@ -18,11 +20,22 @@ void grouped_linear_fwd(const T* x, const T* w, const int32_t* offsets, T* y, in
 }
 
 template <typename T>
-void grouped_linear_bwd(
-    const T* x, const T* w, const int32_t* offsets, const T* dy, T* dx, T* dw, int64_t e, int64_t k, int64_t m) {
+void grouped_linear_bwd(const T* x,
+                        const T* w,
+                        const int32_t* offsets,
+                        const T* dy,
+                        T* dx,
+                        T* dw,
+                        int64_t e,
+                        int64_t k,
+                        int64_t m,
+                        bool accumulate_dw) {
     for (int64_t j = 0; j < e; ++j) {
         const int64_t r0 = offsets[j], rows = offsets[j + 1] - r0;
-        if (rows == 0) continue;
+        if (rows == 0) {
+            if (dw && !accumulate_dw) std::fill_n(dw + j * m * k, m * k, T(0));  // written: no rows, no gradient
+            continue;
+        }
         linear_bwd<T>(x + r0 * k,
                       w + j * m * k,
                       dy + r0 * m,
@@ -32,7 +45,8 @@ void grouped_linear_bwd(
                       rows,
                       k,
                       m,
-                      false);
+                      false,
+                      accumulate_dw);
     }
 }
 
@@ -40,9 +54,9 @@ template void grouped_linear_fwd<float>(const float*, const float*, const int32_
 template void grouped_linear_fwd<double>(
     const double*, const double*, const int32_t*, double*, int64_t, int64_t, int64_t);
 template void grouped_linear_bwd<float>(
-    const float*, const float*, const int32_t*, const float*, float*, float*, int64_t, int64_t, int64_t);
+    const float*, const float*, const int32_t*, const float*, float*, float*, int64_t, int64_t, int64_t, bool);
 template void grouped_linear_bwd<double>(
-    const double*, const double*, const int32_t*, const double*, double*, double*, int64_t, int64_t, int64_t);
+    const double*, const double*, const int32_t*, const double*, double*, double*, int64_t, int64_t, int64_t, bool);
 
 // The CPU kernel of ops::grouped_linear_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
 // impl picks a CUDA implementation: unused here.
@@ -70,7 +84,8 @@ void grouped_linear_bwd(const Tensor& x,
                         const Tensor& dx,
                         const Tensor& dw,
                         bool accumulate_dx,
-                        GroupedGemm) {
+                        GroupedGemm,
+                        bool accumulate_dw) {
     constexpr std::string_view op = "grouped_linear_bwd";
     const int64_t k = x.size(1), e = w.size(0), m = w.size(1);
     const Tensor& o = offsets;  // the entry point's host copy
@@ -98,7 +113,8 @@ void grouped_linear_bwd(const Tensor& x,
                                 data_or_null<scalar_t>(dw),
                                 e,
                                 k,
-                                m);
+                                m,
+                                accumulate_dw);
         if (dx.defined() && accumulate_dx) {
             scalar_t* d = dx.data<scalar_t>();
             const scalar_t* s = dx_out.data<scalar_t>();

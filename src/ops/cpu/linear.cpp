@@ -36,8 +36,17 @@ void linear_fwd(const T* x, const T* w, const T* bias, T* y, int64_t n, int64_t 
 // dx[n, k] = dy[n, m] @ w[m, k]           (written; one GEMM per chunk of kRowChunk rows of dx)
 // One task list, the large dw tiles first so that the small dx chunks balance the threads at the end.
 template <typename T>
-void linear_bwd(
-    const T* x, const T* w, const T* dy, T* dx, T* dw, T* dbias, int64_t n, int64_t k, int64_t m, bool accumulate_dx) {
+void linear_bwd(const T* x,
+                const T* w,
+                const T* dy,
+                T* dx,
+                T* dw,
+                T* dbias,
+                int64_t n,
+                int64_t k,
+                int64_t m,
+                bool accumulate_dx,
+                bool accumulate_dw) {
     blas_use_one_thread();
     const int64_t tile_rows = chunk_count(m, kTile), tile_cols = std::max<int64_t>(chunk_count(k, kTile), 1);
     // dw null (grouped_linear_bwd's dx-only call; no bias then): the dx chunks alone.
@@ -52,7 +61,7 @@ void linear_bwd(
         const int64_t tr = task / tile_cols, tc = task % tile_cols;
         const int64_t o0 = tr * kTile, outs = std::min(m, o0 + kTile) - o0;
         const int64_t c0 = tc * kTile, cols = std::min(k, c0 + kTile) - c0;
-        gemm(true, false, outs, cols, n, T(1), dy + o0, m, x + c0, k, T(1), dw + o0 * k + c0, k);
+        gemm(true, false, outs, cols, n, T(1), dy + o0, m, x + c0, k, T(accumulate_dw ? 1 : 0), dw + o0 * k + c0, k);
         if (dbias && tc == 0) {
             for (int64_t i = 0; i < n; ++i) {
                 const T* dyr = dy + i * m + o0;  // [outs]
@@ -65,9 +74,9 @@ void linear_bwd(
 template void linear_fwd<float>(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t);
 template void linear_fwd<double>(const double*, const double*, const double*, double*, int64_t, int64_t, int64_t);
 template void linear_bwd<float>(
-    const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t, int64_t, bool);
+    const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t, int64_t, bool, bool);
 template void linear_bwd<double>(
-    const double*, const double*, const double*, double*, double*, double*, int64_t, int64_t, int64_t, bool);
+    const double*, const double*, const double*, double*, double*, double*, int64_t, int64_t, int64_t, bool, bool);
 
 // The CPU kernel of ops::linear_fwd (registered in the op registry): the CPU dtypes, then the float dispatch.
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
@@ -100,7 +109,8 @@ void linear_bwd(const Tensor& x,
                 const Tensor& dx,
                 const Tensor& dw,
                 const Tensor& dbias,
-                bool accumulate_dx) {
+                bool accumulate_dx,
+                bool accumulate_dw) {
     constexpr std::string_view op = "linear_bwd";
     check_float_arg(x, op, "x", 2);
     check_float_arg(w, op, "w", 2);
@@ -134,7 +144,8 @@ void linear_bwd(const Tensor& x,
                                       n,
                                       k,
                                       m,
-                                      accumulate_dx));
+                                      accumulate_dx,
+                                      accumulate_dw));
 }
 MT_REGISTER_KERNEL(linear_bwd, cpu, linear_bwd, ::mt::ops::float_dtypes);
 

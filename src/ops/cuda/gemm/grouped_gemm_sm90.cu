@@ -3,7 +3,7 @@
 // launches):
 //   fwd  y_e   = x_e w_e^T   x [R, K], w [E, M, K]: both operands K-major (wgmma TA = TB = 0)
 //   dx   dx_e  = dy_e w_e    dy [R, M] K-major, w_e [M, K] read MN-major (TB = 1); written, or accumulated
-//   dw   dw_e += dy_e^T x_e  dy and x both read MN-major (TA = TB = 1); dw bf16 or f32
+//   dw   dw_e += dy_e^T x_e  dy and x both read MN-major (TA = TB = 1); dw bf16 or f32; or written (=)
 // Tiles of 128 x 128 outputs, 64 along the contraction per step; two consumer warpgroups of 64 output rows each; a
 // 3-stage cp.async ring (all 256 threads load, then meet at one block barrier per step) feeding m64n128k16 products
 // from 128-byte-swizzled shared tiles (prim/wgmma_tile.cuh: the layout and descriptors that the attention kernels
@@ -16,10 +16,11 @@
 // finds its expert with one coalesced pass of its threads over the offsets: no prefix kernel, no host copy.
 // dw: a block owns one (expert, 128 rows of M, 128 columns of K) tile and runs over the expert's rows in order,
 // 64 at a time (zero-filled past its end): no atomics, the same bits on every run. An empty expert's blocks exit, so
-// its dw is unchanged. Rows past an expert's end are zero-filled in every load and never stored. Offsets are
-// clamped to [0, R] in the kernels, so malformed offsets give wrong rows but no access out of bounds.
-// Shapes: K and M multiples of 8 (16-byte rows for cp.async), pointers 16-byte aligned; grouped_gemm_sm90_why_not
-// says what fails. f16 (wgmma .f16) and f32 take the cuBLASLt path of grouped_linear.cu.
+// its dw is unchanged, or, when dw is written, store the zeros of an empty sum. Rows past an expert's end are
+// zero-filled in every load and never stored. Offsets are clamped to [0, R] in the kernels, so malformed offsets give
+// wrong rows but no access out of bounds. Shapes: K and M multiples of 8 (16-byte rows for cp.async), pointers 16-byte
+// aligned; grouped_gemm_sm90_why_not says what fails. f16 (wgmma .f16) and f32 take the cuBLASLt path of
+// grouped_linear.cu.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -50,7 +51,7 @@ struct Args {
     const int32_t* offsets;  // [E + 1] on the device
     int e, rows, k, m;       // E, R, K, M
     int col_tiles;           // fwd, dx: output column tiles; dw: K tiles
-    bool accumulate;         // dx: += (dw always accumulates, y is always written)
+    bool accumulate;         // dx, dw: += (else =; y is always written)
 };
 
 // offsets[j] clamped to [lo, R]: a malformed plan cannot send a load or store out of bounds.
@@ -188,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_dw_kernel(const Args p) {
     const int expert = static_cast<int>(blockIdx.x / per_expert), t = static_cast<int>(blockIdx.x % per_expert);
     const int m0 = (t / p.col_tiles) * kBM, k0 = (t % p.col_tiles) * kBN;
     const int r0 = offset_at(p, expert, 0), r1 = offset_at(p, expert + 1, r0);
-    if (r1 == r0) return;  // an empty expert: dw_e unchanged
+    if (r1 == r0 && p.accumulate) return;  // an empty expert: dw_e unchanged (written: zeros, nk = 0 below)
     float acc[kBN / 8][4];
     mainloop(
         acc,
@@ -215,7 +216,8 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_dw_kernel(const Args p) {
 #pragma unroll
         for (int i = 0; i < kBN / 8; ++i) {
             const int c = k0 + i * 8 + (lane % 4) * 2;
-            if (c < p.k) store_pair(dw + static_cast<int64_t>(r) * p.k + c, acc[i][2 * h], acc[i][2 * h + 1], true);
+            if (c < p.k)
+                store_pair(dw + static_cast<int64_t>(r) * p.k + c, acc[i][2 * h], acc[i][2 * h + 1], p.accumulate);
         }
     }
 #else
@@ -295,7 +297,8 @@ void grouped_gemm_sm90_bwd(const Tensor& x,
                            const Tensor& dy,
                            const Tensor& dx,
                            const Tensor& dw,
-                           bool accumulate_dx) {
+                           bool accumulate_dx,
+                           bool accumulate_dw) {
     core::NvtxRange range("grouped_linear_bwd.device");
     const int64_t e = w.size(0), m = w.size(1), k = w.size(2);
     if (dx.defined()) {
@@ -305,6 +308,7 @@ void grouped_gemm_sm90_bwd(const Tensor& x,
     }
     if (!dw.defined()) return;
     Args p = make_args(dy, x, dw, offsets, k, m);
+    p.accumulate = accumulate_dw;
     p.col_tiles = static_cast<int>(ceil_div(k, kBN));
     const int64_t blocks = e * ceil_div(m, kBM) * p.col_tiles;
     if (dw.dtype() == DType::f32)

@@ -20,6 +20,7 @@ void grouped_gemm_sm90_bwd(const Tensor& x,
                            const Tensor& dy,
                            const Tensor& dx,
                            const Tensor& dw,
-                           bool accumulate_dx);
+                           bool accumulate_dx,
+                           bool accumulate_dw);
 
 }  // namespace mt::ops::cuda

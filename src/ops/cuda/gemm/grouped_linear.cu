@@ -321,7 +321,8 @@ void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets_
 }
 MT_REGISTER_KERNEL(grouped_linear_fwd, cuda, grouped_linear_fwd, ::mt::ops::half_and_float_dtypes);
 
-// dy [R, M]; dx [R, K] written (=) or accumulated (accumulate_dx), skipped when undefined; dw [E, M, K] accumulates.
+// dy [R, M]; dx [R, K] written (=) or accumulated (accumulate_dx), skipped when undefined; dw [E, M, K] accumulated,
+// or written without accumulate_dw (beta = 0; an empty expert's zeroed).
 void grouped_linear_bwd(const Tensor& x,
                         const Tensor& w,
                         const Tensor& offsets_in,
@@ -329,7 +330,8 @@ void grouped_linear_bwd(const Tensor& x,
                         const Tensor& dx,
                         const Tensor& dw,
                         bool accumulate_dx,
-                        GroupedGemm) {
+                        GroupedGemm,
+                        bool accumulate_dw) {
     constexpr std::string_view op = "grouped_linear_bwd";
     check_cuda_float(x, op, "x");
     check_dtype_as(w, x, op, "w", "x");
@@ -340,7 +342,8 @@ void grouped_linear_bwd(const Tensor& x,
              op,
              core::dtype_name(dw.dtype()),
              core::dtype_name(x.dtype()));
-    if (offsets_in.device() == Device::cuda) return grouped_gemm_sm90_bwd(x, w, offsets_in, dy, dx, dw, accumulate_dx);
+    if (offsets_in.device() == Device::cuda)
+        return grouped_gemm_sm90_bwd(x, w, offsets_in, dy, dx, dw, accumulate_dx, accumulate_dw);
     const int32_t* offsets = offsets_in.data<int32_t>();
     const int64_t e = w.size(0), m = w.size(1), k = w.size(2);
     if (k == 0) return;
@@ -351,7 +354,12 @@ void grouped_linear_bwd(const Tensor& x,
     std::vector<std::tuple<const void*, const void*, void*>> px, pw;
     for (int64_t j = 0; j < e; ++j) {
         const int64_t r0 = offsets[j], rows = offsets[j + 1] - r0;
-        if (rows == 0) continue;
+        if (rows == 0) {
+            if (dw.defined() && !accumulate_dw)  // written: an expert without rows has a zero gradient
+                MT_CUDA_CHECK(
+                    cudaMemsetAsync(static_cast<char*>(dw.raw()) + j * m * k * gs, 0, m * k * gs, core::exec_stream()));
+            continue;
+        }
         const char* wj = static_cast<const char*>(w.raw()) + j * m * k * es;
         const char* xj = static_cast<const char*>(x.raw()) + r0 * k * es;
         const char* dyj = static_cast<const char*>(dy.raw()) + r0 * m * es;
@@ -383,7 +391,7 @@ void grouped_linear_bwd(const Tensor& x,
         pw.emplace_back(xj, dyj, dwj);
     }
     GroupedContext::get().run(gx, px, accumulate_dx ? 1.0f : 0.0f, false);
-    GroupedContext::get().run(gw, pw, 1.0f, true);
+    GroupedContext::get().run(gw, pw, accumulate_dw ? 1.0f : 0.0f, true);
 }
 MT_REGISTER_KERNEL(grouped_linear_bwd, cuda, grouped_linear_bwd, ::mt::ops::half_and_float_dtypes);
 

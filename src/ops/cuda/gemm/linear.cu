@@ -282,14 +282,16 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, const Tens
 }
 MT_REGISTER_KERNEL(linear_fwd, cuda, linear_fwd, ::mt::ops::half_and_float_dtypes);
 
-// x [N, K], w [M, K], dy [N, M]; dx [N, K] written (skipped when undefined); dw [M, K] and dbias [M] accumulate.
+// x [N, K], w [M, K], dy [N, M]; dx [N, K] written or accumulated (skipped when undefined); dw [M, K] accumulated
+// (beta = 1) or written (beta = 0: no read of dw); dbias [M] accumulates.
 void linear_bwd(const Tensor& x,
                 const Tensor& w,
                 const Tensor& dy,
                 const Tensor& dx,
                 const Tensor& dw,
                 const Tensor& dbias,
-                bool accumulate_dx) {
+                bool accumulate_dx,
+                bool accumulate_dw) {
     constexpr std::string_view op = "linear_bwd";
     check_dtypes(x, op);
     MT_CHECK(w.dtype() == x.dtype() && dy.dtype() == x.dtype() && (!dx.defined() || dx.dtype() == x.dtype()),
@@ -323,7 +325,10 @@ void linear_bwd(const Tensor& x,
             LtContext::get().matmul(s, w.raw(), dy.raw(), dx.raw(), nullptr, accumulate_dx ? 1.0f : 0.0f);
         }
     }
-    if (n == 0 || m == 0) return;
+    if (n == 0 || m == 0) {
+        if (n == 0 && !accumulate_dw) dw.zero();  // the gradient of no rows, written
+        return;
+    }
     if (k > 0) {
         const GemmShape s{t,
                           cuda_type(dw.dtype()),
@@ -339,7 +344,7 @@ void linear_bwd(const Tensor& x,
                           alignment_of(x.raw()),
                           alignment_of(dy.raw()),
                           alignment_of(dw.raw())};
-        LtContext::get().matmul(s, x.raw(), dy.raw(), dw.raw(), nullptr, 1.0f);
+        LtContext::get().matmul(s, x.raw(), dy.raw(), dw.raw(), nullptr, accumulate_dw ? 1.0f : 0.0f);
     }
     if (dbias.defined()) {
         MT_CUDA_DISPATCH(x.dtype(), T, launch_dbias<T>(dy, dbias, n, m));
