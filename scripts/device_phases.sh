@@ -31,7 +31,8 @@
 #                  into the next call as .devbin/optq.tar.xz (this call's $OUT/optq.tar.xz)
 #   muon_models    bench_train --profile of dense_1b3 and hybrid_1b3 with AdamW and with Muon (issue 29)
 #   graphs         train.cuda_graphs (issue 25 item 7): the GpuGraphs tests, then bench_train of tiny, tiny_hybrid,
-#                  dense_1b3 and hybrid_1b3 without and with graphs, alternated ROUNDS (default 2) times
+#                  dense_1b3 and hybrid_1b3 (or GRAPH_MODELS) without and with graphs, alternated ROUNDS (default 2)
+#                  times
 #   grads_ab       bench_train kimi_linear_mini and dense_1b3, then bench_moe (64 and 256 experts), of this build and of
 #                  .devbin/ab_old.tar.xz's bench_train_old / bench_moe_old, alternated ROUNDS (default 2) times; and
 #                  why tiny.toml's steps run without CUDA graphs (the step's first weight gradient written, issue 25)
@@ -197,12 +198,12 @@ for phase in ${PHASES:-label}; do
             timeout 120 ctest --test-dir build -L gpu -R GpuGraphs --output-on-failure > "$OUT/graphs_tests.log" 2>&1
             grep -E "tests passed|\*\*\*|Failed|captures" "$OUT/graphs_tests.log"
             for round in $(seq "${ROUNDS:-2}"); do
-                for model in tiny tiny_hybrid dense_1b3 hybrid_1b3; do
+                for model in ${GRAPH_MODELS:-tiny tiny_hybrid dense_1b3 hybrid_1b3}; do
                     for graphs in false true; do
                         need 60 || break 3
                         timeout 150 build/bench/bench_train --config configs/$model.toml --steps 10 --set run.device=cuda \
                             --warmup 3 --set train.cuda_graphs=$graphs > "$OUT/graphs_${model}_$graphs.log" 2>&1
-                        grep '^{' "$OUT/graphs_${model}_$graphs.log" | head -1
+                        grep -E '^\{|cuda_graphs' "$OUT/graphs_${model}_$graphs.log" | head -2
                     done
                 done
             done

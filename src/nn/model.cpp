@@ -262,6 +262,7 @@ void Model::backward(double loss_scale) {
 void Model::pass_backward(double loss_scale, bool last_pass, const Tensor& d_output) {
     if (chunk_has_head(chunk_)) fill_dlosses(loss_scale);
     pass_backward_kernels(loss_scale, last_pass, d_output);
+    if (last_pass) table_.settle_grads();  // the gradients zero_grads left that this backward did not write
 }
 
 void Model::pass_backward_kernels(double loss_scale, bool last_pass, const Tensor& d_output) {
@@ -269,7 +270,12 @@ void Model::pass_backward_kernels(double loss_scale, bool last_pass, const Tenso
     for (auto& b : blocks_) b->set_backward_phase(true);
     // A parameter's gradient is complete only after the last pass: data parallelism hears of it then.
     const GradReadyHook none;
-    const GradReadyHook& grad_ready = last_pass ? grad_ready_ : none;
+    // Before data parallelism reads them, the complete gradients that zero_grads left and no layer wrote are zeroed.
+    const GradReadyHook settled = [this](int first) {
+        table_.settle_grads(first);
+        grad_ready_(first);
+    };
+    const GradReadyHook& grad_ready = last_pass && grad_ready_ ? settled : none;
     if (chunk_has_head(chunk_)) {
         head_backward();
         // Everything declared after the blocks is complete now, except under AttnRes (its own parameters finish

@@ -96,7 +96,21 @@ void ParamTable::finalize(const Precision& precision, int64_t align) {
         masters_.push_back(view(master_arena_, i));
         grads_.push_back(view(grad_arena_, i));
     }
-    grad_written_.assign(static_cast<size_t>(size()), 0);
+    grad_state_.assign(static_cast<size_t>(size()), kZeroed);
+    written_whole_.resize(static_cast<size_t>(size()), 0);
+    // The runs of the arena that are not written whole, merged: what zero_grads(true) zeroes. The padding after a
+    // written-whole parameter is among them (no write reaches it; zeroed, it cannot carry anything into the
+    // arena-wide norms and reductions).
+    for (int i = 0; i < size(); ++i) {
+        const bool whole = written_whole_[static_cast<size_t>(i)] != 0;
+        const int64_t begin = offset(i) + (whole ? core::shape_numel(specs_[static_cast<size_t>(i)].shape) : 0);
+        const int64_t end = offset(i) + padded_numel(i);
+        if (begin == end) continue;
+        if (!zeroed_runs_.empty() && zeroed_runs_.back().second == begin)
+            zeroed_runs_.back().second = end;
+        else
+            zeroed_runs_.emplace_back(begin, end);
+    }
     finalized_ = true;
 }
 
@@ -170,16 +184,38 @@ void ParamTable::refresh_params_from_master() {
     if (precision_.has_master_copy()) param_arena_.copy_from(master_arena_);
 }
 
-void ParamTable::zero_grads() {
-    grad_arena_.zero();
-    std::fill(grad_written_.begin(), grad_written_.end(), uint8_t{0});
+void ParamTable::zero_grads(bool skip_written_whole) {
+    const bool skip = skip_written_whole && first_grad_writes_ &&
+                      std::find(written_whole_.begin(), written_whole_.end(), uint8_t{1}) != written_whole_.end();
+    if (!skip) {
+        grad_arena_.zero();
+        std::fill(grad_state_.begin(), grad_state_.end(), uint8_t{kZeroed});
+        return;
+    }
+    for (const auto& [begin, end] : zeroed_runs_) grad_arena_.slice(0, begin, end).zero();
+    for (size_t i = 0; i < grad_state_.size(); ++i) grad_state_[i] = written_whole_[i] ? kLeft : kZeroed;
+}
+
+void ParamTable::set_grad_written_whole(int i) {
+    MT_CHECK(!finalized_, "set_grad_written_whole after finalize");
+    if (written_whole_.size() <= static_cast<size_t>(i)) written_whole_.resize(static_cast<size_t>(i) + 1, 0);
+    written_whole_[static_cast<size_t>(i)] = 1;
 }
 
 bool ParamTable::first_grad_write(int i) {
-    uint8_t& written = grad_written_.at(static_cast<size_t>(i));
-    const bool first = first_grad_writes_ && written == 0;
-    written = 1;
+    uint8_t& state = grad_state_.at(static_cast<size_t>(i));
+    if (state == kLeft && !first_grad_writes_) grads_[static_cast<size_t>(i)].zero();  // turned off since: add to 0
+    const bool first = first_grad_writes_ && state != kWritten;
+    state = kWritten;
     return first;
+}
+
+void ParamTable::settle_grads(int first) {
+    for (int i = std::max(first, 0); i < size(); ++i)
+        if (grad_state_[static_cast<size_t>(i)] == kLeft) {
+            grads_[static_cast<size_t>(i)].zero();
+            grad_state_[static_cast<size_t>(i)] = kZeroed;
+        }
 }
 
 int ParamTable::find(const std::string& name) const {

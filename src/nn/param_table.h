@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -102,15 +103,25 @@ class ParamTable {
     void initialize(uint64_t seed);
     // Copies the master weights into the forward's weights (after an optimizer step or a load).
     void refresh_params_from_master();
-    void zero_grads();
+    // Zeroes every gradient. skip_written_whole: not those declared with set_grad_written_whole (most of a model's
+    // bytes: the weight matrices), which the next backward writes before anything reads them; a backward settles
+    // what it did not write (settle_grads). The trainer's step passes it; a caller that reads gradients without a
+    // backward in between must not.
+    void zero_grads(bool skip_written_whole = false);
+    // Declares that parameter i's gradient is written whole by its first write of every backward pass over its layer
+    // (nn::Linear, the MoE experts: the ops' accumulate_dw = false), so zero_grads may leave it. Before finalize.
+    void set_grad_written_whole(int i);
     // Whether the backward may write (=) parameter i's gradient instead of adding to it (+=): true for the first
-    // write after zero_grads() (or finalize), while the gradient still holds zeros, then false until the next
-    // zero_grads(). The layers whose gradient op can write (nn::Linear and the MoE experts, through linear_bwd's and
-    // grouped_linear_bwd's accumulate_dw) ask before each write: the same values without a read of the gradient.
-    // A later micro-batch, recompute segment or second use then adds.
+    // write after zero_grads() (or finalize), then false until the next zero_grads(). The layers whose gradient op
+    // can write (nn::Linear and the MoE experts, through linear_bwd's and grouped_linear_bwd's accumulate_dw) ask
+    // before each write: the same values as adding to zeros, without the read of the gradient (or its zeroing, for a
+    // gradient zero_grads left). A later micro-batch, recompute segment or second use then adds.
     bool first_grad_write(int i);
-    // Off: first_grad_write always answers false. CUDA graphs turn it off: a captured backward replays for every
-    // micro-batch of a step, so what it records must be the add.
+    // Zeroes the gradients of index >= first that zero_grads left and no write has reached yet (a layer that did
+    // not run): the model calls it at the end of each backward and before it hands gradients to data parallelism.
+    void settle_grads(int first = 0);
+    // Off: first_grad_write always answers false and zero_grads zeroes everything. CUDA graphs turn it off: a
+    // captured backward replays for every micro-batch, so what it records must be the add.
     void set_first_grad_writes(bool on) {
         first_grad_writes_ = on;
     }
@@ -174,7 +185,11 @@ class ParamTable {
     std::vector<int64_t> offsets_;
     std::vector<Tensor> params_, masters_, grads_;
     Tensor param_arena_, master_arena_, grad_arena_;
-    std::vector<uint8_t> grad_written_;  // per parameter: its gradient was written since the last zero_grads()
+    // Per parameter, since the last zero_grads(): kZeroed, kWritten, or kLeft (zero_grads skipped it, not written).
+    enum GradState : uint8_t { kZeroed, kWritten, kLeft };
+    std::vector<uint8_t> grad_state_;
+    std::vector<uint8_t> written_whole_;                    // set_grad_written_whole, per parameter
+    std::vector<std::pair<int64_t, int64_t>> zeroed_runs_;  // the arena runs zero_grads(true) zeroes: [begin, end)
     bool first_grad_writes_ = true;
     int64_t total_ = 0;
     Precision precision_;

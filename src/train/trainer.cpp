@@ -359,7 +359,7 @@ StepResult& Trainer::finish_step(StepResult& r, std::chrono::steady_clock::time_
 
 void Trainer::compute_gradients(StepResult& r) {
     const auto& t = cfg_.train;
-    model_->params().zero_grads();
+    model_->params().zero_grads(/*skip_written_whole=*/true);  // the backward writes the weight matrices' whole
     model_->set_train_step(step_);
     grad_sync_->set_step(step_);  // compression's warm-up and random streams
     model_->reset_max_logits();   // the step's maxima start here (QK-clip, long/max_logit)

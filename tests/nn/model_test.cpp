@@ -411,3 +411,60 @@ TEST(Model, FirstGradientWritesThenAdds) {
     }
     EXPECT_GT(nonzero, once.numel() / 2);  // the comparison covered the gradients
 }
+
+// zero_grads(true), as the trainer's step calls it, leaves the gradients the backward writes whole (nn::Linear, the
+// experts): a step whose arena starts as NaN (the last step's gradients, say) ends with the gradients of a fully
+// zeroed one, so every gradient zero_grads left was written or settled.
+TEST(Model, ZeroGradsLeavesOnlyWhatTheBackwardWrites) {
+    for (const ModelConfig& cfg : {with_moe(hybrid_config("KA", true), 0, MoeBalanceMode::aux_loss),
+                                   with_attnres(hybrid_config("AK", false), AttnResMode::block, 2)}) {
+        Tensor ids = Tensor::zeros({2, 7}, DType::i32), targets = Tensor::zeros({2, 7}, DType::i32);
+        random_batch(ids, targets, 23);
+        auto gradients = [&](bool skip_written_whole) {
+            Model model(cfg, mt::nn::Precision::cpu(DType::f64));
+            model.params().initialize(3);
+            model.params().grad_arena().fill(std::nan(""));
+            model.params().zero_grads(skip_written_whole);
+            model.forward(ids, targets);
+            model.backward(1.0);
+            return model.params().grad_arena().clone();
+        };
+        const Tensor left = gradients(true), zeroed = gradients(false);
+        for (int64_t i = 0; i < left.numel(); ++i)
+            ASSERT_EQ(mt::core::tensor_get_flat(left, i), mt::core::tensor_get_flat(zeroed, i)) << "element " << i;
+    }
+}
+
+// What zero_grads(true) leaves and settle_grads zeroes: only parameters declared written whole, and only those not
+// written since; a write-first parameter answers first_grad_write true once.
+TEST(ParamTable, ZeroGradsSkipsTheWrittenWholeUntilSettled) {
+    mt::nn::ParamTable t;
+    const int a = t.add({.name = "a", .shape = {3, 70}}), b = t.add({.name = "b", .shape = {5}});
+    const int c = t.add({.name = "c", .shape = {2, 64}});
+    t.set_grad_written_whole(a);
+    t.set_grad_written_whole(c);
+    t.finalize(mt::nn::Precision::cpu(DType::f32));
+    auto all_equal = [](const Tensor& g, double v) {
+        for (int64_t i = 0; i < g.numel(); ++i)
+            if (mt::core::tensor_get_flat(g, i) != v) return false;
+        return true;
+    };
+    t.grad_arena().fill(7.0);
+    t.zero_grads(/*skip_written_whole=*/true);
+    EXPECT_TRUE(all_equal(t.grad(a), 7.0) && all_equal(t.grad(c), 7.0)) << "written-whole gradients are left";
+    EXPECT_TRUE(all_equal(t.grad(b), 0.0));
+    EXPECT_TRUE(t.first_grad_write(a));
+    EXPECT_FALSE(t.first_grad_write(a));
+    t.settle_grads();  // c was not written: zeroed; a was: kept
+    EXPECT_TRUE(all_equal(t.grad(c), 0.0));
+    EXPECT_TRUE(all_equal(t.grad(a), 7.0));
+    EXPECT_TRUE(t.first_grad_write(c)) << "a settled gradient is still unwritten";
+    t.grad_arena().fill(7.0);
+    t.zero_grads();  // without the skip: everything
+    EXPECT_TRUE(all_equal(t.grad_arena(), 0.0));
+    t.set_first_grad_writes(false);  // CUDA graphs: always add, so zero_grads zeroes everything
+    t.grad_arena().fill(7.0);
+    t.zero_grads(true);
+    EXPECT_TRUE(all_equal(t.grad_arena(), 0.0));
+    EXPECT_FALSE(t.first_grad_write(a));
+}

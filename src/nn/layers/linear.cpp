@@ -29,6 +29,7 @@ Linear::Linear(ParamTable& table,
     else if (split != Split::none)
         spec = tp_split(std::move(spec), tp, split == Split::column ? 0 : 1);
     index_ = table.add(std::move(spec));
+    table.set_grad_written_whole(index_);  // backward's first write of a step writes all of dW
 }
 
 void Linear::forward(const Tensor& x, const Tensor& y) const {

@@ -77,12 +77,14 @@ MoeLayer::MoeLayer(ParamTable& table,
     // This rank's experts: all of them, or its E / ep under expert parallelism.
     const int64_t el = e / ep.size, first = ep.size > 1 ? ep.rank * el : 0, global = ep.size > 1 ? e : 0;
     auto expert = [&](const char* name, int64_t out, int64_t in, double std) {
-        return table.add({.name = prefix + ".experts." + name,
-                          .shape = {el, out, in},
-                          .init_std = std,
-                          .group = OptimGroup::muon,  // E matrices, each orthogonalised on its own
-                          .shard_first = first,
-                          .shard_global = global});
+        const int i = table.add({.name = prefix + ".experts." + name,
+                                 .shape = {el, out, in},
+                                 .init_std = std,
+                                 .group = OptimGroup::muon,  // E matrices, each orthogonalised on its own
+                                 .shard_first = first,
+                                 .shard_global = global});
+        table.set_grad_written_whole(i);  // the grouped dw writes every expert's, an empty one's as zeros
+        return i;
     };
     w_gate_ = expert("w_gate", f, c, model.init_std);
     w_up_ = expert("w_up", f, c, model.init_std);
