@@ -245,4 +245,8 @@ for phase in ${PHASES:-label}; do
     esac
     echo "   $phase done at $((SECONDS - t0)) s"
 done
+# The test counts again at the end, where a long call's cut output still shows them.
+for log in "$OUT"/label.log "$OUT"/label_left.log "$OUT"/tests.log "$OUT"/graphs_tests.log; do
+    [ -f "$log" ] && echo "$(basename "$log"): $(grep -E "tests passed" "$log" | tail -1)"
+done
 echo "call done at $((SECONDS - t0)) s"

@@ -262,7 +262,9 @@ void Model::backward(double loss_scale) {
 void Model::pass_backward(double loss_scale, bool last_pass, const Tensor& d_output) {
     if (chunk_has_head(chunk_)) fill_dlosses(loss_scale);
     pass_backward_kernels(loss_scale, last_pass, d_output);
-    if (last_pass) table_.settle_grads();  // the gradients zero_grads left that this backward did not write
+    // The gradients zero_grads left that this backward did not write. With several pipeline chunks on this rank the
+    // trainer settles after all their backwards instead: another chunk's gradients may not be written yet.
+    if (last_pass && num_chunks() == 1) table_.settle_grads();
 }
 
 void Model::pass_backward_kernels(double loss_scale, bool last_pass, const Tensor& d_output) {

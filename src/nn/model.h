@@ -358,7 +358,10 @@ class Model {
         std::vector<int64_t> shape;                     // the batch shape and RoPE base that warm step ran
         std::vector<AttentionLayer*> max_logit_layers;  // those whose row maxima the forward's graph writes
         int64_t captures = 0, replays = 0;
+        Tensor doc_start, positions;  // the batches' document maps, in place (document masking)
     };
+    // value copied into buffer (allocated as value where it is undefined or of another shape); returns buffer.
+    static Tensor in_place(Tensor& buffer, const Tensor& value);
     double graph_forward(const Tensor& ids, const Tensor& targets);
     void graph_backward(double loss_scale);
     // cold: the next training forward runs eagerly before the graphs are recorded again.

@@ -44,6 +44,14 @@ void Model::prepare_batch(const Tensor& ids, const Tensor& targets, bool trainin
     vision_prepare();
 }
 
+Tensor Model::in_place(Tensor& buffer, const Tensor& value) {
+    if (!buffer.defined() || buffer.shape() != value.shape() || buffer.device() != value.device())
+        buffer = value;  // a new shape: Model::forward records the graphs again
+    else
+        buffer.copy_from(value);
+    return buffer;
+}
+
 std::vector<int64_t> Model::plan_segments(int64_t seq) const {
     MT_CHECK(cfg_.moe.capacity_factor <= 0.0 && cfg_.moe.balance.mode != MoeBalanceMode::aux_loss,
              "sequence segments need dropless MoE without the auxiliary loss (both are per batch, not per token)");
@@ -108,6 +116,13 @@ void Model::begin_pass(int64_t batch, int64_t j, bool recompute, bool count_rout
         docs_.doc_start = doc_map_from(seq_docs_.doc_start, first, first + len, dev);
         const Tensor pos = time_rows(seq_docs_.positions, first, len);
         docs_.positions = dev == core::Device::cpu ? pos.clone() : pos.to_device(dev);
+        // With CUDA graphs the maps go into buffers that stay put from batch to batch: a replay reads them where
+        // the recording found them. Only then, and only for one pass over the whole model: a pipeline's chunks keep
+        // their own micro-batches' maps, and sequence segments their own (graphs run neither).
+        if (graphs_.enabled && num_chunks() == 1 && segments == 1) {
+            docs_.doc_start = in_place(graphs_.doc_start, docs_.doc_start);
+            docs_.positions = in_place(graphs_.positions, docs_.positions);
+        }
     }
     const SegmentContext seg{.index = j,
                              .count = segments,

@@ -51,7 +51,8 @@ std::string Model::graph_blocker() const {
     if (num_chunks() != 1 || !chunk_has_embedding(0) || !chunk_has_head(0)) return "pipeline parallelism";
     if (params_needed_) return "ZeRO's parameter gathers";
     if (cfg_.segments.enabled()) return "sequence segments";
-    if (cfg_.document_mask) return "document masking (each batch's document maps are kernel arguments)";
+    if (cfg_.document_mask && cfg_.n_kda_layers() > 0)
+        return "document masking with KDA layers (they plan each batch's packed documents on the host)";
     if (vision_) return "the vision encoder";
     return "";
 }
@@ -59,10 +60,14 @@ std::string Model::graph_blocker() const {
 // The batch's shape and the RoPE base are not in it: Model::forward drops the graphs and warms up again when they
 // change (graphs_.shape).
 std::vector<double> Model::graph_key() const {
-    return {attnres_ ? attnres_->blend() : 0.0,
-            // The metrics' stat buffer the kernels add to (undefined on the steps without metrics).
-            static_cast<double>(reinterpret_cast<uintptr_t>(layer_stats_.defined() ? layer_stats_.raw() : nullptr)),
-            track_predictions_ ? 1.0 : 0.0};
+    return {
+        attnres_ ? attnres_->blend() : 0.0,
+        // The metrics' stat buffer the kernels add to (undefined on the steps without metrics).
+        static_cast<double>(reinterpret_cast<uintptr_t>(layer_stats_.defined() ? layer_stats_.raw() : nullptr)),
+        track_predictions_ ? 1.0 : 0.0,
+        // The document maps the kernels read (document masking), in place from batch to batch.
+        static_cast<double>(reinterpret_cast<uintptr_t>(docs_.doc_start.defined() ? docs_.doc_start.raw() : nullptr)),
+        static_cast<double>(reinterpret_cast<uintptr_t>(docs_.positions.defined() ? docs_.positions.raw() : nullptr))};
 }
 
 void Model::check_batch_indices() const {

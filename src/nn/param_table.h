@@ -118,7 +118,8 @@ class ParamTable {
     // gradient zero_grads left). A later micro-batch, recompute segment or second use then adds.
     bool first_grad_write(int i);
     // Zeroes the gradients of index >= first that zero_grads left and no write has reached yet (a layer that did
-    // not run): the model calls it at the end of each backward and before it hands gradients to data parallelism.
+    // not run): the model calls it at the end of each backward (the trainer, after a schedule of several pipeline
+    // chunks) and before it hands gradients to data parallelism.
     void settle_grads(int first = 0);
     // Off: first_grad_write always answers false and zero_grads zeroes everything. CUDA graphs turn it off: a
     // captured backward replays for every micro-batch, so what it records must be the add.

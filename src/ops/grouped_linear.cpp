@@ -15,15 +15,6 @@
 
 namespace mt::ops {
 
-namespace cpu {
-// The kernels of src/ops/cpu/grouped_linear.cpp (shapes as in ops/grouped_linear.h; dx may be null).
-template <typename T>
-void grouped_linear_fwd(const T* x, const T* w, const int32_t* offsets, T* y, int64_t e, int64_t k, int64_t m);
-template <typename T>
-void grouped_linear_bwd(
-    const T* x, const T* w, const int32_t* offsets, const T* dy, T* dx, T* dw, int64_t e, int64_t k, int64_t m);
-}  // namespace cpu
-
 namespace {
 
 // The offsets on the host (a CUDA tensor is copied back: one synchronisation), checked.

@@ -388,6 +388,7 @@ void Trainer::compute_gradients(StepResult& r) {
     if (mix_) mix_step_begin(n_global, r.loss_scale);
     if (pipelined()) {
         r.loss = pipeline_micro_batches(weights, r.loss_scale / micro_divisor, r);
+        model_->params().settle_grads();  // after every chunk's backwards (Model::pass_backward leaves it to here)
         pipeline_reduce_tied_embedding();
     }
     // The last micro-batch's backward hands each bucket of complete gradients to the reduction as it goes.

@@ -468,3 +468,33 @@ TEST(ParamTable, ZeroGradsSkipsTheWrittenWholeUntilSettled) {
     EXPECT_TRUE(all_equal(t.grad_arena(), 0.0));
     EXPECT_FALSE(t.first_grad_write(a));
 }
+
+// With CUDA graphs on, the batches' document maps are copied into buffers that stay put (the replays read them
+// there); on the CPU the steps run eagerly over those same buffers, so the losses and gradients of batches with
+// different documents, and of a batch of another shape, equal those of a model that takes fresh maps.
+TEST(Model, DocumentMapsInPlaceEqualFreshOnes) {
+    ModelConfig cfg = small_config(false);
+    cfg.document_mask = true;
+    cfg.eot_token = 5;
+    Model fresh(cfg, mt::nn::Precision::cpu(DType::f64)), kept(cfg, mt::nn::Precision::cpu(DType::f64));
+    fresh.params().initialize(3);
+    kept.params().initialize(3);
+    kept.set_cuda_graphs(true);  // no graphs on the CPU: the in-place maps alone
+    for (int batch = 0; batch < 4; ++batch) {
+        const int64_t seq = batch < 3 ? 9 : 12;
+        Tensor ids = Tensor::zeros({2, seq}, DType::i32), targets = Tensor::zeros({2, seq}, DType::i32);
+        for (int64_t i = 0; i < ids.numel(); ++i) {  // an EOT at a batch-dependent place or two in each row
+            const bool eot = (i * 3 + batch * 5) % 7 == 0;
+            mt::core::tensor_set_flat(ids, i, eot ? 5.0 : static_cast<double>(mt::core::rng_u64(9, batch, i) % 23));
+            mt::core::tensor_set_flat(targets, i, static_cast<double>(mt::core::rng_u64(9, 7 + batch, i) % 23));
+        }
+        for (Model* m : {&fresh, &kept}) m->params().zero_grads();
+        const double a = fresh.forward(ids, targets), b = kept.forward(ids, targets);
+        fresh.backward(1.0);
+        kept.backward(1.0);
+        ASSERT_EQ(a, b) << "batch " << batch;
+        const Tensor ga = fresh.params().grad_arena(), gb = kept.params().grad_arena();
+        for (int64_t i = 0; i < ga.numel(); ++i)
+            ASSERT_EQ(mt::core::tensor_get_flat(ga, i), mt::core::tensor_get_flat(gb, i)) << "batch " << batch;
+    }
+}

@@ -1,7 +1,8 @@
 // CUDA graphs (train.cuda_graphs, docs/training.md "CUDA graphs"): a run whose training steps replay captured
 // graphs gives the same losses and the same final parameters and optimizer state, bit for bit, as the same run
 // without them, for the dense tiny model, the KDA hybrid, AttnRes (with the residual blend changing every step, so
-// that the graphs are captured again), full recompute and two micro-batches per step. Skipped without a GPU.
+// that the graphs are captured again), full recompute, packed documents (document masking: new maps every batch)
+// and two micro-batches per step. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -42,6 +43,8 @@ GraphRun run(const std::string& dir, std::vector<std::string> o, bool graphs, in
 TEST_F(GpuGraphs, ReplayedStepsEqualEagerOnesBitForBit) {
     constexpr int64_t kSteps = 6;  // tiny_job: 2 micro-batches per step
     const std::vector<std::string> base = {"run.device=\"cuda\"", "run.precision=\"bf16\""};
+    // Packed documents that change from batch to batch: the replays read each batch's maps in place.
+    const std::string docs = mt::testing::write_document_shard(fresh_dir("graphs_documents_data"));
     struct Variant {
         const char* name;
         std::vector<std::string> extra;
@@ -58,6 +61,7 @@ TEST_F(GpuGraphs, ReplayedStepsEqualEagerOnesBitForBit) {
           "attnres.residual_blend_steps=4"},
          true},
         {"full_recompute", {"recompute.policy=\"full\""}, false},
+        {"documents", {"data.paths=[\"" + docs + "\"]", "data.document_mask=true", "data.eot_token=60"}, false},
     };
     for (const Variant& v : variants) {
         const std::string dir = fresh_dir(std::string("graphs_") + v.name);
