@@ -9,6 +9,7 @@
 
 #include "core/allocator.h"
 #include "core/backend.h"
+#include "core/clock.h"
 #include "core/exec.h"
 #include "parallel/comm.h"
 
@@ -16,10 +17,6 @@ namespace mt::train {
 
 namespace {
 constexpr int kWriterNice = 10;
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // A snapshot buffer for a tensor of this shape and dtype on `device`: pinned host memory for a GPU tensor.
 core::Tensor new_snapshot_buffer(const core::Shape& shape, core::DType dtype, core::Device device) {
@@ -61,7 +58,7 @@ void AsyncCheckpointWriter::reserve_in_background(const std::vector<core::Tensor
         } catch (const std::exception& e) {
             reservation_failure_ = e.what();
         }
-        reservation_seconds_.store(seconds_since(start), std::memory_order_relaxed);
+        reservation_seconds_.store(core::seconds_since(start), std::memory_order_relaxed);
     });
 }
 
@@ -69,7 +66,7 @@ void AsyncCheckpointWriter::join_reservation() {
     if (!reservation_.joinable()) return;
     const auto start = std::chrono::steady_clock::now();
     reservation_.join();
-    reservation_wait_seconds_.store(seconds_since(start), std::memory_order_relaxed);
+    reservation_wait_seconds_.store(core::seconds_since(start), std::memory_order_relaxed);
     if (!reservation_failure_.empty()) buffers_.clear();  // what was pinned before the failure goes back
 }
 
@@ -151,7 +148,7 @@ void AsyncCheckpointWriter::start(const std::string& checkpoints_root,
         } catch (...) {
             error_ = std::current_exception();
         }
-        write_seconds_ = seconds_since(start);
+        write_seconds_ = core::seconds_since(start);
         done_.store(true, std::memory_order_release);
     });
 }
@@ -174,7 +171,7 @@ std::string AsyncCheckpointWriter::finish() {
                    root_);
     // The manifest, the rename and the retention run here, on the loop's thread: part of its wait.
     std::string dir = checkpoint_finish(root_, step_, part_, extra_, keep_, comm_);
-    wait_seconds_ = seconds_since(start);
+    wait_seconds_ = core::seconds_since(start);
     return dir;
 }
 

@@ -19,6 +19,7 @@
 #include <optional>
 #include <thread>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "train/checkpoint_io.h"
 #include "train/metrics.h"
@@ -36,10 +37,6 @@ void on_stop_signal(int sig) {
 }
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // The newest complete checkpoint's step under run_dir (-1: none).
 int64_t resumable_step(const std::string& run_dir) {
@@ -101,7 +98,7 @@ std::optional<int> wait_for_exit(pid_t pid, double seconds) {
         const pid_t r = ::waitpid(pid, &status, WNOHANG);
         if (r == pid) return status;
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    } while (seconds_since(start) < seconds);
+    } while (core::seconds_since(start) < seconds);
     return std::nullopt;
 }
 
@@ -155,7 +152,7 @@ struct ElasticState {
     // While the job runs on fewer hosts: the down hosts probed every probe_every_s; true when one has passed every
     // probe for grow_after_s and a larger world would run.
     bool ready_to_grow() {
-        if (seconds_since(last_probe) < o.probe_every_s) return false;
+        if (core::seconds_since(last_probe) < o.probe_every_s) return false;
         last_probe = Clock::now();
         int64_t back = 0;
         for (auto& h : hosts) {
@@ -165,7 +162,7 @@ struct ElasticState {
                 continue;
             }
             if (!h.healthy_since) h.healthy_since = Clock::now();
-            if (seconds_since(*h.healthy_since) >= o.grow_after_s) back += h.slots;
+            if (core::seconds_since(*h.healthy_since) >= o.grow_after_s) back += h.slots;
         }
         if (back == 0) return false;
         const auto bigger = elastic_world(o.layout, slots_up() + back, o.min_ranks, o.max_ranks);
@@ -173,7 +170,7 @@ struct ElasticState {
     }
     void take_back_healthy() {
         for (auto& h : hosts)
-            if (!h.up && h.healthy_since && seconds_since(*h.healthy_since) >= o.grow_after_s)
+            if (!h.up && h.healthy_since && core::seconds_since(*h.healthy_since) >= o.grow_after_s)
                 h.up = true, h.failures = 0, h.healthy_since.reset();
     }
     std::optional<ElasticWorld> fit() const {
@@ -273,10 +270,10 @@ int supervise(const SuperviseOptions& o) {
                 if (it == progress.end() || it->second.first != step) progress[rank] = {step, Clock::now()};
                 last_step = std::max(last_step, step);
                 if (phase == "checkpoint" || phase == "eval") timeout = 3 * o.hang_timeout_s;
-                if (attempt > 0 && !recovered_after && step > resumed) recovered_after = seconds_since(failed_at);
+                if (attempt > 0 && !recovered_after && step > resumed) recovered_after = core::seconds_since(failed_at);
             }
-            bool hung = progress.empty() && seconds_since(job.started) > timeout;
-            for (const auto& [rank, p] : progress) hung = hung || seconds_since(p.second) > timeout;
+            bool hung = progress.empty() && core::seconds_since(job.started) > timeout;
+            for (const auto& [rank, p] : progress) hung = hung || core::seconds_since(p.second) > timeout;
             if (hung && !forwarded) {
                 reason = "hang";
                 status = stop_job(job.pid, o.kill_grace_s);
@@ -374,7 +371,7 @@ int supervise(const SuperviseOptions& o) {
                                 {"resumed_step", from},
                                 {"steps_lost", std::max<int64_t>(last_step - from, 0)},
                                 {"phase", phase},
-                                {"downtime_s", seconds_since(failed)},
+                                {"downtime_s", core::seconds_since(failed)},
                                 {"attempt", attempt + 1}};
         if (elastic.on()) event["world"] = world_fields;
         log.write(last_step, "event", event);

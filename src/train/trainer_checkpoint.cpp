@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "core/clock.h"
 #include "ops/global_norm.h"
 #include "parallel/comm.h"
 #include "train/async_checkpoint.h"
@@ -34,10 +35,6 @@ std::string checkpoints_root(const JobConfig& cfg) {
 // Checkpoints hold host copies, so a checkpoint written on a GPU resumes on the CPU and the other way.
 core::Tensor to_host(const core::Tensor& t) {
     return t.device() == core::Device::cpu ? t : t.to_device(core::Device::cpu);
-}
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 core::Tensor flat(const core::Tensor& t) {
@@ -212,7 +209,7 @@ void Trainer::reserve_checkpoint_buffers() {
     // steps; the first checkpoint waits for it if it has not finished. The config line says how long the start
     // itself waited.
     async_writer_->reserve_in_background(likes);
-    checkpoint_reserve_seconds_ = seconds_since(start);
+    checkpoint_reserve_seconds_ = core::seconds_since(start);
 }
 
 void Trainer::write_checkpoint(bool async) {
@@ -268,20 +265,20 @@ void Trainer::write_checkpoint(bool async) {
     extra["data"].update(long_checkpoint_json());  // the curriculum stage and position, when there is one
     if (weighting_) extra["loss_weighting"] = weighting_->state();  // s_i and moments, or DWA's windows
     const RetentionPolicy keep{.keep_last = cfg_.checkpoint.keep_last, .keep_every = cfg_.checkpoint.keep_every};
-    checkpoint_prepare_seconds_ = seconds_since(start);
+    checkpoint_prepare_seconds_ = core::seconds_since(start);
     if (async) {
         // The loop waits only for the copies; the file is written while the next steps run.
         if (!async_writer_) async_writer_ = std::make_unique<AsyncCheckpointWriter>();
         for (size_t i = 0; i < tensors.size(); ++i) tensors[i].tensor = async_writer_->snapshot(i, tensors[i].tensor);
-        checkpoint_copy_seconds_ = seconds_since(start) - checkpoint_prepare_seconds_;
+        checkpoint_copy_seconds_ = core::seconds_since(start) - checkpoint_prepare_seconds_;
         async_writer_->start(checkpoints_root(cfg_), step_, std::move(tensors), extra, keep, &mesh_->world());
-        checkpoint_blocking_seconds_ = seconds_since(start);
+        checkpoint_blocking_seconds_ = core::seconds_since(start);
         return;
     }
     for (CheckpointTensor& c : tensors) c.tensor = to_host(c.tensor);
-    checkpoint_copy_seconds_ = seconds_since(start) - checkpoint_prepare_seconds_;
+    checkpoint_copy_seconds_ = core::seconds_since(start) - checkpoint_prepare_seconds_;
     const std::string dir = checkpoint_write(checkpoints_root(cfg_), step_, tensors, extra, keep, &mesh_->world());
-    checkpoint_blocking_seconds_ = seconds_since(start);
+    checkpoint_blocking_seconds_ = core::seconds_since(start);
     checkpoint_saved(dir, step_, checkpoint_blocking_seconds_, checkpoint_blocking_seconds_, false);
 }
 

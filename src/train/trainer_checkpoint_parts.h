@@ -23,7 +23,6 @@ std::vector<TensorSpec> model_specs(const nn::ModelConfig& model, const nn::Para
 std::string checkpoints_root(const JobConfig& cfg);
 // t itself on the CPU, else a host copy (checkpoints hold host copies, so they move between devices).
 core::Tensor to_host(const core::Tensor& t);
-double seconds_since(std::chrono::steady_clock::time_point start);
 // t viewed as 1-D.
 core::Tensor flat(const core::Tensor& t);
 // A piece's two AdamW moments with their checkpoint kinds.

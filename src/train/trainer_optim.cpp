@@ -7,18 +7,13 @@
 #include <cmath>
 #include <functional>
 
+#include "core/clock.h"
 #include "nn/layers/attention_layer.h"
 #include "nn/qk_clip.h"
 #include "parallel/comm.h"
 #include "train/trainer.h"
 
 namespace mt::train {
-
-namespace {
-double seconds_since(std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-}  // namespace
 
 void Trainer::optimizer_step(StepResult& r, bool layer_stats) {
     const auto start = std::chrono::steady_clock::now();
@@ -55,7 +50,7 @@ void Trainer::optimizer_step(StepResult& r, bool layer_stats) {
             muon_->commit(update_sq, metrics ? &stats : nullptr);
         else
             muon_->step(r.lr, muon_scale, update_sq, metrics ? &stats : nullptr);
-        o.muon_seconds = seconds_since(muon_start) + muon_stage_seconds_;
+        o.muon_seconds = core::seconds_since(muon_start) + muon_stage_seconds_;
         if (metrics) {
             // The change's RMS over every Muon element of the job, and ||N|| over every matrix (each counted by
             // the ranks that hold it: GradSync's weights).
@@ -97,7 +92,7 @@ void Trainer::optimizer_step(StepResult& r, bool layer_stats) {
     if (cfg_.optim.qk_clip) o.qk_clipped_heads = qk_clip();
     if (o.qk_clipped_heads > 0) param_sq_measured_ = false;
     grad_sync_->gather_params();  // ZeRO-1: every rank's updated slices and matrices to every replica
-    o.step_seconds = seconds_since(start);
+    o.step_seconds = core::seconds_since(start);
 }
 
 int64_t Trainer::qk_clip() {
@@ -175,7 +170,7 @@ std::function<void(int)> Trainer::muon_stage_hook(const StepResult& r) {
     return [this, &r, measure = metrics_step() || layer_stats_step()](int bucket) {
         const auto start = std::chrono::steady_clock::now();
         muon_->stage(bucket, r.lr, 1.0 / r.loss_scale, measure);
-        muon_stage_seconds_ += seconds_since(start);
+        muon_stage_seconds_ += core::seconds_since(start);
     };
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 
+#include "core/clock.h"
 #include "ops/global_norm.h"
 #include "parallel/comm.h"
 #include "train/async_checkpoint.h"
@@ -161,7 +162,7 @@ void Trainer::load_checkpoint_state(const std::string& dir) {
     resumed_config_ = ckpt.manifest().value("config_toml", "");
     // The part of a restart's downtime the checkpoint costs (its CRC pass and the reads into the state), for the
     // `resumed` event: the rest is the process's start and setup before it, and the first step after.
-    resume_load_seconds_ = seconds_since(start);
+    resume_load_seconds_ = core::seconds_since(start);
     resume_crc_seconds_ = ckpt.crc_seconds();
 }
 
@@ -173,7 +174,7 @@ void Trainer::read_checkpoint_tensors(const Checkpoint& ckpt) {
     auto check_finite_timed = [&](const core::Tensor& t, const std::string& name, const std::string& kind) {
         const auto start = std::chrono::steady_clock::now();
         check_finite(t, name, kind, ckpt.dir());
-        resume_check_seconds_ += seconds_since(start);
+        resume_check_seconds_ += core::seconds_since(start);
     };
     // Each rank reads the parts it holds out of the global tensors, whatever mesh wrote them.
     for (int i = 0; i < table.size(); ++i) {
