@@ -360,8 +360,8 @@ class Model {
         int64_t captures = 0, replays = 0;
         Tensor doc_start, positions;  // the batches' document maps, in place (document masking)
     };
-    // value copied into buffer (allocated as value where it is undefined or of another shape); returns buffer.
-    static Tensor in_place(Tensor& buffer, const Tensor& value);
+    // host copied into buffer on device (allocated there where it is undefined or of another shape); returns buffer.
+    static Tensor in_place(Tensor& buffer, const Tensor& host, core::Device device);
     double graph_forward(const Tensor& ids, const Tensor& targets);
     void graph_backward(double loss_scale);
     // cold: the next training forward runs eagerly before the graphs are recorded again.

@@ -44,11 +44,10 @@ void Model::prepare_batch(const Tensor& ids, const Tensor& targets, bool trainin
     vision_prepare();
 }
 
-Tensor Model::in_place(Tensor& buffer, const Tensor& value) {
-    if (!buffer.defined() || buffer.shape() != value.shape() || buffer.device() != value.device())
-        buffer = value;  // a new shape: Model::forward records the graphs again
-    else
-        buffer.copy_from(value);
+Tensor Model::in_place(Tensor& buffer, const Tensor& host, core::Device device) {
+    if (!buffer.defined() || buffer.shape() != host.shape() || buffer.device() != device)
+        buffer = Tensor::zeros(host.shape(), host.dtype(), device);  // a new shape: the graphs are recorded again
+    buffer.copy_from(host);
     return buffer;
 }
 
@@ -112,16 +111,18 @@ void Model::begin_pass(int64_t batch, int64_t j, bool recompute, bool count_rout
         docs_.positions = on_device(cp_local_positions(cp_, pos, batch, whole, first), dev);
     } else if (seq_docs_.defined()) {
         // The segment's own map, from its first position (a document that began earlier starts at 0), and each
-        // token's position in its document (RoPE).
-        docs_.doc_start = doc_map_from(seq_docs_.doc_start, first, first + len, dev);
+        // token's position in its document (RoPE), built on the host.
+        const Tensor doc_start = doc_map_from(seq_docs_.doc_start, first, first + len, core::Device::cpu);
         const Tensor pos = time_rows(seq_docs_.positions, first, len);
-        docs_.positions = dev == core::Device::cpu ? pos.clone() : pos.to_device(dev);
-        // With CUDA graphs the maps go into buffers that stay put from batch to batch: a replay reads them where
-        // the recording found them. Only then, and only for one pass over the whole model: a pipeline's chunks keep
-        // their own micro-batches' maps, and sequence segments their own (graphs run neither).
         if (graphs_.enabled && num_chunks() == 1 && segments == 1) {
-            docs_.doc_start = in_place(graphs_.doc_start, docs_.doc_start);
-            docs_.positions = in_place(graphs_.positions, docs_.positions);
+            // With CUDA graphs they are uploaded into buffers that stay put from batch to batch: a replay reads them
+            // where the recording found them. Only then, and only for one pass over the whole model: a pipeline's
+            // chunks keep their own micro-batches' maps, and sequence segments their own (graphs run neither).
+            docs_.doc_start = in_place(graphs_.doc_start, doc_start, dev);
+            docs_.positions = in_place(graphs_.positions, pos, dev);
+        } else {
+            docs_.doc_start = on_device(doc_start, dev);
+            docs_.positions = dev == core::Device::cpu ? pos.clone() : pos.to_device(dev);
         }
     }
     const SegmentContext seg{.index = j,
