@@ -7,13 +7,15 @@
 // (AttentionKernel::generic) for comparison; no linear cases. FLOPs: forward 4 B H D sum over documents of n^2 (every
 // query sees its whole document; the useful work, the tiles that straddle two documents compute more), backward 2.5x.
 // The main case runs on the default kernel and (unless --no-extra) again on the mma.sync kernels
-// (AttentionOptions::kernel). --nondeterministic turns core::exec().deterministic off, so the attention backward is
-// the 5-matmul one that sums dq with float reductions (flash_bwd_wgmma_fast.cu); --deterministic-bwd keeps the
-// deterministic kernels anyway (AttentionOptions::fast_bwd = false). `impl` names the kernels each case ran.
+// (AttentionOptions::kernel). The wgmma backward is the 5-matmul one that sums dq with float reductions
+// (flash_bwd_wgmma_fast.cu), in a fixed order by default (`bwd=cuda-wgmma-ordered`) and as scheduled with
+// --nondeterministic (core::exec().deterministic off, `cuda-wgmma-fast`); --deterministic-bwd runs the two-kernel
+// deterministic backward instead (AttentionOptions::fast_bwd = false, `cuda-wgmma`). `impl` names the kernels each
+// case ran.
 // Each case is timed with CUDA events on the ops' stream after warm-up; the figure is the median over the timed
 // iterations. FLOPs: causal attention forward 4 B H T^2 D / 2 (two matmuls, half the square), backward 2.5x the
-// forward (the FlashAttention convention; the deterministic backward recomputes QK^T and dO V^T in its dq pass and
-// does 3.5x, the non-deterministic one 2.5x);
+// forward (the FlashAttention convention; the two-kernel backward recomputes QK^T and dO V^T in its dq pass and
+// does 3.5x, the 5-matmul one 2.5x);
 // linear forward 2 N K M, backward 4 N K M (dx and dw). Inputs are pseudo-random (never zeros).
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -157,7 +159,7 @@ int run(int argc, char** argv) {
     app.add_flag("--nondeterministic", nondeterministic, "let ops use non-deterministic kernels (float atomics)");
     app.add_flag("--deterministic-bwd",
                  deterministic_bwd,
-                 "with --nondeterministic, keep the deterministic attention backward (AttentionOptions::fast_bwd)");
+                 "run the two-kernel deterministic attention backward (AttentionOptions::fast_bwd = false)");
     app.add_flag("--bidirectional",
                  bidirectional,
                  "bidirectional attention within packed documents (the vision encoder), flash against generic");

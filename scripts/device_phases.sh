@@ -12,7 +12,8 @@
 #                  call instead of rerun
 #   tests          the gpu tests whose names match GPU_FILTER (a ctest -R regex): a change's own GPU tests, in a
 #                  call whose time does not allow the whole label
-#   attention_ab   bench_attention --no-extra, deterministic and --nondeterministic, of build/bench/bench_attention and
+#   attention_ab   bench_attention --no-extra, deterministic (the ordered 5-matmul backward), --deterministic-bwd (the
+#                  two-kernel one) and --nondeterministic, of build/bench/bench_attention and
 #                  of every executable in AB_DIR (default .devbin/ab: older builds' bench_attention for a before/after
 #                  comparison), alternated ROUNDS times (default 2), then PyTorch's SDPA reference
 #   dispatch       bench/dispatch_overlap.sh on kimi_linear_mini (issue 28)
@@ -95,10 +96,11 @@ for phase in ${PHASES:-label}; do
             for b in "${AB_DIR:-.devbin/ab}"/*; do [ -x "$b" ] && bins+=("$b"); done
             for round in $(seq "${ROUNDS:-2}"); do
                 for b in "${bins[@]}"; do
-                    for mode in deterministic nondeterministic; do
+                    for mode in deterministic two_kernel nondeterministic; do
                         flag=""
                         [ $mode = nondeterministic ] && flag=--nondeterministic
-                        "$b" --no-extra $flag 2>&1 | grep '^{"B"' |
+                        [ $mode = two_kernel ] && flag=--deterministic-bwd
+                        timeout 120 "$b" --no-extra $flag 2>&1 | grep '^{"B"' |
                             sed "s|^{|{\"binary\":\"$b\",\"mode\":\"$mode\",\"round\":$round,|" |
                             tee -a "$OUT/attention_ab.jsonl"
                     done

@@ -37,8 +37,8 @@ enum class AttentionKernel { automatic, wgmma, mma, generic };
 // Which CUDA kernels a call runs. The layers keep the defaults; a test or benchmark sets a field to reach a variant.
 struct AttentionOptions {
     AttentionKernel kernel = AttentionKernel::automatic;
-    // With core::exec().deterministic off, the wgmma backward is the 5-matmul kernel that sums dq with float
-    // reductions (the faster one on the H200); false keeps the deterministic kernel anyway. Ignored when on.
+    // The wgmma backward: the 5-matmul kernel, dq by float reductions in a fixed order with core::exec().deterministic
+    // ("cuda-wgmma-ordered"), else as scheduled ("-fast"); false: the two-kernel deterministic one, 7 matmuls (A/B).
     bool fast_bwd = true;
     // When set, the call writes the kernels it ran here (benchmarks print it as their `impl`).
     std::string* chosen = nullptr;

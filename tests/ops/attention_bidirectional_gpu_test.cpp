@@ -135,7 +135,8 @@ void bidir_cases(
 TEST(GpuAttentionBidirectional, WgmmaParityBf16) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     if (!attention_wgmma_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
-    for (int64_t d : {64, 72, 128}) bidir_cases(d, AttentionKernel::wgmma, "cuda-wgmma", "cuda-wgmma");
+    for (int64_t d : {64, 72, 128}) bidir_cases(d, AttentionKernel::wgmma, "cuda-wgmma", "cuda-wgmma-ordered");
+    bidir_cases(64, AttentionKernel::wgmma, "cuda-wgmma", "cuda-wgmma", false);  // the two-kernel backward
 }
 
 // Deterministic off: the fast 5-matmul backward; and fast_bwd = false, which keeps the deterministic one.
@@ -159,16 +160,17 @@ TEST(GpuAttentionBidirectional, MmaParityBf16) {
 TEST(GpuAttentionBidirectional, DispatchBf16) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     const char* flash = attention_wgmma_here() ? "cuda-wgmma" : "cuda-mma";
-    bidir_gpu_parity({3, kPacked, kPacked, 4, 2, 64}, true, AttentionKernel::automatic, flash, flash);
+    const char* flash_bwd = attention_wgmma_here() ? "cuda-wgmma-ordered" : "cuda-mma";
+    bidir_gpu_parity({3, kPacked, kPacked, 4, 2, 64}, true, AttentionKernel::automatic, flash, flash_bwd);
     bidir_gpu_parity({3, kPacked, kPacked, 4, 2, 64}, true, AttentionKernel::generic, "cuda-generic", "cuda-generic");
-    bidir_gpu_parity({2, 300, 300, 4, 2, 16}, false, AttentionKernel::automatic, flash, flash);
-    bidir_gpu_parity({3, kPacked, kPacked, 4, 2, 72}, true, AttentionKernel::automatic, flash, flash);
+    bidir_gpu_parity({2, 300, 300, 4, 2, 16}, false, AttentionKernel::automatic, flash, flash_bwd);
+    bidir_gpu_parity({3, kPacked, kPacked, 4, 2, 72}, true, AttentionKernel::automatic, flash, flash_bwd);
     bidir_gpu_parity({2, 300, 300, 4, 2, 20}, false, AttentionKernel::automatic, "cuda-generic", "cuda-generic");
 }
 
-// On each deterministic flash family: perturbing document [578, 642) of row 0 (64 tokens) and document [330, 907) of
-// row 1 (577) in q, k, v and dout leaves every other document's out, lse, dq, dk and dv bitwise unchanged; and two
-// runs of the same inputs are bitwise equal.
+// On each deterministic flash backward (mma.sync; wgmma's ordered 5-matmul one and its two-kernel one): perturbing
+// document [578, 642) of row 0 (64 tokens) and document [330, 907) of row 1 (577) in q, k, v and dout leaves every
+// other document's out, lse, dq, dk and dv bitwise unchanged; and two runs of the same inputs are bitwise equal.
 TEST(GpuAttentionBidirectional, PackedDocumentsBitwiseIndependent) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     const int64_t b = 2, t = kPacked, hq = 4, hkv = 2;
@@ -177,11 +179,20 @@ TEST(GpuAttentionBidirectional, PackedDocumentsBitwiseIndependent) {
     };
     const Span moved[] = {{0, 578, 642}, {1, 330, kPacked}};
     const Span kept[] = {{0, 0, 578}, {0, 642, kPacked}, {1, 0, 330}};
-    std::vector<AttentionKernel> kernels = {AttentionKernel::mma};
-    if (attention_wgmma_here()) kernels.push_back(AttentionKernel::wgmma);
+    struct Variant {
+        AttentionKernel kernel;
+        bool fast_bwd;
+        const char* expect;
+    };
+    std::vector<Variant> variants = {{AttentionKernel::mma, true, "cuda-mma"}};
+    if (attention_wgmma_here()) {
+        variants.push_back({AttentionKernel::wgmma, true, "cuda-wgmma-ordered"});
+        variants.push_back({AttentionKernel::wgmma, false, "cuda-wgmma"});
+    }
     for (int64_t d : {64, 128})
-        for (AttentionKernel kernel : kernels) {
-            const std::string name = fmt::format("d{} kernel {}", d, static_cast<int>(kernel));
+        for (const Variant& variant : variants) {
+            const AttentionKernel kernel = variant.kernel;
+            const std::string name = fmt::format("d{} {}", d, variant.expect);
             const Tensor q = op_randn({b, t, hq, d}, 9, 0), k = op_randn({b, t, hkv, d}, 9, 1);
             const Tensor v = op_randn({b, t, hkv, d}, 9, 2), dout = op_randn({b, t, hq, d}, 9, 3);
             std::vector<Tensor> perturbed;
@@ -197,6 +208,7 @@ TEST(GpuAttentionBidirectional, PackedDocumentsBitwiseIndependent) {
             const AttentionMask mask{.doc_start = packed_map(b).to_device(core::Device::cuda), .causal = false};
             AttentionOptions options;
             options.kernel = kernel;
+            options.fast_bwd = variant.fast_bwd;
             auto host = [](std::vector<Tensor> xs) {
                 for (Tensor& x : xs) x = x.to_device(core::Device::cpu);
                 return xs;
@@ -208,7 +220,7 @@ TEST(GpuAttentionBidirectional, PackedDocumentsBitwiseIndependent) {
             options.chosen = nullptr;
             const std::vector<Tensor> other = host(
                 run_fwd_bwd(gpu(perturbed[0]), gpu(perturbed[1]), gpu(perturbed[2]), gpu(perturbed[3]), mask, options));
-            EXPECT_EQ(chosen, kernel == AttentionKernel::mma ? "cuda-mma" : "cuda-wgmma") << name;
+            EXPECT_EQ(chosen, variant.expect) << name;
             const char* names[] = {"out", "lse", "dq", "dk", "dv"};
             for (size_t i = 0; i < 5; ++i) {
                 EXPECT_EQ(std::memcmp(base[i].raw(), again[i].raw(), base[i].nbytes()), 0)

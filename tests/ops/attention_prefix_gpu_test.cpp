@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention_gpu_here.h"
@@ -131,7 +132,8 @@ void prefix_cases(int64_t d, DType dtype, AttentionKernel kernel, const char* ex
 TEST(GpuAttentionPrefix, WgmmaParityBf16) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     if (!attention_wgmma_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
-    for (int64_t d : {64, 72, 128}) prefix_cases(d, DType::bf16, AttentionKernel::wgmma, "cuda-wgmma");
+    for (int64_t d : {64, 72, 128}) prefix_cases(d, DType::bf16, AttentionKernel::wgmma, "cuda-wgmma-ordered");
+    prefix_cases(64, DType::bf16, AttentionKernel::wgmma, "cuda-wgmma", false);  // the two-kernel backward
 }
 
 // Deterministic off: the fast 5-matmul backward; and fast_bwd = false, which keeps the deterministic one.
@@ -159,7 +161,8 @@ TEST(GpuAttentionPrefix, GenericParity) {
     nondeterministic([] { prefix_cases(32, DType::f32, AttentionKernel::automatic, "cuda-generic"); });
 }
 
-// Two runs of each deterministic family over a prefix with a window and a map give bitwise the same results.
+// Two runs of each deterministic family over a prefix with a window and a map give bitwise the same results (wgmma:
+// its ordered 5-matmul backward and its two-kernel one).
 TEST(GpuAttentionPrefix, Deterministic) {
     if (!attention_gpu_here()) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     const int64_t b = 1, t = 200, tk = 700, hq = 8, hkv = 2, d = 128;
@@ -167,18 +170,23 @@ TEST(GpuAttentionPrefix, Deterministic) {
     const Tensor q = gpu(op_randn({b, t, hq, d}, 8, 0)), k = gpu(op_randn({b, tk, hkv, d}, 8, 1));
     const Tensor v = gpu(op_randn({b, tk, hkv, d}, 8, 2)), dout = gpu(op_randn({b, t, hq, d}, 8, 3));
     const AttentionMask mask{.doc_start = prefix_doc_map(b, t, tk).to_device(core::Device::cuda), .window = 450};
-    std::vector<AttentionKernel> kernels = {AttentionKernel::mma, AttentionKernel::generic};
-    if (attention_wgmma_here()) kernels.push_back(AttentionKernel::wgmma);
-    for (AttentionKernel kernel : kernels) {
+    std::vector<std::pair<AttentionKernel, bool>> kernels = {{AttentionKernel::mma, true},
+                                                             {AttentionKernel::generic, true}};
+    if (attention_wgmma_here()) {
+        kernels.push_back({AttentionKernel::wgmma, true});
+        kernels.push_back({AttentionKernel::wgmma, false});
+    }
+    for (const auto& [kernel, fast_bwd] : kernels) {
         AttentionOptions options;
         options.kernel = kernel;
+        options.fast_bwd = fast_bwd;
         std::vector<Tensor> outs;
         for (int rep = 0; rep < 2; ++rep)
             for (const Tensor& x : run_fwd_bwd(q, k, v, dout, mask, options))
                 outs.push_back(x.to_device(core::Device::cpu));
         for (size_t i = 0; i < 5; ++i)
             EXPECT_EQ(std::memcmp(outs[i].raw(), outs[i + 5].raw(), outs[i].nbytes()), 0)
-                << "kernel " << static_cast<int>(kernel) << " tensor " << i;
+                << "kernel " << static_cast<int>(kernel) << (fast_bwd ? "" : " two-kernel") << " tensor " << i;
     }
 }
 

@@ -314,10 +314,15 @@ void flash_parity_cases(AttentionOptions options = {}, const char* expect_bwd = 
     attention_gpu_parity(1, 523, 4, 1, 128, DType::bf16, 1e-2, options, expect_bwd);
 }
 
-// The default kernel of this GPU (wgmma on Hopper; its deterministic backward, the default context being so).
+// The default kernel of this GPU (wgmma on Hopper; its deterministic backward, the default context being so: the
+// 5-matmul one with its dq sums in a fixed order), and wgmma's two-kernel deterministic backward.
 TEST(GpuAttention, FlashParityBf16) {
     if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
-    flash_parity_cases({}, flash_wgmma_available() ? "cuda-wgmma" : "cuda-mma");
+    flash_parity_cases({}, flash_wgmma_available() ? "cuda-wgmma-ordered" : "cuda-mma");
+    if (!flash_wgmma_available()) return;
+    AttentionOptions two_kernel;
+    two_kernel.fast_bwd = false;
+    flash_parity_cases(two_kernel, "cuda-wgmma");
 }
 
 // Runs fn under a context with deterministic off (core::ExecScope), which selects the 5-matmul wgmma backward that
@@ -374,14 +379,18 @@ TEST(GpuAttention, GenericParity) {
     attention_gpu_parity(1, 40, 2, 2, 128, DType::f32, 1e-5);
 }
 
-// Two runs give bitwise the same outputs and gradients (no atomics; GQA sums in a fixed order).
-void expect_deterministic(const AttentionOptions& options = {}) {
-    const int64_t b = 2, t = 300, hq = 8, hkv = 2, d = 128;
+// Two runs give bitwise the same outputs and gradients (no atomics, or float reductions in a fixed order; GQA sums in
+// a fixed order).
+// `expect` names the backward that must run.
+void expect_deterministic(const char* expect, AttentionOptions options = {}, int64_t t = 300) {
+    const int64_t b = 2, hq = 8, hkv = 2, d = 128;
     const Tensor q = to_cuda(op_randn({b, t, hq, d}, 5, 0), DType::bf16);
     const Tensor k = to_cuda(op_randn({b, t, hkv, d}, 5, 1), DType::bf16);
     const Tensor v = to_cuda(op_randn({b, t, hkv, d}, 5, 2), DType::bf16);
     const Tensor dout = to_cuda(op_randn({b, t, hq, d}, 5, 3), DType::bf16);
     std::vector<Tensor> outs;
+    std::string chosen;
+    options.chosen = &chosen;
     for (int run = 0; run < 2; ++run) {
         const Tensor out = nan_cuda(q.shape(), DType::bf16), lse = nan_cuda({b, hq, t}, DType::f32);
         const Tensor dq = nan_cuda(q.shape(), DType::bf16), dk = nan_cuda(k.shape(), DType::bf16);
@@ -389,6 +398,7 @@ void expect_deterministic(const AttentionOptions& options = {}) {
         attention_fwd(q, k, v, out, lse, options);
         attention_bwd(q, k, v, out, lse, dout, dq, dk, dv, options);
         for (const Tensor& x : {out, lse, dq, dk, dv}) outs.push_back(x.to_device(core::Device::cpu));
+        EXPECT_EQ(chosen, expect) << "t " << t;
     }
     for (size_t i = 0; i < 5; ++i)
         EXPECT_EQ(std::memcmp(outs[i].raw(), outs[i + 5].raw(), outs[i].nbytes()), 0) << "tensor " << i;
@@ -396,8 +406,53 @@ void expect_deterministic(const AttentionOptions& options = {}) {
 
 TEST(GpuAttention, Deterministic) {
     if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
-    expect_deterministic();
-    expect_deterministic(kernel_family(AttentionKernel::mma));
+    const bool wgmma = flash_wgmma_available();
+    expect_deterministic(wgmma ? "cuda-wgmma-ordered" : "cuda-mma");
+    expect_deterministic(wgmma ? "cuda-wgmma-ordered" : "cuda-mma", {}, 2048);  // 16 key blocks add to a late dq block
+    expect_deterministic("cuda-mma", kernel_family(AttentionKernel::mma));
+    if (!wgmma) return;
+    AttentionOptions two_kernel;
+    two_kernel.fast_bwd = false;
+    expect_deterministic("cuda-wgmma", two_kernel);
+}
+
+// The ordered 5-matmul backward when a (batch, head) has more key blocks of 128 than the GPU runs thread blocks at
+// once (20,000 keys: 157 blocks, an H100 or H200 runs 132): a block waits only on blocks started before it, so this
+// ends (a wrong order would hang here); twice bitwise the same, and against the two-kernel backward. With a window
+// (the key blocks that see a query block start after key block 0) and without.
+TEST(GpuAttention, OrderedBackwardPastOneWave) {
+    if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
+    if (!flash_wgmma_available()) GTEST_SKIP() << "the ordered backward is a wgmma kernel (Hopper)";
+    const int64_t b = 1, t = 20000, hq = 4, hkv = 2, d = 64;
+    const Tensor q = to_cuda(op_randn({b, t, hq, d}, 6, 0), DType::bf16);
+    const Tensor k = to_cuda(op_randn({b, t, hkv, d}, 6, 1), DType::bf16);
+    const Tensor v = to_cuda(op_randn({b, t, hkv, d}, 6, 2), DType::bf16);
+    const Tensor dout = to_cuda(op_randn({b, t, hq, d}, 6, 3), DType::bf16);
+    for (int64_t window : {int64_t{0}, int64_t{3000}}) {
+        const AttentionMask mask{.window = window};
+        auto grads = [&](bool fast_bwd) {
+            std::string chosen;
+            AttentionOptions options;
+            options.fast_bwd = fast_bwd;
+            options.chosen = &chosen;
+            const Tensor out = nan_cuda(q.shape(), DType::bf16), lse = nan_cuda({b, hq, t}, DType::f32);
+            const Tensor dq = nan_cuda(q.shape(), DType::bf16), dk = nan_cuda(k.shape(), DType::bf16);
+            const Tensor dv = nan_cuda(k.shape(), DType::bf16);
+            attention_fwd(q, k, v, out, lse, options, mask);
+            attention_bwd(q, k, v, out, lse, dout, dq, dk, dv, options, mask);
+            EXPECT_EQ(chosen, fast_bwd ? "cuda-wgmma-ordered" : "cuda-wgmma") << "window " << window;
+            return std::vector<Tensor>{dq.to_device(core::Device::cpu).to(DType::f32),
+                                       dk.to_device(core::Device::cpu).to(DType::f32),
+                                       dv.to_device(core::Device::cpu).to(DType::f32)};
+        };
+        const std::vector<Tensor> first = grads(true), again = grads(true), two_kernel = grads(false);
+        const char* names[] = {"dq", "dk", "dv"};
+        for (size_t i = 0; i < 3; ++i) {
+            EXPECT_EQ(std::memcmp(first[i].raw(), again[i].raw(), first[i].nbytes()), 0)
+                << names[i] << " window " << window << ": two runs differ";
+            expect_rho(fmt::format("ordered_past_one_wave_w{}", window), names[i], first[i], two_kernel[i], 1e-2);
+        }
+    }
 }
 
 // A q that is not 16-byte aligned (a view at an odd element offset) takes the simple kernels, with the same result.

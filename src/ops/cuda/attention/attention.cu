@@ -3,8 +3,8 @@
 // or the simple kernels (f32, f16, or any other D <= 256; attention_generic.cu: the fp16 mode's attention is correct
 // but not yet on tensor cores). Every family takes a key prefix (k, v of Tk >= T positions, the queries the last T).
 // AttentionOptions::kernel overrides the choice (tests and benchmarks; a family that does not apply falls back).
-// With core::exec().deterministic off (run.deterministic = false) the backward is the non-deterministic 5-matmul
-// wgmma kernel (flash_bwd_wgmma_fast.cu) unless AttentionOptions::fast_bwd is false. Takes q, k,
+// The wgmma backward is the 5-matmul kernel (flash_bwd_wgmma_fast.cu), its dq sums ordered with
+// core::exec().deterministic on and as scheduled with it off, unless AttentionOptions::fast_bwd is false. Takes q, k,
 // v, out, dout, dq, dk, dv all bf16, all f16 or all f32, and lse f32 in every case. Shapes are checked by the caller
 // (ops/attention.cpp).
 #include <cmath>
@@ -98,12 +98,12 @@ const char* kernel_name(Kernel kernel) {
     return "?";
 }
 
-// The 5-matmul wgmma backward (flash_bwd_wgmma_fast.cu) sums dq with float reductions in an order that depends on
-// scheduling, so it runs only with core::exec().deterministic off, where it is the default because it is the faster
-// one on the H200 (bwd 3.41 against 4.02 ms, docs/PERFORMANCE.md). AttentionOptions::fast_bwd = false keeps the
-// deterministic kernels anyway (A/B benchmarks).
+// The 5-matmul wgmma backward (flash_bwd_wgmma_fast.cu) sums dq with float reductions: in the order they are
+// scheduled with core::exec().deterministic off, in a fixed order (the key blocks taking turns) with it on. It is the
+// default either way, being the faster (docs/PERFORMANCE.md); AttentionOptions::fast_bwd = false keeps the two-kernel
+// deterministic backward (flash_bwd_wgmma.cu: dq in its own kernel, which computes S and dP again), for A/B runs.
 bool fast_bwd(const AttentionOptions& options) {
-    return !core::exec().deterministic && options.fast_bwd;
+    return options.fast_bwd;
 }
 
 }  // namespace
@@ -174,15 +174,20 @@ void attention_bwd(const Tensor& q,
     p.delta = p.delta_w = delta;
     const Kernel kernel = pick_kernel(p, q.dtype(), options.kernel);
     const bool fast = kernel == Kernel::wgmma && fast_bwd(options);
-    if (options.chosen != nullptr) *options.chosen = std::string(kernel_name(kernel)) + (fast ? "-fast" : "");
+    const bool ordered = core::exec().deterministic;
+    if (options.chosen != nullptr)
+        *options.chosen = std::string(kernel_name(kernel)) + (!fast ? "" : ordered ? "-ordered" : "-fast");
     if (kernel != Kernel::wgmma) attention_delta(p, delta, q.dtype());  // the wgmma backward computes it itself
     switch (kernel) {
         case Kernel::wgmma:
             if (fast) {  // dq summed with float reductions in an fp32 buffer
                 const size_t dq_accum_bytes = flash_bwd_wgmma_fast_accum_floats(p) * sizeof(float);
-                p.dq_accum = static_cast<float*>(be.alloc_scratch(dq_accum_bytes));  // zeroed by the launch
-                flash_bwd_wgmma_fast(p);
+                const size_t turn_bytes = ordered ? flash_bwd_wgmma_fast_turns(p) * sizeof(int) : 0;
+                p.dq_accum = static_cast<float*>(be.alloc_scratch(dq_accum_bytes));        // zeroed by the launch
+                if (ordered) p.dq_turn = static_cast<int*>(be.alloc_scratch(turn_bytes));  // zeroed by the launch
+                flash_bwd_wgmma_fast(p, ordered);
                 be.free(p.dq_accum, dq_accum_bytes);
+                if (ordered) be.free(p.dq_turn, turn_bytes);
             } else {
                 flash_bwd_wgmma(p);
             }

@@ -2,7 +2,7 @@
 // and attention_generic.cu for any dtype and D <= 256). Tensors are raw device pointers in the layouts of
 // ops/attention.h: q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, Tk, Hkv, D] (Tk >= T: query i sits at key position
 // Tk - T + i); lse, max_logit and delta [B, Hq, T] f32. All run on core::exec_stream() and are deterministic (no
-// atomics), except flash_bwd_wgmma_fast.
+// atomics), except flash_bwd_wgmma_fast unordered.
 #pragma once
 
 #include <cstddef>
@@ -27,6 +27,7 @@ struct AttnParams {
     void* dk = nullptr;
     void* dv = nullptr;
     float* dq_accum = nullptr;  // flash_bwd_wgmma_fast's fp32 dq sums (its own tiled layout)
+    int* dq_turn = nullptr;     // ordered flash_bwd_wgmma_fast: a turn counter per (b, query head, query block)
     // t queries, tk keys; query i sits at key position off + i (off = tk - t, the key prefix).
     int b = 0, t = 0, tk = 0, off = 0, hq = 0, hkv = 0, d = 0;
     // The mask beyond causality (AttentionMask): query i of batch row b, at position s = off + i, sees keys
@@ -59,9 +60,12 @@ void flash_bwd(const AttnParams& p);  // needs p.delta
 void flash_fwd_wgmma(const AttnParams& p);
 void flash_bwd_wgmma(const AttnParams& p);  // writes delta to p.delta_w and reads it back through p.delta
 // The 5-matmul backward (one kernel per key block, dq summed with float reductions into p.dq_accum, which it zeroes
-// first): faster, but not bitwise reproducible. Writes delta to p.delta_w and reads it back through p.delta.
-void flash_bwd_wgmma_fast(const AttnParams& p);
+// first). Unordered the reductions land as scheduled (not bitwise reproducible); ordered they land in a fixed order,
+// the key blocks taking turns on p.dq_turn (zeroed first), and the result is bitwise reproducible. Writes delta to
+// p.delta_w and reads it back through p.delta.
+void flash_bwd_wgmma_fast(const AttnParams& p, bool ordered);
 size_t flash_bwd_wgmma_fast_accum_floats(const AttnParams& p);  // the size of p.dq_accum it needs
+size_t flash_bwd_wgmma_fast_turns(const AttnParams& p);         // the ints of p.dq_turn (ordered) it needs
 // True when this GPU is a Hopper (sm_90) and the build holds the sm_90a kernels.
 bool flash_wgmma_supported();
 

@@ -1,21 +1,29 @@
-// Fast (non-deterministic) flash-attention backward on Hopper warpgroup MMA (wgmma, sm_90a), bf16 with D a
+// The 5-matmul flash-attention backward on Hopper warpgroup MMA (wgmma, sm_90a), bf16 with D a
 // multiple of 8 up to 128 (tiles of 64 or 128 columns, flash_tile_d; TMA zero-fills past the head dim), in the manner
 // of FlashAttention-2/3: 5 matmuls. One thread block per 128 keys: two consumer warpgroups (64 keys each) loop over the
 // GQA group's query heads and the query blocks of 64: S^T = K Q^T and dP^T = V dO^T read both operands from swizzled
 // shared memory, dV += P^T dO and dK += dS^T Q take P^T and dS^T from registers, and dS^T goes to shared memory, from
 // which dQ = dS K (each warpgroup half of D, over all 128 keys) is computed. The dQ block goes to a double-buffered
 // shared chunk, and a third warpgroup (few registers) adds it to an fp32 buffer with one bulk reduction
-// (cp.reduce.async.bulk .add.f32, 32 KB) from one thread, so the consumers never wait on the global adds; the sum's
-// order depends on scheduling. The same warpgroup loads: K, V, and each query block's Q and dO with TMA into
-// kStages-deep rings guarded by mbarriers (lse and delta by one warp), so the consumers meet only once per query block,
-// where each needs the other's dS^T rows (double-buffered). A pre-kernel computes delta = rowsum(dO * O); a post-kernel
-// writes dq = buffer * scale in bf16. attention.cu runs it when core::exec().deterministic is off (docs/PERFORMANCE.md
-// has the figures). With a key prefix (Tk > T) the key blocks cover all Tk keys, a block no query sees writing zeros,
-// and the edge tests compare positions (attention_mask.cuh). Bidirectional attention (AttnParams::causal false) is a
-// second instantiation of the kernel (kCausal false).
+// (cp.reduce.async.bulk .add.f32, 32 KB) from one thread, so the consumers never wait on the global adds. Unordered
+// (kOrdered false, run.deterministic off) the sum's order depends on scheduling. Ordered (the deterministic backward)
+// the key blocks that see a query block add to its sums in descending key order, taking turns on a counter per query
+// block (FlashAttention-3's deterministic mode): the writer waits for its turn before the reduction, waits for the
+// reduction to complete after it, and passes the turn on, while the consumers go on into the other dq buffer. A key
+// block's turn on query block m comes after every later key block that sees m; the grid runs the key blocks in
+// descending order, so each one waits only on blocks started before it (no deadlock however many keys), and (causal,
+// no prefix) the one it waits on is two query blocks ahead of it, so the waits are short. The same warpgroup loads: K,
+// V, and each query block's Q and dO with TMA into kStages-deep rings guarded by mbarriers (lse and delta by one warp),
+// so the consumers meet only once per query block, where each needs the other's dS^T rows (double-buffered). A
+// pre-kernel computes delta = rowsum(dO * O); a post-kernel writes dq = buffer * scale in bf16. attention.cu runs it
+// ordered when core::exec().deterministic is on, unordered when off (docs/PERFORMANCE.md has the figures). With a key
+// prefix (Tk > T) the key blocks cover all Tk keys, a block no query sees writing zeros, and the edge tests compare
+// positions (attention_mask.cuh). Bidirectional attention (AttnParams::causal false) is a second instantiation of the
+// kernel (kCausal false).
 #include <cuda_bf16.h>
 
 #include "core/cuda/cuda_check.h"
+#include "core/error.h"
 #include "ops/cuda/attention/attention_kernels.h"
 #include "ops/cuda/attention/attention_mask.cuh"
 #include "ops/cuda/attention/flash_tma.h"
@@ -87,7 +95,7 @@ __device__ __forceinline__ void fast_probs(float (&pt)[kBM / 8][4],
 
 // kCausal false: bidirectional (attention_mask.cuh: query_blocks lists the key block's documents' queries); the causal
 // instantiation is the kernel as it was.
-template <int D, bool kCausal>
+template <int D, bool kCausal, bool kOrdered>
 __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
     flash_bwd_fast_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q,
                                 const __grid_constant__ CUtensorMap tm_k,
@@ -130,8 +138,9 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
     const int wg = wg_raw - 1, tw = threadIdx.x % 128, warp = tw / 32, lane = threadIdx.x % 32;
     // The key blocks of one (batch, head) are the fastest grid index, so that the thread blocks running at once share
     // few heads and their Q, dO and dq sums stay in L2 (with the heads fastest, the backward took 4.49 ms instead of
-    // 4.21 at B=8, T=4096, H=16, D=128); key block 0 (the most query blocks) starts first.
-    const int n_block = blockIdx.x, kh = blockIdx.y % p.hkv, b = blockIdx.y / p.hkv, t = p.t, tk = p.tk;
+    // 4.21 at B=8, T=4096, H=16, D=128); key block 0 (the most query blocks) starts first, or last when ordered.
+    const int n_block = kOrdered ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x) : blockIdx.x,
+              kh = blockIdx.y % p.hkv, b = blockIdx.y / p.hkv, t = p.t, tk = p.tk;
     const int group = p.hq / p.hkv;
     const int64_t krs = static_cast<int64_t>(p.hkv) * p.d;
     const int64_t kv_off = (static_cast<int64_t>(b) * tk * p.hkv + kh) * p.d;
@@ -153,13 +162,28 @@ __global__ void __launch_bounds__(128 * (kWarpgroups + 1), 1)
         if (threadIdx.x == 0) {
             for (int it = 0; it < iters; ++it) {
                 const int mb = first_q + it % q_blocks, sl = it % 2;
-                float* g = p.dq_accum + ((static_cast<int64_t>(b) * p.hq + head_of(it)) * m_blocks + mb) * (kBM * D);
+                const int64_t tile = (static_cast<int64_t>(b) * p.hq + head_of(it)) * m_blocks + mb;
+                float* g = p.dq_accum + tile * (kBM * D);
+                if constexpr (kOrdered) {
+                    // The key blocks that see query block mb are a run ending at the block of the last key its last
+                    // row sees (attention_mask.cuh: both ends of a key block's query range never decrease).
+                    const int last_row = min((mb + 1) * kBM, t) - 1;
+                    const int n_last = min(attn_mask::key_hi(p, b, last_row) / kBN, static_cast<int>(gridDim.x) - 1);
+                    wait_turn(p.dq_turn + tile, n_last - n_block);
+                    fence_proxy_async_global();  // the reductions below come after the turn was seen
+                }
                 for (int w = 0; w < kWarpgroups; ++w) {  // each chunk as soon as its warpgroup is done
                     mbar_wait(bar_full + 8 * (sl * kWarpgroups + w), (it / 2) & 1);
                     bulk_reduce_add_f32<kDqChunk>(g + w * (kDqChunk / 4), s_dq + (sl * kWarpgroups + w) * kDqChunk);
                 }
                 bulk_commit();
-                bulk_wait_read<0>();  // the chunk may be overwritten
+                if constexpr (kOrdered) {
+                    bulk_wait<0>();  // the sums are in global memory before the next key block's turn
+                    fence_proxy_async_global();
+                    red_release_gpu_add(p.dq_turn + tile, 1);
+                } else {
+                    bulk_wait_read<0>();  // the chunk may be overwritten
+                }
                 mbar_arrive(bar_empty + 8 * sl);
             }
             bulk_wait<0>();
@@ -386,18 +410,22 @@ __global__ void flash_bwd_fast_post_kernel(const AttnParams p, int64_t n4, int m
             pack_bf16(x.z * p.scale, x.w * p.scale);
 }
 
-template <int D, bool kCausal>
+template <int D, bool kCausal, bool kOrdered>
 void launch_bwd_fast(const AttnParams& p) {
     constexpr int smem = fast_bwd_smem_bytes<D>();
     static const bool configured = [] {
         MT_CUDA_CHECK(cudaFuncSetAttribute(
-            flash_bwd_fast_wgmma_kernel<D, kCausal>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            flash_bwd_fast_wgmma_kernel<D, kCausal, kOrdered>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         return true;
     }();
     (void)configured;
     const int64_t rows = static_cast<int64_t>(p.b) * p.t * p.hq;
     MT_CUDA_CHECK(
         cudaMemsetAsync(p.dq_accum, 0, flash_bwd_wgmma_fast_accum_floats(p) * sizeof(float), core::exec_stream()));
+    if constexpr (kOrdered) {
+        MT_CHECK(p.dq_turn != nullptr, "flash_bwd_wgmma_fast: the ordered backward needs its turn counters");
+        MT_CUDA_CHECK(cudaMemsetAsync(p.dq_turn, 0, flash_bwd_wgmma_fast_turns(p) * sizeof(int), core::exec_stream()));
+    }
     constexpr int kPreThreads = 256;
     const int64_t pre_threads = rows * (D / 8);
     flash_bwd_fast_pre_kernel<D>
@@ -410,7 +438,7 @@ void launch_bwd_fast(const AttnParams& p) {
     const CUtensorMap tm_do = make_bthd_tensor_map(p.dout, p.b, p.t, p.hq, p.d, kBM);
     const CUtensorMap tm_k = make_bthd_tensor_map(p.k, p.b, p.tk, p.hkv, p.d, 64 * kWarpgroups);
     const CUtensorMap tm_v = make_bthd_tensor_map(p.v, p.b, p.tk, p.hkv, p.d, 64 * kWarpgroups);
-    flash_bwd_fast_wgmma_kernel<D, kCausal>
+    flash_bwd_fast_wgmma_kernel<D, kCausal, kOrdered>
         <<<grid, 128 * (kWarpgroups + 1), smem, core::exec_stream()>>>(tm_q, tm_k, tm_v, tm_do, p);
     MT_CUDA_CHECK(cudaGetLastError());
     const int m_blocks = (p.t + kBM - 1) / kBM;
@@ -426,8 +454,19 @@ size_t flash_bwd_wgmma_fast_accum_floats(const AttnParams& p) {
     return static_cast<size_t>(p.b) * p.hq * ((p.t + kBM - 1) / kBM) * kBM * flash_tile_d(p.d);
 }
 
-void flash_bwd_wgmma_fast(const AttnParams& p) {
-    launch_flash(p, [&](auto d, auto causal) { launch_bwd_fast<decltype(d)::value, decltype(causal)::value>(p); });
+size_t flash_bwd_wgmma_fast_turns(const AttnParams& p) {
+    return static_cast<size_t>(p.b) * p.hq * ((p.t + kBM - 1) / kBM);
+}
+
+void flash_bwd_wgmma_fast(const AttnParams& p, bool ordered) {
+    launch_flash(p, [&](auto d, auto causal) {
+        constexpr int kD = decltype(d)::value;
+        constexpr bool kCausal = decltype(causal)::value;
+        if (ordered)
+            launch_bwd_fast<kD, kCausal, true>(p);
+        else
+            launch_bwd_fast<kD, kCausal, false>(p);
+    });
 }
 
 }  // namespace mt::ops::cuda

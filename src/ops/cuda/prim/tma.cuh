@@ -94,4 +94,28 @@ __device__ __forceinline__ void bulk_wait() {
     asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Turn-taking between thread blocks over global memory, for bulk reductions that must land in a fixed order (the
+// ordered dq sums of flash_bwd_wgmma_fast.cu): a block waits until a counter shows its turn (acquire), issues its
+// reductions, waits for them to complete (bulk_wait), and passes the turn on (release). The proxy fence orders the
+// generic-proxy flag accesses against the reductions, which the async proxy performs.
+__device__ __forceinline__ int ld_acquire_gpu(const int* flag) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
+    return v;
+}
+__device__ __forceinline__ void red_release_gpu_add(int* flag, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(flag), "r"(v) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_global() {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+// Spins until *flag == turn (acquire). A turn that never comes is a bug in the caller's count: after about 2^28
+// polls (tens of seconds) the kernel traps, an error instead of a hang.
+__device__ __forceinline__ void wait_turn(const int* flag, int turn) {
+    for (uint32_t polls = 0; ld_acquire_gpu(flag) != turn; ++polls) {
+        if (polls == (1u << 28)) __trap();
+        __nanosleep(64);
+    }
+}
+
 }  // namespace mt::ops::cuda
