@@ -7,7 +7,8 @@
 // (AttentionKernel::generic) for comparison; no linear cases. FLOPs: forward 4 B H D sum over documents of n^2 (every
 // query sees its whole document; the useful work, the tiles that straddle two documents compute more), backward 2.5x.
 // The main case runs on the default kernel and (unless --no-extra) again on the mma.sync kernels
-// (AttentionOptions::kernel). The wgmma backward is the 5-matmul one that sums dq with float reductions
+// (AttentionOptions::kernel); then the same FLOPs at D = 64 (2H heads) and GQA (H / 4 key heads), and unless
+// --no-extra the cuBLASLt linear cases. The wgmma backward is the 5-matmul one that sums dq with float reductions
 // (flash_bwd_wgmma_fast.cu), in a fixed order by default (`bwd=cuda-wgmma-ordered`) and as scheduled with
 // --nondeterministic (core::exec().deterministic off, `cuda-wgmma-fast`); --deterministic-bwd runs the two-kernel
 // deterministic backward instead (AttentionOptions::fast_bwd = false, `cuda-wgmma`). `impl` names the kernels each
@@ -190,10 +191,12 @@ int run(int argc, char** argv) {
         mma.kernel = mt::ops::AttentionKernel::mma;
         bench_attention(b, t, h, h, d, warmup, iters, mma);
     }
-    bench_linear(4 * t, 2048, 2048, warmup, iters);
+    // The other two attention shapes (the rows of tools/reference/bench_attention_torch.py), also with
+    // --no-extra.
+    bench_attention(b, t, 2 * h, 2 * h, 64, warmup, iters, options);             // the same FLOPs at D = 64
+    bench_attention(b, t, h, h / 4 > 0 ? h / 4 : 1, d, warmup, iters, options);  // GQA, groups of 4
     if (!no_extra) {
-        bench_attention(b, t, 2 * h, 2 * h, 64, warmup, iters, options);             // the same FLOPs at D = 64
-        bench_attention(b, t, h, h / 4 > 0 ? h / 4 : 1, d, warmup, iters, options);  // GQA, groups of 4
+        bench_linear(4 * t, 2048, 2048, warmup, iters);
         bench_linear(4 * t, 2048, 8192, warmup, iters);
         bench_linear(8192, 8192, 8192, warmup, iters);
     }
