@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Which operands of KDA's chunked forward can be bf16 (issue 25 item 3: "bf16 tensor-core tiles where the bounded
+gate allows, the chunk states kept in bf16 where precision allows"): a CPU study in float64.
+
+The chunked forward of spec kda.md §4.1 (chunks of 64, the anchors of §4.2: row factor e^(Γ_i - Γ_n) and column
+factor e^(Γ_n - Γ_j) with n the first row of i's 16-row sub-chunk) runs in float64 with each tensor-core operand
+rounded as a kernel would round it: to TF32 (10 explicit mantissa bits; what moetrain's kernels use today) or to
+bf16 (7 bits, fla's choice). Products accumulate exactly (fp32 accumulation is far finer than either operand
+rounding). The reference is the same algorithm without rounding on the same bf16-rounded inputs (it equals the
+token recurrence to ~1e-13, checked below). Printed: rho(o) and rho(S_T) (||a - b|| / ||b||, spec §8) per rounding
+plan and gate; spec §8.6's budget for bf16 inputs is 5e-3 for both.
+
+    /usr/bin/python3 tools/reference/kda_precision_study.py [--t 1024] [--heads 2]
+
+Debian's python3-torch (1.13, CPU) suffices. The backward's products are not modelled (see docs/perf_log/kda.md).
+"""
+import argparse
+
+import torch
+
+C, SUB = 64, 16
+
+
+def tf32(x):
+    """Round to nearest (ties away, as cvt.rna) with 10 explicit mantissa bits, float64 in and out."""
+    m, e = torch.frexp(x)  # x = m 2^e, 0.5 <= |m| < 1: 11 significant bits keep m * 2^11 integral
+    return torch.ldexp(torch.sign(m) * torch.floor(m.abs() * 2048 + 0.5) / 2048, e)
+
+
+def bf16(x):
+    return x.to(torch.bfloat16).to(torch.float64)
+
+
+def exact(x):
+    return x
+
+
+ROUND = {"f64": exact, "tf32": tf32, "bf16": bf16}
+
+
+def chunked_forward(q, k, v, g, beta, plan):
+    """q, k [N, T, K] (q scaled), v [N, T, V], g [N, T, K] (log decay per token), beta [N, T]; plan maps each
+    operand group to a rounding: prep (the anchored A, L operands), tiles (W, U, A as scan operands), kg (Qg, Kg),
+    vn (Vn as an operand), state (S as an operand). Returns o [N, T, V], S_T [N, K, V]."""
+    n, t, kd = q.shape
+    vd = v.shape[2]
+    r = {key: ROUND[val] for key, val in plan.items()}
+    s = torch.zeros(n, kd, vd, dtype=torch.float64)
+    out = torch.zeros(n, t, vd, dtype=torch.float64)
+    idx = torch.arange(C)
+    causal = (idx[:, None] >= idx[None, :]).double()
+    strict = (idx[:, None] > idx[None, :]).double()
+    anchor = (idx // SUB) * SUB  # the first row of each row's sub-chunk
+    for c0 in range(0, t, C):
+        c1 = min(c0 + C, t)
+        m = c1 - c0
+        qc, kc, vc, bc = q[:, c0:c1], k[:, c0:c1], v[:, c0:c1], beta[:, c0:c1]
+        gam = torch.cumsum(g[:, c0:c1], dim=1)  # Γ, restarting every chunk
+        gn = gam[:, anchor[:m]]  # Γ of each row's anchor [N, m, K]
+        # A_ij = sum_d q_id e^(Γ_id - Γ_nd) k_jd e^(Γ_nd - Γ_jd) with n = anchor(i): each factor rounded (prep).
+        rows_q = r["prep"](qc * torch.exp(gam - gn))
+        rows_k = r["prep"](kc * torch.exp(gam - gn))
+        a = torch.zeros(n, m, m, dtype=torch.float64)
+        lmat = torch.zeros(n, m, m, dtype=torch.float64)
+        for a0 in range(0, m, SUB):
+            a1 = min(a0 + SUB, m)
+            # e^(Γ_n - Γ_j), n = a0, for the columns j < a1 the tiles b <= a hold (later ones would overflow bf16)
+            cols = r["prep"](kc[:, :a1] * torch.exp(gam[:, a0 : a0 + 1] - gam[:, :a1]))
+            a[:, a0:a1, :a1] = torch.einsum("nik,njk->nij", rows_q[:, a0:a1], cols)
+            lmat[:, a0:a1, :a1] = torch.einsum("nik,njk->nij", rows_k[:, a0:a1], cols)
+        a = a * causal[:m, :m]
+        lmat = bc[:, :, None] * lmat * strict[:m, :m]
+        tinv = torch.linalg.inv(torch.eye(m, dtype=torch.float64) + lmat)  # fp32 blocks in the kernel: exact here
+        xw = bc[:, :, None] * kc * torch.exp(gam)
+        xu = bc[:, :, None] * vc
+        w = r["tiles"](torch.einsum("nij,njk->nik", r["prep"](tinv), r["prep"](xw)))
+        u = r["tiles"](torch.einsum("nij,njv->niv", r["prep"](tinv), r["prep"](xu)))
+        qg = r["kg"](qc * torch.exp(gam))
+        kg = r["kg"](kc * torch.exp(gam[:, m - 1 : m] - gam))
+        a_op = r["tiles"](a)
+        s_op = r["state"](s)
+        vn = u - torch.einsum("nik,nkv->niv", w, s_op)
+        vn_op = r["vn"](vn)
+        out[:, c0:c1] = torch.einsum("nik,nkv->niv", qg, s_op) + torch.einsum("nij,njv->niv", a_op, vn_op)
+        s = torch.exp(gam[:, m - 1])[:, :, None] * s + torch.einsum("nik,niv->nkv", kg, vn_op)
+    return out, s
+
+
+def recurrence(q, k, v, g, beta):
+    n, t, kd = q.shape
+    s = torch.zeros(n, kd, v.shape[2], dtype=torch.float64)
+    out = []
+    for i in range(t):
+        s = s * torch.exp(g[:, i])[:, :, None]
+        pred = torch.einsum("nkv,nk->nv", s, k[:, i])
+        s = s + beta[:, i, None, None] * k[:, i, :, None] * (v[:, i] - pred)[:, None, :]
+        out.append(torch.einsum("nkv,nk->nv", s, q[:, i]))
+    return torch.stack(out, dim=1), s
+
+
+def rho(got, ref):
+    return ((got - ref).norm() / ref.norm()).item()
+
+
+def inputs(n, t, kd, vd, gate, seed):
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    q = torch.nn.functional.normalize(randn(n, t, kd), dim=-1) * kd**-0.5  # the layer's L2 norm, scale 1/sqrt(K)
+    k = torch.nn.functional.normalize(randn(n, t, kd), dim=-1)
+    v = randn(n, t, vd)
+    beta = torch.sigmoid(randn(n, t))
+    if gate == "bounded":  # l sigma(u + b), l = -5, b at the init's long-memory end and u ~ N(0, 1)
+        g = -5.0 * torch.sigmoid(randn(n, t, kd) - 3.0)
+    elif gate == "floor":  # every channel at the bound: the largest anchored column factor, e^75
+        g = torch.full((n, t, kd), -5.0, dtype=torch.float64) + 1e-3 * randn(n, t, kd).abs()
+    else:  # "slow": decay about -0.005 a token, the state holds ~200 tokens and grows
+        g = -0.005 * torch.sigmoid(randn(n, t, kd)) * 2
+    rnd = lambda x: bf16(x)  # the kernels take bf16 q, k, v; g and beta stay f32 (exact enough here)
+    return rnd(q), rnd(k), rnd(v), g, beta
+
+
+PLANS = {
+    "tf32 everywhere (today's kernels)": dict(prep="tf32", tiles="tf32", kg="tf32", vn="tf32", state="tf32"),
+    "bf16 prep (A, L, W, U products)": dict(prep="bf16", tiles="tf32", kg="tf32", vn="tf32", state="tf32"),
+    "bf16 scan tiles W, U, A, Qg, Kg": dict(prep="tf32", tiles="bf16", kg="bf16", vn="tf32", state="tf32"),
+    "bf16 tiles and Vn, state tf32": dict(prep="bf16", tiles="bf16", kg="bf16", vn="bf16", state="tf32"),
+    "bf16 everything, state too (fla)": dict(prep="bf16", tiles="bf16", kg="bf16", vn="bf16", state="bf16"),
+    "bf16 state only": dict(prep="tf32", tiles="tf32", kg="tf32", vn="tf32", state="bf16"),
+    "bf16 scan tiles and state, Vn tf32": dict(prep="tf32", tiles="bf16", kg="bf16", vn="tf32", state="bf16"),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--t", type=int, default=1024)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--k", type=int, default=128)
+    ap.add_argument("--v", type=int, default=128)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    for gate in ("bounded", "floor", "slow"):
+        q, k, v, g, beta = inputs(args.heads, args.t, args.k, args.v, gate, seed=7)
+        ref_o, ref_s = chunked_forward(q, k, v, g, beta, {key: "f64" for key in PLANS[next(iter(PLANS))]})
+        if gate == "bounded":
+            loop_o, loop_s = recurrence(q, k, v, g, beta)
+            print(f"check: chunked f64 against the token loop: rho(o) {rho(ref_o, loop_o):.1e}, "
+                  f"rho(S_T) {rho(ref_s, loop_s):.1e}")
+        for name, plan in PLANS.items():
+            o, s = chunked_forward(q, k, v, g, beta, plan)
+            print(f"{gate:8s} {name:36s} rho(o) {rho(o, ref_o):.2e}  rho(S_T) {rho(s, ref_s):.2e}")
+
+
+if __name__ == "__main__":
+    main()
