@@ -86,6 +86,86 @@ def chunked_forward(q, k, v, g, beta, plan):
     return out, s
 
 
+class _KeptMatmul(torch.autograd.Function):
+    """x @ s in the forward; the backward reads s as it was kept (rounded by `keep`): a backward that recomputes
+    nothing but reads the per-chunk states from a bf16 copy."""
+
+    @staticmethod
+    def forward(ctx, x, s, keep):
+        ctx.save_for_backward(x, ROUND[keep](s))
+        return x @ s
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, s_kept = ctx.saved_tensors
+        return grad @ s_kept.transpose(-1, -2), x.transpose(-1, -2) @ grad, None
+
+
+class _KeptDecay(torch.autograd.Function):
+    """gamma[:, :, None] * s; the backward's gamma gradient reads s as it was kept (spec §4.6 step 4's last-row term
+    gamma * sum_V(h_n * dh_n))."""
+
+    @staticmethod
+    def forward(ctx, gamma, s, keep):
+        ctx.save_for_backward(gamma, ROUND[keep](s))
+        return gamma[:, :, None] * s
+
+    @staticmethod
+    def backward(ctx, grad):
+        gamma, s_kept = ctx.saved_tensors
+        return (grad * s_kept).sum(-1), gamma[:, :, None] * grad, None
+
+
+def chunked_kept_states(q, k, v, g, beta, keep, keep_vn="f64"):
+    """The chunked forward in float64 without rounding, differentiable, its backward reading every per-chunk state
+    h_n rounded by `keep` and Vn by `keep_vn` (f64: exact)."""
+    n, t, kd = q.shape
+    s = torch.zeros(n, kd, v.shape[2], dtype=torch.float64)
+    out = []
+    idx = torch.arange(C)
+    causal = (idx[:, None] >= idx[None, :]).double()
+    strict = (idx[:, None] > idx[None, :]).double()
+    for c0 in range(0, t, C):
+        c1 = min(c0 + C, t)
+        m = c1 - c0
+        qc, kc, vc, bc = q[:, c0:c1], k[:, c0:c1], v[:, c0:c1], beta[:, c0:c1]
+        gam = torch.cumsum(g[:, c0:c1], dim=1)
+        diff = gam[:, :, None, :] - gam[:, None, :, :]  # Γ_i - Γ_j, [N, m, m, K]; only i >= j is used
+        fac = torch.exp(torch.minimum(diff, torch.zeros_like(diff)))
+        a = torch.einsum("nik,njk,nijk->nij", qc, kc, fac) * causal[:m, :m]
+        lmat = bc[:, :, None] * torch.einsum("nik,njk,nijk->nij", kc, kc, fac) * strict[:m, :m]
+        tinv = torch.linalg.inv(torch.eye(m, dtype=torch.float64) + lmat)
+        w = tinv @ (bc[:, :, None] * kc * torch.exp(gam))
+        u = tinv @ (bc[:, :, None] * vc)
+        qg = qc * torch.exp(gam)
+        kg = kc * torch.exp(gam[:, m - 1 : m] - gam)
+        vn = u - _KeptMatmul.apply(w, s, keep)
+        out.append(_KeptMatmul.apply(qg, s, keep) + _KeptMatmul.apply(a, vn, keep_vn))
+        s = _KeptDecay.apply(torch.exp(gam[:, m - 1]), s, keep) + _KeptMatmul.apply(kg.transpose(-1, -2), vn, keep_vn)
+    return torch.cat(out, dim=1), s
+
+
+def backward_study(args):
+    """Gradients with the per-chunk states h_n and Vn kept in bf16 (or TF32) against kept exactly, same inputs."""
+    for gate in ("bounded", "floor", "slow"):
+        q, k, v, g, beta = inputs(args.heads, args.t, args.k, args.v, gate, seed=7)
+        gen = torch.Generator().manual_seed(11)
+        d_out = torch.randn(args.heads, args.t, args.v, generator=gen, dtype=torch.float64)
+        d_state = torch.randn(args.heads, args.k, args.v, generator=gen, dtype=torch.float64)
+        grads = {}
+        plans = {"exact": ("f64", "f64"), "h_n tf32": ("tf32", "f64"), "h_n bf16": ("bf16", "f64"),
+                 "Vn bf16": ("f64", "bf16"), "h_n and Vn bf16": ("bf16", "bf16")}
+        for name, (keep, keep_vn) in plans.items():
+            leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
+            o, s = chunked_kept_states(*leaves, keep, keep_vn)
+            ((o * d_out).sum() + (s * d_state).sum()).backward()
+            grads[name] = [x.grad for x in leaves]
+        for name in list(plans)[1:]:
+            names = ("dq", "dk", "dv", "dg", "dbeta")
+            figures = "  ".join(f"{n} {rho(got, ref):.1e}" for n, got, ref in zip(names, grads[name], grads["exact"]))
+            print(f"{gate:8s} {name:16s} {figures}")
+
+
 def recurrence(q, k, v, g, beta):
     n, t, kd = q.shape
     s = torch.zeros(n, kd, v.shape[2], dtype=torch.float64)
@@ -139,8 +219,12 @@ def main():
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--k", type=int, default=128)
     ap.add_argument("--v", type=int, default=128)
+    ap.add_argument("--backward", action="store_true", help="the gradients with the per-chunk states kept rounded")
     args = ap.parse_args()
     torch.set_num_threads(2)
+    if args.backward:
+        backward_study(args)
+        return
     for gate in ("bounded", "floor", "slow"):
         q, k, v, g, beta = inputs(args.heads, args.t, args.k, args.v, gate, seed=7)
         ref_o, ref_s = chunked_forward(q, k, v, g, beta, {key: "f64" for key in PLANS[next(iter(PLANS))]})
