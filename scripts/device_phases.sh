@@ -17,6 +17,9 @@
 #                  of every executable in AB_DIR (default .devbin/ab: older builds' bench_attention for a before/after
 #                  comparison), alternated ROUNDS times (default 2), then PyTorch's SDPA reference
 #   dispatch       bench/dispatch_overlap.sh on kimi_linear_mini (issue 28)
+#   kda            bench_kda at every keep level (none, tiles, states, all), then fla's chunk_kda at the same shapes
+#                  (tools/reference/bench_kda_fla.py; carry .fla, fla's source; its Triton compile takes a few
+#                  minutes of the call): the KDA row of issue 25 in one call
 #   kda_cp         bench_kda_cp --t 65536 --spans 2,4,8,16 (issue 28)
 #   checkpoint     bench/checkpoint_cost.sh async at EVERY 150 on kimi_linear_mini (issue 27)
 #   checkpoint_ab  checkpoint with this build's moetrain and .devbin/old/moetrain.xz's, alternated ROUNDS (1) times
@@ -112,6 +115,16 @@ for phase in ${PHASES:-label}; do
             need 200 || continue
             bash bench/dispatch_overlap.sh build "$kimi" 2 --steps 6 --warmup 2 2>&1 | tee "$OUT/dispatch.log" |
                 grep '^{'
+            ;;
+        kda)
+            need 120 || continue
+            timeout 150 build/bench/bench_kda --keep none,tiles,states,all 2>&1 | tee "$OUT/kda.log" | grep '^{'
+            if [ -d .fla ] && (($(left) > 60)); then
+                timeout $(($(left) - 20)) python3 tools/reference/bench_kda_fla.py --fla .fla 2>&1 |
+                    tee -a "$OUT/kda.log" | grep '^{'
+            else
+                echo "fla: skipped (no .fla carried, or $(left) s left)"
+            fi
             ;;
         kda_cp)
             need 60 || continue
