@@ -38,13 +38,20 @@ def exact(x):
 ROUND = {"f64": exact, "tf32": tf32, "bf16": bf16}
 
 
+def straight_through(fn):
+    """fn's rounding in the forward, the identity in the backward: autograd's products then read the rounded value
+    wherever the forward's did (a backward whose products take the forward's rounded operands)."""
+    return lambda x: x + (fn(x.detach()) - x.detach())
+
+
 def chunked_forward(q, k, v, g, beta, plan):
     """q, k [N, T, K] (q scaled), v [N, T, V], g [N, T, K] (log decay per token), beta [N, T]; plan maps each
     operand group to a rounding: prep (the anchored A, L operands), tiles (W, U, A as scan operands), kg (Qg, Kg),
     vn (Vn as an operand), state (S as an operand). Returns o [N, T, V], S_T [N, K, V]."""
     n, t, kd = q.shape
     vd = v.shape[2]
-    r = {key: ROUND[val] for key, val in plan.items()}
+    r = {key: ROUND[val] if not plan.get("grad") else straight_through(ROUND[val]) for key, val in plan.items()
+         if key != "grad"}
     s = torch.zeros(n, kd, vd, dtype=torch.float64)
     out = torch.zeros(n, t, vd, dtype=torch.float64)
     idx = torch.arange(C)
@@ -145,6 +152,33 @@ def chunked_kept_states(q, k, v, g, beta, keep, keep_vn="f64"):
     return torch.cat(out, dim=1), s
 
 
+def backward_tiles_study(args):
+    """Gradients when the backward's products read the operands the forward rounded (straight-through rounding of
+    the plan's groups; the gradients themselves stay exact) against the unrounded backward."""
+    # prep exact: today's backward forms its intra-chunk and T products in 3xTF32 (about fp32), so only the scans'
+    # operands are rounded in the first three plans; the last two round prep's as well (a plain TF32 / bf16 prep).
+    plans = {"scans tf32 (today)": dict(prep="f64", tiles="tf32", kg="tf32", vn="tf32", state="tf32"),
+             "scans: bf16 tiles": dict(prep="f64", tiles="bf16", kg="bf16", vn="tf32", state="tf32"),
+             "scans: bf16 tiles, state": dict(prep="f64", tiles="bf16", kg="bf16", vn="tf32", state="bf16"),
+             "tf32 prep too": PLANS["tf32 everywhere (today's kernels)"],
+             "bf16 everything (fla)": PLANS["bf16 everything, state too (fla)"]}
+    for gate in ("bounded", "floor", "slow"):
+        q, k, v, g, beta = inputs(args.heads, args.t, args.k, args.v, gate, seed=7)
+        gen = torch.Generator().manual_seed(11)
+        d_out = torch.randn(args.heads, args.t, args.v, generator=gen, dtype=torch.float64)
+        d_state = torch.randn(args.heads, args.k, args.v, generator=gen, dtype=torch.float64)
+        grads = {}
+        for name, plan in [("exact", {key: "f64" for key in PLANS[next(iter(PLANS))]})] + list(plans.items()):
+            leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
+            o, s = chunked_forward(*leaves, dict(plan, grad=True))
+            ((o * d_out).sum() + (s * d_state).sum()).backward()
+            grads[name] = [x.grad for x in leaves]
+        for name in plans:
+            names = ("dq", "dk", "dv", "dg", "dbeta")
+            figures = "  ".join(f"{n} {rho(got, ref):.1e}" for n, got, ref in zip(names, grads[name], grads["exact"]))
+            print(f"{gate:8s} {name:26s} {figures}")
+
+
 def backward_study(args):
     """Gradients with the per-chunk states h_n and Vn kept in bf16 (or TF32) against kept exactly, same inputs."""
     for gate in ("bounded", "floor", "slow"):
@@ -220,10 +254,14 @@ def main():
     ap.add_argument("--k", type=int, default=128)
     ap.add_argument("--v", type=int, default=128)
     ap.add_argument("--backward", action="store_true", help="the gradients with the per-chunk states kept rounded")
+    ap.add_argument("--backward-tiles", action="store_true", help="the gradients with the products' operands rounded")
     args = ap.parse_args()
     torch.set_num_threads(2)
     if args.backward:
         backward_study(args)
+        return
+    if args.backward_tiles:
+        backward_tiles_study(args)
         return
     for gate in ("bounded", "floor", "slow"):
         q, k, v, g, beta = inputs(args.heads, args.t, args.k, args.v, gate, seed=7)
