@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""Which operands of KDA's chunked forward can be bf16 (issue 25 item 3: "bf16 tensor-core tiles where the bounded
-gate allows, the chunk states kept in bf16 where precision allows"): a CPU study in float64.
+"""Which operands of KDA's chunked algorithm can be bf16 (issue 25 item 3: "bf16 tensor-core tiles where the
+bounded gate allows, the chunk states kept in bf16 where precision allows"): a CPU study in float64.
 
 The chunked forward of spec kda.md §4.1 (chunks of 64, the anchors of §4.2: row factor e^(Γ_i - Γ_n) and column
-factor e^(Γ_n - Γ_j) with n the first row of i's 16-row sub-chunk) runs in float64 with each tensor-core operand
-rounded as a kernel would round it: to TF32 (10 explicit mantissa bits; what moetrain's kernels use today) or to
-bf16 (7 bits, fla's choice). Products accumulate exactly (fp32 accumulation is far finer than either operand
-rounding). The reference is the same algorithm without rounding on the same bf16-rounded inputs (it equals the
-token recurrence to ~1e-13, checked below). Printed: rho(o) and rho(S_T) (||a - b|| / ||b||, spec §8) per rounding
-plan and gate; spec §8.6's budget for bf16 inputs is 5e-3 for both.
+factor e^(Γ_n - Γ_j) with n the first row of i's 16-row sub-chunk) runs in float64 with each group of tensor-core
+operands rounded as a kernel would round it: to TF32 (10 explicit mantissa bits, ties away: what moetrain's kernels
+use today) or to bf16 (7 bits, fla's choice). Products accumulate exactly (fp32 accumulation is far finer than
+either operand rounding). The reference is the same algorithm unrounded on the same bf16-rounded inputs (it equals
+the token recurrence to ~1e-15, printed). Three modes:
 
-    /usr/bin/python3 tools/reference/kda_precision_study.py [--t 1024] [--heads 2]
+    /usr/bin/python3 tools/reference/kda_precision_study.py [--t 1024] [--heads 2]   # forward: rho(o), rho(S_T)
+    ... --backward         # gradients when the backward reads the per-chunk states h_n and Vn from a rounded copy
+    ... --backward-tiles   # gradients when the backward's products read the forward's rounded operands
 
-Debian's python3-torch (1.13, CPU) suffices. The backward's products are not modelled (see docs/perf_log/kda.md).
+rho(a, b) = ||a - b|| / ||b|| (spec §8); spec §8.6's budgets for bf16 inputs: 5e-3 for o and S_T, 1e-2 for dq, dk,
+dv, 2e-2 for dg and dbeta. Debian's python3-torch (1.13, CPU) suffices. Results: docs/perf_log/kda.md.
 """
 import argparse
 
@@ -44,16 +46,37 @@ def straight_through(fn):
     return lambda x: x + (fn(x.detach()) - x.detach())
 
 
-def chunked_forward(q, k, v, g, beta, plan):
-    """q, k [N, T, K] (q scaled), v [N, T, V], g [N, T, K] (log decay per token), beta [N, T]; plan maps each
-    operand group to a rounding: prep (the anchored A, L operands), tiles (W, U, A as scan operands), kg (Qg, Kg),
-    vn (Vn as an operand), state (S as an operand). Returns o [N, T, V], S_T [N, K, V]."""
+def plan_of(anc="f64", tx="f64", tiles="f64", kg="f64", vn="f64", state="f64", gop="f64"):
+    """A rounding plan: anc (the anchored row and column factors of A and L), tx (T, Xw, Xu as the operands of W and
+    U), tiles (W, U, A as scan operands), kg (Qg, Kg), vn (Vn as an operand), state (S as an operand), gop (the
+    gradients flowing into the scans' products, as the backward's operands; --backward-tiles only)."""
+    return dict(anc=anc, tx=tx, tiles=tiles, kg=kg, vn=vn, state=state, gop=gop)
+
+
+class _GradRound(torch.autograd.Function):
+    """The identity in the forward; the backward rounds the gradient that flows in (a gradient as an MMA operand)."""
+
+    @staticmethod
+    def forward(ctx, x, key):
+        ctx.key = key
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ROUND[ctx.key](grad), None
+
+
+def chunked_forward(q, k, v, g, beta, plan, grad=False):
+    """q, k [N, T, K] (q scaled), v [N, T, V], g [N, T, K] (log decay per token), beta [N, T]; plan (plan_of) maps
+    each operand group to a rounding. grad: straight-through rounding (the backward's products read the rounded
+    operands) and the gradient operands rounded by plan["gop"]. Returns o [N, T, V], S_T [N, K, V]."""
     n, t, kd = q.shape
     vd = v.shape[2]
-    r = {key: ROUND[val] if not plan.get("grad") else straight_through(ROUND[val]) for key, val in plan.items()
-         if key != "grad"}
+    r = {key: straight_through(ROUND[val]) if grad else ROUND[val] for key, val in plan.items() if key != "gop"}
+    gop = plan["gop"] if grad else "f64"
+    gr = (lambda x: _GradRound.apply(x, gop)) if gop != "f64" else (lambda x: x)
     s = torch.zeros(n, kd, vd, dtype=torch.float64)
-    out = torch.zeros(n, t, vd, dtype=torch.float64)
+    out = []
     idx = torch.arange(C)
     causal = (idx[:, None] >= idx[None, :]).double()
     strict = (idx[:, None] > idx[None, :]).double()
@@ -64,15 +87,15 @@ def chunked_forward(q, k, v, g, beta, plan):
         qc, kc, vc, bc = q[:, c0:c1], k[:, c0:c1], v[:, c0:c1], beta[:, c0:c1]
         gam = torch.cumsum(g[:, c0:c1], dim=1)  # Γ, restarting every chunk
         gn = gam[:, anchor[:m]]  # Γ of each row's anchor [N, m, K]
-        # A_ij = sum_d q_id e^(Γ_id - Γ_nd) k_jd e^(Γ_nd - Γ_jd) with n = anchor(i): each factor rounded (prep).
-        rows_q = r["prep"](qc * torch.exp(gam - gn))
-        rows_k = r["prep"](kc * torch.exp(gam - gn))
+        # A_ij = sum_d q_id e^(Γ_id - Γ_nd) k_jd e^(Γ_nd - Γ_jd) with n = anchor(i): each factor rounded (anc).
+        rows_q = r["anc"](qc * torch.exp(gam - gn))
+        rows_k = r["anc"](kc * torch.exp(gam - gn))
         a = torch.zeros(n, m, m, dtype=torch.float64)
         lmat = torch.zeros(n, m, m, dtype=torch.float64)
         for a0 in range(0, m, SUB):
             a1 = min(a0 + SUB, m)
             # e^(Γ_n - Γ_j), n = a0, for the columns j < a1 the tiles b <= a hold (later ones would overflow bf16)
-            cols = r["prep"](kc[:, :a1] * torch.exp(gam[:, a0 : a0 + 1] - gam[:, :a1]))
+            cols = r["anc"](kc[:, :a1] * torch.exp(gam[:, a0 : a0 + 1] - gam[:, :a1]))
             a[:, a0:a1, :a1] = torch.einsum("nik,njk->nij", rows_q[:, a0:a1], cols)
             lmat[:, a0:a1, :a1] = torch.einsum("nik,njk->nij", rows_k[:, a0:a1], cols)
         a = a * causal[:m, :m]
@@ -80,17 +103,17 @@ def chunked_forward(q, k, v, g, beta, plan):
         tinv = torch.linalg.inv(torch.eye(m, dtype=torch.float64) + lmat)  # fp32 blocks in the kernel: exact here
         xw = bc[:, :, None] * kc * torch.exp(gam)
         xu = bc[:, :, None] * vc
-        w = r["tiles"](torch.einsum("nij,njk->nik", r["prep"](tinv), r["prep"](xw)))
-        u = r["tiles"](torch.einsum("nij,njv->niv", r["prep"](tinv), r["prep"](xu)))
+        w = r["tiles"](torch.einsum("nij,njk->nik", r["tx"](tinv), r["tx"](xw)))
+        u = r["tiles"](torch.einsum("nij,njv->niv", r["tx"](tinv), r["tx"](xu)))
         qg = r["kg"](qc * torch.exp(gam))
         kg = r["kg"](kc * torch.exp(gam[:, m - 1 : m] - gam))
         a_op = r["tiles"](a)
         s_op = r["state"](s)
-        vn = u - torch.einsum("nik,nkv->niv", w, s_op)
+        vn = u - gr(torch.einsum("nik,nkv->niv", w, s_op))
         vn_op = r["vn"](vn)
-        out[:, c0:c1] = torch.einsum("nik,nkv->niv", qg, s_op) + torch.einsum("nij,njv->niv", a_op, vn_op)
-        s = torch.exp(gam[:, m - 1])[:, :, None] * s + torch.einsum("nik,niv->nkv", kg, vn_op)
-    return out, s
+        out.append(gr(torch.einsum("nik,nkv->niv", qg, s_op)) + gr(torch.einsum("nij,njv->niv", a_op, vn_op)))
+        s = torch.exp(gam[:, m - 1])[:, :, None] * s + gr(torch.einsum("nik,niv->nkv", kg, vn_op))
+    return torch.cat(out, dim=1), s
 
 
 class _KeptMatmul(torch.autograd.Function):
@@ -155,28 +178,32 @@ def chunked_kept_states(q, k, v, g, beta, keep, keep_vn="f64"):
 def backward_tiles_study(args):
     """Gradients when the backward's products read the operands the forward rounded (straight-through rounding of
     the plan's groups; the gradients themselves stay exact) against the unrounded backward."""
-    # prep exact: today's backward forms its intra-chunk and T products in 3xTF32 (about fp32), so only the scans'
-    # operands are rounded in the first three plans; the last two round prep's as well (a plain TF32 / bf16 prep).
-    plans = {"scans tf32 (today)": dict(prep="f64", tiles="tf32", kg="tf32", vn="tf32", state="tf32"),
-             "scans: bf16 tiles": dict(prep="f64", tiles="bf16", kg="bf16", vn="tf32", state="tf32"),
-             "scans: bf16 tiles, state": dict(prep="f64", tiles="bf16", kg="bf16", vn="tf32", state="bf16"),
-             "tf32 prep too": PLANS["tf32 everywhere (today's kernels)"],
-             "bf16 everything (fla)": PLANS["bf16 everything, state too (fla)"]}
+    # The kernels' backward forms its intra-chunk and T products in 3xTF32 (about fp32): "prep exact" is that. The
+    # scans' products take one dtype for both operands (a bf16 m16n8k16 needs bf16 on both sides).
+    plans = {
+        "scans TF32, prep exact": plan_of(tiles="tf32", kg="tf32", vn="tf32", state="tf32"),
+        "scans bf16, prep exact": plan_of(tiles="bf16", kg="bf16", vn="bf16", state="bf16"),
+        "scans bf16 + grad operands": plan_of(tiles="bf16", kg="bf16", vn="bf16", state="bf16", gop="bf16"),
+        "T, Xw, Xu bf16, scans TF32": plan_of(tx="bf16", tiles="tf32", kg="tf32", vn="tf32", state="tf32"),
+        "anchored factors TF32": plan_of(anc="tf32", tiles="tf32", kg="tf32", vn="tf32", state="tf32"),
+        "everything bf16 (fla)": all_but("bf16", gop="bf16"),
+    }
     for gate in ("bounded", "floor", "slow"):
         q, k, v, g, beta = inputs(args.heads, args.t, args.k, args.v, gate, seed=7)
         gen = torch.Generator().manual_seed(11)
         d_out = torch.randn(args.heads, args.t, args.v, generator=gen, dtype=torch.float64)
         d_state = torch.randn(args.heads, args.k, args.v, generator=gen, dtype=torch.float64)
         grads = {}
-        for name, plan in [("exact", {key: "f64" for key in PLANS[next(iter(PLANS))]})] + list(plans.items()):
+        d_out = bf16(d_out)  # dO arrives in bf16 (the model's activations)
+        for name, plan in [("exact", plan_of())] + list(plans.items()):
             leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
-            o, s = chunked_forward(*leaves, dict(plan, grad=True))
+            o, s = chunked_forward(*leaves, plan, grad=True)
             ((o * d_out).sum() + (s * d_state).sum()).backward()
             grads[name] = [x.grad for x in leaves]
         for name in plans:
             names = ("dq", "dk", "dv", "dg", "dbeta")
             figures = "  ".join(f"{n} {rho(got, ref):.1e}" for n, got, ref in zip(names, grads[name], grads["exact"]))
-            print(f"{gate:8s} {name:26s} {figures}")
+            print(f"{gate:8s} {name:28s} {figures}")
 
 
 def backward_study(args):
@@ -236,14 +263,19 @@ def inputs(n, t, kd, vd, gate, seed):
     return rnd(q), rnd(k), rnd(v), g, beta
 
 
+def all_but(base, **over):
+    """Every forward group (all but gop) rounded by `base`, except those named."""
+    return plan_of(**{**{key: base for key in ("anc", "tx", "tiles", "kg", "vn", "state")}, **over})
+
+
 PLANS = {
-    "tf32 everywhere (today's kernels)": dict(prep="tf32", tiles="tf32", kg="tf32", vn="tf32", state="tf32"),
-    "bf16 prep (A, L, W, U products)": dict(prep="bf16", tiles="tf32", kg="tf32", vn="tf32", state="tf32"),
-    "bf16 scan tiles W, U, A, Qg, Kg": dict(prep="tf32", tiles="bf16", kg="bf16", vn="tf32", state="tf32"),
-    "bf16 tiles and Vn, state tf32": dict(prep="bf16", tiles="bf16", kg="bf16", vn="bf16", state="tf32"),
-    "bf16 everything, state too (fla)": dict(prep="bf16", tiles="bf16", kg="bf16", vn="bf16", state="bf16"),
-    "bf16 state only": dict(prep="tf32", tiles="tf32", kg="tf32", vn="tf32", state="bf16"),
-    "bf16 scan tiles and state, Vn tf32": dict(prep="tf32", tiles="bf16", kg="bf16", vn="tf32", state="bf16"),
+    "today's kernels (TF32 everywhere)": all_but("tf32"),
+    "state bf16": all_but("tf32", state="bf16"),
+    "prep: anchored A, L factors bf16": all_but("tf32", anc="bf16"),
+    "prep: T, Xw, Xu bf16": all_but("tf32", tx="bf16"),
+    "scans: W, U, A, Qg, Kg bf16 only": all_but("tf32", tiles="bf16", kg="bf16"),
+    "scans all bf16 (and Vn, state)": all_but("bf16", anc="tf32", tx="tf32"),
+    "everything bf16 (fla)": all_but("bf16"),
 }
 
 
@@ -265,11 +297,10 @@ def main():
         return
     for gate in ("bounded", "floor", "slow"):
         q, k, v, g, beta = inputs(args.heads, args.t, args.k, args.v, gate, seed=7)
-        ref_o, ref_s = chunked_forward(q, k, v, g, beta, {key: "f64" for key in PLANS[next(iter(PLANS))]})
-        if gate == "bounded":
-            loop_o, loop_s = recurrence(q, k, v, g, beta)
-            print(f"check: chunked f64 against the token loop: rho(o) {rho(ref_o, loop_o):.1e}, "
-                  f"rho(S_T) {rho(ref_s, loop_s):.1e}")
+        ref_o, ref_s = chunked_forward(q, k, v, g, beta, plan_of())
+        loop_o, loop_s = recurrence(q, k, v, g, beta)
+        print(f"{gate:8s} check: chunked f64 against the token loop: rho(o) {rho(ref_o, loop_o):.1e}, "
+              f"rho(S_T) {rho(ref_s, loop_s):.1e}")
         for name, plan in PLANS.items():
             o, s = chunked_forward(q, k, v, g, beta, plan)
             print(f"{gate:8s} {name:36s} rho(o) {rho(o, ref_o):.2e}  rho(S_T) {rho(s, ref_s):.2e}")
