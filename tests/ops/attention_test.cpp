@@ -14,10 +14,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <utility>
 
 #include "core/backend.h"
 #include "op_harness.h"
 #include "ops/op_common.h"
+#include "support/documents.h"
 
 namespace mt::ops::test {
 namespace {
@@ -418,8 +420,9 @@ TEST(GpuAttention, Deterministic) {
 
 // The ordered 5-matmul backward when a (batch, head) has more key blocks of 128 than the GPU runs thread blocks at
 // once (20,000 keys: 157 blocks, an H100 or H200 runs 132): a block waits only on blocks started before it, so this
-// ends (a wrong order would hang here); twice bitwise the same, and against the two-kernel backward. With a window
-// (the key blocks that see a query block start after key block 0) and without.
+// ends (a wrong order would hang here); twice bitwise the same, and against the two-kernel backward. Causal without
+// a mask, with a window (the key blocks that see a query block start after key block 0) and with documents off the
+// tiles; bidirectional within the same documents (a query block's last key block found through the document's end).
 TEST(GpuAttention, OrderedBackwardPastOneWave) {
     if (!core::backend_available(core::Device::cuda)) GTEST_SKIP() << "no CUDA device: GPU parity needs a GPU";
     if (!flash_wgmma_available()) GTEST_SKIP() << "the ordered backward is a wgmma kernel (Hopper)";
@@ -428,8 +431,13 @@ TEST(GpuAttention, OrderedBackwardPastOneWave) {
     const Tensor k = to_cuda(op_randn({b, t, hkv, d}, 6, 1), DType::bf16);
     const Tensor v = to_cuda(op_randn({b, t, hkv, d}, 6, 2), DType::bf16);
     const Tensor dout = to_cuda(op_randn({b, t, hq, d}, 6, 3), DType::bf16);
-    for (int64_t window : {int64_t{0}, int64_t{3000}}) {
-        const AttentionMask mask{.window = window};
+    const Tensor docs =
+        mt::testing::doc_start_map({{0, 2900, 6100, 13000, 13001, 19990}}, t).to_device(core::Device::cuda);
+    const std::pair<const char*, AttentionMask> cases[] = {{"causal", {}},
+                                                           {"window", {.window = 3000}},
+                                                           {"documents", {.doc_start = docs}},
+                                                           {"bidirectional", {.doc_start = docs, .causal = false}}};
+    for (const auto& [what, mask] : cases) {
         auto grads = [&](bool fast_bwd) {
             std::string chosen;
             AttentionOptions options;
@@ -440,7 +448,7 @@ TEST(GpuAttention, OrderedBackwardPastOneWave) {
             const Tensor dv = nan_cuda(k.shape(), DType::bf16);
             attention_fwd(q, k, v, out, lse, options, mask);
             attention_bwd(q, k, v, out, lse, dout, dq, dk, dv, options, mask);
-            EXPECT_EQ(chosen, fast_bwd ? "cuda-wgmma-ordered" : "cuda-wgmma") << "window " << window;
+            EXPECT_EQ(chosen, fast_bwd ? "cuda-wgmma-ordered" : "cuda-wgmma") << what;
             return std::vector<Tensor>{dq.to_device(core::Device::cpu).to(DType::f32),
                                        dk.to_device(core::Device::cpu).to(DType::f32),
                                        dv.to_device(core::Device::cpu).to(DType::f32)};
@@ -449,8 +457,8 @@ TEST(GpuAttention, OrderedBackwardPastOneWave) {
         const char* names[] = {"dq", "dk", "dv"};
         for (size_t i = 0; i < 3; ++i) {
             EXPECT_EQ(std::memcmp(first[i].raw(), again[i].raw(), first[i].nbytes()), 0)
-                << names[i] << " window " << window << ": two runs differ";
-            expect_rho(fmt::format("ordered_past_one_wave_w{}", window), names[i], first[i], two_kernel[i], 1e-2);
+                << names[i] << " " << what << ": two runs differ";
+            expect_rho(fmt::format("ordered_past_one_wave_{}", what), names[i], first[i], two_kernel[i], 1e-2);
         }
     }
 }
