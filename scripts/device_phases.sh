@@ -261,7 +261,13 @@ for phase in ${PHASES:-label}; do
     echo "   $phase done at $((SECONDS - t0)) s"
 done
 # The test counts again at the end, where a long call's cut output still shows them.
+# A run cut by the call's time has no ctest summary: its log's result lines are counted instead.
 for log in "$OUT"/label.log "$OUT"/label_left.log "$OUT"/tests.log "$OUT"/graphs_tests.log; do
-    [ -f "$log" ] && echo "$(basename "$log"): $(grep -E "tests passed" "$log" | tail -1)"
+    [ -f "$log" ] || continue
+    summary=$(grep -E "tests passed" "$log" | tail -1)
+    [ -n "$summary" ] || summary="cut before its summary: $(grep -cE "Test +#[0-9]+: .* Passed" "$log") passed, \
+$(grep -cE "Test +#[0-9]+: .*\*\*\*(Failed|Exception|Timeout)" "$log") failed so far; failed: \
+$(grep -E "Test +#[0-9]+: .*\*\*\*(Failed|Exception|Timeout)" "$log" | sed -E 's/.*#[0-9]+: ([^ ]+).*/\1/' | tr '\n' ' ')"
+    echo "$(basename "$log"): $summary"
 done
 echo "call done at $((SECONDS - t0)) s"
