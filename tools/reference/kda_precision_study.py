@@ -175,12 +175,37 @@ def chunked_kept_states(q, k, v, g, beta, keep, keep_vn="f64"):
     return torch.cat(out, dim=1), s
 
 
+def gradient_study(args, runs, round_d_out):
+    """runs: name -> a function of the leaves (q, k, v, g, beta) returning (o, S_T); the first is the reference.
+    Prints rho of each other run's gradients against it, loss sum(o * R1) + sum(S_T * R2), per gate."""
+    names = ("dq", "dk", "dv", "dg", "dbeta")
+    width = max(len(name) for name in runs)
+    for gate in ("bounded", "floor", "slow"):
+        q, k, v, g, beta = inputs(args.heads, args.t, args.k, args.v, gate, seed=7)
+        gen = torch.Generator().manual_seed(11)
+        d_out = torch.randn(args.heads, args.t, args.v, generator=gen, dtype=torch.float64)
+        d_state = torch.randn(args.heads, args.k, args.v, generator=gen, dtype=torch.float64)
+        if round_d_out:
+            d_out = bf16(d_out)  # dO arrives in bf16 (the model's activations)
+        grads = {}
+        for name, run in runs.items():
+            leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
+            o, s = run(*leaves)
+            ((o * d_out).sum() + (s * d_state).sum()).backward()
+            grads[name] = [x.grad for x in leaves]
+        ref = grads[next(iter(runs))]
+        for name in list(runs)[1:]:
+            figures = "  ".join(f"{n} {rho(got, want):.1e}" for n, got, want in zip(names, grads[name], ref))
+            print(f"{gate:8s} {name:{width}s} {figures}")
+
+
 def backward_tiles_study(args):
     """Gradients when the backward's products read the operands the forward rounded (straight-through rounding of
-    the plan's groups; the gradients themselves stay exact) against the unrounded backward."""
+    the plan's groups; the gradient operands rounded where the plan says) against the unrounded backward."""
     # The kernels' backward forms its intra-chunk and T products in 3xTF32 (about fp32): "prep exact" is that. The
     # scans' products take one dtype for both operands (a bf16 m16n8k16 needs bf16 on both sides).
     plans = {
+        "exact": plan_of(),
         "scans TF32, prep exact": plan_of(tiles="tf32", kg="tf32", vn="tf32", state="tf32"),
         "scans bf16, prep exact": plan_of(tiles="bf16", kg="bf16", vn="bf16", state="bf16"),
         "scans bf16 + grad operands": plan_of(tiles="bf16", kg="bf16", vn="bf16", state="bf16", gop="bf16"),
@@ -188,43 +213,16 @@ def backward_tiles_study(args):
         "anchored factors TF32": plan_of(anc="tf32", tiles="tf32", kg="tf32", vn="tf32", state="tf32"),
         "everything bf16 (fla)": all_but("bf16", gop="bf16"),
     }
-    for gate in ("bounded", "floor", "slow"):
-        q, k, v, g, beta = inputs(args.heads, args.t, args.k, args.v, gate, seed=7)
-        gen = torch.Generator().manual_seed(11)
-        d_out = torch.randn(args.heads, args.t, args.v, generator=gen, dtype=torch.float64)
-        d_state = torch.randn(args.heads, args.k, args.v, generator=gen, dtype=torch.float64)
-        grads = {}
-        d_out = bf16(d_out)  # dO arrives in bf16 (the model's activations)
-        for name, plan in [("exact", plan_of())] + list(plans.items()):
-            leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
-            o, s = chunked_forward(*leaves, plan, grad=True)
-            ((o * d_out).sum() + (s * d_state).sum()).backward()
-            grads[name] = [x.grad for x in leaves]
-        for name in plans:
-            names = ("dq", "dk", "dv", "dg", "dbeta")
-            figures = "  ".join(f"{n} {rho(got, ref):.1e}" for n, got, ref in zip(names, grads[name], grads["exact"]))
-            print(f"{gate:8s} {name:28s} {figures}")
+    runs = {name: (lambda p: lambda *x: chunked_forward(*x, p, grad=True))(plan) for name, plan in plans.items()}
+    gradient_study(args, runs, round_d_out=True)
 
 
 def backward_study(args):
     """Gradients with the per-chunk states h_n and Vn kept in bf16 (or TF32) against kept exactly, same inputs."""
-    for gate in ("bounded", "floor", "slow"):
-        q, k, v, g, beta = inputs(args.heads, args.t, args.k, args.v, gate, seed=7)
-        gen = torch.Generator().manual_seed(11)
-        d_out = torch.randn(args.heads, args.t, args.v, generator=gen, dtype=torch.float64)
-        d_state = torch.randn(args.heads, args.k, args.v, generator=gen, dtype=torch.float64)
-        grads = {}
-        plans = {"exact": ("f64", "f64"), "h_n tf32": ("tf32", "f64"), "h_n bf16": ("bf16", "f64"),
-                 "Vn bf16": ("f64", "bf16"), "h_n and Vn bf16": ("bf16", "bf16")}
-        for name, (keep, keep_vn) in plans.items():
-            leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
-            o, s = chunked_kept_states(*leaves, keep, keep_vn)
-            ((o * d_out).sum() + (s * d_state).sum()).backward()
-            grads[name] = [x.grad for x in leaves]
-        for name in list(plans)[1:]:
-            names = ("dq", "dk", "dv", "dg", "dbeta")
-            figures = "  ".join(f"{n} {rho(got, ref):.1e}" for n, got, ref in zip(names, grads[name], grads["exact"]))
-            print(f"{gate:8s} {name:16s} {figures}")
+    plans = {"exact": ("f64", "f64"), "h_n tf32": ("tf32", "f64"), "h_n bf16": ("bf16", "f64"),
+             "Vn bf16": ("f64", "bf16"), "h_n and Vn bf16": ("bf16", "bf16")}
+    runs = {name: (lambda h, vn: lambda *x: chunked_kept_states(*x, h, vn))(*keep) for name, keep in plans.items()}
+    gradient_study(args, runs, round_d_out=False)
 
 
 def recurrence(q, k, v, g, beta):
