@@ -1,5 +1,5 @@
-// Wall-clock durations for the timings the trainer reports (checkpoint phases, the supervisor's waits, the
-// optimizer's time): steady_clock, so a clock change does not bend them.
+// Wall-clock durations for the timings the trainer and the communication layer report (steps, checkpoint phases,
+// the supervisor's and elastic waits, the optimizer, collectives): steady_clock, so a clock change does not bend them.
 #pragma once
 
 #include <chrono>

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/tensor.h"
 
 namespace mt::parallel {
@@ -43,8 +44,7 @@ class [[nodiscard]] CommTimer {
         if (clock_ != nullptr && clock_->depth++ == 0) start_ = std::chrono::steady_clock::now();
     }
     ~CommTimer() {
-        if (clock_ != nullptr && --clock_->depth == 0)
-            clock_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+        if (clock_ != nullptr && --clock_->depth == 0) clock_->seconds += core::seconds_since(start_);
     }
     CommTimer(const CommTimer&) = delete;
     CommTimer& operator=(const CommTimer&) = delete;

@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 
+#include "core/clock.h"
 #include "ops/global_norm.h"
 
 namespace mt::parallel {
@@ -260,7 +261,7 @@ double GradSync::finish(const std::function<void(int bucket)>& on_reduced) {
         if (!on_reduced) return;
         const auto t = std::chrono::steady_clock::now();
         on_reduced(static_cast<int>(&b - buckets_.data()));
-        in_callback += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+        in_callback += core::seconds_since(t);
     };
     overlapped_ = issued_early_;
     issued_early_ = 0;
@@ -282,7 +283,7 @@ double GradSync::finish(const std::function<void(int bucket)>& on_reduced) {
         }
         reduced(b);
     }
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - in_callback;
+    return core::seconds_since(start) - in_callback;
 }
 
 double GradSync::copies(const ArenaParam& p, int64_t group) const {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <set>
 
+#include "core/clock.h"
 #include "core/crc32c.h"
 #include "core/file_util.h"
 #include "parallel/comm.h"
@@ -282,7 +283,7 @@ void Checkpoint::verify_before_read(const SafetensorsFile* file) const {
     const std::string& want = expected_crc_.at(file);
     const auto start = std::chrono::steady_clock::now();
     const uint32_t got = core::file_crc32c(file->path());
-    crc_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    crc_seconds_ += core::seconds_since(start);
     if (got != std::stoul(want, nullptr, 16))
         corrupt(
             fmt::format("CRC-32C is {} but the manifest records {}: the file is corrupt", core::crc32c_hex(got), want),

@@ -9,6 +9,7 @@
 
 #include <thread>
 
+#include "core/clock.h"
 #include "core/error.h"
 
 namespace mt::train {
@@ -139,7 +140,7 @@ bool elastic_probe(const std::string& probe, const std::string& host, double tim
     for (;;) {
         int status = 0;
         if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s) {
+        if (core::seconds_since(start) > timeout_s) {
             ::kill(pid, SIGKILL);
             ::waitpid(pid, &status, 0);
             return false;

@@ -13,6 +13,7 @@
 
 #include "core/backend.h"
 #include "core/blas_kernels.h"
+#include "core/clock.h"
 #include "core/cuda_probe.h"
 #include "core/trace.h"
 #include "ops/global_norm.h"
@@ -353,7 +354,7 @@ StepResult Trainer::train_step() {
 
 StepResult& Trainer::finish_step(StepResult& r, std::chrono::steady_clock::time_point start) {
     memory_step_end(r);
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    r.seconds = core::seconds_since(start);
     return r;
 }
 

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <map>
 
+#include "core/clock.h"
 #include "ops/add.h"
 #include "parallel/pipeline_schedule.h"
 #include "train/trainer.h"
@@ -156,7 +157,7 @@ double Trainer::pipeline_micro_batches(const std::vector<double>& weights, doubl
         const auto start = std::chrono::steady_clock::now();
         core::Tensor x = links.activation(rows, type);
         comm.recv(x.raw(), x.nbytes(), parallel::CommType::u8, peer, tag).wait();
-        waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        waited += core::seconds_since(start);
         return x;
     };
     std::map<std::pair<int64_t, int64_t>, core::Tensor> inputs;  // (chunk, micro) in flight: its input
@@ -188,7 +189,7 @@ double Trainer::pipeline_micro_batches(const std::vector<double>& weights, doubl
             const auto start = std::chrono::steady_clock::now();
             images_for(c, m);
             const double l = model_->forward_chunk(c, ids, targets, input, true, false);
-            computed += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            computed += core::seconds_since(start);
             inputs[{c, m}] = input;
             live = {c, m};
             r.aux_loss += model_->last_aux_loss() / static_cast<double>(micros);  // this chunk's MoE layers
@@ -220,7 +221,7 @@ double Trainer::pipeline_micro_batches(const std::vector<double>& weights, doubl
             model_->forward_chunk(c, ids, targets, inputs.at({c, m}), true, /*recompute=*/true);
         }
         model_->backward_chunk(grad_scale * weights[static_cast<size_t>(m)], d_output);
-        computed += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        computed += core::seconds_since(start);
         live = {-1, -1};  // the backward frees what the recompute policies drop
         inputs.erase({c, m});
         if (!first && carry) {
