@@ -98,14 +98,6 @@ const char* kernel_name(Kernel kernel) {
     return "?";
 }
 
-// The 5-matmul wgmma backward (flash_bwd_wgmma_fast.cu) sums dq with float reductions: in the order they are
-// scheduled with core::exec().deterministic off, in a fixed order (the key blocks taking turns) with it on. It is the
-// default either way, being the faster (docs/PERFORMANCE.md); AttentionOptions::fast_bwd = false keeps the two-kernel
-// deterministic backward (flash_bwd_wgmma.cu: dq in its own kernel, which computes S and dP again), for A/B runs.
-bool fast_bwd(const AttentionOptions& options) {
-    return options.fast_bwd;
-}
-
 }  // namespace
 
 void attention_fwd(const Tensor& q,
@@ -173,7 +165,11 @@ void attention_bwd(const Tensor& q,
     auto* delta = static_cast<float*>(be.alloc_scratch(delta_bytes));  // every kernel writes it first
     p.delta = p.delta_w = delta;
     const Kernel kernel = pick_kernel(p, q.dtype(), options.kernel);
-    const bool fast = kernel == Kernel::wgmma && fast_bwd(options);
+    // The 5-matmul wgmma backward (flash_bwd_wgmma_fast.cu) sums dq with float reductions: in the order they are
+    // scheduled with core::exec().deterministic off, in a fixed order (the key blocks taking turns) with it on. It is
+    // the default either way, being the faster (docs/PERFORMANCE.md); AttentionOptions::fast_bwd = false keeps the
+    // two-kernel deterministic backward (flash_bwd_wgmma.cu: dq in its own kernel, which computes S and dP again).
+    const bool fast = kernel == Kernel::wgmma && options.fast_bwd;
     const bool ordered = core::exec().deterministic;
     if (options.chosen != nullptr)
         *options.chosen = std::string(kernel_name(kernel)) + (!fast ? "" : ordered ? "-ordered" : "-fast");
