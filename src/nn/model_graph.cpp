@@ -60,14 +60,15 @@ std::string Model::graph_blocker() const {
 // The batch's shape and the RoPE base are not in it: Model::forward drops the graphs and warms up again when they
 // change (graphs_.shape).
 std::vector<double> Model::graph_key() const {
-    return {
-        attnres_ ? attnres_->blend() : 0.0,
-        // The metrics' stat buffer the kernels add to (undefined on the steps without metrics).
-        static_cast<double>(reinterpret_cast<uintptr_t>(layer_stats_.defined() ? layer_stats_.raw() : nullptr)),
-        track_predictions_ ? 1.0 : 0.0,
-        // The document maps the kernels read (document masking), in place from batch to batch.
-        static_cast<double>(reinterpret_cast<uintptr_t>(docs_.doc_start.defined() ? docs_.doc_start.raw() : nullptr)),
-        static_cast<double>(reinterpret_cast<uintptr_t>(docs_.positions.defined() ? docs_.positions.raw() : nullptr))};
+    auto address = [](const Tensor& t) {  // of a buffer the kernels read or add to; 0 when undefined
+        return static_cast<double>(reinterpret_cast<uintptr_t>(t.defined() ? t.raw() : nullptr));
+    };
+    return {attnres_ ? attnres_->blend() : 0.0,
+            address(layer_stats_),  // the metrics' stat buffer (undefined on the steps without metrics)
+            track_predictions_ ? 1.0 : 0.0,
+            // The document maps the kernels read (document masking), in place from batch to batch.
+            address(docs_.doc_start),
+            address(docs_.positions)};
 }
 
 void Model::check_batch_indices() const {
