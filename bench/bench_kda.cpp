@@ -1,14 +1,18 @@
 // GPU throughput of the CUDA KDA op (ops/kda.h, chunked, chunk 64): one JSON line per case, forward and
 // forward + backward time (median over the timed iterations, CUDA events on the ops' stream) and tokens/s.
-//   bench_kda [--iters 5] [--warmup 1] [--h 16] [--k 128] [--v 128] [--keep none,tiles,states,all]
+//   bench_kda [--iters 5] [--warmup 1] [--h 16] [--k 128] [--v 128] [--keep states_bf16,none,tiles,states,all]
 //             [--fp32-kernels] [--no-chunk-smem] [--scan-bv N] [--rscan-bv N]
 // The last four set ops::KdaKernels (A/B comparisons of the kernel variants); `impl` names what each call ran.
 // --doc-tokens N (default 2048; 0 skips): document masking on one 32768-token row of N-token documents
 // (KdaOptions::doc_start), one line per path ("bench": "kda_documents"): packed (the varlen path: one set of launches),
 // split (one set of launches per document) and one_document (no map: the floor), with speedup_vs_split.
-// --keep: what the forward keeps for the backward (ops::KdaSaved), one line per case and choice: none (the backward
-// recomputes everything; the layer's default), tiles (A, M, T: kda.save = "tiles"), states (also the per-chunk
-// states and Vn, "states") or all (also Gamma, Qg, Kg, W: no forward kernel in the backward, "workspace").
+// --keep: what the forward keeps for the backward (ops::KdaSaved), one line per case and choice: states_bf16 (the
+// per-chunk states and Vn alone, in bf16: the layer's default, kda.save = "states_bf16"), none (the backward
+// recomputes everything, "none"), tiles (A, M, T: "tiles"), states (also the per-chunk states and Vn in f32,
+// "states") or all (also Gamma, Qg, Kg, W: no forward kernel in the backward, "workspace"). Each line also has the
+// bytes kept per token and value head and the peak of the device memory handed out during a forward + backward
+// above what was in use before it (inputs and outputs excluded: the kept tensors and every workspace), in bytes
+// per token and value head and in GiB.
 // Cases (issue 4): bf16 activations, f32 states, (B, T) = (8, 4096), (1, 32768), (2, 65536), with the targets for
 // forward + backward of 6.0, 8.0 and 27 ms. Inputs: L2-normalised q (scaled by K^-1/2) and k, v in [-2, 2), beta in
 // (0.05, 0.95), the lower-bounded gate g = -5 sigmoid(z); the host draws one 4096-token block and tiles it.
@@ -110,6 +114,7 @@ void bench_case(int64_t b,
     mt::ops::KdaOptions options;
     options.save_states = keep == "states";
     options.save_workspace = keep == "all";
+    options.save_states_bf16 = keep == "states_bf16";
     options.kernels = kernels;
     std::string fwd_impl, bwd_impl;
     mt::ops::KdaSaved saved;
@@ -132,6 +137,15 @@ void bench_case(int64_t b,
         },
         warmup,
         iters);
+    // The peak of one forward + backward above what was in use before it.
+    mt::core::Backend& be = mt::core::backend_get(Device::cuda);
+    be.synchronize();
+    const size_t in_use = be.bytes_in_use();
+    be.reset_peak();
+    fwd();
+    bwd();
+    be.synchronize();
+    const double peak_extra = static_cast<double>(be.peak_bytes() - in_use);
     const bool finite = all_finite(out) && all_finite(st) && all_finite(dq) && all_finite(dk) && all_finite(dv) &&
                         all_finite(dg) && all_finite(dbeta);
     const double tokens = static_cast<double>(b * t);
@@ -149,6 +163,8 @@ void bench_case(int64_t b,
                                  {"chunk", 64},
                                  {"keep", keep},
                                  {"kept_bytes_per_token_head", kept_bytes / (tokens * static_cast<double>(h))},
+                                 {"peak_extra_bytes_per_token_head", peak_extra / (tokens * static_cast<double>(h))},
+                                 {"peak_extra_gib", peak_extra / (1024.0 * 1024.0 * 1024.0)},
                                  {"B", b},
                                  {"T", t},
                                  {"H", h},
@@ -245,7 +261,7 @@ int run(int argc, char** argv) {
     int64_t h = 16, kd = 128, vd = 128;
     int iters = 5, warmup = 1;
     int64_t doc_tokens = 2048;
-    std::vector<std::string> keeps = {"none", "tiles", "states", "all"};
+    std::vector<std::string> keeps = {"states_bf16", "none", "tiles", "states", "all"};
     app.add_option("--h", h);
     app.add_option("--k", kd);
     app.add_option("--v", vd);
@@ -253,7 +269,9 @@ int run(int argc, char** argv) {
     app.add_option("--warmup", warmup);
     app.add_option("--doc-tokens", doc_tokens, "document length of the document-masking cases, 0 = skip them")
         ->check(CLI::NonNegativeNumber);
-    app.add_option("--keep", keeps)->delimiter(',')->check(CLI::IsMember({"none", "tiles", "states", "all"}));
+    app.add_option("--keep", keeps)
+        ->delimiter(',')
+        ->check(CLI::IsMember({"states_bf16", "none", "tiles", "states", "all"}));
     mt::ops::KdaKernels kernels;
     bool fp32_kernels = false, no_chunk_smem = false;
     app.add_flag("--fp32-kernels", fp32_kernels, "run the fp32 kernels on the bf16 inputs (KdaKernels::tensor_cores)");

@@ -17,8 +17,8 @@
 #                  of every executable in AB_DIR (default .devbin/ab: older builds' bench_attention for a before/after
 #                  comparison), alternated ROUNDS times (default 2), then PyTorch's SDPA reference
 #   dispatch       bench/dispatch_overlap.sh on kimi_linear_mini (issue 28)
-#   kda            bench_kda at every keep level (none, tiles, states, all), then fla's chunk_kda at the same shapes
-#                  (tools/reference/bench_kda_fla.py; carry .fla, fla's source; its Triton compile takes a few
+#   kda            bench_kda at the keep levels states_bf16 (the default), none and all, then fla's chunk_kda at the
+#                  same shapes (tools/reference/bench_kda_fla.py; carry .fla, fla's source; its Triton compile takes a few
 #                  minutes of the call): the KDA row of issue 25 in one call
 #   kda_cp         bench_kda_cp --t 65536 --spans 2,4,8,16 (issue 28)
 #   checkpoint     bench/checkpoint_cost.sh async at EVERY 150 on kimi_linear_mini (issue 27)
@@ -118,7 +118,8 @@ for phase in ${PHASES:-label}; do
             ;;
         kda)
             need 120 || continue
-            timeout 150 build/bench/bench_kda --keep none,tiles,states,all 2>&1 | tee "$OUT/kda.log" | grep '^{'
+            timeout 180 build/bench/bench_kda --keep states_bf16,none,all --doc-tokens 0 2>&1 | tee "$OUT/kda.log" |
+                grep '^{'
             if [ -d .fla ] && (($(left) > 60)); then
                 timeout $(($(left) - 20)) python3 tools/reference/bench_kda_fla.py --fla .fla 2>&1 |
                     tee -a "$OUT/kda.log" | grep '^{'

@@ -17,18 +17,20 @@
 
 namespace mt::nn {
 
-// kda.save: what the KDA op keeps from a training forward to its backward (GPU only; kda.md §4.6), each level keeping
-// what the one before keeps and more.
+// kda.save: what the KDA op keeps from a training forward to its backward (GPU only; kda.md §4.6). From tiles on,
+// each level keeps what the one before keeps and more; states_bf16 stands apart.
 enum class KdaSave {
-    none,       // the backward recomputes everything (the default)
-    tiles,      // the chunk tiles A, M, T (768 B per token and value head at chunk 64)
-    states,     // also the state entering each chunk and Vn (1,536 B more at K = V = 128)
-    workspace,  // everything the backward would recompute (Gamma, Qg, Kg, W: 2,048 B more than states at K = 128)
+    none,         // the backward recomputes everything
+    states_bf16,  // the state entering each chunk and Vn alone, in bf16 (768 B at K = V = 128; the default)
+    tiles,        // the chunk tiles A, M, T (768 B per token and value head at chunk 64)
+    states,       // also the state entering each chunk and Vn (1,536 B more at K = V = 128)
+    workspace,    // everything the backward would recompute (Gamma, Qg, Kg, W: 2,048 B more than states at K = 128)
 };
 
 template <>
 struct EnumNames<KdaSave> {
-    static constexpr std::array<std::pair<KdaSave, const char*>, 4> names = {{{KdaSave::none, "none"},
+    static constexpr std::array<std::pair<KdaSave, const char*>, 5> names = {{{KdaSave::none, "none"},
+                                                                              {KdaSave::states_bf16, "states_bf16"},
                                                                               {KdaSave::tiles, "tiles"},
                                                                               {KdaSave::states, "states"},
                                                                               {KdaSave::workspace, "workspace"}}};
@@ -69,8 +71,8 @@ struct KdaConfig {
     bool gate_use_a_log = true;      // per-head temperature a = exp(A_log); false: a = 1
     // chunked | recurrent (the token loop: a reference, slow)
     ops::KdaAlgorithm algorithm = ops::KdaAlgorithm::chunked;
-    int64_t chunk_size = 64;       // 64 or 32
-    KdaSave save = KdaSave::none;  // what the forward keeps for the backward (GPU)
+    int64_t chunk_size = 64;              // 64 or 32
+    KdaSave save = KdaSave::states_bf16;  // what the forward keeps for the backward (GPU)
 };
 
 // Block Attention Residuals (attnres.md, [attnres] in the job TOML): each sub-layer's input is a learned softmax mix

@@ -138,24 +138,29 @@ void check_saved(
     MT_CHECK(s.a.defined() == s.t.defined() && s.m.defined() == s.t.defined(),
              "{}: saved.a, saved.m and saved.t must be all defined or all undefined",
              op);
-    MT_CHECK(s.hs.defined() == s.vn.defined() && (!s.hs.defined() || s.t.defined()),
-             "{}: saved.hs and saved.vn come together, and only with the tiles",
-             op);
+    MT_CHECK(s.hs.defined() == s.vn.defined(), "{}: saved.hs and saved.vn come together", op);
     const bool ws = s.w.defined();
-    MT_CHECK(s.gam.defined() == ws && s.qg.defined() == ws && s.kg.defined() == ws && (!ws || s.hs.defined()),
-             "{}: saved.gam, saved.qg, saved.kg and saved.w come together, and only with the states",
+    MT_CHECK(s.gam.defined() == ws && s.qg.defined() == ws && s.kg.defined() == ws &&
+                 (!ws || (s.t.defined() && s.hs.defined())),
+             "{}: saved.gam, saved.qg, saved.kg and saved.w come together, and only with the tiles and the states",
              op);
+    // The states are f32 beside the tiles (save_states, save_workspace) and bf16 without them (save_states_bf16).
+    const DType states_dtype = s.t.defined() ? DType::f32 : DType::bf16;
     auto shapes = [](int64_t b, int64_t t, int64_t hv, int64_t k, int64_t v, int64_t chunk) {
         return fmt::format("B = {}, T = {}, HV = {}, K = {}, V = {}, chunk {}", b, t, hv, k, v, chunk);
     };
     const std::string call = shapes(d.b, d.t, d.hv, d.k, d.v, c);
     for (const auto& p : parts) {
         if (!p.t.defined()) continue;
-        MT_CHECK(p.t.device() == device && p.t.dtype() == DType::f32 && p.t.is_contiguous() &&
+        const bool state = &p.t == &s.hs || &p.t == &s.vn;
+        const DType want = state ? states_dtype : DType::f32;
+        MT_CHECK(p.t.device() == device && p.t.dtype() == want && p.t.is_contiguous() &&
                      reinterpret_cast<uintptr_t>(p.t.raw()) % 16 == 0,
-                 "{}: {} must be a contiguous, 16-byte aligned f32 tensor on the inputs' device",
+                 "{}: {} must be a contiguous, 16-byte aligned {} tensor on the inputs' device{}",
                  op,
-                 p.name);
+                 p.name,
+                 core::dtype_name(want),
+                 state ? (s.t.defined() ? " (f32 beside the tiles)" : " (bf16 without the tiles)") : "");
         MT_CHECK(p.t.numel() == p.numel,
                  "{}: {} has {} elements, expected {} for {}; it was saved by a kda_fwd of other shapes",
                  op,
@@ -164,7 +169,7 @@ void check_saved(
                  p.numel,
                  call);
     }
-    if (!s.has_tiles()) return;
+    if (s.empty()) return;
     MT_CHECK(s.b == d.b && s.seq == d.t && s.hv == d.hv && s.k == d.k && s.v == d.v && s.chunk == c,
              "{}: saved was kept by a kda_fwd of {}; this call has {}",
              op,
@@ -442,6 +447,10 @@ void kda_fwd(const Tensor& q,
     check_optional_state(st, d, op, "st");
     if (options.doc_start.defined()) cpu::check_doc_start_map(options.doc_start, q, op, "options.doc_start");
     check_chunk_reset(options, d, device, op);
+    MT_CHECK(!options.save_states_bf16 || (!options.save_states && !options.save_workspace),
+             "{}: options.save_states_bf16 keeps the states alone; it does not combine with save_states or "
+             "save_workspace",
+             op);
     if (saved != nullptr) *saved = KdaSaved{};  // the CPU path and both document paths keep nothing
     const bool packed = options.doc_start.defined() && packs_documents(options, device, op);
     if (packed) return kda_fwd_packed(q, k, v, g, beta, s0, out, st, options);
@@ -449,7 +458,7 @@ void kda_fwd(const Tensor& q,
         check_cuda_algorithm(options, op);
         if (options.doc_start.defined()) return kda_fwd_documents(q, k, v, g, beta, s0, out, st, options);
         MT_CALL_KERNEL(kda_fwd, core::Device::cuda, q, k, v, g, beta, s0, out, st, options, saved);
-        if (saved != nullptr && saved->has_tiles()) {
+        if (saved != nullptr && !saved->empty()) {
             saved->b = d.b;
             saved->seq = d.t;
             saved->hv = d.hv;

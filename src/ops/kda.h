@@ -64,6 +64,12 @@ struct KdaOptions {
     // With a KdaSaved: keep everything the backward would recompute (the states too, as save_states, and Gamma, Qg,
     // Kg, W: 2,048 more bytes per token and value head at K = 128), so _bwd runs no forward kernel at all.
     bool save_workspace = false;
+    // With a KdaSaved: keep only the state entering each chunk and Vn, rounded to bf16 (768 bytes per token and
+    // value head at K = V = 128, within the 776 of fla's chunk_kda), so _bwd skips its forward scan but forms the
+    // chunk tiles again. Alone: not with save_states or save_workspace. The backward's products then read h and Vn
+    // at bf16 precision (kda.md "What the forward keeps"). Taken where the backward's products over V run on tensor
+    // cores (V % 32 == 0); elsewhere the KdaSaved stays empty and _bwd recomputes.
+    bool save_states_bf16 = false;
     KdaKernels kernels = {};
     // Document masking of packed rows (long_context.md §2): a [B, T] i32 document-start map as
     // AttentionMask::doc_start (ops/attention.h). The state restarts from zero at every document's first token, so
@@ -85,7 +91,8 @@ struct KdaOptions {
 // [B * HV, nc, rows, cols] with nc = ceil(T / C): the chunk tiles A, M and T = (I + L)^-1 ([C, C] per chunk: 768 bytes
 // per token and value head at C = 64), so _bwd does not recompute them; with KdaOptions::save_states also hs, the
 // state entering each chunk ([K, V] per chunk), and Vn ([C, V]); with save_workspace also those and gam, qg, kg, w
-// ([C, K] each: Gamma, q e^Gamma, k e^(Gamma_last - Gamma) and W of kda.md §4.1). Filled on the tensor-core path
+// ([C, K] each: Gamma, q e^Gamma, k e^(Gamma_last - Gamma) and W of kda.md §4.1). With save_states_bf16 only hs and
+// Vn, as bf16 tensors, and no tiles. Filled on the tensor-core path
 // (bf16/f16 inputs, K % 16 == 0, K <= 128, V % 16 == 0, KdaKernels::tensor_cores) and left empty elsewhere
 // (the CPU, f32 inputs): an empty KdaSaved makes _bwd recompute everything. _bwd only reads it; one kept by a call of
 // other shapes or chunk size, or not fitting in any tensor, is an error that names it.
@@ -101,6 +108,13 @@ struct KdaSaved {
     }
     bool has_workspace() const {
         return w.defined();
+    }
+    // hs and Vn in bf16 without the tiles (KdaOptions::save_states_bf16).
+    bool has_bf16_states() const {
+        return hs.defined() && !t.defined();
+    }
+    bool empty() const {
+        return !t.defined() && !hs.defined();
     }
 };
 

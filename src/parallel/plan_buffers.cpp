@@ -103,7 +103,9 @@ int64_t kda_fwd_scratch(const KdaChunks& kc, nn::KdaSave keep) {
 
 // kda_bwd's scratch given what the forward kept.
 int64_t kda_bwd_scratch(const Dims& d, const KdaChunks& kc, nn::KdaSave kept) {
-    const bool tiles = kc.tc && kept >= nn::KdaSave::tiles, states = tiles && kept >= nn::KdaSave::states;
+    const bool tiles = kc.tc && kept >= nn::KdaSave::tiles;
+    const bool states16 = kc.chunk_tc && kept == nn::KdaSave::states_bf16;
+    const bool states = (tiles && kept >= nn::KdaSave::states) || states16;
     const bool ws = states && kept >= nn::KdaSave::workspace;
     int64_t bytes = kda_work(kc, false, tiles, ws, !states);
     bytes += kc.tile(kc.k, kc.v) + kc.tile(kc.c, kc.v);                 // dhs, dvn
@@ -151,8 +153,13 @@ void kda(const Dims& d, PlanSubLayer& s, std::array<int64_t, nn::Workspace::kSlo
     auto kept = [&](const char* name, int64_t rows, int64_t cols) {
         s.buffers.push_back({PlanKind::kda, name, kc.tile(rows, cols), true, rerun});
     };
+    auto kept16 = [&](const char* name, int64_t rows, int64_t cols) {
+        s.buffers.push_back({PlanKind::kda, name, kc.tile(rows, cols) / 2, true, rerun});
+    };
     if (save >= nn::KdaSave::tiles) kept("kept.a", kc.c, kc.c), kept("kept.m", kc.c, kc.c), kept("kept.t", kc.c, kc.c);
     if (save >= nn::KdaSave::states) kept("kept.hs", kc.k, kc.v), kept("kept.vn", kc.c, kc.v);
+    if (save == nn::KdaSave::states_bf16 && kc.chunk_tc)  // bf16: half of an f32 tile's bytes
+        kept16("kept.hs", kc.k, kc.v), kept16("kept.vn", kc.c, kc.v);
     if (save >= nn::KdaSave::workspace)
         for (const char* name : {"kept.gam", "kept.qg", "kept.kg", "kept.w"}) kept(name, kc.c, kc.k);
     s.fwd_scratch = kda_fwd_scratch(kc, rerun ? nn::KdaSave::none : save);

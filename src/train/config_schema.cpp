@@ -134,12 +134,13 @@ std::vector<Field> config_schema(JobConfig& c) {
         choice("kda.save",
                &m.kda.save,
                "GPU: what the forward keeps for the backward (ops::KdaSaved, [kda.md](kda.md)), freed after the "
-               "layer's backward; each level keeps what the one before keeps, and more. `tiles`: the chunk tiles A, "
-               "M, T (f32, 768 B per token and value head at chunk 64), so the backward does not recompute them; "
-               "`states`: also the state entering each chunk and Vn (1,536 B more at K = V = 128), so the backward "
-               "skips its forward scan (kda.md §4.6); `workspace`: everything the backward would recompute (also Γ, "
-               "Qg, Kg, W: 2,048 B more at K = 128), so the backward runs no forward kernel. `none` by default: "
-               "`configs/hybrid_1b3.toml` at seq 32768 runs out of memory with `tiles` (30.1 → 30.4% MFU at seq 4096)"),
+               "layer's backward. `states_bf16` (the default): the state entering each chunk and Vn alone, in bf16 "
+               "(768 B per token and value head at K = V = 128, within the 776 B of fla's chunk_kda), so the "
+               "backward skips its forward scan; `none`: the backward recomputes everything (the least memory). From "
+               "`tiles` on each level keeps what the one before keeps, and more, in f32: `tiles`: the chunk tiles A, "
+               "M, T (768 B at chunk 64), so the backward does not recompute them; `states`: also the states and Vn "
+               "(1,536 B more; kda.md §4.6); `workspace`: everything the backward would recompute (also Γ, Qg, Kg, "
+               "W: 2,048 B more at K = 128), so the backward runs no forward kernel"),
         choice("attnres.mode",
                &m.attnres.mode,
                "Block Attention Residuals ([attnres.md](attnres.md)): each sub-layer input becomes a learned softmax "
@@ -666,7 +667,8 @@ std::vector<Field> config_schema(JobConfig& c) {
 
 const std::vector<RemovedKey>& config_removed_keys() {
     static const char* const kSaveHint =
-        "kda.save (none, tiles, states or workspace) replaces the booleans kda.save_tiles, kda.save_states and "
+        "kda.save (none, states_bf16, tiles, states or workspace) replaces the booleans kda.save_tiles, "
+        "kda.save_states and "
         "kda.save_workspace; the highest level that was true is the one to write";
     static const std::vector<RemovedKey> kRemoved = {
         {"model.residual",

@@ -1,9 +1,12 @@
 // kda.save = "tiles" | "states" | "workspace" on the GPU, where the KDA op keeps what they name from a training
 // forward to its backward (ops::KdaSaved): through the whole layer in bf16 at the model's head shape (K = V = 128,
-// the tensor-core kernels' compile-time shape), every gradient (dx, dS_0, each parameter's) must equal the default
-// layer's bit for bit; a training forward keeps the tensors, an evaluation forward keeps none, and the backward
-// frees them (a second backward from the same forward recomputes and returns the same bits). Skipped without a GPU
-// (label gpu). The CPU keeps nothing, which is why this test needs the GPU to check anything.
+// the tensor-core kernels' compile-time shape), every gradient (dx, dS_0, each parameter's) must equal the
+// recomputing layer's (kda.save = "none") bit for bit; a training forward keeps the tensors, an evaluation forward
+// keeps none, and the backward frees them (a second backward from the same forward recomputes and returns the same
+// bits). "states_bf16" (the default) keeps the states in bf16, which rounds them: its gradients must stay within
+// the bf16 budget of the recomputing layer's, differ from them (the kept states were read), and its second backward
+// recomputes and returns the recomputing layer's bits. Skipped without a GPU (label gpu). The CPU keeps nothing,
+// which is why this test needs the GPU to check anything.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -134,6 +137,33 @@ TEST(GpuKdaLayerSaved, SaveOptionsKeepTheGradientsBitForBit) {
         // A second backward from the same forward recomputes what was freed and returns the same bits.
         expect_identical(base, kept.backward(), what + ", second backward");
     }
+}
+
+TEST(GpuKdaLayerSaved, Bf16StatesStayWithinTheBudgetAndAreRead) {
+    if (!ops::test::op_gpu_available()) GTEST_SKIP() << ops::test::kOpNoGpuMessage;
+    GpuLayer plain(KdaSave::none);
+    plain.layer.forward(plain.x, plain.out);
+    const auto base = plain.backward();
+    GpuLayer kept(KdaSave::states_bf16);
+    kept.layer.forward(kept.x, kept.out, /*training=*/false);
+    EXPECT_EQ(kept.kept_bytes(), 0) << "an evaluation forward kept tensors";
+    kept.layer.forward(kept.x, kept.out);
+    // hs [K, V] and Vn [C, V] per chunk in bf16: (128 * 128 + 64 * 128) * 2 bytes per chunk of 64 tokens, 768 bytes
+    // per token and value head, over B * HV * nc = 2 * 2 * 3 chunks.
+    EXPECT_EQ(kept.kept_bytes(), int64_t{2} * 2 * 3 * (128 * 128 + 64 * 128) * 2);
+    const auto got = kept.backward();
+    EXPECT_EQ(kept.kept_bytes(), 0) << "the backward did not free the kept tensors";
+    ASSERT_EQ(got.size(), base.size());
+    int differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double rho = ops::test::op_parity_rho(got[i].second, base[i].second);
+        std::printf(
+            "[ KDA LAYER ] kda.save = states_bf16: %s rho %.3g against kda.save = none\n", got[i].first.c_str(), rho);
+        EXPECT_LE(rho, 1e-2) << got[i].first;
+        differ += !ops::test::op_same_bytes(got[i].second, base[i].second);
+    }
+    EXPECT_GT(differ, 0) << "every gradient equals the recomputing layer's: the bf16 states were not read";
+    expect_identical(base, kept.backward(), "kda.save = states_bf16, second backward (recomputes)");
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // ops::KdaSaved, what kda_fwd keeps for kda_bwd (ops/kda.h, kda.md §4.6): on the GPU the backward that reads the
 // kept tiles (A, M, T), the one that also reads the kept states (hs, Vn) and the one that reads everything (Gamma,
 // Qg, Kg, W too) must return exactly, bit for bit, what the recomputing backward returns, for the bounded gate and for
-// the softplus gate (whose chunks take the pairwise fallback paths), chunk 64 and 32, GVA and an initial state. On the
+// the softplus gate (whose chunks take the pairwise fallback paths), chunk 64 and 32, GVA and an initial state. The
+// bf16 states alone (save_states_bf16) change the gradients' rounding, so they are held to the bf16 parity budget
+// against the f64 CPU reference instead, and must differ from the recomputing backward's (they were read). On the
 // CPU a KdaSaved stays empty; one that does not fit the call is an error naming the tensor.
 #include <gtest/gtest.h>
 
@@ -16,28 +18,44 @@
 namespace mt::ops::test {
 namespace {
 
-enum class Keep { nothing, tiles, states, all };
+enum class Keep { nothing, tiles, states, all, states_bf16 };
 
-// Forward and backward of bf16 inputs on the GPU; the results come back to the host as f32.
-std::vector<std::pair<std::string, Tensor>> run_gpu(const KdaInputs& in, KdaOptions options, Keep keep) {
-    auto dev = [](const Tensor& t, DType dt) { return t.defined() ? t.to(dt).to_device(core::Device::cuda) : t; };
-    const DType bf = DType::bf16;
+// Forward and backward of bf16 inputs on the GPU; the results come back to the host as f32. On the CPU (the
+// reference): the same bf16-rounded inputs in f64.
+std::vector<std::pair<std::string, Tensor>> run_gpu(const KdaInputs& in,
+                                                    KdaOptions options,
+                                                    Keep keep,
+                                                    core::Device device = core::Device::cuda) {
+    const bool cpu = device == core::Device::cpu;
+    auto dev = [&](const Tensor& t, DType dt) {
+        if (!t.defined()) return t;
+        return cpu ? t.to(dt).to(DType::f64) : t.to(dt).to_device(device);
+    };
+    const DType bf = DType::bf16, act = cpu ? DType::f64 : bf, state = cpu ? DType::f64 : DType::f32;
     const Tensor q = dev(in.q, bf), k = dev(in.k, bf), v = dev(in.v, bf), g = dev(in.g, bf), beta = dev(in.beta, bf);
     const Tensor s0 = dev(in.s0, DType::f32);
     const int64_t b = q.size(0), hv = v.size(2), kd = q.size(3), vd = v.size(3);
-    const Tensor out = Tensor::zeros(v.shape(), bf, core::Device::cuda);
-    const Tensor st = Tensor::zeros({b, hv, kd, vd}, DType::f32, core::Device::cuda);
+    const Tensor out = Tensor::zeros(v.shape(), act, device);
+    const Tensor st = Tensor::zeros({b, hv, kd, vd}, state, device);
     options.save_states = keep == Keep::states;
     options.save_workspace = keep == Keep::all;
+    options.save_states_bf16 = keep == Keep::states_bf16;
     KdaSaved saved;
     kda_fwd(q, k, v, g, beta, s0, out, st, options, keep == Keep::nothing ? nullptr : &saved);
-    if (keep != Keep::nothing) {
+    if (keep == Keep::states_bf16) {
+        // Kept where the backward's products over V run on tensor cores (V % 32 == 0), else nothing.
+        EXPECT_EQ(saved.has_bf16_states(), vd % 32 == 0);
+        EXPECT_FALSE(saved.has_tiles());
+        if (saved.has_states()) {
+            EXPECT_EQ(saved.hs.dtype(), DType::bf16);
+        }
+    } else if (keep != Keep::nothing) {
         EXPECT_TRUE(saved.has_tiles());
         EXPECT_EQ(saved.has_states(), keep == Keep::states || keep == Keep::all);
         EXPECT_EQ(saved.has_workspace(), keep == Keep::all);
     }
     const Tensor dout = dev(op_randn(v.shape(), 7, 10), bf), dst = dev(op_randn(st.shape(), 7, 11), DType::f32);
-    auto zeros = [](const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype(), core::Device::cuda); };
+    auto zeros = [&](const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype(), device); };
     const Tensor dq = zeros(q), dk = zeros(k), dv = zeros(v), dg = zeros(g), dbeta = zeros(beta);
     const Tensor ds0 = s0.defined() ? zeros(s0) : Tensor();
     kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, &saved);
@@ -86,6 +104,55 @@ TEST(GpuKdaSaved, KeptTilesAndStatesGiveTheRecomputedResultsExactly) {
         expect_identical(base, run_gpu(in, c.options, Keep::tiles), what + ", tiles kept");
         expect_identical(base, run_gpu(in, c.options, Keep::states), what + ", tiles and states kept");
         expect_identical(base, run_gpu(in, c.options, Keep::all), what + ", everything kept");
+    }
+}
+
+// The states alone in bf16 (save_states_bf16, the layer's default): the forward's results are those of a forward
+// that keeps nothing, the gradients stay within the bf16 parity budget (kda.md 8.6) of the f64 CPU reference and
+// differ from the recomputing backward's (which reads fp32 states): the kept states were read. V = 48 keeps nothing
+// (no products over V on tensor cores there) and gives the recomputed results exactly.
+TEST(GpuKdaSaved, Bf16StatesStayWithinTheParityBudget) {
+    if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
+    const SavedCase cases[] = {
+        {{2, 300, 2, 4, 128, 128}, {KdaAlgorithm::chunked, KdaDiagonal::matmul, 64}, KdaGateRegime::bounded, true},
+        {{1, 150, 1, 1, 128, 128}, {KdaAlgorithm::chunked, KdaDiagonal::matmul, 32}, KdaGateRegime::floor, false},
+        {{1, 100, 1, 2, 128, 128}, {KdaAlgorithm::chunked, KdaDiagonal::pairwise, 64}, KdaGateRegime::softplus, true},
+        {{1, 130, 1, 1, 32, 64}, {KdaAlgorithm::chunked, KdaDiagonal::matmul, 64}, KdaGateRegime::bounded, true},
+        {{1, 90, 1, 1, 32, 48}, {KdaAlgorithm::chunked, KdaDiagonal::matmul, 32}, KdaGateRegime::bounded, false},
+    };
+    for (const SavedCase& c : cases) {
+        const KdaInputs in = kda_make_inputs(c.shape, c.regime, c.s0, 47);
+        const std::string what = "T = " + std::to_string(c.shape.t) + ", K = " + std::to_string(c.shape.k) +
+                                 ", V = " + std::to_string(c.shape.v) + ", chunk " +
+                                 std::to_string(c.options.chunk_size);
+        const auto base = run_gpu(in, c.options, Keep::nothing);
+        const auto got = run_gpu(in, c.options, Keep::states_bf16);
+        if (c.shape.v % 32 != 0) {
+            expect_identical(base, got, what + ", nothing kept at V % 32 != 0");
+            continue;
+        }
+        const auto ref = run_gpu(in, c.options, Keep::nothing, core::Device::cpu);
+        ASSERT_EQ(got.size(), ref.size());
+        expect_identical({base[0], base[1]}, {got[0], got[1]}, what + ", the forward's out and st");
+        int64_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+            const std::string name = got[i].first;
+            // dg's errors are heavy-tailed (a reverse cumsum) as in the KDA parity cases (kda_test.cpp): its max-abs
+            // factor is theirs, 40, and its rms floor 1e-3.
+            const bool dg = name == "dg";
+            op_expect_parity("GpuKdaSaved.Bf16States",
+                             what + " " + name,
+                             got[i].second,
+                             ref[i].second,
+                             1e-2,
+                             dg ? 1e-3 : 1e-6,
+                             dg ? 40.0 : kMaxAbsFactor);
+            if (i < 2) continue;
+            for (int64_t e = 0; e < got[i].second.numel(); ++e)
+                differ += core::tensor_get_flat(got[i].second, e) != core::tensor_get_flat(base[i].second, e);
+        }
+        EXPECT_GT(differ, 0) << what << ": every gradient equals the recomputing backward's: the bf16 states were "
+                             << "not read";
     }
 }
 
@@ -185,14 +252,31 @@ TEST(OpArgs, KdaSavedThatDoesNotFit) {
                     "kda_bwd: saved.t must be a contiguous, 16-byte aligned f32 tensor on the inputs' device");
     expect_op_error([&] { bwd(tiles(tile, Tensor(), tile)); },
                     "kda_bwd: saved.a, saved.m and saved.t must be all defined or all undefined");
+    // Without the tiles the states must be bf16 (save_states_bf16), and they come in pairs.
+    const Tensor state = Tensor::zeros({2 * 2 * 4 * 3}, DType::f32), vn = Tensor::zeros({2 * 2 * 64 * 3}, DType::f32);
     KdaSaved states_only;
-    states_only.hs = tile;
-    states_only.vn = tile;
-    expect_op_error([&] { bwd(states_only); }, "kda_bwd: saved.hs and saved.vn come together, and only with the tiles");
+    states_only.hs = state;
+    states_only.vn = vn;
+    states_only.b = 1, states_only.seq = 70, states_only.hv = 2, states_only.k = 4, states_only.v = 3;
+    states_only.chunk = 64;
+    expect_op_error([&] { bwd(states_only); },
+                    "kda_bwd: saved.hs must be a contiguous, 16-byte aligned bf16 tensor on the inputs' device (bf16 "
+                    "without the tiles)");
+    states_only.hs = state.to(DType::bf16);
+    states_only.vn = vn.to(DType::bf16);
+    bwd(states_only);  // fits (the CPU reads none of it)
+    states_only.vn = Tensor();
+    expect_op_error([&] { bwd(states_only); }, "kda_bwd: saved.hs and saved.vn come together");
     KdaSaved rows_only = tiles(tile, tile, tile);
     rows_only.gam = rows_only.qg = rows_only.kg = rows_only.w = rows;
     expect_op_error([&] { bwd(rows_only); },
-                    "kda_bwd: saved.gam, saved.qg, saved.kg and saved.w come together, and only with the states");
+                    "kda_bwd: saved.gam, saved.qg, saved.kg and saved.w come together, and only with the tiles and "
+                    "the states");
+    KdaOptions both;
+    both.save_states = both.save_states_bf16 = true;
+    expect_op_error([&] { kda_fwd(in.q, in.k, in.v, in.g, in.beta, Tensor(), out, Tensor(), both); },
+                    "kda_fwd: options.save_states_bf16 keeps the states alone; it does not combine with save_states "
+                    "or save_workspace");
 }
 
 }  // namespace

@@ -9,7 +9,9 @@ lower-bounded gate (safe_gate=True, lower_bound=-5, the gate computed in the ker
 dt_bias, as Kimi Linear calls it), q/k L2-normalised in the kernel, beta's sigmoid in the kernel, no initial state.
 Forward and forward + backward are timed with CUDA events (median). kept_bytes_per_token_head is what the forward
 keeps for the backward: torch.cuda.memory_allocated after the forward (autograd's saved tensors and the output)
-minus before, less the output itself, per token and head. One JSON line per case.
+minus before, less the output itself, per token and head. peak_extra_bytes_per_token_head is the peak of memory
+allocated during one forward + backward above what was allocated before it, less the output and the input gradients
+(bench_kda's figure of the same name excludes its preallocated outputs and gradients too). One JSON line per case.
 """
 import argparse
 import json
@@ -59,11 +61,24 @@ def bench_case(chunk_kda, b, t, h, kd, vd, warmup, iters):
     torch.cuda.synchronize()
     kept = torch.cuda.memory_allocated() - before - o.numel() * o.element_size()
     del o
+    for x in inputs:
+        x.grad = None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fwd_bwd()
+    torch.cuda.synchronize()
+    grads = sum(x.numel() * x.element_size() for x in inputs)
+    out_bytes = b * t * h * vd * 2
+    peak_extra = torch.cuda.max_memory_allocated() - before - grads - out_bytes
+    for x in inputs:
+        x.grad = None
     tokens = b * t
     print(json.dumps({
         "bench": "kda", "impl": "fla chunk_kda (Triton), safe_gate lower_bound -5", "dtype": "bf16", "B": b, "T": t,
         "H": h, "K": kd, "V": vd, "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms,
         "fwd_bwd_tokens_per_s": tokens / fwd_bwd_ms * 1e3, "kept_bytes_per_token_head": kept / (tokens * h),
+        "peak_extra_bytes_per_token_head": peak_extra / (tokens * h), "peak_extra_gib": peak_extra / 2**30,
         "iters": iters, "device": torch.cuda.get_device_name(), "torch": torch.__version__}), flush=True)
 
 

@@ -42,8 +42,9 @@ KdaLayer::KdaLayer(ParamTable& table,
                     .diagonal = bounded ? ops::KdaDiagonal::matmul : ops::KdaDiagonal::pairwise,
                     .chunk_size = kda.chunk_size,
                     .save_states = kda.save == KdaSave::states,
-                    .save_workspace = kda.save == KdaSave::workspace};
-    keep_tiles_ = kda.save != KdaSave::none;
+                    .save_workspace = kda.save == KdaSave::workspace,
+                    .save_states_bf16 = kda.save == KdaSave::states_bf16};
+    keep_saved_ = kda.save != KdaSave::none;
 
     const int64_t d = cfg.d_model, hk = h_all * k_dim_, hvk = hv_all * k_dim_, hvv = hv_all * v_dim_;
     const double init_std = cfg.init_std;
@@ -261,7 +262,7 @@ void KdaLayer::forward_core(const Tensor& x, bool keep) {
         cp_.forward(q_, k_, v, g_, beta_, kda_options_, o_, st_);
     } else {
         ops::kda_fwd(
-            q_, k_, v, g_, beta_, start_state(), o_, st_, kda_options_, keep_tiles_ && keep ? &kept_ : nullptr);
+            q_, k_, v, g_, beta_, start_state(), o_, st_, kda_options_, keep_saved_ && keep ? &kept_ : nullptr);
     }
     // output norm per head, sigmoid output gate, output projection
     ops::rmsnorm_fwd(rows(o_, n * hv_), table_->param(o_norm_), cfg_.norm_eps, rows(on_, n * hv_), rstd_);

@@ -134,7 +134,7 @@ class KdaLayer : public Layer {
     core::Device device_ = core::Device::cpu;
     Tensor s0_, dst_;
     // What the KDA op keeps from a training forward to its backward (GPU only; kda.save), freed after the backward.
-    bool keep_tiles_ = false;
+    bool keep_saved_ = false;
     ops::KdaSaved kept_;
     // Saved activations (N = B * T rows).
     Tensor qp_, kp_, vp_;     // [N, H*K], [N, H*K], [N, HV*V]: projections before the conv

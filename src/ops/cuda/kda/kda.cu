@@ -349,14 +349,23 @@ void kda_fwd(const Tensor& q,
     const kda::Plan plan = kda::make_plan(d, q.dtype(), options.kernels);
     if (options.chosen != nullptr) *options.chosen = kda::plan_name(plan, false);
     const bool tc = plan.tc;
-    const bool keep = saved != nullptr && tc;
+    // save_states_bf16 keeps the states alone, read back only by chunk_mm_tc (plan.chunk_tc); elsewhere nothing.
+    const bool keep16 = saved != nullptr && tc && options.save_states_bf16 && plan.chunk_tc;
+    const bool keep = saved != nullptr && tc && !options.save_states_bf16;
     const bool keep_ws = keep && options.save_workspace, keep_states = keep && (options.save_states || keep_ws);
     kda::Work given{};
+    const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
+    auto alloc = [&](Tensor& t, DType dt, int64_t rows, int64_t cols) {  // [chunks, rows, cols]
+        t = Tensor::scratch({chunks * rows * cols}, dt, core::Device::cuda);
+        return t.raw();
+    };
+    if (keep16) {
+        alloc(saved->hs, DType::bf16, d.k, d.v);
+        alloc(saved->vn, DType::bf16, d.c, d.v);
+    }
     if (keep) {
-        const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
-        auto f32 = [&](Tensor& t, int64_t rows, int64_t cols) {  // [chunks, rows, cols]
-            t = Tensor::scratch({chunks * rows * cols}, DType::f32, core::Device::cuda);
-            return t.data<float>();
+        auto f32 = [&](Tensor& t, int64_t rows, int64_t cols) {
+            return static_cast<float*>(alloc(t, DType::f32, rows, cols));
         };
         given.a = f32(saved->a, d.c, d.c);
         given.m = f32(saved->m, d.c, d.c);
@@ -381,9 +390,10 @@ void kda_fwd(const Tensor& q,
         kda::prep_launch(q, k, v, g, beta, d, w);
     prof.mark("prep");
     if (tc) {
-        float* hs = keep_states ? saved->hs.data<float>() : nullptr;
-        float* vn = keep_states ? saved->vn.data<float>() : nullptr;
-        kda::scan_tc_launch(q.dtype(), s0, out, st, d, w, hs, vn, plan.scan_bv);
+        kda::StatesOut kept;
+        if (keep_states) kept = {saved->hs.data<float>(), saved->vn.data<float>(), nullptr, nullptr};
+        if (keep16) kept = {nullptr, nullptr, static_cast<bf16*>(saved->hs.raw()), static_cast<bf16*>(saved->vn.raw())};
+        kda::scan_tc_launch(q.dtype(), s0, out, st, d, w, kept, plan.scan_bv);
     } else {
         kda::scan_launch(s0, out, st, d, w, nullptr, nullptr);
     }

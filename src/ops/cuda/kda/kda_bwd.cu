@@ -223,8 +223,11 @@ void kda_bwd(const Tensor& q,
     const bool tc = plan.tc;
     // What the forward kept (ops::KdaSaved; it fills one only on this path): A, M, T, maybe hs and Vn, maybe Gamma,
     // Qg, Kg and W too. Read only: the buffers below that would overwrite them get their own memory instead.
+    // bf16 states alone (save_states_bf16) are read only by chunk_mm_tc; a plan without it cannot use them.
     const bool tiles_in = saved != nullptr && saved->has_tiles() && tc;
-    const bool states_in = tiles_in && saved->has_states(), ws_in = states_in && saved->has_workspace();
+    const bool states16_in = saved != nullptr && saved->has_bf16_states() && plan.chunk_tc;
+    const bool states_in = (tiles_in && saved->has_states()) || states16_in;
+    const bool ws_in = tiles_in && states_in && saved->has_workspace();
     auto mut = [](const Tensor& t) { return const_cast<float*>(t.data<float>()); };
     kda::Work given{};
     if (tiles_in) {
@@ -254,19 +257,22 @@ void kda_bwd(const Tensor& q,
     };
     const int64_t kv = static_cast<int64_t>(d.k) * d.v, cv = static_cast<int64_t>(d.c) * d.v,
                   ck = static_cast<int64_t>(d.c) * d.k;
-    const float* hs = states_in ? saved->hs.data<float>() : nullptr;
-    const float* vn = states_in ? saved->vn.data<float>() : nullptr;
+    kda::StatesIn states;
+    if (states16_in)
+        states = {
+            nullptr, nullptr, static_cast<const bf16*>(saved->hs.raw()), static_cast<const bf16*>(saved->vn.raw())};
+    else if (states_in)
+        states = {saved->hs.data<float>(), saved->vn.data<float>(), nullptr, nullptr};
     float* dhs = alloc(chunks * kv);
     float* dvn = alloc(chunks * cv);
     if (!states_in) {
         float* hsw = alloc(chunks * kv);
         float* vnw = alloc(chunks * cv);
         if (tc)
-            kda::scan_tc_launch(q.dtype(), s0, Tensor(), Tensor(), d, w, hsw, vnw, plan.scan_bv);
+            kda::scan_tc_launch(q.dtype(), s0, Tensor(), Tensor(), d, w, {hsw, vnw, nullptr, nullptr}, plan.scan_bv);
         else
             kda::scan_launch(s0, Tensor(), Tensor(), d, w, hsw, vnw);
-        hs = hsw;
-        vn = vnw;
+        states = {hsw, vnw, nullptr, nullptr};
         prof.mark("scan");
     }
     const dim3 scan_grid(static_cast<unsigned>((d.v + kda::kBV - 1) / kda::kBV), static_cast<unsigned>(d.units()));
@@ -300,7 +306,7 @@ void kda_bwd(const Tensor& q,
     if (plan.chunk_tc) {
         pre_da = w.a;
         pre_dgl = alloc(chunks * d.k);
-        kda::chunk_mm_tc_launch(dout, d, w, hs, vn, dvn, dhs, sc.dqg, sc.dkg, sc.dw, pre_da, pre_dgl);
+        kda::chunk_mm_tc_launch(dout, d, w, states, dvn, dhs, sc.dqg, sc.dkg, sc.dw, pre_da, pre_dgl);
         prof.mark("chunk_mm");
     }
     const int64_t rows = static_cast<int64_t>(d.b) * d.t * d.hv * d.k;
@@ -328,8 +334,8 @@ void kda_bwd(const Tensor& q,
             static_cast<const T*>(dout.raw()),
             d,
             w,
-            hs,
-            vn,
+            states.hs,  // null with bf16 states: then chunk_mm_tc did the products that read h and Vn
+            states.vn,
             dvn,
             dhs,
             sc,

@@ -37,11 +37,6 @@ struct Layout {
     static_assert(bytes <= 227 * 1024, "chunk_smem_kernel's tiles exceed the shared memory of a block");
 };
 
-template <typename T>
-__device__ __forceinline__ void store_pair(T* p, float a, float b) {
-    *reinterpret_cast<typename Pair<T>::type*>(p) = Pair<T>::from(a, b);
-}
-
 // Rows [t0, t0 + c) of a [B, T, heads, width] 2-byte tensor into shared memory (stride ld), zeros past T.
 template <typename T>
 __device__ __forceinline__ void stage_rows(

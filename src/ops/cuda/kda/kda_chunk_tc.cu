@@ -7,9 +7,12 @@
 // memory for every output). Here the value dimension is walked in slabs of 32 columns, double-buffered through
 // cp.async; every warp owns fixed output tiles (TF32 mma.sync, fp32 accumulation, fixed k order): deterministic.
 // Persistent blocks (one per SM, 16 warps) walk their chunks with the slab pipeline running across chunk ends.
-// dO is staged in its own dtype: bf16 and f16 values are exact in TF32. Vn arrives rounded to TF32 (the scans store
-// it so), so it too is read as bits; h, dS and dVn are rounded at each fragment (dgl sums h dS exactly, and the
-// backward's chunk step needs dVn exact).
+// dO is staged in its own dtype: bf16 and f16 values are exact in TF32. h and Vn come in fp32 (H = float: the
+// backward's own scan, or KdaOptions::save_states) or bf16 (H = bf16, save_states_bf16: staged as 16-bit, exact TF32
+// operands). fp32 Vn arrives rounded to TF32 (the scans store it so), so it too is read as bits; fp32 h, dS and dVn
+// are rounded at each fragment (dgl sums h dS exactly, and the backward's chunk step needs dVn exact).
+#include <type_traits>
+
 #include "ops/cuda/kda/kda_common.cuh"
 #include "ops/cuda/kda/kda_mma.cuh"
 #include "ops/kda.h"
@@ -20,23 +23,46 @@ namespace {
 
 constexpr int kSlab = 32;        // value columns per stage
 constexpr int kLdS = kSlab + 4;  // fp32 row stride (4 mod 32)
-constexpr int kLdO = kSlab + 8;  // dO row stride in elements (rows stay 16-byte aligned)
+constexpr int kLdO = kSlab + 8;  // 16-bit row stride in elements (rows stay 16-byte aligned)
 
-// One stage: dO [c, kLdO] (T), Vn, dVn [c, kLdS], h, dS [K, kLdS].
-template <typename T>
-__host__ __device__ inline int stage_bytes(const Dims& d) {
-    return d.c * kLdO * static_cast<int>(sizeof(T)) + (2 * d.c + 2 * d.k) * kLdS * static_cast<int>(sizeof(float));
+// Row stride of a staged h or Vn slab of element type H.
+template <typename H>
+inline constexpr int kLdState = sizeof(H) == 4 ? kLdS : kLdO;
+// One stage, in bytes from its start: dO [c, kLdO] (T), Vn [c] (H), dVn [c, kLdS] (fp32), h [K] (H), dS [K, kLdS]
+// (fp32); the H rows of stride kLdState<H>. With H = float this is the fp32 layout the kernel had before bf16 states.
+template <typename T, typename H>
+struct StageLayout {
+    int vn, dvn, h, ds, bytes;
+    __host__ __device__ explicit StageLayout(const Dims& d) {
+        constexpr int hb = static_cast<int>(sizeof(H)), fb = static_cast<int>(sizeof(float));
+        vn = d.c * kLdO * static_cast<int>(sizeof(T));
+        dvn = vn + d.c * kLdState<H> * hb;
+        h = dvn + d.c * kLdS * fb;
+        ds = h + d.k * kLdState<H> * hb;
+        bytes = ds + d.k * kLdS * fb;
+    }
+};
+
+// An element of a staged h or Vn slab as a TF32 operand: bf16 is exact; fp32 h is rounded (kRound), fp32 Vn already
+// holds TF32 bits.
+template <bool kRound>
+__device__ __forceinline__ uint32_t state_operand(float x) {
+    return kRound ? to_tf32(x) : __float_as_uint(x);
+}
+template <bool kRound>
+__device__ __forceinline__ uint32_t state_operand(bf16 x) {
+    return tf32_exact(x);
 }
 
 constexpr int kMmWarps = 16;
 constexpr int kMmThreads = kMmWarps * 32;
 
-template <typename T, bool kModel>
+template <typename T, typename H, bool kModel>
 __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __restrict__ dout,
                                                                     Dims dims,
                                                                     Work w,
-                                                                    const float* __restrict__ hs,
-                                                                    const float* __restrict__ vns,
+                                                                    const H* __restrict__ hs,
+                                                                    const H* __restrict__ vns,
                                                                     const float* __restrict__ dvns,
                                                                     const float* __restrict__ dhs,
                                                                     float* __restrict__ dqg,
@@ -49,12 +75,14 @@ __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __r
     const int c = d.c, kd = d.k, vd = d.v, tid = threadIdx.x;
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int64_t kv = static_cast<int64_t>(kd) * vd, chunks = static_cast<int64_t>(d.units()) * d.nc;
-    const int bytes = stage_bytes<T>(d), slabs = vd / kSlab;
+    const StageLayout<T, H> lay(d);
+    const int bytes = lay.bytes, slabs = vd / kSlab;
+    constexpr int ldh = kLdState<H>;
     auto sdo = [&](int s) { return reinterpret_cast<T*>(smem_raw + s * bytes); };
-    auto svn = [&](int s) { return reinterpret_cast<float*>(smem_raw + s * bytes + c * kLdO * sizeof(T)); };
-    auto sdvn = [&](int s) { return svn(s) + c * kLdS; };
-    auto sh = [&](int s) { return svn(s) + 2 * c * kLdS; };
-    auto sds = [&](int s) { return svn(s) + (2 * c + kd) * kLdS; };
+    auto svn = [&](int s) { return reinterpret_cast<H*>(smem_raw + s * bytes + lay.vn); };
+    auto sdvn = [&](int s) { return reinterpret_cast<float*>(smem_raw + s * bytes + lay.dvn); };
+    auto sh = [&](int s) { return reinterpret_cast<H*>(smem_raw + s * bytes + lay.h); };
+    auto sds = [&](int s) { return reinterpret_cast<float*>(smem_raw + s * bytes + lay.ds); };
     // Slab i of the block's sequence: chunk blockIdx.x + (i / slabs) * gridDim.x, value columns (i % slabs) * kSlab.
     auto load = [&](int s, int64_t cb, int y0) {
         const int unit = static_cast<int>(cb / d.nc), n = static_cast<int>(cb % d.nc);
@@ -66,9 +94,9 @@ __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __r
             const T* src = dout + v_row(d, b, ok ? tok : 0, hv) + y0 + q * (16 / static_cast<int>(sizeof(T)));
             cp_async16_zfill(sdo(s) + r * kLdO + q * (16 / static_cast<int>(sizeof(T))), src, ok);
         }
-        stage_async<kMmThreads>(svn(s), kLdS, vns + cv_off(d, cb) + y0, vd, c, kSlab);
+        stage_async<kMmThreads>(svn(s), ldh, vns + cv_off(d, cb) + y0, vd, c, kSlab);
         stage_async<kMmThreads>(sdvn(s), kLdS, dvns + cv_off(d, cb) + y0, vd, c, kSlab);
-        stage_async<kMmThreads>(sh(s), kLdS, hs + cb * kv + y0, vd, kd, kSlab);
+        stage_async<kMmThreads>(sh(s), ldh, hs + cb * kv + y0, vd, kd, kSlab);
         stage_async<kMmThreads>(sds(s), kLdS, dhs + cb * kv + y0, vd, kd, kSlab);
     };
     // Warp tiles: row tile mi (c = 32 idles warps with mi >= 2), key-column tiles nq + 4 j, dA column tiles
@@ -103,10 +131,10 @@ __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __r
         cp_async_wait<1>();
         __syncthreads();
         const T* o = sdo(s);
-        const float *pv = svn(s), *pdv = sdvn(s), *ph = sh(s), *pds = sds(s);
-        const auto* pv_bits = reinterpret_cast<const uint32_t*>(pv);  // Vn comes rounded to TF32 (the scans)
+        const H *pv = svn(s), *ph = sh(s);
+        const float *pdv = sdvn(s), *pds = sds(s);
         if (tid < kd)
-            for (int y = 0; y < kSlab; ++y) gl += ph[tid * kLdS + y] * pds[tid * kLdS + y];
+            for (int y = 0; y < kSlab; ++y) gl += to_f32(ph[tid * ldh + y]) * pds[tid * kLdS + y];
         if (rows) {
 #pragma unroll
             for (int k0 = 0; k0 < kSlab; k0 += 8) {
@@ -115,14 +143,18 @@ __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __r
                 ao[1] = tf32_exact(o[(m0 + g + 8) * kLdO + k0 + t]);
                 ao[2] = tf32_exact(o[(m0 + g) * kLdO + k0 + t + 4]);
                 ao[3] = tf32_exact(o[(m0 + g + 8) * kLdO + k0 + t + 4]);
-                frag_a_f(av, pv_bits, kLdS, m0, k0, g, t);
+                av[0] = state_operand<false>(pv[(m0 + g) * ldh + k0 + t]);
+                av[1] = state_operand<false>(pv[(m0 + g + 8) * ldh + k0 + t]);
+                av[2] = state_operand<false>(pv[(m0 + g) * ldh + k0 + t + 4]);
+                av[3] = state_operand<false>(pv[(m0 + g + 8) * ldh + k0 + t + 4]);
                 frag_a(adv, pdv, kLdS, m0, k0, g, t);
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     const int x0 = (nq + 4 * j) * 8;
                     if (nq + 4 * j < ntk) {
                         uint32_t bh[2], bs[2];
-                        frag_bt(bh, ph, kLdS, k0, x0, g, t);
+                        bh[0] = state_operand<true>(ph[(x0 + g) * ldh + k0 + t]);
+                        bh[1] = state_operand<true>(ph[(x0 + g) * ldh + k0 + t + 4]);
                         frag_bt(bs, pds, kLdS, k0, x0, g, t);
                         mma_tf32(aq[j], ao, bh);
                         mma_tf32(aw[j], adv, bh);
@@ -134,7 +166,8 @@ __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __r
                     const int j0 = (nq + 4 * j) * 8;
                     if (j0 < m0 + 16) {
                         uint32_t bv[2];
-                        frag_bt_f(bv, pv_bits, kLdS, k0, j0, g, t);
+                        bv[0] = state_operand<false>(pv[(j0 + g) * ldh + k0 + t]);
+                        bv[1] = state_operand<false>(pv[(j0 + g) * ldh + k0 + t + 4]);
                         mma_tf32(aa[j], ao, bv);
                     }
                 }
@@ -186,8 +219,7 @@ bool chunk_tc_shapes(const Dims& d) {
 void chunk_mm_tc_launch(const Tensor& dout,
                         const Dims& d,
                         const Work& w,
-                        const float* hs,
-                        const float* vn,
+                        const StatesIn& states,
                         const float* dvn,
                         const float* dhs,
                         float* dqg,
@@ -199,15 +231,28 @@ void chunk_mm_tc_launch(const Tensor& dout,
     static const int sms = device_attr(cudaDevAttrMultiProcessorCount);
     const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
     const dim3 grid(static_cast<unsigned>(chunks < sms ? chunks : sms));
-    MT_CUDA_DISPATCH(dout.dtype(), T, {
-        const size_t smem = 2 * static_cast<size_t>(stage_bytes<T>(d));
+    // o: dO as its element type; hs, vn: fp32 or bf16 (the types pick the kernel).
+    auto launch = [&](const auto* o, const auto* hs, const auto* vn) {
+        using T = std::remove_cv_t<std::remove_pointer_t<decltype(o)>>;
+        using H = std::remove_cv_t<std::remove_pointer_t<decltype(hs)>>;
+        const size_t smem = 2 * static_cast<size_t>(StageLayout<T, H>(d).bytes);
         with_model_shape(d, [&](auto model) {
-            const auto kernel = chunk_mm_tc_kernel<T, decltype(model)::value>;
+            const auto kernel = chunk_mm_tc_kernel<T, H, decltype(model)::value>;
             MT_CUDA_CHECK(
                 cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-            kernel<<<grid, kMmThreads, smem, core::exec_stream()>>>(
-                static_cast<const T*>(dout.raw()), d, w, hs, vn, dvn, dhs, dqg, dkg, dw, da, dgl);
+            kernel<<<grid, kMmThreads, smem, core::exec_stream()>>>(o, d, w, hs, vn, dvn, dhs, dqg, dkg, dw, da, dgl);
         });
+    };
+    // bf16 states come only with 16-bit inputs (the tensor-core path): no fp32-input kernel reads them.
+    MT_CUDA_DISPATCH(dout.dtype(), T, {
+        bool done = false;
+        if constexpr (!std::is_same_v<T, float>) {
+            if (states.hs16 != nullptr) {
+                launch(static_cast<const T*>(dout.raw()), states.hs16, states.vn16);
+                done = true;
+            }
+        }
+        if (!done) launch(static_cast<const T*>(dout.raw()), states.hs, states.vn);
     });
     MT_CUDA_CHECK(cudaGetLastError());
 }

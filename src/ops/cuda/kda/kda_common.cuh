@@ -62,6 +62,28 @@ struct Work {
     const int32_t* reset;
 };
 
+// The state entering each chunk and Vn ([units, nc, K, V] and [units, nc, C, V]) as a forward scan writes them and
+// the backward's products over V read them: fp32 (the backward's own scan, KdaOptions::save_states) or bf16
+// (save_states_bf16). At most one of the two pairs is set; none: not written.
+template <typename F, typename H>
+struct ChunkStates {
+    F* hs = nullptr;
+    F* vn = nullptr;
+    H* hs16 = nullptr;
+    H* vn16 = nullptr;
+};
+using StatesOut = ChunkStates<float, bf16>;
+using StatesIn = ChunkStates<const float, const bf16>;
+
+// Two consecutive elements from two f32 (one store; p aligned to the pair).
+template <typename T>
+__device__ __forceinline__ void store_pair(T* p, float a, float b) {
+    *reinterpret_cast<typename Pair<T>::type*>(p) = Pair<T>::from(a, b);
+}
+__device__ __forceinline__ void store_pair(float* p, float a, float b) {
+    *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+
 // Offsets of (unit, chunk) blocks.
 __host__ __device__ inline int64_t chunk_index(const Dims& d, int unit, int n) {
     return static_cast<int64_t>(unit) * d.nc + n;
@@ -164,8 +186,7 @@ void scan_tc_launch(DType dt,
                     const Tensor& st,
                     const Dims& d,
                     const Work& w,
-                    float* hs,
-                    float* vn,
+                    const StatesOut& states,
                     int bv);
 // The forward and reverse scans' value tile for d: `forced` (KdaKernels::scan_bv, rscan_bv) where it divides V and
 // fits, else the one pick_bv models fastest.
@@ -198,12 +219,11 @@ void rscan_tc_launch(const Tensor& dout,
 // The shapes the backward chunk step's V products on tensor cores take (kda_chunk_tc.cu): V % 32 == 0.
 bool chunk_tc_shapes(const Dims& d);
 // dqg = dO h^T, dkg = Vn dS^T, dw = -dVn h^T into the chunk scratch ([chunks, C, K]), da = tril(dO Vn^T)
-// [chunks, C, C], dgl = gamma * rowsum(h * dS) [chunks, K].
+// [chunks, C, C], dgl = gamma * rowsum(h * dS) [chunks, K]; h and Vn fp32 or bf16 (states).
 void chunk_mm_tc_launch(const Tensor& dout,
                         const Dims& d,
                         const Work& w,
-                        const float* hs,
-                        const float* vn,
+                        const StatesIn& states,
                         const float* dvn,
                         const float* dhs,
                         float* dqg,

@@ -124,25 +124,28 @@ __device__ __forceinline__ void split_tile_tf32(float* x, uint32_t* lo, int ld, 
     }
 }
 
-// rows x cols fp32 (cols % 4 == 0, contiguous rows of stride src_ld) into shared memory of row stride ld, by the
-// whole block, 16 bytes per copy. kNThreads: the block size when the caller knows it at compile time (with rows and
-// cols constants too, the copy loop then has no division and unrolls: the scans' per-copy issue).
-template <int kNThreads = 0>
-__device__ __forceinline__ void stage_async(float* dst, int ld, const float* src, int src_ld, int rows, int cols) {
-    const int per = cols / 4, nthreads = kNThreads > 0 ? kNThreads : static_cast<int>(blockDim.x);
+// rows x cols elements of E (fp32, or a 16-bit type; cols * sizeof(E) % 16 == 0, contiguous rows of stride src_ld)
+// into shared memory of row stride ld, by the whole block, 16 bytes per copy. kNThreads: the block size when the
+// caller knows it at compile time (with rows and cols constants too, the copy loop then has no division and unrolls:
+// the scans' per-copy issue).
+template <int kNThreads = 0, typename E>
+__device__ __forceinline__ void stage_async(E* dst, int ld, const E* src, int src_ld, int rows, int cols) {
+    constexpr int kPerCopy = 16 / static_cast<int>(sizeof(E));  // elements per 16-byte copy
+    const int per = cols / kPerCopy, nthreads = kNThreads > 0 ? kNThreads : static_cast<int>(blockDim.x);
     if (nthreads % per == 0) {
         // Each thread keeps one 16-byte column slot and walks the rows by pointer steps: no integer division per
         // copy (the scans issue ~7k copies per chunk; a 32 KB tile's issue measured 1.7k cycles with the division,
         // 1.0k without, at BV = 16).
-        const int tid = static_cast<int>(threadIdx.x), r0 = tid / per, c4 = (tid % per) * 4, step = nthreads / per;
-        const float* s = src + static_cast<int64_t>(r0) * src_ld + c4;
-        float* p = dst + r0 * ld + c4;
+        const int tid = static_cast<int>(threadIdx.x), r0 = tid / per, c4 = (tid % per) * kPerCopy,
+                  step = nthreads / per;
+        const E* s = src + static_cast<int64_t>(r0) * src_ld + c4;
+        E* p = dst + r0 * ld + c4;
         for (int r = r0; r < rows; r += step, s += static_cast<int64_t>(step) * src_ld, p += step * ld)
             cp_async16(p, s);
         return;
     }
     for (int e = threadIdx.x; e < rows * per; e += nthreads) {
-        const int r = e / per, c4 = (e % per) * 4;
+        const int r = e / per, c4 = (e % per) * kPerCopy;
         cp_async16(dst + r * ld + c4, src + static_cast<int64_t>(r) * src_ld + c4);
     }
 }

@@ -82,11 +82,13 @@ struct RegState {
             s[i][3] = p[8 * static_cast<int64_t>(vd) + 1];
         });
     }
-    __device__ __forceinline__ void store(float* dst, int vd) const {
+    // Into a [K, V] global matrix (fp32, or bf16 rounded to nearest) whose column y0 is dst.
+    template <typename E>
+    __device__ __forceinline__ void store(E* dst, int vd) const {
         each([&](int i, int c0) {
-            float* p = dst + static_cast<int64_t>(r0) * vd + c0;
-            *reinterpret_cast<float2*>(p) = make_float2(s[i][0], s[i][1]);
-            *reinterpret_cast<float2*>(p + 8 * static_cast<int64_t>(vd)) = make_float2(s[i][2], s[i][3]);
+            E* p = dst + static_cast<int64_t>(r0) * vd + c0;
+            store_pair(p, s[i][0], s[i][1]);
+            store_pair(p + 8 * static_cast<int64_t>(vd), s[i][2], s[i][3]);
         });
     }
     // The TF32 copy in shared memory (this warp's tiles), transposed, [BV, ld] (ld = ld_row(K)): the B operand of the

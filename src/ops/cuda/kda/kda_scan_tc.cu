@@ -42,8 +42,7 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
                                                               float* __restrict__ st,
                                                               Dims dims,
                                                               Work w,
-                                                              float* hs,
-                                                              float* vns,
+                                                              StatesOut so,
                                                               PhaseSums ps) {
     constexpr int kN = BV / 16;
     extern __shared__ __align__(16) float smem[];
@@ -113,20 +112,27 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
         for (int i = 0; i < kN; ++i) {
             const int c0 = (nb + 2 * i) * 8 + 2 * t;
             // Vn is a TF32 operand wherever it is read (steps 2 and 3 here, by every warp; chunk_mm's products over
-            // V), so it is rounded once here, in shared memory and in the kept copy alike. Only the general chunk
-            // kernel (V % 32 != 0, no chunk_mm) reads it in fp32 loops, and gets the rounded values too (~2^-11
-            // relative, inside the TF32 rounding of the other operands there).
-            float vv[4];
+            // V), so it is rounded once here, in shared memory and in the fp32 kept copy alike. Only the general
+            // chunk kernel (V % 32 != 0, no chunk_mm) reads it in fp32 loops, and gets the rounded values too
+            // (~2^-11 relative, inside the TF32 rounding of the other operands there). The bf16 kept copy is
+            // rounded from the fp32 value (one rounding, not two).
+            float raw[4], vv[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) vv[e] = tf32_bits(ur[i][e] - (acc[0][i][e] + acc[1][i][e]));
+            for (int e = 0; e < 4; ++e) {
+                raw[e] = ur[i][e] - (acc[0][i][e] + acc[1][i][e]);
+                vv[e] = tf32_bits(raw[e]);
+            }
             svn[c0 * ldv + r0] = vv[0];
             svn[(c0 + 1) * ldv + r0] = vv[1];
             svn[c0 * ldv + r0 + 8] = vv[2];
             svn[(c0 + 1) * ldv + r0 + 8] = vv[3];
-            if (vns != nullptr) {
-                float* p = vns + cv_off(d, cb) + y0 + c0;
-                *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0) * vd) = make_float2(vv[0], vv[1]);
-                *reinterpret_cast<float2*>(p + static_cast<int64_t>(r0 + 8) * vd) = make_float2(vv[2], vv[3]);
+            const int64_t at = cv_off(d, cb) + y0 + c0, row0 = static_cast<int64_t>(r0) * vd;
+            if (so.vn != nullptr) {
+                store_pair(so.vn + at + row0, vv[0], vv[1]);
+                store_pair(so.vn + at + row0 + 8 * vd, vv[2], vv[3]);
+            } else if (so.vn16 != nullptr) {
+                store_pair(so.vn16 + at + row0, raw[0], raw[1]);
+                store_pair(so.vn16 + at + row0 + 8 * vd, raw[2], raw[3]);
             }
         }
     };
@@ -193,7 +199,8 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
         cp_async_wait<1>();
         __syncthreads();
         ps.add(1);
-        if (hs != nullptr) sr.store(hs + cb * kv + y0, vd);
+        if (so.hs != nullptr) sr.store(so.hs + cb * kv + y0, vd);
+        if (so.hs16 != nullptr) sr.store(so.hs16 + cb * kv + y0, vd);
         // Step 1 with step 2's first product: Vn = U - W S, then Qg S into O's accumulators, which stay in registers
         // across the barrier that completes Vn. At BV <= 64 the two products share S's fragments (row_tile_product2);
         // at 128 their accumulators together would not fit in registers.
@@ -233,16 +240,16 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
 }
 
 template <typename T, int BV>
-void scan_bv(const float* s0, T* out, float* st, const Dims& d, const Work& w, float* hs, float* vn) {
+void scan_bv(const float* s0, T* out, float* st, const Dims& d, const Work& w, const StatesOut& so) {
     const dim3 grid(static_cast<unsigned>(d.v / BV), static_cast<unsigned>(d.units()));
     const size_t smem = static_cast<size_t>(scan_tc_floats(d, BV)) * sizeof(float);
     // Phases (cycles per block, summed over its chunks): p1 wait for W/Qg, p2 Vn and Qg S (with the wait for
     // A/Kg), p3 O's tail and the state update, p4 load issue.
-    const PhaseLog phases(hs != nullptr ? "scan_bwd" : "scan", static_cast<int64_t>(grid.x) * grid.y);
+    const PhaseLog phases(out == nullptr ? "scan_bwd" : "scan", static_cast<int64_t>(grid.x) * grid.y);
     with_model_shape(d, [&](auto model) {
         const auto kernel = scan_tc_kernel<T, BV, decltype(model)::value>;
         set_smem(kernel, smem);
-        kernel<<<grid, kThreads, smem, core::exec_stream()>>>(s0, out, st, d, w, hs, vn, {phases.clock().p});
+        kernel<<<grid, kThreads, smem, core::exec_stream()>>>(s0, out, st, d, w, so, {phases.clock().p});
     });
     phases.print(5);
 }
@@ -294,8 +301,7 @@ void scan_tc_launch(DType dt,
                     const Tensor& st,
                     const Dims& d,
                     const Work& w,
-                    float* hs,
-                    float* vn,
+                    const StatesOut& states,
                     int bv) {
     const float* s0p = s0.defined() ? s0.data<float>() : nullptr;
     float* stp = st.defined() ? st.data<float>() : nullptr;
@@ -304,7 +310,7 @@ void scan_tc_launch(DType dt,
         if constexpr (std::is_same_v<T, float>) {
             MT_CHECK(false, "kda scan_tc: f32 inputs take the fp32 scan");
         } else {
-            with_bv(bv, [&](auto tile) { scan_bv<T, decltype(tile)::value>(s0p, op, stp, d, w, hs, vn); });
+            with_bv(bv, [&](auto tile) { scan_bv<T, decltype(tile)::value>(s0p, op, stp, d, w, states); });
         }
     });
     MT_CUDA_CHECK(cudaGetLastError());
