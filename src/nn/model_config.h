@@ -20,8 +20,8 @@ namespace mt::nn {
 // kda.save: what the KDA op keeps from a training forward to its backward (GPU only; kda.md §4.6). From tiles on,
 // each level keeps what the one before keeps and more; states_bf16 stands apart.
 enum class KdaSave {
-    none,         // the backward recomputes everything
-    states_bf16,  // the state entering each chunk and Vn alone, in bf16 (768 B at K = V = 128; the default)
+    none,         // the backward recomputes everything (the default)
+    states_bf16,  // the state entering each chunk and Vn alone, in bf16 (768 B per token and value head at K = V = 128)
     tiles,        // the chunk tiles A, M, T (768 B per token and value head at chunk 64)
     states,       // also the state entering each chunk and Vn (1,536 B more at K = V = 128)
     workspace,    // everything the backward would recompute (Gamma, Qg, Kg, W: 2,048 B more than states at K = 128)
@@ -72,7 +72,7 @@ struct KdaConfig {
     // chunked | recurrent (the token loop: a reference, slow)
     ops::KdaAlgorithm algorithm = ops::KdaAlgorithm::chunked;
     int64_t chunk_size = 64;              // 64 or 32
-    KdaSave save = KdaSave::states_bf16;  // what the forward keeps for the backward (GPU)
+    KdaSave save = KdaSave::none;  // what the forward keeps for the backward (GPU)
 };
 
 // Block Attention Residuals (attnres.md, [attnres] in the job TOML): each sub-layer's input is a learned softmax mix

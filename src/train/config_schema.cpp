@@ -134,9 +134,10 @@ std::vector<Field> config_schema(JobConfig& c) {
         choice("kda.save",
                &m.kda.save,
                "GPU: what the forward keeps for the backward (ops::KdaSaved, [kda.md](kda.md)), freed after the "
-               "layer's backward. `states_bf16` (the default): the state entering each chunk and Vn alone, in bf16 "
-               "(768 B per token and value head at K = V = 128, within the 776 B of fla's chunk_kda), so the "
-               "backward skips its forward scan; `none`: the backward recomputes everything (the least memory). From "
+               "layer's backward. `none` (the default): the backward recomputes everything (the least memory); "
+               "`states_bf16`: the state entering each chunk and Vn alone, in bf16 (768 B per token and value head "
+               "at K = V = 128, within the 776 B of fla's chunk_kda), so the backward skips its forward scan (not yet "
+               "measured on a GPU: it becomes the default once it has been). From "
                "`tiles` on each level keeps what the one before keeps, and more, in f32: `tiles`: the chunk tiles A, "
                "M, T (768 B at chunk 64), so the backward does not recompute them; `states`: also the states and Vn "
                "(1,536 B more; kda.md §4.6); `workspace`: everything the backward would recompute (also Γ, Qg, Kg, "

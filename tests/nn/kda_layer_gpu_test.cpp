@@ -3,7 +3,7 @@
 // the tensor-core kernels' compile-time shape), every gradient (dx, dS_0, each parameter's) must equal the
 // recomputing layer's (kda.save = "none") bit for bit; a training forward keeps the tensors, an evaluation forward
 // keeps none, and the backward frees them (a second backward from the same forward recomputes and returns the same
-// bits). "states_bf16" (the default) keeps the states in bf16, which rounds them: its gradients must stay within
+// bits). "states_bf16" keeps the states in bf16, which rounds them: its gradients must stay within
 // the bf16 budget of the recomputing layer's, differ from them (the kept states were read), and its second backward
 // recomputes and returns the recomputing layer's bits. Skipped without a GPU (label gpu). The CPU keeps nothing,
 // which is why this test needs the GPU to check anything.

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -20,18 +21,19 @@ namespace {
 
 enum class Keep { nothing, tiles, states, all, states_bf16 };
 
-// Forward and backward of bf16 inputs on the GPU; the results come back to the host as f32. On the CPU (the
-// reference): the same bf16-rounded inputs in f64.
+// Forward and backward of bf16 (or f16: half) inputs on the GPU; the results come back to the host as f32. On the
+// CPU (the reference): the same rounded inputs in f64.
 std::vector<std::pair<std::string, Tensor>> run_gpu(const KdaInputs& in,
                                                     KdaOptions options,
                                                     Keep keep,
-                                                    core::Device device = core::Device::cuda) {
+                                                    core::Device device = core::Device::cuda,
+                                                    DType half = DType::bf16) {
     const bool cpu = device == core::Device::cpu;
     auto dev = [&](const Tensor& t, DType dt) {
         if (!t.defined()) return t;
         return cpu ? t.to(dt).to(DType::f64) : t.to(dt).to_device(device);
     };
-    const DType bf = DType::bf16, act = cpu ? DType::f64 : bf, state = cpu ? DType::f64 : DType::f32;
+    const DType bf = half, act = cpu ? DType::f64 : bf, state = cpu ? DType::f64 : DType::f32;
     const Tensor q = dev(in.q, bf), k = dev(in.k, bf), v = dev(in.v, bf), g = dev(in.g, bf), beta = dev(in.beta, bf);
     const Tensor s0 = dev(in.s0, DType::f32);
     const int64_t b = q.size(0), hv = v.size(2), kd = q.size(3), vd = v.size(3);
@@ -48,6 +50,7 @@ std::vector<std::pair<std::string, Tensor>> run_gpu(const KdaInputs& in,
         EXPECT_FALSE(saved.has_tiles());
         if (saved.has_states()) {
             EXPECT_EQ(saved.hs.dtype(), DType::bf16);
+            EXPECT_EQ(saved.vn.dtype(), DType::bf16);
         }
     } else if (keep != Keep::nothing) {
         EXPECT_TRUE(saved.has_tiles());
@@ -107,10 +110,10 @@ TEST(GpuKdaSaved, KeptTilesAndStatesGiveTheRecomputedResultsExactly) {
     }
 }
 
-// The states alone in bf16 (save_states_bf16, the layer's default): the forward's results are those of a forward
-// that keeps nothing, the gradients stay within the bf16 parity budget (kda.md 8.6) of the f64 CPU reference and
-// differ from the recomputing backward's (which reads fp32 states): the kept states were read. V = 48 keeps nothing
-// (no products over V on tensor cores there) and gives the recomputed results exactly.
+// The states alone in bf16 (save_states_bf16): the forward's results are those of a forward that keeps nothing, the
+// gradients stay within the bf16 parity budget (kda.md 8.6) of the f64 CPU reference and differ from the recomputing
+// backward's (which reads fp32 states): the kept states were read. V = 48 keeps nothing (no products over V on tensor
+// cores there) and gives the recomputed results exactly. The last case runs f16 inputs (bf16 states all the same).
 TEST(GpuKdaSaved, Bf16StatesStayWithinTheParityBudget) {
     if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
     const SavedCase cases[] = {
@@ -119,19 +122,24 @@ TEST(GpuKdaSaved, Bf16StatesStayWithinTheParityBudget) {
         {{1, 100, 1, 2, 128, 128}, {KdaAlgorithm::chunked, KdaDiagonal::pairwise, 64}, KdaGateRegime::softplus, true},
         {{1, 130, 1, 1, 32, 64}, {KdaAlgorithm::chunked, KdaDiagonal::matmul, 64}, KdaGateRegime::bounded, true},
         {{1, 90, 1, 1, 32, 48}, {KdaAlgorithm::chunked, KdaDiagonal::matmul, 32}, KdaGateRegime::bounded, false},
+        {{1, 200, 1, 2, 128, 128}, {KdaAlgorithm::chunked, KdaDiagonal::matmul, 64}, KdaGateRegime::bounded, true},
     };
-    for (const SavedCase& c : cases) {
+    const size_t f16_case = std::size(cases) - 1;
+    for (size_t ci = 0; ci < std::size(cases); ++ci) {
+        const SavedCase& c = cases[ci];
+        const DType half = ci == f16_case ? DType::f16 : DType::bf16;
         const KdaInputs in = kda_make_inputs(c.shape, c.regime, c.s0, 47);
-        const std::string what = "T = " + std::to_string(c.shape.t) + ", K = " + std::to_string(c.shape.k) +
-                                 ", V = " + std::to_string(c.shape.v) + ", chunk " +
-                                 std::to_string(c.options.chunk_size);
-        const auto base = run_gpu(in, c.options, Keep::nothing);
-        const auto got = run_gpu(in, c.options, Keep::states_bf16);
+        const std::string what = std::string(core::dtype_name(half)) + " T = " + std::to_string(c.shape.t) +
+                                 ", K = " + std::to_string(c.shape.k) + ", V = " + std::to_string(c.shape.v) +
+                                 ", chunk " + std::to_string(c.options.chunk_size);
+        const core::Device gpu = core::Device::cuda;
+        const auto base = run_gpu(in, c.options, Keep::nothing, gpu, half);
+        const auto got = run_gpu(in, c.options, Keep::states_bf16, gpu, half);
         if (c.shape.v % 32 != 0) {
             expect_identical(base, got, what + ", nothing kept at V % 32 != 0");
             continue;
         }
-        const auto ref = run_gpu(in, c.options, Keep::nothing, core::Device::cpu);
+        const auto ref = run_gpu(in, c.options, Keep::nothing, core::Device::cpu, half);
         ASSERT_EQ(got.size(), ref.size());
         expect_identical({base[0], base[1]}, {got[0], got[1]}, what + ", the forward's out and st");
         int64_t differ = 0;
@@ -267,6 +275,17 @@ TEST(OpArgs, KdaSavedThatDoesNotFit) {
     bwd(states_only);  // fits (the CPU reads none of it)
     states_only.vn = Tensor();
     expect_op_error([&] { bwd(states_only); }, "kda_bwd: saved.hs and saved.vn come together");
+    // Beside the tiles the states are f32; bf16 states there are an error.
+    KdaSaved mixed = tiles(tile, tile, tile);
+    mixed.hs = state.to(DType::bf16);
+    mixed.vn = vn.to(DType::bf16);
+    expect_op_error([&] { bwd(mixed); },
+                    "kda_bwd: saved.hs must be a contiguous, 16-byte aligned f32 tensor on the inputs' device (f32 "
+                    "beside the tiles)");
+    // A states-only KdaSaved of another T with the same number of chunks: caught by the recorded shapes.
+    states_only.vn = vn.to(DType::bf16);
+    states_only.seq = 100;
+    expect_op_error([&] { bwd(states_only); }, "kda_bwd: saved was kept by a kda_fwd of B = 1, T = 100");
     KdaSaved rows_only = tiles(tile, tile, tile);
     rows_only.gam = rows_only.qg = rows_only.kg = rows_only.w = rows;
     expect_op_error([&] { bwd(rows_only); },

@@ -40,7 +40,7 @@ expect 2 "train.stpes" -- train --set train.stpes=3
 grep -qF "did you mean \`train.steps\`" err.txt || fail "no suggestion for the typo"
 expect 2 "train.steps must be an integer" -- train --set 'train.steps="ten"'
 expect 2 "train.lr = -1 is out of range" -- train --set train.lr=-1
-expect 2 'kda.save = "all" is not one of: none, tiles, states, workspace' -- train --set kda.save=all
+expect 2 'kda.save = "all" is not one of: none, states_bf16, tiles, states, workspace' -- train --set kda.save=all
 expect 2 'config key `kda.save_tiles` was removed: write kda.save = "tiles" instead' -- train --set kda.save_tiles=true
 expect 2 'config key `model.residual` was removed: write attnres.mode' -- train --set model.residual=block_attnres
 expect 2 "missing.toml" -- "$BIN" train --config missing.toml

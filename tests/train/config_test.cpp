@@ -137,7 +137,7 @@ TEST(Config, LayerPatternAndKdaKeys) {
     EXPECT_EQ(c.model.kda_head_v_dim(), 32);
     EXPECT_EQ(c.model.kda.gate, mt::ops::KdaGateKind::softplus);
     EXPECT_EQ(c.model.kda.gate_lower_bound, -2.5);
-    EXPECT_EQ(dense.model.kda.save, KdaSave::states_bf16);  // by default the KDA op keeps its states in bf16
+    EXPECT_EQ(dense.model.kda.save, KdaSave::none);  // the KDA op keeps nothing for the backward by default
     EXPECT_EQ(c.model.kda.save, KdaSave::states);
     EXPECT_TRUE(
         config_parse(kGood, "job.toml", {"model.layer_pattern=\"KA\"", "model.attn_pos=\"rope\""}).model.attn_rope());
@@ -380,7 +380,7 @@ TEST(Config, EverySchemaRowHasHelpAndADocsRow) {
         EXPECT_EQ(keys.count(r.key), 0u) << r.key;
         EXPECT_NE(docs.find("| `" + std::string(r.key) + "` |"), std::string::npos) << r.key;
     }
-    EXPECT_NE(docs.find("| `kda.save` | string | `\"states_bf16\"` | none, states_bf16, tiles, states, workspace |"),
+    EXPECT_NE(docs.find("| `kda.save` | string | `\"none\"` | none, states_bf16, tiles, states, workspace |"),
               std::string::npos);
     EXPECT_NE(docs.find("| `moe.top_k` | int | 4 | 1..1024 |"), std::string::npos);
     EXPECT_NE(docs.find("| `kda.gate_lower_bound` | float | -5 | [-5, 0) |"), std::string::npos);

@@ -73,9 +73,9 @@ struct ChunkBwd {
           xw(w.xw + ck_off(d, cb)),
           m(w.m + cc_off(d, cb)),
           tm(w.tm + cc_off(d, cb)),
-          hh(hs + cb * kv),
+          hh(hs != nullptr ? hs + cb * kv : nullptr),  // null: chunk_mm_tc did the products that read h
           ds(dhs + cb * kv),
-          vn(vns + cv_off(d, cb)),
+          vn(vns != nullptr ? vns + cv_off(d, cb) : nullptr),
           dvn(dvns + cv_off(d, cb)),
           dqg(sdqg + ck_off(d, cb)),
           dkg(sdkg + ck_off(d, cb)),

@@ -210,6 +210,53 @@ __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __r
     }
 }
 
+// One launch of chunk_mm_tc_kernel for dO of type T and h, Vn of type H.
+template <typename T, typename H>
+void chunk_mm_typed(const Tensor& dout,
+                    const Dims& d,
+                    const Work& w,
+                    const H* hs,
+                    const H* vn,
+                    const float* dvn,
+                    const float* dhs,
+                    float* dqg,
+                    float* dkg,
+                    float* dw,
+                    float* da,
+                    float* dgl,
+                    dim3 grid) {
+    const size_t smem = 2 * static_cast<size_t>(StageLayout<T, H>(d).bytes);
+    with_model_shape(d, [&](auto model) {
+        const auto kernel = chunk_mm_tc_kernel<T, H, decltype(model)::value>;
+        MT_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        kernel<<<grid, kMmThreads, smem, core::exec_stream()>>>(
+            static_cast<const T*>(dout.raw()), d, w, hs, vn, dvn, dhs, dqg, dkg, dw, da, dgl);
+    });
+}
+
+// The kernel for the states' dtype. bf16 states come only with 16-bit inputs (the tensor-core path), so the
+// fp32-input build has no bf16-state kernel.
+template <typename T>
+void chunk_mm_pick(const Tensor& dout,
+                   const Dims& d,
+                   const Work& w,
+                   const StatesIn& states,
+                   const float* dvn,
+                   const float* dhs,
+                   float* dqg,
+                   float* dkg,
+                   float* dw,
+                   float* da,
+                   float* dgl,
+                   dim3 grid) {
+    if constexpr (!std::is_same_v<T, float>) {
+        if (states.hs16 != nullptr)
+            return chunk_mm_typed<T, bf16>(dout, d, w, states.hs16, states.vn16, dvn, dhs, dqg, dkg, dw, da, dgl, grid);
+    }
+    chunk_mm_typed<T, float>(dout, d, w, states.hs, states.vn, dvn, dhs, dqg, dkg, dw, da, dgl, grid);
+}
+
 }  // namespace
 
 bool chunk_tc_shapes(const Dims& d) {
@@ -231,29 +278,7 @@ void chunk_mm_tc_launch(const Tensor& dout,
     static const int sms = device_attr(cudaDevAttrMultiProcessorCount);
     const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
     const dim3 grid(static_cast<unsigned>(chunks < sms ? chunks : sms));
-    // o: dO as its element type; hs, vn: fp32 or bf16 (the types pick the kernel).
-    auto launch = [&](const auto* o, const auto* hs, const auto* vn) {
-        using T = std::remove_cv_t<std::remove_pointer_t<decltype(o)>>;
-        using H = std::remove_cv_t<std::remove_pointer_t<decltype(hs)>>;
-        const size_t smem = 2 * static_cast<size_t>(StageLayout<T, H>(d).bytes);
-        with_model_shape(d, [&](auto model) {
-            const auto kernel = chunk_mm_tc_kernel<T, H, decltype(model)::value>;
-            MT_CUDA_CHECK(
-                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-            kernel<<<grid, kMmThreads, smem, core::exec_stream()>>>(o, d, w, hs, vn, dvn, dhs, dqg, dkg, dw, da, dgl);
-        });
-    };
-    // bf16 states come only with 16-bit inputs (the tensor-core path): no fp32-input kernel reads them.
-    MT_CUDA_DISPATCH(dout.dtype(), T, {
-        bool done = false;
-        if constexpr (!std::is_same_v<T, float>) {
-            if (states.hs16 != nullptr) {
-                launch(static_cast<const T*>(dout.raw()), states.hs16, states.vn16);
-                done = true;
-            }
-        }
-        if (!done) launch(static_cast<const T*>(dout.raw()), states.hs, states.vn);
-    });
+    MT_CUDA_DISPATCH(dout.dtype(), T, { chunk_mm_pick<T>(dout, d, w, states, dvn, dhs, dqg, dkg, dw, da, dgl, grid); });
     MT_CUDA_CHECK(cudaGetLastError());
 }
 

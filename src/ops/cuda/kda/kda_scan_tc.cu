@@ -114,25 +114,24 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
             // Vn is a TF32 operand wherever it is read (steps 2 and 3 here, by every warp; chunk_mm's products over
             // V), so it is rounded once here, in shared memory and in the fp32 kept copy alike. Only the general
             // chunk kernel (V % 32 != 0, no chunk_mm) reads it in fp32 loops, and gets the rounded values too
-            // (~2^-11 relative, inside the TF32 rounding of the other operands there). The bf16 kept copy is
-            // rounded from the fp32 value (one rounding, not two).
-            float raw[4], vv[4];
+            // (~2^-11 relative, inside the TF32 rounding of the other operands there). The bf16 kept copy is rounded
+            // from the TF32 value (rounding from fp32 instead kept four more registers live, which at BV = 128 made
+            // the kernel spill; the two roundings differ by at most 2^-11 of the bf16 step).
+            float vv[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                raw[e] = ur[i][e] - (acc[0][i][e] + acc[1][i][e]);
-                vv[e] = tf32_bits(raw[e]);
-            }
+            for (int e = 0; e < 4; ++e) vv[e] = tf32_bits(ur[i][e] - (acc[0][i][e] + acc[1][i][e]));
             svn[c0 * ldv + r0] = vv[0];
             svn[(c0 + 1) * ldv + r0] = vv[1];
             svn[c0 * ldv + r0 + 8] = vv[2];
             svn[(c0 + 1) * ldv + r0 + 8] = vv[3];
-            const int64_t at = cv_off(d, cb) + y0 + c0, row0 = static_cast<int64_t>(r0) * vd;
             if (so.vn != nullptr) {
-                store_pair(so.vn + at + row0, vv[0], vv[1]);
-                store_pair(so.vn + at + row0 + 8 * vd, vv[2], vv[3]);
+                float* p = so.vn + cv_off(d, cb) + y0 + c0;
+                store_pair(p + static_cast<int64_t>(r0) * vd, vv[0], vv[1]);
+                store_pair(p + static_cast<int64_t>(r0 + 8) * vd, vv[2], vv[3]);
             } else if (so.vn16 != nullptr) {
-                store_pair(so.vn16 + at + row0, raw[0], raw[1]);
-                store_pair(so.vn16 + at + row0 + 8 * vd, raw[2], raw[3]);
+                bf16* p = so.vn16 + cv_off(d, cb) + y0 + c0;
+                store_pair(p + static_cast<int64_t>(r0) * vd, vv[0], vv[1]);
+                store_pair(p + static_cast<int64_t>(r0 + 8) * vd, vv[2], vv[3]);
             }
         }
     };
