@@ -361,6 +361,8 @@ void note_packed(const KdaOptions& options) {
     if (options.chosen != nullptr) *options.chosen = "packed " + *options.chosen;
 }
 
+// saved (may be null): what the call on the packed rows keeps (KdaSaved, of the packed shapes), which
+// kda_bwd_packed hands to its own call on the same packed rows; the split fallback keeps nothing.
 void kda_fwd_packed(const Tensor& q,
                     const Tensor& k,
                     const Tensor& v,
@@ -369,15 +371,16 @@ void kda_fwd_packed(const Tensor& q,
                     const Tensor& s0,
                     const Tensor& out,
                     const Tensor& st,
-                    KdaOptions options) {
+                    KdaOptions options,
+                    KdaSaved* saved) {
     Packed p = pack_plan(options.doc_start, options.chunk_size, "kda_fwd");
     if (split_instead(p, options)) return kda_fwd_documents(q, k, v, g, beta, s0, out, st, options);
     options.doc_start = Tensor();
-    if (p.plan.one_document_per_row()) return kda_fwd(q, k, v, g, beta, s0, out, st, options);
+    if (p.plan.one_document_per_row()) return kda_fwd(q, k, v, g, beta, s0, out, st, options, saved);
     upload_maps(p, q.device());
     options.chunk_reset = p.reset;
     const Tensor outp = packed_like(p, out);
-    kda_fwd(pack(p, q), pack(p, k), pack(p, v), pack(p, g), pack(p, beta), s0, outp, st, options);
+    kda_fwd(pack(p, q), pack(p, k), pack(p, v), pack(p, g), pack(p, beta), s0, outp, st, options, saved);
     unpack(p, outp, out);
     note_packed(options);
 }
@@ -396,13 +399,14 @@ void kda_bwd_packed(const Tensor& q,
                     const Tensor& dg,
                     const Tensor& dbeta,
                     const Tensor& ds0,
-                    KdaOptions options) {
+                    KdaOptions options,
+                    const KdaSaved* saved) {
     Packed p = pack_plan(options.doc_start, options.chunk_size, "kda_bwd");
     if (split_instead(p, options))
         return kda_bwd_documents(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options);
     options.doc_start = Tensor();
     if (p.plan.one_document_per_row())
-        return kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options);
+        return kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, saved);
     upload_maps(p, q.device());
     options.chunk_reset = p.reset;
     const Tensor gq = packed_like(p, dq), gk = packed_like(p, dk), gv = packed_like(p, dv), gg = packed_like(p, dg),
@@ -421,7 +425,8 @@ void kda_bwd_packed(const Tensor& q,
             gg,
             gb,
             ds0,
-            options);
+            options,
+            saved);
     for (const auto& [full, part] : {std::pair{&dq, &gq}, {&dk, &gk}, {&dv, &gv}, {&dg, &gg}, {&dbeta, &gb}})
         unpack(p, *part, *full);
     note_packed(options);
@@ -451,9 +456,9 @@ void kda_fwd(const Tensor& q,
              "{}: options.save_states_bf16 keeps the states alone; it does not combine with save_states or "
              "save_workspace",
              op);
-    if (saved != nullptr) *saved = KdaSaved{};  // the CPU path and both document paths keep nothing
+    if (saved != nullptr) *saved = KdaSaved{};  // the CPU path and the split document path keep nothing
     const bool packed = options.doc_start.defined() && packs_documents(options, device, op);
-    if (packed) return kda_fwd_packed(q, k, v, g, beta, s0, out, st, options);
+    if (packed) return kda_fwd_packed(q, k, v, g, beta, s0, out, st, options, saved);
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
         if (options.doc_start.defined()) return kda_fwd_documents(q, k, v, g, beta, s0, out, st, options);
@@ -521,9 +526,10 @@ void kda_bwd(const Tensor& q,
     check_optional_state(ds0, d, op, "ds0");
     if (options.doc_start.defined()) cpu::check_doc_start_map(options.doc_start, q, op, "options.doc_start");
     check_chunk_reset(options, d, device, op);
-    if (saved != nullptr) check_saved(*saved, d, options, device, op);
+    // The packed path's KdaSaved has the packed rows' shapes: its own call on them checks it.
     if (options.doc_start.defined() && packs_documents(options, device, op))
-        return kda_bwd_packed(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options);
+        return kda_bwd_packed(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, saved);
+    if (saved != nullptr) check_saved(*saved, d, options, device, op);
     if (device == core::Device::cuda) {
         check_cuda_algorithm(options, op);
         if (options.doc_start.defined())

@@ -94,8 +94,9 @@ struct KdaOptions {
 // ([C, K] each: Gamma, q e^Gamma, k e^(Gamma_last - Gamma) and W of kda.md §4.1). With save_states_bf16 only hs and
 // Vn, as bf16 tensors, and no tiles. Filled on the tensor-core path
 // (bf16/f16 inputs, K % 16 == 0, K <= 128, V % 16 == 0, KdaKernels::tensor_cores) and left empty elsewhere
-// (the CPU, f32 inputs): an empty KdaSaved makes _bwd recompute everything. _bwd only reads it; one kept by a call of
-// other shapes or chunk size, or not fitting in any tensor, is an error that names it.
+// (the CPU, f32 inputs): an empty KdaSaved makes _bwd recompute everything. Under doc_start the packed path keeps
+// one of the packed rows' shapes (its backward reads it there); the split path keeps nothing. _bwd only reads it; one
+// kept by a call of other shapes or chunk size, or not fitting in any tensor, is an error that names it.
 struct KdaSaved {
     Tensor a, m, t, hs, vn, gam, qg, kg, w;
     // The forward call that filled it: B, T, HV, K, V and the chunk size (kda_bwd compares its own).

@@ -56,8 +56,9 @@ struct Pass {
 };
 
 // One forward and backward on `device` of the inputs rounded to dt (the CPU runs them in f32, as the parity
-// harness does), with states in f32 and dout, dst seeded normals rounded the same way.
-Pass run(const KdaInputs& in, DType dt, core::Device device, KdaOptions options, Use use) {
+// harness does), with states in f32 and dout, dst seeded normals rounded the same way. saved: what the forward keeps
+// for the backward (options.save_* pick the level), or null.
+Pass run(const KdaInputs& in, DType dt, core::Device device, KdaOptions options, Use use, KdaSaved* saved = nullptr) {
     const bool cpu = device == core::Device::cpu;
     auto act = [&](const Tensor& t) {
         const Tensor r = t.to(dt);
@@ -73,13 +74,13 @@ Pass run(const KdaInputs& in, DType dt, core::Device device, KdaOptions options,
     options.doc_start = options.doc_start.to_device(device);
     Pass r;
     options.chosen = &r.chosen;
-    kda_fwd(q, k, v, g, beta, s0, out, st, options);
+    kda_fwd(q, k, v, g, beta, s0, out, st, options, saved);
     options.chosen = nullptr;
     const Tensor dout = act(op_randn(in.v.shape(), 31, 10));
     const Tensor dst = use.dst ? state(op_randn({b, hv, kd, vd}, 31, 11)) : Tensor();
     const Tensor dq = zeros(q), dk = zeros(k), dv = zeros(v), dg = zeros(g), dbeta = zeros(beta);
     const Tensor ds0 = use.s0 ? zeros(s0) : Tensor();
-    kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options);
+    kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, saved);
     r.tensors = {{"out", out}};
     if (use.st) r.tensors.push_back({"st", st});
     for (const auto& [name, t] :
@@ -205,6 +206,62 @@ TEST(GpuKdaVarlen, MatchesThePerDocumentPath) {
                              split.tensors[i].first == "dg" ? 1e-3 : 1e-6);
         }
     });
+}
+
+// The packed path keeps what KdaOptions asks for (ops::KdaSaved, of the packed rows' shapes) and its backward reads
+// it: the f32 levels return the recomputing backward's results bit for bit; the bf16 states stay within the bf16
+// budget of them and differ (they were read). Every layout, bf16 inputs, s0, st and dst defined.
+TEST(GpuKdaVarlen, PackedPathKeepsForItsBackward) {
+    if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
+    for (const Layout& l : kLayouts) {
+        const KdaInputs in = kda_make_inputs(l.shape, KdaGateRegime::bounded, true, 73);
+        KdaOptions options;
+        options.doc_start = mt::testing::doc_start_map(l.starts, l.shape.t);
+        options.documents = KdaDocuments::packed;
+        const Pass base = run(in, DType::bf16, core::Device::cuda, options, kUses[0]);
+        struct Level {
+            const char* name;
+            bool states, workspace, states_bf16;
+        };
+        for (const Level& lv : {Level{"tiles", false, false, false},
+                                Level{"states", true, false, false},
+                                Level{"workspace", false, true, false},
+                                Level{"states_bf16", false, false, true}}) {
+            SCOPED_TRACE(std::string(l.name) + " " + lv.name);
+            KdaOptions keep = options;
+            keep.save_states = lv.states;
+            keep.save_workspace = lv.workspace;
+            keep.save_states_bf16 = lv.states_bf16;
+            KdaSaved saved;
+            const Pass got = run(in, DType::bf16, core::Device::cuda, keep, kUses[0], &saved);
+            EXPECT_FALSE(saved.empty()) << "the packed forward kept nothing";
+            EXPECT_GE(saved.seq, l.shape.t) << "the kept tensors are not of the packed rows";
+            ASSERT_EQ(got.tensors.size(), base.tensors.size());
+            int64_t differ = 0;
+            for (size_t i = 0; i < got.tensors.size(); ++i) {
+                const Tensor &a = got.tensors[i].second, &e = base.tensors[i].second;
+                int64_t here = 0;
+                for (int64_t x = 0; x < a.numel(); ++x)
+                    here += core::tensor_get_flat(a, x) != core::tensor_get_flat(e, x);
+                if (!lv.states_bf16) {
+                    EXPECT_EQ(here, 0) << got.tensors[i].first << " differs from the recomputing run";
+                    continue;
+                }
+                if (i >= 2) differ += here;  // the gradients (out and st are the forward's)
+                const bool dg = got.tensors[i].first == "dg";
+                op_expect_parity("GpuKdaVarlen kept states_bf16 " + std::string(l.name),
+                                 got.tensors[i].first,
+                                 a,
+                                 e,
+                                 1e-2,
+                                 dg ? 1e-3 : 1e-6,
+                                 dg ? l.dg_max_abs_factor : kMaxAbsFactor);
+            }
+            if (lv.states_bf16) {
+                EXPECT_GT(differ, 0) << "the gradients equal the recomputing run's: not read";
+            }
+        }
+    }
 }
 
 }  // namespace
