@@ -121,6 +121,11 @@ void check_cuda_algorithm(const KdaOptions& options, std::string_view op) {
 // of its shape (KdaSaved in kda.h). A KdaSaved from another shape or chunk size is caught here, by name.
 void check_saved(
     const KdaSaved& s, const cpu::KdaDims& d, const KdaOptions& options, core::Device device, std::string_view op) {
+    // First, as the shapes would differ too: a KdaSaved of packed rows (kda_bwd_packed hands its own call a copy
+    // with layout 0).
+    MT_CHECK(s.layout == 0,
+             "{}: saved was kept by a forward over packed documents (options.doc_start); this call has no document map",
+             op);
     const int64_t c = options.chunk_size, chunks = d.b * d.hv * ((d.t + c - 1) / c);
     const struct {
         const char* name;
@@ -311,6 +316,16 @@ struct Packed {
     Tensor src, dst, reset;  // the plan's maps and flags on the inputs' device
 };
 
+// KdaSaved::layout of a packed plan: FNV-1a over T, T' and every packed position's source row; never 0.
+uint64_t layout_fingerprint(const cpu::KdaPackPlan& plan) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t x) { h = (h ^ x) * 1099511628211ull; };
+    mix(static_cast<uint64_t>(plan.t));
+    mix(static_cast<uint64_t>(plan.tp));
+    for (const int32_t s : plan.src) mix(static_cast<uint32_t>(s));
+    return h | 1u;
+}
+
 Packed pack_plan(const Tensor& doc_start, int64_t chunk, std::string_view op) {
     Tensor host = doc_start;
     if (doc_start.device() != core::Device::cpu) {  // a device map is read back once per call (see host_doc_spans)
@@ -381,6 +396,7 @@ void kda_fwd_packed(const Tensor& q,
     options.chunk_reset = p.reset;
     const Tensor outp = packed_like(p, out);
     kda_fwd(pack(p, q), pack(p, k), pack(p, v), pack(p, g), pack(p, beta), s0, outp, st, options, saved);
+    if (saved != nullptr && !saved->empty()) saved->layout = layout_fingerprint(p.plan);
     unpack(p, outp, out);
     note_packed(options);
 }
@@ -401,12 +417,31 @@ void kda_bwd_packed(const Tensor& q,
                     const Tensor& ds0,
                     KdaOptions options,
                     const KdaSaved* saved) {
-    Packed p = pack_plan(options.doc_start, options.chunk_size, "kda_bwd");
-    if (split_instead(p, options))
+    constexpr std::string_view op = "kda_bwd";
+    Packed p = pack_plan(options.doc_start, options.chunk_size, op);
+    if (split_instead(p, options)) {
+        MT_CHECK(saved == nullptr || saved->empty(),
+                 "{}: saved holds kept tensors, but this call splits its documents (padding would grow the rows {} "
+                 "times), which keeps nothing: they were kept by a forward with other options.doc_start or documents",
+                 op,
+                 p.plan.tp / std::max<int64_t>(p.plan.t, 1));
         return kda_bwd_documents(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options);
+    }
     options.doc_start = Tensor();
     if (p.plan.one_document_per_row())
         return kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, saved);
+    // A KdaSaved of the packed rows: the same layout, then checked against the packed shapes by the call on them.
+    KdaSaved inner;
+    if (saved != nullptr && !saved->empty()) {
+        MT_CHECK(saved->layout == layout_fingerprint(p.plan),
+                 "{}: saved was kept by a forward over another document layout (options.doc_start) than this call's "
+                 "({} packed tokens per row for {})",
+                 op,
+                 p.plan.tp,
+                 p.plan.t);
+        inner = *saved;
+        inner.layout = 0;  // what the call on the packed rows (no doc_start) expects
+    }
     upload_maps(p, q.device());
     options.chunk_reset = p.reset;
     const Tensor gq = packed_like(p, dq), gk = packed_like(p, dk), gv = packed_like(p, dv), gg = packed_like(p, dg),
@@ -426,7 +461,7 @@ void kda_bwd_packed(const Tensor& q,
             gb,
             ds0,
             options,
-            saved);
+            saved != nullptr ? &inner : nullptr);
     for (const auto& [full, part] : {std::pair{&dq, &gq}, {&dk, &gk}, {&dv, &gv}, {&dg, &gg}, {&dbeta, &gb}})
         unpack(p, *part, *full);
     note_packed(options);
@@ -542,6 +577,19 @@ void kda_bwd(const Tensor& q,
         return kda_bwd_documents(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options);
     MT_CALL_KERNEL(
         kda_bwd, core::Device::cpu, q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, saved);
+}
+
+uint64_t kda_packed_layout(const Tensor& doc_start, int64_t chunk) {
+    constexpr std::string_view op = "kda_packed_layout";
+    check_arg(doc_start, op, "doc_start", 2);
+    MT_CHECK(doc_start.dtype() == DType::i32,
+             "{}: doc_start has dtype {}, expected i32",
+             op,
+             core::dtype_name(doc_start.dtype()));
+    MT_CHECK(chunk == 64 || chunk == 32, "{}: chunk = {}; the chunked algorithm takes 64 or 32", op, chunk);
+    const Tensor host = doc_start.to_device(core::Device::cpu);
+    cpu::check_doc_start_values(host, op, "doc_start");
+    return layout_fingerprint(cpu::kda_pack_plan(host, chunk));
 }
 
 }  // namespace mt::ops

@@ -99,8 +99,11 @@ struct KdaOptions {
 // kept by a call of other shapes or chunk size, or not fitting in any tensor, is an error that names it.
 struct KdaSaved {
     Tensor a, m, t, hs, vn, gam, qg, kg, w;
-    // The forward call that filled it: B, T, HV, K, V and the chunk size (kda_bwd compares its own).
+    // The forward call that filled it: B, T, HV, K, V and the chunk size (kda_bwd compares its own); under the packed
+    // document path T is the packed rows' length and `layout` the packed layout's fingerprint (kda_packed_layout),
+    // which the backward compares too (two document maps can pack to the same length); 0 without packing.
     int64_t b = 0, seq = 0, hv = 0, k = 0, v = 0, chunk = 0;
+    uint64_t layout = 0;
     bool has_tiles() const {
         return t.defined();
     }
@@ -118,6 +121,11 @@ struct KdaSaved {
         return !t.defined() && !hs.defined();
     }
 };
+
+// The fingerprint of the packed layout of a document-start map (KdaOptions::doc_start, on any device) at this chunk
+// size, as KdaSaved::layout records it: every packed position's source token, so different maps differ (up to
+// 64-bit hash collisions). Never 0.
+uint64_t kda_packed_layout(const Tensor& doc_start, int64_t chunk);
 
 // Sub-chunk (tile) size of the chunked algorithm.
 inline constexpr int64_t kKdaSubChunk = 16;

@@ -412,6 +412,13 @@ void plan_notes(const MemoryPlanInput& in, MemoryPlan& plan) {
             in.image_frame_tokens));
     else if (in.model.vision.enabled())
         note("vision.layers > 0 but the data holds no images: the vision tower's activations are not counted");
+    if (cuda && in.model.n_kda_layers() > 0 && in.model.document_mask && in.model.kda.save != nn::KdaSave::none)
+        note(fmt::format(
+            "kda.save = \"{}\" under document masking: the KDA op keeps its tensors at the packed rows' length "
+            "(each document padded to whole chunks of {}); they are counted at the unpacked length, so rows of many "
+            "short documents keep more (up to 16x, beyond which the op splits the documents and keeps nothing)",
+            nn::enum_name(in.model.kda.save),
+            in.model.kda.chunk_size));
     if (in.mesh[MeshAxis::ep] > 1)
         note(
             "expert parallelism: the expert-side rows assume balanced routing (N top_k rows arrive per rank); the "

@@ -15,6 +15,7 @@
 #include "kda_inputs.h"
 #include "op_harness.h"
 #include "ops/kda.h"
+#include "support/documents.h"
 
 namespace mt::ops::test {
 namespace {
@@ -296,6 +297,43 @@ TEST(OpArgs, KdaSavedThatDoesNotFit) {
     expect_op_error([&] { kda_fwd(in.q, in.k, in.v, in.g, in.beta, Tensor(), out, Tensor(), both); },
                     "kda_fwd: options.save_states_bf16 keeps the states alone; it does not combine with save_states "
                     "or save_workspace");
+}
+
+// Under document masking the packed path's KdaSaved records its layout (KdaSaved::layout): the backward refuses one
+// kept for another document map that packs to the same length, and a packed one given to a call without documents.
+TEST(OpArgs, KdaSavedOfAnotherDocumentLayout) {
+    const int64_t t = 128;
+    const KdaInputs in = kda_make_inputs({1, t, 1, 1, 4, 3}, KdaGateRegime::bounded, false, 5);
+    const Tensor out = op_like(in.v), dq = op_like(in.q), dk = op_like(in.k), dv = op_like(in.v);
+    const Tensor dg = op_like(in.g), db = op_like(in.beta);
+    KdaOptions options;
+    options.documents = KdaDocuments::packed;
+    options.doc_start = mt::testing::doc_start_map({{0, 10}}, t);   // 10 + 118 tokens: 64 + 128 packed
+    const Tensor other = mt::testing::doc_start_map({{0, 20}}, t);  // 20 + 108: 64 + 128 packed as well
+    EXPECT_NE(kda_packed_layout(options.doc_start, 64), kda_packed_layout(other, 64));
+    auto bwd = [&](const KdaOptions& o, const KdaSaved& s) {
+        kda_bwd(in.q, in.k, in.v, in.g, in.beta, Tensor(), out, Tensor(), dq, dk, dv, dg, db, Tensor(), o, &s);
+    };
+    // bf16 states of the packed rows (B * HV * nc = 3 chunks of 64), as a packed forward on the GPU keeps them.
+    KdaSaved s;
+    s.hs = Tensor::zeros({3 * 4 * 3}, DType::bf16);
+    s.vn = Tensor::zeros({3 * 64 * 3}, DType::bf16);
+    s.b = 1, s.seq = 192, s.hv = 1, s.k = 4, s.v = 3, s.chunk = 64;
+    s.layout = kda_packed_layout(other, 64);
+    expect_op_error([&] { bwd(options, s); },
+                    "kda_bwd: saved was kept by a forward over another document layout (options.doc_start) than this "
+                    "call's (192 packed tokens per row for 128)");
+    s.layout = kda_packed_layout(options.doc_start, 64);
+    bwd(options, s);  // fits (the CPU reads none of it)
+    KdaOptions plain;
+    expect_op_error([&] { bwd(plain, s); },
+                    "kda_bwd: saved was kept by a forward over packed documents (options.doc_start); this call has no "
+                    "document map");
+    expect_op_error(
+        [&] {
+            kda_packed_layout(Tensor::zeros({1, 4}, DType::f32), 64);
+        },
+        "kda_packed_layout: doc_start has dtype f32, expected i32");
 }
 
 }  // namespace

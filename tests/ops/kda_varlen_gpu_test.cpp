@@ -10,11 +10,13 @@
 // shared-memory chunk kernels) and f32 inputs (fp32 kernels).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
 #include "kda_inputs.h"
 #include "op_harness.h"
+#include "ops/cpu/kda_pack.h"
 #include "support/documents.h"
 
 namespace mt::ops::test {
@@ -57,8 +59,14 @@ struct Pass {
 
 // One forward and backward on `device` of the inputs rounded to dt (the CPU runs them in f32, as the parity
 // harness does), with states in f32 and dout, dst seeded normals rounded the same way. saved: what the forward keeps
-// for the backward (options.save_* pick the level), or null.
-Pass run(const KdaInputs& in, DType dt, core::Device device, KdaOptions options, Use use, KdaSaved* saved = nullptr) {
+// for the backward (options.save_* pick the level), or null; bwd_saved: what the backward reads instead, or null.
+Pass run(const KdaInputs& in,
+         DType dt,
+         core::Device device,
+         KdaOptions options,
+         Use use,
+         KdaSaved* saved = nullptr,
+         const KdaSaved* bwd_saved = nullptr) {
     const bool cpu = device == core::Device::cpu;
     auto act = [&](const Tensor& t) {
         const Tensor r = t.to(dt);
@@ -80,7 +88,7 @@ Pass run(const KdaInputs& in, DType dt, core::Device device, KdaOptions options,
     const Tensor dst = use.dst ? state(op_randn({b, hv, kd, vd}, 31, 11)) : Tensor();
     const Tensor dq = zeros(q), dk = zeros(k), dv = zeros(v), dg = zeros(g), dbeta = zeros(beta);
     const Tensor ds0 = use.s0 ? zeros(s0) : Tensor();
-    kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, saved);
+    kda_bwd(q, k, v, g, beta, s0, dout, dst, dq, dk, dv, dg, dbeta, ds0, options, bwd_saved ? bwd_saved : saved);
     r.tensors = {{"out", out}};
     if (use.st) r.tensors.push_back({"st", st});
     for (const auto& [name, t] :
@@ -208,9 +216,10 @@ TEST(GpuKdaVarlen, MatchesThePerDocumentPath) {
     });
 }
 
-// The packed path keeps what KdaOptions asks for (ops::KdaSaved, of the packed rows' shapes) and its backward reads
-// it: the f32 levels return the recomputing backward's results bit for bit; the bf16 states stay within the bf16
-// budget of them and differ (they were read). Every layout, bf16 inputs, s0, st and dst defined.
+// The packed path keeps what KdaOptions asks for (ops::KdaSaved, of the packed rows' shapes and layout) and its
+// backward reads it: the f32 levels return the recomputing backward's results bit for bit; the bf16 states stay
+// within the bf16 budget of them and differ (they were read); a changed kept T changes dk (the tiles were read).
+// Every layout, bf16 inputs, s0, st and dst defined.
 TEST(GpuKdaVarlen, PackedPathKeepsForItsBackward) {
     if (!op_gpu_available()) GTEST_SKIP() << kOpNoGpuMessage;
     for (const Layout& l : kLayouts) {
@@ -235,7 +244,11 @@ TEST(GpuKdaVarlen, PackedPathKeepsForItsBackward) {
             KdaSaved saved;
             const Pass got = run(in, DType::bf16, core::Device::cuda, keep, kUses[0], &saved);
             EXPECT_FALSE(saved.empty()) << "the packed forward kept nothing";
-            EXPECT_GE(saved.seq, l.shape.t) << "the kept tensors are not of the packed rows";
+            const cpu::KdaPackPlan plan = cpu::kda_pack_plan(options.doc_start, 64);
+            EXPECT_EQ(saved.seq, plan.tp) << "the kept tensors are not of the packed rows";
+            EXPECT_EQ(saved.hs.defined() ? saved.hs.numel() : saved.t.numel(),
+                      l.shape.b * l.shape.hv * plan.nc * (saved.hs.defined() ? l.shape.k * l.shape.v : 64 * 64));
+            EXPECT_EQ(saved.layout, kda_packed_layout(options.doc_start, 64));
             ASSERT_EQ(got.tensors.size(), base.tensors.size());
             int64_t differ = 0;
             for (size_t i = 0; i < got.tensors.size(); ++i) {
@@ -260,6 +273,21 @@ TEST(GpuKdaVarlen, PackedPathKeepsForItsBackward) {
             if (lv.states_bf16) {
                 EXPECT_GT(differ, 0) << "the gradients equal the recomputing run's: not read";
             }
+            if (lv.states || lv.workspace || lv.states_bf16) continue;
+            // The tiles level again, its kept T changed (every 65th entry doubled): dk goes through dXw = T^T dW.
+            KdaSaved changed;
+            run(in, DType::bf16, core::Device::cuda, keep, kUses[0], &changed);
+            const Tensor t_host = changed.t.to_device(core::Device::cpu);
+            std::vector<float> host(static_cast<size_t>(t_host.numel()));
+            for (int64_t e = 0; e < t_host.numel(); ++e)
+                host[e] = static_cast<float>(core::tensor_get_flat(t_host, e)) * (e % 65 == 0 ? 2.0f : 1.0f);
+            changed.t = Tensor::borrow(host.data(), t_host.shape(), DType::f32).to_device(core::Device::cuda);
+            const Pass other = run(in, DType::bf16, core::Device::cuda, keep, kUses[0], nullptr, &changed);
+            double diff = 0.0;
+            const Tensor &dk0 = got.tensors[3].second, &dk1 = other.tensors[3].second;  // out, st, dq, dk
+            for (int64_t e = 0; e < dk0.numel(); ++e)
+                diff += std::abs(core::tensor_get_flat(dk0, e) - core::tensor_get_flat(dk1, e));
+            EXPECT_GT(diff, 0.0) << "dk did not change with the kept T: the packed backward did not read it";
         }
     }
 }
