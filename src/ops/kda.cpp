@@ -165,7 +165,10 @@ void check_saved(
                  op,
                  p.name,
                  core::dtype_name(want),
-                 state ? (s.t.defined() ? " (f32 beside the tiles)" : " (bf16 without the tiles)") : "");
+                 state ? (s.t.defined() ? " (f32 beside the tiles)"
+                                        : " (bf16 without the tiles: f32 states come only with saved.a, saved.m and "
+                                          "saved.t)")
+                       : "");
         MT_CHECK(p.t.numel() == p.numel,
                  "{}: {} has {} elements, expected {} for {}; it was saved by a kda_fwd of other shapes",
                  op,

@@ -270,7 +270,7 @@ TEST(OpArgs, KdaSavedThatDoesNotFit) {
     states_only.chunk = 64;
     expect_op_error([&] { bwd(states_only); },
                     "kda_bwd: saved.hs must be a contiguous, 16-byte aligned bf16 tensor on the inputs' device (bf16 "
-                    "without the tiles)");
+                    "without the tiles: f32 states come only with saved.a, saved.m and saved.t)");
     states_only.hs = state.to(DType::bf16);
     states_only.vn = vn.to(DType::bf16);
     bwd(states_only);  // fits (the CPU reads none of it)
