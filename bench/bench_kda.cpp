@@ -7,8 +7,8 @@
 // (KdaOptions::doc_start), one line per path ("bench": "kda_documents"): packed (the varlen path: one set of launches),
 // split (one set of launches per document) and one_document (no map: the floor), with speedup_vs_split.
 // --keep: what the forward keeps for the backward (ops::KdaSaved), one line per case and choice: states_bf16 (the
-// per-chunk states and Vn alone, in bf16: the layer's default, kda.save = "states_bf16"), none (the backward
-// recomputes everything, "none"), tiles (A, M, T: "tiles"), states (also the per-chunk states and Vn in f32,
+// per-chunk states and Vn alone, in bf16: kda.save = "states_bf16"), none (the backward recomputes everything; the
+// layer's default, "none"), tiles (A, M, T: "tiles"), states (also the per-chunk states and Vn in f32,
 // "states") or all (also Gamma, Qg, Kg, W: no forward kernel in the backward, "workspace"). Each line also has the
 // bytes kept per token and value head and the peak of the device memory handed out during a forward + backward
 // above what was in use before it (inputs and outputs excluded: the kept tensors and every workspace), in bytes

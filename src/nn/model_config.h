@@ -71,7 +71,7 @@ struct KdaConfig {
     bool gate_use_a_log = true;      // per-head temperature a = exp(A_log); false: a = 1
     // chunked | recurrent (the token loop: a reference, slow)
     ops::KdaAlgorithm algorithm = ops::KdaAlgorithm::chunked;
-    int64_t chunk_size = 64;              // 64 or 32
+    int64_t chunk_size = 64;       // 64 or 32
     KdaSave save = KdaSave::none;  // what the forward keeps for the backward (GPU)
 };
 

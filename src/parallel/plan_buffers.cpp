@@ -150,16 +150,12 @@ void kda(const Dims& d, PlanSubLayer& s, std::array<int64_t, nn::Workspace::kSlo
     const KdaChunks kc = kda_chunks(d);
     const nn::KdaSave save = kc.tc ? cfg.kda.save : nn::KdaSave::none;
     const bool rerun = drop || cfg.recompute.full();
-    auto kept = [&](const char* name, int64_t rows, int64_t cols) {
-        s.buffers.push_back({PlanKind::kda, name, kc.tile(rows, cols), true, rerun});
-    };
-    auto kept16 = [&](const char* name, int64_t rows, int64_t cols) {
-        s.buffers.push_back({PlanKind::kda, name, kc.tile(rows, cols) / 2, true, rerun});
+    auto kept = [&](const char* name, int64_t rows, int64_t cols, int64_t halves = 2) {  // halves: 1 for bf16
+        s.buffers.push_back({PlanKind::kda, name, kc.tile(rows, cols) / 2 * halves, true, rerun});
     };
     if (save >= nn::KdaSave::tiles) kept("kept.a", kc.c, kc.c), kept("kept.m", kc.c, kc.c), kept("kept.t", kc.c, kc.c);
     if (save >= nn::KdaSave::states) kept("kept.hs", kc.k, kc.v), kept("kept.vn", kc.c, kc.v);
-    if (save == nn::KdaSave::states_bf16 && kc.chunk_tc)  // bf16: half of an f32 tile's bytes
-        kept16("kept.hs", kc.k, kc.v), kept16("kept.vn", kc.c, kc.v);
+    if (save == nn::KdaSave::states_bf16 && kc.chunk_tc) kept("kept.hs", kc.k, kc.v, 1), kept("kept.vn", kc.c, kc.v, 1);
     if (save >= nn::KdaSave::workspace)
         for (const char* name : {"kept.gam", "kept.qg", "kept.kg", "kept.w"}) kept(name, kc.c, kc.k);
     s.fwd_scratch = kda_fwd_scratch(kc, rerun ? nn::KdaSave::none : save);

@@ -227,7 +227,7 @@ void kda_bwd(const Tensor& q,
     const bool tiles_in = saved != nullptr && saved->has_tiles() && tc;
     const bool states16_in = saved != nullptr && saved->has_bf16_states() && plan.chunk_tc;
     const bool states_in = (tiles_in && saved->has_states()) || states16_in;
-    const bool ws_in = tiles_in && states_in && saved->has_workspace();
+    const bool ws_in = states_in && saved->has_workspace();  // kept only beside the tiles (check_saved)
     auto mut = [](const Tensor& t) { return const_cast<float*>(t.data<float>()); };
     kda::Work given{};
     if (tiles_in) {

@@ -210,13 +210,13 @@ __global__ void __launch_bounds__(kMmThreads, 1) chunk_mm_tc_kernel(const T* __r
     }
 }
 
-// One launch of chunk_mm_tc_kernel for dO of type T and h, Vn of type H.
-template <typename T, typename H>
+// One launch of chunk_mm_tc_kernel for dO of type T, with h and Vn of the states' dtype. bf16 states come only with
+// 16-bit inputs (the tensor-core path), so the fp32-input build has no bf16-state kernel.
+template <typename T>
 void chunk_mm_typed(const Tensor& dout,
                     const Dims& d,
                     const Work& w,
-                    const H* hs,
-                    const H* vn,
+                    const StatesIn& states,
                     const float* dvn,
                     const float* dhs,
                     float* dqg,
@@ -225,36 +225,21 @@ void chunk_mm_typed(const Tensor& dout,
                     float* da,
                     float* dgl,
                     dim3 grid) {
-    const size_t smem = 2 * static_cast<size_t>(StageLayout<T, H>(d).bytes);
-    with_model_shape(d, [&](auto model) {
-        const auto kernel = chunk_mm_tc_kernel<T, H, decltype(model)::value>;
-        MT_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        kernel<<<grid, kMmThreads, smem, core::exec_stream()>>>(
-            static_cast<const T*>(dout.raw()), d, w, hs, vn, dvn, dhs, dqg, dkg, dw, da, dgl);
-    });
-}
-
-// The kernel for the states' dtype. bf16 states come only with 16-bit inputs (the tensor-core path), so the
-// fp32-input build has no bf16-state kernel.
-template <typename T>
-void chunk_mm_pick(const Tensor& dout,
-                   const Dims& d,
-                   const Work& w,
-                   const StatesIn& states,
-                   const float* dvn,
-                   const float* dhs,
-                   float* dqg,
-                   float* dkg,
-                   float* dw,
-                   float* da,
-                   float* dgl,
-                   dim3 grid) {
+    auto launch = [&](const auto* hs, const auto* vn) {
+        using H = std::remove_cv_t<std::remove_pointer_t<decltype(hs)>>;
+        const size_t smem = 2 * static_cast<size_t>(StageLayout<T, H>(d).bytes);
+        with_model_shape(d, [&](auto model) {
+            const auto kernel = chunk_mm_tc_kernel<T, H, decltype(model)::value>;
+            MT_CUDA_CHECK(
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+            kernel<<<grid, kMmThreads, smem, core::exec_stream()>>>(
+                static_cast<const T*>(dout.raw()), d, w, hs, vn, dvn, dhs, dqg, dkg, dw, da, dgl);
+        });
+    };
     if constexpr (!std::is_same_v<T, float>) {
-        if (states.hs16 != nullptr)
-            return chunk_mm_typed<T, bf16>(dout, d, w, states.hs16, states.vn16, dvn, dhs, dqg, dkg, dw, da, dgl, grid);
+        if (states.hs16 != nullptr) return launch(states.hs16, states.vn16);
     }
-    chunk_mm_typed<T, float>(dout, d, w, states.hs, states.vn, dvn, dhs, dqg, dkg, dw, da, dgl, grid);
+    launch(states.hs, states.vn);
 }
 
 }  // namespace
@@ -278,7 +263,8 @@ void chunk_mm_tc_launch(const Tensor& dout,
     static const int sms = device_attr(cudaDevAttrMultiProcessorCount);
     const int64_t chunks = static_cast<int64_t>(d.units()) * d.nc;
     const dim3 grid(static_cast<unsigned>(chunks < sms ? chunks : sms));
-    MT_CUDA_DISPATCH(dout.dtype(), T, { chunk_mm_pick<T>(dout, d, w, states, dvn, dhs, dqg, dkg, dw, da, dgl, grid); });
+    MT_CUDA_DISPATCH(
+        dout.dtype(), T, { chunk_mm_typed<T>(dout, d, w, states, dvn, dhs, dqg, dkg, dw, da, dgl, grid); });
     MT_CUDA_CHECK(cudaGetLastError());
 }
 

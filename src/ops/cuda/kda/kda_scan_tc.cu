@@ -124,15 +124,13 @@ __global__ void __launch_bounds__(kThreads, 1) scan_tc_kernel(const float* __res
             svn[(c0 + 1) * ldv + r0] = vv[1];
             svn[c0 * ldv + r0 + 8] = vv[2];
             svn[(c0 + 1) * ldv + r0 + 8] = vv[3];
-            if (so.vn != nullptr) {
-                float* p = so.vn + cv_off(d, cb) + y0 + c0;
+            auto keep = [&](auto* kept) {  // fp32 or bf16
+                auto* p = kept + cv_off(d, cb) + y0 + c0;
                 store_pair(p + static_cast<int64_t>(r0) * vd, vv[0], vv[1]);
                 store_pair(p + static_cast<int64_t>(r0 + 8) * vd, vv[2], vv[3]);
-            } else if (so.vn16 != nullptr) {
-                bf16* p = so.vn16 + cv_off(d, cb) + y0 + c0;
-                store_pair(p + static_cast<int64_t>(r0) * vd, vv[0], vv[1]);
-                store_pair(p + static_cast<int64_t>(r0 + 8) * vd, vv[2], vv[3]);
-            }
+            };
+            if (so.vn != nullptr) keep(so.vn);
+            if (so.vn16 != nullptr) keep(so.vn16);
         }
     };
     auto w_frag = [&](uint32_t(&a)[4], int k) { frag_a_ldsm(a, sw_bits, ldr, m0, k, lane); };
